@@ -1,0 +1,107 @@
+// tierzero: the command-line front end.
+//
+// Commands available in this build:
+//   tierzero devices     what tierzero can run on here: CPU SIMD level, CUDA GPUs, HostSim
+//   tierzero tunables    every TZ_* environment tunable with its value and default
+//   tierzero --help | --version
+// Training, reports, planning and export arrive with their modules (docs/architecture.md).
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "core/bytes.h"
+#include "core/cpu_features.h"
+#include "core/tunable.h"
+#include "offload/cuda_device.h"
+#include "offload/host_sim_device.h"
+
+namespace tierzero {
+namespace {
+
+constexpr const char* kUsage = R"(tierzero — train models far larger than GPU memory
+
+usage: tierzero <command> [options]
+
+commands:
+  devices     show what tierzero can run on here (CPU SIMD level, CUDA GPUs, host-simulated device)
+  tunables    list the TZ_* environment tunables with their current values and defaults
+
+options:
+  -h, --help     show this help
+  --version      print the version
+
+environment:
+  TZ_LOG_LEVEL   error|warn|info|debug|trace (default warn)
+  TZ_LOG_SUBSYS  comma list of subsystems to log, or ^list to exclude (default all)
+  TZ_SIMD        force a CPU SIMD path: auto|scalar|avx2|avx512 (default auto)
+)";
+
+int Devices() {
+  const CpuFeatures& f = GetCpuFeatures();
+  std::printf("CPU SIMD: detected %s, active %s (avx2=%d avx512=%d avx512_bf16=%d)\n",
+              SimdLevelName(DetectedSimdLevel()).data(), SimdLevelName(ActiveSimdLevel()).data(),
+              f.avx2, f.avx512, f.avx512_bf16);
+  const int gpus = CudaDeviceCount();
+  std::printf("CUDA GPUs: %d\n", gpus);
+  for (int i = 0; i < gpus; ++i) {
+    CudaDeviceOptions options;
+    options.ordinal = i;
+    options.capacity_bytes = 64 << 20;  // a small probe slab
+    auto device = CreateCudaDevice(options);
+    if (device.ok()) {
+      std::printf("  [%d] %s\n", i, (*device)->info().name.c_str());
+    } else {
+      std::printf("  [%d] unusable: %s\n", i, device.status().ToString().c_str());
+    }
+  }
+  if (gpus == 0) {
+    auto probe = CreateCudaDevice({});
+    std::printf("  (%s)\n", std::string(probe.status().message()).c_str());
+  }
+  auto sim = CreateHostSimDevice(HostSimOptions{});
+  if (!sim.ok()) {
+    std::fprintf(stderr, "error: %s\n", sim.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("HostSim device: available (capacity set per run; default %s)\n",
+              FormatBytes((*sim)->info().capacity_bytes).c_str());
+  return 0;
+}
+
+int Tunables() {
+  for (const TunableBase* t : AllTunables()) {
+    std::printf("%-28s = %-12s (default %s)\n    %s\n", t->env_name(), t->ValueString().c_str(),
+                t->DefaultString().c_str(), t->help());
+  }
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  std::string_view cmd = argv[1];
+  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (cmd == "--version") {
+    std::printf("tierzero %s\n", TZ_VERSION);
+    return 0;
+  }
+  if (Status st = ValidateTunables(); !st.ok()) {
+    std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
+    return 2;
+  }
+  if (cmd == "devices") return Devices();
+  if (cmd == "tunables") return Tunables();
+  std::fprintf(stderr, "error: unknown command '%s'\n\n%s", argv[1], kUsage);
+  return 2;
+}
+
+}  // namespace
+}  // namespace tierzero
+
+int main(int argc, char** argv) { return tierzero::Main(argc, argv); }

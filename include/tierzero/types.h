@@ -1,0 +1,31 @@
+// Element types shared by the public API and the engine.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace tierzero {
+
+// Element types. int4 packs two elements per byte (low nibble first).
+enum class DType : uint8_t { kF32 = 0, kBF16, kF16, kI8, kI4 };
+
+// Bits per element: 32, 16, 16, 8, 4.
+constexpr int DTypeBits(DType t) {
+  switch (t) {
+    case DType::kF32: return 32;
+    case DType::kBF16: return 16;
+    case DType::kF16: return 16;
+    case DType::kI8: return 8;
+    case DType::kI4: return 4;
+  }
+  return 0;
+}
+
+// Bytes that `n` elements occupy (int4 rounds up to whole bytes).
+constexpr size_t DTypeBytes(DType t, size_t n) { return (n * DTypeBits(t) + 7) / 8; }
+
+// "fp32", "bf16", "fp16", "int8", "int4".
+std::string_view DTypeName(DType t);
+
+}  // namespace tierzero

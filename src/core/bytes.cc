@@ -1,0 +1,131 @@
+#include "core/bytes.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+
+namespace tierzero {
+namespace {
+
+bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(a[i])) !=
+        std::tolower(static_cast<unsigned char>(b[i]))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string TrimZeros(std::string s) {
+  if (s.find('.') == std::string::npos) return s;
+  while (!s.empty() && s.back() == '0') s.pop_back();
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+StatusOr<uint64_t> ParseByteSize(std::string_view text) {
+  auto bad = [&](std::string_view why) {
+    return InvalidArgumentError("invalid byte size '" + std::string(text) + "': " +
+                                std::string(why) +
+                                " (examples: 4096, 512MiB, 2GiB, 1.5GB, 64K)");
+  };
+  std::string_view s = text;
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  if (s.empty()) return bad("empty");
+
+  // Digits with at most one '.', at least one digit.
+  size_t i = 0;
+  uint64_t whole = 0;
+  bool any_digit = false;
+  bool overflow = false;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) {
+    uint64_t d = static_cast<uint64_t>(s[i] - '0');
+    if (whole > (UINT64_MAX - d) / 10) overflow = true;
+    whole = whole * 10 + d;
+    any_digit = true;
+    ++i;
+  }
+  // Fraction as numerator / 10^k, at most 18 digits kept exact.
+  uint64_t frac_num = 0, frac_den = 1;
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) {
+      if (frac_den < 1000000000000000000ull) {
+        frac_num = frac_num * 10 + static_cast<uint64_t>(s[i] - '0');
+        frac_den *= 10;
+      }
+      any_digit = true;
+      ++i;
+    }
+  }
+  if (!any_digit) {
+    return bad(s.front() == '-' ? "negative sizes are not allowed" : "no number");
+  }
+  if (overflow) return bad("too large");
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  std::string_view unit = s.substr(i);
+
+  struct Unit {
+    std::string_view name;
+    uint64_t factor;
+  };
+  static constexpr Unit kUnits[] = {
+      {"", 1},           {"B", 1},
+      {"KB", 1000},      {"MB", 1000000},     {"GB", 1000000000},    {"TB", 1000000000000},
+      {"KiB", kKiB},     {"MiB", kMiB},       {"GiB", kGiB},         {"TiB", kTiB},
+      {"K", kKiB},       {"M", kMiB},         {"G", kGiB},           {"T", kTiB},
+  };
+  uint64_t factor = 0;
+  for (const Unit& u : kUnits) {
+    if (EqualsIgnoreCase(unit, u.name)) {
+      factor = u.factor;
+      break;
+    }
+  }
+  if (factor == 0) return bad("unknown unit '" + std::string(unit) + "'");
+
+  if (whole != 0 && factor > UINT64_MAX / whole) return bad("too large");
+  uint64_t bytes = whole * factor;
+  if (frac_num != 0) {
+    // factor * frac_num / frac_den must be a whole number of bytes.
+    unsigned __int128 num = static_cast<unsigned __int128>(factor) * frac_num;
+    if (num % frac_den != 0) return bad("not a whole number of bytes");
+    unsigned __int128 extra = num / frac_den;
+    if (extra > UINT64_MAX - bytes) return bad("too large");
+    bytes += static_cast<uint64_t>(extra);
+  }
+  return bytes;
+}
+
+std::string FormatBytes(uint64_t bytes) {
+  static constexpr const char* kNames[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  double v = static_cast<double>(bytes);
+  while (v >= 1024.0 && u < 6) {
+    v /= 1024.0;
+    ++u;
+  }
+  if (u == 0) return std::to_string(bytes) + " B";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.2f", v);
+  return TrimZeros(buf) + " " + kNames[u];
+}
+
+std::string FormatBandwidth(double bps) {
+  static constexpr const char* kNames[] = {"B/s", "KB/s", "MB/s", "GB/s", "TB/s"};
+  int u = 0;
+  while (std::fabs(bps) >= 1000.0 && u < 4) {
+    bps /= 1000.0;
+    ++u;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.2f", bps);
+  return TrimZeros(buf) + " " + kNames[u];
+}
+
+}  // namespace tierzero

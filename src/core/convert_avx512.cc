@@ -1,0 +1,113 @@
+// AVX-512 conversions. Compiled with -mavx512f/bw/vl/dq; reached only through
+// ConvertKernelsFor() after the CPU check. Streaming stores as in Note [Streaming stores]
+// (convert_avx2.cc).
+//
+// Note [BF16 rounding without VCVTNEPS2BF16]
+// AVX512-BF16's VCVTNEPS2BF16 rounds to nearest even but treats denormal inputs as zero and
+// flushes denormal results, so it would disagree with the scalar reference (and with what a GPU
+// produces) on tiny values. The conversion is bound by memory bandwidth, so the integer
+// rounding below costs nothing measurable and keeps every path bit-identical.
+#include <immintrin.h>
+
+#include "core/convert_internal.h"
+
+namespace tierzero::internal {
+namespace {
+
+inline __m256i RoundToBF16(__m512i x) {
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+  const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(
+      _mm512_and_si512(x, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+  const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x0040));
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, nan));
+}
+
+template <bool kStream>
+inline void Store512(void* dst, __m512i v) {
+  if constexpr (kStream) {
+    _mm512_stream_si512(static_cast<__m512i*>(dst), v);
+  } else {
+    _mm512_storeu_si512(dst, v);
+  }
+}
+
+template <typename Out>
+size_t HeadForAlignment(const Out* dst) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(dst);
+  if (a % sizeof(Out) != 0) return SIZE_MAX;
+  return ((64 - a % 64) % 64) / sizeof(Out);
+}
+
+// Blocks of 32 elements (64 bytes of 16-bit output, 128 bytes of fp32 output).
+template <typename Out, typename Body, typename Scalar>
+void Drive(Out* dst, size_t n, Body body, Scalar scalar) {
+  size_t i = 0;
+  const bool big = n * sizeof(Out) >= StreamingStoreThresholdBytes();
+  const size_t head = big ? HeadForAlignment(dst) : SIZE_MAX;
+  if (head != SIZE_MAX && head < n) {
+    for (; i < head; ++i) scalar(i);
+    for (; i + 32 <= n; i += 32) body.template operator()<true>(i);
+    _mm_sfence();
+  } else {
+    for (; i + 32 <= n; i += 32) body.template operator()<false>(i);
+  }
+  for (; i < n; ++i) scalar(i);
+}
+
+void F32ToBF16(const float* src, uint16_t* dst, size_t n) {
+  Drive(
+      dst, n,
+      [&]<bool kStream>(size_t i) {
+        const __m256i lo = RoundToBF16(_mm512_loadu_si512(src + i));
+        const __m256i hi = RoundToBF16(_mm512_loadu_si512(src + i + 16));
+        Store512<kStream>(dst + i, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+      },
+      [&](size_t i) { dst[i] = F32ToBF16Scalar(src[i]); });
+}
+
+void F32ToF16(const float* src, uint16_t* dst, size_t n) {
+  constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  Drive(
+      dst, n,
+      [&]<bool kStream>(size_t i) {
+        const __m256i lo = _mm512_cvtps_ph(_mm512_loadu_ps(src + i), kRne);
+        const __m256i hi = _mm512_cvtps_ph(_mm512_loadu_ps(src + i + 16), kRne);
+        Store512<kStream>(dst + i, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+      },
+      [&](size_t i) { dst[i] = F32ToF16Scalar(src[i]); });
+}
+
+void BF16ToF32(const uint16_t* src, float* dst, size_t n) {
+  Drive(
+      dst, n,
+      [&]<bool kStream>(size_t i) {
+        const __m512i h = _mm512_loadu_si512(src + i);
+        const __m512i lo = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16);
+        const __m512i hi =
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16);
+        Store512<kStream>(dst + i, lo);
+        Store512<kStream>(dst + i + 16, hi);
+      },
+      [&](size_t i) { dst[i] = BF16ToF32Scalar(src[i]); });
+}
+
+void F16ToF32(const uint16_t* src, float* dst, size_t n) {
+  Drive(
+      dst, n,
+      [&]<bool kStream>(size_t i) {
+        const __m512i h = _mm512_loadu_si512(src + i);
+        Store512<kStream>(dst + i,
+                          _mm512_castps_si512(_mm512_cvtph_ps(_mm512_castsi512_si256(h))));
+        Store512<kStream>(dst + i + 16,
+                          _mm512_castps_si512(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1))));
+      },
+      [&](size_t i) { dst[i] = F16ToF32Scalar(src[i]); });
+}
+
+}  // namespace
+
+const ConvertKernels kConvertAvx512 = {F32ToBF16, BF16ToF32, F32ToF16, F16ToF32};
+
+}  // namespace tierzero::internal

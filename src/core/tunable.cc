@@ -1,0 +1,108 @@
+#include "core/tunable.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include "core/bytes.h"
+#include "core/logging.h"
+
+namespace tierzero {
+namespace {
+
+std::mutex& RegistryMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::vector<const TunableBase*>& Registry() {
+  static std::vector<const TunableBase*> registry;
+  return registry;
+}
+
+}  // namespace
+
+TunableBase::TunableBase(const char* env_name, const char* help)
+    : env_name_(env_name), help_(help) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  Registry().push_back(this);
+}
+
+std::optional<std::string> TunableBase::EnvValue() const {
+  const char* v = std::getenv(env_name_);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+std::vector<const TunableBase*> AllTunables() {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  return Registry();
+}
+
+Status ValidateTunables() {
+  std::string problems;
+  for (const TunableBase* t : AllTunables()) {
+    if (Status st = t->ValidateEnv(); !st.ok()) {
+      if (!problems.empty()) problems += "; ";
+      problems += st.message();
+    }
+  }
+  if (problems.empty()) return Status::OK();
+  return InvalidArgumentError("bad environment tunable(s): " + problems +
+                              " (fix or unset the variable)");
+}
+
+namespace internal {
+
+StatusOr<bool> ParseTunable(std::string_view t, bool*) {
+  if (t == "1" || t == "true" || t == "yes" || t == "on") return true;
+  if (t == "0" || t == "false" || t == "no" || t == "off") return false;
+  return InvalidArgumentError("'" + std::string(t) + "' is not a boolean (use 1/0, true/false)");
+}
+
+StatusOr<int64_t> ParseTunable(std::string_view t, int64_t*) {
+  std::string s(t);
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || errno == ERANGE) {
+    return InvalidArgumentError("'" + s + "' is not an integer");
+  }
+  return static_cast<int64_t>(v);
+}
+
+StatusOr<double> ParseTunable(std::string_view t, double*) {
+  std::string s(t);
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v)) {
+    return InvalidArgumentError("'" + s + "' is not a finite number");
+  }
+  return v;
+}
+
+StatusOr<std::string> ParseTunable(std::string_view t, std::string*) { return std::string(t); }
+
+StatusOr<ByteSize> ParseTunable(std::string_view t, ByteSize*) {
+  ASSIGN_OR_RETURN(uint64_t bytes, ParseByteSize(t));
+  return ByteSize{bytes};
+}
+
+std::string TunableToString(bool v) { return v ? "true" : "false"; }
+std::string TunableToString(int64_t v) { return std::to_string(v); }
+std::string TunableToString(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+std::string TunableToString(const std::string& v) { return v; }
+std::string TunableToString(ByteSize v) { return FormatBytes(v.bytes); }
+
+void WarnBadTunable(const char* env_name, const Status& status) {
+  TZ_LOG(kWarn, kCore) << "ignoring " << env_name << ": " << status.message()
+                       << "; using the default";
+}
+
+}  // namespace internal
+}  // namespace tierzero

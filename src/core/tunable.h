@@ -1,0 +1,146 @@
+// Typed tunables with environment overrides, defined where they are used (NCCL_PARAM style):
+//
+//   // In a .cc file, at namespace scope:
+//   TZ_TUNABLE(int64_t, kNvmeQueueDepth, "TZ_NVME_QUEUE_DEPTH", 32,
+//              "io_uring submission queue depth for the NVMe store");
+//   ... int64_t depth = kNvmeQueueDepth.Get();
+//
+// Get() returns, in order of precedence: a value set with Set() (tests, the CLI), the
+// environment variable parsed as T, or the default. An environment value that does not parse
+// is reported once in the log and ignored; ValidateTunables() reports every such value as one
+// Status so a program can refuse to start on a typo. Supported T: bool, int64_t, double,
+// std::string, and byte sizes through ByteSize ("512MiB").
+//
+// Thread-safety: Get/Set/Reset are safe from any thread. Tunables are process-wide by nature
+// (like environment variables); everything else in tierzero is passed explicitly.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace tierzero {
+
+// A byte count parsed from a human string ("2GiB") by ParseByteSize.
+struct ByteSize {
+  uint64_t bytes = 0;
+  friend bool operator==(ByteSize a, ByteSize b) { return a.bytes == b.bytes; }
+};
+
+class TunableBase {
+ public:
+  TunableBase(const char* env_name, const char* help);
+  TunableBase(const TunableBase&) = delete;
+  TunableBase& operator=(const TunableBase&) = delete;
+  virtual ~TunableBase() = default;
+
+  const char* env_name() const { return env_name_; }
+  const char* help() const { return help_; }
+  // The effective value as text, and the default as text.
+  virtual std::string ValueString() const = 0;
+  virtual std::string DefaultString() const = 0;
+  // Checks that the environment value, if any, parses.
+  virtual Status ValidateEnv() const = 0;
+
+ protected:
+  // The environment variable's value, or nullopt when unset or empty.
+  std::optional<std::string> EnvValue() const;
+
+ private:
+  const char* env_name_;
+  const char* help_;
+};
+
+// Every tunable linked into the process, in registration order.
+std::vector<const TunableBase*> AllTunables();
+// Fails with one InvalidArgument listing every environment value that does not parse.
+Status ValidateTunables();
+
+namespace internal {
+StatusOr<bool> ParseTunable(std::string_view text, bool*);
+StatusOr<int64_t> ParseTunable(std::string_view text, int64_t*);
+StatusOr<double> ParseTunable(std::string_view text, double*);
+StatusOr<std::string> ParseTunable(std::string_view text, std::string*);
+StatusOr<ByteSize> ParseTunable(std::string_view text, ByteSize*);
+std::string TunableToString(bool v);
+std::string TunableToString(int64_t v);
+std::string TunableToString(double v);
+std::string TunableToString(const std::string& v);
+std::string TunableToString(ByteSize v);
+void WarnBadTunable(const char* env_name, const Status& status);
+}  // namespace internal
+
+template <typename T>
+class Tunable final : public TunableBase {
+ public:
+  Tunable(const char* env_name, T default_value, const char* help)
+      : TunableBase(env_name, help), default_(std::move(default_value)) {}
+
+  T Get() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (override_) return *override_;
+    if (!env_loaded_) {
+      env_loaded_ = true;
+      if (auto text = EnvValue()) {
+        auto parsed = internal::ParseTunable(*text, static_cast<T*>(nullptr));
+        if (parsed.ok()) {
+          env_ = *parsed;
+        } else {
+          internal::WarnBadTunable(env_name(), parsed.status());
+        }
+      }
+    }
+    return env_ ? *env_ : default_;
+  }
+  // Overrides the environment and the default until Reset().
+  void Set(T value) {
+    std::lock_guard<std::mutex> lock(mu_);
+    override_ = std::move(value);
+  }
+  void Reset() {
+    std::lock_guard<std::mutex> lock(mu_);
+    override_.reset();
+  }
+  const T& default_value() const { return default_; }
+
+  std::string ValueString() const override { return internal::TunableToString(Get()); }
+  std::string DefaultString() const override { return internal::TunableToString(default_); }
+  Status ValidateEnv() const override {
+    if (auto text = EnvValue()) {
+      auto parsed = internal::ParseTunable(*text, static_cast<T*>(nullptr));
+      if (!parsed.ok()) return std::move(parsed).status().WithContext(env_name());
+    }
+    return Status::OK();
+  }
+
+ private:
+  const T default_;
+  mutable std::mutex mu_;
+  mutable bool env_loaded_ = false;
+  mutable std::optional<T> env_;
+  std::optional<T> override_;
+};
+
+// Sets a tunable for the lifetime of a scope (tests).
+template <typename T>
+class ScopedTunable {
+ public:
+  ScopedTunable(Tunable<T>& tunable, T value) : tunable_(tunable) { tunable_.Set(value); }
+  ~ScopedTunable() { tunable_.Reset(); }
+  ScopedTunable(const ScopedTunable&) = delete;
+  ScopedTunable& operator=(const ScopedTunable&) = delete;
+
+ private:
+  Tunable<T>& tunable_;
+};
+
+}  // namespace tierzero
+
+#define TZ_TUNABLE(type, var, env_name, default_value, help) \
+  ::tierzero::Tunable<type> var(env_name, default_value, help)

@@ -1,0 +1,274 @@
+#include "offload/cuda_device.h"
+
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <sstream>
+#include <string>
+
+#include "core/bytes.h"
+#include "core/check.h"
+#include "core/logging.h"
+#include "kernels/cast.h"
+#include "offload/slab_allocator.h"
+
+namespace tierzero {
+namespace {
+
+// Turns a cudaError_t into a Status naming the call and the site (NCCLCHECK-style).
+Status CudaStatus(cudaError_t err, const char* call, const char* file, int line) {
+  StatusCode code = err == cudaErrorMemoryAllocation ? StatusCode::kOutOfMemory
+                    : err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver
+                        ? StatusCode::kUnavailable
+                        : StatusCode::kInternal;
+  Status s(code, std::string(call) + " failed: " + cudaGetErrorName(err) + " (" +
+                     cudaGetErrorString(err) + ")");
+  s.AddFrame(file, line);
+  return s;
+}
+
+#define CUDA_RETURN_IF_ERROR(call)                                        \
+  do {                                                                    \
+    cudaError_t tz_cuda_err_ = (call);                                    \
+    if (tz_cuda_err_ != cudaSuccess) {                                    \
+      return CudaStatus(tz_cuda_err_, #call, __FILE__, __LINE__);         \
+    }                                                                     \
+  } while (0)
+
+cudaMemcpyKind ToCuda(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::kHostToDevice: return cudaMemcpyHostToDevice;
+    case CopyKind::kDeviceToHost: return cudaMemcpyDeviceToHost;
+    case CopyKind::kDeviceToDevice: return cudaMemcpyDeviceToDevice;
+  }
+  return cudaMemcpyDefault;
+}
+
+void CUDART_CB RunHostFunc(void* arg) {
+  std::unique_ptr<std::function<void()>> fn(static_cast<std::function<void()>*>(arg));
+  (*fn)();
+}
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(DeviceInfo info, uint8_t* slab)
+      : info_(std::move(info)), slab_(slab), allocator_(info_.capacity_bytes, kDeviceAlignment) {}
+
+  ~CudaDevice() override {
+    cudaSetDevice(info_.ordinal);
+    cudaDeviceSynchronize();
+    cudaFree(slab_);
+  }
+
+  const DeviceInfo& info() const override { return info_; }
+
+  StatusOr<void*> Allocate(size_t bytes) override {
+    if (bytes == 0) return InvalidArgumentError("device allocation of 0 bytes");
+    std::lock_guard<std::mutex> lock(mu_);
+    std::optional<uint64_t> offset = allocator_.Allocate(bytes);
+    if (!offset) {
+      return OutOfMemoryError(
+          "GPU '" + info_.name + "' cannot allocate " + FormatBytes(bytes) + ": capacity " +
+          FormatBytes(info_.capacity_bytes) + ", in use " + FormatBytes(allocator_.stat().current) +
+          ", largest free block " + FormatBytes(allocator_.largest_free_block()) +
+          " (raise the device budget or lower what the run keeps on the device)");
+    }
+    return static_cast<void*>(slab_ + *offset);
+  }
+
+  void Free(void* ptr) override {
+    if (ptr == nullptr) return;
+    auto* p = static_cast<uint8_t*>(ptr);
+    TZ_CHECK(p >= slab_ && p < slab_ + info_.capacity_bytes)
+        << "Free of " << ptr << ", which is not device memory of '" << info_.name << "'";
+    std::lock_guard<std::mutex> lock(mu_);
+    allocator_.Free(static_cast<uint64_t>(p - slab_));
+  }
+
+  MemoryStat memory_stat() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return allocator_.stat();
+  }
+  uint64_t largest_free_block() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return allocator_.largest_free_block();
+  }
+
+  StatusOr<StreamHandle> CreateStream(std::string_view name) override {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(info_.ordinal));
+    cudaStream_t s;
+    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return StreamHandle{s};
+  }
+  void DestroyStream(StreamHandle h) override {
+    if (h.impl == nullptr) return;
+    cudaSetDevice(info_.ordinal);
+    cudaStreamSynchronize(Cast(h));
+    cudaStreamDestroy(Cast(h));
+  }
+  Status SynchronizeStream(StreamHandle h) override {
+    RETURN_IF_ERROR(Current());
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(Cast(h)));
+    return Status::OK();
+  }
+  Status Synchronize() override {
+    RETURN_IF_ERROR(Current());
+    CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    return Status::OK();
+  }
+
+  StatusOr<EventHandle> CreateEvent() override {
+    RETURN_IF_ERROR(Current());
+    cudaEvent_t e;
+    CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+    return EventHandle{e};
+  }
+  void DestroyEvent(EventHandle h) override {
+    if (h.impl != nullptr) cudaEventDestroy(Cast(h));
+  }
+  Status RecordEvent(EventHandle e, StreamHandle s) override {
+    RETURN_IF_ERROR(Current());
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(Cast(e), Cast(s)));
+    return Status::OK();
+  }
+  Status StreamWaitEvent(StreamHandle s, EventHandle e) override {
+    RETURN_IF_ERROR(Current());
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(Cast(s), Cast(e), 0));
+    return Status::OK();
+  }
+  Status SynchronizeEvent(EventHandle e) override {
+    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(Cast(e)));
+    return Status::OK();
+  }
+  StatusOr<bool> EventDone(EventHandle e) override {
+    cudaError_t err = cudaEventQuery(Cast(e));
+    if (err == cudaErrorNotReady) return false;
+    CUDA_RETURN_IF_ERROR(err);
+    return true;
+  }
+  StatusOr<double> ElapsedSeconds(EventHandle start, EventHandle end) override {
+    float ms = 0;
+    cudaError_t err = cudaEventElapsedTime(&ms, Cast(start), Cast(end));
+    if (err == cudaErrorNotReady || err == cudaErrorInvalidResourceHandle) {
+      cudaGetLastError();  // clear
+      return FailedPreconditionError("ElapsedSeconds needs two recorded, completed events");
+    }
+    CUDA_RETURN_IF_ERROR(err);
+    return ms / 1e3;
+  }
+
+  Status CopyAsync(void* dst, const void* src, size_t bytes, CopyKind kind,
+                   StreamHandle s) override {
+    if (bytes == 0) return Status::OK();
+    RETURN_IF_ERROR(Current());
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, ToCuda(kind), Cast(s)));
+    return Status::OK();
+  }
+  Status MemsetAsync(void* dst, uint8_t value, size_t bytes, StreamHandle s) override {
+    if (bytes == 0) return Status::OK();
+    RETURN_IF_ERROR(Current());
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, value, bytes, Cast(s)));
+    return Status::OK();
+  }
+  Status CastAsync(const void* src, DType src_type, void* dst, DType dst_type, size_t n,
+                   StreamHandle s) override {
+    RETURN_IF_ERROR(Current());
+    return kernels::CastCudaAsync(src, src_type, dst, dst_type, n, s.impl);
+  }
+  Status LaunchHostFunc(StreamHandle s, std::function<void()> fn) override {
+    RETURN_IF_ERROR(Current());
+    auto* heap_fn = new std::function<void()>(std::move(fn));
+    cudaError_t err = cudaLaunchHostFunc(Cast(s), RunHostFunc, heap_fn);
+    if (err != cudaSuccess) {
+      delete heap_fn;
+      return CudaStatus(err, "cudaLaunchHostFunc", __FILE__, __LINE__);
+    }
+    return Status::OK();
+  }
+
+  Status RegisterHostMemory(void* ptr, size_t bytes) override {
+    RETURN_IF_ERROR(Current());
+    cudaError_t err = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault);
+    if (err != cudaSuccess) {
+      return CudaStatus(err, "cudaHostRegister", __FILE__, __LINE__)
+          .WithContext("page-locking " + FormatBytes(bytes) + " of host memory");
+    }
+    return Status::OK();
+  }
+  Status UnregisterHostMemory(void* ptr) override {
+    CUDA_RETURN_IF_ERROR(cudaHostUnregister(ptr));
+    return Status::OK();
+  }
+
+ private:
+  static cudaStream_t Cast(StreamHandle h) { return static_cast<cudaStream_t>(h.impl); }
+  static cudaEvent_t Cast(EventHandle h) { return static_cast<cudaEvent_t>(h.impl); }
+  Status Current() const {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(info_.ordinal));
+    return Status::OK();
+  }
+
+  const DeviceInfo info_;
+  uint8_t* const slab_;
+  mutable std::mutex mu_;
+  SlabAllocator allocator_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return 0;
+  }
+  return n;
+}
+
+StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const CudaDeviceOptions& options) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    return UnavailableError(std::string("no usable CUDA GPU: ") + cudaGetErrorString(err));
+  }
+  if (options.ordinal < 0 || options.ordinal >= count) {
+    return UnavailableError("CUDA device " + std::to_string(options.ordinal) +
+                            " does not exist (" + std::to_string(count) + " found)");
+  }
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(options.ordinal));
+  cudaDeviceProp prop;
+  CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options.ordinal));
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  uint64_t capacity = options.capacity_bytes;
+  if (capacity == 0) {
+    if (free_bytes <= options.headroom_bytes) {
+      return OutOfMemoryError("GPU " + std::string(prop.name) + " has only " +
+                              FormatBytes(free_bytes) + " free, less than the headroom of " +
+                              FormatBytes(options.headroom_bytes));
+    }
+    capacity = free_bytes - options.headroom_bytes;
+  }
+  capacity = AlignUp(capacity, kDeviceAlignment);
+  if (capacity > free_bytes) {
+    return OutOfMemoryError("GPU " + std::string(prop.name) + ": the device budget of " +
+                            FormatBytes(capacity) + " exceeds the " + FormatBytes(free_bytes) +
+                            " free (lower the budget)");
+  }
+  void* slab = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&slab, capacity));
+  DeviceInfo info;
+  info.kind = DeviceKind::kCuda;
+  info.name = prop.name;
+  info.ordinal = options.ordinal;
+  info.capacity_bytes = capacity;
+  info.caps.async_copy = true;
+  info.caps.pinned_host = true;
+  info.caps.event_timing = true;
+  TZ_LOG(kInfo, kOffload) << "CUDA device " << options.ordinal << " '" << prop.name
+                          << "': reserved " << FormatBytes(capacity) << " of "
+                          << FormatBytes(total_bytes);
+  return std::unique_ptr<Device>(new CudaDevice(std::move(info), static_cast<uint8_t*>(slab)));
+}
+
+}  // namespace tierzero

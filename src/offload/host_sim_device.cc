@@ -1,0 +1,407 @@
+#include "offload/host_sim_device.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "core/bytes.h"
+#include "core/check.h"
+#include "core/convert.h"
+#include "core/dtype.h"
+#include "core/logging.h"
+#include "offload/slab_allocator.h"
+
+namespace tierzero {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One in-order queue executed by its own thread.
+class SimStream {
+ public:
+  explicit SimStream(std::string name) : name_(std::move(name)), worker_([this] { Run(); }) {}
+  ~SimStream() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    work_cv_.notify_one();
+    worker_.join();
+  }
+
+  void Enqueue(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(fn));
+      ++enqueued_;
+    }
+    work_cv_.notify_one();
+  }
+
+  // Waits until everything enqueued before the call has run.
+  void Drain() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const uint64_t target = enqueued_;
+    done_cv_.wait(lock, [&] { return completed_ >= target; });
+  }
+
+  const std::string& name() const { return name_; }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping and drained
+      std::function<void()> fn = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      fn();
+      lock.lock();
+      ++completed_;
+      done_cv_.notify_all();
+    }
+  }
+
+  std::string name_;
+  std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  std::deque<std::function<void()>> queue_;
+  uint64_t enqueued_ = 0;
+  uint64_t completed_ = 0;
+  bool stopping_ = false;
+  std::thread worker_;  // last: starts after the members it uses exist
+};
+
+// Record k of an event completes when the work before it on its stream is done.
+struct SimEvent {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t records = 0;    // records issued
+  uint64_t completed = 0;  // highest record completed
+  Clock::time_point completed_at{};
+};
+
+// A direction of the simulated interconnect.
+struct Link {
+  std::mutex mu;
+  double bytes_per_second = 0;
+  Clock::time_point next_free{};
+};
+
+class HostSimDevice final : public Device {
+ public:
+  HostSimDevice(DeviceInfo info, const HostSimOptions& options, uint8_t* slab)
+      : info_(std::move(info)), slab_(slab), allocator_(info_.capacity_bytes, kDeviceAlignment) {
+    links_[0].bytes_per_second = options.h2d_bytes_per_second;
+    links_[1].bytes_per_second = options.d2h_bytes_per_second;
+    links_[2].bytes_per_second = options.d2d_bytes_per_second;
+  }
+
+  ~HostSimDevice() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      TZ_CHECK(streams_.empty()) << streams_.size() << " stream(s) outlive the device";
+    }
+    ::munmap(slab_, info_.capacity_bytes);
+  }
+
+  const DeviceInfo& info() const override { return info_; }
+
+  StatusOr<void*> Allocate(size_t bytes) override {
+    if (bytes == 0) return InvalidArgumentError("device allocation of 0 bytes");
+    std::lock_guard<std::mutex> lock(mu_);
+    std::optional<uint64_t> offset = allocator_.Allocate(bytes);
+    if (!offset) {
+      return OutOfMemoryError(
+          "device '" + info_.name + "' cannot allocate " + FormatBytes(bytes) + ": capacity " +
+          FormatBytes(info_.capacity_bytes) + ", in use " + FormatBytes(allocator_.stat().current) +
+          ", largest free block " + FormatBytes(allocator_.largest_free_block()) +
+          " (raise the device budget or lower what the run keeps on the device)");
+    }
+    return static_cast<void*>(slab_ + *offset);
+  }
+
+  void Free(void* ptr) override {
+    if (ptr == nullptr) return;
+    auto* p = static_cast<uint8_t*>(ptr);
+    TZ_CHECK(p >= slab_ && p < slab_ + info_.capacity_bytes)
+        << "Free of " << ptr << ", which is not device memory of '" << info_.name << "'";
+    std::lock_guard<std::mutex> lock(mu_);
+    allocator_.Free(static_cast<uint64_t>(p - slab_));
+  }
+
+  MemoryStat memory_stat() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return allocator_.stat();
+  }
+
+  uint64_t largest_free_block() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return allocator_.largest_free_block();
+  }
+
+  StatusOr<StreamHandle> CreateStream(std::string_view name) override {
+    auto* s = new SimStream(std::string(name));
+    std::lock_guard<std::mutex> lock(mu_);
+    streams_.insert(s);
+    return StreamHandle{s};
+  }
+
+  void DestroyStream(StreamHandle handle) override {
+    auto* s = static_cast<SimStream*>(handle.impl);
+    if (s == nullptr) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      TZ_CHECK(streams_.erase(s) == 1) << "DestroyStream of an unknown stream";
+    }
+    delete s;  // drains the queue, then joins
+  }
+
+  Status SynchronizeStream(StreamHandle handle) override {
+    RETURN_IF_ERROR(CheckStream(handle));
+    static_cast<SimStream*>(handle.impl)->Drain();
+    return Status::OK();
+  }
+
+  Status Synchronize() override {
+    std::vector<SimStream*> streams;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      streams.assign(streams_.begin(), streams_.end());
+    }
+    for (SimStream* s : streams) s->Drain();
+    return Status::OK();
+  }
+
+  StatusOr<EventHandle> CreateEvent() override { return EventHandle{new SimEvent()}; }
+
+  void DestroyEvent(EventHandle handle) override {
+    // Queued records or waits hold no pointer beyond their own completion: callers must not
+    // destroy an event with work pending on it (as on CUDA, where it is deferred).
+    delete static_cast<SimEvent*>(handle.impl);
+  }
+
+  Status RecordEvent(EventHandle event, StreamHandle stream) override {
+    RETURN_IF_ERROR(CheckStream(stream));
+    if (event.impl == nullptr) return InvalidArgumentError("RecordEvent on a null event");
+    auto* e = static_cast<SimEvent*>(event.impl);
+    uint64_t target;
+    {
+      std::lock_guard<std::mutex> lock(e->mu);
+      target = ++e->records;
+    }
+    static_cast<SimStream*>(stream.impl)->Enqueue([e, target] {
+      std::lock_guard<std::mutex> lock(e->mu);
+      if (target > e->completed) {
+        e->completed = target;
+        e->completed_at = Clock::now();
+      }
+      e->cv.notify_all();
+    });
+    return Status::OK();
+  }
+
+  Status StreamWaitEvent(StreamHandle stream, EventHandle event) override {
+    RETURN_IF_ERROR(CheckStream(stream));
+    if (event.impl == nullptr) return InvalidArgumentError("StreamWaitEvent on a null event");
+    auto* e = static_cast<SimEvent*>(event.impl);
+    uint64_t target;
+    {
+      std::lock_guard<std::mutex> lock(e->mu);
+      target = e->records;
+    }
+    if (target == 0) return Status::OK();
+    static_cast<SimStream*>(stream.impl)->Enqueue([e, target] {
+      std::unique_lock<std::mutex> lock(e->mu);
+      e->cv.wait(lock, [&] { return e->completed >= target; });
+    });
+    return Status::OK();
+  }
+
+  Status SynchronizeEvent(EventHandle event) override {
+    if (event.impl == nullptr) return InvalidArgumentError("SynchronizeEvent on a null event");
+    auto* e = static_cast<SimEvent*>(event.impl);
+    std::unique_lock<std::mutex> lock(e->mu);
+    const uint64_t target = e->records;
+    e->cv.wait(lock, [&] { return e->completed >= target; });
+    return Status::OK();
+  }
+
+  StatusOr<bool> EventDone(EventHandle event) override {
+    if (event.impl == nullptr) return InvalidArgumentError("EventDone on a null event");
+    auto* e = static_cast<SimEvent*>(event.impl);
+    std::lock_guard<std::mutex> lock(e->mu);
+    return e->completed >= e->records;
+  }
+
+  StatusOr<double> ElapsedSeconds(EventHandle start, EventHandle end) override {
+    if (start.impl == nullptr || end.impl == nullptr) {
+      return InvalidArgumentError("ElapsedSeconds on a null event");
+    }
+    auto* a = static_cast<SimEvent*>(start.impl);
+    auto* b = static_cast<SimEvent*>(end.impl);
+    Clock::time_point ta, tb;
+    for (auto [e, t] : {std::pair{a, &ta}, std::pair{b, &tb}}) {
+      std::lock_guard<std::mutex> lock(e->mu);
+      if (e->records == 0 || e->completed < e->records) {
+        return FailedPreconditionError("ElapsedSeconds needs two recorded, completed events");
+      }
+      *t = e->completed_at;
+    }
+    return std::chrono::duration<double>(tb - ta).count();
+  }
+
+  Status CopyAsync(void* dst, const void* src, size_t bytes, CopyKind kind,
+                   StreamHandle stream) override {
+    RETURN_IF_ERROR(CheckStream(stream));
+    if (bytes == 0) return Status::OK();
+    if (dst == nullptr || src == nullptr) return InvalidArgumentError("CopyAsync with a null pointer");
+    const bool dst_dev = kind != CopyKind::kDeviceToHost;
+    const bool src_dev = kind != CopyKind::kHostToDevice;
+    if (dst_dev) RETURN_IF_ERROR(CheckDeviceRange(dst, bytes, "destination"));
+    if (src_dev) RETURN_IF_ERROR(CheckDeviceRange(src, bytes, "source"));
+    if (!dst_dev) RETURN_IF_ERROR(CheckHostRange(dst, bytes, "destination"));
+    if (!src_dev) RETURN_IF_ERROR(CheckHostRange(src, bytes, "source"));
+    Link* link = &links_[static_cast<int>(kind)];
+    static_cast<SimStream*>(stream.impl)->Enqueue([=] {
+      const Clock::time_point begin = Clock::now();
+      std::memcpy(dst, src, bytes);
+      if (link->bytes_per_second > 0) {
+        Clock::time_point finish;
+        {
+          std::lock_guard<std::mutex> lock(link->mu);
+          const Clock::time_point start = std::max(begin, link->next_free);
+          finish = start + std::chrono::duration_cast<Clock::duration>(
+                               std::chrono::duration<double>(bytes / link->bytes_per_second));
+          link->next_free = finish;
+        }
+        std::this_thread::sleep_until(finish);
+      }
+    });
+    return Status::OK();
+  }
+
+  Status MemsetAsync(void* dst, uint8_t value, size_t bytes, StreamHandle stream) override {
+    RETURN_IF_ERROR(CheckStream(stream));
+    if (bytes == 0) return Status::OK();
+    RETURN_IF_ERROR(CheckDeviceRange(dst, bytes, "destination"));
+    static_cast<SimStream*>(stream.impl)->Enqueue([=] { std::memset(dst, value, bytes); });
+    return Status::OK();
+  }
+
+  Status CastAsync(const void* src, DType src_type, void* dst, DType dst_type, size_t n,
+                   StreamHandle stream) override {
+    RETURN_IF_ERROR(CheckStream(stream));
+    if (!IsFloatType(src_type) || !IsFloatType(dst_type)) {
+      return InvalidArgumentError("CastAsync supports fp32, bf16 and fp16, not " +
+                                  std::string(DTypeName(src_type)) + " -> " +
+                                  std::string(DTypeName(dst_type)));
+    }
+    if (n == 0) return Status::OK();
+    RETURN_IF_ERROR(CheckDeviceRange(src, DTypeBytes(src_type, n), "source"));
+    RETURN_IF_ERROR(CheckDeviceRange(dst, DTypeBytes(dst_type, n), "destination"));
+    static_cast<SimStream*>(stream.impl)->Enqueue([=] {
+      // Arguments were validated above; Convert cannot fail for float types.
+      TZ_CHECK_OK(Convert(src, src_type, dst, dst_type, n));
+    });
+    return Status::OK();
+  }
+
+  Status LaunchHostFunc(StreamHandle stream, std::function<void()> fn) override {
+    RETURN_IF_ERROR(CheckStream(stream));
+    static_cast<SimStream*>(stream.impl)->Enqueue(std::move(fn));
+    return Status::OK();
+  }
+
+  Status RegisterHostMemory(void* ptr, size_t bytes) override { return Status::OK(); }
+  Status UnregisterHostMemory(void* ptr) override { return Status::OK(); }
+
+ private:
+  Status CheckStream(StreamHandle handle) const {
+    if (handle.impl == nullptr) return InvalidArgumentError("null stream");
+    return Status::OK();
+  }
+
+  bool InSlab(const void* p, size_t bytes) const {
+    auto* b = static_cast<const uint8_t*>(p);
+    return b >= slab_ && b <= slab_ + info_.capacity_bytes &&
+           bytes <= static_cast<size_t>(slab_ + info_.capacity_bytes - b);
+  }
+
+  Status CheckDeviceRange(const void* p, size_t bytes, const char* what) const {
+    if (!InSlab(p, bytes)) {
+      std::ostringstream os;
+      os << "the " << what << " [" << p << ", +" << bytes << ") is not device memory of '"
+         << info_.name << "'";
+      return InvalidArgumentError(os.str());
+    }
+    return Status::OK();
+  }
+
+  Status CheckHostRange(const void* p, size_t bytes, const char* what) const {
+    auto* b = static_cast<const uint8_t*>(p);
+    if (b + bytes > slab_ && b < slab_ + info_.capacity_bytes) {
+      std::ostringstream os;
+      os << "the " << what << " [" << p << ", +" << bytes << ") is device memory, but the copy "
+         << "kind says host";
+      return InvalidArgumentError(os.str());
+    }
+    return Status::OK();
+  }
+
+  const DeviceInfo info_;
+  uint8_t* const slab_;
+  mutable std::mutex mu_;
+  SlabAllocator allocator_;       // GUARDED_BY(mu_)
+  std::set<SimStream*> streams_;  // GUARDED_BY(mu_)
+  Link links_[3];                 // indexed by CopyKind
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Device>> CreateHostSimDevice(const HostSimOptions& options) {
+  if (options.capacity_bytes == 0) {
+    return InvalidArgumentError("HostSim device capacity must be > 0");
+  }
+  for (double bw : {options.h2d_bytes_per_second, options.d2h_bytes_per_second,
+                    options.d2d_bytes_per_second}) {
+    if (!(bw >= 0)) {
+      return InvalidArgumentError("HostSim bandwidth must be >= 0 bytes/s (0 = unthrottled), got " +
+                                  std::to_string(bw));
+    }
+  }
+  const uint64_t capacity = AlignUp(options.capacity_bytes, kDeviceAlignment);
+  void* slab = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (slab == MAP_FAILED) {
+    return ErrnoError("cannot reserve " + FormatBytes(capacity) + " for the HostSim device",
+                      errno, StatusCode::kOutOfMemory);
+  }
+  DeviceInfo info;
+  info.kind = DeviceKind::kHostSim;
+  info.name = options.name;
+  info.capacity_bytes = capacity;
+  info.caps.async_copy = true;
+  info.caps.pinned_host = false;
+  info.caps.event_timing = true;
+  info.caps.throttled = options.h2d_bytes_per_second > 0 || options.d2h_bytes_per_second > 0 ||
+                        options.d2d_bytes_per_second > 0;
+  TZ_LOG(kInfo, kOffload) << "HostSim device '" << info.name << "': " << FormatBytes(capacity)
+                          << (info.caps.throttled ? ", throttled" : "");
+  return std::unique_ptr<Device>(
+      new HostSimDevice(std::move(info), options, static_cast<uint8_t*>(slab)));
+}
+
+}  // namespace tierzero

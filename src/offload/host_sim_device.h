@@ -1,0 +1,40 @@
+// HostSimDevice: a Device whose "device memory" is host memory with a hard capacity, so the
+// whole engine runs, and its placement decisions can be studied, on a machine without a GPU.
+//
+// - Memory: one slab of `capacity_bytes`, reserved with mmap (pages are touched, and count in
+//   RSS, only when used), carved by SlabAllocator exactly as CudaDevice carves its cudaMalloc
+//   slab.
+// - Streams: each stream is a worker thread that executes its queue in order. Events order
+//   streams as on CUDA. Kernels (CastAsync) run on the stream's thread with the CPU SIMD code.
+// - Throttling: with a bandwidth set for a direction, every copy in that direction occupies a
+//   shared link for bytes / bandwidth seconds (copies on different streams queue for the link,
+//   as they would for one PCIe direction), so transfer time is what a GPU would show.
+// - Pointer checks: device-side pointers of copies and kernels must lie inside the slab; a
+//   violation is InvalidArgument, which catches engine bugs a GPU would report as a fault.
+//
+// Thread-safety: as for Device.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "offload/device.h"
+
+namespace tierzero {
+
+struct HostSimOptions {
+  // Device memory capacity. Default: 1 GiB. Rounded up to kDeviceAlignment.
+  uint64_t capacity_bytes = uint64_t{1} << 30;
+  // Link bandwidths in bytes/s; 0 means unthrottled (memcpy speed). Default: 0.
+  double h2d_bytes_per_second = 0;
+  double d2h_bytes_per_second = 0;
+  double d2d_bytes_per_second = 0;
+  // Name shown in logs and reports. Default: "hostsim".
+  std::string name = "hostsim";
+};
+
+// Creates a HostSimDevice. InvalidArgument for a zero capacity or a negative bandwidth;
+// OutOfMemory when the address space for the slab cannot be reserved.
+StatusOr<std::unique_ptr<Device>> CreateHostSimDevice(const HostSimOptions& options);
+
+}  // namespace tierzero

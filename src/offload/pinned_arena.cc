@@ -1,0 +1,125 @@
+#include "offload/pinned_arena.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <utility>
+
+#include "core/bytes.h"
+#include "core/check.h"
+#include "core/logging.h"
+
+namespace tierzero {
+
+PinnedSlot& PinnedSlot::operator=(PinnedSlot&& other) noexcept {
+  if (this != &other) {
+    Release();
+    arena_ = std::exchange(other.arena_, nullptr);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    index_ = std::exchange(other.index_, 0);
+  }
+  return *this;
+}
+
+void PinnedSlot::Release() {
+  if (arena_ != nullptr) arena_->Return(index_);
+  arena_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+StatusOr<std::unique_ptr<PinnedArena>> PinnedArena::Create(Device* device, uint64_t slot_bytes,
+                                                           uint32_t num_slots) {
+  if (slot_bytes == 0 || num_slots == 0) {
+    return InvalidArgumentError("pinned arena needs slot_bytes > 0 and num_slots > 0, got " +
+                                std::to_string(slot_bytes) + " and " +
+                                std::to_string(num_slots));
+  }
+  const uint64_t slot = AlignUp(slot_bytes, kPinnedAlignment);
+  const uint64_t total = slot * num_slots;
+  void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) {
+    return ErrnoError("cannot map " + FormatBytes(total) + " for the pinned host arena", errno,
+                      StatusCode::kOutOfMemory);
+  }
+  std::unique_ptr<PinnedArena> arena(
+      new PinnedArena(device, static_cast<uint8_t*>(base), slot, num_slots));
+  if (device != nullptr && device->info().caps.pinned_host) {
+    Status st = device->RegisterHostMemory(base, total);
+    if (!st.ok()) {
+      return std::move(st).WithContext("registering the " + FormatBytes(total) +
+                                       " pinned host arena");
+    }
+    arena->registered_ = true;
+  }
+  TZ_LOG(kInfo, kOffload) << "pinned arena: " << num_slots << " x " << FormatBytes(slot)
+                          << (arena->registered_ ? ", page-locked" : "");
+  return arena;
+}
+
+PinnedArena::PinnedArena(Device* device, uint8_t* base, uint64_t slot_bytes, uint32_t num_slots)
+    : device_(device), base_(base), slot_bytes_(slot_bytes), num_slots_(num_slots) {
+  free_.reserve(num_slots);
+  for (uint32_t i = num_slots; i-- > 0;) free_.push_back(i);  // slot 0 handed out first
+}
+
+PinnedArena::~PinnedArena() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    TZ_CHECK(free_.size() == num_slots_)
+        << num_slots_ - free_.size() << " pinned slot(s) outlive the arena";
+  }
+  if (registered_) {
+    Status st = device_->UnregisterHostMemory(base_);
+    if (!st.ok()) TZ_LOG(kWarn, kOffload) << "unregistering the pinned arena: " << st.ToString();
+  }
+  ::munmap(base_, total_bytes());
+}
+
+PinnedSlot PinnedArena::MakeSlot(uint32_t index) {
+  PinnedSlot s;
+  s.arena_ = this;
+  s.index_ = index;
+  s.data_ = base_ + static_cast<uint64_t>(index) * slot_bytes_;
+  s.bytes_ = slot_bytes_;
+  stat_.OnAlloc(slot_bytes_);
+  return s;
+}
+
+std::optional<PinnedSlot> PinnedArena::TryAcquire() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (free_.empty()) return std::nullopt;
+  uint32_t index = free_.back();
+  free_.pop_back();
+  return MakeSlot(index);
+}
+
+StatusOr<PinnedSlot> PinnedArena::Acquire(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return !free_.empty(); })) {
+    return Status(StatusCode::kDeadlineExceeded,
+                  "no pinned slot became free within " + std::to_string(timeout.count()) +
+                      " ms (all " + std::to_string(num_slots_) + " slots of " +
+                      FormatBytes(slot_bytes_) + " in use)");
+  }
+  uint32_t index = free_.back();
+  free_.pop_back();
+  return MakeSlot(index);
+}
+
+void PinnedArena::Return(uint32_t index) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(index);
+    stat_.OnFree(slot_bytes_);
+  }
+  cv_.notify_one();
+}
+
+MemoryStat PinnedArena::stat() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stat_;
+}
+
+}  // namespace tierzero

@@ -1,0 +1,57 @@
+#include "core/tunable.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include "core/bytes.h"
+
+namespace tierzero {
+namespace {
+
+TZ_TUNABLE(int64_t, kTestDepth, "TZ_TEST_TUNABLE_DEPTH", 32, "test tunable");
+TZ_TUNABLE(int64_t, kTestBadEnv, "TZ_TEST_TUNABLE_BAD", 5, "test tunable with a bad env value");
+TZ_TUNABLE(ByteSize, kTestSize, "TZ_TEST_TUNABLE_SIZE", ByteSize{kMiB}, "test size tunable");
+TZ_TUNABLE(bool, kTestFlag, "TZ_TEST_TUNABLE_FLAG", false, "test flag");
+TZ_TUNABLE(double, kTestRate, "TZ_TEST_TUNABLE_RATE", 1.5, "test double");
+
+TEST(TunableTest, DefaultWhenUnset) {
+  unsetenv("TZ_TEST_TUNABLE_DEPTH");
+  EXPECT_EQ(kTestDepth.Get(), 32);
+  EXPECT_EQ(kTestRate.Get(), 1.5);
+}
+
+TEST(TunableTest, EnvironmentOverridesDefaultAndSetOverridesBoth) {
+  setenv("TZ_TEST_TUNABLE_SIZE", "2GiB", 1);
+  setenv("TZ_TEST_TUNABLE_FLAG", "true", 1);
+  EXPECT_EQ(kTestSize.Get().bytes, 2 * kGiB);
+  EXPECT_TRUE(kTestFlag.Get());
+  {
+    ScopedTunable<ByteSize> scoped(kTestSize, ByteSize{4096});
+    EXPECT_EQ(kTestSize.Get().bytes, 4096u);
+  }
+  EXPECT_EQ(kTestSize.Get().bytes, 2 * kGiB);
+  EXPECT_EQ(kTestSize.ValueString(), "2 GiB");
+  EXPECT_EQ(kTestSize.DefaultString(), "1 MiB");
+}
+
+TEST(TunableTest, BadEnvironmentValueFallsBackAndIsReported) {
+  setenv("TZ_TEST_TUNABLE_BAD", "lots", 1);
+  EXPECT_EQ(kTestBadEnv.Get(), 5);
+  Status st = ValidateTunables();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("TZ_TEST_TUNABLE_BAD"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("'lots'"), std::string::npos) << st.message();
+  unsetenv("TZ_TEST_TUNABLE_BAD");
+  EXPECT_TRUE(ValidateTunables().ok());
+}
+
+TEST(TunableTest, RegistryListsTunables) {
+  bool found = false;
+  for (const TunableBase* t : AllTunables()) {
+    if (std::string(t->env_name()) == "TZ_TEST_TUNABLE_DEPTH") found = true;
+  }
+  EXPECT_TRUE(found);
+}
+
+}  // namespace
+}  // namespace tierzero
