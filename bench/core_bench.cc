@@ -1,14 +1,16 @@
 // core_bench: fp32 <-> bf16/fp16 conversion throughput next to memcpy, measured in the same
 // run and interleaved iteration by iteration, so the ratio means something on a noisy machine.
 //
-// Counters (per benchmark):
+// Counters (per benchmark, medians over its iterations):
 //   GBps         bytes read + written by the conversion per second
-//   memcpy_GBps  bytes read + written per second by memcpy moving the same total bytes
+//   memcpy_GBps  bytes read + written per second by memcpy moving the same total bytes,
+//                timed right after each conversion
 //   ratio        GBps / memcpy_GBps (target >= 0.70 for large buffers)
 //
 //   build/bin/core_bench --benchmark_format=json
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -34,6 +36,11 @@ const char* KindName(Kind k) {
   return "?";
 }
 
+double Median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
 void BM_Convert(benchmark::State& state, Kind kind, SimdLevel level) {
   const size_t n = static_cast<size_t>(state.range(0));
   const ConvertKernels* k = ConvertKernelsFor(level);
@@ -45,7 +52,7 @@ void BM_Convert(benchmark::State& state, Kind kind, SimdLevel level) {
   k->f32_to_bf16(f32.data(), h16.data(), n);
   const size_t moved = n * 6;  // 4 bytes one side, 2 the other
   std::vector<uint8_t> copy_src(moved / 2, 1), copy_dst(moved / 2, 0);
-  double conv_s = 0, copy_s = 0;
+  std::vector<double> conv_s, copy_s;
   for (auto _ : state) {
     auto t0 = Clock::now();
     switch (kind) {
@@ -60,13 +67,14 @@ void BM_Convert(benchmark::State& state, Kind kind, SimdLevel level) {
     benchmark::ClobberMemory();
     auto t2 = Clock::now();
     const double c = std::chrono::duration<double>(t1 - t0).count();
-    conv_s += c;
-    copy_s += std::chrono::duration<double>(t2 - t1).count();
+    conv_s.push_back(c);
+    copy_s.push_back(std::chrono::duration<double>(t2 - t1).count());
     state.SetIterationTime(c);
   }
+  // Medians: one slow iteration (a page fault storm, a neighbour's burst) must not decide.
+  const double gbps = moved / Median(conv_s) / 1e9;
+  const double copy_gbps = moved / Median(copy_s) / 1e9;
   const double iters = static_cast<double>(state.iterations());
-  const double gbps = moved * iters / conv_s / 1e9;
-  const double copy_gbps = moved * iters / copy_s / 1e9;
   state.counters["GBps"] = gbps;
   state.counters["memcpy_GBps"] = copy_gbps;
   state.counters["ratio"] = gbps / copy_gbps;
