@@ -28,10 +28,14 @@ enum class Kind { kF32ToBF16, kBF16ToF32, kF32ToF16, kF16ToF32 };
 
 const char* KindName(Kind k) {
   switch (k) {
-    case Kind::kF32ToBF16: return "f32_to_bf16";
-    case Kind::kBF16ToF32: return "bf16_to_f32";
-    case Kind::kF32ToF16: return "f32_to_f16";
-    case Kind::kF16ToF32: return "f16_to_f32";
+    case Kind::kF32ToBF16:
+      return "f32_to_bf16";
+    case Kind::kBF16ToF32:
+      return "bf16_to_f32";
+    case Kind::kF32ToF16:
+      return "f32_to_f16";
+    case Kind::kF16ToF32:
+      return "f16_to_f32";
   }
   return "?";
 }
@@ -56,10 +60,18 @@ void BM_Convert(benchmark::State& state, Kind kind, SimdLevel level) {
   for (auto _ : state) {
     auto t0 = Clock::now();
     switch (kind) {
-      case Kind::kF32ToBF16: k->f32_to_bf16(f32.data(), h16.data(), n); break;
-      case Kind::kBF16ToF32: k->bf16_to_f32(h16.data(), f32.data(), n); break;
-      case Kind::kF32ToF16: k->f32_to_f16(f32.data(), h16.data(), n); break;
-      case Kind::kF16ToF32: k->f16_to_f32(h16.data(), f32.data(), n); break;
+      case Kind::kF32ToBF16:
+        k->f32_to_bf16(f32.data(), h16.data(), n);
+        break;
+      case Kind::kBF16ToF32:
+        k->bf16_to_f32(h16.data(), f32.data(), n);
+        break;
+      case Kind::kF32ToF16:
+        k->f32_to_f16(f32.data(), h16.data(), n);
+        break;
+      case Kind::kF16ToF32:
+        k->f16_to_f32(h16.data(), f32.data(), n);
+        break;
     }
     benchmark::ClobberMemory();
     auto t1 = Clock::now();
@@ -85,12 +97,13 @@ void RegisterAll() {
   for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
     if (!SimdLevelSupported(level)) continue;
     for (Kind kind : {Kind::kF32ToBF16, Kind::kBF16ToF32, Kind::kF32ToF16, Kind::kF16ToF32}) {
-      std::string name = std::string("Convert/") + KindName(kind) + "/" +
-                         std::string(SimdLevelName(level));
+      std::string name =
+          std::string("Convert/") + KindName(kind) + "/" + std::string(SimdLevelName(level));
       auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_Convert, kind, level);
       b->UseManualTime()->Unit(benchmark::kMicrosecond);
       // 64 KiB of fp32 (cache resident) up to 256 MiB (memory bound).
-      for (int64_t n : {int64_t{16} << 10, int64_t{1} << 20, int64_t{16} << 20, int64_t{64} << 20}) {
+      for (int64_t n :
+           {int64_t{16} << 10, int64_t{1} << 20, int64_t{16} << 20, int64_t{64} << 20}) {
         b->Arg(n);
       }
     }

@@ -137,9 +137,9 @@ class [[nodiscard]] StatusOr {
 
 // Returns the Status of `expr` from the enclosing function if it is not OK, recording the call
 // site. Works in functions returning Status or StatusOr<T>.
-#define RETURN_IF_ERROR(expr)                                                 \
-  do {                                                                        \
-    ::tierzero::Status tz_status_ = (expr);                                   \
+#define RETURN_IF_ERROR(expr)                                                        \
+  do {                                                                               \
+    ::tierzero::Status tz_status_ = (expr);                                          \
     if (!tz_status_.ok()) return std::move(tz_status_.AddFrame(__FILE__, __LINE__)); \
   } while (0)
 
@@ -147,10 +147,10 @@ class [[nodiscard]] StatusOr {
 // of a StatusOr, or returns its Status from the enclosing function.
 #define ASSIGN_OR_RETURN(lhs, expr) \
   TZ_ASSIGN_OR_RETURN_IMPL(TZ_STATUS_CONCAT(tz_statusor_, __COUNTER__), lhs, expr)
-#define TZ_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr)                                              \
-  auto tmp = (expr);                                                                          \
-  if (!tmp.ok()) {                                                                            \
-    ::tierzero::Status tz_s_ = std::move(tmp).status();                                       \
-    return std::move(tz_s_.AddFrame(__FILE__, __LINE__));                                     \
-  }                                                                                           \
+#define TZ_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr)          \
+  auto tmp = (expr);                                      \
+  if (!tmp.ok()) {                                        \
+    ::tierzero::Status tz_s_ = std::move(tmp).status();   \
+    return std::move(tz_s_.AddFrame(__FILE__, __LINE__)); \
+  }                                                       \
   lhs = std::move(tmp).value()

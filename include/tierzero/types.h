@@ -13,11 +13,16 @@ enum class DType : uint8_t { kF32 = 0, kBF16, kF16, kI8, kI4 };
 // Bits per element: 32, 16, 16, 8, 4.
 constexpr int DTypeBits(DType t) {
   switch (t) {
-    case DType::kF32: return 32;
-    case DType::kBF16: return 16;
-    case DType::kF16: return 16;
-    case DType::kI8: return 8;
-    case DType::kI4: return 4;
+    case DType::kF32:
+      return 32;
+    case DType::kBF16:
+      return 16;
+    case DType::kF16:
+      return 16;
+    case DType::kI8:
+      return 8;
+    case DType::kI4:
+      return 4;
   }
   return 0;
 }

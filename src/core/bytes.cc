@@ -30,8 +30,7 @@ std::string TrimZeros(std::string s) {
 StatusOr<uint64_t> ParseByteSize(std::string_view text) {
   auto bad = [&](std::string_view why) {
     return InvalidArgumentError("invalid byte size '" + std::string(text) + "': " +
-                                std::string(why) +
-                                " (examples: 4096, 512MiB, 2GiB, 1.5GB, 64K)");
+                                std::string(why) + " (examples: 4096, 512MiB, 2GiB, 1.5GB, 64K)");
   };
   std::string_view s = text;
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
@@ -75,10 +74,11 @@ StatusOr<uint64_t> ParseByteSize(std::string_view text) {
     uint64_t factor;
   };
   static constexpr Unit kUnits[] = {
-      {"", 1},           {"B", 1},
-      {"KB", 1000},      {"MB", 1000000},     {"GB", 1000000000},    {"TB", 1000000000000},
-      {"KiB", kKiB},     {"MiB", kMiB},       {"GiB", kGiB},         {"TiB", kTiB},
-      {"K", kKiB},       {"M", kMiB},         {"G", kGiB},           {"T", kTiB},
+      {"", 1},         {"B", 1},           {"KB", 1000},
+      {"MB", 1000000}, {"GB", 1000000000}, {"TB", 1000000000000},
+      {"KiB", kKiB},   {"MiB", kMiB},      {"GiB", kGiB},
+      {"TiB", kTiB},   {"K", kKiB},        {"M", kMiB},
+      {"G", kGiB},     {"T", kTiB},
   };
   uint64_t factor = 0;
   for (const Unit& u : kUnits) {

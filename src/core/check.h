@@ -24,15 +24,15 @@ struct Voidify {
 
 }  // namespace tierzero::internal
 
-#define TZ_CHECK(cond)                  \
-  (cond) ? (void)0                      \
+#define TZ_CHECK(cond)                       \
+  (cond) ? (void)0                           \
          : ::tierzero::internal::Voidify() & \
                ::tierzero::internal::CheckFailure(#cond, __FILE__, __LINE__).stream()
 
-#define TZ_CHECK_OK(expr)                                                            \
-  do {                                                                               \
-    ::tierzero::Status tz_check_status_ = (expr);                                    \
-    TZ_CHECK(tz_check_status_.ok()) << tz_check_status_.ToString();                  \
+#define TZ_CHECK_OK(expr)                                           \
+  do {                                                              \
+    ::tierzero::Status tz_check_status_ = (expr);                   \
+    TZ_CHECK(tz_check_status_.ok()) << tz_check_status_.ToString(); \
   } while (0)
 
 #ifdef NDEBUG

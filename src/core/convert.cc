@@ -9,7 +9,8 @@
 namespace tierzero {
 namespace internal {
 
-TZ_TUNABLE(ByteSize, kStreamingStoreThreshold, "TZ_CONVERT_STREAMING_BYTES", ByteSize{8 * 1024 * 1024},
+TZ_TUNABLE(ByteSize, kStreamingStoreThreshold, "TZ_CONVERT_STREAMING_BYTES",
+           ByteSize{8 * 1024 * 1024},
            "Conversions writing at least this many bytes use non-temporal stores");
 
 size_t StreamingStoreThresholdBytes() {
@@ -42,9 +43,12 @@ const ConvertKernels kConvertScalar = {F32ToBF16, BF16ToF32, F32ToF16, F16ToF32}
 const ConvertKernels* ConvertKernelsFor(SimdLevel level) {
   if (!SimdLevelSupported(level)) return nullptr;
   switch (level) {
-    case SimdLevel::kScalar: return &internal::kConvertScalar;
-    case SimdLevel::kAvx2: return &internal::kConvertAvx2;
-    case SimdLevel::kAvx512: return &internal::kConvertAvx512;
+    case SimdLevel::kScalar:
+      return &internal::kConvertScalar;
+    case SimdLevel::kAvx2:
+      return &internal::kConvertAvx2;
+    case SimdLevel::kAvx512:
+      return &internal::kConvertAvx512;
   }
   return nullptr;
 }

@@ -61,7 +61,9 @@ TZ_HOST_DEVICE inline uint16_t F32ToBF16Scalar(float f) {
   return static_cast<uint16_t>((x + 0x7FFFu + lsb) >> 16);
 }
 
-TZ_HOST_DEVICE inline float BF16ToF32Scalar(uint16_t h) { return BitsToFloat(static_cast<uint32_t>(h) << 16); }
+TZ_HOST_DEVICE inline float BF16ToF32Scalar(uint16_t h) {
+  return BitsToFloat(static_cast<uint32_t>(h) << 16);
+}
 
 TZ_HOST_DEVICE inline uint16_t F32ToF16Scalar(float f) {
   const uint32_t x = FloatBits(f);

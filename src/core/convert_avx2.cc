@@ -20,8 +20,8 @@ namespace {
 // NaN lanes come out wrong here (rounding can carry a NaN into Inf); SixteenToBF16 patches them.
 inline __m256i RoundToBF16NoNan(__m256i x) {
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-  return _mm256_srli_epi32(
-      _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), lsb),
+                           16);
 }
 
 inline __m256i QuietNanToBF16(__m256i x, __m256i rounded) {
@@ -40,8 +40,8 @@ inline __m256i SixteenToBF16(const float* src) {
   const __m256i xb = _mm256_castps_si256(fb);
   __m256i a = RoundToBF16NoNan(xa);
   __m256i b = RoundToBF16NoNan(xb);
-  const __m256 any_nan = _mm256_or_ps(_mm256_cmp_ps(fa, fa, _CMP_UNORD_Q),
-                                      _mm256_cmp_ps(fb, fb, _CMP_UNORD_Q));
+  const __m256 any_nan =
+      _mm256_or_ps(_mm256_cmp_ps(fa, fa, _CMP_UNORD_Q), _mm256_cmp_ps(fb, fb, _CMP_UNORD_Q));
   if (__builtin_expect(!_mm256_testz_ps(any_nan, any_nan), 0)) {
     a = QuietNanToBF16(xa, a);
     b = QuietNanToBF16(xb, b);
@@ -77,14 +77,17 @@ size_t HeadForAlignment(const Out* dst) {
 
 // Runs `body(i)` for blocks of 16 elements from `start`, with a scalar `tail(i)` for the rest,
 // choosing streaming stores when the output is large and alignable.
-template <typename Out, typename Body, typename Scalar>
-void Drive(Out* dst, size_t n, Body body, Scalar scalar) {
+template <typename In, typename Out, typename Body, typename Scalar>
+void Drive(const In* src, Out* dst, size_t n, Body body, Scalar scalar) {
   size_t i = 0;
   const bool big = n * sizeof(Out) >= StreamingStoreThresholdBytes();
   const size_t head = big ? HeadForAlignment(dst) : SIZE_MAX;
   if (head != SIZE_MAX && head < n) {
     for (; i < head; ++i) scalar(i);
-    for (; i + 16 <= n; i += 16) body.template operator()<true>(i);
+    for (; i + 16 <= n; i += 16) {
+      _mm_prefetch(reinterpret_cast<const char*>(src + i) + kPrefetchBytes, _MM_HINT_T0);
+      body.template operator()<true>(i);
+    }
     _mm_sfence();
   } else {
     for (; i + 16 <= n; i += 16) body.template operator()<false>(i);
@@ -94,21 +97,21 @@ void Drive(Out* dst, size_t n, Body body, Scalar scalar) {
 
 void F32ToBF16(const float* src, uint16_t* dst, size_t n) {
   Drive(
-      dst, n,
+      src, dst, n,
       [&]<bool kStream>(size_t i) { Store256<kStream>(dst + i, SixteenToBF16(src + i)); },
       [&](size_t i) { dst[i] = F32ToBF16Scalar(src[i]); });
 }
 
 void F32ToF16(const float* src, uint16_t* dst, size_t n) {
   Drive(
-      dst, n,
+      src, dst, n,
       [&]<bool kStream>(size_t i) { Store256<kStream>(dst + i, SixteenToF16(src + i)); },
       [&](size_t i) { dst[i] = F32ToF16Scalar(src[i]); });
 }
 
 void BF16ToF32(const uint16_t* src, float* dst, size_t n) {
   Drive(
-      dst, n,
+      src, dst, n,
       [&]<bool kStream>(size_t i) {
         const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
         const __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16);
@@ -122,7 +125,7 @@ void BF16ToF32(const uint16_t* src, float* dst, size_t n) {
 
 void F16ToF32(const uint16_t* src, float* dst, size_t n) {
   Drive(
-      dst, n,
+      src, dst, n,
       [&]<bool kStream>(size_t i) {
         const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
         Store256<kStream>(dst + i, _mm256_castps_si256(_mm256_cvtph_ps(_mm256_castsi256_si128(h))));

@@ -41,14 +41,17 @@ size_t HeadForAlignment(const Out* dst) {
 }
 
 // Blocks of 32 elements (64 bytes of 16-bit output, 128 bytes of fp32 output).
-template <typename Out, typename Body, typename Scalar>
-void Drive(Out* dst, size_t n, Body body, Scalar scalar) {
+template <typename In, typename Out, typename Body, typename Scalar>
+void Drive(const In* src, Out* dst, size_t n, Body body, Scalar scalar) {
   size_t i = 0;
   const bool big = n * sizeof(Out) >= StreamingStoreThresholdBytes();
   const size_t head = big ? HeadForAlignment(dst) : SIZE_MAX;
   if (head != SIZE_MAX && head < n) {
     for (; i < head; ++i) scalar(i);
-    for (; i + 32 <= n; i += 32) body.template operator()<true>(i);
+    for (; i + 32 <= n; i += 32) {
+      _mm_prefetch(reinterpret_cast<const char*>(src + i) + kPrefetchBytes, _MM_HINT_T0);
+      body.template operator()<true>(i);
+    }
     _mm_sfence();
   } else {
     for (; i + 32 <= n; i += 32) body.template operator()<false>(i);
@@ -58,7 +61,7 @@ void Drive(Out* dst, size_t n, Body body, Scalar scalar) {
 
 void F32ToBF16(const float* src, uint16_t* dst, size_t n) {
   Drive(
-      dst, n,
+      src, dst, n,
       [&]<bool kStream>(size_t i) {
         const __m256i lo = RoundToBF16(_mm512_loadu_si512(src + i));
         const __m256i hi = RoundToBF16(_mm512_loadu_si512(src + i + 16));
@@ -70,7 +73,7 @@ void F32ToBF16(const float* src, uint16_t* dst, size_t n) {
 void F32ToF16(const float* src, uint16_t* dst, size_t n) {
   constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   Drive(
-      dst, n,
+      src, dst, n,
       [&]<bool kStream>(size_t i) {
         const __m256i lo = _mm512_cvtps_ph(_mm512_loadu_ps(src + i), kRne);
         const __m256i hi = _mm512_cvtps_ph(_mm512_loadu_ps(src + i + 16), kRne);
@@ -81,7 +84,7 @@ void F32ToF16(const float* src, uint16_t* dst, size_t n) {
 
 void BF16ToF32(const uint16_t* src, float* dst, size_t n) {
   Drive(
-      dst, n,
+      src, dst, n,
       [&]<bool kStream>(size_t i) {
         const __m512i h = _mm512_loadu_si512(src + i);
         const __m512i lo = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16);
@@ -95,11 +98,10 @@ void BF16ToF32(const uint16_t* src, float* dst, size_t n) {
 
 void F16ToF32(const uint16_t* src, float* dst, size_t n) {
   Drive(
-      dst, n,
+      src, dst, n,
       [&]<bool kStream>(size_t i) {
         const __m512i h = _mm512_loadu_si512(src + i);
-        Store512<kStream>(dst + i,
-                          _mm512_castps_si512(_mm512_cvtph_ps(_mm512_castsi512_si256(h))));
+        Store512<kStream>(dst + i, _mm512_castps_si512(_mm512_cvtph_ps(_mm512_castsi512_si256(h))));
         Store512<kStream>(dst + i + 16,
                           _mm512_castps_si512(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1))));
       },

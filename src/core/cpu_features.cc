@@ -51,9 +51,12 @@ const CpuFeatures& GetCpuFeatures() {
 
 bool SimdLevelSupported(SimdLevel level) {
   switch (level) {
-    case SimdLevel::kScalar: return true;
-    case SimdLevel::kAvx2: return GetCpuFeatures().avx2;
-    case SimdLevel::kAvx512: return GetCpuFeatures().avx512;
+    case SimdLevel::kScalar:
+      return true;
+    case SimdLevel::kAvx2:
+      return GetCpuFeatures().avx2;
+    case SimdLevel::kAvx512:
+      return GetCpuFeatures().avx512;
   }
   return false;
 }
@@ -66,9 +69,12 @@ SimdLevel DetectedSimdLevel() {
 
 std::string_view SimdLevelName(SimdLevel level) {
   switch (level) {
-    case SimdLevel::kScalar: return "scalar";
-    case SimdLevel::kAvx2: return "avx2";
-    case SimdLevel::kAvx512: return "avx512";
+    case SimdLevel::kScalar:
+      return "scalar";
+    case SimdLevel::kAvx2:
+      return "avx2";
+    case SimdLevel::kAvx512:
+      return "avx512";
   }
   return "unknown";
 }

@@ -16,8 +16,8 @@ namespace tierzero {
 enum class SimdLevel : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 
 struct CpuFeatures {
-  bool avx2 = false;       // with FMA and F16C, which every AVX2 CPU we target has
-  bool avx512 = false;     // F, BW, VL, DQ
+  bool avx2 = false;    // with FMA and F16C, which every AVX2 CPU we target has
+  bool avx512 = false;  // F, BW, VL, DQ
   bool avx512_bf16 = false;
 };
 

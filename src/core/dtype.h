@@ -12,6 +12,8 @@ namespace tierzero {
 StatusOr<DType> ParseDType(std::string_view name);
 
 // True for fp32, bf16, fp16.
-constexpr bool IsFloatType(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
+constexpr bool IsFloatType(DType t) {
+  return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16;
+}
 
 }  // namespace tierzero

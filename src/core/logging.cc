@@ -14,10 +14,9 @@ namespace tierzero {
 namespace {
 
 constexpr std::array<std::string_view, static_cast<size_t>(LogSubsys::kCount)> kSubsysNames = {
-    "core", "offload", "nvme", "kernels", "adam", "zero", "chunk", "profiler", "engine",
-    "model", "app"};
-constexpr std::array<std::string_view, 5> kLevelNames = {"error", "warn", "info", "debug",
-                                                         "trace"};
+    "core",  "offload",  "nvme",   "kernels", "adam", "zero",
+    "chunk", "profiler", "engine", "model",   "app"};
+constexpr std::array<std::string_view, 5> kLevelNames = {"error", "warn", "info", "debug", "trace"};
 
 struct LogState {
   std::atomic<int> level{static_cast<int>(LogLevel::kWarn)};

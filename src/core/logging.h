@@ -68,15 +68,15 @@ struct LogVoidify {
 }  // namespace internal
 }  // namespace tierzero
 
-#define TZ_LOG(level, subsys)                                                                 \
-  !::tierzero::LogEnabled(::tierzero::LogLevel::level, ::tierzero::LogSubsys::subsys)         \
-      ? (void)0                                                                               \
-      : ::tierzero::internal::LogVoidify() &                                                  \
-            ::tierzero::internal::LogMessage(::tierzero::LogLevel::level,                     \
-                                             ::tierzero::LogSubsys::subsys)                   \
+#define TZ_LOG(level, subsys)                                                         \
+  !::tierzero::LogEnabled(::tierzero::LogLevel::level, ::tierzero::LogSubsys::subsys) \
+      ? (void)0                                                                       \
+      : ::tierzero::internal::LogVoidify() &                                          \
+            ::tierzero::internal::LogMessage(::tierzero::LogLevel::level,             \
+                                             ::tierzero::LogSubsys::subsys)           \
                 .stream()
 
 // Logs the first time this line is reached in the process, then never again.
-#define TZ_LOG_ONCE(level, subsys)                                                            \
-  for (static bool tz_logged_once_ = false; !tz_logged_once_; tz_logged_once_ = true)        \
+#define TZ_LOG_ONCE(level, subsys)                                                    \
+  for (static bool tz_logged_once_ = false; !tz_logged_once_; tz_logged_once_ = true) \
   TZ_LOG(level, subsys)

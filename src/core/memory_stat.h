@@ -15,7 +15,7 @@ struct MemoryStat {
   uint64_t freed = 0;      // cumulative bytes returned
   uint64_t num_allocs = 0;
   uint64_t num_frees = 0;
-  uint64_t num_ooms = 0;   // requests refused for lack of capacity
+  uint64_t num_ooms = 0;  // requests refused for lack of capacity
 
   void OnAlloc(uint64_t bytes) {
     current += bytes;

@@ -13,8 +13,7 @@ namespace {
 template <typename In, typename Out, typename Op>
 __global__ void CastKernel(const In* __restrict__ src, Out* __restrict__ dst, size_t n, Op op) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     dst[i] = op(src[i]);
   }
 }
@@ -43,8 +42,8 @@ Status Launch(const void* src, void* dst, size_t n, cudaStream_t stream, Op op) 
   constexpr int kThreads = 256;
   // Enough blocks to fill any current GPU several times over; the loop covers the rest.
   const size_t blocks = std::min<size_t>((n + kThreads - 1) / kThreads, 65536);
-  CastKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      static_cast<const In*>(src), static_cast<Out*>(dst), n, op);
+  CastKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(static_cast<const In*>(src),
+                                                                     static_cast<Out*>(dst), n, op);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
     return InternalError(std::string("cast kernel launch failed: ") + cudaGetErrorString(err));
@@ -66,8 +65,8 @@ Status CastCudaAsync(const void* src, DType src_type, void* dst, DType dst_type,
   if (n == 0) return Status::OK();
   auto stream = static_cast<cudaStream_t>(cuda_stream);
   if (src_type == dst_type) {
-    cudaError_t err = cudaMemcpyAsync(dst, src, DTypeBytes(src_type, n),
-                                      cudaMemcpyDeviceToDevice, stream);
+    cudaError_t err =
+        cudaMemcpyAsync(dst, src, DTypeBytes(src_type, n), cudaMemcpyDeviceToDevice, stream);
     if (err != cudaSuccess) {
       return InternalError(std::string("cudaMemcpyAsync failed: ") + cudaGetErrorString(err));
     }
@@ -78,11 +77,13 @@ Status CastCudaAsync(const void* src, DType src_type, void* dst, DType dst_type,
       return dst_type == DType::kBF16 ? Launch<float, uint16_t>(src, dst, n, stream, F32ToBF16Op{})
                                       : Launch<float, uint16_t>(src, dst, n, stream, F32ToF16Op{});
     case DType::kBF16:
-      return dst_type == DType::kF32 ? Launch<uint16_t, float>(src, dst, n, stream, BF16ToF32Op{})
-                                     : Launch<uint16_t, uint16_t>(src, dst, n, stream, BF16ToF16Op{});
+      return dst_type == DType::kF32
+                 ? Launch<uint16_t, float>(src, dst, n, stream, BF16ToF32Op{})
+                 : Launch<uint16_t, uint16_t>(src, dst, n, stream, BF16ToF16Op{});
     default:
-      return dst_type == DType::kF32 ? Launch<uint16_t, float>(src, dst, n, stream, F16ToF32Op{})
-                                     : Launch<uint16_t, uint16_t>(src, dst, n, stream, F16ToBF16Op{});
+      return dst_type == DType::kF32
+                 ? Launch<uint16_t, float>(src, dst, n, stream, F16ToF32Op{})
+                 : Launch<uint16_t, uint16_t>(src, dst, n, stream, F16ToBF16Op{});
   }
 }
 

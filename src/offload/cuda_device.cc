@@ -27,19 +27,22 @@ Status CudaStatus(cudaError_t err, const char* call, const char* file, int line)
   return s;
 }
 
-#define CUDA_RETURN_IF_ERROR(call)                                        \
-  do {                                                                    \
-    cudaError_t tz_cuda_err_ = (call);                                    \
-    if (tz_cuda_err_ != cudaSuccess) {                                    \
-      return CudaStatus(tz_cuda_err_, #call, __FILE__, __LINE__);         \
-    }                                                                     \
+#define CUDA_RETURN_IF_ERROR(call)                                \
+  do {                                                            \
+    cudaError_t tz_cuda_err_ = (call);                            \
+    if (tz_cuda_err_ != cudaSuccess) {                            \
+      return CudaStatus(tz_cuda_err_, #call, __FILE__, __LINE__); \
+    }                                                             \
   } while (0)
 
 cudaMemcpyKind ToCuda(CopyKind kind) {
   switch (kind) {
-    case CopyKind::kHostToDevice: return cudaMemcpyHostToDevice;
-    case CopyKind::kDeviceToHost: return cudaMemcpyDeviceToHost;
-    case CopyKind::kDeviceToDevice: return cudaMemcpyDeviceToDevice;
+    case CopyKind::kHostToDevice:
+      return cudaMemcpyHostToDevice;
+    case CopyKind::kDeviceToHost:
+      return cudaMemcpyDeviceToHost;
+    case CopyKind::kDeviceToDevice:
+      return cudaMemcpyDeviceToDevice;
   }
   return cudaMemcpyDefault;
 }
@@ -232,8 +235,8 @@ StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const CudaDeviceOptions& opti
     return UnavailableError(std::string("no usable CUDA GPU: ") + cudaGetErrorString(err));
   }
   if (options.ordinal < 0 || options.ordinal >= count) {
-    return UnavailableError("CUDA device " + std::to_string(options.ordinal) +
-                            " does not exist (" + std::to_string(count) + " found)");
+    return UnavailableError("CUDA device " + std::to_string(options.ordinal) + " does not exist (" +
+                            std::to_string(count) + " found)");
   }
   CUDA_RETURN_IF_ERROR(cudaSetDevice(options.ordinal));
   cudaDeviceProp prop;

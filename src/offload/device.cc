@@ -10,9 +10,12 @@ std::string_view DeviceKindName(DeviceKind kind) {
 
 std::string_view CopyKindName(CopyKind kind) {
   switch (kind) {
-    case CopyKind::kHostToDevice: return "H2D";
-    case CopyKind::kDeviceToHost: return "D2H";
-    case CopyKind::kDeviceToDevice: return "D2D";
+    case CopyKind::kHostToDevice:
+      return "H2D";
+    case CopyKind::kDeviceToHost:
+      return "D2H";
+    case CopyKind::kDeviceToDevice:
+      return "D2D";
   }
   return "?";
 }

@@ -47,9 +47,9 @@ struct DeviceCaps {
 
 struct DeviceInfo {
   DeviceKind kind = DeviceKind::kHostSim;
-  std::string name;               // "hostsim" or the GPU's name
-  int ordinal = 0;                // CUDA device ordinal; 0 for HostSim
-  uint64_t capacity_bytes = 0;    // the most device memory Allocate can hand out
+  std::string name;             // "hostsim" or the GPU's name
+  int ordinal = 0;              // CUDA device ordinal; 0 for HostSim
+  uint64_t capacity_bytes = 0;  // the most device memory Allocate can hand out
   DeviceCaps caps;
 };
 
@@ -164,7 +164,9 @@ class Event {
   Event& operator=(const Event&) = delete;
 
   EventHandle handle() const { return handle_; }
-  Status Record(const Stream& stream) const { return device_->RecordEvent(handle_, stream.handle()); }
+  Status Record(const Stream& stream) const {
+    return device_->RecordEvent(handle_, stream.handle());
+  }
   Status Synchronize() const { return device_->SynchronizeEvent(handle_); }
   void Reset();
 

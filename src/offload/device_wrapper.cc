@@ -9,9 +9,12 @@ namespace {
 
 DeviceOp CopyOp(CopyKind kind) {
   switch (kind) {
-    case CopyKind::kHostToDevice: return DeviceOp::kCopyH2D;
-    case CopyKind::kDeviceToHost: return DeviceOp::kCopyD2H;
-    case CopyKind::kDeviceToDevice: return DeviceOp::kCopyD2D;
+    case CopyKind::kHostToDevice:
+      return DeviceOp::kCopyH2D;
+    case CopyKind::kDeviceToHost:
+      return DeviceOp::kCopyD2H;
+    case CopyKind::kDeviceToDevice:
+      return DeviceOp::kCopyD2D;
   }
   return DeviceOp::kCopyD2D;
 }
@@ -50,8 +53,8 @@ StatusOr<void*> FaultInjectionDevice::Allocate(size_t bytes) {
 
 Status FaultInjectionDevice::CopyAsync(void* dst, const void* src, size_t bytes, CopyKind kind,
                                        StreamHandle s) {
-  RETURN_IF_ERROR(MaybeFail(CopyOp(kind), std::string(CopyKindName(kind)) + " copy of " +
-                                              FormatBytes(bytes)));
+  RETURN_IF_ERROR(
+      MaybeFail(CopyOp(kind), std::string(CopyKindName(kind)) + " copy of " + FormatBytes(bytes)));
   return DeviceWrapper::CopyAsync(dst, src, bytes, kind, s);
 }
 

@@ -267,7 +267,8 @@ class HostSimDevice final : public Device {
                    StreamHandle stream) override {
     RETURN_IF_ERROR(CheckStream(stream));
     if (bytes == 0) return Status::OK();
-    if (dst == nullptr || src == nullptr) return InvalidArgumentError("CopyAsync with a null pointer");
+    if (dst == nullptr || src == nullptr)
+      return InvalidArgumentError("CopyAsync with a null pointer");
     const bool dst_dev = kind != CopyKind::kDeviceToHost;
     const bool src_dev = kind != CopyKind::kHostToDevice;
     if (dst_dev) RETURN_IF_ERROR(CheckDeviceRange(dst, bytes, "destination"));
@@ -375,8 +376,8 @@ StatusOr<std::unique_ptr<Device>> CreateHostSimDevice(const HostSimOptions& opti
   if (options.capacity_bytes == 0) {
     return InvalidArgumentError("HostSim device capacity must be > 0");
   }
-  for (double bw : {options.h2d_bytes_per_second, options.d2h_bytes_per_second,
-                    options.d2d_bytes_per_second}) {
+  for (double bw :
+       {options.h2d_bytes_per_second, options.d2h_bytes_per_second, options.d2d_bytes_per_second}) {
     if (!(bw >= 0)) {
       return InvalidArgumentError("HostSim bandwidth must be >= 0 bytes/s (0 = unthrottled), got " +
                                   std::to_string(bw));
@@ -386,8 +387,8 @@ StatusOr<std::unique_ptr<Device>> CreateHostSimDevice(const HostSimOptions& opti
   void* slab = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE,
                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (slab == MAP_FAILED) {
-    return ErrnoError("cannot reserve " + FormatBytes(capacity) + " for the HostSim device",
-                      errno, StatusCode::kOutOfMemory);
+    return ErrnoError("cannot reserve " + FormatBytes(capacity) + " for the HostSim device", errno,
+                      StatusCode::kOutOfMemory);
   }
   DeviceInfo info;
   info.kind = DeviceKind::kHostSim;

@@ -33,8 +33,7 @@ StatusOr<std::unique_ptr<PinnedArena>> PinnedArena::Create(Device* device, uint6
                                                            uint32_t num_slots) {
   if (slot_bytes == 0 || num_slots == 0) {
     return InvalidArgumentError("pinned arena needs slot_bytes > 0 and num_slots > 0, got " +
-                                std::to_string(slot_bytes) + " and " +
-                                std::to_string(num_slots));
+                                std::to_string(slot_bytes) + " and " + std::to_string(num_slots));
   }
   const uint64_t slot = AlignUp(slot_bytes, kPinnedAlignment);
   const uint64_t total = slot * num_slots;
@@ -98,10 +97,10 @@ std::optional<PinnedSlot> PinnedArena::TryAcquire() {
 StatusOr<PinnedSlot> PinnedArena::Acquire(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!cv_.wait_for(lock, timeout, [&] { return !free_.empty(); })) {
-    return Status(StatusCode::kDeadlineExceeded,
-                  "no pinned slot became free within " + std::to_string(timeout.count()) +
-                      " ms (all " + std::to_string(num_slots_) + " slots of " +
-                      FormatBytes(slot_bytes_) + " in use)");
+    return Status(StatusCode::kDeadlineExceeded, "no pinned slot became free within " +
+                                                     std::to_string(timeout.count()) + " ms (all " +
+                                                     std::to_string(num_slots_) + " slots of " +
+                                                     FormatBytes(slot_bytes_) + " in use)");
   }
   uint32_t index = free_.back();
   free_.pop_back();

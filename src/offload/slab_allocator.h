@@ -40,7 +40,7 @@ class SlabAllocator {
 
   uint64_t capacity_;
   uint64_t alignment_;
-  std::map<uint64_t, uint64_t> free_by_offset_;          // offset -> size
+  std::map<uint64_t, uint64_t> free_by_offset_;           // offset -> size
   std::set<std::pair<uint64_t, uint64_t>> free_by_size_;  // (size, offset)
   std::map<uint64_t, uint64_t> live_;                     // offset -> size
   MemoryStat stat_;

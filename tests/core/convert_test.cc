@@ -50,7 +50,8 @@ uint16_t RefToBF16(float f) {
 
 uint16_t RefToF16(float f) {
   const uint32_t bits = FloatBits(f);
-  if (std::isnan(f)) return static_cast<uint16_t>(((bits >> 16) & 0x8000) | 0x7E00 | ((bits >> 13) & 0x3FF));
+  if (std::isnan(f))
+    return static_cast<uint16_t>(((bits >> 16) & 0x8000) | 0x7E00 | ((bits >> 13) & 0x3FF));
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
   return sign | RoundMagnitude(std::fabs(static_cast<double>(f)), 0x7C00, F16Magnitude);
 }
@@ -94,9 +95,15 @@ std::vector<float> StressValues(size_t n, uint32_t seed) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) {
     switch (i % 4) {
-      case 0: v[i] = BitsToFloat(bits(rng)); break;
-      case 1: v[i] = wide(rng); break;
-      case 2: v[i] = std::ldexp(unit(rng), exp(rng)) * ((bits(rng) & 1) ? -1.0f : 1.0f); break;
+      case 0:
+        v[i] = BitsToFloat(bits(rng));
+        break;
+      case 1:
+        v[i] = wide(rng);
+        break;
+      case 2:
+        v[i] = std::ldexp(unit(rng), exp(rng)) * ((bits(rng) & 1) ? -1.0f : 1.0f);
+        break;
       default: {
         // Exact halfway points of bf16 (low 16 bits 0x8000) and of fp16 normals (low 13 bits).
         uint32_t b = bits(rng);
@@ -111,20 +118,21 @@ std::vector<float> StressValues(size_t n, uint32_t seed) {
 // ---- Tests -------------------------------------------------------------------------------------
 
 TEST(ConvertScalarTest, ReferenceAgreesOnSpecialValues) {
-  const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 1.0f, -2.5f,
-                            65504.0f, 65519.99f, 65520.0f, 1e-45f, 5.96e-8f, 2.98e-8f,
-                            3.0e-8f, 6.1e-5f, 3.4028235e38f, 1.17549435e-38f};
+  const float specials[] = {0.0f,     -0.0f,         INFINITY,       -INFINITY, NAN,
+                            -NAN,     1.0f,          -2.5f,          65504.0f,  65519.99f,
+                            65520.0f, 1e-45f,        5.96e-8f,       2.98e-8f,  3.0e-8f,
+                            6.1e-5f,  3.4028235e38f, 1.17549435e-38f};
   for (float f : specials) {
     EXPECT_EQ(F32ToBF16Scalar(f), RefToBF16(f)) << f;
     EXPECT_EQ(F32ToF16Scalar(f), RefToF16(f)) << f;
   }
-  EXPECT_EQ(F32ToF16Scalar(65520.0f), 0x7C00);   // overflow: tie rounds to even = Inf
+  EXPECT_EQ(F32ToF16Scalar(65520.0f), 0x7C00);  // overflow: tie rounds to even = Inf
   EXPECT_EQ(F32ToF16Scalar(65519.99f), 0x7BFF);
   EXPECT_EQ(F32ToF16Scalar(-1e6f), 0xFC00);
   EXPECT_EQ(F32ToF16Scalar(std::ldexp(1.0f, -25)), 0x0000);  // tie between 0 and 2^-24 -> 0
   EXPECT_EQ(F32ToF16Scalar(std::ldexp(1.5f, -25)), 0x0001);
   EXPECT_EQ(F32ToF16Scalar(std::ldexp(1.0f, -24)), 0x0001);  // smallest denormal
-  EXPECT_EQ(F32ToBF16Scalar(3.4028235e38f), 0x7F80);  // fp32 max rounds up to bf16 Inf
+  EXPECT_EQ(F32ToBF16Scalar(3.4028235e38f), 0x7F80);         // fp32 max rounds up to bf16 Inf
   EXPECT_TRUE(std::isnan(BF16ToF32Scalar(F32ToBF16Scalar(NAN))));
   EXPECT_TRUE(std::isnan(F16ToF32Scalar(F32ToF16Scalar(-NAN))));
   EXPECT_EQ(F32ToF16Scalar(-NAN) & 0x8000, 0x8000);
@@ -191,9 +199,9 @@ TEST_P(ConvertPathTest, TenMillionRandomValuesMatchReference) {
 
 TEST_P(ConvertPathTest, AwkwardSizesAndMisalignedBuffersEqualScalar) {
   std::mt19937 rng(7);
-  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{15}, size_t{16}, size_t{17},
-                   size_t{31}, size_t{33}, size_t{255}, size_t{1023}, size_t{(1 << 20) + 7},
-                   size_t{(5 << 20) + 3}}) {
+  for (size_t n :
+       {size_t{0}, size_t{1}, size_t{7}, size_t{15}, size_t{16}, size_t{17}, size_t{31}, size_t{33},
+        size_t{255}, size_t{1023}, size_t{(1 << 20) + 7}, size_t{(5 << 20) + 3}}) {
     for (size_t offset : {0, 1, 3}) {
       std::vector<float> src = StressValues(n + offset, static_cast<uint32_t>(n));
       std::vector<uint16_t> out(n + offset + 1, 0xDEAD), want(n);

@@ -66,9 +66,9 @@ TEST(StatusTest, ReturnIfErrorPropagatesAndRecordsCallSite) {
   Status s = PassesThrough(StatusCode::kDataLoss);
   EXPECT_EQ(s.code(), StatusCode::kDataLoss);
   EXPECT_NE(s.ToString().find("status_test.cc:"), std::string::npos) << s.ToString();
-  EXPECT_TRUE(PassesThrough(StatusCode::kOk == StatusCode::kOk ? StatusCode::kInternal
-                                                                : StatusCode::kOk)
-                  .code() == StatusCode::kInternal);
+  EXPECT_TRUE(
+      PassesThrough(StatusCode::kOk == StatusCode::kOk ? StatusCode::kInternal : StatusCode::kOk)
+          .code() == StatusCode::kInternal);
 }
 
 TEST(StatusTest, AssignOrReturnDeclaresAndAssigns) {

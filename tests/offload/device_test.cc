@@ -4,13 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <numeric>
 #include <random>
 #include <thread>
-#include <algorithm>
 #include <vector>
 
 #include "core/bytes.h"
@@ -110,9 +110,13 @@ TEST_P(DeviceTest, RoundTripThroughDevice) {
   auto y = DeviceBuffer::Allocate(*device_, kBytes);
   ASSERT_TRUE(x.ok() && y.ok());
   std::vector<uint8_t> in = RandomBytes(kBytes, 1), out(kBytes, 0);
-  ASSERT_TRUE(device_->CopyAsync(x->data(), in.data(), kBytes, CopyKind::kHostToDevice, s->handle()).ok());
-  ASSERT_TRUE(device_->CopyAsync(y->data(), x->data(), kBytes, CopyKind::kDeviceToDevice, s->handle()).ok());
-  ASSERT_TRUE(device_->CopyAsync(out.data(), y->data(), kBytes, CopyKind::kDeviceToHost, s->handle()).ok());
+  ASSERT_TRUE(
+      device_->CopyAsync(x->data(), in.data(), kBytes, CopyKind::kHostToDevice, s->handle()).ok());
+  ASSERT_TRUE(
+      device_->CopyAsync(y->data(), x->data(), kBytes, CopyKind::kDeviceToDevice, s->handle())
+          .ok());
+  ASSERT_TRUE(
+      device_->CopyAsync(out.data(), y->data(), kBytes, CopyKind::kDeviceToHost, s->handle()).ok());
   ASSERT_TRUE(s->Synchronize().ok());
   EXPECT_EQ(in, out);
 }
@@ -129,9 +133,14 @@ TEST_P(DeviceTest, CopiesOnOneStreamCompleteInOrder) {
   std::vector<std::vector<uint8_t>> in, out(kRounds, std::vector<uint8_t>(kBytes));
   for (int r = 0; r < kRounds; ++r) in.push_back(RandomBytes(kBytes, 100 + r));
   for (int r = 0; r < kRounds; ++r) {
-    ASSERT_TRUE(device_->CopyAsync(x->data(), in[r].data(), kBytes, CopyKind::kHostToDevice, s->handle()).ok());
-    ASSERT_TRUE(device_->MemsetAsync(static_cast<uint8_t*>(x->data()) + r, 0xAB, 1, s->handle()).ok());
-    ASSERT_TRUE(device_->CopyAsync(out[r].data(), x->data(), kBytes, CopyKind::kDeviceToHost, s->handle()).ok());
+    ASSERT_TRUE(
+        device_->CopyAsync(x->data(), in[r].data(), kBytes, CopyKind::kHostToDevice, s->handle())
+            .ok());
+    ASSERT_TRUE(
+        device_->MemsetAsync(static_cast<uint8_t*>(x->data()) + r, 0xAB, 1, s->handle()).ok());
+    ASSERT_TRUE(
+        device_->CopyAsync(out[r].data(), x->data(), kBytes, CopyKind::kDeviceToHost, s->handle())
+            .ok());
   }
   ASSERT_TRUE(s->Synchronize().ok());
   for (int r = 0; r < kRounds; ++r) {
@@ -153,14 +162,25 @@ TEST_P(DeviceTest, EventOrdersAnotherStream) {
   // The producer's host function blocks until released, so without the event the consumer
   // would certainly read the buffer before the producer's copy lands.
   std::atomic<bool> release{false};
-  ASSERT_TRUE(device_->LaunchHostFunc(producer->handle(), [&] {
-    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }).ok());
-  ASSERT_TRUE(device_->CopyAsync(x->data(), in.data(), kBytes, CopyKind::kHostToDevice, producer->handle()).ok());
+  ASSERT_TRUE(device_
+                  ->LaunchHostFunc(producer->handle(),
+                                   [&] {
+                                     while (!release.load())
+                                       std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                                   })
+                  .ok());
+  ASSERT_TRUE(
+      device_->CopyAsync(x->data(), in.data(), kBytes, CopyKind::kHostToDevice, producer->handle())
+          .ok());
   ASSERT_TRUE(ready->Record(*producer).ok());
   ASSERT_TRUE(device_->StreamWaitEvent(consumer->handle(), ready->handle()).ok());
-  ASSERT_TRUE(device_->CopyAsync(y->data(), x->data(), kBytes, CopyKind::kDeviceToDevice, consumer->handle()).ok());
-  ASSERT_TRUE(device_->CopyAsync(out.data(), y->data(), kBytes, CopyKind::kDeviceToHost, consumer->handle()).ok());
+  ASSERT_TRUE(
+      device_
+          ->CopyAsync(y->data(), x->data(), kBytes, CopyKind::kDeviceToDevice, consumer->handle())
+          .ok());
+  ASSERT_TRUE(
+      device_->CopyAsync(out.data(), y->data(), kBytes, CopyKind::kDeviceToHost, consumer->handle())
+          .ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   auto done = device_->EventDone(ready->handle());
   ASSERT_TRUE(done.ok());
@@ -189,9 +209,11 @@ TEST_P(DeviceTest, ElapsedTimeBetweenEvents) {
   EXPECT_EQ(device_->ElapsedSeconds(a->handle(), b->handle()).status().code(),
             StatusCode::kFailedPrecondition);
   ASSERT_TRUE(a->Record(*s).ok());
-  ASSERT_TRUE(device_->LaunchHostFunc(s->handle(), [] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  }).ok());
+  ASSERT_TRUE(
+      device_
+          ->LaunchHostFunc(s->handle(),
+                           [] { std::this_thread::sleep_for(std::chrono::milliseconds(30)); })
+          .ok());
   ASSERT_TRUE(b->Record(*s).ok());
   ASSERT_TRUE(b->Synchronize().ok());
   auto t = device_->ElapsedSeconds(a->handle(), b->handle());
@@ -216,17 +238,26 @@ TEST_P(DeviceTest, CastMatchesHostConversionBitForBit) {
     std::vector<float> got_back(kN), want_back(kN);
     ASSERT_TRUE(Convert(in.data(), DType::kF32, want.data(), t, kN).ok());
     ASSERT_TRUE(Convert(want.data(), t, want_back.data(), DType::kF32, kN).ok());
-    ASSERT_TRUE(device_->CopyAsync(f32->data(), in.data(), kN * 4, CopyKind::kHostToDevice, s->handle()).ok());
+    ASSERT_TRUE(
+        device_->CopyAsync(f32->data(), in.data(), kN * 4, CopyKind::kHostToDevice, s->handle())
+            .ok());
     ASSERT_TRUE(device_->CastAsync(f32->data(), DType::kF32, h16->data(), t, kN, s->handle()).ok());
-    ASSERT_TRUE(device_->CastAsync(h16->data(), t, back->data(), DType::kF32, kN, s->handle()).ok());
-    ASSERT_TRUE(device_->CopyAsync(got.data(), h16->data(), kN * 2, CopyKind::kDeviceToHost, s->handle()).ok());
-    ASSERT_TRUE(device_->CopyAsync(got_back.data(), back->data(), kN * 4, CopyKind::kDeviceToHost, s->handle()).ok());
+    ASSERT_TRUE(
+        device_->CastAsync(h16->data(), t, back->data(), DType::kF32, kN, s->handle()).ok());
+    ASSERT_TRUE(
+        device_->CopyAsync(got.data(), h16->data(), kN * 2, CopyKind::kDeviceToHost, s->handle())
+            .ok());
+    ASSERT_TRUE(
+        device_
+            ->CopyAsync(got_back.data(), back->data(), kN * 4, CopyKind::kDeviceToHost, s->handle())
+            .ok());
     ASSERT_TRUE(s->Synchronize().ok());
     EXPECT_EQ(got, want) << DTypeName(t);
     EXPECT_EQ(0, std::memcmp(got_back.data(), want_back.data(), kN * 4)) << DTypeName(t);
   }
-  EXPECT_EQ(device_->CastAsync(f32->data(), DType::kF32, h16->data(), DType::kI8, 4, s->handle()).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      device_->CastAsync(f32->data(), DType::kF32, h16->data(), DType::kI8, 4, s->handle()).code(),
+      StatusCode::kInvalidArgument);
 }
 
 TEST_P(DeviceTest, HostFunctionsRunInStreamOrder) {
@@ -246,7 +277,8 @@ TEST_P(DeviceTest, FaultInjectionSurfacesAsStatusAndStateSurvives) {
   FaultInjectionDevice faulty(device_.get());
   auto s = Stream::Create(faulty, "s");
   ASSERT_TRUE(s.ok());
-  faulty.Inject({.op = DeviceOp::kAllocate, .skip = 1, .count = 1, .code = StatusCode::kOutOfMemory});
+  faulty.Inject(
+      {.op = DeviceOp::kAllocate, .skip = 1, .count = 1, .code = StatusCode::kOutOfMemory});
   auto first = DeviceBuffer::Allocate(faulty, kMiB);
   ASSERT_TRUE(first.ok());
   auto second = DeviceBuffer::Allocate(faulty, kMiB);
@@ -256,13 +288,17 @@ TEST_P(DeviceTest, FaultInjectionSurfacesAsStatusAndStateSurvives) {
   EXPECT_EQ(faulty.memory_stat().current, kMiB) << "a failed allocation must not leak";
 
   std::vector<uint8_t> in = RandomBytes(kMiB, 9), out(kMiB, 0), poison(kMiB, 0x5A);
-  ASSERT_TRUE(faulty.CopyAsync(first->data(), poison.data(), kMiB, CopyKind::kHostToDevice, s->handle()).ok());
+  ASSERT_TRUE(
+      faulty.CopyAsync(first->data(), poison.data(), kMiB, CopyKind::kHostToDevice, s->handle())
+          .ok());
   faulty.Inject({.op = DeviceOp::kCopyH2D, .count = 1, .code = StatusCode::kInternal});
-  Status st = faulty.CopyAsync(first->data(), in.data(), kMiB, CopyKind::kHostToDevice, s->handle());
+  Status st =
+      faulty.CopyAsync(first->data(), in.data(), kMiB, CopyKind::kHostToDevice, s->handle());
   EXPECT_EQ(st.code(), StatusCode::kInternal);
   EXPECT_NE(st.message().find("H2D"), std::string::npos);
   // The failed copy did nothing: the device still holds the earlier data.
-  ASSERT_TRUE(faulty.CopyAsync(out.data(), first->data(), kMiB, CopyKind::kDeviceToHost, s->handle()).ok());
+  ASSERT_TRUE(
+      faulty.CopyAsync(out.data(), first->data(), kMiB, CopyKind::kDeviceToHost, s->handle()).ok());
   ASSERT_TRUE(s->Synchronize().ok());
   EXPECT_EQ(out, poison);
 
@@ -281,7 +317,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, DeviceTest, testing::Values(Backend::kHostSim
 
 TEST(HostSimDeviceTest, ThrottleGivesConfiguredBandwidth) {
   constexpr double kBandwidth = 400e6;  // 400 MB/s
-  constexpr size_t kBytes = 32 * kMiB;   // 84 ms at that rate; memcpy takes a few ms
+  constexpr size_t kBytes = 32 * kMiB;  // 84 ms at that rate; memcpy takes a few ms
   auto d = MakeDevice(Backend::kHostSim, 64 * kMiB, kBandwidth);
   ASSERT_TRUE(d.ok());
   Device& dev = **d;
@@ -295,9 +331,12 @@ TEST(HostSimDeviceTest, ThrottleGivesConfiguredBandwidth) {
   std::vector<double> rates;
   for (int rep = 0; rep < 3; ++rep) {
     auto start = std::chrono::steady_clock::now();
-    ASSERT_TRUE(dev.CopyAsync(x->data(), in.data(), kBytes / 2, CopyKind::kHostToDevice, s1->handle()).ok());
+    ASSERT_TRUE(
+        dev.CopyAsync(x->data(), in.data(), kBytes / 2, CopyKind::kHostToDevice, s1->handle())
+            .ok());
     ASSERT_TRUE(dev.CopyAsync(static_cast<uint8_t*>(x->data()) + kBytes / 2, in.data(), kBytes / 2,
-                              CopyKind::kHostToDevice, s2->handle()).ok());
+                              CopyKind::kHostToDevice, s2->handle())
+                    .ok());
     ASSERT_TRUE(dev.Synchronize().ok());
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     rates.push_back(kBytes / secs);
@@ -308,7 +347,8 @@ TEST(HostSimDeviceTest, ThrottleGivesConfiguredBandwidth) {
   // The other direction is unthrottled.
   std::vector<uint8_t> out(kBytes);
   auto start = std::chrono::steady_clock::now();
-  ASSERT_TRUE(dev.CopyAsync(out.data(), x->data(), kBytes, CopyKind::kDeviceToHost, s1->handle()).ok());
+  ASSERT_TRUE(
+      dev.CopyAsync(out.data(), x->data(), kBytes, CopyKind::kDeviceToHost, s1->handle()).ok());
   ASSERT_TRUE(s1->Synchronize().ok());
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_GT(kBytes / secs, 2 * kBandwidth);
@@ -327,7 +367,8 @@ TEST(HostSimDeviceTest, RejectsPointersOfTheWrongSide) {
   st = (*d)->CopyAsync(static_cast<uint8_t*>(x->data()) + kMiB - 100, host.data(), 4096,
                        CopyKind::kHostToDevice, s->handle());
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << "overruns the end of device memory";
-  EXPECT_EQ((*d)->MemsetAsync(host.data(), 0, 16, s->handle()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*d)->MemsetAsync(host.data(), 0, 16, s->handle()).code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST(HostSimDeviceTest, RejectsBadOptions) {
