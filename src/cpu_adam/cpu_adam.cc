@@ -1,0 +1,228 @@
+// Note [One fused pass]
+// An offloaded optimizer step is bound by memory bandwidth: per parameter it must read param,
+// grad, m, v and write param, m, v, plus the 2-byte compute-dtype copy that goes to the GPU —
+// 30 bytes with fp32 gradients. Each block is therefore processed once: the gradient is read in
+// its own dtype (no separate unscale or cast pass), scaled by the combined loss-scale and clip
+// factor, and the bf16/fp16 copy is written while the new master is still in a register, so
+// nothing is read twice. Blocks are independent, so oneTBB spreads them over the arena's
+// threads with no fork/join per tile; the block size keeps each work item's streams inside L2.
+#include "cpu_adam/cpu_adam.h"
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/parallel_reduce.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/logging.h"
+#include "cpu_adam/adam_kernels.h"
+
+namespace tierzero {
+
+using internal::AdamBlock;
+using internal::AdamKernels;
+using internal::AdamScalars;
+
+namespace {
+
+const AdamKernels& KernelsFor(SimdLevel level, bool* native_bf16) {
+  *native_bf16 = false;
+  switch (level) {
+    case SimdLevel::kAvx512:
+      if (GetCpuFeatures().avx512_bf16) {
+        *native_bf16 = true;
+        return internal::kAdamAvx512Bf16;
+      }
+      return internal::kAdamAvx512;
+    case SimdLevel::kAvx2:
+      return internal::kAdamAvx2;
+    case SimdLevel::kScalar:
+      break;
+  }
+  return internal::kAdamScalar;
+}
+
+const void* Offset(const void* p, DType t, size_t i) {
+  return static_cast<const uint8_t*>(p) + DTypeBytes(t, i);
+}
+
+Status CheckGradDtype(DType t) {
+  if (!IsFloatType(t)) {
+    return InvalidArgumentError("CpuAdam gradients must be fp32, bf16 or fp16, not " +
+                                std::string(DTypeName(t)));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status ValidateAdamConfig(const AdamConfig& c) {
+  auto bad = [](const char* field, double value, const char* range) {
+    return InvalidArgumentError(std::string("adam.") + field + " = " + std::to_string(value) +
+                                " is out of range; expected " + range);
+  };
+  if (!(c.lr >= 0) || !std::isfinite(c.lr)) return bad("lr", c.lr, "a finite value >= 0");
+  if (!(c.beta1 >= 0 && c.beta1 < 1)) return bad("beta1", c.beta1, "0 <= beta1 < 1");
+  if (!(c.beta2 >= 0 && c.beta2 < 1)) return bad("beta2", c.beta2, "0 <= beta2 < 1");
+  if (!(c.eps > 0) || !std::isfinite(c.eps)) return bad("eps", c.eps, "a finite value > 0");
+  if (!(c.weight_decay >= 0) || !std::isfinite(c.weight_decay)) {
+    return bad("weight_decay", c.weight_decay, "a finite value >= 0");
+  }
+  return Status::OK();
+}
+
+struct CpuAdam::Impl {
+  explicit Impl(int threads) : arena(threads) {}
+  tbb::task_arena arena;
+  const AdamKernels* kernels = nullptr;
+  bool native_bf16 = false;
+};
+
+StatusOr<std::unique_ptr<CpuAdam>> CpuAdam::Create(const AdamConfig& config,
+                                                   const CpuAdamOptions& options) {
+  RETURN_IF_ERROR(ValidateAdamConfig(config));
+  if (options.threads < 0) {
+    return InvalidArgumentError("cpu_adam threads = " + std::to_string(options.threads) +
+                                " is out of range; expected 0 (all) or more");
+  }
+  if (options.block_elems < 64 || options.block_elems % 64 != 0) {
+    return InvalidArgumentError("cpu_adam block_elems = " + std::to_string(options.block_elems) +
+                                " is out of range; expected a multiple of 64, at least 64");
+  }
+  return std::unique_ptr<CpuAdam>(new CpuAdam(config, options, ActiveSimdLevel()));
+}
+
+CpuAdam::CpuAdam(const AdamConfig& config, const CpuAdamOptions& options, SimdLevel level)
+    : config_(config), options_(options), level_(level) {
+  const int threads = options.threads > 0
+                          ? options.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  impl_ = std::make_unique<Impl>(threads);
+  impl_->kernels = &KernelsFor(level, &impl_->native_bf16);
+  TZ_LOG(kDebug, kAdam) << "CpuAdam: " << SimdLevelName(level)
+                        << (impl_->native_bf16 ? "+bf16" : "") << ", " << threads << " threads";
+}
+
+CpuAdam::~CpuAdam() = default;
+
+int CpuAdam::threads() const { return impl_->arena.max_concurrency(); }
+bool CpuAdam::native_bf16() const { return impl_->native_bf16; }
+
+StatusOr<bool> CpuAdam::Step(const AdamBuffers& b, const AdamStepOptions& opt) {
+  if (opt.step < 1) {
+    return InvalidArgumentError("adam step = " + std::to_string(opt.step) + "; steps count from 1");
+  }
+  RETURN_IF_ERROR(CheckGradDtype(b.grad_dtype));
+  if (b.out != nullptr && b.out_dtype != DType::kBF16 && b.out_dtype != DType::kF16) {
+    return InvalidArgumentError("CpuAdam output copy must be bf16 or fp16, not " +
+                                std::string(DTypeName(b.out_dtype)));
+  }
+  if (!std::isfinite(opt.grad_scale)) {
+    return InvalidArgumentError("adam grad_scale = " + std::to_string(opt.grad_scale) +
+                                " is not finite");
+  }
+  if (b.n == 0) return true;
+  if (b.master == nullptr || b.m == nullptr || b.v == nullptr || b.grad == nullptr) {
+    return InvalidArgumentError("CpuAdam::Step needs master, m, v and grad buffers");
+  }
+  if (opt.skip_if_nonfinite) {
+    ASSIGN_OR_RETURN(bool finite, AllFinite(b.grad, b.grad_dtype, b.n));
+    if (!finite) return false;
+  }
+
+  const float lr = opt.lr >= 0 ? opt.lr : config_.lr;
+  const double t = static_cast<double>(opt.step);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(config_.beta1), t);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(config_.beta2), t);
+  AdamScalars s;
+  s.grad_scale = opt.grad_scale;
+  s.beta1 = config_.beta1;
+  s.beta2 = config_.beta2;
+  s.one_minus_beta1 = 1.0f - config_.beta1;
+  s.one_minus_beta2 = 1.0f - config_.beta2;
+  s.eps = config_.eps;
+  s.step_size = static_cast<float>(lr / bc1);
+  s.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  s.adamw = config_.adamw;
+  s.l2 = config_.adamw ? 0.0f : config_.weight_decay;
+  s.decay = config_.adamw ? 1.0f - lr * config_.weight_decay : 1.0f;
+
+  const AdamKernels& k = *impl_->kernels;
+  const size_t block = options_.block_elems;
+  const size_t blocks = (b.n + block - 1) / block;
+  impl_->arena.execute([&] {
+    tbb::parallel_for(
+        tbb::blocked_range<size_t>(0, blocks), [&](const tbb::blocked_range<size_t>& r) {
+          for (size_t blk = r.begin(); blk != r.end(); ++blk) {
+            const size_t begin = blk * block;
+            AdamBlock ab;
+            ab.master = b.master + begin;
+            ab.m = b.m + begin;
+            ab.v = b.v + begin;
+            ab.grad = Offset(b.grad, b.grad_dtype, begin);
+            ab.grad_dtype = b.grad_dtype;
+            ab.out = b.out == nullptr ? nullptr : static_cast<uint16_t*>(b.out) + begin;
+            ab.out_dtype = b.out_dtype;
+            ab.n = std::min(block, b.n - begin);
+            k.step(ab, s);
+          }
+        });
+  });
+  return true;
+}
+
+StatusOr<bool> CpuAdam::AllFinite(const void* grad, DType dtype, size_t n) {
+  RETURN_IF_ERROR(CheckGradDtype(dtype));
+  if (n == 0) return true;
+  if (grad == nullptr) return InvalidArgumentError("AllFinite on a null gradient");
+  const AdamKernels& k = *impl_->kernels;
+  const size_t block = options_.block_elems * 4;
+  const size_t blocks = (n + block - 1) / block;
+  std::atomic<bool> finite{true};
+  impl_->arena.execute([&] {
+    tbb::parallel_for(
+        tbb::blocked_range<size_t>(0, blocks), [&](const tbb::blocked_range<size_t>& r) {
+          for (size_t blk = r.begin(); blk != r.end() && finite.load(std::memory_order_relaxed);
+               ++blk) {
+            const size_t begin = blk * block;
+            if (!k.all_finite(Offset(grad, dtype, begin), dtype, std::min(block, n - begin))) {
+              finite.store(false, std::memory_order_relaxed);
+            }
+          }
+        });
+  });
+  return finite.load();
+}
+
+StatusOr<double> CpuAdam::SumSquares(const void* grad, DType dtype, size_t n) {
+  RETURN_IF_ERROR(CheckGradDtype(dtype));
+  if (n == 0) return 0.0;
+  if (grad == nullptr) return InvalidArgumentError("SumSquares on a null gradient");
+  const AdamKernels& k = *impl_->kernels;
+  const size_t block = options_.block_elems * 4;
+  const size_t blocks = (n + block - 1) / block;
+  // Per-block partial sums added in block order: the result does not depend on the thread count.
+  std::vector<double> partial(blocks);
+  impl_->arena.execute([&] {
+    tbb::parallel_for(
+        tbb::blocked_range<size_t>(0, blocks), [&](const tbb::blocked_range<size_t>& r) {
+          for (size_t blk = r.begin(); blk != r.end(); ++blk) {
+            const size_t begin = blk * block;
+            partial[blk] =
+                k.sum_squares(Offset(grad, dtype, begin), dtype, std::min(block, n - begin));
+          }
+        });
+  });
+  double total = 0;
+  for (double p : partial) total += p;
+  return total;
+}
+
+}  // namespace tierzero

@@ -1,0 +1,107 @@
+// CpuAdam: Adam and AdamW over CPU-resident fp32 shards in one fused, vectorised pass per block.
+//
+// For each element, with g the gradient read as fp32 (from fp32, bf16 or fp16) and t the
+// 1-based step, exactly as torch.optim.Adam / torch.optim.AdamW (amsgrad=False, maximize=False):
+//
+//   g  = grad * grad_scale                    grad_scale = clip_coef / loss_scale
+//   g  = g + weight_decay * p                 Adam only (L2 penalty added to the gradient)
+//   p  = p * (1 - lr * weight_decay)          AdamW only (decoupled decay), before the update
+//   m  = beta1 * m + (1 - beta1) * g
+//   v  = beta2 * v + (1 - beta2) * g^2
+//   p  = p - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+//   out = round_to_nearest_even(p) as bf16 or fp16, when an output buffer is given
+//
+// Arithmetic is fp32 with fused multiply-adds in a fixed order, identical on the scalar, AVX2 and
+// AVX-512 paths (they agree bit for bit; the tests check it), except that the AVX512-BF16 path
+// converts the output with VCVTNEPS2BF16, which turns fp32 denormal masters into signed zero.
+// See Note [One fused pass] in cpu_adam.cc.
+//
+// Thread-safety: a CpuAdam holds only its configuration and a oneTBB arena; Step, AllFinite and
+// SumSquares may be called concurrently from several threads on distinct buffers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/cpu_features.h"
+#include "core/status.h"
+#include "tierzero/types.h"
+
+namespace tierzero {
+
+struct AdamConfig {
+  float lr = 1e-3f;           // Default: 1e-3
+  float beta1 = 0.9f;         // Default: 0.9
+  float beta2 = 0.999f;       // Default: 0.999
+  float eps = 1e-8f;          // Default: 1e-8
+  float weight_decay = 0.0f;  // Default: 0
+  bool adamw = false;         // false: Adam (L2 into the gradient); true: AdamW (decoupled)
+};
+
+// Validates a config: finite lr >= 0, 0 <= beta < 1, eps > 0, weight_decay >= 0.
+Status ValidateAdamConfig(const AdamConfig& config);
+
+struct CpuAdamOptions {
+  // Threads for one call; 0 means every hardware thread. Default: 0.
+  int threads = 0;
+  // Elements per work item. Default: 16384 (~300 KiB of traffic: the block's streams fit in L2).
+  size_t block_elems = 16384;
+};
+
+// One shard's buffers for a step. All element counts are n.
+struct AdamBuffers {
+  float* master = nullptr;     // fp32 master weights, updated in place
+  float* m = nullptr;          // first moment, updated in place
+  float* v = nullptr;          // second moment, updated in place
+  const void* grad = nullptr;  // gradient, read only
+  DType grad_dtype = DType::kF32;
+  void* out = nullptr;  // optional compute-dtype copy of the new master (pinned slot)
+  DType out_dtype = DType::kBF16;
+  size_t n = 0;
+};
+
+struct AdamStepOptions {
+  int64_t step = 1;         // 1-based step count t, for bias correction
+  float grad_scale = 1.0f;  // 1/loss_scale times the clip coefficient
+  float lr = -1.0f;         // this step's learning rate (schedules); < 0 uses config.lr
+  // Check the gradient for Inf/NaN first and, if any, leave every buffer untouched and return
+  // false. Default: false (the engine checks all gradients once before any shard's update).
+  bool skip_if_nonfinite = false;
+};
+
+class CpuAdam {
+ public:
+  // InvalidArgument naming the field for a bad config or options.
+  static StatusOr<std::unique_ptr<CpuAdam>> Create(const AdamConfig& config,
+                                                   const CpuAdamOptions& options = {});
+  ~CpuAdam();
+
+  // Runs one Adam/AdamW step over the buffers. Returns true when the step was applied, false
+  // when skip_if_nonfinite found a non-finite gradient (nothing was written).
+  // InvalidArgument for null buffers, n > 0 with a bad dtype, or step < 1.
+  // REQUIRES: master, m, v, grad and out do not overlap.
+  StatusOr<bool> Step(const AdamBuffers& buffers, const AdamStepOptions& step);
+
+  // True when every gradient element is finite.
+  StatusOr<bool> AllFinite(const void* grad, DType dtype, size_t n);
+  // Sum of squares of the gradient, accumulated in double (for the global gradient norm).
+  StatusOr<double> SumSquares(const void* grad, DType dtype, size_t n);
+
+  const AdamConfig& config() const { return config_; }
+  int threads() const;
+  // The SIMD path this instance runs (ActiveSimdLevel() at creation).
+  SimdLevel simd_level() const { return level_; }
+  // True when the output cast uses AVX512-BF16's VCVTNEPS2BF16.
+  bool native_bf16() const;
+
+ private:
+  CpuAdam(const AdamConfig& config, const CpuAdamOptions& options, SimdLevel level);
+  struct Impl;
+  AdamConfig config_;
+  CpuAdamOptions options_;
+  SimdLevel level_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tierzero
