@@ -152,8 +152,9 @@ void RegisterAll() {
   for (int threads : {1, all}) {
     for (DType g : {DType::kF32, DType::kBF16}) {
       for (bool copy_out : {false, true}) {
-        std::string name = "CpuAdam/threads:" + std::to_string(threads) + "/grad:" +
-                           std::string(DTypeName(g)) + (copy_out ? "/copy_out" : "/no_copy");
+        std::string name = "CpuAdam/threads:" + std::to_string(threads) +
+                           "/grad:" + std::string(DTypeName(g)) +
+                           (copy_out ? "/copy_out" : "/no_copy");
         auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_CpuAdam, threads, g, copy_out);
         b->UseManualTime()->Unit(benchmark::kMillisecond);
         b->Arg(int64_t{1} << 20)->Arg(int64_t{16} << 20);

@@ -14,8 +14,8 @@ void StreamLikeAdamAvx2(float* p, float* m, float* v, const void* grad, bool gra
   for (; i + 8 <= n; i += 8) {
     __m256 g;
     if (grad_bf16) {
-      const __m128i h = _mm_loadu_si128(
-          reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(grad) + i));
+      const __m128i h =
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(grad) + i));
       g = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     } else {
       g = _mm256_loadu_ps(static_cast<const float*>(grad) + i);
@@ -26,8 +26,9 @@ void StreamLikeAdamAvx2(float* p, float* m, float* v, const void* grad, bool gra
     _mm256_storeu_ps(v + i, _mm256_fmadd_ps(a, g, _mm256_loadu_ps(v + i)));
     if (out != nullptr) {
       const __m256i hi = _mm256_srli_epi32(_mm256_castps_si256(np), 16);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                       _mm_packus_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1)));
+      _mm_storeu_si128(
+          reinterpret_cast<__m128i*>(out + i),
+          _mm_packus_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1)));
     }
   }
   for (; i < n; ++i) {

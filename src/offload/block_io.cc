@@ -1,0 +1,302 @@
+#include "offload/block_io.h"
+
+#include <liburing.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <semaphore>
+#include <thread>
+
+#include "core/check.h"
+#include "core/logging.h"
+
+namespace tierzero {
+namespace {
+
+// A limit on requests in flight, shared by the backends.
+using InFlight = std::counting_semaphore<1 << 16>;
+
+class UringBlockIo final : public BlockIo {
+ public:
+  UringBlockIo(int depth, bool sqpoll) : in_flight_(depth), sqpoll_(sqpoll) {}
+
+  Status Init(const std::vector<int>& fds, int depth) {
+    io_uring_params params;
+    std::memset(&params, 0, sizeof(params));
+    if (sqpoll_) {
+      params.flags |= IORING_SETUP_SQPOLL;
+      params.sq_thread_idle = 2000;  // ms before the poller sleeps
+    }
+    int r = io_uring_queue_init_params(static_cast<unsigned>(depth), &ring_, &params);
+    if (r < 0) {
+      return ErrnoError("io_uring setup (depth " + std::to_string(depth) + ")", -r,
+                        StatusCode::kUnavailable);
+    }
+    ring_ready_ = true;
+    r = io_uring_register_files(&ring_, fds.data(), static_cast<unsigned>(fds.size()));
+    if (r < 0) return ErrnoError("io_uring_register_files", -r, StatusCode::kUnavailable);
+    completer_ = std::thread([this] { CompletionLoop(); });
+    return Status::OK();
+  }
+
+  ~UringBlockIo() override {
+    if (completer_.joinable()) {
+      {
+        // A NOP with no request is the stop signal; it completes after everything before it.
+        std::lock_guard<std::mutex> lock(sq_mu_);
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+        while (sqe == nullptr) {
+          io_uring_submit(&ring_);
+          sqe = io_uring_get_sqe(&ring_);
+        }
+        io_uring_prep_nop(sqe);
+        io_uring_sqe_set_data(sqe, nullptr);
+        io_uring_submit(&ring_);
+      }
+      completer_.join();
+    }
+    if (ring_ready_) io_uring_queue_exit(&ring_);
+  }
+
+  Status Submit(IoRequest* req) override {
+    in_flight_.acquire();
+    std::lock_guard<std::mutex> lock(sq_mu_);
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    TZ_CHECK(sqe != nullptr) << "io_uring submission queue full despite the in-flight limit";
+    const int fixed = FixedIndex(req->buf, req->len);
+    if (req->op == IoRequest::Op::kRead) {
+      if (fixed >= 0) {
+        io_uring_prep_read_fixed(sqe, req->file, req->buf, req->len, req->offset, fixed);
+      } else {
+        io_uring_prep_read(sqe, req->file, req->buf, req->len, req->offset);
+      }
+    } else {
+      if (fixed >= 0) {
+        io_uring_prep_write_fixed(sqe, req->file, req->buf, req->len, req->offset, fixed);
+      } else {
+        io_uring_prep_write(sqe, req->file, req->buf, req->len, req->offset);
+      }
+    }
+    sqe->flags |= IOSQE_FIXED_FILE;
+    io_uring_sqe_set_data(sqe, req);
+    int r = io_uring_submit(&ring_);
+    if (r < 0) {
+      in_flight_.release();
+      return ErrnoError("io_uring_submit", -r);
+    }
+    return Status::OK();
+  }
+
+  Status RegisterBuffers(const std::vector<std::pair<void*, size_t>>& regions) override {
+    std::lock_guard<std::mutex> lock(sq_mu_);
+    if (!regions_.empty()) {
+      io_uring_unregister_buffers(&ring_);
+      regions_.clear();
+    }
+    std::vector<iovec> iov;
+    for (auto [p, n] : regions) iov.push_back({p, n});
+    int r = io_uring_register_buffers(&ring_, iov.data(), static_cast<unsigned>(iov.size()));
+    if (r < 0) return ErrnoError("io_uring_register_buffers", -r);
+    regions_ = regions;
+    return Status::OK();
+  }
+
+  std::string name() const override { return sqpoll_ ? "io_uring+sqpoll" : "io_uring"; }
+
+ private:
+  // The registered region holding [buf, buf+len), or -1. REQUIRES: sq_mu_ held.
+  int FixedIndex(const void* buf, size_t len) const {
+    auto* b = static_cast<const uint8_t*>(buf);
+    for (size_t i = 0; i < regions_.size(); ++i) {
+      auto* r = static_cast<const uint8_t*>(regions_[i].first);
+      if (b >= r && b + len <= r + regions_[i].second) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  void CompletionLoop() {
+    for (;;) {
+      io_uring_cqe* cqe = nullptr;
+      int r = io_uring_wait_cqe(&ring_, &cqe);
+      if (r == -EINTR) continue;
+      TZ_CHECK(r == 0) << "io_uring_wait_cqe failed: " << std::strerror(-r);
+      auto* req = static_cast<IoRequest*>(io_uring_cqe_get_data(cqe));
+      const int64_t res = cqe->res;
+      io_uring_cqe_seen(&ring_, cqe);
+      if (req == nullptr) return;  // stop signal
+      in_flight_.release();
+      req->done(res);
+    }
+  }
+
+  io_uring ring_{};
+  bool ring_ready_ = false;
+  InFlight in_flight_;
+  const bool sqpoll_;
+  std::mutex sq_mu_;
+  std::vector<std::pair<void*, size_t>> regions_;  // GUARDED_BY(sq_mu_)
+  std::thread completer_;
+};
+
+class ThreadPoolBlockIo final : public BlockIo {
+ public:
+  ThreadPoolBlockIo(std::vector<int> fds, int depth, int threads)
+      : fds_(std::move(fds)), in_flight_(depth) {
+    for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(); });
+  }
+  ~ThreadPoolBlockIo() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+
+  Status Submit(IoRequest* req) override {
+    in_flight_.acquire();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(req);
+    }
+    cv_.notify_one();
+    return Status::OK();
+  }
+  Status RegisterBuffers(const std::vector<std::pair<void*, size_t>>&) override {
+    return Status::OK();
+  }
+  std::string name() const override { return "threadpool"; }
+
+ private:
+  void Work() {
+    for (;;) {
+      IoRequest* req;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        req = queue_.front();
+        queue_.pop_front();
+      }
+      const int fd = fds_[static_cast<size_t>(req->file)];
+      ssize_t r = req->op == IoRequest::Op::kRead
+                      ? ::pread(fd, req->buf, req->len, static_cast<off_t>(req->offset))
+                      : ::pwrite(fd, req->buf, req->len, static_cast<off_t>(req->offset));
+      const int64_t res = r < 0 ? -errno : r;
+      in_flight_.release();
+      req->done(res);
+    }
+  }
+
+  std::vector<int> fds_;
+  InFlight in_flight_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<IoRequest*> queue_;  // GUARDED_BY(mu_)
+  bool stopping_ = false;         // GUARDED_BY(mu_)
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<BlockIo>> CreateUringBlockIo(const std::vector<int>& fds,
+                                                      const BlockIoOptions& options) {
+  if (options.queue_depth < 1 || options.queue_depth > 4096) {
+    return InvalidArgumentError("io queue depth " + std::to_string(options.queue_depth) +
+                                " is out of range; expected 1..4096");
+  }
+  auto io = std::make_unique<UringBlockIo>(options.queue_depth, options.sqpoll);
+  RETURN_IF_ERROR(io->Init(fds, options.queue_depth));
+  return std::unique_ptr<BlockIo>(std::move(io));
+}
+
+StatusOr<std::unique_ptr<BlockIo>> CreateThreadPoolBlockIo(const std::vector<int>& fds,
+                                                           const BlockIoOptions& options) {
+  if (options.queue_depth < 1 || options.threads < 1) {
+    return InvalidArgumentError("thread-pool I/O needs queue_depth >= 1 and threads >= 1");
+  }
+  return std::unique_ptr<BlockIo>(new ThreadPoolBlockIo(fds, options.queue_depth, options.threads));
+}
+
+// ---- Fault injection
+// -----------------------------------------------------------------------------
+
+struct FaultInjectionBlockIo::State {
+  std::mutex mu;
+  std::vector<BlockIoFault> faults;  // GUARDED_BY(mu)
+  int injected = 0;                  // GUARDED_BY(mu)
+};
+
+FaultInjectionBlockIo::FaultInjectionBlockIo(std::unique_ptr<BlockIo> target)
+    : target_(std::move(target)), state_(std::make_unique<State>()) {}
+
+FaultInjectionBlockIo::~FaultInjectionBlockIo() = default;
+
+void FaultInjectionBlockIo::Inject(BlockIoFault fault) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->faults.push_back(fault);
+}
+
+int FaultInjectionBlockIo::injected() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->injected;
+}
+
+Status FaultInjectionBlockIo::Submit(IoRequest* req) {
+  std::optional<BlockIoFault> hit;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    for (BlockIoFault& f : state_->faults) {
+      if (f.op != req->op || f.count <= 0) continue;
+      if (f.skip > 0) {
+        --f.skip;
+        continue;
+      }
+      --f.count;
+      ++state_->injected;
+      hit = f;
+      break;
+    }
+  }
+  if (!hit) return target_->Submit(req);
+  switch (hit->kind) {
+    case BlockIoFault::Kind::kFail:
+      req->done(-hit->error_code);
+      return Status::OK();
+    case BlockIoFault::Kind::kShorten: {
+      const uint32_t half = std::max<uint32_t>(4096, (req->len / 2) & ~uint32_t{4095});
+      if (half >= req->len) return target_->Submit(req);  // too small to shorten
+      auto* shorter = new IoRequest(*req);
+      shorter->len = half;
+      // The wrapper request deletes itself last ("delete this"): nothing touches the lambda's
+      // captures after the delete.
+      shorter->done = [req, shorter](int64_t res) {
+        IoRequest* original = req;
+        delete shorter;
+        original->done(res);
+      };
+      return target_->Submit(shorter);
+    }
+    case BlockIoFault::Kind::kDelay: {
+      auto* delayed = new IoRequest(*req);
+      const int ms = hit->delay_ms;
+      delayed->done = [req, delayed, ms](int64_t res) {
+        IoRequest* original = req;
+        delete delayed;
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+        original->done(res);
+      };
+      return target_->Submit(delayed);
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace tierzero
