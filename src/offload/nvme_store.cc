@@ -73,12 +73,13 @@ class NvmeStore::Operation {
   void FinishOne() {
     std::lock_guard<std::mutex> lock(mu);
     if (--pending != 0) return;
-    if (write && status.ok() && store->options_.checksums) {
+    if (write && store->options_.checksums) {
+      // A failed write leaves the extent's content undefined: no checksum until a rewrite.
       std::lock_guard<std::mutex> store_lock(store->mu_);
       auto it = store->registry_->extents.find(extent_id);
       if (it != store->registry_->extents.end()) {
         it->second.crc = write_crc;
-        it->second.crc_valid = true;
+        it->second.crc_valid = status.ok();
       }
     }
     --store->live_operations_;

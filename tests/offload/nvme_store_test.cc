@@ -187,7 +187,7 @@ struct FaultyStore {
   FaultInjectionBlockIo* faults = nullptr;
 };
 
-FaultyStore OpenFaulty(const TempDir& dir, bool checksums = false) {
+FaultyStore OpenFaulty(const TempDir& dir, bool checksums = true) {
   FaultyStore fs;
   NvmeStoreOptions o;
   o.paths = {dir.path()};
@@ -246,7 +246,10 @@ TEST(NvmeFaultTest, IoErrorSurfacesWithContextAndStoreStaysUsable) {
   Status w = f.store->Write(*e, in.data);
   EXPECT_EQ(w.code(), StatusCode::kIoError);
   EXPECT_NE(w.message().find("No space left"), std::string::npos) << w.message();
+  EXPECT_EQ(f.store->Read(*e, out.data).code(), StatusCode::kDataLoss)
+      << "after a failed write the extent has no valid checksum";
   ASSERT_TRUE(f.store->Write(*e, in.data).ok());
+  ASSERT_TRUE(f.store->Read(*e, out.data).ok());
 }
 
 TEST(NvmeFaultTest, DelayedCompletionsStillComplete) {
