@@ -288,9 +288,10 @@ Status FaultInjectionBlockIo::Submit(IoRequest* req) {
       auto* delayed = new IoRequest(*req);
       const int ms = hit->delay_ms;
       delayed->done = [req, delayed, ms](int64_t res) {
-        IoRequest* original = req;
+        IoRequest* original = req;  // copies first: the delete ends the captures' lifetime
+        const int wait_ms = ms;
         delete delayed;
-        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+        std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
         original->done(res);
       };
       return target_->Submit(delayed);

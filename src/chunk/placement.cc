@@ -1,0 +1,90 @@
+#include "chunk/placement.h"
+
+#include "core/bytes.h"
+
+namespace tierzero {
+
+std::string_view TierName(Tier t) {
+  switch (t) {
+    case Tier::kDevice:
+      return "device";
+    case Tier::kHost:
+      return "host";
+    case Tier::kNvme:
+      return "nvme";
+  }
+  return "?";
+}
+
+StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& budgets) {
+  Placement p;
+  const int n = layout.num_chunks();
+  p.chunks.resize(static_cast<size_t>(n));
+  p.param_shard_bytes = layout.shard_bytes();
+  p.grad_shard_bytes = layout.shard_bytes();           // same dtype as the parameters
+  p.optim_shard_bytes = layout.shard_elems() * 3 * 4;  // fp32 master, m, v
+  const uint64_t total =
+      static_cast<uint64_t>(n) * (p.param_shard_bytes + p.grad_shard_bytes + p.optim_shard_bytes);
+
+  // Parameter shards on the device while its shard budget lasts, in first-use order.
+  uint64_t device = 0;
+  for (auto& c : p.chunks) {
+    if (device + p.param_shard_bytes <= budgets.device_shard_bytes) {
+      c.param = Tier::kDevice;
+      device += p.param_shard_bytes;
+    }
+  }
+  uint64_t host = 0;
+  for (const auto& c : p.chunks) {
+    host += p.grad_shard_bytes + p.optim_shard_bytes;
+    if (c.param == Tier::kHost) host += p.param_shard_bytes;
+  }
+  uint64_t nvme = 0;
+  // Spill optimizer states, then parameter shards, from the last chunk backwards.
+  for (int c = n - 1; c >= 0 && host > budgets.host_bytes; --c) {
+    p.chunks[static_cast<size_t>(c)].optimizer = Tier::kNvme;
+    host -= p.optim_shard_bytes;
+    nvme += p.optim_shard_bytes;
+  }
+  for (int c = n - 1; c >= 0 && host > budgets.host_bytes; --c) {
+    ChunkPlacement& cp = p.chunks[static_cast<size_t>(c)];
+    if (cp.param != Tier::kHost) continue;
+    cp.param = Tier::kNvme;
+    host -= p.param_shard_bytes;
+    nvme += p.param_shard_bytes;
+  }
+  if (host > budgets.host_bytes || nvme > budgets.nvme_bytes) {
+    const uint64_t grads = static_cast<uint64_t>(n) * p.grad_shard_bytes;
+    return OutOfMemoryError(
+        "model state of " + FormatBytes(total) + " per rank (" + std::to_string(n) +
+        " chunks) does not fit: device shard budget " + FormatBytes(budgets.device_shard_bytes) +
+        ", host budget " + FormatBytes(budgets.host_bytes) + " (at least " + FormatBytes(grads) +
+        " for gradients, which stay in host memory), NVMe budget " +
+        FormatBytes(budgets.nvme_bytes) + " (" + FormatBytes(nvme) +
+        " needed once host memory is full); raise the NVMe or host budget, or use more ranks");
+  }
+  p.bytes[static_cast<int>(Tier::kDevice)] = device;
+  p.bytes[static_cast<int>(Tier::kHost)] = host;
+  p.bytes[static_cast<int>(Tier::kNvme)] = nvme;
+  return p;
+}
+
+std::string Placement::Summary(const TierBudgets& budgets) const {
+  const uint64_t budget[3] = {budgets.device_shard_bytes, budgets.host_bytes, budgets.nvme_bytes};
+  std::string out;
+  for (int t = 0; t < 3; ++t) {
+    int params = 0, optim = 0, grads = 0;
+    for (const auto& c : chunks) {
+      params += static_cast<int>(c.param) == t;
+      optim += static_cast<int>(c.optimizer) == t;
+      grads += static_cast<int>(c.grad) == t;
+    }
+    out += std::string(TierName(static_cast<Tier>(t))) + ": " + std::to_string(params) +
+           " param shards, " + std::to_string(optim) + " optimizer states, " +
+           std::to_string(grads) + " grad shards = " + FormatBytes(bytes[t]) + " of " +
+           FormatBytes(budget[t]) + "\n";
+  }
+  return out;
+}
+
+}  // namespace tierzero

@@ -1,0 +1,53 @@
+// Tier placement of each chunk's shard state by the configured budgets (DESIGN.md section 4).
+//
+// Per chunk, a rank holds: the compute-dtype parameter shard (touched twice per step: gathered
+// for forward and backward), its gradient shard, and the optimizer states (fp32 master, m, v:
+// 12 bytes per element, touched once per step). Placement fills the device shard budget with
+// parameter shards first (they are read most), keeps the rest in host memory, and when host
+// memory runs out moves state to NVMe in this order: optimizer states first (from the last chunk
+// backwards), then parameter shards. Gradient shards stay in host memory, where CPU Adam reads
+// them (for NVMe-resident optimizer states the swap pipeline streams master, m and v past them).
+//
+// Thread-safety: pure function.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "chunk/layout.h"
+#include "core/status.h"
+
+namespace tierzero {
+
+enum class Tier : uint8_t { kDevice, kHost, kNvme };
+std::string_view TierName(Tier t);
+
+struct TierBudgets {
+  uint64_t device_shard_bytes = 0;  // device memory for resident shards (not the chunk cache)
+  uint64_t host_bytes = 0;          // host memory for shards, gradients and optimizer states
+  uint64_t nvme_bytes = 0;          // NVMe space
+};
+
+struct ChunkPlacement {
+  Tier param = Tier::kHost;
+  Tier optimizer = Tier::kHost;
+  Tier grad = Tier::kHost;
+};
+
+struct Placement {
+  std::vector<ChunkPlacement> chunks;
+  uint64_t param_shard_bytes = 0;  // per chunk
+  uint64_t grad_shard_bytes = 0;   // per chunk
+  uint64_t optim_shard_bytes = 0;  // per chunk (master + m + v)
+  uint64_t bytes[3] = {0, 0, 0};   // per Tier, everything placed there
+  // One line per tier: "host: 12 param shards, 30 optimizer states, 30 grads = 1.2 GiB of 2 GiB".
+  std::string Summary(const TierBudgets& budgets) const;
+};
+
+// OutOfMemory when the state does not fit the three budgets together, naming what is needed,
+// what each budget holds, and which budget to raise.
+StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& budgets);
+
+}  // namespace tierzero

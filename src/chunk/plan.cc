@@ -1,0 +1,212 @@
+#include "chunk/plan.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+
+#include "core/bytes.h"
+#include "core/check.h"
+
+namespace tierzero {
+
+std::string_view CachePolicyName(CachePolicy p) {
+  switch (p) {
+    case CachePolicy::kOnDemand:
+      return "on_demand";
+    case CachePolicy::kLru:
+      return "lru";
+    case CachePolicy::kBelady:
+      return "belady";
+    case CachePolicy::kPlan:
+      return "plan";
+  }
+  return "?";
+}
+
+StatusOr<std::vector<int>> SlotsPerMoment(const std::vector<Moment>& moments,
+                                          const PlanOptions& o) {
+  if (o.chunk_bytes == 0) return InvalidArgumentError("plan: chunk_bytes is 0");
+  std::vector<int> slots(moments.size());
+  for (size_t k = 0; k < moments.size(); ++k) {
+    uint64_t nonmodel = std::max(moments[k].nonmodel_bytes, moments[k].nonmodel_peak);
+    if (k + 1 < moments.size()) {
+      nonmodel = std::max({nonmodel, moments[k + 1].nonmodel_bytes, moments[k + 1].nonmodel_peak});
+    }
+    const uint64_t reserved = nonmodel + o.workspace_bytes;
+    const uint64_t room = o.device_capacity > reserved ? o.device_capacity - reserved : 0;
+    slots[k] = static_cast<int>(room / o.chunk_bytes);
+    const std::set<int> distinct(moments[k].chunks.begin(), moments[k].chunks.end());
+    if (static_cast<int>(distinct.size()) > slots[k]) {
+      return OutOfMemoryError(
+          "moment " + std::to_string(k) + " needs " + std::to_string(distinct.size()) +
+          " gathered chunks of " + FormatBytes(o.chunk_bytes) + " but only " +
+          std::to_string(slots[k]) + " fit: device capacity " + FormatBytes(o.device_capacity) +
+          ", non-model data " + FormatBytes(nonmodel) + ", workspace " +
+          FormatBytes(o.workspace_bytes) +
+          "; raise the device budget, use smaller chunks, or fewer activations (checkpointing)");
+    }
+  }
+  return slots;
+}
+
+namespace {
+
+constexpr int kNever = std::numeric_limits<int>::max();
+
+// next_use[k][c]: the first moment >= k that uses chunk c (kNever if none), built lazily per chunk
+// as a sorted list of use moments.
+class NextUse {
+ public:
+  NextUse(const std::vector<Moment>& moments, int num_chunks)
+      : uses_(static_cast<size_t>(num_chunks)) {
+    for (size_t k = 0; k < moments.size(); ++k) {
+      for (int c : moments[k].chunks) {
+        auto& u = uses_[static_cast<size_t>(c)];
+        if (u.empty() || u.back() != static_cast<int>(k)) u.push_back(static_cast<int>(k));
+      }
+    }
+  }
+  // The first use at or after moment k.
+  int After(int c, int k) const {
+    const auto& u = uses_[static_cast<size_t>(c)];
+    auto it = std::lower_bound(u.begin(), u.end(), k);
+    return it == u.end() ? kNever : *it;
+  }
+
+ private:
+  std::vector<std::vector<int>> uses_;
+};
+
+}  // namespace
+
+StatusOr<Schedule> Simulate(const std::vector<Moment>& moments, const PlanOptions& o,
+                            CachePolicy policy) {
+  const int num_chunks = static_cast<int>(o.gather_seconds.size());
+  for (const Moment& m : moments) {
+    for (int c : m.chunks) {
+      if (c < 0 || c >= num_chunks) {
+        return InvalidArgumentError("plan: moment names chunk " + std::to_string(c) + " of " +
+                                    std::to_string(num_chunks));
+      }
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<int> slots, SlotsPerMoment(moments, o));
+  const int K = static_cast<int>(moments.size());
+  // The tightest slot count from moment a to moment b inclusive.
+  auto min_slots = [&](int a, int b) {
+    int s = kNever;
+    for (int m = a; m <= b && m < K; ++m) s = std::min(s, slots[static_cast<size_t>(m)]);
+    return s;
+  };
+  NextUse next(moments, num_chunks);
+
+  Schedule sched;
+  sched.policy = policy;
+  sched.moments.resize(static_cast<size_t>(K));
+  // Gathered or in flight: chunk -> time its gather completes.
+  std::map<int, double> cached;
+  std::map<int, int> last_used;  // for LRU
+  double link_free = 0, compute_end = 0;
+
+  auto gather = [&](int c, double now, MomentDecision& d) {
+    const double start = std::max(link_free, now);
+    link_free = start + o.gather_seconds[static_cast<size_t>(c)];
+    sched.transfer_s += o.gather_seconds[static_cast<size_t>(c)];
+    cached[c] = link_free;
+    d.gather.push_back(c);
+    ++sched.gathers;
+  };
+
+  for (int k = 0; k < K; ++k) {
+    MomentDecision& d = sched.moments[static_cast<size_t>(k)];
+    d.slots = slots[static_cast<size_t>(k)];
+    const double now = compute_end;  // the host reaches moment k's Acquire
+    const std::set<int> needed(moments[static_cast<size_t>(k)].chunks.begin(),
+                               moments[static_cast<size_t>(k)].chunks.end());
+    for (int c : needed) {
+      if (cached.count(c)) ++sched.prefetch_hits;
+    }
+    // Evict to make room for this moment's misses.
+    auto evict = [&](int c) {
+      cached.erase(c);
+      d.evict.push_back(c);
+    };
+    if (policy == CachePolicy::kOnDemand) {
+      std::vector<int> drop;
+      for (auto& [c, t] : cached) {
+        if (!needed.count(c)) drop.push_back(c);
+      }
+      for (int c : drop) evict(c);
+    }
+    int misses = 0;
+    for (int c : needed) misses += cached.count(c) ? 0 : 1;
+    while (static_cast<int>(cached.size()) + misses > d.slots) {
+      int victim = -1;
+      for (auto& [c, t] : cached) {
+        if (needed.count(c)) continue;
+        if (victim < 0) {
+          victim = c;
+          continue;
+        }
+        if (policy == CachePolicy::kLru) {
+          if (last_used[c] < last_used[victim]) victim = c;
+        } else if (next.After(c, k) > next.After(victim, k)) {
+          victim = c;
+        }
+      }
+      TZ_CHECK(victim >= 0) << "no victim although the moment's chunks fit";
+      evict(victim);
+    }
+    for (int c : moments[static_cast<size_t>(k)].chunks) {
+      if (!cached.count(c)) gather(c, now, d);
+    }
+    // Prefetch for later moments (the plan only).
+    if (policy == CachePolicy::kPlan) {
+      bool stop = false;
+      for (int j = k + 1; j < K && !stop; ++j) {
+        for (int c : moments[static_cast<size_t>(j)].chunks) {
+          if (cached.count(c)) continue;
+          if (static_cast<int>(cached.size()) >= min_slots(k, j)) {
+            // Evict the chunk used furthest in the future, if that is after j.
+            int victim = -1;
+            for (auto& [v, t] : cached) {
+              if (needed.count(v)) continue;
+              if (victim < 0 || next.After(v, k + 1) > next.After(victim, k + 1)) victim = v;
+            }
+            if (victim < 0 || next.After(victim, k + 1) <= j) {
+              stop = true;
+              break;
+            }
+            evict(victim);
+          }
+          gather(c, now, d);
+        }
+      }
+    }
+    double ready = now;
+    for (int c : needed) ready = std::max(ready, cached[c]);
+    d.start_s = ready;
+    d.stall_s = ready - compute_end;
+    sched.stall_s += d.stall_s;
+    compute_end = ready + moments[static_cast<size_t>(k)].compute_seconds;
+    sched.compute_s += moments[static_cast<size_t>(k)].compute_seconds;
+    for (int c : needed) last_used[c] = k;
+  }
+  return sched;
+}
+
+double StallLowerBound(const std::vector<Moment>& moments, const PlanOptions& o,
+                       const Schedule& belady) {
+  if (moments.empty()) return 0;
+  double first = 0;
+  std::set<int> seen;
+  for (int c : moments[0].chunks) {
+    if (seen.insert(c).second) first += o.gather_seconds[static_cast<size_t>(c)];
+  }
+  double hideable = belady.compute_s - moments.back().compute_seconds;
+  return std::max(first, belady.transfer_s - hideable);
+}
+
+}  // namespace tierzero

@@ -1,0 +1,48 @@
+// MemoryTracer: records the warm-up iteration's access pattern for the plan (DESIGN.md section 5).
+//
+// A moment is one Acquire. For each moment the tracer keeps the chunks it needs, the non-model
+// (activation) bytes when it began, the peak of non-model bytes until the next moment began, and
+// the compute time the caller measured for it. Non-model bytes come from the engine's tracked
+// activation allocator, which reports every change through OnNonModelBytes, so the peak is exact
+// (no sampling or polling).
+//
+// Thread-safety: none; the engine serialises calls.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace tierzero {
+
+struct Moment {
+  std::vector<int> chunks;      // chunks the moment needs, in the order acquired
+  uint64_t nonmodel_bytes = 0;  // non-model bytes in use when the moment began
+  uint64_t nonmodel_peak = 0;   // the most in use between this moment and the next
+  double compute_seconds = 0;   // the moment's compute time as measured by the caller
+};
+
+class MemoryTracer {
+ public:
+  // Clears the trace; `current_nonmodel` is what is in use now.
+  void Begin(uint64_t current_nonmodel = 0);
+  // Every change of non-model bytes in use.
+  void OnNonModelBytes(uint64_t current);
+  // A moment begins; returns its index.
+  int BeginMoment(std::vector<int> chunks);
+  // Records the compute time of a moment.
+  void SetComputeSeconds(int moment, double seconds);
+  // Closes the trace (the last moment's peak).
+  void Finish();
+
+  const std::vector<Moment>& moments() const { return moments_; }
+  uint64_t current_nonmodel() const { return current_; }
+  // A hash of the chunk sequence (not the timings), equal on ranks that traced the same program.
+  uint64_t SequenceHash() const;
+
+ private:
+  std::vector<Moment> moments_;
+  uint64_t current_ = 0;
+  uint64_t peak_since_moment_ = 0;
+};
+
+}  // namespace tierzero

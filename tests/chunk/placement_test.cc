@@ -1,0 +1,80 @@
+#include "chunk/placement.h"
+
+#include <gtest/gtest.h>
+
+#include "core/bytes.h"
+
+namespace tierzero {
+namespace {
+
+ChunkLayout TenChunks() {
+  std::vector<TensorDesc> t;
+  for (int i = 0; i < 10; ++i) t.push_back({"w" + std::to_string(i), 1 << 20});
+  LayoutOptions o;
+  o.chunk_elems = 1 << 20;  // 2 MiB bf16 shards; optimizer 12 MiB, grads 2 MiB per chunk
+  return std::move(ChunkLayout::Build(t, o)).value();
+}
+
+TEST(PlacementTest, EverythingOnHostWhenItFits) {
+  ChunkLayout l = TenChunks();
+  auto p = PlaceShards(l, {0, 160 * kMiB, 0});
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  for (const auto& c : p->chunks) {
+    EXPECT_EQ(c.param, Tier::kHost);
+    EXPECT_EQ(c.optimizer, Tier::kHost);
+  }
+  EXPECT_EQ(p->bytes[static_cast<int>(Tier::kHost)], 160 * kMiB);
+}
+
+TEST(PlacementTest, OptimizerStatesGoToNvmeBeforeParameters) {
+  ChunkLayout l = TenChunks();
+  // Host budget for 40 MiB: grads (20) + params (20), with all optimizer states (120) on NVMe.
+  auto p = PlaceShards(l, {0, 40 * kMiB, 1 * kGiB});
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  for (const auto& c : p->chunks) {
+    EXPECT_EQ(c.optimizer, Tier::kNvme);
+    EXPECT_EQ(c.param, Tier::kHost);
+    EXPECT_EQ(c.grad, Tier::kHost);
+  }
+  // 30 MiB: one more param shard than... 5 param shards must go too (grads 20 + 5 params 10).
+  p = PlaceShards(l, {0, 30 * kMiB, 1 * kGiB});
+  ASSERT_TRUE(p.ok());
+  int nvme_params = 0;
+  for (int c = 0; c < 10; ++c) nvme_params += p->chunks[c].param == Tier::kNvme;
+  EXPECT_EQ(nvme_params, 5);
+  EXPECT_EQ(p->chunks[9].param, Tier::kNvme) << "spilled from the last chunk backwards";
+  EXPECT_EQ(p->chunks[0].param, Tier::kHost);
+  // Half the optimizer states spill when host holds 100 MiB.
+  p = PlaceShards(l, {0, 100 * kMiB, 1 * kGiB});
+  ASSERT_TRUE(p.ok());
+  int nvme_optim = 0;
+  for (const auto& c : p->chunks) nvme_optim += c.optimizer == Tier::kNvme;
+  EXPECT_EQ(nvme_optim, 5);
+  EXPECT_LE(p->bytes[static_cast<int>(Tier::kHost)], 100 * kMiB);
+  EXPECT_NE(p->Summary({0, 100 * kMiB, 1 * kGiB}).find("nvme: 0 param shards, 5 optimizer"),
+            std::string::npos)
+      << p->Summary({0, 100 * kMiB, 1 * kGiB});
+}
+
+TEST(PlacementTest, DeviceShardBudgetTakesParametersFirst) {
+  ChunkLayout l = TenChunks();
+  auto p = PlaceShards(l, {6 * kMiB, 160 * kMiB, 0});
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->chunks[0].param, Tier::kDevice);
+  EXPECT_EQ(p->chunks[2].param, Tier::kDevice);
+  EXPECT_EQ(p->chunks[3].param, Tier::kHost);
+}
+
+TEST(PlacementTest, ImpossibleBudgetIsOutOfMemoryNamingTheBudgets) {
+  ChunkLayout l = TenChunks();
+  auto p = PlaceShards(l, {0, 30 * kMiB, 50 * kMiB});
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(p.status().message().find("160 MiB"), std::string::npos) << p.status().message();
+  EXPECT_NE(p.status().message().find("NVMe budget 50 MiB"), std::string::npos);
+  p = PlaceShards(l, {0, 10 * kMiB, 10 * kGiB});
+  ASSERT_FALSE(p.ok()) << "gradients (20 MiB) must stay in host memory";
+}
+
+}  // namespace
+}  // namespace tierzero

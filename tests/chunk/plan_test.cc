@@ -1,0 +1,129 @@
+#include "chunk/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <set>
+
+#include "core/bytes.h"
+
+namespace tierzero {
+namespace {
+
+// A training-like trace: forward over chunks 0..n-1 one per moment, backward n-1..0.
+std::vector<Moment> ForwardBackward(int n, double compute_s, uint64_t nonmodel = 0) {
+  std::vector<Moment> m;
+  for (int c = 0; c < n; ++c) m.push_back({{c}, nonmodel, nonmodel, compute_s});
+  for (int c = n - 1; c >= 0; --c) m.push_back({{c}, nonmodel, nonmodel, 2 * compute_s});
+  return m;
+}
+
+PlanOptions Options(int chunks, int slots, double gather_s) {
+  PlanOptions o;
+  o.chunk_bytes = 16 * kMiB;
+  o.device_capacity = static_cast<uint64_t>(slots) * o.chunk_bytes;
+  o.gather_seconds.assign(static_cast<size_t>(chunks), gather_s);
+  return o;
+}
+
+// Replays a schedule's decisions and checks the invariants the executor relies on.
+void CheckDecisions(const std::vector<Moment>& moments, const Schedule& s) {
+  std::set<int> resident;
+  for (size_t k = 0; k < moments.size(); ++k) {
+    const MomentDecision& d = s.moments[k];
+    for (int c : d.evict) {
+      ASSERT_TRUE(resident.erase(c)) << "moment " << k << " evicts " << c << " which is absent";
+    }
+    for (int c : d.gather) ASSERT_TRUE(resident.insert(c).second) << "gathered twice: " << c;
+    ASSERT_LE(static_cast<int>(resident.size()), d.slots) << "moment " << k;
+    for (int c : moments[k].chunks)
+      ASSERT_TRUE(resident.count(c)) << "moment " << k << " lacks " << c;
+  }
+}
+
+TEST(PlanTest, SlotsAccountForNonModelBytesOfThisAndTheNextMoment) {
+  std::vector<Moment> m = {{{0}, 0, 0, 1}, {{1}, 0, 40 * kMiB, 1}, {{2}, 0, 0, 1}};
+  PlanOptions o = Options(3, 8, 0.1);  // 128 MiB
+  o.workspace_bytes = 16 * kMiB;
+  auto slots = SlotsPerMoment(m, o);
+  ASSERT_TRUE(slots.ok());
+  EXPECT_EQ((*slots)[0], 4) << "(128 - 40 - 16) / 16, the next moment's peak counts";
+  EXPECT_EQ((*slots)[1], 4);
+  EXPECT_EQ((*slots)[2], 7);
+  m[1].chunks = {0, 1, 2, 3, 4};
+  o.gather_seconds.assign(5, 0.1);
+  auto bad = SlotsPerMoment(m, o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(bad.status().message().find("moment 1 needs 5 gathered chunks"), std::string::npos)
+      << bad.status().message();
+}
+
+TEST(PlanTest, PlanHidesTransfersWhenBandwidthSuffices) {
+  const auto m = ForwardBackward(12, 1.0);
+  const PlanOptions o = Options(12, 4, 0.5);  // gathers take half a moment
+  auto on_demand = Simulate(m, o, CachePolicy::kOnDemand);
+  auto lru = Simulate(m, o, CachePolicy::kLru);
+  auto belady = Simulate(m, o, CachePolicy::kBelady);
+  auto plan = Simulate(m, o, CachePolicy::kPlan);
+  ASSERT_TRUE(on_demand.ok() && lru.ok() && belady.ok() && plan.ok());
+  CheckDecisions(m, *on_demand);
+  CheckDecisions(m, *lru);
+  CheckDecisions(m, *plan);
+  const double bound = StallLowerBound(m, o, *belady);
+  EXPECT_DOUBLE_EQ(bound, 0.5) << "only the first gather cannot hide";
+  EXPECT_NEAR(on_demand->stall_s, 0.5 * 23, 1e-9)
+      << "every moment but the turning point (chunk 11 twice in a row) waits for its gather";
+  EXPECT_LE(plan->stall_s, on_demand->stall_s / 3);
+  EXPECT_LE(plan->stall_s, bound * 1.10);
+  EXPECT_GT(plan->prefetch_hits, 20);
+}
+
+TEST(PlanTest, PlanApproachesTheBoundWhenTransfersDominate) {
+  const auto m = ForwardBackward(12, 0.2);
+  const PlanOptions o = Options(12, 4, 1.0);  // the link is the bottleneck
+  auto belady = Simulate(m, o, CachePolicy::kBelady);
+  auto plan = Simulate(m, o, CachePolicy::kPlan);
+  auto on_demand = Simulate(m, o, CachePolicy::kOnDemand);
+  ASSERT_TRUE(belady.ok() && plan.ok() && on_demand.ok());
+  CheckDecisions(m, *plan);
+  const double bound = StallLowerBound(m, o, *belady);
+  EXPECT_GT(bound, 10.0);
+  EXPECT_GE(plan->stall_s, bound - 1e-9) << "no policy beats the bound";
+  EXPECT_LE(plan->stall_s, bound * 1.10);
+  EXPECT_LT(plan->stall_s, on_demand->stall_s);
+}
+
+TEST(PlanTest, BeladyNeverGathersMoreThanLruOnRandomTraces) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int chunks = 3 + static_cast<int>(rng() % 10);
+    std::vector<Moment> m;
+    for (int k = 0; k < 60; ++k) {
+      Moment x;
+      const int n = 1 + static_cast<int>(rng() % 2);
+      for (int i = 0; i < n; ++i) x.chunks.push_back(static_cast<int>(rng() % chunks));
+      x.compute_seconds = 0.1 * (1 + rng() % 5);
+      m.push_back(x);
+    }
+    PlanOptions o = Options(chunks, 2 + static_cast<int>(rng() % 3), 0.05 * (1 + rng() % 8));
+    auto lru = Simulate(m, o, CachePolicy::kLru);
+    auto belady = Simulate(m, o, CachePolicy::kBelady);
+    auto plan = Simulate(m, o, CachePolicy::kPlan);
+    ASSERT_TRUE(lru.ok() && belady.ok() && plan.ok());
+    CheckDecisions(m, *lru);
+    CheckDecisions(m, *belady);
+    CheckDecisions(m, *plan);
+    EXPECT_LE(belady->gathers, lru->gathers) << "trial " << trial;
+    EXPECT_GE(plan->stall_s, StallLowerBound(m, o, *belady) - 1e-9) << "trial " << trial;
+  }
+}
+
+TEST(PlanTest, UnknownChunkIsInvalidArgument) {
+  std::vector<Moment> m = {{{5}, 0, 0, 1}};
+  EXPECT_EQ(Simulate(m, Options(2, 4, 1), CachePolicy::kPlan).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tierzero
