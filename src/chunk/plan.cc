@@ -7,7 +7,6 @@
 #include <string>
 
 #include "core/bytes.h"
-#include "core/check.h"
 
 namespace tierzero {
 
@@ -101,6 +100,23 @@ StatusOr<Schedule> Simulate(const std::vector<Moment>& moments, const PlanOption
     return s;
   };
   NextUse next(moments, num_chunks);
+  // Backward interval per chunk whose gradients live in its slot: [first, last] backward use.
+  std::vector<int> first_bwd(static_cast<size_t>(num_chunks), kNever),
+      last_bwd(static_cast<size_t>(num_chunks), -1);
+  for (int k = 0; k < K; ++k) {
+    if (!moments[static_cast<size_t>(k)].backward) continue;
+    for (int c : moments[static_cast<size_t>(k)].chunks) {
+      if (static_cast<size_t>(c) < o.grads_in_place.size() &&
+          o.grads_in_place[static_cast<size_t>(c)]) {
+        first_bwd[static_cast<size_t>(c)] = std::min(first_bwd[static_cast<size_t>(c)], k);
+        last_bwd[static_cast<size_t>(c)] = std::max(last_bwd[static_cast<size_t>(c)], k);
+      }
+    }
+  }
+  // Evicting c when moment k begins would lose gradients written at an earlier moment.
+  auto pinned = [&](int c, int k) {
+    return first_bwd[static_cast<size_t>(c)] < k && last_bwd[static_cast<size_t>(c)] >= k;
+  };
 
   Schedule sched;
   sched.policy = policy;
@@ -136,7 +152,7 @@ StatusOr<Schedule> Simulate(const std::vector<Moment>& moments, const PlanOption
     if (policy == CachePolicy::kOnDemand) {
       std::vector<int> drop;
       for (auto& [c, t] : cached) {
-        if (!needed.count(c)) drop.push_back(c);
+        if (!needed.count(c) && !pinned(c, k)) drop.push_back(c);
       }
       for (int c : drop) evict(c);
     }
@@ -145,7 +161,7 @@ StatusOr<Schedule> Simulate(const std::vector<Moment>& moments, const PlanOption
     while (static_cast<int>(cached.size()) + misses > d.slots) {
       int victim = -1;
       for (auto& [c, t] : cached) {
-        if (needed.count(c)) continue;
+        if (needed.count(c) || pinned(c, k)) continue;
         if (victim < 0) {
           victim = c;
           continue;
@@ -156,7 +172,12 @@ StatusOr<Schedule> Simulate(const std::vector<Moment>& moments, const PlanOption
           victim = c;
         }
       }
-      TZ_CHECK(victim >= 0) << "no victim although the moment's chunks fit";
+      if (victim < 0) {
+        return OutOfMemoryError("moment " + std::to_string(k) + " needs " + std::to_string(misses) +
+                                " more slot(s) but the " + std::to_string(cached.size()) +
+                                " gathered chunks all hold gradients not yet reduced; raise the "
+                                "device budget or use smaller chunks");
+      }
       evict(victim);
     }
     for (int c : moments[static_cast<size_t>(k)].chunks) {
@@ -172,7 +193,7 @@ StatusOr<Schedule> Simulate(const std::vector<Moment>& moments, const PlanOption
             // Evict the chunk used furthest in the future, if that is after j.
             int victim = -1;
             for (auto& [v, t] : cached) {
-              if (needed.count(v)) continue;
+              if (needed.count(v) || pinned(v, k)) continue;
               if (victim < 0 || next.After(v, k + 1) > next.After(victim, k + 1)) victim = v;
             }
             if (victim < 0 || next.After(victim, k + 1) <= j) {

@@ -15,8 +15,9 @@
 //   - kPlan: Belady eviction (the chunk whose next use is furthest) and prefetch: at each moment,
 //     start gathers for upcoming moments, in order of use, as far ahead as the slots of every
 //     moment in between allow.
-// Simulate() runs a policy through the model and reports the compute-stream stall; the plan's
-// simulation also records its decisions, which the chunk manager replays.
+// Chunks in options.grads_in_place are never evicted between their first and last backward use
+// (under every policy). Simulate() runs a policy through the model and reports the compute-stream
+// stall and the decisions, which the chunk manager replays.
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -38,6 +39,10 @@ struct PlanOptions {
   uint64_t workspace_bytes = 0;        // kept free (library workspaces)
   uint64_t chunk_bytes = 0;            // one gathered chunk
   std::vector<double> gather_seconds;  // per chunk id
+  // Chunks whose gradients are written into the gathered copy itself (chunk reuse). Such a chunk
+  // cannot be evicted between its first and its last backward use: its slot holds the only copy
+  // of the gradients written so far. Empty: none.
+  std::vector<bool> grads_in_place;
 };
 
 struct MomentDecision {

@@ -40,7 +40,8 @@ StateTracker::StateTracker(const ChunkLayout& layout, std::function<void(int)> o
       tensors_(static_cast<size_t>(layout.num_tensors())),
       chunk_compute_(static_cast<size_t>(layout.num_chunks()), 0),
       chunk_bwd_done_(static_cast<size_t>(layout.num_chunks()), 0),
-      chunk_reduced_(static_cast<size_t>(layout.num_chunks()), false) {}
+      chunk_reduced_(static_cast<size_t>(layout.num_chunks()), false),
+      chunk_bwd_started_(static_cast<size_t>(layout.num_chunks()), 0) {}
 
 void StateTracker::MarkAllocated() {
   for (Tensor& t : tensors_) {
@@ -63,6 +64,7 @@ Status StateTracker::BeginIteration() {
   std::fill(chunk_compute_.begin(), chunk_compute_.end(), 0);
   std::fill(chunk_bwd_done_.begin(), chunk_bwd_done_.end(), 0);
   std::fill(chunk_reduced_.begin(), chunk_reduced_.end(), false);
+  std::fill(chunk_bwd_started_.begin(), chunk_bwd_started_.end(), 0);
   return Status::OK();
 }
 
@@ -121,7 +123,9 @@ Status StateTracker::Acquire(std::span<const int> tensors, Phase phase) {
       x.compute_phase = phase;
     }
     if (phase == Phase::kForward) ++x.fwd_uses;
-    if (phase == Phase::kBackward) ++x.bwd_uses;
+    if (phase == Phase::kBackward && x.bwd_uses++ == 0) {
+      ++chunk_bwd_started_[static_cast<size_t>(layout_.tensor(t).chunk)];
+    }
   }
   return Status::OK();
 }

@@ -57,6 +57,10 @@ class StateTracker {
   int backward_uses(int tensor) const { return tensors_[static_cast<size_t>(tensor)].bwd_uses; }
   bool ChunkEvictable(int chunk) const { return chunk_compute_[static_cast<size_t>(chunk)] == 0; }
   bool ChunkGradsReady(int chunk) const { return chunk_reduced_[static_cast<size_t>(chunk)]; }
+  // True once any tensor of the chunk has been acquired for backward this iteration.
+  bool ChunkBackwardStarted(int chunk) const {
+    return chunk_bwd_started_[static_cast<size_t>(chunk)] > 0;
+  }
 
  private:
   struct Tensor {
@@ -73,9 +77,10 @@ class StateTracker {
   const ChunkLayout& layout_;
   std::function<void(int)> on_ready_;
   std::vector<Tensor> tensors_;
-  std::vector<int> chunk_compute_;   // tensors of the chunk in COMPUTE
-  std::vector<int> chunk_bwd_done_;  // tensors of the chunk in HOLD_AFTER_BWD
-  std::vector<bool> chunk_reduced_;  // reported this iteration
+  std::vector<int> chunk_compute_;      // tensors of the chunk in COMPUTE
+  std::vector<int> chunk_bwd_done_;     // tensors of the chunk in HOLD_AFTER_BWD
+  std::vector<bool> chunk_reduced_;     // reported this iteration
+  std::vector<int> chunk_bwd_started_;  // tensors of the chunk with a backward use
 };
 
 }  // namespace tierzero

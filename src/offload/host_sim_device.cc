@@ -185,18 +185,20 @@ class HostSimDevice final : public Device {
     return Status::OK();
   }
 
-  StatusOr<EventHandle> CreateEvent() override { return EventHandle{new SimEvent()}; }
+  // An event handle points at a shared_ptr holder; queued records and waits keep their own
+  // reference, so destroying an event with work pending is safe and deferred, as on CUDA.
+  StatusOr<EventHandle> CreateEvent() override {
+    return EventHandle{new std::shared_ptr<SimEvent>(std::make_shared<SimEvent>())};
+  }
 
   void DestroyEvent(EventHandle handle) override {
-    // Queued records or waits hold no pointer beyond their own completion: callers must not
-    // destroy an event with work pending on it (as on CUDA, where it is deferred).
-    delete static_cast<SimEvent*>(handle.impl);
+    delete static_cast<std::shared_ptr<SimEvent>*>(handle.impl);
   }
 
   Status RecordEvent(EventHandle event, StreamHandle stream) override {
     RETURN_IF_ERROR(CheckStream(stream));
     if (event.impl == nullptr) return InvalidArgumentError("RecordEvent on a null event");
-    auto* e = static_cast<SimEvent*>(event.impl);
+    std::shared_ptr<SimEvent> e = Ev(event);
     uint64_t target;
     {
       std::lock_guard<std::mutex> lock(e->mu);
@@ -216,7 +218,7 @@ class HostSimDevice final : public Device {
   Status StreamWaitEvent(StreamHandle stream, EventHandle event) override {
     RETURN_IF_ERROR(CheckStream(stream));
     if (event.impl == nullptr) return InvalidArgumentError("StreamWaitEvent on a null event");
-    auto* e = static_cast<SimEvent*>(event.impl);
+    std::shared_ptr<SimEvent> e = Ev(event);
     uint64_t target;
     {
       std::lock_guard<std::mutex> lock(e->mu);
@@ -232,7 +234,7 @@ class HostSimDevice final : public Device {
 
   Status SynchronizeEvent(EventHandle event) override {
     if (event.impl == nullptr) return InvalidArgumentError("SynchronizeEvent on a null event");
-    auto* e = static_cast<SimEvent*>(event.impl);
+    std::shared_ptr<SimEvent> e = Ev(event);
     std::unique_lock<std::mutex> lock(e->mu);
     const uint64_t target = e->records;
     e->cv.wait(lock, [&] { return e->completed >= target; });
@@ -241,7 +243,7 @@ class HostSimDevice final : public Device {
 
   StatusOr<bool> EventDone(EventHandle event) override {
     if (event.impl == nullptr) return InvalidArgumentError("EventDone on a null event");
-    auto* e = static_cast<SimEvent*>(event.impl);
+    std::shared_ptr<SimEvent> e = Ev(event);
     std::lock_guard<std::mutex> lock(e->mu);
     return e->completed >= e->records;
   }
@@ -250,8 +252,8 @@ class HostSimDevice final : public Device {
     if (start.impl == nullptr || end.impl == nullptr) {
       return InvalidArgumentError("ElapsedSeconds on a null event");
     }
-    auto* a = static_cast<SimEvent*>(start.impl);
-    auto* b = static_cast<SimEvent*>(end.impl);
+    SimEvent* a = Ev(start).get();
+    SimEvent* b = Ev(end).get();
     Clock::time_point ta, tb;
     for (auto [e, t] : {std::pair{a, &ta}, std::pair{b, &tb}}) {
       std::lock_guard<std::mutex> lock(e->mu);
@@ -330,6 +332,10 @@ class HostSimDevice final : public Device {
   Status UnregisterHostMemory(void* ptr) override { return Status::OK(); }
 
  private:
+  static const std::shared_ptr<SimEvent>& Ev(EventHandle h) {
+    return *static_cast<std::shared_ptr<SimEvent>*>(h.impl);
+  }
+
   Status CheckStream(StreamHandle handle) const {
     if (handle.impl == nullptr) return InvalidArgumentError("null stream");
     return Status::OK();

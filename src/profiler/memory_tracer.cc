@@ -14,11 +14,12 @@ void MemoryTracer::OnNonModelBytes(uint64_t current) {
   peak_since_moment_ = std::max(peak_since_moment_, current);
 }
 
-int MemoryTracer::BeginMoment(std::vector<int> chunks) {
+int MemoryTracer::BeginMoment(std::vector<int> chunks, bool backward) {
   if (!moments_.empty()) moments_.back().nonmodel_peak = peak_since_moment_;
   Moment m;
   m.chunks = std::move(chunks);
   m.nonmodel_bytes = current_;
+  m.backward = backward;
   peak_since_moment_ = current_;
   moments_.push_back(std::move(m));
   return static_cast<int>(moments_.size()) - 1;
@@ -44,7 +45,7 @@ uint64_t MemoryTracer::SequenceHash() const {
     }
   };
   for (const Moment& m : moments_) {
-    mix(~0ull);
+    mix(m.backward ? ~1ull : ~0ull);
     for (int c : m.chunks) mix(static_cast<uint64_t>(c));
   }
   return h;

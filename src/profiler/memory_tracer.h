@@ -19,6 +19,7 @@ struct Moment {
   uint64_t nonmodel_bytes = 0;  // non-model bytes in use when the moment began
   uint64_t nonmodel_peak = 0;   // the most in use between this moment and the next
   double compute_seconds = 0;   // the moment's compute time as measured by the caller
+  bool backward = false;        // acquired for backward (gradients are written)
 };
 
 class MemoryTracer {
@@ -28,7 +29,7 @@ class MemoryTracer {
   // Every change of non-model bytes in use.
   void OnNonModelBytes(uint64_t current);
   // A moment begins; returns its index.
-  int BeginMoment(std::vector<int> chunks);
+  int BeginMoment(std::vector<int> chunks, bool backward = false);
   // Records the compute time of a moment.
   void SetComputeSeconds(int moment, double seconds);
   // Closes the trace (the last moment's peak).

@@ -127,3 +127,70 @@ TEST(PlanTest, UnknownChunkIsInvalidArgument) {
 
 }  // namespace
 }  // namespace tierzero
+
+namespace tierzero {
+namespace {
+
+// The fewest gathers any eviction choice achieves, by exhaustive search (one chunk per moment,
+// demand gathers only, `slots` cache entries).
+int BruteForceMisses(const std::vector<int>& seq, size_t k, std::set<int> cache, int slots) {
+  if (k == seq.size()) return 0;
+  const int c = seq[k];
+  if (cache.count(c)) return BruteForceMisses(seq, k + 1, cache, slots);
+  if (static_cast<int>(cache.size()) < slots) {
+    cache.insert(c);
+    return 1 + BruteForceMisses(seq, k + 1, cache, slots);
+  }
+  int best = 1 << 30;
+  for (int victim : std::set<int>(cache)) {
+    std::set<int> next = cache;
+    next.erase(victim);
+    next.insert(c);
+    best = std::min(best, 1 + BruteForceMisses(seq, k + 1, next, slots));
+  }
+  return best;
+}
+
+TEST(PlanTest, BeladyMissCountEqualsBruteForceOptimum) {
+  std::mt19937 rng(17);
+  for (int trial = 0; trial < 60; ++trial) {
+    const int chunks = 3 + static_cast<int>(rng() % 3);
+    const int slots = 2 + static_cast<int>(rng() % 2);
+    std::vector<int> seq;
+    std::vector<Moment> m;
+    for (int k = 0; k < 11; ++k) {
+      seq.push_back(static_cast<int>(rng() % chunks));
+      m.push_back({{seq.back()}, 0, 0, 1.0});
+    }
+    PlanOptions o;
+    o.chunk_bytes = kMiB;
+    o.device_capacity = static_cast<uint64_t>(slots) * kMiB;
+    o.gather_seconds.assign(static_cast<size_t>(chunks), 0.1);
+    auto belady = Simulate(m, o, CachePolicy::kBelady);
+    ASSERT_TRUE(belady.ok());
+    EXPECT_EQ(belady->gathers, BruteForceMisses(seq, 0, {}, slots)) << "trial " << trial;
+  }
+}
+
+TEST(PlanTest, ChunksWithInPlaceGradientsAreNotEvictedMidBackward) {
+  // Chunk 0 is used in backward at moments 3 and 5; with two slots, Belady would evict it at
+  // moment 4 (its next use is furthest) and lose the gradient written at moment 3.
+  std::vector<Moment> m = {{{0}, 0, 0, 1},       {{1}, 0, 0, 1},       {{2}, 0, 0, 1},
+                           {{0}, 0, 0, 1, true}, {{1}, 0, 0, 1, true}, {{0}, 0, 0, 1, true}};
+  PlanOptions o = Options(3, 2, 0.1);
+  o.grads_in_place = {true, true, true};
+  for (CachePolicy p :
+       {CachePolicy::kOnDemand, CachePolicy::kLru, CachePolicy::kBelady, CachePolicy::kPlan}) {
+    auto s = Simulate(m, o, p);
+    ASSERT_TRUE(s.ok()) << CachePolicyName(p);
+    CheckDecisions(m, *s);
+    for (int k = 4; k <= 5; ++k) {
+      for (int c : s->moments[static_cast<size_t>(k)].evict) {
+        EXPECT_NE(c, 0) << CachePolicyName(p) << " evicted chunk 0 at moment " << k;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tierzero

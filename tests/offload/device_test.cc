@@ -201,6 +201,34 @@ TEST_P(DeviceTest, UnrecordedEventDoesNotBlock) {
   EXPECT_TRUE(e->Synchronize().ok());
 }
 
+TEST_P(DeviceTest, DestroyingAnEventWithPendingWorkIsSafe) {
+  // As on CUDA: the destroy is deferred until queued records and waits are done.
+  auto a = Stream::Create(*device_, "a");
+  auto b = Stream::Create(*device_, "b");
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::atomic<bool> release{false};
+  ASSERT_TRUE(device_
+                  ->LaunchHostFunc(a->handle(),
+                                   [&] {
+                                     while (!release.load())
+                                       std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                                   })
+                  .ok());
+  std::atomic<int> after{0};
+  for (int i = 0; i < 10; ++i) {
+    auto e = Event::Create(*device_);
+    ASSERT_TRUE(e.ok());
+    ASSERT_TRUE(e->Record(*a).ok());
+    ASSERT_TRUE(device_->StreamWaitEvent(b->handle(), e->handle()).ok());
+    ASSERT_TRUE(device_->LaunchHostFunc(b->handle(), [&] { ++after; }).ok());
+  }  // each event destroyed while its record and wait are still queued
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(after.load(), 0) << "stream b must still wait for stream a";
+  release = true;
+  ASSERT_TRUE(b->Synchronize().ok());
+  EXPECT_EQ(after.load(), 10);
+}
+
 TEST_P(DeviceTest, ElapsedTimeBetweenEvents) {
   auto s = Stream::Create(*device_, "s");
   auto a = Event::Create(*device_);

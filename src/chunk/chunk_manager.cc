@@ -1,0 +1,710 @@
+#include "chunk/chunk_manager.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <set>
+
+#include "core/bytes.h"
+#include "core/check.h"
+#include "core/convert.h"
+#include "core/logging.h"
+
+namespace tierzero {
+
+namespace {
+constexpr auto kStagingTimeout = std::chrono::seconds(120);
+}  // namespace
+
+struct ChunkManager::Impl {
+  Stream h2d, d2h;
+
+  // Shards, per chunk, in the tier the placement chose.
+  std::vector<DeviceBuffer> device_shard;
+  std::unique_ptr<PinnedArena> host_arena;
+  std::vector<PinnedSlot> host_shard;
+  std::vector<NvmeExtent> nvme_shard;
+  std::unique_ptr<PinnedArena> staging;  // NVMe reads on their way to the device
+  std::unique_ptr<PinnedArena> grad_arena;
+  std::vector<PinnedSlot> grad_shard;         // compute dtype, or fp32 with accumulation
+  std::unique_ptr<PinnedArena> grad_staging;  // accumulation: D2H target before the fp32 add
+
+  // Device slots: after a plan, one region of `pool_slots` chunk-sized slots; during recording
+  // iterations, one allocation per gathered chunk (freed as soon as the chunk leaves COMPUTE).
+  DeviceBuffer pool;
+  std::vector<int> free_slots;
+  std::vector<Event> slot_last_use;  // compute stream done with the slot's chunk
+  std::vector<Event> slot_copy_out;  // D2H of gradients out of the slot done
+  std::vector<bool> slot_copy_pending;
+
+  struct ChunkRt {
+    bool cached = false;
+    void* gathered = nullptr;
+    int slot = -1;     // pool slot, or -1
+    DeviceBuffer own;  // recording iterations
+    Event ready;       // gather complete (H2D stream)
+    bool ready_known_done = true;
+    DeviceBuffer grad_buf;  // separate gradient chunk (accumulation, device-resident shards)
+    bool grads_in_slot = false;
+  };
+  std::vector<ChunkRt> chunks;
+
+  enum class Mode { kRecord, kReplay, kOnDemand };
+  Mode mode = Mode::kRecord;
+  bool record_next = true;
+  int moment = 0;
+  std::vector<Event> moment_begin, moment_start;  // before and after the waits, per moment
+  Event iteration_end;
+  std::vector<DeviceBuffer> deferred_free;
+
+  std::mutex async_mu;
+  Status async_error;  // GUARDED_BY(async_mu): first failure inside a stream host function
+  void SetAsyncError(Status s) {
+    std::lock_guard<std::mutex> lock(async_mu);
+    if (async_error.ok()) async_error = std::move(s);
+  }
+};
+
+ChunkManager::ChunkManager(Device& device, StreamHandle compute, NvmeStore* nvme,
+                           const ChunkLayout& layout, const Placement& placement,
+                           const ChunkManagerOptions& options)
+    : device_(device),
+      compute_(compute),
+      nvme_(nvme),
+      layout_(layout),
+      placement_(placement),
+      options_(options),
+      impl_(std::make_unique<Impl>()) {}
+
+ChunkManager::~ChunkManager() {
+  if (impl_) {
+    (void)device_.Synchronize();
+    if (nvme_ != nullptr) {
+      for (const NvmeExtent& e : impl_->nvme_shard) {
+        if (e.valid()) (void)nvme_->Free(e);
+      }
+    }
+  }
+}
+
+StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
+    Device& device, StreamHandle compute_stream, NvmeStore* nvme, const ChunkLayout& layout,
+    const Placement& placement, const ChunkManagerOptions& options) {
+  if (layout.world_size() != 1) {
+    return UnsupportedError(
+        "the chunk manager gathers for world_size 1 only; ZeRO-3 gathers "
+        "across ranks come with the communicator");
+  }
+  if (static_cast<int>(placement.chunks.size()) != layout.num_chunks()) {
+    return InvalidArgumentError("placement covers " + std::to_string(placement.chunks.size()) +
+                                " chunks, the layout has " + std::to_string(layout.num_chunks()));
+  }
+  if (options.device_budget_bytes < layout.chunk_bytes()) {
+    return InvalidArgumentError("device budget " + FormatBytes(options.device_budget_bytes) +
+                                " cannot hold one chunk of " + FormatBytes(layout.chunk_bytes()));
+  }
+  std::unique_ptr<ChunkManager> m(
+      new ChunkManager(device, compute_stream, nvme, layout, placement, options));
+  RETURN_IF_ERROR(m->Init());
+  return m;
+}
+
+Status ChunkManager::Init() {
+  Impl& im = *impl_;
+  const int n = layout_.num_chunks();
+  const uint64_t bytes = layout_.chunk_bytes();
+  ASSIGN_OR_RETURN(im.h2d, Stream::Create(device_, "h2d"));
+  ASSIGN_OR_RETURN(im.d2h, Stream::Create(device_, "d2h"));
+  im.device_shard.resize(static_cast<size_t>(n));
+  im.host_shard.resize(static_cast<size_t>(n));
+  im.nvme_shard.resize(static_cast<size_t>(n));
+  im.grad_shard.resize(static_cast<size_t>(n));
+  im.chunks.resize(static_cast<size_t>(n));
+
+  int host_chunks = 0, nvme_chunks = 0;
+  for (const ChunkPlacement& p : placement_.chunks) {
+    host_chunks += p.param == Tier::kHost;
+    nvme_chunks += p.param == Tier::kNvme;
+  }
+  if (nvme_chunks > 0 && nvme_ == nullptr) {
+    return InvalidArgumentError(std::to_string(nvme_chunks) +
+                                " parameter shards are placed on NVMe but no NVMe store is "
+                                "configured; add nvme paths or raise the host budget");
+  }
+  if (host_chunks > 0) {
+    ASSIGN_OR_RETURN(im.host_arena,
+                     PinnedArena::Create(&device_, bytes, static_cast<uint32_t>(host_chunks)));
+  }
+  if (nvme_chunks > 0) {
+    ASSIGN_OR_RETURN(im.staging, PinnedArena::Create(
+                                     &device_, bytes,
+                                     static_cast<uint32_t>(std::max(2, options_.staging_slots))));
+  }
+  const uint64_t grad_bytes =
+      options_.grad_accumulation ? layout_.chunk_elems() * 4 : layout_.chunk_bytes();
+  ASSIGN_OR_RETURN(im.grad_arena,
+                   PinnedArena::Create(&device_, grad_bytes, static_cast<uint32_t>(n)));
+  if (options_.grad_accumulation) {
+    ASSIGN_OR_RETURN(im.grad_staging, PinnedArena::Create(&device_, bytes, 2));
+  }
+  std::vector<uint8_t> zeros;
+  for (int c = 0; c < n; ++c) {
+    const size_t i = static_cast<size_t>(c);
+    switch (placement_.chunks[i].param) {
+      case Tier::kDevice: {
+        auto buf = DeviceBuffer::Allocate(device_, bytes);
+        if (!buf.ok()) {
+          return std::move(buf).status().WithContext("device-resident shard of chunk " +
+                                                     std::to_string(c));
+        }
+        im.device_shard[i] = std::move(buf).value();
+        RETURN_IF_ERROR(device_.MemsetAsync(im.device_shard[i].data(), 0, bytes, im.h2d.handle()));
+        break;
+      }
+      case Tier::kHost: {
+        auto slot = im.host_arena->TryAcquire();
+        TZ_CHECK(slot.has_value());
+        std::memset(slot->data(), 0, bytes);
+        im.host_shard[i] = std::move(*slot);
+        break;
+      }
+      case Tier::kNvme: {
+        ASSIGN_OR_RETURN(im.nvme_shard[i], nvme_->Allocate(bytes));
+        if (zeros.empty()) zeros.assign(AlignUp(bytes, 4096) + 4096, 0);
+        auto* aligned =
+            reinterpret_cast<uint8_t*>(AlignUp(reinterpret_cast<uintptr_t>(zeros.data()), 4096));
+        RETURN_IF_ERROR(nvme_->Write(im.nvme_shard[i], aligned));
+        counters_.nvme_write_bytes += bytes;
+        break;
+      }
+    }
+    auto g = im.grad_arena->TryAcquire();
+    TZ_CHECK(g.has_value());
+    std::memset(g->data(), 0, g->bytes());
+    im.grad_shard[i] = std::move(*g);
+    ASSIGN_OR_RETURN(im.chunks[i].ready, Event::Create(device_));
+  }
+  ASSIGN_OR_RETURN(im.iteration_end, Event::Create(device_));
+  RETURN_IF_ERROR(im.h2d.Synchronize());
+  states_ = std::make_unique<StateTracker>(layout_, [this](int c) {
+    Status s = ReduceChunk(c);
+    if (!s.ok()) impl_->SetAsyncError(std::move(s));
+  });
+  states_->MarkAllocated();
+  TZ_LOG(kInfo, kChunk) << layout_.num_chunks() << " chunks of " << FormatBytes(bytes) << "; "
+                        << placement_.Summary({0, 0, 0});
+  return Status::OK();
+}
+
+std::vector<double> ChunkManager::GatherSeconds() const {
+  std::vector<double> s(static_cast<size_t>(layout_.num_chunks()));
+  const double bytes = static_cast<double>(layout_.chunk_bytes());
+  for (size_t c = 0; c < s.size(); ++c) {
+    switch (placement_.chunks[c].param) {
+      case Tier::kDevice:
+        s[c] = 0;
+        break;
+      case Tier::kHost:
+        s[c] = bytes / options_.h2d_bytes_per_second;
+        break;
+      case Tier::kNvme:
+        s[c] = bytes / options_.h2d_bytes_per_second + bytes / options_.nvme_read_bytes_per_second;
+        break;
+    }
+  }
+  return s;
+}
+
+// ---- Shard contents
+// ------------------------------------------------------------------------------
+
+namespace {
+Status NotBetweenIterations(bool in_iteration) {
+  if (in_iteration) {
+    return FailedPreconditionError("shard contents can change only between iterations");
+  }
+  return Status::OK();
+}
+}  // namespace
+
+Status ChunkManager::WriteTensor(int t, const void* data) {
+  if (t < 0 || t >= layout_.num_tensors()) return InvalidArgumentError("unknown tensor");
+  RETURN_IF_ERROR(NotBetweenIterations(impl_->moment > 0));
+  Impl& im = *impl_;
+  const TensorLoc& loc = layout_.tensor(t);
+  const size_t c = static_cast<size_t>(loc.chunk);
+  const uint64_t off = DTypeBytes(layout_.dtype(), loc.offset);
+  const uint64_t len = DTypeBytes(layout_.dtype(), loc.numel);
+  switch (placement_.chunks[c].param) {
+    case Tier::kDevice:
+      RETURN_IF_ERROR(device_.CopyAsync(static_cast<uint8_t*>(im.device_shard[c].data()) + off,
+                                        data, len, CopyKind::kHostToDevice, im.h2d.handle()));
+      return im.h2d.Synchronize();
+    case Tier::kHost:
+      std::memcpy(static_cast<uint8_t*>(im.host_shard[c].data()) + off, data, len);
+      return Status::OK();
+    case Tier::kNvme: {
+      ASSIGN_OR_RETURN(PinnedSlot s, im.staging->Acquire(kStagingTimeout));
+      RETURN_IF_ERROR(nvme_->Read(im.nvme_shard[c], s.data()));
+      std::memcpy(static_cast<uint8_t*>(s.data()) + off, data, len);
+      RETURN_IF_ERROR(nvme_->Write(im.nvme_shard[c], s.data()));
+      counters_.nvme_read_bytes += layout_.chunk_bytes();
+      counters_.nvme_write_bytes += layout_.chunk_bytes();
+      return Status::OK();
+    }
+  }
+  return Status::OK();
+}
+
+Status ChunkManager::ReadTensor(int t, void* data) {
+  if (t < 0 || t >= layout_.num_tensors()) return InvalidArgumentError("unknown tensor");
+  RETURN_IF_ERROR(NotBetweenIterations(impl_->moment > 0));
+  Impl& im = *impl_;
+  const TensorLoc& loc = layout_.tensor(t);
+  const size_t c = static_cast<size_t>(loc.chunk);
+  const uint64_t off = DTypeBytes(layout_.dtype(), loc.offset);
+  const uint64_t len = DTypeBytes(layout_.dtype(), loc.numel);
+  switch (placement_.chunks[c].param) {
+    case Tier::kDevice:
+      RETURN_IF_ERROR(device_.CopyAsync(data,
+                                        static_cast<uint8_t*>(im.device_shard[c].data()) + off, len,
+                                        CopyKind::kDeviceToHost, im.d2h.handle()));
+      return im.d2h.Synchronize();
+    case Tier::kHost:
+      std::memcpy(data, static_cast<uint8_t*>(im.host_shard[c].data()) + off, len);
+      return Status::OK();
+    case Tier::kNvme: {
+      ASSIGN_OR_RETURN(PinnedSlot s, im.staging->Acquire(kStagingTimeout));
+      RETURN_IF_ERROR(nvme_->Read(im.nvme_shard[c], s.data()));
+      std::memcpy(data, static_cast<uint8_t*>(s.data()) + off, len);
+      return Status::OK();
+    }
+  }
+  return Status::OK();
+}
+
+Status ChunkManager::ReadGrad(int t, void* data) {
+  if (t < 0 || t >= layout_.num_tensors()) return InvalidArgumentError("unknown tensor");
+  const TensorLoc& loc = layout_.tensor(t);
+  const DType gt = options_.grad_accumulation ? DType::kF32 : layout_.dtype();
+  std::memcpy(data,
+              static_cast<uint8_t*>(impl_->grad_shard[static_cast<size_t>(loc.chunk)].data()) +
+                  DTypeBytes(gt, loc.offset),
+              DTypeBytes(gt, loc.numel));
+  return Status::OK();
+}
+
+Status ChunkManager::ZeroGrads() {
+  RETURN_IF_ERROR(NotBetweenIterations(impl_->moment > 0));
+  for (PinnedSlot& s : impl_->grad_shard) std::memset(s.data(), 0, s.bytes());
+  return Status::OK();
+}
+
+// ---- Gathers, evictions, reductions
+// --------------------------------------------------------------
+
+Status ChunkManager::Gather(int c) {
+  Impl& im = *impl_;
+  Impl::ChunkRt& rt = im.chunks[static_cast<size_t>(c)];
+  TZ_CHECK(!rt.cached) << "gather of cached chunk " << c;
+  const Tier tier = placement_.chunks[static_cast<size_t>(c)].param;
+  if (tier == Tier::kDevice) {
+    rt.gathered = im.device_shard[static_cast<size_t>(c)].data();
+    rt.cached = true;
+    rt.ready_known_done = true;
+    return Status::OK();
+  }
+  const uint64_t bytes = layout_.chunk_bytes();
+  const StreamHandle h2d = im.h2d.handle();
+  if (!im.free_slots.empty()) {
+    const int s = im.free_slots.back();
+    im.free_slots.pop_back();
+    RETURN_IF_ERROR(
+        device_.StreamWaitEvent(h2d, im.slot_last_use[static_cast<size_t>(s)].handle()));
+    if (im.slot_copy_pending[static_cast<size_t>(s)]) {
+      RETURN_IF_ERROR(
+          device_.StreamWaitEvent(h2d, im.slot_copy_out[static_cast<size_t>(s)].handle()));
+      im.slot_copy_pending[static_cast<size_t>(s)] = false;
+    }
+    rt.slot = s;
+    rt.gathered = static_cast<uint8_t*>(im.pool.data()) + static_cast<uint64_t>(s) * bytes;
+  } else {
+    auto buf = DeviceBuffer::Allocate(device_, bytes);
+    if (!buf.ok()) {
+      return std::move(buf).status().WithContext("gathering chunk " + std::to_string(c) +
+                                                 " at moment " + std::to_string(im.moment));
+    }
+    rt.own = std::move(buf).value();
+    rt.gathered = rt.own.data();
+  }
+  if (tier == Tier::kHost) {
+    RETURN_IF_ERROR(device_.CopyAsync(rt.gathered, im.host_shard[static_cast<size_t>(c)].data(),
+                                      bytes, CopyKind::kHostToDevice, h2d));
+  } else {
+    ASSIGN_OR_RETURN(PinnedSlot staging, im.staging->Acquire(kStagingTimeout));
+    ASSIGN_OR_RETURN(NvmeStore::Ticket ticket,
+                     nvme_->SubmitRead(im.nvme_shard[static_cast<size_t>(c)], staging.data()));
+    void* staged = staging.data();
+    auto shared_ticket = std::make_shared<NvmeStore::Ticket>(std::move(ticket));
+    auto shared_slot = std::make_shared<PinnedSlot>(std::move(staging));
+    Impl* impl = impl_.get();
+    // The H2D stream waits for the disk, so the caller never does.
+    RETURN_IF_ERROR(device_.LaunchHostFunc(h2d, [shared_ticket, impl, c] {
+      Status s = shared_ticket->Wait();
+      if (!s.ok())
+        impl->SetAsyncError(std::move(s).WithContext("reading chunk " + std::to_string(c)));
+    }));
+    RETURN_IF_ERROR(device_.CopyAsync(rt.gathered, staged, bytes, CopyKind::kHostToDevice, h2d));
+    RETURN_IF_ERROR(device_.LaunchHostFunc(h2d, [shared_slot] { shared_slot->Release(); }));
+    counters_.nvme_read_bytes += bytes;
+  }
+  RETURN_IF_ERROR(device_.RecordEvent(rt.ready.handle(), h2d));
+  rt.ready_known_done = false;
+  rt.cached = true;
+  counters_.h2d_bytes += bytes;
+  return Status::OK();
+}
+
+Status ChunkManager::Evict(int c) {
+  Impl& im = *impl_;
+  Impl::ChunkRt& rt = im.chunks[static_cast<size_t>(c)];
+  if (!rt.cached) return Status::OK();
+  rt.cached = false;
+  rt.grads_in_slot = false;
+  ++counters_.evictions;
+  if (placement_.chunks[static_cast<size_t>(c)].param == Tier::kDevice) {
+    rt.gathered = nullptr;
+    return Status::OK();
+  }
+  if (rt.slot >= 0) {
+    // Everything enqueued on the compute stream so far includes the chunk's last use.
+    RETURN_IF_ERROR(
+        device_.RecordEvent(im.slot_last_use[static_cast<size_t>(rt.slot)].handle(), compute_));
+    im.free_slots.push_back(rt.slot);
+    rt.slot = -1;
+  } else {
+    // A recording iteration: free the memory once the compute stream (and any gradient copy)
+    // is done with it, so warm-up never holds more than the chunks in COMPUTE.
+    Event done;
+    ASSIGN_OR_RETURN(done, Event::Create(device_));
+    RETURN_IF_ERROR(device_.RecordEvent(done.handle(), compute_));
+    RETURN_IF_ERROR(done.Synchronize());
+    RETURN_IF_ERROR(im.d2h.Synchronize());
+    rt.own.Reset();
+  }
+  rt.gathered = nullptr;
+  return Status::OK();
+}
+
+bool ChunkManager::Evictable(int c) const {
+  // A chunk holding some, not all, of its in-place gradients keeps its slot until reduced.
+  return states_->ChunkEvictable(c) &&
+         (SeparateGrads(c) || !states_->ChunkBackwardStarted(c) || states_->ChunkGradsReady(c));
+}
+
+bool ChunkManager::SeparateGrads(int c) const {
+  return options_.grad_accumulation ||
+         placement_.chunks[static_cast<size_t>(c)].param == Tier::kDevice;
+}
+
+Status ChunkManager::ReduceChunk(int c) {
+  Impl& im = *impl_;
+  Impl::ChunkRt& rt = im.chunks[static_cast<size_t>(c)];
+  const size_t i = static_cast<size_t>(c);
+  const StreamHandle d2h = im.d2h.handle();
+  Event written;
+  ASSIGN_OR_RETURN(written, Event::Create(device_));
+  RETURN_IF_ERROR(device_.RecordEvent(written.handle(), compute_));
+  RETURN_IF_ERROR(device_.StreamWaitEvent(d2h, written.handle()));
+  const uint64_t bytes = layout_.chunk_bytes();
+  if (!SeparateGrads(c)) {
+    if (!rt.cached) {
+      // No tensor of the chunk had a backward use: its gradient is zero.
+      std::memset(im.grad_shard[i].data(), 0, im.grad_shard[i].bytes());
+      return Status::OK();
+    }
+    // Tensors without a backward use still hold parameters in the slot: zero them first.
+    for (int t : layout_.chunk(c).tensors) {
+      if (states_->backward_uses(t) > 0) continue;
+      const TensorLoc& loc = layout_.tensor(t);
+      RETURN_IF_ERROR(device_.MemsetAsync(
+          static_cast<uint8_t*>(rt.gathered) + DTypeBytes(layout_.dtype(), loc.offset), 0,
+          DTypeBytes(layout_.dtype(), loc.numel), compute_));
+    }
+    RETURN_IF_ERROR(device_.RecordEvent(written.handle(), compute_));
+    RETURN_IF_ERROR(device_.StreamWaitEvent(d2h, written.handle()));
+    RETURN_IF_ERROR(device_.CopyAsync(im.grad_shard[i].data(), rt.gathered, bytes,
+                                      CopyKind::kDeviceToHost, d2h));
+    if (rt.slot >= 0) {
+      RETURN_IF_ERROR(
+          device_.RecordEvent(im.slot_copy_out[static_cast<size_t>(rt.slot)].handle(), d2h));
+      im.slot_copy_pending[static_cast<size_t>(rt.slot)] = true;
+    }
+    rt.grads_in_slot = true;
+  } else if (rt.grad_buf.data() == nullptr) {
+    // No backward use: zero without accumulation, nothing to add with it.
+    if (!options_.grad_accumulation)
+      std::memset(im.grad_shard[i].data(), 0, im.grad_shard[i].bytes());
+    return Status::OK();
+  } else {
+    if (!options_.grad_accumulation) {
+      RETURN_IF_ERROR(device_.CopyAsync(im.grad_shard[i].data(), rt.grad_buf.data(), bytes,
+                                        CopyKind::kDeviceToHost, d2h));
+    } else {
+      ASSIGN_OR_RETURN(PinnedSlot staging, im.grad_staging->Acquire(kStagingTimeout));
+      void* staged = staging.data();
+      RETURN_IF_ERROR(
+          device_.CopyAsync(staged, rt.grad_buf.data(), bytes, CopyKind::kDeviceToHost, d2h));
+      auto shared_slot = std::make_shared<PinnedSlot>(std::move(staging));
+      auto* acc = static_cast<float*>(im.grad_shard[i].data());
+      const uint64_t elems = layout_.chunk_elems();
+      const DType dt = layout_.dtype();
+      RETURN_IF_ERROR(device_.LaunchHostFunc(d2h, [shared_slot, acc, elems, dt] {
+        // fp32 accumulation of this micro-batch's gradient, in blocks through the stack.
+        constexpr uint64_t kBlock = 4096;
+        float tmp[kBlock];
+        const auto* src = static_cast<const uint8_t*>(shared_slot->data());
+        for (uint64_t b = 0; b < elems; b += kBlock) {
+          const uint64_t m = std::min(kBlock, elems - b);
+          TZ_CHECK_OK(Convert(src + DTypeBytes(dt, b), dt, tmp, DType::kF32, m));
+          for (uint64_t k = 0; k < m; ++k) acc[b + k] += tmp[k];
+        }
+        shared_slot->Release();
+      }));
+    }
+    im.deferred_free.push_back(std::move(rt.grad_buf));
+  }
+  counters_.d2h_bytes += bytes;
+  return Status::OK();
+}
+
+// ---- Iterations
+// ----------------------------------------------------------------------------------
+
+Status ChunkManager::BeginIteration() {
+  Impl& im = *impl_;
+  RETURN_IF_ERROR(states_->BeginIteration());
+  im.moment = 0;
+  im.mode = (im.record_next || !has_plan_) ? Impl::Mode::kRecord : Impl::Mode::kReplay;
+  if (im.mode == Impl::Mode::kRecord) tracer_.Begin(tracer_.current_nonmodel());
+  return Status::OK();
+}
+
+Status ChunkManager::Acquire(std::span<const int> tensors, Phase phase) {
+  Impl& im = *impl_;
+  RETURN_IF_ERROR(states_->Acquire(tensors, phase));
+  // The moment's chunks, in order of first appearance.
+  std::vector<int> needed;
+  for (int t : tensors) {
+    const int c = layout_.tensor(t).chunk;
+    if (std::find(needed.begin(), needed.end(), c) == needed.end()) needed.push_back(c);
+  }
+  const int k = im.moment++;
+  Status st = AcquireChunks(k, needed, phase);
+  if (!st.ok()) {
+    (void)states_->Release(tensors, phase);  // leave the states as they were
+    --im.moment;
+  }
+  return st;
+}
+
+Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed, Phase phase) {
+  Impl& im = *impl_;
+  if (im.mode == Impl::Mode::kReplay &&
+      (k >= static_cast<int>(trace_.size()) || trace_[static_cast<size_t>(k)].chunks != needed)) {
+    // Off the trace: on demand for the rest of the iteration, record and plan again next time.
+    ++counters_.deviations;
+    im.mode = Impl::Mode::kOnDemand;
+    im.record_next = true;
+    TZ_LOG(kInfo, kChunk) << "moment " << k << " differs from the trace; on-demand until the "
+                          << "iteration ends, then recording and planning again";
+  }
+  if (im.mode == Impl::Mode::kRecord) {
+    tracer_.BeginMoment(needed, phase == Phase::kBackward);
+    while (im.moment_begin.size() <= static_cast<size_t>(k)) {
+      Event b, s;
+      ASSIGN_OR_RETURN(b, Event::Create(device_));
+      ASSIGN_OR_RETURN(s, Event::Create(device_));
+      im.moment_begin.push_back(std::move(b));
+      im.moment_start.push_back(std::move(s));
+    }
+    RETURN_IF_ERROR(
+        device_.RecordEvent(im.moment_begin[static_cast<size_t>(k)].handle(), compute_));
+  }
+  for (int c : needed) {
+    if (im.chunks[static_cast<size_t>(c)].cached) ++counters_.hits;
+  }
+  if (im.mode == Impl::Mode::kReplay) {
+    const MomentDecision& d = schedule_.moments[static_cast<size_t>(k)];
+    for (int c : d.evict) RETURN_IF_ERROR(Evict(c));
+    for (int c : d.gather) {
+      if (im.chunks[static_cast<size_t>(c)].cached) continue;
+      const bool own = std::find(needed.begin(), needed.end(), c) != needed.end();
+      ++(own ? counters_.misses : counters_.prefetches);
+      RETURN_IF_ERROR(Gather(c));
+    }
+  } else {
+    if (im.mode == Impl::Mode::kOnDemand) {
+      // Keep only what this moment needs plus chunks still in use by live scopes.
+      for (int c = 0; c < layout_.num_chunks(); ++c) {
+        const bool want = std::find(needed.begin(), needed.end(), c) != needed.end();
+        if (!want && im.chunks[static_cast<size_t>(c)].cached && Evictable(c)) {
+          RETURN_IF_ERROR(Evict(c));
+        }
+      }
+    }
+    for (int c : needed) {
+      if (im.chunks[static_cast<size_t>(c)].cached) continue;
+      ++counters_.misses;
+      RETURN_IF_ERROR(Gather(c));
+    }
+  }
+  for (int c : needed) {
+    Impl::ChunkRt& rt = im.chunks[static_cast<size_t>(c)];
+    TZ_CHECK(rt.cached) << "chunk " << c << " not gathered at moment " << k;
+    if (!rt.ready_known_done) {
+      ASSIGN_OR_RETURN(bool done, device_.EventDone(rt.ready.handle()));
+      if (done) {
+        rt.ready_known_done = true;
+      } else {
+        RETURN_IF_ERROR(device_.StreamWaitEvent(compute_, rt.ready.handle()));
+      }
+    }
+    if (phase == Phase::kBackward && SeparateGrads(c) && rt.grad_buf.data() == nullptr) {
+      ASSIGN_OR_RETURN(rt.grad_buf, DeviceBuffer::Allocate(device_, layout_.chunk_bytes()));
+      RETURN_IF_ERROR(device_.MemsetAsync(rt.grad_buf.data(), 0, layout_.chunk_bytes(), compute_));
+    }
+  }
+  if (im.mode == Impl::Mode::kRecord) {
+    RETURN_IF_ERROR(
+        device_.RecordEvent(im.moment_start[static_cast<size_t>(k)].handle(), compute_));
+  }
+  return Status::OK();
+}
+
+Status ChunkManager::Release(std::span<const int> tensors, Phase phase) {
+  Impl& im = *impl_;
+  RETURN_IF_ERROR(states_->Release(tensors, phase));
+  if (im.mode != Impl::Mode::kReplay) {
+    // Recording and on-demand iterations keep only chunks in COMPUTE on the device. A chunk
+    // whose gradient went out through its slot is dropped too (ReduceChunk queued the copy).
+    for (int t : tensors) {
+      const int c = layout_.tensor(t).chunk;
+      if (im.chunks[static_cast<size_t>(c)].cached && Evictable(c)) {
+        RETURN_IF_ERROR(Evict(c));
+      }
+    }
+  }
+  return Status::OK();
+}
+
+void* ChunkManager::DevicePtr(int t) const {
+  const TensorLoc& loc = layout_.tensor(t);
+  const auto& rt = impl_->chunks[static_cast<size_t>(loc.chunk)];
+  if (!rt.cached) return nullptr;
+  return static_cast<uint8_t*>(rt.gathered) + DTypeBytes(layout_.dtype(), loc.offset);
+}
+
+void* ChunkManager::GradPtr(int t) const {
+  const TensorLoc& loc = layout_.tensor(t);
+  const auto& rt = impl_->chunks[static_cast<size_t>(loc.chunk)];
+  if (SeparateGrads(loc.chunk)) {
+    if (rt.grad_buf.data() == nullptr) return nullptr;
+    return static_cast<uint8_t*>(rt.grad_buf.data()) + DTypeBytes(layout_.dtype(), loc.offset);
+  }
+  return DevicePtr(t);
+}
+
+Status ChunkManager::EndIteration() {
+  Impl& im = *impl_;
+  RETURN_IF_ERROR(states_->FinishBackward());
+  const Impl::Mode mode = im.mode;
+  if (mode == Impl::Mode::kRecord) {
+    RETURN_IF_ERROR(device_.RecordEvent(im.iteration_end.handle(), compute_));
+  }
+  RETURN_IF_ERROR(device_.Synchronize());
+  // Gathered copies do not outlive the iteration: the optimizer changes the shards.
+  for (int c = 0; c < layout_.num_chunks(); ++c) RETURN_IF_ERROR(Evict(c));
+  RETURN_IF_ERROR(device_.Synchronize());
+  im.deferred_free.clear();
+  std::fill(im.slot_copy_pending.begin(), im.slot_copy_pending.end(), false);
+  ++counters_.iterations;
+  if (mode == Impl::Mode::kReplay && im.moment != static_cast<int>(trace_.size())) {
+    ++counters_.deviations;
+    im.record_next = true;  // fewer moments than the trace
+  }
+  im.moment = 0;
+  {
+    std::lock_guard<std::mutex> lock(im.async_mu);
+    if (!im.async_error.ok()) {
+      Status s = std::move(im.async_error);
+      im.async_error = Status::OK();
+      return s;
+    }
+  }
+  if (mode != Impl::Mode::kRecord) return Status::OK();
+
+  // Plan from the recorded iteration.
+  tracer_.Finish();
+  std::vector<Moment> moments = tracer_.moments();
+  for (size_t k = 0; k < moments.size(); ++k) {
+    EventHandle end =
+        k + 1 < moments.size() ? im.moment_begin[k + 1].handle() : im.iteration_end.handle();
+    auto t = device_.ElapsedSeconds(im.moment_start[k].handle(), end);
+    moments[k].compute_seconds = t.ok() ? std::max(0.0, *t) : 0.0;
+  }
+  PlanOptions po;
+  po.device_capacity = options_.device_budget_bytes;
+  po.workspace_bytes = options_.workspace_bytes;
+  po.chunk_bytes = layout_.chunk_bytes();
+  po.gather_seconds = GatherSeconds();
+  po.grads_in_place.resize(static_cast<size_t>(layout_.num_chunks()));
+  for (int c = 0; c < layout_.num_chunks(); ++c) {
+    po.grads_in_place[static_cast<size_t>(c)] = !SeparateGrads(c);
+  }
+  auto schedule = Simulate(moments, po, options_.policy);
+  if (!schedule.ok()) return std::move(schedule).status().WithContext("planning after warm-up");
+  // The slot region: as many slots as the schedule ever holds (device-resident chunks need none).
+  std::set<int> resident;
+  size_t most = 0;
+  for (const MomentDecision& d : schedule->moments) {
+    for (int c : d.evict) resident.erase(c);
+    for (int c : d.gather) {
+      if (placement_.chunks[static_cast<size_t>(c)].param != Tier::kDevice) resident.insert(c);
+    }
+    most = std::max(most, resident.size());
+  }
+  im.pool.Reset();
+  im.free_slots.clear();
+  im.slot_last_use.clear();
+  im.slot_copy_out.clear();
+  if (most > 0) {
+    auto pool = DeviceBuffer::Allocate(device_, most * layout_.chunk_bytes());
+    if (!pool.ok()) {
+      return std::move(pool).status().WithContext("reserving " + std::to_string(most) +
+                                                  " chunk slots for the plan");
+    }
+    im.pool = std::move(pool).value();
+  }
+  for (size_t s = 0; s < most; ++s) {
+    im.free_slots.push_back(static_cast<int>(most - 1 - s));
+    Event a, b;
+    ASSIGN_OR_RETURN(a, Event::Create(device_));
+    ASSIGN_OR_RETURN(b, Event::Create(device_));
+    im.slot_last_use.push_back(std::move(a));
+    im.slot_copy_out.push_back(std::move(b));
+  }
+  im.slot_copy_pending.assign(most, false);
+  trace_ = std::move(moments);
+  schedule_ = std::move(schedule).value();
+  has_plan_ = true;
+  im.record_next = false;
+  ++counters_.plans;
+  TZ_LOG(kInfo, kChunk) << "plan (" << CachePolicyName(options_.policy) << "): " << trace_.size()
+                        << " moments, " << most << " slots, predicted stall " << schedule_.stall_s
+                        << " s";
+  return Status::OK();
+}
+
+}  // namespace tierzero

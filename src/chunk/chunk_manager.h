@@ -1,0 +1,148 @@
+// ChunkManager: the device chunk cache and its execution (DESIGN.md sections 4-5). It owns the
+// shards of every chunk in their tiers (device memory, pinned host memory, NVMe), builds gathered
+// chunks in device slots with asynchronous copies, tracks tensor states, records the warm-up
+// trace, plans, and replays the plan in later iterations.
+//
+// Iterations. BeginIteration, then Acquire/Release pairs (one Acquire is one moment), then
+// EndIteration. The first iteration is the warm-up: it gathers on demand, keeps only chunks in
+// COMPUTE on the device (so it cannot run out of memory as long as each moment fits), and records
+// the moments with their non-model bytes (OnNonModelBytes) and compute times (device events).
+// EndIteration then plans (chunk/plan.h). Later iterations replay the plan's decisions: evictions
+// and gathers at each moment, prefetches included, so the compute stream waits only where the
+// plan says a stall is unavoidable. An Acquire that differs from the trace switches the rest of
+// the iteration to on-demand, and the next iteration records and plans again; nothing hangs.
+//
+// Gathers. W = 1: a device-resident shard is the gathered chunk (no copy); a host shard is copied
+// H2D into a slot; an NVMe shard is read into a pinned staging slot, then copied H2D (the wait
+// for the disk runs on the H2D stream, not on the caller). A slot is refilled only after the
+// compute stream is done with its previous chunk (an event recorded at eviction) and any gradient
+// copy out of it has finished.
+//
+// Gradients. Without accumulation a tensor's gradient goes into its own place in the gathered
+// chunk (GradPtr == DevicePtr in backward: the trainer must finish reading the weight before it
+// writes the gradient); with accumulation into a separate, zeroed grad chunk. When every tensor of
+// a chunk is HOLD_AFTER_BWD the gradient is copied D2H into the chunk's host gradient shard
+// (bf16 without accumulation; accumulated into fp32 with it), on the D2H stream.
+//
+// Thread-safety: one thread drives a ChunkManager (the trainer's); calls are not concurrent.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "chunk/layout.h"
+#include "chunk/placement.h"
+#include "chunk/plan.h"
+#include "chunk/tensor_state.h"
+#include "core/status.h"
+#include "offload/device.h"
+#include "offload/nvme_store.h"
+#include "offload/pinned_arena.h"
+#include "profiler/memory_tracer.h"
+
+namespace tierzero {
+
+struct ChunkManagerOptions {
+  // Device memory for gathered chunks and non-model data together (the plan's capacity). Not
+  // included: device-resident shards, and in backward their separate gradient chunks (and, with
+  // accumulation, every chunk's), which are allocated from the device beside it.
+  uint64_t device_budget_bytes = 0;
+  // Device memory kept free for library workspaces. Default: 0.
+  uint64_t workspace_bytes = 0;
+  // Accumulate gradients over micro-batches (separate grad chunks, fp32 host shards).
+  bool grad_accumulation = false;
+  // Transfer rates the plan assumes (bytes/s); measured rates replace them after warm-up where
+  // the device reports timings. Defaults: 12 GB/s H2D, 2 GB/s NVMe reads.
+  double h2d_bytes_per_second = 12e9;
+  double nvme_read_bytes_per_second = 2e9;
+  // Pinned staging slots for NVMe reads. Default: 4.
+  int staging_slots = 4;
+  // Policy after warm-up: kPlan normally; kOnDemand and kLru for comparison (chunk_bench).
+  CachePolicy policy = CachePolicy::kPlan;
+};
+
+struct ChunkCounters {
+  uint64_t hits = 0;        // needed chunks already gathered (or in flight) at their moment
+  uint64_t misses = 0;      // needed chunks gathered at their own moment
+  uint64_t prefetches = 0;  // gathers started for a later moment
+  uint64_t evictions = 0;
+  uint64_t h2d_bytes = 0, d2h_bytes = 0, nvme_read_bytes = 0, nvme_write_bytes = 0;
+  uint64_t deviations = 0;  // iterations that left the trace
+  uint64_t plans = 0;       // plans computed
+  uint64_t iterations = 0;
+};
+
+class ChunkManager {
+ public:
+  // `device`, `nvme` (may be null when nothing is placed on NVMe) and `compute_stream` must
+  // outlive the manager. Allocates every shard where `placement` says (OutOfMemory naming the
+  // tier when one cannot be had).
+  static StatusOr<std::unique_ptr<ChunkManager>> Create(Device& device, StreamHandle compute_stream,
+                                                        NvmeStore* nvme, const ChunkLayout& layout,
+                                                        const Placement& placement,
+                                                        const ChunkManagerOptions& options);
+  ~ChunkManager();
+
+  // ---- Shard contents (between iterations) ----
+  // Writes/reads a tensor's parameter values (compute dtype, numel elements) in its shard.
+  Status WriteTensor(int tensor, const void* host_data);
+  Status ReadTensor(int tensor, void* host_data);
+  // Reads a tensor's gradient from its chunk's host gradient shard (compute dtype without
+  // accumulation, fp32 with it), and clears all gradient shards (start of accumulation).
+  Status ReadGrad(int tensor, void* host_data);
+  Status ZeroGrads();
+
+  // ---- Iterations ----
+  Status BeginIteration();
+  // Gathers the chunks of `tensors` (a moment) and makes the compute stream wait for them.
+  Status Acquire(std::span<const int> tensors, Phase phase);
+  Status Release(std::span<const int> tensors, Phase phase);
+  // Device pointer of a tensor's parameters (valid while acquired), and where its gradient goes
+  // (valid while acquired for backward).
+  void* DevicePtr(int tensor) const;
+  void* GradPtr(int tensor) const;
+  // Non-model bytes in use, reported by the activation allocator on every change.
+  void OnNonModelBytes(uint64_t current) { tracer_.OnNonModelBytes(current); }
+  // Finishes backward (reduces the remaining chunks), waits for all copies, and after a
+  // recording iteration computes the plan. Budget errors (a moment that cannot fit) surface here.
+  Status EndIteration();
+
+  bool has_plan() const { return has_plan_; }
+  const Schedule& schedule() const { return schedule_; }
+  const std::vector<Moment>& trace() const { return trace_; }
+  const ChunkCounters& counters() const { return counters_; }
+  const ChunkLayout& layout() const { return layout_; }
+  const StateTracker& states() const { return *states_; }
+  // Seconds each chunk's gather is assumed to take in the plan.
+  std::vector<double> GatherSeconds() const;
+
+ private:
+  struct Impl;
+  ChunkManager(Device& device, StreamHandle compute, NvmeStore* nvme, const ChunkLayout& layout,
+               const Placement& placement, const ChunkManagerOptions& options);
+  Status Init();
+  Status AcquireChunks(int moment, const std::vector<int>& needed, Phase phase);
+  Status Gather(int chunk);
+  Status Evict(int chunk);
+  Status ReduceChunk(int chunk);
+  bool SeparateGrads(int chunk) const;
+  bool Evictable(int chunk) const;
+
+  Device& device_;
+  StreamHandle compute_;
+  NvmeStore* nvme_;
+  const ChunkLayout& layout_;
+  Placement placement_;
+  ChunkManagerOptions options_;
+  std::unique_ptr<StateTracker> states_;
+  MemoryTracer tracer_;
+  std::vector<Moment> trace_;
+  Schedule schedule_;
+  bool has_plan_ = false;
+  ChunkCounters counters_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tierzero
