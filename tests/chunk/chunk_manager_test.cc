@@ -236,7 +236,9 @@ TEST_P(ChunkManagerPolicyTest, DataStaysBitExactThroughManyCycles) {
   EXPECT_GT(c.nvme_read_bytes, 0u);
   EXPECT_GE(c.deviations, 4u);
   EXPECT_GE(c.plans, 5u) << "re-planned after each deviation";
-  if (GetParam().policy == CachePolicy::kPlan) EXPECT_GT(c.prefetches, 0u);
+  if (GetParam().policy == CachePolicy::kPlan) {
+    EXPECT_GT(c.prefetches, 0u);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, ChunkManagerPolicyTest,
