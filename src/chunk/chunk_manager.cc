@@ -55,6 +55,7 @@ struct ChunkManager::Impl {
   bool record_next = true;
   int moment = 0;
   std::vector<Event> moment_begin, moment_start;  // before and after the waits, per moment
+  std::vector<Event> moment_reached;              // the compute stream reached moment k
   Event iteration_end;
   std::vector<DeviceBuffer> deferred_free;
 
@@ -397,6 +398,25 @@ Status ChunkManager::Evict(int c) {
   return Status::OK();
 }
 
+// Note [Gathers start when their moment begins]
+// The trainer's thread runs ahead of the compute stream (all work is asynchronous), so it reaches
+// moment k's Acquire long before the device does. The plan decided what to gather "when moment k
+// begins" on the device, so the H2D stream first waits for the compute stream to get there. This
+// keeps on-demand gathers on demand (they would otherwise prefetch by accident, and the
+// comparison in chunk_bench would mean nothing), and the plan's prefetches at the distance the
+// plan chose, which the slot budget was checked for.
+Status ChunkManager::GathersStartNow(int k) {
+  Impl& im = *impl_;
+  while (im.moment_reached.size() <= static_cast<size_t>(k)) {
+    Event e;
+    ASSIGN_OR_RETURN(e, Event::Create(device_));
+    im.moment_reached.push_back(std::move(e));
+  }
+  const EventHandle e = im.moment_reached[static_cast<size_t>(k)].handle();
+  RETURN_IF_ERROR(device_.RecordEvent(e, compute_));
+  return device_.StreamWaitEvent(im.h2d.handle(), e);
+}
+
 bool ChunkManager::Evictable(int c) const {
   // A chunk holding some, not all, of its in-place gradients keeps its slot until reduced.
   return states_->ChunkEvictable(c) &&
@@ -538,6 +558,7 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed, Phase 
   if (im.mode == Impl::Mode::kReplay) {
     const MomentDecision& d = schedule_.moments[static_cast<size_t>(k)];
     for (int c : d.evict) RETURN_IF_ERROR(Evict(c));
+    if (!d.gather.empty()) RETURN_IF_ERROR(GathersStartNow(k));
     for (int c : d.gather) {
       if (im.chunks[static_cast<size_t>(c)].cached) continue;
       const bool own = std::find(needed.begin(), needed.end(), c) != needed.end();
@@ -554,8 +575,11 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed, Phase 
         }
       }
     }
+    bool tied = false;
     for (int c : needed) {
       if (im.chunks[static_cast<size_t>(c)].cached) continue;
+      if (!tied) RETURN_IF_ERROR(GathersStartNow(k));
+      tied = true;
       ++counters_.misses;
       RETURN_IF_ERROR(Gather(c));
     }

@@ -125,6 +125,7 @@ class ChunkManager {
   Status Init();
   Status AcquireChunks(int moment, const std::vector<int>& needed, Phase phase);
   Status Gather(int chunk);
+  Status GathersStartNow(int moment);
   Status Evict(int chunk);
   Status ReduceChunk(int chunk);
   bool SeparateGrads(int chunk) const;

@@ -221,13 +221,21 @@ StatusOr<Schedule> Simulate(const std::vector<Moment>& moments, const PlanOption
 double StallLowerBound(const std::vector<Moment>& moments, const PlanOptions& o,
                        const Schedule& belady) {
   if (moments.empty()) return 0;
-  double first = 0;
+  // Prefix bound: before moment k starts, every chunk used by moments 0..k has crossed the
+  // (serial) link at least once, while only the compute of moments 0..k-1 has run.
+  double bound = 0, transfers = 0, compute = 0;
   std::set<int> seen;
-  for (int c : moments[0].chunks) {
-    if (seen.insert(c).second) first += o.gather_seconds[static_cast<size_t>(c)];
+  for (const Moment& m : moments) {
+    for (int c : m.chunks) {
+      if (seen.insert(c).second) transfers += o.gather_seconds[static_cast<size_t>(c)];
+    }
+    bound = std::max(bound, transfers - compute);
+    compute += m.compute_seconds;
   }
-  double hideable = belady.compute_s - moments.back().compute_seconds;
-  return std::max(first, belady.transfer_s - hideable);
+  // Total bound: Belady's gathers (the fewest possible with these slots) against all compute
+  // but the last moment's.
+  const double hideable = belady.compute_s - moments.back().compute_seconds;
+  return std::max(bound, belady.transfer_s - hideable);
 }
 
 }  // namespace tierzero

@@ -73,9 +73,10 @@ StatusOr<std::vector<int>> SlotsPerMoment(const std::vector<Moment>& moments,
 StatusOr<Schedule> Simulate(const std::vector<Moment>& moments, const PlanOptions& options,
                             CachePolicy policy);
 
-// A lower bound on any policy's stall in this model: the first moment's gathers cannot overlap
-// compute, and beyond that the copy link's work (with Belady's minimal number of gathers, from a
-// kBelady schedule) can hide behind at most all compute but the last moment's.
+// A lower bound on any policy's stall in this model, the larger of: for every moment k, the
+// gathers of all chunks first used by moments 0..k minus the compute of moments 0..k-1 (the link
+// is serial and starts with the iteration); and the copy link's total work with Belady's minimal
+// number of gathers (from a kBelady schedule) minus all compute but the last moment's.
 double StallLowerBound(const std::vector<Moment>& moments, const PlanOptions& options,
                        const Schedule& belady_schedule);
 
