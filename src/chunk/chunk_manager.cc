@@ -56,6 +56,14 @@ struct ChunkManager::Impl {
   int moment = 0;
   std::vector<Event> moment_begin, moment_start;  // before and after the waits, per moment
   std::vector<Event> moment_reached;              // the compute stream reached moment k
+  // Recording iterations time every gather on the H2D stream, per tier, for the plan.
+  struct GatherTiming {
+    Event start, end;
+    Tier tier;
+  };
+  std::vector<GatherTiming> gather_timing;
+  size_t gathers_timed = 0;
+  double measured_seconds[3] = {0, 0, 0};  // mean gather time per Tier; 0 = not measured
   Event iteration_end;
   std::vector<DeviceBuffer> deferred_free;
 
@@ -201,16 +209,19 @@ Status ChunkManager::Init() {
 std::vector<double> ChunkManager::GatherSeconds() const {
   std::vector<double> s(static_cast<size_t>(layout_.num_chunks()));
   const double bytes = static_cast<double>(layout_.chunk_bytes());
+  const double* measured = impl_->measured_seconds;
   for (size_t c = 0; c < s.size(); ++c) {
     switch (placement_.chunks[c].param) {
       case Tier::kDevice:
         s[c] = 0;
         break;
       case Tier::kHost:
-        s[c] = bytes / options_.h2d_bytes_per_second;
+        s[c] = measured[1] > 0 ? measured[1] : bytes / options_.h2d_bytes_per_second;
         break;
       case Tier::kNvme:
-        s[c] = bytes / options_.h2d_bytes_per_second + bytes / options_.nvme_read_bytes_per_second;
+        s[c] = measured[2] > 0 ? measured[2]
+                               : bytes / options_.h2d_bytes_per_second +
+                                     bytes / options_.nvme_read_bytes_per_second;
         break;
     }
   }
@@ -339,6 +350,18 @@ Status ChunkManager::Gather(int c) {
     rt.own = std::move(buf).value();
     rt.gathered = rt.own.data();
   }
+  Impl::GatherTiming* timing = nullptr;
+  if (im.mode == Impl::Mode::kRecord) {
+    if (im.gathers_timed == im.gather_timing.size()) {
+      Impl::GatherTiming t;
+      ASSIGN_OR_RETURN(t.start, Event::Create(device_));
+      ASSIGN_OR_RETURN(t.end, Event::Create(device_));
+      im.gather_timing.push_back(std::move(t));
+    }
+    timing = &im.gather_timing[im.gathers_timed++];
+    timing->tier = tier;
+    RETURN_IF_ERROR(device_.RecordEvent(timing->start.handle(), h2d));
+  }
   if (tier == Tier::kHost) {
     RETURN_IF_ERROR(device_.CopyAsync(rt.gathered, im.host_shard[static_cast<size_t>(c)].data(),
                                       bytes, CopyKind::kHostToDevice, h2d));
@@ -360,6 +383,7 @@ Status ChunkManager::Gather(int c) {
     RETURN_IF_ERROR(device_.LaunchHostFunc(h2d, [shared_slot] { shared_slot->Release(); }));
     counters_.nvme_read_bytes += bytes;
   }
+  if (timing != nullptr) RETURN_IF_ERROR(device_.RecordEvent(timing->end.handle(), h2d));
   RETURN_IF_ERROR(device_.RecordEvent(rt.ready.handle(), h2d));
   rt.ready_known_done = false;
   rt.cached = true;
@@ -669,7 +693,25 @@ Status ChunkManager::EndIteration() {
   }
   if (mode != Impl::Mode::kRecord) return Status::OK();
 
-  // Plan from the recorded iteration.
+  // Plan from the recorded iteration, with the gather times it measured.
+  {
+    double sum[3] = {0, 0, 0};
+    int count[3] = {0, 0, 0};
+    for (size_t g = 0; g < im.gathers_timed; ++g) {
+      auto t = device_.ElapsedSeconds(im.gather_timing[g].start.handle(),
+                                      im.gather_timing[g].end.handle());
+      if (!t.ok()) continue;
+      const int tier = static_cast<int>(im.gather_timing[g].tier);
+      sum[tier] += *t;
+      ++count[tier];
+    }
+    for (int tier = 0; tier < 3; ++tier) {
+      if (count[tier] > 0) im.measured_seconds[tier] = sum[tier] / count[tier];
+    }
+    im.gathers_timed = 0;
+    TZ_LOG(kInfo, kChunk) << "measured gathers: host " << im.measured_seconds[1] * 1e3
+                          << " ms, nvme " << im.measured_seconds[2] * 1e3 << " ms per chunk";
+  }
   tracer_.Finish();
   std::vector<Moment> moments = tracer_.moments();
   for (size_t k = 0; k < moments.size(); ++k) {

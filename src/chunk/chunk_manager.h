@@ -53,8 +53,9 @@ struct ChunkManagerOptions {
   uint64_t workspace_bytes = 0;
   // Accumulate gradients over micro-batches (separate grad chunks, fp32 host shards).
   bool grad_accumulation = false;
-  // Transfer rates the plan assumes (bytes/s); measured rates replace them after warm-up where
-  // the device reports timings. Defaults: 12 GB/s H2D, 2 GB/s NVMe reads.
+  // Transfer rates the plan assumes until a recording iteration has timed real gathers (device
+  // events around each gather, per tier), which then replace them. Defaults: 12 GB/s H2D, 2 GB/s
+  // NVMe reads.
   double h2d_bytes_per_second = 12e9;
   double nvme_read_bytes_per_second = 2e9;
   // Pinned staging slots for NVMe reads. Default: 4.
@@ -115,7 +116,8 @@ class ChunkManager {
   const ChunkCounters& counters() const { return counters_; }
   const ChunkLayout& layout() const { return layout_; }
   const StateTracker& states() const { return *states_; }
-  // Seconds each chunk's gather is assumed to take in the plan.
+  // Seconds each chunk's gather takes in the plan: measured in the last recording iteration
+  // (mean per tier), else from the configured rates.
   std::vector<double> GatherSeconds() const;
 
  private:
