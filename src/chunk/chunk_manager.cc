@@ -300,6 +300,7 @@ Status ChunkManager::ReadTensor(int t, void* data) {
 
 Status ChunkManager::ReadGrad(int t, void* data) {
   if (t < 0 || t >= layout_.num_tensors()) return InvalidArgumentError("unknown tensor");
+  RETURN_IF_ERROR(NotBetweenIterations(impl_->moment > 0));
   const TensorLoc& loc = layout_.tensor(t);
   const DType gt = options_.grad_accumulation ? DType::kF32 : layout_.dtype();
   std::memcpy(data,
@@ -352,6 +353,29 @@ Status ChunkManager::Gather(int c) {
     rt.own = std::move(buf).value();
     rt.gathered = rt.own.data();
   }
+  Status st = EnqueueGather(c, tier);
+  if (!st.ok()) {
+    // Nothing queued may still touch the slot, the buffer or a staging slot once we give them
+    // back.
+    (void)im.h2d.Synchronize();
+    if (rt.slot >= 0) im.free_slots.push_back(rt.slot);
+    rt.slot = -1;
+    rt.own.Reset();
+    rt.gathered = nullptr;
+    return std::move(st).WithContext("gathering chunk " + std::to_string(c) + " at moment " +
+                                     std::to_string(im.moment));
+  }
+  rt.ready_known_done = false;
+  rt.cached = true;
+  counters_.h2d_bytes += bytes;
+  return Status::OK();
+}
+
+Status ChunkManager::EnqueueGather(int c, Tier tier) {
+  Impl& im = *impl_;
+  Impl::ChunkRt& rt = im.chunks[static_cast<size_t>(c)];
+  const uint64_t bytes = layout_.chunk_bytes();
+  const StreamHandle h2d = im.h2d.handle();
   Impl::GatherTiming* timing = nullptr;
   if (im.mode == Impl::Mode::kRecord) {
     if (im.gathers_timed == im.gather_timing.size()) {
@@ -375,8 +399,9 @@ Status ChunkManager::Gather(int c) {
     auto shared_ticket = std::make_shared<NvmeStore::Ticket>(std::move(ticket));
     auto shared_slot = std::make_shared<PinnedSlot>(std::move(staging));
     Impl* impl = impl_.get();
-    // The H2D stream waits for the disk, so the caller never does.
-    RETURN_IF_ERROR(device_.LaunchHostFunc(h2d, [shared_ticket, impl, c] {
+    // The H2D stream waits for the disk, so the caller never does. Both functions own the
+    // staging slot, so it stays taken until the copy out of it is done whatever fails.
+    RETURN_IF_ERROR(device_.LaunchHostFunc(h2d, [shared_ticket, shared_slot, impl, c] {
       Status s = shared_ticket->Wait();
       if (!s.ok())
         impl->SetAsyncError(std::move(s).WithContext("reading chunk " + std::to_string(c)));
@@ -386,11 +411,7 @@ Status ChunkManager::Gather(int c) {
     counters_.nvme_read_bytes += bytes;
   }
   if (timing != nullptr) RETURN_IF_ERROR(device_.RecordEvent(timing->end.handle(), h2d));
-  RETURN_IF_ERROR(device_.RecordEvent(rt.ready.handle(), h2d));
-  rt.ready_known_done = false;
-  rt.cached = true;
-  counters_.h2d_bytes += bytes;
-  return Status::OK();
+  return device_.RecordEvent(rt.ready.handle(), h2d);
 }
 
 Status ChunkManager::Evict(int c) {
@@ -417,6 +438,7 @@ Status ChunkManager::Evict(int c) {
     ASSIGN_OR_RETURN(done, Event::Create(device_));
     RETURN_IF_ERROR(device_.RecordEvent(done.handle(), compute_));
     RETURN_IF_ERROR(done.Synchronize());
+    RETURN_IF_ERROR(rt.ready.Synchronize());  // a gather the compute stream never waited for
     RETURN_IF_ERROR(im.d2h.Synchronize());
     rt.own.Reset();
   }
@@ -449,9 +471,18 @@ bool ChunkManager::Evictable(int c) const {
          (SeparateGrads(c) || !states_->ChunkBackwardStarted(c) || states_->ChunkGradsReady(c));
 }
 
+// Gradients go to a separate grad chunk with accumulation, for device-resident shards (the
+// gathered copy is the shard), and for chunks with a tensor used more than once in forward (its
+// first backward use would otherwise overwrite the weight its second one still reads).
 bool ChunkManager::SeparateGrads(int c) const {
-  return options_.grad_accumulation ||
-         placement_.chunks[static_cast<size_t>(c)].param == Tier::kDevice;
+  if (options_.grad_accumulation ||
+      placement_.chunks[static_cast<size_t>(c)].param == Tier::kDevice) {
+    return true;
+  }
+  for (int t : layout_.chunk(c).tensors) {
+    if (states_->forward_uses(t) > 1) return true;
+  }
+  return false;
 }
 
 Status ChunkManager::ReduceChunk(int c) {
@@ -533,7 +564,13 @@ Status ChunkManager::BeginIteration() {
   RETURN_IF_ERROR(states_->BeginIteration());
   im.moment = 0;
   im.mode = (im.record_next || !has_plan_) ? Impl::Mode::kRecord : Impl::Mode::kReplay;
-  if (im.mode == Impl::Mode::kRecord) tracer_.Begin(tracer_.current_nonmodel());
+  if (im.mode == Impl::Mode::kRecord) {
+    tracer_.Begin(tracer_.current_nonmodel());
+    // Recording gathers into per-chunk allocations; the old plan's slot region would only take
+    // memory from them (and from the activations).
+    im.pool.Reset();
+    im.free_slots.clear();
+  }
   return Status::OK();
 }
 
@@ -547,9 +584,12 @@ Status ChunkManager::Acquire(std::span<const int> tensors, Phase phase) {
     if (std::find(needed.begin(), needed.end(), c) == needed.end()) needed.push_back(c);
   }
   const int k = im.moment++;
+  const size_t traced = tracer_.moments().size();
   Status st = AcquireChunks(k, needed, phase);
   if (!st.ok()) {
-    (void)states_->Release(tensors, phase);  // leave the states as they were
+    // Leave everything as it was before the call: states, use counts, trace, moment count.
+    states_->Unacquire(tensors, phase);
+    if (tracer_.moments().size() > traced) tracer_.PopMoment();
     --im.moment;
   }
   return st;
@@ -559,7 +599,8 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed, Phase 
   Impl& im = *impl_;
   RETURN_IF_ERROR(FlushPrefetches());
   if (im.mode == Impl::Mode::kReplay &&
-      (k >= static_cast<int>(trace_.size()) || trace_[static_cast<size_t>(k)].chunks != needed)) {
+      (k >= static_cast<int>(trace_.size()) || trace_[static_cast<size_t>(k)].chunks != needed ||
+       trace_[static_cast<size_t>(k)].backward != (phase == Phase::kBackward))) {
     // Off the trace: on demand for the rest of the iteration, record and plan again next time.
     ++counters_.deviations;
     im.mode = Impl::Mode::kOnDemand;
@@ -568,7 +609,17 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed, Phase 
                           << "iteration ends, then recording and planning again";
   }
   const bool timed = im.mode == Impl::Mode::kRecord || options_.measure_stalls;
-  if (im.mode == Impl::Mode::kRecord) tracer_.BeginMoment(needed, phase == Phase::kBackward);
+  if (im.mode == Impl::Mode::kRecord) {
+    tracer_.BeginMoment(needed, phase == Phase::kBackward);
+    std::vector<int> held;  // chunks outer scopes still hold
+    for (int c = 0; c < layout_.num_chunks(); ++c) {
+      if (!states_->ChunkEvictable(c) &&
+          std::find(needed.begin(), needed.end(), c) == needed.end()) {
+        held.push_back(c);
+      }
+    }
+    if (!held.empty()) tracer_.SetHeld(std::move(held));
+  }
   if (timed) {
     im.moments_timed = k + 1;
     while (im.moment_begin.size() <= static_cast<size_t>(k)) {
@@ -586,7 +637,29 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed, Phase 
   }
   if (im.mode == Impl::Mode::kReplay) {
     const MomentDecision& d = schedule_.moments[static_cast<size_t>(k)];
+    for (int c : d.evict) {
+      if (!Evictable(c)) {
+        // The plan would drop a chunk still in use (a scope or unreduced gradients): the program
+        // is not the one traced. Stay safe: on demand for the rest of the iteration.
+        ++counters_.deviations;
+        im.mode = Impl::Mode::kOnDemand;
+        im.record_next = true;
+        TZ_LOG(kInfo, kChunk) << "moment " << k << ": the plan evicts chunk " << c
+                              << ", which is still in use; on-demand for this iteration";
+        break;
+      }
+    }
+  }
+  if (im.mode == Impl::Mode::kReplay) {
+    const MomentDecision& d = schedule_.moments[static_cast<size_t>(k)];
     for (int c : d.evict) RETURN_IF_ERROR(Evict(c));
+    for (int c : needed) {
+      // Device-resident shards are never in the plan's gathers: they are the gathered copy.
+      if (!im.chunks[static_cast<size_t>(c)].cached &&
+          placement_.chunks[static_cast<size_t>(c)].param == Tier::kDevice) {
+        RETURN_IF_ERROR(Gather(c));
+      }
+    }
     if (!d.gather.empty()) RETURN_IF_ERROR(GathersStartNow(k));
     // The moment's own misses now; its prefetches once the caller has queued the moment's
     // compute (Note [Prefetches after the moment's compute is queued]).
@@ -598,6 +671,15 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed, Phase 
       } else {
         im.pending_prefetch.push_back(c);
       }
+    }
+    // Whatever a dropped prefetch left out is gathered now.
+    bool started = !d.gather.empty();
+    for (int c : needed) {
+      if (im.chunks[static_cast<size_t>(c)].cached) continue;
+      if (!started) RETURN_IF_ERROR(GathersStartNow(k));
+      started = true;
+      ++counters_.misses;
+      RETURN_IF_ERROR(Gather(c));
     }
   } else {
     if (im.mode == Impl::Mode::kOnDemand) {
@@ -654,7 +736,10 @@ Status ChunkManager::FlushPrefetches() {
   for (int c : im.pending_prefetch) {
     if (im.chunks[static_cast<size_t>(c)].cached) continue;
     ++counters_.prefetches;
-    RETURN_IF_ERROR(Gather(c));
+    // A prefetch that fails is dropped: the moment that needs the chunk gathers it on demand
+    // and reports the error from its Acquire if it persists.
+    Status s = Gather(c);
+    if (!s.ok()) TZ_LOG(kWarn, kChunk) << "prefetch dropped: " << s.ToString();
   }
   im.pending_prefetch.clear();
   return Status::OK();
@@ -718,6 +803,7 @@ Status ChunkManager::EndIteration() {
   // Gathered copies do not outlive the iteration: the optimizer changes the shards.
   for (int c = 0; c < layout_.num_chunks(); ++c) RETURN_IF_ERROR(Evict(c));
   RETURN_IF_ERROR(device_.Synchronize());
+  for (auto& rt : im.chunks) rt.grad_buf.Reset();  // also after a failed reduction: no stale data
   im.deferred_free.clear();
   std::fill(im.slot_copy_pending.begin(), im.slot_copy_pending.end(), false);
   ++counters_.iterations;
@@ -768,9 +854,17 @@ Status ChunkManager::EndIteration() {
   po.workspace_bytes = options_.workspace_bytes;
   po.chunk_bytes = layout_.chunk_bytes();
   po.gather_seconds = GatherSeconds();
-  po.grads_in_place.resize(static_cast<size_t>(layout_.num_chunks()));
+  const size_t nc = static_cast<size_t>(layout_.num_chunks());
+  po.grads_in_place.resize(nc);
+  po.reduced_at_end.resize(nc);
+  po.always_resident.resize(nc);
   for (int c = 0; c < layout_.num_chunks(); ++c) {
-    po.grads_in_place[static_cast<size_t>(c)] = !SeparateGrads(c);
+    const size_t i = static_cast<size_t>(c);
+    po.grads_in_place[i] = !SeparateGrads(c);
+    po.always_resident[i] = placement_.chunks[i].param == Tier::kDevice;
+    for (int t : layout_.chunk(c).tensors) {
+      if (states_->backward_uses(t) == 0) po.reduced_at_end[i] = true;
+    }
   }
   auto schedule = Simulate(moments, po, options_.policy);
   if (!schedule.ok()) return std::move(schedule).status().WithContext("planning after warm-up");

@@ -20,9 +20,10 @@
 //
 // Gradients. Without accumulation a tensor's gradient goes into its own place in the gathered
 // chunk (GradPtr == DevicePtr in backward: the trainer must finish reading the weight before it
-// writes the gradient); with accumulation into a separate, zeroed grad chunk. When every tensor of
-// a chunk is HOLD_AFTER_BWD the gradient is copied D2H into the chunk's host gradient shard
-// (bf16 without accumulation; accumulated into fp32 with it), on the D2H stream.
+// writes the gradient); with accumulation, for device-resident shards, and for chunks holding a
+// tensor used more than once in forward (shared weights), into a separate, zeroed grad chunk. When
+// every tensor of a chunk is HOLD_AFTER_BWD the gradient is copied D2H into the chunk's host
+// gradient shard (bf16 without accumulation; accumulated into fp32 with it), on the D2H stream.
 //
 // Thread-safety: one thread drives a ChunkManager (the trainer's); calls are not concurrent.
 #pragma once
@@ -103,8 +104,9 @@ class ChunkManager {
   Status WriteTensor(int tensor, const void* host_data);
   Status ReadTensor(int tensor, void* host_data);
   // Reads a tensor's gradient from its chunk's host gradient shard (compute dtype without
-  // accumulation, fp32 with it), and clears all gradient shards (start of accumulation).
+  // accumulation, fp32 with it).
   Status ReadGrad(int tensor, void* host_data);
+  // Clears every gradient shard (the start of an accumulation window).
   Status ZeroGrads();
 
   // ---- Iterations ----
@@ -139,6 +141,7 @@ class ChunkManager {
   Status Init();
   Status AcquireChunks(int moment, const std::vector<int>& needed, Phase phase);
   Status Gather(int chunk);
+  Status EnqueueGather(int chunk, Tier tier);
   Status GathersStartNow(int moment);
   Status FlushPrefetches();
   Status Evict(int chunk);

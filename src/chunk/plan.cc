@@ -36,7 +36,12 @@ StatusOr<std::vector<int>> SlotsPerMoment(const std::vector<Moment>& moments,
     const uint64_t reserved = nonmodel + o.workspace_bytes;
     const uint64_t room = o.device_capacity > reserved ? o.device_capacity - reserved : 0;
     slots[k] = static_cast<int>(room / o.chunk_bytes);
-    const std::set<int> distinct(moments[k].chunks.begin(), moments[k].chunks.end());
+    std::set<int> distinct(moments[k].chunks.begin(), moments[k].chunks.end());
+    distinct.insert(moments[k].held.begin(), moments[k].held.end());
+    for (auto it = distinct.begin(); it != distinct.end();) {
+      const size_t c = static_cast<size_t>(*it);
+      it = (c < o.always_resident.size() && o.always_resident[c]) ? distinct.erase(it) : ++it;
+    }
     if (static_cast<int>(distinct.size()) > slots[k]) {
       return OutOfMemoryError(
           "moment " + std::to_string(k) + " needs " + std::to_string(distinct.size()) +
@@ -93,6 +98,13 @@ StatusOr<Schedule> Simulate(const std::vector<Moment>& moments, const PlanOption
   }
   ASSIGN_OR_RETURN(std::vector<int> slots, SlotsPerMoment(moments, o));
   const int K = static_cast<int>(moments.size());
+  // One region for the iteration: the tightest moment decides its size.
+  const int region = slots.empty() ? 0 : *std::min_element(slots.begin(), slots.end());
+  std::fill(slots.begin(), slots.end(), region);
+  auto resident = [&](int c) {
+    return static_cast<size_t>(c) < o.always_resident.size() &&
+           o.always_resident[static_cast<size_t>(c)];
+  };
   // The tightest slot count from moment a to moment b inclusive.
   auto min_slots = [&](int a, int b) {
     int s = kNever;
@@ -111,6 +123,12 @@ StatusOr<Schedule> Simulate(const std::vector<Moment>& moments, const PlanOption
         first_bwd[static_cast<size_t>(c)] = std::min(first_bwd[static_cast<size_t>(c)], k);
         last_bwd[static_cast<size_t>(c)] = std::max(last_bwd[static_cast<size_t>(c)], k);
       }
+    }
+  }
+  for (int c = 0; c < num_chunks; ++c) {
+    if (static_cast<size_t>(c) < o.reduced_at_end.size() &&
+        o.reduced_at_end[static_cast<size_t>(c)] && first_bwd[static_cast<size_t>(c)] != kNever) {
+      last_bwd[static_cast<size_t>(c)] = K;  // reduced by FinishBackward
     }
   }
   // Evicting c when moment k begins would lose gradients written at an earlier moment.
@@ -139,8 +157,15 @@ StatusOr<Schedule> Simulate(const std::vector<Moment>& moments, const PlanOption
     MomentDecision& d = sched.moments[static_cast<size_t>(k)];
     d.slots = slots[static_cast<size_t>(k)];
     const double now = compute_end;  // the host reaches moment k's Acquire
-    const std::set<int> needed(moments[static_cast<size_t>(k)].chunks.begin(),
-                               moments[static_cast<size_t>(k)].chunks.end());
+    // What the moment uses, plus what outer scopes still hold: neither may be evicted.
+    std::set<int> needed;
+    for (int c : moments[static_cast<size_t>(k)].chunks) {
+      if (!resident(c)) needed.insert(c);
+    }
+    std::set<int> keep = needed;
+    for (int c : moments[static_cast<size_t>(k)].held) {
+      if (!resident(c)) keep.insert(c);
+    }
     for (int c : needed) {
       if (cached.count(c)) ++sched.prefetch_hits;
     }
@@ -152,7 +177,7 @@ StatusOr<Schedule> Simulate(const std::vector<Moment>& moments, const PlanOption
     if (policy == CachePolicy::kOnDemand) {
       std::vector<int> drop;
       for (auto& [c, t] : cached) {
-        if (!needed.count(c) && !pinned(c, k)) drop.push_back(c);
+        if (!keep.count(c) && !pinned(c, k)) drop.push_back(c);
       }
       for (int c : drop) evict(c);
     }
@@ -161,7 +186,7 @@ StatusOr<Schedule> Simulate(const std::vector<Moment>& moments, const PlanOption
     while (static_cast<int>(cached.size()) + misses > d.slots) {
       int victim = -1;
       for (auto& [c, t] : cached) {
-        if (needed.count(c) || pinned(c, k)) continue;
+        if (keep.count(c) || pinned(c, k)) continue;
         if (victim < 0) {
           victim = c;
           continue;
@@ -181,19 +206,19 @@ StatusOr<Schedule> Simulate(const std::vector<Moment>& moments, const PlanOption
       evict(victim);
     }
     for (int c : moments[static_cast<size_t>(k)].chunks) {
-      if (!cached.count(c)) gather(c, now, d);
+      if (!resident(c) && !cached.count(c)) gather(c, now, d);
     }
     // Prefetch for later moments (the plan only).
     if (policy == CachePolicy::kPlan) {
       bool stop = false;
       for (int j = k + 1; j < K && !stop; ++j) {
         for (int c : moments[static_cast<size_t>(j)].chunks) {
-          if (cached.count(c)) continue;
+          if (resident(c) || cached.count(c)) continue;
           if (static_cast<int>(cached.size()) >= min_slots(k, j)) {
             // Evict the chunk used furthest in the future, if that is after j.
             int victim = -1;
             for (auto& [v, t] : cached) {
-              if (needed.count(v) || pinned(v, k)) continue;
+              if (keep.count(v) || pinned(v, k)) continue;
               if (victim < 0 || next.After(v, k + 1) > next.After(victim, k + 1)) victim = v;
             }
             if (victim < 0 || next.After(victim, k + 1) <= j) {

@@ -15,9 +15,12 @@
 //   - kPlan: Belady eviction (the chunk whose next use is furthest) and prefetch: at each moment,
 //     start gathers for upcoming moments, in order of use, as far ahead as the slots of every
 //     moment in between allow.
-// Chunks in options.grads_in_place are never evicted between their first and last backward use
-// (under every policy). Simulate() runs a policy through the model and reports the compute-stream
-// stall and the decisions, which the chunk manager replays.
+// The gathered chunks live in one slot region reserved for the whole iteration, so every moment
+// gets the same number of slots: the smallest slots[k] (the region must leave room for the
+// activation peak). Chunks held by outer scopes (Moment::held) and chunks in
+// options.grads_in_place between their first and last backward use are never evicted, under
+// every policy. Simulate() runs a policy through the model and reports the compute-stream stall
+// and the decisions, which the chunk manager replays.
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -43,6 +46,12 @@ struct PlanOptions {
   // cannot be evicted between its first and its last backward use: its slot holds the only copy
   // of the gradients written so far. Empty: none.
   std::vector<bool> grads_in_place;
+  // Of those, chunks that are reduced only when backward ends (a tensor had no backward use):
+  // pinned from their first backward use to the end of the iteration. Empty: none.
+  std::vector<bool> reduced_at_end;
+  // Chunks that are always on the device (device-resident shards): never gathered, evicted or
+  // counted against the slots. Empty: none.
+  std::vector<bool> always_resident;
 };
 
 struct MomentDecision {
@@ -64,7 +73,7 @@ struct Schedule {
   int prefetch_hits = 0;  // chunks already gathered (or in flight) when their moment began
 };
 
-// Device slots per moment; InvalidArgument when a moment's own chunks do not fit (naming the
+// Device slots per moment; OutOfMemory when a moment's own chunks do not fit (naming the
 // moment, the chunks it needs, the slots available and the non-model bytes that took the rest).
 StatusOr<std::vector<int>> SlotsPerMoment(const std::vector<Moment>& moments,
                                           const PlanOptions& options);

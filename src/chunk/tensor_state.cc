@@ -113,12 +113,28 @@ Status StateTracker::CheckRelease(int t, Phase phase) const {
   return Status::OK();
 }
 
+namespace {
+Status CheckDistinct(std::span<const int> tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    for (size_t j = i + 1; j < tensors.size(); ++j) {
+      if (tensors[i] == tensors[j]) {
+        return InvalidArgumentError("tensor id " + std::to_string(tensors[i]) +
+                                    " is listed twice in one acquire/release");
+      }
+    }
+  }
+  return Status::OK();
+}
+}  // namespace
+
 Status StateTracker::Acquire(std::span<const int> tensors, Phase phase) {
+  RETURN_IF_ERROR(CheckDistinct(tensors));
   for (int t : tensors) RETURN_IF_ERROR(CheckAcquire(t, phase));
   for (int t : tensors) {
     Tensor& x = tensors_[static_cast<size_t>(t)];
     if (x.live_scopes++ == 0) {
       ++chunk_compute_[static_cast<size_t>(layout_.tensor(t).chunk)];
+      x.before_compute = x.state;
       x.state = TensorState::kCompute;
       x.compute_phase = phase;
     }
@@ -130,7 +146,22 @@ Status StateTracker::Acquire(std::span<const int> tensors, Phase phase) {
   return Status::OK();
 }
 
+void StateTracker::Unacquire(std::span<const int> tensors, Phase phase) {
+  for (int t : tensors) {
+    Tensor& x = tensors_[static_cast<size_t>(t)];
+    TZ_CHECK(x.state == TensorState::kCompute && x.live_scopes > 0) << layout_.tensor_name(t);
+    const size_t chunk = static_cast<size_t>(layout_.tensor(t).chunk);
+    if (phase == Phase::kForward) --x.fwd_uses;
+    if (phase == Phase::kBackward && --x.bwd_uses == 0) --chunk_bwd_started_[chunk];
+    if (--x.live_scopes == 0) {
+      --chunk_compute_[chunk];
+      x.state = x.before_compute;
+    }
+  }
+}
+
 Status StateTracker::Release(std::span<const int> tensors, Phase phase) {
+  RETURN_IF_ERROR(CheckDistinct(tensors));
   for (int t : tensors) RETURN_IF_ERROR(CheckRelease(t, phase));
   for (int t : tensors) {
     Tensor& x = tensors_[static_cast<size_t>(t)];
@@ -138,6 +169,11 @@ Status StateTracker::Release(std::span<const int> tensors, Phase phase) {
     if (--x.live_scopes > 0) continue;
     const int chunk = layout_.tensor(t).chunk;
     --chunk_compute_[static_cast<size_t>(chunk)];
+    if (phase == Phase::kRecompute) {
+      // Recomputation changes nothing about the tensor's progress through the iteration.
+      x.state = x.before_compute;
+      continue;
+    }
     if (phase == Phase::kBackward && x.bwd_uses >= x.fwd_uses) {
       x.state = TensorState::kHoldAfterBwd;
       ++chunk_bwd_done_[static_cast<size_t>(chunk)];
@@ -152,7 +188,7 @@ Status StateTracker::Release(std::span<const int> tensors, Phase phase) {
 void StateTracker::MaybeChunkReady(int chunk) {
   const size_t c = static_cast<size_t>(chunk);
   if (chunk_reduced_[c]) return;
-  if (chunk_bwd_done_[c] == static_cast<int>(layout_.chunk(chunk).tensors.size())) {
+  if (chunk_bwd_done_[c] >= static_cast<int>(layout_.chunk(chunk).tensors.size())) {
     chunk_reduced_[c] = true;
     if (on_ready_) on_ready_(chunk);
   }

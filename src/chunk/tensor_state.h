@@ -45,8 +45,12 @@ class StateTracker {
   Status BeginIteration();
 
   // Checks and applies an acquire/release of `tensors` in `phase`. On error nothing changes.
+  // A tensor may appear once per call (InvalidArgument otherwise).
   Status Acquire(std::span<const int> tensors, Phase phase);
   Status Release(std::span<const int> tensors, Phase phase);
+  // Exactly undoes the last successful Acquire of `tensors` in `phase` (the caller failed to
+  // gather): states, use counts and chunk counters as before; no callback runs.
+  void Unacquire(std::span<const int> tensors, Phase phase);
 
   // Ends backward: chunks with tensors that had no backward use (unused parameters) are reported
   // backward-complete now, in chunk order. FailedPrecondition if anything is in COMPUTE.
@@ -69,6 +73,7 @@ class StateTracker {
     int bwd_uses = 0;
     int live_scopes = 0;  // nesting of Acquire without Release
     Phase compute_phase = Phase::kForward;
+    TensorState before_compute = TensorState::kHold;  // restored by Unacquire and recompute
   };
   Status CheckAcquire(int t, Phase phase) const;
   Status CheckRelease(int t, Phase phase) const;

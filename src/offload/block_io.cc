@@ -23,6 +23,13 @@ namespace {
 // A limit on requests in flight, shared by the backends.
 using InFlight = std::counting_semaphore<1 << 16>;
 
+// Set by Resubmit while a completion callback runs on this thread: the permit of the completed
+// request then carries over to the resubmitted one instead of being released.
+thread_local bool t_resubmitted = false;
+
+// user_data of a submission queue entry turned into a no-op after io_uring_submit failed.
+char kIgnoredCompletion;
+
 class UringBlockIo final : public BlockIo {
  public:
   UringBlockIo(int depth, bool sqpoll) : in_flight_(depth), sqpoll_(sqpoll) {}
@@ -57,6 +64,7 @@ class UringBlockIo final : public BlockIo {
           sqe = io_uring_get_sqe(&ring_);
         }
         io_uring_prep_nop(sqe);
+        sqe->flags |= IOSQE_IO_DRAIN;  // completes only after everything submitted before it
         io_uring_sqe_set_data(sqe, nullptr);
         io_uring_submit(&ring_);
       }
@@ -67,6 +75,18 @@ class UringBlockIo final : public BlockIo {
 
   Status Submit(IoRequest* req) override {
     in_flight_.acquire();
+    Status s = Queue(req);
+    if (!s.ok()) in_flight_.release();
+    return s;
+  }
+
+  Status Resubmit(IoRequest* req) override {
+    Status s = Queue(req);
+    if (s.ok()) t_resubmitted = true;  // the completing request's permit carries over
+    return s;
+  }
+
+  Status Queue(IoRequest* req) {
     std::lock_guard<std::mutex> lock(sq_mu_);
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     TZ_CHECK(sqe != nullptr) << "io_uring submission queue full despite the in-flight limit";
@@ -86,9 +106,17 @@ class UringBlockIo final : public BlockIo {
     }
     sqe->flags |= IOSQE_FIXED_FILE;
     io_uring_sqe_set_data(sqe, req);
-    int r = io_uring_submit(&ring_);
+    int r;
+    int tries = 0;
+    while ((r = io_uring_submit(&ring_)) < 0 && (r == -EINTR || r == -EAGAIN || r == -EBUSY) &&
+           ++tries < 1000) {
+      std::this_thread::yield();
+    }
     if (r < 0) {
-      in_flight_.release();
+      // The entry is still in the ring and the next submit would issue it: make it a no-op the
+      // completion loop ignores, so the request is truly not queued.
+      io_uring_prep_nop(sqe);
+      io_uring_sqe_set_data(sqe, &kIgnoredCompletion);
       return ErrnoError("io_uring_submit", -r);
     }
     return Status::OK();
@@ -131,8 +159,10 @@ class UringBlockIo final : public BlockIo {
       const int64_t res = cqe->res;
       io_uring_cqe_seen(&ring_, cqe);
       if (req == nullptr) return;  // stop signal
-      in_flight_.release();
-      req->done(res);
+      if (static_cast<void*>(req) == &kIgnoredCompletion) continue;
+      t_resubmitted = false;
+      req->done(res);  // may Resubmit, keeping the permit; must not touch req afterwards
+      if (!t_resubmitted) in_flight_.release();
     }
   }
 
@@ -162,11 +192,15 @@ class ThreadPoolBlockIo final : public BlockIo {
 
   Status Submit(IoRequest* req) override {
     in_flight_.acquire();
+    return Resubmit(req);
+  }
+  Status Resubmit(IoRequest* req) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       queue_.push_back(req);
     }
     cv_.notify_one();
+    t_resubmitted = true;  // harmless outside a callback: Work() resets it before each one
     return Status::OK();
   }
   Status RegisterBuffers(const std::vector<std::pair<void*, size_t>>&) override {
@@ -190,8 +224,9 @@ class ThreadPoolBlockIo final : public BlockIo {
                       ? ::pread(fd, req->buf, req->len, static_cast<off_t>(req->offset))
                       : ::pwrite(fd, req->buf, req->len, static_cast<off_t>(req->offset));
       const int64_t res = r < 0 ? -errno : r;
-      in_flight_.release();
+      t_resubmitted = false;
       req->done(res);
+      if (!t_resubmitted) in_flight_.release();
     }
   }
 
@@ -249,7 +284,11 @@ int FaultInjectionBlockIo::injected() const {
   return state_->injected;
 }
 
-Status FaultInjectionBlockIo::Submit(IoRequest* req) {
+Status FaultInjectionBlockIo::Submit(IoRequest* req) { return Apply(req, false); }
+Status FaultInjectionBlockIo::Resubmit(IoRequest* req) { return Apply(req, true); }
+
+Status FaultInjectionBlockIo::Apply(IoRequest* req, bool resubmit) {
+  auto forward = [&](IoRequest* r) { return resubmit ? target_->Resubmit(r) : target_->Submit(r); };
   std::optional<BlockIoFault> hit;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
@@ -265,14 +304,14 @@ Status FaultInjectionBlockIo::Submit(IoRequest* req) {
       break;
     }
   }
-  if (!hit) return target_->Submit(req);
+  if (!hit) return forward(req);
   switch (hit->kind) {
     case BlockIoFault::Kind::kFail:
       req->done(-hit->error_code);
       return Status::OK();
     case BlockIoFault::Kind::kShorten: {
       const uint32_t half = std::max<uint32_t>(4096, (req->len / 2) & ~uint32_t{4095});
-      if (half >= req->len) return target_->Submit(req);  // too small to shorten
+      if (half >= req->len) return forward(req);  // too small to shorten
       auto* shorter = new IoRequest(*req);
       shorter->len = half;
       // The wrapper request deletes itself last ("delete this"): nothing touches the lambda's
@@ -282,7 +321,7 @@ Status FaultInjectionBlockIo::Submit(IoRequest* req) {
         delete shorter;
         original->done(res);
       };
-      return target_->Submit(shorter);
+      return forward(shorter);
     }
     case BlockIoFault::Kind::kDelay: {
       auto* delayed = new IoRequest(*req);
@@ -294,7 +333,7 @@ Status FaultInjectionBlockIo::Submit(IoRequest* req) {
         std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
         original->done(res);
       };
-      return target_->Submit(delayed);
+      return forward(delayed);
     }
   }
   return Status::OK();

@@ -41,6 +41,12 @@ class BlockIo {
   // must stay alive until its `done` runs. An error here means the request was not queued and
   // `done` will not run.
   virtual Status Submit(IoRequest* request) = 0;
+  // Queues `request` again from inside a `done` callback that is running on this BlockIo's
+  // completion thread (a short transfer's remainder). It reuses the completing request's
+  // in-flight permit, so it never blocks: a Submit there could wait forever for a permit that
+  // only the completion thread itself would return.
+  // REQUIRES: called from a `done` callback of this BlockIo, at most once per callback.
+  virtual Status Resubmit(IoRequest* request) = 0;
   // Registers memory as fixed buffers (io_uring); requests whose buffers lie inside a
   // registered region use the fixed-buffer opcodes. A no-op for backends without the notion.
   virtual Status RegisterBuffers(const std::vector<std::pair<void*, size_t>>& regions) = 0;
@@ -87,12 +93,14 @@ class FaultInjectionBlockIo final : public BlockIo {
   int injected() const;
 
   Status Submit(IoRequest* request) override;
+  Status Resubmit(IoRequest* request) override;
   Status RegisterBuffers(const std::vector<std::pair<void*, size_t>>& regions) override {
     return target_->RegisterBuffers(regions);
   }
   std::string name() const override { return target_->name() + "+faults"; }
 
  private:
+  Status Apply(IoRequest* request, bool resubmit);
   struct State;
   std::unique_ptr<BlockIo> target_;
   std::unique_ptr<State> state_;

@@ -12,7 +12,10 @@
 // - Pointer checks: device-side pointers of copies and kernels must lie inside the slab; a
 //   violation is InvalidArgument, which catches engine bugs a GPU would report as a fault.
 //
-// Thread-safety: as for Device.
+// Thread-safety: as for Device, with two limits of this simulation: Synchronize() must not run
+// concurrently with DestroyStream() of a stream it is draining, and an event recorded on two
+// streams at once completes when the later record does (CUDA tracks only the latest record;
+// tierzero records each event on one stream at a time).
 #pragma once
 
 #include <memory>

@@ -410,7 +410,7 @@ StatusOr<NvmeStore::Ticket> NvmeStore::Submit(const NvmeExtent& extent, void* bu
         r.offset += static_cast<uint64_t>(res);
         r.buf = static_cast<uint8_t*>(r.buf) + res;
         r.len -= static_cast<uint32_t>(res);
-        Status s = io_->Submit(&r);
+        Status s = io_->Resubmit(&r);
         if (s.ok()) return;
         raw->Fail(std::move(s).WithContext("resubmitting a short transfer"));
       } else {

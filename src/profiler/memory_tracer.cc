@@ -25,6 +25,14 @@ int MemoryTracer::BeginMoment(std::vector<int> chunks, bool backward) {
   return static_cast<int>(moments_.size()) - 1;
 }
 
+void MemoryTracer::SetHeld(std::vector<int> held) {
+  if (!moments_.empty()) moments_.back().held = std::move(held);
+}
+
+void MemoryTracer::PopMoment() {
+  if (!moments_.empty()) moments_.pop_back();
+}
+
 void MemoryTracer::SetComputeSeconds(int moment, double seconds) {
   if (moment >= 0 && moment < static_cast<int>(moments_.size())) {
     moments_[static_cast<size_t>(moment)].compute_seconds = seconds;

@@ -20,6 +20,7 @@ struct Moment {
   uint64_t nonmodel_peak = 0;   // the most in use between this moment and the next
   double compute_seconds = 0;   // the moment's compute time as measured by the caller
   bool backward = false;        // acquired for backward (gradients are written)
+  std::vector<int> held;        // other chunks still acquired by outer scopes (not evictable)
 };
 
 class MemoryTracer {
@@ -30,6 +31,10 @@ class MemoryTracer {
   void OnNonModelBytes(uint64_t current);
   // A moment begins; returns its index.
   int BeginMoment(std::vector<int> chunks, bool backward = false);
+  // Records chunks held by outer scopes during the last moment.
+  void SetHeld(std::vector<int> held);
+  // Drops the last moment (its Acquire failed).
+  void PopMoment();
   // Records the compute time of a moment.
   void SetComputeSeconds(int moment, double seconds);
   // Closes the trace (the last moment's peak).

@@ -13,6 +13,7 @@
 #include "core/bytes.h"
 #include "core/check.h"
 #include "core/convert.h"
+#include "offload/device_wrapper.h"
 #include "offload/host_sim_device.h"
 
 namespace tierzero {
@@ -24,7 +25,8 @@ constexpr uint64_t kChunkElems = 8192;  // 16 KiB of bf16
 
 struct Rig {
   std::string dir;
-  std::unique_ptr<Device> device;
+  std::unique_ptr<Device> sim;     // the HostSim device
+  std::unique_ptr<Device> device;  // what the manager uses: sim itself or a fault wrapper
   Stream compute;
   std::unique_ptr<NvmeStore> nvme;
   ChunkLayout layout;
@@ -35,6 +37,7 @@ struct Rig {
     compute.Reset();
     nvme.reset();
     device.reset();
+    sim.reset();
     fs::remove_all(dir);
   }
 };
@@ -45,6 +48,7 @@ struct RigOptions {
   bool accumulation = false;
   int budget_chunks = 6;
   uint64_t device_capacity = 8 * kMiB;
+  bool faults = false;  // wrap the device in a FaultInjectionDevice
 };
 
 std::unique_ptr<Rig> MakeRig(const RigOptions& ro) {
@@ -60,7 +64,12 @@ std::unique_ptr<Rig> MakeRig(const RigOptions& ro) {
   HostSimOptions ho;
   ho.capacity_bytes = ro.device_capacity;
   ho.h2d_bytes_per_second = ro.h2d_bytes_per_second;
-  rig->device = std::move(CreateHostSimDevice(ho)).value();
+  rig->sim = std::move(CreateHostSimDevice(ho)).value();
+  if (ro.faults) {
+    rig->device = std::make_unique<FaultInjectionDevice>(rig->sim.get());
+  } else {
+    rig->device = std::make_unique<DeviceWrapper>(rig->sim.get());
+  }
   rig->compute = std::move(Stream::Create(*rig->device, "compute")).value();
   NvmeStoreOptions no;
   no.paths = {rig->dir};
@@ -159,6 +168,76 @@ class Driver {
       params_[t] = RandomBf16(params_[t].size(), rng_);
       ASSERT_TRUE(m.WriteTensor(static_cast<int>(t), params_[t].data()).ok());
     }
+  }
+
+  // Runs an iteration given as acquire/release steps: {tensors, phase, acquire?}. Parameters are
+  // checked at every acquire; in backward a fresh gradient is written at acquire. `extra_checks`
+  // lists tensors whose parameters are re-checked (still held) after each step.
+  struct Step {
+    std::vector<int> tensors;
+    Phase phase;
+    bool acquire;
+  };
+  void Script(const std::vector<Step>& steps, const std::vector<int>& recheck = {}) {
+    ChunkManager& m = *rig_.manager;
+    ASSERT_TRUE(m.BeginIteration().ok());
+    std::vector<bool> used(params_.size(), false);
+    std::vector<bool> held(params_.size(), false);
+    for (const Step& st : steps) {
+      if (st.acquire) {
+        Status s = m.Acquire(st.tensors, st.phase);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        for (int t : st.tensors) {
+          CheckParams(t, st.phase);
+          if (testing::Test::HasFatalFailure()) return;
+          if (st.phase == Phase::kBackward) WriteGrad(t, used);
+          held[static_cast<size_t>(t)] = true;
+        }
+      } else {
+        ASSERT_TRUE(m.Release(st.tensors, st.phase).ok());
+        for (int t : st.tensors) held[static_cast<size_t>(t)] = false;
+      }
+      for (int t : recheck) {
+        if (held[static_cast<size_t>(t)]) CheckParams(t, Phase::kForward);
+      }
+    }
+    Status st = m.EndIteration();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    for (size_t t = 0; t < params_.size(); ++t) {
+      std::vector<uint16_t> got(params_[t].size());
+      ASSERT_TRUE(m.ReadGrad(static_cast<int>(t), got.data()).ok());
+      if (used[t]) {
+        ASSERT_EQ(got, grads_[t]) << "gradient of tensor " << t;
+      } else {
+        ASSERT_EQ(got, std::vector<uint16_t>(got.size(), 0)) << "unused tensor " << t;
+      }
+    }
+  }
+
+  void CheckParams(int t, Phase phase) {
+    Device& d = *rig_.device;
+    const StreamHandle s = rig_.compute.handle();
+    const size_t i = static_cast<size_t>(t);
+    std::vector<uint16_t> seen(params_[i].size());
+    ASSERT_NE(rig_.manager->DevicePtr(t), nullptr) << "tensor " << t;
+    ASSERT_TRUE(d.CopyAsync(seen.data(), rig_.manager->DevicePtr(t), seen.size() * 2,
+                            CopyKind::kDeviceToHost, s)
+                    .ok());
+    ASSERT_TRUE(d.SynchronizeStream(s).ok());
+    ASSERT_EQ(seen, params_[i]) << "tensor " << t << " in " << PhaseName(phase);
+  }
+
+  void WriteGrad(int t, std::vector<bool>& used) {
+    Device& d = *rig_.device;
+    const StreamHandle s = rig_.compute.handle();
+    const size_t i = static_cast<size_t>(t);
+    grads_[i] = RandomBf16(params_[i].size(), rng_);
+    ASSERT_NE(rig_.manager->GradPtr(t), nullptr);
+    ASSERT_TRUE(d.CopyAsync(rig_.manager->GradPtr(t), grads_[i].data(), grads_[i].size() * 2,
+                            CopyKind::kHostToDevice, s)
+                    .ok());
+    ASSERT_TRUE(d.SynchronizeStream(s).ok());
+    used[i] = true;
   }
 
   void StartAccumulation() {
@@ -304,6 +383,123 @@ TEST(ChunkManagerTest, WarmUpUnderATightDeviceSucceeds) {
   Driver driver(*rig);
   driver.Iterate(AllLayers());
   EXPECT_TRUE(rig->manager->has_plan());
+  driver.Iterate(AllLayers());
+}
+
+// Forward over all layers, backward over all but `skip_bwd` tensors (never used in backward).
+std::vector<Driver::Step> FwdBwd(const Rig& rig, const std::vector<int>& skip_bwd) {
+  std::vector<Driver::Step> steps;
+  for (const auto& layer : rig.layers) {
+    steps.push_back({layer, Phase::kForward, true});
+    steps.push_back({layer, Phase::kForward, false});
+  }
+  for (auto it = rig.layers.rbegin(); it != rig.layers.rend(); ++it) {
+    std::vector<int> b;
+    for (int t : *it) {
+      if (std::find(skip_bwd.begin(), skip_bwd.end(), t) == skip_bwd.end()) b.push_back(t);
+    }
+    if (b.empty()) continue;
+    steps.push_back({b, Phase::kBackward, true});
+    steps.push_back({b, Phase::kBackward, false});
+  }
+  return steps;
+}
+
+TEST(ChunkManagerTest, TensorsWithoutBackwardUseGetZeroGradientsUnderEveryPolicy) {
+  // Chunks holding a tensor with no backward use are reduced only when backward ends; the plan
+  // must keep them (their other tensors' in-place gradients live in the slot) until then.
+  for (CachePolicy p : {CachePolicy::kPlan, CachePolicy::kOnDemand, CachePolicy::kLru}) {
+    RigOptions ro;
+    ro.policy = p;
+    auto rig = MakeRig(ro);
+    Driver driver(*rig);
+    const auto steps = FwdBwd(*rig, {1, 13, 22});
+    for (int it = 0; it < 4; ++it) {
+      driver.Script(steps);
+      if (HasFatalFailure()) return;
+    }
+    EXPECT_EQ(rig->manager->counters().deviations, 0u) << CachePolicyName(p);
+  }
+}
+
+TEST(ChunkManagerTest, SharedWeightIsNotOverwrittenByItsFirstGradient) {
+  // Tensor 0 is used at the start and the end of forward (a tied embedding), so it has two
+  // backward uses; the second must still see the weight, not the first use's gradient.
+  auto rig = MakeRig({});
+  Driver driver(*rig);
+  std::vector<Driver::Step> steps;
+  for (const auto& layer : rig->layers) {
+    steps.push_back({layer, Phase::kForward, true});
+    steps.push_back({layer, Phase::kForward, false});
+  }
+  steps.push_back({{0}, Phase::kForward, true});
+  steps.push_back({{0}, Phase::kForward, false});
+  steps.push_back({{0}, Phase::kBackward, true});
+  steps.push_back({{0}, Phase::kBackward, false});
+  for (auto it = rig->layers.rbegin(); it != rig->layers.rend(); ++it) {
+    steps.push_back({*it, Phase::kBackward, true});
+    steps.push_back({*it, Phase::kBackward, false});
+  }
+  for (int it = 0; it < 3; ++it) {
+    driver.Script(steps);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(ChunkManagerTest, OuterScopesKeepTheirChunksThroughInnerMoments) {
+  // Layer 0 stays acquired while layers 1..9 come and go (a tight budget forces evictions);
+  // its parameters are re-read after every step.
+  RigOptions ro;
+  ro.budget_chunks = 7;
+  auto rig = MakeRig(ro);
+  Driver driver(*rig);
+  std::vector<Driver::Step> steps = {{rig->layers[0], Phase::kForward, true}};
+  for (size_t l = 1; l < rig->layers.size(); ++l) {
+    steps.push_back({rig->layers[l], Phase::kForward, true});
+    steps.push_back({rig->layers[l], Phase::kForward, false});
+  }
+  steps.push_back({rig->layers[0], Phase::kForward, false});
+  for (int it = 0; it < 3; ++it) {
+    driver.Script(steps, rig->layers[0]);
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_EQ(rig->manager->counters().deviations, 0u);
+}
+
+TEST(ChunkManagerTest, FailedGatherLeavesStateAsBeforeAndRetrySucceeds) {
+  RigOptions ro;
+  ro.faults = true;
+  auto rig = MakeRig(ro);
+  auto* faults = static_cast<FaultInjectionDevice*>(rig->device.get());
+  Driver driver(*rig);
+  driver.Iterate(AllLayers());  // warm-up and plan
+  ASSERT_FALSE(HasFatalFailure());
+  ChunkManager& m = *rig->manager;
+  ASSERT_TRUE(m.BeginIteration().ok());
+  // Every host-to-device copy fails until the first Acquire that needs one reports it (failed
+  // prefetches before that are dropped, and their chunks gathered on demand).
+  faults->Inject({.op = DeviceOp::kCopyH2D, .count = 1 << 20, .code = StatusCode::kInternal});
+  bool failed_once = false;
+  for (const auto& layer : rig->layers) {
+    const int fwd_before = m.states().forward_uses(layer[0]);
+    const TensorState state_before = m.states().state(layer[0]);
+    Status st = m.Acquire(layer, Phase::kForward);
+    if (!st.ok()) {
+      ASSERT_FALSE(failed_once);
+      failed_once = true;
+      EXPECT_EQ(st.code(), StatusCode::kInternal) << st.ToString();
+      EXPECT_NE(st.message().find("gathering chunk"), std::string::npos) << st.message();
+      EXPECT_EQ(m.states().forward_uses(layer[0]), fwd_before) << "use counts restored";
+      EXPECT_EQ(m.states().state(layer[0]), state_before) << "state restored";
+      faults->Clear();
+      st = m.Acquire(layer, Phase::kForward);  // the same acquire works now
+    }
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    for (int t : layer) driver.CheckParams(t, Phase::kForward);
+    ASSERT_TRUE(m.Release(layer, Phase::kForward).ok());
+  }
+  EXPECT_TRUE(failed_once) << "injected " << faults->injected();
+  ASSERT_TRUE(m.EndIteration().ok());
   driver.Iterate(AllLayers());
 }
 

@@ -187,12 +187,13 @@ struct FaultyStore {
   FaultInjectionBlockIo* faults = nullptr;
 };
 
-FaultyStore OpenFaulty(const TempDir& dir, bool checksums = true) {
+FaultyStore OpenFaulty(const TempDir& dir, bool checksums = true, int queue_depth = 32) {
   FaultyStore fs;
   NvmeStoreOptions o;
   o.paths = {dir.path()};
   o.bytes_per_path = 32 * kMiB;
   o.block_bytes = 64 * kKiB;
+  o.queue_depth = queue_depth;
   o.checksums = checksums;
   o.wrap_io = [&fs](std::unique_ptr<BlockIo> io) -> std::unique_ptr<BlockIo> {
     auto wrapped = std::make_unique<FaultInjectionBlockIo>(std::move(io));
@@ -220,6 +221,40 @@ TEST(NvmeFaultTest, ShortTransfersAreResubmitted) {
   EXPECT_EQ(0, std::memcmp(in.data, out.data, e->bytes));
   EXPECT_GE(f.store->stats().short_transfers, 20u);
   EXPECT_EQ(f.faults->injected(), 80) << "every 64 KiB request of both directions was shortened";
+}
+
+TEST(NvmeFaultTest, ShortTransfersOfMoreRequestsThanTheQueueDepthDoNotDeadlock) {
+  // 32 requests through a queue of depth 2: the submitter is blocked on the in-flight limit
+  // while completions resubmit remainders. A resubmission must reuse its permit.
+  for (IoBackend backend : {IoBackend::kIoUring, IoBackend::kThreadPool}) {
+    TempDir dir;
+    FaultyStore f;
+    NvmeStoreOptions o;
+    o.paths = {dir.path()};
+    o.bytes_per_path = 8 * kMiB;
+    o.block_bytes = 64 * kKiB;
+    o.queue_depth = 2;
+    o.backend = backend;
+    o.wrap_io = [&f](std::unique_ptr<BlockIo> io) -> std::unique_ptr<BlockIo> {
+      auto wrapped = std::make_unique<FaultInjectionBlockIo>(std::move(io));
+      f.faults = wrapped.get();
+      return wrapped;
+    };
+    auto s = NvmeStore::Open(o);
+    ASSERT_TRUE(s.ok());
+    f.faults->Inject(
+        {.kind = BlockIoFault::Kind::kShorten, .op = IoRequest::Op::kWrite, .count = 64});
+    f.faults->Inject(
+        {.kind = BlockIoFault::Kind::kShorten, .op = IoRequest::Op::kRead, .count = 64});
+    auto e = (*s)->Allocate(2 * kMiB);
+    ASSERT_TRUE(e.ok());
+    AlignedBuf in(e->bytes), out(e->bytes);
+    Fill(in.data, in.size, 12);
+    ASSERT_TRUE((*s)->Write(*e, in.data).ok());
+    ASSERT_TRUE((*s)->Read(*e, out.data).ok());
+    EXPECT_EQ(0, std::memcmp(in.data, out.data, e->bytes));
+    EXPECT_GE((*s)->stats().short_transfers, 64u);
+  }
 }
 
 TEST(NvmeFaultTest, IoErrorSurfacesWithContextAndStoreStaysUsable) {
