@@ -232,7 +232,12 @@ StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const CudaDeviceOptions& opti
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
-    return UnavailableError(std::string("no usable CUDA GPU: ") + cudaGetErrorString(err));
+    cudaGetLastError();
+    const char* why = err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice
+                          ? "no NVIDIA GPU with a working driver on this machine"
+                          : "CUDA could not enumerate GPUs";
+    return UnavailableError(std::string(why) + " (CUDA: " + cudaGetErrorString(err) +
+                            "); use the host device");
   }
   if (options.ordinal < 0 || options.ordinal >= count) {
     return UnavailableError("CUDA device " + std::to_string(options.ordinal) + " does not exist (" +
