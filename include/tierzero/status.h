@@ -107,16 +107,17 @@ class [[nodiscard]] StatusOr {
   Status status() && { return std::move(status_); }
 
   // REQUIRES: ok(). Aborts with the status otherwise.
+  // (A moved-from StatusOr has neither: that aborts too.)
   T& value() & {
-    if (!ok()) DieOnBadStatusAccess(status_);
+    if (!ok() || !value_) DieOnBadStatusAccess(status_);
     return *value_;
   }
   const T& value() const& {
-    if (!ok()) DieOnBadStatusAccess(status_);
+    if (!ok() || !value_) DieOnBadStatusAccess(status_);
     return *value_;
   }
   T&& value() && {
-    if (!ok()) DieOnBadStatusAccess(status_);
+    if (!ok() || !value_) DieOnBadStatusAccess(status_);
     return std::move(*value_);
   }
   T& operator*() & { return value(); }

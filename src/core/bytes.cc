@@ -51,12 +51,15 @@ StatusOr<uint64_t> ParseByteSize(std::string_view text) {
   }
   // Fraction as numerator / 10^k, at most 18 digits kept exact.
   uint64_t frac_num = 0, frac_den = 1;
+  bool dropped_nonzero = false;  // fraction digits beyond what we keep exactly
   if (i < s.size() && s[i] == '.') {
     ++i;
     while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) {
       if (frac_den < 1000000000000000000ull) {
         frac_num = frac_num * 10 + static_cast<uint64_t>(s[i] - '0');
         frac_den *= 10;
+      } else if (s[i] != '0') {
+        dropped_nonzero = true;
       }
       any_digit = true;
       ++i;
@@ -88,6 +91,7 @@ StatusOr<uint64_t> ParseByteSize(std::string_view text) {
     }
   }
   if (factor == 0) return bad("unknown unit '" + std::string(unit) + "'");
+  if (dropped_nonzero) return bad("not a whole number of bytes");
 
   if (whole != 0 && factor > UINT64_MAX / whole) return bad("too large");
   uint64_t bytes = whole * factor;

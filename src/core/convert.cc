@@ -1,6 +1,7 @@
 #include "core/convert.h"
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "core/convert_internal.h"
@@ -14,9 +15,15 @@ TZ_TUNABLE(ByteSize, kStreamingStoreThreshold, "TZ_CONVERT_STREAMING_BYTES",
            "Conversions writing at least this many bytes use non-temporal stores");
 
 size_t StreamingStoreThresholdBytes() {
-  // Read once: the tunable's mutex would otherwise be taken on every conversion call.
-  static const size_t threshold = kStreamingStoreThreshold.Get().bytes;
-  return threshold;
+  // Cached per Set/Reset of the tunable: its mutex would otherwise be taken on every conversion.
+  static std::atomic<uint64_t> cached_generation{0};
+  static std::atomic<size_t> cached{0};
+  const uint64_t generation = kStreamingStoreThreshold.generation();
+  if (cached_generation.load(std::memory_order_acquire) != generation) {
+    cached.store(kStreamingStoreThreshold.Get().bytes, std::memory_order_relaxed);
+    cached_generation.store(generation, std::memory_order_release);
+  }
+  return cached.load(std::memory_order_relaxed);
 }
 
 namespace {

@@ -28,6 +28,11 @@ namespace tierzero {
 
 // ---- Scalar single-element conversions (the reference the SIMD paths must equal) -------------
 // These also compile as CUDA device code, so the GPU casts (src/kernels) round identically.
+// Note [Internal linkage for helpers of SIMD files]: they are `static inline` because the SIMD
+// translation units compile them with -mavx2/-mavx512*. With external linkage the linker would
+// keep one out-of-line copy for the whole program, possibly an AVX-512 one, and the scalar path
+// would die with SIGILL on an older CPU (seen as a risk in -O0/ASan builds, where such copies are
+// common). Each file keeps its own copy instead.
 
 #if defined(__CUDACC__)
 #define TZ_HOST_DEVICE __host__ __device__
@@ -35,7 +40,7 @@ namespace tierzero {
 #define TZ_HOST_DEVICE
 #endif
 
-TZ_HOST_DEVICE inline uint32_t FloatBits(float f) {
+TZ_HOST_DEVICE static inline uint32_t FloatBits(float f) {
 #if defined(__CUDA_ARCH__)
   return __float_as_uint(f);
 #else
@@ -44,7 +49,7 @@ TZ_HOST_DEVICE inline uint32_t FloatBits(float f) {
   return u;
 #endif
 }
-TZ_HOST_DEVICE inline float BitsToFloat(uint32_t u) {
+TZ_HOST_DEVICE static inline float BitsToFloat(uint32_t u) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(u);
 #else
@@ -54,18 +59,18 @@ TZ_HOST_DEVICE inline float BitsToFloat(uint32_t u) {
 #endif
 }
 
-TZ_HOST_DEVICE inline uint16_t F32ToBF16Scalar(float f) {
+TZ_HOST_DEVICE static inline uint16_t F32ToBF16Scalar(float f) {
   const uint32_t x = FloatBits(f);
   if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((x >> 16) | 0x0040u);
   const uint32_t lsb = (x >> 16) & 1u;
   return static_cast<uint16_t>((x + 0x7FFFu + lsb) >> 16);
 }
 
-TZ_HOST_DEVICE inline float BF16ToF32Scalar(uint16_t h) {
+TZ_HOST_DEVICE static inline float BF16ToF32Scalar(uint16_t h) {
   return BitsToFloat(static_cast<uint32_t>(h) << 16);
 }
 
-TZ_HOST_DEVICE inline uint16_t F32ToF16Scalar(float f) {
+TZ_HOST_DEVICE static inline uint16_t F32ToF16Scalar(float f) {
   const uint32_t x = FloatBits(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t abs = x & 0x7FFFFFFFu;
@@ -90,7 +95,7 @@ TZ_HOST_DEVICE inline uint16_t F32ToF16Scalar(float f) {
   return static_cast<uint16_t>(sign | q);
 }
 
-TZ_HOST_DEVICE inline float F16ToF32Scalar(uint16_t h) {
+TZ_HOST_DEVICE static inline float F16ToF32Scalar(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1Fu;
   uint32_t mant = h & 0x3FFu;

@@ -2,6 +2,7 @@
 
 #include <cpuid.h>
 
+#include <atomic>
 #include <string>
 
 #include "core/logging.h"
@@ -43,6 +44,8 @@ CpuFeatures Detect() {
 }
 
 }  // namespace
+
+SimdLevel ResolveSimdLevel();
 
 const CpuFeatures& GetCpuFeatures() {
   static const CpuFeatures features = Detect();
@@ -88,6 +91,20 @@ StatusOr<SimdLevel> ParseSimdLevel(std::string_view name) {
 }
 
 SimdLevel ActiveSimdLevel() {
+  // Resolved once per Set/Reset of the tunable: conversions call this on every buffer.
+  static std::atomic<uint64_t> cached_generation{0};
+  static std::atomic<int> cached_level{0};
+  const uint64_t generation = kSimdTunable.generation();
+  if (cached_generation.load(std::memory_order_acquire) == generation) {
+    return static_cast<SimdLevel>(cached_level.load(std::memory_order_relaxed));
+  }
+  const SimdLevel level = ResolveSimdLevel();
+  cached_level.store(static_cast<int>(level), std::memory_order_relaxed);
+  cached_generation.store(generation, std::memory_order_release);
+  return level;
+}
+
+SimdLevel ResolveSimdLevel() {
   const std::string forced = kSimdTunable.Get();
   if (forced.empty() || forced == "auto") return DetectedSimdLevel();
   auto level = ParseSimdLevel(forced);

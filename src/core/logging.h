@@ -12,6 +12,7 @@
 // Thread-safety: all functions may be called from any thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <sstream>
 #include <string_view>
@@ -77,6 +78,6 @@ struct LogVoidify {
                 .stream()
 
 // Logs the first time this line is reached in the process, then never again.
-#define TZ_LOG_ONCE(level, subsys)                                                    \
-  for (static bool tz_logged_once_ = false; !tz_logged_once_; tz_logged_once_ = true) \
+#define TZ_LOG_ONCE(level, subsys)                                                        \
+  for (static std::atomic<bool> tz_logged_once_{false}; !tz_logged_once_.exchange(true);) \
   TZ_LOG(level, subsys)

@@ -15,6 +15,7 @@
 // (like environment variables); everything else in tierzero is passed explicitly.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -102,11 +103,16 @@ class Tunable final : public TunableBase {
   void Set(T value) {
     std::lock_guard<std::mutex> lock(mu_);
     override_ = std::move(value);
+    generation_.fetch_add(1, std::memory_order_release);
   }
   void Reset() {
     std::lock_guard<std::mutex> lock(mu_);
     override_.reset();
+    generation_.fetch_add(1, std::memory_order_release);
   }
+  // Changes with every Set/Reset: hot paths cache a value derived from Get() and refresh it
+  // when this moves, instead of taking the mutex each time.
+  uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
   const T& default_value() const { return default_; }
 
   std::string ValueString() const override { return internal::TunableToString(Get()); }
@@ -125,6 +131,7 @@ class Tunable final : public TunableBase {
   mutable bool env_loaded_ = false;
   mutable std::optional<T> env_;
   std::optional<T> override_;
+  std::atomic<uint64_t> generation_{1};
 };
 
 // Sets a tunable for the lifetime of a scope (tests).

@@ -47,9 +47,10 @@ extern const AdamKernels kAdamAvx512;
 extern const AdamKernels kAdamAvx512Bf16;
 
 // ---- The scalar element update, shared by every path's tail ------------------------------------
+// `static inline`: see Note [Internal linkage for helpers of SIMD files] in core/convert.h.
 // The operation order and the fused multiply-adds match the vector code lane for lane.
 
-inline float LoadGradScalar(const void* grad, DType dtype, size_t i) {
+static inline float LoadGradScalar(const void* grad, DType dtype, size_t i) {
   switch (dtype) {
     case DType::kBF16:
       return BF16ToF32Scalar(static_cast<const uint16_t*>(grad)[i]);
@@ -60,7 +61,7 @@ inline float LoadGradScalar(const void* grad, DType dtype, size_t i) {
   }
 }
 
-inline void AdamElement(const AdamBlock& b, const AdamScalars& s, size_t i) {
+static inline void AdamElement(const AdamBlock& b, const AdamScalars& s, size_t i) {
   float g = LoadGradScalar(b.grad, b.grad_dtype, i) * s.grad_scale;
   float p = b.master[i];
   g = std::fmaf(s.l2, p, g);

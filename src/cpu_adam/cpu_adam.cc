@@ -124,6 +124,10 @@ StatusOr<bool> CpuAdam::Step(const AdamBuffers& b, const AdamStepOptions& opt) {
     return InvalidArgumentError("CpuAdam output copy must be bf16 or fp16, not " +
                                 std::string(DTypeName(b.out_dtype)));
   }
+  if (std::isnan(opt.lr) || std::isinf(opt.lr)) {
+    return InvalidArgumentError("adam step lr = " + std::to_string(opt.lr) +
+                                " is not finite (use a negative value for the configured lr)");
+  }
   if (!std::isfinite(opt.grad_scale)) {
     return InvalidArgumentError("adam grad_scale = " + std::to_string(opt.grad_scale) +
                                 " is not finite");

@@ -13,7 +13,8 @@
 //
 // Arithmetic is fp32 with fused multiply-adds in a fixed order, identical on the scalar, AVX2 and
 // AVX-512 paths (they agree bit for bit; the tests check it), except that the AVX512-BF16 path
-// converts the output with VCVTNEPS2BF16, which turns fp32 denormal masters into signed zero.
+// converts the output with VCVTNEPS2BF16, which turns fp32 denormal masters into signed zero
+// (the last n % 16 elements of a block, done by the scalar tail, are rounded as denormals).
 // See Note [One fused pass] in cpu_adam.cc.
 //
 // Thread-safety: a CpuAdam holds only its configuration and a oneTBB arena; Step, AllFinite and

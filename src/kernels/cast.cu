@@ -42,6 +42,7 @@ Status Launch(const void* src, void* dst, size_t n, cudaStream_t stream, Op op) 
   constexpr int kThreads = 256;
   // Enough blocks to fill any current GPU several times over; the loop covers the rest.
   const size_t blocks = std::min<size_t>((n + kThreads - 1) / kThreads, 65536);
+  (void)cudaGetLastError();  // report this launch's error, not an earlier call's
   CastKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(static_cast<const In*>(src),
                                                                      static_cast<Out*>(dst), n, op);
   cudaError_t err = cudaGetLastError();

@@ -23,6 +23,7 @@ Status CudaStatus(cudaError_t err, const char* call, const char* file, int line)
                         : StatusCode::kInternal;
   Status s(code, std::string(call) + " failed: " + cudaGetErrorName(err) + " (" +
                      cudaGetErrorString(err) + ")");
+  (void)cudaGetLastError();  // a handled, non-sticky error must not resurface at a later call
   s.AddFrame(file, line);
   return s;
 }
@@ -110,6 +111,7 @@ class CudaDevice final : public Device {
     cudaStreamDestroy(Cast(h));
   }
   Status SynchronizeStream(StreamHandle h) override {
+    RETURN_IF_ERROR(CheckStream(h));
     RETURN_IF_ERROR(Current());
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(Cast(h)));
     return Status::OK();
@@ -127,29 +129,45 @@ class CudaDevice final : public Device {
     return EventHandle{e};
   }
   void DestroyEvent(EventHandle h) override {
-    if (h.impl != nullptr) cudaEventDestroy(Cast(h));
+    if (h.impl == nullptr) return;
+    cudaSetDevice(info_.ordinal);
+    cudaEventDestroy(Cast(h));
   }
   Status RecordEvent(EventHandle e, StreamHandle s) override {
+    RETURN_IF_ERROR(CheckEvent(e));
+    RETURN_IF_ERROR(CheckStream(s));
     RETURN_IF_ERROR(Current());
     CUDA_RETURN_IF_ERROR(cudaEventRecord(Cast(e), Cast(s)));
     return Status::OK();
   }
   Status StreamWaitEvent(StreamHandle s, EventHandle e) override {
+    RETURN_IF_ERROR(CheckEvent(e));
+    RETURN_IF_ERROR(CheckStream(s));
     RETURN_IF_ERROR(Current());
     CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(Cast(s), Cast(e), 0));
     return Status::OK();
   }
   Status SynchronizeEvent(EventHandle e) override {
+    RETURN_IF_ERROR(CheckEvent(e));
+    RETURN_IF_ERROR(Current());
     CUDA_RETURN_IF_ERROR(cudaEventSynchronize(Cast(e)));
     return Status::OK();
   }
   StatusOr<bool> EventDone(EventHandle e) override {
+    RETURN_IF_ERROR(CheckEvent(e));
+    RETURN_IF_ERROR(Current());
     cudaError_t err = cudaEventQuery(Cast(e));
-    if (err == cudaErrorNotReady) return false;
+    if (err == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // "not ready" is an answer, not an error to keep
+      return false;
+    }
     CUDA_RETURN_IF_ERROR(err);
     return true;
   }
   StatusOr<double> ElapsedSeconds(EventHandle start, EventHandle end) override {
+    RETURN_IF_ERROR(CheckEvent(start));
+    RETURN_IF_ERROR(CheckEvent(end));
+    RETURN_IF_ERROR(Current());
     float ms = 0;
     cudaError_t err = cudaEventElapsedTime(&ms, Cast(start), Cast(end));
     if (err == cudaErrorNotReady || err == cudaErrorInvalidResourceHandle) {
@@ -162,12 +180,16 @@ class CudaDevice final : public Device {
 
   Status CopyAsync(void* dst, const void* src, size_t bytes, CopyKind kind,
                    StreamHandle s) override {
+    RETURN_IF_ERROR(CheckStream(s));
     if (bytes == 0) return Status::OK();
+    if (dst == nullptr || src == nullptr)
+      return InvalidArgumentError("CopyAsync with a null pointer");
     RETURN_IF_ERROR(Current());
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, ToCuda(kind), Cast(s)));
     return Status::OK();
   }
   Status MemsetAsync(void* dst, uint8_t value, size_t bytes, StreamHandle s) override {
+    RETURN_IF_ERROR(CheckStream(s));
     if (bytes == 0) return Status::OK();
     RETURN_IF_ERROR(Current());
     CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, value, bytes, Cast(s)));
@@ -175,10 +197,13 @@ class CudaDevice final : public Device {
   }
   Status CastAsync(const void* src, DType src_type, void* dst, DType dst_type, size_t n,
                    StreamHandle s) override {
+    RETURN_IF_ERROR(CheckStream(s));
     RETURN_IF_ERROR(Current());
     return kernels::CastCudaAsync(src, src_type, dst, dst_type, n, s.impl);
   }
   Status LaunchHostFunc(StreamHandle s, std::function<void()> fn) override {
+    RETURN_IF_ERROR(CheckStream(s));
+    if (!fn) return InvalidArgumentError("LaunchHostFunc with an empty function");
     RETURN_IF_ERROR(Current());
     auto* heap_fn = new std::function<void()>(std::move(fn));
     cudaError_t err = cudaLaunchHostFunc(Cast(s), RunHostFunc, heap_fn);
@@ -199,11 +224,22 @@ class CudaDevice final : public Device {
     return Status::OK();
   }
   Status UnregisterHostMemory(void* ptr) override {
+    RETURN_IF_ERROR(Current());
     CUDA_RETURN_IF_ERROR(cudaHostUnregister(ptr));
     return Status::OK();
   }
 
  private:
+  // A null handle would be CUDA's legacy default stream, which does not order against these
+  // non-blocking streams: refuse it, as HostSim does.
+  static Status CheckStream(StreamHandle h) {
+    if (h.impl == nullptr) return InvalidArgumentError("null stream");
+    return Status::OK();
+  }
+  static Status CheckEvent(EventHandle h) {
+    if (h.impl == nullptr) return InvalidArgumentError("null event");
+    return Status::OK();
+  }
   static cudaStream_t Cast(StreamHandle h) { return static_cast<cudaStream_t>(h.impl); }
   static cudaEvent_t Cast(EventHandle h) { return static_cast<cudaEvent_t>(h.impl); }
   Status Current() const {

@@ -121,7 +121,11 @@ class Device {
   virtual Status CastAsync(const void* src, DType src_type, void* dst, DType dst_type, size_t n,
                            StreamHandle stream) = 0;
   // Runs `fn` on a host thread after the stream's earlier work; later work waits for it.
-  // `fn` must not call into this device.
+  // REQUIRES (CUDA's rules for cudaLaunchHostFunc, enforced nowhere else, so follow them on every
+  // device): `fn` is non-empty (InvalidArgument otherwise), makes no call into any Device (no CUDA
+  // API call at all), does not throw, and releases no last reference to a Stream or Event. It may
+  // block, but on CUDA host functions of all streams can share one driver thread, so a blocking
+  // `fn` can delay the others. If the stream fails before reaching it, `fn` may never run.
   virtual Status LaunchHostFunc(StreamHandle stream, std::function<void()> fn) = 0;
 
   // ---- Host memory ----

@@ -199,11 +199,10 @@ class HostSimDevice final : public Device {
     RETURN_IF_ERROR(CheckStream(stream));
     if (event.impl == nullptr) return InvalidArgumentError("RecordEvent on a null event");
     std::shared_ptr<SimEvent> e = Ev(event);
-    uint64_t target;
-    {
-      std::lock_guard<std::mutex> lock(e->mu);
-      target = ++e->records;
-    }
+    // Count and queue the record under the event's lock, so a StreamWaitEvent from another
+    // thread can never queue a wait for this record ahead of the record itself.
+    std::lock_guard<std::mutex> event_lock(e->mu);
+    const uint64_t target = ++e->records;
     static_cast<SimStream*>(stream.impl)->Enqueue([e, target] {
       std::lock_guard<std::mutex> lock(e->mu);
       if (target > e->completed) {
@@ -219,11 +218,8 @@ class HostSimDevice final : public Device {
     RETURN_IF_ERROR(CheckStream(stream));
     if (event.impl == nullptr) return InvalidArgumentError("StreamWaitEvent on a null event");
     std::shared_ptr<SimEvent> e = Ev(event);
-    uint64_t target;
-    {
-      std::lock_guard<std::mutex> lock(e->mu);
-      target = e->records;
-    }
+    std::lock_guard<std::mutex> event_lock(e->mu);
+    const uint64_t target = e->records;
     if (target == 0) return Status::OK();
     static_cast<SimStream*>(stream.impl)->Enqueue([e, target] {
       std::unique_lock<std::mutex> lock(e->mu);
@@ -324,6 +320,7 @@ class HostSimDevice final : public Device {
 
   Status LaunchHostFunc(StreamHandle stream, std::function<void()> fn) override {
     RETURN_IF_ERROR(CheckStream(stream));
+    if (!fn) return InvalidArgumentError("LaunchHostFunc with an empty function");
     static_cast<SimStream*>(stream.impl)->Enqueue(std::move(fn));
     return Status::OK();
   }

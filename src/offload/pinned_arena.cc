@@ -35,8 +35,16 @@ StatusOr<std::unique_ptr<PinnedArena>> PinnedArena::Create(Device* device, uint6
     return InvalidArgumentError("pinned arena needs slot_bytes > 0 and num_slots > 0, got " +
                                 std::to_string(slot_bytes) + " and " + std::to_string(num_slots));
   }
+  if (slot_bytes > (uint64_t{1} << 48) || num_slots > (1u << 24)) {
+    return InvalidArgumentError("pinned arena of " + std::to_string(num_slots) + " slots of " +
+                                std::to_string(slot_bytes) + " bytes is implausibly large");
+  }
   const uint64_t slot = AlignUp(slot_bytes, kPinnedAlignment);
   const uint64_t total = slot * num_slots;
+  if (total / num_slots != slot || total > (uint64_t{1} << 48)) {
+    return OutOfMemoryError("pinned arena of " + std::to_string(num_slots) + " x " +
+                            FormatBytes(slot) + " does not fit in the address space");
+  }
   void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (base == MAP_FAILED) {
     return ErrnoError("cannot map " + FormatBytes(total) + " for the pinned host arena", errno,

@@ -53,6 +53,7 @@ class PinnedArena {
  public:
   // Reserves num_slots slots of slot_bytes (rounded up to kPinnedAlignment) and registers them
   // with `device` when it has caps.pinned_host (device may be null: no registration).
+  // REQUIRES: `device` outlives the arena (the destructor unregisters through it).
   // InvalidArgument for zero sizes; OutOfMemory when the memory cannot be had; the device's
   // error (with context) when registration fails.
   static StatusOr<std::unique_ptr<PinnedArena>> Create(Device* device, uint64_t slot_bytes,

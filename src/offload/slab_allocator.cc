@@ -23,6 +23,10 @@ void SlabAllocator::EraseFree(std::map<uint64_t, uint64_t>::iterator it) {
 }
 
 std::optional<uint64_t> SlabAllocator::Allocate(uint64_t bytes) {
+  if (bytes > capacity_) {  // also keeps AlignUp below from wrapping around
+    ++stat_.num_ooms;
+    return std::nullopt;
+  }
   const uint64_t size = AlignUp(bytes == 0 ? 1 : bytes, alignment_);
   auto best = free_by_size_.lower_bound({size, 0});
   if (best == free_by_size_.end()) {

@@ -10,11 +10,22 @@
 namespace tierzero {
 namespace {
 
+Moment Mo(std::vector<int> chunks, uint64_t nonmodel, uint64_t peak, double seconds,
+          bool backward = false) {
+  Moment m;
+  m.chunks = std::move(chunks);
+  m.nonmodel_bytes = nonmodel;
+  m.nonmodel_peak = peak;
+  m.compute_seconds = seconds;
+  m.backward = backward;
+  return m;
+}
+
 // A training-like trace: forward over chunks 0..n-1 one per moment, backward n-1..0.
 std::vector<Moment> ForwardBackward(int n, double compute_s, uint64_t nonmodel = 0) {
   std::vector<Moment> m;
-  for (int c = 0; c < n; ++c) m.push_back({{c}, nonmodel, nonmodel, compute_s});
-  for (int c = n - 1; c >= 0; --c) m.push_back({{c}, nonmodel, nonmodel, 2 * compute_s});
+  for (int c = 0; c < n; ++c) m.push_back(Mo({c}, nonmodel, nonmodel, compute_s));
+  for (int c = n - 1; c >= 0; --c) m.push_back(Mo({c}, nonmodel, nonmodel, 2 * compute_s));
   return m;
 }
 
@@ -42,7 +53,7 @@ void CheckDecisions(const std::vector<Moment>& moments, const Schedule& s) {
 }
 
 TEST(PlanTest, SlotsAccountForNonModelBytesOfThisAndTheNextMoment) {
-  std::vector<Moment> m = {{{0}, 0, 0, 1}, {{1}, 0, 40 * kMiB, 1}, {{2}, 0, 0, 1}};
+  std::vector<Moment> m = {Mo({0}, 0, 0, 1), Mo({1}, 0, 40 * kMiB, 1), Mo({2}, 0, 0, 1)};
   PlanOptions o = Options(3, 8, 0.1);  // 128 MiB
   o.workspace_bytes = 16 * kMiB;
   auto slots = SlotsPerMoment(m, o);
@@ -120,7 +131,7 @@ TEST(PlanTest, BeladyNeverGathersMoreThanLruOnRandomTraces) {
 }
 
 TEST(PlanTest, UnknownChunkIsInvalidArgument) {
-  std::vector<Moment> m = {{{5}, 0, 0, 1}};
+  std::vector<Moment> m = {Mo({5}, 0, 0, 1)};
   EXPECT_EQ(Simulate(m, Options(2, 4, 1), CachePolicy::kPlan).status().code(),
             StatusCode::kInvalidArgument);
 }
@@ -160,7 +171,7 @@ TEST(PlanTest, BeladyMissCountEqualsBruteForceOptimum) {
     std::vector<Moment> m;
     for (int k = 0; k < 11; ++k) {
       seq.push_back(static_cast<int>(rng() % chunks));
-      m.push_back({{seq.back()}, 0, 0, 1.0});
+      m.push_back(Mo({seq.back()}, 0, 0, 1.0));
     }
     PlanOptions o;
     o.chunk_bytes = kMiB;
@@ -175,8 +186,8 @@ TEST(PlanTest, BeladyMissCountEqualsBruteForceOptimum) {
 TEST(PlanTest, ChunksWithInPlaceGradientsAreNotEvictedMidBackward) {
   // Chunk 0 is used in backward at moments 3 and 5; with two slots, Belady would evict it at
   // moment 4 (its next use is furthest) and lose the gradient written at moment 3.
-  std::vector<Moment> m = {{{0}, 0, 0, 1},       {{1}, 0, 0, 1},       {{2}, 0, 0, 1},
-                           {{0}, 0, 0, 1, true}, {{1}, 0, 0, 1, true}, {{0}, 0, 0, 1, true}};
+  std::vector<Moment> m = {Mo({0}, 0, 0, 1),       Mo({1}, 0, 0, 1),       Mo({2}, 0, 0, 1),
+                           Mo({0}, 0, 0, 1, true), Mo({1}, 0, 0, 1, true), Mo({0}, 0, 0, 1, true)};
   PlanOptions o = Options(3, 2, 0.1);
   o.grads_in_place = {true, true, true};
   for (CachePolicy p :

@@ -39,7 +39,8 @@ TEST(ByteSizeTest, ParsesGoodInput) {
 
 TEST(ByteSizeTest, RejectsBadInputNamingIt) {
   for (const char* text : {"", "   ", "abc", "-1GiB", "1.5B", "12 parsecs", "1..5G", "GiB",
-                           "18446744073709551616", "20EB", "99999999999TiB", "1e9", "0x10"}) {
+                           "18446744073709551616", "20EB", "99999999999TiB", "1e9", "0x10",
+                           "1.0000000000000000001", "0.0000000000000000001GB"}) {
     auto r = ParseByteSize(text);
     ASSERT_FALSE(r.ok()) << "accepted '" << text << "' as " << *r;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);

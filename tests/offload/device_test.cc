@@ -288,6 +288,17 @@ TEST_P(DeviceTest, CastMatchesHostConversionBitForBit) {
       StatusCode::kInvalidArgument);
 }
 
+TEST_P(DeviceTest, NullStreamsEventsAndFunctionsAreRejected) {
+  auto s = Stream::Create(*device_, "s");
+  auto x = DeviceBuffer::Allocate(*device_, 4096);
+  ASSERT_TRUE(s.ok() && x.ok());
+  std::vector<uint8_t> host(4096);
+  EXPECT_EQ(device_->CopyAsync(x->data(), host.data(), 4096, CopyKind::kHostToDevice, {}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(device_->RecordEvent({}, s->handle()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(device_->LaunchHostFunc(s->handle(), nullptr).code(), StatusCode::kInvalidArgument);
+}
+
 TEST_P(DeviceTest, HostFunctionsRunInStreamOrder) {
   auto s = Stream::Create(*device_, "s");
   ASSERT_TRUE(s.ok());

@@ -29,6 +29,8 @@ TEST(SlabAllocatorTest, BestFitAndMerging) {
   EXPECT_EQ(a.largest_free_block(), 1024u) << "free neighbours must merge";
   EXPECT_FALSE(a.Allocate(2000).has_value());
   EXPECT_EQ(a.stat().num_ooms, 1u);
+  EXPECT_FALSE(a.Allocate(UINT64_MAX - 10).has_value()) << "must not wrap around when aligned";
+  EXPECT_EQ(a.stat().current, 0u);
 }
 
 TEST(SlabAllocatorTest, RandomAllocFreeNeverOverlaps) {
