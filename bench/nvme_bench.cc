@@ -200,6 +200,8 @@ void SwapAdam(const Args& a, bool checksums) {
   TZ_CHECK(store.ok()) << store.status().ToString();
   auto arena = PinnedArena::Create(nullptr, block_bytes, 4);
   TZ_CHECK(arena.ok());
+  // The pipeline reuses these slots for every block: Note [Register reused buffers].
+  TZ_CHECK_OK((*store)->RegisterBuffers({{(*arena)->base(), (*arena)->total_bytes()}}));
   std::vector<NvmeExtent> extents;
   {
     auto slot = (*arena)->TryAcquire();

@@ -151,6 +151,11 @@ Status ChunkManager::Init() {
     const uint64_t slots = std::clamp<uint64_t>(options_.staging_bytes / bytes, 2, 32);
     ASSIGN_OR_RETURN(im.staging,
                      PinnedArena::Create(&device_, bytes, static_cast<uint32_t>(slots)));
+    // Staging slots are reused for every NVMe read: Note [Register reused buffers].
+    Status reg = nvme_->RegisterBuffers({{im.staging->base(), im.staging->total_bytes()}});
+    if (!reg.ok()) {
+      TZ_LOG(kWarn, kChunk) << "NVMe staging not registered as fixed buffers: " << reg.ToString();
+    }
   }
   const uint64_t grad_bytes =
       options_.grad_accumulation ? layout_.chunk_elems() * 4 : layout_.chunk_bytes();

