@@ -247,7 +247,8 @@ Status NotBetweenIterations(bool in_iteration) {
 }
 }  // namespace
 
-Status ChunkManager::WriteTensor(int t, const void* data) {
+// Copies a tensor's parameters between `host` and its shard, wherever the shard lives.
+Status ChunkManager::CopyTensorShard(int t, void* host, bool to_shard) {
   if (t < 0 || t >= layout_.num_tensors()) return InvalidArgumentError("unknown tensor");
   RETURN_IF_ERROR(NotBetweenIterations(impl_->moment > 0));
   Impl& im = *impl_;
@@ -255,52 +256,47 @@ Status ChunkManager::WriteTensor(int t, const void* data) {
   const size_t c = static_cast<size_t>(loc.chunk);
   const uint64_t off = DTypeBytes(layout_.dtype(), loc.offset);
   const uint64_t len = DTypeBytes(layout_.dtype(), loc.numel);
+  auto copy = [&](uint8_t* shard) {
+    if (to_shard) {
+      std::memcpy(shard + off, host, len);
+    } else {
+      std::memcpy(host, shard + off, len);
+    }
+  };
   switch (placement_.chunks[c].param) {
-    case Tier::kDevice:
-      RETURN_IF_ERROR(device_.CopyAsync(static_cast<uint8_t*>(im.device_shard[c].data()) + off,
-                                        data, len, CopyKind::kHostToDevice, im.h2d.handle()));
-      return im.h2d.Synchronize();
+    case Tier::kDevice: {
+      auto* shard = static_cast<uint8_t*>(im.device_shard[c].data()) + off;
+      const Stream& stream = to_shard ? im.h2d : im.d2h;
+      RETURN_IF_ERROR(
+          to_shard ? device_.CopyAsync(shard, host, len, CopyKind::kHostToDevice, stream.handle())
+                   : device_.CopyAsync(host, shard, len, CopyKind::kDeviceToHost, stream.handle()));
+      return stream.Synchronize();
+    }
     case Tier::kHost:
-      std::memcpy(static_cast<uint8_t*>(im.host_shard[c].data()) + off, data, len);
+      copy(static_cast<uint8_t*>(im.host_shard[c].data()));
       return Status::OK();
     case Tier::kNvme: {
       ASSIGN_OR_RETURN(PinnedSlot s, im.staging->Acquire(kStagingTimeout));
       RETURN_IF_ERROR(nvme_->Read(im.nvme_shard[c], s.data()));
-      std::memcpy(static_cast<uint8_t*>(s.data()) + off, data, len);
-      RETURN_IF_ERROR(nvme_->Write(im.nvme_shard[c], s.data()));
       counters_.nvme_read_bytes += layout_.chunk_bytes();
-      counters_.nvme_write_bytes += layout_.chunk_bytes();
+      copy(static_cast<uint8_t*>(s.data()));
+      if (to_shard) {
+        RETURN_IF_ERROR(nvme_->Write(im.nvme_shard[c], s.data()));
+        counters_.nvme_write_bytes += layout_.chunk_bytes();
+      }
       return Status::OK();
     }
   }
   return Status::OK();
 }
 
+Status ChunkManager::WriteTensor(int t, const void* data) {
+  // The host buffer is only read when copying to the shard.
+  return CopyTensorShard(t, const_cast<void*>(data), /*to_shard=*/true);
+}
+
 Status ChunkManager::ReadTensor(int t, void* data) {
-  if (t < 0 || t >= layout_.num_tensors()) return InvalidArgumentError("unknown tensor");
-  RETURN_IF_ERROR(NotBetweenIterations(impl_->moment > 0));
-  Impl& im = *impl_;
-  const TensorLoc& loc = layout_.tensor(t);
-  const size_t c = static_cast<size_t>(loc.chunk);
-  const uint64_t off = DTypeBytes(layout_.dtype(), loc.offset);
-  const uint64_t len = DTypeBytes(layout_.dtype(), loc.numel);
-  switch (placement_.chunks[c].param) {
-    case Tier::kDevice:
-      RETURN_IF_ERROR(device_.CopyAsync(data,
-                                        static_cast<uint8_t*>(im.device_shard[c].data()) + off, len,
-                                        CopyKind::kDeviceToHost, im.d2h.handle()));
-      return im.d2h.Synchronize();
-    case Tier::kHost:
-      std::memcpy(data, static_cast<uint8_t*>(im.host_shard[c].data()) + off, len);
-      return Status::OK();
-    case Tier::kNvme: {
-      ASSIGN_OR_RETURN(PinnedSlot s, im.staging->Acquire(kStagingTimeout));
-      RETURN_IF_ERROR(nvme_->Read(im.nvme_shard[c], s.data()));
-      std::memcpy(data, static_cast<uint8_t*>(s.data()) + off, len);
-      return Status::OK();
-    }
-  }
-  return Status::OK();
+  return CopyTensorShard(t, data, /*to_shard=*/false);
 }
 
 Status ChunkManager::ReadGrad(int t, void* data) {

@@ -140,6 +140,7 @@ class ChunkManager {
                const Placement& placement, const ChunkManagerOptions& options);
   Status Init();
   Status AcquireChunks(int moment, const std::vector<int>& needed, Phase phase);
+  Status CopyTensorShard(int tensor, void* host, bool to_shard);
   Status Gather(int chunk);
   Status EnqueueGather(int chunk, Tier tier);
   Status GathersStartNow(int moment);

@@ -187,13 +187,15 @@ struct FaultyStore {
   FaultInjectionBlockIo* faults = nullptr;
 };
 
-FaultyStore OpenFaulty(const TempDir& dir, bool checksums = true, int queue_depth = 32) {
+FaultyStore OpenFaulty(const TempDir& dir, bool checksums = true, int queue_depth = 32,
+                       IoBackend backend = IoBackend::kAuto) {
   FaultyStore fs;
   NvmeStoreOptions o;
   o.paths = {dir.path()};
   o.bytes_per_path = 32 * kMiB;
   o.block_bytes = 64 * kKiB;
   o.queue_depth = queue_depth;
+  o.backend = backend;
   o.checksums = checksums;
   o.wrap_io = [&fs](std::unique_ptr<BlockIo> io) -> std::unique_ptr<BlockIo> {
     auto wrapped = std::make_unique<FaultInjectionBlockIo>(std::move(io));
@@ -228,32 +230,20 @@ TEST(NvmeFaultTest, ShortTransfersOfMoreRequestsThanTheQueueDepthDoNotDeadlock) 
   // while completions resubmit remainders. A resubmission must reuse its permit.
   for (IoBackend backend : {IoBackend::kIoUring, IoBackend::kThreadPool}) {
     TempDir dir;
-    FaultyStore f;
-    NvmeStoreOptions o;
-    o.paths = {dir.path()};
-    o.bytes_per_path = 8 * kMiB;
-    o.block_bytes = 64 * kKiB;
-    o.queue_depth = 2;
-    o.backend = backend;
-    o.wrap_io = [&f](std::unique_ptr<BlockIo> io) -> std::unique_ptr<BlockIo> {
-      auto wrapped = std::make_unique<FaultInjectionBlockIo>(std::move(io));
-      f.faults = wrapped.get();
-      return wrapped;
-    };
-    auto s = NvmeStore::Open(o);
-    ASSERT_TRUE(s.ok());
+    FaultyStore f = OpenFaulty(dir, /*checksums=*/true, /*queue_depth=*/2, backend);
     f.faults->Inject(
         {.kind = BlockIoFault::Kind::kShorten, .op = IoRequest::Op::kWrite, .count = 64});
     f.faults->Inject(
         {.kind = BlockIoFault::Kind::kShorten, .op = IoRequest::Op::kRead, .count = 64});
-    auto e = (*s)->Allocate(2 * kMiB);
+    auto& s = f.store;
+    auto e = s->Allocate(2 * kMiB);
     ASSERT_TRUE(e.ok());
     AlignedBuf in(e->bytes), out(e->bytes);
     Fill(in.data, in.size, 12);
-    ASSERT_TRUE((*s)->Write(*e, in.data).ok());
-    ASSERT_TRUE((*s)->Read(*e, out.data).ok());
+    ASSERT_TRUE(s->Write(*e, in.data).ok());
+    ASSERT_TRUE(s->Read(*e, out.data).ok());
     EXPECT_EQ(0, std::memcmp(in.data, out.data, e->bytes));
-    EXPECT_GE((*s)->stats().short_transfers, 64u);
+    EXPECT_GE(s->stats().short_transfers, 64u);
   }
 }
 
