@@ -1,20 +1,23 @@
 // tierzero: the command-line front end.
 //
 // Commands available in this build:
+//   tierzero train       train the built-in GPT (apps/tierzero/train.h, docs/config.md)
+//   tierzero export      a checkpoint to a consolidated safetensors file
 //   tierzero devices     what tierzero can run on here: CPU SIMD level, CUDA GPUs, HostSim
 //   tierzero tunables    every TZ_* environment tunable with its value and default
 //   tierzero --help | --version
-// Training, reports, planning and export arrive with their modules (docs/architecture.md).
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/bytes.h"
 #include "core/cpu_features.h"
 #include "core/tunable.h"
 #include "offload/cuda_device.h"
 #include "offload/host_sim_device.h"
+#include "train.h"
 
 namespace tierzero {
 namespace {
@@ -24,6 +27,8 @@ constexpr const char* kUsage = R"(tierzero — train models far larger than GPU 
 usage: tierzero <command> [options]
 
 commands:
+  train       train the built-in GPT (no arguments: the default run; train --help for options)
+  export      write a checkpoint as one safetensors file (export --help)
   devices     show what tierzero can run on here (CPU SIMD level, CUDA GPUs, host-simulated device)
   tunables    list the TZ_* environment tunables with their current values and defaults
 
@@ -95,6 +100,9 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
     return 2;
   }
+  std::vector<std::string> rest(argv + 2, argv + argc);
+  if (cmd == "train") return app::Train(rest);
+  if (cmd == "export") return app::Export(rest);
   if (cmd == "devices") return Devices();
   if (cmd == "tunables") return Tunables();
   std::fprintf(stderr, "error: unknown command '%s'\n\n%s", argv[1], kUsage);

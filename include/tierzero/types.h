@@ -33,4 +33,8 @@ constexpr size_t DTypeBytes(DType t, size_t n) { return (n * DTypeBits(t) + 7) /
 // "fp32", "bf16", "fp16", "int8", "int4".
 std::string_view DTypeName(DType t);
 
+// Why parameters are acquired: forward, backward (gradients are written), or recomputation of a
+// checkpointed block's forward during backward (counts as neither use).
+enum class Phase : uint8_t { kForward, kBackward, kRecompute };
+
 }  // namespace tierzero

@@ -52,6 +52,7 @@ struct ChunkManager::Impl {
 
   enum class Mode { kRecord, kReplay, kOnDemand };
   Mode mode = Mode::kRecord;
+  bool inference = false;  // the iteration neither traces nor reduces
   bool record_next = true;
   int moment = 0;
   std::vector<Event> moment_begin, moment_start;  // before and after the waits, per moment
@@ -204,6 +205,7 @@ Status ChunkManager::Init() {
   ASSIGN_OR_RETURN(im.iteration_end, Event::Create(device_));
   RETURN_IF_ERROR(im.h2d.Synchronize());
   states_ = std::make_unique<StateTracker>(layout_, [this](int c) {
+    if (impl_->inference) return;  // evaluation: the gradient shards keep what they hold
     Status s = ReduceChunk(c);
     if (!s.ok()) impl_->SetAsyncError(std::move(s));
   });
@@ -308,6 +310,44 @@ Status ChunkManager::ReadGrad(int t, void* data) {
               static_cast<uint8_t*>(impl_->grad_shard[static_cast<size_t>(loc.chunk)].data()) +
                   DTypeBytes(gt, loc.offset),
               DTypeBytes(gt, loc.numel));
+  return Status::OK();
+}
+
+void* ChunkManager::GradShard(int c) { return impl_->grad_shard[static_cast<size_t>(c)].data(); }
+
+DType ChunkManager::GradDType() const {
+  return options_.grad_accumulation ? DType::kF32 : layout_.dtype();
+}
+
+Tier ChunkManager::ParamTier(int c) const { return placement_.chunks[static_cast<size_t>(c)].param; }
+
+void* ChunkManager::HostParamShard(int c) {
+  if (ParamTier(c) != Tier::kHost) return nullptr;
+  return impl_->host_shard[static_cast<size_t>(c)].data();
+}
+
+Status ChunkManager::WriteParamShard(int c, const void* src) {
+  if (c < 0 || c >= layout_.num_chunks()) return InvalidArgumentError("unknown chunk");
+  RETURN_IF_ERROR(NotBetweenIterations(impl_->moment > 0));
+  Impl& im = *impl_;
+  const size_t i = static_cast<size_t>(c);
+  const uint64_t bytes = layout_.chunk_bytes();
+  switch (ParamTier(c)) {
+    case Tier::kDevice:
+      RETURN_IF_ERROR(device_.CopyAsync(im.device_shard[i].data(), src, bytes,
+                                        CopyKind::kHostToDevice, im.h2d.handle()));
+      return im.h2d.Synchronize();
+    case Tier::kHost:
+      if (src != im.host_shard[i].data()) std::memcpy(im.host_shard[i].data(), src, bytes);
+      return Status::OK();
+    case Tier::kNvme:
+      if (reinterpret_cast<uintptr_t>(src) % kNvmeAlignment != 0) {
+        return InvalidArgumentError("an NVMe shard is written from a 4 KiB-aligned buffer");
+      }
+      RETURN_IF_ERROR(nvme_->Write(im.nvme_shard[i], src));
+      counters_.nvme_write_bytes += bytes;
+      return Status::OK();
+  }
   return Status::OK();
 }
 
@@ -560,10 +600,15 @@ Status ChunkManager::ReduceChunk(int c) {
 // ---- Iterations
 // ----------------------------------------------------------------------------------
 
-Status ChunkManager::BeginIteration() {
+Status ChunkManager::BeginIteration(bool inference) {
   Impl& im = *impl_;
   RETURN_IF_ERROR(states_->BeginIteration());
   im.moment = 0;
+  im.inference = inference;
+  if (inference) {
+    im.mode = Impl::Mode::kOnDemand;
+    return Status::OK();
+  }
   im.mode = (im.record_next || !has_plan_) ? Impl::Mode::kRecord : Impl::Mode::kReplay;
   if (im.mode == Impl::Mode::kRecord) {
     tracer_.Begin(tracer_.current_nonmodel());
@@ -577,6 +622,10 @@ Status ChunkManager::BeginIteration() {
 
 Status ChunkManager::Acquire(std::span<const int> tensors, Phase phase) {
   Impl& im = *impl_;
+  if (im.inference && phase != Phase::kForward) {
+    return FailedPreconditionError("an inference iteration acquires for forward only, not " +
+                                   std::string(PhaseName(phase)));
+  }
   RETURN_IF_ERROR(states_->Acquire(tensors, phase));
   // The moment's chunks, in order of first appearance.
   std::vector<int> needed;
@@ -808,6 +857,11 @@ Status ChunkManager::EndIteration() {
   im.deferred_free.clear();
   std::fill(im.slot_copy_pending.begin(), im.slot_copy_pending.end(), false);
   ++counters_.iterations;
+  if (im.inference) {
+    im.inference = false;
+    im.moment = 0;
+    return Status::OK();
+  }
   if (mode == Impl::Mode::kReplay && im.moment != static_cast<int>(trace_.size())) {
     ++counters_.deviations;
     im.record_next = true;  // fewer moments than the trace

@@ -109,8 +109,20 @@ class ChunkManager {
   // Clears every gradient shard (the start of an accumulation window).
   Status ZeroGrads();
 
+  // Optimizer access to whole shards (between iterations). The host gradient shard of a chunk
+  // (GradDType(), chunk_elems elements); where its parameter shard lives; the host parameter
+  // shard (null unless in host memory); and a write of a whole parameter shard from `src`
+  // (chunk_bytes, 4 KiB aligned when the shard is on NVMe).
+  void* GradShard(int chunk);
+  DType GradDType() const;
+  Tier ParamTier(int chunk) const;
+  void* HostParamShard(int chunk);
+  Status WriteParamShard(int chunk, const void* src);
+
   // ---- Iterations ----
-  Status BeginIteration();
+  // An inference iteration (evaluation) acquires for forward only, gathers on demand, and leaves
+  // the trace, the plan and the gradient shards untouched.
+  Status BeginIteration(bool inference = false);
   // Gathers the chunks of `tensors` (a moment) and makes the compute stream wait for them.
   Status Acquire(std::span<const int> tensors, Phase phase);
   Status Release(std::span<const int> tensors, Phase phase);

@@ -24,11 +24,11 @@
 
 #include "chunk/layout.h"
 #include "core/status.h"
+#include "tierzero/types.h"
 
 namespace tierzero {
 
 enum class TensorState : uint8_t { kFree, kHold, kCompute, kHoldAfterFwd, kHoldAfterBwd };
-enum class Phase : uint8_t { kForward, kBackward, kRecompute };
 
 std::string_view TensorStateName(TensorState s);
 std::string_view PhaseName(Phase p);

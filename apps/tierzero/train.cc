@@ -1,0 +1,625 @@
+#include "train.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/bytes.h"
+#include "core/dtype.h"
+
+namespace tierzero::app {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+RunConfig DefaultRunConfig() {
+  // Note [The default run]: 6 layers of width 192 (2.7M parameters, 43 MiB of model states at
+  // 16 B/param) against a 4 MiB device budget (chunk cache and activations: states are 10x it)
+  // and a 24 MiB host budget, so parameters and optimizer states spill to NVMe under
+  // runs/default/nvme. On the 2-core development machine it trains 3-digit addition from 0% to
+  // well above chance in about a minute and a half (bench/RESULTS.md).
+  RunConfig c;
+  c.model.vocab = 256;
+  c.model.seq_len = 12;
+  c.model.d_model = 192;
+  c.model.n_layer = 6;
+  c.model.n_head = 6;
+  c.data.kind = "addition";
+  c.data.digits = 3;
+  c.engine.device = DeviceChoice::kAuto;
+  c.engine.device_budget = uint64_t{4} << 20;
+  c.engine.host_budget = uint64_t{24} << 20;
+  c.engine.nvme_budget = uint64_t{256} << 20;
+  c.engine.chunk_elems = 0;
+  c.engine.weight_decay = 0.1f;
+  c.engine.clip_grad_norm = 1.0f;
+  return c;
+}
+
+namespace {
+
+// ---- Config fields
+// -------------------------------------------------------------------------------
+
+struct Field {
+  std::function<Status(const json&)> set;
+  std::function<json()> get;
+};
+
+Status Bad(const std::string& field, const json& value, const std::string& accepted) {
+  return InvalidArgumentError("config field '" + field + "' is " + value.dump() +
+                              "; accepted: " + accepted);
+}
+
+Field IntField(const std::string& name, int* p, int lo, int hi) {
+  return {[=](const json& v) -> Status {
+            if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+              return Bad(name, v, "an integer in " + std::to_string(lo) + ".." + std::to_string(hi));
+            *p = v.get<int>();
+            return Status::OK();
+          },
+          [=] { return json(*p); }};
+}
+
+Field U64Field(const std::string& name, uint64_t* p) {
+  return {[=](const json& v) -> Status {
+            if (!v.is_number_unsigned()) return Bad(name, v, "an integer >= 0");
+            *p = v.get<uint64_t>();
+            return Status::OK();
+          },
+          [=] { return json(*p); }};
+}
+
+Field FloatField(const std::string& name, float* p, double lo, double hi, const std::string& range) {
+  return {[=](const json& v) -> Status {
+            if (!v.is_number() || !(v.get<double>() >= lo && v.get<double>() <= hi))
+              return Bad(name, v, range);
+            *p = v.get<float>();
+            return Status::OK();
+          },
+          [=] { return json(*p); }};
+}
+
+Field DoubleField(const std::string& name, double* p, double lo, const std::string& range) {
+  return {[=](const json& v) -> Status {
+            if (!v.is_number() || !(v.get<double>() >= lo) || !std::isfinite(v.get<double>()))
+              return Bad(name, v, range);
+            *p = v.get<double>();
+            return Status::OK();
+          },
+          [=] { return json(*p); }};
+}
+
+Field BoolField(const std::string& name, bool* p) {
+  return {[=](const json& v) -> Status {
+            if (!v.is_boolean()) return Bad(name, v, "true or false");
+            *p = v.get<bool>();
+            return Status::OK();
+          },
+          [=] { return json(*p); }};
+}
+
+Field StringField(const std::string& name, std::string* p) {
+  return {[=](const json& v) -> Status {
+            if (!v.is_string()) return Bad(name, v, "a string");
+            *p = v.get<std::string>();
+            return Status::OK();
+          },
+          [=] { return json(*p); }};
+}
+
+// Sizes: a number of bytes or a string such as "512 MiB", "4GB", "0".
+Field SizeField(const std::string& name, uint64_t* p) {
+  return {[=](const json& v) -> Status {
+            if (v.is_number_unsigned()) {
+              *p = v.get<uint64_t>();
+              return Status::OK();
+            }
+            if (!v.is_string()) return Bad(name, v, "a size such as \"512 MiB\" or a byte count");
+            auto parsed = ParseByteSize(v.get<std::string>());
+            if (!parsed.ok())
+              return Bad(name, v, "a size such as \"512 MiB\", \"4 GiB\" or \"100MB\"");
+            *p = *parsed;
+            return Status::OK();
+          },
+          [=] { return json(FormatBytes(*p)); }};
+}
+
+Field DTypeField(const std::string& name, DType* p) {
+  return {[=](const json& v) -> Status {
+            if (!v.is_string()) return Bad(name, v, "\"bf16\", \"fp16\" or \"fp32\"");
+            auto d = ParseDType(v.get<std::string>());
+            if (!d.ok() || !IsFloatType(*d)) return Bad(name, v, "\"bf16\", \"fp16\" or \"fp32\"");
+            *p = *d;
+            return Status::OK();
+          },
+          [=] { return json(std::string(DTypeName(*p))); }};
+}
+
+Field DeviceField(const std::string& name, DeviceChoice* p) {
+  return {[=](const json& v) -> Status {
+            const std::string s = v.is_string() ? v.get<std::string>() : "";
+            if (s == "auto") *p = DeviceChoice::kAuto;
+            else if (s == "cuda") *p = DeviceChoice::kCuda;
+            else if (s == "host") *p = DeviceChoice::kHost;
+            else return Bad(name, v, "\"auto\", \"cuda\" or \"host\"");
+            return Status::OK();
+          },
+          [=] {
+            return json(*p == DeviceChoice::kAuto ? "auto" : *p == DeviceChoice::kCuda ? "cuda" : "host");
+          }};
+}
+
+using Section = std::map<std::string, Field>;
+
+std::map<std::string, Section> Fields(RunConfig& c) {
+  std::map<std::string, Section> s;
+  s["model"] = {
+      {"vocab", IntField("model.vocab", &c.model.vocab, 2, 1 << 20)},
+      {"seq_len", IntField("model.seq_len", &c.model.seq_len, 1, 65536)},
+      {"d_model", IntField("model.d_model", &c.model.d_model, 1, 65536)},
+      {"n_layer", IntField("model.n_layer", &c.model.n_layer, 1, 4096)},
+      {"n_head", IntField("model.n_head", &c.model.n_head, 1, 65536)},
+      {"activation_checkpointing",
+       BoolField("model.activation_checkpointing", &c.model.activation_checkpointing)},
+      {"seed", U64Field("model.seed", &c.model.seed)},
+  };
+  s["data"] = {
+      {"kind", StringField("data.kind", &c.data.kind)},
+      {"text_path", StringField("data.text_path", &c.data.text_path)},
+      {"digits", IntField("data.digits", &c.data.digits, 1, 9)},
+      {"seed", U64Field("data.seed", &c.data.seed)},
+  };
+  s["train"] = {
+      {"steps", IntField("train.steps", &c.train.steps, 0, 100000000)},
+      {"batch_size", IntField("train.batch_size", &c.train.batch_size, 1, 1 << 20)},
+      {"lr", FloatField("train.lr", &c.train.lr, 0, 10, "a learning rate in [0, 10]")},
+      {"min_lr", FloatField("train.min_lr", &c.train.min_lr, 0, 10, "a learning rate in [0, 10]")},
+      {"warmup_steps", IntField("train.warmup_steps", &c.train.warmup_steps, 0, 100000000)},
+      {"eval_every", IntField("train.eval_every", &c.train.eval_every, 0, 100000000)},
+      {"eval_batches", IntField("train.eval_batches", &c.train.eval_batches, 1, 100000)},
+      {"checkpoint_every", IntField("train.checkpoint_every", &c.train.checkpoint_every, 0, 100000000)},
+  };
+  s["engine"] = {
+      {"device", DeviceField("engine.device", &c.engine.device)},
+      {"device_budget", SizeField("engine.device_budget", &c.engine.device_budget)},
+      {"device_shard_budget", SizeField("engine.device_shard_budget", &c.engine.device_shard_budget)},
+      {"host_budget", SizeField("engine.host_budget", &c.engine.host_budget)},
+      {"nvme_budget", SizeField("engine.nvme_budget", &c.engine.nvme_budget)},
+      {"nvme_path", StringField("engine.nvme_path", &c.engine.nvme_path)},
+      {"chunk_elems", U64Field("engine.chunk_elems", &c.engine.chunk_elems)},
+      {"compute_dtype", DTypeField("engine.compute_dtype", &c.engine.compute_dtype)},
+      {"beta1", FloatField("engine.beta1", &c.engine.beta1, 0, 0.999999, "[0, 1)")},
+      {"beta2", FloatField("engine.beta2", &c.engine.beta2, 0, 0.999999, "[0, 1)")},
+      {"eps", FloatField("engine.eps", &c.engine.eps, 1e-30, 1, "(0, 1]")},
+      {"weight_decay", FloatField("engine.weight_decay", &c.engine.weight_decay, 0, 10, "[0, 10]")},
+      {"clip_grad_norm",
+       FloatField("engine.clip_grad_norm", &c.engine.clip_grad_norm, 0, 1e9, "0 (off) or a positive norm")},
+      {"grad_accumulation",
+       IntField("engine.grad_accumulation", &c.engine.grad_accumulation, 1, 4096)},
+      {"initial_loss_scale", FloatField("engine.initial_loss_scale", &c.engine.initial_loss_scale,
+                                        1, 3e38, "[1, 3e38]")},
+      {"loss_scale_window",
+       IntField("engine.loss_scale_window", &c.engine.loss_scale_window, 1, 100000000)},
+      {"cpu_threads", IntField("engine.cpu_threads", &c.engine.cpu_threads, 0, 4096)},
+      {"host_link_bandwidth", DoubleField("engine.host_link_bandwidth",
+                                          &c.engine.host_link_bandwidth, 0, "bytes/s >= 0 (0: unthrottled)")},
+  };
+  s["output"] = {
+      {"run_dir", StringField("output.run_dir", &c.output.run_dir)},
+      {"metrics", StringField("output.metrics", &c.output.metrics)},
+      {"report", StringField("output.report", &c.output.report)},
+      {"checkpoint_dir", StringField("output.checkpoint_dir", &c.output.checkpoint_dir)},
+      {"resume", StringField("output.resume", &c.output.resume)},
+      {"init_from", StringField("output.init_from", &c.output.init_from)},
+  };
+  return s;
+}
+
+}  // namespace
+
+StatusOr<RunConfig> ParseRunConfig(const std::string& text, RunConfig c) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  if (j.is_discarded()) {
+    // Re-parse with exceptions for the position of the error.
+    try {
+      json again = json::parse(text, nullptr, true, true);
+      (void)again;
+    } catch (const json::parse_error& e) {
+      return InvalidArgumentError(std::string("config is not valid JSON: ") + e.what());
+    }
+    return InvalidArgumentError("config is not valid JSON");
+  }
+  if (!j.is_object()) return InvalidArgumentError("config must be a JSON object of sections");
+  auto fields = Fields(c);
+  for (const auto& [section, body] : j.items()) {
+    auto sec = fields.find(section);
+    if (sec == fields.end())
+      return InvalidArgumentError("unknown config section '" + section +
+                                  "'; sections: model, data, train, engine, output");
+    if (!body.is_object())
+      return InvalidArgumentError("config section '" + section + "' must be an object");
+    for (const auto& [key, value] : body.items()) {
+      auto f = sec->second.find(key);
+      if (f == sec->second.end()) {
+        std::string known;
+        for (const auto& [k, _] : sec->second) known += (known.empty() ? "" : ", ") + k;
+        return InvalidArgumentError("unknown config field '" + section + "." + key +
+                                    "'; fields of '" + section + "': " + known);
+      }
+      RETURN_IF_ERROR(f->second.set(value));
+    }
+  }
+  RETURN_IF_ERROR(gpt::ValidateGptConfig(c.model));
+  if (c.train.min_lr > c.train.lr)
+    return InvalidArgumentError("config field 'train.min_lr' (" + std::to_string(c.train.min_lr) +
+                                ") exceeds 'train.lr' (" + std::to_string(c.train.lr) + ")");
+  return c;
+}
+
+std::string RunConfigToJson(const RunConfig& config) {
+  RunConfig c = config;
+  json j;
+  for (auto& [section, fields] : Fields(c)) {
+    for (auto& [key, f] : fields) j[section][key] = f.get();
+  }
+  return j.dump(2);
+}
+
+Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::string* config_path) {
+  // flag -> (section.field, takes a value)
+  static const std::map<std::string, std::string> kFlags = {
+      {"--steps", "train.steps"},           {"--batch-size", "train.batch_size"},
+      {"--lr", "train.lr"},                 {"--eval-every", "train.eval_every"},
+      {"--device", "engine.device"},        {"--device-budget", "engine.device_budget"},
+      {"--host-budget", "engine.host_budget"}, {"--nvme-budget", "engine.nvme_budget"},
+      {"--nvme-path", "engine.nvme_path"},  {"--dtype", "engine.compute_dtype"},
+      {"--grad-accumulation", "engine.grad_accumulation"},
+      {"--metrics", "output.metrics"},      {"--report", "output.report"},
+      {"--run-dir", "output.run_dir"},      {"--checkpoint", "output.checkpoint_dir"},
+      {"--resume", "output.resume"},        {"--init-from", "output.init_from"},
+      {"--text", "data.text_path"},         {"--seed", "data.seed"},
+      {"--layers", "model.n_layer"},        {"--width", "model.d_model"},
+      {"--heads", "model.n_head"},
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--quiet") {
+      c.output.quiet = true;
+      continue;
+    }
+    if (a == "--checkpoint-activations") {
+      c.model.activation_checkpointing = true;
+      continue;
+    }
+    if (a == "--config") {
+      if (i + 1 >= args.size()) return InvalidArgumentError("--config needs a file");
+      *config_path = args[++i];
+      continue;
+    }
+    auto f = kFlags.find(a);
+    if (f == kFlags.end()) return InvalidArgumentError("unknown option '" + a + "' (see tierzero train --help)");
+    if (i + 1 >= args.size()) return InvalidArgumentError(a + " needs a value");
+    const std::string value = args[++i];
+    const std::string section = f->second.substr(0, f->second.find('.'));
+    const std::string key = f->second.substr(f->second.find('.') + 1);
+    auto fields = Fields(c);
+    json v;
+    json parsed = json::parse(value, nullptr, false);
+    // Numbers and booleans as JSON; anything else (paths, sizes, names) as a string.
+    v = (!parsed.is_discarded() && (parsed.is_number() || parsed.is_boolean())) ? parsed : json(value);
+    if (f->second.find("budget") != std::string::npos && v.is_number()) v = json(value);
+    if (a == "--text") {
+      c.data.kind = "text";
+    }
+    Status s = fields[section][key].set(v);
+    if (!s.ok()) return std::move(s).WithContext("option " + a);
+  }
+  return Status::OK();
+}
+
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+extern "C" void OnSigint(int) { g_interrupted.store(true); }
+
+double LearningRate(const TrainOptions& t, int step) {  // step: 0-based
+  if (t.warmup_steps > 0 && step < t.warmup_steps)
+    return t.lr * static_cast<double>(step + 1) / t.warmup_steps;
+  const int decay = std::max(1, t.steps - t.warmup_steps);
+  const double progress = std::min(1.0, static_cast<double>(step - t.warmup_steps) / decay);
+  return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1 + std::cos(3.14159265358979323846 * progress));
+}
+
+std::string Mib(uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(b) / (1 << 20));
+  return buf;
+}
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+constexpr const char* kTrainHelp = R"(usage: tierzero train [--config FILE] [options]
+
+Trains the built-in GPT (default: 3-digit addition, a model whose states are 10x the device
+budget and larger than the host budget, so device, host and NVMe are all used). Every config
+field is documented in docs/config.md; these options override the config:
+
+  --config FILE          JSON config (sections model, data, train, engine, output)
+  --steps N              optimizer steps               --batch-size N   rows per micro-batch
+  --lr X                 peak learning rate            --eval-every N   steps between evaluations
+  --device auto|cuda|host                              --dtype bf16|fp16|fp32
+  --device-budget SIZE   --host-budget SIZE            --nvme-budget SIZE   --nvme-path DIR
+  --grad-accumulation N  --layers N  --width N  --heads N  --checkpoint-activations
+  --text FILE            train on a UTF-8 text file (byte-level) instead of addition
+  --seed N               data seed
+  --run-dir DIR          outputs (default runs/default)
+  --metrics FILE         JSON lines, one per step and per evaluation (default RUN_DIR/metrics.jsonl)
+  --report FILE          memory placement report (default RUN_DIR/report.json)
+  --checkpoint DIR       where checkpoints go (default RUN_DIR/checkpoint)
+  --resume DIR           continue from a checkpoint
+  --init-from FILE       start from a safetensors file's parameters
+  --quiet                no per-step lines
+
+Ctrl-C finishes the current step, saves a checkpoint and exits 0.
+)";
+
+}  // namespace
+
+int Train(const std::vector<std::string>& args) {
+  for (const std::string& a : args) {
+    if (a == "-h" || a == "--help") {
+      std::fputs(kTrainHelp, stdout);
+      return 0;
+    }
+  }
+  RunConfig cfg = DefaultRunConfig();
+  std::string config_path;
+  // The config file first, then the flags over it.
+  {
+    RunConfig probe = cfg;
+    Status s = ApplyFlags(args, probe, &config_path);
+    if (!s.ok()) return Fail(s);
+  }
+  if (!config_path.empty()) {
+    std::ifstream in(config_path);
+    if (!in) return Fail(NotFoundError("cannot open config file '" + config_path + "'"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto parsed = ParseRunConfig(ss.str(), cfg);
+    if (!parsed.ok()) return Fail(parsed.status().WithContext(config_path));
+    cfg = *parsed;
+  }
+  {
+    std::string ignored;
+    Status s = ApplyFlags(args, cfg, &ignored);
+    if (!s.ok()) return Fail(s);
+    s = gpt::ValidateGptConfig(cfg.model);
+    if (!s.ok()) return Fail(s);
+  }
+  OutputOptions& out = cfg.output;
+  if (out.metrics.empty()) out.metrics = out.run_dir + "/metrics.jsonl";
+  if (out.report.empty()) out.report = out.run_dir + "/report.json";
+  if (out.checkpoint_dir.empty()) out.checkpoint_dir = out.run_dir + "/checkpoint";
+  if (cfg.engine.nvme_path.empty()) cfg.engine.nvme_path = out.run_dir + "/nvme";
+  std::error_code ec;
+  fs::create_directories(out.run_dir, ec);
+  if (ec) return Fail(IoError("creating run directory " + out.run_dir + ": " + ec.message()));
+  if (cfg.engine.nvme_budget > 0) {
+    fs::create_directories(cfg.engine.nvme_path, ec);
+    if (ec) return Fail(IoError("creating NVMe directory " + cfg.engine.nvme_path + ": " + ec.message()));
+  }
+  if (cfg.engine.device == DeviceChoice::kAuto) {
+    // The GPT's CUDA kernels are not written yet: auto means the simulated device here.
+    cfg.engine.device = DeviceChoice::kHost;
+  }
+  {
+    std::ofstream cf(out.run_dir + "/config.json");
+    cf << RunConfigToJson(cfg) << "\n";
+  }
+
+  auto dataset = gpt::Dataset::Create(cfg.data, cfg.model.seq_len);
+  if (!dataset.ok()) return Fail(dataset.status());
+  auto engine_or = Engine::Create(cfg.engine);
+  if (!engine_or.ok()) return Fail(engine_or.status());
+  Engine& engine = **engine_or;
+  auto model_or = gpt::Gpt::Create(engine, cfg.model);
+  if (!model_or.ok()) return Fail(model_or.status());
+  gpt::Gpt& model = **model_or;
+  if (Status s = engine.Finalize(); !s.ok()) return Fail(s);
+  if (!out.init_from.empty()) {
+    if (Status s = engine.LoadSafetensors(out.init_from); !s.ok()) return Fail(s);
+  }
+  int start = 0;
+  if (!out.resume.empty()) {
+    auto user = engine.LoadCheckpoint(out.resume);
+    if (!user.ok()) return Fail(user.status());
+    start = static_cast<int>(engine.step());
+  }
+  const double states = static_cast<double>(model.num_params()) * 16;
+  std::printf("tierzero train: GPT %d layers x %d wide, %lld parameters (%s MiB of model states)\n",
+              cfg.model.n_layer, cfg.model.d_model, static_cast<long long>(model.num_params()),
+              Mib(static_cast<uint64_t>(states)).c_str());
+  std::printf("  data: %s\n", (*dataset)->Describe().c_str());
+  std::printf("  budgets: device %s MiB, host %s MiB, NVMe %s MiB under %s; %s compute\n",
+              Mib(cfg.engine.device_budget).c_str(), Mib(cfg.engine.host_budget).c_str(),
+              Mib(cfg.engine.nvme_budget).c_str(), cfg.engine.nvme_path.c_str(),
+              std::string(DTypeName(cfg.engine.compute_dtype)).c_str());
+  std::printf("  placement: %s\n", engine.PlacementSummary().c_str());
+  if (start > 0) std::printf("  resumed from %s at step %d\n", out.resume.c_str(), start);
+  std::fflush(stdout);
+
+  std::ofstream metrics(out.metrics, start > 0 ? std::ios::app : std::ios::trunc);
+  if (!metrics) return Fail(IoError("cannot write metrics file " + out.metrics));
+  g_interrupted.store(false);
+  auto old_handler = std::signal(SIGINT, OnSigint);
+
+  auto evaluate = [&](int step) -> Status {
+    double loss = 0, acc = 0;
+    for (int b = 0; b < cfg.train.eval_batches; ++b) {
+      gpt::Batch batch = (*dataset)->Get(true, static_cast<uint64_t>(b), cfg.train.batch_size);
+      std::vector<int32_t> pred;
+      ASSIGN_OR_RETURN(double l, model.Evaluate(batch, &pred));
+      loss += l;
+      acc += (*dataset)->Accuracy(batch, pred);
+    }
+    loss /= cfg.train.eval_batches;
+    acc /= cfg.train.eval_batches;
+    json m = {{"step", step}, {"val_loss", loss}};
+    if ((*dataset)->has_accuracy()) m["val_accuracy"] = acc;
+    metrics << m.dump() << "\n";
+    metrics.flush();
+    if ((*dataset)->has_accuracy()) {
+      std::printf("eval  step %5d | val loss %.4f | exact-match accuracy %.1f%%\n", step, loss,
+                  100 * acc);
+    } else {
+      std::printf("eval  step %5d | val loss %.4f\n", step, loss);
+    }
+    std::fflush(stdout);
+    return Status::OK();
+  };
+  auto save = [&](int step) -> Status {
+    json user = {{"step", step}, {"data_seed", cfg.data.seed}};
+    return engine.SaveCheckpoint(out.checkpoint_dir, user.dump());
+  };
+
+  const auto run_t0 = std::chrono::steady_clock::now();
+  const int accum = cfg.engine.grad_accumulation;
+  const double tokens_per_step = static_cast<double>(cfg.train.batch_size) * cfg.model.seq_len * accum;
+  double total_tokens = 0, total_compute_s = 0;
+  int step = start;
+  Status status = Status::OK();
+  if (start == 0 && cfg.train.steps > 0) status = evaluate(0);
+  for (; status.ok() && step < cfg.train.steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    double loss = 0;
+    for (int micro = 0; micro < accum && status.ok(); ++micro) {
+      gpt::Batch batch = (*dataset)->Get(
+          false, static_cast<uint64_t>(step) * static_cast<uint64_t>(accum) + static_cast<uint64_t>(micro),
+          cfg.train.batch_size);
+      auto l = model.ForwardBackward(batch);
+      if (!l.ok()) {
+        status = l.status();
+        break;
+      }
+      loss += *l / accum;
+    }
+    if (!status.ok()) break;
+    const double lr = LearningRate(cfg.train, step);
+    auto r = engine.Step({static_cast<float>(lr)});
+    if (!r.ok()) {
+      status = r.status();
+      break;
+    }
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    total_tokens += tokens_per_step;
+    total_compute_s += dt;
+    const TierUsage u = engine.usage();
+    json m = {{"step", step + 1},           {"loss", loss},
+              {"lr", lr},                   {"grad_norm", r->grad_norm},
+              {"applied", r->applied},      {"loss_scale", r->loss_scale},
+              {"step_s", dt},               {"tokens_per_s", tokens_per_step / dt},
+              {"device_bytes", u.device},   {"device_peak_bytes", u.device_peak},
+              {"host_bytes", u.host},       {"nvme_bytes", u.nvme}};
+    metrics << m.dump() << "\n";
+    if (!out.quiet) {
+      std::printf("step %5d/%d | loss %.4f | lr %.2e | %6.0f tok/s | %5.0f ms | dev %s/%s MiB "
+                  "host %s MiB nvme %s MiB%s\n",
+                  step + 1, cfg.train.steps, loss, lr, tokens_per_step / dt, dt * 1e3,
+                  Mib(u.device_peak).c_str(), Mib(u.device_capacity).c_str(), Mib(u.host).c_str(),
+                  Mib(u.nvme).c_str(), r->applied ? "" : " (skipped: non-finite gradient)");
+      std::fflush(stdout);
+    }
+    if (g_interrupted.load()) {
+      ++step;
+      std::printf("interrupted: saving a checkpoint at step %d\n", step);
+      break;
+    }
+    if (cfg.train.eval_every > 0 && (step + 1) % cfg.train.eval_every == 0 && step + 1 < cfg.train.steps)
+      status = evaluate(step + 1);
+    if (status.ok() && cfg.train.checkpoint_every > 0 && (step + 1) % cfg.train.checkpoint_every == 0)
+      status = save(step + 1);
+  }
+  std::signal(SIGINT, old_handler);
+  if (!status.ok()) return Fail(status);
+  if (!g_interrupted.load() && step > start) {
+    if (Status s = evaluate(step); !s.ok()) return Fail(s);
+  }
+  if (Status s = save(step); !s.ok()) return Fail(s);
+  if (Status s = engine.WriteReport(out.report); !s.ok()) return Fail(s);
+  const EngineStats st = engine.stats();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
+  std::printf("done: %d steps in %.1f s | %.0f tok/s, %.2f GFLOP/s | moved H2D %s MiB, D2H %s MiB, "
+              "NVMe read %s MiB, write %s MiB | waits for parameters %.1f%% of step time\n",
+              step - start, wall, total_compute_s > 0 ? total_tokens / total_compute_s : 0,
+              total_compute_s > 0 ? total_tokens * model.flops_per_token() / total_compute_s / 1e9 : 0,
+              Mib(st.h2d_bytes).c_str(), Mib(st.d2h_bytes).c_str(), Mib(st.nvme_read_bytes).c_str(),
+              Mib(st.nvme_write_bytes).c_str(),
+              total_compute_s > 0 ? 100 * st.acquire_wait_seconds / total_compute_s : 0);
+  std::printf("  checkpoint: %s\n  metrics: %s\n  report: %s\n", out.checkpoint_dir.c_str(),
+              out.metrics.c_str(), out.report.c_str());
+  return 0;
+}
+
+int Export(const std::vector<std::string>& args) {
+  std::string ckpt, output, config_path;
+  DType dtype = DType::kF32;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if ((args[i] == "-o" || args[i] == "--output") && i + 1 < args.size()) {
+      output = args[++i];
+    } else if (args[i] == "--dtype" && i + 1 < args.size()) {
+      auto d = ParseDType(args[++i]);
+      if (!d.ok() || (*d != DType::kF32 && *d != DType::kBF16))
+        return Fail(InvalidArgumentError("--dtype must be fp32 or bf16"));
+      dtype = *d;
+    } else if (args[i] == "--config" && i + 1 < args.size()) {
+      config_path = args[++i];
+    } else if (args[i] == "-h" || args[i] == "--help") {
+      std::puts("usage: tierzero export CHECKPOINT_DIR -o model.safetensors [--dtype fp32|bf16]\n"
+                "  [--config RUN_DIR/config.json]  (default: CHECKPOINT_DIR/../config.json)");
+      return 0;
+    } else if (ckpt.empty() && args[i][0] != '-') {
+      ckpt = args[i];
+    } else {
+      return Fail(InvalidArgumentError("unknown export option '" + args[i] + "'"));
+    }
+  }
+  if (ckpt.empty() || output.empty())
+    return Fail(InvalidArgumentError("usage: tierzero export CHECKPOINT_DIR -o FILE.safetensors"));
+  if (config_path.empty()) config_path = (fs::path(ckpt).parent_path() / "config.json").string();
+  std::ifstream in(config_path);
+  if (!in)
+    return Fail(NotFoundError("cannot open " + config_path +
+                              " (the run's config, written by tierzero train; pass --config)"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto cfg = ParseRunConfig(ss.str(), DefaultRunConfig());
+  if (!cfg.ok()) return Fail(cfg.status());
+  // The run's budgets (NVMe included, so a model larger than memory exports too).
+  EngineConfig ec = cfg->engine;
+  ec.device = DeviceChoice::kHost;
+  if (ec.nvme_path.empty()) ec.nvme_path = (fs::path(ckpt).parent_path() / "nvme").string();
+  auto engine = Engine::Create(ec);
+  if (!engine.ok()) return Fail(engine.status());
+  auto model = gpt::Gpt::Create(**engine, cfg->model);
+  if (!model.ok()) return Fail(model.status());
+  if (Status s = (*engine)->Finalize(); !s.ok()) return Fail(s);
+  if (auto u = (*engine)->LoadCheckpoint(ckpt); !u.ok()) return Fail(u.status());
+  if (Status s = (*engine)->ExportSafetensors(output, dtype); !s.ok()) return Fail(s);
+  std::printf("exported %d tensors (%lld parameters, %s) to %s\n", (*engine)->num_params(),
+              static_cast<long long>((*model)->num_params()), std::string(DTypeName(dtype)).c_str(),
+              output.c_str());
+  return 0;
+}
+
+}  // namespace tierzero::app

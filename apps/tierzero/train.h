@@ -1,0 +1,62 @@
+// `tierzero train`, `tierzero export`: the GPT trainer on the public engine API.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpt/data.h"
+#include "gpt/gpt.h"
+#include "tierzero/engine.h"
+
+namespace tierzero::app {
+
+struct TrainOptions {
+  int steps = 300;
+  int batch_size = 32;  // rows per micro-batch
+  float lr = 3e-3f;     // peak learning rate
+  float min_lr = 3e-4f;
+  int warmup_steps = 20;
+  int eval_every = 50;  // 0: only at the end
+  int eval_batches = 4;
+  int checkpoint_every = 0;  // 0: only at the end (and on Ctrl-C)
+};
+
+struct OutputOptions {
+  std::string run_dir = "runs/default";
+  std::string metrics;         // JSON lines; default <run_dir>/metrics.jsonl
+  std::string report;          // default <run_dir>/report.json
+  std::string checkpoint_dir;  // default <run_dir>/checkpoint
+  std::string resume;          // a checkpoint directory to continue from
+  std::string init_from;       // a safetensors file to start from
+  bool quiet = false;          // no per-step lines
+};
+
+struct RunConfig {
+  gpt::GptConfig model;
+  gpt::DataConfig data;
+  TrainOptions train;
+  EngineConfig engine;
+  OutputOptions output;
+};
+
+// The built-in default run (docs/config.md): a GPT whose model states are several times the
+// device budget and larger than the host budget, on the synthetic addition task.
+RunConfig DefaultRunConfig();
+
+// Parses a JSON config over the defaults. InvalidArgument naming the field, the bad value and
+// the accepted range; unknown fields are errors (they are usually typos).
+StatusOr<RunConfig> ParseRunConfig(const std::string& json_text, RunConfig base);
+// The config as JSON (every field, with its value).
+std::string RunConfigToJson(const RunConfig& config);
+
+// Applies command-line overrides (--steps N, ...) in order. InvalidArgument for an unknown flag
+// or a bad value.
+Status ApplyFlags(const std::vector<std::string>& flags, RunConfig& config, std::string* config_path);
+
+// Runs training; returns the process exit code (0 also after Ctrl-C, once the checkpoint is
+// saved).
+int Train(const std::vector<std::string>& args);
+int Export(const std::vector<std::string>& args);
+
+}  // namespace tierzero::app

@@ -1,0 +1,278 @@
+// tierzero's public API: the engine a trainer embeds (DESIGN.md section 9).
+//
+//   auto engine = Engine::Create(config);                       // StatusOr<unique_ptr<Engine>>
+//   ParamId w = *engine->RegisterParam({"h0.attn.w", {768, 2304}, InitNormal(0.02f, seed)});
+//   engine->Finalize();                                         // layout, shard, place, allocate
+//   for (each step) {
+//     for (each micro-batch) {
+//       { auto scope = engine->Acquire(layer_params, Phase::kForward);  // gathered on the device
+//         const void* w_dev = scope->data(w); ... forward ... }         // released at scope end
+//       { auto scope = engine->Acquire(layer_params, Phase::kBackward);
+//         ... backward: dW goes to scope->grad(w) ... }
+//       engine->EndIteration();
+//     }
+//     engine->Step({.lr = lr});                                 // clip, Adam, loss scale
+//   }
+//
+// Parameters live in chunks whose shards the engine places on the device, in pinned host memory
+// or on NVMe by the configured budgets; fp32 master weights and Adam moments live in host memory
+// or on NVMe. The first iteration records which parameters each Acquire needs; later iterations
+// prefetch by the plan made from it (docs/architecture.md).
+//
+// Data types. Gathered parameters and gradients are in the compute dtype (bf16 by default;
+// fp16 or fp32 selectable). data(p) holds numel elements in row-major order.
+//
+// Gradients. In backward, grad(p) is where dW goes: the first backward use of p in an iteration
+// writes it (overwriting whatever is there: it may be the weight itself, so finish reading the
+// weight first), later backward uses of the same parameter (shared weights) add to it.
+//
+// Device memory. On a GPU, data(p), grad(p) and activation buffers are CUDA device pointers and
+// work is ordered on compute_stream(). Without a GPU the device is simulated in host memory
+// (host_compute() is true): pointers are host pointers and the trainer computes on the CPU on
+// the thread that called Acquire; every Acquire returns once its parameters are in place.
+//
+// Thread-safety: an Engine is driven by one thread at a time; none of its calls are concurrent
+// with each other. Scopes and activation buffers belong to that thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tierzero/status.h"
+#include "tierzero/types.h"
+
+namespace tierzero {
+
+// Ranks that share the model (ZeRO-3). Single() is the one-process communicator.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  static std::shared_ptr<Communicator> Single();
+};
+
+// Where the engine's device is: a GPU, or host memory standing in for one (HostSim), or a GPU
+// when one is present and the simulated device otherwise.
+enum class DeviceChoice : uint8_t { kAuto, kCuda, kHost };
+
+// Every field has a default; Engine::Create validates them (InvalidArgument naming the field,
+// the value and the accepted range). docs/config.md documents the same fields as JSON.
+struct EngineConfig {
+  DeviceChoice device = DeviceChoice::kAuto;
+  // Device memory for gathered chunks and activations (the plan's capacity). Default: 256 MiB.
+  uint64_t device_budget = uint64_t{256} << 20;
+  // Device memory for parameter shards that stay resident. Default: 0.
+  uint64_t device_shard_budget = 0;
+  // Host memory for parameter shards, gradients and optimizer states. Default: 2 GiB.
+  uint64_t host_budget = uint64_t{2} << 30;
+  // NVMe space (swap files under nvme_path) for what does not fit the host budget. Default: 0.
+  uint64_t nvme_budget = 0;
+  std::string nvme_path;
+  // Elements per chunk; 0 chooses automatically. Default: 0.
+  uint64_t chunk_elems = 0;
+  // Gathered parameters and gradients: bf16, fp16 (dynamic loss scaling) or fp32.
+  DType compute_dtype = DType::kBF16;
+  // AdamW. Defaults: 0.9, 0.95, 1e-8, 0.1 (applied to parameters registered with weight_decay).
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+  // Clip gradients to this global L2 norm; 0 turns clipping off. Default: 1.0.
+  float clip_grad_norm = 1.0f;
+  // Micro-batches per step (their gradients are summed, then divided by this). Default: 1.
+  int grad_accumulation = 1;
+  // fp16 only: the first loss scale, and good steps before it doubles. Defaults: 65536, 1000.
+  float initial_loss_scale = 65536.0f;
+  int loss_scale_window = 1000;
+  // CPU threads for the optimizer; 0 uses every hardware thread. Default: 0.
+  int cpu_threads = 0;
+  // Simulated device only: host<->device copy bandwidth in bytes/s, 0 for memcpy speed.
+  double host_link_bandwidth = 0;
+};
+
+// Converts n elements between float types (fp32, bf16, fp16; round to nearest even), with the
+// engine's SIMD kernels. InvalidArgument for other types.
+Status CastElements(const void* src, DType src_type, void* dst, DType dst_type, size_t n);
+
+using ParamId = int;
+class Engine;
+
+// Fills a parameter's initial values (fp32, numel elements, row-major).
+using Initializer = std::function<void(std::span<float> values)>;
+// N(0, stddev^2) from a counter-based generator: the value of element i depends only on
+// (seed, i), never on chunking or thread count.
+Initializer InitNormal(float stddev, uint64_t seed);
+Initializer InitConstant(float value);
+
+struct ParamSpec {
+  std::string name;            // unique; used by checkpoints and exports
+  std::vector<int64_t> shape;  // every dimension >= 1
+  Initializer init;            // default: zeros
+  bool weight_decay = true;    // AdamW decay applies (conventionally off for biases and norms)
+};
+
+// Device memory for non-model data (activations, workspaces), counted exactly so the plan knows
+// what is left for chunks at every moment. Move-only; freed on destruction.
+class ActivationBuffer {
+ public:
+  ActivationBuffer() = default;
+  ActivationBuffer(ActivationBuffer&& o) noexcept;
+  ActivationBuffer& operator=(ActivationBuffer&& o) noexcept;
+  ActivationBuffer(const ActivationBuffer&) = delete;
+  ActivationBuffer& operator=(const ActivationBuffer&) = delete;
+  ~ActivationBuffer();
+  void* data() const { return data_; }
+  uint64_t bytes() const { return bytes_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  void Reset();
+
+ private:
+  friend class Engine;
+  class Owner;
+  ActivationBuffer(Owner* owner, void* data, uint64_t bytes)
+      : owner_(owner), data_(data), bytes_(bytes) {}
+  Owner* owner_ = nullptr;
+  void* data_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+// Acquired parameters; released when destroyed (or by Release, which reports errors).
+class ParamScope {
+ public:
+  ParamScope(ParamScope&& o) noexcept;
+  ParamScope& operator=(ParamScope&&) = delete;
+  ParamScope(const ParamScope&) = delete;
+  ~ParamScope();
+  // Parameter values on the device; nullptr for a parameter not in this scope.
+  void* data(ParamId p) const;
+  // Where p's gradient goes (backward scopes only; nullptr otherwise).
+  void* grad(ParamId p) const;
+  Status Release();
+
+ private:
+  friend class Engine;
+  ParamScope(Engine* engine, std::vector<ParamId> params, Phase phase)
+      : engine_(engine), params_(std::move(params)), phase_(phase) {}
+  Engine* engine_ = nullptr;
+  std::vector<ParamId> params_;
+  Phase phase_;
+};
+
+struct StepOptions {
+  float lr = 1e-3f;  // this step's learning rate (the trainer's schedule)
+};
+
+struct StepResult {
+  bool applied = false;    // false: a non-finite gradient skipped the step (fp16: scale halved)
+  double grad_norm = 0;    // global L2 norm of the (unscaled, averaged) gradient, before clipping
+  float loss_scale = 1;    // the scale for the next step's loss
+  int64_t step = 0;        // optimizer steps applied so far
+  double seconds = 0;      // wall time of the step (reductions, norm, Adam, uploads)
+};
+
+// Bytes in use per tier, now and at their peak.
+struct TierUsage {
+  uint64_t device = 0, device_peak = 0;
+  uint64_t host = 0;
+  uint64_t nvme = 0;
+  uint64_t device_capacity = 0, host_budget = 0, nvme_budget = 0;
+};
+
+// Counters since Finalize.
+struct EngineStats {
+  uint64_t h2d_bytes = 0, d2h_bytes = 0, nvme_read_bytes = 0, nvme_write_bytes = 0;
+  uint64_t hits = 0, misses = 0, prefetches = 0, evictions = 0, plans = 0, deviations = 0;
+  double acquire_wait_seconds = 0;  // the caller waited in Acquire for parameters
+  double optimizer_seconds = 0;     // in Step
+  double optimizer_nvme_seconds = 0;
+  int64_t steps = 0, skipped_steps = 0;
+};
+
+class Engine {
+ public:
+  // InvalidArgument naming the field for a bad config; Unavailable when a GPU was asked for and
+  // there is none.
+  static StatusOr<std::unique_ptr<Engine>> Create(const EngineConfig& config,
+                                                  std::shared_ptr<Communicator> comm = nullptr);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Registers a parameter; call in the order of first use (forward order). Before Finalize.
+  StatusOr<ParamId> RegisterParam(ParamSpec spec);
+  // Lays parameters out in chunks, places the shards by the budgets (OutOfMemory naming the
+  // tier and what to raise when they do not fit), allocates, and initialises every parameter.
+  Status Finalize();
+
+  // A training iteration (one micro-batch: forward, then backward) or an evaluation (forward
+  // only; the gradients and the plan are untouched). An Acquire outside an iteration begins a
+  // training one.
+  Status BeginIteration(bool train = true);
+  StatusOr<ParamScope> Acquire(std::span<const ParamId> params, Phase phase);
+  // Ends the iteration: the last gradients are reduced (and accumulated).
+  Status EndIteration();
+  // Ends an open iteration, then: global gradient norm, non-finite check (fp16: loss scale
+  // update), clipping, AdamW on every shard wherever its state lives, and the new compute-dtype
+  // parameters written to their shards. A skipped step changes no state but the loss scale.
+  // FailedPrecondition before grad_accumulation iterations have ended since the last step.
+  StatusOr<StepResult> Step(const StepOptions& options);
+
+  // Non-model device memory.
+  StatusOr<ActivationBuffer> AllocateActivation(uint64_t bytes);
+  uint64_t activation_bytes() const;
+
+  bool host_compute() const;
+  void* compute_stream() const;  // cudaStream_t on a GPU, nullptr otherwise
+  DType compute_dtype() const;
+  float loss_scale() const;  // multiply the loss (its gradient) by this before backward
+  const EngineConfig& config() const;
+  int num_params() const;
+  const ParamSpec& param(ParamId p) const;
+  int64_t numel(ParamId p) const;
+  int64_t step() const;  // optimizer steps applied
+
+  // fp32 master values of a parameter (between iterations).
+  Status ReadParam(ParamId p, std::span<float> out);
+  // Replaces a parameter's master values (and its compute-dtype copy); Adam state is kept.
+  Status WriteParam(ParamId p, std::span<const float> values);
+
+  // Checkpoints: a directory with this rank's states (fp32 master, m, v per parameter, with
+  // CRC32C checksums), written atomically (each file to a temporary name, fsync, rename; the
+  // manifest last), and `user_state` (the trainer's own JSON: data position, RNG) stored in the
+  // manifest. LoadCheckpoint restores everything (matching parameters by name and shape; the
+  // chunk size may differ) and returns user_state. DataLoss for a checksum mismatch, NotFound
+  // for a directory without a manifest.
+  Status SaveCheckpoint(const std::string& dir, const std::string& user_state = "") const;
+  StatusOr<std::string> LoadCheckpoint(const std::string& dir);
+  // A consolidated safetensors file of the master weights as fp32 or bf16, and loading
+  // parameters (by name) from one: missing or mis-shaped tensors are errors.
+  Status ExportSafetensors(const std::string& path, DType dtype) const;
+  Status LoadSafetensors(const std::string& path);
+
+  TierUsage usage() const;
+  EngineStats stats() const;
+  // A human summary of the layout and the placement per tier.
+  std::string PlacementSummary() const;
+  // The memory placement report (JSON; docs/report.md).
+  Status WriteReport(const std::string& path) const;
+
+  // Internal (ParamScope).
+  void* ScopeData(ParamId p) const;
+  void* ScopeGrad(ParamId p) const;
+  Status ScopeRelease(std::span<const ParamId> params, Phase phase);
+
+ private:
+  Engine();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tierzero

@@ -1,0 +1,58 @@
+// Training data for the GPT: a built-in synthetic task and byte-level text (models/gpt).
+//
+// - "addition" (the default, no download): rows "a+b=c\n" with a and b uniform below
+//   10^digits, one problem per row, padded with '\n'. The loss covers the answer digits and the
+//   final newline only. A problem belongs to the validation split when a hash of (a, b) says so
+//   (10%), so validation problems are never trained on. Scored by exact match: a row is right
+//   when every answer position's argmax is the target, which is exactly when greedy decoding
+//   would produce the whole answer.
+// - "text": any UTF-8 file (checked), byte-level (vocabulary 256); the first 90% trains, the last
+//   10% validates; rows are windows at pseudo-random offsets; every position counts.
+//
+// Batches are pure functions of (split, index): batch k of training is the same in every run
+// with the same seed, which is what makes resumed runs repeat an uninterrupted run exactly.
+//
+// Thread-safety: const methods may be called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpt/gpt.h"
+
+namespace tierzero::gpt {
+
+struct DataConfig {
+  std::string kind = "addition";  // "addition" or "text"
+  std::string text_path;          // kind "text": the file
+  int digits = 3;                 // kind "addition": operands below 10^digits (1..9)
+  uint64_t seed = 1;
+};
+
+class Dataset {
+ public:
+  // InvalidArgument naming the field (unknown kind, digits out of range, rows that would not fit
+  // seq_len); NotFound for a missing file; InvalidArgument for a file that is not UTF-8 (with the
+  // byte offset) or too short for one row per split.
+  static StatusOr<std::unique_ptr<Dataset>> Create(const DataConfig& config, int seq_len);
+
+  Batch Get(bool validation, uint64_t index, int batch_size) const;
+  // Exact-match accuracy of a batch (addition only; 0 for text).
+  double Accuracy(const Batch& batch, const std::vector<int32_t>& predictions) const;
+  bool has_accuracy() const { return cfg_.kind == "addition"; }
+  // Tokens the task needs per row (addition: 3 digits + 3).
+  static int RowTokens(const DataConfig& config);
+  std::string Describe() const;
+
+ private:
+  Dataset(const DataConfig& c, int seq_len) : cfg_(c), seq_len_(seq_len) {}
+  void AdditionRow(bool validation, uint64_t key, int32_t* tokens, int32_t* targets,
+                   float* mask) const;
+  DataConfig cfg_;
+  int seq_len_;
+  std::string text_;  // kind text
+};
+
+}  // namespace tierzero::gpt

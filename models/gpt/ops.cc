@@ -1,0 +1,375 @@
+#include "gpt/ops.h"
+
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+
+namespace tierzero::gpt::cpu {
+namespace {
+
+// Rows per task: enough work to amortise scheduling, few enough to balance two cores.
+template <typename F>
+void ParallelRows(int64_t rows, int64_t cost_per_row, F&& f) {
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cost_per_row));
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, rows, grain),
+                    [&](const tbb::blocked_range<int64_t>& r) {
+                      for (int64_t i = r.begin(); i != r.end(); ++i) f(i);
+                    });
+}
+
+// Column sums of a rows x cols matrix added into out, each column summed over rows in order.
+template <typename T>
+void AddColumnSums(const T* m, T* out, int64_t rows, int64_t cols) {
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (cols + kBlock - 1) / kBlock;
+  tbb::parallel_for(int64_t{0}, blocks, [&](int64_t blk) {
+    const int64_t c0 = blk * kBlock, c1 = std::min(cols, c0 + kBlock);
+    T acc[kBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* row = m + r * cols;
+      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
+    }
+    for (int64_t c = c0; c < c1; ++c) out[c] += acc[c - c0];
+  });
+}
+
+}  // namespace
+
+template <>
+void Gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const dnnl_status_t s =
+      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (s != dnnl_success) {
+    std::fprintf(stderr, "dnnl_sgemm(%lld x %lld x %lld) failed with status %d\n",
+                 static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
+                 static_cast<int>(s));
+    std::abort();
+  }
+}
+
+template <>
+void Gemm<double>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
+                  const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
+                  double* c, int64_t ldc) {
+  ParallelRows(m, n * k, [&](int64_t i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double av = ta ? a[p * lda + i] : a[i * lda + p];
+        const double bv = tb ? b[j * ldb + p] : b[p * ldb + j];
+        acc += av * bv;
+      }
+      c[i * ldc + j] = alpha * acc + (beta == 0 ? 0.0 : beta * c[i * ldc + j]);
+    }
+  });
+}
+
+template <typename T>
+void LinearForward(const T* x, const T* w, const T* bias, T* y, int64_t rows, int64_t in,
+                   int64_t out) {
+  Gemm<T>(false, false, rows, out, in, T(1), x, in, w, out, T(0), y, out);
+  if (bias != nullptr) {
+    ParallelRows(rows, out, [&](int64_t r) {
+      T* yr = y + r * out;
+      for (int64_t j = 0; j < out; ++j) yr[j] += bias[j];
+    });
+  }
+}
+
+template <typename T>
+void LinearBackward(const T* dy, const T* x, const T* w, T* dx, T* dw, T* dbias, int64_t rows,
+                    int64_t in, int64_t out) {
+  if (dx != nullptr) Gemm<T>(false, true, rows, in, out, T(1), dy, out, w, out, T(0), dx, in);
+  Gemm<T>(true, false, in, out, rows, T(1), x, in, dy, out, T(1), dw, out);
+  if (dbias != nullptr) AddColumnSums(dy, dbias, rows, out);
+}
+
+template <typename T>
+void LayerNormForward(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* rstd,
+                      int64_t rows, int64_t cols) {
+  ParallelRows(rows, cols, [&](int64_t r) {
+    const T* xr = x + r * cols;
+    T* yr = y + r * cols;
+    T mu = 0;
+    for (int64_t j = 0; j < cols; ++j) mu += xr[j];
+    mu /= static_cast<T>(cols);
+    T var = 0;
+    for (int64_t j = 0; j < cols; ++j) var += (xr[j] - mu) * (xr[j] - mu);
+    var /= static_cast<T>(cols);
+    const T rs = T(1) / std::sqrt(var + T(1e-5));
+    for (int64_t j = 0; j < cols; ++j) yr[j] = (xr[j] - mu) * rs * gamma[j] + beta[j];
+    mean[r] = mu;
+    rstd[r] = rs;
+  });
+}
+
+template <typename T>
+void LayerNormBackward(const T* dy, const T* x, const T* gamma, const T* mean, const T* rstd,
+                       T* dx, T* dgamma, T* dbeta, int64_t rows, int64_t cols) {
+  ParallelRows(rows, cols, [&](int64_t r) {
+    const T* dyr = dy + r * cols;
+    const T* xr = x + r * cols;
+    T* dxr = dx + r * cols;
+    const T mu = mean[r], rs = rstd[r];
+    T sum_g = 0, sum_gx = 0;
+    for (int64_t j = 0; j < cols; ++j) {
+      const T g = dyr[j] * gamma[j];
+      sum_g += g;
+      sum_gx += g * (xr[j] - mu) * rs;
+    }
+    sum_g /= static_cast<T>(cols);
+    sum_gx /= static_cast<T>(cols);
+    for (int64_t j = 0; j < cols; ++j) {
+      const T xhat = (xr[j] - mu) * rs;
+      dxr[j] = rs * (dyr[j] * gamma[j] - sum_g - xhat * sum_gx);
+    }
+  });
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (cols + kBlock - 1) / kBlock;
+  tbb::parallel_for(int64_t{0}, blocks, [&](int64_t blk) {
+    const int64_t c0 = blk * kBlock, c1 = std::min(cols, c0 + kBlock);
+    T ag[kBlock] = {}, ab[kBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* dyr = dy + r * cols;
+      const T* xr = x + r * cols;
+      for (int64_t c = c0; c < c1; ++c) {
+        ag[c - c0] += dyr[c] * (xr[c] - mean[r]) * rstd[r];
+        ab[c - c0] += dyr[c];
+      }
+    }
+    for (int64_t c = c0; c < c1; ++c) {
+      dgamma[c] += ag[c - c0];
+      dbeta[c] += ab[c - c0];
+    }
+  });
+}
+
+namespace {
+template <typename T>
+constexpr T kGeluC = static_cast<T>(0.7978845608028654);  // sqrt(2 / pi)
+}
+
+template <typename T>
+void GeluForward(const T* x, T* y, int64_t n) {
+  ParallelRows((n + 1023) / 1024, 1024, [&](int64_t b) {
+    const int64_t e = std::min(n, (b + 1) * 1024);
+    for (int64_t i = b * 1024; i < e; ++i) {
+      const T v = x[i];
+      y[i] = T(0.5) * v * (T(1) + std::tanh(kGeluC<T> * (v + T(0.044715) * v * v * v)));
+    }
+  });
+}
+
+template <typename T>
+void GeluBackward(const T* dy, const T* x, T* dx, int64_t n) {
+  ParallelRows((n + 1023) / 1024, 1024, [&](int64_t b) {
+    const int64_t e = std::min(n, (b + 1) * 1024);
+    for (int64_t i = b * 1024; i < e; ++i) {
+      const T v = x[i];
+      const T u = kGeluC<T> * (v + T(0.044715) * v * v * v);
+      const T t = std::tanh(u);
+      const T du = kGeluC<T> * (T(1) + T(3) * T(0.044715) * v * v);
+      dx[i] = dy[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * du);
+    }
+  });
+}
+
+template <typename T>
+void AttentionForward(const T* qkv, T* out, T* probs, int64_t batch, int64_t seq, int64_t channels,
+                      int64_t heads) {
+  const int64_t hd = channels / heads;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hd));
+  const int64_t c3 = 3 * channels;
+  ParallelRows(batch * heads, seq * seq * hd, [&](int64_t bh) {
+    const int64_t b = bh / heads, h = bh % heads;
+    const T* base = qkv + b * seq * c3;
+    T* p = probs + bh * seq * seq;
+    for (int64_t t = 0; t < seq; ++t) {
+      const T* q = base + t * c3 + h * hd;
+      T* pr = p + t * seq;
+      T mx = -std::numeric_limits<T>::infinity();
+      for (int64_t s = 0; s <= t; ++s) {
+        const T* k = base + s * c3 + channels + h * hd;
+        T dot = 0;
+        for (int64_t d = 0; d < hd; ++d) dot += q[d] * k[d];
+        pr[s] = dot * scale;
+        mx = std::max(mx, pr[s]);
+      }
+      T sum = 0;
+      for (int64_t s = 0; s <= t; ++s) {
+        pr[s] = std::exp(pr[s] - mx);
+        sum += pr[s];
+      }
+      const T inv = T(1) / sum;
+      for (int64_t s = 0; s <= t; ++s) pr[s] *= inv;
+      for (int64_t s = t + 1; s < seq; ++s) pr[s] = 0;
+      T* o = out + (b * seq + t) * channels + h * hd;
+      for (int64_t d = 0; d < hd; ++d) o[d] = 0;
+      for (int64_t s = 0; s <= t; ++s) {
+        const T* v = base + s * c3 + 2 * channels + h * hd;
+        for (int64_t d = 0; d < hd; ++d) o[d] += pr[s] * v[d];
+      }
+    }
+  });
+}
+
+template <typename T>
+void AttentionBackward(const T* dout, const T* qkv, const T* probs, T* dqkv, int64_t batch,
+                       int64_t seq, int64_t channels, int64_t heads) {
+  const int64_t hd = channels / heads;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hd));
+  const int64_t c3 = 3 * channels;
+  ParallelRows(batch * heads, seq * seq * hd, [&](int64_t bh) {
+    const int64_t b = bh / heads, h = bh % heads;
+    const T* base = qkv + b * seq * c3;
+    T* dbase = dqkv + b * seq * c3;
+    const T* p = probs + bh * seq * seq;
+    for (int64_t t = 0; t < seq; ++t) {
+      for (int64_t part = 0; part < 3; ++part) {
+        T* d = dbase + t * c3 + part * channels + h * hd;
+        for (int64_t i = 0; i < hd; ++i) d[i] = 0;
+      }
+    }
+    std::vector<T> dp(static_cast<size_t>(seq));
+    for (int64_t t = 0; t < seq; ++t) {
+      const T* pr = p + t * seq;
+      const T* dor = dout + (b * seq + t) * channels + h * hd;
+      T dot_pd = 0;
+      for (int64_t s = 0; s <= t; ++s) {
+        const T* v = base + s * c3 + 2 * channels + h * hd;
+        T* dv = dbase + s * c3 + 2 * channels + h * hd;
+        T acc = 0;
+        for (int64_t d = 0; d < hd; ++d) {
+          acc += dor[d] * v[d];
+          dv[d] += pr[s] * dor[d];
+        }
+        dp[static_cast<size_t>(s)] = acc;
+        dot_pd += pr[s] * acc;
+      }
+      const T* q = base + t * c3 + h * hd;
+      T* dq = dbase + t * c3 + h * hd;
+      for (int64_t s = 0; s <= t; ++s) {
+        const T ds = pr[s] * (dp[static_cast<size_t>(s)] - dot_pd) * scale;
+        const T* k = base + s * c3 + channels + h * hd;
+        T* dk = dbase + s * c3 + channels + h * hd;
+        for (int64_t d = 0; d < hd; ++d) {
+          dq[d] += ds * k[d];
+          dk[d] += ds * q[d];
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void EmbeddingForward(const int32_t* tokens, const T* wte, const T* wpe, T* x, int64_t batch,
+                      int64_t seq, int64_t channels) {
+  ParallelRows(batch * seq, channels, [&](int64_t r) {
+    const T* te = wte + static_cast<int64_t>(tokens[r]) * channels;
+    const T* pe = wpe + (r % seq) * channels;
+    T* xr = x + r * channels;
+    for (int64_t j = 0; j < channels; ++j) xr[j] = te[j] + pe[j];
+  });
+}
+
+template <typename T>
+void EmbeddingBackward(const int32_t* tokens, const T* dx, T* dwte, T* dwpe, int64_t batch,
+                       int64_t seq, int64_t channels) {
+  for (int64_t r = 0; r < batch * seq; ++r) {
+    const T* d = dx + r * channels;
+    T* te = dwte + static_cast<int64_t>(tokens[r]) * channels;
+    T* pe = dwpe + (r % seq) * channels;
+    for (int64_t j = 0; j < channels; ++j) {
+      te[j] += d[j];
+      pe[j] += d[j];
+    }
+  }
+}
+
+template <typename T>
+double CrossEntropy(const T* logits, const int32_t* targets, const float* mask, T* dlogits,
+                    int32_t* argmax, int64_t rows, int64_t vocab, double scale) {
+  double count = 0;
+  for (int64_t r = 0; r < rows; ++r) count += mask[r];
+  std::vector<double> row_loss(static_cast<size_t>(rows), 0.0);
+  const double inv = count > 0 ? 1.0 / count : 0.0;
+  ParallelRows(rows, vocab, [&](int64_t r) {
+    const T* l = logits + r * vocab;
+    int64_t best = 0;
+    T mx = l[0];
+    for (int64_t j = 1; j < vocab; ++j) {
+      if (l[j] > mx) {
+        mx = l[j];
+        best = j;
+      }
+    }
+    if (argmax != nullptr) argmax[r] = static_cast<int32_t>(best);
+    double sum = 0;
+    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(l[j] - mx));
+    const double lse = std::log(sum) + static_cast<double>(mx);
+    row_loss[static_cast<size_t>(r)] = mask[r] * (lse - static_cast<double>(l[targets[r]]));
+    if (dlogits != nullptr) {
+      T* d = dlogits + r * vocab;
+      const double w = mask[r] * inv * scale;
+      for (int64_t j = 0; j < vocab; ++j) {
+        const double p = std::exp(static_cast<double>(l[j]) - lse);
+        d[j] = static_cast<T>(w * (p - (j == targets[r] ? 1.0 : 0.0)));
+      }
+    }
+  });
+  double loss = 0;
+  for (double v : row_loss) loss += v;
+  return loss * inv;
+}
+
+template <typename T>
+void Add(const T* a, const T* b, T* y, int64_t n) {
+  ParallelRows((n + 4095) / 4096, 4096, [&](int64_t blk) {
+    const int64_t e = std::min(n, (blk + 1) * 4096);
+    for (int64_t i = blk * 4096; i < e; ++i) y[i] = a[i] + b[i];
+  });
+}
+
+template <typename T>
+void AddInPlace(T* y, const T* a, int64_t n) {
+  ParallelRows((n + 4095) / 4096, 4096, [&](int64_t blk) {
+    const int64_t e = std::min(n, (blk + 1) * 4096);
+    for (int64_t i = blk * 4096; i < e; ++i) y[i] += a[i];
+  });
+}
+
+#define TZ_INSTANTIATE(T)                                                                      \
+  template void LinearForward<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t);  \
+  template void LinearBackward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t,   \
+                                  int64_t);                                                     \
+  template void LayerNormForward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t); \
+  template void LayerNormBackward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*,  \
+                                     T*, int64_t, int64_t);                                     \
+  template void GeluForward<T>(const T*, T*, int64_t);                                          \
+  template void GeluBackward<T>(const T*, const T*, T*, int64_t);                               \
+  template void AttentionForward<T>(const T*, T*, T*, int64_t, int64_t, int64_t, int64_t);      \
+  template void AttentionBackward<T>(const T*, const T*, const T*, T*, int64_t, int64_t,        \
+                                     int64_t, int64_t);                                         \
+  template void EmbeddingForward<T>(const int32_t*, const T*, const T*, T*, int64_t, int64_t,   \
+                                    int64_t);                                                   \
+  template void EmbeddingBackward<T>(const int32_t*, const T*, T*, T*, int64_t, int64_t,        \
+                                     int64_t);                                                  \
+  template double CrossEntropy<T>(const T*, const int32_t*, const float*, T*, int32_t*,         \
+                                  int64_t, int64_t, double);                                    \
+  template void Add<T>(const T*, const T*, T*, int64_t);                                        \
+  template void AddInPlace<T>(T*, const T*, int64_t);
+
+TZ_INSTANTIATE(float)
+TZ_INSTANTIATE(double)
+#undef TZ_INSTANTIATE
+
+}  // namespace tierzero::gpt::cpu

@@ -1,0 +1,476 @@
+// Checkpoints, safetensors import/export and the report of the engine (engine.h).
+//
+// Note [Checkpoint format]
+// A checkpoint is a directory:
+//   states-<step>.rank<r>.bin   per parameter: fp32 master, m, v (numel each), parameters in
+//                               registration order
+//   manifest.json               format, version, step, loss scale, world size, per file its
+//                               bytes and CRC32C, per parameter its name, shape, file, offset
+//                               and CRC32C of its three arrays, and the trainer's user_state
+// Files are written under a temporary name, fsynced and renamed; the manifest is written the same
+// way last, so it is the commit point: a crash before its rename leaves the previous checkpoint
+// (its manifest and the states it names) intact. States files no longer named are removed after.
+// Parameters are stored per tensor, not per chunk, so a checkpoint loads into any chunk size
+// (and, with the collectives, any world size).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/bytes.h"
+#include "core/convert.h"
+#include "core/logging.h"
+#include "engine/engine_impl.h"
+#include "offload/crc32c.h"
+
+namespace tierzero {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr int kCheckpointVersion = 1;
+
+// A file written under `path`.tmp, fsynced and renamed to `path`.
+class AtomicFile {
+ public:
+  static StatusOr<AtomicFile> Create(const std::string& path) {
+    AtomicFile f;
+    f.path_ = path;
+    f.tmp_ = path + ".tmp";
+    f.fd_ = ::open(f.tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (f.fd_ < 0) return ErrnoError("creating " + f.tmp_, errno);
+    return f;
+  }
+  AtomicFile() = default;
+  AtomicFile(AtomicFile&& o) noexcept : path_(o.path_), tmp_(o.tmp_), fd_(o.fd_), bytes_(o.bytes_) {
+    o.fd_ = -1;
+  }
+  ~AtomicFile() {
+    if (fd_ >= 0) {
+      ::close(fd_);
+      ::unlink(tmp_.c_str());  // not committed
+    }
+  }
+  Status Write(const void* data, size_t n) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, p, n);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoError("writing " + tmp_ + (errno == ENOSPC ? " (disk full)" : ""), errno);
+      }
+      p += w;
+      n -= static_cast<size_t>(w);
+      bytes_ += static_cast<uint64_t>(w);
+    }
+    return Status::OK();
+  }
+  Status Commit() {
+    if (::fsync(fd_) != 0) return ErrnoError("fsync " + tmp_, errno);
+    if (::close(fd_) != 0) {
+      fd_ = -1;
+      return ErrnoError("close " + tmp_, errno);
+    }
+    fd_ = -1;
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) return ErrnoError("rename " + tmp_, errno);
+    return Status::OK();
+  }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+  uint64_t bytes_ = 0;
+};
+
+Status SyncDir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("opening directory " + dir, errno);
+  const int r = ::fsync(fd);
+  ::close(fd);
+  if (r != 0) return ErrnoError("fsync directory " + dir, errno);
+  return Status::OK();
+}
+
+StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFoundError("cannot open " + path);
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return s;
+}
+
+Status ReadAt(int fd, const std::string& path, uint64_t offset, void* data, size_t n) {
+  auto* p = static_cast<uint8_t*>(data);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("reading " + path, errno);
+    }
+    if (r == 0) return DataLossError(path + " is shorter than its manifest says (truncated?)");
+    p += r;
+    n -= static_cast<size_t>(r);
+    offset += static_cast<uint64_t>(r);
+  }
+  return Status::OK();
+}
+
+class ReadFd {
+ public:
+  explicit ReadFd(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {}
+  ~ReadFd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_state) const {
+  Impl& im = *impl_;
+  if (!im.finalized) return FailedPreconditionError("SaveCheckpoint before Finalize");
+  if (im.in_iteration) return FailedPreconditionError("SaveCheckpoint inside an iteration");
+  json user;
+  if (!user_state.empty()) {
+    user = json::parse(user_state, nullptr, /*allow_exceptions=*/false);
+    if (user.is_discarded()) return InvalidArgumentError("user_state is not valid JSON");
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return IoError("creating checkpoint directory " + dir + ": " + ec.message());
+  const int rank = im.comm->rank();
+  const std::string states_name =
+      "states-" + std::to_string(im.step) + ".rank" + std::to_string(rank) + ".bin";
+  ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::Create(dir + "/" + states_name));
+
+  // Parameters in registration order; states read chunk by chunk (a chunk's tensors are
+  // consecutive parameters, so each chunk's state is read once).
+  json tensors = json::array();
+  uint32_t file_crc = 0;
+  Status inner = Status::OK();
+  int next = 0;
+  for (int c = 0; c < im.layout.num_chunks() && inner.ok(); ++c) {
+    RETURN_IF_ERROR(im.WithChunkState(
+        c, /*write_back=*/false, [&](float* master, float* m, float* v) -> Status {
+          for (int t : im.layout.chunk(c).tensors) {
+            if (t != next) return InternalError("chunk tensors out of registration order");
+            ++next;
+            const TensorLoc& loc = im.layout.tensor(t);
+            const uint64_t offset = file.bytes();
+            uint32_t crc = 0;
+            for (const float* a : {master, m, v}) {
+              RETURN_IF_ERROR(file.Write(a + loc.offset, loc.numel * 4));
+              crc = Crc32c(a + loc.offset, loc.numel * 4, crc);
+              file_crc = Crc32c(a + loc.offset, loc.numel * 4, file_crc);
+            }
+            const ParamSpec& ps = im.params[static_cast<size_t>(t)];
+            tensors.push_back({{"name", ps.name},
+                               {"shape", ps.shape},
+                               {"file", states_name},
+                               {"offset", offset},
+                               {"numel", loc.numel},
+                               {"crc32c", crc}});
+          }
+          return Status::OK();
+        }));
+  }
+  const uint64_t states_bytes = file.bytes();
+  RETURN_IF_ERROR(file.Commit());
+
+  json manifest = {{"format", "tierzero-checkpoint"},
+                   {"version", kCheckpointVersion},
+                   {"step", im.step},
+                   {"loss_scale", im.loss_scale},
+                   {"good_steps", im.good_steps},
+                   {"compute_dtype", std::string(DTypeName(im.cfg.compute_dtype))},
+                   {"world_size", im.comm->size()},
+                   {"files", json::array({{{"name", states_name},
+                                           {"bytes", states_bytes},
+                                           {"crc32c", file_crc}}})},
+                   {"tensors", tensors},
+                   {"user_state", user}};
+  ASSIGN_OR_RETURN(AtomicFile mf, AtomicFile::Create(dir + "/manifest.json"));
+  const std::string text = manifest.dump(1);
+  RETURN_IF_ERROR(mf.Write(text.data(), text.size()));
+  RETURN_IF_ERROR(mf.Commit());
+  RETURN_IF_ERROR(SyncDir(dir));
+  // States files the manifest no longer names.
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("states-", 0) == 0 && name != states_name &&
+        name.find(".rank" + std::to_string(rank) + ".bin") != std::string::npos) {
+      fs::remove(entry.path(), ec);
+    }
+  }
+  TZ_LOG(kInfo, kEngine) << "checkpoint at step " << im.step << " written to " << dir << " ("
+                         << FormatBytes(states_bytes) << ")";
+  return Status::OK();
+}
+
+StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
+  Impl& im = *impl_;
+  if (!im.finalized) return FailedPreconditionError("LoadCheckpoint before Finalize");
+  if (im.in_iteration) return FailedPreconditionError("LoadCheckpoint inside an iteration");
+  auto text = ReadWholeFile(dir + "/manifest.json");
+  if (!text.ok()) {
+    return NotFoundError("no checkpoint in '" + dir +
+                         "' (manifest.json missing: the directory is not a checkpoint, or its "
+                         "first save did not finish)");
+  }
+  json manifest = json::parse(*text, nullptr, false);
+  if (manifest.is_discarded() || !manifest.is_object() ||
+      manifest.value("format", "") != "tierzero-checkpoint") {
+    return DataLossError(dir + "/manifest.json is not a tierzero checkpoint manifest");
+  }
+  if (manifest.value("version", 0) != kCheckpointVersion) {
+    return UnsupportedError(dir + "/manifest.json has version " +
+                            std::to_string(manifest.value("version", 0)) + "; this build reads " +
+                            std::to_string(kCheckpointVersion));
+  }
+  // Index the saved tensors and check every registered parameter is there with its shape.
+  std::map<std::string, const json*> saved;
+  for (const json& t : manifest["tensors"]) saved[t.value("name", "")] = &t;
+  for (const ParamSpec& ps : im.params) {
+    auto it = saved.find(ps.name);
+    if (it == saved.end())
+      return NotFoundError("checkpoint " + dir + " has no parameter '" + ps.name + "'");
+    if ((*it->second)["shape"].get<std::vector<int64_t>>() != ps.shape)
+      return InvalidArgumentError("checkpoint parameter '" + ps.name +
+                                  "' has shape " + (*it->second)["shape"].dump() +
+                                  ", the model registers " + json(ps.shape).dump());
+  }
+  // Read and verify everything before changing any state: a bad checkpoint leaves the engine
+  // as it was. Chunk by chunk, so NVMe-resident state is never held whole in memory; a second
+  // pass writes.
+  std::map<std::string, std::unique_ptr<ReadFd>> files;
+  auto fd_of = [&](const std::string& name) -> StatusOr<int> {
+    auto& f = files[name];
+    if (!f) f = std::make_unique<ReadFd>(dir + "/" + name);
+    if (f->get() < 0) return NotFoundError("checkpoint file " + dir + "/" + name + " is missing");
+    return f->get();
+  };
+  std::vector<float> buf;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int c = 0; c < im.layout.num_chunks(); ++c) {
+      auto apply = [&](float* master, float* m, float* v) -> Status {
+        for (int t : im.layout.chunk(c).tensors) {
+          const json& e = *saved[im.params[static_cast<size_t>(t)].name];
+          const TensorLoc& loc = im.layout.tensor(t);
+          if (e.value("numel", uint64_t{0}) != loc.numel)
+            return DataLossError("checkpoint entry of '" + e.value("name", "") +
+                                 "' has the wrong element count");
+          const std::string fname = e.value("file", "");
+          ASSIGN_OR_RETURN(int fd, fd_of(fname));
+          buf.resize(loc.numel * 3);
+          RETURN_IF_ERROR(
+              ReadAt(fd, dir + "/" + fname, e.value("offset", uint64_t{0}), buf.data(), buf.size() * 4));
+          if (Crc32c(buf.data(), buf.size() * 4) != e.value("crc32c", uint32_t{0})) {
+            return DataLossError("checkpoint " + dir + ": checksum mismatch in parameter '" +
+                                 e.value("name", "") + "' (the file is corrupt)");
+          }
+          if (pass == 1) {
+            std::memcpy(master + loc.offset, buf.data(), loc.numel * 4);
+            std::memcpy(m + loc.offset, buf.data() + loc.numel, loc.numel * 4);
+            std::memcpy(v + loc.offset, buf.data() + 2 * loc.numel, loc.numel * 4);
+          }
+        }
+        if (pass == 1) return im.UploadChunk(c, master);
+        return Status::OK();
+      };
+      RETURN_IF_ERROR(im.WithChunkState(c, /*write_back=*/pass == 1, apply));
+    }
+  }
+  im.step = manifest.value("step", int64_t{0});
+  im.loss_scale = manifest.value("loss_scale", 1.0f);
+  im.good_steps = manifest.value("good_steps", 0);
+  im.iterations_since_step = 0;
+  RETURN_IF_ERROR(im.cm->ZeroGrads());
+  TZ_LOG(kInfo, kEngine) << "checkpoint " << dir << " loaded at step " << im.step;
+  const json& user = manifest["user_state"];
+  return user.is_null() ? std::string() : user.dump();
+}
+
+// ---- safetensors
+// --------------------------------------------------------------------------------
+
+Status Engine::ExportSafetensors(const std::string& path, DType dtype) const {
+  Impl& im = *impl_;
+  if (!im.finalized) return FailedPreconditionError("ExportSafetensors before Finalize");
+  if (dtype != DType::kF32 && dtype != DType::kBF16)
+    return InvalidArgumentError("safetensors export writes fp32 or bf16, not " +
+                                std::string(DTypeName(dtype)));
+  json header = json::object();
+  uint64_t offset = 0;
+  for (size_t t = 0; t < im.params.size(); ++t) {
+    const uint64_t bytes = DTypeBytes(dtype, static_cast<uint64_t>(im.numel[t]));
+    header[im.params[t].name] = {{"dtype", dtype == DType::kF32 ? "F32" : "BF16"},
+                                 {"shape", im.params[t].shape},
+                                 {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  header["__metadata__"] = {{"format", "pt"}, {"producer", "tierzero"},
+                            {"step", std::to_string(im.step)}};
+  std::string h = header.dump();
+  while ((h.size() + 8) % 8 != 0) h.push_back(' ');
+  ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::Create(path));
+  const uint64_t hlen = h.size();
+  RETURN_IF_ERROR(file.Write(&hlen, 8));  // little-endian u64
+  RETURN_IF_ERROR(file.Write(h.data(), h.size()));
+  std::vector<uint8_t> out;
+  for (int c = 0; c < im.layout.num_chunks(); ++c) {
+    RETURN_IF_ERROR(im.WithChunkState(c, false, [&](float* master, float*, float*) -> Status {
+      for (int t : im.layout.chunk(c).tensors) {
+        const TensorLoc& loc = im.layout.tensor(t);
+        out.resize(DTypeBytes(dtype, loc.numel));
+        RETURN_IF_ERROR(Convert(master + loc.offset, DType::kF32, out.data(), dtype, loc.numel));
+        RETURN_IF_ERROR(file.Write(out.data(), out.size()));
+      }
+      return Status::OK();
+    }));
+  }
+  RETURN_IF_ERROR(file.Commit());
+  return Status::OK();
+}
+
+Status Engine::LoadSafetensors(const std::string& path) {
+  Impl& im = *impl_;
+  if (!im.finalized) return FailedPreconditionError("LoadSafetensors before Finalize");
+  ReadFd fd(path);
+  if (fd.get() < 0) return ErrnoError("opening safetensors file " + path, errno, StatusCode::kNotFound);
+  struct stat st {};
+  ::fstat(fd.get(), &st);
+  uint64_t hlen = 0;
+  if (st.st_size < 8) return DataLossError(path + " is not a safetensors file (too short)");
+  RETURN_IF_ERROR(ReadAt(fd.get(), path, 0, &hlen, 8));
+  if (hlen > static_cast<uint64_t>(st.st_size) - 8 || hlen > (uint64_t{100} << 20))
+    return DataLossError(path + " is not a safetensors file (header length " +
+                         std::to_string(hlen) + ")");
+  std::string h(hlen, '\0');
+  RETURN_IF_ERROR(ReadAt(fd.get(), path, 8, h.data(), hlen));
+  json header = json::parse(h, nullptr, false);
+  if (header.is_discarded() || !header.is_object())
+    return DataLossError(path + ": the safetensors header is not valid JSON");
+  const uint64_t base = 8 + hlen;
+  // Check all first, then load.
+  for (const ParamSpec& ps : im.params) {
+    if (!header.contains(ps.name)) return NotFoundError(path + " has no tensor '" + ps.name + "'");
+    const json& e = header[ps.name];
+    if (e.value("shape", std::vector<int64_t>{}) != ps.shape)
+      return InvalidArgumentError(path + ": tensor '" + ps.name + "' has shape " +
+                                  e["shape"].dump() + ", the model registers " +
+                                  json(ps.shape).dump());
+    const std::string dt = e.value("dtype", "");
+    if (dt != "F32" && dt != "BF16" && dt != "F16")
+      return UnsupportedError(path + ": tensor '" + ps.name + "' is " + dt +
+                              "; F32, BF16 and F16 load");
+  }
+  std::vector<uint8_t> raw;
+  std::vector<float> values;
+  for (size_t t = 0; t < im.params.size(); ++t) {
+    const json& e = header[im.params[t].name];
+    const std::string dts = e["dtype"];
+    const DType dt = dts == "F32" ? DType::kF32 : dts == "BF16" ? DType::kBF16 : DType::kF16;
+    const auto off = e["data_offsets"].get<std::vector<uint64_t>>();
+    const uint64_t n = static_cast<uint64_t>(im.numel[t]);
+    if (off.size() != 2 || off[1] - off[0] != DTypeBytes(dt, n) ||
+        base + off[1] > static_cast<uint64_t>(st.st_size))
+      return DataLossError(path + ": tensor '" + im.params[t].name + "' has bad data offsets");
+    raw.resize(DTypeBytes(dt, n));
+    values.resize(n);
+    RETURN_IF_ERROR(ReadAt(fd.get(), path, base + off[0], raw.data(), raw.size()));
+    RETURN_IF_ERROR(Convert(raw.data(), dt, values.data(), DType::kF32, n));
+    RETURN_IF_ERROR(WriteParam(static_cast<ParamId>(t), values));
+  }
+  TZ_LOG(kInfo, kEngine) << "parameters loaded from " << path;
+  return Status::OK();
+}
+
+// ---- Report
+// -------------------------------------------------------------------------------------
+
+Status Engine::WriteReport(const std::string& path) const {
+  const Impl& im = *impl_;
+  if (!im.finalized) return FailedPreconditionError("WriteReport before Finalize");
+  const EngineConfig& c = im.cfg;
+  json report;
+  report["schema"] = "tierzero-report";
+  report["version"] = 1;
+  report["config"] = {{"device_budget", c.device_budget},
+                      {"device_shard_budget", c.device_shard_budget},
+                      {"host_budget", c.host_budget},
+                      {"nvme_budget", c.nvme_budget},
+                      {"compute_dtype", std::string(DTypeName(c.compute_dtype))},
+                      {"grad_accumulation", c.grad_accumulation},
+                      {"device", im.device->info().name}};
+  json chunks = json::array();
+  for (int k = 0; k < im.layout.num_chunks(); ++k) {
+    json ts = json::array();
+    for (int t : im.layout.chunk(k).tensors) ts.push_back(im.params[static_cast<size_t>(t)].name);
+    const ChunkPlacement& p = im.placement.chunks[static_cast<size_t>(k)];
+    chunks.push_back({{"tensors", ts},
+                      {"used_elems", im.layout.chunk(k).used_elems},
+                      {"param_tier", std::string(TierName(p.param))},
+                      {"optimizer_tier", std::string(TierName(p.optimizer))},
+                      {"grad_tier", std::string(TierName(p.grad))}});
+  }
+  report["layout"] = {{"chunk_elems", im.layout.chunk_elems()},
+                      {"chunk_bytes", im.layout.chunk_bytes()},
+                      {"waste_fraction", im.layout.waste_fraction()},
+                      {"chunks", chunks}};
+  json moments = json::array();
+  const auto& trace = im.cm->trace();
+  const auto& sched = im.cm->schedule();
+  for (size_t k = 0; k < trace.size(); ++k) {
+    json m = {{"chunks", trace[k].chunks},
+              {"backward", trace[k].backward},
+              {"nonmodel_bytes", trace[k].nonmodel_bytes},
+              {"nonmodel_peak", trace[k].nonmodel_peak},
+              {"compute_seconds", trace[k].compute_seconds}};
+    if (k < sched.moments.size()) {
+      m["gather"] = sched.moments[k].gather;
+      m["evict"] = sched.moments[k].evict;
+    }
+    moments.push_back(std::move(m));
+  }
+  report["moments"] = moments;
+  report["plan"] = {{"predicted_stall_seconds", sched.stall_s}};
+  const TierUsage u = usage();
+  report["tiers"] = {{"device", {{"current", u.device}, {"peak", u.device_peak}, {"capacity", u.device_capacity}}},
+                     {"host", {{"used", u.host}, {"budget", u.host_budget}}},
+                     {"nvme", {{"used", u.nvme}, {"budget", u.nvme_budget}}}};
+  const EngineStats s = stats();
+  const ChunkCounters& cc = im.cm->counters();
+  report["counters"] = {{"h2d_bytes", s.h2d_bytes},
+                        {"d2h_bytes", s.d2h_bytes},
+                        {"nvme_read_bytes", s.nvme_read_bytes},
+                        {"nvme_write_bytes", s.nvme_write_bytes},
+                        {"hits", s.hits},
+                        {"misses", s.misses},
+                        {"prefetches", s.prefetches},
+                        {"evictions", s.evictions},
+                        {"plans", s.plans},
+                        {"deviations", s.deviations},
+                        {"stall_seconds", cc.stall_seconds},
+                        {"acquire_wait_seconds", s.acquire_wait_seconds},
+                        {"optimizer_seconds", s.optimizer_seconds},
+                        {"optimizer_nvme_seconds", s.optimizer_nvme_seconds},
+                        {"steps", s.steps},
+                        {"skipped_steps", s.skipped_steps}};
+  ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::Create(path));
+  const std::string text = report.dump(1);
+  RETURN_IF_ERROR(f.Write(text.data(), text.size()));
+  return f.Commit();
+}
+
+}  // namespace tierzero

@@ -1,0 +1,125 @@
+// Engine internals shared by engine.cc and checkpoint.cc.
+#pragma once
+
+#include <condition_variable>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "chunk/chunk_manager.h"
+#include "chunk/layout.h"
+#include "chunk/placement.h"
+#include "cpu_adam/cpu_adam.h"
+#include "offload/device.h"
+#include "offload/nvme_store.h"
+#include "offload/pinned_arena.h"
+#include "tierzero/engine.h"
+
+namespace tierzero {
+
+Status ValidateEngineConfig(const EngineConfig& config);
+
+class ActivationBuffer::Owner {
+ public:
+  virtual void FreeActivation(void* data, uint64_t bytes) = 0;
+
+ protected:
+  ~Owner() = default;
+};
+
+// 4 KiB-aligned host memory (O_DIRECT-able), freed on destruction.
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  static AlignedBuffer Allocate(uint64_t bytes) {
+    AlignedBuffer b;
+    const uint64_t rounded = (bytes + 4095) / 4096 * 4096;
+    b.data_ = std::aligned_alloc(4096, rounded == 0 ? 4096 : rounded);
+    b.bytes_ = b.data_ != nullptr ? rounded : 0;
+    return b;
+  }
+  AlignedBuffer(AlignedBuffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_) {
+    o.data_ = nullptr;
+    o.bytes_ = 0;
+  }
+  AlignedBuffer& operator=(AlignedBuffer&& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  ~AlignedBuffer() { std::free(data_); }
+  void* data() const { return data_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+struct Engine::Impl final : ActivationBuffer::Owner {
+  EngineConfig cfg;
+  std::shared_ptr<Communicator> comm;
+  std::vector<ParamSpec> params;
+  std::vector<int64_t> numel;
+  std::map<std::string, ParamId> by_name;
+  bool finalized = false;
+
+  std::unique_ptr<Device> device;
+  bool host_compute = false;
+  Stream compute;
+  std::unique_ptr<NvmeStore> nvme;
+  ChunkLayout layout;
+  Placement placement;
+  TierBudgets budgets;
+  std::unique_ptr<ChunkManager> cm;
+  uint64_t staging_bytes = 0;
+  uint64_t swap_slot_bytes = 0;
+
+  // Optimizer state of a chunk's shard: fp32 master, m, v (shard_elems each, in that order),
+  // in host memory or in one NVMe extent.
+  struct OptimShard {
+    float* host = nullptr;
+    NvmeExtent extent;
+    bool on_nvme = false;
+  };
+  std::vector<OptimShard> optim;
+  AlignedBuffer optim_host;
+  std::unique_ptr<PinnedArena> swap_arena;  // NVMe optimizer states on their way through Adam
+  AlignedBuffer upload;                     // compute-dtype shard for non-host parameter tiers
+  std::unique_ptr<CpuAdam> adam_decay, adam_plain;
+
+  bool in_iteration = false;
+  bool iteration_train = true;
+  int iterations_since_step = 0;
+  int64_t step = 0;
+  float loss_scale = 1;
+  int good_steps = 0;
+
+  uint64_t act_current = 0, act_peak = 0;
+  EngineStats stats;
+
+  // Note [Host compute on the simulated device] in engine.cc.
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool entered = false;
+    bool opened = false;
+  };
+  std::shared_ptr<Gate> gate;
+  void OpenGate();
+  Status PushGate(bool wait_entered);
+
+  void FreeActivation(void* data, uint64_t bytes) override;
+  Status ForEachOptimChunk(const std::function<Status(int, float*, float*, float*)>& fn,
+                           bool write_back);
+  Status InitOptimChunks(const std::function<Status(int, float*, float*, float*)>& fn);
+  Status WithChunkState(int chunk, bool write_back,
+                        const std::function<Status(float*, float*, float*)>& fn);
+  Status UploadChunk(int chunk, const float* master);
+};
+
+}  // namespace tierzero
