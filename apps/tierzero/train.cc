@@ -175,6 +175,7 @@ std::map<std::string, Section> Fields(RunConfig& c) {
       {"kind", StringField("data.kind", &c.data.kind)},
       {"text_path", StringField("data.text_path", &c.data.text_path)},
       {"digits", IntField("data.digits", &c.data.digits, 1, 9)},
+      {"reverse_answer", BoolField("data.reverse_answer", &c.data.reverse_answer)},
       {"seed", U64Field("data.seed", &c.data.seed)},
   };
   s["train"] = {

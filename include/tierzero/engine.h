@@ -219,6 +219,10 @@ class Engine {
   StatusOr<ParamScope> Acquire(std::span<const ParamId> params, Phase phase);
   // Ends the iteration: the last gradients are reduced (and accumulated).
   Status EndIteration();
+  // Ends an iteration that failed part-way (the trainer's error path): it does not count as a
+  // micro-batch, and its partial gradients never reach an optimizer step (with accumulation the
+  // whole accumulation window is dropped, since the partial gradient is already summed in).
+  Status AbortIteration();
   // Ends an open iteration, then: global gradient norm, non-finite check (fp16: loss scale
   // update), clipping, AdamW on every shard wherever its state lives, and the new compute-dtype
   // parameters written to their shards. A skipped step changes no state but the loss scale.
@@ -241,6 +245,9 @@ class Engine {
 
   // fp32 master values of a parameter (between iterations).
   Status ReadParam(ParamId p, std::span<float> out);
+  // The gradient the last training iterations left for a parameter, as fp32: what Step would
+  // use before unscaling, averaging and clipping (between iterations, before Step).
+  Status ReadGrad(ParamId p, std::span<float> out);
   // Replaces a parameter's master values (and its compute-dtype copy); Adam state is kept.
   Status WriteParam(ParamId p, std::span<const float> values);
 

@@ -1,5 +1,6 @@
 #include "gpt/data.h"
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -82,8 +83,9 @@ void Dataset::AdditionRow(bool validation, uint64_t key, int32_t* tokens, int32_
     b = Mix(r) % limit;
     if (IsValidationPair(a, b) == validation) break;
   }
-  const std::string s = std::to_string(a) + "+" + std::to_string(b) + "=" +
-                        std::to_string(a + b) + "\n";
+  std::string sum = std::to_string(a + b);
+  if (cfg_.reverse_answer) std::reverse(sum.begin(), sum.end());
+  const std::string s = std::to_string(a) + "+" + std::to_string(b) + "=" + sum + "\n";
   const size_t eq = s.find('=');
   for (int t = 0; t < seq_len_; ++t) {
     const size_t i = static_cast<size_t>(t);

@@ -28,6 +28,7 @@ struct DataConfig {
   std::string kind = "addition";  // "addition" or "text"
   std::string text_path;          // kind "text": the file
   int digits = 3;                 // kind "addition": operands below 10^digits (1..9)
+  bool reverse_answer = true;     // kind "addition": the sum's digits least significant first
   uint64_t seed = 1;
 };
 

@@ -245,8 +245,9 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
   }
   const int64_t R = d.rows, C = d.C, V = cfg_.vocab, L = cfg_.n_layer;
   RETURN_IF_ERROR(engine_.BeginIteration(train));
-  // On any error the iteration is ended (its scopes are released first, by scope order) so the
-  // engine stays usable; the error is what the caller sees.
+  // On any error the iteration is aborted (its scopes are released first, by scope order): the
+  // engine stays usable, the partial gradients are dropped, and the error is what the caller
+  // sees.
   double loss = 0;
   Status st = [&]() -> Status {
     std::vector<Saved> saved(static_cast<size_t>(L) + 1);
@@ -345,9 +346,12 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
     }
     return Status::OK();
   }();
-  Status end = engine_.EndIteration();
-  if (!st.ok()) return st;
-  RETURN_IF_ERROR(end);
+  if (!st.ok()) {
+    Status end = engine_.AbortIteration();
+    // The first error is the one to report; a failure to end the iteration comes second.
+    return end.ok() ? st : std::move(st).WithContext("then ending the iteration: " + end.ToString());
+  }
+  RETURN_IF_ERROR(engine_.EndIteration());
   return loss;
 }
 

@@ -193,8 +193,8 @@ Status ValidateEngineConfig(const EngineConfig& c) {
   };
   if (c.device_budget < (uint64_t{1} << 20))
     return bad("device_budget", FormatBytes(c.device_budget), "at least 1 MiB");
-  if (c.host_budget < (uint64_t{16} << 20))
-    return bad("host_budget", FormatBytes(c.host_budget), "at least 16 MiB");
+  if (c.host_budget < (uint64_t{1} << 20))
+    return bad("host_budget", FormatBytes(c.host_budget), "at least 1 MiB");
   if (c.nvme_budget > 0 && c.nvme_path.empty())
     return bad("nvme_path", "empty", "a directory for the swap files when nvme_budget > 0");
   if (!IsFloatType(c.compute_dtype))
@@ -499,7 +499,11 @@ Status Engine::Impl::ForEachOptimChunk(
 Status Engine::Impl::UploadChunk(int c, const float* master) {
   const DType dt = cfg.compute_dtype;
   void* host = cm->HostParamShard(c);
-  void* dst = host != nullptr ? host : upload.data();
+  void* dst = host;
+  if (dst == nullptr) {
+    dst = upload.data();
+    std::memset(dst, 0, upload.bytes());  // the padding of the shard stays zero
+  }
   for (int t : layout.chunk(c).tensors) {
     const TensorLoc& loc = layout.tensor(t);
     RETURN_IF_ERROR(Convert(master + loc.offset, DType::kF32,
@@ -567,6 +571,23 @@ Status Engine::EndIteration() {
   return s;
 }
 
+Status Engine::AbortIteration() {
+  Impl& im = *impl_;
+  if (!im.in_iteration) return Status::OK();
+  im.OpenGate();
+  im.in_iteration = false;
+  Status s = im.cm->EndIteration();
+  if (im.iteration_train && im.cfg.grad_accumulation > 1) {
+    if (im.iterations_since_step > 0) {
+      TZ_LOG(kWarn, kEngine) << "aborted micro-batch: dropping the " << im.iterations_since_step
+                             << " accumulated micro-batches of this step";
+    }
+    im.iterations_since_step = 0;
+    RETURN_IF_ERROR(im.cm->ZeroGrads());
+  }
+  return s;
+}
+
 // ---- Step
 // ---------------------------------------------------------------------------------------
 
@@ -588,13 +609,18 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
   im.iterations_since_step = 0;
   const int nc = im.layout.num_chunks();
   const DType gt = im.cm->GradDType();
-  const uint64_t n = im.layout.shard_elems();
 
-  // Global norm (and the non-finite check: a NaN or Inf makes the sum non-finite).
+  // Global norm (and the non-finite check: a NaN or Inf makes the sum non-finite), over the
+  // tensors only: a shard's padding is not a gradient.
   double sumsq = 0;
   for (int c = 0; c < nc; ++c) {
-    ASSIGN_OR_RETURN(double s, im.adam_plain->SumSquares(im.cm->GradShard(c), gt, n));
-    sumsq += s;
+    const auto* g = static_cast<const uint8_t*>(im.cm->GradShard(c));
+    for (int t : im.layout.chunk(c).tensors) {
+      const TensorLoc& loc = im.layout.tensor(t);
+      ASSIGN_OR_RETURN(double s,
+                       im.adam_plain->SumSquares(g + DTypeBytes(gt, loc.offset), gt, loc.numel));
+      sumsq += s;
+    }
   }
   const double inv = 1.0 / (static_cast<double>(im.loss_scale) * im.cfg.grad_accumulation);
   StepResult r;
@@ -630,6 +656,7 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
         const auto* grad = static_cast<const uint8_t*>(im.cm->GradShard(c));
         void* host = im.cm->HostParamShard(c);
         auto* out = static_cast<uint8_t*>(host != nullptr ? host : im.upload.data());
+        if (host == nullptr) std::memset(out, 0, im.upload.bytes());  // zero padding
         for (int t : im.layout.chunk(c).tensors) {
           const TensorLoc& loc = im.layout.tensor(t);
           AdamBuffers b;
@@ -685,6 +712,21 @@ Status Engine::ReadParam(ParamId p, std::span<float> out) {
                              std::memcpy(out.data(), master + loc.offset, loc.numel * 4);
                              return Status::OK();
                            });
+}
+
+Status Engine::ReadGrad(ParamId p, std::span<float> out) {
+  Impl& im = *impl_;
+  if (!im.finalized) return FailedPreconditionError("ReadGrad before Finalize");
+  if (im.in_iteration) return FailedPreconditionError("ReadGrad inside an iteration");
+  if (p < 0 || p >= num_params()) return InvalidArgumentError("unknown parameter id");
+  if (static_cast<int64_t>(out.size()) != numel(p))
+    return InvalidArgumentError("ReadGrad of '" + param(p).name + "' into " +
+                                std::to_string(out.size()) + " elements; it has " +
+                                std::to_string(numel(p)));
+  const DType gt = im.cm->GradDType();
+  std::vector<uint8_t> raw(DTypeBytes(gt, out.size()));
+  RETURN_IF_ERROR(im.cm->ReadGrad(p, raw.data()));
+  return Convert(raw.data(), gt, out.data(), DType::kF32, out.size());
 }
 
 Status Engine::WriteParam(ParamId p, std::span<const float> values) {

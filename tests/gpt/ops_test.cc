@@ -1,0 +1,217 @@
+// Every GPT op's backward against central finite differences of its forward, in double
+// precision (models/gpt/ops.h instantiates each op for double as well as float).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "gpt/ops.h"
+
+namespace tierzero::gpt::cpu {
+namespace {
+
+using Vec = std::vector<double>;
+
+Vec Random(size_t n, std::mt19937_64& rng, double scale = 1.0) {
+  std::normal_distribution<double> d(0.0, scale);
+  Vec v(n);
+  for (double& x : v) x = d(rng);
+  return v;
+}
+
+double Dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Checks d(sum(w * forward()))/d(input) against the analytic gradients: forward reads the
+// inputs and returns the outputs; `analytic[i]` is the gradient of inputs[i] for dy = w.
+void CheckAgainstFiniteDifferences(const std::vector<Vec*>& inputs,
+                                   const std::function<Vec()>& forward, const Vec& w,
+                                   const std::vector<Vec>& analytic, const char* what) {
+  const double h = 1e-5;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Vec& x = *inputs[i];
+    ASSERT_EQ(analytic[i].size(), x.size()) << what << " input " << i;
+    const size_t stride = std::max<size_t>(1, x.size() / 97);  // about 100 elements per input
+    for (size_t j = 0; j < x.size(); j += stride) {
+      const double keep = x[j];
+      x[j] = keep + h;
+      const double up = Dot(forward(), w);
+      x[j] = keep - h;
+      const double down = Dot(forward(), w);
+      x[j] = keep;
+      const double numeric = (up - down) / (2 * h);
+      EXPECT_NEAR(analytic[i][j], numeric, 1e-7 * std::max(1.0, std::abs(numeric)))
+          << what << ": input " << i << " element " << j;
+    }
+  }
+}
+
+TEST(GptOps, LinearBackward) {
+  std::mt19937_64 rng(1);
+  const int64_t rows = 7, in = 5, out = 6;
+  Vec x = Random(rows * in, rng), wt = Random(in * out, rng), b = Random(out, rng);
+  auto fwd = [&] {
+    Vec y(rows * out);
+    LinearForward(x.data(), wt.data(), b.data(), y.data(), rows, in, out);
+    return y;
+  };
+  const Vec dy = Random(rows * out, rng);
+  Vec dx(x.size()), dw(wt.size(), 0.0), db(b.size(), 0.0);
+  LinearBackward(dy.data(), x.data(), wt.data(), dx.data(), dw.data(), db.data(), rows, in, out);
+  CheckAgainstFiniteDifferences({&x, &wt, &b}, fwd, dy, {dx, dw, db}, "linear");
+  // Parameter gradients accumulate.
+  Vec dw2 = dw, db2 = db;
+  LinearBackward(dy.data(), x.data(), wt.data(), dx.data(), dw2.data(), db2.data(), rows, in, out);
+  for (size_t i = 0; i < dw.size(); ++i) EXPECT_DOUBLE_EQ(dw2[i], 2 * dw[i]);
+  for (size_t i = 0; i < db.size(); ++i) EXPECT_DOUBLE_EQ(db2[i], 2 * db[i]);
+}
+
+TEST(GptOps, LayerNormBackward) {
+  std::mt19937_64 rng(2);
+  const int64_t rows = 5, cols = 9;
+  Vec x = Random(rows * cols, rng, 2.0), g = Random(cols, rng), b = Random(cols, rng);
+  auto fwd = [&] {
+    Vec y(rows * cols), mean(rows), rstd(rows);
+    LayerNormForward(x.data(), g.data(), b.data(), y.data(), mean.data(), rstd.data(), rows, cols);
+    return y;
+  };
+  Vec y(rows * cols), mean(rows), rstd(rows);
+  LayerNormForward(x.data(), g.data(), b.data(), y.data(), mean.data(), rstd.data(), rows, cols);
+  // Forward against the definition.
+  for (int64_t r = 0; r < rows; ++r) {
+    double mu = 0, var = 0;
+    for (int64_t c = 0; c < cols; ++c) mu += x[r * cols + c] / cols;
+    for (int64_t c = 0; c < cols; ++c) var += (x[r * cols + c] - mu) * (x[r * cols + c] - mu) / cols;
+    for (int64_t c = 0; c < cols; ++c)
+      EXPECT_NEAR(y[r * cols + c], (x[r * cols + c] - mu) / std::sqrt(var + 1e-5) * g[c] + b[c], 1e-12);
+  }
+  const Vec dy = Random(rows * cols, rng);
+  Vec dx(x.size()), dg(cols, 0.0), db(cols, 0.0);
+  LayerNormBackward(dy.data(), x.data(), g.data(), mean.data(), rstd.data(), dx.data(), dg.data(),
+                    db.data(), rows, cols);
+  CheckAgainstFiniteDifferences({&x, &g, &b}, fwd, dy, {dx, dg, db}, "layernorm");
+}
+
+TEST(GptOps, GeluBackward) {
+  std::mt19937_64 rng(3);
+  const int64_t n = 2049;  // not a multiple of the block
+  Vec x = Random(n, rng, 3.0);
+  auto fwd = [&] {
+    Vec y(n);
+    GeluForward(x.data(), y.data(), n);
+    return y;
+  };
+  Vec y = fwd();
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    EXPECT_NEAR(y[i], 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))), 1e-14);
+  }
+  const Vec dy = Random(n, rng);
+  Vec dx(n);
+  GeluBackward(dy.data(), x.data(), dx.data(), n);
+  CheckAgainstFiniteDifferences({&x}, fwd, dy, {dx}, "gelu");
+}
+
+TEST(GptOps, AttentionBackward) {
+  std::mt19937_64 rng(4);
+  const int64_t batch = 2, seq = 5, channels = 6, heads = 2;
+  Vec qkv = Random(batch * seq * 3 * channels, rng);
+  auto fwd = [&] {
+    Vec out(batch * seq * channels), probs(batch * heads * seq * seq);
+    AttentionForward(qkv.data(), out.data(), probs.data(), batch, seq, channels, heads);
+    return out;
+  };
+  Vec out(batch * seq * channels), probs(batch * heads * seq * seq);
+  AttentionForward(qkv.data(), out.data(), probs.data(), batch, seq, channels, heads);
+  // Causality: probabilities above the diagonal are zero, rows sum to one.
+  for (int64_t bh = 0; bh < batch * heads; ++bh) {
+    for (int64_t t = 0; t < seq; ++t) {
+      double sum = 0;
+      for (int64_t s = 0; s < seq; ++s) {
+        const double p = probs[(bh * seq + t) * seq + s];
+        if (s > t) EXPECT_EQ(p, 0.0);
+        sum += p;
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-12);
+    }
+  }
+  const Vec dy = Random(out.size(), rng);
+  Vec dqkv(qkv.size());
+  AttentionBackward(dy.data(), qkv.data(), probs.data(), dqkv.data(), batch, seq, channels, heads);
+  CheckAgainstFiniteDifferences({&qkv}, fwd, dy, {dqkv}, "attention");
+}
+
+TEST(GptOps, EmbeddingBackward) {
+  std::mt19937_64 rng(5);
+  const int64_t batch = 2, seq = 4, channels = 3, vocab = 5;
+  const std::vector<int32_t> tokens = {1, 3, 3, 0, 4, 1, 2, 1};  // repeats accumulate
+  Vec wte = Random(vocab * channels, rng), wpe = Random(seq * channels, rng);
+  auto fwd = [&] {
+    Vec x(batch * seq * channels);
+    EmbeddingForward(tokens.data(), wte.data(), wpe.data(), x.data(), batch, seq, channels);
+    return x;
+  };
+  const Vec dy = Random(batch * seq * channels, rng);
+  Vec dwte(wte.size(), 0.0), dwpe(wpe.size(), 0.0);
+  EmbeddingBackward(tokens.data(), dy.data(), dwte.data(), dwpe.data(), batch, seq, channels);
+  CheckAgainstFiniteDifferences({&wte, &wpe}, fwd, dy, {dwte, dwpe}, "embedding");
+}
+
+TEST(GptOps, CrossEntropyBackward) {
+  std::mt19937_64 rng(6);
+  const int64_t rows = 6, vocab = 7;
+  Vec logits = Random(rows * vocab, rng, 2.0);
+  const std::vector<int32_t> targets = {0, 6, 3, 3, 1, 5};
+  const std::vector<float> mask = {1, 0, 1, 1, 0, 1};
+  auto fwd = [&] {
+    return Vec{CrossEntropy<double>(logits.data(), targets.data(), mask.data(), nullptr, nullptr,
+                                    rows, vocab, 1.0)};
+  };
+  Vec dlogits(logits.size());
+  std::vector<int32_t> argmax(rows);
+  const double loss = CrossEntropy<double>(logits.data(), targets.data(), mask.data(),
+                                           dlogits.data(), argmax.data(), rows, vocab, 1.0);
+  // Loss against the definition; argmax against a scan.
+  double expect = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    double z = 0;
+    int64_t best = 0;
+    for (int64_t j = 0; j < vocab; ++j) {
+      z += std::exp(logits[r * vocab + j]);
+      if (logits[r * vocab + j] > logits[r * vocab + best]) best = j;
+    }
+    expect += mask[r] * (std::log(z) - logits[r * vocab + targets[r]]);
+    EXPECT_EQ(argmax[r], best);
+  }
+  EXPECT_NEAR(loss, expect / 4, 1e-12);
+  CheckAgainstFiniteDifferences({&logits}, fwd, Vec{1.0}, {dlogits}, "cross-entropy");
+  // The scale multiplies the gradient only.
+  Vec scaled(logits.size());
+  CrossEntropy<double>(logits.data(), targets.data(), mask.data(), scaled.data(), nullptr, rows,
+                       vocab, 8.0);
+  for (size_t i = 0; i < scaled.size(); ++i) EXPECT_DOUBLE_EQ(scaled[i], 8 * dlogits[i]);
+}
+
+TEST(GptOps, FloatGemmMatchesDoubleReference) {
+  // The float path goes through oneDNN: every transpose combination against the double loops.
+  std::mt19937_64 rng(7);
+  const int64_t m = 37, n = 29, k = 53;
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      Vec a = Random(m * k, rng), b = Random(k * n, rng), c = Random(m * n, rng);
+      std::vector<float> af(a.begin(), a.end()), bf(b.begin(), b.end()), cf(c.begin(), c.end());
+      const int64_t lda = ta ? m : k, ldb = tb ? k : n;
+      Gemm<double>(ta, tb, m, n, k, 1.5, a.data(), lda, b.data(), ldb, 0.5, c.data(), n);
+      Gemm<float>(ta, tb, m, n, k, 1.5f, af.data(), lda, bf.data(), ldb, 0.5f, cf.data(), n);
+      for (size_t i = 0; i < c.size(); ++i) EXPECT_NEAR(cf[i], c[i], 1e-4 * (1 + std::abs(c[i])));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tierzero::gpt::cpu
