@@ -5,6 +5,7 @@ find_package(PkgConfig REQUIRED)
 find_package(TBB REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(dnnl REQUIRED)  # oneDNN: the GPT's CPU matrix products
+find_package(OpenMP REQUIRED COMPONENTS CXX)  # oneDNN's threading runtime (Note [Matrix products under oneTBB])
 pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
 if(TZ_USE_JEMALLOC)
   pkg_check_modules(JEMALLOC REQUIRED IMPORTED_TARGET jemalloc)

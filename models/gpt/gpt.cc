@@ -61,6 +61,37 @@ StatusOr<ActivationBuffer> Floats(Engine& e, int64_t n) {
   return e.AllocateActivation(static_cast<uint64_t>(n) * 4);
 }
 
+// A block's parameter gradients, each in fp32 only from the op that computes it until it is
+// written to the engine (so a block never holds all of them at once).
+class GradSink {
+ public:
+  GradSink(Engine& e, const ParamScope& scope, const std::vector<ParamId>& ids)
+      : e_(e), scope_(scope), ids_(ids), bufs_(ids.size()) {}
+  // Zeroed fp32 gradients of parameters i and j.
+  Status Open(size_t i, size_t j) {
+    for (size_t k : {i, j}) {
+      ASSIGN_OR_RETURN(bufs_[k], e_.AllocateActivation(static_cast<uint64_t>(e_.numel(ids_[k])) * 4));
+      std::memset(bufs_[k].data(), 0, bufs_[k].bytes());
+    }
+    return Status::OK();
+  }
+  float* operator[](size_t i) const { return bufs_[i].as<float>(); }
+  // Writes gradients i and j (first backward use) and frees them.
+  Status Close(size_t i, size_t j) {
+    for (size_t k : {i, j}) {
+      RETURN_IF_ERROR(PutGrad(e_, scope_, ids_[k], bufs_[k].as<float>(), /*add=*/false));
+      bufs_[k].Reset();
+    }
+    return Status::OK();
+  }
+
+ private:
+  Engine& e_;
+  const ParamScope& scope_;
+  const std::vector<ParamId>& ids_;
+  std::vector<ActivationBuffer> bufs_;
+};
+
 }  // namespace
 
 Status ValidateGptConfig(const GptConfig& c) {
@@ -174,43 +205,55 @@ Status BlockForward(Engine& e, const Dims& d, const std::vector<float*>& P, Save
 
 // Backward of one block: dy in, dx out (written), parameter gradients added into G.
 template <typename Saved>
-Status BlockBackward(Engine& e, const Dims& d, const std::vector<float*>& P,
-                     const std::vector<float*>& G, Saved& s, const float* dy, float* dx) {
+Status BlockBackward(Engine& e, const Dims& d, const std::vector<float*>& P, GradSink& G,
+                     Saved& s, const float* dy, float* dx) {
   const int64_t R = d.rows, C = d.C;
   ASSIGN_OR_RETURN(ActivationBuffer dx2, Floats(e, R * C));
   std::memcpy(dx2.data(), dy, static_cast<size_t>(R * C) * 4);
   {
     ASSIGN_OR_RETURN(ActivationBuffer dg, Floats(e, R * 4 * C));
+    RETURN_IF_ERROR(G.Open(10, 11));
     cpu::LinearBackward(dy, s.gelu.template as<float>(), P[10], dg.as<float>(), G[10], G[11], R,
                         4 * C, C);
     s.gelu.Reset();
+    RETURN_IF_ERROR(G.Close(10, 11));
     cpu::GeluBackward(dg.as<float>(), s.h.template as<float>(), dg.as<float>(), R * 4 * C);
     s.h.Reset();
     ASSIGN_OR_RETURN(ActivationBuffer dln2, Floats(e, R * C));
+    RETURN_IF_ERROR(G.Open(8, 9));
     cpu::LinearBackward(dg.as<float>(), s.ln2.template as<float>(), P[8], dln2.as<float>(), G[8],
                         G[9], R, C, 4 * C);
     dg.Reset();
+    RETURN_IF_ERROR(G.Close(8, 9));
     ASSIGN_OR_RETURN(ActivationBuffer t, Floats(e, R * C));
+    RETURN_IF_ERROR(G.Open(6, 7));
     cpu::LayerNormBackward(dln2.as<float>(), s.x2.template as<float>(), P[6],
                            s.mean2.template as<float>(), s.rstd2.template as<float>(),
                            t.as<float>(), G[6], G[7], R, C);
+    RETURN_IF_ERROR(G.Close(6, 7));
     cpu::AddInPlace(dx2.as<float>(), t.as<float>(), R * C);
   }
   {
     ASSIGN_OR_RETURN(ActivationBuffer datt, Floats(e, R * C));
+    RETURN_IF_ERROR(G.Open(4, 5));
     cpu::LinearBackward(dx2.as<float>(), s.att.template as<float>(), P[4], datt.as<float>(), G[4],
                         G[5], R, C, C);
     ASSIGN_OR_RETURN(ActivationBuffer dqkv, Floats(e, R * 3 * C));
     cpu::AttentionBackward(datt.as<float>(), s.qkv.template as<float>(),
                            s.probs.template as<float>(), dqkv.as<float>(), d.B, d.T, C, d.H);
     datt.Reset();
+    RETURN_IF_ERROR(G.Close(4, 5));
     ASSIGN_OR_RETURN(ActivationBuffer dln1, Floats(e, R * C));
+    RETURN_IF_ERROR(G.Open(2, 3));
     cpu::LinearBackward(dqkv.as<float>(), s.ln1.template as<float>(), P[2], dln1.as<float>(), G[2],
                         G[3], R, C, 3 * C);
     dqkv.Reset();
+    RETURN_IF_ERROR(G.Close(2, 3));
+    RETURN_IF_ERROR(G.Open(0, 1));
     cpu::LayerNormBackward(dln1.as<float>(), s.x.template as<float>(), P[0],
                            s.mean1.template as<float>(), s.rstd1.template as<float>(), dx, G[0],
                            G[1], R, C);
+    RETURN_IF_ERROR(G.Close(0, 1));
     cpu::AddInPlace(dx, dx2.as<float>(), R * C);
   }
   return Status::OK();
@@ -327,13 +370,11 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
         ASSIGN_OR_RETURN(ActivationBuffer y, Floats(engine_, R * C));
         RETURN_IF_ERROR(BlockForward(engine_, d, P.ptr, s, y.as<float>()));
       }
-      ASSIGN_OR_RETURN(Widened G, ZeroGrads(engine_, ids));
+      GradSink G(engine_, scope, ids);
       ASSIGN_OR_RETURN(ActivationBuffer dx_in, Floats(engine_, R * C));
-      RETURN_IF_ERROR(BlockBackward(engine_, d, P.ptr, G.ptr, s, dx.as<float>(), dx_in.as<float>()));
+      RETURN_IF_ERROR(BlockBackward(engine_, d, P.ptr, G, s, dx.as<float>(), dx_in.as<float>()));
       s = Saved{};
       dx = std::move(dx_in);
-      for (size_t i = 0; i < ids.size(); ++i)
-        RETURN_IF_ERROR(PutGrad(engine_, scope, ids[i], G.ptr[i], /*add=*/false));
     }
     {
       const std::vector<ParamId> ids = {wte_, wpe_};
