@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Training benchmark (issue 6): the default run's tokens/s, achieved FLOP/s and peak RSS, and the
+# step time of an offloaded run against the all-resident run on the unthrottled simulated device.
+#   bench/train_bench.sh [repetitions, default 3]
+# Runs are interleaved (resident, offloaded, resident, ...) and the medians of the per-step times
+# (steps 20.. of each run, past warm-up and planning) compared, because this machine's speed
+# drifts between minutes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+reps=${1:-3}
+bin=build/bin/tierzero
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+steps=120
+# Same model and data as the default run; only where the states live differs.
+resident='{"engine": {"device_budget": "64 MiB", "device_shard_budget": "64 MiB", "host_budget": "512 MiB", "nvme_budget": "0"}}'
+offloaded='{"engine": {"device_budget": "8 MiB", "host_budget": "16 MiB", "nvme_budget": "256 MiB"}}'
+echo "$resident" > "$out/resident.json"
+echo "$offloaded" > "$out/offloaded.json"
+for r in $(seq "$reps"); do
+  for v in resident offloaded; do
+    $bin train --config "$out/$v.json" --steps $steps --eval-every 0 --quiet \
+      --run-dir "$out/$v-$r" > /dev/null
+  done
+done
+echo "== default run (full, with evaluations), peak RSS by /usr/bin/time -v"
+/usr/bin/time -v $bin train --quiet --run-dir "$out/default" > "$out/default.log" 2> "$out/time.log"
+grep -E "^done|eval  step  1000" "$out/default.log"
+grep -E "Maximum resident set size|Elapsed" "$out/time.log"
+python3 - "$out" "$reps" <<'PY'
+import json, statistics, sys
+out, reps = sys.argv[1], int(sys.argv[2])
+def steps(path):
+    m = [json.loads(l) for l in open(path) if '"loss"' in l]
+    return [x["step_s"] for x in m[20:]]
+med = {}
+for v in ("resident", "offloaded"):
+    per = [statistics.median(steps(f"{out}/{v}-{r}/metrics.jsonl")) for r in range(1, reps + 1)]
+    med[v] = statistics.median(per)
+    print(f"{v:10s} median step {med[v]*1e3:7.1f} ms  (per repetition: {', '.join(f'{p*1e3:.1f}' for p in per)})")
+print(f"offloaded / resident step time: {med['offloaded'] / med['resident']:.3f}  (target <= 1.15)")
+cfg = json.load(open(f"{out}/default/config.json"))
+m = cfg["model"]; t = cfg["train"]
+C, L, V, T = m["d_model"], m["n_layer"], m["vocab"], m["seq_len"]
+fpt = 6 * (L * 12 * C * C + V * C) + 6 * L * T * C
+steps_all = [json.loads(l) for l in open(f"{out}/default/metrics.jsonl") if '"loss"' in l]
+tps = statistics.median(x["tokens_per_s"] for x in steps_all[20:])
+print(f"default run: median {tps:.0f} tokens/s, {tps * fpt / 1e9:.1f} GFLOP/s of model FLOPs "
+      f"({fpt/1e6:.1f} MFLOP/token, recomputation not counted)")
+PY

@@ -1,0 +1,155 @@
+// tierzero train as a user runs it: config parsing errors, the flags the README relies on, a
+// short run whose accuracy rises well above chance, resume, and export.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "train.h"
+
+namespace tierzero::app {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string t = (fs::temp_directory_path() / "tz_train_XXXXXX").string();
+    path_ = mkdtemp(t.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+void ExpectConfigError(const std::string& text, const std::string& field, const std::string& more = "") {
+  auto c = ParseRunConfig(text, DefaultRunConfig());
+  ASSERT_FALSE(c.ok()) << text;
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << text;
+  EXPECT_NE(c.status().message().find(field), std::string::npos) << c.status().ToString();
+  if (!more.empty()) {
+    EXPECT_NE(c.status().message().find(more), std::string::npos) << c.status().ToString();
+  }
+}
+
+TEST(TrainConfig, BadConfigsNameFieldValueAndRange) {
+  ExpectConfigError("{", "not valid JSON");
+  ExpectConfigError("[1]", "JSON object");
+  ExpectConfigError(R"({"modle": {}})", "unknown config section 'modle'");
+  ExpectConfigError(R"({"model": {"layers": 3}})", "model.layers", "n_layer");
+  ExpectConfigError(R"({"model": {"n_layer": 0}})", "model.n_layer", "1..4096");
+  ExpectConfigError(R"({"model": {"n_layer": "four"}})", "model.n_layer", "\"four\"");
+  ExpectConfigError(R"({"model": {"d_model": 100, "n_head": 3}})", "n_head", "divisor");
+  ExpectConfigError(R"({"engine": {"device_budget": "lots"}})", "engine.device_budget", "MiB");
+  ExpectConfigError(R"({"engine": {"compute_dtype": "int8"}})", "engine.compute_dtype", "bf16");
+  ExpectConfigError(R"({"engine": {"device": "tpu"}})", "engine.device", "cuda");
+  ExpectConfigError(R"({"engine": {"beta2": 1.5}})", "engine.beta2", "[0, 1)");
+  ExpectConfigError(R"({"train": {"lr": -1}})", "train.lr", "-1");
+  ExpectConfigError(R"({"train": {"lr": 0.001, "min_lr": 0.01}})", "train.min_lr");
+  ExpectConfigError(R"({"data": {"digits": 12}})", "data.digits", "1..9");
+  // Sizes parse from human strings; comments are allowed.
+  auto ok = ParseRunConfig(R"({"engine": {"host_budget": "1.5 GiB"}} // note)", DefaultRunConfig());
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->engine.host_budget, uint64_t{3} << 29);
+  // The written config parses back to itself.
+  auto again = ParseRunConfig(RunConfigToJson(*ok), DefaultRunConfig());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(RunConfigToJson(*again), RunConfigToJson(*ok));
+}
+
+TEST(TrainConfig, FlagsOverride) {
+  RunConfig c = DefaultRunConfig();
+  std::string path;
+  ASSERT_TRUE(ApplyFlags({"--config", "x.json", "--steps", "7", "--metrics", "m.jsonl", "--report",
+                          "r.json", "--device-budget", "12MiB", "--dtype", "fp16", "--text", "t.txt"},
+                         c, &path)
+                  .ok());
+  EXPECT_EQ(path, "x.json");
+  EXPECT_EQ(c.train.steps, 7);
+  EXPECT_EQ(c.output.metrics, "m.jsonl");
+  EXPECT_EQ(c.output.report, "r.json");
+  EXPECT_EQ(c.engine.device_budget, uint64_t{12} << 20);
+  EXPECT_EQ(c.engine.compute_dtype, DType::kF16);
+  EXPECT_EQ(c.data.kind, "text");
+  Status bad = ApplyFlags({"--stpes", "3"}, c, &path);
+  EXPECT_NE(bad.message().find("unknown option '--stpes'"), std::string::npos) << bad.ToString();
+  bad = ApplyFlags({"--steps", "-3"}, c, &path);
+  EXPECT_NE(bad.message().find("train.steps"), std::string::npos) << bad.ToString();
+}
+
+std::vector<json> ReadLines(const std::string& path) {
+  std::vector<json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) out.push_back(json::parse(line));
+  return out;
+}
+
+TEST(Train, SmallRunLearnsResumesAndExports) {
+  TempDir dir;
+  {
+    std::ofstream cfg(dir / "c.json");
+    cfg << R"({"model": {"seq_len": 6, "d_model": 64, "n_layer": 2, "n_head": 4},
+               "data": {"digits": 1},
+               "train": {"batch_size": 32, "lr": 0.003, "min_lr": 0.0003, "warmup_steps": 20,
+                         "eval_every": 100, "eval_batches": 8},
+               "engine": {"device_budget": "4 MiB", "host_budget": "2 MiB", "nvme_budget": "64 MiB"}})";
+  }
+  const std::string metrics = dir / "m.jsonl", report = dir / "r.json";
+  ASSERT_EQ(Train({"--config", dir / "c.json", "--steps", "300", "--metrics", metrics, "--report",
+                   report, "--run-dir", dir / "run", "--quiet"}),
+            0);
+  double first_acc = -1, last_acc = -1, first_loss = 0, last_loss = 0;
+  int steps = 0;
+  for (const json& m : ReadLines(metrics)) {
+    if (m.contains("val_accuracy")) {
+      if (first_acc < 0) first_acc = m["val_accuracy"];
+      last_acc = m["val_accuracy"];
+    }
+    if (m.contains("loss")) {
+      if (steps == 0) first_loss = m["loss"];
+      last_loss = m["loss"];
+      ++steps;
+    }
+  }
+  EXPECT_EQ(steps, 300);
+  EXPECT_LT(last_loss, first_loss / 4);
+  // One-digit sums: chance of an exact match is at most 1 in 10 (about 1 in 100 for two-digit
+  // sums); the model must be well above it.
+  EXPECT_LE(first_acc, 0.15);
+  EXPECT_GE(last_acc, 0.5) << "accuracy after 300 steps";
+  // The report exists and says where memory went.
+  std::ifstream r(report);
+  json rep = json::parse(r);
+  EXPECT_EQ(rep["schema"], "tierzero-report");
+  EXPECT_GT(rep["tiers"]["nvme"]["used"].get<uint64_t>(), 0u);
+  EXPECT_GT(rep["moments"].size(), 0u);
+
+  // Resume for 20 more steps from the final checkpoint, then export and start from the export.
+  ASSERT_EQ(Train({"--config", dir / "c.json", "--steps", "320", "--metrics", dir / "m2.jsonl",
+                   "--resume", dir / "run/checkpoint", "--run-dir", dir / "run2", "--quiet"}),
+            0);
+  int resumed = 0;
+  for (const json& m : ReadLines(dir / "m2.jsonl")) resumed += m.contains("loss");
+  EXPECT_EQ(resumed, 20);
+  ASSERT_EQ(Export({dir / "run2/checkpoint", "-o", dir / "w.safetensors"}), 0);
+  ASSERT_EQ(Train({"--config", dir / "c.json", "--steps", "0", "--init-from", dir / "w.safetensors",
+                   "--run-dir", dir / "run3", "--quiet"}),
+            0);
+  // Errors are exit codes with messages, not crashes.
+  EXPECT_EQ(Train({"--config", dir / "missing.json"}), 1);
+  EXPECT_EQ(Train({"--config", dir / "c.json", "--resume", dir / "nothing", "--run-dir", dir / "run4"}), 1);
+  EXPECT_EQ(Train({"--config", dir / "c.json", "--text", dir / "nothing.txt", "--run-dir", dir / "run5"}), 1);
+}
+
+}  // namespace
+}  // namespace tierzero::app
