@@ -70,7 +70,8 @@ Status Bad(const std::string& field, const json& value, const std::string& accep
 Field IntField(const std::string& name, int* p, int lo, int hi) {
   return {[=](const json& v) -> Status {
             if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
-              return Bad(name, v, "an integer in " + std::to_string(lo) + ".." + std::to_string(hi));
+              return Bad(name, v,
+                         "an integer in " + std::to_string(lo) + ".." + std::to_string(hi));
             *p = v.get<int>();
             return Status::OK();
           },
@@ -86,7 +87,8 @@ Field U64Field(const std::string& name, uint64_t* p) {
           [=] { return json(*p); }};
 }
 
-Field FloatField(const std::string& name, float* p, double lo, double hi, const std::string& range) {
+Field FloatField(const std::string& name, float* p, double lo, double hi,
+                 const std::string& range) {
   return {[=](const json& v) -> Status {
             if (!v.is_number() || !(v.get<double>() >= lo && v.get<double>() <= hi))
               return Bad(name, v, range);
@@ -155,14 +157,20 @@ Field DTypeField(const std::string& name, DType* p) {
 Field DeviceField(const std::string& name, DeviceChoice* p) {
   return {[=](const json& v) -> Status {
             const std::string s = v.is_string() ? v.get<std::string>() : "";
-            if (s == "auto") *p = DeviceChoice::kAuto;
-            else if (s == "cuda") *p = DeviceChoice::kCuda;
-            else if (s == "host") *p = DeviceChoice::kHost;
-            else return Bad(name, v, "\"auto\", \"cuda\" or \"host\"");
+            if (s == "auto")
+              *p = DeviceChoice::kAuto;
+            else if (s == "cuda")
+              *p = DeviceChoice::kCuda;
+            else if (s == "host")
+              *p = DeviceChoice::kHost;
+            else
+              return Bad(name, v, "\"auto\", \"cuda\" or \"host\"");
             return Status::OK();
           },
           [=] {
-            return json(*p == DeviceChoice::kAuto ? "auto" : *p == DeviceChoice::kCuda ? "cuda" : "host");
+            return json(*p == DeviceChoice::kAuto   ? "auto"
+                        : *p == DeviceChoice::kCuda ? "cuda"
+                                                    : "host");
           }};
 }
 
@@ -195,12 +203,14 @@ std::map<std::string, Section> Fields(RunConfig& c) {
       {"warmup_steps", IntField("train.warmup_steps", &c.train.warmup_steps, 0, 100000000)},
       {"eval_every", IntField("train.eval_every", &c.train.eval_every, 0, 100000000)},
       {"eval_batches", IntField("train.eval_batches", &c.train.eval_batches, 1, 100000)},
-      {"checkpoint_every", IntField("train.checkpoint_every", &c.train.checkpoint_every, 0, 100000000)},
+      {"checkpoint_every",
+       IntField("train.checkpoint_every", &c.train.checkpoint_every, 0, 100000000)},
   };
   s["engine"] = {
       {"device", DeviceField("engine.device", &c.engine.device)},
       {"device_budget", SizeField("engine.device_budget", &c.engine.device_budget)},
-      {"device_shard_budget", SizeField("engine.device_shard_budget", &c.engine.device_shard_budget)},
+      {"device_shard_budget",
+       SizeField("engine.device_shard_budget", &c.engine.device_shard_budget)},
       {"host_budget", SizeField("engine.host_budget", &c.engine.host_budget)},
       {"nvme_budget", SizeField("engine.nvme_budget", &c.engine.nvme_budget)},
       {"nvme_path", StringField("engine.nvme_path", &c.engine.nvme_path)},
@@ -210,17 +220,18 @@ std::map<std::string, Section> Fields(RunConfig& c) {
       {"beta2", FloatField("engine.beta2", &c.engine.beta2, 0, 0.999999, "[0, 1)")},
       {"eps", FloatField("engine.eps", &c.engine.eps, 1e-30, 1, "(0, 1]")},
       {"weight_decay", FloatField("engine.weight_decay", &c.engine.weight_decay, 0, 10, "[0, 10]")},
-      {"clip_grad_norm",
-       FloatField("engine.clip_grad_norm", &c.engine.clip_grad_norm, 0, 1e9, "0 (off) or a positive norm")},
+      {"clip_grad_norm", FloatField("engine.clip_grad_norm", &c.engine.clip_grad_norm, 0, 1e9,
+                                    "0 (off) or a positive norm")},
       {"grad_accumulation",
        IntField("engine.grad_accumulation", &c.engine.grad_accumulation, 1, 4096)},
-      {"initial_loss_scale", FloatField("engine.initial_loss_scale", &c.engine.initial_loss_scale,
-                                        1, 3e38, "[1, 3e38]")},
+      {"initial_loss_scale",
+       FloatField("engine.initial_loss_scale", &c.engine.initial_loss_scale, 1, 3e38, "[1, 3e38]")},
       {"loss_scale_window",
        IntField("engine.loss_scale_window", &c.engine.loss_scale_window, 1, 100000000)},
       {"cpu_threads", IntField("engine.cpu_threads", &c.engine.cpu_threads, 0, 4096)},
-      {"host_link_bandwidth", DoubleField("engine.host_link_bandwidth",
-                                          &c.engine.host_link_bandwidth, 0, "bytes/s >= 0 (0: unthrottled)")},
+      {"host_link_bandwidth",
+       DoubleField("engine.host_link_bandwidth", &c.engine.host_link_bandwidth, 0,
+                   "bytes/s >= 0 (0: unthrottled)")},
   };
   s["output"] = {
       {"run_dir", StringField("output.run_dir", &c.output.run_dir)},
@@ -286,17 +297,27 @@ std::string RunConfigToJson(const RunConfig& config) {
 Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::string* config_path) {
   // flag -> (section.field, takes a value)
   static const std::map<std::string, std::string> kFlags = {
-      {"--steps", "train.steps"},           {"--batch-size", "train.batch_size"},
-      {"--lr", "train.lr"},                 {"--eval-every", "train.eval_every"},
-      {"--device", "engine.device"},        {"--device-budget", "engine.device_budget"},
-      {"--host-budget", "engine.host_budget"}, {"--nvme-budget", "engine.nvme_budget"},
-      {"--nvme-path", "engine.nvme_path"},  {"--dtype", "engine.compute_dtype"},
+      {"--steps", "train.steps"},
+      {"--batch-size", "train.batch_size"},
+      {"--lr", "train.lr"},
+      {"--eval-every", "train.eval_every"},
+      {"--device", "engine.device"},
+      {"--device-budget", "engine.device_budget"},
+      {"--host-budget", "engine.host_budget"},
+      {"--nvme-budget", "engine.nvme_budget"},
+      {"--nvme-path", "engine.nvme_path"},
+      {"--dtype", "engine.compute_dtype"},
       {"--grad-accumulation", "engine.grad_accumulation"},
-      {"--metrics", "output.metrics"},      {"--report", "output.report"},
-      {"--run-dir", "output.run_dir"},      {"--checkpoint", "output.checkpoint_dir"},
-      {"--resume", "output.resume"},        {"--init-from", "output.init_from"},
-      {"--text", "data.text_path"},         {"--seed", "data.seed"},
-      {"--layers", "model.n_layer"},        {"--width", "model.d_model"},
+      {"--metrics", "output.metrics"},
+      {"--report", "output.report"},
+      {"--run-dir", "output.run_dir"},
+      {"--checkpoint", "output.checkpoint_dir"},
+      {"--resume", "output.resume"},
+      {"--init-from", "output.init_from"},
+      {"--text", "data.text_path"},
+      {"--seed", "data.seed"},
+      {"--layers", "model.n_layer"},
+      {"--width", "model.d_model"},
       {"--heads", "model.n_head"},
   };
   for (size_t i = 0; i < args.size(); ++i) {
@@ -315,7 +336,8 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
       continue;
     }
     auto f = kFlags.find(a);
-    if (f == kFlags.end()) return InvalidArgumentError("unknown option '" + a + "' (see tierzero train --help)");
+    if (f == kFlags.end())
+      return InvalidArgumentError("unknown option '" + a + "' (see tierzero train --help)");
     if (i + 1 >= args.size()) return InvalidArgumentError(a + " needs a value");
     const std::string value = args[++i];
     const std::string section = f->second.substr(0, f->second.find('.'));
@@ -324,8 +346,8 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
     json v;
     json parsed = json::parse(value, nullptr, false);
     // Numbers and booleans as JSON; anything else (paths, sizes, names) as a string.
-    v = (!parsed.is_discarded() && (parsed.is_number() || parsed.is_boolean())) ? parsed : json(value);
-    if (f->second.find("budget") != std::string::npos && v.is_number()) v = json(value);
+    v = (!parsed.is_discarded() && (parsed.is_number() || parsed.is_boolean())) ? parsed
+                                                                                : json(value);
     if (a == "--text") {
       c.data.kind = "text";
     }
@@ -427,7 +449,8 @@ int Train(const std::vector<std::string>& args) {
   if (ec) return Fail(IoError("creating run directory " + out.run_dir + ": " + ec.message()));
   if (cfg.engine.nvme_budget > 0) {
     fs::create_directories(cfg.engine.nvme_path, ec);
-    if (ec) return Fail(IoError("creating NVMe directory " + cfg.engine.nvme_path + ": " + ec.message()));
+    if (ec)
+      return Fail(IoError("creating NVMe directory " + cfg.engine.nvme_path + ": " + ec.message()));
   }
   if (cfg.engine.device == DeviceChoice::kAuto) {
     // The GPT's CUDA kernels are not written yet: auto means the simulated device here.
@@ -505,7 +528,8 @@ int Train(const std::vector<std::string>& args) {
 
   const auto run_t0 = std::chrono::steady_clock::now();
   const int accum = cfg.engine.grad_accumulation;
-  const double tokens_per_step = static_cast<double>(cfg.train.batch_size) * cfg.model.seq_len * accum;
+  const double tokens_per_step =
+      static_cast<double>(cfg.train.batch_size) * cfg.model.seq_len * accum;
   double total_tokens = 0, total_compute_s = 0;
   int step = start;
   Status status = Status::OK();
@@ -515,7 +539,8 @@ int Train(const std::vector<std::string>& args) {
     double loss = 0;
     for (int micro = 0; micro < accum && status.ok(); ++micro) {
       gpt::Batch batch = (*dataset)->Get(
-          false, static_cast<uint64_t>(step) * static_cast<uint64_t>(accum) + static_cast<uint64_t>(micro),
+          false,
+          static_cast<uint64_t>(step) * static_cast<uint64_t>(accum) + static_cast<uint64_t>(micro),
           cfg.train.batch_size);
       auto l = model.ForwardBackward(batch);
       if (!l.ok()) {
@@ -535,19 +560,26 @@ int Train(const std::vector<std::string>& args) {
     total_tokens += tokens_per_step;
     total_compute_s += dt;
     const TierUsage u = engine.usage();
-    json m = {{"step", step + 1},           {"loss", loss},
-              {"lr", lr},                   {"grad_norm", r->grad_norm},
-              {"applied", r->applied},      {"loss_scale", r->loss_scale},
-              {"step_s", dt},               {"tokens_per_s", tokens_per_step / dt},
-              {"device_bytes", u.device},   {"device_peak_bytes", u.device_peak},
-              {"host_bytes", u.host},       {"nvme_bytes", u.nvme}};
+    json m = {{"step", step + 1},
+              {"loss", loss},
+              {"lr", lr},
+              {"grad_norm", r->grad_norm},
+              {"applied", r->applied},
+              {"loss_scale", r->loss_scale},
+              {"step_s", dt},
+              {"tokens_per_s", tokens_per_step / dt},
+              {"device_bytes", u.device},
+              {"device_peak_bytes", u.device_peak},
+              {"host_bytes", u.host},
+              {"nvme_bytes", u.nvme}};
     metrics << m.dump() << "\n";
     if (!out.quiet) {
-      std::printf("step %5d/%d | loss %.4f | lr %.2e | %6.0f tok/s | %5.0f ms | dev %s/%s MiB "
-                  "host %s MiB nvme %s MiB%s\n",
-                  step + 1, cfg.train.steps, loss, lr, tokens_per_step / dt, dt * 1e3,
-                  Mib(u.device_peak).c_str(), Mib(u.device_capacity).c_str(), Mib(u.host).c_str(),
-                  Mib(u.nvme).c_str(), r->applied ? "" : " (skipped: non-finite gradient)");
+      std::printf(
+          "step %5d/%d | loss %.4f | lr %.2e | %6.0f tok/s | %5.0f ms | dev %s/%s MiB "
+          "host %s MiB nvme %s MiB%s\n",
+          step + 1, cfg.train.steps, loss, lr, tokens_per_step / dt, dt * 1e3,
+          Mib(u.device_peak).c_str(), Mib(u.device_capacity).c_str(), Mib(u.host).c_str(),
+          Mib(u.nvme).c_str(), r->applied ? "" : " (skipped: non-finite gradient)");
       std::fflush(stdout);
     }
     if (g_interrupted.load()) {
@@ -555,9 +587,11 @@ int Train(const std::vector<std::string>& args) {
       std::printf("interrupted: saving a checkpoint at step %d\n", step);
       break;
     }
-    if (cfg.train.eval_every > 0 && (step + 1) % cfg.train.eval_every == 0 && step + 1 < cfg.train.steps)
+    if (cfg.train.eval_every > 0 && (step + 1) % cfg.train.eval_every == 0 &&
+        step + 1 < cfg.train.steps)
       status = evaluate(step + 1);
-    if (status.ok() && cfg.train.checkpoint_every > 0 && (step + 1) % cfg.train.checkpoint_every == 0)
+    if (status.ok() && cfg.train.checkpoint_every > 0 &&
+        (step + 1) % cfg.train.checkpoint_every == 0)
       status = save(step + 1);
   }
   std::signal(SIGINT, old_handler);
@@ -568,14 +602,16 @@ int Train(const std::vector<std::string>& args) {
   if (Status s = save(step); !s.ok()) return Fail(s);
   if (Status s = engine.WriteReport(out.report); !s.ok()) return Fail(s);
   const EngineStats st = engine.stats();
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
-  std::printf("done: %d steps in %.1f s | %.0f tok/s, %.2f GFLOP/s | moved H2D %s MiB, D2H %s MiB, "
-              "NVMe read %s MiB, write %s MiB | waits for parameters %.1f%% of step time\n",
-              step - start, wall, total_compute_s > 0 ? total_tokens / total_compute_s : 0,
-              total_compute_s > 0 ? total_tokens * model.flops_per_token() / total_compute_s / 1e9 : 0,
-              Mib(st.h2d_bytes).c_str(), Mib(st.d2h_bytes).c_str(), Mib(st.nvme_read_bytes).c_str(),
-              Mib(st.nvme_write_bytes).c_str(),
-              total_compute_s > 0 ? 100 * st.acquire_wait_seconds / total_compute_s : 0);
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
+  std::printf(
+      "done: %d steps in %.1f s | %.0f tok/s, %.2f GFLOP/s | moved H2D %s MiB, D2H %s MiB, "
+      "NVMe read %s MiB, write %s MiB | waits for parameters %.1f%% of step time\n",
+      step - start, wall, total_compute_s > 0 ? total_tokens / total_compute_s : 0,
+      total_compute_s > 0 ? total_tokens * model.flops_per_token() / total_compute_s / 1e9 : 0,
+      Mib(st.h2d_bytes).c_str(), Mib(st.d2h_bytes).c_str(), Mib(st.nvme_read_bytes).c_str(),
+      Mib(st.nvme_write_bytes).c_str(),
+      total_compute_s > 0 ? 100 * st.acquire_wait_seconds / total_compute_s : 0);
   std::printf("  checkpoint: %s\n  metrics: %s\n  report: %s\n", out.checkpoint_dir.c_str(),
               out.metrics.c_str(), out.report.c_str());
   return 0;
@@ -595,8 +631,9 @@ int Export(const std::vector<std::string>& args) {
     } else if (args[i] == "--config" && i + 1 < args.size()) {
       config_path = args[++i];
     } else if (args[i] == "-h" || args[i] == "--help") {
-      std::puts("usage: tierzero export CHECKPOINT_DIR -o model.safetensors [--dtype fp32|bf16]\n"
-                "  [--config RUN_DIR/config.json]  (default: CHECKPOINT_DIR/../config.json)");
+      std::puts(
+          "usage: tierzero export CHECKPOINT_DIR -o model.safetensors [--dtype fp32|bf16]\n"
+          "  [--config RUN_DIR/config.json]  (default: CHECKPOINT_DIR/../config.json)");
       return 0;
     } else if (ckpt.empty() && args[i][0] != '-') {
       ckpt = args[i];

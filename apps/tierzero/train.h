@@ -52,7 +52,8 @@ std::string RunConfigToJson(const RunConfig& config);
 
 // Applies command-line overrides (--steps N, ...) in order. InvalidArgument for an unknown flag
 // or a bad value.
-Status ApplyFlags(const std::vector<std::string>& flags, RunConfig& config, std::string* config_path);
+Status ApplyFlags(const std::vector<std::string>& flags, RunConfig& config,
+                  std::string* config_path);
 
 // Runs training; returns the process exit code (0 also after Ctrl-C, once the checkpoint is
 // saved).

@@ -171,11 +171,11 @@ struct StepOptions {
 };
 
 struct StepResult {
-  bool applied = false;    // false: a non-finite gradient skipped the step (fp16: scale halved)
-  double grad_norm = 0;    // global L2 norm of the (unscaled, averaged) gradient, before clipping
-  float loss_scale = 1;    // the scale for the next step's loss
-  int64_t step = 0;        // optimizer steps applied so far
-  double seconds = 0;      // wall time of the step (reductions, norm, Adam, uploads)
+  bool applied = false;  // false: a non-finite gradient skipped the step (fp16: scale halved)
+  double grad_norm = 0;  // global L2 norm of the (unscaled, averaged) gradient, before clipping
+  float loss_scale = 1;  // the scale for the next step's loss
+  int64_t step = 0;      // optimizer steps applied so far
+  double seconds = 0;    // wall time of the step (reductions, norm, Adam, uploads)
 };
 
 // Bytes in use per tier, now and at their peak.

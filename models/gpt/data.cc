@@ -104,8 +104,8 @@ Batch Dataset::Get(bool validation, uint64_t index, int batch_size) const {
   b.targets.resize(n);
   b.mask.resize(n);
   for (int r = 0; r < batch_size; ++r) {
-    const uint64_t key = Mix(Mix(cfg_.seed * 2 + (validation ? 1 : 0)) ^ Mix(index) * 31 ^
-                             static_cast<uint64_t>(r));
+    const uint64_t key =
+        Mix(Mix(cfg_.seed * 2 + (validation ? 1 : 0)) ^ Mix(index) * 31 ^ static_cast<uint64_t>(r));
     const size_t o = static_cast<size_t>(r) * static_cast<size_t>(seq_len_);
     if (cfg_.kind == "addition") {
       AdditionRow(validation, key, &b.tokens[o], &b.targets[o], &b.mask[o]);
@@ -117,7 +117,8 @@ Batch Dataset::Get(bool validation, uint64_t index, int batch_size) const {
     const uint64_t span = end - begin - static_cast<uint64_t>(seq_len_) - 1;
     const uint64_t start = begin + key % (span + 1);
     for (int t = 0; t < seq_len_; ++t) {
-      b.tokens[o + static_cast<size_t>(t)] = static_cast<unsigned char>(text_[start + static_cast<uint64_t>(t)]);
+      b.tokens[o + static_cast<size_t>(t)] =
+          static_cast<unsigned char>(text_[start + static_cast<uint64_t>(t)]);
       b.targets[o + static_cast<size_t>(t)] =
           static_cast<unsigned char>(text_[start + static_cast<uint64_t>(t) + 1]);
       b.mask[o + static_cast<size_t>(t)] = 1.0f;
@@ -132,7 +133,8 @@ double Dataset::Accuracy(const Batch& batch, const std::vector<int32_t>& predict
   for (int r = 0; r < batch.batch; ++r) {
     bool ok = true;
     for (int t = 0; t < batch.seq; ++t) {
-      const size_t i = static_cast<size_t>(r) * static_cast<size_t>(batch.seq) + static_cast<size_t>(t);
+      const size_t i =
+          static_cast<size_t>(r) * static_cast<size_t>(batch.seq) + static_cast<size_t>(t);
       if (batch.mask[i] > 0 && predictions[i] != batch.targets[i]) ok = false;
     }
     right += ok;

@@ -70,7 +70,8 @@ class GradSink {
   // Zeroed fp32 gradients of parameters i and j.
   Status Open(size_t i, size_t j) {
     for (size_t k : {i, j}) {
-      ASSIGN_OR_RETURN(bufs_[k], e_.AllocateActivation(static_cast<uint64_t>(e_.numel(ids_[k])) * 4));
+      ASSIGN_OR_RETURN(bufs_[k],
+                       e_.AllocateActivation(static_cast<uint64_t>(e_.numel(ids_[k])) * 4));
       std::memset(bufs_[k].data(), 0, bufs_[k].bytes());
     }
     return Status::OK();
@@ -96,8 +97,8 @@ class GradSink {
 
 Status ValidateGptConfig(const GptConfig& c) {
   auto bad = [](const char* field, int v, const char* range) {
-    return InvalidArgumentError(std::string("model field '") + field + "' is " +
-                                std::to_string(v) + "; accepted: " + range);
+    return InvalidArgumentError(std::string("model field '") + field + "' is " + std::to_string(v) +
+                                "; accepted: " + range);
   };
   if (c.vocab < 2 || c.vocab > (1 << 20)) return bad("vocab", c.vocab, "2..1048576");
   if (c.seq_len < 1 || c.seq_len > 65536) return bad("seq_len", c.seq_len, "1..65536");
@@ -116,7 +117,8 @@ StatusOr<std::unique_ptr<Gpt>> Gpt::Create(Engine& engine, const GptConfig& conf
   const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
   auto reg = [&](const std::string& name, std::vector<int64_t> shape, Initializer init,
                  bool decay) -> StatusOr<ParamId> {
-    ASSIGN_OR_RETURN(ParamId p, engine.RegisterParam({name, std::move(shape), std::move(init), decay}));
+    ASSIGN_OR_RETURN(ParamId p,
+                     engine.RegisterParam({name, std::move(shape), std::move(init), decay}));
     g->num_params_ += engine.numel(p);
     return p;
   };
@@ -127,15 +129,19 @@ StatusOr<std::unique_ptr<Gpt>> Gpt::Create(Engine& engine, const GptConfig& conf
     Block b{};
     ASSIGN_OR_RETURN(b.ln1_w, reg(p + "ln_1.weight", {C}, InitConstant(1), false));
     ASSIGN_OR_RETURN(b.ln1_b, reg(p + "ln_1.bias", {C}, InitConstant(0), false));
-    ASSIGN_OR_RETURN(b.attn_w, reg(p + "attn.c_attn.weight", {C, 3 * C}, InitNormal(0.02f, ++seed), true));
+    ASSIGN_OR_RETURN(b.attn_w,
+                     reg(p + "attn.c_attn.weight", {C, 3 * C}, InitNormal(0.02f, ++seed), true));
     ASSIGN_OR_RETURN(b.attn_b, reg(p + "attn.c_attn.bias", {3 * C}, InitConstant(0), false));
-    ASSIGN_OR_RETURN(b.proj_w, reg(p + "attn.c_proj.weight", {C, C}, InitNormal(proj_std, ++seed), true));
+    ASSIGN_OR_RETURN(b.proj_w,
+                     reg(p + "attn.c_proj.weight", {C, C}, InitNormal(proj_std, ++seed), true));
     ASSIGN_OR_RETURN(b.proj_b, reg(p + "attn.c_proj.bias", {C}, InitConstant(0), false));
     ASSIGN_OR_RETURN(b.ln2_w, reg(p + "ln_2.weight", {C}, InitConstant(1), false));
     ASSIGN_OR_RETURN(b.ln2_b, reg(p + "ln_2.bias", {C}, InitConstant(0), false));
-    ASSIGN_OR_RETURN(b.fc_w, reg(p + "mlp.c_fc.weight", {C, 4 * C}, InitNormal(0.02f, ++seed), true));
+    ASSIGN_OR_RETURN(b.fc_w,
+                     reg(p + "mlp.c_fc.weight", {C, 4 * C}, InitNormal(0.02f, ++seed), true));
     ASSIGN_OR_RETURN(b.fc_b, reg(p + "mlp.c_fc.bias", {4 * C}, InitConstant(0), false));
-    ASSIGN_OR_RETURN(b.fc2_w, reg(p + "mlp.c_proj.weight", {4 * C, C}, InitNormal(proj_std, ++seed), true));
+    ASSIGN_OR_RETURN(b.fc2_w,
+                     reg(p + "mlp.c_proj.weight", {4 * C, C}, InitNormal(proj_std, ++seed), true));
     ASSIGN_OR_RETURN(b.fc2_b, reg(p + "mlp.c_proj.bias", {C}, InitConstant(0), false));
     g->blocks_.push_back(b);
   }
@@ -165,8 +171,7 @@ struct Dims {
 
 // Forward of one block from s.x into y; fills the saved activations.
 template <typename Saved>
-Status BlockForward(Engine& e, const Dims& d, const std::vector<float*>& P, Saved& s,
-                    float* y) {
+Status BlockForward(Engine& e, const Dims& d, const std::vector<float*>& P, Saved& s, float* y) {
   const int64_t R = d.rows, C = d.C;
   ASSIGN_OR_RETURN(s.ln1, Floats(e, R * C));
   ASSIGN_OR_RETURN(s.mean1, Floats(e, R));
@@ -183,7 +188,8 @@ Status BlockForward(Engine& e, const Dims& d, const std::vector<float*>& P, Save
   const float* x = s.x.template as<float>();
   cpu::LayerNormForward(x, P[0], P[1], s.ln1.template as<float>(), s.mean1.template as<float>(),
                         s.rstd1.template as<float>(), R, C);
-  cpu::LinearForward(s.ln1.template as<float>(), P[2], P[3], s.qkv.template as<float>(), R, C, 3 * C);
+  cpu::LinearForward(s.ln1.template as<float>(), P[2], P[3], s.qkv.template as<float>(), R, C,
+                     3 * C);
   cpu::AttentionForward(s.qkv.template as<float>(), s.att.template as<float>(),
                         s.probs.template as<float>(), d.B, d.T, C, d.H);
   {
@@ -205,8 +211,8 @@ Status BlockForward(Engine& e, const Dims& d, const std::vector<float*>& P, Save
 
 // Backward of one block: dy in, dx out (written), parameter gradients added into G.
 template <typename Saved>
-Status BlockBackward(Engine& e, const Dims& d, const std::vector<float*>& P, GradSink& G,
-                     Saved& s, const float* dy, float* dx) {
+Status BlockBackward(Engine& e, const Dims& d, const std::vector<float*>& P, GradSink& G, Saved& s,
+                     const float* dy, float* dx) {
   const int64_t R = d.rows, C = d.C;
   ASSIGN_OR_RETURN(ActivationBuffer dx2, Floats(e, R * C));
   std::memcpy(dx2.data(), dy, static_cast<size_t>(R * C) * 4);
@@ -308,7 +314,8 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
       ASSIGN_OR_RETURN(Widened P, Widen(engine_, scope, ids));
       Saved& s = saved[static_cast<size_t>(l)];
       ASSIGN_OR_RETURN(saved[static_cast<size_t>(l) + 1].x, Floats(engine_, R * C));
-      RETURN_IF_ERROR(BlockForward(engine_, d, P.ptr, s, saved[static_cast<size_t>(l) + 1].x.as<float>()));
+      RETURN_IF_ERROR(
+          BlockForward(engine_, d, P.ptr, s, saved[static_cast<size_t>(l) + 1].x.as<float>()));
       if (cfg_.activation_checkpointing || !train) {
         ActivationBuffer keep = std::move(s.x);
         s = Saved{};
@@ -351,8 +358,8 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
       ASSIGN_OR_RETURN(ActivationBuffer dlnf, Floats(engine_, R * C));
       cpu::Gemm<float>(false, false, R, C, V, 1.0f, dlogits.as<float>(), V, P.ptr[2], C, 0.0f,
                        dlnf.as<float>(), C);
-      cpu::Gemm<float>(true, false, V, C, R, 1.0f, dlogits.as<float>(), V, lnf.as<float>(), C,
-                       0.0f, G.ptr[2], C);
+      cpu::Gemm<float>(true, false, V, C, R, 1.0f, dlogits.as<float>(), V, lnf.as<float>(), C, 0.0f,
+                       G.ptr[2], C);
       dlogits.Reset();
       cpu::LayerNormBackward(dlnf.as<float>(), saved[static_cast<size_t>(L)].x.as<float>(),
                              P.ptr[0], meanf.as<float>(), rstdf.as<float>(), dx.as<float>(),
@@ -390,7 +397,8 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
   if (!st.ok()) {
     Status end = engine_.AbortIteration();
     // The first error is the one to report; a failure to end the iteration comes second.
-    return end.ok() ? st : std::move(st).WithContext("then ending the iteration: " + end.ToString());
+    return end.ok() ? st
+                    : std::move(st).WithContext("then ending the iteration: " + end.ToString());
   }
   RETURN_IF_ERROR(engine_.EndIteration());
   return loss;

@@ -11,7 +11,6 @@
 #include <limits>
 #include <vector>
 
-
 namespace tierzero::gpt::cpu {
 namespace {
 
@@ -62,19 +61,18 @@ void Gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
     const float* ab = ta ? a + i0 : a + i0 * lda;
     const dnnl_status_t s = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', rows, n, k, alpha, ab, lda,
                                        b, ldb, beta, c + i0 * ldc, ldc);
-  if (s != dnnl_success) {
-    std::fprintf(stderr, "dnnl_sgemm(%lld x %lld x %lld) failed with status %d\n",
-                 static_cast<long long>(rows), static_cast<long long>(n), static_cast<long long>(k),
-                 static_cast<int>(s));
-    std::abort();
-  }
+    if (s != dnnl_success) {
+      std::fprintf(stderr, "dnnl_sgemm(%lld x %lld x %lld) failed with status %d\n",
+                   static_cast<long long>(rows), static_cast<long long>(n),
+                   static_cast<long long>(k), static_cast<int>(s));
+      std::abort();
+    }
   });
 }
 
 template <>
-void Gemm<double>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
-                  const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
-                  double* c, int64_t ldc) {
+void Gemm<double>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+                  int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
   ParallelRows(m, n * k, [&](int64_t i) {
     for (int64_t j = 0; j < n; ++j) {
       double acc = 0;
@@ -128,8 +126,8 @@ void LayerNormForward(const T* x, const T* gamma, const T* beta, T* y, T* mean, 
 }
 
 template <typename T>
-void LayerNormBackward(const T* dy, const T* x, const T* gamma, const T* mean, const T* rstd,
-                       T* dx, T* dgamma, T* dbeta, int64_t rows, int64_t cols) {
+void LayerNormBackward(const T* dy, const T* x, const T* gamma, const T* mean, const T* rstd, T* dx,
+                       T* dgamma, T* dbeta, int64_t rows, int64_t cols) {
   ParallelRows(rows, cols, [&](int64_t r) {
     const T* dyr = dy + r * cols;
     const T* xr = x + r * cols;
@@ -362,25 +360,24 @@ void AddInPlace(T* y, const T* a, int64_t n) {
   });
 }
 
-#define TZ_INSTANTIATE(T)                                                                      \
-  template void LinearForward<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t);  \
-  template void LinearBackward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t,   \
-                                  int64_t);                                                     \
-  template void LayerNormForward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t); \
-  template void LayerNormBackward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*,  \
-                                     T*, int64_t, int64_t);                                     \
-  template void GeluForward<T>(const T*, T*, int64_t);                                          \
-  template void GeluBackward<T>(const T*, const T*, T*, int64_t);                               \
-  template void AttentionForward<T>(const T*, T*, T*, int64_t, int64_t, int64_t, int64_t);      \
-  template void AttentionBackward<T>(const T*, const T*, const T*, T*, int64_t, int64_t,        \
-                                     int64_t, int64_t);                                         \
-  template void EmbeddingForward<T>(const int32_t*, const T*, const T*, T*, int64_t, int64_t,   \
-                                    int64_t);                                                   \
-  template void EmbeddingBackward<T>(const int32_t*, const T*, T*, T*, int64_t, int64_t,        \
-                                     int64_t);                                                  \
-  template double CrossEntropy<T>(const T*, const int32_t*, const float*, T*, int32_t*,         \
-                                  int64_t, int64_t, double);                                    \
-  template void Add<T>(const T*, const T*, T*, int64_t);                                        \
+#define TZ_INSTANTIATE(T)                                                                          \
+  template void LinearForward<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t);     \
+  template void LinearBackward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t,      \
+                                  int64_t);                                                        \
+  template void LayerNormForward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t);   \
+  template void LayerNormBackward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*, T*, \
+                                     int64_t, int64_t);                                            \
+  template void GeluForward<T>(const T*, T*, int64_t);                                             \
+  template void GeluBackward<T>(const T*, const T*, T*, int64_t);                                  \
+  template void AttentionForward<T>(const T*, T*, T*, int64_t, int64_t, int64_t, int64_t);         \
+  template void AttentionBackward<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t,  \
+                                     int64_t);                                                     \
+  template void EmbeddingForward<T>(const int32_t*, const T*, const T*, T*, int64_t, int64_t,      \
+                                    int64_t);                                                      \
+  template void EmbeddingBackward<T>(const int32_t*, const T*, T*, T*, int64_t, int64_t, int64_t); \
+  template double CrossEntropy<T>(const T*, const int32_t*, const float*, T*, int32_t*, int64_t,   \
+                                  int64_t, double);                                                \
+  template void Add<T>(const T*, const T*, T*, int64_t);                                           \
   template void AddInPlace<T>(T*, const T*, int64_t);
 
 TZ_INSTANTIATE(float)

@@ -39,8 +39,8 @@ void LayerNormForward(const T* x, const T* gamma, const T* beta, T* y, T* mean, 
                       int64_t rows, int64_t cols);
 // dx written; dgamma, dbeta added.
 template <typename T>
-void LayerNormBackward(const T* dy, const T* x, const T* gamma, const T* mean, const T* rstd,
-                       T* dx, T* dgamma, T* dbeta, int64_t rows, int64_t cols);
+void LayerNormBackward(const T* dy, const T* x, const T* gamma, const T* mean, const T* rstd, T* dx,
+                       T* dgamma, T* dbeta, int64_t rows, int64_t cols);
 
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 template <typename T>

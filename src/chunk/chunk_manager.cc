@@ -319,7 +319,9 @@ DType ChunkManager::GradDType() const {
   return options_.grad_accumulation ? DType::kF32 : layout_.dtype();
 }
 
-Tier ChunkManager::ParamTier(int c) const { return placement_.chunks[static_cast<size_t>(c)].param; }
+Tier ChunkManager::ParamTier(int c) const {
+  return placement_.chunks[static_cast<size_t>(c)].param;
+}
 
 void* ChunkManager::HostParamShard(int c) {
   if (ParamTier(c) != Tier::kHost) return nullptr;

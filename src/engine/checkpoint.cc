@@ -158,9 +158,8 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
   // consecutive parameters, so each chunk's state is read once).
   json tensors = json::array();
   uint32_t file_crc = 0;
-  Status inner = Status::OK();
   int next = 0;
-  for (int c = 0; c < im.layout.num_chunks() && inner.ok(); ++c) {
+  for (int c = 0; c < im.layout.num_chunks(); ++c) {
     RETURN_IF_ERROR(im.WithChunkState(
         c, /*write_back=*/false, [&](float* master, float* m, float* v) -> Status {
           for (int t : im.layout.chunk(c).tensors) {
@@ -188,18 +187,18 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
   const uint64_t states_bytes = file.bytes();
   RETURN_IF_ERROR(file.Commit());
 
-  json manifest = {{"format", "tierzero-checkpoint"},
-                   {"version", kCheckpointVersion},
-                   {"step", im.step},
-                   {"loss_scale", im.loss_scale},
-                   {"good_steps", im.good_steps},
-                   {"compute_dtype", std::string(DTypeName(im.cfg.compute_dtype))},
-                   {"world_size", im.comm->size()},
-                   {"files", json::array({{{"name", states_name},
-                                           {"bytes", states_bytes},
-                                           {"crc32c", file_crc}}})},
-                   {"tensors", tensors},
-                   {"user_state", user}};
+  json manifest = {
+      {"format", "tierzero-checkpoint"},
+      {"version", kCheckpointVersion},
+      {"step", im.step},
+      {"loss_scale", im.loss_scale},
+      {"good_steps", im.good_steps},
+      {"compute_dtype", std::string(DTypeName(im.cfg.compute_dtype))},
+      {"world_size", im.comm->size()},
+      {"files",
+       json::array({{{"name", states_name}, {"bytes", states_bytes}, {"crc32c", file_crc}}})},
+      {"tensors", tensors},
+      {"user_state", user}};
   ASSIGN_OR_RETURN(AtomicFile mf, AtomicFile::Create(dir + "/manifest.json"));
   const std::string text = manifest.dump(1);
   RETURN_IF_ERROR(mf.Write(text.data(), text.size()));
@@ -246,9 +245,9 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
     if (it == saved.end())
       return NotFoundError("checkpoint " + dir + " has no parameter '" + ps.name + "'");
     if ((*it->second)["shape"].get<std::vector<int64_t>>() != ps.shape)
-      return InvalidArgumentError("checkpoint parameter '" + ps.name +
-                                  "' has shape " + (*it->second)["shape"].dump() +
-                                  ", the model registers " + json(ps.shape).dump());
+      return InvalidArgumentError("checkpoint parameter '" + ps.name + "' has shape " +
+                                  (*it->second)["shape"].dump() + ", the model registers " +
+                                  json(ps.shape).dump());
   }
   // Read and verify everything before changing any state: a bad checkpoint leaves the engine
   // as it was. Chunk by chunk, so NVMe-resident state is never held whole in memory; a second
@@ -273,8 +272,8 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
           const std::string fname = e.value("file", "");
           ASSIGN_OR_RETURN(int fd, fd_of(fname));
           buf.resize(loc.numel * 3);
-          RETURN_IF_ERROR(
-              ReadAt(fd, dir + "/" + fname, e.value("offset", uint64_t{0}), buf.data(), buf.size() * 4));
+          RETURN_IF_ERROR(ReadAt(fd, dir + "/" + fname, e.value("offset", uint64_t{0}), buf.data(),
+                                 buf.size() * 4));
           if (Crc32c(buf.data(), buf.size() * 4) != e.value("crc32c", uint32_t{0})) {
             return DataLossError("checkpoint " + dir + ": checksum mismatch in parameter '" +
                                  e.value("name", "") + "' (the file is corrupt)");
@@ -319,8 +318,8 @@ Status Engine::ExportSafetensors(const std::string& path, DType dtype) const {
                                  {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
-  header["__metadata__"] = {{"format", "pt"}, {"producer", "tierzero"},
-                            {"step", std::to_string(im.step)}};
+  header["__metadata__"] = {
+      {"format", "pt"}, {"producer", "tierzero"}, {"step", std::to_string(im.step)}};
   std::string h = header.dump();
   while ((h.size() + 8) % 8 != 0) h.push_back(' ');
   ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::Create(path));
@@ -347,7 +346,8 @@ Status Engine::LoadSafetensors(const std::string& path) {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("LoadSafetensors before Finalize");
   ReadFd fd(path);
-  if (fd.get() < 0) return ErrnoError("opening safetensors file " + path, errno, StatusCode::kNotFound);
+  if (fd.get() < 0)
+    return ErrnoError("opening safetensors file " + path, errno, StatusCode::kNotFound);
   struct stat st {};
   ::fstat(fd.get(), &st);
   uint64_t hlen = 0;
@@ -446,9 +446,10 @@ Status Engine::WriteReport(const std::string& path) const {
   report["moments"] = moments;
   report["plan"] = {{"predicted_stall_seconds", sched.stall_s}};
   const TierUsage u = usage();
-  report["tiers"] = {{"device", {{"current", u.device}, {"peak", u.device_peak}, {"capacity", u.device_capacity}}},
-                     {"host", {{"used", u.host}, {"budget", u.host_budget}}},
-                     {"nvme", {{"used", u.nvme}, {"budget", u.nvme_budget}}}};
+  report["tiers"] = {
+      {"device", {{"current", u.device}, {"peak", u.device_peak}, {"capacity", u.device_capacity}}},
+      {"host", {{"used", u.host}, {"budget", u.host_budget}}},
+      {"nvme", {{"used", u.nvme}, {"budget", u.nvme_budget}}}};
   const EngineStats s = stats();
   const ChunkCounters& cc = im.cm->counters();
   report["counters"] = {{"h2d_bytes", s.h2d_bytes},

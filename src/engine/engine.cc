@@ -212,9 +212,11 @@ Status ValidateEngineConfig(const EngineConfig& c) {
     return bad("initial_loss_scale", std::to_string(c.initial_loss_scale), "[1, inf)");
   if (c.loss_scale_window < 1)
     return bad("loss_scale_window", std::to_string(c.loss_scale_window), "at least 1");
-  if (c.cpu_threads < 0) return bad("cpu_threads", std::to_string(c.cpu_threads), "0 (all) or more");
+  if (c.cpu_threads < 0)
+    return bad("cpu_threads", std::to_string(c.cpu_threads), "0 (all) or more");
   if (!(c.host_link_bandwidth >= 0))
-    return bad("host_link_bandwidth", std::to_string(c.host_link_bandwidth), "0 (unthrottled) or more");
+    return bad("host_link_bandwidth", std::to_string(c.host_link_bandwidth),
+               "0 (unthrottled) or more");
   return Status::OK();
 }
 
@@ -269,8 +271,7 @@ StatusOr<ActivationBuffer> Engine::AllocateActivation(uint64_t bytes) {
   auto p = im.device->Allocate(bytes);
   if (!p.ok()) {
     return std::move(p).status().WithContext(
-        "allocating " + FormatBytes(bytes) + " of activations with " +
-        FormatBytes(im.act_current) +
+        "allocating " + FormatBytes(bytes) + " of activations with " + FormatBytes(im.act_current) +
         " already in use; lower the batch size or sequence length, turn on activation "
         "checkpointing, or raise device_budget");
   }
@@ -324,7 +325,8 @@ Status Engine::Finalize() {
 
   // Fixed host overheads (Note [Host memory accounting] in docs/config.md): NVMe staging for
   // parameter reads, the optimizer's swap buffers, and one upload buffer.
-  im.staging_bytes = std::max<uint64_t>(2 * chunk_bytes, std::min<uint64_t>(8 * chunk_bytes, 64u << 20));
+  im.staging_bytes =
+      std::max<uint64_t>(2 * chunk_bytes, std::min<uint64_t>(8 * chunk_bytes, 64u << 20));
   im.swap_slot_bytes = AlignUp(optim_bytes, kNvmeAlignment);
   const uint64_t fixed =
       im.staging_bytes + 3 * im.swap_slot_bytes + AlignUp(chunk_bytes, kNvmeAlignment);
@@ -412,7 +414,8 @@ Status Engine::Finalize() {
       o.on_nvme = true;
       any_nvme_optim = true;
     } else {
-      o.host = reinterpret_cast<float*>(im.optim_host.data()) + static_cast<uint64_t>(h++) * 3 * shard_elems;
+      o.host = reinterpret_cast<float*>(im.optim_host.data()) +
+               static_cast<uint64_t>(h++) * 3 * shard_elems;
     }
   }
   if (any_nvme_optim) {
@@ -426,23 +429,21 @@ Status Engine::Finalize() {
   im.finalized = true;
 
   // Initial values, chunk by chunk (NVMe-resident state is never held whole in memory).
-  return im.InitOptimChunks(
-      [&](int c, float* master, float* m, float* v) -> Status {
-        std::memset(master, 0, shard_elems * 4);
-        std::memset(m, 0, shard_elems * 4);
-        std::memset(v, 0, shard_elems * 4);
-        for (int t : im.layout.chunk(c).tensors) {
-          const TensorLoc& loc = im.layout.tensor(t);
-          std::span<float> values(master + loc.offset, loc.numel);
-          if (im.params[static_cast<size_t>(t)].init) im.params[static_cast<size_t>(t)].init(values);
-        }
-        return im.UploadChunk(c, master);
-      });
+  return im.InitOptimChunks([&](int c, float* master, float* m, float* v) -> Status {
+    std::memset(master, 0, shard_elems * 4);
+    std::memset(m, 0, shard_elems * 4);
+    std::memset(v, 0, shard_elems * 4);
+    for (int t : im.layout.chunk(c).tensors) {
+      const TensorLoc& loc = im.layout.tensor(t);
+      std::span<float> values(master + loc.offset, loc.numel);
+      if (im.params[static_cast<size_t>(t)].init) im.params[static_cast<size_t>(t)].init(values);
+    }
+    return im.UploadChunk(c, master);
+  });
 }
 
 // Like ForEachOptimChunk, without reading first (the states have no contents yet).
-Status Engine::Impl::InitOptimChunks(
-    const std::function<Status(int, float*, float*, float*)>& fn) {
+Status Engine::Impl::InitOptimChunks(const std::function<Status(int, float*, float*, float*)>& fn) {
   const uint64_t n = layout.shard_elems();
   for (int c = 0; c < layout.num_chunks(); ++c) {
     OptimShard& o = optim[static_cast<size_t>(c)];
@@ -462,8 +463,8 @@ Status Engine::Impl::InitOptimChunks(
 
 // Runs fn(chunk, master, m, v) over every chunk's optimizer state wherever it lives; NVMe
 // chunks stream through the swap pipeline (written back when write_back).
-Status Engine::Impl::ForEachOptimChunk(
-    const std::function<Status(int, float*, float*, float*)>& fn, bool write_back) {
+Status Engine::Impl::ForEachOptimChunk(const std::function<Status(int, float*, float*, float*)>& fn,
+                                       bool write_back) {
   const uint64_t n = layout.shard_elems();
   std::vector<int> on_nvme;
   std::vector<NvmeExtent> extents;
@@ -507,7 +508,8 @@ Status Engine::Impl::UploadChunk(int c, const float* master) {
   for (int t : layout.chunk(c).tensors) {
     const TensorLoc& loc = layout.tensor(t);
     RETURN_IF_ERROR(Convert(master + loc.offset, DType::kF32,
-                            static_cast<uint8_t*>(dst) + DTypeBytes(dt, loc.offset), dt, loc.numel));
+                            static_cast<uint8_t*>(dst) + DTypeBytes(dt, loc.offset), dt,
+                            loc.numel));
   }
   if (host == nullptr) RETURN_IF_ERROR(cm->WriteParamShard(c, dst));
   return Status::OK();
@@ -521,10 +523,10 @@ Status Engine::BeginIteration(bool train) {
   if (!im.finalized) return FailedPreconditionError("BeginIteration before Finalize");
   if (im.in_iteration) return FailedPreconditionError("BeginIteration inside an iteration");
   if (train && im.iterations_since_step >= im.cfg.grad_accumulation) {
-    return FailedPreconditionError(
-        "a training iteration after " + std::to_string(im.iterations_since_step) +
-        " micro-batches without Step (grad_accumulation is " +
-        std::to_string(im.cfg.grad_accumulation) + ")");
+    return FailedPreconditionError("a training iteration after " +
+                                   std::to_string(im.iterations_since_step) +
+                                   " micro-batches without Step (grad_accumulation is " +
+                                   std::to_string(im.cfg.grad_accumulation) + ")");
   }
   im.OpenGate();
   RETURN_IF_ERROR(im.cm->BeginIteration(/*inference=*/!train));
@@ -670,8 +672,8 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
             b.out = out + DTypeBytes(dt, loc.offset);
             b.out_dtype = dt;
           }
-          CpuAdam& adam = im.params[static_cast<size_t>(t)].weight_decay ? *im.adam_decay
-                                                                         : *im.adam_plain;
+          CpuAdam& adam =
+              im.params[static_cast<size_t>(t)].weight_decay ? *im.adam_decay : *im.adam_plain;
           ASSIGN_OR_RETURN(bool applied, adam.Step(b, so));
           TZ_CHECK(applied) << "Adam skipped a step that was checked finite";
           if (dt == DType::kF32) std::memcpy(out + loc.offset * 4, b.master, loc.numel * 4);

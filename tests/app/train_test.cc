@@ -1,5 +1,7 @@
 // tierzero train as a user runs it: config parsing errors, the flags the README relies on, a
 // short run whose accuracy rises well above chance, resume, and export.
+#include "train.h"
+
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -8,8 +10,6 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include "train.h"
 
 namespace tierzero::app {
 namespace {
@@ -32,7 +32,8 @@ class TempDir {
   std::string path_;
 };
 
-void ExpectConfigError(const std::string& text, const std::string& field, const std::string& more = "") {
+void ExpectConfigError(const std::string& text, const std::string& field,
+                       const std::string& more = "") {
   auto c = ParseRunConfig(text, DefaultRunConfig());
   ASSERT_FALSE(c.ok()) << text;
   EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << text;
@@ -70,10 +71,11 @@ TEST(TrainConfig, BadConfigsNameFieldValueAndRange) {
 TEST(TrainConfig, FlagsOverride) {
   RunConfig c = DefaultRunConfig();
   std::string path;
-  ASSERT_TRUE(ApplyFlags({"--config", "x.json", "--steps", "7", "--metrics", "m.jsonl", "--report",
-                          "r.json", "--device-budget", "12MiB", "--dtype", "fp16", "--text", "t.txt"},
-                         c, &path)
-                  .ok());
+  ASSERT_TRUE(
+      ApplyFlags({"--config", "x.json", "--steps", "7", "--metrics", "m.jsonl", "--report",
+                  "r.json", "--device-budget", "12MiB", "--dtype", "fp16", "--text", "t.txt"},
+                 c, &path)
+          .ok());
   EXPECT_EQ(path, "x.json");
   EXPECT_EQ(c.train.steps, 7);
   EXPECT_EQ(c.output.metrics, "m.jsonl");
@@ -147,8 +149,12 @@ TEST(Train, SmallRunLearnsResumesAndExports) {
             0);
   // Errors are exit codes with messages, not crashes.
   EXPECT_EQ(Train({"--config", dir / "missing.json"}), 1);
-  EXPECT_EQ(Train({"--config", dir / "c.json", "--resume", dir / "nothing", "--run-dir", dir / "run4"}), 1);
-  EXPECT_EQ(Train({"--config", dir / "c.json", "--text", dir / "nothing.txt", "--run-dir", dir / "run5"}), 1);
+  EXPECT_EQ(
+      Train({"--config", dir / "c.json", "--resume", dir / "nothing", "--run-dir", dir / "run4"}),
+      1);
+  EXPECT_EQ(
+      Train({"--config", dir / "c.json", "--text", dir / "nothing.txt", "--run-dir", dir / "run5"}),
+      1);
 }
 
 }  // namespace

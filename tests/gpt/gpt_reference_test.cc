@@ -29,7 +29,8 @@ struct Ref {
       mu /= C;
       for (int c = 0; c < C; ++c) var += (x[r * C + c] - mu) * (x[r * C + c] - mu);
       var /= C;
-      for (int c = 0; c < C; ++c) x[r * C + c] = (x[r * C + c] - mu) / std::sqrt(var + 1e-5) * g[c] + b[c];
+      for (int c = 0; c < C; ++c)
+        x[r * C + c] = (x[r * C + c] - mu) / std::sqrt(var + 1e-5) * g[c] + b[c];
     }
   }
   // y = x W + b, W in x out.
@@ -53,13 +54,15 @@ struct Ref {
     for (int b = 0; b < B; ++b)
       for (int t = 0; t < T; ++t)
         for (int c = 0; c < C; ++c)
-          x[(b * T + t) * C + c] = at("wte")[batch.tokens[b * T + t] * C + c] + at("wpe")[t * C + c];
+          x[(b * T + t) * C + c] =
+              at("wte")[batch.tokens[b * T + t] * C + c] + at("wpe")[t * C + c];
     const int hd = C / H;
     for (int l = 0; l < L; ++l) {
       const std::string p = "h." + std::to_string(l) + ".";
       std::vector<double> h = x;
       LayerNorm(h, at(p + "ln_1.weight"), at(p + "ln_1.bias"), C);
-      std::vector<double> qkv = Linear(h, at(p + "attn.c_attn.weight"), at(p + "attn.c_attn.bias"), C, 3 * C);
+      std::vector<double> qkv =
+          Linear(h, at(p + "attn.c_attn.weight"), at(p + "attn.c_attn.bias"), C, 3 * C);
       std::vector<double> att(x.size(), 0.0);
       for (int b = 0; b < B; ++b)
         for (int hh = 0; hh < H; ++hh)
@@ -69,21 +72,27 @@ struct Ref {
             for (int s = 0; s <= t; ++s) {
               double d = 0;
               for (int k = 0; k < hd; ++k)
-                d += qkv[(b * T + t) * 3 * C + hh * hd + k] * qkv[(b * T + s) * 3 * C + C + hh * hd + k];
+                d += qkv[(b * T + t) * 3 * C + hh * hd + k] *
+                     qkv[(b * T + s) * 3 * C + C + hh * hd + k];
               w[s] = std::exp(d / std::sqrt(static_cast<double>(hd)));
               z += w[s];
             }
             for (int s = 0; s <= t; ++s)
               for (int k = 0; k < hd; ++k)
-                att[(b * T + t) * C + hh * hd + k] += w[s] / z * qkv[(b * T + s) * 3 * C + 2 * C + hh * hd + k];
+                att[(b * T + t) * C + hh * hd + k] +=
+                    w[s] / z * qkv[(b * T + s) * 3 * C + 2 * C + hh * hd + k];
           }
-      std::vector<double> a = Linear(att, at(p + "attn.c_proj.weight"), at(p + "attn.c_proj.bias"), C, C);
+      std::vector<double> a =
+          Linear(att, at(p + "attn.c_proj.weight"), at(p + "attn.c_proj.bias"), C, C);
       for (size_t i = 0; i < x.size(); ++i) x[i] += a[i];
       h = x;
       LayerNorm(h, at(p + "ln_2.weight"), at(p + "ln_2.bias"), C);
-      std::vector<double> u = Linear(h, at(p + "mlp.c_fc.weight"), at(p + "mlp.c_fc.bias"), C, 4 * C);
-      for (double& v : u) v = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
-      std::vector<double> m = Linear(u, at(p + "mlp.c_proj.weight"), at(p + "mlp.c_proj.bias"), 4 * C, C);
+      std::vector<double> u =
+          Linear(h, at(p + "mlp.c_fc.weight"), at(p + "mlp.c_fc.bias"), C, 4 * C);
+      for (double& v : u)
+        v = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+      std::vector<double> m =
+          Linear(u, at(p + "mlp.c_proj.weight"), at(p + "mlp.c_proj.bias"), 4 * C, C);
       for (size_t i = 0; i < x.size(); ++i) x[i] += m[i];
     }
     LayerNorm(x, at("ln_f.weight"), at("ln_f.bias"), C);
@@ -129,7 +138,9 @@ TEST(GptReference, ForwardAndBackwardMatchFp64Reference) {
   std::normal_distribution<double> nd(0.0, 0.4);
   for (ParamId p = 0; p < (*engine)->num_params(); ++p) {
     std::vector<float> v(static_cast<size_t>((*engine)->numel(p)));
-    for (float& x : v) x = static_cast<float>(nd(rng)) + ((*engine)->param(p).name.find("ln") != std::string::npos ? 1.0f : 0.0f);
+    for (float& x : v)
+      x = static_cast<float>(nd(rng)) +
+          ((*engine)->param(p).name.find("ln") != std::string::npos ? 1.0f : 0.0f);
     ASSERT_TRUE((*engine)->WriteParam(p, v).ok());
     params[(*engine)->param(p).name] = std::vector<double>(v.begin(), v.end());
   }

@@ -1,13 +1,13 @@
 // Every GPT op's backward against central finite differences of its forward, in double
 // precision (models/gpt/ops.h instantiates each op for double as well as float).
+#include "gpt/ops.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <functional>
 #include <random>
 #include <vector>
-
-#include "gpt/ops.h"
 
 namespace tierzero::gpt::cpu {
 namespace {
@@ -86,9 +86,11 @@ TEST(GptOps, LayerNormBackward) {
   for (int64_t r = 0; r < rows; ++r) {
     double mu = 0, var = 0;
     for (int64_t c = 0; c < cols; ++c) mu += x[r * cols + c] / cols;
-    for (int64_t c = 0; c < cols; ++c) var += (x[r * cols + c] - mu) * (x[r * cols + c] - mu) / cols;
     for (int64_t c = 0; c < cols; ++c)
-      EXPECT_NEAR(y[r * cols + c], (x[r * cols + c] - mu) / std::sqrt(var + 1e-5) * g[c] + b[c], 1e-12);
+      var += (x[r * cols + c] - mu) * (x[r * cols + c] - mu) / cols;
+    for (int64_t c = 0; c < cols; ++c)
+      EXPECT_NEAR(y[r * cols + c], (x[r * cols + c] - mu) / std::sqrt(var + 1e-5) * g[c] + b[c],
+                  1e-12);
   }
   const Vec dy = Random(rows * cols, rng);
   Vec dx(x.size()), dg(cols, 0.0), db(cols, 0.0);
@@ -109,7 +111,8 @@ TEST(GptOps, GeluBackward) {
   Vec y = fwd();
   for (int64_t i = 0; i < n; ++i) {
     const double v = x[i];
-    EXPECT_NEAR(y[i], 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))), 1e-14);
+    EXPECT_NEAR(y[i], 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))),
+                1e-14);
   }
   const Vec dy = Random(n, rng);
   Vec dx(n);
@@ -134,7 +137,9 @@ TEST(GptOps, AttentionBackward) {
       double sum = 0;
       for (int64_t s = 0; s < seq; ++s) {
         const double p = probs[(bh * seq + t) * seq + s];
-        if (s > t) EXPECT_EQ(p, 0.0);
+        if (s > t) {
+          EXPECT_EQ(p, 0.0);
+        }
         sum += p;
       }
       EXPECT_NEAR(sum, 1.0, 1e-12);
