@@ -47,6 +47,9 @@
 
 namespace tierzero {
 
+// The library's version, "major.minor.patch".
+const char* Version();
+
 // Ranks that share the model (ZeRO-3). Single() is the one-process communicator.
 class Communicator {
  public:

@@ -1,0 +1,31 @@
+# cmake -P script for the install.embed_example test (see CMakeLists.txt).
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message("${out}${err}")
+  if(NOT rc EQUAL 0)
+    list(JOIN ARGN " " cmd)
+    message(FATAL_ERROR "failed (${rc}): ${cmd}")
+  endif()
+endfunction()
+
+file(REMOVE_RECURSE ${WORK_DIR})
+set(prefix ${WORK_DIR}/prefix)
+run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
+foreach(f include/tierzero/engine.h lib/cmake/tierzero/tierzeroConfig.cmake bin/tierzero)
+  if(NOT EXISTS ${prefix}/${f})
+    message(FATAL_ERROR "the install is missing ${f}")
+  endif()
+endforeach()
+
+set(launcher)
+if(LAUNCHER)
+  set(launcher -DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER})
+endif()
+run(${CMAKE_COMMAND} -S ${EXAMPLE_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
+    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release ${launcher})
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+# The example exits non-zero unless its loss fell 20-fold; the report must be written too.
+run(${WORK_DIR}/build/embed_mlp ${WORK_DIR}/report.json)
+if(NOT EXISTS ${WORK_DIR}/report.json)
+  message(FATAL_ERROR "embed_mlp wrote no report")
+endif()
