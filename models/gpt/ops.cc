@@ -47,23 +47,30 @@ void AddColumnSums(const T* m, T* out, int64_t rows, int64_t cols) {
 // cores oversubscribe, and OpenMP's spinning between the many small products of a GPT step cost
 // 20-40% of the step (measured: 91 ms with both pools, 77 ms with OMP_NUM_THREADS=1). So each
 // product is split into fixed blocks of 64 output rows that oneTBB runs in parallel, each a
-// single-threaded sgemm. The blocks do not depend on the thread count, so results do not either.
+// single-threaded sgemm. A product with few rows (a small batch through a wide layer: 72 tokens
+// of a 2560-wide model are one full block and one of 8 rows) is also split into blocks of 256
+// output columns, so it still spreads over the threads. The blocks depend only on the shape,
+// never on the thread count, so results do not either.
 extern "C" void omp_set_num_threads(int);
 
 template <>
 void Gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   constexpr int64_t kRows = 64;
-  const int64_t blocks = (m + kRows - 1) / kRows;
-  tbb::parallel_for(int64_t{0}, blocks, [&](int64_t blk) {
+  const int64_t row_blocks = (m + kRows - 1) / kRows;
+  const int64_t cols = row_blocks >= 4 ? n : 256;
+  const int64_t col_blocks = (n + cols - 1) / cols;
+  tbb::parallel_for(int64_t{0}, row_blocks * col_blocks, [&](int64_t blk) {
     omp_set_num_threads(1);  // this thread's OpenMP setting: no nested team
-    const int64_t i0 = blk * kRows, rows = std::min(kRows, m - i0);
+    const int64_t i0 = blk / col_blocks * kRows, rows = std::min(kRows, m - i0);
+    const int64_t j0 = blk % col_blocks * cols, ncols = std::min(cols, n - j0);
     const float* ab = ta ? a + i0 : a + i0 * lda;
-    const dnnl_status_t s = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', rows, n, k, alpha, ab, lda,
-                                       b, ldb, beta, c + i0 * ldc, ldc);
+    const float* bb = tb ? b + j0 * ldb : b + j0;
+    const dnnl_status_t s = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', rows, ncols, k, alpha, ab,
+                                       lda, bb, ldb, beta, c + i0 * ldc + j0, ldc);
     if (s != dnnl_success) {
       std::fprintf(stderr, "dnnl_sgemm(%lld x %lld x %lld) failed with status %d\n",
-                   static_cast<long long>(rows), static_cast<long long>(n),
+                   static_cast<long long>(rows), static_cast<long long>(ncols),
                    static_cast<long long>(k), static_cast<int>(s));
       std::abort();
     }
