@@ -469,7 +469,10 @@ int Train(const std::vector<std::string>& args) {
   auto model_or = gpt::Gpt::Create(engine, cfg.model);
   if (!model_or.ok()) return Fail(model_or.status());
   gpt::Gpt& model = **model_or;
+  const auto init_t0 = std::chrono::steady_clock::now();
   if (Status s = engine.Finalize(); !s.ok()) return Fail(s);
+  const double init_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - init_t0).count();
   if (!out.init_from.empty()) {
     if (Status s = engine.LoadSafetensors(out.init_from); !s.ok()) return Fail(s);
   }
@@ -489,6 +492,7 @@ int Train(const std::vector<std::string>& args) {
               Mib(cfg.engine.nvme_budget).c_str(), cfg.engine.nvme_path.c_str(),
               std::string(DTypeName(cfg.engine.compute_dtype)).c_str());
   std::printf("  placement: %s\n", engine.PlacementSummary().c_str());
+  std::printf("  initialised in %.1f s\n", init_s);
   if (start > 0) std::printf("  resumed from %s at step %d\n", out.resume.c_str(), start);
   std::fflush(stdout);
 
@@ -521,9 +525,13 @@ int Train(const std::vector<std::string>& args) {
     std::fflush(stdout);
     return Status::OK();
   };
+  double save_s = 0;  // the last checkpoint's
   auto save = [&](int step) -> Status {
     json user = {{"step", step}, {"data_seed", cfg.data.seed}};
-    return engine.SaveCheckpoint(out.checkpoint_dir, user.dump());
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = engine.SaveCheckpoint(out.checkpoint_dir, user.dump());
+    save_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return s;
   };
 
   const auto run_t0 = std::chrono::steady_clock::now();
@@ -612,8 +620,8 @@ int Train(const std::vector<std::string>& args) {
       Mib(st.h2d_bytes).c_str(), Mib(st.d2h_bytes).c_str(), Mib(st.nvme_read_bytes).c_str(),
       Mib(st.nvme_write_bytes).c_str(),
       total_compute_s > 0 ? 100 * st.acquire_wait_seconds / total_compute_s : 0);
-  std::printf("  checkpoint: %s\n  metrics: %s\n  report: %s\n", out.checkpoint_dir.c_str(),
-              out.metrics.c_str(), out.report.c_str());
+  std::printf("  checkpoint: %s (saved in %.1f s)\n  metrics: %s\n  report: %s\n",
+              out.checkpoint_dir.c_str(), save_s, out.metrics.c_str(), out.report.c_str());
   return 0;
 }
 

@@ -3,6 +3,8 @@
 // checkpoints (checkpoint.cc).
 #include "tierzero/engine.h"
 
+#include <tbb/parallel_for.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -48,16 +50,23 @@ double Unit(uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * 0x
 
 Initializer InitNormal(float stddev, uint64_t seed) {
   return [stddev, seed](std::span<float> values) {
-    // Box-Muller on pairs: elements 2j and 2j+1 share the uniform pair of counter j.
+    // Box-Muller on pairs: elements 2j and 2j+1 share the uniform pair of counter j. Pairs are
+    // independent, so fixed blocks of them run in parallel (a 2B-parameter model draws 2B
+    // values at initialisation).
     const uint64_t key = SplitMix64(seed);
-    for (size_t i = 0; i < values.size(); ++i) {
-      const uint64_t j = i / 2;
-      const double u1 = Unit(SplitMix64(key ^ (2 * j)));
-      const double u2 = Unit(SplitMix64(key ^ (2 * j + 1) ^ 0xA5A5A5A5A5A5A5A5ull));
-      const double r = std::sqrt(-2.0 * std::log(u1));
-      const double angle = 2.0 * 3.14159265358979323846 * u2;
-      values[i] = static_cast<float>(stddev * r * (i % 2 == 0 ? std::cos(angle) : std::sin(angle)));
-    }
+    const size_t n = values.size(), pairs = (n + 1) / 2;
+    constexpr size_t kPairsPerBlock = size_t{1} << 15;
+    tbb::parallel_for(size_t{0}, (pairs + kPairsPerBlock - 1) / kPairsPerBlock, [&](size_t blk) {
+      const size_t end = std::min(pairs, (blk + 1) * kPairsPerBlock);
+      for (size_t j = blk * kPairsPerBlock; j < end; ++j) {
+        const double u1 = Unit(SplitMix64(key ^ (2 * j)));
+        const double u2 = Unit(SplitMix64(key ^ (2 * j + 1) ^ 0xA5A5A5A5A5A5A5A5ull));
+        const double r = std::sqrt(-2.0 * std::log(u1));
+        const double angle = 2.0 * 3.14159265358979323846 * u2;
+        values[2 * j] = static_cast<float>(stddev * r * std::cos(angle));
+        if (2 * j + 1 < n) values[2 * j + 1] = static_cast<float>(stddev * r * std::sin(angle));
+      }
+    });
   };
 }
 
