@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <mutex>
 
 #include "chunk/chunk_manager.h"
@@ -454,18 +455,36 @@ Status Engine::Finalize() {
 // Like ForEachOptimChunk, without reading first (the states have no contents yet).
 Status Engine::Impl::InitOptimChunks(const std::function<Status(int, float*, float*, float*)>& fn) {
   const uint64_t n = layout.shard_elems();
+  // NVMe chunks are written behind: while one slot's write is in flight the next chunk is
+  // filled in another (a 2B-parameter model writes 24 GB here). Every write is waited for before
+  // returning, also on error (Ticket's destructor blocks until its I/O is done).
+  struct InFlight {
+    PinnedSlot slot;
+    NvmeStore::Ticket ticket;
+  };
+  std::deque<InFlight> writes;
+  auto retire_oldest = [&]() -> Status {
+    Status s = writes.front().ticket.Wait();
+    writes.pop_front();
+    return s;
+  };
+  // (No swap arena without NVMe chunks.)
+  const size_t max_in_flight = swap_arena ? std::max<size_t>(1, swap_arena->num_slots() - 1) : 1;
   for (int c = 0; c < layout.num_chunks(); ++c) {
     OptimShard& o = optim[static_cast<size_t>(c)];
     if (!o.on_nvme) {
       RETURN_IF_ERROR(fn(c, o.host, o.host + n, o.host + 2 * n));
       continue;
     }
+    if (writes.size() >= max_in_flight) RETURN_IF_ERROR(retire_oldest());
     ASSIGN_OR_RETURN(PinnedSlot slot, swap_arena->Acquire(std::chrono::seconds(60)));
     auto* f = static_cast<float*>(slot.data());
     RETURN_IF_ERROR(fn(c, f, f + n, f + 2 * n));
-    RETURN_IF_ERROR(nvme->Write(o.extent, slot.data()));
+    ASSIGN_OR_RETURN(NvmeStore::Ticket ticket, nvme->SubmitWrite(o.extent, slot.data()));
+    writes.push_back({std::move(slot), std::move(ticket)});
     stats.nvme_write_bytes += n * 12;
   }
+  while (!writes.empty()) RETURN_IF_ERROR(retire_oldest());
   TZ_LOG(kInfo, kEngine) << params.size() << " parameters initialised";
   return Status::OK();
 }
