@@ -1,0 +1,601 @@
+// GPT ops on CUDA (gpt/ops_cuda.h). Kernels favour clarity and determinism over peak speed:
+// one warp per row for row-wise ops (LayerNorm, softmax rows, cross-entropy), one thread per
+// column for column reductions, grid-stride loops for elementwise ops.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "gpt/ops_cuda.h"
+
+namespace tierzero::gpt::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarp = 32;
+
+// Blocks to cover n items at `threads` per block (grid x allows 2^31 - 1).
+unsigned Blocks(int64_t n, int threads = kThreads) {
+  const int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 1 ? 1 : b);
+}
+
+__device__ float WarpSum(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ float WarpMax(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// ---- elementwise ----------------------------------------------------------------------------
+
+__global__ void AddKernel(const float* a, const float* b, float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = a[i] + b[i];
+}
+__global__ void AddInPlaceKernel(float* y, const float* a, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    y[i] += a[i];
+}
+
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+
+__global__ void GeluForwardKernel(const float* x, float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = x[i];
+    y[i] = 0.5f * v * (1.0f + tanhf(kGeluC * (v + 0.044715f * v * v * v)));
+  }
+}
+__global__ void GeluBackwardKernel(const float* dy, const float* x, float* dx, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = x[i];
+    const float t = tanhf(kGeluC * (v + 0.044715f * v * v * v));
+    const float du = kGeluC * (1.0f + 3.0f * 0.044715f * v * v);
+    dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+  }
+}
+
+// y[r, :] += bias
+__global__ void AddBiasKernel(float* y, const float* bias, int64_t rows, int64_t cols) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * cols;
+       i += int64_t{gridDim.x} * blockDim.x)
+    y[i] += bias[i % cols];
+}
+// out[c] += sum over rows of m[r, c], rows in order.
+__global__ void ColumnSumsKernel(const float* m, float* out, int64_t rows, int64_t cols) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= cols) return;
+  float acc = 0;
+  for (int64_t r = 0; r < rows; ++r) acc += m[r * cols + c];
+  out[c] += acc;
+}
+
+// ---- LayerNorm: a warp per row ----------------------------------------------------------------
+
+__global__ void LayerNormForwardKernel(const float* x, const float* gamma, const float* beta,
+                                       float* y, float* mean, float* rstd, int64_t rows,
+                                       int64_t cols) {
+  const int64_t r = blockIdx.x * int64_t{blockDim.x / kWarp} + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= rows) return;
+  const float* xr = x + r * cols;
+  float s = 0;
+  for (int64_t j = lane; j < cols; j += kWarp) s += xr[j];
+  const float mu = WarpSum(s) / static_cast<float>(cols);
+  float v = 0;
+  for (int64_t j = lane; j < cols; j += kWarp) v += (xr[j] - mu) * (xr[j] - mu);
+  const float rs = rsqrtf(WarpSum(v) / static_cast<float>(cols) + 1e-5f);
+  float* yr = y + r * cols;
+  for (int64_t j = lane; j < cols; j += kWarp) yr[j] = (xr[j] - mu) * rs * gamma[j] + beta[j];
+  if (lane == 0) {
+    mean[r] = mu;
+    rstd[r] = rs;
+  }
+}
+__global__ void LayerNormBackwardRowsKernel(const float* dy, const float* x, const float* gamma,
+                                            const float* mean, const float* rstd, float* dx,
+                                            int64_t rows, int64_t cols) {
+  const int64_t r = blockIdx.x * int64_t{blockDim.x / kWarp} + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= rows) return;
+  const float* dyr = dy + r * cols;
+  const float* xr = x + r * cols;
+  const float mu = mean[r], rs = rstd[r];
+  float sg = 0, sgx = 0;
+  for (int64_t j = lane; j < cols; j += kWarp) {
+    const float g = dyr[j] * gamma[j];
+    sg += g;
+    sgx += g * (xr[j] - mu) * rs;
+  }
+  sg = WarpSum(sg) / static_cast<float>(cols);
+  sgx = WarpSum(sgx) / static_cast<float>(cols);
+  float* dxr = dx + r * cols;
+  for (int64_t j = lane; j < cols; j += kWarp) {
+    const float xhat = (xr[j] - mu) * rs;
+    dxr[j] = rs * (dyr[j] * gamma[j] - sg - xhat * sgx);
+  }
+}
+__global__ void LayerNormBackwardColumnsKernel(const float* dy, const float* x, const float* mean,
+                                               const float* rstd, float* dgamma, float* dbeta,
+                                               int64_t rows, int64_t cols) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= cols) return;
+  float ag = 0, ab = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float d = dy[r * cols + c];
+    ag += d * (x[r * cols + c] - mean[r]) * rstd[r];
+    ab += d;
+  }
+  dgamma[c] += ag;
+  dbeta[c] += ab;
+}
+
+// ---- attention --------------------------------------------------------------------------------
+// qkv rows are [q | k | v], each `channels` wide with heads of hd. One warp per (b, h, t) query
+// row: lanes split the key positions for the scores, then the head dimension for the output.
+
+__global__ void AttentionForwardKernel(const float* qkv, float* out, float* probs, int64_t batch,
+                                       int64_t seq, int64_t channels, int64_t heads) {
+  const int64_t row = blockIdx.x * int64_t{blockDim.x / kWarp} + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= batch * heads * seq) return;
+  const int64_t t = row % seq, bh = row / seq, b = bh / heads, h = bh % heads;
+  const int64_t hd = channels / heads, c3 = 3 * channels;
+  const float scale = rsqrtf(static_cast<float>(hd));
+  const float* base = qkv + b * seq * c3;
+  const float* q = base + t * c3 + h * hd;
+  float* pr = probs + (bh * seq + t) * seq;
+  float mx = -INFINITY;
+  for (int64_t s = lane; s <= t; s += kWarp) {
+    const float* k = base + s * c3 + channels + h * hd;
+    float dot = 0;
+    for (int64_t d = 0; d < hd; ++d) dot += q[d] * k[d];
+    pr[s] = dot * scale;
+    mx = fmaxf(mx, pr[s]);
+  }
+  mx = WarpMax(mx);
+  float sum = 0;
+  for (int64_t s = lane; s <= t; s += kWarp) {
+    pr[s] = expf(pr[s] - mx);
+    sum += pr[s];
+  }
+  const float inv = 1.0f / WarpSum(sum);
+  for (int64_t s = lane; s < seq; s += kWarp) pr[s] = s <= t ? pr[s] * inv : 0.0f;
+  __syncwarp();
+  float* o = out + (b * seq + t) * channels + h * hd;
+  for (int64_t d = lane; d < hd; d += kWarp) {
+    float acc = 0;
+    for (int64_t s = 0; s <= t; ++s) acc += pr[s] * base[s * c3 + 2 * channels + h * hd + d];
+    o[d] = acc;
+  }
+}
+
+// D[b, h, t] = sum_s p[t, s] (dout[t] . v[s])  (= dout[t] . out[t])
+__global__ void AttentionRowDotKernel(const float* dout, const float* qkv, const float* probs,
+                                      float* dsum, int64_t batch, int64_t seq, int64_t channels,
+                                      int64_t heads) {
+  const int64_t row = blockIdx.x * int64_t{blockDim.x / kWarp} + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= batch * heads * seq) return;
+  const int64_t t = row % seq, bh = row / seq, b = bh / heads, h = bh % heads;
+  const int64_t hd = channels / heads, c3 = 3 * channels;
+  const float* base = qkv + b * seq * c3;
+  const float* dor = dout + (b * seq + t) * channels + h * hd;
+  const float* pr = probs + (bh * seq + t) * seq;
+  float acc = 0;
+  for (int64_t s = lane; s <= t; s += kWarp) {
+    const float* v = base + s * c3 + 2 * channels + h * hd;
+    float dot = 0;
+    for (int64_t d = 0; d < hd; ++d) dot += dor[d] * v[d];
+    acc += pr[s] * dot;
+  }
+  acc = WarpSum(acc);
+  if (lane == 0) dsum[row] = acc;
+}
+
+// ds[t, s] = p[t, s] (dout[t] . v[s] - D[t]) scale. dq[t] = sum_{s <= t} ds[t, s] k[s]: one warp
+// per query row t.
+__global__ void AttentionDqKernel(const float* dout, const float* qkv, const float* probs,
+                                  const float* dsum, float* dqkv, int64_t batch, int64_t seq,
+                                  int64_t channels, int64_t heads) {
+  const int64_t row = blockIdx.x * int64_t{blockDim.x / kWarp} + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= batch * heads * seq) return;
+  const int64_t t = row % seq, bh = row / seq, b = bh / heads, h = bh % heads;
+  const int64_t hd = channels / heads, c3 = 3 * channels;
+  const float scale = rsqrtf(static_cast<float>(hd));
+  const float* base = qkv + b * seq * c3;
+  const float* dor = dout + (b * seq + t) * channels + h * hd;
+  const float* pr = probs + (bh * seq + t) * seq;
+  float* dq = dqkv + (b * seq + t) * c3 + h * hd;
+  for (int64_t d = lane; d < hd; d += kWarp) dq[d] = 0;
+  __syncwarp();
+  for (int64_t s = 0; s <= t; ++s) {
+    const float* v = base + s * c3 + 2 * channels + h * hd;
+    float dot = 0;
+    for (int64_t d = lane; d < hd; d += kWarp) dot += dor[d] * v[d];
+    dot = WarpSum(dot);
+    const float ds = pr[s] * (dot - dsum[row]) * scale;
+    const float* k = base + s * c3 + channels + h * hd;
+    for (int64_t d = lane; d < hd; d += kWarp) dq[d] += ds * k[d];
+  }
+}
+
+// For key position s: dk[s] = sum_{t >= s} ds[t, s] q[t], dv[s] = sum_{t >= s} p[t, s] dout[t].
+__global__ void AttentionDkvKernel(const float* dout, const float* qkv, const float* probs,
+                                   const float* dsum, float* dqkv, int64_t batch, int64_t seq,
+                                   int64_t channels, int64_t heads) {
+  const int64_t row = blockIdx.x * int64_t{blockDim.x / kWarp} + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= batch * heads * seq) return;
+  const int64_t s = row % seq, bh = row / seq, b = bh / heads, h = bh % heads;
+  const int64_t hd = channels / heads, c3 = 3 * channels;
+  const float scale = rsqrtf(static_cast<float>(hd));
+  const float* base = qkv + b * seq * c3;
+  const float* v = base + s * c3 + 2 * channels + h * hd;
+  float* dk = dqkv + (b * seq + s) * c3 + channels + h * hd;
+  float* dv = dk + channels;
+  for (int64_t d = lane; d < hd; d += kWarp) {
+    dk[d] = 0;
+    dv[d] = 0;
+  }
+  __syncwarp();
+  for (int64_t t = s; t < seq; ++t) {
+    const float* dor = dout + (b * seq + t) * channels + h * hd;
+    const float p = probs[(bh * seq + t) * seq + s];
+    float dot = 0;
+    for (int64_t d = lane; d < hd; d += kWarp) dot += dor[d] * v[d];
+    dot = WarpSum(dot);
+    const float ds = p * (dot - dsum[bh * seq + t]) * scale;
+    const float* q = base + t * c3 + h * hd;
+    for (int64_t d = lane; d < hd; d += kWarp) {
+      dk[d] += ds * q[d];
+      dv[d] += p * dor[d];
+    }
+  }
+}
+
+// ---- embeddings, cross-entropy, casts --------------------------------------------------------
+
+__global__ void EmbeddingForwardKernel(const int32_t* tokens, const float* wte, const float* wpe,
+                                       float* x, int64_t rows, int64_t seq, int64_t channels) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * channels;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / channels, c = i % channels;
+    x[i] = wte[int64_t{tokens[r]} * channels + c] + wpe[(r % seq) * channels + c];
+  }
+}
+// One thread per channel, rows in order: the same additions in the same order as the CPU.
+__global__ void EmbeddingBackwardKernel(const int32_t* tokens, const float* dx, float* dwte,
+                                        float* dwpe, int64_t rows, int64_t seq, int64_t channels) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= channels) return;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float d = dx[r * channels + c];
+    dwte[int64_t{tokens[r]} * channels + c] += d;
+    dwpe[(r % seq) * channels + c] += d;
+  }
+}
+
+// A warp per row: row_loss = mask (logsumexp - logit[target]); dlogits = w (softmax - onehot).
+__global__ void CrossEntropyKernel(const float* logits, const int32_t* targets, const float* mask,
+                                   float* dlogits, int32_t* argmax, double* row_loss, int64_t rows,
+                                   int64_t vocab, double w_per_mask) {
+  const int64_t r = blockIdx.x * int64_t{blockDim.x / kWarp} + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= rows) return;
+  const float* l = logits + r * vocab;
+  float mx = -INFINITY;
+  int64_t best = vocab;
+  for (int64_t j = lane; j < vocab; j += kWarp) {
+    if (l[j] > mx || (l[j] == mx && j < best)) {
+      mx = l[j];
+      best = j;
+    }
+  }
+  // The first index of the maximum, as the CPU's scan finds it.
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    const float om = __shfl_xor_sync(0xffffffffu, mx, o);
+    const int64_t ob = __shfl_xor_sync(0xffffffffu, best, o);
+    if (om > mx || (om == mx && ob < best)) {
+      mx = om;
+      best = ob;
+    }
+  }
+  double sum = 0;
+  for (int64_t j = lane; j < vocab; j += kWarp) sum += exp(static_cast<double>(l[j] - mx));
+  for (int o = kWarp / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const double lse = log(sum) + static_cast<double>(mx);
+  if (lane == 0) {
+    if (argmax != nullptr) argmax[r] = static_cast<int32_t>(best);
+    row_loss[r] = mask[r] * (lse - static_cast<double>(l[targets[r]]));
+  }
+  if (dlogits != nullptr) {
+    const double w = mask[r] * w_per_mask;
+    float* d = dlogits + r * vocab;
+    for (int64_t j = lane; j < vocab; j += kWarp) {
+      const double p = exp(static_cast<double>(l[j]) - lse);
+      d[j] = static_cast<float>(w * (p - (j == targets[r] ? 1.0 : 0.0)));
+    }
+  }
+}
+
+template <typename In, typename Op>
+__global__ void WidenKernel(const In* src, float* dst, int64_t n, Op op) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    dst[i] = op(src[i]);
+}
+template <typename Out, typename Op>
+__global__ void NarrowKernel(const float* src, Out* dst, int64_t n, Op op) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    dst[i] = op(src[i]);
+}
+struct FromBF16 {
+  __device__ float operator()(__nv_bfloat16 v) const { return __bfloat162float(v); }
+};
+struct FromF16 {
+  __device__ float operator()(__half v) const { return __half2float(v); }
+};
+struct ToBF16 {
+  __device__ __nv_bfloat16 operator()(float v) const { return __float2bfloat16_rn(v); }
+};
+struct ToF16 {
+  __device__ __half operator()(float v) const { return __float2half_rn(v); }
+};
+
+unsigned WarpBlocks(int64_t rows) { return Blocks(rows, kThreads / kWarp); }
+
+}  // namespace
+
+struct CudaOps::Impl {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  Status first_error;
+  float* dsum = nullptr;  // attention row dots: batch x heads x seq
+  int64_t dsum_elems = 0;
+  double* row_loss = nullptr;  // cross-entropy, per row
+  int64_t row_loss_elems = 0;
+  std::vector<double> host_loss;
+  std::vector<float> host_mask;
+
+  void Check(cudaError_t e, const char* what) {
+    if (e != cudaSuccess && first_error.ok())
+      first_error = InternalError(std::string(what) + ": " + cudaGetErrorString(e));
+  }
+  void CheckLaunch(const char* what) { Check(cudaGetLastError(), what); }
+  void CheckBlas(cublasStatus_t s, const char* what) {
+    if (s != CUBLAS_STATUS_SUCCESS && first_error.ok())
+      first_error = InternalError(std::string(what) + ": cuBLAS status " + std::to_string(s));
+  }
+  template <typename T>
+  T* Grow(T*& buf, int64_t& have, int64_t need) {
+    if (need > have) {
+      if (buf != nullptr) Check(cudaFreeAsync(buf, stream), "cudaFreeAsync");
+      buf = nullptr;
+      Check(cudaMallocAsync(reinterpret_cast<void**>(&buf), sizeof(T) * need, stream),
+            "cudaMallocAsync (GPT op workspace)");
+      have = buf != nullptr ? need : 0;
+    }
+    return buf;
+  }
+};
+
+StatusOr<std::unique_ptr<CudaOps>> CudaOps::Create(void* stream) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return UnavailableError("no CUDA device for the GPT's CUDA ops");
+  }
+  std::unique_ptr<CudaOps> ops(new CudaOps());
+  ops->impl_ = std::make_unique<Impl>();
+  ops->impl_->stream = static_cast<cudaStream_t>(stream);
+  if (cublasCreate(&ops->impl_->blas) != CUBLAS_STATUS_SUCCESS)
+    return InternalError("cublasCreate failed");
+  cublasSetStream(ops->impl_->blas, ops->impl_->stream);
+  // Plain fp32 products (no TF32), so results match the CPU's to fp32 rounding.
+  cublasSetMathMode(ops->impl_->blas, CUBLAS_PEDANTIC_MATH);
+  return std::move(ops);
+}
+
+CudaOps::~CudaOps() {
+  if (!impl_) return;
+  if (impl_->dsum != nullptr) cudaFreeAsync(impl_->dsum, impl_->stream);
+  if (impl_->row_loss != nullptr) cudaFreeAsync(impl_->row_loss, impl_->stream);
+  cudaStreamSynchronize(impl_->stream);
+  if (impl_->blas != nullptr) cublasDestroy(impl_->blas);
+}
+
+Status CudaOps::status() const { return impl_->first_error; }
+
+void CudaOps::Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
+  impl_->CheckBlas(
+      cublasSgemm(impl_->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                  static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
+                  static_cast<int>(ldb), a, static_cast<int>(lda), &beta, c, static_cast<int>(ldc)),
+      "cublasSgemm");
+}
+
+void CudaOps::LinearForward(const float* x, const float* w, const float* bias, float* y,
+                            int64_t rows, int64_t in, int64_t out) {
+  Gemm(false, false, rows, out, in, 1.0f, x, in, w, out, 0.0f, y, out);
+  if (bias != nullptr) {
+    AddBiasKernel<<<Blocks(rows * out), kThreads, 0, impl_->stream>>>(y, bias, rows, out);
+    impl_->CheckLaunch("AddBiasKernel");
+  }
+}
+
+void CudaOps::LinearBackward(const float* dy, const float* x, const float* w, float* dx, float* dw,
+                             float* dbias, int64_t rows, int64_t in, int64_t out) {
+  Gemm(false, true, rows, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in);
+  Gemm(true, false, in, out, rows, 1.0f, x, in, dy, out, 1.0f, dw, out);
+  if (dbias != nullptr) {
+    ColumnSumsKernel<<<Blocks(out), kThreads, 0, impl_->stream>>>(dy, dbias, rows, out);
+    impl_->CheckLaunch("ColumnSumsKernel");
+  }
+}
+
+void CudaOps::LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
+                               float* mean, float* rstd, int64_t rows, int64_t cols) {
+  LayerNormForwardKernel<<<WarpBlocks(rows), kThreads, 0, impl_->stream>>>(x, gamma, beta, y, mean,
+                                                                           rstd, rows, cols);
+  impl_->CheckLaunch("LayerNormForwardKernel");
+}
+
+void CudaOps::LayerNormBackward(const float* dy, const float* x, const float* gamma,
+                                const float* mean, const float* rstd, float* dx, float* dgamma,
+                                float* dbeta, int64_t rows, int64_t cols) {
+  LayerNormBackwardRowsKernel<<<WarpBlocks(rows), kThreads, 0, impl_->stream>>>(
+      dy, x, gamma, mean, rstd, dx, rows, cols);
+  impl_->CheckLaunch("LayerNormBackwardRowsKernel");
+  LayerNormBackwardColumnsKernel<<<Blocks(cols), kThreads, 0, impl_->stream>>>(
+      dy, x, mean, rstd, dgamma, dbeta, rows, cols);
+  impl_->CheckLaunch("LayerNormBackwardColumnsKernel");
+}
+
+void CudaOps::GeluForward(const float* x, float* y, int64_t n) {
+  GeluForwardKernel<<<Blocks(n), kThreads, 0, impl_->stream>>>(x, y, n);
+  impl_->CheckLaunch("GeluForwardKernel");
+}
+
+void CudaOps::GeluBackward(const float* dy, const float* x, float* dx, int64_t n) {
+  GeluBackwardKernel<<<Blocks(n), kThreads, 0, impl_->stream>>>(dy, x, dx, n);
+  impl_->CheckLaunch("GeluBackwardKernel");
+}
+
+void CudaOps::AttentionForward(const float* qkv, float* out, float* probs, int64_t batch,
+                               int64_t seq, int64_t channels, int64_t heads) {
+  AttentionForwardKernel<<<WarpBlocks(batch * heads * seq), kThreads, 0, impl_->stream>>>(
+      qkv, out, probs, batch, seq, channels, heads);
+  impl_->CheckLaunch("AttentionForwardKernel");
+}
+
+void CudaOps::AttentionBackward(const float* dout, const float* qkv, const float* probs,
+                                float* dqkv, int64_t batch, int64_t seq, int64_t channels,
+                                int64_t heads) {
+  const int64_t rows = batch * heads * seq;
+  float* dsum = impl_->Grow(impl_->dsum, impl_->dsum_elems, rows);
+  if (dsum == nullptr) return;
+  const unsigned blocks = WarpBlocks(rows);
+  AttentionRowDotKernel<<<blocks, kThreads, 0, impl_->stream>>>(dout, qkv, probs, dsum, batch, seq,
+                                                                channels, heads);
+  impl_->CheckLaunch("AttentionRowDotKernel");
+  AttentionDqKernel<<<blocks, kThreads, 0, impl_->stream>>>(dout, qkv, probs, dsum, dqkv, batch,
+                                                            seq, channels, heads);
+  impl_->CheckLaunch("AttentionDqKernel");
+  AttentionDkvKernel<<<blocks, kThreads, 0, impl_->stream>>>(dout, qkv, probs, dsum, dqkv, batch,
+                                                             seq, channels, heads);
+  impl_->CheckLaunch("AttentionDkvKernel");
+}
+
+void CudaOps::EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe, float* x,
+                               int64_t batch, int64_t seq, int64_t channels) {
+  EmbeddingForwardKernel<<<Blocks(batch * seq * channels), kThreads, 0, impl_->stream>>>(
+      tokens, wte, wpe, x, batch * seq, seq, channels);
+  impl_->CheckLaunch("EmbeddingForwardKernel");
+}
+
+void CudaOps::EmbeddingBackward(const int32_t* tokens, const float* dx, float* dwte, float* dwpe,
+                                int64_t batch, int64_t seq, int64_t channels) {
+  EmbeddingBackwardKernel<<<Blocks(channels), kThreads, 0, impl_->stream>>>(
+      tokens, dx, dwte, dwpe, batch * seq, seq, channels);
+  impl_->CheckLaunch("EmbeddingBackwardKernel");
+}
+
+StatusOr<double> CudaOps::CrossEntropy(const float* logits, const int32_t* targets,
+                                       const float* mask, float* dlogits, int32_t* argmax,
+                                       int64_t rows, int64_t vocab, double scale) {
+  Impl& im = *impl_;
+  im.host_mask.resize(static_cast<size_t>(rows));
+  im.host_loss.resize(static_cast<size_t>(rows));
+  im.Check(cudaMemcpyAsync(im.host_mask.data(), mask, sizeof(float) * rows, cudaMemcpyDeviceToHost,
+                           im.stream),
+           "cudaMemcpyAsync (mask)");
+  im.Check(cudaStreamSynchronize(im.stream), "cudaStreamSynchronize");
+  double count = 0;
+  for (float m : im.host_mask) count += m;
+  const double inv = count > 0 ? 1.0 / count : 0.0;
+  double* row_loss = im.Grow(im.row_loss, im.row_loss_elems, rows);
+  if (row_loss == nullptr) return im.first_error;
+  CrossEntropyKernel<<<WarpBlocks(rows), kThreads, 0, im.stream>>>(
+      logits, targets, mask, dlogits, argmax, row_loss, rows, vocab, inv * scale);
+  im.CheckLaunch("CrossEntropyKernel");
+  im.Check(cudaMemcpyAsync(im.host_loss.data(), row_loss, sizeof(double) * rows,
+                           cudaMemcpyDeviceToHost, im.stream),
+           "cudaMemcpyAsync (loss)");
+  im.Check(cudaStreamSynchronize(im.stream), "cudaStreamSynchronize");
+  if (!im.first_error.ok()) return im.first_error;
+  double loss = 0;
+  for (double v : im.host_loss) loss += v;
+  return loss * inv;
+}
+
+void CudaOps::Add(const float* a, const float* b, float* y, int64_t n) {
+  AddKernel<<<Blocks(n), kThreads, 0, impl_->stream>>>(a, b, y, n);
+  impl_->CheckLaunch("AddKernel");
+}
+
+void CudaOps::AddInPlace(float* y, const float* a, int64_t n) {
+  AddInPlaceKernel<<<Blocks(n), kThreads, 0, impl_->stream>>>(y, a, n);
+  impl_->CheckLaunch("AddInPlaceKernel");
+}
+
+Status CudaOps::Widen(const void* src, DType src_type, float* dst, int64_t n) {
+  switch (src_type) {
+    case DType::kF32:
+      impl_->Check(
+          cudaMemcpyAsync(dst, src, sizeof(float) * n, cudaMemcpyDeviceToDevice, impl_->stream),
+          "cudaMemcpyAsync (widen fp32)");
+      break;
+    case DType::kBF16:
+      WidenKernel<<<Blocks(n), kThreads, 0, impl_->stream>>>(static_cast<const __nv_bfloat16*>(src),
+                                                             dst, n, FromBF16{});
+      break;
+    case DType::kF16:
+      WidenKernel<<<Blocks(n), kThreads, 0, impl_->stream>>>(static_cast<const __half*>(src), dst,
+                                                             n, FromF16{});
+      break;
+    default:
+      return InvalidArgumentError("Widen: the source must be fp32, bf16 or fp16");
+  }
+  impl_->CheckLaunch("WidenKernel");
+  return impl_->first_error;
+}
+
+Status CudaOps::Narrow(const float* src, void* dst, DType dst_type, int64_t n) {
+  switch (dst_type) {
+    case DType::kF32:
+      impl_->Check(
+          cudaMemcpyAsync(dst, src, sizeof(float) * n, cudaMemcpyDeviceToDevice, impl_->stream),
+          "cudaMemcpyAsync (narrow fp32)");
+      break;
+    case DType::kBF16:
+      NarrowKernel<<<Blocks(n), kThreads, 0, impl_->stream>>>(src, static_cast<__nv_bfloat16*>(dst),
+                                                              n, ToBF16{});
+      break;
+    case DType::kF16:
+      NarrowKernel<<<Blocks(n), kThreads, 0, impl_->stream>>>(src, static_cast<__half*>(dst), n,
+                                                              ToF16{});
+      break;
+    default:
+      return InvalidArgumentError("Narrow: the destination must be fp32, bf16 or fp16");
+  }
+  impl_->CheckLaunch("NarrowKernel");
+  return impl_->first_error;
+}
+
+}  // namespace tierzero::gpt::cuda
