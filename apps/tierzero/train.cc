@@ -452,10 +452,6 @@ int Train(const std::vector<std::string>& args) {
     if (ec)
       return Fail(IoError("creating NVMe directory " + cfg.engine.nvme_path + ": " + ec.message()));
   }
-  if (cfg.engine.device == DeviceChoice::kAuto) {
-    // The GPT's CUDA kernels are not written yet: auto means the simulated device here.
-    cfg.engine.device = DeviceChoice::kHost;
-  }
   {
     std::ofstream cf(out.run_dir + "/config.json");
     cf << RunConfigToJson(cfg) << "\n";

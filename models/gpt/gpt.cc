@@ -4,7 +4,7 @@
 #include <cstring>
 #include <string>
 
-#include "gpt/ops.h"
+#include "gpt/backend.h"
 
 namespace tierzero::gpt {
 namespace {
@@ -15,7 +15,8 @@ struct Widened {
   std::vector<float*> ptr;
 };
 
-StatusOr<Widened> Widen(Engine& e, const ParamScope& scope, const std::vector<ParamId>& ids) {
+StatusOr<Widened> Widen(Engine& e, Backend& k, const ParamScope& scope,
+                        const std::vector<ParamId>& ids) {
   uint64_t total = 0;
   for (ParamId p : ids) total += static_cast<uint64_t>(e.numel(p));
   Widened w;
@@ -23,7 +24,7 @@ StatusOr<Widened> Widen(Engine& e, const ParamScope& scope, const std::vector<Pa
   float* at = w.buf.as<float>();
   for (ParamId p : ids) {
     const auto n = static_cast<size_t>(e.numel(p));
-    RETURN_IF_ERROR(CastElements(scope.data(p), e.compute_dtype(), at, DType::kF32, n));
+    RETURN_IF_ERROR(k.Widen(scope.data(p), e.compute_dtype(), at, static_cast<int64_t>(n)));
     w.ptr.push_back(at);
     at += n;
   }
@@ -31,12 +32,12 @@ StatusOr<Widened> Widen(Engine& e, const ParamScope& scope, const std::vector<Pa
 }
 
 // Zeroed fp32 gradients for `ids`, laid out like Widen.
-StatusOr<Widened> ZeroGrads(Engine& e, const std::vector<ParamId>& ids) {
+StatusOr<Widened> ZeroGrads(Engine& e, Backend& k, const std::vector<ParamId>& ids) {
   uint64_t total = 0;
   for (ParamId p : ids) total += static_cast<uint64_t>(e.numel(p));
   Widened w;
   ASSIGN_OR_RETURN(w.buf, e.AllocateActivation(total * 4));
-  std::memset(w.buf.data(), 0, total * 4);
+  k.Zero(w.buf.data(), total * 4);
   float* at = w.buf.as<float>();
   for (ParamId p : ids) {
     w.ptr.push_back(at);
@@ -46,15 +47,16 @@ StatusOr<Widened> ZeroGrads(Engine& e, const std::vector<ParamId>& ids) {
 }
 
 // Writes (first backward use) or adds (later uses) fp32 gradients into the engine's buffers.
-Status PutGrad(Engine& e, const ParamScope& scope, ParamId p, const float* g, bool add) {
-  const auto n = static_cast<size_t>(e.numel(p));
+Status PutGrad(Engine& e, Backend& k, const ParamScope& scope, ParamId p, const float* g,
+               bool add) {
+  const int64_t n = e.numel(p);
   void* dst = scope.grad(p);
   if (dst == nullptr) return InternalError("no gradient buffer for parameter " + e.param(p).name);
-  if (!add) return CastElements(g, DType::kF32, dst, e.compute_dtype(), n);
-  ASSIGN_OR_RETURN(ActivationBuffer tmp, e.AllocateActivation(n * 4));
-  RETURN_IF_ERROR(CastElements(dst, e.compute_dtype(), tmp.data(), DType::kF32, n));
-  cpu::AddInPlace(tmp.as<float>(), g, static_cast<int64_t>(n));
-  return CastElements(tmp.data(), DType::kF32, dst, e.compute_dtype(), n);
+  if (!add) return k.Narrow(g, dst, e.compute_dtype(), n);
+  ASSIGN_OR_RETURN(ActivationBuffer tmp, e.AllocateActivation(static_cast<uint64_t>(n) * 4));
+  RETURN_IF_ERROR(k.Widen(dst, e.compute_dtype(), tmp.as<float>(), n));
+  k.AddInPlace(tmp.as<float>(), g, n);
+  return k.Narrow(tmp.as<float>(), dst, e.compute_dtype(), n);
 }
 
 StatusOr<ActivationBuffer> Floats(Engine& e, int64_t n) {
@@ -65,14 +67,14 @@ StatusOr<ActivationBuffer> Floats(Engine& e, int64_t n) {
 // written to the engine (so a block never holds all of them at once).
 class GradSink {
  public:
-  GradSink(Engine& e, const ParamScope& scope, const std::vector<ParamId>& ids)
-      : e_(e), scope_(scope), ids_(ids), bufs_(ids.size()) {}
+  GradSink(Engine& e, Backend& k, const ParamScope& scope, const std::vector<ParamId>& ids)
+      : e_(e), k_(k), scope_(scope), ids_(ids), bufs_(ids.size()) {}
   // Zeroed fp32 gradients of parameters i and j.
   Status Open(size_t i, size_t j) {
     for (size_t k : {i, j}) {
       ASSIGN_OR_RETURN(bufs_[k],
                        e_.AllocateActivation(static_cast<uint64_t>(e_.numel(ids_[k])) * 4));
-      std::memset(bufs_[k].data(), 0, bufs_[k].bytes());
+      k_.Zero(bufs_[k].data(), bufs_[k].bytes());
     }
     return Status::OK();
   }
@@ -80,7 +82,7 @@ class GradSink {
   // Writes gradients i and j (first backward use) and frees them.
   Status Close(size_t i, size_t j) {
     for (size_t k : {i, j}) {
-      RETURN_IF_ERROR(PutGrad(e_, scope_, ids_[k], bufs_[k].as<float>(), /*add=*/false));
+      RETURN_IF_ERROR(PutGrad(e_, k_, scope_, ids_[k], bufs_[k].as<float>(), /*add=*/false));
       bufs_[k].Reset();
     }
     return Status::OK();
@@ -88,6 +90,7 @@ class GradSink {
 
  private:
   Engine& e_;
+  Backend& k_;
   const ParamScope& scope_;
   const std::vector<ParamId>& ids_;
   std::vector<ActivationBuffer> bufs_;
@@ -150,6 +153,9 @@ StatusOr<std::unique_ptr<Gpt>> Gpt::Create(Engine& engine, const GptConfig& conf
   return g;
 }
 
+Gpt::Gpt(Engine& engine, const GptConfig& config) : engine_(engine), cfg_(config) {}
+Gpt::~Gpt() = default;
+
 double Gpt::flops_per_token() const {
   const double C = cfg_.d_model, L = cfg_.n_layer, V = cfg_.vocab, T = cfg_.seq_len;
   const double matmul_params = L * 12 * C * C + V * C;
@@ -171,7 +177,8 @@ struct Dims {
 
 // Forward of one block from s.x into y; fills the saved activations.
 template <typename Saved>
-Status BlockForward(Engine& e, const Dims& d, const std::vector<float*>& P, Saved& s, float* y) {
+Status BlockForward(Engine& e, Backend& k, const Dims& d, const std::vector<float*>& P, Saved& s,
+                    float* y) {
   const int64_t R = d.rows, C = d.C;
   ASSIGN_OR_RETURN(s.ln1, Floats(e, R * C));
   ASSIGN_OR_RETURN(s.mean1, Floats(e, R));
@@ -186,81 +193,80 @@ Status BlockForward(Engine& e, const Dims& d, const std::vector<float*>& P, Save
   ASSIGN_OR_RETURN(s.h, Floats(e, R * 4 * C));
   ASSIGN_OR_RETURN(s.gelu, Floats(e, R * 4 * C));
   const float* x = s.x.template as<float>();
-  cpu::LayerNormForward(x, P[0], P[1], s.ln1.template as<float>(), s.mean1.template as<float>(),
-                        s.rstd1.template as<float>(), R, C);
-  cpu::LinearForward(s.ln1.template as<float>(), P[2], P[3], s.qkv.template as<float>(), R, C,
-                     3 * C);
-  cpu::AttentionForward(s.qkv.template as<float>(), s.att.template as<float>(),
-                        s.probs.template as<float>(), d.B, d.T, C, d.H);
+  k.LayerNormForward(x, P[0], P[1], s.ln1.template as<float>(), s.mean1.template as<float>(),
+                     s.rstd1.template as<float>(), R, C);
+  k.LinearForward(s.ln1.template as<float>(), P[2], P[3], s.qkv.template as<float>(), R, C, 3 * C);
+  k.AttentionForward(s.qkv.template as<float>(), s.att.template as<float>(),
+                     s.probs.template as<float>(), d.B, d.T, C, d.H);
   {
     ASSIGN_OR_RETURN(ActivationBuffer a, Floats(e, R * C));
-    cpu::LinearForward(s.att.template as<float>(), P[4], P[5], a.as<float>(), R, C, C);
-    cpu::Add(x, a.as<float>(), s.x2.template as<float>(), R * C);
+    k.LinearForward(s.att.template as<float>(), P[4], P[5], a.as<float>(), R, C, C);
+    k.Add(x, a.as<float>(), s.x2.template as<float>(), R * C);
   }
-  cpu::LayerNormForward(s.x2.template as<float>(), P[6], P[7], s.ln2.template as<float>(),
-                        s.mean2.template as<float>(), s.rstd2.template as<float>(), R, C);
-  cpu::LinearForward(s.ln2.template as<float>(), P[8], P[9], s.h.template as<float>(), R, C, 4 * C);
-  cpu::GeluForward(s.h.template as<float>(), s.gelu.template as<float>(), R * 4 * C);
+  k.LayerNormForward(s.x2.template as<float>(), P[6], P[7], s.ln2.template as<float>(),
+                     s.mean2.template as<float>(), s.rstd2.template as<float>(), R, C);
+  k.LinearForward(s.ln2.template as<float>(), P[8], P[9], s.h.template as<float>(), R, C, 4 * C);
+  k.GeluForward(s.h.template as<float>(), s.gelu.template as<float>(), R * 4 * C);
   {
     ASSIGN_OR_RETURN(ActivationBuffer m, Floats(e, R * C));
-    cpu::LinearForward(s.gelu.template as<float>(), P[10], P[11], m.as<float>(), R, 4 * C, C);
-    cpu::Add(s.x2.template as<float>(), m.as<float>(), y, R * C);
+    k.LinearForward(s.gelu.template as<float>(), P[10], P[11], m.as<float>(), R, 4 * C, C);
+    k.Add(s.x2.template as<float>(), m.as<float>(), y, R * C);
   }
   return Status::OK();
 }
 
 // Backward of one block: dy in, dx out (written), parameter gradients added into G.
 template <typename Saved>
-Status BlockBackward(Engine& e, const Dims& d, const std::vector<float*>& P, GradSink& G, Saved& s,
-                     const float* dy, float* dx) {
+Status BlockBackward(Engine& e, Backend& k, const Dims& d, const std::vector<float*>& P,
+                     GradSink& G, Saved& s, const float* dy, float* dx) {
   const int64_t R = d.rows, C = d.C;
   ASSIGN_OR_RETURN(ActivationBuffer dx2, Floats(e, R * C));
-  std::memcpy(dx2.data(), dy, static_cast<size_t>(R * C) * 4);
+  k.Copy(dx2.data(), dy, static_cast<uint64_t>(R * C) * 4);
   {
     ASSIGN_OR_RETURN(ActivationBuffer dg, Floats(e, R * 4 * C));
     RETURN_IF_ERROR(G.Open(10, 11));
-    cpu::LinearBackward(dy, s.gelu.template as<float>(), P[10], dg.as<float>(), G[10], G[11], R,
-                        4 * C, C);
+    k.LinearBackward(dy, s.gelu.template as<float>(), P[10], dg.as<float>(), G[10], G[11], R, 4 * C,
+                     C);
     s.gelu.Reset();
     RETURN_IF_ERROR(G.Close(10, 11));
-    cpu::GeluBackward(dg.as<float>(), s.h.template as<float>(), dg.as<float>(), R * 4 * C);
+    k.GeluBackward(dg.as<float>(), s.h.template as<float>(), dg.as<float>(), R * 4 * C);
     s.h.Reset();
     ASSIGN_OR_RETURN(ActivationBuffer dln2, Floats(e, R * C));
     RETURN_IF_ERROR(G.Open(8, 9));
-    cpu::LinearBackward(dg.as<float>(), s.ln2.template as<float>(), P[8], dln2.as<float>(), G[8],
-                        G[9], R, C, 4 * C);
+    k.LinearBackward(dg.as<float>(), s.ln2.template as<float>(), P[8], dln2.as<float>(), G[8], G[9],
+                     R, C, 4 * C);
     dg.Reset();
     RETURN_IF_ERROR(G.Close(8, 9));
     ASSIGN_OR_RETURN(ActivationBuffer t, Floats(e, R * C));
     RETURN_IF_ERROR(G.Open(6, 7));
-    cpu::LayerNormBackward(dln2.as<float>(), s.x2.template as<float>(), P[6],
-                           s.mean2.template as<float>(), s.rstd2.template as<float>(),
-                           t.as<float>(), G[6], G[7], R, C);
+    k.LayerNormBackward(dln2.as<float>(), s.x2.template as<float>(), P[6],
+                        s.mean2.template as<float>(), s.rstd2.template as<float>(), t.as<float>(),
+                        G[6], G[7], R, C);
     RETURN_IF_ERROR(G.Close(6, 7));
-    cpu::AddInPlace(dx2.as<float>(), t.as<float>(), R * C);
+    k.AddInPlace(dx2.as<float>(), t.as<float>(), R * C);
   }
   {
     ASSIGN_OR_RETURN(ActivationBuffer datt, Floats(e, R * C));
     RETURN_IF_ERROR(G.Open(4, 5));
-    cpu::LinearBackward(dx2.as<float>(), s.att.template as<float>(), P[4], datt.as<float>(), G[4],
-                        G[5], R, C, C);
+    k.LinearBackward(dx2.as<float>(), s.att.template as<float>(), P[4], datt.as<float>(), G[4],
+                     G[5], R, C, C);
     ASSIGN_OR_RETURN(ActivationBuffer dqkv, Floats(e, R * 3 * C));
-    cpu::AttentionBackward(datt.as<float>(), s.qkv.template as<float>(),
-                           s.probs.template as<float>(), dqkv.as<float>(), d.B, d.T, C, d.H);
+    k.AttentionBackward(datt.as<float>(), s.qkv.template as<float>(), s.probs.template as<float>(),
+                        dqkv.as<float>(), d.B, d.T, C, d.H);
     datt.Reset();
     RETURN_IF_ERROR(G.Close(4, 5));
     ASSIGN_OR_RETURN(ActivationBuffer dln1, Floats(e, R * C));
     RETURN_IF_ERROR(G.Open(2, 3));
-    cpu::LinearBackward(dqkv.as<float>(), s.ln1.template as<float>(), P[2], dln1.as<float>(), G[2],
-                        G[3], R, C, 3 * C);
+    k.LinearBackward(dqkv.as<float>(), s.ln1.template as<float>(), P[2], dln1.as<float>(), G[2],
+                     G[3], R, C, 3 * C);
     dqkv.Reset();
     RETURN_IF_ERROR(G.Close(2, 3));
     RETURN_IF_ERROR(G.Open(0, 1));
-    cpu::LayerNormBackward(dln1.as<float>(), s.x.template as<float>(), P[0],
-                           s.mean1.template as<float>(), s.rstd1.template as<float>(), dx, G[0],
-                           G[1], R, C);
+    k.LayerNormBackward(dln1.as<float>(), s.x.template as<float>(), P[0],
+                        s.mean1.template as<float>(), s.rstd1.template as<float>(), dx, G[0], G[1],
+                        R, C);
     RETURN_IF_ERROR(G.Close(0, 1));
-    cpu::AddInPlace(dx, dx2.as<float>(), R * C);
+    k.AddInPlace(dx, dx2.as<float>(), R * C);
   }
   return Status::OK();
 }
@@ -274,10 +280,6 @@ StatusOr<double> Gpt::Evaluate(const Batch& batch, std::vector<int32_t>* predict
 }
 
 StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* predictions) {
-  if (!engine_.host_compute()) {
-    return UnsupportedError(
-        "the GPT's CUDA kernels are not built yet; run with device 'host' (the simulated device)");
-  }
   const Dims d{batch.batch, batch.seq, cfg_.d_model, cfg_.n_head,
                static_cast<int64_t>(batch.batch) * batch.seq};
   if (d.B < 1 || d.T < 1 || d.T > cfg_.seq_len)
@@ -293,29 +295,45 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
                                   " outside the vocabulary of " + std::to_string(cfg_.vocab));
   }
   const int64_t R = d.rows, C = d.C, V = cfg_.vocab, L = cfg_.n_layer;
+  if (backend_ == nullptr) {
+    // The engine knows its device after Finalize.
+    ASSIGN_OR_RETURN(backend_, Backend::Create(engine_));
+  }
+  Backend& k = *backend_;
   RETURN_IF_ERROR(engine_.BeginIteration(train));
   // On any error the iteration is aborted (its scopes are released first, by scope order): the
   // engine stays usable, the partial gradients are dropped, and the error is what the caller
   // sees.
   double loss = 0;
   Status st = [&]() -> Status {
+    // The batch in device memory (tokens, targets, mask; the predicted tokens when asked).
+    ASSIGN_OR_RETURN(ActivationBuffer tokens, engine_.AllocateActivation(rows * 4));
+    ASSIGN_OR_RETURN(ActivationBuffer targets, engine_.AllocateActivation(rows * 4));
+    ASSIGN_OR_RETURN(ActivationBuffer mask, engine_.AllocateActivation(rows * 4));
+    ActivationBuffer argmax;
+    if (predictions != nullptr) {
+      ASSIGN_OR_RETURN(argmax, engine_.AllocateActivation(rows * 4));
+    }
+    RETURN_IF_ERROR(k.Upload(tokens.data(), batch.tokens.data(), rows * 4));
+    RETURN_IF_ERROR(k.Upload(targets.data(), batch.targets.data(), rows * 4));
+    RETURN_IF_ERROR(k.Upload(mask.data(), batch.mask.data(), rows * 4));
     std::vector<Saved> saved(static_cast<size_t>(L) + 1);
     ASSIGN_OR_RETURN(saved[0].x, Floats(engine_, R * C));
     {
       const std::vector<ParamId> ids = {wte_, wpe_};
       ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kForward));
-      ASSIGN_OR_RETURN(Widened P, Widen(engine_, scope, ids));
-      cpu::EmbeddingForward(batch.tokens.data(), P.ptr[0], P.ptr[1], saved[0].x.as<float>(), d.B,
-                            d.T, C);
+      ASSIGN_OR_RETURN(Widened P, Widen(engine_, k, scope, ids));
+      k.EmbeddingForward(tokens.as<int32_t>(), P.ptr[0], P.ptr[1], saved[0].x.as<float>(), d.B, d.T,
+                         C);
     }
     for (int64_t l = 0; l < L; ++l) {
       const std::vector<ParamId> ids = blocks_[static_cast<size_t>(l)].all();
       ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kForward));
-      ASSIGN_OR_RETURN(Widened P, Widen(engine_, scope, ids));
+      ASSIGN_OR_RETURN(Widened P, Widen(engine_, k, scope, ids));
       Saved& s = saved[static_cast<size_t>(l)];
       ASSIGN_OR_RETURN(saved[static_cast<size_t>(l) + 1].x, Floats(engine_, R * C));
       RETURN_IF_ERROR(
-          BlockForward(engine_, d, P.ptr, s, saved[static_cast<size_t>(l) + 1].x.as<float>()));
+          BlockForward(engine_, k, d, P.ptr, s, saved[static_cast<size_t>(l) + 1].x.as<float>()));
       if (cfg_.activation_checkpointing || !train) {
         ActivationBuffer keep = std::move(s.x);
         s = Saved{};
@@ -333,19 +351,21 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
     {
       const std::vector<ParamId> ids = {lnf_w_, lnf_b_, wte_};
       ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kForward));
-      ASSIGN_OR_RETURN(Widened P, Widen(engine_, scope, ids));
-      cpu::LayerNormForward(saved[static_cast<size_t>(L)].x.as<float>(), P.ptr[0], P.ptr[1],
-                            lnf.as<float>(), meanf.as<float>(), rstdf.as<float>(), R, C);
+      ASSIGN_OR_RETURN(Widened P, Widen(engine_, k, scope, ids));
+      k.LayerNormForward(saved[static_cast<size_t>(L)].x.as<float>(), P.ptr[0], P.ptr[1],
+                         lnf.as<float>(), meanf.as<float>(), rstdf.as<float>(), R, C);
       ASSIGN_OR_RETURN(ActivationBuffer logits, Floats(engine_, R * V));
-      cpu::Gemm<float>(false, true, R, V, C, 1.0f, lnf.as<float>(), C, P.ptr[2], C, 0.0f,
-                       logits.as<float>(), V);
-      if (predictions != nullptr) predictions->resize(rows);
-      loss = cpu::CrossEntropy(logits.as<float>(), batch.targets.data(), batch.mask.data(),
-                               train ? dlogits.as<float>() : nullptr,
-                               predictions != nullptr ? predictions->data() : nullptr, R, V,
-                               engine_.loss_scale());
+      k.Gemm(false, true, R, V, C, 1.0f, lnf.as<float>(), C, P.ptr[2], C, 0.0f, logits.as<float>(),
+             V);
+      ASSIGN_OR_RETURN(loss, k.CrossEntropy(logits.as<float>(), targets.as<int32_t>(),
+                                            mask.as<float>(), train ? dlogits.as<float>() : nullptr,
+                                            argmax.as<int32_t>(), R, V, engine_.loss_scale()));
+      if (predictions != nullptr) {
+        predictions->resize(rows);
+        RETURN_IF_ERROR(k.Download(predictions->data(), argmax.data(), rows * 4));
+      }
     }
-    if (!train) return Status::OK();
+    if (!train) return k.status();
 
     // Backward.
     ActivationBuffer dx;
@@ -353,46 +373,46 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
     {
       const std::vector<ParamId> ids = {lnf_w_, lnf_b_, wte_};
       ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kBackward));
-      ASSIGN_OR_RETURN(Widened P, Widen(engine_, scope, ids));
-      ASSIGN_OR_RETURN(Widened G, ZeroGrads(engine_, ids));
+      ASSIGN_OR_RETURN(Widened P, Widen(engine_, k, scope, ids));
+      ASSIGN_OR_RETURN(Widened G, ZeroGrads(engine_, k, ids));
       ASSIGN_OR_RETURN(ActivationBuffer dlnf, Floats(engine_, R * C));
-      cpu::Gemm<float>(false, false, R, C, V, 1.0f, dlogits.as<float>(), V, P.ptr[2], C, 0.0f,
-                       dlnf.as<float>(), C);
-      cpu::Gemm<float>(true, false, V, C, R, 1.0f, dlogits.as<float>(), V, lnf.as<float>(), C, 0.0f,
-                       G.ptr[2], C);
+      k.Gemm(false, false, R, C, V, 1.0f, dlogits.as<float>(), V, P.ptr[2], C, 0.0f,
+             dlnf.as<float>(), C);
+      k.Gemm(true, false, V, C, R, 1.0f, dlogits.as<float>(), V, lnf.as<float>(), C, 0.0f, G.ptr[2],
+             C);
       dlogits.Reset();
-      cpu::LayerNormBackward(dlnf.as<float>(), saved[static_cast<size_t>(L)].x.as<float>(),
-                             P.ptr[0], meanf.as<float>(), rstdf.as<float>(), dx.as<float>(),
-                             G.ptr[0], G.ptr[1], R, C);
+      k.LayerNormBackward(dlnf.as<float>(), saved[static_cast<size_t>(L)].x.as<float>(), P.ptr[0],
+                          meanf.as<float>(), rstdf.as<float>(), dx.as<float>(), G.ptr[0], G.ptr[1],
+                          R, C);
       saved[static_cast<size_t>(L)].x.Reset();
       for (size_t i = 0; i < ids.size(); ++i)
-        RETURN_IF_ERROR(PutGrad(engine_, scope, ids[i], G.ptr[i], /*add=*/false));
+        RETURN_IF_ERROR(PutGrad(engine_, k, scope, ids[i], G.ptr[i], /*add=*/false));
     }
     for (int64_t l = L - 1; l >= 0; --l) {
       const std::vector<ParamId> ids = blocks_[static_cast<size_t>(l)].all();
       ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kBackward));
-      ASSIGN_OR_RETURN(Widened P, Widen(engine_, scope, ids));
+      ASSIGN_OR_RETURN(Widened P, Widen(engine_, k, scope, ids));
       Saved& s = saved[static_cast<size_t>(l)];
       if (cfg_.activation_checkpointing) {
         ASSIGN_OR_RETURN(ActivationBuffer y, Floats(engine_, R * C));
-        RETURN_IF_ERROR(BlockForward(engine_, d, P.ptr, s, y.as<float>()));
+        RETURN_IF_ERROR(BlockForward(engine_, k, d, P.ptr, s, y.as<float>()));
       }
-      GradSink G(engine_, scope, ids);
+      GradSink G(engine_, k, scope, ids);
       ASSIGN_OR_RETURN(ActivationBuffer dx_in, Floats(engine_, R * C));
-      RETURN_IF_ERROR(BlockBackward(engine_, d, P.ptr, G, s, dx.as<float>(), dx_in.as<float>()));
+      RETURN_IF_ERROR(BlockBackward(engine_, k, d, P.ptr, G, s, dx.as<float>(), dx_in.as<float>()));
       s = Saved{};
       dx = std::move(dx_in);
     }
     {
       const std::vector<ParamId> ids = {wte_, wpe_};
       ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kBackward));
-      ASSIGN_OR_RETURN(Widened G, ZeroGrads(engine_, ids));
-      cpu::EmbeddingBackward(batch.tokens.data(), dx.as<float>(), G.ptr[0], G.ptr[1], d.B, d.T, C);
+      ASSIGN_OR_RETURN(Widened G, ZeroGrads(engine_, k, ids));
+      k.EmbeddingBackward(tokens.as<int32_t>(), dx.as<float>(), G.ptr[0], G.ptr[1], d.B, d.T, C);
       // wte's second backward use (the LM head wrote first) adds.
-      RETURN_IF_ERROR(PutGrad(engine_, scope, wte_, G.ptr[0], /*add=*/true));
-      RETURN_IF_ERROR(PutGrad(engine_, scope, wpe_, G.ptr[1], /*add=*/false));
+      RETURN_IF_ERROR(PutGrad(engine_, k, scope, wte_, G.ptr[0], /*add=*/true));
+      RETURN_IF_ERROR(PutGrad(engine_, k, scope, wpe_, G.ptr[1], /*add=*/false));
     }
-    return Status::OK();
+    return k.status();
   }();
   if (!st.ok()) {
     Status end = engine_.AbortIteration();

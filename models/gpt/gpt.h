@@ -8,16 +8,17 @@
 // checkpoints ("h.3.attn.c_attn.weight"; Conv1D layout, in x out).
 //
 // Compute. Parameters arrive in the engine's compute dtype (bf16 by default) and are widened to
-// fp32 for the CPU kernels (models/gpt/ops.h; CPUs without AVX512-BF16 have no faster bf16
-// arithmetic); gradients are computed in fp32 and rounded to the compute dtype when written.
+// fp32 for the kernels (gpt/backend.h: the CPU ops of gpt/ops.h on the simulated device, the
+// CUDA ops of gpt/ops_cuda.h on a GPU); gradients are computed in fp32 and rounded to the
+// compute dtype when written.
 // Activations are fp32 and allocated through the engine, so the plan sees them. With activation
 // checkpointing a block keeps only its input in forward and recomputes the rest in backward.
 //
 // Acquire order per micro-batch: {wte, wpe}, each block, {ln_f, wte} (forward), then
 // {ln_f, wte} (backward), each block in reverse, {wte, wpe} (backward): 2 L + 4 moments.
 //
-// This build runs the model on the simulated device (engine.host_compute()); the CUDA kernels
-// of the model are not written yet (Create returns Unsupported on a GPU engine).
+// On a GPU every op is enqueued on the engine's compute stream; the CUDA path is checked op by
+// op against the CPU (tests/gpt/ops_cuda_test.cc, on a GPU).
 //
 // Thread-safety: one thread drives a Gpt (the engine's).
 #pragma once
@@ -51,13 +52,17 @@ struct Batch {
   std::vector<float> mask;
 };
 
+class Backend;
+
 class Gpt {
  public:
+  ~Gpt();
   // Registers the parameters with `engine` (before its Finalize).
   static StatusOr<std::unique_ptr<Gpt>> Create(Engine& engine, const GptConfig& config);
 
   // One training micro-batch (an engine training iteration): forward, loss, backward; the
-  // gradients go to the engine. Returns the mean loss over masked positions.
+  // gradients go to the engine. Returns the mean loss over masked positions. The first call
+  // picks the backend for the engine's device (Unsupported for a GPU in a build without CUDA).
   StatusOr<double> ForwardBackward(const Batch& batch);
   // Forward only (an evaluation iteration): the mean loss, and the argmax token of every
   // position when `predictions` is not null.
@@ -76,11 +81,12 @@ class Gpt {
     }
   };
   struct Saved;
-  Gpt(Engine& engine, const GptConfig& config) : engine_(engine), cfg_(config) {}
+  Gpt(Engine& engine, const GptConfig& config);
   StatusOr<double> Run(const Batch& batch, bool train, std::vector<int32_t>* predictions);
 
   Engine& engine_;
   GptConfig cfg_;
+  std::unique_ptr<Backend> backend_;
   ParamId wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
   std::vector<Block> blocks_;
   int64_t num_params_ = 0;

@@ -554,6 +554,29 @@ void CudaOps::AddInPlace(float* y, const float* a, int64_t n) {
   impl_->CheckLaunch("AddInPlaceKernel");
 }
 
+void CudaOps::Zero(void* dst, uint64_t bytes) {
+  impl_->Check(cudaMemsetAsync(dst, 0, bytes, impl_->stream), "cudaMemsetAsync");
+}
+
+void CudaOps::Copy(void* dst, const void* src, uint64_t bytes) {
+  impl_->Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, impl_->stream),
+               "cudaMemcpyAsync (device to device)");
+}
+
+Status CudaOps::Upload(void* dst, const void* host, uint64_t bytes) {
+  impl_->Check(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, impl_->stream),
+               "cudaMemcpyAsync (upload)");
+  impl_->Check(cudaStreamSynchronize(impl_->stream), "cudaStreamSynchronize");
+  return impl_->first_error;
+}
+
+Status CudaOps::Download(void* host, const void* src, uint64_t bytes) {
+  impl_->Check(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, impl_->stream),
+               "cudaMemcpyAsync (download)");
+  impl_->Check(cudaStreamSynchronize(impl_->stream), "cudaStreamSynchronize");
+  return impl_->first_error;
+}
+
 Status CudaOps::Widen(const void* src, DType src_type, float* dst, int64_t n) {
   switch (src_type) {
     case DType::kF32:

@@ -62,6 +62,13 @@ class CudaOps {
   Status Widen(const void* src, DType src_type, float* dst, int64_t n);
   Status Narrow(const float* src, void* dst, DType dst_type, int64_t n);
 
+  // Stream-ordered memory operations on device memory; Upload and Download copy from and to
+  // host memory and wait for the stream.
+  void Zero(void* dst, uint64_t bytes);
+  void Copy(void* dst, const void* src, uint64_t bytes);
+  Status Upload(void* dst, const void* host, uint64_t bytes);
+  Status Download(void* host, const void* src, uint64_t bytes);
+
   // The first CUDA or cuBLAS error since Create (launches are checked as they are enqueued).
   Status status() const;
 
