@@ -441,7 +441,7 @@ void CudaOps::LinearForward(const float* x, const float* w, const float* bias, f
 
 void CudaOps::LinearBackward(const float* dy, const float* x, const float* w, float* dx, float* dw,
                              float* dbias, int64_t rows, int64_t in, int64_t out) {
-  Gemm(false, true, rows, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in);
+  if (dx != nullptr) Gemm(false, true, rows, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in);
   Gemm(true, false, in, out, rows, 1.0f, x, in, dy, out, 1.0f, dw, out);
   if (dbias != nullptr) {
     ColumnSumsKernel<<<Blocks(out), kThreads, 0, impl_->stream>>>(dy, dbias, rows, out);
@@ -519,6 +519,7 @@ void CudaOps::EmbeddingBackward(const int32_t* tokens, const float* dx, float* d
 StatusOr<double> CudaOps::CrossEntropy(const float* logits, const int32_t* targets,
                                        const float* mask, float* dlogits, int32_t* argmax,
                                        int64_t rows, int64_t vocab, double scale) {
+  if (rows == 0) return 0.0;
   Impl& im = *impl_;
   im.host_mask.resize(static_cast<size_t>(rows));
   im.host_loss.resize(static_cast<size_t>(rows));

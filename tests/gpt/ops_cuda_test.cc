@@ -102,7 +102,8 @@ TEST_F(CudaOpsTest, LinearForwardAndBackward) {
   auto dy = Random(rows * out, 4), dw = Random(in * out, 5), db = Random(out, 6);
   std::vector<float> y(rows * out), dx(rows * in);
   cpu::LinearForward<float>(x.data(), w.data(), bias.data(), y.data(), rows, in, out);
-  DeviceVec<float> gx(x), gw(w), gb(bias), gy(y), gdy(dy), gdx(dx), gdw(dw), gdb(db);
+  DeviceVec<float> gx(x), gw(w), gb(bias), gy(Filled<float>(rows * out, 7.0f)), gdy(dy), gdx(dx),
+      gdw(dw), gdb(db);
   ops_->LinearForward(gx.get(), gw.get(), gb.get(), gy.get(), rows, in, out);
   ExpectClose(gy.Download(), y, "y");
   cpu::LinearBackward<float>(dy.data(), x.data(), w.data(), dx.data(), dw.data(), db.data(), rows,
@@ -149,7 +150,8 @@ TEST_F(CudaOpsTest, GeluAddAndAddInPlace) {
   cpu::GeluBackward<float>(dy.data(), x.data(), dx.data(), n);
   cpu::Add<float>(x.data(), b.data(), sum.data(), n);
   cpu::AddInPlace<float>(acc.data(), x.data(), n);
-  DeviceVec<float> gx(x), gdy(dy), gb(b), gy(y), gdx(dx), gsum(sum), gacc(b);
+  DeviceVec<float> gx(x), gdy(dy), gb(b), gy(Filled<float>(n, 7.0f)), gdx(Filled<float>(n, 7.0f)),
+      gsum(Filled<float>(n, 7.0f)), gacc(b);
   ops_->GeluForward(gx.get(), gy.get(), n);
   ops_->GeluBackward(gdy.get(), gx.get(), gdx.get(), n);
   ops_->Add(gx.get(), gb.get(), gsum.get(), n);
