@@ -70,6 +70,26 @@ struct ChunkManager::Impl {
   Event iteration_end;
   std::vector<DeviceBuffer> deferred_free;
 
+  // Profiling (ProfileNextIteration).
+  Timeline* timeline = nullptr;  // armed when set and not yet profiling
+  bool profiling = false;
+  std::vector<MomentProfile> profile;
+  // Adds a transfer span to the timeline when the stream reaches the end of it; `start` is
+  // shared with a host function queued before the transfer on the same stream.
+  Status QueueSpan(Device& device, StreamHandle stream, Track track, std::string name, int chunk,
+                   uint64_t bytes, const std::shared_ptr<double>& start) {
+    Timeline* tl = timeline;
+    const int m = moment - 1;
+    return device.LaunchHostFunc(
+        stream, [tl, track, name = std::move(name), chunk, bytes, start, m] {
+          tl->Add({track, name, *start, tl->Now() - *start, m, chunk, bytes});
+        });
+  }
+  Status QueueStart(Device& device, StreamHandle stream, const std::shared_ptr<double>& start) {
+    Timeline* tl = timeline;
+    return device.LaunchHostFunc(stream, [tl, start] { *start = tl->Now(); });
+  }
+
   std::mutex async_mu;
   Status async_error;  // GUARDED_BY(async_mu): first failure inside a stream host function
   void SetAsyncError(Status s) {
@@ -431,11 +451,17 @@ Status ChunkManager::EnqueueGather(int c, Tier tier) {
     timing->tier = tier;
     RETURN_IF_ERROR(device_.RecordEvent(timing->start.handle(), h2d));
   }
+  const bool prof = im.profiling;
+  auto h2d_start = std::make_shared<double>(0.0);
+  const std::string what = "chunk " + std::to_string(c);
   if (tier == Tier::kHost) {
+    if (prof) RETURN_IF_ERROR(im.QueueStart(device_, h2d, h2d_start));
     RETURN_IF_ERROR(device_.CopyAsync(rt.gathered, im.host_shard[static_cast<size_t>(c)].data(),
                                       bytes, CopyKind::kHostToDevice, h2d));
+    if (prof) RETURN_IF_ERROR(im.QueueSpan(device_, h2d, Track::kH2D, what, c, bytes, h2d_start));
   } else {
     ASSIGN_OR_RETURN(PinnedSlot staging, im.staging->Acquire(kStagingTimeout));
+    auto read_start = std::make_shared<double>(prof ? im.timeline->Now() : 0.0);
     ASSIGN_OR_RETURN(NvmeStore::Ticket ticket,
                      nvme_->SubmitRead(im.nvme_shard[static_cast<size_t>(c)], staging.data()));
     void* staged = staging.data();
@@ -444,12 +470,22 @@ Status ChunkManager::EnqueueGather(int c, Tier tier) {
     Impl* impl = impl_.get();
     // The H2D stream waits for the disk, so the caller never does. Both functions own the
     // staging slot, so it stays taken until the copy out of it is done whatever fails.
-    RETURN_IF_ERROR(device_.LaunchHostFunc(h2d, [shared_ticket, shared_slot, impl, c] {
-      Status s = shared_ticket->Wait();
-      if (!s.ok())
-        impl->SetAsyncError(std::move(s).WithContext("reading chunk " + std::to_string(c)));
-    }));
+    Timeline* tl = prof ? im.timeline : nullptr;
+    const int m = im.moment - 1;
+    RETURN_IF_ERROR(device_.LaunchHostFunc(
+        h2d, [shared_ticket, shared_slot, impl, c, tl, read_start, h2d_start, bytes, m] {
+          Status s = shared_ticket->Wait();
+          if (!s.ok())
+            impl->SetAsyncError(std::move(s).WithContext("reading chunk " + std::to_string(c)));
+          if (tl != nullptr) {
+            // The read ran from its submission until the stream saw it complete.
+            *h2d_start = tl->Now();
+            tl->Add({Track::kNvmeRead, "chunk " + std::to_string(c), *read_start,
+                     *h2d_start - *read_start, m, c, bytes});
+          }
+        }));
     RETURN_IF_ERROR(device_.CopyAsync(rt.gathered, staged, bytes, CopyKind::kHostToDevice, h2d));
+    if (prof) RETURN_IF_ERROR(im.QueueSpan(device_, h2d, Track::kH2D, what, c, bytes, h2d_start));
     RETURN_IF_ERROR(device_.LaunchHostFunc(h2d, [shared_slot] { shared_slot->Release(); }));
     counters_.nvme_read_bytes += bytes;
   }
@@ -554,8 +590,14 @@ Status ChunkManager::ReduceChunk(int c) {
     }
     RETURN_IF_ERROR(device_.RecordEvent(written.handle(), compute_));
     RETURN_IF_ERROR(device_.StreamWaitEvent(d2h, written.handle()));
+    auto start = std::make_shared<double>(0.0);
+    if (im.profiling) RETURN_IF_ERROR(im.QueueStart(device_, d2h, start));
     RETURN_IF_ERROR(device_.CopyAsync(im.grad_shard[i].data(), rt.gathered, bytes,
                                       CopyKind::kDeviceToHost, d2h));
+    if (im.profiling) {
+      RETURN_IF_ERROR(
+          im.QueueSpan(device_, d2h, Track::kD2H, "grad " + std::to_string(c), c, bytes, start));
+    }
     if (rt.slot >= 0) {
       RETURN_IF_ERROR(
           device_.RecordEvent(im.slot_copy_out[static_cast<size_t>(rt.slot)].handle(), d2h));
@@ -568,9 +610,15 @@ Status ChunkManager::ReduceChunk(int c) {
       std::memset(im.grad_shard[i].data(), 0, im.grad_shard[i].bytes());
     return Status::OK();
   } else {
+    auto start = std::make_shared<double>(0.0);
+    if (im.profiling) RETURN_IF_ERROR(im.QueueStart(device_, d2h, start));
     if (!options_.grad_accumulation) {
       RETURN_IF_ERROR(device_.CopyAsync(im.grad_shard[i].data(), rt.grad_buf.data(), bytes,
                                         CopyKind::kDeviceToHost, d2h));
+      if (im.profiling) {
+        RETURN_IF_ERROR(
+            im.QueueSpan(device_, d2h, Track::kD2H, "grad " + std::to_string(c), c, bytes, start));
+      }
     } else {
       ASSIGN_OR_RETURN(PinnedSlot staging, im.grad_staging->Acquire(kStagingTimeout));
       void* staged = staging.data();
@@ -592,6 +640,11 @@ Status ChunkManager::ReduceChunk(int c) {
         }
         shared_slot->Release();
       }));
+      if (im.profiling) {
+        RETURN_IF_ERROR(im.QueueSpan(device_, d2h, Track::kD2H,
+                                     "grad " + std::to_string(c) + " (accumulated)", c, bytes,
+                                     start));
+      }
     }
     im.deferred_free.push_back(std::move(rt.grad_buf));
   }
@@ -607,11 +660,17 @@ Status ChunkManager::BeginIteration(bool inference) {
   RETURN_IF_ERROR(states_->BeginIteration());
   im.moment = 0;
   im.inference = inference;
+  im.profiling = false;  // (an iteration that failed while profiling is profiled again)
   if (inference) {
     im.mode = Impl::Mode::kOnDemand;
     return Status::OK();
   }
   im.mode = (im.record_next || !has_plan_) ? Impl::Mode::kRecord : Impl::Mode::kReplay;
+  if (im.mode == Impl::Mode::kReplay && im.timeline != nullptr) {
+    im.profiling = true;
+    im.profile.clear();
+    im.timeline->Begin();
+  }
   if (im.mode == Impl::Mode::kRecord) {
     tracer_.Begin(tracer_.current_nonmodel());
     // Recording gathers into per-chunk allocations; the old plan's slot region would only take
@@ -660,7 +719,7 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed, Phase 
     TZ_LOG(kInfo, kChunk) << "moment " << k << " differs from the trace; on-demand until the "
                           << "iteration ends, then recording and planning again";
   }
-  const bool timed = im.mode == Impl::Mode::kRecord || options_.measure_stalls;
+  const bool timed = im.mode == Impl::Mode::kRecord || options_.measure_stalls || im.profiling;
   if (im.mode == Impl::Mode::kRecord) {
     tracer_.BeginMoment(needed, phase == Phase::kBackward);
     std::vector<int> held;  // chunks outer scopes still hold
@@ -772,6 +831,21 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed, Phase 
     RETURN_IF_ERROR(
         device_.RecordEvent(im.moment_start[static_cast<size_t>(k)].handle(), compute_));
   }
+  if (im.profiling) {
+    MomentProfile p;
+    p.residency.resize(static_cast<size_t>(layout_.num_chunks()));
+    for (int c = 0; c < layout_.num_chunks(); ++c) {
+      const Impl::ChunkRt& rt = im.chunks[static_cast<size_t>(c)];
+      const Tier tier = placement_.chunks[static_cast<size_t>(c)].param;
+      p.residency[static_cast<size_t>(c)] =
+          rt.cached || tier == Tier::kDevice ? 'D' : (tier == Tier::kHost ? 'H' : 'N');
+      if (rt.cached && tier != Tier::kDevice) p.device_chunk_bytes += layout_.chunk_bytes();
+      if (rt.grad_buf.data() != nullptr) p.device_chunk_bytes += layout_.chunk_bytes();
+    }
+    p.nonmodel_bytes = tracer_.current_nonmodel();
+    p.prefetch = im.pending_prefetch;
+    im.profile.push_back(std::move(p));
+  }
   return Status::OK();
 }
 
@@ -814,6 +888,12 @@ Status ChunkManager::Release(std::span<const int> tensors, Phase phase) {
   return Status::OK();
 }
 
+void ChunkManager::ProfileNextIteration(Timeline* timeline) { impl_->timeline = timeline; }
+bool ChunkManager::profiling() const { return impl_->profiling; }
+const std::vector<ChunkManager::MomentProfile>& ChunkManager::moment_profiles() const {
+  return impl_->profile;
+}
+
 void* ChunkManager::DevicePtr(int t) const {
   const TensorLoc& loc = layout_.tensor(t);
   const auto& rt = impl_->chunks[static_cast<size_t>(loc.chunk)];
@@ -847,6 +927,8 @@ Status ChunkManager::EndIteration() {
       auto t = device_.ElapsedSeconds(im.moment_begin[static_cast<size_t>(k)].handle(),
                                       im.moment_start[static_cast<size_t>(k)].handle());
       if (t.ok()) stall += std::max(0.0, *t);
+      if (t.ok() && im.profiling && static_cast<size_t>(k) < im.profile.size())
+        im.profile[static_cast<size_t>(k)].stall_s = std::max(0.0, *t);
     }
     counters_.last_stall_seconds = stall;
     counters_.stall_seconds += stall;
@@ -859,6 +941,10 @@ Status ChunkManager::EndIteration() {
   im.deferred_free.clear();
   std::fill(im.slot_copy_pending.begin(), im.slot_copy_pending.end(), false);
   ++counters_.iterations;
+  if (im.profiling) {
+    im.profiling = false;
+    im.timeline = nullptr;
+  }
   if (im.inference) {
     im.inference = false;
     im.moment = 0;

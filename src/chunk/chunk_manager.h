@@ -42,6 +42,7 @@
 #include "offload/nvme_store.h"
 #include "offload/pinned_arena.h"
 #include "profiler/memory_tracer.h"
+#include "profiler/timeline.h"
 
 namespace tierzero {
 
@@ -142,6 +143,25 @@ class ChunkManager {
   const ChunkCounters& counters() const { return counters_; }
   const ChunkLayout& layout() const { return layout_; }
   const StateTracker& states() const { return *states_; }
+  // ---- Profiling (the memory placement report) ----
+  // Profiles the next planned training iteration: its transfers go into `timeline` (which is
+  // restarted when that iteration begins) and every moment's residency, device memory and stall
+  // are kept (moment_profiles()). `timeline` must outlive that iteration.
+  void ProfileNextIteration(Timeline* timeline);
+  // True from the BeginIteration of the profiled iteration to its EndIteration.
+  bool profiling() const;
+  struct MomentProfile {
+    // Per chunk, where its parameters are while the moment computes: 'D' gathered on the
+    // device (or a device-resident shard), 'H' only in host memory, 'N' only on NVMe.
+    std::string residency;
+    uint64_t device_chunk_bytes = 0;  // gathered chunks in device memory (slots, grad chunks)
+    uint64_t nonmodel_bytes = 0;      // activations when the moment began
+    double stall_s = 0;               // the compute stream waited for gathers
+    std::vector<int> prefetch;        // gathers issued at this moment for later moments
+  };
+  // The last profiled iteration's moments; empty before one.
+  const std::vector<MomentProfile>& moment_profiles() const;
+
   // Seconds each chunk's gather takes in the plan: measured in the last recording iteration
   // (mean per tier), else from the configured rates.
   std::vector<double> GatherSeconds() const;

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -402,10 +403,110 @@ Status Engine::LoadSafetensors(const std::string& path) {
 Status Engine::WriteReport(const std::string& path) const {
   const Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("WriteReport before Finalize");
+  // The profiled iteration (and the step after it): per-moment memory, residency and times, the
+  // step-time breakdown, bytes and achieved bandwidth per link, and the timeline's events.
+  auto profile_json = [&im]() -> json {
+    if (im.profile_iteration < 0) return json{{"available", false}};
+    const uint64_t capacity = im.cm->counters().iterations > 0 ? im.cfg.device_budget : 0;
+    json moments = json::array();
+    double forward = 0, backward = 0, wait = 0, stall = 0;
+    for (size_t k = 0; k < im.profile.size(); ++k) {
+      const ChunkManager::MomentProfile& p = im.profile[k];
+      const Impl::MomentTimes* t = k < im.moment_times.size() ? &im.moment_times[k] : nullptr;
+      const double compute = t != nullptr && t->release_s >= 0 ? t->release_s - t->ready_s : 0;
+      const double w = t != nullptr ? t->ready_s - t->call_s : 0;
+      const bool bwd = k < im.cm->trace().size() && im.cm->trace()[k].backward;
+      (bwd ? backward : forward) += compute;
+      wait += w;
+      stall += p.stall_s;
+      const uint64_t used = p.device_chunk_bytes + p.nonmodel_bytes;
+      moments.push_back({{"index", k},
+                         {"backward", bwd},
+                         {"residency", p.residency},
+                         {"prefetch", p.prefetch},
+                         {"device",
+                          {{"chunk_bytes", p.device_chunk_bytes},
+                           {"nonmodel_bytes", p.nonmodel_bytes},
+                           {"free_bytes", capacity > used ? capacity - used : 0},
+                           {"budget", capacity}}},
+                         {"stall_seconds", p.stall_s},
+                         {"wait_seconds", w},
+                         {"compute_seconds", compute}});
+    }
+    // Links: bytes of the profiled iteration's transfers, and the time the link was busy (the
+    // union of their spans: NVMe reads overlap each other).
+    struct Link {
+      uint64_t bytes = 0;
+      double busy = 0;
+      std::vector<std::pair<double, double>> spans;
+    } links[kNumTracks];
+    json events = json::array();
+    double adam = 0, norm = 0;
+    for (const TimelineEvent& e : im.profile_events) {
+      Link& l = links[static_cast<int>(e.track)];
+      l.bytes += e.bytes;
+      l.spans.emplace_back(e.start_s, e.start_s + e.dur_s);
+      if (e.track == Track::kOptimizer && e.chunk >= 0) adam += e.dur_s;
+      if (e.track == Track::kOptimizer && e.name == "gradient norm") norm = e.dur_s;
+      events.push_back({{"track", TrackName(e.track)},
+                        {"name", e.name},
+                        {"start", e.start_s},
+                        {"dur", e.dur_s},
+                        {"moment", e.moment},
+                        {"chunk", e.chunk},
+                        {"bytes", e.bytes}});
+    }
+    for (Link& l : links) {
+      std::sort(l.spans.begin(), l.spans.end());
+      double end = -1;
+      for (const auto& [a, b] : l.spans) {
+        if (a > end) {
+          l.busy += b - a;
+          end = b;
+        } else if (b > end) {
+          l.busy += b - end;
+          end = b;
+        }
+      }
+    }
+    auto link = [&](Track t) {
+      const Link& l = links[static_cast<int>(t)];
+      return json{{"bytes", l.bytes},
+                  {"busy_seconds", l.busy},
+                  {"bytes_per_second", l.busy > 0 ? static_cast<double>(l.bytes) / l.busy : 0.0}};
+    };
+    json nvme_opt = {
+        {"bytes", im.step_nvme_bytes},
+        {"busy_seconds", im.step_nvme_seconds},
+        {"bytes_per_second", im.step_nvme_seconds > 0
+                                 ? static_cast<double>(im.step_nvme_bytes) / im.step_nvme_seconds
+                                 : 0.0}};
+    return {{"available", true},
+            {"iteration", im.profile_iteration},
+            {"moments", moments},
+            {"breakdown",
+             {{"forward_seconds", forward},
+              {"backward_seconds", backward},
+              {"parameter_wait_seconds", wait},
+              {"stall_seconds", stall},
+              {"optimizer_seconds", im.step_seconds},
+              {"optimizer_compute_seconds", adam},
+              // The step's time in neither the norm nor Adam: waiting for NVMe states.
+              {"optimizer_io_wait_seconds", std::max(0.0, im.step_seconds - norm - adam)}}},
+            {"links",
+             {{"h2d", link(Track::kH2D)},
+              {"d2h", link(Track::kD2H)},
+              {"nvme_read", link(Track::kNvmeRead)},
+              {"nvme_optimizer", nvme_opt},
+              // ZeRO-3 collectives: none with one rank.
+              {"collective", {{"bytes_before_quantization", 0}, {"bytes_on_wire", 0}}}}},
+            {"events", events}};
+  };
+
   const EngineConfig& c = im.cfg;
   json report;
   report["schema"] = "tierzero-report";
-  report["version"] = 1;
+  report["version"] = 2;
   report["config"] = {{"device_budget", c.device_budget},
                       {"device_shard_budget", c.device_shard_budget},
                       {"host_budget", c.host_budget},
@@ -444,12 +545,33 @@ Status Engine::WriteReport(const std::string& path) const {
     moments.push_back(std::move(m));
   }
   report["moments"] = moments;
-  report["plan"] = {{"predicted_stall_seconds", sched.stall_s}};
+  report["plan"] = {{"predicted_stall_seconds", sched.stall_s},
+                    {"policy", std::string(CachePolicyName(sched.policy))},
+                    {"planned", im.cm->has_plan()}};
   const TierUsage u = usage();
-  report["tiers"] = {
-      {"device", {{"current", u.device}, {"peak", u.device_peak}, {"capacity", u.device_capacity}}},
-      {"host", {{"used", u.host}, {"budget", u.host_budget}}},
-      {"nvme", {{"used", u.nvme}, {"budget", u.nvme_budget}}}};
+  const uint64_t host_fixed = c.host_budget - im.budgets.host_bytes;
+  auto tier_bytes = [&](Tier t) { return im.placement.bytes[static_cast<int>(t)]; };
+  report["tiers"] = {{"device",
+                      {{"current", u.device},
+                       {"peak", u.device_peak},
+                       {"capacity", u.device_capacity},
+                       {"resident_shard_bytes", tier_bytes(Tier::kDevice)}}},
+                     {"host",
+                      {{"used", u.host},
+                       {"budget", u.host_budget},
+                       {"model_bytes", tier_bytes(Tier::kHost)},
+                       {"fixed_bytes", host_fixed}}},
+                     {"nvme", {{"used", u.nvme}, {"budget", u.nvme_budget}}}};
+  // Optimizer placement per sub-group (one chunk's shard of master weights and moments).
+  json groups = json::array();
+  for (int k = 0; k < im.layout.num_chunks(); ++k) {
+    groups.push_back(
+        {{"chunk", k},
+         {"tier", std::string(TierName(im.placement.chunks[static_cast<size_t>(k)].optimizer))},
+         {"bytes", im.layout.shard_elems() * 12}});
+  }
+  report["optimizer"] = {{"sub_groups", groups}};
+  report["profile"] = profile_json();
   const EngineStats s = stats();
   const ChunkCounters& cc = im.cm->counters();
   report["counters"] = {{"h2d_bytes", s.h2d_bytes},

@@ -392,6 +392,7 @@ Status Engine::Finalize() {
                                  im.placement, co);
   if (!cm.ok()) return std::move(cm).status().WithContext("creating the chunk manager");
   im.cm = std::move(cm).value();
+  im.cm->ProfileNextIteration(&im.timeline);  // the first planned iteration
 
   // Optimizer states and the buffers of the step.
   AdamConfig ac;
@@ -560,6 +561,8 @@ Status Engine::BeginIteration(bool train) {
   RETURN_IF_ERROR(im.cm->BeginIteration(/*inference=*/!train));
   im.in_iteration = true;
   im.iteration_train = train;
+  ++im.iterations;
+  if (im.cm->profiling()) im.moment_times.clear();
   return Status::OK();
 }
 
@@ -572,12 +575,19 @@ StatusOr<ParamScope> Engine::Acquire(std::span<const ParamId> params, Phase phas
   }
   im.OpenGate();
   const auto t0 = std::chrono::steady_clock::now();
+  const double call_s = im.timeline.Now();
   RETURN_IF_ERROR(im.cm->Acquire(params, phase));
   if (im.host_compute) {
     RETURN_IF_ERROR(im.PushGate(/*wait_entered=*/true));
   }
   im.stats.acquire_wait_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (im.cm->profiling()) {
+    const int k = static_cast<int>(im.moment_times.size());
+    const double ready_s = im.timeline.Now();
+    im.moment_times.push_back({call_s, ready_s, -1, phase == Phase::kBackward});
+    im.timeline.Add({Track::kCompute, "acquire " + std::to_string(k), call_s, ready_s - call_s, k});
+  }
   return ParamScope(this, std::vector<ParamId>(params.begin(), params.end()), phase);
 }
 
@@ -587,6 +597,17 @@ void* Engine::ScopeGrad(ParamId p) const { return impl_->cm->GradPtr(p); }
 Status Engine::ScopeRelease(std::span<const ParamId> params, Phase phase) {
   Impl& im = *impl_;
   im.OpenGate();
+  if (im.cm->profiling()) {
+    // Scopes nest: a release ends the latest moment still open.
+    for (size_t k = im.moment_times.size(); k-- > 0;) {
+      Impl::MomentTimes& m = im.moment_times[k];
+      if (m.release_s >= 0) continue;
+      m.release_s = im.timeline.Now();
+      im.timeline.Add({Track::kCompute, (m.backward ? "backward " : "forward ") + std::to_string(k),
+                       m.ready_s, m.release_s - m.ready_s, static_cast<int>(k)});
+      break;
+    }
+  }
   RETURN_IF_ERROR(im.cm->Release(params, phase));
   return im.PushGate(/*wait_entered=*/false);
 }
@@ -596,8 +617,15 @@ Status Engine::EndIteration() {
   if (!im.in_iteration) return FailedPreconditionError("EndIteration outside an iteration");
   im.OpenGate();
   im.in_iteration = false;
+  const bool profiled = im.cm->profiling();
   Status s = im.cm->EndIteration();
   if (im.iteration_train) ++im.iterations_since_step;
+  if (profiled && s.ok()) {
+    im.profile = im.cm->moment_profiles();
+    im.profile_events = im.timeline.events();
+    im.profile_iteration = im.iterations - 1;
+    im.profile_step = true;
+  }
   return s;
 }
 
@@ -636,6 +664,10 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
   if (!(options.lr >= 0) || !std::isfinite(options.lr))
     return InvalidArgumentError("learning rate " + std::to_string(options.lr) + " is not >= 0");
   const auto t0 = std::chrono::steady_clock::now();
+  const bool prof = im.profile_step && im.iterations_since_step == im.cfg.grad_accumulation;
+  const double step_start_s = im.timeline.Now();
+  const double nvme_before = im.stats.optimizer_nvme_seconds;
+  const uint64_t nvme_bytes_before = im.stats.nvme_read_bytes + im.stats.nvme_write_bytes;
   im.iterations_since_step = 0;
   const int nc = im.layout.num_chunks();
   const DType gt = im.cm->GradDType();
@@ -681,8 +713,27 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
   so.lr = options.lr;
   so.grad_scale = static_cast<float>(inv * clip);
   const DType dt = im.cfg.compute_dtype;
+  if (prof) {
+    im.timeline.Add(
+        {Track::kOptimizer, "gradient norm", step_start_s, im.timeline.Now() - step_start_s});
+  }
   RETURN_IF_ERROR(im.ForEachOptimChunk(
       [&](int c, float* master, float* m, float* v) -> Status {
+        const double chunk_start_s = prof ? im.timeline.Now() : 0.0;
+        // Added when the chunk's update ends, on every path out of this function.
+        struct SpanAtExit {
+          Impl* im;
+          bool on;
+          double start;
+          int chunk;
+          ~SpanAtExit() {
+            if (on) {
+              im->timeline.Add({Track::kOptimizer, "Adam chunk " + std::to_string(chunk), start,
+                                im->timeline.Now() - start, -1, chunk,
+                                im->layout.shard_elems() * 12});
+            }
+          }
+        } span{&im, prof, chunk_start_s, c};
         const auto* grad = static_cast<const uint8_t*>(im.cm->GradShard(c));
         void* host = im.cm->HostParamShard(c);
         auto* out = static_cast<uint8_t*>(host != nullptr ? host : im.upload.data());
@@ -722,6 +773,14 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
   r.step = im.step;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   im.stats.optimizer_seconds += r.seconds;
+  if (prof) {
+    im.timeline.Add({Track::kOptimizer, "optimizer step", step_start_s, r.seconds});
+    im.profile_events = im.timeline.events();
+    im.step_seconds = r.seconds;
+    im.step_nvme_seconds = im.stats.optimizer_nvme_seconds - nvme_before;
+    im.step_nvme_bytes = im.stats.nvme_read_bytes + im.stats.nvme_write_bytes - nvme_bytes_before;
+    im.profile_step = false;
+  }
   return r;
 }
 

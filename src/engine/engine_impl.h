@@ -102,6 +102,21 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   uint64_t act_current = 0, act_peak = 0;
   EngineStats stats;
 
+  // The profiled iteration and the step after it (the report's timeline and breakdown).
+  Timeline timeline;
+  struct MomentTimes {
+    double call_s = 0, ready_s = 0, release_s = -1;  // Acquire called, returned; Release
+    bool backward = false;
+  };
+  std::vector<MomentTimes> moment_times;
+  std::vector<ChunkManager::MomentProfile> profile;  // copied at the profiled EndIteration
+  std::vector<TimelineEvent> profile_events;
+  int64_t profile_iteration = -1;  // iterations counted from 0, evaluations included
+  int64_t iterations = 0;
+  bool profile_step = false;                       // the next Step adds its events
+  double step_nvme_seconds = 0, step_seconds = 0;  // the profiled step's
+  uint64_t step_nvme_bytes = 0;
+
   // Note [Host compute on the simulated device] in engine.cc.
   struct Gate {
     std::mutex mu;
