@@ -3,6 +3,7 @@
 // Commands available in this build:
 //   tierzero train       train the built-in GPT (apps/tierzero/train.h, docs/config.md)
 //   tierzero export      a checkpoint to a consolidated safetensors file
+//   tierzero report      a memory placement report to HTML and a Chrome trace, and its summary
 //   tierzero devices     what tierzero can run on here: CPU SIMD level, CUDA GPUs, HostSim
 //   tierzero tunables    every TZ_* environment tunable with its value and default
 //   tierzero --help | --version
@@ -17,6 +18,7 @@
 #include "core/tunable.h"
 #include "offload/cuda_device.h"
 #include "offload/host_sim_device.h"
+#include "report.h"
 #include "train.h"
 
 namespace tierzero {
@@ -29,6 +31,7 @@ usage: tierzero <command> [options]
 commands:
   train       train the built-in GPT (no arguments: the default run; train --help for options)
   export      write a checkpoint as one safetensors file (export --help)
+  report      summarise a memory report; write its HTML page and Chrome trace (report --help)
   devices     show what tierzero can run on here (CPU SIMD level, CUDA GPUs, host-simulated device)
   tunables    list the TZ_* environment tunables with their current values and defaults
 
@@ -103,6 +106,7 @@ int Main(int argc, char** argv) {
   std::vector<std::string> rest(argv + 2, argv + argc);
   if (cmd == "train") return app::Train(rest);
   if (cmd == "export") return app::Export(rest);
+  if (cmd == "report") return app::ReportCommand(rest);
   if (cmd == "devices") return Devices();
   if (cmd == "tunables") return Tunables();
   std::fprintf(stderr, "error: unknown command '%s'\n\n%s", argv[1], kUsage);

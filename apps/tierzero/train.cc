@@ -14,6 +14,7 @@
 
 #include "core/bytes.h"
 #include "core/dtype.h"
+#include "report.h"
 
 namespace tierzero::app {
 namespace fs = std::filesystem;
@@ -237,6 +238,8 @@ std::map<std::string, Section> Fields(RunConfig& c) {
       {"run_dir", StringField("output.run_dir", &c.output.run_dir)},
       {"metrics", StringField("output.metrics", &c.output.metrics)},
       {"report", StringField("output.report", &c.output.report)},
+      {"html", StringField("output.html", &c.output.html)},
+      {"trace", StringField("output.trace", &c.output.trace)},
       {"checkpoint_dir", StringField("output.checkpoint_dir", &c.output.checkpoint_dir)},
       {"resume", StringField("output.resume", &c.output.resume)},
       {"init_from", StringField("output.init_from", &c.output.init_from)},
@@ -310,6 +313,8 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
       {"--grad-accumulation", "engine.grad_accumulation"},
       {"--metrics", "output.metrics"},
       {"--report", "output.report"},
+      {"--html", "output.html"},
+      {"--trace", "output.trace"},
       {"--run-dir", "output.run_dir"},
       {"--checkpoint", "output.checkpoint_dir"},
       {"--resume", "output.resume"},
@@ -398,6 +403,8 @@ field is documented in docs/config.md; these options override the config:
   --run-dir DIR          outputs (default runs/default)
   --metrics FILE         JSON lines, one per step and per evaluation (default RUN_DIR/metrics.jsonl)
   --report FILE          memory placement report (default RUN_DIR/report.json)
+  --html FILE            also the report as an HTML page (charts; opens offline)
+  --trace FILE           also the profiled iteration as a Chrome trace (Perfetto)
   --checkpoint DIR       where checkpoints go (default RUN_DIR/checkpoint)
   --resume DIR           continue from a checkpoint
   --init-from FILE       start from a safetensors file's parameters
@@ -605,6 +612,26 @@ int Train(const std::vector<std::string>& args) {
   }
   if (Status s = save(step); !s.ok()) return Fail(s);
   if (Status s = engine.WriteReport(out.report); !s.ok()) return Fail(s);
+  // The summary, and the renderings asked for, from the report just written.
+  std::string summary;
+  {
+    auto text = ReadReportFile(out.report);
+    if (!text.ok()) return Fail(text.status());
+    auto sum = ReportSummary(*text);
+    if (!sum.ok()) return Fail(sum.status());
+    summary = *sum;
+    if (!out.html.empty()) {
+      if (Status s = WriteHtmlReport(*text, out.html); !s.ok()) return Fail(s);
+    }
+    if (!out.trace.empty()) {
+      Status s = WriteChromeTrace(*text, out.trace);
+      if (s.code() == StatusCode::kFailedPrecondition) {
+        std::printf("  (no trace: %s)\n", std::string(s.message()).c_str());
+      } else if (!s.ok()) {
+        return Fail(s);
+      }
+    }
+  }
   const EngineStats st = engine.stats();
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
@@ -616,8 +643,11 @@ int Train(const std::vector<std::string>& args) {
       Mib(st.h2d_bytes).c_str(), Mib(st.d2h_bytes).c_str(), Mib(st.nvme_read_bytes).c_str(),
       Mib(st.nvme_write_bytes).c_str(),
       total_compute_s > 0 ? 100 * st.acquire_wait_seconds / total_compute_s : 0);
+  std::fputs(summary.c_str(), stdout);
   std::printf("  checkpoint: %s (saved in %.1f s)\n  metrics: %s\n  report: %s\n",
               out.checkpoint_dir.c_str(), save_s, out.metrics.c_str(), out.report.c_str());
+  if (!out.html.empty()) std::printf("  html: %s\n", out.html.c_str());
+  if (!out.trace.empty()) std::printf("  trace: %s\n", out.trace.c_str());
   return 0;
 }
 

@@ -273,6 +273,10 @@ class Engine {
   std::string PlacementSummary() const;
   // The memory placement report (JSON; docs/report.md).
   Status WriteReport(const std::string& path) const;
+  // Profiles the next training iteration that runs the plan, and the Step after it, for the
+  // report (its timeline, residency and breakdown). The first planned iteration is profiled
+  // without asking; a later profile replaces the earlier one.
+  void ProfileNextIteration();
 
   // Internal (ParamScope).
   void* ScopeData(ParamId p) const;

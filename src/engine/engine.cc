@@ -853,6 +853,10 @@ Status Engine::Impl::WithChunkState(int c, bool write_back,
 // ---- Usage, stats
 // -------------------------------------------------------------------------------
 
+void Engine::ProfileNextIteration() {
+  if (impl_->cm) impl_->cm->ProfileNextIteration(&impl_->timeline);
+}
+
 TierUsage Engine::usage() const {
   const Impl& im = *impl_;
   TierUsage u;

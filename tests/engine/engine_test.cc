@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -395,6 +396,76 @@ TEST(Engine, ApiMisuseIsAStatus) {
   // the gradient is zero and AdamW only decays).
   auto st = engine.Step({1e-3f});
   EXPECT_TRUE(st.ok()) << st.status().ToString();
+}
+
+TEST(Engine, ReportAgreesWithTheEngineCounters) {
+  // The report's numbers are the engine's: counters, tiers, layout, the profiled iteration.
+  TempDir dir;
+  EngineConfig ec = HostConfig();
+  ec.host_budget = uint64_t{1536} << 10;
+  ec.nvme_budget = uint64_t{128} << 20;
+  ec.nvme_path = dir.path();
+  Trainer r = Make(ec);
+  Train(r, 0, 3);
+  r.engine->ProfileNextIteration();  // a later iteration replaces the first profile
+  Train(r, 3, 5);
+  const std::string path = dir.path() + "/report.json";
+  ASSERT_TRUE(r.engine->WriteReport(path).ok());
+  std::ifstream f(path);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["schema"], "tierzero-report");
+  EXPECT_EQ(j["version"], 2);
+  const EngineStats s = r.engine->stats();
+  const nlohmann::json& c = j["counters"];
+  EXPECT_EQ(c["h2d_bytes"].get<uint64_t>(), s.h2d_bytes);
+  EXPECT_EQ(c["d2h_bytes"].get<uint64_t>(), s.d2h_bytes);
+  EXPECT_EQ(c["nvme_read_bytes"].get<uint64_t>(), s.nvme_read_bytes);
+  EXPECT_EQ(c["nvme_write_bytes"].get<uint64_t>(), s.nvme_write_bytes);
+  EXPECT_EQ(c["hits"].get<uint64_t>(), s.hits);
+  EXPECT_EQ(c["misses"].get<uint64_t>(), s.misses);
+  EXPECT_EQ(c["evictions"].get<uint64_t>(), s.evictions);
+  EXPECT_EQ(c["steps"].get<int64_t>(), 5);
+  EXPECT_DOUBLE_EQ(c["optimizer_seconds"].get<double>(), s.optimizer_seconds);
+  const TierUsage u = r.engine->usage();
+  EXPECT_EQ(j["tiers"]["host"]["used"].get<uint64_t>(), u.host);
+  EXPECT_EQ(j["tiers"]["host"]["model_bytes"].get<uint64_t>() +
+                j["tiers"]["host"]["fixed_bytes"].get<uint64_t>(),
+            u.host);
+  EXPECT_EQ(j["tiers"]["nvme"]["used"].get<uint64_t>(), u.nvme);
+  EXPECT_EQ(j["tiers"]["device"]["peak"].get<uint64_t>(), u.device_peak);
+  // Every sub-group's optimizer state is where the layout says, and sums to the NVMe share.
+  uint64_t nvme_states = 0;
+  for (const auto& g : j["optimizer"]["sub_groups"]) {
+    const int k = g["chunk"];
+    EXPECT_EQ(g["tier"], j["layout"]["chunks"][k]["optimizer_tier"]);
+    if (g["tier"] == "nvme") nvme_states += g["bytes"].get<uint64_t>();
+  }
+  EXPECT_GT(nvme_states, 0u);
+  EXPECT_LE(nvme_states, u.nvme);
+  // The profiled iteration: the re-armed one (iteration 3 or later), as many moments as the
+  // trace, transfers whose bytes are whole chunks, an optimizer step that includes its parts.
+  const nlohmann::json& p = j["profile"];
+  ASSERT_TRUE(p["available"].get<bool>());
+  EXPECT_GE(p["iteration"].get<int64_t>(), 3);
+  EXPECT_EQ(p["moments"].size(), j["moments"].size());
+  const uint64_t chunk_bytes = j["layout"]["chunk_bytes"];
+  for (const auto& m : p["moments"]) {
+    EXPECT_EQ(m["residency"].get<std::string>().size(), j["layout"]["chunks"].size());
+    EXPECT_EQ(m["device"]["chunk_bytes"].get<uint64_t>() % chunk_bytes, 0u);
+  }
+  uint64_t h2d = 0;
+  for (const auto& e : p["events"]) {
+    if (e["track"] == "H2D") h2d += e["bytes"].get<uint64_t>();
+  }
+  EXPECT_GT(h2d, 0u);
+  EXPECT_EQ(h2d % chunk_bytes, 0u);
+  EXPECT_EQ(p["links"]["h2d"]["bytes"].get<uint64_t>(), h2d);
+  EXPECT_LE(h2d, s.h2d_bytes);
+  const auto& b = p["breakdown"];
+  EXPECT_GT(b["forward_seconds"].get<double>(), 0);
+  EXPECT_GT(b["backward_seconds"].get<double>(), 0);
+  EXPECT_LE(b["optimizer_compute_seconds"].get<double>(), b["optimizer_seconds"].get<double>());
+  EXPECT_LE(b["optimizer_seconds"].get<double>(), s.optimizer_seconds);
 }
 
 }  // namespace

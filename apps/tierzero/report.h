@@ -1,0 +1,28 @@
+// Renderings of the memory placement report (docs/report.md): the console summary printed at the
+// end of every run, the Chrome trace (Trace Event Format: loads in Perfetto and
+// chrome://tracing) and the self-contained HTML page (`tierzero report R.json -o report.html`).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tierzero/status.h"
+
+namespace tierzero::app {
+
+// Reads and checks a report: a JSON object with schema "tierzero-report", version 2.
+StatusOr<std::string> ReadReportFile(const std::string& path);
+
+// A few lines: peak per tier, bytes moved, stall share, the three worst stalls.
+StatusOr<std::string> ReportSummary(const std::string& report_json);
+
+// The profiled iteration's events, one track (thread) per stream.
+Status WriteChromeTrace(const std::string& report_json, const std::string& path);
+
+// One self-contained HTML file (inline SVG and script; no network access) with the charts.
+Status WriteHtmlReport(const std::string& report_json, const std::string& path);
+
+// `tierzero report R.json [-o report.html] [--trace trace.json]`.
+int ReportCommand(const std::vector<std::string>& args);
+
+}  // namespace tierzero::app

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# render_test.sh TIERZERO SCHEMA OUT_DIR: trains a small run with --html and --trace, then
+#   1. validates report.json against the schema (python3-jsonschema),
+#   2. checks the Chrome trace: valid JSON, every event with the fields its phase requires,
+#      one named thread per stream, the report's events all present,
+#   3. `tierzero report` renders the same page and prints the summary,
+#   4. opens the page in headless Chromium: a screenshot, the DOM after the script ran, no console
+#      output (errors, uncaught exceptions), and every chart drawn with its marks.
+# Exits 77 (skipped) when Chromium or jsonschema is missing (scripts/setup installs both).
+set -euo pipefail
+tz=$1 schema=$2 out=$3
+rm -rf "$out" && mkdir -p "$out"
+python3 -c "import jsonschema" 2>/dev/null || { echo "SKIP: python3-jsonschema missing"; exit 77; }
+browser=$(command -v chromium || command -v chromium-browser || true)
+[ -n "$browser" ] || { echo "SKIP: chromium missing (scripts/setup installs it)"; exit 77; }
+
+cat > "$out/run.json" <<JSON
+{"model": {"n_layer": 3, "d_model": 64, "n_head": 4},
+ "data": {"digits": 1},
+ "train": {"steps": 6, "batch_size": 8, "eval_every": 0, "eval_batches": 2},
+ "engine": {"device_budget": "2 MiB", "host_budget": "6 MiB", "nvme_budget": "64 MiB"}}
+JSON
+"$tz" train --config "$out/run.json" --quiet --run-dir "$out/run" --html "$out/report.html" \
+  --trace "$out/trace.json" > "$out/train.log"
+grep -q "^worst stalls:" "$out/train.log" || { echo "no summary in the train output"; cat "$out/train.log"; exit 1; }
+
+python3 - "$schema" "$out/run/report.json" "$out/trace.json" <<'PY'
+import json, sys, jsonschema
+schema, report, trace = (json.load(open(p)) for p in sys.argv[1:4])
+jsonschema.validate(report, schema, cls=jsonschema.Draft202012Validator)
+p = report["profile"]
+assert p["available"], "the run profiled no iteration"
+nc = len(report["layout"]["chunks"])
+for m in p["moments"]:
+    assert len(m["residency"]) == nc, m
+    d = m["device"]
+    assert d["chunk_bytes"] + d["nonmodel_bytes"] + d["free_bytes"] >= d["budget"] or d["free_bytes"] == 0
+tracks = {e["track"] for e in p["events"]}
+assert {"compute", "H2D", "D2H", "CPU Adam"} <= tracks, tracks
+
+events = trace["traceEvents"]
+assert isinstance(events, list) and events
+names = {}
+for e in events:
+    for k in ("name", "ph", "pid", "tid"):
+        assert k in e, (k, e)
+    if e["ph"] == "X":
+        assert isinstance(e["ts"], (int, float)) and e["ts"] >= 0, e
+        assert isinstance(e["dur"], (int, float)) and e["dur"] >= 0, e
+    elif e["ph"] == "M":
+        assert "args" in e, e
+        if e["name"] == "thread_name":
+            names[e["tid"]] = e["args"]["name"]
+    else:
+        raise AssertionError("unexpected phase %r" % e["ph"])
+assert sorted(names.values()) == sorted(["compute", "H2D", "D2H", "NVMe read", "NVMe write", "CPU Adam", "comm"]), names
+assert sum(e["ph"] == "X" for e in events) == len(p["events"])
+for e in events:
+    if e["ph"] == "X":
+        assert names[e["tid"]] == e["cat"], e
+print("report and trace valid:", len(p["moments"]), "moments,", len(p["events"]), "events")
+PY
+
+"$tz" report "$out/run/report.json" -o "$out/report2.html" > "$out/report.log"
+grep -q "^memory: device peak" "$out/report.log"
+cmp "$out/report.html" "$out/report2.html"
+
+flags=(--headless --no-sandbox --disable-gpu --no-first-run --disable-background-networking
+       --enable-logging=stderr --v=0 --window-size=1280,2600)
+timeout 120 "$browser" "${flags[@]}" --screenshot="$out/report.png" "file://$out/report.html" \
+  2> "$out/chromium-screenshot.log" > /dev/null
+timeout 120 "$browser" "${flags[@]}" --dump-dom "file://$out/report.html" \
+  > "$out/dom.html" 2> "$out/chromium-dom.log"
+[ -s "$out/report.png" ] || { echo "no screenshot"; exit 1; }
+python3 - "$out" <<'PY'
+import re, sys
+out = sys.argv[1]
+for log in ("chromium-screenshot.log", "chromium-dom.log"):
+    text = open(f"{out}/{log}", errors="replace").read()
+    console = [l for l in text.splitlines() if ":CONSOLE" in l]
+    assert not console, "the page logged:\n" + "\n".join(console)
+dom = open(f"{out}/dom.html", errors="replace").read()
+charts = re.findall(r'<svg class="chart" data-chart="([^"]+)"(.*?)</svg>', dom, re.S)
+expected = {"memory-device", "memory-host-nvme", "residency", "breakdown", "timeline", "links", "optimizer"}
+got = {name for name, _ in charts}
+assert got == expected, ("charts", got)
+for name, body in charts:
+    marks = len(re.findall(r"<rect ", body))
+    assert marks >= 3, (name, "drew", marks, "rects")
+m = re.search(r'<body[^>]*data-rendered="(\d+)"', dom)
+assert m and int(m.group(1)) == len(expected), "the script did not finish"
+assert dom.count("<tr>") >= 4, "tables empty"
+print("page rendered:", len(charts), "charts, no console output")
+PY
+png=$(python3 -c "import sys; d=open(sys.argv[1],'rb').read(); print(d[:8]==b'\x89PNG\r\n\x1a\n')" "$out/report.png")
+[ "$png" = True ] || { echo "the screenshot is not a PNG"; exit 1; }
+echo "ok: $out/report.png"
