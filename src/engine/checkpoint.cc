@@ -410,6 +410,9 @@ Status Engine::WriteReport(const std::string& path) const {
     const uint64_t capacity = im.cm->counters().iterations > 0 ? im.cfg.device_budget : 0;
     json moments = json::array();
     double forward = 0, backward = 0, wait = 0, stall = 0;
+    const uint64_t host_model = im.placement.bytes[static_cast<int>(Tier::kHost)];
+    const uint64_t host_fixed_bytes = im.cfg.host_budget - im.budgets.host_bytes;
+    const uint64_t nvme_used = im.nvme ? im.nvme->stats().space.current : 0;
     for (size_t k = 0; k < im.profile.size(); ++k) {
       const ChunkManager::MomentProfile& p = im.profile[k];
       const Impl::MomentTimes* t = k < im.moment_times.size() ? &im.moment_times[k] : nullptr;
@@ -420,18 +423,31 @@ Status Engine::WriteReport(const std::string& path) const {
       wait += w;
       stall += p.stall_s;
       const uint64_t used = p.device_chunk_bytes + p.nonmodel_bytes;
-      moments.push_back({{"index", k},
-                         {"backward", bwd},
-                         {"residency", p.residency},
-                         {"prefetch", p.prefetch},
-                         {"device",
-                          {{"chunk_bytes", p.device_chunk_bytes},
-                           {"nonmodel_bytes", p.nonmodel_bytes},
-                           {"free_bytes", capacity > used ? capacity - used : 0},
-                           {"budget", capacity}}},
-                         {"stall_seconds", p.stall_s},
-                         {"wait_seconds", w},
-                         {"compute_seconds", compute}});
+      moments.push_back(
+          {{"index", k},
+           {"backward", bwd},
+           {"residency", p.residency},
+           {"prefetch", p.prefetch},
+           {"device",
+            {{"chunk_bytes", p.device_chunk_bytes},
+             {"nonmodel_bytes", p.nonmodel_bytes},
+             {"free_bytes", capacity > used ? capacity - used : 0},
+             {"budget", capacity}}},
+           // Host and NVMe allocations do not change within an iteration.
+           {"host",
+            {{"model_bytes", host_model},
+             {"fixed_bytes", host_fixed_bytes},
+             {"free_bytes", im.cfg.host_budget > host_model + host_fixed_bytes
+                                ? im.cfg.host_budget - host_model - host_fixed_bytes
+                                : 0},
+             {"budget", im.cfg.host_budget}}},
+           {"nvme",
+            {{"model_bytes", nvme_used},
+             {"free_bytes", im.cfg.nvme_budget > nvme_used ? im.cfg.nvme_budget - nvme_used : 0},
+             {"budget", im.cfg.nvme_budget}}},
+           {"stall_seconds", p.stall_s},
+           {"wait_seconds", w},
+           {"compute_seconds", compute}});
     }
     // Links: bytes of the profiled iteration's transfers, and the time the link was busy (the
     // union of their spans: NVMe reads overlap each other).
@@ -498,6 +514,14 @@ Status Engine::WriteReport(const std::string& path) const {
               {"d2h", link(Track::kD2H)},
               {"nvme_read", link(Track::kNvmeRead)},
               {"nvme_optimizer", nvme_opt},
+              // The step's NVMe writes (states and parameter shards), during its swap pipeline.
+              {"nvme_write",
+               {{"bytes", im.step_nvme_write_bytes},
+                {"busy_seconds", im.step_nvme_seconds},
+                {"bytes_per_second",
+                 im.step_nvme_seconds > 0
+                     ? static_cast<double>(im.step_nvme_write_bytes) / im.step_nvme_seconds
+                     : 0.0}}},
               // ZeRO-3 collectives: none with one rank.
               {"collective", {{"bytes_before_quantization", 0}, {"bytes_on_wire", 0}}}}},
             {"events", events}};

@@ -668,6 +668,8 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
   const double step_start_s = im.timeline.Now();
   const double nvme_before = im.stats.optimizer_nvme_seconds;
   const uint64_t nvme_bytes_before = im.stats.nvme_read_bytes + im.stats.nvme_write_bytes;
+  const uint64_t nvme_writes_before =
+      im.stats.nvme_write_bytes + im.cm->counters().nvme_write_bytes;
   im.iterations_since_step = 0;
   const int nc = im.layout.num_chunks();
   const DType gt = im.cm->GradDType();
@@ -779,6 +781,8 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
     im.step_seconds = r.seconds;
     im.step_nvme_seconds = im.stats.optimizer_nvme_seconds - nvme_before;
     im.step_nvme_bytes = im.stats.nvme_read_bytes + im.stats.nvme_write_bytes - nvme_bytes_before;
+    im.step_nvme_write_bytes =
+        im.stats.nvme_write_bytes + im.cm->counters().nvme_write_bytes - nvme_writes_before;
     im.profile_step = false;
   }
   return r;

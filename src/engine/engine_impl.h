@@ -116,6 +116,7 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   bool profile_step = false;                       // the next Step adds its events
   double step_nvme_seconds = 0, step_seconds = 0;  // the profiled step's
   uint64_t step_nvme_bytes = 0;
+  uint64_t step_nvme_write_bytes = 0;  // optimizer states and NVMe parameter shards
 
   // Note [Host compute on the simulated device] in engine.cc.
   struct Gate {
