@@ -87,9 +87,16 @@ std::vector<double> Train(Trainer& r, int from, int to, int batch = 8) {
   return losses;
 }
 
+// The simulated device, or the GPU when TZ_TEST_DEVICE=cuda (the GPU machine's run, docs/gpu.md:
+// the same tests then drive the CUDA engine and the GPT's CUDA ops).
+DeviceChoice TestDevice() {
+  const char* d = std::getenv("TZ_TEST_DEVICE");
+  return d != nullptr && std::string(d) == "cuda" ? DeviceChoice::kCuda : DeviceChoice::kHost;
+}
+
 EngineConfig HostConfig() {
   EngineConfig ec;
-  ec.device = DeviceChoice::kHost;
+  ec.device = TestDevice();
   ec.device_budget = uint64_t{8} << 20;
   ec.chunk_elems = 16384;
   ec.host_budget = uint64_t{256} << 20;
