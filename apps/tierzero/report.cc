@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 namespace tierzero::app {
@@ -120,8 +121,20 @@ Status WriteChromeTrace(const std::string& text, const std::string& path) {
   if (!p.value("available", false))
     return FailedPreconditionError("the report has no profiled iteration to trace");
   // One thread per track, in a fixed order.
-  const std::vector<std::string> tracks = {"compute",    "H2D",      "D2H", "NVMe read",
-                                           "NVMe write", "CPU Adam", "comm"};
+  const std::vector<std::string> tracks = {"compute",    "H2D",       "D2H", "NVMe read",
+                                           "NVMe write", "optimizer", "comm"};
+  auto thread = [](json& events, int tid, const std::string& name) {
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", 1},
+                      {"tid", tid},
+                      {"args", {{"name", name}}}});
+    events.push_back({{"name", "thread_sort_index"},
+                      {"ph", "M"},
+                      {"pid", 1},
+                      {"tid", tid},
+                      {"args", {{"sort_index", tid}}}});
+  };
   json events = json::array();
   events.push_back(
       {{"name", "process_name"},
@@ -130,21 +143,22 @@ Status WriteChromeTrace(const std::string& text, const std::string& path) {
        {"tid", 0},
        {"args",
         {{"name", "tierzero iteration " + std::to_string(p["iteration"].get<long long>())}}}});
-  for (size_t i = 0; i < tracks.size(); ++i) {
-    events.push_back({{"name", "thread_name"},
-                      {"ph", "M"},
-                      {"pid", 1},
-                      {"tid", i},
-                      {"args", {{"name", tracks[i]}}}});
-    events.push_back({{"name", "thread_sort_index"},
-                      {"ph", "M"},
-                      {"pid", 1},
-                      {"tid", i},
-                      {"args", {{"sort_index", i}}}});
-  }
+  for (size_t i = 0; i < tracks.size(); ++i) thread(events, static_cast<int>(i), tracks[i]);
+  // CPU Adam's worker threads: lanes 1..N of the optimizer track, one thread each after it.
+  constexpr int kLaneTid = 100;
+  std::set<int> lanes;
   for (const json& e : p["events"]) {
     const std::string track = e["track"];
     const auto it = std::find(tracks.begin(), tracks.end(), track);
+    if (it == tracks.end())
+      return InvalidArgumentError("report event on unknown track '" + track + "'");
+    const int lane = e.value("lane", 0);
+    int tid = static_cast<int>(it - tracks.begin());
+    if (lane > 0) {
+      tid = kLaneTid + lane;
+      if (lanes.insert(lane).second)
+        thread(events, tid, "CPU Adam thread " + std::to_string(lane - 1));
+    }
     json args = json::object();
     if (e["moment"].get<int>() >= 0) args["moment"] = e["moment"];
     if (e["chunk"].get<int>() >= 0) args["chunk"] = e["chunk"];
@@ -155,7 +169,7 @@ Status WriteChromeTrace(const std::string& text, const std::string& path) {
                       {"ts", e["start"].get<double>() * 1e6},
                       {"dur", e["dur"].get<double>() * 1e6},
                       {"pid", 1},
-                      {"tid", it - tracks.begin()},
+                      {"tid", tid},
                       {"args", args}});
   }
   json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};

@@ -206,6 +206,7 @@ std::map<std::string, Section> Fields(RunConfig& c) {
       {"eval_batches", IntField("train.eval_batches", &c.train.eval_batches, 1, 100000)},
       {"checkpoint_every",
        IntField("train.checkpoint_every", &c.train.checkpoint_every, 0, 100000000)},
+      {"profile_step", IntField("train.profile_step", &c.train.profile_step, 0, 100000000)},
   };
   s["engine"] = {
       {"device", DeviceField("engine.device", &c.engine.device)},
@@ -304,6 +305,7 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
       {"--batch-size", "train.batch_size"},
       {"--lr", "train.lr"},
       {"--eval-every", "train.eval_every"},
+      {"--profile-step", "train.profile_step"},
       {"--device", "engine.device"},
       {"--device-budget", "engine.device_budget"},
       {"--host-budget", "engine.host_budget"},
@@ -403,6 +405,7 @@ field is documented in docs/config.md; these options override the config:
   --run-dir DIR          outputs (default runs/default)
   --metrics FILE         JSON lines, one per step and per evaluation (default RUN_DIR/metrics.jsonl)
   --report FILE          memory placement report (default RUN_DIR/report.json)
+  --profile-step N       profile step N for the report (default: the first planned iteration)
   --html FILE            also the report as an HTML page (charts; opens offline)
   --trace FILE           also the profiled iteration as a Chrome trace (Perfetto)
   --checkpoint DIR       where checkpoints go (default RUN_DIR/checkpoint)
@@ -546,6 +549,8 @@ int Train(const std::vector<std::string>& args) {
   Status status = Status::OK();
   if (start == 0 && cfg.train.steps > 0) status = evaluate(0);
   for (; status.ok() && step < cfg.train.steps; ++step) {
+    if (cfg.train.profile_step > 0 && step + 1 == cfg.train.profile_step)
+      engine.ProfileNextIteration();
     const auto t0 = std::chrono::steady_clock::now();
     double loss = 0;
     for (int micro = 0; micro < accum && status.ok(); ++micro) {

@@ -20,6 +20,7 @@ struct TrainOptions {
   int eval_every = 50;  // 0: only at the end
   int eval_batches = 4;
   int checkpoint_every = 0;  // 0: only at the end (and on Ctrl-C)
+  int profile_step = 0;      // the step whose iteration the report profiles; 0: the first planned
 };
 
 struct OutputOptions {

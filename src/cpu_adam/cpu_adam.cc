@@ -161,11 +161,15 @@ StatusOr<bool> CpuAdam::Step(const AdamBuffers& b, const AdamStepOptions& opt) {
   const AdamKernels& k = *impl_->kernels;
   const size_t block = options_.block_elems;
   const size_t blocks = (b.n + block - 1) / block;
+  Timeline* tl = opt.timeline;
   impl_->arena.execute([&] {
     tbb::parallel_for(
         tbb::blocked_range<size_t>(0, blocks), [&](const tbb::blocked_range<size_t>& r) {
+          const double t0 = tl != nullptr ? tl->Now() : 0.0;
+          uint64_t elems = 0;
           for (size_t blk = r.begin(); blk != r.end(); ++blk) {
             const size_t begin = blk * block;
+            elems += std::min(block, b.n - begin);
             AdamBlock ab;
             ab.master = b.master + begin;
             ab.m = b.m + begin;
@@ -176,6 +180,17 @@ StatusOr<bool> CpuAdam::Step(const AdamBuffers& b, const AdamStepOptions& opt) {
             ab.out_dtype = b.out_dtype;
             ab.n = std::min(block, b.n - begin);
             k.step(ab, s);
+          }
+          if (tl != nullptr) {
+            TimelineEvent e;
+            e.track = Track::kOptimizer;
+            e.name = "Adam chunk " + std::to_string(opt.chunk);
+            e.start_s = t0;
+            e.dur_s = tl->Now() - t0;
+            e.chunk = opt.chunk;
+            e.bytes = elems * 12;  // master, m, v
+            e.lane = tbb::this_task_arena::current_thread_index() + 1;
+            tl->Add(std::move(e));
           }
         });
   });

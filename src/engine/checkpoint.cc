@@ -460,9 +460,11 @@ Status Engine::WriteReport(const std::string& path) const {
     double adam = 0, norm = 0;
     for (const TimelineEvent& e : im.profile_events) {
       Link& l = links[static_cast<int>(e.track)];
-      l.bytes += e.bytes;
-      l.spans.emplace_back(e.start_s, e.start_s + e.dur_s);
-      if (e.track == Track::kOptimizer && e.chunk >= 0) adam += e.dur_s;
+      if (e.lane == 0) {
+        l.bytes += e.bytes;
+        l.spans.emplace_back(e.start_s, e.start_s + e.dur_s);
+      }
+      if (e.track == Track::kOptimizer && e.chunk >= 0 && e.lane == 0) adam += e.dur_s;
       if (e.track == Track::kOptimizer && e.name == "gradient norm") norm = e.dur_s;
       events.push_back({{"track", TrackName(e.track)},
                         {"name", e.name},
@@ -470,7 +472,8 @@ Status Engine::WriteReport(const std::string& path) const {
                         {"dur", e.dur_s},
                         {"moment", e.moment},
                         {"chunk", e.chunk},
-                        {"bytes", e.bytes}});
+                        {"bytes", e.bytes},
+                        {"lane", e.lane}});
     }
     for (Link& l : links) {
       std::sort(l.spans.begin(), l.spans.end());

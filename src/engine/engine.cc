@@ -722,6 +722,11 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
   RETURN_IF_ERROR(im.ForEachOptimChunk(
       [&](int c, float* master, float* m, float* v) -> Status {
         const double chunk_start_s = prof ? im.timeline.Now() : 0.0;
+        AdamStepOptions chunk_so = so;
+        if (prof) {
+          chunk_so.timeline = &im.timeline;
+          chunk_so.chunk = c;
+        }
         // Added when the chunk's update ends, on every path out of this function.
         struct SpanAtExit {
           Impl* im;
@@ -755,7 +760,7 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
           }
           CpuAdam& adam =
               im.params[static_cast<size_t>(t)].weight_decay ? *im.adam_decay : *im.adam_plain;
-          ASSIGN_OR_RETURN(bool applied, adam.Step(b, so));
+          ASSIGN_OR_RETURN(bool applied, adam.Step(b, chunk_so));
           TZ_CHECK(applied) << "Adam skipped a step that was checked finite";
           if (dt == DType::kF32) std::memcpy(out + loc.offset * 4, b.master, loc.numel * 4);
         }

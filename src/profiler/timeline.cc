@@ -15,7 +15,7 @@ const char* TrackName(Track t) {
     case Track::kNvmeWrite:
       return "NVMe write";
     case Track::kOptimizer:
-      return "CPU Adam";
+      return "optimizer";
     case Track::kComm:
       return "comm";
   }

@@ -17,7 +17,8 @@
 
 namespace tierzero {
 
-// The tracks of the Chrome trace, one per stream or worker.
+// The tracks of the Chrome trace, one per stream; the optimizer's also has one lane per CPU Adam
+// worker thread.
 enum class Track : uint8_t { kCompute, kH2D, kD2H, kNvmeRead, kNvmeWrite, kOptimizer, kComm };
 const char* TrackName(Track t);
 inline constexpr int kNumTracks = 7;
@@ -29,6 +30,7 @@ struct TimelineEvent {
   int moment = -1;     // the moment it belongs to (compute) or was issued at (transfers)
   int chunk = -1;      // the chunk moved or updated
   uint64_t bytes = 0;  // bytes moved
+  int lane = 0;        // a sub-row of the track: CPU Adam's worker threads are lanes 1..N
 };
 
 class Timeline {

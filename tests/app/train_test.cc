@@ -108,7 +108,7 @@ TEST(Train, SmallRunLearnsResumesAndExports) {
   }
   const std::string metrics = dir / "m.jsonl", report = dir / "r.json";
   ASSERT_EQ(Train({"--config", dir / "c.json", "--steps", "300", "--metrics", metrics, "--report",
-                   report, "--run-dir", dir / "run", "--quiet"}),
+                   report, "--run-dir", dir / "run", "--quiet", "--profile-step", "250"}),
             0);
   double first_acc = -1, last_acc = -1, first_loss = 0, last_loss = 0;
   int steps = 0;
@@ -135,6 +135,9 @@ TEST(Train, SmallRunLearnsResumesAndExports) {
   EXPECT_EQ(rep["schema"], "tierzero-report");
   EXPECT_GT(rep["tiers"]["nvme"]["used"].get<uint64_t>(), 0u);
   EXPECT_GT(rep["moments"].size(), 0u);
+  // --profile-step 250: step 250's iteration (after the 8 evaluation batches at step 0 and
+  // those at step 100 and 200, and the 249 training iterations before it).
+  EXPECT_EQ(rep["profile"]["iteration"].get<int64_t>(), 3 * 8 + 249);
 
   // Resume for 20 more steps from the final checkpoint, then export and start from the export.
   ASSERT_EQ(Train({"--config", dir / "c.json", "--steps", "320", "--metrics", dir / "m2.jsonl",
