@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "tierzero/communicator.h"
 #include "tierzero/status.h"
 #include "tierzero/types.h"
 
@@ -49,15 +50,6 @@ namespace tierzero {
 
 // The library's version, "major.minor.patch".
 const char* Version();
-
-// Ranks that share the model (ZeRO-3). Single() is the one-process communicator.
-class Communicator {
- public:
-  virtual ~Communicator() = default;
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
-  static std::shared_ptr<Communicator> Single();
-};
 
 // Where the engine's device is: a GPU, or host memory standing in for one (HostSim), or a GPU
 // when one is present and the simulated device otherwise.

@@ -27,17 +27,8 @@
 
 namespace tierzero {
 
-// ---- Communicator, initializers
+// ---- Initializers
 // ------------------------------------------------------------------
-
-std::shared_ptr<Communicator> Communicator::Single() {
-  struct SingleRank final : Communicator {
-    int rank() const override { return 0; }
-    int size() const override { return 1; }
-  };
-  static const std::shared_ptr<Communicator> single = std::make_shared<SingleRank>();
-  return single;
-}
 
 namespace {
 uint64_t SplitMix64(uint64_t x) {

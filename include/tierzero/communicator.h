@@ -1,0 +1,98 @@
+// Ranks that share the model (ZeRO-3) and the collectives between them (DESIGN.md section 6).
+//
+//   auto comm = *Communicator::Mpi();          // under mpirun: MPI_COMM_WORLD
+//   auto req = *comm->AllGather(shard, gathered, shard_elems, DType::kBF16);
+//   ... other work ...
+//   req->Wait();                               // gathered now holds every rank's shard
+//
+// Backends: single-rank (one process, no MPI), MPI (host buffers: the simulated device and CPU
+// runs) and, with the GPU issue, NCCL (device buffers). Collectives are started asynchronously
+// and return a request; buffers must stay untouched until it completes. Every rank must start the
+// same collectives in the same order (MPI's rule).
+//
+// Thread-safety: one thread drives a communicator (MPI is initialised with
+// MPI_THREAD_FUNNELED when tierzero initialises it).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tierzero/status.h"
+#include "tierzero/types.h"
+
+namespace tierzero {
+
+// kMean divides the sum by the number of ranks (gradient averaging).
+enum class ReduceOp : uint8_t { kSum, kMean, kMax };
+
+// A collective in flight. Dropping an unfinished request waits for it (buffers are never
+// touched after the request is gone).
+class CommRequest {
+ public:
+  virtual ~CommRequest() = default;
+  // Blocks until the collective is complete; its Status (the same on every call).
+  virtual Status Wait() = 0;
+  // Progresses the collective without blocking; true once it is complete (then Wait returns at
+  // once).
+  virtual StatusOr<bool> Test() = 0;
+};
+
+// Where the ranks are: `node` of `nodes`, and this rank's place among the `local_size` ranks of
+// its node. From MPI's shared-memory split, or from ranks_per_node when given (to emulate several
+// nodes on one machine).
+struct Topology {
+  int rank = 0, size = 1;
+  int local_rank = 0, local_size = 1;
+  int node = 0, nodes = 1;
+};
+
+// Bytes this rank sent, per collective kind, as the algorithm-independent volume NCCL's tests
+// use: all_gather and reduce_scatter (W-1)/W of the full buffer, all_reduce twice that,
+// all_to_all (W-1)/W of the send buffer, broadcast the buffer (root) or nothing.
+struct CommStats {
+  uint64_t collectives = 0;
+  uint64_t bytes_sent = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual Topology topology() const = 0;
+  virtual std::string backend() const = 0;  // "single", "mpi"
+
+  // Counts are elements per rank; dtypes fp32, bf16, fp16 and int8 (int4 for the data
+  // movement collectives, with an even count). Reductions: fp32, bf16, fp16 (bf16/fp16 are summed
+  // in fp32 and rounded once per pairwise step). InvalidArgument for a bad dtype, op or count.
+  //
+  // recv[r * count ...] = rank r's send[0 .. count).
+  virtual StatusOr<std::unique_ptr<CommRequest>> AllGather(const void* send, void* recv,
+                                                           size_t count, DType dtype) = 0;
+  // send holds size() blocks of count; recv = block rank() of op over the ranks' sends.
+  virtual StatusOr<std::unique_ptr<CommRequest>> ReduceScatter(const void* send, void* recv,
+                                                               size_t count, DType dtype,
+                                                               ReduceOp op) = 0;
+  // recv = op over the ranks' send (count elements; send == recv is allowed).
+  virtual StatusOr<std::unique_ptr<CommRequest>> AllReduce(const void* send, void* recv,
+                                                           size_t count, DType dtype,
+                                                           ReduceOp op) = 0;
+  // send holds size() blocks of count; recv block r = rank r's send block rank().
+  virtual StatusOr<std::unique_ptr<CommRequest>> AllToAll(const void* send, void* recv,
+                                                          size_t count, DType dtype) = 0;
+  // buf (count elements) from `root` to every rank.
+  virtual StatusOr<std::unique_ptr<CommRequest>> Broadcast(void* buf, size_t count, DType dtype,
+                                                           int root) = 0;
+  virtual Status Barrier() = 0;
+  virtual CommStats stats() const = 0;
+
+  // The one-process communicator (always available).
+  static std::shared_ptr<Communicator> Single();
+  // MPI_COMM_WORLD (MPI is initialised here unless the program did; it is finalised at exit).
+  // ranks_per_node > 0 overrides the shared-memory split. Unavailable in a build without MPI.
+  static StatusOr<std::shared_ptr<Communicator>> Mpi(int ranks_per_node = 0);
+};
+
+}  // namespace tierzero

@@ -1,0 +1,109 @@
+#include "zero/collective.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "core/convert.h"
+
+namespace tierzero::zero {
+namespace {
+
+const char* KindName(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::kAllGather:
+      return "all_gather";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kAllReduce:
+      return "all_reduce";
+    case CollectiveKind::kAllToAll:
+      return "all_to_all";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+  }
+  return "?";
+}
+
+float Load(const void* p, size_t i, DType t) {
+  switch (t) {
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kBF16:
+      return BF16ToF32Scalar(static_cast<const uint16_t*>(p)[i]);
+    default:
+      return F16ToF32Scalar(static_cast<const uint16_t*>(p)[i]);
+  }
+}
+
+void Store(void* p, size_t i, DType t, float v) {
+  switch (t) {
+    case DType::kF32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(p)[i] = F32ToBF16Scalar(v);
+      break;
+    default:
+      static_cast<uint16_t*>(p)[i] = F32ToF16Scalar(v);
+      break;
+  }
+}
+
+}  // namespace
+
+Status CheckCollective(CollectiveKind kind, size_t count, DType dtype, bool reduction) {
+  const std::string what = KindName(kind);
+  if (reduction) {
+    if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16)
+      return InvalidArgumentError(what + " reduces fp32, bf16 or fp16, not " +
+                                  std::string(DTypeName(dtype)));
+    return Status::OK();
+  }
+  if (dtype == DType::kI4 && count % 2 != 0)
+    return InvalidArgumentError(what + " of int4 needs an even count (whole bytes), got " +
+                                std::to_string(count));
+  return Status::OK();
+}
+
+size_t ElementBytes(DType dtype, size_t count) { return DTypeBytes(dtype, count); }
+
+uint64_t BytesSent(CollectiveKind kind, size_t count, DType dtype, int size, bool is_root) {
+  const uint64_t b = ElementBytes(dtype, count);
+  const uint64_t w = static_cast<uint64_t>(size);
+  switch (kind) {
+    case CollectiveKind::kAllGather:
+    case CollectiveKind::kReduceScatter:
+    case CollectiveKind::kAllToAll:
+      return b * (w - 1);  // of the W blocks, all but one leave (count is per block)
+    case CollectiveKind::kAllReduce:
+      return w > 1 ? 2 * b * (w - 1) / w : 0;
+    case CollectiveKind::kBroadcast:
+      return is_root && w > 1 ? b : 0;
+  }
+  return 0;
+}
+
+void ReduceInto(void* acc, const void* in, size_t n, DType dtype, ReduceOp op) {
+  if (dtype == DType::kF32) {
+    auto* a = static_cast<float*>(acc);
+    const auto* b = static_cast<const float*>(in);
+    if (op == ReduceOp::kMax) {
+      for (size_t i = 0; i < n; ++i) a[i] = std::max(a[i], b[i]);
+    } else {
+      for (size_t i = 0; i < n; ++i) a[i] += b[i];
+    }
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const float x = Load(acc, i, dtype), y = Load(in, i, dtype);
+    Store(acc, i, dtype, op == ReduceOp::kMax ? std::max(x, y) : x + y);
+  }
+}
+
+void DivideInPlace(void* buf, size_t n, DType dtype, double divisor) {
+  const float inv = static_cast<float>(1.0 / divisor);
+  for (size_t i = 0; i < n; ++i) Store(buf, i, dtype, Load(buf, i, dtype) * inv);
+}
+
+}  // namespace tierzero::zero

@@ -1,0 +1,45 @@
+// Shared pieces of the communicator backends (src/zero): argument checks, element sizes, the
+// algorithm-independent byte counts of CommStats, and a request that is already complete.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "tierzero/communicator.h"
+
+namespace tierzero::zero {
+
+enum class CollectiveKind : uint8_t {
+  kAllGather,
+  kReduceScatter,
+  kAllReduce,
+  kAllToAll,
+  kBroadcast
+};
+
+// InvalidArgument unless `dtype` (and `op`, for reductions) suits the collective and `count`
+// is whole bytes.
+Status CheckCollective(CollectiveKind kind, size_t count, DType dtype, bool reduction);
+size_t ElementBytes(DType dtype, size_t count);
+// Bytes one rank sends for the collective, as NCCL's tests count them (communicator.h).
+uint64_t BytesSent(CollectiveKind kind, size_t count, DType dtype, int size, bool is_root);
+
+class DoneRequest final : public CommRequest {
+ public:
+  explicit DoneRequest(Status s = Status::OK()) : status_(std::move(s)) {}
+  Status Wait() override { return status_; }
+  StatusOr<bool> Test() override {
+    if (!status_.ok()) return status_;
+    return true;
+  }
+
+ private:
+  Status status_;
+};
+
+// In-place reductions of `n` elements: acc = acc op in (fp32, bf16, fp16), and acc /= divisor.
+void ReduceInto(void* acc, const void* in, size_t n, DType dtype, ReduceOp op);
+void DivideInPlace(void* buf, size_t n, DType dtype, double divisor);
+
+}  // namespace tierzero::zero

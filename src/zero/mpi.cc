@@ -1,0 +1,270 @@
+// The MPI communicator: host buffers, non-blocking collectives on a duplicate of
+// MPI_COMM_WORLD with MPI_ERRORS_RETURN (an MPI failure is a Status naming the collective).
+// bf16 and fp16 reductions are user-defined MPI operations that add in fp32.
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "zero/collective.h"
+
+namespace tierzero {
+namespace {
+
+using zero::CollectiveKind;
+
+Status MpiError(int code, const std::string& what) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  return InternalError("MPI " + what + " failed: " + std::string(text, static_cast<size_t>(len)));
+}
+
+// User-defined reductions for 16-bit floats (MPI has no bf16 or fp16 type).
+template <DType D, ReduceOp O>
+void Reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
+  zero::ReduceInto(inout, in, static_cast<size_t>(*len), D, O);
+}
+
+struct Ops {
+  MPI_Op bf16_sum, bf16_max, f16_sum, f16_max;
+};
+const Ops& GetOps() {
+  static Ops ops = [] {
+    Ops o;
+    MPI_Op_create(&Reduce16<DType::kBF16, ReduceOp::kSum>, 1, &o.bf16_sum);
+    MPI_Op_create(&Reduce16<DType::kBF16, ReduceOp::kMax>, 1, &o.bf16_max);
+    MPI_Op_create(&Reduce16<DType::kF16, ReduceOp::kSum>, 1, &o.f16_sum);
+    MPI_Op_create(&Reduce16<DType::kF16, ReduceOp::kMax>, 1, &o.f16_max);
+    return o;
+  }();
+  return ops;
+}
+
+void FinalizeAtExit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+class MpiRequest final : public CommRequest {
+ public:
+  MpiRequest(MPI_Request r, std::string what, void* mean_buf, size_t mean_n, DType dtype, int size)
+      : req_(r),
+        what_(std::move(what)),
+        mean_buf_(mean_buf),
+        mean_n_(mean_n),
+        dtype_(dtype),
+        size_(size) {}
+  ~MpiRequest() override { (void)Wait(); }
+  Status Wait() override {
+    if (!done_) {
+      const int rc = MPI_Wait(&req_, MPI_STATUS_IGNORE);
+      Finish(rc);
+    }
+    return status_;
+  }
+  StatusOr<bool> Test() override {
+    if (!done_) {
+      int flag = 0;
+      const int rc = MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS || flag) Finish(rc);
+    }
+    if (!status_.ok()) return status_;
+    return done_;
+  }
+
+ private:
+  void Finish(int rc) {
+    done_ = true;
+    if (rc != MPI_SUCCESS) {
+      status_ = MpiError(rc, what_);
+    } else if (mean_buf_ != nullptr) {
+      zero::DivideInPlace(mean_buf_, mean_n_, dtype_, size_);
+    }
+  }
+  MPI_Request req_;
+  std::string what_;
+  void* mean_buf_;
+  size_t mean_n_;
+  DType dtype_;
+  int size_;
+  bool done_ = false;
+  Status status_;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  static StatusOr<std::shared_ptr<Communicator>> Create(int ranks_per_node) {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+      int provided = 0;
+      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+        return UnavailableError("MPI_Init_thread failed");
+      std::atexit(FinalizeAtExit);
+    }
+    auto c = std::shared_ptr<MpiCommunicator>(new MpiCommunicator());
+    if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c->comm_); rc != MPI_SUCCESS)
+      return MpiError(rc, "Comm_dup");
+    MPI_Comm_set_errhandler(c->comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(c->comm_, &c->topo_.rank);
+    MPI_Comm_size(c->comm_, &c->topo_.size);
+    Topology& t = c->topo_;
+    if (ranks_per_node > 0) {
+      t.local_rank = t.rank % ranks_per_node;
+      t.node = t.rank / ranks_per_node;
+      t.nodes = (t.size + ranks_per_node - 1) / ranks_per_node;
+      t.local_size = std::min(ranks_per_node, t.size - t.node * ranks_per_node);
+    } else {
+      // Ranks sharing memory form a node; nodes are numbered by their lowest world rank.
+      MPI_Comm local;
+      if (int rc =
+              MPI_Comm_split_type(c->comm_, MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL, &local);
+          rc != MPI_SUCCESS)
+        return MpiError(rc, "Comm_split_type");
+      MPI_Comm_rank(local, &t.local_rank);
+      MPI_Comm_size(local, &t.local_size);
+      int lowest = t.rank;
+      const int rc = MPI_Allreduce(&t.rank, &lowest, 1, MPI_INT, MPI_MIN, local);
+      MPI_Comm_free(&local);
+      if (rc != MPI_SUCCESS) return MpiError(rc, "Allreduce (topology)");
+      std::vector<int> leaders(static_cast<size_t>(t.size));
+      const int mine = t.rank == lowest ? t.rank : -1;
+      if (int rc2 = MPI_Allgather(&mine, 1, MPI_INT, leaders.data(), 1, MPI_INT, c->comm_);
+          rc2 != MPI_SUCCESS)
+        return MpiError(rc2, "Allgather (topology)");
+      t.nodes = 0;
+      t.node = 0;
+      for (int l : leaders) {
+        if (l < 0) continue;
+        ++t.nodes;
+        if (l < lowest) ++t.node;
+      }
+    }
+    return std::shared_ptr<Communicator>(std::move(c));
+  }
+
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return topo_.rank; }
+  int size() const override { return topo_.size; }
+  Topology topology() const override { return topo_; }
+  std::string backend() const override { return "mpi"; }
+
+  StatusOr<std::unique_ptr<CommRequest>> AllGather(const void* send, void* recv, size_t count,
+                                                   DType dtype) override {
+    RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kAllGather, count, dtype, false));
+    ASSIGN_OR_RETURN(int bytes, IntBytes(dtype, count, "all_gather"));
+    MPI_Request r;
+    if (int rc = MPI_Iallgather(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, comm_, &r);
+        rc != MPI_SUCCESS)
+      return MpiError(rc, "Iallgather");
+    return Started(r, "all_gather", CollectiveKind::kAllGather, count, dtype);
+  }
+
+  StatusOr<std::unique_ptr<CommRequest>> ReduceScatter(const void* send, void* recv, size_t count,
+                                                       DType dtype, ReduceOp op) override {
+    RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kReduceScatter, count, dtype, true));
+    ASSIGN_OR_RETURN(int n, IntCount(count, "reduce_scatter"));
+    MPI_Request r;
+    if (int rc = MPI_Ireduce_scatter_block(send, recv, n, Type(dtype), Op(dtype, op), comm_, &r);
+        rc != MPI_SUCCESS)
+      return MpiError(rc, "Ireduce_scatter_block");
+    return Started(r, "reduce_scatter", CollectiveKind::kReduceScatter, count, dtype,
+                   op == ReduceOp::kMean ? recv : nullptr);
+  }
+
+  StatusOr<std::unique_ptr<CommRequest>> AllReduce(const void* send, void* recv, size_t count,
+                                                   DType dtype, ReduceOp op) override {
+    RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kAllReduce, count, dtype, true));
+    ASSIGN_OR_RETURN(int n, IntCount(count, "all_reduce"));
+    MPI_Request r;
+    const void* s = send == recv ? MPI_IN_PLACE : send;
+    if (int rc = MPI_Iallreduce(s, recv, n, Type(dtype), Op(dtype, op), comm_, &r);
+        rc != MPI_SUCCESS)
+      return MpiError(rc, "Iallreduce");
+    return Started(r, "all_reduce", CollectiveKind::kAllReduce, count, dtype,
+                   op == ReduceOp::kMean ? recv : nullptr);
+  }
+
+  StatusOr<std::unique_ptr<CommRequest>> AllToAll(const void* send, void* recv, size_t count,
+                                                  DType dtype) override {
+    RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kAllToAll, count, dtype, false));
+    ASSIGN_OR_RETURN(int bytes, IntBytes(dtype, count, "all_to_all"));
+    MPI_Request r;
+    if (int rc = MPI_Ialltoall(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, comm_, &r);
+        rc != MPI_SUCCESS)
+      return MpiError(rc, "Ialltoall");
+    return Started(r, "all_to_all", CollectiveKind::kAllToAll, count, dtype);
+  }
+
+  StatusOr<std::unique_ptr<CommRequest>> Broadcast(void* buf, size_t count, DType dtype,
+                                                   int root) override {
+    RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kBroadcast, count, dtype, false));
+    if (root < 0 || root >= topo_.size)
+      return InvalidArgumentError("broadcast root " + std::to_string(root) + " of " +
+                                  std::to_string(topo_.size) + " ranks");
+    ASSIGN_OR_RETURN(int bytes, IntBytes(dtype, count, "broadcast"));
+    MPI_Request r;
+    if (int rc = MPI_Ibcast(buf, bytes, MPI_BYTE, root, comm_, &r); rc != MPI_SUCCESS)
+      return MpiError(rc, "Ibcast");
+    return Started(r, "broadcast", CollectiveKind::kBroadcast, count, dtype, nullptr,
+                   root == topo_.rank);
+  }
+
+  Status Barrier() override {
+    if (int rc = MPI_Barrier(comm_); rc != MPI_SUCCESS) return MpiError(rc, "Barrier");
+    return Status::OK();
+  }
+
+  CommStats stats() const override { return stats_; }
+
+ private:
+  MpiCommunicator() = default;
+
+  static StatusOr<int> IntCount(size_t count, const char* what) {
+    if (count > static_cast<size_t>(INT_MAX))
+      return UnsupportedError(std::string(what) + " of " + std::to_string(count) +
+                              " elements: MPI counts stop at 2^31 - 1; split the buffer");
+    return static_cast<int>(count);
+  }
+  static StatusOr<int> IntBytes(DType dtype, size_t count, const char* what) {
+    return IntCount(zero::ElementBytes(dtype, count), what);
+  }
+  static MPI_Datatype Type(DType dtype) { return dtype == DType::kF32 ? MPI_FLOAT : MPI_UINT16_T; }
+  static MPI_Op Op(DType dtype, ReduceOp op) {
+    const bool max = op == ReduceOp::kMax;
+    if (dtype == DType::kF32) return max ? MPI_MAX : MPI_SUM;
+    const Ops& o = GetOps();
+    if (dtype == DType::kBF16) return max ? o.bf16_max : o.bf16_sum;
+    return max ? o.f16_max : o.f16_sum;
+  }
+  std::unique_ptr<CommRequest> Started(MPI_Request r, const char* what, CollectiveKind kind,
+                                       size_t count, DType dtype, void* mean_buf = nullptr,
+                                       bool is_root = false) {
+    ++stats_.collectives;
+    stats_.bytes_sent += zero::BytesSent(kind, count, dtype, topo_.size, is_root);
+    return std::make_unique<MpiRequest>(r, what, mean_buf, count, dtype, topo_.size);
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  Topology topo_;
+  CommStats stats_;
+};
+
+}  // namespace
+
+StatusOr<std::shared_ptr<Communicator>> Communicator::Mpi(int ranks_per_node) {
+  return MpiCommunicator::Create(ranks_per_node);
+}
+
+}  // namespace tierzero

@@ -1,0 +1,11 @@
+// Built without MPI: Communicator::Mpi() says so.
+#include "tierzero/communicator.h"
+
+namespace tierzero {
+
+StatusOr<std::shared_ptr<Communicator>> Communicator::Mpi(int) {
+  return UnavailableError(
+      "this build has no MPI (install libopenmpi-dev and reconfigure with TZ_ENABLE_MPI=ON)");
+}
+
+}  // namespace tierzero

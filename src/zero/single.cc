@@ -1,0 +1,64 @@
+// The one-process communicator: every collective is a copy (a reduction over one rank is the
+// rank's own data; the mean divides by 1).
+#include <cstring>
+
+#include "zero/collective.h"
+
+namespace tierzero {
+namespace {
+
+class SingleRank final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  Topology topology() const override { return {}; }
+  std::string backend() const override { return "single"; }
+
+  StatusOr<std::unique_ptr<CommRequest>> AllGather(const void* send, void* recv, size_t count,
+                                                   DType dtype) override {
+    return Copy(zero::CollectiveKind::kAllGather, send, recv, count, dtype, false);
+  }
+  StatusOr<std::unique_ptr<CommRequest>> ReduceScatter(const void* send, void* recv, size_t count,
+                                                       DType dtype, ReduceOp) override {
+    return Copy(zero::CollectiveKind::kReduceScatter, send, recv, count, dtype, true);
+  }
+  StatusOr<std::unique_ptr<CommRequest>> AllReduce(const void* send, void* recv, size_t count,
+                                                   DType dtype, ReduceOp) override {
+    return Copy(zero::CollectiveKind::kAllReduce, send, recv, count, dtype, true);
+  }
+  StatusOr<std::unique_ptr<CommRequest>> AllToAll(const void* send, void* recv, size_t count,
+                                                  DType dtype) override {
+    return Copy(zero::CollectiveKind::kAllToAll, send, recv, count, dtype, false);
+  }
+  StatusOr<std::unique_ptr<CommRequest>> Broadcast(void* buf, size_t count, DType dtype,
+                                                   int root) override {
+    RETURN_IF_ERROR(zero::CheckCollective(zero::CollectiveKind::kBroadcast, count, dtype, false));
+    if (root != 0)
+      return InvalidArgumentError("broadcast root " + std::to_string(root) + " of 1 rank");
+    (void)buf;
+    ++stats_.collectives;
+    return std::unique_ptr<CommRequest>(new zero::DoneRequest());
+  }
+  Status Barrier() override { return Status::OK(); }
+  CommStats stats() const override { return stats_; }
+
+ private:
+  StatusOr<std::unique_ptr<CommRequest>> Copy(zero::CollectiveKind kind, const void* send,
+                                              void* recv, size_t count, DType dtype,
+                                              bool reduction) {
+    RETURN_IF_ERROR(zero::CheckCollective(kind, count, dtype, reduction));
+    if (send != recv) std::memmove(recv, send, zero::ElementBytes(dtype, count));
+    ++stats_.collectives;
+    return std::unique_ptr<CommRequest>(new zero::DoneRequest());
+  }
+  CommStats stats_;
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> Communicator::Single() {
+  // Each caller gets its own (the byte counters are per communicator).
+  return std::make_shared<SingleRank>();
+}
+
+}  // namespace tierzero
