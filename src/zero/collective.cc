@@ -106,4 +106,42 @@ void DivideInPlace(void* buf, size_t n, DType dtype, double divisor) {
   for (size_t i = 0; i < n; ++i) Store(buf, i, dtype, Load(buf, i, dtype) * inv);
 }
 
+void ReduceBlocks(const void* blocks, int num_blocks, void* out, size_t n, DType dtype,
+                  ReduceOp op) {
+  const auto* base = static_cast<const uint8_t*>(blocks);
+  const size_t stride = ElementBytes(dtype, n);
+  constexpr size_t kTile = 2048;  // fp32 accumulators on the stack, a tile at a time
+  float acc[kTile];
+  for (size_t t0 = 0; t0 < n; t0 += kTile) {
+    const size_t m = std::min(kTile, n - t0);
+    for (int b = 0; b < num_blocks; ++b) {
+      const uint8_t* blk = base + static_cast<size_t>(b) * stride;
+      if (dtype == DType::kF32) {
+        const float* x = reinterpret_cast<const float*>(blk) + t0;
+        if (b == 0) {
+          std::memcpy(acc, x, m * 4);
+        } else if (op == ReduceOp::kMax) {
+          for (size_t i = 0; i < m; ++i) acc[i] = std::max(acc[i], x[i]);
+        } else {
+          for (size_t i = 0; i < m; ++i) acc[i] += x[i];
+        }
+      } else {
+        for (size_t i = 0; i < m; ++i) {
+          const float x = Load(blk, t0 + i, dtype);
+          acc[i] = b == 0 ? x : (op == ReduceOp::kMax ? std::max(acc[i], x) : acc[i] + x);
+        }
+      }
+    }
+    if (op == ReduceOp::kMean) {
+      const float inv = 1.0f / static_cast<float>(num_blocks);
+      for (size_t i = 0; i < m; ++i) acc[i] *= inv;
+    }
+    if (dtype == DType::kF32) {
+      std::memcpy(static_cast<float*>(out) + t0, acc, m * 4);
+    } else {
+      for (size_t i = 0; i < m; ++i) Store(out, t0 + i, dtype, acc[i]);
+    }
+  }
+}
+
 }  // namespace tierzero::zero

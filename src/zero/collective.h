@@ -41,5 +41,9 @@ class DoneRequest final : public CommRequest {
 // In-place reductions of `n` elements: acc = acc op in (fp32, bf16, fp16), and acc /= divisor.
 void ReduceInto(void* acc, const void* in, size_t n, DType dtype, ReduceOp op);
 void DivideInPlace(void* buf, size_t n, DType dtype, double divisor);
+// out = op over `blocks` consecutive blocks of n elements (block order 0..blocks-1), accumulated
+// in fp32 and rounded once; kMean divides by `blocks`.
+void ReduceBlocks(const void* blocks, int num_blocks, void* out, size_t n, DType dtype,
+                  ReduceOp op);
 
 }  // namespace tierzero::zero

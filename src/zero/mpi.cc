@@ -97,6 +97,98 @@ class MpiRequest final : public CommRequest {
   Status status_;
 };
 
+// Receive buffers for the exchange, kept between collectives: a fresh 256 MiB allocation costs
+// its page faults every time.
+class ScratchPool {
+ public:
+  std::vector<uint8_t> Take(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < free_.size(); ++i) {
+      if (free_[i].size() >= bytes) {
+        std::vector<uint8_t> b = std::move(free_[i]);
+        free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+        return b;
+      }
+    }
+    return std::vector<uint8_t>(bytes);
+  }
+  // Keeps the two largest buffers (smaller ones would only be reallocated for the next large
+  // collective).
+  void Give(std::vector<uint8_t> b) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_.size() < 2) {
+      free_.push_back(std::move(b));
+      return;
+    }
+    auto smallest = std::min_element(free_.begin(), free_.end(), [](const auto& x, const auto& y) {
+      return x.size() < y.size();
+    });
+    if (smallest->size() < b.size()) *smallest = std::move(b);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::vector<uint8_t>> free_;
+};
+
+// Note [Reduce-scatter as all-to-all]
+// Open MPI's reduce_scatter_block on one machine reduces through a root and scatters: measured
+// 0.4-0.5 GB/s bus bandwidth here against 1.6-2.7 GB/s for all_gather of the same size. A rank's
+// block of the result needs only the other ranks' copies of that block, so we exchange blocks
+// with one all_to_all (the same (W-1)/W of the buffer on the wire) and reduce the W copies
+// locally, in rank order. Besides speed this makes the result independent of MPI's algorithm
+// (every rank adds in the order 0..W-1) and, for bf16/fp16, more accurate: the sum is kept in
+// fp32 and rounded once.
+class ExchangeReduceRequest final : public CommRequest {
+ public:
+  ExchangeReduceRequest(MPI_Request r, std::vector<uint8_t> blocks,
+                        std::shared_ptr<ScratchPool> pool, void* recv, size_t count, DType dtype,
+                        ReduceOp op, int size)
+      : req_(r),
+        blocks_(std::move(blocks)),
+        pool_(std::move(pool)),
+        recv_(recv),
+        count_(count),
+        dtype_(dtype),
+        op_(op),
+        size_(size) {}
+  ~ExchangeReduceRequest() override { (void)Wait(); }
+  Status Wait() override {
+    if (!done_) Finish(MPI_Wait(&req_, MPI_STATUS_IGNORE));
+    return status_;
+  }
+  StatusOr<bool> Test() override {
+    if (!done_) {
+      int flag = 0;
+      const int rc = MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS || flag) Finish(rc);
+    }
+    if (!status_.ok()) return status_;
+    return done_;
+  }
+
+ private:
+  void Finish(int rc) {
+    done_ = true;
+    if (rc != MPI_SUCCESS) {
+      status_ = MpiError(rc, "Ialltoall (reduce_scatter)");
+      return;
+    }
+    zero::ReduceBlocks(blocks_.data(), size_, recv_, count_, dtype_, op_);
+    pool_->Give(std::move(blocks_));
+  }
+  MPI_Request req_;
+  std::vector<uint8_t> blocks_;
+  std::shared_ptr<ScratchPool> pool_;
+  void* recv_;
+  size_t count_;
+  DType dtype_;
+  ReduceOp op_;
+  int size_;
+  bool done_ = false;
+  Status status_;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   static StatusOr<std::shared_ptr<Communicator>> Create(int ranks_per_node) {
@@ -173,14 +265,20 @@ class MpiCommunicator final : public Communicator {
 
   StatusOr<std::unique_ptr<CommRequest>> ReduceScatter(const void* send, void* recv, size_t count,
                                                        DType dtype, ReduceOp op) override {
+    // Note [Reduce-scatter as all-to-all].
     RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kReduceScatter, count, dtype, true));
-    ASSIGN_OR_RETURN(int n, IntCount(count, "reduce_scatter"));
+    ASSIGN_OR_RETURN(int bytes, IntBytes(dtype, count, "reduce_scatter"));
+    std::vector<uint8_t> blocks =
+        scratch_->Take(static_cast<size_t>(bytes) * static_cast<size_t>(topo_.size));
     MPI_Request r;
-    if (int rc = MPI_Ireduce_scatter_block(send, recv, n, Type(dtype), Op(dtype, op), comm_, &r);
+    if (int rc = MPI_Ialltoall(send, bytes, MPI_BYTE, blocks.data(), bytes, MPI_BYTE, comm_, &r);
         rc != MPI_SUCCESS)
-      return MpiError(rc, "Ireduce_scatter_block");
-    return Started(r, "reduce_scatter", CollectiveKind::kReduceScatter, count, dtype,
-                   op == ReduceOp::kMean ? recv : nullptr);
+      return MpiError(rc, "Ialltoall (reduce_scatter)");
+    ++stats_.collectives;
+    stats_.bytes_sent +=
+        zero::BytesSent(CollectiveKind::kReduceScatter, count, dtype, topo_.size, false);
+    return std::unique_ptr<CommRequest>(new ExchangeReduceRequest(
+        r, std::move(blocks), scratch_, recv, count, dtype, op, topo_.size));
   }
 
   StatusOr<std::unique_ptr<CommRequest>> AllReduce(const void* send, void* recv, size_t count,
@@ -257,6 +355,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  std::shared_ptr<ScratchPool> scratch_ = std::make_shared<ScratchPool>();
   Topology topo_;
   CommStats stats_;
 };
