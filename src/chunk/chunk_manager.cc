@@ -68,7 +68,14 @@ struct ChunkManager::Impl {
   size_t gathers_timed = 0;
   double measured_seconds[3] = {0, 0, 0};  // mean gather time per Tier; 0 = not measured
   Event iteration_end;
-  std::vector<DeviceBuffer> deferred_free;
+  // Separate gradient chunks whose D2H copy is queued: freed once `done` (recorded after the
+  // copy on the D2H stream) has passed, not at the end of the iteration, so backward with
+  // accumulation holds only the grad chunks still in flight (ReapDeferred).
+  struct Deferred {
+    DeviceBuffer buf;
+    Event done;
+  };
+  std::vector<Deferred> deferred_free;
 
   // Profiling (ProfileNextIteration).
   Timeline* timeline = nullptr;  // armed when set and not yet profiling
@@ -646,7 +653,11 @@ Status ChunkManager::ReduceChunk(int c) {
                                      start));
       }
     }
-    im.deferred_free.push_back(std::move(rt.grad_buf));
+    Impl::Deferred d;
+    ASSIGN_OR_RETURN(d.done, Event::Create(device_));
+    RETURN_IF_ERROR(device_.RecordEvent(d.done.handle(), d2h));
+    d.buf = std::move(rt.grad_buf);
+    im.deferred_free.push_back(std::move(d));
   }
   counters_.d2h_bytes += bytes;
   return Status::OK();
@@ -708,6 +719,7 @@ Status ChunkManager::Acquire(std::span<const int> tensors, Phase phase) {
 
 Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed, Phase phase) {
   Impl& im = *impl_;
+  ReapDeferred();
   RETURN_IF_ERROR(FlushPrefetches());
   if (im.mode == Impl::Mode::kReplay &&
       (k >= static_cast<int>(trace_.size()) || trace_[static_cast<size_t>(k)].chunks != needed ||
@@ -857,6 +869,18 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed, Phase 
 // queued the moment's compute. Their timing on the device does not change: the H2D stream
 // already waits for the moment to begin (Note [Gathers start when their moment begins]), and
 // nothing else is queued on it in between.
+void ChunkManager::ReapDeferred() {
+  auto& v = impl_->deferred_free;
+  size_t keep = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    auto done = device_.EventDone(v[i].done.handle());
+    if (done.ok() && *done) continue;  // its copy is done: freed when the vector shrinks
+    if (keep != i) v[keep] = std::move(v[i]);
+    ++keep;
+  }
+  v.resize(keep);
+}
+
 Status ChunkManager::FlushPrefetches() {
   Impl& im = *impl_;
   for (int c : im.pending_prefetch) {
@@ -875,6 +899,7 @@ Status ChunkManager::Release(std::span<const int> tensors, Phase phase) {
   Impl& im = *impl_;
   RETURN_IF_ERROR(states_->Release(tensors, phase));
   RETURN_IF_ERROR(FlushPrefetches());
+  ReapDeferred();
   if (im.mode != Impl::Mode::kReplay) {
     // Recording and on-demand iterations keep only chunks in COMPUTE on the device. A chunk
     // whose gradient went out through its slot is dropped too (ReduceChunk queued the copy).

@@ -177,6 +177,7 @@ class ChunkManager {
   Status EnqueueGather(int chunk, Tier tier);
   Status GathersStartNow(int moment);
   Status FlushPrefetches();
+  void ReapDeferred();
   Status Evict(int chunk);
   Status ReduceChunk(int chunk);
   bool SeparateGrads(int chunk) const;

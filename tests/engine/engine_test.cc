@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -473,6 +474,51 @@ TEST(Engine, ReportAgreesWithTheEngineCounters) {
   EXPECT_GT(b["backward_seconds"].get<double>(), 0);
   EXPECT_LE(b["optimizer_compute_seconds"].get<double>(), b["optimizer_seconds"].get<double>());
   EXPECT_LE(b["optimizer_seconds"].get<double>(), s.optimizer_seconds);
+}
+
+TEST(Engine, AccumulationFreesGradientChunksDuringBackward) {
+  // With accumulation every chunk's gradient goes to its own device buffer. Each is freed once its
+  // copy to the host is done, not at the end of the iteration: after a backward pass over 24
+  // chunks, only the last few are still on the device.
+  EngineConfig ec = HostConfig();
+  ec.compute_dtype = DType::kF32;
+  ec.grad_accumulation = 2;
+  ec.device_budget = uint64_t{4} << 20;
+  auto e = Engine::Create(ec);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  Engine& engine = **e;
+  constexpr int kParams = 24;
+  std::vector<ParamId> ids;
+  for (int i = 0; i < kParams; ++i) {
+    auto id = engine.RegisterParam({"p" + std::to_string(i), {16384}, InitConstant(1.0f)});
+    ASSERT_TRUE(id.ok());
+    ids.push_back(*id);
+  }
+  ASSERT_TRUE(engine.Finalize().ok());
+  const uint64_t chunk_bytes = 16384 * 4;
+  for (int iteration = 0; iteration < 2; ++iteration) {  // warm-up, then the plan
+    ASSERT_TRUE(engine.BeginIteration(true).ok());
+    for (int i = 0; i < kParams; ++i) {
+      auto scope = engine.Acquire(std::span(&ids[static_cast<size_t>(i)], 1), Phase::kForward);
+      ASSERT_TRUE(scope.ok()) << scope.status().ToString();
+    }
+    const uint64_t after_forward = engine.usage().device;
+    for (int i = kParams - 1; i >= 0; --i) {
+      auto scope = engine.Acquire(std::span(&ids[static_cast<size_t>(i)], 1), Phase::kBackward);
+      ASSERT_TRUE(scope.ok()) << scope.status().ToString();
+      auto* g = static_cast<float*>(scope->grad(ids[static_cast<size_t>(i)]));
+      ASSERT_NE(g, nullptr);
+      std::fill(g, g + 16384, 0.5f);
+    }
+    // Gradient chunks still on the device after backward: a few whose copies are in flight, not
+    // all 24 (measured: 1 with this change, 24 before it).
+    const TierUsage u = engine.usage();
+    EXPECT_LT(u.device, after_forward + 6 * chunk_bytes) << "iteration " << iteration;
+    ASSERT_TRUE(engine.EndIteration().ok());
+  }
+  std::vector<float> grad(16384);
+  ASSERT_TRUE(engine.ReadGrad(ids[0], grad).ok());
+  EXPECT_FLOAT_EQ(grad[0], 1.0f);  // 0.5 from each of the two micro-batches
 }
 
 }  // namespace
