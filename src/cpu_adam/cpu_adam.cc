@@ -115,6 +115,26 @@ CpuAdam::~CpuAdam() = default;
 int CpuAdam::threads() const { return impl_->arena.max_concurrency(); }
 bool CpuAdam::native_bf16() const { return impl_->native_bf16; }
 
+internal::AdamScalars MakeAdamScalars(const AdamConfig& config, const AdamStepOptions& opt) {
+  const float lr = opt.lr >= 0 ? opt.lr : config.lr;
+  const double t = static_cast<double>(opt.step);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(config.beta1), t);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(config.beta2), t);
+  AdamScalars s;
+  s.grad_scale = opt.grad_scale;
+  s.beta1 = config.beta1;
+  s.beta2 = config.beta2;
+  s.one_minus_beta1 = 1.0f - config.beta1;
+  s.one_minus_beta2 = 1.0f - config.beta2;
+  s.eps = config.eps;
+  s.step_size = static_cast<float>(lr / bc1);
+  s.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  s.adamw = config.adamw;
+  s.l2 = config.adamw ? 0.0f : config.weight_decay;
+  s.decay = config.adamw ? 1.0f - lr * config.weight_decay : 1.0f;
+  return s;
+}
+
 StatusOr<bool> CpuAdam::Step(const AdamBuffers& b, const AdamStepOptions& opt) {
   if (opt.step < 1) {
     return InvalidArgumentError("adam step = " + std::to_string(opt.step) + "; steps count from 1");
@@ -141,22 +161,7 @@ StatusOr<bool> CpuAdam::Step(const AdamBuffers& b, const AdamStepOptions& opt) {
     if (!finite) return false;
   }
 
-  const float lr = opt.lr >= 0 ? opt.lr : config_.lr;
-  const double t = static_cast<double>(opt.step);
-  const double bc1 = 1.0 - std::pow(static_cast<double>(config_.beta1), t);
-  const double bc2 = 1.0 - std::pow(static_cast<double>(config_.beta2), t);
-  AdamScalars s;
-  s.grad_scale = opt.grad_scale;
-  s.beta1 = config_.beta1;
-  s.beta2 = config_.beta2;
-  s.one_minus_beta1 = 1.0f - config_.beta1;
-  s.one_minus_beta2 = 1.0f - config_.beta2;
-  s.eps = config_.eps;
-  s.step_size = static_cast<float>(lr / bc1);
-  s.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  s.adamw = config_.adamw;
-  s.l2 = config_.adamw ? 0.0f : config_.weight_decay;
-  s.decay = config_.adamw ? 1.0f - lr * config_.weight_decay : 1.0f;
+  const AdamScalars s = MakeAdamScalars(config_, opt);
 
   const AdamKernels& k = *impl_->kernels;
   const size_t block = options_.block_elems;

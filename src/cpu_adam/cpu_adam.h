@@ -77,6 +77,12 @@ struct AdamStepOptions {
   int chunk = -1;
 };
 
+// The per-step scalars every Adam path (CPU and GPU) uses: bias corrections, decay, scale.
+namespace internal {
+struct AdamScalars;
+}
+internal::AdamScalars MakeAdamScalars(const AdamConfig& config, const AdamStepOptions& step);
+
 class CpuAdam {
  public:
   // InvalidArgument naming the field for a bad config or options.

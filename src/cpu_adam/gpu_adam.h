@@ -1,0 +1,24 @@
+// Adam/AdamW as one CUDA kernel: the same math, operation order, fused multiply-adds and
+// rounding as CpuAdam (cpu_adam.h), so a GPU step and the scalar CPU path agree bit for bit
+// (IEEE division and square root: nvcc's defaults, no fast math). One thread per element in a
+// grid-stride loop. Used for sub-groups the optimizer updates on the device (DESIGN.md section 7)
+// and by gpu_bench. C++17 and CUDA-free (the stream is a void*).
+#pragma once
+
+#include <cstddef>
+
+#include "core/status.h"
+#include "cpu_adam/cpu_adam.h"
+
+namespace tierzero {
+
+// True when this build contains the kernel.
+bool GpuAdamBuilt();
+
+// Enqueues one step over device buffers (AdamBuffers' meaning; every pointer on the device) on
+// `cuda_stream`. InvalidArgument as CpuAdam::Step; Unavailable without CUDA; Internal for a
+// launch failure.
+Status GpuAdamStepAsync(const AdamConfig& config, const AdamStepOptions& step,
+                        const AdamBuffers& buffers, void* cuda_stream);
+
+}  // namespace tierzero
