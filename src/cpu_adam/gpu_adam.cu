@@ -49,8 +49,8 @@ __global__ void AdamKernel(float* __restrict__ master, float* __restrict__ m1,
 
 bool GpuAdamBuilt() { return true; }
 
-Status GpuAdamStepAsync(const AdamConfig& config, const AdamStepOptions& step,
-                        const AdamBuffers& b, void* cuda_stream) {
+Status GpuAdamStepAsync(const AdamConfig& config, const AdamStepOptions& step, const AdamBuffers& b,
+                        void* cuda_stream) {
   if (step.step < 1) return InvalidArgumentError("adam step must be >= 1");
   if (b.grad_dtype != DType::kF32 && b.grad_dtype != DType::kBF16 && b.grad_dtype != DType::kF16)
     return InvalidArgumentError("GPU Adam gradients are fp32, bf16 or fp16");
@@ -66,7 +66,8 @@ Status GpuAdamStepAsync(const AdamConfig& config, const AdamStepOptions& step,
   AdamKernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
       b.master, b.m, b.v, b.grad, b.grad_dtype, b.out, b.out_dtype, b.n, s);
   const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return InternalError(std::string("GPU Adam launch: ") + cudaGetErrorString(e));
+  if (e != cudaSuccess)
+    return InternalError(std::string("GPU Adam launch: ") + cudaGetErrorString(e));
   return Status::OK();
 }
 
