@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -51,21 +52,16 @@ void FinalizeAtExit() {
   if (!finalized) MPI_Finalize();
 }
 
+// A started MPI collective. `on_done` is the local part that follows the transfer (the mean's
+// division, reduce_scatter's sum of the exchanged blocks); it runs once, on the thread that sees
+// the transfer complete.
 class MpiRequest final : public CommRequest {
  public:
-  MpiRequest(MPI_Request r, std::string what, void* mean_buf, size_t mean_n, DType dtype, int size)
-      : req_(r),
-        what_(std::move(what)),
-        mean_buf_(mean_buf),
-        mean_n_(mean_n),
-        dtype_(dtype),
-        size_(size) {}
+  MpiRequest(MPI_Request r, std::string what, std::function<void()> on_done)
+      : req_(r), what_(std::move(what)), on_done_(std::move(on_done)) {}
   ~MpiRequest() override { (void)Wait(); }
   Status Wait() override {
-    if (!done_) {
-      const int rc = MPI_Wait(&req_, MPI_STATUS_IGNORE);
-      Finish(rc);
-    }
+    if (!done_) Finish(MPI_Wait(&req_, MPI_STATUS_IGNORE));
     return status_;
   }
   StatusOr<bool> Test() override {
@@ -83,16 +79,14 @@ class MpiRequest final : public CommRequest {
     done_ = true;
     if (rc != MPI_SUCCESS) {
       status_ = MpiError(rc, what_);
-    } else if (mean_buf_ != nullptr) {
-      zero::DivideInPlace(mean_buf_, mean_n_, dtype_, size_);
+    } else if (on_done_) {
+      on_done_();
     }
+    on_done_ = nullptr;
   }
   MPI_Request req_;
   std::string what_;
-  void* mean_buf_;
-  size_t mean_n_;
-  DType dtype_;
-  int size_;
+  std::function<void()> on_done_;
   bool done_ = false;
   Status status_;
 };
@@ -139,56 +133,6 @@ class ScratchPool {
 // locally, in rank order. Besides speed this makes the result independent of MPI's algorithm
 // (every rank adds in the order 0..W-1) and, for bf16/fp16, more accurate: the sum is kept in
 // fp32 and rounded once.
-class ExchangeReduceRequest final : public CommRequest {
- public:
-  ExchangeReduceRequest(MPI_Request r, std::vector<uint8_t> blocks,
-                        std::shared_ptr<ScratchPool> pool, void* recv, size_t count, DType dtype,
-                        ReduceOp op, int size)
-      : req_(r),
-        blocks_(std::move(blocks)),
-        pool_(std::move(pool)),
-        recv_(recv),
-        count_(count),
-        dtype_(dtype),
-        op_(op),
-        size_(size) {}
-  ~ExchangeReduceRequest() override { (void)Wait(); }
-  Status Wait() override {
-    if (!done_) Finish(MPI_Wait(&req_, MPI_STATUS_IGNORE));
-    return status_;
-  }
-  StatusOr<bool> Test() override {
-    if (!done_) {
-      int flag = 0;
-      const int rc = MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
-      if (rc != MPI_SUCCESS || flag) Finish(rc);
-    }
-    if (!status_.ok()) return status_;
-    return done_;
-  }
-
- private:
-  void Finish(int rc) {
-    done_ = true;
-    if (rc != MPI_SUCCESS) {
-      status_ = MpiError(rc, "Ialltoall (reduce_scatter)");
-      return;
-    }
-    zero::ReduceBlocks(blocks_.data(), size_, recv_, count_, dtype_, op_);
-    pool_->Give(std::move(blocks_));
-  }
-  MPI_Request req_;
-  std::vector<uint8_t> blocks_;
-  std::shared_ptr<ScratchPool> pool_;
-  void* recv_;
-  size_t count_;
-  DType dtype_;
-  ReduceOp op_;
-  int size_;
-  bool done_ = false;
-  Status status_;
-};
-
 class MpiCommunicator final : public Communicator {
  public:
   static StatusOr<std::shared_ptr<Communicator>> Create(int ranks_per_node) {
@@ -274,11 +218,13 @@ class MpiCommunicator final : public Communicator {
     if (int rc = MPI_Ialltoall(send, bytes, MPI_BYTE, blocks.data(), bytes, MPI_BYTE, comm_, &r);
         rc != MPI_SUCCESS)
       return MpiError(rc, "Ialltoall (reduce_scatter)");
-    ++stats_.collectives;
-    stats_.bytes_sent +=
-        zero::BytesSent(CollectiveKind::kReduceScatter, count, dtype, topo_.size, false);
-    return std::unique_ptr<CommRequest>(new ExchangeReduceRequest(
-        r, std::move(blocks), scratch_, recv, count, dtype, op, topo_.size));
+    // The exchanged blocks go back to the pool once summed.
+    auto exchanged = std::make_shared<std::vector<uint8_t>>(std::move(blocks));
+    return Started(r, "Ialltoall (reduce_scatter)", CollectiveKind::kReduceScatter, count, dtype,
+                   false, [exchanged, pool = scratch_, recv, count, dtype, op, w = topo_.size] {
+                     zero::ReduceBlocks(exchanged->data(), w, recv, count, dtype, op);
+                     pool->Give(std::move(*exchanged));
+                   });
   }
 
   StatusOr<std::unique_ptr<CommRequest>> AllReduce(const void* send, void* recv, size_t count,
@@ -290,8 +236,12 @@ class MpiCommunicator final : public Communicator {
     if (int rc = MPI_Iallreduce(s, recv, n, Type(dtype), Op(dtype, op), comm_, &r);
         rc != MPI_SUCCESS)
       return MpiError(rc, "Iallreduce");
-    return Started(r, "all_reduce", CollectiveKind::kAllReduce, count, dtype,
-                   op == ReduceOp::kMean ? recv : nullptr);
+    std::function<void()> mean;
+    if (op == ReduceOp::kMean) {
+      mean = [recv, count, dtype, w = topo_.size] { zero::DivideInPlace(recv, count, dtype, w); };
+    }
+    return Started(r, "all_reduce", CollectiveKind::kAllReduce, count, dtype, false,
+                   std::move(mean));
   }
 
   StatusOr<std::unique_ptr<CommRequest>> AllToAll(const void* send, void* recv, size_t count,
@@ -315,8 +265,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Request r;
     if (int rc = MPI_Ibcast(buf, bytes, MPI_BYTE, root, comm_, &r); rc != MPI_SUCCESS)
       return MpiError(rc, "Ibcast");
-    return Started(r, "broadcast", CollectiveKind::kBroadcast, count, dtype, nullptr,
-                   root == topo_.rank);
+    return Started(r, "broadcast", CollectiveKind::kBroadcast, count, dtype, root == topo_.rank);
   }
 
   Status Barrier() override {
@@ -347,11 +296,11 @@ class MpiCommunicator final : public Communicator {
     return max ? o.f16_max : o.f16_sum;
   }
   std::unique_ptr<CommRequest> Started(MPI_Request r, const char* what, CollectiveKind kind,
-                                       size_t count, DType dtype, void* mean_buf = nullptr,
-                                       bool is_root = false) {
+                                       size_t count, DType dtype, bool is_root = false,
+                                       std::function<void()> on_done = nullptr) {
     ++stats_.collectives;
     stats_.bytes_sent += zero::BytesSent(kind, count, dtype, topo_.size, is_root);
-    return std::make_unique<MpiRequest>(r, what, mean_buf, count, dtype, topo_.size);
+    return std::make_unique<MpiRequest>(r, what, std::move(on_done));
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
