@@ -48,9 +48,10 @@ extern const AdamKernels kAdamAvx512Bf16;
 
 // ---- The scalar element update, shared by every path's tail ------------------------------------
 // `static inline`: see Note [Internal linkage for helpers of SIMD files] in core/convert.h.
-// The operation order and the fused multiply-adds match the vector code lane for lane.
+// The operation order and the fused multiply-adds match the vector code lane for lane, and the
+// GPU kernel runs this very function.
 
-static inline float LoadGradScalar(const void* grad, DType dtype, size_t i) {
+TZ_HOST_DEVICE static inline float LoadGradScalar(const void* grad, DType dtype, size_t i) {
   switch (dtype) {
     case DType::kBF16:
       return BF16ToF32Scalar(static_cast<const uint16_t*>(grad)[i]);
@@ -61,15 +62,16 @@ static inline float LoadGradScalar(const void* grad, DType dtype, size_t i) {
   }
 }
 
-static inline void AdamElement(const AdamBlock& b, const AdamScalars& s, size_t i) {
+// Also the GPU kernel's body (gpu_adam.cu): fmaf and sqrtf are the IEEE operations on both.
+TZ_HOST_DEVICE static inline void AdamElement(const AdamBlock& b, const AdamScalars& s, size_t i) {
   float g = LoadGradScalar(b.grad, b.grad_dtype, i) * s.grad_scale;
   float p = b.master[i];
-  g = std::fmaf(s.l2, p, g);
-  const float m = std::fmaf(s.beta1, b.m[i], s.one_minus_beta1 * g);
-  const float v = std::fmaf(s.beta2, b.v[i], s.one_minus_beta2 * (g * g));
-  const float denom = std::fmaf(std::sqrt(v), s.inv_sqrt_bc2, s.eps);
+  g = fmaf(s.l2, p, g);
+  const float m = fmaf(s.beta1, b.m[i], s.one_minus_beta1 * g);
+  const float v = fmaf(s.beta2, b.v[i], s.one_minus_beta2 * (g * g));
+  const float denom = fmaf(sqrtf(v), s.inv_sqrt_bc2, s.eps);
   p = p * s.decay;
-  p = std::fmaf(-s.step_size, m / denom, p);
+  p = fmaf(-s.step_size, m / denom, p);
   b.master[i] = p;
   b.m[i] = m;
   b.v[i] = v;
