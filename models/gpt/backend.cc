@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "gpt/ops.h"
+#include "tierzero/engine.h"
 #ifdef TZ_GPT_CUDA
 #include "gpt/ops_cuda.h"
 #endif
@@ -79,79 +80,6 @@ class CpuBackend final : public Backend {
   Status status() const override { return Status::OK(); }
 };
 
-#ifdef TZ_GPT_CUDA
-class CudaBackend final : public Backend {
- public:
-  explicit CudaBackend(std::unique_ptr<cuda::CudaOps> ops) : k_(std::move(ops)) {}
-  void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
-    k_->Gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  }
-  void LinearForward(const float* x, const float* w, const float* bias, float* y, int64_t rows,
-                     int64_t in, int64_t out) override {
-    k_->LinearForward(x, w, bias, y, rows, in, out);
-  }
-  void LinearBackward(const float* dy, const float* x, const float* w, float* dx, float* dw,
-                      float* dbias, int64_t rows, int64_t in, int64_t out) override {
-    k_->LinearBackward(dy, x, w, dx, dw, dbias, rows, in, out);
-  }
-  void LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
-                        float* mean, float* rstd, int64_t rows, int64_t cols) override {
-    k_->LayerNormForward(x, gamma, beta, y, mean, rstd, rows, cols);
-  }
-  void LayerNormBackward(const float* dy, const float* x, const float* gamma, const float* mean,
-                         const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows,
-                         int64_t cols) override {
-    k_->LayerNormBackward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, cols);
-  }
-  void GeluForward(const float* x, float* y, int64_t n) override { k_->GeluForward(x, y, n); }
-  void GeluBackward(const float* dy, const float* x, float* dx, int64_t n) override {
-    k_->GeluBackward(dy, x, dx, n);
-  }
-  void AttentionForward(const float* qkv, float* out, float* probs, int64_t batch, int64_t seq,
-                        int64_t channels, int64_t heads) override {
-    k_->AttentionForward(qkv, out, probs, batch, seq, channels, heads);
-  }
-  void AttentionBackward(const float* dout, const float* qkv, const float* probs, float* dqkv,
-                         int64_t batch, int64_t seq, int64_t channels, int64_t heads) override {
-    k_->AttentionBackward(dout, qkv, probs, dqkv, batch, seq, channels, heads);
-  }
-  void EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe, float* x,
-                        int64_t batch, int64_t seq, int64_t channels) override {
-    k_->EmbeddingForward(tokens, wte, wpe, x, batch, seq, channels);
-  }
-  void EmbeddingBackward(const int32_t* tokens, const float* dx, float* dwte, float* dwpe,
-                         int64_t batch, int64_t seq, int64_t channels) override {
-    k_->EmbeddingBackward(tokens, dx, dwte, dwpe, batch, seq, channels);
-  }
-  StatusOr<double> CrossEntropy(const float* logits, const int32_t* targets, const float* mask,
-                                float* dlogits, int32_t* argmax, int64_t rows, int64_t vocab,
-                                double scale) override {
-    return k_->CrossEntropy(logits, targets, mask, dlogits, argmax, rows, vocab, scale);
-  }
-  void Add(const float* a, const float* b, float* y, int64_t n) override { k_->Add(a, b, y, n); }
-  void AddInPlace(float* y, const float* a, int64_t n) override { k_->AddInPlace(y, a, n); }
-  Status Widen(const void* src, DType src_type, float* dst, int64_t n) override {
-    return k_->Widen(src, src_type, dst, n);
-  }
-  Status Narrow(const float* src, void* dst, DType dst_type, int64_t n) override {
-    return k_->Narrow(src, dst, dst_type, n);
-  }
-  void Zero(void* dst, uint64_t bytes) override { k_->Zero(dst, bytes); }
-  void Copy(void* dst, const void* src, uint64_t bytes) override { k_->Copy(dst, src, bytes); }
-  Status Upload(void* dst, const void* host, uint64_t bytes) override {
-    return k_->Upload(dst, host, bytes);
-  }
-  Status Download(void* host, const void* src, uint64_t bytes) override {
-    return k_->Download(host, src, bytes);
-  }
-  Status status() const override { return k_->status(); }
-
- private:
-  std::unique_ptr<cuda::CudaOps> k_;
-};
-#endif
-
 }  // namespace
 
 StatusOr<std::unique_ptr<Backend>> Backend::Create(Engine& engine) {
@@ -159,7 +87,7 @@ StatusOr<std::unique_ptr<Backend>> Backend::Create(Engine& engine) {
 #ifdef TZ_GPT_CUDA
   ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaOps> ops,
                    cuda::CudaOps::Create(engine.compute_stream()));
-  return std::unique_ptr<Backend>(new CudaBackend(std::move(ops)));
+  return std::unique_ptr<Backend>(std::move(ops));
 #else
   return UnsupportedError(
       "this build has no CUDA: the GPT runs on the simulated device only (device 'host')");

@@ -8,14 +8,20 @@
 #include <cstdint>
 #include <memory>
 
-#include "tierzero/engine.h"
+#include "tierzero/status.h"
+#include "tierzero/types.h"
+
+namespace tierzero {
+class Engine;
+}
 
 namespace tierzero::gpt {
 
+// C++17 and CUDA-free: gpt/ops_cuda.h implements it (the CUDA backend is CudaOps itself).
 class Backend {
  public:
-  // The CPU backend when engine.host_compute(), else the CUDA one (Unsupported in a build
-  // without CUDA).
+  // The CPU backend when engine.host_compute(), else the CUDA one, CudaOps on the engine's compute
+  // stream (Unsupported in a build without CUDA).
   static StatusOr<std::unique_ptr<Backend>> Create(Engine& engine);
   virtual ~Backend() = default;
 

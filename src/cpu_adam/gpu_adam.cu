@@ -8,9 +8,8 @@
 namespace tierzero {
 namespace {
 
-using internal::AdamScalars;
-
 using internal::AdamBlock;
+using internal::AdamScalars;
 
 // internal::AdamElement (adam_kernels.h), the CPU paths' element update, one thread per element.
 __global__ void AdamKernel(AdamBlock b, AdamScalars s) {
