@@ -145,23 +145,56 @@ __global__ void LayerNormBackwardColumnsKernel(const float* dy, const float* x, 
 // qkv rows are [q | k | v], each `channels` wide with heads of hd. One warp per (b, h, t) query
 // row: lanes split the key positions for the scores, then the head dimension for the output.
 
+// The warp's row of batch x heads x seq: `pos` is its position (the query in forward and dq, the
+// key in dk/dv), and q/k/v(s) the head's slices of this batch's qkv row s.
+struct AttnRow {
+  int64_t row, pos, bh, b, h, seq, channels, hd, c3;
+  int lane;
+  float scale;  // 1 / sqrt(hd)
+  const float* base;
+  __device__ const float* q(int64_t s) const { return base + s * c3 + h * hd; }
+  __device__ const float* k(int64_t s) const { return q(s) + channels; }
+  __device__ const float* v(int64_t s) const { return q(s) + 2 * channels; }
+  // The head's slice of a batch x seq x channels tensor (out, dout) at position s.
+  template <typename T>
+  __device__ T* at(T* x, int64_t s) const {
+    return x + (b * seq + s) * channels + h * hd;
+  }
+};
+
+// False for the warps past the last row (the whole warp returns together).
+__device__ bool WarpAttnRow(const float* qkv, int64_t batch, int64_t seq, int64_t channels,
+                            int64_t heads, AttnRow& r) {
+  r.row = blockIdx.x * int64_t{blockDim.x / kWarp} + threadIdx.x / kWarp;
+  r.lane = threadIdx.x % kWarp;
+  if (r.row >= batch * heads * seq) return false;
+  r.pos = r.row % seq;
+  r.bh = r.row / seq;
+  r.b = r.bh / heads;
+  r.h = r.bh % heads;
+  r.seq = seq;
+  r.channels = channels;
+  r.hd = channels / heads;
+  r.c3 = 3 * channels;
+  r.scale = rsqrtf(static_cast<float>(r.hd));
+  r.base = qkv + r.b * seq * r.c3;
+  return true;
+}
+
 __global__ void AttentionForwardKernel(const float* qkv, float* out, float* probs, int64_t batch,
                                        int64_t seq, int64_t channels, int64_t heads) {
-  const int64_t row = blockIdx.x * int64_t{blockDim.x / kWarp} + threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (row >= batch * heads * seq) return;
-  const int64_t t = row % seq, bh = row / seq, b = bh / heads, h = bh % heads;
-  const int64_t hd = channels / heads, c3 = 3 * channels;
-  const float scale = rsqrtf(static_cast<float>(hd));
-  const float* base = qkv + b * seq * c3;
-  const float* q = base + t * c3 + h * hd;
-  float* pr = probs + (bh * seq + t) * seq;
+  AttnRow r;
+  if (!WarpAttnRow(qkv, batch, seq, channels, heads, r)) return;
+  const int64_t t = r.pos, hd = r.hd;
+  const int lane = r.lane;
+  const float* q = r.q(t);
+  float* pr = probs + r.row * seq;
   float mx = -INFINITY;
   for (int64_t s = lane; s <= t; s += kWarp) {
-    const float* k = base + s * c3 + channels + h * hd;
+    const float* k = r.k(s);
     float dot = 0;
     for (int64_t d = 0; d < hd; ++d) dot += q[d] * k[d];
-    pr[s] = dot * scale;
+    pr[s] = dot * r.scale;
     mx = fmaxf(mx, pr[s]);
   }
   mx = WarpMax(mx);
@@ -173,10 +206,10 @@ __global__ void AttentionForwardKernel(const float* qkv, float* out, float* prob
   const float inv = 1.0f / WarpSum(sum);
   for (int64_t s = lane; s < seq; s += kWarp) pr[s] = s <= t ? pr[s] * inv : 0.0f;
   __syncwarp();
-  float* o = out + (b * seq + t) * channels + h * hd;
+  float* o = r.at(out, t);
   for (int64_t d = lane; d < hd; d += kWarp) {
     float acc = 0;
-    for (int64_t s = 0; s <= t; ++s) acc += pr[s] * base[s * c3 + 2 * channels + h * hd + d];
+    for (int64_t s = 0; s <= t; ++s) acc += pr[s] * r.v(s)[d];
     o[d] = acc;
   }
 }
@@ -185,23 +218,20 @@ __global__ void AttentionForwardKernel(const float* qkv, float* out, float* prob
 __global__ void AttentionRowDotKernel(const float* dout, const float* qkv, const float* probs,
                                       float* dsum, int64_t batch, int64_t seq, int64_t channels,
                                       int64_t heads) {
-  const int64_t row = blockIdx.x * int64_t{blockDim.x / kWarp} + threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (row >= batch * heads * seq) return;
-  const int64_t t = row % seq, bh = row / seq, b = bh / heads, h = bh % heads;
-  const int64_t hd = channels / heads, c3 = 3 * channels;
-  const float* base = qkv + b * seq * c3;
-  const float* dor = dout + (b * seq + t) * channels + h * hd;
-  const float* pr = probs + (bh * seq + t) * seq;
+  AttnRow r;
+  if (!WarpAttnRow(qkv, batch, seq, channels, heads, r)) return;
+  const int64_t t = r.pos;
+  const float* dor = r.at(dout, t);
+  const float* pr = probs + r.row * seq;
   float acc = 0;
-  for (int64_t s = lane; s <= t; s += kWarp) {
-    const float* v = base + s * c3 + 2 * channels + h * hd;
+  for (int64_t s = r.lane; s <= t; s += kWarp) {
+    const float* v = r.v(s);
     float dot = 0;
-    for (int64_t d = 0; d < hd; ++d) dot += dor[d] * v[d];
+    for (int64_t d = 0; d < r.hd; ++d) dot += dor[d] * v[d];
     acc += pr[s] * dot;
   }
   acc = WarpSum(acc);
-  if (lane == 0) dsum[row] = acc;
+  if (r.lane == 0) dsum[r.row] = acc;
 }
 
 // ds[t, s] = p[t, s] (dout[t] . v[s] - D[t]) scale. dq[t] = sum_{s <= t} ds[t, s] k[s]: one warp
@@ -209,25 +239,22 @@ __global__ void AttentionRowDotKernel(const float* dout, const float* qkv, const
 __global__ void AttentionDqKernel(const float* dout, const float* qkv, const float* probs,
                                   const float* dsum, float* dqkv, int64_t batch, int64_t seq,
                                   int64_t channels, int64_t heads) {
-  const int64_t row = blockIdx.x * int64_t{blockDim.x / kWarp} + threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (row >= batch * heads * seq) return;
-  const int64_t t = row % seq, bh = row / seq, b = bh / heads, h = bh % heads;
-  const int64_t hd = channels / heads, c3 = 3 * channels;
-  const float scale = rsqrtf(static_cast<float>(hd));
-  const float* base = qkv + b * seq * c3;
-  const float* dor = dout + (b * seq + t) * channels + h * hd;
-  const float* pr = probs + (bh * seq + t) * seq;
-  float* dq = dqkv + (b * seq + t) * c3 + h * hd;
+  AttnRow r;
+  if (!WarpAttnRow(qkv, batch, seq, channels, heads, r)) return;
+  const int64_t t = r.pos, hd = r.hd;
+  const int lane = r.lane;
+  const float* dor = r.at(dout, t);
+  const float* pr = probs + r.row * seq;
+  float* dq = dqkv + (r.q(t) - qkv);  // the same offset in dqkv as q in qkv
   for (int64_t d = lane; d < hd; d += kWarp) dq[d] = 0;
   __syncwarp();
   for (int64_t s = 0; s <= t; ++s) {
-    const float* v = base + s * c3 + 2 * channels + h * hd;
+    const float* v = r.v(s);
     float dot = 0;
     for (int64_t d = lane; d < hd; d += kWarp) dot += dor[d] * v[d];
     dot = WarpSum(dot);
-    const float ds = pr[s] * (dot - dsum[row]) * scale;
-    const float* k = base + s * c3 + channels + h * hd;
+    const float ds = pr[s] * (dot - dsum[r.row]) * r.scale;
+    const float* k = r.k(s);
     for (int64_t d = lane; d < hd; d += kWarp) dq[d] += ds * k[d];
   }
 }
@@ -236,15 +263,12 @@ __global__ void AttentionDqKernel(const float* dout, const float* qkv, const flo
 __global__ void AttentionDkvKernel(const float* dout, const float* qkv, const float* probs,
                                    const float* dsum, float* dqkv, int64_t batch, int64_t seq,
                                    int64_t channels, int64_t heads) {
-  const int64_t row = blockIdx.x * int64_t{blockDim.x / kWarp} + threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (row >= batch * heads * seq) return;
-  const int64_t s = row % seq, bh = row / seq, b = bh / heads, h = bh % heads;
-  const int64_t hd = channels / heads, c3 = 3 * channels;
-  const float scale = rsqrtf(static_cast<float>(hd));
-  const float* base = qkv + b * seq * c3;
-  const float* v = base + s * c3 + 2 * channels + h * hd;
-  float* dk = dqkv + (b * seq + s) * c3 + channels + h * hd;
+  AttnRow r;
+  if (!WarpAttnRow(qkv, batch, seq, channels, heads, r)) return;
+  const int64_t s = r.pos, hd = r.hd, bh = r.bh;
+  const int lane = r.lane;
+  const float* v = r.v(s);
+  float* dk = dqkv + (r.k(s) - qkv);
   float* dv = dk + channels;
   for (int64_t d = lane; d < hd; d += kWarp) {
     dk[d] = 0;
@@ -252,13 +276,13 @@ __global__ void AttentionDkvKernel(const float* dout, const float* qkv, const fl
   }
   __syncwarp();
   for (int64_t t = s; t < seq; ++t) {
-    const float* dor = dout + (b * seq + t) * channels + h * hd;
+    const float* dor = r.at(dout, t);
     const float p = probs[(bh * seq + t) * seq + s];
     float dot = 0;
     for (int64_t d = lane; d < hd; d += kWarp) dot += dor[d] * v[d];
     dot = WarpSum(dot);
-    const float ds = p * (dot - dsum[bh * seq + t]) * scale;
-    const float* q = base + t * c3 + h * hd;
+    const float ds = p * (dot - dsum[bh * seq + t]) * r.scale;
+    const float* q = r.q(t);
     for (int64_t d = lane; d < hd; d += kWarp) {
       dk[d] += ds * q[d];
       dv[d] += p * dor[d];
