@@ -403,16 +403,19 @@ Status Engine::LoadSafetensors(const std::string& path) {
 Status Engine::WriteReport(const std::string& path) const {
   const Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("WriteReport before Finalize");
+  const TierUsage u = usage();
+  const uint64_t host_model = im.placement.bytes[static_cast<int>(Tier::kHost)];
+  const uint64_t host_fixed = im.cfg.host_budget - im.budgets.host_bytes;
+  auto free_under = [](uint64_t budget, uint64_t used) {
+    return budget > used ? budget - used : 0;
+  };
   // The profiled iteration (and the step after it): per-moment memory, residency and times, the
   // step-time breakdown, bytes and achieved bandwidth per link, and the timeline's events.
-  auto profile_json = [&im]() -> json {
+  auto profile_json = [&]() -> json {
     if (im.profile_iteration < 0) return json{{"available", false}};
-    const uint64_t capacity = im.cm->counters().iterations > 0 ? im.cfg.device_budget : 0;
+    const uint64_t capacity = im.cfg.device_budget;
     json moments = json::array();
     double forward = 0, backward = 0, wait = 0, stall = 0;
-    const uint64_t host_model = im.placement.bytes[static_cast<int>(Tier::kHost)];
-    const uint64_t host_fixed_bytes = im.cfg.host_budget - im.budgets.host_bytes;
-    const uint64_t nvme_used = im.nvme ? im.nvme->stats().space.current : 0;
     for (size_t k = 0; k < im.profile.size(); ++k) {
       const ChunkManager::MomentProfile& p = im.profile[k];
       const Impl::MomentTimes* t = k < im.moment_times.size() ? &im.moment_times[k] : nullptr;
@@ -423,31 +426,28 @@ Status Engine::WriteReport(const std::string& path) const {
       wait += w;
       stall += p.stall_s;
       const uint64_t used = p.device_chunk_bytes + p.nonmodel_bytes;
-      moments.push_back(
-          {{"index", k},
-           {"backward", bwd},
-           {"residency", p.residency},
-           {"prefetch", p.prefetch},
-           {"device",
-            {{"chunk_bytes", p.device_chunk_bytes},
-             {"nonmodel_bytes", p.nonmodel_bytes},
-             {"free_bytes", capacity > used ? capacity - used : 0},
-             {"budget", capacity}}},
-           // Host and NVMe allocations do not change within an iteration.
-           {"host",
-            {{"model_bytes", host_model},
-             {"fixed_bytes", host_fixed_bytes},
-             {"free_bytes", im.cfg.host_budget > host_model + host_fixed_bytes
-                                ? im.cfg.host_budget - host_model - host_fixed_bytes
-                                : 0},
-             {"budget", im.cfg.host_budget}}},
-           {"nvme",
-            {{"model_bytes", nvme_used},
-             {"free_bytes", im.cfg.nvme_budget > nvme_used ? im.cfg.nvme_budget - nvme_used : 0},
-             {"budget", im.cfg.nvme_budget}}},
-           {"stall_seconds", p.stall_s},
-           {"wait_seconds", w},
-           {"compute_seconds", compute}});
+      moments.push_back({{"index", k},
+                         {"backward", bwd},
+                         {"residency", p.residency},
+                         {"prefetch", p.prefetch},
+                         {"device",
+                          {{"chunk_bytes", p.device_chunk_bytes},
+                           {"nonmodel_bytes", p.nonmodel_bytes},
+                           {"free_bytes", free_under(capacity, used)},
+                           {"budget", capacity}}},
+                         // Host and NVMe allocations do not change within an iteration.
+                         {"host",
+                          {{"model_bytes", host_model},
+                           {"fixed_bytes", host_fixed},
+                           {"free_bytes", free_under(im.cfg.host_budget, host_model + host_fixed)},
+                           {"budget", im.cfg.host_budget}}},
+                         {"nvme",
+                          {{"model_bytes", u.nvme},
+                           {"free_bytes", free_under(im.cfg.nvme_budget, u.nvme)},
+                           {"budget", im.cfg.nvme_budget}}},
+                         {"stall_seconds", p.stall_s},
+                         {"wait_seconds", w},
+                         {"compute_seconds", compute}});
     }
     // Links: bytes of the profiled iteration's transfers, and the time the link was busy (the
     // union of their spans: NVMe reads overlap each other).
@@ -575,8 +575,6 @@ Status Engine::WriteReport(const std::string& path) const {
   report["plan"] = {{"predicted_stall_seconds", sched.stall_s},
                     {"policy", std::string(CachePolicyName(sched.policy))},
                     {"planned", im.cm->has_plan()}};
-  const TierUsage u = usage();
-  const uint64_t host_fixed = c.host_budget - im.budgets.host_bytes;
   auto tier_bytes = [&](Tier t) { return im.placement.bytes[static_cast<int>(t)]; };
   report["tiers"] = {{"device",
                       {{"current", u.device},
@@ -586,7 +584,7 @@ Status Engine::WriteReport(const std::string& path) const {
                      {"host",
                       {{"used", u.host},
                        {"budget", u.host_budget},
-                       {"model_bytes", tier_bytes(Tier::kHost)},
+                       {"model_bytes", host_model},
                        {"fixed_bytes", host_fixed}}},
                      {"nvme", {{"used", u.nvme}, {"budget", u.nvme_budget}}}};
   // Optimizer placement per sub-group (one chunk's shard of master weights and moments).
