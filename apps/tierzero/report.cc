@@ -23,7 +23,9 @@ StatusOr<json> ParseReport(const std::string& text) {
   return r;
 }
 
-Status WriteText(const std::string& path, const std::string& text) {
+}  // namespace
+
+Status WriteTextFile(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
@@ -36,6 +38,8 @@ Status WriteText(const std::string& path, const std::string& text) {
     return IoError("cannot rename " + tmp + " to " + path);
   return Status::OK();
 }
+
+namespace {
 
 std::string Mib(double bytes) {
   char b[32];
@@ -55,8 +59,6 @@ StatusOr<std::string> ReadReportFile(const std::string& path) {
   if (!f) return NotFoundError("cannot open report " + path);
   std::stringstream ss;
   ss << f.rdbuf();
-  ASSIGN_OR_RETURN(json r, ParseReport(ss.str()));
-  (void)r;
   return ss.str();
 }
 
@@ -173,7 +175,7 @@ Status WriteChromeTrace(const std::string& text, const std::string& path) {
                       {"args", args}});
   }
   json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
-  return WriteText(path, trace.dump());
+  return WriteTextFile(path, trace.dump());
 }
 
 }  // namespace tierzero::app
@@ -199,7 +201,7 @@ Status WriteHtmlReport(const std::string& text, const std::string& path) {
   const size_t at = page.find(marker);
   if (at == std::string::npos) return InternalError("the report page has no data marker");
   page.replace(at, marker.size(), data);
-  return WriteText(path, page);
+  return WriteTextFile(path, page);
 }
 
 int ReportCommand(const std::vector<std::string>& args) {

@@ -10,8 +10,11 @@
 
 namespace tierzero::app {
 
-// Reads and checks a report: a JSON object with schema "tierzero-report", version 2.
+// A report file's text (the renderings below check it: schema "tierzero-report", version 2).
 StatusOr<std::string> ReadReportFile(const std::string& path);
+
+// Writes `text` to `path` through a temporary file and a rename (never half a file).
+Status WriteTextFile(const std::string& path, const std::string& text);
 
 // A few lines: peak per tier, bytes moved, stall share, the three worst stalls.
 StatusOr<std::string> ReportSummary(const std::string& report_json);

@@ -616,12 +616,12 @@ int Train(const std::vector<std::string>& args) {
     if (Status s = evaluate(step); !s.ok()) return Fail(s);
   }
   if (Status s = save(step); !s.ok()) return Fail(s);
-  if (Status s = engine.WriteReport(out.report); !s.ok()) return Fail(s);
-  // The summary, and the renderings asked for, from the report just written.
+  // The report, its summary and the renderings asked for, from one rendering of the JSON.
   std::string summary;
   {
-    auto text = ReadReportFile(out.report);
+    auto text = engine.ReportJson();
     if (!text.ok()) return Fail(text.status());
+    if (Status s = WriteTextFile(out.report, *text); !s.ok()) return Fail(s);
     auto sum = ReportSummary(*text);
     if (!sum.ok()) return Fail(sum.status());
     summary = *sum;

@@ -263,7 +263,8 @@ class Engine {
   EngineStats stats() const;
   // A human summary of the layout and the placement per tier.
   std::string PlacementSummary() const;
-  // The memory placement report (JSON; docs/report.md).
+  // The memory placement report (JSON; docs/report.md), as text or written atomically to a file.
+  StatusOr<std::string> ReportJson() const;
   Status WriteReport(const std::string& path) const;
   // Profiles the next training iteration that runs the plan, and the Step after it, for the
   // report (its timeline, residency and breakdown). The first planned iteration is profiled

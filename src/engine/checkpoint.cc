@@ -401,8 +401,15 @@ Status Engine::LoadSafetensors(const std::string& path) {
 // -------------------------------------------------------------------------------------
 
 Status Engine::WriteReport(const std::string& path) const {
+  ASSIGN_OR_RETURN(std::string text, ReportJson());
+  ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::Create(path));
+  RETURN_IF_ERROR(f.Write(text.data(), text.size()));
+  return f.Commit();
+}
+
+StatusOr<std::string> Engine::ReportJson() const {
   const Impl& im = *impl_;
-  if (!im.finalized) return FailedPreconditionError("WriteReport before Finalize");
+  if (!im.finalized) return FailedPreconditionError("the report before Finalize");
   const TierUsage u = usage();
   const uint64_t host_model = im.placement.bytes[static_cast<int>(Tier::kHost)];
   const uint64_t host_fixed = im.cfg.host_budget - im.budgets.host_bytes;
@@ -615,10 +622,7 @@ Status Engine::WriteReport(const std::string& path) const {
                         {"optimizer_nvme_seconds", s.optimizer_nvme_seconds},
                         {"steps", s.steps},
                         {"skipped_steps", s.skipped_steps}};
-  ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::Create(path));
-  const std::string text = report.dump(1);
-  RETURN_IF_ERROR(f.Write(text.data(), text.size()));
-  return f.Commit();
+  return report.dump(1);
 }
 
 }  // namespace tierzero
