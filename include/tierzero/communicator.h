@@ -90,6 +90,13 @@ class Communicator {
   virtual Status Barrier() = 0;
   virtual CommStats stats() const = 0;
 
+  // A collective still incomplete after this many seconds fails with DeadlineExceeded (another
+  // rank died, left, or started different collectives) instead of hanging. Default: 300.
+  virtual void SetTimeout(double seconds) { (void)seconds; }
+  // Ends every rank's process with `exit_code` (MPI_Abort): what a rank does after an error it
+  // cannot share, so the others never wait for it. The one-process communicator exits.
+  [[noreturn]] virtual void Abort(int exit_code);
+
   // The one-process communicator (always available).
   static std::shared_ptr<Communicator> Single();
   // MPI_COMM_WORLD (MPI is initialised here unless the program did; it is finalised at exit).

@@ -31,6 +31,14 @@
 // (host_compute() is true): pointers are host pointers and the trainer computes on the CPU on
 // the thread that called Acquire; every Acquire returns once its parameters are in place.
 //
+// Several ranks (ZeRO-3; docs/zero.md). Engine::Create with a communicator of W ranks: every
+// rank holds 1/W of every chunk's parameters, gradients and optimizer states, and every rank
+// runs the same program: the same RegisterParam calls, iterations, Acquires and Steps, in the
+// same order, each on its own data (data parallel: gradients are averaged over the ranks).
+// ReadParam, ReadGrad, SaveCheckpoint, LoadCheckpoint, ExportSafetensors and Step are
+// collective (every rank calls them); WriteParam and LoadSafetensors expect the same values on
+// every rank. A rank whose program differs gets an error naming the ranks, not a hang.
+//
 // Thread-safety: an Engine is driven by one thread at a time; none of its calls are concurrent
 // with each other. Scopes and activation buffers belong to that thread.
 #pragma once
@@ -188,6 +196,10 @@ struct EngineStats {
   double acquire_wait_seconds = 0;  // the caller waited in Acquire for parameters
   double optimizer_seconds = 0;     // in Step
   double optimizer_nvme_seconds = 0;
+  // Several ranks: collectives this rank started, the bytes it sent (NCCL tests' convention),
+  // and the seconds its thread spent in them.
+  uint64_t collectives = 0, comm_bytes = 0;
+  double comm_seconds = 0;
   int64_t steps = 0, skipped_steps = 0;
 };
 

@@ -87,6 +87,7 @@ Status UnavailableError(std::string message);
 Status InternalError(std::string message);
 Status DataLossError(std::string message);
 Status UnsupportedError(std::string message);
+Status DeadlineExceededError(std::string message);
 // An I/O error from an errno value: "what: strerror(err) (errno N)".
 Status ErrnoError(std::string_view what, int err, StatusCode code = StatusCode::kIoError);
 

@@ -3,18 +3,60 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "core/bytes.h"
 #include "core/check.h"
 #include "core/convert.h"
 #include "core/logging.h"
+#include "zero/collective.h"
 
 namespace tierzero {
 
 namespace {
 constexpr auto kStagingTimeout = std::chrono::seconds(120);
+
+// Note [Collectives on the trainer's thread]
+// With W > 1 every collective is started (and the gathers' all_gathers are waited for) on the
+// thread that drives the manager, never in a stream's host function: MPI runs FUNNELED, and the
+// ranks must start the same collectives in the same order, which only calls the trainer makes
+// in program order can promise. So a gather's all_gather runs when the gather is issued (on
+// demand at its Acquire, or as a planned prefetch at the next call after the moment's compute
+// was queued) and its H2D copies go on the H2D stream after it; a gradient chunk's D2H copy is
+// waited for when the chunk's backward completes (on the simulated device the compute is done
+// by then) and its reduce-scatter is started there and completed later, overlapping the rest
+// of backward. The agreement at each Acquire keeps those sequences identical on every rank.
+//
+// Each rank's block of a gather carries a tag after its shard (chunk, moment, gather number),
+// checked on arrival: ranks that somehow gather different chunks fail together with a message
+// instead of computing on a chunk made of different chunks' shards.
+struct GatherTag {
+  int32_t chunk = -1;
+  int32_t moment = -1;
+  uint64_t seq = 0;
+  bool operator==(const GatherTag&) const = default;
+};
+constexpr uint64_t kTagBytes = 64;  // room after each shard in a gather block
+
+struct MomentTag {
+  int32_t moment = 0;
+  int32_t end = 0;  // 1: the rank is ending its iteration
+  int32_t off_trace = 0;
+  int32_t inference = 0;
+  uint64_t hash = 0;
+};
+
+uint64_t MomentHash(const std::vector<int>& chunks, bool backward) {
+  uint64_t h = 1469598103934665603ull ^ (backward ? 0x9e3779b97f4a7c15ull : 0);
+  for (int c : chunks) {
+    h ^= static_cast<uint64_t>(c) + 0x100;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
 }  // namespace
 
 struct ChunkManager::Impl {
@@ -29,6 +71,20 @@ struct ChunkManager::Impl {
   std::unique_ptr<PinnedArena> grad_arena;
   std::vector<PinnedSlot> grad_shard;         // compute dtype, or fp32 with accumulation
   std::unique_ptr<PinnedArena> grad_staging;  // accumulation: D2H target before the fp32 add
+  // W > 1. Staging slots hold a send area (an NVMe shard read, plus its tag) then the W blocks
+  // of the all_gather; reduce slots hold the D2H copy of a gradient chunk, then (accumulation)
+  // the reduce-scatter's result before it is added in fp32.
+  uint64_t send_area_bytes = 0;
+  std::unique_ptr<PinnedArena> reduce_staging;
+  struct PendingReduce {
+    int chunk;
+    PinnedSlot slot;
+    std::unique_ptr<CommRequest> request;
+  };
+  std::deque<PendingReduce> pending_reduce;
+  uint64_t gather_seq = 0;
+  double caller_gather_seconds[3] = {0, 0, 0};  // recording: collective time per tier
+  int caller_gathers[3] = {0, 0, 0};
 
   // Device slots: after a plan, one region of `pool_slots` chunk-sized slots; during recording
   // iterations, one allocation per gathered chunk (freed as soon as the chunk leaves COMPUTE).
@@ -130,10 +186,18 @@ ChunkManager::~ChunkManager() {
 StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
     Device& device, StreamHandle compute_stream, NvmeStore* nvme, const ChunkLayout& layout,
     const Placement& placement, const ChunkManagerOptions& options) {
-  if (layout.world_size() != 1) {
-    return UnsupportedError(
-        "the chunk manager gathers for world_size 1 only; ZeRO-3 gathers "
-        "across ranks come with the communicator");
+  if (layout.world_size() > 1) {
+    if (options.comm == nullptr || options.comm->size() != layout.world_size()) {
+      return InvalidArgumentError("a layout for " + std::to_string(layout.world_size()) +
+                                  " ranks needs a communicator of that size");
+    }
+    for (const ChunkPlacement& p : placement.chunks) {
+      if (p.param == Tier::kDevice) {
+        return UnsupportedError(
+            "device-resident parameter shards with several ranks over MPI (host buffers); set "
+            "device_shard_budget to 0");
+      }
+    }
   }
   if (static_cast<int>(placement.chunks.size()) != layout.num_chunks()) {
     return InvalidArgumentError("placement covers " + std::to_string(placement.chunks.size()) +
@@ -152,7 +216,10 @@ StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
 Status ChunkManager::Init() {
   Impl& im = *impl_;
   const int n = layout_.num_chunks();
-  const uint64_t bytes = layout_.chunk_bytes();
+  const int world = layout_.world_size();
+  const uint64_t bytes = layout_.shard_bytes();  // the local shard (the chunk when W = 1)
+  // With W > 1 a host shard has room for its gather tag after it.
+  const uint64_t host_slot_bytes = world > 1 ? AlignUp(bytes + kTagBytes, 4096) : bytes;
   ASSIGN_OR_RETURN(im.h2d, Stream::Create(device_, "h2d"));
   ASSIGN_OR_RETURN(im.d2h, Stream::Create(device_, "d2h"));
   im.device_shard.resize(static_cast<size_t>(n));
@@ -172,24 +239,38 @@ Status ChunkManager::Init() {
                                 "configured; add nvme paths or raise the host budget");
   }
   if (host_chunks > 0) {
-    ASSIGN_OR_RETURN(im.host_arena,
-                     PinnedArena::Create(&device_, bytes, static_cast<uint32_t>(host_chunks)));
+    ASSIGN_OR_RETURN(im.host_arena, PinnedArena::Create(&device_, host_slot_bytes,
+                                                        static_cast<uint32_t>(host_chunks)));
   }
-  if (nvme_chunks > 0) {
-    const uint64_t slots = std::clamp<uint64_t>(options_.staging_bytes / bytes, 2, 32);
-    ASSIGN_OR_RETURN(im.staging,
-                     PinnedArena::Create(&device_, bytes, static_cast<uint32_t>(slots)));
-    // Staging slots are reused for every NVMe read: Note [Register reused buffers].
-    Status reg = nvme_->RegisterBuffers({{im.staging->base(), im.staging->total_bytes()}});
-    if (!reg.ok()) {
-      TZ_LOG(kWarn, kChunk) << "NVMe staging not registered as fixed buffers: " << reg.ToString();
+  if (nvme_chunks > 0 || world > 1) {
+    uint64_t slot = bytes;
+    if (world > 1) {
+      im.send_area_bytes = host_slot_bytes;
+      slot = im.send_area_bytes +
+             AlignUp(static_cast<uint64_t>(world) * (bytes + kTagBytes), 4096);
+    }
+    const uint64_t slots = std::clamp<uint64_t>(options_.staging_bytes / slot, 2, 32);
+    ASSIGN_OR_RETURN(im.staging, PinnedArena::Create(&device_, slot, static_cast<uint32_t>(slots)));
+    if (nvme_chunks > 0) {
+      // Staging slots are reused for every NVMe read: Note [Register reused buffers].
+      Status reg = nvme_->RegisterBuffers({{im.staging->base(), im.staging->total_bytes()}});
+      if (!reg.ok()) {
+        TZ_LOG(kWarn, kChunk) << "NVMe staging not registered as fixed buffers: "
+                              << reg.ToString();
+      }
     }
   }
   const uint64_t grad_bytes =
-      options_.grad_accumulation ? layout_.chunk_elems() * 4 : layout_.chunk_bytes();
+      options_.grad_accumulation ? layout_.shard_elems() * 4 : layout_.shard_bytes();
   ASSIGN_OR_RETURN(im.grad_arena,
                    PinnedArena::Create(&device_, grad_bytes, static_cast<uint32_t>(n)));
-  if (options_.grad_accumulation) {
+  if (world > 1) {
+    ASSIGN_OR_RETURN(im.reduce_staging,
+                     PinnedArena::Create(&device_,
+                                         AlignUp(layout_.chunk_bytes() + layout_.shard_bytes(),
+                                                 4096),
+                                         4));
+  } else if (options_.grad_accumulation) {
     ASSIGN_OR_RETURN(im.grad_staging, PinnedArena::Create(&device_, bytes, 2));
   }
   std::vector<uint8_t> zeros;
@@ -209,7 +290,7 @@ Status ChunkManager::Init() {
       case Tier::kHost: {
         auto slot = im.host_arena->TryAcquire();
         TZ_CHECK(slot.has_value());
-        std::memset(slot->data(), 0, bytes);
+        std::memset(slot->data(), 0, host_slot_bytes);
         im.host_shard[i] = std::move(*slot);
         break;
       }
@@ -237,7 +318,9 @@ Status ChunkManager::Init() {
     if (!s.ok()) impl_->SetAsyncError(std::move(s));
   });
   states_->MarkAllocated();
-  TZ_LOG(kInfo, kChunk) << layout_.num_chunks() << " chunks of " << FormatBytes(bytes) << "; "
+  TZ_LOG(kInfo, kChunk) << layout_.num_chunks() << " chunks of "
+                        << FormatBytes(layout_.chunk_bytes()) << " (shards of "
+                        << FormatBytes(bytes) << " on " << world << " ranks); "
                         << placement_.Summary({0, 0, 0});
   return Status::OK();
 }
@@ -246,6 +329,7 @@ std::vector<double> ChunkManager::GatherSeconds() const {
   std::vector<double> s(static_cast<size_t>(layout_.num_chunks()));
   const double bytes = static_cast<double>(layout_.chunk_bytes());
   const double* measured = impl_->measured_seconds;
+  // (W > 1: the defaults leave out the all_gather; a recording iteration measures it.)
   for (size_t c = 0; c < s.size(); ++c) {
     switch (placement_.chunks[c].param) {
       case Tier::kDevice:
@@ -283,8 +367,15 @@ Status ChunkManager::CopyTensorShard(int t, void* host, bool to_shard) {
   Impl& im = *impl_;
   const TensorLoc& loc = layout_.tensor(t);
   const size_t c = static_cast<size_t>(loc.chunk);
-  const uint64_t off = DTypeBytes(layout_.dtype(), loc.offset);
-  const uint64_t len = DTypeBytes(layout_.dtype(), loc.numel);
+  const ShardSlice* slice = nullptr;
+  const std::vector<ShardSlice> slices = layout_.ShardSlices(loc.chunk, Rank());
+  for (const ShardSlice& sl : slices) {
+    if (sl.tensor == t) slice = &sl;
+  }
+  if (slice == nullptr) return Status::OK();  // no part of the tensor in this rank's shard
+  const uint64_t off = DTypeBytes(layout_.dtype(), slice->shard_offset);
+  const uint64_t len = DTypeBytes(layout_.dtype(), slice->numel);
+  host = static_cast<uint8_t*>(host) + DTypeBytes(layout_.dtype(), slice->tensor_begin);
   auto copy = [&](uint8_t* shard) {
     if (to_shard) {
       std::memcpy(shard + off, host, len);
@@ -307,11 +398,11 @@ Status ChunkManager::CopyTensorShard(int t, void* host, bool to_shard) {
     case Tier::kNvme: {
       ASSIGN_OR_RETURN(PinnedSlot s, im.staging->Acquire(kStagingTimeout));
       RETURN_IF_ERROR(nvme_->Read(im.nvme_shard[c], s.data()));
-      counters_.nvme_read_bytes += layout_.chunk_bytes();
+      counters_.nvme_read_bytes += layout_.shard_bytes();
       copy(static_cast<uint8_t*>(s.data()));
       if (to_shard) {
         RETURN_IF_ERROR(nvme_->Write(im.nvme_shard[c], s.data()));
-        counters_.nvme_write_bytes += layout_.chunk_bytes();
+        counters_.nvme_write_bytes += layout_.shard_bytes();
       }
       return Status::OK();
     }
@@ -332,11 +423,14 @@ Status ChunkManager::ReadGrad(int t, void* data) {
   if (t < 0 || t >= layout_.num_tensors()) return InvalidArgumentError("unknown tensor");
   RETURN_IF_ERROR(NotBetweenIterations(impl_->moment > 0));
   const TensorLoc& loc = layout_.tensor(t);
-  const DType gt = options_.grad_accumulation ? DType::kF32 : layout_.dtype();
-  std::memcpy(data,
-              static_cast<uint8_t*>(impl_->grad_shard[static_cast<size_t>(loc.chunk)].data()) +
-                  DTypeBytes(gt, loc.offset),
-              DTypeBytes(gt, loc.numel));
+  const DType gt = GradDType();
+  for (const ShardSlice& sl : layout_.ShardSlices(loc.chunk, Rank())) {
+    if (sl.tensor != t) continue;
+    std::memcpy(static_cast<uint8_t*>(data) + DTypeBytes(gt, sl.tensor_begin),
+                static_cast<uint8_t*>(impl_->grad_shard[static_cast<size_t>(loc.chunk)].data()) +
+                    DTypeBytes(gt, sl.shard_offset),
+                DTypeBytes(gt, sl.numel));
+  }
   return Status::OK();
 }
 
@@ -360,7 +454,7 @@ Status ChunkManager::WriteParamShard(int c, const void* src) {
   RETURN_IF_ERROR(NotBetweenIterations(impl_->moment > 0));
   Impl& im = *impl_;
   const size_t i = static_cast<size_t>(c);
-  const uint64_t bytes = layout_.chunk_bytes();
+  const uint64_t bytes = layout_.shard_bytes();
   switch (ParamTier(c)) {
     case Tier::kDevice:
       RETURN_IF_ERROR(device_.CopyAsync(im.device_shard[i].data(), src, bytes,
@@ -384,6 +478,10 @@ Status ChunkManager::ZeroGrads() {
   RETURN_IF_ERROR(NotBetweenIterations(impl_->moment > 0));
   for (PinnedSlot& s : impl_->grad_shard) std::memset(s.data(), 0, s.bytes());
   return Status::OK();
+}
+
+int ChunkManager::Rank() const {
+  return options_.comm != nullptr ? options_.comm->rank() : 0;
 }
 
 // ---- Gathers, evictions, reductions
@@ -442,6 +540,7 @@ Status ChunkManager::Gather(int c) {
 }
 
 Status ChunkManager::EnqueueGather(int c, Tier tier) {
+  if (layout_.world_size() > 1) return EnqueueShardedGather(c, tier);
   Impl& im = *impl_;
   Impl::ChunkRt& rt = im.chunks[static_cast<size_t>(c)];
   const uint64_t bytes = layout_.chunk_bytes();
@@ -496,6 +595,95 @@ Status ChunkManager::EnqueueGather(int c, Tier tier) {
     RETURN_IF_ERROR(device_.LaunchHostFunc(h2d, [shared_slot] { shared_slot->Release(); }));
     counters_.nvme_read_bytes += bytes;
   }
+  if (timing != nullptr) RETURN_IF_ERROR(device_.RecordEvent(timing->end.handle(), h2d));
+  return device_.RecordEvent(rt.ready.handle(), h2d);
+}
+
+// W > 1: the local shard (from host memory, or read from NVMe into the staging slot's send
+// area) is all-gathered with its tag into the slot, on this thread; the H2D stream then copies
+// the W shards into the gathered chunk (Note [Collectives on the trainer's thread]).
+Status ChunkManager::EnqueueShardedGather(int c, Tier tier) {
+  Impl& im = *impl_;
+  Impl::ChunkRt& rt = im.chunks[static_cast<size_t>(c)];
+  const int world = layout_.world_size();
+  const uint64_t shard = layout_.shard_bytes();
+  const uint64_t block = shard + kTagBytes;
+  const StreamHandle h2d = im.h2d.handle();
+  const bool prof = im.profiling;
+  const int m = im.moment - 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(PinnedSlot staging, im.staging->Acquire(kStagingTimeout));
+  auto* base = static_cast<uint8_t*>(staging.data());
+  uint8_t* send = base;
+  uint8_t* recv = base + im.send_area_bytes;
+  if (tier == Tier::kHost) {
+    send = static_cast<uint8_t*>(im.host_shard[static_cast<size_t>(c)].data());
+  } else {
+    const double read_start = prof ? im.timeline->Now() : 0.0;
+    RETURN_IF_ERROR(nvme_->Read(im.nvme_shard[static_cast<size_t>(c)], send));
+    counters_.nvme_read_bytes += shard;
+    if (prof) {
+      im.timeline->Add({Track::kNvmeRead, "chunk " + std::to_string(c), read_start,
+                        im.timeline->Now() - read_start, m, c, shard});
+    }
+  }
+  GatherTag tag;
+  tag.chunk = c;
+  tag.moment = m;
+  tag.seq = im.gather_seq++;
+  std::memcpy(send + shard, &tag, sizeof tag);
+  const double comm_start = prof ? im.timeline->Now() : 0.0;
+  ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,
+                   options_.comm->AllGather(send, recv, block, DType::kI8));
+  RETURN_IF_ERROR(req->Wait());
+  ++counters_.all_gathers;
+  if (prof) {
+    im.timeline->Add({Track::kComm, "all_gather chunk " + std::to_string(c), comm_start,
+                      im.timeline->Now() - comm_start, m, c, layout_.chunk_bytes()});
+  }
+  for (int r = 0; r < world; ++r) {
+    GatherTag got;
+    std::memcpy(&got, recv + static_cast<uint64_t>(r) * block + shard, sizeof got);
+    if (!(got == tag)) {
+      return FailedPreconditionError(
+          "the ranks gathered different chunks: rank " + std::to_string(Rank()) + " chunk " +
+          std::to_string(tag.chunk) + " (moment " + std::to_string(tag.moment) + ", gather " +
+          std::to_string(tag.seq) + "), rank " + std::to_string(r) + " chunk " +
+          std::to_string(got.chunk) + " (moment " + std::to_string(got.moment) + ", gather " +
+          std::to_string(got.seq) + "); every rank must acquire the same parameters in the "
+          "same order");
+    }
+  }
+  const double caller_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  counters_.comm_seconds += caller_s;
+  Impl::GatherTiming* timing = nullptr;
+  if (im.mode == Impl::Mode::kRecord) {
+    im.caller_gather_seconds[static_cast<int>(tier)] += caller_s;
+    ++im.caller_gathers[static_cast<int>(tier)];
+    if (im.gathers_timed == im.gather_timing.size()) {
+      Impl::GatherTiming t;
+      ASSIGN_OR_RETURN(t.start, Event::Create(device_));
+      ASSIGN_OR_RETURN(t.end, Event::Create(device_));
+      im.gather_timing.push_back(std::move(t));
+    }
+    timing = &im.gather_timing[im.gathers_timed++];
+    timing->tier = tier;
+    RETURN_IF_ERROR(device_.RecordEvent(timing->start.handle(), h2d));
+  }
+  auto h2d_start = std::make_shared<double>(0.0);
+  if (prof) RETURN_IF_ERROR(im.QueueStart(device_, h2d, h2d_start));
+  for (int r = 0; r < world; ++r) {
+    RETURN_IF_ERROR(device_.CopyAsync(static_cast<uint8_t*>(rt.gathered) + r * shard,
+                                      recv + static_cast<uint64_t>(r) * block, shard,
+                                      CopyKind::kHostToDevice, h2d));
+  }
+  if (prof) {
+    RETURN_IF_ERROR(im.QueueSpan(device_, h2d, Track::kH2D, "chunk " + std::to_string(c), c,
+                                 layout_.chunk_bytes(), h2d_start));
+  }
+  auto shared_slot = std::make_shared<PinnedSlot>(std::move(staging));
+  RETURN_IF_ERROR(device_.LaunchHostFunc(h2d, [shared_slot] { shared_slot->Release(); }));
   if (timing != nullptr) RETURN_IF_ERROR(device_.RecordEvent(timing->end.handle(), h2d));
   return device_.RecordEvent(rt.ready.handle(), h2d);
 }
@@ -581,9 +769,11 @@ Status ChunkManager::ReduceChunk(int c) {
   RETURN_IF_ERROR(device_.RecordEvent(written.handle(), compute_));
   RETURN_IF_ERROR(device_.StreamWaitEvent(d2h, written.handle()));
   const uint64_t bytes = layout_.chunk_bytes();
+  const bool sharded = layout_.world_size() > 1;
   if (!SeparateGrads(c)) {
     if (!rt.cached) {
-      // No tensor of the chunk had a backward use: its gradient is zero.
+      // No tensor of the chunk had a backward use: its gradient is zero (on every rank: the
+      // ranks' moments agree).
       std::memset(im.grad_shard[i].data(), 0, im.grad_shard[i].bytes());
       return Status::OK();
     }
@@ -597,6 +787,16 @@ Status ChunkManager::ReduceChunk(int c) {
     }
     RETURN_IF_ERROR(device_.RecordEvent(written.handle(), compute_));
     RETURN_IF_ERROR(device_.StreamWaitEvent(d2h, written.handle()));
+    if (sharded) {
+      RETURN_IF_ERROR(ReduceAcrossRanks(c, rt.gathered));
+      if (rt.slot >= 0) {
+        RETURN_IF_ERROR(
+            device_.RecordEvent(im.slot_copy_out[static_cast<size_t>(rt.slot)].handle(), d2h));
+        im.slot_copy_pending[static_cast<size_t>(rt.slot)] = true;
+      }
+      rt.grads_in_slot = true;
+      return Status::OK();
+    }
     auto start = std::make_shared<double>(0.0);
     if (im.profiling) RETURN_IF_ERROR(im.QueueStart(device_, d2h, start));
     RETURN_IF_ERROR(device_.CopyAsync(im.grad_shard[i].data(), rt.gathered, bytes,
@@ -615,6 +815,10 @@ Status ChunkManager::ReduceChunk(int c) {
     // No backward use: zero without accumulation, nothing to add with it.
     if (!options_.grad_accumulation)
       std::memset(im.grad_shard[i].data(), 0, im.grad_shard[i].bytes());
+    return Status::OK();
+  } else if (sharded) {
+    RETURN_IF_ERROR(ReduceAcrossRanks(c, rt.grad_buf.data()));
+    rt.grad_buf.Reset();  // ReduceAcrossRanks waited for its copy
     return Status::OK();
   } else {
     auto start = std::make_shared<double>(0.0);
@@ -663,6 +867,147 @@ Status ChunkManager::ReduceChunk(int c) {
   return Status::OK();
 }
 
+// W > 1: the gradient chunk is copied D2H into a reduce slot, waited for, and its reduce-scatter
+// (mean over the ranks) started into the local gradient shard; FinishReductions completes it.
+Status ChunkManager::ReduceAcrossRanks(int c, const void* device_grad) {
+  Impl& im = *impl_;
+  const StreamHandle d2h = im.d2h.handle();
+  const uint64_t bytes = layout_.chunk_bytes();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::optional<PinnedSlot> slot = im.reduce_staging->TryAcquire();
+  while (!slot.has_value()) {
+    // Every slot holds a reduce-scatter in flight: complete the oldest.
+    TZ_CHECK(!im.pending_reduce.empty()) << "reduce slots taken with no reduction pending";
+    RETURN_IF_ERROR(FinishReductions(/*wait_all=*/false, /*wait_oldest=*/true));
+    slot = im.reduce_staging->TryAcquire();
+  }
+  auto start = std::make_shared<double>(0.0);
+  if (im.profiling) RETURN_IF_ERROR(im.QueueStart(device_, d2h, start));
+  RETURN_IF_ERROR(device_.CopyAsync(slot->data(), device_grad, bytes, CopyKind::kDeviceToHost, d2h));
+  if (im.profiling) {
+    RETURN_IF_ERROR(
+        im.QueueSpan(device_, d2h, Track::kD2H, "grad " + std::to_string(c), c, bytes, start));
+  }
+  RETURN_IF_ERROR(im.d2h.Synchronize());
+  counters_.d2h_bytes += bytes;
+  void* recv = options_.grad_accumulation
+                   ? static_cast<uint8_t*>(slot->data()) + bytes
+                   : im.grad_shard[static_cast<size_t>(c)].data();
+  ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,
+                   options_.comm->ReduceScatter(slot->data(), recv, layout_.shard_elems(),
+                                                layout_.dtype(), ReduceOp::kMean));
+  ++counters_.reduce_scatters;
+  im.pending_reduce.push_back({c, std::move(*slot), std::move(req)});
+  counters_.comm_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return Status::OK();
+}
+
+// Completes the reduce-scatters that are done (all of them with wait_all, the oldest with
+// wait_oldest); with accumulation adds each result into the fp32 gradient shard.
+Status ChunkManager::FinishReductions(bool wait_all, bool wait_oldest) {
+  Impl& im = *impl_;
+  const auto t0 = std::chrono::steady_clock::now();
+  Status first;
+  for (auto it = im.pending_reduce.begin(); it != im.pending_reduce.end();) {
+    bool done = false;
+    if (wait_all || (wait_oldest && it == im.pending_reduce.begin())) {
+      Status s = it->request->Wait();
+      if (!s.ok() && first.ok()) first = std::move(s);
+      done = true;
+    } else {
+      auto t = it->request->Test();
+      if (!t.ok() && first.ok()) first = t.status();
+      done = !t.ok() || *t;
+    }
+    if (!done) {
+      ++it;
+      continue;
+    }
+    if (options_.grad_accumulation && first.ok()) {
+      const uint64_t n = layout_.shard_elems();
+      const auto* src = static_cast<const uint8_t*>(it->slot.data()) + layout_.chunk_bytes();
+      auto* acc = static_cast<float*>(im.grad_shard[static_cast<size_t>(it->chunk)].data());
+      constexpr uint64_t kBlock = 4096;
+      float tmp[kBlock];
+      for (uint64_t b = 0; b < n; b += kBlock) {
+        const uint64_t m = std::min(kBlock, n - b);
+        RETURN_IF_ERROR(Convert(src + DTypeBytes(layout_.dtype(), b), layout_.dtype(), tmp,
+                                DType::kF32, m));
+        for (uint64_t k = 0; k < m; ++k) acc[b + k] += tmp[k];
+      }
+    }
+    it = im.pending_reduce.erase(it);
+  }
+  if (!im.pending_reduce.empty() || wait_all || wait_oldest) {
+    counters_.comm_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return first;
+}
+
+// W > 1: the ranks compare their moment (or the end of their iteration) and whether they left
+// the trace; see the header.
+Status ChunkManager::AgreeOnMoment(int k, uint64_t hash, bool end, bool* off_trace) {
+  MomentTag mine;
+  mine.moment = k;
+  mine.end = end ? 1 : 0;
+  mine.off_trace = *off_trace ? 1 : 0;
+  mine.inference = impl_->inference ? 1 : 0;
+  mine.hash = hash;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(std::vector<MomentTag> all, zero::AllGatherValue(*options_.comm, mine));
+  counters_.comm_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  auto describe = [](int r, const MomentTag& t) {
+    std::string what = t.end ? "ended its iteration after " + std::to_string(t.moment) + " moments"
+                             : "began moment " + std::to_string(t.moment);
+    return "rank " + std::to_string(r) + " " + what + (t.inference ? " (evaluation)" : "");
+  };
+  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
+    const MomentTag& t = all[static_cast<size_t>(r)];
+    if (t.moment != mine.moment || t.end != mine.end || t.hash != mine.hash ||
+        t.inference != mine.inference) {
+      std::string msg = "the ranks' programs differ: " + describe(Rank(), mine) + ", " +
+                        describe(r, t);
+      if (!t.end && !mine.end && t.moment == mine.moment)
+        msg += ", with different parameters or phase";
+      return FailedPreconditionError(
+          msg + "; every rank must run the same iterations, acquiring the same parameters in "
+                "the same order");
+    }
+    if (t.off_trace) *off_trace = true;
+  }
+  return Status::OK();
+}
+
+// W > 1, after a recording iteration: the plan's inputs become the maximum over the ranks, so
+// that every rank computes the same plan (and issues the same gathers).
+Status ChunkManager::AgreeOnPlanInputs(std::vector<Moment>& moments) {
+  Impl& im = *impl_;
+  std::vector<double> mine;
+  for (const Moment& m : moments) {
+    mine.push_back(m.compute_seconds);
+    mine.push_back(static_cast<double>(m.nonmodel_bytes));
+    mine.push_back(static_cast<double>(m.nonmodel_peak));
+  }
+  for (double t : im.measured_seconds) mine.push_back(t);
+  ASSIGN_OR_RETURN(std::vector<uint8_t> raw,
+                   zero::AllGatherBytes(*options_.comm, mine.data(), mine.size() * 8));
+  std::vector<double> most = mine;
+  for (int r = 0; r < options_.comm->size(); ++r) {
+    const auto* theirs = reinterpret_cast<const double*>(raw.data()) + r * mine.size();
+    for (size_t i = 0; i < mine.size(); ++i) most[i] = std::max(most[i], theirs[i]);
+  }
+  for (size_t k = 0; k < moments.size(); ++k) {
+    moments[k].compute_seconds = most[3 * k];
+    moments[k].nonmodel_bytes = static_cast<uint64_t>(most[3 * k + 1]);
+    moments[k].nonmodel_peak = static_cast<uint64_t>(most[3 * k + 2]);
+  }
+  for (int t = 0; t < 3; ++t) im.measured_seconds[t] = most[3 * moments.size() + t];
+  return Status::OK();
+}
+
 // ---- Iterations
 // ----------------------------------------------------------------------------------
 
@@ -670,6 +1015,7 @@ Status ChunkManager::BeginIteration(bool inference) {
   Impl& im = *impl_;
   RETURN_IF_ERROR(states_->BeginIteration());
   im.moment = 0;
+  im.gather_seq = 0;
   im.inference = inference;
   im.profiling = false;  // (an iteration that failed while profiling is profiled again)
   if (inference) {
@@ -721,9 +1067,16 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed, Phase 
   Impl& im = *impl_;
   ReapDeferred();
   RETURN_IF_ERROR(FlushPrefetches());
-  if (im.mode == Impl::Mode::kReplay &&
+  bool off_trace =
+      im.mode == Impl::Mode::kReplay &&
       (k >= static_cast<int>(trace_.size()) || trace_[static_cast<size_t>(k)].chunks != needed ||
-       trace_[static_cast<size_t>(k)].backward != (phase == Phase::kBackward))) {
+       trace_[static_cast<size_t>(k)].backward != (phase == Phase::kBackward));
+  if (layout_.world_size() > 1) {
+    RETURN_IF_ERROR(FinishReductions(/*wait_all=*/false, /*wait_oldest=*/false));
+    RETURN_IF_ERROR(AgreeOnMoment(k, MomentHash(needed, phase == Phase::kBackward),
+                                  /*end=*/false, &off_trace));
+  }
+  if (im.mode == Impl::Mode::kReplay && off_trace) {
     // Off the trace: on demand for the rest of the iteration, record and plan again next time.
     ++counters_.deviations;
     im.mode = Impl::Mode::kOnDemand;
@@ -900,6 +1253,9 @@ Status ChunkManager::Release(std::span<const int> tensors, Phase phase) {
   RETURN_IF_ERROR(states_->Release(tensors, phase));
   RETURN_IF_ERROR(FlushPrefetches());
   ReapDeferred();
+  if (layout_.world_size() > 1) {
+    RETURN_IF_ERROR(FinishReductions(/*wait_all=*/false, /*wait_oldest=*/false));
+  }
   if (im.mode != Impl::Mode::kReplay) {
     // Recording and on-demand iterations keep only chunks in COMPUTE on the device. A chunk
     // whose gradient went out through its slot is dropped too (ReduceChunk queued the copy).
@@ -939,7 +1295,15 @@ void* ChunkManager::GradPtr(int t) const {
 Status ChunkManager::EndIteration() {
   Impl& im = *impl_;
   im.pending_prefetch.clear();  // nothing left to use them
+  if (layout_.world_size() > 1) {
+    bool unused = false;
+    RETURN_IF_ERROR(AgreeOnMoment(im.moment, 0, /*end=*/true, &unused));
+  }
   RETURN_IF_ERROR(states_->FinishBackward());
+  if (layout_.world_size() > 1) {
+    Status s = FinishReductions(/*wait_all=*/true, /*wait_oldest=*/false);
+    if (!s.ok()) im.SetAsyncError(std::move(s));
+  }
   const Impl::Mode mode = im.mode;
   if (mode == Impl::Mode::kRecord) {
     RETURN_IF_ERROR(device_.RecordEvent(im.iteration_end.handle(), compute_));
@@ -1004,6 +1368,12 @@ Status ChunkManager::EndIteration() {
     }
     for (int tier = 0; tier < 3; ++tier) {
       if (count[tier] > 0) im.measured_seconds[tier] = sum[tier] / count[tier];
+      // W > 1: the all_gather (and NVMe read) the caller did before the H2D copies.
+      if (im.caller_gathers[tier] > 0) {
+        im.measured_seconds[tier] += im.caller_gather_seconds[tier] / im.caller_gathers[tier];
+      }
+      im.caller_gather_seconds[tier] = 0;
+      im.caller_gathers[tier] = 0;
     }
     im.gathers_timed = 0;
     TZ_LOG(kInfo, kChunk) << "measured gathers: host " << im.measured_seconds[1] * 1e3
@@ -1017,6 +1387,7 @@ Status ChunkManager::EndIteration() {
     auto t = device_.ElapsedSeconds(im.moment_start[k].handle(), end);
     moments[k].compute_seconds = t.ok() ? std::max(0.0, *t) : 0.0;
   }
+  if (layout_.world_size() > 1) RETURN_IF_ERROR(AgreeOnPlanInputs(moments));
   PlanOptions po;
   po.device_capacity = options_.device_budget_bytes;
   po.workspace_bytes = options_.workspace_bytes;

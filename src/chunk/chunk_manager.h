@@ -25,6 +25,17 @@
 // every tensor of a chunk is HOLD_AFTER_BWD the gradient is copied D2H into the chunk's host
 // gradient shard (bf16 without accumulation; accumulated into fp32 with it), on the D2H stream.
 //
+// Ranks (W > 1, options.comm). Every rank holds shard r of each chunk (shard_elems elements).
+// A gather reads the local shard from its tier, all-gathers the shards into a pinned staging
+// slot over the communicator, and copies the chunk H2D. A gradient chunk, once its backward is
+// complete, is copied D2H and reduce-scattered (mean over ranks) into the local gradient shard;
+// the reduce-scatter runs while backward goes on and is waited for at EndIteration. The ranks
+// agree at every Acquire (one small all_gather): their moments must match (else an error names
+// the ranks and what each acquired, instead of a hang or wrong data), a deviation from the
+// trace on any rank sends every rank on demand, and plan inputs are the maximum over ranks, so
+// all ranks replay the same plan and start the same collectives in the same order
+// (Note [Collectives on the trainer's thread] in chunk_manager.cc).
+//
 // Thread-safety: one thread drives a ChunkManager (the trainer's); calls are not concurrent.
 #pragma once
 
@@ -43,6 +54,7 @@
 #include "offload/pinned_arena.h"
 #include "profiler/memory_tracer.h"
 #include "profiler/timeline.h"
+#include "tierzero/communicator.h"
 
 namespace tierzero {
 
@@ -67,6 +79,9 @@ struct ChunkManagerOptions {
   uint64_t staging_bytes = uint64_t{256} << 20;
   // Policy after warm-up: kPlan normally; kOnDemand and kLru for comparison (chunk_bench).
   CachePolicy policy = CachePolicy::kPlan;
+  // The ranks sharing every chunk (W = layout world_size); null for one rank. Host buffers
+  // (MPI): device-resident parameter shards are not supported with W > 1.
+  Communicator* comm = nullptr;
   // Measure the compute-stream stall in every iteration (two device events per Acquire; about a
   // microsecond on HostSim). Default: false (recording iterations measure it regardless).
   bool measure_stalls = false;
@@ -87,6 +102,9 @@ struct ChunkCounters {
   // instance waiting for a free NVMe staging slot).
   double stall_seconds = 0;       // all measured iterations
   double last_stall_seconds = 0;  // the last measured iteration
+  // W > 1: seconds the caller spent in gathers' all_gathers and waiting for reduce-scatters.
+  double comm_seconds = 0;
+  uint64_t reduce_scatters = 0, all_gathers = 0;
 };
 
 class ChunkManager {
@@ -101,19 +119,21 @@ class ChunkManager {
   ~ChunkManager();
 
   // ---- Shard contents (between iterations) ----
-  // Writes/reads a tensor's parameter values (compute dtype, numel elements) in its shard.
+  // Writes/reads a tensor's parameter values (compute dtype; host_data holds the whole tensor,
+  // numel elements) in this rank's shard: with W > 1 only the tensor's slice in the local shard
+  // is written or read (the rest of host_data is left alone).
   Status WriteTensor(int tensor, const void* host_data);
   Status ReadTensor(int tensor, void* host_data);
-  // Reads a tensor's gradient from its chunk's host gradient shard (compute dtype without
-  // accumulation, fp32 with it).
+  // Reads a tensor's gradient (its local slice, as above) from its chunk's host gradient shard
+  // (compute dtype without accumulation, fp32 with it).
   Status ReadGrad(int tensor, void* host_data);
   // Clears every gradient shard (the start of an accumulation window).
   Status ZeroGrads();
 
   // Optimizer access to whole shards (between iterations). The host gradient shard of a chunk
-  // (GradDType(), chunk_elems elements); where its parameter shard lives; the host parameter
+  // (GradDType(), shard_elems elements); where its parameter shard lives; the host parameter
   // shard (null unless in host memory); and a write of a whole parameter shard from `src`
-  // (chunk_bytes, 4 KiB aligned when the shard is on NVMe).
+  // (shard_bytes, 4 KiB aligned when the shard is on NVMe).
   void* GradShard(int chunk);
   DType GradDType() const;
   Tier ParamTier(int chunk) const;
@@ -175,6 +195,11 @@ class ChunkManager {
   Status CopyTensorShard(int tensor, void* host, bool to_shard);
   Status Gather(int chunk);
   Status EnqueueGather(int chunk, Tier tier);
+  Status EnqueueShardedGather(int chunk, Tier tier);
+  Status AgreeOnMoment(int moment, uint64_t hash, bool end, bool* off_trace);
+  Status AgreeOnPlanInputs(std::vector<Moment>& moments);
+  Status ReduceAcrossRanks(int chunk, const void* device_grad);
+  Status FinishReductions(bool wait_all, bool wait_oldest);
   Status GathersStartNow(int moment);
   Status FlushPrefetches();
   void ReapDeferred();
@@ -182,6 +207,7 @@ class ChunkManager {
   Status ReduceChunk(int chunk);
   bool SeparateGrads(int chunk) const;
   bool Evictable(int chunk) const;
+  int Rank() const;
 
   Device& device_;
   StreamHandle compute_;

@@ -136,4 +136,18 @@ StatusOr<ChunkLayout> ChunkLayout::Build(const std::vector<TensorDesc>& tensors,
   return layout;
 }
 
+std::vector<ShardSlice> ChunkLayout::ShardSlices(int c, int rank) const {
+  std::vector<ShardSlice> out;
+  const uint64_t begin = static_cast<uint64_t>(rank) * shard_elems();
+  const uint64_t end = begin + shard_elems();
+  for (int t : chunk(c).tensors) {
+    const TensorLoc& loc = tensor(t);
+    const uint64_t lo = std::max(begin, loc.offset);
+    const uint64_t hi = std::min(end, loc.offset + loc.numel);
+    if (lo >= hi) continue;
+    out.push_back({t, lo - loc.offset, lo - begin, hi - lo});
+  }
+  return out;
+}
+
 }  // namespace tierzero

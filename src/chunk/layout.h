@@ -51,6 +51,14 @@ struct TensorLoc {
   uint64_t numel = 0;
 };
 
+// The part of a tensor that lies in one rank's shard of its chunk.
+struct ShardSlice {
+  int tensor = -1;
+  uint64_t tensor_begin = 0;  // the slice's first element, counted within the tensor
+  uint64_t shard_offset = 0;  // and where it lies in the shard (elements)
+  uint64_t numel = 0;
+};
+
 class ChunkLayout {
  public:
   // InvalidArgument for no tensors, a zero-sized tensor, world_size < 1, a non-float dtype, or a
@@ -70,6 +78,9 @@ class ChunkLayout {
   DType dtype() const { return dtype_; }
   uint64_t chunk_bytes() const { return DTypeBytes(dtype_, chunk_elems_); }
   uint64_t shard_bytes() const { return DTypeBytes(dtype_, shard_elems()); }
+  // The slices of chunk c's tensors in rank r's shard, in offset order; with W = 1, whole
+  // tensors. Rank r's shard holds elements [r * shard_elems, (r + 1) * shard_elems) of the chunk.
+  std::vector<ShardSlice> ShardSlices(int c, int rank) const;
   // Elements of real tensors over elements of all chunks: 1 - waste.
   uint64_t total_tensor_elems() const { return total_tensor_elems_; }
   double waste_fraction() const;

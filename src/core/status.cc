@@ -117,6 +117,9 @@ Status UnavailableError(std::string m) { return {StatusCode::kUnavailable, std::
 Status InternalError(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 Status DataLossError(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
 Status UnsupportedError(std::string m) { return {StatusCode::kUnsupported, std::move(m)}; }
+Status DeadlineExceededError(std::string m) {
+  return {StatusCode::kDeadlineExceeded, std::move(m)};
+}
 
 Status ErrnoError(std::string_view what, int err, StatusCode code) {
   std::string m(what);

@@ -2,16 +2,19 @@
 //
 // Note [Checkpoint format]
 // A checkpoint is a directory:
-//   states-<step>.rank<r>.bin   per parameter: fp32 master, m, v (numel each), parameters in
-//                               registration order
+//   states-<step>.rank<r>.bin   rank r's slices of the parameters (all of each with one rank):
+//                               per slice fp32 master, m, v (numel each), in registration order
 //   manifest.json               format, version, step, loss scale, world size, per file its
-//                               bytes and CRC32C, per parameter its name, shape, file, offset
-//                               and CRC32C of its three arrays, and the trainer's user_state
+//                               bytes and CRC32C, per slice its parameter's name and shape, the
+//                               file, offset, first element (begin) and numel, and the CRC32C of
+//                               its three arrays, and the trainer's user_state
 // Files are written under a temporary name, fsynced and renamed; the manifest is written the same
-// way last, so it is the commit point: a crash before its rename leaves the previous checkpoint
-// (its manifest and the states it names) intact. States files no longer named are removed after.
-// Parameters are stored per tensor, not per chunk, so a checkpoint loads into any chunk size
-// (and, with the collectives, any world size).
+// way last (by rank 0, once every rank has committed its file), so it is the commit point: a
+// crash before its rename leaves the previous checkpoint (its manifest and the states it names)
+// intact. States files no longer named are removed after. Parameters are stored per tensor
+// slice, not per chunk, so a checkpoint loads into any chunk size and any number of ranks: a
+// rank reads, from whichever files hold them, the slices that overlap its own (resharding).
+// Version 1 (one rank, whole tensors, no "begin") still loads.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -23,6 +26,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "core/bytes.h"
@@ -30,6 +35,7 @@
 #include "core/logging.h"
 #include "engine/engine_impl.h"
 #include "offload/crc32c.h"
+#include "zero/collective.h"
 
 namespace tierzero {
 namespace fs = std::filesystem;
@@ -37,7 +43,21 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kCheckpointVersion = 1;
+constexpr int kCheckpointVersion = 2;
+
+// Every rank's text, rank by rank (two all_gathers: the lengths, then the padded texts).
+StatusOr<std::vector<std::string>> AllGatherText(Communicator& comm, const std::string& text) {
+  ASSIGN_OR_RETURN(std::vector<uint64_t> lengths,
+                   zero::AllGatherValue(comm, static_cast<uint64_t>(text.size())));
+  const uint64_t most = *std::max_element(lengths.begin(), lengths.end());
+  std::string padded = text;
+  padded.resize(most);
+  ASSIGN_OR_RETURN(std::vector<uint8_t> raw, zero::AllGatherBytes(comm, padded.data(), most));
+  std::vector<std::string> out;
+  for (size_t r = 0; r < lengths.size(); ++r)
+    out.emplace_back(reinterpret_cast<const char*>(raw.data()) + r * most, lengths[r]);
+  return out;
+}
 
 // A file written under `path`.tmp, fsynced and renamed to `path`.
 class AtomicFile {
@@ -155,31 +175,28 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
       "states-" + std::to_string(im.step) + ".rank" + std::to_string(rank) + ".bin";
   ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::Create(dir + "/" + states_name));
 
-  // Parameters in registration order; states read chunk by chunk (a chunk's tensors are
-  // consecutive parameters, so each chunk's state is read once).
+  // This rank's slices in registration order; states read chunk by chunk (a chunk's tensors
+  // are consecutive parameters, so each chunk's state is read once).
   json tensors = json::array();
   uint32_t file_crc = 0;
-  int next = 0;
   for (int c = 0; c < im.layout.num_chunks(); ++c) {
     RETURN_IF_ERROR(im.WithChunkState(
         c, /*write_back=*/false, [&](float* master, float* m, float* v) -> Status {
-          for (int t : im.layout.chunk(c).tensors) {
-            if (t != next) return InternalError("chunk tensors out of registration order");
-            ++next;
-            const TensorLoc& loc = im.layout.tensor(t);
+          for (const ShardSlice& sl : im.slices[static_cast<size_t>(c)]) {
             const uint64_t offset = file.bytes();
             uint32_t crc = 0;
             for (const float* a : {master, m, v}) {
-              RETURN_IF_ERROR(file.Write(a + loc.offset, loc.numel * 4));
-              crc = Crc32c(a + loc.offset, loc.numel * 4, crc);
-              file_crc = Crc32c(a + loc.offset, loc.numel * 4, file_crc);
+              RETURN_IF_ERROR(file.Write(a + sl.shard_offset, sl.numel * 4));
+              crc = Crc32c(a + sl.shard_offset, sl.numel * 4, crc);
+              file_crc = Crc32c(a + sl.shard_offset, sl.numel * 4, file_crc);
             }
-            const ParamSpec& ps = im.params[static_cast<size_t>(t)];
+            const ParamSpec& ps = im.params[static_cast<size_t>(sl.tensor)];
             tensors.push_back({{"name", ps.name},
                                {"shape", ps.shape},
                                {"file", states_name},
                                {"offset", offset},
-                               {"numel", loc.numel},
+                               {"begin", sl.tensor_begin},
+                               {"numel", sl.numel},
                                {"crc32c", crc}});
           }
           return Status::OK();
@@ -187,6 +204,25 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
   }
   const uint64_t states_bytes = file.bytes();
   RETURN_IF_ERROR(file.Commit());
+  json files = json::array({{{"name", states_name}, {"bytes", states_bytes}, {"crc32c", file_crc}}});
+  if (im.world() > 1) {
+    // Every rank's file is committed once its entries arrive; rank 0 writes the manifest.
+    const std::string mine = json{{"files", files}, {"tensors", tensors}}.dump();
+    ASSIGN_OR_RETURN(std::vector<std::string> parts, AllGatherText(*im.comm, mine));
+    if (rank != 0) {
+      // Returns once the manifest is committed (or rank 0 failed and aborts the job).
+      RETURN_IF_ERROR(im.comm->Barrier());
+      return Status::OK();
+    }
+    files = json::array();
+    tensors = json::array();
+    for (const std::string& part : parts) {
+      json j = json::parse(part, nullptr, false);
+      if (j.is_discarded()) return InternalError("a rank's checkpoint entries are not JSON");
+      for (json& f : j["files"]) files.push_back(std::move(f));
+      for (json& t : j["tensors"]) tensors.push_back(std::move(t));
+    }
+  }
 
   json manifest = {
       {"format", "tierzero-checkpoint"},
@@ -196,8 +232,7 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
       {"good_steps", im.good_steps},
       {"compute_dtype", std::string(DTypeName(im.cfg.compute_dtype))},
       {"world_size", im.comm->size()},
-      {"files",
-       json::array({{{"name", states_name}, {"bytes", states_bytes}, {"crc32c", file_crc}}})},
+      {"files", files},
       {"tensors", tensors},
       {"user_state", user}};
   ASSIGN_OR_RETURN(AtomicFile mf, AtomicFile::Create(dir + "/manifest.json"));
@@ -205,16 +240,16 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
   RETURN_IF_ERROR(mf.Write(text.data(), text.size()));
   RETURN_IF_ERROR(mf.Commit());
   RETURN_IF_ERROR(SyncDir(dir));
-  // States files the manifest no longer names.
+  // States files the manifest no longer names (earlier steps, ranks of an earlier world size).
+  std::set<std::string> named;
+  for (const json& f : files) named.insert(f.value("name", ""));
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind("states-", 0) == 0 && name != states_name &&
-        name.find(".rank" + std::to_string(rank) + ".bin") != std::string::npos) {
-      fs::remove(entry.path(), ec);
-    }
+    if (name.rfind("states-", 0) == 0 && named.count(name) == 0) fs::remove(entry.path(), ec);
   }
   TZ_LOG(kInfo, kEngine) << "checkpoint at step " << im.step << " written to " << dir << " ("
-                         << FormatBytes(states_bytes) << ")";
+                         << FormatBytes(states_bytes) << " from this rank)";
+  if (im.world() > 1) RETURN_IF_ERROR(im.comm->Barrier());
   return Status::OK();
 }
 
@@ -233,22 +268,32 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
       manifest.value("format", "") != "tierzero-checkpoint") {
     return DataLossError(dir + "/manifest.json is not a tierzero checkpoint manifest");
   }
-  if (manifest.value("version", 0) != kCheckpointVersion) {
+  const int version = manifest.value("version", 0);
+  if (version != kCheckpointVersion && version != 1) {
     return UnsupportedError(dir + "/manifest.json has version " +
                             std::to_string(manifest.value("version", 0)) + "; this build reads " +
                             std::to_string(kCheckpointVersion));
   }
-  // Index the saved tensors and check every registered parameter is there with its shape.
-  std::map<std::string, const json*> saved;
-  for (const json& t : manifest["tensors"]) saved[t.value("name", "")] = &t;
-  for (const ParamSpec& ps : im.params) {
+  // Index the saved slices and check every registered parameter is there, whole, with its
+  // shape.
+  std::map<std::string, std::vector<const json*>> saved;
+  for (const json& t : manifest["tensors"]) saved[t.value("name", "")].push_back(&t);
+  for (size_t p = 0; p < im.params.size(); ++p) {
+    const ParamSpec& ps = im.params[p];
     auto it = saved.find(ps.name);
     if (it == saved.end())
       return NotFoundError("checkpoint " + dir + " has no parameter '" + ps.name + "'");
-    if ((*it->second)["shape"].get<std::vector<int64_t>>() != ps.shape)
-      return InvalidArgumentError("checkpoint parameter '" + ps.name + "' has shape " +
-                                  (*it->second)["shape"].dump() + ", the model registers " +
-                                  json(ps.shape).dump());
+    uint64_t covered = 0;
+    for (const json* e : it->second) {
+      if ((*e)["shape"].get<std::vector<int64_t>>() != ps.shape)
+        return InvalidArgumentError("checkpoint parameter '" + ps.name + "' has shape " +
+                                    (*e)["shape"].dump() + ", the model registers " +
+                                    json(ps.shape).dump());
+      covered += e->value("numel", uint64_t{0});
+    }
+    if (covered != static_cast<uint64_t>(im.numel[p]))
+      return DataLossError("checkpoint " + dir + " holds " + std::to_string(covered) + " of the " +
+                           std::to_string(im.numel[p]) + " elements of '" + ps.name + "'");
   }
   // Read and verify everything before changing any state: a bad checkpoint leaves the engine
   // as it was. Chunk by chunk, so NVMe-resident state is never held whole in memory; a second
@@ -264,25 +309,33 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   for (int pass = 0; pass < 2; ++pass) {
     for (int c = 0; c < im.layout.num_chunks(); ++c) {
       auto apply = [&](float* master, float* m, float* v) -> Status {
-        for (int t : im.layout.chunk(c).tensors) {
-          const json& e = *saved[im.params[static_cast<size_t>(t)].name];
-          const TensorLoc& loc = im.layout.tensor(t);
-          if (e.value("numel", uint64_t{0}) != loc.numel)
-            return DataLossError("checkpoint entry of '" + e.value("name", "") +
-                                 "' has the wrong element count");
-          const std::string fname = e.value("file", "");
-          ASSIGN_OR_RETURN(int fd, fd_of(fname));
-          buf.resize(loc.numel * 3);
-          RETURN_IF_ERROR(ReadAt(fd, dir + "/" + fname, e.value("offset", uint64_t{0}), buf.data(),
-                                 buf.size() * 4));
-          if (Crc32c(buf.data(), buf.size() * 4) != e.value("crc32c", uint32_t{0})) {
-            return DataLossError("checkpoint " + dir + ": checksum mismatch in parameter '" +
-                                 e.value("name", "") + "' (the file is corrupt)");
-          }
-          if (pass == 1) {
-            std::memcpy(master + loc.offset, buf.data(), loc.numel * 4);
-            std::memcpy(m + loc.offset, buf.data() + loc.numel, loc.numel * 4);
-            std::memcpy(v + loc.offset, buf.data() + 2 * loc.numel, loc.numel * 4);
+        for (const ShardSlice& sl : im.slices[static_cast<size_t>(c)]) {
+          // The saved slices that overlap this rank's slice (resharding).
+          for (const json* ep : saved[im.params[static_cast<size_t>(sl.tensor)].name]) {
+            const json& e = *ep;
+            const uint64_t begin = e.value("begin", uint64_t{0});
+            const uint64_t numel = e.value("numel", uint64_t{0});
+            const uint64_t lo = std::max(begin, sl.tensor_begin);
+            const uint64_t hi = std::min(begin + numel, sl.tensor_begin + sl.numel);
+            if (lo >= hi) continue;
+            const std::string fname = e.value("file", "");
+            ASSIGN_OR_RETURN(int fd, fd_of(fname));
+            buf.resize(numel * 3);
+            RETURN_IF_ERROR(ReadAt(fd, dir + "/" + fname, e.value("offset", uint64_t{0}),
+                                   buf.data(), buf.size() * 4));
+            if (Crc32c(buf.data(), buf.size() * 4) != e.value("crc32c", uint32_t{0})) {
+              return DataLossError("checkpoint " + dir + ": checksum mismatch in parameter '" +
+                                   e.value("name", "") + "' in " + fname +
+                                   " (the file is corrupt)");
+            }
+            if (pass == 1) {
+              const uint64_t dst = sl.shard_offset + (lo - sl.tensor_begin);
+              const uint64_t src = lo - begin;
+              const uint64_t len = (hi - lo) * 4;
+              std::memcpy(master + dst, buf.data() + src, len);
+              std::memcpy(m + dst, buf.data() + numel + src, len);
+              std::memcpy(v + dst, buf.data() + 2 * numel + src, len);
+            }
           }
         }
         if (pass == 1) return im.UploadChunk(c, master);
@@ -323,23 +376,30 @@ Status Engine::ExportSafetensors(const std::string& path, DType dtype) const {
       {"format", "pt"}, {"producer", "tierzero"}, {"step", std::to_string(im.step)}};
   std::string h = header.dump();
   while ((h.size() + 8) % 8 != 0) h.push_back(' ');
-  ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::Create(path));
-  const uint64_t hlen = h.size();
-  RETURN_IF_ERROR(file.Write(&hlen, 8));  // little-endian u64
-  RETURN_IF_ERROR(file.Write(h.data(), h.size()));
-  std::vector<uint8_t> out;
-  for (int c = 0; c < im.layout.num_chunks(); ++c) {
-    RETURN_IF_ERROR(im.WithChunkState(c, false, [&](float* master, float*, float*) -> Status {
-      for (int t : im.layout.chunk(c).tensors) {
-        const TensorLoc& loc = im.layout.tensor(t);
-        out.resize(DTypeBytes(dtype, loc.numel));
-        RETURN_IF_ERROR(Convert(master + loc.offset, DType::kF32, out.data(), dtype, loc.numel));
-        RETURN_IF_ERROR(file.Write(out.data(), out.size()));
-      }
-      return Status::OK();
-    }));
+  // Rank 0 writes; every rank contributes its shards chunk by chunk.
+  const bool writer = im.comm->rank() == 0;
+  std::optional<AtomicFile> file;
+  if (writer) {
+    ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::Create(path));
+    file.emplace(std::move(f));
+    const uint64_t hlen = h.size();
+    RETURN_IF_ERROR(file->Write(&hlen, 8));  // little-endian u64
+    RETURN_IF_ERROR(file->Write(h.data(), h.size()));
   }
-  RETURN_IF_ERROR(file.Commit());
+  std::vector<uint8_t> out;
+  std::vector<float> full;
+  for (int c = 0; c < im.layout.num_chunks(); ++c) {
+    RETURN_IF_ERROR(im.GatherChunkMaster(c, full));
+    if (!writer) continue;
+    for (int t : im.layout.chunk(c).tensors) {
+      const TensorLoc& loc = im.layout.tensor(t);
+      out.resize(DTypeBytes(dtype, loc.numel));
+      RETURN_IF_ERROR(Convert(full.data() + loc.offset, DType::kF32, out.data(), dtype, loc.numel));
+      RETURN_IF_ERROR(file->Write(out.data(), out.size()));
+    }
+  }
+  if (writer) RETURN_IF_ERROR(file->Commit());
+  if (im.world() > 1) RETURN_IF_ERROR(im.comm->Barrier());
   return Status::OK();
 }
 

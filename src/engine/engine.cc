@@ -24,6 +24,7 @@
 #include "offload/cuda_device.h"
 #include "offload/host_sim_device.h"
 #include "offload/swapper.h"
+#include "zero/collective.h"
 
 namespace tierzero {
 
@@ -225,10 +226,6 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                                                  std::shared_ptr<Communicator> comm) {
   RETURN_IF_ERROR(ValidateEngineConfig(config));
   if (!comm) comm = Communicator::Single();
-  if (comm->size() != 1) {
-    return UnsupportedError("the engine runs on one rank for now; ZeRO-3 over " +
-                            std::to_string(comm->size()) + " ranks comes with the collectives");
-  }
   if (config.device == DeviceChoice::kCuda && CudaDeviceCount() == 0) {
     return UnavailableError(
         "device 'cuda' was asked for but no usable GPU was found; use device 'host' (or 'auto') "
@@ -315,22 +312,27 @@ Status Engine::Finalize() {
     tensors.push_back({im.params[i].name, static_cast<uint64_t>(im.numel[i])});
   LayoutOptions lo;
   lo.chunk_elems = cfg.chunk_elems;
-  lo.world_size = 1;
+  lo.world_size = im.comm->size();
   lo.dtype = cfg.compute_dtype;
   auto layout = ChunkLayout::Build(tensors, lo);
   if (!layout.ok()) return std::move(layout).status().WithContext("laying out the parameters");
   im.layout = std::move(layout).value();
+  for (int c = 0; c < im.layout.num_chunks(); ++c)
+    im.slices.push_back(im.layout.ShardSlices(c, im.comm->rank()));
   const uint64_t chunk_bytes = im.layout.chunk_bytes();
+  const uint64_t shard_bytes = im.layout.shard_bytes();
   const uint64_t shard_elems = im.layout.shard_elems();
   const uint64_t optim_bytes = shard_elems * 12;
 
   // Fixed host overheads (Note [Host memory accounting] in docs/config.md): NVMe staging for
   // parameter reads, the optimizer's swap buffers, and one upload buffer.
+  // (With W > 1 staging slots hold a whole gathered chunk.)
   im.staging_bytes =
       std::max<uint64_t>(2 * chunk_bytes, std::min<uint64_t>(8 * chunk_bytes, 64u << 20));
   im.swap_slot_bytes = AlignUp(optim_bytes, kNvmeAlignment);
   const uint64_t fixed =
-      im.staging_bytes + 3 * im.swap_slot_bytes + AlignUp(chunk_bytes, kNvmeAlignment);
+      im.staging_bytes + 3 * im.swap_slot_bytes + AlignUp(shard_bytes, kNvmeAlignment) +
+      (im.world() > 1 ? 4 * AlignUp(chunk_bytes + shard_bytes, kNvmeAlignment) : 0);
   if (cfg.host_budget <= fixed) {
     return OutOfMemoryError("host_budget " + FormatBytes(cfg.host_budget) +
                             " does not cover the fixed buffers for chunks of " +
@@ -378,6 +380,7 @@ Status Engine::Finalize() {
   co.device_budget_bytes = cfg.device_budget;
   co.grad_accumulation = cfg.grad_accumulation > 1;
   co.staging_bytes = im.staging_bytes;
+  if (im.world() > 1) co.comm = im.comm.get();
   if (cfg.host_link_bandwidth > 0) co.h2d_bytes_per_second = cfg.host_link_bandwidth;
   auto cm = ChunkManager::Create(*im.device, im.compute.handle(), im.nvme.get(), im.layout,
                                  im.placement, co);
@@ -426,7 +429,7 @@ Status Engine::Finalize() {
     if (!reg.ok())
       TZ_LOG(kWarn, kEngine) << "optimizer swap buffers not registered: " << reg.ToString();
   }
-  im.upload = AlignedBuffer::Allocate(AlignUp(chunk_bytes, kNvmeAlignment));
+  im.upload = AlignedBuffer::Allocate(AlignUp(shard_bytes, kNvmeAlignment));
   std::memset(im.upload.data(), 0, im.upload.bytes());  // padding stays zero
   im.finalized = true;
 
@@ -435,10 +438,19 @@ Status Engine::Finalize() {
     std::memset(master, 0, shard_elems * 4);
     std::memset(m, 0, shard_elems * 4);
     std::memset(v, 0, shard_elems * 4);
-    for (int t : im.layout.chunk(c).tensors) {
-      const TensorLoc& loc = im.layout.tensor(t);
-      std::span<float> values(master + loc.offset, loc.numel);
-      if (im.params[static_cast<size_t>(t)].init) im.params[static_cast<size_t>(t)].init(values);
+    std::vector<float> whole;
+    for (const ShardSlice& sl : im.slices[static_cast<size_t>(c)]) {
+      const ParamSpec& ps = im.params[static_cast<size_t>(sl.tensor)];
+      if (!ps.init) continue;
+      const uint64_t numel = im.layout.tensor(sl.tensor).numel;
+      if (sl.numel == numel) {
+        ps.init(std::span<float>(master + sl.shard_offset, sl.numel));
+        continue;
+      }
+      // A tensor split between ranks: its initial values are a function of the whole tensor.
+      whole.resize(numel);
+      ps.init(whole);
+      std::memcpy(master + sl.shard_offset, whole.data() + sl.tensor_begin, sl.numel * 4);
     }
     return im.UploadChunk(c, master);
   });
@@ -525,14 +537,26 @@ Status Engine::Impl::UploadChunk(int c, const float* master) {
     dst = upload.data();
     std::memset(dst, 0, upload.bytes());  // the padding of the shard stays zero
   }
-  for (int t : layout.chunk(c).tensors) {
-    const TensorLoc& loc = layout.tensor(t);
-    RETURN_IF_ERROR(Convert(master + loc.offset, DType::kF32,
-                            static_cast<uint8_t*>(dst) + DTypeBytes(dt, loc.offset), dt,
-                            loc.numel));
+  for (const ShardSlice& sl : slices[static_cast<size_t>(c)]) {
+    RETURN_IF_ERROR(Convert(master + sl.shard_offset, DType::kF32,
+                            static_cast<uint8_t*>(dst) + DTypeBytes(dt, sl.shard_offset), dt,
+                            sl.numel));
   }
   if (host == nullptr) RETURN_IF_ERROR(cm->WriteParamShard(c, dst));
   return Status::OK();
+}
+
+Status Engine::Impl::GatherChunkMaster(int c, std::vector<float>& full) {
+  const uint64_t n = layout.shard_elems();
+  full.assign(layout.chunk_elems(), 0.0f);
+  std::vector<float> mine(n);
+  RETURN_IF_ERROR(WithChunkState(c, /*write_back=*/false, [&](float* master, float*, float*) {
+    std::memcpy(mine.data(), master, n * 4);
+    return Status::OK();
+  }));
+  ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,
+                   comm->AllGather(mine.data(), full.data(), n, DType::kF32));
+  return req->Wait();
 }
 
 // ---- Iterations
@@ -670,12 +694,17 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
   double sumsq = 0;
   for (int c = 0; c < nc; ++c) {
     const auto* g = static_cast<const uint8_t*>(im.cm->GradShard(c));
-    for (int t : im.layout.chunk(c).tensors) {
-      const TensorLoc& loc = im.layout.tensor(t);
-      ASSIGN_OR_RETURN(double s,
-                       im.adam_plain->SumSquares(g + DTypeBytes(gt, loc.offset), gt, loc.numel));
+    for (const ShardSlice& sl : im.slices[static_cast<size_t>(c)]) {
+      ASSIGN_OR_RETURN(double s, im.adam_plain->SumSquares(g + DTypeBytes(gt, sl.shard_offset),
+                                                           gt, sl.numel));
       sumsq += s;
     }
+  }
+  if (im.world() > 1) {
+    // The ranks' sums in rank order, so every rank gets the same norm bit for bit.
+    ASSIGN_OR_RETURN(std::vector<double> all, zero::AllGatherValue(*im.comm, sumsq));
+    sumsq = 0;
+    for (double x : all) sumsq += x;
   }
   const double inv = 1.0 / (static_cast<double>(im.loss_scale) * im.cfg.grad_accumulation);
   StepResult r;
@@ -736,24 +765,23 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
         void* host = im.cm->HostParamShard(c);
         auto* out = static_cast<uint8_t*>(host != nullptr ? host : im.upload.data());
         if (host == nullptr) std::memset(out, 0, im.upload.bytes());  // zero padding
-        for (int t : im.layout.chunk(c).tensors) {
-          const TensorLoc& loc = im.layout.tensor(t);
+        for (const ShardSlice& sl : im.slices[static_cast<size_t>(c)]) {
           AdamBuffers b;
-          b.master = master + loc.offset;
-          b.m = m + loc.offset;
-          b.v = v + loc.offset;
-          b.grad = grad + DTypeBytes(gt, loc.offset);
+          b.master = master + sl.shard_offset;
+          b.m = m + sl.shard_offset;
+          b.v = v + sl.shard_offset;
+          b.grad = grad + DTypeBytes(gt, sl.shard_offset);
           b.grad_dtype = gt;
-          b.n = loc.numel;
+          b.n = sl.numel;
           if (dt != DType::kF32) {
-            b.out = out + DTypeBytes(dt, loc.offset);
+            b.out = out + DTypeBytes(dt, sl.shard_offset);
             b.out_dtype = dt;
           }
-          CpuAdam& adam =
-              im.params[static_cast<size_t>(t)].weight_decay ? *im.adam_decay : *im.adam_plain;
+          CpuAdam& adam = im.params[static_cast<size_t>(sl.tensor)].weight_decay ? *im.adam_decay
+                                                                                 : *im.adam_plain;
           ASSIGN_OR_RETURN(bool applied, adam.Step(b, chunk_so));
           TZ_CHECK(applied) << "Adam skipped a step that was checked finite";
-          if (dt == DType::kF32) std::memcpy(out + loc.offset * 4, b.master, loc.numel * 4);
+          if (dt == DType::kF32) std::memcpy(out + sl.shard_offset * 4, b.master, sl.numel * 4);
         }
         if (host == nullptr) RETURN_IF_ERROR(im.cm->WriteParamShard(c, out));
         return Status::OK();
@@ -796,11 +824,10 @@ Status Engine::ReadParam(ParamId p, std::span<float> out) {
                                 std::to_string(out.size()) + " elements; it has " +
                                 std::to_string(numel(p)));
   const TensorLoc& loc = im.layout.tensor(p);
-  return im.WithChunkState(loc.chunk, /*write_back=*/false,
-                           [&](float* master, float*, float*) -> Status {
-                             std::memcpy(out.data(), master + loc.offset, loc.numel * 4);
-                             return Status::OK();
-                           });
+  std::vector<float> full;
+  RETURN_IF_ERROR(im.GatherChunkMaster(loc.chunk, full));
+  std::memcpy(out.data(), full.data() + loc.offset, loc.numel * 4);
+  return Status::OK();
 }
 
 Status Engine::ReadGrad(ParamId p, std::span<float> out) {
@@ -813,9 +840,15 @@ Status Engine::ReadGrad(ParamId p, std::span<float> out) {
                                 std::to_string(out.size()) + " elements; it has " +
                                 std::to_string(numel(p)));
   const DType gt = im.cm->GradDType();
-  std::vector<uint8_t> raw(DTypeBytes(gt, out.size()));
-  RETURN_IF_ERROR(im.cm->ReadGrad(p, raw.data()));
-  return Convert(raw.data(), gt, out.data(), DType::kF32, out.size());
+  const TensorLoc& loc = im.layout.tensor(p);
+  // The chunk's gradient from every rank's shard.
+  std::vector<uint8_t> full(DTypeBytes(gt, im.layout.chunk_elems()));
+  ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,
+                   im.comm->AllGather(im.cm->GradShard(loc.chunk), full.data(),
+                                      im.layout.shard_elems(), gt));
+  RETURN_IF_ERROR(req->Wait());
+  return Convert(full.data() + DTypeBytes(gt, loc.offset), gt, out.data(), DType::kF32,
+                 out.size());
 }
 
 Status Engine::WriteParam(ParamId p, std::span<const float> values) {
@@ -827,12 +860,14 @@ Status Engine::WriteParam(ParamId p, std::span<const float> values) {
     return InvalidArgumentError("WriteParam of '" + param(p).name + "' with " +
                                 std::to_string(values.size()) + " elements; it has " +
                                 std::to_string(numel(p)));
-  const TensorLoc& loc = im.layout.tensor(p);
-  return im.WithChunkState(loc.chunk, /*write_back=*/true,
-                           [&](float* master, float*, float*) -> Status {
-                             std::memcpy(master + loc.offset, values.data(), loc.numel * 4);
-                             return im.UploadChunk(loc.chunk, master);
-                           });
+  const int c = im.layout.tensor(p).chunk;
+  return im.WithChunkState(c, /*write_back=*/true, [&](float* master, float*, float*) -> Status {
+    for (const ShardSlice& sl : im.slices[static_cast<size_t>(c)]) {
+      if (sl.tensor != p) continue;
+      std::memcpy(master + sl.shard_offset, values.data() + sl.tensor_begin, sl.numel * 4);
+    }
+    return im.UploadChunk(c, master);
+  });
 }
 
 // Runs fn on one chunk's optimizer state (read from NVMe into a swap slot and, with write_back,
@@ -888,6 +923,12 @@ EngineStats Engine::stats() const {
   s.evictions = c.evictions;
   s.plans = c.plans;
   s.deviations = c.deviations;
+  if (im.comm->size() > 1) {
+    const CommStats cs = im.comm->stats();
+    s.collectives = cs.collectives;
+    s.comm_bytes = cs.bytes_sent;
+    s.comm_seconds = c.comm_seconds;
+  }
   return s;
 }
 

@@ -136,6 +136,12 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   Status WithChunkState(int chunk, bool write_back,
                         const std::function<Status(float*, float*, float*)>& fn);
   Status UploadChunk(int chunk, const float* master);
+  // The whole chunk's fp32 master weights (chunk_elems), gathered from the ranks' shards
+  // (collective with W > 1).
+  Status GatherChunkMaster(int chunk, std::vector<float>& full);
+  int world() const { return layout.world_size(); }
+  // This rank's slices of chunk c's tensors (ChunkLayout::ShardSlices).
+  std::vector<std::vector<ShardSlice>> slices;
 };
 
 }  // namespace tierzero

@@ -144,4 +144,12 @@ void ReduceBlocks(const void* blocks, int num_blocks, void* out, size_t n, DType
   }
 }
 
+StatusOr<std::vector<uint8_t>> AllGatherBytes(Communicator& comm, const void* data, size_t bytes) {
+  std::vector<uint8_t> out(bytes * static_cast<size_t>(comm.size()));
+  ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,
+                   comm.AllGather(data, out.data(), bytes, DType::kI8));
+  RETURN_IF_ERROR(req->Wait());
+  return out;
+}
+
 }  // namespace tierzero::zero

@@ -4,7 +4,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <vector>
 
 #include "tierzero/communicator.h"
 
@@ -45,5 +47,17 @@ void DivideInPlace(void* buf, size_t n, DType dtype, double divisor);
 // in fp32 and rounded once; kMean divides by `blocks`.
 void ReduceBlocks(const void* blocks, int num_blocks, void* out, size_t n, DType dtype,
                   ReduceOp op);
+
+// Every rank's `bytes` bytes from `data`, rank by rank (one all_gather, waited for). For the
+// small agreements between ranks: trace checks, plan inputs, norms, losses.
+StatusOr<std::vector<uint8_t>> AllGatherBytes(Communicator& comm, const void* data, size_t bytes);
+// The same for one trivially copyable value per rank.
+template <typename T>
+StatusOr<std::vector<T>> AllGatherValue(Communicator& comm, const T& value) {
+  ASSIGN_OR_RETURN(std::vector<uint8_t> raw, AllGatherBytes(comm, &value, sizeof(T)));
+  std::vector<T> out(static_cast<size_t>(comm.size()));
+  std::memcpy(out.data(), raw.data(), raw.size());
+  return out;
+}
 
 }  // namespace tierzero::zero

@@ -4,11 +4,14 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <climits>
 #include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "zero/collective.h"
@@ -52,16 +55,46 @@ void FinalizeAtExit() {
   if (!finalized) MPI_Finalize();
 }
 
+// Note [Collective deadlines]
+// A rank that dies under mpirun takes the job down (mpirun kills the others), and a rank that
+// fails with an error calls Communicator::Abort. What remains is a rank that is alive but never
+// joins the collective the others wait in (a bug, a diverged program). MPI_Wait would block
+// forever; Wait polls MPI_Test instead (yielding the core, which oversubscribed runs need) and
+// gives up after the communicator's timeout with DeadlineExceeded, which the trainer reports
+// before aborting. A collective cannot be cancelled, so the communicator is unusable after that.
+//
 // A started MPI collective. `on_done` is the local part that follows the transfer (the mean's
 // division, reduce_scatter's sum of the exchanged blocks); it runs once, on the thread that sees
 // the transfer complete.
 class MpiRequest final : public CommRequest {
  public:
-  MpiRequest(MPI_Request r, std::string what, std::function<void()> on_done)
-      : req_(r), what_(std::move(what)), on_done_(std::move(on_done)) {}
+  MpiRequest(MPI_Request r, std::string what, std::function<void()> on_done, double timeout_s)
+      : req_(r), what_(std::move(what)), on_done_(std::move(on_done)), timeout_s_(timeout_s) {}
   ~MpiRequest() override { (void)Wait(); }
+  // Polls instead of MPI_Wait so that a collective another rank never joins ends in an error,
+  // not a hang (Note [Collective deadlines]).
   Status Wait() override {
-    if (!done_) Finish(MPI_Wait(&req_, MPI_STATUS_IGNORE));
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!done_) {
+      int flag = 0;
+      const int rc = MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS || flag) {
+        Finish(rc);
+        break;
+      }
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >
+          timeout_s_) {
+        // The request cannot be cancelled (MPI forbids it for collectives); the caller is
+        // expected to Abort. Mark it done so the destructor does not wait again.
+        done_ = true;
+        status_ = DeadlineExceededError(
+            what_ + " did not complete in " + std::to_string(static_cast<int>(timeout_s_)) +
+            " s: another rank has failed, stopped, or started a different collective");
+        on_done_ = nullptr;
+        break;
+      }
+      std::this_thread::yield();
+    }
     return status_;
   }
   StatusOr<bool> Test() override {
@@ -87,6 +120,7 @@ class MpiRequest final : public CommRequest {
   MPI_Request req_;
   std::string what_;
   std::function<void()> on_done_;
+  double timeout_s_;
   bool done_ = false;
   Status status_;
 };
@@ -269,11 +303,19 @@ class MpiCommunicator final : public Communicator {
   }
 
   Status Barrier() override {
-    if (int rc = MPI_Barrier(comm_); rc != MPI_SUCCESS) return MpiError(rc, "Barrier");
-    return Status::OK();
+    MPI_Request r;
+    if (int rc = MPI_Ibarrier(comm_, &r); rc != MPI_SUCCESS) return MpiError(rc, "Ibarrier");
+    return MpiRequest(r, "barrier", nullptr, timeout_s_).Wait();
   }
 
   CommStats stats() const override { return stats_; }
+  void SetTimeout(double seconds) override { timeout_s_ = seconds; }
+  [[noreturn]] void Abort(int exit_code) override {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    MPI_Abort(comm_, exit_code);
+    std::_Exit(exit_code);
+  }
 
  private:
   MpiCommunicator() = default;
@@ -300,10 +342,11 @@ class MpiCommunicator final : public Communicator {
                                        std::function<void()> on_done = nullptr) {
     ++stats_.collectives;
     stats_.bytes_sent += zero::BytesSent(kind, count, dtype, topo_.size, is_root);
-    return std::make_unique<MpiRequest>(r, what, std::move(on_done));
+    return std::make_unique<MpiRequest>(r, what, std::move(on_done), timeout_s_);
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  double timeout_s_ = 300;
   std::shared_ptr<ScratchPool> scratch_ = std::make_shared<ScratchPool>();
   Topology topo_;
   CommStats stats_;
