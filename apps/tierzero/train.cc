@@ -15,6 +15,7 @@
 #include "core/bytes.h"
 #include "core/dtype.h"
 #include "report.h"
+#include "zero/collective.h"
 
 namespace tierzero::app {
 namespace fs = std::filesystem;
@@ -383,9 +384,34 @@ std::string Mib(uint64_t b) {
   return buf;
 }
 
+// The ranks of this run (mpirun) or one; Fail ends every rank when there are several.
+std::shared_ptr<Communicator> g_comm;
+
 int Fail(const Status& s) {
+  if (g_comm && g_comm->size() > 1) {
+    std::fprintf(stderr, "rank %d of %d: error: %s\n", g_comm->rank(), g_comm->size(),
+                 s.ToString().c_str());
+    // Note [A failing rank ends the run]
+    g_comm->Abort(1);
+  }
   std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
   return 1;
+}
+
+// Under a launcher (mpirun, srun with PMIx) the ranks are MPI's; otherwise one process.
+StatusOr<std::shared_ptr<Communicator>> RunCommunicator() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}) {
+    const char* v = std::getenv(var);
+    if (v != nullptr && std::atoi(v) > 1) {
+      auto comm = Communicator::Mpi();
+      if (!comm.ok()) {
+        return std::move(comm).status().WithContext(std::string(var) + " is " + v +
+                                                    ": started as one of several ranks");
+      }
+      return comm;
+    }
+  }
+  return Communicator::Single();
 }
 
 constexpr const char* kTrainHelp = R"(usage: tierzero train [--config FILE] [options]
@@ -449,11 +475,23 @@ int Train(const std::vector<std::string>& args) {
     s = gpt::ValidateGptConfig(cfg.model);
     if (!s.ok()) return Fail(s);
   }
+  {
+    auto comm = RunCommunicator();
+    if (!comm.ok()) return Fail(comm.status());
+    g_comm = *comm;
+  }
+  const int rank = g_comm->rank();
+  const int world = g_comm->size();
+  const bool lead = rank == 0;  // prints and writes the run's files
+  if (!lead) std::fflush(stdout), (void)std::freopen("/dev/null", "w", stdout);
   OutputOptions& out = cfg.output;
   if (out.metrics.empty()) out.metrics = out.run_dir + "/metrics.jsonl";
   if (out.report.empty()) out.report = out.run_dir + "/report.json";
   if (out.checkpoint_dir.empty()) out.checkpoint_dir = out.run_dir + "/checkpoint";
   if (cfg.engine.nvme_path.empty()) cfg.engine.nvme_path = out.run_dir + "/nvme";
+  const EngineConfig as_configured = cfg.engine;
+  // Each rank swaps to its own files.
+  if (world > 1) cfg.engine.nvme_path += "/rank" + std::to_string(rank);
   std::error_code ec;
   fs::create_directories(out.run_dir, ec);
   if (ec) return Fail(IoError("creating run directory " + out.run_dir + ": " + ec.message()));
@@ -462,14 +500,16 @@ int Train(const std::vector<std::string>& args) {
     if (ec)
       return Fail(IoError("creating NVMe directory " + cfg.engine.nvme_path + ": " + ec.message()));
   }
-  {
+  if (lead) {
+    RunConfig written = cfg;
+    written.engine = as_configured;
     std::ofstream cf(out.run_dir + "/config.json");
-    cf << RunConfigToJson(cfg) << "\n";
+    cf << RunConfigToJson(written) << "\n";
   }
 
   auto dataset = gpt::Dataset::Create(cfg.data, cfg.model.seq_len);
   if (!dataset.ok()) return Fail(dataset.status());
-  auto engine_or = Engine::Create(cfg.engine);
+  auto engine_or = Engine::Create(cfg.engine, g_comm);
   if (!engine_or.ok()) return Fail(engine_or.status());
   Engine& engine = **engine_or;
   auto model_or = gpt::Gpt::Create(engine, cfg.model);
@@ -497,12 +537,15 @@ int Train(const std::vector<std::string>& args) {
               Mib(cfg.engine.device_budget).c_str(), Mib(cfg.engine.host_budget).c_str(),
               Mib(cfg.engine.nvme_budget).c_str(), cfg.engine.nvme_path.c_str(),
               std::string(DTypeName(cfg.engine.compute_dtype)).c_str());
-  std::printf("  placement: %s\n", engine.PlacementSummary().c_str());
+  std::printf("  placement: %s%s\n", engine.PlacementSummary().c_str(),
+              world > 1 ? (" (per rank, " + std::to_string(world) + " ranks)").c_str() : "");
   std::printf("  initialised in %.1f s\n", init_s);
   if (start > 0) std::printf("  resumed from %s at step %d\n", out.resume.c_str(), start);
   std::fflush(stdout);
 
-  std::ofstream metrics(out.metrics, start > 0 ? std::ios::app : std::ios::trunc);
+  // (Ranks other than 0 write their metrics nowhere.)
+  std::ofstream metrics(lead ? out.metrics : "/dev/null",
+                        start > 0 ? std::ios::app : std::ios::trunc);
   if (!metrics) return Fail(IoError("cannot write metrics file " + out.metrics));
   g_interrupted.store(false);
   auto old_handler = std::signal(SIGINT, OnSigint);
@@ -543,7 +586,7 @@ int Train(const std::vector<std::string>& args) {
   const auto run_t0 = std::chrono::steady_clock::now();
   const int accum = cfg.engine.grad_accumulation;
   const double tokens_per_step =
-      static_cast<double>(cfg.train.batch_size) * cfg.model.seq_len * accum;
+      static_cast<double>(cfg.train.batch_size) * cfg.model.seq_len * accum * world;
   double total_tokens = 0, total_compute_s = 0;
   int step = start;
   Status status = Status::OK();
@@ -554,10 +597,13 @@ int Train(const std::vector<std::string>& args) {
     const auto t0 = std::chrono::steady_clock::now();
     double loss = 0;
     for (int micro = 0; micro < accum && status.ok(); ++micro) {
-      gpt::Batch batch = (*dataset)->Get(
-          false,
-          static_cast<uint64_t>(step) * static_cast<uint64_t>(accum) + static_cast<uint64_t>(micro),
-          cfg.train.batch_size);
+      // Data parallel: a step takes world * accum micro-batches, rank r the r-th run of accum,
+      // so the same global batch whatever the split between ranks and accumulation.
+      const uint64_t index = (static_cast<uint64_t>(step) * static_cast<uint64_t>(world) +
+                              static_cast<uint64_t>(rank)) *
+                                 static_cast<uint64_t>(accum) +
+                             static_cast<uint64_t>(micro);
+      gpt::Batch batch = (*dataset)->Get(false, index, cfg.train.batch_size);
       auto l = model.ForwardBackward(batch);
       if (!l.ok()) {
         status = l.status();
@@ -566,6 +612,24 @@ int Train(const std::vector<std::string>& args) {
       loss += *l / accum;
     }
     if (!status.ok()) break;
+    if (world > 1) {
+      // The step's loss over every rank's micro-batches, summed in rank order.
+      // (And whether any rank was interrupted: they all stop at the same step.)
+      struct {
+        double loss;
+        int64_t interrupted;
+      } mine{loss, g_interrupted.load() ? 1 : 0};
+      auto all = zero::AllGatherValue(*g_comm, mine);
+      if (!all.ok()) {
+        status = all.status();
+        break;
+      }
+      loss = 0;
+      for (const auto& r : *all) {
+        loss += r.loss / world;
+        if (r.interrupted != 0) g_interrupted.store(true);
+      }
+    }
     const double lr = LearningRate(cfg.train, step);
     auto r = engine.Step({static_cast<float>(lr)});
     if (!r.ok()) {
@@ -616,6 +680,7 @@ int Train(const std::vector<std::string>& args) {
     if (Status s = evaluate(step); !s.ok()) return Fail(s);
   }
   if (Status s = save(step); !s.ok()) return Fail(s);
+  if (!lead) return 0;
   // The report, its summary and the renderings asked for, from one rendering of the JSON.
   std::string summary;
   {
