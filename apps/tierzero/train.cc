@@ -759,6 +759,16 @@ int Export(const std::vector<std::string>& args) {
   // The run's budgets (NVMe included, so a model larger than memory exports too).
   EngineConfig ec = cfg->engine;
   ec.device = DeviceChoice::kHost;
+  {
+    // One process holds what the checkpoint's ranks held: their budgets together.
+    std::ifstream mf(ckpt + "/manifest.json");
+    const json m = json::parse(mf, nullptr, /*allow_exceptions=*/false);
+    const int ranks = m.is_object() ? m.value("world_size", 1) : 1;
+    if (ranks > 1) {
+      ec.host_budget *= static_cast<uint64_t>(ranks);
+      ec.nvme_budget *= static_cast<uint64_t>(ranks);
+    }
+  }
   if (ec.nvme_path.empty()) ec.nvme_path = (fs::path(ckpt).parent_path() / "nvme").string();
   auto engine = Engine::Create(ec);
   if (!engine.ok()) return Fail(engine.status());

@@ -246,8 +246,7 @@ Status ChunkManager::Init() {
     uint64_t slot = bytes;
     if (world > 1) {
       im.send_area_bytes = host_slot_bytes;
-      slot = im.send_area_bytes +
-             AlignUp(static_cast<uint64_t>(world) * (bytes + kTagBytes), 4096);
+      slot = im.send_area_bytes + AlignUp(static_cast<uint64_t>(world) * (bytes + kTagBytes), 4096);
     }
     const uint64_t slots = std::clamp<uint64_t>(options_.staging_bytes / slot, 2, 32);
     ASSIGN_OR_RETURN(im.staging, PinnedArena::Create(&device_, slot, static_cast<uint32_t>(slots)));
@@ -255,8 +254,7 @@ Status ChunkManager::Init() {
       // Staging slots are reused for every NVMe read: Note [Register reused buffers].
       Status reg = nvme_->RegisterBuffers({{im.staging->base(), im.staging->total_bytes()}});
       if (!reg.ok()) {
-        TZ_LOG(kWarn, kChunk) << "NVMe staging not registered as fixed buffers: "
-                              << reg.ToString();
+        TZ_LOG(kWarn, kChunk) << "NVMe staging not registered as fixed buffers: " << reg.ToString();
       }
     }
   }
@@ -265,11 +263,10 @@ Status ChunkManager::Init() {
   ASSIGN_OR_RETURN(im.grad_arena,
                    PinnedArena::Create(&device_, grad_bytes, static_cast<uint32_t>(n)));
   if (world > 1) {
-    ASSIGN_OR_RETURN(im.reduce_staging,
-                     PinnedArena::Create(&device_,
-                                         AlignUp(layout_.chunk_bytes() + layout_.shard_bytes(),
-                                                 4096),
-                                         4));
+    ASSIGN_OR_RETURN(
+        im.reduce_staging,
+        PinnedArena::Create(&device_, AlignUp(layout_.chunk_bytes() + layout_.shard_bytes(), 4096),
+                            4));
   } else if (options_.grad_accumulation) {
     ASSIGN_OR_RETURN(im.grad_staging, PinnedArena::Create(&device_, bytes, 2));
   }
@@ -480,9 +477,7 @@ Status ChunkManager::ZeroGrads() {
   return Status::OK();
 }
 
-int ChunkManager::Rank() const {
-  return options_.comm != nullptr ? options_.comm->rank() : 0;
-}
+int ChunkManager::Rank() const { return options_.comm != nullptr ? options_.comm->rank() : 0; }
 
 // ---- Gathers, evictions, reductions
 // --------------------------------------------------------------
@@ -650,7 +645,8 @@ Status ChunkManager::EnqueueShardedGather(int c, Tier tier) {
           std::to_string(tag.chunk) + " (moment " + std::to_string(tag.moment) + ", gather " +
           std::to_string(tag.seq) + "), rank " + std::to_string(r) + " chunk " +
           std::to_string(got.chunk) + " (moment " + std::to_string(got.moment) + ", gather " +
-          std::to_string(got.seq) + "); every rank must acquire the same parameters in the "
+          std::to_string(got.seq) +
+          "); every rank must acquire the same parameters in the "
           "same order");
     }
   }
@@ -883,16 +879,16 @@ Status ChunkManager::ReduceAcrossRanks(int c, const void* device_grad) {
   }
   auto start = std::make_shared<double>(0.0);
   if (im.profiling) RETURN_IF_ERROR(im.QueueStart(device_, d2h, start));
-  RETURN_IF_ERROR(device_.CopyAsync(slot->data(), device_grad, bytes, CopyKind::kDeviceToHost, d2h));
+  RETURN_IF_ERROR(
+      device_.CopyAsync(slot->data(), device_grad, bytes, CopyKind::kDeviceToHost, d2h));
   if (im.profiling) {
     RETURN_IF_ERROR(
         im.QueueSpan(device_, d2h, Track::kD2H, "grad " + std::to_string(c), c, bytes, start));
   }
   RETURN_IF_ERROR(im.d2h.Synchronize());
   counters_.d2h_bytes += bytes;
-  void* recv = options_.grad_accumulation
-                   ? static_cast<uint8_t*>(slot->data()) + bytes
-                   : im.grad_shard[static_cast<size_t>(c)].data();
+  void* recv = options_.grad_accumulation ? static_cast<uint8_t*>(slot->data()) + bytes
+                                          : im.grad_shard[static_cast<size_t>(c)].data();
   ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,
                    options_.comm->ReduceScatter(slot->data(), recv, layout_.shard_elems(),
                                                 layout_.dtype(), ReduceOp::kMean));
@@ -932,8 +928,8 @@ Status ChunkManager::FinishReductions(bool wait_all, bool wait_oldest) {
       float tmp[kBlock];
       for (uint64_t b = 0; b < n; b += kBlock) {
         const uint64_t m = std::min(kBlock, n - b);
-        RETURN_IF_ERROR(Convert(src + DTypeBytes(layout_.dtype(), b), layout_.dtype(), tmp,
-                                DType::kF32, m));
+        RETURN_IF_ERROR(
+            Convert(src + DTypeBytes(layout_.dtype(), b), layout_.dtype(), tmp, DType::kF32, m));
         for (uint64_t k = 0; k < m; ++k) acc[b + k] += tmp[k];
       }
     }
@@ -968,13 +964,14 @@ Status ChunkManager::AgreeOnMoment(int k, uint64_t hash, bool end, bool* off_tra
     const MomentTag& t = all[static_cast<size_t>(r)];
     if (t.moment != mine.moment || t.end != mine.end || t.hash != mine.hash ||
         t.inference != mine.inference) {
-      std::string msg = "the ranks' programs differ: " + describe(Rank(), mine) + ", " +
-                        describe(r, t);
+      std::string msg =
+          "the ranks' programs differ: " + describe(Rank(), mine) + ", " + describe(r, t);
       if (!t.end && !mine.end && t.moment == mine.moment)
         msg += ", with different parameters or phase";
       return FailedPreconditionError(
-          msg + "; every rank must run the same iterations, acquiring the same parameters in "
-                "the same order");
+          msg +
+          "; every rank must run the same iterations, acquiring the same parameters in "
+          "the same order");
     }
     if (t.off_trace) *off_trace = true;
   }

@@ -26,9 +26,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
-#include <nlohmann/json.hpp>
 
 #include "core/bytes.h"
 #include "core/convert.h"
@@ -204,7 +204,8 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
   }
   const uint64_t states_bytes = file.bytes();
   RETURN_IF_ERROR(file.Commit());
-  json files = json::array({{{"name", states_name}, {"bytes", states_bytes}, {"crc32c", file_crc}}});
+  json files =
+      json::array({{{"name", states_name}, {"bytes", states_bytes}, {"crc32c", file_crc}}});
   if (im.world() > 1) {
     // Every rank's file is committed once its entries arrive; rank 0 writes the manifest.
     const std::string mine = json{{"files", files}, {"tensors", tensors}}.dump();
@@ -224,17 +225,16 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
     }
   }
 
-  json manifest = {
-      {"format", "tierzero-checkpoint"},
-      {"version", kCheckpointVersion},
-      {"step", im.step},
-      {"loss_scale", im.loss_scale},
-      {"good_steps", im.good_steps},
-      {"compute_dtype", std::string(DTypeName(im.cfg.compute_dtype))},
-      {"world_size", im.comm->size()},
-      {"files", files},
-      {"tensors", tensors},
-      {"user_state", user}};
+  json manifest = {{"format", "tierzero-checkpoint"},
+                   {"version", kCheckpointVersion},
+                   {"step", im.step},
+                   {"loss_scale", im.loss_scale},
+                   {"good_steps", im.good_steps},
+                   {"compute_dtype", std::string(DTypeName(im.cfg.compute_dtype))},
+                   {"world_size", im.comm->size()},
+                   {"files", files},
+                   {"tensors", tensors},
+                   {"user_state", user}};
   ASSIGN_OR_RETURN(AtomicFile mf, AtomicFile::Create(dir + "/manifest.json"));
   const std::string text = manifest.dump(1);
   RETURN_IF_ERROR(mf.Write(text.data(), text.size()));
@@ -663,6 +663,18 @@ StatusOr<std::string> Engine::ReportJson() const {
          {"bytes", im.layout.shard_elems() * 12}});
   }
   report["optimizer"] = {{"sub_groups", groups}};
+  {
+    const CommStats cs = im.comm->stats();
+    report["ranks"] = {{"world_size", im.comm->size()},
+                       {"rank", im.comm->rank()},
+                       {"backend", im.comm->backend()},
+                       {"shard_bytes", im.layout.shard_bytes()},
+                       {"model_state_bytes", tier_bytes(Tier::kDevice) + tier_bytes(Tier::kHost) +
+                                                 tier_bytes(Tier::kNvme)},
+                       {"collectives", cs.collectives},
+                       {"comm_bytes", cs.bytes_sent},
+                       {"comm_seconds", im.cm->counters().comm_seconds}};
+  }
   report["profile"] = profile_json();
   const EngineStats s = stats();
   const ChunkCounters& cc = im.cm->counters();

@@ -695,8 +695,8 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
   for (int c = 0; c < nc; ++c) {
     const auto* g = static_cast<const uint8_t*>(im.cm->GradShard(c));
     for (const ShardSlice& sl : im.slices[static_cast<size_t>(c)]) {
-      ASSIGN_OR_RETURN(double s, im.adam_plain->SumSquares(g + DTypeBytes(gt, sl.shard_offset),
-                                                           gt, sl.numel));
+      ASSIGN_OR_RETURN(
+          double s, im.adam_plain->SumSquares(g + DTypeBytes(gt, sl.shard_offset), gt, sl.numel));
       sumsq += s;
     }
   }
@@ -843,12 +843,11 @@ Status Engine::ReadGrad(ParamId p, std::span<float> out) {
   const TensorLoc& loc = im.layout.tensor(p);
   // The chunk's gradient from every rank's shard.
   std::vector<uint8_t> full(DTypeBytes(gt, im.layout.chunk_elems()));
-  ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,
-                   im.comm->AllGather(im.cm->GradShard(loc.chunk), full.data(),
-                                      im.layout.shard_elems(), gt));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<CommRequest> req,
+      im.comm->AllGather(im.cm->GradShard(loc.chunk), full.data(), im.layout.shard_elems(), gt));
   RETURN_IF_ERROR(req->Wait());
-  return Convert(full.data() + DTypeBytes(gt, loc.offset), gt, out.data(), DType::kF32,
-                 out.size());
+  return Convert(full.data() + DTypeBytes(gt, loc.offset), gt, out.data(), DType::kF32, out.size());
 }
 
 Status Engine::WriteParam(ParamId p, std::span<const float> values) {

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# `tierzero train` under mpirun with 1, 2 and 4 ranks (ZeRO-3, data parallel), against the
+# one-rank run of the same global batch (docs/zero.md):
+#   1. fp32: 20 steps on 2 and 4 ranks match the 1-rank run's losses within 1e-5 relative at every
+#      step (1 rank accumulates 4 micro-batches, 2 ranks 2 each, 4 ranks 1 each).
+#   2. Per-rank model state (report ranks.model_state_bytes) is 1/W of the 1-rank run's, within
+#      the padding of W shards per chunk.
+#   3. Resharding: 10 steps on 4 ranks, resumed on 2 ranks to step 15, resumed on 1 rank to step
+#      20: every step's loss matches the uninterrupted run (so weights and Adam moments came
+#      through); and the 4-rank checkpoint re-saved on 2 ranks and then on 1 exports (one
+#      process) to the very bytes the 4-rank checkpoint exports to.
+#   4. A failing rank: a 2-rank checkpoint with rank 1's states file corrupted; resuming on 2 ranks
+#      exits non-zero within 60 s, with rank 1's message (checksum mismatch), not a hang.
+# Usage: train_ranks_test.sh TIERZERO MPIEXEC
+set -euo pipefail
+tz=$1
+mpiexec=$2
+work=$(mktemp -d /tmp/tz-ranks.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+
+cat >config.json <<'EOF'
+{
+  "model": {"n_layer": 2, "d_model": 96, "n_head": 3},
+  "train": {"batch_size": 8, "lr": 0.001, "min_lr": 0.001, "warmup_steps": 0,
+            "eval_every": 0, "eval_batches": 2},
+  "engine": {"device": "host", "compute_dtype": "fp32", "device_budget": "8 MiB",
+             "nvme_budget": "256 MiB", "chunk_elems": 65536}
+}
+EOF
+
+run() {  # ranks accumulation run_dir steps [extra args]
+  local np=$1 acc=$2 dir=$3 steps=$4
+  shift 4
+  # Per-rank host budgets small enough that every run keeps optimizer states (and, on 1 rank,
+  # parameter shards) on NVMe.
+  local host
+  case $np in 4) host=5MiB ;; *) host=6MiB ;; esac
+  "$mpiexec" -np "$np" "$tz" train --config config.json --grad-accumulation "$acc" \
+    --host-budget "$host" --steps "$steps" --run-dir "$dir" --quiet "$@" >"$dir.log" 2>&1 ||
+    { echo "FAIL: $np ranks ($dir):"; tail -20 "$dir.log"; exit 1; }
+}
+
+run 1 4 r1 20
+run 2 2 r2 20
+run 4 1 r4 20
+# Resharding chain 4 -> 2 -> 1.
+run 4 1 c4 10
+run 2 2 c2 15 --resume c4/checkpoint
+run 1 4 c1 20 --resume c2/checkpoint
+# The 4-rank checkpoint of step 10 re-saved on 2 ranks, then on 1, exports (one process, itself
+# a resharding load) to the same bytes as the 4-rank checkpoint does.
+run 2 2 x2 10 --resume c4/checkpoint
+run 1 4 x1 10 --resume x2/checkpoint
+"$tz" export c4/checkpoint -o c4.safetensors >/dev/null
+"$tz" export x1/checkpoint -o x1.safetensors >/dev/null
+cmp c4.safetensors x1.safetensors ||
+  { echo "FAIL: 4 -> 2 -> 1 resharding changed the weights"; exit 1; }
+echo "4 -> 2 -> 1 resharding round trip: exports identical ($(stat -c %s c4.safetensors) bytes)"
+
+python3 - <<'EOF'
+import json, struct, sys
+
+def losses(path):
+    return {j["step"]: j["loss"] for j in map(json.loads, open(path)) if "loss" in j}
+
+def check(name, got, ref, tol=1e-5):
+    worst = 0.0
+    for step, l in got.items():
+        rel = abs(l - ref[step]) / abs(ref[step])
+        worst = max(worst, rel)
+        if rel > tol:
+            sys.exit(f"FAIL {name}: step {step} loss {l!r} vs 1 rank {ref[step]!r} (rel {rel:.2e})")
+    print(f"{name}: {len(got)} steps, worst relative difference {worst:.2e}")
+
+ref = losses("r1/metrics.jsonl")
+assert len(ref) == 20, ref
+check("2 ranks", losses("r2/metrics.jsonl"), ref)
+check("4 ranks", losses("r4/metrics.jsonl"), ref)
+chain = {}
+for d in ("c4", "c2", "c1"):
+    chain.update(losses(f"{d}/metrics.jsonl"))
+assert sorted(chain) == list(range(1, 21)), sorted(chain)
+check("4 -> 2 -> 1 ranks", chain, ref)
+
+# Per-rank model state: 1/W of one rank's, within one chunk's padding per chunk.
+one = json.load(open("r1/report.json"))
+for d, w in (("r2", 2), ("r4", 4)):
+    r = json.load(open(f"{d}/report.json"))["ranks"]
+    assert r["world_size"] == w, r
+    chunks = len(one["layout"]["chunks"])
+    per = one["ranks"]["model_state_bytes"] / w
+    slack = chunks * 16 * 1024 * w  # 4 KiB shard granularity, 16 bytes of state per element
+    if not (per <= r["model_state_bytes"] <= per + slack):
+        sys.exit(f"FAIL {w} ranks: {r['model_state_bytes']} bytes of state per rank, 1/{w} of "
+                 f"one rank's is {per:.0f}")
+    print(f"{w} ranks: {r['model_state_bytes']} bytes of model state per rank, "
+          f"{r['model_state_bytes'] / one['ranks']['model_state_bytes']:.3f} of one rank's")
+
+EOF
+
+# bf16, with parameter shards on NVMe on every rank (small chunks, small host budgets): 2 ranks
+# against 1 rank accumulating 2 micro-batches. Not bit-comparable: each rank's gradient chunk is
+# rounded to bf16 before the reduce-scatter, while one rank sums the micro-batches in fp32.
+sed -e 's/"fp32"/"bf16"/' -e 's/"chunk_elems": 65536/"chunk_elems": 40960/' config.json >bf16.json
+for np in 1 2; do
+  host="3 MiB"
+  [ $np = 1 ] || host="2300 KiB"
+  "$mpiexec" -np $np "$tz" train --config bf16.json --grad-accumulation $((2 / np)) \
+    --host-budget "$host" --steps 20 --run-dir b$np --quiet >b$np.log 2>&1 ||
+    { echo "FAIL: bf16 on $np ranks"; tail -20 b$np.log; exit 1; }
+  grep -q "nvme: [1-9][0-9]* param shards" b$np.log ||
+    { echo "FAIL: bf16 on $np ranks kept no parameter shard on NVMe"; grep nvme: b$np.log; exit 1; }
+done
+python3 - <<'EOF'
+import json, sys
+def losses(path):
+    return {j["step"]: j["loss"] for j in map(json.loads, open(path)) if "loss" in j}
+a, b = losses("b1/metrics.jsonl"), losses("b2/metrics.jsonl")
+worst = max(abs(b[s] - a[s]) / abs(a[s]) for s in a)
+print(f"bf16, 2 ranks vs 1: worst relative loss difference over 20 steps {worst:.2e}")
+if worst > 1e-3:
+    sys.exit("FAIL: bf16 losses on 2 ranks drift from 1 rank's by more than 1e-3")
+EOF
+
+# A failing rank: rank 1's states file corrupted in a 2-rank checkpoint.
+f=$(ls r2/checkpoint/states-*.rank1.bin)
+printf 'garbage!' | dd of="$f" bs=1 seek=64 conv=notrunc status=none
+start=$(date +%s)
+rc=0
+timeout 60 "$mpiexec" -np 2 "$tz" train --config config.json --grad-accumulation 2 \
+  --steps 25 --run-dir bad --resume r2/checkpoint --quiet >bad.log 2>&1 || rc=$?
+[ "$rc" -ne 0 ] || { echo "FAIL: a corrupt rank's checkpoint resumed"; exit 1; }
+[ "$rc" -ne 124 ] || { echo "FAIL: the ranks hung (60 s)"; tail bad.log; exit 1; }
+grep -q "rank 1 of 2: error: .*checksum mismatch" bad.log ||
+  { echo "FAIL: no message from the failing rank"; cat bad.log; exit 1; }
+echo "failing rank: every rank exited (rc $rc) after $(($(date +%s) - start)) s with rank 1's message"
+grep -h "nvme:" r1.log r2.log r4.log | sed 's/^/NVMe per rank: /' || true
+echo PASS
