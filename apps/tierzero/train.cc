@@ -483,7 +483,10 @@ int Train(const std::vector<std::string>& args) {
   const int rank = g_comm->rank();
   const int world = g_comm->size();
   const bool lead = rank == 0;  // prints and writes the run's files
-  if (!lead) std::fflush(stdout), (void)std::freopen("/dev/null", "w", stdout);
+  if (!lead) {
+    std::fflush(stdout);
+    if (std::freopen("/dev/null", "w", stdout) == nullptr) return Fail(IoError("silencing rank"));
+  }
   OutputOptions& out = cfg.output;
   if (out.metrics.empty()) out.metrics = out.run_dir + "/metrics.jsonl";
   if (out.report.empty()) out.report = out.run_dir + "/report.json";
