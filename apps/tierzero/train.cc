@@ -592,6 +592,7 @@ int Train(const std::vector<std::string>& args) {
       static_cast<double>(cfg.train.batch_size) * cfg.model.seq_len * accum * world;
   double total_tokens = 0, total_compute_s = 0;
   int step = start;
+  bool interrupted = false;  // the agreed Ctrl-C (below)
   Status status = Status::OK();
   if (start == 0 && cfg.train.steps > 0) status = evaluate(0);
   for (; status.ok() && step < cfg.train.steps; ++step) {
@@ -615,13 +616,16 @@ int Train(const std::vector<std::string>& args) {
       loss += *l / accum;
     }
     if (!status.ok()) break;
+    // Ctrl-C is read once per step; with several ranks the ranks agree on it below, and only
+    // the agreed value is used, so every rank stops after the same step.
+    interrupted = g_interrupted.load();
     if (world > 1) {
       // The step's loss over every rank's micro-batches, summed in rank order.
       // (And whether any rank was interrupted: they all stop at the same step.)
       struct {
         double loss;
         int64_t interrupted;
-      } mine{loss, g_interrupted.load() ? 1 : 0};
+      } mine{loss, interrupted ? 1 : 0};
       auto all = zero::AllGatherValue(*g_comm, mine);
       if (!all.ok()) {
         status = all.status();
@@ -630,7 +634,7 @@ int Train(const std::vector<std::string>& args) {
       loss = 0;
       for (const auto& r : *all) {
         loss += r.loss / world;
-        if (r.interrupted != 0) g_interrupted.store(true);
+        if (r.interrupted != 0) interrupted = true;
       }
     }
     const double lr = LearningRate(cfg.train, step);
@@ -665,7 +669,7 @@ int Train(const std::vector<std::string>& args) {
           Mib(u.nvme).c_str(), r->applied ? "" : " (skipped: non-finite gradient)");
       std::fflush(stdout);
     }
-    if (g_interrupted.load()) {
+    if (interrupted) {
       ++step;
       std::printf("interrupted: saving a checkpoint at step %d\n", step);
       break;
@@ -679,7 +683,7 @@ int Train(const std::vector<std::string>& args) {
   }
   std::signal(SIGINT, old_handler);
   if (!status.ok()) return Fail(status);
-  if (!g_interrupted.load() && step > start) {
+  if (!interrupted && step > start) {
     if (Status s = evaluate(step); !s.ok()) return Fail(s);
   }
   if (Status s = save(step); !s.ok()) return Fail(s);

@@ -49,10 +49,12 @@ struct MomentTag {
   uint64_t hash = 0;
 };
 
-uint64_t MomentHash(const std::vector<int>& chunks, bool backward) {
+// FNV-1a over the moment's tensors (not chunks: ranks acquiring different tensors of one chunk
+// would reduce it at different times).
+uint64_t MomentHash(std::span<const int> tensors, bool backward) {
   uint64_t h = 1469598103934665603ull ^ (backward ? 0x9e3779b97f4a7c15ull : 0);
-  for (int c : chunks) {
-    h ^= static_cast<uint64_t>(c) + 0x100;
+  for (int t : tensors) {
+    h ^= static_cast<uint64_t>(t) + 0x100;
     h *= 1099511628211ull;
   }
   return h;
@@ -1050,7 +1052,7 @@ Status ChunkManager::Acquire(std::span<const int> tensors, Phase phase) {
   }
   const int k = im.moment++;
   const size_t traced = tracer_.moments().size();
-  Status st = AcquireChunks(k, needed, phase);
+  Status st = AcquireChunks(k, needed, tensors, phase);
   if (!st.ok()) {
     // Leave everything as it was before the call: states, use counts, trace, moment count.
     states_->Unacquire(tensors, phase);
@@ -1060,7 +1062,8 @@ Status ChunkManager::Acquire(std::span<const int> tensors, Phase phase) {
   return st;
 }
 
-Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed, Phase phase) {
+Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed,
+                                   std::span<const int> tensors, Phase phase) {
   Impl& im = *impl_;
   ReapDeferred();
   RETURN_IF_ERROR(FlushPrefetches());
@@ -1069,8 +1072,12 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed, Phase 
       (k >= static_cast<int>(trace_.size()) || trace_[static_cast<size_t>(k)].chunks != needed ||
        trace_[static_cast<size_t>(k)].backward != (phase == Phase::kBackward));
   if (layout_.world_size() > 1) {
+    // (With W > 1 the evictions' check below is made here, so all ranks leave the plan together.)
+    if (im.mode == Impl::Mode::kReplay && !off_trace) {
+      for (int c : schedule_.moments[static_cast<size_t>(k)].evict) off_trace |= !Evictable(c);
+    }
     RETURN_IF_ERROR(FinishReductions(/*wait_all=*/false, /*wait_oldest=*/false));
-    RETURN_IF_ERROR(AgreeOnMoment(k, MomentHash(needed, phase == Phase::kBackward),
+    RETURN_IF_ERROR(AgreeOnMoment(k, MomentHash(tensors, phase == Phase::kBackward),
                                   /*end=*/false, &off_trace));
   }
   if (im.mode == Impl::Mode::kReplay && off_trace) {
@@ -1237,8 +1244,13 @@ Status ChunkManager::FlushPrefetches() {
     if (im.chunks[static_cast<size_t>(c)].cached) continue;
     ++counters_.prefetches;
     // A prefetch that fails is dropped: the moment that needs the chunk gathers it on demand
-    // and reports the error from its Acquire if it persists.
+    // and reports the error from its Acquire if it persists. Not with W > 1: the other ranks
+    // did start its all_gather, so the sequences would part; the error ends the call.
     Status s = Gather(c);
+    if (!s.ok() && layout_.world_size() > 1) {
+      im.pending_prefetch.clear();
+      return s;
+    }
     if (!s.ok()) TZ_LOG(kWarn, kChunk) << "prefetch dropped: " << s.ToString();
   }
   im.pending_prefetch.clear();

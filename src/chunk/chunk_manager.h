@@ -191,7 +191,8 @@ class ChunkManager {
   ChunkManager(Device& device, StreamHandle compute, NvmeStore* nvme, const ChunkLayout& layout,
                const Placement& placement, const ChunkManagerOptions& options);
   Status Init();
-  Status AcquireChunks(int moment, const std::vector<int>& needed, Phase phase);
+  Status AcquireChunks(int moment, const std::vector<int>& needed, std::span<const int> tensors,
+                       Phase phase);
   Status CopyTensorShard(int tensor, void* host, bool to_shard);
   Status Gather(int chunk);
   Status EnqueueGather(int chunk, Tier tier);

@@ -2,7 +2,7 @@
 //
 // Note [Checkpoint format]
 // A checkpoint is a directory:
-//   states-<step>.rank<r>.bin   rank r's slices of the parameters (all of each with one rank):
+//   states-<step>.w<W>.rank<r>.bin  rank r's slices of the parameters (all of each with one rank):
 //                               per slice fp32 master, m, v (numel each), in registration order
 //   manifest.json               format, version, step, loss scale, world size, per file its
 //                               bytes and CRC32C, per slice its parameter's name and shape, the
@@ -171,8 +171,11 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
   fs::create_directories(dir, ec);
   if (ec) return IoError("creating checkpoint directory " + dir + ": " + ec.message());
   const int rank = im.comm->rank();
-  const std::string states_name =
-      "states-" + std::to_string(im.step) + ".rank" + std::to_string(rank) + ".bin";
+  // The world size is in the name: a re-save of the same step on another number of ranks never
+  // overwrites a file the committed manifest names.
+  const std::string states_name = "states-" + std::to_string(im.step) + ".w" +
+                                  std::to_string(im.world()) + ".rank" + std::to_string(rank) +
+                                  ".bin";
   ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::Create(dir + "/" + states_name));
 
   // This rank's slices in registration order; states read chunk by chunk (a chunk's tensors

@@ -85,7 +85,11 @@ class MpiRequest final : public CommRequest {
       if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >
           timeout_s_) {
         // The request cannot be cancelled (MPI forbids it for collectives); the caller is
-        // expected to Abort. Mark it done so the destructor does not wait again.
+        // expected to Abort. Mark it done so the destructor does not wait again, and keep what
+        // the completion step owns (reduce_scatter's exchange buffer) alive: MPI may still
+        // write into it.
+        static auto* abandoned = new std::vector<std::function<void()>>();
+        abandoned->push_back(std::move(on_done_));
         done_ = true;
         status_ = DeadlineExceededError(
             what_ + " did not complete in " + std::to_string(static_cast<int>(timeout_s_)) +
