@@ -124,6 +124,19 @@ struct ChunkManager::Impl {
   };
   std::vector<GatherTiming> gather_timing;
   size_t gathers_timed = 0;
+  // The next timing slot, its start recorded on the H2D stream.
+  StatusOr<GatherTiming*> StartGatherTiming(Device& device, Tier tier) {
+    if (gathers_timed == gather_timing.size()) {
+      GatherTiming t;
+      ASSIGN_OR_RETURN(t.start, Event::Create(device));
+      ASSIGN_OR_RETURN(t.end, Event::Create(device));
+      gather_timing.push_back(std::move(t));
+    }
+    GatherTiming* timing = &gather_timing[gathers_timed++];
+    timing->tier = tier;
+    RETURN_IF_ERROR(device.RecordEvent(timing->start.handle(), h2d.handle()));
+    return timing;
+  }
   double measured_seconds[3] = {0, 0, 0};  // mean gather time per Tier; 0 = not measured
   Event iteration_end;
   // Separate gradient chunks whose D2H copy is queued: freed once `done` (recorded after the
@@ -544,15 +557,7 @@ Status ChunkManager::EnqueueGather(int c, Tier tier) {
   const StreamHandle h2d = im.h2d.handle();
   Impl::GatherTiming* timing = nullptr;
   if (im.mode == Impl::Mode::kRecord) {
-    if (im.gathers_timed == im.gather_timing.size()) {
-      Impl::GatherTiming t;
-      ASSIGN_OR_RETURN(t.start, Event::Create(device_));
-      ASSIGN_OR_RETURN(t.end, Event::Create(device_));
-      im.gather_timing.push_back(std::move(t));
-    }
-    timing = &im.gather_timing[im.gathers_timed++];
-    timing->tier = tier;
-    RETURN_IF_ERROR(device_.RecordEvent(timing->start.handle(), h2d));
+    ASSIGN_OR_RETURN(timing, im.StartGatherTiming(device_, tier));
   }
   const bool prof = im.profiling;
   auto h2d_start = std::make_shared<double>(0.0);
@@ -659,15 +664,7 @@ Status ChunkManager::EnqueueShardedGather(int c, Tier tier) {
   if (im.mode == Impl::Mode::kRecord) {
     im.caller_gather_seconds[static_cast<int>(tier)] += caller_s;
     ++im.caller_gathers[static_cast<int>(tier)];
-    if (im.gathers_timed == im.gather_timing.size()) {
-      Impl::GatherTiming t;
-      ASSIGN_OR_RETURN(t.start, Event::Create(device_));
-      ASSIGN_OR_RETURN(t.end, Event::Create(device_));
-      im.gather_timing.push_back(std::move(t));
-    }
-    timing = &im.gather_timing[im.gathers_timed++];
-    timing->tier = tier;
-    RETURN_IF_ERROR(device_.RecordEvent(timing->start.handle(), h2d));
+    ASSIGN_OR_RETURN(timing, im.StartGatherTiming(device_, tier));
   }
   auto h2d_start = std::make_shared<double>(0.0);
   if (prof) RETURN_IF_ERROR(im.QueueStart(device_, h2d, h2d_start));
