@@ -1,22 +1,37 @@
-// Every collective of the MPI communicator against a serial reference, for several dtypes and
-// odd sizes. The binary runs under `mpirun -np 2` and `-np 4` (and alone, as one rank): every rank
-// computes what every other rank sends from the same formula, so each can check its result alone.
-// Integer-valued data makes the 16-bit sums exact (every partial sum is representable), so
-// reductions are compared bit for bit; random fp32 data is compared within a rounding bound.
+// Every collective against a serial reference, for several dtypes and odd sizes. The binary runs
+// under `mpirun -np 2` and `-np 4` (and alone, as one rank): every rank computes what every other
+// rank sends from the same formula, so each can check its result alone. Integer-valued data makes
+// the 16-bit sums exact (every partial sum is representable, in any order), so reductions are
+// compared bit for bit; random fp32 data is compared within a rounding bound.
+//
+// The backend is MPI on host buffers, or with TZ_TEST_COMM=nccl the NCCL communicator on device
+// buffers of one GPU per rank (bootstrapped over MPI): the data is copied in, the collective runs
+// on the comm stream, the result is copied out. Without a GPU per rank the NCCL run skips.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/convert.h"
+#include "offload/cuda_device.h"
 #include "tierzero/communicator.h"
+#include "zero/nccl.h"
 
 namespace tierzero {
 namespace {
 
-Communicator& Comm() {
+bool WantNccl() {
+  const char* e = std::getenv("TZ_TEST_COMM");
+  return e != nullptr && std::string(e) == "nccl";
+}
+
+std::shared_ptr<Communicator> Mpi() {
   static std::shared_ptr<Communicator> comm = [] {
     auto c = Communicator::Mpi();
     if (!c.ok()) {
@@ -25,7 +40,113 @@ Communicator& Comm() {
     }
     return *c;
   }();
-  return *comm;
+  return comm;
+}
+
+// The communicator under test, with the GPU and comm stream of the NCCL backend.
+struct Backend {
+  std::shared_ptr<Communicator> comm;
+  std::unique_ptr<Device> gpu;
+  Stream stream;
+  std::string skip;  // why this backend cannot run here
+};
+
+Backend& TheBackend() {
+  static Backend* b = [] {
+    auto* out = new Backend();
+    if (!WantNccl()) {
+      out->comm = Mpi();
+      return out;
+    }
+    // Alone (no launcher), the one-rank bootstrap: no MPI runtime needed on the GPU machine.
+    std::shared_ptr<Communicator> boot =
+        std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr
+            ? Mpi()
+            : Communicator::Single();
+    const Topology t = boot->topology();
+    if (CudaDeviceCount() < t.local_size) {
+      out->skip = "NCCL needs a GPU per rank: " + std::to_string(t.local_size) +
+                  " ranks on this node, " + std::to_string(CudaDeviceCount()) + " GPUs";
+      return out;
+    }
+    CudaDeviceOptions o;
+    o.ordinal = t.local_rank;
+    o.capacity_bytes = 256ull << 20;
+    auto dev = CreateCudaDevice(o);
+    if (!dev.ok()) {
+      ADD_FAILURE() << dev.status().ToString();
+      out->skip = "no CUDA device";
+      return out;
+    }
+    out->gpu = std::move(dev).value();
+    auto s = Stream::Create(*out->gpu, "comm");
+    if (!s.ok()) {
+      ADD_FAILURE() << s.status().ToString();
+      out->skip = "no stream";
+      return out;
+    }
+    out->stream = std::move(s).value();
+    NcclOptions no;
+    no.device = out->gpu.get();
+    no.stream = out->stream.handle();
+    no.bootstrap = boot;
+    no.timeout_s = 120;
+    auto c = CreateNcclCommunicator(no);
+    if (!c.ok()) {
+      ADD_FAILURE() << c.status().ToString();
+      out->skip = "no NCCL communicator";
+      return out;
+    }
+    out->comm = *c;
+    return out;
+  }();
+  return *b;
+}
+
+#define REQUIRE_BACKEND()                                              \
+  do {                                                                 \
+    if (!TheBackend().skip.empty()) GTEST_SKIP() << TheBackend().skip; \
+  } while (0)
+
+Communicator& Comm() { return *TheBackend().comm; }
+
+using Collective = std::function<StatusOr<std::unique_ptr<CommRequest>>(const void*, void*)>;
+
+// Runs `f(send, recv)` on the backend's buffers: the host vectors themselves for MPI; device
+// copies of both (recv too, for the in-place collectives) for NCCL, recv copied back after.
+// `poll` progresses the request with Test, as a caller overlapping work would.
+void RunCollective(const std::vector<uint8_t>& send, std::vector<uint8_t>& recv,
+                   const Collective& f, bool poll = false) {
+  Backend& b = TheBackend();
+  auto finish = [&](std::unique_ptr<CommRequest> req) {
+    if (poll) {
+      for (;;) {
+        auto done = req->Test();
+        ASSERT_TRUE(done.ok()) << done.status().ToString();
+        if (*done) break;
+      }
+    }
+    Status s = req->Wait();
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  };
+  if (!b.gpu) {
+    auto req = f(send.data(), recv.data());
+    ASSERT_TRUE(req.ok()) << req.status().ToString();
+    finish(std::move(req).value());
+    return;
+  }
+  Device& d = *b.gpu;
+  auto ds = DeviceBuffer::Allocate(d, std::max<size_t>(send.size(), 1));
+  auto dr = DeviceBuffer::Allocate(d, std::max<size_t>(recv.size(), 1));
+  ASSERT_TRUE(ds.ok() && dr.ok());
+  const StreamHandle h = b.stream.handle();
+  ASSERT_TRUE(d.CopyAsync(ds->data(), send.data(), send.size(), CopyKind::kHostToDevice, h).ok());
+  ASSERT_TRUE(d.CopyAsync(dr->data(), recv.data(), recv.size(), CopyKind::kHostToDevice, h).ok());
+  auto req = f(ds->data(), dr->data());
+  ASSERT_TRUE(req.ok()) << req.status().ToString();
+  finish(std::move(req).value());
+  ASSERT_TRUE(d.CopyAsync(recv.data(), dr->data(), recv.size(), CopyKind::kDeviceToHost, h).ok());
+  ASSERT_TRUE(b.stream.Synchronize().ok());
 }
 
 // A small integer in [-8, 8] for (rank, block, index).
@@ -72,6 +193,7 @@ const DType kAll[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kI8, DType:
 const DType kFloats[] = {DType::kF32, DType::kBF16, DType::kF16};
 
 TEST(Collectives, AllGatherEveryDtypeAndOddSizes) {
+  REQUIRE_BACKEND();
   Communicator& c = Comm();
   const int w = c.size(), me = c.rank();
   for (DType dt : kAll) {
@@ -84,15 +206,14 @@ TEST(Collectives, AllGatherEveryDtypeAndOddSizes) {
         want.insert(want.end(), part.begin(), part.end());
       }
       std::vector<uint8_t> got(want.size(), 0xAB);
-      auto req = c.AllGather(send.data(), got.data(), n, dt);
-      ASSERT_TRUE(req.ok()) << req.status().ToString();
-      ASSERT_TRUE((*req)->Wait().ok());
+      RunCollective(send, got, [&](const void* s, void* r) { return c.AllGather(s, r, n, dt); });
       EXPECT_EQ(got, want) << DTypeName(dt) << " n=" << n;
     }
   }
 }
 
 TEST(Collectives, AllToAllAndBroadcast) {
+  REQUIRE_BACKEND();
   Communicator& c = Comm();
   const int w = c.size(), me = c.rank();
   for (DType dt : kAll) {
@@ -106,23 +227,20 @@ TEST(Collectives, AllToAllAndBroadcast) {
         want.insert(want.end(), theirs.begin(), theirs.end());
       }
       std::vector<uint8_t> got(want.size(), 0xCD);
-      auto req = c.AllToAll(send.data(), got.data(), n, dt);
-      ASSERT_TRUE(req.ok()) << req.status().ToString();
-      ASSERT_TRUE((*req)->Wait().ok());
+      RunCollective(send, got, [&](const void* s, void* r) { return c.AllToAll(s, r, n, dt); });
       EXPECT_EQ(got, want) << DTypeName(dt) << " n=" << n;
 
       const int root = w - 1;
       auto buf = me == root ? Fill(dt, n, [&](size_t i) { return Value(root, 9, i); })
                             : std::vector<uint8_t>(DTypeBytes(dt, n), 0);
-      auto b = c.Broadcast(buf.data(), n, dt, root);
-      ASSERT_TRUE(b.ok()) << b.status().ToString();
-      ASSERT_TRUE((*b)->Wait().ok());
+      RunCollective(buf, buf, [&](const void*, void* r) { return c.Broadcast(r, n, dt, root); });
       EXPECT_EQ(buf, Fill(dt, n, [&](size_t i) { return Value(root, 9, i); }));
     }
   }
 }
 
 TEST(Collectives, ReduceScatterAndAllReduceAreExactOnIntegers) {
+  REQUIRE_BACKEND();
   Communicator& c = Comm();
   const int w = c.size(), me = c.rank();
   for (DType dt : kFloats) {
@@ -141,9 +259,8 @@ TEST(Collectives, ReduceScatterAndAllReduceAreExactOnIntegers) {
           send.insert(send.end(), part.begin(), part.end());
         }
         std::vector<uint8_t> got(DTypeBytes(dt, n), 0xEE);
-        auto rs = c.ReduceScatter(send.data(), got.data(), n, dt, op);
-        ASSERT_TRUE(rs.ok()) << rs.status().ToString();
-        ASSERT_TRUE((*rs)->Wait().ok());
+        RunCollective(send, got,
+                      [&](const void* s, void* r) { return c.ReduceScatter(s, r, n, dt, op); });
         EXPECT_EQ(got, Fill(dt, n, [&](size_t i) { return reduce(me, i); }))
             << "reduce_scatter " << DTypeName(dt) << " op " << int(op) << " n=" << n;
 
@@ -151,13 +268,10 @@ TEST(Collectives, ReduceScatterAndAllReduceAreExactOnIntegers) {
         auto src = Fill(dt, n, [&](size_t i) { return Value(me, 0, i); });
         const auto want = Fill(dt, n, [&](size_t i) { return reduce(0, i); });
         std::vector<uint8_t> out(src.size());
-        auto ar = c.AllReduce(src.data(), out.data(), n, dt, op);
-        ASSERT_TRUE(ar.ok()) << ar.status().ToString();
-        ASSERT_TRUE((*ar)->Wait().ok());
+        RunCollective(src, out,
+                      [&](const void* s, void* r) { return c.AllReduce(s, r, n, dt, op); });
         EXPECT_EQ(out, want) << "all_reduce " << DTypeName(dt) << " n=" << n;
-        auto ip = c.AllReduce(src.data(), src.data(), n, dt, op);
-        ASSERT_TRUE(ip.ok()) << ip.status().ToString();
-        ASSERT_TRUE((*ip)->Wait().ok());
+        RunCollective(src, src, [&](const void*, void* r) { return c.AllReduce(r, r, n, dt, op); });
         EXPECT_EQ(src, want) << "in-place all_reduce " << DTypeName(dt) << " n=" << n;
       }
     }
@@ -165,6 +279,7 @@ TEST(Collectives, ReduceScatterAndAllReduceAreExactOnIntegers) {
 }
 
 TEST(Collectives, Fp32SumsOfRandomValuesWithinRounding) {
+  REQUIRE_BACKEND();
   Communicator& c = Comm();
   const int w = c.size(), me = c.rank();
   const size_t n = 100003;
@@ -181,14 +296,13 @@ TEST(Collectives, Fp32SumsOfRandomValuesWithinRounding) {
     for (size_t i = 0; i < n; ++i) want[i] += v[i];
   }
   auto mine = values(me);
-  auto req = c.AllReduce(mine.data(), mine.data(), n, DType::kF32, ReduceOp::kSum);
-  ASSERT_TRUE(req.ok());
-  // Progress by polling, as a caller overlapping work would.
-  for (;;) {
-    auto done = (*req)->Test();
-    ASSERT_TRUE(done.ok()) << done.status().ToString();
-    if (*done) break;
-  }
+  std::vector<uint8_t> bytes(n * sizeof(float));
+  std::memcpy(bytes.data(), mine.data(), bytes.size());
+  RunCollective(
+      bytes, bytes,
+      [&](const void*, void* r) { return c.AllReduce(r, r, n, DType::kF32, ReduceOp::kSum); },
+      /*poll=*/true);
+  std::memcpy(mine.data(), bytes.data(), bytes.size());
   for (size_t i = 0; i < n; ++i) {
     // w - 1 additions, each within half an ulp of its result.
     ASSERT_NEAR(mine[i], want[i], 1e-6 * w * (std::fabs(want[i]) + 4)) << i;
@@ -196,20 +310,25 @@ TEST(Collectives, Fp32SumsOfRandomValuesWithinRounding) {
 }
 
 TEST(Collectives, ByteCountersFollowTheBusBandwidthConvention) {
+  REQUIRE_BACKEND();
   Communicator& c = Comm();
   const int w = c.size();
   const CommStats before = c.stats();
-  std::vector<float> send(1000 * w), recv(1000 * w);
-  ASSERT_TRUE((*c.AllGather(send.data(), recv.data(), 1000, DType::kF32))->Wait().ok());
-  ASSERT_TRUE(
-      (*c.ReduceScatter(send.data(), recv.data(), 1000, DType::kF32, ReduceOp::kSum))->Wait().ok());
+  std::vector<uint8_t> send(4000 * w), recv(4000 * w);
+  RunCollective(send, recv,
+                [&](const void* s, void* r) { return c.AllGather(s, r, 1000, DType::kF32); });
+  RunCollective(send, recv, [&](const void* s, void* r) {
+    return c.ReduceScatter(s, r, 1000, DType::kF32, ReduceOp::kSum);
+  });
   const CommStats after = c.stats();
   EXPECT_EQ(after.collectives - before.collectives, 2u);
   EXPECT_EQ(after.bytes_sent - before.bytes_sent, 2u * 4000u * static_cast<uint64_t>(w - 1));
 }
 
 TEST(Collectives, TopologyFromTheSplitOrTheOverride) {
+  REQUIRE_BACKEND();
   Communicator& c = Comm();
+  if (WantNccl()) GTEST_SKIP() << "the topology comes from the MPI bootstrap";
   const Topology t = c.topology();
   EXPECT_EQ(t.rank, c.rank());
   EXPECT_EQ(t.size, c.size());
@@ -227,6 +346,7 @@ TEST(Collectives, TopologyFromTheSplitOrTheOverride) {
 }
 
 TEST(Collectives, BadArgumentsAreStatuses) {
+  REQUIRE_BACKEND();
   Communicator& c = Comm();
   std::vector<uint8_t> buf(64 * c.size());
   auto r = c.AllReduce(buf.data(), buf.data(), 8, DType::kI8, ReduceOp::kSum);

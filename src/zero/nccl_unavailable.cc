@@ -1,0 +1,12 @@
+// Built without CUDA: CreateNcclCommunicator says so.
+#include "zero/nccl.h"
+
+namespace tierzero {
+
+StatusOr<std::shared_ptr<Communicator>> CreateNcclCommunicator(const NcclOptions&) {
+  return UnavailableError(
+      "this build has no CUDA, so no NCCL (install the CUDA Toolkit at /usr/local/cuda and "
+      "reconfigure)");
+}
+
+}  // namespace tierzero
