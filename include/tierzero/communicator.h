@@ -10,8 +10,11 @@
 // and return a request; buffers must stay untouched until it completes. Every rank must start the
 // same collectives in the same order (MPI's rule).
 //
-// Thread-safety: one thread drives a communicator (MPI is initialised with
-// MPI_THREAD_FUNNELED when tierzero initialises it).
+// Thread-safety: one thread starts a communicator's collectives. When asynchronous() is true
+// they progress on their own (MPI: a comm thread; NCCL: a CUDA stream) and a request may be
+// waited for from any thread; otherwise only from the starting thread, whose Wait and Test move
+// the data. tierzero initialises MPI with MPI_THREAD_MULTIPLE asked for; a program that calls
+// MPI itself should initialise it first.
 #pragma once
 
 #include <cstddef>
@@ -62,7 +65,9 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual Topology topology() const = 0;
-  virtual std::string backend() const = 0;  // "single", "mpi"
+  virtual std::string backend() const = 0;  // "single", "mpi", "nccl"
+  // Whether collectives complete without the starting thread's Wait or Test (see above).
+  virtual bool asynchronous() const { return true; }
 
   // Counts are elements per rank; dtypes fp32, bf16, fp16 and int8 (int4 for the data
   // movement collectives, with an even count). Reductions: fp32, bf16, fp16. reduce_scatter adds

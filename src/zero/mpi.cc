@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -49,7 +51,16 @@ const Ops& GetOps() {
   return ops;
 }
 
+// One lock around every MPI call of the process (tierzero's), so that the comm thread, the
+// caller's Abort and the exit's MPI_Finalize never call MPI at the same time: what
+// MPI_THREAD_SERIALIZED asks of us.
+std::mutex& MpiLock() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+
 void FinalizeAtExit() {
+  std::lock_guard<std::mutex> lock(MpiLock());
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
@@ -59,74 +70,202 @@ void FinalizeAtExit() {
 // A rank that dies under mpirun takes the job down (mpirun kills the others), and a rank that
 // fails with an error calls Communicator::Abort. What remains is a rank that is alive but never
 // joins the collective the others wait in (a bug, a diverged program). MPI_Wait would block
-// forever; Wait polls MPI_Test instead (yielding the core, which oversubscribed runs need) and
-// gives up after the communicator's timeout with DeadlineExceeded, which the trainer reports
-// before aborting. A collective cannot be cancelled, so the communicator is unusable after that.
+// forever; collectives are polled with MPI_Test instead and given up after the communicator's
+// timeout (counted from the call that started them) with DeadlineExceeded, which the trainer
+// reports before aborting. A collective cannot be cancelled, so the communicator is unusable
+// after that, and what its completion step owns (reduce_scatter's exchange buffer) is kept
+// alive: MPI may still write into it.
 //
-// A started MPI collective. `on_done` is the local part that follows the transfer (the mean's
-// division, reduce_scatter's sum of the exchanged blocks); it runs once, on the thread that sees
-// the transfer complete.
-class MpiRequest final : public CommRequest {
+// Note [The MPI comm thread]
+// Non-blocking MPI collectives move data only inside MPI calls (Open MPI's libnbc progresses
+// in MPI_Test). Called from the trainer, a gather's all_gather would advance only while the
+// trainer waits for it, so it could not overlap compute. Instead, when MPI runs at
+// MPI_THREAD_SERIALIZED or above, one thread per communicator (the comm stream of DESIGN.md
+// section 6) starts the collectives in the order they were called and polls the ones in flight
+// (yielding the core between polls, which oversubscribed runs need); a request's Wait and Test
+// only look at its state, from any thread, so a device stream's host function can wait for a
+// gather's all_gather. Completion steps (reduce_scatter's sum of the exchanged blocks, the
+// mean's division) run on that thread too. Below SERIALIZED (a program that initialised MPI
+// FUNNELED itself) or with TZ_MPI_COMM_THREAD=0 the caller's Wait and Test drive the same
+// queue, on the caller's thread; asynchronous() tells callers which.
+struct MpiOp {
+  std::function<int(MPI_Request*)> start;  // the MPI_I* call
+  std::function<void()> on_done;           // the local completion step; may be empty
+  std::string what;
+  std::chrono::steady_clock::time_point called;
+  MPI_Request req = MPI_REQUEST_NULL;
+  bool started = false;
+  bool done = false;  // guarded by the queue's mutex
+  Status status;
+};
+
+class MpiQueue {
  public:
-  MpiRequest(MPI_Request r, std::string what, std::function<void()> on_done, double timeout_s)
-      : req_(r), what_(std::move(what)), on_done_(std::move(on_done)), timeout_s_(timeout_s) {}
-  ~MpiRequest() override { (void)Wait(); }
-  // Polls instead of MPI_Wait so that a collective another rank never joins ends in an error,
-  // not a hang (Note [Collective deadlines]).
-  Status Wait() override {
-    const auto t0 = std::chrono::steady_clock::now();
-    while (!done_) {
-      int flag = 0;
-      const int rc = MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
-      if (rc != MPI_SUCCESS || flag) {
-        Finish(rc);
-        break;
-      }
-      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >
-          timeout_s_) {
-        // The request cannot be cancelled (MPI forbids it for collectives); the caller is
-        // expected to Abort. Mark it done so the destructor does not wait again, and keep what
-        // the completion step owns (reduce_scatter's exchange buffer) alive: MPI may still
-        // write into it.
-        static auto* abandoned = new std::vector<std::function<void()>>();
-        abandoned->push_back(std::move(on_done_));
-        done_ = true;
-        status_ = DeadlineExceededError(
-            what_ + " did not complete in " + std::to_string(static_cast<int>(timeout_s_)) +
-            " s: another rank has failed, stopped, or started a different collective");
-        on_done_ = nullptr;
-        break;
+  MpiQueue(bool threaded, double timeout_s) : threaded_(threaded), timeout_s_(timeout_s) {
+    if (threaded_) thread_ = std::thread([this] { Loop(); });
+  }
+  ~MpiQueue() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  bool threaded() const { return threaded_; }
+  void SetTimeout(double s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    timeout_s_ = s;
+  }
+
+  // Queues `op`; without the thread it is started here, before the call returns.
+  void Submit(const std::shared_ptr<MpiOp>& op) {
+    op->called = std::chrono::steady_clock::now();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queued_.push_back(op);
+    }
+    if (threaded_) {
+      cv_.notify_all();
+    } else {
+      Drive();
+    }
+  }
+
+  Status Wait(const std::shared_ptr<MpiOp>& op) {
+    if (threaded_) {
+      std::unique_lock<std::mutex> lock(mu_);
+      done_cv_.wait(lock, [&] { return op->done; });
+      return op->status;
+    }
+    for (;;) {
+      Drive();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (op->done) return op->status;
       }
       std::this_thread::yield();
     }
-    return status_;
   }
-  StatusOr<bool> Test() override {
-    if (!done_) {
-      int flag = 0;
-      const int rc = MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
-      if (rc != MPI_SUCCESS || flag) Finish(rc);
-    }
-    if (!status_.ok()) return status_;
-    return done_;
+  StatusOr<bool> Test(const std::shared_ptr<MpiOp>& op) {
+    if (!threaded_) Drive();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!op->status.ok()) return op->status;
+    return op->done;
   }
 
  private:
-  void Finish(int rc) {
-    done_ = true;
-    if (rc != MPI_SUCCESS) {
-      status_ = MpiError(rc, what_);
-    } else if (on_done_) {
-      on_done_();
+  // Starts what was queued (in order), polls what is in flight, completes and times out.
+  // Returns whether anything changed. Runs on the comm thread, or on the caller's thread.
+  bool Drive() {
+    std::unique_lock<std::mutex> drive(drive_mu_);  // one driver at a time (inline mode)
+    std::vector<std::shared_ptr<MpiOp>> fresh;
+    double timeout_s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      fresh.swap(queued_);
+      timeout_s = timeout_s_;
     }
-    on_done_ = nullptr;
+    bool changed = !fresh.empty();
+    std::vector<std::shared_ptr<MpiOp>> finished;
+    {
+      std::lock_guard<std::mutex> mpi(MpiLock());
+      for (auto& op : fresh) {
+        const int rc = op->start(&op->req);
+        op->started = true;
+        if (rc != MPI_SUCCESS) {
+          op->status = MpiError(rc, op->what);
+          op->on_done = nullptr;
+          finished.push_back(op);
+        } else {
+          inflight_.push_back(op);
+        }
+      }
+      const auto now = std::chrono::steady_clock::now();
+      for (size_t i = 0; i < inflight_.size();) {
+        MpiOp& op = *inflight_[i];
+        int flag = 0;
+        const int rc = MPI_Test(&op.req, &flag, MPI_STATUS_IGNORE);
+        bool finish = true;
+        if (rc != MPI_SUCCESS) {
+          op.status = MpiError(rc, op.what);
+          op.on_done = nullptr;
+        } else if (!flag) {
+          if (std::chrono::duration<double>(now - op.called).count() > timeout_s) {
+            static auto* abandoned = new std::vector<std::function<void()>>();
+            abandoned->push_back(std::move(op.on_done));
+            op.on_done = nullptr;
+            op.status = DeadlineExceededError(
+                op.what + " did not complete in " + std::to_string(static_cast<int>(timeout_s)) +
+                " s: another rank has failed, stopped, or started a different collective");
+          } else {
+            finish = false;
+          }
+        }
+        if (finish) {
+          finished.push_back(std::move(inflight_[i]));
+          inflight_.erase(inflight_.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+          ++i;
+        }
+      }
+    }
+    for (auto& op : finished) {
+      if (op->on_done) op->on_done();
+      op->on_done = nullptr;
+    }
+    if (!finished.empty()) {
+      changed = true;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto& op : finished) op->done = true;
+      }
+      done_cv_.notify_all();
+    }
+    return changed;
   }
-  MPI_Request req_;
-  std::string what_;
-  std::function<void()> on_done_;
+
+  void Loop() {
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queued_.empty() || busy_; });
+        if (stop_ && queued_.empty() && !busy_) return;
+      }
+      Drive();
+      const bool busy = !inflight_.empty();  // only this thread touches inflight_
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        busy_ = busy;
+      }
+      if (busy) std::this_thread::yield();
+    }
+  }
+
+  const bool threaded_;
+  std::mutex mu_;                    // queued_, timeout_s_, stop_, busy_, every op's done
+  std::condition_variable cv_;       // new work or stop, for the thread
+  std::condition_variable done_cv_;  // an op completed, for waiters
+  std::vector<std::shared_ptr<MpiOp>> queued_;
   double timeout_s_;
-  bool done_ = false;
-  Status status_;
+  bool stop_ = false, busy_ = false;
+  std::mutex drive_mu_;
+  std::vector<std::shared_ptr<MpiOp>> inflight_;  // under drive_mu_
+  std::thread thread_;
+};
+
+// A collective started through the queue. Dropping it waits for it.
+class MpiRequest final : public CommRequest {
+ public:
+  MpiRequest(std::shared_ptr<MpiQueue> queue, std::shared_ptr<MpiOp> op)
+      : queue_(std::move(queue)), op_(std::move(op)) {}
+  ~MpiRequest() override { (void)Wait(); }
+  Status Wait() override { return queue_->Wait(op_); }
+  StatusOr<bool> Test() override { return queue_->Test(op_); }
+
+ private:
+  std::shared_ptr<MpiQueue> queue_;
+  std::shared_ptr<MpiOp> op_;
 };
 
 // Receive buffers for the exchange, kept between collectives: a fresh 256 MiB allocation costs
@@ -174,15 +313,25 @@ class ScratchPool {
 class MpiCommunicator final : public Communicator {
  public:
   static StatusOr<std::shared_ptr<Communicator>> Create(int ranks_per_node) {
-    int inited = 0;
+    std::lock_guard<std::mutex> mpi(MpiLock());
+    int inited = 0, provided = 0;
     MPI_Initialized(&inited);
+    bool threaded;
     if (!inited) {
-      int provided = 0;
-      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
         return UnavailableError("MPI_Init_thread failed");
       std::atexit(FinalizeAtExit);
+      // Every call of ours is under MpiLock (Note [The MPI comm thread]).
+      threaded = provided >= MPI_THREAD_SERIALIZED;
+    } else {
+      // The program may call MPI on its own threads, outside our lock.
+      MPI_Query_thread(&provided);
+      threaded = provided >= MPI_THREAD_MULTIPLE;
     }
+    const char* env = std::getenv("TZ_MPI_COMM_THREAD");
+    if (env != nullptr && std::string(env) == "0") threaded = false;
     auto c = std::shared_ptr<MpiCommunicator>(new MpiCommunicator());
+    c->queue_ = std::make_shared<MpiQueue>(threaded, c->timeout_s_);
     if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c->comm_); rc != MPI_SUCCESS)
       return MpiError(rc, "Comm_dup");
     MPI_Comm_set_errhandler(c->comm_, MPI_ERRORS_RETURN);
@@ -224,6 +373,8 @@ class MpiCommunicator final : public Communicator {
   }
 
   ~MpiCommunicator() override {
+    queue_.reset();  // waits for the thread (every request holds the queue; none is left)
+    std::lock_guard<std::mutex> mpi(MpiLock());
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
@@ -233,16 +384,17 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return topo_.size; }
   Topology topology() const override { return topo_; }
   std::string backend() const override { return "mpi"; }
+  bool asynchronous() const override { return queue_->threaded(); }
 
   StatusOr<std::unique_ptr<CommRequest>> AllGather(const void* send, void* recv, size_t count,
                                                    DType dtype) override {
     RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kAllGather, count, dtype, false));
     ASSIGN_OR_RETURN(int bytes, IntBytes(dtype, count, "all_gather"));
-    MPI_Request r;
-    if (int rc = MPI_Iallgather(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, comm_, &r);
-        rc != MPI_SUCCESS)
-      return MpiError(rc, "Iallgather");
-    return Started(r, "all_gather", CollectiveKind::kAllGather, count, dtype);
+    return Start(
+        [=, comm = comm_](MPI_Request* r) {
+          return MPI_Iallgather(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, comm, r);
+        },
+        "all_gather", CollectiveKind::kAllGather, count, dtype);
   }
 
   StatusOr<std::unique_ptr<CommRequest>> ReduceScatter(const void* send, void* recv, size_t count,
@@ -252,45 +404,42 @@ class MpiCommunicator final : public Communicator {
     ASSIGN_OR_RETURN(int bytes, IntBytes(dtype, count, "reduce_scatter"));
     std::vector<uint8_t> blocks =
         scratch_->Take(static_cast<size_t>(bytes) * static_cast<size_t>(topo_.size));
-    MPI_Request r;
-    if (int rc = MPI_Ialltoall(send, bytes, MPI_BYTE, blocks.data(), bytes, MPI_BYTE, comm_, &r);
-        rc != MPI_SUCCESS)
-      return MpiError(rc, "Ialltoall (reduce_scatter)");
     // The exchanged blocks go back to the pool once summed.
     auto exchanged = std::make_shared<std::vector<uint8_t>>(std::move(blocks));
-    return Started(r, "Ialltoall (reduce_scatter)", CollectiveKind::kReduceScatter, count, dtype,
-                   false, [exchanged, pool = scratch_, recv, count, dtype, op, w = topo_.size] {
-                     zero::ReduceBlocks(exchanged->data(), w, recv, count, dtype, op);
-                     pool->Give(std::move(*exchanged));
-                   });
+    return Start(
+        [=, comm = comm_](MPI_Request* r) {
+          return MPI_Ialltoall(send, bytes, MPI_BYTE, exchanged->data(), bytes, MPI_BYTE, comm, r);
+        },
+        "Ialltoall (reduce_scatter)", CollectiveKind::kReduceScatter, count, dtype, false,
+        [exchanged, pool = scratch_, recv, count, dtype, op, w = topo_.size] {
+          zero::ReduceBlocks(exchanged->data(), w, recv, count, dtype, op);
+          pool->Give(std::move(*exchanged));
+        });
   }
 
   StatusOr<std::unique_ptr<CommRequest>> AllReduce(const void* send, void* recv, size_t count,
                                                    DType dtype, ReduceOp op) override {
     RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kAllReduce, count, dtype, true));
     ASSIGN_OR_RETURN(int n, IntCount(count, "all_reduce"));
-    MPI_Request r;
     const void* s = send == recv ? MPI_IN_PLACE : send;
-    if (int rc = MPI_Iallreduce(s, recv, n, Type(dtype), Op(dtype, op), comm_, &r);
-        rc != MPI_SUCCESS)
-      return MpiError(rc, "Iallreduce");
     std::function<void()> mean;
     if (op == ReduceOp::kMean) {
       mean = [recv, count, dtype, w = topo_.size] { zero::DivideInPlace(recv, count, dtype, w); };
     }
-    return Started(r, "all_reduce", CollectiveKind::kAllReduce, count, dtype, false,
-                   std::move(mean));
+    return Start([=, type = Type(dtype), mpi_op = Op(dtype, op), comm = comm_](
+                     MPI_Request* r) { return MPI_Iallreduce(s, recv, n, type, mpi_op, comm, r); },
+                 "all_reduce", CollectiveKind::kAllReduce, count, dtype, false, std::move(mean));
   }
 
   StatusOr<std::unique_ptr<CommRequest>> AllToAll(const void* send, void* recv, size_t count,
                                                   DType dtype) override {
     RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kAllToAll, count, dtype, false));
     ASSIGN_OR_RETURN(int bytes, IntBytes(dtype, count, "all_to_all"));
-    MPI_Request r;
-    if (int rc = MPI_Ialltoall(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, comm_, &r);
-        rc != MPI_SUCCESS)
-      return MpiError(rc, "Ialltoall");
-    return Started(r, "all_to_all", CollectiveKind::kAllToAll, count, dtype);
+    return Start(
+        [=, comm = comm_](MPI_Request* r) {
+          return MPI_Ialltoall(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, comm, r);
+        },
+        "all_to_all", CollectiveKind::kAllToAll, count, dtype);
   }
 
   StatusOr<std::unique_ptr<CommRequest>> Broadcast(void* buf, size_t count, DType dtype,
@@ -300,23 +449,29 @@ class MpiCommunicator final : public Communicator {
       return InvalidArgumentError("broadcast root " + std::to_string(root) + " of " +
                                   std::to_string(topo_.size) + " ranks");
     ASSIGN_OR_RETURN(int bytes, IntBytes(dtype, count, "broadcast"));
-    MPI_Request r;
-    if (int rc = MPI_Ibcast(buf, bytes, MPI_BYTE, root, comm_, &r); rc != MPI_SUCCESS)
-      return MpiError(rc, "Ibcast");
-    return Started(r, "broadcast", CollectiveKind::kBroadcast, count, dtype, root == topo_.rank);
+    return Start([=, comm = comm_](
+                     MPI_Request* r) { return MPI_Ibcast(buf, bytes, MPI_BYTE, root, comm, r); },
+                 "broadcast", CollectiveKind::kBroadcast, count, dtype, root == topo_.rank);
   }
 
   Status Barrier() override {
-    MPI_Request r;
-    if (int rc = MPI_Ibarrier(comm_, &r); rc != MPI_SUCCESS) return MpiError(rc, "Ibarrier");
-    return MpiRequest(r, "barrier", nullptr, timeout_s_).Wait();
+    auto op = std::make_shared<MpiOp>();
+    op->start = [comm = comm_](MPI_Request* r) { return MPI_Ibarrier(comm, r); };
+    op->what = "barrier";
+    queue_->Submit(op);
+    return queue_->Wait(op);
   }
 
   CommStats stats() const override { return stats_; }
-  void SetTimeout(double seconds) override { timeout_s_ = seconds; }
+  void SetTimeout(double seconds) override {
+    timeout_s_ = seconds;
+    queue_->SetTimeout(seconds);
+  }
   [[noreturn]] void Abort(int exit_code) override {
     std::fflush(stdout);
     std::fflush(stderr);
+    // The comm thread never blocks inside MPI, so the lock comes free.
+    MpiLock().lock();
     MPI_Abort(comm_, exit_code);
     std::_Exit(exit_code);
   }
@@ -341,17 +496,24 @@ class MpiCommunicator final : public Communicator {
     if (dtype == DType::kBF16) return max ? o.bf16_max : o.bf16_sum;
     return max ? o.f16_max : o.f16_sum;
   }
-  std::unique_ptr<CommRequest> Started(MPI_Request r, const char* what, CollectiveKind kind,
-                                       size_t count, DType dtype, bool is_root = false,
-                                       std::function<void()> on_done = nullptr) {
+  std::unique_ptr<CommRequest> Start(std::function<int(MPI_Request*)> start, const char* what,
+                                     CollectiveKind kind, size_t count, DType dtype,
+                                     bool is_root = false,
+                                     std::function<void()> on_done = nullptr) {
     ++stats_.collectives;
     stats_.bytes_sent += zero::BytesSent(kind, count, dtype, topo_.size, is_root);
-    return std::make_unique<MpiRequest>(r, what, std::move(on_done), timeout_s_);
+    auto op = std::make_shared<MpiOp>();
+    op->start = std::move(start);
+    op->on_done = std::move(on_done);
+    op->what = what;
+    queue_->Submit(op);
+    return std::make_unique<MpiRequest>(queue_, std::move(op));
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   double timeout_s_ = 300;
   std::shared_ptr<ScratchPool> scratch_ = std::make_shared<ScratchPool>();
+  std::shared_ptr<MpiQueue> queue_;
   Topology topo_;
   CommStats stats_;
 };

@@ -16,6 +16,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/convert.h"
@@ -343,6 +344,34 @@ TEST(Collectives, TopologyFromTheSplitOrTheOverride) {
   EXPECT_EQ(e.node, c.rank());
   EXPECT_EQ(e.local_rank, 0);
   EXPECT_EQ(e.local_size, 1);
+}
+
+// Note [The MPI comm thread]: collectives progress without the caller, and another thread may
+// wait for one (as a device stream's host function does for a gather).
+TEST(Collectives, RequestsCompleteOnTheCommThread) {
+  REQUIRE_BACKEND();
+  Communicator& c = Comm();
+  if (TheBackend().gpu) GTEST_SKIP() << "MPI only";
+  const char* env = std::getenv("TZ_MPI_COMM_THREAD");
+  const bool want = env == nullptr || std::string(env) != "0";
+  ASSERT_EQ(c.asynchronous(), want);
+  if (!want) GTEST_SKIP() << "TZ_MPI_COMM_THREAD=0";
+  const int w = c.size(), me = c.rank();
+  const size_t n = 1 << 20;
+  const auto send = Fill(DType::kF32, n, [&](size_t i) { return Value(me, 3, i); });
+  std::vector<uint8_t> got(send.size() * static_cast<size_t>(w));
+  auto req = c.AllGather(send.data(), got.data(), n, DType::kF32);
+  ASSERT_TRUE(req.ok()) << req.status().ToString();
+  Status waited;
+  std::thread other([&] { waited = (*req)->Wait(); });
+  other.join();
+  ASSERT_TRUE(waited.ok()) << waited.ToString();
+  for (int r = 0; r < w; ++r) {
+    const auto part = Fill(DType::kF32, n, [&](size_t i) { return Value(r, 3, i); });
+    ASSERT_EQ(0, std::memcmp(got.data() + part.size() * static_cast<size_t>(r), part.data(),
+                             part.size()))
+        << "rank " << r;
+  }
 }
 
 TEST(Collectives, BadArgumentsAreStatuses) {
