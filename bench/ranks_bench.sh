@@ -4,6 +4,9 @@
 # batch_size rows, so the global batch grows with the ranks). Rounds interleave 1, 2, 4 ranks;
 # the figures are medians over rounds of each run's median step time (steps after the plan).
 # On a 2-core machine 4 ranks are oversubscribed: compare 1 and 2 ranks for scaling.
+# Rows marked "caller" run with TZ_MPI_COMM_THREAD=0: collectives driven by the trainer's own
+# Wait (gathers' all_gathers waited for when issued) instead of the comm thread (Note [The MPI
+# comm thread]). "comm s/step" is the trainer thread's time in collectives.
 # Usage: bench/ranks_bench.sh [STEPS=60] [ROUNDS=2]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,31 +18,36 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
 work=$(mktemp -d /tmp/tz-ranks-bench.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 for round in $(seq "$rounds"); do
-  for np in 1 2 4; do
-    mpiexec -np "$np" "$tz" train --steps "$steps" --eval-every 0 --quiet \
-      --run-dir "$work/r$np.$round" >"$work/r$np.$round.log" 2>&1 ||
-      { tail -20 "$work/r$np.$round.log"; exit 1; }
+  for cfg in 1 2 2c 4 4c; do
+    np=${cfg%c}
+    thread=1
+    [ "$cfg" != "$np" ] && thread=0
+    TZ_MPI_COMM_THREAD=$thread mpiexec -x TZ_MPI_COMM_THREAD -np "$np" "$tz" train \
+      --steps "$steps" --eval-every 0 --quiet --run-dir "$work/r$cfg.$round" \
+      >"$work/r$cfg.$round.log" 2>&1 || { tail -20 "$work/r$cfg.$round.log"; exit 1; }
   done
 done
 python3 - "$work" "$rounds" <<'EOF'
 import json, statistics, sys
 work, rounds = sys.argv[1], int(sys.argv[2])
-print(f"{'ranks':>5} {'step ms':>8} {'tok/s':>8} {'tok/s/rank':>10} {'state/rank MiB':>14} "
+print(f"{'ranks':>12} {'step ms':>8} {'tok/s':>8} {'tok/s/rank':>10} {'state/rank MiB':>14} "
       f"{'comm s/step':>11} {'comm MiB/step':>13}")
 base = None
-for np in (1, 2, 4):
+for cfg in ("1", "2", "2c", "4", "4c"):
+    np = int(cfg.rstrip("c"))
+    label = f"{np} caller" if cfg.endswith("c") else str(np)
     step_s, tok = [], []
     for r in range(1, rounds + 1):
-        rows = [json.loads(l) for l in open(f"{work}/r{np}.{r}/metrics.jsonl") if '"loss"' in l]
+        rows = [json.loads(l) for l in open(f"{work}/r{cfg}.{r}/metrics.jsonl") if '"loss"' in l]
         rows = rows[5:]  # warm-up and the first planned steps
         step_s.append(statistics.median(x["step_s"] for x in rows))
         tok.append(statistics.median(x["tokens_per_s"] for x in rows))
-    rep = json.load(open(f"{work}/r{np}.{rounds}/report.json"))
+    rep = json.load(open(f"{work}/r{cfg}.{rounds}/report.json"))
     ranks = rep["ranks"]
     nsteps = len(rows) + 5
     s, t = statistics.median(step_s), statistics.median(tok)
     base = base or t
-    print(f"{np:>5} {s * 1e3:>8.1f} {t:>8.0f} {t / np:>10.0f} "
+    print(f"{label:>12} {s * 1e3:>8.1f} {t:>8.0f} {t / np:>10.0f} "
           f"{ranks['model_state_bytes'] / 2**20:>14.2f} "
           f"{ranks.get('comm_seconds', 0) / nsteps:>11.4f} "
           f"{ranks.get('comm_bytes', 0) / nsteps / 2**20:>13.2f}   ({t / base:.2f}x the 1-rank tokens/s)")

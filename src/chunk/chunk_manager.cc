@@ -20,15 +20,20 @@ namespace {
 constexpr auto kStagingTimeout = std::chrono::seconds(120);
 
 // Note [Collectives on the trainer's thread]
-// With W > 1 every collective is started (and the gathers' all_gathers are waited for) on the
-// thread that drives the manager, never in a stream's host function: MPI runs FUNNELED, and the
-// ranks must start the same collectives in the same order, which only calls the trainer makes
-// in program order can promise. So a gather's all_gather runs when the gather is issued (on
-// demand at its Acquire, or as a planned prefetch at the next call after the moment's compute
-// was queued) and its H2D copies go on the H2D stream after it; a gradient chunk's D2H copy is
+// With W > 1 every collective is started on the thread that drives the manager, never in a
+// stream's host function: the ranks must start the same collectives in the same order, which
+// only calls the trainer makes in program order can promise. So a gather's all_gather starts
+// when the gather is issued (on demand at its Acquire, or as a planned prefetch at the next
+// call after the moment's compute was queued). When the communicator is asynchronous (MPI's
+// comm thread, Note [The MPI comm thread] in src/zero/mpi.cc) a host function on the H2D stream
+// waits for it and checks the tags, and the H2D copies follow, so neither the trainer nor the
+// compute stream waits: the gather overlaps compute like a one-rank prefetch. Otherwise the
+// trainer waits for the all_gather before queuing the copies. A gradient chunk's D2H copy is
 // waited for when the chunk's backward completes (on the simulated device the compute is done
 // by then) and its reduce-scatter is started there and completed later, overlapping the rest
 // of backward. The agreement at each Acquire keeps those sequences identical on every rank.
+// EndIteration synchronises every stream, so no gather is in flight when the optimizer
+// rewrites the shards it sends from, and an asynchronous gather's failure ends that call.
 //
 // Each rank's block of a gather carries a tag after its shard (chunk, moment, gather number),
 // checked on arrival: ranks that somehow gather different chunks fail together with a message
@@ -205,6 +210,11 @@ StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
     if (options.comm == nullptr || options.comm->size() != layout.world_size()) {
       return InvalidArgumentError("a layout for " + std::to_string(layout.world_size()) +
                                   " ranks needs a communicator of that size");
+    }
+    if (options.comm->backend() == "nccl") {
+      return UnsupportedError(
+          "the chunk manager gathers and reduces through host buffers; give it the MPI "
+          "communicator (the NCCL one takes device buffers)");
     }
     for (const ChunkPlacement& p : placement.chunks) {
       if (p.param == Tier::kDevice) {
@@ -602,8 +612,8 @@ Status ChunkManager::EnqueueGather(int c, Tier tier) {
 }
 
 // W > 1: the local shard (from host memory, or read from NVMe into the staging slot's send
-// area) is all-gathered with its tag into the slot, on this thread; the H2D stream then copies
-// the W shards into the gathered chunk (Note [Collectives on the trainer's thread]).
+// area) is all-gathered with its tag into the slot, started on this thread; the H2D stream then
+// copies the W shards into the gathered chunk (Note [Collectives on the trainer's thread]).
 Status ChunkManager::EnqueueShardedGather(int c, Tier tier) {
   Impl& im = *impl_;
   Impl::ChunkRt& rt = im.chunks[static_cast<size_t>(c)];
@@ -637,25 +647,35 @@ Status ChunkManager::EnqueueShardedGather(int c, Tier tier) {
   const double comm_start = prof ? im.timeline->Now() : 0.0;
   ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,
                    options_.comm->AllGather(send, recv, block, DType::kI8));
-  RETURN_IF_ERROR(req->Wait());
   ++counters_.all_gathers;
-  if (prof) {
-    im.timeline->Add({Track::kComm, "all_gather chunk " + std::to_string(c), comm_start,
-                      im.timeline->Now() - comm_start, m, c, layout_.chunk_bytes()});
-  }
-  for (int r = 0; r < world; ++r) {
-    GatherTag got;
-    std::memcpy(&got, recv + static_cast<uint64_t>(r) * block + shard, sizeof got);
-    if (!(got == tag)) {
-      return FailedPreconditionError(
-          "the ranks gathered different chunks: rank " + std::to_string(Rank()) + " chunk " +
-          std::to_string(tag.chunk) + " (moment " + std::to_string(tag.moment) + ", gather " +
-          std::to_string(tag.seq) + "), rank " + std::to_string(r) + " chunk " +
-          std::to_string(got.chunk) + " (moment " + std::to_string(got.moment) + ", gather " +
-          std::to_string(got.seq) +
-          "); every rank must acquire the same parameters in the "
-          "same order");
+  // Every rank's block carries the tag of the gather it contributed to.
+  auto check_tags = [recv, block, shard, tag, world, me = Rank()]() -> Status {
+    for (int r = 0; r < world; ++r) {
+      GatherTag got;
+      std::memcpy(&got, recv + static_cast<uint64_t>(r) * block + shard, sizeof got);
+      if (!(got == tag)) {
+        return FailedPreconditionError(
+            "the ranks gathered different chunks: rank " + std::to_string(me) + " chunk " +
+            std::to_string(tag.chunk) + " (moment " + std::to_string(tag.moment) + ", gather " +
+            std::to_string(tag.seq) + "), rank " + std::to_string(r) + " chunk " +
+            std::to_string(got.chunk) + " (moment " + std::to_string(got.moment) + ", gather " +
+            std::to_string(got.seq) +
+            "); every rank must acquire the same parameters in the same order");
+      }
     }
+    return Status::OK();
+  };
+  const bool async = options_.comm->asynchronous();
+  std::shared_ptr<CommRequest> shared_req;
+  if (async) {
+    shared_req = std::move(req);
+  } else {
+    RETURN_IF_ERROR(req->Wait());
+    if (prof) {
+      im.timeline->Add({Track::kComm, "all_gather chunk " + std::to_string(c), comm_start,
+                        im.timeline->Now() - comm_start, m, c, layout_.chunk_bytes()});
+    }
+    RETURN_IF_ERROR(check_tags());
   }
   const double caller_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -665,6 +685,25 @@ Status ChunkManager::EnqueueShardedGather(int c, Tier tier) {
     im.caller_gather_seconds[static_cast<int>(tier)] += caller_s;
     ++im.caller_gathers[static_cast<int>(tier)];
     ASSIGN_OR_RETURN(timing, im.StartGatherTiming(device_, tier));
+  }
+  if (async) {
+    // The H2D stream waits for the all_gather (the comm thread completes it), so neither the
+    // caller nor the compute stream does (Note [Collectives on the trainer's thread]).
+    Impl* impl = impl_.get();
+    Timeline* tl = prof ? im.timeline : nullptr;
+    const uint64_t chunk_bytes = layout_.chunk_bytes();
+    RETURN_IF_ERROR(device_.LaunchHostFunc(
+        h2d, [shared_req, check_tags, impl, tl, comm_start, m, c, chunk_bytes] {
+          Status st = shared_req->Wait();
+          if (st.ok()) st = check_tags();
+          if (!st.ok()) {
+            impl->SetAsyncError(std::move(st).WithContext("gathering chunk " + std::to_string(c)));
+          }
+          if (tl != nullptr) {
+            tl->Add({Track::kComm, "all_gather chunk " + std::to_string(c), comm_start,
+                     tl->Now() - comm_start, m, c, chunk_bytes});
+          }
+        }));
   }
   auto h2d_start = std::make_shared<double>(0.0);
   if (prof) RETURN_IF_ERROR(im.QueueStart(device_, h2d, h2d_start));

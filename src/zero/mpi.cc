@@ -132,33 +132,41 @@ class MpiQueue {
     }
   }
 
+  // The waiter drives the queue itself whenever the comm thread is not, so a collective someone
+  // waits for completes without two thread hand-offs (the agreements' small all_gathers are
+  // latency-bound).
   Status Wait(const std::shared_ptr<MpiOp>& op) {
-    if (threaded_) {
-      std::unique_lock<std::mutex> lock(mu_);
-      done_cv_.wait(lock, [&] { return op->done; });
-      return op->status;
-    }
     for (;;) {
-      Drive();
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (op->done) return op->status;
       }
+      Help();
       std::this_thread::yield();
     }
   }
   StatusOr<bool> Test(const std::shared_ptr<MpiOp>& op) {
-    if (!threaded_) Drive();
+    Help();
     std::lock_guard<std::mutex> lock(mu_);
     if (!op->status.ok()) return op->status;
     return op->done;
   }
 
  private:
-  // Starts what was queued (in order), polls what is in flight, completes and times out.
-  // Returns whether anything changed. Runs on the comm thread, or on the caller's thread.
+  // Drives the queue unless another thread is driving it (then that one makes the progress).
+  void Help() {
+    std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
+    if (drive.owns_lock()) DriveLocked();
+  }
+  // Returns whether collectives remain in flight.
   bool Drive() {
-    std::unique_lock<std::mutex> drive(drive_mu_);  // one driver at a time (inline mode)
+    std::lock_guard<std::mutex> drive(drive_mu_);
+    return DriveLocked();
+  }
+  // Starts what was queued (in order), polls what is in flight, completes and times out.
+  // Returns whether collectives remain in flight. On the comm thread or a waiter's thread, one
+  // at a time (drive_mu_ held).
+  bool DriveLocked() {
     std::vector<std::shared_ptr<MpiOp>> fresh;
     double timeout_s;
     {
@@ -166,7 +174,6 @@ class MpiQueue {
       fresh.swap(queued_);
       timeout_s = timeout_s_;
     }
-    bool changed = !fresh.empty();
     std::vector<std::shared_ptr<MpiOp>> finished;
     {
       std::lock_guard<std::mutex> mpi(MpiLock());
@@ -215,14 +222,10 @@ class MpiQueue {
       op->on_done = nullptr;
     }
     if (!finished.empty()) {
-      changed = true;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        for (auto& op : finished) op->done = true;
-      }
-      done_cv_.notify_all();
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& op : finished) op->done = true;
     }
-    return changed;
+    return !inflight_.empty();
   }
 
   void Loop() {
@@ -232,8 +235,7 @@ class MpiQueue {
         cv_.wait(lock, [&] { return stop_ || !queued_.empty() || busy_; });
         if (stop_ && queued_.empty() && !busy_) return;
       }
-      Drive();
-      const bool busy = !inflight_.empty();  // only this thread touches inflight_
+      const bool busy = Drive();
       {
         std::lock_guard<std::mutex> lock(mu_);
         busy_ = busy;
@@ -243,9 +245,8 @@ class MpiQueue {
   }
 
   const bool threaded_;
-  std::mutex mu_;                    // queued_, timeout_s_, stop_, busy_, every op's done
-  std::condition_variable cv_;       // new work or stop, for the thread
-  std::condition_variable done_cv_;  // an op completed, for waiters
+  std::mutex mu_;               // queued_, timeout_s_, stop_, busy_, every op's done
+  std::condition_variable cv_;  // new work or stop, for the thread
   std::vector<std::shared_ptr<MpiOp>> queued_;
   double timeout_s_;
   bool stop_ = false, busy_ = false;
