@@ -236,6 +236,11 @@ std::map<std::string, Section> Fields(RunConfig& c) {
        DoubleField("engine.host_link_bandwidth", &c.engine.host_link_bandwidth, 0,
                    "bytes/s >= 0 (0: unthrottled)")},
   };
+  s["ranks"] = {
+      {"ranks_per_node", IntField("ranks.ranks_per_node", &c.ranks.ranks_per_node, 0, 1 << 20)},
+      {"collective_timeout_s",
+       DoubleField("ranks.collective_timeout_s", &c.ranks.collective_timeout_s, 1, "seconds >= 1")},
+  };
   s["output"] = {
       {"run_dir", StringField("output.run_dir", &c.output.run_dir)},
       {"metrics", StringField("output.metrics", &c.output.metrics)},
@@ -399,15 +404,16 @@ int Fail(const Status& s) {
 }
 
 // Under a launcher (mpirun, srun with PMIx) the ranks are MPI's; otherwise one process.
-StatusOr<std::shared_ptr<Communicator>> RunCommunicator() {
+StatusOr<std::shared_ptr<Communicator>> RunCommunicator(const RanksOptions& o) {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}) {
     const char* v = std::getenv(var);
     if (v != nullptr && std::atoi(v) > 1) {
-      auto comm = Communicator::Mpi();
+      auto comm = Communicator::Mpi(o.ranks_per_node);
       if (!comm.ok()) {
         return std::move(comm).status().WithContext(std::string(var) + " is " + v +
                                                     ": started as one of several ranks");
       }
+      (*comm)->SetTimeout(o.collective_timeout_s);
       return comm;
     }
   }
@@ -476,7 +482,7 @@ int Train(const std::vector<std::string>& args) {
     if (!s.ok()) return Fail(s);
   }
   {
-    auto comm = RunCommunicator();
+    auto comm = RunCommunicator(cfg.ranks);
     if (!comm.ok()) return Fail(comm.status());
     g_comm = *comm;
   }

@@ -35,12 +35,19 @@ struct OutputOptions {
   bool quiet = false;          // no per-step lines
 };
 
+// Several ranks (mpirun, srun): read only when the run has more than one.
+struct RanksOptions {
+  int ranks_per_node = 0;               // 0: MPI's shared-memory split; N: emulate N per node
+  double collective_timeout_s = 300.0;  // a collective unfinished after this fails the job
+};
+
 struct RunConfig {
   gpt::GptConfig model;
   gpt::DataConfig data;
   TrainOptions train;
   EngineConfig engine;
   OutputOptions output;
+  RanksOptions ranks;
 };
 
 // The built-in default run (docs/config.md): a GPT whose model states are several times the

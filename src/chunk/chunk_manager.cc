@@ -175,6 +175,16 @@ struct ChunkManager::Impl {
 
   std::mutex async_mu;
   Status async_error;  // GUARDED_BY(async_mu): first failure inside a stream host function
+  Status out_of_step;  // ChunkManager::out_of_step()
+  // Records that the ranks are out of step because of `s`, and returns `s`.
+  Status LoseStep(Status s) {
+    if (out_of_step.ok()) {
+      out_of_step = FailedPreconditionError(
+          "the ranks are out of step since an earlier failure (" + std::string(s.message()) +
+          "); every rank must stop: restart from the last checkpoint");
+    }
+    return s;
+  }
   void SetAsyncError(Status s) {
     std::lock_guard<std::mutex> lock(async_mu);
     if (async_error.ok()) async_error = std::move(s);
@@ -977,7 +987,8 @@ Status ChunkManager::FinishReductions(bool wait_all, bool wait_oldest) {
     counters_.comm_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  return first;
+  if (!first.ok()) return im.LoseStep(std::move(first));
+  return Status::OK();
 }
 
 // W > 1: the ranks compare their moment (or the end of their iteration) and whether they left
@@ -990,7 +1001,9 @@ Status ChunkManager::AgreeOnMoment(int k, uint64_t hash, bool end, bool* off_tra
   mine.inference = impl_->inference ? 1 : 0;
   mine.hash = hash;
   const auto t0 = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(std::vector<MomentTag> all, zero::AllGatherValue(*options_.comm, mine));
+  auto gathered = zero::AllGatherValue(*options_.comm, mine);
+  if (!gathered.ok()) return impl_->LoseStep(gathered.status());
+  const std::vector<MomentTag>& all = *gathered;
   counters_.comm_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   auto describe = [](int r, const MomentTag& t) {
@@ -1006,10 +1019,10 @@ Status ChunkManager::AgreeOnMoment(int k, uint64_t hash, bool end, bool* off_tra
           "the ranks' programs differ: " + describe(Rank(), mine) + ", " + describe(r, t);
       if (!t.end && !mine.end && t.moment == mine.moment)
         msg += ", with different parameters or phase";
-      return FailedPreconditionError(
+      return impl_->LoseStep(FailedPreconditionError(
           msg +
           "; every rank must run the same iterations, acquiring the same parameters in "
-          "the same order");
+          "the same order"));
     }
     if (t.off_trace) *off_trace = true;
   }
@@ -1046,8 +1059,11 @@ Status ChunkManager::AgreeOnPlanInputs(std::vector<Moment>& moments) {
 // ---- Iterations
 // ----------------------------------------------------------------------------------
 
+Status ChunkManager::out_of_step() const { return impl_->out_of_step; }
+
 Status ChunkManager::BeginIteration(bool inference) {
   Impl& im = *impl_;
+  RETURN_IF_ERROR(im.out_of_step);
   RETURN_IF_ERROR(states_->BeginIteration());
   im.moment = 0;
   im.gather_seq = 0;
@@ -1075,6 +1091,7 @@ Status ChunkManager::BeginIteration(bool inference) {
 
 Status ChunkManager::Acquire(std::span<const int> tensors, Phase phase) {
   Impl& im = *impl_;
+  RETURN_IF_ERROR(im.out_of_step);
   if (im.inference && phase != Phase::kForward) {
     return FailedPreconditionError("an inference iteration acquires for forward only, not " +
                                    std::string(PhaseName(phase)));
@@ -1295,6 +1312,7 @@ Status ChunkManager::FlushPrefetches() {
 
 Status ChunkManager::Release(std::span<const int> tensors, Phase phase) {
   Impl& im = *impl_;
+  RETURN_IF_ERROR(im.out_of_step);
   RETURN_IF_ERROR(states_->Release(tensors, phase));
   RETURN_IF_ERROR(FlushPrefetches());
   ReapDeferred();
@@ -1339,7 +1357,8 @@ void* ChunkManager::GradPtr(int t) const {
 
 Status ChunkManager::EndIteration() {
   Impl& im = *impl_;
-  im.pending_prefetch.clear();  // nothing left to use them
+  RETURN_IF_ERROR(im.out_of_step);  // no teardown: the manager takes no more work
+  im.pending_prefetch.clear();      // nothing left to use them
   if (layout_.world_size() > 1) {
     bool unused = false;
     RETURN_IF_ERROR(AgreeOnMoment(im.moment, 0, /*end=*/true, &unused));

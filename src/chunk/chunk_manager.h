@@ -157,6 +157,12 @@ class ChunkManager {
   // recording iteration computes the plan. Budget errors (a moment that cannot fit) surface here.
   Status EndIteration();
 
+  // OK, or why the ranks are out of step (W > 1): their programs differed at an agreement, or
+  // one of the collectives that keep them in step failed. Nothing in flight can be cancelled
+  // and the ranks cannot be brought back in step, so from then on every call that would start
+  // a collective fails with this (the trainer aborts; restart from the last checkpoint).
+  Status out_of_step() const;
+
   bool has_plan() const { return has_plan_; }
   const Schedule& schedule() const { return schedule_; }
   const std::vector<Moment>& trace() const { return trace_; }

@@ -168,56 +168,55 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
     if (user.is_discarded()) return InvalidArgumentError("user_state is not valid JSON");
   }
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return IoError("creating checkpoint directory " + dir + ": " + ec.message());
   const int rank = im.comm->rank();
   // The world size is in the name: a re-save of the same step on another number of ranks never
   // overwrites a file the committed manifest names.
   const std::string states_name = "states-" + std::to_string(im.step) + ".w" +
                                   std::to_string(im.world()) + ".rank" + std::to_string(rank) +
                                   ".bin";
-  ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::Create(dir + "/" + states_name));
-
   // This rank's slices in registration order; states read chunk by chunk (a chunk's tensors
   // are consecutive parameters, so each chunk's state is read once).
   json tensors = json::array();
   uint32_t file_crc = 0;
-  for (int c = 0; c < im.layout.num_chunks(); ++c) {
-    RETURN_IF_ERROR(im.WithChunkState(
-        c, /*write_back=*/false, [&](float* master, float* m, float* v) -> Status {
-          for (const ShardSlice& sl : im.slices[static_cast<size_t>(c)]) {
-            const uint64_t offset = file.bytes();
-            uint32_t crc = 0;
-            for (const float* a : {master, m, v}) {
-              RETURN_IF_ERROR(file.Write(a + sl.shard_offset, sl.numel * 4));
-              crc = Crc32c(a + sl.shard_offset, sl.numel * 4, crc);
-              file_crc = Crc32c(a + sl.shard_offset, sl.numel * 4, file_crc);
+  uint64_t states_bytes = 0;
+  Status written = [&]() -> Status {
+    fs::create_directories(dir, ec);
+    if (ec) return IoError("creating checkpoint directory " + dir + ": " + ec.message());
+    ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::Create(dir + "/" + states_name));
+    for (int c = 0; c < im.layout.num_chunks(); ++c) {
+      RETURN_IF_ERROR(im.WithChunkState(
+          c, /*write_back=*/false, [&](float* master, float* m, float* v) -> Status {
+            for (const ShardSlice& sl : im.slices[static_cast<size_t>(c)]) {
+              const uint64_t offset = file.bytes();
+              uint32_t crc = 0;
+              for (const float* a : {master, m, v}) {
+                RETURN_IF_ERROR(file.Write(a + sl.shard_offset, sl.numel * 4));
+                crc = Crc32c(a + sl.shard_offset, sl.numel * 4, crc);
+                file_crc = Crc32c(a + sl.shard_offset, sl.numel * 4, file_crc);
+              }
+              const ParamSpec& ps = im.params[static_cast<size_t>(sl.tensor)];
+              tensors.push_back({{"name", ps.name},
+                                 {"shape", ps.shape},
+                                 {"file", states_name},
+                                 {"offset", offset},
+                                 {"begin", sl.tensor_begin},
+                                 {"numel", sl.numel},
+                                 {"crc32c", crc}});
             }
-            const ParamSpec& ps = im.params[static_cast<size_t>(sl.tensor)];
-            tensors.push_back({{"name", ps.name},
-                               {"shape", ps.shape},
-                               {"file", states_name},
-                               {"offset", offset},
-                               {"begin", sl.tensor_begin},
-                               {"numel", sl.numel},
-                               {"crc32c", crc}});
-          }
-          return Status::OK();
-        }));
-  }
-  const uint64_t states_bytes = file.bytes();
-  RETURN_IF_ERROR(file.Commit());
+            return Status::OK();
+          }));
+    }
+    states_bytes = file.bytes();
+    return file.Commit();
+  }();
+  // Note [Agreeing on an outcome]: a rank that failed does not leave the others waiting.
+  RETURN_IF_ERROR(zero::AgreeOnStatus(*im.comm, written));
   json files =
       json::array({{{"name", states_name}, {"bytes", states_bytes}, {"crc32c", file_crc}}});
   if (im.world() > 1) {
     // Every rank's file is committed once its entries arrive; rank 0 writes the manifest.
     const std::string mine = json{{"files", files}, {"tensors", tensors}}.dump();
     ASSIGN_OR_RETURN(std::vector<std::string> parts, AllGatherText(*im.comm, mine));
-    if (rank != 0) {
-      // Returns once the manifest is committed (or rank 0 failed and aborts the job).
-      RETURN_IF_ERROR(im.comm->Barrier());
-      return Status::OK();
-    }
     files = json::array();
     tensors = json::array();
     for (const std::string& part : parts) {
@@ -227,32 +226,39 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
       for (json& t : j["tensors"]) tensors.push_back(std::move(t));
     }
   }
-
-  json manifest = {{"format", "tierzero-checkpoint"},
-                   {"version", kCheckpointVersion},
-                   {"step", im.step},
-                   {"loss_scale", im.loss_scale},
-                   {"good_steps", im.good_steps},
-                   {"compute_dtype", std::string(DTypeName(im.cfg.compute_dtype))},
-                   {"world_size", im.comm->size()},
-                   {"files", files},
-                   {"tensors", tensors},
-                   {"user_state", user}};
-  ASSIGN_OR_RETURN(AtomicFile mf, AtomicFile::Create(dir + "/manifest.json"));
-  const std::string text = manifest.dump(1);
-  RETURN_IF_ERROR(mf.Write(text.data(), text.size()));
-  RETURN_IF_ERROR(mf.Commit());
-  RETURN_IF_ERROR(SyncDir(dir));
-  // States files the manifest no longer names (earlier steps, ranks of an earlier world size).
-  std::set<std::string> named;
-  for (const json& f : files) named.insert(f.value("name", ""));
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("states-", 0) == 0 && named.count(name) == 0) fs::remove(entry.path(), ec);
+  // Rank 0 commits the manifest; every rank returns once it has (or with rank 0's error).
+  Status committed = Status::OK();
+  if (rank == 0) {
+    committed = [&]() -> Status {
+      json manifest = {{"format", "tierzero-checkpoint"},
+                       {"version", kCheckpointVersion},
+                       {"step", im.step},
+                       {"loss_scale", im.loss_scale},
+                       {"good_steps", im.good_steps},
+                       {"compute_dtype", std::string(DTypeName(im.cfg.compute_dtype))},
+                       {"world_size", im.comm->size()},
+                       {"files", files},
+                       {"tensors", tensors},
+                       {"user_state", user}};
+      ASSIGN_OR_RETURN(AtomicFile mf, AtomicFile::Create(dir + "/manifest.json"));
+      const std::string text = manifest.dump(1);
+      RETURN_IF_ERROR(mf.Write(text.data(), text.size()));
+      RETURN_IF_ERROR(mf.Commit());
+      RETURN_IF_ERROR(SyncDir(dir));
+      // States files the manifest no longer names (earlier steps, ranks of an earlier world
+      // size).
+      std::set<std::string> named;
+      for (const json& f : files) named.insert(f.value("name", ""));
+      for (const auto& entry : fs::directory_iterator(dir, ec)) {
+        const std::string name = entry.path().filename().string();
+        if (name.rfind("states-", 0) == 0 && named.count(name) == 0) fs::remove(entry.path(), ec);
+      }
+      return Status::OK();
+    }();
   }
+  RETURN_IF_ERROR(zero::AgreeOnStatus(*im.comm, committed));
   TZ_LOG(kInfo, kEngine) << "checkpoint at step " << im.step << " written to " << dir << " ("
                          << FormatBytes(states_bytes) << " from this rank)";
-  if (im.world() > 1) RETURN_IF_ERROR(im.comm->Barrier());
   return Status::OK();
 }
 
@@ -260,44 +266,10 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("LoadCheckpoint before Finalize");
   if (im.in_iteration) return FailedPreconditionError("LoadCheckpoint inside an iteration");
-  auto text = ReadWholeFile(dir + "/manifest.json");
-  if (!text.ok()) {
-    return NotFoundError("no checkpoint in '" + dir +
-                         "' (manifest.json missing: the directory is not a checkpoint, or its "
-                         "first save did not finish)");
-  }
-  json manifest = json::parse(*text, nullptr, false);
-  if (manifest.is_discarded() || !manifest.is_object() ||
-      manifest.value("format", "") != "tierzero-checkpoint") {
-    return DataLossError(dir + "/manifest.json is not a tierzero checkpoint manifest");
-  }
-  const int version = manifest.value("version", 0);
-  if (version != kCheckpointVersion && version != 1) {
-    return UnsupportedError(dir + "/manifest.json has version " +
-                            std::to_string(manifest.value("version", 0)) + "; this build reads " +
-                            std::to_string(kCheckpointVersion));
-  }
-  // Index the saved slices and check every registered parameter is there, whole, with its
-  // shape.
+  // Every rank reads the manifest and verifies what it will load; the ranks agree on the outcome
+  // before any of them changes state, and again after (Note [Agreeing on an outcome]).
+  json manifest;
   std::map<std::string, std::vector<const json*>> saved;
-  for (const json& t : manifest["tensors"]) saved[t.value("name", "")].push_back(&t);
-  for (size_t p = 0; p < im.params.size(); ++p) {
-    const ParamSpec& ps = im.params[p];
-    auto it = saved.find(ps.name);
-    if (it == saved.end())
-      return NotFoundError("checkpoint " + dir + " has no parameter '" + ps.name + "'");
-    uint64_t covered = 0;
-    for (const json* e : it->second) {
-      if ((*e)["shape"].get<std::vector<int64_t>>() != ps.shape)
-        return InvalidArgumentError("checkpoint parameter '" + ps.name + "' has shape " +
-                                    (*e)["shape"].dump() + ", the model registers " +
-                                    json(ps.shape).dump());
-      covered += e->value("numel", uint64_t{0});
-    }
-    if (covered != static_cast<uint64_t>(im.numel[p]))
-      return DataLossError("checkpoint " + dir + " holds " + std::to_string(covered) + " of the " +
-                           std::to_string(im.numel[p]) + " elements of '" + ps.name + "'");
-  }
   // Read and verify everything before changing any state: a bad checkpoint leaves the engine
   // as it was. Chunk by chunk, so NVMe-resident state is never held whole in memory; a second
   // pass writes.
@@ -309,7 +281,7 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
     return f->get();
   };
   std::vector<float> buf;
-  for (int pass = 0; pass < 2; ++pass) {
+  auto run_pass = [&](int pass) -> Status {
     for (int c = 0; c < im.layout.num_chunks(); ++c) {
       auto apply = [&](float* master, float* m, float* v) -> Status {
         for (const ShardSlice& sl : im.slices[static_cast<size_t>(c)]) {
@@ -346,7 +318,51 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
       };
       RETURN_IF_ERROR(im.WithChunkState(c, /*write_back=*/pass == 1, apply));
     }
-  }
+    return Status::OK();
+  };
+  Status verified = [&]() -> Status {
+    auto text = ReadWholeFile(dir + "/manifest.json");
+    if (!text.ok()) {
+      return NotFoundError("no checkpoint in '" + dir +
+                           "' (manifest.json missing: the directory is not a checkpoint, or its "
+                           "first save did not finish)");
+    }
+    manifest = json::parse(*text, nullptr, false);
+    if (manifest.is_discarded() || !manifest.is_object() ||
+        manifest.value("format", "") != "tierzero-checkpoint") {
+      return DataLossError(dir + "/manifest.json is not a tierzero checkpoint manifest");
+    }
+    const int version = manifest.value("version", 0);
+    if (version != kCheckpointVersion && version != 1) {
+      return UnsupportedError(dir + "/manifest.json has version " +
+                              std::to_string(manifest.value("version", 0)) + "; this build reads " +
+                              std::to_string(kCheckpointVersion));
+    }
+    // Index the saved slices and check every registered parameter is there, whole, with its
+    // shape.
+    for (const json& t : manifest["tensors"]) saved[t.value("name", "")].push_back(&t);
+    for (size_t p = 0; p < im.params.size(); ++p) {
+      const ParamSpec& ps = im.params[p];
+      auto it = saved.find(ps.name);
+      if (it == saved.end())
+        return NotFoundError("checkpoint " + dir + " has no parameter '" + ps.name + "'");
+      uint64_t covered = 0;
+      for (const json* e : it->second) {
+        if ((*e)["shape"].get<std::vector<int64_t>>() != ps.shape)
+          return InvalidArgumentError("checkpoint parameter '" + ps.name + "' has shape " +
+                                      (*e)["shape"].dump() + ", the model registers " +
+                                      json(ps.shape).dump());
+        covered += e->value("numel", uint64_t{0});
+      }
+      if (covered != static_cast<uint64_t>(im.numel[p]))
+        return DataLossError("checkpoint " + dir + " holds " + std::to_string(covered) +
+                             " of the " + std::to_string(im.numel[p]) + " elements of '" + ps.name +
+                             "'");
+    }
+    return run_pass(0);
+  }();
+  RETURN_IF_ERROR(zero::AgreeOnStatus(*im.comm, verified));
+  RETURN_IF_ERROR(zero::AgreeOnStatus(*im.comm, run_pass(1)));
   im.step = manifest.value("step", int64_t{0});
   im.loss_scale = manifest.value("loss_scale", 1.0f);
   im.good_steps = manifest.value("good_steps", 0);
@@ -379,31 +395,35 @@ Status Engine::ExportSafetensors(const std::string& path, DType dtype) const {
       {"format", "pt"}, {"producer", "tierzero"}, {"step", std::to_string(im.step)}};
   std::string h = header.dump();
   while ((h.size() + 8) % 8 != 0) h.push_back(' ');
-  // Rank 0 writes; every rank contributes its shards chunk by chunk.
+  // Rank 0 writes; every rank contributes its shards chunk by chunk. A failed write stops the
+  // writing, not the gathers the other ranks take part in (Note [Agreeing on an outcome]).
   const bool writer = im.comm->rank() == 0;
   std::optional<AtomicFile> file;
+  Status wrote = Status::OK();
   if (writer) {
-    ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::Create(path));
-    file.emplace(std::move(f));
-    const uint64_t hlen = h.size();
-    RETURN_IF_ERROR(file->Write(&hlen, 8));  // little-endian u64
-    RETURN_IF_ERROR(file->Write(h.data(), h.size()));
+    wrote = [&]() -> Status {
+      ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::Create(path));
+      file.emplace(std::move(f));
+      const uint64_t hlen = h.size();
+      RETURN_IF_ERROR(file->Write(&hlen, 8));  // little-endian u64
+      return file->Write(h.data(), h.size());
+    }();
   }
   std::vector<uint8_t> out;
   std::vector<float> full;
   for (int c = 0; c < im.layout.num_chunks(); ++c) {
     RETURN_IF_ERROR(im.GatherChunkMaster(c, full));
-    if (!writer) continue;
+    if (!writer || !wrote.ok()) continue;
     for (int t : im.layout.chunk(c).tensors) {
       const TensorLoc& loc = im.layout.tensor(t);
       out.resize(DTypeBytes(dtype, loc.numel));
-      RETURN_IF_ERROR(Convert(full.data() + loc.offset, DType::kF32, out.data(), dtype, loc.numel));
-      RETURN_IF_ERROR(file->Write(out.data(), out.size()));
+      wrote = Convert(full.data() + loc.offset, DType::kF32, out.data(), dtype, loc.numel);
+      if (wrote.ok()) wrote = file->Write(out.data(), out.size());
+      if (!wrote.ok()) break;
     }
   }
-  if (writer) RETURN_IF_ERROR(file->Commit());
-  if (im.world() > 1) RETURN_IF_ERROR(im.comm->Barrier());
-  return Status::OK();
+  if (writer && wrote.ok()) wrote = file->Commit();
+  return zero::AgreeOnStatus(*im.comm, wrote);
 }
 
 Status Engine::LoadSafetensors(const std::string& path) {
@@ -668,9 +688,14 @@ StatusOr<std::string> Engine::ReportJson() const {
   report["optimizer"] = {{"sub_groups", groups}};
   {
     const CommStats cs = im.comm->stats();
+    const Topology topo = im.comm->topology();
     report["ranks"] = {{"world_size", im.comm->size()},
                        {"rank", im.comm->rank()},
                        {"backend", im.comm->backend()},
+                       {"nodes", topo.nodes},
+                       {"node", topo.node},
+                       {"local_rank", topo.local_rank},
+                       {"local_size", topo.local_size},
                        {"shard_bytes", im.layout.shard_bytes()},
                        {"model_state_bytes", tier_bytes(Tier::kDevice) + tier_bytes(Tier::kHost) +
                                                  tier_bytes(Tier::kNvme)},

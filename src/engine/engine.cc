@@ -667,6 +667,7 @@ Status Engine::AbortIteration() {
 StatusOr<StepResult> Engine::Step(const StepOptions& options) {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("Step before Finalize");
+  RETURN_IF_ERROR(im.cm->out_of_step());
   if (im.in_iteration) {
     if (!im.iteration_train) return FailedPreconditionError("Step inside an evaluation iteration");
     RETURN_IF_ERROR(EndIteration());

@@ -144,6 +144,29 @@ void ReduceBlocks(const void* blocks, int num_blocks, void* out, size_t n, DType
   }
 }
 
+Status AgreeOnStatus(Communicator& comm, const Status& local) {
+  if (comm.size() == 1) return local;
+  struct Outcome {
+    int32_t code = 0;
+    char message[508] = {};
+  } mine;
+  mine.code = static_cast<int32_t>(local.code());
+  const std::string_view text = local.message();
+  std::memcpy(mine.message, text.data(), std::min(text.size(), sizeof mine.message - 1));
+  auto all = AllGatherValue(comm, mine);
+  if (!all.ok()) return local.ok() ? all.status() : local;
+  if (!local.ok()) return local;
+  for (int r = 0; r < comm.size(); ++r) {
+    const Outcome& o = (*all)[static_cast<size_t>(r)];
+    if (o.code != 0) {
+      return Status(static_cast<StatusCode>(o.code),
+                    "rank " + std::to_string(r) + " of " + std::to_string(comm.size()) + ": " +
+                        std::string(o.message, strnlen(o.message, sizeof o.message)));
+    }
+  }
+  return Status::OK();
+}
+
 StatusOr<std::vector<uint8_t>> AllGatherBytes(Communicator& comm, const void* data, size_t bytes) {
   std::vector<uint8_t> out(bytes * static_cast<size_t>(comm.size()));
   ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,

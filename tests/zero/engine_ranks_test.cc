@@ -4,9 +4,11 @@
 // differ end with an error naming the ranks on every rank instead of hanging.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -140,6 +142,77 @@ TEST(EngineRanks, CollectiveExportWritesWhatOneRankWrites) {
   if (comm->rank() == 0) std::remove(a.c_str());
 }
 
+// Note [Agreeing on an outcome]: a step only one rank fails ends on every rank at once with that
+// rank's message (the collective deadline is cut to 20 s, so a wait for it would show), and a
+// checkpoint one rank cannot load changes no rank's state.
+TEST(EngineRanks, OneRankFailingToSaveExportOrLoadFailsEveryRankAtOnce) {
+  auto comm = World();
+  comm->SetTimeout(20);
+  Model m = Make(comm);
+  Engine& e = *m.engine;
+  const int last = comm->size() - 1;
+  const std::string base = "/tmp/tz-engine-ranks-fail-" + std::to_string(::getppid());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+
+  // Save: the last rank's directory cannot be created (a file is in the way).
+  const std::string blocker = base + ".blocker";
+  if (comm->rank() == last) std::ofstream(blocker) << "x";
+  ASSERT_TRUE(comm->Barrier().ok());
+  Status s = e.SaveCheckpoint(comm->rank() == last ? blocker + "/ckpt" : base + ".ckpt");
+  ASSERT_FALSE(s.ok());
+  if (comm->rank() != last) {
+    EXPECT_NE(s.ToString().find("rank " + std::to_string(last) + " of "), std::string::npos)
+        << s.ToString();
+  }
+  EXPECT_NE(s.ToString().find(blocker), std::string::npos) << s.ToString();
+
+  // Export: rank 0, the writer, cannot create the file; the others take part in every gather.
+  s = e.ExportSafetensors(
+      comm->rank() == 0 ? blocker + "/model.safetensors" : base + ".unused.safetensors",
+      DType::kF32);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.ToString().find(blocker), std::string::npos) << s.ToString();
+
+  // Load: a good checkpoint, then rank 1's states file corrupted (with 4 ranks the last one owns
+  // only padding of this small model).
+  const std::string dir = base + ".good";
+  ASSERT_TRUE(e.SaveCheckpoint(dir).ok());
+  std::vector<float> before(1500), after(1500);
+  ASSERT_TRUE(e.ReadParam(m.ids[1], before).ok());
+  if (comm->rank() == 0) {
+    for (const auto& f : std::filesystem::directory_iterator(dir)) {
+      const std::string name = f.path().filename().string();
+      if (name.find(".rank1.bin") == std::string::npos) continue;
+      const auto mid = static_cast<std::streamoff>(std::filesystem::file_size(f.path()) / 2);
+      ASSERT_GT(mid, 0);
+      std::fstream io(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+      io.seekg(mid);
+      const char c = static_cast<char>(io.get());
+      io.seekp(mid);
+      io.put(static_cast<char>(c ^ 0x5a));
+    }
+  }
+  ASSERT_TRUE(comm->Barrier().ok());
+  auto loaded = e.LoadCheckpoint(dir);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.status().ToString().find("checksum mismatch"), std::string::npos)
+      << loaded.status().ToString();
+  ASSERT_TRUE(e.ReadParam(m.ids[1], after).ok());
+  EXPECT_EQ(before, after);
+  EXPECT_LT(seconds(), 15.0) << "a rank waited for the collective deadline";
+
+  ASSERT_TRUE(comm->Barrier().ok());
+  comm->SetTimeout(300);
+  if (comm->rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::remove_all(base + ".ckpt");
+    std::filesystem::remove(blocker);
+  }
+}
+
 TEST(EngineRanks, RanksAcquiringDifferentParametersFailTogetherWithAMessage) {
   auto comm = World();
   Model m = Make(comm);
@@ -152,7 +225,18 @@ TEST(EngineRanks, RanksAcquiringDifferentParametersFailTogetherWithAMessage) {
       << scope.status().ToString();
   EXPECT_NE(scope.status().ToString().find("rank " + std::to_string(comm->size() - 1)),
             std::string::npos)
-      << scope.status().ToString();
+      << scope.status().ToString();  // Nothing can bring the ranks back in step: later calls say so
+                                     // instead of starting collectives
+  // that would wait for the deadline.
+  std::vector<ParamId> same{m.ids[0]};
+  auto again = e.Acquire(same, Phase::kForward);
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.status().ToString().find("out of step"), std::string::npos)
+      << again.status().ToString();
+  auto step = e.Step({});
+  ASSERT_FALSE(step.ok());
+  EXPECT_NE(step.status().ToString().find("out of step"), std::string::npos)
+      << step.status().ToString();
 }
 
 TEST(EngineRanks, ARankEndingItsIterationEarlyFailsTogetherWithAMessage) {

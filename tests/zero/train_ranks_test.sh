@@ -3,7 +3,8 @@
 # one-rank run of the same global batch (docs/zero.md):
 #   1. fp32: 20 steps on 2 and 4 ranks match the 1-rank run's losses within 1e-5 relative at every
 #      step (1 rank accumulates 4 micro-batches, 2 ranks 2 each, 4 ranks 1 each).
-#   2. Per-rank model state (report ranks.model_state_bytes) is 1/W of the 1-rank run's, within
+#   2. Per-rank model state (report ranks.model_state_bytes) is 1/W of the 1-rank run's (and the
+#      config's ranks.ranks_per_node = 2 shows as W/2 nodes), within
 #      the padding of W shards per chunk.
 #   3. Resharding: 10 steps on 4 ranks, resumed on 2 ranks to step 15, resumed on 1 rank to step
 #      20: every step's loss matches the uninterrupted run (so weights and Adam moments came
@@ -25,7 +26,8 @@ cat >config.json <<'EOF'
   "train": {"batch_size": 8, "lr": 0.001, "min_lr": 0.001, "warmup_steps": 0,
             "eval_every": 0, "eval_batches": 2},
   "engine": {"device": "host", "compute_dtype": "fp32", "device_budget": "8 MiB",
-             "nvme_budget": "256 MiB", "chunk_elems": 65536}
+             "nvme_budget": "256 MiB", "chunk_elems": 65536},
+  "ranks": {"ranks_per_node": 2, "collective_timeout_s": 120}
 }
 EOF
 
@@ -88,6 +90,8 @@ one = json.load(open("r1/report.json"))
 for d, w in (("r2", 2), ("r4", 4)):
     r = json.load(open(f"{d}/report.json"))["ranks"]
     assert r["world_size"] == w, r
+    # ranks.ranks_per_node = 2 emulates two ranks per node.
+    assert r["nodes"] == w // 2 and r["local_size"] == 2 and r["node"] == 0, r
     chunks = len(one["layout"]["chunks"])
     per = one["ranks"]["model_state_bytes"] / w
     slack = chunks * 16 * 1024 * w  # 4 KiB shard granularity, 16 bytes of state per element
