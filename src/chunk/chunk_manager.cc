@@ -1,6 +1,7 @@
 #include "chunk/chunk_manager.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -175,15 +176,20 @@ struct ChunkManager::Impl {
 
   std::mutex async_mu;
   Status async_error;  // GUARDED_BY(async_mu): first failure inside a stream host function
-  Status out_of_step;  // ChunkManager::out_of_step()
-  // Records that the ranks are out of step because of `s`, and returns `s`.
+  Status out_of_step;  // GUARDED_BY(async_mu): ChunkManager::out_of_step()
+  // Records that the ranks are out of step because of `s`, and returns `s`. Any thread.
   Status LoseStep(Status s) {
+    std::lock_guard<std::mutex> lock(async_mu);
     if (out_of_step.ok()) {
       out_of_step = FailedPreconditionError(
           "the ranks are out of step since an earlier failure (" + std::string(s.message()) +
           "); every rank must stop: restart from the last checkpoint");
     }
     return s;
+  }
+  Status OutOfStep() {
+    std::lock_guard<std::mutex> lock(async_mu);
+    return out_of_step;
   }
   void SetAsyncError(Status s) {
     std::lock_guard<std::mutex> lock(async_mu);
@@ -570,7 +576,12 @@ Status ChunkManager::Gather(int c) {
 }
 
 Status ChunkManager::EnqueueGather(int c, Tier tier) {
-  if (layout_.world_size() > 1) return EnqueueShardedGather(c, tier);
+  if (layout_.world_size() > 1) {
+    // A gather one rank could not start or finish leaves the ranks' collectives out of step.
+    Status s = EnqueueShardedGather(c, tier);
+    if (!s.ok()) return impl_->LoseStep(std::move(s));
+    return s;
+  }
   Impl& im = *impl_;
   Impl::ChunkRt& rt = im.chunks[static_cast<size_t>(c)];
   const uint64_t bytes = layout_.chunk_bytes();
@@ -677,6 +688,7 @@ Status ChunkManager::EnqueueShardedGather(int c, Tier tier) {
   };
   const bool async = options_.comm->asynchronous();
   std::shared_ptr<CommRequest> shared_req;
+  auto failed = std::make_shared<std::atomic<bool>>(false);
   if (async) {
     shared_req = std::move(req);
   } else {
@@ -703,11 +715,16 @@ Status ChunkManager::EnqueueShardedGather(int c, Tier tier) {
     Timeline* tl = prof ? im.timeline : nullptr;
     const uint64_t chunk_bytes = layout_.chunk_bytes();
     RETURN_IF_ERROR(device_.LaunchHostFunc(
-        h2d, [shared_req, check_tags, impl, tl, comm_start, m, c, chunk_bytes] {
+        h2d, [shared_req, check_tags, impl, tl, comm_start, m, c, chunk_bytes, failed] {
           Status st = shared_req->Wait();
           if (st.ok()) st = check_tags();
           if (!st.ok()) {
-            impl->SetAsyncError(std::move(st).WithContext("gathering chunk " + std::to_string(c)));
+            // An abandoned all_gather may still write into the staging slot: it is never
+            // given back, and the ranks are out of step.
+            failed->store(true);
+            st = std::move(st).WithContext("gathering chunk " + std::to_string(c));
+            impl->SetAsyncError(st);
+            (void)impl->LoseStep(std::move(st));
           }
           if (tl != nullptr) {
             tl->Add({Track::kComm, "all_gather chunk " + std::to_string(c), comm_start,
@@ -727,7 +744,16 @@ Status ChunkManager::EnqueueShardedGather(int c, Tier tier) {
                                  layout_.chunk_bytes(), h2d_start));
   }
   auto shared_slot = std::make_shared<PinnedSlot>(std::move(staging));
-  RETURN_IF_ERROR(device_.LaunchHostFunc(h2d, [shared_slot] { shared_slot->Release(); }));
+  RETURN_IF_ERROR(device_.LaunchHostFunc(h2d, [shared_slot, failed] {
+    if (failed->load()) {
+      static auto* leaked = new std::vector<std::shared_ptr<PinnedSlot>>();
+      static std::mutex mu;
+      std::lock_guard<std::mutex> lock(mu);
+      leaked->push_back(shared_slot);
+      return;
+    }
+    shared_slot->Release();
+  }));
   if (timing != nullptr) RETURN_IF_ERROR(device_.RecordEvent(timing->end.handle(), h2d));
   return device_.RecordEvent(rt.ready.handle(), h2d);
 }
@@ -1059,11 +1085,12 @@ Status ChunkManager::AgreeOnPlanInputs(std::vector<Moment>& moments) {
 // ---- Iterations
 // ----------------------------------------------------------------------------------
 
-Status ChunkManager::out_of_step() const { return impl_->out_of_step; }
+Status ChunkManager::out_of_step() const { return impl_->OutOfStep(); }
+void ChunkManager::MarkOutOfStep(Status why) { (void)impl_->LoseStep(std::move(why)); }
 
 Status ChunkManager::BeginIteration(bool inference) {
   Impl& im = *impl_;
-  RETURN_IF_ERROR(im.out_of_step);
+  RETURN_IF_ERROR(im.OutOfStep());
   RETURN_IF_ERROR(states_->BeginIteration());
   im.moment = 0;
   im.gather_seq = 0;
@@ -1091,7 +1118,7 @@ Status ChunkManager::BeginIteration(bool inference) {
 
 Status ChunkManager::Acquire(std::span<const int> tensors, Phase phase) {
   Impl& im = *impl_;
-  RETURN_IF_ERROR(im.out_of_step);
+  RETURN_IF_ERROR(im.OutOfStep());
   if (im.inference && phase != Phase::kForward) {
     return FailedPreconditionError("an inference iteration acquires for forward only, not " +
                                    std::string(PhaseName(phase)));
@@ -1312,7 +1339,7 @@ Status ChunkManager::FlushPrefetches() {
 
 Status ChunkManager::Release(std::span<const int> tensors, Phase phase) {
   Impl& im = *impl_;
-  RETURN_IF_ERROR(im.out_of_step);
+  RETURN_IF_ERROR(im.OutOfStep());
   RETURN_IF_ERROR(states_->Release(tensors, phase));
   RETURN_IF_ERROR(FlushPrefetches());
   ReapDeferred();
@@ -1357,7 +1384,7 @@ void* ChunkManager::GradPtr(int t) const {
 
 Status ChunkManager::EndIteration() {
   Impl& im = *impl_;
-  RETURN_IF_ERROR(im.out_of_step);  // no teardown: the manager takes no more work
+  RETURN_IF_ERROR(im.OutOfStep());  // no teardown: the manager takes no more work
   im.pending_prefetch.clear();      // nothing left to use them
   if (layout_.world_size() > 1) {
     bool unused = false;

@@ -162,6 +162,9 @@ class ChunkManager {
   // and the ranks cannot be brought back in step, so from then on every call that would start
   // a collective fails with this (the trainer aborts; restart from the last checkpoint).
   Status out_of_step() const;
+  // Makes out_of_step() return an error naming `why`: for a failure that left this rank's state
+  // partly updated (a checkpoint load that failed while writing).
+  void MarkOutOfStep(Status why);
 
   bool has_plan() const { return has_plan_; }
   const Schedule& schedule() const { return schedule_; }

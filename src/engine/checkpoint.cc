@@ -162,11 +162,8 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("SaveCheckpoint before Finalize");
   if (im.in_iteration) return FailedPreconditionError("SaveCheckpoint inside an iteration");
+  RETURN_IF_ERROR(im.cm->out_of_step());
   json user;
-  if (!user_state.empty()) {
-    user = json::parse(user_state, nullptr, /*allow_exceptions=*/false);
-    if (user.is_discarded()) return InvalidArgumentError("user_state is not valid JSON");
-  }
   std::error_code ec;
   const int rank = im.comm->rank();
   // The world size is in the name: a re-save of the same step on another number of ranks never
@@ -180,6 +177,10 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
   uint32_t file_crc = 0;
   uint64_t states_bytes = 0;
   Status written = [&]() -> Status {
+    if (!user_state.empty()) {
+      user = json::parse(user_state, nullptr, /*allow_exceptions=*/false);
+      if (user.is_discarded()) return InvalidArgumentError("user_state is not valid JSON");
+    }
     fs::create_directories(dir, ec);
     if (ec) return IoError("creating checkpoint directory " + dir + ": " + ec.message());
     ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::Create(dir + "/" + states_name));
@@ -266,6 +267,7 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("LoadCheckpoint before Finalize");
   if (im.in_iteration) return FailedPreconditionError("LoadCheckpoint inside an iteration");
+  RETURN_IF_ERROR(im.cm->out_of_step());
   // Every rank reads the manifest and verifies what it will load; the ranks agree on the outcome
   // before any of them changes state, and again after (Note [Agreeing on an outcome]).
   json manifest;
@@ -362,7 +364,13 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
     return run_pass(0);
   }();
   RETURN_IF_ERROR(zero::AgreeOnStatus(*im.comm, verified));
-  RETURN_IF_ERROR(zero::AgreeOnStatus(*im.comm, run_pass(1)));
+  Status loaded = zero::AgreeOnStatus(*im.comm, run_pass(1));
+  if (!loaded.ok()) {
+    // Verified, then failed while writing (a disk error): the states are partly the
+    // checkpoint's on some rank, so the engine takes no more work.
+    im.cm->MarkOutOfStep(loaded);
+    return loaded;
+  }
   im.step = manifest.value("step", int64_t{0});
   im.loss_scale = manifest.value("loss_scale", 1.0f);
   im.good_steps = manifest.value("good_steps", 0);
@@ -379,6 +387,7 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
 Status Engine::ExportSafetensors(const std::string& path, DType dtype) const {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("ExportSafetensors before Finalize");
+  RETURN_IF_ERROR(im.cm->out_of_step());
   if (dtype != DType::kF32 && dtype != DType::kBF16)
     return InvalidArgumentError("safetensors export writes fp32 or bf16, not " +
                                 std::string(DTypeName(dtype)));

@@ -549,14 +549,18 @@ Status Engine::Impl::UploadChunk(int c, const float* master) {
 Status Engine::Impl::GatherChunkMaster(int c, std::vector<float>& full) {
   const uint64_t n = layout.shard_elems();
   full.assign(layout.chunk_elems(), 0.0f);
-  std::vector<float> mine(n);
-  RETURN_IF_ERROR(WithChunkState(c, /*write_back=*/false, [&](float* master, float*, float*) {
+  std::vector<float> mine(n, 0.0f);
+  // A rank that cannot read its shard still joins the all_gather (with zeros), and the ranks
+  // agree on the outcome, so none waits for it or keeps a chunk with zeros in it
+  // (Note [Agreeing on an outcome]).
+  Status read = WithChunkState(c, /*write_back=*/false, [&](float* master, float*, float*) {
     std::memcpy(mine.data(), master, n * 4);
     return Status::OK();
-  }));
+  });
   ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,
                    comm->AllGather(mine.data(), full.data(), n, DType::kF32));
-  return req->Wait();
+  RETURN_IF_ERROR(req->Wait());
+  return zero::AgreeOnStatus(*comm, read);
 }
 
 // ---- Iterations

@@ -93,6 +93,7 @@ struct MpiOp {
   std::function<void()> on_done;           // the local completion step; may be empty
   std::string what;
   std::chrono::steady_clock::time_point called;
+  std::thread::id caller;  // the thread that started it (the one that may drive the queue)
   MPI_Request req = MPI_REQUEST_NULL;
   bool started = false;
   bool done = false;  // guarded by the queue's mutex
@@ -121,6 +122,7 @@ class MpiQueue {
   // Queues `op`; without the thread it is started here, before the call returns.
   void Submit(const std::shared_ptr<MpiOp>& op) {
     op->called = std::chrono::steady_clock::now();
+    op->caller = std::this_thread::get_id();
     {
       std::lock_guard<std::mutex> lock(mu_);
       queued_.push_back(op);
@@ -132,10 +134,17 @@ class MpiQueue {
     }
   }
 
-  // The waiter drives the queue itself whenever the comm thread is not, so a collective someone
-  // waits for completes without two thread hand-offs (the agreements' small all_gathers are
-  // latency-bound).
+  // The thread that started a collective drives the queue itself while it waits, whenever the
+  // comm thread is not, so a collective it waits for completes without two thread hand-offs
+  // (the agreements' small all_gathers are latency-bound). Any other thread (a device stream's
+  // host function, which must make no MPI call that could call CUDA) sleeps until the driver
+  // completes the collective.
   Status Wait(const std::shared_ptr<MpiOp>& op) {
+    if (threaded_ && std::this_thread::get_id() != op->caller) {
+      std::unique_lock<std::mutex> lock(mu_);
+      done_cv_.wait(lock, [&] { return op->done; });
+      return op->status;
+    }
     for (;;) {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -146,10 +155,11 @@ class MpiQueue {
     }
   }
   StatusOr<bool> Test(const std::shared_ptr<MpiOp>& op) {
-    Help();
+    if (!threaded_ || std::this_thread::get_id() == op->caller) Help();
     std::lock_guard<std::mutex> lock(mu_);
+    if (!op->done) return false;
     if (!op->status.ok()) return op->status;
-    return op->done;
+    return true;
   }
 
  private:
@@ -221,11 +231,16 @@ class MpiQueue {
       if (op->on_done) op->on_done();
       op->on_done = nullptr;
     }
-    if (!finished.empty()) {
+    const bool busy = !inflight_.empty();
+    {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto& op : finished) op->done = true;
+      // Whoever drove, the comm thread keeps polling what is still in flight.
+      busy_ = busy;
     }
-    return !inflight_.empty();
+    if (!finished.empty()) done_cv_.notify_all();
+    if (busy && threaded_) cv_.notify_all();
+    return busy;
   }
 
   void Loop() {
@@ -235,18 +250,14 @@ class MpiQueue {
         cv_.wait(lock, [&] { return stop_ || !queued_.empty() || busy_; });
         if (stop_ && queued_.empty() && !busy_) return;
       }
-      const bool busy = Drive();
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        busy_ = busy;
-      }
-      if (busy) std::this_thread::yield();
+      if (Drive()) std::this_thread::yield();
     }
   }
 
   const bool threaded_;
-  std::mutex mu_;               // queued_, timeout_s_, stop_, busy_, every op's done
-  std::condition_variable cv_;  // new work or stop, for the thread
+  std::mutex mu_;                    // queued_, timeout_s_, stop_, busy_, every op's done
+  std::condition_variable cv_;       // new work or stop, for the thread
+  std::condition_variable done_cv_;  // a collective completed, for waiters that do not drive
   std::vector<std::shared_ptr<MpiOp>> queued_;
   double timeout_s_;
   bool stop_ = false, busy_ = false;
@@ -314,7 +325,10 @@ class ScratchPool {
 class MpiCommunicator final : public Communicator {
  public:
   static StatusOr<std::shared_ptr<Communicator>> Create(int ranks_per_node) {
-    std::lock_guard<std::mutex> mpi(MpiLock());
+    // Declared before the lock: on an error it is destroyed (its destructor takes the lock)
+    // after the lock is released.
+    std::shared_ptr<MpiCommunicator> c;
+    std::unique_lock<std::mutex> mpi(MpiLock());
     int inited = 0, provided = 0;
     MPI_Initialized(&inited);
     bool threaded;
@@ -331,7 +345,8 @@ class MpiCommunicator final : public Communicator {
     }
     const char* env = std::getenv("TZ_MPI_COMM_THREAD");
     if (env != nullptr && std::string(env) == "0") threaded = false;
-    auto c = std::shared_ptr<MpiCommunicator>(new MpiCommunicator());
+    GetOps();  // MPI_Op_create under the lock, before the comm thread exists
+    c.reset(new MpiCommunicator());
     c->queue_ = std::make_shared<MpiQueue>(threaded, c->timeout_s_);
     if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c->comm_); rc != MPI_SUCCESS)
       return MpiError(rc, "Comm_dup");
@@ -370,11 +385,13 @@ class MpiCommunicator final : public Communicator {
         if (l < lowest) ++t.node;
       }
     }
+    mpi.unlock();
     return std::shared_ptr<Communicator>(std::move(c));
   }
 
   ~MpiCommunicator() override {
     queue_.reset();  // waits for the thread (every request holds the queue; none is left)
+    if (comm_ == MPI_COMM_NULL) return;
     std::lock_guard<std::mutex> mpi(MpiLock());
     int finalized = 0;
     MPI_Finalized(&finalized);

@@ -133,7 +133,7 @@ struct NcclShared {
   const NcclApi* api = nullptr;
   ncclComm_t comm = nullptr;
   int ordinal = 0;
-  std::mutex mu;
+  std::recursive_mutex mu;  // held across every NCCL call, so none races an abort
   bool aborted = false;
 
   Status Error(ncclResult_t r, const std::string& what) {
@@ -148,7 +148,7 @@ struct NcclShared {
   // a non-blocking call is still under way.
   Status AsyncState(const std::string& what, bool* in_progress) {
     *in_progress = false;
-    std::lock_guard<std::mutex> lock(mu);
+    std::lock_guard<std::recursive_mutex> lock(mu);
     if (aborted) return FailedPreconditionError("the NCCL communicator was aborted");
     ncclResult_t state = ncclSuccess;
     ncclResult_t r = api->CommGetAsyncError(comm, &state);
@@ -157,11 +157,15 @@ struct NcclShared {
       *in_progress = true;
       return Status::OK();
     }
-    if (state != ncclSuccess) return Error(state, what);
+    if (state != ncclSuccess) {
+      Status e = Error(state, what);
+      AbortComm();  // an asynchronous error leaves the communicator unusable
+      return e;
+    }
     return Status::OK();
   }
   void AbortComm() {
-    std::lock_guard<std::mutex> lock(mu);
+    std::lock_guard<std::recursive_mutex> lock(mu);
     if (aborted || comm == nullptr) return;
     aborted = true;
     api->CommAbort(comm);
@@ -192,34 +196,37 @@ class NcclRequest final : public CommRequest {
  public:
   NcclRequest(std::shared_ptr<NcclShared> shared, cudaEvent_t event, std::string what,
               double timeout_s)
-      : shared_(std::move(shared)), event_(event), what_(std::move(what)), timeout_s_(timeout_s) {}
+      : shared_(std::move(shared)),
+        event_(event),
+        what_(std::move(what)),
+        timeout_s_(timeout_s),
+        enqueued_(std::chrono::steady_clock::now()) {}
   ~NcclRequest() override {
     (void)Wait();
     cudaSetDevice(shared_->ordinal);
     cudaEventDestroy(event_);
   }
   Status Wait() override {
-    const auto t0 = std::chrono::steady_clock::now();
-    while (!done_) {
+    for (;;) {
       auto t = Test();
       if (!t.ok()) return t.status();
-      if (*t) break;
-      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >
-          timeout_s_) {
-        // Aborting the communicator ends its kernels, so the stream (and the buffers) are free.
-        shared_->AbortComm();
-        done_ = true;
-        status_ = DeadlineExceededError(
-            "NCCL " + what_ + " did not complete in " +
-            std::to_string(static_cast<int>(timeout_s_)) +
-            " s: another rank has failed, stopped, or started a different collective");
-        break;
-      }
+      if (*t) return Status::OK();
       std::this_thread::yield();
     }
-    return status_;
   }
+  // The deadline counts from the enqueue, so a request only ever tested times out too.
   StatusOr<bool> Test() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_ &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - enqueued_).count() >
+            timeout_s_) {
+      // Aborting the communicator ends its kernels, so the stream (and the buffers) are free.
+      shared_->AbortComm();
+      done_ = true;
+      status_ = DeadlineExceededError(
+          "NCCL " + what_ + " did not complete in " + std::to_string(static_cast<int>(timeout_s_)) +
+          " s: another rank has failed, stopped, or started a different collective");
+    }
     if (!done_) {
       cudaSetDevice(shared_->ordinal);
       const cudaError_t e = cudaEventQuery(event_);
@@ -246,6 +253,8 @@ class NcclRequest final : public CommRequest {
   cudaEvent_t event_;
   std::string what_;
   double timeout_s_;
+  std::chrono::steady_clock::time_point enqueued_;
+  std::mutex mu_;  // done_, status_: a request may be waited for from any thread
   bool done_ = false;
   Status status_;
 };
@@ -253,12 +262,27 @@ class NcclRequest final : public CommRequest {
 class NcclCommunicator final : public Communicator {
  public:
   static StatusOr<std::shared_ptr<Communicator>> Create(const NcclOptions& o) {
-    if (o.device == nullptr || o.device->info().kind != DeviceKind::kCuda)
-      return UnavailableError("the NCCL communicator needs a CUDA device");
-    if (o.stream.impl == nullptr)
-      return InvalidArgumentError("the NCCL communicator needs a stream");
     if (!o.bootstrap) return InvalidArgumentError("the NCCL communicator needs a bootstrap");
-    ASSIGN_OR_RETURN(const NcclApi* api, LoadNccl());
+    // What one rank lacks fails every rank (Note [Agreeing on an outcome]), before NCCL waits
+    // for ranks that will never join.
+    Status usable = Status::OK();
+    const NcclApi* api = nullptr;
+    ncclUniqueId id{};
+    if (o.device == nullptr || o.device->info().kind != DeviceKind::kCuda) {
+      usable = UnavailableError("the NCCL communicator needs a CUDA device");
+    } else if (o.stream.impl == nullptr) {
+      usable = InvalidArgumentError("the NCCL communicator needs a stream");
+    } else if (auto loaded = LoadNccl(); !loaded.ok()) {
+      usable = loaded.status();
+    } else {
+      api = *loaded;
+      // Rank 0's unique id reaches every rank over the bootstrap.
+      if (o.bootstrap->rank() == 0) {
+        if (ncclResult_t r = api->GetUniqueId(&id); r != ncclSuccess)
+          usable = InternalError(std::string("NCCL GetUniqueId failed: ") + api->GetErrorString(r));
+      }
+    }
+    RETURN_IF_ERROR(zero::AgreeOnStatus(*o.bootstrap, usable));
     auto c = std::shared_ptr<NcclCommunicator>(new NcclCommunicator());
     c->shared_ = std::make_shared<NcclShared>();
     c->shared_->api = api;
@@ -269,12 +293,6 @@ class NcclCommunicator final : public Communicator {
     c->topo_ = o.bootstrap->topology();
     c->timeout_s_ = o.timeout_s;
 
-    // Rank 0's unique id reaches every rank over the bootstrap.
-    ncclUniqueId id{};
-    if (c->topo_.rank == 0) {
-      if (ncclResult_t r = api->GetUniqueId(&id); r != ncclSuccess)
-        return InternalError(std::string("NCCL GetUniqueId failed: ") + api->GetErrorString(r));
-    }
     ASSIGN_OR_RETURN(auto bcast, o.bootstrap->Broadcast(&id, sizeof id, DType::kI8, 0));
     RETURN_IF_ERROR(bcast->Wait());
 
@@ -288,12 +306,13 @@ class NcclCommunicator final : public Communicator {
     } else {
       r = api->CommInitRank(&c->shared_->comm, c->topo_.size, id, c->topo_.rank);
     }
-    if (r != ncclSuccess && r != ncclInProgress) {
-      return InternalError(std::string("NCCL CommInitRank failed: ") + api->GetErrorString(r) +
-                           " (each rank needs its own GPU: " + std::to_string(c->topo_.local_size) +
-                           " ranks on this node)");
-    }
-    RETURN_IF_ERROR(c->shared_->Settle(r, "CommInitRank", c->timeout_s_));
+    Status inited =
+        r != ncclSuccess && r != ncclInProgress
+            ? InternalError(std::string("NCCL CommInitRank failed: ") + api->GetErrorString(r) +
+                            " (each rank needs its own GPU: " +
+                            std::to_string(c->topo_.local_size) + " ranks on this node)")
+            : c->shared_->Settle(r, "CommInitRank", c->timeout_s_);
+    RETURN_IF_ERROR(zero::AgreeOnStatus(*o.bootstrap, inited));
     ASSIGN_OR_RETURN(void* scratch, o.device->Allocate(kDeviceAlignment));
     c->scratch_ = scratch;
     return std::shared_ptr<Communicator>(std::move(c));
@@ -301,9 +320,19 @@ class NcclCommunicator final : public Communicator {
 
   ~NcclCommunicator() override {
     cudaSetDevice(shared_->ordinal);
-    cudaStreamSynchronize(stream_);
+    // The stream's collectives first, up to the deadline (a dead peer would hold them forever:
+    // then the communicator is aborted, which ends them).
+    const auto t0 = std::chrono::steady_clock::now();
+    while (cudaStreamQuery(stream_) == cudaErrorNotReady) {
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >
+          timeout_s_) {
+        shared_->AbortComm();
+        break;
+      }
+      std::this_thread::yield();
+    }
     {
-      std::lock_guard<std::mutex> lock(shared_->mu);
+      std::lock_guard<std::recursive_mutex> lock(shared_->mu);
       if (!shared_->aborted && shared_->comm != nullptr) shared_->api->CommDestroy(shared_->comm);
       shared_->aborted = true;
     }
@@ -408,12 +437,10 @@ class NcclCommunicator final : public Communicator {
                                                  F&& call) {
     if (cudaError_t e = cudaSetDevice(shared_->ordinal); e != cudaSuccess)
       return CudaError(e, "SetDevice");
-    {
-      std::lock_guard<std::mutex> lock(shared_->mu);
-      if (shared_->aborted)
-        return FailedPreconditionError(std::string("NCCL ") + what +
-                                       ": the communicator was aborted after an earlier failure");
-    }
+    std::lock_guard<std::recursive_mutex> lock(shared_->mu);
+    if (shared_->aborted)
+      return FailedPreconditionError(std::string("NCCL ") + what +
+                                     ": the communicator was aborted after an earlier failure");
     RETURN_IF_ERROR(shared_->Settle(call(), what, timeout_s_));
     cudaEvent_t ev = nullptr;
     if (cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming); e != cudaSuccess)
