@@ -82,12 +82,15 @@ void FinalizeAtExit() {
 // trainer waits for it, so it could not overlap compute. Instead, when MPI runs at
 // MPI_THREAD_SERIALIZED or above, one thread per communicator (the comm stream of DESIGN.md
 // section 6) starts the collectives in the order they were called and polls the ones in flight
-// (yielding the core between polls, which oversubscribed runs need); a request's Wait and Test
-// only look at its state, from any thread, so a device stream's host function can wait for a
-// gather's all_gather. Completion steps (reduce_scatter's sum of the exchanged blocks, the
-// mean's division) run on that thread too. Below SERIALIZED (a program that initialised MPI
-// FUNNELED itself) or with TZ_MPI_COMM_THREAD=0 the caller's Wait and Test drive the same
-// queue, on the caller's thread; asynchronous() tells callers which.
+// (yielding the core between polls, which oversubscribed runs need). A request may be waited
+// for from any thread: the thread that started it also drives the queue while it waits (when
+// the comm thread is not driving: a waited-for agreement then needs no thread hand-off); any
+// other thread sleeps until the collective completes, making no MPI call, so a device stream's
+// host function can wait for a gather's all_gather (CUDA forbids host functions that call into
+// CUDA, which a CUDA-aware MPI may do). Completion steps (reduce_scatter's sum of the exchanged
+// blocks, the mean's division) run on the driving thread. Below SERIALIZED (a program that
+// initialised MPI FUNNELED itself) or with TZ_MPI_COMM_THREAD=0 the caller's Wait and Test drive
+// the same queue, on the caller's thread; asynchronous() tells callers which.
 struct MpiOp {
   std::function<int(MPI_Request*)> start;  // the MPI_I* call
   std::function<void()> on_done;           // the local completion step; may be empty
