@@ -52,6 +52,15 @@ void Store(void* p, size_t i, DType t, float v) {
 
 }  // namespace
 
+Status CheckBroadcast(size_t count, DType dtype, int root, int size) {
+  RETURN_IF_ERROR(CheckCollective(CollectiveKind::kBroadcast, count, dtype, false));
+  if (root < 0 || root >= size) {
+    return InvalidArgumentError("broadcast root " + std::to_string(root) + " of " +
+                                std::to_string(size) + (size == 1 ? " rank" : " ranks"));
+  }
+  return Status::OK();
+}
+
 Status CheckCollective(CollectiveKind kind, size_t count, DType dtype, bool reduction) {
   const std::string what = KindName(kind);
   if (reduction) {

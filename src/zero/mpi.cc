@@ -465,10 +465,7 @@ class MpiCommunicator final : public Communicator {
 
   StatusOr<std::unique_ptr<CommRequest>> Broadcast(void* buf, size_t count, DType dtype,
                                                    int root) override {
-    RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kBroadcast, count, dtype, false));
-    if (root < 0 || root >= topo_.size)
-      return InvalidArgumentError("broadcast root " + std::to_string(root) + " of " +
-                                  std::to_string(topo_.size) + " ranks");
+    RETURN_IF_ERROR(zero::CheckBroadcast(count, dtype, root, topo_.size));
     ASSIGN_OR_RETURN(int bytes, IntBytes(dtype, count, "broadcast"));
     return Start([=, comm = comm_](
                      MPI_Request* r) { return MPI_Ibcast(buf, bytes, MPI_BYTE, root, comm, r); },

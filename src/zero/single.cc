@@ -41,9 +41,7 @@ class SingleRank final : public Communicator {
   }
   StatusOr<std::unique_ptr<CommRequest>> Broadcast(void* buf, size_t count, DType dtype,
                                                    int root) override {
-    RETURN_IF_ERROR(zero::CheckCollective(zero::CollectiveKind::kBroadcast, count, dtype, false));
-    if (root != 0)
-      return InvalidArgumentError("broadcast root " + std::to_string(root) + " of 1 rank");
+    RETURN_IF_ERROR(zero::CheckBroadcast(count, dtype, root, 1));
     (void)buf;
     ++stats_.collectives;
     return std::unique_ptr<CommRequest>(new zero::DoneRequest());

@@ -368,8 +368,8 @@ TEST(Collectives, RequestsCompleteOnTheCommThread) {
   ASSERT_TRUE(waited.ok()) << waited.ToString();
   for (int r = 0; r < w; ++r) {
     const auto part = Fill(DType::kF32, n, [&](size_t i) { return Value(r, 3, i); });
-    ASSERT_EQ(0, std::memcmp(got.data() + part.size() * static_cast<size_t>(r), part.data(),
-                             part.size()))
+    ASSERT_EQ(
+        0, std::memcmp(got.data() + part.size() * static_cast<size_t>(r), part.data(), part.size()))
         << "rank " << r;
   }
 }
