@@ -78,7 +78,8 @@ class Communicator {
   // recv[r * count ...] = rank r's send[0 .. count).
   virtual StatusOr<std::unique_ptr<CommRequest>> AllGather(const void* send, void* recv,
                                                            size_t count, DType dtype) = 0;
-  // send holds size() blocks of count; recv = block rank() of op over the ranks' sends.
+  // send holds size() blocks of count; recv = block rank() of op over the ranks' sends. recv
+  // may be this rank's block of send (in place: every rank's send is read before recv is written).
   virtual StatusOr<std::unique_ptr<CommRequest>> ReduceScatter(const void* send, void* recv,
                                                                size_t count, DType dtype,
                                                                ReduceOp op) = 0;
@@ -94,10 +95,16 @@ class Communicator {
                                                            int root) = 0;
   virtual Status Barrier() = 0;
   virtual CommStats stats() const = 0;
+  // A communicator over the same ranks whose collectives never match this one's (MPI_Comm_dup),
+  // for collectives started by another thread in an order of their own (the chunk manager's
+  // stream-ordered gathers, zero/device_collectives.h). A collective call: every rank calls it,
+  // in the same order as its other collectives. Unsupported for NCCL.
+  virtual StatusOr<std::shared_ptr<Communicator>> Duplicate() = 0;
 
   // A collective still incomplete after this many seconds fails with DeadlineExceeded (another
   // rank died, left, or started different collectives) instead of hanging. Default: 300.
   virtual void SetTimeout(double seconds) { (void)seconds; }
+  virtual double timeout() const { return 300; }
   // Ends every rank's process with `exit_code` (MPI_Abort): what a rank does after an error it
   // cannot share, so the others never wait for it. The one-process communicator exits.
   [[noreturn]] virtual void Abort(int exit_code);

@@ -481,6 +481,24 @@ class MpiCommunicator final : public Communicator {
   }
 
   CommStats stats() const override { return stats_; }
+
+  StatusOr<std::shared_ptr<Communicator>> Duplicate() override {
+    std::shared_ptr<MpiCommunicator> c;  // destroyed after the lock is released (see Create)
+    std::unique_lock<std::mutex> mpi(MpiLock());
+    c.reset(new MpiCommunicator());
+    c->queue_ = std::make_shared<MpiQueue>(queue_->threaded(), timeout_s_);
+    c->timeout_s_ = timeout_s_;
+    c->topo_ = topo_;
+    if (int rc = MPI_Comm_dup(comm_, &c->comm_); rc != MPI_SUCCESS) {
+      c->comm_ = MPI_COMM_NULL;
+      return MpiError(rc, "Comm_dup");
+    }
+    MPI_Comm_set_errhandler(c->comm_, MPI_ERRORS_RETURN);
+    mpi.unlock();
+    return std::shared_ptr<Communicator>(std::move(c));
+  }
+
+  double timeout() const override { return timeout_s_; }
   void SetTimeout(double seconds) override {
     timeout_s_ = seconds;
     queue_->SetTimeout(seconds);

@@ -418,7 +418,11 @@ class NcclCommunicator final : public Communicator {
   CommStats stats() const override {
     return {collectives_.load(std::memory_order_relaxed), bytes_.load(std::memory_order_relaxed)};
   }
+  StatusOr<std::shared_ptr<Communicator>> Duplicate() override {
+    return UnsupportedError("duplicating an NCCL communicator (create another one instead)");
+  }
   void SetTimeout(double seconds) override { timeout_s_ = seconds; }
+  double timeout() const override { return timeout_s_; }
   [[noreturn]] void Abort(int exit_code) override {
     shared_->AbortComm();
     bootstrap_->Abort(exit_code);

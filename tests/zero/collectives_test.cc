@@ -21,7 +21,9 @@
 
 #include "core/convert.h"
 #include "offload/cuda_device.h"
+#include "offload/host_sim_device.h"
 #include "tierzero/communicator.h"
+#include "zero/device_collectives.h"
 #include "zero/nccl.h"
 
 namespace tierzero {
@@ -47,6 +49,7 @@ std::shared_ptr<Communicator> Mpi() {
 // The communicator under test, with the GPU and comm stream of the NCCL backend.
 struct Backend {
   std::shared_ptr<Communicator> comm;
+  std::shared_ptr<Communicator> boot;  // MPI (or Single alone): NCCL's bootstrap
   std::unique_ptr<Device> gpu;
   Stream stream;
   std::string skip;  // why this backend cannot run here
@@ -57,6 +60,7 @@ Backend& TheBackend() {
     auto* out = new Backend();
     if (!WantNccl()) {
       out->comm = Mpi();
+      out->boot = out->comm;
       return out;
     }
     // Alone (no launcher), the one-rank bootstrap: no MPI runtime needed on the GPU machine.
@@ -64,6 +68,7 @@ Backend& TheBackend() {
         std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr
             ? Mpi()
             : Communicator::Single();
+    out->boot = boot;
     const Topology t = boot->topology();
     if (CudaDeviceCount() < t.local_size) {
       out->skip = "NCCL needs a GPU per rank: " + std::to_string(t.local_size) +
@@ -372,6 +377,92 @@ TEST(Collectives, RequestsCompleteOnTheCommThread) {
         0, std::memcmp(got.data() + part.size() * static_cast<size_t>(r), part.data(), part.size()))
         << "rank " << r;
   }
+}
+
+// The chunk manager's device path (zero/device_collectives.h): an in-place all_gather, then an
+// in-place mean reduce-scatter, queued on the collectives' stream behind a copy on another stream
+// (throttled on the simulated device, so a collective that did not wait for it would see stale
+// data), while the trainer's thread runs its own collectives on the communicator in between.
+TEST(Collectives, DeviceCollectivesInPlaceOnTheStream) {
+  REQUIRE_BACKEND();
+  Backend& b = TheBackend();
+  std::unique_ptr<Device> sim;
+  if (!b.gpu) {
+    HostSimOptions o;
+    o.capacity_bytes = 64ull << 20;
+    o.h2d_bytes_per_second = 5e6;
+    sim = *CreateHostSimDevice(o);
+  }
+  Device& d = b.gpu ? *b.gpu : *sim;
+  auto dc = CreateDeviceCollectives(d, b.boot);
+  ASSERT_TRUE(dc.ok()) << dc.status().ToString();
+  Communicator& host = *b.boot;
+  const int w = host.size(), me = host.rank();
+  ASSERT_EQ((*dc)->size(), w);
+  ASSERT_EQ((*dc)->rank(), me);
+  const DType dt = DType::kBF16;
+  const size_t n = 4099;
+  const size_t block = DTypeBytes(dt, n);
+  auto chunk = DeviceBuffer::Allocate(d, block * static_cast<size_t>(w));
+  ASSERT_TRUE(chunk.ok());
+  auto* base = static_cast<uint8_t*>(chunk->data());
+  auto copy = Stream::Create(d, "copy");
+  auto copied = Event::Create(d), done = Event::Create(d);
+  ASSERT_TRUE(copy.ok() && copied.ok() && done.ok());
+  const StreamHandle cs = (*dc)->stream();
+
+  // All-gather: my block copied into place, then gathered in place.
+  const auto mine = Fill(dt, n, [&](size_t i) { return Value(me, 0, i); });
+  ASSERT_TRUE(d.CopyAsync(base + block * static_cast<size_t>(me), mine.data(), block,
+                          CopyKind::kHostToDevice, copy->handle())
+                  .ok());
+  ASSERT_TRUE(copied->Record(*copy).ok());
+  ASSERT_TRUE(d.StreamWaitEvent(cs, copied->handle()).ok());
+  ASSERT_TRUE((*dc)->AllGather(base + block * static_cast<size_t>(me), base, n, dt).ok());
+  // The trainer's own collective meanwhile, on the communicator the collectives duplicate.
+  const int32_t tag = 100 + me;
+  std::vector<int32_t> tags(static_cast<size_t>(w));
+  ASSERT_TRUE((*host.AllGather(&tag, tags.data(), 1, DType::kF32))->Wait().ok());
+  for (int r = 0; r < w; ++r) EXPECT_EQ(tags[static_cast<size_t>(r)], 100 + r);
+  std::vector<uint8_t> gathered(block * static_cast<size_t>(w));
+  ASSERT_TRUE(d.RecordEvent(done->handle(), cs).ok());
+  ASSERT_TRUE(d.StreamWaitEvent(copy->handle(), done->handle()).ok());
+  ASSERT_TRUE(
+      d.CopyAsync(gathered.data(), base, gathered.size(), CopyKind::kDeviceToHost, copy->handle())
+          .ok());
+  ASSERT_TRUE(copy->Synchronize().ok());
+  for (int r = 0; r < w; ++r) {
+    const auto part = Fill(dt, n, [&](size_t i) { return Value(r, 0, i); });
+    ASSERT_EQ(0, std::memcmp(gathered.data() + block * static_cast<size_t>(r), part.data(), block))
+        << "block " << r;
+  }
+
+  // Reduce-scatter (mean) in place: block `me` of every rank's chunk, averaged.
+  std::vector<uint8_t> all(block * static_cast<size_t>(w));
+  for (int k = 0; k < w; ++k) {
+    const auto part = Fill(dt, n, [&](size_t i) { return Value(me, 1 + k, i); });
+    std::memcpy(all.data() + block * static_cast<size_t>(k), part.data(), block);
+  }
+  ASSERT_TRUE(
+      d.CopyAsync(base, all.data(), all.size(), CopyKind::kHostToDevice, copy->handle()).ok());
+  ASSERT_TRUE(copied->Record(*copy).ok());
+  ASSERT_TRUE(d.StreamWaitEvent(cs, copied->handle()).ok());
+  uint8_t* out = base + block * static_cast<size_t>(me);
+  ASSERT_TRUE((*dc)->ReduceScatter(base, out, n, dt, ReduceOp::kMean).ok());
+  ASSERT_TRUE(d.RecordEvent(done->handle(), cs).ok());
+  ASSERT_TRUE(d.StreamWaitEvent(copy->handle(), done->handle()).ok());
+  std::vector<uint8_t> got(block);
+  ASSERT_TRUE(d.CopyAsync(got.data(), out, block, CopyKind::kDeviceToHost, copy->handle()).ok());
+  ASSERT_TRUE(copy->Synchronize().ok());
+  ASSERT_TRUE((*dc)->Drain().ok()) << (*dc)->Check().ToString();
+  // Integers in [-8, 8] over at most 4 ranks: the sum and the mean are exact in bf16.
+  const auto want = Fill(dt, n, [&](size_t i) {
+    double s = 0;
+    for (int r = 0; r < w; ++r) s += Value(r, 1 + me, i);
+    return s / w;
+  });
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), block));
+  EXPECT_EQ((*dc)->stats().collectives, 2u);
 }
 
 TEST(Collectives, BadArgumentsAreStatuses) {

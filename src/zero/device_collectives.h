@@ -1,0 +1,67 @@
+// Collectives ordered on a device stream: the chunk manager's device-to-device gathers and
+// reduce-scatters (docs/zero.md, "Collectives on the device").
+//
+//   auto dc = *CreateDeviceCollectives(device, comm);
+//   device.StreamWaitEvent(dc->stream(), shard_copied);        // my shard is in its place
+//   dc->AllGather(chunk + rank * shard_bytes, chunk, shard_bytes, DType::kI8);  // in place
+//   device.RecordEvent(gathered, dc->stream());                // compute waits on this
+//
+// Each collective runs on stream() after the work queued there before it, and work queued there
+// after it waits for it; the caller orders its other streams against stream() with events, as
+// with any device work. Every rank must queue the same collectives in the same order. Buffers
+// are device memory.
+//
+// Two implementations, chosen by the device:
+//   - CUDA: NCCL (zero/nccl.h) on its own stream, bootstrapped over `comm`. A GPU per rank.
+//   - The simulated device, whose memory the host addresses: a stream of the device whose host
+//     functions run each collective, waited for, on a duplicate of `comm`
+//     (Communicator::Duplicate), so they never interleave with the collectives the trainer's
+//     thread starts on `comm` itself. This runs the device path end to end under mpirun on a
+//     machine without a GPU, with the MPI backend.
+//
+// Failures. A collective that fails (an error, or the deadline when another rank stopped taking
+// part) cannot report it from the call that queued it: Check() returns the first failure so far
+// without blocking, and Drain() waits for everything queued, then does the same. What a failed
+// collective and every later one leave in their buffers is undefined (the host implementation
+// skips the later ones; NCCL's communicator is aborted), so the caller must treat the ranks as
+// out of step. Thread-safety: one thread queues collectives and calls Check and Drain.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "offload/device.h"
+#include "tierzero/communicator.h"
+
+namespace tierzero {
+
+class DeviceCollectives {
+ public:
+  virtual ~DeviceCollectives() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "nccl", or the host communicator's backend run in host functions ("mpi", "single").
+  virtual std::string backend() const = 0;
+  virtual StreamHandle stream() const = 0;
+
+  // recv[r * count ...] = rank r's send[0 .. count) (Communicator::AllGather). In place when
+  // send is this rank's block of recv.
+  virtual Status AllGather(const void* send, void* recv, size_t count, DType dtype) = 0;
+  // recv = block rank() of op over the ranks' sends (Communicator::ReduceScatter). In place when
+  // recv is this rank's block of send.
+  virtual Status ReduceScatter(const void* send, void* recv, size_t count, DType dtype,
+                               ReduceOp op) = 0;
+  // The first failure of a collective so far (never blocks); OK when none failed yet.
+  virtual Status Check() = 0;
+  // Waits for every queued collective; then Check().
+  virtual Status Drain() = 0;
+  virtual CommStats stats() const = 0;
+};
+
+// NCCL for a CUDA device (Unavailable where NCCL cannot load; every rank fails together), host
+// functions over comm->Duplicate() for the simulated device. A collective call over `comm`; the
+// deadline of each collective is comm's (Communicator::timeout).
+StatusOr<std::unique_ptr<DeviceCollectives>> CreateDeviceCollectives(
+    Device& device, const std::shared_ptr<Communicator>& comm);
+
+}  // namespace tierzero
