@@ -176,6 +176,26 @@ Field DeviceField(const std::string& name, DeviceChoice* p) {
           }};
 }
 
+Field CollectivesField(const std::string& name, CollectivePath* p) {
+  return {[=](const json& v) -> Status {
+            const std::string s = v.is_string() ? v.get<std::string>() : "";
+            if (s == "auto")
+              *p = CollectivePath::kAuto;
+            else if (s == "device")
+              *p = CollectivePath::kDevice;
+            else if (s == "host")
+              *p = CollectivePath::kHost;
+            else
+              return Bad(name, v, "\"auto\", \"device\" or \"host\"");
+            return Status::OK();
+          },
+          [=] {
+            return json(*p == CollectivePath::kAuto     ? "auto"
+                        : *p == CollectivePath::kDevice ? "device"
+                                                        : "host");
+          }};
+}
+
 using Section = std::map<std::string, Field>;
 
 std::map<std::string, Section> Fields(RunConfig& c) {
@@ -240,6 +260,7 @@ std::map<std::string, Section> Fields(RunConfig& c) {
       {"ranks_per_node", IntField("ranks.ranks_per_node", &c.ranks.ranks_per_node, 0, 1 << 20)},
       {"collective_timeout_s",
        DoubleField("ranks.collective_timeout_s", &c.ranks.collective_timeout_s, 1, "seconds >= 1")},
+      {"collectives", CollectivesField("ranks.collectives", &c.engine.collectives)},
   };
   s["output"] = {
       {"run_dir", StringField("output.run_dir", &c.output.run_dir)},

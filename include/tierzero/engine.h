@@ -62,6 +62,12 @@ const char* Version();
 // Where the engine's device is: a GPU, or host memory standing in for one (HostSim), or a GPU
 // when one is present and the simulated device otherwise.
 enum class DeviceChoice : uint8_t { kAuto, kCuda, kHost };
+// Where the ranks' gathers and gradient reductions run (W > 1; docs/zero.md).
+//   kDevice: device to device; only the local shard crosses the host link. NCCL on a GPU (each
+//            rank needs its own), MPI in host functions of a device stream on the simulated one.
+//   kHost:   through pinned host buffers over the communicator (MPI); no device-resident shards.
+//   kAuto:   kDevice, unless the device is a GPU and NCCL cannot load on some rank.
+enum class CollectivePath : uint8_t { kAuto, kHost, kDevice };
 
 // Every field has a default; Engine::Create validates them (InvalidArgument naming the field,
 // the value and the accepted range). docs/config.md documents the same fields as JSON.
@@ -96,6 +102,8 @@ struct EngineConfig {
   int cpu_threads = 0;
   // Simulated device only: host<->device copy bandwidth in bytes/s, 0 for memcpy speed.
   double host_link_bandwidth = 0;
+  // Several ranks: where gathers and reductions run (CollectivePath). Default: kAuto.
+  CollectivePath collectives = CollectivePath::kAuto;
 };
 
 // Converts n elements between float types (fp32, bf16, fp16; round to nearest even), with the

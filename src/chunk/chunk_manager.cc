@@ -145,6 +145,10 @@ struct ChunkManager::Impl {
   }
   double measured_seconds[3] = {0, 0, 0};  // mean gather time per Tier; 0 = not measured
   Event iteration_end;
+  // Device collectives: recorded and waited for at once (a wait takes the latest record), to
+  // order the comm stream after a shard's copy or a gradient chunk's compute, and the D2H stream
+  // after a reduce-scatter.
+  Event to_comm, from_comm;
   // Separate gradient chunks whose D2H copy is queued: freed once `done` (recorded after the
   // copy on the D2H stream) has passed, not at the end of the iteration, so backward with
   // accumulation holds only the grad chunks still in flight (ReapDeferred).
@@ -232,11 +236,16 @@ StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
           "the chunk manager gathers and reduces through host buffers; give it the MPI "
           "communicator (the NCCL one takes device buffers)");
     }
+    if (options.device_comm != nullptr && options.device_comm->size() != layout.world_size()) {
+      return InvalidArgumentError("device collectives over " +
+                                  std::to_string(options.device_comm->size()) + " ranks for a " +
+                                  std::to_string(layout.world_size()) + "-rank layout");
+    }
     for (const ChunkPlacement& p : placement.chunks) {
-      if (p.param == Tier::kDevice) {
+      if (p.param == Tier::kDevice && options.device_comm == nullptr) {
         return UnsupportedError(
-            "device-resident parameter shards with several ranks over MPI (host buffers); set "
-            "device_shard_budget to 0");
+            "device-resident parameter shards with several ranks and host collectives; set "
+            "ranks.collectives to device, or device_shard_budget to 0");
       }
     }
   }
@@ -259,8 +268,9 @@ Status ChunkManager::Init() {
   const int n = layout_.num_chunks();
   const int world = layout_.world_size();
   const uint64_t bytes = layout_.shard_bytes();  // the local shard (the chunk when W = 1)
-  // With W > 1 a host shard has room for its gather tag after it.
-  const uint64_t host_slot_bytes = world > 1 ? AlignUp(bytes + kTagBytes, 4096) : bytes;
+  // With W > 1 over host buffers a host shard has room for its gather tag after it.
+  const bool host_path = world > 1 && !OnDevice();
+  const uint64_t host_slot_bytes = host_path ? AlignUp(bytes + kTagBytes, 4096) : bytes;
   ASSIGN_OR_RETURN(im.h2d, Stream::Create(device_, "h2d"));
   ASSIGN_OR_RETURN(im.d2h, Stream::Create(device_, "d2h"));
   im.device_shard.resize(static_cast<size_t>(n));
@@ -283,9 +293,9 @@ Status ChunkManager::Init() {
     ASSIGN_OR_RETURN(im.host_arena, PinnedArena::Create(&device_, host_slot_bytes,
                                                         static_cast<uint32_t>(host_chunks)));
   }
-  if (nvme_chunks > 0 || world > 1) {
+  if (nvme_chunks > 0 || host_path) {
     uint64_t slot = bytes;
-    if (world > 1) {
+    if (host_path) {
       im.send_area_bytes = host_slot_bytes;
       slot = im.send_area_bytes + AlignUp(static_cast<uint64_t>(world) * (bytes + kTagBytes), 4096);
     }
@@ -303,7 +313,7 @@ Status ChunkManager::Init() {
       options_.grad_accumulation ? layout_.shard_elems() * 4 : layout_.shard_bytes();
   ASSIGN_OR_RETURN(im.grad_arena,
                    PinnedArena::Create(&device_, grad_bytes, static_cast<uint32_t>(n)));
-  if (world > 1) {
+  if (host_path) {
     ASSIGN_OR_RETURN(
         im.reduce_staging,
         PinnedArena::Create(&device_, AlignUp(layout_.chunk_bytes() + layout_.shard_bytes(), 4096),
@@ -349,6 +359,8 @@ Status ChunkManager::Init() {
     ASSIGN_OR_RETURN(im.chunks[i].ready, Event::Create(device_));
   }
   ASSIGN_OR_RETURN(im.iteration_end, Event::Create(device_));
+  ASSIGN_OR_RETURN(im.to_comm, Event::Create(device_));
+  ASSIGN_OR_RETURN(im.from_comm, Event::Create(device_));
   RETURN_IF_ERROR(im.h2d.Synchronize());
   states_ = std::make_unique<StateTracker>(layout_, [this](int c) {
     if (impl_->inference) return;  // evaluation: the gradient shards keep what they hold
@@ -371,7 +383,7 @@ std::vector<double> ChunkManager::GatherSeconds() const {
   for (size_t c = 0; c < s.size(); ++c) {
     switch (placement_.chunks[c].param) {
       case Tier::kDevice:
-        s[c] = 0;
+        s[c] = ShardIsGathered(static_cast<int>(c)) ? 0 : measured[0];
         break;
       case Tier::kHost:
         s[c] = measured[1] > 0 ? measured[1] : bytes / options_.h2d_bytes_per_second;
@@ -528,7 +540,7 @@ Status ChunkManager::Gather(int c) {
   Impl::ChunkRt& rt = im.chunks[static_cast<size_t>(c)];
   TZ_CHECK(!rt.cached) << "gather of cached chunk " << c;
   const Tier tier = placement_.chunks[static_cast<size_t>(c)].param;
-  if (tier == Tier::kDevice) {
+  if (ShardIsGathered(c)) {
     rt.gathered = im.device_shard[static_cast<size_t>(c)].data();
     rt.cached = true;
     rt.ready_known_done = true;
@@ -571,33 +583,44 @@ Status ChunkManager::Gather(int c) {
   }
   rt.ready_known_done = false;
   rt.cached = true;
-  counters_.h2d_bytes += bytes;
   return Status::OK();
 }
 
 Status ChunkManager::EnqueueGather(int c, Tier tier) {
   if (layout_.world_size() > 1) {
     // A gather one rank could not start or finish leaves the ranks' collectives out of step.
-    Status s = EnqueueShardedGather(c, tier);
+    Status s = OnDevice() ? EnqueueDeviceGather(c, tier) : EnqueueShardedGather(c, tier);
     if (!s.ok()) return impl_->LoseStep(std::move(s));
     return s;
   }
   Impl& im = *impl_;
   Impl::ChunkRt& rt = im.chunks[static_cast<size_t>(c)];
-  const uint64_t bytes = layout_.chunk_bytes();
   const StreamHandle h2d = im.h2d.handle();
   Impl::GatherTiming* timing = nullptr;
   if (im.mode == Impl::Mode::kRecord) {
     ASSIGN_OR_RETURN(timing, im.StartGatherTiming(device_, tier));
   }
+  RETURN_IF_ERROR(QueueShardUpload(c, tier, rt.gathered));
+  if (timing != nullptr) RETURN_IF_ERROR(device_.RecordEvent(timing->end.handle(), h2d));
+  return device_.RecordEvent(rt.ready.handle(), h2d);
+}
+
+Status ChunkManager::QueueShardUpload(int c, Tier tier, void* dst) {
+  Impl& im = *impl_;
+  const uint64_t bytes = layout_.shard_bytes();  // the chunk when W = 1
+  const StreamHandle h2d = im.h2d.handle();
   const bool prof = im.profiling;
   auto h2d_start = std::make_shared<double>(0.0);
   const std::string what = "chunk " + std::to_string(c);
-  if (tier == Tier::kHost) {
+  if (tier == Tier::kDevice) {
+    RETURN_IF_ERROR(device_.CopyAsync(dst, im.device_shard[static_cast<size_t>(c)].data(), bytes,
+                                      CopyKind::kDeviceToDevice, h2d));
+  } else if (tier == Tier::kHost) {
     if (prof) RETURN_IF_ERROR(im.QueueStart(device_, h2d, h2d_start));
-    RETURN_IF_ERROR(device_.CopyAsync(rt.gathered, im.host_shard[static_cast<size_t>(c)].data(),
-                                      bytes, CopyKind::kHostToDevice, h2d));
+    RETURN_IF_ERROR(device_.CopyAsync(dst, im.host_shard[static_cast<size_t>(c)].data(), bytes,
+                                      CopyKind::kHostToDevice, h2d));
     if (prof) RETURN_IF_ERROR(im.QueueSpan(device_, h2d, Track::kH2D, what, c, bytes, h2d_start));
+    counters_.h2d_bytes += bytes;
   } else {
     ASSIGN_OR_RETURN(PinnedSlot staging, im.staging->Acquire(kStagingTimeout));
     auto read_start = std::make_shared<double>(prof ? im.timeline->Now() : 0.0);
@@ -623,13 +646,81 @@ Status ChunkManager::EnqueueGather(int c, Tier tier) {
                      *h2d_start - *read_start, m, c, bytes});
           }
         }));
-    RETURN_IF_ERROR(device_.CopyAsync(rt.gathered, staged, bytes, CopyKind::kHostToDevice, h2d));
+    RETURN_IF_ERROR(device_.CopyAsync(dst, staged, bytes, CopyKind::kHostToDevice, h2d));
     if (prof) RETURN_IF_ERROR(im.QueueSpan(device_, h2d, Track::kH2D, what, c, bytes, h2d_start));
     RETURN_IF_ERROR(device_.LaunchHostFunc(h2d, [shared_slot] { shared_slot->Release(); }));
     counters_.nvme_read_bytes += bytes;
+    counters_.h2d_bytes += bytes;
   }
-  if (timing != nullptr) RETURN_IF_ERROR(device_.RecordEvent(timing->end.handle(), h2d));
-  return device_.RecordEvent(rt.ready.handle(), h2d);
+  return Status::OK();
+}
+
+// Note [Gathers on the device]
+// With device collectives a gather moves only the local shard over the host link: it is copied
+// (H2D, from NVMe through the staging slot, or D2D for a device-resident shard) to its own place
+// in the chunk's slot on the H2D stream, and the comm stream, ordered after that copy with an
+// event, all-gathers the other ranks' shards around it in place. The chunk is ready when the
+// comm stream passes the all_gather. A gradient chunk is reduce-scattered in place on the comm
+// stream once the compute stream has written it, and the D2H stream copies back only the local
+// shard of the mean. The collectives are queued in the trainer's program order, the same on
+// every rank (the agreement at each Acquire), and run in that order on the one comm stream; no
+// rank's thread waits for one. There are no gather tags on this path (a tag would split the
+// in-place chunk): the agreement at each Acquire already keeps the ranks' gathers identical.
+Status ChunkManager::EnqueueDeviceGather(int c, Tier tier) {
+  Impl& im = *impl_;
+  Impl::ChunkRt& rt = im.chunks[static_cast<size_t>(c)];
+  DeviceCollectives& dc = *options_.device_comm;
+  RETURN_IF_ERROR(CheckDeviceCollectives());
+  const uint64_t shard = layout_.shard_bytes();
+  auto* mine = static_cast<uint8_t*>(rt.gathered) + static_cast<uint64_t>(Rank()) * shard;
+  Impl::GatherTiming* timing = nullptr;
+  if (im.mode == Impl::Mode::kRecord) {
+    ASSIGN_OR_RETURN(timing, im.StartGatherTiming(device_, tier));
+  }
+  RETURN_IF_ERROR(QueueShardUpload(c, tier, mine));
+  RETURN_IF_ERROR(device_.RecordEvent(im.to_comm.handle(), im.h2d.handle()));
+  RETURN_IF_ERROR(device_.StreamWaitEvent(dc.stream(), im.to_comm.handle()));
+  auto comm_start = std::make_shared<double>(0.0);
+  if (im.profiling) RETURN_IF_ERROR(im.QueueStart(device_, dc.stream(), comm_start));
+  RETURN_IF_ERROR(dc.AllGather(mine, rt.gathered, shard, DType::kI8));
+  ++counters_.all_gathers;
+  if (im.profiling) {
+    RETURN_IF_ERROR(im.QueueSpan(device_, dc.stream(), Track::kComm,
+                                 "all_gather chunk " + std::to_string(c), c, layout_.chunk_bytes(),
+                                 comm_start));
+  }
+  if (timing != nullptr) RETURN_IF_ERROR(device_.RecordEvent(timing->end.handle(), dc.stream()));
+  return device_.RecordEvent(rt.ready.handle(), dc.stream());
+}
+
+Status ChunkManager::CheckDeviceCollectives() {
+  if (!OnDevice()) return Status::OK();
+  Status s = options_.device_comm->Check();
+  if (!s.ok()) return impl_->LoseStep(std::move(s));
+  return s;
+}
+
+StatusOr<const void*> ChunkManager::ReduceOnDevice(int c, void* device_grad, const Event& written) {
+  Impl& im = *impl_;
+  DeviceCollectives& dc = *options_.device_comm;
+  Status s = CheckDeviceCollectives();
+  if (s.ok()) s = device_.StreamWaitEvent(dc.stream(), written.handle());
+  auto start = std::make_shared<double>(0.0);
+  if (s.ok() && im.profiling) s = im.QueueStart(device_, dc.stream(), start);
+  auto* grad = static_cast<uint8_t*>(device_grad);
+  uint8_t* mine = grad + static_cast<uint64_t>(Rank()) * layout_.shard_bytes();
+  if (s.ok()) {
+    s = dc.ReduceScatter(grad, mine, layout_.shard_elems(), layout_.dtype(), ReduceOp::kMean);
+  }
+  if (s.ok() && im.profiling) {
+    s = im.QueueSpan(device_, dc.stream(), Track::kComm, "reduce_scatter grad " + std::to_string(c),
+                     c, layout_.chunk_bytes(), start);
+  }
+  if (s.ok()) s = device_.RecordEvent(im.from_comm.handle(), dc.stream());
+  if (s.ok()) s = device_.StreamWaitEvent(im.d2h.handle(), im.from_comm.handle());
+  if (!s.ok()) return im.LoseStep(std::move(s));
+  ++counters_.reduce_scatters;
+  return static_cast<const void*>(mine);
 }
 
 // W > 1: the local shard (from host memory, or read from NVMe into the staging slot's send
@@ -739,6 +830,7 @@ Status ChunkManager::EnqueueShardedGather(int c, Tier tier) {
                                       recv + static_cast<uint64_t>(r) * block, shard,
                                       CopyKind::kHostToDevice, h2d));
   }
+  counters_.h2d_bytes += layout_.chunk_bytes();
   if (prof) {
     RETURN_IF_ERROR(im.QueueSpan(device_, h2d, Track::kH2D, "chunk " + std::to_string(c), c,
                                  layout_.chunk_bytes(), h2d_start));
@@ -765,7 +857,7 @@ Status ChunkManager::Evict(int c) {
   rt.cached = false;
   rt.grads_in_slot = false;
   ++counters_.evictions;
-  if (placement_.chunks[static_cast<size_t>(c)].param == Tier::kDevice) {
+  if (ShardIsGathered(c)) {
     rt.gathered = nullptr;
     return Status::OK();
   }
@@ -815,12 +907,16 @@ bool ChunkManager::Evictable(int c) const {
          (SeparateGrads(c) || !states_->ChunkBackwardStarted(c) || states_->ChunkGradsReady(c));
 }
 
-// Gradients go to a separate grad chunk with accumulation, for device-resident shards (the
-// gathered copy is the shard), and for chunks with a tensor used more than once in forward (its
-// first backward use would otherwise overwrite the weight its second one still reads).
+// Gradients go to a separate grad chunk with accumulation, for device-resident shards on one rank
+// (the gathered copy is the shard), and for chunks with a tensor used more than once in forward
+// (its first backward use would otherwise overwrite the weight its second one still reads).
+bool ChunkManager::ShardIsGathered(int c) const {
+  return layout_.world_size() == 1 &&
+         placement_.chunks[static_cast<size_t>(c)].param == Tier::kDevice;
+}
+
 bool ChunkManager::SeparateGrads(int c) const {
-  if (options_.grad_accumulation ||
-      placement_.chunks[static_cast<size_t>(c)].param == Tier::kDevice) {
+  if (options_.grad_accumulation || ShardIsGathered(c)) {
     return true;
   }
   for (int t : layout_.chunk(c).tensors) {
@@ -838,8 +934,8 @@ Status ChunkManager::ReduceChunk(int c) {
   ASSIGN_OR_RETURN(written, Event::Create(device_));
   RETURN_IF_ERROR(device_.RecordEvent(written.handle(), compute_));
   RETURN_IF_ERROR(device_.StreamWaitEvent(d2h, written.handle()));
-  const uint64_t bytes = layout_.chunk_bytes();
-  const bool sharded = layout_.world_size() > 1;
+  const uint64_t bytes = layout_.shard_bytes();  // what comes back to the host (W = 1: the chunk)
+  const bool sharded = layout_.world_size() > 1 && !OnDevice();  // over host buffers
   if (!SeparateGrads(c)) {
     if (!rt.cached) {
       // No tensor of the chunk had a backward use: its gradient is zero (on every rank: the
@@ -867,10 +963,14 @@ Status ChunkManager::ReduceChunk(int c) {
       rt.grads_in_slot = true;
       return Status::OK();
     }
+    const void* src = rt.gathered;
+    if (OnDevice()) {
+      ASSIGN_OR_RETURN(src, ReduceOnDevice(c, rt.gathered, written));
+    }
     auto start = std::make_shared<double>(0.0);
     if (im.profiling) RETURN_IF_ERROR(im.QueueStart(device_, d2h, start));
-    RETURN_IF_ERROR(device_.CopyAsync(im.grad_shard[i].data(), rt.gathered, bytes,
-                                      CopyKind::kDeviceToHost, d2h));
+    RETURN_IF_ERROR(
+        device_.CopyAsync(im.grad_shard[i].data(), src, bytes, CopyKind::kDeviceToHost, d2h));
     if (im.profiling) {
       RETURN_IF_ERROR(
           im.QueueSpan(device_, d2h, Track::kD2H, "grad " + std::to_string(c), c, bytes, start));
@@ -891,11 +991,15 @@ Status ChunkManager::ReduceChunk(int c) {
     rt.grad_buf.Reset();  // ReduceAcrossRanks waited for its copy
     return Status::OK();
   } else {
+    const void* src = rt.grad_buf.data();
+    if (OnDevice()) {
+      ASSIGN_OR_RETURN(src, ReduceOnDevice(c, rt.grad_buf.data(), written));
+    }
     auto start = std::make_shared<double>(0.0);
     if (im.profiling) RETURN_IF_ERROR(im.QueueStart(device_, d2h, start));
     if (!options_.grad_accumulation) {
-      RETURN_IF_ERROR(device_.CopyAsync(im.grad_shard[i].data(), rt.grad_buf.data(), bytes,
-                                        CopyKind::kDeviceToHost, d2h));
+      RETURN_IF_ERROR(
+          device_.CopyAsync(im.grad_shard[i].data(), src, bytes, CopyKind::kDeviceToHost, d2h));
       if (im.profiling) {
         RETURN_IF_ERROR(
             im.QueueSpan(device_, d2h, Track::kD2H, "grad " + std::to_string(c), c, bytes, start));
@@ -903,11 +1007,10 @@ Status ChunkManager::ReduceChunk(int c) {
     } else {
       ASSIGN_OR_RETURN(PinnedSlot staging, im.grad_staging->Acquire(kStagingTimeout));
       void* staged = staging.data();
-      RETURN_IF_ERROR(
-          device_.CopyAsync(staged, rt.grad_buf.data(), bytes, CopyKind::kDeviceToHost, d2h));
+      RETURN_IF_ERROR(device_.CopyAsync(staged, src, bytes, CopyKind::kDeviceToHost, d2h));
       auto shared_slot = std::make_shared<PinnedSlot>(std::move(staging));
       auto* acc = static_cast<float*>(im.grad_shard[i].data());
-      const uint64_t elems = layout_.chunk_elems();
+      const uint64_t elems = layout_.shard_elems();
       const DType dt = layout_.dtype();
       RETURN_IF_ERROR(device_.LaunchHostFunc(d2h, [shared_slot, acc, elems, dt] {
         // fp32 accumulation of this micro-batch's gradient, in blocks through the stack.
@@ -1157,6 +1260,7 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed,
       for (int c : schedule_.moments[static_cast<size_t>(k)].evict) off_trace |= !Evictable(c);
     }
     RETURN_IF_ERROR(FinishReductions(/*wait_all=*/false, /*wait_oldest=*/false));
+    RETURN_IF_ERROR(CheckDeviceCollectives());
     RETURN_IF_ERROR(AgreeOnMoment(k, MomentHash(tensors, phase == Phase::kBackward),
                                   /*end=*/false, &off_trace));
   }
@@ -1215,8 +1319,7 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed,
     for (int c : d.evict) RETURN_IF_ERROR(Evict(c));
     for (int c : needed) {
       // Device-resident shards are never in the plan's gathers: they are the gathered copy.
-      if (!im.chunks[static_cast<size_t>(c)].cached &&
-          placement_.chunks[static_cast<size_t>(c)].param == Tier::kDevice) {
+      if (!im.chunks[static_cast<size_t>(c)].cached && ShardIsGathered(c)) {
         RETURN_IF_ERROR(Gather(c));
       }
     }
@@ -1288,7 +1391,7 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed,
       const Tier tier = placement_.chunks[static_cast<size_t>(c)].param;
       p.residency[static_cast<size_t>(c)] =
           rt.cached || tier == Tier::kDevice ? 'D' : (tier == Tier::kHost ? 'H' : 'N');
-      if (rt.cached && tier != Tier::kDevice) p.device_chunk_bytes += layout_.chunk_bytes();
+      if (rt.cached && !ShardIsGathered(c)) p.device_chunk_bytes += layout_.chunk_bytes();
       if (rt.grad_buf.data() != nullptr) p.device_chunk_bytes += layout_.chunk_bytes();
     }
     p.nonmodel_bytes = tracer_.current_nonmodel();
@@ -1394,6 +1497,10 @@ Status ChunkManager::EndIteration() {
   if (layout_.world_size() > 1) {
     Status s = FinishReductions(/*wait_all=*/true, /*wait_oldest=*/false);
     if (!s.ok()) im.SetAsyncError(std::move(s));
+    if (OnDevice()) {
+      s = options_.device_comm->Drain();
+      if (!s.ok()) im.SetAsyncError(im.LoseStep(std::move(s)));
+    }
   }
   const Impl::Mode mode = im.mode;
   if (mode == Impl::Mode::kRecord) {
@@ -1491,7 +1598,7 @@ Status ChunkManager::EndIteration() {
   for (int c = 0; c < layout_.num_chunks(); ++c) {
     const size_t i = static_cast<size_t>(c);
     po.grads_in_place[i] = !SeparateGrads(c);
-    po.always_resident[i] = placement_.chunks[i].param == Tier::kDevice;
+    po.always_resident[i] = ShardIsGathered(c);
     for (int t : layout_.chunk(c).tensors) {
       if (states_->backward_uses(t) == 0) po.reduced_at_end[i] = true;
     }
@@ -1504,7 +1611,7 @@ Status ChunkManager::EndIteration() {
   for (const MomentDecision& d : schedule->moments) {
     for (int c : d.evict) resident.erase(c);
     for (int c : d.gather) {
-      if (placement_.chunks[static_cast<size_t>(c)].param != Tier::kDevice) resident.insert(c);
+      if (!ShardIsGathered(c)) resident.insert(c);
     }
     most = std::max(most, resident.size());
   }

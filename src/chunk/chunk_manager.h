@@ -55,6 +55,7 @@
 #include "profiler/memory_tracer.h"
 #include "profiler/timeline.h"
 #include "tierzero/communicator.h"
+#include "zero/device_collectives.h"
 
 namespace tierzero {
 
@@ -79,9 +80,16 @@ struct ChunkManagerOptions {
   uint64_t staging_bytes = uint64_t{256} << 20;
   // Policy after warm-up: kPlan normally; kOnDemand and kLru for comparison (chunk_bench).
   CachePolicy policy = CachePolicy::kPlan;
-  // The ranks sharing every chunk (W = layout world_size); null for one rank. Host buffers
-  // (MPI): device-resident parameter shards are not supported with W > 1.
+  // The ranks sharing every chunk (W = layout world_size); null for one rank. A host
+  // communicator (MPI): the ranks agree through it at every Acquire, and without device_comm the
+  // gathers and reductions go through pinned host buffers over it (device-resident parameter
+  // shards are then not supported).
   Communicator* comm = nullptr;
+  // W > 1: collectives on device buffers, ordered on their own stream (NCCL on a GPU; host
+  // functions over a duplicate of comm on the simulated device). Gathers copy the local shard to
+  // its place in the slot and all-gather in place; gradient chunks are reduce-scattered in place
+  // and only the local shard comes back to the host. Null: the host path. Default: null.
+  DeviceCollectives* device_comm = nullptr;
   // Measure the compute-stream stall in every iteration (two device events per Acquire; about a
   // microsecond on HostSim). Default: false (recording iterations measure it regardless).
   bool measure_stalls = false;
@@ -206,6 +214,15 @@ class ChunkManager {
   Status Gather(int chunk);
   Status EnqueueGather(int chunk, Tier tier);
   Status EnqueueShardedGather(int chunk, Tier tier);
+  Status EnqueueDeviceGather(int chunk, Tier tier);
+  // Queues the copy of the local shard from its tier to `dst` (device memory) on the H2D stream.
+  Status QueueShardUpload(int chunk, Tier tier, void* dst);
+  // Device collectives: the in-place reduce-scatter of the gradient chunk at `device_grad`,
+  // queued after `written`; returns where the local shard of the result is (the D2H stream
+  // waits for it).
+  StatusOr<const void*> ReduceOnDevice(int chunk, void* device_grad, const Event& written);
+  // OK, or the first failure of a device collective (the ranks are then out of step).
+  Status CheckDeviceCollectives();
   Status AgreeOnMoment(int moment, uint64_t hash, bool end, bool* off_trace);
   Status AgreeOnPlanInputs(std::vector<Moment>& moments);
   Status ReduceAcrossRanks(int chunk, const void* device_grad);
@@ -216,6 +233,10 @@ class ChunkManager {
   Status Evict(int chunk);
   Status ReduceChunk(int chunk);
   bool SeparateGrads(int chunk) const;
+  // The gathered chunk is the device-resident shard itself (one rank).
+  bool ShardIsGathered(int chunk) const;
+  // W > 1 with options.device_comm: gathers and reductions device to device.
+  bool OnDevice() const { return layout_.world_size() > 1 && options_.device_comm != nullptr; }
   bool Evictable(int chunk) const;
   int Rank() const;
 

@@ -696,21 +696,28 @@ StatusOr<std::string> Engine::ReportJson() const {
   }
   report["optimizer"] = {{"sub_groups", groups}};
   {
-    const CommStats cs = im.comm->stats();
+    CommStats cs = im.comm->stats();
+    if (im.device_comm) {
+      cs.collectives += im.device_comm->stats().collectives;
+      cs.bytes_sent += im.device_comm->stats().bytes_sent;
+    }
     const Topology topo = im.comm->topology();
-    report["ranks"] = {{"world_size", im.comm->size()},
-                       {"rank", im.comm->rank()},
-                       {"backend", im.comm->backend()},
-                       {"nodes", topo.nodes},
-                       {"node", topo.node},
-                       {"local_rank", topo.local_rank},
-                       {"local_size", topo.local_size},
-                       {"shard_bytes", im.layout.shard_bytes()},
-                       {"model_state_bytes", tier_bytes(Tier::kDevice) + tier_bytes(Tier::kHost) +
-                                                 tier_bytes(Tier::kNvme)},
-                       {"collectives", cs.collectives},
-                       {"comm_bytes", cs.bytes_sent},
-                       {"comm_seconds", im.cm->counters().comm_seconds}};
+    report["ranks"] = {
+        {"world_size", im.comm->size()},
+        {"rank", im.comm->rank()},
+        {"backend", im.comm->backend()},
+        {"collectives_on",
+         im.device_comm ? "device (" + im.device_comm->backend() + ")" : std::string("host")},
+        {"nodes", topo.nodes},
+        {"node", topo.node},
+        {"local_rank", topo.local_rank},
+        {"local_size", topo.local_size},
+        {"shard_bytes", im.layout.shard_bytes()},
+        {"model_state_bytes",
+         tier_bytes(Tier::kDevice) + tier_bytes(Tier::kHost) + tier_bytes(Tier::kNvme)},
+        {"collectives", cs.collectives},
+        {"comm_bytes", cs.bytes_sent},
+        {"comm_seconds", im.cm->counters().comm_seconds}};
   }
   report["profile"] = profile_json();
   const EngineStats s = stats();

@@ -25,6 +25,8 @@
 #include "offload/host_sim_device.h"
 #include "offload/swapper.h"
 #include "zero/collective.h"
+#include "zero/device_collectives.h"
+#include "zero/nccl.h"
 
 namespace tierzero {
 
@@ -323,6 +325,24 @@ Status Engine::Finalize() {
   const uint64_t shard_bytes = im.layout.shard_bytes();
   const uint64_t shard_elems = im.layout.shard_elems();
   const uint64_t optim_bytes = shard_elems * 12;
+  const bool cuda = cfg.device == DeviceChoice::kCuda ||
+                    (cfg.device == DeviceChoice::kAuto && CudaDeviceCount() > 0);
+
+  // Where the ranks' collectives run. Every rank must take the same path (the device path
+  // duplicates the communicator, a collective call), so they agree on it.
+  bool on_device = false;
+  if (im.world() > 1) {
+    on_device = cfg.collectives == CollectivePath::kDevice ||
+                (cfg.collectives == CollectivePath::kAuto && (!cuda || NcclLoadable().ok()));
+    ASSIGN_OR_RETURN(std::vector<int32_t> all,
+                     zero::AllGatherValue(*im.comm, static_cast<int32_t>(on_device)));
+    const bool everywhere = std::all_of(all.begin(), all.end(), [](int32_t v) { return v != 0; });
+    if (on_device && !everywhere) {
+      TZ_LOG(kWarn, kEngine) << "NCCL cannot load on every rank: gathers and reductions go "
+                                "through host buffers (ranks.collectives: host)";
+    }
+    on_device = everywhere;
+  }
 
   // Fixed host overheads (Note [Host memory accounting] in docs/config.md): NVMe staging for
   // parameter reads, the optimizer's swap buffers, and one upload buffer.
@@ -332,7 +352,7 @@ Status Engine::Finalize() {
   im.swap_slot_bytes = AlignUp(optim_bytes, kNvmeAlignment);
   const uint64_t fixed =
       im.staging_bytes + 3 * im.swap_slot_bytes + AlignUp(shard_bytes, kNvmeAlignment) +
-      (im.world() > 1 ? 4 * AlignUp(chunk_bytes + shard_bytes, kNvmeAlignment) : 0);
+      (im.world() > 1 && !on_device ? 4 * AlignUp(chunk_bytes + shard_bytes, kNvmeAlignment) : 0);
   if (cfg.host_budget <= fixed) {
     return OutOfMemoryError("host_budget " + FormatBytes(cfg.host_budget) +
                             " does not cover the fixed buffers for chunks of " +
@@ -347,10 +367,10 @@ Status Engine::Finalize() {
 
   // The device.
   const uint64_t margin = 4 * chunk_bytes + (uint64_t{1} << 20);
-  bool cuda = cfg.device == DeviceChoice::kCuda ||
-              (cfg.device == DeviceChoice::kAuto && CudaDeviceCount() > 0);
   if (cuda) {
     CudaDeviceOptions o;
+    // A GPU per rank of a node (NCCL refuses two ranks on one device).
+    o.ordinal = im.comm->topology().local_rank % std::max(1, CudaDeviceCount());
     o.capacity_bytes = cfg.device_budget + cfg.device_shard_budget + margin;
     ASSIGN_OR_RETURN(im.device, CreateCudaDevice(o));
   } else {
@@ -381,6 +401,15 @@ Status Engine::Finalize() {
   co.grad_accumulation = cfg.grad_accumulation > 1;
   co.staging_bytes = im.staging_bytes;
   if (im.world() > 1) co.comm = im.comm.get();
+  if (on_device) {
+    auto dc = CreateDeviceCollectives(*im.device, im.comm);
+    if (!dc.ok()) {
+      return std::move(dc).status().WithContext(
+          "starting the collectives on the device (ranks.collectives: host avoids them)");
+    }
+    im.device_comm = std::move(dc).value();
+    co.device_comm = im.device_comm.get();
+  }
   if (cfg.host_link_bandwidth > 0) co.h2d_bytes_per_second = cfg.host_link_bandwidth;
   auto cm = ChunkManager::Create(*im.device, im.compute.handle(), im.nvme.get(), im.layout,
                                  im.placement, co);
@@ -929,8 +958,9 @@ EngineStats Engine::stats() const {
   s.deviations = c.deviations;
   if (im.comm->size() > 1) {
     const CommStats cs = im.comm->stats();
-    s.collectives = cs.collectives;
-    s.comm_bytes = cs.bytes_sent;
+    const CommStats ds = im.device_comm ? im.device_comm->stats() : CommStats{};
+    s.collectives = cs.collectives + ds.collectives;
+    s.comm_bytes = cs.bytes_sent + ds.bytes_sent;
     s.comm_seconds = c.comm_seconds;
   }
   return s;

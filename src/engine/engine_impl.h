@@ -72,6 +72,8 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   bool host_compute = false;
   Stream compute;
   std::unique_ptr<NvmeStore> nvme;
+  // W > 1 with CollectivePath::kDevice; destroyed after the chunk manager that queues on it.
+  std::unique_ptr<DeviceCollectives> device_comm;
   ChunkLayout layout;
   Placement placement;
   TierBudgets budgets;

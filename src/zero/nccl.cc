@@ -472,4 +472,6 @@ StatusOr<std::shared_ptr<Communicator>> CreateNcclCommunicator(const NcclOptions
   return NcclCommunicator::Create(options);
 }
 
+Status NcclLoadable() { return LoadNccl().status(); }
+
 }  // namespace tierzero

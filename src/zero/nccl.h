@@ -48,4 +48,8 @@ struct NcclOptions {
 // tried), or for a device that is not a GPU; InvalidArgument for a missing stream or bootstrap.
 StatusOr<std::shared_ptr<Communicator>> CreateNcclCommunicator(const NcclOptions& options);
 
+// OK when NCCL loads on this machine (libnccl.so.2, or TZ_NCCL_LIBRARY); Unavailable, naming
+// what was tried, otherwise. Local: no collective, no GPU needed.
+Status NcclLoadable();
+
 }  // namespace tierzero

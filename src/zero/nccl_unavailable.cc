@@ -9,4 +9,6 @@ StatusOr<std::shared_ptr<Communicator>> CreateNcclCommunicator(const NcclOptions
       "reconfigure)");
 }
 
+Status NcclLoadable() { return UnavailableError("this build has no CUDA, so no NCCL"); }
+
 }  // namespace tierzero

@@ -49,9 +49,9 @@ struct Model {
   std::vector<ParamId> ids;
 };
 
-Model Make(std::shared_ptr<Communicator> comm) {
+Model Make(std::shared_ptr<Communicator> comm, const EngineConfig& config = SmallConfig()) {
   Model m;
-  auto e = Engine::Create(SmallConfig(), std::move(comm));
+  auto e = Engine::Create(config, std::move(comm));
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   m.engine = std::move(*e);
   const std::vector<std::vector<int64_t>> shapes = {{37, 29}, {1500}, {3, 700}};
@@ -70,12 +70,35 @@ double GradValue(int rank, int p, int64_t i) {
   return std::sin(0.37 * static_cast<double>(i) + p) * (rank + 1) + 0.01 * rank;
 }
 
-TEST(EngineRanks, GradientsAreTheMeanOverRanksAndParametersMatchOneRank) {
+// The gathers and reductions device to device (the default on the simulated device), with
+// parameter shards resident on the device, and through host buffers.
+struct PathCase {
+  const char* name;
+  CollectivePath path;
+  uint64_t device_shard_budget;
+};
+const PathCase kPaths[] = {{"device", CollectivePath::kAuto, 0},
+                           {"device, resident shards", CollectivePath::kDevice, 1 << 20},
+                           {"host", CollectivePath::kHost, 0}};
+
+class EngineRanksPaths : public ::testing::TestWithParam<PathCase> {};
+INSTANTIATE_TEST_SUITE_P(Paths, EngineRanksPaths, ::testing::ValuesIn(kPaths),
+                         [](const auto& info) { return std::to_string(info.index); });
+
+TEST_P(EngineRanksPaths, GradientsAreTheMeanOverRanksAndParametersMatchOneRank) {
   auto comm = World();
   const int w = comm->size();
-  Model sharded = Make(comm);
+  EngineConfig config = SmallConfig();
+  config.collectives = GetParam().path;
+  config.device_shard_budget = GetParam().device_shard_budget;
+  SCOPED_TRACE(GetParam().name);
+  Model sharded = Make(comm, config);
   Model single = Make(Communicator::Single());
   Engine& e = *sharded.engine;
+  if (config.device_shard_budget > 0) {
+    ASSERT_EQ(e.PlacementSummary().find("device: 0 param"), std::string::npos)
+        << e.PlacementSummary();
+  }
   ASSERT_TRUE(e.BeginIteration().ok());
   for (ParamId p : sharded.ids) {
     std::vector<ParamId> one{p};

@@ -46,6 +46,14 @@ run() {  # ranks accumulation run_dir steps [extra args]
 run 1 4 r1 20
 run 2 2 r2 20
 run 4 1 r4 20
+# The same 2-rank run with gathers and reductions through host buffers instead of the device.
+sed 's/"ranks_per_node": 2,/"ranks_per_node": 2, "collectives": "host",/' config.json >host.json
+"$mpiexec" -np 2 "$tz" train --config host.json --grad-accumulation 2 --host-budget 6MiB \
+  --steps 20 --run-dir h2 --quiet >h2.log 2>&1 || { echo "FAIL: host collectives"; tail -20 h2.log; exit 1; }
+grep -q '"collectives_on": "host"' h2/report.json ||
+  { echo "FAIL: the report does not show host collectives"; exit 1; }
+grep -q '"collectives_on": "device (mpi)"' r2/report.json ||
+  { echo "FAIL: the report does not show device collectives"; exit 1; }
 # Resharding chain 4 -> 2 -> 1.
 run 4 1 c4 10
 run 2 2 c2 15 --resume c4/checkpoint
@@ -78,6 +86,7 @@ def check(name, got, ref, tol=1e-5):
 ref = losses("r1/metrics.jsonl")
 assert len(ref) == 20, ref
 check("2 ranks", losses("r2/metrics.jsonl"), ref)
+check("2 ranks, host collectives", losses("h2/metrics.jsonl"), ref)
 check("4 ranks", losses("r4/metrics.jsonl"), ref)
 chain = {}
 for d in ("c4", "c2", "c1"):
@@ -109,7 +118,7 @@ EOF
 sed -e 's/"fp32"/"bf16"/' -e 's/"chunk_elems": 65536/"chunk_elems": 40960/' config.json >bf16.json
 for np in 1 2; do
   host="3 MiB"
-  [ $np = 1 ] || host="2300 KiB"
+  [ $np = 1 ] || host="1800 KiB"
   "$mpiexec" -np $np "$tz" train --config bf16.json --grad-accumulation $((2 / np)) \
     --host-budget "$host" --steps 20 --run-dir b$np --quiet >b$np.log 2>&1 ||
     { echo "FAIL: bf16 on $np ranks"; tail -20 b$np.log; exit 1; }
