@@ -66,7 +66,8 @@ enum class DeviceChoice : uint8_t { kAuto, kCuda, kHost };
 //   kDevice: device to device; only the local shard crosses the host link. NCCL on a GPU (each
 //            rank needs its own), MPI in host functions of a device stream on the simulated one.
 //   kHost:   through pinned host buffers over the communicator (MPI); no device-resident shards.
-//   kAuto:   kDevice, unless the device is a GPU and NCCL cannot load on some rank.
+//   kAuto:   kDevice, unless the device is a GPU and some rank cannot load NCCL or shares its
+//            node's GPUs with more ranks than there are.
 enum class CollectivePath : uint8_t { kAuto, kHost, kDevice };
 
 // Every field has a default; Engine::Create validates them (InvalidArgument naming the field,

@@ -332,14 +332,17 @@ Status Engine::Finalize() {
   // duplicates the communicator, a collective call), so they agree on it.
   bool on_device = false;
   if (im.world() > 1) {
+    // NCCL wants a GPU per rank of a node.
+    const bool nccl = NcclLoadable().ok() && CudaDeviceCount() >= im.comm->topology().local_size;
     on_device = cfg.collectives == CollectivePath::kDevice ||
-                (cfg.collectives == CollectivePath::kAuto && (!cuda || NcclLoadable().ok()));
+                (cfg.collectives == CollectivePath::kAuto && (!cuda || nccl));
     ASSIGN_OR_RETURN(std::vector<int32_t> all,
                      zero::AllGatherValue(*im.comm, static_cast<int32_t>(on_device)));
     const bool everywhere = std::all_of(all.begin(), all.end(), [](int32_t v) { return v != 0; });
     if (on_device && !everywhere) {
-      TZ_LOG(kWarn, kEngine) << "NCCL cannot load on every rank: gathers and reductions go "
-                                "through host buffers (ranks.collectives: host)";
+      TZ_LOG(kWarn, kEngine) << "NCCL cannot load, or a node has fewer GPUs than ranks: gathers "
+                                "and reductions go through host buffers (ranks.collectives: "
+                                "host)";
     }
     on_device = everywhere;
   }
