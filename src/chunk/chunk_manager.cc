@@ -21,9 +21,12 @@ namespace {
 constexpr auto kStagingTimeout = std::chrono::seconds(120);
 
 // Note [Collectives on the trainer's thread]
-// With W > 1 every collective is started on the thread that drives the manager, never in a
-// stream's host function: the ranks must start the same collectives in the same order, which
-// only calls the trainer makes in program order can promise. So a gather's all_gather starts
+// With W > 1 every collective on the communicator is started on the thread that drives the
+// manager, never in a stream's host function: the ranks must start the same collectives in the
+// same order, which only calls the trainer makes in program order can promise. (Device
+// collectives are queued by that thread too, in program order, and run in that order on their
+// own stream, over their own communicator: Note [Gathers on the device]. What follows is the
+// path through host buffers.) So a gather's all_gather starts
 // when the gather is issued (on demand at its Acquire, or as a planned prefetch at the next
 // call after the moment's compute was queued). When the communicator is asynchronous (MPI's
 // comm thread, Note [The MPI comm thread] in src/zero/mpi.cc) a host function on the H2D stream
@@ -214,6 +217,7 @@ ChunkManager::ChunkManager(Device& device, StreamHandle compute, NvmeStore* nvme
 
 ChunkManager::~ChunkManager() {
   if (impl_) {
+    if (OnDevice()) (void)options_.device_comm->Drain();  // bounded by the deadline
     (void)device_.Synchronize();
     if (nvme_ != nullptr) {
       for (const NvmeExtent& e : impl_->nvme_shard) {
@@ -574,6 +578,7 @@ Status ChunkManager::Gather(int c) {
     // Nothing queued may still touch the slot, the buffer or a staging slot once we give them
     // back.
     (void)im.h2d.Synchronize();
+    if (OnDevice()) (void)options_.device_comm->Drain();
     if (rt.slot >= 0) im.free_slots.push_back(rt.slot);
     rt.slot = -1;
     rt.own.Reset();
@@ -634,11 +639,17 @@ Status ChunkManager::QueueShardUpload(int c, Tier tier, void* dst) {
     // staging slot, so it stays taken until the copy out of it is done whatever fails.
     Timeline* tl = prof ? im.timeline : nullptr;
     const int m = im.moment - 1;
+    const bool sharded = layout_.world_size() > 1;
     RETURN_IF_ERROR(device_.LaunchHostFunc(
-        h2d, [shared_ticket, shared_slot, impl, c, tl, read_start, h2d_start, bytes, m] {
+        h2d, [shared_ticket, shared_slot, impl, c, tl, read_start, h2d_start, bytes, m, sharded] {
           Status s = shared_ticket->Wait();
-          if (!s.ok())
-            impl->SetAsyncError(std::move(s).WithContext("reading chunk " + std::to_string(c)));
+          if (!s.ok()) {
+            s = std::move(s).WithContext("reading chunk " + std::to_string(c));
+            // W > 1: the all_gather still sends what the slot holds; the other ranks compute on
+            // it, so none may step.
+            if (sharded) (void)impl->LoseStep(s);
+            impl->SetAsyncError(std::move(s));
+          }
           if (tl != nullptr) {
             // The read ran from its submission until the stream saw it complete.
             *h2d_start = tl->Now();
@@ -862,6 +873,11 @@ Status ChunkManager::Evict(int c) {
     return Status::OK();
   }
   if (rt.slot >= 0) {
+    // A gather the compute stream never waited for (a prefetch dropped off the trace) may still
+    // be writing the slot on the comm stream, which the next gather's H2D copy does not wait for.
+    if (OnDevice() && !rt.ready_known_done) {
+      RETURN_IF_ERROR(device_.StreamWaitEvent(compute_, rt.ready.handle()));
+    }
     // Everything enqueued on the compute stream so far includes the chunk's last use.
     RETURN_IF_ERROR(
         device_.RecordEvent(im.slot_last_use[static_cast<size_t>(rt.slot)].handle(), compute_));
@@ -1527,6 +1543,25 @@ Status ChunkManager::EndIteration() {
   for (auto& rt : im.chunks) rt.grad_buf.Reset();  // also after a failed reduction: no stale data
   im.deferred_free.clear();
   std::fill(im.slot_copy_pending.begin(), im.slot_copy_pending.end(), false);
+  if (layout_.world_size() > 1) {
+    // A failure inside a stream (an NVMe read, a collective on the device) reaches only its
+    // rank, but what it left in a gathered chunk reached every rank: all of them fail, out of
+    // step (Note [Agreeing on an outcome]).
+    Status mine;
+    {
+      std::lock_guard<std::mutex> lock(im.async_mu);
+      mine = im.async_error;
+    }
+    Status agreed = zero::AgreeOnStatus(*options_.comm, mine);
+    if (!agreed.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(im.async_mu);
+        im.async_error = Status::OK();
+      }
+      im.moment = 0;
+      return im.LoseStep(std::move(agreed));
+    }
+  }
   ++counters_.iterations;
   if (im.profiling) {
     im.profiling = false;

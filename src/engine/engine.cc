@@ -186,6 +186,9 @@ Engine::Engine() : impl_(std::make_unique<Impl>()) {}
 Engine::~Engine() {
   if (impl_ && impl_->device) {
     impl_->OpenGate();
+    // Collectives first: Drain ends them by the deadline (NCCL's would spin forever on a
+    // peer that died), so the device's streams can finish.
+    if (impl_->device_comm) (void)impl_->device_comm->Drain();
     (void)impl_->device->Synchronize();
   }
 }
@@ -333,9 +336,12 @@ Status Engine::Finalize() {
   bool on_device = false;
   if (im.world() > 1) {
     // NCCL wants a GPU per rank of a node.
+    // The simulated device's stream runs MPI on its own thread: the communicator must progress
+    // on its own (asynchronous()).
     const bool nccl = NcclLoadable().ok() && CudaDeviceCount() >= im.comm->topology().local_size;
-    on_device = cfg.collectives == CollectivePath::kDevice ||
-                (cfg.collectives == CollectivePath::kAuto && (!cuda || nccl));
+    on_device =
+        cfg.collectives == CollectivePath::kDevice ||
+        (cfg.collectives == CollectivePath::kAuto && (cuda ? nccl : im.comm->asynchronous()));
     ASSIGN_OR_RETURN(std::vector<int32_t> all,
                      zero::AllGatherValue(*im.comm, static_cast<int32_t>(on_device)));
     const bool everywhere = std::all_of(all.begin(), all.end(), [](int32_t v) { return v != 0; });
@@ -368,36 +374,43 @@ Status Engine::Finalize() {
   im.placement = std::move(placement).value();
   im.budgets = budgets;
 
-  // The device.
-  const uint64_t margin = 4 * chunk_bytes + (uint64_t{1} << 20);
-  if (cuda) {
-    CudaDeviceOptions o;
-    // A GPU per rank of a node (NCCL refuses two ranks on one device).
-    o.ordinal = im.comm->topology().local_rank % std::max(1, CudaDeviceCount());
-    o.capacity_bytes = cfg.device_budget + cfg.device_shard_budget + margin;
-    ASSIGN_OR_RETURN(im.device, CreateCudaDevice(o));
-  } else {
-    HostSimOptions o;
-    o.capacity_bytes = cfg.device_budget + cfg.device_shard_budget + margin;
-    o.h2d_bytes_per_second = cfg.host_link_bandwidth;
-    o.d2h_bytes_per_second = cfg.host_link_bandwidth;
-    ASSIGN_OR_RETURN(im.device, CreateHostSimDevice(o));
-    im.host_compute = true;
-  }
-  ASSIGN_OR_RETURN(im.compute, Stream::Create(*im.device, "compute"));
-
-  if (im.placement.bytes[static_cast<int>(Tier::kNvme)] > 0) {
-    NvmeStoreOptions no;
-    no.paths = {cfg.nvme_path};
-    no.bytes_per_path = cfg.nvme_budget;
-    auto store = NvmeStore::Open(no);
-    if (!store.ok()) {
-      return std::move(store).status().WithContext(
-          "opening the NVMe tier under '" + cfg.nvme_path +
-          "' (check the directory exists, is writable and has nvme_budget free)");
+  // The device, its compute stream and the NVMe tier. With several ranks they agree on the
+  // outcome: what follows starts collectives (MPI_Comm_dup, NCCL's setup) that a rank which
+  // failed here would never join.
+  Status local = [&]() -> Status {
+    const uint64_t margin = 4 * chunk_bytes + (uint64_t{1} << 20);
+    if (cuda) {
+      CudaDeviceOptions o;
+      // A GPU per rank of a node (NCCL refuses two ranks on one device).
+      o.ordinal = im.comm->topology().local_rank % std::max(1, CudaDeviceCount());
+      o.capacity_bytes = cfg.device_budget + cfg.device_shard_budget + margin;
+      ASSIGN_OR_RETURN(im.device, CreateCudaDevice(o));
+    } else {
+      HostSimOptions o;
+      o.capacity_bytes = cfg.device_budget + cfg.device_shard_budget + margin;
+      o.h2d_bytes_per_second = cfg.host_link_bandwidth;
+      o.d2h_bytes_per_second = cfg.host_link_bandwidth;
+      ASSIGN_OR_RETURN(im.device, CreateHostSimDevice(o));
+      im.host_compute = true;
     }
-    im.nvme = std::move(store).value();
-  }
+    ASSIGN_OR_RETURN(im.compute, Stream::Create(*im.device, "compute"));
+
+    if (im.placement.bytes[static_cast<int>(Tier::kNvme)] > 0) {
+      NvmeStoreOptions no;
+      no.paths = {cfg.nvme_path};
+      no.bytes_per_path = cfg.nvme_budget;
+      auto store = NvmeStore::Open(no);
+      if (!store.ok()) {
+        return std::move(store).status().WithContext(
+            "opening the NVMe tier under '" + cfg.nvme_path +
+            "' (check the directory exists, is writable and has nvme_budget free)");
+      }
+      im.nvme = std::move(store).value();
+    }
+    return Status::OK();
+  }();
+  if (im.world() > 1) local = zero::AgreeOnStatus(*im.comm, local);
+  RETURN_IF_ERROR(local);
 
   ChunkManagerOptions co;
   co.device_budget_bytes = cfg.device_budget;

@@ -1,8 +1,11 @@
 #include "zero/device_collectives.h"
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "zero/collective.h"
@@ -112,13 +115,29 @@ class HostFuncCollectives final : public DeviceCollectives {
   CommStats stats_;
 };
 
-// NCCL: the communicator queues each collective on its stream; the requests are kept until
-// they complete, to see failures and deadlines (NCCL's own Test aborts on either).
+// NCCL: the communicator queues each collective on its stream; the requests are kept until they
+// complete, to see failures and deadlines. A watchdog thread tests them too: NCCL's deadline is
+// enforced only by Test and Wait (which abort the communicator), and without it a collective
+// waiting for a dead peer would hold every later synchronisation of the device forever.
 class QueuedCollectives final : public DeviceCollectives {
  public:
   QueuedCollectives(Stream stream, std::shared_ptr<Communicator> comm)
-      : stream_(std::move(stream)), comm_(std::move(comm)) {}
+      : stream_(std::move(stream)), comm_(std::move(comm)) {
+    watchdog_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!stop_) {
+        cv_.wait_for(lock, std::chrono::milliseconds(200));
+        (void)ReapLocked();
+      }
+    });
+  }
   ~QueuedCollectives() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    watchdog_.join();
     in_flight_.clear();  // each waits for its collective, up to the deadline
     comm_.reset();       // before its stream
   }
@@ -129,34 +148,29 @@ class QueuedCollectives final : public DeviceCollectives {
   StreamHandle stream() const override { return stream_.handle(); }
 
   Status AllGather(const void* send, void* recv, size_t count, DType dtype) override {
-    RETURN_IF_ERROR(Check());
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(ReapLocked());
     ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req, comm_->AllGather(send, recv, count, dtype));
     in_flight_.push_back(std::move(req));
     return Status::OK();
   }
   Status ReduceScatter(const void* send, void* recv, size_t count, DType dtype,
                        ReduceOp op) override {
-    RETURN_IF_ERROR(Check());
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(ReapLocked());
     ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,
                      comm_->ReduceScatter(send, recv, count, dtype, op));
     in_flight_.push_back(std::move(req));
     return Status::OK();
   }
   Status Check() override {
-    while (error_.ok() && !in_flight_.empty()) {
-      StatusOr<bool> done = in_flight_.front()->Test();
-      if (!done.ok()) {
-        error_ = done.status();
-        break;
-      }
-      if (!*done) break;
-      in_flight_.pop_front();
-    }
-    return error_;
+    std::lock_guard<std::mutex> lock(mu_);
+    return ReapLocked();
   }
   Status Drain() override {
+    std::lock_guard<std::mutex> lock(mu_);
     while (error_.ok() && !in_flight_.empty()) {
-      Status s = in_flight_.front()->Wait();
+      Status s = in_flight_.front()->Wait();  // bounded by the deadline
       if (!s.ok()) error_ = std::move(s);
       in_flight_.pop_front();
     }
@@ -165,10 +179,39 @@ class QueuedCollectives final : public DeviceCollectives {
   CommStats stats() const override { return comm_->stats(); }
 
  private:
+  // Drops the completed requests at the front; the first failure is kept.
+  Status ReapLocked() {
+    while (error_.ok() && !in_flight_.empty()) {
+      StatusOr<bool> done = in_flight_.front()->Test();
+      if (!done.ok()) {
+        error_ = done.status();
+        break;
+      }
+      if (!*done) {
+        // Later requests may have passed their deadline while the front one waits: test them
+        // too (each aborts the communicator when its own deadline is gone).
+        for (size_t i = 1; i < in_flight_.size(); ++i) {
+          StatusOr<bool> later = in_flight_[i]->Test();
+          if (!later.ok()) {
+            error_ = later.status();
+            break;
+          }
+        }
+        break;
+      }
+      in_flight_.pop_front();
+    }
+    return error_;
+  }
+
   Stream stream_;
   std::shared_ptr<Communicator> comm_;
-  std::deque<std::unique_ptr<CommRequest>> in_flight_;
-  Status error_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;                                   // GUARDED_BY(mu_)
+  std::deque<std::unique_ptr<CommRequest>> in_flight_;  // GUARDED_BY(mu_)
+  Status error_;                                        // GUARDED_BY(mu_)
+  std::thread watchdog_;
 };
 
 }  // namespace
@@ -178,16 +221,26 @@ StatusOr<std::unique_ptr<DeviceCollectives>> CreateDeviceCollectives(
   if (comm == nullptr) return InvalidArgumentError("device collectives need a communicator");
   switch (device.info().kind) {
     case DeviceKind::kHostSim: {
+      // The stream's thread starts and waits for the collectives, so the communicator must
+      // progress without its starting thread's help, and allow calls from another thread.
+      if (!comm->asynchronous()) {
+        return FailedPreconditionError(
+            "collectives on the simulated device's stream need a communicator that progresses "
+            "on its own (MPI's comm thread, which TZ_MPI_COMM_THREAD=0 turns off); set "
+            "ranks.collectives to host");
+      }
+      auto stream = Stream::Create(device, "comm");
+      // A collective follows (MPI_Comm_dup): a rank that failed must not leave the others in it.
+      RETURN_IF_ERROR(zero::AgreeOnStatus(*comm, stream.status()));
       ASSIGN_OR_RETURN(std::shared_ptr<Communicator> dup, comm->Duplicate());
       dup->SetTimeout(comm->timeout());
-      ASSIGN_OR_RETURN(Stream stream, Stream::Create(device, "comm"));
       return std::unique_ptr<DeviceCollectives>(
-          new HostFuncCollectives(device, std::move(stream), std::move(dup)));
+          new HostFuncCollectives(device, std::move(stream).value(), std::move(dup)));
     }
     case DeviceKind::kCuda: {
-      // The stream is created on every rank before the agreement inside NCCL's setup, so a rank
-      // that cannot create it fails alone; that is a broken device, which the trainer aborts on.
-      ASSIGN_OR_RETURN(Stream stream, Stream::Create(device, "comm"));
+      auto created = Stream::Create(device, "comm");
+      RETURN_IF_ERROR(zero::AgreeOnStatus(*comm, created.status()));
+      Stream stream = std::move(created).value();
       NcclOptions o;
       o.device = &device;
       o.stream = stream.handle();
