@@ -639,17 +639,15 @@ Status ChunkManager::QueueShardUpload(int c, Tier tier, void* dst) {
     // staging slot, so it stays taken until the copy out of it is done whatever fails.
     Timeline* tl = prof ? im.timeline : nullptr;
     const int m = im.moment - 1;
-    const bool sharded = layout_.world_size() > 1;
     RETURN_IF_ERROR(device_.LaunchHostFunc(
-        h2d, [shared_ticket, shared_slot, impl, c, tl, read_start, h2d_start, bytes, m, sharded] {
+        h2d, [shared_ticket, shared_slot, impl, c, tl, read_start, h2d_start, bytes, m] {
           Status s = shared_ticket->Wait();
-          if (!s.ok()) {
-            s = std::move(s).WithContext("reading chunk " + std::to_string(c));
-            // W > 1: the all_gather still sends what the slot holds; the other ranks compute on
-            // it, so none may step.
-            if (sharded) (void)impl->LoseStep(s);
-            impl->SetAsyncError(std::move(s));
-          }
+          // W > 1 on the device path: the all_gather still sends what the slot holds and every
+          // rank computes on it; EndIteration's agreement fails them all, out of step. (Not out
+          // of step here: this rank alone would then refuse its next Acquire, leaving the
+          // others in the agreement until the deadline.)
+          if (!s.ok())
+            impl->SetAsyncError(std::move(s).WithContext("reading chunk " + std::to_string(c)));
           if (tl != nullptr) {
             // The read ran from its submission until the stream saw it complete.
             *h2d_start = tl->Now();
