@@ -11,6 +11,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "core/bytes.h"
 #include "core/dtype.h"
@@ -156,44 +158,46 @@ Field DTypeField(const std::string& name, DType* p) {
           [=] { return json(std::string(DTypeName(*p))); }};
 }
 
-Field DeviceField(const std::string& name, DeviceChoice* p) {
+// A field holding one of a few named values of an enum.
+template <typename E>
+Field EnumField(const std::string& name, E* p, std::vector<std::pair<std::string, E>> names) {
+  std::string accepted;
+  for (size_t i = 0; i < names.size(); ++i) {
+    accepted += (i == 0                  ? ""
+                 : i + 1 == names.size() ? " or "
+                                         : ", ") +
+                ("\"" + names[i].first + "\"");
+  }
   return {[=](const json& v) -> Status {
             const std::string s = v.is_string() ? v.get<std::string>() : "";
-            if (s == "auto")
-              *p = DeviceChoice::kAuto;
-            else if (s == "cuda")
-              *p = DeviceChoice::kCuda;
-            else if (s == "host")
-              *p = DeviceChoice::kHost;
-            else
-              return Bad(name, v, "\"auto\", \"cuda\" or \"host\"");
-            return Status::OK();
+            for (const auto& [n, e] : names) {
+              if (n == s) {
+                *p = e;
+                return Status::OK();
+              }
+            }
+            return Bad(name, v, accepted);
           },
           [=] {
-            return json(*p == DeviceChoice::kAuto   ? "auto"
-                        : *p == DeviceChoice::kCuda ? "cuda"
-                                                    : "host");
+            for (const auto& [n, e] : names) {
+              if (e == *p) return json(n);
+            }
+            return json(names.front().first);
           }};
 }
 
+Field DeviceField(const std::string& name, DeviceChoice* p) {
+  return EnumField<DeviceChoice>(name, p,
+                                 {{"auto", DeviceChoice::kAuto},
+                                  {"cuda", DeviceChoice::kCuda},
+                                  {"host", DeviceChoice::kHost}});
+}
+
 Field CollectivesField(const std::string& name, CollectivePath* p) {
-  return {[=](const json& v) -> Status {
-            const std::string s = v.is_string() ? v.get<std::string>() : "";
-            if (s == "auto")
-              *p = CollectivePath::kAuto;
-            else if (s == "device")
-              *p = CollectivePath::kDevice;
-            else if (s == "host")
-              *p = CollectivePath::kHost;
-            else
-              return Bad(name, v, "\"auto\", \"device\" or \"host\"");
-            return Status::OK();
-          },
-          [=] {
-            return json(*p == CollectivePath::kAuto     ? "auto"
-                        : *p == CollectivePath::kDevice ? "device"
-                                                        : "host");
-          }};
+  return EnumField<CollectivePath>(name, p,
+                                   {{"auto", CollectivePath::kAuto},
+                                    {"device", CollectivePath::kDevice},
+                                    {"host", CollectivePath::kHost}});
 }
 
 using Section = std::map<std::string, Field>;

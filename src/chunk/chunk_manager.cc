@@ -679,7 +679,6 @@ Status ChunkManager::EnqueueDeviceGather(int c, Tier tier) {
   Impl& im = *impl_;
   Impl::ChunkRt& rt = im.chunks[static_cast<size_t>(c)];
   DeviceCollectives& dc = *options_.device_comm;
-  RETURN_IF_ERROR(CheckDeviceCollectives());
   const uint64_t shard = layout_.shard_bytes();
   auto* mine = static_cast<uint8_t*>(rt.gathered) + static_cast<uint64_t>(Rank()) * shard;
   Impl::GatherTiming* timing = nullptr;
@@ -712,21 +711,23 @@ Status ChunkManager::CheckDeviceCollectives() {
 StatusOr<const void*> ChunkManager::ReduceOnDevice(int c, void* device_grad, const Event& written) {
   Impl& im = *impl_;
   DeviceCollectives& dc = *options_.device_comm;
-  Status s = CheckDeviceCollectives();
-  if (s.ok()) s = device_.StreamWaitEvent(dc.stream(), written.handle());
-  auto start = std::make_shared<double>(0.0);
-  if (s.ok() && im.profiling) s = im.QueueStart(device_, dc.stream(), start);
   auto* grad = static_cast<uint8_t*>(device_grad);
   uint8_t* mine = grad + static_cast<uint64_t>(Rank()) * layout_.shard_bytes();
-  if (s.ok()) {
-    s = dc.ReduceScatter(grad, mine, layout_.shard_elems(), layout_.dtype(), ReduceOp::kMean);
-  }
-  if (s.ok() && im.profiling) {
-    s = im.QueueSpan(device_, dc.stream(), Track::kComm, "reduce_scatter grad " + std::to_string(c),
-                     c, layout_.chunk_bytes(), start);
-  }
-  if (s.ok()) s = device_.RecordEvent(im.from_comm.handle(), dc.stream());
-  if (s.ok()) s = device_.StreamWaitEvent(im.d2h.handle(), im.from_comm.handle());
+  Status s = [&]() -> Status {
+    RETURN_IF_ERROR(device_.StreamWaitEvent(dc.stream(), written.handle()));
+    auto start = std::make_shared<double>(0.0);
+    if (im.profiling) RETURN_IF_ERROR(im.QueueStart(device_, dc.stream(), start));
+    RETURN_IF_ERROR(
+        dc.ReduceScatter(grad, mine, layout_.shard_elems(), layout_.dtype(), ReduceOp::kMean));
+    if (im.profiling) {
+      RETURN_IF_ERROR(im.QueueSpan(device_, dc.stream(), Track::kComm,
+                                   "reduce_scatter grad " + std::to_string(c), c,
+                                   layout_.chunk_bytes(), start));
+    }
+    RETURN_IF_ERROR(device_.RecordEvent(im.from_comm.handle(), dc.stream()));
+    return device_.StreamWaitEvent(im.d2h.handle(), im.from_comm.handle());
+  }();
+  // A reduce-scatter this rank could not queue leaves the ranks' collectives out of step.
   if (!s.ok()) return im.LoseStep(std::move(s));
   ++counters_.reduce_scatters;
   return static_cast<const void*>(mine);

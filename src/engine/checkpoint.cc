@@ -696,11 +696,7 @@ StatusOr<std::string> Engine::ReportJson() const {
   }
   report["optimizer"] = {{"sub_groups", groups}};
   {
-    CommStats cs = im.comm->stats();
-    if (im.device_comm) {
-      cs.collectives += im.device_comm->stats().collectives;
-      cs.bytes_sent += im.device_comm->stats().bytes_sent;
-    }
+    const CommStats cs = im.comm_stats();
     const Topology topo = im.comm->topology();
     report["ranks"] = {
         {"world_size", im.comm->size()},

@@ -338,7 +338,8 @@ Status Engine::Finalize() {
     // NCCL wants a GPU per rank of a node.
     // The simulated device's stream runs MPI on its own thread: the communicator must progress
     // on its own (asynchronous()).
-    const bool nccl = NcclLoadable().ok() && CudaDeviceCount() >= im.comm->topology().local_size;
+    const bool nccl =
+        cuda && NcclLoadable().ok() && CudaDeviceCount() >= im.comm->topology().local_size;
     on_device =
         cfg.collectives == CollectivePath::kDevice ||
         (cfg.collectives == CollectivePath::kAuto && (cuda ? nccl : im.comm->asynchronous()));
@@ -973,10 +974,9 @@ EngineStats Engine::stats() const {
   s.plans = c.plans;
   s.deviations = c.deviations;
   if (im.comm->size() > 1) {
-    const CommStats cs = im.comm->stats();
-    const CommStats ds = im.device_comm ? im.device_comm->stats() : CommStats{};
-    s.collectives = cs.collectives + ds.collectives;
-    s.comm_bytes = cs.bytes_sent + ds.bytes_sent;
+    const CommStats cs = im.comm_stats();
+    s.collectives = cs.collectives;
+    s.comm_bytes = cs.bytes_sent;
     s.comm_seconds = c.comm_seconds;
   }
   return s;

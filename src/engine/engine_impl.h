@@ -142,6 +142,15 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   // (collective with W > 1).
   Status GatherChunkMaster(int chunk, std::vector<float>& full);
   int world() const { return layout.world_size(); }
+  // The trainer's collectives and the device collectives together.
+  CommStats comm_stats() const {
+    CommStats s = comm->stats();
+    if (device_comm) {
+      s.collectives += device_comm->stats().collectives;
+      s.bytes_sent += device_comm->stats().bytes_sent;
+    }
+    return s;
+  }
   // This rank's slices of chunk c's tensors (ChunkLayout::ShardSlices).
   std::vector<std::vector<ShardSlice>> slices;
 };
