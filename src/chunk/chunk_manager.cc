@@ -1629,10 +1629,19 @@ Status ChunkManager::EndIteration() {
   po.grads_in_place.resize(nc);
   po.reduced_at_end.resize(nc);
   po.always_resident.resize(nc);
+  po.staged.resize(nc);
+  // Note [Prefetches within the staging slots] (plan.cc).
+  const bool host_path = layout_.world_size() > 1 && !OnDevice();
+  po.staging_slots = im.staging != nullptr ? static_cast<int>(im.staging->num_slots()) : 0;
+  if (nvme_ != nullptr && po.staging_slots > 0) {
+    // Reads beyond the NVMe queue would hold up the caller in the same way.
+    po.staging_slots = std::min(po.staging_slots, nvme_->TransfersInFlight(layout_.shard_bytes()));
+  }
   for (int c = 0; c < layout_.num_chunks(); ++c) {
     const size_t i = static_cast<size_t>(c);
     po.grads_in_place[i] = !SeparateGrads(c);
     po.always_resident[i] = ShardIsGathered(c);
+    po.staged[i] = host_path || placement_.chunks[i].param == Tier::kNvme;
     for (int t : layout_.chunk(c).tensors) {
       if (states_->backward_uses(t) == 0) po.reduced_at_end[i] = true;
     }

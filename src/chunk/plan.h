@@ -14,7 +14,7 @@
 //     any policy can do with these slots; used for the lower bound).
 //   - kPlan: Belady eviction (the chunk whose next use is furthest) and prefetch: at each moment,
 //     start gathers for upcoming moments, in order of use, as far ahead as the slots of every
-//     moment in between allow.
+//     moment in between, and the staging slots, allow.
 // The gathered chunks live in one slot region reserved for the whole iteration, so every moment
 // gets the same number of slots: the smallest slots[k] (the region must leave room for the
 // activation peak). Chunks held by outer scopes (Moment::held) and chunks in
@@ -52,6 +52,12 @@ struct PlanOptions {
   // Chunks that are always on the device (device-resident shards): never gathered, evicted or
   // counted against the slots. Empty: none.
   std::vector<bool> always_resident;
+  // Chunks whose gather holds a pinned staging slot from its start until its copy to the device
+  // is done (NVMe-resident shards; every chunk on the host-buffer collective path), and how many
+  // such slots there are. kPlan starts no prefetch of a staged chunk while staging_slots staged
+  // gathers are in flight (Note [Prefetches within the staging slots]). Empty / 0: unlimited.
+  std::vector<bool> staged;
+  int staging_slots = 0;
 };
 
 struct MomentDecision {

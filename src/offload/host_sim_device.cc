@@ -387,8 +387,9 @@ StatusOr<std::unique_ptr<Device>> CreateHostSimDevice(const HostSimOptions& opti
     }
   }
   const uint64_t capacity = AlignUp(options.capacity_bytes, kDeviceAlignment);
-  void* slab = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* slab = ::mmap(
+      nullptr, capacity, PROT_READ | PROT_WRITE,
+      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | (options.populate ? MAP_POPULATE : 0), -1, 0);
   if (slab == MAP_FAILED) {
     return ErrnoError("cannot reserve " + FormatBytes(capacity) + " for the HostSim device", errno,
                       StatusCode::kOutOfMemory);

@@ -21,6 +21,7 @@
 // run concurrently; concurrent reads and writes of the same extent are the caller's to order.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -136,6 +137,13 @@ class NvmeStore {
   std::string backend_name() const;
   bool direct_io() const { return direct_io_; }
   uint64_t capacity_bytes() const;
+  // How many transfers of `bytes` can be in flight before a Submit waits for the queue (each is
+  // cut into requests of at most block_bytes; queue_depth requests fly at once). At least 1.
+  int TransfersInFlight(uint64_t bytes) const {
+    const uint64_t requests =
+        std::max<uint64_t>(1, (bytes + options_.block_bytes - 1) / options_.block_bytes);
+    return std::max(1, static_cast<int>(static_cast<uint64_t>(options_.queue_depth) / requests));
+  }
   NvmeStats stats() const;
 
  private:
