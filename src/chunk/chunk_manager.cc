@@ -101,7 +101,10 @@ struct ChunkManager::Impl {
   // iterations, one allocation per gathered chunk (freed as soon as the chunk leaves COMPUTE).
   DeviceBuffer pool;
   std::vector<int> free_slots;
-  std::vector<Event> slot_last_use;  // compute stream done with the slot's chunk
+  // The compute stream is done with the slot's chunk once this event completes: the moment
+  // event of the Acquire that evicted it, or the slot's own event (slot_done) recorded then.
+  std::vector<EventHandle> slot_last_use;
+  std::vector<Event> slot_done;
   std::vector<Event> slot_copy_out;  // D2H of gradients out of the slot done
   std::vector<bool> slot_copy_pending;
 
@@ -112,7 +115,8 @@ struct ChunkManager::Impl {
     DeviceBuffer own;  // recording iterations
     Event ready;       // gather complete (H2D stream)
     bool ready_known_done = true;
-    DeviceBuffer grad_buf;  // separate gradient chunk (accumulation, device-resident shards)
+    uint64_t ready_seq = 0;  // order of the gather's ready record (Note [One wait per moment])
+    DeviceBuffer grad_buf;   // separate gradient chunk (accumulation, device-resident shards)
     bool grads_in_slot = false;
   };
   std::vector<ChunkRt> chunks;
@@ -122,10 +126,12 @@ struct ChunkManager::Impl {
   bool inference = false;  // the iteration neither traces nor reduces
   bool record_next = true;
   int moment = 0;
-  std::vector<Event> moment_begin, moment_start;  // before and after the waits, per moment
-  std::vector<Event> moment_reached;              // the compute stream reached moment k
-  std::vector<int> pending_prefetch;              // decided at an Acquire, issued just after
-  int moments_timed = 0;                          // moments with begin/start events this iteration
+  // Per moment: the compute stream reached its Acquire (recorded first, before evictions and
+  // waits), and its waits are done (timed moments only).
+  std::vector<Event> moment_begin, moment_start;
+  uint64_t ready_records = 0;         // ready events recorded so far (ChunkRt::ready_seq)
+  std::vector<int> pending_prefetch;  // decided at an Acquire, issued just after
+  int moments_timed = 0;              // moments with begin/start events this iteration
   // Recording iterations time every gather on the H2D stream, per tier, for the plan.
   struct GatherTiming {
     Event start, end;
@@ -555,8 +561,9 @@ Status ChunkManager::Gather(int c) {
   if (!im.free_slots.empty()) {
     const int s = im.free_slots.back();
     im.free_slots.pop_back();
-    RETURN_IF_ERROR(
-        device_.StreamWaitEvent(h2d, im.slot_last_use[static_cast<size_t>(s)].handle()));
+    if (im.slot_last_use[static_cast<size_t>(s)].impl != nullptr) {
+      RETURN_IF_ERROR(device_.StreamWaitEvent(h2d, im.slot_last_use[static_cast<size_t>(s)]));
+    }
     if (im.slot_copy_pending[static_cast<size_t>(s)]) {
       RETURN_IF_ERROR(
           device_.StreamWaitEvent(h2d, im.slot_copy_out[static_cast<size_t>(s)].handle()));
@@ -587,6 +594,7 @@ Status ChunkManager::Gather(int c) {
                                      std::to_string(im.moment));
   }
   rt.ready_known_done = false;
+  rt.ready_seq = ++im.ready_records;
   rt.cached = true;
   return Status::OK();
 }
@@ -860,7 +868,7 @@ Status ChunkManager::EnqueueShardedGather(int c, Tier tier) {
   return device_.RecordEvent(rt.ready.handle(), h2d);
 }
 
-Status ChunkManager::Evict(int c) {
+Status ChunkManager::Evict(int c, EventHandle moment) {
   Impl& im = *impl_;
   Impl::ChunkRt& rt = im.chunks[static_cast<size_t>(c)];
   if (!rt.cached) return Status::OK();
@@ -874,12 +882,17 @@ Status ChunkManager::Evict(int c) {
   if (rt.slot >= 0) {
     // A gather the compute stream never waited for (a prefetch dropped off the trace) may still
     // be writing the slot on the comm stream, which the next gather's H2D copy does not wait for.
-    if (OnDevice() && !rt.ready_known_done) {
-      RETURN_IF_ERROR(device_.StreamWaitEvent(compute_, rt.ready.handle()));
+    const size_t s = static_cast<size_t>(rt.slot);
+    const bool waited = OnDevice() && !rt.ready_known_done;
+    if (waited) RETURN_IF_ERROR(device_.StreamWaitEvent(compute_, rt.ready.handle()));
+    if (moment.impl != nullptr && !waited) {
+      // The moment's event follows the chunk's last use (Note [One wait per moment]).
+      im.slot_last_use[s] = moment;
+    } else {
+      // Everything enqueued on the compute stream so far includes the chunk's last use.
+      RETURN_IF_ERROR(device_.RecordEvent(im.slot_done[s].handle(), compute_));
+      im.slot_last_use[s] = im.slot_done[s].handle();
     }
-    // Everything enqueued on the compute stream so far includes the chunk's last use.
-    RETURN_IF_ERROR(
-        device_.RecordEvent(im.slot_last_use[static_cast<size_t>(rt.slot)].handle(), compute_));
     im.free_slots.push_back(rt.slot);
     rt.slot = -1;
   } else {
@@ -904,16 +917,23 @@ Status ChunkManager::Evict(int c) {
 // keeps on-demand gathers on demand (they would otherwise prefetch by accident, and the
 // comparison in chunk_bench would mean nothing), and the plan's prefetches at the distance the
 // plan chose, which the slot budget was checked for.
+// Note [One wait per moment]
+// Each stream operation costs: a few microseconds of driver time on the caller's thread with CUDA,
+// a hand-off between threads on HostSim, where chunk_bench's plan lost ~50 us per moment to
+// them. So an Acquire queues as few as it can on the compute stream:
+//   - One event, recorded first (moment_begin). Its gathers wait for it (Note [Gathers start
+//     when their moment begins]), and a slot it evicts is free once it completes: everything the
+//     caller queued before this Acquire includes the evicted chunk's last use. (An eviction that
+//     must first wait for its chunk's collective records the slot's own event after the wait.)
+//   - One wait, for the needed chunk whose gather was recorded last. Every gather's ready event
+//     is recorded on the same in-order stream (the H2D stream, or the comm stream on the device
+//     collective path; device-resident shards have none), in the order of ready_seq, so when the
+//     last is done, so are the others.
+// It was one event per evicted slot, one for the moment's gathers and one wait per needed chunk.
+// REQUIRES: moment k's Acquire has recorded moment_begin[k].
 Status ChunkManager::GathersStartNow(int k) {
   Impl& im = *impl_;
-  while (im.moment_reached.size() <= static_cast<size_t>(k)) {
-    Event e;
-    ASSIGN_OR_RETURN(e, Event::Create(device_));
-    im.moment_reached.push_back(std::move(e));
-  }
-  const EventHandle e = im.moment_reached[static_cast<size_t>(k)].handle();
-  RETURN_IF_ERROR(device_.RecordEvent(e, compute_));
-  return device_.StreamWaitEvent(im.h2d.handle(), e);
+  return device_.StreamWaitEvent(im.h2d.handle(), im.moment_begin[static_cast<size_t>(k)].handle());
 }
 
 bool ChunkManager::Evictable(int c) const {
@@ -1299,18 +1319,18 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed,
     }
     if (!held.empty()) tracer_.SetHeld(std::move(held));
   }
-  if (timed) {
-    im.moments_timed = k + 1;
-    while (im.moment_begin.size() <= static_cast<size_t>(k)) {
-      Event b, s;
-      ASSIGN_OR_RETURN(b, Event::Create(device_));
-      ASSIGN_OR_RETURN(s, Event::Create(device_));
-      im.moment_begin.push_back(std::move(b));
-      im.moment_start.push_back(std::move(s));
-    }
-    RETURN_IF_ERROR(
-        device_.RecordEvent(im.moment_begin[static_cast<size_t>(k)].handle(), compute_));
+  // The moment's event: the gathers wait for it, evicted slots are free after it, and timed
+  // moments measure from it (Note [One wait per moment]).
+  while (im.moment_begin.size() <= static_cast<size_t>(k)) {
+    Event b, s;
+    ASSIGN_OR_RETURN(b, Event::Create(device_));
+    ASSIGN_OR_RETURN(s, Event::Create(device_));
+    im.moment_begin.push_back(std::move(b));
+    im.moment_start.push_back(std::move(s));
   }
+  const EventHandle moment_event = im.moment_begin[static_cast<size_t>(k)].handle();
+  RETURN_IF_ERROR(device_.RecordEvent(moment_event, compute_));
+  if (timed) im.moments_timed = k + 1;
   for (int c : needed) {
     if (im.chunks[static_cast<size_t>(c)].cached) ++counters_.hits;
   }
@@ -1331,7 +1351,7 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed,
   }
   if (im.mode == Impl::Mode::kReplay) {
     const MomentDecision& d = schedule_.moments[static_cast<size_t>(k)];
-    for (int c : d.evict) RETURN_IF_ERROR(Evict(c));
+    for (int c : d.evict) RETURN_IF_ERROR(Evict(c, moment_event));
     for (int c : needed) {
       // Device-resident shards are never in the plan's gathers: they are the gathered copy.
       if (!im.chunks[static_cast<size_t>(c)].cached && ShardIsGathered(c)) {
@@ -1365,7 +1385,7 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed,
       for (int c = 0; c < layout_.num_chunks(); ++c) {
         const bool want = std::find(needed.begin(), needed.end(), c) != needed.end();
         if (!want && im.chunks[static_cast<size_t>(c)].cached && Evictable(c)) {
-          RETURN_IF_ERROR(Evict(c));
+          RETURN_IF_ERROR(Evict(c, moment_event));
         }
       }
     }
@@ -1378,6 +1398,7 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed,
       RETURN_IF_ERROR(Gather(c));
     }
   }
+  const Impl::ChunkRt* latest = nullptr;  // the needed gather recorded last, if not done
   for (int c : needed) {
     Impl::ChunkRt& rt = im.chunks[static_cast<size_t>(c)];
     TZ_CHECK(rt.cached) << "chunk " << c << " not gathered at moment " << k;
@@ -1385,8 +1406,8 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed,
       ASSIGN_OR_RETURN(bool done, device_.EventDone(rt.ready.handle()));
       if (done) {
         rt.ready_known_done = true;
-      } else {
-        RETURN_IF_ERROR(device_.StreamWaitEvent(compute_, rt.ready.handle()));
+      } else if (latest == nullptr || rt.ready_seq > latest->ready_seq) {
+        latest = &rt;
       }
     }
     if (phase == Phase::kBackward && SeparateGrads(c) && rt.grad_buf.data() == nullptr) {
@@ -1394,6 +1415,7 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed,
       RETURN_IF_ERROR(device_.MemsetAsync(rt.grad_buf.data(), 0, layout_.chunk_bytes(), compute_));
     }
   }
+  if (latest != nullptr) RETURN_IF_ERROR(device_.StreamWaitEvent(compute_, latest->ready.handle()));
   if (timed) {
     RETURN_IF_ERROR(
         device_.RecordEvent(im.moment_start[static_cast<size_t>(k)].handle(), compute_));
@@ -1661,6 +1683,7 @@ Status ChunkManager::EndIteration() {
   im.pool.Reset();
   im.free_slots.clear();
   im.slot_last_use.clear();
+  im.slot_done.clear();
   im.slot_copy_out.clear();
   if (most > 0) {
     auto pool = DeviceBuffer::Allocate(device_, most * layout_.chunk_bytes());
@@ -1675,7 +1698,8 @@ Status ChunkManager::EndIteration() {
     Event a, b;
     ASSIGN_OR_RETURN(a, Event::Create(device_));
     ASSIGN_OR_RETURN(b, Event::Create(device_));
-    im.slot_last_use.push_back(std::move(a));
+    im.slot_last_use.push_back(EventHandle{});
+    im.slot_done.push_back(std::move(a));
     im.slot_copy_out.push_back(std::move(b));
   }
   im.slot_copy_pending.assign(most, false);

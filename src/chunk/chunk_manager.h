@@ -230,7 +230,9 @@ class ChunkManager {
   Status GathersStartNow(int moment);
   Status FlushPrefetches();
   void ReapDeferred();
-  Status Evict(int chunk);
+  // `moment`: the event the current Acquire recorded first on the compute stream, which then
+  // marks the chunk's last use (null: record the slot's own event).
+  Status Evict(int chunk, EventHandle moment = {});
   Status ReduceChunk(int chunk);
   bool SeparateGrads(int chunk) const;
   // The gathered chunk is the device-resident shard itself (one rank).
