@@ -130,6 +130,8 @@ struct ChunkManager::Impl {
   // waits), and its waits are done (timed moments only).
   std::vector<Event> moment_begin, moment_start;
   uint64_t ready_records = 0;         // ready events recorded so far (ChunkRt::ready_seq)
+  uint64_t acquires = 0;              // Acquire calls so far
+  uint64_t event_acquire = 0;         // the Acquire call that last recorded its moment's event
   std::vector<int> pending_prefetch;  // decided at an Acquire, issued just after
   int moments_timed = 0;              // moments with begin/start events this iteration
   // Recording iterations time every gather on the H2D stream, per tier, for the plan.
@@ -868,7 +870,7 @@ Status ChunkManager::EnqueueShardedGather(int c, Tier tier) {
   return device_.RecordEvent(rt.ready.handle(), h2d);
 }
 
-Status ChunkManager::Evict(int c, EventHandle moment) {
+Status ChunkManager::Evict(int c, int moment) {
   Impl& im = *impl_;
   Impl::ChunkRt& rt = im.chunks[static_cast<size_t>(c)];
   if (!rt.cached) return Status::OK();
@@ -885,9 +887,9 @@ Status ChunkManager::Evict(int c, EventHandle moment) {
     const size_t s = static_cast<size_t>(rt.slot);
     const bool waited = OnDevice() && !rt.ready_known_done;
     if (waited) RETURN_IF_ERROR(device_.StreamWaitEvent(compute_, rt.ready.handle()));
-    if (moment.impl != nullptr && !waited) {
+    if (moment >= 0 && !waited) {
       // The moment's event follows the chunk's last use (Note [One wait per moment]).
-      im.slot_last_use[s] = moment;
+      ASSIGN_OR_RETURN(im.slot_last_use[s], MomentEvent(moment));
     } else {
       // Everything enqueued on the compute stream so far includes the chunk's last use.
       RETURN_IF_ERROR(device_.RecordEvent(im.slot_done[s].handle(), compute_));
@@ -918,22 +920,32 @@ Status ChunkManager::Evict(int c, EventHandle moment) {
 // comparison in chunk_bench would mean nothing), and the plan's prefetches at the distance the
 // plan chose, which the slot budget was checked for.
 // Note [One wait per moment]
-// Each stream operation costs: a few microseconds of driver time on the caller's thread with CUDA,
-// a hand-off between threads on HostSim, where chunk_bench's plan lost ~50 us per moment to
-// them. So an Acquire queues as few as it can on the compute stream:
-//   - One event, recorded first (moment_begin). Its gathers wait for it (Note [Gathers start
-//     when their moment begins]), and a slot it evicts is free once it completes: everything the
-//     caller queued before this Acquire includes the evicted chunk's last use. (An eviction that
-//     must first wait for its chunk's collective records the slot's own event after the wait.)
-//   - One wait, for the needed chunk whose gather was recorded last. Every gather's ready event
-//     is recorded on the same in-order stream (the H2D stream, or the comm stream on the device
-//     collective path; device-resident shards have none), in the order of ready_seq, so when the
-//     last is done, so are the others.
-// It was one event per evicted slot, one for the moment's gathers and one wait per needed chunk.
-// REQUIRES: moment k's Acquire has recorded moment_begin[k].
-Status ChunkManager::GathersStartNow(int k) {
+// Every stream operation costs something: driver time on the caller's thread with CUDA, a
+// hand-off between threads on HostSim. So an Acquire queues as little as it can on the compute
+// stream (nothing at all when its chunks are all in place and not timed):
+//   - At most one event (moment_begin[k]), recorded when first needed, before any wait the
+//     Acquire queues there. Its gathers wait for it (Note [Gathers start when their moment
+//     begins]), and a slot it evicts is free once it completes: everything the caller queued
+//     before this Acquire includes the evicted chunk's last use. (An eviction that must first
+//     wait for its chunk's collective records the slot's own event after that wait.)
+//   - At most one wait, for the needed chunk whose gather was recorded last. Every gather's
+//     ready event is recorded on the same in-order stream (the H2D stream, or the comm stream
+//     on the device collective path; device-resident shards have none), in ready_seq order, so
+//     when the last is done, so are the others.
+// It used to be one event per evicted slot, one more for the gathers, one wait per chunk.
+StatusOr<EventHandle> ChunkManager::MomentEvent(int k) {
   Impl& im = *impl_;
-  return device_.StreamWaitEvent(im.h2d.handle(), im.moment_begin[static_cast<size_t>(k)].handle());
+  const EventHandle e = im.moment_begin[static_cast<size_t>(k)].handle();
+  if (im.event_acquire != im.acquires) {
+    RETURN_IF_ERROR(device_.RecordEvent(e, compute_));
+    im.event_acquire = im.acquires;
+  }
+  return e;
+}
+
+Status ChunkManager::GathersStartNow(int k) {
+  ASSIGN_OR_RETURN(EventHandle e, MomentEvent(k));
+  return device_.StreamWaitEvent(impl_->h2d.handle(), e);
 }
 
 bool ChunkManager::Evictable(int c) const {
@@ -1269,6 +1281,7 @@ Status ChunkManager::Acquire(std::span<const int> tensors, Phase phase) {
     if (std::find(needed.begin(), needed.end(), c) == needed.end()) needed.push_back(c);
   }
   const int k = im.moment++;
+  ++im.acquires;
   const size_t traced = tracer_.moments().size();
   Status st = AcquireChunks(k, needed, tensors, phase);
   if (!st.ok()) {
@@ -1319,8 +1332,8 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed,
     }
     if (!held.empty()) tracer_.SetHeld(std::move(held));
   }
-  // The moment's event: the gathers wait for it, evicted slots are free after it, and timed
-  // moments measure from it (Note [One wait per moment]).
+  // The moment's event, recorded when first needed: the gathers wait for it, evicted slots are
+  // free after it, and timed moments measure from it (Note [One wait per moment]).
   while (im.moment_begin.size() <= static_cast<size_t>(k)) {
     Event b, s;
     ASSIGN_OR_RETURN(b, Event::Create(device_));
@@ -1328,9 +1341,10 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed,
     im.moment_begin.push_back(std::move(b));
     im.moment_start.push_back(std::move(s));
   }
-  const EventHandle moment_event = im.moment_begin[static_cast<size_t>(k)].handle();
-  RETURN_IF_ERROR(device_.RecordEvent(moment_event, compute_));
-  if (timed) im.moments_timed = k + 1;
+  if (timed) {
+    RETURN_IF_ERROR(MomentEvent(k).status());
+    im.moments_timed = k + 1;
+  }
   for (int c : needed) {
     if (im.chunks[static_cast<size_t>(c)].cached) ++counters_.hits;
   }
@@ -1351,7 +1365,7 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed,
   }
   if (im.mode == Impl::Mode::kReplay) {
     const MomentDecision& d = schedule_.moments[static_cast<size_t>(k)];
-    for (int c : d.evict) RETURN_IF_ERROR(Evict(c, moment_event));
+    for (int c : d.evict) RETURN_IF_ERROR(Evict(c, k));
     for (int c : needed) {
       // Device-resident shards are never in the plan's gathers: they are the gathered copy.
       if (!im.chunks[static_cast<size_t>(c)].cached && ShardIsGathered(c)) {
@@ -1385,7 +1399,7 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed,
       for (int c = 0; c < layout_.num_chunks(); ++c) {
         const bool want = std::find(needed.begin(), needed.end(), c) != needed.end();
         if (!want && im.chunks[static_cast<size_t>(c)].cached && Evictable(c)) {
-          RETURN_IF_ERROR(Evict(c, moment_event));
+          RETURN_IF_ERROR(Evict(c, k));
         }
       }
     }

@@ -230,9 +230,11 @@ class ChunkManager {
   Status GathersStartNow(int moment);
   Status FlushPrefetches();
   void ReapDeferred();
-  // `moment`: the event the current Acquire recorded first on the compute stream, which then
-  // marks the chunk's last use (null: record the slot's own event).
-  Status Evict(int chunk, EventHandle moment = {});
+  // `moment`: the current Acquire's moment, whose event then marks the chunk's last use (-1:
+  // record the slot's own event).
+  Status Evict(int chunk, int moment = -1);
+  // Moment k's event, recorded on the compute stream on the current Acquire's first call.
+  StatusOr<EventHandle> MomentEvent(int k);
   Status ReduceChunk(int chunk);
   bool SeparateGrads(int chunk) const;
   // The gathered chunk is the device-resident shard itself (one rank).
