@@ -8,17 +8,35 @@
 // stream, and reports its activation bytes to the engine. Parameter shards: half in pinned host
 // memory, half on NVMe (the host budget is smaller than the model's state).
 //
-// For each bandwidth setting and policy: a warm-up iteration (recording), then a measured
-// iteration. Counters, in seconds of compute-stream stall (iteration wall time minus compute):
+// For each setting (H2D bandwidth, device slots) and policy: a warm-up iteration (recording),
+// then a measured iteration. Counters, in seconds of compute-stream stall (iteration wall time
+// minus compute):
 //   stall_s_on_demand, stall_s_lru, stall_s_plan   measured
+//   stall_s_plan_first    of the plan's stall, the wait before the first moment
 //   stall_s_lower_bound   the model's bound: first gathers + (transfers - hideable compute)
+//   stall_s_floor         the harness's own stall: the same moments on the same compute stream,
+//                         with the stream work of an Acquire whose chunks are all in place and no
+//                         transfers at all (what any policy pays here for the simulation itself)
 //   compute_s             compute per iteration
 // and BM_Bookkeeping reports the host time of one Acquire + Release pair with every chunk
 // resident (target < 2 us).
 //
-//   build/bin/chunk_bench --benchmark_format=json [--tz_path=DIR]
+// Note [The simulated device gets a core of its own]
+// HostSim runs each stream on a thread, so the simulated GPU shares this machine's two cores
+// with the trainer's thread, the copy threads (memcpy, CRC checks of NVMe reads) and io_uring.
+// When the compute stream's thread woke the H2D thread, the scheduler often ran the wakee on the
+// waker's core and preempted the compute thread for the whole copy: 1-2 ms gaps at a third of
+// the moments, which no policy caused and a GPU does not have. So by default (--tz_pin=1, with
+// at least two CPUs) the compute stream's thread runs alone on CPU 0 and every other thread of
+// the process on the remaining CPUs. The device memory is faulted in up front
+// (HostSimOptions::populate), as a GPU's is.
+//
+//   build/bin/chunk_bench --benchmark_format=json [--tz_path=DIR] [--tz_pin=0|1]
 #include <benchmark/benchmark.h>
+#include <pthread.h>
+#include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -40,6 +58,28 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::string g_path = "build";  // where the NVMe swap file goes
+bool g_pin = true;             // Note [The simulated device gets a core of its own]
+
+bool Pinning() { return g_pin && std::thread::hardware_concurrency() >= 2; }
+
+void PinCallingThread(bool compute) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (compute) {
+    CPU_SET(0, &set);
+  } else {
+    for (unsigned c = 1; c < std::thread::hardware_concurrency() && c < CPU_SETSIZE; ++c) {
+      CPU_SET(c, &set);
+    }
+  }
+  TZ_CHECK(pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0)
+      << "cannot set the CPU affinity; run with --tz_pin=0";
+}
+
+// Queues, on the compute stream, the pinning of its thread to CPU 0.
+void PinComputeStream(Device& device, StreamHandle compute) {
+  if (Pinning()) TZ_CHECK_OK(device.LaunchHostFunc(compute, [] { PinCallingThread(true); }));
+}
 
 struct Model {
   std::vector<TensorDesc> tensors;
@@ -78,11 +118,95 @@ Model Transformer(int layers, uint64_t d, uint64_t vocab, uint64_t ctx) {
 }
 
 struct RunResult {
-  double stall_s = 0, compute_s = 0, predicted_stall_s = 0, lower_bound_s = 0;
+  double stall_s = 0, first_s = 0, compute_s = 0, predicted_stall_s = 0, lower_bound_s = 0;
   double counter_stall_s = 0;  // the manager's own measurement (device events)
 };
 
-RunResult Run(const Model& model, CachePolicy policy, double h2d_bps, double flops,
+// Compute per moment: 2 x tokens x params FLOPs forward, twice that backward.
+double MomentSeconds(const Model& model, const std::vector<int>& t, bool backward, double flops,
+                     uint64_t tokens) {
+  uint64_t params = 0;
+  for (int i : t) params += model.tensors[static_cast<size_t>(i)].numel;
+  return (backward ? 4.0 : 2.0) * static_cast<double>(tokens) * static_cast<double>(params) / flops;
+}
+
+// What the compute stream itself sees of one iteration: the begin and end of each moment's
+// compute, taken on the stream's own thread (sleep overshoot counts as compute).
+struct StreamTimes {
+  Clock::time_point start;
+  std::vector<Clock::time_point> begins, ends;
+  void Clear() {
+    begins.clear();
+    ends.clear();
+    begins.reserve(256);
+    ends.reserve(256);
+    start = Clock::now();
+  }
+  // Queues a moment's compute: a timed wait on the stream.
+  void Queue(Device& device, StreamHandle stream, double seconds) {
+    TZ_CHECK_OK(device.LaunchHostFunc(stream, [this, seconds] {
+      begins.push_back(Clock::now());
+      std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+      ends.push_back(Clock::now());
+    }));
+  }
+  static double Secs(Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  }
+  double First() const { return Secs(start, begins[0]); }
+  // The gaps before the first moment and between moments.
+  double Stall() const {
+    double s = First();
+    for (size_t k = 1; k < begins.size(); ++k) s += Secs(ends[k - 1], begins[k]);
+    return s;
+  }
+  double Compute() const {
+    double s = 0;
+    for (size_t k = 0; k < begins.size(); ++k) s += Secs(begins[k], ends[k]);
+    return s;
+  }
+};
+
+// The harness's floor: the moments' compute on a HostSim compute stream with, per moment, the
+// stream work of an Acquire whose chunks are all gathered and done (its event, and the timing
+// event measure_stalls adds), the caller waiting for the stream at the end as EndIteration does.
+double HarnessFloor(const Model& model, double flops, uint64_t tokens) {
+  HostSimOptions ho;
+  ho.capacity_bytes = 64 * kMiB;
+  auto device = std::move(CreateHostSimDevice(ho)).value();
+  double floor = 0;
+  {
+    auto compute = std::move(Stream::Create(*device, "compute")).value();
+    PinComputeStream(*device, compute.handle());
+    std::vector<Event> begin, start;
+    for (size_t k = 0; k < 2 * model.moments_fwd.size(); ++k) {
+      begin.push_back(std::move(Event::Create(*device)).value());
+      start.push_back(std::move(Event::Create(*device)).value());
+    }
+    StreamTimes times;
+    for (int round = 0; round < 2; ++round) {  // the first warms the stream up
+      TZ_CHECK_OK(compute.Synchronize());
+      times.Clear();
+      size_t k = 0;
+      auto moment = [&](const std::vector<int>& t, bool backward) {
+        TZ_CHECK_OK(device->RecordEvent(begin[k].handle(), compute.handle()));
+        TZ_CHECK_OK(device->RecordEvent(start[k].handle(), compute.handle()));
+        times.Queue(*device, compute.handle(), MomentSeconds(model, t, backward, flops, tokens));
+        ++k;
+      };
+      for (const auto& t : model.moments_fwd) moment(t, false);
+      for (auto it = model.moments_fwd.rbegin(); it != model.moments_fwd.rend(); ++it) {
+        moment(*it, true);
+      }
+      TZ_CHECK_OK(compute.Synchronize());
+    }
+    floor = times.Stall();
+  }
+  return floor;
+}
+
+// slots: gathered chunks the device has room for beside the activations; 0: every chunk.
+RunResult Run(const Model& model, CachePolicy policy, double h2d_bps, int slots, double flops,
               uint64_t tokens) {
   LayoutOptions lo;
   lo.groups = model.moments_fwd;
@@ -95,11 +219,13 @@ RunResult Run(const Model& model, CachePolicy policy, double h2d_bps, double flo
   Placement placement = std::move(PlaceShards(layout, budgets)).value();
 
   const uint64_t act_per_layer = 2 * kMiB;
-  // Room for 12 gathered chunks beside the activations at their peak (the end of forward).
-  const uint64_t budget = 12 * layout.chunk_bytes() + act_per_layer * model.moments_fwd.size();
+  // Room for the gathered chunks beside the activations at their peak (the end of forward).
+  const uint64_t room = slots > 0 ? static_cast<uint64_t>(slots) : n;
+  const uint64_t budget = room * layout.chunk_bytes() + act_per_layer * model.moments_fwd.size();
   HostSimOptions ho;
   ho.capacity_bytes = budget + 4 * layout.chunk_bytes();
   ho.h2d_bytes_per_second = h2d_bps;
+  ho.populate = true;  // Note [The simulated device gets a core of its own]
   auto device = std::move(CreateHostSimDevice(ho)).value();
   NvmeStoreOptions no;
   no.paths = {g_path};
@@ -108,6 +234,7 @@ RunResult Run(const Model& model, CachePolicy policy, double h2d_bps, double flo
   RunResult r;
   {
     auto compute = std::move(Stream::Create(*device, "compute")).value();
+    PinComputeStream(*device, compute.handle());
     ChunkManagerOptions mo;
     mo.device_budget_bytes = budget;
     mo.policy = policy;
@@ -117,64 +244,48 @@ RunResult Run(const Model& model, CachePolicy policy, double h2d_bps, double flo
     auto manager = std::move(ChunkManager::Create(*device, compute.handle(), nvme.get(), layout,
                                                   placement, mo))
                        .value();
-    // Compute is a timed wait on the compute stream. The stall is what the compute stream itself
-    // sees: the gaps between one moment's compute ending and the next one's starting (and before
-    // the first), taken on the stream's own thread. Sleep overshoot counts as compute.
-    std::vector<Clock::time_point> begins, ends;
-    Clock::time_point iteration_start;
-    auto iteration = [&]() -> double {
-      begins.clear();
-      ends.clear();
-      begins.reserve(256);
-      ends.reserve(256);
-      iteration_start = Clock::now();
+    // Compute is a timed wait on the compute stream; the stall is what the stream itself sees.
+    StreamTimes times;
+    auto iteration = [&] {
+      times.Clear();
       uint64_t act = 0;
       TZ_CHECK_OK(manager->BeginIteration());
-      auto moment = [&](const std::vector<int>& t, Phase phase, double seconds) {
+      auto moment = [&](const std::vector<int>& t, Phase phase) {
         TZ_CHECK_OK(manager->Acquire(t, phase));
-        TZ_CHECK_OK(device->LaunchHostFunc(compute.handle(), [seconds, &begins, &ends] {
-          begins.push_back(Clock::now());
-          std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-          ends.push_back(Clock::now());
-        }));
+        times.Queue(*device, compute.handle(),
+                    MomentSeconds(model, t, phase == Phase::kBackward, flops, tokens));
         TZ_CHECK_OK(manager->Release(t, phase));
       };
       for (const auto& t : model.moments_fwd) {
-        uint64_t params = 0;
-        for (int i : t) params += model.tensors[static_cast<size_t>(i)].numel;
-        moment(t, Phase::kForward, 2.0 * tokens * params / flops);
+        moment(t, Phase::kForward);
         act += act_per_layer;
         manager->OnNonModelBytes(act);
       }
       for (auto it = model.moments_fwd.rbegin(); it != model.moments_fwd.rend(); ++it) {
-        uint64_t params = 0;
-        for (int i : *it) params += model.tensors[static_cast<size_t>(i)].numel;
-        moment(*it, Phase::kBackward, 4.0 * tokens * params / flops);
+        moment(*it, Phase::kBackward);
         act -= act_per_layer;
         manager->OnNonModelBytes(act);
       }
       TZ_CHECK_OK(manager->EndIteration());
-      return 0.0;
     };
     iteration();  // warm-up: records and plans
     TZ_CHECK(manager->has_plan());
     iteration();
-    auto secs = [](Clock::time_point a, Clock::time_point b) {
-      return std::chrono::duration<double>(b - a).count();
-    };
-    r.stall_s = secs(iteration_start, begins[0]);
+    r.stall_s = times.Stall();
+    r.first_s = times.First();
+    r.compute_s = times.Compute();
     if (std::getenv("CHUNK_BENCH_DEBUG") != nullptr) {
       std::fprintf(stderr, "measured gaps (%s): first %.3f ms;",
-                   std::string(CachePolicyName(policy)).c_str(), r.stall_s * 1e3);
-      for (size_t k = 1; k < begins.size(); ++k) {
-        const double g = secs(ends[k - 1], begins[k]);
+                   std::string(CachePolicyName(policy)).c_str(), r.first_s * 1e3);
+      std::vector<double> gaps;
+      for (size_t k = 1; k < times.begins.size(); ++k) {
+        const double g = StreamTimes::Secs(times.ends[k - 1], times.begins[k]);
+        gaps.push_back(g * 1e6);
         if (g > 2e-4) std::fprintf(stderr, " m%zu %.2f", k, g * 1e3);
       }
-      std::fprintf(stderr, "\n");
-    }
-    for (size_t k = 0; k < begins.size(); ++k) {
-      if (k > 0) r.stall_s += secs(ends[k - 1], begins[k]);
-      r.compute_s += secs(begins[k], ends[k]);
+      std::sort(gaps.begin(), gaps.end());
+      std::fprintf(stderr, "; gaps p50 %.0f us, p90 %.0f us\n", gaps[gaps.size() / 2],
+                   gaps[gaps.size() * 9 / 10]);
     }
     r.predicted_stall_s = manager->schedule().stall_s;
     r.counter_stall_s = manager->counters().last_stall_seconds;
@@ -207,22 +318,27 @@ RunResult Run(const Model& model, CachePolicy policy, double h2d_bps, double flo
   return r;
 }
 
-// args: h2d bandwidth in MB/s.
+// args: h2d bandwidth in MB/s; device slots for gathered chunks (0: room for every chunk).
 void BM_Stalls(benchmark::State& state) {
   const double h2d = static_cast<double>(state.range(0)) * 1e6;
+  const int slots = static_cast<int>(state.range(1));
   const Model model = Transformer(24, 512, 256, 1024);
   constexpr double kFlops = 2e12;
   constexpr uint64_t kTokens = 4096;
   RunResult on_demand, lru, plan;
+  double floor = 0;
   for (auto _ : state) {
-    on_demand = Run(model, CachePolicy::kOnDemand, h2d, kFlops, kTokens);
-    lru = Run(model, CachePolicy::kLru, h2d, kFlops, kTokens);
-    plan = Run(model, CachePolicy::kPlan, h2d, kFlops, kTokens);
+    on_demand = Run(model, CachePolicy::kOnDemand, h2d, slots, kFlops, kTokens);
+    lru = Run(model, CachePolicy::kLru, h2d, slots, kFlops, kTokens);
+    plan = Run(model, CachePolicy::kPlan, h2d, slots, kFlops, kTokens);
+    floor = HarnessFloor(model, kFlops, kTokens);
   }
   state.counters["stall_s_on_demand"] = on_demand.stall_s;
   state.counters["stall_s_lru"] = lru.stall_s;
   state.counters["stall_s_plan"] = plan.stall_s;
+  state.counters["stall_s_plan_first"] = plan.first_s;
   state.counters["stall_s_lower_bound"] = plan.lower_bound_s;
+  state.counters["stall_s_floor"] = floor;
   state.counters["stall_s_plan_predicted"] = plan.predicted_stall_s;
   state.counters["stall_s_plan_counter"] = plan.counter_stall_s;
   state.counters["compute_s"] = plan.compute_s;
@@ -282,8 +398,9 @@ void BM_Bookkeeping(benchmark::State& state) {
 }  // namespace tierzero
 
 BENCHMARK(tierzero::BM_Stalls)
-    ->Arg(12000)  // PCIe-like: transfers hide behind compute
-    ->Arg(400)    // starved: transfers exceed compute
+    ->Args({12000, 12})  // PCIe-like: transfers hide behind compute
+    ->Args({400, 12})    // starved: transfers exceed compute
+    ->Args({12000, 0})   // room for every chunk (Note [Prefetches within the staging slots])
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(tierzero::BM_Bookkeeping)->Unit(benchmark::kMicrosecond);
@@ -291,8 +408,11 @@ BENCHMARK(tierzero::BM_Bookkeeping)->Unit(benchmark::kMicrosecond);
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--tz_path=", 10) == 0) tierzero::g_path = argv[i] + 10;
+    if (std::strcmp(argv[i], "--tz_pin=0") == 0) tierzero::g_pin = false;
   }
   std::filesystem::create_directories(tierzero::g_path);
+  // Every thread created from here on (the streams', io_uring's) inherits the non-compute CPUs.
+  if (tierzero::Pinning()) tierzero::PinCallingThread(false);
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
