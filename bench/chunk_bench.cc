@@ -60,20 +60,23 @@ using Clock = std::chrono::steady_clock;
 std::string g_path = "build";  // where the NVMe swap file goes
 bool g_pin = true;             // Note [The simulated device gets a core of its own]
 
-bool Pinning() { return g_pin && std::thread::hardware_concurrency() >= 2; }
+// The CPUs this process may run on, as main() found them.
+std::vector<int> g_cpus;
 
+bool Pinning() { return g_pin && g_cpus.size() >= 2; }
+
+// The compute stream's thread gets the first allowed CPU, every other thread the rest.
 void PinCallingThread(bool compute) {
   cpu_set_t set;
   CPU_ZERO(&set);
   if (compute) {
-    CPU_SET(0, &set);
+    CPU_SET(g_cpus[0], &set);
   } else {
-    for (unsigned c = 1; c < std::thread::hardware_concurrency() && c < CPU_SETSIZE; ++c) {
-      CPU_SET(c, &set);
-    }
+    for (size_t i = 1; i < g_cpus.size(); ++i) CPU_SET(g_cpus[i], &set);
   }
-  TZ_CHECK(pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0)
-      << "cannot set the CPU affinity; run with --tz_pin=0";
+  if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0) {
+    std::fprintf(stderr, "chunk_bench: cannot set the CPU affinity; threads float\n");
+  }
 }
 
 // Queues, on the compute stream, the pinning of its thread to CPU 0.
@@ -411,6 +414,12 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--tz_pin=0") == 0) tierzero::g_pin = false;
   }
   std::filesystem::create_directories(tierzero::g_path);
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &allowed)) tierzero::g_cpus.push_back(c);
+    }
+  }
   // Every thread created from here on (the streams', io_uring's) inherits the non-compute CPUs.
   if (tierzero::Pinning()) tierzero::PinCallingThread(false);
   benchmark::Initialize(&argc, argv);

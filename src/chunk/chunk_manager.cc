@@ -885,11 +885,15 @@ Status ChunkManager::Evict(int c, int moment) {
     // A gather the compute stream never waited for (a prefetch dropped off the trace) may still
     // be writing the slot on the comm stream, which the next gather's H2D copy does not wait for.
     const size_t s = static_cast<size_t>(rt.slot);
+    EventHandle moment_event{};  // recorded before the wait below (Note [One wait per moment])
+    if (moment >= 0) {
+      ASSIGN_OR_RETURN(moment_event, MomentEvent(moment));
+    }
     const bool waited = OnDevice() && !rt.ready_known_done;
     if (waited) RETURN_IF_ERROR(device_.StreamWaitEvent(compute_, rt.ready.handle()));
-    if (moment >= 0 && !waited) {
-      // The moment's event follows the chunk's last use (Note [One wait per moment]).
-      ASSIGN_OR_RETURN(im.slot_last_use[s], MomentEvent(moment));
+    if (moment_event.impl != nullptr && !waited) {
+      // The moment's event follows the chunk's last use.
+      im.slot_last_use[s] = moment_event;
     } else {
       // Everything enqueued on the compute stream so far includes the chunk's last use.
       RETURN_IF_ERROR(device_.RecordEvent(im.slot_done[s].handle(), compute_));
@@ -1669,8 +1673,9 @@ Status ChunkManager::EndIteration() {
   // Note [Prefetches within the staging slots] (plan.cc).
   const bool host_path = layout_.world_size() > 1 && !OnDevice();
   po.staging_slots = im.staging != nullptr ? static_cast<int>(im.staging->num_slots()) : 0;
-  if (nvme_ != nullptr && po.staging_slots > 0) {
-    // Reads beyond the NVMe queue would hold up the caller in the same way.
+  if (nvme_ != nullptr && po.staging_slots > 0 && !host_path) {
+    // Asynchronous reads beyond the NVMe queue would hold up the caller in the same way (the
+    // host path reads synchronously, one at a time).
     po.staging_slots = std::min(po.staging_slots, nvme_->TransfersInFlight(layout_.shard_bytes()));
   }
   for (int c = 0; c < layout_.num_chunks(); ++c) {

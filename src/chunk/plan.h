@@ -54,8 +54,9 @@ struct PlanOptions {
   std::vector<bool> always_resident;
   // Chunks whose gather holds a pinned staging slot from its start until its copy to the device
   // is done (NVMe-resident shards; every chunk on the host-buffer collective path), and how many
-  // such slots there are. kPlan starts no prefetch of a staged chunk while staging_slots staged
-  // gathers are in flight (Note [Prefetches within the staging slots]). Empty / 0: unlimited.
+  // such slots there are. kPlan stops a moment's prefetches (which go in order of use) at the
+  // first staged chunk that finds staging_slots staged gathers in flight (Note [Prefetches
+  // within the staging slots]). Empty / 0: unlimited.
   std::vector<bool> staged;
   int staging_slots = 0;
 };
