@@ -27,8 +27,8 @@
 // When the compute stream's thread woke the H2D thread, the scheduler often ran the wakee on the
 // waker's core and preempted the compute thread for the whole copy: 1-2 ms gaps at a third of
 // the moments, which no policy caused and a GPU does not have. So by default (--tz_pin=1, with
-// at least two CPUs) the compute stream's thread runs alone on CPU 0 and every other thread of
-// the process on the remaining CPUs. The device memory is faulted in up front
+// at least two CPUs) the compute stream's thread runs alone on the first CPU the process may use,
+// every other thread of the process on the remaining CPUs. The device memory is faulted in up front
 // (HostSimOptions::populate), as a GPU's is.
 //
 //   build/bin/chunk_bench --benchmark_format=json [--tz_path=DIR] [--tz_pin=0|1]
@@ -79,7 +79,7 @@ void PinCallingThread(bool compute) {
   }
 }
 
-// Queues, on the compute stream, the pinning of its thread to CPU 0.
+// Queues, on the compute stream, the pinning of its thread to the first allowed CPU.
 void PinComputeStream(Device& device, StreamHandle compute) {
   if (Pinning()) TZ_CHECK_OK(device.LaunchHostFunc(compute, [] { PinCallingThread(true); }));
 }
