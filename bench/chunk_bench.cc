@@ -31,7 +31,11 @@
 // every other thread of the process on the remaining CPUs. The device memory is faulted in up front
 // (HostSimOptions::populate), as a GPU's is.
 //
-//   build/bin/chunk_bench --benchmark_format=json [--tz_path=DIR] [--tz_pin=0|1]
+// The streams wait for each other by polling, every 2-20 us (--tz_poll_us), so that the compute
+// stream does not pay a thread wake-up each time it signals a copy stream (Note [Stream waits
+// that cost the signaller nothing], host_sim_device.cc).
+//
+//   build/bin/chunk_bench --benchmark_format=json [--tz_path=DIR] [--tz_pin=0|1] [--tz_poll_us=N]
 #include <benchmark/benchmark.h>
 #include <pthread.h>
 #include <sched.h>
@@ -59,6 +63,8 @@ using Clock = std::chrono::steady_clock;
 
 std::string g_path = "build";  // where the NVMe swap file goes
 bool g_pin = true;             // Note [The simulated device gets a core of its own]
+// Note [Stream waits that cost the signaller nothing] (host_sim_device.cc); --tz_poll_us=0: off.
+double g_poll_us = 20;
 
 // The CPUs this process may run on, as main() found them.
 std::vector<int> g_cpus;
@@ -176,6 +182,7 @@ struct StreamTimes {
 double HarnessFloor(const Model& model, double flops, uint64_t tokens) {
   HostSimOptions ho;
   ho.capacity_bytes = 64 * kMiB;
+  ho.poll_stream_waits_us = g_poll_us;
   auto device = std::move(CreateHostSimDevice(ho)).value();
   double floor = 0;
   {
@@ -229,6 +236,7 @@ RunResult Run(const Model& model, CachePolicy policy, double h2d_bps, int slots,
   ho.capacity_bytes = budget + 4 * layout.chunk_bytes();
   ho.h2d_bytes_per_second = h2d_bps;
   ho.populate = true;  // Note [The simulated device gets a core of its own]
+  ho.poll_stream_waits_us = g_poll_us;
   auto device = std::move(CreateHostSimDevice(ho)).value();
   NvmeStoreOptions no;
   no.paths = {g_path};
@@ -412,6 +420,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--tz_path=", 10) == 0) tierzero::g_path = argv[i] + 10;
     if (std::strcmp(argv[i], "--tz_pin=0") == 0) tierzero::g_pin = false;
+    if (std::strncmp(argv[i], "--tz_poll_us=", 13) == 0)
+      tierzero::g_poll_us = std::atof(argv[i] + 13);
   }
   std::filesystem::create_directories(tierzero::g_path);
   cpu_set_t allowed;

@@ -1,6 +1,7 @@
 #include "offload/host_sim_device.h"
 
 #include <sys/mman.h>
+#include <sys/prctl.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -33,6 +34,17 @@ using Clock = std::chrono::steady_clock;
 // cost the stream 10-20 us, and chunk_bench's compute stream ~40 us per moment. So Drain
 // registers the smallest target it waits for and the stream notifies only on reaching it; an
 // event notifies only when a thread waits on it.
+
+// Note [Stream waits that cost the signaller nothing]
+// A stream that records an event another stream waits on had to wake that stream's sleeping
+// thread: a futex wake and an inter-processor interrupt, 14 us at the median (27 us at p90) on
+// this VM, paid by the recording stream's thread. chunk_bench's compute stream signals the copy
+// streams at every moment (its gathers start when their moment begins), so 30-40 us of every
+// moment's gap was this wake, which a GPU, whose streams signal each other in hardware, does not
+// have. With HostSimOptions::poll_stream_waits_us the waiting stream polls instead (napping, with
+// a 1 us timer slack, from 2 us up to that cap between looks) and a record wakes only host threads
+// waiting in SynchronizeEvent. The cost moves to the waiter's core, and a stream wait ends up to
+// the cap (plus the timer's wake-up) after its event; every policy a benchmark compares pays it.
 
 // One in-order queue executed by its own thread.
 class SimStream {
@@ -115,6 +127,24 @@ struct SimEvent {
     --waiters;
   }
   Clock::time_point completed_at{};
+  // Polls until record `target` has completed, without counting as a waiter (Note [Stream
+  // waits that cost the signaller nothing]).
+  void Poll(uint64_t target, double max_nap_us) {
+    static thread_local bool slack_set = false;
+    if (!slack_set) {
+      prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);  // 1 us, not the default 50 us
+      slack_set = true;
+    }
+    double nap_us = 2;
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (completed >= target) return;
+      }
+      std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(nap_us));
+      nap_us = std::min(2 * nap_us, max_nap_us);
+    }
+  }
 };
 
 // A direction of the simulated interconnect.
@@ -131,6 +161,7 @@ class HostSimDevice final : public Device {
     links_[0].bytes_per_second = options.h2d_bytes_per_second;
     links_[1].bytes_per_second = options.d2h_bytes_per_second;
     links_[2].bytes_per_second = options.d2d_bytes_per_second;
+    poll_us_ = options.poll_stream_waits_us;
   }
 
   ~HostSimDevice() override {
@@ -245,6 +276,12 @@ class HostSimDevice final : public Device {
     std::lock_guard<std::mutex> event_lock(e->mu);
     const uint64_t target = e->records;
     if (target == 0) return Status::OK();
+    if (poll_us_ > 0) {
+      static_cast<SimStream*>(stream.impl)->Enqueue([e, target, cap = poll_us_] {
+        e->Poll(target, cap);
+      });
+      return Status::OK();
+    }
     static_cast<SimStream*>(stream.impl)->Enqueue([e, target] {
       std::unique_lock<std::mutex> lock(e->mu);
       e->Wait(lock, target);
@@ -395,6 +432,7 @@ class HostSimDevice final : public Device {
   SlabAllocator allocator_;       // GUARDED_BY(mu_)
   std::set<SimStream*> streams_;  // GUARDED_BY(mu_)
   Link links_[3];                 // indexed by CopyKind
+  double poll_us_ = 0;            // Note [Stream waits that cost the signaller nothing]
 };
 
 }  // namespace
@@ -409,6 +447,11 @@ StatusOr<std::unique_ptr<Device>> CreateHostSimDevice(const HostSimOptions& opti
       return InvalidArgumentError("HostSim bandwidth must be >= 0 bytes/s (0 = unthrottled), got " +
                                   std::to_string(bw));
     }
+  }
+  if (!(options.poll_stream_waits_us >= 0)) {
+    return InvalidArgumentError(
+        "HostSim poll_stream_waits_us must be >= 0 (0 = wake stream waiters), got " +
+        std::to_string(options.poll_stream_waits_us));
   }
   const uint64_t capacity = AlignUp(options.capacity_bytes, kDeviceAlignment);
   void* slab = ::mmap(

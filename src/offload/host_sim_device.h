@@ -38,6 +38,11 @@ struct HostSimOptions {
   // first write pays for page faults (a 2 MiB first memset costs ~1.5 ms here). For benchmarks;
   // by default the slab is reserved and faulted in lazily. Default: false.
   bool populate = false;
+  // When > 0, a stream waiting on another stream's event polls for it, napping from 2 us up to
+  // this many microseconds between looks, and the recording stream wakes nobody: on a GPU, a
+  // stream's signal costs that stream nothing (Note [Stream waits that cost the signaller
+  // nothing]). For benchmarks; 0 (the default) wakes stream waiters with a condition variable.
+  double poll_stream_waits_us = 0;
 };
 
 // Creates a HostSimDevice. InvalidArgument for a zero capacity or a negative bandwidth;

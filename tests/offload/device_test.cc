@@ -24,14 +24,17 @@ namespace {
 
 constexpr uint64_t kCapacity = 64 * kMiB;
 
-enum class Backend { kHostSim, kCuda };
+enum class Backend { kHostSim, kHostSimPolling, kCuda };
 
 StatusOr<std::unique_ptr<Device>> MakeDevice(Backend backend, uint64_t capacity,
                                              double h2d_bps = 0) {
-  if (backend == Backend::kHostSim) {
+  if (backend != Backend::kCuda) {
     HostSimOptions o;
     o.capacity_bytes = capacity;
     o.h2d_bytes_per_second = h2d_bps;
+    // Streams that poll for each other's events (Note [Stream waits that cost the signaller
+    // nothing]) must order exactly as those woken by their signaller.
+    if (backend == Backend::kHostSimPolling) o.poll_stream_waits_us = 20;
     return CreateHostSimDevice(o);
   }
   CudaDeviceOptions o;
@@ -347,9 +350,13 @@ TEST_P(DeviceTest, FaultInjectionSurfacesAsStatusAndStateSurvives) {
   EXPECT_EQ(faulty.injected(), 3);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, DeviceTest, testing::Values(Backend::kHostSim, Backend::kCuda),
+INSTANTIATE_TEST_SUITE_P(Backends, DeviceTest,
+                         testing::Values(Backend::kHostSim, Backend::kHostSimPolling,
+                                         Backend::kCuda),
                          [](const auto& info) {
-                           return info.param == Backend::kHostSim ? "HostSim" : "Cuda";
+                           return info.param == Backend::kHostSim          ? "HostSim"
+                                  : info.param == Backend::kHostSimPolling ? "HostSimPolling"
+                                                                           : "Cuda";
                          });
 
 // ---- HostSim specifics ----------------------------------------------------------------------
@@ -416,6 +423,9 @@ TEST(HostSimDeviceTest, RejectsBadOptions) {
   EXPECT_EQ(CreateHostSimDevice(o).status().code(), StatusCode::kInvalidArgument);
   o.capacity_bytes = kMiB;
   o.d2h_bytes_per_second = -1;
+  EXPECT_EQ(CreateHostSimDevice(o).status().code(), StatusCode::kInvalidArgument);
+  o.d2h_bytes_per_second = 0;
+  o.poll_stream_waits_us = -5;
   EXPECT_EQ(CreateHostSimDevice(o).status().code(), StatusCode::kInvalidArgument);
 }
 
