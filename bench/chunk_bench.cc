@@ -18,6 +18,7 @@
 //                         with the stream work of an Acquire whose chunks are all in place and no
 //                         transfers at all (what any policy pays here for the simulation itself)
 //   compute_s             compute per iteration
+//   plan_above_floor_over_bound   (stall_s_plan - stall_s_floor) / stall_s_lower_bound
 // and BM_Bookkeeping reports the host time of one Acquire + Release pair with every chunk
 // resident (target < 2 us).
 //
@@ -354,6 +355,9 @@ void BM_Stalls(benchmark::State& state) {
   state.counters["stall_s_plan_counter"] = plan.counter_stall_s;
   state.counters["compute_s"] = plan.compute_s;
   state.counters["plan_over_on_demand"] = plan.stall_s / std::max(1e-9, on_demand.stall_s);
+  // The plan's stall beyond what the harness itself costs, over the model's bound.
+  state.counters["plan_above_floor_over_bound"] =
+      std::max(0.0, plan.stall_s - floor) / std::max(1e-9, plan.lower_bound_s);
 }
 
 // Host time of Acquire + Release with every chunk device-resident (no copies): bookkeeping only.

@@ -42,13 +42,50 @@ struct Rig {
   }
 };
 
+// Counts what is queued on one stream (Note [One wait per moment]).
+class CountingDevice final : public DeviceWrapper {
+ public:
+  using DeviceWrapper::DeviceWrapper;
+  StreamHandle watched{};
+  int records = 0, waits = 0, memsets = 0, others = 0;
+  int Total() const { return records + waits + others; }
+  bool Watched(StreamHandle s) const { return watched.impl != nullptr && s.impl == watched.impl; }
+  Status RecordEvent(EventHandle e, StreamHandle s) override {
+    records += Watched(s);
+    return DeviceWrapper::RecordEvent(e, s);
+  }
+  Status StreamWaitEvent(StreamHandle s, EventHandle e) override {
+    waits += Watched(s);
+    return DeviceWrapper::StreamWaitEvent(s, e);
+  }
+  Status CopyAsync(void* dst, const void* src, size_t bytes, CopyKind kind,
+                   StreamHandle s) override {
+    others += Watched(s);
+    return DeviceWrapper::CopyAsync(dst, src, bytes, kind, s);
+  }
+  Status MemsetAsync(void* dst, uint8_t value, size_t bytes, StreamHandle s) override {
+    memsets += Watched(s);
+    return DeviceWrapper::MemsetAsync(dst, value, bytes, s);
+  }
+  Status CastAsync(const void* src, DType st, void* dst, DType dt, size_t n,
+                   StreamHandle s) override {
+    others += Watched(s);
+    return DeviceWrapper::CastAsync(src, st, dst, dt, n, s);
+  }
+  Status LaunchHostFunc(StreamHandle s, std::function<void()> fn) override {
+    others += Watched(s);
+    return DeviceWrapper::LaunchHostFunc(s, std::move(fn));
+  }
+};
+
 struct RigOptions {
   double h2d_bytes_per_second = 0;
   CachePolicy policy = CachePolicy::kPlan;
   bool accumulation = false;
   int budget_chunks = 6;
   uint64_t device_capacity = 8 * kMiB;
-  bool faults = false;  // wrap the device in a FaultInjectionDevice
+  bool faults = false;    // wrap the device in a FaultInjectionDevice
+  bool counting = false;  // wrap it in a CountingDevice watching the compute stream
 };
 
 std::unique_ptr<Rig> MakeRig(const RigOptions& ro) {
@@ -67,10 +104,13 @@ std::unique_ptr<Rig> MakeRig(const RigOptions& ro) {
   rig->sim = std::move(CreateHostSimDevice(ho)).value();
   if (ro.faults) {
     rig->device = std::make_unique<FaultInjectionDevice>(rig->sim.get());
+  } else if (ro.counting) {
+    rig->device = std::make_unique<CountingDevice>(rig->sim.get());
   } else {
     rig->device = std::make_unique<DeviceWrapper>(rig->sim.get());
   }
   rig->compute = std::move(Stream::Create(*rig->device, "compute")).value();
+  if (ro.counting) static_cast<CountingDevice&>(*rig->device).watched = rig->compute.handle();
   NvmeStoreOptions no;
   no.paths = {rig->dir};
   no.bytes_per_path = 64 * kMiB;
@@ -351,6 +391,51 @@ TEST(ChunkManagerTest, PlanRemovesStallsUnderThrottledCopies) {
   EXPECT_GT(s.moments.size(), 0u);
   driver.Iterate(AllLayers());
   EXPECT_GT(rig->manager->counters().hits, 0u);
+}
+
+// Note [One wait per moment]: under the plan an Acquire queues at most one event and one wait on
+// the compute stream (beside zeroing new separate grad chunks in backward), and one whose chunks
+// are all gathered and done queues neither.
+TEST(ChunkManagerTest, PlannedAcquireQueuesAtMostOneEventAndOneWaitOnCompute) {
+  for (int budget : {4, 100}) {  // evictions and prefetches; then room for every chunk
+    SCOPED_TRACE("budget " + std::to_string(budget) + " chunks");
+    RigOptions ro;
+    ro.counting = true;
+    ro.budget_chunks = budget;
+    auto rig = MakeRig(ro);
+    auto& counting = static_cast<CountingDevice&>(*rig->device);
+    ChunkManager& m = *rig->manager;
+    int idle_acquires = 0;
+    for (int it = 0; it < 2; ++it) {  // warm-up, then the plan
+      ASSERT_TRUE(m.BeginIteration().ok());
+      auto moment = [&](const std::vector<int>& t, Phase phase) {
+        const int records = counting.records, waits = counting.waits;
+        const int memsets = counting.memsets, others = counting.others;
+        Status s = m.Acquire(t, phase);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        if (it == 1) {
+          EXPECT_LE(counting.records - records, 1);
+          EXPECT_LE(counting.waits - waits, 1);
+          EXPECT_EQ(counting.others, others);
+          // Only the zeroing of a separate grad chunk (device-resident shards), in backward.
+          if (phase == Phase::kForward) EXPECT_EQ(counting.memsets, memsets);
+          if (counting.records == records && counting.waits == waits) ++idle_acquires;
+        }
+        ASSERT_TRUE(m.Release(t, phase).ok());
+      };
+      for (const auto& t : rig->layers) moment(t, Phase::kForward);
+      // Everything queued so far is done: chunks gathered in forward and kept need nothing.
+      ASSERT_TRUE(rig->compute.Synchronize().ok());
+      ASSERT_TRUE(rig->device->Synchronize().ok());
+      for (auto t = rig->layers.rbegin(); t != rig->layers.rend(); ++t) {
+        moment(*t, Phase::kBackward);
+      }
+      Status st = m.EndIteration();
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      ASSERT_TRUE(m.has_plan());
+    }
+    if (budget == 100) EXPECT_GE(idle_acquires, 1) << "no Acquire of a done chunk queued nothing";
+  }
 }
 
 TEST(ChunkManagerTest, MomentThatCannotFitFailsAtWarmUpWithAClearMessage) {
