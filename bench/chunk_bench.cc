@@ -424,8 +424,15 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--tz_path=", 10) == 0) tierzero::g_path = argv[i] + 10;
     if (std::strcmp(argv[i], "--tz_pin=0") == 0) tierzero::g_pin = false;
-    if (std::strncmp(argv[i], "--tz_poll_us=", 13) == 0)
-      tierzero::g_poll_us = std::atof(argv[i] + 13);
+    if (std::strncmp(argv[i], "--tz_poll_us=", 13) == 0) {
+      char* end = nullptr;
+      tierzero::g_poll_us = std::strtod(argv[i] + 13, &end);
+      if (end == argv[i] + 13 || *end != '\0') {
+        std::fprintf(stderr, "chunk_bench: --tz_poll_us wants microseconds (0 = off), got '%s'\n",
+                     argv[i] + 13);
+        return 2;
+      }
+    }
   }
   std::filesystem::create_directories(tierzero::g_path);
   cpu_set_t allowed;

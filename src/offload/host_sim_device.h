@@ -39,13 +39,14 @@ struct HostSimOptions {
   // by default the slab is reserved and faulted in lazily. Default: false.
   bool populate = false;
   // When > 0, a stream waiting on another stream's event polls for it, napping from 2 us up to
-  // this many microseconds between looks, and the recording stream wakes nobody: on a GPU, a
-  // stream's signal costs that stream nothing (Note [Stream waits that cost the signaller
+  // this many microseconds (at most 1000) between looks, and the recording stream wakes nobody: on
+  // a GPU, a stream's signal costs that stream nothing (Note [Stream waits that cost the signaller
   // nothing]). For benchmarks; 0 (the default) wakes stream waiters with a condition variable.
   double poll_stream_waits_us = 0;
 };
 
-// Creates a HostSimDevice. InvalidArgument for a zero capacity or a negative bandwidth;
+// Creates a HostSimDevice. InvalidArgument for a zero capacity, a negative bandwidth, or a poll
+// cap outside [0, 1000] us;
 // OutOfMemory when the address space for the slab cannot be reserved.
 StatusOr<std::unique_ptr<Device>> CreateHostSimDevice(const HostSimOptions& options);
 
