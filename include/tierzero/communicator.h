@@ -70,10 +70,11 @@ class Communicator {
   virtual bool asynchronous() const { return true; }
 
   // Counts are elements per rank; dtypes fp32, bf16, fp16 and int8 (int4 for the data
-  // movement collectives, with an even count). Reductions: fp32, bf16, fp16. reduce_scatter adds
-  // the ranks' blocks in rank order in fp32 and rounds once, so its result does not depend on
-  // the transport's algorithm; all_reduce follows the transport's order (bf16/fp16 rounded at
-  // each pairwise step). InvalidArgument for a bad dtype, op or count.
+  // movement collectives, with an even count). Reductions: fp32, bf16, fp16. On the MPI and
+  // single-rank backends reduce_scatter adds the ranks' blocks in rank order in fp32 and rounds
+  // once, so its result does not depend on the transport's algorithm; NCCL's reductions, and
+  // all_reduce everywhere, follow the transport's order (bf16/fp16 rounded at each pairwise step;
+  // nccl.h). InvalidArgument for a bad dtype or count.
   //
   // recv[r * count ...] = rank r's send[0 .. count).
   virtual StatusOr<std::unique_ptr<CommRequest>> AllGather(const void* send, void* recv,

@@ -4,6 +4,7 @@
 
 #include "cpu_adam/adam_kernels.h"
 #include "cpu_adam/gpu_adam.h"
+#include "kernels/cuda_status.h"
 
 namespace tierzero {
 namespace {
@@ -38,9 +39,7 @@ Status GpuAdamStepAsync(const AdamConfig& config, const AdamStepOptions& step, c
   const unsigned blocks = static_cast<unsigned>(want < 65536 * 8 ? want : 65536 * 8);
   const AdamBlock block{b.master, b.m, b.v, b.grad, b.grad_dtype, b.out, b.out_dtype, b.n};
   AdamKernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(block, s);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    return InternalError(std::string("GPU Adam launch: ") + cudaGetErrorString(e));
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());  // the launch's own error
   return Status::OK();
 }
 

@@ -1,8 +1,9 @@
 // Adam/AdamW as one CUDA kernel: the same math, operation order, fused multiply-adds and
 // rounding as CpuAdam (cpu_adam.h), so a GPU step and the scalar CPU path agree bit for bit
 // (IEEE division and square root: nvcc's defaults, no fast math). One thread per element in a
-// grid-stride loop. Used for sub-groups the optimizer updates on the device (DESIGN.md section 7)
-// and by gpu_bench. C++17 and CUDA-free (the stream is a void*).
+// grid-stride loop. For sub-groups updated on the device (DESIGN.md section 7); the engine does
+// not place optimizer state on the device yet, so today only its tests and gpu_bench call it. C++17
+// and CUDA-free (the stream is a void*).
 #pragma once
 
 #include <cstddef>

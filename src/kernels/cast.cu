@@ -6,6 +6,7 @@
 
 #include "core/convert.h"
 #include "kernels/cast.h"
+#include "kernels/cuda_status.h"
 
 namespace tierzero::kernels {
 namespace {
@@ -45,10 +46,7 @@ Status Launch(const void* src, void* dst, size_t n, cudaStream_t stream, Op op) 
   (void)cudaGetLastError();  // report this launch's error, not an earlier call's
   CastKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(static_cast<const In*>(src),
                                                                      static_cast<Out*>(dst), n, op);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    return InternalError(std::string("cast kernel launch failed: ") + cudaGetErrorString(err));
-  }
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());  // the launch's own error
   return Status::OK();
 }
 
@@ -66,11 +64,8 @@ Status CastCudaAsync(const void* src, DType src_type, void* dst, DType dst_type,
   if (n == 0) return Status::OK();
   auto stream = static_cast<cudaStream_t>(cuda_stream);
   if (src_type == dst_type) {
-    cudaError_t err =
-        cudaMemcpyAsync(dst, src, DTypeBytes(src_type, n), cudaMemcpyDeviceToDevice, stream);
-    if (err != cudaSuccess) {
-      return InternalError(std::string("cudaMemcpyAsync failed: ") + cudaGetErrorString(err));
-    }
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, src, DTypeBytes(src_type, n), cudaMemcpyDeviceToDevice, stream));
     return Status::OK();
   }
   switch (src_type) {

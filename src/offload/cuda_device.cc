@@ -10,31 +10,11 @@
 #include "core/check.h"
 #include "core/logging.h"
 #include "kernels/cast.h"
+#include "kernels/cuda_status.h"
 #include "offload/slab_allocator.h"
 
 namespace tierzero {
 namespace {
-
-// Turns a cudaError_t into a Status naming the call and the site (NCCLCHECK-style).
-Status CudaStatus(cudaError_t err, const char* call, const char* file, int line) {
-  StatusCode code = err == cudaErrorMemoryAllocation ? StatusCode::kOutOfMemory
-                    : err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver
-                        ? StatusCode::kUnavailable
-                        : StatusCode::kInternal;
-  Status s(code, std::string(call) + " failed: " + cudaGetErrorName(err) + " (" +
-                     cudaGetErrorString(err) + ")");
-  (void)cudaGetLastError();  // a handled, non-sticky error must not resurface at a later call
-  s.AddFrame(file, line);
-  return s;
-}
-
-#define CUDA_RETURN_IF_ERROR(call)                                \
-  do {                                                            \
-    cudaError_t tz_cuda_err_ = (call);                            \
-    if (tz_cuda_err_ != cudaSuccess) {                            \
-      return CudaStatus(tz_cuda_err_, #call, __FILE__, __LINE__); \
-    }                                                             \
-  } while (0)
 
 cudaMemcpyKind ToCuda(CopyKind kind) {
   switch (kind) {

@@ -75,10 +75,8 @@ Status CheckCollective(CollectiveKind kind, size_t count, DType dtype, bool redu
   return Status::OK();
 }
 
-size_t ElementBytes(DType dtype, size_t count) { return DTypeBytes(dtype, count); }
-
 uint64_t BytesSent(CollectiveKind kind, size_t count, DType dtype, int size, bool is_root) {
-  const uint64_t b = ElementBytes(dtype, count);
+  const uint64_t b = DTypeBytes(dtype, count);
   const uint64_t w = static_cast<uint64_t>(size);
   switch (kind) {
     case CollectiveKind::kAllGather:
@@ -118,7 +116,7 @@ void DivideInPlace(void* buf, size_t n, DType dtype, double divisor) {
 void ReduceBlocks(const void* blocks, int num_blocks, void* out, size_t n, DType dtype,
                   ReduceOp op) {
   const auto* base = static_cast<const uint8_t*>(blocks);
-  const size_t stride = ElementBytes(dtype, n);
+  const size_t stride = DTypeBytes(dtype, n);
   constexpr size_t kTile = 2048;  // fp32 accumulators on the stack, a tile at a time
   float acc[kTile];
   for (size_t t0 = 0; t0 < n; t0 += kTile) {

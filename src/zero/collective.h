@@ -20,12 +20,11 @@ enum class CollectiveKind : uint8_t {
   kBroadcast
 };
 
-// InvalidArgument unless `dtype` (and `op`, for reductions) suits the collective and `count`
-// is whole bytes.
+// InvalidArgument unless `dtype` suits the collective (a reduction when `reduction`) and
+// `count` is whole bytes.
 Status CheckCollective(CollectiveKind kind, size_t count, DType dtype, bool reduction);
 // CheckCollective for a broadcast, and `root` one of the `size` ranks.
 Status CheckBroadcast(size_t count, DType dtype, int root, int size);
-size_t ElementBytes(DType dtype, size_t count);
 // Bytes one rank sends for the collective, as NCCL's tests count them (communicator.h).
 uint64_t BytesSent(CollectiveKind kind, size_t count, DType dtype, int size, bool is_root);
 

@@ -41,7 +41,7 @@ class HostFuncCollectives final : public DeviceCollectives {
 
   Status AllGather(const void* send, void* recv, size_t count, DType dtype) override {
     RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kAllGather, count, dtype, false));
-    const size_t bytes = zero::ElementBytes(dtype, count);
+    const size_t bytes = DTypeBytes(dtype, count);
     const bool in_place = InPlace(send, recv, rank_, bytes);
     Count(CollectiveKind::kAllGather, count, dtype);
     return Queue("all_gather", [=](State& st) -> Status {

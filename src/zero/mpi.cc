@@ -398,7 +398,7 @@ class MpiCommunicator final : public Communicator {
     std::lock_guard<std::mutex> mpi(MpiLock());
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    if (!finalized) MPI_Comm_free(&comm_);
   }
 
   int rank() const override { return topo_.rank; }
@@ -522,7 +522,7 @@ class MpiCommunicator final : public Communicator {
     return static_cast<int>(count);
   }
   static StatusOr<int> IntBytes(DType dtype, size_t count, const char* what) {
-    return IntCount(zero::ElementBytes(dtype, count), what);
+    return IntCount(DTypeBytes(dtype, count), what);
   }
   static MPI_Datatype Type(DType dtype) { return dtype == DType::kF32 ? MPI_FLOAT : MPI_UINT16_T; }
   static MPI_Op Op(DType dtype, ReduceOp op) {

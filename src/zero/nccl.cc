@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "kernels/cuda_status.h"
 #include "zero/collective.h"
 
 namespace tierzero {
@@ -91,10 +92,6 @@ StatusOr<const NcclApi*> LoadNccl() {
     return static_cast<const NcclApi*>(a);
   }();
   return api;
-}
-
-Status CudaError(cudaError_t e, const std::string& what) {
-  return InternalError("CUDA " + what + " failed: " + cudaGetErrorString(e));
 }
 
 StatusOr<ncclDataType_t> NcclType(DType dtype) {
@@ -214,19 +211,10 @@ class NcclRequest final : public CommRequest {
       std::this_thread::yield();
     }
   }
-  // The deadline counts from the enqueue, so a request only ever tested times out too.
+  // The deadline counts from the enqueue, so a request only ever tested times out too; one that
+  // completed is done however late it is first tested.
   StatusOr<bool> Test() override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!done_ &&
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - enqueued_).count() >
-            timeout_s_) {
-      // Aborting the communicator ends its kernels, so the stream (and the buffers) are free.
-      shared_->AbortComm();
-      done_ = true;
-      status_ = DeadlineExceededError(
-          "NCCL " + what_ + " did not complete in " + std::to_string(static_cast<int>(timeout_s_)) +
-          " s: another rank has failed, stopped, or started a different collective");
-    }
     if (!done_) {
       cudaSetDevice(shared_->ordinal);
       const cudaError_t e = cudaEventQuery(event_);
@@ -234,7 +222,16 @@ class NcclRequest final : public CommRequest {
         done_ = true;
       } else if (e != cudaErrorNotReady) {
         done_ = true;
-        status_ = CudaError(e, "stream of NCCL " + what_);
+        status_ = CudaStatus(e, "the stream of NCCL " + what_, __FILE__, __LINE__);
+      } else if (std::chrono::duration<double>(std::chrono::steady_clock::now() - enqueued_)
+                     .count() > timeout_s_) {
+        // Aborting the communicator ends its kernels, so the stream (and the buffers) are free.
+        shared_->AbortComm();
+        done_ = true;
+        status_ = DeadlineExceededError("NCCL " + what_ + " did not complete in " +
+                                        std::to_string(static_cast<int>(timeout_s_)) +
+                                        " s: another rank has failed, stopped, or started a "
+                                        "different collective");
       } else {
         bool busy = false;
         Status s = shared_->AsyncState(what_, &busy);
@@ -296,8 +293,7 @@ class NcclCommunicator final : public Communicator {
     ASSIGN_OR_RETURN(auto bcast, o.bootstrap->Broadcast(&id, sizeof id, DType::kI8, 0));
     RETURN_IF_ERROR(bcast->Wait());
 
-    if (cudaError_t e = cudaSetDevice(c->shared_->ordinal); e != cudaSuccess)
-      return CudaError(e, "SetDevice");
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(c->shared_->ordinal));
     ncclResult_t r;
     if (api->config) {
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -381,7 +377,7 @@ class NcclCommunicator final : public Communicator {
     ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(dtype));
     const NcclApi* a = shared_->api;
     const size_t n = NcclCount(dtype, count);
-    const size_t block = zero::ElementBytes(dtype, count);
+    const size_t block = DTypeBytes(dtype, count);
     return Enqueue("all_to_all", CollectiveKind::kAllToAll, count, dtype, false, [&] {
       ncclResult_t r = a->GroupStart();
       for (int p = 0; p < topo_.size && (r == ncclSuccess || r == ncclInProgress); ++p) {
@@ -426,7 +422,7 @@ class NcclCommunicator final : public Communicator {
   [[noreturn]] void Abort(int exit_code) override {
     shared_->AbortComm();
     bootstrap_->Abort(exit_code);
-    std::_Exit(exit_code);  // not reached: Abort does not return
+    std::_Exit(exit_code);  // not reached (the interface cannot mark a virtual noreturn)
   }
 
  private:
@@ -436,19 +432,17 @@ class NcclCommunicator final : public Communicator {
   StatusOr<std::unique_ptr<CommRequest>> Enqueue(const char* what, CollectiveKind kind,
                                                  size_t count, DType dtype, bool is_root,
                                                  F&& call) {
-    if (cudaError_t e = cudaSetDevice(shared_->ordinal); e != cudaSuccess)
-      return CudaError(e, "SetDevice");
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(shared_->ordinal));
     std::lock_guard<std::recursive_mutex> lock(shared_->mu);
     if (shared_->aborted)
       return FailedPreconditionError(std::string("NCCL ") + what +
                                      ": the communicator was aborted after an earlier failure");
     RETURN_IF_ERROR(shared_->Settle(call(), what, timeout_s_));
     cudaEvent_t ev = nullptr;
-    if (cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming); e != cudaSuccess)
-      return CudaError(e, "EventCreate");
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     if (cudaError_t e = cudaEventRecord(ev, stream_); e != cudaSuccess) {
       cudaEventDestroy(ev);
-      return CudaError(e, "EventRecord");
+      return CudaStatus(e, "cudaEventRecord", __FILE__, __LINE__);
     }
     collectives_.fetch_add(1, std::memory_order_relaxed);
     bytes_.fetch_add(zero::BytesSent(kind, count, dtype, topo_.size, is_root),

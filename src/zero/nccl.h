@@ -1,10 +1,10 @@
 // The NCCL communicator: collectives between GPUs on device buffers, enqueued on one CUDA stream
 // (the comm stream) in call order (DESIGN.md section 6).
 //
-//   auto comm = *CreateNcclCommunicator({&cuda_device, comm_stream.handle(),
-//   *Communicator::Mpi()}); device.StreamWaitEvent(comm_stream, shard_ready);   // order it after
-//   the copy that fills auto req = *comm->AllGather(d_shard, d_chunk, n, DType::kBF16);
-//   device.RecordEvent(gathered, comm_stream);           // the compute stream waits on this
+//   auto comm = *CreateNcclCommunicator({&cuda_device, comm_stream.handle(), mpi});
+//   device.StreamWaitEvent(comm_stream, shard_ready);  // after the copy that fills the shard
+//   auto req = *comm->AllGather(d_shard, d_chunk, n, DType::kBF16);
+//   device.RecordEvent(gathered, comm_stream);  // the compute stream waits on this
 //
 // Every buffer is device memory of `device`. A collective is queued on `stream` when the call
 // returns, so the caller orders it against its other streams with the Device's events; the
@@ -26,7 +26,9 @@
 // Timeouts: the communicator is non-blocking (ncclConfig_t.blocking = 0); a collective or the
 // initialisation still unfinished after the timeout aborts the NCCL communicator
 // (ncclCommAbort, which frees the stream) and fails with DeadlineExceeded; the communicator is
-// unusable afterwards.
+// unusable afterwards. An NCCL older than the headers tierzero was built with has no
+// ncclCommInitRankConfig: initialisation then falls back to the blocking ncclCommInitRank,
+// which has no deadline (collectives keep theirs).
 #pragma once
 
 #include <memory>

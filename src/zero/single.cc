@@ -55,7 +55,7 @@ class SingleRank final : public Communicator {
                                               void* recv, size_t count, DType dtype,
                                               bool reduction) {
     RETURN_IF_ERROR(zero::CheckCollective(kind, count, dtype, reduction));
-    if (send != recv) std::memmove(recv, send, zero::ElementBytes(dtype, count));
+    if (send != recv) std::memmove(recv, send, DTypeBytes(dtype, count));
     ++stats_.collectives;
     return std::unique_ptr<CommRequest>(new zero::DoneRequest());
   }
