@@ -68,6 +68,20 @@ uint64_t MomentHash(std::span<const int> tensors, bool backward) {
   }
   return h;
 }
+
+// acc[0 .. n) += src[0 .. n) in fp32 (gradient accumulation), converting in blocks through the
+// stack.
+Status AddToF32(float* acc, const void* src, DType dtype, uint64_t n) {
+  constexpr uint64_t kBlock = 4096;
+  float tmp[kBlock];
+  const auto* s = static_cast<const uint8_t*>(src);
+  for (uint64_t b = 0; b < n; b += kBlock) {
+    const uint64_t m = std::min(kBlock, n - b);
+    RETURN_IF_ERROR(Convert(s + DTypeBytes(dtype, b), dtype, tmp, DType::kF32, m));
+    for (uint64_t k = 0; k < m; ++k) acc[b + k] += tmp[k];
+  }
+  return Status::OK();
+}
 }  // namespace
 
 struct ChunkManager::Impl {
@@ -183,6 +197,11 @@ struct ChunkManager::Impl {
         stream, [tl, track, name = std::move(name), chunk, bytes, start, m] {
           tl->Add({track, name, *start, tl->Now() - *start, m, chunk, bytes});
         });
+  }
+  // Where a span's start time goes between QueueStart and QueueSpan: nothing to allocate for a
+  // transfer when not profiling (every use of it is behind the same check).
+  std::shared_ptr<double> SpanStart(double now = 0) const {
+    return profiling ? std::make_shared<double>(now) : nullptr;
   }
   Status QueueStart(Device& device, StreamHandle stream, const std::shared_ptr<double>& start) {
     Timeline* tl = timeline;
@@ -625,7 +644,7 @@ Status ChunkManager::QueueShardUpload(int c, Tier tier, void* dst) {
   const uint64_t bytes = layout_.shard_bytes();  // the chunk when W = 1
   const StreamHandle h2d = im.h2d.handle();
   const bool prof = im.profiling;
-  auto h2d_start = std::make_shared<double>(0.0);
+  auto h2d_start = im.SpanStart();
   const std::string what = "chunk " + std::to_string(c);
   if (tier == Tier::kDevice) {
     RETURN_IF_ERROR(device_.CopyAsync(dst, im.device_shard[static_cast<size_t>(c)].data(), bytes,
@@ -638,7 +657,7 @@ Status ChunkManager::QueueShardUpload(int c, Tier tier, void* dst) {
     counters_.h2d_bytes += bytes;
   } else {
     ASSIGN_OR_RETURN(PinnedSlot staging, im.staging->Acquire(kStagingTimeout));
-    auto read_start = std::make_shared<double>(prof ? im.timeline->Now() : 0.0);
+    auto read_start = im.SpanStart(prof ? im.timeline->Now() : 0.0);
     ASSIGN_OR_RETURN(NvmeStore::Ticket ticket,
                      nvme_->SubmitRead(im.nvme_shard[static_cast<size_t>(c)], staging.data()));
     void* staged = staging.data();
@@ -698,7 +717,7 @@ Status ChunkManager::EnqueueDeviceGather(int c, Tier tier) {
   RETURN_IF_ERROR(QueueShardUpload(c, tier, mine));
   RETURN_IF_ERROR(device_.RecordEvent(im.to_comm.handle(), im.h2d.handle()));
   RETURN_IF_ERROR(device_.StreamWaitEvent(dc.stream(), im.to_comm.handle()));
-  auto comm_start = std::make_shared<double>(0.0);
+  auto comm_start = im.SpanStart();
   if (im.profiling) RETURN_IF_ERROR(im.QueueStart(device_, dc.stream(), comm_start));
   RETURN_IF_ERROR(dc.AllGather(mine, rt.gathered, shard, DType::kI8));
   ++counters_.all_gathers;
@@ -725,7 +744,7 @@ StatusOr<const void*> ChunkManager::ReduceOnDevice(int c, void* device_grad, con
   uint8_t* mine = grad + static_cast<uint64_t>(Rank()) * layout_.shard_bytes();
   Status s = [&]() -> Status {
     RETURN_IF_ERROR(device_.StreamWaitEvent(dc.stream(), written.handle()));
-    auto start = std::make_shared<double>(0.0);
+    auto start = im.SpanStart();
     if (im.profiling) RETURN_IF_ERROR(im.QueueStart(device_, dc.stream(), start));
     RETURN_IF_ERROR(
         dc.ReduceScatter(grad, mine, layout_.shard_elems(), layout_.dtype(), ReduceOp::kMean));
@@ -843,7 +862,7 @@ Status ChunkManager::EnqueueShardedGather(int c, Tier tier) {
           }
         }));
   }
-  auto h2d_start = std::make_shared<double>(0.0);
+  auto h2d_start = im.SpanStart();
   if (prof) RETURN_IF_ERROR(im.QueueStart(device_, h2d, h2d_start));
   for (int r = 0; r < world; ++r) {
     RETURN_IF_ERROR(device_.CopyAsync(static_cast<uint8_t*>(rt.gathered) + r * shard,
@@ -1018,7 +1037,7 @@ Status ChunkManager::ReduceChunk(int c) {
     if (OnDevice()) {
       ASSIGN_OR_RETURN(src, ReduceOnDevice(c, rt.gathered, written));
     }
-    auto start = std::make_shared<double>(0.0);
+    auto start = im.SpanStart();
     if (im.profiling) RETURN_IF_ERROR(im.QueueStart(device_, d2h, start));
     RETURN_IF_ERROR(
         device_.CopyAsync(im.grad_shard[i].data(), src, bytes, CopyKind::kDeviceToHost, d2h));
@@ -1046,7 +1065,7 @@ Status ChunkManager::ReduceChunk(int c) {
     if (OnDevice()) {
       ASSIGN_OR_RETURN(src, ReduceOnDevice(c, rt.grad_buf.data(), written));
     }
-    auto start = std::make_shared<double>(0.0);
+    auto start = im.SpanStart();
     if (im.profiling) RETURN_IF_ERROR(im.QueueStart(device_, d2h, start));
     if (!options_.grad_accumulation) {
       RETURN_IF_ERROR(
@@ -1064,15 +1083,8 @@ Status ChunkManager::ReduceChunk(int c) {
       const uint64_t elems = layout_.shard_elems();
       const DType dt = layout_.dtype();
       RETURN_IF_ERROR(device_.LaunchHostFunc(d2h, [shared_slot, acc, elems, dt] {
-        // fp32 accumulation of this micro-batch's gradient, in blocks through the stack.
-        constexpr uint64_t kBlock = 4096;
-        float tmp[kBlock];
-        const auto* src = static_cast<const uint8_t*>(shared_slot->data());
-        for (uint64_t b = 0; b < elems; b += kBlock) {
-          const uint64_t m = std::min(kBlock, elems - b);
-          TZ_CHECK_OK(Convert(src + DTypeBytes(dt, b), dt, tmp, DType::kF32, m));
-          for (uint64_t k = 0; k < m; ++k) acc[b + k] += tmp[k];
-        }
+        // fp32 accumulation of this micro-batch's gradient.
+        TZ_CHECK_OK(AddToF32(acc, shared_slot->data(), dt, elems));
         shared_slot->Release();
       }));
       if (im.profiling) {
@@ -1105,7 +1117,7 @@ Status ChunkManager::ReduceAcrossRanks(int c, const void* device_grad) {
     RETURN_IF_ERROR(FinishReductions(/*wait_all=*/false, /*wait_oldest=*/true));
     slot = im.reduce_staging->TryAcquire();
   }
-  auto start = std::make_shared<double>(0.0);
+  auto start = im.SpanStart();
   if (im.profiling) RETURN_IF_ERROR(im.QueueStart(device_, d2h, start));
   RETURN_IF_ERROR(
       device_.CopyAsync(slot->data(), device_grad, bytes, CopyKind::kDeviceToHost, d2h));
@@ -1149,17 +1161,9 @@ Status ChunkManager::FinishReductions(bool wait_all, bool wait_oldest) {
       continue;
     }
     if (options_.grad_accumulation && first.ok()) {
-      const uint64_t n = layout_.shard_elems();
       const auto* src = static_cast<const uint8_t*>(it->slot.data()) + layout_.chunk_bytes();
       auto* acc = static_cast<float*>(im.grad_shard[static_cast<size_t>(it->chunk)].data());
-      constexpr uint64_t kBlock = 4096;
-      float tmp[kBlock];
-      for (uint64_t b = 0; b < n; b += kBlock) {
-        const uint64_t m = std::min(kBlock, n - b);
-        RETURN_IF_ERROR(
-            Convert(src + DTypeBytes(layout_.dtype(), b), layout_.dtype(), tmp, DType::kF32, m));
-        for (uint64_t k = 0; k < m; ++k) acc[b + k] += tmp[k];
-      }
+      RETURN_IF_ERROR(AddToF32(acc, src, layout_.dtype(), layout_.shard_elems()));
     }
     it = im.pending_reduce.erase(it);
   }
@@ -1456,14 +1460,6 @@ Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed,
   return Status::OK();
 }
 
-// Note [Prefetches after the moment's compute is queued]
-// A gather is a handful of queue operations (and an io_uring submission for NVMe), cheap but
-// not free: issuing the prefetches of a moment before returning from its Acquire delays the
-// moment's compute by all of them (0.9 ms for the 26 chunks the plan fetches at the first moment
-// of chunk_bench). They are issued at the next Release or Acquire instead, after the caller has
-// queued the moment's compute. Their timing on the device does not change: the H2D stream
-// already waits for the moment to begin (Note [Gathers start when their moment begins]), and
-// nothing else is queued on it in between.
 void ChunkManager::ReapDeferred() {
   auto& v = impl_->deferred_free;
   size_t keep = 0;
@@ -1476,6 +1472,14 @@ void ChunkManager::ReapDeferred() {
   v.resize(keep);
 }
 
+// Note [Prefetches after the moment's compute is queued]
+// A gather is a handful of queue operations (and an io_uring submission for NVMe), cheap but
+// not free: issuing the prefetches of a moment before returning from its Acquire delays the
+// moment's compute by all of them (0.9 ms for the 26 chunks the plan fetches at the first moment
+// of chunk_bench). They are issued at the next Release or Acquire instead, after the caller has
+// queued the moment's compute. Their timing on the device does not change: the H2D stream
+// already waits for the moment to begin (Note [Gathers start when their moment begins]), and
+// nothing else is queued on it in between.
 Status ChunkManager::FlushPrefetches() {
   Impl& im = *impl_;
   for (int c : im.pending_prefetch) {

@@ -21,7 +21,7 @@ namespace tierzero {
 // worker thread.
 enum class Track : uint8_t { kCompute, kH2D, kD2H, kNvmeRead, kNvmeWrite, kOptimizer, kComm };
 const char* TrackName(Track t);
-inline constexpr int kNumTracks = 7;
+inline constexpr int kNumTracks = static_cast<int>(Track::kComm) + 1;  // kComm is the last
 
 struct TimelineEvent {
   Track track = Track::kCompute;

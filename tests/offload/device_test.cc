@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -425,8 +426,10 @@ TEST(HostSimDeviceTest, RejectsBadOptions) {
   o.d2h_bytes_per_second = -1;
   EXPECT_EQ(CreateHostSimDevice(o).status().code(), StatusCode::kInvalidArgument);
   o.d2h_bytes_per_second = 0;
-  o.poll_stream_waits_us = -5;
-  EXPECT_EQ(CreateHostSimDevice(o).status().code(), StatusCode::kInvalidArgument);
+  for (double cap : {-5.0, 1001.0, std::nan("")}) {
+    o.poll_stream_waits_us = cap;
+    EXPECT_EQ(CreateHostSimDevice(o).status().code(), StatusCode::kInvalidArgument) << cap;
+  }
 }
 
 TEST(CudaDeviceTest, AbsentGpuIsUnavailableWithAReason) {
