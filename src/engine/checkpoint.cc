@@ -336,9 +336,9 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
     }
     const int version = manifest.value("version", 0);
     if (version != kCheckpointVersion && version != 1) {
-      return UnsupportedError(dir + "/manifest.json has version " +
-                              std::to_string(manifest.value("version", 0)) + "; this build reads " +
-                              std::to_string(kCheckpointVersion));
+      return UnsupportedError(
+          dir + "/manifest.json has version " + std::to_string(manifest.value("version", 0)) +
+          "; this build reads versions 1 to " + std::to_string(kCheckpointVersion));
     }
     // Index the saved slices and check every registered parameter is there, whole, with its
     // shape.
@@ -624,8 +624,11 @@ StatusOr<std::string> Engine::ReportJson() const {
                  im.step_nvme_seconds > 0
                      ? static_cast<double>(im.step_nvme_write_bytes) / im.step_nvme_seconds
                      : 0.0}}},
-              // ZeRO-3 collectives: none with one rank.
-              {"collective", {{"bytes_before_quantization", 0}, {"bytes_on_wire", 0}}}}},
+              // ZeRO-3 collectives on the comm track (none with one rank). They are not
+              // quantized, so what goes on the wire is what they carry.
+              {"collective",
+               {{"bytes_before_quantization", link(Track::kComm)["bytes"]},
+                {"bytes_on_wire", link(Track::kComm)["bytes"]}}}}},
             {"events", events}};
   };
 
