@@ -29,7 +29,16 @@ if(NOT TZ_ENABLE_CUDA STREQUAL "OFF")
     set(CMAKE_CUDA_STANDARD 17)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     enable_language(CUDA)
+    # Debian 12's CMake 3.25.1 FindCUDAToolkit sets a deprecation property on CUDA::nvToolsExt
+    # without checking that the target exists, whenever the project requires CMake >= 3.25; the
+    # CUDA 13 Toolkit no longer ships libnvToolsExt, so configure fails there ("set_property could
+    # not find TARGET CUDA::nvToolsExt"; fixed in later CMake). That block only adds the warning,
+    # so the module is run as for an older minimum and the variable put back afterwards.
+    set(_tz_cmake_minimum ${CMAKE_MINIMUM_REQUIRED_VERSION})
+    set(CMAKE_MINIMUM_REQUIRED_VERSION 3.24)
     find_package(CUDAToolkit REQUIRED)
+    set(CMAKE_MINIMUM_REQUIRED_VERSION ${_tz_cmake_minimum})
+    unset(_tz_cmake_minimum)
     set(TZ_HAVE_CUDA ON)
   elseif(TZ_ENABLE_CUDA STREQUAL "ON")
     message(FATAL_ERROR "TZ_ENABLE_CUDA=ON but nvcc was not found (looked in PATH and /usr/local/cuda/bin)")
