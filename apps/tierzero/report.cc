@@ -1,7 +1,9 @@
 #include "report.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -29,13 +31,13 @@ Status WriteTextFile(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return IoError("cannot write " + tmp);
+    if (!f) return IoError("cannot write " + tmp + ": " + std::strerror(errno));
     f << text;
     f.flush();
     if (!f) return IoError("writing " + tmp + " failed (disk full?)");
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    return IoError("cannot rename " + tmp + " to " + path);
+    return IoError("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
   return Status::OK();
 }
 

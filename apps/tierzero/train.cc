@@ -463,8 +463,10 @@ field is documented in docs/config.md; these options override the config:
   --metrics FILE         JSON lines, one per step and per evaluation (default RUN_DIR/metrics.jsonl)
   --report FILE          memory placement report (default RUN_DIR/report.json)
   --profile-step N       profile step N for the report (default: the first planned iteration)
-  --html FILE            also the report as an HTML page (charts; opens offline)
-  --trace FILE           also the profiled iteration as a Chrome trace (Perfetto)
+  --html FILE            the report as an HTML page, charts that open offline
+                         (default RUN_DIR/report.html; none: not written)
+  --trace FILE           the profiled iteration as a Chrome trace for Perfetto
+                         (default RUN_DIR/trace.json; none: not written)
   --checkpoint DIR       where checkpoints go (default RUN_DIR/checkpoint)
   --resume DIR           continue from a checkpoint
   --init-from FILE       start from a safetensors file's parameters
@@ -522,6 +524,10 @@ int Train(const std::vector<std::string>& args) {
   if (out.metrics.empty()) out.metrics = out.run_dir + "/metrics.jsonl";
   if (out.report.empty()) out.report = out.run_dir + "/report.json";
   if (out.checkpoint_dir.empty()) out.checkpoint_dir = out.run_dir + "/checkpoint";
+  if (out.html.empty()) out.html = out.run_dir + "/report.html";
+  if (out.trace.empty()) out.trace = out.run_dir + "/trace.json";
+  if (out.html == "none") out.html.clear();
+  if (out.trace == "none") out.trace.clear();
   if (cfg.engine.nvme_path.empty()) cfg.engine.nvme_path = out.run_dir + "/nvme";
   const EngineConfig as_configured = cfg.engine;
   // Each rank swaps to its own files.
@@ -529,6 +535,14 @@ int Train(const std::vector<std::string>& args) {
   std::error_code ec;
   fs::create_directories(out.run_dir, ec);
   if (ec) return Fail(IoError("creating run directory " + out.run_dir + ": " + ec.message()));
+  // Every output's directory exists before the first step, so a bad path fails now and not
+  // after the training it was to record.
+  for (const std::string* file : {&out.metrics, &out.report, &out.html, &out.trace}) {
+    const fs::path dir = fs::path(*file).parent_path();
+    if (file->empty() || dir.empty() || !lead) continue;
+    fs::create_directories(dir, ec);
+    if (ec) return Fail(IoError("creating the directory of " + *file + ": " + ec.message()));
+  }
   if (cfg.engine.nvme_budget > 0) {
     fs::create_directories(cfg.engine.nvme_path, ec);
     if (ec)

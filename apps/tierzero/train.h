@@ -27,8 +27,10 @@ struct OutputOptions {
   std::string run_dir = "runs/default";
   std::string metrics;         // JSON lines; default <run_dir>/metrics.jsonl
   std::string report;          // default <run_dir>/report.json
-  std::string html;            // the report as an HTML page; "" (default): none
-  std::string trace;           // the profiled iteration as a Chrome trace; "" (default): none
+  std::string html;            // the report as an HTML page; "" (default): RUN_DIR/report.html;
+                               // "none": not written
+  std::string trace;           // the profiled iteration as a Chrome trace; "" (default):
+                               // RUN_DIR/trace.json; "none": not written
   std::string checkpoint_dir;  // default <run_dir>/checkpoint
   std::string resume;          // a checkpoint directory to continue from
   std::string init_from;       // a safetensors file to start from
