@@ -11,6 +11,8 @@
 #include <limits>
 #include <vector>
 
+#include "gpt/gelu_kernels.h"
+
 namespace tierzero::gpt::cpu {
 namespace {
 
@@ -53,6 +55,23 @@ void AddColumnSums(const T* m, T* out, int64_t rows, int64_t cols) {
 // never on the thread count, so results do not either.
 extern "C" void omp_set_num_threads(int);
 
+namespace {
+// One single-threaded sgemm on the calling (oneTBB) thread; a failure is a bug (bad arguments).
+void SgemmOnThisThread(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                       float* c, int64_t ldc) {
+  omp_set_num_threads(1);  // this thread's OpenMP setting: no nested team
+  const dnnl_status_t s =
+      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (s != dnnl_success) {
+    std::fprintf(stderr, "dnnl_sgemm(%lld x %lld x %lld) failed with status %d\n",
+                 static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
+                 static_cast<int>(s));
+    std::abort();
+  }
+}
+}  // namespace
+
 template <>
 void Gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -61,19 +80,12 @@ void Gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
   const int64_t cols = row_blocks >= 4 ? n : 256;
   const int64_t col_blocks = (n + cols - 1) / cols;
   tbb::parallel_for(int64_t{0}, row_blocks * col_blocks, [&](int64_t blk) {
-    omp_set_num_threads(1);  // this thread's OpenMP setting: no nested team
     const int64_t i0 = blk / col_blocks * kRows, rows = std::min(kRows, m - i0);
     const int64_t j0 = blk % col_blocks * cols, ncols = std::min(cols, n - j0);
     const float* ab = ta ? a + i0 : a + i0 * lda;
     const float* bb = tb ? b + j0 * ldb : b + j0;
-    const dnnl_status_t s = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', rows, ncols, k, alpha, ab,
-                                       lda, bb, ldb, beta, c + i0 * ldc + j0, ldc);
-    if (s != dnnl_success) {
-      std::fprintf(stderr, "dnnl_sgemm(%lld x %lld x %lld) failed with status %d\n",
-                   static_cast<long long>(rows), static_cast<long long>(ncols),
-                   static_cast<long long>(k), static_cast<int>(s));
-      std::abort();
-    }
+    SgemmOnThisThread(ta, tb, rows, ncols, k, alpha, ab, lda, bb, ldb, beta, c + i0 * ldc + j0,
+                      ldc);
   });
 }
 
@@ -203,9 +215,35 @@ void GeluBackward(const T* dy, const T* x, T* dx, int64_t n) {
   });
 }
 
+// fp32: Note [GELU through one exponential] (gelu_kernels.h); the generic versions above are
+// the fp64 reference the tests compare with.
+template <>
+void GeluForward<float>(const float* x, float* y, int64_t n) {
+  const internal::GeluKernels& k = internal::ActiveGeluKernels();
+  constexpr int64_t kBlock = 4096;
+  ParallelRows((n + kBlock - 1) / kBlock, kBlock, [&](int64_t b) {
+    const int64_t e = std::min(n, (b + 1) * kBlock);
+    k.forward(x + b * kBlock, y + b * kBlock, e - b * kBlock);
+  });
+}
+
+template <>
+void GeluBackward<float>(const float* dy, const float* x, float* dx, int64_t n) {
+  const internal::GeluKernels& k = internal::ActiveGeluKernels();
+  constexpr int64_t kBlock = 4096;
+  ParallelRows((n + kBlock - 1) / kBlock, kBlock, [&](int64_t b) {
+    const int64_t e = std::min(n, (b + 1) * kBlock);
+    k.backward(dy + b * kBlock, x + b * kBlock, dx + b * kBlock, e - b * kBlock);
+  });
+}
+
+namespace {
+
+// Attention by loops over the causal triangle: the fp64 reference, and fp32 on short rows
+// (Note [Attention as matrix products]).
 template <typename T>
-void AttentionForward(const T* qkv, T* out, T* probs, int64_t batch, int64_t seq, int64_t channels,
-                      int64_t heads) {
+void AttentionForwardLoops(const T* qkv, T* out, T* probs, int64_t batch, int64_t seq,
+                           int64_t channels, int64_t heads) {
   const int64_t hd = channels / heads;
   const T scale = T(1) / std::sqrt(static_cast<T>(hd));
   const int64_t c3 = 3 * channels;
@@ -243,8 +281,8 @@ void AttentionForward(const T* qkv, T* out, T* probs, int64_t batch, int64_t seq
 }
 
 template <typename T>
-void AttentionBackward(const T* dout, const T* qkv, const T* probs, T* dqkv, int64_t batch,
-                       int64_t seq, int64_t channels, int64_t heads) {
+void AttentionBackwardLoops(const T* dout, const T* qkv, const T* probs, T* dqkv, int64_t batch,
+                            int64_t seq, int64_t channels, int64_t heads) {
   const int64_t hd = channels / heads;
   const T scale = T(1) / std::sqrt(static_cast<T>(hd));
   const int64_t c3 = 3 * channels;
@@ -287,6 +325,106 @@ void AttentionBackward(const T* dout, const T* qkv, const T* probs, T* dqkv, int
         }
       }
     }
+  });
+}
+
+}  // namespace
+
+template <typename T>
+void AttentionForward(const T* qkv, T* out, T* probs, int64_t batch, int64_t seq, int64_t channels,
+                      int64_t heads) {
+  AttentionForwardLoops(qkv, out, probs, batch, seq, channels, heads);
+}
+
+template <typename T>
+void AttentionBackward(const T* dout, const T* qkv, const T* probs, T* dqkv, int64_t batch,
+                       int64_t seq, int64_t channels, int64_t heads) {
+  AttentionBackwardLoops(dout, qkv, probs, dqkv, batch, seq, channels, heads);
+}
+
+// Note [Attention as matrix products]
+// In fp32 each (batch, head) pair's attention is products of its strided slices of qkv (forward:
+// S = Q K^T, O = P V; backward: dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q), each one
+// single-threaded sgemm on the calling thread, with the pairs spread over oneTBB. The products
+// cover the whole seq x seq square although the mask zeroes half of it: sgemm's rate on the full
+// square beats loops over the triangle by far (the loops were about a fifth of a 128-token step).
+// The causal softmax and its backward stay row loops over the triangle; the probabilities above
+// the diagonal are stored as exact zeros, so the products add nothing from them. For short rows
+// (the default's 9 tokens) sgemm's per-call cost exceeds the loops' work, so below
+// kAttentionGemmMinSeq tokens the loops (the generic versions above) run instead.
+constexpr int64_t kAttentionGemmMinSeq = 16;
+
+template <>
+void AttentionForward<float>(const float* qkv, float* out, float* probs, int64_t batch, int64_t seq,
+                             int64_t channels, int64_t heads) {
+  if (seq < kAttentionGemmMinSeq) {
+    AttentionForwardLoops(qkv, out, probs, batch, seq, channels, heads);
+    return;
+  }
+  const int64_t hd = channels / heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int64_t c3 = 3 * channels;
+  tbb::parallel_for(int64_t{0}, batch * heads, [&](int64_t bh) {
+    const int64_t b = bh / heads, h = bh % heads;
+    const float* q = qkv + b * seq * c3 + h * hd;
+    const float* k = q + channels;
+    const float* v = q + 2 * channels;
+    float* p = probs + bh * seq * seq;
+    SgemmOnThisThread(false, true, seq, seq, hd, scale, q, c3, k, c3, 0.0f, p, seq);
+    for (int64_t t = 0; t < seq; ++t) {
+      float* pr = p + t * seq;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t s = 0; s <= t; ++s) mx = std::max(mx, pr[s]);
+      float sum = 0;
+      for (int64_t s = 0; s <= t; ++s) {
+        pr[s] = std::exp(pr[s] - mx);
+        sum += pr[s];
+      }
+      const float inv = 1.0f / sum;
+      for (int64_t s = 0; s <= t; ++s) pr[s] *= inv;
+      for (int64_t s = t + 1; s < seq; ++s) pr[s] = 0;
+    }
+    SgemmOnThisThread(false, false, seq, hd, seq, 1.0f, p, seq, v, c3, 0.0f,
+                      out + b * seq * channels + h * hd, channels);
+  });
+}
+
+template <>
+void AttentionBackward<float>(const float* dout, const float* qkv, const float* probs, float* dqkv,
+                              int64_t batch, int64_t seq, int64_t channels, int64_t heads) {
+  if (seq < kAttentionGemmMinSeq) {
+    AttentionBackwardLoops(dout, qkv, probs, dqkv, batch, seq, channels, heads);
+    return;
+  }
+  const int64_t hd = channels / heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int64_t c3 = 3 * channels;
+  tbb::parallel_for(int64_t{0}, batch * heads, [&](int64_t bh) {
+    // dS for this pair; one buffer per thread, grown once.
+    thread_local std::vector<float> ds_buffer;
+    ds_buffer.resize(static_cast<size_t>(seq * seq));
+    float* ds = ds_buffer.data();
+    const int64_t b = bh / heads, h = bh % heads;
+    const float* q = qkv + b * seq * c3 + h * hd;
+    const float* k = q + channels;
+    const float* v = q + 2 * channels;
+    float* dq = dqkv + b * seq * c3 + h * hd;
+    float* dk = dq + channels;
+    float* dv = dq + 2 * channels;
+    const float* p = probs + bh * seq * seq;
+    const float* dor = dout + b * seq * channels + h * hd;
+    SgemmOnThisThread(true, false, seq, hd, seq, 1.0f, p, seq, dor, channels, 0.0f, dv, c3);
+    SgemmOnThisThread(false, true, seq, seq, hd, 1.0f, dor, channels, v, c3, 0.0f, ds, seq);
+    for (int64_t t = 0; t < seq; ++t) {
+      const float* pr = p + t * seq;
+      float* dsr = ds + t * seq;
+      float dot_pd = 0;
+      for (int64_t s = 0; s <= t; ++s) dot_pd += pr[s] * dsr[s];
+      for (int64_t s = 0; s <= t; ++s) dsr[s] = pr[s] * (dsr[s] - dot_pd) * scale;
+      for (int64_t s = t + 1; s < seq; ++s) dsr[s] = 0;
+    }
+    SgemmOnThisThread(false, false, seq, hd, seq, 1.0f, ds, seq, k, c3, 0.0f, dq, c3);
+    SgemmOnThisThread(true, false, seq, hd, seq, 1.0f, ds, seq, q, c3, 0.0f, dk, c3);
   });
 }
 

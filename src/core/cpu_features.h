@@ -10,10 +10,9 @@
 
 #include "core/status.h"
 #include "core/tunable.h"
+#include "tierzero/simd.h"  // SimdLevel, ActiveSimdLevel, SimdLevelName
 
 namespace tierzero {
-
-enum class SimdLevel : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 
 struct CpuFeatures {
   bool avx2 = false;    // with FMA and F16C, which every AVX2 CPU we target has
@@ -25,13 +24,9 @@ struct CpuFeatures {
 const CpuFeatures& GetCpuFeatures();
 // The best level this CPU supports.
 SimdLevel DetectedSimdLevel();
-// The level kernels use: TZ_SIMD (auto|scalar|avx2|avx512) when set and supported, else the
-// detected one. Forcing a level the CPU lacks logs a warning and falls back to the best supported.
-SimdLevel ActiveSimdLevel();
 // True when this CPU can run code of `level`.
 bool SimdLevelSupported(SimdLevel level);
 
-std::string_view SimdLevelName(SimdLevel level);
 // Accepts "scalar", "avx2", "avx512"; "auto" is handled by the tunable.
 StatusOr<SimdLevel> ParseSimdLevel(std::string_view name);
 

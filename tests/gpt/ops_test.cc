@@ -6,8 +6,13 @@
 
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
+
+#include "core/cpu_features.h"
+#include "core/tunable.h"
 
 namespace tierzero::gpt::cpu {
 namespace {
@@ -217,6 +222,102 @@ TEST(GptOps, FloatGemmMatchesDoubleReference) {
     }
   }
 }
+
+// The fp32 ops with their own kernels (the GELU's exponential, attention through sgemm) against
+// the fp64 generic versions, on awkward sizes, at every SIMD level this CPU runs.
+class FloatOpsTest : public ::testing::TestWithParam<SimdLevel> {
+ protected:
+  void SetUp() override {
+    if (!SimdLevelSupported(GetParam())) GTEST_SKIP() << "this CPU lacks the level";
+    forced_.emplace(kSimdTunable, std::string(SimdLevelName(GetParam())));
+  }
+  std::optional<ScopedTunable<std::string>> forced_;
+};
+
+TEST_P(FloatOpsTest, GeluMatchesDouble) {
+  std::mt19937_64 rng(8);
+  // Not a multiple of any vector width or block; values across the clamp of the exponential
+  // (|x| above about 9 saturates), around zero, and the tails.
+  const int64_t n = 3 * 4096 + 77;
+  Vec x = Random(n, rng, 4.0);
+  x[0] = 0;
+  x[1] = -0.0;
+  x[2] = 60;
+  x[3] = -60;
+  x[4] = 1e-30;
+  x[5] = -9.5;
+  const Vec dy = Random(n, rng);
+  std::vector<float> xf(x.begin(), x.end()), dyf(dy.begin(), dy.end()), yf(n), dxf(n);
+  GeluForward<float>(xf.data(), yf.data(), n);
+  GeluBackward<float>(dyf.data(), xf.data(), dxf.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    // The fp64 results of the fp32 inputs; a few ulps of the result, or of the input's scale
+    // where the result cancels (the GELU's minimum near x = -0.75).
+    const double xv = xf[static_cast<size_t>(i)];
+    double ye = 0, dxe = 0;
+    GeluForward<double>(&xv, &ye, 1);
+    const double dyv = dyf[static_cast<size_t>(i)];
+    GeluBackward<double>(&dyv, &xv, &dxe, 1);
+    ASSERT_NEAR(yf[i], ye, 4e-7 * std::abs(ye) + 1e-7 * std::abs(xv) + 1e-37) << "x = " << xv;
+    ASSERT_NEAR(dxf[i], dxe, 4e-7 * std::abs(dxe) + 4e-7 * std::abs(dyv) + 1e-37) << "x = " << xv;
+  }
+}
+
+TEST_P(FloatOpsTest, GeluIsTheSameAtEveryLevel) {
+  // Note [GELU through one exponential]: the scalar and vector kernels do the same operations.
+  std::mt19937_64 rng(9);
+  const int64_t n = 1000;
+  const Vec x = Random(n, rng, 3.0), dy = Random(n, rng);
+  std::vector<float> xf(x.begin(), x.end()), dyf(dy.begin(), dy.end());
+  std::vector<float> y(n), dx(n), ys(n), dxs(n);
+  GeluForward<float>(xf.data(), y.data(), n);
+  GeluBackward<float>(dyf.data(), xf.data(), dx.data(), n);
+  {
+    ScopedTunable<std::string> scalar(kSimdTunable, "scalar");
+    GeluForward<float>(xf.data(), ys.data(), n);
+    GeluBackward<float>(dyf.data(), xf.data(), dxs.data(), n);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(y[i], ys[i]) << i;
+    ASSERT_EQ(dx[i], dxs[i]) << i;
+  }
+}
+
+TEST_P(FloatOpsTest, AttentionMatchesDouble) {
+  // Short rows take the loops, long ones the products (Note [Attention as matrix products]).
+  for (const int64_t seq : {5, 15, 16, 37, 64}) {
+    std::mt19937_64 rng(10 + static_cast<uint64_t>(seq));
+    const int64_t batch = 3, channels = 24, heads = 3;
+    const Vec qkv = Random(batch * seq * 3 * channels, rng);
+    const Vec dout = Random(batch * seq * channels, rng);
+    Vec out(dout.size()), probs(batch * heads * seq * seq), dqkv(qkv.size());
+    AttentionForward<double>(qkv.data(), out.data(), probs.data(), batch, seq, channels, heads);
+    AttentionBackward<double>(dout.data(), qkv.data(), probs.data(), dqkv.data(), batch, seq,
+                              channels, heads);
+    std::vector<float> qkvf(qkv.begin(), qkv.end()), doutf(dout.begin(), dout.end());
+    std::vector<float> outf(out.size()), probsf(probs.size(), -1.0f), dqkvf(qkv.size(), 7.0f);
+    AttentionForward<float>(qkvf.data(), outf.data(), probsf.data(), batch, seq, channels, heads);
+    AttentionBackward<float>(doutf.data(), qkvf.data(), probsf.data(), dqkvf.data(), batch, seq,
+                             channels, heads);
+    for (size_t i = 0; i < probs.size(); ++i) {
+      const int64_t t = static_cast<int64_t>(i) / seq % seq, s = static_cast<int64_t>(i) % seq;
+      if (s > t) {
+        ASSERT_EQ(probsf[i], 0.0f) << "seq " << seq << " element " << i;
+      } else {
+        ASSERT_NEAR(probsf[i], probs[i], 1e-5) << "seq " << seq << " element " << i;
+      }
+    }
+    for (size_t i = 0; i < out.size(); ++i)
+      ASSERT_NEAR(outf[i], out[i], 1e-5 * (1 + std::abs(out[i]))) << "seq " << seq << " " << i;
+    for (size_t i = 0; i < dqkv.size(); ++i)
+      ASSERT_NEAR(dqkvf[i], dqkv[i], 2e-5 * (1 + std::abs(dqkv[i]))) << "seq " << seq << " " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, FloatOpsTest,
+                         ::testing::Values(SimdLevel::kScalar, SimdLevel::kAvx2,
+                                           SimdLevel::kAvx512),
+                         [](const auto& info) { return std::string(SimdLevelName(info.param)); });
 
 }  // namespace
 }  // namespace tierzero::gpt::cpu
