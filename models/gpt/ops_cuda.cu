@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <cmath>
 #include <mutex>
@@ -384,7 +385,63 @@ unsigned WarpBlocks(int64_t rows) { return Blocks(rows, kThreads / kWarp); }
 
 }  // namespace
 
+namespace {
+
+// Note [cuBLAS loaded on first use]
+// cuBLAS is opened with dlopen when the first CudaOps is made, not linked: merely loading
+// libcublasLt maps about 140 MB of resident memory (its zero-initialised data is written at load),
+// which every run paid, GPU or not; the default run on the simulated device peaked at about 227 MB
+// instead of about 40 MB. The header still gives the types; only these functions are called.
+struct CublasApi {
+  cublasStatus_t (*Create)(cublasHandle_t*);
+  cublasStatus_t (*Destroy)(cublasHandle_t);
+  cublasStatus_t (*SetStream)(cublasHandle_t, cudaStream_t);
+  cublasStatus_t (*SetMathMode)(cublasHandle_t, cublasMath_t);
+  cublasStatus_t (*Sgemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                          const float*, const float*, int, const float*, int, const float*, float*,
+                          int);
+};
+
+template <typename F>
+bool Bind(void* lib, const char* name, F*& fn) {
+  fn = reinterpret_cast<F*>(dlsym(lib, name));
+  return fn != nullptr;
+}
+
+StatusOr<const CublasApi*> LoadCublas() {
+  static const StatusOr<const CublasApi*> api = []() -> StatusOr<const CublasApi*> {
+    // The loader path first (the binary's run path names the toolkit it was built with), then
+    // that toolkit's directory itself.
+    const std::string soname = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
+    std::string tried;
+    void* lib = nullptr;
+    for (const std::string& path : {soname, std::string(TZ_CUDA_LIBRARY_DIR "/") + soname}) {
+      lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (lib != nullptr) break;
+      const char* why = dlerror();
+      tried += (tried.empty() ? "" : "; ") + path + ": " + (why != nullptr ? why : "not found");
+    }
+    if (lib == nullptr)
+      return UnavailableError("cuBLAS could not be loaded for the GPT's CUDA ops (" + tried +
+                              "); put " + soname + " on the loader path (LD_LIBRARY_PATH)");
+    auto* a = new CublasApi();
+    const bool ok =
+        Bind(lib, "cublasCreate_v2", a->Create) && Bind(lib, "cublasDestroy_v2", a->Destroy) &&
+        Bind(lib, "cublasSetStream_v2", a->SetStream) &&
+        Bind(lib, "cublasSetMathMode", a->SetMathMode) && Bind(lib, "cublasSgemm_v2", a->Sgemm);
+    if (!ok) {
+      delete a;
+      return UnavailableError(soname + " lacks cuBLAS functions the GPT's CUDA ops need");
+    }
+    return a;  // kept for the life of the process, as the library is
+  }();
+  return api;
+}
+
+}  // namespace
+
 struct CudaOps::Impl {
+  const CublasApi* cublas = nullptr;
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   Status first_error;
@@ -423,14 +480,21 @@ StatusOr<std::unique_ptr<CudaOps>> CudaOps::Create(void* stream) {
     cudaGetLastError();
     return UnavailableError("no CUDA device for the GPT's CUDA ops");
   }
+  auto cublas = LoadCublas();
+  if (!cublas.ok()) return cublas.status();
   std::unique_ptr<CudaOps> ops(new CudaOps());
   ops->impl_ = std::make_unique<Impl>();
-  ops->impl_->stream = static_cast<cudaStream_t>(stream);
-  if (cublasCreate(&ops->impl_->blas) != CUBLAS_STATUS_SUCCESS)
-    return InternalError("cublasCreate failed");
-  cublasSetStream(ops->impl_->blas, ops->impl_->stream);
+  Impl& im = *ops->impl_;
+  im.cublas = *cublas;
+  im.stream = static_cast<cudaStream_t>(stream);
+  if (const cublasStatus_t s = im.cublas->Create(&im.blas); s != CUBLAS_STATUS_SUCCESS) {
+    im.blas = nullptr;
+    return InternalError("cublasCreate failed with cuBLAS status " + std::to_string(s));
+  }
+  im.CheckBlas(im.cublas->SetStream(im.blas, im.stream), "cublasSetStream");
   // Plain fp32 products (no TF32), so results match the CPU's to fp32 rounding.
-  cublasSetMathMode(ops->impl_->blas, CUBLAS_PEDANTIC_MATH);
+  im.CheckBlas(im.cublas->SetMathMode(im.blas, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
+  if (!im.first_error.ok()) return im.first_error;
   return std::move(ops);
 }
 
@@ -439,7 +503,7 @@ CudaOps::~CudaOps() {
   if (impl_->dsum != nullptr) cudaFreeAsync(impl_->dsum, impl_->stream);
   if (impl_->row_loss != nullptr) cudaFreeAsync(impl_->row_loss, impl_->stream);
   cudaStreamSynchronize(impl_->stream);
-  if (impl_->blas != nullptr) cublasDestroy(impl_->blas);
+  if (impl_->blas != nullptr) impl_->cublas->Destroy(impl_->blas);
 }
 
 Status CudaOps::status() const { return impl_->first_error; }
@@ -448,9 +512,10 @@ void CudaOps::Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alph
                    int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
   impl_->CheckBlas(
-      cublasSgemm(impl_->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                  static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
-                  static_cast<int>(ldb), a, static_cast<int>(lda), &beta, c, static_cast<int>(ldc)),
+      impl_->cublas->Sgemm(impl_->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                           ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                           static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
+                           static_cast<int>(lda), &beta, c, static_cast<int>(ldc)),
       "cublasSgemm");
 }
 
