@@ -4,6 +4,14 @@ find_package(Threads REQUIRED)
 find_package(PkgConfig REQUIRED)
 find_package(TBB REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
+# Debian's oneDNN is built with its OpenCL runtime, and its CMake package fails without the
+# OpenCL headers and library (ocl-icd-opencl-dev, only a Recommends of libdnnl-dev). Say so first,
+# since the error it gives names neither.
+find_package(OpenCL QUIET)
+if(NOT OpenCL_FOUND AND EXISTS /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/cmake/dnnl)
+  message(WARNING "OpenCL was not found, which Debian's oneDNN CMake package requires: install "
+                  "ocl-icd-opencl-dev (scripts/setup installs every dependency)")
+endif()
 find_package(dnnl REQUIRED)  # oneDNN: the GPT's CPU matrix products
 find_package(OpenMP REQUIRED COMPONENTS CXX)  # oneDNN's threading runtime (Note [Matrix products under oneTBB])
 pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
