@@ -83,9 +83,15 @@ void Dataset::AdditionRow(bool validation, uint64_t key, int32_t* tokens, int32_
     b = Mix(r) % limit;
     if (IsValidationPair(a, b) == validation) break;
   }
-  std::string sum = std::to_string(a + b);
+  auto digits = [&](uint64_t v, int width) {
+    std::string d = std::to_string(v);
+    if (cfg_.pad_operands && static_cast<int>(d.size()) < width)
+      d.insert(0, static_cast<size_t>(width) - d.size(), '0');
+    return d;
+  };
+  std::string sum = digits(a + b, cfg_.digits + 1);
   if (cfg_.reverse_answer) std::reverse(sum.begin(), sum.end());
-  const std::string s = std::to_string(a) + "+" + std::to_string(b) + "=" + sum + "\n";
+  const std::string s = digits(a, cfg_.digits) + "+" + digits(b, cfg_.digits) + "=" + sum + "\n";
   const size_t eq = s.find('=');
   for (int t = 0; t < seq_len_; ++t) {
     const size_t i = static_cast<size_t>(t);

@@ -1,7 +1,8 @@
 // Training data for the GPT: a built-in synthetic task and byte-level text (models/gpt).
 //
 // - "addition" (the default, no download): rows "a+b=c\n" with a and b uniform below
-//   10^digits, one problem per row, padded with '\n'. The loss covers the answer digits and the
+//   10^digits, one problem per row, padded with '\n' (with pad_operands, every number has its
+//   full width: "07+45=052\n"). The loss covers the answer digits and the
 //   final newline only. A problem belongs to the validation split when a hash of (a, b) says so
 //   (10%), so validation problems are never trained on. Scored by exact match: a row is right
 //   when every answer position's argmax is the target, which is exactly when greedy decoding
@@ -29,6 +30,9 @@ struct DataConfig {
   std::string text_path;          // kind "text": the file
   int digits = 3;                 // kind "addition": operands below 10^digits (1..9)
   bool reverse_answer = true;     // kind "addition": the sum's digits least significant first
+  // kind "addition": operands written with `digits` digits and the sum with digits + 1, zeros in
+  // front ("07+45=052", reversed "250"), so every digit sits at the same position in every row.
+  bool pad_operands = false;
   uint64_t seed = 1;
 };
 
