@@ -19,6 +19,7 @@
 #include "offload/cuda_device.h"
 #include "offload/host_sim_device.h"
 #include "report.h"
+#include "signals.h"
 #include "train.h"
 
 namespace tierzero {
@@ -116,4 +117,11 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace tierzero
 
-int main(int argc, char** argv) { return tierzero::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // First, before any thread exists (Note [Signals on one thread of ours], signals.h).
+  if (tierzero::Status s = tierzero::app::StartSignalThread(); !s.ok()) {
+    std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return tierzero::Main(argc, argv);
+}

@@ -3,7 +3,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +16,7 @@
 #include "core/bytes.h"
 #include "core/dtype.h"
 #include "report.h"
+#include "signals.h"
 #include "zero/collective.h"
 
 namespace tierzero::app {
@@ -406,9 +406,6 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
 
 namespace {
 
-std::atomic<bool> g_interrupted{false};
-extern "C" void OnSigint(int) { g_interrupted.store(true); }
-
 double LearningRate(const TrainOptions& t, int step) {  // step: 0-based
   if (t.warmup_steps > 0 && step < t.warmup_steps)
     return t.lr * static_cast<double>(step + 1) / t.warmup_steps;
@@ -482,7 +479,7 @@ override the config:
   --init-from FILE       start from a safetensors file's parameters
   --quiet                no per-step lines
 
-Ctrl-C finishes the current step, saves a checkpoint and exits 0.
+Ctrl-C (SIGINT) or SIGTERM finishes the current step, saves a checkpoint and exits 0.
 )";
 
 }  // namespace
@@ -494,6 +491,10 @@ int Train(const std::vector<std::string>& args) {
       return 0;
     }
   }
+  // From here to the end, SIGINT and SIGTERM ask the run to stop after its current (or first)
+  // step and save (Note [Signals on one thread of ours], signals.h).
+  GracefulInterrupts graceful;
+  ClearInterrupt();
   RunConfig cfg = DefaultRunConfig();
   std::string config_path;
   // The config file first, then the flags over it.
@@ -605,8 +606,6 @@ int Train(const std::vector<std::string>& args) {
   std::ofstream metrics(lead ? out.metrics : "/dev/null",
                         start > 0 ? std::ios::app : std::ios::trunc);
   if (!metrics) return Fail(IoError("cannot write metrics file " + out.metrics));
-  g_interrupted.store(false);
-  auto old_handler = std::signal(SIGINT, OnSigint);
 
   auto evaluate = [&](int step) -> Status {
     double loss = 0, acc = 0;
@@ -673,7 +672,7 @@ int Train(const std::vector<std::string>& args) {
     if (!status.ok()) break;
     // Ctrl-C is read once per step; with several ranks the ranks agree on it below, and only
     // the agreed value is used, so every rank stops after the same step.
-    interrupted = g_interrupted.load();
+    interrupted = InterruptRequested();
     if (world > 1) {
       // The step's loss over every rank's micro-batches, summed in rank order.
       // (And whether any rank was interrupted: they all stop at the same step.)
@@ -736,7 +735,6 @@ int Train(const std::vector<std::string>& args) {
         (step + 1) % cfg.train.checkpoint_every == 0)
       status = save(step + 1);
   }
-  std::signal(SIGINT, old_handler);
   if (!status.ok()) return Fail(status);
   if (!interrupted && step > start) {
     if (Status s = evaluate(step); !s.ok()) return Fail(s);

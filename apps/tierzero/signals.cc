@@ -1,0 +1,76 @@
+// Note [Signals on one thread of ours] in signals.h.
+#include "signals.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+namespace tierzero::app {
+namespace {
+
+std::atomic<int> g_graceful{0};  // live GracefulInterrupts scopes
+std::atomic<int> g_signal{0};    // the signal that asked to stop
+std::atomic<bool> g_started{false};
+
+sigset_t TerminationSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+
+void* WaitForSignals(void*) {
+  const sigset_t set = TerminationSignals();
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&set, &sig) != 0) continue;
+    if (g_graceful.load() > 0) {
+      if (g_signal.exchange(sig) == 0) {
+        std::fprintf(stderr,
+                     "\ntierzero: %s received: finishing this step, then saving a checkpoint "
+                     "(SIGKILL stops at once; the last complete checkpoint stays valid)\n",
+                     sig == SIGINT ? "SIGINT" : "SIGTERM");
+      }
+      continue;
+    }
+    // No run to stop gracefully: the signal's default action, on this thread, for the process.
+    signal(sig, SIG_DFL);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+    raise(sig);
+    _exit(128 + sig);  // not reached for SIGINT and SIGTERM
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+Status StartSignalThread() {
+  if (g_started.exchange(true)) return Status::OK();
+  const sigset_t set = TerminationSignals();
+  if (int e = pthread_sigmask(SIG_BLOCK, &set, nullptr); e != 0)
+    return InternalError(std::string("blocking SIGINT and SIGTERM: ") + std::strerror(e));
+  pthread_t thread;
+  if (int e = pthread_create(&thread, nullptr, WaitForSignals, nullptr); e != 0)
+    return InternalError(std::string("starting the signal thread: ") + std::strerror(e));
+  pthread_detach(thread);
+  return Status::OK();
+}
+
+bool InterruptRequested() { return g_signal.load() != 0; }
+int InterruptSignal() { return g_signal.load(); }
+void ClearInterrupt() { g_signal.store(0); }
+
+GracefulInterrupts::GracefulInterrupts() { g_graceful.fetch_add(1); }
+GracefulInterrupts::~GracefulInterrupts() { g_graceful.fetch_sub(1); }
+
+}  // namespace tierzero::app

@@ -1,0 +1,40 @@
+// Termination signals (SIGINT, SIGTERM) for the CLI, taken on one thread of ours.
+//
+// Note [Signals on one thread of ours]
+// No asynchronous signal handler runs in this process. main() blocks SIGINT and SIGTERM before
+// any other thread exists, so every thread inherits the blocked mask, and one thread of ours takes
+// them with sigwait(). A handler would run on whichever thread the kernel picks, possibly one
+// inside a JIT-compiled oneDNN kernel that points its stack pointer into heap memory (oneDNN issue
+// 4845, fixed upstream after the 2.6 that Debian 12 ships), whose signal frame then overwrites the
+// heap: 2-25% of Ctrl-Cs during training ended in SIGSEGV, SIGBUS, a corrupt free or a hang.
+// While a GracefulInterrupts is alive (tierzero train), a signal only asks the run to stop: the
+// step finishes, a checkpoint is saved, and the process exits 0, however many signals arrive.
+// Otherwise a signal ends the process as its default action would (status 128 + the signal).
+//
+// Thread-safety: every function may be called from any thread.
+#pragma once
+
+#include "tierzero/status.h"
+
+namespace tierzero::app {
+
+// Blocks SIGINT and SIGTERM in the calling thread, and so in every thread created after it, and
+// starts the thread that takes them. REQUIRES: called first in main, before any thread exists.
+Status StartSignalThread();
+
+// True once SIGINT or SIGTERM has arrived inside a GracefulInterrupts scope (until Clear).
+bool InterruptRequested();
+// The signal that asked to stop (0: none).
+int InterruptSignal();
+void ClearInterrupt();
+
+// While one is alive, SIGINT and SIGTERM set InterruptRequested() instead of ending the process.
+class GracefulInterrupts {
+ public:
+  GracefulInterrupts();
+  ~GracefulInterrupts();
+  GracefulInterrupts(const GracefulInterrupts&) = delete;
+  GracefulInterrupts& operator=(const GracefulInterrupts&) = delete;
+};
+
+}  // namespace tierzero::app
