@@ -152,7 +152,13 @@ Field SizeField(const std::string& name, uint64_t* p) {
             *p = *parsed;
             return Status::OK();
           },
-          [=] { return json(FormatBytes(*p)); }};
+          // Written as a unit string only when that string parses back to the same byte count
+          // (config.json must load back exactly: "19.07 MiB" would not), else as the count.
+          [=] {
+            const std::string text = FormatBytes(*p);
+            auto back = ParseByteSize(text);
+            return back.ok() && *back == *p ? json(text) : json(*p);
+          }};
 }
 
 Field DTypeField(const std::string& name, DType* p) {

@@ -66,6 +66,17 @@ TEST(TrainConfig, BadConfigsNameFieldValueAndRange) {
   auto again = ParseRunConfig(RunConfigToJson(*ok), DefaultRunConfig());
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(RunConfigToJson(*again), RunConfigToJson(*ok));
+  // Sizes that are no round number of a unit come back exactly too (written as byte counts).
+  for (const uint64_t bytes : {uint64_t{20000000}, uint64_t{1} << 20, uint64_t{12345}, uint64_t{0},
+                               (uint64_t{3} << 30) + 1}) {
+    RunConfig c = DefaultRunConfig();
+    c.engine.host_budget = bytes;
+    c.engine.device_budget = bytes + (uint64_t{1} << 20);
+    auto back = ParseRunConfig(RunConfigToJson(c), DefaultRunConfig());
+    ASSERT_TRUE(back.ok()) << bytes << ": " << back.status().ToString();
+    EXPECT_EQ(back->engine.host_budget, bytes);
+    EXPECT_EQ(back->engine.device_budget, bytes + (uint64_t{1} << 20));
+  }
 }
 
 TEST(TrainConfig, FlagsOverride) {
