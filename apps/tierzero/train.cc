@@ -1,9 +1,13 @@
 #include "train.h"
 
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -560,6 +564,14 @@ int Train(const std::vector<std::string>& args) {
     fs::create_directories(dir, ec);
     if (ec) return Fail(IoError("creating the directory of " + *file + ": " + ec.message()));
   }
+  // The checkpoint directory too, and it must be writable: found before step 1, not at the end.
+  fs::create_directories(out.checkpoint_dir, ec);
+  if (ec)
+    return Fail(
+        IoError("creating the checkpoint directory " + out.checkpoint_dir + ": " + ec.message()));
+  if (access(out.checkpoint_dir.c_str(), W_OK | X_OK) != 0)
+    return Fail(IoError("the checkpoint directory " + out.checkpoint_dir +
+                        " is not writable: " + std::strerror(errno)));
   if (cfg.engine.nvme_budget > 0) {
     fs::create_directories(cfg.engine.nvme_path, ec);
     if (ec)
@@ -720,6 +732,14 @@ int Train(const std::vector<std::string>& args) {
               {"host_bytes", u.host},
               {"nvme_bytes", u.nvme}};
     metrics << m.dump() << "\n";
+    // Each step's line reaches the file now (a crash keeps every finished step), and a full disk
+    // stops the run with a message instead of losing lines silently.
+    metrics.flush();
+    if (!metrics) {
+      status = IoError("writing the metrics file " + out.metrics +
+                       " failed: " + std::strerror(errno) + " (disk full?)");
+      break;
+    }
     if (!out.quiet) {
       std::printf(
           "step %5d/%d | loss %.4f | lr %.2e | %6.0f tok/s | %5.0f ms | dev %s/%s MiB "

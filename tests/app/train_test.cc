@@ -107,6 +107,26 @@ std::vector<json> ReadLines(const std::string& path) {
   return out;
 }
 
+TEST(Train, UnwritableOutputsFailBeforeTheFirstStepAndAFullDiskStopsTheRun) {
+  TempDir dir;
+  {
+    std::ofstream cfg(dir / "c.json");
+    cfg << R"({"model": {"seq_len": 6, "d_model": 32, "n_layer": 1, "n_head": 2},
+               "data": {"digits": 1}, "train": {"batch_size": 4, "eval_every": 0, "eval_batches": 1},
+               "engine": {"device_budget": "4 MiB", "host_budget": "4 MiB", "nvme_budget": "0"}})";
+  }
+  const std::string metrics = dir / "m.jsonl";
+  // A checkpoint directory that cannot exist: the run stops before training anything.
+  EXPECT_NE(Train({"--config", dir / "c.json", "--steps", "5", "--metrics", metrics, "--run-dir",
+                   dir / "run1", "--checkpoint", "/dev/null/checkpoint", "--quiet"}),
+            0);
+  EXPECT_TRUE(ReadLines(metrics).empty());
+  // Metrics on a full disk (/dev/full: every write fails with ENOSPC): an error, not exit 0.
+  EXPECT_NE(Train({"--config", dir / "c.json", "--steps", "5", "--metrics", "/dev/full",
+                   "--run-dir", dir / "run2", "--quiet"}),
+            0);
+}
+
 TEST(Train, SmallRunLearnsResumesAndExports) {
   TempDir dir;
   {
