@@ -7,6 +7,10 @@
 # time is the median past its first 20 steps (warm-up, plan), tokens/s follow from it, and the
 # ratio is taken per round, then the median over rounds.
 #   bench/torch_compare.sh [rounds, default 6]
+# Both sides get the same instruction set: the script sets OPENBLAS_CORETYPE to SkylakeX (AVX-512
+# kernels) on an AVX-512 CPU, and to Haswell (AVX2) on others or when ONEDNN_MAX_CPU_ISA=AVX2 holds
+# tierzero's products to AVX2 (as on an AVX2 host), overriding the environment's (this workplace
+# sets OPENBLAS_CORETYPE=Haswell globally, which gave PyTorch AVX2 kernels against oneDNN's AVX-512).
 # Installs Debian's python3-torch and the OpenMP OpenBLAS for itself (not a tierzero dependency,
 # so not in scripts/setup): with Debian's default reference BLAS torch is about 15x slower.
 set -euo pipefail
@@ -14,6 +18,11 @@ cd "$(dirname "$0")/.."
 rounds=${1:-6}
 bin=build/bin/tierzero
 py=/usr/bin/python3  # Debian's python, which sees python3-torch
+if [ "${ONEDNN_MAX_CPU_ISA:-}" != AVX2 ] && grep -qw avx512f /proc/cpuinfo; then
+  export OPENBLAS_CORETYPE=SkylakeX
+else
+  export OPENBLAS_CORETYPE=Haswell
+fi
 if ! $py -c 'import torch' 2>/dev/null ||
   ! dpkg-query -W -f='${Status}' libopenblas0-openmp 2>/dev/null | grep -q "install ok installed"; then
   SUDO=""
@@ -30,14 +39,18 @@ trap 'rm -rf "$out"' EXIT
 cat /usr/share/common-licenses/* > "$out/text.txt"
 resident='"engine": {"device_budget": "1 GiB", "device_shard_budget": "1 GiB",
   "host_budget": "2 GiB", "nvme_budget": "0", "compute_dtype": "fp32"}'
+# Everything the PyTorch side does is pinned here, not taken from tierzero's default run.
 cat > "$out/default.json" <<JSON
-{"model": {"activation_checkpointing": false}, $resident}
+{"model": {"n_layer": 5, "d_model": 192, "n_head": 6, "seq_len": 9,
+           "activation_checkpointing": false},
+ "data": {"kind": "addition", "digits": 2, "pad_operands": false, "reverse_answer": true},
+ "train": {"batch_size": 16, "lr": 0.002, "min_lr": 0.0002, "warmup_steps": 50}, $resident}
 JSON
 cat > "$out/wide.json" <<JSON
 {"model": {"n_layer": 4, "d_model": 256, "n_head": 8, "seq_len": 128,
            "activation_checkpointing": false},
  "data": {"kind": "text", "text_path": "$out/text.txt"},
- "train": {"batch_size": 8}, $resident}
+ "train": {"batch_size": 8, "lr": 0.002, "min_lr": 0.0002, "warmup_steps": 50}, $resident}
 JSON
 declare -A steps=([default]=200 [wide]=60)
 declare -A torch_args=(
@@ -75,5 +88,6 @@ for shape in ("default", "wide"):
           f"(per round: {', '.join(f'{x:.2f}' for x in ratio)})")
     print(f"         final loss tierzero {m[-1]['loss']:.4f}, PyTorch {j['loss'][-1]:.4f} "
           f"(same batches and schedule; different initial weights)")
-print(f"PyTorch {j['torch']}, {j['threads']} threads, BLAS {', '.join(j['blas']) or 'none found'}")
+print(f"PyTorch {j['torch']}, {j['threads']} threads, BLAS {', '.join(j['blas']) or 'none found'} "
+      f"(OpenBLAS kernels: {j.get('blas_core') or 'unknown'})")
 PY

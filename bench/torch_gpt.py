@@ -9,6 +9,7 @@ per-step wall times of the run (data made before the clock starts, as tierzero's
         --steps 150 --data addition --threads 2
 """
 import argparse
+import ctypes
 import json
 import math
 import sys
@@ -171,8 +172,17 @@ def main():
         step_s.append(time.perf_counter() - t0)
         losses.append(loss.item())
     blas = sorted({l.split()[-1] for l in open("/proc/self/maps") if "blas" in l})
+    core = ""
+    for path in blas:  # OpenBLAS names the kernels it picked (OPENBLAS_CORETYPE forces them)
+        try:
+            lib = ctypes.CDLL(path)
+            lib.openblas_get_corename.restype = ctypes.c_char_p
+            core = lib.openblas_get_corename().decode()
+            break
+        except (OSError, AttributeError):
+            pass
     print(json.dumps({"step_s": step_s, "loss": losses, "threads": torch.get_num_threads(),
-                      "blas": blas, "torch": torch.__version__}))
+                      "blas": blas, "blas_core": core, "torch": torch.__version__}))
 
 
 if __name__ == "__main__":
