@@ -300,14 +300,17 @@ std::map<std::string, Section> Fields(RunConfig& c) {
 
 }  // namespace
 
-StatusOr<RunConfig> ParseRunConfig(const std::string& text, RunConfig c) {
+namespace {
+
+StatusOr<RunConfig> ParseRunConfigOrThrow(const std::string& text, RunConfig c) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
   if (j.is_discarded()) {
-    // Re-parse with exceptions for the position of the error.
+    // Re-parse with exceptions for the position of the error. Every nlohmann error counts: a
+    // number beyond double's range (1e400) is an out_of_range, not a parse_error.
     try {
       json again = json::parse(text, nullptr, true, true);
       (void)again;
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {
       return InvalidArgumentError(std::string("config is not valid JSON: ") + e.what());
     }
     return InvalidArgumentError("config is not valid JSON");
@@ -337,6 +340,17 @@ StatusOr<RunConfig> ParseRunConfig(const std::string& text, RunConfig c) {
     return InvalidArgumentError("config field 'train.min_lr' (" + std::to_string(c.train.min_lr) +
                                 ") exceeds 'train.lr' (" + std::to_string(c.train.lr) + ")");
   return c;
+}
+
+}  // namespace
+
+StatusOr<RunConfig> ParseRunConfig(const std::string& text, RunConfig c) {
+  // No exception from the JSON library may leave here (outside data must not abort the process).
+  try {
+    return ParseRunConfigOrThrow(text, std::move(c));
+  } catch (const json::exception& e) {
+    return InvalidArgumentError(std::string("config: ") + e.what());
+  }
 }
 
 std::string RunConfigToJson(const RunConfig& config) {

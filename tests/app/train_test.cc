@@ -58,6 +58,9 @@ TEST(TrainConfig, BadConfigsNameFieldValueAndRange) {
   ExpectConfigError(R"({"train": {"lr": -1}})", "train.lr", "-1");
   ExpectConfigError(R"({"train": {"lr": 0.001, "min_lr": 0.01}})", "train.min_lr");
   ExpectConfigError(R"({"data": {"digits": 12}})", "data.digits", "1..9");
+  // Numbers beyond double's range are an error, not an uncaught exception.
+  ExpectConfigError(R"({"train": {"lr": 1e400}})", "1e400");
+  ExpectConfigError(R"({"model": {"n_layer": -1e400}})", "1e400");
   // Sizes parse from human strings; comments are allowed.
   auto ok = ParseRunConfig(R"({"engine": {"host_budget": "1.5 GiB"}} // note)", DefaultRunConfig());
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
