@@ -41,7 +41,7 @@ void GeluForwardImpl(const float* x, float* y, int64_t n) {
     const auto e = GeluExp<V>(MinusTwoU<V>(v));
     V::Store(y + i, V::Div(v, V::Add(one, e)));
   }
-  for (; i < n; ++i) y[i] = x[i] / (1.0f + GeluExpScalar(GeluMinusTwoU(x[i])));
+  kGeluScalar.forward(x + i, y + i, n - i);  // the tail: the same operations, one at a time
 }
 
 template <typename V>
@@ -59,13 +59,7 @@ void GeluBackwardImpl(const float* dy, const float* x, float* dx, int64_t n) {
     const auto g = V::Mul(s, V::Fma(V::Mul(v, two_du), V::Mul(e, s), one));
     V::Store(dx + i, V::Mul(V::Load(dy + i), g));
   }
-  for (; i < n; ++i) {
-    const float v = x[i];
-    const float e = GeluExpScalar(GeluMinusTwoU(v));
-    const float s = 1.0f / (1.0f + e);
-    const float g = s * std::fmaf(v * GeluTwoDu(v), e * s, 1.0f);
-    dx[i] = dy[i] * g;
-  }
+  kGeluScalar.backward(dy + i, x + i, dx + i, n - i);
 }
 
 template <typename V>

@@ -16,9 +16,7 @@
 // FloatOpsTest.GeluMatchesDouble).
 #pragma once
 
-#include <cmath>
 #include <cstdint>
-#include <cstring>
 
 namespace tierzero::gpt::internal {
 
@@ -44,33 +42,5 @@ inline constexpr float kLn2Lo = -2.12194440e-4f;
 // 1/k! for k = 7 down to 2 (the polynomial's leading terms 1 + r are added last).
 inline constexpr float kExpPoly[6] = {1.0f / 5040, 1.0f / 720, 1.0f / 120,
                                       1.0f / 24,   1.0f / 6,   1.0f / 2};
-
-// The scalar exponential, operation for operation as the vector one in gelu_impl.h.
-// `static inline`: Note [Internal linkage for helpers of SIMD files] (core/convert.h).
-static inline float GeluExpScalar(float x) {
-  x = std::fmin(std::fmax(x, -kExpClamp), kExpClamp);
-  const float n = std::nearbyint(x * kLog2e);
-  float r = std::fmaf(n, -kLn2Hi, x);
-  r = std::fmaf(n, -kLn2Lo, r);
-  float p = kExpPoly[0];
-  for (int k = 1; k < 6; ++k) p = std::fmaf(p, r, kExpPoly[k]);
-  p = std::fmaf(p, r, 1.0f);
-  p = std::fmaf(p, r, 1.0f);
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
-
-// -2u of the GELU for x, as the vector code computes it: -2 c x (1 + k x^2).
-static inline float GeluMinusTwoU(float x) {
-  const float inner = std::fmaf(kGeluCubic * x, x, 1.0f);
-  return (-2.0f * kGeluSqrt2OverPi) * x * inner;
-}
-
-// 2 u' = 2 c (1 + 3 k x^2).
-static inline float GeluTwoDu(float x) {
-  return (2.0f * kGeluSqrt2OverPi) * std::fmaf(3.0f * kGeluCubic * x, x, 1.0f);
-}
 
 }  // namespace tierzero::gpt::internal
