@@ -340,26 +340,62 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
           dir + "/manifest.json has version " + std::to_string(manifest.value("version", 0)) +
           "; this build reads versions 1 to " + std::to_string(kCheckpointVersion));
     }
-    // Index the saved slices and check every registered parameter is there, whole, with its
-    // shape.
-    for (const json& t : manifest["tensors"]) saved[t.value("name", "")].push_back(&t);
+    // Index the saved slices and compare them with the registered parameters: every difference
+    // (missing, extra, another shape) is listed at once, and nothing is loaded unless the two
+    // agree exactly (a checkpoint of another model is never loaded in part).
+    if (!manifest.contains("tensors") || !manifest["tensors"].is_array())
+      return DataLossError(dir + "/manifest.json has no tensor list");
+    for (const json& t : manifest["tensors"]) {
+      if (!t.is_object() || !t.contains("name") || !t["name"].is_string() || !t.contains("shape") ||
+          !t["shape"].is_array() || !t.contains("numel") || !t["numel"].is_number_unsigned())
+        return DataLossError(
+            dir + "/manifest.json has a malformed tensor entry: " + t.dump().substr(0, 200));
+      for (const json& d : t["shape"])
+        if (!d.is_number_integer())
+          return DataLossError(dir + "/manifest.json has a malformed shape: " + t.dump());
+      saved[t["name"].get<std::string>()].push_back(&t);
+    }
+    std::vector<std::string> missing, extra, reshaped;
+    std::set<std::string> registered;
     for (size_t p = 0; p < im.params.size(); ++p) {
       const ParamSpec& ps = im.params[p];
+      registered.insert(ps.name);
       auto it = saved.find(ps.name);
-      if (it == saved.end())
-        return NotFoundError("checkpoint " + dir + " has no parameter '" + ps.name + "'");
-      uint64_t covered = 0;
-      for (const json* e : it->second) {
-        if ((*e)["shape"].get<std::vector<int64_t>>() != ps.shape)
-          return InvalidArgumentError("checkpoint parameter '" + ps.name + "' has shape " +
-                                      (*e)["shape"].dump() + ", the model registers " +
-                                      json(ps.shape).dump());
-        covered += e->value("numel", uint64_t{0});
+      if (it == saved.end()) {
+        missing.push_back(ps.name);
+        continue;
       }
-      if (covered != static_cast<uint64_t>(im.numel[p]))
+      uint64_t covered = 0;
+      bool same_shape = true;
+      for (const json* e : it->second) {
+        if ((*e)["shape"].get<std::vector<int64_t>>() != ps.shape) {
+          if (same_shape)
+            reshaped.push_back(ps.name + " (checkpoint " + (*e)["shape"].dump() + ", model " +
+                               json(ps.shape).dump() + ")");
+          same_shape = false;
+        }
+        covered += (*e)["numel"].get<uint64_t>();
+      }
+      if (same_shape && covered != static_cast<uint64_t>(im.numel[p]))
         return DataLossError("checkpoint " + dir + " holds " + std::to_string(covered) +
                              " of the " + std::to_string(im.numel[p]) + " elements of '" + ps.name +
                              "'");
+    }
+    for (const auto& [name, slices] : saved)
+      if (registered.count(name) == 0) extra.push_back(name);
+    if (!missing.empty() || !extra.empty() || !reshaped.empty()) {
+      auto list = [](const char* what, const std::vector<std::string>& names) {
+        std::string s = std::to_string(names.size()) + " " + what;
+        for (size_t i = 0; i < names.size() && i < 6; ++i) s += (i == 0 ? ": " : ", ") + names[i];
+        if (names.size() > 6) s += ", ...";
+        return s;
+      };
+      return InvalidArgumentError(
+          "checkpoint " + dir +
+          " is of another model: " + list("tensors of the model missing from it", missing) + "; " +
+          list("tensors in it the model lacks", extra) + "; " +
+          list("with another shape", reshaped) +
+          " (resume with the model configuration it was saved with: its config.json)");
     }
     return run_pass(0);
   }();

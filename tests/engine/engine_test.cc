@@ -203,6 +203,40 @@ TEST(Engine, CheckpointCorruptionAndAbsenceAreClearErrors) {
   EXPECT_EQ(after, mid) << "a failed load changed the parameters";
 }
 
+TEST(Engine, CheckpointOfAnotherModelIsRefusedWithEveryDifferenceAndNothingLoaded) {
+  TempDir dir;
+  Trainer three = Make(HostConfig());  // 3 blocks, 64 wide
+  Train(three, 0, 2);
+  ASSERT_TRUE(three.engine->SaveCheckpoint(dir.path() + "/ckpt").ok());
+  // Fewer blocks: the checkpoint's extra tensors are named, nothing is loaded.
+  GptConfig two = SmallModel();
+  two.n_layer = 2;
+  Trainer fewer = Make(HostConfig(), two);
+  std::vector<float> before(static_cast<size_t>(fewer.engine->numel(0)));
+  ASSERT_TRUE(fewer.engine->ReadParam(0, before).ok());
+  auto bad = fewer.engine->LoadCheckpoint(dir.path() + "/ckpt");
+  ASSERT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status().ToString();
+  const std::string m(bad.status().message());
+  EXPECT_NE(m.find("another model"), std::string::npos) << m;
+  EXPECT_NE(m.find("12 tensors in it the model lacks"), std::string::npos) << m;
+  EXPECT_NE(m.find("h.2.attn.c_attn.bias"), std::string::npos) << m;
+  std::vector<float> after(before.size());
+  ASSERT_TRUE(fewer.engine->ReadParam(0, after).ok());
+  EXPECT_EQ(after, before) << "a refused load changed the parameters";
+  // More blocks and another width: missing tensors and other shapes, all in one message.
+  GptConfig wider = SmallModel();
+  wider.n_layer = 4;
+  wider.d_model = 32;
+  Trainer other = Make(HostConfig(), wider);
+  auto bad2 = other.engine->LoadCheckpoint(dir.path() + "/ckpt");
+  ASSERT_EQ(bad2.status().code(), StatusCode::kInvalidArgument) << bad2.status().ToString();
+  const std::string m2(bad2.status().message());
+  EXPECT_NE(m2.find("12 tensors of the model missing from it"), std::string::npos) << m2;
+  EXPECT_NE(m2.find("with another shape: wte (checkpoint [256,64], model [256,32])"),
+            std::string::npos)
+      << m2;
+}
+
 TEST(Engine, SafetensorsRoundTrip) {
   TempDir dir;
   Trainer a = Make(HostConfig());
