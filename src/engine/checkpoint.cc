@@ -26,6 +26,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -471,6 +473,12 @@ Status Engine::ExportSafetensors(const std::string& path, DType dtype) const {
   return zero::AgreeOnStatus(*im.comm, wrote);
 }
 
+// Note [Safetensors entries checked whole]
+// A safetensors file is outside data: before any parameter changes, every entry of its header (not
+// only the ones the model needs) must have a dtype, a shape of sizes and a pair of data offsets
+// inside the data section, begin <= end, with exactly the bytes its shape needs for the dtypes we
+// read, and no two tensors may overlap (the format forbids each). So a malformed file fails whole
+// and never leaves a model half loaded.
 Status Engine::LoadSafetensors(const std::string& path) {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("LoadSafetensors before Finalize");
@@ -491,34 +499,87 @@ Status Engine::LoadSafetensors(const std::string& path) {
   if (header.is_discarded() || !header.is_object())
     return DataLossError(path + ": the safetensors header is not valid JSON");
   const uint64_t base = 8 + hlen;
-  // Check all first, then load.
+  const uint64_t data_bytes = static_cast<uint64_t>(st.st_size) - base;
+  // Every entry is checked before anything loads (Note [Safetensors entries checked whole]).
+  struct Entry {
+    DType dtype;
+    std::vector<int64_t> shape;
+    uint64_t begin = 0, end = 0;
+  };
+  std::map<std::string, Entry> entries;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& [name, e] : header.items()) {
+    if (name == "__metadata__") continue;
+    auto bad = [&](const std::string& why) {
+      return DataLossError(path + ": safetensors tensor '" + name + "' " + why);
+    };
+    if (!e.is_object() || !e.contains("dtype") || !e["dtype"].is_string() || !e.contains("shape") ||
+        !e["shape"].is_array() || !e.contains("data_offsets") || !e["data_offsets"].is_array() ||
+        e["data_offsets"].size() != 2)
+      return bad("lacks a dtype, shape or data_offsets pair: " + e.dump().substr(0, 200));
+    Entry en;
+    const std::string dt = e["dtype"].get<std::string>();
+    en.dtype = dt == "F32" ? DType::kF32 : dt == "BF16" ? DType::kBF16 : DType::kF16;
+    const bool known = dt == "F32" || dt == "BF16" || dt == "F16";
+    for (const json& d : e["shape"]) {
+      if (!d.is_number_unsigned())
+        return bad("has a shape that is not sizes: " + e["shape"].dump());
+      en.shape.push_back(d.get<int64_t>());
+    }
+    const json& off = e["data_offsets"];
+    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      return bad("has data offsets that are not sizes: " + off.dump());
+    en.begin = off[0].get<uint64_t>();
+    en.end = off[1].get<uint64_t>();
+    if (en.begin > en.end || en.end > data_bytes)
+      return bad("has data offsets " + off.dump() + " outside the data section of " +
+                 std::to_string(data_bytes) + " bytes");
+    if (known) {
+      uint64_t n = 1;
+      for (int64_t d : en.shape) {
+        if (d != 0 && n > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d))
+          return bad("has a shape too large: " + e["shape"].dump());
+        n *= static_cast<uint64_t>(d);
+      }
+      if (en.end - en.begin != DTypeBytes(en.dtype, n))
+        return bad("has " + std::to_string(en.end - en.begin) + " bytes for " + std::to_string(n) +
+                   " " + dt + " elements");
+    }
+    ranges.emplace_back(en.begin, en.end);
+    if (known) entries[name] = std::move(en);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].first < ranges[i - 1].second)
+      return DataLossError(path + ": two safetensors tensors overlap (bytes " +
+                           std::to_string(ranges[i].first) + " and " +
+                           std::to_string(ranges[i - 1].second) + " of the data section)");
   for (const ParamSpec& ps : im.params) {
     if (!header.contains(ps.name)) return NotFoundError(path + " has no tensor '" + ps.name + "'");
-    const json& e = header[ps.name];
-    if (e.value("shape", std::vector<int64_t>{}) != ps.shape)
-      return InvalidArgumentError(path + ": tensor '" + ps.name + "' has shape " +
-                                  e["shape"].dump() + ", the model registers " +
-                                  json(ps.shape).dump());
-    const std::string dt = e.value("dtype", "");
-    if (dt != "F32" && dt != "BF16" && dt != "F16")
-      return UnsupportedError(path + ": tensor '" + ps.name + "' is " + dt +
+    auto it = entries.find(ps.name);
+    if (it == entries.end())
+      return UnsupportedError(path + ": tensor '" + ps.name + "' is " +
+                              header[ps.name]["dtype"].get<std::string>() +
                               "; F32, BF16 and F16 load");
+    if (it->second.shape != ps.shape)
+      return InvalidArgumentError(path + ": tensor '" + ps.name + "' has shape " +
+                                  json(it->second.shape).dump() + ", the model registers " +
+                                  json(ps.shape).dump());
   }
   std::vector<uint8_t> raw;
   std::vector<float> values;
   for (size_t t = 0; t < im.params.size(); ++t) {
-    const json& e = header[im.params[t].name];
-    const std::string dts = e["dtype"];
-    const DType dt = dts == "F32" ? DType::kF32 : dts == "BF16" ? DType::kBF16 : DType::kF16;
-    const auto off = e["data_offsets"].get<std::vector<uint64_t>>();
+    const Entry& e = entries[im.params[t].name];
     const uint64_t n = static_cast<uint64_t>(im.numel[t]);
-    if (off.size() != 2 || off[1] - off[0] != DTypeBytes(dt, n) ||
-        base + off[1] > static_cast<uint64_t>(st.st_size))
-      return DataLossError(path + ": tensor '" + im.params[t].name + "' has bad data offsets");
-    raw.resize(DTypeBytes(dt, n));
+    raw.resize(e.end - e.begin);
     values.resize(n);
-    RETURN_IF_ERROR(ReadAt(fd.get(), path, base + off[0], raw.data(), raw.size()));
-    RETURN_IF_ERROR(Convert(raw.data(), dt, values.data(), DType::kF32, n));
+    RETURN_IF_ERROR(ReadAt(fd.get(), path, base + e.begin, raw.data(), raw.size()));
+    RETURN_IF_ERROR(Convert(raw.data(), e.dtype, values.data(), DType::kF32, n));
+    const size_t non_finite = static_cast<size_t>(
+        std::count_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); }));
+    if (non_finite > 0)
+      TZ_LOG(kWarn, kEngine) << path << ": tensor '" << im.params[t].name << "' holds "
+                             << non_finite << " NaN or infinite values (loaded as they are)";
     RETURN_IF_ERROR(WriteParam(static_cast<ParamId>(t), values));
   }
   TZ_LOG(kInfo, kEngine) << "parameters loaded from " << path;

@@ -7,8 +7,11 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -235,6 +238,83 @@ TEST(Engine, CheckpointOfAnotherModelIsRefusedWithEveryDifferenceAndNothingLoade
   EXPECT_NE(m2.find("with another shape: wte (checkpoint [256,64], model [256,32])"),
             std::string::npos)
       << m2;
+}
+
+// Rewrites a safetensors file's header with `edit` (the data section is kept as it is).
+void EditSafetensors(const std::string& in, const std::string& out,
+                     const std::function<void(nlohmann::json&)>& edit) {
+  std::ifstream f(in, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  uint64_t hlen = 0;
+  std::memcpy(&hlen, bytes.data(), 8);
+  nlohmann::json header = nlohmann::json::parse(bytes.substr(8, hlen));
+  edit(header);
+  const std::string h = header.dump();
+  const uint64_t n = h.size();
+  std::ofstream o(out, std::ios::binary | std::ios::trunc);
+  o.write(reinterpret_cast<const char*>(&n), 8);
+  o << h << bytes.substr(8 + hlen);
+}
+
+TEST(Engine, MalformedSafetensorsFailWholeAndLoadNothing) {
+  TempDir dir;
+  Trainer a = Make(HostConfig());
+  Train(a, 0, 2);
+  const std::string good = dir.path() + "/m.safetensors";
+  ASSERT_TRUE(a.engine->ExportSafetensors(good, DType::kF32).ok());
+  Trainer b = Make(HostConfig());
+  std::vector<float> before(static_cast<size_t>(b.engine->numel(0)));
+  ASSERT_TRUE(b.engine->ReadParam(0, before).ok());
+  // The last tensor in file order is edited, so a loader that checks as it goes would already
+  // have loaded the others.
+  auto last = [](nlohmann::json& h) {
+    std::string name;
+    uint64_t end = 0;
+    for (auto& [k, v] : h.items())
+      if (k != "__metadata__" && v["data_offsets"][1].get<uint64_t>() >= end) {
+        end = v["data_offsets"][1].get<uint64_t>();
+        name = k;
+      }
+    return name;
+  };
+  const std::vector<std::pair<std::string, std::function<void(nlohmann::json&)>>> cases = {
+      {"negative offset", [&](nlohmann::json& h) { h[last(h)]["data_offsets"][0] = -4; }},
+      {"end before begin",
+       [&](nlohmann::json& h) {
+         auto& o = h[last(h)]["data_offsets"];
+         o = {o[1], o[0]};
+       }},
+      {"past the data section",
+       [&](nlohmann::json& h) {
+         auto& o = h[last(h)]["data_offsets"];
+         o = {o[0].get<uint64_t>() + 64, o[1].get<uint64_t>() + 64};
+       }},
+      {"wrapping around",
+       [&](nlohmann::json& h) {
+         h[last(h)]["data_offsets"] = {uint64_t{0xFFFFFFFFFFFFFFF0ull}, uint64_t{16}};
+       }},
+      {"overlapping another tensor",
+       [&](nlohmann::json& h) {
+         const std::string l = last(h);
+         h["extra"] = {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 8}}};
+         (void)l;
+       }},
+      {"a shape of strings", [&](nlohmann::json& h) { h[last(h)]["shape"] = {"x"}; }},
+      {"no dtype", [&](nlohmann::json& h) { h[last(h)].erase("dtype"); }},
+      {"an entry that is no object", [&](nlohmann::json& h) { h["junk"] = 7; }},
+  };
+  for (const auto& [what, edit] : cases) {
+    const std::string bad = dir.path() + "/bad.safetensors";
+    EditSafetensors(good, bad, edit);
+    Status s = b.engine->LoadSafetensors(bad);
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << what << ": " << s.ToString();
+    std::vector<float> after(before.size());
+    ASSERT_TRUE(b.engine->ReadParam(0, after).ok());
+    EXPECT_EQ(after, before) << what << ": a refused load changed the parameters";
+  }
+  // The unedited file loads.
+  EditSafetensors(good, dir.path() + "/same.safetensors", [](nlohmann::json&) {});
+  EXPECT_TRUE(b.engine->LoadSafetensors(dir.path() + "/same.safetensors").ok());
 }
 
 TEST(Engine, SafetensorsRoundTrip) {
