@@ -42,6 +42,28 @@ std::string Mib(uint64_t b) {
 // The ranks of this run (mpirun) or one; Fail ends every rank when there are several.
 std::shared_ptr<Communicator> g_comm;
 
+// Keeps the lines of `path` whose step is at most `step` (the file is rewritten atomically); a
+// missing file is an empty one.
+Status TrimMetrics(const std::string& path, int step) {
+  std::ifstream in(path);
+  if (!in) return Status::OK();
+  std::string kept, line;
+  int dropped = 0;
+  while (std::getline(in, line)) {
+    const json m = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!m.is_object() || !m.contains("step") || !m["step"].is_number_integer() ||
+        m["step"].get<int64_t>() > step) {
+      ++dropped;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  if (dropped == 0) return Status::OK();
+  std::printf("  metrics: dropped %d line%s after step %d from %s (written after the checkpoint)\n",
+              dropped, dropped == 1 ? "" : "s", step, path.c_str());
+  return WriteTextFile(path, kept);
+}
+
 int Fail(const Status& s) {
   if (g_comm && g_comm->size() > 1) {
     std::fprintf(stderr, "rank %d of %d: error: %s\n", g_comm->rank(), g_comm->size(),
@@ -229,6 +251,12 @@ int Train(const std::vector<std::string>& args) {
   if (start > 0) std::printf("  resumed from %s at step %d\n", out.resume.c_str(), start);
   std::fflush(stdout);
 
+  // A resumed run continues the metrics of the checkpoint's step: lines of later steps (written
+  // before a crash or a kill, after the checkpoint) and a torn last line are dropped first, so
+  // the file never holds a step twice.
+  if (start > 0 && lead) {
+    if (Status s = TrimMetrics(out.metrics, start); !s.ok()) return Fail(s);
+  }
   // (Ranks other than 0 write their metrics nowhere.)
   std::ofstream metrics(lead ? out.metrics : "/dev/null",
                         start > 0 ? std::ios::app : std::ios::trunc);

@@ -130,6 +130,33 @@ TEST(Train, UnwritableOutputsFailBeforeTheFirstStepAndAFullDiskStopsTheRun) {
             0);
 }
 
+TEST(Train, ResumingFromAnEarlierCheckpointKeepsEachStepOnceInTheMetrics) {
+  TempDir dir;
+  {
+    std::ofstream cfg(dir / "c.json");
+    cfg << R"({"model": {"seq_len": 6, "d_model": 32, "n_layer": 1, "n_head": 2},
+               "data": {"digits": 1}, "train": {"batch_size": 4, "eval_every": 4, "eval_batches": 1},
+               "engine": {"device_budget": "4 MiB", "host_budget": "4 MiB", "nvme_budget": "0"}})";
+  }
+  const std::string run = dir / "run", metrics = dir / "run/metrics.jsonl";
+  const std::vector<std::string> base = {"--config", dir / "c.json", "--run-dir", run, "--quiet"};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  ASSERT_EQ(Train(with({"--steps", "6"})), 0);
+  fs::copy(run + "/checkpoint", dir / "at6", fs::copy_options::recursive);
+  ASSERT_EQ(Train(with({"--resume", run + "/checkpoint", "--steps", "10"})), 0);
+  // As after a crash: the metrics ran ahead of the checkpoint used, and the last line is torn.
+  { std::ofstream(metrics, std::ios::app) << R"({"step": 11, "lo)"; }
+  ASSERT_EQ(Train(with({"--resume", dir / "at6", "--steps", "9"})), 0);
+  std::vector<int> steps;
+  for (const json& m : ReadLines(metrics))
+    if (m.contains("loss")) steps.push_back(m["step"].get<int>());
+  EXPECT_EQ(steps, (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 9}));
+}
+
 TEST(Train, SmallRunLearnsResumesAndExports) {
   TempDir dir;
   {
