@@ -9,6 +9,8 @@
 #include <set>
 #include <sstream>
 
+#include "engine/file_io.h"
+
 namespace tierzero::app {
 namespace {
 
@@ -28,17 +30,10 @@ StatusOr<json> ParseReport(const std::string& text) {
 }  // namespace
 
 Status WriteTextFile(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return IoError("cannot write " + tmp + ": " + std::strerror(errno));
-    f << text;
-    f.flush();
-    if (!f) return IoError("writing " + tmp + " failed (disk full?)");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    return IoError("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
-  return Status::OK();
+  // Written whole or not at all, and durable once this returns (the engine's AtomicFile).
+  ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::Create(path));
+  RETURN_IF_ERROR(f.Write(text.data(), text.size()));
+  return f.Commit();
 }
 
 namespace {

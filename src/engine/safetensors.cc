@@ -1,0 +1,188 @@
+// safetensors import and export of the engine's parameters (engine.h).
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/bytes.h"
+#include "core/convert.h"
+#include "core/logging.h"
+#include "engine/engine_impl.h"
+#include "engine/file_io.h"
+#include "zero/collective.h"
+
+namespace tierzero {
+using nlohmann::json;
+
+Status Engine::ExportSafetensors(const std::string& path, DType dtype) const {
+  Impl& im = *impl_;
+  if (!im.finalized) return FailedPreconditionError("ExportSafetensors before Finalize");
+  RETURN_IF_ERROR(im.cm->out_of_step());
+  if (dtype != DType::kF32 && dtype != DType::kBF16)
+    return InvalidArgumentError("safetensors export writes fp32 or bf16, not " +
+                                std::string(DTypeName(dtype)));
+  json header = json::object();
+  uint64_t offset = 0;
+  for (size_t t = 0; t < im.params.size(); ++t) {
+    const uint64_t bytes = DTypeBytes(dtype, static_cast<uint64_t>(im.numel[t]));
+    header[im.params[t].name] = {{"dtype", dtype == DType::kF32 ? "F32" : "BF16"},
+                                 {"shape", im.params[t].shape},
+                                 {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  header["__metadata__"] = {
+      {"format", "pt"}, {"producer", "tierzero"}, {"step", std::to_string(im.step)}};
+  std::string h = header.dump();
+  while ((h.size() + 8) % 8 != 0) h.push_back(' ');
+  // Rank 0 writes; every rank contributes its shards chunk by chunk. A failed write stops the
+  // writing, not the gathers the other ranks take part in (Note [Agreeing on an outcome]).
+  const bool writer = im.comm->rank() == 0;
+  std::optional<AtomicFile> file;
+  Status wrote = Status::OK();
+  if (writer) {
+    wrote = [&]() -> Status {
+      ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::Create(path));
+      file.emplace(std::move(f));
+      const uint64_t hlen = h.size();
+      RETURN_IF_ERROR(file->Write(&hlen, 8));  // little-endian u64
+      return file->Write(h.data(), h.size());
+    }();
+  }
+  std::vector<uint8_t> out;
+  std::vector<float> full;
+  for (int c = 0; c < im.layout.num_chunks(); ++c) {
+    RETURN_IF_ERROR(im.GatherChunkMaster(c, full));
+    if (!writer || !wrote.ok()) continue;
+    for (int t : im.layout.chunk(c).tensors) {
+      const TensorLoc& loc = im.layout.tensor(t);
+      out.resize(DTypeBytes(dtype, loc.numel));
+      wrote = Convert(full.data() + loc.offset, DType::kF32, out.data(), dtype, loc.numel);
+      if (wrote.ok()) wrote = file->Write(out.data(), out.size());
+      if (!wrote.ok()) break;
+    }
+  }
+  if (writer && wrote.ok()) wrote = file->Commit();
+  return zero::AgreeOnStatus(*im.comm, wrote);
+}
+
+// Note [Safetensors entries checked whole]
+// A safetensors file is outside data: before any parameter changes, every entry of its header (not
+// only the ones the model needs) must have a dtype, a shape of sizes and a pair of data offsets
+// inside the data section, begin <= end, with exactly the bytes its shape needs for the dtypes we
+// read, and no two tensors may overlap (the format forbids each). So a malformed file fails whole
+// and never leaves a model half loaded.
+Status Engine::LoadSafetensors(const std::string& path) {
+  Impl& im = *impl_;
+  if (!im.finalized) return FailedPreconditionError("LoadSafetensors before Finalize");
+  ReadFd fd(path);
+  if (fd.get() < 0)
+    return ErrnoError("opening safetensors file " + path, errno, StatusCode::kNotFound);
+  struct stat st {};
+  ::fstat(fd.get(), &st);
+  uint64_t hlen = 0;
+  if (st.st_size < 8) return DataLossError(path + " is not a safetensors file (too short)");
+  RETURN_IF_ERROR(ReadAt(fd.get(), path, 0, &hlen, 8));
+  if (hlen > static_cast<uint64_t>(st.st_size) - 8 || hlen > (uint64_t{100} << 20))
+    return DataLossError(path + " is not a safetensors file (header length " +
+                         std::to_string(hlen) + ")");
+  std::string h(hlen, '\0');
+  RETURN_IF_ERROR(ReadAt(fd.get(), path, 8, h.data(), hlen));
+  json header = json::parse(h, nullptr, false);
+  if (header.is_discarded() || !header.is_object())
+    return DataLossError(path + ": the safetensors header is not valid JSON");
+  const uint64_t base = 8 + hlen;
+  const uint64_t data_bytes = static_cast<uint64_t>(st.st_size) - base;
+  // Every entry is checked before anything loads (Note [Safetensors entries checked whole]).
+  struct Entry {
+    DType dtype;
+    std::vector<int64_t> shape;
+    uint64_t begin = 0, end = 0;
+  };
+  std::map<std::string, Entry> entries;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& [name, e] : header.items()) {
+    if (name == "__metadata__") continue;
+    auto bad = [&](const std::string& why) {
+      return DataLossError(path + ": safetensors tensor '" + name + "' " + why);
+    };
+    if (!e.is_object() || !e.contains("dtype") || !e["dtype"].is_string() || !e.contains("shape") ||
+        !e["shape"].is_array() || !e.contains("data_offsets") || !e["data_offsets"].is_array() ||
+        e["data_offsets"].size() != 2)
+      return bad("lacks a dtype, shape or data_offsets pair: " + e.dump().substr(0, 200));
+    Entry en;
+    const std::string dt = e["dtype"].get<std::string>();
+    en.dtype = dt == "F32" ? DType::kF32 : dt == "BF16" ? DType::kBF16 : DType::kF16;
+    const bool known = dt == "F32" || dt == "BF16" || dt == "F16";
+    for (const json& d : e["shape"]) {
+      if (!d.is_number_unsigned())
+        return bad("has a shape that is not sizes: " + e["shape"].dump());
+      en.shape.push_back(d.get<int64_t>());
+    }
+    const json& off = e["data_offsets"];
+    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      return bad("has data offsets that are not sizes: " + off.dump());
+    en.begin = off[0].get<uint64_t>();
+    en.end = off[1].get<uint64_t>();
+    if (en.begin > en.end || en.end > data_bytes)
+      return bad("has data offsets " + off.dump() + " outside the data section of " +
+                 std::to_string(data_bytes) + " bytes");
+    if (known) {
+      uint64_t n = 1;
+      for (int64_t d : en.shape) {
+        if (d != 0 && n > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d))
+          return bad("has a shape too large: " + e["shape"].dump());
+        n *= static_cast<uint64_t>(d);
+      }
+      if (en.end - en.begin != DTypeBytes(en.dtype, n))
+        return bad("has " + std::to_string(en.end - en.begin) + " bytes for " + std::to_string(n) +
+                   " " + dt + " elements");
+    }
+    ranges.emplace_back(en.begin, en.end);
+    if (known) entries[name] = std::move(en);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].first < ranges[i - 1].second)
+      return DataLossError(path + ": two safetensors tensors overlap (bytes " +
+                           std::to_string(ranges[i].first) + " and " +
+                           std::to_string(ranges[i - 1].second) + " of the data section)");
+  for (const ParamSpec& ps : im.params) {
+    if (!header.contains(ps.name)) return NotFoundError(path + " has no tensor '" + ps.name + "'");
+    auto it = entries.find(ps.name);
+    if (it == entries.end())
+      return UnsupportedError(path + ": tensor '" + ps.name + "' is " +
+                              header[ps.name]["dtype"].get<std::string>() +
+                              "; F32, BF16 and F16 load");
+    if (it->second.shape != ps.shape)
+      return InvalidArgumentError(path + ": tensor '" + ps.name + "' has shape " +
+                                  json(it->second.shape).dump() + ", the model registers " +
+                                  json(ps.shape).dump());
+  }
+  std::vector<uint8_t> raw;
+  std::vector<float> values;
+  for (size_t t = 0; t < im.params.size(); ++t) {
+    const Entry& e = entries[im.params[t].name];
+    const uint64_t n = static_cast<uint64_t>(im.numel[t]);
+    raw.resize(e.end - e.begin);
+    values.resize(n);
+    RETURN_IF_ERROR(ReadAt(fd.get(), path, base + e.begin, raw.data(), raw.size()));
+    RETURN_IF_ERROR(Convert(raw.data(), e.dtype, values.data(), DType::kF32, n));
+    const size_t non_finite = static_cast<size_t>(
+        std::count_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); }));
+    if (non_finite > 0)
+      TZ_LOG(kWarn, kEngine) << path << ": tensor '" << im.params[t].name << "' holds "
+                             << non_finite << " NaN or infinite values (loaded as they are)";
+    RETURN_IF_ERROR(WriteParam(static_cast<ParamId>(t), values));
+  }
+  TZ_LOG(kInfo, kEngine) << "parameters loaded from " << path;
+  return Status::OK();
+}
+
+}  // namespace tierzero
