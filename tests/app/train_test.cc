@@ -110,14 +110,17 @@ std::vector<json> ReadLines(const std::string& path) {
   return out;
 }
 
+// A one-block model that trains a step in milliseconds, all in memory.
+void WriteTinyConfig(const std::string& path, int eval_every) {
+  std::ofstream(path) << R"({"model": {"seq_len": 6, "d_model": 32, "n_layer": 1, "n_head": 2},
+      "data": {"digits": 1}, "train": {"batch_size": 4, "eval_batches": 1, "eval_every": )"
+                      << eval_every << R"(},
+      "engine": {"device_budget": "4 MiB", "host_budget": "4 MiB", "nvme_budget": "0"}})";
+}
+
 TEST(Train, UnwritableOutputsFailBeforeTheFirstStepAndAFullDiskStopsTheRun) {
   TempDir dir;
-  {
-    std::ofstream cfg(dir / "c.json");
-    cfg << R"({"model": {"seq_len": 6, "d_model": 32, "n_layer": 1, "n_head": 2},
-               "data": {"digits": 1}, "train": {"batch_size": 4, "eval_every": 0, "eval_batches": 1},
-               "engine": {"device_budget": "4 MiB", "host_budget": "4 MiB", "nvme_budget": "0"}})";
-  }
+  WriteTinyConfig(dir / "c.json", 0);
   const std::string metrics = dir / "m.jsonl";
   // A checkpoint directory that cannot exist: the run stops before training anything.
   EXPECT_NE(Train({"--config", dir / "c.json", "--steps", "5", "--metrics", metrics, "--run-dir",
@@ -132,12 +135,7 @@ TEST(Train, UnwritableOutputsFailBeforeTheFirstStepAndAFullDiskStopsTheRun) {
 
 TEST(Train, ResumingFromAnEarlierCheckpointKeepsEachStepOnceInTheMetrics) {
   TempDir dir;
-  {
-    std::ofstream cfg(dir / "c.json");
-    cfg << R"({"model": {"seq_len": 6, "d_model": 32, "n_layer": 1, "n_head": 2},
-               "data": {"digits": 1}, "train": {"batch_size": 4, "eval_every": 4, "eval_batches": 1},
-               "engine": {"device_budget": "4 MiB", "host_budget": "4 MiB", "nvme_budget": "0"}})";
-  }
+  WriteTinyConfig(dir / "c.json", 4);
   const std::string run = dir / "run", metrics = dir / "run/metrics.jsonl";
   const std::vector<std::string> base = {"--config", dir / "c.json", "--run-dir", run, "--quiet"};
   auto with = [&](std::vector<std::string> more) {
