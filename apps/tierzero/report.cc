@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/json_in.h"
 #include "engine/file_io.h"
 
 namespace tierzero::app {
@@ -19,10 +20,13 @@ using json = nlohmann::json;
 StatusOr<json> ParseReport(const std::string& text) {
   json r = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (r.is_discarded() || !r.is_object()) return InvalidArgumentError("the report is not JSON");
-  if (r.value("schema", "") != "tierzero-report")
+  const JsonIn in(r, "report");
+  const StatusOr<std::string> schema = in.get_or<std::string>("schema", "");
+  if (!schema.ok() || *schema != "tierzero-report")
     return InvalidArgumentError("not a tierzero report (schema is not \"tierzero-report\")");
-  if (r.value("version", 0) != 2)
-    return InvalidArgumentError("report version " + std::to_string(r.value("version", 0)) +
+  ASSIGN_OR_RETURN(const int64_t version, in.get<int64_t>("version"));
+  if (version != 2)
+    return InvalidArgumentError("report version " + std::to_string(version) +
                                 "; this tierzero reads version 2 (write it again with this build)");
   return r;
 }
@@ -60,54 +64,80 @@ StatusOr<std::string> ReadReportFile(const std::string& path) {
 }
 
 StatusOr<std::string> ReportSummary(const std::string& text) {
-  ASSIGN_OR_RETURN(json r, ParseReport(text));
-  const json& t = r["tiers"];
-  const json& c = r["counters"];
+  ASSIGN_OR_RETURN(const json r, ParseReport(text));
+  // Every field is read through JsonIn (Note [Reading outside JSON]): a report edited by hand or
+  // written by another tool gets an error naming the field, never an exception.
+  const JsonIn in(r, "report");
+  ASSIGN_OR_RETURN(const JsonIn t, in.at("tiers"));
+  ASSIGN_OR_RETURN(const JsonIn dev, t.at("device"));
+  ASSIGN_OR_RETURN(const JsonIn host, t.at("host"));
+  ASSIGN_OR_RETURN(const JsonIn nvme, t.at("nvme"));
+  ASSIGN_OR_RETURN(const double dev_peak, dev.get<double>("peak"));
+  ASSIGN_OR_RETURN(const double dev_cap, dev.get<double>("capacity"));
+  ASSIGN_OR_RETURN(const double host_used, host.get<double>("used"));
+  ASSIGN_OR_RETURN(const double host_budget, host.get<double>("budget"));
+  ASSIGN_OR_RETURN(const double nvme_used, nvme.get<double>("used"));
+  ASSIGN_OR_RETURN(const double nvme_budget, nvme.get<double>("budget"));
+  ASSIGN_OR_RETURN(const JsonIn c, in.at("counters"));
+  ASSIGN_OR_RETURN(const double h2d, c.get<double>("h2d_bytes"));
+  ASSIGN_OR_RETURN(const double d2h, c.get<double>("d2h_bytes"));
+  ASSIGN_OR_RETURN(const double nvme_read, c.get<double>("nvme_read_bytes"));
+  ASSIGN_OR_RETURN(const double nvme_write, c.get<double>("nvme_write_bytes"));
   std::ostringstream o;
   auto pct = [](double a, double b) { return b > 0 ? 100.0 * a / b : 0.0; };
   char line[512];
   std::snprintf(
       line, sizeof line, "memory: device peak %s of %s (%.0f%%), host %s of %s, NVMe %s of %s\n",
-      Mib(t["device"]["peak"].get<double>()).c_str(),
-      Mib(t["device"]["capacity"].get<double>()).c_str(),
-      pct(t["device"]["peak"].get<double>(), t["device"]["capacity"].get<double>()),
-      Mib(t["host"]["used"].get<double>()).c_str(), Mib(t["host"]["budget"].get<double>()).c_str(),
-      Mib(t["nvme"]["used"].get<double>()).c_str(), Mib(t["nvme"]["budget"].get<double>()).c_str());
+      Mib(dev_peak).c_str(), Mib(dev_cap).c_str(), pct(dev_peak, dev_cap), Mib(host_used).c_str(),
+      Mib(host_budget).c_str(), Mib(nvme_used).c_str(), Mib(nvme_budget).c_str());
   o << line;
   std::snprintf(line, sizeof line, "moved: H2D %s, D2H %s, NVMe read %s, NVMe write %s\n",
-                Mib(c["h2d_bytes"].get<double>()).c_str(),
-                Mib(c["d2h_bytes"].get<double>()).c_str(),
-                Mib(c["nvme_read_bytes"].get<double>()).c_str(),
-                Mib(c["nvme_write_bytes"].get<double>()).c_str());
+                Mib(h2d).c_str(), Mib(d2h).c_str(), Mib(nvme_read).c_str(),
+                Mib(nvme_write).c_str());
   o << line;
-  const json& p = r["profile"];
-  if (!p.value("available", false)) {
+  ASSIGN_OR_RETURN(const JsonIn p, in.at("profile"));
+  ASSIGN_OR_RETURN(const bool available, p.get_or<bool>("available", false));
+  if (!available) {
     o << "no profiled iteration (the run ended before its first planned iteration)\n";
     return o.str();
   }
-  const json& b = p["breakdown"];
-  const double fwd = b["forward_seconds"], bwd = b["backward_seconds"],
-               wait = b["parameter_wait_seconds"], stall = b["stall_seconds"],
-               opt = b["optimizer_seconds"], io = b["optimizer_io_wait_seconds"];
+  ASSIGN_OR_RETURN(const JsonIn b, p.at("breakdown"));
+  ASSIGN_OR_RETURN(const double fwd, b.get<double>("forward_seconds"));
+  ASSIGN_OR_RETURN(const double bwd, b.get<double>("backward_seconds"));
+  ASSIGN_OR_RETURN(const double wait, b.get<double>("parameter_wait_seconds"));
+  ASSIGN_OR_RETURN(const double stall, b.get<double>("stall_seconds"));
+  ASSIGN_OR_RETURN(const double opt, b.get<double>("optimizer_seconds"));
+  ASSIGN_OR_RETURN(const double io, b.get<double>("optimizer_io_wait_seconds"));
+  ASSIGN_OR_RETURN(const int64_t iteration, p.get<int64_t>("iteration"));
   const double total = fwd + bwd + wait + opt;
   std::snprintf(line, sizeof line,
                 "profiled iteration %lld: forward %s, backward %s, waiting for parameters %s "
                 "(%.1f%%; device stalls %s), optimizer %s (NVMe waits %s)\n",
-                p["iteration"].get<long long>(), Ms(fwd).c_str(), Ms(bwd).c_str(), Ms(wait).c_str(),
-                pct(wait, total), Ms(stall).c_str(), Ms(opt).c_str(), Ms(io).c_str());
+                static_cast<long long>(iteration), Ms(fwd).c_str(), Ms(bwd).c_str(),
+                Ms(wait).c_str(), pct(wait, total), Ms(stall).c_str(), Ms(opt).c_str(),
+                Ms(io).c_str());
   o << line;
-  std::vector<const json*> ms;
-  for (const json& m : p["moments"]) ms.push_back(&m);
-  auto cost = [](const json* m) {
-    return std::max((*m)["wait_seconds"].get<double>(), (*m)["stall_seconds"].get<double>());
+  struct Moment {
+    int64_t index;
+    bool backward;
+    double cost;
   };
+  std::vector<Moment> ms;
+  ASSIGN_OR_RETURN(const std::vector<JsonIn> moments, p.elements("moments"));
+  for (const JsonIn& m : moments) {
+    ASSIGN_OR_RETURN(const int64_t index, m.get<int64_t>("index"));
+    ASSIGN_OR_RETURN(const bool backward, m.get<bool>("backward"));
+    ASSIGN_OR_RETURN(const double mwait, m.get<double>("wait_seconds"));
+    ASSIGN_OR_RETURN(const double mstall, m.get<double>("stall_seconds"));
+    ms.push_back({index, backward, std::max(mwait, mstall)});
+  }
   std::stable_sort(ms.begin(), ms.end(),
-                   [&](const json* a, const json* b) { return cost(a) > cost(b); });
+                   [](const Moment& a, const Moment& b) { return a.cost > b.cost; });
   o << "worst stalls:";
   for (size_t i = 0; i < std::min<size_t>(3, ms.size()); ++i) {
-    const json& m = *ms[i];
-    std::snprintf(line, sizeof line, "%s moment %d (%s) %s", i ? "," : "", m["index"].get<int>(),
-                  m["backward"].get<bool>() ? "backward" : "forward", Ms(cost(ms[i])).c_str());
+    std::snprintf(line, sizeof line, "%s moment %lld (%s) %s", i ? "," : "",
+                  static_cast<long long>(ms[i].index), ms[i].backward ? "backward" : "forward",
+                  Ms(ms[i].cost).c_str());
     o << line;
   }
   o << "\n";
@@ -115,10 +145,13 @@ StatusOr<std::string> ReportSummary(const std::string& text) {
 }
 
 Status WriteChromeTrace(const std::string& text, const std::string& path) {
-  ASSIGN_OR_RETURN(json r, ParseReport(text));
-  const json& p = r["profile"];
-  if (!p.value("available", false))
-    return FailedPreconditionError("the report has no profiled iteration to trace");
+  ASSIGN_OR_RETURN(const json r, ParseReport(text));
+  // The summary reads (and checks) the rest of the report.
+  RETURN_IF_ERROR(ReportSummary(text).status());
+  ASSIGN_OR_RETURN(const JsonIn pin, JsonIn(r, "report").at("profile"));
+  ASSIGN_OR_RETURN(const bool available, pin.get_or<bool>("available", false));
+  if (!available) return FailedPreconditionError("the report has no profiled iteration to trace");
+  ASSIGN_OR_RETURN(const int64_t iteration, pin.get<int64_t>("iteration"));
   // One thread per track, in a fixed order.
   const std::vector<std::string> tracks = {"compute",    "H2D",       "D2H", "NVMe read",
                                            "NVMe write", "optimizer", "comm"};
@@ -135,38 +168,43 @@ Status WriteChromeTrace(const std::string& text, const std::string& path) {
                       {"args", {{"sort_index", tid}}}});
   };
   json events = json::array();
-  events.push_back(
-      {{"name", "process_name"},
-       {"ph", "M"},
-       {"pid", 1},
-       {"tid", 0},
-       {"args",
-        {{"name", "tierzero iteration " + std::to_string(p["iteration"].get<long long>())}}}});
+  events.push_back({{"name", "process_name"},
+                    {"ph", "M"},
+                    {"pid", 1},
+                    {"tid", 0},
+                    {"args", {{"name", "tierzero iteration " + std::to_string(iteration)}}}});
   for (size_t i = 0; i < tracks.size(); ++i) thread(events, static_cast<int>(i), tracks[i]);
   // CPU Adam's worker threads: lanes 1..N of the optimizer track, one thread each after it.
   constexpr int kLaneTid = 100;
   std::set<int> lanes;
-  for (const json& e : p["events"]) {
-    const std::string track = e["track"];
+  ASSIGN_OR_RETURN(const std::vector<JsonIn> report_events, pin.elements("events"));
+  for (const JsonIn& e : report_events) {
+    ASSIGN_OR_RETURN(const std::string track, e.get<std::string>("track"));
     const auto it = std::find(tracks.begin(), tracks.end(), track);
-    if (it == tracks.end())
-      return InvalidArgumentError("report event on unknown track '" + track + "'");
-    const int lane = e.value("lane", 0);
+    if (it == tracks.end()) return e.Error("is on an unknown track " + JsonIn::Shown(track));
+    ASSIGN_OR_RETURN(const int lane, e.get_or<int>("lane", 0));
     int tid = static_cast<int>(it - tracks.begin());
     if (lane > 0) {
+      if (lane > 4096) return e.Error("has a CPU Adam lane out of range: " + std::to_string(lane));
       tid = kLaneTid + lane;
       if (lanes.insert(lane).second)
         thread(events, tid, "CPU Adam thread " + std::to_string(lane - 1));
     }
+    ASSIGN_OR_RETURN(const std::string name, e.get<std::string>("name"));
+    ASSIGN_OR_RETURN(const int64_t moment, e.get<int64_t>("moment"));
+    ASSIGN_OR_RETURN(const int64_t chunk, e.get<int64_t>("chunk"));
+    ASSIGN_OR_RETURN(const uint64_t bytes, e.get<uint64_t>("bytes"));
+    ASSIGN_OR_RETURN(const double start, e.get<double>("start"));
+    ASSIGN_OR_RETURN(const double dur, e.get<double>("dur"));
     json args = json::object();
-    if (e["moment"].get<int>() >= 0) args["moment"] = e["moment"];
-    if (e["chunk"].get<int>() >= 0) args["chunk"] = e["chunk"];
-    if (e["bytes"].get<uint64_t>() > 0) args["bytes"] = e["bytes"];
-    events.push_back({{"name", e["name"]},
+    if (moment >= 0) args["moment"] = moment;
+    if (chunk >= 0) args["chunk"] = chunk;
+    if (bytes > 0) args["bytes"] = bytes;
+    events.push_back({{"name", name},
                       {"cat", track},
                       {"ph", "X"},
-                      {"ts", e["start"].get<double>() * 1e6},
-                      {"dur", e["dur"].get<double>() * 1e6},
+                      {"ts", start * 1e6},
+                      {"dur", dur * 1e6},
                       {"pid", 1},
                       {"tid", tid},
                       {"args", args}});
@@ -188,9 +226,11 @@ constexpr const char kPage[] =
 }  // namespace
 
 Status WriteHtmlReport(const std::string& text, const std::string& path) {
-  ASSIGN_OR_RETURN(json r, ParseReport(text));
+  ASSIGN_OR_RETURN(const json r, ParseReport(text));
+  // The page draws the fields the summary reads: a report they are malformed in is refused here.
+  RETURN_IF_ERROR(ReportSummary(text).status());
   // Inside <script>, "</" could end the element: JSON allows "\/" for "/" in strings.
-  std::string data = r.dump();
+  std::string data = r.dump(-1, ' ', false, json::error_handler_t::replace);
   for (size_t at = 0; (at = data.find("</", at)) != std::string::npos; at += 3)
     data.replace(at, 2, "<\\/");
   std::string page = kPage;
@@ -233,14 +273,14 @@ int ReportCommand(const std::vector<std::string>& args) {
   auto text = ReadReportFile(input);
   if (!text.ok()) return fail(text.status());
   auto summary = ReportSummary(*text);
-  if (!summary.ok()) return fail(summary.status());
+  if (!summary.ok()) return fail(std::move(summary).status().WithContext(input));
   std::fputs(summary->c_str(), stdout);
   if (!html.empty()) {
-    if (Status s = WriteHtmlReport(*text, html); !s.ok()) return fail(s);
+    if (Status s = WriteHtmlReport(*text, html); !s.ok()) return fail(s.WithContext(input));
     std::printf("html: %s\n", html.c_str());
   }
   if (!trace.empty()) {
-    if (Status s = WriteChromeTrace(*text, trace); !s.ok()) return fail(s);
+    if (Status s = WriteChromeTrace(*text, trace); !s.ok()) return fail(s.WithContext(input));
     std::printf("trace: %s\n", trace.c_str());
   }
   return 0;

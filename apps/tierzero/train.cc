@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/json_in.h"
 #include "report.h"
 #include "signals.h"
 #include "zero/collective.h"
@@ -484,9 +486,11 @@ int Export(const std::vector<std::string>& args) {
   ec.device = DeviceChoice::kHost;
   {
     // One process holds what the checkpoint's ranks held: their budgets together.
+    // (A damaged manifest is reported by LoadCheckpoint below, naming what is wrong.)
     std::ifstream mf(ckpt + "/manifest.json");
     const json m = json::parse(mf, nullptr, /*allow_exceptions=*/false);
-    const int ranks = m.is_object() ? m.value("world_size", 1) : 1;
+    const StatusOr<int> world = m.is_object() ? JsonIn(m, "").get_or<int>("world_size", 1) : 1;
+    const int ranks = world.ok() ? std::clamp(*world, 1, 1 << 16) : 1;
     if (ranks > 1) {
       ec.host_budget *= static_cast<uint64_t>(ranks);
       ec.nvme_budget *= static_cast<uint64_t>(ranks);

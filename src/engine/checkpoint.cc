@@ -35,6 +35,7 @@
 
 #include "core/bytes.h"
 #include "core/convert.h"
+#include "core/json_in.h"
 #include "core/logging.h"
 #include "engine/engine_impl.h"
 #include "engine/file_io.h"
@@ -48,6 +49,70 @@ using nlohmann::json;
 namespace {
 
 constexpr int kCheckpointVersion = 2;
+
+// One saved slice of a parameter (Note [Checkpoint format]).
+struct SavedSlice {
+  std::vector<int64_t> shape;
+  std::string file;
+  uint64_t offset = 0, begin = 0, numel = 0;
+  uint32_t crc = 0;
+};
+
+// A manifest, every field read and checked (Note [Reading outside JSON]) before anything loads.
+struct Manifest {
+  int64_t step = 0;
+  float loss_scale = 1.0f;
+  int good_steps = 0;
+  std::string user_state;  // JSON text; empty when none was saved
+  std::map<std::string, std::vector<SavedSlice>> tensors;
+};
+
+StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& path) {
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const JsonIn in(j, path, StatusCode::kDataLoss);
+  if (j.is_discarded() || !j.is_object())
+    return DataLossError(path + " is not a tierzero checkpoint manifest (not a JSON object)");
+  const StatusOr<std::string> format = in.get_or<std::string>("format", "");
+  if (!format.ok() || *format != "tierzero-checkpoint")
+    return DataLossError(path + " is not a tierzero checkpoint manifest");
+  ASSIGN_OR_RETURN(const int64_t version, in.get<int64_t>("version"));
+  if (version != kCheckpointVersion && version != 1)
+    return UnsupportedError(path + " has version " + std::to_string(version) +
+                            "; this build reads versions 1 to " +
+                            std::to_string(kCheckpointVersion));
+  Manifest m;
+  ASSIGN_OR_RETURN(m.step, in.get_or<int64_t>("step", 0));
+  ASSIGN_OR_RETURN(m.loss_scale, in.get_or<float>("loss_scale", 1.0f));
+  if (!(m.loss_scale > 0)) return in.Error("has a loss scale that is not positive");
+  ASSIGN_OR_RETURN(m.good_steps, in.get_or<int>("good_steps", 0));
+  if (m.step < 0 || m.good_steps < 0) return in.Error("has a negative step count");
+  if (in.has("user_state") && !in.at("user_state")->raw().is_null())
+    m.user_state = in.at("user_state")->raw().dump();
+  ASSIGN_OR_RETURN(const std::vector<JsonIn> tensors, in.elements("tensors"));
+  for (const JsonIn& t : tensors) {
+    SavedSlice s;
+    ASSIGN_OR_RETURN(const std::string name, t.get<std::string>("name"));
+    ASSIGN_OR_RETURN(const std::vector<JsonIn> dims, t.elements("shape"));
+    for (const JsonIn& d : dims) {
+      ASSIGN_OR_RETURN(const int64_t n, d.as<int64_t>());
+      s.shape.push_back(n);
+    }
+    ASSIGN_OR_RETURN(s.file, t.get<std::string>("file"));
+    // A file of this directory: never a path that leaves it.
+    if (s.file.empty() || s.file.find('/') != std::string::npos || s.file == "." || s.file == "..")
+      return t.Error("names a file outside the checkpoint: " + JsonIn::Shown(s.file));
+    ASSIGN_OR_RETURN(s.offset, t.get<uint64_t>("offset"));
+    ASSIGN_OR_RETURN(s.begin, t.get_or<uint64_t>("begin", 0));
+    ASSIGN_OR_RETURN(s.numel, t.get<uint64_t>("numel"));
+    ASSIGN_OR_RETURN(s.crc, t.get<uint32_t>("crc32c"));
+    // Sizes that cannot overflow below: a slice's three arrays fit in a file.
+    constexpr uint64_t kMost = uint64_t{1} << 60;
+    if (s.numel > kMost / 12 || s.begin > kMost || s.offset > kMost)
+      return t.Error("has an offset or size out of range");
+    m.tensors[name].push_back(std::move(s));
+  }
+  return m;
+}
 
 // Every rank's text, rank by rank (two all_gathers: the lengths, then the padded texts).
 StatusOr<std::vector<std::string>> AllGatherText(Communicator& comm, const std::string& text) {
@@ -177,8 +242,8 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   RETURN_IF_ERROR(im.cm->out_of_step());
   // Every rank reads the manifest and verifies what it will load; the ranks agree on the outcome
   // before any of them changes state, and again after (Note [Agreeing on an outcome]).
-  json manifest;
-  std::map<std::string, std::vector<const json*>> saved;
+  Manifest manifest;
+  const std::map<std::string, std::vector<SavedSlice>>& saved = manifest.tensors;
   // Read and verify everything before changing any state: a bad checkpoint leaves the engine
   // as it was. Chunk by chunk, so NVMe-resident state is never held whole in memory; a second
   // pass writes.
@@ -195,22 +260,20 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
       auto apply = [&](float* master, float* m, float* v) -> Status {
         for (const ShardSlice& sl : im.slices[static_cast<size_t>(c)]) {
           // The saved slices that overlap this rank's slice (resharding).
-          for (const json* ep : saved[im.params[static_cast<size_t>(sl.tensor)].name]) {
-            const json& e = *ep;
-            const uint64_t begin = e.value("begin", uint64_t{0});
-            const uint64_t numel = e.value("numel", uint64_t{0});
+          const auto found = saved.find(im.params[static_cast<size_t>(sl.tensor)].name);
+          if (found == saved.end()) continue;  // verified before: never the case
+          for (const SavedSlice& e : found->second) {
+            const uint64_t begin = e.begin, numel = e.numel;
             const uint64_t lo = std::max(begin, sl.tensor_begin);
             const uint64_t hi = std::min(begin + numel, sl.tensor_begin + sl.numel);
             if (lo >= hi) continue;
-            const std::string fname = e.value("file", "");
+            const std::string& fname = e.file;
             ASSIGN_OR_RETURN(int fd, fd_of(fname));
             buf.resize(numel * 3);
-            RETURN_IF_ERROR(ReadAt(fd, dir + "/" + fname, e.value("offset", uint64_t{0}),
-                                   buf.data(), buf.size() * 4));
-            if (Crc32c(buf.data(), buf.size() * 4) != e.value("crc32c", uint32_t{0})) {
+            RETURN_IF_ERROR(ReadAt(fd, dir + "/" + fname, e.offset, buf.data(), buf.size() * 4));
+            if (Crc32c(buf.data(), buf.size() * 4) != e.crc) {
               return DataLossError("checkpoint " + dir + ": checksum mismatch in parameter '" +
-                                   e.value("name", "") + "' in " + fname +
-                                   " (the file is corrupt)");
+                                   found->first + "' in " + fname + " (the file is corrupt)");
             }
             if (pass == 1) {
               const uint64_t dst = sl.shard_offset + (lo - sl.tensor_begin);
@@ -236,32 +299,10 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
                            "' (manifest.json missing: the directory is not a checkpoint, or its "
                            "first save did not finish)");
     }
-    manifest = json::parse(*text, nullptr, false);
-    if (manifest.is_discarded() || !manifest.is_object() ||
-        manifest.value("format", "") != "tierzero-checkpoint") {
-      return DataLossError(dir + "/manifest.json is not a tierzero checkpoint manifest");
-    }
-    const int version = manifest.value("version", 0);
-    if (version != kCheckpointVersion && version != 1) {
-      return UnsupportedError(
-          dir + "/manifest.json has version " + std::to_string(manifest.value("version", 0)) +
-          "; this build reads versions 1 to " + std::to_string(kCheckpointVersion));
-    }
-    // Index the saved slices and compare them with the registered parameters: every difference
-    // (missing, extra, another shape) is listed at once, and nothing is loaded unless the two
-    // agree exactly (a checkpoint of another model is never loaded in part).
-    if (!manifest.contains("tensors") || !manifest["tensors"].is_array())
-      return DataLossError(dir + "/manifest.json has no tensor list");
-    for (const json& t : manifest["tensors"]) {
-      if (!t.is_object() || !t.contains("name") || !t["name"].is_string() || !t.contains("shape") ||
-          !t["shape"].is_array() || !t.contains("numel") || !t["numel"].is_number_unsigned())
-        return DataLossError(
-            dir + "/manifest.json has a malformed tensor entry: " + t.dump().substr(0, 200));
-      for (const json& d : t["shape"])
-        if (!d.is_number_integer())
-          return DataLossError(dir + "/manifest.json has a malformed shape: " + t.dump());
-      saved[t["name"].get<std::string>()].push_back(&t);
-    }
+    ASSIGN_OR_RETURN(manifest, ParseManifest(*text, dir + "/manifest.json"));
+    // Compare the saved slices with the registered parameters: every difference (missing,
+    // extra, another shape) is listed at once, and nothing is loaded unless the two agree
+    // exactly (a checkpoint of another model is never loaded in part).
     std::vector<std::string> missing, extra, reshaped;
     std::set<std::string> registered;
     for (size_t p = 0; p < im.params.size(); ++p) {
@@ -272,21 +313,31 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
         missing.push_back(ps.name);
         continue;
       }
-      uint64_t covered = 0;
       bool same_shape = true;
-      for (const json* e : it->second) {
-        if ((*e)["shape"].get<std::vector<int64_t>>() != ps.shape) {
+      for (const SavedSlice& e : it->second) {
+        if (e.shape != ps.shape) {
           if (same_shape)
-            reshaped.push_back(ps.name + " (checkpoint " + (*e)["shape"].dump() + ", model " +
+            reshaped.push_back(ps.name + " (checkpoint " + json(e.shape).dump() + ", model " +
                                json(ps.shape).dump() + ")");
           same_shape = false;
         }
-        covered += (*e)["numel"].get<uint64_t>();
       }
-      if (same_shape && covered != static_cast<uint64_t>(im.numel[p]))
-        return DataLossError("checkpoint " + dir + " holds " + std::to_string(covered) +
-                             " of the " + std::to_string(im.numel[p]) + " elements of '" + ps.name +
-                             "'");
+      if (!same_shape) continue;
+      // The slices must tile the tensor exactly: in order of their first element, each starts
+      // where the one before ended, and the last ends at the tensor's end (no gap, no overlap).
+      std::vector<const SavedSlice*> tiles;
+      for (const SavedSlice& e : it->second) tiles.push_back(&e);
+      std::sort(tiles.begin(), tiles.end(),
+                [](const SavedSlice* a, const SavedSlice* b) { return a->begin < b->begin; });
+      uint64_t covered = 0;
+      for (const SavedSlice* e : tiles) {
+        if (e->begin != covered) break;
+        covered += e->numel;
+      }
+      if (covered != static_cast<uint64_t>(im.numel[p]))
+        return DataLossError("checkpoint " + dir + ": the saved slices of '" + ps.name +
+                             "' do not cover its " + std::to_string(im.numel[p]) +
+                             " elements exactly once (the manifest is damaged)");
     }
     for (const auto& [name, slices] : saved)
       if (registered.count(name) == 0) extra.push_back(name);
@@ -314,14 +365,13 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
     im.cm->MarkOutOfStep(loaded);
     return loaded;
   }
-  im.step = manifest.value("step", int64_t{0});
-  im.loss_scale = manifest.value("loss_scale", 1.0f);
-  im.good_steps = manifest.value("good_steps", 0);
+  im.step = manifest.step;
+  im.loss_scale = manifest.loss_scale;
+  im.good_steps = manifest.good_steps;
   im.iterations_since_step = 0;
   RETURN_IF_ERROR(im.cm->ZeroGrads());
   TZ_LOG(kInfo, kEngine) << "checkpoint " << dir << " loaded at step " << im.step;
-  const json& user = manifest["user_state"];
-  return user.is_null() ? std::string() : user.dump();
+  return manifest.user_state;
 }
 
 // ---- Report

@@ -1,0 +1,145 @@
+// Reading JSON that came from outside the process (a config, a checkpoint manifest, a report, a
+// safetensors header) without exceptions and without undefined behaviour.
+//
+// Note [Reading outside JSON]: nlohmann's accessors are made for trusted data. `get<T>()` and
+// `value(key, default)` throw on a type mismatch (`"version": "2"` ends the process with an
+// uncaught type_error), and const `operator[]` on a missing key is undefined behaviour in a
+// release build. JsonIn wraps a parsed value with the path that reached it and the code its
+// errors carry; every read returns StatusOr, and an error names the source and the field:
+//   "run/report.json: profile.events[3].start must be a number, not \"x\"".
+// It only reads; it never inserts (non-const operator[] on a missing key would).
+//
+// Header-only, so core does not link nlohmann_json; its users do.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "core/status.h"
+
+namespace tierzero {
+
+class JsonIn {
+ public:
+  // `source` names where the value came from ("run/report.json"); errors carry `code`.
+  JsonIn(const nlohmann::json& value, std::string source,
+         StatusCode code = StatusCode::kInvalidArgument)
+      : v_(&value), source_(std::move(source)), code_(code) {}
+
+  const nlohmann::json& raw() const { return *v_; }
+  // "source: a.b[2]" (or just the source at the top).
+  std::string where() const { return path_.empty() ? source_ : source_ + ": " + path_; }
+  Status Error(const std::string& what) const { return Status(code_, where() + " " + what); }
+
+  bool is_object() const { return v_->is_object(); }
+  bool has(std::string_view key) const { return v_->is_object() && v_->contains(key); }
+
+  // The member `key`: an error when this is not an object or the member is missing.
+  StatusOr<JsonIn> at(std::string_view key) const {
+    if (!v_->is_object()) return Error("must be an object, not " + Shown(*v_));
+    auto it = v_->find(key);
+    if (it == v_->end()) return Child(*v_, key).Error("is missing");
+    return Child(*it, key);
+  }
+  // The elements of this array.
+  StatusOr<std::vector<JsonIn>> elements() const {
+    if (!v_->is_array()) return Error("must be an array, not " + Shown(*v_));
+    std::vector<JsonIn> out;
+    out.reserve(v_->size());
+    for (size_t i = 0; i < v_->size(); ++i) {
+      JsonIn e = *this;
+      e.v_ = &(*v_)[i];
+      e.path_ = path_ + "[" + std::to_string(i) + "]";
+      out.push_back(std::move(e));
+    }
+    return out;
+  }
+  StatusOr<std::vector<JsonIn>> elements(std::string_view key) const {
+    ASSIGN_OR_RETURN(JsonIn a, at(key));
+    return a.elements();
+  }
+
+  // This value as T: bool, std::string, double, float (finite), or an integer type (a JSON
+  // integer in T's range).
+  template <class T>
+  StatusOr<T> as() const {
+    const nlohmann::json& v = *v_;
+    if constexpr (std::is_same_v<T, bool>) {
+      if (!v.is_boolean()) return Error("must be true or false, not " + Shown(v));
+      return v.get<bool>();
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (!v.is_string()) return Error("must be a string, not " + Shown(v));
+      return v.get<std::string>();
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (!v.is_number()) return Error("must be a number, not " + Shown(v));
+      const double d = v.get<double>();
+      if (!std::isfinite(d) || std::fabs(d) > static_cast<double>(std::numeric_limits<T>::max()))
+        return Error("is out of range: " + Shown(v));
+      return static_cast<T>(d);
+    } else {
+      static_assert(std::is_integral_v<T>);
+      if (!v.is_number_integer()) return Error("must be an integer, not " + Shown(v));
+      if (v.is_number_unsigned()) {
+        const uint64_t u = v.get<uint64_t>();
+        if (u > static_cast<uint64_t>(std::numeric_limits<T>::max()))
+          return Error("is out of range: " + Shown(v));
+        return static_cast<T>(u);
+      }
+      const int64_t s = v.get<int64_t>();
+      if constexpr (std::is_unsigned_v<T>) {
+        if (s < 0) return Error("must not be negative: " + Shown(v));
+        if (static_cast<uint64_t>(s) > static_cast<uint64_t>(std::numeric_limits<T>::max()))
+          return Error("is out of range: " + Shown(v));
+      } else {
+        if (s < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+            s > static_cast<int64_t>(std::numeric_limits<T>::max()))
+          return Error("is out of range: " + Shown(v));
+      }
+      return static_cast<T>(s);
+    }
+  }
+  // The member `key` as T (missing: an error).
+  template <class T>
+  StatusOr<T> get(std::string_view key) const {
+    ASSIGN_OR_RETURN(JsonIn m, at(key));
+    return m.as<T>();
+  }
+  // The member `key` as T, or `fallback` when it is missing (present with the wrong type: an
+  // error, never the fallback).
+  template <class T>
+  StatusOr<T> get_or(std::string_view key, T fallback) const {
+    if (!has(key)) {
+      if (!v_->is_object()) return Error("must be an object, not " + Shown(*v_));
+      return fallback;
+    }
+    return get<T>(key);
+  }
+
+  // A value for a message: its JSON, cut to 80 characters (invalid UTF-8 replaced).
+  static std::string Shown(const nlohmann::json& v) {
+    std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    if (s.size() > 80) s = s.substr(0, 77) + "...";
+    return s;
+  }
+
+ private:
+  JsonIn Child(const nlohmann::json& v, std::string_view key) const {
+    JsonIn c = *this;
+    c.v_ = &v;
+    c.path_ = path_.empty() ? std::string(key) : path_ + "." + std::string(key);
+    return c;
+  }
+
+  const nlohmann::json* v_;
+  std::string source_;
+  StatusCode code_;
+  std::string path_;
+};
+
+}  // namespace tierzero
