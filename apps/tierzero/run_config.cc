@@ -2,6 +2,7 @@
 // config's sections and fields with their checks, the command-line flags over them, and the
 // config written back beside a run (docs/config.md).
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 
 #include "core/bytes.h"
 #include "core/dtype.h"
+#include "core/utf8.h"
 #include "train.h"
 
 namespace tierzero::app {
@@ -289,6 +291,20 @@ std::map<std::string, Section> Fields(RunConfig& c) {
 
 }  // namespace
 
+// train.h
+Status ValidateRunConfig(const RunConfig& c) {
+  RETURN_IF_ERROR(gpt::ValidateGptConfig(c.model));
+  if (c.train.min_lr > c.train.lr) {
+    char msg[256];
+    std::snprintf(msg, sizeof msg,
+                  "config field 'train.min_lr' (%g) exceeds 'train.lr' (%g): the schedule decays "
+                  "from lr to min_lr (set both, e.g. \"train\": {\"lr\": %g, \"min_lr\": %g})",
+                  c.train.min_lr, c.train.lr, c.train.lr, c.train.lr / 10);
+    return InvalidArgumentError(msg);
+  }
+  return Status::OK();
+}
+
 namespace {
 
 StatusOr<RunConfig> ParseRunConfigOrThrow(const std::string& text, RunConfig c) {
@@ -324,10 +340,7 @@ StatusOr<RunConfig> ParseRunConfigOrThrow(const std::string& text, RunConfig c) 
       RETURN_IF_ERROR(f->second.set(value));
     }
   }
-  RETURN_IF_ERROR(gpt::ValidateGptConfig(c.model));
-  if (c.train.min_lr > c.train.lr)
-    return InvalidArgumentError("config field 'train.min_lr' (" + std::to_string(c.train.min_lr) +
-                                ") exceeds 'train.lr' (" + std::to_string(c.train.lr) + ")");
+  RETURN_IF_ERROR(ValidateRunConfig(c));
   return c;
 }
 
@@ -400,6 +413,11 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
       return InvalidArgumentError("unknown option '" + a + "' (see tierzero train --help)");
     if (i + 1 >= args.size()) return InvalidArgumentError(a + " needs a value");
     const std::string value = args[++i];
+    // A config is JSON, which holds only UTF-8 text (a path in another encoding cannot be
+    // written into the run's config.json, so it could not be resumed).
+    if (const int64_t bad = FirstInvalidUtf8(value); bad >= 0)
+      return InvalidArgumentError("option " + a + ": the value is not UTF-8 (invalid byte at " +
+                                  std::to_string(bad) + ")");
     const std::string section = f->second.substr(0, f->second.find('.'));
     const std::string key = f->second.substr(f->second.find('.') + 1);
     auto fields = Fields(c);

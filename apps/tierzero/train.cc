@@ -25,6 +25,27 @@ namespace tierzero::app {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+// train.h
+Status TrimMetrics(const std::string& path, int step) {
+  std::ifstream in(path);
+  if (!in) return Status::OK();
+  std::string kept, line;
+  int dropped = 0;
+  while (std::getline(in, line)) {
+    const json m = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const StatusOr<int64_t> at = m.is_object() ? JsonIn(m, path).get<int64_t>("step") : -1;
+    if (!m.is_object() || !at.ok() || *at < 0 || *at > step) {
+      ++dropped;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  if (dropped == 0) return Status::OK();
+  std::printf("  metrics: dropped %d line%s after step %d from %s (written after the checkpoint)\n",
+              dropped, dropped == 1 ? "" : "s", step, path.c_str());
+  return WriteTextFile(path, kept);
+}
+
 namespace {
 
 double LearningRate(const TrainOptions& t, int step) {  // step: 0-based
@@ -44,26 +65,39 @@ std::string Mib(uint64_t b) {
 // The ranks of this run (mpirun) or one; Fail ends every rank when there are several.
 std::shared_ptr<Communicator> g_comm;
 
-// Keeps the lines of `path` whose step is at most `step` (the file is rewritten atomically); a
-// missing file is an empty one.
-Status TrimMetrics(const std::string& path, int step) {
-  std::ifstream in(path);
-  if (!in) return Status::OK();
-  std::string kept, line;
-  int dropped = 0;
-  while (std::getline(in, line)) {
-    const json m = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!m.is_object() || !m.contains("step") || !m["step"].is_number_integer() ||
-        m["step"].get<int64_t>() > step) {
-      ++dropped;
-      continue;
+// A resumed run whose global batch (rows per micro-batch x accumulation x ranks) or data seed
+// differs from the checkpoint's says so: the run goes on (resharding to another number of ranks
+// is supported), but it no longer repeats what an uninterrupted run would have done, and the
+// note says how to keep the global batch. Checkpoints written before this was recorded say
+// nothing.
+void ReportBatchChange(const std::string& user_state, const RunConfig& cfg, int world) {
+  const json u = json::parse(user_state, nullptr, /*allow_exceptions=*/false);
+  if (!u.is_object()) return;
+  const JsonIn in(u, "checkpoint");
+  const auto batch = in.get<int64_t>("batch_size");
+  const auto accum = in.get<int64_t>("grad_accumulation");
+  const auto ranks = in.get<int64_t>("ranks");
+  if (batch.ok() && accum.ok() && ranks.ok() && *batch > 0 && *accum > 0 && *ranks > 0) {
+    const int64_t then = *batch * *accum * *ranks;
+    const int64_t now = int64_t{cfg.train.batch_size} * cfg.engine.grad_accumulation * world;
+    if (then != now) {
+      std::printf(
+          "  note: the global batch changes from %lld rows (%lld per micro-batch x %lld "
+          "accumulated x %lld ranks) to %lld (%d x %d x %d)",
+          static_cast<long long>(then), static_cast<long long>(*batch),
+          static_cast<long long>(*accum), static_cast<long long>(*ranks),
+          static_cast<long long>(now), cfg.train.batch_size, cfg.engine.grad_accumulation, world);
+      const int64_t per = int64_t{cfg.train.batch_size} * world;
+      if (then % per == 0)
+        std::printf("; --grad-accumulation %lld keeps it", static_cast<long long>(then / per));
+      std::printf("\n");
     }
-    kept += line + "\n";
   }
-  if (dropped == 0) return Status::OK();
-  std::printf("  metrics: dropped %d line%s after step %d from %s (written after the checkpoint)\n",
-              dropped, dropped == 1 ? "" : "s", step, path.c_str());
-  return WriteTextFile(path, kept);
+  const auto seed = in.get<uint64_t>("data_seed");
+  if (seed.ok() && *seed != cfg.data.seed)
+    std::printf("  note: the data seed changes from %llu to %llu\n",
+                static_cast<unsigned long long>(*seed),
+                static_cast<unsigned long long>(cfg.data.seed));
 }
 
 int Fail(const Status& s) {
@@ -159,7 +193,7 @@ int Train(const std::vector<std::string>& args) {
     std::string ignored;
     Status s = ApplyFlags(args, cfg, &ignored);
     if (!s.ok()) return Fail(s);
-    s = gpt::ValidateGptConfig(cfg.model);
+    s = ValidateRunConfig(cfg);
     if (!s.ok()) return Fail(s);
   }
   {
@@ -237,6 +271,7 @@ int Train(const std::vector<std::string>& args) {
     auto user = engine.LoadCheckpoint(out.resume);
     if (!user.ok()) return Fail(user.status());
     start = static_cast<int>(engine.step());
+    if (lead) ReportBatchChange(*user, cfg, world);
   }
   const double states = static_cast<double>(model.num_params()) * 16;
   std::printf("tierzero train: GPT %d layers x %d wide, %lld parameters (%s MiB of model states)\n",
@@ -290,7 +325,12 @@ int Train(const std::vector<std::string>& args) {
   };
   double save_s = 0;  // the last checkpoint's
   auto save = [&](int step) -> Status {
-    json user = {{"step", step}, {"data_seed", cfg.data.seed}};
+    // What a resumed run compares with its own (ReportBatchChange).
+    json user = {{"step", step},
+                 {"data_seed", cfg.data.seed},
+                 {"batch_size", cfg.train.batch_size},
+                 {"grad_accumulation", cfg.engine.grad_accumulation},
+                 {"ranks", world}};
     const auto t0 = std::chrono::steady_clock::now();
     Status s = engine.SaveCheckpoint(out.checkpoint_dir, user.dump());
     save_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -59,13 +59,22 @@ RunConfig DefaultRunConfig();
 // Parses a JSON config over the defaults. InvalidArgument naming the field, the bad value and
 // the accepted range; unknown fields are errors (they are usually typos).
 StatusOr<RunConfig> ParseRunConfig(const std::string& json_text, RunConfig base);
+// What no single field can check (the model's shape, min_lr <= lr). ParseRunConfig runs it; a
+// run runs it again after the flags, so it never starts with a config it could not load back
+// (the config.json beside its checkpoint).
+Status ValidateRunConfig(const RunConfig& config);
 // The config as JSON (every field, with its value).
 std::string RunConfigToJson(const RunConfig& config);
 
 // Applies command-line overrides (--steps N, ...) in order. InvalidArgument for an unknown flag
-// or a bad value.
+// or a bad value. Checks each value alone: ValidateRunConfig checks the result as a whole.
 Status ApplyFlags(const std::vector<std::string>& flags, RunConfig& config,
                   std::string* config_path);
+
+// Keeps the lines of the metrics file `path` whose step is at most `step` (a resumed run drops
+// what was written after its checkpoint); lines that are not a metrics object are dropped too.
+// The file is rewritten atomically; a missing file is an empty one.
+Status TrimMetrics(const std::string& path, int step);
 
 // Runs training; returns the process exit code (0 also after Ctrl-C, once the checkpoint is
 // saved).

@@ -5,6 +5,8 @@
 #include <iterator>
 #include <string>
 
+#include "core/utf8.h"
+
 namespace tierzero::gpt {
 namespace {
 
@@ -13,24 +15,6 @@ uint64_t Mix(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
-}
-
-// Offset of the first byte that breaks UTF-8, or -1.
-int64_t FirstInvalidUtf8(const std::string& s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned char c = p[i];
-    int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (len == 0 || i + static_cast<size_t>(len) > n) return static_cast<int64_t>(i);
-    for (int k = 1; k < len; ++k) {
-      if ((p[i + static_cast<size_t>(k)] >> 6) != 2) return static_cast<int64_t>(i);
-    }
-    if ((len == 2 && c < 0xC2) || (len == 4 && c > 0xF4)) return static_cast<int64_t>(i);
-    i += static_cast<size_t>(len);
-  }
-  return -1;
 }
 
 bool IsValidationPair(uint64_t a, uint64_t b) { return Mix(a * 1000003 + b) % 10 == 0; }

@@ -53,14 +53,21 @@ class AtomicFile {
     }
     return Status::OK();
   }
+  // On any failure the temporary file is removed and `path` is as it was.
   Status Commit() {
-    if (::fsync(fd_) != 0) return ErrnoError("fsync " + tmp_, errno);
-    if (::close(fd_) != 0) {
-      fd_ = -1;
-      return ErrnoError("close " + tmp_, errno);
-    }
+    if (::fsync(fd_) != 0) return ErrnoError("fsync " + tmp_, errno);  // the destructor unlinks
+    const int closed = ::close(fd_);
     fd_ = -1;
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0) return ErrnoError("rename " + tmp_, errno);
+    if (closed != 0) {
+      const int err = errno;
+      ::unlink(tmp_.c_str());
+      return ErrnoError("close " + tmp_, err);
+    }
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+      const int err = errno;
+      ::unlink(tmp_.c_str());
+      return ErrnoError("renaming " + tmp_ + " to " + path_, err);
+    }
     return Status::OK();
   }
   uint64_t bytes() const { return bytes_; }

@@ -107,7 +107,9 @@ Status Engine::LoadSafetensors(const std::string& path) {
   };
   std::map<std::string, Entry> entries;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (const auto& [name, e] : header.items()) {
+  for (const auto& item : header.items()) {
+    const std::string& name = item.key();
+    const json& e = item.value();
     if (name == "__metadata__") continue;
     auto bad = [&](const std::string& why) {
       return DataLossError(path + ": safetensors tensor '" + name + "' " + why);

@@ -101,6 +101,27 @@ TEST(TrainConfig, FlagsOverride) {
   EXPECT_NE(bad.message().find("unknown option '--stpes'"), std::string::npos) << bad.ToString();
   bad = ApplyFlags({"--steps", "-3"}, c, &path);
   EXPECT_NE(bad.message().find("train.steps"), std::string::npos) << bad.ToString();
+  // A value that is not UTF-8 could not be written into the run's config.json.
+  bad = ApplyFlags({"--nvme-path", "/tmp/\xff"}, c, &path);
+  EXPECT_NE(bad.message().find("not UTF-8"), std::string::npos) << bad.ToString();
+}
+
+TEST(TrainConfig, FlagsThatBreakARuleAcrossFieldsAreRefusedBeforeTheRun) {
+  // --lr below the default min_lr: each value is fine alone, the two together are not (the
+  // run's config.json would not load back for export or resume).
+  RunConfig c = DefaultRunConfig();
+  std::string path;
+  ASSERT_TRUE(ApplyFlags({"--lr", "0.00005"}, c, &path).ok());
+  const Status bad = ValidateRunConfig(c);
+  EXPECT_NE(bad.message().find("'train.min_lr' (0.0001) exceeds 'train.lr' (5e-05)"),
+            std::string::npos)
+      << bad.ToString();
+  EXPECT_EQ(Train({"--lr", "0.00005", "--run-dir", "/nonexistent/never-created"}), 1);
+  // A config file that lowers min_lr makes the same flag valid: the rule is checked on the
+  // result, not on each source.
+  RunConfig d = *ParseRunConfig(R"({"train": {"lr": 0.001, "min_lr": 0.00001}})", DefaultRunConfig());
+  ASSERT_TRUE(ApplyFlags({"--lr", "0.00005"}, d, &path).ok());
+  EXPECT_TRUE(ValidateRunConfig(d).ok());
 }
 
 std::vector<json> ReadLines(const std::string& path) {

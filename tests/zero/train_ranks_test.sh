@@ -58,6 +58,12 @@ grep -q '"collectives_on": "device (mpi)"' r2/report.json ||
 run 4 1 c4 10
 run 2 2 c2 15 --resume c4/checkpoint
 run 1 4 c1 20 --resume c2/checkpoint
+# The same global batch on other rank counts says nothing; another one is announced, with the
+# accumulation that keeps it.
+if grep -q "global batch" c2.log c1.log; then echo "FAIL: a batch change announced wrongly"; exit 1; fi
+run 2 1 g2 12 --resume c4/checkpoint
+grep -q "the global batch changes from 32 rows (8 per micro-batch x 1 accumulated x 4 ranks) to 16 (8 x 1 x 2); --grad-accumulation 2 keeps it" g2.log ||
+  { echo "FAIL: no note of the global batch change"; cat g2.log; exit 1; }
 # The 4-rank checkpoint of step 10 re-saved on 2 ranks, then on 1, exports (one process, itself
 # a resharding load) to the same bytes as the 4-rank checkpoint does.
 run 2 2 x2 10 --resume c4/checkpoint

@@ -1,0 +1,118 @@
+// JsonIn (Note [Reading outside JSON]) and the UTF-8 check: outside data never throws, and every
+// error names the source and the field.
+#include "core/json_in.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+
+#include "core/utf8.h"
+
+namespace tierzero {
+namespace {
+
+using nlohmann::json;
+
+std::string Message(const Status& s) { return std::string(s.message()); }
+
+TEST(JsonIn, ReadsFieldsOfTheRightType) {
+  const json j = json::parse(R"({"a": {"n": 3, "x": 1.5, "s": "hi", "b": true, "l": [1, 2]}})");
+  const JsonIn in(j, "f.json");
+  auto a = in.at("a");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(*a->get<int>("n"), 3);
+  EXPECT_EQ(*a->get<uint64_t>("n"), 3u);
+  EXPECT_EQ(*a->get<double>("n"), 3.0);
+  EXPECT_EQ(*a->get<double>("x"), 1.5);
+  EXPECT_EQ(*a->get<std::string>("s"), "hi");
+  EXPECT_TRUE(*a->get<bool>("b"));
+  EXPECT_EQ(*a->get_or<int>("missing", 7), 7);
+  auto l = a->elements("l");
+  ASSERT_TRUE(l.ok());
+  ASSERT_EQ(l->size(), 2u);
+  EXPECT_EQ(*(*l)[1].as<int>(), 2);
+}
+
+TEST(JsonIn, ErrorsNameTheSourceTheFieldAndTheValue) {
+  const json j = json::parse(R"({"a": {"n": "3", "l": [1, "two"]}})");
+  const JsonIn in(j, "f.json", StatusCode::kDataLoss);
+  const auto n = in.at("a")->get<int>("n");
+  ASSERT_FALSE(n.ok());
+  EXPECT_EQ(n.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(Message(n.status()), "f.json: a.n must be an integer, not \"3\"");
+  // A wrong type is an error even where a missing field has a default.
+  EXPECT_FALSE(in.at("a")->get_or<int>("n", 1).ok());
+  EXPECT_EQ(Message(in.at("a")->get<int>("m").status()), "f.json: a.m is missing");
+  const auto l = in.at("a")->elements("l");
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(Message((*l)[1].as<int>().status()), "f.json: a.l[1] must be an integer, not \"two\"");
+  EXPECT_EQ(Message(in.at("a")->elements("n").status()), "f.json: a.n must be an array, not \"3\"");
+  EXPECT_EQ(Message(in.elements().status()),
+            "f.json must be an array, not {\"a\":{\"l\":[1,\"two\"],\"n\":\"3\"}}");
+}
+
+TEST(JsonIn, IntegersOutOfTheTypesRangeAreRefused) {
+  const json j =
+      json::parse(R"({"big": 18446744073709551615, "neg": -1, "i64": 9223372036854775807})");
+  const JsonIn in(j, "f");
+  EXPECT_FALSE(in.get<int>("big").ok());
+  EXPECT_FALSE(in.get<int64_t>("big").ok());
+  EXPECT_EQ(*in.get<uint64_t>("big"), UINT64_MAX);
+  EXPECT_FALSE(in.get<uint64_t>("neg").ok());
+  EXPECT_FALSE(in.get<uint32_t>("neg").ok());
+  EXPECT_EQ(*in.get<int>("neg"), -1);
+  EXPECT_FALSE(in.get<int32_t>("i64").ok());
+  EXPECT_EQ(*in.get<int64_t>("i64"), INT64_MAX);
+}
+
+TEST(JsonIn, NonFiniteAndOutOfRangeFloatsAreRefused) {
+  json j = json::object();
+  j["inf"] = std::numeric_limits<double>::infinity();
+  j["big"] = 1e300;
+  const JsonIn in(j, "f");
+  EXPECT_FALSE(in.get<double>("inf").ok());
+  EXPECT_TRUE(in.get<double>("big").ok());
+  EXPECT_FALSE(in.get<float>("big").ok());
+}
+
+TEST(JsonIn, ANonObjectHasNoMembers) {
+  const json j = json::parse("[1]");
+  const JsonIn in(j, "f");
+  EXPECT_FALSE(in.has("a"));
+  EXPECT_FALSE(in.at("a").ok());
+  EXPECT_FALSE(in.get_or<int>("a", 1).ok());
+}
+
+TEST(Utf8, AcceptsValidTextAndFindsTheFirstBadByte) {
+  EXPECT_EQ(FirstInvalidUtf8(""), -1);
+  EXPECT_EQ(FirstInvalidUtf8("plain ascii"), -1);
+  EXPECT_EQ(FirstInvalidUtf8("\xc3\xa9t\xc3\xa9 \xe6\x97\xa5 \xf0\x9f\x98\x80"), -1);
+  EXPECT_EQ(FirstInvalidUtf8("ab\x8e"), 2);            // a continuation byte alone
+  EXPECT_EQ(FirstInvalidUtf8("a\xc3"), 1);             // cut short
+  EXPECT_EQ(FirstInvalidUtf8("\xc0\xaf"), 0);          // overlong '/'
+  EXPECT_EQ(FirstInvalidUtf8("\xe0\x80\xaf"), 0);      // overlong, 3 bytes
+  EXPECT_EQ(FirstInvalidUtf8("\xed\xa0\x80"), 0);      // a surrogate (U+D800)
+  EXPECT_EQ(FirstInvalidUtf8("\xf4\x90\x80\x80"), 0);  // past U+10FFFF
+  EXPECT_EQ(FirstInvalidUtf8("\xf5\x80\x80\x80"), 0);
+  EXPECT_EQ(FirstInvalidUtf8("x\xe6\x97"), 1);
+}
+
+TEST(Utf8, AgreesWithTheJsonWriter) {
+  // Every string the check accepts can be written as JSON; every one it refuses cannot.
+  for (const std::string s :
+       {"ok", "\xc3\xa9", "\xed\x9f\xbf", "\xee\x80\x80", "\xf0\x90\x80\x80", "\xf4\x8f\xbf\xbf",
+        "\xed\xa0\x80", "\xc1\xbf", "\xf0\x8f\xbf\xbf", "\xff"}) {
+    bool writes = true;
+    try {
+      (void)json(s).dump();
+    } catch (const json::exception&) {
+      writes = false;
+    }
+    EXPECT_EQ(FirstInvalidUtf8(s) < 0, writes)
+        << json(s).dump(-1, ' ', true, json::error_handler_t::replace);
+  }
+}
+
+}  // namespace
+}  // namespace tierzero
