@@ -31,7 +31,8 @@ void* WaitForSignals(void*) {
   for (;;) {
     int sig = 0;
     if (sigwait(&set, &sig) != 0) continue;
-    if (g_graceful.load() > 0) {
+    // Inside a run, or after one was asked to stop (it is saving or exiting): only a request.
+    if (g_graceful.load() > 0 || g_signal.load() != 0) {
       if (g_signal.exchange(sig) == 0) {
         std::fprintf(stderr,
                      "\ntierzero: %s received: finishing this step, then saving a checkpoint "

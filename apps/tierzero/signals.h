@@ -8,8 +8,11 @@
 // 4845, fixed upstream after the 2.6 that Debian 12 ships), whose signal frame then overwrites the
 // heap: 2-25% of Ctrl-Cs during training ended in SIGSEGV, SIGBUS, a corrupt free or a hang.
 // While a GracefulInterrupts is alive (tierzero train), a signal only asks the run to stop: the
-// step finishes, a checkpoint is saved, and the process exits 0, however many signals arrive.
-// Otherwise a signal ends the process as its default action would (status 128 + the signal).
+// step finishes, a checkpoint is saved, and the process exits 0, however many signals arrive:
+// once a stop has been asked for, later signals are ignored until the process exits (a burst of
+// Ctrl-Cs whose last one lands after the scope ended, while the process is exiting, used to end
+// it with status 130). Otherwise a signal ends the process as its default action would (status
+// 128 + the signal).
 //
 // Thread-safety: every function may be called from any thread.
 #pragma once

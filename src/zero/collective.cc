@@ -159,7 +159,8 @@ Status AgreeOnStatus(Communicator& comm, const Status& local) {
   } mine;
   mine.code = static_cast<int32_t>(local.code());
   const std::string_view text = local.message();
-  std::memcpy(mine.message, text.data(), std::min(text.size(), sizeof mine.message - 1));
+  if (!text.empty())  // an OK status's message is an empty view whose data() may be null
+    std::memcpy(mine.message, text.data(), std::min(text.size(), sizeof mine.message - 1));
   auto all = AllGatherValue(comm, mine);
   if (!all.ok()) return local.ok() ? all.status() : local;
   if (!local.ok()) return local;

@@ -21,8 +21,14 @@ set(launcher)
 if(LAUNCHER)
   set(launcher -DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER})
 endif()
+# A sanitized libtierzero needs its runtime first in the program: the example is built with the
+# same flags (the asan preset).
+set(flags)
+if(SANITIZE)
+  set(flags "-DCMAKE_CXX_FLAGS=-fsanitize=address,undefined")
+endif()
 run(${CMAKE_COMMAND} -S ${EXAMPLE_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
-    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release ${launcher})
+    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release ${launcher} ${flags})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 # The example exits non-zero unless its loss fell 20-fold; the report must be written too.
 run(${WORK_DIR}/build/embed_mlp ${WORK_DIR}/report.json)
