@@ -13,6 +13,7 @@
 
 #include "core/bytes.h"
 #include "core/convert.h"
+#include "core/json_in.h"
 #include "core/logging.h"
 #include "engine/engine_impl.h"
 #include "engine/file_io.h"
@@ -114,34 +115,36 @@ Status Engine::LoadSafetensors(const std::string& path) {
     auto bad = [&](const std::string& why) {
       return DataLossError(path + ": safetensors tensor '" + name + "' " + why);
     };
-    if (!e.is_object() || !e.contains("dtype") || !e["dtype"].is_string() || !e.contains("shape") ||
-        !e["shape"].is_array() || !e.contains("data_offsets") || !e["data_offsets"].is_array() ||
-        e["data_offsets"].size() != 2)
-      return bad("lacks a dtype, shape or data_offsets pair: " + e.dump().substr(0, 200));
+    // Read through JsonIn (Note [Reading outside JSON]): errors name the tensor and the field.
+    const JsonIn in(e, path + ": safetensors tensor '" + name + "'", StatusCode::kDataLoss);
     Entry en;
-    const std::string dt = e["dtype"].get<std::string>();
+    ASSIGN_OR_RETURN(const std::string dt, in.get<std::string>("dtype"));
     en.dtype = dt == "F32" ? DType::kF32 : dt == "BF16" ? DType::kBF16 : DType::kF16;
     const bool known = dt == "F32" || dt == "BF16" || dt == "F16";
-    for (const json& d : e["shape"]) {
-      if (!d.is_number_unsigned())
-        return bad("has a shape that is not sizes: " + e["shape"].dump());
-      en.shape.push_back(d.get<int64_t>());
+    ASSIGN_OR_RETURN(const std::vector<JsonIn> dims, in.elements("shape"));
+    for (const JsonIn& d : dims) {
+      ASSIGN_OR_RETURN(const int64_t n, d.as<int64_t>());
+      if (n < 0) return d.Error("is a negative size");
+      en.shape.push_back(n);
     }
-    const json& off = e["data_offsets"];
-    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-      return bad("has data offsets that are not sizes: " + off.dump());
-    en.begin = off[0].get<uint64_t>();
-    en.end = off[1].get<uint64_t>();
+    ASSIGN_OR_RETURN(const std::vector<JsonIn> off, in.elements("data_offsets"));
+    if (off.size() != 2) return in.Error("has data_offsets that are not a [begin, end] pair");
+    ASSIGN_OR_RETURN(en.begin, off[0].as<uint64_t>());
+    ASSIGN_OR_RETURN(en.end, off[1].as<uint64_t>());
     if (en.begin > en.end || en.end > data_bytes)
-      return bad("has data offsets " + off.dump() + " outside the data section of " +
-                 std::to_string(data_bytes) + " bytes");
+      return bad("has data offsets [" + std::to_string(en.begin) + ", " + std::to_string(en.end) +
+                 "] outside the data section of " + std::to_string(data_bytes) + " bytes");
     if (known) {
       uint64_t n = 1;
       for (int64_t d : en.shape) {
         if (d != 0 && n > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d))
-          return bad("has a shape too large: " + e["shape"].dump());
+          return bad("has a shape too large: " + JsonIn::Shown(json(en.shape)));
         n *= static_cast<uint64_t>(d);
       }
+      // (Checked before the bytes, whose product could wrap around.)
+      if (n > data_bytes)
+        return bad("has a shape of " + std::to_string(n) + " elements, more than the " +
+                   std::to_string(data_bytes) + " bytes of the data section hold");
       if (en.end - en.begin != DTypeBytes(en.dtype, n))
         return bad("has " + std::to_string(en.end - en.begin) + " bytes for " + std::to_string(n) +
                    " " + dt + " elements");
@@ -160,7 +163,7 @@ Status Engine::LoadSafetensors(const std::string& path) {
     auto it = entries.find(ps.name);
     if (it == entries.end())
       return UnsupportedError(path + ": tensor '" + ps.name + "' is " +
-                              header[ps.name]["dtype"].get<std::string>() +
+                              header.at(ps.name).at("dtype").get<std::string>() +
                               "; F32, BF16 and F16 load");
     if (it->second.shape != ps.shape)
       return InvalidArgumentError(path + ": tensor '" + ps.name + "' has shape " +
