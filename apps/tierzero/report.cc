@@ -21,6 +21,7 @@ StatusOr<json> ParseReport(const std::string& text) {
   json r = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (r.is_discarded() || !r.is_object()) return InvalidArgumentError("the report is not JSON");
   const JsonIn in(r, "report");
+  RETURN_IF_ERROR(in.CheckDepth(kMaxJsonDepth));  // before anything prints it
   const StatusOr<std::string> schema = in.get_or<std::string>("schema", "");
   if (!schema.ok() || *schema != "tierzero-report")
     return InvalidArgumentError("not a tierzero report (schema is not \"tierzero-report\")");
@@ -229,10 +230,19 @@ Status WriteHtmlReport(const std::string& text, const std::string& path) {
   ASSIGN_OR_RETURN(const json r, ParseReport(text));
   // The page draws the fields the summary reads: a report they are malformed in is refused here.
   RETURN_IF_ERROR(ReportSummary(text).status());
-  // Inside <script>, "</" could end the element: JSON allows "\/" for "/" in strings.
-  std::string data = r.dump(-1, ' ', false, json::error_handler_t::replace);
-  for (size_t at = 0; (at = data.find("</", at)) != std::string::npos; at += 3)
-    data.replace(at, 2, "<\\/");
+  // Inside <script>, "</script" would end the element and "<!--" can keep the page's own
+  // "</script>" from ending it, so no '<' goes in as itself: outside strings JSON has none, and
+  // inside them "\u003c" is the same character.
+  const std::string dumped = r.dump(-1, ' ', false, json::error_handler_t::replace);
+  std::string data;
+  data.reserve(dumped.size());
+  for (char ch : dumped) {
+    if (ch == '<') {
+      data += "\\u003c";
+    } else {
+      data += ch;
+    }
+  }
   std::string page = kPage;
   const std::string marker = "@REPORT_JSON@";
   const size_t at = page.find(marker);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
@@ -77,7 +78,10 @@ void ReportBatchChange(const std::string& user_state, const RunConfig& cfg, int 
   const auto batch = in.get<int64_t>("batch_size");
   const auto accum = in.get<int64_t>("grad_accumulation");
   const auto ranks = in.get<int64_t>("ranks");
-  if (batch.ok() && accum.ok() && ranks.ok() && *batch > 0 && *accum > 0 && *ranks > 0) {
+  // (Each in the range its config field allows, so the product cannot overflow.)
+  constexpr int64_t kMost = std::numeric_limits<int32_t>::max();
+  if (batch.ok() && accum.ok() && ranks.ok() && *batch > 0 && *accum > 0 && *ranks > 0 &&
+      *batch <= kMost && *accum <= kMost && *ranks <= kMost) {
     const int64_t then = *batch * *accum * *ranks;
     const int64_t now = int64_t{cfg.train.batch_size} * cfg.engine.grad_accumulation * world;
     if (then != now) {

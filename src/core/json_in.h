@@ -19,11 +19,15 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
 
 namespace tierzero {
+
+// Deeper than any file tierzero writes (reports nest 5 levels), shallow enough for any stack.
+inline constexpr int kMaxJsonDepth = 64;
 
 class JsonIn {
  public:
@@ -39,6 +43,22 @@ class JsonIn {
 
   bool is_object() const { return v_->is_object(); }
   bool has(std::string_view key) const { return v_->is_object() && v_->contains(key); }
+
+  // An error when arrays and objects nest deeper than `most` levels. nlohmann parses any depth
+  // without recursing, but printing (dump) and comparing recurse once per level, so a file of a
+  // million '[' would overflow the stack there: call this before either on outside data.
+  Status CheckDepth(int most) const {
+    std::vector<std::pair<const nlohmann::json*, int>> todo = {{v_, 1}};
+    while (!todo.empty()) {
+      const auto [v, depth] = todo.back();
+      todo.pop_back();
+      if (!v->is_structured()) continue;
+      if (depth > most)
+        return Error("nests arrays and objects deeper than " + std::to_string(most) + " levels");
+      for (const nlohmann::json& c : *v) todo.emplace_back(&c, depth + 1);
+    }
+    return Status::OK();
+  }
 
   // The member `key`: an error when this is not an object or the member is missing.
   StatusOr<JsonIn> at(std::string_view key) const {
@@ -121,8 +141,11 @@ class JsonIn {
     return get<T>(key);
   }
 
-  // A value for a message: its JSON, cut to 80 characters (invalid UTF-8 replaced).
+  // A value for a message: a scalar's JSON, cut to 80 characters (invalid UTF-8 replaced); an
+  // array or object only by its size (printing one recurses once per level of nesting).
   static std::string Shown(const nlohmann::json& v) {
+    if (v.is_array()) return "an array of " + std::to_string(v.size()) + " elements";
+    if (v.is_object()) return "an object of " + std::to_string(v.size()) + " members";
     std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     if (s.size() > 80) s = s.substr(0, 77) + "...";
     return s;

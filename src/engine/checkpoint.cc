@@ -72,6 +72,7 @@ StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& pat
   const JsonIn in(j, path, StatusCode::kDataLoss);
   if (j.is_discarded() || !j.is_object())
     return DataLossError(path + " is not a tierzero checkpoint manifest (not a JSON object)");
+  RETURN_IF_ERROR(in.CheckDepth(kMaxJsonDepth));
   const StatusOr<std::string> format = in.get_or<std::string>("format", "");
   if (!format.ok() || *format != "tierzero-checkpoint")
     return DataLossError(path + " is not a tierzero checkpoint manifest");
@@ -85,7 +86,8 @@ StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& pat
   ASSIGN_OR_RETURN(m.loss_scale, in.get_or<float>("loss_scale", 1.0f));
   if (!(m.loss_scale > 0)) return in.Error("has a loss scale that is not positive");
   ASSIGN_OR_RETURN(m.good_steps, in.get_or<int>("good_steps", 0));
-  if (m.step < 0 || m.good_steps < 0) return in.Error("has a negative step count");
+  if (m.step < 0 || m.good_steps < 0 || m.step > std::numeric_limits<int32_t>::max())
+    return in.Error("has a step count out of range: " + std::to_string(m.step));
   if (in.has("user_state") && !in.at("user_state")->raw().is_null())
     m.user_state = in.at("user_state")->raw().dump();
   ASSIGN_OR_RETURN(const std::vector<JsonIn> tensors, in.elements("tensors"));
@@ -99,7 +101,8 @@ StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& pat
     }
     ASSIGN_OR_RETURN(s.file, t.get<std::string>("file"));
     // A file of this directory: never a path that leaves it.
-    if (s.file.empty() || s.file.find('/') != std::string::npos || s.file == "." || s.file == "..")
+    if (s.file.empty() || s.file.find_first_of(std::string("/\0", 2)) != std::string::npos ||
+        s.file == "." || s.file == "..")
       return t.Error("names a file outside the checkpoint: " + JsonIn::Shown(s.file));
     ASSIGN_OR_RETURN(s.offset, t.get<uint64_t>("offset"));
     ASSIGN_OR_RETURN(s.begin, t.get_or<uint64_t>("begin", 0));
@@ -329,12 +332,17 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
       for (const SavedSlice& e : it->second) tiles.push_back(&e);
       std::sort(tiles.begin(), tiles.end(),
                 [](const SavedSlice* a, const SavedSlice* b) { return a->begin < b->begin; });
+      const uint64_t numel = static_cast<uint64_t>(im.numel[p]);
       uint64_t covered = 0;
+      bool tiled = true;
       for (const SavedSlice* e : tiles) {
-        if (e->begin != covered) break;
+        if (e->begin != covered || e->numel > numel - covered) {
+          tiled = false;
+          break;
+        }
         covered += e->numel;
       }
-      if (covered != static_cast<uint64_t>(im.numel[p]))
+      if (!tiled || covered != numel)
         return DataLossError("checkpoint " + dir + ": the saved slices of '" + ps.name +
                              "' do not cover its " + std::to_string(im.numel[p]) +
                              " elements exactly once (the manifest is damaged)");

@@ -98,6 +98,7 @@ Status Engine::LoadSafetensors(const std::string& path) {
   json header = json::parse(h, nullptr, false);
   if (header.is_discarded() || !header.is_object())
     return DataLossError(path + ": the safetensors header is not valid JSON");
+  RETURN_IF_ERROR(JsonIn(header, path, StatusCode::kDataLoss).CheckDepth(kMaxJsonDepth));
   const uint64_t base = 8 + hlen;
   const uint64_t data_bytes = static_cast<uint64_t>(st.st_size) - base;
   // Every entry is checked before anything loads (Note [Safetensors entries checked whole]).
@@ -107,6 +108,7 @@ Status Engine::LoadSafetensors(const std::string& path) {
     uint64_t begin = 0, end = 0;
   };
   std::map<std::string, Entry> entries;
+  std::map<std::string, std::string> other_dtypes;  // entries of dtypes that do not load
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (const auto& item : header.items()) {
     const std::string& name = item.key();
@@ -150,7 +152,11 @@ Status Engine::LoadSafetensors(const std::string& path) {
                    " " + dt + " elements");
     }
     ranges.emplace_back(en.begin, en.end);
-    if (known) entries[name] = std::move(en);
+    if (known) {
+      entries[name] = std::move(en);
+    } else {
+      other_dtypes[name] = dt;
+    }
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i)
@@ -159,12 +165,14 @@ Status Engine::LoadSafetensors(const std::string& path) {
                            std::to_string(ranges[i].first) + " and " +
                            std::to_string(ranges[i - 1].second) + " of the data section)");
   for (const ParamSpec& ps : im.params) {
-    if (!header.contains(ps.name)) return NotFoundError(path + " has no tensor '" + ps.name + "'");
     auto it = entries.find(ps.name);
-    if (it == entries.end())
-      return UnsupportedError(path + ": tensor '" + ps.name + "' is " +
-                              header.at(ps.name).at("dtype").get<std::string>() +
+    if (it == entries.end()) {
+      auto other = other_dtypes.find(ps.name);
+      if (other == other_dtypes.end())
+        return NotFoundError(path + " has no tensor '" + ps.name + "'");
+      return UnsupportedError(path + ": tensor '" + ps.name + "' is " + other->second +
                               "; F32, BF16 and F16 load");
+    }
     if (it->second.shape != ps.shape)
       return InvalidArgumentError(path + ": tensor '" + ps.name + "' has shape " +
                                   json(it->second.shape).dump() + ", the model registers " +

@@ -59,10 +59,15 @@ void SaveCurrent() {
   (void)!::write(2, "\n", 1);
 }
 
+// The handlers these replaced (a sanitizer's, which prints the report): put back after saving.
+struct sigaction g_previous[NSIG];
+
 void OnCrash(int sig) {
   SaveCurrent();
-  std::signal(sig, SIG_DFL);
-  std::raise(sig);
+  sigaction(sig, &g_previous[sig], nullptr);
+  // A fault happens again when this returns, now under the previous handler with its real
+  // address; abort() and the like are raised again.
+  if (sig != SIGSEGV && sig != SIGBUS && sig != SIGILL && sig != SIGFPE) std::raise(sig);
 }
 
 void OnTimeout(int) {
@@ -255,7 +260,12 @@ int main(int argc, char** argv) {
   const char* dir = std::getenv("TZ_FUZZ_ARTIFACTS");
   std::snprintf(g_artifact, sizeof g_artifact, "%s/fuzz-crash-%s-%d.bin", dir ? dir : ".",
                 program_invocation_short_name, static_cast<int>(::getpid()));
-  for (int sig : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) std::signal(sig, OnCrash);
+  for (int sig : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) {
+    struct sigaction sa {};
+    sa.sa_handler = OnCrash;
+    sigemptyset(&sa.sa_mask);
+    sigaction(sig, &sa, &g_previous[sig]);
+  }
   std::signal(SIGALRM, OnTimeout);
   if (__sanitizer_set_death_callback) __sanitizer_set_death_callback(SaveCurrent);
 

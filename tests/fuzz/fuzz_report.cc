@@ -49,7 +49,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       s << t.rdbuf();
       return Count(s.str(), "</script");
     }();
+    static const size_t expected_comments = [] {
+      std::ifstream t(fuzz::ScratchDir() + "/minimal.html");
+      std::stringstream s;
+      s << t.rdbuf();
+      return Count(s.str(), "<!--");
+    }();
     FUZZ_CHECK(Count(ss.str(), "</script") == expected, "the report's data closes a script");
+    // Nor opens a comment, which can keep the page's own </script> from closing its element.
+    FUZZ_CHECK(Count(ss.str(), "<!--") == expected_comments, "the report's data opens a comment");
   }
   return 0;
 }
