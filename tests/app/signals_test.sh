@@ -33,6 +33,13 @@ for t in $(seq "$trials"); do
   dir="$out/t$t"
   "$tz" train --config "$out/run.json" --quiet --run-dir "$dir" > "$dir.log" 2>&1 &
   pid=$!
+  # From the run's first line on: a signal before main() has blocked it takes the default action
+  # (docs/signals.md), and a sanitized build can take a second to get there.
+  for _ in $(seq 1200); do
+    grep -q "^tierzero train:" "$dir.log" 2>/dev/null && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.05
+  done
   sleep "$(printf '0.%03d' $((RANDOM % 1000)))"
   sleep $((RANDOM % 3))
   sig=INT
