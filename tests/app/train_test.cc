@@ -119,7 +119,8 @@ TEST(TrainConfig, FlagsThatBreakARuleAcrossFieldsAreRefusedBeforeTheRun) {
   EXPECT_EQ(Train({"--lr", "0.00005", "--run-dir", "/nonexistent/never-created"}), 1);
   // A config file that lowers min_lr makes the same flag valid: the rule is checked on the
   // result, not on each source.
-  RunConfig d = *ParseRunConfig(R"({"train": {"lr": 0.001, "min_lr": 0.00001}})", DefaultRunConfig());
+  RunConfig d =
+      *ParseRunConfig(R"({"train": {"lr": 0.001, "min_lr": 0.00001}})", DefaultRunConfig());
   ASSERT_TRUE(ApplyFlags({"--lr", "0.00005"}, d, &path).ok());
   EXPECT_TRUE(ValidateRunConfig(d).ok());
 }
