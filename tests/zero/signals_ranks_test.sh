@@ -19,7 +19,14 @@ for t in $(seq "$trials"); do
   "$mpiexec" -np 2 "$tz" train --config "$work/run.json" --quiet --run-dir "$dir" \
     > "$dir.log" 2>&1 &
   pid=$!
-  sleep $((2 + t))
+  # From the run's first line on (rank 0 prints it once every rank is set up): a signal before
+  # main() has blocked it takes the default action, and a loaded machine can take seconds.
+  for _ in $(seq 1200); do
+    grep -q "^tierzero train:" "$dir.log" 2>/dev/null && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  sleep $((1 + t))
   kill -INT "$pid"
   for _ in $(seq 600); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   if kill -0 "$pid" 2>/dev/null; then
