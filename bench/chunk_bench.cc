@@ -253,9 +253,12 @@ RunResult Run(const Model& model, CachePolicy policy, double h2d_bps, int slots,
     mo.h2d_bytes_per_second = h2d_bps;
     mo.nvme_read_bytes_per_second = 1.5e9;
     mo.measure_stalls = true;
-    auto manager = std::move(ChunkManager::Create(*device, compute.handle(), nvme.get(), layout,
-                                                  placement, mo))
-                       .value();
+    auto store = std::move(ShardStore::Create(*device, nvme.get(),
+                                              ChunkManager::StoreOptions(layout, placement, mo)))
+                     .value();
+    auto manager =
+        std::move(ChunkManager::Create(*device, compute.handle(), *store, layout, placement, mo))
+            .value();
     // Compute is a timed wait on the compute stream; the stall is what the stream itself sees.
     StreamTimes times;
     auto iteration = [&] {
@@ -377,8 +380,11 @@ void BM_Bookkeeping(benchmark::State& state) {
     auto compute = std::move(Stream::Create(*device, "compute")).value();
     ChunkManagerOptions mo;
     mo.device_budget_bytes = 64 * kMiB;
+    auto store = std::move(ShardStore::Create(*device, nullptr,
+                                              ChunkManager::StoreOptions(layout, placement, mo)))
+                     .value();
     auto manager =
-        std::move(ChunkManager::Create(*device, compute.handle(), nullptr, layout, placement, mo))
+        std::move(ChunkManager::Create(*device, compute.handle(), *store, layout, placement, mo))
             .value();
     auto forward_only = [&](int* pairs) {
       TZ_CHECK_OK(manager->BeginIteration());

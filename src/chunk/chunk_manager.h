@@ -40,20 +40,21 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "chunk/layout.h"
 #include "chunk/placement.h"
 #include "chunk/plan.h"
 #include "chunk/tensor_state.h"
+#include "chunk/trace.h"
 #include "core/status.h"
 #include "offload/device.h"
-#include "offload/nvme_store.h"
-#include "offload/pinned_arena.h"
-#include "profiler/memory_tracer.h"
-#include "profiler/timeline.h"
+#include "profiler/observer.h"
+#include "shard/shard_store.h"
 #include "tierzero/communicator.h"
 #include "zero/device_collectives.h"
 
@@ -64,8 +65,6 @@ struct ChunkManagerOptions {
   // included: device-resident shards, and in backward their separate gradient chunks (and, with
   // accumulation, every chunk's), which are allocated from the device beside it.
   uint64_t device_budget_bytes = 0;
-  // Device memory kept free for library workspaces. Default: 0.
-  uint64_t workspace_bytes = 0;
   // Accumulate gradients over micro-batches (separate grad chunks, fp32 host shards).
   bool grad_accumulation = false;
   // Transfer rates the plan assumes until a recording iteration has timed real gathers (device
@@ -117,36 +116,29 @@ struct ChunkCounters {
 
 class ChunkManager {
  public:
-  // `device`, `nvme` (may be null when nothing is placed on NVMe) and `compute_stream` must
-  // outlive the manager. Allocates every shard where `placement` says (OutOfMemory naming the
-  // tier when one cannot be had).
+  // The shard store a manager with these arguments needs (ShardStore::Create), without
+  // optimizer states: the caller adds their tiers when it keeps them in the store.
+  static ShardStoreOptions StoreOptions(const ChunkLayout& layout, const Placement& placement,
+                                        const ChunkManagerOptions& options);
+  // `device`, `compute_stream`, `store` (made with StoreOptions) and `layout` must outlive the
+  // manager. Chooses the gather and reduce paths (zero/gather.h, zero/reduce.h) once.
   static StatusOr<std::unique_ptr<ChunkManager>> Create(Device& device, StreamHandle compute_stream,
-                                                        NvmeStore* nvme, const ChunkLayout& layout,
+                                                        ShardStore& store,
+                                                        const ChunkLayout& layout,
                                                         const Placement& placement,
                                                         const ChunkManagerOptions& options);
   ~ChunkManager();
 
   // ---- Shard contents (between iterations) ----
-  // Writes/reads a tensor's parameter values (compute dtype; host_data holds the whole tensor,
-  // numel elements) in this rank's shard: with W > 1 only the tensor's slice in the local shard
-  // is written or read (the rest of host_data is left alone).
+  // Writes a tensor's parameter values (compute dtype; host_data holds the whole tensor, numel
+  // elements) into this rank's shard: with W > 1 only the tensor's slice in the local shard.
   Status WriteTensor(int tensor, const void* host_data);
-  Status ReadTensor(int tensor, void* host_data);
-  // Reads a tensor's gradient (its local slice, as above) from its chunk's host gradient shard
+  // Reads a tensor's gradient (its local slice, as above) from its chunk's gradient shard
   // (compute dtype without accumulation, fp32 with it).
   Status ReadGrad(int tensor, void* host_data);
   // Clears every gradient shard (the start of an accumulation window).
   Status ZeroGrads();
-
-  // Optimizer access to whole shards (between iterations). The host gradient shard of a chunk
-  // (GradDType(), shard_elems elements); where its parameter shard lives; the host parameter
-  // shard (null unless in host memory); and a write of a whole parameter shard from `src`
-  // (shard_bytes, 4 KiB aligned when the shard is on NVMe).
-  void* GradShard(int chunk);
-  DType GradDType() const;
-  Tier ParamTier(int chunk) const;
-  void* HostParamShard(int chunk);
-  Status WriteParamShard(int chunk, const void* src);
+  ShardStore& store() const { return store_; }
 
   // ---- Iterations ----
   // An inference iteration (evaluation) acquires for forward only, gathers on demand, and leaves
@@ -177,14 +169,16 @@ class ChunkManager {
   bool has_plan() const { return has_plan_; }
   const Schedule& schedule() const { return schedule_; }
   const std::vector<Moment>& trace() const { return trace_; }
-  const ChunkCounters& counters() const { return counters_; }
+  // The manager's counters with the transfers' and the parameter shards' NVMe traffic.
+  ChunkCounters counters() const;
   const ChunkLayout& layout() const { return layout_; }
   const StateTracker& states() const { return *states_; }
   // ---- Profiling (the memory placement report) ----
-  // Profiles the next planned training iteration: its transfers go into `timeline` (which is
-  // restarted when that iteration begins) and every moment's residency, device memory and stall
-  // are kept (moment_profiles()). `timeline` must outlive that iteration.
-  void ProfileNextIteration(Timeline* timeline);
+  // Profiles the next planned training iteration: its transfers are reported to `observer`
+  // (profiler/observer.h), and every moment's residency, device memory and stall are kept
+  // (moment_profiles()). `on_begin` (may be empty) runs when that iteration begins (the
+  // engine restarts its timeline there). `observer` must outlive that iteration.
+  void ProfileNextIteration(Observer* observer, std::function<void()> on_begin = {});
   // True from the BeginIteration of the profiled iteration to its EndIteration.
   bool profiling() const;
   struct MomentProfile {
@@ -205,48 +199,50 @@ class ChunkManager {
 
  private:
   struct Impl;
-  ChunkManager(Device& device, StreamHandle compute, NvmeStore* nvme, const ChunkLayout& layout,
+  ChunkManager(Device& device, StreamHandle compute, ShardStore& store, const ChunkLayout& layout,
                const Placement& placement, const ChunkManagerOptions& options);
   Status Init();
+  // The moment loop (chunk_manager.cc).
   Status AcquireChunks(int moment, const std::vector<int>& needed, std::span<const int> tensors,
                        Phase phase);
-  Status CopyTensorShard(int tensor, void* host, bool to_shard);
-  Status Gather(int chunk);
-  Status EnqueueGather(int chunk, Tier tier);
-  Status EnqueueShardedGather(int chunk, Tier tier);
-  Status EnqueueDeviceGather(int chunk, Tier tier);
-  // Queues the copy of the local shard from its tier to `dst` (device memory) on the H2D stream.
-  Status QueueShardUpload(int chunk, Tier tier, void* dst);
-  // Device collectives: the in-place reduce-scatter of the gradient chunk at `device_grad`,
-  // queued after `written`; returns where the local shard of the result is (the D2H stream
-  // waits for it).
-  StatusOr<const void*> ReduceOnDevice(int chunk, void* device_grad, const Event& written);
-  // OK, or the first failure of a device collective (the ranks are then out of step).
-  Status CheckDeviceCollectives();
-  Status AgreeOnMoment(int moment, uint64_t hash, bool end, bool* off_trace);
-  Status AgreeOnPlanInputs(std::vector<Moment>& moments);
-  Status ReduceAcrossRanks(int chunk, const void* device_grad);
-  Status FinishReductions(bool wait_all, bool wait_oldest);
-  Status GathersStartNow(int moment);
+  // Whether moment k leaves the trace (W > 1: agreed with the other ranks).
+  StatusOr<bool> OffTrace(int k, const std::vector<int>& needed, std::span<const int> tensors,
+                          Phase phase);
+  void LeavePlan(int k, const std::string& why);
+  void TraceMoment(const std::vector<int>& needed, Phase phase);
+  Status ReplayMoment(int k, const std::vector<int>& needed);
+  Status OnDemandMoment(int k, const std::vector<int>& needed);
+  // Makes the compute stream wait for the needed chunks (one wait) and allocates gradient
+  // chunks for backward.
+  Status WaitForNeeded(int k, const std::vector<int>& needed, Phase phase);
+  void ProfileMoment(int k);
   Status FlushPrefetches();
   void ReapDeferred();
+  // Gathers, evictions and reductions (chunk_gather.cc).
+  Status Gather(int chunk);
   // `moment`: the current Acquire's moment, whose event then marks the chunk's last use (-1:
   // record the slot's own event).
   Status Evict(int chunk, int moment = -1);
   // Moment k's event, recorded on the compute stream on the current Acquire's first call.
   StatusOr<EventHandle> MomentEvent(int k);
+  Status GathersStartNow(int moment);
   Status ReduceChunk(int chunk);
+  Status ReduceInSlot(int chunk, const Event& written);
+  Status ReduceSeparate(int chunk, const Event& written);
   bool SeparateGrads(int chunk) const;
   // The gathered chunk is the device-resident shard itself (one rank).
   bool ShardIsGathered(int chunk) const;
-  // W > 1 with options.device_comm: gathers and reductions device to device.
-  bool OnDevice() const { return layout_.world_size() > 1 && options_.device_comm != nullptr; }
   bool Evictable(int chunk) const;
-  int Rank() const;
+  // The end of an iteration (chunk_manager_end.cc).
+  Status FinishTransfers();
+  void MeasureStalls();
+  Status ReleaseChunks();
+  Status Replan(std::vector<Moment> moments);
+  StatusOr<Schedule> PlanFrom(const std::vector<Moment>& moments);
 
   Device& device_;
   StreamHandle compute_;
-  NvmeStore* nvme_;
+  ShardStore& store_;
   const ChunkLayout& layout_;
   Placement placement_;
   ChunkManagerOptions options_;

@@ -4,18 +4,6 @@
 
 namespace tierzero {
 
-std::string_view TierName(Tier t) {
-  switch (t) {
-    case Tier::kDevice:
-      return "device";
-    case Tier::kHost:
-      return "host";
-    case Tier::kNvme:
-      return "nvme";
-  }
-  return "?";
-}
-
 StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& budgets) {
   Placement p;
   const int n = layout.num_chunks();

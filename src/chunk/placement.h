@@ -18,11 +18,9 @@
 
 #include "chunk/layout.h"
 #include "core/status.h"
+#include "offload/tier.h"
 
 namespace tierzero {
-
-enum class Tier : uint8_t { kDevice, kHost, kNvme };
-std::string_view TierName(Tier t);
 
 struct TierBudgets {
   uint64_t device_shard_bytes = 0;  // device memory for resident shards (not the chunk cache)

@@ -29,8 +29,8 @@
 #include <string_view>
 #include <vector>
 
+#include "chunk/trace.h"
 #include "core/status.h"
-#include "profiler/memory_tracer.h"
 
 namespace tierzero {
 

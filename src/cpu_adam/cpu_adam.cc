@@ -166,7 +166,7 @@ StatusOr<bool> CpuAdam::Step(const AdamBuffers& b, const AdamStepOptions& opt) {
   const AdamKernels& k = *impl_->kernels;
   const size_t block = options_.block_elems;
   const size_t blocks = (b.n + block - 1) / block;
-  Timeline* tl = opt.timeline;
+  Observer* tl = opt.observer;
   impl_->arena.execute([&] {
     tbb::parallel_for(
         tbb::blocked_range<size_t>(0, blocks), [&](const tbb::blocked_range<size_t>& r) {
@@ -195,7 +195,7 @@ StatusOr<bool> CpuAdam::Step(const AdamBuffers& b, const AdamStepOptions& opt) {
             e.chunk = opt.chunk;
             e.bytes = elems * 12;  // master, m, v
             e.lane = tbb::this_task_arena::current_thread_index() + 1;
-            tl->Add(std::move(e));
+            tl->OnSpan(std::move(e));
           }
         });
   });

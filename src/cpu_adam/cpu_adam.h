@@ -27,7 +27,7 @@
 
 #include "core/cpu_features.h"
 #include "core/status.h"
-#include "profiler/timeline.h"
+#include "profiler/observer.h"
 #include "tierzero/types.h"
 
 namespace tierzero {
@@ -70,10 +70,10 @@ struct AdamStepOptions {
   // Check the gradient for Inf/NaN first and, if any, leave every buffer untouched and return
   // false. Default: false (the engine checks all gradients once before any shard's update).
   bool skip_if_nonfinite = false;
-  // When set, every range of blocks a worker thread updates becomes an event on the optimizer
-  // track, lane = the thread's index in the arena + 1 (the report's per-thread CPU Adam rows),
-  // labelled with `chunk`. Default: none.
-  Timeline* timeline = nullptr;
+  // When set, every range of blocks a worker thread updates is reported as a span on the
+  // optimizer track, lane = the thread's index in the arena + 1 (the report's per-thread CPU Adam
+  // rows), labelled with `chunk`. Default: none.
+  Observer* observer = nullptr;
   int chunk = -1;
 };
 

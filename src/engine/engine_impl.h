@@ -13,10 +13,13 @@
 #include "chunk/chunk_manager.h"
 #include "chunk/layout.h"
 #include "chunk/placement.h"
+#include "core/aligned_buffer.h"
 #include "cpu_adam/cpu_adam.h"
 #include "offload/device.h"
 #include "offload/nvme_store.h"
 #include "offload/pinned_arena.h"
+#include "profiler/timeline.h"
+#include "shard/shard_store.h"
 #include "tierzero/engine.h"
 
 namespace tierzero {
@@ -29,35 +32,6 @@ class ActivationBuffer::Owner {
 
  protected:
   ~Owner() = default;
-};
-
-// 4 KiB-aligned host memory (O_DIRECT-able), freed on destruction.
-class AlignedBuffer {
- public:
-  AlignedBuffer() = default;
-  static AlignedBuffer Allocate(uint64_t bytes) {
-    AlignedBuffer b;
-    const uint64_t rounded = (bytes + 4095) / 4096 * 4096;
-    b.data_ = std::aligned_alloc(4096, rounded == 0 ? 4096 : rounded);
-    b.bytes_ = b.data_ != nullptr ? rounded : 0;
-    return b;
-  }
-  AlignedBuffer(AlignedBuffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_) {
-    o.data_ = nullptr;
-    o.bytes_ = 0;
-  }
-  AlignedBuffer& operator=(AlignedBuffer&& o) noexcept {
-    std::swap(data_, o.data_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  ~AlignedBuffer() { std::free(data_); }
-  void* data() const { return data_; }
-  uint64_t bytes() const { return bytes_; }
-
- private:
-  void* data_ = nullptr;
-  uint64_t bytes_ = 0;
 };
 
 struct Engine::Impl final : ActivationBuffer::Owner {
@@ -77,21 +51,13 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   ChunkLayout layout;
   Placement placement;
   TierBudgets budgets;
+  // Every shard of this rank: parameters, gradients, optimizer states. Destroyed after the
+  // chunk manager, which gathers from it.
+  std::unique_ptr<ShardStore> store;
   std::unique_ptr<ChunkManager> cm;
   uint64_t staging_bytes = 0;
   uint64_t swap_slot_bytes = 0;
-
-  // Optimizer state of a chunk's shard: fp32 master, m, v (shard_elems each, in that order),
-  // in host memory or in one NVMe extent.
-  struct OptimShard {
-    float* host = nullptr;
-    NvmeExtent extent;
-    bool on_nvme = false;
-  };
-  std::vector<OptimShard> optim;
-  AlignedBuffer optim_host;
-  std::unique_ptr<PinnedArena> swap_arena;  // NVMe optimizer states on their way through Adam
-  AlignedBuffer upload;                     // compute-dtype shard for non-host parameter tiers
+  AlignedBuffer upload;  // compute-dtype shard for non-host parameter tiers
   std::unique_ptr<CpuAdam> adam_decay, adam_plain;
 
   bool in_iteration = false;
@@ -132,12 +98,26 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   Status PushGate(bool wait_entered);
 
   void FreeActivation(void* data, uint64_t bytes) override;
-  Status ForEachOptimChunk(const std::function<Status(int, float*, float*, float*)>& fn,
-                           bool write_back);
-  Status InitOptimChunks(const std::function<Status(int, float*, float*, float*)>& fn);
+  OptimizerStates& optimizer() const { return *store->optimizer(); }
+  // Runs fn on one chunk's optimizer group (written back to NVMe with write_back).
   Status WithChunkState(int chunk, bool write_back,
-                        const std::function<Status(float*, float*, float*)>& fn);
+                        const std::function<Status(float*, float*, float*)>& fn) {
+    return optimizer().With(chunk, write_back,
+                            [&](const OptimizerGroup& g) { return fn(g.master, g.m, g.v); });
+  }
+  // Finalize's steps (setup.cc).
+  StatusOr<bool> ChooseCollectivePath(bool cuda);
+  Status Place(bool on_device);
+  Status OpenDevice(bool cuda);
+  Status CreateShards(bool on_device);
+  Status CreateOptimizer();
+  Status InitialValues();
   Status UploadChunk(int chunk, const float* master);
+  // Step's parts (step.cc).
+  Status CheckStep(const StepOptions& options);
+  StatusOr<double> GradSumSquares();
+  Status SkipStep();
+  Status AdamGroup(const OptimizerGroup& group, const AdamStepOptions& options, bool profiled);
   // The whole chunk's fp32 master weights (chunk_elems), gathered from the ranks' shards
   // (collective with W > 1).
   Status GatherChunkMaster(int chunk, std::vector<float>& full);

@@ -15,38 +15,25 @@
 #include <string>
 #include <vector>
 
+#include "profiler/observer.h"
+
 namespace tierzero {
 
-// The tracks of the Chrome trace, one per stream; the optimizer's also has one lane per CPU Adam
-// worker thread.
-enum class Track : uint8_t { kCompute, kH2D, kD2H, kNvmeRead, kNvmeWrite, kOptimizer, kComm };
-const char* TrackName(Track t);
-inline constexpr int kNumTracks = static_cast<int>(Track::kComm) + 1;  // kComm is the last
-
-struct TimelineEvent {
-  Track track = Track::kCompute;
-  std::string name;
-  double start_s = 0, dur_s = 0;
-  int moment = -1;     // the moment it belongs to (compute) or was issued at (transfers)
-  int chunk = -1;      // the chunk moved or updated
-  uint64_t bytes = 0;  // bytes moved
-  int lane = 0;        // a sub-row of the track: CPU Adam's worker threads are lanes 1..N
-};
-
-class Timeline {
+class Timeline final : public Observer {
  public:
   void Begin() {
     std::lock_guard<std::mutex> lock(mu_);
     t0_ = std::chrono::steady_clock::now();
     events_.clear();
   }
-  double Now() const {
+  double Now() const override {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
   }
   void Add(TimelineEvent e) {
     std::lock_guard<std::mutex> lock(mu_);
     events_.push_back(std::move(e));
   }
+  void OnSpan(TimelineEvent e) override { Add(std::move(e)); }
   std::vector<TimelineEvent> events() const {
     std::lock_guard<std::mutex> lock(mu_);
     return events_;

@@ -31,9 +31,11 @@ struct Rig {
   std::unique_ptr<NvmeStore> nvme;
   ChunkLayout layout;
   std::vector<std::vector<int>> layers;  // tensor ids acquired together
+  std::unique_ptr<ShardStore> store;
   std::unique_ptr<ChunkManager> manager;
   ~Rig() {
     manager.reset();
+    store.reset();
     compute.Reset();
     nvme.reset();
     device.reset();
@@ -146,7 +148,11 @@ std::unique_ptr<Rig> MakeRig(const RigOptions& ro) {
   mo.policy = ro.policy;
   mo.grad_accumulation = ro.accumulation;
   if (ro.h2d_bytes_per_second > 0) mo.h2d_bytes_per_second = ro.h2d_bytes_per_second;
-  auto m = ChunkManager::Create(*rig->device, rig->compute.handle(), rig->nvme.get(), rig->layout,
+  auto store = ShardStore::Create(*rig->device, rig->nvme.get(),
+                                  ChunkManager::StoreOptions(rig->layout, placement, mo));
+  TZ_CHECK(store.ok()) << store.status().ToString();
+  rig->store = std::move(store).value();
+  auto m = ChunkManager::Create(*rig->device, rig->compute.handle(), *rig->store, rig->layout,
                                 placement, mo);
   TZ_CHECK(m.ok()) << m.status().ToString();
   rig->manager = std::move(m).value();
@@ -348,7 +354,7 @@ TEST_P(ChunkManagerPolicyTest, DataStaysBitExactThroughManyCycles) {
     driver.Iterate(layers);
     if (testing::Test::HasFatalFailure()) return;
   }
-  const ChunkCounters& c = rig->manager->counters();
+  const ChunkCounters c = rig->manager->counters();
   EXPECT_GE(c.evictions + c.h2d_bytes / rig->layout.chunk_bytes(), 1000u)
       << "thousands of gather/evict cycles";
   EXPECT_GT(c.nvme_read_bytes, 0u);

@@ -1,4 +1,5 @@
-// MemoryTracer: records the warm-up iteration's access pattern for the plan (DESIGN.md section 5).
+// MemoryTracer: records the warm-up iteration's access pattern, the trace the plan consumes
+// (chunk/plan.h; DESIGN.md section 5).
 //
 // A moment is one Acquire. For each moment the tracer keeps the chunks it needs, the non-model
 // (activation) bytes when it began, the peak of non-model bytes until the next moment began, and

@@ -1,4 +1,4 @@
-#include "profiler/memory_tracer.h"
+#include "chunk/trace.h"
 
 #include <algorithm>
 

@@ -1,0 +1,224 @@
+// Engine::Finalize: the parameters laid out in chunks and placed in tiers, the device and its
+// compute stream, the NVMe tier, the ranks' collective path, the shard store, the chunk manager
+// and the optimizer, and the parameters' initial values.
+#include <algorithm>
+#include <cstring>
+
+#include "core/bytes.h"
+#include "core/convert.h"
+#include "core/logging.h"
+#include "engine/engine_impl.h"
+#include "offload/cuda_device.h"
+#include "offload/host_sim_device.h"
+#include "zero/collective.h"
+#include "zero/device_collectives.h"
+#include "zero/nccl.h"
+
+namespace tierzero {
+
+Status Engine::Finalize() {
+  Impl& im = *impl_;
+  if (im.finalized) return FailedPreconditionError("Finalize called twice");
+  if (im.params.empty()) return FailedPreconditionError("Finalize with no parameters registered");
+  const EngineConfig& cfg = im.cfg;
+  std::vector<TensorDesc> tensors;
+  for (size_t i = 0; i < im.params.size(); ++i)
+    tensors.push_back({im.params[i].name, static_cast<uint64_t>(im.numel[i])});
+  LayoutOptions lo;
+  lo.chunk_elems = cfg.chunk_elems;
+  lo.world_size = im.comm->size();
+  lo.dtype = cfg.compute_dtype;
+  auto layout = ChunkLayout::Build(tensors, lo);
+  if (!layout.ok()) return std::move(layout).status().WithContext("laying out the parameters");
+  im.layout = std::move(layout).value();
+  for (int c = 0; c < im.layout.num_chunks(); ++c)
+    im.slices.push_back(im.layout.ShardSlices(c, im.comm->rank()));
+  const bool cuda = cfg.device == DeviceChoice::kCuda ||
+                    (cfg.device == DeviceChoice::kAuto && CudaDeviceCount() > 0);
+  ASSIGN_OR_RETURN(const bool on_device, im.ChooseCollectivePath(cuda));
+  RETURN_IF_ERROR(im.Place(on_device));
+  // With several ranks they agree on the outcome of opening the device: what follows starts
+  // collectives (MPI_Comm_dup, NCCL's setup) that a rank which failed here would never join.
+  Status local = im.OpenDevice(cuda);
+  if (im.world() > 1) local = zero::AgreeOnStatus(*im.comm, local);
+  RETURN_IF_ERROR(local);
+  RETURN_IF_ERROR(im.CreateShards(on_device));
+  RETURN_IF_ERROR(im.CreateOptimizer());
+  im.finalized = true;
+  return im.InitialValues();
+}
+
+// Where the ranks' collectives run. Every rank must take the same path (the device path
+// duplicates the communicator, a collective call), so they agree on it.
+StatusOr<bool> Engine::Impl::ChooseCollectivePath(bool cuda) {
+  if (world() == 1) return false;
+  // NCCL wants a GPU per rank of a node. The simulated device's stream runs MPI on its own
+  // thread: the communicator must progress on its own (asynchronous()).
+  const bool nccl = cuda && NcclLoadable().ok() && CudaDeviceCount() >= comm->topology().local_size;
+  const bool on_device =
+      cfg.collectives == CollectivePath::kDevice ||
+      (cfg.collectives == CollectivePath::kAuto && (cuda ? nccl : comm->asynchronous()));
+  ASSIGN_OR_RETURN(std::vector<int32_t> all,
+                   zero::AllGatherValue(*comm, static_cast<int32_t>(on_device)));
+  const bool everywhere = std::all_of(all.begin(), all.end(), [](int32_t v) { return v != 0; });
+  if (on_device && !everywhere) {
+    TZ_LOG(kWarn, kEngine) << "NCCL cannot load, or a node has fewer GPUs than ranks: gathers "
+                              "and reductions go through host buffers (ranks.collectives: host)";
+  }
+  return everywhere;
+}
+
+// The shards' tiers, within the budgets less the fixed host overheads (Note [Host memory
+// accounting] in docs/config.md): NVMe staging for parameter reads, the optimizer's swap
+// buffers, and one upload buffer. (With W > 1 staging slots hold a whole gathered chunk.)
+Status Engine::Impl::Place(bool on_device) {
+  const uint64_t chunk_bytes = layout.chunk_bytes();
+  const uint64_t shard_bytes = layout.shard_bytes();
+  staging_bytes =
+      std::max<uint64_t>(2 * chunk_bytes, std::min<uint64_t>(8 * chunk_bytes, 64u << 20));
+  swap_slot_bytes = OptimizerStates::SwapSlotBytes(layout.shard_elems());
+  const uint64_t fixed =
+      staging_bytes + 3 * swap_slot_bytes + AlignUp(shard_bytes, kNvmeAlignment) +
+      (world() > 1 && !on_device ? 4 * AlignUp(chunk_bytes + shard_bytes, kNvmeAlignment) : 0);
+  if (cfg.host_budget <= fixed) {
+    return OutOfMemoryError("host_budget " + FormatBytes(cfg.host_budget) +
+                            " does not cover the fixed buffers for chunks of " +
+                            FormatBytes(chunk_bytes) + " (" + FormatBytes(fixed) +
+                            "); raise host_budget or lower chunk_elems");
+  }
+  budgets = TierBudgets{cfg.device_shard_budget, cfg.host_budget - fixed, cfg.nvme_budget};
+  auto p = PlaceShards(layout, budgets);
+  if (!p.ok()) return std::move(p).status().WithContext("placing the shards");
+  placement = std::move(p).value();
+  return Status::OK();
+}
+
+// The device, its compute stream and the NVMe tier.
+Status Engine::Impl::OpenDevice(bool cuda) {
+  const uint64_t margin = 4 * layout.chunk_bytes() + (uint64_t{1} << 20);
+  if (cuda) {
+    CudaDeviceOptions o;
+    // A GPU per rank of a node (NCCL refuses two ranks on one device).
+    o.ordinal = comm->topology().local_rank % std::max(1, CudaDeviceCount());
+    o.capacity_bytes = cfg.device_budget + cfg.device_shard_budget + margin;
+    ASSIGN_OR_RETURN(device, CreateCudaDevice(o));
+  } else {
+    HostSimOptions o;
+    o.capacity_bytes = cfg.device_budget + cfg.device_shard_budget + margin;
+    o.h2d_bytes_per_second = cfg.host_link_bandwidth;
+    o.d2h_bytes_per_second = cfg.host_link_bandwidth;
+    ASSIGN_OR_RETURN(device, CreateHostSimDevice(o));
+    host_compute = true;
+  }
+  ASSIGN_OR_RETURN(compute, Stream::Create(*device, "compute"));
+  if (placement.bytes[static_cast<int>(Tier::kNvme)] == 0) return Status::OK();
+  NvmeStoreOptions no;
+  no.paths = {cfg.nvme_path};
+  no.bytes_per_path = cfg.nvme_budget;
+  auto store = NvmeStore::Open(no);
+  if (!store.ok()) {
+    return std::move(store).status().WithContext(
+        "opening the NVMe tier under '" + cfg.nvme_path +
+        "' (check the directory exists, is writable and has nvme_budget free)");
+  }
+  nvme = std::move(store).value();
+  return Status::OK();
+}
+
+// The device collectives (W > 1 on the device path), the shard store with every shard of this
+// rank, and the chunk manager that gathers from it.
+Status Engine::Impl::CreateShards(bool on_device) {
+  ChunkManagerOptions co;
+  co.device_budget_bytes = cfg.device_budget;
+  co.grad_accumulation = cfg.grad_accumulation > 1;
+  co.staging_bytes = staging_bytes;
+  if (world() > 1) co.comm = comm.get();
+  if (on_device) {
+    auto dc = CreateDeviceCollectives(*device, comm);
+    if (!dc.ok()) {
+      return std::move(dc).status().WithContext(
+          "starting the collectives on the device (ranks.collectives: host avoids them)");
+    }
+    device_comm = std::move(dc).value();
+    co.device_comm = device_comm.get();
+  }
+  if (cfg.host_link_bandwidth > 0) co.h2d_bytes_per_second = cfg.host_link_bandwidth;
+  ShardStoreOptions so = ChunkManager::StoreOptions(layout, placement, co);
+  for (const ChunkPlacement& p : placement.chunks) so.optimizer_tier.push_back(p.optimizer);
+  auto s = ShardStore::Create(*device, nvme.get(), std::move(so));
+  if (!s.ok()) return std::move(s).status().WithContext("allocating the shards");
+  store = std::move(s).value();
+  auto m = ChunkManager::Create(*device, compute.handle(), *store, layout, placement, co);
+  if (!m.ok()) return std::move(m).status().WithContext("creating the chunk manager");
+  cm = std::move(m).value();
+  // The first planned iteration is profiled for the report.
+  cm->ProfileNextIteration(&timeline, [this] { timeline.Begin(); });
+  return Status::OK();
+}
+
+// CPU AdamW with and without weight decay, and the buffer a non-host parameter shard is
+// written from.
+Status Engine::Impl::CreateOptimizer() {
+  AdamConfig ac;
+  ac.beta1 = cfg.beta1;
+  ac.beta2 = cfg.beta2;
+  ac.eps = cfg.eps;
+  ac.adamw = true;
+  CpuAdamOptions ao;
+  ao.threads = cfg.cpu_threads;
+  ASSIGN_OR_RETURN(adam_plain, CpuAdam::Create(ac, ao));
+  ac.weight_decay = cfg.weight_decay;
+  ASSIGN_OR_RETURN(adam_decay, CpuAdam::Create(ac, ao));
+  upload = AlignedBuffer::Allocate(AlignUp(layout.shard_bytes(), kNvmeAlignment));
+  if (upload.data() == nullptr) return OutOfMemoryError("the parameter upload buffer");
+  std::memset(upload.data(), 0, upload.bytes());  // padding stays zero
+  return Status::OK();
+}
+
+// Initial values, chunk by chunk (NVMe-resident state is never held whole in memory).
+Status Engine::Impl::InitialValues() {
+  const uint64_t shard_elems = layout.shard_elems();
+  Status s = optimizer().Init([&](const OptimizerGroup& g) -> Status {
+    std::memset(g.master, 0, shard_elems * 4);
+    std::memset(g.m, 0, shard_elems * 4);
+    std::memset(g.v, 0, shard_elems * 4);
+    std::vector<float> whole;
+    for (const ShardSlice& sl : slices[static_cast<size_t>(g.chunk)]) {
+      const ParamSpec& ps = params[static_cast<size_t>(sl.tensor)];
+      if (!ps.init) continue;
+      const uint64_t n = layout.tensor(sl.tensor).numel;
+      if (sl.numel == n) {
+        ps.init(std::span<float>(g.master + sl.shard_offset, sl.numel));
+        continue;
+      }
+      // A tensor split between ranks: its initial values are a function of the whole tensor.
+      whole.resize(n);
+      ps.init(whole);
+      std::memcpy(g.master + sl.shard_offset, whole.data() + sl.tensor_begin, sl.numel * 4);
+    }
+    return UploadChunk(g.chunk, g.master);
+  });
+  RETURN_IF_ERROR(s);
+  TZ_LOG(kInfo, kEngine) << params.size() << " parameters initialised";
+  return Status::OK();
+}
+
+// Writes the compute-dtype copy of a chunk's master weights into its parameter shard.
+Status Engine::Impl::UploadChunk(int c, const float* master) {
+  const DType dt = cfg.compute_dtype;
+  void* host = store->host_param(c);
+  void* dst = host;
+  if (dst == nullptr) {
+    dst = upload.data();
+    std::memset(dst, 0, upload.bytes());  // the padding of the shard stays zero
+  }
+  for (const ShardSlice& sl : slices[static_cast<size_t>(c)]) {
+    RETURN_IF_ERROR(Convert(master + sl.shard_offset, DType::kF32,
+                            static_cast<uint8_t*>(dst) + DTypeBytes(dt, sl.shard_offset), dt,
+                            sl.numel));
+  }
+  if (host == nullptr) RETURN_IF_ERROR(store->WriteParam(c, dst));
+  return Status::OK();
+}
+
+}  // namespace tierzero

@@ -1,0 +1,157 @@
+#include "shard/optimizer_states.h"
+
+#include <chrono>
+#include <cstring>
+#include <deque>
+
+#include "core/bytes.h"
+#include "core/logging.h"
+#include "core/tunable.h"
+#include "offload/swapper.h"
+
+namespace tierzero {
+
+namespace {
+TZ_TUNABLE(double, kSwapSlotTimeoutSeconds, "TZ_SWAP_SLOT_TIMEOUT_S", 60.0,
+           "seconds to wait for a free optimizer swap slot before failing");
+
+std::chrono::milliseconds SwapSlotTimeout() {
+  return std::chrono::milliseconds(static_cast<int64_t>(kSwapSlotTimeoutSeconds.Get() * 1e3));
+}
+}  // namespace
+
+uint64_t OptimizerStates::SwapSlotBytes(uint64_t shard_elems) {
+  return AlignUp(shard_elems * 12, kNvmeAlignment);
+}
+
+StatusOr<std::unique_ptr<OptimizerStates>> OptimizerStates::Create(NvmeStore* nvme,
+                                                                   uint64_t shard_elems,
+                                                                   std::vector<Tier> tier) {
+  for (Tier t : tier) {
+    if (t == Tier::kDevice) {
+      return UnsupportedError("optimizer states on the device are not supported yet");
+    }
+    if (t == Tier::kNvme && nvme == nullptr) {
+      return InvalidArgumentError("optimizer states placed on NVMe but no NVMe store is open");
+    }
+  }
+  std::unique_ptr<OptimizerStates> s(new OptimizerStates(nvme, shard_elems, std::move(tier)));
+  RETURN_IF_ERROR(s->Allocate());
+  return s;
+}
+
+OptimizerStates::~OptimizerStates() {
+  for (const NvmeExtent& e : extent_) {
+    if (e.valid()) (void)nvme_->Free(e);
+  }
+}
+
+Status OptimizerStates::Allocate() {
+  const size_t n = tier_.size();
+  host_.assign(n, nullptr);
+  extent_.resize(n);
+  int on_host = 0;
+  for (Tier t : tier_) on_host += t == Tier::kHost;
+  if (on_host > 0) {
+    host_memory_ = AlignedBuffer::Allocate(static_cast<uint64_t>(on_host) * group_bytes());
+    if (host_memory_.data() == nullptr) {
+      return OutOfMemoryError("optimizer states: " + FormatBytes(on_host * group_bytes()));
+    }
+  }
+  bool any_nvme = false;
+  int h = 0;
+  for (size_t c = 0; c < n; ++c) {
+    if (tier_[c] == Tier::kNvme) {
+      ASSIGN_OR_RETURN(extent_[c], nvme_->Allocate(group_bytes()));
+      any_nvme = true;
+    } else {
+      host_[c] = reinterpret_cast<float*>(host_memory_.data()) +
+                 static_cast<uint64_t>(h++) * 3 * shard_elems_;
+    }
+  }
+  if (any_nvme) {
+    ASSIGN_OR_RETURN(swap_arena_, PinnedArena::Create(nullptr, SwapSlotBytes(shard_elems_), 3));
+    Status reg = nvme_->RegisterBuffers({{swap_arena_->base(), swap_arena_->total_bytes()}});
+    if (!reg.ok()) {
+      TZ_LOG(kWarn, kEngine) << "optimizer swap buffers not registered: " << reg.ToString();
+    }
+  }
+  return Status::OK();
+}
+
+OptimizerGroup OptimizerStates::Group(int chunk, void* data) const {
+  auto* f = static_cast<float*>(data);
+  return {chunk, f, f + shard_elems_, f + 2 * shard_elems_};
+}
+
+Status OptimizerStates::Init(const OptimizerGroupFn& fn) {
+  // NVMe groups are written behind: while one slot's write is in flight the next group is
+  // filled in another (a 2B-parameter model writes 24 GB here). Every write is waited for before
+  // returning, also on error (Ticket's destructor blocks until its I/O is done).
+  struct InFlight {
+    PinnedSlot slot;
+    NvmeStore::Ticket ticket;
+  };
+  std::deque<InFlight> writes;
+  auto retire_oldest = [&]() -> Status {
+    Status s = writes.front().ticket.Wait();
+    writes.pop_front();
+    return s;
+  };
+  // (No swap arena without NVMe groups.)
+  const size_t max_in_flight = swap_arena_ ? std::max<size_t>(1, swap_arena_->num_slots() - 1) : 1;
+  for (int c = 0; c < num_chunks(); ++c) {
+    if (tier(c) != Tier::kNvme) {
+      RETURN_IF_ERROR(fn(Group(c, host_[static_cast<size_t>(c)])));
+      continue;
+    }
+    if (writes.size() >= max_in_flight) RETURN_IF_ERROR(retire_oldest());
+    ASSIGN_OR_RETURN(PinnedSlot slot, swap_arena_->Acquire(SwapSlotTimeout()));
+    RETURN_IF_ERROR(fn(Group(c, slot.data())));
+    ASSIGN_OR_RETURN(NvmeStore::Ticket ticket,
+                     nvme_->SubmitWrite(extent_[static_cast<size_t>(c)], slot.data()));
+    writes.push_back({std::move(slot), std::move(ticket)});
+    counters_.nvme_write_bytes += group_bytes();
+  }
+  while (!writes.empty()) RETURN_IF_ERROR(retire_oldest());
+  return Status::OK();
+}
+
+Status OptimizerStates::ForEach(const OptimizerGroupFn& fn, bool write_back) {
+  std::vector<int> on_nvme;
+  std::vector<NvmeExtent> extents;
+  for (int c = 0; c < num_chunks(); ++c) {
+    if (tier(c) == Tier::kNvme) {
+      on_nvme.push_back(c);
+      extents.push_back(extent_[static_cast<size_t>(c)]);
+      continue;
+    }
+    RETURN_IF_ERROR(fn(Group(c, host_[static_cast<size_t>(c)])));
+  }
+  if (on_nvme.empty()) return Status::OK();
+  SwapOptions so;
+  so.write_back = write_back;
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = RunSwapPipeline(
+      *nvme_, extents, *swap_arena_,
+      [&](size_t i, void* data) -> Status { return fn(Group(on_nvme[i], data)); }, so);
+  counters_.nvme_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const uint64_t bytes = extents.size() * group_bytes();
+  counters_.nvme_read_bytes += bytes;
+  if (write_back) counters_.nvme_write_bytes += bytes;
+  return s;
+}
+
+Status OptimizerStates::With(int chunk, bool write_back, const OptimizerGroupFn& fn) {
+  if (chunk < 0 || chunk >= num_chunks()) return InvalidArgumentError("unknown chunk");
+  const size_t c = static_cast<size_t>(chunk);
+  if (tier(chunk) != Tier::kNvme) return fn(Group(chunk, host_[c]));
+  ASSIGN_OR_RETURN(PinnedSlot slot, swap_arena_->Acquire(SwapSlotTimeout()));
+  RETURN_IF_ERROR(nvme_->Read(extent_[c], slot.data()));
+  RETURN_IF_ERROR(fn(Group(chunk, slot.data())));
+  if (write_back) RETURN_IF_ERROR(nvme_->Write(extent_[c], slot.data()));
+  return Status::OK();
+}
+
+}  // namespace tierzero

@@ -1,0 +1,77 @@
+// OptimizerStates: the fp32 master weights, m and v of every chunk's shard (shard_elems each),
+// in host memory or, per chunk, in one NVMe extent; and the optimizer groups through which the
+// step, a checkpoint and the parameter accessors reach them. An NVMe group is streamed through
+// a few pinned swap slots (offload/swapper.h): read, handed to the caller, written back.
+//
+// Thread-safety: one thread calls; `fn` runs on that thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/aligned_buffer.h"
+#include "core/status.h"
+#include "offload/nvme_store.h"
+#include "offload/pinned_arena.h"
+#include "offload/tier.h"
+
+namespace tierzero {
+
+// One chunk's optimizer state, in memory for the duration of a call.
+struct OptimizerGroup {
+  int chunk = -1;
+  float* master = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+};
+using OptimizerGroupFn = std::function<Status(const OptimizerGroup&)>;
+
+struct OptimizerCounters {
+  uint64_t nvme_read_bytes = 0;
+  uint64_t nvme_write_bytes = 0;
+  double nvme_seconds = 0;  // in the swap pipeline of ForEach
+};
+
+class OptimizerStates {
+ public:
+  // `tier[c]` is kHost or kNvme; `nvme` must outlive the states when any is kNvme.
+  static StatusOr<std::unique_ptr<OptimizerStates>> Create(NvmeStore* nvme, uint64_t shard_elems,
+                                                           std::vector<Tier> tier);
+  ~OptimizerStates();
+
+  Tier tier(int chunk) const { return tier_[static_cast<size_t>(chunk)]; }
+  int num_chunks() const { return static_cast<int>(tier_.size()); }
+  // Bytes of one group (master, m and v) and of a swap slot.
+  uint64_t group_bytes() const { return shard_elems_ * 12; }
+  static uint64_t SwapSlotBytes(uint64_t shard_elems);
+
+  // Fills every group (without reading first: the states have no contents yet); NVMe groups are
+  // written behind while the next is filled.
+  Status Init(const OptimizerGroupFn& fn);
+  // Runs fn over every group, host groups first, then the NVMe groups through the swap pipeline
+  // (written back when write_back).
+  Status ForEach(const OptimizerGroupFn& fn, bool write_back);
+  // Runs fn on one group (an NVMe group read into a swap slot and, with write_back, written).
+  Status With(int chunk, bool write_back, const OptimizerGroupFn& fn);
+
+  const OptimizerCounters& counters() const { return counters_; }
+
+ private:
+  OptimizerStates(NvmeStore* nvme, uint64_t shard_elems, std::vector<Tier> tier)
+      : nvme_(nvme), shard_elems_(shard_elems), tier_(std::move(tier)) {}
+  Status Allocate();
+  OptimizerGroup Group(int chunk, void* data) const;
+
+  NvmeStore* nvme_;
+  uint64_t shard_elems_;
+  std::vector<Tier> tier_;
+  std::vector<float*> host_;  // per chunk, into host_memory_ (null on NVMe)
+  std::vector<NvmeExtent> extent_;
+  AlignedBuffer host_memory_;
+  std::unique_ptr<PinnedArena> swap_arena_;  // NVMe groups on their way through the caller
+  OptimizerCounters counters_;
+};
+
+}  // namespace tierzero

@@ -1,0 +1,242 @@
+// HostGather (zero/gather.h): W ranks gather through pinned host buffers over a host
+// communicator.
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+
+#include "core/bytes.h"
+#include "zero/gather.h"
+#include "zero/gather_internal.h"
+
+namespace tierzero {
+
+namespace {
+
+// Note [Collectives on the trainer's thread]
+// With W > 1 every collective on the communicator is started on the thread that drives the
+// manager, never in a stream's host function: the ranks must start the same collectives in the
+// same order, which only calls the trainer makes in program order can promise. (Device
+// collectives are queued by that thread too, in program order, and run in that order on their
+// own stream, over their own communicator: Note [Gathers on the device] in gather.cc. What
+// follows is the path through host buffers.) So a gather's all_gather starts when the gather is
+// issued (on demand at its Acquire, or as a planned prefetch at the next call after the
+// moment's compute was queued). When the communicator is asynchronous (MPI's comm thread, Note
+// [The MPI comm thread] in src/zero/mpi.cc) a host function on the H2D stream waits for it and
+// checks the tags, and the H2D copies follow, so neither the trainer nor the compute stream
+// waits: the gather overlaps compute like a one-rank prefetch. Otherwise the trainer waits for
+// the all_gather before queuing the copies. A gradient chunk's D2H copy is waited for when the
+// chunk's backward completes (on the simulated device the compute is done by then) and its
+// reduce-scatter is started there and completed later, overlapping the rest of backward
+// (zero/reduce.cc). The agreement at each Acquire keeps those sequences identical on every rank.
+// EndIteration synchronises every stream, so no gather is in flight when the optimizer
+// rewrites the shards it sends from, and an asynchronous gather's failure ends that call.
+//
+// Each rank's block of a gather carries a tag after its shard (chunk, moment, gather number),
+// checked on arrival: ranks that somehow gather different chunks fail together with a message
+// instead of computing on a chunk made of different chunks' shards.
+struct GatherTag {
+  int32_t chunk = -1;
+  int32_t moment = -1;
+  uint64_t seq = 0;
+  bool operator==(const GatherTag&) const = default;
+};
+
+// Every rank's block carries the tag of the gather it contributed to.
+Status CheckTags(const uint8_t* recv, uint64_t block, uint64_t shard, const GatherTag& tag,
+                 int world, int me) {
+  for (int r = 0; r < world; ++r) {
+    GatherTag got;
+    std::memcpy(&got, recv + static_cast<uint64_t>(r) * block + shard, sizeof got);
+    if (!(got == tag)) {
+      return FailedPreconditionError(
+          "the ranks gathered different chunks: rank " + std::to_string(me) + " chunk " +
+          std::to_string(tag.chunk) + " (moment " + std::to_string(tag.moment) + ", gather " +
+          std::to_string(tag.seq) + "), rank " + std::to_string(r) + " chunk " +
+          std::to_string(got.chunk) + " (moment " + std::to_string(got.moment) + ", gather " +
+          std::to_string(got.seq) +
+          "); every rank must acquire the same parameters in the same order");
+    }
+  }
+  return Status::OK();
+}
+
+class HostGather final : public GatherStrategy {
+ public:
+  HostGather(TransferContext& ctx, Communicator& comm) : ctx_(ctx), comm_(comm) {}
+
+  Status Init(const GatherOptions& options) {
+    const ShardGeometry& g = ctx_.geometry();
+    const uint64_t shard = g.shard_bytes();
+    // A slot holds a send area (an NVMe shard read, plus its tag) then the W blocks.
+    send_area_bytes_ = AlignUp(shard + kGatherTagBytes, 4096);
+    const uint64_t slot =
+        send_area_bytes_ +
+        AlignUp(static_cast<uint64_t>(g.world_size) * (shard + kGatherTagBytes), 4096);
+    ASSIGN_OR_RETURN(staging_, internal::CreateStaging(ctx_, slot, options.staging_bytes));
+    return Status::OK();
+  }
+
+  Status Enqueue(int c, void* dst, const Event& ready) override {
+    // A gather one rank could not start or finish leaves the ranks' collectives out of step.
+    Status s = EnqueueOverHost(c, dst, ready);
+    if (!s.ok()) return ctx_.ranks.LoseStep(std::move(s));
+    return s;
+  }
+  void Quiesce() override { (void)ctx_.h2d.Synchronize(); }
+  bool StagesEveryChunk() const override { return true; }
+  int staging_slots() const override { return static_cast<int>(staging_->num_slots()); }
+  void BeginIteration() override { seq_ = 0; }
+
+ private:
+  Status EnqueueOverHost(int c, void* dst, const Event& ready);
+  // The local shard, with its tag after it, ready to send: the host shard itself, or the NVMe
+  // shard read into the slot's send area.
+  StatusOr<uint8_t*> SendBuffer(int c, uint8_t* send_area);
+  // Queues, on the H2D stream, the wait for an asynchronous all_gather and its tag check.
+  Status QueueCompletion(int c, std::shared_ptr<CommRequest> req, const uint8_t* recv,
+                         const GatherTag& tag, double comm_start,
+                         const std::shared_ptr<std::atomic<bool>>& failed);
+
+  TransferContext& ctx_;
+  Communicator& comm_;
+  std::unique_ptr<PinnedArena> staging_;
+  uint64_t send_area_bytes_ = 0;
+  uint64_t seq_ = 0;
+};
+
+StatusOr<uint8_t*> HostGather::SendBuffer(int c, uint8_t* send_area) {
+  if (ctx_.store.param_tier(c) == Tier::kHost)
+    return static_cast<uint8_t*>(ctx_.store.host_param(c));
+  const uint64_t shard = ctx_.geometry().shard_bytes();
+  Observer* obs = ctx_.spans.observer();
+  const double read_start = obs != nullptr ? obs->Now() : 0.0;
+  RETURN_IF_ERROR(ctx_.store.nvme()->Read(ctx_.store.nvme_param(c), send_area));
+  ctx_.counters.nvme_read_bytes += shard;
+  if (obs != nullptr) {
+    obs->OnSpan({Track::kNvmeRead, "chunk " + std::to_string(c), read_start,
+                 obs->Now() - read_start, ctx_.moment - 1, c, shard});
+  }
+  return send_area;
+}
+
+// The local shard (from host memory, or read from NVMe into the staging slot's send area) is
+// all-gathered with its tag into the slot, started on this thread; the H2D stream then copies
+// the W shards into the gathered chunk (Note [Collectives on the trainer's thread]).
+Status HostGather::EnqueueOverHost(int c, void* dst, const Event& ready) {
+  Device& device = ctx_.device;
+  const ShardGeometry& g = ctx_.geometry();
+  const uint64_t shard = g.shard_bytes();
+  const uint64_t block = shard + kGatherTagBytes;
+  const StreamHandle h2d = ctx_.h2d.handle();
+  TransferSpans& spans = ctx_.spans;
+  Observer* obs = spans.observer();
+  const int m = ctx_.moment - 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(PinnedSlot staging, staging_->Acquire(StagingTimeout()));
+  auto* base = static_cast<uint8_t*>(staging.data());
+  uint8_t* recv = base + send_area_bytes_;
+  ASSIGN_OR_RETURN(uint8_t * send, SendBuffer(c, base));
+  const GatherTag tag{c, m, seq_++};
+  std::memcpy(send + shard, &tag, sizeof tag);
+  const double comm_start = obs != nullptr ? obs->Now() : 0.0;
+  ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,
+                   comm_.AllGather(send, recv, block, DType::kI8));
+  ++ctx_.counters.all_gathers;
+  const bool async = comm_.asynchronous();
+  auto failed = std::make_shared<std::atomic<bool>>(false);
+  if (!async) {
+    RETURN_IF_ERROR(req->Wait());
+    if (obs != nullptr) {
+      obs->OnSpan({Track::kComm, "all_gather chunk " + std::to_string(c), comm_start,
+                   obs->Now() - comm_start, m, c, g.chunk_bytes()});
+    }
+    RETURN_IF_ERROR(CheckTags(recv, block, shard, tag, g.world_size, g.rank));
+  }
+  const double caller_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ctx_.counters.comm_seconds += caller_s;
+  const Tier tier = ctx_.store.param_tier(c);
+  ctx_.timer.AddCallerSeconds(tier, caller_s);
+  ASSIGN_OR_RETURN(GatherTimer::Timing * timing, ctx_.timer.Start(device, h2d, tier));
+  if (async) RETURN_IF_ERROR(QueueCompletion(c, std::move(req), recv, tag, comm_start, failed));
+  auto h2d_start = spans.Start();
+  if (spans.on()) RETURN_IF_ERROR(spans.QueueStart(device, h2d, h2d_start));
+  for (int r = 0; r < g.world_size; ++r) {
+    RETURN_IF_ERROR(device.CopyAsync(static_cast<uint8_t*>(dst) + r * shard,
+                                     recv + static_cast<uint64_t>(r) * block, shard,
+                                     CopyKind::kHostToDevice, h2d));
+  }
+  ctx_.counters.h2d_bytes += g.chunk_bytes();
+  if (spans.on()) {
+    RETURN_IF_ERROR(spans.QueueSpan(device, h2d, Track::kH2D, "chunk " + std::to_string(c), m, c,
+                                    g.chunk_bytes(), h2d_start));
+  }
+  auto shared_slot = std::make_shared<PinnedSlot>(std::move(staging));
+  RETURN_IF_ERROR(device.LaunchHostFunc(h2d, [shared_slot, failed] {
+    if (failed->load()) {
+      // An abandoned all_gather may still write into the slot: it is never given back.
+      static auto* leaked = new std::vector<std::shared_ptr<PinnedSlot>>();
+      static std::mutex mu;
+      std::lock_guard<std::mutex> lock(mu);
+      leaked->push_back(shared_slot);
+      return;
+    }
+    shared_slot->Release();
+  }));
+  if (timing != nullptr) RETURN_IF_ERROR(device.RecordEvent(timing->end.handle(), h2d));
+  return device.RecordEvent(ready.handle(), h2d);
+}
+
+// The H2D stream waits for the all_gather (the comm thread completes it), so neither the caller
+// nor the compute stream does (Note [Collectives on the trainer's thread]).
+Status HostGather::QueueCompletion(int c, std::shared_ptr<CommRequest> req, const uint8_t* recv,
+                                   const GatherTag& tag, double comm_start,
+                                   const std::shared_ptr<std::atomic<bool>>& failed) {
+  const ShardGeometry& g = ctx_.geometry();
+  RankAgreement* ranks = &ctx_.ranks;
+  Observer* obs = ctx_.spans.observer();
+  const uint64_t chunk_bytes = g.chunk_bytes();
+  const uint64_t shard = g.shard_bytes();
+  const uint64_t block = shard + kGatherTagBytes;
+  const int world = g.world_size, me = g.rank, m = tag.moment;
+  return ctx_.device.LaunchHostFunc(
+      ctx_.h2d.handle(),
+      [req, recv, block, shard, tag, world, me, ranks, obs, comm_start, m, c, chunk_bytes, failed] {
+        Status st = req->Wait();
+        if (st.ok()) st = CheckTags(recv, block, shard, tag, world, me);
+        if (!st.ok()) {
+          // An abandoned all_gather may still write into the staging slot: it is never given
+          // back, and the ranks are out of step.
+          failed->store(true);
+          st = std::move(st).WithContext("gathering chunk " + std::to_string(c));
+          ranks->SetAsyncError(st);
+          (void)ranks->LoseStep(std::move(st));
+        }
+        if (obs != nullptr) {
+          obs->OnSpan({Track::kComm, "all_gather chunk " + std::to_string(c), comm_start,
+                       obs->Now() - comm_start, m, c, chunk_bytes});
+        }
+      });
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<GatherStrategy>> CreateHostGather(TransferContext& ctx, Communicator& comm,
+                                                           const GatherOptions& options) {
+  if (comm.size() != ctx.geometry().world_size) {
+    return InvalidArgumentError("a communicator of " + std::to_string(comm.size()) +
+                                " ranks for shards of " +
+                                std::to_string(ctx.geometry().world_size) + " ranks");
+  }
+  if (ctx.store.host_param_tail_bytes() < kGatherTagBytes) {
+    return InvalidArgumentError(
+        "gathers through host buffers need room for a tag after each host parameter shard "
+        "(ShardStoreOptions::host_param_tail_bytes)");
+  }
+  auto g = std::make_unique<HostGather>(ctx, comm);
+  RETURN_IF_ERROR(g->Init(options));
+  return std::unique_ptr<GatherStrategy>(std::move(g));
+}
+
+}  // namespace tierzero

@@ -1,0 +1,100 @@
+// TransferContext: what the chunk manager and its gather and reduce strategies (zero/gather.h,
+// zero/reduce.h) share: the device and its copy streams, this rank's shard store, the rank
+// agreement, the transfer counters, the profiled iteration's observer and the gather timer of
+// a recording iteration. The chunk manager owns it and drives the moments; a strategy moves
+// bytes.
+//
+// Thread-safety: the trainer's thread uses the context; the spans' host functions run on stream
+// threads and touch only the observer (which allows that).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "offload/device.h"
+#include "profiler/observer.h"
+#include "shard/shard_store.h"
+#include "zero/rank_agreement.h"
+
+namespace tierzero {
+
+struct TransferCounters {
+  uint64_t h2d_bytes = 0, d2h_bytes = 0, nvme_read_bytes = 0;
+  uint64_t all_gathers = 0, reduce_scatters = 0;
+  // W > 1: seconds the caller spent in gathers' all_gathers and waiting for reduce-scatters.
+  double comm_seconds = 0;
+};
+
+// The spans of a profiled iteration's transfers. A transfer queued on a stream is bracketed by
+// two host functions on that stream (QueueStart, QueueSpan), so its span is when the stream
+// really worked on it; the start time passes between them through a shared double.
+class TransferSpans {
+ public:
+  // Reports to `observer` from now on (null: stops).
+  void Observe(Observer* observer) { observer_ = observer; }
+  bool on() const { return observer_ != nullptr; }
+  Observer* observer() const { return observer_; }
+  // Where a span's start time goes between QueueStart and QueueSpan: null when not observing
+  // (every use of it is behind the same check), so an unprofiled transfer allocates nothing.
+  std::shared_ptr<double> Start(double now = 0) const {
+    return on() ? std::make_shared<double>(now) : nullptr;
+  }
+  Status QueueStart(Device& device, StreamHandle stream, const std::shared_ptr<double>& start);
+  // Reports the span when `stream` reaches it; `moment` is the moment it was issued at.
+  Status QueueSpan(Device& device, StreamHandle stream, Track track, std::string name, int moment,
+                   int chunk, uint64_t bytes, const std::shared_ptr<double>& start);
+
+ private:
+  Observer* observer_ = nullptr;
+};
+
+// A recording iteration times every gather on the stream that completes it, per tier, for the
+// plan; with W > 1 over host buffers the caller's own part (the all_gather) is added.
+class GatherTimer {
+ public:
+  struct Timing {
+    Event start, end;
+    Tier tier = Tier::kHost;
+  };
+  void set_recording(bool on) { recording_ = on; }
+  bool recording() const { return recording_; }
+  // The next timing, its start recorded on `stream`; null when not recording.
+  StatusOr<Timing*> Start(Device& device, StreamHandle stream, Tier tier);
+  // The caller spent `seconds` before the device part of a gather from `tier` (recording only).
+  void AddCallerSeconds(Tier tier, double seconds);
+  // The mean gather time per tier of this iteration's timings into measured[tier] (tiers
+  // without a gather keep theirs), and starts over.
+  void Finish(Device& device, double measured[kNumTiers]);
+
+ private:
+  bool recording_ = false;
+  std::vector<Timing> timing_;
+  size_t used_ = 0;
+  double caller_seconds_[kNumTiers] = {0, 0, 0};
+  int caller_gathers_[kNumTiers] = {0, 0, 0};
+};
+
+struct TransferContext {
+  TransferContext(Device& d, StreamHandle c, ShardStore& s, RankAgreement& r)
+      : device(d), compute(c), store(s), ranks(r) {}
+  // Creates the H2D and D2H streams.
+  Status Init();
+
+  Device& device;
+  StreamHandle compute;
+  ShardStore& store;
+  RankAgreement& ranks;
+  Stream h2d, d2h;
+  // Moments begun in this iteration: transfers issued now belong to moment - 1.
+  int moment = 0;
+  TransferCounters counters;
+  TransferSpans spans;
+  GatherTimer timer;
+
+  const ShardGeometry& geometry() const { return store.geometry(); }
+};
+
+}  // namespace tierzero
