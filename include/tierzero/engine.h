@@ -298,6 +298,7 @@ class Engine {
   Status ScopeRelease(std::span<const ParamId> params, Phase phase);
 
  private:
+  friend struct EngineInternals;  // src/engine/engine_impl.h: tests' ways in
   Engine();
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -395,8 +395,14 @@ Status Engine::EndIteration() {
   im.in_iteration = false;
   const bool profiled = im.cm->profiling();
   Status s = im.cm->EndIteration();
+  if (!s.ok()) {
+    // The micro-batch's gradients did not all arrive: it does not count, and with accumulation
+    // the window's gradients are dropped as AbortIteration drops them.
+    if (im.iteration_train) RETURN_IF_ERROR(im.DropAccumulated());
+    return s;
+  }
   if (im.iteration_train) ++im.iterations_since_step;
-  if (profiled && s.ok()) {
+  if (profiled) {
     im.profile = im.cm->moment_profiles();
     im.profile_events = im.timeline.events();
     im.profile_iteration = im.iterations - 1;
@@ -411,15 +417,20 @@ Status Engine::AbortIteration() {
   im.OpenGate();
   im.in_iteration = false;
   Status s = im.cm->EndIteration();
-  if (im.iteration_train && im.cfg.grad_accumulation > 1) {
-    if (im.iterations_since_step > 0) {
-      TZ_LOG(kWarn, kEngine) << "aborted micro-batch: dropping the " << im.iterations_since_step
-                             << " accumulated micro-batches of this step";
-    }
-    im.iterations_since_step = 0;
-    RETURN_IF_ERROR(im.cm->ZeroGrads());
-  }
+  if (im.iteration_train) RETURN_IF_ERROR(im.DropAccumulated());
   return s;
+}
+
+// With accumulation, a micro-batch that failed spoils the window: its gradients are cleared and
+// the micro-batches counted so far dropped (the step then needs grad_accumulation new ones).
+Status Engine::Impl::DropAccumulated() {
+  if (cfg.grad_accumulation == 1) return Status::OK();
+  if (iterations_since_step > 0) {
+    TZ_LOG(kWarn, kEngine) << "failed micro-batch: dropping the " << iterations_since_step
+                           << " accumulated micro-batches of this step";
+  }
+  iterations_since_step = 0;
+  return cm->ZeroGrads();
 }
 
 // ---- Parameters

@@ -113,6 +113,7 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   Status CreateOptimizer();
   Status InitialValues();
   Status UploadChunk(int chunk, const float* master);
+  Status DropAccumulated();
   // Step's parts (step.cc).
   Status CheckStep(const StepOptions& options);
   StatusOr<double> GradSumSquares();
@@ -133,6 +134,23 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   }
   // This rank's slices of chunk c's tensors (ChunkLayout::ShardSlices).
   std::vector<std::vector<ShardSlice>> slices;
+};
+
+// Internal ways into an engine, for tests and the library's own tools.
+struct EngineInternals {
+  static Engine::Impl& Of(Engine& engine) { return *engine.impl_; }
+  // An engine that runs on `device` instead of the one the config names (engine-level tests
+  // give it a FaultInjectionDevice). The device must outlive nothing the engine hands out.
+  static StatusOr<std::unique_ptr<Engine>> CreateOnDevice(const EngineConfig& config,
+                                                          std::shared_ptr<Communicator> comm,
+                                                          std::unique_ptr<Device> device) {
+    if (device == nullptr) return InvalidArgumentError("CreateOnDevice without a device");
+    EngineConfig c = config;
+    c.device = device->info().kind == DeviceKind::kCuda ? DeviceChoice::kCuda : DeviceChoice::kHost;
+    ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, Engine::Create(c, std::move(comm)));
+    e->impl_->device = std::move(device);
+    return e;
+  }
 };
 
 }  // namespace tierzero

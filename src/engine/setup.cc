@@ -33,8 +33,10 @@ Status Engine::Finalize() {
   im.layout = std::move(layout).value();
   for (int c = 0; c < im.layout.num_chunks(); ++c)
     im.slices.push_back(im.layout.ShardSlices(c, im.comm->rank()));
-  const bool cuda = cfg.device == DeviceChoice::kCuda ||
-                    (cfg.device == DeviceChoice::kAuto && CudaDeviceCount() > 0);
+  const bool cuda = im.device != nullptr
+                        ? im.device->info().kind == DeviceKind::kCuda
+                        : cfg.device == DeviceChoice::kCuda ||
+                              (cfg.device == DeviceChoice::kAuto && CudaDeviceCount() > 0);
   ASSIGN_OR_RETURN(const bool on_device, im.ChooseCollectivePath(cuda));
   RETURN_IF_ERROR(im.Place(on_device));
   // With several ranks they agree on the outcome of opening the device: what follows starts
@@ -93,10 +95,12 @@ Status Engine::Impl::Place(bool on_device) {
   return Status::OK();
 }
 
-// The device, its compute stream and the NVMe tier.
+// The device (unless one was given: CreateEngineOnDevice), its compute stream and the NVMe tier.
 Status Engine::Impl::OpenDevice(bool cuda) {
   const uint64_t margin = 4 * layout.chunk_bytes() + (uint64_t{1} << 20);
-  if (cuda) {
+  if (device != nullptr) {
+    // Given by the caller.
+  } else if (cuda) {
     CudaDeviceOptions o;
     // A GPU per rank of a node (NCCL refuses two ranks on one device).
     o.ordinal = comm->topology().local_rank % std::max(1, CudaDeviceCount());
@@ -108,8 +112,8 @@ Status Engine::Impl::OpenDevice(bool cuda) {
     o.h2d_bytes_per_second = cfg.host_link_bandwidth;
     o.d2h_bytes_per_second = cfg.host_link_bandwidth;
     ASSIGN_OR_RETURN(device, CreateHostSimDevice(o));
-    host_compute = true;
   }
+  host_compute = device->info().caps.host_compute;
   ASSIGN_OR_RETURN(compute, Stream::Create(*device, "compute"));
   if (placement.bytes[static_cast<int>(Tier::kNvme)] == 0) return Status::OK();
   NvmeStoreOptions no;

@@ -43,6 +43,10 @@ struct DeviceCaps {
   bool pinned_host = false;   // RegisterHostMemory page-locks memory for DMA
   bool event_timing = false;  // ElapsedSeconds is supported
   bool throttled = false;     // copies are slowed to a configured bandwidth (HostSim only)
+  // Device memory is host memory and the trainer computes on the CPU in program order; a
+  // stream's queued work may need gating to the trainer's calls so that events time the
+  // trainer's compute (Note [Host compute on the simulated device] in engine.cc).
+  bool host_compute = false;
 };
 
 struct DeviceInfo {

@@ -474,6 +474,7 @@ StatusOr<std::unique_ptr<Device>> CreateHostSimDevice(const HostSimOptions& opti
   info.caps.async_copy = true;
   info.caps.pinned_host = false;
   info.caps.event_timing = true;
+  info.caps.host_compute = true;
   info.caps.throttled = options.h2d_bytes_per_second > 0 || options.d2h_bytes_per_second > 0 ||
                         options.d2d_bytes_per_second > 0;
   TZ_LOG(kInfo, kOffload) << "HostSim device '" << info.name << "': " << FormatBytes(capacity)
