@@ -34,7 +34,7 @@
 // the ranks and what each acquired, instead of a hang or wrong data), a deviation from the
 // trace on any rank sends every rank on demand, and plan inputs are the maximum over ranks, so
 // all ranks replay the same plan and start the same collectives in the same order
-// (Note [Collectives on the trainer's thread] in chunk_manager.cc).
+// (Note [Collectives on the trainer's thread] in zero/gather_host.cc).
 //
 // Thread-safety: one thread drives a ChunkManager (the trainer's); calls are not concurrent.
 #pragma once

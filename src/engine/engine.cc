@@ -436,14 +436,29 @@ Status Engine::Impl::DropAccumulated() {
 // ---- Parameters
 // ---------------------------------------------------------------------------------
 
+// The checks of every parameter accessor: after Finalize, between iterations unless `anytime`,
+// a known id, and a buffer of the parameter's size (`into`: "into" or "with").
+Status Engine::Impl::CheckAccess(std::string_view what, ParamId p, size_t n, std::string_view into,
+                                 bool anytime) const {
+  if (!finalized) return FailedPreconditionError(std::string(what) + " before Finalize");
+  if (!anytime && in_iteration) {
+    return FailedPreconditionError(std::string(what) + " inside an iteration");
+  }
+  if (p < 0 || p >= static_cast<ParamId>(params.size())) {
+    return InvalidArgumentError("unknown parameter id");
+  }
+  const int64_t have = numel[static_cast<size_t>(p)];
+  if (static_cast<int64_t>(n) != have) {
+    return InvalidArgumentError(std::string(what) + " of '" + params[static_cast<size_t>(p)].name +
+                                "' " + std::string(into) + " " + std::to_string(n) +
+                                " elements; it has " + std::to_string(have));
+  }
+  return Status::OK();
+}
+
 Status Engine::ReadParam(ParamId p, std::span<float> out) {
   Impl& im = *impl_;
-  if (!im.finalized) return FailedPreconditionError("ReadParam before Finalize");
-  if (p < 0 || p >= num_params()) return InvalidArgumentError("unknown parameter id");
-  if (static_cast<int64_t>(out.size()) != numel(p))
-    return InvalidArgumentError("ReadParam of '" + param(p).name + "' into " +
-                                std::to_string(out.size()) + " elements; it has " +
-                                std::to_string(numel(p)));
+  RETURN_IF_ERROR(im.CheckAccess("ReadParam", p, out.size(), "into", /*anytime=*/true));
   const TensorLoc& loc = im.layout.tensor(p);
   std::vector<float> full;
   RETURN_IF_ERROR(im.GatherChunkMaster(loc.chunk, full));
@@ -453,13 +468,7 @@ Status Engine::ReadParam(ParamId p, std::span<float> out) {
 
 Status Engine::ReadGrad(ParamId p, std::span<float> out) {
   Impl& im = *impl_;
-  if (!im.finalized) return FailedPreconditionError("ReadGrad before Finalize");
-  if (im.in_iteration) return FailedPreconditionError("ReadGrad inside an iteration");
-  if (p < 0 || p >= num_params()) return InvalidArgumentError("unknown parameter id");
-  if (static_cast<int64_t>(out.size()) != numel(p))
-    return InvalidArgumentError("ReadGrad of '" + param(p).name + "' into " +
-                                std::to_string(out.size()) + " elements; it has " +
-                                std::to_string(numel(p)));
+  RETURN_IF_ERROR(im.CheckAccess("ReadGrad", p, out.size(), "into", /*anytime=*/false));
   const DType gt = im.store->grad_dtype();
   const TensorLoc& loc = im.layout.tensor(p);
   // The chunk's gradient from every rank's shard.
@@ -473,13 +482,7 @@ Status Engine::ReadGrad(ParamId p, std::span<float> out) {
 
 Status Engine::WriteParam(ParamId p, std::span<const float> values) {
   Impl& im = *impl_;
-  if (!im.finalized) return FailedPreconditionError("WriteParam before Finalize");
-  if (im.in_iteration) return FailedPreconditionError("WriteParam inside an iteration");
-  if (p < 0 || p >= num_params()) return InvalidArgumentError("unknown parameter id");
-  if (static_cast<int64_t>(values.size()) != numel(p))
-    return InvalidArgumentError("WriteParam of '" + param(p).name + "' with " +
-                                std::to_string(values.size()) + " elements; it has " +
-                                std::to_string(numel(p)));
+  RETURN_IF_ERROR(im.CheckAccess("WriteParam", p, values.size(), "with", /*anytime=*/false));
   const int c = im.layout.tensor(p).chunk;
   return im.WithChunkState(c, /*write_back=*/true, [&](float* master, float*, float*) -> Status {
     for (const ShardSlice& sl : im.slices[static_cast<size_t>(c)]) {

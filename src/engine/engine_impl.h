@@ -114,6 +114,8 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   Status InitialValues();
   Status UploadChunk(int chunk, const float* master);
   Status DropAccumulated();
+  Status CheckAccess(std::string_view what, ParamId p, size_t n, std::string_view into,
+                     bool anytime) const;
   // Step's parts (step.cc).
   Status CheckStep(const StepOptions& options);
   StatusOr<double> GradSumSquares();

@@ -36,7 +36,9 @@ void CUDART_CB RunHostFunc(void* arg) {
 class CudaDevice final : public Device {
  public:
   CudaDevice(DeviceInfo info, uint8_t* slab)
-      : info_(std::move(info)), slab_(slab), allocator_(info_.capacity_bytes, kDeviceAlignment) {}
+      : info_(std::move(info)),
+        slab_(slab),
+        memory_(slab, info_.capacity_bytes, kDeviceAlignment, "GPU '" + info_.name + "'") {}
 
   ~CudaDevice() override {
     cudaSetDevice(info_.ordinal);
@@ -46,37 +48,10 @@ class CudaDevice final : public Device {
 
   const DeviceInfo& info() const override { return info_; }
 
-  StatusOr<void*> Allocate(size_t bytes) override {
-    if (bytes == 0) return InvalidArgumentError("device allocation of 0 bytes");
-    std::lock_guard<std::mutex> lock(mu_);
-    std::optional<uint64_t> offset = allocator_.Allocate(bytes);
-    if (!offset) {
-      return OutOfMemoryError(
-          "GPU '" + info_.name + "' cannot allocate " + FormatBytes(bytes) + ": capacity " +
-          FormatBytes(info_.capacity_bytes) + ", in use " + FormatBytes(allocator_.stat().current) +
-          ", largest free block " + FormatBytes(allocator_.largest_free_block()) +
-          " (raise the device budget or lower what the run keeps on the device)");
-    }
-    return static_cast<void*>(slab_ + *offset);
-  }
-
-  void Free(void* ptr) override {
-    if (ptr == nullptr) return;
-    auto* p = static_cast<uint8_t*>(ptr);
-    TZ_CHECK(p >= slab_ && p < slab_ + info_.capacity_bytes)
-        << "Free of " << ptr << ", which is not device memory of '" << info_.name << "'";
-    std::lock_guard<std::mutex> lock(mu_);
-    allocator_.Free(static_cast<uint64_t>(p - slab_));
-  }
-
-  MemoryStat memory_stat() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return allocator_.stat();
-  }
-  uint64_t largest_free_block() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return allocator_.largest_free_block();
-  }
+  StatusOr<void*> Allocate(size_t bytes) override { return memory_.Allocate(bytes); }
+  void Free(void* ptr) override { memory_.Free(ptr); }
+  MemoryStat memory_stat() const override { return memory_.stat(); }
+  uint64_t largest_free_block() const override { return memory_.largest_free_block(); }
 
   StatusOr<StreamHandle> CreateStream(std::string_view name) override {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(info_.ordinal));
@@ -229,8 +204,7 @@ class CudaDevice final : public Device {
 
   const DeviceInfo info_;
   uint8_t* const slab_;
-  mutable std::mutex mu_;
-  SlabAllocator allocator_;  // GUARDED_BY(mu_)
+  DeviceSlab memory_;  // the device memory, handed out from slab_
 };
 
 }  // namespace

@@ -78,4 +78,35 @@ uint64_t SlabAllocator::largest_free_block() const {
   return free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
 }
 
+StatusOr<void*> DeviceSlab::Allocate(uint64_t bytes) {
+  if (bytes == 0) return InvalidArgumentError("device allocation of 0 bytes");
+  std::lock_guard<std::mutex> lock(mu_);
+  std::optional<uint64_t> offset = allocator_.Allocate(bytes);
+  if (!offset) {
+    return OutOfMemoryError(label_ + " cannot allocate " + FormatBytes(bytes) + ": capacity " +
+                            FormatBytes(capacity_) + ", in use " +
+                            FormatBytes(allocator_.stat().current) + ", largest free block " +
+                            FormatBytes(allocator_.largest_free_block()) +
+                            " (raise the device budget or lower what the run keeps on the device)");
+  }
+  return static_cast<void*>(base_ + *offset);
+}
+
+void DeviceSlab::Free(void* ptr) {
+  if (ptr == nullptr) return;
+  TZ_CHECK(Contains(ptr)) << "Free of " << ptr << ", which is not device memory of " << label_;
+  std::lock_guard<std::mutex> lock(mu_);
+  allocator_.Free(static_cast<uint64_t>(static_cast<uint8_t*>(ptr) - base_));
+}
+
+MemoryStat DeviceSlab::stat() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allocator_.stat();
+}
+
+uint64_t DeviceSlab::largest_free_block() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allocator_.largest_free_block();
+}
+
 }  // namespace tierzero

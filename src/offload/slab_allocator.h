@@ -8,11 +8,14 @@
 
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
+#include <string>
 #include <utility>
 
 #include "core/memory_stat.h"
+#include "core/status.h"
 
 namespace tierzero {
 
@@ -44,6 +47,40 @@ class SlabAllocator {
   std::set<std::pair<uint64_t, uint64_t>> free_by_size_;  // (size, offset)
   std::map<uint64_t, uint64_t> live_;                     // offset -> size
   MemoryStat stat_;
+};
+
+// DeviceSlab: a device's memory as one slab at `base` handed out by a SlabAllocator under a
+// lock; what CudaDevice (a cudaMalloc slab) and HostSimDevice (an mmap slab) share.
+//
+// Thread-safety: every method from any thread.
+class DeviceSlab {
+ public:
+  // `label` names the device in errors ("device 'hostsim'", "GPU 'H100'").
+  DeviceSlab(uint8_t* base, uint64_t capacity, uint64_t alignment, std::string label)
+      : base_(base),
+        capacity_(capacity),
+        label_(std::move(label)),
+        allocator_(capacity, alignment) {}
+
+  uint8_t* base() const { return base_; }
+  bool Contains(const void* p) const {
+    const auto* b = static_cast<const uint8_t*>(p);
+    return b >= base_ && b < base_ + capacity_;
+  }
+  // InvalidArgument for 0 bytes; OutOfMemory naming the capacity, what is in use and the
+  // largest free block.
+  StatusOr<void*> Allocate(uint64_t bytes);
+  // REQUIRES: `p` came from Allocate (aborts otherwise).
+  void Free(void* p);
+  MemoryStat stat() const;
+  uint64_t largest_free_block() const;
+
+ private:
+  uint8_t* const base_;
+  const uint64_t capacity_;
+  const std::string label_;
+  mutable std::mutex mu_;
+  SlabAllocator allocator_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace tierzero
