@@ -4,7 +4,7 @@
 // an I/O error, a rank gone, bad input) returns a Status or a StatusOr<T>. An OK Status holds no
 // allocation and costs one pointer compare. A failed Status carries a code, a message that says
 // what was wrong and what to do, context added by the callers it travelled through, and the call
-// sites that RETURN_IF_ERROR passed on the way (NCCL-style: the message prints where it came from).
+// sites that TZ_RETURN_IF_ERROR passed on the way (NCCL-style: the message prints where it came from).
 //
 // Broken invariants (bugs) are not Statuses: they abort through TZ_CHECK (src/core/check.h).
 //
@@ -65,7 +65,7 @@ class [[nodiscard]] Status {
   // Returns this status with "context: " prepended to the message. No effect on OK.
   Status WithContext(std::string_view context) &&;
   Status WithContext(std::string_view context) const&;
-  // Records a call site the error passed through (used by RETURN_IF_ERROR). No effect on OK.
+  // Records a call site the error passed through (used by TZ_RETURN_IF_ERROR). No effect on OK.
   Status& AddFrame(const char* file, int line);
 
  private:
@@ -138,16 +138,18 @@ class [[nodiscard]] StatusOr {
 #define TZ_STATUS_CONCAT(a, b) TZ_STATUS_CONCAT_INNER(a, b)
 
 // Returns the Status of `expr` from the enclosing function if it is not OK, recording the call
-// site. Works in functions returning Status or StatusOr<T>.
-#define RETURN_IF_ERROR(expr)                                                        \
+// site. Works in functions returning Status or StatusOr<T>. (Inside tierzero, core/status.h
+// also spells it RETURN_IF_ERROR; the exported name carries the prefix so that a trainer's own
+// macros of that name do not collide.)
+#define TZ_RETURN_IF_ERROR(expr)                                                     \
   do {                                                                               \
     ::tierzero::Status tz_status_ = (expr);                                          \
     if (!tz_status_.ok()) return std::move(tz_status_.AddFrame(__FILE__, __LINE__)); \
   } while (0)
 
-// ASSIGN_OR_RETURN(auto x, Foo()); or ASSIGN_OR_RETURN(x, Foo()); declares or assigns the value
-// of a StatusOr, or returns its Status from the enclosing function.
-#define ASSIGN_OR_RETURN(lhs, expr) \
+// TZ_ASSIGN_OR_RETURN(auto x, Foo()); or TZ_ASSIGN_OR_RETURN(x, Foo()); declares or assigns the
+// value of a StatusOr, or returns its Status from the enclosing function.
+#define TZ_ASSIGN_OR_RETURN(lhs, expr) \
   TZ_ASSIGN_OR_RETURN_IMPL(TZ_STATUS_CONCAT(tz_statusor_, __COUNTER__), lhs, expr)
 #define TZ_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr)          \
   auto tmp = (expr);                                      \

@@ -85,8 +85,8 @@ class CpuBackend final : public Backend {
 StatusOr<std::unique_ptr<Backend>> Backend::Create(Engine& engine) {
   if (engine.host_compute()) return std::unique_ptr<Backend>(new CpuBackend());
 #ifdef TZ_GPT_CUDA
-  ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaOps> ops,
-                   cuda::CudaOps::Create(engine.compute_stream()));
+  TZ_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaOps> ops,
+                      cuda::CudaOps::Create(engine.compute_stream()));
   return std::unique_ptr<Backend>(std::move(ops));
 #else
   return UnsupportedError(

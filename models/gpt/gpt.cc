@@ -20,11 +20,11 @@ StatusOr<Widened> Widen(Engine& e, Backend& k, const ParamScope& scope,
   uint64_t total = 0;
   for (ParamId p : ids) total += static_cast<uint64_t>(e.numel(p));
   Widened w;
-  ASSIGN_OR_RETURN(w.buf, e.AllocateActivation(total * 4));
+  TZ_ASSIGN_OR_RETURN(w.buf, e.AllocateActivation(total * 4));
   float* at = w.buf.as<float>();
   for (ParamId p : ids) {
     const auto n = static_cast<size_t>(e.numel(p));
-    RETURN_IF_ERROR(k.Widen(scope.data(p), e.compute_dtype(), at, static_cast<int64_t>(n)));
+    TZ_RETURN_IF_ERROR(k.Widen(scope.data(p), e.compute_dtype(), at, static_cast<int64_t>(n)));
     w.ptr.push_back(at);
     at += n;
   }
@@ -36,7 +36,7 @@ StatusOr<Widened> ZeroGrads(Engine& e, Backend& k, const std::vector<ParamId>& i
   uint64_t total = 0;
   for (ParamId p : ids) total += static_cast<uint64_t>(e.numel(p));
   Widened w;
-  ASSIGN_OR_RETURN(w.buf, e.AllocateActivation(total * 4));
+  TZ_ASSIGN_OR_RETURN(w.buf, e.AllocateActivation(total * 4));
   k.Zero(w.buf.data(), total * 4);
   float* at = w.buf.as<float>();
   for (ParamId p : ids) {
@@ -53,8 +53,8 @@ Status PutGrad(Engine& e, Backend& k, const ParamScope& scope, ParamId p, const 
   void* dst = scope.grad(p);
   if (dst == nullptr) return InternalError("no gradient buffer for parameter " + e.param(p).name);
   if (!add) return k.Narrow(g, dst, e.compute_dtype(), n);
-  ASSIGN_OR_RETURN(ActivationBuffer tmp, e.AllocateActivation(static_cast<uint64_t>(n) * 4));
-  RETURN_IF_ERROR(k.Widen(dst, e.compute_dtype(), tmp.as<float>(), n));
+  TZ_ASSIGN_OR_RETURN(ActivationBuffer tmp, e.AllocateActivation(static_cast<uint64_t>(n) * 4));
+  TZ_RETURN_IF_ERROR(k.Widen(dst, e.compute_dtype(), tmp.as<float>(), n));
   k.AddInPlace(tmp.as<float>(), g, n);
   return k.Narrow(tmp.as<float>(), dst, e.compute_dtype(), n);
 }
@@ -72,8 +72,8 @@ class GradSink {
   // Zeroed fp32 gradients of parameters i and j.
   Status Open(size_t i, size_t j) {
     for (size_t k : {i, j}) {
-      ASSIGN_OR_RETURN(bufs_[k],
-                       e_.AllocateActivation(static_cast<uint64_t>(e_.numel(ids_[k])) * 4));
+      TZ_ASSIGN_OR_RETURN(bufs_[k],
+                          e_.AllocateActivation(static_cast<uint64_t>(e_.numel(ids_[k])) * 4));
       k_.Zero(bufs_[k].data(), bufs_[k].bytes());
     }
     return Status::OK();
@@ -82,7 +82,7 @@ class GradSink {
   // Writes gradients i and j (first backward use) and frees them.
   Status Close(size_t i, size_t j) {
     for (size_t k : {i, j}) {
-      RETURN_IF_ERROR(PutGrad(e_, k_, scope_, ids_[k], bufs_[k].as<float>(), /*add=*/false));
+      TZ_RETURN_IF_ERROR(PutGrad(e_, k_, scope_, ids_[k], bufs_[k].as<float>(), /*add=*/false));
       bufs_[k].Reset();
     }
     return Status::OK();
@@ -113,43 +113,43 @@ Status ValidateGptConfig(const GptConfig& c) {
 }
 
 StatusOr<std::unique_ptr<Gpt>> Gpt::Create(Engine& engine, const GptConfig& config) {
-  RETURN_IF_ERROR(ValidateGptConfig(config));
+  TZ_RETURN_IF_ERROR(ValidateGptConfig(config));
   std::unique_ptr<Gpt> g(new Gpt(engine, config));
   const int64_t C = config.d_model, V = config.vocab, L = config.n_layer;
   uint64_t seed = config.seed * 1000003;
   const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
   auto reg = [&](const std::string& name, std::vector<int64_t> shape, Initializer init,
                  bool decay) -> StatusOr<ParamId> {
-    ASSIGN_OR_RETURN(ParamId p,
-                     engine.RegisterParam({name, std::move(shape), std::move(init), decay}));
+    TZ_ASSIGN_OR_RETURN(ParamId p,
+                        engine.RegisterParam({name, std::move(shape), std::move(init), decay}));
     g->num_params_ += engine.numel(p);
     return p;
   };
-  ASSIGN_OR_RETURN(g->wte_, reg("wte", {V, C}, InitNormal(0.02f, ++seed), true));
-  ASSIGN_OR_RETURN(g->wpe_, reg("wpe", {config.seq_len, C}, InitNormal(0.02f, ++seed), true));
+  TZ_ASSIGN_OR_RETURN(g->wte_, reg("wte", {V, C}, InitNormal(0.02f, ++seed), true));
+  TZ_ASSIGN_OR_RETURN(g->wpe_, reg("wpe", {config.seq_len, C}, InitNormal(0.02f, ++seed), true));
   for (int64_t l = 0; l < L; ++l) {
     const std::string p = "h." + std::to_string(l) + ".";
     Block b{};
-    ASSIGN_OR_RETURN(b.ln1_w, reg(p + "ln_1.weight", {C}, InitConstant(1), false));
-    ASSIGN_OR_RETURN(b.ln1_b, reg(p + "ln_1.bias", {C}, InitConstant(0), false));
-    ASSIGN_OR_RETURN(b.attn_w,
-                     reg(p + "attn.c_attn.weight", {C, 3 * C}, InitNormal(0.02f, ++seed), true));
-    ASSIGN_OR_RETURN(b.attn_b, reg(p + "attn.c_attn.bias", {3 * C}, InitConstant(0), false));
-    ASSIGN_OR_RETURN(b.proj_w,
-                     reg(p + "attn.c_proj.weight", {C, C}, InitNormal(proj_std, ++seed), true));
-    ASSIGN_OR_RETURN(b.proj_b, reg(p + "attn.c_proj.bias", {C}, InitConstant(0), false));
-    ASSIGN_OR_RETURN(b.ln2_w, reg(p + "ln_2.weight", {C}, InitConstant(1), false));
-    ASSIGN_OR_RETURN(b.ln2_b, reg(p + "ln_2.bias", {C}, InitConstant(0), false));
-    ASSIGN_OR_RETURN(b.fc_w,
-                     reg(p + "mlp.c_fc.weight", {C, 4 * C}, InitNormal(0.02f, ++seed), true));
-    ASSIGN_OR_RETURN(b.fc_b, reg(p + "mlp.c_fc.bias", {4 * C}, InitConstant(0), false));
-    ASSIGN_OR_RETURN(b.fc2_w,
-                     reg(p + "mlp.c_proj.weight", {4 * C, C}, InitNormal(proj_std, ++seed), true));
-    ASSIGN_OR_RETURN(b.fc2_b, reg(p + "mlp.c_proj.bias", {C}, InitConstant(0), false));
+    TZ_ASSIGN_OR_RETURN(b.ln1_w, reg(p + "ln_1.weight", {C}, InitConstant(1), false));
+    TZ_ASSIGN_OR_RETURN(b.ln1_b, reg(p + "ln_1.bias", {C}, InitConstant(0), false));
+    TZ_ASSIGN_OR_RETURN(b.attn_w,
+                        reg(p + "attn.c_attn.weight", {C, 3 * C}, InitNormal(0.02f, ++seed), true));
+    TZ_ASSIGN_OR_RETURN(b.attn_b, reg(p + "attn.c_attn.bias", {3 * C}, InitConstant(0), false));
+    TZ_ASSIGN_OR_RETURN(b.proj_w,
+                        reg(p + "attn.c_proj.weight", {C, C}, InitNormal(proj_std, ++seed), true));
+    TZ_ASSIGN_OR_RETURN(b.proj_b, reg(p + "attn.c_proj.bias", {C}, InitConstant(0), false));
+    TZ_ASSIGN_OR_RETURN(b.ln2_w, reg(p + "ln_2.weight", {C}, InitConstant(1), false));
+    TZ_ASSIGN_OR_RETURN(b.ln2_b, reg(p + "ln_2.bias", {C}, InitConstant(0), false));
+    TZ_ASSIGN_OR_RETURN(b.fc_w,
+                        reg(p + "mlp.c_fc.weight", {C, 4 * C}, InitNormal(0.02f, ++seed), true));
+    TZ_ASSIGN_OR_RETURN(b.fc_b, reg(p + "mlp.c_fc.bias", {4 * C}, InitConstant(0), false));
+    TZ_ASSIGN_OR_RETURN(
+        b.fc2_w, reg(p + "mlp.c_proj.weight", {4 * C, C}, InitNormal(proj_std, ++seed), true));
+    TZ_ASSIGN_OR_RETURN(b.fc2_b, reg(p + "mlp.c_proj.bias", {C}, InitConstant(0), false));
     g->blocks_.push_back(b);
   }
-  ASSIGN_OR_RETURN(g->lnf_w_, reg("ln_f.weight", {C}, InitConstant(1), false));
-  ASSIGN_OR_RETURN(g->lnf_b_, reg("ln_f.bias", {C}, InitConstant(0), false));
+  TZ_ASSIGN_OR_RETURN(g->lnf_w_, reg("ln_f.weight", {C}, InitConstant(1), false));
+  TZ_ASSIGN_OR_RETURN(g->lnf_b_, reg("ln_f.bias", {C}, InitConstant(0), false));
   return g;
 }
 
@@ -180,18 +180,18 @@ template <typename Saved>
 Status BlockForward(Engine& e, Backend& k, const Dims& d, const std::vector<float*>& P, Saved& s,
                     float* y) {
   const int64_t R = d.rows, C = d.C;
-  ASSIGN_OR_RETURN(s.ln1, Floats(e, R * C));
-  ASSIGN_OR_RETURN(s.mean1, Floats(e, R));
-  ASSIGN_OR_RETURN(s.rstd1, Floats(e, R));
-  ASSIGN_OR_RETURN(s.qkv, Floats(e, R * 3 * C));
-  ASSIGN_OR_RETURN(s.probs, Floats(e, d.B * d.H * d.T * d.T));
-  ASSIGN_OR_RETURN(s.att, Floats(e, R * C));
-  ASSIGN_OR_RETURN(s.x2, Floats(e, R * C));
-  ASSIGN_OR_RETURN(s.ln2, Floats(e, R * C));
-  ASSIGN_OR_RETURN(s.mean2, Floats(e, R));
-  ASSIGN_OR_RETURN(s.rstd2, Floats(e, R));
-  ASSIGN_OR_RETURN(s.h, Floats(e, R * 4 * C));
-  ASSIGN_OR_RETURN(s.gelu, Floats(e, R * 4 * C));
+  TZ_ASSIGN_OR_RETURN(s.ln1, Floats(e, R * C));
+  TZ_ASSIGN_OR_RETURN(s.mean1, Floats(e, R));
+  TZ_ASSIGN_OR_RETURN(s.rstd1, Floats(e, R));
+  TZ_ASSIGN_OR_RETURN(s.qkv, Floats(e, R * 3 * C));
+  TZ_ASSIGN_OR_RETURN(s.probs, Floats(e, d.B * d.H * d.T * d.T));
+  TZ_ASSIGN_OR_RETURN(s.att, Floats(e, R * C));
+  TZ_ASSIGN_OR_RETURN(s.x2, Floats(e, R * C));
+  TZ_ASSIGN_OR_RETURN(s.ln2, Floats(e, R * C));
+  TZ_ASSIGN_OR_RETURN(s.mean2, Floats(e, R));
+  TZ_ASSIGN_OR_RETURN(s.rstd2, Floats(e, R));
+  TZ_ASSIGN_OR_RETURN(s.h, Floats(e, R * 4 * C));
+  TZ_ASSIGN_OR_RETURN(s.gelu, Floats(e, R * 4 * C));
   const float* x = s.x.template as<float>();
   k.LayerNormForward(x, P[0], P[1], s.ln1.template as<float>(), s.mean1.template as<float>(),
                      s.rstd1.template as<float>(), R, C);
@@ -199,7 +199,7 @@ Status BlockForward(Engine& e, Backend& k, const Dims& d, const std::vector<floa
   k.AttentionForward(s.qkv.template as<float>(), s.att.template as<float>(),
                      s.probs.template as<float>(), d.B, d.T, C, d.H);
   {
-    ASSIGN_OR_RETURN(ActivationBuffer a, Floats(e, R * C));
+    TZ_ASSIGN_OR_RETURN(ActivationBuffer a, Floats(e, R * C));
     k.LinearForward(s.att.template as<float>(), P[4], P[5], a.as<float>(), R, C, C);
     k.Add(x, a.as<float>(), s.x2.template as<float>(), R * C);
   }
@@ -208,7 +208,7 @@ Status BlockForward(Engine& e, Backend& k, const Dims& d, const std::vector<floa
   k.LinearForward(s.ln2.template as<float>(), P[8], P[9], s.h.template as<float>(), R, C, 4 * C);
   k.GeluForward(s.h.template as<float>(), s.gelu.template as<float>(), R * 4 * C);
   {
-    ASSIGN_OR_RETURN(ActivationBuffer m, Floats(e, R * C));
+    TZ_ASSIGN_OR_RETURN(ActivationBuffer m, Floats(e, R * C));
     k.LinearForward(s.gelu.template as<float>(), P[10], P[11], m.as<float>(), R, 4 * C, C);
     k.Add(s.x2.template as<float>(), m.as<float>(), y, R * C);
   }
@@ -220,52 +220,52 @@ template <typename Saved>
 Status BlockBackward(Engine& e, Backend& k, const Dims& d, const std::vector<float*>& P,
                      GradSink& G, Saved& s, const float* dy, float* dx) {
   const int64_t R = d.rows, C = d.C;
-  ASSIGN_OR_RETURN(ActivationBuffer dx2, Floats(e, R * C));
+  TZ_ASSIGN_OR_RETURN(ActivationBuffer dx2, Floats(e, R * C));
   k.Copy(dx2.data(), dy, static_cast<uint64_t>(R * C) * 4);
   {
-    ASSIGN_OR_RETURN(ActivationBuffer dg, Floats(e, R * 4 * C));
-    RETURN_IF_ERROR(G.Open(10, 11));
+    TZ_ASSIGN_OR_RETURN(ActivationBuffer dg, Floats(e, R * 4 * C));
+    TZ_RETURN_IF_ERROR(G.Open(10, 11));
     k.LinearBackward(dy, s.gelu.template as<float>(), P[10], dg.as<float>(), G[10], G[11], R, 4 * C,
                      C);
     s.gelu.Reset();
-    RETURN_IF_ERROR(G.Close(10, 11));
+    TZ_RETURN_IF_ERROR(G.Close(10, 11));
     k.GeluBackward(dg.as<float>(), s.h.template as<float>(), dg.as<float>(), R * 4 * C);
     s.h.Reset();
-    ASSIGN_OR_RETURN(ActivationBuffer dln2, Floats(e, R * C));
-    RETURN_IF_ERROR(G.Open(8, 9));
+    TZ_ASSIGN_OR_RETURN(ActivationBuffer dln2, Floats(e, R * C));
+    TZ_RETURN_IF_ERROR(G.Open(8, 9));
     k.LinearBackward(dg.as<float>(), s.ln2.template as<float>(), P[8], dln2.as<float>(), G[8], G[9],
                      R, C, 4 * C);
     dg.Reset();
-    RETURN_IF_ERROR(G.Close(8, 9));
-    ASSIGN_OR_RETURN(ActivationBuffer t, Floats(e, R * C));
-    RETURN_IF_ERROR(G.Open(6, 7));
+    TZ_RETURN_IF_ERROR(G.Close(8, 9));
+    TZ_ASSIGN_OR_RETURN(ActivationBuffer t, Floats(e, R * C));
+    TZ_RETURN_IF_ERROR(G.Open(6, 7));
     k.LayerNormBackward(dln2.as<float>(), s.x2.template as<float>(), P[6],
                         s.mean2.template as<float>(), s.rstd2.template as<float>(), t.as<float>(),
                         G[6], G[7], R, C);
-    RETURN_IF_ERROR(G.Close(6, 7));
+    TZ_RETURN_IF_ERROR(G.Close(6, 7));
     k.AddInPlace(dx2.as<float>(), t.as<float>(), R * C);
   }
   {
-    ASSIGN_OR_RETURN(ActivationBuffer datt, Floats(e, R * C));
-    RETURN_IF_ERROR(G.Open(4, 5));
+    TZ_ASSIGN_OR_RETURN(ActivationBuffer datt, Floats(e, R * C));
+    TZ_RETURN_IF_ERROR(G.Open(4, 5));
     k.LinearBackward(dx2.as<float>(), s.att.template as<float>(), P[4], datt.as<float>(), G[4],
                      G[5], R, C, C);
-    ASSIGN_OR_RETURN(ActivationBuffer dqkv, Floats(e, R * 3 * C));
+    TZ_ASSIGN_OR_RETURN(ActivationBuffer dqkv, Floats(e, R * 3 * C));
     k.AttentionBackward(datt.as<float>(), s.qkv.template as<float>(), s.probs.template as<float>(),
                         dqkv.as<float>(), d.B, d.T, C, d.H);
     datt.Reset();
-    RETURN_IF_ERROR(G.Close(4, 5));
-    ASSIGN_OR_RETURN(ActivationBuffer dln1, Floats(e, R * C));
-    RETURN_IF_ERROR(G.Open(2, 3));
+    TZ_RETURN_IF_ERROR(G.Close(4, 5));
+    TZ_ASSIGN_OR_RETURN(ActivationBuffer dln1, Floats(e, R * C));
+    TZ_RETURN_IF_ERROR(G.Open(2, 3));
     k.LinearBackward(dqkv.as<float>(), s.ln1.template as<float>(), P[2], dln1.as<float>(), G[2],
                      G[3], R, C, 3 * C);
     dqkv.Reset();
-    RETURN_IF_ERROR(G.Close(2, 3));
-    RETURN_IF_ERROR(G.Open(0, 1));
+    TZ_RETURN_IF_ERROR(G.Close(2, 3));
+    TZ_RETURN_IF_ERROR(G.Open(0, 1));
     k.LayerNormBackward(dln1.as<float>(), s.x.template as<float>(), P[0],
                         s.mean1.template as<float>(), s.rstd1.template as<float>(), dx, G[0], G[1],
                         R, C);
-    RETURN_IF_ERROR(G.Close(0, 1));
+    TZ_RETURN_IF_ERROR(G.Close(0, 1));
     k.AddInPlace(dx, dx2.as<float>(), R * C);
   }
   return Status::OK();
@@ -297,42 +297,42 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
   const int64_t R = d.rows, C = d.C, V = cfg_.vocab, L = cfg_.n_layer;
   if (backend_ == nullptr) {
     // The engine knows its device after Finalize.
-    ASSIGN_OR_RETURN(backend_, Backend::Create(engine_));
+    TZ_ASSIGN_OR_RETURN(backend_, Backend::Create(engine_));
   }
   Backend& k = *backend_;
-  RETURN_IF_ERROR(engine_.BeginIteration(train));
+  TZ_RETURN_IF_ERROR(engine_.BeginIteration(train));
   // On any error the iteration is aborted (its scopes are released first, by scope order): the
   // engine stays usable, the partial gradients are dropped, and the error is what the caller
   // sees.
   double loss = 0;
   Status st = [&]() -> Status {
     // The batch in device memory (tokens, targets, mask; the predicted tokens when asked).
-    ASSIGN_OR_RETURN(ActivationBuffer tokens, engine_.AllocateActivation(rows * 4));
-    ASSIGN_OR_RETURN(ActivationBuffer targets, engine_.AllocateActivation(rows * 4));
-    ASSIGN_OR_RETURN(ActivationBuffer mask, engine_.AllocateActivation(rows * 4));
+    TZ_ASSIGN_OR_RETURN(ActivationBuffer tokens, engine_.AllocateActivation(rows * 4));
+    TZ_ASSIGN_OR_RETURN(ActivationBuffer targets, engine_.AllocateActivation(rows * 4));
+    TZ_ASSIGN_OR_RETURN(ActivationBuffer mask, engine_.AllocateActivation(rows * 4));
     ActivationBuffer argmax;
     if (predictions != nullptr) {
-      ASSIGN_OR_RETURN(argmax, engine_.AllocateActivation(rows * 4));
+      TZ_ASSIGN_OR_RETURN(argmax, engine_.AllocateActivation(rows * 4));
     }
-    RETURN_IF_ERROR(k.Upload(tokens.data(), batch.tokens.data(), rows * 4));
-    RETURN_IF_ERROR(k.Upload(targets.data(), batch.targets.data(), rows * 4));
-    RETURN_IF_ERROR(k.Upload(mask.data(), batch.mask.data(), rows * 4));
+    TZ_RETURN_IF_ERROR(k.Upload(tokens.data(), batch.tokens.data(), rows * 4));
+    TZ_RETURN_IF_ERROR(k.Upload(targets.data(), batch.targets.data(), rows * 4));
+    TZ_RETURN_IF_ERROR(k.Upload(mask.data(), batch.mask.data(), rows * 4));
     std::vector<Saved> saved(static_cast<size_t>(L) + 1);
-    ASSIGN_OR_RETURN(saved[0].x, Floats(engine_, R * C));
+    TZ_ASSIGN_OR_RETURN(saved[0].x, Floats(engine_, R * C));
     {
       const std::vector<ParamId> ids = {wte_, wpe_};
-      ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kForward));
-      ASSIGN_OR_RETURN(Widened P, Widen(engine_, k, scope, ids));
+      TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kForward));
+      TZ_ASSIGN_OR_RETURN(Widened P, Widen(engine_, k, scope, ids));
       k.EmbeddingForward(tokens.as<int32_t>(), P.ptr[0], P.ptr[1], saved[0].x.as<float>(), d.B, d.T,
                          C);
     }
     for (int64_t l = 0; l < L; ++l) {
       const std::vector<ParamId> ids = blocks_[static_cast<size_t>(l)].all();
-      ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kForward));
-      ASSIGN_OR_RETURN(Widened P, Widen(engine_, k, scope, ids));
+      TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kForward));
+      TZ_ASSIGN_OR_RETURN(Widened P, Widen(engine_, k, scope, ids));
       Saved& s = saved[static_cast<size_t>(l)];
-      ASSIGN_OR_RETURN(saved[static_cast<size_t>(l) + 1].x, Floats(engine_, R * C));
-      RETURN_IF_ERROR(
+      TZ_ASSIGN_OR_RETURN(saved[static_cast<size_t>(l) + 1].x, Floats(engine_, R * C));
+      TZ_RETURN_IF_ERROR(
           BlockForward(engine_, k, d, P.ptr, s, saved[static_cast<size_t>(l) + 1].x.as<float>()));
       if (cfg_.activation_checkpointing || !train) {
         ActivationBuffer keep = std::move(s.x);
@@ -342,40 +342,41 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
     }
     // Final LayerNorm, LM head and loss; dlogits right away (forward moment).
     ActivationBuffer lnf, meanf, rstdf, dlogits;
-    ASSIGN_OR_RETURN(lnf, Floats(engine_, R * C));
-    ASSIGN_OR_RETURN(meanf, Floats(engine_, R));
-    ASSIGN_OR_RETURN(rstdf, Floats(engine_, R));
+    TZ_ASSIGN_OR_RETURN(lnf, Floats(engine_, R * C));
+    TZ_ASSIGN_OR_RETURN(meanf, Floats(engine_, R));
+    TZ_ASSIGN_OR_RETURN(rstdf, Floats(engine_, R));
     if (train) {
-      ASSIGN_OR_RETURN(dlogits, Floats(engine_, R * V));
+      TZ_ASSIGN_OR_RETURN(dlogits, Floats(engine_, R * V));
     }
     {
       const std::vector<ParamId> ids = {lnf_w_, lnf_b_, wte_};
-      ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kForward));
-      ASSIGN_OR_RETURN(Widened P, Widen(engine_, k, scope, ids));
+      TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kForward));
+      TZ_ASSIGN_OR_RETURN(Widened P, Widen(engine_, k, scope, ids));
       k.LayerNormForward(saved[static_cast<size_t>(L)].x.as<float>(), P.ptr[0], P.ptr[1],
                          lnf.as<float>(), meanf.as<float>(), rstdf.as<float>(), R, C);
-      ASSIGN_OR_RETURN(ActivationBuffer logits, Floats(engine_, R * V));
+      TZ_ASSIGN_OR_RETURN(ActivationBuffer logits, Floats(engine_, R * V));
       k.Gemm(false, true, R, V, C, 1.0f, lnf.as<float>(), C, P.ptr[2], C, 0.0f, logits.as<float>(),
              V);
-      ASSIGN_OR_RETURN(loss, k.CrossEntropy(logits.as<float>(), targets.as<int32_t>(),
-                                            mask.as<float>(), train ? dlogits.as<float>() : nullptr,
-                                            argmax.as<int32_t>(), R, V, engine_.loss_scale()));
+      TZ_ASSIGN_OR_RETURN(
+          loss, k.CrossEntropy(logits.as<float>(), targets.as<int32_t>(), mask.as<float>(),
+                               train ? dlogits.as<float>() : nullptr, argmax.as<int32_t>(), R, V,
+                               engine_.loss_scale()));
       if (predictions != nullptr) {
         predictions->resize(rows);
-        RETURN_IF_ERROR(k.Download(predictions->data(), argmax.data(), rows * 4));
+        TZ_RETURN_IF_ERROR(k.Download(predictions->data(), argmax.data(), rows * 4));
       }
     }
     if (!train) return k.status();
 
     // Backward.
     ActivationBuffer dx;
-    ASSIGN_OR_RETURN(dx, Floats(engine_, R * C));
+    TZ_ASSIGN_OR_RETURN(dx, Floats(engine_, R * C));
     {
       const std::vector<ParamId> ids = {lnf_w_, lnf_b_, wte_};
-      ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kBackward));
-      ASSIGN_OR_RETURN(Widened P, Widen(engine_, k, scope, ids));
-      ASSIGN_OR_RETURN(Widened G, ZeroGrads(engine_, k, ids));
-      ASSIGN_OR_RETURN(ActivationBuffer dlnf, Floats(engine_, R * C));
+      TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kBackward));
+      TZ_ASSIGN_OR_RETURN(Widened P, Widen(engine_, k, scope, ids));
+      TZ_ASSIGN_OR_RETURN(Widened G, ZeroGrads(engine_, k, ids));
+      TZ_ASSIGN_OR_RETURN(ActivationBuffer dlnf, Floats(engine_, R * C));
       k.Gemm(false, false, R, C, V, 1.0f, dlogits.as<float>(), V, P.ptr[2], C, 0.0f,
              dlnf.as<float>(), C);
       k.Gemm(true, false, V, C, R, 1.0f, dlogits.as<float>(), V, lnf.as<float>(), C, 0.0f, G.ptr[2],
@@ -386,31 +387,32 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
                           R, C);
       saved[static_cast<size_t>(L)].x.Reset();
       for (size_t i = 0; i < ids.size(); ++i)
-        RETURN_IF_ERROR(PutGrad(engine_, k, scope, ids[i], G.ptr[i], /*add=*/false));
+        TZ_RETURN_IF_ERROR(PutGrad(engine_, k, scope, ids[i], G.ptr[i], /*add=*/false));
     }
     for (int64_t l = L - 1; l >= 0; --l) {
       const std::vector<ParamId> ids = blocks_[static_cast<size_t>(l)].all();
-      ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kBackward));
-      ASSIGN_OR_RETURN(Widened P, Widen(engine_, k, scope, ids));
+      TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kBackward));
+      TZ_ASSIGN_OR_RETURN(Widened P, Widen(engine_, k, scope, ids));
       Saved& s = saved[static_cast<size_t>(l)];
       if (cfg_.activation_checkpointing) {
-        ASSIGN_OR_RETURN(ActivationBuffer y, Floats(engine_, R * C));
-        RETURN_IF_ERROR(BlockForward(engine_, k, d, P.ptr, s, y.as<float>()));
+        TZ_ASSIGN_OR_RETURN(ActivationBuffer y, Floats(engine_, R * C));
+        TZ_RETURN_IF_ERROR(BlockForward(engine_, k, d, P.ptr, s, y.as<float>()));
       }
       GradSink G(engine_, k, scope, ids);
-      ASSIGN_OR_RETURN(ActivationBuffer dx_in, Floats(engine_, R * C));
-      RETURN_IF_ERROR(BlockBackward(engine_, k, d, P.ptr, G, s, dx.as<float>(), dx_in.as<float>()));
+      TZ_ASSIGN_OR_RETURN(ActivationBuffer dx_in, Floats(engine_, R * C));
+      TZ_RETURN_IF_ERROR(
+          BlockBackward(engine_, k, d, P.ptr, G, s, dx.as<float>(), dx_in.as<float>()));
       s = Saved{};
       dx = std::move(dx_in);
     }
     {
       const std::vector<ParamId> ids = {wte_, wpe_};
-      ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kBackward));
-      ASSIGN_OR_RETURN(Widened G, ZeroGrads(engine_, k, ids));
+      TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kBackward));
+      TZ_ASSIGN_OR_RETURN(Widened G, ZeroGrads(engine_, k, ids));
       k.EmbeddingBackward(tokens.as<int32_t>(), dx.as<float>(), G.ptr[0], G.ptr[1], d.B, d.T, C);
       // wte's second backward use (the LM head wrote first) adds.
-      RETURN_IF_ERROR(PutGrad(engine_, k, scope, wte_, G.ptr[0], /*add=*/true));
-      RETURN_IF_ERROR(PutGrad(engine_, k, scope, wpe_, G.ptr[1], /*add=*/false));
+      TZ_RETURN_IF_ERROR(PutGrad(engine_, k, scope, wte_, G.ptr[0], /*add=*/true));
+      TZ_RETURN_IF_ERROR(PutGrad(engine_, k, scope, wpe_, G.ptr[1], /*add=*/false));
     }
     return k.status();
   }();
@@ -420,7 +422,7 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
     return end.ok() ? st
                     : std::move(st).WithContext("then ending the iteration: " + end.ToString());
   }
-  RETURN_IF_ERROR(engine_.EndIteration());
+  TZ_RETURN_IF_ERROR(engine_.EndIteration());
   return loss;
 }
 

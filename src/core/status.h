@@ -3,3 +3,7 @@
 #pragma once
 
 #include "tierzero/status.h"
+
+// The library's own short spellings of the exported TZ_ macros.
+#define RETURN_IF_ERROR(expr) TZ_RETURN_IF_ERROR(expr)
+#define ASSIGN_OR_RETURN(lhs, expr) TZ_ASSIGN_OR_RETURN(lhs, expr)

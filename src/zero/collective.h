@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/status.h"
 #include "tierzero/communicator.h"
 
 namespace tierzero::zero {

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/status.h"
 #include "zero/collective.h"
 
 namespace tierzero {
