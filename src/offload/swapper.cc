@@ -5,8 +5,18 @@
 #include <vector>
 
 #include "core/bytes.h"
+#include "core/tunable.h"
 
 namespace tierzero {
+
+namespace {
+TZ_TUNABLE(double, kSwapSlotTimeoutSeconds, "TZ_SWAP_SLOT_TIMEOUT_S", 60.0,
+           "seconds to wait for a free pinned swap slot (optimizer states on NVMe) before failing");
+}  // namespace
+
+std::chrono::milliseconds SwapSlotTimeout() {
+  return std::chrono::milliseconds(static_cast<int64_t>(kSwapSlotTimeoutSeconds.Get() * 1e3));
+}
 
 Status RunSwapPipeline(NvmeStore& store, std::span<const NvmeExtent> extents, PinnedArena& arena,
                        const std::function<Status(size_t, void*)>& compute,
@@ -27,7 +37,7 @@ Status RunSwapPipeline(NvmeStore& store, std::span<const NvmeExtent> extents, Pi
   const size_t buffers = std::min<size_t>(static_cast<size_t>(options.buffers), n + 1);
   std::vector<PinnedSlot> slots;
   for (size_t b = 0; b < std::max<size_t>(buffers, 1); ++b) {
-    ASSIGN_OR_RETURN(PinnedSlot slot, arena.Acquire(std::chrono::seconds(60)));
+    ASSIGN_OR_RETURN(PinnedSlot slot, arena.Acquire(SwapSlotTimeout()));
     slots.push_back(std::move(slot));
   }
   const size_t nbuf = slots.size();

@@ -7,6 +7,7 @@
 // parallel) and is never called concurrently with itself.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <span>
 
@@ -27,6 +28,9 @@ struct SwapOptions {
 // slot back. REQUIRES: arena slots hold NvmeStore::RoundedBytes of every extent. Stops at the
 // first error (I/O, or compute's Status) after waiting for the I/O in flight, and returns it with
 // the block index as context; blocks after the failed one are neither computed nor written.
+// How long a swap waits for a free pinned slot (the tunable TZ_SWAP_SLOT_TIMEOUT_S, 60 s).
+std::chrono::milliseconds SwapSlotTimeout();
+
 Status RunSwapPipeline(NvmeStore& store, std::span<const NvmeExtent> extents, PinnedArena& arena,
                        const std::function<Status(size_t index, void* data)>& compute,
                        const SwapOptions& options = {});

@@ -6,19 +6,9 @@
 
 #include "core/bytes.h"
 #include "core/logging.h"
-#include "core/tunable.h"
 #include "offload/swapper.h"
 
 namespace tierzero {
-
-namespace {
-TZ_TUNABLE(double, kSwapSlotTimeoutSeconds, "TZ_SWAP_SLOT_TIMEOUT_S", 60.0,
-           "seconds to wait for a free optimizer swap slot before failing");
-
-std::chrono::milliseconds SwapSlotTimeout() {
-  return std::chrono::milliseconds(static_cast<int64_t>(kSwapSlotTimeoutSeconds.Get() * 1e3));
-}
-}  // namespace
 
 uint64_t OptimizerStates::SwapSlotBytes(uint64_t shard_elems) {
   return AlignUp(shard_elems * 12, kNvmeAlignment);

@@ -16,9 +16,16 @@
 #include <thread>
 #include <vector>
 
+#include "core/tunable.h"
 #include "zero/collective.h"
 
 namespace tierzero {
+
+namespace {
+TZ_TUNABLE(bool, kMpiCommThread, "TZ_MPI_COMM_THREAD", true,
+           "run MPI collectives on their own comm thread when MPI allows it (0: on the caller's "
+           "thread; Note [The MPI comm thread])");
+}  // namespace
 namespace {
 
 using zero::CollectiveKind;
@@ -346,8 +353,7 @@ class MpiCommunicator final : public Communicator {
       MPI_Query_thread(&provided);
       threaded = provided >= MPI_THREAD_MULTIPLE;
     }
-    const char* env = std::getenv("TZ_MPI_COMM_THREAD");
-    if (env != nullptr && std::string(env) == "0") threaded = false;
+    if (!kMpiCommThread.Get()) threaded = false;
     GetOps();  // MPI_Op_create under the lock, before the comm thread exists
     c.reset(new MpiCommunicator());
     c->queue_ = std::make_shared<MpiQueue>(threaded, c->timeout_s_);

@@ -13,10 +13,16 @@
 #include <string>
 #include <thread>
 
+#include "core/tunable.h"
 #include "kernels/cuda_status.h"
 #include "zero/collective.h"
 
 namespace tierzero {
+
+namespace {
+TZ_TUNABLE(std::string, kNcclLibrary, "TZ_NCCL_LIBRARY", "libnccl.so.2",
+           "the NCCL library loaded at run time (a file name on the loader path, or a path)");
+}  // namespace
 namespace {
 
 using zero::CollectiveKind;
@@ -57,8 +63,7 @@ bool Bind(void* lib, const char* name, F*& fn) {
 
 StatusOr<const NcclApi*> LoadNccl() {
   static const StatusOr<const NcclApi*> api = []() -> StatusOr<const NcclApi*> {
-    const char* env = std::getenv("TZ_NCCL_LIBRARY");
-    const std::string path = env != nullptr && *env != '\0' ? env : "libnccl.so.2";
+    const std::string path = kNcclLibrary.Get();
     void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (lib == nullptr) {
       const char* why = dlerror();
