@@ -4,7 +4,8 @@
 // an I/O error, a rank gone, bad input) returns a Status or a StatusOr<T>. An OK Status holds no
 // allocation and costs one pointer compare. A failed Status carries a code, a message that says
 // what was wrong and what to do, context added by the callers it travelled through, and the call
-// sites that TZ_RETURN_IF_ERROR passed on the way (NCCL-style: the message prints where it came from).
+// sites that TZ_RETURN_IF_ERROR passed on the way (NCCL-style: the message prints where it came
+// from).
 //
 // Broken invariants (bugs) are not Statuses: they abort through TZ_CHECK (src/core/check.h).
 //
