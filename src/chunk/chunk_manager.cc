@@ -144,7 +144,7 @@ std::vector<double> ChunkManager::GatherSeconds() const {
   const double* measured = impl_->measured_seconds;
   // (W > 1: the defaults leave out the all_gather; a recording iteration measures it.)
   for (size_t c = 0; c < s.size(); ++c) {
-    switch (placement_.chunks[c].param) {
+    switch (store_.param_tier(static_cast<int>(c))) {
       case Tier::kDevice:
         s[c] = ShardIsGathered(static_cast<int>(c)) ? 0 : measured[0];
         break;
@@ -470,7 +470,7 @@ void ChunkManager::ProfileMoment(int) {
   p.residency.resize(static_cast<size_t>(layout_.num_chunks()));
   for (int c = 0; c < layout_.num_chunks(); ++c) {
     const Impl::ChunkRt& rt = im.chunks[static_cast<size_t>(c)];
-    const Tier tier = placement_.chunks[static_cast<size_t>(c)].param;
+    const Tier tier = store_.param_tier(c);
     p.residency[static_cast<size_t>(c)] =
         rt.cached || tier == Tier::kDevice ? 'D' : (tier == Tier::kHost ? 'H' : 'N');
     if (rt.cached && !ShardIsGathered(c)) p.device_chunk_bytes += layout_.chunk_bytes();

@@ -161,7 +161,7 @@ StatusOr<Schedule> ChunkManager::PlanFrom(const std::vector<Moment>& moments) {
     const size_t i = static_cast<size_t>(c);
     po.grads_in_place[i] = !SeparateGrads(c);
     po.always_resident[i] = ShardIsGathered(c);
-    po.staged[i] = staged_all || placement_.chunks[i].param == Tier::kNvme;
+    po.staged[i] = staged_all || store_.param_tier(c) == Tier::kNvme;
     for (int t : layout_.chunk(c).tensors) {
       if (states_->backward_uses(t) == 0) po.reduced_at_end[i] = true;
     }

@@ -48,14 +48,14 @@ class JsonIn {
   // without recursing, but printing (dump) and comparing recurse once per level, so a file of a
   // million '[' would overflow the stack there: call this before either on outside data.
   Status CheckDepth(int most) const {
-    std::vector<std::pair<const nlohmann::json*, int>> todo = {{v_, 1}};
-    while (!todo.empty()) {
-      const auto [v, depth] = todo.back();
-      todo.pop_back();
+    std::vector<std::pair<const nlohmann::json*, int>> stack = {{v_, 1}};
+    while (!stack.empty()) {
+      const auto [v, depth] = stack.back();
+      stack.pop_back();
       if (!v->is_structured()) continue;
       if (depth > most)
         return Error("nests arrays and objects deeper than " + std::to_string(most) + " levels");
-      for (const nlohmann::json& c : *v) todo.emplace_back(&c, depth + 1);
+      for (const nlohmann::json& c : *v) stack.emplace_back(&c, depth + 1);
     }
     return Status::OK();
   }

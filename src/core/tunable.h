@@ -16,6 +16,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -133,6 +134,11 @@ class Tunable final : public TunableBase {
   std::optional<T> override_;
   std::atomic<uint64_t> generation_{1};
 };
+
+// A tunable of seconds as a duration: the deadlines of waits.
+inline std::chrono::milliseconds TunableSeconds(const Tunable<double>& seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds.Get() * 1e3));
+}
 
 // Sets a tunable for the lifetime of a scope (tests).
 template <typename T>

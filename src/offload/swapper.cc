@@ -14,9 +14,7 @@ TZ_TUNABLE(double, kSwapSlotTimeoutSeconds, "TZ_SWAP_SLOT_TIMEOUT_S", 60.0,
            "seconds to wait for a free pinned swap slot (optimizer states on NVMe) before failing");
 }  // namespace
 
-std::chrono::milliseconds SwapSlotTimeout() {
-  return std::chrono::milliseconds(static_cast<int64_t>(kSwapSlotTimeoutSeconds.Get() * 1e3));
-}
+std::chrono::milliseconds SwapSlotTimeout() { return TunableSeconds(kSwapSlotTimeoutSeconds); }
 
 Status RunSwapPipeline(NvmeStore& store, std::span<const NvmeExtent> extents, PinnedArena& arena,
                        const std::function<Status(size_t, void*)>& compute,

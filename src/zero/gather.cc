@@ -14,9 +14,7 @@ TZ_TUNABLE(double, kStagingTimeoutSeconds, "TZ_STAGING_TIMEOUT_S", 120.0,
            "seconds a gather or reduction waits for a free pinned staging slot before failing");
 }  // namespace
 
-std::chrono::milliseconds StagingTimeout() {
-  return std::chrono::milliseconds(static_cast<int64_t>(kStagingTimeoutSeconds.Get() * 1e3));
-}
+std::chrono::milliseconds StagingTimeout() { return TunableSeconds(kStagingTimeoutSeconds); }
 
 namespace internal {
 

@@ -11,6 +11,7 @@
 #include "gpt/gpt.h"
 #include "offload/device_wrapper.h"
 #include "offload/host_sim_device.h"
+#include "small_model.h"
 
 namespace tierzero {
 namespace {
@@ -20,23 +21,9 @@ using gpt::Dataset;
 using gpt::Gpt;
 using gpt::GptConfig;
 
-GptConfig SmallModel() {
-  GptConfig m;
-  m.seq_len = 12;
-  m.d_model = 64;
-  m.n_layer = 3;
-  m.n_head = 4;
-  return m;
-}
+using testing_models::SmallModel;
 
-EngineConfig Config() {
-  EngineConfig ec;
-  ec.device = DeviceChoice::kHost;
-  ec.device_budget = uint64_t{8} << 20;
-  ec.chunk_elems = 16384;
-  ec.host_budget = uint64_t{256} << 20;
-  return ec;
-}
+EngineConfig Config() { return testing_models::SmallEngineConfig(DeviceChoice::kHost); }
 
 struct Rig {
   std::unique_ptr<Device> sim;             // outlives the engine

@@ -18,6 +18,7 @@
 
 #include "gpt/data.h"
 #include "gpt/gpt.h"
+#include "small_model.h"
 
 namespace tierzero {
 namespace {
@@ -44,14 +45,7 @@ class TempDir {
   std::string path_;
 };
 
-GptConfig SmallModel() {
-  GptConfig m;
-  m.seq_len = 12;
-  m.d_model = 64;
-  m.n_layer = 3;
-  m.n_head = 4;
-  return m;
-}
+using testing_models::SmallModel;
 
 struct Trainer {
   std::unique_ptr<Engine> engine;
@@ -98,14 +92,7 @@ DeviceChoice TestDevice() {
   return d != nullptr && std::string(d) == "cuda" ? DeviceChoice::kCuda : DeviceChoice::kHost;
 }
 
-EngineConfig HostConfig() {
-  EngineConfig ec;
-  ec.device = TestDevice();
-  ec.device_budget = uint64_t{8} << 20;
-  ec.chunk_elems = 16384;
-  ec.host_budget = uint64_t{256} << 20;
-  return ec;
-}
+EngineConfig HostConfig() { return testing_models::SmallEngineConfig(TestDevice()); }
 
 TEST(Engine, OffloadEquivalenceIsBitIdentical) {
   // All resident on the device, offloaded to host memory, offloaded to NVMe (parameters and
