@@ -13,13 +13,11 @@
 #include <string_view>
 #include <vector>
 
-#include "core/bytes.h"
-#include "core/cpu_features.h"
-#include "core/tunable.h"
-#include "offload/cuda_device.h"
-#include "offload/host_sim_device.h"
 #include "report.h"
 #include "signals.h"
+#include "tierzero/bytes.h"
+#include "tierzero/devices.h"
+#include "tierzero/tunables.h"
 #include "train.h"
 
 namespace tierzero {
@@ -47,41 +45,33 @@ environment:
 )";
 
 int Devices() {
-  const CpuFeatures& f = GetCpuFeatures();
-  std::printf("CPU SIMD: detected %s, active %s (avx2=%d avx512=%d avx512_bf16=%d)\n",
-              SimdLevelName(DetectedSimdLevel()).data(), SimdLevelName(ActiveSimdLevel()).data(),
-              f.avx2, f.avx512, f.avx512_bf16);
-  const int gpus = CudaDeviceCount();
-  std::printf("CUDA GPUs: %d\n", gpus);
-  for (int i = 0; i < gpus; ++i) {
-    CudaDeviceOptions options;
-    options.ordinal = i;
-    options.capacity_bytes = 64 << 20;  // a small probe slab
-    auto device = CreateCudaDevice(options);
-    if (device.ok()) {
-      std::printf("  [%d] %s\n", i, (*device)->info().name.c_str());
-    } else {
-      std::printf("  [%d] unusable: %s\n", i, device.status().ToString().c_str());
-    }
-  }
-  if (gpus == 0) {
-    auto probe = CreateCudaDevice({});
-    std::printf("  (%s)\n", std::string(probe.status().message()).c_str());
-  }
-  auto sim = CreateHostSimDevice(HostSimOptions{});
-  if (!sim.ok()) {
-    std::fprintf(stderr, "error: %s\n", sim.status().ToString().c_str());
+  auto listing = ListDevices();
+  if (!listing.ok()) {
+    std::fprintf(stderr, "error: %s\n", listing.status().ToString().c_str());
     return 1;
   }
+  const CpuInfo& cpu = listing->cpu;
+  std::printf("CPU SIMD: detected %s, active %s (avx2=%d avx512=%d avx512_bf16=%d)\n",
+              SimdLevelName(cpu.detected).data(), SimdLevelName(cpu.active).data(), cpu.avx2,
+              cpu.avx512, cpu.avx512_bf16);
+  std::printf("CUDA GPUs: %zu\n", listing->gpus.size());
+  for (const GpuInfo& g : listing->gpus) {
+    if (g.problem.empty()) {
+      std::printf("  [%d] %s\n", g.ordinal, g.name.c_str());
+    } else {
+      std::printf("  [%d] unusable: %s\n", g.ordinal, g.problem.c_str());
+    }
+  }
+  if (listing->gpus.empty()) std::printf("  (%s)\n", listing->no_gpu_reason.c_str());
   std::printf("HostSim device: available (capacity set per run; default %s)\n",
-              FormatBytes((*sim)->info().capacity_bytes).c_str());
+              FormatBytes(listing->host_sim_default_capacity).c_str());
   return 0;
 }
 
 int Tunables() {
-  for (const TunableBase* t : AllTunables()) {
-    std::printf("%-28s = %-12s (default %s)\n    %s\n", t->env_name(), t->ValueString().c_str(),
-                t->DefaultString().c_str(), t->help());
+  for (const TunableInfo& t : ListTunables()) {
+    std::printf("%-28s = %-12s (default %s)\n    %s\n", t.name.c_str(), t.value.c_str(),
+                t.default_value.c_str(), t.help.c_str());
   }
   return 0;
 }

@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/bytes.h"
-#include "core/dtype.h"
-#include "core/utf8.h"
+#include "tierzero/bytes.h"
+#include "tierzero/types.h"
+#include "tierzero/utf8.h"
 #include "train.h"
 
 namespace tierzero::app {
@@ -293,7 +293,7 @@ std::map<std::string, Section> Fields(RunConfig& c) {
 
 // train.h
 Status ValidateRunConfig(const RunConfig& c) {
-  RETURN_IF_ERROR(gpt::ValidateGptConfig(c.model));
+  TZ_RETURN_IF_ERROR(gpt::ValidateGptConfig(c.model));
   if (c.train.min_lr > c.train.lr) {
     char msg[256];
     std::snprintf(msg, sizeof msg,
@@ -337,10 +337,10 @@ StatusOr<RunConfig> ParseRunConfigOrThrow(const std::string& text, RunConfig c) 
         return InvalidArgumentError("unknown config field '" + section + "." + key +
                                     "'; fields of '" + section + "': " + known);
       }
-      RETURN_IF_ERROR(f->second.set(value));
+      TZ_RETURN_IF_ERROR(f->second.set(value));
     }
   }
-  RETURN_IF_ERROR(ValidateRunConfig(c));
+  TZ_RETURN_IF_ERROR(ValidateRunConfig(c));
   return c;
 }
 

@@ -12,19 +12,40 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <utility>
 #include <vector>
 
-#include "core/dtype.h"
-#include "core/json_in.h"
-#include "report.h"
 #include "signals.h"
-#include "zero/collective.h"
+#include "tierzero/report.h"
 
 namespace tierzero::app {
 namespace fs = std::filesystem;
 using nlohmann::json;
+
+namespace {
+
+// An integer field of a JSON object this program wrote (a metrics line, the checkpoint's
+// user_state); nullopt when it is absent, not an integer, or out of range for T.
+template <typename T>
+std::optional<T> IntegerField(const json& j, const char* key) {
+  if (!j.is_object()) return std::nullopt;
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer()) return std::nullopt;
+  if (it->is_number_unsigned()) {
+    const uint64_t v = it->get<uint64_t>();
+    if (v > static_cast<uint64_t>(std::numeric_limits<T>::max())) return std::nullopt;
+    return static_cast<T>(v);
+  }
+  const int64_t v = it->get<int64_t>();
+  if (v < static_cast<int64_t>(std::numeric_limits<T>::min())) return std::nullopt;
+  if (v > 0 && static_cast<uint64_t>(v) > static_cast<uint64_t>(std::numeric_limits<T>::max()))
+    return std::nullopt;
+  return static_cast<T>(v);
+}
+
+}  // namespace
 
 // train.h
 Status TrimMetrics(const std::string& path, int step) {
@@ -34,8 +55,8 @@ Status TrimMetrics(const std::string& path, int step) {
   int dropped = 0;
   while (std::getline(in, line)) {
     const json m = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    const StatusOr<int64_t> at = m.is_object() ? JsonIn(m, path).get<int64_t>("step") : -1;
-    if (!m.is_object() || !at.ok() || *at < 0 || *at > step) {
+    const std::optional<int64_t> at = IntegerField<int64_t>(m, "step");
+    if (!at || *at < 0 || *at > step) {
       ++dropped;
       continue;
     }
@@ -74,14 +95,13 @@ std::shared_ptr<Communicator> g_comm;
 void ReportBatchChange(const std::string& user_state, const RunConfig& cfg, int world) {
   const json u = json::parse(user_state, nullptr, /*allow_exceptions=*/false);
   if (!u.is_object()) return;
-  const JsonIn in(u, "checkpoint");
-  const auto batch = in.get<int64_t>("batch_size");
-  const auto accum = in.get<int64_t>("grad_accumulation");
-  const auto ranks = in.get<int64_t>("ranks");
+  const auto batch = IntegerField<int64_t>(u, "batch_size");
+  const auto accum = IntegerField<int64_t>(u, "grad_accumulation");
+  const auto ranks = IntegerField<int64_t>(u, "ranks");
   // (Each in the range its config field allows, so the product cannot overflow.)
   constexpr int64_t kMost = std::numeric_limits<int32_t>::max();
-  if (batch.ok() && accum.ok() && ranks.ok() && *batch > 0 && *accum > 0 && *ranks > 0 &&
-      *batch <= kMost && *accum <= kMost && *ranks <= kMost) {
+  if (batch && accum && ranks && *batch > 0 && *accum > 0 && *ranks > 0 && *batch <= kMost &&
+      *accum <= kMost && *ranks <= kMost) {
     const int64_t then = *batch * *accum * *ranks;
     const int64_t now = int64_t{cfg.train.batch_size} * cfg.engine.grad_accumulation * world;
     if (then != now) {
@@ -97,8 +117,8 @@ void ReportBatchChange(const std::string& user_state, const RunConfig& cfg, int 
       std::printf("\n");
     }
   }
-  const auto seed = in.get<uint64_t>("data_seed");
-  if (seed.ok() && *seed != cfg.data.seed)
+  const auto seed = IntegerField<uint64_t>(u, "data_seed");
+  if (seed && *seed != cfg.data.seed)
     std::printf("  note: the data seed changes from %llu to %llu\n",
                 static_cast<unsigned long long>(*seed),
                 static_cast<unsigned long long>(cfg.data.seed));
@@ -308,7 +328,7 @@ int Train(const std::vector<std::string>& args) {
     for (int b = 0; b < cfg.train.eval_batches; ++b) {
       gpt::Batch batch = (*dataset)->Get(true, static_cast<uint64_t>(b), cfg.train.batch_size);
       std::vector<int32_t> pred;
-      ASSIGN_OR_RETURN(double l, model.Evaluate(batch, &pred));
+      TZ_ASSIGN_OR_RETURN(double l, model.Evaluate(batch, &pred));
       loss += l;
       acc += (*dataset)->Accuracy(batch, pred);
     }
@@ -381,7 +401,7 @@ int Train(const std::vector<std::string>& args) {
         double loss;
         int64_t interrupted;
       } mine{loss, interrupted ? 1 : 0};
-      auto all = zero::AllGatherValue(*g_comm, mine);
+      auto all = AllGatherValue(*g_comm, mine);
       if (!all.ok()) {
         status = all.status();
         break;
@@ -530,15 +550,11 @@ int Export(const std::vector<std::string>& args) {
   ec.device = DeviceChoice::kHost;
   {
     // One process holds what the checkpoint's ranks held: their budgets together.
-    // (A damaged manifest is reported by LoadCheckpoint below, naming what is wrong.)
-    std::ifstream mf(ckpt + "/manifest.json");
-    const json m = json::parse(mf, nullptr, /*allow_exceptions=*/false);
-    const StatusOr<int> world = m.is_object() ? JsonIn(m, "").get_or<int>("world_size", 1) : 1;
-    const int ranks = world.ok() ? std::clamp(*world, 1, 1 << 16) : 1;
-    if (ranks > 1) {
-      ec.host_budget *= static_cast<uint64_t>(ranks);
-      ec.nvme_budget *= static_cast<uint64_t>(ranks);
-    }
+    auto info = ReadCheckpointInfo(ckpt);
+    if (!info.ok()) return Fail(info.status());
+    const uint64_t ranks = static_cast<uint64_t>(std::min(info->world_size, 1 << 16));
+    ec.host_budget *= ranks;
+    ec.nvme_budget *= ranks;
   }
   if (ec.nvme_path.empty()) ec.nvme_path = (fs::path(ckpt).parent_path() / "nvme").string();
   auto engine = Engine::Create(ec);

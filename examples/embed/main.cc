@@ -7,8 +7,10 @@
 // DeviceChoice::kHost the "device" is simulated in host memory, so data() and grad() are host
 // pointers and the arithmetic below is plain C++.
 //
-// Usage: embed_mlp [report.json]. Exits 0 when the loss fell at least 20-fold.
+// Usage: embed_mlp [report.json [report.html]]: the memory placement report, and its page as
+// `tierzero train` writes it (tierzero/report.h). Exits 0 when the loss fell at least 20-fold.
 #include <tierzero/engine.h>
+#include <tierzero/report.h>
 
 #include <cmath>
 #include <cstdio>
@@ -151,6 +153,14 @@ int main(int argc, char** argv) {
 
   if (argc > 1) {
     if (tz::Status s = engine.WriteReport(argv[1]); !s.ok()) return Fail(s);
+  }
+  if (argc > 2) {
+    auto report = engine.ReportJson();
+    if (!report.ok()) return Fail(report.status());
+    if (tz::Status s = tz::WriteHtmlReport(*report, argv[2]); !s.ok()) return Fail(s);
+    auto summary = tz::ReportSummary(*report);
+    if (!summary.ok()) return Fail(summary.status());
+    std::fputs(summary->c_str(), stdout);
   }
   const bool learned = last_loss * 20 < first_loss;
   std::printf("loss %.5f -> %.5f: %s\n", first_loss, last_loss,

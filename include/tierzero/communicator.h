@@ -19,8 +19,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "tierzero/status.h"
 #include "tierzero/types.h"
@@ -116,5 +119,30 @@ class Communicator {
   // ranks_per_node > 0 overrides the shared-memory split. Unavailable in a build without MPI.
   static StatusOr<std::shared_ptr<Communicator>> Mpi(int ranks_per_node = 0);
 };
+
+// Every rank's `bytes` bytes, in rank order (collective: every rank calls it with the same size).
+StatusOr<std::vector<uint8_t>> AllGatherBytes(Communicator& comm, const void* data, size_t bytes);
+
+// Every rank's value of a trivially copyable type, in rank order: how a trainer shares a few
+// numbers (its loss as a double, a step count as an int64_t, a flag) and reduces them in an order
+// that is the same on every rank, so every rank gets the same bits.
+template <typename T>
+StatusOr<std::vector<T>> AllGatherValue(Communicator& comm, const T& value) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  auto raw = AllGatherBytes(comm, &value, sizeof(T));
+  if (!raw.ok()) return raw.status();
+  std::vector<T> out(static_cast<size_t>(comm.size()));
+  std::memcpy(out.data(), raw->data(), raw->size());
+  return out;
+}
+
+// Note [Agreeing on an outcome]
+// A collective call in which a rank can fail on its own (writing its checkpoint file, rank 0
+// writing the manifest or the export) must not leave the other ranks waiting in the next
+// collective for the collective deadline. Each such step ends with AgreeOnStatus: every rank
+// shares its outcome, and all of them return an error if any rank failed (this rank's own, or
+// the lowest failing rank's, prefixed "rank r of W: "), or OK together. A collective: every rank
+// calls it, whatever happened before.
+Status AgreeOnStatus(Communicator& comm, const Status& local);
 
 }  // namespace tierzero

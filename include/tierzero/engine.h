@@ -107,10 +107,6 @@ struct EngineConfig {
   CollectivePath collectives = CollectivePath::kAuto;
 };
 
-// Converts n elements between float types (fp32, bf16, fp16; round to nearest even), with the
-// engine's SIMD kernels. InvalidArgument for other types.
-Status CastElements(const void* src, DType src_type, void* dst, DType dst_type, size_t n);
-
 using ParamId = int;
 class Engine;
 
@@ -212,6 +208,15 @@ struct EngineStats {
   int64_t steps = 0, skipped_steps = 0;
 };
 
+// What a checkpoint's manifest says, read without loading its states (Engine::LoadCheckpoint
+// loads them): NotFound for a directory without a manifest, DataLoss for a damaged one.
+struct CheckpointInfo {
+  int64_t step = 0;        // optimizer steps applied when it was saved
+  int world_size = 1;      // ranks that saved it (it loads into any number)
+  std::string user_state;  // the trainer's JSON; empty when none was saved
+};
+StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& dir);
+
 class Engine {
  public:
   // InvalidArgument naming the field for a bad config; Unavailable when a GPU was asked for and
@@ -292,13 +297,12 @@ class Engine {
   // without asking; a later profile replaces the earlier one.
   void ProfileNextIteration();
 
-  // Internal (ParamScope).
+ private:
+  friend class ParamScope;
+  friend struct EngineInternals;  // src/engine/engine_impl.h: tests' ways in
   void* ScopeData(ParamId p) const;
   void* ScopeGrad(ParamId p) const;
   Status ScopeRelease(std::span<const ParamId> params, Phase phase);
-
- private:
-  friend struct EngineInternals;  // src/engine/engine_impl.h: tests' ways in
   Engine();
   struct Impl;
   std::unique_ptr<Impl> impl_;

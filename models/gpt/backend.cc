@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "gpt/ops.h"
+#include "tierzero/convert.h"
 #include "tierzero/engine.h"
 #ifdef TZ_GPT_CUDA
 #include "gpt/ops_cuda.h"

@@ -5,7 +5,7 @@
 #include <iterator>
 #include <string>
 
-#include "core/utf8.h"
+#include "tierzero/utf8.h"
 
 namespace tierzero::gpt {
 namespace {

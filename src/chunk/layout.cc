@@ -13,7 +13,7 @@
 #include <set>
 
 #include "core/bytes.h"
-#include "core/dtype.h"
+#include "tierzero/types.h"
 
 namespace tierzero {
 namespace {

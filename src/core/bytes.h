@@ -1,11 +1,10 @@
-// Human byte sizes: parsing ("512MiB", "2GiB", "1.5GB", "4096") and printing ("1.5 GiB").
+// Byte units and alignment. Parsing and printing sizes is public (tierzero/bytes.h).
 #pragma once
 
 #include <cstdint>
-#include <string>
-#include <string_view>
 
 #include "core/status.h"
+#include "tierzero/bytes.h"
 
 namespace tierzero {
 
@@ -13,18 +12,6 @@ inline constexpr uint64_t kKiB = 1024;
 inline constexpr uint64_t kMiB = 1024 * kKiB;
 inline constexpr uint64_t kGiB = 1024 * kMiB;
 inline constexpr uint64_t kTiB = 1024 * kGiB;
-
-// Parses a byte size: a non-negative decimal number (an optional fraction), optional spaces,
-// then an optional unit, case-insensitive: B; KB MB GB TB (powers of 1000); KiB MiB GiB TiB and
-// the shorthands K M G T (powers of 1024). The result must be a whole number of bytes that fits
-// in 64 bits. Errors are InvalidArgument and quote the input.
-StatusOr<uint64_t> ParseByteSize(std::string_view text);
-
-// Formats with binary units and at most two decimals, trailing zeros dropped: "0 B", "100 B",
-// "1.5 KiB", "512 MiB", "2 GiB".
-std::string FormatBytes(uint64_t bytes);
-// The same for a rate: "1.25 GB/s" (decimal units, as bandwidths are usually quoted).
-std::string FormatBandwidth(double bytes_per_second);
 
 // Rounds up to a multiple of `alignment` (a power of two).
 constexpr uint64_t AlignUp(uint64_t value, uint64_t alignment) {

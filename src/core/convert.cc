@@ -6,6 +6,7 @@
 
 #include "core/convert_internal.h"
 #include "core/tunable.h"
+#include "tierzero/convert.h"
 
 namespace tierzero {
 namespace internal {
@@ -91,6 +92,11 @@ Status Convert(const void* src, DType src_type, void* dst, DType dst_type, size_
     }
   }
   return Status::OK();
+}
+
+// tierzero/convert.h: the same, public.
+Status CastElements(const void* src, DType src_type, void* dst, DType dst_type, size_t n) {
+  return Convert(src, src_type, dst, dst_type, n);
 }
 
 }  // namespace tierzero

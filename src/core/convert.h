@@ -20,7 +20,6 @@
 #include <cstring>
 
 #include "core/cpu_features.h"
-#include "core/dtype.h"
 #include "core/status.h"
 #include "tierzero/types.h"
 

@@ -1,6 +1,6 @@
-#include "core/dtype.h"
-
 #include <string>
+
+#include "tierzero/types.h"
 
 namespace tierzero {
 

@@ -39,6 +39,13 @@ std::vector<const TunableBase*> AllTunables() {
   return Registry();
 }
 
+std::vector<TunableInfo> ListTunables() {
+  std::vector<TunableInfo> out;
+  for (const TunableBase* t : AllTunables())
+    out.push_back({t->env_name(), t->ValueString(), t->DefaultString(), t->help()});
+  return out;
+}
+
 Status ValidateTunables() {
   std::string problems;
   for (const TunableBase* t : AllTunables()) {

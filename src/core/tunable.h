@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "tierzero/tunables.h"
 
 namespace tierzero {
 
@@ -61,8 +62,7 @@ class TunableBase {
 
 // Every tunable linked into the process, in registration order.
 std::vector<const TunableBase*> AllTunables();
-// Fails with one InvalidArgument listing every environment value that does not parse.
-Status ValidateTunables();
+// ListTunables and ValidateTunables are public (tierzero/tunables.h).
 
 namespace internal {
 StatusOr<bool> ParseTunable(std::string_view text, bool*);

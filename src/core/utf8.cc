@@ -1,4 +1,4 @@
-#include "core/utf8.h"
+#include "tierzero/utf8.h"
 
 namespace tierzero {
 

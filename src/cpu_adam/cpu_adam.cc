@@ -20,9 +20,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/dtype.h"
 #include "core/logging.h"
 #include "cpu_adam/adam_kernels.h"
+#include "tierzero/types.h"
 
 namespace tierzero {
 

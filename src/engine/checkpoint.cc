@@ -1,5 +1,5 @@
-// Checkpoints and the report of the engine (engine.h); safetensors in safetensors.cc, the
-// atomic file writing both use in file_io.h.
+// Checkpoints of the engine (engine.h); safetensors in safetensors.cc, the report in report.cc,
+// the atomic file writing they use in core/file_io.h.
 //
 // Note [Checkpoint format]
 // A checkpoint is a directory:
@@ -35,10 +35,10 @@
 
 #include "core/bytes.h"
 #include "core/convert.h"
+#include "core/file_io.h"
 #include "core/json_in.h"
 #include "core/logging.h"
 #include "engine/engine_impl.h"
-#include "engine/file_io.h"
 #include "offload/crc32c.h"
 #include "zero/collective.h"
 
@@ -63,6 +63,7 @@ struct Manifest {
   int64_t step = 0;
   float loss_scale = 1.0f;
   int good_steps = 0;
+  int world_size = 1;      // ranks that wrote it
   std::string user_state;  // JSON text; empty when none was saved
   std::map<std::string, std::vector<SavedSlice>> tensors;
 };
@@ -88,6 +89,9 @@ StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& pat
   ASSIGN_OR_RETURN(m.good_steps, in.get_or<int>("good_steps", 0));
   if (m.step < 0 || m.good_steps < 0 || m.step > std::numeric_limits<int32_t>::max())
     return in.Error("has a step count out of range: " + std::to_string(m.step));
+  ASSIGN_OR_RETURN(m.world_size, in.get_or<int>("world_size", 1));
+  if (m.world_size < 1)
+    return in.Error("has a world size below 1: " + std::to_string(m.world_size));
   if (in.has("user_state") && !in.at("user_state")->raw().is_null())
     m.user_state = in.at("user_state")->raw().dump();
   ASSIGN_OR_RETURN(const std::vector<JsonIn> tensors, in.elements("tensors"));
@@ -117,14 +121,24 @@ StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& pat
   return m;
 }
 
+StatusOr<Manifest> ReadManifest(const std::string& dir) {
+  auto text = ReadWholeFile(dir + "/manifest.json");
+  if (!text.ok()) {
+    return NotFoundError("no checkpoint in '" + dir +
+                         "' (manifest.json missing: the directory is not a checkpoint, or its "
+                         "first save did not finish)");
+  }
+  return ParseManifest(*text, dir + "/manifest.json");
+}
+
 // Every rank's text, rank by rank (two all_gathers: the lengths, then the padded texts).
 StatusOr<std::vector<std::string>> AllGatherText(Communicator& comm, const std::string& text) {
   ASSIGN_OR_RETURN(std::vector<uint64_t> lengths,
-                   zero::AllGatherValue(comm, static_cast<uint64_t>(text.size())));
+                   AllGatherValue(comm, static_cast<uint64_t>(text.size())));
   const uint64_t most = *std::max_element(lengths.begin(), lengths.end());
   std::string padded = text;
   padded.resize(most);
-  ASSIGN_OR_RETURN(std::vector<uint8_t> raw, zero::AllGatherBytes(comm, padded.data(), most));
+  ASSIGN_OR_RETURN(std::vector<uint8_t> raw, AllGatherBytes(comm, padded.data(), most));
   std::vector<std::string> out;
   for (size_t r = 0; r < lengths.size(); ++r)
     out.emplace_back(reinterpret_cast<const char*>(raw.data()) + r * most, lengths[r]);
@@ -132,6 +146,11 @@ StatusOr<std::vector<std::string>> AllGatherText(Communicator& comm, const std::
 }
 
 }  // namespace
+
+StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& dir) {
+  ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir));
+  return CheckpointInfo{.step = m.step, .world_size = m.world_size, .user_state = m.user_state};
+}
 
 Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_state) const {
   Impl& im = *impl_;
@@ -186,7 +205,7 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
     return file.Commit();
   }();
   // Note [Agreeing on an outcome]: a rank that failed does not leave the others waiting.
-  RETURN_IF_ERROR(zero::AgreeOnStatus(*im.comm, written));
+  RETURN_IF_ERROR(AgreeOnStatus(*im.comm, written));
   json files =
       json::array({{{"name", states_name}, {"bytes", states_bytes}, {"crc32c", file_crc}}});
   if (im.world() > 1) {
@@ -232,7 +251,7 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
       return Status::OK();
     }();
   }
-  RETURN_IF_ERROR(zero::AgreeOnStatus(*im.comm, committed));
+  RETURN_IF_ERROR(AgreeOnStatus(*im.comm, committed));
   TZ_LOG(kInfo, kEngine) << "checkpoint at step " << im.step << " written to " << dir << " ("
                          << FormatBytes(states_bytes) << " from this rank)";
   return Status::OK();
@@ -296,13 +315,7 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
     return Status::OK();
   };
   Status verified = [&]() -> Status {
-    auto text = ReadWholeFile(dir + "/manifest.json");
-    if (!text.ok()) {
-      return NotFoundError("no checkpoint in '" + dir +
-                           "' (manifest.json missing: the directory is not a checkpoint, or its "
-                           "first save did not finish)");
-    }
-    ASSIGN_OR_RETURN(manifest, ParseManifest(*text, dir + "/manifest.json"));
+    ASSIGN_OR_RETURN(manifest, ReadManifest(dir));
     // Compare the saved slices with the registered parameters: every difference (missing,
     // extra, another shape) is listed at once, and nothing is loaded unless the two agree
     // exactly (a checkpoint of another model is never loaded in part).
@@ -365,8 +378,8 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
     }
     return run_pass(0);
   }();
-  RETURN_IF_ERROR(zero::AgreeOnStatus(*im.comm, verified));
-  Status loaded = zero::AgreeOnStatus(*im.comm, run_pass(1));
+  RETURN_IF_ERROR(AgreeOnStatus(*im.comm, verified));
+  Status loaded = AgreeOnStatus(*im.comm, run_pass(1));
   if (!loaded.ok()) {
     // Verified, then failed while writing (a disk error): the states are partly the
     // checkpoint's on some rank, so the engine takes no more work.
@@ -380,257 +393,6 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   RETURN_IF_ERROR(im.cm->ZeroGrads());
   TZ_LOG(kInfo, kEngine) << "checkpoint " << dir << " loaded at step " << im.step;
   return manifest.user_state;
-}
-
-// ---- Report
-// -------------------------------------------------------------------------------------
-
-Status Engine::WriteReport(const std::string& path) const {
-  ASSIGN_OR_RETURN(std::string text, ReportJson());
-  ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::Create(path));
-  RETURN_IF_ERROR(f.Write(text.data(), text.size()));
-  return f.Commit();
-}
-
-StatusOr<std::string> Engine::ReportJson() const {
-  const Impl& im = *impl_;
-  if (!im.finalized) return FailedPreconditionError("the report before Finalize");
-  const TierUsage u = usage();
-  const uint64_t host_model = im.placement.bytes[static_cast<int>(Tier::kHost)];
-  const uint64_t host_fixed = im.cfg.host_budget - im.budgets.host_bytes;
-  auto free_under = [](uint64_t budget, uint64_t used) {
-    return budget > used ? budget - used : 0;
-  };
-  // The profiled iteration (and the step after it): per-moment memory, residency and times, the
-  // step-time breakdown, bytes and achieved bandwidth per link, and the timeline's events.
-  auto profile_json = [&]() -> json {
-    if (im.profile_iteration < 0) return json{{"available", false}};
-    const uint64_t capacity = im.cfg.device_budget;
-    json moments = json::array();
-    double forward = 0, backward = 0, wait = 0, stall = 0;
-    for (size_t k = 0; k < im.profile.size(); ++k) {
-      const ChunkManager::MomentProfile& p = im.profile[k];
-      const Impl::MomentTimes* t = k < im.moment_times.size() ? &im.moment_times[k] : nullptr;
-      const double compute = t != nullptr && t->release_s >= 0 ? t->release_s - t->ready_s : 0;
-      const double w = t != nullptr ? t->ready_s - t->call_s : 0;
-      const bool bwd = k < im.cm->trace().size() && im.cm->trace()[k].backward;
-      (bwd ? backward : forward) += compute;
-      wait += w;
-      stall += p.stall_s;
-      const uint64_t used = p.device_chunk_bytes + p.nonmodel_bytes;
-      moments.push_back({{"index", k},
-                         {"backward", bwd},
-                         {"residency", p.residency},
-                         {"prefetch", p.prefetch},
-                         {"device",
-                          {{"chunk_bytes", p.device_chunk_bytes},
-                           {"nonmodel_bytes", p.nonmodel_bytes},
-                           {"free_bytes", free_under(capacity, used)},
-                           {"budget", capacity}}},
-                         // Host and NVMe allocations do not change within an iteration.
-                         {"host",
-                          {{"model_bytes", host_model},
-                           {"fixed_bytes", host_fixed},
-                           {"free_bytes", free_under(im.cfg.host_budget, host_model + host_fixed)},
-                           {"budget", im.cfg.host_budget}}},
-                         {"nvme",
-                          {{"model_bytes", u.nvme},
-                           {"free_bytes", free_under(im.cfg.nvme_budget, u.nvme)},
-                           {"budget", im.cfg.nvme_budget}}},
-                         {"stall_seconds", p.stall_s},
-                         {"wait_seconds", w},
-                         {"compute_seconds", compute}});
-    }
-    // Links: bytes of the profiled iteration's transfers, and the time the link was busy (the
-    // union of their spans: NVMe reads overlap each other).
-    struct Link {
-      uint64_t bytes = 0;
-      double busy = 0;
-      std::vector<std::pair<double, double>> spans;
-    } links[kNumTracks];
-    json events = json::array();
-    double adam = 0, norm = 0;
-    for (const TimelineEvent& e : im.profile_events) {
-      Link& l = links[static_cast<int>(e.track)];
-      if (e.lane == 0) {
-        l.bytes += e.bytes;
-        l.spans.emplace_back(e.start_s, e.start_s + e.dur_s);
-      }
-      if (e.track == Track::kOptimizer && e.chunk >= 0 && e.lane == 0) adam += e.dur_s;
-      if (e.track == Track::kOptimizer && e.name == "gradient norm") norm = e.dur_s;
-      events.push_back({{"track", TrackName(e.track)},
-                        {"name", e.name},
-                        {"start", e.start_s},
-                        {"dur", e.dur_s},
-                        {"moment", e.moment},
-                        {"chunk", e.chunk},
-                        {"bytes", e.bytes},
-                        {"lane", e.lane}});
-    }
-    for (Link& l : links) {
-      std::sort(l.spans.begin(), l.spans.end());
-      double end = -1;
-      for (const auto& [a, b] : l.spans) {
-        if (a > end) {
-          l.busy += b - a;
-          end = b;
-        } else if (b > end) {
-          l.busy += b - end;
-          end = b;
-        }
-      }
-    }
-    auto link = [&](Track t) {
-      const Link& l = links[static_cast<int>(t)];
-      return json{{"bytes", l.bytes},
-                  {"busy_seconds", l.busy},
-                  {"bytes_per_second", l.busy > 0 ? static_cast<double>(l.bytes) / l.busy : 0.0}};
-    };
-    json nvme_opt = {
-        {"bytes", im.step_nvme_bytes},
-        {"busy_seconds", im.step_nvme_seconds},
-        {"bytes_per_second", im.step_nvme_seconds > 0
-                                 ? static_cast<double>(im.step_nvme_bytes) / im.step_nvme_seconds
-                                 : 0.0}};
-    return {{"available", true},
-            {"iteration", im.profile_iteration},
-            {"moments", moments},
-            {"breakdown",
-             {{"forward_seconds", forward},
-              {"backward_seconds", backward},
-              {"parameter_wait_seconds", wait},
-              {"stall_seconds", stall},
-              {"optimizer_seconds", im.step_seconds},
-              {"optimizer_compute_seconds", adam},
-              // The step's time in neither the norm nor Adam: waiting for NVMe states.
-              {"optimizer_io_wait_seconds", std::max(0.0, im.step_seconds - norm - adam)}}},
-            {"links",
-             {{"h2d", link(Track::kH2D)},
-              {"d2h", link(Track::kD2H)},
-              {"nvme_read", link(Track::kNvmeRead)},
-              {"nvme_optimizer", nvme_opt},
-              // The step's NVMe writes (states and parameter shards), during its swap pipeline.
-              {"nvme_write",
-               {{"bytes", im.step_nvme_write_bytes},
-                {"busy_seconds", im.step_nvme_seconds},
-                {"bytes_per_second",
-                 im.step_nvme_seconds > 0
-                     ? static_cast<double>(im.step_nvme_write_bytes) / im.step_nvme_seconds
-                     : 0.0}}},
-              // ZeRO-3 collectives on the comm track (none with one rank). They are not
-              // quantized, so what goes on the wire is what they carry.
-              {"collective",
-               {{"bytes_before_quantization", link(Track::kComm)["bytes"]},
-                {"bytes_on_wire", link(Track::kComm)["bytes"]}}}}},
-            {"events", events}};
-  };
-
-  const EngineConfig& c = im.cfg;
-  json report;
-  report["schema"] = "tierzero-report";
-  report["version"] = 2;
-  report["config"] = {{"device_budget", c.device_budget},
-                      {"device_shard_budget", c.device_shard_budget},
-                      {"host_budget", c.host_budget},
-                      {"nvme_budget", c.nvme_budget},
-                      {"compute_dtype", std::string(DTypeName(c.compute_dtype))},
-                      {"grad_accumulation", c.grad_accumulation},
-                      {"device", im.device->info().name}};
-  json chunks = json::array();
-  for (int k = 0; k < im.layout.num_chunks(); ++k) {
-    json ts = json::array();
-    for (int t : im.layout.chunk(k).tensors) ts.push_back(im.params[static_cast<size_t>(t)].name);
-    const ChunkPlacement& p = im.placement.chunks[static_cast<size_t>(k)];
-    chunks.push_back({{"tensors", ts},
-                      {"used_elems", im.layout.chunk(k).used_elems},
-                      {"param_tier", std::string(TierName(p.param))},
-                      {"optimizer_tier", std::string(TierName(p.optimizer))},
-                      {"grad_tier", std::string(TierName(p.grad))}});
-  }
-  report["layout"] = {{"chunk_elems", im.layout.chunk_elems()},
-                      {"chunk_bytes", im.layout.chunk_bytes()},
-                      {"waste_fraction", im.layout.waste_fraction()},
-                      {"chunks", chunks}};
-  json moments = json::array();
-  const auto& trace = im.cm->trace();
-  const auto& sched = im.cm->schedule();
-  for (size_t k = 0; k < trace.size(); ++k) {
-    json m = {{"chunks", trace[k].chunks},
-              {"backward", trace[k].backward},
-              {"nonmodel_bytes", trace[k].nonmodel_bytes},
-              {"nonmodel_peak", trace[k].nonmodel_peak},
-              {"compute_seconds", trace[k].compute_seconds}};
-    if (k < sched.moments.size()) {
-      m["gather"] = sched.moments[k].gather;
-      m["evict"] = sched.moments[k].evict;
-    }
-    moments.push_back(std::move(m));
-  }
-  report["moments"] = moments;
-  report["plan"] = {{"predicted_stall_seconds", sched.stall_s},
-                    {"policy", std::string(CachePolicyName(sched.policy))},
-                    {"planned", im.cm->has_plan()}};
-  auto tier_bytes = [&](Tier t) { return im.placement.bytes[static_cast<int>(t)]; };
-  report["tiers"] = {{"device",
-                      {{"current", u.device},
-                       {"peak", u.device_peak},
-                       {"capacity", u.device_capacity},
-                       {"resident_shard_bytes", tier_bytes(Tier::kDevice)}}},
-                     {"host",
-                      {{"used", u.host},
-                       {"budget", u.host_budget},
-                       {"model_bytes", host_model},
-                       {"fixed_bytes", host_fixed}}},
-                     {"nvme", {{"used", u.nvme}, {"budget", u.nvme_budget}}}};
-  // Optimizer placement per sub-group (one chunk's shard of master weights and moments).
-  json groups = json::array();
-  for (int k = 0; k < im.layout.num_chunks(); ++k) {
-    groups.push_back(
-        {{"chunk", k},
-         {"tier", std::string(TierName(im.placement.chunks[static_cast<size_t>(k)].optimizer))},
-         {"bytes", im.layout.shard_elems() * 12}});
-  }
-  report["optimizer"] = {{"sub_groups", groups}};
-  {
-    const CommStats cs = im.comm_stats();
-    const Topology topo = im.comm->topology();
-    report["ranks"] = {
-        {"world_size", im.comm->size()},
-        {"rank", im.comm->rank()},
-        {"backend", im.comm->backend()},
-        {"collectives_on",
-         im.device_comm ? "device (" + im.device_comm->backend() + ")" : std::string("host")},
-        {"nodes", topo.nodes},
-        {"node", topo.node},
-        {"local_rank", topo.local_rank},
-        {"local_size", topo.local_size},
-        {"shard_bytes", im.layout.shard_bytes()},
-        {"model_state_bytes",
-         tier_bytes(Tier::kDevice) + tier_bytes(Tier::kHost) + tier_bytes(Tier::kNvme)},
-        {"collectives", cs.collectives},
-        {"comm_bytes", cs.bytes_sent},
-        {"comm_seconds", im.cm->counters().comm_seconds}};
-  }
-  report["profile"] = profile_json();
-  const EngineStats s = stats();
-  const ChunkCounters& cc = im.cm->counters();
-  report["counters"] = {{"h2d_bytes", s.h2d_bytes},
-                        {"d2h_bytes", s.d2h_bytes},
-                        {"nvme_read_bytes", s.nvme_read_bytes},
-                        {"nvme_write_bytes", s.nvme_write_bytes},
-                        {"hits", s.hits},
-                        {"misses", s.misses},
-                        {"prefetches", s.prefetches},
-                        {"evictions", s.evictions},
-                        {"plans", s.plans},
-                        {"deviations", s.deviations},
-                        {"stall_seconds", cc.stall_seconds},
-                        {"acquire_wait_seconds", s.acquire_wait_seconds},
-                        {"optimizer_seconds", s.optimizer_seconds},
-                        {"optimizer_nvme_seconds", s.optimizer_nvme_seconds},
-                        {"steps", s.steps},
-                        {"skipped_steps", s.skipped_steps}};
-  return report.dump(1);
 }
 
 }  // namespace tierzero

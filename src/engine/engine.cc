@@ -65,10 +65,6 @@ Initializer InitNormal(float stddev, uint64_t seed) {
   };
 }
 
-Status CastElements(const void* src, DType src_type, void* dst, DType dst_type, size_t n) {
-  return Convert(src, src_type, dst, dst_type, n);
-}
-
 Initializer InitConstant(float value) {
   return [value](std::span<float> values) { std::fill(values.begin(), values.end(), value); };
 }
@@ -317,7 +313,7 @@ Status Engine::Impl::GatherChunkMaster(int c, std::vector<float>& full) {
   ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,
                    comm->AllGather(mine.data(), full.data(), n, DType::kF32));
   RETURN_IF_ERROR(req->Wait());
-  return zero::AgreeOnStatus(*comm, read);
+  return AgreeOnStatus(*comm, read);
 }
 
 // ---- Iterations

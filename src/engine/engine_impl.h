@@ -18,6 +18,7 @@
 #include "offload/device.h"
 #include "offload/nvme_store.h"
 #include "offload/pinned_arena.h"
+#include "profiler/report_snapshot.h"
 #include "profiler/timeline.h"
 #include "shard/shard_store.h"
 #include "tierzero/engine.h"
@@ -121,6 +122,11 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   StatusOr<double> GradSumSquares();
   Status SkipStep();
   Status AdamGroup(const OptimizerGroup& group, const AdamStepOptions& options, bool profiled);
+  // The report's snapshot in parts (report.cc).
+  void SnapshotLayout(ReportSnapshot& s) const;
+  void SnapshotPlan(ReportSnapshot& s) const;
+  void SnapshotRanks(ReportSnapshot& s) const;
+  void SnapshotProfile(ReportSnapshot& s) const;
   // The whole chunk's fp32 master weights (chunk_elems), gathered from the ranks' shards
   // (collective with W > 1).
   Status GatherChunkMaster(int chunk, std::vector<float>& full);

@@ -13,10 +13,10 @@
 
 #include "core/bytes.h"
 #include "core/convert.h"
+#include "core/file_io.h"
 #include "core/json_in.h"
 #include "core/logging.h"
 #include "engine/engine_impl.h"
-#include "engine/file_io.h"
 #include "zero/collective.h"
 
 namespace tierzero {
@@ -70,7 +70,7 @@ Status Engine::ExportSafetensors(const std::string& path, DType dtype) const {
     }
   }
   if (writer && wrote.ok()) wrote = file->Commit();
-  return zero::AgreeOnStatus(*im.comm, wrote);
+  return AgreeOnStatus(*im.comm, wrote);
 }
 
 // Note [Safetensors entries checked whole]

@@ -42,7 +42,7 @@ Status Engine::Finalize() {
   // With several ranks they agree on the outcome of opening the device: what follows starts
   // collectives (MPI_Comm_dup, NCCL's setup) that a rank which failed here would never join.
   Status local = im.OpenDevice(cuda);
-  if (im.world() > 1) local = zero::AgreeOnStatus(*im.comm, local);
+  if (im.world() > 1) local = AgreeOnStatus(*im.comm, local);
   RETURN_IF_ERROR(local);
   RETURN_IF_ERROR(im.CreateShards(on_device));
   RETURN_IF_ERROR(im.CreateOptimizer());
@@ -61,7 +61,7 @@ StatusOr<bool> Engine::Impl::ChooseCollectivePath(bool cuda) {
       cfg.collectives == CollectivePath::kDevice ||
       (cfg.collectives == CollectivePath::kAuto && (cuda ? nccl : comm->asynchronous()));
   ASSIGN_OR_RETURN(std::vector<int32_t> all,
-                   zero::AllGatherValue(*comm, static_cast<int32_t>(on_device)));
+                   AllGatherValue(*comm, static_cast<int32_t>(on_device)));
   const bool everywhere = std::all_of(all.begin(), all.end(), [](int32_t v) { return v != 0; });
   if (on_device && !everywhere) {
     TZ_LOG(kWarn, kEngine) << "NCCL cannot load, or a node has fewer GPUs than ranks: gathers "

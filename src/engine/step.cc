@@ -33,7 +33,7 @@ StatusOr<double> Engine::Impl::GradSumSquares() {
   }
   if (world() > 1) {
     // The ranks' sums in rank order, so every rank gets the same norm bit for bit.
-    ASSIGN_OR_RETURN(std::vector<double> all, zero::AllGatherValue(*comm, sumsq));
+    ASSIGN_OR_RETURN(std::vector<double> all, AllGatherValue(*comm, sumsq));
     sumsq = 0;
     for (double x : all) sumsq += x;
   }

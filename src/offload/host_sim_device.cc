@@ -18,9 +18,9 @@
 #include "core/bytes.h"
 #include "core/check.h"
 #include "core/convert.h"
-#include "core/dtype.h"
 #include "core/logging.h"
 #include "offload/slab_allocator.h"
+#include "tierzero/types.h"
 
 namespace tierzero {
 namespace {

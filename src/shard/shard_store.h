@@ -18,13 +18,13 @@
 #include <vector>
 
 #include "core/aligned_buffer.h"
-#include "core/dtype.h"
 #include "core/status.h"
 #include "offload/device.h"
 #include "offload/nvme_store.h"
 #include "offload/pinned_arena.h"
 #include "offload/tier.h"
 #include "shard/optimizer_states.h"
+#include "tierzero/types.h"
 
 namespace tierzero {
 

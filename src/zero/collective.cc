@@ -151,6 +151,10 @@ void ReduceBlocks(const void* blocks, int num_blocks, void* out, size_t n, DType
   }
 }
 
+}  // namespace tierzero::zero
+
+namespace tierzero {
+
 Status AgreeOnStatus(Communicator& comm, const Status& local) {
   if (comm.size() == 1) return local;
   struct Outcome {
@@ -183,4 +187,4 @@ StatusOr<std::vector<uint8_t>> AllGatherBytes(Communicator& comm, const void* da
   return out;
 }
 
-}  // namespace tierzero::zero
+}  // namespace tierzero

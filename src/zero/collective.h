@@ -52,22 +52,6 @@ void ReduceBlocks(const void* blocks, int num_blocks, void* out, size_t n, DType
 
 // Every rank's `bytes` bytes from `data`, rank by rank (one all_gather, waited for). For the
 // small agreements between ranks: trace checks, plan inputs, norms, losses.
-StatusOr<std::vector<uint8_t>> AllGatherBytes(Communicator& comm, const void* data, size_t bytes);
-// Note [Agreeing on an outcome]
-// A collective call in which a rank can fail on its own (writing its checkpoint file, rank 0
-// writing the manifest or the export) must not leave the other ranks waiting in the next
-// collective for the collective deadline. Each such step ends with AgreeOnStatus: every rank
-// shares its outcome, and all of them return an error if any rank failed (this rank's own, or
-// the lowest failing rank's, prefixed "rank r of W: "), or OK together. A collective: every rank
-// calls it, whatever happened before.
-Status AgreeOnStatus(Communicator& comm, const Status& local);
-// The same for one trivially copyable value per rank.
-template <typename T>
-StatusOr<std::vector<T>> AllGatherValue(Communicator& comm, const T& value) {
-  ASSIGN_OR_RETURN(std::vector<uint8_t> raw, AllGatherBytes(comm, &value, sizeof(T)));
-  std::vector<T> out(static_cast<size_t>(comm.size()));
-  std::memcpy(out.data(), raw.data(), raw.size());
-  return out;
-}
+// AllGatherBytes, AllGatherValue and AgreeOnStatus are public (tierzero/communicator.h).
 
 }  // namespace tierzero::zero

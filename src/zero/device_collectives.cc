@@ -231,7 +231,7 @@ StatusOr<std::unique_ptr<DeviceCollectives>> CreateDeviceCollectives(
       }
       auto stream = Stream::Create(device, "comm");
       // A collective follows (MPI_Comm_dup): a rank that failed must not leave the others in it.
-      RETURN_IF_ERROR(zero::AgreeOnStatus(*comm, stream.status()));
+      RETURN_IF_ERROR(AgreeOnStatus(*comm, stream.status()));
       ASSIGN_OR_RETURN(std::shared_ptr<Communicator> dup, comm->Duplicate());
       dup->SetTimeout(comm->timeout());
       return std::unique_ptr<DeviceCollectives>(
@@ -239,7 +239,7 @@ StatusOr<std::unique_ptr<DeviceCollectives>> CreateDeviceCollectives(
     }
     case DeviceKind::kCuda: {
       auto created = Stream::Create(device, "comm");
-      RETURN_IF_ERROR(zero::AgreeOnStatus(*comm, created.status()));
+      RETURN_IF_ERROR(AgreeOnStatus(*comm, created.status()));
       Stream stream = std::move(created).value();
       NcclOptions o;
       o.device = &device;

@@ -284,7 +284,7 @@ class NcclCommunicator final : public Communicator {
           usable = InternalError(std::string("NCCL GetUniqueId failed: ") + api->GetErrorString(r));
       }
     }
-    RETURN_IF_ERROR(zero::AgreeOnStatus(*o.bootstrap, usable));
+    RETURN_IF_ERROR(AgreeOnStatus(*o.bootstrap, usable));
     auto c = std::shared_ptr<NcclCommunicator>(new NcclCommunicator());
     c->shared_ = std::make_shared<NcclShared>();
     c->shared_->api = api;
@@ -313,7 +313,7 @@ class NcclCommunicator final : public Communicator {
                             " (each rank needs its own GPU: " +
                             std::to_string(c->topo_.local_size) + " ranks on this node)")
             : c->shared_->Settle(r, "CommInitRank", c->timeout_s_);
-    RETURN_IF_ERROR(zero::AgreeOnStatus(*o.bootstrap, inited));
+    RETURN_IF_ERROR(AgreeOnStatus(*o.bootstrap, inited));
     ASSIGN_OR_RETURN(void* scratch, o.device->Allocate(kDeviceAlignment));
     c->scratch_ = scratch;
     return std::shared_ptr<Communicator>(std::move(c));

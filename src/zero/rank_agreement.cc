@@ -42,7 +42,7 @@ Status RankAgreement::AgreeOnMoment(int k, uint64_t hash, bool end, bool inferen
   mine.inference = inference ? 1 : 0;
   mine.hash = hash;
   const auto t0 = std::chrono::steady_clock::now();
-  auto gathered = zero::AllGatherValue(*comm_, mine);
+  auto gathered = AllGatherValue(*comm_, mine);
   if (!gathered.ok()) return LoseStep(gathered.status());
   const std::vector<MomentTag>& all = *gathered;
   *comm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -66,7 +66,7 @@ Status RankAgreement::AgreeOnMoment(int k, uint64_t hash, bool end, bool inferen
 
 Status RankAgreement::AgreeOnMaximum(std::vector<double>& values) {
   ASSIGN_OR_RETURN(std::vector<uint8_t> raw,
-                   zero::AllGatherBytes(*comm_, values.data(), values.size() * 8));
+                   AllGatherBytes(*comm_, values.data(), values.size() * 8));
   std::vector<double> most = values;
   for (int r = 0; r < comm_->size(); ++r) {
     const auto* theirs = reinterpret_cast<const double*>(raw.data()) + r * values.size();
@@ -82,7 +82,7 @@ Status RankAgreement::AgreeOnOutcome() {
     std::lock_guard<std::mutex> lock(mu_);
     mine = async_error_;
   }
-  Status agreed = zero::AgreeOnStatus(*comm_, mine);
+  Status agreed = AgreeOnStatus(*comm_, mine);
   if (agreed.ok()) return agreed;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "core/dtype.h"
+#include "tierzero/types.h"
 
 namespace tierzero {
 namespace {

@@ -7,7 +7,7 @@
 #include <limits>
 #include <string>
 
-#include "core/utf8.h"
+#include "tierzero/utf8.h"
 
 namespace tierzero {
 namespace {

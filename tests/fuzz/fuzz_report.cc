@@ -8,7 +8,7 @@
 #include <string>
 
 #include "fuzz_common.h"
-#include "report.h"
+#include "tierzero/report.h"
 
 using namespace tierzero;
 
@@ -31,11 +31,11 @@ std::string ReadAll(const std::string& path) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(fuzz::AsText(data, size));
-  const bool summary = app::ReportSummary(text).ok();
-  (void)app::WriteChromeTrace(text, fuzz::ScratchDir() + "/trace.json");
+  const bool summary = ReportSummary(text).ok();
+  (void)WriteChromeTrace(text, fuzz::ScratchDir() + "/trace.json");
   const std::string page = fuzz::ScratchDir() + "/report.html";
   std::remove(page.c_str());
-  const Status html = app::WriteHtmlReport(text, page);
+  const Status html = WriteHtmlReport(text, page);
   FUZZ_CHECK(html.ok() == summary, "the page and the summary disagree on a report: %s",
              html.ToString().c_str());
   if (html.ok()) {
@@ -48,7 +48,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           R"("h2d_bytes":0,"d2h_bytes":0,"nvme_read_bytes":0,"nvme_write_bytes":0},)"
           R"("profile":{"available":false}})";
       const std::string path = fuzz::ScratchDir() + "/minimal.html";
-      FUZZ_CHECK(app::WriteHtmlReport(minimal, path).ok(), "the minimal report does not render");
+      FUZZ_CHECK(WriteHtmlReport(minimal, path).ok(), "the minimal report does not render");
       return ReadAll(path);
     }();
     const std::string got = ReadAll(page);

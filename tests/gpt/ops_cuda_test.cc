@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gpt/ops.h"
+#include "tierzero/convert.h"
 #include "tierzero/engine.h"
 
 namespace tierzero::gpt {

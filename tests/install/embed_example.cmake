@@ -30,8 +30,14 @@ endif()
 run(${CMAKE_COMMAND} -S ${EXAMPLE_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
     -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release ${launcher} ${flags})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
-# The example exits non-zero unless its loss fell 20-fold; the report must be written too.
-run(${WORK_DIR}/build/embed_mlp ${WORK_DIR}/report.json)
-if(NOT EXISTS ${WORK_DIR}/report.json)
-  message(FATAL_ERROR "embed_mlp wrote no report")
+# The example exits non-zero unless its loss fell 20-fold; the report and its page must be written too.
+run(${WORK_DIR}/build/embed_mlp ${WORK_DIR}/report.json ${WORK_DIR}/report.html)
+foreach(f report.json report.html)
+  if(NOT EXISTS ${WORK_DIR}/${f})
+    message(FATAL_ERROR "embed_mlp wrote no ${f}")
+  endif()
+endforeach()
+file(READ ${WORK_DIR}/report.html page)
+if(NOT page MATCHES "tierzero-report")
+  message(FATAL_ERROR "embed_mlp's report.html does not carry the report")
 endif()

@@ -1,5 +1,5 @@
 // AtomicFile: a file appears whole or not at all, and a failed write leaves no temporary file.
-#include "engine/file_io.h"
+#include "core/file_io.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

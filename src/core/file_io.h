@@ -78,6 +78,14 @@ class AtomicFile {
   uint64_t bytes_ = 0;
 };
 
+// Writes `text` to `path` whole or not at all, durable once this returns.
+inline Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  auto f = AtomicFile::Create(path);
+  if (!f.ok()) return f.status();
+  if (Status s = f->Write(text.data(), text.size()); !s.ok()) return s;
+  return f->Commit();
+}
+
 inline Status SyncDir(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return ErrnoError("opening directory " + dir, errno);

@@ -1,5 +1,7 @@
 // UTF-8 validation (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF), the
 // rule JSON writers enforce: a string that passes can be written into a config or report.
+//
+// Thread-safety: reentrant.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,37 @@
+// The memory placement report (docs/report.md), rendered. Engine::ReportJson gives the report's
+// JSON; these turn it into what `tierzero train` and `tierzero report` write, so a trainer that
+// embeds the engine writes the same summary, page and trace without the CLI:
+//
+//   auto json = engine->ReportJson();                    // or ReadReportFile("report.json")
+//   tierzero::WriteHtmlReport(*json, "report.html");     // open it in a browser
+//
+// Each checks the report first (schema "tierzero-report", version 2; every field it reads has the
+// type it needs): a report from another version or edited by hand gets InvalidArgument naming
+// the field, never a crash. Files are written through a temporary name and a rename.
+//
+// Thread-safety: reentrant.
+#pragma once
+
+#include <string>
+
+#include "tierzero/status.h"
+
+namespace tierzero {
+
+// A report file's text.
+StatusOr<std::string> ReadReportFile(const std::string& path);
+
+// A few lines: peak per tier, bytes moved, stall share, the three worst stalls.
+StatusOr<std::string> ReportSummary(const std::string& report_json);
+
+// The profiled iteration's events, one track (thread) per stream, in the Trace Event Format
+// (loads in Perfetto and chrome://tracing). FailedPrecondition when nothing was profiled.
+Status WriteChromeTrace(const std::string& report_json, const std::string& path);
+
+// One self-contained HTML file (inline SVG and script; no network access) with the charts.
+Status WriteHtmlReport(const std::string& report_json, const std::string& path);
+
+// Writes `text` to `path` through a temporary file, fsync and a rename: whole or not at all.
+Status WriteTextFile(const std::string& path, const std::string& text);
+
+}  // namespace tierzero

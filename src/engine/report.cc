@@ -1,0 +1,152 @@
+// The engine's memory placement report (engine.h, docs/report.md): a snapshot of its layout,
+// placement, plan, profile and counters, which src/profiler turns into the report's JSON.
+#include "core/file_io.h"
+#include "engine/engine_impl.h"
+#include "profiler/report_snapshot.h"
+
+namespace tierzero {
+
+void Engine::Impl::SnapshotLayout(ReportSnapshot& s) const {
+  const Impl& im = *this;
+  s.layout.chunk_elems = im.layout.chunk_elems();
+  s.layout.chunk_bytes = im.layout.chunk_bytes();
+  s.layout.shard_elems = im.layout.shard_elems();
+  s.layout.waste_fraction = im.layout.waste_fraction();
+  for (int k = 0; k < im.layout.num_chunks(); ++k) {
+    const ChunkPlacement& p = im.placement.chunks[static_cast<size_t>(k)];
+    ReportSnapshot::Chunk& c = s.layout.chunks.emplace_back();
+    for (int t : im.layout.chunk(k).tensors)
+      c.tensors.push_back(im.params[static_cast<size_t>(t)].name);
+    c.used_elems = im.layout.chunk(k).used_elems;
+    c.param_tier = TierName(p.param);
+    c.optimizer_tier = TierName(p.optimizer);
+    c.grad_tier = TierName(p.grad);
+    s.optimizer_group_tiers.emplace_back(TierName(p.optimizer));
+  }
+}
+
+void Engine::Impl::SnapshotPlan(ReportSnapshot& s) const {
+  const Impl& im = *this;
+  const std::vector<Moment>& trace = im.cm->trace();
+  const Schedule& sched = im.cm->schedule();
+  for (size_t k = 0; k < trace.size(); ++k) {
+    ReportSnapshot::Moment& m = s.moments.emplace_back();
+    m.chunks = trace[k].chunks;
+    m.backward = trace[k].backward;
+    m.nonmodel_bytes = trace[k].nonmodel_bytes;
+    m.nonmodel_peak = trace[k].nonmodel_peak;
+    m.compute_seconds = trace[k].compute_seconds;
+    if (k < sched.moments.size()) {
+      m.planned = true;
+      m.gather = sched.moments[k].gather;
+      m.evict = sched.moments[k].evict;
+    }
+  }
+  s.plan.predicted_stall_seconds = sched.stall_s;
+  s.plan.policy = CachePolicyName(sched.policy);
+  s.plan.planned = im.cm->has_plan();
+}
+
+void Engine::Impl::SnapshotProfile(ReportSnapshot& s) const {
+  const Impl& im = *this;
+  ReportSnapshot::Profile& p = s.profile;
+  p.available = im.profile_iteration >= 0;
+  if (!p.available) return;
+  p.iteration = im.profile_iteration;
+  const std::vector<Moment>& trace = im.cm->trace();
+  for (size_t k = 0; k < im.profile.size(); ++k) {
+    const ChunkManager::MomentProfile& from = im.profile[k];
+    ReportSnapshot::ProfiledMoment& m = p.moments.emplace_back();
+    m.residency = from.residency;
+    m.prefetch = from.prefetch;
+    m.device_chunk_bytes = from.device_chunk_bytes;
+    m.nonmodel_bytes = from.nonmodel_bytes;
+    m.stall_s = from.stall_s;
+    m.backward = k < trace.size() && trace[k].backward;
+    if (k < im.moment_times.size()) {
+      m.timed = true;
+      m.call_s = im.moment_times[k].call_s;
+      m.ready_s = im.moment_times[k].ready_s;
+      m.release_s = im.moment_times[k].release_s;
+    }
+  }
+  p.events = im.profile_events;
+  p.step_seconds = im.step_seconds;
+  p.step_nvme_seconds = im.step_nvme_seconds;
+  p.step_nvme_bytes = im.step_nvme_bytes;
+  p.step_nvme_write_bytes = im.step_nvme_write_bytes;
+}
+
+void Engine::Impl::SnapshotRanks(ReportSnapshot& s) const {
+  const Impl& im = *this;
+  const CommStats cs = im.comm_stats();
+  const Topology topo = im.comm->topology();
+  ReportSnapshot::Ranks& r = s.ranks;
+  r.world_size = im.comm->size();
+  r.rank = im.comm->rank();
+  r.backend = im.comm->backend();
+  r.collectives_on = im.device_comm ? "device (" + im.device_comm->backend() + ")" : "host";
+  r.nodes = topo.nodes;
+  r.node = topo.node;
+  r.local_rank = topo.local_rank;
+  r.local_size = topo.local_size;
+  r.shard_bytes = im.layout.shard_bytes();
+  for (int t = 0; t < kNumTiers; ++t) r.model_state_bytes += im.placement.bytes[t];
+  r.collectives = cs.collectives;
+  r.comm_bytes = cs.bytes_sent;
+  r.comm_seconds = im.cm->counters().comm_seconds;
+}
+
+StatusOr<std::string> Engine::ReportJson() const {
+  const Impl& im = *impl_;
+  if (!im.finalized) return FailedPreconditionError("the report before Finalize");
+  ReportSnapshot s;
+  const EngineConfig& c = im.cfg;
+  s.config = {.device_budget = c.device_budget,
+              .device_shard_budget = c.device_shard_budget,
+              .host_budget = c.host_budget,
+              .nvme_budget = c.nvme_budget,
+              .compute_dtype = std::string(DTypeName(c.compute_dtype)),
+              .grad_accumulation = c.grad_accumulation,
+              .device = im.device->info().name};
+  im.SnapshotLayout(s);
+  im.SnapshotPlan(s);
+  const TierUsage u = usage();
+  s.tiers = {.device_current = u.device,
+             .device_peak = u.device_peak,
+             .device_capacity = u.device_capacity,
+             .device_resident_shards = im.placement.bytes[static_cast<int>(Tier::kDevice)],
+             .host_used = u.host,
+             .host_budget = u.host_budget,
+             .host_model = im.placement.bytes[static_cast<int>(Tier::kHost)],
+             .host_fixed = c.host_budget - im.budgets.host_bytes,
+             .nvme_used = u.nvme,
+             .nvme_budget = u.nvme_budget};
+  im.SnapshotRanks(s);
+  im.SnapshotProfile(s);
+  const EngineStats st = stats();
+  s.counters = {.h2d_bytes = st.h2d_bytes,
+                .d2h_bytes = st.d2h_bytes,
+                .nvme_read_bytes = st.nvme_read_bytes,
+                .nvme_write_bytes = st.nvme_write_bytes,
+                .hits = st.hits,
+                .misses = st.misses,
+                .prefetches = st.prefetches,
+                .evictions = st.evictions,
+                .plans = st.plans,
+                .deviations = st.deviations,
+                .stall_seconds = im.cm->counters().stall_seconds,
+                .acquire_wait_seconds = st.acquire_wait_seconds,
+                .optimizer_seconds = st.optimizer_seconds,
+                .optimizer_nvme_seconds = st.optimizer_nvme_seconds,
+                .steps = st.steps,
+                .skipped_steps = st.skipped_steps};
+  return BuildReportJson(s);
+}
+
+Status Engine::WriteReport(const std::string& path) const {
+  ASSIGN_OR_RETURN(std::string text, ReportJson());
+  return WriteFileAtomically(path, text);
+}
+
+}  // namespace tierzero

@@ -1,0 +1,261 @@
+// The report's JSON from a snapshot (report_snapshot.h; the fields are documented in
+// docs/report.md).
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "profiler/report_snapshot.h"
+
+namespace tierzero {
+namespace {
+
+using json = nlohmann::json;
+
+uint64_t FreeUnder(uint64_t budget, uint64_t used) { return budget > used ? budget - used : 0; }
+
+double Rate(uint64_t bytes, double seconds) {
+  return seconds > 0 ? static_cast<double>(bytes) / seconds : 0.0;
+}
+
+// The profiled moments: memory per tier, residency, and the caller's times.
+struct MomentTotals {
+  double forward = 0, backward = 0, wait = 0, stall = 0;
+};
+json ProfiledMoments(const ReportSnapshot& s, MomentTotals& totals) {
+  const ReportSnapshot::Tiers& t = s.tiers;
+  const uint64_t capacity = s.config.device_budget;
+  json moments = json::array();
+  for (size_t k = 0; k < s.profile.moments.size(); ++k) {
+    const ReportSnapshot::ProfiledMoment& p = s.profile.moments[k];
+    const double compute = p.timed && p.release_s >= 0 ? p.release_s - p.ready_s : 0;
+    const double wait = p.timed ? p.ready_s - p.call_s : 0;
+    (p.backward ? totals.backward : totals.forward) += compute;
+    totals.wait += wait;
+    totals.stall += p.stall_s;
+    const uint64_t used = p.device_chunk_bytes + p.nonmodel_bytes;
+    moments.push_back(
+        {{"index", k},
+         {"backward", p.backward},
+         {"residency", p.residency},
+         {"prefetch", p.prefetch},
+         {"device",
+          {{"chunk_bytes", p.device_chunk_bytes},
+           {"nonmodel_bytes", p.nonmodel_bytes},
+           {"free_bytes", FreeUnder(capacity, used)},
+           {"budget", capacity}}},
+         // Host and NVMe allocations do not change within an iteration.
+         {"host",
+          {{"model_bytes", t.host_model},
+           {"fixed_bytes", t.host_fixed},
+           {"free_bytes", FreeUnder(s.config.host_budget, t.host_model + t.host_fixed)},
+           {"budget", s.config.host_budget}}},
+         {"nvme",
+          {{"model_bytes", t.nvme_used},
+           {"free_bytes", FreeUnder(s.config.nvme_budget, t.nvme_used)},
+           {"budget", s.config.nvme_budget}}},
+         {"stall_seconds", p.stall_s},
+         {"wait_seconds", wait},
+         {"compute_seconds", compute}});
+  }
+  return moments;
+}
+
+// A link's bytes in the profiled iteration's transfers, and the time it was busy: the union of
+// their spans (NVMe reads overlap each other).
+struct Link {
+  uint64_t bytes = 0;
+  std::vector<std::pair<double, double>> spans;
+
+  double Busy() {
+    std::sort(spans.begin(), spans.end());
+    double busy = 0, end = -1;
+    for (const auto& [a, b] : spans) {
+      if (a > end) {
+        busy += b - a;
+        end = b;
+      } else if (b > end) {
+        busy += b - end;
+        end = b;
+      }
+    }
+    return busy;
+  }
+  json ToJson() {
+    const double busy = Busy();
+    return {{"bytes", bytes}, {"busy_seconds", busy}, {"bytes_per_second", Rate(bytes, busy)}};
+  }
+};
+
+json Profile(const ReportSnapshot& s) {
+  const ReportSnapshot::Profile& p = s.profile;
+  if (!p.available) return json{{"available", false}};
+  MomentTotals totals;
+  json moments = ProfiledMoments(s, totals);
+  Link links[kNumTracks];
+  json events = json::array();
+  double adam = 0, norm = 0;
+  for (const TimelineEvent& e : p.events) {
+    Link& l = links[static_cast<int>(e.track)];
+    if (e.lane == 0) {
+      l.bytes += e.bytes;
+      l.spans.emplace_back(e.start_s, e.start_s + e.dur_s);
+    }
+    if (e.track == Track::kOptimizer && e.chunk >= 0 && e.lane == 0) adam += e.dur_s;
+    if (e.track == Track::kOptimizer && e.name == "gradient norm") norm = e.dur_s;
+    events.push_back({{"track", TrackName(e.track)},
+                      {"name", e.name},
+                      {"start", e.start_s},
+                      {"dur", e.dur_s},
+                      {"moment", e.moment},
+                      {"chunk", e.chunk},
+                      {"bytes", e.bytes},
+                      {"lane", e.lane}});
+  }
+  auto link = [&](Track t) { return links[static_cast<int>(t)].ToJson(); };
+  const json comm = link(Track::kComm);
+  return {{"available", true},
+          {"iteration", p.iteration},
+          {"moments", moments},
+          {"breakdown",
+           {{"forward_seconds", totals.forward},
+            {"backward_seconds", totals.backward},
+            {"parameter_wait_seconds", totals.wait},
+            {"stall_seconds", totals.stall},
+            {"optimizer_seconds", p.step_seconds},
+            {"optimizer_compute_seconds", adam},
+            // The step's time in neither the norm nor Adam: waiting for NVMe states.
+            {"optimizer_io_wait_seconds", std::max(0.0, p.step_seconds - norm - adam)}}},
+          {"links",
+           {{"h2d", link(Track::kH2D)},
+            {"d2h", link(Track::kD2H)},
+            {"nvme_read", link(Track::kNvmeRead)},
+            {"nvme_optimizer",
+             {{"bytes", p.step_nvme_bytes},
+              {"busy_seconds", p.step_nvme_seconds},
+              {"bytes_per_second", Rate(p.step_nvme_bytes, p.step_nvme_seconds)}}},
+            // The step's NVMe writes (states and parameter shards), during its swap pipeline.
+            {"nvme_write",
+             {{"bytes", p.step_nvme_write_bytes},
+              {"busy_seconds", p.step_nvme_seconds},
+              {"bytes_per_second", Rate(p.step_nvme_write_bytes, p.step_nvme_seconds)}}},
+            // ZeRO-3 collectives on the comm track (none with one rank). They are not
+            // quantized, so what goes on the wire is what they carry.
+            {"collective",
+             {{"bytes_before_quantization", comm["bytes"]}, {"bytes_on_wire", comm["bytes"]}}}}},
+          {"events", events}};
+}
+
+json Layout(const ReportSnapshot& s) {
+  json chunks = json::array();
+  for (const ReportSnapshot::Chunk& c : s.layout.chunks) {
+    chunks.push_back({{"tensors", c.tensors},
+                      {"used_elems", c.used_elems},
+                      {"param_tier", c.param_tier},
+                      {"optimizer_tier", c.optimizer_tier},
+                      {"grad_tier", c.grad_tier}});
+  }
+  return {{"chunk_elems", s.layout.chunk_elems},
+          {"chunk_bytes", s.layout.chunk_bytes},
+          {"waste_fraction", s.layout.waste_fraction},
+          {"chunks", chunks}};
+}
+
+json Moments(const ReportSnapshot& s) {
+  json moments = json::array();
+  for (const ReportSnapshot::Moment& m : s.moments) {
+    json j = {{"chunks", m.chunks},
+              {"backward", m.backward},
+              {"nonmodel_bytes", m.nonmodel_bytes},
+              {"nonmodel_peak", m.nonmodel_peak},
+              {"compute_seconds", m.compute_seconds}};
+    if (m.planned) {
+      j["gather"] = m.gather;
+      j["evict"] = m.evict;
+    }
+    moments.push_back(std::move(j));
+  }
+  return moments;
+}
+
+json Tiers(const ReportSnapshot::Tiers& t) {
+  return {{"device",
+           {{"current", t.device_current},
+            {"peak", t.device_peak},
+            {"capacity", t.device_capacity},
+            {"resident_shard_bytes", t.device_resident_shards}}},
+          {"host",
+           {{"used", t.host_used},
+            {"budget", t.host_budget},
+            {"model_bytes", t.host_model},
+            {"fixed_bytes", t.host_fixed}}},
+          {"nvme", {{"used", t.nvme_used}, {"budget", t.nvme_budget}}}};
+}
+
+json Ranks(const ReportSnapshot::Ranks& r) {
+  return {{"world_size", r.world_size},
+          {"rank", r.rank},
+          {"backend", r.backend},
+          {"collectives_on", r.collectives_on},
+          {"nodes", r.nodes},
+          {"node", r.node},
+          {"local_rank", r.local_rank},
+          {"local_size", r.local_size},
+          {"shard_bytes", r.shard_bytes},
+          {"model_state_bytes", r.model_state_bytes},
+          {"collectives", r.collectives},
+          {"comm_bytes", r.comm_bytes},
+          {"comm_seconds", r.comm_seconds}};
+}
+
+json Counters(const ReportSnapshot::Counters& c) {
+  return {{"h2d_bytes", c.h2d_bytes},
+          {"d2h_bytes", c.d2h_bytes},
+          {"nvme_read_bytes", c.nvme_read_bytes},
+          {"nvme_write_bytes", c.nvme_write_bytes},
+          {"hits", c.hits},
+          {"misses", c.misses},
+          {"prefetches", c.prefetches},
+          {"evictions", c.evictions},
+          {"plans", c.plans},
+          {"deviations", c.deviations},
+          {"stall_seconds", c.stall_seconds},
+          {"acquire_wait_seconds", c.acquire_wait_seconds},
+          {"optimizer_seconds", c.optimizer_seconds},
+          {"optimizer_nvme_seconds", c.optimizer_nvme_seconds},
+          {"steps", c.steps},
+          {"skipped_steps", c.skipped_steps}};
+}
+
+}  // namespace
+
+std::string BuildReportJson(const ReportSnapshot& s) {
+  const ReportSnapshot::Config& c = s.config;
+  json report;
+  report["schema"] = "tierzero-report";
+  report["version"] = 2;
+  report["config"] = {{"device_budget", c.device_budget},
+                      {"device_shard_budget", c.device_shard_budget},
+                      {"host_budget", c.host_budget},
+                      {"nvme_budget", c.nvme_budget},
+                      {"compute_dtype", c.compute_dtype},
+                      {"grad_accumulation", c.grad_accumulation},
+                      {"device", c.device}};
+  report["layout"] = Layout(s);
+  report["moments"] = Moments(s);
+  report["plan"] = {{"predicted_stall_seconds", s.plan.predicted_stall_seconds},
+                    {"policy", s.plan.policy},
+                    {"planned", s.plan.planned}};
+  report["tiers"] = Tiers(s.tiers);
+  json groups = json::array();
+  for (size_t k = 0; k < s.optimizer_group_tiers.size(); ++k) {
+    groups.push_back(
+        {{"chunk", k}, {"tier", s.optimizer_group_tiers[k]}, {"bytes", s.layout.shard_elems * 12}});
+  }
+  report["optimizer"] = {{"sub_groups", groups}};
+  report["ranks"] = Ranks(s.ranks);
+  report["profile"] = Profile(s);
+  report["counters"] = Counters(s.counters);
+  return report.dump(1);
+}
+
+}  // namespace tierzero

@@ -1,0 +1,252 @@
+// The renderings of the memory placement report (tierzero/report.h).
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "core/file_io.h"
+#include "core/json_in.h"
+#include "profiler/observer.h"
+#include "tierzero/report.h"
+
+namespace tierzero {
+namespace {
+
+using json = nlohmann::json;
+
+StatusOr<json> ParseReport(const std::string& text) {
+  json r = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (r.is_discarded() || !r.is_object()) return InvalidArgumentError("the report is not JSON");
+  const JsonIn in(r, "report");
+  RETURN_IF_ERROR(in.CheckDepth(kMaxJsonDepth));  // before anything prints it
+  const StatusOr<std::string> schema = in.get_or<std::string>("schema", "");
+  if (!schema.ok() || *schema != "tierzero-report")
+    return InvalidArgumentError("not a tierzero report (schema is not \"tierzero-report\")");
+  ASSIGN_OR_RETURN(const int64_t version, in.get<int64_t>("version"));
+  if (version != 2)
+    return InvalidArgumentError("report version " + std::to_string(version) +
+                                "; this tierzero reads version 2 (write it again with this build)");
+  return r;
+}
+
+}  // namespace
+
+Status WriteTextFile(const std::string& path, const std::string& text) {
+  return WriteFileAtomically(path, text);
+}
+
+namespace {
+
+std::string Mib(double bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f MiB", bytes / 1048576.0);
+  return b;
+}
+std::string Ms(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f ms", s * 1e3);
+  return b;
+}
+
+}  // namespace
+
+StatusOr<std::string> ReadReportFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return NotFoundError("cannot open report " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+StatusOr<std::string> ReportSummary(const std::string& text) {
+  ASSIGN_OR_RETURN(const json r, ParseReport(text));
+  // Every field is read through JsonIn (Note [Reading outside JSON]): a report edited by hand or
+  // written by another tool gets an error naming the field, never an exception.
+  const JsonIn in(r, "report");
+  ASSIGN_OR_RETURN(const JsonIn t, in.at("tiers"));
+  ASSIGN_OR_RETURN(const JsonIn dev, t.at("device"));
+  ASSIGN_OR_RETURN(const JsonIn host, t.at("host"));
+  ASSIGN_OR_RETURN(const JsonIn nvme, t.at("nvme"));
+  ASSIGN_OR_RETURN(const double dev_peak, dev.get<double>("peak"));
+  ASSIGN_OR_RETURN(const double dev_cap, dev.get<double>("capacity"));
+  ASSIGN_OR_RETURN(const double host_used, host.get<double>("used"));
+  ASSIGN_OR_RETURN(const double host_budget, host.get<double>("budget"));
+  ASSIGN_OR_RETURN(const double nvme_used, nvme.get<double>("used"));
+  ASSIGN_OR_RETURN(const double nvme_budget, nvme.get<double>("budget"));
+  ASSIGN_OR_RETURN(const JsonIn c, in.at("counters"));
+  ASSIGN_OR_RETURN(const double h2d, c.get<double>("h2d_bytes"));
+  ASSIGN_OR_RETURN(const double d2h, c.get<double>("d2h_bytes"));
+  ASSIGN_OR_RETURN(const double nvme_read, c.get<double>("nvme_read_bytes"));
+  ASSIGN_OR_RETURN(const double nvme_write, c.get<double>("nvme_write_bytes"));
+  std::ostringstream o;
+  auto pct = [](double a, double b) { return b > 0 ? 100.0 * a / b : 0.0; };
+  char line[512];
+  std::snprintf(
+      line, sizeof line, "memory: device peak %s of %s (%.0f%%), host %s of %s, NVMe %s of %s\n",
+      Mib(dev_peak).c_str(), Mib(dev_cap).c_str(), pct(dev_peak, dev_cap), Mib(host_used).c_str(),
+      Mib(host_budget).c_str(), Mib(nvme_used).c_str(), Mib(nvme_budget).c_str());
+  o << line;
+  std::snprintf(line, sizeof line, "moved: H2D %s, D2H %s, NVMe read %s, NVMe write %s\n",
+                Mib(h2d).c_str(), Mib(d2h).c_str(), Mib(nvme_read).c_str(),
+                Mib(nvme_write).c_str());
+  o << line;
+  ASSIGN_OR_RETURN(const JsonIn p, in.at("profile"));
+  ASSIGN_OR_RETURN(const bool available, p.get_or<bool>("available", false));
+  if (!available) {
+    o << "no profiled iteration (the run ended before its first planned iteration)\n";
+    return o.str();
+  }
+  ASSIGN_OR_RETURN(const JsonIn b, p.at("breakdown"));
+  ASSIGN_OR_RETURN(const double fwd, b.get<double>("forward_seconds"));
+  ASSIGN_OR_RETURN(const double bwd, b.get<double>("backward_seconds"));
+  ASSIGN_OR_RETURN(const double wait, b.get<double>("parameter_wait_seconds"));
+  ASSIGN_OR_RETURN(const double stall, b.get<double>("stall_seconds"));
+  ASSIGN_OR_RETURN(const double opt, b.get<double>("optimizer_seconds"));
+  ASSIGN_OR_RETURN(const double io, b.get<double>("optimizer_io_wait_seconds"));
+  ASSIGN_OR_RETURN(const int64_t iteration, p.get<int64_t>("iteration"));
+  const double total = fwd + bwd + wait + opt;
+  std::snprintf(line, sizeof line,
+                "profiled iteration %lld: forward %s, backward %s, waiting for parameters %s "
+                "(%.1f%%; device stalls %s), optimizer %s (NVMe waits %s)\n",
+                static_cast<long long>(iteration), Ms(fwd).c_str(), Ms(bwd).c_str(),
+                Ms(wait).c_str(), pct(wait, total), Ms(stall).c_str(), Ms(opt).c_str(),
+                Ms(io).c_str());
+  o << line;
+  struct Moment {
+    int64_t index;
+    bool backward;
+    double cost;
+  };
+  std::vector<Moment> ms;
+  ASSIGN_OR_RETURN(const std::vector<JsonIn> moments, p.elements("moments"));
+  for (const JsonIn& m : moments) {
+    ASSIGN_OR_RETURN(const int64_t index, m.get<int64_t>("index"));
+    ASSIGN_OR_RETURN(const bool backward, m.get<bool>("backward"));
+    ASSIGN_OR_RETURN(const double mwait, m.get<double>("wait_seconds"));
+    ASSIGN_OR_RETURN(const double mstall, m.get<double>("stall_seconds"));
+    ms.push_back({index, backward, std::max(mwait, mstall)});
+  }
+  std::stable_sort(ms.begin(), ms.end(),
+                   [](const Moment& a, const Moment& b) { return a.cost > b.cost; });
+  o << "worst stalls:";
+  for (size_t i = 0; i < std::min<size_t>(3, ms.size()); ++i) {
+    std::snprintf(line, sizeof line, "%s moment %lld (%s) %s", i ? "," : "",
+                  static_cast<long long>(ms[i].index), ms[i].backward ? "backward" : "forward",
+                  Ms(ms[i].cost).c_str());
+    o << line;
+  }
+  o << "\n";
+  return o.str();
+}
+
+Status WriteChromeTrace(const std::string& text, const std::string& path) {
+  ASSIGN_OR_RETURN(const json r, ParseReport(text));
+  // The summary reads (and checks) the rest of the report.
+  RETURN_IF_ERROR(ReportSummary(text).status());
+  ASSIGN_OR_RETURN(const JsonIn pin, JsonIn(r, "report").at("profile"));
+  ASSIGN_OR_RETURN(const bool available, pin.get_or<bool>("available", false));
+  if (!available) return FailedPreconditionError("the report has no profiled iteration to trace");
+  ASSIGN_OR_RETURN(const int64_t iteration, pin.get<int64_t>("iteration"));
+  // One thread per track, in a fixed order.
+  std::vector<std::string> tracks;
+  for (int t = 0; t < kNumTracks; ++t) tracks.emplace_back(TrackName(static_cast<Track>(t)));
+  auto thread = [](json& events, int tid, const std::string& name) {
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", 1},
+                      {"tid", tid},
+                      {"args", {{"name", name}}}});
+    events.push_back({{"name", "thread_sort_index"},
+                      {"ph", "M"},
+                      {"pid", 1},
+                      {"tid", tid},
+                      {"args", {{"sort_index", tid}}}});
+  };
+  json events = json::array();
+  events.push_back({{"name", "process_name"},
+                    {"ph", "M"},
+                    {"pid", 1},
+                    {"tid", 0},
+                    {"args", {{"name", "tierzero iteration " + std::to_string(iteration)}}}});
+  for (size_t i = 0; i < tracks.size(); ++i) thread(events, static_cast<int>(i), tracks[i]);
+  // CPU Adam's worker threads: lanes 1..N of the optimizer track, one thread each after it.
+  constexpr int kLaneTid = 100;
+  std::set<int> lanes;
+  ASSIGN_OR_RETURN(const std::vector<JsonIn> report_events, pin.elements("events"));
+  for (const JsonIn& e : report_events) {
+    ASSIGN_OR_RETURN(const std::string track, e.get<std::string>("track"));
+    const auto it = std::find(tracks.begin(), tracks.end(), track);
+    if (it == tracks.end()) return e.Error("is on an unknown track " + JsonIn::Shown(track));
+    ASSIGN_OR_RETURN(const int lane, e.get_or<int>("lane", 0));
+    int tid = static_cast<int>(it - tracks.begin());
+    if (lane > 0) {
+      if (lane > 4096) return e.Error("has a CPU Adam lane out of range: " + std::to_string(lane));
+      tid = kLaneTid + lane;
+      if (lanes.insert(lane).second)
+        thread(events, tid, "CPU Adam thread " + std::to_string(lane - 1));
+    }
+    ASSIGN_OR_RETURN(const std::string name, e.get<std::string>("name"));
+    ASSIGN_OR_RETURN(const int64_t moment, e.get<int64_t>("moment"));
+    ASSIGN_OR_RETURN(const int64_t chunk, e.get<int64_t>("chunk"));
+    ASSIGN_OR_RETURN(const uint64_t bytes, e.get<uint64_t>("bytes"));
+    ASSIGN_OR_RETURN(const double start, e.get<double>("start"));
+    ASSIGN_OR_RETURN(const double dur, e.get<double>("dur"));
+    json args = json::object();
+    if (moment >= 0) args["moment"] = moment;
+    if (chunk >= 0) args["chunk"] = chunk;
+    if (bytes > 0) args["bytes"] = bytes;
+    events.push_back({{"name", name},
+                      {"cat", track},
+                      {"ph", "X"},
+                      {"ts", start * 1e6},
+                      {"dur", dur * 1e6},
+                      {"pid", 1},
+                      {"tid", tid},
+                      {"args", args}});
+  }
+  json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+  return WriteTextFile(path, trace.dump());
+}
+
+}  // namespace tierzero
+
+namespace tierzero {
+namespace {
+
+// The page (src/profiler/report_page.html), made a string literal at configure time.
+constexpr const char kPage[] =
+#include "report_page.inc"
+    ;
+
+}  // namespace
+
+Status WriteHtmlReport(const std::string& text, const std::string& path) {
+  ASSIGN_OR_RETURN(const json r, ParseReport(text));
+  // The page draws the fields the summary reads: a report they are malformed in is refused here.
+  RETURN_IF_ERROR(ReportSummary(text).status());
+  // Inside <script>, "</script" would end the element and "<!--" can keep the page's own
+  // "</script>" from ending it, so no '<' goes in as itself: outside strings JSON has none, and
+  // inside them "\u003c" is the same character.
+  const std::string dumped = r.dump(-1, ' ', false, json::error_handler_t::replace);
+  std::string data;
+  data.reserve(dumped.size());
+  for (char ch : dumped) {
+    if (ch == '<') {
+      data += "\\u003c";
+    } else {
+      data += ch;
+    }
+  }
+  std::string page = kPage;
+  const std::string marker = "@REPORT_JSON@";
+  const size_t at = page.find(marker);
+  if (at == std::string::npos) return InternalError("the report page has no data marker");
+  page.replace(at, marker.size(), data);
+  return WriteTextFile(path, page);
+}
+
+}  // namespace tierzero

@@ -1,0 +1,101 @@
+// ReportSnapshot: everything the memory placement report (docs/report.md) says, as plain values
+// copied out of the engine at one moment, and BuildReportJson, which turns it into the report's
+// JSON. The engine fills a snapshot (engine/report.cc); the profiler knows nothing of chunks,
+// plans or tiers beyond these numbers and names, so the report's shape is defined here, once,
+// and the renderings (tierzero/report.h) read only the JSON.
+//
+// Thread-safety: a snapshot is a value; BuildReportJson is reentrant.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "profiler/observer.h"
+
+namespace tierzero {
+
+struct ReportSnapshot {
+  struct Config {
+    uint64_t device_budget = 0, device_shard_budget = 0, host_budget = 0, nvme_budget = 0;
+    std::string compute_dtype;
+    int grad_accumulation = 1;
+    std::string device;  // the device's name
+  } config;
+
+  struct Chunk {
+    std::vector<std::string> tensors;  // parameter names, in layout order
+    uint64_t used_elems = 0;
+    std::string param_tier, optimizer_tier, grad_tier;
+  };
+  struct Layout {
+    uint64_t chunk_elems = 0, chunk_bytes = 0, shard_elems = 0;
+    double waste_fraction = 0;
+    std::vector<Chunk> chunks;
+  } layout;
+
+  // The recorded trace's moments, with the plan's decisions where there is a plan.
+  struct Moment {
+    std::vector<int> chunks;
+    bool backward = false;
+    uint64_t nonmodel_bytes = 0, nonmodel_peak = 0;
+    double compute_seconds = 0;
+    bool planned = false;  // gather and evict below are the plan's
+    std::vector<int> gather, evict;
+  };
+  std::vector<Moment> moments;
+  struct Plan {
+    double predicted_stall_seconds = 0;
+    std::string policy;
+    bool planned = false;
+  } plan;
+
+  struct Tiers {
+    uint64_t device_current = 0, device_peak = 0, device_capacity = 0, device_resident_shards = 0;
+    uint64_t host_used = 0, host_budget = 0, host_model = 0, host_fixed = 0;
+    uint64_t nvme_used = 0, nvme_budget = 0;
+  } tiers;
+  // Per optimizer group (one chunk's shard of master weights and moments): its tier.
+  std::vector<std::string> optimizer_group_tiers;
+
+  struct Ranks {
+    int world_size = 1, rank = 0;
+    std::string backend, collectives_on;
+    int nodes = 1, node = 0, local_rank = 0, local_size = 1;
+    uint64_t shard_bytes = 0, model_state_bytes = 0;
+    uint64_t collectives = 0, comm_bytes = 0;
+    double comm_seconds = 0;
+  } ranks;
+
+  // The profiled iteration and the Step after it.
+  struct ProfiledMoment {
+    std::string residency;  // per chunk: 'D', 'H' or 'N' (ChunkManager::MomentProfile)
+    std::vector<int> prefetch;
+    uint64_t device_chunk_bytes = 0, nonmodel_bytes = 0;
+    double stall_s = 0;
+    bool backward = false;
+    bool timed = false;  // the caller's times below were recorded
+    double call_s = 0, ready_s = 0, release_s = -1;
+  };
+  struct Profile {
+    bool available = false;
+    int64_t iteration = -1;
+    std::vector<ProfiledMoment> moments;
+    std::vector<TimelineEvent> events;
+    double step_seconds = 0, step_nvme_seconds = 0;
+    uint64_t step_nvme_bytes = 0, step_nvme_write_bytes = 0;
+  } profile;
+
+  struct Counters {
+    uint64_t h2d_bytes = 0, d2h_bytes = 0, nvme_read_bytes = 0, nvme_write_bytes = 0;
+    uint64_t hits = 0, misses = 0, prefetches = 0, evictions = 0, plans = 0, deviations = 0;
+    double stall_seconds = 0, acquire_wait_seconds = 0, optimizer_seconds = 0,
+           optimizer_nvme_seconds = 0;
+    int64_t steps = 0, skipped_steps = 0;
+  } counters;
+};
+
+// The report's JSON text (schema "tierzero-report", version 2).
+std::string BuildReportJson(const ReportSnapshot& s);
+
+}  // namespace tierzero
