@@ -17,6 +17,21 @@ foreach(f include/tierzero/engine.h lib/cmake/tierzero/tierzeroConfig.cmake bin/
   endif()
 endforeach()
 
+# Every function the public headers declare is in the library (a module's object file that the
+# engine itself never calls would otherwise be left out of it).
+find_program(NM nm REQUIRED)
+file(GLOB lib ${prefix}/lib/libtierzero.so.*.*.*)
+execute_process(COMMAND ${NM} -DC --defined-only ${lib} OUTPUT_VARIABLE symbols)
+foreach(fn Version InitNormal InitConstant ReadCheckpointInfo CastElements ParseByteSize
+           FormatBytes FormatBandwidth FirstInvalidUtf8 ParseDType DTypeName ListDevices
+           ListTunables ValidateTunables AllGatherBytes AgreeOnStatus ActiveSimdLevel
+           SimdLevelName ReadReportFile ReportSummary WriteChromeTrace WriteHtmlReport
+           WriteTextFile)
+  if(NOT symbols MATCHES "tierzero::${fn}(\\[abi:cxx11\\])?\\(")
+    message(FATAL_ERROR "libtierzero.so does not define the public tierzero::${fn}")
+  endif()
+endforeach()
+
 set(launcher)
 if(LAUNCHER)
   set(launcher -DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER})
