@@ -10,6 +10,8 @@
 #include <mutex>
 #include <string>
 
+#include "core/mutex.h"
+
 namespace tierzero {
 namespace {
 
@@ -23,7 +25,7 @@ struct LogState {
   std::atomic<uint32_t> subsys_mask{~0u};
   std::atomic<int> rank{-1};
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-  std::mutex write_mu;
+  Mutex write_mu;
 };
 
 StatusOr<uint32_t> ParseSubsysMask(std::string_view spec) {
@@ -124,7 +126,7 @@ LogMessage::~LogMessage() {
   line = prefix;
   line += stream_.str();
   line += '\n';
-  std::lock_guard<std::mutex> lock(s.write_mu);
+  MutexLock lock(s.write_mu);
   ssize_t unused = ::write(STDERR_FILENO, line.data(), line.size());
   (void)unused;
 }

@@ -7,12 +7,13 @@
 
 #include "core/bytes.h"
 #include "core/logging.h"
+#include "core/mutex.h"
 
 namespace tierzero {
 namespace {
 
-std::mutex& RegistryMutex() {
-  static std::mutex mu;
+Mutex& RegistryMutex() {
+  static Mutex mu;
   return mu;
 }
 std::vector<const TunableBase*>& Registry() {
@@ -24,7 +25,7 @@ std::vector<const TunableBase*>& Registry() {
 
 TunableBase::TunableBase(const char* env_name, const char* help)
     : env_name_(env_name), help_(help) {
-  std::lock_guard<std::mutex> lock(RegistryMutex());
+  MutexLock lock(RegistryMutex());
   Registry().push_back(this);
 }
 
@@ -35,7 +36,7 @@ std::optional<std::string> TunableBase::EnvValue() const {
 }
 
 std::vector<const TunableBase*> AllTunables() {
-  std::lock_guard<std::mutex> lock(RegistryMutex());
+  MutexLock lock(RegistryMutex());
   return Registry();
 }
 

@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/mutex.h"
 #include "core/status.h"
 #include "tierzero/tunables.h"
 
@@ -85,7 +86,7 @@ class Tunable final : public TunableBase {
       : TunableBase(env_name, help), default_(std::move(default_value)) {}
 
   T Get() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (override_) return *override_;
     if (!env_loaded_) {
       env_loaded_ = true;
@@ -102,12 +103,12 @@ class Tunable final : public TunableBase {
   }
   // Overrides the environment and the default until Reset().
   void Set(T value) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     override_ = std::move(value);
     generation_.fetch_add(1, std::memory_order_release);
   }
   void Reset() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     override_.reset();
     generation_.fetch_add(1, std::memory_order_release);
   }
@@ -128,10 +129,10 @@ class Tunable final : public TunableBase {
 
  private:
   const T default_;
-  mutable std::mutex mu_;
-  mutable bool env_loaded_ = false;
-  mutable std::optional<T> env_;
-  std::optional<T> override_;
+  mutable Mutex mu_;
+  mutable bool env_loaded_ TZ_GUARDED_BY(mu_) = false;
+  mutable std::optional<T> env_ TZ_GUARDED_BY(mu_);
+  std::optional<T> override_ TZ_GUARDED_BY(mu_);
   std::atomic<uint64_t> generation_{1};
 };
 

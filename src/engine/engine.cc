@@ -19,6 +19,7 @@
 #include "core/check.h"
 #include "core/convert.h"
 #include "core/logging.h"
+#include "core/mutex.h"
 #include "cpu_adam/cpu_adam.h"
 #include "engine/engine_impl.h"
 #include "offload/cuda_device.h"
@@ -150,10 +151,10 @@ Status ParamScope::Release() {
 void Engine::Impl::OpenGate() {
   if (!gate) return;
   {
-    std::lock_guard<std::mutex> lock(gate->mu);
+    MutexLock lock(gate->mu);
     gate->opened = true;
   }
-  gate->cv.notify_all();
+  gate->cv.NotifyAll();
   gate.reset();
 }
 
@@ -161,15 +162,15 @@ Status Engine::Impl::PushGate(bool wait_entered) {
   if (!host_compute) return Status::OK();
   auto g = std::make_shared<Gate>();
   RETURN_IF_ERROR(device->LaunchHostFunc(compute.handle(), [g] {
-    std::unique_lock<std::mutex> lock(g->mu);
+    MutexLock lock(g->mu);
     g->entered = true;
-    g->cv.notify_all();
-    g->cv.wait(lock, [&] { return g->opened; });
+    g->cv.NotifyAll();
+    g->cv.Wait(lock, [&]() TZ_REQUIRES(g->mu) { return g->opened; });
   }));
   gate = g;
   if (wait_entered) {
-    std::unique_lock<std::mutex> lock(g->mu);
-    g->cv.wait(lock, [&] { return g->entered; });
+    MutexLock lock(g->mu);
+    g->cv.Wait(lock, [&]() TZ_REQUIRES(g->mu) { return g->entered; });
   }
   return Status::OK();
 }

@@ -14,6 +14,7 @@
 #include "chunk/layout.h"
 #include "chunk/placement.h"
 #include "core/aligned_buffer.h"
+#include "core/mutex.h"
 #include "cpu_adam/cpu_adam.h"
 #include "offload/device.h"
 #include "offload/nvme_store.h"
@@ -89,10 +90,10 @@ struct Engine::Impl final : ActivationBuffer::Owner {
 
   // Note [Host compute on the simulated device] in engine.cc.
   struct Gate {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool entered = false;
-    bool opened = false;
+    Mutex mu;
+    CondVar cv;
+    bool entered TZ_GUARDED_BY(mu) = false;
+    bool opened TZ_GUARDED_BY(mu) = false;
   };
   std::shared_ptr<Gate> gate;
   void OpenGate();

@@ -16,6 +16,7 @@
 
 #include "core/check.h"
 #include "core/logging.h"
+#include "core/mutex.h"
 
 namespace tierzero {
 namespace {
@@ -57,7 +58,7 @@ class UringBlockIo final : public BlockIo {
     if (completer_.joinable()) {
       {
         // A NOP with no request is the stop signal; it completes after everything before it.
-        std::lock_guard<std::mutex> lock(sq_mu_);
+        MutexLock lock(sq_mu_);
         io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
         while (sqe == nullptr) {
           io_uring_submit(&ring_);
@@ -87,7 +88,7 @@ class UringBlockIo final : public BlockIo {
   }
 
   Status Queue(IoRequest* req) {
-    std::lock_guard<std::mutex> lock(sq_mu_);
+    MutexLock lock(sq_mu_);
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     TZ_CHECK(sqe != nullptr) << "io_uring submission queue full despite the in-flight limit";
     const int fixed = FixedIndex(req->buf, req->len);
@@ -123,7 +124,7 @@ class UringBlockIo final : public BlockIo {
   }
 
   Status RegisterBuffers(const std::vector<std::pair<void*, size_t>>& regions) override {
-    std::lock_guard<std::mutex> lock(sq_mu_);
+    MutexLock lock(sq_mu_);
     if (!regions_.empty()) {
       io_uring_unregister_buffers(&ring_);
       regions_.clear();
@@ -139,8 +140,8 @@ class UringBlockIo final : public BlockIo {
   std::string name() const override { return sqpoll_ ? "io_uring+sqpoll" : "io_uring"; }
 
  private:
-  // The registered region holding [buf, buf+len), or -1. REQUIRES: sq_mu_ held.
-  int FixedIndex(const void* buf, size_t len) const {
+  // The registered region holding [buf, buf+len), or -1.
+  int FixedIndex(const void* buf, size_t len) const TZ_REQUIRES(sq_mu_) {
     auto* b = static_cast<const uint8_t*>(buf);
     for (size_t i = 0; i < regions_.size(); ++i) {
       auto* r = static_cast<const uint8_t*>(regions_[i].first);
@@ -170,8 +171,8 @@ class UringBlockIo final : public BlockIo {
   bool ring_ready_ = false;
   InFlight in_flight_;
   const bool sqpoll_;
-  std::mutex sq_mu_;
-  std::vector<std::pair<void*, size_t>> regions_;  // GUARDED_BY(sq_mu_)
+  Mutex sq_mu_;
+  std::vector<std::pair<void*, size_t>> regions_ TZ_GUARDED_BY(sq_mu_);
   std::thread completer_;
 };
 
@@ -183,10 +184,10 @@ class ThreadPoolBlockIo final : public BlockIo {
   }
   ~ThreadPoolBlockIo() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stopping_ = true;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     for (auto& t : workers_) t.join();
   }
 
@@ -196,10 +197,10 @@ class ThreadPoolBlockIo final : public BlockIo {
   }
   Status Resubmit(IoRequest* req) override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       queue_.push_back(req);
     }
-    cv_.notify_one();
+    cv_.NotifyOne();
     t_resubmitted = true;  // harmless outside a callback: Work() resets it before each one
     return Status::OK();
   }
@@ -213,8 +214,8 @@ class ThreadPoolBlockIo final : public BlockIo {
     for (;;) {
       IoRequest* req;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        MutexLock lock(mu_);
+        cv_.Wait(lock, [&]() TZ_REQUIRES(mu_) { return stopping_ || !queue_.empty(); });
         if (queue_.empty()) return;
         req = queue_.front();
         queue_.pop_front();
@@ -232,10 +233,10 @@ class ThreadPoolBlockIo final : public BlockIo {
 
   std::vector<int> fds_;
   InFlight in_flight_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<IoRequest*> queue_;  // GUARDED_BY(mu_)
-  bool stopping_ = false;         // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<IoRequest*> queue_ TZ_GUARDED_BY(mu_);
+  bool stopping_ TZ_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
 
@@ -264,9 +265,9 @@ StatusOr<std::unique_ptr<BlockIo>> CreateThreadPoolBlockIo(const std::vector<int
 // -----------------------------------------------------------------------------
 
 struct FaultInjectionBlockIo::State {
-  std::mutex mu;
-  std::vector<BlockIoFault> faults;  // GUARDED_BY(mu)
-  int injected = 0;                  // GUARDED_BY(mu)
+  Mutex mu;
+  std::vector<BlockIoFault> faults TZ_GUARDED_BY(mu);
+  int injected TZ_GUARDED_BY(mu) = 0;
 };
 
 FaultInjectionBlockIo::FaultInjectionBlockIo(std::unique_ptr<BlockIo> target)
@@ -275,12 +276,12 @@ FaultInjectionBlockIo::FaultInjectionBlockIo(std::unique_ptr<BlockIo> target)
 FaultInjectionBlockIo::~FaultInjectionBlockIo() = default;
 
 void FaultInjectionBlockIo::Inject(BlockIoFault fault) {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(state_->mu);
   state_->faults.push_back(fault);
 }
 
 int FaultInjectionBlockIo::injected() const {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(state_->mu);
   return state_->injected;
 }
 
@@ -291,7 +292,7 @@ Status FaultInjectionBlockIo::Apply(IoRequest* req, bool resubmit) {
   auto forward = [&](IoRequest* r) { return resubmit ? target_->Resubmit(r) : target_->Submit(r); };
   std::optional<BlockIoFault> hit;
   {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    MutexLock lock(state_->mu);
     for (BlockIoFault& f : state_->faults) {
       if (f.op != req->op || f.count <= 0) continue;
       if (f.skip > 0) {

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "core/bytes.h"
+#include "core/mutex.h"
 
 namespace tierzero {
 namespace {
@@ -22,17 +23,17 @@ DeviceOp CopyOp(CopyKind kind) {
 }  // namespace
 
 void FaultInjectionDevice::Inject(DeviceFault fault) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   faults_.push_back(fault);
 }
 
 void FaultInjectionDevice::Clear() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   faults_.clear();
 }
 
 Status FaultInjectionDevice::MaybeFail(DeviceOp op, std::string_view what) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (DeviceFault& f : faults_) {
     if (f.op != op || f.count <= 0) continue;
     if (f.skip > 0) {

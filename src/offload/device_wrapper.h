@@ -9,6 +9,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/mutex.h"
 #include "offload/device.h"
 
 namespace tierzero {
@@ -111,8 +112,8 @@ class FaultInjectionDevice final : public DeviceWrapper {
   // The injected error for this call of `op`, or OK.
   Status MaybeFail(DeviceOp op, std::string_view what);
 
-  std::mutex mu_;
-  std::vector<DeviceFault> faults_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::vector<DeviceFault> faults_ TZ_GUARDED_BY(mu_);
   std::atomic<int> injected_{0};
 };
 

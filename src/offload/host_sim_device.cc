@@ -19,6 +19,7 @@
 #include "core/check.h"
 #include "core/convert.h"
 #include "core/logging.h"
+#include "core/mutex.h"
 #include "offload/slab_allocator.h"
 #include "tierzero/types.h"
 
@@ -55,29 +56,29 @@ class SimStream {
   explicit SimStream(std::string name) : name_(std::move(name)), worker_([this] { Run(); }) {}
   ~SimStream() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stopping_ = true;
     }
-    work_cv_.notify_one();
+    work_cv_.NotifyOne();
     worker_.join();
   }
 
   void Enqueue(std::function<void()> fn) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       queue_.push_back(std::move(fn));
       ++enqueued_;
     }
-    work_cv_.notify_one();
+    work_cv_.NotifyOne();
   }
 
   // Waits until everything enqueued before the call has run.
   void Drain() {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const uint64_t target = enqueued_;
     while (completed_ < target) {
       wake_at_ = std::min(wake_at_, target);
-      done_cv_.wait(lock);
+      done_cv_.Wait(lock);
     }
   }
 
@@ -85,51 +86,51 @@ class SimStream {
 
  private:
   void Run() {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (;;) {
-      work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      work_cv_.Wait(lock, [&]() TZ_REQUIRES(mu_) { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping and drained
       std::function<void()> fn = std::move(queue_.front());
       queue_.pop_front();
-      lock.unlock();
+      lock.Unlock();
       fn();
-      lock.lock();
+      lock.Lock();
       ++completed_;
       // Note [Wake only waiters that are done]
       if (completed_ >= wake_at_) {
         wake_at_ = kNobody;
-        done_cv_.notify_all();
+        done_cv_.NotifyAll();
       }
     }
   }
 
   std::string name_;
-  std::mutex mu_;
-  std::condition_variable work_cv_;
-  std::condition_variable done_cv_;
+  Mutex mu_;
+  CondVar work_cv_;
+  CondVar done_cv_;
   static constexpr uint64_t kNobody = ~uint64_t{0};
-  uint64_t wake_at_ = kNobody;  // the smallest target a Drain waits for
-  std::deque<std::function<void()>> queue_;
-  uint64_t enqueued_ = 0;
-  uint64_t completed_ = 0;
-  bool stopping_ = false;
+  uint64_t wake_at_ TZ_GUARDED_BY(mu_) = kNobody;  // the smallest target a Drain waits for
+  std::deque<std::function<void()>> queue_ TZ_GUARDED_BY(mu_);
+  uint64_t enqueued_ TZ_GUARDED_BY(mu_) = 0;
+  uint64_t completed_ TZ_GUARDED_BY(mu_) = 0;
+  bool stopping_ TZ_GUARDED_BY(mu_) = false;
   std::thread worker_;  // last: starts after the members it uses exist
 };
 
 // Record k of an event completes when the work before it on its stream is done.
 struct SimEvent {
-  std::mutex mu;
-  std::condition_variable cv;
-  uint64_t records = 0;    // records issued
-  uint64_t completed = 0;  // highest record completed
-  int waiters = 0;         // threads in Wait
+  Mutex mu;
+  CondVar cv;
+  uint64_t records TZ_GUARDED_BY(mu) = 0;    // records issued
+  uint64_t completed TZ_GUARDED_BY(mu) = 0;  // highest record completed
+  int waiters TZ_GUARDED_BY(mu) = 0;         // threads in Wait
   // Waits (lock held on mu) until record `target` has completed.
-  void Wait(std::unique_lock<std::mutex>& lock, uint64_t target) {
+  void Wait(MutexLock& lock, uint64_t target) TZ_REQUIRES(mu) {
     ++waiters;
-    cv.wait(lock, [&] { return completed >= target; });
+    cv.Wait(lock, [&]() TZ_REQUIRES(mu) { return completed >= target; });
     --waiters;
   }
-  Clock::time_point completed_at{};
+  Clock::time_point completed_at TZ_GUARDED_BY(mu){};
   // Polls until record `target` has completed, without counting as a waiter (Note [Stream
   // waits that cost the signaller nothing]).
   void Poll(uint64_t target, double max_nap_us) {
@@ -137,7 +138,7 @@ struct SimEvent {
     int slack = -1;  // the thread's own timer slack, restored on return (set only to nap)
     for (;;) {
       {
-        std::lock_guard<std::mutex> lock(mu);
+        MutexLock lock(mu);
         if (completed >= target) break;
       }
       if (slack < 0) {
@@ -153,9 +154,9 @@ struct SimEvent {
 
 // A direction of the simulated interconnect.
 struct Link {
-  std::mutex mu;
+  Mutex mu;
   double bytes_per_second = 0;
-  Clock::time_point next_free{};
+  Clock::time_point next_free TZ_GUARDED_BY(mu){};
 };
 
 class HostSimDevice final : public Device {
@@ -172,7 +173,7 @@ class HostSimDevice final : public Device {
 
   ~HostSimDevice() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       TZ_CHECK(streams_.empty()) << streams_.size() << " stream(s) outlive the device";
     }
     ::munmap(slab_, info_.capacity_bytes);
@@ -187,7 +188,7 @@ class HostSimDevice final : public Device {
 
   StatusOr<StreamHandle> CreateStream(std::string_view name) override {
     auto* s = new SimStream(std::string(name));
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     streams_.insert(s);
     return StreamHandle{s};
   }
@@ -196,7 +197,7 @@ class HostSimDevice final : public Device {
     auto* s = static_cast<SimStream*>(handle.impl);
     if (s == nullptr) return;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       TZ_CHECK(streams_.erase(s) == 1) << "DestroyStream of an unknown stream";
     }
     delete s;  // drains the queue, then joins
@@ -211,7 +212,7 @@ class HostSimDevice final : public Device {
   Status Synchronize() override {
     std::vector<SimStream*> streams;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       streams.assign(streams_.begin(), streams_.end());
     }
     for (SimStream* s : streams) s->Drain();
@@ -234,15 +235,15 @@ class HostSimDevice final : public Device {
     std::shared_ptr<SimEvent> e = Ev(event);
     // Count and queue the record under the event's lock, so a StreamWaitEvent from another
     // thread can never queue a wait for this record ahead of the record itself.
-    std::lock_guard<std::mutex> event_lock(e->mu);
+    MutexLock event_lock(e->mu);
     const uint64_t target = ++e->records;
     static_cast<SimStream*>(stream.impl)->Enqueue([e, target] {
-      std::lock_guard<std::mutex> lock(e->mu);
+      MutexLock lock(e->mu);
       if (target > e->completed) {
         e->completed = target;
         e->completed_at = Clock::now();
       }
-      if (e->waiters > 0) e->cv.notify_all();  // Note [Wake only waiters that are done]
+      if (e->waiters > 0) e->cv.NotifyAll();  // Note [Wake only waiters that are done]
     });
     return Status::OK();
   }
@@ -251,7 +252,7 @@ class HostSimDevice final : public Device {
     RETURN_IF_ERROR(CheckStream(stream));
     if (event.impl == nullptr) return InvalidArgumentError("StreamWaitEvent on a null event");
     std::shared_ptr<SimEvent> e = Ev(event);
-    std::lock_guard<std::mutex> event_lock(e->mu);
+    MutexLock event_lock(e->mu);
     const uint64_t target = e->records;
     if (target == 0) return Status::OK();
     if (poll_us_ > 0) {
@@ -261,7 +262,7 @@ class HostSimDevice final : public Device {
       return Status::OK();
     }
     static_cast<SimStream*>(stream.impl)->Enqueue([e, target] {
-      std::unique_lock<std::mutex> lock(e->mu);
+      MutexLock lock(e->mu);
       e->Wait(lock, target);
     });
     return Status::OK();
@@ -270,7 +271,7 @@ class HostSimDevice final : public Device {
   Status SynchronizeEvent(EventHandle event) override {
     if (event.impl == nullptr) return InvalidArgumentError("SynchronizeEvent on a null event");
     std::shared_ptr<SimEvent> e = Ev(event);
-    std::unique_lock<std::mutex> lock(e->mu);
+    MutexLock lock(e->mu);
     const uint64_t target = e->records;
     e->Wait(lock, target);
     return Status::OK();
@@ -279,7 +280,7 @@ class HostSimDevice final : public Device {
   StatusOr<bool> EventDone(EventHandle event) override {
     if (event.impl == nullptr) return InvalidArgumentError("EventDone on a null event");
     std::shared_ptr<SimEvent> e = Ev(event);
-    std::lock_guard<std::mutex> lock(e->mu);
+    MutexLock lock(e->mu);
     return e->completed >= e->records;
   }
 
@@ -291,7 +292,7 @@ class HostSimDevice final : public Device {
     SimEvent* b = Ev(end).get();
     Clock::time_point ta, tb;
     for (auto [e, t] : {std::pair{a, &ta}, std::pair{b, &tb}}) {
-      std::lock_guard<std::mutex> lock(e->mu);
+      MutexLock lock(e->mu);
       if (e->records == 0 || e->completed < e->records) {
         return FailedPreconditionError("ElapsedSeconds needs two recorded, completed events");
       }
@@ -319,7 +320,7 @@ class HostSimDevice final : public Device {
       if (link->bytes_per_second > 0) {
         Clock::time_point finish;
         {
-          std::lock_guard<std::mutex> lock(link->mu);
+          MutexLock lock(link->mu);
           const Clock::time_point start = std::max(begin, link->next_free);
           finish = start + std::chrono::duration_cast<Clock::duration>(
                                std::chrono::duration<double>(bytes / link->bytes_per_second));
@@ -406,11 +407,11 @@ class HostSimDevice final : public Device {
 
   const DeviceInfo info_;
   uint8_t* const slab_;
-  mutable std::mutex mu_;
-  DeviceSlab memory_;             // the device memory, handed out from slab_
-  std::set<SimStream*> streams_;  // GUARDED_BY(mu_)
-  Link links_[3];                 // indexed by CopyKind
-  const double poll_us_;          // Note [Stream waits that cost the signaller nothing]
+  mutable Mutex mu_;
+  DeviceSlab memory_;  // the device memory, handed out from slab_
+  std::set<SimStream*> streams_ TZ_GUARDED_BY(mu_);
+  Link links_[3];         // indexed by CopyKind
+  const double poll_us_;  // Note [Stream waits that cost the signaller nothing]
 };
 
 }  // namespace

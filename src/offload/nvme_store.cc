@@ -15,6 +15,7 @@
 #include "core/bytes.h"
 #include "core/check.h"
 #include "core/logging.h"
+#include "core/mutex.h"
 #include "offload/crc32c.h"
 #include "offload/slab_allocator.h"
 
@@ -24,7 +25,7 @@ struct NvmeStore::File {
   std::string path;
   int fd = -1;
   bool remove_on_close = false;
-  std::unique_ptr<SlabAllocator> space;  // GUARDED_BY(store mu_)
+  std::unique_ptr<SlabAllocator> space;  // guarded by the store's mu_
 };
 
 struct NvmeStore::Piece {
@@ -58,24 +59,24 @@ class NvmeStore::Operation {
   uint32_t write_crc = 0;  // a write: the CRC to record on success
   std::vector<IoRequest> requests;
 
-  std::mutex mu;
-  std::condition_variable cv;
-  int pending = 0;        // GUARDED_BY(mu)
-  Status status;          // first error, GUARDED_BY(mu)
-  bool verified = false;  // GUARDED_BY(mu)
+  Mutex mu;
+  CondVar cv;
+  int pending TZ_GUARDED_BY(mu) = 0;
+  Status status TZ_GUARDED_BY(mu);  // the first error
+  bool verified TZ_GUARDED_BY(mu) = false;
 
   void Fail(Status s) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     if (status.ok()) status = std::move(s);
   }
   // Marks one request finished; the last one records a write's CRC and wakes waiters. Nothing
   // is touched after the lock is released: a waiter may destroy the operation at once.
   void FinishOne() {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     if (--pending != 0) return;
     if (write && store->options_.checksums) {
       // A failed write leaves the extent's content undefined: no checksum until a rewrite.
-      std::lock_guard<std::mutex> store_lock(store->mu_);
+      MutexLock store_lock(store->mu_);
       auto it = store->registry_->extents.find(extent_id);
       if (it != store->registry_->extents.end()) {
         it->second.crc = write_crc;
@@ -83,7 +84,7 @@ class NvmeStore::Operation {
       }
     }
     --store->live_operations_;
-    cv.notify_all();
+    cv.NotifyAll();
   }
 };
 
@@ -119,7 +120,7 @@ NvmeStore::Ticket::~Ticket() {
 
 bool NvmeStore::Ticket::Done() const {
   if (!op_) return true;
-  std::lock_guard<std::mutex> lock(op_->mu);
+  MutexLock lock(op_->mu);
   return op_->pending == 0;
 }
 
@@ -127,8 +128,8 @@ Status NvmeStore::Ticket::Wait() {
   if (!op_) return FailedPreconditionError("Wait on an empty NVMe ticket");
   waited_ = true;
   Operation& op = *op_;
-  std::unique_lock<std::mutex> lock(op.mu);
-  op.cv.wait(lock, [&] { return op.pending == 0; });
+  MutexLock lock(op.mu);
+  op.cv.Wait(lock, [&]() TZ_REQUIRES(op.mu) { return op.pending == 0; });
   if (op.status.ok() && op.check_crc && !op.verified) {
     op.verified = true;
     const uint32_t got = Crc32c(op.buf, op.bytes);
@@ -276,7 +277,7 @@ Status NvmeStore::OpenFiles() {
 StatusOr<NvmeExtent> NvmeStore::Allocate(uint64_t bytes) {
   if (bytes == 0) return InvalidArgumentError("NVMe extent of 0 bytes");
   const uint64_t rounded = AlignUp(bytes, kNvmeAlignment);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ExtentInfo info;
   info.bytes = bytes;
   const size_t paths = files_.size();
@@ -334,7 +335,7 @@ StatusOr<NvmeExtent> NvmeStore::Allocate(uint64_t bytes) {
 }
 
 Status NvmeStore::Free(const NvmeExtent& extent) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = registry_->extents.find(extent.id);
   if (it == registry_->extents.end()) {
     return InvalidArgumentError("Free of unknown NVMe extent " + std::to_string(extent.id));
@@ -358,7 +359,7 @@ StatusOr<NvmeStore::Ticket> NvmeStore::Submit(const NvmeExtent& extent, void* bu
   op->buf = static_cast<uint8_t*>(buf);
   std::vector<Piece> pieces;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = registry_->extents.find(extent.id);
     if (it == registry_->extents.end()) {
       return InvalidArgumentError("I/O on unknown NVMe extent " + std::to_string(extent.id));
@@ -387,7 +388,10 @@ StatusOr<NvmeStore::Ticket> NvmeStore::Submit(const NvmeExtent& extent, void* bu
       op->requests.push_back(std::move(r));
     }
   }
-  op->pending = static_cast<int>(op->requests.size());
+  {
+    MutexLock lock(op->mu);  // not yet shared with another thread: for the annotations
+    op->pending = static_cast<int>(op->requests.size());
+  }
   ++live_operations_;
   Operation* raw = op.get();
   for (size_t i = 0; i < op->requests.size(); ++i) {
@@ -460,7 +464,7 @@ Status NvmeStore::Read(const NvmeExtent& extent, void* buf) {
 // being the expensive case. The engine's pinned arenas are exactly such reused buffers, so their
 // owners register them here.
 Status NvmeStore::RegisterBuffers(const std::vector<std::pair<void*, size_t>>& regions) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<std::pair<void*, size_t>> all = registered_;
   for (const auto& r : regions) {
     if (std::find(all.begin(), all.end(), r) == all.end()) all.push_back(r);
@@ -473,7 +477,7 @@ Status NvmeStore::RegisterBuffers(const std::vector<std::pair<void*, size_t>>& r
 std::string NvmeStore::backend_name() const { return io_->name(); }
 
 uint64_t NvmeStore::capacity_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   uint64_t total = 0;
   for (auto& f : files_) total += f->space->capacity();
   return total;
@@ -482,7 +486,7 @@ uint64_t NvmeStore::capacity_bytes() const {
 NvmeStats NvmeStore::stats() const {
   NvmeStats s;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     s.space = space_;
   }
   s.bytes_read = bytes_read_;

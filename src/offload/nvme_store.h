@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "core/memory_stat.h"
+#include "core/mutex.h"
 #include "core/status.h"
 #include "offload/block_io.h"
 
@@ -158,13 +159,13 @@ class NvmeStore {
   bool direct_io_ = true;
   std::vector<std::unique_ptr<File>> files_;
   std::unique_ptr<BlockIo> io_;
-  mutable std::mutex mu_;
-  uint64_t next_id_ = 1;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  uint64_t next_id_ TZ_GUARDED_BY(mu_) = 1;
   struct Registry;
-  std::unique_ptr<Registry> registry_;  // extent metadata, GUARDED_BY(mu_)
-  MemoryStat space_;                    // GUARDED_BY(mu_)
+  std::unique_ptr<Registry> registry_ TZ_PT_GUARDED_BY(mu_);  // extent metadata
+  MemoryStat space_ TZ_GUARDED_BY(mu_);
   std::atomic<int64_t> live_operations_{0};
-  std::vector<std::pair<void*, size_t>> registered_;  // GUARDED_BY(mu_)
+  std::vector<std::pair<void*, size_t>> registered_ TZ_GUARDED_BY(mu_);
   std::atomic<uint64_t> bytes_read_{0}, bytes_written_{0}, requests_{0}, short_{0}, errors_{0};
 };
 

@@ -8,6 +8,7 @@
 #include "core/bytes.h"
 #include "core/check.h"
 #include "core/logging.h"
+#include "core/mutex.h"
 
 namespace tierzero {
 
@@ -73,7 +74,7 @@ PinnedArena::PinnedArena(Device* device, uint8_t* base, uint64_t slot_bytes, uin
 
 PinnedArena::~PinnedArena() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     TZ_CHECK(free_.size() == num_slots_)
         << num_slots_ - free_.size() << " pinned slot(s) outlive the arena";
   }
@@ -95,7 +96,7 @@ PinnedSlot PinnedArena::MakeSlot(uint32_t index) {
 }
 
 std::optional<PinnedSlot> PinnedArena::TryAcquire() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (free_.empty()) return std::nullopt;
   uint32_t index = free_.back();
   free_.pop_back();
@@ -103,8 +104,8 @@ std::optional<PinnedSlot> PinnedArena::TryAcquire() {
 }
 
 StatusOr<PinnedSlot> PinnedArena::Acquire(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [&] { return !free_.empty(); })) {
+  MutexLock lock(mu_);
+  if (!cv_.WaitFor(lock, timeout, [&]() TZ_REQUIRES(mu_) { return !free_.empty(); })) {
     return Status(StatusCode::kDeadlineExceeded, "no pinned slot became free within " +
                                                      std::to_string(timeout.count()) + " ms (all " +
                                                      std::to_string(num_slots_) + " slots of " +
@@ -117,15 +118,15 @@ StatusOr<PinnedSlot> PinnedArena::Acquire(std::chrono::milliseconds timeout) {
 
 void PinnedArena::Return(uint32_t index) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     free_.push_back(index);
     stat_.OnFree(slot_bytes_);
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 MemoryStat PinnedArena::stat() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return stat_;
 }
 

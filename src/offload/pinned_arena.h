@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/memory_stat.h"
+#include "core/mutex.h"
 #include "core/status.h"
 #include "offload/device.h"
 
@@ -78,7 +79,7 @@ class PinnedArena {
  private:
   friend class PinnedSlot;
   PinnedArena(Device* device, uint8_t* base, uint64_t slot_bytes, uint32_t num_slots);
-  PinnedSlot MakeSlot(uint32_t index);  // REQUIRES: mu_ held
+  PinnedSlot MakeSlot(uint32_t index) TZ_REQUIRES(mu_);
   void Return(uint32_t index);
 
   Device* device_;
@@ -86,10 +87,10 @@ class PinnedArena {
   uint64_t slot_bytes_;
   uint32_t num_slots_;
   bool registered_ = false;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<uint32_t> free_;  // GUARDED_BY(mu_)
-  MemoryStat stat_;             // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::vector<uint32_t> free_ TZ_GUARDED_BY(mu_);
+  MemoryStat stat_ TZ_GUARDED_BY(mu_);
 };
 
 }  // namespace tierzero

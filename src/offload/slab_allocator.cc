@@ -2,6 +2,7 @@
 
 #include "core/bytes.h"
 #include "core/check.h"
+#include "core/mutex.h"
 
 namespace tierzero {
 
@@ -80,7 +81,7 @@ uint64_t SlabAllocator::largest_free_block() const {
 
 StatusOr<void*> DeviceSlab::Allocate(uint64_t bytes) {
   if (bytes == 0) return InvalidArgumentError("device allocation of 0 bytes");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::optional<uint64_t> offset = allocator_.Allocate(bytes);
   if (!offset) {
     return OutOfMemoryError(label_ + " cannot allocate " + FormatBytes(bytes) + ": capacity " +
@@ -95,17 +96,17 @@ StatusOr<void*> DeviceSlab::Allocate(uint64_t bytes) {
 void DeviceSlab::Free(void* ptr) {
   if (ptr == nullptr) return;
   TZ_CHECK(Contains(ptr)) << "Free of " << ptr << ", which is not device memory of " << label_;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   allocator_.Free(static_cast<uint64_t>(static_cast<uint8_t*>(ptr) - base_));
 }
 
 MemoryStat DeviceSlab::stat() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return allocator_.stat();
 }
 
 uint64_t DeviceSlab::largest_free_block() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return allocator_.largest_free_block();
 }
 

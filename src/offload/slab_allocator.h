@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "core/memory_stat.h"
+#include "core/mutex.h"
 #include "core/status.h"
 
 namespace tierzero {
@@ -79,8 +80,8 @@ class DeviceSlab {
   uint8_t* const base_;
   const uint64_t capacity_;
   const std::string label_;
-  mutable std::mutex mu_;
-  SlabAllocator allocator_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  SlabAllocator allocator_ TZ_GUARDED_BY(mu_);
 };
 
 }  // namespace tierzero

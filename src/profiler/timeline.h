@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/mutex.h"
 #include "profiler/observer.h"
 
 namespace tierzero {
@@ -22,7 +23,7 @@ namespace tierzero {
 class Timeline final : public Observer {
  public:
   void Begin() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     t0_ = std::chrono::steady_clock::now();
     events_.clear();
   }
@@ -30,19 +31,19 @@ class Timeline final : public Observer {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
   }
   void Add(TimelineEvent e) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     events_.push_back(std::move(e));
   }
   void OnSpan(TimelineEvent e) override { Add(std::move(e)); }
   std::vector<TimelineEvent> events() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return events_;
   }
 
  private:
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
-  std::vector<TimelineEvent> events_;
+  std::vector<TimelineEvent> events_ TZ_GUARDED_BY(mu_);
 };
 
 }  // namespace tierzero

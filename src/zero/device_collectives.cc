@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/mutex.h"
 #include "zero/collective.h"
 #include "zero/nccl.h"
 
@@ -71,7 +72,7 @@ class HostFuncCollectives final : public DeviceCollectives {
   }
 
   Status Check() override {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    MutexLock lock(state_->mu);
     return state_->error;
   }
   Status Drain() override {
@@ -84,8 +85,8 @@ class HostFuncCollectives final : public DeviceCollectives {
   struct State {
     std::shared_ptr<Communicator> comm;
     std::vector<uint8_t> scratch;  // the stream's thread only
-    std::mutex mu;
-    Status error;  // GUARDED_BY(mu)
+    Mutex mu;
+    Status error TZ_GUARDED_BY(mu);
   };
 
   void Count(CollectiveKind kind, size_t count, DType dtype) {
@@ -97,12 +98,12 @@ class HostFuncCollectives final : public DeviceCollectives {
     std::shared_ptr<State> st = state_;
     return device_.LaunchHostFunc(stream_.handle(), [st, what, run = std::move(run)] {
       {
-        std::lock_guard<std::mutex> lock(st->mu);
+        MutexLock lock(st->mu);
         if (!st->error.ok()) return;  // out of step: later collectives would only wait
       }
       Status s = run(*st);
       if (s.ok()) return;
-      std::lock_guard<std::mutex> lock(st->mu);
+      MutexLock lock(st->mu);
       if (st->error.ok())
         st->error = std::move(s).WithContext(std::string(what) + " on the stream");
     });
@@ -124,19 +125,19 @@ class QueuedCollectives final : public DeviceCollectives {
   QueuedCollectives(Stream stream, std::shared_ptr<Communicator> comm)
       : stream_(std::move(stream)), comm_(std::move(comm)) {
     watchdog_ = std::thread([this] {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       while (!stop_) {
-        cv_.wait_for(lock, std::chrono::milliseconds(200));
+        cv_.WaitFor(lock, std::chrono::milliseconds(200));
         (void)ReapLocked();
       }
     });
   }
   ~QueuedCollectives() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stop_ = true;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     watchdog_.join();
     in_flight_.clear();  // each waits for its collective, up to the deadline
     comm_.reset();       // before its stream
@@ -148,7 +149,7 @@ class QueuedCollectives final : public DeviceCollectives {
   StreamHandle stream() const override { return stream_.handle(); }
 
   Status AllGather(const void* send, void* recv, size_t count, DType dtype) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     RETURN_IF_ERROR(ReapLocked());
     ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req, comm_->AllGather(send, recv, count, dtype));
     in_flight_.push_back(std::move(req));
@@ -156,7 +157,7 @@ class QueuedCollectives final : public DeviceCollectives {
   }
   Status ReduceScatter(const void* send, void* recv, size_t count, DType dtype,
                        ReduceOp op) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     RETURN_IF_ERROR(ReapLocked());
     ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,
                      comm_->ReduceScatter(send, recv, count, dtype, op));
@@ -164,11 +165,11 @@ class QueuedCollectives final : public DeviceCollectives {
     return Status::OK();
   }
   Status Check() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return ReapLocked();
   }
   Status Drain() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     while (error_.ok() && !in_flight_.empty()) {
       Status s = in_flight_.front()->Wait();  // bounded by the deadline
       if (!s.ok()) error_ = std::move(s);
@@ -180,7 +181,7 @@ class QueuedCollectives final : public DeviceCollectives {
 
  private:
   // Drops the completed requests at the front; the first failure is kept.
-  Status ReapLocked() {
+  Status ReapLocked() TZ_REQUIRES(mu_) {
     while (error_.ok() && !in_flight_.empty()) {
       StatusOr<bool> done = in_flight_.front()->Test();
       if (!done.ok()) {
@@ -206,11 +207,11 @@ class QueuedCollectives final : public DeviceCollectives {
 
   Stream stream_;
   std::shared_ptr<Communicator> comm_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;                                   // GUARDED_BY(mu_)
-  std::deque<std::unique_ptr<CommRequest>> in_flight_;  // GUARDED_BY(mu_)
-  Status error_;                                        // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ TZ_GUARDED_BY(mu_) = false;
+  std::deque<std::unique_ptr<CommRequest>> in_flight_ TZ_GUARDED_BY(mu_);
+  Status error_ TZ_GUARDED_BY(mu_);
   std::thread watchdog_;
 };
 

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "core/bytes.h"
+#include "core/mutex.h"
 #include "zero/gather.h"
 #include "zero/gather_internal.h"
 
@@ -177,8 +178,8 @@ Status HostGather::EnqueueOverHost(int c, void* dst, const Event& ready) {
     if (failed->load()) {
       // An abandoned all_gather may still write into the slot: it is never given back.
       static auto* leaked = new std::vector<std::shared_ptr<PinnedSlot>>();
-      static std::mutex mu;
-      std::lock_guard<std::mutex> lock(mu);
+      static Mutex mu;
+      MutexLock lock(mu);
       leaked->push_back(shared_slot);
       return;
     }

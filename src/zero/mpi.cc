@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/mutex.h"
 #include "core/tunable.h"
 #include "zero/collective.h"
 
@@ -61,13 +62,13 @@ const Ops& GetOps() {
 // One lock around every MPI call of the process (tierzero's), so that the comm thread, the
 // caller's Abort and the exit's MPI_Finalize never call MPI at the same time: what
 // MPI_THREAD_SERIALIZED asks of us.
-std::mutex& MpiLock() {
-  static auto* mu = new std::mutex();
+Mutex& MpiLock() {
+  static auto* mu = new Mutex();
   return *mu;
 }
 
 void FinalizeAtExit() {
-  std::lock_guard<std::mutex> lock(MpiLock());
+  MutexLock lock(MpiLock());
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
@@ -117,15 +118,15 @@ class MpiQueue {
   }
   ~MpiQueue() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stop_ = true;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     if (thread_.joinable()) thread_.join();
   }
   bool threaded() const { return threaded_; }
   void SetTimeout(double s) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     timeout_s_ = s;
   }
 
@@ -134,11 +135,11 @@ class MpiQueue {
     op->called = std::chrono::steady_clock::now();
     op->caller = std::this_thread::get_id();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       queued_.push_back(op);
     }
     if (threaded_) {
-      cv_.notify_all();
+      cv_.NotifyAll();
     } else {
       Drive();
     }
@@ -151,13 +152,13 @@ class MpiQueue {
   // completes the collective.
   Status Wait(const std::shared_ptr<MpiOp>& op) {
     if (threaded_ && std::this_thread::get_id() != op->caller) {
-      std::unique_lock<std::mutex> lock(mu_);
-      done_cv_.wait(lock, [&] { return op->done; });
+      MutexLock lock(mu_);
+      done_cv_.Wait(lock, [&]() TZ_REQUIRES(mu_) { return op->done; });
       return op->status;
     }
     for (;;) {
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         if (op->done) return op->status;
       }
       Help();
@@ -166,7 +167,7 @@ class MpiQueue {
   }
   StatusOr<bool> Test(const std::shared_ptr<MpiOp>& op) {
     if (!threaded_ || std::this_thread::get_id() == op->caller) Help();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!op->done) return false;
     if (!op->status.ok()) return op->status;
     return true;
@@ -175,28 +176,29 @@ class MpiQueue {
  private:
   // Drives the queue unless another thread is driving it (then that one makes the progress).
   void Help() {
-    std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
-    if (drive.owns_lock()) DriveLocked();
+    if (!drive_mu_.TryLock()) return;
+    DriveLocked();
+    drive_mu_.Unlock();
   }
   // Returns whether collectives remain in flight.
   bool Drive() {
-    std::lock_guard<std::mutex> drive(drive_mu_);
+    MutexLock drive(drive_mu_);
     return DriveLocked();
   }
   // Starts what was queued (in order), polls what is in flight, completes and times out.
   // Returns whether collectives remain in flight. On the comm thread or a waiter's thread, one
   // at a time (drive_mu_ held).
-  bool DriveLocked() {
+  bool DriveLocked() TZ_REQUIRES(drive_mu_) {
     std::vector<std::shared_ptr<MpiOp>> fresh;
     double timeout_s;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       fresh.swap(queued_);
       timeout_s = timeout_s_;
     }
     std::vector<std::shared_ptr<MpiOp>> finished;
     {
-      std::lock_guard<std::mutex> mpi(MpiLock());
+      MutexLock mpi(MpiLock());
       for (auto& op : fresh) {
         const int rc = op->start(&op->req);
         op->started = true;
@@ -243,21 +245,21 @@ class MpiQueue {
     }
     const bool busy = !inflight_.empty();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       for (auto& op : finished) op->done = true;
       // Whoever drove, the comm thread keeps polling what is still in flight.
       busy_ = busy;
     }
-    if (!finished.empty()) done_cv_.notify_all();
-    if (busy && threaded_) cv_.notify_all();
+    if (!finished.empty()) done_cv_.NotifyAll();
+    if (busy && threaded_) cv_.NotifyAll();
     return busy;
   }
 
   void Loop() {
     for (;;) {
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queued_.empty() || busy_; });
+        MutexLock lock(mu_);
+        cv_.Wait(lock, [&]() TZ_REQUIRES(mu_) { return stop_ || !queued_.empty() || busy_; });
         if (stop_ && queued_.empty() && !busy_) return;
       }
       if (Drive()) std::this_thread::yield();
@@ -265,14 +267,15 @@ class MpiQueue {
   }
 
   const bool threaded_;
-  std::mutex mu_;                    // queued_, timeout_s_, stop_, busy_, every op's done
-  std::condition_variable cv_;       // new work or stop, for the thread
-  std::condition_variable done_cv_;  // a collective completed, for waiters that do not drive
-  std::vector<std::shared_ptr<MpiOp>> queued_;
-  double timeout_s_;
-  bool stop_ = false, busy_ = false;
-  std::mutex drive_mu_;
-  std::vector<std::shared_ptr<MpiOp>> inflight_;  // under drive_mu_
+  Mutex mu_;         // also guards every op's done
+  CondVar cv_;       // new work or stop, for the thread
+  CondVar done_cv_;  // a collective completed, for waiters that do not drive
+  std::vector<std::shared_ptr<MpiOp>> queued_ TZ_GUARDED_BY(mu_);
+  double timeout_s_ TZ_GUARDED_BY(mu_);
+  bool stop_ TZ_GUARDED_BY(mu_) = false;
+  bool busy_ TZ_GUARDED_BY(mu_) = false;
+  Mutex drive_mu_;
+  std::vector<std::shared_ptr<MpiOp>> inflight_ TZ_GUARDED_BY(drive_mu_);
   std::thread thread_;
 };
 
@@ -295,7 +298,7 @@ class MpiRequest final : public CommRequest {
 class ScratchPool {
  public:
   std::vector<uint8_t> Take(size_t bytes) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (size_t i = 0; i < free_.size(); ++i) {
       if (free_[i].size() >= bytes) {
         std::vector<uint8_t> b = std::move(free_[i]);
@@ -308,7 +311,7 @@ class ScratchPool {
   // Keeps the two largest buffers (smaller ones would only be reallocated for the next large
   // collective).
   void Give(std::vector<uint8_t> b) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (free_.size() < 2) {
       free_.push_back(std::move(b));
       return;
@@ -320,8 +323,8 @@ class ScratchPool {
   }
 
  private:
-  std::mutex mu_;
-  std::vector<std::vector<uint8_t>> free_;
+  Mutex mu_;
+  std::vector<std::vector<uint8_t>> free_ TZ_GUARDED_BY(mu_);
 };
 
 // Note [Reduce-scatter as all-to-all]
@@ -338,7 +341,7 @@ class MpiCommunicator final : public Communicator {
     // Declared before the lock: on an error it is destroyed (its destructor takes the lock)
     // after the lock is released.
     std::shared_ptr<MpiCommunicator> c;
-    std::unique_lock<std::mutex> mpi(MpiLock());
+    MutexLock mpi(MpiLock());
     int inited = 0, provided = 0;
     MPI_Initialized(&inited);
     bool threaded;
@@ -394,14 +397,14 @@ class MpiCommunicator final : public Communicator {
         if (l < lowest) ++t.node;
       }
     }
-    mpi.unlock();
+    mpi.Unlock();
     return std::shared_ptr<Communicator>(std::move(c));
   }
 
   ~MpiCommunicator() override {
     queue_.reset();  // waits for the thread (every request holds the queue; none is left)
     if (comm_ == MPI_COMM_NULL) return;
-    std::lock_guard<std::mutex> mpi(MpiLock());
+    MutexLock mpi(MpiLock());
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&comm_);
@@ -490,7 +493,7 @@ class MpiCommunicator final : public Communicator {
 
   StatusOr<std::shared_ptr<Communicator>> Duplicate() override {
     std::shared_ptr<MpiCommunicator> c;  // destroyed after the lock is released (see Create)
-    std::unique_lock<std::mutex> mpi(MpiLock());
+    MutexLock mpi(MpiLock());
     c.reset(new MpiCommunicator());
     c->queue_ = std::make_shared<MpiQueue>(queue_->threaded(), timeout_s_);
     c->timeout_s_ = timeout_s_;
@@ -500,7 +503,7 @@ class MpiCommunicator final : public Communicator {
       return MpiError(rc, "Comm_dup");
     }
     MPI_Comm_set_errhandler(c->comm_, MPI_ERRORS_RETURN);
-    mpi.unlock();
+    mpi.Unlock();
     return std::shared_ptr<Communicator>(std::move(c));
   }
 
@@ -513,7 +516,7 @@ class MpiCommunicator final : public Communicator {
     std::fflush(stdout);
     std::fflush(stderr);
     // The comm thread never blocks inside MPI, so the lock comes free.
-    MpiLock().lock();
+    MpiLock().Lock();
     MPI_Abort(comm_, exit_code);
     std::_Exit(exit_code);
   }

@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "core/mutex.h"
 #include "core/tunable.h"
 #include "kernels/cuda_status.h"
 #include "zero/collective.h"
@@ -219,7 +220,7 @@ class NcclRequest final : public CommRequest {
   // The deadline counts from the enqueue, so a request only ever tested times out too; one that
   // completed is done however late it is first tested.
   StatusOr<bool> Test() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!done_) {
       cudaSetDevice(shared_->ordinal);
       const cudaError_t e = cudaEventQuery(event_);
@@ -256,9 +257,9 @@ class NcclRequest final : public CommRequest {
   std::string what_;
   double timeout_s_;
   std::chrono::steady_clock::time_point enqueued_;
-  std::mutex mu_;  // done_, status_: a request may be waited for from any thread
-  bool done_ = false;
-  Status status_;
+  Mutex mu_;  // a request may be waited for from any thread
+  bool done_ TZ_GUARDED_BY(mu_) = false;
+  Status status_ TZ_GUARDED_BY(mu_);
 };
 
 class NcclCommunicator final : public Communicator {

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <string>
 
+#include "core/mutex.h"
 #include "zero/collective.h"
 
 namespace tierzero {
@@ -79,20 +80,20 @@ Status RankAgreement::AgreeOnMaximum(std::vector<double>& values) {
 Status RankAgreement::AgreeOnOutcome() {
   Status mine;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     mine = async_error_;
   }
   Status agreed = AgreeOnStatus(*comm_, mine);
   if (agreed.ok()) return agreed;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     async_error_ = Status::OK();
   }
   return LoseStep(std::move(agreed));
 }
 
 Status RankAgreement::LoseStep(Status s) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (out_of_step_.ok()) {
     out_of_step_ = FailedPreconditionError(
         "the ranks are out of step since an earlier failure (" + std::string(s.message()) +
@@ -102,17 +103,17 @@ Status RankAgreement::LoseStep(Status s) {
 }
 
 Status RankAgreement::OutOfStep() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return out_of_step_;
 }
 
 void RankAgreement::SetAsyncError(Status s) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (async_error_.ok()) async_error_ = std::move(s);
 }
 
 Status RankAgreement::TakeAsyncError() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Status s = std::move(async_error_);
   async_error_ = Status::OK();
   return s;

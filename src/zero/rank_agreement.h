@@ -25,6 +25,7 @@
 #include <span>
 #include <vector>
 
+#include "core/mutex.h"
 #include "core/status.h"
 #include "tierzero/communicator.h"
 
@@ -64,9 +65,9 @@ class RankAgreement {
 
  private:
   Communicator* comm_;
-  mutable std::mutex mu_;
-  Status async_error_;  // GUARDED_BY(mu_)
-  Status out_of_step_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  Status async_error_ TZ_GUARDED_BY(mu_);
+  Status out_of_step_ TZ_GUARDED_BY(mu_);
 };
 
 }  // namespace tierzero
