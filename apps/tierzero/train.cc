@@ -183,55 +183,34 @@ override the config:
 Ctrl-C (SIGINT) or SIGTERM finishes the current step, saves a checkpoint and exits 0.
 )";
 
-}  // namespace
-
-int Train(const std::vector<std::string>& args) {
-  for (const std::string& a : args) {
-    if (a == "-h" || a == "--help") {
-      std::fputs(kTrainHelp, stdout);
-      return 0;
-    }
-  }
-  // From here to the end, SIGINT and SIGTERM ask the run to stop after its current (or first)
-  // step and save (Note [Signals on one thread of ours], signals.h).
-  GracefulInterrupts graceful;
-  ClearInterrupt();
+// The config file first, then the flags over it, then the checks no single field can make.
+StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args) {
   RunConfig cfg = DefaultRunConfig();
   std::string config_path;
-  // The config file first, then the flags over it.
   {
     RunConfig probe = cfg;
-    Status s = ApplyFlags(args, probe, &config_path);
-    if (!s.ok()) return Fail(s);
+    TZ_RETURN_IF_ERROR(ApplyFlags(args, probe, &config_path));
   }
   if (!config_path.empty()) {
     std::ifstream in(config_path);
-    if (!in) return Fail(NotFoundError("cannot open config file '" + config_path + "'"));
+    if (!in) return NotFoundError("cannot open config file '" + config_path + "'");
     std::stringstream ss;
     ss << in.rdbuf();
     auto parsed = ParseRunConfig(ss.str(), cfg);
-    if (!parsed.ok()) return Fail(parsed.status().WithContext(config_path));
+    if (!parsed.ok()) return parsed.status().WithContext(config_path);
     cfg = *parsed;
   }
-  {
-    std::string ignored;
-    Status s = ApplyFlags(args, cfg, &ignored);
-    if (!s.ok()) return Fail(s);
-    s = ValidateRunConfig(cfg);
-    if (!s.ok()) return Fail(s);
-  }
-  {
-    auto comm = RunCommunicator(cfg.ranks);
-    if (!comm.ok()) return Fail(comm.status());
-    g_comm = *comm;
-  }
-  const int rank = g_comm->rank();
-  const int world = g_comm->size();
-  const bool lead = rank == 0;  // prints and writes the run's files
-  if (!lead) {
-    std::fflush(stdout);
-    if (std::freopen("/dev/null", "w", stdout) == nullptr) return Fail(IoError("silencing rank"));
-  }
+  std::string ignored;
+  TZ_RETURN_IF_ERROR(ApplyFlags(args, cfg, &ignored));
+  TZ_RETURN_IF_ERROR(ValidateRunConfig(cfg));
+  return cfg;
+}
+
+// The outputs' paths defaulted under the run directory, and every directory they need created
+// before the first step, so a bad path fails now and not after the training it was to record.
+// The lead rank writes the run's config.json (as configured: without the per-rank NVMe path).
+Status PrepareOutputs(RunConfig& cfg, int rank, int world) {
+  const bool lead = rank == 0;
   OutputOptions& out = cfg.output;
   if (out.metrics.empty()) out.metrics = out.run_dir + "/metrics.jsonl";
   if (out.report.empty()) out.report = out.run_dir + "/report.json";
@@ -246,27 +225,23 @@ int Train(const std::vector<std::string>& args) {
   if (world > 1) cfg.engine.nvme_path += "/rank" + std::to_string(rank);
   std::error_code ec;
   fs::create_directories(out.run_dir, ec);
-  if (ec) return Fail(IoError("creating run directory " + out.run_dir + ": " + ec.message()));
-  // Every output's directory exists before the first step, so a bad path fails now and not
-  // after the training it was to record.
+  if (ec) return IoError("creating run directory " + out.run_dir + ": " + ec.message());
   for (const std::string* file : {&out.metrics, &out.report, &out.html, &out.trace}) {
     const fs::path dir = fs::path(*file).parent_path();
     if (file->empty() || dir.empty() || !lead) continue;
     fs::create_directories(dir, ec);
-    if (ec) return Fail(IoError("creating the directory of " + *file + ": " + ec.message()));
+    if (ec) return IoError("creating the directory of " + *file + ": " + ec.message());
   }
   // The checkpoint directory too, and it must be writable: found before step 1, not at the end.
   fs::create_directories(out.checkpoint_dir, ec);
   if (ec)
-    return Fail(
-        IoError("creating the checkpoint directory " + out.checkpoint_dir + ": " + ec.message()));
+    return IoError("creating the checkpoint directory " + out.checkpoint_dir + ": " + ec.message());
   if (access(out.checkpoint_dir.c_str(), W_OK | X_OK) != 0)
-    return Fail(IoError("the checkpoint directory " + out.checkpoint_dir +
-                        " is not writable: " + std::strerror(errno)));
+    return IoError("the checkpoint directory " + out.checkpoint_dir +
+                   " is not writable: " + std::strerror(errno));
   if (cfg.engine.nvme_budget > 0) {
     fs::create_directories(cfg.engine.nvme_path, ec);
-    if (ec)
-      return Fail(IoError("creating NVMe directory " + cfg.engine.nvme_path + ": " + ec.message()));
+    if (ec) return IoError("creating NVMe directory " + cfg.engine.nvme_path + ": " + ec.message());
   }
   if (lead) {
     RunConfig written = cfg;
@@ -274,239 +249,303 @@ int Train(const std::vector<std::string>& args) {
     std::ofstream cf(out.run_dir + "/config.json");
     cf << RunConfigToJson(written) << "\n";
   }
+  return Status::OK();
+}
 
-  auto dataset = gpt::Dataset::Create(cfg.data, cfg.model.seq_len);
-  if (!dataset.ok()) return Fail(dataset.status());
-  auto engine_or = Engine::Create(cfg.engine, g_comm);
-  if (!engine_or.ok()) return Fail(engine_or.status());
-  Engine& engine = **engine_or;
-  auto model_or = gpt::Gpt::Create(engine, cfg.model);
-  if (!model_or.ok()) return Fail(model_or.status());
-  gpt::Gpt& model = **model_or;
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// One `tierzero train` run after its config: the data, the engine and the model, the step loop
+// with its evaluations and checkpoints, and what is written at the end.
+class TrainRun {
+ public:
+  TrainRun(RunConfig cfg, int rank, int world)
+      : cfg_(std::move(cfg)), out_(cfg_.output), rank_(rank), world_(world), lead_(rank == 0) {}
+
+  // The dataset, engine and model; the starting point (--init-from, --resume); the header lines;
+  // the metrics file.
+  Status SetUp();
+  // The steps, with evaluations and checkpoints on their schedules, until the last step or an
+  // agreed interrupt.
+  Status Loop();
+  // The last evaluation and checkpoint; on the lead rank the report, its renderings and the
+  // closing lines.
+  Status Finish();
+
+ private:
+  Status Evaluate(int step);
+  Status Save(int step);
+  // One optimizer step: the micro-batches, the loss and the interrupt agreed over the ranks,
+  // Step, the metrics line and the progress line.
+  Status RunStep(int step);
+  Status WriteReports(std::string& summary);
+  void PrintHeader(double init_s) const;
+  void PrintDone(const std::string& summary) const;
+
+  RunConfig cfg_;
+  const OutputOptions& out_;
+  const int rank_, world_;
+  const bool lead_;  // prints and writes the run's files
+  std::unique_ptr<gpt::Dataset> dataset_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<gpt::Gpt> model_;
+  std::ofstream metrics_;
+  int start_ = 0, step_ = 0;
+  bool interrupted_ = false;  // the agreed Ctrl-C (RunStep)
+  double save_s_ = 0;         // the last checkpoint's
+  double total_tokens_ = 0, total_compute_s_ = 0;
+  std::chrono::steady_clock::time_point run_t0_;
+};
+
+Status TrainRun::SetUp() {
+  TZ_ASSIGN_OR_RETURN(dataset_, gpt::Dataset::Create(cfg_.data, cfg_.model.seq_len));
+  TZ_ASSIGN_OR_RETURN(engine_, Engine::Create(cfg_.engine, g_comm));
+  TZ_ASSIGN_OR_RETURN(model_, gpt::Gpt::Create(*engine_, cfg_.model));
   const auto init_t0 = std::chrono::steady_clock::now();
-  if (Status s = engine.Finalize(); !s.ok()) return Fail(s);
-  const double init_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - init_t0).count();
-  if (!out.init_from.empty()) {
-    if (Status s = engine.LoadSafetensors(out.init_from); !s.ok()) return Fail(s);
+  TZ_RETURN_IF_ERROR(engine_->Finalize());
+  const double init_s = SecondsSince(init_t0);
+  if (!out_.init_from.empty()) TZ_RETURN_IF_ERROR(engine_->LoadSafetensors(out_.init_from));
+  if (!out_.resume.empty()) {
+    TZ_ASSIGN_OR_RETURN(const std::string user, engine_->LoadCheckpoint(out_.resume));
+    start_ = static_cast<int>(engine_->step());
+    if (lead_) ReportBatchChange(user, cfg_, world_);
   }
-  int start = 0;
-  if (!out.resume.empty()) {
-    auto user = engine.LoadCheckpoint(out.resume);
-    if (!user.ok()) return Fail(user.status());
-    start = static_cast<int>(engine.step());
-    if (lead) ReportBatchChange(*user, cfg, world);
-  }
-  const double states = static_cast<double>(model.num_params()) * 16;
-  std::printf("tierzero train: GPT %d layers x %d wide, %lld parameters (%s MiB of model states)\n",
-              cfg.model.n_layer, cfg.model.d_model, static_cast<long long>(model.num_params()),
-              Mib(static_cast<uint64_t>(states)).c_str());
-  std::printf("  data: %s\n", (*dataset)->Describe().c_str());
-  std::printf("  budgets: device %s MiB, host %s MiB, NVMe %s MiB under %s; %s compute\n",
-              Mib(cfg.engine.device_budget).c_str(), Mib(cfg.engine.host_budget).c_str(),
-              Mib(cfg.engine.nvme_budget).c_str(), cfg.engine.nvme_path.c_str(),
-              std::string(DTypeName(cfg.engine.compute_dtype)).c_str());
-  std::printf("  placement: %s%s\n", engine.PlacementSummary().c_str(),
-              world > 1 ? (" (per rank, " + std::to_string(world) + " ranks)").c_str() : "");
-  std::printf("  initialised in %.1f s\n", init_s);
-  if (start > 0) std::printf("  resumed from %s at step %d\n", out.resume.c_str(), start);
-  std::fflush(stdout);
-
+  PrintHeader(init_s);
   // A resumed run continues the metrics of the checkpoint's step: lines of later steps (written
   // before a crash or a kill, after the checkpoint) and a torn last line are dropped first, so
   // the file never holds a step twice.
-  if (start > 0 && lead) {
-    if (Status s = TrimMetrics(out.metrics, start); !s.ok()) return Fail(s);
-  }
+  if (start_ > 0 && lead_) TZ_RETURN_IF_ERROR(TrimMetrics(out_.metrics, start_));
   // (Ranks other than 0 write their metrics nowhere.)
-  std::ofstream metrics(lead ? out.metrics : "/dev/null",
-                        start > 0 ? std::ios::app : std::ios::trunc);
-  if (!metrics) return Fail(IoError("cannot write metrics file " + out.metrics));
+  metrics_.open(lead_ ? out_.metrics : "/dev/null", start_ > 0 ? std::ios::app : std::ios::trunc);
+  if (!metrics_) return IoError("cannot write metrics file " + out_.metrics);
+  return Status::OK();
+}
 
-  auto evaluate = [&](int step) -> Status {
-    double loss = 0, acc = 0;
-    for (int b = 0; b < cfg.train.eval_batches; ++b) {
-      gpt::Batch batch = (*dataset)->Get(true, static_cast<uint64_t>(b), cfg.train.batch_size);
-      std::vector<int32_t> pred;
-      TZ_ASSIGN_OR_RETURN(double l, model.Evaluate(batch, &pred));
-      loss += l;
-      acc += (*dataset)->Accuracy(batch, pred);
-    }
-    loss /= cfg.train.eval_batches;
-    acc /= cfg.train.eval_batches;
-    json m = {{"step", step}, {"val_loss", loss}};
-    if ((*dataset)->has_accuracy()) m["val_accuracy"] = acc;
-    metrics << m.dump() << "\n";
-    metrics.flush();
-    if ((*dataset)->has_accuracy()) {
-      std::printf("eval  step %5d | val loss %.4f | exact-match accuracy %.1f%%\n", step, loss,
-                  100 * acc);
-    } else {
-      std::printf("eval  step %5d | val loss %.4f\n", step, loss);
-    }
-    std::fflush(stdout);
-    return Status::OK();
-  };
-  double save_s = 0;  // the last checkpoint's
-  auto save = [&](int step) -> Status {
-    // What a resumed run compares with its own (ReportBatchChange).
-    json user = {{"step", step},
-                 {"data_seed", cfg.data.seed},
-                 {"batch_size", cfg.train.batch_size},
-                 {"grad_accumulation", cfg.engine.grad_accumulation},
-                 {"ranks", world}};
-    const auto t0 = std::chrono::steady_clock::now();
-    Status s = engine.SaveCheckpoint(out.checkpoint_dir, user.dump());
-    save_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return s;
-  };
+void TrainRun::PrintHeader(double init_s) const {
+  const double states = static_cast<double>(model_->num_params()) * 16;
+  std::printf("tierzero train: GPT %d layers x %d wide, %lld parameters (%s MiB of model states)\n",
+              cfg_.model.n_layer, cfg_.model.d_model, static_cast<long long>(model_->num_params()),
+              Mib(static_cast<uint64_t>(states)).c_str());
+  std::printf("  data: %s\n", dataset_->Describe().c_str());
+  std::printf("  budgets: device %s MiB, host %s MiB, NVMe %s MiB under %s; %s compute\n",
+              Mib(cfg_.engine.device_budget).c_str(), Mib(cfg_.engine.host_budget).c_str(),
+              Mib(cfg_.engine.nvme_budget).c_str(), cfg_.engine.nvme_path.c_str(),
+              std::string(DTypeName(cfg_.engine.compute_dtype)).c_str());
+  std::printf("  placement: %s%s\n", engine_->PlacementSummary().c_str(),
+              world_ > 1 ? (" (per rank, " + std::to_string(world_) + " ranks)").c_str() : "");
+  std::printf("  initialised in %.1f s\n", init_s);
+  if (start_ > 0) std::printf("  resumed from %s at step %d\n", out_.resume.c_str(), start_);
+  std::fflush(stdout);
+}
 
-  const auto run_t0 = std::chrono::steady_clock::now();
-  const int accum = cfg.engine.grad_accumulation;
+Status TrainRun::Evaluate(int step) {
+  double loss = 0, acc = 0;
+  for (int b = 0; b < cfg_.train.eval_batches; ++b) {
+    gpt::Batch batch = dataset_->Get(true, static_cast<uint64_t>(b), cfg_.train.batch_size);
+    std::vector<int32_t> pred;
+    TZ_ASSIGN_OR_RETURN(double l, model_->Evaluate(batch, &pred));
+    loss += l;
+    acc += dataset_->Accuracy(batch, pred);
+  }
+  loss /= cfg_.train.eval_batches;
+  acc /= cfg_.train.eval_batches;
+  json m = {{"step", step}, {"val_loss", loss}};
+  if (dataset_->has_accuracy()) m["val_accuracy"] = acc;
+  metrics_ << m.dump() << "\n";
+  metrics_.flush();
+  if (dataset_->has_accuracy()) {
+    std::printf("eval  step %5d | val loss %.4f | exact-match accuracy %.1f%%\n", step, loss,
+                100 * acc);
+  } else {
+    std::printf("eval  step %5d | val loss %.4f\n", step, loss);
+  }
+  std::fflush(stdout);
+  return Status::OK();
+}
+
+Status TrainRun::Save(int step) {
+  // What a resumed run compares with its own (ReportBatchChange).
+  json user = {{"step", step},
+               {"data_seed", cfg_.data.seed},
+               {"batch_size", cfg_.train.batch_size},
+               {"grad_accumulation", cfg_.engine.grad_accumulation},
+               {"ranks", world_}};
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = engine_->SaveCheckpoint(out_.checkpoint_dir, user.dump());
+  save_s_ = SecondsSince(t0);
+  return s;
+}
+
+Status TrainRun::Loop() {
+  run_t0_ = std::chrono::steady_clock::now();
+  step_ = start_;
+  if (start_ == 0 && cfg_.train.steps > 0) TZ_RETURN_IF_ERROR(Evaluate(0));
+  for (; step_ < cfg_.train.steps; ++step_) {
+    if (cfg_.train.profile_step > 0 && step_ + 1 == cfg_.train.profile_step)
+      engine_->ProfileNextIteration();
+    TZ_RETURN_IF_ERROR(RunStep(step_));
+    if (interrupted_) {
+      ++step_;
+      std::printf("interrupted: saving a checkpoint at step %d\n", step_);
+      break;
+    }
+    if (cfg_.train.eval_every > 0 && (step_ + 1) % cfg_.train.eval_every == 0 &&
+        step_ + 1 < cfg_.train.steps)
+      TZ_RETURN_IF_ERROR(Evaluate(step_ + 1));
+    if (cfg_.train.checkpoint_every > 0 && (step_ + 1) % cfg_.train.checkpoint_every == 0)
+      TZ_RETURN_IF_ERROR(Save(step_ + 1));
+  }
+  return Status::OK();
+}
+
+Status TrainRun::RunStep(int step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int accum = cfg_.engine.grad_accumulation;
   const double tokens_per_step =
-      static_cast<double>(cfg.train.batch_size) * cfg.model.seq_len * accum * world;
-  double total_tokens = 0, total_compute_s = 0;
-  int step = start;
-  bool interrupted = false;  // the agreed Ctrl-C (below)
-  Status status = Status::OK();
-  if (start == 0 && cfg.train.steps > 0) status = evaluate(0);
-  for (; status.ok() && step < cfg.train.steps; ++step) {
-    if (cfg.train.profile_step > 0 && step + 1 == cfg.train.profile_step)
-      engine.ProfileNextIteration();
-    const auto t0 = std::chrono::steady_clock::now();
-    double loss = 0;
-    for (int micro = 0; micro < accum && status.ok(); ++micro) {
-      // Data parallel: a step takes world * accum micro-batches, rank r the r-th run of accum,
-      // so the same global batch whatever the split between ranks and accumulation.
-      const uint64_t index = (static_cast<uint64_t>(step) * static_cast<uint64_t>(world) +
-                              static_cast<uint64_t>(rank)) *
-                                 static_cast<uint64_t>(accum) +
-                             static_cast<uint64_t>(micro);
-      gpt::Batch batch = (*dataset)->Get(false, index, cfg.train.batch_size);
-      auto l = model.ForwardBackward(batch);
-      if (!l.ok()) {
-        status = l.status();
-        break;
-      }
-      loss += *l / accum;
-    }
-    if (!status.ok()) break;
-    // Ctrl-C is read once per step; with several ranks the ranks agree on it below, and only
-    // the agreed value is used, so every rank stops after the same step.
-    interrupted = InterruptRequested();
-    if (world > 1) {
-      // The step's loss over every rank's micro-batches, summed in rank order.
-      // (And whether any rank was interrupted: they all stop at the same step.)
-      struct {
-        double loss;
-        int64_t interrupted;
-      } mine{loss, interrupted ? 1 : 0};
-      auto all = AllGatherValue(*g_comm, mine);
-      if (!all.ok()) {
-        status = all.status();
-        break;
-      }
-      loss = 0;
-      for (const auto& r : *all) {
-        loss += r.loss / world;
-        if (r.interrupted != 0) interrupted = true;
-      }
-    }
-    const double lr = LearningRate(cfg.train, step);
-    auto r = engine.Step({static_cast<float>(lr)});
-    if (!r.ok()) {
-      status = r.status();
-      break;
-    }
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    total_tokens += tokens_per_step;
-    total_compute_s += dt;
-    const TierUsage u = engine.usage();
-    json m = {{"step", step + 1},
-              {"loss", loss},
-              {"lr", lr},
-              {"grad_norm", r->grad_norm},
-              {"applied", r->applied},
-              {"loss_scale", r->loss_scale},
-              {"step_s", dt},
-              {"tokens_per_s", tokens_per_step / dt},
-              {"device_bytes", u.device},
-              {"device_peak_bytes", u.device_peak},
-              {"host_bytes", u.host},
-              {"nvme_bytes", u.nvme}};
-    metrics << m.dump() << "\n";
-    // Each step's line reaches the file now (a crash keeps every finished step), and a full disk
-    // stops the run with a message instead of losing lines silently.
-    metrics.flush();
-    if (!metrics) {
-      status = IoError("writing the metrics file " + out.metrics +
-                       " failed: " + std::strerror(errno) + " (disk full?)");
-      break;
-    }
-    if (!out.quiet) {
-      std::printf(
-          "step %5d/%d | loss %.4f | lr %.2e | %6.0f tok/s | %5.0f ms | dev %s/%s MiB "
-          "host %s MiB nvme %s MiB%s\n",
-          step + 1, cfg.train.steps, loss, lr, tokens_per_step / dt, dt * 1e3,
-          Mib(u.device_peak).c_str(), Mib(u.device_capacity).c_str(), Mib(u.host).c_str(),
-          Mib(u.nvme).c_str(), r->applied ? "" : " (skipped: non-finite gradient)");
-      std::fflush(stdout);
-    }
-    if (interrupted) {
-      ++step;
-      std::printf("interrupted: saving a checkpoint at step %d\n", step);
-      break;
-    }
-    if (cfg.train.eval_every > 0 && (step + 1) % cfg.train.eval_every == 0 &&
-        step + 1 < cfg.train.steps)
-      status = evaluate(step + 1);
-    if (status.ok() && cfg.train.checkpoint_every > 0 &&
-        (step + 1) % cfg.train.checkpoint_every == 0)
-      status = save(step + 1);
+      static_cast<double>(cfg_.train.batch_size) * cfg_.model.seq_len * accum * world_;
+  double loss = 0;
+  for (int micro = 0; micro < accum; ++micro) {
+    // Data parallel: a step takes world * accum micro-batches, rank r the r-th run of accum,
+    // so the same global batch whatever the split between ranks and accumulation.
+    const uint64_t index = (static_cast<uint64_t>(step) * static_cast<uint64_t>(world_) +
+                            static_cast<uint64_t>(rank_)) *
+                               static_cast<uint64_t>(accum) +
+                           static_cast<uint64_t>(micro);
+    gpt::Batch batch = dataset_->Get(false, index, cfg_.train.batch_size);
+    TZ_ASSIGN_OR_RETURN(const double l, model_->ForwardBackward(batch));
+    loss += l / accum;
   }
-  if (!status.ok()) return Fail(status);
-  if (!interrupted && step > start) {
-    if (Status s = evaluate(step); !s.ok()) return Fail(s);
+  // Ctrl-C is read once per step; with several ranks the ranks agree on it below, and only
+  // the agreed value is used, so every rank stops after the same step.
+  interrupted_ = InterruptRequested();
+  if (world_ > 1) {
+    // The step's loss over every rank's micro-batches, summed in rank order.
+    // (And whether any rank was interrupted: they all stop at the same step.)
+    struct {
+      double loss;
+      int64_t interrupted;
+    } mine{loss, interrupted_ ? 1 : 0};
+    TZ_ASSIGN_OR_RETURN(const auto all, AllGatherValue(*g_comm, mine));
+    loss = 0;
+    for (const auto& r : all) {
+      loss += r.loss / world_;
+      if (r.interrupted != 0) interrupted_ = true;
+    }
   }
-  if (Status s = save(step); !s.ok()) return Fail(s);
-  if (!lead) return 0;
-  // The report, its summary and the renderings asked for, from one rendering of the JSON.
+  const double lr = LearningRate(cfg_.train, step);
+  TZ_ASSIGN_OR_RETURN(const StepResult r, engine_->Step({static_cast<float>(lr)}));
+  const double dt = SecondsSince(t0);
+  total_tokens_ += tokens_per_step;
+  total_compute_s_ += dt;
+  const TierUsage u = engine_->usage();
+  json m = {{"step", step + 1},
+            {"loss", loss},
+            {"lr", lr},
+            {"grad_norm", r.grad_norm},
+            {"applied", r.applied},
+            {"loss_scale", r.loss_scale},
+            {"step_s", dt},
+            {"tokens_per_s", tokens_per_step / dt},
+            {"device_bytes", u.device},
+            {"device_peak_bytes", u.device_peak},
+            {"host_bytes", u.host},
+            {"nvme_bytes", u.nvme}};
+  metrics_ << m.dump() << "\n";
+  // Each step's line reaches the file now (a crash keeps every finished step), and a full disk
+  // stops the run with a message instead of losing lines silently.
+  metrics_.flush();
+  if (!metrics_) {
+    return IoError("writing the metrics file " + out_.metrics + " failed: " + std::strerror(errno) +
+                   " (disk full?)");
+  }
+  if (!out_.quiet) {
+    std::printf(
+        "step %5d/%d | loss %.4f | lr %.2e | %6.0f tok/s | %5.0f ms | dev %s/%s MiB "
+        "host %s MiB nvme %s MiB%s\n",
+        step + 1, cfg_.train.steps, loss, lr, tokens_per_step / dt, dt * 1e3,
+        Mib(u.device_peak).c_str(), Mib(u.device_capacity).c_str(), Mib(u.host).c_str(),
+        Mib(u.nvme).c_str(), r.applied ? "" : " (skipped: non-finite gradient)");
+    std::fflush(stdout);
+  }
+  return Status::OK();
+}
+
+Status TrainRun::Finish() {
+  if (!interrupted_ && step_ > start_) TZ_RETURN_IF_ERROR(Evaluate(step_));
+  TZ_RETURN_IF_ERROR(Save(step_));
+  if (!lead_) return Status::OK();
   std::string summary;
-  {
-    auto text = engine.ReportJson();
-    if (!text.ok()) return Fail(text.status());
-    if (Status s = WriteTextFile(out.report, *text); !s.ok()) return Fail(s);
-    auto sum = ReportSummary(*text);
-    if (!sum.ok()) return Fail(sum.status());
-    summary = *sum;
-    if (!out.html.empty()) {
-      if (Status s = WriteHtmlReport(*text, out.html); !s.ok()) return Fail(s);
-    }
-    if (!out.trace.empty()) {
-      Status s = WriteChromeTrace(*text, out.trace);
-      if (s.code() == StatusCode::kFailedPrecondition) {
-        std::printf("  (no trace: %s)\n", std::string(s.message()).c_str());
-      } else if (!s.ok()) {
-        return Fail(s);
-      }
+  TZ_RETURN_IF_ERROR(WriteReports(summary));
+  PrintDone(summary);
+  return Status::OK();
+}
+
+// The report, its summary and the renderings asked for, from one rendering of the JSON.
+Status TrainRun::WriteReports(std::string& summary) {
+  TZ_ASSIGN_OR_RETURN(const std::string text, engine_->ReportJson());
+  TZ_RETURN_IF_ERROR(WriteTextFile(out_.report, text));
+  TZ_ASSIGN_OR_RETURN(summary, ReportSummary(text));
+  if (!out_.html.empty()) TZ_RETURN_IF_ERROR(WriteHtmlReport(text, out_.html));
+  if (!out_.trace.empty()) {
+    Status s = WriteChromeTrace(text, out_.trace);
+    if (s.code() == StatusCode::kFailedPrecondition) {
+      std::printf("  (no trace: %s)\n", std::string(s.message()).c_str());
+    } else if (!s.ok()) {
+      return s;
     }
   }
-  const EngineStats st = engine.stats();
-  const double wall =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
+  return Status::OK();
+}
+
+void TrainRun::PrintDone(const std::string& summary) const {
+  const EngineStats st = engine_->stats();
+  const double wall = SecondsSince(run_t0_);
+  const double c = total_compute_s_;
   std::printf(
       "done: %d steps in %.1f s | %.0f tok/s, %.2f GFLOP/s | moved H2D %s MiB, D2H %s MiB, "
       "NVMe read %s MiB, write %s MiB | waits for parameters %.1f%% of step time\n",
-      step - start, wall, total_compute_s > 0 ? total_tokens / total_compute_s : 0,
-      total_compute_s > 0 ? total_tokens * model.flops_per_token() / total_compute_s / 1e9 : 0,
-      Mib(st.h2d_bytes).c_str(), Mib(st.d2h_bytes).c_str(), Mib(st.nvme_read_bytes).c_str(),
-      Mib(st.nvme_write_bytes).c_str(),
-      total_compute_s > 0 ? 100 * st.acquire_wait_seconds / total_compute_s : 0);
+      step_ - start_, wall, c > 0 ? total_tokens_ / c : 0,
+      c > 0 ? total_tokens_ * model_->flops_per_token() / c / 1e9 : 0, Mib(st.h2d_bytes).c_str(),
+      Mib(st.d2h_bytes).c_str(), Mib(st.nvme_read_bytes).c_str(), Mib(st.nvme_write_bytes).c_str(),
+      c > 0 ? 100 * st.acquire_wait_seconds / c : 0);
   std::fputs(summary.c_str(), stdout);
   std::printf("  checkpoint: %s (saved in %.1f s)\n  metrics: %s\n  report: %s\n",
-              out.checkpoint_dir.c_str(), save_s, out.metrics.c_str(), out.report.c_str());
-  if (!out.html.empty()) std::printf("  html: %s\n", out.html.c_str());
-  if (!out.trace.empty()) std::printf("  trace: %s\n", out.trace.c_str());
+              out_.checkpoint_dir.c_str(), save_s_, out_.metrics.c_str(), out_.report.c_str());
+  if (!out_.html.empty()) std::printf("  html: %s\n", out_.html.c_str());
+  if (!out_.trace.empty()) std::printf("  trace: %s\n", out_.trace.c_str());
+}
+
+}  // namespace
+
+int Train(const std::vector<std::string>& args) {
+  for (const std::string& a : args) {
+    if (a == "-h" || a == "--help") {
+      std::fputs(kTrainHelp, stdout);
+      return 0;
+    }
+  }
+  // From here to the end, SIGINT and SIGTERM ask the run to stop after its current (or first)
+  // step and save (Note [Signals on one thread of ours], signals.h).
+  GracefulInterrupts graceful;
+  ClearInterrupt();
+  auto cfg = LoadRunConfig(args);
+  if (!cfg.ok()) return Fail(cfg.status());
+  {
+    auto comm = RunCommunicator(cfg->ranks);
+    if (!comm.ok()) return Fail(comm.status());
+    g_comm = *comm;
+  }
+  const int rank = g_comm->rank();
+  if (rank != 0) {  // rank 0 prints
+    std::fflush(stdout);
+    if (std::freopen("/dev/null", "w", stdout) == nullptr) return Fail(IoError("silencing rank"));
+  }
+  if (Status s = PrepareOutputs(*cfg, rank, g_comm->size()); !s.ok()) return Fail(s);
+  TrainRun run(std::move(*cfg), rank, g_comm->size());
+  if (Status s = run.SetUp(); !s.ok()) return Fail(s);
+  if (Status s = run.Loop(); !s.ok()) return Fail(s);
+  if (Status s = run.Finish(); !s.ok()) return Fail(s);
   return 0;
 }
 
