@@ -279,6 +279,9 @@ StatusOr<double> Gpt::Evaluate(const Batch& batch, std::vector<int32_t>* predict
   return Run(batch, false, predictions);
 }
 
+// One function of about 150 lines on purpose: read top to bottom it is the iteration's memory
+// trace, every activation allocated and freed where the engine sees it (the plan is made from
+// that order), forward then backward; split, the lifetimes would hide in helpers' scopes.
 StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* predictions) {
   const Dims d{batch.batch, batch.seq, cfg_.d_model, cfg_.n_head,
                static_cast<int64_t>(batch.batch) * batch.seq};

@@ -63,9 +63,9 @@ struct Manifest {
   int64_t step = 0;
   float loss_scale = 1.0f;
   int good_steps = 0;
-  int world_size = 1;      // ranks that wrote it
-  std::string user_state;  // JSON text; empty when none was saved
-  std::map<std::string, std::vector<SavedSlice>> tensors;
+  int world_size = 1;                                      // ranks that wrote it
+  std::string user_state;                                  // JSON text; empty when none was saved
+  std::map<std::string, std::vector<SavedSlice>> tensors;  // SavedTensors
 };
 
 StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& path) {
@@ -145,6 +145,177 @@ StatusOr<std::vector<std::string>> AllGatherText(Communicator& comm, const std::
   return out;
 }
 
+using SavedTensors = std::map<std::string, std::vector<SavedSlice>>;
+
+// Writes this rank's slices of one chunk (fp32 master, m, v each) to the states file, and their
+// manifest entries to `tensors`.
+Status WriteChunkSlices(AtomicFile& file, const std::string& states_name,
+                        const std::vector<ShardSlice>& slices, const std::vector<ParamSpec>& params,
+                        const float* master, const float* m, const float* v, json& tensors,
+                        uint32_t& file_crc) {
+  for (const ShardSlice& sl : slices) {
+    const uint64_t offset = file.bytes();
+    uint32_t crc = 0;
+    for (const float* a : {master, m, v}) {
+      RETURN_IF_ERROR(file.Write(a + sl.shard_offset, sl.numel * 4));
+      crc = Crc32c(a + sl.shard_offset, sl.numel * 4, crc);
+      file_crc = Crc32c(a + sl.shard_offset, sl.numel * 4, file_crc);
+    }
+    const ParamSpec& ps = params[static_cast<size_t>(sl.tensor)];
+    tensors.push_back({{"name", ps.name},
+                       {"shape", ps.shape},
+                       {"file", states_name},
+                       {"offset", offset},
+                       {"begin", sl.tensor_begin},
+                       {"numel", sl.numel},
+                       {"crc32c", crc}});
+  }
+  return Status::OK();
+}
+
+// Every rank's file and tensor entries, in rank order (collective).
+Status GatherEntries(Communicator& comm, json& files, json& tensors) {
+  const std::string mine = json{{"files", files}, {"tensors", tensors}}.dump();
+  ASSIGN_OR_RETURN(std::vector<std::string> parts, AllGatherText(comm, mine));
+  files = json::array();
+  tensors = json::array();
+  for (const std::string& part : parts) {
+    json j = json::parse(part, nullptr, false);
+    if (j.is_discarded()) return InternalError("a rank's checkpoint entries are not JSON");
+    for (json& f : j["files"]) files.push_back(std::move(f));
+    for (json& t : j["tensors"]) tensors.push_back(std::move(t));
+  }
+  return Status::OK();
+}
+
+// Writes the manifest (the commit point), then removes the states files it no longer names
+// (earlier steps, ranks of an earlier world size).
+Status CommitManifest(const std::string& dir, const json& manifest) {
+  ASSIGN_OR_RETURN(AtomicFile mf, AtomicFile::Create(dir + "/manifest.json"));
+  const std::string text = manifest.dump(1);
+  RETURN_IF_ERROR(mf.Write(text.data(), text.size()));
+  RETURN_IF_ERROR(mf.Commit());
+  RETURN_IF_ERROR(SyncDir(dir));
+  std::set<std::string> named;
+  for (const json& f : manifest["files"]) named.insert(f.value("name", ""));
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("states-", 0) == 0 && named.count(name) == 0) fs::remove(entry.path(), ec);
+  }
+  return Status::OK();
+}
+
+// "3 with another shape: a, b, c" (at most six names).
+std::string NameList(const char* what, const std::vector<std::string>& names) {
+  std::string s = std::to_string(names.size()) + " " + what;
+  for (size_t i = 0; i < names.size() && i < 6; ++i) s += (i == 0 ? ": " : ", ") + names[i];
+  if (names.size() > 6) s += ", ...";
+  return s;
+}
+
+// True when the saved slices tile a tensor of `numel` elements exactly: in order of their first
+// element, each starts where the one before ended, and the last ends at the tensor's end.
+bool TilesExactly(const std::vector<SavedSlice>& slices, uint64_t numel) {
+  std::vector<const SavedSlice*> tiles;
+  for (const SavedSlice& e : slices) tiles.push_back(&e);
+  std::sort(tiles.begin(), tiles.end(),
+            [](const SavedSlice* a, const SavedSlice* b) { return a->begin < b->begin; });
+  uint64_t covered = 0;
+  for (const SavedSlice* e : tiles) {
+    if (e->begin != covered || e->numel > numel - covered) return false;
+    covered += e->numel;
+  }
+  return covered == numel;
+}
+
+// Compares the saved tensors with the registered parameters: every difference (missing, extra,
+// another shape) is listed at once, so a checkpoint of another model is never loaded in part.
+Status CheckSameModel(const std::string& dir, const SavedTensors& saved,
+                      const std::vector<ParamSpec>& params, const std::vector<int64_t>& numel) {
+  std::vector<std::string> missing, extra, reshaped;
+  std::set<std::string> registered;
+  for (size_t p = 0; p < params.size(); ++p) {
+    const ParamSpec& ps = params[p];
+    registered.insert(ps.name);
+    auto it = saved.find(ps.name);
+    if (it == saved.end()) {
+      missing.push_back(ps.name);
+      continue;
+    }
+    const auto other = std::find_if(it->second.begin(), it->second.end(),
+                                    [&](const SavedSlice& e) { return e.shape != ps.shape; });
+    if (other != it->second.end()) {
+      reshaped.push_back(ps.name + " (checkpoint " + json(other->shape).dump() + ", model " +
+                         json(ps.shape).dump() + ")");
+      continue;
+    }
+    if (!TilesExactly(it->second, static_cast<uint64_t>(numel[p])))
+      return DataLossError("checkpoint " + dir + ": the saved slices of '" + ps.name +
+                           "' do not cover its " + std::to_string(numel[p]) +
+                           " elements exactly once (the manifest is damaged)");
+  }
+  for (const auto& [name, slices] : saved)
+    if (registered.count(name) == 0) extra.push_back(name);
+  if (missing.empty() && extra.empty() && reshaped.empty()) return Status::OK();
+  return InvalidArgumentError(
+      "checkpoint " + dir +
+      " is of another model: " + NameList("tensors of the model missing from it", missing) + "; " +
+      NameList("tensors in it the model lacks", extra) + "; " +
+      NameList("with another shape", reshaped) +
+      " (resume with the model configuration it was saved with: its config.json)");
+}
+
+// A checkpoint's states files, each opened once, and a buffer for one saved slice.
+class StatesReader {
+ public:
+  explicit StatesReader(std::string dir) : dir_(std::move(dir)) {}
+
+  // Reads and verifies the saved slices that overlap this rank's `slices` of one chunk
+  // (resharding); with `apply`, copies their overlap into the chunk's master, m and v.
+  Status ChunkSlices(const std::vector<ShardSlice>& slices, const std::vector<ParamSpec>& params,
+                     const SavedTensors& saved, bool apply, float* master, float* m, float* v) {
+    for (const ShardSlice& sl : slices) {
+      const auto found = saved.find(params[static_cast<size_t>(sl.tensor)].name);
+      if (found == saved.end()) continue;  // CheckSameModel ruled it out
+      for (const SavedSlice& e : found->second) {
+        const uint64_t lo = std::max(e.begin, sl.tensor_begin);
+        const uint64_t hi = std::min(e.begin + e.numel, sl.tensor_begin + sl.numel);
+        if (lo >= hi) continue;
+        RETURN_IF_ERROR(Read(e, found->first));
+        if (!apply) continue;
+        const uint64_t dst = sl.shard_offset + (lo - sl.tensor_begin);
+        const uint64_t src = lo - e.begin;
+        const uint64_t len = (hi - lo) * 4;
+        std::memcpy(master + dst, buf_.data() + src, len);
+        std::memcpy(m + dst, buf_.data() + e.numel + src, len);
+        std::memcpy(v + dst, buf_.data() + 2 * e.numel + src, len);
+      }
+    }
+    return Status::OK();
+  }
+
+ private:
+  // One saved slice's three arrays into buf_, checksum verified.
+  Status Read(const SavedSlice& e, const std::string& tensor) {
+    auto& f = files_[e.file];
+    if (!f) f = std::make_unique<ReadFd>(dir_ + "/" + e.file);
+    if (f->get() < 0)
+      return NotFoundError("checkpoint file " + dir_ + "/" + e.file + " is missing");
+    buf_.resize(e.numel * 3);
+    RETURN_IF_ERROR(ReadAt(f->get(), dir_ + "/" + e.file, e.offset, buf_.data(), buf_.size() * 4));
+    if (Crc32c(buf_.data(), buf_.size() * 4) != e.crc) {
+      return DataLossError("checkpoint " + dir_ + ": checksum mismatch in parameter '" + tensor +
+                           "' in " + e.file + " (the file is corrupt)");
+    }
+    return Status::OK();
+  }
+
+  std::string dir_;
+  std::map<std::string, std::unique_ptr<ReadFd>> files_;
+  std::vector<float> buf_;
+};
+
 }  // namespace
 
 StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& dir) {
@@ -158,7 +329,6 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
   if (im.in_iteration) return FailedPreconditionError("SaveCheckpoint inside an iteration");
   RETURN_IF_ERROR(im.cm->out_of_step());
   json user;
-  std::error_code ec;
   const int rank = im.comm->rank();
   // The world size is in the name: a re-save of the same step on another number of ranks never
   // overwrites a file the committed manifest names.
@@ -175,30 +345,15 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
       user = json::parse(user_state, nullptr, /*allow_exceptions=*/false);
       if (user.is_discarded()) return InvalidArgumentError("user_state is not valid JSON");
     }
+    std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) return IoError("creating checkpoint directory " + dir + ": " + ec.message());
     ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::Create(dir + "/" + states_name));
     for (int c = 0; c < im.layout.num_chunks(); ++c) {
       RETURN_IF_ERROR(im.WithChunkState(
           c, /*write_back=*/false, [&](float* master, float* m, float* v) -> Status {
-            for (const ShardSlice& sl : im.slices[static_cast<size_t>(c)]) {
-              const uint64_t offset = file.bytes();
-              uint32_t crc = 0;
-              for (const float* a : {master, m, v}) {
-                RETURN_IF_ERROR(file.Write(a + sl.shard_offset, sl.numel * 4));
-                crc = Crc32c(a + sl.shard_offset, sl.numel * 4, crc);
-                file_crc = Crc32c(a + sl.shard_offset, sl.numel * 4, file_crc);
-              }
-              const ParamSpec& ps = im.params[static_cast<size_t>(sl.tensor)];
-              tensors.push_back({{"name", ps.name},
-                                 {"shape", ps.shape},
-                                 {"file", states_name},
-                                 {"offset", offset},
-                                 {"begin", sl.tensor_begin},
-                                 {"numel", sl.numel},
-                                 {"crc32c", crc}});
-            }
-            return Status::OK();
+            return WriteChunkSlices(file, states_name, im.slices[static_cast<size_t>(c)], im.params,
+                                    master, m, v, tensors, file_crc);
           }));
     }
     states_bytes = file.bytes();
@@ -208,48 +363,22 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
   RETURN_IF_ERROR(AgreeOnStatus(*im.comm, written));
   json files =
       json::array({{{"name", states_name}, {"bytes", states_bytes}, {"crc32c", file_crc}}});
-  if (im.world() > 1) {
-    // Every rank's file is committed once its entries arrive; rank 0 writes the manifest.
-    const std::string mine = json{{"files", files}, {"tensors", tensors}}.dump();
-    ASSIGN_OR_RETURN(std::vector<std::string> parts, AllGatherText(*im.comm, mine));
-    files = json::array();
-    tensors = json::array();
-    for (const std::string& part : parts) {
-      json j = json::parse(part, nullptr, false);
-      if (j.is_discarded()) return InternalError("a rank's checkpoint entries are not JSON");
-      for (json& f : j["files"]) files.push_back(std::move(f));
-      for (json& t : j["tensors"]) tensors.push_back(std::move(t));
-    }
-  }
+  // Every rank's file is committed once its entries arrive; rank 0 writes the manifest.
+  if (im.world() > 1) RETURN_IF_ERROR(GatherEntries(*im.comm, files, tensors));
   // Rank 0 commits the manifest; every rank returns once it has (or with rank 0's error).
   Status committed = Status::OK();
   if (rank == 0) {
-    committed = [&]() -> Status {
-      json manifest = {{"format", "tierzero-checkpoint"},
-                       {"version", kCheckpointVersion},
-                       {"step", im.step},
-                       {"loss_scale", im.loss_scale},
-                       {"good_steps", im.good_steps},
-                       {"compute_dtype", std::string(DTypeName(im.cfg.compute_dtype))},
-                       {"world_size", im.comm->size()},
-                       {"files", files},
-                       {"tensors", tensors},
-                       {"user_state", user}};
-      ASSIGN_OR_RETURN(AtomicFile mf, AtomicFile::Create(dir + "/manifest.json"));
-      const std::string text = manifest.dump(1);
-      RETURN_IF_ERROR(mf.Write(text.data(), text.size()));
-      RETURN_IF_ERROR(mf.Commit());
-      RETURN_IF_ERROR(SyncDir(dir));
-      // States files the manifest no longer names (earlier steps, ranks of an earlier world
-      // size).
-      std::set<std::string> named;
-      for (const json& f : files) named.insert(f.value("name", ""));
-      for (const auto& entry : fs::directory_iterator(dir, ec)) {
-        const std::string name = entry.path().filename().string();
-        if (name.rfind("states-", 0) == 0 && named.count(name) == 0) fs::remove(entry.path(), ec);
-      }
-      return Status::OK();
-    }();
+    committed =
+        CommitManifest(dir, {{"format", "tierzero-checkpoint"},
+                             {"version", kCheckpointVersion},
+                             {"step", im.step},
+                             {"loss_scale", im.loss_scale},
+                             {"good_steps", im.good_steps},
+                             {"compute_dtype", std::string(DTypeName(im.cfg.compute_dtype))},
+                             {"world_size", im.comm->size()},
+                             {"files", files},
+                             {"tensors", tensors},
+                             {"user_state", user}});
   }
   RETURN_IF_ERROR(AgreeOnStatus(*im.comm, committed));
   TZ_LOG(kInfo, kEngine) << "checkpoint at step " << im.step << " written to " << dir << " ("
@@ -264,122 +393,29 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   RETURN_IF_ERROR(im.cm->out_of_step());
   // Every rank reads the manifest and verifies what it will load; the ranks agree on the outcome
   // before any of them changes state, and again after (Note [Agreeing on an outcome]).
-  Manifest manifest;
-  const std::map<std::string, std::vector<SavedSlice>>& saved = manifest.tensors;
-  // Read and verify everything before changing any state: a bad checkpoint leaves the engine
+  // Everything is read and verified before any state changes: a bad checkpoint leaves the engine
   // as it was. Chunk by chunk, so NVMe-resident state is never held whole in memory; a second
   // pass writes.
-  std::map<std::string, std::unique_ptr<ReadFd>> files;
-  auto fd_of = [&](const std::string& name) -> StatusOr<int> {
-    auto& f = files[name];
-    if (!f) f = std::make_unique<ReadFd>(dir + "/" + name);
-    if (f->get() < 0) return NotFoundError("checkpoint file " + dir + "/" + name + " is missing");
-    return f->get();
-  };
-  std::vector<float> buf;
-  auto run_pass = [&](int pass) -> Status {
+  Manifest manifest;
+  StatesReader reader(dir);
+  auto run_pass = [&](bool apply) -> Status {
     for (int c = 0; c < im.layout.num_chunks(); ++c) {
-      auto apply = [&](float* master, float* m, float* v) -> Status {
-        for (const ShardSlice& sl : im.slices[static_cast<size_t>(c)]) {
-          // The saved slices that overlap this rank's slice (resharding).
-          const auto found = saved.find(im.params[static_cast<size_t>(sl.tensor)].name);
-          if (found == saved.end()) continue;  // verified before: never the case
-          for (const SavedSlice& e : found->second) {
-            const uint64_t begin = e.begin, numel = e.numel;
-            const uint64_t lo = std::max(begin, sl.tensor_begin);
-            const uint64_t hi = std::min(begin + numel, sl.tensor_begin + sl.numel);
-            if (lo >= hi) continue;
-            const std::string& fname = e.file;
-            ASSIGN_OR_RETURN(int fd, fd_of(fname));
-            buf.resize(numel * 3);
-            RETURN_IF_ERROR(ReadAt(fd, dir + "/" + fname, e.offset, buf.data(), buf.size() * 4));
-            if (Crc32c(buf.data(), buf.size() * 4) != e.crc) {
-              return DataLossError("checkpoint " + dir + ": checksum mismatch in parameter '" +
-                                   found->first + "' in " + fname + " (the file is corrupt)");
-            }
-            if (pass == 1) {
-              const uint64_t dst = sl.shard_offset + (lo - sl.tensor_begin);
-              const uint64_t src = lo - begin;
-              const uint64_t len = (hi - lo) * 4;
-              std::memcpy(master + dst, buf.data() + src, len);
-              std::memcpy(m + dst, buf.data() + numel + src, len);
-              std::memcpy(v + dst, buf.data() + 2 * numel + src, len);
-            }
-          }
-        }
-        if (pass == 1) return im.UploadChunk(c, master);
-        return Status::OK();
-      };
-      RETURN_IF_ERROR(im.WithChunkState(c, /*write_back=*/pass == 1, apply));
+      RETURN_IF_ERROR(im.WithChunkState(
+          c, /*write_back=*/apply, [&](float* master, float* m, float* v) -> Status {
+            RETURN_IF_ERROR(reader.ChunkSlices(im.slices[static_cast<size_t>(c)], im.params,
+                                               manifest.tensors, apply, master, m, v));
+            return apply ? im.UploadChunk(c, master) : Status::OK();
+          }));
     }
     return Status::OK();
   };
   Status verified = [&]() -> Status {
     ASSIGN_OR_RETURN(manifest, ReadManifest(dir));
-    // Compare the saved slices with the registered parameters: every difference (missing,
-    // extra, another shape) is listed at once, and nothing is loaded unless the two agree
-    // exactly (a checkpoint of another model is never loaded in part).
-    std::vector<std::string> missing, extra, reshaped;
-    std::set<std::string> registered;
-    for (size_t p = 0; p < im.params.size(); ++p) {
-      const ParamSpec& ps = im.params[p];
-      registered.insert(ps.name);
-      auto it = saved.find(ps.name);
-      if (it == saved.end()) {
-        missing.push_back(ps.name);
-        continue;
-      }
-      bool same_shape = true;
-      for (const SavedSlice& e : it->second) {
-        if (e.shape != ps.shape) {
-          if (same_shape)
-            reshaped.push_back(ps.name + " (checkpoint " + json(e.shape).dump() + ", model " +
-                               json(ps.shape).dump() + ")");
-          same_shape = false;
-        }
-      }
-      if (!same_shape) continue;
-      // The slices must tile the tensor exactly: in order of their first element, each starts
-      // where the one before ended, and the last ends at the tensor's end (no gap, no overlap).
-      std::vector<const SavedSlice*> tiles;
-      for (const SavedSlice& e : it->second) tiles.push_back(&e);
-      std::sort(tiles.begin(), tiles.end(),
-                [](const SavedSlice* a, const SavedSlice* b) { return a->begin < b->begin; });
-      const uint64_t numel = static_cast<uint64_t>(im.numel[p]);
-      uint64_t covered = 0;
-      bool tiled = true;
-      for (const SavedSlice* e : tiles) {
-        if (e->begin != covered || e->numel > numel - covered) {
-          tiled = false;
-          break;
-        }
-        covered += e->numel;
-      }
-      if (!tiled || covered != numel)
-        return DataLossError("checkpoint " + dir + ": the saved slices of '" + ps.name +
-                             "' do not cover its " + std::to_string(im.numel[p]) +
-                             " elements exactly once (the manifest is damaged)");
-    }
-    for (const auto& [name, slices] : saved)
-      if (registered.count(name) == 0) extra.push_back(name);
-    if (!missing.empty() || !extra.empty() || !reshaped.empty()) {
-      auto list = [](const char* what, const std::vector<std::string>& names) {
-        std::string s = std::to_string(names.size()) + " " + what;
-        for (size_t i = 0; i < names.size() && i < 6; ++i) s += (i == 0 ? ": " : ", ") + names[i];
-        if (names.size() > 6) s += ", ...";
-        return s;
-      };
-      return InvalidArgumentError(
-          "checkpoint " + dir +
-          " is of another model: " + list("tensors of the model missing from it", missing) + "; " +
-          list("tensors in it the model lacks", extra) + "; " +
-          list("with another shape", reshaped) +
-          " (resume with the model configuration it was saved with: its config.json)");
-    }
-    return run_pass(0);
+    RETURN_IF_ERROR(CheckSameModel(dir, manifest.tensors, im.params, im.numel));
+    return run_pass(/*apply=*/false);
   }();
   RETURN_IF_ERROR(AgreeOnStatus(*im.comm, verified));
-  Status loaded = AgreeOnStatus(*im.comm, run_pass(1));
+  Status loaded = AgreeOnStatus(*im.comm, run_pass(/*apply=*/true));
   if (!loaded.ok()) {
     // Verified, then failed while writing (a disk error): the states are partly the
     // checkpoint's on some rank, so the engine takes no more work.

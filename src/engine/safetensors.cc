@@ -79,84 +79,89 @@ Status Engine::ExportSafetensors(const std::string& path, DType dtype) const {
 // inside the data section, begin <= end, with exactly the bytes its shape needs for the dtypes we
 // read, and no two tensors may overlap (the format forbids each). So a malformed file fails whole
 // and never leaves a model half loaded.
-Status Engine::LoadSafetensors(const std::string& path) {
-  Impl& im = *impl_;
-  if (!im.finalized) return FailedPreconditionError("LoadSafetensors before Finalize");
-  ReadFd fd(path);
-  if (fd.get() < 0)
-    return ErrnoError("opening safetensors file " + path, errno, StatusCode::kNotFound);
+namespace {
+
+struct SafetensorsEntry {
+  std::string dtype_name;  // as the file says: "F32", "BF16", "F16" load
+  bool loads = false;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // in the data section
+};
+
+struct SafetensorsHeader {
+  uint64_t base = 0;  // the data section's offset in the file
+  std::map<std::string, SafetensorsEntry> entries;
+};
+
+// One header entry, checked whole (Note [Safetensors entries checked whole]).
+StatusOr<SafetensorsEntry> ParseEntry(const std::string& path, const std::string& name,
+                                      const json& e, uint64_t data_bytes) {
+  auto bad = [&](const std::string& why) {
+    return DataLossError(path + ": safetensors tensor '" + name + "' " + why);
+  };
+  // Read through JsonIn (Note [Reading outside JSON]): errors name the tensor and the field.
+  const JsonIn in(e, path + ": safetensors tensor '" + name + "'", StatusCode::kDataLoss);
+  SafetensorsEntry en;
+  ASSIGN_OR_RETURN(en.dtype_name, in.get<std::string>("dtype"));
+  const std::string& dt = en.dtype_name;
+  en.dtype = dt == "F32" ? DType::kF32 : dt == "BF16" ? DType::kBF16 : DType::kF16;
+  en.loads = dt == "F32" || dt == "BF16" || dt == "F16";
+  ASSIGN_OR_RETURN(const std::vector<JsonIn> dims, in.elements("shape"));
+  for (const JsonIn& d : dims) {
+    ASSIGN_OR_RETURN(const int64_t n, d.as<int64_t>());
+    if (n < 0) return d.Error("is a negative size");
+    en.shape.push_back(n);
+  }
+  ASSIGN_OR_RETURN(const std::vector<JsonIn> off, in.elements("data_offsets"));
+  if (off.size() != 2) return in.Error("has data_offsets that are not a [begin, end] pair");
+  ASSIGN_OR_RETURN(en.begin, off[0].as<uint64_t>());
+  ASSIGN_OR_RETURN(en.end, off[1].as<uint64_t>());
+  if (en.begin > en.end || en.end > data_bytes)
+    return bad("has data offsets [" + std::to_string(en.begin) + ", " + std::to_string(en.end) +
+               "] outside the data section of " + std::to_string(data_bytes) + " bytes");
+  if (!en.loads) return en;
+  uint64_t n = 1;
+  for (int64_t d : en.shape) {
+    if (d != 0 && n > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d))
+      return bad("has a shape too large: " + JsonIn::Shown(json(en.shape)));
+    n *= static_cast<uint64_t>(d);
+  }
+  // (Checked before the bytes, whose product could wrap around.)
+  if (n > data_bytes)
+    return bad("has a shape of " + std::to_string(n) + " elements, more than the " +
+               std::to_string(data_bytes) + " bytes of the data section hold");
+  if (en.end - en.begin != DTypeBytes(en.dtype, n))
+    return bad("has " + std::to_string(en.end - en.begin) + " bytes for " + std::to_string(n) +
+               " " + dt + " elements");
+  return en;
+}
+
+// The header of a safetensors file, every entry checked and no two overlapping.
+StatusOr<SafetensorsHeader> ReadHeader(int fd, const std::string& path) {
   struct stat st {};
-  ::fstat(fd.get(), &st);
+  ::fstat(fd, &st);
   uint64_t hlen = 0;
   if (st.st_size < 8) return DataLossError(path + " is not a safetensors file (too short)");
-  RETURN_IF_ERROR(ReadAt(fd.get(), path, 0, &hlen, 8));
+  RETURN_IF_ERROR(ReadAt(fd, path, 0, &hlen, 8));
   if (hlen > static_cast<uint64_t>(st.st_size) - 8 || hlen > (uint64_t{100} << 20))
     return DataLossError(path + " is not a safetensors file (header length " +
                          std::to_string(hlen) + ")");
   std::string h(hlen, '\0');
-  RETURN_IF_ERROR(ReadAt(fd.get(), path, 8, h.data(), hlen));
+  RETURN_IF_ERROR(ReadAt(fd, path, 8, h.data(), hlen));
   json header = json::parse(h, nullptr, false);
   if (header.is_discarded() || !header.is_object())
     return DataLossError(path + ": the safetensors header is not valid JSON");
   RETURN_IF_ERROR(JsonIn(header, path, StatusCode::kDataLoss).CheckDepth(kMaxJsonDepth));
-  const uint64_t base = 8 + hlen;
-  const uint64_t data_bytes = static_cast<uint64_t>(st.st_size) - base;
-  // Every entry is checked before anything loads (Note [Safetensors entries checked whole]).
-  struct Entry {
-    DType dtype;
-    std::vector<int64_t> shape;
-    uint64_t begin = 0, end = 0;
-  };
-  std::map<std::string, Entry> entries;
-  std::map<std::string, std::string> other_dtypes;  // entries of dtypes that do not load
+  SafetensorsHeader out;
+  out.base = 8 + hlen;
+  const uint64_t data_bytes = static_cast<uint64_t>(st.st_size) - out.base;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (const auto& item : header.items()) {
-    const std::string& name = item.key();
-    const json& e = item.value();
-    if (name == "__metadata__") continue;
-    auto bad = [&](const std::string& why) {
-      return DataLossError(path + ": safetensors tensor '" + name + "' " + why);
-    };
-    // Read through JsonIn (Note [Reading outside JSON]): errors name the tensor and the field.
-    const JsonIn in(e, path + ": safetensors tensor '" + name + "'", StatusCode::kDataLoss);
-    Entry en;
-    ASSIGN_OR_RETURN(const std::string dt, in.get<std::string>("dtype"));
-    en.dtype = dt == "F32" ? DType::kF32 : dt == "BF16" ? DType::kBF16 : DType::kF16;
-    const bool known = dt == "F32" || dt == "BF16" || dt == "F16";
-    ASSIGN_OR_RETURN(const std::vector<JsonIn> dims, in.elements("shape"));
-    for (const JsonIn& d : dims) {
-      ASSIGN_OR_RETURN(const int64_t n, d.as<int64_t>());
-      if (n < 0) return d.Error("is a negative size");
-      en.shape.push_back(n);
-    }
-    ASSIGN_OR_RETURN(const std::vector<JsonIn> off, in.elements("data_offsets"));
-    if (off.size() != 2) return in.Error("has data_offsets that are not a [begin, end] pair");
-    ASSIGN_OR_RETURN(en.begin, off[0].as<uint64_t>());
-    ASSIGN_OR_RETURN(en.end, off[1].as<uint64_t>());
-    if (en.begin > en.end || en.end > data_bytes)
-      return bad("has data offsets [" + std::to_string(en.begin) + ", " + std::to_string(en.end) +
-                 "] outside the data section of " + std::to_string(data_bytes) + " bytes");
-    if (known) {
-      uint64_t n = 1;
-      for (int64_t d : en.shape) {
-        if (d != 0 && n > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d))
-          return bad("has a shape too large: " + JsonIn::Shown(json(en.shape)));
-        n *= static_cast<uint64_t>(d);
-      }
-      // (Checked before the bytes, whose product could wrap around.)
-      if (n > data_bytes)
-        return bad("has a shape of " + std::to_string(n) + " elements, more than the " +
-                   std::to_string(data_bytes) + " bytes of the data section hold");
-      if (en.end - en.begin != DTypeBytes(en.dtype, n))
-        return bad("has " + std::to_string(en.end - en.begin) + " bytes for " + std::to_string(n) +
-                   " " + dt + " elements");
-    }
+    if (item.key() == "__metadata__") continue;
+    ASSIGN_OR_RETURN(SafetensorsEntry en, ParseEntry(path, item.key(), item.value(), data_bytes));
     ranges.emplace_back(en.begin, en.end);
-    if (known) {
-      entries[name] = std::move(en);
-    } else {
-      other_dtypes[name] = dt;
-    }
+    out.entries[item.key()] = std::move(en);
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i)
@@ -164,15 +169,25 @@ Status Engine::LoadSafetensors(const std::string& path) {
       return DataLossError(path + ": two safetensors tensors overlap (bytes " +
                            std::to_string(ranges[i].first) + " and " +
                            std::to_string(ranges[i - 1].second) + " of the data section)");
+  return out;
+}
+
+}  // namespace
+
+Status Engine::LoadSafetensors(const std::string& path) {
+  Impl& im = *impl_;
+  if (!im.finalized) return FailedPreconditionError("LoadSafetensors before Finalize");
+  ReadFd fd(path);
+  if (fd.get() < 0)
+    return ErrnoError("opening safetensors file " + path, errno, StatusCode::kNotFound);
+  // Every entry is checked before anything loads (Note [Safetensors entries checked whole]).
+  ASSIGN_OR_RETURN(const SafetensorsHeader header, ReadHeader(fd.get(), path));
   for (const ParamSpec& ps : im.params) {
-    auto it = entries.find(ps.name);
-    if (it == entries.end()) {
-      auto other = other_dtypes.find(ps.name);
-      if (other == other_dtypes.end())
-        return NotFoundError(path + " has no tensor '" + ps.name + "'");
-      return UnsupportedError(path + ": tensor '" + ps.name + "' is " + other->second +
+    auto it = header.entries.find(ps.name);
+    if (it == header.entries.end()) return NotFoundError(path + " has no tensor '" + ps.name + "'");
+    if (!it->second.loads)
+      return UnsupportedError(path + ": tensor '" + ps.name + "' is " + it->second.dtype_name +
                               "; F32, BF16 and F16 load");
-    }
     if (it->second.shape != ps.shape)
       return InvalidArgumentError(path + ": tensor '" + ps.name + "' has shape " +
                                   json(it->second.shape).dump() + ", the model registers " +
@@ -181,11 +196,11 @@ Status Engine::LoadSafetensors(const std::string& path) {
   std::vector<uint8_t> raw;
   std::vector<float> values;
   for (size_t t = 0; t < im.params.size(); ++t) {
-    const Entry& e = entries[im.params[t].name];
+    const SafetensorsEntry& e = header.entries.at(im.params[t].name);
     const uint64_t n = static_cast<uint64_t>(im.numel[t]);
     raw.resize(e.end - e.begin);
     values.resize(n);
-    RETURN_IF_ERROR(ReadAt(fd.get(), path, base + e.begin, raw.data(), raw.size()));
+    RETURN_IF_ERROR(ReadAt(fd.get(), path, header.base + e.begin, raw.data(), raw.size()));
     RETURN_IF_ERROR(Convert(raw.data(), e.dtype, values.data(), DType::kF32, n));
     const size_t non_finite = static_cast<size_t>(
         std::count_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); }));

@@ -348,6 +348,34 @@ Status NvmeStore::Free(const NvmeExtent& extent) {
 
 // ---- I/O ---------------------------------------------------------------------------------------
 
+// A request's completion: counted, a short transfer resubmitted, an error kept; the operation's
+// last request wakes its waiters.
+void NvmeStore::Complete(Operation* op, IoRequest& r, const std::string& path, int64_t res) {
+  ++requests_;
+  if (res < 0) {
+    ++errors_;
+    op->Fail(
+        ErrnoError(Describe(op->write, path, r.offset, r.len) + " failed", static_cast<int>(-res)));
+  } else if (res == 0) {
+    ++errors_;
+    op->Fail(DataLossError(Describe(op->write, path, r.offset, r.len) +
+                           " transferred nothing: the swap file ends early (truncated?)"));
+  } else if (static_cast<uint64_t>(res) < r.len) {
+    // A short transfer: resubmit the remainder.
+    ++short_;
+    (op->write ? bytes_written_ : bytes_read_) += static_cast<uint64_t>(res);
+    r.offset += static_cast<uint64_t>(res);
+    r.buf = static_cast<uint8_t*>(r.buf) + res;
+    r.len -= static_cast<uint32_t>(res);
+    Status s = io_->Resubmit(&r);
+    if (s.ok()) return;
+    op->Fail(std::move(s).WithContext("resubmitting a short transfer"));
+  } else {
+    (op->write ? bytes_written_ : bytes_read_) += static_cast<uint64_t>(res);
+  }
+  op->FinishOne();
+}
+
 StatusOr<NvmeStore::Ticket> NvmeStore::Submit(const NvmeExtent& extent, void* buf, bool write) {
   if (buf == nullptr || reinterpret_cast<uintptr_t>(buf) % kNvmeAlignment != 0) {
     return InvalidArgumentError("NVMe buffers must be 4 KiB aligned (use the pinned arena)");
@@ -397,31 +425,7 @@ StatusOr<NvmeStore::Ticket> NvmeStore::Submit(const NvmeExtent& extent, void* bu
   for (size_t i = 0; i < op->requests.size(); ++i) {
     IoRequest& r = op->requests[i];
     const std::string& path = files_[static_cast<size_t>(r.file)]->path;
-    r.done = [this, raw, &r, &path](int64_t res) {
-      ++requests_;
-      if (res < 0) {
-        ++errors_;
-        raw->Fail(ErrnoError(Describe(raw->write, path, r.offset, r.len) + " failed",
-                             static_cast<int>(-res)));
-      } else if (res == 0) {
-        ++errors_;
-        raw->Fail(DataLossError(Describe(raw->write, path, r.offset, r.len) +
-                                " transferred nothing: the swap file ends early (truncated?)"));
-      } else if (static_cast<uint64_t>(res) < r.len) {
-        // A short transfer: resubmit the remainder.
-        ++short_;
-        (raw->write ? bytes_written_ : bytes_read_) += static_cast<uint64_t>(res);
-        r.offset += static_cast<uint64_t>(res);
-        r.buf = static_cast<uint8_t*>(r.buf) + res;
-        r.len -= static_cast<uint32_t>(res);
-        Status s = io_->Resubmit(&r);
-        if (s.ok()) return;
-        raw->Fail(std::move(s).WithContext("resubmitting a short transfer"));
-      } else {
-        (raw->write ? bytes_written_ : bytes_read_) += static_cast<uint64_t>(res);
-      }
-      raw->FinishOne();
-    };
+    r.done = [this, raw, &r, &path](int64_t res) { Complete(raw, r, path, res); };
   }
   // Submit after every request is set up: completions may start arriving at once.
   for (size_t i = 0; i < op->requests.size(); ++i) {

@@ -154,6 +154,7 @@ class NvmeStore {
   explicit NvmeStore(const NvmeStoreOptions& options);
   Status OpenFiles();
   StatusOr<Ticket> Submit(const NvmeExtent& extent, void* buf, bool write);
+  void Complete(Operation* op, IoRequest& r, const std::string& path, int64_t res);
 
   NvmeStoreOptions options_;
   bool direct_io_ = true;
