@@ -15,9 +15,10 @@ trap 'rm -rf "$out"' EXIT
 steps=120
 # Same model and data as the default run; only where the states live differs.
 resident='{"engine": {"device_budget": "64 MiB", "device_shard_budget": "64 MiB", "host_budget": "512 MiB", "nvme_budget": "0"}}'
-# host: the default device budget, everything else in host memory. nvme: the default run's budgets.
-host='{"engine": {"device_budget": "8 MiB", "host_budget": "512 MiB", "nvme_budget": "0"}}'
-nvme='{"engine": {"device_budget": "8 MiB", "host_budget": "16 MiB", "nvme_budget": "256 MiB"}}'
+# host: the default run's device budget (12 MiB), everything else in host memory. nvme: the
+# default run's budgets.
+host='{"engine": {"device_budget": "12 MiB", "host_budget": "512 MiB", "nvme_budget": "0"}}'
+nvme='{"engine": {"device_budget": "12 MiB", "host_budget": "16 MiB", "nvme_budget": "256 MiB"}}'
 for v in resident host nvme; do echo "${!v}" > "$out/$v.json"; done
 for r in $(seq "$reps"); do
   for v in resident host nvme; do
