@@ -41,12 +41,9 @@
 #define TZ_GUARDED_BY(mu) TZ_THREAD_ANNOTATION(guarded_by(mu))
 #define TZ_PT_GUARDED_BY(mu) TZ_THREAD_ANNOTATION(pt_guarded_by(mu))
 #define TZ_REQUIRES(...) TZ_THREAD_ANNOTATION(requires_capability(__VA_ARGS__))
-#define TZ_EXCLUDES(...) TZ_THREAD_ANNOTATION(locks_excluded(__VA_ARGS__))
 #define TZ_ACQUIRE(...) TZ_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
 #define TZ_RELEASE(...) TZ_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
 #define TZ_TRY_ACQUIRE(...) TZ_THREAD_ANNOTATION(try_acquire_capability(__VA_ARGS__))
-#define TZ_RETURN_CAPABILITY(x) TZ_THREAD_ANNOTATION(lock_returned(x))
-#define TZ_NO_THREAD_SAFETY_ANALYSIS TZ_THREAD_ANNOTATION(no_thread_safety_analysis)
 
 namespace tierzero {
 
@@ -68,17 +65,15 @@ class TZ_CAPABILITY("mutex") Mutex {
 // Holds a Mutex for its scope; Unlock/Lock release and retake it inside the scope.
 class TZ_SCOPED_CAPABILITY MutexLock {
  public:
-  explicit MutexLock(Mutex& mu) TZ_ACQUIRE(mu) : mu_(mu), lock_(mu.mu_) {}
+  explicit MutexLock(Mutex& mu) TZ_ACQUIRE(mu) : lock_(mu.mu_) {}
   ~MutexLock() TZ_RELEASE() {}
   MutexLock(const MutexLock&) = delete;
   MutexLock& operator=(const MutexLock&) = delete;
   void Unlock() TZ_RELEASE() { lock_.unlock(); }
   void Lock() TZ_ACQUIRE() { lock_.lock(); }
-  Mutex& mutex() const TZ_RETURN_CAPABILITY(mu_) { return mu_; }
 
  private:
   friend class CondVar;
-  Mutex& mu_;
   std::unique_lock<std::mutex> lock_;
 };
 
@@ -93,12 +88,7 @@ class CondVar {
   void Wait(MutexLock& lock, Pred pred) {
     cv_.wait(lock.lock_, pred);
   }
-  // The same with a deadline: false when it passed with pred() still false.
-  template <typename Clock, typename Duration, typename Pred>
-  bool WaitUntil(MutexLock& lock, const std::chrono::time_point<Clock, Duration>& deadline,
-                 Pred pred) {
-    return cv_.wait_until(lock.lock_, deadline, pred);
-  }
+  // The same with a timeout: false when it passed with pred() still false.
   template <typename Rep, typename Period, typename Pred>
   bool WaitFor(MutexLock& lock, const std::chrono::duration<Rep, Period>& timeout, Pred pred) {
     return cv_.wait_for(lock.lock_, timeout, pred);
