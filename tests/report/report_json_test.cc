@@ -1,0 +1,113 @@
+// BuildReportJson (src/profiler/report_snapshot.h) from a hand-made snapshot: the figures it
+// derives (link busy time as the union of overlapping spans, bandwidth, the step-time breakdown,
+// free bytes per tier) against values worked out by hand here.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "profiler/report_snapshot.h"
+#include "tierzero/report.h"
+
+namespace tierzero {
+namespace {
+
+using nlohmann::json;
+
+TimelineEvent Span(Track track, double start, double dur, uint64_t bytes, int lane = 0) {
+  TimelineEvent e;
+  e.track = track;
+  e.name = "x";
+  e.start_s = start;
+  e.dur_s = dur;
+  e.bytes = bytes;
+  e.lane = lane;
+  return e;
+}
+
+ReportSnapshot Snapshot() {
+  ReportSnapshot s;
+  s.config.device_budget = 1000;
+  s.config.host_budget = 5000;
+  s.config.nvme_budget = 9000;
+  s.config.compute_dtype = "bf16";
+  s.config.device = "HostSim";
+  s.tiers.host_model = 3000;
+  s.tiers.host_fixed = 2500;  // over the budget together: free is 0, not a wrapped number
+  s.tiers.nvme_used = 4000;
+  s.layout.shard_elems = 10;
+  s.optimizer_group_tiers = {"host", "nvme"};
+  s.profile.available = true;
+  s.profile.iteration = 3;
+  s.profile.step_seconds = 2.0;
+  // Forward: waited 0.25 s, computed 0.5 s; backward: computed 1.0 s; an untimed moment.
+  ReportSnapshot::ProfiledMoment fwd{.device_chunk_bytes = 600,
+                                     .nonmodel_bytes = 100,
+                                     .stall_s = 0.1,
+                                     .backward = false,
+                                     .timed = true,
+                                     .call_s = 0,
+                                     .ready_s = 0.25,
+                                     .release_s = 0.75};
+  ReportSnapshot::ProfiledMoment bwd{.device_chunk_bytes = 900,
+                                     .nonmodel_bytes = 300,
+                                     .stall_s = 0.2,
+                                     .backward = true,
+                                     .timed = true,
+                                     .call_s = 1,
+                                     .ready_s = 1,
+                                     .release_s = 2};
+  ReportSnapshot::ProfiledMoment untimed{.stall_s = 0.05};
+  s.profile.moments = {fwd, bwd, untimed};
+  s.profile.events = {
+      // NVMe reads overlap: [0, 1] and [0.5, 2] are busy 2 s together, [3, 4] one more.
+      Span(Track::kNvmeRead, 0.5, 1.5, 300), Span(Track::kNvmeRead, 0, 1, 100),
+      Span(Track::kNvmeRead, 3, 1, 200),
+      // A span inside another adds nothing.
+      Span(Track::kH2D, 0, 2, 1000), Span(Track::kH2D, 0.5, 0.5, 1000),
+      // CPU Adam: lane 0 is the chunk's span, lanes 1.. its threads (not counted again).
+      Span(Track::kOptimizer, 5, 0.75, 0), Span(Track::kOptimizer, 5, 0.7, 0, /*lane=*/1)};
+  s.profile.events[5].chunk = 0;
+  s.profile.events[6].chunk = 0;
+  TimelineEvent norm = Span(Track::kOptimizer, 4.9, 0.25, 0);
+  norm.name = "gradient norm";
+  s.profile.events.push_back(norm);
+  return s;
+}
+
+TEST(ReportJsonTest, DerivedFiguresMatchHandComputedValues) {
+  const json r = json::parse(BuildReportJson(Snapshot()));
+  const json& links = r["profile"]["links"];
+  EXPECT_DOUBLE_EQ(links["nvme_read"]["busy_seconds"].get<double>(), 3.0);
+  EXPECT_EQ(links["nvme_read"]["bytes"].get<uint64_t>(), 600u);
+  EXPECT_DOUBLE_EQ(links["nvme_read"]["bytes_per_second"].get<double>(), 200.0);
+  EXPECT_DOUBLE_EQ(links["h2d"]["busy_seconds"].get<double>(), 2.0);
+  EXPECT_DOUBLE_EQ(links["d2h"]["bytes_per_second"].get<double>(), 0.0);  // no spans: no rate
+  const json& b = r["profile"]["breakdown"];
+  EXPECT_DOUBLE_EQ(b["forward_seconds"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(b["backward_seconds"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(b["parameter_wait_seconds"].get<double>(), 0.25);
+  EXPECT_NEAR(b["stall_seconds"].get<double>(), 0.35, 1e-12);
+  EXPECT_DOUBLE_EQ(b["optimizer_compute_seconds"].get<double>(), 0.75);
+  EXPECT_DOUBLE_EQ(b["optimizer_io_wait_seconds"].get<double>(), 2.0 - 0.25 - 0.75);
+  const json& m0 = r["profile"]["moments"][0];
+  EXPECT_EQ(m0["device"]["free_bytes"].get<uint64_t>(), 300u);  // 1000 - 600 - 100
+  EXPECT_EQ(r["profile"]["moments"][1]["device"]["free_bytes"].get<uint64_t>(), 0u);  // over
+  EXPECT_EQ(m0["host"]["free_bytes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(m0["nvme"]["free_bytes"].get<uint64_t>(), 5000u);
+  EXPECT_EQ(r["optimizer"]["sub_groups"][1]["bytes"].get<uint64_t>(), 120u);  // 10 x 12 B
+  EXPECT_EQ(r["optimizer"]["sub_groups"][1]["tier"].get<std::string>(), "nvme");
+  EXPECT_EQ(r["profile"]["events"].size(), 8u);
+}
+
+TEST(ReportJsonTest, WithoutAProfileTheRenderingsSaySo) {
+  ReportSnapshot s = Snapshot();
+  s.profile = {};
+  const std::string text = BuildReportJson(s);
+  EXPECT_FALSE(json::parse(text)["profile"]["available"].get<bool>());
+  EXPECT_TRUE(ReportSummary(text).ok());
+  const Status trace = WriteChromeTrace(text, ::testing::TempDir() + "/trace.json");
+  EXPECT_EQ(trace.code(), StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace tierzero
