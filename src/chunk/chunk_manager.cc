@@ -407,15 +407,7 @@ Status ChunkManager::ReplayMoment(int k, const std::vector<int>& needed) {
     }
   }
   // Whatever a dropped prefetch left out is gathered now.
-  bool started = !d.gather.empty();
-  for (int c : needed) {
-    if (im.chunks[static_cast<size_t>(c)].cached) continue;
-    if (!started) RETURN_IF_ERROR(GathersStartNow(k));
-    started = true;
-    ++counters_.misses;
-    RETURN_IF_ERROR(Gather(c));
-  }
-  return Status::OK();
+  return GatherMissing(k, needed, /*started=*/!d.gather.empty());
 }
 
 // Recording and on-demand moments gather what they need when they need it; on demand keeps
@@ -430,11 +422,17 @@ Status ChunkManager::OnDemandMoment(int k, const std::vector<int>& needed) {
       }
     }
   }
-  bool tied = false;
+  return GatherMissing(k, needed, /*started=*/false);
+}
+
+// Gathers the needed chunks not on the device (misses), tying them to moment k first unless
+// `started` says gathers of this moment were already issued.
+Status ChunkManager::GatherMissing(int k, const std::vector<int>& needed, bool started) {
+  Impl& im = *impl_;
   for (int c : needed) {
     if (im.chunks[static_cast<size_t>(c)].cached) continue;
-    if (!tied) RETURN_IF_ERROR(GathersStartNow(k));
-    tied = true;
+    if (!started) RETURN_IF_ERROR(GathersStartNow(k));
+    started = true;
     ++counters_.misses;
     RETURN_IF_ERROR(Gather(c));
   }

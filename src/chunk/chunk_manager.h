@@ -212,6 +212,7 @@ class ChunkManager {
   void TraceMoment(const std::vector<int>& needed, Phase phase);
   Status ReplayMoment(int k, const std::vector<int>& needed);
   Status OnDemandMoment(int k, const std::vector<int>& needed);
+  Status GatherMissing(int k, const std::vector<int>& needed, bool started);
   // Makes the compute stream wait for the needed chunks (one wait) and allocates gradient
   // chunks for backward.
   Status WaitForNeeded(int k, const std::vector<int>& needed, Phase phase);

@@ -21,7 +21,6 @@ void Engine::Impl::SnapshotLayout(ReportSnapshot& s) const {
     c.param_tier = TierName(p.param);
     c.optimizer_tier = TierName(p.optimizer);
     c.grad_tier = TierName(p.grad);
-    s.optimizer_group_tiers.emplace_back(TierName(p.optimizer));
   }
 }
 

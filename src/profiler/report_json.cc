@@ -247,9 +247,10 @@ std::string BuildReportJson(const ReportSnapshot& s) {
                     {"planned", s.plan.planned}};
   report["tiers"] = Tiers(s.tiers);
   json groups = json::array();
-  for (size_t k = 0; k < s.optimizer_group_tiers.size(); ++k) {
-    groups.push_back(
-        {{"chunk", k}, {"tier", s.optimizer_group_tiers[k]}, {"bytes", s.layout.shard_elems * 12}});
+  for (size_t k = 0; k < s.layout.chunks.size(); ++k) {
+    groups.push_back({{"chunk", k},
+                      {"tier", s.layout.chunks[k].optimizer_tier},
+                      {"bytes", s.layout.shard_elems * 12}});
   }
   report["optimizer"] = {{"sub_groups", groups}};
   report["ranks"] = Ranks(s.ranks);

@@ -1,9 +1,6 @@
 // The renderings of the memory placement report (tierzero/report.h).
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -55,11 +52,9 @@ std::string Ms(double s) {
 }  // namespace
 
 StatusOr<std::string> ReadReportFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return NotFoundError("cannot open report " + path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  StatusOr<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) return NotFoundError("cannot open report " + path);
+  return text;
 }
 
 StatusOr<std::string> ReportSummary(const std::string& text) {

@@ -26,7 +26,8 @@ struct ReportSnapshot {
   struct Chunk {
     std::vector<std::string> tensors;  // parameter names, in layout order
     uint64_t used_elems = 0;
-    std::string param_tier, optimizer_tier, grad_tier;
+    std::string param_tier, grad_tier;
+    std::string optimizer_tier;  // of the chunk's optimizer group (its master weights, m, v)
   };
   struct Layout {
     uint64_t chunk_elems = 0, chunk_bytes = 0, shard_elems = 0;
@@ -55,8 +56,6 @@ struct ReportSnapshot {
     uint64_t host_used = 0, host_budget = 0, host_model = 0, host_fixed = 0;
     uint64_t nvme_used = 0, nvme_budget = 0;
   } tiers;
-  // Per optimizer group (one chunk's shard of master weights and moments): its tier.
-  std::vector<std::string> optimizer_group_tiers;
 
   struct Ranks {
     int world_size = 1, rank = 0;

@@ -35,7 +35,9 @@ ReportSnapshot Snapshot() {
   s.tiers.host_fixed = 2500;  // over the budget together: free is 0, not a wrapped number
   s.tiers.nvme_used = 4000;
   s.layout.shard_elems = 10;
-  s.optimizer_group_tiers = {"host", "nvme"};
+  s.layout.chunks.resize(2);
+  s.layout.chunks[0].optimizer_tier = "host";
+  s.layout.chunks[1].optimizer_tier = "nvme";
   s.profile.available = true;
   s.profile.iteration = 3;
   s.profile.step_seconds = 2.0;
