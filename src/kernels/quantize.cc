@@ -1,0 +1,244 @@
+// The quantization layout, the CPU drivers (blocks in parallel on oneTBB) and the scalar block
+// kernels, which define the element math the SIMD and CUDA paths reproduce bit for bit (Note
+// [Quantization format] in quantize.h).
+#include "kernels/quantize.h"
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "core/check.h"
+#include "core/convert.h"
+#include "core/cpu_features.h"
+#include "kernels/quantize_block.h"
+
+namespace tierzero::kernels {
+
+Status ValidateQuantSpec(const QuantSpec& spec) {
+  if (spec.bits != 4 && spec.bits != 8) {
+    return InvalidArgumentError("quantization bits must be 4 or 8, not " +
+                                std::to_string(spec.bits));
+  }
+  if (spec.block_elems < 64 || spec.block_elems > 4096) {
+    return InvalidArgumentError("quantization block size must be 64 to 4096 elements, not " +
+                                std::to_string(spec.block_elems));
+  }
+  return Status::OK();
+}
+
+StatusOr<QuantLayout> QuantLayout::Create(const QuantSpec& spec,
+                                          const std::vector<uint64_t>& run_elems) {
+  RETURN_IF_ERROR(ValidateQuantSpec(spec));
+  QuantLayout l;
+  l.spec_ = spec;
+  const uint64_t b = spec.block_elems;
+  for (uint64_t n : run_elems) {
+    if (n == 0) continue;
+    l.runs_.push_back({l.elems_, n, l.blocks_, l.payload_bytes_});
+    const uint64_t full = n / b, tail = n % b;
+    l.elems_ += n;
+    l.blocks_ += full + (tail != 0 ? 1 : 0);
+    l.payload_bytes_ += full * l.BlockPayloadBytes(b) + l.BlockPayloadBytes(tail);
+  }
+  return l;
+}
+
+namespace internal {
+
+namespace {
+
+void QuantizeScalar(const float* x, uint64_t n, int bits, float* scale, uint8_t* payload) {
+  float amax = 0;
+  bool finite = true;
+  for (uint64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    finite &= a <= std::numeric_limits<float>::max();
+    amax = std::max(amax, a);
+  }
+  const BlockScale s = ChooseScale(amax, finite, bits);
+  *scale = s.scale;
+  if (!s.nonzero) {
+    std::memset(payload, 0, BlockPayload(n, bits));
+    return;
+  }
+  const int qmax = QMax(bits);
+  if (bits == 8) {
+    for (uint64_t i = 0; i < n; ++i)
+      payload[i] = static_cast<uint8_t>(QuantizeElement(x[i], s.inverse, qmax));
+    return;
+  }
+  for (uint64_t i = 0; i < n; i += 2) {
+    const int lo = QuantizeElement(x[i], s.inverse, qmax);
+    const int hi = i + 1 < n ? QuantizeElement(x[i + 1], s.inverse, qmax) : 0;
+    payload[i / 2] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
+  }
+}
+
+void DequantizeScalar(const uint8_t* payload, float scale, uint64_t n, int bits, float* out,
+                      bool accumulate) {
+  for (uint64_t i = 0; i < n; ++i) {
+    const float v = static_cast<float>(QuantizedAt(payload, i, bits)) * scale;
+    out[i] = accumulate ? out[i] + v : v;
+  }
+}
+
+}  // namespace
+
+const QuantKernels kQuantScalar = {QuantizeScalar, DequantizeScalar};
+
+const QuantKernels* QuantKernelsFor(int simd_level) {
+  const auto level = static_cast<SimdLevel>(simd_level);
+  if (!SimdLevelSupported(level)) return nullptr;
+  switch (level) {
+    case SimdLevel::kScalar:
+      return &kQuantScalar;
+    case SimdLevel::kAvx2:
+      return &kQuantAvx2;
+    case SimdLevel::kAvx512:
+      return &kQuantAvx512;
+  }
+  return nullptr;
+}
+
+const QuantKernels& ActiveQuantKernels() {
+  return *QuantKernelsFor(static_cast<int>(ActiveSimdLevel()));
+}
+
+}  // namespace internal
+
+namespace {
+
+Status CheckFloat(DType t, const char* what) {
+  if (IsFloatType(t)) return Status::OK();
+  return InvalidArgumentError(std::string(what) + " must be fp32, bf16 or fp16, not " +
+                              std::string(DTypeName(t)));
+}
+
+// Calls body(run, block index, first element, elements, payload offset) for every block, in
+// parallel for large layouts (about 64K elements per task).
+template <typename Body>
+void ForEachBlock(const QuantLayout& layout, Body body) {
+  const auto& runs = layout.runs();
+  const uint64_t b = layout.spec().block_elems;
+  auto range = [&](uint64_t first, uint64_t last) {
+    auto run =
+        std::upper_bound(runs.begin(), runs.end(), first,
+                         [](uint64_t blk, const QuantLayout::Run& r) { return blk < r.block; });
+    --run;
+    for (uint64_t blk = first; blk < last; ++blk) {
+      while (run + 1 != runs.end() && (run + 1)->block <= blk) ++run;
+      const uint64_t k = blk - run->block;
+      const uint64_t elem = run->elem + k * b;
+      const uint64_t n = std::min(b, run->elem + run->elems - elem);
+      body(blk, elem, n, run->byte + k * layout.BlockPayloadBytes(b));
+    }
+  };
+  const uint64_t grain = std::max<uint64_t>(1, 65536 / b);
+  if (layout.blocks() <= 4 * grain) {
+    range(0, layout.blocks());
+    return;
+  }
+  tbb::parallel_for(tbb::blocked_range<uint64_t>(0, layout.blocks(), grain),
+                    [&](const tbb::blocked_range<uint64_t>& r) { range(r.begin(), r.end()); });
+}
+
+float* Scales(void* packed) { return static_cast<float*>(packed); }
+const float* Scales(const void* packed) { return static_cast<const float*>(packed); }
+uint8_t* Payload(const QuantLayout& l, void* packed) {
+  return static_cast<uint8_t*>(packed) + l.scale_bytes();
+}
+const uint8_t* Payload(const QuantLayout& l, const void* packed) {
+  return static_cast<const uint8_t*>(packed) + l.scale_bytes();
+}
+
+}  // namespace
+
+Status Quantize(const QuantLayout& layout, const void* src, DType src_type, void* dst) {
+  RETURN_IF_ERROR(CheckFloat(src_type, "the quantized input"));
+  const internal::QuantKernels& k = internal::ActiveQuantKernels();
+  const int bits = layout.spec().bits;
+  float* scales = Scales(dst);
+  uint8_t* payload = Payload(layout, dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  ForEachBlock(layout, [&](uint64_t blk, uint64_t elem, uint64_t n, uint64_t byte) {
+    const void* x = s + DTypeBytes(src_type, elem);
+    if (src_type == DType::kF32) {
+      k.quantize(static_cast<const float*>(x), n, bits, scales + blk, payload + byte);
+      return;
+    }
+    float tmp[4096];
+    TZ_CHECK_OK(Convert(x, src_type, tmp, DType::kF32, n));
+    k.quantize(tmp, n, bits, scales + blk, payload + byte);
+  });
+  return Status::OK();
+}
+
+Status Dequantize(const QuantLayout& layout, const void* src, void* dst, DType dst_type) {
+  RETURN_IF_ERROR(CheckFloat(dst_type, "the dequantized output"));
+  const internal::QuantKernels& k = internal::ActiveQuantKernels();
+  const int bits = layout.spec().bits;
+  const float* scales = Scales(src);
+  const uint8_t* payload = Payload(layout, src);
+  auto* d = static_cast<uint8_t*>(dst);
+  ForEachBlock(layout, [&](uint64_t blk, uint64_t elem, uint64_t n, uint64_t byte) {
+    void* out = d + DTypeBytes(dst_type, elem);
+    if (dst_type == DType::kF32) {
+      k.dequantize(payload + byte, scales[blk], n, bits, static_cast<float*>(out), false);
+      return;
+    }
+    float tmp[4096];
+    k.dequantize(payload + byte, scales[blk], n, bits, tmp, false);
+    TZ_CHECK_OK(Convert(tmp, DType::kF32, out, dst_type, n));
+  });
+  return Status::OK();
+}
+
+namespace {
+
+// out[0 .. n) = the sum of block `blk` of every input, in input order.
+void SumBlock(const internal::QuantKernels& k, const QuantLayout& layout,
+              const std::vector<const void*>& inputs, uint64_t blk, uint64_t n, uint64_t byte,
+              float* out) {
+  const int bits = layout.spec().bits;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    k.dequantize(Payload(layout, inputs[i]) + byte, Scales(inputs[i])[blk], n, bits, out, i > 0);
+  }
+}
+
+Status CheckInputs(const std::vector<const void*>& inputs) {
+  if (inputs.empty()) return InvalidArgumentError("a quantized sum needs at least one input");
+  return Status::OK();
+}
+
+}  // namespace
+
+Status DequantizeSum(const QuantLayout& layout, const std::vector<const void*>& inputs,
+                     float* out) {
+  RETURN_IF_ERROR(CheckInputs(inputs));
+  const internal::QuantKernels& k = internal::ActiveQuantKernels();
+  ForEachBlock(layout, [&](uint64_t blk, uint64_t elem, uint64_t n, uint64_t byte) {
+    SumBlock(k, layout, inputs, blk, n, byte, out + elem);
+  });
+  return Status::OK();
+}
+
+Status DequantizeSumRequantize(const QuantLayout& layout, const std::vector<const void*>& inputs,
+                               void* dst) {
+  RETURN_IF_ERROR(CheckInputs(inputs));
+  const internal::QuantKernels& k = internal::ActiveQuantKernels();
+  float* scales = Scales(dst);
+  uint8_t* payload = Payload(layout, dst);
+  ForEachBlock(layout, [&](uint64_t blk, uint64_t, uint64_t n, uint64_t byte) {
+    float acc[4096];
+    SumBlock(k, layout, inputs, blk, n, byte, acc);
+    k.quantize(acc, n, layout.spec().bits, scales + blk, payload + byte);
+  });
+  return Status::OK();
+}
+
+}  // namespace tierzero::kernels

@@ -1,0 +1,226 @@
+// CUDA quantization kernels (quantize.h): one thread block per quantization block (a grid-stride
+// loop over blocks), the block's values staged in shared memory as fp32, its absmax reduced in
+// shared memory, the element math of quantize_block.h, so the results equal the CPU paths bit
+// for bit (tests/kernels/quantize_cuda_test.cc checks it where a GPU is).
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "core/convert.h"
+#include "kernels/cuda_status.h"
+#include "kernels/quantize.h"
+#include "kernels/quantize_block.h"
+
+namespace tierzero::kernels {
+namespace {
+
+using internal::BlockPayload;
+using internal::BlockScale;
+using internal::ChooseScale;
+using internal::QMax;
+using internal::QuantizedAt;
+using internal::QuantizeElement;
+
+constexpr int kThreads = 256;
+constexpr int kMaxBlock = 4096;
+
+struct BlockAt {
+  uint64_t elem, n, byte;
+};
+
+// Where quantization block `blk` is: binary search of the run table.
+__device__ BlockAt Locate(const QuantLayout::Run* runs, int num_runs, uint64_t blk,
+                          uint32_t block_elems, int bits) {
+  int lo = 0, hi = num_runs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (runs[mid].block <= blk)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const QuantLayout::Run& r = runs[lo];
+  const uint64_t k = blk - r.block;
+  const uint64_t elem = r.elem + k * block_elems;
+  const uint64_t end = r.elem + r.elems;
+  const uint64_t n = end - elem < block_elems ? end - elem : block_elems;
+  return {elem, n, r.byte + k * BlockPayload(block_elems, bits)};
+}
+
+__device__ float LoadAs(const void* src, DType t, uint64_t i) {
+  switch (t) {
+    case DType::kF32:
+      return static_cast<const float*>(src)[i];
+    case DType::kBF16:
+      return BF16ToF32Scalar(static_cast<const uint16_t*>(src)[i]);
+    default:
+      return F16ToF32Scalar(static_cast<const uint16_t*>(src)[i]);
+  }
+}
+
+__device__ void StoreAs(void* dst, DType t, uint64_t i, float v) {
+  switch (t) {
+    case DType::kF32:
+      static_cast<float*>(dst)[i] = v;
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(dst)[i] = F32ToBF16Scalar(v);
+      break;
+    default:
+      static_cast<uint16_t*>(dst)[i] = F32ToF16Scalar(v);
+      break;
+  }
+}
+
+// Quantizes x[0 .. n) (shared memory, written by this thread block) into scale and payload.
+__device__ void QuantizeShared(const float* x, uint64_t n, int bits, float* scale,
+                               uint8_t* payload) {
+  __shared__ float amax_part[kThreads];
+  __shared__ int bad_part[kThreads];
+  __shared__ BlockScale s;
+  float amax = 0;
+  int bad = 0;
+  for (uint64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float a = fabsf(x[i]);
+    bad |= !(a <= 3.4028234663852886e38f);
+    amax = a > amax ? a : amax;
+  }
+  amax_part[threadIdx.x] = amax;
+  bad_part[threadIdx.x] = bad;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      const float o = amax_part[threadIdx.x + stride];
+      amax_part[threadIdx.x] = o > amax_part[threadIdx.x] ? o : amax_part[threadIdx.x];
+      bad_part[threadIdx.x] |= bad_part[threadIdx.x + stride];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    s = ChooseScale(amax_part[0], bad_part[0] == 0, bits);
+    *scale = s.scale;
+  }
+  __syncthreads();
+  const int qmax = QMax(bits);
+  if (bits == 8) {
+    for (uint64_t i = threadIdx.x; i < n; i += blockDim.x)
+      payload[i] = s.nonzero ? static_cast<uint8_t>(QuantizeElement(x[i], s.inverse, qmax)) : 0;
+  } else {
+    for (uint64_t j = threadIdx.x; j < (n + 1) / 2; j += blockDim.x) {
+      int lo = 0, hi = 0;
+      if (s.nonzero) {
+        lo = QuantizeElement(x[2 * j], s.inverse, qmax);
+        hi = 2 * j + 1 < n ? QuantizeElement(x[2 * j + 1], s.inverse, qmax) : 0;
+      }
+      payload[j] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
+    }
+  }
+  __syncthreads();  // x and s are reused by this thread block's next quantization block
+}
+
+__global__ void QuantizeKernel(const QuantLayout::Run* runs, int num_runs, uint64_t blocks,
+                               uint32_t block_elems, int bits, uint64_t scale_bytes,
+                               const void* src, DType src_type, uint8_t* dst) {
+  __shared__ float x[kMaxBlock];
+  for (uint64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
+    const BlockAt at = Locate(runs, num_runs, blk, block_elems, bits);
+    for (uint64_t i = threadIdx.x; i < at.n; i += blockDim.x)
+      x[i] = LoadAs(src, src_type, at.elem + i);
+    __syncthreads();
+    QuantizeShared(x, at.n, bits, reinterpret_cast<float*>(dst) + blk, dst + scale_bytes + at.byte);
+  }
+}
+
+__global__ void DequantizeKernel(const QuantLayout::Run* runs, int num_runs, uint64_t blocks,
+                                 uint32_t block_elems, int bits, uint64_t scale_bytes,
+                                 const uint8_t* src, void* dst, DType dst_type) {
+  for (uint64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
+    const BlockAt at = Locate(runs, num_runs, blk, block_elems, bits);
+    const float scale = reinterpret_cast<const float*>(src)[blk];
+    const uint8_t* payload = src + scale_bytes + at.byte;
+    for (uint64_t i = threadIdx.x; i < at.n; i += blockDim.x)
+      StoreAs(dst, dst_type, at.elem + i,
+              __fmul_rn(static_cast<float>(QuantizedAt(payload, i, bits)), scale));
+  }
+}
+
+__global__ void SumRequantizeKernel(const QuantLayout::Run* runs, int num_runs, uint64_t blocks,
+                                    uint32_t block_elems, int bits, uint64_t scale_bytes,
+                                    uint64_t packed_bytes, const uint8_t* inputs, int num_inputs,
+                                    uint8_t* dst) {
+  __shared__ float acc[kMaxBlock];
+  for (uint64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
+    const BlockAt at = Locate(runs, num_runs, blk, block_elems, bits);
+    for (uint64_t i = threadIdx.x; i < at.n; i += blockDim.x) {
+      float sum = 0;
+      for (int k = 0; k < num_inputs; ++k) {
+        const uint8_t* in = inputs + static_cast<uint64_t>(k) * packed_bytes;
+        // Unfused multiply and add, as on the CPU (no contraction into an FMA).
+        const float v =
+            __fmul_rn(static_cast<float>(QuantizedAt(in + scale_bytes + at.byte, i, bits)),
+                      reinterpret_cast<const float*>(in)[blk]);
+        sum = k == 0 ? v : __fadd_rn(sum, v);
+      }
+      acc[i] = sum;
+    }
+    __syncthreads();
+    QuantizeShared(acc, at.n, bits, reinterpret_cast<float*>(dst) + blk,
+                   dst + scale_bytes + at.byte);
+  }
+}
+
+unsigned GridFor(uint64_t blocks) {
+  return static_cast<unsigned>(blocks < 65535 ? (blocks == 0 ? 1 : blocks) : 65535);
+}
+
+Status CheckFloat(DType t) {
+  if (IsFloatType(t)) return Status::OK();
+  return InvalidArgumentError("quantization supports fp32, bf16 and fp16, not " +
+                              std::string(DTypeName(t)));
+}
+
+}  // namespace
+
+Status QuantizeCudaAsync(const QuantLayout& layout, const QuantLayout::Run* device_runs,
+                         const void* src, DType src_type, void* dst, void* cuda_stream) {
+  RETURN_IF_ERROR(CheckFloat(src_type));
+  if (layout.blocks() == 0) return Status::OK();
+  (void)cudaGetLastError();
+  QuantizeKernel<<<GridFor(layout.blocks()), kThreads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
+      device_runs, static_cast<int>(layout.runs().size()), layout.blocks(),
+      layout.spec().block_elems, layout.spec().bits, layout.scale_bytes(), src, src_type,
+      static_cast<uint8_t*>(dst));
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return Status::OK();
+}
+
+Status DequantizeCudaAsync(const QuantLayout& layout, const QuantLayout::Run* device_runs,
+                           const void* src, void* dst, DType dst_type, void* cuda_stream) {
+  RETURN_IF_ERROR(CheckFloat(dst_type));
+  if (layout.blocks() == 0) return Status::OK();
+  (void)cudaGetLastError();
+  DequantizeKernel<<<GridFor(layout.blocks()), kThreads, 0,
+                     static_cast<cudaStream_t>(cuda_stream)>>>(
+      device_runs, static_cast<int>(layout.runs().size()), layout.blocks(),
+      layout.spec().block_elems, layout.spec().bits, layout.scale_bytes(),
+      static_cast<const uint8_t*>(src), dst, dst_type);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return Status::OK();
+}
+
+Status DequantizeSumRequantizeCudaAsync(const QuantLayout& layout,
+                                        const QuantLayout::Run* device_runs, const void* inputs,
+                                        int num_inputs, void* dst, void* cuda_stream) {
+  if (num_inputs < 1) return InvalidArgumentError("a quantized sum needs at least one input");
+  if (layout.blocks() == 0) return Status::OK();
+  (void)cudaGetLastError();
+  SumRequantizeKernel<<<GridFor(layout.blocks()), kThreads, 0,
+                        static_cast<cudaStream_t>(cuda_stream)>>>(
+      device_runs, static_cast<int>(layout.runs().size()), layout.blocks(),
+      layout.spec().block_elems, layout.spec().bits, layout.scale_bytes(), layout.bytes(),
+      static_cast<const uint8_t*>(inputs), num_inputs, static_cast<uint8_t*>(dst));
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return Status::OK();
+}
+
+}  // namespace tierzero::kernels

@@ -1,0 +1,132 @@
+// AVX2 block kernels (quantize.h): 32 elements per step (four vectors packed to bytes at once),
+// the tail on the scalar element math. The same results as the scalar path (quantize_block.h):
+// VCVTPS2DQ rounds in the default mode (to nearest, ties to even), as nearbyint does.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/quantize.h"
+#include "kernels/quantize_block.h"
+
+namespace tierzero::kernels::internal {
+namespace {
+
+inline void AbsMax(const float* x, uint64_t n, float* amax, bool* finite) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 huge = _mm256_set1_ps(3.4028234663852886e38f);
+  __m256 m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i));
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, huge, _CMP_NLE_UQ));
+    m = _mm256_max_ps(m, a);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float best = 0;
+  bool ok = _mm256_movemask_ps(bad) == 0;
+  for (float l : lanes) best = best > l ? best : l;
+  for (; i < n; ++i) {
+    const float a = x[i] < 0 ? -x[i] : x[i];
+    ok &= a <= 3.4028234663852886e38f;
+    best = best > a ? best : a;
+  }
+  *amax = best;
+  *finite = ok;
+}
+
+inline __m256i QuantizeLanes(const float* x, __m256 inverse, __m256i qmax, __m256i qmin) {
+  const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), inverse));
+  return _mm256_max_epi32(_mm256_min_epi32(q, qmax), qmin);
+}
+
+// 32 values from x quantized to 32 signed bytes, in order.
+inline __m256i Quantize32(const float* x, __m256 inverse, __m256i qmax, __m256i qmin) {
+  const __m256i a = QuantizeLanes(x, inverse, qmax, qmin);
+  const __m256i b = QuantizeLanes(x + 8, inverse, qmax, qmin);
+  const __m256i c = QuantizeLanes(x + 16, inverse, qmax, qmin);
+  const __m256i d = QuantizeLanes(x + 24, inverse, qmax, qmin);
+  // packs works within 128-bit lanes: a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7.
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+  return _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+void Quantize(const float* x, uint64_t n, int bits, float* scale, uint8_t* payload) {
+  float amax;
+  bool finite;
+  AbsMax(x, n, &amax, &finite);
+  const BlockScale s = ChooseScale(amax, finite, bits);
+  *scale = s.scale;
+  if (!s.nonzero) {
+    std::memset(payload, 0, BlockPayload(n, bits));
+    return;
+  }
+  const int qm = QMax(bits);
+  const __m256 inverse = _mm256_set1_ps(s.inverse);
+  const __m256i qmax = _mm256_set1_epi32(qm), qmin = _mm256_set1_epi32(-qm);
+  uint64_t i = 0;
+  if (bits == 8) {
+    for (; i + 32 <= n; i += 32)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(payload + i),
+                          Quantize32(x + i, inverse, qmax, qmin));
+    for (; i < n; ++i) payload[i] = static_cast<uint8_t>(QuantizeElement(x[i], s.inverse, qm));
+    return;
+  }
+  const __m256i low = _mm256_set1_epi16(0x000F), high = _mm256_set1_epi16(0x00F0);
+  for (; i + 64 <= n; i += 64) {
+    // In 16-bit lanes (even byte, odd byte): even & 0xF | (odd & 0xF) << 4, then to bytes.
+    const __m256i p = Quantize32(x + i, inverse, qmax, qmin);
+    const __m256i q = Quantize32(x + i + 32, inverse, qmax, qmin);
+    const __m256i pn =
+        _mm256_or_si256(_mm256_and_si256(p, low), _mm256_and_si256(_mm256_srli_epi16(p, 4), high));
+    const __m256i qn =
+        _mm256_or_si256(_mm256_and_si256(q, low), _mm256_and_si256(_mm256_srli_epi16(q, 4), high));
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(pn, qn), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(payload + i / 2), packed);
+  }
+  for (; i < n; i += 2) {
+    const int lo = QuantizeElement(x[i], s.inverse, qm);
+    const int hi = i + 1 < n ? QuantizeElement(x[i + 1], s.inverse, qm) : 0;
+    payload[i / 2] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
+  }
+}
+
+// 8 quantized values from element i as floats.
+inline __m256 LoadLanes(const uint8_t* payload, uint64_t i, int bits) {
+  if (bits == 8) {
+    int64_t w;
+    std::memcpy(&w, payload + i, 8);
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(w)));
+  }
+  int32_t w;
+  std::memcpy(&w, payload + i / 2, 4);
+  // Byte j's nibbles into lanes 2j (low) and 2j+1 (high), then sign-extended from 4 bits.
+  const __m256i bytes = _mm256_cvtepu8_epi32(_mm_cvtsi32_si128(w));
+  const __m256i spread =
+      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+  const __m256i shifted = _mm256_srlv_epi32(spread, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
+  const __m256i nib = _mm256_and_si256(shifted, _mm256_set1_epi32(0xF));
+  const __m256i eight = _mm256_set1_epi32(8);
+  return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_xor_si256(nib, eight), eight));
+}
+
+void Dequantize(const uint8_t* payload, float scale, uint64_t n, int bits, float* out,
+                bool accumulate) {
+  const __m256 s = _mm256_set1_ps(scale);
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_mul_ps(LoadLanes(payload, i, bits), s);
+    if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(out + i), v);
+    _mm256_storeu_ps(out + i, v);
+  }
+  for (; i < n; ++i) {
+    const float v = static_cast<float>(QuantizedAt(payload, i, bits)) * scale;
+    out[i] = accumulate ? out[i] + v : v;
+  }
+}
+
+}  // namespace
+
+const QuantKernels kQuantAvx2 = {Quantize, Dequantize};
+
+}  // namespace tierzero::kernels::internal

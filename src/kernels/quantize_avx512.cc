@@ -1,0 +1,103 @@
+// AVX-512 block kernels (quantize.h): 16 elements per step, the tail through masks. The same
+// element math as the scalar path (quantize_block.h): fp32 products rounded by VCVTPS2DQ in the
+// default rounding mode (to nearest, ties to even), as nearbyint does.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/quantize.h"
+#include "kernels/quantize_block.h"
+
+namespace tierzero::kernels::internal {
+namespace {
+
+inline __mmask16 Mask(uint64_t left) {
+  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+}
+
+// |x| as the block's running maximum, and whether any lane was Inf or NaN.
+inline void AbsMax(const float* x, uint64_t n, float* amax, bool* finite) {
+  const __m512 huge = _mm512_set1_ps(3.4028234663852886e38f);
+  __m512 m0 = _mm512_setzero_ps(), m1 = _mm512_setzero_ps();
+  __mmask16 bad = 0;
+  uint64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
+    const __m512 b = _mm512_abs_ps(_mm512_loadu_ps(x + i + 16));
+    bad |= _mm512_cmp_ps_mask(a, huge, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(b, huge, _CMP_NLE_UQ);
+    m0 = _mm512_max_ps(m0, a);
+    m1 = _mm512_max_ps(m1, b);
+  }
+  for (; i < n; i += 16) {
+    const __m512 a = _mm512_abs_ps(_mm512_maskz_loadu_ps(Mask(n - i), x + i));
+    bad |= _mm512_cmp_ps_mask(a, huge, _CMP_NLE_UQ);
+    m0 = _mm512_max_ps(m0, a);
+  }
+  *amax = _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
+  *finite = bad == 0;
+}
+
+inline __m512i QuantizeLanes(__m512 x, __m512 inverse, __m512i qmax) {
+  const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(x, inverse));
+  return _mm512_max_epi32(_mm512_min_epi32(q, qmax),
+                          _mm512_sub_epi32(_mm512_setzero_si512(), qmax));
+}
+
+void Quantize(const float* x, uint64_t n, int bits, float* scale, uint8_t* payload) {
+  float amax;
+  bool finite;
+  AbsMax(x, n, &amax, &finite);
+  const BlockScale s = ChooseScale(amax, finite, bits);
+  *scale = s.scale;
+  if (!s.nonzero) {
+    std::memset(payload, 0, BlockPayload(n, bits));
+    return;
+  }
+  const __m512 inverse = _mm512_set1_ps(s.inverse);
+  const __m512i qmax = _mm512_set1_epi32(QMax(bits));
+  for (uint64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = Mask(n - i);
+    const __m512i q = QuantizeLanes(_mm512_maskz_loadu_ps(m, x + i), inverse, qmax);
+    if (bits == 8) {
+      _mm512_mask_cvtepi32_storeu_epi8(payload + i, m, q);
+      continue;
+    }
+    // Pairs of lanes into bytes: the even element in the low nibble.
+    const __m512i nib = _mm512_and_si512(q, _mm512_set1_epi32(0xF));
+    const __m512i pairs = _mm512_or_si512(nib, _mm512_srli_epi64(nib, 28));
+    const uint64_t left = n - i < 16 ? n - i : 16;
+    const auto bytes = static_cast<__mmask8>((1u << ((left + 1) / 2)) - 1);
+    _mm512_mask_cvtepi64_storeu_epi8(payload + i / 2, bytes, pairs);
+  }
+}
+
+// 16 quantized values starting at element i (a multiple of 16) as signed 32-bit lanes.
+inline __m512i LoadLanes(const uint8_t* payload, uint64_t i, uint64_t left, int bits) {
+  if (bits == 8) {
+    const __m128i b = _mm_maskz_loadu_epi8(Mask(left), payload + i);
+    return _mm512_cvtepi8_epi32(b);
+  }
+  const auto bytes = static_cast<__mmask16>((1u << ((left < 16 ? left + 1 : 16) / 2)) - 1);
+  const __m512i w = _mm512_cvtepu8_epi64(_mm_maskz_loadu_epi8(bytes, payload + i / 2));
+  const __m512i lo = _mm512_srai_epi64(_mm512_slli_epi64(w, 60), 60);
+  const __m512i hi = _mm512_srai_epi64(_mm512_slli_epi64(w, 56), 60);
+  return _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi64(0xFFFFFFFF)),
+                         _mm512_slli_epi64(hi, 32));
+}
+
+void Dequantize(const uint8_t* payload, float scale, uint64_t n, int bits, float* out,
+                bool accumulate) {
+  const __m512 s = _mm512_set1_ps(scale);
+  for (uint64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = Mask(n - i);
+    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(LoadLanes(payload, i, n - i, bits)), s);
+    if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + i), v);
+    _mm512_mask_storeu_ps(out + i, m, v);
+  }
+}
+
+}  // namespace
+
+const QuantKernels kQuantAvx512 = {Quantize, Dequantize};
+
+}  // namespace tierzero::kernels::internal

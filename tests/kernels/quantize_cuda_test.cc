@@ -1,0 +1,97 @@
+// The CUDA quantization kernels against the CPU kernels (which tests/kernels/quantize_test.cc
+// checks against the double reference), bit for bit. Skipped without a GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/convert.h"
+#include "kernels/cast.h"
+#include "kernels/quantize.h"
+
+namespace tierzero::kernels {
+namespace {
+
+bool HaveGpu() {
+  int count = 0;
+  return CudaKernelsBuilt() && cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+template <typename T>
+T* Upload(const T* h, size_t n) {
+  void* d = nullptr;
+  EXPECT_EQ(cudaMalloc(&d, sizeof(T) * n + 1), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(d, h, sizeof(T) * n, cudaMemcpyHostToDevice), cudaSuccess);
+  return static_cast<T*>(d);
+}
+template <typename T>
+std::vector<T> Download(const void* d, size_t n) {
+  std::vector<T> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), d, sizeof(T) * n, cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+TEST(QuantizeCudaTest, BitIdenticalToTheCpuKernels) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0, 1);
+  for (int bits : {4, 8}) {
+    for (uint32_t block : {64u, 100u, 256u, 4096u}) {
+      for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+        SCOPED_TRACE("int" + std::to_string(bits) + " block " + std::to_string(block) + " " +
+                     std::string(DTypeName(t)));
+        auto layout =
+            QuantLayout::Create({bits, block}, std::vector<uint64_t>{1, 3, block + 1, 777, 200003});
+        ASSERT_TRUE(layout.ok());
+        const QuantLayout& l = *layout;
+        std::vector<float> x(l.elems());
+        for (uint64_t i = 0; i < x.size(); ++i)
+          x[i] = normal(rng) * std::ldexp(1.0f, int(i / 97 % 9) - 4);
+        for (uint64_t i = 0; i < 64; ++i) x[300 + i] = 0;  // zero blocks
+        x[5000] = std::numeric_limits<float>::infinity();
+        x[9000] = std::numeric_limits<float>::quiet_NaN();
+        std::vector<uint8_t> src(DTypeBytes(t, x.size()));
+        ASSERT_TRUE(Convert(x.data(), DType::kF32, src.data(), t, x.size()).ok());
+        std::vector<uint8_t> cpu(l.bytes());
+        ASSERT_TRUE(Quantize(l, src.data(), t, cpu.data()).ok());
+
+        auto* runs = Upload(l.runs().data(), l.runs().size());
+        auto* dsrc = Upload(src.data(), src.size());
+        uint8_t* dq = Upload(cpu.data(), cpu.size());
+        ASSERT_EQ(cudaMemset(dq, 0xAB, cpu.size()), cudaSuccess);
+        ASSERT_TRUE(QuantizeCudaAsync(l, runs, dsrc, t, dq, nullptr).ok());
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(Download<uint8_t>(dq, cpu.size()), cpu);
+
+        std::vector<uint8_t> cpu_out(src.size());
+        ASSERT_TRUE(Dequantize(l, cpu.data(), cpu_out.data(), t).ok());
+        ASSERT_TRUE(DequantizeCudaAsync(l, runs, dq, dsrc, t, nullptr).ok());
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(Download<uint8_t>(dsrc, src.size()), cpu_out);
+
+        // Three inputs summed and requantized.
+        std::vector<uint8_t> three(3 * l.bytes());
+        std::vector<const void*> inputs;
+        for (int k = 0; k < 3; ++k) {
+          for (float& v : x) v = normal(rng);
+          ASSERT_TRUE(Quantize(l, x.data(), DType::kF32, three.data() + k * l.bytes()).ok());
+          inputs.push_back(three.data() + k * l.bytes());
+        }
+        ASSERT_TRUE(DequantizeSumRequantize(l, inputs, cpu.data()).ok());
+        uint8_t* din = Upload(three.data(), three.size());
+        ASSERT_TRUE(DequantizeSumRequantizeCudaAsync(l, runs, din, 3, dq, nullptr).ok());
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(Download<uint8_t>(dq, cpu.size()), cpu);
+        for (void* p : {static_cast<void*>(runs), static_cast<void*>(dsrc), static_cast<void*>(dq),
+                        static_cast<void*>(din)})
+          cudaFree(p);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tierzero::kernels
