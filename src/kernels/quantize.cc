@@ -52,11 +52,11 @@ namespace internal {
 
 namespace {
 
-void QuantizeScalar(const float* x, uint64_t n, int bits, float* scale, uint8_t* payload) {
+void QuantizeScalar(const void* x, DType t, uint64_t n, int bits, float* scale, uint8_t* payload) {
   float amax = 0;
   bool finite = true;
   for (uint64_t i = 0; i < n; ++i) {
-    const float a = std::fabs(x[i]);
+    const float a = std::fabs(LoadElement(x, t, i));
     finite &= a <= std::numeric_limits<float>::max();
     amax = std::max(amax, a);
   }
@@ -69,12 +69,12 @@ void QuantizeScalar(const float* x, uint64_t n, int bits, float* scale, uint8_t*
   const int qmax = QMax(bits);
   if (bits == 8) {
     for (uint64_t i = 0; i < n; ++i)
-      payload[i] = static_cast<uint8_t>(QuantizeElement(x[i], s.inverse, qmax));
+      payload[i] = static_cast<uint8_t>(QuantizeElement(LoadElement(x, t, i), s.inverse, qmax));
     return;
   }
   for (uint64_t i = 0; i < n; i += 2) {
-    const int lo = QuantizeElement(x[i], s.inverse, qmax);
-    const int hi = i + 1 < n ? QuantizeElement(x[i + 1], s.inverse, qmax) : 0;
+    const int lo = QuantizeElement(LoadElement(x, t, i), s.inverse, qmax);
+    const int hi = i + 1 < n ? QuantizeElement(LoadElement(x, t, i + 1), s.inverse, qmax) : 0;
     payload[i / 2] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
   }
 }
@@ -166,14 +166,7 @@ Status Quantize(const QuantLayout& layout, const void* src, DType src_type, void
   uint8_t* payload = Payload(layout, dst);
   const auto* s = static_cast<const uint8_t*>(src);
   ForEachBlock(layout, [&](uint64_t blk, uint64_t elem, uint64_t n, uint64_t byte) {
-    const void* x = s + DTypeBytes(src_type, elem);
-    if (src_type == DType::kF32) {
-      k.quantize(static_cast<const float*>(x), n, bits, scales + blk, payload + byte);
-      return;
-    }
-    float tmp[4096];
-    TZ_CHECK_OK(Convert(x, src_type, tmp, DType::kF32, n));
-    k.quantize(tmp, n, bits, scales + blk, payload + byte);
+    k.quantize(s + DTypeBytes(src_type, elem), src_type, n, bits, scales + blk, payload + byte);
   });
   return Status::OK();
 }
@@ -236,7 +229,7 @@ Status DequantizeSumRequantize(const QuantLayout& layout, const std::vector<cons
   ForEachBlock(layout, [&](uint64_t blk, uint64_t, uint64_t n, uint64_t byte) {
     float acc[4096];
     SumBlock(k, layout, inputs, blk, n, byte, acc);
-    k.quantize(acc, n, layout.spec().bits, scales + blk, payload + byte);
+    k.quantize(acc, DType::kF32, n, layout.spec().bits, scales + blk, payload + byte);
   });
   return Status::OK();
 }

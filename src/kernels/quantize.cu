@@ -47,17 +47,6 @@ __device__ BlockAt Locate(const QuantLayout::Run* runs, int num_runs, uint64_t b
   return {elem, n, r.byte + k * BlockPayload(block_elems, bits)};
 }
 
-__device__ float LoadAs(const void* src, DType t, uint64_t i) {
-  switch (t) {
-    case DType::kF32:
-      return static_cast<const float*>(src)[i];
-    case DType::kBF16:
-      return BF16ToF32Scalar(static_cast<const uint16_t*>(src)[i]);
-    default:
-      return F16ToF32Scalar(static_cast<const uint16_t*>(src)[i]);
-  }
-}
-
 __device__ void StoreAs(void* dst, DType t, uint64_t i, float v) {
   switch (t) {
     case DType::kF32:
@@ -125,7 +114,7 @@ __global__ void QuantizeKernel(const QuantLayout::Run* runs, int num_runs, uint6
   for (uint64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
     const BlockAt at = Locate(runs, num_runs, blk, block_elems, bits);
     for (uint64_t i = threadIdx.x; i < at.n; i += blockDim.x)
-      x[i] = LoadAs(src, src_type, at.elem + i);
+      x[i] = internal::LoadElement(src, src_type, at.elem + i);
     __syncthreads();
     QuantizeShared(x, at.n, bits, reinterpret_cast<float*>(dst) + blk, dst + scale_bytes + at.byte);
   }

@@ -105,8 +105,8 @@ namespace internal {
 // One level's block kernels (quantize_{scalar,avx2,avx512}.cc). `n` is 1 .. 4096; `scale` and
 // `payload` point at the block's scale and first payload byte.
 struct QuantKernels {
-  // Quantizes n fp32 values.
-  void (*quantize)(const float* x, uint64_t n, int bits, float* scale, uint8_t* payload);
+  // Quantizes n values of x (fp32, bf16 or fp16).
+  void (*quantize)(const void* x, DType t, uint64_t n, int bits, float* scale, uint8_t* payload);
   // out[0 .. n) = dequantized values (accumulate: out += them).
   void (*dequantize)(const uint8_t* payload, float scale, uint64_t n, int bits, float* out,
                      bool accumulate);

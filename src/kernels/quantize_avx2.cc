@@ -11,13 +11,22 @@
 namespace tierzero::kernels::internal {
 namespace {
 
-inline void AbsMax(const float* x, uint64_t n, float* amax, bool* finite) {
+// 8 elements of x[i ..] (fp32, bf16 or fp16) as fp32; exact.
+inline __m256 Load(const void* x, DType t, uint64_t i) {
+  if (t == DType::kF32) return _mm256_loadu_ps(static_cast<const float*>(x) + i);
+  const __m128i h =
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(x) + i));
+  if (t == DType::kF16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+inline void AbsMax(const void* x, DType t, uint64_t n, float* amax, bool* finite) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256 huge = _mm256_set1_ps(3.4028234663852886e38f);
   __m256 m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
   uint64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i));
+    const __m256 a = _mm256_andnot_ps(sign, Load(x, t, i));
     bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, huge, _CMP_NLE_UQ));
     m = _mm256_max_ps(m, a);
   }
@@ -27,7 +36,8 @@ inline void AbsMax(const float* x, uint64_t n, float* amax, bool* finite) {
   bool ok = _mm256_movemask_ps(bad) == 0;
   for (float l : lanes) best = best > l ? best : l;
   for (; i < n; ++i) {
-    const float a = x[i] < 0 ? -x[i] : x[i];
+    const float v = LoadElement(x, t, i);
+    const float a = v < 0 ? -v : v;
     ok &= a <= 3.4028234663852886e38f;
     best = best > a ? best : a;
   }
@@ -35,26 +45,28 @@ inline void AbsMax(const float* x, uint64_t n, float* amax, bool* finite) {
   *finite = ok;
 }
 
-inline __m256i QuantizeLanes(const float* x, __m256 inverse, __m256i qmax, __m256i qmin) {
-  const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), inverse));
+inline __m256i QuantizeLanes(const void* x, DType t, uint64_t i, __m256 inverse, __m256i qmax,
+                             __m256i qmin) {
+  const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(Load(x, t, i), inverse));
   return _mm256_max_epi32(_mm256_min_epi32(q, qmax), qmin);
 }
 
-// 32 values from x quantized to 32 signed bytes, in order.
-inline __m256i Quantize32(const float* x, __m256 inverse, __m256i qmax, __m256i qmin) {
-  const __m256i a = QuantizeLanes(x, inverse, qmax, qmin);
-  const __m256i b = QuantizeLanes(x + 8, inverse, qmax, qmin);
-  const __m256i c = QuantizeLanes(x + 16, inverse, qmax, qmin);
-  const __m256i d = QuantizeLanes(x + 24, inverse, qmax, qmin);
+// 32 values from x[i ..] quantized to 32 signed bytes, in order.
+inline __m256i Quantize32(const void* x, DType t, uint64_t i, __m256 inverse, __m256i qmax,
+                          __m256i qmin) {
+  const __m256i a = QuantizeLanes(x, t, i, inverse, qmax, qmin);
+  const __m256i b = QuantizeLanes(x, t, i + 8, inverse, qmax, qmin);
+  const __m256i c = QuantizeLanes(x, t, i + 16, inverse, qmax, qmin);
+  const __m256i d = QuantizeLanes(x, t, i + 24, inverse, qmax, qmin);
   // packs works within 128-bit lanes: a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7.
   const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
   return _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-void Quantize(const float* x, uint64_t n, int bits, float* scale, uint8_t* payload) {
+void Quantize(const void* x, DType t, uint64_t n, int bits, float* scale, uint8_t* payload) {
   float amax;
   bool finite;
-  AbsMax(x, n, &amax, &finite);
+  AbsMax(x, t, n, &amax, &finite);
   const BlockScale s = ChooseScale(amax, finite, bits);
   *scale = s.scale;
   if (!s.nonzero) {
@@ -68,15 +80,16 @@ void Quantize(const float* x, uint64_t n, int bits, float* scale, uint8_t* paylo
   if (bits == 8) {
     for (; i + 32 <= n; i += 32)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(payload + i),
-                          Quantize32(x + i, inverse, qmax, qmin));
-    for (; i < n; ++i) payload[i] = static_cast<uint8_t>(QuantizeElement(x[i], s.inverse, qm));
+                          Quantize32(x, t, i, inverse, qmax, qmin));
+    for (; i < n; ++i)
+      payload[i] = static_cast<uint8_t>(QuantizeElement(LoadElement(x, t, i), s.inverse, qm));
     return;
   }
   const __m256i low = _mm256_set1_epi16(0x000F), high = _mm256_set1_epi16(0x00F0);
   for (; i + 64 <= n; i += 64) {
     // In 16-bit lanes (even byte, odd byte): even & 0xF | (odd & 0xF) << 4, then to bytes.
-    const __m256i p = Quantize32(x + i, inverse, qmax, qmin);
-    const __m256i q = Quantize32(x + i + 32, inverse, qmax, qmin);
+    const __m256i p = Quantize32(x, t, i, inverse, qmax, qmin);
+    const __m256i q = Quantize32(x, t, i + 32, inverse, qmax, qmin);
     const __m256i pn =
         _mm256_or_si256(_mm256_and_si256(p, low), _mm256_and_si256(_mm256_srli_epi16(p, 4), high));
     const __m256i qn =
@@ -85,8 +98,8 @@ void Quantize(const float* x, uint64_t n, int bits, float* scale, uint8_t* paylo
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(payload + i / 2), packed);
   }
   for (; i < n; i += 2) {
-    const int lo = QuantizeElement(x[i], s.inverse, qm);
-    const int hi = i + 1 < n ? QuantizeElement(x[i + 1], s.inverse, qm) : 0;
+    const int lo = QuantizeElement(LoadElement(x, t, i), s.inverse, qm);
+    const int hi = i + 1 < n ? QuantizeElement(LoadElement(x, t, i + 1), s.inverse, qm) : 0;
     payload[i / 2] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
   }
 }

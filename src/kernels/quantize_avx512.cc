@@ -15,21 +15,29 @@ inline __mmask16 Mask(uint64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
 }
 
+// The lanes of mask m of x[i ..] (fp32, bf16 or fp16) as fp32, zero elsewhere; exact.
+inline __m512 Load(const void* x, DType t, uint64_t i, __mmask16 m) {
+  if (t == DType::kF32) return _mm512_maskz_loadu_ps(m, static_cast<const float*>(x) + i);
+  const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(x) + i);
+  if (t == DType::kF16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 // |x| as the block's running maximum, and whether any lane was Inf or NaN.
-inline void AbsMax(const float* x, uint64_t n, float* amax, bool* finite) {
+inline void AbsMax(const void* x, DType t, uint64_t n, float* amax, bool* finite) {
   const __m512 huge = _mm512_set1_ps(3.4028234663852886e38f);
   __m512 m0 = _mm512_setzero_ps(), m1 = _mm512_setzero_ps();
   __mmask16 bad = 0;
   uint64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
-    const __m512 b = _mm512_abs_ps(_mm512_loadu_ps(x + i + 16));
+    const __m512 a = _mm512_abs_ps(Load(x, t, i, 0xFFFF));
+    const __m512 b = _mm512_abs_ps(Load(x, t, i + 16, 0xFFFF));
     bad |= _mm512_cmp_ps_mask(a, huge, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(b, huge, _CMP_NLE_UQ);
     m0 = _mm512_max_ps(m0, a);
     m1 = _mm512_max_ps(m1, b);
   }
   for (; i < n; i += 16) {
-    const __m512 a = _mm512_abs_ps(_mm512_maskz_loadu_ps(Mask(n - i), x + i));
+    const __m512 a = _mm512_abs_ps(Load(x, t, i, Mask(n - i)));
     bad |= _mm512_cmp_ps_mask(a, huge, _CMP_NLE_UQ);
     m0 = _mm512_max_ps(m0, a);
   }
@@ -43,10 +51,10 @@ inline __m512i QuantizeLanes(__m512 x, __m512 inverse, __m512i qmax) {
                           _mm512_sub_epi32(_mm512_setzero_si512(), qmax));
 }
 
-void Quantize(const float* x, uint64_t n, int bits, float* scale, uint8_t* payload) {
+void Quantize(const void* x, DType t, uint64_t n, int bits, float* scale, uint8_t* payload) {
   float amax;
   bool finite;
-  AbsMax(x, n, &amax, &finite);
+  AbsMax(x, t, n, &amax, &finite);
   const BlockScale s = ChooseScale(amax, finite, bits);
   *scale = s.scale;
   if (!s.nonzero) {
@@ -57,12 +65,25 @@ void Quantize(const float* x, uint64_t n, int bits, float* scale, uint8_t* paylo
   const __m512i qmax = _mm512_set1_epi32(QMax(bits));
   for (uint64_t i = 0; i < n; i += 16) {
     const __mmask16 m = Mask(n - i);
-    const __m512i q = QuantizeLanes(_mm512_maskz_loadu_ps(m, x + i), inverse, qmax);
+    const __m512i q = QuantizeLanes(Load(x, t, i, m), inverse, qmax);
     if (bits == 8) {
-      _mm512_mask_cvtepi32_storeu_epi8(payload + i, m, q);
+      if (n - i >= 16) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(payload + i), _mm512_cvtepi32_epi8(q));
+      } else {
+        _mm512_mask_cvtepi32_storeu_epi8(payload + i, m, q);
+      }
       continue;
     }
-    // Pairs of lanes into bytes: the even element in the low nibble.
+    if (n - i >= 16) {
+      // To bytes, then in 16-bit lanes (even byte, odd byte): even & 0xF | (odd & 0xF) << 4.
+      const __m128i w = _mm512_cvtepi32_epi8(q);
+      const __m128i p = _mm_or_si128(_mm_and_si128(w, _mm_set1_epi16(0x000F)),
+                                     _mm_and_si128(_mm_srli_epi16(w, 4), _mm_set1_epi16(0x00F0)));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(payload + i / 2),
+                       _mm_packus_epi16(p, _mm_setzero_si128()));
+      continue;
+    }
+    // The tail: pairs of lanes into bytes, the even element in the low nibble.
     const __m512i nib = _mm512_and_si512(q, _mm512_set1_epi32(0xF));
     const __m512i pairs = _mm512_or_si512(nib, _mm512_srli_epi64(nib, 28));
     const uint64_t left = n - i < 16 ? n - i : 16;
@@ -73,16 +94,21 @@ void Quantize(const float* x, uint64_t n, int bits, float* scale, uint8_t* paylo
 
 // 16 quantized values starting at element i (a multiple of 16) as signed 32-bit lanes.
 inline __m512i LoadLanes(const uint8_t* payload, uint64_t i, uint64_t left, int bits) {
+  // Masked loads only for the tail: they are slower than plain ones on some CPUs.
   if (bits == 8) {
-    const __m128i b = _mm_maskz_loadu_epi8(Mask(left), payload + i);
+    const __m128i b = left >= 16 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(payload + i))
+                                 : _mm_maskz_loadu_epi8(Mask(left), payload + i);
     return _mm512_cvtepi8_epi32(b);
   }
+  // Low and high nibbles interleaved back into element order, sign-extended from 4 bits.
   const auto bytes = static_cast<__mmask16>((1u << ((left < 16 ? left + 1 : 16) / 2)) - 1);
-  const __m512i w = _mm512_cvtepu8_epi64(_mm_maskz_loadu_epi8(bytes, payload + i / 2));
-  const __m512i lo = _mm512_srai_epi64(_mm512_slli_epi64(w, 60), 60);
-  const __m512i hi = _mm512_srai_epi64(_mm512_slli_epi64(w, 56), 60);
-  return _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi64(0xFFFFFFFF)),
-                         _mm512_slli_epi64(hi, 32));
+  const __m128i b = left >= 16 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(payload + i / 2))
+                               : _mm_maskz_loadu_epi8(bytes, payload + i / 2);
+  const __m128i low = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+  const __m128i lo = _mm_and_si128(b, low);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
+  const __m128i v = _mm_sub_epi8(_mm_xor_si128(_mm_unpacklo_epi8(lo, hi), eight), eight);
+  return _mm512_cvtepi8_epi32(v);
 }
 
 void Dequantize(const uint8_t* payload, float scale, uint64_t n, int bits, float* out,
@@ -91,6 +117,11 @@ void Dequantize(const uint8_t* payload, float scale, uint64_t n, int bits, float
   for (uint64_t i = 0; i < n; i += 16) {
     const __mmask16 m = Mask(n - i);
     __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(LoadLanes(payload, i, n - i, bits)), s);
+    if (n - i >= 16) {
+      if (accumulate) v = _mm512_add_ps(_mm512_loadu_ps(out + i), v);
+      _mm512_storeu_ps(out + i, v);
+      continue;
+    }
     if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + i), v);
     _mm512_mask_storeu_ps(out + i, m, v);
   }

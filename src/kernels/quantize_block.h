@@ -45,6 +45,13 @@ TZ_HOST_DEVICE static inline int QuantizeElement(float x, float inverse, int qma
   return q > qmax ? qmax : (q < -qmax ? -qmax : q);
 }
 
+// Element i of x (fp32, bf16 or fp16) as fp32, exactly.
+TZ_HOST_DEVICE static inline float LoadElement(const void* x, DType t, uint64_t i) {
+  if (t == DType::kF32) return static_cast<const float*>(x)[i];
+  const uint16_t h = static_cast<const uint16_t*>(x)[i];
+  return t == DType::kBF16 ? BF16ToF32Scalar(h) : F16ToF32Scalar(h);
+}
+
 // The signed value of element i of a block's payload.
 TZ_HOST_DEVICE static inline int QuantizedAt(const uint8_t* payload, uint64_t i, int bits) {
   if (bits == 8) return static_cast<int8_t>(payload[i]);
