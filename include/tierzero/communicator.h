@@ -57,9 +57,19 @@ struct Topology {
 // Bytes this rank sent, per collective kind, as the algorithm-independent volume NCCL's tests
 // use: all_gather and reduce_scatter (W-1)/W of the full buffer, all_reduce twice that,
 // all_to_all (W-1)/W of the send buffer, broadcast the buffer (root) or nothing.
+// bytes_cross_node is the part of bytes_sent addressed to ranks on other nodes, under the same
+// model (each rank's block goes straight to the rank it is for): (size - local_size) / (size - 1)
+// of it; all of it on a communicator across nodes (SplitBy::kLocalRank), none inside a node.
 struct CommStats {
   uint64_t collectives = 0;
   uint64_t bytes_sent = 0;
+  uint64_t bytes_cross_node = 0;
+};
+
+// Which ranks a sub-communicator (Communicator::Split) groups.
+enum class SplitBy : uint8_t {
+  kNode,       // the ranks of this rank's node, in local-rank order
+  kLocalRank,  // the ranks with this rank's local rank, one per node, in node order
 };
 
 class Communicator {
@@ -104,6 +114,13 @@ class Communicator {
   // stream-ordered gathers, zero/device_collectives.h). A collective call: every rank calls it,
   // in the same order as its other collectives. Unsupported for NCCL.
   virtual StatusOr<std::shared_ptr<Communicator>> Duplicate() = 0;
+
+  // A communicator over some of these ranks (MPI_Comm_split, ncclCommSplit), for collectives
+  // inside a node (kNode: its rank is the local rank, and it has one node) or across nodes
+  // (kLocalRank: its rank is the node's place among the nodes that have this local rank, and
+  // every rank is a node of its own). Its collectives never match this one's. A collective
+  // call: every rank calls it, in the same order as its other collectives.
+  virtual StatusOr<std::shared_ptr<Communicator>> Split(SplitBy by) = 0;
 
   // A collective still incomplete after this many seconds fails with DeadlineExceeded (another
   // rank died, left, or started different collectives) instead of hanging. Default: 300.

@@ -91,6 +91,26 @@ uint64_t BytesSent(CollectiveKind kind, size_t count, DType dtype, int size, boo
   return 0;
 }
 
+uint64_t CrossNodeBytes(uint64_t bytes_sent, const Topology& t) {
+  if (t.size <= 1) return 0;
+  return bytes_sent * static_cast<uint64_t>(t.size - t.local_size) /
+         static_cast<uint64_t>(t.size - 1);
+}
+
+Topology SplitTopology(SplitBy by, int rank, int size) {
+  Topology t;
+  t.rank = rank;
+  t.size = size;
+  if (by == SplitBy::kNode) {
+    t.local_rank = rank;
+    t.local_size = size;
+  } else {
+    t.node = rank;
+    t.nodes = size;
+  }
+  return t;
+}
+
 void ReduceInto(void* acc, const void* in, size_t n, DType dtype, ReduceOp op) {
   if (dtype == DType::kF32) {
     auto* a = static_cast<float*>(acc);

@@ -28,6 +28,10 @@ Status CheckCollective(CollectiveKind kind, size_t count, DType dtype, bool redu
 Status CheckBroadcast(size_t count, DType dtype, int root, int size);
 // Bytes one rank sends for the collective, as NCCL's tests count them (communicator.h).
 uint64_t BytesSent(CollectiveKind kind, size_t count, DType dtype, int size, bool is_root);
+// The part of `bytes_sent` addressed to ranks on other nodes (CommStats::bytes_cross_node).
+uint64_t CrossNodeBytes(uint64_t bytes_sent, const Topology& topology);
+// The topology of a rank that is rank `rank` of `size` in the sub-communicator Split(by) made.
+Topology SplitTopology(SplitBy by, int rank, int size);
 
 class DoneRequest final : public CommRequest {
  public:

@@ -26,6 +26,10 @@ namespace {
 TZ_TUNABLE(bool, kMpiCommThread, "TZ_MPI_COMM_THREAD", true,
            "run MPI collectives on their own comm thread when MPI allows it (0: on the caller's "
            "thread; Note [The MPI comm thread])");
+TZ_TUNABLE(double, kEmulatedCrossNodeGBps, "TZ_EMULATE_CROSS_NODE_GBPS", 0.0,
+           "benchmarks and tests only: hold each MPI collective until this rank's cross-node "
+           "bytes would have crossed a link of this many GB/s (0: off; Note [An emulated slow "
+           "link])");
 }  // namespace
 namespace {
 
@@ -99,9 +103,30 @@ void FinalizeAtExit() {
 // blocks, the mean's division) run on the driving thread. Below SERIALIZED (a program that
 // initialised MPI FUNNELED itself) or with TZ_MPI_COMM_THREAD=0 the caller's Wait and Test drive
 // the same queue, on the caller's thread; asynchronous() tells callers which.
+// Note [An emulated slow link]
+// ZeRO++ matters where the links between nodes are slow, which one machine cannot show: its
+// "nodes" (ranks_per_node) share memory. With TZ_EMULATE_CROSS_NODE_GBPS = B, each rank has one
+// outgoing cross-node link of B GB/s, busy for a collective's cross-node bytes
+// (CommStats::bytes_cross_node) from when the collective starts or the link frees up, whichever
+// is later; the collective completes no earlier than that. Collectives inside a node are not
+// held. It models a rank's own sends only (every rank of a symmetric collective sends as much as
+// it receives), and it is a simulation: figures measured with it say so.
+std::chrono::steady_clock::time_point LinkDoneAt(uint64_t cross_bytes) {
+  static std::chrono::steady_clock::time_point link_free;  // guarded by MpiLock()
+  const auto now = std::chrono::steady_clock::now();
+  const double gbps = kEmulatedCrossNodeGBps.Get();
+  if (gbps <= 0 || cross_bytes == 0) return now;
+  link_free = std::max(link_free, now) +
+              std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                  std::chrono::duration<double>(static_cast<double>(cross_bytes) / (gbps * 1e9)));
+  return link_free;
+}
+
 struct MpiOp {
-  std::function<int(MPI_Request*)> start;  // the MPI_I* call
-  std::function<void()> on_done;           // the local completion step; may be empty
+  std::function<int(MPI_Request*)> start;            // the MPI_I* call
+  uint64_t cross_node_bytes = 0;                     // for the emulated link
+  std::chrono::steady_clock::time_point not_before;  // the emulated link's completion
+  std::function<void()> on_done;                     // the local completion step; may be empty
   std::string what;
   std::chrono::steady_clock::time_point called;
   std::thread::id caller;  // the thread that started it (the one that may drive the queue)
@@ -202,6 +227,7 @@ class MpiQueue {
       for (auto& op : fresh) {
         const int rc = op->start(&op->req);
         op->started = true;
+        op->not_before = LinkDoneAt(op->cross_node_bytes);
         if (rc != MPI_SUCCESS) {
           op->status = MpiError(rc, op->what);
           op->on_done = nullptr;
@@ -219,8 +245,8 @@ class MpiQueue {
         if (rc != MPI_SUCCESS) {
           op.status = MpiError(rc, op.what);
           op.on_done = nullptr;
-        } else if (!flag) {
-          if (std::chrono::duration<double>(now - op.called).count() > timeout_s) {
+        } else if (!flag || now < op.not_before) {
+          if (!flag && std::chrono::duration<double>(now - op.called).count() > timeout_s) {
             static auto* abandoned = new std::vector<std::function<void()>>();
             abandoned->push_back(std::move(op.on_done));
             op.on_done = nullptr;
@@ -492,19 +518,24 @@ class MpiCommunicator final : public Communicator {
   CommStats stats() const override { return stats_; }
 
   StatusOr<std::shared_ptr<Communicator>> Duplicate() override {
-    std::shared_ptr<MpiCommunicator> c;  // destroyed after the lock is released (see Create)
     MutexLock mpi(MpiLock());
-    c.reset(new MpiCommunicator());
-    c->queue_ = std::make_shared<MpiQueue>(queue_->threaded(), timeout_s_);
-    c->timeout_s_ = timeout_s_;
-    c->topo_ = topo_;
-    if (int rc = MPI_Comm_dup(comm_, &c->comm_); rc != MPI_SUCCESS) {
-      c->comm_ = MPI_COMM_NULL;
-      return MpiError(rc, "Comm_dup");
-    }
-    MPI_Comm_set_errhandler(c->comm_, MPI_ERRORS_RETURN);
-    mpi.Unlock();
-    return std::shared_ptr<Communicator>(std::move(c));
+    MPI_Comm comm = MPI_COMM_NULL;
+    if (int rc = MPI_Comm_dup(comm_, &comm); rc != MPI_SUCCESS) return MpiError(rc, "Comm_dup");
+    return Derived(comm, topo_);
+  }
+
+  StatusOr<std::shared_ptr<Communicator>> Split(SplitBy by) override {
+    MutexLock mpi(MpiLock());
+    const bool by_node = by == SplitBy::kNode;
+    MPI_Comm comm = MPI_COMM_NULL;
+    if (int rc = MPI_Comm_split(comm_, by_node ? topo_.node : topo_.local_rank,
+                                by_node ? topo_.local_rank : topo_.node, &comm);
+        rc != MPI_SUCCESS)
+      return MpiError(rc, "Comm_split");
+    int rank = 0, size = 1;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    return Derived(comm, zero::SplitTopology(by, rank, size));
   }
 
   double timeout() const override { return timeout_s_; }
@@ -523,6 +554,19 @@ class MpiCommunicator final : public Communicator {
 
  private:
   MpiCommunicator() = default;
+
+  // A communicator over `comm` (just duplicated or split from this one's, MpiLock() held) with
+  // this one's queue mode and timeout. Its destructor takes the lock, so nothing may fail (and
+  // drop it) before the caller has released the lock.
+  std::shared_ptr<Communicator> Derived(MPI_Comm comm, const Topology& topo) {
+    std::shared_ptr<MpiCommunicator> c(new MpiCommunicator());
+    c->queue_ = std::make_shared<MpiQueue>(queue_->threaded(), timeout_s_);
+    c->timeout_s_ = timeout_s_;
+    c->topo_ = topo;
+    c->comm_ = comm;
+    MPI_Comm_set_errhandler(c->comm_, MPI_ERRORS_RETURN);
+    return c;
+  }
 
   static StatusOr<int> IntCount(size_t count, const char* what) {
     if (count > static_cast<size_t>(INT_MAX))
@@ -546,8 +590,11 @@ class MpiCommunicator final : public Communicator {
                                      bool is_root = false,
                                      std::function<void()> on_done = nullptr) {
     ++stats_.collectives;
-    stats_.bytes_sent += zero::BytesSent(kind, count, dtype, topo_.size, is_root);
+    const uint64_t sent = zero::BytesSent(kind, count, dtype, topo_.size, is_root);
+    stats_.bytes_sent += sent;
     auto op = std::make_shared<MpiOp>();
+    op->cross_node_bytes = zero::CrossNodeBytes(sent, topo_);
+    stats_.bytes_cross_node += op->cross_node_bytes;
     op->start = std::move(start);
     op->on_done = std::move(on_done);
     op->what = what;

@@ -37,6 +37,7 @@ struct NcclApi {
   ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t*);
   ncclResult_t (*CommAbort)(ncclComm_t);
   ncclResult_t (*CommDestroy)(ncclComm_t);
+  ncclResult_t (*CommSplit)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*);  // NCCL >= 2.18
   const char* (*GetErrorString)(ncclResult_t);
   const char* (*GetLastError)(ncclComm_t);
   ncclResult_t (*AllGather)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
@@ -93,6 +94,7 @@ StatusOr<const NcclApi*> LoadNccl() {
     // Optional (newer NCCL): the configured, non-blocking initialisation and the last error.
     Bind(lib, "ncclCommInitRankConfig", a->CommInitRankConfig);
     Bind(lib, "ncclGetLastError", a->GetLastError);
+    Bind(lib, "ncclCommSplit", a->CommSplit);
     a->GetVersion(&a->version);
     a->config = a->CommInitRankConfig != nullptr && a->version >= NCCL_VERSION_CODE;
     return static_cast<const NcclApi*>(a);
@@ -418,10 +420,48 @@ class NcclCommunicator final : public Communicator {
   }
 
   CommStats stats() const override {
-    return {collectives_.load(std::memory_order_relaxed), bytes_.load(std::memory_order_relaxed)};
+    return {collectives_.load(std::memory_order_relaxed), bytes_.load(std::memory_order_relaxed),
+            cross_bytes_.load(std::memory_order_relaxed)};
   }
   StatusOr<std::shared_ptr<Communicator>> Duplicate() override {
     return UnsupportedError("duplicating an NCCL communicator (create another one instead)");
+  }
+  // The bootstrap splits the same way (the sub-communicator's agreements and abort go over it);
+  // the NCCL communicator is split from this one (ncclCommSplit) and queues on the same stream.
+  StatusOr<std::shared_ptr<Communicator>> Split(SplitBy by) override {
+    ASSIGN_OR_RETURN(std::shared_ptr<Communicator> boot, bootstrap_->Split(by));
+    const NcclApi* api = shared_->api;
+    RETURN_IF_ERROR(AgreeOnStatus(
+        *boot, api->CommSplit != nullptr
+                   ? Status::OK()
+                   : UnsupportedError("splitting an NCCL communicator needs NCCL 2.18 or newer")));
+    auto c = std::shared_ptr<NcclCommunicator>(new NcclCommunicator());
+    c->shared_ = std::make_shared<NcclShared>();
+    c->shared_->api = api;
+    c->shared_->ordinal = shared_->ordinal;
+    c->device_ = device_;
+    c->stream_ = stream_;
+    c->bootstrap_ = boot;
+    c->topo_ = boot->topology();
+    c->timeout_s_ = timeout_s_;
+    const bool by_node = by == SplitBy::kNode;
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(shared_->ordinal));
+    ncclResult_t r;
+    {
+      std::lock_guard<std::recursive_mutex> lock(shared_->mu);
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      r = api->CommSplit(shared_->comm, by_node ? topo_.node : topo_.local_rank,
+                         by_node ? topo_.local_rank : topo_.node, &c->shared_->comm,
+                         api->config ? &config : nullptr);
+    }
+    Status split = r != ncclSuccess && r != ncclInProgress
+                       ? shared_->Error(r, "CommSplit")
+                       : c->shared_->Settle(r, "CommSplit", timeout_s_);
+    RETURN_IF_ERROR(AgreeOnStatus(*boot, split));
+    ASSIGN_OR_RETURN(void* scratch, device_->Allocate(kDeviceAlignment));
+    c->scratch_ = scratch;
+    return std::shared_ptr<Communicator>(std::move(c));
   }
   void SetTimeout(double seconds) override { timeout_s_ = seconds; }
   double timeout() const override { return timeout_s_; }
@@ -451,8 +491,9 @@ class NcclCommunicator final : public Communicator {
       return CudaStatus(e, "cudaEventRecord", __FILE__, __LINE__);
     }
     collectives_.fetch_add(1, std::memory_order_relaxed);
-    bytes_.fetch_add(zero::BytesSent(kind, count, dtype, topo_.size, is_root),
-                     std::memory_order_relaxed);
+    const uint64_t sent = zero::BytesSent(kind, count, dtype, topo_.size, is_root);
+    bytes_.fetch_add(sent, std::memory_order_relaxed);
+    cross_bytes_.fetch_add(zero::CrossNodeBytes(sent, topo_), std::memory_order_relaxed);
     return std::unique_ptr<CommRequest>(new NcclRequest(shared_, ev, what, timeout_s_));
   }
 
@@ -463,7 +504,7 @@ class NcclCommunicator final : public Communicator {
   Topology topo_;
   double timeout_s_ = 300;
   void* scratch_ = nullptr;
-  std::atomic<uint64_t> collectives_{0}, bytes_{0};
+  std::atomic<uint64_t> collectives_{0}, bytes_{0}, cross_bytes_{0};
 };
 
 }  // namespace

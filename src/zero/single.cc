@@ -50,6 +50,7 @@ class SingleRank final : public Communicator {
   Status Barrier() override { return Status::OK(); }
   CommStats stats() const override { return stats_; }
   StatusOr<std::shared_ptr<Communicator>> Duplicate() override { return Communicator::Single(); }
+  StatusOr<std::shared_ptr<Communicator>> Split(SplitBy) override { return Communicator::Single(); }
 
  private:
   StatusOr<std::unique_ptr<CommRequest>> Copy(zero::CollectiveKind kind, const void* send,
