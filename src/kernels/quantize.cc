@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <string>
 
@@ -60,12 +59,8 @@ void QuantizeScalar(const void* x, DType t, uint64_t n, int bits, float* scale, 
     finite &= a <= std::numeric_limits<float>::max();
     amax = std::max(amax, a);
   }
-  const BlockScale s = ChooseScale(amax, finite, bits);
-  *scale = s.scale;
-  if (!s.nonzero) {
-    std::memset(payload, 0, BlockPayload(n, bits));
-    return;
-  }
+  const BlockScale s = StartBlock(amax, finite, n, bits, scale, payload);
+  if (!s.nonzero) return;
   const int qmax = QMax(bits);
   if (bits == 8) {
     for (uint64_t i = 0; i < n; ++i)

@@ -67,12 +67,8 @@ void Quantize(const void* x, DType t, uint64_t n, int bits, float* scale, uint8_
   float amax;
   bool finite;
   AbsMax(x, t, n, &amax, &finite);
-  const BlockScale s = ChooseScale(amax, finite, bits);
-  *scale = s.scale;
-  if (!s.nonzero) {
-    std::memset(payload, 0, BlockPayload(n, bits));
-    return;
-  }
+  const BlockScale s = StartBlock(amax, finite, n, bits, scale, payload);
+  if (!s.nonzero) return;
   const int qm = QMax(bits);
   const __m256 inverse = _mm256_set1_ps(s.inverse);
   const __m256i qmax = _mm256_set1_epi32(qm), qmin = _mm256_set1_epi32(-qm);

@@ -3,8 +3,6 @@
 // default rounding mode (to nearest, ties to even), as nearbyint does.
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "kernels/quantize.h"
 #include "kernels/quantize_block.h"
 
@@ -55,12 +53,8 @@ void Quantize(const void* x, DType t, uint64_t n, int bits, float* scale, uint8_
   float amax;
   bool finite;
   AbsMax(x, t, n, &amax, &finite);
-  const BlockScale s = ChooseScale(amax, finite, bits);
-  *scale = s.scale;
-  if (!s.nonzero) {
-    std::memset(payload, 0, BlockPayload(n, bits));
-    return;
-  }
+  const BlockScale s = StartBlock(amax, finite, n, bits, scale, payload);
+  if (!s.nonzero) return;
   const __m512 inverse = _mm512_set1_ps(s.inverse);
   const __m512i qmax = _mm512_set1_epi32(QMax(bits));
   for (uint64_t i = 0; i < n; i += 16) {

@@ -35,6 +35,18 @@ TZ_HOST_DEVICE static inline BlockScale ChooseScale(float amax, bool finite, int
   return {amax / qmax, qmax / amax, true};
 }
 
+// Stores the block's scale (from its absmax over n elements) and returns it; when the block
+// quantizes to zero (all zero, tiny or non-finite), zeroes its payload too.
+TZ_HOST_DEVICE static inline BlockScale StartBlock(float amax, bool finite, uint64_t n, int bits,
+                                                   float* scale, uint8_t* payload) {
+  const BlockScale s = ChooseScale(amax, finite, bits);
+  *scale = s.scale;
+  if (!s.nonzero) {
+    for (uint64_t i = 0; i < BlockPayload(n, bits); ++i) payload[i] = 0;
+  }
+  return s;
+}
+
 // round_half_even(x * inverse), clamped to [-qmax, qmax].
 TZ_HOST_DEVICE static inline int QuantizeElement(float x, float inverse, int qmax) {
 #if defined(__CUDA_ARCH__)
