@@ -47,6 +47,10 @@ StatusOr<QuantLayout> QuantLayout::Create(const QuantSpec& spec,
   return l;
 }
 
+uint64_t QuantLayout::BlockPayloadBytes(uint64_t n) const {
+  return internal::BlockPayload(n, spec_.bits);
+}
+
 namespace internal {
 
 namespace {
@@ -118,6 +122,7 @@ Status CheckFloat(DType t, const char* what) {
 // parallel for large layouts (about 64K elements per task).
 template <typename Body>
 void ForEachBlock(const QuantLayout& layout, Body body) {
+  if (layout.blocks() == 0) return;
   const auto& runs = layout.runs();
   const uint64_t b = layout.spec().block_elems;
   auto range = [&](uint64_t first, uint64_t last) {

@@ -67,7 +67,7 @@ class QuantLayout {
   uint64_t scale_bytes() const { return blocks_ * 4; }
   uint64_t bytes() const { return scale_bytes() + payload_bytes_; }
   // Payload bytes of a block of n elements.
-  uint64_t BlockPayloadBytes(uint64_t n) const { return spec_.bits == 8 ? n : (n + 1) / 2; }
+  uint64_t BlockPayloadBytes(uint64_t n) const;
 
  private:
   QuantSpec spec_;
@@ -75,6 +75,8 @@ class QuantLayout {
   uint64_t elems_ = 0, blocks_ = 0, payload_bytes_ = 0;
 };
 
+// Packed buffers start 4-byte aligned (the scales are floats).
+//
 // dst (layout.bytes()) = the packed quantization of src (layout.elems() of src_type: fp32,
 // bf16 or fp16). Large inputs run on oneTBB's threads.
 Status Quantize(const QuantLayout& layout, const void* src, DType src_type, void* dst);

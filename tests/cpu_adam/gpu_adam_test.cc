@@ -10,25 +10,15 @@
 #include <random>
 #include <vector>
 
+#include "../common/cuda_buffers.h"
 #include "core/convert.h"
 #include "cpu_adam/cpu_adam.h"
 
 namespace tierzero {
 namespace {
 
-template <typename T>
-T* Upload(const std::vector<T>& h) {
-  T* d = nullptr;
-  EXPECT_EQ(cudaMalloc(&d, sizeof(T) * std::max<size_t>(1, h.size())), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(d, h.data(), sizeof(T) * h.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  return d;
-}
-template <typename T>
-std::vector<T> Download(const T* d, size_t n) {
-  std::vector<T> h(n);
-  EXPECT_EQ(cudaMemcpy(h.data(), d, sizeof(T) * n, cudaMemcpyDeviceToHost), cudaSuccess);
-  return h;
-}
+using testing_cuda::Download;
+using testing_cuda::Upload;
 
 TEST(GpuAdam, BitIdenticalToCpuAdam) {
   int count = 0;

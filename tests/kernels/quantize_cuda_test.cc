@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "../common/cuda_buffers.h"
 #include "core/convert.h"
 #include "kernels/cast.h"
 #include "kernels/quantize.h"
@@ -20,19 +21,8 @@ bool HaveGpu() {
   return CudaKernelsBuilt() && cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
 }
 
-template <typename T>
-T* Upload(const T* h, size_t n) {
-  void* d = nullptr;
-  EXPECT_EQ(cudaMalloc(&d, sizeof(T) * n + 1), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(d, h, sizeof(T) * n, cudaMemcpyHostToDevice), cudaSuccess);
-  return static_cast<T*>(d);
-}
-template <typename T>
-std::vector<T> Download(const void* d, size_t n) {
-  std::vector<T> h(n);
-  EXPECT_EQ(cudaMemcpy(h.data(), d, sizeof(T) * n, cudaMemcpyDeviceToHost), cudaSuccess);
-  return h;
-}
+using testing_cuda::Download;
+using testing_cuda::Upload;
 
 TEST(QuantizeCudaTest, BitIdenticalToTheCpuKernels) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU";
@@ -58,19 +48,19 @@ TEST(QuantizeCudaTest, BitIdenticalToTheCpuKernels) {
         std::vector<uint8_t> cpu(l.bytes());
         ASSERT_TRUE(Quantize(l, src.data(), t, cpu.data()).ok());
 
-        auto* runs = Upload(l.runs().data(), l.runs().size());
-        auto* dsrc = Upload(src.data(), src.size());
-        uint8_t* dq = Upload(cpu.data(), cpu.size());
+        auto* runs = Upload(l.runs());
+        auto* dsrc = Upload(src);
+        uint8_t* dq = Upload(cpu);
         ASSERT_EQ(cudaMemset(dq, 0xAB, cpu.size()), cudaSuccess);
         ASSERT_TRUE(QuantizeCudaAsync(l, runs, dsrc, t, dq, nullptr).ok());
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        EXPECT_EQ(Download<uint8_t>(dq, cpu.size()), cpu);
+        EXPECT_EQ(Download(dq, cpu.size()), cpu);
 
         std::vector<uint8_t> cpu_out(src.size());
         ASSERT_TRUE(Dequantize(l, cpu.data(), cpu_out.data(), t).ok());
         ASSERT_TRUE(DequantizeCudaAsync(l, runs, dq, dsrc, t, nullptr).ok());
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        EXPECT_EQ(Download<uint8_t>(dsrc, src.size()), cpu_out);
+        EXPECT_EQ(Download(dsrc, src.size()), cpu_out);
 
         // Three inputs summed and requantized.
         std::vector<uint8_t> three(3 * l.bytes());
@@ -81,10 +71,10 @@ TEST(QuantizeCudaTest, BitIdenticalToTheCpuKernels) {
           inputs.push_back(three.data() + k * l.bytes());
         }
         ASSERT_TRUE(DequantizeSumRequantize(l, inputs, cpu.data()).ok());
-        uint8_t* din = Upload(three.data(), three.size());
+        uint8_t* din = Upload(three);
         ASSERT_TRUE(DequantizeSumRequantizeCudaAsync(l, runs, din, 3, dq, nullptr).ok());
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        EXPECT_EQ(Download<uint8_t>(dq, cpu.size()), cpu);
+        EXPECT_EQ(Download(dq, cpu.size()), cpu);
         for (void* p : {static_cast<void*>(runs), static_cast<void*>(dsrc), static_cast<void*>(dq),
                         static_cast<void*>(din)})
           cudaFree(p);

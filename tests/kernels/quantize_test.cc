@@ -119,6 +119,18 @@ TEST(QuantLayoutTest, BlocksNeverSpanRuns) {
   EXPECT_EQ(l.bytes(), l.blocks() * 4 + l.payload_bytes());
 }
 
+TEST(QuantLayoutTest, EmptyLayoutsQuantizeNothing) {
+  const QuantLayout l = MakeLayout(8, 64, {0});
+  EXPECT_EQ(l.blocks(), 0u);
+  EXPECT_EQ(l.bytes(), 0u);
+  float x = 1;
+  uint8_t packed = 0xAB;
+  EXPECT_TRUE(Quantize(l, &x, DType::kF32, &packed).ok());
+  EXPECT_TRUE(Dequantize(l, &packed, &x, DType::kF32).ok());
+  EXPECT_EQ(packed, 0xAB);
+  EXPECT_EQ(x, 1.0f);
+}
+
 TEST(QuantLayoutTest, RejectsBadSpecs) {
   EXPECT_FALSE(QuantLayout::Create({6, 256}, std::vector<uint64_t>{10}).ok());
   EXPECT_FALSE(QuantLayout::Create({8, 32}, std::vector<uint64_t>{10}).ok());
