@@ -276,6 +276,14 @@ std::map<std::string, Section> Fields(RunConfig& c) {
        DoubleField("ranks.collective_timeout_s", &c.ranks.collective_timeout_s, 1, "seconds >= 1")},
       {"collectives", CollectivesField("ranks.collectives", &c.engine.collectives)},
   };
+  s["zeropp"] = {
+      {"qwz", BoolField("zeropp.qwz", &c.engine.zeropp.qwz)},
+      {"qwz_bits", IntField("zeropp.qwz_bits", &c.engine.zeropp.qwz_bits, 4, 8)},
+      {"hpz", BoolField("zeropp.hpz", &c.engine.zeropp.hpz)},
+      {"qgz", BoolField("zeropp.qgz", &c.engine.zeropp.qgz)},
+      {"qgz_bits", IntField("zeropp.qgz_bits", &c.engine.zeropp.qgz_bits, 4, 8)},
+      {"block_elems", IntField("zeropp.block_elems", &c.engine.zeropp.block_elems, 64, 4096)},
+  };
   s["output"] = {
       {"run_dir", StringField("output.run_dir", &c.output.run_dir)},
       {"metrics", StringField("output.metrics", &c.output.metrics)},

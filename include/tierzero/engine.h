@@ -70,6 +70,26 @@ enum class DeviceChoice : uint8_t { kAuto, kCuda, kHost };
 //            node's GPUs with more ranks than there are.
 enum class CollectivePath : uint8_t { kAuto, kHost, kDevice };
 
+// ZeRO++ (Wang et al., 2023; docs/zero.md, "ZeRO++"): three ways to cut the bytes the ranks'
+// collectives move between nodes, each on or off. With several ranks on the device collective
+// path; ignored with one rank.
+struct ZeroPPConfig {
+  // qwZ: weight gathers block-quantized to qwz_bits (8 or 4) with one scale per block.
+  bool qwz = false;
+  int qwz_bits = 8;
+  // hpZ: each rank keeps 1/L of every gathered chunk (L ranks per node), so the gathers after
+  // forward stay inside the node. Its memory comes from device_shard_budget when that has room,
+  // else from the host budget (pinned).
+  bool hpz = false;
+  // qgZ: gradients reduced with a two-hop quantized all-to-all at qgz_bits (4 or 8).
+  bool qgz = false;
+  int qgz_bits = 4;
+  // Elements per quantization block (64..4096); a block never spans two tensors.
+  int block_elems = 256;
+
+  bool any() const { return qwz || hpz || qgz; }
+};
+
 // Every field has a default; Engine::Create validates them (InvalidArgument naming the field,
 // the value and the accepted range). docs/config.md documents the same fields as JSON.
 struct EngineConfig {
@@ -105,6 +125,8 @@ struct EngineConfig {
   double host_link_bandwidth = 0;
   // Several ranks: where gathers and reductions run (CollectivePath). Default: kAuto.
   CollectivePath collectives = CollectivePath::kAuto;
+  // Several ranks: ZeRO++ (ZeroPPConfig). Default: all off.
+  ZeroPPConfig zeropp;
 };
 
 using ParamId = int;
@@ -194,6 +216,14 @@ struct TierUsage {
   uint64_t device_capacity = 0, host_budget = 0, nvme_budget = 0;
 };
 
+// The bytes of one use of the ranks' collectives (docs/zero.md, "Bytes on the wire"), in the
+// volume convention of CommStats: before quantization (the values in the compute dtype), sent,
+// and the part sent to ranks on other nodes (the rest stayed inside the node).
+struct WireBytes {
+  uint64_t collectives = 0;
+  uint64_t bytes_unquantized = 0, bytes_sent = 0, bytes_cross_node = 0;
+};
+
 // Counters since Finalize.
 struct EngineStats {
   uint64_t h2d_bytes = 0, d2h_bytes = 0, nvme_read_bytes = 0, nvme_write_bytes = 0;
@@ -205,6 +235,9 @@ struct EngineStats {
   // and the seconds its thread spent in them.
   uint64_t collectives = 0, comm_bytes = 0;
   double comm_seconds = 0;
+  // Several ranks: the gathers of parameters (a chunk's first of an iteration, its later ones)
+  // and the gradient reductions.
+  WireBytes param_gather, param_regather, grad_reduce;
   int64_t steps = 0, skipped_steps = 0;
 };
 

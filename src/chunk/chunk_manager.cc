@@ -106,6 +106,7 @@ Status ChunkManager::Init() {
   Impl& im = *impl_;
   TransferContext& ctx = im.ctx;
   RETURN_IF_ERROR(ctx.Init());
+  if (options_.comm != nullptr) ctx.topology = options_.comm->topology();
   GatherOptions go;
   go.staging_bytes = options_.staging_bytes;
   ReduceOptions ro;
@@ -113,6 +114,17 @@ Status ChunkManager::Init() {
   if (layout_.world_size() == 1) {
     ASSIGN_OR_RETURN(im.gather, CreateLocalGather(ctx, go));
     ASSIGN_OR_RETURN(im.reduce, CreateLocalReduce(ctx, ro));
+  } else if (options_.zeropp.any()) {
+    if (options_.device_comm == nullptr) {
+      return UnsupportedError(
+          "ZeRO++ (zeropp) through host buffers is not built yet; set ranks.collectives to "
+          "device");
+    }
+    ZeroPPOptions zo = options_.zeropp;
+    zo.shard_runs.clear();
+    for (int c = 0; c < layout_.num_chunks(); ++c) zo.shard_runs.push_back(ShardRuns(c));
+    ASSIGN_OR_RETURN(im.gather, CreateZeroPPDeviceGather(ctx, *options_.device_comm, go, zo));
+    ASSIGN_OR_RETURN(im.reduce, CreateZeroPPDeviceReduce(ctx, *options_.device_comm, ro, zo));
   } else if (options_.device_comm != nullptr) {
     ASSIGN_OR_RETURN(im.gather, CreateDeviceGather(ctx, *options_.device_comm, go));
     ASSIGN_OR_RETURN(im.reduce, CreateDeviceReduce(ctx, *options_.device_comm, ro));
@@ -136,6 +148,23 @@ Status ChunkManager::Init() {
                         << FormatBytes(layout_.shard_bytes()) << " on " << layout_.world_size()
                         << " ranks); " << placement_.Summary({0, 0, 0});
   return Status::OK();
+}
+
+// Every rank's shard of chunk c as runs: its tensors' pieces and the gaps between them (padding)
+// in shard order, covering the shard.
+std::vector<std::vector<uint64_t>> ChunkManager::ShardRuns(int c) const {
+  std::vector<std::vector<uint64_t>> runs;
+  for (int r = 0; r < layout_.world_size(); ++r) {
+    std::vector<uint64_t>& mine = runs.emplace_back();
+    uint64_t at = 0;
+    for (const ShardSlice& sl : layout_.ShardSlices(c, r)) {
+      if (sl.shard_offset > at) mine.push_back(sl.shard_offset - at);
+      mine.push_back(sl.numel);
+      at = sl.shard_offset + sl.numel;
+    }
+    if (layout_.shard_elems() > at) mine.push_back(layout_.shard_elems() - at);
+  }
+  return runs;
 }
 
 std::vector<double> ChunkManager::GatherSeconds() const {
@@ -171,6 +200,9 @@ ChunkCounters ChunkManager::counters() const {
   c.comm_seconds = t.comm_seconds;
   c.all_gathers = t.all_gathers;
   c.reduce_scatters = t.reduce_scatters;
+  c.param_gather = t.param_gather;
+  c.param_regather = t.param_regather;
+  c.grad_reduce = t.grad_reduce;
   return c;
 }
 
@@ -233,6 +265,7 @@ Status ChunkManager::BeginIteration(bool inference) {
   RETURN_IF_ERROR(im.ranks.OutOfStep());
   RETURN_IF_ERROR(states_->BeginIteration());
   im.ctx.moment = 0;
+  im.ctx.gathered.assign(static_cast<size_t>(layout_.num_chunks()), 0);
   im.gather->BeginIteration();
   im.inference = inference;
   im.profiling = false;  // (an iteration that failed while profiling is profiled again)

@@ -57,6 +57,7 @@
 #include "shard/shard_store.h"
 #include "tierzero/communicator.h"
 #include "zero/device_collectives.h"
+#include "zero/zeropp.h"
 
 namespace tierzero {
 
@@ -89,6 +90,10 @@ struct ChunkManagerOptions {
   // its place in the slot and all-gather in place; gradient chunks are reduce-scattered in place
   // and only the local shard comes back to the host. Null: the host path. Default: null.
   DeviceCollectives* device_comm = nullptr;
+  // W > 1: ZeRO++'s quantized gathers, secondary partition and quantized gradient reduction
+  // (zero/zeropp.h; shard_runs is filled here from the layout). Only with device_comm created
+  // with node_collectives. Default: all off.
+  ZeroPPOptions zeropp;
   // Measure the compute-stream stall in every iteration (two device events per Acquire; about a
   // microsecond on HostSim). Default: false (recording iterations measure it regardless).
   bool measure_stalls = false;
@@ -112,6 +117,9 @@ struct ChunkCounters {
   // W > 1: seconds the caller spent in gathers' all_gathers and waiting for reduce-scatters.
   double comm_seconds = 0;
   uint64_t reduce_scatters = 0, all_gathers = 0;
+  // W > 1: the bytes of the forward gathers, the later gathers and the gradient reductions
+  // (zero/transfer.h).
+  WireCounters param_gather, param_regather, grad_reduce;
 };
 
 class ChunkManager {
@@ -202,6 +210,7 @@ class ChunkManager {
   ChunkManager(Device& device, StreamHandle compute, ShardStore& store, const ChunkLayout& layout,
                const Placement& placement, const ChunkManagerOptions& options);
   Status Init();
+  std::vector<std::vector<uint64_t>> ShardRuns(int chunk) const;
   // The moment loop (chunk_manager.cc).
   Status AcquireChunks(int moment, const std::vector<int>& needed, std::span<const int> tensors,
                        Phase phase);

@@ -221,6 +221,12 @@ Status ValidateEngineConfig(const EngineConfig& c) {
   if (!(c.host_link_bandwidth >= 0))
     return bad("host_link_bandwidth", std::to_string(c.host_link_bandwidth),
                "0 (unthrottled) or more");
+  if (c.zeropp.qwz_bits != 4 && c.zeropp.qwz_bits != 8)
+    return bad("zeropp.qwz_bits", std::to_string(c.zeropp.qwz_bits), "4 or 8");
+  if (c.zeropp.qgz_bits != 4 && c.zeropp.qgz_bits != 8)
+    return bad("zeropp.qgz_bits", std::to_string(c.zeropp.qgz_bits), "4 or 8");
+  if (c.zeropp.block_elems < 64 || c.zeropp.block_elems > 4096)
+    return bad("zeropp.block_elems", std::to_string(c.zeropp.block_elems), "64..4096");
   return Status::OK();
 }
 
@@ -536,6 +542,12 @@ EngineStats Engine::stats() const {
     s.collectives = cs.collectives;
     s.comm_bytes = cs.bytes_sent;
     s.comm_seconds = c.comm_seconds;
+    auto wire = [](const WireCounters& w) {
+      return WireBytes{w.collectives, w.bytes_unquantized, w.bytes_sent, w.bytes_cross_node};
+    };
+    s.param_gather = wire(c.param_gather);
+    s.param_regather = wire(c.param_regather);
+    s.grad_reduce = wire(c.grad_reduce);
   }
   return s;
 }

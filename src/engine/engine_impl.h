@@ -59,6 +59,10 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   std::unique_ptr<ChunkManager> cm;
   uint64_t staging_bytes = 0;
   uint64_t swap_slot_bytes = 0;
+  // ZeRO++ with W > 1 on the device path; hpZ's secondary partition and its tier.
+  bool zeropp = false;
+  uint64_t hpz_bytes = 0;
+  Tier hpz_tier = Tier::kDevice;
   AlignedBuffer upload;  // compute-dtype shard for non-host parameter tiers
   std::unique_ptr<CpuAdam> adam_decay, adam_plain;
 

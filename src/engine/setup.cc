@@ -13,6 +13,7 @@
 #include "zero/collective.h"
 #include "zero/device_collectives.h"
 #include "zero/nccl.h"
+#include "zero/zeropp.h"
 
 namespace tierzero {
 
@@ -38,6 +39,12 @@ Status Engine::Finalize() {
                         : cfg.device == DeviceChoice::kCuda ||
                               (cfg.device == DeviceChoice::kAuto && CudaDeviceCount() > 0);
   ASSIGN_OR_RETURN(const bool on_device, im.ChooseCollectivePath(cuda));
+  im.zeropp = im.world() > 1 && cfg.zeropp.any();
+  if (im.zeropp && !on_device) {
+    return UnsupportedError(
+        "ZeRO++ (zeropp) runs on the device collective path, not through host buffers yet; set "
+        "ranks.collectives to device (or auto) or turn zeropp off");
+  }
   RETURN_IF_ERROR(im.Place(on_device));
   // With several ranks they agree on the outcome of opening the device: what follows starts
   // collectives (MPI_Comm_dup, NCCL's setup) that a rank which failed here would never join.
@@ -79,16 +86,30 @@ Status Engine::Impl::Place(bool on_device) {
   staging_bytes =
       std::max<uint64_t>(2 * chunk_bytes, std::min<uint64_t>(8 * chunk_bytes, 64u << 20));
   swap_slot_bytes = OptimizerStates::SwapSlotBytes(layout.shard_elems());
-  const uint64_t fixed =
+  uint64_t fixed =
       staging_bytes + 3 * swap_slot_bytes + AlignUp(shard_bytes, kNvmeAlignment) +
       (world() > 1 && !on_device ? 4 * AlignUp(chunk_bytes + shard_bytes, kNvmeAlignment) : 0);
-  if (cfg.host_budget <= fixed) {
-    return OutOfMemoryError("host_budget " + FormatBytes(cfg.host_budget) +
-                            " does not cover the fixed buffers for chunks of " +
-                            FormatBytes(chunk_bytes) + " (" + FormatBytes(fixed) +
-                            "); raise host_budget or lower chunk_elems");
+  uint64_t device_shard_budget = cfg.device_shard_budget;
+  if (zeropp && cfg.zeropp.hpz) {
+    // hpZ's secondary partition: device memory when the device shard budget holds it, else
+    // pinned host memory (Note [A secondary partition that is never stale] in zeropp_device.cc).
+    hpz_bytes = HpzBytes(layout.num_chunks(), chunk_bytes, comm->topology().local_size);
+    hpz_tier = device_shard_budget >= hpz_bytes ? Tier::kDevice : Tier::kHost;
+    if (hpz_tier == Tier::kDevice) {
+      device_shard_budget -= hpz_bytes;
+    } else {
+      fixed += AlignUp(hpz_bytes, kPinnedAlignment);
+    }
   }
-  budgets = TierBudgets{cfg.device_shard_budget, cfg.host_budget - fixed, cfg.nvme_budget};
+  if (cfg.host_budget <= fixed) {
+    return OutOfMemoryError(
+        "host_budget " + FormatBytes(cfg.host_budget) +
+        " does not cover the fixed buffers for chunks of " + FormatBytes(chunk_bytes) + " (" +
+        FormatBytes(fixed) +
+        (hpz_bytes > 0 && hpz_tier == Tier::kHost ? ", hpZ's secondary partition included" : "") +
+        "); raise host_budget or lower chunk_elems");
+  }
+  budgets = TierBudgets{device_shard_budget, cfg.host_budget - fixed, cfg.nvme_budget};
   auto p = PlaceShards(layout, budgets);
   if (!p.ok()) return std::move(p).status().WithContext("placing the shards");
   placement = std::move(p).value();
@@ -138,7 +159,9 @@ Status Engine::Impl::CreateShards(bool on_device) {
   co.staging_bytes = staging_bytes;
   if (world() > 1) co.comm = comm.get();
   if (on_device) {
-    auto dc = CreateDeviceCollectives(*device, comm);
+    DeviceCollectivesOptions dco;
+    dco.node_collectives = zeropp;
+    auto dc = CreateDeviceCollectives(*device, comm, dco);
     if (!dc.ok()) {
       return std::move(dc).status().WithContext(
           "starting the collectives on the device (ranks.collectives: host avoids them)");
@@ -147,6 +170,15 @@ Status Engine::Impl::CreateShards(bool on_device) {
     co.device_comm = device_comm.get();
   }
   if (cfg.host_link_bandwidth > 0) co.h2d_bytes_per_second = cfg.host_link_bandwidth;
+  if (zeropp) {
+    const ZeroPPConfig& z = cfg.zeropp;
+    co.zeropp.qwz = z.qwz;
+    co.zeropp.qwz_spec = {z.qwz_bits, static_cast<uint32_t>(z.block_elems)};
+    co.zeropp.hpz = z.hpz;
+    co.zeropp.hpz_tier = hpz_tier;
+    co.zeropp.qgz = z.qgz;
+    co.zeropp.qgz_spec = {z.qgz_bits, static_cast<uint32_t>(z.block_elems)};
+  }
   ShardStoreOptions so = ChunkManager::StoreOptions(layout, placement, co);
   for (const ChunkPlacement& p : placement.chunks) so.optimizer_tier.push_back(p.optimizer);
   auto s = ShardStore::Create(*device, nvme.get(), std::move(so));

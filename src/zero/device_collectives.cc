@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/convert.h"
 #include "core/mutex.h"
 #include "zero/collective.h"
 #include "zero/nccl.h"
@@ -16,6 +17,11 @@ namespace tierzero {
 namespace {
 
 using zero::CollectiveKind;
+
+Status NotBuilt() {
+  return UnsupportedError(
+      "ZeRO++'s collectives with NCCL are not built yet; turn zeropp off on a GPU");
+}
 
 bool InPlace(const void* block, const void* whole, int rank, size_t block_bytes) {
   return block == static_cast<const uint8_t*>(whole) + static_cast<size_t>(rank) * block_bytes;
@@ -27,11 +33,16 @@ bool InPlace(const void* block, const void* whole, int rank, size_t block_bytes)
 // only thread that starts collectives on the duplicate.
 class HostFuncCollectives final : public DeviceCollectives {
  public:
-  HostFuncCollectives(Device& device, Stream stream, std::shared_ptr<Communicator> comm)
+  // `node` and `cross` (Communicator::Split of comm) are null without node collectives.
+  HostFuncCollectives(Device& device, Stream stream, std::shared_ptr<Communicator> comm,
+                      std::shared_ptr<Communicator> node, std::shared_ptr<Communicator> cross)
       : device_(device), stream_(std::move(stream)), state_(std::make_shared<State>()) {
     state_->comm = std::move(comm);
+    state_->node = std::move(node);
+    state_->cross = std::move(cross);
     rank_ = state_->comm->rank();
     size_ = state_->comm->size();
+    topology_ = state_->comm->topology();
   }
   ~HostFuncCollectives() override { (void)stream_.Synchronize(); }
 
@@ -44,7 +55,7 @@ class HostFuncCollectives final : public DeviceCollectives {
     RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kAllGather, count, dtype, false));
     const size_t bytes = DTypeBytes(dtype, count);
     const bool in_place = InPlace(send, recv, rank_, bytes);
-    Count(CollectiveKind::kAllGather, count, dtype);
+    Count(zero::BytesSent(CollectiveKind::kAllGather, count, dtype, size_, false));
     return Queue("all_gather", [=](State& st) -> Status {
       // MPI forbids a send buffer inside the receive buffer: send a copy.
       const void* s = send;
@@ -61,13 +72,68 @@ class HostFuncCollectives final : public DeviceCollectives {
   Status ReduceScatter(const void* send, void* recv, size_t count, DType dtype,
                        ReduceOp op) override {
     RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kReduceScatter, count, dtype, true));
-    Count(CollectiveKind::kReduceScatter, count, dtype);
+    Count(zero::BytesSent(CollectiveKind::kReduceScatter, count, dtype, size_, false));
     // Every backend reads all of send before it writes recv (communicator.h), so in place needs
     // no copy.
     return Queue("reduce_scatter", [=](State& st) -> Status {
       ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,
                        st.comm->ReduceScatter(send, recv, count, dtype, op));
       return req->Wait();
+    });
+  }
+
+  int node_size() const override {
+    return state_->node != nullptr ? state_->node->size() : topology_.local_size;
+  }
+
+  Status NodeAllGather(const void* send, void* recv, size_t count, DType dtype) override {
+    RETURN_IF_ERROR(NeedNodes());
+    RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kAllGather, count, dtype, false));
+    const size_t bytes = DTypeBytes(dtype, count);
+    const bool in_place = InPlace(send, recv, state_->node->rank(), bytes);
+    ++stats_.collectives;
+    stats_.bytes_sent +=
+        zero::BytesSent(CollectiveKind::kAllGather, count, dtype, state_->node->size(), false);
+    return Queue("all_gather inside the node", [=](State& st) -> Status {
+      const void* s = send;
+      if (in_place) {  // MPI forbids a send buffer inside the receive buffer
+        st.scratch.resize(bytes);
+        std::memcpy(st.scratch.data(), send, bytes);
+        s = st.scratch.data();
+      }
+      ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req, st.node->AllGather(s, recv, count, dtype));
+      return req->Wait();
+    });
+  }
+
+  Status QuantizedAllGather(const ShardQuantization& q, const void* send, void* recv,
+                            DType dtype) override {
+    RETURN_IF_ERROR(NeedNodes());
+    if (q.shards() != size_) return InvalidArgumentError("a quantization for other ranks");
+    Count(q.slot_bytes() * static_cast<uint64_t>(size_ - 1));
+    const ShardQuantization* qp = &q;
+    // QuantizedAllGather reads all of send before it writes recv: in place needs no copy.
+    return Queue("quantized all_gather", [=](State& st) -> Status {
+      return tierzero::QuantizedAllGather(*st.comm, *qp, send, dtype, recv, st.scratch);
+    });
+  }
+
+  Status QuantizedReduceScatter(const ShardQuantization& q, const void* send, void* recv,
+                                DType dtype) override {
+    RETURN_IF_ERROR(NeedNodes());
+    if (q.shards() != size_) return InvalidArgumentError("a quantization for other ranks");
+    const auto l = static_cast<uint64_t>(state_->node->size());
+    const auto n = static_cast<uint64_t>(state_->cross->size());
+    // Inside the node (L - 1) x N slots leave; across nodes N - 1 (Note [Quantized collectives]).
+    stats_.collectives += n > 1 ? 2 : 1;
+    stats_.bytes_sent += q.slot_bytes() * ((l - 1) * n + (n - 1));
+    stats_.bytes_cross_node += q.slot_bytes() * (n - 1);
+    const ShardQuantization* qp = &q;
+    return Queue("quantized reduce_scatter", [=](State& st) -> Status {
+      st.mean.resize(qp->shard_elems());
+      RETURN_IF_ERROR(tierzero::QuantizedReduceScatter(*st.node, *st.cross, *qp, send, dtype,
+                                                       st.mean.data(), st.scratch));
+      return Convert(st.mean.data(), DType::kF32, recv, dtype, qp->shard_elems());
     });
   }
 
@@ -83,15 +149,25 @@ class HostFuncCollectives final : public DeviceCollectives {
 
  private:
   struct State {
-    std::shared_ptr<Communicator> comm;
+    std::shared_ptr<Communicator> comm, node, cross;
     std::vector<uint8_t> scratch;  // the stream's thread only
+    std::vector<float> mean;       // the stream's thread only
     Mutex mu;
     Status error TZ_GUARDED_BY(mu);
   };
 
-  void Count(CollectiveKind kind, size_t count, DType dtype) {
+  // One collective over every rank that sent `bytes`.
+  void Count(uint64_t bytes) {
     ++stats_.collectives;
-    stats_.bytes_sent += zero::BytesSent(kind, count, dtype, size_, false);
+    stats_.bytes_sent += bytes;
+    stats_.bytes_cross_node += zero::CrossNodeBytes(bytes, topology_);
+  }
+  Status NeedNodes() const {
+    if (state_->node == nullptr) {
+      return FailedPreconditionError(
+          "collectives inside a node need device collectives created with node_collectives");
+    }
+    return Status::OK();
   }
 
   Status Queue(const char* what, std::function<Status(State&)> run) {
@@ -113,6 +189,7 @@ class HostFuncCollectives final : public DeviceCollectives {
   Stream stream_;
   std::shared_ptr<State> state_;
   int rank_ = 0, size_ = 1;
+  Topology topology_;
   CommStats stats_;
 };
 
@@ -163,6 +240,14 @@ class QueuedCollectives final : public DeviceCollectives {
                      comm_->ReduceScatter(send, recv, count, dtype, op));
     in_flight_.push_back(std::move(req));
     return Status::OK();
+  }
+  int node_size() const override { return comm_->topology().local_size; }
+  Status NodeAllGather(const void*, void*, size_t, DType) override { return NotBuilt(); }
+  Status QuantizedAllGather(const ShardQuantization&, const void*, void*, DType) override {
+    return NotBuilt();
+  }
+  Status QuantizedReduceScatter(const ShardQuantization&, const void*, void*, DType) override {
+    return NotBuilt();
   }
   Status Check() override {
     MutexLock lock(mu_);
@@ -217,9 +302,28 @@ class QueuedCollectives final : public DeviceCollectives {
 
 }  // namespace
 
+Status CheckNodeMajor(const Topology& t) {
+  if (t.local_size < 1 || t.size % t.local_size != 0 || t.nodes * t.local_size != t.size ||
+      t.rank != t.node * t.local_size + t.local_rank) {
+    return InvalidArgumentError(
+        "ZeRO++ needs the ranks numbered node by node with as many on every node, but rank " +
+        std::to_string(t.rank) + " of " + std::to_string(t.size) + " is local rank " +
+        std::to_string(t.local_rank) + " of " + std::to_string(t.local_size) + " on node " +
+        std::to_string(t.node) + " of " + std::to_string(t.nodes) +
+        "; launch with mpirun --map-by core (ranks filled node by node), or set "
+        "ranks.ranks_per_node to a divisor of the ranks");
+  }
+  return Status::OK();
+}
+
 StatusOr<std::unique_ptr<DeviceCollectives>> CreateDeviceCollectives(
-    Device& device, const std::shared_ptr<Communicator>& comm) {
+    Device& device, const std::shared_ptr<Communicator>& comm,
+    const DeviceCollectivesOptions& options) {
   if (comm == nullptr) return InvalidArgumentError("device collectives need a communicator");
+  if (options.node_collectives) {
+    // Every rank checks its own place, and they fail together before the splits.
+    RETURN_IF_ERROR(AgreeOnStatus(*comm, CheckNodeMajor(comm->topology())));
+  }
   switch (device.info().kind) {
     case DeviceKind::kHostSim: {
       // The stream's thread starts and waits for the collectives, so the communicator must
@@ -235,10 +339,18 @@ StatusOr<std::unique_ptr<DeviceCollectives>> CreateDeviceCollectives(
       RETURN_IF_ERROR(AgreeOnStatus(*comm, stream.status()));
       ASSIGN_OR_RETURN(std::shared_ptr<Communicator> dup, comm->Duplicate());
       dup->SetTimeout(comm->timeout());
-      return std::unique_ptr<DeviceCollectives>(
-          new HostFuncCollectives(device, std::move(stream).value(), std::move(dup)));
+      std::shared_ptr<Communicator> node, cross;
+      if (options.node_collectives) {
+        ASSIGN_OR_RETURN(node, dup->Split(SplitBy::kNode));
+        ASSIGN_OR_RETURN(cross, dup->Split(SplitBy::kLocalRank));
+        node->SetTimeout(comm->timeout());
+        cross->SetTimeout(comm->timeout());
+      }
+      return std::unique_ptr<DeviceCollectives>(new HostFuncCollectives(
+          device, std::move(stream).value(), std::move(dup), std::move(node), std::move(cross)));
     }
     case DeviceKind::kCuda: {
+      if (options.node_collectives) return NotBuilt();
       auto created = Stream::Create(device, "comm");
       RETURN_IF_ERROR(AgreeOnStatus(*comm, created.status()));
       Stream stream = std::move(created).value();

@@ -19,6 +19,12 @@
 //     thread starts on `comm` itself. This runs the device path end to end under mpirun on a
 //     machine without a GPU, with the MPI backend.
 //
+// ZeRO++ (docs/zero.md, "ZeRO++"): created with node_collectives, the communicator is also split
+// by node (Communicator::Split), for the all_gather inside a node of hpZ's secondary partition,
+// and the quantized collectives of zero/quantized.h (qwZ's gather, qgZ's two-hop reduction) run
+// on the same stream. On the simulated device they are the host implementations in the stream's
+// host functions; NCCL's are not built yet (Unsupported at creation).
+//
 // Failures. A collective that fails (an error, or the deadline when another rank stopped taking
 // part) cannot report it from the call that queued it: Check() returns the first failure so far
 // without blocking, and Drain() waits for everything queued, then does the same. What a failed
@@ -32,6 +38,7 @@
 
 #include "offload/device.h"
 #include "tierzero/communicator.h"
+#include "zero/quantized.h"
 
 namespace tierzero {
 
@@ -51,6 +58,24 @@ class DeviceCollectives {
   // recv is this rank's block of send.
   virtual Status ReduceScatter(const void* send, void* recv, size_t count, DType dtype,
                                ReduceOp op) = 0;
+
+  // ---- With node collectives (ZeRO++) ----
+  // Ranks per node (L); the world's ranks are numbered node by node (checked at creation).
+  virtual int node_size() const = 0;
+  // recv[l * count ...] = local rank l's send, over this node's ranks. In place when send is
+  // this rank's block of recv.
+  virtual Status NodeAllGather(const void* send, void* recv, size_t count, DType dtype) = 0;
+  // qwZ: recv (W shards of `dtype`) = every rank's shard, quantized and dequantized
+  // (QuantizedAllGather). In place when send is this rank's shard of recv. `q` must stay alive
+  // and unchanged until the stream has passed the collective.
+  virtual Status QuantizedAllGather(const ShardQuantization& q, const void* send, void* recv,
+                                    DType dtype) = 0;
+  // qgZ: recv (q.shard_elems() of `dtype`) = this rank's shard of the mean over the ranks of
+  // send (W shards), through the two-hop quantized reduction (QuantizedReduceScatter), rounded
+  // once to `dtype`. recv may be this rank's shard of send.
+  virtual Status QuantizedReduceScatter(const ShardQuantization& q, const void* send, void* recv,
+                                        DType dtype) = 0;
+
   // The first failure of a collective so far (never blocks); OK when none failed yet.
   virtual Status Check() = 0;
   // Waits for every queued collective; then Check().
@@ -58,10 +83,22 @@ class DeviceCollectives {
   virtual CommStats stats() const = 0;
 };
 
+struct DeviceCollectivesOptions {
+  // Split the ranks by node for ZeRO++'s collectives (a collective call; the ranks must be
+  // numbered node by node with as many on every node). Default: false.
+  bool node_collectives = false;
+};
+
 // NCCL for a CUDA device (Unavailable where NCCL cannot load; every rank fails together), host
 // functions over comm->Duplicate() for the simulated device. A collective call over `comm`; the
 // deadline of each collective is comm's (Communicator::timeout).
 StatusOr<std::unique_ptr<DeviceCollectives>> CreateDeviceCollectives(
-    Device& device, const std::shared_ptr<Communicator>& comm);
+    Device& device, const std::shared_ptr<Communicator>& comm,
+    const DeviceCollectivesOptions& options = {});
+
+// OK when the ranks are numbered node by node (rank = node * L + local rank) with L ranks on
+// every node, as ZeRO++'s two-hop reduction needs; else InvalidArgument saying how to launch.
+// Local: every rank can check its own topology.
+Status CheckNodeMajor(const Topology& t);
 
 }  // namespace tierzero

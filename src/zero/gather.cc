@@ -5,6 +5,7 @@
 
 #include "core/logging.h"
 #include "core/tunable.h"
+#include "zero/collective.h"
 #include "zero/gather_internal.h"
 
 namespace tierzero {
@@ -59,7 +60,7 @@ class LocalGather : public GatherStrategy {
     const StreamHandle h2d = ctx_.h2d.handle();
     const Tier tier = ctx_.store.param_tier(c);
     ASSIGN_OR_RETURN(GatherTimer::Timing * timing, ctx_.timer.Start(ctx_.device, h2d, tier));
-    RETURN_IF_ERROR(Upload(c, dst));
+    RETURN_IF_ERROR(internal::UploadShard(ctx_, staging_.get(), c, dst));
     if (timing != nullptr) RETURN_IF_ERROR(ctx_.device.RecordEvent(timing->end.handle(), h2d));
     return ctx_.device.RecordEvent(ready.handle(), h2d);
   }
@@ -69,54 +70,54 @@ class LocalGather : public GatherStrategy {
   }
 
  protected:
-  // Queues the copy of the local shard from its tier to `dst` (device memory) on the H2D stream.
-  Status Upload(int c, void* dst);
-  Status UploadFromNvme(int c, void* dst);
-
   TransferContext& ctx_;
   std::unique_ptr<PinnedArena> staging_;  // NVMe reads on their way to the device
 };
 
-Status LocalGather::Upload(int c, void* dst) {
-  const uint64_t bytes = ctx_.geometry().shard_bytes();  // the chunk when W = 1
-  const StreamHandle h2d = ctx_.h2d.handle();
-  const Tier tier = ctx_.store.param_tier(c);
+}  // namespace
+
+namespace internal {
+
+Status UploadShard(TransferContext& ctx, PinnedArena* arena, int c, void* dst) {
+  const uint64_t bytes = ctx.geometry().shard_bytes();  // the chunk when W = 1
+  const StreamHandle h2d = ctx.h2d.handle();
+  const Tier tier = ctx.store.param_tier(c);
   if (tier == Tier::kDevice) {
-    return ctx_.device.CopyAsync(dst, ctx_.store.device_param(c), bytes, CopyKind::kDeviceToDevice,
-                                 h2d);
+    return ctx.device.CopyAsync(dst, ctx.store.device_param(c), bytes, CopyKind::kDeviceToDevice,
+                                h2d);
   }
-  if (tier == Tier::kNvme) return UploadFromNvme(c, dst);
-  TransferSpans& spans = ctx_.spans;
+  if (tier == Tier::kNvme) return UploadFromNvme(ctx, *arena, c, dst);
+  TransferSpans& spans = ctx.spans;
   auto start = spans.Start();
-  if (spans.on()) RETURN_IF_ERROR(spans.QueueStart(ctx_.device, h2d, start));
+  if (spans.on()) RETURN_IF_ERROR(spans.QueueStart(ctx.device, h2d, start));
   RETURN_IF_ERROR(
-      ctx_.device.CopyAsync(dst, ctx_.store.host_param(c), bytes, CopyKind::kHostToDevice, h2d));
+      ctx.device.CopyAsync(dst, ctx.store.host_param(c), bytes, CopyKind::kHostToDevice, h2d));
   if (spans.on()) {
-    RETURN_IF_ERROR(spans.QueueSpan(ctx_.device, h2d, Track::kH2D, "chunk " + std::to_string(c),
-                                    ctx_.moment - 1, c, bytes, start));
+    RETURN_IF_ERROR(spans.QueueSpan(ctx.device, h2d, Track::kH2D, "chunk " + std::to_string(c),
+                                    ctx.moment - 1, c, bytes, start));
   }
-  ctx_.counters.h2d_bytes += bytes;
+  ctx.counters.h2d_bytes += bytes;
   return Status::OK();
 }
 
-Status LocalGather::UploadFromNvme(int c, void* dst) {
-  const uint64_t bytes = ctx_.geometry().shard_bytes();
-  const StreamHandle h2d = ctx_.h2d.handle();
-  TransferSpans& spans = ctx_.spans;
+Status UploadFromNvme(TransferContext& ctx, PinnedArena& arena, int c, void* dst) {
+  const uint64_t bytes = ctx.geometry().shard_bytes();
+  const StreamHandle h2d = ctx.h2d.handle();
+  TransferSpans& spans = ctx.spans;
   Observer* obs = spans.observer();
   auto h2d_start = spans.Start();
-  ASSIGN_OR_RETURN(PinnedSlot staging, staging_->Acquire(StagingTimeout()));
+  ASSIGN_OR_RETURN(PinnedSlot staging, arena.Acquire(StagingTimeout()));
   auto read_start = spans.Start(obs != nullptr ? obs->Now() : 0.0);
   ASSIGN_OR_RETURN(NvmeStore::Ticket ticket,
-                   ctx_.store.nvme()->SubmitRead(ctx_.store.nvme_param(c), staging.data()));
+                   ctx.store.nvme()->SubmitRead(ctx.store.nvme_param(c), staging.data()));
   void* staged = staging.data();
   auto shared_ticket = std::make_shared<NvmeStore::Ticket>(std::move(ticket));
   auto shared_slot = std::make_shared<PinnedSlot>(std::move(staging));
-  RankAgreement* ranks = &ctx_.ranks;
-  const int m = ctx_.moment - 1;
+  RankAgreement* ranks = &ctx.ranks;
+  const int m = ctx.moment - 1;
   // The H2D stream waits for the disk, so the caller never does. Both functions own the staging
   // slot, so it stays taken until the copy out of it is done whatever fails.
-  RETURN_IF_ERROR(ctx_.device.LaunchHostFunc(
+  RETURN_IF_ERROR(ctx.device.LaunchHostFunc(
       h2d, [shared_ticket, shared_slot, ranks, c, obs, read_start, h2d_start, bytes, m] {
         Status s = shared_ticket->Wait();
         // W > 1 on the device path: the all_gather still sends what the slot holds and every
@@ -132,16 +133,20 @@ Status LocalGather::UploadFromNvme(int c, void* dst) {
                        *h2d_start - *read_start, m, c, bytes});
         }
       }));
-  RETURN_IF_ERROR(ctx_.device.CopyAsync(dst, staged, bytes, CopyKind::kHostToDevice, h2d));
+  RETURN_IF_ERROR(ctx.device.CopyAsync(dst, staged, bytes, CopyKind::kHostToDevice, h2d));
   if (spans.on()) {
-    RETURN_IF_ERROR(spans.QueueSpan(ctx_.device, h2d, Track::kH2D, "chunk " + std::to_string(c), m,
+    RETURN_IF_ERROR(spans.QueueSpan(ctx.device, h2d, Track::kH2D, "chunk " + std::to_string(c), m,
                                     c, bytes, h2d_start));
   }
-  RETURN_IF_ERROR(ctx_.device.LaunchHostFunc(h2d, [shared_slot] { shared_slot->Release(); }));
-  ctx_.counters.nvme_read_bytes += bytes;
-  ctx_.counters.h2d_bytes += bytes;
+  RETURN_IF_ERROR(ctx.device.LaunchHostFunc(h2d, [shared_slot] { shared_slot->Release(); }));
+  ctx.counters.nvme_read_bytes += bytes;
+  ctx.counters.h2d_bytes += bytes;
   return Status::OK();
 }
+
+}  // namespace internal
+
+namespace {
 
 // Note [Gathers on the device]
 // With device collectives a gather moves only the local shard over the host link: it is copied
@@ -189,7 +194,7 @@ Status DeviceGather::EnqueueOnDevice(int c, void* dst, const Event& ready) {
   auto* mine = static_cast<uint8_t*>(dst) + static_cast<uint64_t>(g.rank) * shard;
   const Tier tier = ctx_.store.param_tier(c);
   ASSIGN_OR_RETURN(GatherTimer::Timing * timing, ctx_.timer.Start(device, ctx_.h2d.handle(), tier));
-  RETURN_IF_ERROR(Upload(c, mine));
+  RETURN_IF_ERROR(internal::UploadShard(ctx_, staging_.get(), c, mine));
   RETURN_IF_ERROR(device.RecordEvent(to_comm_.handle(), ctx_.h2d.handle()));
   RETURN_IF_ERROR(device.StreamWaitEvent(comm_.stream(), to_comm_.handle()));
   TransferSpans& spans = ctx_.spans;
@@ -197,6 +202,8 @@ Status DeviceGather::EnqueueOnDevice(int c, void* dst, const Event& ready) {
   if (spans.on()) RETURN_IF_ERROR(spans.QueueStart(device, comm_.stream(), comm_start));
   RETURN_IF_ERROR(comm_.AllGather(mine, dst, shard, DType::kI8));
   ++ctx_.counters.all_gathers;
+  const uint64_t sent = shard * static_cast<uint64_t>(g.world_size - 1);
+  ctx_.GatherWire(c).Add(sent, sent, zero::CrossNodeBytes(sent, ctx_.topology));
   if (spans.on()) {
     RETURN_IF_ERROR(spans.QueueSpan(device, comm_.stream(), Track::kComm,
                                     "all_gather chunk " + std::to_string(c), ctx_.moment - 1, c,

@@ -7,6 +7,7 @@
 
 #include "core/bytes.h"
 #include "core/mutex.h"
+#include "zero/collective.h"
 #include "zero/gather.h"
 #include "zero/gather_internal.h"
 
@@ -144,6 +145,9 @@ Status HostGather::EnqueueOverHost(int c, void* dst, const Event& ready) {
   ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,
                    comm_.AllGather(send, recv, block, DType::kI8));
   ++ctx_.counters.all_gathers;
+  const auto others = static_cast<uint64_t>(g.world_size - 1);
+  ctx_.GatherWire(c).Add(shard * others, block * others,
+                         zero::CrossNodeBytes(block * others, ctx_.topology));
   const bool async = comm_.asynchronous();
   auto failed = std::make_shared<std::atomic<bool>>(false);
   if (!async) {

@@ -13,4 +13,15 @@ namespace tierzero::internal {
 StatusOr<std::unique_ptr<PinnedArena>> CreateStaging(TransferContext& ctx, uint64_t slot_bytes,
                                                      uint64_t staging_bytes);
 
+// Queues the copy of chunk c's local shard from its tier to `dst` (device memory) on the H2D
+// stream: D2D from a device shard, H2D from a host one, an NVMe shard read into a slot of
+// `staging` (required then) and copied from there, the H2D stream waiting for the disk.
+Status UploadShard(TransferContext& ctx, PinnedArena* staging, int c, void* dst);
+Status UploadFromNvme(TransferContext& ctx, PinnedArena& staging, int c, void* dst);
+
+// Queues the D2H copy of a gradient shard at `src` (device memory) into chunk c's gradient
+// shard on the D2H stream; with `accumulate`, through a slot of `staging` and added in fp32.
+Status CopyGradToShard(TransferContext& ctx, bool accumulate, PinnedArena* staging, int c,
+                       const void* src);
+
 }  // namespace tierzero::internal

@@ -8,7 +8,9 @@
 #include "core/bytes.h"
 #include "core/check.h"
 #include "core/convert.h"
+#include "zero/collective.h"
 #include "zero/gather.h"
+#include "zero/gather_internal.h"
 
 namespace tierzero {
 
@@ -23,6 +25,49 @@ Status AddToF32(float* acc, const void* src, DType dtype, uint64_t n) {
   }
   return Status::OK();
 }
+
+namespace internal {
+
+Status CopyGradToShard(TransferContext& ctx, bool accumulate, PinnedArena* staging_arena, int c,
+                       const void* src) {
+  Device& device = ctx.device;
+  const StreamHandle d2h = ctx.d2h.handle();
+  const uint64_t bytes = ctx.geometry().shard_bytes();
+  TransferSpans& spans = ctx.spans;
+  const int m = ctx.moment - 1;
+  auto start = spans.Start();
+  if (spans.on()) RETURN_IF_ERROR(spans.QueueStart(device, d2h, start));
+  void* shard = ctx.store.grad(c);
+  if (!accumulate) {
+    RETURN_IF_ERROR(device.CopyAsync(shard, src, bytes, CopyKind::kDeviceToHost, d2h));
+    if (spans.on()) {
+      RETURN_IF_ERROR(spans.QueueSpan(device, d2h, Track::kD2H, "grad " + std::to_string(c), m, c,
+                                      bytes, start));
+    }
+  } else {
+    ASSIGN_OR_RETURN(PinnedSlot staging, staging_arena->Acquire(StagingTimeout()));
+    void* staged = staging.data();
+    RETURN_IF_ERROR(device.CopyAsync(staged, src, bytes, CopyKind::kDeviceToHost, d2h));
+    auto shared_slot = std::make_shared<PinnedSlot>(std::move(staging));
+    auto* acc = static_cast<float*>(shard);
+    const uint64_t elems = ctx.geometry().shard_elems;
+    const DType dt = ctx.geometry().dtype;
+    RETURN_IF_ERROR(device.LaunchHostFunc(d2h, [shared_slot, acc, elems, dt] {
+      // fp32 accumulation of this micro-batch's gradient.
+      TZ_CHECK_OK(AddToF32(acc, shared_slot->data(), dt, elems));
+      shared_slot->Release();
+    }));
+    if (spans.on()) {
+      RETURN_IF_ERROR(spans.QueueSpan(device, d2h, Track::kD2H,
+                                      "grad " + std::to_string(c) + " (accumulated)", m, c, bytes,
+                                      start));
+    }
+  }
+  ctx.counters.d2h_bytes += bytes;
+  return Status::OK();
+}
+
+}  // namespace internal
 
 namespace {
 
@@ -50,50 +95,14 @@ class LocalReduce : public ReduceStrategy {
  protected:
   // Queues the D2H copy of the local shard at `src` into chunk c's gradient shard (added in
   // fp32 with accumulation).
-  Status CopyToShard(int c, const void* src);
+  Status CopyToShard(int c, const void* src) {
+    return internal::CopyGradToShard(ctx_, options_.accumulate, staging_.get(), c, src);
+  }
 
   TransferContext& ctx_;
   ReduceOptions options_;
   std::unique_ptr<PinnedArena> staging_;  // accumulation: D2H target before the fp32 add
 };
-
-Status LocalReduce::CopyToShard(int c, const void* src) {
-  Device& device = ctx_.device;
-  const StreamHandle d2h = ctx_.d2h.handle();
-  const uint64_t bytes = ctx_.geometry().shard_bytes();
-  TransferSpans& spans = ctx_.spans;
-  const int m = ctx_.moment - 1;
-  auto start = spans.Start();
-  if (spans.on()) RETURN_IF_ERROR(spans.QueueStart(device, d2h, start));
-  void* shard = ctx_.store.grad(c);
-  if (!options_.accumulate) {
-    RETURN_IF_ERROR(device.CopyAsync(shard, src, bytes, CopyKind::kDeviceToHost, d2h));
-    if (spans.on()) {
-      RETURN_IF_ERROR(spans.QueueSpan(device, d2h, Track::kD2H, "grad " + std::to_string(c), m, c,
-                                      bytes, start));
-    }
-  } else {
-    ASSIGN_OR_RETURN(PinnedSlot staging, staging_->Acquire(StagingTimeout()));
-    void* staged = staging.data();
-    RETURN_IF_ERROR(device.CopyAsync(staged, src, bytes, CopyKind::kDeviceToHost, d2h));
-    auto shared_slot = std::make_shared<PinnedSlot>(std::move(staging));
-    auto* acc = static_cast<float*>(shard);
-    const uint64_t elems = ctx_.geometry().shard_elems;
-    const DType dt = ctx_.geometry().dtype;
-    RETURN_IF_ERROR(device.LaunchHostFunc(d2h, [shared_slot, acc, elems, dt] {
-      // fp32 accumulation of this micro-batch's gradient.
-      TZ_CHECK_OK(AddToF32(acc, shared_slot->data(), dt, elems));
-      shared_slot->Release();
-    }));
-    if (spans.on()) {
-      RETURN_IF_ERROR(spans.QueueSpan(device, d2h, Track::kD2H,
-                                      "grad " + std::to_string(c) + " (accumulated)", m, c, bytes,
-                                      start));
-    }
-  }
-  ctx_.counters.d2h_bytes += bytes;
-  return Status::OK();
-}
 
 // Device collectives: reduce-scattered in place on the comm stream once the compute stream has
 // written the chunk (Note [Gathers on the device] in gather.cc).
@@ -143,6 +152,8 @@ StatusOr<const void*> DeviceReduce::ReduceOnDevice(int c, void* device_grad, con
   // A reduce-scatter this rank could not queue leaves the ranks' collectives out of step.
   if (!s.ok()) return ctx_.ranks.LoseStep(std::move(s));
   ++ctx_.counters.reduce_scatters;
+  const uint64_t sent = g.shard_bytes() * static_cast<uint64_t>(g.world_size - 1);
+  ctx_.counters.grad_reduce.Add(sent, sent, zero::CrossNodeBytes(sent, ctx_.topology));
   return static_cast<const void*>(mine);
 }
 
@@ -214,6 +225,8 @@ StatusOr<bool> HostReduce::Reduce(int c, void* device_grad, const Event&) {
   ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,
                    comm_.ReduceScatter(slot.data(), recv, g.shard_elems, g.dtype, ReduceOp::kMean));
   ++ctx_.counters.reduce_scatters;
+  const uint64_t sent = g.shard_bytes() * static_cast<uint64_t>(g.world_size - 1);
+  ctx_.counters.grad_reduce.Add(sent, sent, zero::CrossNodeBytes(sent, ctx_.topology));
   pending_.push_back({c, std::move(slot), std::move(req)});
   ctx_.counters.comm_seconds += SecondsSince(t0);
   return false;  // the copy out of device_grad was waited for

@@ -17,15 +17,33 @@
 #include "offload/device.h"
 #include "profiler/observer.h"
 #include "shard/shard_store.h"
+#include "tierzero/communicator.h"
 #include "zero/rank_agreement.h"
 
 namespace tierzero {
+
+// The bytes of one use of the ranks' collectives (docs/zero.md, "Bytes on the wire"), in the
+// volume convention of CommStats: before quantization (what the values would take in the compute
+// dtype), sent, and the part of it sent to ranks on other nodes.
+struct WireCounters {
+  uint64_t collectives = 0;
+  uint64_t bytes_unquantized = 0, bytes_sent = 0, bytes_cross_node = 0;
+  void Add(uint64_t unquantized, uint64_t sent, uint64_t cross_node) {
+    ++collectives;
+    bytes_unquantized += unquantized;
+    bytes_sent += sent;
+    bytes_cross_node += cross_node;
+  }
+};
 
 struct TransferCounters {
   uint64_t h2d_bytes = 0, d2h_bytes = 0, nvme_read_bytes = 0;
   uint64_t all_gathers = 0, reduce_scatters = 0;
   // W > 1: seconds the caller spent in gathers' all_gathers and waiting for reduce-scatters.
   double comm_seconds = 0;
+  // W > 1: a chunk's first gather of an iteration (forward), its later ones (backward and
+  // recomputation), and the gradients' reductions.
+  WireCounters param_gather, param_regather, grad_reduce;
 };
 
 // The spans of a profiled iteration's transfers. A transfer queued on a stream is bracketed by
@@ -90,6 +108,23 @@ struct TransferContext {
   Stream h2d, d2h;
   // Moments begun in this iteration: transfers issued now belong to moment - 1.
   int moment = 0;
+  // Per chunk: gathered earlier in this iteration (cleared when one begins).
+  std::vector<uint8_t> gathered;
+  // The world's topology (W > 1), for the bytes that cross nodes.
+  Topology topology;
+  // The counters of a gather of chunk c now: param_gather for its first of the iteration, else
+  // param_regather.
+  WireCounters& GatherWire(int c) {
+    return FirstGather(c) ? counters.param_gather : counters.param_regather;
+  }
+  // Marks chunk c gathered; whether this is its first gather of the iteration.
+  bool FirstGather(int c) {
+    if (gathered.size() < static_cast<size_t>(geometry().num_chunks))
+      gathered.assign(static_cast<size_t>(geometry().num_chunks), 0);
+    const bool first = gathered[static_cast<size_t>(c)] == 0;
+    gathered[static_cast<size_t>(c)] = 1;
+    return first;
+  }
   TransferCounters counters;
   TransferSpans spans;
   GatherTimer timer;
