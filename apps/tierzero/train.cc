@@ -399,8 +399,19 @@ Status TrainRun::Loop() {
   return Status::OK();
 }
 
+// This rank's bytes to other nodes in its gathers and reductions so far.
+uint64_t CrossNodeBytes(const EngineStats& s) {
+  return s.param_gather.bytes_cross_node + s.param_regather.bytes_cross_node +
+         s.grad_reduce.bytes_cross_node;
+}
+
+uint64_t WireBytesSent(const EngineStats& s) {
+  return s.param_gather.bytes_sent + s.param_regather.bytes_sent + s.grad_reduce.bytes_sent;
+}
+
 Status TrainRun::RunStep(int step) {
   const auto t0 = std::chrono::steady_clock::now();
+  const EngineStats before = engine_->stats();
   const int accum = cfg_.engine.grad_accumulation;
   const double tokens_per_step =
       static_cast<double>(cfg_.train.batch_size) * cfg_.model.seq_len * accum * world_;
@@ -451,6 +462,12 @@ Status TrainRun::RunStep(int step) {
             {"device_peak_bytes", u.device_peak},
             {"host_bytes", u.host},
             {"nvme_bytes", u.nvme}};
+  if (world_ > 1) {
+    // This rank's bytes in the step's gathers and reductions (docs/zero.md, "Bytes on the wire").
+    const EngineStats after = engine_->stats();
+    m["comm_bytes"] = WireBytesSent(after) - WireBytesSent(before);
+    m["comm_cross_node_bytes"] = CrossNodeBytes(after) - CrossNodeBytes(before);
+  }
   metrics_ << m.dump() << "\n";
   // Each step's line reaches the file now (a crash keeps every finished step), and a full disk
   // stops the run with a message instead of losing lines silently.

@@ -94,6 +94,25 @@ void Engine::Impl::SnapshotRanks(ReportSnapshot& s) const {
   r.collectives = cs.collectives;
   r.comm_bytes = cs.bytes_sent;
   r.comm_seconds = im.cm->counters().comm_seconds;
+  if (im.zeropp) {
+    const ZeroPPConfig& z = im.cfg.zeropp;
+    r.qwz = z.qwz;
+    r.hpz = z.hpz;
+    r.qgz = z.qgz;
+    r.qwz_bits = z.qwz_bits;
+    r.qgz_bits = z.qgz_bits;
+    r.block_elems = z.block_elems;
+    r.hpz_bytes = im.hpz_bytes;
+    r.hpz_tier = im.hpz_tier == Tier::kDevice ? "device" : "host (pinned)";
+  }
+  const ChunkCounters c = im.cm->counters();
+  auto wire = [](const WireCounters& w) {
+    return ReportSnapshot::Ranks::Wire{w.collectives, w.bytes_unquantized, w.bytes_sent,
+                                       w.bytes_cross_node};
+  };
+  r.param_gather = wire(c.param_gather);
+  r.param_regather = wire(c.param_regather);
+  r.grad_reduce = wire(c.grad_reduce);
 }
 
 StatusOr<std::string> Engine::ReportJson() const {

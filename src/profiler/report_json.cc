@@ -191,7 +191,20 @@ json Tiers(const ReportSnapshot::Tiers& t) {
           {"nvme", {{"used", t.nvme_used}, {"budget", t.nvme_budget}}}};
 }
 
+json Wire(const ReportSnapshot::Ranks::Wire& w) {
+  return {{"collectives", w.collectives},
+          {"bytes_before_quantization", w.bytes_unquantized},
+          {"bytes_on_wire", w.bytes_sent},
+          {"bytes_cross_node", w.bytes_cross_node},
+          {"bytes_intra_node", w.bytes_sent - w.bytes_cross_node}};
+}
+
 json Ranks(const ReportSnapshot::Ranks& r) {
+  json zeropp = {{"qwz", r.qwz}, {"hpz", r.hpz}, {"qgz", r.qgz}};
+  if (r.qwz) zeropp["qwz_bits"] = r.qwz_bits;
+  if (r.qgz) zeropp["qgz_bits"] = r.qgz_bits;
+  if (r.qwz || r.qgz) zeropp["block_elems"] = r.block_elems;
+  if (r.hpz) zeropp["hpz_secondary"] = {{"bytes", r.hpz_bytes}, {"tier", r.hpz_tier}};
   return {{"world_size", r.world_size},
           {"rank", r.rank},
           {"backend", r.backend},
@@ -204,7 +217,12 @@ json Ranks(const ReportSnapshot::Ranks& r) {
           {"model_state_bytes", r.model_state_bytes},
           {"collectives", r.collectives},
           {"comm_bytes", r.comm_bytes},
-          {"comm_seconds", r.comm_seconds}};
+          {"comm_seconds", r.comm_seconds},
+          {"zeropp", zeropp},
+          {"bytes_by_use",
+           {{"param_gather", Wire(r.param_gather)},
+            {"param_regather", Wire(r.param_regather)},
+            {"grad_reduce", Wire(r.grad_reduce)}}}};
 }
 
 json Counters(const ReportSnapshot::Counters& c) {

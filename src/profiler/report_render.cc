@@ -57,6 +57,30 @@ StatusOr<std::string> ReadReportFile(const std::string& path) {
   return text;
 }
 
+// Several ranks: the bytes of each use of the collectives, and how many crossed nodes (reports
+// from before ZeRO++ have no bytes_by_use: nothing is said).
+Status SummariseCollectives(const JsonIn& in, std::ostringstream& o) {
+  if (!in.has("ranks")) return Status::OK();
+  ASSIGN_OR_RETURN(const JsonIn ranks, in.at("ranks"));
+  ASSIGN_OR_RETURN(const int64_t world, ranks.get<int64_t>("world_size"));
+  if (world <= 1 || !ranks.has("bytes_by_use")) return Status::OK();
+  ASSIGN_OR_RETURN(const JsonIn uses, ranks.at("bytes_by_use"));
+  o << "collectives (bytes on the wire of bytes before quantization, across nodes):";
+  const char* sep = " ";
+  for (const auto& [key, name] :
+       {std::pair{"param_gather", "forward gathers"}, std::pair{"param_regather", "later gathers"},
+        std::pair{"grad_reduce", "gradient reductions"}}) {
+    ASSIGN_OR_RETURN(const JsonIn u, uses.at(key));
+    ASSIGN_OR_RETURN(const double before, u.get<double>("bytes_before_quantization"));
+    ASSIGN_OR_RETURN(const double wire, u.get<double>("bytes_on_wire"));
+    ASSIGN_OR_RETURN(const double cross, u.get<double>("bytes_cross_node"));
+    o << sep << name << " " << Mib(wire) << " of " << Mib(before) << " (" << Mib(cross) << ")";
+    sep = "; ";
+  }
+  o << "\n";
+  return Status::OK();
+}
+
 StatusOr<std::string> ReportSummary(const std::string& text) {
   ASSIGN_OR_RETURN(const json r, ParseReport(text));
   // Every field is read through JsonIn (Note [Reading outside JSON]): a report edited by hand or
@@ -89,6 +113,7 @@ StatusOr<std::string> ReportSummary(const std::string& text) {
                 Mib(h2d).c_str(), Mib(d2h).c_str(), Mib(nvme_read).c_str(),
                 Mib(nvme_write).c_str());
   o << line;
+  RETURN_IF_ERROR(SummariseCollectives(in, o));
   ASSIGN_OR_RETURN(const JsonIn p, in.at("profile"));
   ASSIGN_OR_RETURN(const bool available, p.get_or<bool>("available", false));
   if (!available) {

@@ -64,6 +64,16 @@ struct ReportSnapshot {
     uint64_t shard_bytes = 0, model_state_bytes = 0;
     uint64_t collectives = 0, comm_bytes = 0;
     double comm_seconds = 0;
+    // ZeRO++ (all off for plain ZeRO-3) and hpZ's secondary partition.
+    bool qwz = false, hpz = false, qgz = false;
+    int qwz_bits = 0, qgz_bits = 0, block_elems = 0;
+    uint64_t hpz_bytes = 0;
+    std::string hpz_tier;
+    // Bytes per use of the collectives: forward gathers, later gathers, gradient reductions.
+    struct Wire {
+      uint64_t collectives = 0, bytes_unquantized = 0, bytes_sent = 0, bytes_cross_node = 0;
+    };
+    Wire param_gather, param_regather, grad_reduce;
   } ranks;
 
   // The profiled iteration and the Step after it.

@@ -188,6 +188,57 @@ TEST_P(ZeroPPEngine, GathersAndGradientMeanAgainstExactReferences) {
   }
 }
 
+// Gradient accumulation: each micro-batch's quantized mean is added into the fp32 shard.
+TEST(ZeroPPAccumulation, TwoMicroBatchesAddTheirMeansWithinTwiceTheBound) {
+  auto comm = World();
+  const int w = comm->size();
+  EngineConfig config = Config(Z(true, 8, true, true, 4));
+  config.grad_accumulation = 2;
+  Model m = Make(comm, config);
+  ASSERT_NE(m.engine, nullptr);
+  Engine& e = *m.engine;
+  for (int micro = 0; micro < 2; ++micro) {
+    ASSERT_TRUE(e.BeginIteration().ok());
+    for (ParamId p : m.ids) {
+      std::vector<ParamId> one{p};
+      auto f = e.Acquire(one, Phase::kForward);
+      ASSERT_TRUE(f.ok() && f->Release().ok());
+    }
+    for (size_t k = m.ids.size(); k-- > 0;) {
+      const ParamId p = m.ids[k];
+      std::vector<ParamId> one{p};
+      auto b = e.Acquire(one, Phase::kBackward);
+      ASSERT_TRUE(b.ok()) << b.status().ToString();
+      auto* g = static_cast<float*>(b->grad(p));
+      for (int64_t i = 0; i < e.numel(p); ++i)
+        g[i] = static_cast<float>(GradValue(comm->rank() + micro, p, i));
+      ASSERT_TRUE(b->Release().ok());
+    }
+    ASSERT_TRUE(e.EndIteration().ok());
+  }
+  for (ParamId p : m.ids) {
+    std::vector<float> got(static_cast<size_t>(e.numel(p)));
+    ASSERT_TRUE(e.ReadGrad(p, got).ok());
+    double bound = 0;  // each micro-batch's bound (Note [Quantized collectives]), added
+    for (int micro = 0; micro < 2; ++micro) {
+      for (int r = 0; r < w; ++r) {
+        double a = 0;
+        for (int64_t i = 0; i < e.numel(p); ++i)
+          a = std::max(a, std::abs(GradValue(r + micro, p, i)));
+        bound += a / (7.0 * w);
+      }
+    }
+    for (int64_t i = 0; i < e.numel(p); ++i) {
+      double sum = 0;
+      for (int micro = 0; micro < 2; ++micro) {
+        for (int r = 0; r < w; ++r) sum += GradValue(r + micro, p, i) / w;
+      }
+      ASSERT_NEAR(got[static_cast<size_t>(i)], sum, bound * (1 + 1e-5) + 1e-6 * std::abs(sum))
+          << "p" << p << "[" << i << "]";
+    }
+  }
+}
+
 // Bytes of one warm-up iteration (every chunk gathered for forward and again for backward).
 EngineStats OneIteration(const ZeroPPConfig& z) {
   auto comm = World();

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# ZeRO++ on `tierzero train` (issue 21; docs/zero.md, "ZeRO++"), 4 ranks as 2 emulated nodes of 2
+# (ranks.ranks_per_node = 2) on the simulated device:
+#   bench/zeropp_bench.sh convergence   the default run (300 steps) as plain ZeRO-3, as qwZ int8 +
+#                                       hpZ + qgZ int4, and as the same with qgZ int8: validation
+#                                       loss curves, final losses against ZeRO-3's, and the bytes
+#                                       each step sent across nodes.
+#   bench/zeropp_bench.sh slowlink [reps] step times of ZeRO-3 and ZeRO++ when the cross-node link
+#                                       is EMULATED at 1 and 0.25 GB/s (TZ_EMULATE_CROSS_NODE_GBPS:
+#                                       a delay the MPI backend adds to cross-node traffic, Note [An
+#                                       emulated slow link] in src/zero/mpi.cc), next to the time
+#                                       the cross-node bytes alone take at that bandwidth.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-convergence}
+bin=$PWD/build/bin/tierzero
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+plain='{"ranks": {"ranks_per_node": 2}}'
+int4='{"ranks": {"ranks_per_node": 2}, "zeropp": {"qwz": true, "qwz_bits": 8, "hpz": true, "qgz": true, "qgz_bits": 4}}'
+int8='{"ranks": {"ranks_per_node": 2}, "zeropp": {"qwz": true, "qwz_bits": 8, "hpz": true, "qgz": true, "qgz_bits": 8}}'
+for v in plain int4 int8; do echo "${!v}" >"$out/$v.json"; done
+
+run() {  # name run_dir [extra args]
+  local name=$1 dir=$2
+  shift 2
+  mpirun -np 4 "$bin" train --config "$out/$name.json" --run-dir "$dir" --quiet "$@" \
+    >"$dir.log" 2>&1 || { echo "FAIL: $name"; tail -20 "$dir.log"; exit 1; }
+}
+
+case $mode in
+  convergence)
+    for v in plain int4 int8; do run $v "$out/$v"; done
+    python3 - "$out" <<'EOF'
+import json, statistics, sys
+out = sys.argv[1]
+names = {"plain": "ZeRO-3", "int4": "qwZ8+hpZ+qgZ4", "int8": "qwZ8+hpZ+qgZ8"}
+runs = {}
+for k in names:
+    lines = [json.loads(l) for l in open(f"{out}/{k}/metrics.jsonl")]
+    runs[k] = ({l["step"]: l["val_loss"] for l in lines if "val_loss" in l},
+               [l for l in lines if "loss" in l])
+steps = sorted(runs["plain"][0])
+print("validation loss, 4 ranks as 2 emulated nodes of 2, default model")
+print("| step | " + " | ".join(names.values()) + " |")
+print("|---:|" + "---:|" * len(names))
+for s in steps:
+    print(f"| {s} | " + " | ".join(f"{runs[k][0][s]:.4f}" for k in names) + " |")
+final = {k: runs[k][0][steps[-1]] for k in names}
+for k in ("int4", "int8"):
+    print(f"final val loss {names[k]}: {final[k]:.4f}, "
+          f"{100 * (final[k] - final['plain']) / final['plain']:+.2f}% of ZeRO-3's {final['plain']:.4f}")
+# Bytes this rank sent across nodes per step, median over steps 2.. (step 1 is the warm-up).
+cross = {k: statistics.median(l["comm_cross_node_bytes"] for l in runs[k][1][1:]) for k in names}
+for k in ("int4", "int8"):
+    print(f"cross-node bytes per step {names[k]}: {cross[k]:.0f} = {cross[k] / cross['plain']:.3f} "
+          f"of ZeRO-3's {cross['plain']:.0f}")
+EOF
+    ;;
+  slowlink)
+    reps=${2:-3}
+    steps=40
+    for gbps in 1 0.25; do
+      for r in $(seq "$reps"); do
+        for v in plain int4; do
+          TZ_EMULATE_CROSS_NODE_GBPS=$gbps run $v "$out/$v-$gbps-$r" --steps $steps --eval-every 0
+        done
+      done
+    done
+    python3 - "$out" "$reps" <<'EOF'
+import json, statistics, sys
+out, reps = sys.argv[1], int(sys.argv[2])
+print("EMULATED cross-node link (TZ_EMULATE_CROSS_NODE_GBPS), 4 ranks as 2 nodes of 2; medians of")
+print("steps 10.. over the repetitions; bytes are one rank's per step")
+print("| link | run | step ms | cross-node MB/step | bytes-alone ms | all sent MB/step |")
+print("|---|---|---:|---:|---:|---:|")
+for gbps in ("1", "0.25"):
+    for v, name in (("plain", "ZeRO-3"), ("int4", "ZeRO++ (qwZ8+hpZ+qgZ4)")):
+        lines = []
+        for r in range(1, reps + 1):
+            ls = [json.loads(l) for l in open(f"{out}/{v}-{gbps}-{r}/metrics.jsonl")]
+            lines += [l for l in ls if "loss" in l and l["step"] >= 10]
+        ms = 1e3 * statistics.median(l["step_s"] for l in lines)
+        cross = statistics.median(l["comm_cross_node_bytes"] for l in lines)
+        sent = statistics.median(l["comm_bytes"] for l in lines)
+        alone = 1e3 * cross / (float(gbps) * 1e9)
+        print(f"| {gbps} GB/s | {name} | {ms:.1f} | {cross / 1e6:.2f} | {alone:.1f} | {sent / 1e6:.2f} |")
+EOF
+    ;;
+  *)
+    echo "usage: bench/zeropp_bench.sh convergence | slowlink [reps]" >&2
+    exit 2
+    ;;
+esac
