@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # ZeRO++ on `tierzero train` (issue 21; docs/zero.md, "ZeRO++"), 4 ranks as 2 emulated nodes of 2
 # (ranks.ranks_per_node = 2) on the simulated device:
-#   bench/zeropp_bench.sh convergence   the default run (300 steps) as plain ZeRO-3, as qwZ int8 +
+#   bench/zeropp_bench.sh convergence   the default model for 300 steps as plain ZeRO-3, as qwZ int8 +
 #                                       hpZ + qgZ int4, and as the same with qgZ int8: validation
 #                                       loss curves, final losses against ZeRO-3's, and the bytes
 #                                       each step sent across nodes.
 #   bench/zeropp_bench.sh slowlink [reps] step times of ZeRO-3 and ZeRO++ when the cross-node link
-#                                       is EMULATED at 1 and 0.25 GB/s (TZ_EMULATE_CROSS_NODE_GBPS:
+#                                       is EMULATED at 0.1 and 0.025 GB/s (TZ_EMULATE_CROSS_NODE_GBPS:
 #                                       a delay the MPI backend adds to cross-node traffic, Note [An
 #                                       emulated slow link] in src/zero/mpi.cc), next to the time
 #                                       the cross-node bytes alone take at that bandwidth.
@@ -32,7 +32,7 @@ run() {  # name run_dir [extra args]
 
 case $mode in
   convergence)
-    for v in plain int4 int8; do run $v "$out/$v"; done
+    for v in plain int4 int8; do run $v "$out/$v" --steps 300 --eval-every 50; done
     python3 - "$out" <<'EOF'
 import json, statistics, sys
 out = sys.argv[1]
@@ -62,7 +62,7 @@ EOF
   slowlink)
     reps=${2:-3}
     steps=40
-    for gbps in 1 0.25; do
+    for gbps in 0.1 0.025; do
       for r in $(seq "$reps"); do
         for v in plain int4; do
           TZ_EMULATE_CROSS_NODE_GBPS=$gbps run $v "$out/$v-$gbps-$r" --steps $steps --eval-every 0
@@ -76,7 +76,7 @@ print("EMULATED cross-node link (TZ_EMULATE_CROSS_NODE_GBPS), 4 ranks as 2 nodes
 print("steps 10.. over the repetitions; bytes are one rank's per step")
 print("| link | run | step ms | cross-node MB/step | bytes-alone ms | all sent MB/step |")
 print("|---|---|---:|---:|---:|---:|")
-for gbps in ("1", "0.25"):
+for gbps in ("0.1", "0.025"):
     for v, name in (("plain", "ZeRO-3"), ("int4", "ZeRO++ (qwZ8+hpZ+qgZ4)")):
         lines = []
         for r in range(1, reps + 1):

@@ -66,6 +66,15 @@ struct CommStats {
   uint64_t bytes_cross_node = 0;
 };
 
+// The bytes of one use of a trainer's collectives (the engine's gathers of parameters, its
+// gradient reductions; docs/zero.md, "Bytes on the wire"), in the convention of CommStats: before
+// quantization (the values in the compute dtype), sent, and the part sent to ranks on other
+// nodes (the rest stayed inside the node).
+struct WireBytes {
+  uint64_t collectives = 0;
+  uint64_t bytes_unquantized = 0, bytes_sent = 0, bytes_cross_node = 0;
+};
+
 // Which ranks a sub-communicator (Communicator::Split) groups.
 enum class SplitBy : uint8_t {
   kNode,       // the ranks of this rank's node, in local-rank order

@@ -216,14 +216,6 @@ struct TierUsage {
   uint64_t device_capacity = 0, host_budget = 0, nvme_budget = 0;
 };
 
-// The bytes of one use of the ranks' collectives (docs/zero.md, "Bytes on the wire"), in the
-// volume convention of CommStats: before quantization (the values in the compute dtype), sent,
-// and the part sent to ranks on other nodes (the rest stayed inside the node).
-struct WireBytes {
-  uint64_t collectives = 0;
-  uint64_t bytes_unquantized = 0, bytes_sent = 0, bytes_cross_node = 0;
-};
-
 // Counters since Finalize.
 struct EngineStats {
   uint64_t h2d_bytes = 0, d2h_bytes = 0, nvme_read_bytes = 0, nvme_write_bytes = 0;

@@ -119,7 +119,7 @@ struct ChunkCounters {
   uint64_t reduce_scatters = 0, all_gathers = 0;
   // W > 1: the bytes of the forward gathers, the later gathers and the gradient reductions
   // (zero/transfer.h).
-  WireCounters param_gather, param_regather, grad_reduce;
+  WireBytes param_gather, param_regather, grad_reduce;
 };
 
 class ChunkManager {

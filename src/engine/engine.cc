@@ -542,12 +542,9 @@ EngineStats Engine::stats() const {
     s.collectives = cs.collectives;
     s.comm_bytes = cs.bytes_sent;
     s.comm_seconds = c.comm_seconds;
-    auto wire = [](const WireCounters& w) {
-      return WireBytes{w.collectives, w.bytes_unquantized, w.bytes_sent, w.bytes_cross_node};
-    };
-    s.param_gather = wire(c.param_gather);
-    s.param_regather = wire(c.param_regather);
-    s.grad_reduce = wire(c.grad_reduce);
+    s.param_gather = c.param_gather;
+    s.param_regather = c.param_regather;
+    s.grad_reduce = c.grad_reduce;
   }
   return s;
 }

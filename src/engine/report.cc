@@ -106,13 +106,9 @@ void Engine::Impl::SnapshotRanks(ReportSnapshot& s) const {
     r.hpz_tier = im.hpz_tier == Tier::kDevice ? "device" : "host (pinned)";
   }
   const ChunkCounters c = im.cm->counters();
-  auto wire = [](const WireCounters& w) {
-    return ReportSnapshot::Ranks::Wire{w.collectives, w.bytes_unquantized, w.bytes_sent,
-                                       w.bytes_cross_node};
-  };
-  r.param_gather = wire(c.param_gather);
-  r.param_regather = wire(c.param_regather);
-  r.grad_reduce = wire(c.grad_reduce);
+  r.param_gather = c.param_gather;
+  r.param_regather = c.param_regather;
+  r.grad_reduce = c.grad_reduce;
 }
 
 StatusOr<std::string> Engine::ReportJson() const {

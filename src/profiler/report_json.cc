@@ -191,7 +191,7 @@ json Tiers(const ReportSnapshot::Tiers& t) {
           {"nvme", {{"used", t.nvme_used}, {"budget", t.nvme_budget}}}};
 }
 
-json Wire(const ReportSnapshot::Ranks::Wire& w) {
+json Wire(const WireBytes& w) {
   return {{"collectives", w.collectives},
           {"bytes_before_quantization", w.bytes_unquantized},
           {"bytes_on_wire", w.bytes_sent},

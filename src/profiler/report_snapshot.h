@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "profiler/observer.h"
+#include "tierzero/communicator.h"
 
 namespace tierzero {
 
@@ -70,10 +71,7 @@ struct ReportSnapshot {
     uint64_t hpz_bytes = 0;
     std::string hpz_tier;
     // Bytes per use of the collectives: forward gathers, later gathers, gradient reductions.
-    struct Wire {
-      uint64_t collectives = 0, bytes_unquantized = 0, bytes_sent = 0, bytes_cross_node = 0;
-    };
-    Wire param_gather, param_regather, grad_reduce;
+    WireBytes param_gather, param_regather, grad_reduce;
   } ranks;
 
   // The profiled iteration and the Step after it.

@@ -22,12 +22,8 @@
 
 namespace tierzero {
 
-// The bytes of one use of the ranks' collectives (docs/zero.md, "Bytes on the wire"), in the
-// volume convention of CommStats: before quantization (what the values would take in the compute
-// dtype), sent, and the part of it sent to ranks on other nodes.
-struct WireCounters {
-  uint64_t collectives = 0;
-  uint64_t bytes_unquantized = 0, bytes_sent = 0, bytes_cross_node = 0;
+// WireBytes (tierzero/communicator.h) that a strategy adds its collectives to.
+struct WireCounters : WireBytes {
   void Add(uint64_t unquantized, uint64_t sent, uint64_t cross_node) {
     ++collectives;
     bytes_unquantized += unquantized;
