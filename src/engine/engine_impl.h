@@ -142,6 +142,7 @@ struct Engine::Impl final : ActivationBuffer::Owner {
     if (device_comm) {
       s.collectives += device_comm->stats().collectives;
       s.bytes_sent += device_comm->stats().bytes_sent;
+      s.bytes_cross_node += device_comm->stats().bytes_cross_node;
     }
     return s;
   }
