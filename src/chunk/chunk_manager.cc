@@ -114,20 +114,28 @@ Status ChunkManager::Init() {
   if (layout_.world_size() == 1) {
     ASSIGN_OR_RETURN(im.gather, CreateLocalGather(ctx, go));
     ASSIGN_OR_RETURN(im.reduce, CreateLocalReduce(ctx, ro));
-  } else if (options_.zeropp.any()) {
-    if (options_.device_comm == nullptr) {
-      return UnsupportedError(
-          "ZeRO++ (zeropp) through host buffers is not built yet; set ranks.collectives to "
-          "device");
-    }
+  } else if (options_.device_comm != nullptr) {
+    // ZeRO++'s strategies where a part of it is on, the plain ones for the rest.
+    DeviceCollectives& dc = *options_.device_comm;
     ZeroPPOptions zo = options_.zeropp;
     zo.shard_runs.clear();
-    for (int c = 0; c < layout_.num_chunks(); ++c) zo.shard_runs.push_back(ShardRuns(c));
-    ASSIGN_OR_RETURN(im.gather, CreateZeroPPDeviceGather(ctx, *options_.device_comm, go, zo));
-    ASSIGN_OR_RETURN(im.reduce, CreateZeroPPDeviceReduce(ctx, *options_.device_comm, ro, zo));
-  } else if (options_.device_comm != nullptr) {
-    ASSIGN_OR_RETURN(im.gather, CreateDeviceGather(ctx, *options_.device_comm, go));
-    ASSIGN_OR_RETURN(im.reduce, CreateDeviceReduce(ctx, *options_.device_comm, ro));
+    if (zo.any()) {
+      for (int c = 0; c < layout_.num_chunks(); ++c) zo.shard_runs.push_back(ShardRuns(c));
+    }
+    if (zo.qwz || zo.hpz) {
+      ASSIGN_OR_RETURN(im.gather, CreateZeroPPDeviceGather(ctx, dc, go, zo));
+    } else {
+      ASSIGN_OR_RETURN(im.gather, CreateDeviceGather(ctx, dc, go));
+    }
+    if (zo.qgz) {
+      ASSIGN_OR_RETURN(im.reduce, CreateZeroPPDeviceReduce(ctx, dc, ro, zo));
+    } else {
+      ASSIGN_OR_RETURN(im.reduce, CreateDeviceReduce(ctx, dc, ro));
+    }
+  } else if (options_.zeropp.any()) {
+    return UnsupportedError(
+        "ZeRO++ (zeropp) through host buffers is not built yet; set ranks.collectives to "
+        "device");
   } else {
     ASSIGN_OR_RETURN(im.gather, CreateHostGather(ctx, *options_.comm, go));
     ASSIGN_OR_RETURN(im.reduce, CreateHostReduce(ctx, *options_.comm, ro));

@@ -37,6 +37,16 @@ StatusOr<std::unique_ptr<PinnedArena>> CreateStaging(TransferContext& ctx, uint6
   return arena;
 }
 
+StatusOr<std::unique_ptr<PinnedArena>> CreateShardStaging(TransferContext& ctx,
+                                                          uint64_t staging_bytes) {
+  for (int c = 0; c < ctx.store.num_chunks(); ++c) {
+    if (ctx.store.param_tier(c) == Tier::kNvme) {
+      return CreateStaging(ctx, ctx.geometry().shard_bytes(), staging_bytes);
+    }
+  }
+  return std::unique_ptr<PinnedArena>();
+}
+
 }  // namespace internal
 
 namespace {
@@ -47,12 +57,7 @@ class LocalGather : public GatherStrategy {
   explicit LocalGather(TransferContext& ctx) : ctx_(ctx) {}
 
   Status Init(const GatherOptions& options) {
-    for (int c = 0; c < ctx_.store.num_chunks(); ++c) {
-      if (ctx_.store.param_tier(c) != Tier::kNvme) continue;
-      ASSIGN_OR_RETURN(staging_, internal::CreateStaging(ctx_, ctx_.geometry().shard_bytes(),
-                                                         options.staging_bytes));
-      break;
-    }
+    ASSIGN_OR_RETURN(staging_, internal::CreateShardStaging(ctx_, options.staging_bytes));
     return Status::OK();
   }
 

@@ -13,6 +13,11 @@ namespace tierzero::internal {
 StatusOr<std::unique_ptr<PinnedArena>> CreateStaging(TransferContext& ctx, uint64_t slot_bytes,
                                                      uint64_t staging_bytes);
 
+// Staging slots of one shard for NVMe reads (UploadShard), or null when no parameter shard is on
+// NVMe.
+StatusOr<std::unique_ptr<PinnedArena>> CreateShardStaging(TransferContext& ctx,
+                                                          uint64_t staging_bytes);
+
 // Queues the copy of chunk c's local shard from its tier to `dst` (device memory) on the H2D
 // stream: D2D from a device shard, H2D from a host one, an NVMe shard read into a slot of
 // `staging` (required then) and copied from there, the H2D stream waiting for the disk.

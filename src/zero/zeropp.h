@@ -49,7 +49,9 @@ inline uint64_t HpzBytes(int num_chunks, uint64_t chunk_bytes, int ranks_per_nod
   return static_cast<uint64_t>(num_chunks) * (chunk_bytes / static_cast<uint64_t>(ranks_per_node));
 }
 
-// W > 1 with device collectives created with node_collectives (DeviceCollectivesOptions).
+// W > 1 with device collectives created with node_collectives (DeviceCollectivesOptions). The
+// gather strategy serves qwZ and/or hpZ, the reduce strategy qgZ; the chunk manager takes the
+// plain device strategies for the parts that are off.
 StatusOr<std::unique_ptr<GatherStrategy>> CreateZeroPPDeviceGather(TransferContext& ctx,
                                                                    DeviceCollectives& comm,
                                                                    const GatherOptions& options,

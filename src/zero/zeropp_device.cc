@@ -69,7 +69,7 @@ class ZeroPPDeviceGather final : public GatherStrategy {
  private:
   Status EnqueueOnDevice(int c, void* dst, const Event& ready);
   // The chunk's gather across every rank (qwZ or plain), then (hpZ) the copy of its part.
-  Status FullGather(int c, uint8_t* dst);
+  Status FullGather(int c, uint8_t* dst, WireCounters& wire);
   // hpZ: the part back into the slot, and the node's parts all-gathered around it.
   Status NodeGather(int c, uint8_t* dst);
   uint8_t* Secondary(int c) const { return secondary_ + static_cast<uint64_t>(c) * part_bytes_; }
@@ -95,12 +95,7 @@ class ZeroPPDeviceGather final : public GatherStrategy {
 
 Status ZeroPPDeviceGather::Init(const GatherOptions& options) {
   const ShardGeometry& g = ctx_.geometry();
-  for (int c = 0; c < g.num_chunks; ++c) {
-    if (ctx_.store.param_tier(c) != Tier::kNvme) continue;
-    ASSIGN_OR_RETURN(staging_,
-                     internal::CreateStaging(ctx_, g.shard_bytes(), options.staging_bytes));
-    break;
-  }
+  ASSIGN_OR_RETURN(staging_, internal::CreateShardStaging(ctx_, options.staging_bytes));
   if (zeropp_.qwz) {
     ASSIGN_OR_RETURN(qwz_, Quantizations(zeropp_.qwz_spec, zeropp_, g.num_chunks));
   }
@@ -130,7 +125,7 @@ Status ZeroPPDeviceGather::Init(const GatherOptions& options) {
 
 Status ZeroPPDeviceGather::EnqueueOnDevice(int c, void* dst, const Event& ready) {
   auto* chunk = static_cast<uint8_t*>(dst);
-  const bool first = ctx_.gathered.empty() || ctx_.gathered[static_cast<size_t>(c)] == 0;
+  const bool first = ctx_.FirstGather(c);
   const Tier tier = ctx_.store.param_tier(c);
   GatherTimer::Timing* timing = nullptr;
   if (zeropp_.hpz && !first) {
@@ -138,7 +133,8 @@ Status ZeroPPDeviceGather::EnqueueOnDevice(int c, void* dst, const Event& ready)
     RETURN_IF_ERROR(NodeGather(c, chunk));
   } else {
     ASSIGN_OR_RETURN(timing, ctx_.timer.Start(ctx_.device, ctx_.h2d.handle(), tier));
-    RETURN_IF_ERROR(FullGather(c, chunk));
+    RETURN_IF_ERROR(
+        FullGather(c, chunk, first ? ctx_.counters.param_gather : ctx_.counters.param_regather));
   }
   if (timing != nullptr) {
     RETURN_IF_ERROR(ctx_.device.RecordEvent(timing->end.handle(), comm_.stream()));
@@ -146,7 +142,7 @@ Status ZeroPPDeviceGather::EnqueueOnDevice(int c, void* dst, const Event& ready)
   return ctx_.device.RecordEvent(ready.handle(), comm_.stream());
 }
 
-Status ZeroPPDeviceGather::FullGather(int c, uint8_t* dst) {
+Status ZeroPPDeviceGather::FullGather(int c, uint8_t* dst, WireCounters& wire) {
   Device& device = ctx_.device;
   const ShardGeometry& g = ctx_.geometry();
   const uint64_t shard = g.shard_bytes();
@@ -158,7 +154,6 @@ Status ZeroPPDeviceGather::FullGather(int c, uint8_t* dst) {
   auto start = spans.Start();
   if (spans.on()) RETURN_IF_ERROR(spans.QueueStart(device, comm_.stream(), start));
   const auto others = static_cast<uint64_t>(g.world_size - 1);
-  WireCounters& wire = ctx_.GatherWire(c);
   std::string name = "all_gather chunk " + std::to_string(c);
   if (zeropp_.qwz) {
     const ShardQuantization& q = qwz_[static_cast<size_t>(c)];
@@ -185,7 +180,6 @@ Status ZeroPPDeviceGather::FullGather(int c, uint8_t* dst) {
 Status ZeroPPDeviceGather::NodeGather(int c, uint8_t* dst) {
   Device& device = ctx_.device;
   uint8_t* mine = dst + static_cast<uint64_t>(local_rank_) * part_bytes_;
-  ctx_.FirstGather(c);
   // On the comm stream: after the slot is free (the H2D stream waited for that when the slot
   // was taken), after the full gather that filled the part (the same stream), and before the
   // all_gather that sends it.
@@ -209,8 +203,8 @@ Status ZeroPPDeviceGather::NodeGather(int c, uint8_t* dst) {
 }
 
 // qgZ on the device path: the gradient chunk is reduced in place on the comm stream by the
-// two-hop quantized reduction (without qgZ, the plain reduce-scatter), then the local shard of
-// the mean is copied D2H as in DeviceReduce.
+// two-hop quantized reduction, then the local shard of the mean is copied D2H as in
+// DeviceReduce. (Without qgZ the chunk manager takes DeviceReduce itself.)
 class ZeroPPDeviceReduce final : public ReduceStrategy {
  public:
   ZeroPPDeviceReduce(TransferContext& ctx, DeviceCollectives& comm, const ReduceOptions& options,
@@ -222,9 +216,7 @@ class ZeroPPDeviceReduce final : public ReduceStrategy {
     if (options_.accumulate) {
       ASSIGN_OR_RETURN(staging_, PinnedArena::Create(&ctx_.device, g.shard_bytes(), 2));
     }
-    if (zeropp_.qgz) {
-      ASSIGN_OR_RETURN(qgz_, Quantizations(zeropp_.qgz_spec, zeropp_, g.num_chunks));
-    }
+    ASSIGN_OR_RETURN(qgz_, Quantizations(zeropp_.qgz_spec, zeropp_, g.num_chunks));
     ASSIGN_OR_RETURN(from_comm_, Event::Create(ctx_.device));
     return Status::OK();
   }
@@ -248,7 +240,7 @@ class ZeroPPDeviceReduce final : public ReduceStrategy {
   ReduceOptions options_;
   ZeroPPOptions zeropp_;
   std::unique_ptr<PinnedArena> staging_;  // accumulation: D2H target before the fp32 add
-  std::vector<ShardQuantization> qgz_;    // per chunk, with qgZ
+  std::vector<ShardQuantization> qgz_;    // per chunk
   Event from_comm_;
 };
 
@@ -261,24 +253,17 @@ Status ZeroPPDeviceReduce::ReduceOnDevice(int c, uint8_t* grad, const Event& wri
   auto start = spans.Start();
   if (spans.on()) RETURN_IF_ERROR(spans.QueueStart(device, comm_.stream(), start));
   const uint64_t unquantized = g.shard_bytes() * static_cast<uint64_t>(g.world_size - 1);
-  std::string name = "reduce_scatter grad " + std::to_string(c);
-  if (zeropp_.qgz) {
-    const ShardQuantization& q = qgz_[static_cast<size_t>(c)];
-    RETURN_IF_ERROR(comm_.QuantizedReduceScatter(q, grad, mine, g.dtype));
-    // Inside the node (L - 1) x N slots leave each rank, across nodes N - 1.
-    const auto l = static_cast<uint64_t>(comm_.node_size());
-    const uint64_t n = static_cast<uint64_t>(g.world_size) / l;
-    const uint64_t cross = q.slot_bytes() * (n - 1);
-    ctx_.counters.grad_reduce.Add(unquantized, q.slot_bytes() * (l - 1) * n + cross, cross);
-    name = "quantized " + name;
-  } else {
-    RETURN_IF_ERROR(comm_.ReduceScatter(grad, mine, g.shard_elems, g.dtype, ReduceOp::kMean));
-    ctx_.counters.grad_reduce.Add(unquantized, unquantized,
-                                  zero::CrossNodeBytes(unquantized, ctx_.topology));
-  }
+  const ShardQuantization& q = qgz_[static_cast<size_t>(c)];
+  RETURN_IF_ERROR(comm_.QuantizedReduceScatter(q, grad, mine, g.dtype));
+  // Inside the node (L - 1) x N slots leave each rank, across nodes N - 1.
+  const auto l = static_cast<uint64_t>(comm_.node_size());
+  const uint64_t n = static_cast<uint64_t>(g.world_size) / l;
+  const uint64_t cross = q.slot_bytes() * (n - 1);
+  ctx_.counters.grad_reduce.Add(unquantized, q.slot_bytes() * (l - 1) * n + cross, cross);
   ++ctx_.counters.reduce_scatters;
   if (spans.on()) {
-    RETURN_IF_ERROR(spans.QueueSpan(device, comm_.stream(), Track::kComm, std::move(name),
+    RETURN_IF_ERROR(spans.QueueSpan(device, comm_.stream(), Track::kComm,
+                                    "quantized reduce_scatter grad " + std::to_string(c),
                                     ctx_.moment - 1, c, g.chunk_bytes(), start));
   }
   RETURN_IF_ERROR(device.RecordEvent(from_comm_.handle(), comm_.stream()));
