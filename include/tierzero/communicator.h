@@ -73,6 +73,15 @@ struct CommStats {
 struct WireBytes {
   uint64_t collectives = 0;
   uint64_t bytes_unquantized = 0, bytes_sent = 0, bytes_cross_node = 0;
+
+  WireBytes operator+(const WireBytes& o) const {
+    return {collectives + o.collectives, bytes_unquantized + o.bytes_unquantized,
+            bytes_sent + o.bytes_sent, bytes_cross_node + o.bytes_cross_node};
+  }
+  WireBytes operator-(const WireBytes& o) const {
+    return {collectives - o.collectives, bytes_unquantized - o.bytes_unquantized,
+            bytes_sent - o.bytes_sent, bytes_cross_node - o.bytes_cross_node};
+  }
 };
 
 // Which ranks a sub-communicator (Communicator::Split) groups.

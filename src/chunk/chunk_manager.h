@@ -120,6 +120,7 @@ struct ChunkCounters {
   // W > 1: the bytes of the forward gathers, the later gathers and the gradient reductions
   // (zero/transfer.h).
   WireBytes param_gather, param_regather, grad_reduce;
+  WireBytes AllWire() const { return param_gather + param_regather + grad_reduce; }
 };
 
 class ChunkManager {

@@ -341,7 +341,10 @@ Status Engine::BeginIteration(bool train) {
   im.in_iteration = true;
   im.iteration_train = train;
   ++im.iterations;
-  if (im.cm->profiling()) im.moment_times.clear();
+  if (im.cm->profiling()) {
+    im.moment_times.clear();
+    im.profile_wire_start = im.cm->counters().AllWire();
+  }
   return Status::OK();
 }
 
@@ -408,6 +411,7 @@ Status Engine::EndIteration() {
   if (profiled) {
     im.profile = im.cm->moment_profiles();
     im.profile_events = im.timeline.events();
+    im.profile_wire = im.cm->counters().AllWire() - im.profile_wire_start;
     im.profile_iteration = im.iterations - 1;
     im.profile_step = true;
   }

@@ -87,6 +87,8 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   std::vector<TimelineEvent> profile_events;
   int64_t profile_iteration = -1;  // iterations counted from 0, evaluations included
   int64_t iterations = 0;
+  // Every gather and reduction's bytes so far at the profiled iteration's start, then in it.
+  WireBytes profile_wire_start, profile_wire;
   bool profile_step = false;                       // the next Step adds its events
   double step_nvme_seconds = 0, step_seconds = 0;  // the profiled step's
   uint64_t step_nvme_bytes = 0;

@@ -70,6 +70,7 @@ void Engine::Impl::SnapshotProfile(ReportSnapshot& s) const {
     }
   }
   p.events = im.profile_events;
+  p.collectives = im.profile_wire;
   p.step_seconds = im.step_seconds;
   p.step_nvme_seconds = im.step_nvme_seconds;
   p.step_nvme_bytes = im.step_nvme_bytes;

@@ -21,6 +21,14 @@ double Rate(uint64_t bytes, double seconds) {
 struct MomentTotals {
   double forward = 0, backward = 0, wait = 0, stall = 0;
 };
+json Wire(const WireBytes& w) {
+  return {{"collectives", w.collectives},
+          {"bytes_before_quantization", w.bytes_unquantized},
+          {"bytes_on_wire", w.bytes_sent},
+          {"bytes_cross_node", w.bytes_cross_node},
+          {"bytes_intra_node", w.bytes_sent - w.bytes_cross_node}};
+}
+
 json ProfiledMoments(const ReportSnapshot& s, MomentTotals& totals) {
   const ReportSnapshot::Tiers& t = s.tiers;
   const uint64_t capacity = s.config.device_budget;
@@ -112,7 +120,6 @@ json Profile(const ReportSnapshot& s) {
                       {"lane", e.lane}});
   }
   auto link = [&](Track t) { return links[static_cast<int>(t)].ToJson(); };
-  const json comm = link(Track::kComm);
   return {{"available", true},
           {"iteration", p.iteration},
           {"moments", moments},
@@ -138,10 +145,9 @@ json Profile(const ReportSnapshot& s) {
              {{"bytes", p.step_nvme_write_bytes},
               {"busy_seconds", p.step_nvme_seconds},
               {"bytes_per_second", Rate(p.step_nvme_write_bytes, p.step_nvme_seconds)}}},
-            // ZeRO-3 collectives on the comm track (none with one rank). They are not
-            // quantized, so what goes on the wire is what they carry.
-            {"collective",
-             {{"bytes_before_quantization", comm["bytes"]}, {"bytes_on_wire", comm["bytes"]}}}}},
+            // The iteration's gathers and reductions (none with one rank): their values'
+            // bytes, what was sent (less with ZeRO++'s quantization), what crossed nodes.
+            {"collective", Wire(p.collectives)}}},
           {"events", events}};
 }
 
@@ -189,14 +195,6 @@ json Tiers(const ReportSnapshot::Tiers& t) {
             {"model_bytes", t.host_model},
             {"fixed_bytes", t.host_fixed}}},
           {"nvme", {{"used", t.nvme_used}, {"budget", t.nvme_budget}}}};
-}
-
-json Wire(const WireBytes& w) {
-  return {{"collectives", w.collectives},
-          {"bytes_before_quantization", w.bytes_unquantized},
-          {"bytes_on_wire", w.bytes_sent},
-          {"bytes_cross_node", w.bytes_cross_node},
-          {"bytes_intra_node", w.bytes_sent - w.bytes_cross_node}};
 }
 
 json Ranks(const ReportSnapshot::Ranks& r) {

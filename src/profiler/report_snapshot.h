@@ -91,6 +91,7 @@ struct ReportSnapshot {
     std::vector<TimelineEvent> events;
     double step_seconds = 0, step_nvme_seconds = 0;
     uint64_t step_nvme_bytes = 0, step_nvme_write_bytes = 0;
+    WireBytes collectives;  // the iteration's gathers and reductions (several ranks)
   } profile;
 
   struct Counters {
