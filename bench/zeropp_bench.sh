@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # ZeRO++ on `tierzero train` (issue 21; docs/zero.md, "ZeRO++"), 4 ranks as 2 emulated nodes of 2
 # (ranks.ranks_per_node = 2) on the simulated device:
-#   bench/zeropp_bench.sh convergence   the default model for 300 steps as plain ZeRO-3, as qwZ int8 +
-#                                       hpZ + qgZ int4, and as the same with qgZ int8: validation
-#                                       loss curves, final losses against ZeRO-3's, and the bytes
-#                                       each step sent across nodes.
+#   bench/zeropp_bench.sh convergence [seeds]
+#                                       the default model for 300 steps as plain ZeRO-3, as qwZ int8 +
+#                                       hpZ + qgZ int4, and as the same with qgZ int8, for each of
+#                                       seeds 1..seeds (default 5; model and data seed): validation
+#                                       loss curves, final losses per seed and their means against
+#                                       ZeRO-3's, and the bytes each step sent across nodes.
 #   bench/zeropp_bench.sh slowlink [reps] step times of ZeRO-3 and ZeRO++ when the cross-node link
 #                                       is EMULATED at 0.1 and 0.025 GB/s (TZ_EMULATE_CROSS_NODE_GBPS:
 #                                       a delay the MPI backend adds to cross-node traffic, Note [An
@@ -32,28 +34,50 @@ run() {  # name run_dir [extra args]
 
 case $mode in
   convergence)
-    for v in plain int4 int8; do run $v "$out/$v" --steps 300 --eval-every 50; done
-    python3 - "$out" <<'EOF'
+    # Each seed sets the model's initialisation and the batches (model.seed, data.seed); the three
+    # variants of one seed see the same batches from the same initial weights.
+    seeds=${2:-5}
+    for s in $(seq "$seeds"); do
+      for v in plain int4 int8; do
+        python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); s = int(sys.argv[3]); c["model"] = {"seed": s}; c["data"] = {"seed": s}; json.dump(c, open(sys.argv[2], "w"))' \
+          "$out/$v.json" "$out/$v-$s.json" "$s"
+        run $v-$s "$out/$v-$s" --steps 300 --eval-every 50
+      done
+    done
+    python3 - "$out" "$seeds" <<'EOF'
 import json, statistics, sys
-out = sys.argv[1]
+out, seeds = sys.argv[1], int(sys.argv[2])
 names = {"plain": "ZeRO-3", "int4": "qwZ8+hpZ+qgZ4", "int8": "qwZ8+hpZ+qgZ8"}
-runs = {}
+val, lines = {}, {}
 for k in names:
-    lines = [json.loads(l) for l in open(f"{out}/{k}/metrics.jsonl")]
-    runs[k] = ({l["step"]: l["val_loss"] for l in lines if "val_loss" in l},
-               [l for l in lines if "loss" in l])
-steps = sorted(runs["plain"][0])
-print("validation loss, 4 ranks as 2 emulated nodes of 2, default model")
+    for s in range(1, seeds + 1):
+        ls = [json.loads(l) for l in open(f"{out}/{k}-{s}/metrics.jsonl")]
+        val[k, s] = {l["step"]: l["val_loss"] for l in ls if "val_loss" in l}
+        lines[k, s] = [l for l in ls if "loss" in l]
+steps = sorted(val["plain", 1])
+print("validation loss, 4 ranks as 2 emulated nodes of 2, default model, 300 steps; seed 1's curves")
 print("| step | " + " | ".join(names.values()) + " |")
 print("|---:|" + "---:|" * len(names))
-for s in steps:
-    print(f"| {s} | " + " | ".join(f"{runs[k][0][s]:.4f}" for k in names) + " |")
-final = {k: runs[k][0][steps[-1]] for k in names}
-for k in ("int4", "int8"):
-    print(f"final val loss {names[k]}: {final[k]:.4f}, "
-          f"{100 * (final[k] - final['plain']) / final['plain']:+.2f}% of ZeRO-3's {final['plain']:.4f}")
+for st in steps:
+    print(f"| {st} | " + " | ".join(f"{val[k, 1][st]:.4f}" for k in names) + " |")
+print()
+print("final validation loss (step 300) per seed (model and data seed)")
+print("| seed | " + " | ".join(names.values()) + " | qgZ4 vs ZeRO-3 | qgZ8 vs ZeRO-3 |")
+print("|---:|" + "---:|" * (len(names) + 2))
+final = {(k, s): val[k, s][steps[-1]] for k in names for s in range(1, seeds + 1)}
+pct = lambda a, b: f"{100 * (a - b) / b:+.1f}%"
+for s in range(1, seeds + 1):
+    print(f"| {s} | " + " | ".join(f"{final[k, s]:.4f}" for k in names) + " | " +
+          " | ".join(pct(final[k, s], final["plain", s]) for k in ("int4", "int8")) + " |")
+mean = {k: statistics.mean(final[k, s] for s in range(1, seeds + 1)) for k in names}
+print("| mean | " + " | ".join(f"{mean[k]:.4f}" for k in names) + " | " +
+      " | ".join(pct(mean[k], mean["plain"]) for k in ("int4", "int8")) + " |")
+if seeds > 1:
+    sd = statistics.stdev(final["plain", s] for s in range(1, seeds + 1))
+    print(f"ZeRO-3's final loss across seeds: mean {mean['plain']:.4f}, standard deviation {sd:.4f} "
+          f"({100 * sd / mean['plain']:.0f}% of the mean)")
 # Bytes this rank sent across nodes per step, median over steps 2.. (step 1 is the warm-up).
-cross = {k: statistics.median(l["comm_cross_node_bytes"] for l in runs[k][1][1:]) for k in names}
+cross = {k: statistics.median(l["comm_cross_node_bytes"] for l in lines[k, 1][1:]) for k in names}
 for k in ("int4", "int8"):
     print(f"cross-node bytes per step {names[k]}: {cross[k]:.0f} = {cross[k] / cross['plain']:.3f} "
           f"of ZeRO-3's {cross['plain']:.0f}")
@@ -90,7 +114,7 @@ for gbps in ("0.1", "0.025"):
 EOF
     ;;
   *)
-    echo "usage: bench/zeropp_bench.sh convergence | slowlink [reps]" >&2
+    echo "usage: bench/zeropp_bench.sh convergence [seeds] | slowlink [reps]" >&2
     exit 2
     ;;
 esac

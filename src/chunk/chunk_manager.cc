@@ -114,31 +114,30 @@ Status ChunkManager::Init() {
   if (layout_.world_size() == 1) {
     ASSIGN_OR_RETURN(im.gather, CreateLocalGather(ctx, go));
     ASSIGN_OR_RETURN(im.reduce, CreateLocalReduce(ctx, ro));
-  } else if (options_.device_comm != nullptr) {
-    // ZeRO++'s strategies where a part of it is on, the plain ones for the rest.
-    DeviceCollectives& dc = *options_.device_comm;
+  } else {
+    // ZeRO++'s strategies where a part of it is on, the plain ones for the rest; on the device
+    // collectives' stream, or through host buffers.
+    DeviceCollectives* dc = options_.device_comm;
+    Communicator& comm = *options_.comm;
     ZeroPPOptions zo = options_.zeropp;
     zo.shard_runs.clear();
     if (zo.any()) {
-      for (int c = 0; c < layout_.num_chunks(); ++c) zo.shard_runs.push_back(ShardRuns(c));
+      for (int c = 0; c < layout_.num_chunks(); ++c) zo.shard_runs.push_back(layout_.ShardRuns(c));
     }
     if (zo.qwz || zo.hpz) {
-      ASSIGN_OR_RETURN(im.gather, CreateZeroPPDeviceGather(ctx, dc, go, zo));
+      ASSIGN_OR_RETURN(im.gather, dc != nullptr ? CreateZeroPPDeviceGather(ctx, *dc, go, zo)
+                                                : CreateZeroPPHostGather(ctx, comm, go, zo));
     } else {
-      ASSIGN_OR_RETURN(im.gather, CreateDeviceGather(ctx, dc, go));
+      ASSIGN_OR_RETURN(im.gather, dc != nullptr ? CreateDeviceGather(ctx, *dc, go)
+                                                : CreateHostGather(ctx, comm, go));
     }
     if (zo.qgz) {
-      ASSIGN_OR_RETURN(im.reduce, CreateZeroPPDeviceReduce(ctx, dc, ro, zo));
+      ASSIGN_OR_RETURN(im.reduce, dc != nullptr ? CreateZeroPPDeviceReduce(ctx, *dc, ro, zo)
+                                                : CreateZeroPPHostReduce(ctx, comm, ro, zo));
     } else {
-      ASSIGN_OR_RETURN(im.reduce, CreateDeviceReduce(ctx, dc, ro));
+      ASSIGN_OR_RETURN(im.reduce, dc != nullptr ? CreateDeviceReduce(ctx, *dc, ro)
+                                                : CreateHostReduce(ctx, comm, ro));
     }
-  } else if (options_.zeropp.any()) {
-    return UnsupportedError(
-        "ZeRO++ (zeropp) through host buffers is not built yet; set ranks.collectives to "
-        "device");
-  } else {
-    ASSIGN_OR_RETURN(im.gather, CreateHostGather(ctx, *options_.comm, go));
-    ASSIGN_OR_RETURN(im.reduce, CreateHostReduce(ctx, *options_.comm, ro));
   }
   im.chunks.resize(static_cast<size_t>(layout_.num_chunks()));
   for (Impl::ChunkRt& rt : im.chunks) {
@@ -156,23 +155,6 @@ Status ChunkManager::Init() {
                         << FormatBytes(layout_.shard_bytes()) << " on " << layout_.world_size()
                         << " ranks); " << placement_.Summary({0, 0, 0});
   return Status::OK();
-}
-
-// Every rank's shard of chunk c as runs: its tensors' pieces and the gaps between them (padding)
-// in shard order, covering the shard.
-std::vector<std::vector<uint64_t>> ChunkManager::ShardRuns(int c) const {
-  std::vector<std::vector<uint64_t>> runs;
-  for (int r = 0; r < layout_.world_size(); ++r) {
-    std::vector<uint64_t>& mine = runs.emplace_back();
-    uint64_t at = 0;
-    for (const ShardSlice& sl : layout_.ShardSlices(c, r)) {
-      if (sl.shard_offset > at) mine.push_back(sl.shard_offset - at);
-      mine.push_back(sl.numel);
-      at = sl.shard_offset + sl.numel;
-    }
-    if (layout_.shard_elems() > at) mine.push_back(layout_.shard_elems() - at);
-  }
-  return runs;
 }
 
 std::vector<double> ChunkManager::GatherSeconds() const {

@@ -211,7 +211,6 @@ class ChunkManager {
   ChunkManager(Device& device, StreamHandle compute, ShardStore& store, const ChunkLayout& layout,
                const Placement& placement, const ChunkManagerOptions& options);
   Status Init();
-  std::vector<std::vector<uint64_t>> ShardRuns(int chunk) const;
   // The moment loop (chunk_manager.cc).
   Status AcquireChunks(int moment, const std::vector<int>& needed, std::span<const int> tensors,
                        Phase phase);

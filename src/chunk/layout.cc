@@ -150,4 +150,19 @@ std::vector<ShardSlice> ChunkLayout::ShardSlices(int c, int rank) const {
   return out;
 }
 
+std::vector<std::vector<uint64_t>> ChunkLayout::ShardRuns(int c) const {
+  std::vector<std::vector<uint64_t>> runs;
+  for (int r = 0; r < world_size(); ++r) {
+    std::vector<uint64_t>& mine = runs.emplace_back();
+    uint64_t at = 0;
+    for (const ShardSlice& sl : ShardSlices(c, r)) {
+      if (sl.shard_offset > at) mine.push_back(sl.shard_offset - at);
+      mine.push_back(sl.numel);
+      at = sl.shard_offset + sl.numel;
+    }
+    if (shard_elems() > at) mine.push_back(shard_elems() - at);
+  }
+  return runs;
+}
+
 }  // namespace tierzero

@@ -81,6 +81,9 @@ class ChunkLayout {
   // The slices of chunk c's tensors in rank r's shard, in offset order; with W = 1, whole
   // tensors. Rank r's shard holds elements [r * shard_elems, (r + 1) * shard_elems) of the chunk.
   std::vector<ShardSlice> ShardSlices(int c, int rank) const;
+  // Every rank's shard of chunk c as runs: its tensors' pieces and the gaps between them (padding)
+  // in shard order, covering the shard ([rank][run] elements; ZeRO++'s quantization layouts).
+  std::vector<std::vector<uint64_t>> ShardRuns(int c) const;
   // Elements of real tensors over elements of all chunks: 1 - waste.
   uint64_t total_tensor_elems() const { return total_tensor_elems_; }
   double waste_fraction() const;

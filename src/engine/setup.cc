@@ -17,6 +17,21 @@
 
 namespace tierzero {
 
+namespace {
+
+// The chunk manager's ZeRO++ options from the config (without the shard runs and hpZ's tier).
+ZeroPPOptions ZeroPPOptionsOf(const ZeroPPConfig& z) {
+  ZeroPPOptions o;
+  o.qwz = z.qwz;
+  o.qwz_spec = {z.qwz_bits, static_cast<uint32_t>(z.block_elems)};
+  o.hpz = z.hpz;
+  o.qgz = z.qgz;
+  o.qgz_spec = {z.qgz_bits, static_cast<uint32_t>(z.block_elems)};
+  return o;
+}
+
+}  // namespace
+
 Status Engine::Finalize() {
   Impl& im = *impl_;
   if (im.finalized) return FailedPreconditionError("Finalize called twice");
@@ -40,11 +55,6 @@ Status Engine::Finalize() {
                               (cfg.device == DeviceChoice::kAuto && CudaDeviceCount() > 0);
   ASSIGN_OR_RETURN(const bool on_device, im.ChooseCollectivePath(cuda));
   im.zeropp = im.world() > 1 && cfg.zeropp.any();
-  if (im.zeropp && !on_device) {
-    return UnsupportedError(
-        "ZeRO++ (zeropp) runs on the device collective path, not through host buffers yet; set "
-        "ranks.collectives to device (or auto) or turn zeropp off");
-  }
   RETURN_IF_ERROR(im.Place(on_device));
   // With several ranks they agree on the outcome of opening the device: what follows starts
   // collectives (MPI_Comm_dup, NCCL's setup) that a rank which failed here would never join.
@@ -90,7 +100,7 @@ Status Engine::Impl::Place(bool on_device) {
       staging_bytes + 3 * swap_slot_bytes + AlignUp(shard_bytes, kNvmeAlignment) +
       (world() > 1 && !on_device ? 4 * AlignUp(chunk_bytes + shard_bytes, kNvmeAlignment) : 0);
   uint64_t device_shard_budget = cfg.device_shard_budget;
-  if (zeropp && cfg.zeropp.hpz) {
+  if (zeropp && on_device && cfg.zeropp.hpz) {
     // hpZ's secondary partition: device memory when the device shard budget holds it, else
     // pinned host memory (Note [A secondary partition that is never stale] in zeropp_device.cc).
     hpz_bytes = HpzBytes(layout.num_chunks(), chunk_bytes, comm->topology().local_size);
@@ -100,6 +110,28 @@ Status Engine::Impl::Place(bool on_device) {
     } else {
       fixed += AlignUp(hpz_bytes, kPinnedAlignment);
     }
+  } else if (zeropp) {
+    // Through host buffers ZeRO++'s staging and reduce slots replace the plain ones, and hpZ's
+    // secondary partition is pinned host memory (zeropp_host.cc).
+    ShardGeometry g;
+    g.num_chunks = layout.num_chunks();
+    g.world_size = layout.world_size();
+    g.shard_elems = layout.shard_elems();
+    g.dtype = layout.dtype();
+    ZeroPPOptions zo = ZeroPPOptionsOf(cfg.zeropp);
+    for (int c = 0; c < layout.num_chunks(); ++c) zo.shard_runs.push_back(layout.ShardRuns(c));
+    ASSIGN_OR_RETURN(ZeroPPHostSlots z, ZeroPPHostSlotBytes(g, comm->topology().local_size, zo));
+    hpz_bytes = z.hpz;
+    hpz_tier = Tier::kHost;
+    if (z.gather_slot > 0 && staging_bytes < 2 * z.gather_slot) {
+      fixed += 2 * z.gather_slot - staging_bytes;
+      staging_bytes = 2 * z.gather_slot;
+    }
+    if (z.reduce_slot > 0) {
+      fixed -= 4 * AlignUp(chunk_bytes + shard_bytes, kNvmeAlignment);
+      fixed += kZeroPPReduceSlots * AlignUp(z.reduce_slot, kPinnedAlignment);
+    }
+    fixed += AlignUp(hpz_bytes, kPinnedAlignment);
   }
   if (cfg.host_budget <= fixed) {
     return OutOfMemoryError(
@@ -171,13 +203,8 @@ Status Engine::Impl::CreateShards(bool on_device) {
   }
   if (cfg.host_link_bandwidth > 0) co.h2d_bytes_per_second = cfg.host_link_bandwidth;
   if (zeropp) {
-    const ZeroPPConfig& z = cfg.zeropp;
-    co.zeropp.qwz = z.qwz;
-    co.zeropp.qwz_spec = {z.qwz_bits, static_cast<uint32_t>(z.block_elems)};
-    co.zeropp.hpz = z.hpz;
+    co.zeropp = ZeroPPOptionsOf(cfg.zeropp);
     co.zeropp.hpz_tier = hpz_tier;
-    co.zeropp.qgz = z.qgz;
-    co.zeropp.qgz_spec = {z.qgz_bits, static_cast<uint32_t>(z.block_elems)};
   }
   ShardStoreOptions so = ChunkManager::StoreOptions(layout, placement, co);
   for (const ChunkPlacement& p : placement.chunks) so.optimizer_tier.push_back(p.optimizer);

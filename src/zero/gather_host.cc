@@ -34,35 +34,6 @@ namespace {
 // EndIteration synchronises every stream, so no gather is in flight when the optimizer
 // rewrites the shards it sends from, and an asynchronous gather's failure ends that call.
 //
-// Each rank's block of a gather carries a tag after its shard (chunk, moment, gather number),
-// checked on arrival: ranks that somehow gather different chunks fail together with a message
-// instead of computing on a chunk made of different chunks' shards.
-struct GatherTag {
-  int32_t chunk = -1;
-  int32_t moment = -1;
-  uint64_t seq = 0;
-  bool operator==(const GatherTag&) const = default;
-};
-
-// Every rank's block carries the tag of the gather it contributed to.
-Status CheckTags(const uint8_t* recv, uint64_t block, uint64_t shard, const GatherTag& tag,
-                 int world, int me) {
-  for (int r = 0; r < world; ++r) {
-    GatherTag got;
-    std::memcpy(&got, recv + static_cast<uint64_t>(r) * block + shard, sizeof got);
-    if (!(got == tag)) {
-      return FailedPreconditionError(
-          "the ranks gathered different chunks: rank " + std::to_string(me) + " chunk " +
-          std::to_string(tag.chunk) + " (moment " + std::to_string(tag.moment) + ", gather " +
-          std::to_string(tag.seq) + "), rank " + std::to_string(r) + " chunk " +
-          std::to_string(got.chunk) + " (moment " + std::to_string(got.moment) + ", gather " +
-          std::to_string(got.seq) +
-          "); every rank must acquire the same parameters in the same order");
-    }
-  }
-  return Status::OK();
-}
-
 class HostGather final : public GatherStrategy {
  public:
   HostGather(TransferContext& ctx, Communicator& comm) : ctx_(ctx), comm_(comm) {}
@@ -97,7 +68,7 @@ class HostGather final : public GatherStrategy {
   StatusOr<uint8_t*> SendBuffer(int c, uint8_t* send_area);
   // Queues, on the H2D stream, the wait for an asynchronous all_gather and its tag check.
   Status QueueCompletion(int c, std::shared_ptr<CommRequest> req, const uint8_t* recv,
-                         const GatherTag& tag, double comm_start,
+                         const internal::GatherTag& tag, double comm_start,
                          const std::shared_ptr<std::atomic<bool>>& failed);
 
   TransferContext& ctx_;
@@ -139,7 +110,7 @@ Status HostGather::EnqueueOverHost(int c, void* dst, const Event& ready) {
   auto* base = static_cast<uint8_t*>(staging.data());
   uint8_t* recv = base + send_area_bytes_;
   ASSIGN_OR_RETURN(uint8_t * send, SendBuffer(c, base));
-  const GatherTag tag{c, m, seq_++};
+  const internal::GatherTag tag{c, m, seq_++};
   std::memcpy(send + shard, &tag, sizeof tag);
   const double comm_start = obs != nullptr ? obs->Now() : 0.0;
   ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,
@@ -156,7 +127,7 @@ Status HostGather::EnqueueOverHost(int c, void* dst, const Event& ready) {
       obs->OnSpan({Track::kComm, "all_gather chunk " + std::to_string(c), comm_start,
                    obs->Now() - comm_start, m, c, g.chunk_bytes()});
     }
-    RETURN_IF_ERROR(CheckTags(recv, block, shard, tag, g.world_size, g.rank));
+    RETURN_IF_ERROR(internal::CheckTags(recv, block, shard, tag, g.world_size, g.rank));
   }
   const double caller_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -196,7 +167,7 @@ Status HostGather::EnqueueOverHost(int c, void* dst, const Event& ready) {
 // The H2D stream waits for the all_gather (the comm thread completes it), so neither the caller
 // nor the compute stream does (Note [Collectives on the trainer's thread]).
 Status HostGather::QueueCompletion(int c, std::shared_ptr<CommRequest> req, const uint8_t* recv,
-                                   const GatherTag& tag, double comm_start,
+                                   const internal::GatherTag& tag, double comm_start,
                                    const std::shared_ptr<std::atomic<bool>>& failed) {
   const ShardGeometry& g = ctx_.geometry();
   RankAgreement* ranks = &ctx_.ranks;
@@ -209,7 +180,7 @@ Status HostGather::QueueCompletion(int c, std::shared_ptr<CommRequest> req, cons
       ctx_.h2d.handle(),
       [req, recv, block, shard, tag, world, me, ranks, obs, comm_start, m, c, chunk_bytes, failed] {
         Status st = req->Wait();
-        if (st.ok()) st = CheckTags(recv, block, shard, tag, world, me);
+        if (st.ok()) st = internal::CheckTags(recv, block, shard, tag, world, me);
         if (!st.ok()) {
           // An abandoned all_gather may still write into the staging slot: it is never given
           // back, and the ranks are out of step.
@@ -226,6 +197,29 @@ Status HostGather::QueueCompletion(int c, std::shared_ptr<CommRequest> req, cons
 }
 
 }  // namespace
+
+namespace internal {
+
+// Every rank's block carries the tag of the gather it contributed to.
+Status CheckTags(const uint8_t* recv, uint64_t block, uint64_t shard, const GatherTag& tag,
+                 int world, int me) {
+  for (int r = 0; r < world; ++r) {
+    GatherTag got;
+    std::memcpy(&got, recv + static_cast<uint64_t>(r) * block + shard, sizeof got);
+    if (!(got == tag)) {
+      return FailedPreconditionError(
+          "the ranks gathered different chunks: rank " + std::to_string(me) + " chunk " +
+          std::to_string(tag.chunk) + " (moment " + std::to_string(tag.moment) + ", gather " +
+          std::to_string(tag.seq) + "), rank " + std::to_string(r) + " chunk " +
+          std::to_string(got.chunk) + " (moment " + std::to_string(got.moment) + ", gather " +
+          std::to_string(got.seq) +
+          "); every rank must acquire the same parameters in the same order");
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace internal
 
 StatusOr<std::unique_ptr<GatherStrategy>> CreateHostGather(TransferContext& ctx, Communicator& comm,
                                                            const GatherOptions& options) {

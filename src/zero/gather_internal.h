@@ -8,6 +8,21 @@
 
 namespace tierzero::internal {
 
+// Each rank's block of a gather through host buffers carries a tag after its payload (chunk,
+// moment, gather number), checked on arrival: ranks that somehow gather different chunks fail
+// together with a message instead of computing on a chunk made of different chunks' shards.
+struct GatherTag {
+  int32_t chunk = -1;
+  int32_t moment = -1;
+  uint64_t seq = 0;
+  bool operator==(const GatherTag&) const = default;
+};
+
+// OK when each of the `ranks` blocks of `block` bytes at `recv` carries `tag` at offset
+// `payload`; else FailedPrecondition naming both gathers (`me`: this rank, for the message).
+Status CheckTags(const uint8_t* recv, uint64_t block, uint64_t payload, const GatherTag& tag,
+                 int ranks, int me);
+
 // Pinned staging slots of `slot_bytes`, as many as `staging_bytes` holds (2 to 32), registered
 // with the NVMe store as fixed buffers when any parameter shard is on NVMe.
 StatusOr<std::unique_ptr<PinnedArena>> CreateStaging(TransferContext& ctx, uint64_t slot_bytes,

@@ -55,6 +55,11 @@ class ShardQuantization {
   uint64_t slot_bytes_ = 0;
 };
 
+// qwZ's dequantization: out (W shards of `dtype`, in rank order) = rank r's packed shard, found
+// at slots + r * stride, dequantized, for every rank r.
+Status DequantizeShards(const ShardQuantization& q, const uint8_t* slots, uint64_t stride,
+                        DType dtype, void* out);
+
 // recv (W shards of `dtype`, in rank order) = every rank's shard at `send` quantized and
 // dequantized (Note [Quantized collectives]). `scratch` is reused between calls.
 Status QuantizedAllGather(Communicator& comm, const ShardQuantization& q, const void* send,
@@ -67,5 +72,38 @@ Status QuantizedAllGather(Communicator& comm, const ShardQuantization& q, const 
 Status QuantizedReduceScatter(Communicator& node, Communicator& cross, const ShardQuantization& q,
                               const void* send, DType dtype, float* mean,
                               std::vector<uint8_t>& scratch);
+
+// The same reduction in its stages, for a caller that overlaps its two all_to_alls with other
+// work (the host path's qgZ strategy, zeropp_host.cc): Quantize, node.AllToAll(to_peers(),
+// from_peers(), node_block_bytes()), SumNode, then with more than one node
+// cross.AllToAll(partial(), from_nodes(), slot_bytes()) and Finish. The buffers are views of a
+// caller's scratch of scratch_bytes().
+class QuantizedReduction {
+ public:
+  // Rank `local_rank` of `node_size` on node `node` of `nodes`.
+  static StatusOr<QuantizedReduction> Create(const ShardQuantization& q, int node_size,
+                                             int local_rank, int nodes, int node);
+
+  uint64_t scratch_bytes() const;
+  uint64_t slot_bytes() const { return q_->slot_bytes(); }
+  uint64_t node_block_bytes() const { return q_->slot_bytes() * static_cast<uint64_t>(n_size_); }
+  uint8_t* to_peers(uint8_t* scratch) const { return scratch; }
+  uint8_t* from_peers(uint8_t* scratch) const { return scratch + node_block_bytes() * l_size_; }
+  uint8_t* partial(uint8_t* scratch) const { return scratch + 2 * node_block_bytes() * l_size_; }
+  uint8_t* from_nodes(uint8_t* scratch) const { return partial(scratch) + node_block_bytes(); }
+  bool one_node() const { return n_size_ == 1; }
+
+  // (1) Every destination's shard of `send` (W shards of `dtype`), quantized into to_peers.
+  Status Quantize(const void* send, DType dtype, uint8_t* scratch) const;
+  // (2) The node's copies summed in fp32 and requantized into partial (one node: the mean's sum,
+  // into `mean`, and Finish only divides).
+  Status SumNode(uint8_t* scratch, float* mean) const;
+  // (4) This shard's partial sums added in node order (more than one node), divided by W.
+  Status Finish(uint8_t* scratch, float* mean) const;
+
+ private:
+  const ShardQuantization* q_ = nullptr;
+  int l_size_ = 1, l_ = 0, n_size_ = 1, n_ = 0;
+};
 
 }  // namespace tierzero

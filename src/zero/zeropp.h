@@ -22,6 +22,7 @@
 #include "kernels/quantize.h"
 #include "zero/device_collectives.h"
 #include "zero/gather.h"
+#include "zero/quantized.h"
 #include "zero/reduce.h"
 #include "zero/transfer.h"
 
@@ -49,6 +50,12 @@ inline uint64_t HpzBytes(int num_chunks, uint64_t chunk_bytes, int ranks_per_nod
   return static_cast<uint64_t>(num_chunks) * (chunk_bytes / static_cast<uint64_t>(ranks_per_node));
 }
 
+// One ShardQuantization per chunk from zeropp.shard_runs (the same on every rank: made from
+// every rank's runs).
+StatusOr<std::vector<ShardQuantization>> ChunkQuantizations(const kernels::QuantSpec& spec,
+                                                            const ZeroPPOptions& zeropp,
+                                                            int num_chunks);
+
 // W > 1 with device collectives created with node_collectives (DeviceCollectivesOptions). The
 // gather strategy serves qwZ and/or hpZ, the reduce strategy qgZ; the chunk manager takes the
 // plain device strategies for the parts that are off.
@@ -60,5 +67,29 @@ StatusOr<std::unique_ptr<ReduceStrategy>> CreateZeroPPDeviceReduce(TransferConte
                                                                    DeviceCollectives& comm,
                                                                    const ReduceOptions& options,
                                                                    const ZeroPPOptions& zeropp);
+
+// ZeRO++ through host buffers (W > 1, a host communicator that must outlive the strategies; host
+// parameter shards need kGatherTagBytes after them): the counterparts of HostGather and
+// HostReduce (zeropp_host.cc). hpZ's secondary partition is pinned host memory there.
+StatusOr<std::unique_ptr<GatherStrategy>> CreateZeroPPHostGather(TransferContext& ctx,
+                                                                 Communicator& comm,
+                                                                 const GatherOptions& options,
+                                                                 const ZeroPPOptions& zeropp);
+StatusOr<std::unique_ptr<ReduceStrategy>> CreateZeroPPHostReduce(TransferContext& ctx,
+                                                                 Communicator& comm,
+                                                                 const ReduceOptions& options,
+                                                                 const ZeroPPOptions& zeropp);
+
+// The pinned host memory of the host path's ZeRO++ strategies, for the engine's fixed host
+// overheads: a gather staging slot (as many as GatherOptions::staging_bytes holds, 2 to 32), each
+// of kZeroPPReduceSlots reduce slots, and hpZ's secondary partition. Zero for the parts that are
+// off. InvalidArgument unless every node has as many ranks.
+inline constexpr uint32_t kZeroPPReduceSlots = 4;
+struct ZeroPPHostSlots {
+  uint64_t gather_slot = 0, reduce_slot = 0, hpz = 0;
+  uint64_t gather_send = 0, gather_recv = 0;  // the gather slot's send and receive areas
+};
+StatusOr<ZeroPPHostSlots> ZeroPPHostSlotBytes(const ShardGeometry& g, int node_size,
+                                              const ZeroPPOptions& zeropp);
 
 }  // namespace tierzero

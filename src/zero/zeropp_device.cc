@@ -13,24 +13,6 @@ namespace tierzero {
 
 namespace {
 
-// One ShardQuantization per chunk (the same on every rank: made from every rank's runs).
-StatusOr<std::vector<ShardQuantization>> Quantizations(const kernels::QuantSpec& spec,
-                                                       const ZeroPPOptions& zeropp,
-                                                       int num_chunks) {
-  if (static_cast<int>(zeropp.shard_runs.size()) != num_chunks) {
-    return InvalidArgumentError("ZeRO++ needs the runs of every chunk's shards");
-  }
-  std::vector<ShardQuantization> q;
-  for (int c = 0; c < num_chunks; ++c) {
-    auto made = ShardQuantization::Create(spec, zeropp.shard_runs[static_cast<size_t>(c)]);
-    if (!made.ok()) {
-      return std::move(made).status().WithContext("quantizing chunk " + std::to_string(c));
-    }
-    q.push_back(std::move(made).value());
-  }
-  return q;
-}
-
 // Note [A secondary partition that is never stale]
 // hpZ keeps, for each chunk, the 1/L of the gathered chunk that is this rank's part inside its
 // node (bytes [l * chunk / L, (l + 1) * chunk / L) for local rank l), copied out of the slot on
@@ -97,7 +79,7 @@ Status ZeroPPDeviceGather::Init(const GatherOptions& options) {
   const ShardGeometry& g = ctx_.geometry();
   ASSIGN_OR_RETURN(staging_, internal::CreateShardStaging(ctx_, options.staging_bytes));
   if (zeropp_.qwz) {
-    ASSIGN_OR_RETURN(qwz_, Quantizations(zeropp_.qwz_spec, zeropp_, g.num_chunks));
+    ASSIGN_OR_RETURN(qwz_, ChunkQuantizations(zeropp_.qwz_spec, zeropp_, g.num_chunks));
   }
   ASSIGN_OR_RETURN(to_comm_, Event::Create(ctx_.device));
   if (!zeropp_.hpz) return Status::OK();
@@ -216,7 +198,7 @@ class ZeroPPDeviceReduce final : public ReduceStrategy {
     if (options_.accumulate) {
       ASSIGN_OR_RETURN(staging_, PinnedArena::Create(&ctx_.device, g.shard_bytes(), 2));
     }
-    ASSIGN_OR_RETURN(qgz_, Quantizations(zeropp_.qgz_spec, zeropp_, g.num_chunks));
+    ASSIGN_OR_RETURN(qgz_, ChunkQuantizations(zeropp_.qgz_spec, zeropp_, g.num_chunks));
     ASSIGN_OR_RETURN(from_comm_, Event::Create(ctx_.device));
     return Status::OK();
   }
@@ -271,6 +253,23 @@ Status ZeroPPDeviceReduce::ReduceOnDevice(int c, uint8_t* grad, const Event& wri
 }
 
 }  // namespace
+
+StatusOr<std::vector<ShardQuantization>> ChunkQuantizations(const kernels::QuantSpec& spec,
+                                                            const ZeroPPOptions& zeropp,
+                                                            int num_chunks) {
+  if (static_cast<int>(zeropp.shard_runs.size()) != num_chunks) {
+    return InvalidArgumentError("ZeRO++ needs the runs of every chunk's shards");
+  }
+  std::vector<ShardQuantization> q;
+  for (int c = 0; c < num_chunks; ++c) {
+    auto made = ShardQuantization::Create(spec, zeropp.shard_runs[static_cast<size_t>(c)]);
+    if (!made.ok()) {
+      return std::move(made).status().WithContext("quantizing chunk " + std::to_string(c));
+    }
+    q.push_back(std::move(made).value());
+  }
+  return q;
+}
 
 StatusOr<std::unique_ptr<GatherStrategy>> CreateZeroPPDeviceGather(TransferContext& ctx,
                                                                    DeviceCollectives& comm,
