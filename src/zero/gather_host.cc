@@ -63,9 +63,6 @@ class HostGather final : public GatherStrategy {
 
  private:
   Status EnqueueOverHost(int c, void* dst, const Event& ready);
-  // The local shard, with its tag after it, ready to send: the host shard itself, or the NVMe
-  // shard read into the slot's send area.
-  StatusOr<uint8_t*> SendBuffer(int c, uint8_t* send_area);
   // Queues, on the H2D stream, the wait for an asynchronous all_gather and its tag check.
   Status QueueCompletion(int c, std::shared_ptr<CommRequest> req, const uint8_t* recv,
                          const internal::GatherTag& tag, double comm_start,
@@ -77,21 +74,6 @@ class HostGather final : public GatherStrategy {
   uint64_t send_area_bytes_ = 0;
   uint64_t seq_ = 0;
 };
-
-StatusOr<uint8_t*> HostGather::SendBuffer(int c, uint8_t* send_area) {
-  if (ctx_.store.param_tier(c) == Tier::kHost)
-    return static_cast<uint8_t*>(ctx_.store.host_param(c));
-  const uint64_t shard = ctx_.geometry().shard_bytes();
-  Observer* obs = ctx_.spans.observer();
-  const double read_start = obs != nullptr ? obs->Now() : 0.0;
-  RETURN_IF_ERROR(ctx_.store.nvme()->Read(ctx_.store.nvme_param(c), send_area));
-  ctx_.counters.nvme_read_bytes += shard;
-  if (obs != nullptr) {
-    obs->OnSpan({Track::kNvmeRead, "chunk " + std::to_string(c), read_start,
-                 obs->Now() - read_start, ctx_.moment - 1, c, shard});
-  }
-  return send_area;
-}
 
 // The local shard (from host memory, or read from NVMe into the staging slot's send area) is
 // all-gathered with its tag into the slot, started on this thread; the H2D stream then copies
@@ -109,7 +91,7 @@ Status HostGather::EnqueueOverHost(int c, void* dst, const Event& ready) {
   ASSIGN_OR_RETURN(PinnedSlot staging, staging_->Acquire(StagingTimeout()));
   auto* base = static_cast<uint8_t*>(staging.data());
   uint8_t* recv = base + send_area_bytes_;
-  ASSIGN_OR_RETURN(uint8_t * send, SendBuffer(c, base));
+  ASSIGN_OR_RETURN(uint8_t * send, internal::LocalShardOnHost(ctx_, c, base));
   const internal::GatherTag tag{c, m, seq_++};
   std::memcpy(send + shard, &tag, sizeof tag);
   const double comm_start = obs != nullptr ? obs->Now() : 0.0;
@@ -148,18 +130,7 @@ Status HostGather::EnqueueOverHost(int c, void* dst, const Event& ready) {
     RETURN_IF_ERROR(spans.QueueSpan(device, h2d, Track::kH2D, "chunk " + std::to_string(c), m, c,
                                     g.chunk_bytes(), h2d_start));
   }
-  auto shared_slot = std::make_shared<PinnedSlot>(std::move(staging));
-  RETURN_IF_ERROR(device.LaunchHostFunc(h2d, [shared_slot, failed] {
-    if (failed->load()) {
-      // An abandoned all_gather may still write into the slot: it is never given back.
-      static auto* leaked = new std::vector<std::shared_ptr<PinnedSlot>>();
-      static Mutex mu;
-      MutexLock lock(mu);
-      leaked->push_back(shared_slot);
-      return;
-    }
-    shared_slot->Release();
-  }));
+  RETURN_IF_ERROR(internal::ReleaseAfterGather(device, h2d, std::move(staging), failed));
   if (timing != nullptr) RETURN_IF_ERROR(device.RecordEvent(timing->end.handle(), h2d));
   return device.RecordEvent(ready.handle(), h2d);
 }
@@ -199,6 +170,36 @@ Status HostGather::QueueCompletion(int c, std::shared_ptr<CommRequest> req, cons
 }  // namespace
 
 namespace internal {
+
+StatusOr<uint8_t*> LocalShardOnHost(TransferContext& ctx, int c, uint8_t* read_area) {
+  if (ctx.store.param_tier(c) == Tier::kHost) return static_cast<uint8_t*>(ctx.store.host_param(c));
+  const uint64_t shard = ctx.geometry().shard_bytes();
+  Observer* obs = ctx.spans.observer();
+  const double read_start = obs != nullptr ? obs->Now() : 0.0;
+  RETURN_IF_ERROR(ctx.store.nvme()->Read(ctx.store.nvme_param(c), read_area));
+  ctx.counters.nvme_read_bytes += shard;
+  if (obs != nullptr) {
+    obs->OnSpan({Track::kNvmeRead, "chunk " + std::to_string(c), read_start,
+                 obs->Now() - read_start, ctx.moment - 1, c, shard});
+  }
+  return read_area;
+}
+
+Status ReleaseAfterGather(Device& device, StreamHandle stream, PinnedSlot slot,
+                          const std::shared_ptr<std::atomic<bool>>& failed) {
+  auto shared_slot = std::make_shared<PinnedSlot>(std::move(slot));
+  return device.LaunchHostFunc(stream, [shared_slot, failed] {
+    if (failed->load()) {
+      // An abandoned all_gather may still write into the slot: it is never given back.
+      static auto* leaked = new std::vector<std::shared_ptr<PinnedSlot>>();
+      static Mutex mu;
+      MutexLock lock(mu);
+      leaked->push_back(shared_slot);
+      return;
+    }
+    shared_slot->Release();
+  });
+}
 
 // Every rank's block carries the tag of the gather it contributed to.
 Status CheckTags(const uint8_t* recv, uint64_t block, uint64_t shard, const GatherTag& tag,

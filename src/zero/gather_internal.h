@@ -1,6 +1,7 @@
 // Shared by the gather strategies (zero/gather.h) and the reduce strategies (zero/reduce.h).
 #pragma once
 
+#include <atomic>
 #include <memory>
 
 #include "offload/pinned_arena.h"
@@ -32,6 +33,16 @@ StatusOr<std::unique_ptr<PinnedArena>> CreateStaging(TransferContext& ctx, uint6
 // NVMe.
 StatusOr<std::unique_ptr<PinnedArena>> CreateShardStaging(TransferContext& ctx,
                                                           uint64_t staging_bytes);
+
+// Chunk c's local parameter shard in host memory, for a gather through host buffers to send:
+// the host shard itself (with kGatherTagBytes free after it), or the NVMe shard read into
+// `read_area` (on this thread; room for the shard and a tag).
+StatusOr<uint8_t*> LocalShardOnHost(TransferContext& ctx, int c, uint8_t* read_area);
+
+// Queues on `stream` the return of a gather's staging slot, unless `failed` is set by then (an
+// abandoned all_gather may still write into it: it is never given back).
+Status ReleaseAfterGather(Device& device, StreamHandle stream, PinnedSlot slot,
+                          const std::shared_ptr<std::atomic<bool>>& failed);
 
 // Queues the copy of chunk c's local shard from its tier to `dst` (device memory) on the H2D
 // stream: D2D from a device shard, H2D from a host one, an NVMe shard read into a slot of

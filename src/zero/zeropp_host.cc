@@ -13,7 +13,6 @@
 #include "core/bytes.h"
 #include "core/check.h"
 #include "core/convert.h"
-#include "core/mutex.h"
 #include "zero/collective.h"
 #include "zero/device_collectives.h"
 #include "zero/gather_internal.h"
@@ -82,9 +81,6 @@ class ZeroPPHostGather final : public GatherStrategy {
 
  private:
   Status EnqueueOverHost(int c, void* dst, const Event& ready);
-  // The local shard (with room for a tag after it): the host shard, or the NVMe shard read into
-  // `read_area`.
-  StatusOr<uint8_t*> LocalShard(int c, uint8_t* read_area);
   uint8_t* Secondary(int c) const {
     return secondary_ + static_cast<uint64_t>(c) * AlignUp(part_bytes_ + kGatherTagBytes, 64);
   }
@@ -135,21 +131,6 @@ Status ZeroPPHostGather::Init(const GatherOptions& options) {
   return Status::OK();
 }
 
-StatusOr<uint8_t*> ZeroPPHostGather::LocalShard(int c, uint8_t* read_area) {
-  if (ctx_.store.param_tier(c) == Tier::kHost)
-    return static_cast<uint8_t*>(ctx_.store.host_param(c));
-  Observer* obs = ctx_.spans.observer();
-  const double read_start = obs != nullptr ? obs->Now() : 0.0;
-  RETURN_IF_ERROR(ctx_.store.nvme()->Read(ctx_.store.nvme_param(c), read_area));
-  const uint64_t shard = ctx_.geometry().shard_bytes();
-  ctx_.counters.nvme_read_bytes += shard;
-  if (obs != nullptr) {
-    obs->OnSpan({Track::kNvmeRead, "chunk " + std::to_string(c), read_start,
-                 obs->Now() - read_start, ctx_.moment - 1, c, shard});
-  }
-  return read_area;
-}
-
 Status ZeroPPHostGather::EnqueueOverHost(int c, void* dst, const Event& ready) {
   Device& device = ctx_.device;
   const ShardGeometry& g = ctx_.geometry();
@@ -178,7 +159,7 @@ Status ZeroPPHostGather::EnqueueOverHost(int c, void* dst, const Event& ready) {
     a.payload = part_bytes_;
     name = "node " + name;
   } else {
-    ASSIGN_OR_RETURN(uint8_t * local, LocalShard(c, base));
+    ASSIGN_OR_RETURN(uint8_t * local, internal::LocalShardOnHost(ctx_, c, base));
     if (zeropp_.qwz) {
       a.q = &qwz_[static_cast<size_t>(c)];
       send = base + send_offset_;
@@ -259,18 +240,7 @@ Status ZeroPPHostGather::EnqueueOverHost(int c, void* dst, const Event& ready) {
     RETURN_IF_ERROR(spans.QueueSpan(device, h2d, Track::kH2D, "chunk " + std::to_string(c), m, c,
                                     chunk_bytes, h2d_start));
   }
-  auto shared_slot = std::make_shared<PinnedSlot>(std::move(staging));
-  RETURN_IF_ERROR(device.LaunchHostFunc(h2d, [shared_slot, failed] {
-    if (failed->load()) {
-      // An abandoned all_gather may still write into the slot: it is never given back.
-      static auto* leaked = new std::vector<std::shared_ptr<PinnedSlot>>();
-      static Mutex mu;
-      MutexLock lock(mu);
-      leaked->push_back(shared_slot);
-      return;
-    }
-    shared_slot->Release();
-  }));
+  RETURN_IF_ERROR(internal::ReleaseAfterGather(device, h2d, std::move(staging), failed));
   if (timing != nullptr) RETURN_IF_ERROR(device.RecordEvent(timing->end.handle(), h2d));
   return device.RecordEvent(ready.handle(), h2d);
 }
