@@ -31,6 +31,9 @@ Status ChunkManager::Gather(int c) {
     rt.gathered = rt.own.data();
   }
   Status st = im.gather->Enqueue(c, rt.gathered, rt.ready);
+  // With W > 1 a gather one rank could not queue leaves the ranks' collectives out of step (every
+  // strategy's, so it is said here once).
+  if (!st.ok() && layout_.world_size() > 1) st = im.ranks.LoseStep(std::move(st));
   if (!st.ok()) {
     // Nothing queued may still touch the slot, the buffer or a staging slot once we give them
     // back.

@@ -169,12 +169,6 @@ class DeviceGather final : public LocalGather {
  public:
   DeviceGather(TransferContext& ctx, DeviceCollectives& comm) : LocalGather(ctx), comm_(comm) {}
 
-  Status Enqueue(int c, void* dst, const Event& ready) override {
-    // A gather this rank could not start leaves the ranks' collectives out of step.
-    Status s = EnqueueOnDevice(c, dst, ready);
-    if (!s.ok()) return ctx_.ranks.LoseStep(std::move(s));
-    return s;
-  }
   void Quiesce() override {
     (void)ctx_.h2d.Synchronize();
     (void)comm_.Drain();
@@ -186,13 +180,13 @@ class DeviceGather final : public LocalGather {
   }
 
  private:
-  Status EnqueueOnDevice(int c, void* dst, const Event& ready);
+  Status Enqueue(int c, void* dst, const Event& ready) override;
 
   DeviceCollectives& comm_;
   Event to_comm_;  // orders the comm stream after the shard's copy (a wait takes the latest record)
 };
 
-Status DeviceGather::EnqueueOnDevice(int c, void* dst, const Event& ready) {
+Status DeviceGather::Enqueue(int c, void* dst, const Event& ready) {
   Device& device = ctx_.device;
   const ShardGeometry& g = ctx_.geometry();
   const uint64_t shard = g.shard_bytes();

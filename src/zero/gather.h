@@ -48,7 +48,8 @@ class GatherStrategy {
   virtual void BeginIteration() {}
 
   // Queues the gather of `chunk` into `dst` (chunk_bytes of device memory) and records `ready`
-  // on the stream that completes it. With W > 1 a failure leaves the ranks out of step.
+  // on the stream that completes it. With W > 1 a failure leaves the ranks out of step (the
+  // chunk manager records it: RankAgreement::LoseStep).
   virtual Status Enqueue(int chunk, void* dst, const Event& ready) = 0;
   // After a failed Enqueue: returns once nothing queued can still touch `dst` or a staging slot.
   virtual void Quiesce() = 0;

@@ -50,19 +50,13 @@ class HostGather final : public GatherStrategy {
     return Status::OK();
   }
 
-  Status Enqueue(int c, void* dst, const Event& ready) override {
-    // A gather one rank could not start or finish leaves the ranks' collectives out of step.
-    Status s = EnqueueOverHost(c, dst, ready);
-    if (!s.ok()) return ctx_.ranks.LoseStep(std::move(s));
-    return s;
-  }
   void Quiesce() override { (void)ctx_.h2d.Synchronize(); }
   bool StagesEveryChunk() const override { return true; }
   int staging_slots() const override { return static_cast<int>(staging_->num_slots()); }
   void BeginIteration() override { seq_ = 0; }
 
  private:
-  Status EnqueueOverHost(int c, void* dst, const Event& ready);
+  Status Enqueue(int c, void* dst, const Event& ready) override;
   // Queues, on the H2D stream, the wait for an asynchronous all_gather and its tag check.
   Status QueueCompletion(int c, std::shared_ptr<CommRequest> req, const uint8_t* recv,
                          const internal::GatherTag& tag, double comm_start,
@@ -78,7 +72,7 @@ class HostGather final : public GatherStrategy {
 // The local shard (from host memory, or read from NVMe into the staging slot's send area) is
 // all-gathered with its tag into the slot, started on this thread; the H2D stream then copies
 // the W shards into the gathered chunk (Note [Collectives on the trainer's thread]).
-Status HostGather::EnqueueOverHost(int c, void* dst, const Event& ready) {
+Status HostGather::Enqueue(int c, void* dst, const Event& ready) {
   Device& device = ctx_.device;
   const ShardGeometry& g = ctx_.geometry();
   const uint64_t shard = g.shard_bytes();

@@ -33,12 +33,6 @@ class ZeroPPDeviceGather final : public GatherStrategy {
       : ctx_(ctx), comm_(comm), zeropp_(zeropp) {}
 
   Status Init(const GatherOptions& options);
-  Status Enqueue(int c, void* dst, const Event& ready) override {
-    // A gather this rank could not queue leaves the ranks' collectives out of step.
-    Status s = EnqueueOnDevice(c, dst, ready);
-    if (!s.ok()) return ctx_.ranks.LoseStep(std::move(s));
-    return s;
-  }
   void Quiesce() override {
     (void)ctx_.h2d.Synchronize();
     (void)comm_.Drain();
@@ -49,7 +43,7 @@ class ZeroPPDeviceGather final : public GatherStrategy {
   }
 
  private:
-  Status EnqueueOnDevice(int c, void* dst, const Event& ready);
+  Status Enqueue(int c, void* dst, const Event& ready) override;
   // The chunk's gather across every rank (qwZ or plain), then (hpZ) the copy of its part.
   Status FullGather(int c, uint8_t* dst, WireCounters& wire);
   // hpZ: the part back into the slot, and the node's parts all-gathered around it.
@@ -105,7 +99,7 @@ Status ZeroPPDeviceGather::Init(const GatherOptions& options) {
   return Status::OK();
 }
 
-Status ZeroPPDeviceGather::EnqueueOnDevice(int c, void* dst, const Event& ready) {
+Status ZeroPPDeviceGather::Enqueue(int c, void* dst, const Event& ready) {
   auto* chunk = static_cast<uint8_t*>(dst);
   const bool first = ctx_.FirstGather(c);
   const Tier tier = ctx_.store.param_tier(c);

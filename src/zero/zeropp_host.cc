@@ -68,19 +68,13 @@ class ZeroPPHostGather final : public GatherStrategy {
       : ctx_(ctx), comm_(comm), zeropp_(zeropp) {}
 
   Status Init(const GatherOptions& options);
-  Status Enqueue(int c, void* dst, const Event& ready) override {
-    // A gather one rank could not start or finish leaves the ranks' collectives out of step.
-    Status s = EnqueueOverHost(c, dst, ready);
-    if (!s.ok()) return ctx_.ranks.LoseStep(std::move(s));
-    return s;
-  }
   void Quiesce() override { (void)ctx_.h2d.Synchronize(); }
   bool StagesEveryChunk() const override { return true; }
   int staging_slots() const override { return static_cast<int>(staging_->num_slots()); }
   void BeginIteration() override { seq_ = 0; }
 
  private:
-  Status EnqueueOverHost(int c, void* dst, const Event& ready);
+  Status Enqueue(int c, void* dst, const Event& ready) override;
   uint8_t* Secondary(int c) const {
     return secondary_ + static_cast<uint64_t>(c) * AlignUp(part_bytes_ + kGatherTagBytes, 64);
   }
@@ -131,7 +125,7 @@ Status ZeroPPHostGather::Init(const GatherOptions& options) {
   return Status::OK();
 }
 
-Status ZeroPPHostGather::EnqueueOverHost(int c, void* dst, const Event& ready) {
+Status ZeroPPHostGather::Enqueue(int c, void* dst, const Event& ready) {
   Device& device = ctx_.device;
   const ShardGeometry& g = ctx_.geometry();
   const uint64_t shard = g.shard_bytes();
