@@ -90,6 +90,16 @@ struct ZeroPPConfig {
   bool any() const { return qwz || hpz || qgz; }
 };
 
+// Where the optimizer's groups (a chunk's shard each) update (docs/optimizer.md).
+enum class OptimizerPlacement : uint8_t {
+  // A cost model from rates measured at the first step: states kept on the device by
+  // device_shard_budget update there; of the rest, as many stream into device memory idle during
+  // the update phase as end it soonest; the others update on the CPU.
+  kAuto,
+  kCpu,       // every group on the CPU (states resident on the device still update there)
+  kFraction,  // optimizer_device_fraction of the groups on the device, for comparison
+};
+
 // Every field has a default; Engine::Create validates them (InvalidArgument naming the field,
 // the value and the accepted range). docs/config.md documents the same fields as JSON.
 struct EngineConfig {
@@ -121,6 +131,13 @@ struct EngineConfig {
   int loss_scale_window = 1000;
   // CPU threads for the optimizer; 0 uses every hardware thread. Default: 0.
   int cpu_threads = 0;
+  // Where optimizer groups update (OptimizerPlacement). Default: kAuto.
+  OptimizerPlacement optimizer = OptimizerPlacement::kAuto;
+  // kFraction: the share of groups updated on the device, in [0, 1]. Default: 0.
+  double optimizer_device_fraction = 0;
+  // Simulated device only: model device Adam at this many parameters/s instead of the stream
+  // thread's own speed (a model for studying schedules; docs/optimizer.md). Default: 0 (off).
+  double host_device_adam_rate = 0;
   // Simulated device only: host<->device copy bandwidth in bytes/s, 0 for memcpy speed.
   double host_link_bandwidth = 0;
   // Several ranks: where gathers and reductions run (CollectivePath). Default: kAuto.
@@ -223,6 +240,10 @@ struct EngineStats {
   double acquire_wait_seconds = 0;  // the caller waited in Acquire for parameters
   double optimizer_seconds = 0;     // in Step
   double optimizer_nvme_seconds = 0;
+  // The update phase's assignment at the last step: groups on the CPU, resident on the device,
+  // streamed to the device; its predicted and measured seconds.
+  int optimizer_cpu_groups = 0, optimizer_resident_groups = 0, optimizer_streamed_groups = 0;
+  double optimizer_predicted_seconds = 0, optimizer_phase_seconds = 0;
   // Several ranks: collectives this rank started, the bytes it sent (NCCL tests' convention),
   // and the seconds its thread spent in them.
   uint64_t collectives = 0, comm_bytes = 0;

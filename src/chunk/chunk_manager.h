@@ -176,6 +176,11 @@ class ChunkManager {
   void MarkOutOfStep(Status why);
 
   bool has_plan() const { return has_plan_; }
+  // The plan's slot region, idle between EndIteration and the next BeginIteration (every chunk
+  // released, every stream drained): the optimizer's update phase borrows it (docs/optimizer.md).
+  // The borrower's work must be finished before the next iteration begins. Null/0 without a plan.
+  void* idle_slot_memory() const;
+  uint64_t idle_slot_bytes() const;
   const Schedule& schedule() const { return schedule_; }
   const std::vector<Moment>& trace() const { return trace_; }
   // The manager's counters with the transfers' and the parameter shards' NVMe traffic.

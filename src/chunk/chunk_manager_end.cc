@@ -104,6 +104,9 @@ void ChunkManager::MeasureStalls() {
 }
 
 // Gathered copies do not outlive the iteration: the optimizer changes the shards.
+void* ChunkManager::idle_slot_memory() const { return impl_->slots.region(); }
+uint64_t ChunkManager::idle_slot_bytes() const { return impl_->slots.region_bytes(); }
+
 Status ChunkManager::ReleaseChunks() {
   Impl& im = *impl_;
   for (int c = 0; c < layout_.num_chunks(); ++c) RETURN_IF_ERROR(Evict(c));

@@ -22,14 +22,24 @@ StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& bu
       device += p.param_shard_bytes;
     }
   }
+  // Optimizer states in what is left, from the last chunk backwards.
+  int on_device = 0;
+  for (int c = n - 1; c >= 0 && on_device < budgets.device_optimizer_groups; --c) {
+    if (device + p.optim_shard_bytes > budgets.device_shard_bytes) break;
+    p.chunks[static_cast<size_t>(c)].optimizer = Tier::kDevice;
+    device += p.optim_shard_bytes;
+    ++on_device;
+  }
   uint64_t host = 0;
   for (const auto& c : p.chunks) {
-    host += p.grad_shard_bytes + p.optim_shard_bytes;
+    host += p.grad_shard_bytes;
+    if (c.optimizer == Tier::kHost) host += p.optim_shard_bytes;
     if (c.param == Tier::kHost) host += p.param_shard_bytes;
   }
   uint64_t nvme = 0;
   // Spill optimizer states, then parameter shards, from the last chunk backwards.
   for (int c = n - 1; c >= 0 && host > budgets.host_bytes; --c) {
+    if (p.chunks[static_cast<size_t>(c)].optimizer != Tier::kHost) continue;
     p.chunks[static_cast<size_t>(c)].optimizer = Tier::kNvme;
     host -= p.optim_shard_bytes;
     nvme += p.optim_shard_bytes;

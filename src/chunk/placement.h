@@ -5,7 +5,9 @@
 // 12 bytes per element, touched once per step). Placement fills the device shard budget with
 // parameter shards first (they are read most), keeps the rest in host memory, and when host
 // memory runs out moves state to NVMe in this order: optimizer states first (from the last chunk
-// backwards), then parameter shards. Gradient shards stay in host memory, where CPU Adam reads
+// backwards), then parameter shards. Up to `device_optimizer_groups` optimizer states go to the
+// device shard budget that parameter shards leave, also from the last chunk backwards (those that
+// would spill to NVMe first), and are updated there (docs/optimizer.md). Gradient shards stay in host memory, where CPU Adam reads
 // them (for NVMe-resident optimizer states the swap pipeline streams master, m and v past them).
 //
 // Thread-safety: pure function.
@@ -26,6 +28,8 @@ struct TierBudgets {
   uint64_t device_shard_bytes = 0;  // device memory for resident shards (not the chunk cache)
   uint64_t host_bytes = 0;          // host memory for shards, gradients and optimizer states
   uint64_t nvme_bytes = 0;          // NVMe space
+  // The most optimizer states the device shard budget may hold after the parameter shards.
+  int device_optimizer_groups = 0;
 };
 
 struct ChunkPlacement {

@@ -37,6 +37,9 @@ class SlotPool {
   Status CopyingOut(Device& device, int slot, StreamHandle stream);
   // The end of an iteration: every stream is synchronised, no copy is pending.
   void ForgetCopies();
+  // The whole region, for use between iterations (no slot holds a chunk then).
+  void* region() const { return region_.data(); }
+  uint64_t region_bytes() const { return region_.bytes(); }
 
  private:
   DeviceBuffer region_;

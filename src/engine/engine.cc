@@ -218,6 +218,11 @@ Status ValidateEngineConfig(const EngineConfig& c) {
     return bad("loss_scale_window", std::to_string(c.loss_scale_window), "at least 1");
   if (c.cpu_threads < 0)
     return bad("cpu_threads", std::to_string(c.cpu_threads), "0 (all) or more");
+  if (!(c.optimizer_device_fraction >= 0 && c.optimizer_device_fraction <= 1))
+    return bad("optimizer_device_fraction", std::to_string(c.optimizer_device_fraction), "[0, 1]");
+  if (!(c.host_device_adam_rate >= 0) || !std::isfinite(c.host_device_adam_rate))
+    return bad("host_device_adam_rate", std::to_string(c.host_device_adam_rate),
+               "parameters/s >= 0 (0: off)");
   if (!(c.host_link_bandwidth >= 0))
     return bad("host_link_bandwidth", std::to_string(c.host_link_bandwidth),
                "0 (unthrottled) or more");

@@ -1,6 +1,7 @@
 // Engine internals shared by engine.cc and checkpoint.cc.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <functional>
@@ -16,6 +17,8 @@
 #include "core/aligned_buffer.h"
 #include "core/mutex.h"
 #include "cpu_adam/cpu_adam.h"
+#include "cpu_adam/device_adam.h"
+#include "engine/update_plan.h"
 #include "offload/device.h"
 #include "offload/nvme_store.h"
 #include "offload/pinned_arena.h"
@@ -65,6 +68,20 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   Tier hpz_tier = Tier::kDevice;
   AlignedBuffer upload;  // compute-dtype shard for non-host parameter tiers
   std::unique_ptr<CpuAdam> adam_decay, adam_plain;
+  // The update phase (update_phase.cc): device Adam, its three streams, the rates measured at
+  // the first step, the plan made from them, and what the last step did.
+  struct UpdatePhase {
+    std::unique_ptr<DeviceAdam> decay, plain;
+    Stream h2d, adam, d2h;
+    std::vector<Event> up_done, adam_done, slot_free;  // per slot
+    bool measured = false;
+    UpdateRates rates;
+    UpdatePlan plan;
+    std::vector<double> measured_end_s;  // per group, from the phase's start (last step)
+    double measured_s = 0;
+    DeviceBuffer extra;  // device memory beyond the idle slot region, held for one phase
+    std::chrono::steady_clock::time_point t0;  // the last phase's start
+  } update;
 
   bool in_iteration = false;
   bool iteration_train = true;
@@ -129,6 +146,13 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   StatusOr<double> GradSumSquares();
   Status SkipStep();
   Status AdamGroup(const OptimizerGroup& group, const AdamStepOptions& options, bool profiled);
+  // The update phase (update_phase.cc).
+  Status CreateUpdatePhase();
+  std::vector<UpdateGroup> UpdateGroups() const;
+  StatusOr<UpdateRates> MeasureUpdateRates(void* device_scratch, uint64_t scratch_bytes);
+  Status RunUpdatePhase(const AdamStepOptions& options, bool profiled);
+  Status EnqueueDeviceGroup(int chunk, UpdateWhere where, int slot, uint8_t* slot_mem,
+                            const AdamStepOptions& options);
   // The report's snapshot in parts (report.cc).
   void SnapshotLayout(ReportSnapshot& s) const;
   void SnapshotPlan(ReportSnapshot& s) const;

@@ -2,6 +2,7 @@
 // compute stream, the NVMe tier, the ranks' collective path, the shard store, the chunk manager
 // and the optimizer, and the parameters' initial values.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/bytes.h"
@@ -142,6 +143,20 @@ Status Engine::Impl::Place(bool on_device) {
         "); raise host_budget or lower chunk_elems");
   }
   budgets = TierBudgets{device_shard_budget, cfg.host_budget - fixed, cfg.nvme_budget};
+  // Optimizer states the device shard budget may keep (docs/optimizer.md).
+  const int n = layout.num_chunks();
+  switch (cfg.optimizer) {
+    case OptimizerPlacement::kAuto:
+      budgets.device_optimizer_groups = n;
+      break;
+    case OptimizerPlacement::kCpu:
+      budgets.device_optimizer_groups = 0;
+      break;
+    case OptimizerPlacement::kFraction:
+      budgets.device_optimizer_groups =
+          static_cast<int>(std::llround(cfg.optimizer_device_fraction * n));
+      break;
+  }
   auto p = PlaceShards(layout, budgets);
   if (!p.ok()) return std::move(p).status().WithContext("placing the shards");
   placement = std::move(p).value();
@@ -235,7 +250,8 @@ Status Engine::Impl::CreateOptimizer() {
   upload = AlignedBuffer::Allocate(AlignUp(layout.shard_bytes(), kNvmeAlignment));
   if (upload.data() == nullptr) return OutOfMemoryError("the parameter upload buffer");
   std::memset(upload.data(), 0, upload.bytes());  // padding stays zero
-  return Status::OK();
+  TZ_LOG(kInfo, kEngine) << "optimizer: CPU Adam on " << adam_plain->threads() << " threads";
+  return CreateUpdatePhase();
 }
 
 // Initial values, chunk by chunk (NVMe-resident state is never held whole in memory).

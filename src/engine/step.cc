@@ -153,8 +153,7 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
     im.timeline.Add(
         {Track::kOptimizer, "gradient norm", step_start_s, im.timeline.Now() - step_start_s});
   }
-  RETURN_IF_ERROR(im.optimizer().ForEach(
-      [&](const OptimizerGroup& g) { return im.AdamGroup(g, so, prof); }, /*write_back=*/true));
+  RETURN_IF_ERROR(im.RunUpdatePhase(so, prof));
   if (im.cfg.grad_accumulation > 1) RETURN_IF_ERROR(im.cm->ZeroGrads());
   ++im.step;
   ++im.stats.steps;

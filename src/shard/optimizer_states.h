@@ -1,7 +1,9 @@
 // OptimizerStates: the fp32 master weights, m and v of every chunk's shard (shard_elems each),
-// in host memory or, per chunk, in one NVMe extent; and the optimizer groups through which the
-// step, a checkpoint and the parameter accessors reach them. An NVMe group is streamed through
-// a few pinned swap slots (offload/swapper.h): read, handed to the caller, written back.
+// in host memory, in device memory (a group the device updates in place, Twin-Flow style:
+// docs/optimizer.md) or, per chunk, in one NVMe extent; and the optimizer groups through which
+// the step, a checkpoint and the parameter accessors reach them. An NVMe group is streamed through
+// a few pinned swap slots (offload/swapper.h): read, handed to the caller, written back; a device
+// group is handed to host callers through a bounce buffer, copied there and back synchronously.
 //
 // Thread-safety: one thread calls; `fn` runs on that thread.
 #pragma once
@@ -9,10 +11,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/aligned_buffer.h"
 #include "core/status.h"
+#include "offload/device.h"
 #include "offload/nvme_store.h"
 #include "offload/pinned_arena.h"
 #include "offload/tier.h"
@@ -36,8 +40,10 @@ struct OptimizerCounters {
 
 class OptimizerStates {
  public:
-  // `tier[c]` is kHost or kNvme; `nvme` must outlive the states when any is kNvme.
-  static StatusOr<std::unique_ptr<OptimizerStates>> Create(NvmeStore* nvme, uint64_t shard_elems,
+  // `tier[c]` is kHost, kDevice or kNvme; `nvme` must outlive the states when any is kNvme,
+  // `device` when any is kDevice (host groups are registered with it for asynchronous copies).
+  static StatusOr<std::unique_ptr<OptimizerStates>> Create(Device* device, NvmeStore* nvme,
+                                                           uint64_t shard_elems,
                                                            std::vector<Tier> tier);
   ~OptimizerStates();
 
@@ -50,26 +56,46 @@ class OptimizerStates {
   // Fills every group (without reading first: the states have no contents yet); NVMe groups are
   // written behind while the next is filled.
   Status Init(const OptimizerGroupFn& fn);
-  // Runs fn over every group, host groups first, then the NVMe groups through the swap pipeline
-  // (written back when write_back).
-  Status ForEach(const OptimizerGroupFn& fn, bool write_back);
+  // Runs fn over every group for which `include` is true (every group when it is empty): host
+  // groups first, then device groups through the bounce buffer, then the NVMe groups through the
+  // swap pipeline (device and NVMe groups written back when write_back).
+  Status ForEach(const OptimizerGroupFn& fn, bool write_back,
+                 const std::function<bool(int)>& include = {});
   // Runs fn on one group (an NVMe group read into a swap slot and, with write_back, written).
   Status With(int chunk, bool write_back, const OptimizerGroupFn& fn);
+
+  // A host or device group's own memory (master, m, v in host memory or in device memory), for
+  // the update phase's copies. REQUIRES: tier(chunk) is not kNvme.
+  OptimizerGroup Resident(int chunk) const;
+
+  // The disk's rates for one group's states, in bytes/s: the first NVMe group read into a swap
+  // slot and written back unchanged, `rounds` times, the median of each. {0, 0} without NVMe
+  // groups.
+  StatusOr<std::pair<double, double>> MeasureNvmeRates(int rounds);
 
   const OptimizerCounters& counters() const { return counters_; }
 
  private:
-  OptimizerStates(NvmeStore* nvme, uint64_t shard_elems, std::vector<Tier> tier)
-      : nvme_(nvme), shard_elems_(shard_elems), tier_(std::move(tier)) {}
+  OptimizerStates(Device* device, NvmeStore* nvme, uint64_t shard_elems, std::vector<Tier> tier)
+      : device_(device), nvme_(nvme), shard_elems_(shard_elems), tier_(std::move(tier)) {}
   Status Allocate();
   OptimizerGroup Group(int chunk, void* data) const;
+  // fn on a device group through the bounce buffer: copied in first unless `fresh`, and back
+  // when write_back.
+  Status WithDevice(int chunk, bool fresh, bool write_back, const OptimizerGroupFn& fn);
 
+  Device* device_;
   NvmeStore* nvme_;
   uint64_t shard_elems_;
   std::vector<Tier> tier_;
   std::vector<float*> host_;  // per chunk, into host_memory_ (null on NVMe)
   std::vector<NvmeExtent> extent_;
   AlignedBuffer host_memory_;
+  bool host_registered_ = false;
+  std::vector<void*> device_group_;  // per chunk, into device_memory_ (null unless kDevice)
+  DeviceBuffer device_memory_;
+  Stream stream_;           // the bounce buffer's copies
+  AlignedBuffer bounce_;    // a device group on its way through a host caller, made on first use
   std::unique_ptr<PinnedArena> swap_arena_;  // NVMe groups on their way through the caller
   OptimizerCounters counters_;
 };

@@ -80,7 +80,7 @@ Status ShardStore::Init() {
   }
   if (device_chunks > 0) RETURN_IF_ERROR(stream_.Synchronize());
   if (!options_.optimizer_tier.empty()) {
-    ASSIGN_OR_RETURN(optimizer_, OptimizerStates::Create(nvme_, geometry().shard_elems,
+    ASSIGN_OR_RETURN(optimizer_, OptimizerStates::Create(&device_, nvme_, geometry().shard_elems,
                                                          options_.optimizer_tier));
   }
   return Status::OK();

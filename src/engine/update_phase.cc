@@ -1,0 +1,367 @@
+// The optimizer's update phase (docs/optimizer.md): every group updated where the plan says,
+// the device's groups on three streams (upload, Adam, download) over buffers carved from device
+// memory idle between iterations, while the trainer's threads update the CPU's groups; the rates
+// the plan is made from, measured at the first step.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <sstream>
+
+#include "core/bytes.h"
+#include "core/check.h"
+#include "core/convert.h"
+#include "core/logging.h"
+#include "engine/engine_impl.h"
+
+namespace tierzero {
+
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+uint64_t Aligned(uint64_t bytes) { return AlignUp(bytes, kDeviceAlignment); }
+
+// Where a slot's parts lie: [states (streamed only)] [gradient] [output].
+struct SlotParts {
+  uint8_t* states;
+  uint8_t* grad;
+  uint8_t* out;
+};
+SlotParts PartsOf(uint8_t* mem, bool streamed, uint64_t elems, uint64_t grad_bytes) {
+  uint8_t* grad = mem + (streamed ? Aligned(elems * 12) : 0);
+  return {mem, grad, grad + Aligned(grad_bytes)};
+}
+
+}  // namespace
+
+Status Engine::Impl::CreateUpdatePhase() {
+  AdamConfig ac = adam_plain->config();
+  DeviceAdamOptions o;
+  o.model_params_per_second = cfg.host_device_adam_rate;
+  auto plain = DeviceAdam::Create(*device, ac, o);
+  if (!plain.ok()) return std::move(plain).status().WithContext("device Adam");
+  update.plain = std::move(plain).value();
+  ASSIGN_OR_RETURN(update.decay, DeviceAdam::Create(*device, adam_decay->config(), o));
+  ASSIGN_OR_RETURN(update.h2d, Stream::Create(*device, "optimizer-h2d"));
+  ASSIGN_OR_RETURN(update.adam, Stream::Create(*device, "optimizer-adam"));
+  ASSIGN_OR_RETURN(update.d2h, Stream::Create(*device, "optimizer-d2h"));
+  for (int k = 0; k < kMaxUpdateSlots; ++k) {
+    for (auto* v : {&update.up_done, &update.adam_done, &update.slot_free}) {
+      ASSIGN_OR_RETURN(Event e, Event::Create(*device));
+      v->push_back(std::move(e));
+    }
+  }
+  return Status::OK();
+}
+
+std::vector<UpdateGroup> Engine::Impl::UpdateGroups() const {
+  std::vector<UpdateGroup> out;
+  for (int c = 0; c < layout.num_chunks(); ++c) {
+    UpdateGroup g;
+    g.elems = layout.shard_elems();
+    g.grad_bytes = store->grad_bytes();
+    g.out_bytes = store->param_tier(c) == Tier::kDevice ? 0 : layout.shard_bytes();
+    g.states_on_device = optimizer().tier(c) == Tier::kDevice;
+    g.states_on_nvme = optimizer().tier(c) == Tier::kNvme;
+    g.param_on_nvme = store->param_tier(c) == Tier::kNvme;
+    out.push_back(g);
+  }
+  return out;
+}
+
+// Note [Measuring the update phase's rates]
+// Each rate is timed on buffers of one group's size (at most 4M elements), several rounds, the
+// median: CPU Adam with the optimizer's threads on host buffers; the link by copying the states
+// up and down on the phase's own streams; device Adam on them; the disk by reading the first
+// NVMe group and writing it back unchanged. They are measured once, at the first step, when
+// every cache and page is as cold as the training's own, on the memory the phase will use.
+StatusOr<UpdateRates> Engine::Impl::MeasureUpdateRates(void* scratch, uint64_t scratch_bytes) {
+  constexpr int kRounds = 5;
+  UpdateRates r;
+  r.device_shares_cpu = host_compute && cfg.host_device_adam_rate == 0;
+  const DType gt = store->grad_dtype();
+  const DType dt = cfg.compute_dtype;
+  const uint64_t per_elem = 12 + DTypeBytes(gt, 1) + DTypeBytes(dt, 1);
+  uint64_t n = std::min<uint64_t>(layout.shard_elems(), uint64_t{4} << 20);
+  AlignedBuffer host = AlignedBuffer::Allocate(Aligned(n * 12) + 2 * Aligned(n * 4));
+  if (host.data() == nullptr) return OutOfMemoryError("the optimizer's rate probe");
+  auto* f = reinterpret_cast<float*>(host.data());
+  for (uint64_t i = 0; i < 3 * n; ++i) f[i] = i < n ? 0.01f : 0.0f;
+  uint8_t* hgrad = static_cast<uint8_t*>(host.data()) + Aligned(n * 12);
+  uint8_t* hout = hgrad + Aligned(n * 4);
+  std::vector<float> ones(n, 1e-3f);
+  RETURN_IF_ERROR(Convert(ones.data(), DType::kF32, hgrad, gt, n));
+  AdamStepOptions so;
+  so.lr = 0;  // the probe's values do not matter; its time does
+  AdamBuffers b{f, f + n, f + 2 * n, hgrad, gt, dt == DType::kF32 ? nullptr : hout, dt, n};
+  std::vector<double> t;
+  for (int k = 0; k < kRounds; ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(adam_plain->Step(b, so).status());
+    t.push_back(Since(t0));
+  }
+  r.cpu_params_per_s = n / std::max(Median(t), 1e-9);
+  // The device: as many elements as the scratch holds.
+  const uint64_t dn = std::min<uint64_t>(n, scratch_bytes / (per_elem + 3 * kDeviceAlignment));
+  if (dn > 0 && scratch != nullptr) {
+    SlotParts p = PartsOf(static_cast<uint8_t*>(scratch), true, dn, DTypeBytes(gt, dn));
+    std::vector<double> up, down, adam;
+    for (int k = 0; k < kRounds; ++k) {
+      auto t0 = std::chrono::steady_clock::now();
+      RETURN_IF_ERROR(
+          device->CopyAsync(p.states, f, dn * 12, CopyKind::kHostToDevice, update.h2d.handle()));
+      RETURN_IF_ERROR(device->CopyAsync(p.grad, hgrad, DTypeBytes(gt, dn),
+                                        CopyKind::kHostToDevice, update.h2d.handle()));
+      RETURN_IF_ERROR(update.h2d.Synchronize());
+      up.push_back(Since(t0));
+      auto* df = reinterpret_cast<float*>(p.states);
+      AdamBuffers db{df, df + dn, df + 2 * dn, p.grad, gt, dt == DType::kF32 ? nullptr : p.out,
+                     dt, dn};
+      t0 = std::chrono::steady_clock::now();
+      RETURN_IF_ERROR(update.plain->StepAsync(db, so, update.adam.handle()));
+      RETURN_IF_ERROR(update.adam.Synchronize());
+      RETURN_IF_ERROR(update.plain->TakeError());
+      adam.push_back(Since(t0));
+      t0 = std::chrono::steady_clock::now();
+      RETURN_IF_ERROR(
+          device->CopyAsync(f, p.states, dn * 12, CopyKind::kDeviceToHost, update.d2h.handle()));
+      RETURN_IF_ERROR(update.d2h.Synchronize());
+      down.push_back(Since(t0));
+    }
+    r.h2d_bytes_per_s = (dn * 12 + DTypeBytes(gt, dn)) / std::max(Median(up), 1e-9);
+    r.d2h_bytes_per_s = dn * 12 / std::max(Median(down), 1e-9);
+    r.device_params_per_s = dn / std::max(Median(adam), 1e-9);
+  }
+  ASSIGN_OR_RETURN(auto disk, optimizer().MeasureNvmeRates(3));
+  r.nvme_read_bytes_per_s = disk.first;
+  r.nvme_write_bytes_per_s = disk.second;
+  return r;
+}
+
+// One device group's upload, Adam and download, queued on the phase's streams in slot `k`.
+Status Engine::Impl::EnqueueDeviceGroup(int c, UpdateWhere where, int k, uint8_t* mem,
+                                        const AdamStepOptions& so) {
+  const size_t ks = static_cast<size_t>(k);
+  const bool streamed = where == UpdateWhere::kDeviceStreamed;
+  const uint64_t elems = layout.shard_elems();
+  const uint64_t shard_bytes = layout.shard_bytes();
+  const DType gt = store->grad_dtype();
+  const DType dt = cfg.compute_dtype;
+  const OptimizerGroup g = optimizer().Resident(c);
+  const SlotParts p = PartsOf(mem, streamed, elems, store->grad_bytes());
+  auto* stamp = &update.measured_end_s[static_cast<size_t>(c)];
+  // Upload: the gradient, and a streamed group's states.
+  StreamHandle h2d = update.h2d.handle(), adam = update.adam.handle(), d2h = update.d2h.handle();
+  RETURN_IF_ERROR(device->StreamWaitEvent(h2d, update.slot_free[ks].handle()));
+  RETURN_IF_ERROR(
+      device->CopyAsync(p.grad, store->grad(c), store->grad_bytes(), CopyKind::kHostToDevice, h2d));
+  if (streamed) {
+    RETURN_IF_ERROR(device->CopyAsync(p.states, g.master, elems * 12, CopyKind::kHostToDevice, h2d));
+  }
+  RETURN_IF_ERROR(device->RecordEvent(update.up_done[ks].handle(), h2d));
+  // Adam, slice by slice, its compute-dtype output into a device shard or the slot.
+  RETURN_IF_ERROR(device->StreamWaitEvent(adam, update.up_done[ks].handle()));
+  auto* master = streamed ? reinterpret_cast<float*>(p.states) : g.master;
+  float* m = master + elems;
+  float* v = master + 2 * elems;
+  auto* param_dev = static_cast<uint8_t*>(store->device_param(c));
+  uint8_t* out = param_dev != nullptr ? param_dev : p.out;
+  if (dt != DType::kF32 && param_dev == nullptr) {
+    RETURN_IF_ERROR(device->MemsetAsync(p.out, 0, shard_bytes, adam));  // padding stays zero
+  }
+  for (const ShardSlice& sl : slices[static_cast<size_t>(c)]) {
+    AdamBuffers b;
+    b.master = master + sl.shard_offset;
+    b.m = m + sl.shard_offset;
+    b.v = v + sl.shard_offset;
+    b.grad = p.grad + DTypeBytes(gt, sl.shard_offset);
+    b.grad_dtype = gt;
+    b.n = sl.numel;
+    if (dt != DType::kF32) {
+      b.out = out + DTypeBytes(dt, sl.shard_offset);
+      b.out_dtype = dt;
+    }
+    DeviceAdam& da = params[static_cast<size_t>(sl.tensor)].weight_decay ? *update.decay
+                                                                          : *update.plain;
+    RETURN_IF_ERROR(da.StepAsync(b, so, adam));
+  }
+  if (dt == DType::kF32 && param_dev != nullptr) {
+    RETURN_IF_ERROR(
+        device->CopyAsync(param_dev, master, shard_bytes, CopyKind::kDeviceToDevice, adam));
+  }
+  RETURN_IF_ERROR(device->RecordEvent(update.adam_done[ks].handle(), adam));
+  // Download: the parameters to a host shard, and a streamed group's states.
+  RETURN_IF_ERROR(device->StreamWaitEvent(d2h, update.adam_done[ks].handle()));
+  if (param_dev == nullptr) {
+    void* host = store->host_param(c);
+    TZ_CHECK(host != nullptr) << "a device update of chunk " << c << " whose shard is on NVMe";
+    const void* src = dt == DType::kF32 ? static_cast<const void*>(master) : p.out;
+    RETURN_IF_ERROR(device->CopyAsync(host, src, shard_bytes, CopyKind::kDeviceToHost, d2h));
+  }
+  if (streamed) {
+    RETURN_IF_ERROR(device->CopyAsync(g.master, p.states, elems * 12, CopyKind::kDeviceToHost, d2h));
+  }
+  RETURN_IF_ERROR(device->RecordEvent(update.slot_free[ks].handle(), d2h));
+  return device->LaunchHostFunc(d2h, [stamp, t0 = update.t0] {
+    *stamp = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
+}
+
+
+// Note [Device memory for the update phase]
+// While no iteration runs, no chunk is gathered: the plan's slot region is idle (Deep Optimizer
+// States' observation that device memory is mostly free during the update). The phase carves
+// its buffers from it first, and from what the device has free beyond a reserve, held only
+// until the phase ends: the next iteration finds its memory as it left it, and nothing here can
+// take memory an iteration needs. Every exit of the phase, errors included, first drains the
+// phase's streams, so no copy or kernel still uses the borrowed memory.
+Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
+  constexpr uint64_t kReserve = uint64_t{1} << 20;
+  auto* idle = static_cast<uint8_t*>(cm->idle_slot_memory());
+  const uint64_t idle_bytes = idle != nullptr ? cm->idle_slot_bytes() : 0;
+  const uint64_t free_block = device->largest_free_block();
+  const uint64_t extra_bytes = free_block > kReserve ? free_block - kReserve : 0;
+  if (!update.measured) {
+    // The probe's device memory: the idle region, or a free block.
+    DeviceBuffer probe;
+    void* scratch = idle;
+    uint64_t scratch_bytes = idle_bytes;
+    if (scratch_bytes < extra_bytes) {
+      auto b = DeviceBuffer::Allocate(*device, extra_bytes);
+      if (b.ok()) {
+        probe = std::move(b).value();
+        scratch = probe.data();
+        scratch_bytes = extra_bytes;
+      }
+    }
+    ASSIGN_OR_RETURN(update.rates, MeasureUpdateRates(scratch, scratch_bytes));
+    update.measured = true;
+    const UpdateRates& r = update.rates;
+    TZ_LOG(kInfo, kEngine) << "update rates: CPU Adam " << r.cpu_params_per_s / 1e6
+                           << " Mparams/s (" << adam_plain->threads() << " threads), device Adam "
+                           << r.device_params_per_s / 1e6 << " Mparams/s"
+                           << (cfg.host_device_adam_rate > 0 ? " (a model)" : "") << ", H2D "
+                           << r.h2d_bytes_per_s / 1e9 << " GB/s, D2H " << r.d2h_bytes_per_s / 1e9
+                           << " GB/s, NVMe read " << r.nvme_read_bytes_per_s / 1e9
+                           << " GB/s, write " << r.nvme_write_bytes_per_s / 1e9 << " GB/s";
+  }
+  const std::vector<UpdateGroup> groups = UpdateGroups();
+  UpdateBudget budget;
+  budget.mode = cfg.optimizer == OptimizerPlacement::kCpu        ? UpdateMode::kCpu
+                : cfg.optimizer == OptimizerPlacement::kFraction ? UpdateMode::kFraction
+                                                                 : UpdateMode::kAuto;
+  budget.device_fraction = cfg.optimizer_device_fraction;
+  UpdateRates rates = update.rates;
+  if (rates.device_params_per_s <= 0) {
+    // No device memory for the probe: nothing can update there but resident groups, which
+    // then go through the CPU.
+    budget.device_bytes = 0;
+    rates.device_params_per_s = 1;
+  }
+  // Slots come from two regions: as many as fit in each.
+  auto carve = [&](uint64_t slot_bytes) -> int {
+    if (slot_bytes == 0) return 0;
+    const uint64_t sb = Aligned(slot_bytes);
+    return static_cast<int>(idle_bytes / sb + extra_bytes / sb);
+  };
+  if (update.rates.device_params_per_s > 0) budget.device_bytes = idle_bytes + extra_bytes;
+  UpdatePlan plan = PlanUpdate(groups, rates, budget);
+  if (plan.slots > 0 && carve(plan.slot_bytes) < plan.slots) {
+    // The two regions hold fewer than their sum suggests.
+    budget.device_bytes = static_cast<uint64_t>(carve(plan.slot_bytes)) * plan.slot_bytes;
+    plan = PlanUpdate(groups, rates, budget);
+  }
+  const bool changed = plan.where != update.plan.where;
+  update.plan = plan;
+  if (changed) {
+    int cpu = 0, res = 0, str = 0;
+    for (UpdateWhere w : plan.where) {
+      cpu += w == UpdateWhere::kCpu;
+      res += w == UpdateWhere::kDeviceResident;
+      str += w == UpdateWhere::kDeviceStreamed;
+    }
+    TZ_LOG(kInfo, kEngine) << "update plan: " << cpu << " groups on the CPU, " << res
+                           << " on the device (resident), " << str
+                           << " streamed to the device; predicted " << plan.phase_s * 1e3
+                           << " ms (CPU " << plan.cpu_s * 1e3 << ", device " << plan.device_s * 1e3
+                           << ") — " << plan.reason;
+  }
+  // The slots' memory.
+  std::vector<uint8_t*> slot_mem;
+  const uint64_t sb = Aligned(plan.slot_bytes);
+  if (plan.slots > 0) {
+    const int in_idle = static_cast<int>(std::min<uint64_t>(plan.slots, idle_bytes / sb));
+    for (int k = 0; k < in_idle; ++k) slot_mem.push_back(idle + k * sb);
+    if (in_idle < plan.slots) {
+      ASSIGN_OR_RETURN(update.extra,
+                       DeviceBuffer::Allocate(*device, (plan.slots - in_idle) * sb));
+      for (int k = in_idle; k < plan.slots; ++k) {
+        slot_mem.push_back(static_cast<uint8_t*>(update.extra.data()) + (k - in_idle) * sb);
+      }
+    }
+  }
+  update.measured_end_s.assign(groups.size(), 0.0);
+  // Drains the device's chain on every way out, then gives the extra memory back.
+  struct Drain {
+    Impl* im;
+    ~Drain() {
+      (void)im->update.h2d.Synchronize();
+      (void)im->update.adam.Synchronize();
+      (void)im->update.d2h.Synchronize();
+      im->update.extra.Reset();
+    }
+  } drain{this};
+  update.t0 = std::chrono::steady_clock::now();
+  const double phase_start_s = prof ? timeline.Now() : 0.0;
+  int k = 0;
+  for (int c = 0; c < layout.num_chunks(); ++c) {
+    const UpdateWhere w = plan.where[static_cast<size_t>(c)];
+    if (w == UpdateWhere::kCpu) continue;
+    RETURN_IF_ERROR(EnqueueDeviceGroup(c, w, k, slot_mem[static_cast<size_t>(k)], so));
+    k = (k + 1) % plan.slots;
+  }
+  // The CPU's groups meanwhile, on the trainer's threads.
+  RETURN_IF_ERROR(optimizer().ForEach(
+      [&](const OptimizerGroup& g) {
+        RETURN_IF_ERROR(AdamGroup(g, so, prof));
+        update.measured_end_s[static_cast<size_t>(g.chunk)] = Since(update.t0);
+        return Status::OK();
+      },
+      /*write_back=*/true,
+      [&](int c) { return plan.where[static_cast<size_t>(c)] == UpdateWhere::kCpu; }));
+  RETURN_IF_ERROR(update.h2d.Synchronize());
+  RETURN_IF_ERROR(update.adam.Synchronize());
+  RETURN_IF_ERROR(update.d2h.Synchronize());
+  RETURN_IF_ERROR(update.plain->TakeError());
+  RETURN_IF_ERROR(update.decay->TakeError());
+  update.measured_s = Since(update.t0);
+  if (prof) {
+    for (int c = 0; c < layout.num_chunks(); ++c) {
+      const UpdateWhere w = plan.where[static_cast<size_t>(c)];
+      if (w == UpdateWhere::kCpu) continue;
+      // The device's groups as spans ending when their download did.
+      timeline.Add({Track::kOptimizer,
+                    "device Adam chunk " + std::to_string(c) + " (" +
+                        std::string(UpdateWhereName(w)) + ")",
+                    phase_start_s, update.measured_end_s[static_cast<size_t>(c)], -1, c,
+                    layout.shard_elems() * 12, 0});
+    }
+  }
+  int counts[3] = {0, 0, 0};
+  for (UpdateWhere w : plan.where) ++counts[static_cast<int>(w)];
+  stats.optimizer_cpu_groups = counts[0];
+  stats.optimizer_resident_groups = counts[1];
+  stats.optimizer_streamed_groups = counts[2];
+  stats.optimizer_predicted_seconds = plan.phase_s;
+  stats.optimizer_phase_seconds = update.measured_s;
+  return Status::OK();
+}
+
+}  // namespace tierzero

@@ -1,0 +1,206 @@
+#include "engine/update_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+namespace tierzero {
+
+std::string_view UpdateWhereName(UpdateWhere w) {
+  switch (w) {
+    case UpdateWhere::kCpu:
+      return "cpu";
+    case UpdateWhere::kDeviceResident:
+      return "device";
+    case UpdateWhere::kDeviceStreamed:
+      return "device-streamed";
+  }
+  return "?";
+}
+
+uint64_t UpdateSlotBytes(const UpdateGroup& g, UpdateWhere where) {
+  switch (where) {
+    case UpdateWhere::kCpu:
+      return 0;
+    case UpdateWhere::kDeviceResident:
+      return g.grad_bytes + g.out_bytes;
+    case UpdateWhere::kDeviceStreamed:
+      return g.elems * 12 + g.grad_bytes + g.out_bytes;
+  }
+  return 0;
+}
+
+namespace {
+
+double Div(double bytes, double rate) { return bytes > 0 ? bytes / rate : 0.0; }
+
+// A group's states copied between the device and the host (a device group updated by the CPU
+// through OptimizerStates' bounce buffer).
+double BounceSeconds(const UpdateGroup& g, const UpdateRates& r) {
+  return Div(12.0 * g.elems, r.d2h_bytes_per_s) + Div(12.0 * g.elems, r.h2d_bytes_per_s);
+}
+
+}  // namespace
+
+// Note [The update phase's model]
+// The executor (update_phase.cc) runs two chains at once. The device chain is three in-order
+// streams over `slots` buffers taken in turn: a group's upload (gradient, and the states when
+// streamed) waits for the H2D stream and for its buffer's previous download; its Adam waits for
+// the Adam stream and its upload; its download waits for the D2H stream and its Adam. The CPU
+// chain updates host groups one after another at the CPU rate, then the NVMe groups through the
+// swap pipeline, which is bound by the disk (reads and writes share it) or by Adam, plus the
+// first read and the last write that nothing overlaps. The phase ends when both chains have.
+// On a device that computes on the CPU's cores the chains do not overlap: the phase is their sum.
+UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<UpdateWhere>& where,
+                    const UpdateRates& r, int slots) {
+  UpdatePlan p;
+  p.where = where;
+  p.slots = slots;
+  p.group_end_s.assign(groups.size(), 0.0);
+  for (size_t i = 0; i < groups.size(); ++i)
+    p.slot_bytes = std::max(p.slot_bytes, UpdateSlotBytes(groups[i], where[i]));
+  // Device chain.
+  double h2d_free = 0, adam_free = 0, d2h_free = 0;
+  std::vector<double> slot_free(static_cast<size_t>(std::max(slots, 1)), 0.0);
+  size_t k = 0;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (where[i] == UpdateWhere::kCpu) continue;
+    const UpdateGroup& g = groups[i];
+    const bool streamed = where[i] == UpdateWhere::kDeviceStreamed;
+    const double up = Div(static_cast<double>(g.grad_bytes) + (streamed ? 12.0 * g.elems : 0.0),
+                          r.h2d_bytes_per_s);
+    const double adam = Div(static_cast<double>(g.elems), r.device_params_per_s);
+    const double down = Div(static_cast<double>(g.out_bytes) + (streamed ? 12.0 * g.elems : 0.0),
+                            r.d2h_bytes_per_s);
+    double& slot = slot_free[k++ % slot_free.size()];
+    h2d_free = std::max(h2d_free, slot) + up;
+    adam_free = std::max(adam_free, h2d_free) + adam;
+    d2h_free = std::max(d2h_free, adam_free) + down;
+    slot = d2h_free;
+    p.group_end_s[i] = d2h_free;
+  }
+  p.device_s = d2h_free;
+  // CPU chain: host groups (and device groups through the bounce buffer), then NVMe groups.
+  double t = 0;
+  std::vector<size_t> nvme;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (where[i] != UpdateWhere::kCpu) continue;
+    const UpdateGroup& g = groups[i];
+    if (g.states_on_nvme) {
+      nvme.push_back(i);
+      continue;
+    }
+    t += Div(static_cast<double>(g.elems), r.cpu_params_per_s) +
+         (g.states_on_device ? BounceSeconds(g, r) : 0.0) +
+         (g.param_on_nvme ? Div(static_cast<double>(g.out_bytes), r.nvme_write_bytes_per_s) : 0);
+    p.group_end_s[i] = t;
+  }
+  if (!nvme.empty()) {
+    double io = 0, adam = 0, first_read = 0, last_write = 0, last_adam = 0;
+    for (size_t i : nvme) {
+      const UpdateGroup& g = groups[i];
+      const double rd = Div(12.0 * g.elems, r.nvme_read_bytes_per_s);
+      const double wr =
+          Div(12.0 * g.elems + (g.param_on_nvme ? static_cast<double>(g.out_bytes) : 0.0),
+              r.nvme_write_bytes_per_s);
+      const double a = Div(static_cast<double>(g.elems), r.cpu_params_per_s);
+      if (first_read == 0) first_read = rd;
+      last_write = wr;
+      last_adam = a;
+      io += rd + wr;
+      adam += a;
+    }
+    const double start = t;
+    t += std::max(io + last_adam, first_read + adam + last_write);
+    // Evenly over the pipeline's span, for the report's per-group estimate.
+    for (size_t k2 = 0; k2 < nvme.size(); ++k2)
+      p.group_end_s[nvme[k2]] = start + (t - start) * static_cast<double>(k2 + 1) / nvme.size();
+  }
+  p.cpu_s = t;
+  p.phase_s = r.device_shares_cpu ? p.cpu_s + p.device_s : std::max(p.cpu_s, p.device_s);
+  return p;
+}
+
+UpdatePlan PlanUpdate(const std::vector<UpdateGroup>& groups, const UpdateRates& rates,
+                      const UpdateBudget& budget) {
+  const size_t n = groups.size();
+  std::vector<UpdateWhere> base(n, UpdateWhere::kCpu);
+  std::vector<size_t> candidates;  // may stream: states in host memory, parameters not on NVMe
+  uint64_t resident_slot = 0, stream_slot = 0;
+  int resident = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const UpdateGroup& g = groups[i];
+    if (g.states_on_device) {
+      base[i] = UpdateWhere::kDeviceResident;
+      resident_slot = std::max(resident_slot, UpdateSlotBytes(g, base[i]));
+      ++resident;
+    } else if (!g.states_on_nvme && !g.param_on_nvme) {
+      candidates.push_back(i);
+      stream_slot = std::max(stream_slot, UpdateSlotBytes(g, UpdateWhere::kDeviceStreamed));
+    }
+  }
+  std::ostringstream why;
+  auto slots_for = [&](uint64_t bytes) {
+    if (bytes == 0) return 0;
+    return static_cast<int>(std::min<uint64_t>(kMaxUpdateSlots, budget.device_bytes / bytes));
+  };
+  // Resident groups need a buffer for their gradient; without one they go through the CPU.
+  const int resident_slots = slots_for(std::max(resident_slot, uint64_t{1}));
+  if (resident > 0 && resident_slots == 0) {
+    for (auto& w : base) {
+      if (w == UpdateWhere::kDeviceResident) w = UpdateWhere::kCpu;
+    }
+    why << "no device memory for a gradient buffer: resident groups update on the CPU; ";
+    resident = 0;
+  }
+  const int stream_slots = std::max(slots_for(std::max(stream_slot, resident_slot)), 0);
+  // The assignment streaming `s` of the candidates, evenly spaced.
+  auto with = [&](size_t s) {
+    std::vector<UpdateWhere> w = base;
+    for (size_t j = 0; j < s; ++j) {
+      w[candidates[(j * candidates.size()) / s]] = UpdateWhere::kDeviceStreamed;
+    }
+    return w;
+  };
+  auto sim = [&](size_t s) {
+    return Simulate(groups, with(s), rates, s > 0 ? stream_slots : resident_slots);
+  };
+  size_t max_stream = stream_slots > 0 ? candidates.size() : 0;
+  if (budget.mode == UpdateMode::kCpu || n == 0) {
+    UpdatePlan p = Simulate(groups, base, rates, resident_slots);
+    p.reason = why.str() + "engine.optimizer is cpu";
+    return p;
+  }
+  if (budget.mode == UpdateMode::kFraction) {
+    const size_t want = static_cast<size_t>(std::llround(budget.device_fraction * n));
+    size_t s = want > static_cast<size_t>(resident) ? want - resident : 0;
+    why << "engine.optimizer is a device fraction of " << budget.device_fraction << " ("
+        << want << " of " << n << " groups, " << resident << " resident)";
+    if (s > max_stream) {
+      why << "; only " << max_stream << " can stream ("
+          << (stream_slots == 0 ? "no device memory for one group's buffer"
+                                : "the others' states or parameters are on NVMe")
+          << ")";
+      s = max_stream;
+    }
+    UpdatePlan p = sim(s);
+    p.reason = why.str();
+    return p;
+  }
+  UpdatePlan best = sim(0);
+  size_t best_s = 0;
+  for (size_t s = 1; s <= max_stream; ++s) {
+    UpdatePlan p = sim(s);
+    if (p.phase_s < best.phase_s * (1 - 1e-9)) {
+      best = std::move(p);
+      best_s = s;
+    }
+  }
+  why << "auto: " << resident << " resident, " << best_s << " of " << candidates.size()
+      << " streamable groups streamed";
+  if (candidates.size() > 0 && max_stream == 0) why << " (no device memory for one group's buffer)";
+  best.reason = why.str();
+  return best;
+}
+
+}  // namespace tierzero

@@ -1,0 +1,95 @@
+// The update phase's cost model (docs/optimizer.md): from rates measured on this machine, which
+// optimizer groups (a chunk's shard each) update on the CPU and which on the device, and when the
+// phase is predicted to end.
+//
+// A group updates in one of three ways:
+//   kCpu             CpuAdam on the trainer's threads; states in host memory, or read from NVMe
+//                    and written back through the swap pipeline.
+//   kDeviceResident  states live in device memory (placed there by the device shard budget); the
+//                    gradient goes up, the compute-dtype parameters come down.
+//   kDeviceStreamed  states in host memory go up with the gradient for this phase only, into
+//                    device memory that is idle while no chunk is gathered, and come back down.
+// The device's work runs as three in-order streams (H2D, Adam, D2H) over `slots` buffers, while
+// the CPU updates its groups: Simulate models exactly that order, so a prediction can be worked
+// out by hand (tests/engine/update_plan_test.cc does).
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace tierzero {
+
+enum class UpdateWhere : uint8_t { kCpu, kDeviceResident, kDeviceStreamed };
+std::string_view UpdateWhereName(UpdateWhere w);
+
+// Measured rates (UpdateRates::Measure in update_phase.cc), all > 0 where used.
+struct UpdateRates {
+  double cpu_params_per_s = 0;     // CpuAdam with the optimizer's threads
+  double device_params_per_s = 0;  // device Adam
+  double h2d_bytes_per_s = 0;
+  double d2h_bytes_per_s = 0;
+  double nvme_read_bytes_per_s = 0;
+  double nvme_write_bytes_per_s = 0;
+  // The device computes on the CPU's cores (the simulated device without a modelled rate): its
+  // updates take CPU time from the CPU's own, so the phase is their sum.
+  bool device_shares_cpu = false;
+};
+
+// One group as the model sees it.
+struct UpdateGroup {
+  uint64_t elems = 0;       // shard elements (master, m, v: 12 bytes each)
+  uint64_t grad_bytes = 0;  // the gradient shard, uploaded for a device update
+  uint64_t out_bytes = 0;   // the compute-dtype parameters, downloaded (0: the shard is on the
+                            // device, written in place)
+  bool states_on_device = false;
+  bool states_on_nvme = false;
+  // The CPU's update also writes an NVMe parameter shard (a device update may not: kCpu only).
+  bool param_on_nvme = false;
+};
+
+enum class UpdateMode : uint8_t { kAuto, kCpu, kFraction };
+
+struct UpdateBudget {
+  // Device memory the phase may use for its buffers, and how many streamed groups' buffers
+  // (states, gradient and output) fit in it, at most kMaxSlots.
+  uint64_t device_bytes = 0;
+  UpdateMode mode = UpdateMode::kAuto;
+  double device_fraction = 0;  // kFraction
+};
+
+inline constexpr int kMaxUpdateSlots = 3;
+
+struct UpdatePlan {
+  std::vector<UpdateWhere> where;  // per group
+  int slots = 0;                   // device buffers in turn
+  uint64_t slot_bytes = 0;
+  // Predicted seconds: per group, when its update ends (from the phase's start); the CPU's and
+  // the device's chains; the phase.
+  std::vector<double> group_end_s;
+  double cpu_s = 0, device_s = 0, phase_s = 0;
+  std::string reason;  // one line: why this assignment
+};
+
+// The bytes one device buffer needs for a group updated `where` on the device.
+uint64_t UpdateSlotBytes(const UpdateGroup& g, UpdateWhere where);
+
+// Predicts the phase for a given assignment (where[i] for group i; kDeviceResident only for
+// groups whose states are on the device). `slots` buffers of device memory (>= 1 when any group
+// is on the device).
+UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<UpdateWhere>& where,
+                    const UpdateRates& rates, int slots);
+
+// Chooses the assignment. Groups whose states are on the device update there; NVMe groups and
+// those with an NVMe parameter shard on the CPU; of the rest, kAuto streams the number that ends
+// the phase earliest (ties: fewer), kCpu none, kFraction round(fraction * groups) counting the
+// resident ones, evenly spaced. Streaming needs a slot of memory: without one nothing streams.
+UpdatePlan PlanUpdate(const std::vector<UpdateGroup>& groups, const UpdateRates& rates,
+                      const UpdateBudget& budget);
+
+}  // namespace tierzero
