@@ -209,6 +209,27 @@ Field CollectivesField(const std::string& name, CollectivePath* p) {
                                     {"host", CollectivePath::kHost}});
 }
 
+// engine.optimizer: "auto", "cpu", or a device fraction in [0, 1].
+Field OptimizerField(const std::string& name, OptimizerPlacement* p, double* fraction) {
+  return {[=](const json& v) -> Status {
+            if (v.is_number() && v.get<double>() >= 0 && v.get<double>() <= 1) {
+              *p = OptimizerPlacement::kFraction;
+              *fraction = v.get<double>();
+              return Status::OK();
+            }
+            const std::string s = v.is_string() ? v.get<std::string>() : "";
+            if (s == "auto" || s == "cpu") {
+              *p = s == "auto" ? OptimizerPlacement::kAuto : OptimizerPlacement::kCpu;
+              return Status::OK();
+            }
+            return Bad(name, v, "\"auto\", \"cpu\" or a device fraction in [0, 1]");
+          },
+          [=] {
+            if (*p == OptimizerPlacement::kFraction) return json(*fraction);
+            return json(*p == OptimizerPlacement::kCpu ? "cpu" : "auto");
+          }};
+}
+
 using Section = std::map<std::string, Field>;
 
 std::map<std::string, Section> Fields(RunConfig& c) {
@@ -266,6 +287,11 @@ std::map<std::string, Section> Fields(RunConfig& c) {
       {"loss_scale_window",
        IntField("engine.loss_scale_window", &c.engine.loss_scale_window, 1, 100000000)},
       {"cpu_threads", IntField("engine.cpu_threads", &c.engine.cpu_threads, 0, 4096)},
+      {"optimizer", OptimizerField("engine.optimizer", &c.engine.optimizer,
+                                   &c.engine.optimizer_device_fraction)},
+      {"host_device_adam_rate",
+       DoubleField("engine.host_device_adam_rate", &c.engine.host_device_adam_rate, 0,
+                   "parameters/s >= 0 (0: off; the simulated device only)")},
       {"host_link_bandwidth",
        DoubleField("engine.host_link_bandwidth", &c.engine.host_link_bandwidth, 0,
                    "bytes/s >= 0 (0: unthrottled)")},

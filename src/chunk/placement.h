@@ -7,8 +7,9 @@
 // memory runs out moves state to NVMe in this order: optimizer states first (from the last chunk
 // backwards), then parameter shards. Up to `device_optimizer_groups` optimizer states go to the
 // device shard budget that parameter shards leave, also from the last chunk backwards (those that
-// would spill to NVMe first), and are updated there (docs/optimizer.md). Gradient shards stay in host memory, where CPU Adam reads
-// them (for NVMe-resident optimizer states the swap pipeline streams master, m and v past them).
+// would spill to NVMe first), and are updated there (docs/optimizer.md). Gradient shards stay in
+// host memory, where CPU Adam reads them (for NVMe-resident optimizer states the swap pipeline
+// streams master, m and v past them).
 //
 // Thread-safety: pure function.
 #pragma once

@@ -25,10 +25,7 @@ struct DeviceAdam::Errors {
 };
 
 DeviceAdam::DeviceAdam(Device& device, const AdamConfig& config, const DeviceAdamOptions& options)
-    : device_(device),
-      config_(config),
-      options_(options),
-      errors_(std::make_shared<Errors>()) {}
+    : device_(device), config_(config), options_(options), errors_(std::make_shared<Errors>()) {}
 
 DeviceAdam::~DeviceAdam() = default;
 
@@ -64,17 +61,16 @@ Status DeviceAdam::StepAsync(const AdamBuffers& b, const AdamStepOptions& step,
   so.skip_if_nonfinite = false;
   const double model_s =
       options_.model_params_per_second > 0 ? b.n / options_.model_params_per_second : 0;
-  return device_.LaunchHostFunc(
-      stream, [adam = host_.get(), errors = errors_, b, so, model_s] {
-        const auto t0 = std::chrono::steady_clock::now();
-        StatusOr<bool> r = adam->Step(b, so);
-        if (!r.ok()) errors->Add(std::move(r).status().WithContext("device Adam"));
-        if (model_s > 0) {
-          std::this_thread::sleep_until(
-              t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                       std::chrono::duration<double>(model_s)));
-        }
-      });
+  return device_.LaunchHostFunc(stream, [adam = host_.get(), errors = errors_, b, so, model_s] {
+    const auto t0 = std::chrono::steady_clock::now();
+    StatusOr<bool> r = adam->Step(b, so);
+    if (!r.ok()) errors->Add(std::move(r).status().WithContext("device Adam"));
+    if (model_s > 0) {
+      std::this_thread::sleep_until(t0 +
+                                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                        std::chrono::duration<double>(model_s)));
+    }
+  });
 }
 
 Status DeviceAdam::TakeError() {

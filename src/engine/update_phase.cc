@@ -77,67 +77,94 @@ std::vector<UpdateGroup> Engine::Impl::UpdateGroups() const {
 }
 
 // Note [Measuring the update phase's rates]
-// Each rate is timed on buffers of one group's size (at most 4M elements), several rounds, the
-// median: CPU Adam with the optimizer's threads on host buffers; the link by copying the states
-// up and down on the phase's own streams; device Adam on them; the disk by reading the first
-// NVMe group and writing it back unchanged. They are measured once, at the first step, when
-// every cache and page is as cold as the training's own, on the memory the phase will use.
+// Each rate is timed as the phase will see it: group-sized calls (so a call's own overhead
+// counts) over as many elements of distinct memory as the model's groups hold, up to 4M (112 MB
+// of streams, beyond this machine's 32 MiB L3: the caches then hold as little of the probe as
+// of the groups a step walks), several rounds, the median: CPU Adam with the optimizer's
+// threads on host buffers; the link by copying the states up and down on the phase's own
+// streams; device Adam on them; the disk by reading the first NVMe group and writing it back
+// unchanged. They are measured once, at the first step, on the memory the phase will use.
 StatusOr<UpdateRates> Engine::Impl::MeasureUpdateRates(void* scratch, uint64_t scratch_bytes) {
-  constexpr int kRounds = 5;
+  constexpr int kRounds = 3;
+  const uint64_t probe_elems =
+      std::min<uint64_t>(uint64_t{4} << 20, layout.shard_elems() * layout.num_chunks());
   UpdateRates r;
   r.device_shares_cpu = host_compute && cfg.host_device_adam_rate == 0;
   const DType gt = store->grad_dtype();
   const DType dt = cfg.compute_dtype;
-  const uint64_t per_elem = 12 + DTypeBytes(gt, 1) + DTypeBytes(dt, 1);
-  uint64_t n = std::min<uint64_t>(layout.shard_elems(), uint64_t{4} << 20);
-  AlignedBuffer host = AlignedBuffer::Allocate(Aligned(n * 12) + 2 * Aligned(n * 4));
+  const uint64_t n = layout.shard_elems();
+  const uint64_t calls = std::max<uint64_t>(1, (probe_elems + n - 1) / n);
+  const uint64_t total = calls * n;
+  // Host: [master | m | v] for all calls, then the gradients, then the outputs.
+  AlignedBuffer host = AlignedBuffer::Allocate(Aligned(total * 12) + 2 * Aligned(total * 4));
   if (host.data() == nullptr) return OutOfMemoryError("the optimizer's rate probe");
   auto* f = reinterpret_cast<float*>(host.data());
-  for (uint64_t i = 0; i < 3 * n; ++i) f[i] = i < n ? 0.01f : 0.0f;
-  uint8_t* hgrad = static_cast<uint8_t*>(host.data()) + Aligned(n * 12);
-  uint8_t* hout = hgrad + Aligned(n * 4);
-  std::vector<float> ones(n, 1e-3f);
-  RETURN_IF_ERROR(Convert(ones.data(), DType::kF32, hgrad, gt, n));
+  for (uint64_t i = 0; i < 3 * total; ++i) f[i] = i < total ? 0.01f : 0.0f;
+  uint8_t* hgrad = static_cast<uint8_t*>(host.data()) + Aligned(total * 12);
+  uint8_t* hout = hgrad + Aligned(total * 4);
+  {
+    std::vector<float> small(total, 1e-3f);
+    RETURN_IF_ERROR(Convert(small.data(), DType::kF32, hgrad, gt, total));
+  }
   AdamStepOptions so;
   so.lr = 0;  // the probe's values do not matter; its time does
-  AdamBuffers b{f, f + n, f + 2 * n, hgrad, gt, dt == DType::kF32 ? nullptr : hout, dt, n};
+  auto buffers = [&](float* st, uint64_t count, uint8_t* grad, uint8_t* out, uint64_t k) {
+    // Call k of `count` elements' groups laid out as [master | m | v] for all of them.
+    return AdamBuffers{st + k * n,
+                       st + count + k * n,
+                       st + 2 * count + k * n,
+                       grad + DTypeBytes(gt, k * n),
+                       gt,
+                       dt == DType::kF32 ? nullptr : out + DTypeBytes(dt, k * n),
+                       dt,
+                       n};
+  };
   std::vector<double> t;
-  for (int k = 0; k < kRounds; ++k) {
+  for (int round = 0; round < kRounds; ++round) {
     const auto t0 = std::chrono::steady_clock::now();
-    RETURN_IF_ERROR(adam_plain->Step(b, so).status());
+    for (uint64_t k = 0; k < calls; ++k)
+      RETURN_IF_ERROR(adam_plain->Step(buffers(f, total, hgrad, hout, k), so).status());
     t.push_back(Since(t0));
   }
-  r.cpu_params_per_s = n / std::max(Median(t), 1e-9);
-  // The device: as many elements as the scratch holds.
-  const uint64_t dn = std::min<uint64_t>(n, scratch_bytes / (per_elem + 3 * kDeviceAlignment));
-  if (dn > 0 && scratch != nullptr) {
-    SlotParts p = PartsOf(static_cast<uint8_t*>(scratch), true, dn, DTypeBytes(gt, dn));
+  r.cpu_params_per_s = static_cast<double>(total) / std::max(Median(t), 1e-9);
+  // The device: as many whole groups as the scratch holds.
+  const uint64_t per_elem = 12 + DTypeBytes(gt, 1) + DTypeBytes(dt, 1);
+  const uint64_t dcalls =
+      std::min<uint64_t>(calls, scratch_bytes / (n * per_elem + 3 * kDeviceAlignment));
+  if (dcalls > 0 && scratch != nullptr) {
+    const uint64_t dn = dcalls * n;
+    auto* ds = static_cast<uint8_t*>(scratch);
+    auto* dstates = reinterpret_cast<float*>(ds);
+    uint8_t* dgrad = ds + Aligned(dn * 12);
+    uint8_t* dout = dgrad + Aligned(DTypeBytes(gt, dn));
     std::vector<double> up, down, adam;
-    for (int k = 0; k < kRounds; ++k) {
+    for (int round = 0; round < kRounds; ++round) {
+      // The same states as the host's first dn elements' (the layout differs; the time does not).
       auto t0 = std::chrono::steady_clock::now();
       RETURN_IF_ERROR(
-          device->CopyAsync(p.states, f, dn * 12, CopyKind::kHostToDevice, update.h2d.handle()));
-      RETURN_IF_ERROR(device->CopyAsync(p.grad, hgrad, DTypeBytes(gt, dn),
-                                        CopyKind::kHostToDevice, update.h2d.handle()));
+          device->CopyAsync(dstates, f, dn * 12, CopyKind::kHostToDevice, update.h2d.handle()));
+      RETURN_IF_ERROR(device->CopyAsync(dgrad, hgrad, DTypeBytes(gt, dn), CopyKind::kHostToDevice,
+                                        update.h2d.handle()));
       RETURN_IF_ERROR(update.h2d.Synchronize());
       up.push_back(Since(t0));
-      auto* df = reinterpret_cast<float*>(p.states);
-      AdamBuffers db{df, df + dn, df + 2 * dn, p.grad, gt, dt == DType::kF32 ? nullptr : p.out,
-                     dt, dn};
       t0 = std::chrono::steady_clock::now();
-      RETURN_IF_ERROR(update.plain->StepAsync(db, so, update.adam.handle()));
+      for (uint64_t k = 0; k < dcalls; ++k) {
+        RETURN_IF_ERROR(update.plain->StepAsync(buffers(dstates, dn, dgrad, dout, k), so,
+                                                update.adam.handle()));
+      }
       RETURN_IF_ERROR(update.adam.Synchronize());
       RETURN_IF_ERROR(update.plain->TakeError());
       adam.push_back(Since(t0));
       t0 = std::chrono::steady_clock::now();
       RETURN_IF_ERROR(
-          device->CopyAsync(f, p.states, dn * 12, CopyKind::kDeviceToHost, update.d2h.handle()));
+          device->CopyAsync(f, dstates, dn * 12, CopyKind::kDeviceToHost, update.d2h.handle()));
       RETURN_IF_ERROR(update.d2h.Synchronize());
       down.push_back(Since(t0));
     }
-    r.h2d_bytes_per_s = (dn * 12 + DTypeBytes(gt, dn)) / std::max(Median(up), 1e-9);
-    r.d2h_bytes_per_s = dn * 12 / std::max(Median(down), 1e-9);
-    r.device_params_per_s = dn / std::max(Median(adam), 1e-9);
+    r.h2d_bytes_per_s =
+        static_cast<double>(dn * 12 + DTypeBytes(gt, dn)) / std::max(Median(up), 1e-9);
+    r.d2h_bytes_per_s = static_cast<double>(dn * 12) / std::max(Median(down), 1e-9);
+    r.device_params_per_s = static_cast<double>(dn) / std::max(Median(adam), 1e-9);
   }
   ASSIGN_OR_RETURN(auto disk, optimizer().MeasureNvmeRates(3));
   r.nvme_read_bytes_per_s = disk.first;
@@ -163,7 +190,8 @@ Status Engine::Impl::EnqueueDeviceGroup(int c, UpdateWhere where, int k, uint8_t
   RETURN_IF_ERROR(
       device->CopyAsync(p.grad, store->grad(c), store->grad_bytes(), CopyKind::kHostToDevice, h2d));
   if (streamed) {
-    RETURN_IF_ERROR(device->CopyAsync(p.states, g.master, elems * 12, CopyKind::kHostToDevice, h2d));
+    RETURN_IF_ERROR(
+        device->CopyAsync(p.states, g.master, elems * 12, CopyKind::kHostToDevice, h2d));
   }
   RETURN_IF_ERROR(device->RecordEvent(update.up_done[ks].handle(), h2d));
   // Adam, slice by slice, its compute-dtype output into a device shard or the slot.
@@ -188,8 +216,8 @@ Status Engine::Impl::EnqueueDeviceGroup(int c, UpdateWhere where, int k, uint8_t
       b.out = out + DTypeBytes(dt, sl.shard_offset);
       b.out_dtype = dt;
     }
-    DeviceAdam& da = params[static_cast<size_t>(sl.tensor)].weight_decay ? *update.decay
-                                                                          : *update.plain;
+    DeviceAdam& da =
+        params[static_cast<size_t>(sl.tensor)].weight_decay ? *update.decay : *update.plain;
     RETURN_IF_ERROR(da.StepAsync(b, so, adam));
   }
   if (dt == DType::kF32 && param_dev != nullptr) {
@@ -206,14 +234,14 @@ Status Engine::Impl::EnqueueDeviceGroup(int c, UpdateWhere where, int k, uint8_t
     RETURN_IF_ERROR(device->CopyAsync(host, src, shard_bytes, CopyKind::kDeviceToHost, d2h));
   }
   if (streamed) {
-    RETURN_IF_ERROR(device->CopyAsync(g.master, p.states, elems * 12, CopyKind::kDeviceToHost, d2h));
+    RETURN_IF_ERROR(
+        device->CopyAsync(g.master, p.states, elems * 12, CopyKind::kDeviceToHost, d2h));
   }
   RETURN_IF_ERROR(device->RecordEvent(update.slot_free[ks].handle(), d2h));
   return device->LaunchHostFunc(d2h, [stamp, t0 = update.t0] {
     *stamp = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   });
 }
-
 
 // Note [Device memory for the update phase]
 // While no iteration runs, no chunk is gathered: the plan's slot region is idle (Deep Optimizer
@@ -300,8 +328,7 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
     const int in_idle = static_cast<int>(std::min<uint64_t>(plan.slots, idle_bytes / sb));
     for (int k = 0; k < in_idle; ++k) slot_mem.push_back(idle + k * sb);
     if (in_idle < plan.slots) {
-      ASSIGN_OR_RETURN(update.extra,
-                       DeviceBuffer::Allocate(*device, (plan.slots - in_idle) * sb));
+      ASSIGN_OR_RETURN(update.extra, DeviceBuffer::Allocate(*device, (plan.slots - in_idle) * sb));
       for (int k = in_idle; k < plan.slots; ++k) {
         slot_mem.push_back(static_cast<uint8_t*>(update.extra.data()) + (k - in_idle) * sb);
       }
@@ -347,11 +374,11 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
       const UpdateWhere w = plan.where[static_cast<size_t>(c)];
       if (w == UpdateWhere::kCpu) continue;
       // The device's groups as spans ending when their download did.
-      timeline.Add({Track::kOptimizer,
-                    "device Adam chunk " + std::to_string(c) + " (" +
-                        std::string(UpdateWhereName(w)) + ")",
-                    phase_start_s, update.measured_end_s[static_cast<size_t>(c)], -1, c,
-                    layout.shard_elems() * 12, 0});
+      timeline.Add(
+          {Track::kOptimizer,
+           "device Adam chunk " + std::to_string(c) + " (" + std::string(UpdateWhereName(w)) + ")",
+           phase_start_s, update.measured_end_s[static_cast<size_t>(c)], -1, c,
+           layout.shard_elems() * 12, 0});
     }
   }
   int counts[3] = {0, 0, 0};

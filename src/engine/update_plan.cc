@@ -174,8 +174,8 @@ UpdatePlan PlanUpdate(const std::vector<UpdateGroup>& groups, const UpdateRates&
   if (budget.mode == UpdateMode::kFraction) {
     const size_t want = static_cast<size_t>(std::llround(budget.device_fraction * n));
     size_t s = want > static_cast<size_t>(resident) ? want - resident : 0;
-    why << "engine.optimizer is a device fraction of " << budget.device_fraction << " ("
-        << want << " of " << n << " groups, " << resident << " resident)";
+    why << "engine.optimizer is a device fraction of " << budget.device_fraction << " (" << want
+        << " of " << n << " groups, " << resident << " resident)";
     if (s > max_stream) {
       why << "; only " << max_stream << " can stream ("
           << (stream_slots == 0 ? "no device memory for one group's buffer"

@@ -1,8 +1,8 @@
 #include "shard/optimizer_states.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <algorithm>
 #include <deque>
 
 #include "core/bytes.h"
@@ -16,8 +16,7 @@ uint64_t OptimizerStates::SwapSlotBytes(uint64_t shard_elems) {
   return AlignUp(shard_elems * 12, kNvmeAlignment);
 }
 
-StatusOr<std::unique_ptr<OptimizerStates>> OptimizerStates::Create(Device* device,
-                                                                   NvmeStore* nvme,
+StatusOr<std::unique_ptr<OptimizerStates>> OptimizerStates::Create(Device* device, NvmeStore* nvme,
                                                                    uint64_t shard_elems,
                                                                    std::vector<Tier> tier) {
   for (Tier t : tier) {
@@ -69,8 +68,8 @@ Status OptimizerStates::Allocate() {
   if (on_device > 0) {
     auto mem = DeviceBuffer::Allocate(*device_, static_cast<uint64_t>(on_device) * group_bytes());
     if (!mem.ok()) {
-      return std::move(mem).status().WithContext("optimizer states of " +
-                                                 std::to_string(on_device) + " groups on the device");
+      return std::move(mem).status().WithContext(
+          "optimizer states of " + std::to_string(on_device) + " groups on the device");
     }
     device_memory_ = std::move(mem).value();
     ASSIGN_OR_RETURN(stream_, Stream::Create(*device_, "optimizer-states"));
@@ -121,8 +120,8 @@ Status OptimizerStates::WithDevice(int chunk, bool fresh, bool write_back,
   }
   void* dev = device_group_[static_cast<size_t>(chunk)];
   if (!fresh) {
-    RETURN_IF_ERROR(device_->CopyAsync(bounce_.data(), dev, group_bytes(),
-                                       CopyKind::kDeviceToHost, stream_.handle()));
+    RETURN_IF_ERROR(device_->CopyAsync(bounce_.data(), dev, group_bytes(), CopyKind::kDeviceToHost,
+                                       stream_.handle()));
     RETURN_IF_ERROR(stream_.Synchronize());
   }
   RETURN_IF_ERROR(fn(Group(chunk, bounce_.data())));

@@ -94,8 +94,8 @@ class OptimizerStates {
   bool host_registered_ = false;
   std::vector<void*> device_group_;  // per chunk, into device_memory_ (null unless kDevice)
   DeviceBuffer device_memory_;
-  Stream stream_;           // the bounce buffer's copies
-  AlignedBuffer bounce_;    // a device group on its way through a host caller, made on first use
+  Stream stream_;         // the bounce buffer's copies
+  AlignedBuffer bounce_;  // a device group on its way through a host caller, made on first use
   std::unique_ptr<PinnedArena> swap_arena_;  // NVMe groups on their way through the caller
   OptimizerCounters counters_;
 };

@@ -1,0 +1,148 @@
+// Where the optimizer's groups update (docs/optimizer.md): every group on the CPU, every group's
+// states resident on the device, every group streamed to the device, and mixtures with NVMe
+// groups, train the small GPT to the same losses and parameters bit for bit (the simulated
+// device runs CpuAdam's element math on its stream), in fp32 and bf16; the assignment each run
+// took is checked from the engine's counters, so a run that silently stayed on the CPU fails.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gpt/data.h"
+#include "gpt/gpt.h"
+#include "small_model.h"
+#include "tierzero/engine.h"
+
+namespace tierzero {
+namespace {
+namespace fs = std::filesystem;
+
+struct TrainResult {
+  std::vector<double> losses;
+  std::vector<std::vector<float>> params;
+  EngineStats stats;
+};
+
+TrainResult Train(const EngineConfig& ec, int steps) {
+  TrainResult out;
+  const gpt::GptConfig mc = testing_models::SmallModel();
+  auto e = Engine::Create(ec);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  if (!e.ok()) return out;
+  std::unique_ptr<Engine> engine = std::move(e).value();
+  auto m = gpt::Gpt::Create(*engine, mc);
+  EXPECT_TRUE(m.ok());
+  Status fin = engine->Finalize();
+  EXPECT_TRUE(fin.ok()) << fin.ToString();
+  if (!fin.ok()) return out;
+  auto data = std::move(gpt::Dataset::Create(gpt::DataConfig{}, mc.seq_len)).value();
+  for (int s = 0; s < steps; ++s) {
+    auto l = (*m)->ForwardBackward(data->Get(false, static_cast<uint64_t>(s * 16), 8));
+    EXPECT_TRUE(l.ok()) << l.status().ToString();
+    if (!l.ok()) return out;
+    out.losses.push_back(*l);
+    auto st = engine->Step({1e-3f});
+    EXPECT_TRUE(st.ok()) << st.status().ToString();
+    if (!st.ok()) return out;
+  }
+  for (ParamId p = 0; p < engine->num_params(); ++p) {
+    std::vector<float> v(static_cast<size_t>(engine->numel(p)));
+    EXPECT_TRUE(engine->ReadParam(p, v).ok());
+    out.params.push_back(std::move(v));
+  }
+  out.stats = engine->stats();
+  return out;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string t = (fs::temp_directory_path() / "tz_optim_XXXXXX").string();
+    path_ = mkdtemp(t.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct Case {
+  const char* name;
+  OptimizerPlacement placement;
+  double fraction;
+  uint64_t device_shard_budget;
+  bool nvme;          // optimizer states partly on NVMe
+  double model_rate;  // host_device_adam_rate
+  // What the last step must have done: groups on the CPU, resident, streamed (-1: some, > 0).
+  int cpu, resident, streamed;
+};
+
+class OptimizerPlacementTest : public ::testing::TestWithParam<DType> {};
+INSTANTIATE_TEST_SUITE_P(Dtypes, OptimizerPlacementTest,
+                         ::testing::Values(DType::kF32, DType::kBF16),
+                         [](const auto& info) { return std::string(DTypeName(info.param)); });
+
+TEST_P(OptimizerPlacementTest, EveryPlacementTrainsBitIdentically) {
+  TempDir dir;
+  const Case cases[] = {
+      {"cpu", OptimizerPlacement::kCpu, 0, 0, false, 0, -1, 0, 0},
+      {"all resident", OptimizerPlacement::kFraction, 1, 64 << 20, false, 0, 0, -1, 0},
+      {"all streamed", OptimizerPlacement::kFraction, 1, 0, false, 0, 0, 0, -1},
+      {"cpu, resident, streamed", OptimizerPlacement::kFraction, 0.75, 2 << 20, false, 0, -1, -1,
+       -1},
+      {"half streamed, modelled device", OptimizerPlacement::kFraction, 0.5, 0, false, 2e7, -1, 0,
+       -1},
+      {"NVMe on the CPU, the rest streamed", OptimizerPlacement::kFraction, 1, 0, true, 0, -1, 0,
+       -1},
+  };
+  std::vector<TrainResult> runs;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    EngineConfig ec = testing_models::SmallEngineConfig(DeviceChoice::kHost);
+    ec.compute_dtype = GetParam();
+    ec.optimizer = c.placement;
+    ec.optimizer_device_fraction = c.fraction;
+    ec.device_shard_budget = c.device_shard_budget;
+    ec.host_device_adam_rate = c.model_rate;
+    if (c.nvme) {
+      ec.host_budget = uint64_t{4} << 20;  // some optimizer states on NVMe, some in memory
+      ec.nvme_budget = uint64_t{128} << 20;
+      ec.nvme_path = dir.path();
+    }
+    runs.push_back(Train(ec, 20));
+    const EngineStats& s = runs.back().stats;
+    auto check = [](int want, int got, const char* what) {
+      if (want < 0) {
+        EXPECT_GT(got, 0) << what;
+      } else {
+        EXPECT_EQ(got, want) << what;
+      }
+    };
+    check(c.cpu, s.optimizer_cpu_groups, "groups on the CPU");
+    check(c.resident, s.optimizer_resident_groups, "groups resident on the device");
+    check(c.streamed, s.optimizer_streamed_groups, "groups streamed to the device");
+    EXPECT_GT(s.optimizer_predicted_seconds, 0);
+    EXPECT_GT(s.optimizer_phase_seconds, 0);
+  }
+  const TrainResult& ref = runs[0];
+  ASSERT_EQ(ref.losses.size(), 20u);
+  EXPECT_LT(ref.losses.back(), ref.losses.front());
+  for (size_t r = 1; r < runs.size(); ++r) {
+    SCOPED_TRACE(cases[r].name);
+    ASSERT_EQ(runs[r].losses.size(), ref.losses.size());
+    for (size_t i = 0; i < ref.losses.size(); ++i)
+      ASSERT_EQ(runs[r].losses[i], ref.losses[i]) << "step " << i;
+    ASSERT_EQ(runs[r].params.size(), ref.params.size());
+    for (size_t p = 0; p < ref.params.size(); ++p)
+      ASSERT_EQ(runs[r].params[p], ref.params[p]) << "parameter " << p;
+  }
+}
+
+}  // namespace
+}  // namespace tierzero

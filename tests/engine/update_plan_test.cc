@@ -1,0 +1,147 @@
+// The update phase's cost model (src/engine/update_plan.h) against assignments and finish times
+// worked out by hand in the comments: all on the CPU when the device link is slow, all on the
+// device when the states live there, a split otherwise, the NVMe pipeline, a device that shares
+// the CPU's cores, a fixed fraction, and too little device memory.
+#include "engine/update_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace tierzero {
+namespace {
+
+using W = UpdateWhere;
+
+// 100 elements: 1200 bytes of states, a 200-byte bf16 gradient and output.
+UpdateGroup HostGroup() {
+  UpdateGroup g;
+  g.elems = 100;
+  g.grad_bytes = 200;
+  g.out_bytes = 200;
+  return g;
+}
+
+UpdateRates Rates(double link_bytes_per_s) {
+  UpdateRates r;
+  r.cpu_params_per_s = 100;      // 1 s per group
+  r.device_params_per_s = 1000;  // 0.1 s per group
+  r.h2d_bytes_per_s = link_bytes_per_s;
+  r.d2h_bytes_per_s = link_bytes_per_s;
+  r.nvme_read_bytes_per_s = 1200;   // 1 s per group's states
+  r.nvme_write_bytes_per_s = 1200;  // 1 s
+  return r;
+}
+
+UpdateBudget Auto() {
+  UpdateBudget b;
+  b.device_bytes = 10000;  // 6 slots of 1600 bytes: capped at 3
+  return b;
+}
+
+TEST(UpdatePlan, AllOnTheCpuWhenTheLinkIsSlow) {
+  // Streaming one group moves 1400 bytes each way at 100 B/s: 14 + 0.1 + 14 s on the device,
+  // against 1 s of CPU Adam. Four groups on the CPU: 4 s.
+  const std::vector<UpdateGroup> g(4, HostGroup());
+  UpdatePlan p = PlanUpdate(g, Rates(100), Auto());
+  EXPECT_EQ(p.where, std::vector<W>(4, W::kCpu));
+  EXPECT_DOUBLE_EQ(p.phase_s, 4.0);
+  EXPECT_DOUBLE_EQ(p.cpu_s, 4.0);
+  EXPECT_DOUBLE_EQ(p.device_s, 0.0);
+}
+
+TEST(UpdatePlan, AllOnTheDeviceWhenTheStatesLiveThere) {
+  // Resident groups with their parameters on the device: upload 200 B at 10000 B/s (0.02 s), Adam
+  // 0.1 s, nothing comes down. Adam is the bottleneck once the first upload is in: 0.02 + 4 x 0.1.
+  // (The fourth upload waits for slot 0, free when group 0's Adam ends at 0.12.)
+  std::vector<UpdateGroup> g(4, HostGroup());
+  for (auto& x : g) {
+    x.states_on_device = true;
+    x.out_bytes = 0;
+  }
+  UpdatePlan p = PlanUpdate(g, Rates(10000), Auto());
+  EXPECT_EQ(p.where, std::vector<W>(4, W::kDeviceResident));
+  EXPECT_EQ(p.slots, 3);
+  EXPECT_EQ(p.slot_bytes, 200u);
+  EXPECT_NEAR(p.phase_s, 0.42, 1e-12);
+  EXPECT_NEAR(p.group_end_s[0], 0.12, 1e-12);
+  EXPECT_NEAR(p.group_end_s[3], 0.42, 1e-12);
+}
+
+TEST(UpdatePlan, ASplitOtherwise) {
+  // A link of 1400 B/s: a streamed group takes 1 s up, 0.1 s of Adam, 1 s down.
+  //   none streamed: CPU 4 s.
+  //   one: CPU 3 s; device 1 + 0.1 + 1 = 2.1 s; phase 3 s.
+  //   two: CPU 2 s; device: the second upload [1, 2], Adam [2, 2.1], its download waits for the
+  //        first's [1.1, 2.1] and ends at 3.1; phase 3.1 s.
+  // One streamed group, the first of the evenly spaced candidates.
+  const std::vector<UpdateGroup> g(4, HostGroup());
+  UpdatePlan p = PlanUpdate(g, Rates(1400), Auto());
+  EXPECT_EQ(p.where, (std::vector<W>{W::kDeviceStreamed, W::kCpu, W::kCpu, W::kCpu}));
+  EXPECT_NEAR(p.phase_s, 3.0, 1e-12);
+  EXPECT_NEAR(p.device_s, 2.1, 1e-12);
+  EXPECT_NEAR(p.group_end_s[0], 2.1, 1e-12);
+  EXPECT_NEAR(p.group_end_s[3], 3.0, 1e-12);
+  EXPECT_EQ(p.slot_bytes, 1600u);
+  // Two streamed groups predict 3.1 s, as worked out above.
+  UpdatePlan two =
+      Simulate(g, {W::kDeviceStreamed, W::kCpu, W::kDeviceStreamed, W::kCpu}, Rates(1400), 3);
+  EXPECT_NEAR(two.phase_s, 3.1, 1e-12);
+}
+
+TEST(UpdatePlan, NvmeGroupsThroughTheSwapPipeline) {
+  // Two NVMe groups: 1 s read, 1 s Adam, 1 s write each. The disk carries 4 s of I/O and the
+  // last Adam follows the last read: max(4 + 1, 1 + 2 + 1) = 5 s. They never stream.
+  std::vector<UpdateGroup> g(2, HostGroup());
+  for (auto& x : g) x.states_on_nvme = true;
+  UpdatePlan p = PlanUpdate(g, Rates(1e9), Auto());
+  EXPECT_EQ(p.where, std::vector<W>(2, W::kCpu));
+  EXPECT_NEAR(p.phase_s, 5.0, 1e-12);
+}
+
+TEST(UpdatePlan, ADeviceOnTheCpuCoresAddsItsTimeToTheCpus) {
+  // As ASplitOtherwise, but the device computes on the CPU's cores: one streamed group costs
+  // 3 + 2.1 = 5.1 s > 4 s, so nothing streams.
+  const std::vector<UpdateGroup> g(4, HostGroup());
+  UpdateRates r = Rates(1400);
+  r.device_shares_cpu = true;
+  UpdatePlan p = PlanUpdate(g, r, Auto());
+  EXPECT_EQ(p.where, std::vector<W>(4, W::kCpu));
+  EXPECT_NEAR(p.phase_s, 4.0, 1e-12);
+}
+
+TEST(UpdatePlan, AFixedFractionIsEvenlySpaced) {
+  // Half of four groups: candidates 0 and 2 stream (3.1 s, worked out in ASplitOtherwise).
+  const std::vector<UpdateGroup> g(4, HostGroup());
+  UpdateBudget b = Auto();
+  b.mode = UpdateMode::kFraction;
+  b.device_fraction = 0.5;
+  UpdatePlan p = PlanUpdate(g, Rates(1400), b);
+  EXPECT_EQ(p.where, (std::vector<W>{W::kDeviceStreamed, W::kCpu, W::kDeviceStreamed, W::kCpu}));
+  EXPECT_NEAR(p.phase_s, 3.1, 1e-12);
+  b.mode = UpdateMode::kCpu;
+  EXPECT_EQ(PlanUpdate(g, Rates(1400), b).where, std::vector<W>(4, W::kCpu));
+}
+
+TEST(UpdatePlan, TooLittleDeviceMemoryStreamsNothing) {
+  // 1000 bytes hold no 1600-byte slot: nothing streams, even when asked for.
+  const std::vector<UpdateGroup> g(4, HostGroup());
+  UpdateBudget b;
+  b.device_bytes = 1000;
+  b.mode = UpdateMode::kFraction;
+  b.device_fraction = 1;
+  UpdatePlan p = PlanUpdate(g, Rates(1400), b);
+  EXPECT_EQ(p.where, std::vector<W>(4, W::kCpu));
+  EXPECT_NE(p.reason.find("no device memory"), std::string::npos) << p.reason;
+  // Resident groups without room for a gradient buffer go through the CPU: 1 s of Adam plus
+  // their states down and up at 1200 B/s (1 + 1 s) = 3 s each.
+  std::vector<UpdateGroup> r(1, HostGroup());
+  r[0].states_on_device = true;
+  b.device_bytes = 100;
+  p = PlanUpdate(r, Rates(1200), b);
+  EXPECT_EQ(p.where, std::vector<W>(1, W::kCpu));
+  EXPECT_NEAR(p.phase_s, 3.0, 1e-12);
+}
+
+}  // namespace
+}  // namespace tierzero
