@@ -79,7 +79,8 @@ struct Engine::Impl final : ActivationBuffer::Owner {
     UpdatePlan plan;
     std::vector<double> measured_end_s;  // per group, from the phase's start (last step)
     double measured_s = 0;
-    DeviceBuffer extra;  // device memory beyond the idle slot region, held for one phase
+    std::vector<double> phase_s;  // every step's, for the median
+    DeviceBuffer extra;           // device memory beyond the idle slot region, held for one phase
     std::chrono::steady_clock::time_point t0;  // the last phase's start
   } update;
 
@@ -158,6 +159,7 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   void SnapshotPlan(ReportSnapshot& s) const;
   void SnapshotRanks(ReportSnapshot& s) const;
   void SnapshotProfile(ReportSnapshot& s) const;
+  void SnapshotUpdate(ReportSnapshot& s) const;
   // The whole chunk's fp32 master weights (chunk_elems), gathered from the ranks' shards
   // (collective with W > 1).
   Status GatherChunkMaster(int chunk, std::vector<float>& full);

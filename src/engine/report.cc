@@ -1,5 +1,7 @@
 // The engine's memory placement report (engine.h, docs/report.md): a snapshot of its layout,
 // placement, plan, profile and counters, which src/profiler turns into the report's JSON.
+#include <algorithm>
+
 #include "core/file_io.h"
 #include "engine/engine_impl.h"
 #include "profiler/report_snapshot.h"
@@ -77,6 +79,40 @@ void Engine::Impl::SnapshotProfile(ReportSnapshot& s) const {
   p.step_nvme_write_bytes = im.step_nvme_write_bytes;
 }
 
+void Engine::Impl::SnapshotUpdate(ReportSnapshot& s) const {
+  ReportSnapshot::Update& u = s.update;
+  const UpdatePlan& p = update.plan;
+  if (!update.measured || p.where.size() != static_cast<size_t>(layout.num_chunks())) return;
+  u.available = true;
+  u.mode = cfg.optimizer == OptimizerPlacement::kCpu        ? "cpu"
+           : cfg.optimizer == OptimizerPlacement::kFraction ? "device fraction"
+                                                            : "auto";
+  u.reason = p.reason;
+  for (UpdateWhere w : p.where) u.where.emplace_back(UpdateWhereName(w));
+  u.predicted_end_s = p.group_end_s;
+  u.measured_end_s = update.measured_end_s;
+  u.predicted_s = p.phase_s;
+  u.predicted_cpu_s = p.cpu_s;
+  u.predicted_device_s = p.device_s;
+  u.measured_s = update.measured_s;
+  std::vector<double> all = update.phase_s;
+  std::sort(all.begin(), all.end());
+  u.phases = static_cast<int64_t>(all.size());
+  u.measured_median_s = all.empty() ? 0.0 : all[all.size() / 2];
+  u.slots = p.slots;
+  u.slot_bytes = p.slot_bytes;
+  const UpdateRates& r = update.rates;
+  u.cpu_params_per_s = r.cpu_params_per_s;
+  u.device_params_per_s = r.device_params_per_s;
+  u.h2d_bytes_per_s = r.h2d_bytes_per_s;
+  u.d2h_bytes_per_s = r.d2h_bytes_per_s;
+  u.nvme_read_bytes_per_s = r.nvme_read_bytes_per_s;
+  u.nvme_write_bytes_per_s = r.nvme_write_bytes_per_s;
+  u.nvme_duplex_bytes_per_s = r.nvme_duplex_bytes_per_s;
+  u.device_rate_modelled = cfg.host_device_adam_rate > 0;
+  u.device_shares_cpu = r.device_shares_cpu;
+}
+
 void Engine::Impl::SnapshotRanks(ReportSnapshot& s) const {
   const Impl& im = *this;
   const CommStats cs = im.comm_stats();
@@ -139,6 +175,7 @@ StatusOr<std::string> Engine::ReportJson() const {
              .nvme_budget = u.nvme_budget};
   im.SnapshotRanks(s);
   im.SnapshotProfile(s);
+  im.SnapshotUpdate(s);
   const EngineStats st = stats();
   s.counters = {.h2d_bytes = st.h2d_bytes,
                 .d2h_bytes = st.d2h_bytes,

@@ -166,9 +166,10 @@ StatusOr<UpdateRates> Engine::Impl::MeasureUpdateRates(void* scratch, uint64_t s
     r.d2h_bytes_per_s = static_cast<double>(dn * 12) / std::max(Median(down), 1e-9);
     r.device_params_per_s = static_cast<double>(dn) / std::max(Median(adam), 1e-9);
   }
-  ASSIGN_OR_RETURN(auto disk, optimizer().MeasureNvmeRates(3));
-  r.nvme_read_bytes_per_s = disk.first;
-  r.nvme_write_bytes_per_s = disk.second;
+  ASSIGN_OR_RETURN(const OptimizerStates::NvmeRates disk, optimizer().MeasureNvmeRates(3));
+  r.nvme_read_bytes_per_s = disk.read;
+  r.nvme_write_bytes_per_s = disk.write;
+  r.nvme_duplex_bytes_per_s = disk.duplex;
   return r;
 }
 
@@ -278,7 +279,8 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
                            << (cfg.host_device_adam_rate > 0 ? " (a model)" : "") << ", H2D "
                            << r.h2d_bytes_per_s / 1e9 << " GB/s, D2H " << r.d2h_bytes_per_s / 1e9
                            << " GB/s, NVMe read " << r.nvme_read_bytes_per_s / 1e9
-                           << " GB/s, write " << r.nvme_write_bytes_per_s / 1e9 << " GB/s";
+                           << " GB/s, write " << r.nvme_write_bytes_per_s / 1e9
+                           << " GB/s, both at once " << r.nvme_duplex_bytes_per_s / 1e9 << " GB/s";
   }
   const std::vector<UpdateGroup> groups = UpdateGroups();
   UpdateBudget budget;
@@ -369,6 +371,7 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
   RETURN_IF_ERROR(update.plain->TakeError());
   RETURN_IF_ERROR(update.decay->TakeError());
   update.measured_s = Since(update.t0);
+  update.phase_s.push_back(update.measured_s);
   if (prof) {
     for (int c = 0; c < layout.num_chunks(); ++c) {
       const UpdateWhere w = plan.where[static_cast<size_t>(c)];

@@ -48,8 +48,9 @@ double BounceSeconds(const UpdateGroup& g, const UpdateRates& r) {
 // streamed) waits for the H2D stream and for its buffer's previous download; its Adam waits for
 // the Adam stream and its upload; its download waits for the D2H stream and its Adam. The CPU
 // chain updates host groups one after another at the CPU rate, then the NVMe groups through the
-// swap pipeline, which is bound by the disk (reads and writes share it) or by Adam, plus the
-// first read and the last write that nothing overlaps. The phase ends when both chains have.
+// swap pipeline, which is bound by the disk (reads and writes share it, at the rate measured
+// with one of each in flight) or by Adam, plus the first read and the last write that nothing
+// overlaps. The phase ends when both chains have.
 // On a device that computes on the CPU's cores the chains do not overlap: the phase is their sum.
 UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<UpdateWhere>& where,
                     const UpdateRates& r, int slots) {
@@ -107,7 +108,11 @@ UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<Up
       if (first_read == 0) first_read = rd;
       last_write = wr;
       last_adam = a;
-      io += rd + wr;
+      // In the pipeline's steady state a read and a write are in flight together.
+      io += r.nvme_duplex_bytes_per_s > 0
+                ? Div(24.0 * g.elems + (g.param_on_nvme ? static_cast<double>(g.out_bytes) : 0.0),
+                      r.nvme_duplex_bytes_per_s)
+                : rd + wr;
       adam += a;
     }
     const double start = t;

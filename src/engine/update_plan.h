@@ -36,6 +36,9 @@ struct UpdateRates {
   double d2h_bytes_per_s = 0;
   double nvme_read_bytes_per_s = 0;
   double nvme_write_bytes_per_s = 0;
+  // Bytes read and written per second with a read and a write in flight at once, as the swap
+  // pipeline keeps them (0: unknown, reads and writes then take their own rates in turn).
+  double nvme_duplex_bytes_per_s = 0;
   // The device computes on the CPU's cores (the simulated device without a modelled rate): its
   // updates take CPU time from the CPU's own, so the phase is their sum.
   bool device_shares_cpu = false;

@@ -262,13 +262,43 @@ std::string BuildReportJson(const ReportSnapshot& s) {
                     {"policy", s.plan.policy},
                     {"planned", s.plan.planned}};
   report["tiers"] = Tiers(s.tiers);
+  const ReportSnapshot::Update& u = s.update;
   json groups = json::array();
   for (size_t k = 0; k < s.layout.chunks.size(); ++k) {
-    groups.push_back({{"chunk", k},
-                      {"tier", s.layout.chunks[k].optimizer_tier},
-                      {"bytes", s.layout.shard_elems * 12}});
+    json g = {{"chunk", k},
+              {"tier", s.layout.chunks[k].optimizer_tier},
+              {"bytes", s.layout.shard_elems * 12}};
+    if (u.available && k < u.where.size()) {
+      g["update"] = u.where[k];
+      g["predicted_end_seconds"] = u.predicted_end_s[k];
+      g["measured_end_seconds"] = u.measured_end_s[k];
+    }
+    groups.push_back(std::move(g));
   }
   report["optimizer"] = {{"sub_groups", groups}};
+  if (u.available) {
+    report["optimizer"]["update_phase"] = {
+        {"mode", u.mode},
+        {"reason", u.reason},
+        {"predicted_seconds", u.predicted_s},
+        {"predicted_cpu_seconds", u.predicted_cpu_s},
+        {"predicted_device_seconds", u.predicted_device_s},
+        {"measured_seconds", u.measured_s},
+        {"measured_median_seconds", u.measured_median_s},
+        {"phases", u.phases},
+        {"slots", u.slots},
+        {"slot_bytes", u.slot_bytes},
+        {"rates",
+         {{"cpu_adam_params_per_second", u.cpu_params_per_s},
+          {"device_adam_params_per_second", u.device_params_per_s},
+          {"device_adam_modelled", u.device_rate_modelled},
+          {"device_shares_cpu", u.device_shares_cpu},
+          {"h2d_bytes_per_second", u.h2d_bytes_per_s},
+          {"d2h_bytes_per_second", u.d2h_bytes_per_s},
+          {"nvme_read_bytes_per_second", u.nvme_read_bytes_per_s},
+          {"nvme_write_bytes_per_second", u.nvme_write_bytes_per_s},
+          {"nvme_duplex_bytes_per_second", u.nvme_duplex_bytes_per_s}}}};
+  }
   report["ranks"] = Ranks(s.ranks);
   report["profile"] = Profile(s);
   report["counters"] = Counters(s.counters);

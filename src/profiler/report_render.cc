@@ -59,6 +59,37 @@ StatusOr<std::string> ReadReportFile(const std::string& path) {
 
 // Several ranks: the bytes of each use of the collectives, and how many crossed nodes (reports
 // from before ZeRO++ have no bytes_by_use: nothing is said).
+// The last step's update phase: where the groups updated, and its predicted and measured time.
+Status SummariseUpdate(const JsonIn& in, std::ostringstream& o) {
+  if (!in.has("optimizer")) return Status::OK();
+  ASSIGN_OR_RETURN(const JsonIn opt, in.at("optimizer"));
+  if (!opt.has("update_phase")) return Status::OK();
+  ASSIGN_OR_RETURN(const JsonIn u, opt.at("update_phase"));
+  ASSIGN_OR_RETURN(const std::vector<JsonIn> groups, opt.elements("sub_groups"));
+  int cpu = 0, resident = 0, streamed = 0;
+  for (const JsonIn& g : groups) {
+    ASSIGN_OR_RETURN(const std::string where, g.get_or<std::string>("update", "cpu"));
+    cpu += where == "cpu";
+    resident += where == "device";
+    streamed += where == "device-streamed";
+  }
+  ASSIGN_OR_RETURN(const std::string mode, u.get<std::string>("mode"));
+  ASSIGN_OR_RETURN(const double predicted, u.get<double>("predicted_seconds"));
+  ASSIGN_OR_RETURN(const double measured, u.get<double>("measured_median_seconds"));
+  ASSIGN_OR_RETURN(const int64_t phases, u.get<int64_t>("phases"));
+  ASSIGN_OR_RETURN(const JsonIn r, u.at("rates"));
+  ASSIGN_OR_RETURN(const bool modelled, r.get_or<bool>("device_adam_modelled", false));
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "optimizer (%s): %d groups on the CPU, %d resident on the device, %d streamed to "
+                "it; update phase %s (median of %lld steps; predicted %s%s)\n",
+                mode.c_str(), cpu, resident, streamed, Ms(measured).c_str(),
+                static_cast<long long>(phases), Ms(predicted).c_str(),
+                modelled ? ", device Adam a model" : "");
+  o << line;
+  return Status::OK();
+}
+
 Status SummariseCollectives(const JsonIn& in, std::ostringstream& o) {
   if (!in.has("ranks")) return Status::OK();
   ASSIGN_OR_RETURN(const JsonIn ranks, in.at("ranks"));
@@ -114,6 +145,7 @@ StatusOr<std::string> ReportSummary(const std::string& text) {
                 Mib(nvme_write).c_str());
   o << line;
   RETURN_IF_ERROR(SummariseCollectives(in, o));
+  RETURN_IF_ERROR(SummariseUpdate(in, o));
   ASSIGN_OR_RETURN(const JsonIn p, in.at("profile"));
   ASSIGN_OR_RETURN(const bool available, p.get_or<bool>("available", false));
   if (!available) {

@@ -74,6 +74,24 @@ struct ReportSnapshot {
     WireBytes param_gather, param_regather, grad_reduce;
   } ranks;
 
+  // The last step's update phase (docs/optimizer.md): where each group updated, when it was
+  // predicted to end and when it did (seconds from the phase's start), the rates measured at
+  // the first step, the phase's predicted and measured time.
+  struct Update {
+    bool available = false;
+    std::string mode, reason;
+    std::vector<std::string> where;  // per chunk: "cpu", "device", "device-streamed"
+    std::vector<double> predicted_end_s, measured_end_s;
+    double predicted_s = 0, predicted_cpu_s = 0, predicted_device_s = 0, measured_s = 0;
+    double measured_median_s = 0;  // over every step so far
+    int64_t phases = 0;
+    int slots = 0;
+    uint64_t slot_bytes = 0;
+    double cpu_params_per_s = 0, device_params_per_s = 0, h2d_bytes_per_s = 0, d2h_bytes_per_s = 0,
+           nvme_read_bytes_per_s = 0, nvme_write_bytes_per_s = 0, nvme_duplex_bytes_per_s = 0;
+    bool device_rate_modelled = false, device_shares_cpu = false;
+  } update;
+
   // The profiled iteration and the Step after it.
   struct ProfiledMoment {
     std::string residency;  // per chunk: 'D', 'H' or 'N' (ChunkManager::MomentProfile)

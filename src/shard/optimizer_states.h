@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <utility>
 #include <vector>
 
 #include "core/aligned_buffer.h"
@@ -69,9 +68,13 @@ class OptimizerStates {
   OptimizerGroup Resident(int chunk) const;
 
   // The disk's rates for one group's states, in bytes/s: the first NVMe group read into a swap
-  // slot and written back unchanged, `rounds` times, the median of each. {0, 0} without NVMe
-  // groups.
-  StatusOr<std::pair<double, double>> MeasureNvmeRates(int rounds);
+  // slot and written back unchanged, alone and then both at once (as the swap pipeline overlaps
+  // them: bytes read and written per second), `rounds` times, the median of each. Zeros without
+  // NVMe groups.
+  struct NvmeRates {
+    double read = 0, write = 0, duplex = 0;
+  };
+  StatusOr<NvmeRates> MeasureNvmeRates(int rounds);
 
   const OptimizerCounters& counters() const { return counters_; }
 

@@ -12,6 +12,10 @@
 #      process) to the very bytes the 4-rank checkpoint exports to.
 #   4. ZeRO++ on 4 ranks as 2 nodes of 2 (bf16, shards on NVMe): the device path and the path
 #      through host buffers give the same losses bit for bit, within 5% of plain ZeRO-3's.
+#   6. The optimizer's placements on 2 ranks (docs/optimizer.md): every group on the CPU, a mix
+#      of groups resident on the device and streamed to it, and every group that can stream
+#      streamed, give the same losses bit for bit (fp32 and bf16), and the report shows each
+#      assignment.
 #   5. A failing rank: a 2-rank checkpoint with rank 1's states file corrupted; resuming on 2 ranks
 #      exits non-zero within 60 s, with rank 1's message (checksum mismatch), not a hang.
 # Usage: train_ranks_test.sh TIERZERO MPIEXEC
@@ -172,6 +176,48 @@ print(f"ZeRO++ on 4 ranks: device and host paths equal; worst relative loss diff
       f"ZeRO-3 over 20 steps {worst:.2e}")
 if worst > 0.05:
     sys.exit("FAIL: ZeRO++ losses drift from ZeRO-3's by more than 5%")
+EOF
+
+# The optimizer's placements on 2 ranks, bit for bit (fp32 and bf16).
+for dt in fp32 bf16; do
+  for v in cpu mix all; do
+    python3 - "$dt" "$v" <<'EOF'
+import json, sys
+dt, v = sys.argv[1], sys.argv[2]
+c = json.load(open("config.json"))
+c["engine"]["compute_dtype"] = dt
+c["engine"]["optimizer"] = {"cpu": "cpu", "mix": 0.75, "all": 1}[v]
+if v == "mix":
+    c["engine"]["device_shard_budget"] = "1 MiB"
+json.dump(c, open(f"o{dt}{v}.json", "w"))
+EOF
+    "$mpiexec" -np 2 "$tz" train --config o$dt$v.json --host-budget 6MiB --steps 12 \
+      --run-dir o$dt$v --quiet >o$dt$v.log 2>&1 ||
+      { echo "FAIL: optimizer placement $v ($dt)"; tail -20 o$dt$v.log; exit 1; }
+  done
+done
+python3 - <<'EOF'
+import json, sys
+def losses(path):
+    return {j["step"]: j["loss"] for j in map(json.loads, open(path)) if "loss" in j}
+for dt in ("fp32", "bf16"):
+    runs = {v: losses(f"o{dt}{v}/metrics.jsonl") for v in ("cpu", "mix", "all")}
+    for v in ("mix", "all"):
+        if runs[v] != runs["cpu"]:
+            sys.exit(f"FAIL: {dt}, optimizer {v}: losses {runs[v]} differ from the CPU's {runs['cpu']}")
+    where = {}
+    for v in ("cpu", "mix", "all"):
+        groups = json.load(open(f"o{dt}{v}/report.json"))["optimizer"]["sub_groups"]
+        where[v] = {w: sum(g.get("update") == w for g in groups)
+                    for w in ("cpu", "device", "device-streamed")}
+    if where["cpu"]["cpu"] == 0 or where["cpu"]["device"] + where["cpu"]["device-streamed"]:
+        sys.exit(f"FAIL: {dt}, optimizer cpu: {where['cpu']}")
+    if not (where["mix"]["device"] and where["mix"]["device-streamed"]):
+        sys.exit(f"FAIL: {dt}, optimizer 0.75 with 1 MiB of device shard budget: {where['mix']}")
+    if not where["all"]["device-streamed"]:
+        sys.exit(f"FAIL: {dt}, optimizer 1: nothing streamed: {where['all']}")
+    print(f"optimizer placements, {dt}, 2 ranks, 12 steps: equal losses; rank 0's groups "
+          f"{where}")
 EOF
 
 # A failing rank: rank 1's states file corrupted in a 2-rank checkpoint.
