@@ -80,14 +80,19 @@ std::vector<UpdateGroup> Engine::Impl::UpdateGroups() const {
 // Each rate is timed as the phase will see it: group-sized calls (so a call's own overhead
 // counts) over as many elements of distinct memory as the model's groups hold, up to 4M (112 MB
 // of streams, beyond this machine's 32 MiB L3: the caches then hold as little of the probe as
-// of the groups a step walks), several rounds, the median: CPU Adam with the optimizer's
-// threads on host buffers; the link by copying the states up and down on the phase's own
-// streams; device Adam on them; the disk by reading the first NVMe group and writing it back
-// unchanged. They are measured once, at the first step, on the memory the phase will use.
+// of the groups a step walks) and an eighth of the host budget, several rounds, the median: CPU
+// Adam with the optimizer's threads on host buffers; the link by copying the states up and down on
+// the phase's own streams; device Adam on them; the disk by reading the first NVMe group and
+// writing it back unchanged. They are measured once, at the first step, on the memory the phase
+// will use.
 StatusOr<UpdateRates> Engine::Impl::MeasureUpdateRates(void* scratch, uint64_t scratch_bytes) {
   constexpr int kRounds = 3;
-  const uint64_t probe_elems =
-      std::min<uint64_t>(uint64_t{4} << 20, layout.shard_elems() * layout.num_chunks());
+  // At most an eighth of the host budget (20 bytes per element), and at least one group: the
+  // probe's host memory is transient, but a run that placed its states on NVMe to keep RSS low
+  // should not see it grow by the states it offloaded.
+  const uint64_t probe_elems = std::max<uint64_t>(
+      layout.shard_elems(), std::min({uint64_t{4} << 20, layout.shard_elems() * layout.num_chunks(),
+                                      cfg.host_budget / 8 / 20}));
   UpdateRates r;
   r.device_shares_cpu = host_compute && cfg.host_device_adam_rate == 0;
   const DType gt = store->grad_dtype();
