@@ -135,7 +135,7 @@ UpdatePlan PlanUpdate(const std::vector<UpdateGroup>& groups, const UpdateRates&
   int resident = 0;
   for (size_t i = 0; i < n; ++i) {
     const UpdateGroup& g = groups[i];
-    if (g.states_on_device) {
+    if (g.states_on_device && !g.param_on_nvme) {
       base[i] = UpdateWhere::kDeviceResident;
       resident_slot = std::max(resident_slot, UpdateSlotBytes(g, base[i]));
       ++resident;

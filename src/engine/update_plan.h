@@ -88,8 +88,9 @@ uint64_t UpdateSlotBytes(const UpdateGroup& g, UpdateWhere where);
 UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<UpdateWhere>& where,
                     const UpdateRates& rates, int slots);
 
-// Chooses the assignment. Groups whose states are on the device update there; NVMe groups and
-// those with an NVMe parameter shard on the CPU; of the rest, kAuto streams the number that ends
+// Chooses the assignment. Groups whose states are on the device update there (unless their
+// parameter shard is on NVMe, which the placement never does: then through the CPU); NVMe groups
+// and those with an NVMe parameter shard on the CPU; of the rest, kAuto streams the number that ends
 // the phase earliest (ties: fewer), kCpu none, kFraction round(fraction * groups) counting the
 // resident ones, evenly spaced. Streaming needs a slot of memory: without one nothing streams.
 UpdatePlan PlanUpdate(const std::vector<UpdateGroup>& groups, const UpdateRates& rates,
