@@ -90,8 +90,8 @@ UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<Up
 
 // Chooses the assignment. Groups whose states are on the device update there (unless their
 // parameter shard is on NVMe, which the placement never does: then through the CPU); NVMe groups
-// and those with an NVMe parameter shard on the CPU; of the rest, kAuto streams the number that ends
-// the phase earliest (ties: fewer), kCpu none, kFraction round(fraction * groups) counting the
+// and those with an NVMe parameter shard on the CPU; of the rest, kAuto streams the number that
+// ends the phase earliest (ties: fewer), kCpu none, kFraction round(fraction * groups) counting the
 // resident ones, evenly spaced. Streaming needs a slot of memory: without one nothing streams.
 UpdatePlan PlanUpdate(const std::vector<UpdateGroup>& groups, const UpdateRates& rates,
                       const UpdateBudget& budget);
