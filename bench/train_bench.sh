@@ -3,15 +3,49 @@
 # step times of runs offloaded to host memory and to NVMe against the all-resident run, on the
 # unthrottled simulated device.
 #   bench/train_bench.sh [repetitions, default 3]
+#   bench/train_bench.sh overlap [repetitions, default 6]: what the optimizer's I/O overlap buys
+#     on the default run (docs/optimizer.md): prefetch and write-behind each off and on
+#     (TZ_OPTIMIZER_PREFETCH, TZ_OPTIMIZER_WRITE_BEHIND), interleaved, the medians of the
+#     per-repetition ratios of the update phase and the step against neither.
 # Runs are interleaved (resident, host, nvme, resident, ...) and the medians of the per-step times
 # (steps 20.. of each run, past warm-up and planning) compared, because this machine's speed
 # drifts between minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-reps=${1:-3}
 bin=build/bin/tierzero
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+if [ "${1:-}" = overlap ]; then
+  reps=${2:-6}
+  for r in $(seq "$reps"); do
+    for v in 00 10 01 11; do
+      TZ_OPTIMIZER_PREFETCH=${v:0:1} TZ_OPTIMIZER_WRITE_BEHIND=${v:1:1} $bin train --steps 80 \
+        --eval-every 0 --quiet --run-dir "$out/$v-$r" > /dev/null
+    done
+  done
+  python3 - "$out" "$reps" <<'PY'
+import json, statistics, sys
+out, reps = sys.argv[1], int(sys.argv[2])
+def run(v, r):
+    d = f"{out}/{v}-{r}"
+    m = [json.loads(l) for l in open(f"{d}/metrics.jsonl") if '"loss"' in l][20:]
+    u = json.load(open(f"{d}/report.json"))["optimizer"]["update_phase"]
+    return statistics.median(x["step_s"] for x in m), u["measured_median_seconds"], u["predicted_seconds"]
+runs = {v: [run(v, r) for r in range(1, reps + 1)] for v in ("00", "10", "01", "11")}
+names = {"00": "neither", "10": "prefetch", "01": "write-behind", "11": "both"}
+for v, rs in runs.items():
+    step, phase, pred = (statistics.median(x[i] for x in rs) * 1e3 for i in range(3))
+    line = f"{names[v]:13s} step {step:6.2f} ms  update phase {phase:6.2f} ms (predicted {pred:6.2f})"
+    if v != "00":
+        pr = statistics.median(b[1] / a[1] for a, b in zip(runs["00"], rs))
+        sr = statistics.median(b[0] / a[0] for a, b in zip(runs["00"], rs))
+        line += f"  phase {pr:.3f}, step {sr:.3f} of neither's"
+    print(line)
+print("(simulated device; the disk is this machine's virtual disk)")
+PY
+  exit 0
+fi
+reps=${1:-3}
 steps=120
 # Same model and data as the default run; only where the states live differs.
 resident='{"engine": {"device_budget": "64 MiB", "device_shard_budget": "64 MiB", "host_budget": "512 MiB", "nvme_budget": "0"}}'

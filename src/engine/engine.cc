@@ -364,6 +364,7 @@ StatusOr<ParamScope> Engine::Acquire(std::span<const ParamId> params, Phase phas
   const auto t0 = std::chrono::steady_clock::now();
   const double call_s = im.timeline.Now();
   RETURN_IF_ERROR(im.cm->Acquire(params, phase));
+  if (phase == Phase::kBackward && im.iteration_train) RETURN_IF_ERROR(im.PrefetchStates());
   if (im.host_compute) {
     RETURN_IF_ERROR(im.PushGate(/*wait_entered=*/true));
   }
@@ -412,7 +413,10 @@ Status Engine::EndIteration() {
     if (im.iteration_train) RETURN_IF_ERROR(im.DropAccumulated());
     return s;
   }
-  if (im.iteration_train) ++im.iterations_since_step;
+  if (im.iteration_train) {
+    RETURN_IF_ERROR(im.PrefetchStates());  // slots freed by the writes behind, if any
+    ++im.iterations_since_step;
+  }
   if (profiled) {
     im.profile = im.cm->moment_profiles();
     im.profile_events = im.timeline.events();

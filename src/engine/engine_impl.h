@@ -79,8 +79,9 @@ struct Engine::Impl final : ActivationBuffer::Owner {
     UpdatePlan plan;
     std::vector<double> measured_end_s;  // per group, from the phase's start (last step)
     double measured_s = 0;
-    std::vector<double> phase_s;  // every step's, for the median
-    DeviceBuffer extra;           // device memory beyond the idle slot region, held for one phase
+    std::vector<double> phase_s;           // every step's, for the median
+    std::vector<double> cpu_rate_samples;  // CPU Adam params/s of the last phases
+    DeviceBuffer extra;  // device memory beyond the idle slot region, held for one phase
     std::chrono::steady_clock::time_point t0;  // the last phase's start
   } update;
 
@@ -152,6 +153,7 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   std::vector<UpdateGroup> UpdateGroups() const;
   StatusOr<UpdateRates> MeasureUpdateRates(void* device_scratch, uint64_t scratch_bytes);
   Status RunUpdatePhase(const AdamStepOptions& options, bool profiled);
+  Status PrefetchStates();
   Status EnqueueDeviceGroup(int chunk, UpdateWhere where, int slot, uint8_t* slot_mem,
                             const AdamStepOptions& options);
   // The report's snapshot in parts (report.cc).

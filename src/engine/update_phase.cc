@@ -11,11 +11,19 @@
 #include "core/check.h"
 #include "core/convert.h"
 #include "core/logging.h"
+#include "core/tunable.h"
 #include "engine/engine_impl.h"
 
 namespace tierzero {
 
 namespace {
+
+// For measuring what each overlap buys (bench/train_bench.sh overlap): both are on by default.
+TZ_TUNABLE(bool, kPrefetchStates, "TZ_OPTIMIZER_PREFETCH", true,
+           "read NVMe optimizer states during the last micro-batch's backward");
+TZ_TUNABLE(bool, kWriteBehind, "TZ_OPTIMIZER_WRITE_BEHIND", true,
+           "leave the update phase's last NVMe optimizer-state writes to finish behind the next "
+           "forward");
 
 double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -63,6 +71,13 @@ Status Engine::Impl::CreateUpdatePhase() {
 
 std::vector<UpdateGroup> Engine::Impl::UpdateGroups() const {
   std::vector<UpdateGroup> out;
+  // The NVMe groups, in the order the swap pipeline takes them: the first staged() were read
+  // ahead, and the last kBehind are written behind the phase (Note [Optimizer I/O around
+  // the step]: at the end the pipeline's last group and the one before it still write).
+  constexpr int kBehind = 2;
+  int nvme_total = 0;
+  for (int c = 0; c < layout.num_chunks(); ++c) nvme_total += optimizer().tier(c) == Tier::kNvme;
+  int nvme_seen = 0;
   for (int c = 0; c < layout.num_chunks(); ++c) {
     UpdateGroup g;
     g.elems = layout.shard_elems();
@@ -71,20 +86,30 @@ std::vector<UpdateGroup> Engine::Impl::UpdateGroups() const {
     g.states_on_device = optimizer().tier(c) == Tier::kDevice;
     g.states_on_nvme = optimizer().tier(c) == Tier::kNvme;
     g.param_on_nvme = store->param_tier(c) == Tier::kNvme;
+    if (g.states_on_nvme) {
+      g.read_ahead = nvme_seen < optimizer().staged();
+      g.write_behind = kWriteBehind.Get() && nvme_seen >= nvme_total - kBehind;
+      ++nvme_seen;
+    }
     out.push_back(g);
   }
   return out;
 }
 
 // Note [Measuring the update phase's rates]
-// Each rate is timed as the phase will see it: group-sized calls (so a call's own overhead
+// Each rate is first timed as the phase will see it: group-sized calls (so a call's own overhead
 // counts) over as many elements of distinct memory as the model's groups hold, up to 4M (112 MB
 // of streams, beyond this machine's 32 MiB L3: the caches then hold as little of the probe as
 // of the groups a step walks) and an eighth of the host budget, several rounds, the median: CPU
 // Adam with the optimizer's threads on host buffers; the link by copying the states up and down on
 // the phase's own streams; device Adam on them; the disk by reading the first NVMe group and
 // writing it back unchanged. They are measured once, at the first step, on the memory the phase
-// will use.
+// will use. The probe can still flatter CPU Adam: under a small host budget it is one group,
+// which its second and third rounds find in the L3 cache (measured: 9.8 G params/s on the default
+// run, ten times the memory-bound rate), while the phase's states come cold from memory or
+// straight from the disk. So every later phase times its own CPU groups' Adam calls, and the
+// median of the last 15 phases' rates replaces the probe's (not a phase whose device work ran
+// on the CPU's own cores, which slows the CPU's groups).
 StatusOr<UpdateRates> Engine::Impl::MeasureUpdateRates(void* scratch, uint64_t scratch_bytes) {
   constexpr int kRounds = 3;
   // At most an eighth of the host budget (20 bytes per element), and at least one group: the
@@ -176,6 +201,18 @@ StatusOr<UpdateRates> Engine::Impl::MeasureUpdateRates(void* scratch, uint64_t s
   r.nvme_write_bytes_per_s = disk.write;
   r.nvme_duplex_bytes_per_s = disk.duplex;
   return r;
+}
+
+// While the last micro-batch's backward computes: the NVMe groups' states start coming in
+// (Note [Optimizer I/O around the step]). Never waits.
+Status Engine::Impl::PrefetchStates() {
+  if (!kPrefetchStates.Get() || !iteration_train ||
+      iterations_since_step + 1 != cfg.grad_accumulation) {
+    return Status::OK();
+  }
+  auto staged = optimizer().Prefetch();
+  if (!staged.ok()) return std::move(staged).status().WithContext("prefetching optimizer states");
+  return Status::OK();
 }
 
 // One device group's upload, Adam and download, queued on the phase's streams in slot `k`.
@@ -361,15 +398,24 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
     RETURN_IF_ERROR(EnqueueDeviceGroup(c, w, k, slot_mem[static_cast<size_t>(k)], so));
     k = (k + 1) % plan.slots;
   }
-  // The CPU's groups meanwhile, on the trainer's threads.
+  // The CPU's groups meanwhile, on the trainer's threads, each timed for the CPU Adam rate
+  // (Note [Measuring the update phase's rates]); not those whose NVMe parameter write counts.
+  double adam_s = 0;
+  uint64_t adam_elems = 0;
   RETURN_IF_ERROR(optimizer().ForEach(
       [&](const OptimizerGroup& g) {
+        const auto a0 = std::chrono::steady_clock::now();
         RETURN_IF_ERROR(AdamGroup(g, so, prof));
+        if (store->param_tier(g.chunk) != Tier::kNvme) {
+          adam_s += Since(a0);
+          adam_elems += layout.shard_elems();
+        }
         update.measured_end_s[static_cast<size_t>(g.chunk)] = Since(update.t0);
         return Status::OK();
       },
       /*write_back=*/true,
-      [&](int c) { return plan.where[static_cast<size_t>(c)] == UpdateWhere::kCpu; }));
+      [&](int c) { return plan.where[static_cast<size_t>(c)] == UpdateWhere::kCpu; },
+      /*write_behind=*/kWriteBehind.Get()));
   RETURN_IF_ERROR(update.h2d.Synchronize());
   RETURN_IF_ERROR(update.adam.Synchronize());
   RETURN_IF_ERROR(update.d2h.Synchronize());
@@ -391,6 +437,15 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
   }
   int counts[3] = {0, 0, 0};
   for (UpdateWhere w : plan.where) ++counts[static_cast<int>(w)];
+  // Device work on the CPU's own cores slows the CPU's groups: such a phase is no sample.
+  const bool cpu_shared = update.rates.device_shares_cpu && counts[0] < layout.num_chunks();
+  if (adam_elems > 0 && adam_s > 0 && !cpu_shared) {
+    constexpr size_t kSamples = 15;
+    auto& samples = update.cpu_rate_samples;
+    samples.push_back(static_cast<double>(adam_elems) / adam_s);
+    if (samples.size() > kSamples) samples.erase(samples.begin());
+    update.rates.cpu_params_per_s = Median(samples);
+  }
   stats.optimizer_cpu_groups = counts[0];
   stats.optimizer_resident_groups = counts[1];
   stats.optimizer_streamed_groups = counts[2];

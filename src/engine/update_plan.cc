@@ -97,22 +97,27 @@ UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<Up
     p.group_end_s[i] = t;
   }
   if (!nvme.empty()) {
+    // The disk's work inside the phase: the reads not done ahead of it and the writes not left
+    // behind it.
     double io = 0, adam = 0, first_read = 0, last_write = 0, last_adam = 0;
+    bool first = true;
     for (size_t i : nvme) {
       const UpdateGroup& g = groups[i];
-      const double rd = Div(12.0 * g.elems, r.nvme_read_bytes_per_s);
-      const double wr =
-          Div(12.0 * g.elems + (g.param_on_nvme ? static_cast<double>(g.out_bytes) : 0.0),
-              r.nvme_write_bytes_per_s);
+      const double read_bytes = g.read_ahead ? 0.0 : 12.0 * g.elems;
+      const double write_bytes =
+          g.write_behind
+              ? 0.0
+              : 12.0 * g.elems + (g.param_on_nvme ? static_cast<double>(g.out_bytes) : 0.0);
+      const double rd = Div(read_bytes, r.nvme_read_bytes_per_s);
+      const double wr = Div(write_bytes, r.nvme_write_bytes_per_s);
       const double a = Div(static_cast<double>(g.elems), r.cpu_params_per_s);
-      if (first_read == 0) first_read = rd;
+      if (first) first_read = rd;
+      first = false;
       last_write = wr;
       last_adam = a;
       // In the pipeline's steady state a read and a write are in flight together.
-      io += r.nvme_duplex_bytes_per_s > 0
-                ? Div(24.0 * g.elems + (g.param_on_nvme ? static_cast<double>(g.out_bytes) : 0.0),
-                      r.nvme_duplex_bytes_per_s)
-                : rd + wr;
+      io += r.nvme_duplex_bytes_per_s > 0 ? Div(read_bytes + write_bytes, r.nvme_duplex_bytes_per_s)
+                                          : rd + wr;
       adam += a;
     }
     const double start = t;

@@ -54,6 +54,10 @@ struct UpdateGroup {
   bool states_on_nvme = false;
   // The CPU's update also writes an NVMe parameter shard (a device update may not: kCpu only).
   bool param_on_nvme = false;
+  // NVMe states only (Note [Optimizer I/O around the step]): read before the phase starts
+  // (prefetched during backward), and written behind it (the phase does not wait for the write).
+  bool read_ahead = false;
+  bool write_behind = false;
 };
 
 enum class UpdateMode : uint8_t { kAuto, kCpu, kFraction };

@@ -8,7 +8,7 @@
 #include "core/bytes.h"
 #include "core/check.h"
 #include "core/logging.h"
-#include "offload/swapper.h"
+#include "offload/swapper.h"  // SwapSlotTimeout
 
 namespace tierzero {
 
@@ -34,6 +34,7 @@ StatusOr<std::unique_ptr<OptimizerStates>> OptimizerStates::Create(Device* devic
 }
 
 OptimizerStates::~OptimizerStates() {
+  (void)Settle();  // nothing in flight into an extent about to be freed
   for (const NvmeExtent& e : extent_) {
     if (e.valid()) (void)nvme_->Free(e);
   }
@@ -132,6 +133,7 @@ Status OptimizerStates::WithDevice(int chunk, bool fresh, bool write_back,
 }
 
 Status OptimizerStates::Init(const OptimizerGroupFn& fn) {
+  RETURN_IF_ERROR(Settle());
   // NVMe groups are written behind: while one slot's write is in flight the next group is
   // filled in another (a 2B-parameter model writes 24 GB here). Every write is waited for before
   // returning, also on error (Ticket's destructor blocks until its I/O is done).
@@ -168,15 +170,110 @@ Status OptimizerStates::Init(const OptimizerGroupFn& fn) {
   return Status::OK();
 }
 
+// Note [Optimizer I/O around the step]
+// The update phase's NVMe groups cost read + Adam + write each, overlapped as a pipeline in the
+// three swap slots (read(i+1) | Adam(i) | write(i-1)); what the pipeline cannot hide is its
+// first read and its last writes. Both move out of the phase: the engine calls Prefetch while
+// backward computes (the states do not depend on the gradients), so up to three groups are read
+// before the phase starts, and the phase returns with its last writes in flight (write_behind),
+// to finish behind the next forward. No memory is added: prefetched reads and writes behind
+// live in the same three swap slots, which the host budget already counts (the engine's fixed
+// host bytes). Staged data is never stale: a group is read only after its own write behind has
+// completed (WaitWrites), every other access (With, Init, the rate probe) first Settles, and a
+// ForEach over groups other than those staged drops the staged reads. An error of a write
+// behind surfaces at the next call that retires it, naming the chunk.
+Status OptimizerStates::RetireWrite() {
+  InFlight w = std::move(writes_.front());
+  writes_.pop_front();
+  Status s = w.ticket.Wait();
+  if (s.ok()) return Status::OK();
+  // The slot still holds the states: one more try, synchronously, before they are lost.
+  const NvmeExtent& e = extent_[static_cast<size_t>(w.chunk)];
+  Status again = nvme_->Write(e, w.slot.data());
+  if (again.ok()) {
+    TZ_LOG(kWarn, kEngine) << "writing chunk " << w.chunk << "'s optimizer states failed once ("
+                           << s.ToString() << "); written again";
+    return Status::OK();
+  }
+  return std::move(again).WithContext(
+      "writing chunk " + std::to_string(w.chunk) +
+      "'s optimizer states behind the step (failed twice; its states on disk are lost: resume "
+      "from the last checkpoint)");
+}
+
+Status OptimizerStates::WaitWrites(int chunk) {
+  while (std::any_of(writes_.begin(), writes_.end(),
+                     [&](const InFlight& w) { return w.chunk == chunk; })) {
+    RETURN_IF_ERROR(RetireWrite());
+  }
+  return Status::OK();
+}
+
+StatusOr<std::optional<PinnedSlot>> OptimizerStates::FreeSlot() {
+  for (;;) {
+    if (std::optional<PinnedSlot> slot = swap_arena_->TryAcquire()) return slot;
+    if (writes_.empty()) return std::optional<PinnedSlot>();
+    RETURN_IF_ERROR(RetireWrite());
+  }
+}
+
+StatusOr<bool> OptimizerStates::StartRead(int chunk) {
+  RETURN_IF_ERROR(WaitWrites(chunk));
+  ASSIGN_OR_RETURN(std::optional<PinnedSlot> slot, FreeSlot());
+  if (!slot) return false;
+  ASSIGN_OR_RETURN(NvmeStore::Ticket t,
+                   nvme_->SubmitRead(extent_[static_cast<size_t>(chunk)], slot->data()));
+  reads_.push_back({chunk, std::move(*slot), std::move(t)});
+  counters_.nvme_read_bytes += group_bytes();
+  return true;
+}
+
+Status OptimizerStates::Settle() {
+  Status first;
+  while (!writes_.empty()) {
+    Status s = RetireWrite();
+    if (first.ok() && !s.ok()) first = std::move(s);
+  }
+  reads_.clear();  // each Ticket waits for its read, then the slot returns
+  return first;
+}
+
+StatusOr<int> OptimizerStates::Prefetch(const std::function<bool(int)>& include) {
+  if (!swap_arena_) return 0;
+  // Completed writes behind give their slots back; none is waited for.
+  while (!writes_.empty() && writes_.front().ticket.Done()) RETURN_IF_ERROR(RetireWrite());
+  size_t k = 0;  // the staged reads are a prefix of the groups in order
+  for (int c = 0; c < num_chunks(); ++c) {
+    if (tier(c) != Tier::kNvme || (include && !include(c))) continue;
+    if (k < reads_.size()) {
+      if (reads_[k].chunk != c) break;  // staged for another selection: leave it
+      ++k;
+      continue;
+    }
+    // A group whose own write is still in flight is not waited for here.
+    if (std::any_of(writes_.begin(), writes_.end(),
+                    [&](const InFlight& w) { return w.chunk == c && !w.ticket.Done(); })) {
+      break;
+    }
+    std::optional<PinnedSlot> slot = swap_arena_->TryAcquire();
+    if (!slot) break;
+    RETURN_IF_ERROR(WaitWrites(c));  // done: retired without blocking
+    ASSIGN_OR_RETURN(NvmeStore::Ticket t,
+                     nvme_->SubmitRead(extent_[static_cast<size_t>(c)], slot->data()));
+    reads_.push_back({c, std::move(*slot), std::move(t)});
+    counters_.nvme_read_bytes += group_bytes();
+    ++k;
+  }
+  return static_cast<int>(reads_.size());
+}
+
 Status OptimizerStates::ForEach(const OptimizerGroupFn& fn, bool write_back,
-                                const std::function<bool(int)>& include) {
+                                const std::function<bool(int)>& include, bool write_behind) {
   std::vector<int> on_nvme, on_device;
-  std::vector<NvmeExtent> extents;
   for (int c = 0; c < num_chunks(); ++c) {
     if (include && !include(c)) continue;
     if (tier(c) == Tier::kNvme) {
       on_nvme.push_back(c);
-      extents.push_back(extent_[static_cast<size_t>(c)]);
       continue;
     }
     if (tier(c) == Tier::kDevice) {
@@ -187,18 +284,57 @@ Status OptimizerStates::ForEach(const OptimizerGroupFn& fn, bool write_back,
   }
   for (int c : on_device) RETURN_IF_ERROR(WithDevice(c, /*fresh=*/false, write_back, fn));
   if (on_nvme.empty()) return Status::OK();
-  SwapOptions so;
-  so.write_back = write_back;
+  // Staged reads of other groups than these, in this order, are dropped.
+  for (size_t k = 0; k < reads_.size(); ++k) {
+    if (k >= on_nvme.size() || reads_[k].chunk != on_nvme[k]) {
+      reads_.clear();
+      break;
+    }
+  }
   const auto t0 = std::chrono::steady_clock::now();
-  Status s = RunSwapPipeline(
-      *nvme_, extents, *swap_arena_,
-      [&](size_t i, void* data) -> Status { return fn(Group(on_nvme[i], data)); }, so);
-  counters_.nvme_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const uint64_t bytes = extents.size() * group_bytes();
-  counters_.nvme_read_bytes += bytes;
-  if (write_back) counters_.nvme_write_bytes += bytes;
-  return s;
+  // On every way out: the I/O time counted; without write_behind (or after an error) nothing
+  // left in flight.
+  struct AtExit {
+    OptimizerStates* s;
+    bool settle;
+    std::chrono::steady_clock::time_point t0;
+    ~AtExit() {
+      if (settle) (void)s->Settle();
+      s->counters_.nvme_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+  } at_exit{this, true, t0};
+  // The pipeline: group i computed while group i+1 is read and earlier groups are written.
+  size_t next = reads_.size();  // the next group whose read is to start
+  for (size_t i = 0; i < on_nvme.size(); ++i) {
+    if (next == i) {
+      ASSIGN_OR_RETURN(bool started, StartRead(on_nvme[next]));
+      if (!started) return InternalError("no swap slot free for the optimizer pipeline's read");
+      ++next;
+    }
+    if (next < on_nvme.size() && next == i + 1) {
+      ASSIGN_OR_RETURN(bool started, StartRead(on_nvme[next]));
+      next += started ? 1 : 0;
+    }
+    InFlight r = std::move(reads_.front());
+    reads_.pop_front();
+    Status s = r.ticket.Wait();
+    if (s.ok()) s = fn(Group(r.chunk, r.slot.data()));
+    if (!s.ok()) {
+      return std::move(s).WithContext("optimizer group of chunk " + std::to_string(r.chunk) +
+                                      " (NVMe)");
+    }
+    if (!write_back) continue;  // the slot returns here
+    ASSIGN_OR_RETURN(NvmeStore::Ticket w,
+                     nvme_->SubmitWrite(extent_[static_cast<size_t>(r.chunk)], r.slot.data()));
+    writes_.push_back({r.chunk, std::move(r.slot), std::move(w)});
+    counters_.nvme_write_bytes += group_bytes();
+  }
+  at_exit.settle = false;
+  if (!write_behind) {
+    while (!writes_.empty()) RETURN_IF_ERROR(RetireWrite());
+  }
+  return Status::OK();
 }
 
 Status OptimizerStates::With(int chunk, bool write_back, const OptimizerGroupFn& fn) {
@@ -206,6 +342,7 @@ Status OptimizerStates::With(int chunk, bool write_back, const OptimizerGroupFn&
   const size_t c = static_cast<size_t>(chunk);
   if (tier(chunk) == Tier::kDevice) return WithDevice(chunk, /*fresh=*/false, write_back, fn);
   if (tier(chunk) != Tier::kNvme) return fn(Group(chunk, host_[c]));
+  RETURN_IF_ERROR(Settle());
   ASSIGN_OR_RETURN(PinnedSlot slot, swap_arena_->Acquire(SwapSlotTimeout()));
   RETURN_IF_ERROR(nvme_->Read(extent_[c], slot.data()));
   RETURN_IF_ERROR(fn(Group(chunk, slot.data())));
@@ -219,6 +356,7 @@ StatusOr<OptimizerStates::NvmeRates> OptimizerStates::MeasureNvmeRates(int round
     if (tier(c) == Tier::kNvme) first = c;
   }
   if (first < 0) return NvmeRates{};
+  RETURN_IF_ERROR(Settle());
   const NvmeExtent& e = extent_[static_cast<size_t>(first)];
   ASSIGN_OR_RETURN(PinnedSlot slot, swap_arena_->Acquire(SwapSlotTimeout()));
   ASSIGN_OR_RETURN(PinnedSlot other, swap_arena_->Acquire(SwapSlotTimeout()));

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -57,9 +58,20 @@ class OptimizerStates {
   Status Init(const OptimizerGroupFn& fn);
   // Runs fn over every group for which `include` is true (every group when it is empty): host
   // groups first, then device groups through the bounce buffer, then the NVMe groups through the
-  // swap pipeline (device and NVMe groups written back when write_back).
+  // swap pipeline (device and NVMe groups written back when write_back). NVMe groups staged by
+  // Prefetch are not read again. With write_behind the last NVMe groups' writes may still be in
+  // flight on return (Note [Optimizer I/O around the step]); any later access waits for them.
   Status ForEach(const OptimizerGroupFn& fn, bool write_back,
-                 const std::function<bool(int)>& include = {});
+                 const std::function<bool(int)>& include = {}, bool write_behind = false);
+  // Starts reading the NVMe groups `include` selects, in ForEach's order, into the swap slots
+  // that are free, and returns at once (it never waits for the disk): a later ForEach over the
+  // same groups finds them read. Retires writes behind that have completed. Returns how many
+  // groups are staged (read or being read).
+  StatusOr<int> Prefetch(const std::function<bool(int)>& include = {});
+  int staged() const { return static_cast<int>(reads_.size()); }
+  // Waits for every write behind and drops every staged read: afterwards the disk holds every
+  // NVMe group and no swap slot is in use. The first write's error, if one failed.
+  Status Settle();
   // Runs fn on one group (an NVMe group read into a swap slot and, with write_back, written).
   Status With(int chunk, bool write_back, const OptimizerGroupFn& fn);
 
@@ -101,6 +113,24 @@ class OptimizerStates {
   AlignedBuffer bounce_;  // a device group on its way through a host caller, made on first use
   std::unique_ptr<PinnedArena> swap_arena_;  // NVMe groups on their way through the caller
   OptimizerCounters counters_;
+  // NVMe groups in swap slots between calls (Note [Optimizer I/O around the step]): reads
+  // started ahead of ForEach, in its order, and writes left in flight by it. Declared after the
+  // arena: destroyed first (a Ticket's destructor waits for its I/O, then the slot returns).
+  struct InFlight {
+    int chunk = -1;
+    PinnedSlot slot;
+    NvmeStore::Ticket ticket;
+  };
+  std::deque<InFlight> reads_, writes_;
+  // Writes behind: the oldest waited for and its slot returned (its error, with the chunk).
+  Status RetireWrite();
+  // Retires writes until none of `chunk` is in flight.
+  Status WaitWrites(int chunk);
+  // A free swap slot, retiring writes behind (oldest first) while none is free; nullopt when
+  // every slot holds a staged read.
+  StatusOr<std::optional<PinnedSlot>> FreeSlot();
+  // Starts reading `chunk` into a free slot (false when there is none).
+  StatusOr<bool> StartRead(int chunk);
 };
 
 }  // namespace tierzero

@@ -99,6 +99,22 @@ TEST(UpdatePlan, NvmeGroupsThroughTheSwapPipeline) {
   EXPECT_NEAR(p.phase_s, 5.0, 1e-12);
 }
 
+TEST(UpdatePlan, NvmeReadsAheadAndWritesBehindLeaveThePhase) {
+  // Three NVMe groups as above. The first read before the phase (prefetched during backward)
+  // and the last two writes after it: the disk carries 2 reads + 1 write = 3 s inside the phase,
+  // so max(3 + 1 (the last Adam), 0 + 3 (Adam) + 0) = 4 s instead of max(6 + 1, 1 + 3 + 1) = 7 s.
+  std::vector<UpdateGroup> g(3, HostGroup());
+  for (auto& x : g) x.states_on_nvme = true;
+  EXPECT_NEAR(PlanUpdate(g, Rates(1e9), Auto()).phase_s, 7.0, 1e-12);
+  g[0].read_ahead = true;
+  g[1].write_behind = g[2].write_behind = true;
+  UpdatePlan p = PlanUpdate(g, Rates(1e9), Auto());
+  EXPECT_NEAR(p.phase_s, 4.0, 1e-12);
+  // Everything read ahead and written behind: Adam alone, 3 s.
+  for (auto& x : g) x.read_ahead = x.write_behind = true;
+  EXPECT_NEAR(PlanUpdate(g, Rates(1e9), Auto()).phase_s, 3.0, 1e-12);
+}
+
 TEST(UpdatePlan, ADeviceOnTheCpuCoresAddsItsTimeToTheCpus) {
   // As ASplitOtherwise, but the device computes on the CPU's cores: one streamed group costs
   // 3 + 2.1 = 5.1 s > 4 s, so nothing streams.
