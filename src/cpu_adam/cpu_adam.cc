@@ -8,10 +8,15 @@
 // threads with no fork/join per tile; the block size keeps each work item's streams inside L2.
 #include "cpu_adam/cpu_adam.h"
 
+#include <sched.h>
+#include <sys/sysinfo.h>
 #include <tbb/blocked_range.h>
+#include <tbb/global_control.h>
+#include <tbb/info.h>
 #include <tbb/parallel_for.h>
 #include <tbb/parallel_reduce.h>
 #include <tbb/task_arena.h>
+#include <tbb/task_scheduler_observer.h>
 
 #include <algorithm>
 #include <atomic>
@@ -78,9 +83,53 @@ Status ValidateAdamConfig(const AdamConfig& c) {
   return Status::OK();
 }
 
+// Note [Threads whatever the caller's affinity]
+// Embedded next to OpenMP (PyTorch, or any trainer run with OMP_PROC_BIND), the process's main
+// thread is bound to one core before main(). oneTBB sizes its worker pool from the creating
+// thread's affinity mask, so it would give the arena no worker at all, and every worker it did
+// create would inherit that one-core mask: CPU Adam would run single-threaded while saying it
+// has `threads`. When the calling thread may run on fewer CPUs than the arena's threads, the
+// arena therefore (1) raises oneTBB's worker limit to its thread count with a global_control
+// (only then: such a control also caps any other oneTBB user in the process at the smallest
+// value set), and (2) moves each worker that enters it onto every online CPU (an observer; the
+// kernel intersects the mask with the cgroup's cpuset). The calling thread keeps its own mask.
+class SpreadWorkers final : public tbb::task_scheduler_observer {
+ public:
+  SpreadWorkers(tbb::task_arena& arena, const cpu_set_t& cpus)
+      : tbb::task_scheduler_observer(arena), cpus_(cpus) {
+    observe(true);
+  }
+  ~SpreadWorkers() override { observe(false); }
+  void on_scheduler_entry(bool is_worker) override {
+    if (is_worker) (void)sched_setaffinity(0, sizeof(cpus_), &cpus_);
+  }
+
+ private:
+  cpu_set_t cpus_;
+};
+
 struct CpuAdam::Impl {
-  explicit Impl(int threads) : arena(threads) {}
+  explicit Impl(int threads) : arena(threads) {
+    cpu_set_t mine;
+    CPU_ZERO(&mine);
+    const int bound = sched_getaffinity(0, sizeof(mine), &mine) == 0 ? CPU_COUNT(&mine) : threads;
+    if (bound >= threads) return;
+    caller_cpus = bound;
+    if (tbb::info::default_concurrency() < threads) {
+      limit = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism,
+                                                    static_cast<size_t>(threads));
+    }
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    for (int c = 0; c < std::min(get_nprocs_conf(), CPU_SETSIZE); ++c) CPU_SET(c, &all);
+    arena.initialize();
+    spread = std::make_unique<SpreadWorkers>(arena, all);
+  }
+  ~Impl() { spread.reset(); }  // stops observing before the arena goes
+  std::unique_ptr<tbb::global_control> limit;
   tbb::task_arena arena;
+  std::unique_ptr<SpreadWorkers> spread;
+  int caller_cpus = 0;  // > 0: the caller's mask had this many CPUs, workers were spread
   const AdamKernels* kernels = nullptr;
   bool native_bf16 = false;
 };
@@ -113,6 +162,7 @@ CpuAdam::CpuAdam(const AdamConfig& config, const CpuAdamOptions& options, SimdLe
 CpuAdam::~CpuAdam() = default;
 
 int CpuAdam::threads() const { return impl_->arena.max_concurrency(); }
+int CpuAdam::caller_cpus() const { return impl_->caller_cpus; }
 bool CpuAdam::native_bf16() const { return impl_->native_bf16; }
 
 internal::AdamScalars MakeAdamScalars(const AdamConfig& config, const AdamStepOptions& opt) {

@@ -45,7 +45,8 @@ struct AdamConfig {
 Status ValidateAdamConfig(const AdamConfig& config);
 
 struct CpuAdamOptions {
-  // Threads for one call; 0 means every hardware thread. Default: 0.
+  // Threads for one call; 0 means every online CPU, whatever the calling thread's affinity
+  // (Note [Threads whatever the caller's affinity] in cpu_adam.cc). Default: 0.
   int threads = 0;
   // Elements per work item. Default: 16384 (~300 KiB of traffic: the block's streams fit in L2).
   size_t block_elems = 16384;
@@ -103,6 +104,9 @@ class CpuAdam {
 
   const AdamConfig& config() const { return config_; }
   int threads() const;
+  // > 0 when the creating thread was bound to fewer CPUs than threads(): how many. The workers
+  // then run on every online CPU (Note [Threads whatever the caller's affinity]).
+  int caller_cpus() const;
   // The SIMD path this instance runs (ActiveSimdLevel() at creation).
   SimdLevel simd_level() const { return level_; }
   // True when the output cast uses AVX512-BF16's VCVTNEPS2BF16.

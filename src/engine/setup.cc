@@ -250,7 +250,15 @@ Status Engine::Impl::CreateOptimizer() {
   upload = AlignedBuffer::Allocate(AlignUp(layout.shard_bytes(), kNvmeAlignment));
   if (upload.data() == nullptr) return OutOfMemoryError("the parameter upload buffer");
   std::memset(upload.data(), 0, upload.bytes());  // padding stays zero
-  TZ_LOG(kInfo, kEngine) << "optimizer: CPU Adam on " << adam_plain->threads() << " threads";
+  if (adam_plain->caller_cpus() > 0) {
+    TZ_LOG(kInfo, kEngine) << "optimizer: CPU Adam on " << adam_plain->threads()
+                           << " threads (the calling thread is bound to "
+                           << adam_plain->caller_cpus()
+                           << " CPUs, OMP_PROC_BIND or taskset: its workers run on every online "
+                              "CPU; set engine.cpu_threads to choose)";
+  } else {
+    TZ_LOG(kInfo, kEngine) << "optimizer: CPU Adam on " << adam_plain->threads() << " threads";
+  }
   return CreateUpdatePhase();
 }
 

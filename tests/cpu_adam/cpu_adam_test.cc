@@ -3,11 +3,14 @@
 #include "cpu_adam/cpu_adam.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -401,6 +404,59 @@ TEST(CpuAdamSemanticsTest, BadConfigsAndArgumentsNameTheProblem) {
   EXPECT_EQ(adam->Step(int8_grad, {}).status().code(), StatusCode::kInvalidArgument);
   AdamBuffers f32_out = Buffers(s, DType::kF32, DType::kF32, 10);
   EXPECT_EQ(adam->Step(f32_out, {}).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tierzero
+
+namespace tierzero {
+namespace {
+
+// Note [Threads whatever the caller's affinity]: a caller bound to one CPU (OMP_PROC_BIND)
+// still gets CPU Adam on the threads it asked for, on more than its one CPU.
+class CpuRecorder final : public Observer {
+ public:
+  double Now() const override { return 0; }
+  void OnSpan(TimelineEvent e) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    lanes_.insert(e.lane);
+    cpus_.insert(sched_getcpu());
+  }
+  size_t lanes() const { return lanes_.size(); }
+  size_t cpus() const { return cpus_.size(); }
+
+ private:
+  std::mutex mu_;
+  std::set<int> lanes_, cpus_;
+};
+
+TEST(CpuAdamThreadsTest, ACallerBoundToOneCpuStillGetsItsThreadsOnOtherCpus) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "one CPU";
+  cpu_set_t before, one;
+  ASSERT_EQ(0, sched_getaffinity(0, sizeof(before), &before));
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu(), &one);
+  ASSERT_EQ(0, sched_setaffinity(0, sizeof(one), &one));
+  {
+    auto adam = CpuAdam::Create(AdamConfig{}, {.threads = 2, .block_elems = 4096});
+    ASSERT_TRUE(adam.ok());
+    EXPECT_EQ((*adam)->threads(), 2);
+    EXPECT_EQ((*adam)->caller_cpus(), 1);
+    const size_t n = size_t{1} << 22;
+    std::vector<float> p(n, 1.0f), m(n, 0.0f), v(n, 0.0f), g(n, 1e-3f);
+    CpuRecorder rec;
+    AdamStepOptions so;
+    so.observer = &rec;
+    // Several steps: a worker joins the arena once its thread has started.
+    for (int s = 1; s <= 5 && rec.cpus() < 2; ++s) {
+      so.step = s;
+      AdamBuffers b{p.data(), m.data(), v.data(), g.data(), DType::kF32, nullptr, DType::kBF16, n};
+      ASSERT_TRUE((*adam)->Step(b, so).ok());
+    }
+    EXPECT_EQ(rec.lanes(), 2u) << "both of the arena's threads took blocks";
+    EXPECT_EQ(rec.cpus(), 2u) << "the worker ran off the caller's one CPU";
+  }
+  ASSERT_EQ(0, sched_setaffinity(0, sizeof(before), &before));
 }
 
 }  // namespace
