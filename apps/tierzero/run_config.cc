@@ -230,6 +230,24 @@ Field OptimizerField(const std::string& name, OptimizerPlacement* p, double* fra
           }};
 }
 
+Field SpeculativeField(const std::string& name, SpeculativeStep* p) {
+  return {[=](const json& v) -> Status {
+            const std::string s = v.is_string() ? v.get<std::string>() : "";
+            if (s == "auto" || s == "on" || s == "off") {
+              *p = s == "auto" ? SpeculativeStep::kAuto
+                   : s == "on" ? SpeculativeStep::kOn
+                               : SpeculativeStep::kOff;
+              return Status::OK();
+            }
+            return Bad(name, v, "\"auto\", \"on\" or \"off\"");
+          },
+          [=] {
+            return json(*p == SpeculativeStep::kAuto ? "auto"
+                        : *p == SpeculativeStep::kOn ? "on"
+                                                     : "off");
+          }};
+}
+
 using Section = std::map<std::string, Field>;
 
 std::map<std::string, Section> Fields(RunConfig& c) {
@@ -289,6 +307,7 @@ std::map<std::string, Section> Fields(RunConfig& c) {
       {"cpu_threads", IntField("engine.cpu_threads", &c.engine.cpu_threads, 0, 4096)},
       {"optimizer", OptimizerField("engine.optimizer", &c.engine.optimizer,
                                    &c.engine.optimizer_device_fraction)},
+      {"speculative_step", SpeculativeField("engine.speculative_step", &c.engine.speculative_step)},
       {"host_device_adam_rate",
        DoubleField("engine.host_device_adam_rate", &c.engine.host_device_adam_rate, 0,
                    "parameters/s >= 0 (0: off; the simulated device only)")},

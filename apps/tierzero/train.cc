@@ -416,6 +416,9 @@ Status TrainRun::RunStep(int step) {
   const double tokens_per_step =
       static_cast<double>(cfg_.train.batch_size) * cfg_.model.seq_len * accum * world_;
   double loss = 0;
+  const double lr = LearningRate(cfg_.train, step);
+  // Lets the last micro-batch's backward start the CPU's updates (engine.speculative_step).
+  TZ_RETURN_IF_ERROR(engine_->PrepareStep({static_cast<float>(lr)}));
   for (int micro = 0; micro < accum; ++micro) {
     // Data parallel: a step takes world * accum micro-batches, rank r the r-th run of accum,
     // so the same global batch whatever the split between ranks and accumulation.
@@ -444,7 +447,6 @@ Status TrainRun::RunStep(int step) {
       if (r.interrupted != 0) interrupted_ = true;
     }
   }
-  const double lr = LearningRate(cfg_.train, step);
   TZ_ASSIGN_OR_RETURN(const StepResult r, engine_->Step({static_cast<float>(lr)}));
   const double dt = SecondsSince(t0);
   total_tokens_ += tokens_per_step;

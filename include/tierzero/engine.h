@@ -100,6 +100,18 @@ enum class OptimizerPlacement : uint8_t {
   kFraction,  // optimizer_device_fraction of the groups on the device, for comparison
 };
 
+// Whether a step's CPU updates may start during its last micro-batch's backward, before the
+// global gradient norm is known (docs/optimizer.md, "The speculative start"). It needs the
+// step's options in advance (Engine::PrepareStep); a step that clips, overflows or is called
+// with other options discards the speculative updates, which never touched the live states.
+enum class SpeculativeStep : uint8_t {
+  // When the model's compute does not run on the CPU (a GPU) and the previous step neither
+  // clipped nor was skipped.
+  kAuto,
+  kOn,  // whenever PrepareStep was called (tests, comparisons)
+  kOff,
+};
+
 // Every field has a default; Engine::Create validates them (InvalidArgument naming the field,
 // the value and the accepted range). docs/config.md documents the same fields as JSON.
 struct EngineConfig {
@@ -135,6 +147,8 @@ struct EngineConfig {
   OptimizerPlacement optimizer = OptimizerPlacement::kAuto;
   // kFraction: the share of groups updated on the device, in [0, 1]. Default: 0.
   double optimizer_device_fraction = 0;
+  // The speculative start. Default: kAuto.
+  SpeculativeStep speculative_step = SpeculativeStep::kAuto;
   // Simulated device only: model device Adam at this many parameters/s instead of the stream
   // thread's own speed (a model for studying schedules; docs/optimizer.md). Default: 0 (off).
   double host_device_adam_rate = 0;
@@ -244,6 +258,10 @@ struct EngineStats {
   // streamed to the device; its predicted and measured seconds.
   int optimizer_cpu_groups = 0, optimizer_resident_groups = 0, optimizer_streamed_groups = 0;
   double optimizer_predicted_seconds = 0, optimizer_phase_seconds = 0;
+  // The speculative start: groups whose speculative update the last step used; steps that used
+  // one; steps that discarded theirs (clipping, a non-finite gradient, other options).
+  int speculative_groups = 0;
+  uint64_t speculative_steps = 0, speculative_rollbacks = 0;
   // Several ranks: collectives this rank started, the bytes it sent (NCCL tests' convention),
   // and the seconds its thread spent in them.
   uint64_t collectives = 0, comm_bytes = 0;
@@ -295,6 +313,11 @@ class Engine {
   // parameters written to their shards. A skipped step changes no state but the loss scale.
   // FailedPrecondition before grad_accumulation iterations have ended since the last step.
   StatusOr<StepResult> Step(const StepOptions& options);
+  // Optional: the options the next Step will be called with, given before its last micro-batch
+  // begins, so that micro-batch's backward may start the CPU's updates as each chunk's gradient
+  // completes (EngineConfig::speculative_step). A Step with other options, one that clips or
+  // one with a non-finite gradient updates as if this had not been called: exactly the same.
+  Status PrepareStep(const StepOptions& options);
 
   // Non-model device memory.
   StatusOr<ActivationBuffer> AllocateActivation(uint64_t bytes);

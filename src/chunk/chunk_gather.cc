@@ -156,7 +156,11 @@ Status ChunkManager::ReduceChunk(int c) {
   ASSIGN_OR_RETURN(written, Event::Create(device_));
   RETURN_IF_ERROR(device_.RecordEvent(written.handle(), compute_));
   RETURN_IF_ERROR(device_.StreamWaitEvent(d2h, written.handle()));
-  return SeparateGrads(c) ? ReduceSeparate(c, written) : ReduceInSlot(c, written);
+  RETURN_IF_ERROR(SeparateGrads(c) ? ReduceSeparate(c, written) : ReduceInSlot(c, written));
+  if (impl_->grad_final && impl_->reduce->final_on_d2h()) {
+    RETURN_IF_ERROR(device_.LaunchHostFunc(d2h, [fn = impl_->grad_final, c] { fn(c); }));
+  }
+  return Status::OK();
 }
 
 // The gradient was written over the parameters in the chunk's slot.

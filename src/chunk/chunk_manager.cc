@@ -250,6 +250,10 @@ Status ChunkManager::ZeroGrads() {
 Status ChunkManager::out_of_step() const { return impl_->ranks.OutOfStep(); }
 void ChunkManager::MarkOutOfStep(Status why) { (void)impl_->ranks.LoseStep(std::move(why)); }
 
+void ChunkManager::SetGradFinalCallback(std::function<void(int)> fn) {
+  impl_->grad_final = std::move(fn);
+}
+
 Status ChunkManager::BeginIteration(bool inference) {
   Impl& im = *impl_;
   RETURN_IF_ERROR(im.ranks.OutOfStep());

@@ -162,6 +162,11 @@ class ChunkManager {
   void* GradPtr(int tensor) const;
   // Non-model bytes in use, reported by the activation allocator on every change.
   void OnNonModelBytes(uint64_t current) { tracer_.OnNonModelBytes(current); }
+  // Calls fn(chunk) (from a stream's thread) as each chunk's gradient shard becomes final in
+  // this rank's memory during backward, where the reduction's last step is a D2H copy (one
+  // rank, and the device collectives); with host collectives nothing is called (the shards are
+  // final at EndIteration). For the next training iteration only; null clears it.
+  void SetGradFinalCallback(std::function<void(int chunk)> fn);
   // Finishes backward (reduces the remaining chunks), waits for all copies, and after a
   // recording iteration computes the plan. Budget errors (a moment that cannot fit) surface here.
   Status EndIteration();

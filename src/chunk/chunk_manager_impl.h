@@ -45,11 +45,12 @@ struct ChunkManager::Impl {
   // Per moment: the compute stream reached its Acquire (recorded first, before evictions and
   // waits), and its waits are done (timed moments only).
   std::vector<Event> moment_begin, moment_start;
-  uint64_t ready_records = 0;         // ready events recorded so far (ChunkRt::ready_seq)
-  uint64_t acquires = 0;              // Acquire calls so far
-  uint64_t event_acquire = 0;         // the Acquire call that last recorded its moment's event
-  std::vector<int> pending_prefetch;  // decided at an Acquire, issued just after
-  int moments_timed = 0;              // moments with begin/start events this iteration
+  uint64_t ready_records = 0;           // ready events recorded so far (ChunkRt::ready_seq)
+  uint64_t acquires = 0;                // Acquire calls so far
+  uint64_t event_acquire = 0;           // the Acquire call that last recorded its moment's event
+  std::vector<int> pending_prefetch;    // decided at an Acquire, issued just after
+  std::function<void(int)> grad_final;  // SetGradFinalCallback
+  int moments_timed = 0;                // moments with begin/start events this iteration
   double measured_seconds[kNumTiers] = {0, 0, 0};  // mean gather time per Tier; 0 = unmeasured
   Event iteration_end;
   // Separate gradient chunks whose D2H copy is queued: freed once `done` (recorded after the

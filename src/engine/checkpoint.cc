@@ -391,6 +391,7 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   if (!im.finalized) return FailedPreconditionError("LoadCheckpoint before Finalize");
   if (im.in_iteration) return FailedPreconditionError("LoadCheckpoint inside an iteration");
   RETURN_IF_ERROR(im.cm->out_of_step());
+  im.DiscardSpeculation();  // it started from the states replaced here
   // Every rank reads the manifest and verifies what it will load; the ranks agree on the outcome
   // before any of them changes state, and again after (Note [Agreeing on an outcome]).
   // Everything is read and verified before any state changes: a bad checkpoint leaves the engine

@@ -183,6 +183,7 @@ Engine::Engine() : impl_(std::make_unique<Impl>()) {}
 Engine::~Engine() {
   if (impl_ && impl_->device) {
     impl_->OpenGate();
+    impl_->DiscardSpeculation();  // the worker joined before anything it reads goes
     // Collectives first: Drain ends them by the deadline (NCCL's would spin forever on a
     // peer that died), so the device's streams can finish.
     if (impl_->device_comm) (void)impl_->device_comm->Drain();
@@ -345,6 +346,7 @@ Status Engine::BeginIteration(bool train) {
   RETURN_IF_ERROR(im.cm->BeginIteration(/*inference=*/!train));
   im.in_iteration = true;
   im.iteration_train = train;
+  if (train) RETURN_IF_ERROR(im.MaybeStartSpeculation());
   ++im.iterations;
   if (im.cm->profiling()) {
     im.moment_times.clear();
@@ -407,6 +409,7 @@ Status Engine::EndIteration() {
   im.in_iteration = false;
   const bool profiled = im.cm->profiling();
   Status s = im.cm->EndIteration();
+  im.EndSpeculation(/*keep=*/s.ok());
   if (!s.ok()) {
     // The micro-batch's gradients did not all arrive: it does not count, and with accumulation
     // the window's gradients are dropped as AbortIteration drops them.
@@ -433,6 +436,7 @@ Status Engine::AbortIteration() {
   im.OpenGate();
   im.in_iteration = false;
   Status s = im.cm->EndIteration();
+  im.DiscardSpeculation();
   if (im.iteration_train) RETURN_IF_ERROR(im.DropAccumulated());
   return s;
 }
@@ -499,6 +503,7 @@ Status Engine::ReadGrad(ParamId p, std::span<float> out) {
 Status Engine::WriteParam(ParamId p, std::span<const float> values) {
   Impl& im = *impl_;
   RETURN_IF_ERROR(im.CheckAccess("WriteParam", p, values.size(), "with", /*anytime=*/false));
+  im.DiscardSpeculation();  // it started from the values replaced here
   const int c = im.layout.tensor(p).chunk;
   return im.WithChunkState(c, /*write_back=*/true, [&](float* master, float*, float*) -> Status {
     for (const ShardSlice& sl : im.slices[static_cast<size_t>(c)]) {

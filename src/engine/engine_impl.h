@@ -4,11 +4,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "chunk/chunk_manager.h"
@@ -56,6 +58,9 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   ChunkLayout layout;
   Placement placement;
   TierBudgets budgets;
+  // The speculative start's side buffers: declared before the store, whose host groups may
+  // point into them after a commit (Note [The speculative start]).
+  std::vector<AlignedBuffer> spec_memory;
   // Every shard of this rank: parameters, gradients, optimizer states. Destroyed after the
   // chunk manager, which gathers from it.
   std::unique_ptr<ShardStore> store;
@@ -83,7 +88,38 @@ struct Engine::Impl final : ActivationBuffer::Owner {
     std::vector<double> cpu_rate_samples;  // CPU Adam params/s of the last phases
     DeviceBuffer extra;  // device memory beyond the idle slot region, held for one phase
     std::chrono::steady_clock::time_point t0;  // the last phase's start
+    std::vector<bool> skip;  // groups the speculative start already updated (this phase)
   } update;
+
+  // The speculative start (speculation.cc; Note [The speculative start]).
+  struct Speculation {
+    struct Queue {
+      Mutex mu;
+      CondVar cv;
+      std::deque<int> ready TZ_GUARDED_BY(mu);  // chunks whose gradient shard is final
+      bool closed TZ_GUARDED_BY(mu) = false;
+      int announced TZ_GUARDED_BY(mu) = 0;  // by the gradient callback, during backward
+    };
+    struct Slot {
+      float* states;  // master | m | v
+      uint8_t* out;   // the parameter shard's new contents
+    };
+    bool prepared = false;  // PrepareStep was called for the next step
+    StepOptions options;
+    AdamStepOptions so;
+    // While a worker runs (the last micro-batch): the queue; only the worker touches the rest
+    // until it is joined.
+    std::shared_ptr<Queue> queue;
+    std::thread worker;
+    std::vector<bool> eligible, taken;
+    std::vector<Slot> free;                  // side buffers holding no result
+    std::vector<std::pair<int, Slot>> done;  // results waiting for the step
+    Status error;
+    bool last_clean = true;  // the previous step neither clipped nor was skipped
+    bool told_no_room = false;
+    uint64_t pool_bytes = 0;
+    int last_announced = 0;  // chunks the last speculation heard of before EndIteration
+  } spec;
 
   bool in_iteration = false;
   bool iteration_train = true;
@@ -148,12 +184,20 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   StatusOr<double> GradSumSquares();
   Status SkipStep();
   Status AdamGroup(const OptimizerGroup& group, const AdamStepOptions& options, bool profiled);
+  Status AdamInto(const OptimizerGroup& group, uint8_t* out, const AdamStepOptions& options);
   // The update phase (update_phase.cc).
   Status CreateUpdatePhase();
   std::vector<UpdateGroup> UpdateGroups() const;
   StatusOr<UpdateRates> MeasureUpdateRates(void* device_scratch, uint64_t scratch_bytes);
   Status RunUpdatePhase(const AdamStepOptions& options, bool profiled);
   Status PrefetchStates();
+  // The speculative start (speculation.cc).
+  int SpeculationSlots(int want);
+  Status MaybeStartSpeculation();
+  void SpeculationWorker(Speculation::Queue& q);
+  void EndSpeculation(bool keep);
+  void DiscardSpeculation();
+  StatusOr<std::vector<bool>> CommitSpeculation(bool exact);
   Status EnqueueDeviceGroup(int chunk, UpdateWhere where, int slot, uint8_t* slot_mem,
                             const AdamStepOptions& options);
   // The report's snapshot in parts (report.cc).

@@ -110,6 +110,11 @@ void Engine::Impl::SnapshotUpdate(ReportSnapshot& s) const {
   u.nvme_write_bytes_per_s = r.nvme_write_bytes_per_s;
   u.nvme_duplex_bytes_per_s = r.nvme_duplex_bytes_per_s;
   u.device_rate_modelled = cfg.host_device_adam_rate > 0;
+  u.speculative = cfg.speculative_step == SpeculativeStep::kAuto ? "auto"
+                  : cfg.speculative_step == SpeculativeStep::kOn ? "on"
+                                                                 : "off";
+  u.speculative_steps = stats.speculative_steps;
+  u.speculative_rollbacks = stats.speculative_rollbacks;
   u.device_shares_cpu = r.device_shares_cpu;
 }
 

@@ -76,13 +76,21 @@ Status Engine::Impl::AdamGroup(const OptimizerGroup& g, const AdamStepOptions& s
       }
     }
   } span{this, prof, chunk_start_s, c};
-  const DType gt = store->grad_dtype();
-  const DType dt = cfg.compute_dtype;
-  const auto* grad = static_cast<const uint8_t*>(store->grad(c));
   void* host = store->host_param(c);
   auto* out = static_cast<uint8_t*>(host != nullptr ? host : upload.data());
   if (host == nullptr) std::memset(out, 0, upload.bytes());  // zero padding
-  for (const ShardSlice& sl : slices[static_cast<size_t>(c)]) {
+  RETURN_IF_ERROR(AdamInto(g, out, chunk_so));
+  if (host == nullptr) RETURN_IF_ERROR(store->WriteParam(c, out));
+  return Status::OK();
+}
+
+// AdamW on group g's states (wherever they are in host memory), its new compute-dtype
+// parameters into `out` (the chunk's shard layout; padding left as it is).
+Status Engine::Impl::AdamInto(const OptimizerGroup& g, uint8_t* out, const AdamStepOptions& so) {
+  const DType gt = store->grad_dtype();
+  const DType dt = cfg.compute_dtype;
+  const auto* grad = static_cast<const uint8_t*>(store->grad(g.chunk));
+  for (const ShardSlice& sl : slices[static_cast<size_t>(g.chunk)]) {
     AdamBuffers b;
     b.master = g.master + sl.shard_offset;
     b.m = g.m + sl.shard_offset;
@@ -95,11 +103,10 @@ Status Engine::Impl::AdamGroup(const OptimizerGroup& g, const AdamStepOptions& s
       b.out_dtype = dt;
     }
     CpuAdam& adam = params[static_cast<size_t>(sl.tensor)].weight_decay ? *adam_decay : *adam_plain;
-    ASSIGN_OR_RETURN(bool applied, adam.Step(b, chunk_so));
+    ASSIGN_OR_RETURN(bool applied, adam.Step(b, so));
     TZ_CHECK(applied) << "Adam skipped a step that was checked finite";
     if (dt == DType::kF32) std::memcpy(out + sl.shard_offset * 4, b.master, sl.numel * 4);
   }
-  if (host == nullptr) RETURN_IF_ERROR(store->WriteParam(c, out));
   return Status::OK();
 }
 
@@ -134,6 +141,14 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
   StepResult r;
   const bool finite = std::isfinite(sumsq);
   r.grad_norm = finite ? std::sqrt(sumsq) * inv : std::numeric_limits<double>::infinity();
+  double clip = 1.0;
+  if (finite && im.cfg.clip_grad_norm > 0 && r.grad_norm > im.cfg.clip_grad_norm)
+    clip = im.cfg.clip_grad_norm / (r.grad_norm + 1e-6);
+  // The speculative updates are this step's own only when nothing differs from what they
+  // assumed (Note [The speculative start]).
+  const bool same_options = im.spec.options.lr == options.lr;
+  ASSIGN_OR_RETURN(im.update.skip, im.CommitSpeculation(finite && clip == 1.0 && same_options));
+  im.spec.last_clean = finite && clip == 1.0;
   if (!finite) {
     RETURN_IF_ERROR(im.SkipStep());
     r.applied = false;
@@ -142,9 +157,6 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
     r.seconds = SecondsSince(t0);
     return r;
   }
-  double clip = 1.0;
-  if (im.cfg.clip_grad_norm > 0 && r.grad_norm > im.cfg.clip_grad_norm)
-    clip = im.cfg.clip_grad_norm / (r.grad_norm + 1e-6);
   AdamStepOptions so;
   so.step = im.step + 1;
   so.lr = options.lr;

@@ -414,7 +414,10 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
         return Status::OK();
       },
       /*write_back=*/true,
-      [&](int c) { return plan.where[static_cast<size_t>(c)] == UpdateWhere::kCpu; },
+      [&](int c) {
+        const size_t i = static_cast<size_t>(c);
+        return plan.where[i] == UpdateWhere::kCpu && !(i < update.skip.size() && update.skip[i]);
+      },
       /*write_behind=*/kWriteBehind.Get()));
   RETURN_IF_ERROR(update.h2d.Synchronize());
   RETURN_IF_ERROR(update.adam.Synchronize());

@@ -87,6 +87,18 @@ Status SummariseUpdate(const JsonIn& in, std::ostringstream& o) {
                 static_cast<long long>(phases), Ms(predicted).c_str(),
                 modelled ? ", device Adam a model" : "");
   o << line;
+  if (u.has("speculative_start")) {
+    ASSIGN_OR_RETURN(const JsonIn sp, u.at("speculative_start"));
+    ASSIGN_OR_RETURN(const int64_t used, sp.get_or<int64_t>("steps", 0));
+    ASSIGN_OR_RETURN(const int64_t back, sp.get_or<int64_t>("rollbacks", 0));
+    if (used + back > 0) {
+      std::snprintf(line, sizeof line,
+                    "  speculative start: used in %lld steps, rolled back in %lld (clipping, a "
+                    "non-finite gradient or other step options)\n",
+                    static_cast<long long>(used), static_cast<long long>(back));
+      o << line;
+    }
+  }
   return Status::OK();
 }
 

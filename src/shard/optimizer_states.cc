@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <utility>
 
 #include "core/bytes.h"
 #include "core/check.h"
@@ -108,6 +109,11 @@ OptimizerGroup OptimizerStates::Resident(int chunk) const {
   const size_t c = static_cast<size_t>(chunk);
   TZ_CHECK(tier(chunk) != Tier::kNvme) << "chunk " << chunk << "'s optimizer states are on NVMe";
   return Group(chunk, tier(chunk) == Tier::kDevice ? device_group_[c] : host_[c]);
+}
+
+float* OptimizerStates::SwapHost(int chunk, float* replacement) {
+  TZ_CHECK(tier(chunk) == Tier::kHost) << "chunk " << chunk << "'s states are not in host memory";
+  return std::exchange(host_[static_cast<size_t>(chunk)], replacement);
 }
 
 Status OptimizerStates::WithDevice(int chunk, bool fresh, bool write_back,

@@ -78,6 +78,11 @@ class OptimizerStates {
   // A host or device group's own memory (master, m, v in host memory or in device memory), for
   // the update phase's copies. REQUIRES: tier(chunk) is not kNvme.
   OptimizerGroup Resident(int chunk) const;
+  // Makes `replacement` (group_bytes(), master | m | v) chunk's host group and returns the
+  // memory it had, which becomes the caller's to reuse while these states live (the speculative
+  // start's commit: Note [The speculative start] in engine/speculation.cc). REQUIRES:
+  // tier(chunk) is kHost; `replacement` outlives its use here.
+  float* SwapHost(int chunk, float* replacement);
 
   // The disk's rates for one group's states, in bytes/s: the first NVMe group read into a swap
   // slot and written back unchanged, alone and then both at once (as the swap pipeline overlaps

@@ -162,6 +162,7 @@ StatusOr<const void*> DeviceReduce::ReduceOnDevice(int c, void* device_grad, con
 // completes it (Note [Collectives on the trainer's thread] in gather_host.cc).
 class HostReduce final : public ReduceStrategy {
  public:
+  bool final_on_d2h() const override { return false; }  // Finish reduce-scatters
   HostReduce(TransferContext& ctx, Communicator& comm, const ReduceOptions& options)
       : ctx_(ctx), comm_(comm), options_(options) {}
 

@@ -42,6 +42,9 @@ class ReduceStrategy {
     (void)wait_all, (void)wait_oldest;
     return Status::OK();
   }
+  // True when a Reduce's last work on the chunk is queued on the D2H stream (the gradient shard
+  // is final once the stream passes it); false when Finish completes it later on the host.
+  virtual bool final_on_d2h() const { return true; }
 };
 
 StatusOr<std::unique_ptr<ReduceStrategy>> CreateLocalReduce(TransferContext& ctx,

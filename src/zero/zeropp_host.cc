@@ -247,6 +247,7 @@ Status ZeroPPHostGather::Enqueue(int c, void* dst, const Event& ready) {
 // (Note [When qgZ's cross-node hop starts]).
 class ZeroPPHostReduce final : public ReduceStrategy {
  public:
+  bool final_on_d2h() const override { return false; }  // Finish reduce-scatters
   ZeroPPHostReduce(TransferContext& ctx, Communicator& comm, const ReduceOptions& options,
                    const ZeroPPOptions& zeropp)
       : ctx_(ctx), comm_(comm), options_(options), zeropp_(zeropp) {}

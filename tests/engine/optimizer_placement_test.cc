@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/engine_impl.h"
 #include "gpt/data.h"
 #include "gpt/gpt.h"
 #include "small_model.h"
@@ -25,7 +26,12 @@ struct TrainResult {
   EngineStats stats;
 };
 
-TrainResult Train(const EngineConfig& ec, int steps) {
+// How the loop announces its steps: not at all, with the step's own options, or (every third
+// step) with a learning rate the step then does not use.
+enum class Prepare { kNone, kSame, kSometimesOther };
+
+TrainResult Train(const EngineConfig& ec, int steps, Prepare prepare = Prepare::kNone,
+                  int* announced = nullptr) {
   TrainResult out;
   const gpt::GptConfig mc = testing_models::SmallModel();
   auto e = Engine::Create(ec);
@@ -39,11 +45,20 @@ TrainResult Train(const EngineConfig& ec, int steps) {
   if (!fin.ok()) return out;
   auto data = std::move(gpt::Dataset::Create(gpt::DataConfig{}, mc.seq_len)).value();
   for (int s = 0; s < steps; ++s) {
-    auto l = (*m)->ForwardBackward(data->Get(false, static_cast<uint64_t>(s * 16), 8));
-    EXPECT_TRUE(l.ok()) << l.status().ToString();
-    if (!l.ok()) return out;
-    out.losses.push_back(*l);
-    auto st = engine->Step({1e-3f});
+    const float lr = 1e-3f * (1.0f + 0.05f * static_cast<float>(s));  // a schedule
+    if (prepare != Prepare::kNone) {
+      const bool other = prepare == Prepare::kSometimesOther && s % 3 == 2;
+      Status ps = engine->PrepareStep({other ? lr * 0.5f : lr});
+      EXPECT_TRUE(ps.ok()) << ps.ToString();
+    }
+    for (int micro = 0; micro < ec.grad_accumulation; ++micro) {
+      const uint64_t index = static_cast<uint64_t>((s * ec.grad_accumulation + micro) * 16);
+      auto l = (*m)->ForwardBackward(data->Get(false, index, 8));
+      EXPECT_TRUE(l.ok()) << l.status().ToString();
+      if (!l.ok()) return out;
+      out.losses.push_back(*l);
+    }
+    auto st = engine->Step({lr});
     EXPECT_TRUE(st.ok()) << st.status().ToString();
     if (!st.ok()) return out;
   }
@@ -53,6 +68,7 @@ TrainResult Train(const EngineConfig& ec, int steps) {
     out.params.push_back(std::move(v));
   }
   out.stats = engine->stats();
+  if (announced != nullptr) *announced = EngineInternals::Of(*engine).spec.last_announced;
   return out;
 }
 
@@ -141,6 +157,75 @@ TEST_P(OptimizerPlacementTest, EveryPlacementTrainsBitIdentically) {
     ASSERT_EQ(runs[r].params.size(), ref.params.size());
     for (size_t p = 0; p < ref.params.size(); ++p)
       ASSERT_EQ(runs[r].params[p], ref.params[p]) << "parameter " << p;
+  }
+}
+
+// Note [The speculative start]: with the step's CPU updates begun during backward, on copies,
+// every step's losses and parameters are those of a run without it, bit for bit: when the
+// speculation is used (no clipping), and when it is rolled back because the norm clipped, an fp16
+// gradient overflowed, or the step came with other options than announced.
+class SpeculativeStartTest : public ::testing::TestWithParam<DType> {};
+INSTANTIATE_TEST_SUITE_P(Dtypes, SpeculativeStartTest,
+                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                         [](const auto& info) { return std::string(DTypeName(info.param)); });
+
+TEST_P(SpeculativeStartTest, IsExactWhetherUsedOrRolledBack) {
+  struct SpecCase {
+    const char* name;
+    float clip;
+    int accumulation;
+    Prepare prepare;
+    float loss_scale;  // fp16's first loss scale
+    bool expect_used, expect_rollback;
+  };
+  // fp16: the loss scale doubles after every 2 good steps, so overflows recur through the run
+  // (each a skipped step whose speculation is rolled back).
+  const bool f16 = GetParam() == DType::kF16;
+  const float big = 65536.0f;
+  const SpecCase cases[] = {
+      {"no clipping: used", 0, 1, Prepare::kSame, big, true, f16},
+      {"clipping: rolled back", 0.5f, 1, Prepare::kSame, big, false, true},
+      {"other options every third step", 0, 1, Prepare::kSometimesOther, big, true, true},
+      {"accumulation of 2", 0, 2, Prepare::kSame, big, true, f16},
+  };
+  for (const SpecCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    EngineConfig ec = testing_models::SmallEngineConfig(DeviceChoice::kHost);
+    ec.compute_dtype = GetParam();
+    ec.clip_grad_norm = c.clip;
+    ec.grad_accumulation = c.accumulation;
+    ec.initial_loss_scale = c.loss_scale;
+    ec.loss_scale_window = 2;
+    ec.optimizer = OptimizerPlacement::kCpu;
+    ec.speculative_step = SpeculativeStep::kOff;
+    const TrainResult ref = Train(ec, 20, c.prepare);
+    ec.speculative_step = SpeculativeStep::kOn;
+    int announced = 0;
+    const TrainResult spec = Train(ec, 20, c.prepare, &announced);
+    // One rank: each chunk's gradient is announced as the D2H stream passes its copy, during
+    // backward (not only at EndIteration).
+    EXPECT_GT(announced, 0);
+    EXPECT_EQ(ref.stats.speculative_steps, 0u);  // kOff
+    EXPECT_EQ(ref.stats.speculative_rollbacks, 0u);
+    if (c.expect_used) {
+      EXPECT_GE(spec.stats.speculative_steps, 5u);
+    }
+    if (c.expect_rollback) {
+      EXPECT_GT(spec.stats.speculative_rollbacks, 0u);
+    } else {
+      EXPECT_EQ(spec.stats.speculative_rollbacks, 0u);
+    }
+    if (f16) {
+      EXPECT_GT(spec.stats.skipped_steps, 0);
+    }
+    EXPECT_EQ(spec.stats.skipped_steps, ref.stats.skipped_steps);
+    ASSERT_EQ(spec.losses.size(), ref.losses.size());
+    ASSERT_EQ(ref.losses.size(), static_cast<size_t>(20 * c.accumulation));
+    for (size_t i = 0; i < ref.losses.size(); ++i)
+      ASSERT_EQ(spec.losses[i], ref.losses[i]) << "micro-batch " << i;
+    ASSERT_EQ(spec.params.size(), ref.params.size());
+    for (size_t p = 0; p < ref.params.size(); ++p)
+      ASSERT_EQ(spec.params[p], ref.params[p]) << "parameter " << p;
   }
 }
 

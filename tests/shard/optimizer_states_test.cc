@@ -106,7 +106,9 @@ TEST(OptimizerStatesTest, ReadAheadAndWrittenBehindMatchTheSynchronousPipeline) 
     auto staged = a.states->Prefetch();
     ASSERT_TRUE(staged.ok()) << staged.status().ToString();
     EXPECT_LE(*staged, 3) << "only the three swap slots";
-    if (round > 1) EXPECT_GE(*staged, 1);
+    if (round > 1) {
+      EXPECT_GE(*staged, 1);
+    }
     auto fn = [round](const OptimizerGroup& g) { return Update(g, round); };
     ASSERT_TRUE(a.states->ForEach(fn, true, {}, /*write_behind=*/true).ok());
     ASSERT_TRUE(b.states->ForEach(fn, true).ok());

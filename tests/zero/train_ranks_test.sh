@@ -178,20 +178,28 @@ if worst > 0.05:
     sys.exit("FAIL: ZeRO++ losses drift from ZeRO-3's by more than 5%")
 EOF
 
-# The optimizer's placements on 2 ranks, bit for bit (fp32 and bf16).
+# The optimizer's placements on 2 ranks, bit for bit (fp32 and bf16); and the speculative start
+# (docs/optimizer.md) against the same run without it, with clipping (rolled back every step
+# here) and without (used).
 for dt in fp32 bf16; do
-  for v in cpu mix all; do
+  for v in cpu mix all spec nocl noclspec; do
     python3 - "$dt" "$v" <<'EOF'
 import json, sys
 dt, v = sys.argv[1], sys.argv[2]
 c = json.load(open("config.json"))
 c["engine"]["compute_dtype"] = dt
-c["engine"]["optimizer"] = {"cpu": "cpu", "mix": 0.75, "all": 1}[v]
+c["engine"]["optimizer"] = {"mix": 0.75, "all": 1}.get(v, "cpu")
 if v == "mix":
     c["engine"]["device_shard_budget"] = "1 MiB"
+c["engine"]["speculative_step"] = "on" if v.endswith("spec") else "off"
+if v.startswith("nocl"):
+    c["engine"]["clip_grad_norm"] = 0
 json.dump(c, open(f"o{dt}{v}.json", "w"))
 EOF
-    "$mpiexec" -np 2 "$tz" train --config o$dt$v.json --host-budget 6MiB --steps 12 \
+    # The speculative start works on groups in host memory: room for them and their copies.
+    hb=6MiB
+    case $v in spec | nocl*) hb=64MiB ;; esac
+    "$mpiexec" -np 2 "$tz" train --config o$dt$v.json --host-budget $hb --steps 12 \
       --run-dir o$dt$v --quiet >o$dt$v.log 2>&1 ||
       { echo "FAIL: optimizer placement $v ($dt)"; tail -20 o$dt$v.log; exit 1; }
   done
@@ -218,6 +226,13 @@ for dt in ("fp32", "bf16"):
         sys.exit(f"FAIL: {dt}, optimizer 1: nothing streamed: {where['all']}")
     print(f"optimizer placements, {dt}, 2 ranks, 12 steps: equal losses; rank 0's groups "
           f"{where}")
+    for v, base, used in (("spec", "cpu", False), ("noclspec", "nocl", True)):
+        if losses(f"o{dt}{v}/metrics.jsonl") != losses(f"o{dt}{base}/metrics.jsonl"):
+            sys.exit(f"FAIL: {dt}, the speculative start ({v}) changed the losses")
+        sp = json.load(open(f"o{dt}{v}/report.json"))["optimizer"]["update_phase"]["speculative_start"]
+        if (sp["steps"] >= 10) != used or (sp["rollbacks"] >= 10) == used:
+            sys.exit(f"FAIL: {dt}, {v}: speculative start {sp}")
+        print(f"speculative start, {dt}, 2 ranks: equal losses; {v}: {sp}")
 EOF
 
 # A failing rank: rank 1's states file corrupted in a 2-rank checkpoint.

@@ -1,0 +1,220 @@
+// The speculative start (docs/optimizer.md): a step's CPU updates begun during its last
+// micro-batch's backward, before the global gradient norm is known, and used by the step only
+// when it turns out to be the update the step would have made.
+#include <cmath>
+#include <cstring>
+
+#include "core/bytes.h"
+#include "core/logging.h"
+#include "engine/engine_impl.h"
+
+namespace tierzero {
+
+// Note [The speculative start]
+// SuperOffload's observation: the CPU idles through backward while the GPU computes, and a
+// group's update needs only its own gradient, the step's options and the gradient scale, which
+// is known before the global norm unless the norm clips or is not finite. So during the last
+// micro-batch's backward a worker thread takes each chunk as its gradient shard becomes final
+// (ChunkManager::SetGradFinalCallback: the D2H stream passing the chunk's last copy; with host
+// collectives, at EndIteration) and, for groups the plan updates on the CPU from host memory,
+// runs the same AdamW the step would run with grad_scale = 1 / (loss scale x accumulation),
+// i.e. without clipping, on a COPY of the states, its parameters into a side buffer.
+//
+// Why the rollback is exact: nothing live is written before the step decides. The live master,
+// m, v and parameter shard are read, never written, by the speculative update. At Step, when
+// the gradients are finite, the norm does not clip (clip = 1 exactly, so grad_scale is the same
+// float), and the options are those PrepareStep announced (lr; the step count and loss scale
+// cannot change in between), each speculated group is committed: its side buffer BECOMES the
+// group's states (OptimizerStates::SwapHost, a pointer swap; the old memory becomes a side
+// buffer) and its parameters are copied into the shard. The result is bit for bit the update
+// the step would have made: the same CpuAdam kernel on the same inputs in the same order
+// (tests/engine/optimizer_placement_test.cc checks 20 steps against a run without it). In every
+// other case the side buffers are simply dropped, and the step updates as if nothing had run
+// ("rollback" costs nothing but the wasted work).
+//
+// Memory: the side buffers (a group's states and its parameter shard each) come from the host
+// budget's room left after placement, counted in the host tier's usage; as many groups
+// speculate as fit (none when nothing fits: a log line says so). Groups whose states are on NVMe
+// or the device do not speculate (their overlap is Note [Optimizer I/O around the step] and the
+// device's own phase).
+
+Status Engine::PrepareStep(const StepOptions& options) {
+  Impl& im = *impl_;
+  if (!im.finalized) return FailedPreconditionError("PrepareStep before Finalize");
+  if (im.in_iteration) return FailedPreconditionError("PrepareStep inside an iteration");
+  if (!(options.lr >= 0) || !std::isfinite(options.lr))
+    return InvalidArgumentError("learning rate " + std::to_string(options.lr) + " is not >= 0");
+  im.spec.prepared = true;
+  im.spec.options = options;
+  return Status::OK();
+}
+
+// Side buffers for up to `want` groups, within the host budget's room.
+int Engine::Impl::SpeculationSlots(int want) {
+  const uint64_t per = optimizer().group_bytes() + AlignUp(layout.shard_bytes(), 64);
+  const int have = static_cast<int>(spec.free.size());
+  if (have >= want) return have;
+  const uint64_t fixed = cfg.host_budget - budgets.host_bytes;
+  const uint64_t used = placement.bytes[static_cast<int>(Tier::kHost)] + fixed + spec.pool_bytes;
+  const uint64_t room = cfg.host_budget > used ? cfg.host_budget - used : 0;
+  const int more = static_cast<int>(std::min<uint64_t>(want - have, room / per));
+  for (int k = 0; k < more; ++k) {
+    AlignedBuffer states = AlignedBuffer::Allocate(optimizer().group_bytes());
+    AlignedBuffer out = AlignedBuffer::Allocate(AlignUp(layout.shard_bytes(), 64));
+    if (states.data() == nullptr || out.data() == nullptr) break;
+    std::memset(out.data(), 0, out.bytes());  // the shard's padding stays zero
+    spec.free.push_back(
+        {reinterpret_cast<float*>(states.data()), static_cast<uint8_t*>(out.data())});
+    spec_memory.push_back(std::move(states));
+    spec_memory.push_back(std::move(out));
+    spec.pool_bytes += per;
+  }
+  return static_cast<int>(spec.free.size());
+}
+
+// At the start of a training iteration: is it the step's last micro-batch, and may it start
+// the step's CPU updates?
+Status Engine::Impl::MaybeStartSpeculation() {
+  if (spec.queue || !spec.prepared || iterations_since_step + 1 != cfg.grad_accumulation ||
+      cfg.speculative_step == SpeculativeStep::kOff) {
+    return Status::OK();
+  }
+  if (cfg.speculative_step == SpeculativeStep::kAuto && (host_compute || !spec.last_clean)) {
+    return Status::OK();
+  }
+  const int nc = layout.num_chunks();
+  if (static_cast<int>(update.plan.where.size()) != nc) return Status::OK();  // no plan yet
+  spec.eligible.assign(static_cast<size_t>(nc), false);
+  int want = 0;
+  for (int c = 0; c < nc; ++c) {
+    const bool e = update.plan.where[static_cast<size_t>(c)] == UpdateWhere::kCpu &&
+                   optimizer().tier(c) == Tier::kHost;
+    spec.eligible[static_cast<size_t>(c)] = e;
+    want += e;
+  }
+  if (want == 0) return Status::OK();
+  if (SpeculationSlots(want) == 0) {
+    if (!spec.told_no_room) {
+      TZ_LOG(kInfo, kEngine) << "speculative start: no host budget left for a group's copy ("
+                             << FormatBytes(optimizer().group_bytes() + layout.shard_bytes())
+                             << "); the step's updates start after backward";
+      spec.told_no_room = true;
+    }
+    return Status::OK();
+  }
+  const double inv = 1.0 / (static_cast<double>(loss_scale) * cfg.grad_accumulation);
+  spec.so = AdamStepOptions{};
+  spec.so.step = step + 1;
+  spec.so.lr = spec.options.lr;
+  spec.so.grad_scale = static_cast<float>(inv * 1.0);  // as Step computes it when clip == 1
+  spec.taken.assign(static_cast<size_t>(nc), false);
+  spec.error = Status::OK();
+  spec.queue = std::make_shared<Impl::Speculation::Queue>();
+  std::shared_ptr<Impl::Speculation::Queue> q = spec.queue;
+  cm->SetGradFinalCallback([q](int c) {
+    {
+      MutexLock lock(q->mu);
+      q->ready.push_back(c);
+      ++q->announced;
+    }
+    q->cv.NotifyAll();
+  });
+  spec.worker = std::thread([this, q] { SpeculationWorker(*q); });
+  return Status::OK();
+}
+
+// The worker: each chunk as its gradient becomes final, while side buffers last.
+void Engine::Impl::SpeculationWorker(Speculation::Queue& q) {
+  for (;;) {
+    int c = -1;
+    {
+      MutexLock lock(q.mu);
+      q.cv.Wait(lock, [&]() TZ_REQUIRES(q.mu) { return !q.ready.empty() || q.closed; });
+      if (q.ready.empty()) return;  // closed, and nothing left
+      c = q.ready.front();
+      q.ready.pop_front();
+    }
+    const size_t i = static_cast<size_t>(c);
+    if (c < 0 || c >= layout.num_chunks() || !spec.eligible[i] || spec.taken[i] ||
+        spec.free.empty() || !spec.error.ok()) {
+      continue;
+    }
+    spec.taken[i] = true;
+    Speculation::Slot slot = spec.free.back();
+    spec.free.pop_back();
+    const OptimizerGroup live = optimizer().Resident(c);
+    std::memcpy(slot.states, live.master, optimizer().group_bytes());
+    const uint64_t n = layout.shard_elems();
+    Status s = AdamInto({c, slot.states, slot.states + n, slot.states + 2 * n}, slot.out, spec.so);
+    if (!s.ok()) {
+      spec.error = std::move(s).WithContext("the speculative update of chunk " + std::to_string(c));
+      spec.free.push_back(slot);
+      continue;
+    }
+    spec.done.push_back({c, slot});
+  }
+}
+
+// Closes the queue (every chunk is final after EndIteration: those no callback announced are
+// announced here), waits for the worker, and keeps its results for the Step or drops them.
+void Engine::Impl::EndSpeculation(bool keep) {
+  if (!spec.queue) return;
+  cm->SetGradFinalCallback(nullptr);
+  {
+    MutexLock lock(spec.queue->mu);
+    spec.last_announced = spec.queue->announced;
+    if (keep) {
+      for (int c = layout.num_chunks() - 1; c >= 0; --c) spec.queue->ready.push_back(c);
+    }
+    spec.queue->closed = true;
+  }
+  spec.queue->cv.NotifyAll();
+  spec.worker.join();
+  spec.queue.reset();
+  if (!spec.error.ok()) {
+    TZ_LOG(kWarn, kEngine) << "speculative start: " << spec.error.ToString()
+                           << "; the step updates after backward";
+    keep = false;
+  }
+  if (!keep) DiscardSpeculation();
+}
+
+// Drops the speculative results (the live states were never written).
+void Engine::Impl::DiscardSpeculation() {
+  if (spec.queue) EndSpeculation(/*keep=*/false);  // joins; comes back here
+  for (auto& [c, slot] : spec.done) spec.free.push_back(slot);
+  spec.done.clear();
+}
+
+// At Step, once the norm is known: commits the speculative updates when they are the step's own
+// (`exact`), else drops them. Returns the chunks committed (the phase skips them).
+StatusOr<std::vector<bool>> Engine::Impl::CommitSpeculation(bool exact) {
+  std::vector<bool> committed(static_cast<size_t>(layout.num_chunks()), false);
+  const bool had = !spec.done.empty();
+  spec.prepared = false;
+  if (!exact) {
+    if (had) ++stats.speculative_rollbacks;
+    DiscardSpeculation();
+    stats.speculative_groups = 0;
+    return committed;
+  }
+  int n = 0;
+  for (auto& [c, slot] : spec.done) {
+    float* old = optimizer().SwapHost(c, slot.states);
+    void* host = store->host_param(c);
+    if (host != nullptr) {
+      std::memcpy(host, slot.out, layout.shard_bytes());
+    } else {
+      RETURN_IF_ERROR(store->WriteParam(c, slot.out));
+    }
+    spec.free.push_back({old, slot.out});
+    committed[static_cast<size_t>(c)] = true;
+    ++n;
+  }
+  spec.done.clear();
+  stats.speculative_groups = n;
+  if (n > 0) ++stats.speculative_steps;
+  return committed;
+}
+
+}  // namespace tierzero
