@@ -86,6 +86,8 @@ std::vector<UpdateGroup> Engine::Impl::UpdateGroups() const {
     g.states_on_device = optimizer().tier(c) == Tier::kDevice;
     g.states_on_nvme = optimizer().tier(c) == Tier::kNvme;
     g.param_on_nvme = store->param_tier(c) == Tier::kNvme;
+    g.done_ahead =
+        static_cast<size_t>(c) < update.skip.size() && update.skip[static_cast<size_t>(c)];
     if (g.states_on_nvme) {
       g.read_ahead = nvme_seen < optimizer().staged();
       g.write_behind = kWriteBehind.Get() && nvme_seen >= nvme_total - kBehind;

@@ -87,6 +87,10 @@ UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<Up
   for (size_t i = 0; i < groups.size(); ++i) {
     if (where[i] != UpdateWhere::kCpu) continue;
     const UpdateGroup& g = groups[i];
+    if (g.done_ahead) {
+      p.group_end_s[i] = 0;
+      continue;
+    }
     if (g.states_on_nvme) {
       nvme.push_back(i);
       continue;
@@ -140,6 +144,7 @@ UpdatePlan PlanUpdate(const std::vector<UpdateGroup>& groups, const UpdateRates&
   int resident = 0;
   for (size_t i = 0; i < n; ++i) {
     const UpdateGroup& g = groups[i];
+    if (g.done_ahead) continue;  // kCpu, nothing to do
     if (g.states_on_device && !g.param_on_nvme) {
       base[i] = UpdateWhere::kDeviceResident;
       resident_slot = std::max(resident_slot, UpdateSlotBytes(g, base[i]));

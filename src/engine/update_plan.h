@@ -58,6 +58,9 @@ struct UpdateGroup {
   // (prefetched during backward), and written behind it (the phase does not wait for the write).
   bool read_ahead = false;
   bool write_behind = false;
+  // Updated before the phase (the speculative start, from host memory): nothing left to do; it
+  // stays kCpu at no cost.
+  bool done_ahead = false;
 };
 
 enum class UpdateMode : uint8_t { kAuto, kCpu, kFraction };

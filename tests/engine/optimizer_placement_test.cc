@@ -177,6 +177,7 @@ TEST_P(SpeculativeStartTest, IsExactWhetherUsedOrRolledBack) {
     Prepare prepare;
     float loss_scale;  // fp16's first loss scale
     bool expect_used, expect_rollback;
+    bool half_streamed = false;  // the other groups stream to the device meanwhile
   };
   // fp16: the loss scale doubles after every 2 good steps, so overflows recur through the run
   // (each a skipped step whose speculation is rolled back).
@@ -187,6 +188,7 @@ TEST_P(SpeculativeStartTest, IsExactWhetherUsedOrRolledBack) {
       {"clipping: rolled back", 0.5f, 1, Prepare::kSame, big, false, true},
       {"other options every third step", 0, 1, Prepare::kSometimesOther, big, true, true},
       {"accumulation of 2", 0, 2, Prepare::kSame, big, true, f16},
+      {"half the groups streamed to the device", 0, 1, Prepare::kSame, big, true, f16, true},
   };
   for (const SpecCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -196,7 +198,8 @@ TEST_P(SpeculativeStartTest, IsExactWhetherUsedOrRolledBack) {
     ec.grad_accumulation = c.accumulation;
     ec.initial_loss_scale = c.loss_scale;
     ec.loss_scale_window = 2;
-    ec.optimizer = OptimizerPlacement::kCpu;
+    ec.optimizer = c.half_streamed ? OptimizerPlacement::kFraction : OptimizerPlacement::kCpu;
+    ec.optimizer_device_fraction = 0.5;
     ec.speculative_step = SpeculativeStep::kOff;
     const TrainResult ref = Train(ec, 20, c.prepare);
     ec.speculative_step = SpeculativeStep::kOn;
@@ -209,6 +212,10 @@ TEST_P(SpeculativeStartTest, IsExactWhetherUsedOrRolledBack) {
     EXPECT_EQ(ref.stats.speculative_rollbacks, 0u);
     if (c.expect_used) {
       EXPECT_GE(spec.stats.speculative_steps, 5u);
+    }
+    if (c.half_streamed) {
+      EXPECT_GT(spec.stats.optimizer_streamed_groups, 0);
+      EXPECT_GT(ref.stats.optimizer_streamed_groups, 0);
     }
     if (c.expect_rollback) {
       EXPECT_GT(spec.stats.speculative_rollbacks, 0u);

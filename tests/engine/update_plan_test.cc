@@ -89,6 +89,26 @@ TEST(UpdatePlan, ASplitOtherwise) {
   EXPECT_NEAR(two.phase_s, 3.1, 1e-12);
 }
 
+TEST(UpdatePlan, GroupsUpdatedAheadCostNothingAndNeverMove) {
+  // As ASplitOtherwise, but two groups were updated during backward (the speculative start):
+  // the CPU has 2 s left and one streamed group (2.1 s) would end later, so nothing streams;
+  // and the groups done ahead stay on the CPU at no cost.
+  std::vector<UpdateGroup> g(4, HostGroup());
+  g[0].done_ahead = g[1].done_ahead = true;
+  UpdatePlan p = PlanUpdate(g, Rates(1400), Auto());
+  EXPECT_EQ(p.where, std::vector<W>(4, W::kCpu));
+  EXPECT_NEAR(p.phase_s, 2.0, 1e-12);
+  EXPECT_EQ(p.group_end_s[0], 0.0);
+  // Every group done ahead: an empty phase, even with every group asked for on the device.
+  for (auto& x : g) x.done_ahead = true;
+  UpdateBudget all = Auto();
+  all.mode = UpdateMode::kFraction;
+  all.device_fraction = 1;
+  UpdatePlan q = PlanUpdate(g, Rates(1400), all);
+  EXPECT_EQ(q.where, std::vector<W>(4, W::kCpu));
+  EXPECT_EQ(q.phase_s, 0.0);
+}
+
 TEST(UpdatePlan, NvmeGroupsThroughTheSwapPipeline) {
   // Two NVMe groups: 1 s read, 1 s Adam, 1 s write each. The disk carries 4 s of I/O and the
   // last Adam follows the last read: max(4 + 1, 1 + 2 + 1) = 5 s. They never stream.
