@@ -86,9 +86,17 @@ void DequantizeScalar(const uint8_t* payload, float scale, uint64_t n, int bits,
   }
 }
 
+void Dequantize16Scalar(const uint8_t* payload, float scale, uint64_t n, int bits, uint16_t* out,
+                        DType t) {
+  for (uint64_t i = 0; i < n; ++i) {
+    const float v = static_cast<float>(QuantizedAt(payload, i, bits)) * scale;
+    out[i] = t == DType::kBF16 ? F32ToBF16Scalar(v) : F32ToF16Scalar(v);
+  }
+}
+
 }  // namespace
 
-const QuantKernels kQuantScalar = {QuantizeScalar, DequantizeScalar};
+const QuantKernels kQuantScalar = {QuantizeScalar, DequantizeScalar, Dequantize16Scalar};
 
 const QuantKernels* QuantKernelsFor(int simd_level) {
   const auto level = static_cast<SimdLevel>(simd_level);
@@ -184,9 +192,7 @@ Status Dequantize(const QuantLayout& layout, const void* src, void* dst, DType d
       k.dequantize(payload + byte, scales[blk], n, bits, static_cast<float*>(out), false);
       return;
     }
-    float tmp[4096];
-    k.dequantize(payload + byte, scales[blk], n, bits, tmp, false);
-    TZ_CHECK_OK(Convert(tmp, DType::kF32, out, dst_type, n));
+    k.dequantize16(payload + byte, scales[blk], n, bits, static_cast<uint16_t*>(out), dst_type);
   });
   return Status::OK();
 }

@@ -112,6 +112,10 @@ struct QuantKernels {
   // out[0 .. n) = dequantized values (accumulate: out += them).
   void (*dequantize)(const uint8_t* payload, float scale, uint64_t n, int bits, float* out,
                      bool accumulate);
+  // out[0 .. n) = dequantized values rounded to bf16 or fp16 (`t`) as Convert rounds them, in
+  // registers: no fp32 block in between.
+  void (*dequantize16)(const uint8_t* payload, float scale, uint64_t n, int bits, uint16_t* out,
+                       DType t);
 };
 extern const QuantKernels kQuantScalar;
 extern const QuantKernels kQuantAvx2;

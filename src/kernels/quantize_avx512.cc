@@ -121,8 +121,36 @@ void Dequantize(const uint8_t* payload, float scale, uint64_t n, int bits, float
   }
 }
 
+// Note [BF16 rounding without VCVTNEPS2BF16] (core/convert_avx512.cc): the same integer rounding
+// as Convert, so the result is Convert's bit for bit.
+inline __m256i RoundToBF16(__m512i x) {
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+  const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(
+      _mm512_and_si512(x, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+  const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x0040));
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, nan));
+}
+
+void Dequantize16(const uint8_t* payload, float scale, uint64_t n, int bits, uint16_t* out,
+                  DType t) {
+  constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m512 s = _mm512_set1_ps(scale);
+  const bool bf16 = t == DType::kBF16;
+  for (uint64_t i = 0; i < n; i += 16) {
+    const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(LoadLanes(payload, i, n - i, bits)), s);
+    const __m256i h = bf16 ? RoundToBF16(_mm512_castps_si512(v)) : _mm512_cvtps_ph(v, kRne);
+    if (n - i >= 16) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), h);
+    } else {
+      _mm256_mask_storeu_epi16(out + i, Mask(n - i), h);
+    }
+  }
+}
+
 }  // namespace
 
-const QuantKernels kQuantAvx512 = {Quantize, Dequantize};
+const QuantKernels kQuantAvx512 = {Quantize, Dequantize, Dequantize16};
 
 }  // namespace tierzero::kernels::internal

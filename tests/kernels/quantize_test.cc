@@ -210,26 +210,37 @@ TEST(QuantizeSpecialTest, ZeroTinyAndNonFiniteBlocks) {
     x[256] = -std::numeric_limits<float>::infinity();
     x[257] = 1.0f;
     for (int i = 320; i < 383; ++i) x[i] = static_cast<float>(i - 350);
-    for (SimdLevel level : Levels()) {
-      SCOPED_TRACE(std::string(SimdLevelName(level)) + " int" + std::to_string(bits));
-      ScopedTunable<std::string> forced(kSimdTunable, std::string(SimdLevelName(level)));
-      std::vector<uint8_t> packed(l.bytes(), 0xCD);
-      ASSERT_TRUE(Quantize(l, x.data(), DType::kF32, packed.data()).ok());
-      const auto* scales = reinterpret_cast<const float*>(packed.data());
-      EXPECT_EQ(scales[0], 0.0f);
-      EXPECT_EQ(scales[1], 0.0f);  // tiny: flushed (Note [Tiny blocks])
-      EXPECT_TRUE(std::isnan(scales[2]) && std::isnan(scales[3]) && std::isnan(scales[4]));
-      EXPECT_EQ(scales[5], bits == 8 ? 32.0f / 127 : 32.0f / 7);
-      std::vector<float> out(l.elems());
-      ASSERT_TRUE(Dequantize(l, packed.data(), out.data(), DType::kF32).ok());
-      for (int i = 0; i < 128; ++i) ASSERT_EQ(out[i], 0.0f);
-      for (int i = 128; i < 320; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;  // whole block NaN
-      for (int i = 320; i < 383; ++i) {
-        ASSERT_LE(std::fabs(out[i] - x[i]), scales[5] * 0.5f * (1 + 1e-5f)) << i;
+    // The same values as fp32, bf16 and fp16 inputs (the 16-bit formats take their absolute
+    // maximum on the bit patterns; Inf and NaN must still make the scale NaN).
+    for (DType in : {DType::kF32, DType::kBF16, DType::kF16})
+      for (SimdLevel level : Levels()) {
+        SCOPED_TRACE(std::string(SimdLevelName(level)) + " int" + std::to_string(bits) + " from " +
+                     std::string(DTypeName(in)));
+        ScopedTunable<std::string> forced(kSimdTunable, std::string(SimdLevelName(level)));
+        std::vector<uint8_t> xin(DTypeBytes(in, x.size()));
+        ASSERT_TRUE(Convert(x.data(), DType::kF32, xin.data(), in, x.size()).ok());
+        std::vector<uint8_t> packed(l.bytes(), 0xCD);
+        ASSERT_TRUE(Quantize(l, xin.data(), in, packed.data()).ok());
+        const auto* scales = reinterpret_cast<const float*>(packed.data());
+        EXPECT_EQ(scales[0], 0.0f);
+        EXPECT_EQ(scales[1], 0.0f);  // tiny: flushed (Note [Tiny blocks])
+        EXPECT_TRUE(std::isnan(scales[2]) && std::isnan(scales[3]) && std::isnan(scales[4]));
+        EXPECT_EQ(scales[5], bits == 8 ? 32.0f / 127 : 32.0f / 7);
+        std::vector<float> out(l.elems());
+        ASSERT_TRUE(Dequantize(l, packed.data(), out.data(), DType::kF32).ok());
+        for (int i = 0; i < 128; ++i) ASSERT_EQ(out[i], 0.0f);
+        for (int i = 128; i < 320; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;  // whole block NaN
+        std::vector<uint16_t> out16(l.elems());
+        ASSERT_TRUE(Dequantize(l, packed.data(), out16.data(), DType::kBF16).ok());
+        for (int i = 128; i < 320; ++i) {
+          ASSERT_TRUE(std::isnan(BF16ToF32Scalar(out16[i]))) << "bf16 " << i;
+        }
+        for (int i = 320; i < 383; ++i) {
+          ASSERT_LE(std::fabs(out[i] - x[i]), scales[5] * 0.5f * (1 + 1e-5f)) << i;
+        }
+        for (uint64_t b = 0; b < 2 * l.BlockPayloadBytes(64); ++b)
+          ASSERT_EQ(packed[l.scale_bytes() + b], 0) << "zero payload";
       }
-      for (uint64_t b = 0; b < 2 * l.BlockPayloadBytes(64); ++b)
-        ASSERT_EQ(packed[l.scale_bytes() + b], 0) << "zero payload";
-    }
   }
 }
 
