@@ -21,6 +21,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -91,8 +93,9 @@ Status ValidateAdamConfig(const AdamConfig& c) {
 // has `threads`. When the calling thread may run on fewer CPUs than the arena's threads, the
 // arena therefore (1) raises oneTBB's worker limit to its thread count with a global_control
 // (only then: such a control also caps any other oneTBB user in the process at the smallest
-// value set), and (2) moves each worker that enters it onto every online CPU (an observer; the
-// kernel intersects the mask with the cgroup's cpuset). The calling thread keeps its own mask.
+// value set), and (2) moves each worker that enters it onto every CPU the process may use (the
+// online ones within the cgroup's cpuset: UsableCpus, which also sizes the default thread
+// count). The calling thread keeps its own mask.
 class SpreadWorkers final : public tbb::task_scheduler_observer {
  public:
   SpreadWorkers(tbb::task_arena& arena, const cpu_set_t& cpus)
@@ -108,8 +111,44 @@ class SpreadWorkers final : public tbb::task_scheduler_observer {
   cpu_set_t cpus_;
 };
 
+// The CPUs this process may use whatever a thread's own mask: the online ones, within the
+// cgroup's cpuset when one is set (a container or a batch job given 8 of 64 CPUs must not get
+// 64 threads).
+cpu_set_t UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int n = std::min(get_nprocs_conf(), CPU_SETSIZE);
+  for (int c = 0; c < n; ++c) CPU_SET(c, &set);
+  std::FILE* f = std::fopen("/sys/fs/cgroup/cpuset.cpus.effective", "r");
+  if (f == nullptr) return set;
+  char buf[4096] = {};
+  const bool got = std::fgets(buf, sizeof buf, f) != nullptr;
+  std::fclose(f);
+  if (!got) return set;
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  for (char* p = buf; *p != '\0' && *p != '\n';) {  // "0-3,8,10-11"
+    char* end = nullptr;
+    const long lo = std::strtol(p, &end, 10);
+    if (end == p) break;
+    long hi = lo;
+    p = end;
+    if (*p == '-') {
+      hi = std::strtol(p + 1, &end, 10);
+      p = end;
+    }
+    for (long c = std::max(lo, 0L); c <= hi && c < CPU_SETSIZE; ++c) {
+      CPU_SET(static_cast<int>(c), &allowed);
+    }
+    if (*p == ',') ++p;
+  }
+  cpu_set_t both;
+  CPU_AND(&both, &set, &allowed);
+  return CPU_COUNT(&both) > 0 ? both : set;  // an unreadable list: the online CPUs
+}
+
 struct CpuAdam::Impl {
-  explicit Impl(int threads) : arena(threads) {
+  Impl(int threads, const cpu_set_t& usable) : arena(threads) {
     cpu_set_t mine;
     CPU_ZERO(&mine);
     const int bound = sched_getaffinity(0, sizeof(mine), &mine) == 0 ? CPU_COUNT(&mine) : threads;
@@ -119,11 +158,8 @@ struct CpuAdam::Impl {
       limit = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism,
                                                     static_cast<size_t>(threads));
     }
-    cpu_set_t all;
-    CPU_ZERO(&all);
-    for (int c = 0; c < std::min(get_nprocs_conf(), CPU_SETSIZE); ++c) CPU_SET(c, &all);
     arena.initialize();
-    spread = std::make_unique<SpreadWorkers>(arena, all);
+    spread = std::make_unique<SpreadWorkers>(arena, usable);
   }
   ~Impl() { spread.reset(); }  // stops observing before the arena goes
   std::unique_ptr<tbb::global_control> limit;
@@ -150,10 +186,9 @@ StatusOr<std::unique_ptr<CpuAdam>> CpuAdam::Create(const AdamConfig& config,
 
 CpuAdam::CpuAdam(const AdamConfig& config, const CpuAdamOptions& options, SimdLevel level)
     : config_(config), options_(options), level_(level) {
-  const int threads = options.threads > 0
-                          ? options.threads
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  impl_ = std::make_unique<Impl>(threads);
+  const cpu_set_t usable = UsableCpus();
+  const int threads = options.threads > 0 ? options.threads : std::max(1, CPU_COUNT(&usable));
+  impl_ = std::make_unique<Impl>(threads, usable);
   impl_->kernels = &KernelsFor(level, &impl_->native_bf16);
   TZ_LOG(kDebug, kAdam) << "CpuAdam: " << SimdLevelName(level)
                         << (impl_->native_bf16 ? "+bf16" : "") << ", " << threads << " threads";

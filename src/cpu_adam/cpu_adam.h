@@ -45,7 +45,8 @@ struct AdamConfig {
 Status ValidateAdamConfig(const AdamConfig& config);
 
 struct CpuAdamOptions {
-  // Threads for one call; 0 means every online CPU, whatever the calling thread's affinity
+  // Threads for one call; 0 means every CPU the process may use (online, within its cgroup's
+  // cpuset), whatever the calling thread's affinity
   // (Note [Threads whatever the caller's affinity] in cpu_adam.cc). Default: 0.
   int threads = 0;
   // Elements per work item. Default: 16384 (~300 KiB of traffic: the block's streams fit in L2).

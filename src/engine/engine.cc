@@ -533,7 +533,7 @@ TierUsage Engine::usage() const {
   u.device_peak = d.peak;
   u.device_capacity = im.device->info().capacity_bytes;
   const uint64_t fixed = im.cfg.host_budget - im.budgets.host_bytes;
-  u.host = im.placement.bytes[static_cast<int>(Tier::kHost)] + fixed;
+  u.host = im.placement.bytes[static_cast<int>(Tier::kHost)] + fixed + im.spec.pool_bytes;
   u.nvme = im.nvme ? im.nvme->stats().space.current : 0;
   return u;
 }

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "chunk/chunk_manager.h"
@@ -60,7 +61,19 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   TierBudgets budgets;
   // The speculative start's side buffers: declared before the store, whose host groups may
   // point into them after a commit (Note [The speculative start]).
-  std::vector<AlignedBuffer> spec_memory;
+  struct SpecBuffer {
+    AlignedBuffer buf;
+    Device* device = nullptr;  // registered with it (unregistered here)
+    SpecBuffer(AlignedBuffer b, Device* d) : buf(std::move(b)), device(d) {}
+    SpecBuffer(SpecBuffer&& o) noexcept
+        : buf(std::move(o.buf)), device(std::exchange(o.device, nullptr)) {}
+    SpecBuffer& operator=(SpecBuffer&&) = delete;
+    ~SpecBuffer() {
+      if (device != nullptr && buf.data() != nullptr)
+        (void)device->UnregisterHostMemory(buf.data());
+    }
+  };
+  std::vector<SpecBuffer> spec_memory;
   // Every shard of this rank: parameters, gradients, optimizer states. Destroyed after the
   // chunk manager, which gathers from it.
   std::unique_ptr<ShardStore> store;
@@ -191,6 +204,7 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   StatusOr<UpdateRates> MeasureUpdateRates(void* device_scratch, uint64_t scratch_bytes);
   Status RunUpdatePhase(const AdamStepOptions& options, bool profiled);
   Status PrefetchStates();
+  bool prefetch_warned = false;
   // The speculative start (speculation.cc).
   int SpeculationSlots(int want);
   Status MaybeStartSpeculation();

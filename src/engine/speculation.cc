@@ -3,6 +3,7 @@
 // when it turns out to be the update the step would have made.
 #include <cmath>
 #include <cstring>
+#include <system_error>
 
 #include "core/bytes.h"
 #include "core/logging.h"
@@ -59,12 +60,17 @@ int Engine::Impl::SpeculationSlots(int want) {
   const uint64_t room = cfg.host_budget > used ? cfg.host_budget - used : 0;
   const int more = static_cast<int>(std::min<uint64_t>(want - have, room / per));
   for (int k = 0; k < more; ++k) {
-    AlignedBuffer states = AlignedBuffer::Allocate(optimizer().group_bytes());
-    AlignedBuffer out = AlignedBuffer::Allocate(AlignUp(layout.shard_bytes(), 64));
-    if (states.data() == nullptr || out.data() == nullptr) break;
-    std::memset(out.data(), 0, out.bytes());  // the shard's padding stays zero
+    // Page-locked like the host groups they replace at a commit (a later step may stream that
+    // group to the device with asynchronous copies).
+    SpecBuffer states{AlignedBuffer::Allocate(optimizer().group_bytes()), nullptr};
+    SpecBuffer out{AlignedBuffer::Allocate(AlignUp(layout.shard_bytes(), 64)), nullptr};
+    if (states.buf.data() == nullptr || out.buf.data() == nullptr) break;
+    if (device->RegisterHostMemory(states.buf.data(), states.buf.bytes()).ok()) {
+      states.device = device.get();  // else still correct, only the copies are synchronous
+    }
+    std::memset(out.buf.data(), 0, out.buf.bytes());  // the shard's padding stays zero
     spec.free.push_back(
-        {reinterpret_cast<float*>(states.data()), static_cast<uint8_t*>(out.data())});
+        {reinterpret_cast<float*>(states.buf.data()), static_cast<uint8_t*>(out.buf.data())});
     spec_memory.push_back(std::move(states));
     spec_memory.push_back(std::move(out));
     spec.pool_bytes += per;
@@ -75,6 +81,8 @@ int Engine::Impl::SpeculationSlots(int want) {
 // At the start of a training iteration: is it the step's last micro-batch, and may it start
 // the step's CPU updates?
 Status Engine::Impl::MaybeStartSpeculation() {
+  // Results a failed Step left behind belong to no step now.
+  if (!spec.done.empty() && !spec.queue) DiscardSpeculation();
   if (spec.queue || !spec.prepared || iterations_since_step + 1 != cfg.grad_accumulation ||
       cfg.speculative_step == SpeculativeStep::kOff) {
     return Status::OK();
@@ -119,7 +127,14 @@ Status Engine::Impl::MaybeStartSpeculation() {
     }
     q->cv.NotifyAll();
   });
-  spec.worker = std::thread([this, q] { SpeculationWorker(*q); });
+  try {
+    spec.worker = std::thread([this, q] { SpeculationWorker(*q); });
+  } catch (const std::system_error& e) {
+    cm->SetGradFinalCallback(nullptr);
+    spec.queue.reset();
+    TZ_LOG(kWarn, kEngine) << "speculative start: no worker thread (" << e.what()
+                           << "); the step's updates start after backward";
+  }
   return Status::OK();
 }
 
@@ -198,20 +213,31 @@ StatusOr<std::vector<bool>> Engine::Impl::CommitSpeculation(bool exact) {
     stats.speculative_groups = 0;
     return committed;
   }
+  // Each group's parameters are written first and its states swapped in only then, so a
+  // failed write (an NVMe parameter shard) leaves that group and the rest uncommitted, their
+  // side buffers back in the pool; the step then fails as a failed update phase does.
+  std::vector<std::pair<int, Speculation::Slot>> done = std::move(spec.done);
+  spec.done.clear();
   int n = 0;
-  for (auto& [c, slot] : spec.done) {
-    float* old = optimizer().SwapHost(c, slot.states);
+  for (size_t k = 0; k < done.size(); ++k) {
+    const auto [c, slot] = done[k];
     void* host = store->host_param(c);
+    Status wrote = Status::OK();
     if (host != nullptr) {
       std::memcpy(host, slot.out, layout.shard_bytes());
     } else {
-      RETURN_IF_ERROR(store->WriteParam(c, slot.out));
+      wrote = store->WriteParam(c, slot.out);
     }
+    if (!wrote.ok()) {
+      for (size_t j = k; j < done.size(); ++j) spec.free.push_back(done[j].second);
+      return std::move(wrote).WithContext("committing the speculative update of chunk " +
+                                          std::to_string(c));
+    }
+    float* old = optimizer().SwapHost(c, slot.states);
     spec.free.push_back({old, slot.out});
     committed[static_cast<size_t>(c)] = true;
     ++n;
   }
-  spec.done.clear();
   stats.speculative_groups = n;
   if (n > 0) ++stats.speculative_steps;
   return committed;

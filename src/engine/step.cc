@@ -146,7 +146,7 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
     clip = im.cfg.clip_grad_norm / (r.grad_norm + 1e-6);
   // The speculative updates are this step's own only when nothing differs from what they
   // assumed (Note [The speculative start]).
-  const bool same_options = im.spec.options.lr == options.lr;
+  const bool same_options = im.spec.so.lr == options.lr;  // what the updates used
   ASSIGN_OR_RETURN(im.update.skip, im.CommitSpeculation(finite && clip == 1.0 && same_options));
   im.spec.last_clean = finite && clip == 1.0;
   if (!finite) {

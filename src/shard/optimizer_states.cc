@@ -201,10 +201,14 @@ Status OptimizerStates::RetireWrite() {
                            << s.ToString() << "); written again";
     return Status::OK();
   }
-  return std::move(again).WithContext(
+  // The group's states are lost: every later access reports it (sticky, the first such group),
+  // not only this call.
+  Status lost = std::move(again).WithContext(
       "writing chunk " + std::to_string(w.chunk) +
       "'s optimizer states behind the step (failed twice; its states on disk are lost: resume "
       "from the last checkpoint)");
+  if (failed_.ok()) failed_ = lost;
+  return lost;
 }
 
 Status OptimizerStates::WaitWrites(int chunk) {
@@ -235,7 +239,7 @@ StatusOr<bool> OptimizerStates::StartRead(int chunk) {
 }
 
 Status OptimizerStates::Settle() {
-  Status first;
+  Status first = failed_;
   while (!writes_.empty()) {
     Status s = RetireWrite();
     if (first.ok() && !s.ok()) first = std::move(s);
@@ -245,6 +249,7 @@ Status OptimizerStates::Settle() {
 }
 
 StatusOr<int> OptimizerStates::Prefetch(const std::function<bool(int)>& include) {
+  RETURN_IF_ERROR(failed_);
   if (!swap_arena_) return 0;
   // Completed writes behind give their slots back; none is waited for.
   while (!writes_.empty() && writes_.front().ticket.Done()) RETURN_IF_ERROR(RetireWrite());
@@ -275,6 +280,7 @@ StatusOr<int> OptimizerStates::Prefetch(const std::function<bool(int)>& include)
 
 Status OptimizerStates::ForEach(const OptimizerGroupFn& fn, bool write_back,
                                 const std::function<bool(int)>& include, bool write_behind) {
+  RETURN_IF_ERROR(failed_);
   std::vector<int> on_nvme, on_device;
   for (int c = 0; c < num_chunks(); ++c) {
     if (include && !include(c)) continue;
@@ -344,6 +350,7 @@ Status OptimizerStates::ForEach(const OptimizerGroupFn& fn, bool write_back,
 }
 
 Status OptimizerStates::With(int chunk, bool write_back, const OptimizerGroupFn& fn) {
+  RETURN_IF_ERROR(failed_);
   if (chunk < 0 || chunk >= num_chunks()) return InvalidArgumentError("unknown chunk");
   const size_t c = static_cast<size_t>(chunk);
   if (tier(chunk) == Tier::kDevice) return WithDevice(chunk, /*fresh=*/false, write_back, fn);

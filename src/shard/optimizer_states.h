@@ -70,7 +70,9 @@ class OptimizerStates {
   StatusOr<int> Prefetch(const std::function<bool(int)>& include = {});
   int staged() const { return static_cast<int>(reads_.size()); }
   // Waits for every write behind and drops every staged read: afterwards the disk holds every
-  // NVMe group and no swap slot is in use. The first write's error, if one failed.
+  // NVMe group and no swap slot is in use. The first write's error, if one failed; a write
+  // behind that failed twice (its group lost) fails every later call (With, ForEach, Prefetch,
+  // Settle) for the life of these states.
   Status Settle();
   // Runs fn on one group (an NVMe group read into a swap slot and, with write_back, written).
   Status With(int chunk, bool write_back, const OptimizerGroupFn& fn);
@@ -127,6 +129,8 @@ class OptimizerStates {
     NvmeStore::Ticket ticket;
   };
   std::deque<InFlight> reads_, writes_;
+  // A write behind that failed twice: its group is lost, and every later access says so.
+  Status failed_;
   // Writes behind: the oldest waited for and its slot returned (its error, with the chunk).
   Status RetireWrite();
   // Retires writes until none of `chunk` is in flight.
