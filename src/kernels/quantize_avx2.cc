@@ -183,7 +183,29 @@ void Dequantize16(const uint8_t* payload, float scale, uint64_t n, int bits, uin
   constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   const __m256 s = _mm256_set1_ps(scale);
   uint64_t i = 0;
-  if (t == DType::kBF16) {
+  if (bits == 4) {
+    // An int4 block has 16 possible values: their results (the scalar rounding, which Convert's
+    // SIMD paths equal bit for bit) as a low-byte and a high-byte table, and each element two
+    // byte lookups (PSHUFB) by its nibble: 16 elements per step from 8 payload bytes.
+    alignas(16) uint8_t lo_bytes[16], hi_bytes[16];
+    for (int v = 0; v < 16; ++v) {
+      const float x = static_cast<float>((v ^ 8) - 8) * scale;
+      const uint16_t h = t == DType::kBF16 ? F32ToBF16Scalar(x) : F32ToF16Scalar(x);
+      lo_bytes[v] = static_cast<uint8_t>(h & 0xFF);
+      hi_bytes[v] = static_cast<uint8_t>(h >> 8);
+    }
+    const __m128i tlo = _mm_load_si128(reinterpret_cast<const __m128i*>(lo_bytes));
+    const __m128i thi = _mm_load_si128(reinterpret_cast<const __m128i*>(hi_bytes));
+    const __m128i low = _mm_set1_epi8(0x0F);
+    for (; i + 16 <= n; i += 16) {
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(payload + i / 2));
+      const __m128i idx =
+          _mm_unpacklo_epi8(_mm_and_si128(b, low), _mm_and_si128(_mm_srli_epi16(b, 4), low));
+      const __m128i l = _mm_shuffle_epi8(tlo, idx), h = _mm_shuffle_epi8(thi, idx);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm_unpacklo_epi8(l, h));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 8), _mm_unpackhi_epi8(l, h));
+    }
+  } else if (t == DType::kBF16) {
     for (; i + 16 <= n; i += 16) {
       const __m256i a = RoundToBF16(_mm256_mul_ps(LoadLanes(payload, i, bits), s));
       const __m256i b = RoundToBF16(_mm256_mul_ps(LoadLanes(payload, i + 8, bits), s));
