@@ -79,7 +79,11 @@ Status ZeroPPDeviceGather::Init(const GatherOptions& options) {
   if (!zeropp_.hpz) return Status::OK();
   const int l = comm_.node_size();
   if (l < 1 || g.world_size % l != 0) {
-    return InvalidArgumentError("hpZ needs as many ranks on every node");
+    return InvalidArgumentError(
+        "hpZ needs the same number of ranks on every node: " + std::to_string(g.world_size) +
+        " ranks do not split into nodes of " + std::to_string(l) +
+        "; set ranks.ranks_per_node to a divisor of the rank count (or launch the same number "
+        "of ranks on every node), or turn zeropp off");
   }
   local_rank_ = ctx_.topology.local_rank;
   part_bytes_ = g.chunk_bytes() / static_cast<uint64_t>(l);

@@ -4,6 +4,7 @@
 // dequantization, the fp32 sums) runs where the plain path's completion runs: a gather's on the
 // H2D stream before its copy to the device, a reduction's in Finish.
 #include <algorithm>
+#include <string>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -472,7 +473,11 @@ StatusOr<ZeroPPHostSlots> ZeroPPHostSlotBytes(const ShardGeometry& g, int node_s
                                               const ZeroPPOptions& zeropp) {
   ZeroPPHostSlots s;
   if (node_size < 1 || g.world_size % node_size != 0) {
-    return InvalidArgumentError("ZeRO++ needs as many ranks on every node");
+    return InvalidArgumentError(
+        "ZeRO++ needs the same number of ranks on every node: " + std::to_string(g.world_size) +
+        " ranks do not split into nodes of " + std::to_string(node_size) +
+        "; set ranks.ranks_per_node to a divisor of the rank count (or launch the same number "
+        "of ranks on every node), or turn zeropp off");
   }
   const uint64_t shard = g.shard_bytes(), chunk = g.chunk_bytes();
   const auto w = static_cast<uint64_t>(g.world_size), l = static_cast<uint64_t>(node_size);
