@@ -7,6 +7,9 @@
 #     on the default run (docs/optimizer.md): prefetch and write-behind each off and on
 #     (TZ_OPTIMIZER_PREFETCH, TZ_OPTIMIZER_WRITE_BEHIND), interleaved, the medians of the
 #     per-repetition ratios of the update phase and the step against neither.
+#   bench/train_bench.sh speculative [repetitions, default 5]: the speculative start off and on
+#     (engine.speculative_step), interleaved, on the default model with its states in host
+#     memory and clipping off (so every step can use it); the step's and the phase's medians.
 # Runs are interleaved (resident, host, nvme, resident, ...) and the medians of the per-step times
 # (steps 20.. of each run, past warm-up and planning) compared, because this machine's speed
 # drifts between minutes.
@@ -42,6 +45,32 @@ for v, rs in runs.items():
         line += f"  phase {pr:.3f}, step {sr:.3f} of neither's"
     print(line)
 print("(simulated device; the disk is this machine's virtual disk)")
+PY
+  exit 0
+fi
+if [ "${1:-}" = speculative ]; then
+  reps=${2:-5}
+  for r in $(seq "$reps"); do
+    for v in off on; do
+      echo "{\"engine\": {\"device_budget\": \"12 MiB\", \"host_budget\": \"512 MiB\", \"nvme_budget\": \"0\", \"clip_grad_norm\": 0, \"speculative_step\": \"$v\"}}" >"$out/$v.json"
+      $bin train --config "$out/$v.json" --steps 80 --eval-every 0 --quiet \
+        --run-dir "$out/$v-$r" > /dev/null
+    done
+  done
+  python3 - "$out" "$reps" <<'PY'
+import json, statistics, sys
+out, reps = sys.argv[1], int(sys.argv[2])
+for r in range(1, reps + 1):
+    row = []
+    for v in ("off", "on"):
+        d = f"{out}/{v}-{r}"
+        m = [json.loads(l) for l in open(f"{d}/metrics.jsonl") if '"loss"' in l][20:]
+        u = json.load(open(f"{d}/report.json"))["optimizer"]["update_phase"]
+        row.append(f"{v}: step {statistics.median(x['step_s'] for x in m)*1e3:6.2f} ms, phase "
+                   f"{u['measured_median_seconds']*1e3:5.2f} ms, used in "
+                   f"{u['speculative_start']['steps']} steps")
+    print(" | ".join(row))
+print("(simulated device: the model computes on the same cores the speculative updates use)")
 PY
   exit 0
 fi
