@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -413,21 +414,26 @@ namespace tierzero {
 namespace {
 
 // Note [Threads whatever the caller's affinity]: a caller bound to one CPU (OMP_PROC_BIND)
-// still gets CPU Adam on the threads it asked for, on more than its one CPU.
+// still gets CPU Adam on the threads it asked for, allowed on more than its one CPU.
 class CpuRecorder final : public Observer {
  public:
   double Now() const override { return 0; }
   void OnSpan(TimelineEvent e) override {
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    const int allowed = sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : 0;
     std::lock_guard<std::mutex> lock(mu_);
     lanes_.insert(e.lane);
-    cpus_.insert(sched_getcpu());
+    widest_ = std::max(widest_, allowed);
   }
   size_t lanes() const { return lanes_.size(); }
-  size_t cpus() const { return cpus_.size(); }
+  // The most CPUs any thread that took blocks was allowed to run on.
+  int widest() const { return widest_; }
 
  private:
   std::mutex mu_;
-  std::set<int> lanes_, cpus_;
+  std::set<int> lanes_;
+  int widest_ = 0;
 };
 
 TEST(CpuAdamThreadsTest, ACallerBoundToOneCpuStillGetsItsThreadsOnOtherCpus) {
@@ -448,13 +454,15 @@ TEST(CpuAdamThreadsTest, ACallerBoundToOneCpuStillGetsItsThreadsOnOtherCpus) {
     AdamStepOptions so;
     so.observer = &rec;
     // Several steps: a worker joins the arena once its thread has started.
-    for (int s = 1; s <= 5 && rec.cpus() < 2; ++s) {
+    for (int s = 1; s <= 5 && rec.lanes() < 2; ++s) {
       so.step = s;
       AdamBuffers b{p.data(), m.data(), v.data(), g.data(), DType::kF32, nullptr, DType::kBF16, n};
       ASSERT_TRUE((*adam)->Step(b, so).ok());
     }
     EXPECT_EQ(rec.lanes(), 2u) << "both of the arena's threads took blocks";
-    EXPECT_EQ(rec.cpus(), 2u) << "the worker ran off the caller's one CPU";
+    // Whether it ran on the other CPU at that moment is the scheduler's (under load both may
+    // share one); that it may is the fix.
+    EXPECT_GE(rec.widest(), 2) << "the worker is confined to the caller's one CPU";
   }
   ASSERT_EQ(0, sched_setaffinity(0, sizeof(before), &before));
 }
