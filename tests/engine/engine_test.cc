@@ -29,23 +29,8 @@ using gpt::Dataset;
 using gpt::Gpt;
 using gpt::GptConfig;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "tz_engine_XXXXXX").string();
-    path_ = mkdtemp(t.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 using testing_models::SmallModel;
+using testing_models::TempDir;
 
 struct Trainer {
   std::unique_ptr<Engine> engine;

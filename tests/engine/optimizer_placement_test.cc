@@ -72,22 +72,6 @@ TrainResult Train(const EngineConfig& ec, int steps, Prepare prepare = Prepare::
   return out;
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "tz_optim_XXXXXX").string();
-    path_ = mkdtemp(t.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 struct Case {
   const char* name;
   OptimizerPlacement placement;
@@ -105,7 +89,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, OptimizerPlacementTest,
                          [](const auto& info) { return std::string(DTypeName(info.param)); });
 
 TEST_P(OptimizerPlacementTest, EveryPlacementTrainsBitIdentically) {
-  TempDir dir;
+  testing_models::TempDir dir("tz_optim");
   const Case cases[] = {
       {"cpu", OptimizerPlacement::kCpu, 0, 0, false, 0, -1, 0, 0},
       {"all resident", OptimizerPlacement::kFraction, 1, 64 << 20, false, 0, 0, -1, 0},

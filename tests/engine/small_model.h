@@ -2,6 +2,12 @@
 // engine_faults_test.cc): three layers of width 64, 8 MiB of device budget, chunks of 16384.
 #pragma once
 
+#include <stdlib.h>
+
+#include <filesystem>
+#include <string>
+#include <system_error>
+
 #include "gpt/gpt.h"
 #include "tierzero/engine.h"
 
@@ -24,5 +30,25 @@ inline EngineConfig SmallEngineConfig(DeviceChoice device) {
   ec.host_budget = uint64_t{256} << 20;
   return ec;
 }
+
+// A fresh directory under the system's temporary one (mkdtemp), removed with its contents.
+class TempDir {
+ public:
+  explicit TempDir(const char* prefix = "tz_engine") {
+    std::string t =
+        (std::filesystem::temp_directory_path() / (std::string(prefix) + "_XXXXXX")).string();
+    path_ = mkdtemp(t.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 }  // namespace tierzero::testing_models
