@@ -4,12 +4,12 @@
 // dequantization, the fp32 sums) runs where the plain path's completion runs: a gather's on the
 // H2D stream before its copy to the device, a reduction's in Finish.
 #include <algorithm>
-#include <string>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <deque>
 #include <optional>
+#include <string>
 
 #include "core/bytes.h"
 #include "core/check.h"
