@@ -11,43 +11,15 @@
 // non-temporal stores; below it the output is likely to be read again soon, so it stays cached.
 #include <immintrin.h>
 
+#include "core/bf16_round_simd.h"
 #include "core/convert_internal.h"
 
 namespace tierzero::internal {
 namespace {
 
-// Round-to-nearest-even of the high halves, as 32-bit lanes holding the bf16 in the low 16 bits.
-// NaN lanes come out wrong here (rounding can carry a NaN into Inf); SixteenToBF16 patches them.
-inline __m256i RoundToBF16NoNan(__m256i x) {
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), lsb),
-                           16);
-}
-
-inline __m256i QuietNanToBF16(__m256i x, __m256i rounded) {
-  const __m256i is_nan = _mm256_castps_si256(
-      _mm256_cmp_ps(_mm256_castsi256_ps(x), _mm256_castsi256_ps(x), _CMP_UNORD_Q));
-  const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x0040));
-  return _mm256_blendv_epi8(rounded, nan, is_nan);
-}
-
-// 16 floats -> 16 bf16 in one 256-bit vector, in order. NaNs are rare, so they are detected for
-// the whole block with one compare and patched only when present.
+// 16 floats from src -> 16 bf16 (core/bf16_round_simd.h).
 inline __m256i SixteenToBF16(const float* src) {
-  const __m256 fa = _mm256_loadu_ps(src);
-  const __m256 fb = _mm256_loadu_ps(src + 8);
-  const __m256i xa = _mm256_castps_si256(fa);
-  const __m256i xb = _mm256_castps_si256(fb);
-  __m256i a = RoundToBF16NoNan(xa);
-  __m256i b = RoundToBF16NoNan(xb);
-  const __m256 any_nan =
-      _mm256_or_ps(_mm256_cmp_ps(fa, fa, _CMP_UNORD_Q), _mm256_cmp_ps(fb, fb, _CMP_UNORD_Q));
-  if (__builtin_expect(!_mm256_testz_ps(any_nan, any_nan), 0)) {
-    a = QuietNanToBF16(xa, a);
-    b = QuietNanToBF16(xb, b);
-  }
-  // packus interleaves 128-bit lanes: [a0-3 b0-3 | a4-7 b4-7]; restore the order.
-  return _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
+  return PackBF16(_mm256_loadu_ps(src), _mm256_loadu_ps(src + 8));
 }
 
 inline __m256i SixteenToF16(const float* src) {

@@ -1,28 +1,13 @@
 // AVX-512 conversions. Compiled with -mavx512f/bw/vl/dq; reached only through
 // ConvertKernelsFor() after the CPU check. Streaming stores as in Note [Streaming stores]
-// (convert_avx2.cc).
-//
-// Note [BF16 rounding without VCVTNEPS2BF16]
-// AVX512-BF16's VCVTNEPS2BF16 rounds to nearest even but treats denormal inputs as zero and
-// flushes denormal results, so it would disagree with the scalar reference (and with what a GPU
-// produces) on tiny values. The conversion is bound by memory bandwidth, so the integer
-// rounding below costs nothing measurable and keeps every path bit-identical.
+// (convert_avx2.cc); rounding to bf16 as in core/bf16_round_simd.h (Note [BF16 rounding without VCVTNEPS2BF16]).
 #include <immintrin.h>
 
+#include "core/bf16_round_simd.h"
 #include "core/convert_internal.h"
 
 namespace tierzero::internal {
 namespace {
-
-inline __m256i RoundToBF16(__m512i x) {
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
-  const __m512i rounded =
-      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF)), lsb), 16);
-  const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(
-      _mm512_and_si512(x, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
-  const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x0040));
-  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, nan));
-}
 
 template <bool kStream>
 inline void Store512(void* dst, __m512i v) {

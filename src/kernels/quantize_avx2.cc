@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "core/bf16_round_simd.h"
 #include "kernels/quantize.h"
 #include "kernels/quantize_block.h"
 
@@ -166,18 +167,6 @@ void Dequantize(const uint8_t* payload, float scale, uint64_t n, int bits, float
   }
 }
 
-// Convert's AVX2 bf16 rounding (core/convert_avx2.cc): to nearest even on the bits, NaN kept
-// quiet; 8 results in the low 16 bits of each 32-bit lane.
-inline __m256i RoundToBF16(__m256 v) {
-  const __m256i x = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-  const __m256i rounded =
-      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), lsb), 16);
-  const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x0040));
-  return _mm256_blendv_epi8(rounded, nan, is_nan);
-}
-
 void Dequantize16(const uint8_t* payload, float scale, uint64_t n, int bits, uint16_t* out,
                   DType t) {
   constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
@@ -207,11 +196,10 @@ void Dequantize16(const uint8_t* payload, float scale, uint64_t n, int bits, uin
     }
   } else if (t == DType::kBF16) {
     for (; i + 16 <= n; i += 16) {
-      const __m256i a = RoundToBF16(_mm256_mul_ps(LoadLanes(payload, i, bits), s));
-      const __m256i b = RoundToBF16(_mm256_mul_ps(LoadLanes(payload, i + 8, bits), s));
-      // packus interleaves 128-bit lanes: [a0-3 b0-3 | a4-7 b4-7]; restore the order.
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
-                          _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8));
+      _mm256_storeu_si256(
+          reinterpret_cast<__m256i*>(out + i),
+          tierzero::internal::PackBF16(_mm256_mul_ps(LoadLanes(payload, i, bits), s),
+                                       _mm256_mul_ps(LoadLanes(payload, i + 8, bits), s)));
     }
   } else {
     for (; i + 8 <= n; i += 8) {

@@ -3,11 +3,14 @@
 // default rounding mode (to nearest, ties to even), as nearbyint does.
 #include <immintrin.h>
 
+#include "core/bf16_round_simd.h"
 #include "kernels/quantize.h"
 #include "kernels/quantize_block.h"
 
 namespace tierzero::kernels::internal {
 namespace {
+
+using tierzero::internal::RoundToBF16;  // core/bf16_round_simd.h
 
 inline __mmask16 Mask(uint64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
@@ -177,18 +180,6 @@ void Dequantize(const uint8_t* payload, float scale, uint64_t n, int bits, float
     if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + i), v);
     _mm512_mask_storeu_ps(out + i, m, v);
   }
-}
-
-// Note [BF16 rounding without VCVTNEPS2BF16] (core/convert_avx512.cc): the same integer rounding
-// as Convert, so the result is Convert's bit for bit.
-inline __m256i RoundToBF16(__m512i x) {
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
-  const __m512i rounded =
-      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF)), lsb), 16);
-  const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(
-      _mm512_and_si512(x, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
-  const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x0040));
-  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, nan));
 }
 
 void Dequantize16(const uint8_t* payload, float scale, uint64_t n, int bits, uint16_t* out,
