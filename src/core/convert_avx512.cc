@@ -1,6 +1,7 @@
 // AVX-512 conversions. Compiled with -mavx512f/bw/vl/dq; reached only through
 // ConvertKernelsFor() after the CPU check. Streaming stores as in Note [Streaming stores]
-// (convert_avx2.cc); rounding to bf16 as in core/bf16_round_simd.h (Note [BF16 rounding without VCVTNEPS2BF16]).
+// (convert_avx2.cc); rounding to bf16 as in core/bf16_round_simd.h (Note [BF16 rounding without
+// VCVTNEPS2BF16]).
 #include <immintrin.h>
 
 #include "core/bf16_round_simd.h"
