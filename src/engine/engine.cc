@@ -366,7 +366,7 @@ StatusOr<ParamScope> Engine::Acquire(std::span<const ParamId> params, Phase phas
   const auto t0 = std::chrono::steady_clock::now();
   const double call_s = im.timeline.Now();
   RETURN_IF_ERROR(im.cm->Acquire(params, phase));
-  if (phase == Phase::kBackward && im.iteration_train) RETURN_IF_ERROR(im.PrefetchStates());
+  if (phase == Phase::kBackward && im.iteration_train) im.PrefetchStates();
   if (im.host_compute) {
     RETURN_IF_ERROR(im.PushGate(/*wait_entered=*/true));
   }
@@ -417,7 +417,7 @@ Status Engine::EndIteration() {
     return s;
   }
   if (im.iteration_train) {
-    RETURN_IF_ERROR(im.PrefetchStates());  // slots freed by the writes behind, if any
+    im.PrefetchStates();  // slots freed by the writes behind, if any
     ++im.iterations_since_step;
   }
   if (profiled) {

@@ -203,7 +203,7 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   std::vector<UpdateGroup> UpdateGroups() const;
   StatusOr<UpdateRates> MeasureUpdateRates(void* device_scratch, uint64_t scratch_bytes);
   Status RunUpdatePhase(const AdamStepOptions& options, bool profiled);
-  Status PrefetchStates();
+  void PrefetchStates();  // best effort: failures surface at the Step
   bool prefetch_warned = false;
   // The speculative start (speculation.cc).
   int SpeculationSlots(int want);

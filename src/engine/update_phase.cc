@@ -207,10 +207,10 @@ StatusOr<UpdateRates> Engine::Impl::MeasureUpdateRates(void* scratch, uint64_t s
 
 // While the last micro-batch's backward computes: the NVMe groups' states start coming in
 // (Note [Optimizer I/O around the step]). Never waits.
-Status Engine::Impl::PrefetchStates() {
+void Engine::Impl::PrefetchStates() {
   if (!kPrefetchStates.Get() || !iteration_train ||
       iterations_since_step + 1 != cfg.grad_accumulation) {
-    return Status::OK();
+    return;
   }
   // Best effort: a failure here (a lost write behind, a read that cannot be submitted) must
   // not fail the backward step it rides on; the states keep it, and the Step reports it.
@@ -219,7 +219,6 @@ Status Engine::Impl::PrefetchStates() {
     TZ_LOG(kWarn, kEngine) << "prefetching optimizer states: " << staged.status().ToString();
     prefetch_warned = true;
   }
-  return Status::OK();
 }
 
 // One device group's upload, Adam and download, queued on the phase's streams in slot `k`.

@@ -231,11 +231,16 @@ StatusOr<bool> OptimizerStates::StartRead(int chunk) {
   RETURN_IF_ERROR(WaitWrites(chunk));
   ASSIGN_OR_RETURN(std::optional<PinnedSlot> slot, FreeSlot());
   if (!slot) return false;
-  ASSIGN_OR_RETURN(NvmeStore::Ticket t,
-                   nvme_->SubmitRead(extent_[static_cast<size_t>(chunk)], slot->data()));
-  reads_.push_back({chunk, std::move(*slot), std::move(t)});
-  counters_.nvme_read_bytes += group_bytes();
+  RETURN_IF_ERROR(Stage(chunk, std::move(*slot)));
   return true;
+}
+
+Status OptimizerStates::Stage(int chunk, PinnedSlot slot) {
+  ASSIGN_OR_RETURN(NvmeStore::Ticket t,
+                   nvme_->SubmitRead(extent_[static_cast<size_t>(chunk)], slot.data()));
+  reads_.push_back({chunk, std::move(slot), std::move(t)});
+  counters_.nvme_read_bytes += group_bytes();
+  return Status::OK();
 }
 
 Status OptimizerStates::Settle() {
@@ -269,10 +274,7 @@ StatusOr<int> OptimizerStates::Prefetch(const std::function<bool(int)>& include)
     std::optional<PinnedSlot> slot = swap_arena_->TryAcquire();
     if (!slot) break;
     RETURN_IF_ERROR(WaitWrites(c));  // done: retired without blocking
-    ASSIGN_OR_RETURN(NvmeStore::Ticket t,
-                     nvme_->SubmitRead(extent_[static_cast<size_t>(c)], slot->data()));
-    reads_.push_back({c, std::move(*slot), std::move(t)});
-    counters_.nvme_read_bytes += group_bytes();
+    RETURN_IF_ERROR(Stage(c, std::move(*slot)));
     ++k;
   }
   return static_cast<int>(reads_.size());

@@ -140,6 +140,8 @@ class OptimizerStates {
   StatusOr<std::optional<PinnedSlot>> FreeSlot();
   // Starts reading `chunk` into a free slot (false when there is none).
   StatusOr<bool> StartRead(int chunk);
+  // Starts reading `chunk` into `slot` (its write behind already retired): a staged read.
+  Status Stage(int chunk, PinnedSlot slot);
 };
 
 }  // namespace tierzero
