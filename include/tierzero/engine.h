@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "tierzero/communicator.h"
+#include "tierzero/plan.h"
 #include "tierzero/status.h"
 #include "tierzero/types.h"
 
@@ -160,7 +161,6 @@ struct EngineConfig {
   ZeroPPConfig zeropp;
 };
 
-using ParamId = int;
 class Engine;
 
 // Fills a parameter's initial values (fp32, numel elements, row-major).
@@ -296,6 +296,13 @@ class Engine {
   // Lays parameters out in chunks, places the shards by the budgets (OutOfMemory naming the
   // tier and what to raise when they do not fit), allocates, and initialises every parameter.
   Status Finalize();
+  // Predicts the run from the registered parameters and a training iteration's trace, without
+  // allocating (tierzero/plan.h, docs/plan.md). Before Finalize. A run that would not fit is a
+  // prediction with fits false and the engine's own error, not an error.
+  StatusOr<PlanPrediction> Plan(const PlanRequest& request) const;
+  // The training iteration the current chunk plan was made from, with every parameter, as a
+  // trace a later Plan (or `tierzero plan --trace`) reads. FailedPrecondition before a plan.
+  StatusOr<WarmupTrace> RecordedTrace() const;
 
   // A training iteration (one micro-batch: forward, then backward) or an evaluation (forward
   // only; the gradients and the plan are untouched). An Acquire outside an iteration begins a

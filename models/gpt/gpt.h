@@ -68,6 +68,12 @@ class Gpt {
   // position when `predictions` is not null.
   StatusOr<double> Evaluate(const Batch& batch, std::vector<int32_t>* predictions);
 
+  // The training iteration's trace for micro-batches of `batch` rows of the full context,
+  // derived from the configuration without running (Engine::Plan's input; gpt_trace.cc): each
+  // moment's parameters, activation bytes and peak as the engine would record them, and its
+  // work (FLOPs, bytes) for a machine given by its rates. Its compute_seconds are 0.
+  StatusOr<WarmupTrace> DeriveTrace(int batch) const;
+
   const GptConfig& config() const { return cfg_; }
   int64_t num_params() const { return num_params_; }
   // Training FLOPs per token (forward + backward): 6 x matmul parameters + attention.

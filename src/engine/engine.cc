@@ -346,6 +346,7 @@ Status Engine::BeginIteration(bool train) {
   RETURN_IF_ERROR(im.cm->BeginIteration(/*inference=*/!train));
   im.in_iteration = true;
   im.iteration_train = train;
+  im.iteration_acquires.clear();
   if (train) RETURN_IF_ERROR(im.MaybeStartSpeculation());
   ++im.iterations;
   if (im.cm->profiling()) {
@@ -366,6 +367,10 @@ StatusOr<ParamScope> Engine::Acquire(std::span<const ParamId> params, Phase phas
   const auto t0 = std::chrono::steady_clock::now();
   const double call_s = im.timeline.Now();
   RETURN_IF_ERROR(im.cm->Acquire(params, phase));
+  if (im.iteration_train) {
+    im.iteration_acquires.push_back(
+        {std::vector<ParamId>(params.begin(), params.end()), phase == Phase::kBackward});
+  }
   if (phase == Phase::kBackward && im.iteration_train) im.PrefetchStates();
   if (im.host_compute) {
     RETURN_IF_ERROR(im.PushGate(/*wait_entered=*/true));
@@ -419,6 +424,11 @@ Status Engine::EndIteration() {
   if (im.iteration_train) {
     im.PrefetchStates();  // slots freed by the writes behind, if any
     ++im.iterations_since_step;
+    if (im.cm->counters().plans != im.traced_plans) {
+      // This iteration's trace made the plan: its Acquires are the warm-up trace's moments.
+      im.traced_plans = im.cm->counters().plans;
+      im.traced_acquires = im.iteration_acquires;
+    }
   }
   if (profiled) {
     im.profile = im.cm->moment_profiles();

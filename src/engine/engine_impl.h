@@ -34,6 +34,19 @@ namespace tierzero {
 
 Status ValidateEngineConfig(const EngineConfig& config);
 
+// What Finalize's placement decides (setup.cc): the shards' tiers, and the host memory the
+// fixed buffers take beside them. Engine::Plan runs the same function.
+struct PlacedRun {
+  Placement placement;
+  TierBudgets budgets;
+  uint64_t staging_bytes = 0, swap_slot_bytes = 0;
+  bool zeropp = false;  // W > 1 with a ZeRO++ option on
+  uint64_t hpz_bytes = 0;
+  Tier hpz_tier = Tier::kDevice;
+};
+StatusOr<PlacedRun> PlaceRun(const ChunkLayout& layout, const EngineConfig& config, bool on_device,
+                             int ranks_per_node);
+
 class ActivationBuffer::Owner {
  public:
   virtual void FreeActivation(void* data, uint64_t bytes) = 0;
@@ -143,6 +156,14 @@ struct Engine::Impl final : ActivationBuffer::Owner {
 
   uint64_t act_current = 0, act_peak = 0;
   EngineStats stats;
+  // The Acquires of this training iteration, and of the one the current plan was made from
+  // (Engine::WarmupTrace), with the plans counted then.
+  struct Acquired {
+    std::vector<ParamId> params;
+    bool backward = false;
+  };
+  std::vector<Acquired> iteration_acquires, traced_acquires;
+  uint64_t traced_plans = 0;
 
   // The profiled iteration and the step after it (the report's timeline and breakdown).
   Timeline timeline;

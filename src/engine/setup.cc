@@ -91,27 +91,32 @@ StatusOr<bool> Engine::Impl::ChooseCollectivePath(bool cuda) {
 // The shards' tiers, within the budgets less the fixed host overheads (Note [Host memory
 // accounting] in docs/config.md): NVMe staging for parameter reads, the optimizer's swap
 // buffers, and one upload buffer. (With W > 1 staging slots hold a whole gathered chunk.)
-Status Engine::Impl::Place(bool on_device) {
+// A pure function of the layout and the config: Engine::Plan runs it too.
+StatusOr<PlacedRun> PlaceRun(const ChunkLayout& layout, const EngineConfig& cfg, bool on_device,
+                             int ranks_per_node) {
+  PlacedRun r;
+  const int world = layout.world_size();
+  r.zeropp = world > 1 && cfg.zeropp.any();
   const uint64_t chunk_bytes = layout.chunk_bytes();
   const uint64_t shard_bytes = layout.shard_bytes();
-  staging_bytes =
+  r.staging_bytes =
       std::max<uint64_t>(2 * chunk_bytes, std::min<uint64_t>(8 * chunk_bytes, 64u << 20));
-  swap_slot_bytes = OptimizerStates::SwapSlotBytes(layout.shard_elems());
+  r.swap_slot_bytes = OptimizerStates::SwapSlotBytes(layout.shard_elems());
   uint64_t fixed =
-      staging_bytes + 3 * swap_slot_bytes + AlignUp(shard_bytes, kNvmeAlignment) +
-      (world() > 1 && !on_device ? 4 * AlignUp(chunk_bytes + shard_bytes, kNvmeAlignment) : 0);
+      r.staging_bytes + 3 * r.swap_slot_bytes + AlignUp(shard_bytes, kNvmeAlignment) +
+      (world > 1 && !on_device ? 4 * AlignUp(chunk_bytes + shard_bytes, kNvmeAlignment) : 0);
   uint64_t device_shard_budget = cfg.device_shard_budget;
-  if (zeropp && on_device && cfg.zeropp.hpz) {
+  if (r.zeropp && on_device && cfg.zeropp.hpz) {
     // hpZ's secondary partition: device memory when the device shard budget holds it, else
     // pinned host memory (Note [A secondary partition that is never stale] in zeropp_device.cc).
-    hpz_bytes = HpzBytes(layout.num_chunks(), chunk_bytes, comm->topology().local_size);
-    hpz_tier = device_shard_budget >= hpz_bytes ? Tier::kDevice : Tier::kHost;
-    if (hpz_tier == Tier::kDevice) {
-      device_shard_budget -= hpz_bytes;
+    r.hpz_bytes = HpzBytes(layout.num_chunks(), chunk_bytes, ranks_per_node);
+    r.hpz_tier = device_shard_budget >= r.hpz_bytes ? Tier::kDevice : Tier::kHost;
+    if (r.hpz_tier == Tier::kDevice) {
+      device_shard_budget -= r.hpz_bytes;
     } else {
-      fixed += AlignUp(hpz_bytes, kPinnedAlignment);
+      fixed += AlignUp(r.hpz_bytes, kPinnedAlignment);
     }
-  } else if (zeropp) {
+  } else if (r.zeropp) {
     // Through host buffers ZeRO++'s staging and reduce slots replace the plain ones, and hpZ's
     // secondary partition is pinned host memory (zeropp_host.cc).
     ShardGeometry g;
@@ -121,45 +126,57 @@ Status Engine::Impl::Place(bool on_device) {
     g.dtype = layout.dtype();
     ZeroPPOptions zo = ZeroPPOptionsOf(cfg.zeropp);
     for (int c = 0; c < layout.num_chunks(); ++c) zo.shard_runs.push_back(layout.ShardRuns(c));
-    ASSIGN_OR_RETURN(ZeroPPHostSlots z, ZeroPPHostSlotBytes(g, comm->topology().local_size, zo));
-    hpz_bytes = z.hpz;
-    hpz_tier = Tier::kHost;
-    if (z.gather_slot > 0 && staging_bytes < 2 * z.gather_slot) {
-      fixed += 2 * z.gather_slot - staging_bytes;
-      staging_bytes = 2 * z.gather_slot;
+    ASSIGN_OR_RETURN(ZeroPPHostSlots z, ZeroPPHostSlotBytes(g, ranks_per_node, zo));
+    r.hpz_bytes = z.hpz;
+    r.hpz_tier = Tier::kHost;
+    if (z.gather_slot > 0 && r.staging_bytes < 2 * z.gather_slot) {
+      fixed += 2 * z.gather_slot - r.staging_bytes;
+      r.staging_bytes = 2 * z.gather_slot;
     }
     if (z.reduce_slot > 0) {
       fixed -= 4 * AlignUp(chunk_bytes + shard_bytes, kNvmeAlignment);
       fixed += kZeroPPReduceSlots * AlignUp(z.reduce_slot, kPinnedAlignment);
     }
-    fixed += AlignUp(hpz_bytes, kPinnedAlignment);
+    fixed += AlignUp(r.hpz_bytes, kPinnedAlignment);
   }
   if (cfg.host_budget <= fixed) {
-    return OutOfMemoryError(
-        "host_budget " + FormatBytes(cfg.host_budget) +
-        " does not cover the fixed buffers for chunks of " + FormatBytes(chunk_bytes) + " (" +
-        FormatBytes(fixed) +
-        (hpz_bytes > 0 && hpz_tier == Tier::kHost ? ", hpZ's secondary partition included" : "") +
-        "); raise host_budget or lower chunk_elems");
+    return OutOfMemoryError("host_budget " + FormatBytes(cfg.host_budget) +
+                            " does not cover the fixed buffers for chunks of " +
+                            FormatBytes(chunk_bytes) + " (" + FormatBytes(fixed) +
+                            (r.hpz_bytes > 0 && r.hpz_tier == Tier::kHost
+                                 ? ", hpZ's secondary partition included"
+                                 : "") +
+                            "); raise host_budget or lower chunk_elems");
   }
-  budgets = TierBudgets{device_shard_budget, cfg.host_budget - fixed, cfg.nvme_budget};
+  r.budgets = TierBudgets{device_shard_budget, cfg.host_budget - fixed, cfg.nvme_budget};
   // Optimizer states the device shard budget may keep (docs/optimizer.md).
   const int n = layout.num_chunks();
   switch (cfg.optimizer) {
     case OptimizerPlacement::kAuto:
-      budgets.device_optimizer_groups = n;
+      r.budgets.device_optimizer_groups = n;
       break;
     case OptimizerPlacement::kCpu:
-      budgets.device_optimizer_groups = 0;
+      r.budgets.device_optimizer_groups = 0;
       break;
     case OptimizerPlacement::kFraction:
-      budgets.device_optimizer_groups =
+      r.budgets.device_optimizer_groups =
           static_cast<int>(std::llround(cfg.optimizer_device_fraction * n));
       break;
   }
-  auto p = PlaceShards(layout, budgets);
+  auto p = PlaceShards(layout, r.budgets);
   if (!p.ok()) return std::move(p).status().WithContext("placing the shards");
-  placement = std::move(p).value();
+  r.placement = std::move(p).value();
+  return r;
+}
+
+Status Engine::Impl::Place(bool on_device) {
+  ASSIGN_OR_RETURN(PlacedRun r, PlaceRun(layout, cfg, on_device, comm->topology().local_size));
+  placement = std::move(r.placement);
+  budgets = r.budgets;
+  staging_bytes = r.staging_bytes;
+  swap_slot_bytes = r.swap_slot_bytes;
+  hpz_bytes = r.hpz_bytes;
+  hpz_tier = r.hpz_tier;
   return Status::OK();
 }
 

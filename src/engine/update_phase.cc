@@ -114,12 +114,8 @@ std::vector<UpdateGroup> Engine::Impl::UpdateGroups() const {
 // on the CPU's own cores, which slows the CPU's groups).
 StatusOr<UpdateRates> Engine::Impl::MeasureUpdateRates(void* scratch, uint64_t scratch_bytes) {
   constexpr int kRounds = 3;
-  // At most an eighth of the host budget (20 bytes per element), and at least one group: the
-  // probe's host memory is transient, but a run that placed its states on NVMe to keep RSS low
-  // should not see it grow by the states it offloaded.
-  const uint64_t probe_elems = std::max<uint64_t>(
-      layout.shard_elems(), std::min({uint64_t{4} << 20, layout.shard_elems() * layout.num_chunks(),
-                                      cfg.host_budget / 8 / 20}));
+  const uint64_t probe_elems =
+      RateProbeElems(layout.shard_elems(), layout.num_chunks(), cfg.host_budget);
   UpdateRates r;
   r.device_shares_cpu = host_compute && cfg.host_device_adam_rate == 0;
   const DType gt = store->grad_dtype();
@@ -307,15 +303,21 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
   const uint64_t extra_bytes = free_block > kReserve ? free_block - kReserve : 0;
   if (!update.measured) {
     // The probe's device memory: the idle region, or a free block.
+    // (No more than the probe uses: a run's device peak is what its iterations and phases
+    // need, and Engine::Plan predicts it.)
     DeviceBuffer probe;
     void* scratch = idle;
     uint64_t scratch_bytes = idle_bytes;
-    if (scratch_bytes < extra_bytes) {
-      auto b = DeviceBuffer::Allocate(*device, extra_bytes);
+    const uint64_t want =
+        RateProbeDeviceBytes(layout.shard_elems(), layout.num_chunks(), cfg.host_budget,
+                             store->grad_dtype(), cfg.compute_dtype);
+    if (scratch_bytes < want && extra_bytes > 0) {
+      const uint64_t bytes = std::min(want, extra_bytes);
+      auto b = DeviceBuffer::Allocate(*device, bytes);
       if (b.ok()) {
         probe = std::move(b).value();
         scratch = probe.data();
-        scratch_bytes = extra_bytes;
+        scratch_bytes = bytes;
       }
     }
     ASSIGN_OR_RETURN(update.rates, MeasureUpdateRates(scratch, scratch_bytes));

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <sstream>
 
+#include "offload/device.h"
+
 namespace tierzero {
 
 std::string_view UpdateWhereName(UpdateWhere w) {
@@ -16,6 +18,20 @@ std::string_view UpdateWhereName(UpdateWhere w) {
       return "device-streamed";
   }
   return "?";
+}
+
+uint64_t RateProbeElems(uint64_t shard_elems, int num_chunks, uint64_t host_budget) {
+  return std::max<uint64_t>(
+      shard_elems, std::min({uint64_t{4} << 20, shard_elems * static_cast<uint64_t>(num_chunks),
+                             host_budget / 8 / 20}));
+}
+
+uint64_t RateProbeDeviceBytes(uint64_t shard_elems, int num_chunks, uint64_t host_budget,
+                              DType grad_dtype, DType compute_dtype) {
+  const uint64_t n = std::max<uint64_t>(1, shard_elems);
+  const uint64_t calls = (RateProbeElems(n, num_chunks, host_budget) + n - 1) / n;
+  return calls * (n * (12 + DTypeBytes(grad_dtype, 1) + DTypeBytes(compute_dtype, 1)) +
+                  3 * kDeviceAlignment);
 }
 
 uint64_t UpdateSlotBytes(const UpdateGroup& g, UpdateWhere where) {

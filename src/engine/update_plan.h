@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "tierzero/types.h"
 
 namespace tierzero {
 
@@ -85,6 +86,13 @@ struct UpdatePlan {
   double cpu_s = 0, device_s = 0, phase_s = 0;
   std::string reason;  // one line: why this assignment
 };
+
+// The rate probe at the first step (Note [Measuring the update phase's rates]): the elements it
+// updates (at least a group, at most 4M and an eighth of the host budget at 20 bytes each), and
+// the device memory its device part uses for them (whole groups of states, gradient, output).
+uint64_t RateProbeElems(uint64_t shard_elems, int num_chunks, uint64_t host_budget);
+uint64_t RateProbeDeviceBytes(uint64_t shard_elems, int num_chunks, uint64_t host_budget,
+                              DType grad_dtype, DType compute_dtype);
 
 // The bytes one device buffer needs for a group updated `where` on the device.
 uint64_t UpdateSlotBytes(const UpdateGroup& g, UpdateWhere where);

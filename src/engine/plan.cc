@@ -1,0 +1,429 @@
+// Engine::Plan: a run predicted from its parameters, a training iteration's trace and a
+// machine's rates, without allocating (tierzero/plan.h, docs/plan.md). The layout, the
+// placement, the chunk plan and the update phase's assignment come from the functions the run
+// itself calls (ChunkLayout::Build, PlaceRun, SlotsPerMoment and Simulate, PlanUpdate); the
+// device memory and the time are the model written out in Note [What the plan predicts].
+#include "chunk/plan.h"
+
+#include <algorithm>
+#include <set>
+
+#include "core/bytes.h"
+#include "engine/engine_impl.h"
+#include "offload/cuda_device.h"
+#include "zero/zeropp.h"
+
+namespace tierzero {
+
+// Note [What the plan predicts]
+// Device memory is the most of three times in a run, each on top of the resident shards and
+// states (and hpZ's secondary partition when the device holds it):
+//   - the warm-up iteration, which records the trace on demand: at each moment, a buffer per
+//     chunk it needs and per chunk whose gradients are still being written in place, the
+//     separate gradient chunks being written, and the activation peak;
+//   - a planned iteration: the slot region the plan reserves (as many slots as its schedule ever
+//     holds, computed as ChunkManager::Replan does), the separate gradient chunks and the
+//     activation peak of each moment;
+//   - the update phase: the idle slot region and the extra device buffers its assignment needs
+//     beyond it.
+// Host memory is the placement's host bytes and the fixed buffers (Note [Host memory
+// accounting]); NVMe the placed shards and states, each extent rounded to the NVMe alignment.
+// Time per step: grad_accumulation x (the moments' compute + the plan's simulated stall), plus
+// the update phase as PlanUpdate predicts it. Compute is the trace's measured seconds, or, for a
+// moment given by its work, flops / device_flops_per_s + memory_bytes / device_memory_bytes_per_s.
+// What the model leaves out (and bench/RESULTS.md measures): the warm-up iteration, the
+// gradient norm's pass over the gradient shards, evaluations, and the CPU the link's copies take
+// from compute on the simulated device.
+
+namespace {
+
+// The chunks a moment needs, in the order the chunk manager takes them.
+std::vector<int> ChunksOf(const ChunkLayout& layout, const std::vector<ParamId>& params) {
+  std::vector<int> chunks;
+  for (ParamId p : params) {
+    const int c = layout.tensor(p).chunk;
+    if (std::find(chunks.begin(), chunks.end(), c) == chunks.end()) chunks.push_back(c);
+  }
+  return chunks;
+}
+
+double MomentSeconds(const TraceMoment& m, const MachineRates& r) {
+  if (m.compute_seconds > 0) return m.compute_seconds;
+  double s = 0;
+  if (m.flops > 0 && r.device_flops_per_s > 0) s += m.flops / r.device_flops_per_s;
+  if (m.memory_bytes > 0 && r.device_memory_bytes_per_s > 0)
+    s += m.memory_bytes / r.device_memory_bytes_per_s;
+  return s;
+}
+
+// Which budget an OutOfMemory from the placement names first.
+std::string FailingTier(const Status& s, const EngineConfig& cfg) {
+  const std::string msg = s.ToString();
+  if (msg.find("fixed buffers") != std::string::npos) return "host";
+  return cfg.nvme_budget > 0 ? "nvme" : "host";
+}
+
+}  // namespace
+
+StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
+  const Impl& im = *impl_;
+  if (im.finalized)
+    return FailedPreconditionError(
+        "Plan after Finalize: a plan predicts a run before it allocates");
+  if (im.params.empty()) return FailedPreconditionError("Plan with no parameters registered");
+  if (req.moments.empty())
+    return InvalidArgumentError("Plan needs a training iteration's moments (a warm-up trace)");
+  for (size_t k = 0; k < req.moments.size(); ++k) {
+    if (req.moments[k].params.empty())
+      return InvalidArgumentError("trace moment " + std::to_string(k) + " acquires no parameter");
+    for (ParamId p : req.moments[k].params) {
+      if (p < 0 || p >= num_params())
+        return InvalidArgumentError("trace moment " + std::to_string(k) + " names parameter " +
+                                    std::to_string(p) + " of " + std::to_string(num_params()));
+    }
+  }
+  if (req.world_size < 0 || req.world_size > (1 << 16))
+    return InvalidArgumentError("world_size " + std::to_string(req.world_size) +
+                                "; accepted: 0 (the communicator's) .. 65536");
+  const EngineConfig& cfg = im.cfg;
+  const MachineRates& rates = req.rates;
+  const int world = req.world_size > 0 ? req.world_size : im.comm->size();
+  int per_node = req.world_size > 0 ? world : im.comm->topology().local_size;
+  if (req.ranks_per_node > 0) per_node = std::min(req.ranks_per_node, world);
+
+  PlanPrediction out;
+  out.world_size = world;
+  out.rates_name = rates.name;
+  std::vector<TensorDesc> tensors;
+  for (size_t i = 0; i < im.params.size(); ++i)
+    tensors.push_back({im.params[i].name, static_cast<uint64_t>(im.numel[i])});
+  LayoutOptions lo;
+  lo.chunk_elems = cfg.chunk_elems;
+  lo.world_size = world;
+  lo.dtype = cfg.compute_dtype;
+  auto built = ChunkLayout::Build(tensors, lo);
+  if (!built.ok()) return std::move(built).status().WithContext("laying out the parameters");
+  const ChunkLayout& layout = *built;
+  const int n = layout.num_chunks();
+  const uint64_t chunk = layout.chunk_bytes(), shard = layout.shard_bytes();
+  out.chunk_elems = layout.chunk_elems();
+  out.chunk_bytes = chunk;
+  out.shard_bytes = shard;
+  out.chunks = n;
+
+  // The collective path as ChooseCollectivePath takes it when every rank can (the simulated
+  // device's MPI progresses on its own; a GPU per rank loads NCCL).
+  const bool on_device = world > 1 && cfg.collectives != CollectivePath::kHost;
+  auto placed = PlaceRun(layout, cfg, on_device, per_node);
+  if (!placed.ok()) {
+    if (placed.status().code() != StatusCode::kOutOfMemory) return placed.status();
+    out.failing_tier = FailingTier(placed.status(), cfg);
+    out.problem = placed.status().ToString();
+    return out;
+  }
+  const PlacedRun& pr = *placed;
+  const Placement& pl = pr.placement;
+  for (const ChunkPlacement& c : pl.chunks) {
+    ++out.param_shards[static_cast<int>(c.param)];
+    ++out.optimizer_groups[static_cast<int>(c.optimizer)];
+  }
+  for (int t = 0; t < kNumTiers; ++t) out.model_state_bytes[t] = pl.bytes[t];
+  out.placement_summary = pl.Summary(pr.budgets);
+
+  // The trace in chunks, and each tensor's uses (TensorStates counts the same).
+  std::vector<int> fwd(im.params.size()), bwd(im.params.size());
+  std::vector<Moment> moments;
+  double compute = 0;
+  for (const TraceMoment& t : req.moments) {
+    Moment m;
+    m.chunks = ChunksOf(layout, t.params);
+    m.backward = t.backward;
+    m.nonmodel_bytes = t.activation_bytes;
+    m.nonmodel_peak = std::max(t.activation_peak, t.activation_bytes);
+    m.compute_seconds = MomentSeconds(t, rates);
+    compute += m.compute_seconds;
+    for (ParamId p : t.params) ++(t.backward ? bwd : fwd)[static_cast<size_t>(p)];
+    moments.push_back(std::move(m));
+  }
+  const int accum = cfg.grad_accumulation;
+  const bool staged_all = world > 1 && !on_device;
+  auto param_tier = [&](int c) { return pl.chunks[static_cast<size_t>(c)].param; };
+  auto resident = [&](int c) { return world == 1 && param_tier(c) == Tier::kDevice; };
+  PlanOptions po;
+  po.device_capacity = cfg.device_budget;
+  po.chunk_bytes = chunk;
+  po.grads_in_place.resize(static_cast<size_t>(n));
+  po.reduced_at_end.resize(static_cast<size_t>(n));
+  po.always_resident.resize(static_cast<size_t>(n));
+  po.staged.resize(static_cast<size_t>(n));
+  bool nvme_params = false;
+  for (int c = 0; c < n; ++c) {
+    const size_t i = static_cast<size_t>(c);
+    bool separate = accum > 1 || resident(c);
+    for (int t : layout.chunk(c).tensors) {
+      separate |= fwd[static_cast<size_t>(t)] > 1;
+      if (bwd[static_cast<size_t>(t)] == 0) po.reduced_at_end[i] = true;
+    }
+    po.grads_in_place[i] = !separate;
+    po.always_resident[i] = resident(c);
+    po.staged[i] = staged_all || param_tier(c) == Tier::kNvme;
+    nvme_params |= param_tier(c) == Tier::kNvme;
+  }
+  // Staging slots (internal::CreateStaging), within the NVMe queue (ChunkManager::PlanFrom).
+  if (staged_all || nvme_params) {
+    const uint64_t slot = staged_all ? chunk : shard;
+    po.staging_slots = static_cast<int>(std::clamp<uint64_t>(pr.staging_bytes / slot, 2, 32));
+    if (!staged_all) {
+      const uint64_t requests = std::max<uint64_t>(1, (shard + (1u << 20) - 1) >> 20);
+      po.staging_slots = std::min(po.staging_slots, std::max(1, static_cast<int>(32 / requests)));
+    }
+  }
+  // Gather seconds per tier: the local shard's read and copy, and the other ranks' part.
+  const double h2d = rates.h2d_bytes_per_s, d2h = rates.d2h_bytes_per_s;
+  const double comm = rates.comm_bytes_per_s > 0 ? rates.comm_bytes_per_s : h2d;
+  const double others = world > 1 ? static_cast<double>(chunk - shard) : 0.0;
+  auto per_s = [](double bytes, double rate) { return rate > 0 ? bytes / rate : 0.0; };
+  for (int c = 0; c < n; ++c) {
+    const double local = static_cast<double>(world > 1 && on_device ? shard : chunk);
+    double s = per_s(others, comm);
+    switch (param_tier(c)) {
+      case Tier::kDevice:
+        if (resident(c)) s = 0;
+        break;
+      case Tier::kHost:
+        s += per_s(local, h2d);
+        break;
+      case Tier::kNvme:
+        s += per_s(local, h2d) + per_s(static_cast<double>(shard), rates.nvme_read_bytes_per_s);
+        break;
+    }
+    po.gather_seconds.push_back(s);
+  }
+  if (auto slots = SlotsPerMoment(moments, po); !slots.ok()) {
+    out.failing_tier = "device";
+    out.problem = slots.status().WithContext("planning after warm-up").ToString();
+    return out;
+  }
+  ASSIGN_OR_RETURN(const Schedule sched, Simulate(moments, po, CachePolicy::kPlan));
+  // The slot region (ChunkManager::Replan).
+  std::set<int> held;
+  size_t most = 0;
+  std::vector<int> gathers(static_cast<size_t>(n));
+  for (const MomentDecision& d : sched.moments) {
+    for (int c : d.evict) held.erase(c);
+    for (int c : d.gather) {
+      if (!resident(c)) held.insert(c);
+      ++gathers[static_cast<size_t>(c)];
+    }
+    most = std::max(most, held.size());
+  }
+  out.slots = static_cast<int>(most);
+
+  // Device memory (Note [What the plan predicts]).
+  const size_t K = moments.size();
+  std::vector<int> first_bwd(static_cast<size_t>(n), -1), last_bwd(static_cast<size_t>(n), -1);
+  for (size_t k = 0; k < K; ++k) {
+    if (!moments[k].backward) continue;
+    for (int c : moments[k].chunks) {
+      if (first_bwd[static_cast<size_t>(c)] < 0) first_bwd[static_cast<size_t>(c)] = int(k);
+      last_bwd[static_cast<size_t>(c)] = int(k);
+    }
+  }
+  uint64_t warm = 0, planned_rest = 0, grads_most = 0, act_most = 0;
+  for (size_t k = 0; k < K; ++k) {
+    const int at = static_cast<int>(k);
+    std::set<int> cached;
+    uint64_t grads = 0;
+    for (int c : moments[k].chunks) {
+      if (!resident(c)) cached.insert(c);
+    }
+    for (int c = 0; c < n; ++c) {
+      const size_t i = static_cast<size_t>(c);
+      const bool writing = first_bwd[i] >= 0 && first_bwd[i] <= at && at <= last_bwd[i];
+      if (!writing) continue;
+      if (po.grads_in_place[i]) {
+        if (!resident(c)) cached.insert(c);
+      } else {
+        grads += chunk;
+      }
+    }
+    const uint64_t act = moments[k].nonmodel_peak;
+    warm = std::max(warm, act + grads + cached.size() * chunk);
+    planned_rest = std::max(planned_rest, act + grads);
+    grads_most = std::max(grads_most, grads);
+    act_most = std::max(act_most, act);
+  }
+  const uint64_t hpz_device = pr.hpz_tier == Tier::kDevice ? pr.hpz_bytes : 0;
+  out.device_resident = pl.bytes[static_cast<int>(Tier::kDevice)] + hpz_device;
+  out.device_slots = most * chunk;
+  out.device_activations = act_most;
+  out.device_grads = grads_most;
+  const uint64_t margin = 4 * chunk + (uint64_t{1} << 20);
+  out.device.budget = cfg.device_budget + cfg.device_shard_budget + margin;
+
+  // The update phase (Engine::Impl::UpdateGroups, RunUpdatePhase).
+  std::vector<UpdateGroup> groups;
+  int nvme_groups = 0;
+  for (const ChunkPlacement& c : pl.chunks) nvme_groups += c.optimizer == Tier::kNvme;
+  constexpr int kSwapSlots = 3, kBehind = 2;
+  int nvme_seen = 0;
+  // Gradient shards: the compute dtype, fp32 with accumulation (ChunkManager::StoreOptions).
+  const DType grad_dtype = accum > 1 ? DType::kF32 : cfg.compute_dtype;
+  const uint64_t grad_bytes = DTypeBytes(grad_dtype, layout.shard_elems());
+  for (int c = 0; c < n; ++c) {
+    const ChunkPlacement& p = pl.chunks[static_cast<size_t>(c)];
+    UpdateGroup g;
+    g.elems = layout.shard_elems();
+    g.grad_bytes = grad_bytes;
+    g.out_bytes = p.param == Tier::kDevice ? 0 : shard;
+    g.states_on_device = p.optimizer == Tier::kDevice;
+    g.states_on_nvme = p.optimizer == Tier::kNvme;
+    g.param_on_nvme = p.param == Tier::kNvme;
+    if (g.states_on_nvme) {
+      g.read_ahead = nvme_seen < kSwapSlots;
+      g.write_behind = nvme_seen >= nvme_groups - kBehind;
+      ++nvme_seen;
+    }
+    groups.push_back(g);
+  }
+  UpdateRates ur;
+  ur.cpu_params_per_s = rates.cpu_adam_params_per_s > 0 ? rates.cpu_adam_params_per_s : 1e9;
+  ur.device_params_per_s = rates.device_adam_params_per_s;
+  ur.h2d_bytes_per_s = h2d > 0 ? h2d : 1e10;
+  ur.d2h_bytes_per_s = d2h > 0 ? d2h : 1e10;
+  ur.nvme_read_bytes_per_s = rates.nvme_read_bytes_per_s > 0 ? rates.nvme_read_bytes_per_s : 1e9;
+  ur.nvme_write_bytes_per_s = rates.nvme_write_bytes_per_s > 0 ? rates.nvme_write_bytes_per_s : 1e9;
+  ur.nvme_duplex_bytes_per_s = rates.nvme_duplex_bytes_per_s;
+  ur.device_shares_cpu = rates.device_shares_cpu;
+  UpdateBudget ub;
+  ub.mode = cfg.optimizer == OptimizerPlacement::kCpu        ? UpdateMode::kCpu
+            : cfg.optimizer == OptimizerPlacement::kFraction ? UpdateMode::kFraction
+                                                             : UpdateMode::kAuto;
+  ub.device_fraction = cfg.optimizer_device_fraction;
+  const uint64_t used_at_step = out.device_resident + out.device_slots;
+  constexpr uint64_t kReserve = uint64_t{1} << 20;
+  const uint64_t free_at_step =
+      out.device.budget > used_at_step + kReserve ? out.device.budget - used_at_step - kReserve : 0;
+  if (ur.device_params_per_s > 0) {
+    ub.device_bytes = out.device_slots + free_at_step;
+  } else {
+    ur.device_params_per_s = 1;
+  }
+  const UpdatePlan up = PlanUpdate(groups, ur, ub);
+  for (UpdateWhere w : up.where) {
+    out.optimizer_cpu += w == UpdateWhere::kCpu;
+    out.optimizer_resident += w == UpdateWhere::kDeviceResident;
+    out.optimizer_streamed += w == UpdateWhere::kDeviceStreamed;
+  }
+  out.optimizer_reason = up.reason;
+  if (up.slots > 0) {
+    const uint64_t sb = AlignUp(up.slot_bytes, kDeviceAlignment);
+    const uint64_t in_idle = std::min<uint64_t>(static_cast<uint64_t>(up.slots), most * chunk / sb);
+    out.device_update = (static_cast<uint64_t>(up.slots) - in_idle) * sb;
+  }
+  if (rates.device_adam_params_per_s > 0) {
+    // The first step's rate probe, beside the idle slots.
+    const uint64_t want = RateProbeDeviceBytes(layout.shard_elems(), n, cfg.host_budget, grad_dtype,
+                                               cfg.compute_dtype);
+    if (out.device_slots < want)
+      out.device_update = std::max(out.device_update, std::min(want, free_at_step));
+  }
+  out.device.peak = out.device_resident + std::max({warm, out.device_slots + planned_rest,
+                                                    out.device_slots + out.device_update});
+
+  // Host and NVMe.
+  out.host.budget = cfg.host_budget;
+  out.host.peak =
+      pl.bytes[static_cast<int>(Tier::kHost)] + (cfg.host_budget - pr.budgets.host_bytes);
+  out.nvme.budget = cfg.nvme_budget;
+  const uint64_t group_bytes = layout.shard_elems() * 12;
+  out.nvme.peak =
+      static_cast<uint64_t>(out.param_shards[2]) * AlignUp(shard, kNvmeAlignment) +
+      static_cast<uint64_t>(out.optimizer_groups[2]) * AlignUp(group_bytes, kNvmeAlignment);
+
+  // Bytes per step on each link.
+  uint64_t h2d_iter = 0, d2h_iter = 0, nvme_iter = 0, comm_iter = 0;
+  for (int c = 0; c < n; ++c) {
+    const uint64_t g = static_cast<uint64_t>(gathers[static_cast<size_t>(c)]);
+    if (resident(c)) continue;
+    const uint64_t local = world > 1 && on_device ? shard : chunk;
+    if (param_tier(c) != Tier::kDevice) h2d_iter += g * local;
+    if (param_tier(c) == Tier::kNvme) nvme_iter += g * shard;
+    if (world > 1) comm_iter += g * (chunk - shard);
+  }
+  // Each chunk's gradient once per micro-batch: reduced over the ranks, then its shard down.
+  d2h_iter = static_cast<uint64_t>(n) * (world > 1 && on_device ? shard : chunk);
+  if (world > 1) comm_iter += static_cast<uint64_t>(n) * (chunk - shard);
+  out.h2d_bytes = accum * h2d_iter;
+  out.d2h_bytes = accum * d2h_iter;
+  out.nvme_read_bytes = accum * nvme_iter;
+  out.comm_bytes = accum * comm_iter;
+  for (int c = 0; c < n; ++c) {
+    const ChunkPlacement& p = pl.chunks[static_cast<size_t>(c)];
+    const UpdateWhere w = up.where[static_cast<size_t>(c)];
+    if (p.optimizer == Tier::kNvme) {
+      out.nvme_read_bytes += group_bytes;
+      out.nvme_write_bytes += group_bytes;
+    }
+    if (p.param == Tier::kNvme) out.nvme_write_bytes += shard;
+    if (p.param == Tier::kDevice && w == UpdateWhere::kCpu) out.h2d_bytes += shard;
+    if (w == UpdateWhere::kDeviceStreamed) {
+      out.h2d_bytes += group_bytes + grad_bytes;
+      out.d2h_bytes += group_bytes + (p.param == Tier::kDevice ? 0 : shard);
+    } else if (w == UpdateWhere::kDeviceResident) {
+      out.h2d_bytes += grad_bytes;
+      out.d2h_bytes += p.param == Tier::kDevice ? 0 : shard;
+    }
+  }
+
+  // Time per step.
+  out.compute_s = accum * compute;
+  out.param_wait_s = accum * sched.stall_s;
+  out.transfer_s = accum * sched.transfer_s;
+  out.optimizer_s = up.phase_s;
+  double cpu_only = 0;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (up.where[i] == UpdateWhere::kCpu)
+      cpu_only += static_cast<double>(groups[i].elems) / ur.cpu_params_per_s;
+  }
+  out.optimizer_nvme_s = nvme_groups > 0 ? std::max(0.0, up.cpu_s - cpu_only) : 0.0;
+  out.step_s = out.compute_s + out.param_wait_s + out.optimizer_s;
+
+  // Fits: every tier within its budget.
+  out.fits = true;
+  if (out.device.peak > out.device.budget) {
+    out.fits = false;
+    out.failing_tier = "device";
+    out.problem = "the device would need " + FormatBytes(out.device.peak) + " of " +
+                  FormatBytes(out.device.budget) + "; raise device_budget";
+  }
+  return out;
+}
+
+StatusOr<WarmupTrace> Engine::RecordedTrace() const {
+  const Impl& im = *impl_;
+  if (!im.finalized || !im.cm->has_plan() || im.traced_acquires.empty())
+    return FailedPreconditionError(
+        "no recorded trace yet: the first training iteration records it (call after it ends)");
+  const std::vector<Moment>& moments = im.cm->trace();
+  if (moments.size() != im.traced_acquires.size())
+    return InternalError("the recorded trace has " + std::to_string(moments.size()) +
+                         " moments and the engine saw " +
+                         std::to_string(im.traced_acquires.size()) + " Acquires");
+  WarmupTrace t;
+  for (size_t i = 0; i < im.params.size(); ++i)
+    t.params.push_back({im.params[i].name, im.params[i].shape, im.params[i].weight_decay});
+  for (size_t k = 0; k < moments.size(); ++k) {
+    TraceMoment m;
+    m.params = im.traced_acquires[k].params;
+    m.backward = im.traced_acquires[k].backward;
+    m.activation_bytes = moments[k].nonmodel_bytes;
+    m.activation_peak = moments[k].nonmodel_peak;
+    m.compute_seconds = moments[k].compute_seconds;
+    t.moments.push_back(std::move(m));
+  }
+  t.source = "recorded by the engine on " + im.device->info().name;
+  return t;
+}
+
+}  // namespace tierzero

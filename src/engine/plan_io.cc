@@ -1,0 +1,258 @@
+// A plan's files and renderings (tierzero/plan.h): the warm-up trace and the machine's rates as
+// JSON, and the prediction as a terminal table and as the report's "prediction" object.
+#include <cinttypes>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "core/bytes.h"
+#include "core/file_io.h"
+#include "core/json_in.h"
+#include "tierzero/plan.h"
+
+namespace tierzero {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kTraceSchema = "tierzero.trace/1";
+
+StatusOr<json> ParseOutside(const std::string& text, const std::string& source) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgumentError(source + " is not valid JSON");
+  RETURN_IF_ERROR(JsonIn(j, source).CheckDepth(kMaxJsonDepth));
+  return j;
+}
+
+std::string Mib(uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1 << 20));
+  return buf;
+}
+
+std::string Ms(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f ms", s * 1e3);
+  return buf;
+}
+
+}  // namespace
+
+Status WriteWarmupTrace(const WarmupTrace& t, const std::string& path) {
+  json params = json::array();
+  for (const WarmupTrace::Param& p : t.params)
+    params.push_back({{"name", p.name}, {"shape", p.shape}, {"weight_decay", p.weight_decay}});
+  json moments = json::array();
+  for (const TraceMoment& m : t.moments) {
+    moments.push_back({{"params", m.params},
+                       {"backward", m.backward},
+                       {"activation_bytes", m.activation_bytes},
+                       {"activation_peak", m.activation_peak},
+                       {"compute_seconds", m.compute_seconds},
+                       {"flops", m.flops},
+                       {"memory_bytes", m.memory_bytes}});
+  }
+  const json j = {
+      {"schema", kTraceSchema}, {"source", t.source}, {"params", params}, {"moments", moments}};
+  return WriteFileAtomically(path, j.dump(1) + "\n");
+}
+
+StatusOr<WarmupTrace> ReadWarmupTrace(const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(path));
+  ASSIGN_OR_RETURN(const json j, ParseOutside(text, path));
+  const JsonIn in(j, path);
+  ASSIGN_OR_RETURN(const std::string schema, in.get<std::string>("schema"));
+  if (schema != kTraceSchema)
+    return in.Error("schema is \"" + schema + "\"; this tierzero reads \"" + kTraceSchema + "\"");
+  WarmupTrace t;
+  ASSIGN_OR_RETURN(t.source, in.get_or<std::string>("source", ""));
+  ASSIGN_OR_RETURN(const std::vector<JsonIn> params, in.elements("params"));
+  for (const JsonIn& p : params) {
+    WarmupTrace::Param q;
+    ASSIGN_OR_RETURN(q.name, p.get<std::string>("name"));
+    ASSIGN_OR_RETURN(const std::vector<JsonIn> dims, p.elements("shape"));
+    for (const JsonIn& d : dims) {
+      ASSIGN_OR_RETURN(const int64_t v, d.as<int64_t>());
+      if (v < 1) return d.Error("must be a dimension >= 1");
+      q.shape.push_back(v);
+    }
+    ASSIGN_OR_RETURN(q.weight_decay, p.get_or<bool>("weight_decay", true));
+    t.params.push_back(std::move(q));
+  }
+  ASSIGN_OR_RETURN(const std::vector<JsonIn> moments, in.elements("moments"));
+  for (const JsonIn& m : moments) {
+    TraceMoment tm;
+    ASSIGN_OR_RETURN(const std::vector<JsonIn> ids, m.elements("params"));
+    for (const JsonIn& id : ids) {
+      ASSIGN_OR_RETURN(const int v, id.as<int>());
+      if (v < 0 || static_cast<size_t>(v) >= t.params.size())
+        return id.Error("names no parameter of the " + std::to_string(t.params.size()) + " listed");
+      tm.params.push_back(v);
+    }
+    if (tm.params.empty()) return m.Error("acquires no parameter");
+    ASSIGN_OR_RETURN(tm.backward, m.get<bool>("backward"));
+    ASSIGN_OR_RETURN(tm.activation_bytes, m.get<uint64_t>("activation_bytes"));
+    ASSIGN_OR_RETURN(tm.activation_peak,
+                     m.get_or<uint64_t>("activation_peak", tm.activation_bytes));
+    ASSIGN_OR_RETURN(tm.compute_seconds, m.get_or<double>("compute_seconds", 0.0));
+    ASSIGN_OR_RETURN(tm.flops, m.get_or<double>("flops", 0.0));
+    ASSIGN_OR_RETURN(tm.memory_bytes, m.get_or<double>("memory_bytes", 0.0));
+    if (tm.compute_seconds < 0 || tm.flops < 0 || tm.memory_bytes < 0)
+      return m.Error("has a negative compute_seconds, flops or memory_bytes");
+    t.moments.push_back(std::move(tm));
+  }
+  if (t.moments.empty()) return in.Error("has no moments");
+  return t;
+}
+
+std::string MachineRatesToJson(const MachineRates& r) {
+  const json j = {{"name", r.name},
+                  {"cpu_adam_params_per_s", r.cpu_adam_params_per_s},
+                  {"device_adam_params_per_s", r.device_adam_params_per_s},
+                  {"h2d_bytes_per_s", r.h2d_bytes_per_s},
+                  {"d2h_bytes_per_s", r.d2h_bytes_per_s},
+                  {"nvme_read_bytes_per_s", r.nvme_read_bytes_per_s},
+                  {"nvme_write_bytes_per_s", r.nvme_write_bytes_per_s},
+                  {"nvme_duplex_bytes_per_s", r.nvme_duplex_bytes_per_s},
+                  {"device_flops_per_s", r.device_flops_per_s},
+                  {"device_memory_bytes_per_s", r.device_memory_bytes_per_s},
+                  {"comm_bytes_per_s", r.comm_bytes_per_s},
+                  {"device_shares_cpu", r.device_shares_cpu}};
+  return j.dump(1) + "\n";
+}
+
+StatusOr<MachineRates> MachineRatesFromJson(const std::string& text) {
+  ASSIGN_OR_RETURN(const json j, ParseOutside(text, "machine rates"));
+  const JsonIn in(j, "machine rates");
+  if (!in.is_object()) return in.Error("must be an object");
+  static const char* kKnown[] = {"name",
+                                 "cpu_adam_params_per_s",
+                                 "device_adam_params_per_s",
+                                 "h2d_bytes_per_s",
+                                 "d2h_bytes_per_s",
+                                 "nvme_read_bytes_per_s",
+                                 "nvme_write_bytes_per_s",
+                                 "nvme_duplex_bytes_per_s",
+                                 "device_flops_per_s",
+                                 "device_memory_bytes_per_s",
+                                 "comm_bytes_per_s",
+                                 "device_shares_cpu"};
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (std::find(std::begin(kKnown), std::end(kKnown), it.key()) == std::end(kKnown))
+      return in.Error("has an unknown field \"" + it.key() + "\"");
+  }
+  MachineRates r;
+  ASSIGN_OR_RETURN(r.name, in.get_or<std::string>("name", ""));
+  struct Field {
+    const char* key;
+    double* v;
+  } fields[] = {{"cpu_adam_params_per_s", &r.cpu_adam_params_per_s},
+                {"device_adam_params_per_s", &r.device_adam_params_per_s},
+                {"h2d_bytes_per_s", &r.h2d_bytes_per_s},
+                {"d2h_bytes_per_s", &r.d2h_bytes_per_s},
+                {"nvme_read_bytes_per_s", &r.nvme_read_bytes_per_s},
+                {"nvme_write_bytes_per_s", &r.nvme_write_bytes_per_s},
+                {"nvme_duplex_bytes_per_s", &r.nvme_duplex_bytes_per_s},
+                {"device_flops_per_s", &r.device_flops_per_s},
+                {"device_memory_bytes_per_s", &r.device_memory_bytes_per_s},
+                {"comm_bytes_per_s", &r.comm_bytes_per_s}};
+  for (const Field& f : fields) {
+    ASSIGN_OR_RETURN(*f.v, in.get_or<double>(f.key, 0.0));
+    if (*f.v < 0) return in.Error(std::string(f.key) + " must be >= 0");
+  }
+  ASSIGN_OR_RETURN(r.device_shares_cpu, in.get_or<bool>("device_shares_cpu", false));
+  return r;
+}
+
+std::string PlanJson(const PlanPrediction& p) {
+  auto tier = [](const TierPrediction& t) { return json{{"peak", t.peak}, {"budget", t.budget}}; };
+  const json j = {
+      {"fits", p.fits},
+      {"failing_tier", p.failing_tier},
+      {"problem", p.problem},
+      {"world_size", p.world_size},
+      {"layout",
+       {{"chunk_elems", p.chunk_elems},
+        {"chunk_bytes", p.chunk_bytes},
+        {"shard_bytes", p.shard_bytes},
+        {"chunks", p.chunks}}},
+      {"placement",
+       {{"param_shards",
+         {{"device", p.param_shards[0]}, {"host", p.param_shards[1]}, {"nvme", p.param_shards[2]}}},
+        {"optimizer_groups",
+         {{"device", p.optimizer_groups[0]},
+          {"host", p.optimizer_groups[1]},
+          {"nvme", p.optimizer_groups[2]}}},
+        {"summary", p.placement_summary}}},
+      {"memory",
+       {{"device", tier(p.device)},
+        {"host", tier(p.host)},
+        {"nvme", tier(p.nvme)},
+        {"device_parts",
+         {{"resident", p.device_resident},
+          {"slots", p.device_slots},
+          {"activations", p.device_activations},
+          {"grads", p.device_grads},
+          {"update", p.device_update}}},
+        {"slots", p.slots}}},
+      {"bytes_per_step",
+       {{"h2d", p.h2d_bytes},
+        {"d2h", p.d2h_bytes},
+        {"nvme_read", p.nvme_read_bytes},
+        {"nvme_write", p.nvme_write_bytes},
+        {"comm", p.comm_bytes}}},
+      {"optimizer",
+       {{"cpu", p.optimizer_cpu},
+        {"device_resident", p.optimizer_resident},
+        {"device_streamed", p.optimizer_streamed},
+        {"reason", p.optimizer_reason}}},
+      {"time",
+       {{"step_s", p.step_s},
+        {"compute_s", p.compute_s},
+        {"param_wait_s", p.param_wait_s},
+        {"optimizer_s", p.optimizer_s},
+        {"optimizer_nvme_s", p.optimizer_nvme_s},
+        {"transfer_s", p.transfer_s},
+        {"tokens_per_step", p.tokens_per_step}}},
+      {"rates", p.rates_name}};
+  return j.dump(1);
+}
+
+std::string PlanTable(const PlanPrediction& p) {
+  std::string s;
+  char line[256];
+  auto add = [&](const char* fmt, auto... args) {
+    std::snprintf(line, sizeof line, fmt, args...);
+    s += line;
+  };
+  add("layout: %d chunks of %s (%" PRIu64 " elements), %d rank%s\n", p.chunks,
+      Mib(p.chunk_bytes).c_str(), p.chunk_elems, p.world_size, p.world_size == 1 ? "" : "s");
+  if (!p.placement_summary.empty()) add("placement: %s\n", p.placement_summary.c_str());
+  if (!p.problem.empty()) add("DOES NOT FIT (%s): %s\n", p.failing_tier.c_str(), p.problem.c_str());
+  if (p.device.budget == 0 && p.host.peak == 0) return s;  // placement failed: nothing more
+  add("\n%-8s %14s %14s %8s\n", "memory", "peak", "budget", "used");
+  auto row = [&](const char* name, const TierPrediction& t) {
+    add("%-8s %14s %14s %7.0f%%\n", name, Mib(t.peak).c_str(),
+        t.budget > 0 ? Mib(t.budget).c_str() : "-",
+        t.budget > 0 ? 100.0 * static_cast<double>(t.peak) / static_cast<double>(t.budget) : 0.0);
+  };
+  row("device", p.device);
+  row("host", p.host);
+  row("nvme", p.nvme);
+  add("  device: resident %s, %d slots %s, activations %s, gradient chunks %s, update %s\n",
+      Mib(p.device_resident).c_str(), p.slots, Mib(p.device_slots).c_str(),
+      Mib(p.device_activations).c_str(), Mib(p.device_grads).c_str(), Mib(p.device_update).c_str());
+  add("\nper step: H2D %s, D2H %s, NVMe read %s, write %s", Mib(p.h2d_bytes).c_str(),
+      Mib(p.d2h_bytes).c_str(), Mib(p.nvme_read_bytes).c_str(), Mib(p.nvme_write_bytes).c_str());
+  if (p.world_size > 1) add(", collectives %s", Mib(p.comm_bytes).c_str());
+  add("\noptimizer: %d groups on the CPU, %d resident on the device, %d streamed to it\n",
+      p.optimizer_cpu, p.optimizer_resident, p.optimizer_streamed);
+  add("\nstep %s = compute %s + waits for parameters %s + optimizer %s (of it NVMe %s)\n",
+      Ms(p.step_s).c_str(), Ms(p.compute_s).c_str(), Ms(p.param_wait_s).c_str(),
+      Ms(p.optimizer_s).c_str(), Ms(p.optimizer_nvme_s).c_str());
+  if (p.tokens_per_step > 0 && p.step_s > 0) add("  %.0f tokens/s\n", p.tokens_per_step / p.step_s);
+  if (!p.rates_name.empty()) add("  rates: %s\n", p.rates_name.c_str());
+  return s;
+}
+
+}  // namespace tierzero

@@ -1,0 +1,75 @@
+// Gpt::DeriveTrace against the trace the engine records in a real warm-up iteration: the same
+// moments, parameters, and activation bytes and peaks, with and without activation
+// checkpointing.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "gpt/gpt.h"
+#include "tierzero/engine.h"
+
+namespace tierzero::gpt {
+namespace {
+
+Batch RandomBatch(int B, int T, int V, uint64_t seed) {
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  Batch b;
+  b.batch = B;
+  b.seq = T;
+  for (int i = 0; i < B * T; ++i) {
+    b.tokens.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(V)));
+    b.targets.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(V)));
+    b.mask.push_back(1.0f);
+  }
+  return b;
+}
+
+class GptTraceTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(GptTraceTest, DerivedTraceEqualsRecordedTrace) {
+  GptConfig mc;
+  mc.vocab = 37;
+  mc.seq_len = 7;
+  mc.d_model = 24;
+  mc.n_head = 3;
+  mc.n_layer = 3;
+  mc.activation_checkpointing = GetParam();
+  EngineConfig ec;
+  ec.device = DeviceChoice::kHost;
+  ec.compute_dtype = DType::kF32;
+  auto engine = Engine::Create(ec);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  auto model = Gpt::Create(**engine, mc);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const int B = 5;
+  auto derived = (*model)->DeriveTrace(B);
+  ASSERT_TRUE(derived.ok()) << derived.status().ToString();
+  ASSERT_TRUE((*engine)->Finalize().ok());
+  EXPECT_FALSE((*engine)->RecordedTrace().ok());  // before the first iteration
+  ASSERT_TRUE((*model)->ForwardBackward(RandomBatch(B, mc.seq_len, mc.vocab, 1)).ok());
+  auto recorded = (*engine)->RecordedTrace();
+  ASSERT_TRUE(recorded.ok()) << recorded.status().ToString();
+  ASSERT_EQ(derived->params.size(), recorded->params.size());
+  for (size_t i = 0; i < derived->params.size(); ++i) {
+    EXPECT_EQ(derived->params[i].name, recorded->params[i].name);
+    EXPECT_EQ(derived->params[i].shape, recorded->params[i].shape);
+  }
+  ASSERT_EQ(derived->moments.size(), static_cast<size_t>(2 * mc.n_layer + 4));
+  ASSERT_EQ(derived->moments.size(), recorded->moments.size());
+  for (size_t k = 0; k < derived->moments.size(); ++k) {
+    const TraceMoment& d = derived->moments[k];
+    const TraceMoment& r = recorded->moments[k];
+    EXPECT_EQ(d.params, r.params) << "moment " << k;
+    EXPECT_EQ(d.backward, r.backward) << "moment " << k;
+    EXPECT_EQ(d.activation_bytes, r.activation_bytes) << "moment " << k;
+    EXPECT_EQ(d.activation_peak, r.activation_peak) << "moment " << k;
+    EXPECT_GT(r.compute_seconds, 0) << "moment " << k;
+    EXPECT_GT(d.memory_bytes, 0) << "moment " << k;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpointing, GptTraceTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "On" : "Off"; });
+
+}  // namespace
+}  // namespace tierzero::gpt
