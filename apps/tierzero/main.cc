@@ -2,6 +2,7 @@
 //
 // Commands available in this build:
 //   tierzero train       train the built-in GPT (apps/tierzero/train.h, docs/config.md)
+//   tierzero plan        predict a run: fit, memory per tier, bytes per link, step time (plan.h)
 //   tierzero export      a checkpoint to a consolidated safetensors file
 //   tierzero report      a memory placement report to HTML and a Chrome trace, and its summary
 //   tierzero devices     what tierzero can run on here: CPU SIMD level, CUDA GPUs, HostSim
@@ -13,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "plan.h"
 #include "report.h"
 #include "signals.h"
 #include "tierzero/bytes.h"
@@ -29,6 +31,7 @@ usage: tierzero <command> [options]
 
 commands:
   train       train the built-in GPT (no arguments: the default run; train --help for options)
+  plan        predict a run before it starts: will it fit, memory per tier, step time
   export      write a checkpoint as one safetensors file (export --help)
   report      summarise a memory report; write its HTML page and Chrome trace (report --help)
   devices     show what tierzero can run on here (CPU SIMD level, CUDA GPUs, host-simulated device)
@@ -96,6 +99,7 @@ int Main(int argc, char** argv) {
   }
   std::vector<std::string> rest(argv + 2, argv + argc);
   if (cmd == "train") return app::Train(rest);
+  if (cmd == "plan") return app::Plan(rest);
   if (cmd == "export") return app::Export(rest);
   if (cmd == "report") return app::ReportCommand(rest);
   if (cmd == "devices") return Devices();

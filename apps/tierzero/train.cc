@@ -183,7 +183,9 @@ override the config:
 Ctrl-C (SIGINT) or SIGTERM finishes the current step, saves a checkpoint and exits 0.
 )";
 
-// The config file first, then the flags over it, then the checks no single field can make.
+}  // namespace
+
+// train.h
 StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args) {
   RunConfig cfg = DefaultRunConfig();
   std::string config_path;
@@ -205,6 +207,8 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args) {
   TZ_RETURN_IF_ERROR(ValidateRunConfig(cfg));
   return cfg;
 }
+
+namespace {
 
 // The outputs' paths defaulted under the run directory, and every directory they need created
 // before the first step, so a bad path fails now and not after the training it was to record.

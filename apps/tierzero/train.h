@@ -66,6 +66,10 @@ Status ValidateRunConfig(const RunConfig& config);
 // The config as JSON (every field, with its value).
 std::string RunConfigToJson(const RunConfig& config);
 
+// The built-in default, the config file of --config over it, then the flags, then the checks
+// no single field can make (`train` and `plan` read their config so).
+StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args);
+
 // Applies command-line overrides (--steps N, ...) in order. InvalidArgument for an unknown flag
 // or a bad value. Checks each value alone: ValidateRunConfig checks the result as a whole.
 Status ApplyFlags(const std::vector<std::string>& flags, RunConfig& config,

@@ -316,7 +316,7 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
     out.optimizer_streamed += w == UpdateWhere::kDeviceStreamed;
   }
   out.optimizer_reason = up.reason;
-  if (up.slots > 0) {
+  if (up.slots > 0 && up.slot_bytes > 0) {
     const uint64_t sb = AlignUp(up.slot_bytes, kDeviceAlignment);
     const uint64_t in_idle = std::min<uint64_t>(static_cast<uint64_t>(up.slots), most * chunk / sb);
     out.device_update = (static_cast<uint64_t>(up.slots) - in_idle) * sb;

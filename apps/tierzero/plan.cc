@@ -1,0 +1,475 @@
+// `tierzero plan`: will the run of a config fit, where will each byte live, how fast will it
+// train (docs/plan.md). The GPT's trace is derived from its configuration (Gpt::DeriveTrace),
+// its compute measured on a one-block model of the same shape, the machine's rates measured by
+// a short calibration run and cached; Engine::Plan does the rest with the run's own code.
+#include "plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tierzero/bytes.h"
+#include "tierzero/report.h"
+
+namespace tierzero::app {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kPlanHelp = R"(usage: tierzero plan [--config FILE] [train options] [plan options]
+
+Predicts the run `tierzero train` would make with the same config and options: whether it fits
+the device, host and NVMe budgets, the peak of each, the bytes per step on each link, where the
+optimizer runs, and the step time with its breakdown. Nothing is allocated for the model.
+
+plan options:
+  --ranks N             plan for N ranks (default 1; mpirun -np N tierzero train runs it)
+  --ranks-per-node N    ranks per node (default: all on one)
+  --rates FILE          the machine's rates (JSON, docs/plan.md): this machine's cached
+                        calibration, or another machine's numbers (a GPU node)
+  --calibrate           measure this machine's rates again (about 10 s) and cache them
+  --trace FILE          plan a trainer's own model from its recorded trace (train writes
+                        RUN_DIR/warmup_trace.json) instead of the built-in GPT
+  --json FILE           also write the prediction as JSON (the report's "prediction" object)
+  --no-advice           when it does not fit, skip the search for what would make it fit
+
+The calibration cache is $TZ_RATES_FILE, else $XDG_CACHE_HOME/tierzero/rates.json, else
+~/.cache/tierzero/rates.json.
+)";
+
+struct PlanArgs {
+  int ranks = 1, ranks_per_node = 0;
+  std::string rates_path, trace_path, json_path;
+  bool calibrate = false, advice = true;
+  std::vector<std::string> rest;  // train's options
+};
+
+StatusOr<PlanArgs> ParsePlanArgs(const std::vector<std::string>& args) {
+  PlanArgs a;
+  auto int_arg = [&](size_t& i, const char* name, int lo, int hi) -> StatusOr<int> {
+    if (i + 1 >= args.size()) return InvalidArgumentError(std::string(name) + " needs a value");
+    const std::string& v = args[++i];
+    char* end = nullptr;
+    const long n = std::strtol(v.c_str(), &end, 10);
+    if (end == v.c_str() || *end != '\0' || n < lo || n > hi)
+      return InvalidArgumentError(std::string(name) + " is '" + v + "'; accepted: " +
+                                  std::to_string(lo) + ".." + std::to_string(hi));
+    return static_cast<int>(n);
+  };
+  auto str_arg = [&](size_t& i, const char* name) -> StatusOr<std::string> {
+    if (i + 1 >= args.size()) return InvalidArgumentError(std::string(name) + " needs a value");
+    return args[++i];
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& x = args[i];
+    if (x == "--ranks") {
+      TZ_ASSIGN_OR_RETURN(a.ranks, int_arg(i, "--ranks", 1, 65536));
+    } else if (x == "--ranks-per-node") {
+      TZ_ASSIGN_OR_RETURN(a.ranks_per_node, int_arg(i, "--ranks-per-node", 1, 65536));
+    } else if (x == "--rates") {
+      TZ_ASSIGN_OR_RETURN(a.rates_path, str_arg(i, "--rates"));
+    } else if (x == "--trace") {
+      TZ_ASSIGN_OR_RETURN(a.trace_path, str_arg(i, "--trace"));
+    } else if (x == "--json") {
+      TZ_ASSIGN_OR_RETURN(a.json_path, str_arg(i, "--json"));
+    } else if (x == "--calibrate") {
+      a.calibrate = true;
+    } else if (x == "--no-advice") {
+      a.advice = false;
+    } else {
+      a.rest.push_back(x);
+    }
+  }
+  return a;
+}
+
+std::string RatesCachePath() {
+  if (const char* f = std::getenv("TZ_RATES_FILE"); f != nullptr && *f != '\0') return f;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0')
+    return std::string(x) + "/tierzero/rates.json";
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0')
+    return std::string(h) + "/.cache/tierzero/rates.json";
+  return ".tierzero-rates.json";
+}
+
+StatusOr<std::string> ReadText(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFoundError("cannot open '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A float of the report (the engine wrote it: trusted JSON).
+double Number(const json& j, std::initializer_list<const char*> path) {
+  const json* at = &j;
+  for (const char* k : path) {
+    if (!at->is_object() || !at->contains(k)) return 0;
+    at = &(*at)[k];
+  }
+  return at->is_number() ? at->get<double>() : 0;
+}
+
+// A tiny training run on the simulated device whose report carries the rates the engine
+// measures at its first step and refines after (CPU Adam, the link, device Adam, NVMe).
+StatusOr<MachineRates> Calibrate(const RunConfig& cfg) {
+  std::printf("calibrating this machine's rates (a short run under %s) ...\n",
+              cfg.output.run_dir.c_str());
+  std::fflush(stdout);
+  const std::string dir = cfg.output.run_dir + "/calibration";
+  std::error_code ec;
+  fs::create_directories(dir + "/nvme", ec);
+  if (ec) return IoError("creating " + dir + "/nvme: " + ec.message());
+  EngineConfig ec2;
+  ec2.device = DeviceChoice::kHost;
+  ec2.device_budget = uint64_t{64} << 20;
+  // States of 3.2M parameters (51 MB, past the L3 cache), half of them on NVMe.
+  ec2.host_budget = uint64_t{40} << 20;
+  ec2.nvme_budget = uint64_t{256} << 20;
+  ec2.nvme_path = dir + "/nvme";
+  ec2.cpu_threads = cfg.engine.cpu_threads;
+  gpt::GptConfig mc;
+  mc.vocab = 256;
+  mc.seq_len = 16;
+  mc.d_model = 256;
+  mc.n_layer = 4;
+  mc.n_head = 4;
+  std::string report;
+  {
+    TZ_ASSIGN_OR_RETURN(auto engine, Engine::Create(ec2));
+    TZ_ASSIGN_OR_RETURN(auto model, gpt::Gpt::Create(*engine, mc));
+    TZ_RETURN_IF_ERROR(engine->Finalize());
+    gpt::Batch b;
+    b.batch = 4;
+    b.seq = mc.seq_len;
+    for (int i = 0; i < b.batch * b.seq; ++i) {
+      b.tokens.push_back(i % mc.vocab);
+      b.targets.push_back((i + 1) % mc.vocab);
+      b.mask.push_back(1.0f);
+    }
+    for (int s = 0; s < 20; ++s) {
+      TZ_RETURN_IF_ERROR(model->ForwardBackward(b).status());
+      TZ_RETURN_IF_ERROR(engine->Step({1e-4f}).status());
+    }
+    TZ_ASSIGN_OR_RETURN(report, engine->ReportJson());
+  }
+  fs::remove_all(dir, ec);
+  const json r = json::parse(report, nullptr, false);
+  std::initializer_list<const char*> base = {"optimizer", "update_phase", "rates"};
+  auto rate = [&](const char* k) {
+    std::vector<const char*> p(base);
+    p.push_back(k);
+    const json* at = &r;
+    for (const char* x : p) {
+      if (!at->is_object() || !at->contains(x)) return 0.0;
+      at = &(*at)[x];
+    }
+    return at->is_number() ? at->get<double>() : 0.0;
+  };
+  MachineRates m;
+  m.name = "this machine (calibrated)";
+  m.cpu_adam_params_per_s = rate("cpu_adam_params_per_second");
+  m.device_adam_params_per_s = rate("device_adam_params_per_second");
+  m.h2d_bytes_per_s = rate("h2d_bytes_per_second");
+  m.d2h_bytes_per_s = rate("d2h_bytes_per_second");
+  m.nvme_read_bytes_per_s = rate("nvme_read_bytes_per_second");
+  m.nvme_write_bytes_per_s = rate("nvme_write_bytes_per_second");
+  m.nvme_duplex_bytes_per_s = rate("nvme_duplex_bytes_per_second");
+  m.device_shares_cpu = true;
+  if (m.cpu_adam_params_per_s <= 0 || m.h2d_bytes_per_s <= 0 || m.nvme_read_bytes_per_s <= 0)
+    return InternalError("the calibration run's report has no measured rates");
+  return m;
+}
+
+StatusOr<MachineRates> LoadRates(const PlanArgs& a, const RunConfig& cfg) {
+  if (!a.rates_path.empty() && !a.calibrate) {
+    TZ_ASSIGN_OR_RETURN(const std::string text, ReadText(a.rates_path));
+    auto r = MachineRatesFromJson(text);
+    if (!r.ok()) return r.status().WithContext(a.rates_path);
+    return r;
+  }
+  const std::string cache = a.rates_path.empty() ? RatesCachePath() : a.rates_path;
+  if (!a.calibrate) {
+    if (auto text = ReadText(cache); text.ok()) {
+      auto r = MachineRatesFromJson(*text);
+      if (r.ok()) return r;
+      std::printf("  (the cached rates in %s are unreadable: %s; calibrating again)\n",
+                  cache.c_str(), r.status().ToString().c_str());
+    }
+  }
+  TZ_ASSIGN_OR_RETURN(MachineRates r, Calibrate(cfg));
+  std::error_code ec;
+  fs::create_directories(fs::path(cache).parent_path(), ec);
+  if (Status s = WriteTextFile(cache, MachineRatesToJson(r)); !s.ok()) {
+    std::printf("  (the rates are not cached: %s)\n", s.ToString().c_str());
+  } else {
+    std::printf("  rates cached in %s (--calibrate measures them again)\n", cache.c_str());
+  }
+  return r;
+}
+
+// The compute of each kind of moment, measured on a one-block GPT of the planned shape with
+// every parameter resident: embedding, block, head forward; head, block, embedding backward.
+StatusOr<std::vector<double>> MeasureCompute(const RunConfig& cfg) {
+  gpt::GptConfig mc = cfg.model;
+  mc.n_layer = 1;
+  EngineConfig ec;
+  ec.device = DeviceChoice::kHost;
+  ec.compute_dtype = cfg.engine.compute_dtype;
+  ec.cpu_threads = cfg.engine.cpu_threads;
+  const uint64_t params =
+      static_cast<uint64_t>(mc.vocab + mc.seq_len) * static_cast<uint64_t>(mc.d_model) +
+      12 * static_cast<uint64_t>(mc.d_model) * static_cast<uint64_t>(mc.d_model);
+  if (params > (uint64_t{1} << 28)) {
+    return FailedPreconditionError(
+        "a block of this model is too large to time here; give the device's rates with --rates "
+        "(device_flops_per_s, device_memory_bytes_per_s)");
+  }
+  ec.device_shard_budget = params * 4 + (uint64_t{64} << 20);
+  ec.host_budget = params * 24 + (uint64_t{256} << 20);
+  TZ_ASSIGN_OR_RETURN(auto engine, Engine::Create(ec));
+  TZ_ASSIGN_OR_RETURN(auto model, gpt::Gpt::Create(*engine, mc));
+  TZ_ASSIGN_OR_RETURN(const WarmupTrace t, model->DeriveTrace(cfg.train.batch_size));
+  uint64_t act = 0;
+  for (const TraceMoment& m : t.moments) act = std::max(act, m.activation_peak);
+  engine.reset();
+  ec.device_budget = act + (uint64_t{16} << 20);
+  TZ_ASSIGN_OR_RETURN(engine, Engine::Create(ec));
+  TZ_ASSIGN_OR_RETURN(model, gpt::Gpt::Create(*engine, mc));
+  TZ_RETURN_IF_ERROR(engine->Finalize());
+  gpt::Batch b;
+  b.batch = cfg.train.batch_size;
+  b.seq = mc.seq_len;
+  for (int i = 0; i < b.batch * b.seq; ++i) {
+    b.tokens.push_back((i * 7) % mc.vocab);
+    b.targets.push_back((i * 7 + 1) % mc.vocab);
+    b.mask.push_back(1.0f);
+  }
+  std::vector<std::vector<double>> samples(6);
+  for (int s = 0; s < 7; ++s) {
+    if (s >= 2) engine->ProfileNextIteration();
+    TZ_RETURN_IF_ERROR(model->ForwardBackward(b).status());
+    TZ_RETURN_IF_ERROR(engine->Step({1e-4f}).status());
+    if (s < 2) continue;
+    TZ_ASSIGN_OR_RETURN(const std::string report, engine->ReportJson());
+    const json r = json::parse(report, nullptr, false);
+    const json& ms = r["profile"]["moments"];
+    if (!ms.is_array() || ms.size() != 6) return InternalError("the timing run's profile has no moments");
+    for (size_t k = 0; k < 6; ++k) samples[k].push_back(Number(ms[k], {"compute_seconds"}));
+  }
+  std::vector<double> out;
+  for (auto& v : samples) {
+    std::sort(v.begin(), v.end());
+    out.push_back(v[v.size() / 2]);
+  }
+  return out;
+}
+
+// The GPT's trace with each moment's measured compute (by its kind).
+void SetCompute(WarmupTrace& t, const std::vector<double>& kinds, int layers) {
+  const int K = static_cast<int>(t.moments.size());
+  for (int k = 0; k < K; ++k) {
+    int kind;
+    if (k == 0) kind = 0;
+    else if (k <= layers) kind = 1;
+    else if (k == layers + 1) kind = 2;
+    else if (k == layers + 2) kind = 3;
+    else if (k < K - 1) kind = 4;
+    else kind = 5;
+    t.moments[static_cast<size_t>(k)].compute_seconds = kinds[static_cast<size_t>(kind)];
+  }
+}
+
+// One plan of a config: the GPT (or the trace file's parameters) registered on an engine that
+// never finalizes.
+struct Planner {
+  const PlanArgs& args;
+  const MachineRates& rates;
+  std::vector<double> kinds;      // measured compute per kind of moment (GPT, this machine)
+  const WarmupTrace* file_trace;  // --trace
+
+  StatusOr<PlanPrediction> Run(const RunConfig& cfg, int ranks) const {
+    TZ_ASSIGN_OR_RETURN(auto engine, Engine::Create(cfg.engine));
+    PlanRequest req;
+    req.rates = rates;
+    req.world_size = ranks;
+    req.ranks_per_node = args.ranks_per_node;
+    double tokens = 0;
+    if (file_trace != nullptr) {
+      for (const WarmupTrace::Param& p : file_trace->params)
+        TZ_RETURN_IF_ERROR(engine->RegisterParam({p.name, p.shape, nullptr, p.weight_decay}).status());
+      req.moments = file_trace->moments;
+    } else {
+      TZ_ASSIGN_OR_RETURN(auto model, gpt::Gpt::Create(*engine, cfg.model));
+      TZ_ASSIGN_OR_RETURN(WarmupTrace t, model->DeriveTrace(cfg.train.batch_size));
+      if (!kinds.empty()) SetCompute(t, kinds, cfg.model.n_layer);
+      req.moments = std::move(t.moments);
+      tokens = static_cast<double>(cfg.train.batch_size) * cfg.model.seq_len *
+               cfg.engine.grad_accumulation * ranks;
+    }
+    TZ_ASSIGN_OR_RETURN(PlanPrediction p, engine->Plan(req));
+    p.tokens_per_step = tokens;
+    return p;
+  }
+};
+
+// The smallest budget of `field` (MiB steps, doubling then bisecting) with which the plan fits,
+// or 0 when none up to 1 TiB does.
+uint64_t SmallestBudget(const Planner& pl, RunConfig cfg, uint64_t EngineConfig::*field, int ranks) {
+  auto fits = [&](uint64_t v) {
+    cfg.engine.*field = v;
+    auto p = pl.Run(cfg, ranks);
+    return p.ok() && p->fits;
+  };
+  uint64_t lo = cfg.engine.*field, hi = std::max<uint64_t>(lo, 1u << 20);
+  while (!fits(hi)) {
+    lo = hi;
+    hi *= 2;
+    if (hi > (uint64_t{1} << 40)) return 0;
+  }
+  const uint64_t mib = uint64_t{1} << 20;
+  while (hi - lo > mib) {
+    const uint64_t mid = lo + (hi - lo) / 2 / mib * mib;
+    if (mid <= lo) break;
+    (fits(mid) ? hi : lo) = mid;
+  }
+  return hi;
+}
+
+void Advise(const Planner& pl, const RunConfig& cfg, int ranks, const PlanPrediction& p,
+            json& out) {
+  std::printf("\nwhat would make it fit (each alone):\n");
+  json changes = json::array();
+  struct Budget {
+    const char* name;
+    const char* flag;
+    uint64_t EngineConfig::*field;
+  } budgets[] = {{"device_budget", "--device-budget", &EngineConfig::device_budget},
+                 {"host_budget", "--host-budget", &EngineConfig::host_budget},
+                 {"nvme_budget", "--nvme-budget", &EngineConfig::nvme_budget}};
+  for (const Budget& b : budgets) {
+    const uint64_t now = cfg.engine.*b.field;
+    const uint64_t need = SmallestBudget(pl, cfg, b.field, ranks);
+    if (need == 0 || need <= now) continue;
+    std::printf("  %s %lluMiB (now %s: +%s)\n", b.flag,
+                static_cast<unsigned long long>(need >> 20), FormatBytes(now).c_str(),
+                FormatBytes(need - now).c_str());
+    changes.push_back({{"field", std::string("engine.") + b.name}, {"value", need}, {"now", now}});
+  }
+  for (int r = ranks * 2; r <= 64; r *= 2) {
+    auto q = pl.Run(cfg, r);
+    if (q.ok() && q->fits) {
+      std::printf("  %d ranks (mpirun -np %d tierzero train ...)\n", r, r);
+      changes.push_back({{"field", "ranks"}, {"value", r}, {"now", ranks}});
+      break;
+    }
+  }
+  if (pl.file_trace == nullptr && !cfg.model.activation_checkpointing) {
+    RunConfig c = cfg;
+    c.model.activation_checkpointing = true;
+    auto q = pl.Run(c, ranks);
+    if (q.ok() && q->fits) {
+      std::printf("  --checkpoint-activations\n");
+      changes.push_back(
+          {{"field", "model.activation_checkpointing"}, {"value", true}, {"now", false}});
+    }
+  }
+  if (changes.empty()) std::printf("  (no single change up to 1 TiB or 64 ranks)\n");
+  out["advice"] = changes;
+  (void)p;
+}
+
+// The most layers of this width that fit these budgets (bisection over n_layer).
+int LargestModel(const Planner& pl, const RunConfig& cfg, int ranks) {
+  auto fits = [&](int layers) {
+    RunConfig c = cfg;
+    c.model.n_layer = layers;
+    auto p = pl.Run(c, ranks);
+    return p.ok() && p->fits;
+  };
+  if (!fits(1)) return 0;
+  int lo = 1, hi = 2;
+  while (hi <= 4096 && fits(hi)) {
+    lo = hi;
+    hi *= 2;
+  }
+  hi = std::min(hi, 4097);
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int Plan(const std::vector<std::string>& args) {
+  for (const std::string& a : args) {
+    if (a == "-h" || a == "--help") {
+      std::fputs(kPlanHelp, stdout);
+      return 0;
+    }
+  }
+  auto pa = ParsePlanArgs(args);
+  if (!pa.ok()) return Fail(pa.status());
+  auto cfg = LoadRunConfig(pa->rest);
+  if (!cfg.ok()) return Fail(cfg.status());
+  // As train defaults it (the plan writes nothing there).
+  if (cfg->engine.nvme_path.empty()) cfg->engine.nvme_path = cfg->output.run_dir + "/nvme";
+  WarmupTrace file_trace;
+  if (!pa->trace_path.empty()) {
+    auto t = ReadWarmupTrace(pa->trace_path);
+    if (!t.ok()) return Fail(t.status());
+    file_trace = std::move(t).value();
+  }
+  auto rates = LoadRates(*pa, *cfg);
+  if (!rates.ok()) return Fail(rates.status().WithContext("the machine's rates"));
+  Planner pl{*pa, *rates, {}, pa->trace_path.empty() ? nullptr : &file_trace};
+  if (pa->trace_path.empty() && rates->device_shares_cpu) {
+    // This machine computes the model: time a block of it.
+    auto kinds = MeasureCompute(*cfg);
+    if (!kinds.ok()) return Fail(kinds.status().WithContext("timing the model's compute"));
+    pl.kinds = std::move(kinds).value();
+  }
+  auto p = pl.Run(*cfg, pa->ranks);
+  if (!p.ok()) return Fail(p.status());
+  if (pa->trace_path.empty()) {
+    std::printf("tierzero plan: GPT %d layers x %d wide, batch %d x %d tokens, %s compute\n",
+                cfg->model.n_layer, cfg->model.d_model, cfg->train.batch_size,
+                cfg->model.seq_len, std::string(DTypeName(cfg->engine.compute_dtype)).c_str());
+  } else {
+    std::printf("tierzero plan: %zu parameters, %zu moments from %s\n", file_trace.params.size(),
+                file_trace.moments.size(), pa->trace_path.c_str());
+  }
+  std::printf("  budgets: device %s, host %s, NVMe %s\n\n",
+              FormatBytes(cfg->engine.device_budget).c_str(),
+              FormatBytes(cfg->engine.host_budget).c_str(),
+              FormatBytes(cfg->engine.nvme_budget).c_str());
+  std::fputs(PlanTable(*p).c_str(), stdout);
+  json out = {{"schema", "tierzero.plan/1"},
+              {"prediction", json::parse(PlanJson(*p), nullptr, false)}};
+  if (!p->fits && pa->advice) Advise(pl, *cfg, pa->ranks, *p, out);
+  if (pa->trace_path.empty() && pa->advice) {
+    const int most = LargestModel(pl, *cfg, pa->ranks);
+    std::printf("\nlargest model of this shape that fits these budgets: %d layer%s\n", most,
+                most == 1 ? "" : "s");
+    out["largest_n_layer"] = most;
+  }
+  if (!pa->json_path.empty()) {
+    if (Status s = WriteTextFile(pa->json_path, out.dump(1) + "\n"); !s.ok()) return Fail(s);
+    std::printf("  json: %s\n", pa->json_path.c_str());
+  }
+  return 0;
+}
+
+}  // namespace tierzero::app
