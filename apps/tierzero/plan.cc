@@ -10,7 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <chrono>
+#include <oneapi/tbb/global_control.h>
 #include <sstream>
+#include <thread>
 
 #include "tierzero/bytes.h"
 #include "tierzero/report.h"
@@ -214,8 +217,19 @@ StatusOr<MachineRates> LoadRates(const PlanArgs& a, const RunConfig& cfg) {
 }
 
 // The compute of each kind of moment, measured on a one-block GPT of the planned shape with
-// every parameter resident: embedding, block, head forward; head, block, embedding backward.
-StatusOr<std::vector<double>> MeasureCompute(const RunConfig& cfg) {
+// every parameter resident: embedding, block, head forward; head, block, embedding backward;
+// and the rest of a step beyond the moments and the update phase (the trainer's own work, the
+// iteration's end, the gradient norm). Ranks that share this machine share its cores: the
+// block is timed with the cores one rank gets (Note [Compute on a shared machine], docs/plan.md).
+struct ComputeTimes {
+  std::vector<double> kinds;
+  double other_s = 0;
+};
+
+StatusOr<ComputeTimes> MeasureCompute(const RunConfig& cfg, int ranks_here) {
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  tbb::global_control threads(tbb::global_control::max_allowed_parallelism,
+                              static_cast<size_t>(std::max(1, cores / std::max(1, ranks_here))));
   gpt::GptConfig mc = cfg.model;
   mc.n_layer = 1;
   EngineConfig ec;
@@ -251,22 +265,34 @@ StatusOr<std::vector<double>> MeasureCompute(const RunConfig& cfg) {
     b.mask.push_back(1.0f);
   }
   std::vector<std::vector<double>> samples(6);
+  std::vector<double> other;
   for (int s = 0; s < 7; ++s) {
     if (s >= 2) engine->ProfileNextIteration();
+    const auto t0 = std::chrono::steady_clock::now();
     TZ_RETURN_IF_ERROR(model->ForwardBackward(b).status());
     TZ_RETURN_IF_ERROR(engine->Step({1e-4f}).status());
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (s < 2) continue;
     TZ_ASSIGN_OR_RETURN(const std::string report, engine->ReportJson());
     const json r = json::parse(report, nullptr, false);
     const json& ms = r["profile"]["moments"];
-    if (!ms.is_array() || ms.size() != 6) return InternalError("the timing run's profile has no moments");
-    for (size_t k = 0; k < 6; ++k) samples[k].push_back(Number(ms[k], {"compute_seconds"}));
+    if (!ms.is_array() || ms.size() != 6)
+      return InternalError("the timing run's profile has no moments");
+    double sum = 0;
+    for (size_t k = 0; k < 6; ++k) {
+      samples[k].push_back(Number(ms[k], {"compute_seconds"}));
+      sum += samples[k].back();
+    }
+    other.push_back(wall - sum - Number(r, {"optimizer", "update_phase", "measured_seconds"}));
   }
-  std::vector<double> out;
-  for (auto& v : samples) {
+  auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
-    out.push_back(v[v.size() / 2]);
-  }
+    return v[v.size() / 2];
+  };
+  ComputeTimes out;
+  for (auto& v : samples) out.kinds.push_back(median(v));
+  out.other_s = std::max(0.0, median(other));
   return out;
 }
 
@@ -291,6 +317,7 @@ struct Planner {
   const PlanArgs& args;
   const MachineRates& rates;
   std::vector<double> kinds;      // measured compute per kind of moment (GPT, this machine)
+  double other_s = 0;             // and the rest of a step
   const WarmupTrace* file_trace;  // --trace
 
   StatusOr<PlanPrediction> Run(const RunConfig& cfg, int ranks) const {
@@ -298,6 +325,7 @@ struct Planner {
     PlanRequest req;
     req.rates = rates;
     req.world_size = ranks;
+    req.step_other_s = other_s;
     req.ranks_per_node = args.ranks_per_node;
     double tokens = 0;
     if (file_trace != nullptr) {
@@ -434,12 +462,14 @@ int Plan(const std::vector<std::string>& args) {
   }
   auto rates = LoadRates(*pa, *cfg);
   if (!rates.ok()) return Fail(rates.status().WithContext("the machine's rates"));
-  Planner pl{*pa, *rates, {}, pa->trace_path.empty() ? nullptr : &file_trace};
+  Planner pl{*pa, *rates, {}, 0.0, pa->trace_path.empty() ? nullptr : &file_trace};
   if (pa->trace_path.empty() && rates->device_shares_cpu) {
     // This machine computes the model: time a block of it.
-    auto kinds = MeasureCompute(*cfg);
-    if (!kinds.ok()) return Fail(kinds.status().WithContext("timing the model's compute"));
-    pl.kinds = std::move(kinds).value();
+    const int here = pa->ranks_per_node > 0 ? std::min(pa->ranks_per_node, pa->ranks) : pa->ranks;
+    auto times = MeasureCompute(*cfg, here);
+    if (!times.ok()) return Fail(times.status().WithContext("timing the model's compute"));
+    pl.kinds = times->kinds;
+    pl.other_s = times->other_s;
   }
   auto p = pl.Run(*cfg, pa->ranks);
   if (!p.ok()) return Fail(p.status());

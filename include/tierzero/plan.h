@@ -86,6 +86,9 @@ struct PlanRequest {
   MachineRates rates;
   int world_size = 0;      // ranks to plan for; 0: the communicator's
   int ranks_per_node = 0;  // 0: every rank on one node
+  // A step's time beyond its moments and the update phase (the trainer's own work, the end of
+  // each iteration, the gradient norm), when the caller measured it. Default: 0.
+  double step_other_s = 0;
 };
 
 // Bytes of one tier: what the run will hold at its peak, and its budget.
@@ -128,7 +131,7 @@ struct PlanPrediction {
   // parameters (the plan's stall), the update phase, and of it the NVMe time the phase cannot
   // hide; the iteration's gathers' link time (overlapped with compute where the plan can).
   double step_s = 0, compute_s = 0, param_wait_s = 0, optimizer_s = 0, optimizer_nvme_s = 0,
-         transfer_s = 0;
+         transfer_s = 0, other_s = 0;
   double tokens_per_step = 0;  // set by the caller that knows them (0: not shown)
   std::string rates_name;
 };

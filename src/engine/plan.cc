@@ -82,6 +82,8 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
                                     std::to_string(p) + " of " + std::to_string(num_params()));
     }
   }
+  if (!(req.step_other_s >= 0))
+    return InvalidArgumentError("step_other_s must be >= 0 seconds");
   if (req.world_size < 0 || req.world_size > (1 << 16))
     return InvalidArgumentError("world_size " + std::to_string(req.world_size) +
                                 "; accepted: 0 (the communicator's) .. 65536");
@@ -387,7 +389,8 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
       cpu_only += static_cast<double>(groups[i].elems) / ur.cpu_params_per_s;
   }
   out.optimizer_nvme_s = nvme_groups > 0 ? std::max(0.0, up.cpu_s - cpu_only) : 0.0;
-  out.step_s = out.compute_s + out.param_wait_s + out.optimizer_s;
+  out.other_s = req.step_other_s;
+  out.step_s = out.compute_s + out.param_wait_s + out.optimizer_s + out.other_s;
 
   // Fits: every tier within its budget.
   out.fits = true;

@@ -213,6 +213,7 @@ std::string PlanJson(const PlanPrediction& p) {
         {"optimizer_s", p.optimizer_s},
         {"optimizer_nvme_s", p.optimizer_nvme_s},
         {"transfer_s", p.transfer_s},
+        {"other_s", p.other_s},
         {"tokens_per_step", p.tokens_per_step}}},
       {"rates", p.rates_name}};
   return j.dump(1);
@@ -247,9 +248,10 @@ std::string PlanTable(const PlanPrediction& p) {
   if (p.world_size > 1) add(", collectives %s", Mib(p.comm_bytes).c_str());
   add("\noptimizer: %d groups on the CPU, %d resident on the device, %d streamed to it\n",
       p.optimizer_cpu, p.optimizer_resident, p.optimizer_streamed);
-  add("\nstep %s = compute %s + waits for parameters %s + optimizer %s (of it NVMe %s)\n",
+  add("\nstep %s = compute %s + waits for parameters %s + optimizer %s (of it NVMe %s) + other "
+      "%s\n",
       Ms(p.step_s).c_str(), Ms(p.compute_s).c_str(), Ms(p.param_wait_s).c_str(),
-      Ms(p.optimizer_s).c_str(), Ms(p.optimizer_nvme_s).c_str());
+      Ms(p.optimizer_s).c_str(), Ms(p.optimizer_nvme_s).c_str(), Ms(p.other_s).c_str());
   if (p.tokens_per_step > 0 && p.step_s > 0) add("  %.0f tokens/s\n", p.tokens_per_step / p.step_s);
   if (!p.rates_name.empty()) add("  rates: %s\n", p.rates_name.c_str());
   return s;
