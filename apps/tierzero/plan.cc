@@ -4,14 +4,15 @@
 // a short calibration run and cached; Engine::Plan does the rest with the run's own code.
 #include "plan.h"
 
+#include <oneapi/tbb/global_control.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <chrono>
-#include <oneapi/tbb/global_control.h>
 #include <sstream>
 #include <thread>
 
@@ -24,7 +25,8 @@ using nlohmann::json;
 
 namespace {
 
-constexpr const char* kPlanHelp = R"(usage: tierzero plan [--config FILE] [train options] [plan options]
+constexpr const char* kPlanHelp =
+    R"(usage: tierzero plan [--config FILE] [train options] [plan options]
 
 Predicts the run `tierzero train` would make with the same config and options: whether it fits
 the device, host and NVMe budgets, the peak of each, the bytes per step on each link, where the
@@ -60,8 +62,8 @@ StatusOr<PlanArgs> ParsePlanArgs(const std::vector<std::string>& args) {
     char* end = nullptr;
     const long n = std::strtol(v.c_str(), &end, 10);
     if (end == v.c_str() || *end != '\0' || n < lo || n > hi)
-      return InvalidArgumentError(std::string(name) + " is '" + v + "'; accepted: " +
-                                  std::to_string(lo) + ".." + std::to_string(hi));
+      return InvalidArgumentError(std::string(name) + " is '" + v +
+                                  "'; accepted: " + std::to_string(lo) + ".." + std::to_string(hi));
     return static_cast<int>(n);
   };
   auto str_arg = [&](size_t& i, const char* name) -> StatusOr<std::string> {
@@ -301,12 +303,18 @@ void SetCompute(WarmupTrace& t, const std::vector<double>& kinds, int layers) {
   const int K = static_cast<int>(t.moments.size());
   for (int k = 0; k < K; ++k) {
     int kind;
-    if (k == 0) kind = 0;
-    else if (k <= layers) kind = 1;
-    else if (k == layers + 1) kind = 2;
-    else if (k == layers + 2) kind = 3;
-    else if (k < K - 1) kind = 4;
-    else kind = 5;
+    if (k == 0)
+      kind = 0;
+    else if (k <= layers)
+      kind = 1;
+    else if (k == layers + 1)
+      kind = 2;
+    else if (k == layers + 2)
+      kind = 3;
+    else if (k < K - 1)
+      kind = 4;
+    else
+      kind = 5;
     t.moments[static_cast<size_t>(k)].compute_seconds = kinds[static_cast<size_t>(kind)];
   }
 }
@@ -330,7 +338,8 @@ struct Planner {
     double tokens = 0;
     if (file_trace != nullptr) {
       for (const WarmupTrace::Param& p : file_trace->params)
-        TZ_RETURN_IF_ERROR(engine->RegisterParam({p.name, p.shape, nullptr, p.weight_decay}).status());
+        TZ_RETURN_IF_ERROR(
+            engine->RegisterParam({p.name, p.shape, nullptr, p.weight_decay}).status());
       req.moments = file_trace->moments;
     } else {
       TZ_ASSIGN_OR_RETURN(auto model, gpt::Gpt::Create(*engine, cfg.model));
@@ -348,7 +357,8 @@ struct Planner {
 
 // The smallest budget of `field` (MiB steps, doubling then bisecting) with which the plan fits,
 // or 0 when none up to 1 TiB does.
-uint64_t SmallestBudget(const Planner& pl, RunConfig cfg, uint64_t EngineConfig::*field, int ranks) {
+uint64_t SmallestBudget(const Planner& pl, RunConfig cfg, uint64_t EngineConfig::*field,
+                        int ranks) {
   auto fits = [&](uint64_t v) {
     cfg.engine.*field = v;
     auto p = pl.Run(cfg, ranks);
@@ -384,9 +394,8 @@ void Advise(const Planner& pl, const RunConfig& cfg, int ranks, const PlanPredic
     const uint64_t now = cfg.engine.*b.field;
     const uint64_t need = SmallestBudget(pl, cfg, b.field, ranks);
     if (need == 0 || need <= now) continue;
-    std::printf("  %s %lluMiB (now %s: +%s)\n", b.flag,
-                static_cast<unsigned long long>(need >> 20), FormatBytes(now).c_str(),
-                FormatBytes(need - now).c_str());
+    std::printf("  %s %lluMiB (now %s: +%s)\n", b.flag, static_cast<unsigned long long>(need >> 20),
+                FormatBytes(now).c_str(), FormatBytes(need - now).c_str());
     changes.push_back({{"field", std::string("engine.") + b.name}, {"value", need}, {"now", now}});
   }
   for (int r = ranks * 2; r <= 64; r *= 2) {
@@ -475,16 +484,15 @@ int Plan(const std::vector<std::string>& args) {
   if (!p.ok()) return Fail(p.status());
   if (pa->trace_path.empty()) {
     std::printf("tierzero plan: GPT %d layers x %d wide, batch %d x %d tokens, %s compute\n",
-                cfg->model.n_layer, cfg->model.d_model, cfg->train.batch_size,
-                cfg->model.seq_len, std::string(DTypeName(cfg->engine.compute_dtype)).c_str());
+                cfg->model.n_layer, cfg->model.d_model, cfg->train.batch_size, cfg->model.seq_len,
+                std::string(DTypeName(cfg->engine.compute_dtype)).c_str());
   } else {
     std::printf("tierzero plan: %zu parameters, %zu moments from %s\n", file_trace.params.size(),
                 file_trace.moments.size(), pa->trace_path.c_str());
   }
-  std::printf("  budgets: device %s, host %s, NVMe %s\n\n",
-              FormatBytes(cfg->engine.device_budget).c_str(),
-              FormatBytes(cfg->engine.host_budget).c_str(),
-              FormatBytes(cfg->engine.nvme_budget).c_str());
+  std::printf(
+      "  budgets: device %s, host %s, NVMe %s\n\n", FormatBytes(cfg->engine.device_budget).c_str(),
+      FormatBytes(cfg->engine.host_budget).c_str(), FormatBytes(cfg->engine.nvme_budget).c_str());
   std::fputs(PlanTable(*p).c_str(), stdout);
   json out = {{"schema", "tierzero.plan/1"},
               {"prediction", json::parse(PlanJson(*p), nullptr, false)}};

@@ -82,8 +82,7 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
                                     std::to_string(p) + " of " + std::to_string(num_params()));
     }
   }
-  if (!(req.step_other_s >= 0))
-    return InvalidArgumentError("step_other_s must be >= 0 seconds");
+  if (!(req.step_other_s >= 0)) return InvalidArgumentError("step_other_s must be >= 0 seconds");
   if (req.world_size < 0 || req.world_size > (1 << 16))
     return InvalidArgumentError("world_size " + std::to_string(req.world_size) +
                                 "; accepted: 0 (the communicator's) .. 65536");
@@ -206,7 +205,14 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
     out.problem = slots.status().WithContext("planning after warm-up").ToString();
     return out;
   }
-  ASSIGN_OR_RETURN(const Schedule sched, Simulate(moments, po, CachePolicy::kPlan));
+  auto simulated = Simulate(moments, po, CachePolicy::kPlan);
+  if (!simulated.ok()) {
+    if (simulated.status().code() != StatusCode::kOutOfMemory) return simulated.status();
+    out.failing_tier = "device";
+    out.problem = simulated.status().WithContext("planning after warm-up").ToString();
+    return out;
+  }
+  const Schedule& sched = *simulated;
   // The slot region (ChunkManager::Replan).
   std::set<int> held;
   size_t most = 0;
