@@ -453,6 +453,12 @@ Status TrainRun::RunStep(int step) {
   }
   TZ_ASSIGN_OR_RETURN(const StepResult r, engine_->Step({static_cast<float>(lr)}));
   const double dt = SecondsSince(t0);
+  if (lead_ && step == start_) {
+    // The warm-up iteration's trace, for `tierzero plan --trace` (docs/plan.md).
+    if (auto trace = engine_->RecordedTrace(); trace.ok()) {
+      TZ_RETURN_IF_ERROR(WriteWarmupTrace(*trace, out_.run_dir + "/warmup_trace.json"));
+    }
+  }
   total_tokens_ += tokens_per_step;
   total_compute_s_ += dt;
   const TierUsage u = engine_->usage();
