@@ -165,17 +165,7 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg) {
   }
   fs::remove_all(dir, ec);
   const json r = json::parse(report, nullptr, false);
-  std::initializer_list<const char*> base = {"optimizer", "update_phase", "rates"};
-  auto rate = [&](const char* k) {
-    std::vector<const char*> p(base);
-    p.push_back(k);
-    const json* at = &r;
-    for (const char* x : p) {
-      if (!at->is_object() || !at->contains(x)) return 0.0;
-      at = &(*at)[x];
-    }
-    return at->is_number() ? at->get<double>() : 0.0;
-  };
+  auto rate = [&](const char* k) { return Number(r, {"optimizer", "update_phase", "rates", k}); };
   MachineRates m;
   m.name = "this machine (calibrated)";
   m.cpu_adam_params_per_s = rate("cpu_adam_params_per_second");
