@@ -134,6 +134,9 @@ struct PlanPrediction {
          transfer_s = 0, other_s = 0;
   double tokens_per_step = 0;  // set by the caller that knows them (0: not shown)
   std::string rates_name;
+  // Rates the request left at 0 that the times needed, assumed (1 G params/s, 10 GB/s link,
+  // 1 GB/s NVMe): the times are then a sketch, and the table says so.
+  std::vector<std::string> assumed_rates;
 };
 
 // A table for the terminal, and JSON in the report's schema ("prediction", docs/report.md).

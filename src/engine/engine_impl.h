@@ -44,6 +44,9 @@ struct PlacedRun {
   uint64_t hpz_bytes = 0;
   Tier hpz_tier = Tier::kDevice;
 };
+// TZ_OPTIMIZER_WRITE_BEHIND (update_phase.cc).
+bool OptimizerWritesBehind();
+
 StatusOr<PlacedRun> PlaceRun(const ChunkLayout& layout, const EngineConfig& config, bool on_device,
                              int ranks_per_node);
 

@@ -11,6 +11,7 @@
 #include "core/bytes.h"
 #include "engine/engine_impl.h"
 #include "offload/cuda_device.h"
+#include "zero/gather.h"
 #include "zero/zeropp.h"
 
 namespace tierzero {
@@ -172,15 +173,30 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   }
   // Staging slots (internal::CreateStaging), within the NVMe queue (ChunkManager::PlanFrom).
   if (staged_all || nvme_params) {
-    const uint64_t slot = staged_all ? chunk : shard;
-    po.staging_slots = static_cast<int>(std::clamp<uint64_t>(pr.staging_bytes / slot, 2, 32));
+    po.staging_slots =
+        StagingSlotCount(staged_all ? HostGatherSlotBytes(shard, world) : shard, pr.staging_bytes);
     if (!staged_all) {
-      const uint64_t requests = std::max<uint64_t>(1, (shard + (1u << 20) - 1) >> 20);
-      po.staging_slots = std::min(po.staging_slots, std::max(1, static_cast<int>(32 / requests)));
+      // NvmeStore::TransfersInFlight with the store's default queue.
+      const NvmeStoreOptions nvme;
+      const uint64_t requests =
+          std::max<uint64_t>(1, (shard + nvme.block_bytes - 1) / nvme.block_bytes);
+      po.staging_slots = std::min(
+          po.staging_slots,
+          std::max(1, static_cast<int>(static_cast<uint64_t>(nvme.queue_depth) / requests)));
     }
   }
   // Gather seconds per tier: the local shard's read and copy, and the other ranks' part.
-  const double h2d = rates.h2d_bytes_per_s, d2h = rates.d2h_bytes_per_s;
+  // A rate the request leaves at 0 is assumed, and the prediction says which (PlanUpdate needs
+  // every rate its groups use).
+  auto rate_or = [&](double r, double assumed, const char* name) {
+    if (r > 0) return r;
+    if (std::find(out.assumed_rates.begin(), out.assumed_rates.end(), name) ==
+        out.assumed_rates.end())
+      out.assumed_rates.emplace_back(name);
+    return assumed;
+  };
+  const double h2d = rate_or(rates.h2d_bytes_per_s, 1e10, "h2d_bytes_per_s");
+  const double d2h = rate_or(rates.d2h_bytes_per_s, 1e10, "d2h_bytes_per_s");
   const double comm = rates.comm_bytes_per_s > 0 ? rates.comm_bytes_per_s : h2d;
   const double others = world > 1 ? static_cast<double>(chunk - shard) : 0.0;
   auto per_s = [](double bytes, double rate) { return rate > 0 ? bytes / rate : 0.0; };
@@ -195,7 +211,9 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
         s += per_s(local, h2d);
         break;
       case Tier::kNvme:
-        s += per_s(local, h2d) + per_s(static_cast<double>(shard), rates.nvme_read_bytes_per_s);
+        s += per_s(local, h2d) +
+             per_s(static_cast<double>(shard),
+                   rate_or(rates.nvme_read_bytes_per_s, 1e9, "nvme_read_bytes_per_s"));
         break;
     }
     po.gather_seconds.push_back(s);
@@ -270,37 +288,32 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   out.device.budget = cfg.device_budget + cfg.device_shard_budget + margin;
 
   // The update phase (Engine::Impl::UpdateGroups, RunUpdatePhase).
-  std::vector<UpdateGroup> groups;
-  int nvme_groups = 0;
-  for (const ChunkPlacement& c : pl.chunks) nvme_groups += c.optimizer == Tier::kNvme;
-  constexpr int kSwapSlots = 3, kBehind = 2;
-  int nvme_seen = 0;
   // Gradient shards: the compute dtype, fp32 with accumulation (ChunkManager::StoreOptions).
   const DType grad_dtype = accum > 1 ? DType::kF32 : cfg.compute_dtype;
   const uint64_t grad_bytes = DTypeBytes(grad_dtype, layout.shard_elems());
-  for (int c = 0; c < n; ++c) {
-    const ChunkPlacement& p = pl.chunks[static_cast<size_t>(c)];
-    UpdateGroup g;
-    g.elems = layout.shard_elems();
-    g.grad_bytes = grad_bytes;
-    g.out_bytes = p.param == Tier::kDevice ? 0 : shard;
-    g.states_on_device = p.optimizer == Tier::kDevice;
-    g.states_on_nvme = p.optimizer == Tier::kNvme;
-    g.param_on_nvme = p.param == Tier::kNvme;
-    if (g.states_on_nvme) {
-      g.read_ahead = nvme_seen < kSwapSlots;
-      g.write_behind = nvme_seen >= nvme_groups - kBehind;
-      ++nvme_seen;
-    }
-    groups.push_back(g);
+  std::vector<UpdateGroupTiers> tiers;
+  int nvme_groups = 0;
+  for (const ChunkPlacement& c : pl.chunks) {
+    tiers.push_back({c.param == Tier::kDevice, c.param == Tier::kNvme, c.optimizer == Tier::kDevice,
+                     c.optimizer == Tier::kNvme});
+    nvme_groups += c.optimizer == Tier::kNvme;
   }
+  // By the step the backward's prefetches fill every swap slot (PlaceRun counts three).
+  constexpr int kSwapSlots = 3;
+  const std::vector<UpdateGroup> groups = MakeUpdateGroups(
+      tiers, layout.shard_elems(), grad_bytes, shard, kSwapSlots, OptimizerWritesBehind(), {});
   UpdateRates ur;
-  ur.cpu_params_per_s = rates.cpu_adam_params_per_s > 0 ? rates.cpu_adam_params_per_s : 1e9;
+  ur.cpu_params_per_s = rate_or(rates.cpu_adam_params_per_s, 1e9, "cpu_adam_params_per_s");
   ur.device_params_per_s = rates.device_adam_params_per_s;
-  ur.h2d_bytes_per_s = h2d > 0 ? h2d : 1e10;
-  ur.d2h_bytes_per_s = d2h > 0 ? d2h : 1e10;
-  ur.nvme_read_bytes_per_s = rates.nvme_read_bytes_per_s > 0 ? rates.nvme_read_bytes_per_s : 1e9;
-  ur.nvme_write_bytes_per_s = rates.nvme_write_bytes_per_s > 0 ? rates.nvme_write_bytes_per_s : 1e9;
+  ur.h2d_bytes_per_s = h2d;
+  ur.d2h_bytes_per_s = d2h;
+  if (nvme_groups > 0 || nvme_params) {
+    ur.nvme_read_bytes_per_s = rate_or(rates.nvme_read_bytes_per_s, 1e9, "nvme_read_bytes_per_s");
+    ur.nvme_write_bytes_per_s =
+        rate_or(rates.nvme_write_bytes_per_s, 1e9, "nvme_write_bytes_per_s");
+  } else {
+    ur.nvme_read_bytes_per_s = ur.nvme_write_bytes_per_s = 1e9;  // unused: no NVMe state
+  }
   ur.nvme_duplex_bytes_per_s = rates.nvme_duplex_bytes_per_s;
   ur.device_shares_cpu = rates.device_shares_cpu;
   UpdateBudget ub;

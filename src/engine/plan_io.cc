@@ -215,7 +215,8 @@ std::string PlanJson(const PlanPrediction& p) {
         {"transfer_s", p.transfer_s},
         {"other_s", p.other_s},
         {"tokens_per_step", p.tokens_per_step}}},
-      {"rates", p.rates_name}};
+      {"rates", p.rates_name},
+      {"assumed_rates", p.assumed_rates}};
   return j.dump(1);
 }
 
@@ -254,6 +255,11 @@ std::string PlanTable(const PlanPrediction& p) {
       Ms(p.optimizer_s).c_str(), Ms(p.optimizer_nvme_s).c_str(), Ms(p.other_s).c_str());
   if (p.tokens_per_step > 0 && p.step_s > 0) add("  %.0f tokens/s\n", p.tokens_per_step / p.step_s);
   if (!p.rates_name.empty()) add("  rates: %s\n", p.rates_name.c_str());
+  if (!p.assumed_rates.empty()) {
+    std::string names;
+    for (const std::string& n : p.assumed_rates) names += (names.empty() ? "" : ", ") + n;
+    add("  (times assume these rates, not given: %s)\n", names.c_str());
+  }
   return s;
 }
 

@@ -70,33 +70,16 @@ Status Engine::Impl::CreateUpdatePhase() {
 }
 
 std::vector<UpdateGroup> Engine::Impl::UpdateGroups() const {
-  std::vector<UpdateGroup> out;
-  // The NVMe groups, in the order the swap pipeline takes them: the first staged() were read
-  // ahead, and the last kBehind are written behind the phase (Note [Optimizer I/O around
-  // the step]: at the end the pipeline's last group and the one before it still write).
-  constexpr int kBehind = 2;
-  int nvme_total = 0;
-  for (int c = 0; c < layout.num_chunks(); ++c) nvme_total += optimizer().tier(c) == Tier::kNvme;
-  int nvme_seen = 0;
+  std::vector<UpdateGroupTiers> tiers;
   for (int c = 0; c < layout.num_chunks(); ++c) {
-    UpdateGroup g;
-    g.elems = layout.shard_elems();
-    g.grad_bytes = store->grad_bytes();
-    g.out_bytes = store->param_tier(c) == Tier::kDevice ? 0 : layout.shard_bytes();
-    g.states_on_device = optimizer().tier(c) == Tier::kDevice;
-    g.states_on_nvme = optimizer().tier(c) == Tier::kNvme;
-    g.param_on_nvme = store->param_tier(c) == Tier::kNvme;
-    g.done_ahead =
-        static_cast<size_t>(c) < update.skip.size() && update.skip[static_cast<size_t>(c)];
-    if (g.states_on_nvme) {
-      g.read_ahead = nvme_seen < optimizer().staged();
-      g.write_behind = kWriteBehind.Get() && nvme_seen >= nvme_total - kBehind;
-      ++nvme_seen;
-    }
-    out.push_back(g);
+    tiers.push_back({store->param_tier(c) == Tier::kDevice, store->param_tier(c) == Tier::kNvme,
+                     optimizer().tier(c) == Tier::kDevice, optimizer().tier(c) == Tier::kNvme});
   }
-  return out;
+  return MakeUpdateGroups(tiers, layout.shard_elems(), store->grad_bytes(), layout.shard_bytes(),
+                          optimizer().staged(), kWriteBehind.Get(), update.skip);
 }
+
+bool OptimizerWritesBehind() { return kWriteBehind.Get(); }
 
 // Note [Measuring the update phase's rates]
 // Each rate is first timed as the phase will see it: group-sized calls (so a call's own overhead

@@ -20,6 +20,35 @@ std::string_view UpdateWhereName(UpdateWhere w) {
   return "?";
 }
 
+std::vector<UpdateGroup> MakeUpdateGroups(const std::vector<UpdateGroupTiers>& tiers,
+                                          uint64_t shard_elems, uint64_t grad_bytes,
+                                          uint64_t shard_bytes, int read_ahead, bool write_behind,
+                                          const std::vector<bool>& done_ahead) {
+  constexpr int kBehind = 2;
+  int nvme_total = 0;
+  for (const UpdateGroupTiers& t : tiers) nvme_total += t.states_on_nvme;
+  int nvme_seen = 0;
+  std::vector<UpdateGroup> out;
+  for (size_t c = 0; c < tiers.size(); ++c) {
+    const UpdateGroupTiers& t = tiers[c];
+    UpdateGroup g;
+    g.elems = shard_elems;
+    g.grad_bytes = grad_bytes;
+    g.out_bytes = t.param_on_device ? 0 : shard_bytes;
+    g.states_on_device = t.states_on_device;
+    g.states_on_nvme = t.states_on_nvme;
+    g.param_on_nvme = t.param_on_nvme;
+    g.done_ahead = c < done_ahead.size() && done_ahead[c];
+    if (g.states_on_nvme) {
+      g.read_ahead = nvme_seen < read_ahead;
+      g.write_behind = write_behind && nvme_seen >= nvme_total - kBehind;
+      ++nvme_seen;
+    }
+    out.push_back(g);
+  }
+  return out;
+}
+
 uint64_t RateProbeElems(uint64_t shard_elems, int num_chunks, uint64_t host_budget) {
   return std::max<uint64_t>(
       shard_elems, std::min({uint64_t{4} << 20, shard_elems * static_cast<uint64_t>(num_chunks),

@@ -87,6 +87,20 @@ struct UpdatePlan {
   std::string reason;  // one line: why this assignment
 };
 
+// The groups as the model sees them, from each chunk's tiers (Engine::Impl::UpdateGroups and
+// Engine::Plan build them so). The NVMe groups in the order the swap pipeline takes them: the
+// first `read_ahead` were read during backward, and with `write_behind` the last two are
+// written behind the phase (Note [Optimizer I/O around the step]); `done_ahead` (empty: none)
+// marks groups the speculative start updated.
+struct UpdateGroupTiers {
+  bool param_on_device = false, param_on_nvme = false;
+  bool states_on_device = false, states_on_nvme = false;
+};
+std::vector<UpdateGroup> MakeUpdateGroups(const std::vector<UpdateGroupTiers>& tiers,
+                                          uint64_t shard_elems, uint64_t grad_bytes,
+                                          uint64_t shard_bytes, int read_ahead, bool write_behind,
+                                          const std::vector<bool>& done_ahead);
+
 // The rate probe at the first step (Note [Measuring the update phase's rates]): the elements it
 // updates (at least a group, at most 4M and an eighth of the host budget at 20 bytes each), and
 // the device memory its device part uses for them (whole groups of states, gradient, output).

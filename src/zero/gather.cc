@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "core/bytes.h"
 #include "core/logging.h"
 #include "core/tunable.h"
 #include "zero/collective.h"
@@ -17,11 +18,24 @@ TZ_TUNABLE(double, kStagingTimeoutSeconds, "TZ_STAGING_TIMEOUT_S", 120.0,
 
 std::chrono::milliseconds StagingTimeout() { return TunableSeconds(kStagingTimeoutSeconds); }
 
+int StagingSlotCount(uint64_t slot_bytes, uint64_t staging_bytes) {
+  return static_cast<int>(std::clamp<uint64_t>(staging_bytes / slot_bytes, 2, 32));
+}
+
+uint64_t HostGatherSendAreaBytes(uint64_t shard_bytes) {
+  return AlignUp(shard_bytes + kGatherTagBytes, 4096);
+}
+
+uint64_t HostGatherSlotBytes(uint64_t shard_bytes, int world_size) {
+  return HostGatherSendAreaBytes(shard_bytes) +
+         AlignUp(static_cast<uint64_t>(world_size) * (shard_bytes + kGatherTagBytes), 4096);
+}
+
 namespace internal {
 
 StatusOr<std::unique_ptr<PinnedArena>> CreateStaging(TransferContext& ctx, uint64_t slot_bytes,
                                                      uint64_t staging_bytes) {
-  const uint64_t slots = std::clamp<uint64_t>(staging_bytes / slot_bytes, 2, 32);
+  const uint64_t slots = static_cast<uint64_t>(StagingSlotCount(slot_bytes, staging_bytes));
   ASSIGN_OR_RETURN(std::unique_ptr<PinnedArena> arena,
                    PinnedArena::Create(&ctx.device, slot_bytes, static_cast<uint32_t>(slots)));
   bool nvme_shards = false;

@@ -76,4 +76,11 @@ StatusOr<std::unique_ptr<GatherStrategy>> CreateDeviceGather(TransferContext& ct
 // The staging timeout (the tunable TZ_STAGING_TIMEOUT_S, default 120 s).
 std::chrono::milliseconds StagingTimeout();
 
+// Pinned staging slots of `slot_bytes` within `staging_bytes`: at least 2, at most 32.
+int StagingSlotCount(uint64_t slot_bytes, uint64_t staging_bytes);
+// A staging slot of the host-buffer gather: a send area (an NVMe shard read, plus its tag), then
+// the W tagged blocks. Its send area alone is the first term.
+uint64_t HostGatherSendAreaBytes(uint64_t shard_bytes);
+uint64_t HostGatherSlotBytes(uint64_t shard_bytes, int world_size);
+
 }  // namespace tierzero

@@ -41,11 +41,8 @@ class HostGather final : public GatherStrategy {
   Status Init(const GatherOptions& options) {
     const ShardGeometry& g = ctx_.geometry();
     const uint64_t shard = g.shard_bytes();
-    // A slot holds a send area (an NVMe shard read, plus its tag) then the W blocks.
-    send_area_bytes_ = AlignUp(shard + kGatherTagBytes, 4096);
-    const uint64_t slot =
-        send_area_bytes_ +
-        AlignUp(static_cast<uint64_t>(g.world_size) * (shard + kGatherTagBytes), 4096);
+    send_area_bytes_ = HostGatherSendAreaBytes(shard);
+    const uint64_t slot = HostGatherSlotBytes(shard, g.world_size);
     ASSIGN_OR_RETURN(staging_, internal::CreateStaging(ctx_, slot, options.staging_bytes));
     return Status::OK();
   }
