@@ -4,7 +4,8 @@
 For each configuration: `tierzero plan --json`, then `tierzero train` with the same config, and
 the predicted per-tier peaks and step time next to the measured ones (the report's tiers; the
 median step_s of the metrics after the first planned steps). Prints one table; writes
-OUT/plan_check.json.
+OUT/plan_check.json. Plans of several ranks use the communicator's rates, measured first
+(`mpirun -np 2 tierzero plan --calibrate`).
 
 usage: bench/plan_check.py [--bin build/bin/tierzero] [--out DIR] [--steps N] [--only NAME]
 """
@@ -52,6 +53,10 @@ def main():
     ap.add_argument("--only", default="")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
+    # The communicator's latency and rate (plans of several ranks use them), into the same
+    # cache the plans read ($TZ_RATES_FILE or the user's cache).
+    if any(r > 1 for n, r, _ in CONFIGS if not a.only or n == a.only):
+        print(run(MPIRUN + [a.bin, "plan", "--calibrate"], MPI_ENV).strip(), flush=True)
     rows = []
     for name, ranks, over in CONFIGS:
         if a.only and name != a.only:

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -37,7 +38,9 @@ plan options:
   --ranks-per-node N    ranks per node (default: all on one)
   --rates FILE          the machine's rates (JSON, docs/plan.md): this machine's cached
                         calibration, or another machine's numbers (a GPU node)
-  --calibrate           measure this machine's rates again (about 10 s) and cache them
+  --calibrate           measure this machine's rates again (about 10 s) and cache them;
+                        under mpirun (mpirun -np N tierzero plan --calibrate) the
+                        communicator's latency and rate, which plans of N ranks use
   --trace FILE          plan a trainer's own model from its recorded trace (train writes
                         RUN_DIR/warmup_trace.json) instead of the built-in GPT
   --json FILE           also write the prediction as JSON (the report's "prediction" object)
@@ -100,14 +103,6 @@ std::string RatesCachePath() {
   if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0')
     return std::string(h) + "/.cache/tierzero/rates.json";
   return ".tierzero-rates.json";
-}
-
-StatusOr<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return NotFoundError("cannot open '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // A float of the report (the engine wrote it: trusted JSON).
@@ -181,23 +176,18 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg) {
   return m;
 }
 
-StatusOr<MachineRates> LoadRates(const PlanArgs& a, const RunConfig& cfg) {
-  if (!a.rates_path.empty() && !a.calibrate) {
-    TZ_ASSIGN_OR_RETURN(const std::string text, ReadText(a.rates_path));
-    auto r = MachineRatesFromJson(text);
-    if (!r.ok()) return r.status().WithContext(a.rates_path);
-    return r;
-  }
-  const std::string cache = a.rates_path.empty() ? RatesCachePath() : a.rates_path;
-  if (!a.calibrate) {
-    if (auto text = ReadText(cache); text.ok()) {
-      auto r = MachineRatesFromJson(*text);
-      if (r.ok()) return r;
-      std::printf("  (the cached rates in %s are unreadable: %s; calibrating again)\n",
-                  cache.c_str(), r.status().ToString().c_str());
-    }
-  }
-  TZ_ASSIGN_OR_RETURN(MachineRates r, Calibrate(cfg));
+// The cached rates, when the cache holds readable ones.
+std::optional<MachineRates> CachedRates(const std::string& cache) {
+  auto text = ReadTextFile(cache);
+  if (!text.ok()) return std::nullopt;
+  auto r = MachineRatesFromJson(*text);
+  if (r.ok()) return *r;
+  std::printf("  (the cached rates in %s are unreadable: %s)\n", cache.c_str(),
+              r.status().ToString().c_str());
+  return std::nullopt;
+}
+
+void CacheRates(const std::string& cache, const MachineRates& r) {
   std::error_code ec;
   fs::create_directories(fs::path(cache).parent_path(), ec);
   if (Status s = WriteTextFile(cache, MachineRatesToJson(r)); !s.ok()) {
@@ -205,7 +195,108 @@ StatusOr<MachineRates> LoadRates(const PlanArgs& a, const RunConfig& cfg) {
   } else {
     std::printf("  rates cached in %s (--calibrate measures them again)\n", cache.c_str());
   }
+}
+
+StatusOr<MachineRates> LoadRates(const PlanArgs& a, const RunConfig& cfg) {
+  if (!a.rates_path.empty() && !a.calibrate) {
+    TZ_ASSIGN_OR_RETURN(const std::string text, ReadTextFile(a.rates_path));
+    auto r = MachineRatesFromJson(text);
+    if (!r.ok()) return r.status().WithContext(a.rates_path);
+    return r;
+  }
+  const std::string cache = a.rates_path.empty() ? RatesCachePath() : a.rates_path;
+  const std::optional<MachineRates> cached = CachedRates(cache);
+  // A cache written by the communicator's calibration alone has no machine rates yet.
+  if (!a.calibrate && cached && cached->cpu_adam_params_per_s > 0) return *cached;
+  TZ_ASSIGN_OR_RETURN(MachineRates r, Calibrate(cfg));
+  if (cached) {  // the communicator's, measured under mpirun, stay
+    r.comm_bytes_per_s = cached->comm_bytes_per_s;
+    r.comm_latency_s = cached->comm_latency_s;
+  }
+  CacheRates(cache, r);
   return r;
+}
+
+// The communicator's latency and rate (Note [Collectives on the cores that compute],
+// src/engine/plan.cc): the ranks all-gather and reduce-scatter bf16 blocks of three sizes, as
+// the chunks' collectives do; rank 0's median seconds per collective, fitted by least squares to
+// latency + the bytes a rank receives / rate.
+StatusOr<std::pair<double, double>> MeasureComm(Communicator& comm) {
+  const size_t w = static_cast<size_t>(comm.size());
+  std::vector<double> xs, ys;
+  for (const size_t count : {size_t{512}, size_t{16384}, size_t{262144}}) {
+    std::vector<uint16_t> send(count * w, 0x3f80), recv(count * w);
+    TZ_RETURN_IF_ERROR(comm.Barrier());
+    std::vector<double> t;
+    for (int i = 0; i < 48; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      TZ_ASSIGN_OR_RETURN(auto g, comm.AllGather(send.data(), recv.data(), count, DType::kBF16));
+      TZ_RETURN_IF_ERROR(g->Wait());
+      TZ_ASSIGN_OR_RETURN(auto r, comm.ReduceScatter(send.data(), recv.data(), count, DType::kBF16,
+                                                     ReduceOp::kSum));
+      TZ_RETURN_IF_ERROR(r->Wait());
+      if (i >= 8)
+        t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+                    2);
+    }
+    std::sort(t.begin(), t.end());
+    xs.push_back(static_cast<double>((w - 1) * count * 2));
+    ys.push_back(t[t.size() / 2]);
+  }
+  double mx = 0, my = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    mx += xs[i] / static_cast<double>(xs.size());
+    my += ys[i] / static_cast<double>(ys.size());
+  }
+  double sxy = 0, sxx = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    sxy += (xs[i] - mx) * (ys[i] - my);
+    sxx += (xs[i] - mx) * (xs[i] - mx);
+  }
+  const double per_byte = sxx > 0 ? sxy / sxx : 0;
+  if (!(per_byte > 0)) return InternalError("the collectives' times do not grow with their bytes");
+  const double latency = std::max(ys.front() - per_byte * xs.front(), 0.0);
+  return std::make_pair(latency, 1.0 / per_byte);
+}
+
+// `mpirun -np N tierzero plan --calibrate`: the communicator's rates, merged into the cache.
+int CalibrateComm(const PlanArgs& a, Communicator& comm) {
+  const bool lead = comm.rank() == 0;
+  auto fail = [&](const Status& s) {
+    std::fprintf(stderr, "rank %d of %d: error: %s\n", comm.rank(), comm.size(),
+                 s.ToString().c_str());
+    comm.Abort(1);
+  };
+  if (!a.calibrate) {
+    if (lead) {
+      std::fprintf(stderr,
+                   "error: under mpirun, tierzero plan only measures the communicator: "
+                   "`mpirun -np %d tierzero plan --calibrate`; plan a run of several ranks "
+                   "without mpirun: `tierzero plan --ranks %d ...`\n",
+                   comm.size(), comm.size());
+    }
+    return 1;
+  }
+  if (lead) {
+    std::printf("calibrating the communicator (%s, %d ranks) ...\n", comm.backend().c_str(),
+                comm.size());
+    std::fflush(stdout);
+  }
+  auto m = MeasureComm(comm);
+  if (!m.ok()) fail(m.status().WithContext("timing the ranks' collectives"));
+  if (!lead) return 0;
+  const std::string cache = a.rates_path.empty() ? RatesCachePath() : a.rates_path;
+  MachineRates r = CachedRates(cache).value_or(MachineRates{});
+  r.comm_latency_s = m->first;
+  r.comm_bytes_per_s = m->second;
+  std::printf("  collectives: %.1f us each + %.2f GB/s received\n", r.comm_latency_s * 1e6,
+              r.comm_bytes_per_s / 1e9);
+  CacheRates(cache, r);
+  if (r.cpu_adam_params_per_s <= 0)
+    std::printf(
+        "  (the machine's own rates are measured by the next `tierzero plan`, "
+        "without mpirun)\n");
+  return 0;
 }
 
 // The compute of each kind of moment, measured on a one-block GPT of the planned shape with
@@ -451,6 +542,11 @@ int Plan(const std::vector<std::string>& args) {
   if (!pa.ok()) return Fail(pa.status());
   auto cfg = LoadRunConfig(pa->rest);
   if (!cfg.ok()) return Fail(cfg.status());
+  {
+    auto comm = RunCommunicator(cfg->ranks);
+    if (!comm.ok()) return Fail(comm.status());
+    if ((*comm)->size() > 1) return CalibrateComm(*pa, **comm);
+  }
   // As train defaults it (the plan writes nothing there).
   if (cfg->engine.nvme_path.empty()) cfg->engine.nvme_path = cfg->output.run_dir + "/nvme";
   WarmupTrace file_trace;

@@ -3,21 +3,27 @@
 #include <cstdio>
 
 #include "tierzero/report.h"
+#include "train.h"
 
 namespace tierzero::app {
 
 int ReportCommand(const std::vector<std::string>& args) {
-  std::string input, html, trace;
+  std::string input, html, trace, plan;
   for (size_t i = 0; i < args.size(); ++i) {
     if ((args[i] == "-o" || args[i] == "--output") && i + 1 < args.size()) {
       html = args[++i];
     } else if (args[i] == "--trace" && i + 1 < args.size()) {
       trace = args[++i];
+    } else if (args[i] == "--plan" && i + 1 < args.size()) {
+      plan = args[++i];
     } else if (args[i] == "-h" || args[i] == "--help") {
       std::printf(
           "usage: tierzero report REPORT.json [-o report.html] [--trace trace.json]\n"
+          "                       [--plan plan.json]\n"
           "  prints the summary; -o writes the HTML page (self-contained), --trace the Chrome\n"
-          "  trace of the profiled iteration (open it in Perfetto or chrome://tracing)\n");
+          "  trace of the profiled iteration (open it in Perfetto or chrome://tracing);\n"
+          "  --plan shows a `tierzero plan --json` prediction of the run beside what it "
+          "measured\n");
       return 0;
     } else if (input.empty() && !args[i].empty() && args[i][0] != '-') {
       input = args[i];
@@ -37,6 +43,13 @@ int ReportCommand(const std::vector<std::string>& args) {
   };
   auto text = ReadReportFile(input);
   if (!text.ok()) return fail(text.status());
+  if (!plan.empty()) {
+    auto plan_text = ReadTextFile(plan);
+    if (!plan_text.ok()) return fail(plan_text.status());
+    auto with = WithPrediction(*text, *plan_text);
+    if (!with.ok()) return fail(std::move(with).status().WithContext(plan));
+    text = std::move(with);
+  }
   auto summary = ReportSummary(*text);
   if (!summary.ok()) return fail(std::move(summary).status().WithContext(input));
   std::fputs(summary->c_str(), stdout);

@@ -338,6 +338,7 @@ std::map<std::string, Section> Fields(RunConfig& c) {
       {"checkpoint_dir", StringField("output.checkpoint_dir", &c.output.checkpoint_dir)},
       {"resume", StringField("output.resume", &c.output.resume)},
       {"init_from", StringField("output.init_from", &c.output.init_from)},
+      {"plan", StringField("output.plan", &c.output.plan)},
   };
   return s;
 }
@@ -440,6 +441,7 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
       {"--checkpoint", "output.checkpoint_dir"},
       {"--resume", "output.resume"},
       {"--init-from", "output.init_from"},
+      {"--plan", "output.plan"},
       {"--text", "data.text_path"},
       {"--seed", "data.seed"},
       {"--layers", "model.n_layer"},

@@ -47,6 +47,31 @@ std::optional<T> IntegerField(const json& j, const char* key) {
 
 }  // namespace
 
+StatusOr<std::string> ReadTextFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFoundError("cannot open '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return IoError("reading '" + path + "' failed");
+  return ss.str();
+}
+
+StatusOr<std::shared_ptr<Communicator>> RunCommunicator(const RanksOptions& o) {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}) {
+    const char* v = std::getenv(var);
+    if (v != nullptr && std::atoi(v) > 1) {
+      auto comm = Communicator::Mpi(o.ranks_per_node);
+      if (!comm.ok()) {
+        return std::move(comm).status().WithContext(std::string(var) + " is " + v +
+                                                    ": started as one of several ranks");
+      }
+      (*comm)->SetTimeout(o.collective_timeout_s);
+      return comm;
+    }
+  }
+  return Communicator::Single();
+}
+
 // train.h
 Status TrimMetrics(const std::string& path, int step) {
   std::ifstream in(path);
@@ -135,23 +160,6 @@ int Fail(const Status& s) {
   return 1;
 }
 
-// Under a launcher (mpirun, srun with PMIx) the ranks are MPI's; otherwise one process.
-StatusOr<std::shared_ptr<Communicator>> RunCommunicator(const RanksOptions& o) {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}) {
-    const char* v = std::getenv(var);
-    if (v != nullptr && std::atoi(v) > 1) {
-      auto comm = Communicator::Mpi(o.ranks_per_node);
-      if (!comm.ok()) {
-        return std::move(comm).status().WithContext(std::string(var) + " is " + v +
-                                                    ": started as one of several ranks");
-      }
-      (*comm)->SetTimeout(o.collective_timeout_s);
-      return comm;
-    }
-  }
-  return Communicator::Single();
-}
-
 constexpr const char* kTrainHelp = R"(usage: tierzero train [--config FILE] [options]
 
 Trains the built-in GPT (default: 2-digit addition, zero-padded, 1600 steps of 32 rows, with a
@@ -178,6 +186,8 @@ override the config:
   --checkpoint DIR       where checkpoints go (default RUN_DIR/checkpoint)
   --resume DIR           continue from a checkpoint
   --init-from FILE       start from a safetensors file's parameters
+  --plan FILE            this run's `tierzero plan --json` file: the report (summary, page)
+                         shows the prediction beside what the run measured
   --quiet                no per-step lines
 
 Ctrl-C (SIGINT) or SIGTERM finishes the current step, saves a checkpoint and exits 0.
@@ -298,6 +308,7 @@ class TrainRun {
   int start_ = 0, step_ = 0;
   bool interrupted_ = false;  // the agreed Ctrl-C (RunStep)
   double save_s_ = 0;         // the last checkpoint's
+  std::string plan_text_;     // --plan's file
   double total_tokens_ = 0, total_compute_s_ = 0;
   std::chrono::steady_clock::time_point run_t0_;
 };
@@ -314,6 +325,13 @@ Status TrainRun::SetUp() {
     TZ_ASSIGN_OR_RETURN(const std::string user, engine_->LoadCheckpoint(out_.resume));
     start_ = static_cast<int>(engine_->step());
     if (lead_) ReportBatchChange(user, cfg_, world_);
+  }
+  if (!out_.plan.empty() && lead_) {
+    // Refused now, not after the run: a plan file that is unreadable or of another config.
+    TZ_ASSIGN_OR_RETURN(plan_text_, ReadTextFile(out_.plan));
+    TZ_ASSIGN_OR_RETURN(const std::string report, engine_->ReportJson());
+    if (auto s = WithPrediction(report, plan_text_); !s.ok())
+      return s.status().WithContext("--plan " + out_.plan);
   }
   PrintHeader(init_s);
   // A resumed run continues the metrics of the checkpoint's step: lines of later steps (written
@@ -512,7 +530,12 @@ Status TrainRun::Finish() {
 
 // The report, its summary and the renderings asked for, from one rendering of the JSON.
 Status TrainRun::WriteReports(std::string& summary) {
-  TZ_ASSIGN_OR_RETURN(const std::string text, engine_->ReportJson());
+  TZ_ASSIGN_OR_RETURN(std::string text, engine_->ReportJson());
+  if (!plan_text_.empty()) {
+    auto with = WithPrediction(text, plan_text_);
+    if (!with.ok()) return with.status().WithContext("--plan " + out_.plan);
+    text = std::move(with).value();
+  }
   TZ_RETURN_IF_ERROR(WriteTextFile(out_.report, text));
   TZ_ASSIGN_OR_RETURN(summary, ReportSummary(text));
   if (!out_.html.empty()) TZ_RETURN_IF_ERROR(WriteHtmlReport(text, out_.html));

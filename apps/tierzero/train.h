@@ -34,6 +34,8 @@ struct OutputOptions {
   std::string checkpoint_dir;  // default <run_dir>/checkpoint
   std::string resume;          // a checkpoint directory to continue from
   std::string init_from;       // a safetensors file to start from
+  std::string plan;            // a `tierzero plan --json` file of this run: the report shows its
+                               // prediction beside what the run measured
   bool quiet = false;          // no per-step lines
 };
 
@@ -79,6 +81,12 @@ Status ApplyFlags(const std::vector<std::string>& flags, RunConfig& config,
 // what was written after its checkpoint); lines that are not a metrics object are dropped too.
 // The file is rewritten atomically; a missing file is an empty one.
 Status TrimMetrics(const std::string& path, int step);
+
+// A whole file's text: NotFound when it cannot be opened.
+StatusOr<std::string> ReadTextFile(const std::string& path);
+
+// Under a launcher (mpirun, srun with PMIx) the ranks are MPI's; otherwise one process.
+StatusOr<std::shared_ptr<Communicator>> RunCommunicator(const RanksOptions& ranks);
 
 // Runs training; returns the process exit code (0 also after Ctrl-C, once the checkpoint is
 // saved).

@@ -270,6 +270,9 @@ struct EngineStats {
   // and the gradient reductions.
   WireBytes param_gather, param_regather, grad_reduce;
   int64_t steps = 0, skipped_steps = 0;
+  // The median of the seconds between the ends of consecutive Steps, over the last 256: a
+  // whole step as the trainer runs it (its own work, evaluations included). 0 before two steps.
+  double step_seconds_median = 0;
 };
 
 // What a checkpoint's manifest says, read without loading its states (Engine::LoadCheckpoint

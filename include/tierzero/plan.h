@@ -70,10 +70,13 @@ struct MachineRates {
   // device's arithmetic and memory rates.
   double device_flops_per_s = 0;
   double device_memory_bytes_per_s = 0;
-  // The ranks' collectives: bytes per second a rank sends (0: the host link's rate).
+  // The ranks' collectives: bytes per second a rank receives (0: the host link's rate), and the
+  // seconds each collective costs beyond its bytes (0: assumed 10 us). Measured by
+  // `mpirun -np N tierzero plan --calibrate`.
   double comm_bytes_per_s = 0;
+  double comm_latency_s = 0;
   // The device computes on the CPU's cores (the simulated device): device Adam and the model's
-  // compute take time from CPU Adam's.
+  // compute take time from CPU Adam's, and the ranks' collectives from the model's compute.
   bool device_shares_cpu = false;
 };
 
@@ -120,8 +123,11 @@ struct PlanPrediction {
            device_update = 0;
   int slots = 0;
 
-  // Bytes per optimizer step on each link (per rank).
+  // Bytes per optimizer step on each link (per rank), and of them one iteration's (a micro-batch's
+  // forward and backward: what the report's profiled iteration measures).
   uint64_t h2d_bytes = 0, d2h_bytes = 0, nvme_read_bytes = 0, nvme_write_bytes = 0, comm_bytes = 0;
+  uint64_t iteration_h2d_bytes = 0, iteration_d2h_bytes = 0, iteration_nvme_read_bytes = 0,
+           iteration_comm_bytes = 0;
 
   // The optimizer's placement: groups on the CPU, resident on the device, streamed to it.
   int optimizer_cpu = 0, optimizer_resident = 0, optimizer_streamed = 0;
@@ -129,9 +135,12 @@ struct PlanPrediction {
 
   // Seconds per optimizer step and its breakdown: compute (every micro-batch), waits for
   // parameters (the plan's stall), the update phase, and of it the NVMe time the phase cannot
-  // hide; the iteration's gathers' link time (overlapped with compute where the plan can).
+  // hide; the iteration's gathers' link time (overlapped with compute where the plan can); the
+  // collectives when they run on the cores that compute (device_shares_cpu), else 0 (they are
+  // then in the gathers' time).
   double step_s = 0, compute_s = 0, param_wait_s = 0, optimizer_s = 0, optimizer_nvme_s = 0,
-         transfer_s = 0, other_s = 0;
+         transfer_s = 0, comm_s = 0, other_s = 0;
+  int collectives = 0;         // per step (per rank): the gathers and reductions of chunks
   double tokens_per_step = 0;  // set by the caller that knows them (0: not shown)
   std::string rates_name;
   // Rates the request left at 0 that the times needed, assumed (1 G params/s, 10 GB/s link,

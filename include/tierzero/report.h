@@ -31,6 +31,14 @@ Status WriteChromeTrace(const std::string& report_json, const std::string& path)
 // One self-contained HTML file (inline SVG and script; no network access) with the charts.
 Status WriteHtmlReport(const std::string& report_json, const std::string& path);
 
+// The report with a plan's prediction beside what it measured (docs/plan.md): `plan_json` is a
+// `tierzero plan --json` file's text (schema "tierzero.plan/1") or PlanJson's object. Adds
+// "prediction": {"plan": the prediction, "compared": rows of {what, unit, predicted, measured}}
+// which the summary and the page show. FailedPrecondition when the plan is of another layout or
+// rank count (another config), or says the run does not fit; InvalidArgument naming the field
+// for a malformed plan.
+StatusOr<std::string> WithPrediction(const std::string& report_json, const std::string& plan_json);
+
 // Writes `text` to `path` through a temporary file, fsync and a rename: whole or not at all.
 Status WriteTextFile(const std::string& path, const std::string& text);
 

@@ -551,6 +551,11 @@ TierUsage Engine::usage() const {
 EngineStats Engine::stats() const {
   const Impl& im = *impl_;
   EngineStats s = im.stats;
+  if (!im.step_intervals.empty()) {
+    std::vector<double> v = im.step_intervals;
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    s.step_seconds_median = v[v.size() / 2];
+  }
   if (!im.cm) return s;
   const ChunkCounters c = im.cm->counters();
   s.h2d_bytes = c.h2d_bytes;

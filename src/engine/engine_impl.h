@@ -159,6 +159,13 @@ struct Engine::Impl final : ActivationBuffer::Owner {
 
   uint64_t act_current = 0, act_peak = 0;
   EngineStats stats;
+  // Seconds between the ends of consecutive Steps, the last kStepWindow of them
+  // (EngineStats::step_seconds_median); NoteStepEnd at each Step's end.
+  static constexpr size_t kStepWindow = 256;
+  std::vector<double> step_intervals;
+  size_t step_interval_next = 0;
+  std::chrono::steady_clock::time_point last_step_end{};
+  void NoteStepEnd();
   // The Acquires of this training iteration, and of the one the current plan was made from
   // (Engine::WarmupTrace), with the plans counted then.
   struct Acquired {

@@ -32,9 +32,22 @@ namespace tierzero {
 // Time per step: grad_accumulation x (the moments' compute + the plan's simulated stall), plus
 // the update phase as PlanUpdate predicts it. Compute is the trace's measured seconds, or, for a
 // moment given by its work, flops / device_flops_per_s + memory_bytes / device_memory_bytes_per_s.
+// Ranks that share a machine share its CPU and disk (RankShare). Collectives: Note [Collectives
+// on the cores that compute].
 // What the model leaves out (and bench/RESULTS.md measures): the warm-up iteration, the
 // gradient norm's pass over the gradient shards, evaluations, and the CPU the link's copies take
 // from compute on the simulated device.
+
+// Note [Collectives on the cores that compute]
+// A collective costs its latency plus the bytes a rank receives at the communicator's rate
+// (MachineRates::comm_latency_s, comm_bytes_per_s; measured by `mpirun -np N tierzero plan
+// --calibrate`). Per micro-batch a rank runs one all-gather per gather of a chunk the plan's
+// schedule makes and one reduce-scatter per chunk. On a device with its own engines (NCCL, a
+// GPU's copy engines) the all-gathers overlap compute: they are part of each gather's time and
+// show as parameter waits only where the schedule cannot hide them. On the simulated device
+// (device_shares_cpu) the collectives run on the cores that compute (MPI over shared memory
+// copies with the CPU and polls while it waits), so a step pays every collective in full:
+// comm_s, beside compute.
 
 namespace {
 
@@ -55,6 +68,19 @@ double MomentSeconds(const TraceMoment& m, const MachineRates& r) {
   if (m.memory_bytes > 0 && r.device_memory_bytes_per_s > 0)
     s += m.memory_bytes / r.device_memory_bytes_per_s;
   return s;
+}
+
+// A rank's share of the machine's rates when `per_node` ranks share it: its cores (CPU Adam,
+// and the simulated device's Adam) and its disk. A device's own link and arithmetic are the
+// rank's (a device per rank).
+MachineRates RankShare(MachineRates r, int per_node) {
+  const double k = std::max(1, per_node);
+  r.cpu_adam_params_per_s /= k;
+  if (r.device_shares_cpu) r.device_adam_params_per_s /= k;
+  r.nvme_read_bytes_per_s /= k;
+  r.nvme_write_bytes_per_s /= k;
+  r.nvme_duplex_bytes_per_s /= k;
+  return r;
 }
 
 // Which budget an OutOfMemory from the placement names first.
@@ -88,10 +114,10 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
     return InvalidArgumentError("world_size " + std::to_string(req.world_size) +
                                 "; accepted: 0 (the communicator's) .. 65536");
   const EngineConfig& cfg = im.cfg;
-  const MachineRates& rates = req.rates;
   const int world = req.world_size > 0 ? req.world_size : im.comm->size();
   int per_node = req.world_size > 0 ? world : im.comm->topology().local_size;
   if (req.ranks_per_node > 0) per_node = std::min(req.ranks_per_node, world);
+  const MachineRates rates = RankShare(req.rates, per_node);
 
   PlanPrediction out;
   out.world_size = world;
@@ -197,12 +223,20 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   };
   const double h2d = rate_or(rates.h2d_bytes_per_s, 1e10, "h2d_bytes_per_s");
   const double d2h = rate_or(rates.d2h_bytes_per_s, 1e10, "d2h_bytes_per_s");
-  const double comm = rates.comm_bytes_per_s > 0 ? rates.comm_bytes_per_s : h2d;
+  double comm = h2d, latency = 10e-6;
+  if (world > 1) {
+    comm = rate_or(rates.comm_bytes_per_s, h2d, "comm_bytes_per_s");
+    latency =
+        rates.comm_latency_s > 0 ? rates.comm_latency_s : rate_or(0, latency, "comm_latency_s");
+  }
+  // One collective's seconds (Note [Collectives on the cores that compute]).
   const double others = world > 1 ? static_cast<double>(chunk - shard) : 0.0;
   auto per_s = [](double bytes, double rate) { return rate > 0 ? bytes / rate : 0.0; };
+  const double collective_s = world > 1 ? latency + per_s(others, comm) : 0.0;
+  const bool comm_on_cpu = world > 1 && rates.device_shares_cpu;
   for (int c = 0; c < n; ++c) {
     const double local = static_cast<double>(world > 1 && on_device ? shard : chunk);
-    double s = per_s(others, comm);
+    double s = comm_on_cpu ? 0.0 : collective_s;
     switch (param_tier(c)) {
       case Tier::kDevice:
         if (resident(c)) s = 0;
@@ -342,8 +376,9 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
     const uint64_t in_idle = std::min<uint64_t>(static_cast<uint64_t>(up.slots), most * chunk / sb);
     out.device_update = (static_cast<uint64_t>(up.slots) - in_idle) * sb;
   }
-  if (rates.device_adam_params_per_s > 0) {
-    // The first step's rate probe, beside the idle slots.
+  {
+    // The first step's rate probe, in the idle slots or beside them: every run measures its
+    // rates so, whatever rates the plan was given.
     const uint64_t want = RateProbeDeviceBytes(layout.shard_elems(), n, cfg.host_budget, grad_dtype,
                                                cfg.compute_dtype);
     if (out.device_slots < want)
@@ -375,6 +410,10 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   // Each chunk's gradient once per micro-batch: reduced over the ranks, then its shard down.
   d2h_iter = static_cast<uint64_t>(n) * (world > 1 && on_device ? shard : chunk);
   if (world > 1) comm_iter += static_cast<uint64_t>(n) * (chunk - shard);
+  out.iteration_h2d_bytes = h2d_iter;
+  out.iteration_d2h_bytes = d2h_iter;
+  out.iteration_nvme_read_bytes = nvme_iter;
+  out.iteration_comm_bytes = comm_iter;
   out.h2d_bytes = accum * h2d_iter;
   out.d2h_bytes = accum * d2h_iter;
   out.nvme_read_bytes = accum * nvme_iter;
@@ -409,7 +448,13 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   }
   out.optimizer_nvme_s = nvme_groups > 0 ? std::max(0.0, up.cpu_s - cpu_only) : 0.0;
   out.other_s = req.step_other_s;
-  out.step_s = out.compute_s + out.param_wait_s + out.optimizer_s + out.other_s;
+  if (world > 1) {
+    int per_iter = n;  // each chunk's gradients reduced once per micro-batch
+    for (int c = 0; c < n; ++c) per_iter += gathers[static_cast<size_t>(c)];
+    out.collectives = accum * per_iter;
+    if (comm_on_cpu) out.comm_s = out.collectives * collective_s;
+  }
+  out.step_s = out.compute_s + out.param_wait_s + out.optimizer_s + out.comm_s + out.other_s;
 
   // Fits: every tier within its budget.
   out.fits = true;

@@ -117,6 +117,7 @@ std::string MachineRatesToJson(const MachineRates& r) {
                   {"device_flops_per_s", r.device_flops_per_s},
                   {"device_memory_bytes_per_s", r.device_memory_bytes_per_s},
                   {"comm_bytes_per_s", r.comm_bytes_per_s},
+                  {"comm_latency_s", r.comm_latency_s},
                   {"device_shares_cpu", r.device_shares_cpu}};
   return j.dump(1) + "\n";
 }
@@ -136,6 +137,7 @@ StatusOr<MachineRates> MachineRatesFromJson(const std::string& text) {
                                  "device_flops_per_s",
                                  "device_memory_bytes_per_s",
                                  "comm_bytes_per_s",
+                                 "comm_latency_s",
                                  "device_shares_cpu"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (std::find(std::begin(kKnown), std::end(kKnown), it.key()) == std::end(kKnown))
@@ -155,7 +157,8 @@ StatusOr<MachineRates> MachineRatesFromJson(const std::string& text) {
                 {"nvme_duplex_bytes_per_s", &r.nvme_duplex_bytes_per_s},
                 {"device_flops_per_s", &r.device_flops_per_s},
                 {"device_memory_bytes_per_s", &r.device_memory_bytes_per_s},
-                {"comm_bytes_per_s", &r.comm_bytes_per_s}};
+                {"comm_bytes_per_s", &r.comm_bytes_per_s},
+                {"comm_latency_s", &r.comm_latency_s}};
   for (const Field& f : fields) {
     ASSIGN_OR_RETURN(*f.v, in.get_or<double>(f.key, 0.0));
     if (*f.v < 0) return in.Error(std::string(f.key) + " must be >= 0");
@@ -200,7 +203,12 @@ std::string PlanJson(const PlanPrediction& p) {
         {"d2h", p.d2h_bytes},
         {"nvme_read", p.nvme_read_bytes},
         {"nvme_write", p.nvme_write_bytes},
-        {"comm", p.comm_bytes}}},
+        {"comm", p.comm_bytes},
+        {"iteration",
+         {{"h2d", p.iteration_h2d_bytes},
+          {"d2h", p.iteration_d2h_bytes},
+          {"nvme_read", p.iteration_nvme_read_bytes},
+          {"comm", p.iteration_comm_bytes}}}}},
       {"optimizer",
        {{"cpu", p.optimizer_cpu},
         {"device_resident", p.optimizer_resident},
@@ -213,6 +221,8 @@ std::string PlanJson(const PlanPrediction& p) {
         {"optimizer_s", p.optimizer_s},
         {"optimizer_nvme_s", p.optimizer_nvme_s},
         {"transfer_s", p.transfer_s},
+        {"comm_s", p.comm_s},
+        {"collectives", p.collectives},
         {"other_s", p.other_s},
         {"tokens_per_step", p.tokens_per_step}}},
       {"rates", p.rates_name},
@@ -249,10 +259,12 @@ std::string PlanTable(const PlanPrediction& p) {
   if (p.world_size > 1) add(", collectives %s", Mib(p.comm_bytes).c_str());
   add("\noptimizer: %d groups on the CPU, %d resident on the device, %d streamed to it\n",
       p.optimizer_cpu, p.optimizer_resident, p.optimizer_streamed);
-  add("\nstep %s = compute %s + waits for parameters %s + optimizer %s (of it NVMe %s) + other "
-      "%s\n",
+  add("\nstep %s = compute %s + waits for parameters %s + optimizer %s (of it NVMe %s)",
       Ms(p.step_s).c_str(), Ms(p.compute_s).c_str(), Ms(p.param_wait_s).c_str(),
-      Ms(p.optimizer_s).c_str(), Ms(p.optimizer_nvme_s).c_str(), Ms(p.other_s).c_str());
+      Ms(p.optimizer_s).c_str(), Ms(p.optimizer_nvme_s).c_str());
+  if (p.comm_s > 0) add(" + collectives %s", Ms(p.comm_s).c_str());
+  add(" + other %s\n", Ms(p.other_s).c_str());
+  if (p.collectives > 0) add("  %d collectives per step\n", p.collectives);
   if (p.tokens_per_step > 0 && p.step_s > 0) add("  %.0f tokens/s\n", p.tokens_per_step / p.step_s);
   if (!p.rates_name.empty()) add("  rates: %s\n", p.rates_name.c_str());
   if (!p.assumed_rates.empty()) {

@@ -197,7 +197,8 @@ StatusOr<std::string> Engine::ReportJson() const {
                 .optimizer_seconds = st.optimizer_seconds,
                 .optimizer_nvme_seconds = st.optimizer_nvme_seconds,
                 .steps = st.steps,
-                .skipped_steps = st.skipped_steps};
+                .skipped_steps = st.skipped_steps,
+                .step_seconds_median = st.step_seconds_median};
   return BuildReportJson(s);
 }
 

@@ -121,6 +121,20 @@ Status Engine::Impl::CheckStep(const StepOptions& options) {
   return Status::OK();
 }
 
+void Engine::Impl::NoteStepEnd() {
+  const auto now = std::chrono::steady_clock::now();
+  if (last_step_end != std::chrono::steady_clock::time_point{}) {
+    const double dt = std::chrono::duration<double>(now - last_step_end).count();
+    if (step_intervals.size() < kStepWindow) {
+      step_intervals.push_back(dt);
+    } else {
+      step_intervals[step_interval_next] = dt;
+      step_interval_next = (step_interval_next + 1) % kStepWindow;
+    }
+  }
+  last_step_end = now;
+}
+
 StatusOr<StepResult> Engine::Step(const StepOptions& options) {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("Step before Finalize");
@@ -155,6 +169,7 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
     r.loss_scale = im.loss_scale;
     r.step = im.step;
     r.seconds = SecondsSince(t0);
+    im.NoteStepEnd();
     return r;
   }
   AdamStepOptions so;
@@ -178,6 +193,7 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
   r.step = im.step;
   r.seconds = SecondsSince(t0);
   im.stats.optimizer_seconds += r.seconds;
+  im.NoteStepEnd();
   if (prof) {
     const OptimizerCounters& after = im.optimizer().counters();
     im.timeline.Add({Track::kOptimizer, "optimizer step", step_start_s, r.seconds});

@@ -239,7 +239,8 @@ json Counters(const ReportSnapshot::Counters& c) {
           {"optimizer_seconds", c.optimizer_seconds},
           {"optimizer_nvme_seconds", c.optimizer_nvme_seconds},
           {"steps", c.steps},
-          {"skipped_steps", c.skipped_steps}};
+          {"skipped_steps", c.skipped_steps},
+          {"step_seconds_median", c.step_seconds_median}};
 }
 
 }  // namespace

@@ -124,6 +124,37 @@ Status SummariseCollectives(const JsonIn& in, std::ostringstream& o) {
   return Status::OK();
 }
 
+// A plan's prediction (WithPrediction): a line per row, predicted / measured.
+Status SummarisePrediction(const JsonIn& in, std::ostringstream& o) {
+  if (!in.has("prediction")) return Status::OK();
+  ASSIGN_OR_RETURN(const JsonIn p, in.at("prediction"));
+  ASSIGN_OR_RETURN(const std::vector<JsonIn> rows, p.elements("compared"));
+  o << "predicted by tierzero plan / measured:\n";
+  for (const JsonIn& row : rows) {
+    ASSIGN_OR_RETURN(const std::string what, row.get<std::string>("what"));
+    ASSIGN_OR_RETURN(const std::string unit, row.get<std::string>("unit"));
+    ASSIGN_OR_RETURN(const double predicted, row.get<double>("predicted"));
+    ASSIGN_OR_RETURN(const double measured, row.get<double>("measured"));
+    if (unit != "bytes" && unit != "seconds" && unit != "count")
+      return row.Error("has an unknown unit " + JsonIn::Shown(unit));
+    auto show = [&](double v) {
+      char b[32];
+      if (unit == "count") std::snprintf(b, sizeof b, "%.0f", v);
+      return unit == "bytes" ? Mib(v) : unit == "seconds" ? Ms(v) : std::string(b);
+    };
+    char line[384];
+    std::snprintf(line, sizeof line, "  %-42s %12s / %-12s", what.c_str(), show(predicted).c_str(),
+                  show(measured).c_str());
+    o << line;
+    if (measured > 0 && unit != "count") {
+      std::snprintf(line, sizeof line, " %+6.1f%%", 100.0 * (predicted - measured) / measured);
+      o << line;
+    }
+    o << "\n";
+  }
+  return Status::OK();
+}
+
 StatusOr<std::string> ReportSummary(const std::string& text) {
   ASSIGN_OR_RETURN(const json r, ParseReport(text));
   // Every field is read through JsonIn (Note [Reading outside JSON]): a report edited by hand or
@@ -158,6 +189,7 @@ StatusOr<std::string> ReportSummary(const std::string& text) {
   o << line;
   RETURN_IF_ERROR(SummariseCollectives(in, o));
   RETURN_IF_ERROR(SummariseUpdate(in, o));
+  RETURN_IF_ERROR(SummarisePrediction(in, o));
   ASSIGN_OR_RETURN(const JsonIn p, in.at("profile"));
   ASSIGN_OR_RETURN(const bool available, p.get_or<bool>("available", false));
   if (!available) {

@@ -121,6 +121,7 @@ struct ReportSnapshot {
     double stall_seconds = 0, acquire_wait_seconds = 0, optimizer_seconds = 0,
            optimizer_nvme_seconds = 0;
     int64_t steps = 0, skipped_steps = 0;
+    double step_seconds_median = 0;
   } counters;
 };
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# render_test.sh TIERZERO SCHEMA OUT_DIR: trains a small run with --html and --trace, then
+# render_test.sh TIERZERO SCHEMA OUT_DIR: plans a small run, trains it with --html, --trace and
+#   --plan, then
 #   1. validates report.json against the schema (python3-jsonschema),
 #   2. checks the Chrome trace: valid JSON, every event with the fields its phase requires,
 #      one named thread per stream, the report's events all present,
-#   3. `tierzero report` renders the same page and prints the summary,
+#   3. `tierzero report` renders the same page and prints the summary; with --plan the same
+#      prediction (one of another config is refused),
 #   4. opens the page in headless Chromium: a screenshot, the DOM after the script ran, no console
 #      output (errors, uncaught exceptions), and every chart drawn with its marks.
 # Exits 77 (skipped) when Chromium or jsonschema is missing (scripts/setup installs both).
@@ -20,8 +22,18 @@ cat > "$out/run.json" <<JSON
  "train": {"steps": 6, "batch_size": 8, "eval_every": 0, "eval_batches": 2},
  "engine": {"device_budget": "2 MiB", "host_budget": "6 MiB", "nvme_budget": "64 MiB"}}
 JSON
+# The run's plan (rates given: no calibration), shown beside the run's measurements.
+cat > "$out/rates.json" <<JSON
+{"name": "test rates", "cpu_adam_params_per_s": 1e9, "h2d_bytes_per_s": 1e10,
+ "d2h_bytes_per_s": 1e10, "nvme_read_bytes_per_s": 1e9, "nvme_write_bytes_per_s": 1e9,
+ "device_shares_cpu": true}
+JSON
+"$tz" plan --config "$out/run.json" --run-dir "$out/run" --rates "$out/rates.json" --no-advice \
+  --json "$out/plan.json" > "$out/plan.log"
 "$tz" train --config "$out/run.json" --quiet --run-dir "$out/run" --html "$out/report.html" \
-  --trace "$out/trace.json" > "$out/train.log"
+  --trace "$out/trace.json" --plan "$out/plan.json" > "$out/train.log"
+grep -q "^predicted by tierzero plan / measured:" "$out/train.log" ||
+  { echo "no prediction in the train output"; cat "$out/train.log"; exit 1; }
 grep -q "^worst stalls:" "$out/train.log" || { echo "no summary in the train output"; cat "$out/train.log"; exit 1; }
 
 python3 - "$schema" "$out/run/report.json" "$out/trace.json" <<'PY'
@@ -44,6 +56,12 @@ for m in p["moments"]:
 tracks = {e["track"] for e in p["events"]}
 assert {"compute", "H2D", "D2H", "optimizer"} <= tracks, tracks
 assert any(e["lane"] > 0 for e in p["events"]), "no CPU Adam thread events"
+rows = {r["what"]: r for r in report["prediction"]["compared"]}
+for what in ("device peak", "host", "step", "compute per iteration", "H2D per iteration"):
+    assert what in rows, (what, sorted(rows))
+for what in ("device peak", "host", "H2D per iteration"):
+    assert rows[what]["predicted"] == rows[what]["measured"], rows[what]
+assert rows["step"]["measured"] == report["counters"]["step_seconds_median"] > 0
 
 events = trace["traceEvents"]
 assert isinstance(events, list) and events
@@ -72,6 +90,19 @@ print("report and trace valid:", len(p["moments"]), "moments,", len(p["events"])
 PY
 
 "$tz" report "$out/run/report.json" -o "$out/report2.html" > "$out/report.log"
+# The same prediction added to a report afterwards; one of another config is refused.
+python3 - "$out/run/report.json" "$out/bare.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1])); del r["prediction"]; json.dump(r, open(sys.argv[2], "w"))
+PY
+"$tz" report "$out/bare.json" --plan "$out/plan.json" -o "$out/report3.html" > "$out/report3.log"
+grep -q "^predicted by tierzero plan / measured:" "$out/report3.log"
+"$tz" plan --config "$out/run.json" --run-dir "$out/run" --rates "$out/rates.json" --no-advice \
+  --ranks 2 --json "$out/plan2.json" > /dev/null
+if "$tz" report "$out/bare.json" --plan "$out/plan2.json" > "$out/report4.log" 2>&1; then
+  echo "a plan of 2 ranks was shown beside a run of one"; exit 1
+fi
+grep -q "plan with the run's config and --ranks" "$out/report4.log"
 grep -q "^memory: device peak" "$out/report.log"
 cmp "$out/report.html" "$out/report2.html"
 
@@ -91,7 +122,8 @@ for log in ("chromium-screenshot.log", "chromium-dom.log"):
     assert not console, "the page logged:\n" + "\n".join(console)
 dom = open(f"{out}/dom.html", errors="replace").read()
 charts = re.findall(r'<svg class="chart" data-chart="([^"]+)"(.*?)</svg>', dom, re.S)
-expected = {"memory-device", "memory-host-nvme", "residency", "breakdown", "timeline", "links", "optimizer"}
+expected = {"memory-device", "memory-host-nvme", "residency", "breakdown", "timeline", "links", "optimizer",
+            "prediction"}
 got = {name for name, _ in charts}
 assert got == expected, ("charts", got)
 for name, body in charts:

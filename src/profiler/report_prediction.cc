@@ -1,0 +1,197 @@
+// A plan's prediction beside the run it predicted (tierzero/report.h, docs/plan.md): checked to
+// be of this run, then compared row by row with what the report measured. The comparison is
+// written into the report ("prediction": {"plan", "compared"}) so the summary and the page show
+// it without a second copy of the rules.
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/json_in.h"
+#include "tierzero/report.h"
+
+namespace tierzero {
+namespace {
+
+using json = nlohmann::json;
+
+struct Row {
+  std::string what, unit;  // unit: "bytes", "seconds", "count"
+  double predicted = 0, measured = 0;
+  std::string note;
+};
+
+StatusOr<double> Get(const JsonIn& in, std::initializer_list<const char*> path) {
+  JsonIn at = in;
+  const char* const* last = path.end() - 1;
+  for (const char* const* k = path.begin(); k != last; ++k) {
+    ASSIGN_OR_RETURN(at, at.at(*k));
+  }
+  return at.get<double>(*last);
+}
+
+// The run's own numbers for each row the plan predicts.
+StatusOr<std::vector<Row>> Compare(const JsonIn& r, const JsonIn& p) {
+  std::vector<Row> rows;
+  // Which run: the plan of another config or rank count is refused, not compared.
+  ASSIGN_OR_RETURN(const int64_t world, p.get<int64_t>("world_size"));
+  int64_t run_world = 1;
+  if (r.has("ranks")) {
+    ASSIGN_OR_RETURN(const JsonIn ranks, r.at("ranks"));
+    ASSIGN_OR_RETURN(run_world, ranks.get<int64_t>("world_size"));
+  }
+  ASSIGN_OR_RETURN(const JsonIn pl, p.at("layout"));
+  ASSIGN_OR_RETURN(const int64_t chunks, pl.get<int64_t>("chunks"));
+  ASSIGN_OR_RETURN(const int64_t chunk_bytes, pl.get<int64_t>("chunk_bytes"));
+  ASSIGN_OR_RETURN(const JsonIn layout, r.at("layout"));
+  ASSIGN_OR_RETURN(const std::vector<JsonIn> run_chunks, layout.elements("chunks"));
+  ASSIGN_OR_RETURN(const int64_t run_chunk_bytes, layout.get<int64_t>("chunk_bytes"));
+  if (world != run_world || chunks != static_cast<int64_t>(run_chunks.size()) ||
+      chunk_bytes != run_chunk_bytes) {
+    return FailedPreconditionError(
+        "the plan is of " + std::to_string(chunks) + " chunks of " + std::to_string(chunk_bytes) +
+        " bytes on " + std::to_string(world) + " rank(s); this run has " +
+        std::to_string(run_chunks.size()) + " of " + std::to_string(run_chunk_bytes) + " on " +
+        std::to_string(run_world) + ": plan with the run's config and --ranks");
+  }
+
+  // Memory per tier.
+  ASSIGN_OR_RETURN(const double dev, Get(p, {"memory", "device", "peak"}));
+  ASSIGN_OR_RETURN(const double host, Get(p, {"memory", "host", "peak"}));
+  ASSIGN_OR_RETURN(const double nvme, Get(p, {"memory", "nvme", "peak"}));
+  ASSIGN_OR_RETURN(const double dev_m, Get(r, {"tiers", "device", "peak"}));
+  ASSIGN_OR_RETURN(const double host_m, Get(r, {"tiers", "host", "used"}));
+  ASSIGN_OR_RETURN(const double nvme_m, Get(r, {"tiers", "nvme", "used"}));
+  rows.push_back({"device peak", "bytes", dev, dev_m, ""});
+  rows.push_back({"host", "bytes", host, host_m, ""});
+  rows.push_back({"NVMe", "bytes", nvme, nvme_m, ""});
+
+  // Placement: parameter shards per tier, optimizer groups per place.
+  double shards_m[3] = {0, 0, 0};
+  for (const JsonIn& c : run_chunks) {
+    ASSIGN_OR_RETURN(const std::string t, c.get<std::string>("param_tier"));
+    shards_m[t == "device" ? 0 : t == "host" ? 1 : 2] += 1;
+  }
+  const char* tiers[3] = {"device", "host", "nvme"};
+  const char* tier_names[3] = {"the device", "host memory", "NVMe"};
+  for (int t = 0; t < 3; ++t) {
+    ASSIGN_OR_RETURN(const double shards, Get(p, {"placement", "param_shards", tiers[t]}));
+    if (shards > 0 || shards_m[t] > 0)
+      rows.push_back(
+          {std::string("parameter shards in ") + tier_names[t], "count", shards, shards_m[t], ""});
+  }
+  ASSIGN_OR_RETURN(const JsonIn opt, r.at("optimizer"));
+  ASSIGN_OR_RETURN(const std::vector<JsonIn> groups, opt.elements("sub_groups"));
+  double where_m[3] = {0, 0, 0};
+  for (const JsonIn& g : groups) {
+    ASSIGN_OR_RETURN(const std::string w, g.get_or<std::string>("update", "cpu"));
+    where_m[w == "cpu" ? 0 : w == "device" ? 1 : 2] += 1;
+  }
+  const char* places[3] = {"cpu", "device_resident", "device_streamed"};
+  const char* place_names[3] = {"optimizer groups on the CPU",
+                                "optimizer groups resident on the device",
+                                "optimizer groups streamed to the device"};
+  for (int w = 0; w < 3; ++w) {
+    ASSIGN_OR_RETURN(const double n, Get(p, {"optimizer", places[w]}));
+    if (n > 0 || where_m[w] > 0) rows.push_back({place_names[w], "count", n, where_m[w], ""});
+  }
+
+  // Time.
+  ASSIGN_OR_RETURN(const JsonIn time, p.at("time"));
+  ASSIGN_OR_RETURN(const double step, time.get<double>("step_s"));
+  ASSIGN_OR_RETURN(const double compute, time.get<double>("compute_s"));
+  ASSIGN_OR_RETURN(const double wait, time.get<double>("param_wait_s"));
+  ASSIGN_OR_RETURN(const double optimizer, time.get<double>("optimizer_s"));
+  ASSIGN_OR_RETURN(const double comm, time.get_or<double>("comm_s", 0.0));
+  ASSIGN_OR_RETURN(const JsonIn counters, r.at("counters"));
+  ASSIGN_OR_RETURN(const double step_m, counters.get_or<double>("step_seconds_median", 0.0));
+  ASSIGN_OR_RETURN(const double steps, counters.get<double>("steps"));
+  ASSIGN_OR_RETURN(const double accum, Get(r, {"config", "grad_accumulation"}));
+  if (accum < 1) return r.Error("config.grad_accumulation must be >= 1");
+  if (step_m > 0)
+    rows.push_back({"step", "seconds", step, step_m, "the median of the run's last 256 steps"});
+  if (opt.has("update_phase")) {
+    ASSIGN_OR_RETURN(const double phase_m, Get(opt, {"update_phase", "measured_median_seconds"}));
+    rows.push_back({"update phase", "seconds", optimizer, phase_m, ""});
+  }
+  if (comm > 0 && steps > 0 && r.has("ranks")) {
+    ASSIGN_OR_RETURN(const double comm_m, Get(r, {"ranks", "comm_seconds"}));
+    rows.push_back({"collectives per step", "seconds", comm, comm_m / steps,
+                    "measured: the run's average, warm-up included"});
+  }
+
+  // The profiled iteration: its compute, waits and bytes per link.
+  ASSIGN_OR_RETURN(const JsonIn prof, r.at("profile"));
+  ASSIGN_OR_RETURN(const bool available, prof.get_or<bool>("available", false));
+  if (available) {
+    ASSIGN_OR_RETURN(const double fwd, Get(prof, {"breakdown", "forward_seconds"}));
+    ASSIGN_OR_RETURN(const double bwd, Get(prof, {"breakdown", "backward_seconds"}));
+    ASSIGN_OR_RETURN(const double wait_m, Get(prof, {"breakdown", "parameter_wait_seconds"}));
+    const std::string it = "the profiled iteration";
+    rows.push_back({"compute per iteration", "seconds", compute / accum, fwd + bwd, it});
+    rows.push_back({"waits for parameters per iteration", "seconds", wait / accum, wait_m, it});
+    ASSIGN_OR_RETURN(const JsonIn bytes, p.at("bytes_per_step"));
+    if (bytes.has("iteration")) {
+      ASSIGN_OR_RETURN(const JsonIn pi, bytes.at("iteration"));
+      ASSIGN_OR_RETURN(const JsonIn links, prof.at("links"));
+      struct Link {
+        const char* key;
+        const char* link;
+        const char* field;
+        const char* name;
+      } ls[] = {{"h2d", "h2d", "bytes", "H2D per iteration"},
+                {"d2h", "d2h", "bytes", "D2H per iteration"},
+                {"nvme_read", "nvme_read", "bytes", "NVMe reads of parameters per iteration"},
+                {"comm", "collective", "bytes_on_wire", "collectives' bytes per iteration"}};
+      for (const Link& l : ls) {
+        ASSIGN_OR_RETURN(const double b, pi.get<double>(l.key));
+        double b_m = 0;
+        if (links.has(l.link)) {
+          ASSIGN_OR_RETURN(b_m, Get(links, {l.link, l.field}));
+        }
+        if (b > 0 || b_m > 0) rows.push_back({l.name, "bytes", b, b_m, it});
+      }
+    }
+  }
+  // A row of nothing on either side (no NVMe in the run and none predicted) says nothing.
+  std::erase_if(rows, [](const Row& row) { return row.predicted == 0 && row.measured == 0; });
+  return rows;
+}
+
+}  // namespace
+
+StatusOr<std::string> WithPrediction(const std::string& report_json, const std::string& plan_json) {
+  json r = json::parse(report_json, nullptr, /*allow_exceptions=*/false);
+  if (r.is_discarded() || !r.is_object()) return InvalidArgumentError("the report is not JSON");
+  json plan = json::parse(plan_json, nullptr, /*allow_exceptions=*/false);
+  if (plan.is_discarded() || !plan.is_object())
+    return InvalidArgumentError("the plan is not a JSON object (tierzero plan --json writes one)");
+  const JsonIn rin(r, "report");
+  const JsonIn pin(plan, "plan");
+  RETURN_IF_ERROR(rin.CheckDepth(kMaxJsonDepth));
+  RETURN_IF_ERROR(pin.CheckDepth(kMaxJsonDepth));
+  // A `tierzero plan --json` file, or the prediction object alone (PlanJson).
+  json prediction = plan;
+  if (plan.contains("schema")) {
+    ASSIGN_OR_RETURN(const std::string schema, pin.get<std::string>("schema"));
+    if (schema != "tierzero.plan/1")
+      return pin.Error("schema is \"" + schema + "\"; this tierzero reads \"tierzero.plan/1\"");
+    ASSIGN_OR_RETURN(const JsonIn inner, pin.at("prediction"));
+    prediction = inner.raw();
+  }
+  const JsonIn p(prediction, "plan: prediction");
+  ASSIGN_OR_RETURN(const bool fits, p.get<bool>("fits"));
+  if (!fits) return p.Error("says the run does not fit: nothing to compare with");
+  ASSIGN_OR_RETURN(const std::vector<Row> rows, Compare(rin, p));
+  json compared = json::array();
+  for (const Row& row : rows) {
+    json c = {{"what", row.what},
+              {"unit", row.unit},
+              {"predicted", row.predicted},
+              {"measured", row.measured}};
+    if (!row.note.empty()) c["note"] = row.note;
+    compared.push_back(std::move(c));
+  }
+  r["prediction"] = {{"plan", prediction}, {"compared", compared}};
+  return r.dump(1);
+}
+
+}  // namespace tierzero
