@@ -71,7 +71,8 @@ def main():
         common = ["--config", cfg, "--run-dir", os.path.join(d, "run")]
         run([a.bin, "plan", *common, "--ranks", str(ranks), "--no-advice",
              "--json", os.path.join(d, "plan.json")])
-        train = [a.bin, "train", *common, "--quiet", "--html", "none", "--trace", "none"]
+        train = [a.bin, "train", *common, "--quiet", "--html", "none", "--trace", "none",
+                 "--plan", os.path.join(d, "plan.json")]
         run(MPIRUN + train if ranks > 1 else train, MPI_ENV if ranks > 1 else None)
         pred = json.load(open(os.path.join(d, "plan.json")))["prediction"]
         rep = json.load(open(os.path.join(d, "run", "report.json")))
