@@ -43,7 +43,8 @@ plan options:
                         communicator's latency and rate, which plans of N ranks use
   --trace FILE          plan a trainer's own model from its recorded trace (train writes
                         RUN_DIR/warmup_trace.json) instead of the built-in GPT
-  --json FILE           also write the prediction as JSON (the report's "prediction" object)
+  --json FILE           also write the prediction as JSON; `tierzero train --plan FILE` then
+                        shows it beside what the run measures (report and page)
   --no-advice           when it does not fit, skip the search for what would make it fit
 
 The calibration cache is $TZ_RATES_FILE, else $XDG_CACHE_HOME/tierzero/rates.json, else
@@ -364,7 +365,9 @@ StatusOr<ComputeTimes> MeasureCompute(const RunConfig& cfg, int ranks_here) {
       return InternalError("the timing run's profile has no moments");
     double sum = 0;
     for (size_t k = 0; k < 6; ++k) {
-      samples[k].push_back(Number(ms[k], {"compute_seconds"}));
+      // The moment's compute and its Acquire's own cost (its chunks resident here): a run pays
+      // that per moment, so it scales with the moments of the planned model, not the step.
+      samples[k].push_back(Number(ms[k], {"compute_seconds"}) + Number(ms[k], {"wait_seconds"}));
       sum += samples[k].back();
     }
     other.push_back(wall - sum - Number(r, {"optimizer", "update_phase", "measured_seconds"}));
@@ -580,6 +583,11 @@ int Plan(const std::vector<std::string>& args) {
       "  budgets: device %s, host %s, NVMe %s\n\n", FormatBytes(cfg->engine.device_budget).c_str(),
       FormatBytes(cfg->engine.host_budget).c_str(), FormatBytes(cfg->engine.nvme_budget).c_str());
   std::fputs(PlanTable(*p).c_str(), stdout);
+  if (std::find(p->assumed_rates.begin(), p->assumed_rates.end(), "comm_latency_s") !=
+      p->assumed_rates.end()) {
+    std::printf("  (measure the communicator once: mpirun -np %d tierzero plan --calibrate)\n",
+                std::max(2, std::min(pa->ranks, pa->ranks_per_node > 0 ? pa->ranks_per_node : 8)));
+  }
   json out = {{"schema", "tierzero.plan/1"},
               {"prediction", json::parse(PlanJson(*p), nullptr, false)}};
   if (!p->fits && pa->advice) Advise(pl, *cfg, pa->ranks, *p, out);
