@@ -223,6 +223,38 @@ TEST(GptOps, FloatGemmMatchesDoubleReference) {
   }
 }
 
+TEST(GptOps, FloatGemmWithTwoKibStridesMatchesDoubleReference) {
+  // Operands whose rows lie a multiple of 2 KiB apart go through padded copies (Note [Operands
+  // with a 2 KiB stride]); sub-matrices of wider buffers, every transpose, and one product large
+  // enough to be taken in two slabs along k.
+  std::mt19937_64 rng(17);
+  struct Shape {
+    int64_t m, n, k, ld;
+  };
+  for (const Shape& s : {Shape{200, 130, 300, 512}, Shape{130, 520, 4100, 1024}}) {
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        if (s.k > 1000 && (ta || tb)) continue;  // the slab case once is enough
+        // A read along its rows (not transposed) is never copied: its rows are as long as k.
+        const int64_t lda = ta ? s.ld : std::max(s.ld, s.k), ldb = s.ld;
+        const int64_t a_rows = ta ? s.k : s.m, b_rows = tb ? s.n : s.k;
+        Vec a = Random(a_rows * lda, rng), b = Random(b_rows * ldb, rng);
+        Vec c = Random(s.m * s.n, rng);
+        std::vector<float> af(a.begin(), a.end()), bf(b.begin(), b.end()), cf(c.begin(), c.end());
+        Gemm<double>(ta, tb, s.m, s.n, s.k, 1.5, a.data(), lda, b.data(), ldb, 0.5, c.data(), s.n);
+        Gemm<float>(ta, tb, s.m, s.n, s.k, 1.5f, af.data(), lda, bf.data(), ldb, 0.5f, cf.data(),
+                    s.n);
+        // fp32 sums of k products of unit normals: error grows like sqrt(k) ulp of the terms.
+        const double tol = 2e-6 * std::sqrt(static_cast<double>(s.k)) * 1.5 * 4;
+        for (size_t i = 0; i < c.size(); ++i) {
+          ASSERT_NEAR(cf[i], c[i], tol * (1 + std::abs(c[i])))
+              << "ta " << ta << " tb " << tb << " m " << s.m << " at " << i;
+        }
+      }
+    }
+  }
+}
+
 // The fp32 ops with their own kernels (the GELU's exponential, attention through sgemm) against
 // the fp64 generic versions, on awkward sizes, at every SIMD level this CPU runs.
 class FloatOpsTest : public ::testing::TestWithParam<SimdLevel> {
