@@ -11,7 +11,7 @@
 #include <limits>
 #include <vector>
 
-#include "gpt/gelu_kernels.h"
+#include "gpt/vec_kernels.h"
 
 namespace tierzero::gpt::cpu {
 namespace {
@@ -280,25 +280,25 @@ void GeluBackward(const T* dy, const T* x, T* dx, int64_t n) {
   });
 }
 
-// fp32: Note [GELU through one exponential] (gelu_kernels.h); the generic versions above are
+// fp32: Note [GELU through one exponential] (vec_kernels.h); the generic versions above are
 // the fp64 reference the tests compare with.
 template <>
 void GeluForward<float>(const float* x, float* y, int64_t n) {
-  const internal::GeluKernels& k = internal::ActiveGeluKernels();
+  const internal::VectorKernels& k = internal::ActiveVectorKernels();
   constexpr int64_t kBlock = 4096;
   ParallelRows((n + kBlock - 1) / kBlock, kBlock, [&](int64_t b) {
     const int64_t e = std::min(n, (b + 1) * kBlock);
-    k.forward(x + b * kBlock, y + b * kBlock, e - b * kBlock);
+    k.gelu_forward(x + b * kBlock, y + b * kBlock, e - b * kBlock);
   });
 }
 
 template <>
 void GeluBackward<float>(const float* dy, const float* x, float* dx, int64_t n) {
-  const internal::GeluKernels& k = internal::ActiveGeluKernels();
+  const internal::VectorKernels& k = internal::ActiveVectorKernels();
   constexpr int64_t kBlock = 4096;
   ParallelRows((n + kBlock - 1) / kBlock, kBlock, [&](int64_t b) {
     const int64_t e = std::min(n, (b + 1) * kBlock);
-    k.backward(dy + b * kBlock, x + b * kBlock, dx + b * kBlock, e - b * kBlock);
+    k.gelu_backward(dy + b * kBlock, x + b * kBlock, dx + b * kBlock, e - b * kBlock);
   });
 }
 
@@ -413,8 +413,9 @@ void AttentionBackward(const T* dout, const T* qkv, const T* probs, T* dqkv, int
 // single-threaded sgemm on the calling thread, with the pairs spread over oneTBB. The products
 // cover the whole seq x seq square although the mask zeroes half of it: sgemm's rate on the full
 // square beats loops over the triangle by far (the loops were about a fifth of a 128-token step).
-// The causal softmax and its backward stay row loops over the triangle; the probabilities above
-// the diagonal are stored as exact zeros, so the products add nothing from them. For short rows
+// The causal softmax and its backward run on each row's triangle part (Note [Softmax rows in
+// sixteen partial sums], vec_kernels.h); the probabilities above the diagonal are stored as exact
+// zeros, so the products add nothing from them. For short rows
 // (the default's 9 tokens) sgemm's per-call cost exceeds the loops' work, so below
 // kAttentionGemmMinSeq tokens the loops (the generic versions above) run instead.
 constexpr int64_t kAttentionGemmMinSeq = 16;
@@ -429,6 +430,7 @@ void AttentionForward<float>(const float* qkv, float* out, float* probs, int64_t
   const int64_t hd = channels / heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t c3 = 3 * channels;
+  const internal::VectorKernels& vk = internal::ActiveVectorKernels();
   tbb::parallel_for(int64_t{0}, batch * heads, [&](int64_t bh) {
     const int64_t b = bh / heads, h = bh % heads;
     const float* q = qkv + b * seq * c3 + h * hd;
@@ -438,16 +440,8 @@ void AttentionForward<float>(const float* qkv, float* out, float* probs, int64_t
     SgemmOnThisThread(false, true, seq, seq, hd, scale, q, c3, k, c3, 0.0f, p, seq);
     for (int64_t t = 0; t < seq; ++t) {
       float* pr = p + t * seq;
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t s = 0; s <= t; ++s) mx = std::max(mx, pr[s]);
-      float sum = 0;
-      for (int64_t s = 0; s <= t; ++s) {
-        pr[s] = std::exp(pr[s] - mx);
-        sum += pr[s];
-      }
-      const float inv = 1.0f / sum;
-      for (int64_t s = 0; s <= t; ++s) pr[s] *= inv;
-      for (int64_t s = t + 1; s < seq; ++s) pr[s] = 0;
+      vk.softmax_forward(pr, t + 1);
+      std::fill(pr + t + 1, pr + seq, 0.0f);
     }
     SgemmOnThisThread(false, false, seq, hd, seq, 1.0f, p, seq, v, c3, 0.0f,
                       out + b * seq * channels + h * hd, channels);
@@ -464,6 +458,7 @@ void AttentionBackward<float>(const float* dout, const float* qkv, const float* 
   const int64_t hd = channels / heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t c3 = 3 * channels;
+  const internal::VectorKernels& vk = internal::ActiveVectorKernels();
   tbb::parallel_for(int64_t{0}, batch * heads, [&](int64_t bh) {
     // dS for this pair; one buffer per thread, grown once.
     thread_local std::vector<float> ds_buffer;
@@ -481,12 +476,9 @@ void AttentionBackward<float>(const float* dout, const float* qkv, const float* 
     SgemmOnThisThread(true, false, seq, hd, seq, 1.0f, p, seq, dor, channels, 0.0f, dv, c3);
     SgemmOnThisThread(false, true, seq, seq, hd, 1.0f, dor, channels, v, c3, 0.0f, ds, seq);
     for (int64_t t = 0; t < seq; ++t) {
-      const float* pr = p + t * seq;
       float* dsr = ds + t * seq;
-      float dot_pd = 0;
-      for (int64_t s = 0; s <= t; ++s) dot_pd += pr[s] * dsr[s];
-      for (int64_t s = 0; s <= t; ++s) dsr[s] = pr[s] * (dsr[s] - dot_pd) * scale;
-      for (int64_t s = t + 1; s < seq; ++s) dsr[s] = 0;
+      vk.softmax_backward(p + t * seq, dsr, t + 1, scale);
+      std::fill(dsr + t + 1, dsr + seq, 0.0f);
     }
     SgemmOnThisThread(false, false, seq, hd, seq, 1.0f, ds, seq, k, c3, 0.0f, dq, c3);
     SgemmOnThisThread(true, false, seq, hd, seq, 1.0f, ds, seq, q, c3, 0.0f, dk, c3);

@@ -1,5 +1,5 @@
-// The GELU's fp32 kernels per SIMD level (internal to models/gpt; ops.cc dispatches on
-// ActiveSimdLevel(), as CPU Adam does).
+// The GPT's element-wise fp32 kernels per SIMD level: the GELU and the rows of the causal softmax
+// (internal to models/gpt; ops.cc dispatches on ActiveSimdLevel(), as CPU Adam does).
 //
 // Note [GELU through one exponential]
 // The tanh approximation 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), equals
@@ -14,23 +14,44 @@
 // derivative 1 or 0) to far below fp32's resolution of the result, and s stays a normal number.
 // Accuracy: within a few ulps of the fp64 formula (tests/gpt/ops_test.cc,
 // FloatOpsTest.GeluMatchesDouble).
+//
+// Note [Softmax rows in sixteen partial sums]
+// Attention's softmax (forward: p = exp(s - max) / sum; backward: ds = p (dp - <p, dp>) scale)
+// runs on each causal row's first t + 1 entries, through the exponential above (the clamp at -80
+// only raises entries below e^-80 of the row's largest, far under fp32's resolution of the sum).
+// libm's scalar expf and the loops' dependent sums were about 4% of a 128-token step. The sums
+// are vectorised without making the result depend on the vector width: element i is added into
+// partial sum i mod 16, in order of i, and the sixteen partials are then added in order 0..15 --
+// AVX-512 holds the partials in one register, AVX2 in two, the scalar code in an array, and each
+// does the same additions, so every level gives bit-identical rows.
 #pragma once
 
 #include <cstdint>
 
 namespace tierzero::gpt::internal {
 
-struct GeluKernels {
-  void (*forward)(const float* x, float* y, int64_t n);
-  void (*backward)(const float* dy, const float* x, float* dx, int64_t n);
+struct VectorKernels {
+  void (*gelu_forward)(const float* x, float* y, int64_t n);
+  void (*gelu_backward)(const float* dy, const float* x, float* dx, int64_t n);
+  // row[0, n) := its softmax, in place (n >= 1).
+  void (*softmax_forward)(float* row, int64_t n);
+  // ds[i] := p[i] (ds[i] - sum_j p[j] ds[j]) scale for i < n: the softmax's backward, dp in ds.
+  void (*softmax_backward)(const float* p, float* ds, int64_t n, float scale);
 };
 
-extern const GeluKernels kGeluScalar;
-extern const GeluKernels kGeluAvx2;
-extern const GeluKernels kGeluAvx512;
+extern const VectorKernels kVecScalar;
+extern const VectorKernels kVecAvx2;
+extern const VectorKernels kVecAvx512;
 
 // The kernels of ActiveSimdLevel() (TZ_SIMD).
-const GeluKernels& ActiveGeluKernels();
+const VectorKernels& ActiveVectorKernels();
+
+// The exponential of Note [GELU through one exponential] on one float, operation for operation as
+// the vector one (vec_impl.h).
+float ExpScalar(float x);
+
+// The partial sums of Note [Softmax rows in sixteen partial sums].
+inline constexpr int64_t kSoftmaxPartials = 16;
 
 // Constants of Note [GELU through one exponential], shared by every level.
 inline constexpr float kGeluSqrt2OverPi = 0.7978845608028654f;

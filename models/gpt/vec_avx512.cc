@@ -1,7 +1,7 @@
-// AVX-512 GELU kernels. Compiled with -mavx512f ... (cmake tz_simd_sources).
+// AVX-512 vector kernels (GELU, softmax rows). Compiled with -mavx512f ... (cmake tz_simd_sources).
 #include <immintrin.h>
 
-#include "gpt/gelu_impl.h"
+#include "gpt/vec_impl.h"
 
 namespace tierzero::gpt::internal {
 namespace {
@@ -15,11 +15,13 @@ struct Avx512 {
   static void Store(float* p, F x) { _mm512_storeu_ps(p, x); }
   static F Set1(float x) { return _mm512_set1_ps(x); }
   static F Add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F Sub(F a, F b) { return _mm512_sub_ps(a, b); }
   static F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F Div(F a, F b) { return _mm512_div_ps(a, b); }
   static F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F Min(F a, F b) { return _mm512_min_ps(a, b); }
   static F Max(F a, F b) { return _mm512_max_ps(a, b); }
+  static float ReduceMax(F a) { return _mm512_reduce_max_ps(a); }
   static F RoundNearest(F a) {
     return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   }
@@ -31,6 +33,6 @@ struct Avx512 {
 
 }  // namespace
 
-const GeluKernels kGeluAvx512 = MakeGeluKernels<Avx512>();
+const VectorKernels kVecAvx512 = MakeVectorKernels<Avx512>();
 
 }  // namespace tierzero::gpt::internal
