@@ -78,22 +78,42 @@ inline void AbsMax(const void* x, DType t, uint64_t n, float* amax, bool* finite
   *finite = ok;
 }
 
-inline __m256i QuantizeLanes(const void* x, DType t, uint64_t i, __m256 inverse, __m256i qmax,
-                             __m256i qmin) {
-  const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(Load(x, t, i), inverse));
-  return _mm256_max_epi32(_mm256_min_epi32(q, qmax), qmin);
+// Note [No clamp before packing]: x * inverse lies within qmax (1 + 2^-23) for |x| <= amax,
+// because inverse = fl(qmax / amax) and each rounding adds at most 2^-24; it rounds to at most
+// qmax. So the lanes need no clamp (non-finite blocks never get here; the scalar path's clamp
+// never acts either), and the saturating packs cannot reach -128.
+inline __m256i QuantizeLanes(__m256 x, __m256 inverse) {
+  return _mm256_cvtps_epi32(_mm256_mul_ps(x, inverse));
 }
 
 // 32 values from x[i ..] quantized to 32 signed bytes, in order.
-inline __m256i Quantize32(const void* x, DType t, uint64_t i, __m256 inverse, __m256i qmax,
-                          __m256i qmin) {
-  const __m256i a = QuantizeLanes(x, t, i, inverse, qmax, qmin);
-  const __m256i b = QuantizeLanes(x, t, i + 8, inverse, qmax, qmin);
-  const __m256i c = QuantizeLanes(x, t, i + 16, inverse, qmax, qmin);
-  const __m256i d = QuantizeLanes(x, t, i + 24, inverse, qmax, qmin);
-  // packs works within 128-bit lanes: a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7.
-  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
-  return _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+inline __m256i Quantize32(const void* x, DType t, uint64_t i, __m256 inverse) {
+  __m256i bytes;
+  if (t == DType::kBF16) {
+    // A bf16 is the top half of its fp32: unpacking 16 of them with zeros within 128-bit lanes
+    // gives elements 0-3 | 8-11 and 4-7 | 12-15, which the packs below put back in order per
+    // lane; one 64-bit permute then orders the lanes.
+    const auto* h = static_cast<const uint16_t*>(x) + i;
+    const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h));
+    const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 16));
+    const __m256i z = _mm256_setzero_si256();
+    const __m256i a = QuantizeLanes(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v0)), inverse);
+    const __m256i b = QuantizeLanes(_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v0)), inverse);
+    const __m256i c = QuantizeLanes(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v1)), inverse);
+    const __m256i d = QuantizeLanes(_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v1)), inverse);
+    // 0-7, 16-23 | 8-15, 24-31
+    bytes = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    bytes = _mm256_permute4x64_epi64(bytes, 0xD8);
+  } else {
+    const __m256i a = QuantizeLanes(Load(x, t, i), inverse);
+    const __m256i b = QuantizeLanes(Load(x, t, i + 8), inverse);
+    const __m256i c = QuantizeLanes(Load(x, t, i + 16), inverse);
+    const __m256i d = QuantizeLanes(Load(x, t, i + 24), inverse);
+    // packs works within 128-bit lanes: a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7.
+    bytes = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  }
+  return bytes;
 }
 
 void Quantize(const void* x, DType t, uint64_t n, int bits, float* scale, uint8_t* payload) {
@@ -104,25 +124,22 @@ void Quantize(const void* x, DType t, uint64_t n, int bits, float* scale, uint8_
   if (!s.nonzero) return;
   const int qm = QMax(bits);
   const __m256 inverse = _mm256_set1_ps(s.inverse);
-  const __m256i qmax = _mm256_set1_epi32(qm), qmin = _mm256_set1_epi32(-qm);
   uint64_t i = 0;
   if (bits == 8) {
     for (; i + 32 <= n; i += 32)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(payload + i),
-                          Quantize32(x, t, i, inverse, qmax, qmin));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(payload + i), Quantize32(x, t, i, inverse));
     for (; i < n; ++i)
       payload[i] = static_cast<uint8_t>(QuantizeElement(LoadElement(x, t, i), s.inverse, qm));
     return;
   }
-  const __m256i low = _mm256_set1_epi16(0x000F), high = _mm256_set1_epi16(0x00F0);
+  const __m256i nibbles = _mm256_set1_epi8(0x0F), weights = _mm256_set1_epi16(0x1001);
   for (; i + 64 <= n; i += 64) {
-    // In 16-bit lanes (even byte, odd byte): even & 0xF | (odd & 0xF) << 4, then to bytes.
-    const __m256i p = Quantize32(x, t, i, inverse, qmax, qmin);
-    const __m256i q = Quantize32(x, t, i + 32, inverse, qmax, qmin);
-    const __m256i pn =
-        _mm256_or_si256(_mm256_and_si256(p, low), _mm256_and_si256(_mm256_srli_epi16(p, 4), high));
-    const __m256i qn =
-        _mm256_or_si256(_mm256_and_si256(q, low), _mm256_and_si256(_mm256_srli_epi16(q, 4), high));
+    // In 16-bit lanes (even byte, odd byte): even & 0xF + (odd & 0xF) * 16 through one
+    // multiply-add of unsigned bytes by the weights 1 and 16, then to bytes.
+    const __m256i p = Quantize32(x, t, i, inverse);
+    const __m256i q = Quantize32(x, t, i + 32, inverse);
+    const __m256i pn = _mm256_maddubs_epi16(_mm256_and_si256(p, nibbles), weights);
+    const __m256i qn = _mm256_maddubs_epi16(_mm256_and_si256(q, nibbles), weights);
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(pn, qn), 0xD8);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(payload + i / 2), packed);
   }
