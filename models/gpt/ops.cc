@@ -136,7 +136,15 @@ void Gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
   // Each k-slab of A is k_slab x m (A transposed), of B k_slab x n or n x k_slab.
   const int64_t widest = std::max(pad_a ? m : 0, pad_b ? n : 0);
   const int64_t slab = std::max<int64_t>(64, kPadMaxFloats / widest / 64 * 64);
-  thread_local std::vector<float> a_buf, b_buf;
+  // The calling thread's buffers, kept between products; a product started on this thread while
+  // it waits inside another's blocks (oneTBB may hand it such a task) takes buffers of its own.
+  thread_local std::vector<float> kept_a, kept_b;
+  thread_local bool kept_in_use = false;
+  std::vector<float> own_a, own_b;
+  const bool nested = kept_in_use;
+  std::vector<float>& a_buf = nested ? own_a : kept_a;
+  std::vector<float>& b_buf = nested ? own_b : kept_b;
+  kept_in_use = true;
   for (int64_t k0 = 0; k0 < k; k0 += slab) {
     const int64_t kk = std::min(slab, k - k0);
     const float* as = ta ? a + k0 * lda : a + k0;
@@ -152,6 +160,7 @@ void Gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
     }
     BlockedSgemm(ta, tb, m, n, kk, alpha, as, las, bs, lbs, k0 == 0 ? beta : 1.0f, c, ldc);
   }
+  if (!nested) kept_in_use = false;
 }
 
 template <>
