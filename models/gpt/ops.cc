@@ -127,6 +127,7 @@ int64_t CopyPadded(const float* src, int64_t rows, int64_t cols, int64_t ld,
 template <>
 void Gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;  // C is empty
   const bool pad_a = ta && NeedsPadding(lda, n);
   const bool pad_b = NeedsPadding(ldb, m);
   if ((!pad_a && !pad_b) || k == 0) {

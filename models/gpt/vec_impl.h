@@ -8,9 +8,6 @@
 // 2^n as floats.
 #pragma once
 
-#include <algorithm>
-#include <cmath>
-
 #include "gpt/vec_kernels.h"
 
 namespace tierzero::gpt::internal {
@@ -67,6 +64,12 @@ void GeluBackwardImpl(const float* dy, const float* x, float* dx, int64_t n) {
   kVecScalar.gelu_backward(dy + i, x + i, dx + i, n - i);
 }
 
+// Scalar helpers with internal linkage (Note [Internal linkage for helpers of SIMD files] in
+// core/convert.h): std::max and std::fma are inline functions the linker may merge with a copy
+// compiled for another instruction set.
+static inline float ScalarMax(float a, float b) { return a < b ? b : a; }
+static inline float ScalarFma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+
 // The in-order sum of Note [Softmax rows in sixteen partial sums] of the products a[i] b[i] (b
 // null: of a[i]) for i < n.
 template <typename V>
@@ -86,7 +89,7 @@ float SumInSixteenPartials(const float* a, const float* b, int64_t n) {
   for (int64_t q = 0; q < kAcc; ++q) V::Store(partial + q * L, acc[q]);
   for (; i < n; ++i) {
     float& p = partial[i % kSoftmaxPartials];
-    p = b == nullptr ? p + a[i] : std::fma(a[i], b[i], p);
+    p = b == nullptr ? p + a[i] : ScalarFma(a[i], b[i], p);
   }
   float sum = partial[0];
   for (int64_t q = 1; q < kSoftmaxPartials; ++q) sum += partial[q];
@@ -101,9 +104,9 @@ void SoftmaxForwardImpl(float* row, int64_t n) {
   if (n >= L) {  // the maximum is exact in any order
     auto m = V::Load(row);
     for (i = L; i + L <= n; i += L) m = V::Max(m, V::Load(row + i));
-    mx = std::max(mx, V::ReduceMax(m));
+    mx = ScalarMax(mx, V::ReduceMax(m));
   }
-  for (; i < n; ++i) mx = std::max(mx, row[i]);
+  for (; i < n; ++i) mx = ScalarMax(mx, row[i]);
   const auto vmx = V::Set1(mx);
   for (i = 0; i + L <= n; i += L) V::Store(row + i, GeluExp<V>(V::Sub(V::Load(row + i), vmx)));
   for (; i < n; ++i) row[i] = ExpScalar(row[i] - mx);
