@@ -20,8 +20,11 @@ cat > "$out/run.json" <<JSON
 {"model": {"n_layer": 3, "d_model": 64, "n_head": 4},
  "data": {"digits": 1},
  "train": {"steps": 6, "batch_size": 8, "eval_every": 0, "eval_batches": 2},
- "engine": {"device_budget": "2 MiB", "host_budget": "6 MiB", "nvme_budget": "64 MiB"}}
+ "engine": {"device_budget": "2 MiB", "host_budget": "6 MiB", "nvme_budget": "64 MiB",
+            "optimizer": "cpu"}}
 JSON
+# The optimizer is pinned to the CPU: the page's CPU Adam thread lanes are checked below, and
+# `auto` may put every group on the (simulated) device when the rates it measures favour it.
 # The run's plan (rates given: no calibration), shown beside the run's measurements.
 cat > "$out/rates.json" <<JSON
 {"name": "test rates", "cpu_adam_params_per_s": 1e9, "h2d_bytes_per_s": 1e10,
