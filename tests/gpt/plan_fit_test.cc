@@ -6,20 +6,13 @@
 #include <filesystem>
 
 #include "gpt/gpt.h"
+#include "plan_model.h"
 #include "tierzero/engine.h"
 
 namespace tierzero::gpt {
 namespace {
 
-GptConfig Model() {
-  GptConfig mc;
-  mc.vocab = 256;
-  mc.seq_len = 16;
-  mc.d_model = 128;
-  mc.n_head = 4;
-  mc.n_layer = 3;
-  return mc;
-}
+GptConfig Model() { return PlanTestModel(); }
 
 constexpr int kBatch = 32;
 

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpt/gpt.h"
+#include "plan_model.h"
 #include "tierzero/engine.h"
 #include "tierzero/report.h"
 
@@ -14,15 +15,7 @@ namespace {
 
 using nlohmann::json;
 
-GptConfig Model() {
-  GptConfig mc;
-  mc.vocab = 256;
-  mc.seq_len = 16;
-  mc.d_model = 128;
-  mc.n_head = 4;
-  mc.n_layer = 3;
-  return mc;
-}
+GptConfig Model() { return PlanTestModel(); }
 
 constexpr int kBatch = 16;
 
