@@ -47,6 +47,22 @@ __device__ BlockAt Locate(const QuantLayout::Run* runs, int num_runs, uint64_t b
   return {elem, n, r.byte + k * BlockPayload(block_elems, bits)};
 }
 
+// Scales are read and written a byte at a time: a packed buffer's scales start at any byte (the
+// quantized shards of several ranks lie back to back, each layout.bytes() long, which need not be
+// a multiple of 4), and CUDA faults on a misaligned float access where the CPU does not.
+__device__ float LoadScale(const uint8_t* p) {
+  float v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+__device__ void StoreScale(uint8_t* p, float v) { memcpy(p, &v, sizeof v); }
+
+// q * scale as the CPU computes it. A non-finite block's scale is NaN (ChooseScale): x86 returns
+// that NaN operand itself, where CUDA would return its canonical NaN, so return it here too.
+__device__ float Dequantized(int q, float scale) {
+  return scale != scale ? scale : __fmul_rn(static_cast<float>(q), scale);
+}
+
 __device__ void StoreAs(void* dst, DType t, uint64_t i, float v) {
   switch (t) {
     case DType::kF32:
@@ -62,7 +78,7 @@ __device__ void StoreAs(void* dst, DType t, uint64_t i, float v) {
 }
 
 // Quantizes x[0 .. n) (shared memory, written by this thread block) into scale and payload.
-__device__ void QuantizeShared(const float* x, uint64_t n, int bits, float* scale,
+__device__ void QuantizeShared(const float* x, uint64_t n, int bits, uint8_t* scale,
                                uint8_t* payload) {
   __shared__ float amax_part[kThreads];
   __shared__ int bad_part[kThreads];
@@ -87,7 +103,7 @@ __device__ void QuantizeShared(const float* x, uint64_t n, int bits, float* scal
   }
   if (threadIdx.x == 0) {
     s = ChooseScale(amax_part[0], bad_part[0] == 0, bits);
-    *scale = s.scale;
+    StoreScale(scale, s.scale);
   }
   __syncthreads();
   const int qmax = QMax(bits);
@@ -116,7 +132,7 @@ __global__ void QuantizeKernel(const QuantLayout::Run* runs, int num_runs, uint6
     for (uint64_t i = threadIdx.x; i < at.n; i += blockDim.x)
       x[i] = internal::LoadElement(src, src_type, at.elem + i);
     __syncthreads();
-    QuantizeShared(x, at.n, bits, reinterpret_cast<float*>(dst) + blk, dst + scale_bytes + at.byte);
+    QuantizeShared(x, at.n, bits, dst + 4 * blk, dst + scale_bytes + at.byte);
   }
 }
 
@@ -125,11 +141,10 @@ __global__ void DequantizeKernel(const QuantLayout::Run* runs, int num_runs, uin
                                  const uint8_t* src, void* dst, DType dst_type) {
   for (uint64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
     const BlockAt at = Locate(runs, num_runs, blk, block_elems, bits);
-    const float scale = reinterpret_cast<const float*>(src)[blk];
+    const float scale = LoadScale(src + 4 * blk);
     const uint8_t* payload = src + scale_bytes + at.byte;
     for (uint64_t i = threadIdx.x; i < at.n; i += blockDim.x)
-      StoreAs(dst, dst_type, at.elem + i,
-              __fmul_rn(static_cast<float>(QuantizedAt(payload, i, bits)), scale));
+      StoreAs(dst, dst_type, at.elem + i, Dequantized(QuantizedAt(payload, i, bits), scale));
   }
 }
 
@@ -146,15 +161,13 @@ __global__ void SumRequantizeKernel(const QuantLayout::Run* runs, int num_runs, 
         const uint8_t* in = inputs + static_cast<uint64_t>(k) * packed_bytes;
         // Unfused multiply and add, as on the CPU (no contraction into an FMA).
         const float v =
-            __fmul_rn(static_cast<float>(QuantizedAt(in + scale_bytes + at.byte, i, bits)),
-                      reinterpret_cast<const float*>(in)[blk]);
+            Dequantized(QuantizedAt(in + scale_bytes + at.byte, i, bits), LoadScale(in + 4 * blk));
         sum = k == 0 ? v : __fadd_rn(sum, v);
       }
       acc[i] = sum;
     }
     __syncthreads();
-    QuantizeShared(acc, at.n, bits, reinterpret_cast<float*>(dst) + blk,
-                   dst + scale_bytes + at.byte);
+    QuantizeShared(acc, at.n, bits, dst + 4 * blk, dst + scale_bytes + at.byte);
   }
 }
 

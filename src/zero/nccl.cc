@@ -120,6 +120,11 @@ StatusOr<ncclDataType_t> NcclType(DType dtype) {
 // Elements as NCCL counts them: int4 travels as bytes.
 size_t NcclCount(DType dtype, size_t count) { return dtype == DType::kI4 ? count / 2 : count; }
 
+// Note [A mean over one rank is a sum]
+// On the first GPU run (an H100, one rank, the NCCL that the machine's PyTorch carries), an
+// out-of-place fp32 ncclAvg over 70001 elements returned other bits than its input, where the
+// in-place one, every ncclSum and the bf16 and fp16 means were exact. A mean over one rank is
+// the value itself, so one rank asks for a sum, which NCCL does as a copy.
 ncclRedOp_t NcclOp(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
@@ -345,6 +350,11 @@ class NcclCommunicator final : public Communicator {
 
   int rank() const override { return topo_.rank; }
   int size() const override { return topo_.size; }
+
+  // See Note [A mean over one rank is a sum].
+  ncclRedOp_t OpFor(ReduceOp op) const {
+    return topo_.size == 1 && op == ReduceOp::kMean ? ncclSum : NcclOp(op);
+  }
   Topology topology() const override { return topo_; }
   std::string backend() const override { return "nccl"; }
 
@@ -364,7 +374,7 @@ class NcclCommunicator final : public Communicator {
     ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(dtype));
     const NcclApi* a = shared_->api;
     return Enqueue("reduce_scatter", CollectiveKind::kReduceScatter, count, dtype, false, [&] {
-      return a->ReduceScatter(send, recv, count, t, NcclOp(op), shared_->comm, stream_);
+      return a->ReduceScatter(send, recv, count, t, OpFor(op), shared_->comm, stream_);
     });
   }
 
@@ -374,7 +384,7 @@ class NcclCommunicator final : public Communicator {
     ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(dtype));
     const NcclApi* a = shared_->api;
     return Enqueue("all_reduce", CollectiveKind::kAllReduce, count, dtype, false, [&] {
-      return a->AllReduce(send, recv, count, t, NcclOp(op), shared_->comm, stream_);
+      return a->AllReduce(send, recv, count, t, OpFor(op), shared_->comm, stream_);
     });
   }
 

@@ -356,7 +356,9 @@ TEST(Engine, Fp16OverflowSkipsTheStepAndRecovers) {
 TEST(Engine, GradAccumulationAveragesMicroBatches) {
   // Two micro-batches of 8 rows accumulate to the gradient of their mean: the same first-step
   // update as one run whose gradient is the average (checked through the fp32 masters).
-  EngineConfig ec = HostConfig();
+  // The simulated device, whatever TZ_TEST_DEVICE says: the test writes the gradients through
+  // host pointers (on a GPU they are device memory), and what it checks does not depend on it.
+  EngineConfig ec = testing_models::SmallEngineConfig(DeviceChoice::kHost);
   ec.compute_dtype = DType::kF32;
   ec.grad_accumulation = 2;
   ec.clip_grad_norm = 0;
@@ -564,7 +566,9 @@ TEST(Engine, AccumulationFreesGradientChunksDuringBackward) {
   // With accumulation every chunk's gradient goes to its own device buffer. Each is freed once its
   // copy to the host is done, not at the end of the iteration: after a backward pass over 24
   // chunks, only the last few are still on the device.
-  EngineConfig ec = HostConfig();
+  // The simulated device, whatever TZ_TEST_DEVICE says: the test writes the gradients through
+  // host pointers (on a GPU they are device memory), and what it checks does not depend on it.
+  EngineConfig ec = testing_models::SmallEngineConfig(DeviceChoice::kHost);
   ec.compute_dtype = DType::kF32;
   ec.grad_accumulation = 2;
   ec.device_budget = uint64_t{4} << 20;

@@ -163,6 +163,11 @@ TEST_P(DeviceTest, EventOrdersAnotherStream) {
   auto y = DeviceBuffer::Allocate(*device_, kBytes);
   ASSERT_TRUE(x.ok() && y.ok());
   std::vector<uint8_t> in = RandomBytes(kBytes, 5), out(kBytes, 0);
+  // Page-locked, as the engine's host buffers are: CUDA copies pageable memory synchronously,
+  // waiting for the stream first, and the producer's stream is blocked until this thread
+  // releases it below (a deadlock, seen on the first GPU run).
+  ASSERT_TRUE(device_->RegisterHostMemory(in.data(), kBytes).ok());
+  ASSERT_TRUE(device_->RegisterHostMemory(out.data(), kBytes).ok());
   // The producer's host function blocks until released, so without the event the consumer
   // would certainly read the buffer before the producer's copy lands.
   std::atomic<bool> release{false};
@@ -193,6 +198,8 @@ TEST_P(DeviceTest, EventOrdersAnotherStream) {
   ASSERT_TRUE(consumer->Synchronize().ok());
   EXPECT_EQ(in, out);
   EXPECT_TRUE(*device_->EventDone(ready->handle()));
+  EXPECT_TRUE(device_->UnregisterHostMemory(in.data()).ok());
+  EXPECT_TRUE(device_->UnregisterHostMemory(out.data()).ok());
 }
 
 TEST_P(DeviceTest, UnrecordedEventDoesNotBlock) {

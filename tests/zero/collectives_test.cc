@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -194,6 +195,32 @@ std::vector<uint8_t> Fill(DType dt, size_t n, F f) {
   return out;
 }
 
+// Equal byte vectors, or which elements of dtype differ (the first few, with their bytes).
+testing::AssertionResult SameElements(const std::vector<uint8_t>& got,
+                                      const std::vector<uint8_t>& want, DType dt) {
+  if (got == want) return testing::AssertionSuccess();
+  if (got.size() != want.size())
+    return testing::AssertionFailure() << got.size() << " bytes, want " << want.size();
+  const size_t width = dt == DType::kF32 ? 4 : (dt == DType::kI8 || dt == DType::kI4 ? 1 : 2);
+  auto hex = [&](const std::vector<uint8_t>& v, size_t e) {
+    std::string s;
+    char b[3];
+    for (size_t k = width; k-- > 0;) {
+      std::snprintf(b, sizeof b, "%02x", v[e * width + k]);
+      s += b;
+    }
+    return s;
+  };
+  size_t differ = 0;
+  auto r = testing::AssertionFailure();
+  for (size_t e = 0; e < got.size() / width; ++e) {
+    if (std::memcmp(&got[e * width], &want[e * width], width) == 0) continue;
+    if (++differ <= 4)
+      r << "element " << e << ": 0x" << hex(got, e) << ", want 0x" << hex(want, e) << "; ";
+  }
+  return r << differ << " of " << got.size() / width << " elements differ";
+}
+
 const size_t kCounts[] = {1, 7, 1000, 4099, 70001};
 const DType kAll[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kI8, DType::kI4};
 const DType kFloats[] = {DType::kF32, DType::kBF16, DType::kF16};
@@ -267,7 +294,7 @@ TEST(Collectives, ReduceScatterAndAllReduceAreExactOnIntegers) {
         std::vector<uint8_t> got(DTypeBytes(dt, n), 0xEE);
         RunCollective(send, got,
                       [&](const void* s, void* r) { return c.ReduceScatter(s, r, n, dt, op); });
-        EXPECT_EQ(got, Fill(dt, n, [&](size_t i) { return reduce(me, i); }))
+        EXPECT_TRUE(SameElements(got, Fill(dt, n, [&](size_t i) { return reduce(me, i); }), dt))
             << "reduce_scatter " << DTypeName(dt) << " op " << int(op) << " n=" << n;
 
         // all_reduce of block 0, out of place and in place.
@@ -276,9 +303,10 @@ TEST(Collectives, ReduceScatterAndAllReduceAreExactOnIntegers) {
         std::vector<uint8_t> out(src.size());
         RunCollective(src, out,
                       [&](const void* s, void* r) { return c.AllReduce(s, r, n, dt, op); });
-        EXPECT_EQ(out, want) << "all_reduce " << DTypeName(dt) << " n=" << n;
+        EXPECT_TRUE(SameElements(out, want, dt)) << "all_reduce " << DTypeName(dt) << " n=" << n;
         RunCollective(src, src, [&](const void*, void* r) { return c.AllReduce(r, r, n, dt, op); });
-        EXPECT_EQ(src, want) << "in-place all_reduce " << DTypeName(dt) << " n=" << n;
+        EXPECT_TRUE(SameElements(src, want, dt))
+            << "in-place all_reduce " << DTypeName(dt) << " n=" << n;
       }
     }
   }
