@@ -4,6 +4,10 @@
 //      sizes, interleaved;
 //   2. fused GPU Adam (bf16 gradients, bf16 copy-out: 4+4+4 read+written, 2 read, 2 written =
 //      28 B/param) in GB/s against a device-to-device cudaMemcpy of the same bytes.
+//   3. the GPT's products on bf16 tensor cores (gpt/tensor_core_cuda.h): cuBLAS alone on bf16
+//      operands (the ceiling) against CudaOps::Gemm with tensor cores (fp32 in and out, the
+//      operands rounded first), 8192^3; attention forward + backward at batch 8, seq 1024,
+//      width 2048, 16 heads, tensor cores against the fp32 kernels (causal FLOPs counted).
 // Medians of --reps (default 10) after a warm-up. Exits 0 with a message without a GPU.
 #include <cuda_runtime.h>
 
@@ -14,6 +18,8 @@
 #include <vector>
 
 #include "cpu_adam/gpu_adam.h"
+#include "gpt/cublas_api.h"
+#include "gpt/ops_cuda.h"
 #include "offload/cuda_device.h"
 #include "offload/device.h"
 #include "offload/pinned_arena.h"
@@ -44,6 +50,121 @@ double TimeSeconds(F&& f) {
   } while (0)
 
 }  // namespace
+
+// Median seconds of fn() on `stream` over reps, timed with events after one warm-up call.
+template <typename F>
+double EventSeconds(cudaStream_t stream, int reps, F&& fn) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<double> t;
+  for (int r = 0; r <= reps; ++r) {
+    cudaEventRecord(a, stream);
+    fn();
+    cudaEventRecord(b, stream);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    if (r > 0) t.push_back(ms * 1e-3);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return Median(t);
+}
+
+// Section 3; returns nonzero on a CUDA or cuBLAS failure.
+int TensorCores(int reps) {
+  cudaStream_t s;
+  CHECK_CUDA(cudaStreamCreate(&s));
+  auto api = gpt::cuda::LoadCublas();
+  auto tc = gpt::cuda::CudaOps::Create(s, true);
+  auto fp = gpt::cuda::CudaOps::Create(s, false);
+  if (!api.ok() || !tc.ok() || !fp.ok()) {
+    std::fprintf(stderr, "cuBLAS or CudaOps unavailable\n");
+    return 1;
+  }
+  const int64_t n = 8192;
+  float *a, *b, *c;
+  void *a16, *b16;
+  CHECK_CUDA(cudaMalloc(&a, n * n * 4));
+  CHECK_CUDA(cudaMalloc(&b, n * n * 4));
+  CHECK_CUDA(cudaMalloc(&c, n * n * 4));
+  CHECK_CUDA(cudaMalloc(&a16, n * n * 2));
+  CHECK_CUDA(cudaMalloc(&b16, n * n * 2));
+  // Random-looking operands (never zeros: they run faster than data).
+  std::vector<float> h(n * n);
+  uint32_t x = 12345;
+  for (float& v : h) {
+    x = x * 1664525u + 1013904223u;
+    v = static_cast<float>(x >> 8) / 16777216.0f - 0.5f;
+  }
+  CHECK_CUDA(cudaMemcpy(a, h.data(), n * n * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(b, h.data(), n * n * 4, cudaMemcpyHostToDevice));
+  std::vector<uint16_t> h16(n * n);
+  for (size_t i = 0; i < h.size(); ++i) {
+    uint32_t u;
+    std::memcpy(&u, &h[i], 4);
+    h16[i] = static_cast<uint16_t>(u >> 16);
+  }
+  CHECK_CUDA(cudaMemcpy(a16, h16.data(), n * n * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(b16, h16.data(), n * n * 2, cudaMemcpyHostToDevice));
+  cublasHandle_t handle;
+  (*api)->Create(&handle);
+  (*api)->SetStream(handle, s);
+  const float one = 1, zero = 0;
+  cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+  const double raw = EventSeconds(s, reps, [&] {
+    st = (*api)->GemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, b16,
+                                      CUDA_R_16BF, n, 0, a16, CUDA_R_16BF, n, 0, &zero, c,
+                                      CUDA_R_32F, n, 0, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  });
+  const double ours = EventSeconds(
+      s, reps, [&] { (*tc)->Gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); });
+  const double fp32 = EventSeconds(
+      s, reps, [&] { (*fp)->Gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); });
+  (*api)->Destroy(handle);
+  const double flops = 2.0 * n * n * n;
+  std::printf(
+      "products %ld^3: cuBLAS bf16 alone %.0f TFLOP/s; Gemm on tensor cores (fp32 in and out, "
+      "operands rounded) %.0f TFLOP/s, ratio %.2f; fp32 Gemm %.0f TFLOP/s%s\n",
+      static_cast<long>(n), flops / raw / 1e12, flops / ours / 1e12, raw / ours,
+      flops / fp32 / 1e12, st == CUBLAS_STATUS_SUCCESS ? "" : " (cuBLAS FAILED)");
+
+  const int64_t B = 8, T = 1024, C = 2048, H = 16;
+  float *qkv, *out, *probs, *dout, *dqkv;
+  CHECK_CUDA(cudaMalloc(&qkv, B * T * 3 * C * 4));
+  CHECK_CUDA(cudaMalloc(&out, B * T * C * 4));
+  CHECK_CUDA(cudaMalloc(&dout, B * T * C * 4));
+  CHECK_CUDA(cudaMalloc(&dqkv, B * T * 3 * C * 4));
+  CHECK_CUDA(cudaMalloc(&probs, B * H * T * T * 4));
+  CHECK_CUDA(cudaMemcpy(qkv, a, B * T * 3 * C * 4, cudaMemcpyDeviceToDevice));
+  CHECK_CUDA(cudaMemcpy(dout, b, B * T * C * 4, cudaMemcpyDeviceToDevice));
+  // Causal attention: forward 2 x 2 x T^2/2 x C per sequence, backward twice that.
+  const double attn_flops = 3.0 * 2 * 2 * (T * T / 2.0) * C * B;
+  double times[2];
+  for (int k = 0; k < 2; ++k) {
+    gpt::cuda::CudaOps& ops = k == 0 ? **tc : **fp;
+    times[k] = EventSeconds(s, std::max(1, reps / 3), [&] {
+      ops.AttentionForward(qkv, out, probs, B, T, C, H);
+      ops.AttentionBackward(dout, qkv, probs, dqkv, B, T, C, H);
+    });
+  }
+  std::printf(
+      "attention B %ld T %ld C %ld H %ld, forward + backward: tensor cores %.2f ms (%.0f "
+      "TFLOP/s causal), fp32 kernels %.2f ms (%.1f TFLOP/s)\n",
+      static_cast<long>(B), static_cast<long>(T), static_cast<long>(C), static_cast<long>(H),
+      times[0] * 1e3, attn_flops / times[0] / 1e12, times[1] * 1e3, attn_flops / times[1] / 1e12);
+  const Status e1 = (*tc)->status(), e2 = (*fp)->status();
+  if (!e1.ok() || !e2.ok()) {
+    std::fprintf(stderr, "%s %s\n", e1.ToString().c_str(), e2.ToString().c_str());
+    return 1;
+  }
+  for (void* p : {static_cast<void*>(a), static_cast<void*>(b), static_cast<void*>(c), a16, b16,
+                  static_cast<void*>(qkv), static_cast<void*>(out), static_cast<void*>(probs),
+                  static_cast<void*>(dout), static_cast<void*>(dqkv)})
+    cudaFree(p);
+  return 0;
+}
 
 int main(int argc, char** argv) {
   int reps = 10;
@@ -165,5 +286,5 @@ int main(int argc, char** argv) {
       "%.0f GB/s; ratio %.2f; %.1f Gparams/s\n",
       n, Median(ta) * 1e3, adam_gbs, copy_gbs, adam_gbs / copy_gbs,
       static_cast<double>(n) / Median(ta) / 1e9);
-  return 0;
+  return TensorCores(reps);
 }

@@ -183,7 +183,7 @@ override the config:
                          (default RUN_DIR/report.html; none: not written)
   --trace FILE           the profiled iteration as a Chrome trace for Perfetto
                          (default RUN_DIR/trace.json; none: not written)
-  --checkpoint DIR       where checkpoints go (default RUN_DIR/checkpoint)
+  --checkpoint DIR       where checkpoints go (default RUN_DIR/checkpoint; none: no checkpoint)
   --resume DIR           continue from a checkpoint
   --init-from FILE       start from a safetensors file's parameters
   --plan FILE            this run's `tierzero plan --json` file: the report (summary, page)
@@ -247,10 +247,12 @@ Status PrepareOutputs(RunConfig& cfg, int rank, int world) {
     if (ec) return IoError("creating the directory of " + *file + ": " + ec.message());
   }
   // The checkpoint directory too, and it must be writable: found before step 1, not at the end.
-  fs::create_directories(out.checkpoint_dir, ec);
+  // "none": no checkpoint at all (benchmark runs of models whose states would fill the disk).
+  if (out.checkpoint_dir == "none") out.checkpoint_dir.clear();
+  if (!out.checkpoint_dir.empty()) fs::create_directories(out.checkpoint_dir, ec);
   if (ec)
     return IoError("creating the checkpoint directory " + out.checkpoint_dir + ": " + ec.message());
-  if (access(out.checkpoint_dir.c_str(), W_OK | X_OK) != 0)
+  if (!out.checkpoint_dir.empty() && access(out.checkpoint_dir.c_str(), W_OK | X_OK) != 0)
     return IoError("the checkpoint directory " + out.checkpoint_dir +
                    " is not writable: " + std::strerror(errno));
   if (cfg.engine.nvme_budget > 0) {
@@ -393,6 +395,7 @@ Status TrainRun::Save(int step) {
                {"batch_size", cfg_.train.batch_size},
                {"grad_accumulation", cfg_.engine.grad_accumulation},
                {"ranks", world_}};
+  if (out_.checkpoint_dir.empty()) return Status::OK();  // --checkpoint none
   const auto t0 = std::chrono::steady_clock::now();
   Status s = engine_->SaveCheckpoint(out_.checkpoint_dir, user.dump());
   save_s_ = SecondsSince(t0);
@@ -562,8 +565,11 @@ void TrainRun::PrintDone(const std::string& summary) const {
       Mib(st.d2h_bytes).c_str(), Mib(st.nvme_read_bytes).c_str(), Mib(st.nvme_write_bytes).c_str(),
       c > 0 ? 100 * st.acquire_wait_seconds / c : 0);
   std::fputs(summary.c_str(), stdout);
-  std::printf("  checkpoint: %s (saved in %.1f s)\n  metrics: %s\n  report: %s\n",
-              out_.checkpoint_dir.c_str(), save_s_, out_.metrics.c_str(), out_.report.c_str());
+  if (out_.checkpoint_dir.empty())
+    std::printf("  checkpoint: none\n");
+  else
+    std::printf("  checkpoint: %s (saved in %.1f s)\n", out_.checkpoint_dir.c_str(), save_s_);
+  std::printf("  metrics: %s\n  report: %s\n", out_.metrics.c_str(), out_.report.c_str());
   if (!out_.html.empty()) std::printf("  html: %s\n", out_.html.c_str());
   if (!out_.trace.empty()) std::printf("  trace: %s\n", out_.trace.c_str());
 }

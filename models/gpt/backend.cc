@@ -86,8 +86,11 @@ class CpuBackend final : public Backend {
 StatusOr<std::unique_ptr<Backend>> Backend::Create(Engine& engine) {
   if (engine.host_compute()) return std::unique_ptr<Backend>(new CpuBackend());
 #ifdef TZ_GPT_CUDA
-  TZ_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaOps> ops,
-                      cuda::CudaOps::Create(engine.compute_stream()));
+  // bf16 compute: the products on the tensor cores (Note [bf16 products around fp32
+  // activations]); fp32 and fp16 keep exact fp32 products.
+  TZ_ASSIGN_OR_RETURN(
+      std::unique_ptr<cuda::CudaOps> ops,
+      cuda::CudaOps::Create(engine.compute_stream(), engine.compute_dtype() == DType::kBF16));
   return std::unique_ptr<Backend>(std::move(ops));
 #else
   return UnsupportedError(

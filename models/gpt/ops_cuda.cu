@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "gpt/cublas_api.h"
 #include "gpt/ops_cuda.h"
+#include "gpt/tensor_core_cuda.h"
 
 namespace tierzero::gpt::cuda {
 namespace {
@@ -385,61 +387,6 @@ unsigned WarpBlocks(int64_t rows) { return Blocks(rows, kThreads / kWarp); }
 
 }  // namespace
 
-namespace {
-
-// Note [cuBLAS loaded on first use]
-// cuBLAS is opened with dlopen when the first CudaOps is made, not linked: merely loading
-// libcublasLt maps about 140 MB of resident memory (its zero-initialised data is written at load),
-// which every run paid, GPU or not; the default run on the simulated device peaked at about 227 MB
-// instead of about 40 MB. The header still gives the types; only these functions are called.
-struct CublasApi {
-  cublasStatus_t (*Create)(cublasHandle_t*);
-  cublasStatus_t (*Destroy)(cublasHandle_t);
-  cublasStatus_t (*SetStream)(cublasHandle_t, cudaStream_t);
-  cublasStatus_t (*SetMathMode)(cublasHandle_t, cublasMath_t);
-  cublasStatus_t (*Sgemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
-                          const float*, const float*, int, const float*, int, const float*, float*,
-                          int);
-};
-
-template <typename F>
-bool Bind(void* lib, const char* name, F*& fn) {
-  fn = reinterpret_cast<F*>(dlsym(lib, name));
-  return fn != nullptr;
-}
-
-StatusOr<const CublasApi*> LoadCublas() {
-  static const StatusOr<const CublasApi*> api = []() -> StatusOr<const CublasApi*> {
-    // The loader path first (the binary's run path names the toolkit it was built with), then
-    // that toolkit's directory itself.
-    const std::string soname = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
-    std::string tried;
-    void* lib = nullptr;
-    for (const std::string& path : {soname, std::string(TZ_CUDA_LIBRARY_DIR "/") + soname}) {
-      lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (lib != nullptr) break;
-      const char* why = dlerror();
-      tried += (tried.empty() ? "" : "; ") + path + ": " + (why != nullptr ? why : "not found");
-    }
-    if (lib == nullptr)
-      return UnavailableError("cuBLAS could not be loaded for the GPT's CUDA ops (" + tried +
-                              "); put " + soname + " on the loader path (LD_LIBRARY_PATH)");
-    auto* a = new CublasApi();
-    const bool ok =
-        Bind(lib, "cublasCreate_v2", a->Create) && Bind(lib, "cublasDestroy_v2", a->Destroy) &&
-        Bind(lib, "cublasSetStream_v2", a->SetStream) &&
-        Bind(lib, "cublasSetMathMode", a->SetMathMode) && Bind(lib, "cublasSgemm_v2", a->Sgemm);
-    if (!ok) {
-      delete a;
-      return UnavailableError(soname + " lacks cuBLAS functions the GPT's CUDA ops need");
-    }
-    return a;  // kept for the life of the process, as the library is
-  }();
-  return api;
-}
-
-}  // namespace
-
 struct CudaOps::Impl {
   const CublasApi* cublas = nullptr;
   cudaStream_t stream = nullptr;
@@ -451,6 +398,7 @@ struct CudaOps::Impl {
   int64_t row_loss_elems = 0;
   std::vector<double> host_loss;
   std::vector<float> host_mask;
+  std::unique_ptr<TensorCoreOps> tc;  // products on bf16 tensor cores, when asked for
 
   void Check(cudaError_t e, const char* what) {
     if (e != cudaSuccess && first_error.ok())
@@ -474,7 +422,7 @@ struct CudaOps::Impl {
   }
 };
 
-StatusOr<std::unique_ptr<CudaOps>> CudaOps::Create(void* stream) {
+StatusOr<std::unique_ptr<CudaOps>> CudaOps::Create(void* stream, bool tensor_cores) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     cudaGetLastError();
@@ -492,14 +440,20 @@ StatusOr<std::unique_ptr<CudaOps>> CudaOps::Create(void* stream) {
     return InternalError("cublasCreate failed with cuBLAS status " + std::to_string(s));
   }
   im.CheckBlas(im.cublas->SetStream(im.blas, im.stream), "cublasSetStream");
-  // Plain fp32 products (no TF32), so results match the CPU's to fp32 rounding.
-  im.CheckBlas(im.cublas->SetMathMode(im.blas, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
+  // Plain fp32 products (no TF32), so results match the CPU's to fp32 rounding; or bf16
+  // operands on the tensor cores (Note [bf16 products around fp32 activations]).
+  im.CheckBlas(
+      im.cublas->SetMathMode(im.blas, tensor_cores ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH),
+      "cublasSetMathMode");
+  if (tensor_cores)
+    im.tc = std::make_unique<TensorCoreOps>(im.cublas, im.blas, im.stream, &im.first_error);
   if (!im.first_error.ok()) return im.first_error;
   return std::move(ops);
 }
 
 CudaOps::~CudaOps() {
   if (!impl_) return;
+  impl_->tc.reset();
   if (impl_->dsum != nullptr) cudaFreeAsync(impl_->dsum, impl_->stream);
   if (impl_->row_loss != nullptr) cudaFreeAsync(impl_->row_loss, impl_->stream);
   cudaStreamSynchronize(impl_->stream);
@@ -510,6 +464,7 @@ Status CudaOps::status() const { return impl_->first_error; }
 
 void CudaOps::Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                    int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (impl_->tc) return impl_->tc->Gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
   impl_->CheckBlas(
       impl_->cublas->Sgemm(impl_->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -568,6 +523,7 @@ void CudaOps::GeluBackward(const float* dy, const float* x, float* dx, int64_t n
 
 void CudaOps::AttentionForward(const float* qkv, float* out, float* probs, int64_t batch,
                                int64_t seq, int64_t channels, int64_t heads) {
+  if (impl_->tc) return impl_->tc->AttentionForward(qkv, out, probs, batch, seq, channels, heads);
   AttentionForwardKernel<<<WarpBlocks(batch * heads * seq), kThreads, 0, impl_->stream>>>(
       qkv, out, probs, batch, seq, channels, heads);
   impl_->CheckLaunch("AttentionForwardKernel");
@@ -576,6 +532,8 @@ void CudaOps::AttentionForward(const float* qkv, float* out, float* probs, int64
 void CudaOps::AttentionBackward(const float* dout, const float* qkv, const float* probs,
                                 float* dqkv, int64_t batch, int64_t seq, int64_t channels,
                                 int64_t heads) {
+  if (impl_->tc)
+    return impl_->tc->AttentionBackward(dout, qkv, probs, dqkv, batch, seq, channels, heads);
   const int64_t rows = batch * heads * seq;
   float* dsum = impl_->Grow(impl_->dsum, impl_->dsum_elems, rows);
   if (dsum == nullptr) return;

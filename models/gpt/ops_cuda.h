@@ -1,6 +1,7 @@
 // GPT operations on a CUDA device, forward and backward: the same ops, layouts and contracts as
 // gpt/ops.h (cpu::), in fp32 on device pointers, ordered on one stream. Products go through
-// cuBLAS (fp32, no TF32), everything else through the kernels in ops_cuda.cu. tests/gpt checks
+// cuBLAS (fp32, no TF32; or bf16 tensor cores, see Create), everything else through the kernels
+// in ops_cuda.cu. tests/gpt checks
 // each op against the CPU one on random inputs of awkward sizes (on a GPU; skipped without).
 //
 // Determinism as on the CPU: every output element is written by one thread in a fixed order
@@ -24,7 +25,10 @@ namespace tierzero::gpt::cuda {
 class CudaOps final : public Backend {
  public:
   // stream: a cudaStream_t (the engine's compute_stream()). Unavailable without a GPU.
-  static StatusOr<std::unique_ptr<CudaOps>> Create(void* stream);
+  // tensor_cores: products (Gemm, the Linear ops, attention) with bf16 operands on the tensor
+  // cores, fp32 accumulation (gpt/tensor_core_cuda.h), within bf16 rounding of the fp32 ops;
+  // otherwise fp32 products without TF32, within fp32 rounding of the CPU's.
+  static StatusOr<std::unique_ptr<CudaOps>> Create(void* stream, bool tensor_cores = false);
   ~CudaOps() override;
   CudaOps(const CudaOps&) = delete;
   CudaOps& operator=(const CudaOps&) = delete;

@@ -7,9 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gpt/ops.h"
@@ -275,6 +278,93 @@ TEST_F(CudaOpsTest, RepeatedCallsAreBitIdentical) {
       first = d;
     else
       EXPECT_EQ(std::memcmp(d.data(), first.data(), 4 * d.size()), 0);
+  }
+}
+
+// ---- bf16 tensor cores (gpt/tensor_core_cuda.h) ---------------------------------------------
+
+// ||gpu - cpu|| / ||cpu|| in double: bf16 operands (relative rounding 2^-9 each) with fp32 sums
+// land near 3e-3 on random data; fp32 products near 1e-7; a wrong index near 1.
+double RelativeError(const std::vector<float>& gpu, const std::vector<float>& cpu) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double d = static_cast<double>(gpu[i]) - cpu[i];
+    num += d * d;
+    den += static_cast<double>(cpu[i]) * cpu[i];
+  }
+  return std::isfinite(num) ? std::sqrt(num / den) : 1e300;
+}
+
+void ExpectWithinBf16(const std::vector<float>& gpu, const std::vector<float>& cpu,
+                      const std::string& what, double bound = 1e-2) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  const double e = RelativeError(gpu, cpu);
+  std::printf("  %-44s relative error %.2e\n", what.c_str(), e);
+  EXPECT_LT(e, bound) << what;
+  EXPECT_GT(e, 0.0) << what << ": bit-identical to fp32, so not on bf16 operands";
+}
+
+class CudaTensorCoreOpsTest : public CudaOpsTest {
+ protected:
+  void SetUp() override {
+    auto ops = cuda::CudaOps::Create(nullptr, /*tensor_cores=*/true);
+    if (!ops.ok()) GTEST_SKIP() << ops.status().ToString();
+    ops_ = std::move(*ops);
+  }
+};
+
+TEST_F(CudaTensorCoreOpsTest, GemmEveryTransposeWithinBf16Rounding) {
+  for (auto [m, n, k] : {std::array<int64_t, 3>{37, 67, 45}, {300, 520, 704}}) {
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        auto a = Random(m * k, 1), b = Random(k * n, 2), c = Random(m * n, 3);
+        const int64_t lda = ta ? m : k, ldb = tb ? k : n;
+        auto ref = c;
+        cpu::Gemm<float>(ta, tb, m, n, k, 0.7f, a.data(), lda, b.data(), ldb, 0.3f, ref.data(), n);
+        DeviceVec<float> da(a), db(b), dc(c);
+        ops_->Gemm(ta, tb, m, n, k, 0.7f, da.get(), lda, db.get(), ldb, 0.3f, dc.get(), n);
+        ExpectWithinBf16(dc.Download(), ref,
+                         "gemm " + std::to_string(m) + "x" + std::to_string(n) + "x" +
+                             std::to_string(k) + " ta " + std::to_string(ta) + " tb " +
+                             std::to_string(tb));
+      }
+  }
+}
+
+TEST_F(CudaTensorCoreOpsTest, AttentionWithinBf16RoundingAndRepeatable) {
+  for (AttnShape s :
+       {AttnShape{3, 13, 40, 5}, AttnShape{2, 70, 144, 2}, AttnShape{2, 200, 256, 4}}) {
+    const int64_t rows = s.batch * s.seq, probs_n = s.batch * s.heads * s.seq * s.seq;
+    auto qkv = Random(rows * 3 * s.channels, 1), dout = Random(rows * s.channels, 2);
+    std::vector<float> out(rows * s.channels), probs(probs_n), dqkv(rows * 3 * s.channels);
+    cpu::AttentionForward<float>(qkv.data(), out.data(), probs.data(), s.batch, s.seq, s.channels,
+                                 s.heads);
+    cpu::AttentionBackward<float>(dout.data(), qkv.data(), probs.data(), dqkv.data(), s.batch,
+                                  s.seq, s.channels, s.heads);
+    DeviceVec<float> gqkv(qkv), gout(Filled<float>(out.size(), 7.0f)),
+        gprobs(Filled<float>(probs_n, 7.0f)), gdout(dout), gdqkv(Filled<float>(dqkv.size(), 7.0f));
+    const std::string shape =
+        " seq " + std::to_string(s.seq) + " hd " + std::to_string(s.channels / s.heads);
+    std::vector<float> first;
+    for (int rep = 0; rep < 2; ++rep) {
+      ops_->AttentionForward(gqkv.get(), gout.get(), gprobs.get(), s.batch, s.seq, s.channels,
+                             s.heads);
+      ops_->AttentionBackward(gdout.get(), gqkv.get(), gprobs.get(), gdqkv.get(), s.batch, s.seq,
+                              s.channels, s.heads);
+      const auto d = gdqkv.Download();
+      if (rep == 1) {
+        EXPECT_EQ(std::memcmp(d.data(), first.data(), 4 * d.size()), 0) << "repeat" << shape;
+        break;
+      }
+      first = d;
+      ExpectWithinBf16(gout.Download(), out, "attention out" + shape);
+      const auto p = gprobs.Download();
+      ExpectWithinBf16(p, probs, "attention probs" + shape);
+      for (int64_t r = 0; r < s.batch * s.heads * s.seq; ++r)
+        for (int64_t c = r % s.seq + 1; c < s.seq; ++c)
+          ASSERT_EQ(p[r * s.seq + c], 0.0f) << "above the diagonal at row " << r << shape;
+      ExpectWithinBf16(d, dqkv, "dqkv" + shape, 2e-2);
+    }
   }
 }
 
