@@ -5,6 +5,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <unordered_set>
 
 #include "core/bytes.h"
 #include "core/check.h"
@@ -85,6 +86,10 @@ class CudaDevice final : public Device {
   }
   void DestroyEvent(EventHandle h) override {
     if (h.impl == nullptr) return;
+    {
+      std::lock_guard<std::mutex> lock(recorded_mu_);
+      recorded_.erase(h.impl);
+    }
     cudaSetDevice(info_.ordinal);
     cudaEventDestroy(Cast(h));
   }
@@ -93,6 +98,8 @@ class CudaDevice final : public Device {
     RETURN_IF_ERROR(CheckStream(s));
     RETURN_IF_ERROR(Current());
     CUDA_RETURN_IF_ERROR(cudaEventRecord(Cast(e), Cast(s)));
+    std::lock_guard<std::mutex> lock(recorded_mu_);
+    recorded_.insert(e.impl);
     return Status::OK();
   }
   Status StreamWaitEvent(StreamHandle s, EventHandle e) override {
@@ -122,13 +129,21 @@ class CudaDevice final : public Device {
   StatusOr<double> ElapsedSeconds(EventHandle start, EventHandle end) override {
     RETURN_IF_ERROR(CheckEvent(start));
     RETURN_IF_ERROR(CheckEvent(end));
+    const Status not_ready =
+        FailedPreconditionError("ElapsedSeconds needs two recorded, completed events");
+    {
+      // Asked of an event never recorded, CUDA fails with an invalid-handle error, which
+      // compute-sanitizer reports as an API error: answer without asking it.
+      std::lock_guard<std::mutex> lock(recorded_mu_);
+      if (!recorded_.count(start.impl) || !recorded_.count(end.impl)) return not_ready;
+    }
     RETURN_IF_ERROR(Current());
+    for (EventHandle e : {start, end}) {
+      ASSIGN_OR_RETURN(const bool done, EventDone(e));
+      if (!done) return not_ready;
+    }
     float ms = 0;
     cudaError_t err = cudaEventElapsedTime(&ms, Cast(start), Cast(end));
-    if (err == cudaErrorNotReady || err == cudaErrorInvalidResourceHandle) {
-      cudaGetLastError();  // clear
-      return FailedPreconditionError("ElapsedSeconds needs two recorded, completed events");
-    }
     CUDA_RETURN_IF_ERROR(err);
     return ms / 1e3;
   }
@@ -203,6 +218,8 @@ class CudaDevice final : public Device {
   }
 
   const DeviceInfo info_;
+  std::mutex recorded_mu_;
+  std::unordered_set<void*> recorded_;  // events recorded at least once (ElapsedSeconds)
   uint8_t* const slab_;
   DeviceSlab memory_;  // the device memory, handed out from slab_
 };
