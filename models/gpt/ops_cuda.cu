@@ -1,12 +1,14 @@
 // GPT ops on CUDA (gpt/ops_cuda.h). Kernels favour clarity and determinism over peak speed:
-// one warp per row for row-wise ops (LayerNorm, softmax rows, cross-entropy), one thread per
-// column for column reductions, grid-stride loops for elementwise ops.
+// one warp per row for row-wise ops (LayerNorm, softmax rows, cross-entropy), slabs of rows per
+// thread block then one thread per column for column reductions, grid-stride loops for
+// elementwise ops.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 #include <string>
@@ -76,12 +78,42 @@ __global__ void AddBiasKernel(float* y, const float* bias, int64_t rows, int64_t
     y[i] += bias[i % cols];
 }
 // out[c] += sum over rows of m[r, c], rows in order.
-__global__ void ColumnSumsKernel(const float* m, float* out, int64_t rows, int64_t cols) {
+// Column sums in two passes, so that a few thousand columns still fill the GPU (one thread per
+// column over 8192 rows took a quarter of a step's kernel time): each thread block sums a slab
+// of kColumnSlab rows for its columns into partial[slab][column], then one thread per column
+// adds the slabs in order into out. Fixed order, so a run repeats bit for bit. Slabs are 128 rows,
+// more where the grid's y extent (65535) would not hold them.
+struct Slabs {
+  int64_t rows, count;
+};
+Slabs ColumnSlabs(int64_t rows) {
+  const int64_t per = std::max<int64_t>(128, (rows + 65534) / 65535);
+  return {per, rows == 0 ? 1 : (rows + per - 1) / per};
+}
+
+__global__ void ColumnPartialsKernel(const float* m, float* partial, int64_t rows, int64_t cols,
+                                     int64_t slab) {
   const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (c >= cols) return;
+  const int64_t r0 = blockIdx.y * slab, r1 = min(rows, r0 + slab);
   float acc = 0;
-  for (int64_t r = 0; r < rows; ++r) acc += m[r * cols + c];
-  out[c] += acc;
+  for (int64_t r = r0; r < r1; ++r) acc += m[r * cols + c];
+  partial[blockIdx.y * cols + c] = acc;
+}
+
+// out[c] += sum over slabs of partial[slab][c], for `n` interleaved outputs (partial holds n
+// arrays of slabs x cols back to back).
+__global__ void ColumnTotalsKernel(const float* partial, int64_t slabs, int64_t cols, float* out0,
+                                   float* out1) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= cols) return;
+  float a = 0, b = 0;
+  for (int64_t k = 0; k < slabs; ++k) {
+    a += partial[k * cols + c];
+    if (out1 != nullptr) b += partial[(slabs + k) * cols + c];
+  }
+  out0[c] += a;
+  if (out1 != nullptr) out1[c] += b;
 }
 
 // ---- LayerNorm: a warp per row ----------------------------------------------------------------
@@ -129,19 +161,22 @@ __global__ void LayerNormBackwardRowsKernel(const float* dy, const float* x, con
     dxr[j] = rs * (dyr[j] * gamma[j] - sg - xhat * sgx);
   }
 }
-__global__ void LayerNormBackwardColumnsKernel(const float* dy, const float* x, const float* mean,
-                                               const float* rstd, float* dgamma, float* dbeta,
-                                               int64_t rows, int64_t cols) {
+// dgamma and dbeta slab partials (see ColumnPartialsKernel): [0, slabs) rows of partial hold
+// dgamma's, [slabs, 2 slabs) dbeta's.
+__global__ void LayerNormColumnPartialsKernel(const float* dy, const float* x, const float* mean,
+                                              const float* rstd, float* partial, int64_t rows,
+                                              int64_t cols, int64_t slab) {
   const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (c >= cols) return;
+  const int64_t r0 = blockIdx.y * slab, r1 = min(rows, r0 + slab);
   float ag = 0, ab = 0;
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = r0; r < r1; ++r) {
     const float d = dy[r * cols + c];
     ag += d * (x[r * cols + c] - mean[r]) * rstd[r];
     ab += d;
   }
-  dgamma[c] += ag;
-  dbeta[c] += ab;
+  partial[blockIdx.y * cols + c] = ag;
+  partial[(gridDim.y + blockIdx.y) * cols + c] = ab;
 }
 
 // ---- attention --------------------------------------------------------------------------------
@@ -394,6 +429,8 @@ struct CudaOps::Impl {
   Status first_error;
   float* dsum = nullptr;  // attention row dots: batch x heads x seq
   int64_t dsum_elems = 0;
+  float* partial = nullptr;  // column sums' slab partials
+  int64_t partial_elems = 0;
   double* row_loss = nullptr;  // cross-entropy, per row
   int64_t row_loss_elems = 0;
   std::vector<double> host_loss;
@@ -455,6 +492,7 @@ CudaOps::~CudaOps() {
   if (!impl_) return;
   impl_->tc.reset();
   if (impl_->dsum != nullptr) cudaFreeAsync(impl_->dsum, impl_->stream);
+  if (impl_->partial != nullptr) cudaFreeAsync(impl_->partial, impl_->stream);
   if (impl_->row_loss != nullptr) cudaFreeAsync(impl_->row_loss, impl_->stream);
   cudaStreamSynchronize(impl_->stream);
   if (impl_->blas != nullptr) impl_->cublas->Destroy(impl_->blas);
@@ -488,8 +526,15 @@ void CudaOps::LinearBackward(const float* dy, const float* x, const float* w, fl
   if (dx != nullptr) Gemm(false, true, rows, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in);
   Gemm(true, false, in, out, rows, 1.0f, x, in, dy, out, 1.0f, dw, out);
   if (dbias != nullptr) {
-    ColumnSumsKernel<<<Blocks(out), kThreads, 0, impl_->stream>>>(dy, dbias, rows, out);
-    impl_->CheckLaunch("ColumnSumsKernel");
+    const Slabs sl = ColumnSlabs(rows);
+    float* partial = impl_->Grow(impl_->partial, impl_->partial_elems, sl.count * out);
+    if (partial == nullptr) return;
+    ColumnPartialsKernel<<<dim3(Blocks(out), static_cast<unsigned>(sl.count)), kThreads, 0,
+                           impl_->stream>>>(dy, partial, rows, out, sl.rows);
+    impl_->CheckLaunch("ColumnPartialsKernel");
+    ColumnTotalsKernel<<<Blocks(out), kThreads, 0, impl_->stream>>>(partial, sl.count, out, dbias,
+                                                                    nullptr);
+    impl_->CheckLaunch("ColumnTotalsKernel");
   }
 }
 
@@ -506,9 +551,15 @@ void CudaOps::LayerNormBackward(const float* dy, const float* x, const float* ga
   LayerNormBackwardRowsKernel<<<WarpBlocks(rows), kThreads, 0, impl_->stream>>>(
       dy, x, gamma, mean, rstd, dx, rows, cols);
   impl_->CheckLaunch("LayerNormBackwardRowsKernel");
-  LayerNormBackwardColumnsKernel<<<Blocks(cols), kThreads, 0, impl_->stream>>>(
-      dy, x, mean, rstd, dgamma, dbeta, rows, cols);
-  impl_->CheckLaunch("LayerNormBackwardColumnsKernel");
+  const Slabs sl = ColumnSlabs(rows);
+  float* partial = impl_->Grow(impl_->partial, impl_->partial_elems, 2 * sl.count * cols);
+  if (partial == nullptr) return;
+  LayerNormColumnPartialsKernel<<<dim3(Blocks(cols), static_cast<unsigned>(sl.count)), kThreads, 0,
+                                  impl_->stream>>>(dy, x, mean, rstd, partial, rows, cols, sl.rows);
+  impl_->CheckLaunch("LayerNormColumnPartialsKernel");
+  ColumnTotalsKernel<<<Blocks(cols), kThreads, 0, impl_->stream>>>(partial, sl.count, cols, dgamma,
+                                                                   dbeta);
+  impl_->CheckLaunch("ColumnTotalsKernel");
 }
 
 void CudaOps::GeluForward(const float* x, float* y, int64_t n) {

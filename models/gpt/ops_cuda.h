@@ -5,7 +5,8 @@
 // each op against the CPU one on random inputs of awkward sizes (on a GPU; skipped without).
 //
 // Determinism as on the CPU: every output element is written by one thread in a fixed order
-// (the column reductions for bias, LayerNorm and embedding gradients run per column over rows;
+// (the column reductions for bias and LayerNorm gradients sum fixed slabs of rows, then the slabs
+// in order; embedding gradients run per column over rows;
 // attention's key and value gradients per key position), so a run repeats bit for bit.
 //
 // This header is C++17 and CUDA-free (the stream is a void*), so C++20 code can include it.
