@@ -15,29 +15,12 @@
 #include <vector>
 
 #include "gpt/cublas_api.h"
+#include "gpt/kernels_cuda.cuh"
 #include "gpt/ops_cuda.h"
 #include "gpt/tensor_core_cuda.h"
 
 namespace tierzero::gpt::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int kWarp = 32;
-
-// Blocks to cover n items at `threads` per block (grid x allows 2^31 - 1).
-unsigned Blocks(int64_t n, int threads = kThreads) {
-  const int64_t b = (n + threads - 1) / threads;
-  return static_cast<unsigned>(b < 1 ? 1 : b);
-}
-
-__device__ float WarpSum(float v) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ float WarpMax(float v) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 
 // ---- elementwise ----------------------------------------------------------------------------
 
@@ -417,8 +400,6 @@ struct ToBF16 {
 struct ToF16 {
   __device__ __half operator()(float v) const { return __float2half_rn(v); }
 };
-
-unsigned WarpBlocks(int64_t rows) { return Blocks(rows, kThreads / kWarp); }
 
 }  // namespace
 

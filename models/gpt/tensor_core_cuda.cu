@@ -16,28 +16,11 @@
 #include <cmath>
 #include <string>
 
+#include "gpt/kernels_cuda.cuh"
 #include "gpt/tensor_core_cuda.h"
 
 namespace tierzero::gpt::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int kWarp = 32;
-
-unsigned Blocks(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 1 ? 1 : (b > (int64_t{1} << 30) ? (int64_t{1} << 30) : b));
-}
-unsigned WarpBlocks(int64_t rows) { return Blocks(rows * kWarp); }
-
-__device__ float WarpSum(float v) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ float WarpMax(float v) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 
 // dst (dense, rows x cols) = bf16(src[r * ld + c]), rounding to nearest even; `width` (1 or 4)
 // consecutive elements per thread, 4 when cols, ld and src allow 16-byte loads (one index
