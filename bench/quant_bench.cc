@@ -1,11 +1,11 @@
 // Block quantization (src/kernels/quantize.h) next to memcpy, measured in the same run.
 //
-//   build/bin/quant_bench [--reps=7] [--elems=33554432]
+//   build/bin/quant_bench [--reps=7] [--elems=33554432] [--block=256]
 //
 // For each input dtype and format: quantize, dequantize and the fused sum-requantize of two
-// inputs over one layout of `elems` elements (runs of 1M elements, block 256), on one thread and
-// on all of oneTBB's, interleaved with a memcpy of the quantized input's bytes on as many
-// threads. Bandwidth counts the bytes each pass touches (read + written), memcpy's twice its
+// inputs over one layout of `elems` elements (runs of 1M elements, blocks of `block`), on one
+// thread and on all of oneTBB's, interleaved with a memcpy of the quantized input's bytes on as
+// many threads. Bandwidth counts the bytes each pass touches (read + written), memcpy's twice its
 // size, so the ratio is the fraction of the copy bandwidth the kernel reaches (the goal:
 // >= 0.7). Medians over the repetitions.
 #include <tbb/global_control.h>
@@ -56,12 +56,14 @@ void Copy(void* dst, const void* src, size_t bytes, int threads) {
 int main(int argc, char** argv) {
   int reps = 7;
   uint64_t elems = uint64_t{32} << 20;
+  uint64_t block = 256;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--reps=", 7) == 0) reps = std::max(1, std::atoi(argv[i] + 7));
     if (std::strncmp(argv[i], "--elems=", 8) == 0) elems = std::strtoull(argv[i] + 8, nullptr, 10);
+    if (std::strncmp(argv[i], "--block=", 8) == 0) block = std::strtoull(argv[i] + 8, nullptr, 10);
   }
-  std::printf("quant_bench: %llu elements, runs of 1M, block 256, SIMD %s, median of %d\n",
-              static_cast<unsigned long long>(elems),
+  std::printf("quant_bench: %llu elements, runs of 1M, block %llu, SIMD %s, median of %d\n",
+              static_cast<unsigned long long>(elems), static_cast<unsigned long long>(block),
               std::string(tierzero::SimdLevelName(tierzero::ActiveSimdLevel())).c_str(), reps);
   std::printf("%-7s %-5s %-4s %7s | %9s %6s | %9s %6s | %9s %6s | %11s\n", "input", "bits", "thr",
               "", "quant_GBs", "ratio", "deq_GBs", "ratio", "sum2_GBs", "ratio", "memcpy_GBs");
@@ -79,8 +81,11 @@ int main(int argc, char** argv) {
     auto copy = tierzero::AlignedBuffer::Allocate(in_bytes);
     if (!tierzero::Convert(values.data(), DType::kF32, src.data(), t, elems).ok()) return 1;
     for (int bits : {8, 4}) {
-      auto layout = k::QuantLayout::Create({bits, 256}, runs);
-      if (!layout.ok()) return 1;
+      auto layout = k::QuantLayout::Create({bits, static_cast<uint32_t>(block)}, runs);
+      if (!layout.ok()) {
+        std::fprintf(stderr, "quant_bench: %s\n", layout.status().ToString().c_str());
+        return 1;
+      }
       auto q = tierzero::AlignedBuffer::Allocate(layout->bytes());
       auto q2 = tierzero::AlignedBuffer::Allocate(layout->bytes());
       auto fused = tierzero::AlignedBuffer::Allocate(layout->bytes());

@@ -55,16 +55,20 @@ namespace internal {
 
 namespace {
 
-void QuantizeScalar(const void* x, DType t, uint64_t n, int bits, float* scale, uint8_t* payload) {
-  float amax = 0;
-  bool finite = true;
+void AbsMaxScalar(const void* x, DType t, uint64_t n, float* amax, bool* finite) {
+  float m = 0;
+  bool ok = true;
   for (uint64_t i = 0; i < n; ++i) {
     const float a = std::fabs(LoadElement(x, t, i));
-    finite &= a <= std::numeric_limits<float>::max();
-    amax = std::max(amax, a);
+    ok &= a <= std::numeric_limits<float>::max();
+    m = std::max(m, a);
   }
-  const BlockScale s = StartBlock(amax, finite, n, bits, scale, payload);
-  if (!s.nonzero) return;
+  *amax = m;
+  *finite = ok;
+}
+
+void QuantizeBlockScalar(const void* x, DType t, uint64_t n, int bits, const BlockScale& s,
+                         uint8_t* payload) {
   const int qmax = QMax(bits);
   if (bits == 8) {
     for (uint64_t i = 0; i < n; ++i)
@@ -76,6 +80,18 @@ void QuantizeScalar(const void* x, DType t, uint64_t n, int bits, float* scale, 
     const int hi = i + 1 < n ? QuantizeElement(LoadElement(x, t, i + 1), s.inverse, qmax) : 0;
     payload[i / 2] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
   }
+}
+
+void QuantizeScalar(const void* x, DType t, uint64_t n, uint64_t count, int bits, float* scales,
+                    uint8_t* payload) {
+  QuantizeInGroups(
+      x, t, n, count, bits, scales, payload,
+      [t](const void* b, uint64_t m, float* amax, bool* finite) {
+        AbsMaxScalar(b, t, m, amax, finite);
+      },
+      [t, bits](const void* b, uint64_t m, const BlockScale& s, uint8_t* out) {
+        QuantizeBlockScalar(b, t, m, bits, s, out);
+      });
 }
 
 void DequantizeScalar(const uint8_t* payload, float scale, uint64_t n, int bits, float* out,
@@ -126,24 +142,28 @@ Status CheckFloat(DType t, const char* what) {
                               std::string(DTypeName(t)));
 }
 
-// Calls body(run, block index, first element, elements, payload offset) for every block, in
-// parallel for large layouts (about 64K elements per task).
+// Calls body(first block, count, first element, elements per block, payload offset) for every
+// span of blocks in one run with the same length (a run's full blocks, then its tail), in
+// parallel for large layouts (about 64K elements per task; a span never crosses tasks).
 template <typename Body>
-void ForEachBlock(const QuantLayout& layout, Body body) {
+void ForEachSpan(const QuantLayout& layout, Body body) {
   if (layout.blocks() == 0) return;
   const auto& runs = layout.runs();
   const uint64_t b = layout.spec().block_elems;
+  const uint64_t block_bytes = layout.BlockPayloadBytes(b);
   auto range = [&](uint64_t first, uint64_t last) {
     auto run =
         std::upper_bound(runs.begin(), runs.end(), first,
                          [](uint64_t blk, const QuantLayout::Run& r) { return blk < r.block; });
     --run;
-    for (uint64_t blk = first; blk < last; ++blk) {
+    for (uint64_t blk = first; blk < last;) {
       while (run + 1 != runs.end() && (run + 1)->block <= blk) ++run;
-      const uint64_t k = blk - run->block;
+      const uint64_t k = blk - run->block, full = run->elems / b;
+      const uint64_t count = k < full ? std::min(full - k, last - blk) : 1;
       const uint64_t elem = run->elem + k * b;
-      const uint64_t n = std::min(b, run->elem + run->elems - elem);
-      body(blk, elem, n, run->byte + k * layout.BlockPayloadBytes(b));
+      const uint64_t n = k < full ? b : run->elems - full * b;
+      body(blk, count, elem, n, run->byte + k * block_bytes);
+      blk += count;
     }
   };
   const uint64_t grain = std::max<uint64_t>(1, 65536 / b);
@@ -153,6 +173,15 @@ void ForEachBlock(const QuantLayout& layout, Body body) {
   }
   tbb::parallel_for(tbb::blocked_range<uint64_t>(0, layout.blocks(), grain),
                     [&](const tbb::blocked_range<uint64_t>& r) { range(r.begin(), r.end()); });
+}
+
+// ForEachSpan one block at a time: body(block, first element, elements, payload offset).
+template <typename Body>
+void ForEachBlock(const QuantLayout& layout, Body body) {
+  const uint64_t block_bytes = layout.BlockPayloadBytes(layout.spec().block_elems);
+  ForEachSpan(layout, [&](uint64_t blk, uint64_t count, uint64_t elem, uint64_t n, uint64_t byte) {
+    for (uint64_t j = 0; j < count; ++j) body(blk + j, elem + j * n, n, byte + j * block_bytes);
+  });
 }
 
 float* Scales(void* packed) { return static_cast<float*>(packed); }
@@ -173,8 +202,9 @@ Status Quantize(const QuantLayout& layout, const void* src, DType src_type, void
   float* scales = Scales(dst);
   uint8_t* payload = Payload(layout, dst);
   const auto* s = static_cast<const uint8_t*>(src);
-  ForEachBlock(layout, [&](uint64_t blk, uint64_t elem, uint64_t n, uint64_t byte) {
-    k.quantize(s + DTypeBytes(src_type, elem), src_type, n, bits, scales + blk, payload + byte);
+  ForEachSpan(layout, [&](uint64_t blk, uint64_t count, uint64_t elem, uint64_t n, uint64_t byte) {
+    k.quantize(s + DTypeBytes(src_type, elem), src_type, n, count, bits, scales + blk,
+               payload + byte);
   });
   return Status::OK();
 }
@@ -235,7 +265,7 @@ Status DequantizeSumRequantize(const QuantLayout& layout, const std::vector<cons
   ForEachBlock(layout, [&](uint64_t blk, uint64_t, uint64_t n, uint64_t byte) {
     float acc[4096];
     SumBlock(k, layout, inputs, blk, n, byte, acc);
-    k.quantize(acc, DType::kF32, n, layout.spec().bits, scales + blk, payload + byte);
+    k.quantize(acc, DType::kF32, n, 1, layout.spec().bits, scales + blk, payload + byte);
   });
   return Status::OK();
 }

@@ -107,8 +107,11 @@ namespace internal {
 // One level's block kernels (quantize_{scalar,avx2,avx512}.cc). `n` is 1 .. 4096; `scale` and
 // `payload` point at the block's scale and first payload byte.
 struct QuantKernels {
-  // Quantizes n values of x (fp32, bf16 or fp16).
-  void (*quantize)(const void* x, DType t, uint64_t n, int bits, float* scale, uint8_t* payload);
+  // Quantizes `count` consecutive blocks of n values of x (fp32, bf16 or fp16) each: scales[0 ..
+  // count), each block's payload BlockPayload(n) bytes after the previous one's (Note [Blocks in
+  // groups] in quantize_block.h).
+  void (*quantize)(const void* x, DType t, uint64_t n, uint64_t count, int bits, float* scales,
+                   uint8_t* payload);
   // out[0 .. n) = dequantized values (accumulate: out += them).
   void (*dequantize)(const uint8_t* payload, float scale, uint64_t n, int bits, float* out,
                      bool accumulate);

@@ -86,7 +86,9 @@ inline __m256i QuantizeLanes(__m256 x, __m256 inverse) {
   return _mm256_cvtps_epi32(_mm256_mul_ps(x, inverse));
 }
 
-// 32 values from x[i ..] quantized to 32 signed bytes, in order.
+// 32 values from x[i ..] quantized to 32 signed bytes, in order; for bf16 with `ordered` false,
+// the 64-bit groups of elements 0-7, 16-23, 8-15, 24-31 (the int4 packing orders them later).
+template <bool ordered = true>
 inline __m256i Quantize32(const void* x, DType t, uint64_t i, __m256 inverse) {
   __m256i bytes;
   if (t == DType::kBF16) {
@@ -103,7 +105,7 @@ inline __m256i Quantize32(const void* x, DType t, uint64_t i, __m256 inverse) {
     const __m256i d = QuantizeLanes(_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v1)), inverse);
     // 0-7, 16-23 | 8-15, 24-31
     bytes = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
-    bytes = _mm256_permute4x64_epi64(bytes, 0xD8);
+    if (ordered) bytes = _mm256_permute4x64_epi64(bytes, 0xD8);
   } else {
     const __m256i a = QuantizeLanes(Load(x, t, i), inverse);
     const __m256i b = QuantizeLanes(Load(x, t, i + 8), inverse);
@@ -116,12 +118,9 @@ inline __m256i Quantize32(const void* x, DType t, uint64_t i, __m256 inverse) {
   return bytes;
 }
 
-void Quantize(const void* x, DType t, uint64_t n, int bits, float* scale, uint8_t* payload) {
-  float amax;
-  bool finite;
-  AbsMax(x, t, n, &amax, &finite);
-  const BlockScale s = StartBlock(amax, finite, n, bits, scale, payload);
-  if (!s.nonzero) return;
+// The elements of a block whose scale is s (nonzero).
+void QuantizeBlock(const void* x, DType t, uint64_t n, int bits, const BlockScale& s,
+                   uint8_t* payload) {
   const int qm = QMax(bits);
   const __m256 inverse = _mm256_set1_ps(s.inverse);
   uint64_t i = 0;
@@ -133,9 +132,22 @@ void Quantize(const void* x, DType t, uint64_t n, int bits, float* scale, uint8_
     return;
   }
   const __m256i nibbles = _mm256_set1_epi8(0x0F), weights = _mm256_set1_epi16(0x1001);
+  // In 16-bit lanes (even byte, odd byte): even & 0xF + (odd & 0xF) * 16 through one multiply-add
+  // of unsigned bytes by the weights 1 and 16, then to bytes. For bf16 the bytes stay in
+  // Quantize32's group order, each 64-bit group a 32-bit one after the multiply-add: packing
+  // leaves p's groups 0, 1, q's 0, 1 | p's 2, 3, q's 2, 3, which one permute puts in order.
+  if (t == DType::kBF16) {
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (; i + 64 <= n; i += 64) {
+      const __m256i p = Quantize32<false>(x, t, i, inverse);
+      const __m256i q = Quantize32<false>(x, t, i + 32, inverse);
+      const __m256i pn = _mm256_maddubs_epi16(_mm256_and_si256(p, nibbles), weights);
+      const __m256i qn = _mm256_maddubs_epi16(_mm256_and_si256(q, nibbles), weights);
+      const __m256i packed = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(pn, qn), order);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(payload + i / 2), packed);
+    }
+  }
   for (; i + 64 <= n; i += 64) {
-    // In 16-bit lanes (even byte, odd byte): even & 0xF + (odd & 0xF) * 16 through one
-    // multiply-add of unsigned bytes by the weights 1 and 16, then to bytes.
     const __m256i p = Quantize32(x, t, i, inverse);
     const __m256i q = Quantize32(x, t, i + 32, inverse);
     const __m256i pn = _mm256_maddubs_epi16(_mm256_and_si256(p, nibbles), weights);
@@ -148,6 +160,16 @@ void Quantize(const void* x, DType t, uint64_t n, int bits, float* scale, uint8_
     const int hi = i + 1 < n ? QuantizeElement(LoadElement(x, t, i + 1), s.inverse, qm) : 0;
     payload[i / 2] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
   }
+}
+
+void Quantize(const void* x, DType t, uint64_t n, uint64_t count, int bits, float* scales,
+              uint8_t* payload) {
+  QuantizeInGroups(
+      x, t, n, count, bits, scales, payload,
+      [t](const void* b, uint64_t m, float* amax, bool* finite) { AbsMax(b, t, m, amax, finite); },
+      [t, bits](const void* b, uint64_t m, const BlockScale& s, uint8_t* out) {
+        QuantizeBlock(b, t, m, bits, s, out);
+      });
 }
 
 // 8 quantized values from element i as floats.
@@ -190,26 +212,41 @@ void Dequantize16(const uint8_t* payload, float scale, uint64_t n, int bits, uin
   const __m256 s = _mm256_set1_ps(scale);
   uint64_t i = 0;
   if (bits == 4) {
-    // An int4 block has 16 possible values: their results (the scalar rounding, which Convert's
-    // SIMD paths equal bit for bit) as a low-byte and a high-byte table, and each element two
-    // byte lookups (PSHUFB) by its nibble: 16 elements per step from 8 payload bytes.
-    alignas(16) uint8_t lo_bytes[16], hi_bytes[16];
-    for (int v = 0; v < 16; ++v) {
-      const float x = static_cast<float>((v ^ 8) - 8) * scale;
-      const uint16_t h = t == DType::kBF16 ? F32ToBF16Scalar(x) : F32ToF16Scalar(x);
-      lo_bytes[v] = static_cast<uint8_t>(h & 0xFF);
-      hi_bytes[v] = static_cast<uint8_t>(h >> 8);
-    }
-    const __m128i tlo = _mm_load_si128(reinterpret_cast<const __m128i*>(lo_bytes));
-    const __m128i thi = _mm_load_si128(reinterpret_cast<const __m128i*>(hi_bytes));
+    // An int4 block has 16 possible values (nibble v holds q = (v ^ 8) - 8): their 16-bit
+    // results, with the same multiply and rounding, as a low-byte and a high-byte table in both
+    // 128-bit lanes, and each element two byte lookups (VPSHUFB) by its nibble: 32 elements per
+    // step from 16 payload bytes. The table takes a handful of vector operations, so a block of
+    // 64 elements pays for it as little as one of 4096.
+    const __m256i eight32 = _mm256_set1_epi32(8);
+    const __m256 q0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(
+        _mm256_xor_si256(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), eight32), eight32));
+    const __m256 q1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(
+        _mm256_xor_si256(_mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15), eight32), eight32));
+    const __m256i h = t == DType::kBF16
+                          ? tierzero::internal::PackBF16(_mm256_mul_ps(q0, s), _mm256_mul_ps(q1, s))
+                          : _mm256_set_m128i(_mm256_cvtps_ph(_mm256_mul_ps(q1, s), kRne),
+                                             _mm256_cvtps_ph(_mm256_mul_ps(q0, s), kRne));
+    // Per 128-bit lane: the low bytes of its eight values, then their high bytes.
+    const __m256i split = _mm256_shuffle_epi8(
+        h, _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10,
+                            12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+    const __m128i s0 = _mm256_castsi256_si128(split), s1 = _mm256_extracti128_si256(split, 1);
+    const __m256i tlo = _mm256_broadcastsi128_si256(_mm_unpacklo_epi64(s0, s1));
+    const __m256i thi = _mm256_broadcastsi128_si256(_mm_unpackhi_epi64(s0, s1));
     const __m128i low = _mm_set1_epi8(0x0F);
-    for (; i + 16 <= n; i += 16) {
-      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(payload + i / 2));
-      const __m128i idx =
-          _mm_unpacklo_epi8(_mm_and_si128(b, low), _mm_and_si128(_mm_srli_epi16(b, 4), low));
-      const __m128i l = _mm_shuffle_epi8(tlo, idx), h = _mm_shuffle_epi8(thi, idx);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm_unpacklo_epi8(l, h));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 8), _mm_unpackhi_epi8(l, h));
+    for (; i + 32 <= n; i += 32) {
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(payload + i / 2));
+      const __m128i lo = _mm_and_si128(b, low);
+      const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
+      // Nibbles in element order: 0-15 in the low lane, 16-31 in the high one.
+      const __m256i idx = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+      const __m256i l = _mm256_shuffle_epi8(tlo, idx), hh = _mm256_shuffle_epi8(thi, idx);
+      // Within lanes: u0 holds elements 0-7 | 16-23, u1 8-15 | 24-31.
+      const __m256i u0 = _mm256_unpacklo_epi8(l, hh), u1 = _mm256_unpackhi_epi8(l, hh);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                          _mm256_permute2x128_si256(u0, u1, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i + 16),
+                          _mm256_permute2x128_si256(u0, u1, 0x31));
     }
   } else if (t == DType::kBF16) {
     for (; i + 16 <= n; i += 16) {

@@ -69,12 +69,9 @@ inline __m512i QuantizeLanes(__m512 x, __m512 inverse, __m512i qmax) {
                           _mm512_sub_epi32(_mm512_setzero_si512(), qmax));
 }
 
-void Quantize(const void* x, DType t, uint64_t n, int bits, float* scale, uint8_t* payload) {
-  float amax;
-  bool finite;
-  AbsMax(x, t, n, &amax, &finite);
-  const BlockScale s = StartBlock(amax, finite, n, bits, scale, payload);
-  if (!s.nonzero) return;
+// The elements of a block whose scale is s (nonzero).
+void QuantizeBlock(const void* x, DType t, uint64_t n, int bits, const BlockScale& s,
+                   uint8_t* payload) {
   const __m512 inverse = _mm512_set1_ps(s.inverse);
   const __m512i qmax = _mm512_set1_epi32(QMax(bits));
   uint64_t i = 0;
@@ -145,6 +142,16 @@ void Quantize(const void* x, DType t, uint64_t n, int bits, float* scale, uint8_
     const auto bytes = static_cast<__mmask8>((1u << ((left + 1) / 2)) - 1);
     _mm512_mask_cvtepi64_storeu_epi8(payload + i / 2, bytes, pairs);
   }
+}
+
+void Quantize(const void* x, DType t, uint64_t n, uint64_t count, int bits, float* scales,
+              uint8_t* payload) {
+  QuantizeInGroups(
+      x, t, n, count, bits, scales, payload,
+      [t](const void* b, uint64_t m, float* amax, bool* finite) { AbsMax(b, t, m, amax, finite); },
+      [t, bits](const void* b, uint64_t m, const BlockScale& s, uint8_t* out) {
+        QuantizeBlock(b, t, m, bits, s, out);
+      });
 }
 
 // 16 quantized values starting at element i (a multiple of 16) as signed 32-bit lanes.

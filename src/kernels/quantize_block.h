@@ -71,4 +71,46 @@ TZ_HOST_DEVICE static inline int QuantizedAt(const uint8_t* payload, uint64_t i,
   return (nibble ^ 8) - 8;
 }
 
+#if !defined(__CUDACC__)
+// Note [Blocks in groups]: a block's scale waits on its absmax (a horizontal reduction) and two
+// divisions, a chain of some tens of cycles that was a third of a 256-element block's time on
+// one thread when each block ran start to end. So the CPU kernels take `count` equal blocks at
+// once and go through them in groups (up to 16 blocks, at most 8 KiB of input, so that the
+// second pass reads L1): the absmaxes of a group first (independent chains the core overlaps),
+// then each block's scale and elements, while the next group's input is prefetched for blocks of
+// up to 2 KiB (the hardware prefetcher keeps up within larger ones; a burst of prefetches for a
+// 16 KiB block measured slower). The results are those of one block at a time; only the order
+// of the work changes. Measured on one thread (quant_bench, block 256): bf16 -> int4 0.60 -> 0.82
+// of memcpy with AVX2, 0.66 -> 0.78 with AVX-512.
+//
+// `abs_max(block input, n, &amax, &finite)` and `body(block input, n, scale, payload)` (called
+// for blocks that do not quantize to zero) are the level's kernels.
+template <typename AbsMaxFn, typename BodyFn>
+static inline void QuantizeInGroups(const void* x, DType t, uint64_t n, uint64_t count, int bits,
+                                    float* scales, uint8_t* payload, AbsMaxFn abs_max,
+                                    BodyFn body) {
+  constexpr uint64_t kMaxGroup = 16, kGroupBytes = 8192, kPrefetchBytes = 2048;
+  const uint64_t in_bytes = DTypeBytes(t, n), out_bytes = BlockPayload(n, bits);
+  const uint64_t group = count == 1 || in_bytes >= kGroupBytes ? 1
+                         : kGroupBytes / in_bytes < kMaxGroup  ? kGroupBytes / in_bytes
+                                                               : kMaxGroup;
+  const auto* src = static_cast<const uint8_t*>(x);
+  for (uint64_t first = 0; first < count; first += group) {
+    const uint64_t m = count - first < group ? count - first : group;
+    float amax[kMaxGroup];
+    bool finite[kMaxGroup];
+    for (uint64_t j = 0; j < m; ++j) abs_max(src + (first + j) * in_bytes, n, &amax[j], &finite[j]);
+    for (uint64_t j = 0; j < m; ++j) {
+      if (in_bytes <= kPrefetchBytes && first + group + j < count) {
+        const uint8_t* next = src + (first + group + j) * in_bytes;
+        for (uint64_t b = 0; b < in_bytes; b += 64) __builtin_prefetch(next + b);
+      }
+      uint8_t* out = payload + (first + j) * out_bytes;
+      const BlockScale s = StartBlock(amax[j], finite[j], n, bits, scales + first + j, out);
+      if (s.nonzero) body(src + (first + j) * in_bytes, n, s, out);
+    }
+  }
+}
+#endif
+
 }  // namespace tierzero::kernels::internal

@@ -200,48 +200,53 @@ INSTANTIATE_TEST_SUITE_P(Formats, QuantizePathTest,
                          });
 
 TEST(QuantizeSpecialTest, ZeroTinyAndNonFiniteBlocks) {
-  for (int bits : {4, 8}) {
-    // Blocks of 64: zeros, a tiny block, an Inf, a NaN, -Inf next to finite values, a normal one.
-    const QuantLayout l = MakeLayout(bits, 64, {64, 64, 64, 64, 64, 63});
-    std::vector<float> x(l.elems(), 0.0f);
-    for (int i = 64; i < 128; ++i) x[i] = 1e-38f * (i % 3 - 1);
-    x[128 + 5] = std::numeric_limits<float>::infinity();
-    x[192 + 9] = std::numeric_limits<float>::quiet_NaN();
-    x[256] = -std::numeric_limits<float>::infinity();
-    x[257] = 1.0f;
-    for (int i = 320; i < 383; ++i) x[i] = static_cast<float>(i - 350);
-    // The same values as fp32, bf16 and fp16 inputs (the 16-bit formats take their absolute
-    // maximum on the bit patterns; Inf and NaN must still make the scale NaN).
-    for (DType in : {DType::kF32, DType::kBF16, DType::kF16})
-      for (SimdLevel level : Levels()) {
-        SCOPED_TRACE(std::string(SimdLevelName(level)) + " int" + std::to_string(bits) + " from " +
-                     std::string(DTypeName(in)));
-        ScopedTunable<std::string> forced(kSimdTunable, std::string(SimdLevelName(level)));
-        std::vector<uint8_t> xin(DTypeBytes(in, x.size()));
-        ASSERT_TRUE(Convert(x.data(), DType::kF32, xin.data(), in, x.size()).ok());
-        std::vector<uint8_t> packed(l.bytes(), 0xCD);
-        ASSERT_TRUE(Quantize(l, xin.data(), in, packed.data()).ok());
-        const auto* scales = reinterpret_cast<const float*>(packed.data());
-        EXPECT_EQ(scales[0], 0.0f);
-        EXPECT_EQ(scales[1], 0.0f);  // tiny: flushed (Note [Tiny blocks])
-        EXPECT_TRUE(std::isnan(scales[2]) && std::isnan(scales[3]) && std::isnan(scales[4]));
-        EXPECT_EQ(scales[5], bits == 8 ? 32.0f / 127 : 32.0f / 7);
-        std::vector<float> out(l.elems());
-        ASSERT_TRUE(Dequantize(l, packed.data(), out.data(), DType::kF32).ok());
-        for (int i = 0; i < 128; ++i) ASSERT_EQ(out[i], 0.0f);
-        for (int i = 128; i < 320; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;  // whole block NaN
-        std::vector<uint16_t> out16(l.elems());
-        ASSERT_TRUE(Dequantize(l, packed.data(), out16.data(), DType::kBF16).ok());
-        for (int i = 128; i < 320; ++i) {
-          ASSERT_TRUE(std::isnan(BF16ToF32Scalar(out16[i]))) << "bf16 " << i;
+  // Blocks of 64: zeros, a tiny block, an Inf, a NaN, -Inf next to finite values, a normal one;
+  // each block its own run, and all in one run (the kernels then take the blocks as a group,
+  // Note [Blocks in groups]: a special block must not disturb its neighbours).
+  const std::vector<std::vector<uint64_t>> run_sets = {{64, 64, 64, 64, 64, 63}, {383}};
+  for (const std::vector<uint64_t>& runs : run_sets)
+    for (int bits : {4, 8}) {
+      SCOPED_TRACE(std::to_string(runs.size()) + " runs");
+      const QuantLayout l = MakeLayout(bits, 64, runs);
+      std::vector<float> x(l.elems(), 0.0f);
+      for (int i = 64; i < 128; ++i) x[i] = 1e-38f * (i % 3 - 1);
+      x[128 + 5] = std::numeric_limits<float>::infinity();
+      x[192 + 9] = std::numeric_limits<float>::quiet_NaN();
+      x[256] = -std::numeric_limits<float>::infinity();
+      x[257] = 1.0f;
+      for (int i = 320; i < 383; ++i) x[i] = static_cast<float>(i - 350);
+      // The same values as fp32, bf16 and fp16 inputs (the 16-bit formats take their absolute
+      // maximum on the bit patterns; Inf and NaN must still make the scale NaN).
+      for (DType in : {DType::kF32, DType::kBF16, DType::kF16})
+        for (SimdLevel level : Levels()) {
+          SCOPED_TRACE(std::string(SimdLevelName(level)) + " int" + std::to_string(bits) +
+                       " from " + std::string(DTypeName(in)));
+          ScopedTunable<std::string> forced(kSimdTunable, std::string(SimdLevelName(level)));
+          std::vector<uint8_t> xin(DTypeBytes(in, x.size()));
+          ASSERT_TRUE(Convert(x.data(), DType::kF32, xin.data(), in, x.size()).ok());
+          std::vector<uint8_t> packed(l.bytes(), 0xCD);
+          ASSERT_TRUE(Quantize(l, xin.data(), in, packed.data()).ok());
+          const auto* scales = reinterpret_cast<const float*>(packed.data());
+          EXPECT_EQ(scales[0], 0.0f);
+          EXPECT_EQ(scales[1], 0.0f);  // tiny: flushed (Note [Tiny blocks])
+          EXPECT_TRUE(std::isnan(scales[2]) && std::isnan(scales[3]) && std::isnan(scales[4]));
+          EXPECT_EQ(scales[5], bits == 8 ? 32.0f / 127 : 32.0f / 7);
+          std::vector<float> out(l.elems());
+          ASSERT_TRUE(Dequantize(l, packed.data(), out.data(), DType::kF32).ok());
+          for (int i = 0; i < 128; ++i) ASSERT_EQ(out[i], 0.0f);
+          for (int i = 128; i < 320; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;  // whole block NaN
+          std::vector<uint16_t> out16(l.elems());
+          ASSERT_TRUE(Dequantize(l, packed.data(), out16.data(), DType::kBF16).ok());
+          for (int i = 128; i < 320; ++i) {
+            ASSERT_TRUE(std::isnan(BF16ToF32Scalar(out16[i]))) << "bf16 " << i;
+          }
+          for (int i = 320; i < 383; ++i) {
+            ASSERT_LE(std::fabs(out[i] - x[i]), scales[5] * 0.5f * (1 + 1e-5f)) << i;
+          }
+          for (uint64_t b = 0; b < 2 * l.BlockPayloadBytes(64); ++b)
+            ASSERT_EQ(packed[l.scale_bytes() + b], 0) << "zero payload";
         }
-        for (int i = 320; i < 383; ++i) {
-          ASSERT_LE(std::fabs(out[i] - x[i]), scales[5] * 0.5f * (1 + 1e-5f)) << i;
-        }
-        for (uint64_t b = 0; b < 2 * l.BlockPayloadBytes(64); ++b)
-          ASSERT_EQ(packed[l.scale_bytes() + b], 0) << "zero payload";
-      }
-  }
+    }
 }
 
 // DequantizeSum adds the inputs in order in fp32; the fused requantization equals quantizing
