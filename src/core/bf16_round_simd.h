@@ -31,6 +31,14 @@ static inline __m256i QuietNanToBF16(__m256i x, __m256i rounded) {
   return _mm256_blendv_epi8(rounded, nan, is_nan);
 }
 
+// 16 floats (fa: the first 8), none of them NaN, -> 16 bf16 in one 256-bit vector, in order.
+static inline __m256i PackBF16NoNan(__m256 fa, __m256 fb) {
+  const __m256i a = RoundToBF16NoNan(_mm256_castps_si256(fa));
+  const __m256i b = RoundToBF16NoNan(_mm256_castps_si256(fb));
+  // packus interleaves 128-bit lanes: [a0-3 b0-3 | a4-7 b4-7]; restore the order.
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
+}
+
 // 16 floats (fa: the first 8) -> 16 bf16 in one 256-bit vector, in order. NaNs are rare, so
 // they are detected for the whole block with one compare and patched only when present.
 static inline __m256i PackBF16(__m256 fa, __m256 fb) {

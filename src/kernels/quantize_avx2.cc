@@ -248,14 +248,16 @@ void Dequantize16(const uint8_t* payload, float scale, uint64_t n, int bits, uin
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i + 16),
                           _mm256_permute2x128_si256(u0, u1, 0x31));
     }
-  } else if (t == DType::kBF16) {
+  } else if (t == DType::kBF16 && scale == scale) {
+    // q * scale is NaN only where the scale is (|q| <= 127): a finite scale needs no NaN check
+    // per vector; a NaN one (a non-finite block) takes the scalar loop below.
     for (; i + 16 <= n; i += 16) {
       _mm256_storeu_si256(
           reinterpret_cast<__m256i*>(out + i),
-          tierzero::internal::PackBF16(_mm256_mul_ps(LoadLanes(payload, i, bits), s),
-                                       _mm256_mul_ps(LoadLanes(payload, i + 8, bits), s)));
+          tierzero::internal::PackBF16NoNan(_mm256_mul_ps(LoadLanes(payload, i, bits), s),
+                                            _mm256_mul_ps(LoadLanes(payload, i + 8, bits), s)));
     }
-  } else {
+  } else if (t == DType::kF16) {
     for (; i + 8 <= n; i += 8) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
                        _mm256_cvtps_ph(_mm256_mul_ps(LoadLanes(payload, i, bits), s), kRne));
