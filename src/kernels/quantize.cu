@@ -148,26 +148,45 @@ __global__ void DequantizeKernel(const QuantLayout::Run* runs, int num_runs, uin
   }
 }
 
+// Element i of block `at` summed over the inputs in order, in fp32, with the CPU's arithmetic
+// (an unfused multiply and add: no contraction into an FMA).
+__device__ float SumAt(const uint8_t* inputs, int num_inputs, uint64_t input_stride,
+                       uint64_t scale_bytes, uint64_t blk, const BlockAt& at, uint64_t i,
+                       int bits) {
+  float sum = 0;
+  for (int k = 0; k < num_inputs; ++k) {
+    const uint8_t* in = inputs + static_cast<uint64_t>(k) * input_stride;
+    const float v =
+        Dequantized(QuantizedAt(in + scale_bytes + at.byte, i, bits), LoadScale(in + 4 * blk));
+    sum = k == 0 ? v : __fadd_rn(sum, v);
+  }
+  return sum;
+}
+
 __global__ void SumRequantizeKernel(const QuantLayout::Run* runs, int num_runs, uint64_t blocks,
                                     uint32_t block_elems, int bits, uint64_t scale_bytes,
-                                    uint64_t packed_bytes, const uint8_t* inputs, int num_inputs,
+                                    uint64_t input_stride, const uint8_t* inputs, int num_inputs,
                                     uint8_t* dst) {
   __shared__ float acc[kMaxBlock];
   for (uint64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
     const BlockAt at = Locate(runs, num_runs, blk, block_elems, bits);
-    for (uint64_t i = threadIdx.x; i < at.n; i += blockDim.x) {
-      float sum = 0;
-      for (int k = 0; k < num_inputs; ++k) {
-        const uint8_t* in = inputs + static_cast<uint64_t>(k) * packed_bytes;
-        // Unfused multiply and add, as on the CPU (no contraction into an FMA).
-        const float v =
-            Dequantized(QuantizedAt(in + scale_bytes + at.byte, i, bits), LoadScale(in + 4 * blk));
-        sum = k == 0 ? v : __fadd_rn(sum, v);
-      }
-      acc[i] = sum;
-    }
+    for (uint64_t i = threadIdx.x; i < at.n; i += blockDim.x)
+      acc[i] = SumAt(inputs, num_inputs, input_stride, scale_bytes, blk, at, i, bits);
     __syncthreads();
     QuantizeShared(acc, at.n, bits, dst + 4 * blk, dst + scale_bytes + at.byte);
+  }
+}
+
+__global__ void MeanKernel(const QuantLayout::Run* runs, int num_runs, uint64_t blocks,
+                           uint32_t block_elems, int bits, uint64_t scale_bytes,
+                           uint64_t input_stride, const uint8_t* inputs, int num_inputs,
+                           float divisor, void* out, DType out_type) {
+  for (uint64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
+    const BlockAt at = Locate(runs, num_runs, blk, block_elems, bits);
+    for (uint64_t i = threadIdx.x; i < at.n; i += blockDim.x) {
+      const float sum = SumAt(inputs, num_inputs, input_stride, scale_bytes, blk, at, i, bits);
+      StoreAs(out, out_type, at.elem + i, __fdiv_rn(sum, divisor));
+    }
   }
 }
 
@@ -213,14 +232,37 @@ Status DequantizeCudaAsync(const QuantLayout& layout, const QuantLayout::Run* de
 Status DequantizeSumRequantizeCudaAsync(const QuantLayout& layout,
                                         const QuantLayout::Run* device_runs, const void* inputs,
                                         int num_inputs, void* dst, void* cuda_stream) {
+  return DequantizeSumRequantizeCudaAsync(layout, device_runs, inputs, num_inputs, layout.bytes(),
+                                          dst, cuda_stream);
+}
+
+Status DequantizeSumRequantizeCudaAsync(const QuantLayout& layout,
+                                        const QuantLayout::Run* device_runs, const void* inputs,
+                                        int num_inputs, uint64_t input_stride, void* dst,
+                                        void* cuda_stream) {
   if (num_inputs < 1) return InvalidArgumentError("a quantized sum needs at least one input");
   if (layout.blocks() == 0) return Status::OK();
   (void)cudaGetLastError();
   SumRequantizeKernel<<<GridFor(layout.blocks()), kThreads, 0,
                         static_cast<cudaStream_t>(cuda_stream)>>>(
       device_runs, static_cast<int>(layout.runs().size()), layout.blocks(),
-      layout.spec().block_elems, layout.spec().bits, layout.scale_bytes(), layout.bytes(),
+      layout.spec().block_elems, layout.spec().bits, layout.scale_bytes(), input_stride,
       static_cast<const uint8_t*>(inputs), num_inputs, static_cast<uint8_t*>(dst));
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return Status::OK();
+}
+
+Status DequantizeMeanCudaAsync(const QuantLayout& layout, const QuantLayout::Run* device_runs,
+                               const void* inputs, int num_inputs, uint64_t input_stride,
+                               float divisor, void* out, DType out_type, void* cuda_stream) {
+  if (num_inputs < 1) return InvalidArgumentError("a quantized mean needs at least one input");
+  RETURN_IF_ERROR(CheckFloat(out_type));
+  if (layout.blocks() == 0) return Status::OK();
+  (void)cudaGetLastError();
+  MeanKernel<<<GridFor(layout.blocks()), kThreads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
+      device_runs, static_cast<int>(layout.runs().size()), layout.blocks(),
+      layout.spec().block_elems, layout.spec().bits, layout.scale_bytes(), input_stride,
+      static_cast<const uint8_t*>(inputs), num_inputs, divisor, out, out_type);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return Status::OK();
 }

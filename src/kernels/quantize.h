@@ -97,10 +97,21 @@ Status QuantizeCudaAsync(const QuantLayout& layout, const QuantLayout::Run* devi
                          const void* src, DType src_type, void* dst, void* cuda_stream);
 Status DequantizeCudaAsync(const QuantLayout& layout, const QuantLayout::Run* device_runs,
                            const void* src, void* dst, DType dst_type, void* cuda_stream);
-// DequantizeSumRequantize with `num_inputs` packed inputs at `inputs` + k * layout.bytes().
+// DequantizeSumRequantize with `num_inputs` packed inputs at `inputs` + k * input_stride
+// (default: layout.bytes(), back to back).
 Status DequantizeSumRequantizeCudaAsync(const QuantLayout& layout,
                                         const QuantLayout::Run* device_runs, const void* inputs,
                                         int num_inputs, void* dst, void* cuda_stream);
+Status DequantizeSumRequantizeCudaAsync(const QuantLayout& layout,
+                                        const QuantLayout::Run* device_runs, const void* inputs,
+                                        int num_inputs, uint64_t input_stride, void* dst,
+                                        void* cuda_stream);
+// out (layout.elems() of out_type) = DequantizeSum of the `num_inputs` packed inputs at
+// `inputs` + k * input_stride, divided by `divisor` in fp32 and rounded once to out_type: the
+// last stage of a quantized mean (zero/quantized.h) in one pass, with the CPU path's arithmetic.
+Status DequantizeMeanCudaAsync(const QuantLayout& layout, const QuantLayout::Run* device_runs,
+                               const void* inputs, int num_inputs, uint64_t input_stride,
+                               float divisor, void* out, DType out_type, void* cuda_stream);
 
 namespace internal {
 

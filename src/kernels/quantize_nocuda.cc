@@ -21,5 +21,13 @@ Status DequantizeSumRequantizeCudaAsync(const QuantLayout&, const QuantLayout::R
                                         int, void*, void*) {
   return NoCuda();
 }
+Status DequantizeSumRequantizeCudaAsync(const QuantLayout&, const QuantLayout::Run*, const void*,
+                                        int, uint64_t, void*, void*) {
+  return NoCuda();
+}
+Status DequantizeMeanCudaAsync(const QuantLayout&, const QuantLayout::Run*, const void*, int,
+                               uint64_t, float, void*, DType, void*) {
+  return NoCuda();
+}
 
 }  // namespace tierzero::kernels

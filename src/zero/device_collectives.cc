@@ -12,16 +12,12 @@
 #include "core/mutex.h"
 #include "zero/collective.h"
 #include "zero/nccl.h"
+#include "zero/quantized_stream.h"
 
 namespace tierzero {
 namespace {
 
 using zero::CollectiveKind;
-
-Status NotBuilt() {
-  return UnsupportedError(
-      "ZeRO++'s collectives with NCCL are not built yet; turn zeropp off on a GPU");
-}
 
 bool InPlace(const void* block, const void* whole, int rank, size_t block_bytes) {
   return block == static_cast<const uint8_t*>(whole) + static_cast<size_t>(rank) * block_bytes;
@@ -196,11 +192,22 @@ class HostFuncCollectives final : public DeviceCollectives {
 // NCCL: the communicator queues each collective on its stream; the requests are kept until they
 // complete, to see failures and deadlines. A watchdog thread tests them too: NCCL's deadline is
 // enforced only by Test and Wait (which abort the communicator), and without it a collective
-// waiting for a dead peer would hold every later synchronisation of the device forever.
+// waiting for a dead peer would hold every later synchronisation of the device forever. With
+// node collectives, the node and cross-node communicators (ncclCommSplit) queue on the same
+// stream, and ZeRO++'s quantized collectives are StreamQuantized's kernels and collectives there.
 class QueuedCollectives final : public DeviceCollectives {
  public:
-  QueuedCollectives(Stream stream, std::shared_ptr<Communicator> comm)
-      : stream_(std::move(stream)), comm_(std::move(comm)) {
+  // `node` and `cross` (Split of comm) are null without node collectives.
+  QueuedCollectives(Device& device, Stream stream, std::shared_ptr<Communicator> comm,
+                    std::shared_ptr<Communicator> node, std::shared_ptr<Communicator> cross)
+      : stream_(std::move(stream)),
+        comm_(std::move(comm)),
+        node_(std::move(node)),
+        cross_(std::move(cross)) {
+    if (node_ != nullptr) {
+      quantized_ =
+          std::make_unique<StreamQuantized>(device, stream_.handle(), *comm_, *node_, *cross_);
+    }
     watchdog_ = std::thread([this] {
       MutexLock lock(mu_);
       while (!stop_) {
@@ -217,7 +224,10 @@ class QueuedCollectives final : public DeviceCollectives {
     cv_.NotifyAll();
     watchdog_.join();
     in_flight_.clear();  // each waits for its collective, up to the deadline
-    comm_.reset();       // before its stream
+    quantized_.reset();  // its device memory, once the stream is past every collective
+    cross_.reset();      // the communicators before their stream
+    node_.reset();
+    comm_.reset();
   }
 
   int rank() const override { return comm_->rank(); }
@@ -241,13 +251,34 @@ class QueuedCollectives final : public DeviceCollectives {
     in_flight_.push_back(std::move(req));
     return Status::OK();
   }
-  int node_size() const override { return comm_->topology().local_size; }
-  Status NodeAllGather(const void*, void*, size_t, DType) override { return NotBuilt(); }
-  Status QuantizedAllGather(const ShardQuantization&, const void*, void*, DType) override {
-    return NotBuilt();
+  int node_size() const override {
+    return node_ != nullptr ? node_->size() : comm_->topology().local_size;
   }
-  Status QuantizedReduceScatter(const ShardQuantization&, const void*, void*, DType) override {
-    return NotBuilt();
+  Status NodeAllGather(const void* send, void* recv, size_t count, DType dtype) override {
+    RETURN_IF_ERROR(NeedNodes());
+    MutexLock lock(mu_);
+    RETURN_IF_ERROR(ReapLocked());
+    ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req, node_->AllGather(send, recv, count, dtype));
+    in_flight_.push_back(std::move(req));
+    return Status::OK();
+  }
+  Status PrepareQuantized(const ShardQuantization& q) override {
+    RETURN_IF_ERROR(NeedNodes());
+    return quantized_->Prepare(q);
+  }
+  Status QuantizedAllGather(const ShardQuantization& q, const void* send, void* recv,
+                            DType dtype) override {
+    RETURN_IF_ERROR(NeedNodes());
+    MutexLock lock(mu_);
+    RETURN_IF_ERROR(ReapLocked());
+    return Keep(quantized_->AllGather(q, send, recv, dtype));
+  }
+  Status QuantizedReduceScatter(const ShardQuantization& q, const void* send, void* recv,
+                                DType dtype) override {
+    RETURN_IF_ERROR(NeedNodes());
+    MutexLock lock(mu_);
+    RETURN_IF_ERROR(ReapLocked());
+    return Keep(quantized_->ReduceScatter(q, send, recv, dtype));
   }
   Status Check() override {
     MutexLock lock(mu_);
@@ -262,9 +293,39 @@ class QueuedCollectives final : public DeviceCollectives {
     }
     return error_;
   }
-  CommStats stats() const override { return comm_->stats(); }
+  // The three communicators' counts: the node's collectives count nothing across nodes, the
+  // cross-node ones everything (their split topologies say so).
+  CommStats stats() const override {
+    CommStats s = comm_->stats();
+    for (const auto* c : {node_.get(), cross_.get()}) {
+      if (c == nullptr) continue;
+      const CommStats o = c->stats();
+      s.collectives += o.collectives;
+      s.bytes_sent += o.bytes_sent;
+      s.bytes_cross_node += o.bytes_cross_node;
+    }
+    return s;
+  }
 
  private:
+  Status NeedNodes() const {
+    if (node_ == nullptr) {
+      return FailedPreconditionError(
+          "collectives inside a node need device collectives created with node_collectives");
+    }
+    return Status::OK();
+  }
+  // Keeps the requests of what was queued; a failure to queue is kept as the first failure too
+  // (the ranks are out of step).
+  Status Keep(StatusOr<std::vector<std::unique_ptr<CommRequest>>> queued) TZ_REQUIRES(mu_) {
+    if (!queued.ok()) {
+      if (error_.ok()) error_ = queued.status();
+      return queued.status();
+    }
+    for (auto& r : *queued) in_flight_.push_back(std::move(r));
+    return Status::OK();
+  }
+
   // Drops the completed requests at the front; the first failure is kept.
   Status ReapLocked() TZ_REQUIRES(mu_) {
     while (error_.ok() && !in_flight_.empty()) {
@@ -291,7 +352,8 @@ class QueuedCollectives final : public DeviceCollectives {
   }
 
   Stream stream_;
-  std::shared_ptr<Communicator> comm_;
+  std::shared_ptr<Communicator> comm_, node_, cross_;
+  std::unique_ptr<StreamQuantized> quantized_;  // with node collectives
   Mutex mu_;
   CondVar cv_;
   bool stop_ TZ_GUARDED_BY(mu_) = false;
@@ -350,7 +412,6 @@ StatusOr<std::unique_ptr<DeviceCollectives>> CreateDeviceCollectives(
           device, std::move(stream).value(), std::move(dup), std::move(node), std::move(cross)));
     }
     case DeviceKind::kCuda: {
-      if (options.node_collectives) return NotBuilt();
       auto created = Stream::Create(device, "comm");
       RETURN_IF_ERROR(AgreeOnStatus(*comm, created.status()));
       Stream stream = std::move(created).value();
@@ -360,8 +421,16 @@ StatusOr<std::unique_ptr<DeviceCollectives>> CreateDeviceCollectives(
       o.bootstrap = comm;
       o.timeout_s = comm->timeout();
       ASSIGN_OR_RETURN(std::shared_ptr<Communicator> nccl, CreateNcclCommunicator(o));
-      return std::unique_ptr<DeviceCollectives>(
-          new QueuedCollectives(std::move(stream), std::move(nccl)));
+      std::shared_ptr<Communicator> node, cross;
+      if (options.node_collectives) {
+        // ncclCommSplit: the same GPU and stream, the ranks of this node / of this local rank.
+        ASSIGN_OR_RETURN(node, nccl->Split(SplitBy::kNode));
+        ASSIGN_OR_RETURN(cross, nccl->Split(SplitBy::kLocalRank));
+        node->SetTimeout(comm->timeout());
+        cross->SetTimeout(comm->timeout());
+      }
+      return std::unique_ptr<DeviceCollectives>(new QueuedCollectives(
+          device, std::move(stream), std::move(nccl), std::move(node), std::move(cross)));
     }
   }
   return InvalidArgumentError("unknown device kind");

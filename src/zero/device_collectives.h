@@ -23,7 +23,8 @@
 // by node (Communicator::Split), for the all_gather inside a node of hpZ's secondary partition,
 // and the quantized collectives of zero/quantized.h (qwZ's gather, qgZ's two-hop reduction) run
 // on the same stream. On the simulated device they are the host implementations in the stream's
-// host functions; NCCL's are not built yet (Unsupported at creation).
+// host functions; with NCCL the node and cross-node communicators come from ncclCommSplit and
+// the quantization kernels run on the stream between the collectives (zero/quantized_stream.h).
 //
 // Failures. A collective that fails (an error, or the deadline when another rank stopped taking
 // part) cannot report it from the call that queued it: Check() returns the first failure so far
@@ -65,6 +66,12 @@ class DeviceCollectives {
   // recv[l * count ...] = local rank l's send, over this node's ranks. In place when send is
   // this rank's block of recv.
   virtual Status NodeAllGather(const void* send, void* recv, size_t count, DType dtype) = 0;
+  // Readies the collectives for quantized collectives with `q` (which must stay alive and
+  // unchanged): on a GPU the layouts' run tables and the scratch in device memory
+  // (zero/quantized_stream.h), OutOfMemory naming them when the device cannot hold them. Call
+  // at set-up, so that a run fails there rather than in its first step; the collectives
+  // prepare a quantization they have not seen otherwise. Local (no collective).
+  virtual Status PrepareQuantized(const ShardQuantization& q) { return Status::OK(); }
   // qwZ: recv (W shards of `dtype`) = every rank's shard, quantized and dequantized
   // (QuantizedAllGather). In place when send is this rank's shard of recv. `q` must stay alive
   // and unchanged until the stream has passed the collective.

@@ -74,6 +74,7 @@ Status ZeroPPDeviceGather::Init(const GatherOptions& options) {
   ASSIGN_OR_RETURN(staging_, internal::CreateShardStaging(ctx_, options.staging_bytes));
   if (zeropp_.qwz) {
     ASSIGN_OR_RETURN(qwz_, ChunkQuantizations(zeropp_.qwz_spec, zeropp_, g.num_chunks));
+    for (const ShardQuantization& q : qwz_) RETURN_IF_ERROR(comm_.PrepareQuantized(q));
   }
   ASSIGN_OR_RETURN(to_comm_, Event::Create(ctx_.device));
   if (!zeropp_.hpz) return Status::OK();
@@ -197,6 +198,7 @@ class ZeroPPDeviceReduce final : public ReduceStrategy {
       ASSIGN_OR_RETURN(staging_, PinnedArena::Create(&ctx_.device, g.shard_bytes(), 2));
     }
     ASSIGN_OR_RETURN(qgz_, ChunkQuantizations(zeropp_.qgz_spec, zeropp_, g.num_chunks));
+    for (const ShardQuantization& q : qgz_) RETURN_IF_ERROR(comm_.PrepareQuantized(q));
     ASSIGN_OR_RETURN(from_comm_, Event::Create(ctx_.device));
     return Status::OK();
   }
