@@ -83,5 +83,52 @@ TEST(QuantizeCudaTest, BitIdenticalToTheCpuKernels) {
   }
 }
 
+// The stages of qgZ's reduction on the GPU (zero/quantized_stream.cc): a sum-requantize whose
+// inputs lie a stride apart (with another slot between them), and the mean in one kernel,
+// against DequantizeSum, an fp32 division and Convert on the CPU.
+TEST(QuantizeCudaTest, StridedSumAndMeanEqualTheCpu) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0, 1);
+  for (int bits : {4, 8}) {
+    auto layout = QuantLayout::Create({bits, 100}, std::vector<uint64_t>{1, 300, 1036});
+    ASSERT_TRUE(layout.ok());
+    const QuantLayout& l = *layout;
+    const uint64_t stride = 2 * l.bytes() + 3;  // odd: the scales are read a byte at a time
+    std::vector<uint8_t> packed(3 * stride);
+    std::vector<const void*> inputs;
+    std::vector<float> x(l.elems());
+    for (int k = 0; k < 3; ++k) {
+      for (float& v : x) v = normal(rng) * 3;
+      ASSERT_TRUE(Quantize(l, x.data(), DType::kF32, packed.data() + k * stride).ok());
+      inputs.push_back(packed.data() + k * stride);
+    }
+    std::vector<uint8_t> cpu(l.bytes());
+    ASSERT_TRUE(DequantizeSumRequantize(l, inputs, cpu.data()).ok());
+    std::vector<float> sum(l.elems());
+    ASSERT_TRUE(DequantizeSum(l, inputs, sum.data()).ok());
+    for (float& v : sum) v /= 6.0f;
+    auto* runs = Upload(l.runs());
+    uint8_t* din = Upload(packed);
+    uint8_t* dq = Upload(cpu);
+    ASSERT_EQ(cudaMemset(dq, 0xAB, cpu.size()), cudaSuccess);
+    ASSERT_TRUE(DequantizeSumRequantizeCudaAsync(l, runs, din, 3, stride, dq, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(Download(dq, cpu.size()), cpu) << "int" << bits;
+    for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+      std::vector<uint8_t> want(DTypeBytes(t, l.elems()));
+      ASSERT_TRUE(Convert(sum.data(), DType::kF32, want.data(), t, l.elems()).ok());
+      uint8_t* dout = Upload(want);
+      ASSERT_EQ(cudaMemset(dout, 0xCD, want.size()), cudaSuccess);
+      ASSERT_TRUE(DequantizeMeanCudaAsync(l, runs, din, 3, stride, 6.0f, dout, t, nullptr).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(Download(dout, want.size()), want) << "int" << bits << " " << DTypeName(t);
+      cudaFree(dout);
+    }
+    for (void* p : {static_cast<void*>(runs), static_cast<void*>(din), static_cast<void*>(dq)})
+      cudaFree(p);
+  }
+}
+
 }  // namespace
 }  // namespace tierzero::kernels
