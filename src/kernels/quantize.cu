@@ -149,7 +149,9 @@ __global__ void DequantizeKernel(const QuantLayout::Run* runs, int num_runs, uin
 }
 
 // Element i of block `at` summed over the inputs in order, in fp32, with the CPU's arithmetic
-// (an unfused multiply and add: no contraction into an FMA).
+// (an unfused multiply and add: no contraction into an FMA). A NaN (a non-finite block's scale)
+// is passed on as it is, as x86 returns a NaN operand, where CUDA's add would return its
+// canonical NaN (Dequantized does the same for the product).
 __device__ float SumAt(const uint8_t* inputs, int num_inputs, uint64_t input_stride,
                        uint64_t scale_bytes, uint64_t blk, const BlockAt& at, uint64_t i,
                        int bits) {
@@ -158,7 +160,11 @@ __device__ float SumAt(const uint8_t* inputs, int num_inputs, uint64_t input_str
     const uint8_t* in = inputs + static_cast<uint64_t>(k) * input_stride;
     const float v =
         Dequantized(QuantizedAt(in + scale_bytes + at.byte, i, bits), LoadScale(in + 4 * blk));
-    sum = k == 0 ? v : __fadd_rn(sum, v);
+    if (k == 0) {
+      sum = v;
+    } else if (sum == sum) {
+      sum = v != v ? v : __fadd_rn(sum, v);
+    }
   }
   return sum;
 }
@@ -185,7 +191,7 @@ __global__ void MeanKernel(const QuantLayout::Run* runs, int num_runs, uint64_t 
     const BlockAt at = Locate(runs, num_runs, blk, block_elems, bits);
     for (uint64_t i = threadIdx.x; i < at.n; i += blockDim.x) {
       const float sum = SumAt(inputs, num_inputs, input_stride, scale_bytes, blk, at, i, bits);
-      StoreAs(out, out_type, at.elem + i, __fdiv_rn(sum, divisor));
+      StoreAs(out, out_type, at.elem + i, sum != sum ? sum : __fdiv_rn(sum, divisor));
     }
   }
 }

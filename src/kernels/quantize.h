@@ -115,8 +115,8 @@ Status DequantizeMeanCudaAsync(const QuantLayout& layout, const QuantLayout::Run
 
 namespace internal {
 
-// One level's block kernels (quantize_{scalar,avx2,avx512}.cc). `n` is 1 .. 4096; `scale` and
-// `payload` point at the block's scale and first payload byte.
+// One level's block kernels (quantize_{scalar,avx2,avx512}.cc). `n` is 1 .. 4096; `scale(s)` and
+// `payload` point at the (first) block's scale and first payload byte.
 struct QuantKernels {
   // Quantizes `count` consecutive blocks of n values of x (fp32, bf16 or fp16) each: scales[0 ..
   // count), each block's payload BlockPayload(n) bytes after the previous one's (Note [Blocks in

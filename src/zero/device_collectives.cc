@@ -224,8 +224,11 @@ class QueuedCollectives final : public DeviceCollectives {
     cv_.NotifyAll();
     watchdog_.join();
     in_flight_.clear();  // each waits for its collective, up to the deadline
-    quantized_.reset();  // its device memory, once the stream is past every collective
-    cross_.reset();      // the communicators before their stream
+    // The quantization kernels after the last collectives may still be queued: their memory goes
+    // once the stream is past them (every collective has finished or been aborted by now).
+    if (quantized_ != nullptr) (void)stream_.Synchronize();
+    quantized_.reset();
+    cross_.reset();  // the communicators before their stream
     node_.reset();
     comm_.reset();
   }
@@ -271,14 +274,14 @@ class QueuedCollectives final : public DeviceCollectives {
     RETURN_IF_ERROR(NeedNodes());
     MutexLock lock(mu_);
     RETURN_IF_ERROR(ReapLocked());
-    return Keep(quantized_->AllGather(q, send, recv, dtype));
+    return Keep(quantized_->AllGather(q, send, recv, dtype, &queued_));
   }
   Status QuantizedReduceScatter(const ShardQuantization& q, const void* send, void* recv,
                                 DType dtype) override {
     RETURN_IF_ERROR(NeedNodes());
     MutexLock lock(mu_);
     RETURN_IF_ERROR(ReapLocked());
-    return Keep(quantized_->ReduceScatter(q, send, recv, dtype));
+    return Keep(quantized_->ReduceScatter(q, send, recv, dtype, &queued_));
   }
   Status Check() override {
     MutexLock lock(mu_);
@@ -315,15 +318,13 @@ class QueuedCollectives final : public DeviceCollectives {
     }
     return Status::OK();
   }
-  // Keeps the requests of what was queued; a failure to queue is kept as the first failure too
-  // (the ranks are out of step).
-  Status Keep(StatusOr<std::vector<std::unique_ptr<CommRequest>>> queued) TZ_REQUIRES(mu_) {
-    if (!queued.ok()) {
-      if (error_.ok()) error_ = queued.status();
-      return queued.status();
-    }
-    for (auto& r : *queued) in_flight_.push_back(std::move(r));
-    return Status::OK();
+  // Keeps the requests of what a quantized collective queued (queued_), also when a later stage
+  // failed to queue; that failure is kept as the first failure too (the ranks are out of step).
+  Status Keep(Status s) TZ_REQUIRES(mu_) {
+    for (auto& r : queued_) in_flight_.push_back(std::move(r));
+    queued_.clear();
+    if (!s.ok() && error_.ok()) error_ = s;
+    return s;
   }
 
   // Drops the completed requests at the front; the first failure is kept.
@@ -355,6 +356,7 @@ class QueuedCollectives final : public DeviceCollectives {
   std::shared_ptr<Communicator> comm_, node_, cross_;
   std::unique_ptr<StreamQuantized> quantized_;  // with node collectives
   Mutex mu_;
+  std::vector<std::unique_ptr<CommRequest>> queued_ TZ_GUARDED_BY(mu_);  // Keep's
   CondVar cv_;
   bool stop_ TZ_GUARDED_BY(mu_) = false;
   std::deque<std::unique_ptr<CommRequest>> in_flight_ TZ_GUARDED_BY(mu_);

@@ -69,8 +69,8 @@ class DeviceCollectives {
   // Readies the collectives for quantized collectives with `q` (which must stay alive and
   // unchanged): on a GPU the layouts' run tables and the scratch in device memory
   // (zero/quantized_stream.h), OutOfMemory naming them when the device cannot hold them. Call
-  // at set-up, so that a run fails there rather than in its first step; the collectives
-  // prepare a quantization they have not seen otherwise. Local (no collective).
+  // at set-up, before the quantized collectives with q (on a GPU they fail with
+  // FailedPrecondition for a quantization never prepared). Local (no collective).
   virtual Status PrepareQuantized(const ShardQuantization& q) { return Status::OK(); }
   // qwZ: recv (W shards of `dtype`) = every rank's shard, quantized and dequantized
   // (QuantizedAllGather). In place when send is this rank's shard of recv. `q` must stay alive

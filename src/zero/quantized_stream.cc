@@ -48,6 +48,7 @@ Status StreamQuantized::Prepare(const ShardQuantization& q) {
     scratch_.Reset();
     auto s = DeviceBuffer::Allocate(device_, need);
     if (!s.ok()) {
+      tables_.clear();  // sized for the old scratch: each must be prepared again
       return std::move(s).status().WithContext("the scratch of ZeRO++'s quantized collectives (" +
                                                FormatBytes(need) + ")");
     }
@@ -57,14 +58,20 @@ Status StreamQuantized::Prepare(const ShardQuantization& q) {
   return Status::OK();
 }
 
+Status StreamQuantized::Prepared(const ShardQuantization& q) const {
+  if (tables_.count(&q) > 0) return Status::OK();
+  return FailedPreconditionError(
+      "a quantized collective with a quantization never prepared (PrepareQuantized at set-up)");
+}
+
 const QuantLayout::Run* StreamQuantized::Runs(const ShardQuantization& q, int r) const {
   const Tables& t = tables_.at(&q);
   return static_cast<const QuantLayout::Run*>(t.runs.data()) + t.first[static_cast<size_t>(r)];
 }
 
-StatusOr<std::vector<std::unique_ptr<CommRequest>>> StreamQuantized::AllGather(
-    const ShardQuantization& q, const void* send, void* recv, DType dtype) {
-  RETURN_IF_ERROR(Prepare(q));
+Status StreamQuantized::AllGather(const ShardQuantization& q, const void* send, void* recv,
+                                  DType dtype, std::vector<std::unique_ptr<CommRequest>>* queued) {
+  RETURN_IF_ERROR(Prepared(q));
   const int me = comm_.rank();
   const uint64_t slot = q.slot_bytes();
   auto* slots = static_cast<uint8_t*>(scratch_.data());
@@ -73,22 +80,22 @@ StatusOr<std::vector<std::unique_ptr<CommRequest>>> StreamQuantized::AllGather(
   // every slot dequantized into its shard.
   RETURN_IF_ERROR(
       kernels::QuantizeCudaAsync(q.layout(me), Runs(q, me), send, dtype, mine, cuda_stream()));
-  std::vector<std::unique_ptr<CommRequest>> reqs;
   ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,
                    comm_.AllGather(mine, slots, slot, DType::kI8));
-  reqs.push_back(std::move(req));
+  queued->push_back(std::move(req));
   auto* out = static_cast<uint8_t*>(recv);
   for (int r = 0; r < q.shards(); ++r) {
     RETURN_IF_ERROR(kernels::DequantizeCudaAsync(
         q.layout(r), Runs(q, r), slots + slot * static_cast<uint64_t>(r),
         out + DTypeBytes(dtype, q.shard_elems() * static_cast<uint64_t>(r)), dtype, cuda_stream()));
   }
-  return reqs;
+  return Status::OK();
 }
 
-StatusOr<std::vector<std::unique_ptr<CommRequest>>> StreamQuantized::ReduceScatter(
-    const ShardQuantization& q, const void* send, void* recv, DType dtype) {
-  RETURN_IF_ERROR(Prepare(q));
+Status StreamQuantized::ReduceScatter(const ShardQuantization& q, const void* send, void* recv,
+                                      DType dtype,
+                                      std::vector<std::unique_ptr<CommRequest>>* queued) {
+  RETURN_IF_ERROR(Prepared(q));
   const int l_size = node_.size(), l = node_.rank(), n_size = cross_.size(), n = cross_.rank();
   ASSIGN_OR_RETURN(QuantizedReduction red, QuantizedReduction::Create(q, l_size, l, n_size, n));
   auto* s = static_cast<uint8_t*>(scratch_.data());
@@ -105,11 +112,10 @@ StatusOr<std::vector<std::unique_ptr<CommRequest>>> StreamQuantized::ReduceScatt
           cuda_stream()));
     }
   }
-  std::vector<std::unique_ptr<CommRequest>> reqs;
   ASSIGN_OR_RETURN(
       std::unique_ptr<CommRequest> inside,
       node_.AllToAll(red.to_peers(s), red.from_peers(s), red.node_block_bytes(), DType::kI8));
-  reqs.push_back(std::move(inside));
+  queued->push_back(std::move(inside));
   const auto w = static_cast<float>(l_size * n_size);
   const int own = n * l_size + l;
   // The copies of shard (n', l) from local rank k lie at from_peers + slot * (N k + n').
@@ -119,7 +125,7 @@ StatusOr<std::vector<std::unique_ptr<CommRequest>>> StreamQuantized::ReduceScatt
     RETURN_IF_ERROR(kernels::DequantizeMeanCudaAsync(q.layout(own), Runs(q, own), red.from_peers(s),
                                                      l_size, peer_stride, w, recv, dtype,
                                                      cuda_stream()));
-    return reqs;
+    return Status::OK();
   }
   // (2) Each node's partial sum of shard (n', l), requantized; (3) across nodes.
   for (int np = 0; np < n_size; ++np) {
@@ -130,11 +136,11 @@ StatusOr<std::vector<std::unique_ptr<CommRequest>>> StreamQuantized::ReduceScatt
   }
   ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> across,
                    cross_.AllToAll(red.partial(s), red.from_nodes(s), slot, DType::kI8));
-  reqs.push_back(std::move(across));
+  queued->push_back(std::move(across));
   // (4) This shard's partial sums in node order, the mean rounded once.
   RETURN_IF_ERROR(kernels::DequantizeMeanCudaAsync(q.layout(own), Runs(q, own), red.from_nodes(s),
                                                    n_size, slot, w, recv, dtype, cuda_stream()));
-  return reqs;
+  return Status::OK();
 }
 
 }  // namespace tierzero

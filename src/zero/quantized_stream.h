@@ -5,7 +5,8 @@
 //
 //   StreamQuantized sq(device, stream, nccl, nccl_node, nccl_cross);  // all queue on `stream`
 //   sq.Prepare(q);                                   // set-up: run tables, scratch
-//   auto reqs = *sq.AllGather(q, my_shard, chunk, DType::kBF16);      // qwZ, in place
+//   std::vector<std::unique_ptr<CommRequest>> queued;               // to see them complete
+//   sq.AllGather(q, my_shard, chunk, DType::kBF16, &queued);          // qwZ, in place
 //
 // Same arithmetic as the host implementation: each rank quantizes with its destinations'
 // layouts, partial sums are added in fp32 in input order and requantized, the mean divided in
@@ -14,7 +15,8 @@
 // Device memory: the layouts' run tables and one scratch area (the largest of qwZ's W slots and
 // qgZ's 2L + 2 node blocks, QuantizedReduction::scratch_bytes), allocated by Prepare and reused
 // by every collective, which the stream orders one after another. Prepare waits for the stream
-// before it replaces a smaller scratch. Thread-safety: one thread.
+// before it replaces a smaller scratch; the owner waits for the stream before destroying this.
+// Thread-safety: one thread.
 #pragma once
 
 #include <map>
@@ -35,23 +37,27 @@ class StreamQuantized {
                   Communicator& cross)
       : device_(device), stream_(stream), comm_(comm), node_(node), cross_(cross) {}
 
-  // Makes the device memory for collectives with `q` (which must stay alive and unchanged):
-  // OutOfMemory, naming what it is for, when the device cannot hold it. The collectives call it
-  // for a quantization they have not seen.
+  // Makes the device memory for collectives with `q`, which must stay alive and unchanged as
+  // long as this object (its tables are found by address): OutOfMemory, naming what it is for,
+  // when the device cannot hold it (then every quantization must be prepared again). Waits for
+  // the stream; call at set-up, not while collectives are queued.
   Status Prepare(const ShardQuantization& q);
 
+  // The collectives append the requests of what they queued to `queued`, also when a later
+  // stage fails to queue (the caller must still see those complete). FailedPrecondition for a
+  // quantization not prepared.
+  //
   // qwZ: recv (W shards of dtype) = every rank's shard, quantized and dequantized; in place when
-  // send is this rank's shard of recv. The requests of the collectives it queued.
-  StatusOr<std::vector<std::unique_ptr<CommRequest>>> AllGather(const ShardQuantization& q,
-                                                                const void* send, void* recv,
-                                                                DType dtype);
+  // send is this rank's shard of recv.
+  Status AllGather(const ShardQuantization& q, const void* send, void* recv, DType dtype,
+                   std::vector<std::unique_ptr<CommRequest>>* queued);
   // qgZ: recv (shard_elems of dtype) = this rank's shard of the mean of send (W shards), through
   // the two-hop quantized reduction; recv may be this rank's shard of send.
-  StatusOr<std::vector<std::unique_ptr<CommRequest>>> ReduceScatter(const ShardQuantization& q,
-                                                                    const void* send, void* recv,
-                                                                    DType dtype);
+  Status ReduceScatter(const ShardQuantization& q, const void* send, void* recv, DType dtype,
+                       std::vector<std::unique_ptr<CommRequest>>* queued);
 
  private:
+  Status Prepared(const ShardQuantization& q) const;
   // Rank r's layout's runs in device memory.
   const kernels::QuantLayout::Run* Runs(const ShardQuantization& q, int r) const;
   void* cuda_stream() const { return stream_.impl; }
