@@ -559,11 +559,12 @@ void TrainRun::PrintDone(const std::string& summary) const {
   const double c = total_compute_s_;
   std::printf(
       "done: %d steps in %.1f s | %.0f tok/s, %.2f GFLOP/s | moved H2D %s MiB, D2H %s MiB, "
-      "NVMe read %s MiB, write %s MiB | waits for parameters %.1f%% of step time\n",
+      "NVMe read %s MiB, write %s MiB | waits for parameters %.1f%%, for the optimizer's update "
+      "behind the forward %.1f%% of step time\n",
       step_ - start_, wall, c > 0 ? total_tokens_ / c : 0,
       c > 0 ? total_tokens_ * model_->flops_per_token() / c / 1e9 : 0, Mib(st.h2d_bytes).c_str(),
       Mib(st.d2h_bytes).c_str(), Mib(st.nvme_read_bytes).c_str(), Mib(st.nvme_write_bytes).c_str(),
-      c > 0 ? 100 * st.acquire_wait_seconds / c : 0);
+      c > 0 ? 100 * st.acquire_wait_seconds / c : 0, c > 0 ? 100 * st.update_wait_seconds / c : 0);
   std::fputs(summary.c_str(), stdout);
   if (out_.checkpoint_dir.empty())
     std::printf("  checkpoint: none\n");

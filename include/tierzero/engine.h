@@ -252,7 +252,11 @@ struct EngineStats {
   uint64_t h2d_bytes = 0, d2h_bytes = 0, nvme_read_bytes = 0, nvme_write_bytes = 0;
   uint64_t hits = 0, misses = 0, prefetches = 0, evictions = 0, plans = 0, deviations = 0;
   double acquire_wait_seconds = 0;  // the caller waited in Acquire for parameters
-  double optimizer_seconds = 0;     // in Step
+  // The caller waited for the update phase's CPU groups, which finish behind the next forward
+  // (docs/optimizer.md): a gather waiting for its chunk's update, the first backward for the
+  // rest. Not in acquire_wait_seconds.
+  double update_wait_seconds = 0;
+  double optimizer_seconds = 0;  // in Step
   double optimizer_nvme_seconds = 0;
   // The update phase's assignment at the last step: groups on the CPU, resident on the device,
   // streamed to the device; its predicted and measured seconds.

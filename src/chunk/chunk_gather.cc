@@ -13,6 +13,16 @@ Status ChunkManager::Gather(int c) {
   Impl& im = *impl_;
   Impl::ChunkRt& rt = im.chunks[static_cast<size_t>(c)];
   TZ_CHECK(!rt.cached) << "gather of cached chunk " << c;
+  if (fence_ != nullptr) {
+    // The shard's update must be finished first (Note [The update phase behind the next
+    // forward]); a failed update fails the gather, on every rank that had it fail.
+    Status current = fence_->Await(c);
+    if (!current.ok() && layout_.world_size() > 1) current = im.ranks.LoseStep(std::move(current));
+    if (!current.ok()) {
+      return std::move(current).WithContext("gathering chunk " + std::to_string(c) +
+                                            ", whose optimizer update had not finished");
+    }
+  }
   if (ShardIsGathered(c)) {
     rt.gathered = store_.device_param(c);
     rt.cached = true;

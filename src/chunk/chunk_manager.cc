@@ -528,8 +528,13 @@ void ChunkManager::ReapDeferred() {
 // nothing else is queued on it in between.
 Status ChunkManager::FlushPrefetches() {
   Impl& im = *impl_;
+  std::vector<int> later;  // shards the optimizer has not updated yet (one rank): next time
   for (int c : im.pending_prefetch) {
     if (im.chunks[static_cast<size_t>(c)].cached) continue;
+    if (fence_ != nullptr && layout_.world_size() == 1 && !fence_->Ready(c)) {
+      later.push_back(c);
+      continue;
+    }
     ++counters_.prefetches;
     // A prefetch that fails is dropped: the moment that needs the chunk gathers it on demand
     // and reports the error from its Acquire if it persists. Not with W > 1: the other ranks
@@ -541,7 +546,7 @@ Status ChunkManager::FlushPrefetches() {
     }
     if (!s.ok()) TZ_LOG(kWarn, kChunk) << "prefetch dropped: " << s.ToString();
   }
-  im.pending_prefetch.clear();
+  im.pending_prefetch = std::move(later);
   return Status::OK();
 }
 
@@ -572,6 +577,7 @@ void ChunkManager::ProfileNextIteration(Observer* observer, std::function<void()
   impl_->on_profile_begin = std::move(on_begin);
 }
 bool ChunkManager::profiling() const { return impl_->profiling; }
+bool ChunkManager::profile_pending() const { return impl_->observer != nullptr; }
 const std::vector<ChunkManager::MomentProfile>& ChunkManager::moment_profiles() const {
   return impl_->profile;
 }

@@ -167,6 +167,21 @@ class ChunkManager {
   // rank, and the device collectives); with host collectives nothing is called (the shards are
   // final at EndIteration). For the next training iteration only; null clears it.
   void SetGradFinalCallback(std::function<void(int chunk)> fn);
+  // Whether a chunk's parameter shard is current. Between a Step and the next backward the
+  // optimizer may still be updating shards (Note [The update phase behind the next forward] in
+  // engine/update_tail.cc): a gather of chunk c first calls Await(c); on one rank a prefetch of
+  // a chunk not Ready yet is put off to the next Acquire or Release (on several ranks it waits,
+  // since the ranks' gathers must stay in one order). Both are called on the trainer's thread.
+  class ParamFence {
+   public:
+    virtual bool Ready(int chunk) = 0;    // never blocks
+    virtual Status Await(int chunk) = 0;  // blocks until current, or the update's error
+   protected:
+    ~ParamFence() = default;
+  };
+  // Null (the default): every shard is always current. The fence must outlive the manager or be
+  // cleared first.
+  void SetParamFence(ParamFence* fence) { fence_ = fence; }
   // Finishes backward (reduces the remaining chunks), waits for all copies, and after a
   // recording iteration computes the plan. Budget errors (a moment that cannot fit) surface here.
   Status EndIteration();
@@ -200,6 +215,8 @@ class ChunkManager {
   void ProfileNextIteration(Observer* observer, std::function<void()> on_begin = {});
   // True from the BeginIteration of the profiled iteration to its EndIteration.
   bool profiling() const;
+  // A planned iteration still to come will be profiled.
+  bool profile_pending() const;
   struct MomentProfile {
     // Per chunk, where its parameters are while the moment computes: 'D' gathered on the
     // device (or a device-resident shard), 'H' only in host memory, 'N' only on NVMe.
@@ -218,6 +235,7 @@ class ChunkManager {
 
  private:
   struct Impl;
+  ParamFence* fence_ = nullptr;
   ChunkManager(Device& device, StreamHandle compute, ShardStore& store, const ChunkLayout& layout,
                const Placement& placement, const ChunkManagerOptions& options);
   Status Init();

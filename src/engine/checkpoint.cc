@@ -328,6 +328,8 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
   if (!im.finalized) return FailedPreconditionError("SaveCheckpoint before Finalize");
   if (im.in_iteration) return FailedPreconditionError("SaveCheckpoint inside an iteration");
   RETURN_IF_ERROR(im.cm->out_of_step());
+  // Never a half-updated model (Note [The update phase behind the next forward]).
+  RETURN_IF_ERROR(im.AwaitUpdate());
   json user;
   const int rank = im.comm->rank();
   // The world size is in the name: a re-save of the same step on another number of ranks never
@@ -391,6 +393,8 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   if (!im.finalized) return FailedPreconditionError("LoadCheckpoint before Finalize");
   if (im.in_iteration) return FailedPreconditionError("LoadCheckpoint inside an iteration");
   RETURN_IF_ERROR(im.cm->out_of_step());
+  // A failed update's error stays until this load succeeds: the load replaces what it left.
+  (void)im.AwaitUpdate();
   im.DiscardSpeculation();  // it started from the states replaced here
   // Every rank reads the manifest and verifies what it will load; the ranks agree on the outcome
   // before any of them changes state, and again after (Note [Agreeing on an outcome]).
@@ -428,6 +432,7 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   im.good_steps = manifest.good_steps;
   im.iterations_since_step = 0;
   RETURN_IF_ERROR(im.cm->ZeroGrads());
+  im.tail.sticky = Status::OK();
   TZ_LOG(kInfo, kEngine) << "checkpoint " << dir << " loaded at step " << im.step;
   return manifest.user_state;
 }

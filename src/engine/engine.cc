@@ -183,6 +183,8 @@ Engine::Engine() : impl_(std::make_unique<Impl>()) {}
 Engine::~Engine() {
   if (impl_ && impl_->device) {
     impl_->OpenGate();
+    (void)impl_->AwaitUpdate();  // the worker joined before anything it uses goes
+    if (impl_->cm) impl_->cm->SetParamFence(nullptr);
     impl_->DiscardSpeculation();  // the worker joined before anything it reads goes
     // Collectives first: Drain ends them by the deadline (NCCL's would spin forever on a
     // peer that died), so the device's streams can finish.
@@ -365,7 +367,11 @@ StatusOr<ParamScope> Engine::Acquire(std::span<const ParamId> params, Phase phas
   }
   im.OpenGate();
   const auto t0 = std::chrono::steady_clock::now();
+  const double update_wait0 = im.tail.wait_s;
   const double call_s = im.timeline.Now();
+  // Backward writes gradient shards the update phase may still read (Note [The update phase
+  // behind the next forward]); forward's gathers wait per chunk.
+  if (phase == Phase::kBackward) RETURN_IF_ERROR(im.AwaitUpdate());
   RETURN_IF_ERROR(im.cm->Acquire(params, phase));
   if (im.iteration_train) {
     im.iteration_acquires.push_back(
@@ -376,7 +382,8 @@ StatusOr<ParamScope> Engine::Acquire(std::span<const ParamId> params, Phase phas
     RETURN_IF_ERROR(im.PushGate(/*wait_entered=*/true));
   }
   im.stats.acquire_wait_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
+      (im.tail.wait_s - update_wait0);
   if (im.cm->profiling()) {
     const int k = static_cast<int>(im.moment_times.size());
     const double ready_s = im.timeline.Now();
@@ -412,6 +419,11 @@ Status Engine::EndIteration() {
   if (!im.in_iteration) return FailedPreconditionError("EndIteration outside an iteration");
   im.OpenGate();
   im.in_iteration = false;
+  if (Status u = im.AwaitUpdate(); !u.ok()) {
+    (void)im.cm->EndIteration();
+    im.EndSpeculation(/*keep=*/false);
+    return u;
+  }
   const bool profiled = im.cm->profiling();
   Status s = im.cm->EndIteration();
   im.EndSpeculation(/*keep=*/s.ok());
@@ -445,7 +457,9 @@ Status Engine::AbortIteration() {
   if (!im.in_iteration) return Status::OK();
   im.OpenGate();
   im.in_iteration = false;
+  Status u = im.AwaitUpdate();
   Status s = im.cm->EndIteration();
+  if (s.ok()) s = u;
   im.DiscardSpeculation();
   if (im.iteration_train) RETURN_IF_ERROR(im.DropAccumulated());
   return s;
@@ -489,6 +503,7 @@ Status Engine::Impl::CheckAccess(std::string_view what, ParamId p, size_t n, std
 Status Engine::ReadParam(ParamId p, std::span<float> out) {
   Impl& im = *impl_;
   RETURN_IF_ERROR(im.CheckAccess("ReadParam", p, out.size(), "into", /*anytime=*/true));
+  RETURN_IF_ERROR(im.AwaitUpdate());
   const TensorLoc& loc = im.layout.tensor(p);
   std::vector<float> full;
   RETURN_IF_ERROR(im.GatherChunkMaster(loc.chunk, full));
@@ -499,6 +514,7 @@ Status Engine::ReadParam(ParamId p, std::span<float> out) {
 Status Engine::ReadGrad(ParamId p, std::span<float> out) {
   Impl& im = *impl_;
   RETURN_IF_ERROR(im.CheckAccess("ReadGrad", p, out.size(), "into", /*anytime=*/false));
+  RETURN_IF_ERROR(im.AwaitUpdate());
   const DType gt = im.store->grad_dtype();
   const TensorLoc& loc = im.layout.tensor(p);
   // The chunk's gradient from every rank's shard.
@@ -513,6 +529,7 @@ Status Engine::ReadGrad(ParamId p, std::span<float> out) {
 Status Engine::WriteParam(ParamId p, std::span<const float> values) {
   Impl& im = *impl_;
   RETURN_IF_ERROR(im.CheckAccess("WriteParam", p, values.size(), "with", /*anytime=*/false));
+  RETURN_IF_ERROR(im.AwaitUpdate());
   im.DiscardSpeculation();  // it started from the values replaced here
   const int c = im.layout.tensor(p).chunk;
   return im.WithChunkState(c, /*write_back=*/true, [&](float* master, float*, float*) -> Status {
@@ -551,6 +568,7 @@ TierUsage Engine::usage() const {
 EngineStats Engine::stats() const {
   const Impl& im = *impl_;
   EngineStats s = im.stats;
+  s.update_wait_seconds = im.tail.wait_s;
   if (!im.step_intervals.empty()) {
     std::vector<double> v = im.step_intervals;
     std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
@@ -560,7 +578,9 @@ EngineStats Engine::stats() const {
   const ChunkCounters c = im.cm->counters();
   s.h2d_bytes = c.h2d_bytes;
   s.d2h_bytes = c.d2h_bytes;
-  const OptimizerCounters& o = im.store->optimizer()->counters();
+  // While the update phase's CPU chain runs behind the forward its counters are the worker's.
+  const OptimizerCounters& o =
+      im.tail.active ? im.tail.counters_at_launch : im.store->optimizer()->counters();
   s.nvme_read_bytes = o.nvme_read_bytes + c.nvme_read_bytes;
   s.nvme_write_bytes = o.nvme_write_bytes + c.nvme_write_bytes;
   s.optimizer_nvme_seconds = o.nvme_seconds;

@@ -19,6 +19,7 @@
 #include "chunk/placement.h"
 #include "core/aligned_buffer.h"
 #include "core/mutex.h"
+#include "core/tunable.h"
 #include "cpu_adam/cpu_adam.h"
 #include "cpu_adam/device_adam.h"
 #include "engine/update_plan.h"
@@ -46,6 +47,8 @@ struct PlacedRun {
 };
 // TZ_OPTIMIZER_WRITE_BEHIND (update_phase.cc).
 bool OptimizerWritesBehind();
+// TZ_UPDATE_BEHIND_FORWARD (update_phase.cc; Note [The update phase behind the next forward]).
+extern Tunable<bool> kUpdateBehindForward;
 
 StatusOr<PlacedRun> PlaceRun(const ChunkLayout& layout, const EngineConfig& config, bool on_device,
                              int ranks_per_node);
@@ -70,6 +73,8 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   bool host_compute = false;
   Stream compute;
   std::unique_ptr<NvmeStore> nvme;
+  // Wraps the NVMe tier's BlockIo (tests inject faults; EngineInternals::WrapNvmeIo).
+  std::function<std::unique_ptr<BlockIo>(std::unique_ptr<BlockIo>)> nvme_wrap_io;
   // W > 1 with CollectivePath::kDevice; destroyed after the chunk manager that queues on it.
   std::unique_ptr<DeviceCollectives> device_comm;
   ChunkLayout layout;
@@ -119,6 +124,44 @@ struct Engine::Impl final : ActivationBuffer::Owner {
     std::chrono::steady_clock::time_point t0;  // the last phase's start
     std::vector<bool> skip;  // groups the speculative start already updated (this phase)
   } update;
+
+  // The update phase's CPU chain behind the next forward (update_tail.cc; Note [The update
+  // phase behind the next forward]). The chunk manager's fence: it asks before each gather.
+  struct UpdateTail final : ChunkManager::ParamFence {
+    Mutex mu;
+    CondVar cv;
+    std::vector<uint8_t> done TZ_GUARDED_BY(mu);  // per chunk: its shard is current
+    bool finished TZ_GUARDED_BY(mu) = false;
+    Status status TZ_GUARDED_BY(mu);  // the worker's outcome, once finished
+    // The trainer's thread only.
+    bool active = false;  // a worker runs or has not been joined yet
+    std::thread worker;
+    // A failed chain left shards partly updated: every later gather and step fails with this
+    // until a checkpoint is loaded.
+    Status sticky;
+    OptimizerCounters counters_at_launch;  // what stats() shows while the worker runs
+    double device_end_s = 0;               // the device chain's end, from the phase's start
+    double wait_s = 0;                     // the trainer waited for the worker, in all
+    // Written by the worker before it finishes, read after the join.
+    double cpu_end_s = 0, adam_s = 0;
+    uint64_t adam_elems = 0;
+
+    bool Ready(int chunk) override;
+    Status Await(int chunk) override;
+    void MarkDone(int chunk);
+  };
+  UpdateTail tail;
+  // Waits for the update phase's CPU chain, if one still runs, and folds in what it measured;
+  // its error (sticky) if it failed. Every entry point that touches shards or states calls it.
+  Status AwaitUpdate();
+  // Starts the CPU chain on the tail's worker (update_tail.cc; the device's groups are already
+  // queued); false when no thread could be had (the caller then runs the chain itself).
+  StatusOr<bool> LaunchUpdateTail(const AdamStepOptions& options);
+  // The CPU's groups of the phase (update_phase.cc); `mark` tells the tail each finished chunk.
+  Status RunCpuChain(const AdamStepOptions& options, bool profiled, bool mark, double& adam_s,
+                     uint64_t& adam_elems);
+  // What a phase measured, once both chains are done (update_phase.cc).
+  void FinishUpdatePhase(double measured_s, double adam_s, uint64_t adam_elems);
 
   // The speculative start (speculation.cc; Note [The speculative start]).
   struct Speculation {
@@ -272,6 +315,11 @@ struct Engine::Impl final : ActivationBuffer::Owner {
 // Internal ways into an engine, for tests and the library's own tools.
 struct EngineInternals {
   static Engine::Impl& Of(Engine& engine) { return *engine.impl_; }
+  // Before Finalize: the NVMe tier's BlockIo goes through `wrap` (a FaultInjectionBlockIo).
+  static void WrapNvmeIo(Engine& engine,
+                         std::function<std::unique_ptr<BlockIo>(std::unique_ptr<BlockIo>)> wrap) {
+    engine.impl_->nvme_wrap_io = std::move(wrap);
+  }
   // An engine that runs on `device` instead of the one the config names (engine-level tests
   // give it a FaultInjectionDevice). The device must outlive nothing the engine hands out.
   static StatusOr<std::unique_ptr<Engine>> CreateOnDevice(const EngineConfig& config,

@@ -156,6 +156,9 @@ void Engine::Impl::SnapshotRanks(ReportSnapshot& s) const {
 StatusOr<std::string> Engine::ReportJson() const {
   const Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("the report before Finalize");
+  // The last phase's figures are complete once its CPU chain is; a failed one is reported by
+  // the calls that need its shards, not here.
+  (void)impl_->AwaitUpdate();
   ReportSnapshot s;
   const EngineConfig& c = im.cfg;
   s.config = {.device_budget = c.device_budget,
@@ -194,6 +197,7 @@ StatusOr<std::string> Engine::ReportJson() const {
                 .deviations = st.deviations,
                 .stall_seconds = im.cm->counters().stall_seconds,
                 .acquire_wait_seconds = st.acquire_wait_seconds,
+                .update_wait_seconds = st.update_wait_seconds,
                 .optimizer_seconds = st.optimizer_seconds,
                 .optimizer_nvme_seconds = st.optimizer_nvme_seconds,
                 .steps = st.steps,

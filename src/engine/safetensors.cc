@@ -26,6 +26,7 @@ Status Engine::ExportSafetensors(const std::string& path, DType dtype) const {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("ExportSafetensors before Finalize");
   RETURN_IF_ERROR(im.cm->out_of_step());
+  RETURN_IF_ERROR(im.AwaitUpdate());
   if (dtype != DType::kF32 && dtype != DType::kBF16)
     return InvalidArgumentError("safetensors export writes fp32 or bf16, not " +
                                 std::string(DTypeName(dtype)));
@@ -177,6 +178,7 @@ StatusOr<SafetensorsHeader> ReadHeader(int fd, const std::string& path) {
 Status Engine::LoadSafetensors(const std::string& path) {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("LoadSafetensors before Finalize");
+  RETURN_IF_ERROR(im.AwaitUpdate());
   ReadFd fd(path);
   if (fd.get() < 0)
     return ErrnoError("opening safetensors file " + path, errno, StatusCode::kNotFound);

@@ -204,6 +204,7 @@ Status Engine::Impl::OpenDevice(bool cuda) {
   NvmeStoreOptions no;
   no.paths = {cfg.nvme_path};
   no.bytes_per_path = cfg.nvme_budget;
+  no.wrap_io = nvme_wrap_io;
   auto store = NvmeStore::Open(no);
   if (!store.ok()) {
     return std::move(store).status().WithContext(
@@ -246,6 +247,7 @@ Status Engine::Impl::CreateShards(bool on_device) {
   auto m = ChunkManager::Create(*device, compute.handle(), *store, layout, placement, co);
   if (!m.ok()) return std::move(m).status().WithContext("creating the chunk manager");
   cm = std::move(m).value();
+  cm->SetParamFence(&tail);  // Note [The update phase behind the next forward]
   // The first planned iteration is profiled for the report.
   cm->ProfileNextIteration(&timeline, [this] { timeline.Begin(); });
   return Status::OK();

@@ -139,6 +139,7 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("Step before Finalize");
   RETURN_IF_ERROR(im.cm->out_of_step());
+  RETURN_IF_ERROR(im.AwaitUpdate());
   if (im.in_iteration) {
     if (!im.iteration_train) return FailedPreconditionError("Step inside an evaluation iteration");
     RETURN_IF_ERROR(EndIteration());
@@ -181,7 +182,8 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
         {Track::kOptimizer, "gradient norm", step_start_s, im.timeline.Now() - step_start_s});
   }
   RETURN_IF_ERROR(im.RunUpdatePhase(so, prof));
-  if (im.cfg.grad_accumulation > 1) RETURN_IF_ERROR(im.cm->ZeroGrads());
+  // (Behind the next forward, the gradient shards are cleared as their groups finish.)
+  if (im.cfg.grad_accumulation > 1 && !im.tail.active) RETURN_IF_ERROR(im.cm->ZeroGrads());
   ++im.step;
   ++im.stats.steps;
   if (im.cfg.compute_dtype == DType::kF16 && ++im.good_steps >= im.cfg.loss_scale_window) {

@@ -16,6 +16,10 @@
 
 namespace tierzero {
 
+TZ_TUNABLE(bool, kUpdateBehindForward, "TZ_UPDATE_BEHIND_FORWARD", true,
+           "let the update phase's CPU groups finish behind the next forward, each chunk's gather "
+           "waiting for its own update");
+
 namespace {
 
 // For measuring what each overlap buys (bench/train_bench.sh overlap): both are on by default.
@@ -389,34 +393,37 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
     RETURN_IF_ERROR(EnqueueDeviceGroup(c, w, k, slot_mem[static_cast<size_t>(k)], so));
     k = (k + 1) % plan.slots;
   }
-  // The CPU's groups meanwhile, on the trainer's threads, each timed for the CPU Adam rate
-  // (Note [Measuring the update phase's rates]); not those whose NVMe parameter write counts.
+  // The CPU's groups meanwhile: on the trainer's threads, or behind the next forward (Note [The
+  // update phase behind the next forward]); not in the profiled step, whose timeline shows the
+  // phase as one span, nor before a profiled iteration, whose stalls are the plan's.
+  int counts[3] = {0, 0, 0};
+  for (UpdateWhere w : plan.where) ++counts[static_cast<int>(w)];
+  stats.optimizer_cpu_groups = counts[0];
+  stats.optimizer_resident_groups = counts[1];
+  stats.optimizer_streamed_groups = counts[2];
+  stats.optimizer_predicted_seconds = plan.phase_s;
+  bool behind = false;
+  if (kUpdateBehindForward.Get() && !prof && !cm->profile_pending() && counts[0] > 0) {
+    ASSIGN_OR_RETURN(behind, LaunchUpdateTail(so));
+  }
+  if (behind) {
+    // The device's groups end before Step returns: their slots are the next iteration's memory.
+    RETURN_IF_ERROR(update.h2d.Synchronize());
+    RETURN_IF_ERROR(update.adam.Synchronize());
+    RETURN_IF_ERROR(update.d2h.Synchronize());
+    RETURN_IF_ERROR(update.plain->TakeError());
+    RETURN_IF_ERROR(update.decay->TakeError());
+    tail.device_end_s = Since(update.t0);
+    return Status::OK();
+  }
   double adam_s = 0;
   uint64_t adam_elems = 0;
-  RETURN_IF_ERROR(optimizer().ForEach(
-      [&](const OptimizerGroup& g) {
-        const auto a0 = std::chrono::steady_clock::now();
-        RETURN_IF_ERROR(AdamGroup(g, so, prof));
-        if (store->param_tier(g.chunk) != Tier::kNvme) {
-          adam_s += Since(a0);
-          adam_elems += layout.shard_elems();
-        }
-        update.measured_end_s[static_cast<size_t>(g.chunk)] = Since(update.t0);
-        return Status::OK();
-      },
-      /*write_back=*/true,
-      [&](int c) {
-        const size_t i = static_cast<size_t>(c);
-        return plan.where[i] == UpdateWhere::kCpu && !(i < update.skip.size() && update.skip[i]);
-      },
-      /*write_behind=*/kWriteBehind.Get()));
+  RETURN_IF_ERROR(RunCpuChain(so, prof, /*mark=*/false, adam_s, adam_elems));
   RETURN_IF_ERROR(update.h2d.Synchronize());
   RETURN_IF_ERROR(update.adam.Synchronize());
   RETURN_IF_ERROR(update.d2h.Synchronize());
   RETURN_IF_ERROR(update.plain->TakeError());
   RETURN_IF_ERROR(update.decay->TakeError());
-  update.measured_s = Since(update.t0);
-  update.phase_s.push_back(update.measured_s);
   if (prof) {
     for (int c = 0; c < layout.num_chunks(); ++c) {
       const UpdateWhere w = plan.where[static_cast<size_t>(c)];
@@ -429,10 +436,46 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
            layout.shard_elems() * 12, 0});
     }
   }
-  int counts[3] = {0, 0, 0};
-  for (UpdateWhere w : plan.where) ++counts[static_cast<int>(w)];
+  FinishUpdatePhase(Since(update.t0), adam_s, adam_elems);
+  return Status::OK();
+}
+
+// The CPU's groups, each timed for the CPU Adam rate (Note [Measuring the update phase's
+// rates]); not those whose NVMe parameter write counts. With `mark`, each chunk is current
+// for the chunk manager's fence as soon as its parameters are written (and, with accumulation,
+// its gradient shard cleared for the next window).
+Status Engine::Impl::RunCpuChain(const AdamStepOptions& so, bool prof, bool mark, double& adam_s,
+                                 uint64_t& adam_elems) {
+  const std::vector<UpdateWhere>& where = update.plan.where;
+  return optimizer().ForEach(
+      [&](const OptimizerGroup& g) {
+        const auto a0 = std::chrono::steady_clock::now();
+        RETURN_IF_ERROR(AdamGroup(g, so, prof));
+        if (store->param_tier(g.chunk) != Tier::kNvme) {
+          adam_s += Since(a0);
+          adam_elems += layout.shard_elems();
+        }
+        update.measured_end_s[static_cast<size_t>(g.chunk)] = Since(update.t0);
+        if (mark) {
+          if (cfg.grad_accumulation > 1) store->ZeroGrad(g.chunk);
+          tail.MarkDone(g.chunk);
+        }
+        return Status::OK();
+      },
+      /*write_back=*/true,
+      [&](int c) {
+        const size_t i = static_cast<size_t>(c);
+        return where[i] == UpdateWhere::kCpu && !(i < update.skip.size() && update.skip[i]);
+      },
+      /*write_behind=*/kWriteBehind.Get());
+}
+
+void Engine::Impl::FinishUpdatePhase(double measured_s, double adam_s, uint64_t adam_elems) {
+  update.measured_s = measured_s;
+  update.phase_s.push_back(measured_s);
   // Device work on the CPU's own cores slows the CPU's groups: such a phase is no sample.
-  const bool cpu_shared = update.rates.device_shares_cpu && counts[0] < layout.num_chunks();
+  const bool cpu_shared =
+      update.rates.device_shares_cpu && stats.optimizer_cpu_groups < layout.num_chunks();
   if (adam_elems > 0 && adam_s > 0 && !cpu_shared) {
     constexpr size_t kSamples = 15;
     auto& samples = update.cpu_rate_samples;
@@ -440,12 +483,7 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
     if (samples.size() > kSamples) samples.erase(samples.begin());
     update.rates.cpu_params_per_s = Median(samples);
   }
-  stats.optimizer_cpu_groups = counts[0];
-  stats.optimizer_resident_groups = counts[1];
-  stats.optimizer_streamed_groups = counts[2];
-  stats.optimizer_predicted_seconds = plan.phase_s;
-  stats.optimizer_phase_seconds = update.measured_s;
-  return Status::OK();
+  stats.optimizer_phase_seconds = measured_s;
 }
 
 }  // namespace tierzero

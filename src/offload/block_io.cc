@@ -280,6 +280,11 @@ void FaultInjectionBlockIo::Inject(BlockIoFault fault) {
   state_->faults.push_back(fault);
 }
 
+void FaultInjectionBlockIo::Clear() {
+  MutexLock lock(state_->mu);
+  state_->faults.clear();
+}
+
 int FaultInjectionBlockIo::injected() const {
   MutexLock lock(state_->mu);
   return state_->injected;

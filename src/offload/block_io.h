@@ -89,6 +89,8 @@ class FaultInjectionBlockIo final : public BlockIo {
   explicit FaultInjectionBlockIo(std::unique_ptr<BlockIo> target);
   ~FaultInjectionBlockIo() override;
   void Inject(BlockIoFault fault);
+  // Removes every rule (requests in flight keep what they got).
+  void Clear();
   // Requests that a rule applied to so far.
   int injected() const;
 

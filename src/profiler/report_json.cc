@@ -236,6 +236,7 @@ json Counters(const ReportSnapshot::Counters& c) {
           {"deviations", c.deviations},
           {"stall_seconds", c.stall_seconds},
           {"acquire_wait_seconds", c.acquire_wait_seconds},
+          {"update_wait_seconds", c.update_wait_seconds},
           {"optimizer_seconds", c.optimizer_seconds},
           {"optimizer_nvme_seconds", c.optimizer_nvme_seconds},
           {"steps", c.steps},

@@ -118,8 +118,8 @@ struct ReportSnapshot {
   struct Counters {
     uint64_t h2d_bytes = 0, d2h_bytes = 0, nvme_read_bytes = 0, nvme_write_bytes = 0;
     uint64_t hits = 0, misses = 0, prefetches = 0, evictions = 0, plans = 0, deviations = 0;
-    double stall_seconds = 0, acquire_wait_seconds = 0, optimizer_seconds = 0,
-           optimizer_nvme_seconds = 0;
+    double stall_seconds = 0, acquire_wait_seconds = 0, update_wait_seconds = 0,
+           optimizer_seconds = 0, optimizer_nvme_seconds = 0;
     int64_t steps = 0, skipped_steps = 0;
     double step_seconds_median = 0;
   } counters;

@@ -1,0 +1,140 @@
+// The update phase's CPU chain behind the next forward: a worker thread updates the CPU's groups
+// while Step has returned and the trainer's next forward runs, each chunk's gather waiting for
+// that chunk's own update (docs/optimizer.md).
+#include <algorithm>
+#include <chrono>
+#include <system_error>
+
+#include "core/logging.h"
+#include "engine/engine_impl.h"
+
+namespace tierzero {
+
+// Note [The update phase behind the next forward]
+// Nothing in the next forward needs a chunk's new parameters before that chunk's first gather,
+// and nothing before the next backward needs its gradient shard or its optimizer states. So Step
+// returns once the norm is known, the plan made and the device's groups done (their buffers are
+// the next iteration's memory), and a worker updates the CPU's groups in chunk order — the order
+// the forward gathers them in — while the forward runs. What keeps it exact:
+// - Parameters: the chunk manager asks this fence before every gather of chunk c (Await: the
+//   worker has written c's shard). On one rank a planned prefetch of a chunk not yet current is
+//   put off to the next Acquire or Release (it then takes a slot the plan counted as taken since
+//   its planned moment, so the plan's memory bound holds); on several ranks it waits, because
+//   every rank's gathers must be the same collectives in the same order.
+// - Gradients and states: the first backward Acquire, EndIteration, AbortIteration, Step, and
+//   every entry point that reads or writes shards or states (checkpoints, ReadParam, reports)
+//   wait for the whole chain first (AwaitUpdate). With accumulation the worker clears each
+//   group's gradient shard after its update (Step cleared them all after the phase before).
+// - A failed chain (a disk error) leaves some shards updated and some not. Its error is sticky:
+//   every later gather, step and checkpoint fails with it, so a half-updated model is never
+//   trained on or saved; loading a checkpoint clears it.
+// The phase's time is then measured from its start to the later chain's end, as before; the
+// step's time is what shrinks, by as much of the forward as the CPU chain overlaps. The profiled
+// step keeps the phase inside Step (its timeline shows the phase as one span), and
+// TZ_UPDATE_BEHIND_FORWARD=0 turns the overlap off for comparisons.
+
+bool Engine::Impl::UpdateTail::Ready(int c) {
+  if (!sticky.ok()) return false;  // the gather then fails with it
+  if (!active) return true;
+  MutexLock lock(mu);
+  return done[static_cast<size_t>(c)] != 0;
+}
+
+Status Engine::Impl::UpdateTail::Await(int c) {
+  if (!sticky.ok()) return sticky;
+  if (!active) return Status::OK();
+  const auto t0 = std::chrono::steady_clock::now();
+  MutexLock lock(mu);
+  cv.Wait(lock, [&]() TZ_REQUIRES(mu) { return done[static_cast<size_t>(c)] != 0 || finished; });
+  wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (done[static_cast<size_t>(c)] != 0) return Status::OK();
+  // Finished without this chunk: the chain failed before it.
+  return status.ok()
+             ? InternalError("the update phase ended without updating chunk " + std::to_string(c))
+             : status;
+}
+
+void Engine::Impl::UpdateTail::MarkDone(int c) {
+  {
+    MutexLock lock(mu);
+    done[static_cast<size_t>(c)] = 1;
+  }
+  cv.NotifyAll();
+}
+
+StatusOr<bool> Engine::Impl::LaunchUpdateTail(const AdamStepOptions& so) {
+  const size_t n = static_cast<size_t>(layout.num_chunks());
+  {
+    MutexLock lock(tail.mu);
+    // Current from the start: the device's groups (done before Step returns) and those the
+    // speculative start updated.
+    tail.done.assign(n, 1);
+    for (size_t i = 0; i < n; ++i) {
+      if (update.plan.where[i] == UpdateWhere::kCpu && !(i < update.skip.size() && update.skip[i]))
+        tail.done[i] = 0;
+    }
+    tail.finished = false;
+    tail.status = Status::OK();
+  }
+  tail.counters_at_launch = optimizer().counters();
+  tail.cpu_end_s = tail.adam_s = 0;
+  tail.adam_elems = 0;
+  tail.active = true;
+  try {
+    tail.worker = std::thread([this, so] {
+      double adam_s = 0;
+      uint64_t adam_elems = 0;
+      Status s = RunCpuChain(so, /*prof=*/false, /*mark=*/true, adam_s, adam_elems);
+      tail.adam_s = adam_s;
+      tail.adam_elems = adam_elems;
+      tail.cpu_end_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - update.t0).count();
+      {
+        MutexLock lock(tail.mu);
+        tail.status = std::move(s);
+        tail.finished = true;
+      }
+      tail.cv.NotifyAll();
+    });
+  } catch (const std::system_error& e) {
+    // No thread: the caller runs the chain inside Step, as without the overlap.
+    tail.active = false;
+    TZ_LOG(kWarn, kEngine) << "update phase: no worker thread (" << e.what()
+                           << "); the CPU's groups update inside Step";
+    return false;
+  }
+  return true;
+}
+
+Status Engine::Impl::AwaitUpdate() {
+  if (tail.active) {
+    const auto t0 = std::chrono::steady_clock::now();
+    tail.worker.join();
+    tail.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    tail.active = false;
+    Status s;
+    {
+      MutexLock lock(tail.mu);
+      s = tail.status;
+    }
+    FinishUpdatePhase(std::max(tail.cpu_end_s, tail.device_end_s), tail.adam_s, tail.adam_elems);
+    if (cfg.grad_accumulation > 1) {
+      // The groups the worker did not take (the device's, the speculative start's).
+      for (int c = 0; c < layout.num_chunks(); ++c) {
+        const size_t i = static_cast<size_t>(c);
+        if (update.plan.where[i] != UpdateWhere::kCpu || (i < update.skip.size() && update.skip[i]))
+          store->ZeroGrad(c);
+      }
+    }
+    if (!s.ok()) {
+      tail.sticky = std::move(s).WithContext(
+          "the optimizer update of step " + std::to_string(step) +
+          " failed behind the next forward, leaving the parameters partly updated; load the "
+          "last checkpoint to go on");
+      TZ_LOG(kError, kEngine) << tail.sticky.ToString();
+    }
+  }
+  return tail.sticky;
+}
+
+}  // namespace tierzero
