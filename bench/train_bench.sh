@@ -10,6 +10,10 @@
 #   bench/train_bench.sh speculative [repetitions, default 5]: the speculative start off and on
 #     (engine.speculative_step), interleaved, on the default model with its states in host
 #     memory and clipping off (so every step can use it); the step's and the phase's medians.
+#   bench/train_bench.sh behind [repetitions, default 5]: the update phase's CPU groups inside
+#     Step and behind the next forward (TZ_UPDATE_BEHIND_FORWARD off/auto, interleaved) for the
+#     default run (states on NVMe) and with its states in host memory; the step's medians and
+#     the median of the per-repetition ratios.
 # Runs are interleaved (resident, host, nvme, resident, ...) and the medians of the per-step times
 # (steps 20.. of each run, past warm-up and planning) compared, because this machine's speed
 # drifts between minutes.
@@ -45,6 +49,39 @@ for v, rs in runs.items():
         line += f"  phase {pr:.3f}, step {sr:.3f} of neither's"
     print(line)
 print("(simulated device; the disk is this machine's virtual disk)")
+PY
+  exit 0
+fi
+if [ "${1:-}" = behind ]; then
+  reps=${2:-5}
+  echo '{"engine": {"device_budget": "12 MiB", "host_budget": "512 MiB", "nvme_budget": "0"}}' > "$out/host.json"
+  echo '{}' > "$out/nvme.json"
+  for r in $(seq "$reps"); do
+    for cfg in nvme host; do
+      for v in off auto; do
+        TZ_UPDATE_BEHIND_FORWARD=$v $bin train --config "$out/$cfg.json" --steps 120 --eval-every 0 \
+          --quiet --run-dir "$out/$cfg-$v-$r" > /dev/null
+      done
+    done
+  done
+  python3 - "$out" "$reps" <<'PY'
+import json, statistics, sys
+out, reps = sys.argv[1], int(sys.argv[2])
+def run(d):
+    m = [json.loads(l) for l in open(f"{d}/metrics.jsonl") if '"loss"' in l]
+    u = json.load(open(f"{d}/report.json"))["optimizer"]["update_phase"]
+    return statistics.median(x["step_s"] for x in m[20:]), u["measured_median_seconds"], [x["loss"] for x in m]
+for cfg, name in (("nvme", "states on NVMe (the default run)"), ("host", "states in host memory")):
+    a = [run(f"{out}/{cfg}-off-{r}") for r in range(1, reps + 1)]
+    b = [run(f"{out}/{cfg}-auto-{r}") for r in range(1, reps + 1)]
+    same = all(x[2] == y[2] for x, y in zip(a, b))
+    print(f"{name}: step inside Step {statistics.median(x[0] for x in a)*1e3:.1f} ms, behind the "
+          f"forward {statistics.median(x[0] for x in b)*1e3:.1f} ms; per repetition "
+          f"{', '.join(f'{y[0]/x[0]:.2f}' for x, y in zip(a, b))}, median "
+          f"{statistics.median(y[0]/x[0] for x, y in zip(a, b)):.3f}; update phase "
+          f"{statistics.median(x[1] for x in a)*1e3:.1f} / {statistics.median(x[1] for x in b)*1e3:.1f} ms; "
+          f"losses {'identical' if same else 'DIFFER'}")
+print("(simulated device: the forward computes on the cores the worker uses; the disk is this machine's virtual disk)")
 PY
   exit 0
 fi

@@ -48,7 +48,7 @@ struct PlacedRun {
 // TZ_OPTIMIZER_WRITE_BEHIND (update_phase.cc).
 bool OptimizerWritesBehind();
 // TZ_UPDATE_BEHIND_FORWARD (update_phase.cc; Note [The update phase behind the next forward]).
-extern Tunable<bool> kUpdateBehindForward;
+extern Tunable<std::string> kUpdateBehindForward;
 
 StatusOr<PlacedRun> PlaceRun(const ChunkLayout& layout, const EngineConfig& config, bool on_device,
                              int ranks_per_node);

@@ -16,9 +16,10 @@
 
 namespace tierzero {
 
-TZ_TUNABLE(bool, kUpdateBehindForward, "TZ_UPDATE_BEHIND_FORWARD", true,
-           "let the update phase's CPU groups finish behind the next forward, each chunk's gather "
-           "waiting for its own update");
+TZ_TUNABLE(std::string, kUpdateBehindForward, "TZ_UPDATE_BEHIND_FORWARD", "auto",
+           "the update phase's CPU groups finish behind the next forward, each chunk's gather "
+           "waiting for its own update: auto (on a GPU; on the simulated device when the CPU's "
+           "groups wait for NVMe), on, off");
 
 namespace {
 
@@ -402,8 +403,17 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
   stats.optimizer_resident_groups = counts[1];
   stats.optimizer_streamed_groups = counts[2];
   stats.optimizer_predicted_seconds = plan.phase_s;
+  // On the simulated device the forward computes on the cores CPU Adam would use: only a chain
+  // with disk waits to hide gains from going behind it (measured: bench/train_bench.sh behind).
+  bool io_bound = false;
+  for (int c = 0; c < layout.num_chunks(); ++c) {
+    io_bound |= plan.where[static_cast<size_t>(c)] == UpdateWhere::kCpu &&
+                (optimizer().tier(c) == Tier::kNvme || store->param_tier(c) == Tier::kNvme);
+  }
+  const std::string mode = kUpdateBehindForward.Get();
   bool behind = false;
-  if (kUpdateBehindForward.Get() && !prof && !cm->profile_pending() && counts[0] > 0) {
+  if (mode != "off" && !prof && !cm->profile_pending() && counts[0] > 0 &&
+      (mode == "on" || !host_compute || io_bound)) {
     ASSIGN_OR_RETURN(behind, LaunchUpdateTail(so));
   }
   if (behind) {

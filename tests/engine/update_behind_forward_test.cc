@@ -62,7 +62,7 @@ EngineConfig Config(DType dt, int accumulation, const Options& o, const std::str
 }
 
 TrainRun Train(DType dt, int accumulation, const Options& o, bool behind, int steps = 12) {
-  ScopedTunable<bool> mode(kUpdateBehindForward, behind);
+  ScopedTunable<std::string> mode(kUpdateBehindForward, behind ? "on" : "off");
   testing_models::TempDir dir("tz_tail");
   TrainRun out;
   const gpt::GptConfig mc = testing_models::SmallModel();
@@ -163,7 +163,7 @@ TEST_P(UpdateBehindForwardTest, TrainsBitIdenticallyToTheUpdateInsideStep) {
 // checkpoint), and once a checkpoint is loaded training goes on bit for bit as a run that never
 // failed.
 TEST(UpdateBehindForward, AFailureBehindTheForwardIsStickyUntilACheckpointLoads) {
-  ScopedTunable<bool> mode(kUpdateBehindForward, true);
+  ScopedTunable<std::string> mode(kUpdateBehindForward, "on");
   testing_models::TempDir dir("tz_tail_fault");
   const Options o{.nvme = true};
   const gpt::GptConfig mc = testing_models::SmallModel();
