@@ -546,6 +546,8 @@ Status Engine::WriteParam(ParamId p, std::span<const float> values) {
 
 void Engine::ProfileNextIteration() {
   Impl& im = *impl_;
+  // The profiled iteration's stalls are the plan's own, not waits for the last update.
+  (void)im.AwaitUpdate();
   if (im.cm) im.cm->ProfileNextIteration(&im.timeline, [&im] { im.timeline.Begin(); });
 }
 

@@ -161,7 +161,7 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   Status RunCpuChain(const AdamStepOptions& options, bool profiled, bool mark, double& adam_s,
                      uint64_t& adam_elems);
   // What a phase measured, once both chains are done (update_phase.cc).
-  void FinishUpdatePhase(double measured_s, double adam_s, uint64_t adam_elems);
+  void FinishUpdatePhase(double measured_s, double adam_s, uint64_t adam_elems, bool rate_sample);
 
   // The speculative start (speculation.cc; Note [The speculative start]).
   struct Speculation {

@@ -405,15 +405,21 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
   stats.optimizer_predicted_seconds = plan.phase_s;
   // On the simulated device the forward computes on the cores CPU Adam would use: only a chain
   // with disk waits to hide gains from going behind it (measured: bench/train_bench.sh behind).
-  bool io_bound = false;
+  // One rank only: on several, a failure behind one rank's forward would first have to be agreed
+  // on by every rank before each collective that follows. Not with NVMe parameter shards, whose
+  // writes count in the store's counters the trainer reads meanwhile.
+  bool io_bound = false, nvme_params = false;
   for (int c = 0; c < layout.num_chunks(); ++c) {
-    io_bound |= plan.where[static_cast<size_t>(c)] == UpdateWhere::kCpu &&
-                (optimizer().tier(c) == Tier::kNvme || store->param_tier(c) == Tier::kNvme);
+    const bool cpu = plan.where[static_cast<size_t>(c)] == UpdateWhere::kCpu;
+    io_bound |= cpu && optimizer().tier(c) == Tier::kNvme;
+    nvme_params |= cpu && store->param_tier(c) == Tier::kNvme;
   }
   const std::string mode = kUpdateBehindForward.Get();
+  const bool off = mode == "off" || mode == "0" || mode == "false";
+  const bool on = mode == "on" || mode == "1" || mode == "true";
   bool behind = false;
-  if (mode != "off" && !prof && !cm->profile_pending() && counts[0] > 0 &&
-      (mode == "on" || !host_compute || io_bound)) {
+  if (!off && !prof && !cm->profile_pending() && counts[0] > 0 && world() == 1 && !nvme_params &&
+      (on || !host_compute || io_bound)) {
     ASSIGN_OR_RETURN(behind, LaunchUpdateTail(so));
   }
   if (behind) {
@@ -446,7 +452,7 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
            layout.shard_elems() * 12, 0});
     }
   }
-  FinishUpdatePhase(Since(update.t0), adam_s, adam_elems);
+  FinishUpdatePhase(Since(update.t0), adam_s, adam_elems, /*rate_sample=*/true);
   return Status::OK();
 }
 
@@ -480,13 +486,15 @@ Status Engine::Impl::RunCpuChain(const AdamStepOptions& so, bool prof, bool mark
       /*write_behind=*/kWriteBehind.Get());
 }
 
-void Engine::Impl::FinishUpdatePhase(double measured_s, double adam_s, uint64_t adam_elems) {
+void Engine::Impl::FinishUpdatePhase(double measured_s, double adam_s, uint64_t adam_elems,
+                                     bool rate_sample) {
   update.measured_s = measured_s;
   update.phase_s.push_back(measured_s);
-  // Device work on the CPU's own cores slows the CPU's groups: such a phase is no sample.
+  // Device work on the CPU's own cores slows the CPU's groups: such a phase is no sample; nor
+  // one behind the forward, whose Adam calls shared the cores with it.
   const bool cpu_shared =
       update.rates.device_shares_cpu && stats.optimizer_cpu_groups < layout.num_chunks();
-  if (adam_elems > 0 && adam_s > 0 && !cpu_shared) {
+  if (rate_sample && adam_elems > 0 && adam_s > 0 && !cpu_shared) {
     constexpr size_t kSamples = 15;
     auto& samples = update.cpu_rate_samples;
     samples.push_back(static_cast<double>(adam_elems) / adam_s);

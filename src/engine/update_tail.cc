@@ -14,8 +14,11 @@ namespace tierzero {
 // Nothing in the next forward needs a chunk's new parameters before that chunk's first gather,
 // and nothing before the next backward needs its gradient shard or its optimizer states. So Step
 // returns once the norm is known, the plan made and the device's groups done (their buffers are
-// the next iteration's memory), and a worker updates the CPU's groups in chunk order — the order
-// the forward gathers them in — while the forward runs. What keeps it exact:
+// the next iteration's memory), and a worker updates the CPU's groups in the order
+// OptimizerStates::ForEach takes them (host groups, then the NVMe pipeline, each in chunk order:
+// the order the forward gathers them in) while the forward runs. One rank only (on several, a
+// failure behind one rank's forward would first have to be agreed on by all before each
+// collective that follows), and not with NVMe parameter shards. What keeps it exact:
 // - Parameters: the chunk manager asks this fence before every gather of chunk c (Await: the
 //   worker has written c's shard). On one rank a planned prefetch of a chunk not yet current is
 //   put off to the next Acquire or Release (it then takes a slot the plan counted as taken since
@@ -31,7 +34,8 @@ namespace tierzero {
 // The phase's time is then measured from its start to the later chain's end, as before; the
 // step's time is what shrinks, by as much of the forward as the CPU chain overlaps. The profiled
 // step keeps the phase inside Step (its timeline shows the phase as one span), and
-// TZ_UPDATE_BEHIND_FORWARD=0 turns the overlap off for comparisons.
+// TZ_UPDATE_BEHIND_FORWARD=off turns the overlap off for comparisons. The CPU Adam rate is not
+// sampled from a phase behind the forward (its calls share the cores with the forward).
 
 bool Engine::Impl::UpdateTail::Ready(int c) {
   if (!sticky.ok()) return false;  // the gather then fails with it
@@ -117,7 +121,8 @@ Status Engine::Impl::AwaitUpdate() {
       MutexLock lock(tail.mu);
       s = tail.status;
     }
-    FinishUpdatePhase(std::max(tail.cpu_end_s, tail.device_end_s), tail.adam_s, tail.adam_elems);
+    FinishUpdatePhase(std::max(tail.cpu_end_s, tail.device_end_s), tail.adam_s, tail.adam_elems,
+                      /*rate_sample=*/false);
     if (cfg.grad_accumulation > 1) {
       // The groups the worker did not take (the device's, the speculative start's).
       for (int c = 0; c < layout.num_chunks(); ++c) {
