@@ -160,6 +160,9 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   // The CPU's groups of the phase (update_phase.cc); `mark` tells the tail each finished chunk.
   Status RunCpuChain(const AdamStepOptions& options, bool profiled, bool mark, double& adam_s,
                      uint64_t& adam_elems);
+  // Whether the CPU chain updates chunk c this phase: planned on the CPU and not already
+  // updated by the speculative start.
+  bool CpuChainTakes(int chunk) const;
   // What a phase measured, once both chains are done (update_phase.cc).
   void FinishUpdatePhase(double measured_s, double adam_s, uint64_t adam_elems, bool rate_sample);
 

@@ -406,40 +406,38 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
   // On the simulated device the forward computes on the cores CPU Adam would use: only a chain
   // with disk waits to hide gains from going behind it (measured: bench/train_bench.sh behind).
   // One rank only: on several, a failure behind one rank's forward would first have to be agreed
-  // on by every rank before each collective that follows. Not with NVMe parameter shards, whose
-  // writes count in the store's counters the trainer reads meanwhile.
-  bool io_bound = false, nvme_params = false;
+  // on by every rank before each collective that follows.
+  bool io_bound = false;
   for (int c = 0; c < layout.num_chunks(); ++c) {
-    const bool cpu = plan.where[static_cast<size_t>(c)] == UpdateWhere::kCpu;
-    io_bound |= cpu && optimizer().tier(c) == Tier::kNvme;
-    nvme_params |= cpu && store->param_tier(c) == Tier::kNvme;
+    io_bound |= plan.where[static_cast<size_t>(c)] == UpdateWhere::kCpu &&
+                (optimizer().tier(c) == Tier::kNvme || store->param_tier(c) == Tier::kNvme);
   }
   const std::string mode = kUpdateBehindForward.Get();
   const bool off = mode == "off" || mode == "0" || mode == "false";
   const bool on = mode == "on" || mode == "1" || mode == "true";
   bool behind = false;
-  if (!off && !prof && !cm->profile_pending() && counts[0] > 0 && world() == 1 && !nvme_params &&
+  if (!off && !prof && !cm->profile_pending() && counts[0] > 0 && world() == 1 &&
       (on || !host_compute || io_bound)) {
     ASSIGN_OR_RETURN(behind, LaunchUpdateTail(so));
   }
-  if (behind) {
-    // The device's groups end before Step returns: their slots are the next iteration's memory.
+  // The device's groups end before Step returns either way: their slots are the next
+  // iteration's memory.
+  auto device_chain_done = [&]() -> Status {
     RETURN_IF_ERROR(update.h2d.Synchronize());
     RETURN_IF_ERROR(update.adam.Synchronize());
     RETURN_IF_ERROR(update.d2h.Synchronize());
     RETURN_IF_ERROR(update.plain->TakeError());
-    RETURN_IF_ERROR(update.decay->TakeError());
+    return update.decay->TakeError();
+  };
+  if (behind) {
+    RETURN_IF_ERROR(device_chain_done());
     tail.device_end_s = Since(update.t0);
     return Status::OK();
   }
   double adam_s = 0;
   uint64_t adam_elems = 0;
   RETURN_IF_ERROR(RunCpuChain(so, prof, /*mark=*/false, adam_s, adam_elems));
-  RETURN_IF_ERROR(update.h2d.Synchronize());
-  RETURN_IF_ERROR(update.adam.Synchronize());
-  RETURN_IF_ERROR(update.d2h.Synchronize());
-  RETURN_IF_ERROR(update.plain->TakeError());
-  RETURN_IF_ERROR(update.decay->TakeError());
+  RETURN_IF_ERROR(device_chain_done());
   if (prof) {
     for (int c = 0; c < layout.num_chunks(); ++c) {
       const UpdateWhere w = plan.where[static_cast<size_t>(c)];
@@ -462,7 +460,6 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
 // its gradient shard cleared for the next window).
 Status Engine::Impl::RunCpuChain(const AdamStepOptions& so, bool prof, bool mark, double& adam_s,
                                  uint64_t& adam_elems) {
-  const std::vector<UpdateWhere>& where = update.plan.where;
   return optimizer().ForEach(
       [&](const OptimizerGroup& g) {
         const auto a0 = std::chrono::steady_clock::now();
@@ -478,12 +475,13 @@ Status Engine::Impl::RunCpuChain(const AdamStepOptions& so, bool prof, bool mark
         }
         return Status::OK();
       },
-      /*write_back=*/true,
-      [&](int c) {
-        const size_t i = static_cast<size_t>(c);
-        return where[i] == UpdateWhere::kCpu && !(i < update.skip.size() && update.skip[i]);
-      },
+      /*write_back=*/true, [&](int c) { return CpuChainTakes(c); },
       /*write_behind=*/kWriteBehind.Get());
+}
+
+bool Engine::Impl::CpuChainTakes(int c) const {
+  const size_t i = static_cast<size_t>(c);
+  return update.plan.where[i] == UpdateWhere::kCpu && !(i < update.skip.size() && update.skip[i]);
 }
 
 void Engine::Impl::FinishUpdatePhase(double measured_s, double adam_s, uint64_t adam_elems,

@@ -18,7 +18,7 @@ namespace tierzero {
 // OptimizerStates::ForEach takes them (host groups, then the NVMe pipeline, each in chunk order:
 // the order the forward gathers them in) while the forward runs. One rank only (on several, a
 // failure behind one rank's forward would first have to be agreed on by all before each
-// collective that follows), and not with NVMe parameter shards. What keeps it exact:
+// collective that follows). What keeps it exact:
 // - Parameters: the chunk manager asks this fence before every gather of chunk c (Await: the
 //   worker has written c's shard). On one rank a planned prefetch of a chunk not yet current is
 //   put off to the next Acquire or Release (it then takes a slot the plan counted as taken since
@@ -34,8 +34,9 @@ namespace tierzero {
 // The phase's time is then measured from its start to the later chain's end, as before; the
 // step's time is what shrinks, by as much of the forward as the CPU chain overlaps. The profiled
 // step keeps the phase inside Step (its timeline shows the phase as one span), and
-// TZ_UPDATE_BEHIND_FORWARD=off turns the overlap off for comparisons. The CPU Adam rate is not
-// sampled from a phase behind the forward (its calls share the cores with the forward).
+// TZ_UPDATE_BEHIND_FORWARD=off turns the overlap off for comparisons. On the simulated device the
+// CPU Adam rate is not sampled from a phase behind the forward (its calls share the cores with
+// the forward's compute there).
 
 bool Engine::Impl::UpdateTail::Ready(int c) {
   if (!sticky.ok()) return false;  // the gather then fails with it
@@ -73,10 +74,7 @@ StatusOr<bool> Engine::Impl::LaunchUpdateTail(const AdamStepOptions& so) {
     // Current from the start: the device's groups (done before Step returns) and those the
     // speculative start updated.
     tail.done.assign(n, 1);
-    for (size_t i = 0; i < n; ++i) {
-      if (update.plan.where[i] == UpdateWhere::kCpu && !(i < update.skip.size() && update.skip[i]))
-        tail.done[i] = 0;
-    }
+    for (size_t i = 0; i < n; ++i) tail.done[i] = CpuChainTakes(static_cast<int>(i)) ? 0 : 1;
     tail.finished = false;
     tail.status = Status::OK();
   }
@@ -121,14 +119,14 @@ Status Engine::Impl::AwaitUpdate() {
       MutexLock lock(tail.mu);
       s = tail.status;
     }
+    // On the simulated device the chain's Adam calls shared the cores with the forward: no
+    // sample of the CPU Adam rate (on a GPU the forward computes on the device).
     FinishUpdatePhase(std::max(tail.cpu_end_s, tail.device_end_s), tail.adam_s, tail.adam_elems,
-                      /*rate_sample=*/false);
+                      /*rate_sample=*/!host_compute);
     if (cfg.grad_accumulation > 1) {
       // The groups the worker did not take (the device's, the speculative start's).
       for (int c = 0; c < layout.num_chunks(); ++c) {
-        const size_t i = static_cast<size_t>(c);
-        if (update.plan.where[i] != UpdateWhere::kCpu || (i < update.skip.size() && update.skip[i]))
-          store->ZeroGrad(c);
+        if (!CpuChainTakes(c)) store->ZeroGrad(c);
       }
     }
     if (!s.ok()) {

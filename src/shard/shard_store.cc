@@ -114,7 +114,7 @@ Status ShardStore::InitParam(int c, std::vector<uint8_t>& zeros) {
       auto* aligned =
           reinterpret_cast<uint8_t*>(AlignUp(reinterpret_cast<uintptr_t>(zeros.data()), 4096));
       RETURN_IF_ERROR(nvme_->Write(nvme_shards_[i], aligned));
-      counters_.nvme_write_bytes += bytes;
+      nvme_write_bytes_.fetch_add(bytes, std::memory_order_relaxed);
       return Status::OK();
     }
   }
@@ -162,7 +162,7 @@ Status ShardStore::WriteParam(int c, const void* src) {
         return InvalidArgumentError("an NVMe shard is written from a 4 KiB-aligned buffer");
       }
       RETURN_IF_ERROR(nvme_->Write(nvme_shards_[i], src));
-      counters_.nvme_write_bytes += bytes;
+      nvme_write_bytes_.fetch_add(bytes, std::memory_order_relaxed);
       return Status::OK();
   }
   return Status::OK();
@@ -200,11 +200,11 @@ Status ShardStore::CopyParamBytes(int c, uint64_t offset, uint64_t len, void* ho
         if (scratch_.data() == nullptr) return OutOfMemoryError("NVMe shard scratch buffer");
       }
       RETURN_IF_ERROR(nvme_->Read(nvme_shards_[i], scratch_.data()));
-      counters_.nvme_read_bytes += bytes;
+      nvme_read_bytes_.fetch_add(bytes, std::memory_order_relaxed);
       copy(scratch_.data());
       if (to_shard) {
         RETURN_IF_ERROR(nvme_->Write(nvme_shards_[i], scratch_.data()));
-        counters_.nvme_write_bytes += bytes;
+        nvme_write_bytes_.fetch_add(bytes, std::memory_order_relaxed);
       }
       return Status::OK();
     }

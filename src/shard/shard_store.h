@@ -10,9 +10,12 @@
 //
 // Thread-safety: one thread (the trainer's) calls the store, between the iterations that read
 // and write its shards; the gather and reduce paths touch the shards' memory from stream
-// threads only while an iteration runs.
+// threads only while an iteration runs. One exception: the update phase's worker writes
+// parameter shards (WriteParam) and clears gradient shards while the next forward gathers chunks
+// it has finished (Note [The update phase behind the next forward]); counters() is safe then.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -99,7 +102,12 @@ class ShardStore {
   // Null when the store was created without optimizer tiers.
   OptimizerStates* optimizer() const { return optimizer_.get(); }
 
-  const ShardCounters& counters() const { return counters_; }
+  // Safe from any thread: the optimizer's worker writes NVMe parameter shards while the trainer
+  // reads these (Note [The update phase behind the next forward]).
+  ShardCounters counters() const {
+    return {nvme_read_bytes_.load(std::memory_order_relaxed),
+            nvme_write_bytes_.load(std::memory_order_relaxed)};
+  }
 
  private:
   ShardStore(Device& device, NvmeStore* nvme, ShardStoreOptions options);
@@ -121,7 +129,7 @@ class ShardStore {
   std::unique_ptr<PinnedArena> grad_arena_;
   std::vector<PinnedSlot> grad_shards_;
   std::unique_ptr<OptimizerStates> optimizer_;
-  ShardCounters counters_;
+  std::atomic<uint64_t> nvme_read_bytes_{0}, nvme_write_bytes_{0};
 };
 
 }  // namespace tierzero

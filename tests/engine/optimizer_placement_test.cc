@@ -62,11 +62,7 @@ TrainResult Train(const EngineConfig& ec, int steps, Prepare prepare = Prepare::
     EXPECT_TRUE(st.ok()) << st.status().ToString();
     if (!st.ok()) return out;
   }
-  for (ParamId p = 0; p < engine->num_params(); ++p) {
-    std::vector<float> v(static_cast<size_t>(engine->numel(p)));
-    EXPECT_TRUE(engine->ReadParam(p, v).ok());
-    out.params.push_back(std::move(v));
-  }
+  out.params = testing_models::ReadAllParams(*engine);
   out.stats = engine->stats();
   if (announced != nullptr) *announced = EngineInternals::Of(*engine).spec.last_announced;
   return out;

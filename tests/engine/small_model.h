@@ -2,11 +2,13 @@
 // engine_faults_test.cc): three layers of width 64, 8 MiB of device budget, chunks of 16384.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <filesystem>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "gpt/gpt.h"
 #include "tierzero/engine.h"
@@ -29,6 +31,18 @@ inline EngineConfig SmallEngineConfig(DeviceChoice device) {
   ec.chunk_elems = 16384;
   ec.host_budget = uint64_t{256} << 20;
   return ec;
+}
+
+// Every parameter's fp32 values, in id order (ReadParam; a failed read fails the test).
+inline std::vector<std::vector<float>> ReadAllParams(Engine& e) {
+  std::vector<std::vector<float>> out;
+  for (ParamId p = 0; p < e.num_params(); ++p) {
+    std::vector<float> v(static_cast<size_t>(e.numel(p)));
+    Status s = e.ReadParam(p, v);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    out.push_back(std::move(v));
+  }
+  return out;
 }
 
 // A fresh directory under the system's temporary one (mkdtemp), removed with its contents.

@@ -34,15 +34,7 @@ struct Options {
   double fraction = -1;        // >= 0: that device fraction, modelled device Adam
 };
 
-std::vector<std::vector<float>> AllParams(Engine& e) {
-  std::vector<std::vector<float>> out;
-  for (ParamId p = 0; p < e.num_params(); ++p) {
-    std::vector<float> v(static_cast<size_t>(e.numel(p)));
-    EXPECT_TRUE(e.ReadParam(p, v).ok());
-    out.push_back(std::move(v));
-  }
-  return out;
-}
+using testing_models::ReadAllParams;
 
 EngineConfig Config(DType dt, int accumulation, const Options& o, const std::string& dir) {
   EngineConfig ec = testing_models::SmallEngineConfig(DeviceChoice::kHost);
@@ -109,7 +101,7 @@ TrainRun Train(DType dt, int accumulation, const Options& o, bool behind, int st
       EXPECT_TRUE(saved.ok()) << saved.ToString();
     }
   }
-  out.params = AllParams(*engine);
+  out.params = ReadAllParams(*engine);
   out.stats = engine->stats();
   return out;
 }
@@ -224,7 +216,7 @@ TEST(UpdateBehindForward, AFailureBehindTheForwardIsStickyUntilACheckpointLoads)
     ASSERT_TRUE(b.ok()) << b.status().ToString();
     ASSERT_EQ(*a, *b) << "step " << s;
   }
-  EXPECT_EQ(AllParams(*clean), AllParams(*faulty));
+  EXPECT_EQ(ReadAllParams(*clean), ReadAllParams(*faulty));
 }
 
 }  // namespace
