@@ -1,6 +1,8 @@
 #include "gpt/backend.h"
 
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "gpt/ops.h"
 #include "tierzero/convert.h"
@@ -39,12 +41,14 @@ class CpuBackend final : public Backend {
   void GeluBackward(const float* dy, const float* x, float* dx, int64_t n) override {
     cpu::GeluBackward(dy, x, dx, n);
   }
+  bool fused_attention(int64_t) const override { return false; }
   void AttentionForward(const float* qkv, float* out, float* probs, int64_t batch, int64_t seq,
                         int64_t channels, int64_t heads) override {
     cpu::AttentionForward(qkv, out, probs, batch, seq, channels, heads);
   }
-  void AttentionBackward(const float* dout, const float* qkv, const float* probs, float* dqkv,
-                         int64_t batch, int64_t seq, int64_t channels, int64_t heads) override {
+  void AttentionBackward(const float* dout, const float* qkv, const float* /*out*/,
+                         const float* probs, float* dqkv, int64_t batch, int64_t seq,
+                         int64_t channels, int64_t heads) override {
     cpu::AttentionBackward(dout, qkv, probs, dqkv, batch, seq, channels, heads);
   }
   void EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe, float* x,
@@ -83,6 +87,21 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
+bool FusedAttentionWanted() {
+#ifdef TZ_GPT_CUDA
+  const char* env = std::getenv("TZ_GPT_FUSED_ATTENTION");
+  if (env == nullptr) return true;
+  const std::string v = env;
+  return !(v == "0" || v == "off" || v == "false");
+#else
+  return false;
+#endif
+}
+
+bool FusedAttention(bool tensor_cores, int64_t head_dim) {
+  return tensor_cores && FusedAttentionHeadWidth(head_dim) && FusedAttentionWanted();
+}
+
 StatusOr<std::unique_ptr<Backend>> Backend::Create(Engine& engine) {
   if (engine.host_compute()) return std::unique_ptr<Backend>(new CpuBackend());
 #ifdef TZ_GPT_CUDA
@@ -90,7 +109,8 @@ StatusOr<std::unique_ptr<Backend>> Backend::Create(Engine& engine) {
   // activations]); fp32 and fp16 keep exact fp32 products.
   TZ_ASSIGN_OR_RETURN(
       std::unique_ptr<cuda::CudaOps> ops,
-      cuda::CudaOps::Create(engine.compute_stream(), engine.compute_dtype() == DType::kBF16));
+      cuda::CudaOps::Create(engine.compute_stream(), engine.compute_dtype() == DType::kBF16,
+                            FusedAttentionWanted()));
   return std::unique_ptr<Backend>(std::move(ops));
 #else
   return UnsupportedError(

@@ -17,6 +17,22 @@ class Engine;
 
 namespace tierzero::gpt {
 
+// Head widths the fused attention kernels take (gpt/flash_attention_cuda.h).
+inline bool FusedAttentionHeadWidth(int64_t head_dim) {
+  return head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128;
+}
+// Whether the fused kernels are wanted: yes unless TZ_GPT_FUSED_ATTENTION is 0, off or false
+// (then the batched products run, for comparison). Always false in a build without CUDA.
+bool FusedAttentionWanted();
+// Whether a backend runs attention fused (Note [Fused causal attention]): on a GPU with bf16
+// products (`tensor_cores`), heads of a supported width, and wanted.
+bool FusedAttention(bool tensor_cores, int64_t head_dim);
+// Floats attention keeps from forward for backward: each row's log-sum-exp (B x H x T) when
+// fused, else the probabilities (B x H x T x T).
+inline int64_t AttentionStateFloats(bool fused, int64_t batch, int64_t seq, int64_t heads) {
+  return fused ? batch * heads * seq : batch * heads * seq * seq;
+}
+
 // C++17 and CUDA-free: gpt/ops_cuda.h implements it (the CUDA backend is CudaOps itself).
 class Backend {
  public:
@@ -39,11 +55,15 @@ class Backend {
                                  float* dbeta, int64_t rows, int64_t cols) = 0;
   virtual void GeluForward(const float* x, float* y, int64_t n) = 0;
   virtual void GeluBackward(const float* dy, const float* x, float* dx, int64_t n) = 0;
-  virtual void AttentionForward(const float* qkv, float* out, float* probs, int64_t batch,
+  // Attention writes `out` and its state for backward: AttentionStateFloats(fused_attention(),
+  // ...) floats, the probabilities (gpt/ops.h) or, fused, each row's log-sum-exp. Backward reads
+  // the forward's out and state.
+  virtual bool fused_attention(int64_t head_dim) const = 0;
+  virtual void AttentionForward(const float* qkv, float* out, float* state, int64_t batch,
                                 int64_t seq, int64_t channels, int64_t heads) = 0;
-  virtual void AttentionBackward(const float* dout, const float* qkv, const float* probs,
-                                 float* dqkv, int64_t batch, int64_t seq, int64_t channels,
-                                 int64_t heads) = 0;
+  virtual void AttentionBackward(const float* dout, const float* qkv, const float* out,
+                                 const float* state, float* dqkv, int64_t batch, int64_t seq,
+                                 int64_t channels, int64_t heads) = 0;
   virtual void EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe, float* x,
                                 int64_t batch, int64_t seq, int64_t channels) = 0;
   virtual void EmbeddingBackward(const int32_t* tokens, const float* dx, float* dwte, float* dwpe,

@@ -184,7 +184,8 @@ Status BlockForward(Engine& e, Backend& k, const Dims& d, const std::vector<floa
   TZ_ASSIGN_OR_RETURN(s.mean1, Floats(e, R));
   TZ_ASSIGN_OR_RETURN(s.rstd1, Floats(e, R));
   TZ_ASSIGN_OR_RETURN(s.qkv, Floats(e, R * 3 * C));
-  TZ_ASSIGN_OR_RETURN(s.probs, Floats(e, d.B * d.H * d.T * d.T));
+  TZ_ASSIGN_OR_RETURN(s.probs,
+                      Floats(e, AttentionStateFloats(k.fused_attention(C / d.H), d.B, d.T, d.H)));
   TZ_ASSIGN_OR_RETURN(s.att, Floats(e, R * C));
   TZ_ASSIGN_OR_RETURN(s.x2, Floats(e, R * C));
   TZ_ASSIGN_OR_RETURN(s.ln2, Floats(e, R * C));
@@ -251,8 +252,8 @@ Status BlockBackward(Engine& e, Backend& k, const Dims& d, const std::vector<flo
     k.LinearBackward(dx2.as<float>(), s.att.template as<float>(), P[4], datt.as<float>(), G[4],
                      G[5], R, C, C);
     TZ_ASSIGN_OR_RETURN(ActivationBuffer dqkv, Floats(e, R * 3 * C));
-    k.AttentionBackward(datt.as<float>(), s.qkv.template as<float>(), s.probs.template as<float>(),
-                        dqkv.as<float>(), d.B, d.T, C, d.H);
+    k.AttentionBackward(datt.as<float>(), s.qkv.template as<float>(), s.att.template as<float>(),
+                        s.probs.template as<float>(), dqkv.as<float>(), d.B, d.T, C, d.H);
     datt.Reset();
     TZ_RETURN_IF_ERROR(G.Close(4, 5));
     TZ_ASSIGN_OR_RETURN(ActivationBuffer dln1, Floats(e, R * C));

@@ -5,6 +5,7 @@
 // step when Run changes.
 #include <algorithm>
 
+#include "gpt/backend.h"
 #include "gpt/gpt.h"
 
 namespace tierzero::gpt {
@@ -47,6 +48,13 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
                  C = static_cast<uint64_t>(cfg_.d_model), H = static_cast<uint64_t>(cfg_.n_head),
                  V = static_cast<uint64_t>(cfg_.vocab);
   const uint64_t R = B * T;
+  // What attention keeps for backward: as Backend's (the fused kernels' log-sum-exps on a GPU
+  // with bf16 products, else the probabilities).
+  const bool fused =
+      FusedAttention(!engine_.host_compute() && engine_.compute_dtype() == DType::kBF16,
+                     cfg_.d_model / cfg_.n_head);
+  const uint64_t attn_state = static_cast<uint64_t>(AttentionStateFloats(
+      fused, static_cast<int64_t>(B), static_cast<int64_t>(T), static_cast<int64_t>(H)));
   const bool ckpt = cfg_.activation_checkpointing;
   auto f = [](uint64_t n) { return 4 * n; };  // fp32 bytes
   auto numel = [&](const std::vector<ParamId>& ids) {
@@ -60,12 +68,12 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
   // A block's forward: four matmuls (2 R C (3C + C + 4C + 4C)) and attention (4 B T^2 C), and
   // the bytes its kernels touch (about every activation written once and read once).
   const double block_fwd_flops = 24 * dR * dC * dC + 4.0 * static_cast<double>(B * T * T * C);
-  const double block_fwd_bytes = 2.0 * static_cast<double>(f(16 * R * C + B * H * T * T));
+  const double block_fwd_bytes = 2.0 * static_cast<double>(f(16 * R * C + attn_state));
   Ledger L;
   // A block's forward allocations (BlockForward).
   auto block_forward = [&]() {
     // ln1, mean1, rstd1, qkv, probs, att, x2, ln2, mean2, rstd2, h, gelu; then two temporaries.
-    for (uint64_t b : {f(R * C), f(R), f(R), f(R * 3 * C), f(B * H * T * T), f(R * C), f(R * C),
+    for (uint64_t b : {f(R * C), f(R), f(R), f(R * 3 * C), f(attn_state), f(R * C), f(R * C),
                        f(R * C), f(R), f(R), f(R * 4 * C), f(R * 4 * C)})
       L.Alloc(b);
     L.Alloc(f(R * C));
@@ -73,7 +81,7 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
     L.Alloc(f(R * C));
     L.Free(f(R * C));
   };
-  const uint64_t saved_bytes = f(R * C) * 4 + f(R) * 4 + f(R * 3 * C) + f(B * H * T * T) +
+  const uint64_t saved_bytes = f(R * C) * 4 + f(R) * 4 + f(R * 3 * C) + f(attn_state) +
                                f(R * 4 * C) * 2;  // what `s = Saved{}` frees besides x
   // The batch: tokens, targets, mask.
   for (int i = 0; i < 3; ++i) L.Alloc(4 * R);

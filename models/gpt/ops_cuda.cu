@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gpt/cublas_api.h"
+#include "gpt/flash_attention_cuda.h"
 #include "gpt/kernels_cuda.cuh"
 #include "gpt/ops_cuda.h"
 #include "gpt/tensor_core_cuda.h"
@@ -417,6 +418,7 @@ struct CudaOps::Impl {
   std::vector<double> host_loss;
   std::vector<float> host_mask;
   std::unique_ptr<TensorCoreOps> tc;  // products on bf16 tensor cores, when asked for
+  bool fused_attention = false;       // with tc: the fused attention kernels where they apply
 
   void Check(cudaError_t e, const char* what) {
     if (e != cudaSuccess && first_error.ok())
@@ -440,7 +442,8 @@ struct CudaOps::Impl {
   }
 };
 
-StatusOr<std::unique_ptr<CudaOps>> CudaOps::Create(void* stream, bool tensor_cores) {
+StatusOr<std::unique_ptr<CudaOps>> CudaOps::Create(void* stream, bool tensor_cores,
+                                                   bool fused_attention) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     cudaGetLastError();
@@ -465,6 +468,7 @@ StatusOr<std::unique_ptr<CudaOps>> CudaOps::Create(void* stream, bool tensor_cor
       "cublasSetMathMode");
   if (tensor_cores)
     im.tc = std::make_unique<TensorCoreOps>(im.cublas, im.blas, im.stream, &im.first_error);
+  im.fused_attention = tensor_cores && fused_attention;
   if (!im.first_error.ok()) return im.first_error;
   return std::move(ops);
 }
@@ -553,20 +557,38 @@ void CudaOps::GeluBackward(const float* dy, const float* x, float* dx, int64_t n
   impl_->CheckLaunch("GeluBackwardKernel");
 }
 
-void CudaOps::AttentionForward(const float* qkv, float* out, float* probs, int64_t batch,
+bool CudaOps::fused_attention(int64_t head_dim) const {
+  return impl_->fused_attention && FusedAttentionHeadWidth(head_dim);
+}
+
+void CudaOps::AttentionForward(const float* qkv, float* out, float* state, int64_t batch,
                                int64_t seq, int64_t channels, int64_t heads) {
-  if (impl_->tc) return impl_->tc->AttentionForward(qkv, out, probs, batch, seq, channels, heads);
+  if (fused_attention(channels / heads)) {
+    impl_->Check(FusedAttentionForward(qkv, out, state, batch, seq, channels, heads, impl_->stream),
+                 "FusedAttentionForward");
+    return;
+  }
+  if (impl_->tc) return impl_->tc->AttentionForward(qkv, out, state, batch, seq, channels, heads);
   AttentionForwardKernel<<<WarpBlocks(batch * heads * seq), kThreads, 0, impl_->stream>>>(
-      qkv, out, probs, batch, seq, channels, heads);
+      qkv, out, state, batch, seq, channels, heads);
   impl_->CheckLaunch("AttentionForwardKernel");
 }
 
-void CudaOps::AttentionBackward(const float* dout, const float* qkv, const float* probs,
-                                float* dqkv, int64_t batch, int64_t seq, int64_t channels,
-                                int64_t heads) {
+void CudaOps::AttentionBackward(const float* dout, const float* qkv, const float* out,
+                                const float* state, float* dqkv, int64_t batch, int64_t seq,
+                                int64_t channels, int64_t heads) {
+  const int64_t rows = batch * heads * seq;
+  if (fused_attention(channels / heads)) {
+    float* rowdot = impl_->Grow(impl_->dsum, impl_->dsum_elems, rows);
+    if (rowdot == nullptr) return;
+    impl_->Check(FusedAttentionBackward(dout, qkv, out, state, rowdot, dqkv, batch, seq, channels,
+                                        heads, impl_->stream),
+                 "FusedAttentionBackward");
+    return;
+  }
+  const float* probs = state;
   if (impl_->tc)
     return impl_->tc->AttentionBackward(dout, qkv, probs, dqkv, batch, seq, channels, heads);
-  const int64_t rows = batch * heads * seq;
   float* dsum = impl_->Grow(impl_->dsum, impl_->dsum_elems, rows);
   if (dsum == nullptr) return;
   const unsigned blocks = WarpBlocks(rows);

@@ -29,7 +29,10 @@ class CudaOps final : public Backend {
   // tensor_cores: products (Gemm, the Linear ops, attention) with bf16 operands on the tensor
   // cores, fp32 accumulation (gpt/tensor_core_cuda.h), within bf16 rounding of the fp32 ops;
   // otherwise fp32 products without TF32, within fp32 rounding of the CPU's.
-  static StatusOr<std::unique_ptr<CudaOps>> Create(void* stream, bool tensor_cores = false);
+  // fused_attention: with tensor_cores, attention of supported head widths as the fused kernels
+  // (gpt/flash_attention_cuda.h; state = log-sum-exps), else the batched products.
+  static StatusOr<std::unique_ptr<CudaOps>> Create(void* stream, bool tensor_cores = false,
+                                                   bool fused_attention = false);
   ~CudaOps() override;
   CudaOps(const CudaOps&) = delete;
   CudaOps& operator=(const CudaOps&) = delete;
@@ -49,10 +52,12 @@ class CudaOps final : public Backend {
                          int64_t cols) override;
   void GeluForward(const float* x, float* y, int64_t n) override;
   void GeluBackward(const float* dy, const float* x, float* dx, int64_t n) override;
-  void AttentionForward(const float* qkv, float* out, float* probs, int64_t batch, int64_t seq,
+  bool fused_attention(int64_t head_dim) const override;
+  void AttentionForward(const float* qkv, float* out, float* state, int64_t batch, int64_t seq,
                         int64_t channels, int64_t heads) override;
-  void AttentionBackward(const float* dout, const float* qkv, const float* probs, float* dqkv,
-                         int64_t batch, int64_t seq, int64_t channels, int64_t heads) override;
+  void AttentionBackward(const float* dout, const float* qkv, const float* out, const float* state,
+                         float* dqkv, int64_t batch, int64_t seq, int64_t channels,
+                         int64_t heads) override;
   void EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe, float* x,
                         int64_t batch, int64_t seq, int64_t channels) override;
   void EmbeddingBackward(const int32_t* tokens, const float* dx, float* dwte, float* dwpe,

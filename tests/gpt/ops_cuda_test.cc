@@ -187,8 +187,8 @@ TEST_F(CudaOpsTest, AttentionForwardAndBackward) {
                            s.heads);
     ExpectClose(gout.Download(), out, "attention out");
     ExpectClose(gprobs.Download(), probs, "attention probs (zeros above the diagonal)");
-    ops_->AttentionBackward(gdout.get(), gqkv.get(), gprobs.get(), gdqkv.get(), s.batch, s.seq,
-                            s.channels, s.heads);
+    ops_->AttentionBackward(gdout.get(), gqkv.get(), gout.get(), gprobs.get(), gdqkv.get(), s.batch,
+                            s.seq, s.channels, s.heads);
     ExpectClose(gdqkv.Download(), dqkv, "dqkv");
   }
 }
@@ -271,8 +271,8 @@ TEST_F(CudaOpsTest, RepeatedCallsAreBitIdentical) {
   for (int rep = 0; rep < 2; ++rep) {
     ops_->AttentionForward(gqkv.get(), gout.get(), gprobs.get(), s.batch, s.seq, s.channels,
                            s.heads);
-    ops_->AttentionBackward(gdout.get(), gqkv.get(), gprobs.get(), gdqkv.get(), s.batch, s.seq,
-                            s.channels, s.heads);
+    ops_->AttentionBackward(gdout.get(), gqkv.get(), gout.get(), gprobs.get(), gdqkv.get(), s.batch,
+                            s.seq, s.channels, s.heads);
     auto d = gdqkv.Download();
     if (rep == 0)
       first = d;
@@ -313,6 +313,110 @@ class CudaTensorCoreOpsTest : public CudaOpsTest {
   }
 };
 
+class CudaFusedAttentionTest : public CudaOpsTest {
+ protected:
+  void SetUp() override {
+    auto ops = cuda::CudaOps::Create(nullptr, /*tensor_cores=*/true, /*fused_attention=*/true);
+    if (!ops.ok()) GTEST_SKIP() << ops.status().ToString();
+    ops_ = std::move(*ops);
+  }
+};
+
+// Each row's log-sum-exp of its scaled causal scores, in double: what the fused forward keeps.
+std::vector<float> LogSumExps(const std::vector<float>& qkv, const AttnShape& s) {
+  const int64_t T = s.seq, C = s.channels, H = s.heads, hd = C / H;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  std::vector<float> lse(s.batch * H * T);
+  std::vector<double> x(T);
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const float* q = &qkv[(b * T + t) * 3 * C + h * hd];
+        double mx = -INFINITY;
+        for (int64_t j = 0; j <= t; ++j) {
+          const float* k = &qkv[(b * T + j) * 3 * C + C + h * hd];
+          double dot = 0;
+          for (int64_t d = 0; d < hd; ++d) dot += static_cast<double>(q[d]) * k[d];
+          x[j] = dot * scale;
+          mx = std::max(mx, x[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j <= t; ++j) sum += std::exp(x[j] - mx);
+        lse[(b * H + h) * T + t] = static_cast<float>(mx + std::log(sum));
+      }
+  return lse;
+}
+
+// The fused kernels (gpt/flash_attention_cuda.h) against the CPU ops: one tile and several, seq
+// under a tile and past a multiple of it (the zero-padded, masked rows and keys), every head
+// width they take; the state is each row's log-sum-exp, written exactly (a guard after it stays),
+// and a second run repeats bit for bit (no atomics).
+TEST_F(CudaFusedAttentionTest, WithinBf16RoundingStateIsLogSumExpAndRepeatable) {
+  for (AttnShape s :
+       {AttnShape{2, 13, 128, 4}, AttnShape{2, 64, 128, 2}, AttnShape{3, 70, 256, 4},
+        AttnShape{1, 130, 384, 4}, AttnShape{2, 200, 256, 2}, AttnShape{1, 257, 512, 4}}) {
+    const int64_t rows = s.batch * s.seq, hd = s.channels / s.heads;
+    ASSERT_TRUE(ops_->fused_attention(hd)) << hd;
+    const int64_t state_n = AttentionStateFloats(true, s.batch, s.seq, s.heads);
+    ASSERT_EQ(state_n, s.batch * s.heads * s.seq);
+    auto qkv = Random(rows * 3 * s.channels, 1), dout = Random(rows * s.channels, 2);
+    std::vector<float> out(rows * s.channels), probs(s.batch * s.heads * s.seq * s.seq),
+        dqkv(rows * 3 * s.channels);
+    cpu::AttentionForward<float>(qkv.data(), out.data(), probs.data(), s.batch, s.seq, s.channels,
+                                 s.heads);
+    cpu::AttentionBackward<float>(dout.data(), qkv.data(), probs.data(), dqkv.data(), s.batch,
+                                  s.seq, s.channels, s.heads);
+    const std::vector<float> lse = LogSumExps(qkv, s);
+    constexpr int64_t kGuard = 64;
+    DeviceVec<float> gqkv(qkv), gout(Filled<float>(out.size(), 7.0f)),
+        gstate(Filled<float>(state_n + kGuard, 7.0f)), gdout(dout),
+        gdqkv(Filled<float>(dqkv.size(), 7.0f));
+    const std::string shape = " seq " + std::to_string(s.seq) + " hd " + std::to_string(hd);
+    std::vector<float> first;
+    for (int rep = 0; rep < 2; ++rep) {
+      ops_->AttentionForward(gqkv.get(), gout.get(), gstate.get(), s.batch, s.seq, s.channels,
+                             s.heads);
+      ops_->AttentionBackward(gdout.get(), gqkv.get(), gout.get(), gstate.get(), gdqkv.get(),
+                              s.batch, s.seq, s.channels, s.heads);
+      ASSERT_TRUE(ops_->status().ok()) << ops_->status().ToString() << shape;
+      const auto d = gdqkv.Download();
+      if (rep == 1) {
+        EXPECT_EQ(std::memcmp(d.data(), first.data(), 4 * d.size()), 0) << "repeat" << shape;
+        break;
+      }
+      first = d;
+      ExpectWithinBf16(gout.Download(), out, "fused attention out" + shape);
+      auto state = gstate.Download();
+      for (int64_t i = state_n; i < state_n + kGuard; ++i)
+        ASSERT_EQ(state[i], 7.0f) << "written past the state at " << i << shape;
+      state.resize(state_n);
+      ExpectWithinBf16(state, lse, "fused attention log-sum-exp" + shape);
+      ExpectWithinBf16(d, dqkv, "fused dqkv" + shape, 2e-2);
+    }
+  }
+}
+
+// Head widths the kernels do not take run the batched products, state = probabilities.
+TEST_F(CudaFusedAttentionTest, OtherHeadWidthsTakeTheBatchedProducts) {
+  const AttnShape s{2, 70, 144, 2};
+  EXPECT_FALSE(ops_->fused_attention(72));
+  const int64_t rows = s.batch * s.seq, probs_n = s.batch * s.heads * s.seq * s.seq;
+  auto qkv = Random(rows * 3 * s.channels, 1), dout = Random(rows * s.channels, 2);
+  std::vector<float> out(rows * s.channels), probs(probs_n), dqkv(rows * 3 * s.channels);
+  cpu::AttentionForward<float>(qkv.data(), out.data(), probs.data(), s.batch, s.seq, s.channels,
+                               s.heads);
+  cpu::AttentionBackward<float>(dout.data(), qkv.data(), probs.data(), dqkv.data(), s.batch, s.seq,
+                                s.channels, s.heads);
+  DeviceVec<float> gqkv(qkv), gout(Filled<float>(out.size(), 7.0f)),
+      gprobs(Filled<float>(probs_n, 7.0f)), gdout(dout), gdqkv(Filled<float>(dqkv.size(), 7.0f));
+  ops_->AttentionForward(gqkv.get(), gout.get(), gprobs.get(), s.batch, s.seq, s.channels, s.heads);
+  ops_->AttentionBackward(gdout.get(), gqkv.get(), gout.get(), gprobs.get(), gdqkv.get(), s.batch,
+                          s.seq, s.channels, s.heads);
+  ExpectWithinBf16(gout.Download(), out, "attention out hd 72");
+  ExpectWithinBf16(gprobs.Download(), probs, "attention probs hd 72");
+  ExpectWithinBf16(gdqkv.Download(), dqkv, "dqkv hd 72", 2e-2);
+}
+
 TEST_F(CudaTensorCoreOpsTest, GemmEveryTransposeWithinBf16Rounding) {
   for (auto [m, n, k] : {std::array<int64_t, 3>{37, 67, 45}, {300, 520, 704}}) {
     for (int ta = 0; ta < 2; ++ta)
@@ -349,8 +453,8 @@ TEST_F(CudaTensorCoreOpsTest, AttentionWithinBf16RoundingAndRepeatable) {
     for (int rep = 0; rep < 2; ++rep) {
       ops_->AttentionForward(gqkv.get(), gout.get(), gprobs.get(), s.batch, s.seq, s.channels,
                              s.heads);
-      ops_->AttentionBackward(gdout.get(), gqkv.get(), gprobs.get(), gdqkv.get(), s.batch, s.seq,
-                              s.channels, s.heads);
+      ops_->AttentionBackward(gdout.get(), gqkv.get(), gout.get(), gprobs.get(), gdqkv.get(),
+                              s.batch, s.seq, s.channels, s.heads);
       const auto d = gdqkv.Download();
       if (rep == 1) {
         EXPECT_EQ(std::memcmp(d.data(), first.data(), 4 * d.size()), 0) << "repeat" << shape;

@@ -1,0 +1,30 @@
+// Fused causal attention on bf16 tensor cores (Note [Fused causal attention], in
+// flash_attention_cuda.cu): the GPT's attention as three kernels that never write the T x T score
+// matrix. Forward keeps each row's log-sum-exp (batch x heads x seq floats) in place of the
+// probabilities; backward recomputes the probabilities from it. The contracts are
+// CudaOps::AttentionForward/Backward's (fp32 in and out, qkv rows [q | k | v] of 3C, heads of
+// C / H) with `state` the log-sum-exps, within bf16 rounding of the CPU ops
+// (tests/gpt/ops_cuda_test.cc); every output element is written by one thread in a fixed order,
+// so a run repeats bit for bit. Included only by CUDA files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tierzero::gpt::cuda {
+
+// Head widths: FusedAttentionHeadWidth (gpt/backend.h); others return cudaErrorInvalidValue.
+// out (B x T x C) and lse (B x H x T) from qkv (B x T x 3C). Returns the launch error, if any.
+cudaError_t FusedAttentionForward(const float* qkv, float* out, float* lse, int64_t batch,
+                                  int64_t seq, int64_t channels, int64_t heads,
+                                  cudaStream_t stream);
+
+// dqkv (written) from dout, qkv and the forward's out and lse; `rowdot` is scratch of
+// B x H x T floats (each query row's dout . out).
+cudaError_t FusedAttentionBackward(const float* dout, const float* qkv, const float* out,
+                                   const float* lse, float* rowdot, float* dqkv, int64_t batch,
+                                   int64_t seq, int64_t channels, int64_t heads,
+                                   cudaStream_t stream);
+
+}  // namespace tierzero::gpt::cuda
