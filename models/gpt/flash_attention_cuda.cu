@@ -22,7 +22,9 @@
 //
 // Operands are rounded to bf16 as the batched path rounds them (q, k, v, dout, and p and ds before
 // their products); the softmax, its statistics and every accumulation are fp32. Tiles of 64 keep
-// a block's shared memory under 128 KiB at head width 128 (two blocks per SM on an H100). Rows
+// a block's shared memory under 128 KiB at head width 128 (110-121 KiB: one block of four warps
+// per SM there, which is where a tuned version would start: ptxas gives the key-value kernel
+// 255 registers and a few bytes of spills at 128). Rows
 // and keys past seq are loaded as zeros and masked, so any seq works; head widths are 32, 64, 96
 // and 128 (one instantiation each), others take the batched path.
 #include <cuda_bf16.h>
@@ -434,6 +436,7 @@ cudaError_t FusedAttentionForward(const float* qkv, float* out, float* lse, int6
   const int64_t hd = channels / heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   if (batch * seq == 0) return cudaSuccess;
+  if (!Aligned16(qkv)) return cudaErrorMisalignedAddress;
   switch (hd) {
     case 32:
       return Forward<32>(qkv, out, lse, batch, seq, channels, heads, scale, stream);
