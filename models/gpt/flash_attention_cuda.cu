@@ -22,9 +22,10 @@
 //
 // Operands are rounded to bf16 as the batched path rounds them (q, k, v, dout, and p and ds before
 // their products); the softmax, its statistics and every accumulation are fp32. Tiles of 64 keep
-// a block's shared memory under 128 KiB at head width 128 (110-121 KiB: one block of four warps
-// per SM there, which is where a tuned version would start: ptxas gives the key-value kernel
-// 255 registers and a few bytes of spills at 128). Rows
+// a block's shared memory under 128 KiB at head width 128: 110 and 111 KiB for the forward and
+// dq kernels (two blocks of four warps per H100 SM), 120.5 KiB for the key-value kernel (one),
+// which ptxas also gives 255 registers and a few bytes of spills there: where tuning would
+// start. Rows
 // and keys past seq are loaded as zeros and masked, so any seq works; head widths are 32, 64, 96
 // and 128 (one instantiation each), others take the batched path.
 #include <cuda_bf16.h>
