@@ -337,6 +337,8 @@ class Engine {
   StatusOr<ActivationBuffer> AllocateActivation(uint64_t bytes);
   uint64_t activation_bytes() const;
 
+  // Whether the trainer computes on the CPU (the simulated device); before Finalize, whether it
+  // will (the device the configuration picks).
   bool host_compute() const;
   void* compute_stream() const;  // cudaStream_t on a GPU, nullptr otherwise
   DType compute_dtype() const;

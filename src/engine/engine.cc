@@ -302,7 +302,14 @@ void Engine::Impl::FreeActivation(void* p, uint64_t bytes) {
 }
 
 uint64_t Engine::activation_bytes() const { return impl_->act_current; }
-bool Engine::host_compute() const { return impl_->host_compute; }
+bool Engine::host_compute() const {
+  const Impl& im = *impl_;
+  if (im.finalized) return im.host_compute;
+  if (im.device != nullptr) return im.device->info().caps.host_compute;
+  // Before Finalize (a plan's derived trace): the device Finalize will open, decided as it does.
+  return !(im.cfg.device == DeviceChoice::kCuda ||
+           (im.cfg.device == DeviceChoice::kAuto && CudaDeviceCount() > 0));
+}
 void* Engine::compute_stream() const {
   return impl_->host_compute ? nullptr : impl_->compute.handle().impl;
 }

@@ -45,6 +45,10 @@ EngineConfig Config(DType dt, int accumulation, const Options& o, const std::str
     ec.nvme_budget = uint64_t{128} << 20;
     ec.nvme_path = dir;
   }
+  // Every group on the CPU unless a fraction is asked for: `auto` chooses from rates measured at
+  // the first step, and on a loaded machine it may stream every host group to the simulated
+  // device, leaving no CPU chain to go behind the forward (seen once in CI).
+  ec.optimizer = OptimizerPlacement::kCpu;
   if (o.fraction >= 0) {
     ec.optimizer = OptimizerPlacement::kFraction;
     ec.optimizer_device_fraction = o.fraction;
