@@ -5,6 +5,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -102,10 +103,18 @@ class HostFuncCollectives final : public DeviceCollectives {
     });
   }
 
+  // Nothing to make in host memory, but the contract is the GPU's (device_collectives.h): a
+  // quantization never prepared fails here too, so the simulated device's tests catch it.
+  Status PrepareQuantized(const ShardQuantization& q) override {
+    RETURN_IF_ERROR(NeedNodes());
+    if (q.shards() != size_) return InvalidArgumentError("a quantization for other ranks");
+    prepared_.insert(&q);
+    return Status::OK();
+  }
   Status QuantizedAllGather(const ShardQuantization& q, const void* send, void* recv,
                             DType dtype) override {
     RETURN_IF_ERROR(NeedNodes());
-    if (q.shards() != size_) return InvalidArgumentError("a quantization for other ranks");
+    RETURN_IF_ERROR(Prepared(q));
     Count(q.slot_bytes() * static_cast<uint64_t>(size_ - 1));
     const ShardQuantization* qp = &q;
     // QuantizedAllGather reads all of send before it writes recv: in place needs no copy.
@@ -117,7 +126,7 @@ class HostFuncCollectives final : public DeviceCollectives {
   Status QuantizedReduceScatter(const ShardQuantization& q, const void* send, void* recv,
                                 DType dtype) override {
     RETURN_IF_ERROR(NeedNodes());
-    if (q.shards() != size_) return InvalidArgumentError("a quantization for other ranks");
+    RETURN_IF_ERROR(Prepared(q));
     const auto l = static_cast<uint64_t>(state_->node->size());
     const auto n = static_cast<uint64_t>(state_->cross->size());
     // Inside the node (L - 1) x N slots leave; across nodes N - 1 (Note [Quantized collectives]).
@@ -165,6 +174,11 @@ class HostFuncCollectives final : public DeviceCollectives {
     }
     return Status::OK();
   }
+  Status Prepared(const ShardQuantization& q) const {
+    if (prepared_.count(&q) > 0) return Status::OK();
+    return FailedPreconditionError(
+        "a quantized collective with a quantization never prepared (PrepareQuantized at set-up)");
+  }
 
   Status Queue(const char* what, std::function<Status(State&)> run) {
     std::shared_ptr<State> st = state_;
@@ -187,6 +201,7 @@ class HostFuncCollectives final : public DeviceCollectives {
   int rank_ = 0, size_ = 1;
   Topology topology_;
   CommStats stats_;
+  std::set<const ShardQuantization*> prepared_;  // PrepareQuantized (the caller's thread)
 };
 
 // NCCL: the communicator queues each collective on its stream; the requests are kept until they

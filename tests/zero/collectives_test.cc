@@ -514,7 +514,14 @@ void CheckQuantizedDeviceCollectives(Device& d, const std::shared_ptr<Communicat
   auto qw = ShardQuantization::Create({8, 64}, every);
   auto qg = ShardQuantization::Create({4, 100}, every);
   ASSERT_TRUE(qw.ok() && qg.ok());
-  ASSERT_TRUE((*dc)->PrepareQuantized(*qw).ok());
+  {
+    const Status s = (*dc)->PrepareQuantized(*qw);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  {
+    const Status s = (*dc)->PrepareQuantized(*qg);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
   const size_t block = DTypeBytes(dt, n);
   const size_t chunk_bytes = block * static_cast<size_t>(w);
   auto value = [](int r, int salt, size_t i) {
@@ -553,7 +560,10 @@ void CheckQuantizedDeviceCollectives(Device& d, const std::shared_ptr<Communicat
   // qwZ: every rank's shard quantized and dequantized, gathered in place.
   auto shard_of = [&](int r) { return Fill(dt, n, [&](size_t i) { return value(r, 0, i); }); };
   upload(shard_of(me), base + block * me);
-  ASSERT_TRUE((*dc)->QuantizedAllGather(*qw, base + block * me, base, dt).ok());
+  {
+    const Status s = (*dc)->QuantizedAllGather(*qw, base + block * me, base, dt);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
   const auto gathered = download(base, chunk_bytes);
   for (int r = 0; r < w; ++r) {
     std::vector<uint8_t> packed(qw->layout(r).bytes()), want(block);
@@ -569,7 +579,10 @@ void CheckQuantizedDeviceCollectives(Device& d, const std::shared_ptr<Communicat
     return Fill(dt, n * static_cast<size_t>(w), [&](size_t i) { return value(r, 1, i); });
   };
   upload(grads_of(me), base);
-  ASSERT_TRUE((*dc)->QuantizedReduceScatter(*qg, base, base + block * me, dt).ok());
+  {
+    const Status s = (*dc)->QuantizedReduceScatter(*qg, base, base + block * me, dt);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
   const auto reduced = download(base + block * me, block);
   const kernels::QuantLayout& mine = qg->layout(me);
   std::vector<std::vector<uint8_t>> partials;
