@@ -355,6 +355,9 @@ Status Engine::BeginIteration(bool train) {
   RETURN_IF_ERROR(im.cm->BeginIteration(/*inference=*/!train));
   im.in_iteration = true;
   im.iteration_train = train;
+  im.forward_open = train;
+  im.forward_t0 = std::chrono::steady_clock::now();
+  im.forward_wait0 = im.tail.wait_s;
   im.iteration_acquires.clear();
   if (train) RETURN_IF_ERROR(im.MaybeStartSpeculation());
   ++im.iterations;
@@ -376,6 +379,15 @@ StatusOr<ParamScope> Engine::Acquire(std::span<const ParamId> params, Phase phas
   const auto t0 = std::chrono::steady_clock::now();
   const double update_wait0 = im.tail.wait_s;
   const double call_s = im.timeline.Now();
+  if (phase == Phase::kBackward && im.forward_open) {
+    im.forward_open = false;
+    const double span = std::chrono::duration<double>(t0 - im.forward_t0).count() -
+                        (im.tail.wait_s - im.forward_wait0);
+    if (im.forward_spans.size() == Impl::kForwardWindow) {
+      im.forward_spans.erase(im.forward_spans.begin());
+    }
+    im.forward_spans.push_back(std::max(span, 0.0));
+  }
   // Backward writes gradient shards the update phase may still read (Note [The update phase
   // behind the next forward]); forward's gathers wait per chunk.
   if (phase == Phase::kBackward) RETURN_IF_ERROR(im.AwaitUpdate());

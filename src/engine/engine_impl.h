@@ -199,6 +199,14 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   bool in_iteration = false;
   bool iteration_train = true;
   int iterations_since_step = 0;
+  // Training forwards' spans, from BeginIteration to the first backward Acquire less the waits
+  // for the update phase's CPU chain: the time that chain can hide behind (the update plan's
+  // UpdateBudget::behind_forward_s is their median). The last kForwardWindow of them.
+  static constexpr size_t kForwardWindow = 15;
+  std::vector<double> forward_spans;
+  std::chrono::steady_clock::time_point forward_t0{};
+  double forward_wait0 = 0;
+  bool forward_open = false;
   int64_t step = 0;
   float loss_scale = 1;
   int good_steps = 0;

@@ -114,6 +114,21 @@ StatusOr<UpdateRates> Engine::Impl::MeasureUpdateRates(void* scratch, uint64_t s
   // Host: [master | m | v] for all calls, then the gradients, then the outputs.
   AlignedBuffer host = AlignedBuffer::Allocate(Aligned(total * 12) + 2 * Aligned(total * 4));
   if (host.data() == nullptr) return OutOfMemoryError("the optimizer's rate probe");
+  // Page-locked like the memory the phase copies from (the host groups' states, the gradient
+  // shards): pageable memory crosses PCIe at a fraction of the rate (measured on an H100: 7.2
+  // GB/s against 54), and the model then predicted a resident phase 7x too long and streamed
+  // too few groups.
+  struct Pinned {
+    Device* device = nullptr;
+    void* ptr = nullptr;
+    ~Pinned() {
+      if (ptr != nullptr) (void)device->UnregisterHostMemory(ptr);
+    }
+  } pinned;
+  if (device->RegisterHostMemory(host.data(), host.bytes()).ok()) {
+    pinned.device = device.get();
+    pinned.ptr = host.data();
+  }
   auto* f = reinterpret_cast<float*>(host.data());
   for (uint64_t i = 0; i < 3 * total; ++i) f[i] = i < total ? 0.01f : 0.0f;
   uint8_t* hgrad = static_cast<uint8_t*>(host.data()) + Aligned(total * 12);
@@ -153,7 +168,7 @@ StatusOr<UpdateRates> Engine::Impl::MeasureUpdateRates(void* scratch, uint64_t s
     auto* dstates = reinterpret_cast<float*>(ds);
     uint8_t* dgrad = ds + Aligned(dn * 12);
     uint8_t* dout = dgrad + Aligned(DTypeBytes(gt, dn));
-    std::vector<double> up, down, adam;
+    std::vector<double> up, down, adam, both;
     for (int round = 0; round < kRounds; ++round) {
       // The same states as the host's first dn elements' (the layout differs; the time does not).
       auto t0 = std::chrono::steady_clock::now();
@@ -176,7 +191,19 @@ StatusOr<UpdateRates> Engine::Impl::MeasureUpdateRates(void* scratch, uint64_t s
           device->CopyAsync(f, dstates, dn * 12, CopyKind::kDeviceToHost, update.d2h.handle()));
       RETURN_IF_ERROR(update.d2h.Synchronize());
       down.push_back(Since(t0));
+      // Both directions at once, as a chain of streamed groups keeps them: half the states up
+      // while the other half comes down (disjoint memory on both sides).
+      const uint64_t half = dn * 6;
+      t0 = std::chrono::steady_clock::now();
+      RETURN_IF_ERROR(
+          device->CopyAsync(dstates, f, half, CopyKind::kHostToDevice, update.h2d.handle()));
+      RETURN_IF_ERROR(device->CopyAsync(reinterpret_cast<uint8_t*>(f) + half, ds + half, half,
+                                        CopyKind::kDeviceToHost, update.d2h.handle()));
+      RETURN_IF_ERROR(update.h2d.Synchronize());
+      RETURN_IF_ERROR(update.d2h.Synchronize());
+      both.push_back(Since(t0));
     }
+    r.pcie_duplex_bytes_per_s = static_cast<double>(dn * 12) / std::max(Median(both), 1e-9);
     r.h2d_bytes_per_s =
         static_cast<double>(dn * 12 + DTypeBytes(gt, dn)) / std::max(Median(up), 1e-9);
     r.d2h_bytes_per_s = static_cast<double>(dn * 12) / std::max(Median(down), 1e-9);
@@ -316,6 +343,7 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
                            << r.device_params_per_s / 1e6 << " Mparams/s"
                            << (cfg.host_device_adam_rate > 0 ? " (a model)" : "") << ", H2D "
                            << r.h2d_bytes_per_s / 1e9 << " GB/s, D2H " << r.d2h_bytes_per_s / 1e9
+                           << " GB/s, both at once " << r.pcie_duplex_bytes_per_s / 1e9
                            << " GB/s, NVMe read " << r.nvme_read_bytes_per_s / 1e9
                            << " GB/s, write " << r.nvme_write_bytes_per_s / 1e9
                            << " GB/s, both at once " << r.nvme_duplex_bytes_per_s / 1e9 << " GB/s";
@@ -326,6 +354,18 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
                 : cfg.optimizer == OptimizerPlacement::kFraction ? UpdateMode::kFraction
                                                                  : UpdateMode::kAuto;
   budget.device_fraction = cfg.optimizer_device_fraction;
+  // Whether the CPU's groups may finish behind the next forward (the conditions below, less
+  // those of this step alone): the plan then credits the forward they hide behind. NVMe groups
+  // always update on the CPU, so io_bound does not depend on the plan.
+  const std::string behind_mode = kUpdateBehindForward.Get();
+  const bool behind_off = behind_mode == "off" || behind_mode == "0" || behind_mode == "false";
+  const bool behind_on = behind_mode == "on" || behind_mode == "1" || behind_mode == "true";
+  bool io_bound = false;
+  for (const UpdateGroup& g : groups) io_bound |= g.states_on_nvme || g.param_on_nvme;
+  if (!behind_off && world() == 1 && (behind_on || !host_compute || io_bound) &&
+      !forward_spans.empty()) {
+    budget.behind_forward_s = Median(forward_spans);
+  }
   UpdateRates rates = update.rates;
   if (rates.device_params_per_s <= 0) {
     // No device memory for the probe: nothing can update there but resident groups, which
@@ -407,17 +447,9 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
   // with disk waits to hide gains from going behind it (measured: bench/train_bench.sh behind).
   // One rank only: on several, a failure behind one rank's forward would first have to be agreed
   // on by every rank before each collective that follows.
-  bool io_bound = false;
-  for (int c = 0; c < layout.num_chunks(); ++c) {
-    io_bound |= plan.where[static_cast<size_t>(c)] == UpdateWhere::kCpu &&
-                (optimizer().tier(c) == Tier::kNvme || store->param_tier(c) == Tier::kNvme);
-  }
-  const std::string mode = kUpdateBehindForward.Get();
-  const bool off = mode == "off" || mode == "0" || mode == "false";
-  const bool on = mode == "on" || mode == "1" || mode == "true";
   bool behind = false;
-  if (!off && !prof && !cm->profile_pending() && counts[0] > 0 && world() == 1 &&
-      (on || !host_compute || io_bound)) {
+  if (!behind_off && !prof && !cm->profile_pending() && counts[0] > 0 && world() == 1 &&
+      (behind_on || !host_compute || io_bound)) {
     ASSIGN_OR_RETURN(behind, LaunchUpdateTail(so));
   }
   // The device's groups end before Step returns either way: their slots are the next

@@ -105,7 +105,22 @@ UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<Up
   p.group_end_s.assign(groups.size(), 0.0);
   for (size_t i = 0; i < groups.size(); ++i)
     p.slot_bytes = std::max(p.slot_bytes, UpdateSlotBytes(groups[i], where[i]));
-  // Device chain.
+  // Device chain. Both directions busy at once share the link's duplex rate.
+  double h2d_rate = r.h2d_bytes_per_s, d2h_rate = r.d2h_bytes_per_s;
+  bool up = false, down = false;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (where[i] == UpdateWhere::kCpu) continue;
+    const bool streamed = where[i] == UpdateWhere::kDeviceStreamed;
+    up |= groups[i].grad_bytes > 0 || streamed;
+    down |= groups[i].out_bytes > 0 || streamed;
+  }
+  if (up && down && r.pcie_duplex_bytes_per_s > 0 && h2d_rate > 0 && d2h_rate > 0) {
+    const double share = r.pcie_duplex_bytes_per_s / (h2d_rate + d2h_rate);
+    if (share < 1) {
+      h2d_rate *= share;
+      d2h_rate *= share;
+    }
+  }
   double h2d_free = 0, adam_free = 0, d2h_free = 0;
   std::vector<double> slot_free(static_cast<size_t>(std::max(slots, 1)), 0.0);
   size_t k = 0;
@@ -113,15 +128,15 @@ UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<Up
     if (where[i] == UpdateWhere::kCpu) continue;
     const UpdateGroup& g = groups[i];
     const bool streamed = where[i] == UpdateWhere::kDeviceStreamed;
-    const double up = Div(static_cast<double>(g.grad_bytes) + (streamed ? 12.0 * g.elems : 0.0),
-                          r.h2d_bytes_per_s);
+    const double up_s =
+        Div(static_cast<double>(g.grad_bytes) + (streamed ? 12.0 * g.elems : 0.0), h2d_rate);
     const double adam = Div(static_cast<double>(g.elems), r.device_params_per_s);
-    const double down = Div(static_cast<double>(g.out_bytes) + (streamed ? 12.0 * g.elems : 0.0),
-                            r.d2h_bytes_per_s);
+    const double down_s =
+        Div(static_cast<double>(g.out_bytes) + (streamed ? 12.0 * g.elems : 0.0), d2h_rate);
     double& slot = slot_free[k++ % slot_free.size()];
-    h2d_free = std::max(h2d_free, slot) + up;
+    h2d_free = std::max(h2d_free, slot) + up_s;
     adam_free = std::max(adam_free, h2d_free) + adam;
-    d2h_free = std::max(d2h_free, adam_free) + down;
+    d2h_free = std::max(d2h_free, adam_free) + down_s;
     slot = d2h_free;
     p.group_end_s[i] = d2h_free;
   }
@@ -177,6 +192,7 @@ UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<Up
   }
   p.cpu_s = t;
   p.phase_s = r.device_shares_cpu ? p.cpu_s + p.device_s : std::max(p.cpu_s, p.device_s);
+  p.objective_s = p.phase_s;
   return p;
 }
 
@@ -222,8 +238,14 @@ UpdatePlan PlanUpdate(const std::vector<UpdateGroup>& groups, const UpdateRates&
     }
     return w;
   };
+  // Behind the next forward (budget.behind_forward_s > 0), the step waits for the device chain,
+  // the forward for the CPU's groups: the forward ends at max(device + forward, CPU) after the
+  // phase's start (the forward's own waits for CPU groups cover the rest).
+  const double fwd = rates.device_shares_cpu ? 0.0 : std::max(budget.behind_forward_s, 0.0);
   auto sim = [&](size_t s) {
-    return Simulate(groups, with(s), rates, s > 0 ? stream_slots : resident_slots);
+    UpdatePlan p = Simulate(groups, with(s), rates, s > 0 ? stream_slots : resident_slots);
+    if (fwd > 0) p.objective_s = std::max(p.device_s + fwd, p.cpu_s) - fwd;
+    return p;
   };
   size_t max_stream = stream_slots > 0 ? candidates.size() : 0;
   if (budget.mode == UpdateMode::kCpu || n == 0) {
@@ -251,7 +273,7 @@ UpdatePlan PlanUpdate(const std::vector<UpdateGroup>& groups, const UpdateRates&
   size_t best_s = 0;
   for (size_t s = 1; s <= max_stream; ++s) {
     UpdatePlan p = sim(s);
-    if (p.phase_s < best.phase_s * (1 - 1e-9)) {
+    if (p.objective_s < best.objective_s * (1 - 1e-9)) {
       best = std::move(p);
       best_s = s;
     }
@@ -259,6 +281,9 @@ UpdatePlan PlanUpdate(const std::vector<UpdateGroup>& groups, const UpdateRates&
   why << "auto: " << resident << " resident, " << best_s << " of " << candidates.size()
       << " streamable groups streamed";
   if (candidates.size() > 0 && max_stream == 0) why << " (no device memory for one group's buffer)";
+  if (fwd > 0 && max_stream > 0) {
+    why << "; the CPU's groups finish behind the next forward (" << fwd * 1e3 << " ms)";
+  }
   best.reason = why.str();
   return best;
 }

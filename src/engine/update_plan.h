@@ -40,6 +40,10 @@ struct UpdateRates {
   // Bytes read and written per second with a read and a write in flight at once, as the swap
   // pipeline keeps them (0: unknown, reads and writes then take their own rates in turn).
   double nvme_duplex_bytes_per_s = 0;
+  // Bytes per second up and down together with an upload and a download in flight at once, as
+  // a chain of streamed groups keeps them (0: unknown, each direction at its own rate). Where it
+  // is under h2d + d2h, both directions slow by that share (measured on an H100: 0.66).
+  double pcie_duplex_bytes_per_s = 0;
   // The device computes on the CPU's cores (the simulated device without a modelled rate): its
   // updates take CPU time from the CPU's own, so the phase is their sum.
   bool device_shares_cpu = false;
@@ -72,6 +76,10 @@ struct UpdateBudget {
   uint64_t device_bytes = 0;
   UpdateMode mode = UpdateMode::kAuto;
   double device_fraction = 0;  // kFraction
+  // > 0: the CPU's groups may finish behind the next forward, which takes this long (Note [The
+  // update phase behind the next forward]). kAuto then minimises what the step and the forward
+  // wait for, max(device chain + forward, CPU chain), rather than the phase.
+  double behind_forward_s = 0;
 };
 
 inline constexpr int kMaxUpdateSlots = 3;
@@ -84,6 +92,9 @@ struct UpdatePlan {
   // the device's chains; the phase.
   std::vector<double> group_end_s;
   double cpu_s = 0, device_s = 0, phase_s = 0;
+  // What kAuto minimised: phase_s, or with behind_forward_s the time from the phase's start to
+  // the end of the next forward less the forward's own time.
+  double objective_s = 0;
   std::string reason;  // one line: why this assignment
 };
 

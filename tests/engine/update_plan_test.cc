@@ -89,6 +89,54 @@ TEST(UpdatePlan, ASplitOtherwise) {
   EXPECT_NEAR(two.phase_s, 3.1, 1e-12);
 }
 
+TEST(UpdatePlan, BothDirectionsAtOnceShareTheDuplexRate) {
+  // A link of 2800 B/s each way alone: a streamed group takes 0.5 s up, 0.1 s, 0.5 s down.
+  //   two streamed: CPU 2 s; device: uploads [0, 0.5] and [0.5, 1], downloads [0.6, 1.1] and
+  //   [1.1, 1.6]; phase 2 s (three: CPU 1 s, the third download ends at 2.1 s).
+  const std::vector<UpdateGroup> g(4, HostGroup());
+  UpdatePlan alone = PlanUpdate(g, Rates(2800), Auto());
+  EXPECT_EQ(alone.where,
+            (std::vector<W>{W::kDeviceStreamed, W::kCpu, W::kDeviceStreamed, W::kCpu}));
+  EXPECT_NEAR(alone.phase_s, 2.0, 1e-12);
+  // Both directions at once share 2800 B/s: each at 1400, the split of ASplitOtherwise.
+  UpdateRates r = Rates(2800);
+  r.pcie_duplex_bytes_per_s = 2800;
+  UpdatePlan shared = PlanUpdate(g, r, Auto());
+  EXPECT_EQ(shared.where, (std::vector<W>{W::kDeviceStreamed, W::kCpu, W::kCpu, W::kCpu}));
+  EXPECT_NEAR(shared.phase_s, 3.0, 1e-12);
+  EXPECT_NEAR(shared.device_s, 2.1, 1e-12);
+  // A chain that only uploads (resident groups, parameters on the device) keeps the full rate:
+  // 200 B up at 2800 B/s, then 0.1 s of Adam each, one after another: 200 / 2800 + 4 x 0.1.
+  std::vector<UpdateGroup> res(4, HostGroup());
+  for (auto& x : res) {
+    x.states_on_device = true;
+    x.out_bytes = 0;
+  }
+  UpdatePlan up = Simulate(res, std::vector<W>(4, W::kDeviceResident), r, 3);
+  EXPECT_NEAR(up.device_s, 200.0 / 2800 + 0.4, 1e-12);
+}
+
+TEST(UpdatePlan, BehindTheNextForwardTheCpuChainIsCreditedTheForward) {
+  // ASplitOtherwise's groups and link, the CPU's groups finishing behind a forward of F seconds:
+  // the forward ends max(device + F, CPU) after the phase's start; auto minimises that less F.
+  //   F = 1: none streamed max(1, 4) - 1 = 3; one max(3.1, 3) - 1 = 2.1; two max(4.1, 2) - 1 =
+  //          3.1: one streamed, as inside Step.
+  //   F = 2: none max(2, 4) - 2 = 2; one max(4.1, 3) - 2 = 2.1: none streamed.
+  const std::vector<UpdateGroup> g(4, HostGroup());
+  UpdateBudget b = Auto();
+  b.behind_forward_s = 1;
+  UpdatePlan one = PlanUpdate(g, Rates(1400), b);
+  EXPECT_EQ(one.where, (std::vector<W>{W::kDeviceStreamed, W::kCpu, W::kCpu, W::kCpu}));
+  EXPECT_NEAR(one.objective_s, 2.1, 1e-12);
+  EXPECT_NEAR(one.phase_s, 3.0, 1e-12);
+  b.behind_forward_s = 2;
+  UpdatePlan none = PlanUpdate(g, Rates(1400), b);
+  EXPECT_EQ(none.where, std::vector<W>(4, W::kCpu));
+  EXPECT_NEAR(none.objective_s, 2.0, 1e-12);
+  EXPECT_NEAR(none.phase_s, 4.0, 1e-12);
+  EXPECT_NE(none.reason.find("behind the next forward"), std::string::npos) << none.reason;
+}
+
 TEST(UpdatePlan, GroupsUpdatedAheadCostNothingAndNeverMove) {
   // As ASplitOtherwise, but two groups were updated during backward (the speculative start):
   // the CPU has 2 s left and one streamed group (2.1 s) would end later, so nothing streams;
