@@ -118,8 +118,9 @@ struct Engine::Impl final : ActivationBuffer::Owner {
     UpdatePlan plan;
     std::vector<double> measured_end_s;  // per group, from the phase's start (last step)
     double measured_s = 0;
-    std::vector<double> phase_s;           // every step's, for the median
-    std::vector<double> cpu_rate_samples;  // CPU Adam params/s of the last phases
+    std::vector<double> phase_s;                     // every step's, for the median
+    std::vector<double> cpu_rate_samples;            // CPU Adam params/s of the last phases
+    std::vector<double> cpu_rate_samples_streaming;  // of those with streamed groups
     DeviceBuffer extra;  // device memory beyond the idle slot region, held for one phase
     std::chrono::steady_clock::time_point t0;  // the last phase's start
     std::vector<bool> skip;  // groups the speculative start already updated (this phase)

@@ -109,6 +109,8 @@ void Engine::Impl::SnapshotUpdate(ReportSnapshot& s) const {
   u.nvme_read_bytes_per_s = r.nvme_read_bytes_per_s;
   u.nvme_write_bytes_per_s = r.nvme_write_bytes_per_s;
   u.nvme_duplex_bytes_per_s = r.nvme_duplex_bytes_per_s;
+  u.cpu_params_per_s_streaming = r.cpu_params_per_s_streaming;
+  u.pcie_duplex_bytes_per_s = r.pcie_duplex_bytes_per_s;
   u.device_rate_modelled = cfg.host_device_adam_rate > 0;
   u.speculative = cfg.speculative_step == SpeculativeStep::kAuto ? "auto"
                   : cfg.speculative_step == SpeculativeStep::kOn ? "on"

@@ -525,11 +525,14 @@ void Engine::Impl::FinishUpdatePhase(double measured_s, double adam_s, uint64_t 
   const bool cpu_shared =
       update.rates.device_shares_cpu && stats.optimizer_cpu_groups < layout.num_chunks();
   if (rate_sample && adam_elems > 0 && adam_s > 0 && !cpu_shared) {
+    // Kept apart for phases with streamed groups, whose copies slow CPU Adam down.
     constexpr size_t kSamples = 15;
-    auto& samples = update.cpu_rate_samples;
+    const bool streamed = stats.optimizer_streamed_groups > 0;
+    auto& samples = streamed ? update.cpu_rate_samples_streaming : update.cpu_rate_samples;
     samples.push_back(static_cast<double>(adam_elems) / adam_s);
     if (samples.size() > kSamples) samples.erase(samples.begin());
-    update.rates.cpu_params_per_s = Median(samples);
+    (streamed ? update.rates.cpu_params_per_s_streaming : update.rates.cpu_params_per_s) =
+        Median(samples);
   }
   stats.optimizer_phase_seconds = measured_s;
 }

@@ -141,7 +141,12 @@ UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<Up
     p.group_end_s[i] = d2h_free;
   }
   p.device_s = d2h_free;
-  // CPU chain: host groups (and device groups through the bounce buffer), then NVMe groups.
+  // CPU chain: host groups (and device groups through the bounce buffer), then NVMe groups, at
+  // the rate CPU Adam has beside a streamed chain's copies when there is one.
+  bool streams = false;
+  for (UpdateWhere w : where) streams |= w == UpdateWhere::kDeviceStreamed;
+  const double cpu_rate = streams && r.cpu_params_per_s_streaming > 0 ? r.cpu_params_per_s_streaming
+                                                                      : r.cpu_params_per_s;
   double t = 0;
   std::vector<size_t> nvme;
   for (size_t i = 0; i < groups.size(); ++i) {
@@ -155,7 +160,7 @@ UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<Up
       nvme.push_back(i);
       continue;
     }
-    t += Div(static_cast<double>(g.elems), r.cpu_params_per_s) +
+    t += Div(static_cast<double>(g.elems), cpu_rate) +
          (g.states_on_device ? BounceSeconds(g, r) : 0.0) +
          (g.param_on_nvme ? Div(static_cast<double>(g.out_bytes), r.nvme_write_bytes_per_s) : 0);
     p.group_end_s[i] = t;
@@ -174,7 +179,7 @@ UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<Up
               : 12.0 * g.elems + (g.param_on_nvme ? static_cast<double>(g.out_bytes) : 0.0);
       const double rd = Div(read_bytes, r.nvme_read_bytes_per_s);
       const double wr = Div(write_bytes, r.nvme_write_bytes_per_s);
-      const double a = Div(static_cast<double>(g.elems), r.cpu_params_per_s);
+      const double a = Div(static_cast<double>(g.elems), cpu_rate);
       if (first) first_read = rd;
       first = false;
       last_write = wr;

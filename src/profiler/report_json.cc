@@ -296,6 +296,8 @@ std::string BuildReportJson(const ReportSnapshot& s) {
           {"rollbacks", u.speculative_rollbacks}}},
         {"rates",
          {{"cpu_adam_params_per_second", u.cpu_params_per_s},
+          {"cpu_adam_params_per_second_beside_streaming", u.cpu_params_per_s_streaming},
+          {"h2d_d2h_at_once_bytes_per_second", u.pcie_duplex_bytes_per_s},
           {"device_adam_params_per_second", u.device_params_per_s},
           {"device_adam_modelled", u.device_rate_modelled},
           {"device_shares_cpu", u.device_shares_cpu},

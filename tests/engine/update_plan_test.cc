@@ -137,6 +137,22 @@ TEST(UpdatePlan, BehindTheNextForwardTheCpuChainIsCreditedTheForward) {
   EXPECT_NE(none.reason.find("behind the next forward"), std::string::npos) << none.reason;
 }
 
+TEST(UpdatePlan, CpuAdamBesideAStreamedChainTakesItsOwnRate) {
+  // ASplitOtherwise's link, CPU Adam at half its rate while groups stream (2 s a group):
+  //   none streamed: CPU 4 s (the rate alone); one: CPU 3 x 2 = 6 s, device 2.1 s; two: CPU
+  //   2 x 2 = 4 s, device 3.1 s; three: CPU 2 s, device: the third download ends at 4.1 s.
+  // None streams (ties: fewer).
+  const std::vector<UpdateGroup> g(4, HostGroup());
+  UpdateRates r = Rates(1400);
+  r.cpu_params_per_s_streaming = 50;
+  UpdatePlan p = PlanUpdate(g, r, Auto());
+  EXPECT_EQ(p.where, std::vector<W>(4, W::kCpu));
+  EXPECT_NEAR(p.phase_s, 4.0, 1e-12);
+  UpdatePlan one = Simulate(g, {W::kDeviceStreamed, W::kCpu, W::kCpu, W::kCpu}, r, 3);
+  EXPECT_NEAR(one.cpu_s, 6.0, 1e-12);
+  EXPECT_NEAR(one.phase_s, 6.0, 1e-12);
+}
+
 TEST(UpdatePlan, GroupsUpdatedAheadCostNothingAndNeverMove) {
   // As ASplitOtherwise, but two groups were updated during backward (the speculative start):
   // the CPU has 2 s left and one streamed group (2.1 s) would end later, so nothing streams;
