@@ -121,6 +121,9 @@ struct Engine::Impl final : ActivationBuffer::Owner {
     std::vector<double> phase_s;                     // every step's, for the median
     std::vector<double> cpu_rate_samples;            // CPU Adam params/s of the last phases
     std::vector<double> cpu_rate_samples_streaming;  // of those with streamed groups
+    std::vector<double> link_samples;  // UpdateRates::link_slowdown_beside_cpu, the last phases'
+    std::vector<UpdateGroup> plan_groups;  // what the plan was made from
+    UpdateRates plan_rates;
     DeviceBuffer extra;  // device memory beyond the idle slot region, held for one phase
     std::chrono::steady_clock::time_point t0;  // the last phase's start
     std::vector<bool> skip;  // groups the speculative start already updated (this phase)

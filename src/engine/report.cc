@@ -111,6 +111,7 @@ void Engine::Impl::SnapshotUpdate(ReportSnapshot& s) const {
   u.nvme_duplex_bytes_per_s = r.nvme_duplex_bytes_per_s;
   u.cpu_params_per_s_streaming = r.cpu_params_per_s_streaming;
   u.pcie_duplex_bytes_per_s = r.pcie_duplex_bytes_per_s;
+  u.link_slowdown_beside_cpu = r.link_slowdown_beside_cpu;
   u.device_rate_modelled = cfg.host_device_adam_rate > 0;
   u.speculative = cfg.speculative_step == SpeculativeStep::kAuto ? "auto"
                   : cfg.speculative_step == SpeculativeStep::kOn ? "on"

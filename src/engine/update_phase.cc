@@ -386,6 +386,8 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
     budget.device_bytes = static_cast<uint64_t>(carve(plan.slot_bytes)) * plan.slot_bytes;
     plan = PlanUpdate(groups, rates, budget);
   }
+  update.plan_groups = groups;
+  update.plan_rates = rates;
   const bool changed = plan.where != update.plan.where;
   update.plan = plan;
   if (changed) {
@@ -533,6 +535,34 @@ void Engine::Impl::FinishUpdatePhase(double measured_s, double adam_s, uint64_t 
     if (samples.size() > kSamples) samples.erase(samples.begin());
     (streamed ? update.rates.cpu_params_per_s_streaming : update.rates.cpu_params_per_s) =
         Median(samples);
+  }
+  // The device chain beside CPU Adam: its copies share host memory with the CPU's groups, so
+  // its measured end over its prediction at the probe's link rates is sampled (not where the
+  // device computes on the CPU's cores: no copies cross a link there).
+  if (!update.rates.device_shares_cpu && update.plan.where.size() == update.plan_groups.size()) {
+    double dev_end = 0;
+    bool dev = false, cpu = false;
+    for (size_t i = 0; i < update.plan.where.size(); ++i) {
+      if (update.plan.where[i] != UpdateWhere::kCpu) {
+        dev = true;
+        dev_end = std::max(dev_end, update.measured_end_s[i]);
+      } else {
+        cpu |= CpuChainTakes(static_cast<int>(i));
+      }
+    }
+    if (dev && cpu && dev_end > 0) {
+      UpdateRates at_probe = update.plan_rates;
+      at_probe.link_slowdown_beside_cpu = 1;
+      const double predicted =
+          Simulate(update.plan_groups, update.plan.where, at_probe, update.plan.slots).device_s;
+      if (predicted > 0) {
+        constexpr size_t kSamples = 15;
+        auto& samples = update.link_samples;
+        samples.push_back(std::clamp(dev_end / predicted, 1.0, 4.0));
+        if (samples.size() > kSamples) samples.erase(samples.begin());
+        update.rates.link_slowdown_beside_cpu = Median(samples);
+      }
+    }
   }
   stats.optimizer_phase_seconds = measured_s;
 }

@@ -105,7 +105,8 @@ UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<Up
   p.group_end_s.assign(groups.size(), 0.0);
   for (size_t i = 0; i < groups.size(); ++i)
     p.slot_bytes = std::max(p.slot_bytes, UpdateSlotBytes(groups[i], where[i]));
-  // Device chain. Both directions busy at once share the link's duplex rate.
+  // Device chain. Beside CPU Adam the copies slow down as measured; both directions busy at once
+  // share the link's duplex rate.
   double h2d_rate = r.h2d_bytes_per_s, d2h_rate = r.d2h_bytes_per_s;
   bool up = false, down = false;
   for (size_t i = 0; i < groups.size(); ++i) {
@@ -113,6 +114,13 @@ UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<Up
     const bool streamed = where[i] == UpdateWhere::kDeviceStreamed;
     up |= groups[i].grad_bytes > 0 || streamed;
     down |= groups[i].out_bytes > 0 || streamed;
+  }
+  bool cpu_beside = false;
+  for (size_t i = 0; i < groups.size(); ++i)
+    cpu_beside |= where[i] == UpdateWhere::kCpu && !groups[i].done_ahead;
+  if (cpu_beside && r.link_slowdown_beside_cpu > 1) {
+    h2d_rate /= r.link_slowdown_beside_cpu;
+    d2h_rate /= r.link_slowdown_beside_cpu;
   }
   if (up && down && r.pcie_duplex_bytes_per_s > 0 && h2d_rate > 0 && d2h_rate > 0) {
     const double share = r.pcie_duplex_bytes_per_s / (h2d_rate + d2h_rate);

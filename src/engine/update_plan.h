@@ -47,6 +47,10 @@ struct UpdateRates {
   // a chain of streamed groups keeps them (0: unknown, each direction at its own rate). Where it
   // is under h2d + d2h, both directions slow by that share (measured on an H100: 0.66).
   double pcie_duplex_bytes_per_s = 0;
+  // The device chain's copies take this many times longer while CPU Adam runs beside them (they
+  // share host memory): sampled from phases, the device chain's measured end over its prediction
+  // at the probe's rates (1: not slowed). Measured on an H100 host with 16 threads: about 1.3.
+  double link_slowdown_beside_cpu = 1;
   // The device computes on the CPU's cores (the simulated device without a modelled rate): its
   // updates take CPU time from the CPU's own, so the phase is their sum.
   bool device_shares_cpu = false;

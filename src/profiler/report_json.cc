@@ -298,6 +298,7 @@ std::string BuildReportJson(const ReportSnapshot& s) {
          {{"cpu_adam_params_per_second", u.cpu_params_per_s},
           {"cpu_adam_params_per_second_beside_streaming", u.cpu_params_per_s_streaming},
           {"h2d_d2h_at_once_bytes_per_second", u.pcie_duplex_bytes_per_s},
+          {"copies_slowdown_beside_cpu_adam", u.link_slowdown_beside_cpu},
           {"device_adam_params_per_second", u.device_params_per_s},
           {"device_adam_modelled", u.device_rate_modelled},
           {"device_shares_cpu", u.device_shares_cpu},

@@ -153,6 +153,23 @@ TEST(UpdatePlan, CpuAdamBesideAStreamedChainTakesItsOwnRate) {
   EXPECT_NEAR(one.phase_s, 6.0, 1e-12);
 }
 
+TEST(UpdatePlan, CopiesBesideCpuAdamSlowByTheMeasuredFactor) {
+  // A link of 2800 B/s slowed 2x while CPU Adam runs: with a group on the CPU, ASplitOtherwise's
+  // 1400 B/s (one streamed: device 2.1 s, phase 3 s; three: the third download ends at 4.1 s).
+  const std::vector<UpdateGroup> g(4, HostGroup());
+  UpdateRates r = Rates(2800);
+  r.link_slowdown_beside_cpu = 2;
+  UpdatePlan one = Simulate(g, {W::kDeviceStreamed, W::kCpu, W::kCpu, W::kCpu}, r, 3);
+  EXPECT_NEAR(one.device_s, 2.1, 1e-12);
+  EXPECT_NEAR(one.phase_s, 3.0, 1e-12);
+  // Nothing on the CPU: the link's own rate, 0.5 s a copy. The fourth upload waits for slot 0
+  // (free at 1.1), runs [1.5, 2], and its download ends at 2.6: auto streams all four.
+  UpdatePlan p = PlanUpdate(g, r, Auto());
+  EXPECT_EQ(p.where, std::vector<W>(4, W::kDeviceStreamed));
+  EXPECT_NEAR(p.phase_s, 2.6, 1e-12);
+  EXPECT_DOUBLE_EQ(p.cpu_s, 0.0);
+}
+
 TEST(UpdatePlan, GroupsUpdatedAheadCostNothingAndNeverMove) {
   // As ASplitOtherwise, but two groups were updated during backward (the speculative start):
   // the CPU has 2 s left and one streamed group (2.1 s) would end later, so nothing streams;
