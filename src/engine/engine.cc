@@ -387,6 +387,8 @@ StatusOr<ParamScope> Engine::Acquire(std::span<const ParamId> params, Phase phas
       im.forward_spans.erase(im.forward_spans.begin());
     }
     im.forward_spans.push_back(std::max(span, 0.0));
+    im.backward_t0 = t0;
+    im.backward_open = true;
   }
   // Backward writes gradient shards the update phase may still read (Note [The update phase
   // behind the next forward]); forward's gathers wait per chunk.

@@ -211,6 +211,11 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   std::chrono::steady_clock::time_point forward_t0{};
   double forward_wait0 = 0;
   bool forward_open = false;
+  // The last backward's span, from its first Acquire to the update plan: the time the NVMe
+  // groups' read-ahead had (UpdateRates::nvme_read_ahead_window_s).
+  std::chrono::steady_clock::time_point backward_t0{};
+  bool backward_open = false;
+  std::vector<double> backward_spans;
   int64_t step = 0;
   float loss_scale = 1;
   int good_steps = 0;

@@ -367,6 +367,12 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
     budget.behind_forward_s = Median(forward_spans);
   }
   UpdateRates rates = update.rates;
+  if (backward_open) {
+    backward_open = false;
+    if (backward_spans.size() == kForwardWindow) backward_spans.erase(backward_spans.begin());
+    backward_spans.push_back(Since(backward_t0));
+  }
+  if (!backward_spans.empty()) rates.nvme_read_ahead_window_s = Median(backward_spans);
   if (rates.device_params_per_s <= 0) {
     // No device memory for the probe: nothing can update there but resident groups, which
     // then go through the CPU.

@@ -178,9 +178,18 @@ UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<Up
     // behind it.
     double io = 0, adam = 0, first_read = 0, last_write = 0, last_adam = 0;
     bool first = true;
+    // What the disk reads ahead during backward, in the groups' order.
+    double ahead = r.nvme_read_ahead_window_s < 0
+                       ? 1e300
+                       : r.nvme_read_ahead_window_s * r.nvme_read_bytes_per_s;
     for (size_t i : nvme) {
       const UpdateGroup& g = groups[i];
-      const double read_bytes = g.read_ahead ? 0.0 : 12.0 * g.elems;
+      double read_bytes = 12.0 * g.elems;
+      if (g.read_ahead) {
+        const double done = std::min(read_bytes, ahead);
+        ahead -= done;
+        read_bytes -= done;
+      }
       const double write_bytes =
           g.write_behind
               ? 0.0

@@ -211,6 +211,14 @@ TEST(UpdatePlan, NvmeReadsAheadAndWritesBehindLeaveThePhase) {
   g[1].write_behind = g[2].write_behind = true;
   UpdatePlan p = PlanUpdate(g, Rates(1e9), Auto());
   EXPECT_NEAR(p.phase_s, 4.0, 1e-12);
+  // A backward of 0.5 s reads half of the first group ahead: 0.5 + 2 s of reads and 1 s of
+  // writes in the phase, max(3.5 + 1, 0.5 + 3 + 0) = 4.5 s; none of it with no time at all:
+  // max(4 + 1, 1 + 3 + 0) = 5 s.
+  UpdateRates short_backward = Rates(1e9);
+  short_backward.nvme_read_ahead_window_s = 0.5;
+  EXPECT_NEAR(PlanUpdate(g, short_backward, Auto()).phase_s, 4.5, 1e-12);
+  short_backward.nvme_read_ahead_window_s = 0;
+  EXPECT_NEAR(PlanUpdate(g, short_backward, Auto()).phase_s, 5.0, 1e-12);
   // Everything read ahead and written behind: Adam alone, 3 s.
   for (auto& x : g) x.read_ahead = x.write_behind = true;
   EXPECT_NEAR(PlanUpdate(g, Rates(1e9), Auto()).phase_s, 3.0, 1e-12);
