@@ -387,12 +387,16 @@ StatusOr<ParamScope> Engine::Acquire(std::span<const ParamId> params, Phase phas
       im.forward_spans.erase(im.forward_spans.begin());
     }
     im.forward_spans.push_back(std::max(span, 0.0));
-    im.backward_t0 = t0;
     im.backward_open = true;
   }
   // Backward writes gradient shards the update phase may still read (Note [The update phase
   // behind the next forward]); forward's gathers wait per chunk.
   if (phase == Phase::kBackward) RETURN_IF_ERROR(im.AwaitUpdate());
+  // The NVMe read-ahead starts below (PrefetchStates), after the wait for the last chain.
+  if (phase == Phase::kBackward && im.backward_open &&
+      im.iterations_since_step + 1 == im.cfg.grad_accumulation) {
+    im.backward_t0 = std::chrono::steady_clock::now();
+  }
   RETURN_IF_ERROR(im.cm->Acquire(params, phase));
   if (im.iteration_train) {
     im.iteration_acquires.push_back(

@@ -211,8 +211,9 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   std::chrono::steady_clock::time_point forward_t0{};
   double forward_wait0 = 0;
   bool forward_open = false;
-  // The last backward's span, from its first Acquire to the update plan: the time the NVMe
-  // groups' read-ahead had (UpdateRates::nvme_read_ahead_window_s).
+  // Backward spans before a Step, from the first Acquire (after the wait for the last CPU chain)
+  // to the update plan: the time the NVMe groups' read-ahead had; the median of the last
+  // kForwardWindow is UpdateRates::nvme_read_ahead_window_s.
   std::chrono::steady_clock::time_point backward_t0{};
   bool backward_open = false;
   std::vector<double> backward_spans;

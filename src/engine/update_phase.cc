@@ -316,6 +316,12 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
   const uint64_t idle_bytes = idle != nullptr ? cm->idle_slot_bytes() : 0;
   const uint64_t free_block = device->largest_free_block();
   const uint64_t extra_bytes = free_block > kReserve ? free_block - kReserve : 0;
+  // The read-ahead's window ends here (before the first step's probe, which is no backward).
+  if (backward_open) {
+    backward_open = false;
+    if (backward_spans.size() == kForwardWindow) backward_spans.erase(backward_spans.begin());
+    backward_spans.push_back(Since(backward_t0));
+  }
   if (!update.measured) {
     // The probe's device memory: the idle region, or a free block.
     // (No more than the probe uses: a run's device peak is what its iterations and phases
@@ -367,11 +373,6 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
     budget.behind_forward_s = Median(forward_spans);
   }
   UpdateRates rates = update.rates;
-  if (backward_open) {
-    backward_open = false;
-    if (backward_spans.size() == kForwardWindow) backward_spans.erase(backward_spans.begin());
-    backward_spans.push_back(Since(backward_t0));
-  }
   if (!backward_spans.empty()) rates.nvme_read_ahead_window_s = Median(backward_spans);
   if (rates.device_params_per_s <= 0) {
     // No device memory for the probe: nothing can update there but resident groups, which

@@ -109,25 +109,30 @@ UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<Up
   // share the link's duplex rate.
   double h2d_rate = r.h2d_bytes_per_s, d2h_rate = r.d2h_bytes_per_s;
   bool up = false, down = false;
+  int device_groups = 0;
   for (size_t i = 0; i < groups.size(); ++i) {
     if (where[i] == UpdateWhere::kCpu) continue;
+    ++device_groups;
     const bool streamed = where[i] == UpdateWhere::kDeviceStreamed;
     up |= groups[i].grad_bytes > 0 || streamed;
     down |= groups[i].out_bytes > 0 || streamed;
   }
+  // An upload and a download overlap only with two groups or more in two slots or more.
+  if (up && down && device_groups >= 2 && slots >= 2 && r.pcie_duplex_bytes_per_s > 0 &&
+      h2d_rate > 0 && d2h_rate > 0) {
+    const double share = r.pcie_duplex_bytes_per_s / (h2d_rate + d2h_rate);
+    if (share < 1) {
+      h2d_rate *= share;
+      d2h_rate *= share;
+    }
+  }
+  // The slowdown was sampled against predictions that had the duplex share: it applies after.
   bool cpu_beside = false;
   for (size_t i = 0; i < groups.size(); ++i)
     cpu_beside |= where[i] == UpdateWhere::kCpu && !groups[i].done_ahead;
   if (cpu_beside && r.link_slowdown_beside_cpu > 1) {
     h2d_rate /= r.link_slowdown_beside_cpu;
     d2h_rate /= r.link_slowdown_beside_cpu;
-  }
-  if (up && down && r.pcie_duplex_bytes_per_s > 0 && h2d_rate > 0 && d2h_rate > 0) {
-    const double share = r.pcie_duplex_bytes_per_s / (h2d_rate + d2h_rate);
-    if (share < 1) {
-      h2d_rate *= share;
-      d2h_rate *= share;
-    }
   }
   double h2d_free = 0, adam_free = 0, d2h_free = 0;
   std::vector<double> slot_free(static_cast<size_t>(std::max(slots, 1)), 0.0);
@@ -303,7 +308,9 @@ UpdatePlan PlanUpdate(const std::vector<UpdateGroup>& groups, const UpdateRates&
   why << "auto: " << resident << " resident, " << best_s << " of " << candidates.size()
       << " streamable groups streamed";
   if (candidates.size() > 0 && max_stream == 0) why << " (no device memory for one group's buffer)";
-  if (fwd > 0 && max_stream > 0) {
+  bool cpu_groups = false;
+  for (UpdateWhere w : best.where) cpu_groups |= w == UpdateWhere::kCpu;
+  if (fwd > 0 && max_stream > 0 && cpu_groups) {
     why << "; the CPU's groups finish behind the next forward (" << fwd * 1e3 << " ms)";
   }
   best.reason = why.str();

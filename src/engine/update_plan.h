@@ -51,7 +51,8 @@ struct UpdateRates {
   // share host memory): sampled from phases, the device chain's measured end over its prediction
   // at the probe's rates (1: not slowed). Measured on an H100 host with 16 threads: about 1.3.
   double link_slowdown_beside_cpu = 1;
-  // Seconds the NVMe groups' read-ahead has before the phase (the last backward's span): the
+  // Seconds the NVMe groups' read-ahead has before the phase (backward's span, the median of
+  // the last ones): the
   // reads of `read_ahead` groups beyond what the disk reads in that time stay in the phase
   // (< 0: unknown, every read-ahead done).
   double nvme_read_ahead_window_s = -1;

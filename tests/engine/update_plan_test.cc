@@ -98,13 +98,20 @@ TEST(UpdatePlan, BothDirectionsAtOnceShareTheDuplexRate) {
   EXPECT_EQ(alone.where,
             (std::vector<W>{W::kDeviceStreamed, W::kCpu, W::kDeviceStreamed, W::kCpu}));
   EXPECT_NEAR(alone.phase_s, 2.0, 1e-12);
-  // Both directions at once share 2800 B/s: each at 1400, the split of ASplitOtherwise.
+  // Both directions at once share 2800 B/s, each at 1400 once two groups stream: two then take
+  // ASplitOtherwise's 3.1 s; one alone overlaps nothing (1.1 s on the device, CPU 3 s).
   UpdateRates r = Rates(2800);
   r.pcie_duplex_bytes_per_s = 2800;
   UpdatePlan shared = PlanUpdate(g, r, Auto());
   EXPECT_EQ(shared.where, (std::vector<W>{W::kDeviceStreamed, W::kCpu, W::kCpu, W::kCpu}));
   EXPECT_NEAR(shared.phase_s, 3.0, 1e-12);
-  EXPECT_NEAR(shared.device_s, 2.1, 1e-12);
+  EXPECT_NEAR(shared.device_s, 1.1, 1e-12);
+  UpdatePlan two = Simulate(g, {W::kDeviceStreamed, W::kCpu, W::kDeviceStreamed, W::kCpu}, r, 3);
+  EXPECT_NEAR(two.phase_s, 3.1, 1e-12);
+  // One slot: the next upload waits for the last download, nothing overlaps (2 x 1.1 s).
+  EXPECT_NEAR(
+      Simulate(g, {W::kDeviceStreamed, W::kCpu, W::kDeviceStreamed, W::kCpu}, r, 1).device_s, 2.2,
+      1e-12);
   // A chain that only uploads (resident groups, parameters on the device) keeps the full rate:
   // 200 B up at 2800 B/s, then 0.1 s of Adam each, one after another: 200 / 2800 + 4 x 0.1.
   std::vector<UpdateGroup> res(4, HostGroup());
