@@ -383,10 +383,7 @@ StatusOr<ParamScope> Engine::Acquire(std::span<const ParamId> params, Phase phas
     im.forward_open = false;
     const double span = std::chrono::duration<double>(t0 - im.forward_t0).count() -
                         (im.tail.wait_s - im.forward_wait0);
-    if (im.forward_spans.size() == Impl::kForwardWindow) {
-      im.forward_spans.erase(im.forward_spans.begin());
-    }
-    im.forward_spans.push_back(std::max(span, 0.0));
+    AddSample(im.forward_spans, std::max(span, 0.0), Impl::kForwardWindow);
     im.backward_open = true;
   }
   // Backward writes gradient shards the update phase may still read (Note [The update phase

@@ -61,6 +61,10 @@ class ActivationBuffer::Owner {
   ~Owner() = default;
 };
 
+// Appends x to a window of the last `keep` samples (the oldest dropped) and returns the window's
+// median: the update model's run-time rates and spans (update_phase.cc).
+double AddSample(std::vector<double>& window, double x, size_t keep = 15);
+
 struct Engine::Impl final : ActivationBuffer::Owner {
   EngineConfig cfg;
   std::shared_ptr<Communicator> comm;

@@ -41,6 +41,16 @@ double Median(std::vector<double> v) {
 
 uint64_t Aligned(uint64_t bytes) { return AlignUp(bytes, kDeviceAlignment); }
 
+}  // namespace
+
+double AddSample(std::vector<double>& window, double x, size_t keep) {
+  window.push_back(x);
+  if (window.size() > keep) window.erase(window.begin());
+  return Median(window);
+}
+
+namespace {
+
 // Where a slot's parts lie: [states (streamed only)] [gradient] [output].
 struct SlotParts {
   uint8_t* states;
@@ -319,8 +329,7 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
   // The read-ahead's window ends here (before the first step's probe, which is no backward).
   if (backward_open) {
     backward_open = false;
-    if (backward_spans.size() == kForwardWindow) backward_spans.erase(backward_spans.begin());
-    backward_spans.push_back(Since(backward_t0));
+    AddSample(backward_spans, Since(backward_t0), kForwardWindow);
   }
   if (!update.measured) {
     // The probe's device memory: the idle region, or a free block.
@@ -535,13 +544,10 @@ void Engine::Impl::FinishUpdatePhase(double measured_s, double adam_s, uint64_t 
       update.rates.device_shares_cpu && stats.optimizer_cpu_groups < layout.num_chunks();
   if (rate_sample && adam_elems > 0 && adam_s > 0 && !cpu_shared) {
     // Kept apart for phases with streamed groups, whose copies slow CPU Adam down.
-    constexpr size_t kSamples = 15;
     const bool streamed = stats.optimizer_streamed_groups > 0;
-    auto& samples = streamed ? update.cpu_rate_samples_streaming : update.cpu_rate_samples;
-    samples.push_back(static_cast<double>(adam_elems) / adam_s);
-    if (samples.size() > kSamples) samples.erase(samples.begin());
     (streamed ? update.rates.cpu_params_per_s_streaming : update.rates.cpu_params_per_s) =
-        Median(samples);
+        AddSample(streamed ? update.cpu_rate_samples_streaming : update.cpu_rate_samples,
+                  static_cast<double>(adam_elems) / adam_s);
   }
   // The device chain beside CPU Adam: its copies share host memory with the CPU's groups, so
   // its measured end over its prediction at the probe's link rates is sampled (not where the
@@ -563,11 +569,8 @@ void Engine::Impl::FinishUpdatePhase(double measured_s, double adam_s, uint64_t 
       const double predicted =
           Simulate(update.plan_groups, update.plan.where, at_probe, update.plan.slots).device_s;
       if (predicted > 0) {
-        constexpr size_t kSamples = 15;
-        auto& samples = update.link_samples;
-        samples.push_back(std::clamp(dev_end / predicted, 1.0, 4.0));
-        if (samples.size() > kSamples) samples.erase(samples.begin());
-        update.rates.link_slowdown_beside_cpu = Median(samples);
+        update.rates.link_slowdown_beside_cpu =
+            AddSample(update.link_samples, std::clamp(dev_end / predicted, 1.0, 4.0));
       }
     }
   }

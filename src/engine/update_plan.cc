@@ -108,12 +108,16 @@ UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<Up
   // Device chain. Beside CPU Adam the copies slow down as measured; both directions busy at once
   // share the link's duplex rate.
   double h2d_rate = r.h2d_bytes_per_s, d2h_rate = r.d2h_bytes_per_s;
-  bool up = false, down = false;
+  bool up = false, down = false, cpu_beside = false, streams = false;
   int device_groups = 0;
   for (size_t i = 0; i < groups.size(); ++i) {
-    if (where[i] == UpdateWhere::kCpu) continue;
+    if (where[i] == UpdateWhere::kCpu) {
+      cpu_beside |= !groups[i].done_ahead;
+      continue;
+    }
     ++device_groups;
     const bool streamed = where[i] == UpdateWhere::kDeviceStreamed;
+    streams |= streamed;
     up |= groups[i].grad_bytes > 0 || streamed;
     down |= groups[i].out_bytes > 0 || streamed;
   }
@@ -127,9 +131,6 @@ UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<Up
     }
   }
   // The slowdown was sampled against predictions that had the duplex share: it applies after.
-  bool cpu_beside = false;
-  for (size_t i = 0; i < groups.size(); ++i)
-    cpu_beside |= where[i] == UpdateWhere::kCpu && !groups[i].done_ahead;
   if (cpu_beside && r.link_slowdown_beside_cpu > 1) {
     h2d_rate /= r.link_slowdown_beside_cpu;
     d2h_rate /= r.link_slowdown_beside_cpu;
@@ -156,8 +157,6 @@ UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<Up
   p.device_s = d2h_free;
   // CPU chain: host groups (and device groups through the bounce buffer), then NVMe groups, at
   // the rate CPU Adam has beside a streamed chain's copies when there is one.
-  bool streams = false;
-  for (UpdateWhere w : where) streams |= w == UpdateWhere::kDeviceStreamed;
   const double cpu_rate = streams && r.cpu_params_per_s_streaming > 0 ? r.cpu_params_per_s_streaming
                                                                       : r.cpu_params_per_s;
   double t = 0;
