@@ -179,7 +179,7 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg) {
 
 // The cached rates, when the cache holds readable ones.
 std::optional<MachineRates> CachedRates(const std::string& cache) {
-  auto text = ReadTextFile(cache);
+  auto text = ReadTextFile(cache, "rates file");
   if (!text.ok()) return std::nullopt;
   auto r = MachineRatesFromJson(*text);
   if (r.ok()) return *r;
@@ -200,7 +200,7 @@ void CacheRates(const std::string& cache, const MachineRates& r) {
 
 StatusOr<MachineRates> LoadRates(const PlanArgs& a, const RunConfig& cfg) {
   if (!a.rates_path.empty() && !a.calibrate) {
-    TZ_ASSIGN_OR_RETURN(const std::string text, ReadTextFile(a.rates_path));
+    TZ_ASSIGN_OR_RETURN(const std::string text, ReadTextFile(a.rates_path, "rates file"));
     auto r = MachineRatesFromJson(text);
     if (!r.ok()) return r.status().WithContext(a.rates_path);
     return r;

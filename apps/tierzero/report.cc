@@ -44,7 +44,7 @@ int ReportCommand(const std::vector<std::string>& args) {
   auto text = ReadReportFile(input);
   if (!text.ok()) return fail(text.status());
   if (!plan.empty()) {
-    auto plan_text = ReadTextFile(plan);
+    auto plan_text = ReadTextFile(plan, "plan file");
     if (!plan_text.ok()) return fail(plan_text.status());
     auto with = WithPrediction(*text, *plan_text);
     if (!with.ok()) return fail(std::move(with).status().WithContext(plan));

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tierzero/bytes.h"
+#include "tierzero/files.h"
 #include "tierzero/types.h"
 #include "tierzero/utf8.h"
 #include "train.h"
@@ -281,6 +282,7 @@ std::map<std::string, Section> Fields(RunConfig& c) {
       {"checkpoint_every",
        IntField("train.checkpoint_every", &c.train.checkpoint_every, 0, 100000000)},
       {"profile_step", IntField("train.profile_step", &c.train.profile_step, 0, 100000000)},
+      {"log_every", IntField("train.log_every", &c.train.log_every, 0, 100000000)},
   };
   s["engine"] = {
       {"device", DeviceField("engine.device", &c.engine.device)},
@@ -362,18 +364,11 @@ Status ValidateRunConfig(const RunConfig& c) {
 namespace {
 
 StatusOr<RunConfig> ParseRunConfigOrThrow(const std::string& text, RunConfig c) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
-  if (j.is_discarded()) {
-    // Re-parse with exceptions for the position of the error. Every nlohmann error counts: a
-    // number beyond double's range (1e400) is an out_of_range, not a parse_error.
-    try {
-      json again = json::parse(text, nullptr, true, true);
-      (void)again;
-    } catch (const json::exception& e) {
-      return InvalidArgumentError(std::string("config is not valid JSON: ") + e.what());
-    }
-    return InvalidArgumentError("config is not valid JSON");
-  }
+  // Depth and duplicate keys refused first (Note [Outside JSON parsed strictly]); the error
+  // names the position (a number beyond double's range, 1e400, included).
+  TZ_RETURN_IF_ERROR(CheckOutsideJson(text, "config", /*allow_comments=*/true));
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  if (j.is_discarded()) return InvalidArgumentError("config is not valid JSON");
   if (!j.is_object()) return InvalidArgumentError("config must be a JSON object of sections");
   auto fields = Fields(c);
   for (const auto& [section, body] : j.items()) {
@@ -426,6 +421,7 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
       {"--lr", "train.lr"},
       {"--eval-every", "train.eval_every"},
       {"--profile-step", "train.profile_step"},
+      {"--log-every", "train.log_every"},
       {"--device", "engine.device"},
       {"--device-budget", "engine.device_budget"},
       {"--host-budget", "engine.host_budget"},
@@ -452,6 +448,10 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
     const std::string& a = args[i];
     if (a == "--quiet") {
       c.output.quiet = true;
+      continue;
+    }
+    if (a == "--overwrite") {
+      c.output.overwrite = true;
       continue;
     }
     if (a == "--checkpoint-activations") {

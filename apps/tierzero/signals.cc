@@ -17,6 +17,7 @@ namespace {
 std::atomic<int> g_graceful{0};  // live GracefulInterrupts scopes
 std::atomic<int> g_signal{0};    // the signal that asked to stop
 std::atomic<bool> g_started{false};
+std::atomic<bool> g_setup{false};  // a run's set-up: a signal ends the process
 
 sigset_t TerminationSignals() {
   sigset_t set;
@@ -31,6 +32,16 @@ void* WaitForSignals(void*) {
   for (;;) {
     int sig = 0;
     if (sigwait(&set, &sig) != 0) continue;
+    if (g_setup.load() && g_signal.load() == 0) {
+      // A run's set-up: nothing is trained or saved yet, and the main thread may be blocked in
+      // a read that no flag would interrupt. (stdio is not async-signal-safe, but this is a
+      // thread of ours, not a handler: the main thread's buffered output is not flushed.)
+      std::fprintf(stderr,
+                   "\ntierzero: %s received during the run's set-up: stopping now (nothing was "
+                   "trained or saved)\n",
+                   sig == SIGINT ? "SIGINT" : "SIGTERM");
+      _exit(128 + sig);
+    }
     // Inside a run, or after one was asked to stop (it is saving or exiting): only a request.
     if (g_graceful.load() > 0 || g_signal.load() != 0) {
       if (g_signal.exchange(sig) == 0) {
@@ -71,7 +82,15 @@ bool InterruptRequested() { return g_signal.load() != 0; }
 int InterruptSignal() { return g_signal.load(); }
 void ClearInterrupt() { g_signal.store(0); }
 
-GracefulInterrupts::GracefulInterrupts() { g_graceful.fetch_add(1); }
-GracefulInterrupts::~GracefulInterrupts() { g_graceful.fetch_sub(1); }
+void EndSetUp() { g_setup.store(false); }
+
+GracefulInterrupts::GracefulInterrupts(bool during_setup) {
+  if (during_setup) g_setup.store(true);
+  g_graceful.fetch_add(1);
+}
+GracefulInterrupts::~GracefulInterrupts() {
+  g_setup.store(false);
+  g_graceful.fetch_sub(1);
+}
 
 }  // namespace tierzero::app

@@ -30,11 +30,17 @@ bool InterruptRequested();
 // The signal that asked to stop (0: none).
 int InterruptSignal();
 void ClearInterrupt();
+// The run's set-up is over: from now on signals only ask it to stop (GracefulInterrupts).
+void EndSetUp();
 
 // While one is alive, SIGINT and SIGTERM set InterruptRequested() instead of ending the process.
+// `during_setup`: until EndSetUp() is called, a signal ends the process at once instead, with a
+// message and status 128 + the signal: a run's set-up can block (a FIFO named as an input with no
+// writer, a slow file system, a long initialisation) and has nothing to save yet, and a Ctrl-C
+// there used to be held until the first step ended, i.e. forever while a read blocked.
 class GracefulInterrupts {
  public:
-  GracefulInterrupts();
+  explicit GracefulInterrupts(bool during_setup = false);
   ~GracefulInterrupts();
   GracefulInterrupts(const GracefulInterrupts&) = delete;
   GracefulInterrupts& operator=(const GracefulInterrupts&) = delete;

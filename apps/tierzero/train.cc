@@ -11,13 +11,17 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <utility>
 #include <vector>
 
+#include "progress.h"
+#include "run_dir.h"
 #include "signals.h"
+#include "tierzero/files.h"
 #include "tierzero/report.h"
 
 namespace tierzero::app {
@@ -47,13 +51,8 @@ std::optional<T> IntegerField(const json& j, const char* key) {
 
 }  // namespace
 
-StatusOr<std::string> ReadTextFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError("cannot open '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return IoError("reading '" + path + "' failed");
-  return ss.str();
+StatusOr<std::string> ReadTextFile(const std::string& path, const std::string& what) {
+  return ReadFileBounded(path, kMaxConfigBytes * 4, what);
 }
 
 StatusOr<std::shared_ptr<Communicator>> RunCommunicator(const RanksOptions& o) {
@@ -74,8 +73,10 @@ StatusOr<std::shared_ptr<Communicator>> RunCommunicator(const RanksOptions& o) {
 
 // train.h
 Status TrimMetrics(const std::string& path, int step) {
-  std::ifstream in(path);
-  if (!in) return Status::OK();
+  auto text = ReadFileBounded(path, kMaxReportBytes, "metrics file");
+  if (!text.ok() && text.status().code() == StatusCode::kNotFound) return Status::OK();
+  if (!text.ok()) return text.status();
+  std::istringstream in(*text);
   std::string kept, line;
   int dropped = 0;
   while (std::getline(in, line)) {
@@ -196,19 +197,18 @@ Ctrl-C (SIGINT) or SIGTERM finishes the current step, saves a checkpoint and exi
 }  // namespace
 
 // train.h
-StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args) {
+StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::string* path) {
   RunConfig cfg = DefaultRunConfig();
   std::string config_path;
   {
     RunConfig probe = cfg;
     TZ_RETURN_IF_ERROR(ApplyFlags(args, probe, &config_path));
   }
+  if (path != nullptr) *path = config_path;
   if (!config_path.empty()) {
-    std::ifstream in(config_path);
-    if (!in) return NotFoundError("cannot open config file '" + config_path + "'");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    auto parsed = ParseRunConfig(ss.str(), cfg);
+    TZ_ASSIGN_OR_RETURN(const std::string text,
+                        ReadFileBounded(config_path, kMaxConfigBytes, "config file"));
+    auto parsed = ParseRunConfig(text, cfg);
     if (!parsed.ok()) return parsed.status().WithContext(config_path);
     cfg = *parsed;
   }
@@ -220,26 +220,28 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args) {
 
 namespace {
 
-// The outputs' paths defaulted under the run directory, and every directory they need created
-// before the first step, so a bad path fails now and not after the training it was to record.
-// The lead rank writes the run's config.json (as configured: without the per-rank NVMe path).
-Status PrepareOutputs(RunConfig& cfg, int rank, int world) {
+// The outputs' paths defaulted under the run directory; on the lead rank the run directory's lock,
+// the outputs checked against each other, the inputs and another run's files (run_dir.h), and
+// every directory they need created before the first step, so a bad path fails now and not after
+// the training it was to record. The lead rank writes the run's config.json (as configured:
+// without the per-rank NVMe path).
+Status PrepareOutputs(RunConfig& cfg, const std::string& config_path, int rank, int world,
+                      RunDirLock& lock) {
   const bool lead = rank == 0;
+  DefaultOutputPaths(cfg);
   OutputOptions& out = cfg.output;
-  if (out.metrics.empty()) out.metrics = out.run_dir + "/metrics.jsonl";
-  if (out.report.empty()) out.report = out.run_dir + "/report.json";
-  if (out.checkpoint_dir.empty()) out.checkpoint_dir = out.run_dir + "/checkpoint";
-  if (out.html.empty()) out.html = out.run_dir + "/report.html";
-  if (out.trace.empty()) out.trace = out.run_dir + "/trace.json";
-  if (out.html == "none") out.html.clear();
-  if (out.trace == "none") out.trace.clear();
-  if (cfg.engine.nvme_path.empty()) cfg.engine.nvme_path = out.run_dir + "/nvme";
   const EngineConfig as_configured = cfg.engine;
   // Each rank swaps to its own files.
   if (world > 1) cfg.engine.nvme_path += "/rank" + std::to_string(rank);
   std::error_code ec;
   fs::create_directories(out.run_dir, ec);
   if (ec) return IoError("creating run directory " + out.run_dir + ": " + ec.message());
+  if (!fs::is_directory(out.run_dir, ec))
+    return InvalidArgumentError("the run directory " + out.run_dir + " is not a directory");
+  if (lead) {
+    TZ_RETURN_IF_ERROR(lock.Acquire(out.run_dir, "run directory"));
+    TZ_RETURN_IF_ERROR(CheckOutputs(cfg, config_path, out.overwrite));
+  }
   for (const std::string* file : {&out.metrics, &out.report, &out.html, &out.trace}) {
     const fs::path dir = fs::path(*file).parent_path();
     if (file->empty() || dir.empty() || !lead) continue;
@@ -248,13 +250,15 @@ Status PrepareOutputs(RunConfig& cfg, int rank, int world) {
   }
   // The checkpoint directory too, and it must be writable: found before step 1, not at the end.
   // "none": no checkpoint at all (benchmark runs of models whose states would fill the disk).
-  if (out.checkpoint_dir == "none") out.checkpoint_dir.clear();
   if (!out.checkpoint_dir.empty()) fs::create_directories(out.checkpoint_dir, ec);
   if (ec)
     return IoError("creating the checkpoint directory " + out.checkpoint_dir + ": " + ec.message());
   if (!out.checkpoint_dir.empty() && access(out.checkpoint_dir.c_str(), W_OK | X_OK) != 0)
     return IoError("the checkpoint directory " + out.checkpoint_dir +
                    " is not writable: " + std::strerror(errno));
+  if (lead && !out.checkpoint_dir.empty() && !fs::equivalent(out.checkpoint_dir, out.run_dir, ec)) {
+    TZ_RETURN_IF_ERROR(lock.Acquire(out.checkpoint_dir, "checkpoint directory"));
+  }
   if (cfg.engine.nvme_budget > 0) {
     fs::create_directories(cfg.engine.nvme_path, ec);
     if (ec) return IoError("creating NVMe directory " + cfg.engine.nvme_path + ": " + ec.message());
@@ -262,8 +266,9 @@ Status PrepareOutputs(RunConfig& cfg, int rank, int world) {
   if (lead) {
     RunConfig written = cfg;
     written.engine = as_configured;
-    std::ofstream cf(out.run_dir + "/config.json");
-    cf << RunConfigToJson(written) << "\n";
+    // `tierzero export` and a resume read it: a failed write stops the run now.
+    Status s = WriteFileAtomically(out.run_dir + "/config.json", RunConfigToJson(written) + "\n");
+    if (!s.ok()) return std::move(s).WithContext("writing the run's config.json");
   }
   return Status::OK();
 }
@@ -272,12 +277,46 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The model section of a config as JSON (what a checkpoint records of the model).
+json ModelJson(const RunConfig& cfg) {
+  return json::parse(RunConfigToJson(cfg), nullptr, /*allow_exceptions=*/false)["model"];
+}
+
+// Note [A checkpoint resumes its own model]
+// The checkpoint's user state records the whole model section; a resumed run's must agree on
+// every field that shapes the computation (a different --heads has the same parameter shapes and
+// loaded silently, then computed another model). The seed (initialisation only) and activation
+// checkpointing (memory, not arithmetic) may change. Checkpoints from before this was recorded
+// are checked by their parameters' shapes only.
+Status CheckSameModel(const json& user, const RunConfig& cfg, const std::string& dir) {
+  if (!user.is_object() || !user.contains("model") || !user["model"].is_object())
+    return Status::OK();
+  static const std::map<std::string, std::string> kFlag = {
+      {"n_layer", " (--layers)"}, {"d_model", " (--width)"}, {"n_head", " (--heads)"}};
+  const json now = ModelJson(cfg);
+  for (const auto& [key, then] : user["model"].items()) {
+    if (key == "seed" || key == "activation_checkpointing") continue;
+    const auto it = now.find(key);
+    if (it == now.end() || *it == then) continue;
+    const auto flag = kFlag.find(key);
+    return FailedPreconditionError(
+        "the checkpoint " + dir + " is of a model with model." + key + " " + then.dump() +
+        "; this run's is " + it->dump() + (flag == kFlag.end() ? "" : flag->second) +
+        ". A checkpoint resumes its own model: drop the override, or start from the run's "
+        "config (--config RUN_DIR/config.json)");
+  }
+  return Status::OK();
+}
+
 // One `tierzero train` run after its config: the data, the engine and the model, the step loop
 // with its evaluations and checkpoints, and what is written at the end.
 class TrainRun {
  public:
   TrainRun(RunConfig cfg, int rank, int world)
       : cfg_(std::move(cfg)), out_(cfg_.output), rank_(rank), world_(world), lead_(rank == 0) {}
+  ~TrainRun() {
+    if (metrics_fd_ >= 0) ::close(metrics_fd_);
+  }
 
   // The dataset, engine and model; the starting point (--init-from, --resume); the header lines;
   // the metrics file.
@@ -296,6 +335,9 @@ class TrainRun {
   // Step, the metrics line and the progress line.
   Status RunStep(int step);
   Status WriteReports(std::string& summary);
+  // One line of the metrics file, whole, now (a crash keeps every finished step; a full disk
+  // stops the run with a message instead of losing lines silently).
+  Status WriteMetrics(const json& line);
   void PrintHeader(double init_s) const;
   void PrintDone(const std::string& summary) const;
 
@@ -306,7 +348,8 @@ class TrainRun {
   std::unique_ptr<gpt::Dataset> dataset_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<gpt::Gpt> model_;
-  std::ofstream metrics_;
+  std::unique_ptr<Progress> progress_;
+  int metrics_fd_ = -1;  // the lead rank's
   int start_ = 0, step_ = 0;
   bool interrupted_ = false;  // the agreed Ctrl-C (RunStep)
   double save_s_ = 0;         // the last checkpoint's
@@ -317,6 +360,13 @@ class TrainRun {
 
 Status TrainRun::SetUp() {
   TZ_ASSIGN_OR_RETURN(dataset_, gpt::Dataset::Create(cfg_.data, cfg_.model.seq_len));
+  if (!out_.resume.empty()) {
+    // The model checked before anything is built for it (Note [A checkpoint resumes its own
+    // model]).
+    TZ_ASSIGN_OR_RETURN(const CheckpointInfo info, ReadCheckpointInfo(out_.resume));
+    TZ_RETURN_IF_ERROR(
+        CheckSameModel(json::parse(info.user_state, nullptr, false), cfg_, out_.resume));
+  }
   TZ_ASSIGN_OR_RETURN(engine_, Engine::Create(cfg_.engine, g_comm));
   TZ_ASSIGN_OR_RETURN(model_, gpt::Gpt::Create(*engine_, cfg_.model));
   const auto init_t0 = std::chrono::steady_clock::now();
@@ -325,24 +375,53 @@ Status TrainRun::SetUp() {
   if (!out_.init_from.empty()) TZ_RETURN_IF_ERROR(engine_->LoadSafetensors(out_.init_from));
   if (!out_.resume.empty()) {
     TZ_ASSIGN_OR_RETURN(const std::string user, engine_->LoadCheckpoint(out_.resume));
-    start_ = static_cast<int>(engine_->step());
+    // Note [The loop's step, not the applied count]: the engine counts the updates it applied
+    // (Adam's bias correction needs that); a step skipped for a non-finite gradient is still a
+    // step of the loop (its data, its learning rate, its metrics line). A checkpoint records the
+    // loop's step in its user state, and a resume starts there, so 10 + 10 resumed steps are the
+    // 20 uninterrupted ones.
+    const json u = json::parse(user, nullptr, /*allow_exceptions=*/false);
+    const std::optional<int> at = IntegerField<int>(u, "step");
+    start_ = at && *at >= 0 ? *at : static_cast<int>(engine_->step());
     if (lead_) ReportBatchChange(user, cfg_, world_);
   }
   if (!out_.plan.empty() && lead_) {
     // Refused now, not after the run: a plan file that is unreadable or of another config.
-    TZ_ASSIGN_OR_RETURN(plan_text_, ReadTextFile(out_.plan));
+    TZ_ASSIGN_OR_RETURN(plan_text_, ReadTextFile(out_.plan, "plan file"));
     TZ_ASSIGN_OR_RETURN(const std::string report, engine_->ReportJson());
     if (auto s = WithPrediction(report, plan_text_); !s.ok())
       return s.status().WithContext("--plan " + out_.plan);
   }
+  // From here a signal stops the run after a step and saves (Note [Signals on one thread of
+  // ours]); before, it ends the process (nothing trained yet, nothing to save).
+  EndSetUp();
   PrintHeader(init_s);
   // A resumed run continues the metrics of the checkpoint's step: lines of later steps (written
   // before a crash or a kill, after the checkpoint) and a torn last line are dropped first, so
   // the file never holds a step twice.
-  if (start_ > 0 && lead_) TZ_RETURN_IF_ERROR(TrimMetrics(out_.metrics, start_));
-  // (Ranks other than 0 write their metrics nowhere.)
-  metrics_.open(lead_ ? out_.metrics : "/dev/null", start_ > 0 ? std::ios::app : std::ios::trunc);
-  if (!metrics_) return IoError("cannot write metrics file " + out_.metrics);
+  if (lead_) {
+    if (start_ > 0) TZ_RETURN_IF_ERROR(TrimMetrics(out_.metrics, start_));
+    TZ_ASSIGN_OR_RETURN(metrics_fd_, OpenMetricsFile(out_.metrics, /*append=*/start_ > 0));
+  }
+  progress_ = std::make_unique<Progress>(start_, cfg_.train.steps, cfg_.train.log_every, out_.quiet,
+                                         lead_ && ::isatty(STDOUT_FILENO) == 1);
+  return Status::OK();
+}
+
+Status TrainRun::WriteMetrics(const json& line) {
+  if (metrics_fd_ < 0) return Status::OK();  // ranks other than 0 write their metrics nowhere
+  const std::string text = line.dump() + "\n";
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t w = ::write(metrics_fd_, text.data() + done, text.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      return ErrnoError(
+          "writing the metrics file " + out_.metrics + (errno == ENOSPC ? " (disk full)" : ""),
+          errno);
+    }
+    done += static_cast<size_t>(w);
+  }
   return Status::OK();
 }
 
@@ -356,8 +435,18 @@ void TrainRun::PrintHeader(double init_s) const {
               Mib(cfg_.engine.device_budget).c_str(), Mib(cfg_.engine.host_budget).c_str(),
               Mib(cfg_.engine.nvme_budget).c_str(), cfg_.engine.nvme_path.c_str(),
               std::string(DTypeName(cfg_.engine.compute_dtype)).c_str());
-  std::printf("  placement: %s%s\n", engine_->PlacementSummary().c_str(),
-              world_ > 1 ? (" (per rank, " + std::to_string(world_) + " ranks)").c_str() : "");
+  // The summary's lines (the chunks, then a line per tier) indented under "placement:".
+  std::string placement = engine_->PlacementSummary();
+  for (size_t at = placement.find('\n'); at != std::string::npos;
+       at = placement.find('\n', at + 1)) {
+    placement.insert(at + 1, "    ");
+  }
+  const std::string chunks = placement.substr(0, placement.find('\n'));
+  const std::string tiers =
+      placement.find('\n') == std::string::npos ? "" : placement.substr(placement.find('\n'));
+  std::printf("  placement: %s%s%s\n", chunks.c_str(),
+              world_ > 1 ? (" (per rank, " + std::to_string(world_) + " ranks)").c_str() : "",
+              tiers.c_str());
   std::printf("  initialised in %.1f s\n", init_s);
   if (start_ > 0) std::printf("  resumed from %s at step %d\n", out_.resume.c_str(), start_);
   std::fflush(stdout);
@@ -376,25 +465,28 @@ Status TrainRun::Evaluate(int step) {
   acc /= cfg_.train.eval_batches;
   json m = {{"step", step}, {"val_loss", loss}};
   if (dataset_->has_accuracy()) m["val_accuracy"] = acc;
-  metrics_ << m.dump() << "\n";
-  metrics_.flush();
+  TZ_RETURN_IF_ERROR(WriteMetrics(m));
+  char line[160];
   if (dataset_->has_accuracy()) {
-    std::printf("eval  step %5d | val loss %.4f | exact-match accuracy %.1f%%\n", step, loss,
-                100 * acc);
+    std::snprintf(line, sizeof line, "eval  step %5d | val loss %.4f | exact-match accuracy %.1f%%",
+                  step, loss, 100 * acc);
   } else {
-    std::printf("eval  step %5d | val loss %.4f\n", step, loss);
+    std::snprintf(line, sizeof line, "eval  step %5d | val loss %.4f", step, loss);
   }
-  std::fflush(stdout);
+  progress_->Line(line);
   return Status::OK();
 }
 
 Status TrainRun::Save(int step) {
-  // What a resumed run compares with its own (ReportBatchChange).
+  // The loop's step (Note [The loop's step, not the applied count]), the model (Note [A
+  // checkpoint resumes its own model]), and what a resumed run compares with its own
+  // (ReportBatchChange).
   json user = {{"step", step},
                {"data_seed", cfg_.data.seed},
                {"batch_size", cfg_.train.batch_size},
                {"grad_accumulation", cfg_.engine.grad_accumulation},
-               {"ranks", world_}};
+               {"ranks", world_},
+               {"model", ModelJson(cfg_)}};
   if (out_.checkpoint_dir.empty()) return Status::OK();  // --checkpoint none
   const auto t0 = std::chrono::steady_clock::now();
   Status s = engine_->SaveCheckpoint(out_.checkpoint_dir, user.dump());
@@ -412,7 +504,7 @@ Status TrainRun::Loop() {
     TZ_RETURN_IF_ERROR(RunStep(step_));
     if (interrupted_) {
       ++step_;
-      std::printf("interrupted: saving a checkpoint at step %d\n", step_);
+      progress_->Line("interrupted: saving a checkpoint at step " + std::to_string(step_));
       break;
     }
     if (cfg_.train.eval_every > 0 && (step_ + 1) % cfg_.train.eval_every == 0 &&
@@ -501,23 +593,17 @@ Status TrainRun::RunStep(int step) {
     m["comm_bytes"] = WireBytesSent(after) - WireBytesSent(before);
     m["comm_cross_node_bytes"] = CrossNodeBytes(after) - CrossNodeBytes(before);
   }
-  metrics_ << m.dump() << "\n";
-  // Each step's line reaches the file now (a crash keeps every finished step), and a full disk
-  // stops the run with a message instead of losing lines silently.
-  metrics_.flush();
-  if (!metrics_) {
-    return IoError("writing the metrics file " + out_.metrics + " failed: " + std::strerror(errno) +
-                   " (disk full?)");
-  }
-  if (!out_.quiet) {
-    std::printf(
-        "step %5d/%d | loss %.4f | lr %.2e | %6.0f tok/s | %5.0f ms | dev %s/%s MiB "
-        "host %s MiB nvme %s MiB%s\n",
-        step + 1, cfg_.train.steps, loss, lr, tokens_per_step / dt, dt * 1e3,
-        Mib(u.device_peak).c_str(), Mib(u.device_capacity).c_str(), Mib(u.host).c_str(),
-        Mib(u.nvme).c_str(), r.applied ? "" : " (skipped: non-finite gradient)");
-    std::fflush(stdout);
-  }
+  TZ_RETURN_IF_ERROR(WriteMetrics(m));
+  StepLine line;
+  line.step = step + 1;
+  line.loss = loss;
+  line.lr = lr;
+  line.tokens_per_s = tokens_per_step / dt;
+  line.step_s = dt;
+  line.skipped = !r.applied;
+  line.memory = "dev " + Mib(u.device_peak) + "/" + Mib(u.device_capacity) + " MiB host " +
+                Mib(u.host) + " MiB nvme " + Mib(u.nvme) + " MiB";
+  progress_->Step(line);
   return Status::OK();
 }
 
@@ -525,6 +611,7 @@ Status TrainRun::Finish() {
   if (!interrupted_ && step_ > start_) TZ_RETURN_IF_ERROR(Evaluate(step_));
   TZ_RETURN_IF_ERROR(Save(step_));
   if (!lead_) return Status::OK();
+  progress_->Finish();
   std::string summary;
   TZ_RETURN_IF_ERROR(WriteReports(summary));
   PrintDone(summary);
@@ -586,9 +673,12 @@ int Train(const std::vector<std::string>& args) {
   }
   // From here to the end, SIGINT and SIGTERM ask the run to stop after its current (or first)
   // step and save (Note [Signals on one thread of ours], signals.h).
-  GracefulInterrupts graceful;
+  // Until the run's set-up ends (TrainRun::SetUp), a signal ends the process at once: a read
+  // of a FIFO or a long initialisation is not waited for (nothing is trained or saved yet).
+  GracefulInterrupts graceful(/*during_setup=*/true);
   ClearInterrupt();
-  auto cfg = LoadRunConfig(args);
+  std::string config_path;
+  auto cfg = LoadRunConfig(args, &config_path);
   if (!cfg.ok()) return Fail(cfg.status());
   {
     auto comm = RunCommunicator(cfg->ranks);
@@ -596,11 +686,19 @@ int Train(const std::vector<std::string>& args) {
     g_comm = *comm;
   }
   const int rank = g_comm->rank();
+  if (Status s = AgreeOnRunConfig(*g_comm, *cfg); !s.ok()) {
+    // Every rank knows: each fails on its own, rank 0 says why (Note [Ranks agree before they
+    // compute]).
+    if (rank == 0) std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
+    return 1;
+  }
   if (rank != 0) {  // rank 0 prints
     std::fflush(stdout);
     if (std::freopen("/dev/null", "w", stdout) == nullptr) return Fail(IoError("silencing rank"));
   }
-  if (Status s = PrepareOutputs(*cfg, rank, g_comm->size()); !s.ok()) return Fail(s);
+  RunDirLock lock;  // held to the end of the run
+  if (Status s = PrepareOutputs(*cfg, config_path, rank, g_comm->size(), lock); !s.ok())
+    return Fail(s);
   TrainRun run(std::move(*cfg), rank, g_comm->size());
   if (Status s = run.SetUp(); !s.ok()) return Fail(s);
   if (Status s = run.Loop(); !s.ok()) return Fail(s);
@@ -634,15 +732,27 @@ int Export(const std::vector<std::string>& args) {
   }
   if (ckpt.empty() || output.empty())
     return Fail(InvalidArgumentError("usage: tierzero export CHECKPOINT_DIR -o FILE.safetensors"));
-  if (config_path.empty()) config_path = (fs::path(ckpt).parent_path() / "config.json").string();
-  std::ifstream in(config_path);
-  if (!in)
-    return Fail(NotFoundError("cannot open " + config_path +
-                              " (the run's config, written by tierzero train; pass --config)"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto cfg = ParseRunConfig(ss.str(), DefaultRunConfig());
-  if (!cfg.ok()) return Fail(cfg.status());
+  // The run directory is the checkpoint directory's parent, however the directory is written
+  // ("run/checkpoint/", ".", "checkpoint/.").
+  std::error_code fec;
+  fs::path ckpt_dir = fs::absolute(ckpt, fec).lexically_normal();
+  if (ckpt_dir.has_parent_path() && ckpt_dir.filename().empty()) ckpt_dir = ckpt_dir.parent_path();
+  if (config_path.empty()) config_path = (ckpt_dir.parent_path() / "config.json").string();
+  const std::string nvme_default = (ckpt_dir.parent_path() / "nvme").string();
+  auto text = ReadFileBounded(config_path, kMaxConfigBytes, "run config");
+  if (!text.ok()) {
+    if (text.status().code() == StatusCode::kNotFound)
+      return Fail(NotFoundError("cannot open " + config_path +
+                                " (the run's config, written by tierzero train; pass --config)"));
+    return Fail(text.status());
+  }
+  auto cfg = ParseRunConfig(*text, DefaultRunConfig());
+  if (!cfg.ok()) return Fail(std::move(cfg).status().WithContext(config_path));
+  // Nothing the export reads is written over (its checkpoint's files, its config).
+  if (Status s = CheckNotAnInput(
+          output, "-o", {{"checkpoint", ckpt_dir.string(), true}, {"config", config_path, false}});
+      !s.ok())
+    return Fail(s);
   // The run's budgets (NVMe included, so a model larger than memory exports too).
   EngineConfig ec = cfg->engine;
   ec.device = DeviceChoice::kHost;
@@ -650,11 +760,15 @@ int Export(const std::vector<std::string>& args) {
     // One process holds what the checkpoint's ranks held: their budgets together.
     auto info = ReadCheckpointInfo(ckpt);
     if (!info.ok()) return Fail(info.status());
-    const uint64_t ranks = static_cast<uint64_t>(std::min(info->world_size, 1 << 16));
-    ec.host_budget *= ranks;
-    ec.nvme_budget *= ranks;
+    const uint64_t ranks = static_cast<uint64_t>(std::clamp(info->world_size, 1, 1 << 16));
+    auto times = [&](uint64_t b) {  // saturating: a budget near 2^64 must not wrap
+      return b > std::numeric_limits<uint64_t>::max() / ranks ? std::numeric_limits<uint64_t>::max()
+                                                              : b * ranks;
+    };
+    ec.host_budget = times(ec.host_budget);
+    ec.nvme_budget = times(ec.nvme_budget);
   }
-  if (ec.nvme_path.empty()) ec.nvme_path = (fs::path(ckpt).parent_path() / "nvme").string();
+  if (ec.nvme_path.empty()) ec.nvme_path = nvme_default;
   auto engine = Engine::Create(ec);
   if (!engine.ok()) return Fail(engine.status());
   auto model = gpt::Gpt::Create(**engine, cfg->model);

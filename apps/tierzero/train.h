@@ -21,6 +21,7 @@ struct TrainOptions {
   int eval_batches = 4;
   int checkpoint_every = 0;  // 0: only at the end (and on Ctrl-C)
   int profile_step = 0;      // the step whose iteration the report profiles; 0: the first planned
+  int log_every = 0;  // without a terminal, a step line every N steps; 0: about 20 over the run
 };
 
 struct OutputOptions {
@@ -37,6 +38,7 @@ struct OutputOptions {
   std::string plan;            // a `tierzero plan --json` file of this run: the report shows its
                                // prediction beside what the run measured
   bool quiet = false;          // no per-step lines
+  bool overwrite = false;      // --overwrite: replace another run's outputs (not a config field)
 };
 
 // Several ranks (mpirun, srun): read only when the run has more than one.
@@ -70,7 +72,9 @@ std::string RunConfigToJson(const RunConfig& config);
 
 // The built-in default, the config file of --config over it, then the flags, then the checks
 // no single field can make (`train` and `plan` read their config so).
-StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args);
+// `config_path`, when given, receives --config's path ("" without one).
+StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args,
+                                  std::string* config_path = nullptr);
 
 // Applies command-line overrides (--steps N, ...) in order. InvalidArgument for an unknown flag
 // or a bad value. Checks each value alone: ValidateRunConfig checks the result as a whole.
@@ -82,11 +86,17 @@ Status ApplyFlags(const std::vector<std::string>& flags, RunConfig& config,
 // The file is rewritten atomically; a missing file is an empty one.
 Status TrimMetrics(const std::string& path, int step);
 
-// A whole file's text: NotFound when it cannot be opened.
-StatusOr<std::string> ReadTextFile(const std::string& path);
+// A whole file's text, at most 64 MiB (a plan, rates): NotFound when it does not exist, an error
+// naming it (`what`: "plan file") for a directory, a socket or a larger file.
+StatusOr<std::string> ReadTextFile(const std::string& path, const std::string& what);
 
 // Under a launcher (mpirun, srun with PMIx) the ranks are MPI's; otherwise one process.
 StatusOr<std::shared_ptr<Communicator>> RunCommunicator(const RanksOptions& ranks);
+
+// Several ranks: OK when every rank's resolved config is the same (Note [Ranks agree before they
+// compute], agree.cc); otherwise InvalidArgument on every rank, naming the ranks and fields that
+// differ from rank 0's. A collective: every rank calls it before any other.
+Status AgreeOnRunConfig(Communicator& comm, const RunConfig& config);
 
 // Runs training; returns the process exit code (0 also after Ctrl-C, once the checkpoint is
 // saved).

@@ -372,7 +372,8 @@ class Engine {
 
   TierUsage usage() const;
   EngineStats stats() const;
-  // A human summary of the layout and the placement per tier.
+  // A human summary: a line of the layout, then a line per tier (device, host, nvme) of what is
+  // placed there against its budget; no trailing newline.
   std::string PlacementSummary() const;
   // The memory placement report (JSON; docs/report.md), as text or written atomically to a file.
   StatusOr<std::string> ReportJson() const;

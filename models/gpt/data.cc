@@ -1,10 +1,9 @@
 #include "gpt/data.h"
 
 #include <algorithm>
-#include <fstream>
-#include <iterator>
 #include <string>
 
+#include "tierzero/files.h"
 #include "tierzero/utf8.h"
 
 namespace tierzero::gpt {
@@ -40,9 +39,8 @@ StatusOr<std::unique_ptr<Dataset>> Dataset::Create(const DataConfig& config, int
                                 "'; accepted: addition, text");
   if (config.text_path.empty())
     return InvalidArgumentError("data kind 'text' needs 'text_path' (a UTF-8 file)");
-  std::ifstream in(config.text_path, std::ios::binary);
-  if (!in) return NotFoundError("cannot open text file '" + config.text_path + "'");
-  d->text_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  // Held whole in memory: bounded, so /dev/zero or a huge sparse file is refused, not read.
+  TZ_ASSIGN_OR_RETURN(d->text_, ReadFileBounded(config.text_path, kMaxTextBytes, "text file"));
   const int64_t bad = FirstInvalidUtf8(d->text_);
   if (bad >= 0)
     return InvalidArgumentError("'" + config.text_path + "' is not UTF-8 text (invalid byte at " +

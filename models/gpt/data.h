@@ -36,6 +36,9 @@ struct DataConfig {
   uint64_t seed = 1;
 };
 
+// The largest text file a text dataset reads (it is held whole in memory).
+inline constexpr uint64_t kMaxTextBytes = uint64_t{4} << 30;
+
 class Dataset {
  public:
   // InvalidArgument naming the field (unknown kind, digits out of range, rows that would not fit

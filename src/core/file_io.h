@@ -1,6 +1,7 @@
-// Files the engine writes and reads whole: atomic writes (a temporary name, fsync, rename), the
+// Files the engine writes and reads whole: outputs written so that nothing tierzero did not
+// create is ever destroyed (Note [Writing outputs]), bounded reads of files from outside, the
 // directory sync that makes a rename durable, and exact reads at an offset. Used by checkpoints,
-// safetensors, the report, and the CLI's outputs.
+// safetensors, the report, and the CLI's inputs and outputs.
 //
 // Thread-safety: an AtomicFile or ReadFd is used by one thread; the functions are reentrant.
 #pragma once
@@ -10,97 +11,66 @@
 
 #include <cerrno>
 #include <cstdint>
-#include <fstream>
-#include <iterator>
 #include <string>
 
+#include "tierzero/files.h"
 #include "tierzero/status.h"
 
 namespace tierzero {
 
-// A file written under `path`.tmp, fsynced and renamed to `path`.
+// Note [Writing outputs]
+// What an output path names decides how it is written (docs/outputs.md):
+// - nothing, or a regular file: a new temporary file beside it (a name no one else uses, created
+//   with O_EXCL, so no user file is ever truncated), fsync, rename over the path, fsync of the
+//   directory: the file is whole or as it was. A replaced file keeps its permission bits.
+// - a symbolic link to a regular file: written through the link, atomically replacing the file
+//   it resolves to; the link stays a link. A dangling link is refused (name the target itself).
+//   A link to a device or FIFO streams into it, as below.
+// - a character device or a FIFO (/dev/null, /dev/stdout, a pipe a reader waits on): streamed
+//   into it as it is, never replaced. A FIFO needs its reader already waiting (refused otherwise
+//   rather than blocking); what was streamed before a failure cannot be taken back.
+// - a directory, a block device or a socket: refused, naming what the path is.
+// A rename over a device node, a FIFO or a symlink used to replace it with a regular file (as
+// root, `export -o /dev/null` turned the system's /dev/null into one).
 class AtomicFile {
  public:
-  static StatusOr<AtomicFile> Create(const std::string& path) {
-    AtomicFile f;
-    f.path_ = path;
-    f.tmp_ = path + ".tmp";
-    f.fd_ = ::open(f.tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (f.fd_ < 0) return ErrnoError("creating " + f.tmp_, errno);
-    return f;
-  }
+  // Opens the output for `path` as above. REQUIRES: the path's directory exists.
+  static StatusOr<AtomicFile> Create(const std::string& path);
+
   AtomicFile() = default;
-  AtomicFile(AtomicFile&& o) noexcept : path_(o.path_), tmp_(o.tmp_), fd_(o.fd_), bytes_(o.bytes_) {
-    o.fd_ = -1;
-  }
-  ~AtomicFile() {
-    if (fd_ >= 0) {
-      ::close(fd_);
-      ::unlink(tmp_.c_str());  // not committed
-    }
-  }
-  Status Write(const void* data, size_t n) {
-    const auto* p = static_cast<const uint8_t*>(data);
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, p, n);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        return ErrnoError("writing " + tmp_ + (errno == ENOSPC ? " (disk full)" : ""), errno);
-      }
-      p += w;
-      n -= static_cast<size_t>(w);
-      bytes_ += static_cast<uint64_t>(w);
-    }
-    return Status::OK();
-  }
-  // On any failure the temporary file is removed and `path` is as it was.
-  Status Commit() {
-    if (::fsync(fd_) != 0) return ErrnoError("fsync " + tmp_, errno);  // the destructor unlinks
-    const int closed = ::close(fd_);
-    fd_ = -1;
-    if (closed != 0) {
-      const int err = errno;
-      ::unlink(tmp_.c_str());
-      return ErrnoError("close " + tmp_, err);
-    }
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
-      const int err = errno;
-      ::unlink(tmp_.c_str());
-      return ErrnoError("renaming " + tmp_ + " to " + path_, err);
-    }
-    return Status::OK();
-  }
+  AtomicFile(AtomicFile&& o) noexcept;
+  AtomicFile& operator=(AtomicFile&& o) noexcept;
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  // Uncommitted: the temporary file is removed and the path is as it was (a stream is closed).
+  ~AtomicFile();
+
+  Status Write(const void* data, size_t n);
+  // On any failure the temporary file is removed and the path is as it was.
+  Status Commit();
   uint64_t bytes() const { return bytes_; }
+  // Written straight into a device or FIFO (not atomic).
+  bool streamed() const { return streamed_; }
 
  private:
-  std::string path_, tmp_;
+  std::string path_;    // what the caller named
+  std::string target_;  // what is replaced (the link's target for a symlink)
+  std::string tmp_;     // empty when streamed
   int fd_ = -1;
+  bool streamed_ = false;
   uint64_t bytes_ = 0;
 };
 
-// Writes `text` to `path` whole or not at all, durable once this returns.
-inline Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  auto f = AtomicFile::Create(path);
-  if (!f.ok()) return f.status();
-  if (Status s = f->Write(text.data(), text.size()); !s.ok()) return s;
-  return f->Commit();
-}
+// WriteFileAtomically, ReadFileBounded and the bounds: tierzero/files.h.
 
-inline Status SyncDir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("opening directory " + dir, errno);
-  const int r = ::fsync(fd);
-  ::close(fd);
-  if (r != 0) return ErrnoError("fsync directory " + dir, errno);
-  return Status::OK();
-}
+Status SyncDir(const std::string& dir);
 
-inline StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError("cannot open " + path);
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return s;
-}
+// ReadFileBounded at the report bound (the files tierzero writes and reads back).
+StatusOr<std::string> ReadWholeFile(const std::string& path);
+
+// Opens `path` for reading, a regular file only: NotFound when missing, InvalidArgument naming
+// what it is otherwise (a FIFO is refused without waiting for a writer). `what` names it.
+StatusOr<int> OpenRegularForRead(const std::string& path, const std::string& what);
 
 inline Status ReadAt(int fd, const std::string& path, uint64_t offset, void* data, size_t n) {
   auto* p = static_cast<uint8_t*>(data);
@@ -118,16 +88,22 @@ inline Status ReadAt(int fd, const std::string& path, uint64_t offset, void* dat
   return Status::OK();
 }
 
+// A file opened for reading (regular files only: OpenRegularForRead); get() < 0 when it could
+// not be, with status() saying why.
 class ReadFd {
  public:
-  explicit ReadFd(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {}
+  explicit ReadFd(const std::string& path, const std::string& what = "file");
   ~ReadFd() {
     if (fd_ >= 0) ::close(fd_);
   }
+  ReadFd(const ReadFd&) = delete;
+  ReadFd& operator=(const ReadFd&) = delete;
   int get() const { return fd_; }
+  const Status& status() const { return status_; }
 
  private:
-  int fd_;
+  int fd_ = -1;
+  Status status_;
 };
 
 }  // namespace tierzero

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "tierzero/files.h"
 
 namespace tierzero {
 
@@ -164,5 +166,113 @@ class JsonIn {
   StatusCode code_;
   std::string path_;
 };
+
+// Note [Outside JSON parsed strictly]
+// Outside JSON is first walked by a SAX pass that stops at the first problem, before any value is
+// built: more than kMaxJsonDepth levels of nesting (printing or comparing a value recurses once per
+// level: a config of 100,000 '[' segfaulted when its error message printed it), or a key an object
+// names twice (nlohmann keeps the last silently, so `{"lr": 1e-3, ..., "lr": 10}` trained at 10).
+// Then it is parsed. `source` names the text in errors, which carry `code`.
+namespace json_in_internal {
+
+class StrictSax {
+ public:
+  using json = nlohmann::json;
+  explicit StrictSax(int max_depth) : max_depth_(max_depth) {}
+
+  bool null() { return Value(); }
+  bool boolean(bool) { return Value(); }
+  bool number_integer(json::number_integer_t) { return Value(); }
+  bool number_unsigned(json::number_unsigned_t) { return Value(); }
+  bool number_float(json::number_float_t, const json::string_t&) { return Value(); }
+  bool string(json::string_t&) { return Value(); }
+  bool binary(json::binary_t&) { return Value(); }
+  bool start_object(std::size_t) { return Open(true); }
+  bool end_object() { return Close(); }
+  bool start_array(std::size_t) { return Open(false); }
+  bool end_array() { return Close(); }
+  bool key(json::string_t& k) {
+    Frame& f = frames_.back();
+    if (!f.keys.insert(k).second) {
+      error_ =
+          "names the key \"" + k + "\" twice" + Where(k) + " (each key once: which one is meant?)";
+      return false;
+    }
+    f.key = k;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& ex) {
+    error_ = std::string("is not valid JSON: ") + ex.what();
+    return false;
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  struct Frame {
+    bool object;
+    std::set<std::string> keys;
+    std::string key;
+    size_t index = 0;
+  };
+  bool Value() {
+    if (!frames_.empty() && !frames_.back().object) ++frames_.back().index;
+    return true;
+  }
+  bool Open(bool object) {
+    if (static_cast<int>(frames_.size()) >= max_depth_) {
+      error_ = "nests arrays and objects deeper than " + std::to_string(max_depth_) + " levels";
+      return false;
+    }
+    if (!frames_.empty() && !frames_.back().object) ++frames_.back().index;
+    frames_.push_back({object, {}, {}, 0});
+    return true;
+  }
+  bool Close() {
+    frames_.pop_back();
+    return true;
+  }
+  // " at a.b[2]" for the key `k` of the innermost object.
+  std::string Where(const std::string& k) const {
+    std::string path;
+    for (size_t i = 0; i + 1 < frames_.size(); ++i) {
+      const Frame& f = frames_[i];
+      if (f.object) {
+        path += (path.empty() ? "" : ".") + f.key;
+      } else {
+        path += "[" + std::to_string(f.index - 1) + "]";
+      }
+    }
+    path += (path.empty() ? "" : ".") + k;
+    return " (at " + path + ")";
+  }
+
+  int max_depth_;
+  std::vector<Frame> frames_;
+  std::string error_;
+};
+
+}  // namespace json_in_internal
+
+// Parses outside JSON strictly (Note [Outside JSON parsed strictly]): an error with `code` naming
+// `source` when it is not JSON, nests too deep, or names a key twice. Never throws.
+inline StatusOr<nlohmann::json> ParseOutsideJson(std::string_view text, const std::string& source,
+                                                 StatusCode code = StatusCode::kInvalidArgument,
+                                                 bool allow_comments = false) {
+  json_in_internal::StrictSax sax(kMaxJsonDepth);
+  bool ok = false;
+  try {
+    ok = nlohmann::json::sax_parse(text, &sax, nlohmann::json::input_format_t::json,
+                                   /*strict=*/true, allow_comments);
+  } catch (const nlohmann::json::exception& e) {
+    return Status(code, source + " is not valid JSON: " + e.what());
+  }
+  if (!ok) {
+    return Status(code, source + " " + (sax.error().empty() ? "is not valid JSON" : sax.error()));
+  }
+  nlohmann::json j =
+      nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false, allow_comments);
+  if (j.is_discarded()) return Status(code, source + " is not valid JSON");
+  return j;
+}
 
 }  // namespace tierzero

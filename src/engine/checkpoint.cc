@@ -69,9 +69,9 @@ struct Manifest {
 };
 
 StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& path) {
-  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  ASSIGN_OR_RETURN(const json j, ParseOutsideJson(text, path, StatusCode::kDataLoss));
   const JsonIn in(j, path, StatusCode::kDataLoss);
-  if (j.is_discarded() || !j.is_object())
+  if (!j.is_object())
     return DataLossError(path + " is not a tierzero checkpoint manifest (not a JSON object)");
   RETURN_IF_ERROR(in.CheckDepth(kMaxJsonDepth));
   const StatusOr<std::string> format = in.get_or<std::string>("format", "");
@@ -122,8 +122,9 @@ StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& pat
 }
 
 StatusOr<Manifest> ReadManifest(const std::string& dir) {
-  auto text = ReadWholeFile(dir + "/manifest.json");
+  auto text = ReadFileBounded(dir + "/manifest.json", kMaxConfigBytes * 4, "checkpoint manifest");
   if (!text.ok()) {
+    if (text.status().code() != StatusCode::kNotFound) return text.status();
     return NotFoundError("no checkpoint in '" + dir +
                          "' (manifest.json missing: the directory is not a checkpoint, or its "
                          "first save did not finish)");
@@ -300,8 +301,10 @@ class StatesReader {
   Status Read(const SavedSlice& e, const std::string& tensor) {
     auto& f = files_[e.file];
     if (!f) f = std::make_unique<ReadFd>(dir_ + "/" + e.file);
-    if (f->get() < 0)
+    if (f->get() < 0) {
+      if (f->status().code() != StatusCode::kNotFound) return f->status();
       return NotFoundError("checkpoint file " + dir_ + "/" + e.file + " is missing");
+    }
     buf_.resize(e.numel * 3);
     RETURN_IF_ERROR(ReadAt(f->get(), dir_ + "/" + e.file, e.offset, buf_.data(), buf_.size() * 4));
     if (Crc32c(buf_.data(), buf_.size() * 4) != e.crc) {

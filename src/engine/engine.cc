@@ -631,9 +631,10 @@ std::string Engine::PlacementSummary() const {
   if (!im.finalized) return "not finalized";
   char waste[32];
   std::snprintf(waste, sizeof waste, "%.1f%%", 100.0 * im.layout.waste_fraction());
+  std::string tiers = im.placement.Summary(im.budgets);
+  while (!tiers.empty() && tiers.back() == '\n') tiers.pop_back();
   return std::to_string(im.layout.num_chunks()) + " chunks of " +
-         FormatBytes(im.layout.chunk_bytes()) + " (" + waste + " padding); " +
-         im.placement.Summary(im.budgets);
+         FormatBytes(im.layout.chunk_bytes()) + " (" + waste + " padding)\n" + tiers;
 }
 
 }  // namespace tierzero

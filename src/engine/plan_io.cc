@@ -18,10 +18,7 @@ namespace {
 constexpr const char* kTraceSchema = "tierzero.trace/1";
 
 StatusOr<json> ParseOutside(const std::string& text, const std::string& source) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return InvalidArgumentError(source + " is not valid JSON");
-  RETURN_IF_ERROR(JsonIn(j, source).CheckDepth(kMaxJsonDepth));
-  return j;
+  return ParseOutsideJson(text, source);
 }
 
 std::string Mib(uint64_t b) {
@@ -58,7 +55,7 @@ Status WriteWarmupTrace(const WarmupTrace& t, const std::string& path) {
 }
 
 StatusOr<WarmupTrace> ReadWarmupTrace(const std::string& path) {
-  ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(path));
+  ASSIGN_OR_RETURN(const std::string text, ReadFileBounded(path, kMaxReportBytes, "warm-up trace"));
   ASSIGN_OR_RETURN(const json j, ParseOutside(text, path));
   const JsonIn in(j, path);
   ASSIGN_OR_RETURN(const std::string schema, in.get<std::string>("schema"));

@@ -150,8 +150,10 @@ StatusOr<SafetensorsHeader> ReadHeader(int fd, const std::string& path) {
                          std::to_string(hlen) + ")");
   std::string h(hlen, '\0');
   RETURN_IF_ERROR(ReadAt(fd, path, 8, h.data(), hlen));
-  json header = json::parse(h, nullptr, false);
-  if (header.is_discarded() || !header.is_object())
+  auto parsed = ParseOutsideJson(h, path + "'s safetensors header", StatusCode::kDataLoss);
+  if (!parsed.ok()) return parsed.status();
+  json header = std::move(parsed).value();
+  if (!header.is_object())
     return DataLossError(path + ": the safetensors header is not valid JSON");
   RETURN_IF_ERROR(JsonIn(header, path, StatusCode::kDataLoss).CheckDepth(kMaxJsonDepth));
   SafetensorsHeader out;
@@ -179,9 +181,8 @@ Status Engine::LoadSafetensors(const std::string& path) {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("LoadSafetensors before Finalize");
   RETURN_IF_ERROR(im.AwaitUpdate());
-  ReadFd fd(path);
-  if (fd.get() < 0)
-    return ErrnoError("opening safetensors file " + path, errno, StatusCode::kNotFound);
+  ReadFd fd(path, "safetensors file");
+  if (fd.get() < 0) return fd.status();
   // Every entry is checked before anything loads (Note [Safetensors entries checked whole]).
   ASSIGN_OR_RETURN(const SafetensorsHeader header, ReadHeader(fd.get(), path));
   for (const ParamSpec& ps : im.params) {

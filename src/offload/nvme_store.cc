@@ -237,8 +237,12 @@ Status NvmeStore::OpenFiles() {
         if (fd >= 0) ::unlink(tmpl.c_str());
         return fd;
       }
-      file->remove_on_close = true;
-      return ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | extra_flags, 0600);
+      // A file of its own: created here (O_EXCL), so the one it removes on close is never a
+      // file someone else made (an existing file is refused below, not truncated).
+      const int fd =
+          ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | extra_flags, 0600);
+      if (fd >= 0) file->remove_on_close = true;
+      return fd;
     };
     file->path = is_dir ? path + "/<swap>" : path;
     int fd = direct_io_ ? open_file(O_DIRECT) : open_file(0);
@@ -247,6 +251,13 @@ Status NvmeStore::OpenFiles() {
                                 << " (tmpfs?); using buffered I/O for the NVMe tier";
       direct_io_ = false;
       fd = open_file(0);
+    }
+    if (fd < 0 && errno == EEXIST) {
+      return FailedPreconditionError(
+          "the NVMe path " + path +
+          " is an existing file; tierzero swaps to a directory (files of "
+          "its own inside) or to a file it creates, and never overwrites "
+          "one it did not create: name a directory or a new file");
     }
     if (fd < 0) return ErrnoError("cannot create the NVMe swap file at " + path, errno);
     file->fd = fd;

@@ -159,10 +159,10 @@ StatusOr<std::vector<Row>> Compare(const JsonIn& r, const JsonIn& p) {
 }  // namespace
 
 StatusOr<std::string> WithPrediction(const std::string& report_json, const std::string& plan_json) {
-  json r = json::parse(report_json, nullptr, /*allow_exceptions=*/false);
-  if (r.is_discarded() || !r.is_object()) return InvalidArgumentError("the report is not JSON");
-  json plan = json::parse(plan_json, nullptr, /*allow_exceptions=*/false);
-  if (plan.is_discarded() || !plan.is_object())
+  ASSIGN_OR_RETURN(json r, ParseOutsideJson(report_json, "the report"));
+  if (!r.is_object()) return InvalidArgumentError("the report is not a JSON object");
+  ASSIGN_OR_RETURN(json plan, ParseOutsideJson(plan_json, "the plan"));
+  if (!plan.is_object())
     return InvalidArgumentError("the plan is not a JSON object (tierzero plan --json writes one)");
   const JsonIn rin(r, "report");
   const JsonIn pin(plan, "plan");

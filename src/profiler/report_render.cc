@@ -16,8 +16,8 @@ namespace {
 using json = nlohmann::json;
 
 StatusOr<json> ParseReport(const std::string& text) {
-  json r = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (r.is_discarded() || !r.is_object()) return InvalidArgumentError("the report is not JSON");
+  ASSIGN_OR_RETURN(json r, ParseOutsideJson(text, "the report"));
+  if (!r.is_object()) return InvalidArgumentError("the report is not a JSON object");
   const JsonIn in(r, "report");
   RETURN_IF_ERROR(in.CheckDepth(kMaxJsonDepth));  // before anything prints it
   const StatusOr<std::string> schema = in.get_or<std::string>("schema", "");
@@ -52,9 +52,7 @@ std::string Ms(double s) {
 }  // namespace
 
 StatusOr<std::string> ReadReportFile(const std::string& path) {
-  StatusOr<std::string> text = ReadWholeFile(path);
-  if (!text.ok()) return NotFoundError("cannot open report " + path);
-  return text;
+  return ReadFileBounded(path, kMaxReportBytes, "report");
 }
 
 // Several ranks: the bytes of each use of the collectives, and how many crossed nodes (reports

@@ -170,7 +170,10 @@ TEST(Train, ResumingFromAnEarlierCheckpointKeepsEachStepOnceInTheMetrics) {
   ASSERT_EQ(Train(with({"--resume", run + "/checkpoint", "--steps", "10"})), 0);
   // As after a crash: the metrics ran ahead of the checkpoint used, and the last line is torn.
   { std::ofstream(metrics, std::ios::app) << R"({"step": 11, "lo)"; }
-  ASSERT_EQ(Train(with({"--resume", dir / "at6", "--steps", "9"})), 0);
+  // Another checkpoint than the directory's own: the run at step 10 is replaced, so it is asked
+  // for (--overwrite); without it the run is refused and nothing changes.
+  EXPECT_EQ(Train(with({"--resume", dir / "at6", "--steps", "9"})), 1);
+  ASSERT_EQ(Train(with({"--resume", dir / "at6", "--steps", "9", "--overwrite"})), 0);
   std::vector<int> steps;
   for (const json& m : ReadLines(metrics))
     if (m.contains("loss")) steps.push_back(m["step"].get<int>());

@@ -1,10 +1,13 @@
 // AtomicFile: a file appears whole or not at all, and a failed write leaves no temporary file.
 #include "core/file_io.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 namespace tierzero {
@@ -55,24 +58,124 @@ TEST_F(AtomicFileTest, AnUncommittedFileLeavesNothing) {
   EXPECT_EQ(Entries(), 0u);
 }
 
-TEST_F(AtomicFileTest, AFailedRenameLeavesNoTemporaryFile) {
-  // The target is a directory that is not empty: rename(2) fails with EISDIR or ENOTEMPTY.
+TEST_F(AtomicFileTest, ADirectoryIsRefusedAndLeftAsItWas) {
   const fs::path target = dir_ / "c.json";
   fs::create_directories(target / "inside");
   auto f = AtomicFile::Create(target.string());
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(std::string(f.status().message()).find("is a directory"), std::string::npos)
+      << f.status().ToString();
+  EXPECT_TRUE(fs::is_directory(target / "inside"));
+  EXPECT_EQ(Entries(), 1u);
+}
+
+TEST_F(AtomicFileTest, AFailedRenameIsAnErrorNamingTheFile) {
+  const fs::path sub = dir_ / "sub";
+  fs::create_directories(sub);
+  auto f = AtomicFile::Create((sub / "c.json").string());
   ASSERT_TRUE(f.ok());
   ASSERT_TRUE(f->Write("x", 1).ok());
+  // Move the directory away: the temporary file goes with it, and the rename's source is gone.
+  fs::rename(sub, dir_ / "moved");
   const Status s = f->Commit();
   ASSERT_FALSE(s.ok());
   EXPECT_NE(std::string(s.message()).find("c.json"), std::string::npos) << s.ToString();
-  EXPECT_FALSE(fs::exists(target.string() + ".tmp"));
-  EXPECT_TRUE(fs::is_directory(target / "inside"));
+  EXPECT_FALSE(fs::exists(sub / "c.json"));
 }
 
 TEST_F(AtomicFileTest, AMissingDirectoryIsAClearError) {
   auto f = AtomicFile::Create((dir_ / "no" / "such" / "d.json").string());
   ASSERT_FALSE(f.ok());
-  EXPECT_NE(std::string(f.status().message()).find("d.json.tmp"), std::string::npos);
+  EXPECT_NE(std::string(f.status().message()).find("d.json"), std::string::npos);
+}
+
+// Note [Writing outputs]: what the path names decides how it is written, and nothing tierzero did
+// not create is replaced.
+TEST_F(AtomicFileTest, ATemporaryNameNeverTruncatesAUsersFile) {
+  const fs::path target = dir_ / "model.safetensors";
+  std::ofstream(target.string() + ".tmp") << "the user's own file";
+  ASSERT_TRUE(WriteFileAtomically(target.string(), "weights").ok());
+  EXPECT_EQ(*ReadWholeFile(target.string() + ".tmp"), "the user's own file");
+  EXPECT_EQ(*ReadWholeFile(target.string()), "weights");
+  EXPECT_EQ(Entries(), 2u);
+}
+
+TEST_F(AtomicFileTest, ASymlinkIsWrittenThroughAndStaysALink) {
+  const fs::path real = dir_ / "real.json", link = dir_ / "link.json";
+  std::ofstream(real) << "old";
+  fs::create_symlink(real, link);
+  ASSERT_TRUE(WriteFileAtomically(link.string(), "new").ok());
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(*ReadWholeFile(real.string()), "new");
+  // A dangling link is refused: nothing is created anywhere.
+  const fs::path dangling = dir_ / "dangling.json";
+  fs::create_symlink(dir_ / "missing.json", dangling);
+  const Status s = WriteFileAtomically(dangling.string(), "x");
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_FALSE(fs::exists(dir_ / "missing.json"));
+  EXPECT_TRUE(fs::is_symlink(dangling));
+}
+
+TEST_F(AtomicFileTest, ACharacterDeviceIsStreamedIntoNotReplaced) {
+  struct stat before {};
+  ASSERT_EQ(::stat("/dev/null", &before), 0);
+  ASSERT_TRUE(WriteFileAtomically("/dev/null", "discarded").ok());
+  struct stat after {};
+  ASSERT_EQ(::stat("/dev/null", &after), 0);
+  EXPECT_TRUE(S_ISCHR(after.st_mode));
+  EXPECT_EQ(before.st_ino, after.st_ino);
+  // A full device: the write's error, not a silent success.
+  EXPECT_FALSE(WriteFileAtomically("/dev/full", "x").ok());
+}
+
+TEST_F(AtomicFileTest, AFifoIsStreamedToItsReaderAndRefusedWithoutOne) {
+  const fs::path fifo = dir_ / "pipe";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  // No reader: refused at once, not a hang, and the FIFO stays a FIFO.
+  const Status none = WriteFileAtomically(fifo.string(), "x");
+  EXPECT_EQ(none.code(), StatusCode::kInvalidArgument) << none.ToString();
+  const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(reader, 0);
+  ASSERT_TRUE(WriteFileAtomically(fifo.string(), "through the pipe").ok());
+  char buf[64] = {};
+  EXPECT_EQ(::read(reader, buf, sizeof buf), 16);
+  EXPECT_EQ(std::string(buf), "through the pipe");
+  ::close(reader);
+  struct stat st {};
+  ASSERT_EQ(::stat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+}
+
+TEST_F(AtomicFileTest, AReplacedFileKeepsItsPermissions) {
+  const fs::path target = dir_ / "private.json";
+  std::ofstream(target) << "old";
+  fs::permissions(target, fs::perms::owner_read | fs::perms::owner_write);
+  ASSERT_TRUE(WriteFileAtomically(target.string(), "new").ok());
+  EXPECT_EQ(fs::status(target).permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write);
+}
+
+TEST_F(AtomicFileTest, ReadsAreBoundedAndRefuseWhatIsNotAFile) {
+  // A directory: an error naming it, not an exception.
+  const auto dir = ReadFileBounded(dir_.string(), 1024, "config file");
+  ASSERT_FALSE(dir.ok());
+  EXPECT_NE(std::string(dir.status().message()).find("is a directory"), std::string::npos);
+  // An endless device is read only to the bound.
+  const auto zero = ReadFileBounded("/dev/zero", 1 << 20, "config file");
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(std::string(zero.status().message()).find("at most"), std::string::npos);
+  // A huge sparse file is refused by its size, without reading it.
+  const fs::path sparse = dir_ / "sparse";
+  { std::ofstream(sparse.string()); }
+  fs::resize_file(sparse, uint64_t{1} << 40);
+  const auto big = ReadFileBounded(sparse.string(), 1 << 20, "text file");
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(std::string(big.status().message()).find("1099511627776 bytes"), std::string::npos)
+      << big.status().ToString();
+  EXPECT_EQ(ReadFileBounded((dir_ / "missing").string(), 10, "x").status().code(),
+            StatusCode::kNotFound);
+  std::ofstream(dir_ / "small") << "abc";
+  EXPECT_EQ(*ReadFileBounded((dir_ / "small").string(), 3, "x"), "abc");
 }
 
 }  // namespace

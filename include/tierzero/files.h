@@ -1,0 +1,43 @@
+// The files a trainer reads and writes on a user's behalf: outputs that never destroy what
+// tierzero did not create (a device, a FIFO, a link, a user's file beside the output), bounded
+// reads of files from outside, and the structural check of outside JSON (docs/outputs.md).
+//
+// Thread-safety: reentrant.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "tierzero/status.h"
+
+namespace tierzero {
+
+// Writes `text` to `path` (Note [Writing outputs], src/core/file_io.h): a regular file or a new
+// one whole or not at all, through a symbolic link to its target, streamed into a character
+// device or a FIFO whose reader waits; a directory, block device, socket or dangling link is
+// refused with InvalidArgument. Durable once this returns OK.
+Status WriteFileAtomically(const std::string& path, const std::string& text);
+
+// The whole of a file from outside, at most `max_bytes`; `what` names it in errors ("config
+// file"). NotFound when it does not exist; InvalidArgument for a directory, a block device or a
+// socket, or a file larger than `max_bytes` (a regular file's size is checked before reading, so
+// a huge sparse file costs nothing; a FIFO or a character device such as /dev/zero is read up to
+// the bound). Never throws.
+StatusOr<std::string> ReadFileBounded(const std::string& path, uint64_t max_bytes,
+                                      const std::string& what);
+
+// The bounds of what tierzero reads whole: configs, plans and rates; reports and traces.
+inline constexpr uint64_t kMaxConfigBytes = uint64_t{16} << 20;
+inline constexpr uint64_t kMaxReportBytes = uint64_t{1} << 30;
+
+// What kind of file an st_mode is, in words: "a directory", "a FIFO", "a character device"...
+const char* FileKindName(unsigned mode);
+
+// OK when `text` is JSON that nests at most 64 levels and names no key twice in an object
+// (Note [Outside JSON parsed strictly], src/core/json_in.h); otherwise InvalidArgument naming
+// `source` and the problem. `allow_comments`: // and /* */ comments are accepted.
+Status CheckOutsideJson(std::string_view text, const std::string& source,
+                        bool allow_comments = false);
+
+}  // namespace tierzero

@@ -1,0 +1,284 @@
+// Note [Writing outputs] in file_io.h.
+#include "core/file_io.h"
+
+#include <sys/stat.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <utility>
+
+namespace tierzero {
+namespace {
+
+std::string DirOf(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+std::string BaseOf(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// A name beside `target` no one else uses: ".NAME.tz-PID-N.tmp", created with O_EXCL.
+int CreateTemporary(const std::string& target, mode_t mode, std::string* tmp) {
+  static std::atomic<uint64_t> counter{0};
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const std::string dir = DirOf(target);
+    *tmp = (dir == "/" ? "" : dir) + "/." + BaseOf(target) + ".tz-" + std::to_string(::getpid()) +
+           "-" + std::to_string(counter.fetch_add(1)) + ".tmp";
+    if (target.find('/') == std::string::npos) *tmp = tmp->substr(2);  // "./" dropped
+    const int fd = ::open(tmp->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    if (fd >= 0 || errno != EEXIST) return fd;
+  }
+  errno = EEXIST;
+  return -1;
+}
+
+Status Refuse(const std::string& path, const std::string& why) {
+  return InvalidArgumentError("will not write " + path + ": " + why);
+}
+
+}  // namespace
+
+const char* FileKindName(unsigned mode) {
+  switch (mode & S_IFMT) {
+    case S_IFREG:
+      return "a regular file";
+    case S_IFDIR:
+      return "a directory";
+    case S_IFCHR:
+      return "a character device";
+    case S_IFBLK:
+      return "a block device";
+    case S_IFIFO:
+      return "a FIFO";
+    case S_IFSOCK:
+      return "a socket";
+    case S_IFLNK:
+      return "a symbolic link";
+    default:
+      return "a special file";
+  }
+}
+
+StatusOr<AtomicFile> AtomicFile::Create(const std::string& path) {
+  if (path.empty()) return InvalidArgumentError("an output path is empty");
+  AtomicFile f;
+  f.path_ = path;
+  f.target_ = path;
+  struct stat lst {};
+  mode_t mode = 0644;
+  bool exists = true;
+  if (::lstat(path.c_str(), &lst) != 0) {
+    if (errno != ENOENT) return ErrnoError("cannot write " + path, errno);
+    exists = false;
+  }
+  struct stat st = lst;
+  if (exists && S_ISLNK(lst.st_mode)) {
+    if (::stat(path.c_str(), &st) != 0) {
+      if (errno == ENOENT)
+        return Refuse(path,
+                      "it is a symbolic link to a file that does not exist; name the file "
+                      "to write itself");
+      return ErrnoError("cannot write " + path + " (a symbolic link)", errno);
+    }
+    if (S_ISREG(st.st_mode)) {
+      char real[PATH_MAX];
+      if (::realpath(path.c_str(), real) == nullptr)
+        return ErrnoError("resolving the symbolic link " + path, errno);
+      f.target_ = real;
+    }
+  }
+  if (exists) {
+    if (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) {
+      // Streamed (Note [Writing outputs]). O_NONBLOCK: a FIFO without a reader fails (ENXIO)
+      // instead of blocking; then blocking writes.
+      f.fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+      if (f.fd_ < 0) {
+        if (errno == ENXIO && S_ISFIFO(st.st_mode))
+          return Refuse(path, "it is a FIFO with no reader (start the reader first)");
+        return ErrnoError("cannot write " + path + " (" + FileKindName(st.st_mode) + ")", errno);
+      }
+      const int flags = ::fcntl(f.fd_, F_GETFL);
+      if (flags >= 0) ::fcntl(f.fd_, F_SETFL, flags & ~O_NONBLOCK);
+      f.streamed_ = true;
+      return f;
+    }
+    if (!S_ISREG(st.st_mode)) {
+      return Refuse(path, std::string("it is ") + FileKindName(st.st_mode) +
+                              "; tierzero writes regular files, and streams into character "
+                              "devices and FIFOs");
+    }
+    mode = st.st_mode & 07777;
+  }
+  f.fd_ = CreateTemporary(f.target_, mode, &f.tmp_);
+  if (f.fd_ < 0) return ErrnoError("creating " + f.tmp_, errno);
+  // The mode asked for is masked by the umask; a replaced file keeps exactly its own bits.
+  if (exists) (void)::fchmod(f.fd_, mode);
+  return f;
+}
+
+AtomicFile::AtomicFile(AtomicFile&& o) noexcept
+    : path_(std::move(o.path_)),
+      target_(std::move(o.target_)),
+      tmp_(std::move(o.tmp_)),
+      fd_(std::exchange(o.fd_, -1)),
+      streamed_(o.streamed_),
+      bytes_(o.bytes_) {}
+
+AtomicFile& AtomicFile::operator=(AtomicFile&& o) noexcept {
+  if (this != &o) {
+    this->~AtomicFile();
+    new (this) AtomicFile(std::move(o));
+  }
+  return *this;
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    if (!streamed_) ::unlink(tmp_.c_str());  // not committed
+  }
+}
+
+Status AtomicFile::Write(const void* data, size_t n) {
+  if (fd_ < 0) return FailedPreconditionError("writing " + path_ + " after it was closed");
+  const auto* p = static_cast<const uint8_t*>(data);
+  const std::string& name = streamed_ ? path_ : tmp_;
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("writing " + name + (errno == ENOSPC ? " (disk full)" : ""), errno);
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+    bytes_ += static_cast<uint64_t>(w);
+  }
+  return Status::OK();
+}
+
+Status AtomicFile::Commit() {
+  if (fd_ < 0) return FailedPreconditionError("committing " + path_ + " twice");
+  if (streamed_) {
+    const int closed = ::close(fd_);
+    fd_ = -1;
+    if (closed != 0) return ErrnoError("closing " + path_, errno);
+    return Status::OK();
+  }
+  if (::fsync(fd_) != 0) return ErrnoError("fsync " + tmp_, errno);  // the destructor unlinks
+  const int closed = ::close(fd_);
+  fd_ = -1;
+  if (closed != 0) {
+    const int err = errno;
+    ::unlink(tmp_.c_str());
+    return ErrnoError("close " + tmp_, err);
+  }
+  if (::rename(tmp_.c_str(), target_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp_.c_str());
+    return ErrnoError("renaming " + tmp_ + " to " + target_, err);
+  }
+  // The rename itself durable (a crash now keeps the new file, not a name pointing nowhere).
+  (void)SyncDir(DirOf(target_));
+  return Status::OK();
+}
+
+Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  auto f = AtomicFile::Create(path);
+  if (!f.ok()) return f.status();
+  if (Status s = f->Write(text.data(), text.size()); !s.ok()) return s;
+  return f->Commit();
+}
+
+Status SyncDir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("opening directory " + dir, errno);
+  const int r = ::fsync(fd);
+  ::close(fd);
+  if (r != 0) return ErrnoError("fsync directory " + dir, errno);
+  return Status::OK();
+}
+
+StatusOr<std::string> ReadFileBounded(const std::string& path, uint64_t max_bytes,
+                                      const std::string& what) {
+  if (path.empty()) return InvalidArgumentError("the " + what + " path is empty");
+  // O_NONBLOCK: opening a FIFO does not wait for a writer (reads then block; see below).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    return ErrnoError("cannot open " + what + " '" + path + "'", err,
+                      err == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError);
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return ErrnoError("cannot stat " + what + " '" + path + "'", errno);
+  if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode) && !S_ISCHR(st.st_mode)) {
+    return InvalidArgumentError("the " + what + " '" + path + "' is " + FileKindName(st.st_mode) +
+                                ", not a file");
+  }
+  auto too_large = [&](const std::string& size) {
+    return InvalidArgumentError("the " + what + " '" + path + "' is " + size + "; a " + what +
+                                " is at most " + std::to_string(max_bytes) + " bytes");
+  };
+  if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > max_bytes)
+    return too_large(std::to_string(st.st_size) + " bytes");
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  std::string out;
+  if (S_ISREG(st.st_mode)) out.reserve(static_cast<size_t>(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t r = ::read(fd, buf, sizeof buf);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("reading " + what + " '" + path + "'", errno);
+    }
+    if (r == 0) break;
+    if (out.size() + static_cast<uint64_t>(r) > max_bytes) return too_large("larger than that");
+    out.append(buf, static_cast<size_t>(r));
+  }
+  return out;
+}
+
+StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  return ReadFileBounded(path, kMaxReportBytes, "file");
+}
+
+StatusOr<int> OpenRegularForRead(const std::string& path, const std::string& what) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    return ErrnoError("cannot open " + what + " '" + path + "'", err,
+                      err == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const int err = errno;
+    ::close(fd);
+    if (st.st_mode == 0) return ErrnoError("cannot stat " + what + " '" + path + "'", err);
+    return InvalidArgumentError("the " + what + " '" + path + "' is " + FileKindName(st.st_mode) +
+                                ", not a regular file");
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+ReadFd::ReadFd(const std::string& path, const std::string& what) {
+  auto fd = OpenRegularForRead(path, what);
+  if (fd.ok()) {
+    fd_ = *fd;
+  } else {
+    status_ = fd.status();
+  }
+}
+
+}  // namespace tierzero
