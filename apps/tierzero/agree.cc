@@ -10,6 +10,7 @@
 // fields. Every rank learns the same outcome and fails together: no rank is left waiting.
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -29,6 +30,14 @@ uint64_t Fnv1a(const std::string& s) {
   return h;
 }
 
+// A value as a person writes it (a float field holds a float: 0.01, not 0.009999999776482582).
+std::string Shown(const json& v) {
+  if (!v.is_number_float()) return v.dump();
+  char b[32];
+  std::snprintf(b, sizeof b, "%.7g", v.get<double>());
+  return b;
+}
+
 // "section.field is X (rank 0: Y)" for each field where `other` differs from `base` (at most 4).
 std::string Differences(const json& base, const json& other) {
   std::string out;
@@ -39,8 +48,8 @@ std::string Differences(const json& base, const json& other) {
       if (base.contains(section) && base[section].contains(key)) then = &base[section][key];
       if (then != nullptr && *then == value) continue;
       if (++n > 4) return out + ", ...";
-      out += (out.empty() ? "" : ", ") + section + "." + key + " is " + value.dump() +
-             " (rank 0: " + (then ? then->dump() : "absent") + ")";
+      out += (out.empty() ? "" : ", ") + section + "." + key + " is " + Shown(value) +
+             " (rank 0: " + (then ? Shown(*then) : "absent") + ")";
     }
   }
   return out;

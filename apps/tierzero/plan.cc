@@ -17,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "run_dir.h"
 #include "tierzero/bytes.h"
 #include "tierzero/report.h"
 
@@ -174,6 +175,9 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg) {
   m.device_shares_cpu = true;
   if (m.cpu_adam_params_per_s <= 0 || m.h2d_bytes_per_s <= 0 || m.nvme_read_bytes_per_s <= 0)
     return InternalError("the calibration run's report has no measured rates");
+  // A measurement gone wrong (a timer of zero) is not cached to spoil every later plan.
+  if (Status s = ValidateMachineRates(m); !s.ok())
+    return std::move(s).WithContext("the calibration measured unusable rates");
   return m;
 }
 
@@ -543,8 +547,18 @@ int Plan(const std::vector<std::string>& args) {
   }
   auto pa = ParsePlanArgs(args);
   if (!pa.ok()) return Fail(pa.status());
-  auto cfg = LoadRunConfig(pa->rest);
+  std::string config_path;
+  auto cfg = LoadRunConfig(pa->rest, &config_path);
   if (!cfg.ok()) return Fail(cfg.status());
+  if (!pa->json_path.empty()) {
+    // The plan is written over none of the files it reads.
+    if (Status s = CheckNotAnInput(pa->json_path, "--json",
+                                   {{"config", config_path, false},
+                                    {"warm-up trace", pa->trace_path, false},
+                                    {"rates file", pa->rates_path, false}});
+        !s.ok())
+      return Fail(s);
+  }
   {
     auto comm = RunCommunicator(cfg->ranks);
     if (!comm.ok()) return Fail(comm.status());

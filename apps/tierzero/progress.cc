@@ -1,6 +1,9 @@
 // progress.h
 #include "progress.h"
 
+#include <sys/ioctl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 
@@ -17,6 +20,13 @@ std::string Clock(double s) {
     std::snprintf(b, sizeof b, "%ld:%02ld", t / 60, t % 60);
   }
   return b;
+}
+
+// Columns of the terminal on standard output (0: unknown).
+int TerminalWidth() {
+  struct winsize ws {};
+  if (::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) != 0) return 0;
+  return ws.ws_col;
 }
 
 }  // namespace
@@ -61,9 +71,21 @@ void Progress::Step(const StepLine& l) {
   const std::string tail = l.skipped ? " (skipped: non-finite gradient)" : "";
   const bool periodic = l.step == start_ + 1 || l.step == total_ || l.step % log_every_ == 0;
   if (tty_) {
-    // Rewritten in place: a carriage return, the line, and erase-to-end-of-line.
-    std::printf("\r%s | %s | %s%s\x1b[K", head, Times(l.step).c_str(), l.memory.c_str(),
-                tail.c_str());
+    // At most ten redraws a second (a step of a millisecond would flood the terminal), but the
+    // run's first and last steps and a skipped one always.
+    const auto now = std::chrono::steady_clock::now();
+    const bool due = now - last_draw_ >= std::chrono::milliseconds(100);
+    if (!due && l.step != start_ + 1 && l.step != total_ && !l.skipped) return;
+    last_draw_ = now;
+    // Rewritten in place: a carriage return, the line cut to the terminal's width (a wrapped
+    // line cannot be rewritten by a carriage return), and erase-to-end-of-line.
+    char shortened[160];
+    std::snprintf(shortened, sizeof shortened, "step %d/%d | loss %.4f | %.0f tok/s | ", l.step,
+                  total_, l.loss, l.tokens_per_s);
+    std::string line = shortened + Times(l.step) + " | " + l.memory + tail;
+    const int width = TerminalWidth();
+    if (width > 1 && static_cast<int>(line.size()) >= width) line.resize(width - 1);
+    std::printf("\r%s\x1b[K", line.c_str());
     line_open_ = true;
     if (l.skipped) {  // a skipped step stays on the screen
       std::printf("\n");

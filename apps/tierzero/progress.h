@@ -40,6 +40,7 @@ class Progress {
   bool line_open_ = false;  // a progress line is on the terminal without its newline
   std::chrono::steady_clock::time_point t0_;
   double first_step_s_ = 0;  // the first step's (warm-up) time, left out of the remaining time
+  std::chrono::steady_clock::time_point last_draw_;  // the terminal's line, last drawn
 };
 
 }  // namespace tierzero::app

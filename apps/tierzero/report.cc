@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "run_dir.h"
 #include "tierzero/report.h"
 #include "train.h"
 
@@ -41,6 +42,17 @@ int ReportCommand(const std::vector<std::string>& args) {
     std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
     return 1;
   };
+  // Neither output is an input, nor the other output.
+  const std::vector<InputPath> inputs = {{"report", input, false}, {"plan", plan, false}};
+  for (const auto& [flag, out] :
+       {std::pair<const char*, std::string>{"-o", html}, {"--trace", trace}}) {
+    if (out.empty()) continue;
+    if (Status s = CheckNotAnInput(out, flag, inputs); !s.ok()) return fail(s);
+  }
+  if (!html.empty() && !trace.empty()) {
+    if (Status s = CheckNotAnInput(trace, "--trace", {{"HTML page (-o)", html, false}}); !s.ok())
+      return fail(s);
+  }
   auto text = ReadReportFile(input);
   if (!text.ok()) return fail(text.status());
   if (!plan.empty()) {

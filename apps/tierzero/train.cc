@@ -238,16 +238,6 @@ Status PrepareOutputs(RunConfig& cfg, const std::string& config_path, int rank, 
   if (ec) return IoError("creating run directory " + out.run_dir + ": " + ec.message());
   if (!fs::is_directory(out.run_dir, ec))
     return InvalidArgumentError("the run directory " + out.run_dir + " is not a directory");
-  if (lead) {
-    TZ_RETURN_IF_ERROR(lock.Acquire(out.run_dir, "run directory"));
-    TZ_RETURN_IF_ERROR(CheckOutputs(cfg, config_path, out.overwrite));
-  }
-  for (const std::string* file : {&out.metrics, &out.report, &out.html, &out.trace}) {
-    const fs::path dir = fs::path(*file).parent_path();
-    if (file->empty() || dir.empty() || !lead) continue;
-    fs::create_directories(dir, ec);
-    if (ec) return IoError("creating the directory of " + *file + ": " + ec.message());
-  }
   // The checkpoint directory too, and it must be writable: found before step 1, not at the end.
   // "none": no checkpoint at all (benchmark runs of models whose states would fill the disk).
   if (!out.checkpoint_dir.empty()) fs::create_directories(out.checkpoint_dir, ec);
@@ -256,8 +246,18 @@ Status PrepareOutputs(RunConfig& cfg, const std::string& config_path, int rank, 
   if (!out.checkpoint_dir.empty() && access(out.checkpoint_dir.c_str(), W_OK | X_OK) != 0)
     return IoError("the checkpoint directory " + out.checkpoint_dir +
                    " is not writable: " + std::strerror(errno));
-  if (lead && !out.checkpoint_dir.empty() && !fs::equivalent(out.checkpoint_dir, out.run_dir, ec)) {
-    TZ_RETURN_IF_ERROR(lock.Acquire(out.checkpoint_dir, "checkpoint directory"));
+  if (lead) {
+    // Both locks before any check or removal (--overwrite), so a second run changes nothing.
+    TZ_RETURN_IF_ERROR(lock.Acquire(out.run_dir, "run directory"));
+    if (!out.checkpoint_dir.empty() && !fs::equivalent(out.checkpoint_dir, out.run_dir, ec))
+      TZ_RETURN_IF_ERROR(lock.Acquire(out.checkpoint_dir, "checkpoint directory"));
+    TZ_RETURN_IF_ERROR(CheckOutputs(cfg, config_path, out.overwrite));
+  }
+  for (const std::string* file : {&out.metrics, &out.report, &out.html, &out.trace}) {
+    const fs::path dir = fs::path(*file).parent_path();
+    if (file->empty() || dir.empty() || !lead) continue;
+    fs::create_directories(dir, ec);
+    if (ec) return IoError("creating the directory of " + *file + ": " + ec.message());
   }
   if (cfg.engine.nvme_budget > 0) {
     fs::create_directories(cfg.engine.nvme_path, ec);

@@ -124,9 +124,10 @@ struct EngineConfig {
   // Host memory for parameter shards, gradients and optimizer states. Default: 2 GiB.
   uint64_t host_budget = uint64_t{2} << 30;
   // NVMe space (swap files under nvme_path) for what does not fit the host budget. Default: 0.
+  // Every budget is at most 1 EiB (2^60 bytes; Engine::Create refuses more).
   uint64_t nvme_budget = 0;
   std::string nvme_path;
-  // Elements per chunk; 0 chooses automatically. Default: 0.
+  // Elements per chunk; 0 chooses automatically, at most 2^36. Default: 0.
   uint64_t chunk_elems = 0;
   // Gathered parameters and gradients: bf16, fp16 (dynamic loss scaling) or fp32.
   DType compute_dtype = DType::kBF16;

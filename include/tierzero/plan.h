@@ -83,6 +83,10 @@ struct MachineRates {
 // Rates as JSON (a calibration's cache file, or a config's description of another machine).
 std::string MachineRatesToJson(const MachineRates& rates);
 StatusOr<MachineRates> MachineRatesFromJson(const std::string& json_text);
+// InvalidArgument naming the field when a rate is not finite, negative, or absurd (a non-zero rate
+// below 1 or above 1e18 per second; a latency above an hour): such rates made step times of inf
+// or NaN. MachineRatesFromJson and Engine::Plan check their rates with it.
+Status ValidateMachineRates(const MachineRates& rates);
 
 struct PlanRequest {
   std::vector<TraceMoment> moments;  // one training iteration (a micro-batch)

@@ -36,8 +36,10 @@ struct DataConfig {
   uint64_t seed = 1;
 };
 
-// The largest text file a text dataset reads (it is held whole in memory).
-inline constexpr uint64_t kMaxTextBytes = uint64_t{4} << 30;
+// The largest text file a text dataset reads: it is held whole in memory, so an endless device
+// or a huge sparse file is refused (a byte-level model on more text than this is not what the
+// text task is for).
+inline constexpr uint64_t kMaxTextBytes = uint64_t{1} << 30;
 
 class Dataset {
  public:

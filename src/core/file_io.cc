@@ -204,11 +204,16 @@ Status SyncDir(const std::string& dir) {
   return Status::OK();
 }
 
-StatusOr<std::string> ReadFileBounded(const std::string& path, uint64_t max_bytes,
-                                      const std::string& what) {
+namespace {
+
+StatusOr<std::string> ReadBounded(const std::string& path, uint64_t max_bytes,
+                                  const std::string& what, bool regular_only) {
   if (path.empty()) return InvalidArgumentError("the " + what + " path is empty");
-  // O_NONBLOCK: opening a FIFO does not wait for a writer (reads then block; see below).
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  // A FIFO's open waits for its writer, as `cat` does (a shell's <(...) or a writer that comes
+  // later); the CLI's signal thread ends a run's set-up blocked there (apps/tierzero/signals.h).
+  // Where only a regular file will do, O_NONBLOCK refuses a FIFO without waiting.
+  const int fd =
+      ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | (regular_only ? O_NONBLOCK : 0));
   if (fd < 0) {
     const int err = errno;
     return ErrnoError("cannot open " + what + " '" + path + "'", err,
@@ -220,16 +225,20 @@ StatusOr<std::string> ReadFileBounded(const std::string& path, uint64_t max_byte
   } closer{fd};
   struct stat st {};
   if (::fstat(fd, &st) != 0) return ErrnoError("cannot stat " + what + " '" + path + "'", errno);
+  if (regular_only && !S_ISREG(st.st_mode)) {
+    return InvalidArgumentError("the " + what + " '" + path + "' is " + FileKindName(st.st_mode) +
+                                ", not a regular file");
+  }
   if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode) && !S_ISCHR(st.st_mode)) {
     return InvalidArgumentError("the " + what + " '" + path + "' is " + FileKindName(st.st_mode) +
                                 ", not a file");
   }
   auto too_large = [&](const std::string& size) {
-    return InvalidArgumentError("the " + what + " '" + path + "' is " + size + "; a " + what +
+    return InvalidArgumentError("the " + what + " '" + path + "' " + size + "; a " + what +
                                 " is at most " + std::to_string(max_bytes) + " bytes");
   };
   if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > max_bytes)
-    return too_large(std::to_string(st.st_size) + " bytes");
+    return too_large("is " + std::to_string(st.st_size) + " bytes");
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
   std::string out;
@@ -242,10 +251,22 @@ StatusOr<std::string> ReadFileBounded(const std::string& path, uint64_t max_byte
       return ErrnoError("reading " + what + " '" + path + "'", errno);
     }
     if (r == 0) break;
-    if (out.size() + static_cast<uint64_t>(r) > max_bytes) return too_large("larger than that");
+    if (out.size() + static_cast<uint64_t>(r) > max_bytes) return too_large("holds more than that");
     out.append(buf, static_cast<size_t>(r));
   }
   return out;
+}
+
+}  // namespace
+
+StatusOr<std::string> ReadFileBounded(const std::string& path, uint64_t max_bytes,
+                                      const std::string& what) {
+  return ReadBounded(path, max_bytes, what, /*regular_only=*/false);
+}
+
+StatusOr<std::string> ReadRegularFileBounded(const std::string& path, uint64_t max_bytes,
+                                             const std::string& what) {
+  return ReadBounded(path, max_bytes, what, /*regular_only=*/true);
 }
 
 StatusOr<std::string> ReadWholeFile(const std::string& path) {

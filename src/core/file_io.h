@@ -65,6 +65,11 @@ class AtomicFile {
 
 Status SyncDir(const std::string& dir);
 
+// ReadFileBounded of a regular file only (a file tierzero wrote: a manifest): a FIFO, a device
+// or a directory is InvalidArgument at once, never waited on.
+StatusOr<std::string> ReadRegularFileBounded(const std::string& path, uint64_t max_bytes,
+                                             const std::string& what);
+
 // ReadFileBounded at the report bound (the files tierzero writes and reads back).
 StatusOr<std::string> ReadWholeFile(const std::string& path);
 

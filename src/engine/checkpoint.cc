@@ -122,7 +122,8 @@ StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& pat
 }
 
 StatusOr<Manifest> ReadManifest(const std::string& dir) {
-  auto text = ReadFileBounded(dir + "/manifest.json", kMaxConfigBytes * 4, "checkpoint manifest");
+  auto text =
+      ReadRegularFileBounded(dir + "/manifest.json", kMaxConfigBytes * 4, "checkpoint manifest");
   if (!text.ok()) {
     if (text.status().code() != StatusCode::kNotFound) return text.status();
     return NotFoundError("no checkpoint in '" + dir +

@@ -202,6 +202,20 @@ Status ValidateEngineConfig(const EngineConfig& c) {
     return bad("device_budget", FormatBytes(c.device_budget), "at least 1 MiB");
   if (c.host_budget < (uint64_t{1} << 20))
     return bad("host_budget", FormatBytes(c.host_budget), "at least 1 MiB");
+  // Budgets beyond any machine are refused rather than summed into a wrapped 64-bit figure (a
+  // device budget of 2^64 - 1 became a 1 MiB device): 1 EiB leaves every sum of them room.
+  constexpr uint64_t kMostBudget = uint64_t{1} << 60;
+  for (const auto& [field, value] :
+       {std::pair<std::string_view, uint64_t>{"device_budget", c.device_budget},
+        {"device_shard_budget", c.device_shard_budget},
+        {"host_budget", c.host_budget},
+        {"nvme_budget", c.nvme_budget}}) {
+    if (value > kMostBudget) return bad(field, std::to_string(value) + " bytes", "at most 1 EiB");
+  }
+  // A chunk's states (16 bytes an element and more) must not wrap either: 2^36 elements is a
+  // chunk of 256 GiB of fp32, larger than any device.
+  if (c.chunk_elems > (uint64_t{1} << 36))
+    return bad("chunk_elems", std::to_string(c.chunk_elems), "0 (automatic) up to 2^36");
   if (c.nvme_budget > 0 && c.nvme_path.empty())
     return bad("nvme_path", "empty", "a directory for the swap files when nvme_budget > 0");
   if (!IsFloatType(c.compute_dtype))

@@ -100,6 +100,7 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   if (im.params.empty()) return FailedPreconditionError("Plan with no parameters registered");
   if (req.moments.empty())
     return InvalidArgumentError("Plan needs a training iteration's moments (a warm-up trace)");
+  RETURN_IF_ERROR(ValidateMachineRates(req.rates));
   for (size_t k = 0; k < req.moments.size(); ++k) {
     if (req.moments[k].params.empty())
       return InvalidArgumentError("trace moment " + std::to_string(k) + " acquires no parameter");

@@ -94,8 +94,14 @@ StatusOr<WarmupTrace> ReadWarmupTrace(const std::string& path) {
     ASSIGN_OR_RETURN(tm.compute_seconds, m.get_or<double>("compute_seconds", 0.0));
     ASSIGN_OR_RETURN(tm.flops, m.get_or<double>("flops", 0.0));
     ASSIGN_OR_RETURN(tm.memory_bytes, m.get_or<double>("memory_bytes", 0.0));
-    if (tm.compute_seconds < 0 || tm.flops < 0 || tm.memory_bytes < 0)
-      return m.Error("has a negative compute_seconds, flops or memory_bytes");
+    // Absurd figures are refused, not summed into a step time of inf or NaN (a plan that prints
+    // "-nan ms" and that `train --plan` then refuses): an hour a moment, 1e21 flops or bytes.
+    if (!(tm.compute_seconds >= 0 && tm.compute_seconds <= 3600) ||
+        !(tm.flops >= 0 && tm.flops <= 1e21) || !(tm.memory_bytes >= 0 && tm.memory_bytes <= 1e21))
+      return m.Error(
+          "has a compute_seconds, flops or memory_bytes out of range (0..3600 s, 0..1e21)");
+    if (tm.activation_bytes > (uint64_t{1} << 60) || tm.activation_peak > (uint64_t{1} << 60))
+      return m.Error("has activation bytes beyond 1 EiB");
     t.moments.push_back(std::move(tm));
   }
   if (t.moments.empty()) return in.Error("has no moments");
@@ -158,10 +164,41 @@ StatusOr<MachineRates> MachineRatesFromJson(const std::string& text) {
                 {"comm_latency_s", &r.comm_latency_s}};
   for (const Field& f : fields) {
     ASSIGN_OR_RETURN(*f.v, in.get_or<double>(f.key, 0.0));
-    if (*f.v < 0) return in.Error(std::string(f.key) + " must be >= 0");
   }
   ASSIGN_OR_RETURN(r.device_shares_cpu, in.get_or<bool>("device_shares_cpu", false));
+  RETURN_IF_ERROR(ValidateMachineRates(r));
   return r;
+}
+
+Status ValidateMachineRates(const MachineRates& r) {
+  const struct {
+    const char* key;
+    double v;
+  } rates[] = {{"cpu_adam_params_per_s", r.cpu_adam_params_per_s},
+               {"device_adam_params_per_s", r.device_adam_params_per_s},
+               {"h2d_bytes_per_s", r.h2d_bytes_per_s},
+               {"d2h_bytes_per_s", r.d2h_bytes_per_s},
+               {"nvme_read_bytes_per_s", r.nvme_read_bytes_per_s},
+               {"nvme_write_bytes_per_s", r.nvme_write_bytes_per_s},
+               {"nvme_duplex_bytes_per_s", r.nvme_duplex_bytes_per_s},
+               {"device_flops_per_s", r.device_flops_per_s},
+               {"device_memory_bytes_per_s", r.device_memory_bytes_per_s},
+               {"comm_bytes_per_s", r.comm_bytes_per_s}};
+  for (const auto& f : rates) {
+    if (!(f.v == 0 || (f.v >= 1 && f.v <= 1e18))) {
+      char v[32];
+      std::snprintf(v, sizeof v, "%g", f.v);
+      return InvalidArgumentError("machine rates: " + std::string(f.key) + " is " + v +
+                                  "; accepted: 0 (unknown) or a rate from 1 to 1e18 per second");
+    }
+  }
+  if (!(r.comm_latency_s >= 0 && r.comm_latency_s <= 3600)) {
+    char v[32];
+    std::snprintf(v, sizeof v, "%g", r.comm_latency_s);
+    return InvalidArgumentError("machine rates: comm_latency_s is " + std::string(v) +
+                                "; accepted: 0 to 3600 s");
+  }
+  return Status::OK();
 }
 
 std::string PlanJson(const PlanPrediction& p) {
