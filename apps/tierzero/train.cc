@@ -189,9 +189,14 @@ override the config:
   --init-from FILE       start from a safetensors file's parameters
   --plan FILE            this run's `tierzero plan --json` file: the report (summary, page)
                          shows the prediction beside what the run measured
+  --overwrite            replace another run's outputs in RUN_DIR (refused without it)
+  --log-every N          without a terminal, a step line every N steps (default: ~20 lines)
   --quiet                no per-step lines
 
-Ctrl-C (SIGINT) or SIGTERM finishes the current step, saves a checkpoint and exits 0.
+A run directory holding another run is refused: --resume RUN_DIR/checkpoint continues it,
+--overwrite replaces it (docs/outputs.md). One process writes a run directory at a time.
+Ctrl-C (SIGINT) or SIGTERM finishes the current step, saves a checkpoint and exits 0 (during the
+run's set-up, before its first line, it ends the process at once: nothing is saved yet).
 )";
 
 }  // namespace

@@ -1,0 +1,505 @@
+#!/usr/bin/env python3
+"""cli_trust_test.py TIERZERO OUT_DIR [CASE...]: the CLI people can trust with their runs (issue 41).
+
+One case per class of fault, each through the `tierzero` binary as a user runs it:
+  outputs       what an output path names decides how it is written (docs/outputs.md): a device
+                node, a FIFO, a symlink, a directory, a user's file beside the output
+  nvme_path     a config's engine.nvme_path naming a user's file: never truncated or removed
+  self_export   an export never writes over the checkpoint or config it reads
+  run_dir       a new run into a directory holding another run is refused; --overwrite replaces it
+  lock          two runs into one directory at once: the second is refused, the first is intact
+  config_json   a run whose config.json cannot be written stops before training
+  resume_exact  10 + 10 resumed steps equal 20 uninterrupted, loss for loss, with skipped steps
+  resume_model  resuming with another model shape (--heads) is refused
+  ranks_agree   ranks started with different configs fail with the fields named (mpirun ':')
+  readers       a directory, /dev/zero, a huge sparse file, deep or duplicate-key JSON: an error
+  setup_signal  SIGINT/SIGTERM while set-up blocks on a FIFO ends the process promptly
+  ranges        sizes at the ends of their ranges, absurd rates, a report of nonsense values
+  export_paths  `export DIR/` and `export .` find the run's config
+  output        a line every --log-every steps without a terminal; one line in place on one
+Every failure must be an `error:` line and exit status 1 or 2: never a signal, an abort, an
+uncaught exception or a hang.
+"""
+import json
+import os
+import pty
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+TZ = os.path.abspath(sys.argv[1])
+OUT = os.path.abspath(sys.argv[2])
+ONLY = set(sys.argv[3:])
+
+SMALL = {
+    "model": {"n_layer": 2, "d_model": 64, "n_head": 4},
+    "train": {"steps": 6, "batch_size": 8, "eval_every": 0, "eval_batches": 1},
+    "engine": {"device_budget": "4 MiB", "host_budget": "6 MiB", "nvme_budget": "64 MiB"},
+    "output": {"html": "none", "trace": "none"},
+}
+
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Failure(what)
+
+
+def run(args, timeout=120, **kw):
+    """Runs tierzero; returns (rc, stdout+stderr)."""
+    p = subprocess.run([TZ] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       timeout=timeout, cwd=kw.pop("cwd", OUT), **kw)
+    return p.returncode, p.stdout.decode(errors="replace")
+
+
+def refused(args, *needles, timeout=60, cwd=None):
+    """The command fails cleanly (status 1 or 2, an error line naming `needles`)."""
+    rc, out = run(args, timeout=timeout, cwd=cwd or OUT)
+    check(rc in (1, 2), f"{args}: exit status {rc}, expected a clean refusal\n{out}")
+    check("error:" in out, f"{args}: no error line\n{out}")
+    for bad in ("terminate called", "Aborted", "what():", "Segmentation", "MPI_ERR"):
+        check(bad not in out, f"{args}: '{bad}' in the output\n{out}")
+    for n in needles:
+        check(n in out, f"{args}: the error does not say '{n}'\n{out}")
+    return out
+
+
+def ok(args, timeout=120, cwd=None):
+    rc, out = run(args, timeout=timeout, cwd=cwd or OUT)
+    check(rc == 0, f"{args}: exit status {rc}\n{out}")
+    return out
+
+
+def write_config(path, cfg=None, **sections):
+    c = json.loads(json.dumps(cfg or SMALL))
+    for sec, fields in sections.items():
+        c.setdefault(sec, {}).update(fields)
+    with open(path, "w") as f:
+        json.dump(c, f)
+    return path
+
+
+def train_small(run_dir, *extra, steps=6):
+    cfg = write_config(os.path.join(OUT, "small.json"))
+    return ok(["train", "--config", cfg, "--run-dir", run_dir, "--steps", str(steps),
+               "--quiet"] + list(extra))
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def losses(metrics):
+    rows = [json.loads(line) for line in open(metrics)]
+    return [(m["step"], m["loss"], m["applied"], m["loss_scale"]) for m in rows if "loss" in m]
+
+
+# ---- cases ----------------------------------------------------------------------------------
+
+def case_outputs():
+    ok_run = os.path.join(OUT, "o_run")
+    train_small(ok_run)
+    ckpt = os.path.join(ok_run, "checkpoint")
+    # A character device of our own (the same as /dev/null), so a regression cannot break the
+    # machine's /dev/null: it must stay a device node.
+    dev = os.path.join(OUT, "o_null")
+    try:
+        os.mknod(dev, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except PermissionError:
+        dev = None
+    if dev:
+        ino = os.stat(dev).st_ino
+        ok(["export", ckpt, "-o", dev])
+        ok(["report", os.path.join(ok_run, "report.json"), "-o", dev])
+        ok(["plan", "--config", os.path.join(OUT, "small.json"), "--json", dev])
+        run_dev = os.path.join(OUT, "o_dev")
+        ok(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dev,
+            "--steps", "2", "--quiet", "--report", dev, "--html", dev, "--trace", dev,
+            "--metrics", dev])
+        st = os.stat(dev)
+        check(stat.S_ISCHR(st.st_mode) and st.st_ino == ino, "the device node was replaced")
+    # A FIFO whose reader waits receives the export; without a reader: refused, not a hang.
+    fifo = os.path.join(OUT, "o_fifo")
+    os.mkfifo(fifo)
+    refused(["export", ckpt, "-o", fifo], "no reader", timeout=20)
+    got = {}
+
+    def reader():
+        with open(fifo, "rb") as f:
+            got["bytes"] = len(f.read())
+    t = threading.Thread(target=reader)
+    t.start()
+    time.sleep(0.3)
+    ok(["export", ckpt, "-o", fifo], timeout=30)
+    t.join(10)
+    check(got.get("bytes", 0) > 1000, f"the FIFO's reader got {got}")
+    check(stat.S_ISFIFO(os.stat(fifo).st_mode), "the FIFO was replaced")
+    # A symlink: written through to its target, and stays a link.
+    target, link = os.path.join(OUT, "o_target.st"), os.path.join(OUT, "o_link.st")
+    with open(target, "w") as f:
+        f.write("old")
+    os.symlink(target, link)
+    ok(["export", ckpt, "-o", link])
+    check(os.path.islink(link), "the symlink was replaced by a file")
+    check(read(target)[:8] != b"old", "the link's target was not written")
+    dangling = os.path.join(OUT, "o_dangling")
+    os.symlink(os.path.join(OUT, "o_missing"), dangling)
+    refused(["export", ckpt, "-o", dangling], "symbolic link")
+    check(os.path.islink(dangling) and not os.path.exists(os.path.join(OUT, "o_missing")),
+          "a dangling link was followed or replaced")
+    # A directory: refused, with nothing inside it touched.
+    d = os.path.join(OUT, "o_dir")
+    os.makedirs(d + "/inside")
+    refused(["export", ckpt, "-o", d], "directory")
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir",
+             os.path.join(OUT, "o_run2"), "--report", d], "directory")
+    check(os.path.isdir(d + "/inside"), "the directory changed")
+    # The temporary name never truncates a user's file beside the output.
+    mine = os.path.join(OUT, "o_model.safetensors.tmp")
+    with open(mine, "w") as f:
+        f.write("the user's own file")
+    ok(["export", ckpt, "-o", os.path.join(OUT, "o_model.safetensors")])
+    check(read(mine) == b"the user's own file", "a user's .tmp file beside the output changed")
+    left = [n for n in os.listdir(OUT) if ".tz-" in n]
+    check(not left, f"temporary files left: {left}")
+
+
+def case_nvme_path():
+    # The default model's states need NVMe, so the export opens the NVMe store.
+    run_dir = os.path.join(OUT, "n_run")
+    ok(["train", "--run-dir", run_dir, "--steps", "2", "--quiet"])
+    precious = os.path.join(OUT, "n_precious.txt")
+    with open(precious, "w") as f:
+        f.write("precious")
+    cfg = json.load(open(os.path.join(run_dir, "config.json")))
+    cfg["engine"]["nvme_path"] = precious
+    with open(os.path.join(OUT, "n_cfg.json"), "w") as f:
+        json.dump(cfg, f)
+    refused(["export", os.path.join(run_dir, "checkpoint"), "--config",
+             os.path.join(OUT, "n_cfg.json"), "-o", os.path.join(OUT, "n_w.st")], "existing file")
+    check(read(precious) == b"precious", "the user's file named as the NVMe path changed")
+    refused(["train", "--run-dir", os.path.join(OUT, "n_run2"), "--steps", "2", "--nvme-path",
+             precious])
+    check(read(precious) == b"precious", "train changed the file named by --nvme-path")
+
+
+def case_self_export():
+    run_dir = os.path.join(OUT, "s_run")
+    train_small(run_dir)
+    ckpt = os.path.join(run_dir, "checkpoint")
+    manifest = read(ckpt + "/manifest.json")
+    config = read(run_dir + "/config.json")
+    refused(["export", ckpt, "-o", ckpt + "/manifest.json"], "inside the checkpoint")
+    refused(["export", ckpt, "-o", run_dir + "/config.json"], "config")
+    states = [n for n in os.listdir(ckpt) if n.startswith("states-")]
+    refused(["export", ckpt, "-o", os.path.join(ckpt, states[0])], "inside the checkpoint")
+    check(read(ckpt + "/manifest.json") == manifest, "the manifest changed")
+    check(read(run_dir + "/config.json") == config, "the config changed")
+    ok(["export", ckpt, "-o", os.path.join(OUT, "s_w.st")])
+    # train: an output that is an input.
+    text = os.path.join(OUT, "s_text.txt")
+    with open(text, "w") as f:
+        f.write("tierzero trains models far larger than GPU memory. " * 40)
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir",
+             os.path.join(OUT, "s_run2"), "--text", text, "--metrics", text], "input")
+    check(read(text).startswith(b"tierzero trains"), "the text was overwritten")
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir",
+             os.path.join(OUT, "s_run3"), "--report", os.path.join(OUT, "s_same"), "--html",
+             os.path.join(OUT, "s_same")], "same file")
+
+
+def case_run_dir():
+    run_dir = os.path.join(OUT, "r_run")
+    train_small(run_dir, steps=8)
+    before = {n: read(os.path.join(run_dir, n)) for n in ("metrics.jsonl", "report.json")}
+    manifest = read(run_dir + "/checkpoint/manifest.json")
+    out = refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dir,
+                   "--steps", "3", "--quiet"], "--resume", "--overwrite")
+    check(read(run_dir + "/checkpoint/manifest.json") == manifest, "the checkpoint changed")
+    for n, b in before.items():
+        check(read(os.path.join(run_dir, n)) == b, f"{n} changed")
+    # --report elsewhere: still refused (the run's checkpoint and metrics are here).
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dir,
+             "--steps", "3", "--report", os.path.join(OUT, "r_elsewhere.json")], "--overwrite")
+    # Resuming in place continues it.
+    ok(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dir, "--steps",
+        "10", "--quiet", "--resume", run_dir + "/checkpoint"])
+    # --overwrite replaces the run whole: no piece of the old one stays beside the new.
+    ok(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dir, "--steps",
+        "3", "--quiet", "--overwrite", "--report", os.path.join(OUT, "r_elsewhere.json")])
+    check(not os.path.exists(run_dir + "/report.json"), "the old run's report stayed")
+    steps = [s for s, *_ in losses(run_dir + "/metrics.jsonl")]
+    check(steps == [1, 2, 3], f"metrics after --overwrite: steps {steps}")
+    info = json.load(open(run_dir + "/checkpoint/manifest.json"))
+    check(info.get("step") == 3, f"the checkpoint after --overwrite is at step {info.get('step')}")
+
+
+def case_lock():
+    run_dir = os.path.join(OUT, "l_run")
+    cfg = os.path.join(OUT, "small.json")
+    first = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", run_dir, "--steps",
+                              "1000000", "--quiet"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, cwd=OUT)
+    for _ in range(200):
+        if os.path.exists(run_dir + "/metrics.jsonl") and os.path.getsize(
+                run_dir + "/metrics.jsonl") > 0:
+            break
+        time.sleep(0.05)
+    try:
+        refused(["train", "--config", cfg, "--run-dir", run_dir, "--steps", "5", "--overwrite"],
+                "another tierzero process")
+        refused(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "l_other"), "--steps",
+                 "5", "--checkpoint", run_dir + "/checkpoint", "--overwrite"],
+                "another tierzero process")
+    finally:
+        first.send_signal(signal.SIGINT)
+        out = first.communicate(timeout=120)[0].decode()
+    check(first.returncode == 0, f"the first run ended with {first.returncode}\n{out}")
+    ok(["export", run_dir + "/checkpoint", "-o", os.path.join(OUT, "l_w.st")])
+    # Every line of the metrics file whole, one writer's.
+    for line in open(run_dir + "/metrics.jsonl"):
+        json.loads(line)
+
+
+def case_config_json():
+    run_dir = os.path.join(OUT, "c_run")
+    os.makedirs(run_dir + "/config.json/x")  # config.json cannot be written
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dir,
+             "--steps", "2"], "config")
+    check(not os.path.exists(run_dir + "/metrics.jsonl"), "the run trained anyway")
+
+
+def case_resume_exact():
+    cases = {
+        # fp16 with a loss scale that overflows: the first 11 steps are skipped.
+        "fp16": {"engine": {"compute_dtype": "fp16", "initial_loss_scale": 1e8},
+                 "train": {"warmup_steps": 0}},
+        "bf16_accumulation": {"engine": {"grad_accumulation": 2}},
+        "fp32": {"engine": {"compute_dtype": "fp32"}},
+    }
+    for name, over in cases.items():
+        cfg = write_config(os.path.join(OUT, f"e_{name}.json"), **over)
+        a, b = os.path.join(OUT, f"e_{name}_a"), os.path.join(OUT, f"e_{name}_b")
+        ok(["train", "--config", cfg, "--run-dir", a, "--steps", "20", "--quiet"])
+        ok(["train", "--config", cfg, "--run-dir", b, "--steps", "10", "--quiet"])
+        ok(["train", "--config", cfg, "--run-dir", b, "--steps", "20", "--quiet", "--resume",
+            b + "/checkpoint"])
+        la, lb = losses(a + "/metrics.jsonl"), losses(b + "/metrics.jsonl")
+        check(la == lb, f"{name}: 10 + 10 resumed differ from 20:\n{la}\n{lb}")
+        if name == "fp16":
+            check(sum(1 for x in la if not x[2]) >= 5, f"fp16: too few skipped steps: {la}")
+
+
+def case_resume_model():
+    run_dir = os.path.join(OUT, "m_run")
+    train_small(run_dir)
+    manifest = read(run_dir + "/checkpoint/manifest.json")
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dir,
+             "--steps", "8", "--resume", run_dir + "/checkpoint", "--heads", "2"], "n_head",
+            "--heads")
+    check(read(run_dir + "/checkpoint/manifest.json") == manifest, "the checkpoint changed")
+
+
+def case_ranks_agree():
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        print("  (no mpirun: skipped)")
+        return
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+    cfg = os.path.join(OUT, "small.json")
+    for name, extra, needle in [("width", ["--width", "128"], "model.d_model"),
+                                ("lr", ["--lr", "0.01"], "train.lr"),
+                                ("dtype", ["--dtype", "fp32"], "engine.compute_dtype"),
+                                ("run_dir", ["--run-dir", os.path.join(OUT, "a_other")],
+                                 "output.run_dir")]:
+        run_dir = os.path.join(OUT, "a_" + name)
+        base = [TZ, "train", "--config", cfg, "--run-dir", run_dir, "--steps", "3", "--quiet"]
+        p = subprocess.run([mpirun, "-np", "1"] + base + [":", "-np", "1"] + base + extra,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120, env=env,
+                           cwd=OUT)
+        out = p.stdout.decode(errors="replace")
+        check(p.returncode != 0, f"{name}: ranks with different configs ran to exit 0\n{out}")
+        check("different configurations" in out and needle in out,
+              f"{name}: the error does not name {needle}\n{out}")
+        check("MPI_ERR" not in out, f"{name}: an MPI error instead of ours\n{out}")
+        check(not os.path.exists(run_dir + "/checkpoint/manifest.json"),
+              f"{name}: a checkpoint was written")
+
+
+def case_readers():
+    d = os.path.join(OUT, "d_dir")
+    os.makedirs(d)
+    sparse = os.path.join(OUT, "d_sparse")
+    with open(sparse, "wb") as f:
+        f.truncate(1 << 40)
+    deep = os.path.join(OUT, "d_deep.json")
+    with open(deep, "w") as f:
+        f.write('{"model": {"n_layer": ' + "[" * 100000 + "]" * 100000 + "}}")
+    dup = os.path.join(OUT, "d_dup.json")
+    with open(dup, "w") as f:
+        f.write('{"train": {"lr": 0.001, "steps": 3, "lr": 5}}')
+    rd = os.path.join(OUT, "d_run")
+    for bad, needle in [(d, "directory"), ("/dev/zero", "at most"), (sparse, "at most")]:
+        refused(["train", "--config", bad, "--run-dir", rd], needle)
+        refused(["train", "--text", bad, "--run-dir", rd], needle)
+        refused(["report", bad], needle)
+        refused(["plan", "--rates", bad], needle)
+        refused(["plan", "--trace", bad], needle)
+        refused(["train", "--plan", bad, "--run-dir", rd, "--config",
+                 os.path.join(OUT, "small.json")], needle)
+        refused(["export", os.path.join(OUT, "x_ckpt"), "--config", bad, "-o",
+                 os.path.join(OUT, "d_w.st")], needle)
+    refused(["train", "--init-from", d, "--run-dir", rd], "directory")
+    refused(["train", "--resume", d, "--run-dir", rd])
+    refused(["train", "--config", deep, "--run-dir", rd], "deeper than 64")
+    refused(["train", "--config", dup, "--run-dir", rd], '"lr" twice')
+    check(not os.path.exists(os.path.join(rd, "metrics.jsonl")), "a refused run trained")
+
+
+def case_setup_signal():
+    fifo = os.path.join(OUT, "g_fifo")
+    os.mkfifo(fifo)
+    ck = os.path.join(OUT, "g_ckpt")
+    os.makedirs(ck)
+    os.mkfifo(ck + "/manifest.json")
+    cfg = os.path.join(OUT, "small.json")
+    for extra in (["--text", fifo], ["--config", fifo], ["--plan", fifo, "--config", cfg],
+                  ["--resume", ck, "--config", cfg], ["--init-from", fifo, "--config", cfg]):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            p = subprocess.Popen([TZ, "train", "--run-dir", os.path.join(OUT, "g_run"),
+                                  "--overwrite"] + extra, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, cwd=OUT)
+            time.sleep(0.7)
+            p.send_signal(sig)
+            try:
+                out = p.communicate(timeout=5)[0].decode()
+            except subprocess.TimeoutExpired:
+                p.kill()
+                raise Failure(f"{extra}: {sig.name} during set-up did not end the process")
+            # Either refused at once (a FIFO where a regular file must be) or ended by the
+            # signal with a message.
+            check(p.returncode in (1, 128 + sig),
+                  f"{extra}: status {p.returncode} after {sig.name}\n{out}")
+            check("error:" in out or "set-up" in out, f"{extra}: no message\n{out}")
+
+
+def case_ranges():
+    cfg = os.path.join(OUT, "small.json")
+    rd = os.path.join(OUT, "x_run")
+    for flag in ("--device-budget", "--host-budget", "--nvme-budget"):
+        refused(["train", "--config", cfg, "--run-dir", rd, flag, str(2**64 - 1)], "1 EiB")
+        refused(["plan", "--config", cfg, flag, str(2**64 - 1)], "1 EiB")
+    big = write_config(os.path.join(OUT, "x_chunk.json"), engine={"chunk_elems": 2**64 - 1})
+    refused(["train", "--config", big, "--run-dir", rd], "chunk_elems")
+    big2 = write_config(os.path.join(OUT, "x_chunk2.json"), engine={"chunk_elems": 2**62})
+    refused(["train", "--config", big2, "--run-dir", rd], "chunk_elems")
+    for rates in ({"cpu_adam_params_per_s": 1e300}, {"h2d_bytes_per_s": 1e-300},
+                  {"comm_latency_s": 1e30}, {"nvme_read_bytes_per_s": -1}):
+        path = os.path.join(OUT, "x_rates.json")
+        with open(path, "w") as f:
+            json.dump(rates, f)
+        out = refused(["plan", "--config", cfg, "--rates", path], list(rates)[0])
+        check("nan" not in out.lower(), f"a plan of NaN: {out}")
+    train_small(os.path.join(OUT, "x_ok"))
+    report = json.load(open(os.path.join(OUT, "x_ok/report.json")))
+    for value in (-5, 1e300):
+        report["tiers"]["host"]["used"] = value
+        path = os.path.join(OUT, "x_report.json")
+        with open(path, "w") as f:
+            json.dump(report, f)
+        refused(["report", path, "-o", os.path.join(OUT, "x.html")], "tiers.host.used")
+    check(not os.path.exists(os.path.join(OUT, "x.html")), "a page of a bad report was written")
+
+
+def case_export_paths():
+    run_dir = os.path.join(OUT, "p_run")
+    train_small(run_dir)
+    ok(["export", run_dir + "/checkpoint/", "-o", os.path.join(OUT, "p_1.st")])
+    ok(["export", ".", "-o", os.path.join(OUT, "p_2.st")], cwd=run_dir + "/checkpoint")
+    ok(["export", "checkpoint/.", "-o", os.path.join(OUT, "p_3.st")], cwd=run_dir)
+    check(read(os.path.join(OUT, "p_1.st")) == read(os.path.join(OUT, "p_2.st")),
+          "the exports differ")
+
+
+def case_output():
+    cfg = os.path.join(OUT, "small.json")
+    out = ok(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "u_1"), "--steps",
+              "200"])
+    lines = [l for l in out.splitlines() if l.startswith("step ")]
+    # The first step, then every 10th (the default: about 20 lines), the last among them.
+    check(len(lines) == 21 and lines[-1].startswith("step   200/200"),
+          f"{len(lines)} step lines by default for 200 steps:\n" + "\n".join(lines[:5]))
+    out = ok(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "u_2"), "--steps",
+              "200", "--log-every", "50"])
+    lines = [l.split("|")[0].strip() for l in out.splitlines() if l.startswith("step ")]
+    check(lines == ["step     1/200", "step    50/200", "step   100/200", "step   150/200",
+                    "step   200/200"], f"--log-every 50: {lines}")
+    check("elapsed" in out, "no elapsed time on the step lines")
+    # The placement summary's tier lines are indented under it.
+    head = out.split("eval")[0].splitlines()
+    for tier in ("device:", "host:", "nvme:"):
+        check(any(l.startswith("    " + tier) for l in head), f"'{tier}' not indented:\n{out}")
+    # --quiet: no step lines.
+    out = ok(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "u_3"), "--steps", "20",
+              "--quiet"])
+    check(not any(l.startswith("step ") for l in out.splitlines()), "step lines under --quiet")
+    # A terminal: one line rewritten in place (carriage returns, few newlines).
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.chdir(OUT)
+        os.execv(TZ, [TZ, "train", "--config", cfg, "--run-dir", os.path.join(OUT, "u_4"),
+                      "--steps", "300"])
+    data = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    _, status = os.waitpid(pid, 0)
+    text = data.decode(errors="replace")
+    check(os.WEXITSTATUS(status) == 0, f"the run on a terminal failed:\n{text}")
+    check(text.count("\rstep ") >= 2, f"no progress line rewritten in place:\n{text[:2000]}")
+    check(text.count("\n") < 60, f"{text.count(chr(10))} lines on a terminal for 300 steps")
+    check("left" in text and "tok/s" in text, "the progress line lacks tokens/s or time left")
+
+
+CASES = [(n[5:], f) for n, f in sorted(globals().items()) if n.startswith("case_")]
+
+
+def main():
+    shutil.rmtree(OUT, ignore_errors=True)
+    os.makedirs(OUT)
+    write_config(os.path.join(OUT, "small.json"))
+    failed = []
+    for name, fn in CASES:
+        if ONLY and name not in ONLY:
+            continue
+        t0 = time.time()
+        try:
+            fn()
+            print(f"ok    {name} ({time.time() - t0:.1f} s)")
+        except (Failure, subprocess.TimeoutExpired) as e:
+            print(f"FAIL  {name}: {e}")
+            failed.append(name)
+        sys.stdout.flush()
+    if failed:
+        print("failed: " + ", ".join(failed))
+        return 1
+    print("all cases passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
