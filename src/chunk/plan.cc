@@ -35,7 +35,8 @@ StatusOr<std::vector<int>> SlotsPerMoment(const std::vector<Moment>& moments,
     }
     const uint64_t reserved = nonmodel + o.workspace_bytes;
     const uint64_t room = o.device_capacity > reserved ? o.device_capacity - reserved : 0;
-    slots[k] = static_cast<int>(room / o.chunk_bytes);
+    // (At most 2^30: a budget of an exabyte over small chunks would not fit an int.)
+    slots[k] = static_cast<int>(std::min<uint64_t>(room / o.chunk_bytes, uint64_t{1} << 30));
     std::set<int> distinct(moments[k].chunks.begin(), moments[k].chunks.end());
     distinct.insert(moments[k].held.begin(), moments[k].held.end());
     for (auto it = distinct.begin(); it != distinct.end();) {

@@ -393,7 +393,7 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
   auto carve = [&](uint64_t slot_bytes) -> int {
     if (slot_bytes == 0) return 0;
     const uint64_t sb = Aligned(slot_bytes);
-    return static_cast<int>(idle_bytes / sb + extra_bytes / sb);
+    return static_cast<int>(std::min<uint64_t>(idle_bytes / sb + extra_bytes / sb, 1u << 30));
   };
   if (update.rates.device_params_per_s > 0) budget.device_bytes = idle_bytes + extra_bytes;
   UpdatePlan plan = PlanUpdate(groups, rates, budget);

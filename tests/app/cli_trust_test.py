@@ -372,12 +372,13 @@ def case_setup_signal():
     os.makedirs(ck)
     os.mkfifo(ck + "/manifest.json")
     cfg = os.path.join(OUT, "small.json")
+    n = 0
     for extra in (["--text", fifo], ["--config", fifo], ["--plan", fifo, "--config", cfg],
                   ["--resume", ck, "--config", cfg], ["--init-from", fifo, "--config", cfg]):
         for sig in (signal.SIGINT, signal.SIGTERM):
-            p = subprocess.Popen([TZ, "train", "--run-dir", os.path.join(OUT, "g_run"),
-                                  "--overwrite"] + extra, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, cwd=OUT)
+            n += 1
+            p = subprocess.Popen([TZ, "train", "--run-dir", os.path.join(OUT, f"g_run{n}")] +
+                                 extra, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=OUT)
             time.sleep(0.7)
             p.send_signal(sig)
             try:
