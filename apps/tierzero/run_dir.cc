@@ -62,23 +62,6 @@ bool IsRegular(const std::string& p, off_t* size = nullptr) {
   return true;
 }
 
-// An output file's path names something tierzero may write (Note [Writing outputs]): refused now,
-// before any training, rather than at the end.
-Status CheckOutputKind(const std::string& path, const std::string& what) {
-  struct stat lst {};
-  if (::lstat(path.c_str(), &lst) != 0) return Status::OK();  // made by the run
-  struct stat st = lst;
-  if (S_ISLNK(lst.st_mode) && ::stat(path.c_str(), &st) != 0) {
-    return InvalidArgumentError(what + " " + path +
-                                " is a symbolic link to a file that does not exist; name the file "
-                                "to write itself");
-  }
-  if (S_ISREG(st.st_mode) || S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) return Status::OK();
-  return InvalidArgumentError(what + " " + path + " is " + FileKindName(st.st_mode) +
-                              "; tierzero writes regular files, and streams into character "
-                              "devices and FIFOs");
-}
-
 // A checkpoint's own files in `dir`: the manifest first (so what remains is no checkpoint), then
 // its states files. Regular files of these names only.
 void RemoveCheckpointFiles(const std::string& dir) {
@@ -148,7 +131,7 @@ Status CheckOutputs(const RunConfig& cfg, const std::string& config_path, bool o
   add_output("--trace", out.trace);
   add_output("the run's config", out.run_dir + "/config.json");
   add_output("the warm-up trace", out.run_dir + "/warmup_trace.json");
-  for (const Named& o : outputs) TZ_RETURN_IF_ERROR(CheckOutputKind(o.path, o.what));
+  for (const Named& o : outputs) TZ_RETURN_IF_ERROR(CheckOutputPath(o.path, o.what));
 
   std::vector<Named> inputs;
   auto add_input = [&](const std::string& what, const std::string& path) {
@@ -260,24 +243,6 @@ Status CheckNotAnInput(const std::string& output, const std::string& what,
                                   in.path + " this command reads: write it elsewhere");
   }
   return Status::OK();
-}
-
-StatusOr<int> OpenMetricsFile(const std::string& path, bool append) {
-  TZ_RETURN_IF_ERROR(CheckOutputKind(path, "the metrics file"));
-  struct stat st {};
-  const bool special = ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode);
-  int flags = O_WRONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
-  if (!special) flags |= O_CREAT | (append ? O_APPEND : O_TRUNC);
-  const int fd = ::open(path.c_str(), flags, 0644);
-  if (fd < 0) {
-    if (errno == ENXIO)
-      return FailedPreconditionError("the metrics file " + path +
-                                     " is a FIFO with no reader (start the reader first)");
-    return ErrnoError("cannot write the metrics file " + path, errno);
-  }
-  const int fl = ::fcntl(fd, F_GETFL);
-  if (fl >= 0) ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-  return fd;
 }
 
 }  // namespace tierzero::app

@@ -55,9 +55,4 @@ Status CheckNotAnInput(const std::string& output, const std::string& what,
 // A file that some output may replace: the known names of a run's files in `run_dir`.
 std::vector<std::string> RunFileNames();
 
-// Opens the metrics file for appending (`append`) or from empty: a regular file (made if
-// missing), or streamed into a character device or FIFO; a FIFO needs its reader waiting.
-// Returns the descriptor.
-StatusOr<int> OpenMetricsFile(const std::string& path, bool append);
-
 }  // namespace tierzero::app

@@ -406,7 +406,8 @@ Status TrainRun::SetUp() {
   // the file never holds a step twice.
   if (lead_) {
     if (start_ > 0) TZ_RETURN_IF_ERROR(TrimMetrics(out_.metrics, start_));
-    TZ_ASSIGN_OR_RETURN(metrics_fd_, OpenMetricsFile(out_.metrics, /*append=*/start_ > 0));
+    TZ_ASSIGN_OR_RETURN(metrics_fd_,
+                        OpenOutputStream(out_.metrics, /*append=*/start_ > 0, "the metrics file"));
   }
   progress_ = std::make_unique<Progress>(start_, cfg_.train.steps, cfg_.train.log_every, out_.quiet,
                                          lead_ && ::isatty(STDOUT_FILENO) == 1);

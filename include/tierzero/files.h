@@ -13,11 +13,24 @@
 
 namespace tierzero {
 
-// Writes `text` to `path` (Note [Writing outputs], src/core/file_io.h): a regular file or a new
-// one whole or not at all, through a symbolic link to its target, streamed into a character
-// device or a FIFO whose reader waits; a directory, block device, socket or dangling link is
-// refused with InvalidArgument. Durable once this returns OK.
+// Writes `text` to `path` (Note [Writing outputs], src/core/file_io.h; docs/outputs.md): a
+// regular file or a new one whole or not at all, through a symbolic link to its target, streamed
+// into a character device, a FIFO whose reader waits, or the process's own descriptor
+// (/dev/stdout, /dev/fd/N); a directory, block device, socket or dangling link is refused with
+// InvalidArgument. Durable once this returns OK.
 Status WriteFileAtomically(const std::string& path, const std::string& text);
+
+// OK when `path` names something an output may be written to (the table above: nothing yet, a
+// regular file, a link to one, a character device, a FIFO, a descriptor of the process);
+// InvalidArgument naming `what` and what the path is otherwise. Lets a command refuse a bad output
+// before it works, not after.
+Status CheckOutputPath(const std::string& path, const std::string& what);
+
+// An output written as it goes (a metrics file, line by line), by the same rules: a regular file
+// is created or opened for appending (`append`) or from empty; a device or FIFO is streamed into
+// (a FIFO's reader must be waiting: FailedPrecondition otherwise); /dev/stdout, /dev/fd/N are the
+// process's own descriptors, duplicated. Returns the descriptor (the caller closes it).
+StatusOr<int> OpenOutputStream(const std::string& path, bool append, const std::string& what);
 
 // The whole of a file from outside, at most `max_bytes`; `what` names it in errors ("config
 // file"). NotFound when it does not exist; InvalidArgument for a directory, a block device or a

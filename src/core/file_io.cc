@@ -65,11 +65,33 @@ const char* FileKindName(unsigned mode) {
   }
 }
 
+int StandardStreamFd(const std::string& path) {
+  if (path == "/dev/stdout") return STDOUT_FILENO;
+  if (path == "/dev/stderr") return STDERR_FILENO;
+  for (const char* prefix : {"/dev/fd/", "/proc/self/fd/"}) {
+    const std::string p = prefix;
+    if (path.size() > p.size() && path.compare(0, p.size(), p) == 0) {
+      const std::string n = path.substr(p.size());
+      if (n.size() > 6 || n.find_first_not_of("0123456789") != std::string::npos) return -1;
+      return std::atoi(n.c_str());
+    }
+  }
+  return -1;
+}
+
 StatusOr<AtomicFile> AtomicFile::Create(const std::string& path) {
   if (path.empty()) return InvalidArgumentError("an output path is empty");
   AtomicFile f;
   f.path_ = path;
   f.target_ = path;
+  if (const int std_fd = StandardStreamFd(path); std_fd >= 0) {
+    // The process's own descriptor, duplicated: written where the shell pointed it, at its
+    // offset (`--json /dev/stdout > plan.txt` must not replace plan.txt through the link).
+    f.fd_ = ::fcntl(std_fd, F_DUPFD_CLOEXEC, 3);
+    if (f.fd_ < 0) return ErrnoError("cannot write " + path, errno);
+    f.streamed_ = true;
+    return f;
+  }
   struct stat lst {};
   mode_t mode = 0644;
   bool exists = true;
@@ -186,6 +208,52 @@ Status AtomicFile::Commit() {
   // The rename itself durable (a crash now keeps the new file, not a name pointing nowhere).
   (void)SyncDir(DirOf(target_));
   return Status::OK();
+}
+
+Status CheckOutputPath(const std::string& path, const std::string& what) {
+  if (path.empty()) return InvalidArgumentError(what + ": the path is empty");
+  if (StandardStreamFd(path) >= 0) return Status::OK();
+  struct stat lst {};
+  if (::lstat(path.c_str(), &lst) != 0) {
+    if (errno == ENOENT) return Status::OK();  // made by the writer
+    return ErrnoError("cannot write " + what + " " + path, errno);
+  }
+  struct stat st = lst;
+  if (S_ISLNK(lst.st_mode) && ::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT)
+      return InvalidArgumentError("will not write " + what + " " + path +
+                                  ": it is a symbolic link to a file that does not exist; name "
+                                  "the file to write itself");
+    return ErrnoError("cannot write " + what + " " + path + " (a symbolic link)", errno);
+  }
+  if (S_ISREG(st.st_mode) || S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) return Status::OK();
+  return InvalidArgumentError("will not write " + what + " " + path + ": it is " +
+                              FileKindName(st.st_mode) +
+                              "; tierzero writes regular files, and streams into character "
+                              "devices and FIFOs");
+}
+
+StatusOr<int> OpenOutputStream(const std::string& path, bool append, const std::string& what) {
+  TZ_RETURN_IF_ERROR(CheckOutputPath(path, what));
+  if (const int std_fd = StandardStreamFd(path); std_fd >= 0) {
+    const int fd = ::fcntl(std_fd, F_DUPFD_CLOEXEC, 3);
+    if (fd < 0) return ErrnoError("cannot write " + what + " " + path, errno);
+    return fd;
+  }
+  struct stat st {};
+  const bool special = ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode);
+  int flags = O_WRONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
+  if (!special) flags |= O_CREAT | (append ? O_APPEND : O_TRUNC);
+  const int fd = ::open(path.c_str(), flags, 0644);
+  if (fd < 0) {
+    if (errno == ENXIO)
+      return FailedPreconditionError(what + " " + path +
+                                     " is a FIFO with no reader (start the reader first)");
+    return ErrnoError("cannot write " + what + " " + path, errno);
+  }
+  const int fl = ::fcntl(fd, F_GETFL);
+  if (fl >= 0) ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  return fd;
 }
 
 Status WriteFileAtomically(const std::string& path, const std::string& text) {

@@ -29,6 +29,9 @@ namespace tierzero {
 // - a character device or a FIFO (/dev/null, /dev/stdout, a pipe a reader waits on): streamed
 //   into it as it is, never replaced. A FIFO needs its reader already waiting (refused otherwise
 //   rather than blocking); what was streamed before a failure cannot be taken back.
+// - /dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N: the process's own descriptor N,
+//   duplicated and streamed into, wherever the shell pointed it (a file `> plan.txt` is written
+//   at the shell's offset, not replaced through the link).
 // - a directory, a block device or a socket: refused, naming what the path is.
 // A rename over a device node, a FIFO or a symlink used to replace it with a regular file (as
 // root, `export -o /dev/null` turned the system's /dev/null into one).
@@ -64,6 +67,10 @@ class AtomicFile {
 // WriteFileAtomically, ReadFileBounded and the bounds: tierzero/files.h.
 
 Status SyncDir(const std::string& dir);
+
+// The descriptor a path names directly (/dev/stdout 1, /dev/stderr 2, /dev/fd/N and
+// /proc/self/fd/N: N), or -1.
+int StandardStreamFd(const std::string& path);
 
 // ReadFileBounded of a regular file only (a file tierzero wrote: a manifest): a FIFO, a device
 // or a directory is InvalidArgument at once, never waited on.

@@ -126,6 +126,17 @@ def case_outputs():
             "--metrics", dev])
         st = os.stat(dev)
         check(stat.S_ISCHR(st.st_mode) and st.st_ino == ino, "the device node was replaced")
+    # /dev/stdout is the process's own descriptor: a shell's `>> file` is appended to, not
+    # replaced through the link.
+    appended = os.path.join(OUT, "o_appended.txt")
+    with open(appended, "w") as f:
+        f.write("kept\n")
+    with open(appended, "a") as f:
+        p = subprocess.run([TZ, "plan", "--config", os.path.join(OUT, "small.json"), "--json",
+                            "/dev/stdout"], stdout=f, stderr=subprocess.PIPE, cwd=OUT, timeout=120)
+    check(p.returncode == 0, f"plan --json /dev/stdout: {p.stderr.decode()}")
+    text = read(appended).decode()
+    check(text.startswith("kept\n") and '"prediction"' in text, f"/dev/stdout: {text[:200]}")
     # A FIFO whose reader waits receives the export; without a reader: refused, not a hang.
     fifo = os.path.join(OUT, "o_fifo")
     os.mkfifo(fifo)
