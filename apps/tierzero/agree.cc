@@ -83,12 +83,16 @@ Status AgreeOnRunConfig(Communicator& comm, const RunConfig& cfg) {
                        texts.begin() + static_cast<std::ptrdiff_t>(r * longest + all[r].bytes),
                        nullptr, /*allow_exceptions=*/false);
   };
-  const json base = text_of(0);
   std::string diffs;
-  for (size_t r = 1; r < all.size(); ++r) {
-    if (all[r].hash == all[0].hash) continue;
-    diffs += (diffs.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": ") +
-             Differences(base, text_of(r));
+  try {  // (texts this build wrote: objects of objects; nothing may throw out of here anyway)
+    const json base = text_of(0);
+    for (size_t r = 1; r < all.size(); ++r) {
+      if (all[r].hash == all[0].hash) continue;
+      diffs += (diffs.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": ") +
+               Differences(base, text_of(r));
+    }
+  } catch (const json::exception&) {
+    diffs = "the configs could not be compared field by field";
   }
   return InvalidArgumentError(
       "the ranks were started with different configurations (" + diffs +

@@ -67,10 +67,13 @@ bool IsRegular(const std::string& p, off_t* size = nullptr) {
 void RemoveCheckpointFiles(const std::string& dir) {
   std::error_code ec;
   if (IsRegular(dir + "/manifest.json")) fs::remove(dir + "/manifest.json", ec);
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("states-", 0) == 0 && IsRegular(e.path().string())) fs::remove(e.path(), ec);
+  std::vector<fs::path> states;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind("states-", 0) == 0 && IsRegular(it->path().string()))
+      states.push_back(it->path());
   }
+  for (const fs::path& p : states) fs::remove(p, ec);
 }
 
 }  // namespace
@@ -187,7 +190,9 @@ Status CheckOutputs(const RunConfig& cfg, const std::string& config_path, bool o
   // metrics replaced them silently (the default run's 1600-step checkpoint lost to a 40-step
   // run), or left the directory holding pieces of two. As Hugging Face's Trainer does for its
   // output_dir, the run is refused unless it continues that run in place or is told to replace it.
-  const bool in_place = resume && ckpt && Same(*resume, *ckpt);
+  // (--checkpoint none resuming the run directory's own checkpoint continues that run too.)
+  const bool in_place = resume && ((ckpt && Same(*resume, *ckpt)) ||
+                                   (!ckpt && Same(*resume, Identify(out.run_dir + "/checkpoint"))));
   if (in_place) return Status::OK();
   std::vector<std::string> held;
   if (ckpt && IsRegular(out.checkpoint_dir + "/manifest.json"))

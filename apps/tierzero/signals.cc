@@ -34,12 +34,15 @@ void* WaitForSignals(void*) {
     if (sigwait(&set, &sig) != 0) continue;
     if (g_setup.load() && g_signal.load() == 0) {
       // A run's set-up: nothing is trained or saved yet, and the main thread may be blocked in
-      // a read that no flag would interrupt. (stdio is not async-signal-safe, but this is a
-      // thread of ours, not a handler: the main thread's buffered output is not flushed.)
-      std::fprintf(stderr,
-                   "\ntierzero: %s received during the run's set-up: stopping now (nothing was "
-                   "trained or saved)\n",
-                   sig == SIGINT ? "SIGINT" : "SIGTERM");
+      // a read that no flag would interrupt. (This is a thread of ours, not a handler; the main
+      // thread's buffered stdout is not flushed.)
+      // write(2), not stdio: the main thread may hold stderr's lock where it stopped.
+      char msg[160];
+      const int n = std::snprintf(msg, sizeof msg,
+                                  "\ntierzero: %s received during the run's set-up: stopping now "
+                                  "(nothing was trained or saved)\n",
+                                  sig == SIGINT ? "SIGINT" : "SIGTERM");
+      if (n > 0) (void)!::write(STDERR_FILENO, msg, static_cast<size_t>(n));
       _exit(128 + sig);
     }
     // Inside a run, or after one was asked to stop (it is saving or exiting): only a request.

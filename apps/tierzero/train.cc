@@ -1,5 +1,6 @@
 #include "train.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -73,6 +74,11 @@ StatusOr<std::shared_ptr<Communicator>> RunCommunicator(const RanksOptions& o) {
 
 // train.h
 Status TrimMetrics(const std::string& path, int step) {
+  // Only a file can be trimmed: a device, a FIFO or the process's stdout is not read back.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || path.rfind("/dev/", 0) == 0 ||
+      path.rfind("/proc/", 0) == 0)
+    return Status::OK();
   auto text = ReadFileBounded(path, kMaxReportBytes, "metrics file");
   if (!text.ok() && text.status().code() == StatusCode::kNotFound) return Status::OK();
   if (!text.ok()) return text.status();
