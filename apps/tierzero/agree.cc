@@ -6,8 +6,10 @@
 // MPI ended the job with MPI_ERR_TRUNCATE and no error line; a different lr or batch ran to exit 0
 // with diverging losses; different run directories left a checkpoint no rank could export. So the
 // first collective of a run compares a hash of each rank's whole resolved config (every field,
-// output paths included); only when they differ are the texts exchanged, so the error can name the
-// fields. Every rank learns the same outcome and fails together: no rank is left waiting.
+// output paths included, but the two a node may set for itself: engine.nvme_path, a node's own
+// disk, and engine.cpu_threads, its cores); only when they differ are the texts exchanged, so the
+// error can name the fields. Every rank learns the same outcome and fails together: no rank is
+// left waiting.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -38,12 +40,26 @@ std::string Shown(const json& v) {
   return b;
 }
 
+// Fields a node may set for itself: where its NVMe swap goes, how many cores its CPU Adam uses.
+bool NodeLocal(const std::string& section, const std::string& key) {
+  return section == "engine" && (key == "nvme_path" || key == "cpu_threads");
+}
+
+// The config with the node-local fields left out: what every rank must agree on.
+std::string Agreed(const RunConfig& cfg) {
+  RunConfig c = cfg;
+  c.engine.nvme_path.clear();
+  c.engine.cpu_threads = 0;
+  return RunConfigToJson(c);
+}
+
 // "section.field is X (rank 0: Y)" for each field where `other` differs from `base` (at most 4).
 std::string Differences(const json& base, const json& other) {
   std::string out;
   int n = 0;
   for (const auto& [section, fields] : other.items()) {
     for (const auto& [key, value] : fields.items()) {
+      if (NodeLocal(section, key)) continue;
       const json* then = nullptr;
       if (base.contains(section) && base[section].contains(key)) then = &base[section][key];
       if (then != nullptr && *then == value) continue;
@@ -59,7 +75,7 @@ std::string Differences(const json& base, const json& other) {
 
 Status AgreeOnRunConfig(Communicator& comm, const RunConfig& cfg) {
   if (comm.size() <= 1) return Status::OK();
-  const std::string mine = RunConfigToJson(cfg);
+  const std::string mine = Agreed(cfg);
   struct Summary {
     uint64_t hash;
     uint64_t bytes;

@@ -5,8 +5,10 @@
 #include "plan.h"
 
 #include <oneapi/tbb/global_control.h>
+#include <stdlib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -123,8 +125,22 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg) {
   std::printf("calibrating this machine's rates (a short run under %s) ...\n",
               cfg.output.run_dir.c_str());
   std::fflush(stdout);
-  const std::string dir = cfg.output.run_dir + "/calibration";
+  // A directory of its own (mkdtemp), the only one removed after: a user's RUN_DIR/calibration
+  // is never touched.
   std::error_code ec;
+  fs::create_directories(cfg.output.run_dir, ec);
+  if (ec) return IoError("creating " + cfg.output.run_dir + ": " + ec.message());
+  std::string made = cfg.output.run_dir + "/.calibration-XXXXXX";
+  if (::mkdtemp(made.data()) == nullptr)
+    return ErrnoError("creating a calibration directory under " + cfg.output.run_dir, errno);
+  const std::string dir = made;
+  struct RemoveAfter {
+    std::string dir;
+    ~RemoveAfter() {
+      std::error_code e;
+      fs::remove_all(dir, e);
+    }
+  } remove_after{dir};
   fs::create_directories(dir + "/nvme", ec);
   if (ec) return IoError("creating " + dir + "/nvme: " + ec.message());
   EngineConfig ec2;
@@ -160,7 +176,6 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg) {
     }
     TZ_ASSIGN_OR_RETURN(report, engine->ReportJson());
   }
-  fs::remove_all(dir, ec);
   const json r = json::parse(report, nullptr, false);
   auto rate = [&](const char* k) { return Number(r, {"optimizer", "update_phase", "rates", k}); };
   MachineRates m;

@@ -2,11 +2,13 @@
 #include "run_dir.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -62,6 +64,11 @@ bool IsRegular(const std::string& p, off_t* size = nullptr) {
   return true;
 }
 
+bool IsLink(const std::string& p) {
+  struct stat st {};
+  return ::lstat(p.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+}
+
 // A checkpoint's own files in `dir`: the manifest first (so what remains is no checkpoint), then
 // its states files. Regular files of these names only.
 void RemoveCheckpointFiles(const std::string& dir) {
@@ -76,6 +83,34 @@ void RemoveCheckpointFiles(const std::string& dir) {
   for (const fs::path& p : states) fs::remove(p, ec);
 }
 
+// Temporary files of outputs (Note [Writing outputs]: ".NAME.tz-PID-N.tmp") whose writer is no
+// longer alive: a process killed while it saved (mpirun's SIGKILL a second after SIGTERM, the OOM
+// killer) leaves one as large as what it wrote. Only in a directory whose lock this run holds.
+void RemoveDeadTemporaries(const std::string& dir) {
+  std::error_code ec;
+  std::vector<fs::path> dead;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.empty() || name[0] != '.' || name.size() < 8 ||
+        name.compare(name.size() - 4, 4, ".tmp") != 0)
+      continue;
+    const size_t tz = name.rfind(".tz-");
+    if (tz == std::string::npos) continue;
+    const size_t dash = name.find('-', tz + 4);
+    if (dash == std::string::npos) continue;
+    const std::string pid_text = name.substr(tz + 4, dash - tz - 4);
+    if (pid_text.empty() || pid_text.size() > 9 ||
+        pid_text.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+    if (pid == ::getpid() || (::kill(pid, 0) != 0 && errno == ESRCH)) {
+      if (IsRegular(it->path().string()) && !IsLink(it->path().string()))
+        dead.push_back(it->path());
+    }
+  }
+  for (const fs::path& p : dead) fs::remove(p, ec);
+}
+
 }  // namespace
 
 RunDirLock::~RunDirLock() {
@@ -83,21 +118,43 @@ RunDirLock::~RunDirLock() {
 }
 
 Status RunDirLock::Acquire(const std::string& dir, const std::string& what) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("opening the " + what + " " + dir, errno);
+  const std::string path = dir + "/" + kLockFileName;
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return ErrnoError("opening the lock of the " + what + " " + dir, errno);
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
-    ::close(fd);
     if (err == EWOULDBLOCK) {
+      ::close(fd);
       return FailedPreconditionError(
           "another tierzero process is writing the " + what + " " + dir +
           " (it holds the directory's lock): a run directory has one writer; wait for that run "
           "to end, or give this one another --run-dir (and --checkpoint)");
     }
+    if (err == ENOLCK || err == ENOSYS || err == EOPNOTSUPP) {
+      // A file system without locks: the run goes on unguarded, and says so.
+      std::fprintf(stderr,
+                   "warning: the file system of %s has no file locks (%s): a second run into "
+                   "it at the same time would not be refused\n",
+                   dir.c_str(), std::strerror(err));
+      fds_.push_back(fd);
+      return Status::OK();
+    }
+    ::close(fd);
     return ErrnoError("locking the " + what + " " + dir, err);
   }
   fds_.push_back(fd);
   return Status::OK();
+}
+
+bool LockedByAnother(const std::string& dir) {
+  const std::string path = dir + "/" + kLockFileName;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return false;
+  // A shared lock is refused while another open file description holds the exclusive one (this
+  // process's own lock is another description too, so callers skip the directories they hold).
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);
+  return held;
 }
 
 void DefaultOutputPaths(RunConfig& cfg) {
@@ -113,13 +170,11 @@ void DefaultOutputPaths(RunConfig& cfg) {
   if (cfg.engine.nvme_path.empty()) cfg.engine.nvme_path = out.run_dir + "/nvme";
 }
 
-std::vector<std::string> RunFileNames() {
-  return {"metrics.jsonl", "report.json",       "report.html",
-          "trace.json",    "warmup_trace.json", "config.json"};
-}
-
-Status CheckOutputs(const RunConfig& cfg, const std::string& config_path, bool overwrite) {
+StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& config_path,
+                                   bool overwrite) {
   const OutputOptions& out = cfg.output;
+  OutputsPlan plan;
+  plan.config_path = out.run_dir + "/config.json";
   struct Named {
     std::string what, path;
     FileId id;
@@ -132,9 +187,15 @@ Status CheckOutputs(const RunConfig& cfg, const std::string& config_path, bool o
   add_output("--report", out.report);
   add_output("--html", out.html);
   add_output("--trace", out.trace);
-  add_output("the run's config", out.run_dir + "/config.json");
+  add_output("the run's config", plan.config_path);
   add_output("the warm-up trace", out.run_dir + "/warmup_trace.json");
   for (const Named& o : outputs) TZ_RETURN_IF_ERROR(CheckOutputPath(o.path, o.what));
+  if (IsLink(plan.config_path)) {
+    return InvalidArgumentError(
+        plan.config_path +
+        " is a symbolic link: the run writes its resolved config there, which would replace the "
+        "file it links to; remove the link or use another --run-dir");
+  }
 
   std::vector<Named> inputs;
   auto add_input = [&](const std::string& what, const std::string& path) {
@@ -153,6 +214,7 @@ Status CheckOutputs(const RunConfig& cfg, const std::string& config_path, bool o
     return InvalidArgumentError("the checkpoint directory " + out.checkpoint_dir + " is " +
                                 FileKindName(ckpt->mode) + ", not a directory");
   }
+  const FileId run_dir = Identify(out.run_dir);
 
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Named& o = outputs[i];
@@ -165,7 +227,7 @@ Status CheckOutputs(const RunConfig& cfg, const std::string& config_path, bool o
     }
     for (const Named& in : inputs) {
       // The run's config.json may be the config it was started from: read already, and
-      // rewritten as the run's effective config (what a resume and an export read).
+      // rewritten as the run's resolved config (what a resume and an export read).
       if (o.what == "the run's config" && in.what == "--config") continue;
       if (Same(o.id, in.id))
         return InvalidArgumentError(o.what + " " + o.path + " is the run's input " + in.what +
@@ -177,6 +239,14 @@ Status CheckOutputs(const RunConfig& cfg, const std::string& config_path, bool o
     if (ckpt && Inside(o.id, *ckpt))
       return InvalidArgumentError(o.what + " " + o.path + " lies inside the checkpoint directory " +
                                   out.checkpoint_dir + ", which holds the checkpoint's files only");
+    // Another running run's directory (a report into it would replace that run's when it ends).
+    const std::string parent = o.id.path.parent_path().string();
+    const FileId parent_id = Identify(parent);
+    if (!device && !Same(parent_id, run_dir) && !(ckpt && Same(parent_id, *ckpt)) &&
+        LockedByAnother(parent))
+      return FailedPreconditionError(o.what + " " + o.path +
+                                     " lies in the directory of another tierzero run that is "
+                                     "running; write it elsewhere");
   }
   if (ckpt) {
     for (const Named& in : inputs) {
@@ -185,25 +255,51 @@ Status CheckOutputs(const RunConfig& cfg, const std::string& config_path, bool o
                                     " holds the run's input " + in.what + " " + in.path);
     }
   }
+  plan.locked_dirs.push_back(out.run_dir);
+  if (ckpt) plan.locked_dirs.push_back(out.checkpoint_dir);
 
   // Note [One run per run directory]: a new run into a directory holding another's checkpoint or
   // metrics replaced them silently (the default run's 1600-step checkpoint lost to a 40-step
   // run), or left the directory holding pieces of two. As Hugging Face's Trainer does for its
-  // output_dir, the run is refused unless it continues that run in place or is told to replace it.
+  // output_dir, the run is refused unless it continues that run in place or is told to replace
+  // it; the refusal lists every file --overwrite would then remove, and it removes no other.
   // (--checkpoint none resuming the run directory's own checkpoint continues that run too.)
-  const bool in_place = resume && ((ckpt && Same(*resume, *ckpt)) ||
-                                   (!ckpt && Same(*resume, Identify(out.run_dir + "/checkpoint"))));
-  if (in_place) return Status::OK();
+  const std::string default_ckpt = out.run_dir + "/checkpoint";
+  plan.in_place = resume && ((ckpt && Same(*resume, *ckpt)) ||
+                             (!ckpt && Same(*resume, Identify(default_ckpt))));
+  if (plan.in_place) return plan;
   std::vector<std::string> held;
-  if (ckpt && IsRegular(out.checkpoint_dir + "/manifest.json"))
-    held.push_back(out.checkpoint_dir + " (a checkpoint)");
-  off_t size = 0;
-  if (IsRegular(out.metrics, &size) && size > 0) held.push_back(out.metrics + " (metrics)");
+  auto hold_checkpoint = [&](const std::string& dir) {
+    if (!IsRegular(dir + "/manifest.json")) return;
+    if (resume && Same(Identify(dir), *resume)) return;  // what this run reads
+    for (const std::string& c : plan.stale_checkpoints)
+      if (Same(Identify(c), Identify(dir))) return;
+    held.push_back(dir + " (a checkpoint)");
+    plan.stale_checkpoints.push_back(dir);
+  };
+  if (ckpt) hold_checkpoint(out.checkpoint_dir);
+  hold_checkpoint(default_ckpt);
+  auto hold_file = [&](const std::string& p, bool nonempty) {
+    off_t size = 0;
+    if (!IsRegular(p, &size) || (nonempty && size == 0)) return;
+    const FileId id = Identify(p);
+    for (const std::string& f : plan.stale_files)
+      if (Same(Identify(f), id)) return;
+    for (const Named& in : inputs)
+      if (Same(in.id, id)) return;  // an input is never removed (config.json as --config)
+    held.push_back(p);
+    plan.stale_files.push_back(p);
+  };
+  hold_file(out.metrics, /*nonempty=*/true);
   for (const std::string* f : {&out.report, &out.html, &out.trace}) {
-    if (!f->empty() && IsRegular(*f)) held.push_back(*f);
+    if (!f->empty()) hold_file(*f, false);
   }
+  for (const char* name : {"metrics.jsonl", "report.json", "report.html", "trace.json",
+                           "warmup_trace.json", "config.json"}) {
+    hold_file(out.run_dir + "/" + name, std::string(name) == "metrics.jsonl");
+  }
+  if (held.empty()) return plan;
   if (!overwrite) {
-    if (held.empty()) return Status::OK();
     std::string list;
     for (size_t i = 0; i < held.size(); ++i) list += (i == 0 ? "" : ", ") + held[i];
     std::string resume_hint = "--resume CHECKPOINT continues a run in place";
@@ -211,25 +307,21 @@ Status CheckOutputs(const RunConfig& cfg, const std::string& config_path, bool o
       resume_hint = "--resume " + out.checkpoint_dir + " continues that run";
     return FailedPreconditionError("the outputs of another run are here: " + list +
                                    ". A new run would replace them: " + resume_hint +
-                                   ", --overwrite replaces it, or --run-dir DIR starts this run "
-                                   "elsewhere");
+                                   ", --overwrite replaces them (removes exactly these), or "
+                                   "--run-dir DIR starts this run elsewhere");
   }
-  // --overwrite: the earlier run's files this run will not write again go now.
-  for (const std::string& name : RunFileNames()) {
-    const std::string p = out.run_dir + "/" + name;
-    const FileId id = Identify(p);
-    bool rewritten = false;
-    for (const Named& o : outputs) rewritten = rewritten || Same(o.id, id);
-    std::error_code ec;
-    if (!rewritten && IsRegular(p)) fs::remove(p, ec);
-  }
+  return plan;
+}
+
+Status ApplyOutputs(const OutputsPlan& plan) {
   std::error_code ec;
-  if (ckpt && fs::is_directory(out.checkpoint_dir, ec)) RemoveCheckpointFiles(out.checkpoint_dir);
-  const std::string default_ckpt = out.run_dir + "/checkpoint";
-  if (!ckpt || !Same(Identify(default_ckpt), *ckpt)) {
-    if (fs::is_directory(default_ckpt, ec) && !(resume && Same(Identify(default_ckpt), *resume)))
-      RemoveCheckpointFiles(default_ckpt);
+  for (const std::string& f : plan.stale_files) {
+    if (IsRegular(f) && !IsLink(f)) fs::remove(f, ec);
   }
+  for (const std::string& d : plan.stale_checkpoints) RemoveCheckpointFiles(d);
+  for (const std::string& d : plan.locked_dirs) RemoveDeadTemporaries(d);
+  Status s = WriteFileAtomically(plan.config_path, plan.config_text);
+  if (!s.ok()) return std::move(s).WithContext("writing the run's config.json");
   return Status::OK();
 }
 

@@ -13,9 +13,12 @@
 
 namespace tierzero::app {
 
-// Holds the run directory's advisory lock (flock on the directory itself, and on the checkpoint
-// directory when that is elsewhere) for as long as it lives: a second `tierzero train` into the
-// same directory is refused while this one runs. Released when the process ends, however it ends.
+// Holds a run directory's advisory lock for as long as it lives: an exclusive flock on
+// DIR/.tierzero.lock (a file tierzero creates and leaves; regular, opened read-write, so NFS's
+// byte-range emulation of flock works too). A second `tierzero train` into the same run or
+// checkpoint directory is refused while this one runs. The kernel releases it when the process
+// ends, however it ends. A file system without locks (ENOLCK, ENOSYS, EOPNOTSUPP) is warned about,
+// not refused.
 class RunDirLock {
  public:
   RunDirLock() = default;
@@ -29,18 +32,42 @@ class RunDirLock {
   std::vector<int> fds_;
 };
 
+// The name of the lock file in a locked directory.
+inline constexpr const char* kLockFileName = ".tierzero.lock";
+
+// Whether a process other than this one holds `dir`'s run lock (a run is writing there).
+bool LockedByAnother(const std::string& dir);
+
 // The outputs' paths defaulted under the run directory (metrics, report, html, trace, checkpoint,
 // NVMe), "none" turned into empty. Touches no file.
 void DefaultOutputPaths(RunConfig& cfg);
 
-// Before anything is written (the lead rank): every output distinct from the others and from
-// every input (the config file, the text, --init-from, --plan, the checkpoint resumed from); no
-// output a directory, block device or socket; and, unless the run resumes in place or
-// `overwrite`, no output that already holds another run's files (FailedPrecondition naming them
-// and saying --resume, --overwrite or another --run-dir). With `overwrite` the earlier run's files
-// in the run directory that this run does not write again are removed (tierzero's own names
-// only), so the directory never holds pieces of two runs.
-Status CheckOutputs(const RunConfig& cfg, const std::string& config_path, bool overwrite);
+// What a run changes in its outputs' directories before its first step, once its set-up is
+// known to be good (ApplyOutputs): nothing is removed or written while a bad flag can still
+// refuse the run.
+struct OutputsPlan {
+  std::vector<std::string> stale_files;        // an earlier run's files (--overwrite)
+  std::vector<std::string> stale_checkpoints;  // checkpoint directories of an earlier run
+  std::vector<std::string> locked_dirs;        // scanned for dead processes' temporary files
+  bool in_place = false;                       // resumes the run directory's own checkpoint
+  std::string config_path;                     // RUN_DIR/config.json
+  std::string config_text;                     // what it is written with
+};
+
+// Before anything is written (the lead rank, holding the locks): every output distinct from the
+// others and from every input (the config file, the text, --init-from, --plan, the checkpoint
+// resumed from); no output a directory, block device, socket or dangling link, nor inside a
+// directory another running run holds; and, unless the run resumes in place or `overwrite`, no
+// earlier run's files where this run writes (Note [One run per run directory]):
+// FailedPrecondition listing every such file and saying --resume, --overwrite or --run-dir. With
+// `overwrite`, exactly the files listed become the plan's stale files.
+StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& config_path,
+                                   bool overwrite);
+
+// Carries out the plan: the stale files and checkpoints removed (tierzero's names, regular files
+// only), the temporary files of dead processes removed from the locked directories, and the run's
+// config.json written (an error stops the run: export and resume read it).
+Status ApplyOutputs(const OutputsPlan& plan);
 
 // A path a command reads: a file, or a directory whose files it reads.
 struct InputPath {
@@ -51,8 +78,5 @@ struct InputPath {
 // directories: InvalidArgument otherwise (an export overwrote a file of the checkpoint it read).
 Status CheckNotAnInput(const std::string& output, const std::string& what,
                        const std::vector<InputPath>& inputs);
-
-// A file that some output may replace: the known names of a run's files in `run_dir`.
-std::vector<std::string> RunFileNames();
 
 }  // namespace tierzero::app

@@ -231,17 +231,23 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
 
 namespace {
 
-// The outputs' paths defaulted under the run directory; on the lead rank the run directory's lock,
-// the outputs checked against each other, the inputs and another run's files (run_dir.h), and
-// every directory they need created before the first step, so a bad path fails now and not after
-// the training it was to record. The lead rank writes the run's config.json (as configured:
-// without the per-rank NVMe path).
-Status PrepareOutputs(RunConfig& cfg, const std::string& config_path, int rank, int world,
-                      RunDirLock& lock) {
+// The outputs' paths defaulted under the run directory; on the lead rank the locks of the run and
+// checkpoint directories, and the outputs checked against each other, the inputs and another
+// run's files (run_dir.h); every directory they need created before the first step, so a bad path
+// fails now and not after the training it was to record. Nothing is removed or written yet: the
+// plan says what TrainRun::SetUp does once the set-up is known to be good (ApplyOutputs), the run's
+// config.json (as configured: without the per-rank NVMe path) among it.
+StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_path, int rank,
+                                     int world, RunDirLock& lock) {
   const bool lead = rank == 0;
+  RunConfig written = cfg;  // config.json: "none" stays "none", the rest as resolved below
   DefaultOutputPaths(cfg);
   OutputOptions& out = cfg.output;
-  const EngineConfig as_configured = cfg.engine;
+  written.output = out;
+  written.engine.nvme_path = cfg.engine.nvme_path;
+  if (out.html.empty()) written.output.html = "none";
+  if (out.trace.empty()) written.output.trace = "none";
+  if (out.checkpoint_dir.empty()) written.output.checkpoint_dir = "none";
   // Each rank swaps to its own files.
   if (world > 1) cfg.engine.nvme_path += "/rank" + std::to_string(rank);
   std::error_code ec;
@@ -257,12 +263,14 @@ Status PrepareOutputs(RunConfig& cfg, const std::string& config_path, int rank, 
   if (!out.checkpoint_dir.empty() && access(out.checkpoint_dir.c_str(), W_OK | X_OK) != 0)
     return IoError("the checkpoint directory " + out.checkpoint_dir +
                    " is not writable: " + std::strerror(errno));
+  OutputsPlan plan;
   if (lead) {
-    // Both locks before any check or removal (--overwrite), so a second run changes nothing.
+    // Both locks before any check, so a second run changes nothing.
     TZ_RETURN_IF_ERROR(lock.Acquire(out.run_dir, "run directory"));
     if (!out.checkpoint_dir.empty() && !fs::equivalent(out.checkpoint_dir, out.run_dir, ec))
       TZ_RETURN_IF_ERROR(lock.Acquire(out.checkpoint_dir, "checkpoint directory"));
-    TZ_RETURN_IF_ERROR(CheckOutputs(cfg, config_path, out.overwrite));
+    TZ_ASSIGN_OR_RETURN(plan, CheckOutputs(cfg, config_path, out.overwrite));
+    plan.config_text = RunConfigToJson(written) + "\n";
   }
   for (const std::string* file : {&out.metrics, &out.report, &out.html, &out.trace}) {
     const fs::path dir = fs::path(*file).parent_path();
@@ -274,14 +282,7 @@ Status PrepareOutputs(RunConfig& cfg, const std::string& config_path, int rank, 
     fs::create_directories(cfg.engine.nvme_path, ec);
     if (ec) return IoError("creating NVMe directory " + cfg.engine.nvme_path + ": " + ec.message());
   }
-  if (lead) {
-    RunConfig written = cfg;
-    written.engine = as_configured;
-    // `tierzero export` and a resume read it: a failed write stops the run now.
-    Status s = WriteFileAtomically(out.run_dir + "/config.json", RunConfigToJson(written) + "\n");
-    if (!s.ok()) return std::move(s).WithContext("writing the run's config.json");
-  }
-  return Status::OK();
+  return plan;
 }
 
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
@@ -323,8 +324,13 @@ Status CheckSameModel(const json& user, const RunConfig& cfg, const std::string&
 // with its evaluations and checkpoints, and what is written at the end.
 class TrainRun {
  public:
-  TrainRun(RunConfig cfg, int rank, int world)
-      : cfg_(std::move(cfg)), out_(cfg_.output), rank_(rank), world_(world), lead_(rank == 0) {}
+  TrainRun(RunConfig cfg, OutputsPlan outputs, int rank, int world)
+      : cfg_(std::move(cfg)),
+        outputs_(std::move(outputs)),
+        out_(cfg_.output),
+        rank_(rank),
+        world_(world),
+        lead_(rank == 0) {}
   ~TrainRun() {
     if (metrics_fd_ >= 0) ::close(metrics_fd_);
   }
@@ -353,6 +359,7 @@ class TrainRun {
   void PrintDone(const std::string& summary) const;
 
   RunConfig cfg_;
+  const OutputsPlan outputs_;  // the lead rank's (run_dir.h)
   const OutputOptions& out_;
   const int rank_, world_;
   const bool lead_;  // prints and writes the run's files
@@ -403,17 +410,22 @@ Status TrainRun::SetUp() {
     if (auto s = WithPrediction(report, plan_text_); !s.ok())
       return s.status().WithContext("--plan " + out_.plan);
   }
-  // From here a signal stops the run after a step and saves (Note [Signals on one thread of
-  // ours]); before, it ends the process (nothing trained yet, nothing to save).
+  // The set-up is good: only now is an earlier run's output removed (--overwrite) and the run's
+  // config.json written.
+  if (lead_) TZ_RETURN_IF_ERROR(ApplyOutputs(outputs_));
+  // Every rank past its set-up before the header says the run started: a signal from here on
+  // stops it after a step and saves (Note [Signals on one thread of ours]); before, it ends the
+  // process (nothing trained yet, nothing to save).
+  if (world_ > 1) TZ_RETURN_IF_ERROR(g_comm->Barrier());
   EndSetUp();
   PrintHeader(init_s);
-  // A resumed run continues the metrics of the checkpoint's step: lines of later steps (written
-  // before a crash or a kill, after the checkpoint) and a torn last line are dropped first, so
-  // the file never holds a step twice.
+  // A run resumed in place continues the metrics of the checkpoint's step: lines of later steps
+  // (written before a crash or a kill, after the checkpoint) and a torn last line are dropped
+  // first, so the file never holds a step twice. Any other run starts its metrics file empty.
   if (lead_) {
-    if (start_ > 0) TZ_RETURN_IF_ERROR(TrimMetrics(out_.metrics, start_));
-    TZ_ASSIGN_OR_RETURN(metrics_fd_,
-                        OpenOutputStream(out_.metrics, /*append=*/start_ > 0, "the metrics file"));
+    const bool append = start_ > 0 && outputs_.in_place;
+    if (append) TZ_RETURN_IF_ERROR(TrimMetrics(out_.metrics, start_));
+    TZ_ASSIGN_OR_RETURN(metrics_fd_, OpenOutputStream(out_.metrics, append, "the metrics file"));
   }
   progress_ = std::make_unique<Progress>(start_, cfg_.train.steps, cfg_.train.log_every, out_.quiet,
                                          lead_ && ::isatty(STDOUT_FILENO) == 1);
@@ -709,9 +721,9 @@ int Train(const std::vector<std::string>& args) {
     if (std::freopen("/dev/null", "w", stdout) == nullptr) return Fail(IoError("silencing rank"));
   }
   RunDirLock lock;  // held to the end of the run
-  if (Status s = PrepareOutputs(*cfg, config_path, rank, g_comm->size(), lock); !s.ok())
-    return Fail(s);
-  TrainRun run(std::move(*cfg), rank, g_comm->size());
+  auto outputs = PrepareOutputs(*cfg, config_path, rank, g_comm->size(), lock);
+  if (!outputs.ok()) return Fail(outputs.status());
+  TrainRun run(std::move(*cfg), std::move(outputs).value(), rank, g_comm->size());
   if (Status s = run.SetUp(); !s.ok()) return Fail(s);
   if (Status s = run.Loop(); !s.ok()) return Fail(s);
   if (Status s = run.Finish(); !s.ok()) return Fail(s);

@@ -124,7 +124,7 @@ struct EngineConfig {
   // Host memory for parameter shards, gradients and optimizer states. Default: 2 GiB.
   uint64_t host_budget = uint64_t{2} << 30;
   // NVMe space (swap files under nvme_path) for what does not fit the host budget. Default: 0.
-  // Every budget is at most 1 EiB (2^60 bytes; Engine::Create refuses more).
+  // Every budget is at most 2^60 bytes (1 EiB; Engine::Create refuses more).
   uint64_t nvme_budget = 0;
   std::string nvme_path;
   // Elements per chunk; 0 chooses automatically, at most 2^36. Default: 0.

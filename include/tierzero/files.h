@@ -42,7 +42,7 @@ StatusOr<std::string> ReadFileBounded(const std::string& path, uint64_t max_byte
 
 // The bounds of what tierzero reads whole: configs, plans and rates; reports and traces.
 inline constexpr uint64_t kMaxConfigBytes = uint64_t{16} << 20;
-inline constexpr uint64_t kMaxReportBytes = uint64_t{1} << 30;
+inline constexpr uint64_t kMaxReportBytes = uint64_t{256} << 20;
 
 // What kind of file an st_mode is, in words: "a directory", "a FIFO", "a character device"...
 const char* FileKindName(unsigned mode);

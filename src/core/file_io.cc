@@ -28,8 +28,10 @@ int CreateTemporary(const std::string& target, mode_t mode, std::string* tmp) {
   static std::atomic<uint64_t> counter{0};
   for (int attempt = 0; attempt < 100; ++attempt) {
     const std::string dir = DirOf(target);
-    *tmp = (dir == "/" ? "" : dir) + "/." + BaseOf(target) + ".tz-" + std::to_string(::getpid()) +
-           "-" + std::to_string(counter.fetch_add(1)) + ".tmp";
+    // A long name is left out (the file system's 255 bytes must hold the temporary's too).
+    const std::string base = BaseOf(target).size() > 200 ? "" : BaseOf(target);
+    *tmp = (dir == "/" ? "" : dir) + "/." + base + ".tz-" + std::to_string(::getpid()) + "-" +
+           std::to_string(counter.fetch_add(1)) + ".tmp";
     if (target.find('/') == std::string::npos) *tmp = tmp->substr(2);  // "./" dropped
     const int fd = ::open(tmp->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
     if (fd >= 0 || errno != EEXIST) return fd;
@@ -307,6 +309,7 @@ StatusOr<std::string> ReadBounded(const std::string& path, uint64_t max_bytes,
   };
   if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > max_bytes)
     return too_large("is " + std::to_string(st.st_size) + " bytes");
+  const std::string more = "holds more than " + std::to_string(max_bytes) + " bytes";
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
   std::string out;
@@ -319,7 +322,7 @@ StatusOr<std::string> ReadBounded(const std::string& path, uint64_t max_bytes,
       return ErrnoError("reading " + what + " '" + path + "'", errno);
     }
     if (r == 0) break;
-    if (out.size() + static_cast<uint64_t>(r) > max_bytes) return too_large("holds more than that");
+    if (out.size() + static_cast<uint64_t>(r) > max_bytes) return too_large(more);
     out.append(buf, static_cast<size_t>(r));
   }
   return out;

@@ -210,7 +210,8 @@ Status ValidateEngineConfig(const EngineConfig& c) {
         {"device_shard_budget", c.device_shard_budget},
         {"host_budget", c.host_budget},
         {"nvme_budget", c.nvme_budget}}) {
-    if (value > kMostBudget) return bad(field, std::to_string(value) + " bytes", "at most 1 EiB");
+    if (value > kMostBudget)
+      return bad(field, std::to_string(value) + " bytes", "at most 2^60 bytes (1 EiB)");
   }
   // A chunk's states (16 bytes an element and more) must not wrap either: 2^36 elements is a
   // chunk of 256 GiB of fp32, larger than any device.

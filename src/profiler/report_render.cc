@@ -17,7 +17,8 @@ using json = nlohmann::json;
 
 // Note [A report's numbers in range]
 // Every number a report holds is a count, a size, a time or a rate, none negative (but the events'
-// moment and chunk, -1 for "none") and none beyond 1e18 (an exabyte, thirty years in seconds): a
+// moment and chunk, -1 for "none") and none beyond 2^62 (4.6e18: budgets are at most 2^60 bytes
+// each, so their sums fit; a century is 3e9 seconds): a
 // report edited or corrupted to hold -5 or 1e300 rendered charts and summaries of nonsense ("-0.0
 // MiB", bars off the page). Such a report is refused with the field named, before anything renders.
 Status CheckReportNumbers(const json& r) {
@@ -44,11 +45,11 @@ Status CheckReportNumbers(const json& r) {
     const size_t dot = it.path.find_last_of('.');
     const std::string key = dot == std::string::npos ? it.path : it.path.substr(dot + 1);
     const double least = key == "moment" || key == "chunk" ? -1 : 0;
-    if (!(v >= least && v <= 1e18)) {
+    if (!(v >= least && v <= 4.6e18)) {
       return InvalidArgumentError("report: " + it.path + " is " + it.v->dump() +
                                   "; a report's counts, sizes, times and rates lie in [" +
                                   (least < 0 ? "-1" : "0") +
-                                  ", 1e18] (Note [A report's numbers in range])");
+                                  ", 4.6e18] (Note [A report's numbers in range])");
     }
   }
   return Status::OK();

@@ -240,9 +240,21 @@ def case_run_dir():
     # --report elsewhere: still refused (the run's checkpoint and metrics are here).
     refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dir,
              "--steps", "3", "--report", os.path.join(OUT, "r_elsewhere.json")], "--overwrite")
-    # Resuming in place continues it.
+    # Resuming in place continues it; a killed writer's temporary file goes, a live one's stays.
+    dead = os.path.join(run_dir, ".report.json.tz-999999999-0.tmp")
+    live = os.path.join(run_dir, f".report.json.tz-{os.getpid()}-0.tmp")
+    for t in (dead, live):
+        with open(t, "w") as f:
+            f.write("partial")
     ok(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dir, "--steps",
         "10", "--quiet", "--resume", run_dir + "/checkpoint"])
+    check(not os.path.exists(dead) and os.path.exists(live), "temporary files: dead kept or live removed")
+    os.remove(live)
+    # Files of this name in the run directory that the run would leave beside its own outputs
+    # are listed, and --overwrite removes exactly what was listed.
+    out = refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dir,
+                   "--steps", "3", "--report", os.path.join(OUT, "r_elsewhere.json")],
+                  run_dir + "/report.json", run_dir + "/metrics.jsonl")
     # --overwrite replaces the run whole: no piece of the old one stays beside the new.
     ok(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dir, "--steps",
         "3", "--quiet", "--overwrite", "--report", os.path.join(OUT, "r_elsewhere.json")])
@@ -267,6 +279,9 @@ def case_lock():
     try:
         refused(["train", "--config", cfg, "--run-dir", run_dir, "--steps", "5", "--overwrite"],
                 "another tierzero process")
+        # An output into the running run's directory (its report, written when it ends).
+        refused(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "l_third"), "--steps",
+                 "5", "--report", run_dir + "/report.json"], "another tierzero run")
         refused(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "l_other"), "--steps",
                  "5", "--checkpoint", run_dir + "/checkpoint", "--overwrite"],
                 "another tierzero process")
@@ -286,6 +301,36 @@ def case_config_json():
     refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dir,
              "--steps", "2"], "config")
     check(not os.path.exists(run_dir + "/metrics.jsonl"), "the run trained anyway")
+    # A link as the run's config.json (to the user's own config): never written through.
+    base = write_config(os.path.join(OUT, "c_base.json"))
+    before = read(base)
+    linked = os.path.join(OUT, "c_linked")
+    os.makedirs(linked)
+    os.symlink(base, linked + "/config.json")
+    refused(["train", "--config", linked + "/config.json", "--run-dir", linked, "--steps", "2"],
+            "symbolic link")
+    check(read(base) == before, "the config a link pointed at was rewritten")
+    # Someone's config.json in a fresh run directory: listed, not replaced silently.
+    other = os.path.join(OUT, "c_other")
+    os.makedirs(other)
+    with open(other + "/config.json", "w") as f:
+        f.write('{"model": {}}')
+    refused(["train", "--config", base, "--run-dir", other, "--steps", "2"], "config.json",
+            "--overwrite")
+    check(read(other + "/config.json") == b'{"model": {}}', "a config.json was replaced")
+    # A refused set-up writes nothing: config.json of a resumed run stays as it was.
+    run_dir = os.path.join(OUT, "c_resumed")
+    train_small(run_dir)
+    before = read(run_dir + "/config.json")
+    refused(["train", "--config", base, "--run-dir", run_dir, "--steps", "8", "--resume",
+             run_dir + "/checkpoint", "--heads", "8"], "n_head")
+    refused(["train", "--config", base, "--run-dir", run_dir, "--steps", "8", "--resume",
+             run_dir + "/checkpoint", "--plan", os.path.join(OUT, "c_missing.json")])
+    check(read(run_dir + "/config.json") == before, "a refused run rewrote config.json")
+    # "none" outputs stay "none" in config.json, so starting from it keeps them off.
+    written = json.load(open(run_dir + "/config.json"))
+    check(written["output"]["html"] == "none" and written["output"]["trace"] == "none",
+          f"config.json: {written['output']}")
 
 
 def case_resume_exact():
@@ -344,6 +389,14 @@ def case_ranks_agree():
         check("MPI_ERR" not in out, f"{name}: an MPI error instead of ours\n{out}")
         check(not os.path.exists(run_dir + "/checkpoint/manifest.json"),
               f"{name}: a checkpoint was written")
+    # A node's own NVMe path is its own business: ranks that differ only there run.
+    run_dir = os.path.join(OUT, "a_nvme")
+    base = [TZ, "train", "--config", cfg, "--run-dir", run_dir, "--steps", "3", "--quiet"]
+    p = subprocess.run([mpirun, "-np", "1"] + base + [":", "-np", "1"] + base +
+                       ["--nvme-path", os.path.join(OUT, "a_nvme_other")],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120, env=env,
+                       cwd=OUT)
+    check(p.returncode == 0, f"ranks differing in nvme_path only: {p.stdout.decode()[-2000:]}")
 
 
 def case_readers():

@@ -171,13 +171,32 @@ TEST(Train, ResumingFromAnEarlierCheckpointKeepsEachStepOnceInTheMetrics) {
   // As after a crash: the metrics ran ahead of the checkpoint used, and the last line is torn.
   { std::ofstream(metrics, std::ios::app) << R"({"step": 11, "lo)"; }
   // Another checkpoint than the directory's own: the run at step 10 is replaced, so it is asked
-  // for (--overwrite); without it the run is refused and nothing changes.
+  // for (--overwrite); without it the run is refused and nothing changes. Replaced, the metrics
+  // file is the new run's alone (docs/outputs.md: never pieces of two runs): steps 7 to 9.
+  auto bytes = [](const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  const std::string before = bytes(metrics);
   EXPECT_EQ(Train(with({"--resume", dir / "at6", "--steps", "9"})), 1);
+  EXPECT_EQ(bytes(metrics), before);
   ASSERT_EQ(Train(with({"--resume", dir / "at6", "--steps", "9", "--overwrite"})), 0);
   std::vector<int> steps;
   for (const json& m : ReadLines(metrics))
     if (m.contains("loss")) steps.push_back(m["step"].get<int>());
-  EXPECT_EQ(steps, (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  EXPECT_EQ(steps, (std::vector<int>{7, 8, 9}));
+  // In place, a resume from an earlier checkpoint of the same directory trims what came after it.
+  fs::copy(run + "/checkpoint", dir / "at9", fs::copy_options::recursive);
+  ASSERT_EQ(Train(with({"--resume", run + "/checkpoint", "--steps", "12"})), 0);
+  fs::remove_all(run + "/checkpoint");
+  fs::copy(dir / "at9", run + "/checkpoint", fs::copy_options::recursive);
+  // As after a crash: the metrics ran ahead of the checkpoint, and the last line is torn.
+  { std::ofstream(metrics, std::ios::app) << R"({"step": 13, "lo)"; }
+  ASSERT_EQ(Train(with({"--resume", run + "/checkpoint", "--steps", "11"})), 0);
+  steps.clear();
+  for (const json& m : ReadLines(metrics))
+    if (m.contains("loss")) steps.push_back(m["step"].get<int>());
+  EXPECT_EQ(steps, (std::vector<int>{7, 8, 9, 10, 11}));
 }
 
 TEST(Train, SmallRunLearnsResumesAndExports) {
