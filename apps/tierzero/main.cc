@@ -4,6 +4,7 @@
 //   tierzero train       train the built-in GPT (apps/tierzero/train.h, docs/config.md)
 //   tierzero plan        predict a run: fit, memory per tier, bytes per link, step time (plan.h)
 //   tierzero export      a checkpoint to a consolidated safetensors file
+//   tierzero eval        a model's mean next-token loss over token files
 //   tierzero report      a memory placement report to HTML and a Chrome trace, and its summary
 //   tierzero devices     what tierzero can run on here: CPU SIMD level, CUDA GPUs, HostSim
 //   tierzero tunables    every TZ_* environment tunable with its value and default
@@ -33,6 +34,7 @@ commands:
   train       train the built-in GPT (no arguments: the default run; train --help for options)
   plan        predict a run before it starts: will it fit, memory per tier, step time
   export      write a checkpoint as one safetensors file (export --help)
+  eval        a model's loss and perplexity over token files (eval --help)
   report      summarise a memory report; write its HTML page and Chrome trace (report --help)
   devices     show what tierzero can run on here (CPU SIMD level, CUDA GPUs, host-simulated device)
   tunables    list the TZ_* environment tunables with their current values and defaults
@@ -101,6 +103,7 @@ int Main(int argc, char** argv) {
   if (cmd == "train") return app::Train(rest);
   if (cmd == "plan") return app::Plan(rest);
   if (cmd == "export") return app::Export(rest);
+  if (cmd == "eval") return app::Eval(rest);
   if (cmd == "report") return app::ReportCommand(rest);
   if (cmd == "devices") return Devices();
   if (cmd == "tunables") return Tunables();

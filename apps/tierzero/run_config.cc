@@ -266,6 +266,7 @@ std::map<std::string, Section> Fields(RunConfig& c) {
   s["data"] = {
       {"kind", StringField("data.kind", &c.data.kind)},
       {"text_path", StringField("data.text_path", &c.data.text_path)},
+      {"token_path", StringField("data.token_path", &c.data.token_path)},
       {"digits", IntField("data.digits", &c.data.digits, 1, 9)},
       {"reverse_answer", BoolField("data.reverse_answer", &c.data.reverse_answer)},
       {"pad_operands", BoolField("data.pad_operands", &c.data.pad_operands)},
@@ -439,6 +440,9 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
       {"--init-from", "output.init_from"},
       {"--plan", "output.plan"},
       {"--text", "data.text_path"},
+      {"--data", "data.token_path"},
+      {"--seq-len", "model.seq_len"},
+      {"--vocab", "model.vocab"},
       {"--seed", "data.seed"},
       {"--layers", "model.n_layer"},
       {"--width", "model.d_model"},
@@ -481,9 +485,8 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
     // Numbers and booleans as JSON; anything else (paths, sizes, names) as a string.
     v = (!parsed.is_discarded() && (parsed.is_number() || parsed.is_boolean())) ? parsed
                                                                                 : json(value);
-    if (a == "--text") {
-      c.data.kind = "text";
-    }
+    if (a == "--text") c.data.kind = "text";
+    if (a == "--data") c.data.kind = "tokens";
     Status s = fields[section][key].set(v);
     if (!s.ok()) return std::move(s).WithContext("option " + a);
   }

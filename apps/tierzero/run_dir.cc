@@ -203,6 +203,8 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
   };
   add_input("--config", config_path);
   if (cfg.data.kind == "text") add_input("--text", cfg.data.text_path);
+  if (cfg.data.kind == "tokens" && cfg.data.token_path.find_first_of("*?[") == std::string::npos)
+    add_input("--data", cfg.data.token_path);
   add_input("--init-from", out.init_from);
   add_input("--plan", out.plan);
   const std::optional<FileId> resume =

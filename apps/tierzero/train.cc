@@ -156,6 +156,37 @@ void ReportBatchChange(const std::string& user_state, const RunConfig& cfg, int 
                 static_cast<unsigned long long>(cfg.data.seed));
 }
 
+// The model section of a config as JSON (what a checkpoint records of the model).
+json ModelJson(const RunConfig& cfg) {
+  return json::parse(RunConfigToJson(cfg), nullptr, /*allow_exceptions=*/false)["model"];
+}
+
+// Note [A checkpoint resumes its own model]
+// The checkpoint's user state records the whole model section; a resumed run's must agree on
+// every field that shapes the computation (a different --heads has the same parameter shapes and
+// loaded silently, then computed another model). The seed (initialisation only) and activation
+// checkpointing (memory, not arithmetic) may change. Checkpoints from before this was recorded
+// are checked by their parameters' shapes only.
+Status CheckSameModelJson(const json& user, const RunConfig& cfg, const std::string& dir) {
+  if (!user.is_object() || !user.contains("model") || !user["model"].is_object())
+    return Status::OK();
+  static const std::map<std::string, std::string> kFlag = {
+      {"n_layer", " (--layers)"}, {"d_model", " (--width)"}, {"n_head", " (--heads)"}};
+  const json now = ModelJson(cfg);
+  for (const auto& [key, then] : user["model"].items()) {
+    if (key == "seed" || key == "activation_checkpointing") continue;
+    const auto it = now.find(key);
+    if (it == now.end() || *it == then) continue;
+    const auto flag = kFlag.find(key);
+    return FailedPreconditionError(
+        "the checkpoint " + dir + " is of a model with model." + key + " " + then.dump() +
+        "; this run's is " + it->dump() + (flag == kFlag.end() ? "" : flag->second) +
+        ". A checkpoint resumes its own model: drop the override, or start from the run's "
+        "config (--config RUN_DIR/config.json)");
+  }
+  return Status::OK();
+}
+
 int Fail(const Status& s) {
   if (g_comm && g_comm->size() > 1) {
     std::fprintf(stderr, "rank %d of %d: error: %s\n", g_comm->rank(), g_comm->size(),
@@ -181,6 +212,10 @@ override the config:
   --device-budget SIZE   --host-budget SIZE            --nvme-budget SIZE   --nvme-path DIR
   --grad-accumulation N  --layers N  --width N  --heads N  --checkpoint-activations
   --text FILE            train on a UTF-8 text file (byte-level) instead of addition
+  --data PATH            train on token files: llm.c shards or raw uint16 .bin (a file or a
+                         glob of shards; set model.vocab to the tokenizer's, docs/data.md)
+  --seq-len T            context length (model.seq_len)
+  --vocab N              vocabulary size (model.vocab; a tokenizer's, for --data)
   --seed N               data seed
   --run-dir DIR          outputs (default runs/default)
   --metrics FILE         JSON lines, one per step and per evaluation (default RUN_DIR/metrics.jsonl)
@@ -206,6 +241,11 @@ run's set-up, before its first line, it ends the process at once: nothing is sav
 )";
 
 }  // namespace
+
+// train.h
+Status CheckSameModel(const std::string& user_state, const RunConfig& cfg, const std::string& dir) {
+  return CheckSameModelJson(json::parse(user_state, nullptr, /*allow_exceptions=*/false), cfg, dir);
+}
 
 // train.h
 StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::string* path) {
@@ -289,37 +329,6 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The model section of a config as JSON (what a checkpoint records of the model).
-json ModelJson(const RunConfig& cfg) {
-  return json::parse(RunConfigToJson(cfg), nullptr, /*allow_exceptions=*/false)["model"];
-}
-
-// Note [A checkpoint resumes its own model]
-// The checkpoint's user state records the whole model section; a resumed run's must agree on
-// every field that shapes the computation (a different --heads has the same parameter shapes and
-// loaded silently, then computed another model). The seed (initialisation only) and activation
-// checkpointing (memory, not arithmetic) may change. Checkpoints from before this was recorded
-// are checked by their parameters' shapes only.
-Status CheckSameModel(const json& user, const RunConfig& cfg, const std::string& dir) {
-  if (!user.is_object() || !user.contains("model") || !user["model"].is_object())
-    return Status::OK();
-  static const std::map<std::string, std::string> kFlag = {
-      {"n_layer", " (--layers)"}, {"d_model", " (--width)"}, {"n_head", " (--heads)"}};
-  const json now = ModelJson(cfg);
-  for (const auto& [key, then] : user["model"].items()) {
-    if (key == "seed" || key == "activation_checkpointing") continue;
-    const auto it = now.find(key);
-    if (it == now.end() || *it == then) continue;
-    const auto flag = kFlag.find(key);
-    return FailedPreconditionError(
-        "the checkpoint " + dir + " is of a model with model." + key + " " + then.dump() +
-        "; this run's is " + it->dump() + (flag == kFlag.end() ? "" : flag->second) +
-        ". A checkpoint resumes its own model: drop the override, or start from the run's "
-        "config (--config RUN_DIR/config.json)");
-  }
-  return Status::OK();
-}
-
 // One `tierzero train` run after its config: the data, the engine and the model, the step loop
 // with its evaluations and checkpoints, and what is written at the end.
 class TrainRun {
@@ -377,13 +386,13 @@ class TrainRun {
 };
 
 Status TrainRun::SetUp() {
-  TZ_ASSIGN_OR_RETURN(dataset_, gpt::Dataset::Create(cfg_.data, cfg_.model.seq_len));
+  TZ_ASSIGN_OR_RETURN(dataset_,
+                      gpt::Dataset::Create(cfg_.data, cfg_.model.seq_len, cfg_.model.vocab));
   if (!out_.resume.empty()) {
     // The model checked before anything is built for it (Note [A checkpoint resumes its own
     // model]).
     TZ_ASSIGN_OR_RETURN(const CheckpointInfo info, ReadCheckpointInfo(out_.resume));
-    TZ_RETURN_IF_ERROR(
-        CheckSameModel(json::parse(info.user_state, nullptr, false), cfg_, out_.resume));
+    TZ_RETURN_IF_ERROR(CheckSameModel(info.user_state, cfg_, out_.resume));
   }
   TZ_ASSIGN_OR_RETURN(engine_, Engine::Create(cfg_.engine, g_comm));
   TZ_ASSIGN_OR_RETURN(model_, gpt::Gpt::Create(*engine_, cfg_.model));

@@ -98,9 +98,18 @@ StatusOr<std::shared_ptr<Communicator>> RunCommunicator(const RanksOptions& rank
 // differ from rank 0's. A collective: every rank calls it before any other.
 Status AgreeOnRunConfig(Communicator& comm, const RunConfig& config);
 
+// OK unless the checkpoint's user state (`user_state`, saved by `tierzero train`) records a model
+// that differs from `config.model` in a field that shapes the computation: FailedPrecondition
+// naming the field and both values (Note [A checkpoint resumes its own model], train.cc).
+// Checkpoints that record no model pass.
+Status CheckSameModel(const std::string& user_state, const RunConfig& config,
+                      const std::string& dir);
+
 // Runs training; returns the process exit code (0 also after Ctrl-C, once the checkpoint is
 // saved).
 int Train(const std::vector<std::string>& args);
 int Export(const std::vector<std::string>& args);
+// `tierzero eval` (eval.cc): the mean next-token loss of a model over a token file's windows.
+int Eval(const std::vector<std::string>& args);
 
 }  // namespace tierzero::app

@@ -22,8 +22,16 @@ bool IsValidationPair(uint64_t a, uint64_t b) { return Mix(a * 1000003 + b) % 10
 
 int Dataset::RowTokens(const DataConfig& c) { return 3 * c.digits + 3; }
 
-StatusOr<std::unique_ptr<Dataset>> Dataset::Create(const DataConfig& config, int seq_len) {
+Dataset::~Dataset() = default;
+
+StatusOr<std::unique_ptr<Dataset>> Dataset::Create(const DataConfig& config, int seq_len,
+                                                   int vocab) {
   std::unique_ptr<Dataset> d(new Dataset(config, seq_len));
+  if (config.kind == "tokens") {
+    TZ_ASSIGN_OR_RETURN(d->tokens_, TokenShards::Open(config.token_path, vocab,
+                                                      static_cast<uint64_t>(seq_len) + 1));
+    return d;
+  }
   if (config.kind == "addition") {
     if (config.digits < 1 || config.digits > 9)
       return InvalidArgumentError("data field 'digits' is " + std::to_string(config.digits) +
@@ -36,7 +44,7 @@ StatusOr<std::unique_ptr<Dataset>> Dataset::Create(const DataConfig& config, int
   }
   if (config.kind != "text")
     return InvalidArgumentError("data field 'kind' is '" + config.kind +
-                                "'; accepted: addition, text");
+                                "'; accepted: addition, text, tokens");
   if (config.text_path.empty())
     return InvalidArgumentError("data kind 'text' needs 'text_path' (a UTF-8 file)");
   // Held whole in memory: bounded, so /dev/zero or a huge sparse file is refused, not read.
@@ -99,6 +107,12 @@ Batch Dataset::Get(bool validation, uint64_t index, int batch_size) const {
       AdditionRow(validation, key, &b.tokens[o], &b.targets[o], &b.mask[o]);
       continue;
     }
+    if (tokens_) {
+      tokens_->Window(validation, key, seq_len_, &b.tokens[o], &b.targets[o]);
+      std::fill(b.mask.begin() + static_cast<std::ptrdiff_t>(o),
+                b.mask.begin() + static_cast<std::ptrdiff_t>(o) + seq_len_, 1.0f);
+      continue;
+    }
     const uint64_t split = text_.size() * 9 / 10;
     const uint64_t begin = validation ? split : 0;
     const uint64_t end = validation ? text_.size() : split;
@@ -134,6 +148,7 @@ std::string Dataset::Describe() const {
   if (cfg_.kind == "addition")
     return "synthetic addition, operands below 10^" + std::to_string(cfg_.digits) +
            ", exact-match accuracy";
+  if (tokens_) return tokens_->Describe();
   return "text '" + cfg_.text_path + "' (" + std::to_string(text_.size()) + " bytes, byte-level)";
 }
 

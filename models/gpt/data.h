@@ -9,6 +9,8 @@
 //   would produce the whole answer.
 // - "text": any UTF-8 file (checked), byte-level (vocabulary 256); the first 90% trains, the last
 //   10% validates; rows are windows at pseudo-random offsets; every position counts.
+// - "tokens": files of token ids from any tokenizer (gpt/token_data.h: llm.c shards or raw
+//   uint16), split as Note [Token splits] says; rows are windows at pseudo-random offsets.
 //
 // Batches are pure functions of (split, index): batch k of training is the same in every run
 // with the same seed, which is what makes resumed runs repeat an uninterrupted run exactly.
@@ -22,12 +24,14 @@
 #include <vector>
 
 #include "gpt/gpt.h"
+#include "gpt/token_data.h"
 
 namespace tierzero::gpt {
 
 struct DataConfig {
-  std::string kind = "addition";  // "addition" or "text"
+  std::string kind = "addition";  // "addition", "text" or "tokens"
   std::string text_path;          // kind "text": the file
+  std::string token_path;         // kind "tokens": a file or a glob of shards
   int digits = 3;                 // kind "addition": operands below 10^digits (1..9)
   bool reverse_answer = true;     // kind "addition": the sum's digits least significant first
   // kind "addition": operands written with `digits` digits and the sum with digits + 1, zeros in
@@ -46,7 +50,10 @@ class Dataset {
   // InvalidArgument naming the field (unknown kind, digits out of range, rows that would not fit
   // seq_len); NotFound for a missing file; InvalidArgument for a file that is not UTF-8 (with the
   // byte offset) or too short for one row per split.
-  static StatusOr<std::unique_ptr<Dataset>> Create(const DataConfig& config, int seq_len);
+  // `vocab`: the model's vocabulary (token files are checked against it).
+  static StatusOr<std::unique_ptr<Dataset>> Create(const DataConfig& config, int seq_len,
+                                                   int vocab = 256);
+  ~Dataset();
 
   Batch Get(bool validation, uint64_t index, int batch_size) const;
   // Exact-match accuracy of a batch (addition only; 0 for text).
@@ -55,6 +62,8 @@ class Dataset {
   // Tokens the task needs per row (addition: 3 digits + 3).
   static int RowTokens(const DataConfig& config);
   std::string Describe() const;
+  // Kind "tokens": the files (for `tierzero eval`'s consecutive windows); else null.
+  const TokenShards* token_shards() const { return tokens_.get(); }
 
  private:
   Dataset(const DataConfig& c, int seq_len) : cfg_(c), seq_len_(seq_len) {}
@@ -62,7 +71,8 @@ class Dataset {
                    float* mask) const;
   DataConfig cfg_;
   int seq_len_;
-  std::string text_;  // kind text
+  std::string text_;                     // kind text
+  std::unique_ptr<TokenShards> tokens_;  // kind tokens
 };
 
 }  // namespace tierzero::gpt

@@ -1,0 +1,176 @@
+// `tierzero eval`: the mean next-token loss (and perplexity) of a model over a token file's
+// consecutive windows (docs/data.md), through the engine's tiers like `train`.
+//
+// Note [Evaluation windows]: each file is a stream of its own; window i of a file holds its tokens
+// i x T .. i x T + T (T + 1 tokens: T inputs, each scored on the next), a partial last window is
+// dropped, and every scored token weighs the same (the mean over tokens, not over batches). Rows
+// are evaluated `train.batch_size` windows at a time; the last batch is filled with rows whose
+// mask is 0, which the loss leaves out, so the figure does not depend on the batch size.
+#include <stdlib.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gpt/data.h"
+#include "gpt/token_data.h"
+#include "tierzero/files.h"
+#include "train.h"
+
+namespace tierzero::app {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kEvalHelp =
+    R"(usage: tierzero eval (--resume CHECKPOINT | --init-from FILE) --data PATH [options]
+
+Prints the mean next-token loss and perplexity of a model over the consecutive windows of
+T + 1 tokens of PATH (llm.c shards or raw uint16 tokens; a file or a glob; each file a stream of
+its own, window i starting at its token i x T, a partial last window dropped).
+
+  --resume DIR           a checkpoint; its model comes from DIR/../config.json (the run's) unless
+                         --config gives another
+  --init-from FILE       a safetensors file of the model --config (and flags) describe
+  --data PATH            the token files
+  --seq-len T            tokens scored per window (default: the model's context, model.seq_len)
+  --batch-size N         windows per forward pass (default: the config's train.batch_size)
+  --config FILE, --dtype, --device, --device-budget, --host-budget, --nvme-budget, --nvme-path,
+  --layers, --width, --heads, --vocab: as for `tierzero train`
+)";
+
+int EvalFail(const Status& s) {
+  std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+// The model, loaded, and the loss over every window.
+Status RunEval(const RunConfig& cfg, int window, const std::string& nvme_dir) {
+  const OutputOptions& out = cfg.output;
+  if (!out.resume.empty()) {
+    TZ_ASSIGN_OR_RETURN(const CheckpointInfo info, ReadCheckpointInfo(out.resume));
+    TZ_RETURN_IF_ERROR(CheckSameModel(info.user_state, cfg, out.resume));
+  }
+  TZ_ASSIGN_OR_RETURN(const auto shards,
+                      gpt::TokenShards::Open(cfg.data.token_path, cfg.model.vocab, 0));
+  const uint64_t windows = shards->NumEvalWindows(window);
+  if (windows == 0)
+    return InvalidArgumentError("'" + cfg.data.token_path + "' has no window of " +
+                                std::to_string(window + 1) + " tokens (--seq-len " +
+                                std::to_string(window) + ")");
+  EngineConfig ec = cfg.engine;
+  if (ec.nvme_path.empty()) ec.nvme_path = nvme_dir;
+  TZ_ASSIGN_OR_RETURN(auto engine, Engine::Create(ec));
+  TZ_ASSIGN_OR_RETURN(auto model, gpt::Gpt::Create(*engine, cfg.model));
+  TZ_RETURN_IF_ERROR(engine->Finalize());
+  if (!out.init_from.empty()) TZ_RETURN_IF_ERROR(engine->LoadSafetensors(out.init_from));
+  if (!out.resume.empty()) TZ_RETURN_IF_ERROR(engine->LoadCheckpoint(out.resume).status());
+  std::printf("tierzero eval: GPT %d layers x %d wide, %lld parameters, from %s\n",
+              cfg.model.n_layer, cfg.model.d_model, static_cast<long long>(model->num_params()),
+              (out.resume.empty() ? out.init_from : out.resume).c_str());
+  std::printf("  data: %s; %llu windows of %d + 1 tokens\n", shards->Describe().c_str(),
+              static_cast<unsigned long long>(windows), window);
+  std::fflush(stdout);
+  // Note [Evaluation windows]
+  const int rows = cfg.train.batch_size;
+  gpt::Batch b;
+  b.batch = rows;
+  b.seq = window;
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(window);
+  b.tokens.resize(n);
+  b.targets.resize(n);
+  b.mask.resize(n);
+  double loss_sum = 0, scored = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (uint64_t first = 0; first < windows; first += static_cast<uint64_t>(rows)) {
+    int real = 0;
+    for (int r = 0; r < rows; ++r) {
+      const uint64_t w = first + static_cast<uint64_t>(r);
+      const size_t o = static_cast<size_t>(r) * static_cast<size_t>(window);
+      // Past the last window: a copy of the first, masked out.
+      shards->EvalWindow(w < windows ? w : 0, window, &b.tokens[o], &b.targets[o]);
+      const float m = w < windows ? 1.0f : 0.0f;
+      std::fill(b.mask.begin() + static_cast<std::ptrdiff_t>(o),
+                b.mask.begin() + static_cast<std::ptrdiff_t>(o) + window, m);
+      real += w < windows;
+    }
+    TZ_ASSIGN_OR_RETURN(const double mean, model->Evaluate(b, nullptr));
+    const double tokens = static_cast<double>(real) * window;
+    loss_sum += mean * tokens;
+    scored += tokens;
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double loss = loss_sum / scored;
+  std::printf(
+      "eval: mean loss %.6f | perplexity %.4f | %.0f tokens scored in %.1f s (%.0f tok/s)\n", loss,
+      std::exp(loss), scored, s, s > 0 ? scored / s : 0.0);
+  return Status::OK();
+}
+
+}  // namespace
+
+int Eval(const std::vector<std::string>& args) {
+  std::vector<std::string> rest;
+  int window = 0;
+  bool has_config = false;
+  std::string resume;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "-h" || args[i] == "--help") {
+      std::fputs(kEvalHelp, stdout);
+      return 0;
+    }
+    if (args[i] == "--seq-len") {  // eval's window, not the model's context
+      if (i + 1 >= args.size()) return EvalFail(InvalidArgumentError("--seq-len needs a value"));
+      char* end = nullptr;
+      const long v = std::strtol(args[i + 1].c_str(), &end, 10);
+      if (end == args[i + 1].c_str() || *end != '\0' || v < 1 || v > 65536)
+        return EvalFail(InvalidArgumentError("--seq-len is '" + args[i + 1] +
+                                             "'; accepted: an integer in 1..65536"));
+      window = static_cast<int>(v);
+      ++i;
+      continue;
+    }
+    has_config = has_config || args[i] == "--config";
+    if (args[i] == "--resume" && i + 1 < args.size()) resume = args[i + 1];
+    rest.push_back(args[i]);
+  }
+  // A checkpoint's model is its run's: the config.json beside it, as `export` reads it.
+  if (!resume.empty() && !has_config) {
+    std::error_code ec;
+    fs::path dir = fs::absolute(resume, ec).lexically_normal();
+    if (dir.has_parent_path() && dir.filename().empty()) dir = dir.parent_path();
+    const std::string run_config = (dir.parent_path() / "config.json").string();
+    if (fs::is_regular_file(run_config, ec)) rest.insert(rest.begin(), {"--config", run_config});
+  }
+  auto cfg = LoadRunConfig(rest);
+  if (!cfg.ok()) return EvalFail(cfg.status());
+  if (cfg->output.resume.empty() == cfg->output.init_from.empty())
+    return EvalFail(InvalidArgumentError(
+        "tierzero eval needs exactly one model: --resume CHECKPOINT or --init-from FILE"));
+  if (cfg->data.kind != "tokens")
+    return EvalFail(InvalidArgumentError("tierzero eval needs token files: --data PATH"));
+  if (window == 0) window = cfg->model.seq_len;
+  if (window > cfg->model.seq_len)
+    return EvalFail(InvalidArgumentError("--seq-len " + std::to_string(window) +
+                                         " is longer than the model's context (model.seq_len " +
+                                         std::to_string(cfg->model.seq_len) + ")"));
+  // NVMe swap space of its own when the budgets need it: a directory made and removed here.
+  std::string nvme_dir;
+  if (cfg->engine.nvme_budget > 0 && cfg->engine.nvme_path.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    nvme_dir = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/tierzero-eval-XXXXXX";
+    if (::mkdtemp(nvme_dir.data()) == nullptr)
+      return EvalFail(ErrnoError("creating a directory for the NVMe tier", errno));
+  }
+  const Status s = RunEval(*cfg, window, nvme_dir);
+  if (!nvme_dir.empty()) {
+    std::error_code ec;
+    fs::remove_all(nvme_dir, ec);
+  }
+  return s.ok() ? 0 : EvalFail(s);
+}
+
+}  // namespace tierzero::app

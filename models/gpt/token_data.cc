@@ -1,0 +1,213 @@
+// Tokenized data files (token_data.h, Note [Token splits]).
+#include "gpt/token_data.h"
+
+#include <fcntl.h>
+#include <glob.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace tierzero::gpt {
+namespace {
+
+constexpr int32_t kShardMagic = 20240520;  // llm.c's data shards
+constexpr int32_t kShardVersion = 1;
+constexpr uint64_t kShardHeaderBytes = 256 * sizeof(int32_t);
+// A token file larger than this is refused before it is scanned (a huge sparse file would take
+// minutes): 2^40 bytes is half a trillion tokens in one file.
+constexpr uint64_t kMaxTokenFileBytes = uint64_t{1} << 40;
+
+Status ErrnoStatus(const std::string& what, int err) {
+  return Status(err == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError,
+                what + ": " + std::strerror(err));
+}
+
+}  // namespace
+
+TokenShards::~TokenShards() {
+  for (File& f : files_) {
+    if (f.map != nullptr) ::munmap(f.map, f.map_bytes);
+  }
+}
+
+StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& pattern, int vocab,
+                                                         uint64_t min_tokens) {
+  if (pattern.empty()) return InvalidArgumentError("data kind 'tokens' needs a path (--data)");
+  std::vector<std::string> paths;
+  glob_t g{};
+  const int rc = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
+  if (rc == 0) {
+    for (size_t i = 0; i < g.gl_pathc; ++i) paths.emplace_back(g.gl_pathv[i]);
+  }
+  ::globfree(&g);
+  if (rc == GLOB_NOMATCH || (rc == 0 && paths.empty()))
+    return NotFoundError("no token file matches '" + pattern + "' (--data)");
+  if (rc != 0) return IoError("listing the token files of '" + pattern + "' failed");
+  std::sort(paths.begin(), paths.end());
+
+  std::unique_ptr<TokenShards> s(new TokenShards());
+  s->pattern_ = pattern;
+  for (const std::string& path : paths) {
+    File f;
+    f.path = path;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0) return ErrnoStatus("cannot open the token file '" + path + "'", errno);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return InvalidArgumentError("the token file '" + path + "' is not a regular file");
+    }
+    const uint64_t bytes = static_cast<uint64_t>(st.st_size);
+    if (bytes > kMaxTokenFileBytes) {
+      ::close(fd);
+      return InvalidArgumentError("the token file '" + path + "' is " + std::to_string(bytes) +
+                                  " bytes; a token file is at most 2^40 bytes (split it)");
+    }
+    if (bytes < 2) {
+      ::close(fd);
+      return InvalidArgumentError("the token file '" + path + "' holds no token");
+    }
+    void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int map_err = errno;
+    ::close(fd);
+    if (map == MAP_FAILED) return ErrnoStatus("cannot map the token file '" + path + "'", map_err);
+    f.map = map;
+    f.map_bytes = bytes;
+    s->files_.push_back(f);  // unmapped by the destructor from here on
+    File& file = s->files_.back();
+    int32_t header[3] = {0, 0, 0};
+    if (bytes >= kShardHeaderBytes) std::memcpy(header, map, sizeof header);
+    if (header[0] == kShardMagic) {
+      if (header[1] != kShardVersion)
+        return InvalidArgumentError("the token file '" + path + "' is an llm.c shard of version " +
+                                    std::to_string(header[1]) +
+                                    "; version 1 (uint16 tokens) reads");
+      const uint64_t want = kShardHeaderBytes + 2 * static_cast<uint64_t>(std::max(header[2], 0));
+      if (header[2] <= 0 || want != bytes)
+        return InvalidArgumentError("the token file '" + path +
+                                    "' is an llm.c shard whose header "
+                                    "says " +
+                                    std::to_string(header[2]) + " tokens (" + std::to_string(want) +
+                                    " bytes) but it is " + std::to_string(bytes) +
+                                    " bytes (truncated?)");
+      file.shard = true;
+      file.tokens =
+          reinterpret_cast<const uint16_t*>(static_cast<const char*>(map) + kShardHeaderBytes);
+      file.count = static_cast<uint64_t>(header[2]);
+    } else {
+      if (bytes % 2 != 0)
+        return InvalidArgumentError(
+            "the token file '" + path +
+            "' is neither an llm.c shard (its "
+            "first int32 is not 20240520) nor raw uint16 tokens (its size, " +
+            std::to_string(bytes) + " bytes, is odd)");
+      file.tokens = static_cast<const uint16_t*>(map);
+      file.count = bytes / 2;
+    }
+    // Every id inside the vocabulary (Note [Token splits]); the scan is sequential and
+    // memory-bound, a second or so per few GB.
+    const uint16_t limit = static_cast<uint16_t>(std::min(vocab, 65536) - 1);
+    if (vocab < 65536) {
+      for (uint64_t i = 0; i < file.count; ++i) {
+        if (file.tokens[i] > limit)
+          return InvalidArgumentError(
+              "the token file '" + path + "' holds token id " + std::to_string(file.tokens[i]) +
+              " at position " + std::to_string(i) + ", outside the model's vocabulary of " +
+              std::to_string(vocab) + " (model.vocab: set it to the tokenizer's vocabulary size)");
+      }
+    }
+  }
+  // Note [Token splits]
+  if (s->files_.size() > 1) {
+    for (size_t i = 0; i + 1 < s->files_.size(); ++i)
+      s->train_.push_back({i, 0, s->files_[i].count});
+    s->val_.push_back({s->files_.size() - 1, 0, s->files_.back().count});
+  } else {
+    const uint64_t n = s->files_[0].count, split = n * 9 / 10;
+    s->train_.push_back({0, 0, split});
+    s->val_.push_back({0, split, n});
+  }
+  for (bool validation : {false, true}) {
+    if (min_tokens == 0) break;  // windows of the whole files only (`tierzero eval`)
+    uint64_t longest = 0;
+    for (const Span& sp : s->split(validation)) longest = std::max(longest, sp.end - sp.begin);
+    if (longest < min_tokens)
+      return InvalidArgumentError(
+          "the " + std::string(validation ? "validation" : "training") + " split of '" + pattern +
+          "' has no run of " + std::to_string(min_tokens) + " tokens (seq_len + 1); " +
+          (s->files_.size() > 1 ? "the last file validates, the others train"
+                                : "one file: its first 90% trains, its last 10% validates"));
+  }
+  return s;
+}
+
+void TokenShards::Window(bool validation, uint64_t key, int seq, int32_t* tokens,
+                         int32_t* targets) const {
+  const uint64_t len = static_cast<uint64_t>(seq) + 1;
+  uint64_t starts = 0;
+  for (const Span& sp : split(validation))
+    starts += sp.end - sp.begin >= len ? sp.end - sp.begin - len + 1 : 0;
+  uint64_t at = key % starts;
+  for (const Span& sp : split(validation)) {
+    const uint64_t here = sp.end - sp.begin >= len ? sp.end - sp.begin - len + 1 : 0;
+    if (at >= here) {
+      at -= here;
+      continue;
+    }
+    const uint16_t* w = files_[sp.file].tokens + sp.begin + at;
+    for (int t = 0; t < seq; ++t) {
+      tokens[t] = w[t];
+      targets[t] = w[t + 1];
+    }
+    return;
+  }
+}
+
+uint64_t TokenShards::NumEvalWindows(int seq) const {
+  uint64_t n = 0;
+  for (const File& f : files_) n += f.count > 0 ? (f.count - 1) / static_cast<uint64_t>(seq) : 0;
+  return n;
+}
+
+void TokenShards::EvalWindow(uint64_t index, int seq, int32_t* tokens, int32_t* targets) const {
+  for (const File& f : files_) {
+    const uint64_t here = f.count > 0 ? (f.count - 1) / static_cast<uint64_t>(seq) : 0;
+    if (index >= here) {
+      index -= here;
+      continue;
+    }
+    const uint16_t* w = f.tokens + index * static_cast<uint64_t>(seq);
+    for (int t = 0; t < seq; ++t) {
+      tokens[t] = w[t];
+      targets[t] = w[t + 1];
+    }
+    return;
+  }
+}
+
+uint64_t TokenShards::tokens() const {
+  uint64_t n = 0;
+  for (const File& f : files_) n += f.count;
+  return n;
+}
+
+uint64_t TokenShards::split_tokens(bool validation) const {
+  uint64_t n = 0;
+  for (const Span& sp : split(validation)) n += sp.end - sp.begin;
+  return n;
+}
+
+std::string TokenShards::Describe() const {
+  const bool shards =
+      std::all_of(files_.begin(), files_.end(), [](const File& f) { return f.shard; });
+  return "tokens '" + pattern_ + "' (" + std::to_string(files_.size()) + " file" +
+         (files_.size() == 1 ? "" : "s") + (shards ? ", llm.c shards" : ", uint16") + ": " +
+         std::to_string(split_tokens(false)) + " tokens train, " +
+         std::to_string(split_tokens(true)) + " validate)";
+}
+
+}  // namespace tierzero::gpt

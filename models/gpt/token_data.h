@@ -1,0 +1,73 @@
+// Tokenized data files for the GPT (`--data PATH`, data kind "tokens"; docs/data.md): a file or a
+// glob of shards in llm.c's format (a header of 256 int32: magic 20240520, version 1, the token
+// count; then that many uint16 tokens) or raw uint16 tokens (nanoGPT's `.bin`), each mapped
+// read-only, never read whole into memory.
+//
+// Note [Token splits]: with several shards the last (in sorted order) validates and the others
+// train, as llm.c's `*_val_*` shard does; one file trains on its first 90% and validates on its
+// last 10%. Every token id is checked against the model's vocabulary when the files open (a
+// tokenizer's ids beyond model.vocab would index past the embedding), with the file and position
+// of the first bad one named.
+//
+// Thread-safety: const methods may be called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tierzero/status.h"
+
+namespace tierzero::gpt {
+
+class TokenShards {
+ public:
+  // `pattern`: a file, or a glob (`data/fineweb_train_*.bin`) matching one or more; `vocab`: the
+  // model's vocabulary. NotFound when nothing matches; InvalidArgument naming the file for one
+  // that is not a regular file, not a shard (a bad header, a size that disagrees with its count)
+  // nor raw uint16 tokens (an odd size), holds an id >= vocab, or a split shorter than
+  // `min_tokens` (0: the splits are not used, only the evaluation windows).
+  static StatusOr<std::unique_ptr<TokenShards>> Open(const std::string& pattern, int vocab,
+                                                     uint64_t min_tokens);
+  ~TokenShards();
+  TokenShards(const TokenShards&) = delete;
+  TokenShards& operator=(const TokenShards&) = delete;
+
+  // A window of seq + 1 consecutive tokens of the split, at a start that is a function of `key`:
+  // tokens[t] = window[t], targets[t] = window[t + 1].
+  void Window(bool validation, uint64_t key, int seq, int32_t* tokens, int32_t* targets) const;
+
+  // Evaluation windows (`tierzero eval`): each file a stream of its own, window i of a file
+  // starting at its token i x seq and holding seq + 1 tokens (a partial last window is dropped);
+  // the files' windows in order.
+  uint64_t NumEvalWindows(int seq) const;
+  void EvalWindow(uint64_t index, int seq, int32_t* tokens, int32_t* targets) const;
+
+  uint64_t tokens() const;  // in every file
+  uint64_t split_tokens(bool validation) const;
+  size_t files() const { return files_.size(); }
+  std::string Describe() const;
+
+ private:
+  struct File {
+    std::string path;
+    const uint16_t* tokens = nullptr;  // into the mapping
+    uint64_t count = 0;
+    void* map = nullptr;
+    uint64_t map_bytes = 0;
+    bool shard = false;  // llm.c's header (else raw uint16)
+  };
+  struct Span {  // tokens [begin, end) of a file
+    size_t file;
+    uint64_t begin, end;
+  };
+  TokenShards() = default;
+  const std::vector<Span>& split(bool validation) const { return validation ? val_ : train_; }
+
+  std::string pattern_;
+  std::vector<File> files_;
+  std::vector<Span> train_, val_;
+};
+
+}  // namespace tierzero::gpt

@@ -1,0 +1,166 @@
+// `tierzero eval` against the fp64 GPT reference (tests/gpt/gpt_reference.h): the mean loss over a
+// token file's consecutive windows (Note [Evaluation windows], apps/tierzero/eval.cc), whatever
+// the batch size, and the errors a user meets.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../gpt/gpt_reference.h"
+#include "gpt/gpt.h"
+#include "tierzero/engine.h"
+#include "train.h"
+
+namespace tierzero::app {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("tz-eval-" + std::to_string(::getpid()));
+  TempDir() {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+// The mean loss `tierzero eval` prints, or NaN.
+double EvalLoss(const std::vector<std::string>& args, int* rc) {
+  testing::internal::CaptureStdout();
+  *rc = Eval(args);
+  const std::string out = testing::internal::GetCapturedStdout();
+  const size_t at = out.find("mean loss ");
+  return at == std::string::npos ? std::nan("") : std::stod(out.substr(at + 10));
+}
+
+TEST(Eval, MeanLossOverConsecutiveWindowsEqualsTheFp64Reference) {
+  TempDir dir;
+  gpt::GptConfig mc;
+  mc.vocab = 11;
+  mc.seq_len = 5;
+  mc.d_model = 8;
+  mc.n_layer = 2;
+  mc.n_head = 2;
+  // The model: random weights (larger than the 0.02 init, so every path carries signal), exported.
+  gpt::Params params;
+  {
+    EngineConfig ec;
+    ec.device = DeviceChoice::kHost;
+    ec.compute_dtype = DType::kF32;
+    auto engine = Engine::Create(ec);
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    auto model = gpt::Gpt::Create(**engine, mc);
+    ASSERT_TRUE(model.ok());
+    ASSERT_TRUE((*engine)->Finalize().ok());
+    std::mt19937_64 rng(5);
+    std::normal_distribution<double> nd(0.0, 0.4);
+    for (ParamId p = 0; p < (*engine)->num_params(); ++p) {
+      std::vector<float> v(static_cast<size_t>((*engine)->numel(p)));
+      for (float& x : v)
+        x = static_cast<float>(nd(rng)) +
+            ((*engine)->param(p).name.find("ln") != std::string::npos ? 1.0f : 0.0f);
+      ASSERT_TRUE((*engine)->WriteParam(p, v).ok());
+      params[(*engine)->param(p).name] = std::vector<double>(v.begin(), v.end());
+    }
+    ASSERT_TRUE((*engine)->ExportSafetensors(dir / "model.safetensors", DType::kF32).ok());
+  }
+  // 43 tokens of raw uint16: windows of 4 + 1 start at 0, 4, ..., 36 (10 windows; the tokens
+  // after 40 do not fill one).
+  std::vector<uint16_t> tokens(43);
+  std::mt19937 rng(9);
+  for (uint16_t& t : tokens) t = static_cast<uint16_t>(rng() % 11);
+  {
+    std::ofstream f(dir / "data.bin", std::ios::binary);
+    f.write(reinterpret_cast<const char*>(tokens.data()),
+            static_cast<std::streamsize>(tokens.size() * 2));
+    std::ofstream(dir / "c.json") << R"({"model": {"vocab": 11, "seq_len": 5, "d_model": 8,
+        "n_layer": 2, "n_head": 2}, "engine": {"compute_dtype": "fp32", "device_budget": "4 MiB",
+        "host_budget": "4 MiB", "nvme_budget": "0"}})";
+  }
+  const int T = 4, windows = 10;
+  gpt::Batch all;
+  all.batch = windows;
+  all.seq = T;
+  for (int w = 0; w < windows; ++w) {
+    for (int t = 0; t < T; ++t) {
+      all.tokens.push_back(tokens[static_cast<size_t>(w * T + t)]);
+      all.targets.push_back(tokens[static_cast<size_t>(w * T + t + 1)]);
+      all.mask.push_back(1.0f);
+    }
+  }
+  const gpt::Ref ref{mc.vocab, T, mc.d_model, mc.n_layer, mc.n_head, params};
+  const double want = ref.Loss(all);
+  // Batches of 1, 3 (the last one padded) and 10 windows: the same mean over the 40 tokens.
+  for (const char* rows : {"1", "3", "10"}) {
+    int rc = -1;
+    const double got =
+        EvalLoss({"--config", dir / "c.json", "--init-from", dir / "model.safetensors", "--data",
+                  dir / "data.bin", "--seq-len", "4", "--batch-size", rows},
+                 &rc);
+    ASSERT_EQ(rc, 0) << rows;
+    EXPECT_NEAR(got, want, 2e-5 * want) << "batches of " << rows;
+  }
+  // The model's own context by default: windows of 5 + 1.
+  int rc = -1;
+  EvalLoss({"--config", dir / "c.json", "--init-from", dir / "model.safetensors", "--data",
+            dir / "data.bin"},
+           &rc);
+  EXPECT_EQ(rc, 0);
+  // Errors, not crashes: a window longer than the context, no model, no data, an id beyond the
+  // vocabulary.
+  EXPECT_EQ(Eval({"--config", dir / "c.json", "--init-from", dir / "model.safetensors", "--data",
+                  dir / "data.bin", "--seq-len", "6"}),
+            1);
+  EXPECT_EQ(Eval({"--config", dir / "c.json", "--data", dir / "data.bin"}), 1);
+  EXPECT_EQ(Eval({"--config", dir / "c.json", "--init-from", dir / "model.safetensors"}), 1);
+  EXPECT_EQ(Eval({"--config", dir / "c.json", "--init-from", dir / "model.safetensors", "--data",
+                  dir / "data.bin", "--vocab", "5"}),
+            1);
+}
+
+TEST(Eval, TrainingOnATokenFileLowersTheLossAndItsCheckpointEvaluates) {
+  TempDir dir;
+  // A repeating pattern of 13 ids of 300 (a tokenizer's ids beyond the 256 of bytes): learnable.
+  std::vector<uint16_t> tokens(20000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i % 13) * 23 % 300);
+  {
+    std::ofstream f(dir / "train.bin", std::ios::binary);
+    f.write(reinterpret_cast<const char*>(tokens.data()),
+            static_cast<std::streamsize>(tokens.size() * 2));
+    std::ofstream(dir / "c.json") << R"({"model": {"d_model": 32, "n_layer": 1, "n_head": 2},
+        "train": {"batch_size": 8, "eval_every": 0, "eval_batches": 2, "warmup_steps": 5,
+                  "lr": 0.01, "min_lr": 0.001},
+        "engine": {"device_budget": "4 MiB", "host_budget": "4 MiB", "nvme_budget": "0"}})";
+  }
+  ASSERT_EQ(Train({"--config", dir / "c.json", "--data", dir / "train.bin", "--vocab", "300",
+                   "--seq-len", "16", "--steps", "150", "--run-dir", dir / "run", "--quiet"}),
+            0);
+  std::ifstream m(dir / "run/metrics.jsonl");
+  std::vector<double> val;
+  for (std::string line; std::getline(m, line);) {
+    const size_t at = line.find("\"val_loss\":");
+    if (at != std::string::npos) val.push_back(std::stod(line.substr(at + 11)));
+  }
+  ASSERT_EQ(val.size(), 2u);  // at step 0 and at the end
+  EXPECT_LT(val[1], val[0] / 3) << "validation loss " << val[0] << " -> " << val[1];
+  // The checkpoint's model comes from its run's config.json.
+  int rc = -1;
+  const double loss =
+      EvalLoss({"--resume", dir / "run/checkpoint", "--data", dir / "train.bin"}, &rc);
+  EXPECT_EQ(rc, 0);
+  EXPECT_LT(loss, val[0] / 3);
+  // Another shape than the checkpoint's is refused, naming the field.
+  EXPECT_EQ(Eval({"--resume", dir / "run/checkpoint", "--data", dir / "train.bin", "--heads", "4"}),
+            1);
+}
+
+}  // namespace
+}  // namespace tierzero::app

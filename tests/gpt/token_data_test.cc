@@ -1,0 +1,172 @@
+// Token files (models/gpt/token_data.h): llm.c shards and raw uint16 read alike, every window a run
+// of the file's tokens in its split (Note [Token splits]), evaluation windows where the spec puts
+// them, and each bad file refused with what is wrong.
+#include "gpt/token_data.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gpt/data.h"
+
+namespace tierzero::gpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("tz-tokens-" + std::to_string(::getpid()));
+  TempDir() {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+// Token i of a file is (base + 7 i) mod vocab: any window says where it came from.
+std::vector<uint16_t> Tokens(uint64_t n, int base, int vocab) {
+  std::vector<uint16_t> t(n);
+  for (uint64_t i = 0; i < n; ++i) t[i] = static_cast<uint16_t>((base + 7 * i) % vocab);
+  return t;
+}
+
+void WriteRaw(const std::string& path, const std::vector<uint16_t>& t) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * 2));
+}
+
+void WriteShard(const std::string& path, const std::vector<uint16_t>& t, int32_t magic = 20240520,
+                int32_t version = 1, int64_t count = -1) {
+  std::vector<int32_t> h(256, 0);
+  h[0] = magic;
+  h[1] = version;
+  h[2] = static_cast<int32_t>(count < 0 ? static_cast<int64_t>(t.size()) : count);
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(h.data()), 1024);
+  f.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * 2));
+}
+
+// The position in `t` where `window` (seq + 1 tokens: tokens then the last target) starts, or -1.
+int64_t Find(const std::vector<uint16_t>& t, const std::vector<int32_t>& window) {
+  for (size_t s = 0; s + window.size() <= t.size(); ++s) {
+    bool same = true;
+    for (size_t k = 0; k < window.size() && same; ++k) same = t[s + k] == window[k];
+    if (same) return static_cast<int64_t>(s);
+  }
+  return -1;
+}
+
+TEST(TokenData, ShardsAndRawFilesGiveWindowsOfTheirSplit) {
+  TempDir dir;
+  const int vocab = 50257, seq = 16;
+  const std::vector<uint16_t> a = Tokens(3000, 1, vocab), b = Tokens(2000, 5000, vocab),
+                              v = Tokens(1000, 40000, vocab);
+  WriteShard(dir / "d_train_000.bin", a);
+  WriteShard(dir / "d_train_001.bin", b);
+  WriteRaw(dir / "d_val_000.bin", v);  // sorted last: the validation file
+  auto s = TokenShards::Open(dir / "d_*.bin", vocab, seq + 1);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ((*s)->files(), 3u);
+  EXPECT_EQ((*s)->tokens(), 6000u);
+  EXPECT_EQ((*s)->split_tokens(false), 5000u);
+  EXPECT_EQ((*s)->split_tokens(true), 1000u);
+  std::vector<int32_t> tok(seq), tgt(seq);
+  int in_a = 0, in_b = 0;
+  for (uint64_t key = 0; key < 400; ++key) {
+    for (const bool validation : {false, true}) {
+      (*s)->Window(validation, key * 2654435761u, seq, tok.data(), tgt.data());
+      for (int t = 0; t + 1 < seq; ++t) ASSERT_EQ(tgt[t], tok[t + 1]);
+      std::vector<int32_t> window(tok);
+      window.push_back(tgt.back());
+      if (validation) {
+        EXPECT_GE(Find(v, window), 0) << "a validation window not from the last file";
+      } else {
+        const bool from_a = Find(a, window) >= 0, from_b = Find(b, window) >= 0;
+        EXPECT_TRUE(from_a || from_b) << "a training window from no training file";
+        in_a += from_a;
+        in_b += from_b;
+      }
+    }
+  }
+  EXPECT_GT(in_a, in_b) << "windows are drawn in proportion to the files' lengths";
+  EXPECT_GT(in_b, 0);
+
+  // One file: its first 90% trains, its last 10% validates.
+  auto one = TokenShards::Open(dir / "d_train_000.bin", vocab, seq + 1);
+  ASSERT_TRUE(one.ok());
+  for (uint64_t key = 0; key < 200; ++key) {
+    (*one)->Window(true, key * 7919, seq, tok.data(), tgt.data());
+    std::vector<int32_t> window(tok);
+    window.push_back(tgt.back());
+    EXPECT_GE(Find(a, window), 2700) << "validation from the first 90%";
+    (*one)->Window(false, key * 7919, seq, tok.data(), tgt.data());
+    window.assign(tok.begin(), tok.end());
+    window.push_back(tgt.back());
+    const int64_t at = Find(a, window);
+    EXPECT_TRUE(at >= 0 && at + seq + 1 <= 2700) << "training beyond the first 90%: " << at;
+  }
+}
+
+TEST(TokenData, EvaluationWindowsStartAtMultiplesOfTheirLength) {
+  TempDir dir;
+  const std::vector<uint16_t> a = Tokens(41, 3, 100), b = Tokens(10, 60, 100);
+  WriteRaw(dir / "e_0.bin", a);
+  WriteShard(dir / "e_1.bin", b);
+  auto s = TokenShards::Open(dir / "e_*.bin", 100, 0);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  // 41 tokens: windows of 4 + 1 at 0, 4, ..., 36 (10); 10 tokens: at 0 and 4 (2).
+  ASSERT_EQ((*s)->NumEvalWindows(4), 12u);
+  std::vector<int32_t> tok(4), tgt(4);
+  for (uint64_t w = 0; w < 12; ++w) {
+    (*s)->EvalWindow(w, 4, tok.data(), tgt.data());
+    const std::vector<uint16_t>& f = w < 10 ? a : b;
+    const size_t start = (w < 10 ? w : w - 10) * 4;
+    for (size_t t = 0; t < 4; ++t) {
+      EXPECT_EQ(tok[t], f[start + t]) << w;
+      EXPECT_EQ(tgt[t], f[start + t + 1]) << w;
+    }
+  }
+}
+
+TEST(TokenData, BadFilesAreRefusedWithWhatIsWrong) {
+  TempDir dir;
+  auto error = [&](const std::string& pattern, int vocab) {
+    auto s = TokenShards::Open(pattern, vocab, 17);
+    return s.ok() ? std::string("(opened)") : s.status().ToString();
+  };
+  std::vector<uint16_t> t = Tokens(1000, 0, 300);
+  t[123] = 300;
+  WriteRaw(dir / "id.bin", t);
+  EXPECT_NE(error(dir / "id.bin", 300).find("token id 300 at position 123"), std::string::npos);
+  EXPECT_EQ(error(dir / "id.bin", 301), "(opened)");
+  WriteShard(dir / "short.bin", Tokens(100, 0, 300), 20240520, 1, 200);
+  EXPECT_NE(error(dir / "short.bin", 300).find("truncated"), std::string::npos);
+  WriteShard(dir / "v2.bin", Tokens(100, 0, 300), 20240520, 2);
+  EXPECT_NE(error(dir / "v2.bin", 300).find("version 2"), std::string::npos);
+  std::ofstream(dir / "odd.bin") << "abc";
+  EXPECT_NE(error(dir / "odd.bin", 300).find("odd"), std::string::npos);
+  EXPECT_NE(error(dir / "none*.bin", 300).find("NotFound"), std::string::npos);
+  fs::create_directories(dir / "adir.bin");
+  EXPECT_NE(error(dir / "adir.bin", 300).find("not a regular file"), std::string::npos);
+  WriteRaw(dir / "tiny.bin", Tokens(30, 0, 300));  // 27 train, 3 validate: no window of 17
+  EXPECT_NE(error(dir / "tiny.bin", 300).find("validation split"), std::string::npos);
+  // Through the dataset: kind "tokens" with the model's vocabulary.
+  DataConfig c;
+  c.kind = "tokens";
+  c.token_path = dir / "id.bin";
+  EXPECT_FALSE(Dataset::Create(c, 16, 300).ok());
+  auto d = Dataset::Create(c, 16, 301);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  const Batch b = (*d)->Get(false, 3, 4);
+  EXPECT_EQ(b.tokens.size(), 64u);
+  EXPECT_FALSE((*d)->has_accuracy());
+}
+
+}  // namespace
+}  // namespace tierzero::gpt
