@@ -351,6 +351,9 @@ std::map<std::string, Section> Fields(RunConfig& c) {
 // train.h
 Status ValidateRunConfig(const RunConfig& c) {
   TZ_RETURN_IF_ERROR(gpt::ValidateGptConfig(c.model));
+  if (c.output.run_dir.empty())
+    return InvalidArgumentError(
+        "config field 'output.run_dir' is empty; accepted: a directory (default runs/default)");
   if (c.train.min_lr > c.train.lr) {
     char msg[256];
     std::snprintf(msg, sizeof msg,
