@@ -8,6 +8,7 @@
 // mask is 0, which the loss leaves out, so the figure does not depend on the batch size.
 #include <stdlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -75,7 +76,9 @@ Status RunEval(const RunConfig& cfg, int window, const std::string& nvme_dir) {
               static_cast<unsigned long long>(windows), window);
   std::fflush(stdout);
   // Note [Evaluation windows]
-  const int rows = cfg.train.batch_size;
+  // (No more rows than windows: a huge --batch-size on a small file allocates nothing extra.)
+  const int rows =
+      static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(cfg.train.batch_size), windows));
   gpt::Batch b;
   b.batch = rows;
   b.seq = window;
@@ -91,7 +94,8 @@ Status RunEval(const RunConfig& cfg, int window, const std::string& nvme_dir) {
       const uint64_t w = first + static_cast<uint64_t>(r);
       const size_t o = static_cast<size_t>(r) * static_cast<size_t>(window);
       // Past the last window: a copy of the first, masked out.
-      shards->EvalWindow(w < windows ? w : 0, window, &b.tokens[o], &b.targets[o]);
+      TZ_RETURN_IF_ERROR(
+          shards->EvalWindow(w < windows ? w : 0, window, &b.tokens[o], &b.targets[o]));
       const float m = w < windows ? 1.0f : 0.0f;
       std::fill(b.mask.begin() + static_cast<std::ptrdiff_t>(o),
                 b.mask.begin() + static_cast<std::ptrdiff_t>(o) + window, m);
@@ -115,7 +119,7 @@ Status RunEval(const RunConfig& cfg, int window, const std::string& nvme_dir) {
 int Eval(const std::vector<std::string>& args) {
   std::vector<std::string> rest;
   int window = 0;
-  bool has_config = false;
+  bool has_config = false, has_nvme_path = false;
   std::string resume;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "-h" || args[i] == "--help") {
@@ -134,6 +138,7 @@ int Eval(const std::vector<std::string>& args) {
       continue;
     }
     has_config = has_config || args[i] == "--config";
+    has_nvme_path = has_nvme_path || args[i] == "--nvme-path";
     if (args[i] == "--resume" && i + 1 < args.size()) resume = args[i + 1];
     rest.push_back(args[i]);
   }
@@ -143,7 +148,13 @@ int Eval(const std::vector<std::string>& args) {
     fs::path dir = fs::absolute(resume, ec).lexically_normal();
     if (dir.has_parent_path() && dir.filename().empty()) dir = dir.parent_path();
     const std::string run_config = (dir.parent_path() / "config.json").string();
-    if (fs::is_regular_file(run_config, ec)) rest.insert(rest.begin(), {"--config", run_config});
+    // It must be there and readable: without it the model's shape would be guessed.
+    auto text = ReadFileBounded(run_config, kMaxConfigBytes, "run config");
+    if (!text.ok())
+      return EvalFail(std::move(text).status().WithContext(
+          "the config of the checkpoint's run (written by tierzero train beside it); pass "
+          "--config"));
+    rest.insert(rest.begin(), {"--config", run_config});
   }
   auto cfg = LoadRunConfig(rest);
   if (!cfg.ok()) return EvalFail(cfg.status());
@@ -157,8 +168,10 @@ int Eval(const std::vector<std::string>& args) {
     return EvalFail(InvalidArgumentError("--seq-len " + std::to_string(window) +
                                          " is longer than the model's context (model.seq_len " +
                                          std::to_string(cfg->model.seq_len) + ")"));
-  // NVMe swap space of its own when the budgets need it: a directory made and removed here.
+  // NVMe swap space of its own when the budgets need it: a directory made and removed here (the
+  // run's recorded nvme_path is the live run's, and relative to where it ran), unless given.
   std::string nvme_dir;
+  if (!has_nvme_path) cfg->engine.nvme_path.clear();
   if (cfg->engine.nvme_budget > 0 && cfg->engine.nvme_path.empty()) {
     const char* tmp = std::getenv("TMPDIR");
     nvme_dir = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/tierzero-eval-XXXXXX";

@@ -6,6 +6,7 @@
 
 #include <oneapi/tbb/global_control.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -165,7 +166,7 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg) {
     gpt::Batch b;
     b.batch = 4;
     b.seq = mc.seq_len;
-    for (int i = 0; i < b.batch * b.seq; ++i) {
+    for (int64_t i = 0; i < int64_t{b.batch} * b.seq; ++i) {
       b.tokens.push_back(i % mc.vocab);
       b.targets.push_back((i + 1) % mc.vocab);
       b.mask.push_back(1.0f);
@@ -355,6 +356,19 @@ StatusOr<ComputeTimes> MeasureCompute(const RunConfig& cfg, int ranks_here) {
   uint64_t act = 0;
   for (const TraceMoment& m : t.moments) act = std::max(act, m.activation_peak);
   engine.reset();
+  // The timing run holds a micro-batch's activations in this machine's memory: more than half of
+  // it is refused (a batch of a million rows reached 24 GB and the OOM killer), with the flag that
+  // skips the measurement.
+  const uint64_t memory = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                          static_cast<uint64_t>(::sysconf(_SC_PAGE_SIZE));
+  if (act > memory / 2)
+    return OutOfMemoryError("timing a micro-batch of " + std::to_string(cfg.train.batch_size) +
+                            " rows needs " + FormatBytes(act) +
+                            " of activations, more than half "
+                            "of this machine's memory (" +
+                            FormatBytes(memory) +
+                            "); plan a smaller batch, or give the rates of the machine that "
+                            "will run it (--rates)");
   ec.device_budget = act + (uint64_t{16} << 20);
   TZ_ASSIGN_OR_RETURN(engine, Engine::Create(ec));
   TZ_ASSIGN_OR_RETURN(model, gpt::Gpt::Create(*engine, mc));

@@ -351,6 +351,16 @@ std::map<std::string, Section> Fields(RunConfig& c) {
 // train.h
 Status ValidateRunConfig(const RunConfig& c) {
   TZ_RETURN_IF_ERROR(gpt::ValidateGptConfig(c.model));
+  // A micro-batch's tokens, targets and mask are host arrays before any budget applies: 2^24
+  // tokens (200 MB of them) is far beyond any real micro-batch, and a million rows of 65536 did
+  // not fit in memory at all.
+  if (int64_t{c.train.batch_size} * c.model.seq_len > (int64_t{1} << 24)) {
+    return InvalidArgumentError(
+        "a micro-batch of " + std::to_string(c.train.batch_size) + " rows of " +
+        std::to_string(c.model.seq_len) +
+        " tokens (train.batch_size x model.seq_len) is more than 2^24 tokens; use a smaller "
+        "batch and engine.grad_accumulation for a large global batch");
+  }
   if (c.output.run_dir.empty())
     return InvalidArgumentError(
         "config field 'output.run_dir' is empty; accepted: a directory (default runs/default)");

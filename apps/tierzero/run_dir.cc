@@ -2,6 +2,7 @@
 #include "run_dir.h"
 
 #include <fcntl.h>
+#include <glob.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "tierzero/files.h"
@@ -69,6 +71,40 @@ bool IsLink(const std::string& p) {
   return ::lstat(p.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
 }
 
+// The outputs the run directory's config.json records (its metrics, report, page, trace and
+// checkpoint directory, relative paths taken from here): the files of the run that wrote it.
+std::vector<FileId> RecordedOutputs(const std::string& run_dir) {
+  std::vector<FileId> out;
+  auto text = ReadFileBounded(run_dir + "/config.json", kMaxConfigBytes, "run config");
+  if (!text.ok() || !CheckOutsideJson(*text, "config.json").ok()) return out;
+  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("output") || !j["output"].is_object()) return out;
+  for (const char* key : {"metrics", "report", "html", "trace", "checkpoint_dir"}) {
+    const auto it = j["output"].find(key);
+    if (it == j["output"].end() || !it->is_string()) continue;
+    const std::string p = it->get<std::string>();
+    if (!p.empty() && p != "none") out.push_back(Identify(p));
+  }
+  return out;
+}
+
+// "states-<step>.w<world>.rank<r>.bin": the names SaveCheckpoint gives its states files.
+bool IsStatesFileName(const std::string& name) {
+  size_t i = 0;
+  auto digits = [&]() {
+    const size_t from = i;
+    while (i < name.size() && name[i] >= '0' && name[i] <= '9') ++i;
+    return i > from;
+  };
+  auto literal = [&](const std::string& lit) {
+    if (name.compare(i, lit.size(), lit) != 0) return false;
+    i += lit.size();
+    return true;
+  };
+  return literal("states-") && digits() && literal(".w") && digits() && literal(".rank") &&
+         digits() && literal(".bin") && i == name.size();
+}
+
 // A checkpoint's own files in `dir`: the manifest first (so what remains is no checkpoint), then
 // its states files. Regular files of these names only.
 void RemoveCheckpointFiles(const std::string& dir) {
@@ -77,7 +113,7 @@ void RemoveCheckpointFiles(const std::string& dir) {
   std::vector<fs::path> states;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (name.rfind("states-", 0) == 0 && IsRegular(it->path().string()))
+    if (IsStatesFileName(name) && IsRegular(it->path().string()) && !IsLink(it->path().string()))
       states.push_back(it->path());
   }
   for (const fs::path& p : states) fs::remove(p, ec);
@@ -203,8 +239,15 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
   };
   add_input("--config", config_path);
   if (cfg.data.kind == "text") add_input("--text", cfg.data.text_path);
-  if (cfg.data.kind == "tokens" && cfg.data.token_path.find_first_of("*?[") == std::string::npos)
+  if (cfg.data.kind == "tokens") {
+    // Every file the pattern matches (a glob of shards), and the path as named.
     add_input("--data", cfg.data.token_path);
+    glob_t g{};
+    if (::glob(cfg.data.token_path.c_str(), 0, nullptr, &g) == 0) {
+      for (size_t i = 0; i < g.gl_pathc; ++i) add_input("--data", g.gl_pathv[i]);
+    }
+    ::globfree(&g);
+  }
   add_input("--init-from", out.init_from);
   add_input("--plan", out.plan);
   const std::optional<FileId> resume =
@@ -266,10 +309,20 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
   // output_dir, the run is refused unless it continues that run in place or is told to replace
   // it; the refusal lists every file --overwrite would then remove, and it removes no other.
   // (--checkpoint none resuming the run directory's own checkpoint continues that run too.)
+  // In place: the checkpoint resumed is the one this run writes, and it is the run directory's
+  // own (inside it, or the one its config.json records). Then the run directory's files are
+  // the run's; an output elsewhere that its config.json does not record is checked as for a new
+  // run (a --report naming someone's file is not the run's to replace).
   const std::string default_ckpt = out.run_dir + "/checkpoint";
-  plan.in_place = resume && ((ckpt && Same(*resume, *ckpt)) ||
+  const std::vector<FileId> recorded = RecordedOutputs(out.run_dir);
+  auto own = [&](const FileId& id) {
+    if (Inside(id, run_dir)) return true;
+    for (const FileId& r : recorded)
+      if (Same(r, id)) return true;
+    return false;
+  };
+  plan.in_place = resume && ((ckpt && Same(*resume, *ckpt) && own(*ckpt)) ||
                              (!ckpt && Same(*resume, Identify(default_ckpt))));
-  if (plan.in_place) return plan;
   std::vector<std::string> held;
   auto hold_checkpoint = [&](const std::string& dir) {
     if (!IsRegular(dir + "/manifest.json")) return;
@@ -279,12 +332,13 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
     held.push_back(dir + " (a checkpoint)");
     plan.stale_checkpoints.push_back(dir);
   };
-  if (ckpt) hold_checkpoint(out.checkpoint_dir);
-  hold_checkpoint(default_ckpt);
+  if (ckpt && !plan.in_place) hold_checkpoint(out.checkpoint_dir);
+  if (!plan.in_place) hold_checkpoint(default_ckpt);
   auto hold_file = [&](const std::string& p, bool nonempty) {
     off_t size = 0;
     if (!IsRegular(p, &size) || (nonempty && size == 0)) return;
     const FileId id = Identify(p);
+    if (plan.in_place && own(id)) return;
     for (const std::string& f : plan.stale_files)
       if (Same(Identify(f), id)) return;
     for (const Named& in : inputs)
@@ -298,7 +352,7 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
   }
   for (const char* name : {"metrics.jsonl", "report.json", "report.html", "trace.json",
                            "warmup_trace.json", "config.json"}) {
-    hold_file(out.run_dir + "/" + name, std::string(name) == "metrics.jsonl");
+    if (!plan.in_place) hold_file(out.run_dir + "/" + name, std::string(name) == "metrics.jsonl");
   }
   if (held.empty()) return plan;
   if (!overwrite) {

@@ -1,5 +1,6 @@
 #include "train.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -79,24 +80,62 @@ Status TrimMetrics(const std::string& path, int step) {
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || path.rfind("/dev/", 0) == 0 ||
       path.rfind("/proc/", 0) == 0)
     return Status::OK();
-  auto text = ReadFileBounded(path, kMaxReportBytes, "metrics file");
-  if (!text.ok() && text.status().code() == StatusCode::kNotFound) return Status::OK();
-  if (!text.ok()) return text.status();
-  std::istringstream in(*text);
-  std::string kept, line;
-  int dropped = 0;
-  while (std::getline(in, line)) {
+  // One pass, line by line: where the first dropped line starts, and whether any line after it
+  // is kept. The usual case (lines of later steps and a torn last line) is a tail: the file is
+  // cut there (ftruncate), however long the run was. Only lines dropped among kept ones make
+  // the file be rewritten whole (bounded at 256 MiB).
+  auto is_kept = [step](const std::string& line) {
     const json m = json::parse(line, nullptr, /*allow_exceptions=*/false);
     const std::optional<int64_t> at = IntegerField<int64_t>(m, "step");
-    if (!at || *at < 0 || *at > step) {
-      ++dropped;
-      continue;
+    return at && *at >= 0 && *at <= step;
+  };
+  int dropped = 0;
+  int64_t first_drop = -1;
+  bool kept_after_drop = false;
+  {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return IoError("cannot read the metrics file " + path + " to trim it");
+    int64_t offset = 0;
+    std::string line;
+    while (std::getline(in, line)) {
+      const int64_t consumed = static_cast<int64_t>(line.size()) + (in.eof() ? 0 : 1);
+      if (is_kept(line)) {
+        kept_after_drop = kept_after_drop || first_drop >= 0;
+      } else {
+        if (first_drop < 0) first_drop = offset;
+        ++dropped;
+      }
+      offset += consumed;
     }
-    kept += line + "\n";
   }
-  if (dropped == 0) return Status::OK();
+  if (dropped == 0) {
+    // A last line kept without its newline (edited by hand) would fuse with the next step's.
+    const int fd = ::open(path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC);
+    if (fd < 0) return ErrnoError("opening the metrics file " + path, errno);
+    char last = '\n';
+    if (st.st_size > 0 && ::pread(fd, &last, 1, st.st_size - 1) == 1 && last != '\n' &&
+        ::write(fd, "\n", 1) != 1) {
+      const int err = errno;
+      ::close(fd);
+      return ErrnoError("writing the metrics file " + path, err);
+    }
+    ::close(fd);
+    return Status::OK();
+  }
   std::printf("  metrics: dropped %d line%s after step %d from %s (written after the checkpoint)\n",
               dropped, dropped == 1 ? "" : "s", step, path.c_str());
+  if (!kept_after_drop) {
+    if (::truncate(path.c_str(), static_cast<off_t>(first_drop)) != 0)
+      return ErrnoError("trimming the metrics file " + path, errno);
+    return Status::OK();
+  }
+  TZ_ASSIGN_OR_RETURN(const std::string text,
+                      ReadFileBounded(path, kMaxReportBytes, "metrics file"));
+  std::istringstream in(text);
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    if (is_kept(line)) kept += line + "\n";
+  }
   return WriteTextFile(path, kept);
 }
 
@@ -488,7 +527,8 @@ void TrainRun::PrintHeader(double init_s) const {
 Status TrainRun::Evaluate(int step) {
   double loss = 0, acc = 0;
   for (int b = 0; b < cfg_.train.eval_batches; ++b) {
-    gpt::Batch batch = dataset_->Get(true, static_cast<uint64_t>(b), cfg_.train.batch_size);
+    TZ_ASSIGN_OR_RETURN(gpt::Batch batch,
+                        dataset_->Fetch(true, static_cast<uint64_t>(b), cfg_.train.batch_size));
     std::vector<int32_t> pred;
     TZ_ASSIGN_OR_RETURN(double l, model_->Evaluate(batch, &pred));
     loss += l;
@@ -576,7 +616,7 @@ Status TrainRun::RunStep(int step) {
                             static_cast<uint64_t>(rank_)) *
                                static_cast<uint64_t>(accum) +
                            static_cast<uint64_t>(micro);
-    gpt::Batch batch = dataset_->Get(false, index, cfg_.train.batch_size);
+    TZ_ASSIGN_OR_RETURN(gpt::Batch batch, dataset_->Fetch(false, index, cfg_.train.batch_size));
     TZ_ASSIGN_OR_RETURN(const double l, model_->ForwardBackward(batch));
     loss += l / accum;
   }
@@ -771,7 +811,6 @@ int Export(const std::vector<std::string>& args) {
   fs::path ckpt_dir = fs::absolute(ckpt, fec).lexically_normal();
   if (ckpt_dir.has_parent_path() && ckpt_dir.filename().empty()) ckpt_dir = ckpt_dir.parent_path();
   if (config_path.empty()) config_path = (ckpt_dir.parent_path() / "config.json").string();
-  const std::string nvme_default = (ckpt_dir.parent_path() / "nvme").string();
   auto text = ReadFileBounded(config_path, kMaxConfigBytes, "run config");
   if (!text.ok()) {
     if (text.status().code() == StatusCode::kNotFound)
@@ -801,7 +840,25 @@ int Export(const std::vector<std::string>& args) {
     ec.host_budget = times(ec.host_budget);
     ec.nvme_budget = times(ec.nvme_budget);
   }
-  if (ec.nvme_path.empty()) ec.nvme_path = nvme_default;
+  // NVMe swap space of its own (a directory made here and removed at the end): the run's recorded
+  // nvme_path is relative to where that run ran, and a live run may be swapping there.
+  struct TempDir {
+    std::string path;
+    ~TempDir() {
+      std::error_code e;
+      if (!path.empty()) fs::remove_all(path, e);
+    }
+  } nvme_dir;
+  ec.nvme_path.clear();
+  if (ec.nvme_budget > 0) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string made =
+        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/tierzero-export-XXXXXX";
+    if (::mkdtemp(made.data()) == nullptr)
+      return Fail(ErrnoError("creating a directory for the NVMe tier", errno));
+    nvme_dir.path = made;
+    ec.nvme_path = made;
+  }
   auto engine = Engine::Create(ec);
   if (!engine.ok()) return Fail(engine.status());
   auto model = gpt::Gpt::Create(**engine, cfg->model);

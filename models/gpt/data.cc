@@ -32,6 +32,15 @@ StatusOr<std::unique_ptr<Dataset>> Dataset::Create(const DataConfig& config, int
                                                       static_cast<uint64_t>(seq_len) + 1));
     return d;
   }
+  // Every token the task makes must be inside the model's vocabulary (found now, not at the
+  // first step: a run told to --overwrite another must fail before it removes anything).
+  if ((config.kind == "addition" && vocab < 62) || (config.kind == "text" && vocab < 256)) {
+    return InvalidArgumentError(
+        "the " + config.kind + " task's tokens are bytes" +
+        (config.kind == "addition" ? std::string(" up to '=' (61)") : std::string()) +
+        "; model.vocab is " + std::to_string(vocab) + " (at least " +
+        (config.kind == "addition" ? "62" : "256") + ")");
+  }
   if (config.kind == "addition") {
     if (config.digits < 1 || config.digits > 9)
       return InvalidArgumentError("data field 'digits' is " + std::to_string(config.digits) +
@@ -92,6 +101,11 @@ void Dataset::AdditionRow(bool validation, uint64_t key, int32_t* tokens, int32_
 }
 
 Batch Dataset::Get(bool validation, uint64_t index, int batch_size) const {
+  StatusOr<Batch> b = Fetch(validation, index, batch_size);
+  return b.ok() ? std::move(b).value() : Batch{};
+}
+
+StatusOr<Batch> Dataset::Fetch(bool validation, uint64_t index, int batch_size) const {
   Batch b;
   b.batch = batch_size;
   b.seq = seq_len_;
@@ -108,7 +122,7 @@ Batch Dataset::Get(bool validation, uint64_t index, int batch_size) const {
       continue;
     }
     if (tokens_) {
-      tokens_->Window(validation, key, seq_len_, &b.tokens[o], &b.targets[o]);
+      TZ_RETURN_IF_ERROR(tokens_->Window(validation, key, seq_len_, &b.tokens[o], &b.targets[o]));
       std::fill(b.mask.begin() + static_cast<std::ptrdiff_t>(o),
                 b.mask.begin() + static_cast<std::ptrdiff_t>(o) + seq_len_, 1.0f);
       continue;

@@ -55,6 +55,10 @@ class Dataset {
                                                    int vocab = 256);
   ~Dataset();
 
+  // Batch `index` of a split. Token files can fail to read (DataLoss: changed under the run).
+  StatusOr<Batch> Fetch(bool validation, uint64_t index, int batch_size) const;
+  // Fetch for data that cannot fail to read (addition, text); a failed read of token files gives
+  // an empty batch (0 rows), which the model refuses.
   Batch Get(bool validation, uint64_t index, int batch_size) const;
   // Exact-match accuracy of a batch (addition only; 0 for text).
   double Accuracy(const Batch& batch, const std::vector<int32_t>& predictions) const;

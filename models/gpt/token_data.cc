@@ -3,13 +3,13 @@
 
 #include <fcntl.h>
 #include <glob.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 namespace tierzero::gpt {
 namespace {
@@ -30,8 +30,41 @@ Status ErrnoStatus(const std::string& what, int err) {
 
 TokenShards::~TokenShards() {
   for (File& f : files_) {
-    if (f.map != nullptr) ::munmap(f.map, f.map_bytes);
+    if (f.fd >= 0) ::close(f.fd);
   }
+}
+
+// Reads exactly `bytes` at `offset`; false on a short read (the file shrank) or an error.
+static bool ReadExactly(int fd, uint64_t offset, void* data, size_t bytes) {
+  auto* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    const ssize_t r = ::pread(fd, p, bytes, static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    offset += static_cast<uint64_t>(r);
+    bytes -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+Status TokenShards::Read(const File& f, uint64_t first, uint64_t n, int32_t* out) const {
+  uint16_t buf[4096];
+  while (n > 0) {
+    const uint64_t k = std::min<uint64_t>(n, 4096);
+    if (!ReadExactly(f.fd, f.offset + 2 * first, buf, static_cast<size_t>(2 * k)))
+      return DataLossError("the token file '" + f.path +
+                           "' changed while in use: it no longer "
+                           "holds the " +
+                           std::to_string(f.count) +
+                           " tokens it had when the run "
+                           "opened it (regenerate data only between runs)");
+    for (uint64_t i = 0; i < k; ++i) out[i] = buf[i];
+    out += k;
+    first += k;
+    n -= k;
+  }
+  return Status::OK();
 }
 
 StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& pattern, int vocab,
@@ -39,7 +72,11 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
   if (pattern.empty()) return InvalidArgumentError("data kind 'tokens' needs a path (--data)");
   std::vector<std::string> paths;
   glob_t g{};
-  const int rc = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
+  // A path that exists is that file, brackets and all ("shard[1].bin"); else a glob.
+  struct stat named {};
+  const bool literal = ::stat(pattern.c_str(), &named) == 0;
+  const int rc = literal ? 0 : ::glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
+  if (literal) paths.push_back(pattern);
   if (rc == 0) {
     for (size_t i = 0; i < g.gl_pathc; ++i) paths.emplace_back(g.gl_pathv[i]);
   }
@@ -71,16 +108,15 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
       ::close(fd);
       return InvalidArgumentError("the token file '" + path + "' holds no token");
     }
-    void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-    const int map_err = errno;
-    ::close(fd);
-    if (map == MAP_FAILED) return ErrnoStatus("cannot map the token file '" + path + "'", map_err);
-    f.map = map;
-    f.map_bytes = bytes;
-    s->files_.push_back(f);  // unmapped by the destructor from here on
+    // Blocking reads from here (O_NONBLOCK only kept a FIFO from stalling the open).
+    const int fl = ::fcntl(fd, F_GETFL);
+    if (fl >= 0) ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    f.fd = fd;
+    s->files_.push_back(f);  // closed by the destructor from here on
     File& file = s->files_.back();
     int32_t header[3] = {0, 0, 0};
-    if (bytes >= kShardHeaderBytes) std::memcpy(header, map, sizeof header);
+    if (bytes >= kShardHeaderBytes && !ReadExactly(fd, 0, header, sizeof header))
+      return IoError("reading the token file '" + path + "' failed");
     if (header[0] == kShardMagic) {
       if (header[1] != kShardVersion)
         return InvalidArgumentError("the token file '" + path + "' is an llm.c shard of version " +
@@ -95,8 +131,7 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
                                     " bytes) but it is " + std::to_string(bytes) +
                                     " bytes (truncated?)");
       file.shard = true;
-      file.tokens =
-          reinterpret_cast<const uint16_t*>(static_cast<const char*>(map) + kShardHeaderBytes);
+      file.offset = kShardHeaderBytes;
       file.count = static_cast<uint64_t>(header[2]);
     } else {
       if (bytes % 2 != 0)
@@ -105,19 +140,23 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
             "' is neither an llm.c shard (its "
             "first int32 is not 20240520) nor raw uint16 tokens (its size, " +
             std::to_string(bytes) + " bytes, is odd)");
-      file.tokens = static_cast<const uint16_t*>(map);
       file.count = bytes / 2;
     }
-    // Every id inside the vocabulary (Note [Token splits]); the scan is sequential and
-    // memory-bound, a second or so per few GB.
-    const uint16_t limit = static_cast<uint16_t>(std::min(vocab, 65536) - 1);
+    // Every id inside the vocabulary (Note [Token splits]); read sequentially, a second or so
+    // per few GB.
     if (vocab < 65536) {
-      for (uint64_t i = 0; i < file.count; ++i) {
-        if (file.tokens[i] > limit)
-          return InvalidArgumentError(
-              "the token file '" + path + "' holds token id " + std::to_string(file.tokens[i]) +
-              " at position " + std::to_string(i) + ", outside the model's vocabulary of " +
-              std::to_string(vocab) + " (model.vocab: set it to the tokenizer's vocabulary size)");
+      std::vector<int32_t> chunk(1 << 20);
+      for (uint64_t first = 0; first < file.count; first += chunk.size()) {
+        const uint64_t n = std::min<uint64_t>(chunk.size(), file.count - first);
+        TZ_RETURN_IF_ERROR(s->Read(file, first, n, chunk.data()));
+        for (uint64_t k = 0; k < n; ++k) {
+          if (chunk[k] >= vocab)
+            return InvalidArgumentError(
+                "the token file '" + path + "' holds token id " + std::to_string(chunk[k]) +
+                " at position " + std::to_string(first + k) +
+                ", outside the model's vocabulary of " + std::to_string(vocab) +
+                " (model.vocab: set it to the tokenizer's vocabulary size)");
+        }
       }
     }
   }
@@ -145,8 +184,8 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
   return s;
 }
 
-void TokenShards::Window(bool validation, uint64_t key, int seq, int32_t* tokens,
-                         int32_t* targets) const {
+Status TokenShards::Window(bool validation, uint64_t key, int seq, int32_t* tokens,
+                           int32_t* targets) const {
   const uint64_t len = static_cast<uint64_t>(seq) + 1;
   uint64_t starts = 0;
   for (const Span& sp : split(validation))
@@ -158,13 +197,9 @@ void TokenShards::Window(bool validation, uint64_t key, int seq, int32_t* tokens
       at -= here;
       continue;
     }
-    const uint16_t* w = files_[sp.file].tokens + sp.begin + at;
-    for (int t = 0; t < seq; ++t) {
-      tokens[t] = w[t];
-      targets[t] = w[t + 1];
-    }
-    return;
+    return ReadWindow(files_[sp.file], sp.begin + at, seq, tokens, targets);
   }
+  return InternalError("no window in the token split");
 }
 
 uint64_t TokenShards::NumEvalWindows(int seq) const {
@@ -173,20 +208,25 @@ uint64_t TokenShards::NumEvalWindows(int seq) const {
   return n;
 }
 
-void TokenShards::EvalWindow(uint64_t index, int seq, int32_t* tokens, int32_t* targets) const {
+Status TokenShards::EvalWindow(uint64_t index, int seq, int32_t* tokens, int32_t* targets) const {
   for (const File& f : files_) {
     const uint64_t here = f.count > 0 ? (f.count - 1) / static_cast<uint64_t>(seq) : 0;
     if (index >= here) {
       index -= here;
       continue;
     }
-    const uint16_t* w = f.tokens + index * static_cast<uint64_t>(seq);
-    for (int t = 0; t < seq; ++t) {
-      tokens[t] = w[t];
-      targets[t] = w[t + 1];
-    }
-    return;
+    return ReadWindow(f, index * static_cast<uint64_t>(seq), seq, tokens, targets);
   }
+  return InternalError("evaluation window " + std::to_string(index) + " is past the files");
+}
+
+Status TokenShards::ReadWindow(const File& f, uint64_t first, int seq, int32_t* tokens,
+                               int32_t* targets) const {
+  std::vector<int32_t> w(static_cast<size_t>(seq) + 1);
+  TZ_RETURN_IF_ERROR(Read(f, first, w.size(), w.data()));
+  std::copy(w.begin(), w.end() - 1, tokens);
+  std::copy(w.begin() + 1, w.end(), targets);
+  return Status::OK();
 }
 
 uint64_t TokenShards::tokens() const {

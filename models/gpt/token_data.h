@@ -1,7 +1,9 @@
 // Tokenized data files for the GPT (`--data PATH`, data kind "tokens"; docs/data.md): a file or a
 // glob of shards in llm.c's format (a header of 256 int32: magic 20240520, version 1, the token
-// count; then that many uint16 tokens) or raw uint16 tokens (nanoGPT's `.bin`), each mapped
-// read-only, never read whole into memory.
+// count; then that many uint16 tokens) or raw uint16 tokens (nanoGPT's `.bin`), each opened once
+// and read window by window (pread), never whole into memory. Not mapped: a file truncated or
+// rewritten while a run reads it (regenerating train.bin in place) would end a mapping's reader
+// with SIGBUS; a read says DataLoss instead.
 //
 // Note [Token splits]: with several shards the last (in sorted order) validates and the others
 // train, as llm.c's `*_val_*` shard does; one file trains on its first 90% and validates on its
@@ -36,13 +38,14 @@ class TokenShards {
 
   // A window of seq + 1 consecutive tokens of the split, at a start that is a function of `key`:
   // tokens[t] = window[t], targets[t] = window[t + 1].
-  void Window(bool validation, uint64_t key, int seq, int32_t* tokens, int32_t* targets) const;
+  // DataLoss when the file changed under the run (shorter than when it opened).
+  Status Window(bool validation, uint64_t key, int seq, int32_t* tokens, int32_t* targets) const;
 
   // Evaluation windows (`tierzero eval`): each file a stream of its own, window i of a file
   // starting at its token i x seq and holding seq + 1 tokens (a partial last window is dropped);
   // the files' windows in order.
   uint64_t NumEvalWindows(int seq) const;
-  void EvalWindow(uint64_t index, int seq, int32_t* tokens, int32_t* targets) const;
+  Status EvalWindow(uint64_t index, int seq, int32_t* tokens, int32_t* targets) const;
 
   uint64_t tokens() const;  // in every file
   uint64_t split_tokens(bool validation) const;
@@ -52,12 +55,15 @@ class TokenShards {
  private:
   struct File {
     std::string path;
-    const uint16_t* tokens = nullptr;  // into the mapping
+    int fd = -1;
+    uint64_t offset = 0;  // of token 0 (the header's size for a shard)
     uint64_t count = 0;
-    void* map = nullptr;
-    uint64_t map_bytes = 0;
     bool shard = false;  // llm.c's header (else raw uint16)
   };
+  // Tokens [first, first + n) of file `f`, widened to int32 into `out`.
+  Status Read(const File& f, uint64_t first, uint64_t n, int32_t* out) const;
+  Status ReadWindow(const File& f, uint64_t first, int seq, int32_t* tokens,
+                    int32_t* targets) const;
   struct Span {  // tokens [begin, end) of a file
     size_t file;
     uint64_t begin, end;

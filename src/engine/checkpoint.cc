@@ -190,8 +190,27 @@ Status GatherEntries(Communicator& comm, json& files, json& tensors) {
   return Status::OK();
 }
 
+// Whether `name` is a states file as SaveCheckpoint names them: "states-<step>.w<world>.rank<r>.bin".
+bool IsStatesFileName(const std::string& name) {
+  size_t i = 0;
+  auto digits = [&]() {
+    const size_t from = i;
+    while (i < name.size() && name[i] >= '0' && name[i] <= '9') ++i;
+    return i > from;
+  };
+  auto literal = [&](const char* s) {
+    const size_t n = std::strlen(s);
+    if (name.compare(i, n, s) != 0) return false;
+    i += n;
+    return true;
+  };
+  return literal("states-") && digits() && literal(".w") && digits() && literal(".rank") &&
+         digits() && literal(".bin") && i == name.size();
+}
+
 // Writes the manifest (the commit point), then removes the states files it no longer names
-// (earlier steps, ranks of an earlier world size).
+// (earlier steps, ranks of an earlier world size): only regular files named as SaveCheckpoint
+// names its own (a user's "states-notes.txt" in the directory stays).
 Status CommitManifest(const std::string& dir, const json& manifest) {
   ASSIGN_OR_RETURN(AtomicFile mf, AtomicFile::Create(dir + "/manifest.json"));
   const std::string text = manifest.dump(1);
@@ -201,10 +220,14 @@ Status CommitManifest(const std::string& dir, const json& manifest) {
   std::set<std::string> named;
   for (const json& f : manifest["files"]) named.insert(f.value("name", ""));
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("states-", 0) == 0 && named.count(name) == 0) fs::remove(entry.path(), ec);
+  std::vector<fs::path> stale;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (IsStatesFileName(name) && named.count(name) == 0 &&
+        fs::is_regular_file(fs::symlink_status(it->path(), ec)))
+      stale.push_back(it->path());
   }
+  for (const fs::path& p : stale) fs::remove(p, ec);
   return Status::OK();
 }
 

@@ -194,9 +194,17 @@ def case_nvme_path():
     cfg["engine"]["nvme_path"] = precious
     with open(os.path.join(OUT, "n_cfg.json"), "w") as f:
         json.dump(cfg, f)
-    refused(["export", os.path.join(run_dir, "checkpoint"), "--config",
-             os.path.join(OUT, "n_cfg.json"), "-o", os.path.join(OUT, "n_w.st")], "existing file")
+    # The export swaps to a directory of its own: the config's path is never touched.
+    ok(["export", os.path.join(run_dir, "checkpoint"), "--config",
+        os.path.join(OUT, "n_cfg.json"), "-o", os.path.join(OUT, "n_w.st")])
     check(read(precious) == b"precious", "the user's file named as the NVMe path changed")
+    # Named as the NVMe path itself (the store refuses a file it did not create).
+    tokens = os.path.join(OUT, "n_tokens.bin")
+    with open(tokens, "wb") as f:
+        f.write(b"".join(bytes([i % 200, 0]) for i in range(5000)))
+    refused(["eval", "--resume", os.path.join(run_dir, "checkpoint"), "--data", tokens,
+             "--nvme-path", precious], "existing file")
+    check(read(precious) == b"precious", "eval changed the file named by --nvme-path")
     refused(["train", "--run-dir", os.path.join(OUT, "n_run2"), "--steps", "2", "--nvme-path",
              precious])
     check(read(precious) == b"precious", "train changed the file named by --nvme-path")
@@ -263,6 +271,59 @@ def case_run_dir():
     check(steps == [1, 2, 3], f"metrics after --overwrite: steps {steps}")
     info = json.load(open(run_dir + "/checkpoint/manifest.json"))
     check(info.get("step") == 3, f"the checkpoint after --overwrite is at step {info.get('step')}")
+
+
+def case_resume_in_place_only():
+    # A checkpoint directory of the user's with files that look like ours but are not.
+    mine = os.path.join(OUT, "i_mine")
+    os.makedirs(mine)
+    for name in ("states-important.txt", "states-0.w1.rank0.bin.bak", "notes.txt"):
+        with open(os.path.join(mine, name), "w") as f:
+            f.write("keep")
+    train_small(os.path.join(OUT, "i_run0"), "--checkpoint", mine)
+    for name in ("states-important.txt", "states-0.w1.rank0.bin.bak", "notes.txt"):
+        check(read(os.path.join(mine, name)) == b"keep", f"the checkpoint save removed {name}")
+    # Resuming in place covers the run directory's files, not a --report naming someone's file.
+    run_dir = os.path.join(OUT, "i_run")
+    train_small(run_dir)
+    precious = os.path.join(OUT, "i_precious.json")
+    with open(precious, "w") as f:
+        f.write("precious")
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dir,
+             "--steps", "8", "--resume", run_dir + "/checkpoint", "--report", precious],
+            "i_precious.json", "--overwrite")
+    check(read(precious) == b"precious", "a resumed run replaced a user's file")
+    # Another run directory's checkpoint, resumed and written in place, is not this directory's.
+    other = os.path.join(OUT, "i_other")
+    train_small(other)
+    before = read(other + "/metrics.jsonl")
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", other,
+             "--steps", "8", "--resume", run_dir + "/checkpoint", "--checkpoint",
+             run_dir + "/checkpoint"], "--overwrite")
+    check(read(other + "/metrics.jsonl") == before, "another run's metrics were changed")
+    # A glob of token files is an input file by file: a metrics path naming one is refused.
+    shards = os.path.join(OUT, "i_shards")
+    os.makedirs(shards)
+    for k in range(2):
+        with open(os.path.join(shards, f"d_{k}.bin"), "wb") as f:
+            f.write(b"".join(bytes([i % 200, 0]) for i in range(3000)))
+    shard0 = read(os.path.join(shards, "d_0.bin"))
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir",
+             os.path.join(OUT, "i_tok"), "--data", shards + "/d_*.bin", "--metrics",
+             os.path.join(shards, "d_0.bin"), "--overwrite"], "input")
+    check(read(os.path.join(shards, "d_0.bin")) == shard0, "a token file was overwritten")
+    # Export and eval from another directory than the run's (its config records relative paths).
+    elsewhere = os.path.join(OUT, "i_cwd")
+    os.makedirs(elsewhere)
+    rel = os.path.join(OUT, "i_rel")
+    os.makedirs(rel)
+    ok(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", "r", "--steps", "3",
+        "--quiet"], cwd=rel)
+    ok(["export", os.path.join(rel, "r/checkpoint"), "-o", os.path.join(OUT, "i_w.st")],
+       cwd=elsewhere)
+    ok(["eval", "--resume", os.path.join(rel, "r/checkpoint"), "--data",
+        os.path.join(shards, "d_0.bin")], cwd=elsewhere)
+    check(not os.listdir(elsewhere), f"export or eval left files: {os.listdir(elsewhere)}")
 
 
 def case_lock():
@@ -467,6 +528,13 @@ def case_ranges():
     refused(["train", "--config", big, "--run-dir", rd], "chunk_elems")
     big2 = write_config(os.path.join(OUT, "x_chunk2.json"), engine={"chunk_elems": 2**62})
     refused(["train", "--config", big2, "--run-dir", rd], "chunk_elems")
+    # A micro-batch whose token arrays alone would not fit in memory; a vocabulary the task's
+    # tokens do not fit (both found before a run could replace another's files).
+    refused(["train", "--config", cfg, "--run-dir", rd, "--batch-size", "1048576", "--seq-len",
+             "65536"], "2^24 tokens")
+    refused(["train", "--config", cfg, "--run-dir", rd, "--vocab", "5"], "model.vocab")
+    refused(["eval", "--init-from", os.path.join(OUT, "missing.st"), "--data", "/dev/null",
+             "--batch-size", "1048576"])
     for rates in ({"cpu_adam_params_per_s": 1e300}, {"h2d_bytes_per_s": 1e-300},
                   {"comm_latency_s": 1e30}, {"nvme_read_bytes_per_s": -1}):
         path = os.path.join(OUT, "x_rates.json")

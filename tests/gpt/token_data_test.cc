@@ -80,7 +80,7 @@ TEST(TokenData, ShardsAndRawFilesGiveWindowsOfTheirSplit) {
   int in_a = 0, in_b = 0;
   for (uint64_t key = 0; key < 400; ++key) {
     for (const bool validation : {false, true}) {
-      (*s)->Window(validation, key * 2654435761u, seq, tok.data(), tgt.data());
+      ASSERT_TRUE((*s)->Window(validation, key * 2654435761u, seq, tok.data(), tgt.data()).ok());
       for (int t = 0; t + 1 < seq; ++t) ASSERT_EQ(tgt[t], tok[t + 1]);
       std::vector<int32_t> window(tok);
       window.push_back(tgt.back());
@@ -101,11 +101,11 @@ TEST(TokenData, ShardsAndRawFilesGiveWindowsOfTheirSplit) {
   auto one = TokenShards::Open(dir / "d_train_000.bin", vocab, seq + 1);
   ASSERT_TRUE(one.ok());
   for (uint64_t key = 0; key < 200; ++key) {
-    (*one)->Window(true, key * 7919, seq, tok.data(), tgt.data());
+    ASSERT_TRUE((*one)->Window(true, key * 7919, seq, tok.data(), tgt.data()).ok());
     std::vector<int32_t> window(tok);
     window.push_back(tgt.back());
     EXPECT_GE(Find(a, window), 2700) << "validation from the first 90%";
-    (*one)->Window(false, key * 7919, seq, tok.data(), tgt.data());
+    ASSERT_TRUE((*one)->Window(false, key * 7919, seq, tok.data(), tgt.data()).ok());
     window.assign(tok.begin(), tok.end());
     window.push_back(tgt.back());
     const int64_t at = Find(a, window);
@@ -124,7 +124,7 @@ TEST(TokenData, EvaluationWindowsStartAtMultiplesOfTheirLength) {
   ASSERT_EQ((*s)->NumEvalWindows(4), 12u);
   std::vector<int32_t> tok(4), tgt(4);
   for (uint64_t w = 0; w < 12; ++w) {
-    (*s)->EvalWindow(w, 4, tok.data(), tgt.data());
+    ASSERT_TRUE((*s)->EvalWindow(w, 4, tok.data(), tgt.data()).ok());
     const std::vector<uint16_t>& f = w < 10 ? a : b;
     const size_t start = (w < 10 ? w : w - 10) * 4;
     for (size_t t = 0; t < 4; ++t) {
@@ -156,6 +156,14 @@ TEST(TokenData, BadFilesAreRefusedWithWhatIsWrong) {
   EXPECT_NE(error(dir / "adir.bin", 300).find("not a regular file"), std::string::npos);
   WriteRaw(dir / "tiny.bin", Tokens(30, 0, 300));  // 27 train, 3 validate: no window of 17
   EXPECT_NE(error(dir / "tiny.bin", 300).find("validation split"), std::string::npos);
+  // A file that shrinks under the run: a read error (DataLoss), not a SIGBUS.
+  WriteRaw(dir / "shrinks.bin", Tokens(1000, 0, 300));
+  auto shrinking = TokenShards::Open(dir / "shrinks.bin", 300, 17);
+  ASSERT_TRUE(shrinking.ok());
+  fs::resize_file(dir / "shrinks.bin", 0);
+  std::vector<int32_t> tok(16), tgt(16);
+  const Status read = (*shrinking)->Window(false, 5, 16, tok.data(), tgt.data());
+  EXPECT_EQ(read.code(), StatusCode::kDataLoss) << read.ToString();
   // Through the dataset: kind "tokens" with the model's vocabulary.
   DataConfig c;
   c.kind = "tokens";
