@@ -12,13 +12,17 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
+#include <string>
 
 #include "tierzero/files.h"
 
 namespace tierzero::app {
 namespace fs = std::filesystem;
+using nlohmann::json;
 
 namespace {
 
@@ -379,6 +383,130 @@ Status ApplyOutputs(const OutputsPlan& plan) {
   Status s = WriteFileAtomically(plan.config_path, plan.config_text);
   if (!s.ok()) return std::move(s).WithContext("writing the run's config.json");
   return Status::OK();
+}
+
+// The outputs' paths defaulted under the run directory; on the lead rank the locks of the run and
+// checkpoint directories, and the outputs checked against each other, the inputs and another
+// run's files (run_dir.h); every directory they need created before the first step, so a bad path
+// fails now and not after the training it was to record. Nothing is removed or written yet: the
+// plan says what TrainRun::SetUp does once the set-up is known to be good (ApplyOutputs), the run's
+// config.json (as configured: without the per-rank NVMe path) among it.
+// run_dir.h
+StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_path, int rank,
+                                     int world, RunDirLock& lock) {
+  const bool lead = rank == 0;
+  RunConfig written = cfg;  // config.json: "none" stays "none", the rest as resolved below
+  DefaultOutputPaths(cfg);
+  OutputOptions& out = cfg.output;
+  written.output = out;
+  written.engine.nvme_path = cfg.engine.nvme_path;
+  if (out.html.empty()) written.output.html = "none";
+  if (out.trace.empty()) written.output.trace = "none";
+  if (out.checkpoint_dir.empty()) written.output.checkpoint_dir = "none";
+  // Each rank swaps to its own files.
+  if (world > 1) cfg.engine.nvme_path += "/rank" + std::to_string(rank);
+  std::error_code ec;
+  fs::create_directories(out.run_dir, ec);
+  if (ec) return IoError("creating run directory " + out.run_dir + ": " + ec.message());
+  if (!fs::is_directory(out.run_dir, ec))
+    return InvalidArgumentError("the run directory " + out.run_dir + " is not a directory");
+  // The checkpoint directory too, and it must be writable: found before step 1, not at the end.
+  // "none": no checkpoint at all (benchmark runs of models whose states would fill the disk).
+  if (!out.checkpoint_dir.empty()) fs::create_directories(out.checkpoint_dir, ec);
+  if (ec)
+    return IoError("creating the checkpoint directory " + out.checkpoint_dir + ": " + ec.message());
+  if (!out.checkpoint_dir.empty() && access(out.checkpoint_dir.c_str(), W_OK | X_OK) != 0)
+    return IoError("the checkpoint directory " + out.checkpoint_dir +
+                   " is not writable: " + std::strerror(errno));
+  OutputsPlan plan;
+  if (lead) {
+    // Both locks before any check, so a second run changes nothing.
+    TZ_RETURN_IF_ERROR(lock.Acquire(out.run_dir, "run directory"));
+    if (!out.checkpoint_dir.empty() && !fs::equivalent(out.checkpoint_dir, out.run_dir, ec))
+      TZ_RETURN_IF_ERROR(lock.Acquire(out.checkpoint_dir, "checkpoint directory"));
+    TZ_ASSIGN_OR_RETURN(plan, CheckOutputs(cfg, config_path, out.overwrite));
+    plan.config_text = RunConfigToJson(written) + "\n";
+  }
+  for (const std::string* file : {&out.metrics, &out.report, &out.html, &out.trace}) {
+    const fs::path dir = fs::path(*file).parent_path();
+    if (file->empty() || dir.empty() || !lead) continue;
+    fs::create_directories(dir, ec);
+    if (ec) return IoError("creating the directory of " + *file + ": " + ec.message());
+  }
+  if (cfg.engine.nvme_budget > 0) {
+    fs::create_directories(cfg.engine.nvme_path, ec);
+    if (ec) return IoError("creating NVMe directory " + cfg.engine.nvme_path + ": " + ec.message());
+  }
+  return plan;
+}
+
+// train.h
+Status TrimMetrics(const std::string& path, int step) {
+  // Only a file can be trimmed: a device, a FIFO or the process's stdout is not read back.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || path.rfind("/dev/", 0) == 0 ||
+      path.rfind("/proc/", 0) == 0)
+    return Status::OK();
+  // One pass, line by line: where the first dropped line starts, and whether any line after it
+  // is kept. The usual case (lines of later steps and a torn last line) is a tail: the file is
+  // cut there (ftruncate), however long the run was. Only lines dropped among kept ones make
+  // the file be rewritten whole (bounded at 256 MiB).
+  auto is_kept = [step](const std::string& line) {
+    const json m = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!m.is_object() || !m.contains("step") || !m["step"].is_number_integer()) return false;
+    if (m["step"].is_number_unsigned())
+      return m["step"].get<uint64_t>() <= static_cast<uint64_t>(step);
+    const int64_t at = m["step"].get<int64_t>();
+    return at >= 0 && at <= step;
+  };
+  int dropped = 0;
+  int64_t first_drop = -1;
+  bool kept_after_drop = false;
+  {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return IoError("cannot read the metrics file " + path + " to trim it");
+    int64_t offset = 0;
+    std::string line;
+    while (std::getline(in, line)) {
+      const int64_t consumed = static_cast<int64_t>(line.size()) + (in.eof() ? 0 : 1);
+      if (is_kept(line)) {
+        kept_after_drop = kept_after_drop || first_drop >= 0;
+      } else {
+        if (first_drop < 0) first_drop = offset;
+        ++dropped;
+      }
+      offset += consumed;
+    }
+  }
+  if (dropped == 0) {
+    // A last line kept without its newline (edited by hand) would fuse with the next step's.
+    const int fd = ::open(path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC);
+    if (fd < 0) return ErrnoError("opening the metrics file " + path, errno);
+    char last = '\n';
+    if (st.st_size > 0 && ::pread(fd, &last, 1, st.st_size - 1) == 1 && last != '\n' &&
+        ::write(fd, "\n", 1) != 1) {
+      const int err = errno;
+      ::close(fd);
+      return ErrnoError("writing the metrics file " + path, err);
+    }
+    ::close(fd);
+    return Status::OK();
+  }
+  std::printf("  metrics: dropped %d line%s after step %d from %s (written after the checkpoint)\n",
+              dropped, dropped == 1 ? "" : "s", step, path.c_str());
+  if (!kept_after_drop) {
+    if (::truncate(path.c_str(), static_cast<off_t>(first_drop)) != 0)
+      return ErrnoError("trimming the metrics file " + path, errno);
+    return Status::OK();
+  }
+  TZ_ASSIGN_OR_RETURN(const std::string text,
+                      ReadFileBounded(path, kMaxReportBytes, "metrics file"));
+  std::istringstream in(text);
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    if (is_kept(line)) kept += line + "\n";
+  }
+  return WriteFileAtomically(path, kept);
 }
 
 Status CheckNotAnInput(const std::string& output, const std::string& what,

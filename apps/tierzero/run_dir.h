@@ -64,6 +64,14 @@ struct OutputsPlan {
 StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& config_path,
                                    bool overwrite);
 
+// The outputs' paths defaulted under the run directory; on the lead rank (rank 0) the locks of the
+// run and checkpoint directories (held by `lock` to the end of the run) and CheckOutputs; every
+// directory the outputs need created before the first step. Nothing is removed or written yet:
+// the plan carries the run's config.json (as configured: without the per-rank NVMe path) for
+// ApplyOutputs. Ranks after the first swap to RUN_DIR/nvme/rankN.
+StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_path, int rank,
+                                     int world, RunDirLock& lock);
+
 // Carries out the plan: the stale files and checkpoints removed (tierzero's names, regular files
 // only), the temporary files of dead processes removed from the locked directories, and the run's
 // config.json written (an error stops the run: export and resume read it).

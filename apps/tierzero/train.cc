@@ -1,7 +1,5 @@
 #include "train.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,12 +9,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -71,72 +67,6 @@ StatusOr<std::shared_ptr<Communicator>> RunCommunicator(const RanksOptions& o) {
     }
   }
   return Communicator::Single();
-}
-
-// train.h
-Status TrimMetrics(const std::string& path, int step) {
-  // Only a file can be trimmed: a device, a FIFO or the process's stdout is not read back.
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || path.rfind("/dev/", 0) == 0 ||
-      path.rfind("/proc/", 0) == 0)
-    return Status::OK();
-  // One pass, line by line: where the first dropped line starts, and whether any line after it
-  // is kept. The usual case (lines of later steps and a torn last line) is a tail: the file is
-  // cut there (ftruncate), however long the run was. Only lines dropped among kept ones make
-  // the file be rewritten whole (bounded at 256 MiB).
-  auto is_kept = [step](const std::string& line) {
-    const json m = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    const std::optional<int64_t> at = IntegerField<int64_t>(m, "step");
-    return at && *at >= 0 && *at <= step;
-  };
-  int dropped = 0;
-  int64_t first_drop = -1;
-  bool kept_after_drop = false;
-  {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return IoError("cannot read the metrics file " + path + " to trim it");
-    int64_t offset = 0;
-    std::string line;
-    while (std::getline(in, line)) {
-      const int64_t consumed = static_cast<int64_t>(line.size()) + (in.eof() ? 0 : 1);
-      if (is_kept(line)) {
-        kept_after_drop = kept_after_drop || first_drop >= 0;
-      } else {
-        if (first_drop < 0) first_drop = offset;
-        ++dropped;
-      }
-      offset += consumed;
-    }
-  }
-  if (dropped == 0) {
-    // A last line kept without its newline (edited by hand) would fuse with the next step's.
-    const int fd = ::open(path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC);
-    if (fd < 0) return ErrnoError("opening the metrics file " + path, errno);
-    char last = '\n';
-    if (st.st_size > 0 && ::pread(fd, &last, 1, st.st_size - 1) == 1 && last != '\n' &&
-        ::write(fd, "\n", 1) != 1) {
-      const int err = errno;
-      ::close(fd);
-      return ErrnoError("writing the metrics file " + path, err);
-    }
-    ::close(fd);
-    return Status::OK();
-  }
-  std::printf("  metrics: dropped %d line%s after step %d from %s (written after the checkpoint)\n",
-              dropped, dropped == 1 ? "" : "s", step, path.c_str());
-  if (!kept_after_drop) {
-    if (::truncate(path.c_str(), static_cast<off_t>(first_drop)) != 0)
-      return ErrnoError("trimming the metrics file " + path, errno);
-    return Status::OK();
-  }
-  TZ_ASSIGN_OR_RETURN(const std::string text,
-                      ReadFileBounded(path, kMaxReportBytes, "metrics file"));
-  std::istringstream in(text);
-  std::string kept, line;
-  while (std::getline(in, line)) {
-    if (is_kept(line)) kept += line + "\n";
-  }
-  return WriteTextFile(path, kept);
 }
 
 namespace {
@@ -309,60 +239,6 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
 }
 
 namespace {
-
-// The outputs' paths defaulted under the run directory; on the lead rank the locks of the run and
-// checkpoint directories, and the outputs checked against each other, the inputs and another
-// run's files (run_dir.h); every directory they need created before the first step, so a bad path
-// fails now and not after the training it was to record. Nothing is removed or written yet: the
-// plan says what TrainRun::SetUp does once the set-up is known to be good (ApplyOutputs), the run's
-// config.json (as configured: without the per-rank NVMe path) among it.
-StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_path, int rank,
-                                     int world, RunDirLock& lock) {
-  const bool lead = rank == 0;
-  RunConfig written = cfg;  // config.json: "none" stays "none", the rest as resolved below
-  DefaultOutputPaths(cfg);
-  OutputOptions& out = cfg.output;
-  written.output = out;
-  written.engine.nvme_path = cfg.engine.nvme_path;
-  if (out.html.empty()) written.output.html = "none";
-  if (out.trace.empty()) written.output.trace = "none";
-  if (out.checkpoint_dir.empty()) written.output.checkpoint_dir = "none";
-  // Each rank swaps to its own files.
-  if (world > 1) cfg.engine.nvme_path += "/rank" + std::to_string(rank);
-  std::error_code ec;
-  fs::create_directories(out.run_dir, ec);
-  if (ec) return IoError("creating run directory " + out.run_dir + ": " + ec.message());
-  if (!fs::is_directory(out.run_dir, ec))
-    return InvalidArgumentError("the run directory " + out.run_dir + " is not a directory");
-  // The checkpoint directory too, and it must be writable: found before step 1, not at the end.
-  // "none": no checkpoint at all (benchmark runs of models whose states would fill the disk).
-  if (!out.checkpoint_dir.empty()) fs::create_directories(out.checkpoint_dir, ec);
-  if (ec)
-    return IoError("creating the checkpoint directory " + out.checkpoint_dir + ": " + ec.message());
-  if (!out.checkpoint_dir.empty() && access(out.checkpoint_dir.c_str(), W_OK | X_OK) != 0)
-    return IoError("the checkpoint directory " + out.checkpoint_dir +
-                   " is not writable: " + std::strerror(errno));
-  OutputsPlan plan;
-  if (lead) {
-    // Both locks before any check, so a second run changes nothing.
-    TZ_RETURN_IF_ERROR(lock.Acquire(out.run_dir, "run directory"));
-    if (!out.checkpoint_dir.empty() && !fs::equivalent(out.checkpoint_dir, out.run_dir, ec))
-      TZ_RETURN_IF_ERROR(lock.Acquire(out.checkpoint_dir, "checkpoint directory"));
-    TZ_ASSIGN_OR_RETURN(plan, CheckOutputs(cfg, config_path, out.overwrite));
-    plan.config_text = RunConfigToJson(written) + "\n";
-  }
-  for (const std::string* file : {&out.metrics, &out.report, &out.html, &out.trace}) {
-    const fs::path dir = fs::path(*file).parent_path();
-    if (file->empty() || dir.empty() || !lead) continue;
-    fs::create_directories(dir, ec);
-    if (ec) return IoError("creating the directory of " + *file + ": " + ec.message());
-  }
-  if (cfg.engine.nvme_budget > 0) {
-    fs::create_directories(cfg.engine.nvme_path, ec);
-    if (ec) return IoError("creating NVMe directory " + cfg.engine.nvme_path + ": " + ec.message());
-  }
-  return plan;
-}
 
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -776,99 +652,6 @@ int Train(const std::vector<std::string>& args) {
   if (Status s = run.SetUp(); !s.ok()) return Fail(s);
   if (Status s = run.Loop(); !s.ok()) return Fail(s);
   if (Status s = run.Finish(); !s.ok()) return Fail(s);
-  return 0;
-}
-
-int Export(const std::vector<std::string>& args) {
-  std::string ckpt, output, config_path;
-  DType dtype = DType::kF32;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if ((args[i] == "-o" || args[i] == "--output") && i + 1 < args.size()) {
-      output = args[++i];
-    } else if (args[i] == "--dtype" && i + 1 < args.size()) {
-      auto d = ParseDType(args[++i]);
-      if (!d.ok() || (*d != DType::kF32 && *d != DType::kBF16))
-        return Fail(InvalidArgumentError("--dtype must be fp32 or bf16"));
-      dtype = *d;
-    } else if (args[i] == "--config" && i + 1 < args.size()) {
-      config_path = args[++i];
-    } else if (args[i] == "-h" || args[i] == "--help") {
-      std::puts(
-          "usage: tierzero export CHECKPOINT_DIR -o model.safetensors [--dtype fp32|bf16]\n"
-          "  [--config RUN_DIR/config.json]  (default: CHECKPOINT_DIR/../config.json)");
-      return 0;
-    } else if (ckpt.empty() && args[i][0] != '-') {
-      ckpt = args[i];
-    } else {
-      return Fail(InvalidArgumentError("unknown export option '" + args[i] + "'"));
-    }
-  }
-  if (ckpt.empty() || output.empty())
-    return Fail(InvalidArgumentError("usage: tierzero export CHECKPOINT_DIR -o FILE.safetensors"));
-  // The run directory is the checkpoint directory's parent, however the directory is written
-  // ("run/checkpoint/", ".", "checkpoint/.").
-  std::error_code fec;
-  fs::path ckpt_dir = fs::absolute(ckpt, fec).lexically_normal();
-  if (ckpt_dir.has_parent_path() && ckpt_dir.filename().empty()) ckpt_dir = ckpt_dir.parent_path();
-  if (config_path.empty()) config_path = (ckpt_dir.parent_path() / "config.json").string();
-  auto text = ReadFileBounded(config_path, kMaxConfigBytes, "run config");
-  if (!text.ok()) {
-    if (text.status().code() == StatusCode::kNotFound)
-      return Fail(NotFoundError("cannot open " + config_path +
-                                " (the run's config, written by tierzero train; pass --config)"));
-    return Fail(text.status());
-  }
-  auto cfg = ParseRunConfig(*text, DefaultRunConfig());
-  if (!cfg.ok()) return Fail(std::move(cfg).status().WithContext(config_path));
-  // Nothing the export reads is written over (its checkpoint's files, its config).
-  if (Status s = CheckNotAnInput(
-          output, "-o", {{"checkpoint", ckpt_dir.string(), true}, {"config", config_path, false}});
-      !s.ok())
-    return Fail(s);
-  // The run's budgets (NVMe included, so a model larger than memory exports too).
-  EngineConfig ec = cfg->engine;
-  ec.device = DeviceChoice::kHost;
-  {
-    // One process holds what the checkpoint's ranks held: their budgets together.
-    auto info = ReadCheckpointInfo(ckpt);
-    if (!info.ok()) return Fail(info.status());
-    const uint64_t ranks = static_cast<uint64_t>(std::clamp(info->world_size, 1, 1 << 16));
-    auto times = [&](uint64_t b) {  // saturating: a budget near 2^64 must not wrap
-      return b > std::numeric_limits<uint64_t>::max() / ranks ? std::numeric_limits<uint64_t>::max()
-                                                              : b * ranks;
-    };
-    ec.host_budget = times(ec.host_budget);
-    ec.nvme_budget = times(ec.nvme_budget);
-  }
-  // NVMe swap space of its own (a directory made here and removed at the end): the run's recorded
-  // nvme_path is relative to where that run ran, and a live run may be swapping there.
-  struct TempDir {
-    std::string path;
-    ~TempDir() {
-      std::error_code e;
-      if (!path.empty()) fs::remove_all(path, e);
-    }
-  } nvme_dir;
-  ec.nvme_path.clear();
-  if (ec.nvme_budget > 0) {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string made =
-        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/tierzero-export-XXXXXX";
-    if (::mkdtemp(made.data()) == nullptr)
-      return Fail(ErrnoError("creating a directory for the NVMe tier", errno));
-    nvme_dir.path = made;
-    ec.nvme_path = made;
-  }
-  auto engine = Engine::Create(ec);
-  if (!engine.ok()) return Fail(engine.status());
-  auto model = gpt::Gpt::Create(**engine, cfg->model);
-  if (!model.ok()) return Fail(model.status());
-  if (Status s = (*engine)->Finalize(); !s.ok()) return Fail(s);
-  if (auto u = (*engine)->LoadCheckpoint(ckpt); !u.ok()) return Fail(u.status());
-  if (Status s = (*engine)->ExportSafetensors(output, dtype); !s.ok()) return Fail(s);
-  std::printf("exported %d tensors (%lld parameters, %s) to %s\n", (*engine)->num_params(),
-              static_cast<long long>((*model)->num_params()), std::string(DTypeName(dtype)).c_str(),
-              output.c_str());
   return 0;
 }
 

@@ -1,0 +1,121 @@
+// `tierzero export`: a checkpoint to one consolidated safetensors file (train.h).
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "run_dir.h"
+#include "tierzero/files.h"
+#include "train.h"
+
+namespace tierzero::app {
+namespace fs = std::filesystem;
+
+namespace {
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int Export(const std::vector<std::string>& args) {
+  std::string ckpt, output, config_path;
+  DType dtype = DType::kF32;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if ((args[i] == "-o" || args[i] == "--output") && i + 1 < args.size()) {
+      output = args[++i];
+    } else if (args[i] == "--dtype" && i + 1 < args.size()) {
+      auto d = ParseDType(args[++i]);
+      if (!d.ok() || (*d != DType::kF32 && *d != DType::kBF16))
+        return Fail(InvalidArgumentError("--dtype must be fp32 or bf16"));
+      dtype = *d;
+    } else if (args[i] == "--config" && i + 1 < args.size()) {
+      config_path = args[++i];
+    } else if (args[i] == "-h" || args[i] == "--help") {
+      std::puts(
+          "usage: tierzero export CHECKPOINT_DIR -o model.safetensors [--dtype fp32|bf16]\n"
+          "  [--config RUN_DIR/config.json]  (default: CHECKPOINT_DIR/../config.json)");
+      return 0;
+    } else if (ckpt.empty() && args[i][0] != '-') {
+      ckpt = args[i];
+    } else {
+      return Fail(InvalidArgumentError("unknown export option '" + args[i] + "'"));
+    }
+  }
+  if (ckpt.empty() || output.empty())
+    return Fail(InvalidArgumentError("usage: tierzero export CHECKPOINT_DIR -o FILE.safetensors"));
+  // The run directory is the checkpoint directory's parent, however the directory is written
+  // ("run/checkpoint/", ".", "checkpoint/.").
+  std::error_code fec;
+  fs::path ckpt_dir = fs::absolute(ckpt, fec).lexically_normal();
+  if (ckpt_dir.has_parent_path() && ckpt_dir.filename().empty()) ckpt_dir = ckpt_dir.parent_path();
+  if (config_path.empty()) config_path = (ckpt_dir.parent_path() / "config.json").string();
+  auto text = ReadFileBounded(config_path, kMaxConfigBytes, "run config");
+  if (!text.ok()) {
+    if (text.status().code() == StatusCode::kNotFound)
+      return Fail(NotFoundError("cannot open " + config_path +
+                                " (the run's config, written by tierzero train; pass --config)"));
+    return Fail(text.status());
+  }
+  auto cfg = ParseRunConfig(*text, DefaultRunConfig());
+  if (!cfg.ok()) return Fail(std::move(cfg).status().WithContext(config_path));
+  // Nothing the export reads is written over (its checkpoint's files, its config).
+  if (Status s = CheckNotAnInput(
+          output, "-o", {{"checkpoint", ckpt_dir.string(), true}, {"config", config_path, false}});
+      !s.ok())
+    return Fail(s);
+  // The run's budgets (NVMe included, so a model larger than memory exports too).
+  EngineConfig ec = cfg->engine;
+  ec.device = DeviceChoice::kHost;
+  {
+    // One process holds what the checkpoint's ranks held: their budgets together.
+    auto info = ReadCheckpointInfo(ckpt);
+    if (!info.ok()) return Fail(info.status());
+    const uint64_t ranks = static_cast<uint64_t>(std::clamp(info->world_size, 1, 1 << 16));
+    auto times = [&](uint64_t b) {  // saturating: a budget near 2^64 must not wrap
+      return b > std::numeric_limits<uint64_t>::max() / ranks ? std::numeric_limits<uint64_t>::max()
+                                                              : b * ranks;
+    };
+    ec.host_budget = times(ec.host_budget);
+    ec.nvme_budget = times(ec.nvme_budget);
+  }
+  // NVMe swap space of its own (a directory made here and removed at the end): the run's recorded
+  // nvme_path is relative to where that run ran, and a live run may be swapping there.
+  struct TempDir {
+    std::string path;
+    ~TempDir() {
+      std::error_code e;
+      if (!path.empty()) fs::remove_all(path, e);
+    }
+  } nvme_dir;
+  ec.nvme_path.clear();
+  if (ec.nvme_budget > 0) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string made =
+        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/tierzero-export-XXXXXX";
+    if (::mkdtemp(made.data()) == nullptr)
+      return Fail(ErrnoError("creating a directory for the NVMe tier", errno));
+    nvme_dir.path = made;
+    ec.nvme_path = made;
+  }
+  auto engine = Engine::Create(ec);
+  if (!engine.ok()) return Fail(engine.status());
+  auto model = gpt::Gpt::Create(**engine, cfg->model);
+  if (!model.ok()) return Fail(model.status());
+  if (Status s = (*engine)->Finalize(); !s.ok()) return Fail(s);
+  if (auto u = (*engine)->LoadCheckpoint(ckpt); !u.ok()) return Fail(u.status());
+  if (Status s = (*engine)->ExportSafetensors(output, dtype); !s.ok()) return Fail(s);
+  std::printf("exported %d tensors (%lld parameters, %s) to %s\n", (*engine)->num_params(),
+              static_cast<long long>((*model)->num_params()), std::string(DTypeName(dtype)).c_str(),
+              output.c_str());
+  return 0;
+}
+
+}  // namespace tierzero::app
