@@ -18,6 +18,7 @@
 
 #include "gpt/data.h"
 #include "gpt/token_data.h"
+#include "signals.h"
 #include "tierzero/files.h"
 #include "train.h"
 
@@ -117,6 +118,8 @@ Status RunEval(const RunConfig& cfg, int window, const std::string& nvme_dir) {
 }  // namespace
 
 int Eval(const std::vector<std::string>& args) {
+  // SIGINT and SIGTERM end the evaluation at once, with a message (nothing to save).
+  GracefulInterrupts interrupts(/*during_setup=*/true);
   std::vector<std::string> rest;
   int window = 0;
   bool has_config = false, has_nvme_path = false;
@@ -136,6 +139,16 @@ int Eval(const std::vector<std::string>& args) {
       window = static_cast<int>(v);
       ++i;
       continue;
+    }
+    // Flags of `train` that mean nothing here are refused, not silently ignored.
+    for (const char* train_only :
+         {"--steps", "--lr", "--eval-every", "--profile-step", "--grad-accumulation", "--metrics",
+          "--report", "--html", "--trace", "--run-dir", "--checkpoint", "--plan", "--overwrite",
+          "--log-every", "--text", "--seed", "--checkpoint-activations", "--quiet"}) {
+      if (args[i] == train_only)
+        return EvalFail(InvalidArgumentError("option " + args[i] +
+                                             " is one of tierzero train's; eval --help lists "
+                                             "eval's"));
     }
     has_config = has_config || args[i] == "--config";
     has_nvme_path = has_nvme_path || args[i] == "--nvme-path";
