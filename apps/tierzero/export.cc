@@ -66,6 +66,8 @@ int Export(const std::vector<std::string>& args) {
   }
   auto cfg = ParseRunConfig(*text, DefaultRunConfig());
   if (!cfg.ok()) return Fail(std::move(cfg).status().WithContext(config_path));
+  // A path no file can be written to is refused before the checkpoint loads.
+  if (Status s = CheckOutputPath(output, "-o"); !s.ok()) return Fail(s);
   // Nothing the export reads is written over (its checkpoint's files, its config).
   if (Status s = CheckNotAnInput(
           output, "-o", {{"checkpoint", ckpt_dir.string(), true}, {"config", config_path, false}});

@@ -22,6 +22,7 @@
 
 #include "run_dir.h"
 #include "tierzero/bytes.h"
+#include "tierzero/files.h"
 #include "tierzero/report.h"
 
 namespace tierzero::app {
@@ -580,6 +581,8 @@ int Plan(const std::vector<std::string>& args) {
   auto cfg = LoadRunConfig(pa->rest, &config_path);
   if (!cfg.ok()) return Fail(cfg.status());
   if (!pa->json_path.empty()) {
+    // A path no plan can be written to is refused now, not after the calibration.
+    if (Status s = CheckOutputPath(pa->json_path, "--json"); !s.ok()) return Fail(s);
     // The plan is written over none of the files it reads.
     if (Status s = CheckNotAnInput(pa->json_path, "--json",
                                    {{"config", config_path, false},

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "run_dir.h"
+#include "tierzero/files.h"
 #include "tierzero/report.h"
 #include "train.h"
 
@@ -42,6 +43,11 @@ int ReportCommand(const std::vector<std::string>& args) {
     std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
     return 1;
   };
+  for (const auto& [flag, out] :
+       {std::pair<const char*, std::string>{"-o", html}, {"--trace", trace}}) {
+    if (out.empty()) continue;
+    if (Status s = CheckOutputPath(out, flag); !s.ok()) return fail(s);
+  }
   // Neither output is an input, nor the other output.
   const std::vector<InputPath> inputs = {{"report", input, false}, {"plan", plan, false}};
   for (const auto& [flag, out] :

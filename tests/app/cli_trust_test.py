@@ -170,6 +170,11 @@ def case_outputs():
     d = os.path.join(OUT, "o_dir")
     os.makedirs(d + "/inside")
     refused(["export", ckpt, "-o", d], "directory")
+    # Refused before the work, not after it (plan calibrates first; export loads first).
+    t0 = time.time()
+    refused(["plan", "--config", os.path.join(OUT, "small.json"), "--json", d], "directory")
+    refused(["report", ok_run + "/report.json", "-o", d], "directory")
+    check(time.time() - t0 < 10, "plan --json DIR was refused only after its calibration")
     refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir",
              os.path.join(OUT, "o_run2"), "--report", d], "directory")
     check(os.path.isdir(d + "/inside"), "the directory changed")
