@@ -153,14 +153,49 @@ void RemoveDeadTemporaries(const std::string& dir) {
 
 }  // namespace
 
+MadeDirs::~MadeDirs() {
+  // Deepest first; rmdir removes only an empty directory, so nothing else can go.
+  for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) {
+    const std::string lock_file = *it + "/" + kLockFileName;
+    if (IsRegular(lock_file)) ::unlink(lock_file.c_str());  // ours: the directory is ours
+    ::rmdir(it->c_str());
+  }
+}
+
+void MadeDirs::Create(const std::string& path, std::error_code& ec) {
+  // The levels that do not exist yet, outermost first.
+  std::vector<std::string> missing;
+  for (fs::path p = fs::absolute(path, ec).lexically_normal(); !p.empty(); p = p.parent_path()) {
+    if (ec) break;
+    std::error_code e;
+    if (fs::exists(fs::symlink_status(p, e))) break;
+    missing.push_back(p.string());
+    if (p == p.parent_path()) break;
+  }
+  fs::create_directories(path, ec);
+  if (ec) return;
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+    std::string d = *it;
+    while (d.size() > 1 && d.back() == '/') d.pop_back();
+    dirs_.push_back(d);
+  }
+}
+
 RunDirLock::~RunDirLock() {
+  // Unlinked while still locked, then released: no other process can hold the old file.
+  if (!keep_) {
+    for (const std::string& f : created_) ::unlink(f.c_str());
+  }
   for (int fd : fds_) ::close(fd);  // releases the flock
 }
 
 Status RunDirLock::Acquire(const std::string& dir, const std::string& what) {
   const std::string path = dir + "/" + kLockFileName;
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  const bool made = fd >= 0;
+  if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return ErrnoError("opening the lock of the " + what + " " + dir, errno);
+  if (made) created_.push_back(path);
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     if (err == EWOULDBLOCK) {
@@ -393,7 +428,7 @@ Status ApplyOutputs(const OutputsPlan& plan) {
 // config.json (as configured: without the per-rank NVMe path) among it.
 // run_dir.h
 StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_path, int rank,
-                                     int world, RunDirLock& lock) {
+                                     int world, RunDirLock& lock, MadeDirs& made) {
   const bool lead = rank == 0;
   RunConfig written = cfg;  // config.json: "none" stays "none", the rest as resolved below
   DefaultOutputPaths(cfg);
@@ -406,13 +441,13 @@ StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_p
   // Each rank swaps to its own files.
   if (world > 1) cfg.engine.nvme_path += "/rank" + std::to_string(rank);
   std::error_code ec;
-  fs::create_directories(out.run_dir, ec);
+  made.Create(out.run_dir, ec);
   if (ec) return IoError("creating run directory " + out.run_dir + ": " + ec.message());
   if (!fs::is_directory(out.run_dir, ec))
     return InvalidArgumentError("the run directory " + out.run_dir + " is not a directory");
   // The checkpoint directory too, and it must be writable: found before step 1, not at the end.
   // "none": no checkpoint at all (benchmark runs of models whose states would fill the disk).
-  if (!out.checkpoint_dir.empty()) fs::create_directories(out.checkpoint_dir, ec);
+  if (!out.checkpoint_dir.empty()) made.Create(out.checkpoint_dir, ec);
   if (ec)
     return IoError("creating the checkpoint directory " + out.checkpoint_dir + ": " + ec.message());
   if (!out.checkpoint_dir.empty() && access(out.checkpoint_dir.c_str(), W_OK | X_OK) != 0)
@@ -430,11 +465,11 @@ StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_p
   for (const std::string* file : {&out.metrics, &out.report, &out.html, &out.trace}) {
     const fs::path dir = fs::path(*file).parent_path();
     if (file->empty() || dir.empty() || !lead) continue;
-    fs::create_directories(dir, ec);
+    made.Create(dir.string(), ec);
     if (ec) return IoError("creating the directory of " + *file + ": " + ec.message());
   }
   if (cfg.engine.nvme_budget > 0) {
-    fs::create_directories(cfg.engine.nvme_path, ec);
+    made.Create(cfg.engine.nvme_path, ec);
     if (ec) return IoError("creating NVMe directory " + cfg.engine.nvme_path + ": " + ec.message());
   }
   return plan;

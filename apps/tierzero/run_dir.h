@@ -27,9 +27,32 @@ class RunDirLock {
   RunDirLock& operator=(const RunDirLock&) = delete;
   // FailedPrecondition naming the directory when another process holds it.
   Status Acquire(const std::string& dir, const std::string& what);
+  // The run started: the lock files it made stay (without Keep they are removed at the end, so a
+  // refused run leaves none in a directory of the user's).
+  void Keep() { keep_ = true; }
 
  private:
   std::vector<int> fds_;
+  std::vector<std::string> created_;  // lock files this process made
+  bool keep_ = false;
+};
+
+// The directories a run made for its outputs, removed again (when still empty but for the run's
+// own lock file) unless Keep() is called: a run refused in its set-up (a bad flag, a missing
+// input, another run in the way) leaves no trace of itself behind.
+class MadeDirs {
+ public:
+  MadeDirs() = default;
+  ~MadeDirs();
+  MadeDirs(const MadeDirs&) = delete;
+  MadeDirs& operator=(const MadeDirs&) = delete;
+  // fs::create_directories, remembering each directory it made.
+  void Create(const std::string& path, std::error_code& ec);
+  // The run started: what it made stays.
+  void Keep() { dirs_.clear(); }
+
+ private:
+  std::vector<std::string> dirs_;  // in the order made (parents first)
 };
 
 // The name of the lock file in a locked directory.
@@ -70,7 +93,7 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
 // the plan carries the run's config.json (as configured: without the per-rank NVMe path) for
 // ApplyOutputs. Ranks after the first swap to RUN_DIR/nvme/rankN.
 StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_path, int rank,
-                                     int world, RunDirLock& lock);
+                                     int world, RunDirLock& lock, MadeDirs& made);
 
 // Carries out the plan: the stale files and checkpoints removed (tierzero's names, regular files
 // only), the temporary files of dead processes removed from the locked directories, and the run's

@@ -646,10 +646,13 @@ int Train(const std::vector<std::string>& args) {
     if (std::freopen("/dev/null", "w", stdout) == nullptr) return Fail(IoError("silencing rank"));
   }
   RunDirLock lock;  // held to the end of the run
-  auto outputs = PrepareOutputs(*cfg, config_path, rank, g_comm->size(), lock);
+  MadeDirs made;    // removed again if the run is refused before it starts
+  auto outputs = PrepareOutputs(*cfg, config_path, rank, g_comm->size(), lock, made);
   if (!outputs.ok()) return Fail(outputs.status());
   TrainRun run(std::move(*cfg), std::move(outputs).value(), rank, g_comm->size());
   if (Status s = run.SetUp(); !s.ok()) return Fail(s);
+  made.Keep();
+  lock.Keep();
   if (Status s = run.Loop(); !s.ok()) return Fail(s);
   if (Status s = run.Finish(); !s.ok()) return Fail(s);
   return 0;

@@ -493,6 +493,17 @@ def case_readers():
     refused(["train", "--config", deep, "--run-dir", rd], "deeper than 64")
     refused(["train", "--config", dup, "--run-dir", rd], '"lr" twice')
     check(not os.path.exists(os.path.join(rd, "metrics.jsonl")), "a refused run trained")
+    # A refused run leaves no trace: the directories it made are gone, and a directory of the
+    # user's holds no lock file of it.
+    fresh = os.path.join(OUT, "d_new", "deep", "run")
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", fresh, "--data",
+             os.path.join(OUT, "d_missing.bin")], "no token file")
+    check(not os.path.exists(os.path.join(OUT, "d_new")), "a refused run left its directories")
+    users = os.path.join(OUT, "d_users")
+    os.makedirs(users)
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", users, "--data",
+             os.path.join(OUT, "d_missing.bin")], "no token file")
+    check(os.listdir(users) == [], f"a refused run left {os.listdir(users)}")
 
 
 def case_setup_signal():
