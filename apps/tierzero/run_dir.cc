@@ -92,23 +92,6 @@ std::vector<FileId> RecordedOutputs(const std::string& run_dir) {
   return out;
 }
 
-// "states-<step>.w<world>.rank<r>.bin": the names SaveCheckpoint gives its states files.
-bool IsStatesFileName(const std::string& name) {
-  size_t i = 0;
-  auto digits = [&]() {
-    const size_t from = i;
-    while (i < name.size() && name[i] >= '0' && name[i] <= '9') ++i;
-    return i > from;
-  };
-  auto literal = [&](const std::string& lit) {
-    if (name.compare(i, lit.size(), lit) != 0) return false;
-    i += lit.size();
-    return true;
-  };
-  return literal("states-") && digits() && literal(".w") && digits() && literal(".rank") &&
-         digits() && literal(".bin") && i == name.size();
-}
-
 // A checkpoint's own files in `dir`: the manifest first (so what remains is no checkpoint), then
 // its states files. Regular files of these names only.
 void RemoveCheckpointFiles(const std::string& dir) {
@@ -117,7 +100,8 @@ void RemoveCheckpointFiles(const std::string& dir) {
   std::vector<fs::path> states;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (IsStatesFileName(name) && IsRegular(it->path().string()) && !IsLink(it->path().string()))
+    if (IsCheckpointStatesFileName(name) && IsRegular(it->path().string()) &&
+        !IsLink(it->path().string()))
       states.push_back(it->path());
   }
   for (const fs::path& p : states) fs::remove(p, ec);

@@ -288,6 +288,9 @@ struct CheckpointInfo {
   std::string user_state;  // the trainer's JSON; empty when none was saved
 };
 StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& dir);
+// Whether a file name is one a checkpoint gives its states files,
+// "states-<step>.w<world>.rank<r>.bin": a save removes only such files of earlier saves.
+bool IsCheckpointStatesFileName(const std::string& name);
 
 class Engine {
  public:

@@ -46,6 +46,24 @@ namespace tierzero {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+// engine.h
+bool IsCheckpointStatesFileName(const std::string& name) {
+  size_t i = 0;
+  auto digits = [&]() {
+    const size_t from = i;
+    while (i < name.size() && name[i] >= '0' && name[i] <= '9') ++i;
+    return i > from;
+  };
+  auto literal = [&](const char* s) {
+    const size_t n = std::strlen(s);
+    if (name.compare(i, n, s) != 0) return false;
+    i += n;
+    return true;
+  };
+  return literal("states-") && digits() && literal(".w") && digits() && literal(".rank") &&
+         digits() && literal(".bin") && i == name.size();
+}
+
 namespace {
 
 constexpr int kCheckpointVersion = 2;
@@ -190,24 +208,6 @@ Status GatherEntries(Communicator& comm, json& files, json& tensors) {
   return Status::OK();
 }
 
-// Whether `name` is a states file as SaveCheckpoint names them: "states-<step>.w<world>.rank<r>.bin".
-bool IsStatesFileName(const std::string& name) {
-  size_t i = 0;
-  auto digits = [&]() {
-    const size_t from = i;
-    while (i < name.size() && name[i] >= '0' && name[i] <= '9') ++i;
-    return i > from;
-  };
-  auto literal = [&](const char* s) {
-    const size_t n = std::strlen(s);
-    if (name.compare(i, n, s) != 0) return false;
-    i += n;
-    return true;
-  };
-  return literal("states-") && digits() && literal(".w") && digits() && literal(".rank") &&
-         digits() && literal(".bin") && i == name.size();
-}
-
 // Writes the manifest (the commit point), then removes the states files it no longer names
 // (earlier steps, ranks of an earlier world size): only regular files named as SaveCheckpoint
 // names its own (a user's "states-notes.txt" in the directory stays).
@@ -223,7 +223,7 @@ Status CommitManifest(const std::string& dir, const json& manifest) {
   std::vector<fs::path> stale;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (IsStatesFileName(name) && named.count(name) == 0 &&
+    if (IsCheckpointStatesFileName(name) && named.count(name) == 0 &&
         fs::is_regular_file(fs::symlink_status(it->path(), ec)))
       stale.push_back(it->path());
   }

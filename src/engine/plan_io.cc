@@ -108,20 +108,26 @@ StatusOr<WarmupTrace> ReadWarmupTrace(const std::string& path) {
   return t;
 }
 
+// The rates per second a MachineRates holds, by their JSON names (comm_latency_s is seconds).
+constexpr struct {
+  const char* key;
+  double MachineRates::*field;
+} kRateFields[] = {{"cpu_adam_params_per_s", &MachineRates::cpu_adam_params_per_s},
+                   {"device_adam_params_per_s", &MachineRates::device_adam_params_per_s},
+                   {"h2d_bytes_per_s", &MachineRates::h2d_bytes_per_s},
+                   {"d2h_bytes_per_s", &MachineRates::d2h_bytes_per_s},
+                   {"nvme_read_bytes_per_s", &MachineRates::nvme_read_bytes_per_s},
+                   {"nvme_write_bytes_per_s", &MachineRates::nvme_write_bytes_per_s},
+                   {"nvme_duplex_bytes_per_s", &MachineRates::nvme_duplex_bytes_per_s},
+                   {"device_flops_per_s", &MachineRates::device_flops_per_s},
+                   {"device_memory_bytes_per_s", &MachineRates::device_memory_bytes_per_s},
+                   {"comm_bytes_per_s", &MachineRates::comm_bytes_per_s}};
+
 std::string MachineRatesToJson(const MachineRates& r) {
-  const json j = {{"name", r.name},
-                  {"cpu_adam_params_per_s", r.cpu_adam_params_per_s},
-                  {"device_adam_params_per_s", r.device_adam_params_per_s},
-                  {"h2d_bytes_per_s", r.h2d_bytes_per_s},
-                  {"d2h_bytes_per_s", r.d2h_bytes_per_s},
-                  {"nvme_read_bytes_per_s", r.nvme_read_bytes_per_s},
-                  {"nvme_write_bytes_per_s", r.nvme_write_bytes_per_s},
-                  {"nvme_duplex_bytes_per_s", r.nvme_duplex_bytes_per_s},
-                  {"device_flops_per_s", r.device_flops_per_s},
-                  {"device_memory_bytes_per_s", r.device_memory_bytes_per_s},
-                  {"comm_bytes_per_s", r.comm_bytes_per_s},
-                  {"comm_latency_s", r.comm_latency_s},
-                  {"device_shares_cpu", r.device_shares_cpu}};
+  json j = {{"name", r.name},
+            {"comm_latency_s", r.comm_latency_s},
+            {"device_shares_cpu", r.device_shares_cpu}};
+  for (const auto& f : kRateFields) j[f.key] = r.*f.field;
   return j.dump(1) + "\n";
 }
 
@@ -129,66 +135,30 @@ StatusOr<MachineRates> MachineRatesFromJson(const std::string& text) {
   ASSIGN_OR_RETURN(const json j, ParseOutside(text, "machine rates"));
   const JsonIn in(j, "machine rates");
   if (!in.is_object()) return in.Error("must be an object");
-  static const char* kKnown[] = {"name",
-                                 "cpu_adam_params_per_s",
-                                 "device_adam_params_per_s",
-                                 "h2d_bytes_per_s",
-                                 "d2h_bytes_per_s",
-                                 "nvme_read_bytes_per_s",
-                                 "nvme_write_bytes_per_s",
-                                 "nvme_duplex_bytes_per_s",
-                                 "device_flops_per_s",
-                                 "device_memory_bytes_per_s",
-                                 "comm_bytes_per_s",
-                                 "comm_latency_s",
-                                 "device_shares_cpu"};
   for (auto it = j.begin(); it != j.end(); ++it) {
-    if (std::find(std::begin(kKnown), std::end(kKnown), it.key()) == std::end(kKnown))
-      return in.Error("has an unknown field \"" + it.key() + "\"");
+    const std::string& key = it.key();
+    bool known = key == "name" || key == "comm_latency_s" || key == "device_shares_cpu";
+    for (const auto& f : kRateFields) known = known || key == f.key;
+    if (!known) return in.Error("has an unknown field \"" + key + "\"");
   }
   MachineRates r;
   ASSIGN_OR_RETURN(r.name, in.get_or<std::string>("name", ""));
-  struct Field {
-    const char* key;
-    double* v;
-  } fields[] = {{"cpu_adam_params_per_s", &r.cpu_adam_params_per_s},
-                {"device_adam_params_per_s", &r.device_adam_params_per_s},
-                {"h2d_bytes_per_s", &r.h2d_bytes_per_s},
-                {"d2h_bytes_per_s", &r.d2h_bytes_per_s},
-                {"nvme_read_bytes_per_s", &r.nvme_read_bytes_per_s},
-                {"nvme_write_bytes_per_s", &r.nvme_write_bytes_per_s},
-                {"nvme_duplex_bytes_per_s", &r.nvme_duplex_bytes_per_s},
-                {"device_flops_per_s", &r.device_flops_per_s},
-                {"device_memory_bytes_per_s", &r.device_memory_bytes_per_s},
-                {"comm_bytes_per_s", &r.comm_bytes_per_s},
-                {"comm_latency_s", &r.comm_latency_s}};
-  for (const Field& f : fields) {
-    ASSIGN_OR_RETURN(*f.v, in.get_or<double>(f.key, 0.0));
+  for (const auto& f : kRateFields) {
+    ASSIGN_OR_RETURN(r.*f.field, in.get_or<double>(f.key, 0.0));
   }
+  ASSIGN_OR_RETURN(r.comm_latency_s, in.get_or<double>("comm_latency_s", 0.0));
   ASSIGN_OR_RETURN(r.device_shares_cpu, in.get_or<bool>("device_shares_cpu", false));
   RETURN_IF_ERROR(ValidateMachineRates(r));
   return r;
 }
 
 Status ValidateMachineRates(const MachineRates& r) {
-  const struct {
-    const char* key;
-    double v;
-  } rates[] = {{"cpu_adam_params_per_s", r.cpu_adam_params_per_s},
-               {"device_adam_params_per_s", r.device_adam_params_per_s},
-               {"h2d_bytes_per_s", r.h2d_bytes_per_s},
-               {"d2h_bytes_per_s", r.d2h_bytes_per_s},
-               {"nvme_read_bytes_per_s", r.nvme_read_bytes_per_s},
-               {"nvme_write_bytes_per_s", r.nvme_write_bytes_per_s},
-               {"nvme_duplex_bytes_per_s", r.nvme_duplex_bytes_per_s},
-               {"device_flops_per_s", r.device_flops_per_s},
-               {"device_memory_bytes_per_s", r.device_memory_bytes_per_s},
-               {"comm_bytes_per_s", r.comm_bytes_per_s}};
-  for (const auto& f : rates) {
-    if (!(f.v == 0 || (f.v >= 1 && f.v <= 1e18))) {
-      char v[32];
-      std::snprintf(v, sizeof v, "%g", f.v);
-      return InvalidArgumentError("machine rates: " + std::string(f.key) + " is " + v +
+  for (const auto& f : kRateFields) {
+    const double v = r.*f.field;
+    if (!(v == 0 || (v >= 1 && v <= 1e18))) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%g", v);
+      return InvalidArgumentError("machine rates: " + std::string(f.key) + " is " + text +
                                   "; accepted: 0 (unknown) or a rate from 1 to 1e18 per second");
     }
   }

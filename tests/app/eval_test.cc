@@ -60,16 +60,8 @@ TEST(Eval, MeanLossOverConsecutiveWindowsEqualsTheFp64Reference) {
     auto model = gpt::Gpt::Create(**engine, mc);
     ASSERT_TRUE(model.ok());
     ASSERT_TRUE((*engine)->Finalize().ok());
-    std::mt19937_64 rng(5);
-    std::normal_distribution<double> nd(0.0, 0.4);
-    for (ParamId p = 0; p < (*engine)->num_params(); ++p) {
-      std::vector<float> v(static_cast<size_t>((*engine)->numel(p)));
-      for (float& x : v)
-        x = static_cast<float>(nd(rng)) +
-            ((*engine)->param(p).name.find("ln") != std::string::npos ? 1.0f : 0.0f);
-      ASSERT_TRUE((*engine)->WriteParam(p, v).ok());
-      params[(*engine)->param(p).name] = std::vector<double>(v.begin(), v.end());
-    }
+    params = gpt::RandomParams(**engine, 5);
+    ASSERT_FALSE(params.empty());
     ASSERT_TRUE((*engine)->ExportSafetensors(dir / "model.safetensors", DType::kF32).ok());
   }
   // 43 tokens of raw uint16: windows of 4 + 1 start at 0, 4, ..., 36 (10 windows; the tokens

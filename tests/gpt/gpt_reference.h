@@ -6,14 +6,34 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "gpt/gpt.h"
+#include "tierzero/engine.h"
 
 namespace tierzero::gpt {
 
 using Params = std::map<std::string, std::vector<double>>;
+
+// Writes random weights into every parameter of a finalized engine (normal, sd 0.4, and 1 more for
+// LayerNorm parameters: larger than the 0.02 init, so every path carries signal) and returns them
+// as the reference's Params. Empty on a failed write.
+inline Params RandomParams(Engine& engine, uint64_t seed) {
+  Params params;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> nd(0.0, 0.4);
+  for (ParamId p = 0; p < engine.num_params(); ++p) {
+    std::vector<float> v(static_cast<size_t>(engine.numel(p)));
+    for (float& x : v)
+      x = static_cast<float>(nd(rng)) +
+          (engine.param(p).name.find("ln") != std::string::npos ? 1.0f : 0.0f);
+    if (!engine.WriteParam(p, v).ok()) return {};
+    params[engine.param(p).name] = std::vector<double>(v.begin(), v.end());
+  }
+  return params;
+}
 
 struct Ref {
   int V, T, C, L, H;

@@ -7,7 +7,6 @@
 
 #include <cmath>
 #include <map>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -34,18 +33,8 @@ TEST(GptReference, ForwardAndBackwardMatchFp64Reference) {
   auto model = Gpt::Create(**engine, mc);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   ASSERT_TRUE((*engine)->Finalize().ok());
-  // Larger weights than the 0.02 init so every path carries signal.
-  Params params;
-  std::mt19937_64 rng(11);
-  std::normal_distribution<double> nd(0.0, 0.4);
-  for (ParamId p = 0; p < (*engine)->num_params(); ++p) {
-    std::vector<float> v(static_cast<size_t>((*engine)->numel(p)));
-    for (float& x : v)
-      x = static_cast<float>(nd(rng)) +
-          ((*engine)->param(p).name.find("ln") != std::string::npos ? 1.0f : 0.0f);
-    ASSERT_TRUE((*engine)->WriteParam(p, v).ok());
-    params[(*engine)->param(p).name] = std::vector<double>(v.begin(), v.end());
-  }
+  Params params = RandomParams(**engine, 11);
+  ASSERT_FALSE(params.empty());
   Batch batch;
   batch.batch = 2;
   batch.seq = 5;
