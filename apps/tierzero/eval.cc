@@ -18,6 +18,7 @@
 
 #include "gpt/data.h"
 #include "gpt/token_data.h"
+#include "run_dir.h"
 #include "signals.h"
 #include "tierzero/files.h"
 #include "train.h"
@@ -183,19 +184,12 @@ int Eval(const std::vector<std::string>& args) {
                                          std::to_string(cfg->model.seq_len) + ")"));
   // NVMe swap space of its own when the budgets need it: a directory made and removed here (the
   // run's recorded nvme_path is the live run's, and relative to where it ran), unless given.
-  std::string nvme_dir;
+  ScratchDir nvme_dir;
   if (!has_nvme_path) cfg->engine.nvme_path.clear();
   if (cfg->engine.nvme_budget > 0 && cfg->engine.nvme_path.empty()) {
-    const char* tmp = std::getenv("TMPDIR");
-    nvme_dir = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/tierzero-eval-XXXXXX";
-    if (::mkdtemp(nvme_dir.data()) == nullptr)
-      return EvalFail(ErrnoError("creating a directory for the NVMe tier", errno));
+    if (Status s = nvme_dir.Create("tierzero-eval"); !s.ok()) return EvalFail(s);
   }
-  const Status s = RunEval(*cfg, window, nvme_dir);
-  if (!nvme_dir.empty()) {
-    std::error_code ec;
-    fs::remove_all(nvme_dir, ec);
-  }
+  const Status s = RunEval(*cfg, window, nvme_dir.path());
   return s.ok() ? 0 : EvalFail(s);
 }
 

@@ -90,22 +90,11 @@ int Export(const std::vector<std::string>& args) {
   }
   // NVMe swap space of its own (a directory made here and removed at the end): the run's recorded
   // nvme_path is relative to where that run ran, and a live run may be swapping there.
-  struct TempDir {
-    std::string path;
-    ~TempDir() {
-      std::error_code e;
-      if (!path.empty()) fs::remove_all(path, e);
-    }
-  } nvme_dir;
+  ScratchDir nvme_dir;
   ec.nvme_path.clear();
   if (ec.nvme_budget > 0) {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string made =
-        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/tierzero-export-XXXXXX";
-    if (::mkdtemp(made.data()) == nullptr)
-      return Fail(ErrnoError("creating a directory for the NVMe tier", errno));
-    nvme_dir.path = made;
-    ec.nvme_path = made;
+    if (Status s = nvme_dir.Create("tierzero-export"); !s.ok()) return Fail(s);
+    ec.nvme_path = nvme_dir.path();
   }
   auto engine = Engine::Create(ec);
   if (!engine.ok()) return Fail(engine.status());

@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -163,6 +164,21 @@ void MadeDirs::Create(const std::string& path, std::error_code& ec) {
     while (d.size() > 1 && d.back() == '/') d.pop_back();
     dirs_.push_back(d);
   }
+}
+
+ScratchDir::~ScratchDir() {
+  std::error_code ec;
+  if (!path_.empty()) fs::remove_all(path_, ec);
+}
+
+Status ScratchDir::Create(const std::string& prefix) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string made =
+      std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/" + prefix + "-XXXXXX";
+  if (::mkdtemp(made.data()) == nullptr)
+    return ErrnoError("creating a scratch directory " + made, errno);
+  path_ = made;
+  return Status::OK();
 }
 
 RunDirLock::~RunDirLock() {

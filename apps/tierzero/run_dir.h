@@ -55,6 +55,23 @@ class MadeDirs {
   std::vector<std::string> dirs_;  // in the order made (parents first)
 };
 
+// A directory of its own under $TMPDIR (else /tmp), made with mkdtemp("PREFIX-XXXXXX") and
+// removed with everything in it when this goes: the NVMe swap space of export and eval, which
+// must not share a run's (relative to where that run ran, and maybe in use).
+class ScratchDir {
+ public:
+  ScratchDir() = default;
+  ~ScratchDir();
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  // Makes the directory (`prefix`: "tierzero-eval"); an error naming errno when it cannot.
+  Status Create(const std::string& prefix);
+  const std::string& path() const { return path_; }  // empty until Create
+
+ private:
+  std::string path_;
+};
+
 // The name of the lock file in a locked directory.
 inline constexpr const char* kLockFileName = ".tierzero.lock";
 
