@@ -42,7 +42,7 @@ its own, window i starting at its token i x T, a partial last window dropped).
   --seq-len T            tokens scored per window (default: the model's context, model.seq_len)
   --batch-size N         windows per forward pass (default: the config's train.batch_size)
   --config FILE, --dtype, --device, --device-budget, --host-budget, --nvme-budget, --nvme-path,
-  --layers, --width, --heads, --vocab: as for `tierzero train`
+  --layers, --width, --heads, --vocab, --activations: as for `tierzero train`
 )";
 
 int EvalFail(const Status& s) {

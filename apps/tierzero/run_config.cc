@@ -231,6 +231,21 @@ Field OptimizerField(const std::string& name, OptimizerPlacement* p, double* fra
           }};
 }
 
+Field ActivationsField(const std::string& name, gpt::Activations* p) {
+  return {[=](const json& v) -> Status {
+            const std::string s = v.is_string() ? v.get<std::string>() : "";
+            for (gpt::Activations a :
+                 {gpt::Activations::kAuto, gpt::Activations::kF32, gpt::Activations::kBF16}) {
+              if (s == gpt::ActivationsName(a)) {
+                *p = a;
+                return Status::OK();
+              }
+            }
+            return Bad(name, v, "\"auto\", \"fp32\" or \"bf16\"");
+          },
+          [=] { return json(gpt::ActivationsName(*p)); }};
+}
+
 Field SpeculativeField(const std::string& name, SpeculativeStep* p) {
   return {[=](const json& v) -> Status {
             const std::string s = v.is_string() ? v.get<std::string>() : "";
@@ -261,6 +276,7 @@ std::map<std::string, Section> Fields(RunConfig& c) {
       {"n_head", IntField("model.n_head", &c.model.n_head, 1, 65536)},
       {"activation_checkpointing",
        BoolField("model.activation_checkpointing", &c.model.activation_checkpointing)},
+      {"activations", ActivationsField("model.activations", &c.model.activations)},
       {"seed", U64Field("model.seed", &c.model.seed)},
   };
   s["data"] = {
@@ -460,6 +476,7 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
       {"--layers", "model.n_layer"},
       {"--width", "model.d_model"},
       {"--heads", "model.n_head"},
+      {"--activations", "model.activations"},
   };
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];

@@ -143,7 +143,8 @@ Status CheckSameModelJson(const json& user, const RunConfig& cfg, const std::str
       {"n_layer", " (--layers)"}, {"d_model", " (--width)"}, {"n_head", " (--heads)"}};
   const json now = ModelJson(cfg);
   for (const auto& [key, then] : user["model"].items()) {
-    if (key == "seed" || key == "activation_checkpointing") continue;
+    // How the model computes may change at a resume; what it is may not.
+    if (key == "seed" || key == "activation_checkpointing" || key == "activations") continue;
     const auto it = now.find(key);
     if (it == now.end() || *it == then) continue;
     const auto flag = kFlag.find(key);
@@ -180,6 +181,7 @@ override the config:
   --device auto|cuda|host                              --dtype bf16|fp16|fp32
   --device-budget SIZE   --host-budget SIZE            --nvme-budget SIZE   --nvme-path DIR
   --grad-accumulation N  --layers N  --width N  --heads N  --checkpoint-activations
+  --activations auto|fp32|bf16   the type activations are stored in (model.activations)
   --text FILE            train on a UTF-8 text file (byte-level) instead of addition
   --data PATH            train on token files: llm.c shards or raw uint16 .bin (a file or a
                          glob of shards; set model.vocab to the tokenizer's, docs/data.md)

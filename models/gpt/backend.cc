@@ -1,76 +1,201 @@
 #include "gpt/backend.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "gpt/ops.h"
 #include "tierzero/convert.h"
 #include "tierzero/engine.h"
-#ifdef TZ_GPT_CUDA
-#include "gpt/ops_cuda.h"
-#endif
 
 namespace tierzero::gpt {
+
+#ifdef TZ_GPT_CUDA
+// backend_cuda.cc: the CUDA ops (gpt/ops_cuda.h) behind this interface.
+StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(Engine& engine, const BackendSpec& spec);
+#endif
+
 namespace {
 
+// Note [Activation types]: fp32 views of one op's buffers. An fp32 buffer is its own view; any
+// other is widened into scratch (inputs) or computed into scratch and rounded into place when
+// the views end (outputs). The scratch is the CPU backend's own host memory, outside the
+// engine's activation accounting: it exists only while one op runs.
+class Fp32Views {
+ public:
+  Fp32Views() = default;
+  Fp32Views(const Fp32Views&) = delete;
+  Fp32Views& operator=(const Fp32Views&) = delete;
+  ~Fp32Views() {
+    for (Output& o : outs_)
+      (void)CastElements(o.buf.data(), DType::kF32, o.dst, o.type, o.buf.size());
+  }
+  const float* In(const void* p, DType type, int64_t n) {
+    if (p == nullptr || type == DType::kF32) return static_cast<const float*>(p);
+    ins_.emplace_back(static_cast<size_t>(n));
+    (void)CastElements(p, type, ins_.back().data(), DType::kF32, static_cast<size_t>(n));
+    return ins_.back().data();
+  }
+  // An output every element of which the op writes.
+  float* Out(void* p, DType type, int64_t n) {
+    if (p == nullptr || type == DType::kF32) return static_cast<float*>(p);
+    outs_.push_back({p, type, std::vector<float>(static_cast<size_t>(n))});
+    return outs_.back().buf.data();
+  }
+  // An output the op adds into.
+  float* InOut(void* p, DType type, int64_t n) {
+    float* f = Out(p, type, n);
+    if (f != p) (void)CastElements(p, type, f, DType::kF32, static_cast<size_t>(n));
+    return f;
+  }
+  // A parameter's gradient (the ops add into theirs): added to in place, or written from zeros
+  // in scratch when the views end, after the op has read the weight it may replace.
+  float* Grad(GradOut g, DType type, int64_t n) {
+    if (g.p == nullptr) return nullptr;
+    if (g.add) return InOut(g.p, type, n);
+    outs_.push_back({g.p, type, std::vector<float>(static_cast<size_t>(n))});
+    return outs_.back().buf.data();
+  }
+
+ private:
+  struct Output {
+    void* dst;
+    DType type;
+    std::vector<float> buf;
+  };
+  std::vector<std::vector<float>> ins_;
+  std::vector<Output> outs_;  // a vector's buffer does not move when the vector grows
+};
+
+// The CPU ops (gpt/ops.h, fp32) in any activation and weight types.
 class CpuBackend final : public Backend {
  public:
-  void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
-    cpu::Gemm<float>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  explicit CpuBackend(const BackendSpec& spec)
+      : Backend(spec), a_(spec.activations), w_(spec.weights) {}
+
+  void LinearForward(const void* x, const void* w, const void* bias, void* y, int64_t rows,
+                     int64_t in, int64_t out, WeightLayout layout) override {
+    Fp32Views v;
+    const float* xf = v.In(x, a_, rows * in);
+    const float* wf = v.In(w, w_, in * out);
+    const float* bf = v.In(bias, w_, out);
+    float* yf = v.Out(y, a_, rows * out);
+    if (layout == WeightLayout::kInOut)
+      cpu::LinearForward(xf, wf, bf, yf, rows, in, out);
+    else
+      cpu::LinearForwardOutIn(xf, wf, bf, yf, rows, in, out);
   }
-  void LinearForward(const float* x, const float* w, const float* bias, float* y, int64_t rows,
-                     int64_t in, int64_t out) override {
-    cpu::LinearForward(x, w, bias, y, rows, in, out);
+  void LinearBackward(const void* dy, const void* x, const void* w, void* dx, GradOut dw,
+                      GradOut dbias, int64_t rows, int64_t in, int64_t out,
+                      WeightLayout layout) override {
+    Fp32Views v;
+    const float* dyf = v.In(dy, a_, rows * out);
+    const float* xf = v.In(x, a_, rows * in);
+    const float* wf = v.In(w, w_, in * out);
+    float* dxf = v.Out(dx, a_, rows * in);
+    float* dwf = v.Grad(dw, w_, in * out);
+    float* dbf = v.Grad(dbias, w_, out);
+    if (layout == WeightLayout::kInOut)
+      cpu::LinearBackward(dyf, xf, wf, dxf, dwf, dbf, rows, in, out);
+    else
+      cpu::LinearBackwardOutIn(dyf, xf, wf, dxf, dwf, dbf, rows, in, out);
   }
-  void LinearBackward(const float* dy, const float* x, const float* w, float* dx, float* dw,
-                      float* dbias, int64_t rows, int64_t in, int64_t out) override {
-    cpu::LinearBackward(dy, x, w, dx, dw, dbias, rows, in, out);
+  void LayerNormForward(const void* x, const void* gamma, const void* beta, void* y, float* mean,
+                        float* rstd, int64_t rows, int64_t cols) override {
+    Fp32Views v;
+    cpu::LayerNormForward(v.In(x, a_, rows * cols), v.In(gamma, w_, cols), v.In(beta, w_, cols),
+                          v.Out(y, a_, rows * cols), mean, rstd, rows, cols);
   }
-  void LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
-                        float* mean, float* rstd, int64_t rows, int64_t cols) override {
-    cpu::LayerNormForward(x, gamma, beta, y, mean, rstd, rows, cols);
-  }
-  void LayerNormBackward(const float* dy, const float* x, const float* gamma, const float* mean,
-                         const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows,
+  void LayerNormBackward(const void* dy, const void* x, const void* gamma, const float* mean,
+                         const float* rstd, void* dx, GradOut dgamma, GradOut dbeta, int64_t rows,
                          int64_t cols) override {
-    cpu::LayerNormBackward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, cols);
+    Fp32Views v;
+    cpu::LayerNormBackward(v.In(dy, a_, rows * cols), v.In(x, a_, rows * cols),
+                           v.In(gamma, w_, cols), mean, rstd, v.Out(dx, a_, rows * cols),
+                           v.Grad(dgamma, w_, cols), v.Grad(dbeta, w_, cols), rows, cols);
   }
-  void GeluForward(const float* x, float* y, int64_t n) override { cpu::GeluForward(x, y, n); }
-  void GeluBackward(const float* dy, const float* x, float* dx, int64_t n) override {
-    cpu::GeluBackward(dy, x, dx, n);
+  void GeluForward(const void* x, void* y, int64_t n) override {
+    Fp32Views v;
+    cpu::GeluForward(v.In(x, a_, n), v.Out(y, a_, n), n);
   }
-  bool fused_attention(int64_t) const override { return false; }
-  void AttentionForward(const float* qkv, float* out, float* probs, int64_t batch, int64_t seq,
+  void GeluBackward(const void* dy, const void* x, void* dx, int64_t n) override {
+    Fp32Views v;
+    const float* dyf = v.In(dy, a_, n);  // dx may be dy: read both before writing
+    const float* xf = v.In(x, a_, n);
+    cpu::GeluBackward(dyf, xf, v.Out(dx, a_, n), n);
+  }
+  void AttentionForward(const void* qkv, void* out, void* probs, int64_t batch, int64_t seq,
                         int64_t channels, int64_t heads) override {
-    cpu::AttentionForward(qkv, out, probs, batch, seq, channels, heads);
+    Fp32Views v;
+    const int64_t rows = batch * seq;
+    cpu::AttentionForward(v.In(qkv, a_, rows * 3 * channels), v.Out(out, a_, rows * channels),
+                          v.Out(probs, a_, batch * heads * seq * seq), batch, seq, channels,
+                          heads);
   }
-  void AttentionBackward(const float* dout, const float* qkv, const float* /*out*/,
-                         const float* probs, float* dqkv, int64_t batch, int64_t seq,
+  void AttentionBackward(const void* dout, const void* qkv, const void* /*out*/,
+                         const void* probs, void* dqkv, int64_t batch, int64_t seq,
                          int64_t channels, int64_t heads) override {
-    cpu::AttentionBackward(dout, qkv, probs, dqkv, batch, seq, channels, heads);
+    Fp32Views v;
+    const int64_t rows = batch * seq;
+    cpu::AttentionBackward(v.In(dout, a_, rows * channels), v.In(qkv, a_, rows * 3 * channels),
+                           v.In(probs, a_, batch * heads * seq * seq),
+                           v.Out(dqkv, a_, rows * 3 * channels), batch, seq, channels, heads);
   }
-  void EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe, float* x,
+  void EmbeddingForward(const int32_t* tokens, const void* wte, const void* wpe, void* x,
                         int64_t batch, int64_t seq, int64_t channels) override {
-    cpu::EmbeddingForward(tokens, wte, wpe, x, batch, seq, channels);
+    Fp32Views v;
+    // Only the rows the tokens name are read: widen the table once per op all the same (this
+    // path is the tests' bf16 plumbing, not a fast one).
+    cpu::EmbeddingForward(tokens, v.In(wte, w_, vocab_rows(tokens, batch * seq) * channels),
+                          v.In(wpe, w_, seq * channels), v.Out(x, a_, batch * seq * channels),
+                          batch, seq, channels);
   }
-  void EmbeddingBackward(const int32_t* tokens, const float* dx, float* dwte, float* dwpe,
-                         int64_t batch, int64_t seq, int64_t channels) override {
-    cpu::EmbeddingBackward(tokens, dx, dwte, dwpe, batch, seq, channels);
+  void EmbeddingBackward(const int32_t* tokens, const void* dx, GradOut dwte, int64_t vocab,
+                         GradOut dwpe, int64_t batch, int64_t seq, int64_t channels) override {
+    Fp32Views v;
+    // Added to: only the rows the tokens name change; written: every row.
+    const int64_t rows = dwte.add ? vocab_rows(tokens, batch * seq) : vocab;
+    cpu::EmbeddingBackward(tokens, v.In(dx, a_, batch * seq * channels),
+                           v.Grad(dwte, w_, rows * channels), v.Grad(dwpe, w_, seq * channels),
+                           batch, seq, channels);
   }
-  StatusOr<double> CrossEntropy(const float* logits, const int32_t* targets, const float* mask,
-                                float* dlogits, int32_t* argmax, int64_t rows, int64_t vocab,
+  StatusOr<double> CrossEntropy(const void* logits, const int32_t* targets, const float* mask,
+                                void* dlogits, int32_t* argmax, int64_t rows, int64_t vocab,
                                 double scale) override {
-    return cpu::CrossEntropy(logits, targets, mask, dlogits, argmax, rows, vocab, scale);
+    Fp32Views v;
+    return cpu::CrossEntropy(v.In(logits, a_, rows * vocab), targets, mask,
+                             v.Out(dlogits, a_, rows * vocab), argmax, rows, vocab, scale);
   }
-  void Add(const float* a, const float* b, float* y, int64_t n) override { cpu::Add(a, b, y, n); }
-  void AddInPlace(float* y, const float* a, int64_t n) override { cpu::AddInPlace(y, a, n); }
-  Status Widen(const void* src, DType src_type, float* dst, int64_t n) override {
-    return CastElements(src, src_type, dst, DType::kF32, static_cast<size_t>(n));
+  void Add(const void* a, const void* b, void* y, int64_t n) override {
+    Fp32Views v;
+    const float* af = v.In(a, a_, n);
+    const float* bf = v.In(b, a_, n);
+    cpu::Add(af, bf, v.Out(y, a_, n), n);
   }
-  Status Narrow(const float* src, void* dst, DType dst_type, int64_t n) override {
-    return CastElements(src, DType::kF32, dst, dst_type, static_cast<size_t>(n));
+  void AddInPlace(void* y, const void* a, int64_t n) override {
+    Fp32Views v;
+    const float* af = v.In(a, a_, n);
+    cpu::AddInPlace(v.InOut(y, a_, n), af, n);
+  }
+  Status Cast(const void* src, DType src_type, void* dst, DType dst_type, int64_t n,
+              bool add) override {
+    if (!add) return CastElements(src, src_type, dst, dst_type, static_cast<size_t>(n));
+    // dst = round(widen(dst) + widen(src)), a block at a time.
+    constexpr int64_t kBlock = 4096;
+    std::vector<float> d(kBlock), s(kBlock);
+    const size_t db = DTypeBytes(dst_type, 1), sb = DTypeBytes(src_type, 1);
+    for (int64_t i = 0; i < n; i += kBlock) {
+      const size_t m = static_cast<size_t>(std::min(kBlock, n - i));
+      char* dp = static_cast<char*>(dst) + static_cast<size_t>(i) * db;
+      const char* sp = static_cast<const char*>(src) + static_cast<size_t>(i) * sb;
+      TZ_RETURN_IF_ERROR(CastElements(dp, dst_type, d.data(), DType::kF32, m));
+      TZ_RETURN_IF_ERROR(CastElements(sp, src_type, s.data(), DType::kF32, m));
+      for (size_t j = 0; j < m; ++j) d[j] += s[j];
+      TZ_RETURN_IF_ERROR(CastElements(d.data(), DType::kF32, dp, dst_type, m));
+    }
+    return Status::OK();
   }
   void Zero(void* dst, uint64_t bytes) override { std::memset(dst, 0, bytes); }
   void Copy(void* dst, const void* src, uint64_t bytes) override { std::memcpy(dst, src, bytes); }
@@ -83,9 +208,32 @@ class CpuBackend final : public Backend {
     return Status::OK();
   }
   Status status() const override { return Status::OK(); }
+
+ private:
+  // Rows of the token table an op touches: up to the largest token (the table's own row count
+  // is not the op's to know; the tokens were checked against the vocabulary).
+  static int64_t vocab_rows(const int32_t* tokens, int64_t n) {
+    int32_t top = 0;
+    for (int64_t i = 0; i < n; ++i) top = std::max(top, tokens[i]);
+    return int64_t{top} + 1;
+  }
+
+  DType a_, w_;
 };
 
 }  // namespace
+
+const char* ActivationsName(Activations a) {
+  switch (a) {
+    case Activations::kAuto:
+      return "auto";
+    case Activations::kF32:
+      return "fp32";
+    case Activations::kBF16:
+      return "bf16";
+  }
+  return "?";
+}
 
 bool FusedAttentionWanted() {
 #ifdef TZ_GPT_CUDA
@@ -98,21 +246,39 @@ bool FusedAttentionWanted() {
 #endif
 }
 
-bool FusedAttention(bool tensor_cores, int64_t head_dim) {
-  return tensor_cores && FusedAttentionHeadWidth(head_dim) && FusedAttentionWanted();
+StatusOr<BackendSpec> ChooseBackend(const Engine& engine, Activations activations) {
+  BackendSpec s;
+  s.gpu = !engine.host_compute();
+  s.params = engine.compute_dtype();
+  const Activations want = activations == Activations::kAuto ? Activations::kF32 : activations;
+  if (want == Activations::kF32) {
+    // fp32 activations: fp32 ops on widened parameters, gradients in fp32 until written (the
+    // reference, as before the interface carried types).
+    s.activations = DType::kF32;
+    s.weights = DType::kF32;
+    s.grads_in_place = false;
+  } else {
+    if (s.gpu)
+      return UnsupportedError(
+          "model.activations \"bf16\" runs on the simulated device (device 'host') only in this "
+          "build: the GPU's bf16 kernels are not in it yet; use \"fp32\" or \"auto\"");
+    s.activations = DType::kBF16;
+    s.weights = s.params;
+    s.grads_in_place = true;
+  }
+  // On a GPU the products of bf16 parameters run on the tensor cores, where the fused attention
+  // kernels apply (Note [bf16 products around fp32 activations]).
+  s.fused_attention_wanted =
+      s.gpu && engine.compute_dtype() == DType::kBF16 && FusedAttentionWanted();
+  return s;
 }
 
-StatusOr<std::unique_ptr<Backend>> Backend::Create(Engine& engine) {
-  if (engine.host_compute()) return std::unique_ptr<Backend>(new CpuBackend());
+StatusOr<std::unique_ptr<Backend>> Backend::Create(Engine& engine, const BackendSpec& spec) {
+  if (!spec.gpu) return std::unique_ptr<Backend>(new CpuBackend(spec));
 #ifdef TZ_GPT_CUDA
-  // bf16 compute: the products on the tensor cores (Note [bf16 products around fp32
-  // activations]); fp32 and fp16 keep exact fp32 products.
-  TZ_ASSIGN_OR_RETURN(
-      std::unique_ptr<cuda::CudaOps> ops,
-      cuda::CudaOps::Create(engine.compute_stream(), engine.compute_dtype() == DType::kBF16,
-                            FusedAttentionWanted()));
-  return std::unique_ptr<Backend>(std::move(ops));
+  return CreateCudaBackend(engine, spec);
 #else
+  (void)engine;
   return UnsupportedError(
       "this build has no CUDA: the GPT runs on the simulated device only (device 'host')");
 #endif

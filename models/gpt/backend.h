@@ -1,8 +1,12 @@
-// Where the GPT computes: the CPU ops (gpt/ops.h) on the simulated device, or the CUDA ops
-// (gpt/ops_cuda.h) on a GPU. gpt.cc is written once against this interface; every pointer is
-// the engine's device memory (host memory on the simulated device), every call ordered on the
-// engine's compute stream. The CPU backend is the reference the equivalence tests pin down:
-// it calls exactly what gpt.cc called before the interface existed.
+// Where the GPT computes, and in which element types (Note [Activation types]).
+//
+// gpt.cc is written once against Backend: the CPU ops (gpt/ops.h) on the simulated device, or
+// the CUDA ops on a GPU. Every pointer is the engine's device memory (host memory on the
+// simulated device), every call ordered on the engine's compute stream. The CPU backend with
+// fp32 activations is the reference the equivalence tests pin down: it computes exactly what
+// gpt.cc computed before the interface carried types.
+//
+// C++17 and CUDA-free (backend_cuda.cc adapts gpt/ops_cuda.h).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +21,24 @@ class Engine;
 
 namespace tierzero::gpt {
 
+// Note [Activation types]
+// A backend is fixed by a BackendSpec before it exists (Gpt::DeriveTrace sizes the plan's trace
+// from the same spec, without running). Three element types meet in the ops:
+// - `params`: parameters and their gradients as the engine hands them over (its compute dtype).
+// - `weights`: what the ops read parameters as and accumulate parameter gradients in. When it is
+//   the params type, the ops read the chunk's own copy and (with `grads_in_place`) add into the
+//   engine's gradient buffer, zeroed at its first use: no widening or narrowing pass. Otherwise
+//   (bf16 parameters into fp32 ops) each scope's parameters are widened into an activation
+//   buffer and the gradients accumulate in fp32 buffers that are rounded once when written.
+// - `activations`: every activation and activation gradient (the residual stream, norms'
+//   outputs, q/k/v, attention's output, the MLP's hidden layer, logits and their gradient).
+//   What needs fp32 stays fp32 whatever this is: LayerNorm/RMSNorm statistics, attention's
+//   log-sum-exps, the loss and every reduction's accumulator. The ops compute in fp32 and store
+//   in this type (round to nearest even).
+// The CPU computes with fp32 activations (the reference); bf16 activations on the CPU store
+// every activation in bf16 and compute each op in fp32 from the widened inputs, so the tests
+// here run every path a GPU's bf16 backend takes, buffer for buffer.
+
 // Head widths the fused attention kernels take (gpt/flash_attention_cuda.h).
 inline bool FusedAttentionHeadWidth(int64_t head_dim) {
   return head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128;
@@ -24,63 +46,118 @@ inline bool FusedAttentionHeadWidth(int64_t head_dim) {
 // Whether the fused kernels are wanted: yes unless TZ_GPT_FUSED_ATTENTION is 0, off or false
 // (then the batched products run, for comparison). Always false in a build without CUDA.
 bool FusedAttentionWanted();
-// Whether a backend runs attention fused (Note [Fused causal attention]): on a GPU with bf16
-// products (`tensor_cores`), heads of a supported width, and wanted.
-bool FusedAttention(bool tensor_cores, int64_t head_dim);
-// Floats attention keeps from forward for backward: each row's log-sum-exp (B x H x T) when
-// fused, else the probabilities (B x H x T x T).
-inline int64_t AttentionStateFloats(bool fused, int64_t batch, int64_t seq, int64_t heads) {
-  return fused ? batch * heads * seq : batch * heads * seq * seq;
-}
 
-// C++17 and CUDA-free: gpt/ops_cuda.h implements it (the CUDA backend is CudaOps itself).
+// The type the model's activations are stored in (Note [Activation types] in gpt/backend.h):
+// "auto" is fp32 (the CPU's reference; on a GPU, until its bf16 kernels are the default).
+enum class Activations : uint8_t { kAuto, kF32, kBF16 };
+// "auto", "fp32", "bf16".
+const char* ActivationsName(Activations a);
+
+struct BackendSpec {
+  bool gpu = false;
+  DType params = DType::kF32;
+  DType weights = DType::kF32;
+  DType activations = DType::kF32;
+  bool grads_in_place = false;
+  // Attention fused (Note [Fused causal attention]): keeps each row's log-sum-exp (fp32) for
+  // backward; otherwise the probabilities (in the activation type).
+  bool fused_attention_wanted = false;
+
+  bool fused_attention(int64_t head_dim) const {
+    return fused_attention_wanted && FusedAttentionHeadWidth(head_dim);
+  }
+  bool widen_params() const { return weights != params; }
+  uint64_t act_bytes(int64_t n) const {
+    return DTypeBytes(activations, static_cast<size_t>(n));
+  }
+  uint64_t weight_bytes(int64_t n) const { return DTypeBytes(weights, static_cast<size_t>(n)); }
+  // What attention keeps from forward for backward.
+  uint64_t attention_state_bytes(int64_t batch, int64_t seq, int64_t heads,
+                                 int64_t head_dim) const {
+    return fused_attention(head_dim) ? 4 * static_cast<uint64_t>(batch * heads * seq)
+                                     : act_bytes(batch * heads * seq * seq);
+  }
+};
+
+// The spec for a model on `engine` (its device and compute dtype): InvalidArgument for
+// activations the device cannot store.
+StatusOr<BackendSpec> ChooseBackend(const Engine& engine, Activations activations);
+
+// A weight matrix's layout: in x out (GPT-2's Conv1D) or out x in (nn.Linear: Llama's
+// projections, and the LM head as the tied token embedding, vocab x width).
+enum class WeightLayout : uint8_t { kInOut, kOutIn };
+
+// A parameter's gradient as an op produces it: written (the parameter's first backward use in
+// the iteration: the buffer may hold the weight itself, which the op finishes reading first) or
+// added to (later uses, as a tied embedding's). In spec().weights.
+struct GradOut {
+  void* p = nullptr;
+  bool add = false;
+};
+
+// Pointer types by role (Note [Activation types]): `act` pointers hold spec().activations,
+// `wt` pointers spec().weights, float pointers fp32 always. Backward ops write (=) activation
+// gradients; parameter gradients go as their GradOut says.
 class Backend {
  public:
-  // The CPU backend when engine.host_compute(), else the CUDA one, CudaOps on the engine's compute
+  // The CPU backend when the spec is not a GPU's, else the CUDA one on the engine's compute
   // stream (Unsupported in a build without CUDA).
-  static StatusOr<std::unique_ptr<Backend>> Create(Engine& engine);
+  static StatusOr<std::unique_ptr<Backend>> Create(Engine& engine, const BackendSpec& spec);
+  explicit Backend(const BackendSpec& spec) : spec_(spec) {}
   virtual ~Backend() = default;
+  const BackendSpec& spec() const { return spec_; }
 
-  virtual void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                    int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-                    int64_t ldc) = 0;
-  virtual void LinearForward(const float* x, const float* w, const float* bias, float* y,
-                             int64_t rows, int64_t in, int64_t out) = 0;
-  virtual void LinearBackward(const float* dy, const float* x, const float* w, float* dx, float* dw,
-                              float* dbias, int64_t rows, int64_t in, int64_t out) = 0;
-  virtual void LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
+  // y = x W (+ bias); x: rows x in (act), W (wt) in `layout`, bias (wt, may be null), y: act.
+  virtual void LinearForward(const void* x, const void* w, const void* bias, void* y,
+                             int64_t rows, int64_t in, int64_t out, WeightLayout layout) = 0;
+  // dx = dy W^T (written; may be null); dw = x^T dy in W's layout; dbias = column sums of dy
+  // (dbias.p may be null).
+  virtual void LinearBackward(const void* dy, const void* x, const void* w, void* dx, GradOut dw,
+                              GradOut dbias, int64_t rows, int64_t in, int64_t out,
+                              WeightLayout layout) = 0;
+  // LayerNorm over the last dimension (eps 1e-5): x, y act; gamma, beta wt; mean, rstd fp32.
+  virtual void LayerNormForward(const void* x, const void* gamma, const void* beta, void* y,
                                 float* mean, float* rstd, int64_t rows, int64_t cols) = 0;
-  virtual void LayerNormBackward(const float* dy, const float* x, const float* gamma,
-                                 const float* mean, const float* rstd, float* dx, float* dgamma,
-                                 float* dbeta, int64_t rows, int64_t cols) = 0;
-  virtual void GeluForward(const float* x, float* y, int64_t n) = 0;
-  virtual void GeluBackward(const float* dy, const float* x, float* dx, int64_t n) = 0;
-  // Attention writes `out` and its state for backward: AttentionStateFloats(fused_attention(),
-  // ...) floats, the probabilities (gpt/ops.h) or, fused, each row's log-sum-exp. Backward reads
-  // the forward's out and state.
-  virtual bool fused_attention(int64_t head_dim) const = 0;
-  virtual void AttentionForward(const float* qkv, float* out, float* state, int64_t batch,
+  virtual void LayerNormBackward(const void* dy, const void* x, const void* gamma,
+                                 const float* mean, const float* rstd, void* dx, GradOut dgamma,
+                                 GradOut dbeta, int64_t rows, int64_t cols) = 0;
+  virtual void GeluForward(const void* x, void* y, int64_t n) = 0;
+  virtual void GeluBackward(const void* dy, const void* x, void* dx, int64_t n) = 0;
+  // Causal attention on qkv (rows of [q | k | v], act) into out (act), keeping `state`
+  // (spec().attention_state_bytes) for backward, which reads the forward's out and state.
+  virtual void AttentionForward(const void* qkv, void* out, void* state, int64_t batch,
                                 int64_t seq, int64_t channels, int64_t heads) = 0;
-  virtual void AttentionBackward(const float* dout, const float* qkv, const float* out,
-                                 const float* state, float* dqkv, int64_t batch, int64_t seq,
+  virtual void AttentionBackward(const void* dout, const void* qkv, const void* out,
+                                 const void* state, void* dqkv, int64_t batch, int64_t seq,
                                  int64_t channels, int64_t heads) = 0;
-  virtual void EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe, float* x,
+  // x (act) = wte[token] + wpe[t] (wt); backward: the gradients of the table's rows the
+  // tokens name and of wpe (a written dwte is zero in the other rows).
+  virtual void EmbeddingForward(const int32_t* tokens, const void* wte, const void* wpe, void* x,
                                 int64_t batch, int64_t seq, int64_t channels) = 0;
-  virtual void EmbeddingBackward(const int32_t* tokens, const float* dx, float* dwte, float* dwpe,
-                                 int64_t batch, int64_t seq, int64_t channels) = 0;
-  virtual StatusOr<double> CrossEntropy(const float* logits, const int32_t* targets,
-                                        const float* mask, float* dlogits, int32_t* argmax,
+  virtual void EmbeddingBackward(const int32_t* tokens, const void* dx, GradOut dwte,
+                                 int64_t vocab, GradOut dwpe, int64_t batch, int64_t seq,
+                                 int64_t channels) = 0;
+  // As cpu::CrossEntropy: logits and dlogits (may be null) act; the loss summed in double.
+  virtual StatusOr<double> CrossEntropy(const void* logits, const int32_t* targets,
+                                        const float* mask, void* dlogits, int32_t* argmax,
                                         int64_t rows, int64_t vocab, double scale) = 0;
-  virtual void Add(const float* a, const float* b, float* y, int64_t n) = 0;
-  virtual void AddInPlace(float* y, const float* a, int64_t n) = 0;
-  virtual Status Widen(const void* src, DType src_type, float* dst, int64_t n) = 0;
-  virtual Status Narrow(const float* src, void* dst, DType dst_type, int64_t n) = 0;
+  // y = a + b, y += a (act).
+  virtual void Add(const void* a, const void* b, void* y, int64_t n) = 0;
+  virtual void AddInPlace(void* y, const void* a, int64_t n) = 0;
+  // Elements between fp32, bf16 and fp16 (round to nearest even); dst += src when `add` (in
+  // fp32, then rounded). InvalidArgument for other types.
+  virtual Status Cast(const void* src, DType src_type, void* dst, DType dst_type, int64_t n,
+                      bool add) = 0;
   virtual void Zero(void* dst, uint64_t bytes) = 0;
   virtual void Copy(void* dst, const void* src, uint64_t bytes) = 0;
+  // Host <-> device copies; they wait for the stream.
   virtual Status Upload(void* dst, const void* host, uint64_t bytes) = 0;
   virtual Status Download(void* host, const void* src, uint64_t bytes) = 0;
   // The first asynchronous error (CUDA); OK on the CPU.
   virtual Status status() const = 0;
+
+ private:
+  BackendSpec spec_;
 };
 
 }  // namespace tierzero::gpt

@@ -9,82 +9,97 @@
 namespace tierzero::gpt {
 namespace {
 
-// A scope's parameters widened to fp32 in one activation buffer.
-struct Widened {
+// A scope's parameters as the ops read them (Note [Activation types] in gpt/backend.h): the
+// chunks' own copies, or widened into one activation buffer.
+struct Weights {
   ActivationBuffer buf;
-  std::vector<float*> ptr;
+  std::vector<const void*> ptr;
 };
 
-StatusOr<Widened> Widen(Engine& e, Backend& k, const ParamScope& scope,
-                        const std::vector<ParamId>& ids) {
+StatusOr<Weights> Prepare(Engine& e, Backend& k, const ParamScope& scope,
+                          const std::vector<ParamId>& ids) {
+  const BackendSpec& spec = k.spec();
+  Weights w;
+  if (!spec.widen_params()) {
+    for (ParamId p : ids) w.ptr.push_back(scope.data(p));
+    return w;
+  }
   uint64_t total = 0;
-  for (ParamId p : ids) total += static_cast<uint64_t>(e.numel(p));
-  Widened w;
-  TZ_ASSIGN_OR_RETURN(w.buf, e.AllocateActivation(total * 4));
-  float* at = w.buf.as<float>();
+  for (ParamId p : ids) total += spec.weight_bytes(e.numel(p));
+  TZ_ASSIGN_OR_RETURN(w.buf, e.AllocateActivation(total));
+  char* at = static_cast<char*>(w.buf.data());
   for (ParamId p : ids) {
-    const auto n = static_cast<size_t>(e.numel(p));
-    TZ_RETURN_IF_ERROR(k.Widen(scope.data(p), e.compute_dtype(), at, static_cast<int64_t>(n)));
+    const int64_t n = e.numel(p);
+    TZ_RETURN_IF_ERROR(k.Cast(scope.data(p), e.compute_dtype(), at, spec.weights, n, false));
     w.ptr.push_back(at);
-    at += n;
+    at += spec.weight_bytes(n);
   }
   return w;
 }
 
-// Zeroed fp32 gradients for `ids`, laid out like Widen.
-StatusOr<Widened> ZeroGrads(Engine& e, Backend& k, const std::vector<ParamId>& ids) {
-  uint64_t total = 0;
-  for (ParamId p : ids) total += static_cast<uint64_t>(e.numel(p));
-  Widened w;
-  TZ_ASSIGN_OR_RETURN(w.buf, e.AllocateActivation(total * 4));
-  k.Zero(w.buf.data(), total * 4);
-  float* at = w.buf.as<float>();
-  for (ParamId p : ids) {
-    w.ptr.push_back(at);
-    at += e.numel(p);
+// Where an op puts a parameter's gradient: the engine's buffer itself (grads_in_place; written
+// at the parameter's first backward use, added to at later ones), or a zeroed buffer in the
+// weights' type the op adds into and Put writes (first use) or adds (later uses) into the
+// engine's.
+class Grad {
+ public:
+  static StatusOr<Grad> Open(Engine& e, Backend& k, const ParamScope& scope, ParamId p,
+                             bool add) {
+    Grad g;
+    g.p_ = p;
+    g.add_ = add;
+    g.dst_ = scope.grad(p);
+    if (g.dst_ == nullptr)
+      return InternalError("no gradient buffer for parameter " + e.param(p).name);
+    if (k.spec().grads_in_place) return g;
+    TZ_ASSIGN_OR_RETURN(g.buf_, e.AllocateActivation(k.spec().weight_bytes(e.numel(p))));
+    k.Zero(g.buf_.data(), g.buf_.bytes());
+    return g;
   }
-  return w;
-}
+  GradOut out() const {
+    return buf_.bytes() == 0 ? GradOut{dst_, add_} : GradOut{buf_.data(), true};
+  }
+  // Hands the gradient to the engine and frees the buffer.
+  Status Put(Engine& e, Backend& k) {
+    if (buf_.bytes() == 0) return Status::OK();
+    TZ_RETURN_IF_ERROR(
+        k.Cast(buf_.data(), k.spec().weights, dst_, e.compute_dtype(), e.numel(p_), add_));
+    buf_.Reset();
+    return Status::OK();
+  }
 
-// Writes (first backward use) or adds (later uses) fp32 gradients into the engine's buffers.
-Status PutGrad(Engine& e, Backend& k, const ParamScope& scope, ParamId p, const float* g,
-               bool add) {
-  const int64_t n = e.numel(p);
-  void* dst = scope.grad(p);
-  if (dst == nullptr) return InternalError("no gradient buffer for parameter " + e.param(p).name);
-  if (!add) return k.Narrow(g, dst, e.compute_dtype(), n);
-  TZ_ASSIGN_OR_RETURN(ActivationBuffer tmp, e.AllocateActivation(static_cast<uint64_t>(n) * 4));
-  TZ_RETURN_IF_ERROR(k.Widen(dst, e.compute_dtype(), tmp.as<float>(), n));
-  k.AddInPlace(tmp.as<float>(), g, n);
-  return k.Narrow(tmp.as<float>(), dst, e.compute_dtype(), n);
-}
+ private:
+  ParamId p_ = -1;
+  bool add_ = false;
+  void* dst_ = nullptr;
+  ActivationBuffer buf_;
+};
 
+// n activations (the spec's type) and n fp32 values.
+StatusOr<ActivationBuffer> Acts(Engine& e, const Backend& k, int64_t n) {
+  return e.AllocateActivation(k.spec().act_bytes(n));
+}
 StatusOr<ActivationBuffer> Floats(Engine& e, int64_t n) {
   return e.AllocateActivation(static_cast<uint64_t>(n) * 4);
 }
 
-// A block's parameter gradients, each in fp32 only from the op that computes it until it is
+// A block's parameter gradients, each open only from the op that computes it until it is
 // written to the engine (so a block never holds all of them at once).
 class GradSink {
  public:
   GradSink(Engine& e, Backend& k, const ParamScope& scope, const std::vector<ParamId>& ids)
-      : e_(e), k_(k), scope_(scope), ids_(ids), bufs_(ids.size()) {}
-  // Zeroed fp32 gradients of parameters i and j.
+      : e_(e), k_(k), scope_(scope), ids_(ids), grads_(ids.size()) {}
+  // Gradients of parameters i and j (their first backward use).
   Status Open(size_t i, size_t j) {
     for (size_t k : {i, j}) {
-      TZ_ASSIGN_OR_RETURN(bufs_[k],
-                          e_.AllocateActivation(static_cast<uint64_t>(e_.numel(ids_[k])) * 4));
-      k_.Zero(bufs_[k].data(), bufs_[k].bytes());
+      TZ_ASSIGN_OR_RETURN(grads_[k], Grad::Open(e_, k_, scope_, ids_[k], /*add=*/false));
     }
     return Status::OK();
   }
-  float* operator[](size_t i) const { return bufs_[i].as<float>(); }
-  // Writes gradients i and j (first backward use) and frees them.
+  GradOut operator[](size_t i) const { return grads_[i].out(); }
+  // Writes gradients i and j and frees them.
   Status Close(size_t i, size_t j) {
-    for (size_t k : {i, j}) {
-      TZ_RETURN_IF_ERROR(PutGrad(e_, k_, scope_, ids_[k], bufs_[k].as<float>(), /*add=*/false));
-      bufs_[k].Reset();
-    }
+    for (size_t k : {i, j}) TZ_RETURN_IF_ERROR(grads_[k].Put(e_, k_));
     return Status::OK();
   }
 
@@ -93,7 +108,7 @@ class GradSink {
   Backend& k_;
   const ParamScope& scope_;
   const std::vector<ParamId>& ids_;
-  std::vector<ActivationBuffer> bufs_;
+  std::vector<Grad> grads_;
 };
 
 }  // namespace
@@ -163,7 +178,8 @@ double Gpt::flops_per_token() const {
   return 6 * matmul_params + 6 * L * T * C;
 }
 
-// A block's activations kept from forward for backward (all fp32, rows = batch x seq).
+// A block's activations kept from forward for backward (rows = batch x seq): activations in
+// the backend's type, LayerNorm statistics in fp32, attention's state as the backend keeps it.
 struct Gpt::Saved {
   ActivationBuffer x;  // block input (kept with checkpointing too)
   ActivationBuffer ln1, mean1, rstd1, qkv, probs, att, x2, ln2, mean2, rstd2, h, gelu;
@@ -177,97 +193,92 @@ struct Dims {
 
 // Forward of one block from s.x into y; fills the saved activations.
 template <typename Saved>
-Status BlockForward(Engine& e, Backend& k, const Dims& d, const std::vector<float*>& P, Saved& s,
-                    float* y) {
+Status BlockForward(Engine& e, Backend& k, const Dims& d, const std::vector<const void*>& P,
+                    Saved& s, void* y) {
   const int64_t R = d.rows, C = d.C;
-  TZ_ASSIGN_OR_RETURN(s.ln1, Floats(e, R * C));
+  constexpr WeightLayout kW = WeightLayout::kInOut;  // GPT-2's Conv1D weights
+  TZ_ASSIGN_OR_RETURN(s.ln1, Acts(e, k, R * C));
   TZ_ASSIGN_OR_RETURN(s.mean1, Floats(e, R));
   TZ_ASSIGN_OR_RETURN(s.rstd1, Floats(e, R));
-  TZ_ASSIGN_OR_RETURN(s.qkv, Floats(e, R * 3 * C));
+  TZ_ASSIGN_OR_RETURN(s.qkv, Acts(e, k, R * 3 * C));
   TZ_ASSIGN_OR_RETURN(s.probs,
-                      Floats(e, AttentionStateFloats(k.fused_attention(C / d.H), d.B, d.T, d.H)));
-  TZ_ASSIGN_OR_RETURN(s.att, Floats(e, R * C));
-  TZ_ASSIGN_OR_RETURN(s.x2, Floats(e, R * C));
-  TZ_ASSIGN_OR_RETURN(s.ln2, Floats(e, R * C));
+                      e.AllocateActivation(k.spec().attention_state_bytes(d.B, d.T, d.H, C / d.H)));
+  TZ_ASSIGN_OR_RETURN(s.att, Acts(e, k, R * C));
+  TZ_ASSIGN_OR_RETURN(s.x2, Acts(e, k, R * C));
+  TZ_ASSIGN_OR_RETURN(s.ln2, Acts(e, k, R * C));
   TZ_ASSIGN_OR_RETURN(s.mean2, Floats(e, R));
   TZ_ASSIGN_OR_RETURN(s.rstd2, Floats(e, R));
-  TZ_ASSIGN_OR_RETURN(s.h, Floats(e, R * 4 * C));
-  TZ_ASSIGN_OR_RETURN(s.gelu, Floats(e, R * 4 * C));
-  const float* x = s.x.template as<float>();
-  k.LayerNormForward(x, P[0], P[1], s.ln1.template as<float>(), s.mean1.template as<float>(),
+  TZ_ASSIGN_OR_RETURN(s.h, Acts(e, k, R * 4 * C));
+  TZ_ASSIGN_OR_RETURN(s.gelu, Acts(e, k, R * 4 * C));
+  const void* x = s.x.data();
+  k.LayerNormForward(x, P[0], P[1], s.ln1.data(), s.mean1.template as<float>(),
                      s.rstd1.template as<float>(), R, C);
-  k.LinearForward(s.ln1.template as<float>(), P[2], P[3], s.qkv.template as<float>(), R, C, 3 * C);
-  k.AttentionForward(s.qkv.template as<float>(), s.att.template as<float>(),
-                     s.probs.template as<float>(), d.B, d.T, C, d.H);
+  k.LinearForward(s.ln1.data(), P[2], P[3], s.qkv.data(), R, C, 3 * C, kW);
+  k.AttentionForward(s.qkv.data(), s.att.data(), s.probs.data(), d.B, d.T, C, d.H);
   {
-    TZ_ASSIGN_OR_RETURN(ActivationBuffer a, Floats(e, R * C));
-    k.LinearForward(s.att.template as<float>(), P[4], P[5], a.as<float>(), R, C, C);
-    k.Add(x, a.as<float>(), s.x2.template as<float>(), R * C);
+    TZ_ASSIGN_OR_RETURN(ActivationBuffer a, Acts(e, k, R * C));
+    k.LinearForward(s.att.data(), P[4], P[5], a.data(), R, C, C, kW);
+    k.Add(x, a.data(), s.x2.data(), R * C);
   }
-  k.LayerNormForward(s.x2.template as<float>(), P[6], P[7], s.ln2.template as<float>(),
-                     s.mean2.template as<float>(), s.rstd2.template as<float>(), R, C);
-  k.LinearForward(s.ln2.template as<float>(), P[8], P[9], s.h.template as<float>(), R, C, 4 * C);
-  k.GeluForward(s.h.template as<float>(), s.gelu.template as<float>(), R * 4 * C);
+  k.LayerNormForward(s.x2.data(), P[6], P[7], s.ln2.data(), s.mean2.template as<float>(),
+                     s.rstd2.template as<float>(), R, C);
+  k.LinearForward(s.ln2.data(), P[8], P[9], s.h.data(), R, C, 4 * C, kW);
+  k.GeluForward(s.h.data(), s.gelu.data(), R * 4 * C);
   {
-    TZ_ASSIGN_OR_RETURN(ActivationBuffer m, Floats(e, R * C));
-    k.LinearForward(s.gelu.template as<float>(), P[10], P[11], m.as<float>(), R, 4 * C, C);
-    k.Add(s.x2.template as<float>(), m.as<float>(), y, R * C);
+    TZ_ASSIGN_OR_RETURN(ActivationBuffer m, Acts(e, k, R * C));
+    k.LinearForward(s.gelu.data(), P[10], P[11], m.data(), R, 4 * C, C, kW);
+    k.Add(s.x2.data(), m.data(), y, R * C);
   }
   return Status::OK();
 }
 
-// Backward of one block: dy in, dx out (written), parameter gradients added into G.
+// Backward of one block: dy in, dx out (written), parameter gradients through G.
 template <typename Saved>
-Status BlockBackward(Engine& e, Backend& k, const Dims& d, const std::vector<float*>& P,
-                     GradSink& G, Saved& s, const float* dy, float* dx) {
+Status BlockBackward(Engine& e, Backend& k, const Dims& d, const std::vector<const void*>& P,
+                     GradSink& G, Saved& s, const void* dy, void* dx) {
   const int64_t R = d.rows, C = d.C;
-  TZ_ASSIGN_OR_RETURN(ActivationBuffer dx2, Floats(e, R * C));
-  k.Copy(dx2.data(), dy, static_cast<uint64_t>(R * C) * 4);
+  constexpr WeightLayout kW = WeightLayout::kInOut;
+  TZ_ASSIGN_OR_RETURN(ActivationBuffer dx2, Acts(e, k, R * C));
+  k.Copy(dx2.data(), dy, k.spec().act_bytes(R * C));
   {
-    TZ_ASSIGN_OR_RETURN(ActivationBuffer dg, Floats(e, R * 4 * C));
+    TZ_ASSIGN_OR_RETURN(ActivationBuffer dg, Acts(e, k, R * 4 * C));
     TZ_RETURN_IF_ERROR(G.Open(10, 11));
-    k.LinearBackward(dy, s.gelu.template as<float>(), P[10], dg.as<float>(), G[10], G[11], R, 4 * C,
-                     C);
+    k.LinearBackward(dy, s.gelu.data(), P[10], dg.data(), G[10], G[11], R, 4 * C, C, kW);
     s.gelu.Reset();
     TZ_RETURN_IF_ERROR(G.Close(10, 11));
-    k.GeluBackward(dg.as<float>(), s.h.template as<float>(), dg.as<float>(), R * 4 * C);
+    k.GeluBackward(dg.data(), s.h.data(), dg.data(), R * 4 * C);
     s.h.Reset();
-    TZ_ASSIGN_OR_RETURN(ActivationBuffer dln2, Floats(e, R * C));
+    TZ_ASSIGN_OR_RETURN(ActivationBuffer dln2, Acts(e, k, R * C));
     TZ_RETURN_IF_ERROR(G.Open(8, 9));
-    k.LinearBackward(dg.as<float>(), s.ln2.template as<float>(), P[8], dln2.as<float>(), G[8], G[9],
-                     R, C, 4 * C);
+    k.LinearBackward(dg.data(), s.ln2.data(), P[8], dln2.data(), G[8], G[9], R, C, 4 * C, kW);
     dg.Reset();
     TZ_RETURN_IF_ERROR(G.Close(8, 9));
-    TZ_ASSIGN_OR_RETURN(ActivationBuffer t, Floats(e, R * C));
+    TZ_ASSIGN_OR_RETURN(ActivationBuffer t, Acts(e, k, R * C));
     TZ_RETURN_IF_ERROR(G.Open(6, 7));
-    k.LayerNormBackward(dln2.as<float>(), s.x2.template as<float>(), P[6],
-                        s.mean2.template as<float>(), s.rstd2.template as<float>(), t.as<float>(),
-                        G[6], G[7], R, C);
+    k.LayerNormBackward(dln2.data(), s.x2.data(), P[6], s.mean2.template as<float>(),
+                        s.rstd2.template as<float>(), t.data(), G[6], G[7], R, C);
     TZ_RETURN_IF_ERROR(G.Close(6, 7));
-    k.AddInPlace(dx2.as<float>(), t.as<float>(), R * C);
+    k.AddInPlace(dx2.data(), t.data(), R * C);
   }
   {
-    TZ_ASSIGN_OR_RETURN(ActivationBuffer datt, Floats(e, R * C));
+    TZ_ASSIGN_OR_RETURN(ActivationBuffer datt, Acts(e, k, R * C));
     TZ_RETURN_IF_ERROR(G.Open(4, 5));
-    k.LinearBackward(dx2.as<float>(), s.att.template as<float>(), P[4], datt.as<float>(), G[4],
-                     G[5], R, C, C);
-    TZ_ASSIGN_OR_RETURN(ActivationBuffer dqkv, Floats(e, R * 3 * C));
-    k.AttentionBackward(datt.as<float>(), s.qkv.template as<float>(), s.att.template as<float>(),
-                        s.probs.template as<float>(), dqkv.as<float>(), d.B, d.T, C, d.H);
+    k.LinearBackward(dx2.data(), s.att.data(), P[4], datt.data(), G[4], G[5], R, C, C, kW);
+    TZ_ASSIGN_OR_RETURN(ActivationBuffer dqkv, Acts(e, k, R * 3 * C));
+    k.AttentionBackward(datt.data(), s.qkv.data(), s.att.data(), s.probs.data(), dqkv.data(), d.B,
+                        d.T, C, d.H);
     datt.Reset();
     TZ_RETURN_IF_ERROR(G.Close(4, 5));
-    TZ_ASSIGN_OR_RETURN(ActivationBuffer dln1, Floats(e, R * C));
+    TZ_ASSIGN_OR_RETURN(ActivationBuffer dln1, Acts(e, k, R * C));
     TZ_RETURN_IF_ERROR(G.Open(2, 3));
-    k.LinearBackward(dqkv.as<float>(), s.ln1.template as<float>(), P[2], dln1.as<float>(), G[2],
-                     G[3], R, C, 3 * C);
+    k.LinearBackward(dqkv.data(), s.ln1.data(), P[2], dln1.data(), G[2], G[3], R, C, 3 * C, kW);
     dqkv.Reset();
     TZ_RETURN_IF_ERROR(G.Close(2, 3));
     TZ_RETURN_IF_ERROR(G.Open(0, 1));
-    k.LayerNormBackward(dln1.as<float>(), s.x.template as<float>(), P[0],
-                        s.mean1.template as<float>(), s.rstd1.template as<float>(), dx, G[0], G[1],
-                        R, C);
+    k.LayerNormBackward(dln1.data(), s.x.data(), P[0], s.mean1.template as<float>(),
+                        s.rstd1.template as<float>(), dx, G[0], G[1], R, C);
     TZ_RETURN_IF_ERROR(G.Close(0, 1));
-    k.AddInPlace(dx, dx2.as<float>(), R * C);
+    k.AddInPlace(dx, dx2.data(), R * C);
   }
   return Status::OK();
 }
@@ -301,9 +312,11 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
   const int64_t R = d.rows, C = d.C, V = cfg_.vocab, L = cfg_.n_layer;
   if (backend_ == nullptr) {
     // The engine knows its device after Finalize.
-    TZ_ASSIGN_OR_RETURN(backend_, Backend::Create(engine_));
+    TZ_ASSIGN_OR_RETURN(BackendSpec spec, ChooseBackend(engine_, cfg_.activations));
+    TZ_ASSIGN_OR_RETURN(backend_, Backend::Create(engine_, spec));
   }
   Backend& k = *backend_;
+  constexpr WeightLayout kHead = WeightLayout::kOutIn;  // the LM head: wte, vocab x width
   TZ_RETURN_IF_ERROR(engine_.BeginIteration(train));
   // On any error the iteration is aborted (its scopes are released first, by scope order): the
   // engine stays usable, the partial gradients are dropped, and the error is what the caller
@@ -322,22 +335,21 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
     TZ_RETURN_IF_ERROR(k.Upload(targets.data(), batch.targets.data(), rows * 4));
     TZ_RETURN_IF_ERROR(k.Upload(mask.data(), batch.mask.data(), rows * 4));
     std::vector<Saved> saved(static_cast<size_t>(L) + 1);
-    TZ_ASSIGN_OR_RETURN(saved[0].x, Floats(engine_, R * C));
+    TZ_ASSIGN_OR_RETURN(saved[0].x, Acts(engine_, k, R * C));
     {
       const std::vector<ParamId> ids = {wte_, wpe_};
       TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kForward));
-      TZ_ASSIGN_OR_RETURN(Widened P, Widen(engine_, k, scope, ids));
-      k.EmbeddingForward(tokens.as<int32_t>(), P.ptr[0], P.ptr[1], saved[0].x.as<float>(), d.B, d.T,
-                         C);
+      TZ_ASSIGN_OR_RETURN(Weights P, Prepare(engine_, k, scope, ids));
+      k.EmbeddingForward(tokens.as<int32_t>(), P.ptr[0], P.ptr[1], saved[0].x.data(), d.B, d.T, C);
     }
     for (int64_t l = 0; l < L; ++l) {
       const std::vector<ParamId> ids = blocks_[static_cast<size_t>(l)].all();
       TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kForward));
-      TZ_ASSIGN_OR_RETURN(Widened P, Widen(engine_, k, scope, ids));
+      TZ_ASSIGN_OR_RETURN(Weights P, Prepare(engine_, k, scope, ids));
       Saved& s = saved[static_cast<size_t>(l)];
-      TZ_ASSIGN_OR_RETURN(saved[static_cast<size_t>(l) + 1].x, Floats(engine_, R * C));
+      TZ_ASSIGN_OR_RETURN(saved[static_cast<size_t>(l) + 1].x, Acts(engine_, k, R * C));
       TZ_RETURN_IF_ERROR(
-          BlockForward(engine_, k, d, P.ptr, s, saved[static_cast<size_t>(l) + 1].x.as<float>()));
+          BlockForward(engine_, k, d, P.ptr, s, saved[static_cast<size_t>(l) + 1].x.data()));
       if (cfg_.activation_checkpointing || !train) {
         ActivationBuffer keep = std::move(s.x);
         s = Saved{};
@@ -346,25 +358,23 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
     }
     // Final LayerNorm, LM head and loss; dlogits right away (forward moment).
     ActivationBuffer lnf, meanf, rstdf, dlogits;
-    TZ_ASSIGN_OR_RETURN(lnf, Floats(engine_, R * C));
+    TZ_ASSIGN_OR_RETURN(lnf, Acts(engine_, k, R * C));
     TZ_ASSIGN_OR_RETURN(meanf, Floats(engine_, R));
     TZ_ASSIGN_OR_RETURN(rstdf, Floats(engine_, R));
     if (train) {
-      TZ_ASSIGN_OR_RETURN(dlogits, Floats(engine_, R * V));
+      TZ_ASSIGN_OR_RETURN(dlogits, Acts(engine_, k, R * V));
     }
     {
       const std::vector<ParamId> ids = {lnf_w_, lnf_b_, wte_};
       TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kForward));
-      TZ_ASSIGN_OR_RETURN(Widened P, Widen(engine_, k, scope, ids));
-      k.LayerNormForward(saved[static_cast<size_t>(L)].x.as<float>(), P.ptr[0], P.ptr[1],
-                         lnf.as<float>(), meanf.as<float>(), rstdf.as<float>(), R, C);
-      TZ_ASSIGN_OR_RETURN(ActivationBuffer logits, Floats(engine_, R * V));
-      k.Gemm(false, true, R, V, C, 1.0f, lnf.as<float>(), C, P.ptr[2], C, 0.0f, logits.as<float>(),
-             V);
-      TZ_ASSIGN_OR_RETURN(
-          loss, k.CrossEntropy(logits.as<float>(), targets.as<int32_t>(), mask.as<float>(),
-                               train ? dlogits.as<float>() : nullptr, argmax.as<int32_t>(), R, V,
-                               engine_.loss_scale()));
+      TZ_ASSIGN_OR_RETURN(Weights P, Prepare(engine_, k, scope, ids));
+      k.LayerNormForward(saved[static_cast<size_t>(L)].x.data(), P.ptr[0], P.ptr[1], lnf.data(),
+                         meanf.as<float>(), rstdf.as<float>(), R, C);
+      TZ_ASSIGN_OR_RETURN(ActivationBuffer logits, Acts(engine_, k, R * V));
+      k.LinearForward(lnf.data(), P.ptr[2], nullptr, logits.data(), R, C, V, kHead);
+      TZ_ASSIGN_OR_RETURN(loss, k.CrossEntropy(logits.data(), targets.as<int32_t>(),
+                                               mask.as<float>(), train ? dlogits.data() : nullptr,
+                                               argmax.as<int32_t>(), R, V, engine_.loss_scale()));
       if (predictions != nullptr) {
         predictions->resize(rows);
         TZ_RETURN_IF_ERROR(k.Download(predictions->data(), argmax.data(), rows * 4));
@@ -374,49 +384,51 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
 
     // Backward.
     ActivationBuffer dx;
-    TZ_ASSIGN_OR_RETURN(dx, Floats(engine_, R * C));
+    TZ_ASSIGN_OR_RETURN(dx, Acts(engine_, k, R * C));
     {
       const std::vector<ParamId> ids = {lnf_w_, lnf_b_, wte_};
       TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kBackward));
-      TZ_ASSIGN_OR_RETURN(Widened P, Widen(engine_, k, scope, ids));
-      TZ_ASSIGN_OR_RETURN(Widened G, ZeroGrads(engine_, k, ids));
-      TZ_ASSIGN_OR_RETURN(ActivationBuffer dlnf, Floats(engine_, R * C));
-      k.Gemm(false, false, R, C, V, 1.0f, dlogits.as<float>(), V, P.ptr[2], C, 0.0f,
-             dlnf.as<float>(), C);
-      k.Gemm(true, false, V, C, R, 1.0f, dlogits.as<float>(), V, lnf.as<float>(), C, 0.0f, G.ptr[2],
-             C);
+      TZ_ASSIGN_OR_RETURN(Weights P, Prepare(engine_, k, scope, ids));
+      std::vector<Grad> G;
+      for (ParamId p : ids) {
+        TZ_ASSIGN_OR_RETURN(Grad g, Grad::Open(engine_, k, scope, p, /*add=*/false));
+        G.push_back(std::move(g));
+      }
+      TZ_ASSIGN_OR_RETURN(ActivationBuffer dlnf, Acts(engine_, k, R * C));
+      k.LinearBackward(dlogits.data(), lnf.data(), P.ptr[2], dlnf.data(), G[2].out(), GradOut{}, R,
+                       C, V, kHead);
       dlogits.Reset();
-      k.LayerNormBackward(dlnf.as<float>(), saved[static_cast<size_t>(L)].x.as<float>(), P.ptr[0],
-                          meanf.as<float>(), rstdf.as<float>(), dx.as<float>(), G.ptr[0], G.ptr[1],
+      k.LayerNormBackward(dlnf.data(), saved[static_cast<size_t>(L)].x.data(), P.ptr[0],
+                          meanf.as<float>(), rstdf.as<float>(), dx.data(), G[0].out(), G[1].out(),
                           R, C);
       saved[static_cast<size_t>(L)].x.Reset();
-      for (size_t i = 0; i < ids.size(); ++i)
-        TZ_RETURN_IF_ERROR(PutGrad(engine_, k, scope, ids[i], G.ptr[i], /*add=*/false));
+      for (Grad& g : G) TZ_RETURN_IF_ERROR(g.Put(engine_, k));
     }
     for (int64_t l = L - 1; l >= 0; --l) {
       const std::vector<ParamId> ids = blocks_[static_cast<size_t>(l)].all();
       TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kBackward));
-      TZ_ASSIGN_OR_RETURN(Widened P, Widen(engine_, k, scope, ids));
+      TZ_ASSIGN_OR_RETURN(Weights P, Prepare(engine_, k, scope, ids));
       Saved& s = saved[static_cast<size_t>(l)];
       if (cfg_.activation_checkpointing) {
-        TZ_ASSIGN_OR_RETURN(ActivationBuffer y, Floats(engine_, R * C));
-        TZ_RETURN_IF_ERROR(BlockForward(engine_, k, d, P.ptr, s, y.as<float>()));
+        TZ_ASSIGN_OR_RETURN(ActivationBuffer y, Acts(engine_, k, R * C));
+        TZ_RETURN_IF_ERROR(BlockForward(engine_, k, d, P.ptr, s, y.data()));
       }
       GradSink G(engine_, k, scope, ids);
-      TZ_ASSIGN_OR_RETURN(ActivationBuffer dx_in, Floats(engine_, R * C));
-      TZ_RETURN_IF_ERROR(
-          BlockBackward(engine_, k, d, P.ptr, G, s, dx.as<float>(), dx_in.as<float>()));
+      TZ_ASSIGN_OR_RETURN(ActivationBuffer dx_in, Acts(engine_, k, R * C));
+      TZ_RETURN_IF_ERROR(BlockBackward(engine_, k, d, P.ptr, G, s, dx.data(), dx_in.data()));
       s = Saved{};
       dx = std::move(dx_in);
     }
     {
       const std::vector<ParamId> ids = {wte_, wpe_};
       TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kBackward));
-      TZ_ASSIGN_OR_RETURN(Widened G, ZeroGrads(engine_, k, ids));
-      k.EmbeddingBackward(tokens.as<int32_t>(), dx.as<float>(), G.ptr[0], G.ptr[1], d.B, d.T, C);
       // wte's second backward use (the LM head wrote first) adds.
-      TZ_RETURN_IF_ERROR(PutGrad(engine_, k, scope, wte_, G.ptr[0], /*add=*/true));
-      TZ_RETURN_IF_ERROR(PutGrad(engine_, k, scope, wpe_, G.ptr[1], /*add=*/false));
+      TZ_ASSIGN_OR_RETURN(Grad gwte, Grad::Open(engine_, k, scope, wte_, /*add=*/true));
+      TZ_ASSIGN_OR_RETURN(Grad gwpe, Grad::Open(engine_, k, scope, wpe_, /*add=*/false));
+      k.EmbeddingBackward(tokens.as<int32_t>(), dx.data(), gwte.out(), V, gwpe.out(), d.B, d.T,
+                          C);
+      TZ_RETURN_IF_ERROR(gwte.Put(engine_, k));
+      TZ_RETURN_IF_ERROR(gwpe.Put(engine_, k));
     }
     return k.status();
   }();

@@ -27,6 +27,7 @@
 #include <memory>
 #include <vector>
 
+#include "gpt/backend.h"
 #include "tierzero/engine.h"
 
 namespace tierzero::gpt {
@@ -38,6 +39,7 @@ struct GptConfig {
   int n_layer = 4;
   int n_head = 4;
   bool activation_checkpointing = false;
+  Activations activations = Activations::kAuto;
   uint64_t seed = 1;  // initialisation
 };
 

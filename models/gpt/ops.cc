@@ -557,6 +557,26 @@ double CrossEntropy(const T* logits, const int32_t* targets, const float* mask, 
 }
 
 template <typename T>
+void LinearForwardOutIn(const T* x, const T* w, const T* bias, T* y, int64_t rows, int64_t in,
+                        int64_t out) {
+  Gemm<T>(false, true, rows, out, in, T(1), x, in, w, in, T(0), y, out);
+  if (bias != nullptr) {
+    ParallelRows(rows, out, [&](int64_t r) {
+      T* yr = y + r * out;
+      for (int64_t j = 0; j < out; ++j) yr[j] += bias[j];
+    });
+  }
+}
+
+template <typename T>
+void LinearBackwardOutIn(const T* dy, const T* x, const T* w, T* dx, T* dw, T* dbias,
+                         int64_t rows, int64_t in, int64_t out) {
+  if (dx != nullptr) Gemm<T>(false, false, rows, in, out, T(1), dy, out, w, in, T(0), dx, in);
+  Gemm<T>(true, false, out, in, rows, T(1), dy, out, x, in, T(1), dw, in);
+  if (dbias != nullptr) AddColumnSums(dy, dbias, rows, out);
+}
+
+template <typename T>
 void Add(const T* a, const T* b, T* y, int64_t n) {
   ParallelRows((n + 4095) / 4096, 4096, [&](int64_t blk) {
     const int64_t e = std::min(n, (blk + 1) * 4096);
@@ -576,6 +596,10 @@ void AddInPlace(T* y, const T* a, int64_t n) {
   template void LinearForward<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t);     \
   template void LinearBackward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t,      \
                                   int64_t);                                                        \
+  template void LinearForwardOutIn<T>(const T*, const T*, const T*, T*, int64_t, int64_t,          \
+                                      int64_t);                                                    \
+  template void LinearBackwardOutIn<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t, \
+                                       int64_t);                                                   \
   template void LayerNormForward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t);   \
   template void LayerNormBackward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*, T*, \
                                      int64_t, int64_t);                                            \

@@ -33,6 +33,15 @@ template <typename T>
 void LinearBackward(const T* dy, const T* x, const T* w, T* dx, T* dw, T* dbias, int64_t rows,
                     int64_t in, int64_t out);
 
+// The same with W stored out x in (nn.Linear's layout; the LM head's tied embedding):
+// y[r] = x[r] W^T + bias; dx = dy W (written); dw += dy^T x; dbias += column sums of dy.
+template <typename T>
+void LinearForwardOutIn(const T* x, const T* w, const T* bias, T* y, int64_t rows, int64_t in,
+                        int64_t out);
+template <typename T>
+void LinearBackwardOutIn(const T* dy, const T* x, const T* w, T* dx, T* dw, T* dbias,
+                         int64_t rows, int64_t in, int64_t out);
+
 // LayerNorm over the last dimension (eps 1e-5); mean and rstd (rows) are saved for backward.
 template <typename T>
 void LayerNormForward(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* rstd,

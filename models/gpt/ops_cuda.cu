@@ -18,6 +18,7 @@
 #include "gpt/flash_attention_cuda.h"
 #include "gpt/kernels_cuda.cuh"
 #include "gpt/ops_cuda.h"
+#include "gpt/ops_cuda_impl.cuh"
 #include "gpt/tensor_core_cuda.h"
 
 namespace tierzero::gpt::cuda {
@@ -377,70 +378,8 @@ __global__ void CrossEntropyKernel(const float* logits, const int32_t* targets, 
   }
 }
 
-template <typename In, typename Op>
-__global__ void WidenKernel(const In* src, float* dst, int64_t n, Op op) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    dst[i] = op(src[i]);
-}
-template <typename Out, typename Op>
-__global__ void NarrowKernel(const float* src, Out* dst, int64_t n, Op op) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    dst[i] = op(src[i]);
-}
-struct FromBF16 {
-  __device__ float operator()(__nv_bfloat16 v) const { return __bfloat162float(v); }
-};
-struct FromF16 {
-  __device__ float operator()(__half v) const { return __half2float(v); }
-};
-struct ToBF16 {
-  __device__ __nv_bfloat16 operator()(float v) const { return __float2bfloat16_rn(v); }
-};
-struct ToF16 {
-  __device__ __half operator()(float v) const { return __float2half_rn(v); }
-};
-
 }  // namespace
 
-struct CudaOps::Impl {
-  const CublasApi* cublas = nullptr;
-  cudaStream_t stream = nullptr;
-  cublasHandle_t blas = nullptr;
-  Status first_error;
-  float* dsum = nullptr;  // attention row dots: batch x heads x seq
-  int64_t dsum_elems = 0;
-  float* partial = nullptr;  // column sums' slab partials
-  int64_t partial_elems = 0;
-  double* row_loss = nullptr;  // cross-entropy, per row
-  int64_t row_loss_elems = 0;
-  std::vector<double> host_loss;
-  std::vector<float> host_mask;
-  std::unique_ptr<TensorCoreOps> tc;  // products on bf16 tensor cores, when asked for
-  bool fused_attention = false;       // with tc: the fused attention kernels where they apply
-
-  void Check(cudaError_t e, const char* what) {
-    if (e != cudaSuccess && first_error.ok())
-      first_error = InternalError(std::string(what) + ": " + cudaGetErrorString(e));
-  }
-  void CheckLaunch(const char* what) { Check(cudaGetLastError(), what); }
-  void CheckBlas(cublasStatus_t s, const char* what) {
-    if (s != CUBLAS_STATUS_SUCCESS && first_error.ok())
-      first_error = InternalError(std::string(what) + ": cuBLAS status " + std::to_string(s));
-  }
-  template <typename T>
-  T* Grow(T*& buf, int64_t& have, int64_t need) {
-    if (need > have) {
-      if (buf != nullptr) Check(cudaFreeAsync(buf, stream), "cudaFreeAsync");
-      buf = nullptr;
-      Check(cudaMallocAsync(reinterpret_cast<void**>(&buf), sizeof(T) * need, stream),
-            "cudaMallocAsync (GPT op workspace)");
-      have = buf != nullptr ? need : 0;
-    }
-    return buf;
-  }
-};
 
 StatusOr<std::unique_ptr<CudaOps>> CudaOps::Create(void* stream, bool tensor_cores,
                                                    bool fused_attention) {
@@ -497,6 +436,19 @@ void CudaOps::Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alph
       "cublasSgemm");
 }
 
+// out[c] += sum over rows of m[r, c] (the slabs of ColumnSlabs, then the slabs in order).
+void CudaOps::ColumnSums(const float* m, float* out, int64_t rows, int64_t cols) {
+  const Slabs sl = ColumnSlabs(rows);
+  float* partial = impl_->Grow(impl_->partial, impl_->partial_elems, sl.count * cols);
+  if (partial == nullptr) return;
+  ColumnPartialsKernel<<<dim3(Blocks(cols), static_cast<unsigned>(sl.count)), kThreads, 0,
+                         impl_->stream>>>(m, partial, rows, cols, sl.rows);
+  impl_->CheckLaunch("ColumnPartialsKernel");
+  ColumnTotalsKernel<<<Blocks(cols), kThreads, 0, impl_->stream>>>(partial, sl.count, cols, out,
+                                                                  nullptr);
+  impl_->CheckLaunch("ColumnTotalsKernel");
+}
+
 void CudaOps::LinearForward(const float* x, const float* w, const float* bias, float* y,
                             int64_t rows, int64_t in, int64_t out) {
   Gemm(false, false, rows, out, in, 1.0f, x, in, w, out, 0.0f, y, out);
@@ -510,17 +462,23 @@ void CudaOps::LinearBackward(const float* dy, const float* x, const float* w, fl
                              float* dbias, int64_t rows, int64_t in, int64_t out) {
   if (dx != nullptr) Gemm(false, true, rows, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in);
   Gemm(true, false, in, out, rows, 1.0f, x, in, dy, out, 1.0f, dw, out);
-  if (dbias != nullptr) {
-    const Slabs sl = ColumnSlabs(rows);
-    float* partial = impl_->Grow(impl_->partial, impl_->partial_elems, sl.count * out);
-    if (partial == nullptr) return;
-    ColumnPartialsKernel<<<dim3(Blocks(out), static_cast<unsigned>(sl.count)), kThreads, 0,
-                           impl_->stream>>>(dy, partial, rows, out, sl.rows);
-    impl_->CheckLaunch("ColumnPartialsKernel");
-    ColumnTotalsKernel<<<Blocks(out), kThreads, 0, impl_->stream>>>(partial, sl.count, out, dbias,
-                                                                    nullptr);
-    impl_->CheckLaunch("ColumnTotalsKernel");
+  if (dbias != nullptr) ColumnSums(dy, dbias, rows, out);
+}
+
+void CudaOps::LinearForwardOutIn(const float* x, const float* w, const float* bias, float* y,
+                                 int64_t rows, int64_t in, int64_t out) {
+  Gemm(false, true, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+  if (bias != nullptr) {
+    AddBiasKernel<<<Blocks(rows * out), kThreads, 0, impl_->stream>>>(y, bias, rows, out);
+    impl_->CheckLaunch("AddBiasKernel");
   }
+}
+
+void CudaOps::LinearBackwardOutIn(const float* dy, const float* x, const float* w, float* dx,
+                                  float* dw, float* dbias, int64_t rows, int64_t in, int64_t out) {
+  if (dx != nullptr) Gemm(false, false, rows, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+  Gemm(true, false, out, in, rows, 1.0f, dy, out, x, in, 1.0f, dw, in);
+  if (dbias != nullptr) ColumnSums(dy, dbias, rows, out);
 }
 
 void CudaOps::LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
@@ -654,73 +612,6 @@ void CudaOps::Add(const float* a, const float* b, float* y, int64_t n) {
 void CudaOps::AddInPlace(float* y, const float* a, int64_t n) {
   AddInPlaceKernel<<<Blocks(n), kThreads, 0, impl_->stream>>>(y, a, n);
   impl_->CheckLaunch("AddInPlaceKernel");
-}
-
-void CudaOps::Zero(void* dst, uint64_t bytes) {
-  impl_->Check(cudaMemsetAsync(dst, 0, bytes, impl_->stream), "cudaMemsetAsync");
-}
-
-void CudaOps::Copy(void* dst, const void* src, uint64_t bytes) {
-  impl_->Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, impl_->stream),
-               "cudaMemcpyAsync (device to device)");
-}
-
-Status CudaOps::Upload(void* dst, const void* host, uint64_t bytes) {
-  impl_->Check(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, impl_->stream),
-               "cudaMemcpyAsync (upload)");
-  impl_->Check(cudaStreamSynchronize(impl_->stream), "cudaStreamSynchronize");
-  return impl_->first_error;
-}
-
-Status CudaOps::Download(void* host, const void* src, uint64_t bytes) {
-  impl_->Check(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, impl_->stream),
-               "cudaMemcpyAsync (download)");
-  impl_->Check(cudaStreamSynchronize(impl_->stream), "cudaStreamSynchronize");
-  return impl_->first_error;
-}
-
-Status CudaOps::Widen(const void* src, DType src_type, float* dst, int64_t n) {
-  switch (src_type) {
-    case DType::kF32:
-      impl_->Check(
-          cudaMemcpyAsync(dst, src, sizeof(float) * n, cudaMemcpyDeviceToDevice, impl_->stream),
-          "cudaMemcpyAsync (widen fp32)");
-      break;
-    case DType::kBF16:
-      WidenKernel<<<Blocks(n), kThreads, 0, impl_->stream>>>(static_cast<const __nv_bfloat16*>(src),
-                                                             dst, n, FromBF16{});
-      break;
-    case DType::kF16:
-      WidenKernel<<<Blocks(n), kThreads, 0, impl_->stream>>>(static_cast<const __half*>(src), dst,
-                                                             n, FromF16{});
-      break;
-    default:
-      return InvalidArgumentError("Widen: the source must be fp32, bf16 or fp16");
-  }
-  impl_->CheckLaunch("WidenKernel");
-  return impl_->first_error;
-}
-
-Status CudaOps::Narrow(const float* src, void* dst, DType dst_type, int64_t n) {
-  switch (dst_type) {
-    case DType::kF32:
-      impl_->Check(
-          cudaMemcpyAsync(dst, src, sizeof(float) * n, cudaMemcpyDeviceToDevice, impl_->stream),
-          "cudaMemcpyAsync (narrow fp32)");
-      break;
-    case DType::kBF16:
-      NarrowKernel<<<Blocks(n), kThreads, 0, impl_->stream>>>(src, static_cast<__nv_bfloat16*>(dst),
-                                                              n, ToBF16{});
-      break;
-    case DType::kF16:
-      NarrowKernel<<<Blocks(n), kThreads, 0, impl_->stream>>>(src, static_cast<__half*>(dst), n,
-                                                              ToF16{});
-      break;
-    default:
-      return InvalidArgumentError("Narrow: the destination must be fp32, bf16 or fp16");
-  }
-  impl_->CheckLaunch("NarrowKernel");
-  return impl_->first_error;
 }
 
 }  // namespace tierzero::gpt::cuda

@@ -1,9 +1,12 @@
 // Gpt::DeriveTrace against the trace the engine records in a real warm-up iteration: the same
 // moments, parameters, and activation bytes and peaks, with and without activation
-// checkpointing.
+// checkpointing, for fp32 and bf16 parameters and activations (Note [Activation types]: widened
+// weights, gradients in place or in buffers).
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
+#include <tuple>
 
 #include "gpt/gpt.h"
 #include "tierzero/engine.h"
@@ -24,7 +27,9 @@ Batch RandomBatch(int B, int T, int V, uint64_t seed) {
   return b;
 }
 
-class GptTraceTest : public ::testing::TestWithParam<bool> {};
+// Activation checkpointing, the compute dtype, the activations' type.
+using TraceCase = std::tuple<bool, DType, Activations>;
+class GptTraceTest : public ::testing::TestWithParam<TraceCase> {};
 
 TEST_P(GptTraceTest, DerivedTraceEqualsRecordedTrace) {
   GptConfig mc;
@@ -33,10 +38,11 @@ TEST_P(GptTraceTest, DerivedTraceEqualsRecordedTrace) {
   mc.d_model = 24;
   mc.n_head = 3;
   mc.n_layer = 3;
-  mc.activation_checkpointing = GetParam();
+  mc.activation_checkpointing = std::get<0>(GetParam());
+  mc.activations = std::get<2>(GetParam());
   EngineConfig ec;
   ec.device = DeviceChoice::kHost;
-  ec.compute_dtype = DType::kF32;
+  ec.compute_dtype = std::get<1>(GetParam());
   auto engine = Engine::Create(ec);
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   auto model = Gpt::Create(**engine, mc);
@@ -68,8 +74,15 @@ TEST_P(GptTraceTest, DerivedTraceEqualsRecordedTrace) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Checkpointing, GptTraceTest, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "On" : "Off"; });
+INSTANTIATE_TEST_SUITE_P(
+    Cases, GptTraceTest,
+    ::testing::Combine(::testing::Bool(), ::testing::Values(DType::kF32, DType::kBF16),
+                       ::testing::Values(Activations::kF32, Activations::kBF16)),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param) ? "Checkpointed" : "Kept") + "_" +
+             std::string(DTypeName(std::get<1>(info.param))) + "Params_" +
+             ActivationsName(std::get<2>(info.param)) + "Activations";
+    });
 
 }  // namespace
 }  // namespace tierzero::gpt
