@@ -152,8 +152,9 @@ class CpuBackend final : public Backend {
                           v.In(wpe, w_, seq * channels), v.Out(x, a_, batch * seq * channels),
                           batch, seq, channels);
   }
-  void EmbeddingBackward(const int32_t* tokens, const void* dx, GradOut dwte, int64_t vocab,
-                         GradOut dwpe, int64_t batch, int64_t seq, int64_t channels) override {
+  void EmbeddingBackward(const int32_t* tokens, const int32_t* /*host_tokens*/, const void* dx,
+                         GradOut dwte, int64_t vocab, GradOut dwpe, int64_t batch, int64_t seq,
+                         int64_t channels) override {
     Fp32Views v;
     // Added to: only the rows the tokens name change; written: every row.
     const int64_t rows = dwte.add ? vocab_rows(tokens, batch * seq) : vocab;
@@ -161,13 +162,15 @@ class CpuBackend final : public Backend {
                            v.Grad(dwte, w_, rows * channels), v.Grad(dwpe, w_, seq * channels),
                            batch, seq, channels);
   }
-  StatusOr<double> CrossEntropy(const void* logits, const int32_t* targets, const float* mask,
-                                void* dlogits, int32_t* argmax, int64_t rows, int64_t vocab,
-                                double scale) override {
+  Status CrossEntropy(const void* logits, const int32_t* targets, const float* mask,
+                      void* dlogits, int32_t* argmax, int64_t rows, int64_t vocab,
+                      double scale) override {
     Fp32Views v;
-    return cpu::CrossEntropy(v.In(logits, a_, rows * vocab), targets, mask,
-                             v.Out(dlogits, a_, rows * vocab), argmax, rows, vocab, scale);
+    loss_ = cpu::CrossEntropy(v.In(logits, a_, rows * vocab), targets, mask,
+                              v.Out(dlogits, a_, rows * vocab), argmax, rows, vocab, scale);
+    return Status::OK();
   }
+  StatusOr<double> Loss() override { return loss_; }
   void Add(const void* a, const void* b, void* y, int64_t n) override {
     Fp32Views v;
     const float* af = v.In(a, a_, n);
@@ -219,9 +222,23 @@ class CpuBackend final : public Backend {
   }
 
   DType a_, w_;
+  double loss_ = 0;
 };
 
 }  // namespace
+
+void Backend::LinearGeluForward(const void* x, const void* w, const void* bias, void* pre, void* y,
+                                int64_t rows, int64_t in, int64_t out, WeightLayout layout) {
+  LinearForward(x, w, bias, pre, rows, in, out, layout);
+  GeluForward(pre, y, rows * out);
+}
+
+void Backend::LinearBackwardGelu(const void* dy, const void* x, const void* w, const void* pre,
+                                 void* dx, GradOut dw, GradOut dbias, int64_t rows, int64_t in,
+                                 int64_t out, WeightLayout layout) {
+  LinearBackward(dy, x, w, dx, dw, dbias, rows, in, out, layout);
+  GeluBackward(dx, pre, dx, rows * in);
+}
 
 const char* ActivationsName(Activations a) {
   switch (a) {

@@ -115,6 +115,15 @@ class Backend {
   virtual void LinearBackward(const void* dy, const void* x, const void* w, void* dx, GradOut dw,
                               GradOut dbias, int64_t rows, int64_t in, int64_t out,
                               WeightLayout layout) = 0;
+  // pre = x W + bias and y = GELU(pre) (both act, kept for backward), and backward through
+  // both: dx = (dy W^T) GELU'(pre), where x = GELU(pre) is this layer's input. One product with
+  // its epilogue on a GPU; the two ops in turn by default.
+  virtual void LinearGeluForward(const void* x, const void* w, const void* bias, void* pre,
+                                 void* y, int64_t rows, int64_t in, int64_t out,
+                                 WeightLayout layout);
+  virtual void LinearBackwardGelu(const void* dy, const void* x, const void* w, const void* pre,
+                                  void* dx, GradOut dw, GradOut dbias, int64_t rows, int64_t in,
+                                  int64_t out, WeightLayout layout);
   // LayerNorm over the last dimension (eps 1e-5): x, y act; gamma, beta wt; mean, rstd fp32.
   virtual void LayerNormForward(const void* x, const void* gamma, const void* beta, void* y,
                                 float* mean, float* rstd, int64_t rows, int64_t cols) = 0;
@@ -131,16 +140,19 @@ class Backend {
                                  const void* state, void* dqkv, int64_t batch, int64_t seq,
                                  int64_t channels, int64_t heads) = 0;
   // x (act) = wte[token] + wpe[t] (wt); backward: the gradients of the table's rows the
-  // tokens name and of wpe (a written dwte is zero in the other rows).
+  // tokens name and of wpe (a written dwte is zero in the other rows). `host_tokens` are the
+  // same tokens in host memory (a GPU groups the rows by token there).
   virtual void EmbeddingForward(const int32_t* tokens, const void* wte, const void* wpe, void* x,
                                 int64_t batch, int64_t seq, int64_t channels) = 0;
-  virtual void EmbeddingBackward(const int32_t* tokens, const void* dx, GradOut dwte,
-                                 int64_t vocab, GradOut dwpe, int64_t batch, int64_t seq,
-                                 int64_t channels) = 0;
-  // As cpu::CrossEntropy: logits and dlogits (may be null) act; the loss summed in double.
-  virtual StatusOr<double> CrossEntropy(const void* logits, const int32_t* targets,
-                                        const float* mask, void* dlogits, int32_t* argmax,
-                                        int64_t rows, int64_t vocab, double scale) = 0;
+  virtual void EmbeddingBackward(const int32_t* tokens, const int32_t* host_tokens,
+                                 const void* dx, GradOut dwte, int64_t vocab, GradOut dwpe,
+                                 int64_t batch, int64_t seq, int64_t channels) = 0;
+  // As cpu::CrossEntropy: logits and dlogits (may be null) act; the loss, summed in double, is
+  // Loss()'s, which waits for it: a GPU's iteration goes on without a host round trip.
+  virtual Status CrossEntropy(const void* logits, const int32_t* targets, const float* mask,
+                              void* dlogits, int32_t* argmax, int64_t rows, int64_t vocab,
+                              double scale) = 0;
+  virtual StatusOr<double> Loss() = 0;
   // y = a + b, y += a (act).
   virtual void Add(const void* a, const void* b, void* y, int64_t n) = 0;
   virtual void AddInPlace(void* y, const void* a, int64_t n) = 0;

@@ -20,7 +20,8 @@
 //   tile accumulating dq over the key tiles before it; the second recomputes the scores and dp,
 //   seven products per tile pair where an atomic dq would need five.
 //
-// Operands are rounded to bf16 as the batched path rounds them (q, k, v, dout, and p and ds before
+// The kernels read and write fp32 (the fp32-activation backend) or bf16 (the bf16 one: Note
+// [Activation types]); either way operands are rounded to bf16 as the batched path rounds them (q, k, v, dout, and p and ds before
 // their products); the softmax, its statistics and every accumulation are fp32. Tiles of 64 keep
 // a block's shared memory under 128 KiB at head width 128: 110 and 111 KiB for the forward and
 // dq kernels (two blocks of four warps per H100 SM), 120.5 KiB for the key-value kernel (one),
@@ -62,18 +63,41 @@ using FragC = wmma::fragment<wmma::accumulator, kRows, kRows, kRows, float>;
 template <int HD>
 constexpr int kTileLd = HD + 8;
 
+__device__ inline float ToFloat(float v) { return v; }
+__device__ inline float ToFloat(bf16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ inline T FromFloat(float v);
+template <>
+__device__ inline float FromFloat<float>(float v) {
+  return v;
+}
+template <>
+__device__ inline bf16 FromFloat<bf16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
 // Rows [row0, row0 + 64) of one head's slice (element (t, c) at src[t * ld + c], c < HD) into
-// dst as bf16; rows at or past seq as zeros. src and ld keep 16-byte alignment (C % 16 == 0).
-template <int HD>
-__device__ void LoadTile(const float* src, int64_t ld, int64_t row0, int64_t seq, bf16* dst) {
-  constexpr int kVec = HD / 4;
-  for (int i = threadIdx.x; i < kTile * kVec; i += kBlockThreads) {
-    const int r = i / kVec, c = (i - r * kVec) * 4;
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (row0 + r < seq) v = *reinterpret_cast<const float4*>(src + (row0 + r) * ld + c);
-    __nv_bfloat162* d = reinterpret_cast<__nv_bfloat162*>(dst + r * kTileLd<HD> + c);
-    d[0] = __floats2bfloat162_rn(v.x, v.y);
-    d[1] = __floats2bfloat162_rn(v.z, v.w);
+// dst as bf16; rows at or past seq as zeros. src and ld keep 16-byte alignment (C % 32 == 0).
+template <int HD, typename T>
+__device__ void LoadTile(const T* src, int64_t ld, int64_t row0, int64_t seq, bf16* dst) {
+  if constexpr (sizeof(T) == 4) {
+    constexpr int kVec = HD / 4;
+    for (int i = threadIdx.x; i < kTile * kVec; i += kBlockThreads) {
+      const int r = i / kVec, c = (i - r * kVec) * 4;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (row0 + r < seq) v = *reinterpret_cast<const float4*>(src + (row0 + r) * ld + c);
+      __nv_bfloat162* d = reinterpret_cast<__nv_bfloat162*>(dst + r * kTileLd<HD> + c);
+      d[0] = __floats2bfloat162_rn(v.x, v.y);
+      d[1] = __floats2bfloat162_rn(v.z, v.w);
+    }
+  } else {  // bf16 already: eight elements (16 bytes) at a time
+    constexpr int kVec = HD / 8;
+    for (int i = threadIdx.x; i < kTile * kVec; i += kBlockThreads) {
+      const int r = i / kVec, c = (i - r * kVec) * 8;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (row0 + r < seq) v = *reinterpret_cast<const uint4*>(src + (row0 + r) * ld + c);
+      *reinterpret_cast<uint4*>(dst + r * kTileLd<HD> + c) = v;
+    }
   }
 }
 
@@ -119,8 +143,8 @@ __device__ void AccumulateTile(FragC (&acc)[HD / kRows], const bf16* p, const bf
 
 // Writes a warp's 16 x HD accumulator to rows row0.. of dst (stride ld; rows at or past seq
 // skipped), through `stage` (16 x 16 fp32 of stride kSLd, the warp's own).
-template <int HD>
-__device__ void StoreRows(const FragC (&acc)[HD / kRows], float* stage, float* dst, int64_t ld,
+template <int HD, typename T>
+__device__ void StoreRows(const FragC (&acc)[HD / kRows], float* stage, T* dst, int64_t ld,
                           int64_t row0, int64_t seq) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
@@ -129,7 +153,7 @@ __device__ void StoreRows(const FragC (&acc)[HD / kRows], float* stage, float* d
     __syncwarp();
     for (int i = lane; i < kRows * kRows; i += kWarp) {
       const int r = i / kRows, c = i % kRows;
-      if (row0 + r < seq) dst[(row0 + r) * ld + j * kRows + c] = stage[r * kSLd + c];
+      if (row0 + r < seq) dst[(row0 + r) * ld + j * kRows + c] = FromFloat<T>(stage[r * kSLd + c]);
     }
     __syncwarp();
   }
@@ -143,10 +167,10 @@ constexpr size_t ForwardSmem() {
 
 // Grid (query tiles, batch x heads from bh0). Each lane pair (2r, 2r + 1) of a warp owns its row
 // r's softmax, each lane half the tile's 64 columns.
-template <int HD>
+template <int HD, typename T>
 __global__ void __launch_bounds__(kBlockThreads)
-    FusedForwardKernel(const float* qkv, float* out, float* lse, int64_t seq, int64_t channels,
-                       int heads, int64_t bh0, float scale) {
+    FusedForwardKernel(const T* qkv, T* out, float* lse, int64_t seq, int64_t channels, int heads,
+                       int64_t bh0, float scale) {
   constexpr int ld = kTileLd<HD>, kOLd = HD + 4;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);
@@ -159,20 +183,20 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t qt = gridDim.x - 1 - blockIdx.x;  // the longest rows start first
   const int64_t bh = bh0 + blockIdx.y, b = bh / heads, h = bh % heads, c3 = 3 * channels;
-  const float* base = qkv + b * seq * c3 + h * HD;
+  const T* base = qkv + b * seq * c3 + h * HD;
   float* s_w = ss + warp * kRows * kSLd;
   bf16* p_w = ps + warp * kRows * kPLd;
   float* o_w = os + warp * kRows * kOLd;
   const int r = lane / 2, half = lane % 2;
   const int64_t tq = qt * kTile + warp * kRows + r;
 
-  LoadTile<HD>(base, c3, qt * kTile, seq, qs);
+  LoadTile<HD, T>(base, c3, qt * kTile, seq, qs);
   for (int i = lane; i < kRows * kOLd; i += kWarp) o_w[i] = 0.0f;
   float m = -INFINITY, l = 0.0f;
   for (int64_t kt = 0; kt <= qt; ++kt) {
     __syncthreads();  // every warp is done with the last tile's keys and values
-    LoadTile<HD>(base + channels, c3, kt * kTile, seq, ks);
-    LoadTile<HD>(base + 2 * channels, c3, kt * kTile, seq, vs);
+    LoadTile<HD, T>(base + channels, c3, kt * kTile, seq, ks);
+    LoadTile<HD, T>(base + 2 * channels, c3, kt * kTile, seq, vs);
     __syncthreads();
     ScoresTile<HD>(qs + warp * kRows * ld, ks, s_w);
     __syncwarp();
@@ -223,23 +247,24 @@ __global__ void __launch_bounds__(kBlockThreads)
   if (tq < seq) {
     const float inv = 1.0f / l;
     const float* orow = o_w + r * kOLd + half * (HD / 2);
-    float* dst = out + (b * seq + tq) * channels + h * HD + half * (HD / 2);
-    for (int c = 0; c < HD / 2; ++c) dst[c] = orow[c] * inv;
+    T* dst = out + (b * seq + tq) * channels + h * HD + half * (HD / 2);
+    for (int c = 0; c < HD / 2; ++c) dst[c] = FromFloat<T>(orow[c] * inv);
     if (half == 0) lse[bh * seq + tq] = m + logf(l);
   }
 }
 
 // One warp per (b, t, h): rowdot[(b H + h) T + t] = dout . out over the head's columns.
-__global__ void RowDotKernel(const float* dout, const float* out, float* rowdot, int64_t rows,
-                             int64_t seq, int64_t channels, int heads, int hd) {
+template <typename T>
+__global__ void RowDotKernel(const T* dout, const T* out, float* rowdot, int64_t rows, int64_t seq,
+                             int64_t channels, int heads, int hd) {
   const int64_t i = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kWarp;
   if (i >= rows) return;
   const int lane = threadIdx.x % kWarp;
   const int64_t bt = i / heads, h = i % heads, b = bt / seq, t = bt % seq;
-  const float* g = dout + bt * channels + h * hd;
-  const float* o = out + bt * channels + h * hd;
+  const T* g = dout + bt * channels + h * hd;
+  const T* o = out + bt * channels + h * hd;
   float d = 0.0f;
-  for (int c = lane; c < hd; c += kWarp) d += g[c] * o[c];
+  for (int c = lane; c < hd; c += kWarp) d += ToFloat(g[c]) * ToFloat(o[c]);
   d = WarpSum(d);
   if (lane == 0) rowdot[(b * heads + h) * seq + t] = d;
 }
@@ -253,11 +278,11 @@ constexpr size_t BackwardKvSmem() {
 // Grid (key tiles, batch x heads from bh0): dk and dv of 64 keys, over the query tiles at or
 // after them. A warp owns 16 keys; its lane pair (2r, 2r + 1) key r's row of the transposed
 // tile (p^T, ds^T), each lane half the 64 queries.
-template <int HD>
+template <int HD, typename T>
 __global__ void __launch_bounds__(kBlockThreads)
-    FusedBackwardKvKernel(const float* dout, const float* qkv, const float* lse,
-                          const float* rowdot, float* dqkv, int64_t seq, int64_t channels,
-                          int heads, int64_t bh0, float scale) {
+    FusedBackwardKvKernel(const T* dout, const T* qkv, const float* lse, const float* rowdot,
+                          T* dqkv, int64_t seq, int64_t channels, int heads, int64_t bh0,
+                          float scale) {
   constexpr int ld = kTileLd<HD>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);
@@ -275,8 +300,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int64_t kt = blockIdx.x;  // the earliest keys (the most query tiles) start first
   const int64_t nq = gridDim.x;
   const int64_t bh = bh0 + blockIdx.y, b = bh / heads, h = bh % heads, c3 = 3 * channels;
-  const float* base = qkv + b * seq * c3 + h * HD;
-  const float* gbase = dout + b * seq * channels + h * HD;
+  const T* base = qkv + b * seq * c3 + h * HD;
+  const T* gbase = dout + b * seq * channels + h * HD;
   float* st_w = sts + warp * kRows * kSLd;
   float* dpt_w = dpts + warp * kRows * kSLd;
   bf16* pt_w = pts + warp * kRows * kPLd;
@@ -284,8 +309,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int r = lane / 2, half = lane % 2;
   const int64_t key = kt * kTile + warp * kRows + r;
 
-  LoadTile<HD>(base + channels, c3, kt * kTile, seq, ks);
-  LoadTile<HD>(base + 2 * channels, c3, kt * kTile, seq, vs);
+  LoadTile<HD, T>(base + channels, c3, kt * kTile, seq, ks);
+  LoadTile<HD, T>(base + 2 * channels, c3, kt * kTile, seq, vs);
   FragC dk[HD / kRows], dv[HD / kRows];
 #pragma unroll
   for (int j = 0; j < HD / kRows; ++j) {
@@ -294,8 +319,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
   for (int64_t qt = kt; qt < nq; ++qt) {
     __syncthreads();  // every warp is done with the last query tile
-    LoadTile<HD>(base, c3, qt * kTile, seq, qs);
-    LoadTile<HD>(gbase, channels, qt * kTile, seq, dos);
+    LoadTile<HD, T>(base, c3, qt * kTile, seq, qs);
+    LoadTile<HD, T>(gbase, channels, qt * kTile, seq, dos);
     for (int i = threadIdx.x; i < kTile; i += kBlockThreads) {
       const int64_t t = qt * kTile + i;
       lse_s[i] = t < seq ? lse[bh * seq + t] : 0.0f;
@@ -319,7 +344,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     AccumulateTile<HD>(dv, pt_w, dos);  // dv += p^T dout
     AccumulateTile<HD>(dk, dst_w, qs);  // dk += ds^T q
   }
-  float* kdst = dqkv + b * seq * c3 + channels + h * HD;
+  T* kdst = dqkv + b * seq * c3 + channels + h * HD;
   StoreRows<HD>(dk, st_w, kdst, c3, kt * kTile + warp * kRows, seq);
   StoreRows<HD>(dv, st_w, kdst + channels, c3, kt * kTile + warp * kRows, seq);
 }
@@ -332,10 +357,10 @@ constexpr size_t BackwardQSmem() {
 
 // Grid (query tiles, batch x heads from bh0): dq of 64 queries, over the key tiles at or before
 // them. Lane pairs as in the forward.
-template <int HD>
+template <int HD, typename T>
 __global__ void __launch_bounds__(kBlockThreads)
-    FusedBackwardQKernel(const float* dout, const float* qkv, const float* lse, const float* rowdot,
-                         float* dqkv, int64_t seq, int64_t channels, int heads, int64_t bh0,
+    FusedBackwardQKernel(const T* dout, const T* qkv, const float* lse, const float* rowdot,
+                         T* dqkv, int64_t seq, int64_t channels, int heads, int64_t bh0,
                          float scale) {
   constexpr int ld = kTileLd<HD>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -350,7 +375,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t qt = gridDim.x - 1 - blockIdx.x;  // the longest rows start first
   const int64_t bh = bh0 + blockIdx.y, b = bh / heads, h = bh % heads, c3 = 3 * channels;
-  const float* base = qkv + b * seq * c3 + h * HD;
+  const T* base = qkv + b * seq * c3 + h * HD;
   float* s_w = ss + warp * kRows * kSLd;
   float* dp_w = dps + warp * kRows * kSLd;
   bf16* ds_w = dss + warp * kRows * kPLd;
@@ -359,15 +384,15 @@ __global__ void __launch_bounds__(kBlockThreads)
   const float row_lse = tq < seq ? lse[bh * seq + tq] : 0.0f;
   const float row_dot = tq < seq ? rowdot[bh * seq + tq] : 0.0f;
 
-  LoadTile<HD>(base, c3, qt * kTile, seq, qs);
-  LoadTile<HD>(dout + b * seq * channels + h * HD, channels, qt * kTile, seq, dos);
+  LoadTile<HD, T>(base, c3, qt * kTile, seq, qs);
+  LoadTile<HD, T>(dout + b * seq * channels + h * HD, channels, qt * kTile, seq, dos);
   FragC dq[HD / kRows];
 #pragma unroll
   for (int j = 0; j < HD / kRows; ++j) wmma::fill_fragment(dq[j], 0.0f);
   for (int64_t kt = 0; kt <= qt; ++kt) {
     __syncthreads();  // every warp is done with the last key tile (and qs, dos are loaded)
-    LoadTile<HD>(base + channels, c3, kt * kTile, seq, ks);
-    LoadTile<HD>(base + 2 * channels, c3, kt * kTile, seq, vs);
+    LoadTile<HD, T>(base + channels, c3, kt * kTile, seq, ks);
+    LoadTile<HD, T>(base + 2 * channels, c3, kt * kTile, seq, vs);
     __syncthreads();
     ScoresTile<HD>(qs + warp * kRows * ld, ks, s_w);    // s = q k^T
     ScoresTile<HD>(dos + warp * kRows * ld, vs, dp_w);  // dp = dout v^T
@@ -403,41 +428,40 @@ cudaError_t LaunchTiles(void (*kernel)(Params...), size_t smem, int64_t tiles, i
   return cudaGetLastError();
 }
 
-template <int HD>
-cudaError_t Forward(const float* qkv, float* out, float* lse, int64_t batch, int64_t seq,
+template <int HD, typename T>
+cudaError_t Forward(const T* qkv, T* out, float* lse, int64_t batch, int64_t seq,
                     int64_t channels, int64_t heads, float scale, cudaStream_t stream) {
-  return LaunchTiles(FusedForwardKernel<HD>, ForwardSmem<HD>(), (seq + kTile - 1) / kTile,
+  return LaunchTiles(FusedForwardKernel<HD, T>, ForwardSmem<HD>(), (seq + kTile - 1) / kTile,
                      batch * heads, scale, stream, qkv, out, lse, seq, channels,
                      static_cast<int>(heads));
 }
 
-template <int HD>
-cudaError_t Backward(const float* dout, const float* qkv, const float* lse, const float* rowdot,
-                     float* dqkv, int64_t batch, int64_t seq, int64_t channels, int64_t heads,
-                     float scale, cudaStream_t stream) {
+template <int HD, typename T>
+cudaError_t Backward(const T* dout, const T* qkv, const float* lse, const float* rowdot, T* dqkv,
+                     int64_t batch, int64_t seq, int64_t channels, int64_t heads, float scale,
+                     cudaStream_t stream) {
   const int64_t tiles = (seq + kTile - 1) / kTile;
   if (const cudaError_t e =
-          LaunchTiles(FusedBackwardKvKernel<HD>, BackwardKvSmem<HD>(), tiles, batch * heads, scale,
-                      stream, dout, qkv, lse, rowdot, dqkv, seq, channels, static_cast<int>(heads));
+          LaunchTiles(FusedBackwardKvKernel<HD, T>, BackwardKvSmem<HD>(), tiles, batch * heads,
+                      scale, stream, dout, qkv, lse, rowdot, dqkv, seq, channels,
+                      static_cast<int>(heads));
       e != cudaSuccess)
     return e;
-  return LaunchTiles(FusedBackwardQKernel<HD>, BackwardQSmem<HD>(), tiles, batch * heads, scale,
+  return LaunchTiles(FusedBackwardQKernel<HD, T>, BackwardQSmem<HD>(), tiles, batch * heads, scale,
                      stream, dout, qkv, lse, rowdot, dqkv, seq, channels, static_cast<int>(heads));
 }
 
-// The tiles load four floats at a time: every matrix must start 16-byte aligned (the engine's
+// The tiles load 16 bytes at a time: every matrix must start 16-byte aligned (the engine's
 // allocations are 256-byte aligned; C is a multiple of 32 for every supported head width).
-bool Aligned16(const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-}  // namespace
-
-cudaError_t FusedAttentionForward(const float* qkv, float* out, float* lse, int64_t batch,
-                                  int64_t seq, int64_t channels, int64_t heads,
-                                  cudaStream_t stream) {
+template <typename T>
+cudaError_t AttentionForward(const T* qkv, T* out, float* lse, int64_t batch, int64_t seq,
+                             int64_t channels, int64_t heads, cudaStream_t stream) {
   const int64_t hd = channels / heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   if (batch * seq == 0) return cudaSuccess;
-  if (!Aligned16(qkv)) return cudaErrorMisalignedAddress;
+  if (!Aligned16(qkv) || !Aligned16(out)) return cudaErrorMisalignedAddress;
   switch (hd) {
     case 32:
       return Forward<32>(qkv, out, lse, batch, seq, channels, heads, scale, stream);
@@ -452,17 +476,17 @@ cudaError_t FusedAttentionForward(const float* qkv, float* out, float* lse, int6
   }
 }
 
-cudaError_t FusedAttentionBackward(const float* dout, const float* qkv, const float* out,
-                                   const float* lse, float* rowdot, float* dqkv, int64_t batch,
-                                   int64_t seq, int64_t channels, int64_t heads,
-                                   cudaStream_t stream) {
+template <typename T>
+cudaError_t AttentionBackward(const T* dout, const T* qkv, const T* out, const float* lse,
+                              float* rowdot, T* dqkv, int64_t batch, int64_t seq, int64_t channels,
+                              int64_t heads, cudaStream_t stream) {
   const int64_t hd = channels / heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   if (batch * seq == 0) return cudaSuccess;
   if (!FusedAttentionHeadWidth(hd)) return cudaErrorInvalidValue;
   if (!Aligned16(dout) || !Aligned16(qkv) || !Aligned16(dqkv)) return cudaErrorMisalignedAddress;
   const int64_t rows = batch * seq * heads;
-  RowDotKernel<<<WarpBlocks(rows), kThreads, 0, stream>>>(
+  RowDotKernel<T><<<WarpBlocks(rows), kThreads, 0, stream>>>(
       dout, out, rowdot, rows, seq, channels, static_cast<int>(heads), static_cast<int>(hd));
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   switch (hd) {
@@ -476,6 +500,32 @@ cudaError_t FusedAttentionBackward(const float* dout, const float* qkv, const fl
       return Backward<128>(dout, qkv, lse, rowdot, dqkv, batch, seq, channels, heads, scale,
                            stream);
   }
+}
+
+}  // namespace
+
+cudaError_t FusedAttentionForward(const float* qkv, float* out, float* lse, int64_t batch,
+                                  int64_t seq, int64_t channels, int64_t heads,
+                                  cudaStream_t stream) {
+  return AttentionForward(qkv, out, lse, batch, seq, channels, heads, stream);
+}
+cudaError_t FusedAttentionForward(const __nv_bfloat16* qkv, __nv_bfloat16* out, float* lse,
+                                  int64_t batch, int64_t seq, int64_t channels, int64_t heads,
+                                  cudaStream_t stream) {
+  return AttentionForward(qkv, out, lse, batch, seq, channels, heads, stream);
+}
+
+cudaError_t FusedAttentionBackward(const float* dout, const float* qkv, const float* out,
+                                   const float* lse, float* rowdot, float* dqkv, int64_t batch,
+                                   int64_t seq, int64_t channels, int64_t heads,
+                                   cudaStream_t stream) {
+  return AttentionBackward(dout, qkv, out, lse, rowdot, dqkv, batch, seq, channels, heads, stream);
+}
+cudaError_t FusedAttentionBackward(const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
+                                   const __nv_bfloat16* out, const float* lse, float* rowdot,
+                                   __nv_bfloat16* dqkv, int64_t batch, int64_t seq,
+                                   int64_t channels, int64_t heads, cudaStream_t stream) {
+  return AttentionBackward(dout, qkv, out, lse, rowdot, dqkv, batch, seq, channels, heads, stream);
 }
 
 }  // namespace tierzero::gpt::cuda

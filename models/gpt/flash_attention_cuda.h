@@ -3,11 +3,12 @@
 // matrix. Forward keeps each row's log-sum-exp (batch x heads x seq floats) in place of the
 // probabilities; backward recomputes the probabilities from it. The contracts are
 // CudaOps::AttentionForward/Backward's (fp32 in and out, qkv rows [q | k | v] of 3C, heads of
-// C / H) with `state` the log-sum-exps, within bf16 rounding of the CPU ops
+// C / H; or bf16 in and out for the bf16 backend) with `state` the log-sum-exps (fp32), within bf16 rounding of the CPU ops
 // (tests/gpt/ops_cuda_test.cc); every output element is written by one thread in a fixed order,
 // so a run repeats bit for bit. Included only by CUDA files.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -19,6 +20,9 @@ namespace tierzero::gpt::cuda {
 cudaError_t FusedAttentionForward(const float* qkv, float* out, float* lse, int64_t batch,
                                   int64_t seq, int64_t channels, int64_t heads,
                                   cudaStream_t stream);
+cudaError_t FusedAttentionForward(const __nv_bfloat16* qkv, __nv_bfloat16* out, float* lse,
+                                  int64_t batch, int64_t seq, int64_t channels, int64_t heads,
+                                  cudaStream_t stream);
 
 // dqkv (written) from dout, qkv and the forward's out and lse; `rowdot` is scratch of
 // B x H x T floats (each query row's dout . out).
@@ -26,5 +30,9 @@ cudaError_t FusedAttentionBackward(const float* dout, const float* qkv, const fl
                                    const float* lse, float* rowdot, float* dqkv, int64_t batch,
                                    int64_t seq, int64_t channels, int64_t heads,
                                    cudaStream_t stream);
+cudaError_t FusedAttentionBackward(const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
+                                   const __nv_bfloat16* out, const float* lse, float* rowdot,
+                                   __nv_bfloat16* dqkv, int64_t batch, int64_t seq,
+                                   int64_t channels, int64_t heads, cudaStream_t stream);
 
 }  // namespace tierzero::gpt::cuda

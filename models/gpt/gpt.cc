@@ -222,8 +222,7 @@ Status BlockForward(Engine& e, Backend& k, const Dims& d, const std::vector<cons
   }
   k.LayerNormForward(s.x2.data(), P[6], P[7], s.ln2.data(), s.mean2.template as<float>(),
                      s.rstd2.template as<float>(), R, C);
-  k.LinearForward(s.ln2.data(), P[8], P[9], s.h.data(), R, C, 4 * C, kW);
-  k.GeluForward(s.h.data(), s.gelu.data(), R * 4 * C);
+  k.LinearGeluForward(s.ln2.data(), P[8], P[9], s.h.data(), s.gelu.data(), R, C, 4 * C, kW);
   {
     TZ_ASSIGN_OR_RETURN(ActivationBuffer m, Acts(e, k, R * C));
     k.LinearForward(s.gelu.data(), P[10], P[11], m.data(), R, 4 * C, C, kW);
@@ -243,10 +242,10 @@ Status BlockBackward(Engine& e, Backend& k, const Dims& d, const std::vector<con
   {
     TZ_ASSIGN_OR_RETURN(ActivationBuffer dg, Acts(e, k, R * 4 * C));
     TZ_RETURN_IF_ERROR(G.Open(10, 11));
-    k.LinearBackward(dy, s.gelu.data(), P[10], dg.data(), G[10], G[11], R, 4 * C, C, kW);
+    k.LinearBackwardGelu(dy, s.gelu.data(), P[10], s.h.data(), dg.data(), G[10], G[11], R, 4 * C,
+                         C, kW);
     s.gelu.Reset();
     TZ_RETURN_IF_ERROR(G.Close(10, 11));
-    k.GeluBackward(dg.data(), s.h.data(), dg.data(), R * 4 * C);
     s.h.Reset();
     TZ_ASSIGN_OR_RETURN(ActivationBuffer dln2, Acts(e, k, R * C));
     TZ_RETURN_IF_ERROR(G.Open(8, 9));
@@ -372,15 +371,18 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
                          meanf.as<float>(), rstdf.as<float>(), R, C);
       TZ_ASSIGN_OR_RETURN(ActivationBuffer logits, Acts(engine_, k, R * V));
       k.LinearForward(lnf.data(), P.ptr[2], nullptr, logits.data(), R, C, V, kHead);
-      TZ_ASSIGN_OR_RETURN(loss, k.CrossEntropy(logits.data(), targets.as<int32_t>(),
-                                               mask.as<float>(), train ? dlogits.data() : nullptr,
-                                               argmax.as<int32_t>(), R, V, engine_.loss_scale()));
+      TZ_RETURN_IF_ERROR(k.CrossEntropy(logits.data(), targets.as<int32_t>(), mask.as<float>(),
+                                        train ? dlogits.data() : nullptr, argmax.as<int32_t>(), R,
+                                        V, engine_.loss_scale()));
       if (predictions != nullptr) {
         predictions->resize(rows);
         TZ_RETURN_IF_ERROR(k.Download(predictions->data(), argmax.data(), rows * 4));
       }
     }
-    if (!train) return k.status();
+    if (!train) {
+      TZ_ASSIGN_OR_RETURN(loss, k.Loss());
+      return k.status();
+    }
 
     // Backward.
     ActivationBuffer dx;
@@ -425,11 +427,13 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
       // wte's second backward use (the LM head wrote first) adds.
       TZ_ASSIGN_OR_RETURN(Grad gwte, Grad::Open(engine_, k, scope, wte_, /*add=*/true));
       TZ_ASSIGN_OR_RETURN(Grad gwpe, Grad::Open(engine_, k, scope, wpe_, /*add=*/false));
-      k.EmbeddingBackward(tokens.as<int32_t>(), dx.data(), gwte.out(), V, gwpe.out(), d.B, d.T,
-                          C);
+      k.EmbeddingBackward(tokens.as<int32_t>(), batch.tokens.data(), dx.data(), gwte.out(), V,
+                          gwpe.out(), d.B, d.T, C);
       TZ_RETURN_IF_ERROR(gwte.Put(engine_, k));
       TZ_RETURN_IF_ERROR(gwpe.Put(engine_, k));
     }
+    // The loss, once the whole iteration is enqueued.
+    TZ_ASSIGN_OR_RETURN(loss, k.Loss());
     return k.status();
   }();
   if (!st.ok()) {

@@ -1,0 +1,58 @@
+// Binds cuBLASLt at run time (gpt/cublaslt_api.h).
+#include "gpt/cublaslt_api.h"
+
+#include <dlfcn.h>
+
+#include <string>
+
+namespace tierzero::gpt::cuda {
+namespace {
+
+template <typename F>
+bool Bind(void* lib, const char* name, F*& fn) {
+  fn = reinterpret_cast<F*>(dlsym(lib, name));
+  return fn != nullptr;
+}
+
+}  // namespace
+
+StatusOr<const CublasLtApi*> LoadCublasLt() {
+  static const StatusOr<const CublasLtApi*> api = []() -> StatusOr<const CublasLtApi*> {
+    // As LoadCublas: the loader path first, then the toolkit the binary was built with.
+    const std::string soname = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
+    std::string tried;
+    void* lib = nullptr;
+    for (const std::string& path : {soname, std::string(TZ_CUDA_LIBRARY_DIR "/") + soname}) {
+      lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (lib != nullptr) break;
+      const char* why = dlerror();
+      tried += (tried.empty() ? "" : "; ") + path + ": " + (why != nullptr ? why : "not found");
+    }
+    if (lib == nullptr)
+      return UnavailableError("cuBLASLt could not be loaded for the GPT's bf16 CUDA ops (" +
+                              tried + "); put " + soname +
+                              " on the loader path (LD_LIBRARY_PATH), or run with "
+                              "--activations fp32");
+    auto* a = new CublasLtApi();
+    const bool ok =
+        Bind(lib, "cublasLtCreate", a->Create) && Bind(lib, "cublasLtDestroy", a->Destroy) &&
+        Bind(lib, "cublasLtMatmulDescCreate", a->MatmulDescCreate) &&
+        Bind(lib, "cublasLtMatmulDescDestroy", a->MatmulDescDestroy) &&
+        Bind(lib, "cublasLtMatmulDescSetAttribute", a->MatmulDescSetAttribute) &&
+        Bind(lib, "cublasLtMatrixLayoutCreate", a->MatrixLayoutCreate) &&
+        Bind(lib, "cublasLtMatrixLayoutDestroy", a->MatrixLayoutDestroy) &&
+        Bind(lib, "cublasLtMatmulPreferenceCreate", a->PreferenceCreate) &&
+        Bind(lib, "cublasLtMatmulPreferenceDestroy", a->PreferenceDestroy) &&
+        Bind(lib, "cublasLtMatmulPreferenceSetAttribute", a->PreferenceSetAttribute) &&
+        Bind(lib, "cublasLtMatmulAlgoGetHeuristic", a->AlgoGetHeuristic) &&
+        Bind(lib, "cublasLtMatmul", a->Matmul);
+    if (!ok) {
+      delete a;
+      return UnavailableError(soname + " lacks cuBLASLt functions the GPT's bf16 CUDA ops need");
+    }
+    return a;  // kept for the life of the process, as the library is
+  }();
+  return api;
+}
+
+}  // namespace tierzero::gpt::cuda
