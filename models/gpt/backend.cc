@@ -13,8 +13,10 @@
 namespace tierzero::gpt {
 
 #ifdef TZ_GPT_CUDA
-// backend_cuda.cc: the CUDA ops (gpt/ops_cuda.h) behind this interface.
+// backend_cuda.cc: the CUDA ops (gpt/ops_cuda.h) behind this interface, fp32 activations.
 StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(Engine& engine, const BackendSpec& spec);
+// backend_cuda_bf16.cc: bf16 activations.
+StatusOr<std::unique_ptr<Backend>> CreateCudaBf16Backend(Engine& engine, const BackendSpec& spec);
 #endif
 
 namespace {
@@ -263,36 +265,46 @@ bool FusedAttentionWanted() {
 #endif
 }
 
-StatusOr<BackendSpec> ChooseBackend(const Engine& engine, Activations activations) {
+StatusOr<BackendSpec> ChooseBackend(const Engine& engine, Activations activations,
+                                    int64_t head_dim) {
   BackendSpec s;
   s.gpu = !engine.host_compute();
   s.params = engine.compute_dtype();
-  const Activations want = activations == Activations::kAuto ? Activations::kF32 : activations;
+  // "auto": bf16 where the GPU's bf16 backend runs (bf16 parameters, heads the fused attention
+  // takes), else the fp32 reference.
+  const bool gpu_bf16 = s.gpu && s.params == DType::kBF16 && FusedAttentionHeadWidth(head_dim);
+  Activations want = activations;
+  if (want == Activations::kAuto) want = gpu_bf16 ? Activations::kBF16 : Activations::kF32;
   if (want == Activations::kF32) {
     // fp32 activations: fp32 ops on widened parameters, gradients in fp32 until written (the
-    // reference, as before the interface carried types).
+    // reference, as before the interface carried types). On a GPU the products of bf16
+    // parameters run on the tensor cores, where the fused attention kernels apply (Note [bf16
+    // products around fp32 activations]).
     s.activations = DType::kF32;
     s.weights = DType::kF32;
     s.grads_in_place = false;
-  } else {
-    if (s.gpu)
-      return UnsupportedError(
-          "model.activations \"bf16\" runs on the simulated device (device 'host') only in this "
-          "build: the GPU's bf16 kernels are not in it yet; use \"fp32\" or \"auto\"");
-    s.activations = DType::kBF16;
-    s.weights = s.params;
-    s.grads_in_place = true;
+    s.fused_attention_wanted = s.gpu && s.params == DType::kBF16 && FusedAttentionWanted();
+    return s;
   }
-  // On a GPU the products of bf16 parameters run on the tensor cores, where the fused attention
-  // kernels apply (Note [bf16 products around fp32 activations]).
-  s.fused_attention_wanted =
-      s.gpu && engine.compute_dtype() == DType::kBF16 && FusedAttentionWanted();
+  if (s.gpu && !gpu_bf16)
+    return UnsupportedError(
+        "model.activations \"bf16\" on a GPU needs bf16 parameters (engine.compute_dtype "
+        "\"bf16\") and attention heads 32, 64, 96 or 128 wide (these are " +
+        std::string(DTypeName(s.params)) + " and " + std::to_string(head_dim) +
+        "); use \"fp32\" or \"auto\"");
+  s.activations = DType::kBF16;
+  s.weights = s.params;
+  s.grads_in_place = true;
+  // The GPU's bf16 attention is the fused kernels (log-sum-exps kept); the CPU's keeps the
+  // probabilities.
+  s.fused_attention_wanted = s.gpu;
   return s;
 }
 
 StatusOr<std::unique_ptr<Backend>> Backend::Create(Engine& engine, const BackendSpec& spec) {
   if (!spec.gpu) return std::unique_ptr<Backend>(new CpuBackend(spec));
 #ifdef TZ_GPT_CUDA
+  if (spec.activations == DType::kBF16) return CreateCudaBf16Backend(engine, spec);
   return CreateCudaBackend(engine, spec);
 #else
   (void)engine;

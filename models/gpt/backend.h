@@ -47,8 +47,8 @@ inline bool FusedAttentionHeadWidth(int64_t head_dim) {
 // (then the batched products run, for comparison). Always false in a build without CUDA.
 bool FusedAttentionWanted();
 
-// The type the model's activations are stored in (Note [Activation types] in gpt/backend.h):
-// "auto" is fp32 (the CPU's reference; on a GPU, until its bf16 kernels are the default).
+// The type the model's activations are stored in (Note [Activation types]): "auto" is bf16 on a
+// GPU with bf16 parameters and heads the fused attention takes, else fp32 (the CPU's reference).
 enum class Activations : uint8_t { kAuto, kF32, kBF16 };
 // "auto", "fp32", "bf16".
 const char* ActivationsName(Activations a);
@@ -81,7 +81,8 @@ struct BackendSpec {
 
 // The spec for a model on `engine` (its device and compute dtype): InvalidArgument for
 // activations the device cannot store.
-StatusOr<BackendSpec> ChooseBackend(const Engine& engine, Activations activations);
+StatusOr<BackendSpec> ChooseBackend(const Engine& engine, Activations activations,
+                                    int64_t head_dim);
 
 // A weight matrix's layout: in x out (GPT-2's Conv1D) or out x in (nn.Linear: Llama's
 // projections, and the LM head as the tied token embedding, vocab x width).

@@ -311,7 +311,7 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
   const int64_t R = d.rows, C = d.C, V = cfg_.vocab, L = cfg_.n_layer;
   if (backend_ == nullptr) {
     // The engine knows its device after Finalize.
-    TZ_ASSIGN_OR_RETURN(BackendSpec spec, ChooseBackend(engine_, cfg_.activations));
+    TZ_ASSIGN_OR_RETURN(BackendSpec spec, ChooseBackend(engine_, cfg_.activations, cfg_.d_model / cfg_.n_head));
     TZ_ASSIGN_OR_RETURN(backend_, Backend::Create(engine_, spec));
   }
   Backend& k = *backend_;

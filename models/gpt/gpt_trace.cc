@@ -51,7 +51,7 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
   // The backend Run will use (Note [Activation types] in gpt/backend.h) sets the bytes: a(n)
   // activations, f(n) fp32 values, w(n) widened weights (none when the ops read the chunks'
   // copies), g(n) gradient buffers (none when the ops add into the engine's).
-  TZ_ASSIGN_OR_RETURN(const BackendSpec spec, ChooseBackend(engine_, cfg_.activations));
+  TZ_ASSIGN_OR_RETURN(const BackendSpec spec, ChooseBackend(engine_, cfg_.activations, cfg_.d_model / cfg_.n_head));
   const uint64_t attn_state =
       spec.attention_state_bytes(static_cast<int64_t>(B), static_cast<int64_t>(T),
                                  static_cast<int64_t>(H), static_cast<int64_t>(C / H));

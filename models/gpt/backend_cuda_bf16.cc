@@ -1,0 +1,386 @@
+// The GPT's bf16 backend on a GPU (Note [Activation types] in gpt/backend.h): bf16 activations
+// and weights (the chunks' own bf16 parameters), gradients written straight into the engine's
+// buffers; products through cuBLASLt with their epilogues (bias, bias + GELU, GELU's derivative,
+// the bias gradients: gpt/lt_matmul.h), attention as the fused kernels on bf16
+// (gpt/flash_attention_cuda.h), the rest as the kernels of gpt/bf16_kernels_cuda.h. CudaOps does
+// the conversions and copies. No widening, rounding or bias pass is left between the products,
+// and nothing waits for the GPU inside an iteration but Loss() at its end.
+//
+// Layouts. The model's matrices are row-major; cuBLASLt's column-major view of a row-major
+// r x c matrix is its transpose (c x r, leading dimension c). So y = x W (rows x out) is, column-
+// major, y^T = W^T x^T: A = W, B = x, m = out, n = rows, k = in, and the bias runs along m as
+// cuBLASLt's epilogues want it. Each product below says which.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "gpt/backend.h"
+#include "gpt/bf16_kernels_cuda.h"
+#include "gpt/flash_attention_cuda.h"
+#include "gpt/lt_matmul.h"
+#include "gpt/ops_cuda.h"
+#include "tierzero/engine.h"
+
+namespace tierzero::gpt {
+namespace {
+
+using bf16 = __nv_bfloat16;
+namespace k16 = cuda::bf16k;
+
+// Device scratch that grows as needed (stream-ordered), kept between calls.
+template <typename T>
+class Scratch {
+ public:
+  ~Scratch() {
+    if (p_ != nullptr) cudaFreeAsync(p_, stream_);
+  }
+  T* Get(int64_t n, cudaStream_t stream, Status* err) {
+    stream_ = stream;
+    if (n > have_) {
+      if (p_ != nullptr) cudaFreeAsync(p_, stream);
+      p_ = nullptr;
+      have_ = 0;
+      if (const cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&p_), sizeof(T) * n, stream);
+          e != cudaSuccess) {
+        cudaGetLastError();
+        if (err->ok())
+          *err = OutOfMemoryError("GPT op scratch (" + std::to_string(sizeof(T) * n) +
+                                  " bytes of device memory): " + cudaGetErrorString(e));
+        return nullptr;
+      }
+      have_ = n;
+    }
+    return p_;
+  }
+
+ private:
+  T* p_ = nullptr;
+  int64_t have_ = 0;
+  cudaStream_t stream_ = nullptr;
+};
+
+class CudaBf16Backend final : public Backend {
+ public:
+  CudaBf16Backend(const BackendSpec& spec, cudaStream_t stream,
+                  std::unique_ptr<cuda::CudaOps> ops, std::unique_ptr<cuda::LtMatmul> lt)
+      : Backend(spec), stream_(stream), ops_(std::move(ops)), lt_(std::move(lt)) {}
+  ~CudaBf16Backend() override {
+    if (pinned_ != nullptr) {
+      cudaStreamSynchronize(stream_);
+      cudaFreeHost(pinned_);
+    }
+  }
+
+  void LinearForward(const void* x, const void* w, const void* bias, void* y, int64_t rows,
+                     int64_t in, int64_t out, WeightLayout layout) override {
+    cuda::LtProduct p = Forward(x, w, y, rows, in, out, layout);
+    p.epilogue = bias != nullptr ? cuda::Epilogue::kBias : cuda::Epilogue::kNone;
+    p.bias = const_cast<void*>(bias);
+    Run(p);
+  }
+  void LinearGeluForward(const void* x, const void* w, const void* bias, void* pre, void* y,
+                         int64_t rows, int64_t in, int64_t out, WeightLayout layout) override {
+    cuda::LtProduct p = Forward(x, w, y, rows, in, out, layout);
+    p.epilogue = bias != nullptr ? cuda::Epilogue::kGeluAuxBias : cuda::Epilogue::kGeluAux;
+    p.bias = const_cast<void*>(bias);
+    p.aux = pre;
+    p.aux_ld = out;
+    Run(p);
+  }
+  void LinearBackward(const void* dy, const void* x, const void* w, void* dx, GradOut dw,
+                      GradOut dbias, int64_t rows, int64_t in, int64_t out,
+                      WeightLayout layout) override {
+    if (dx != nullptr) Run(InputGrad(dy, w, dx, rows, in, out, layout));
+    WeightGrad(dy, x, dw, dbias, rows, in, out, layout);
+  }
+  void LinearBackwardGelu(const void* dy, const void* x, const void* w, const void* pre, void* dx,
+                          GradOut dw, GradOut dbias, int64_t rows, int64_t in, int64_t out,
+                          WeightLayout layout) override {
+    cuda::LtProduct p = InputGrad(dy, w, dx, rows, in, out, layout);
+    p.epilogue = cuda::Epilogue::kDGelu;
+    p.aux = const_cast<void*>(pre);
+    p.aux_ld = in;
+    Run(p);  // dx before dW: dW's buffer may be the weight itself
+    WeightGrad(dy, x, dw, dbias, rows, in, out, layout);
+  }
+  void LayerNormForward(const void* x, const void* gamma, const void* beta, void* y, float* mean,
+                        float* rstd, int64_t rows, int64_t cols) override {
+    Check(k16::LayerNormForward(H(x), H(gamma), H(beta), H(y), mean, rstd, rows, cols, stream_),
+          "LayerNormForward");
+  }
+  void LayerNormBackward(const void* dy, const void* x, const void* gamma, const float* mean,
+                         const float* rstd, void* dx, GradOut dgamma, GradOut dbeta, int64_t rows,
+                         int64_t cols) override {
+    float* partial = partial_.Get(k16::LayerNormPartialFloats(rows, cols), stream_, &error_);
+    if (partial == nullptr) return;
+    Check(k16::LayerNormBackward(H(dy), H(x), H(gamma), mean, rstd, H(dx), H(dgamma.p), dgamma.add,
+                                 H(dbeta.p), dbeta.add, partial, rows, cols, stream_),
+          "LayerNormBackward");
+  }
+  void GeluForward(const void* x, void* y, int64_t n) override {
+    Check(k16::GeluForward(H(x), H(y), n, stream_), "GeluForward");
+  }
+  void GeluBackward(const void* dy, const void* x, void* dx, int64_t n) override {
+    Check(k16::GeluBackward(H(dy), H(x), H(dx), n, stream_), "GeluBackward");
+  }
+  void AttentionForward(const void* qkv, void* out, void* state, int64_t batch, int64_t seq,
+                        int64_t channels, int64_t heads) override {
+    if (!HeadWidth(channels / heads)) return;
+    Check(cuda::FusedAttentionForward(H(qkv), H(out), static_cast<float*>(state), batch, seq,
+                                      channels, heads, stream_),
+          "FusedAttentionForward (bf16)");
+  }
+  void AttentionBackward(const void* dout, const void* qkv, const void* out, const void* state,
+                         void* dqkv, int64_t batch, int64_t seq, int64_t channels,
+                         int64_t heads) override {
+    if (!HeadWidth(channels / heads)) return;
+    float* rowdot = rowdot_.Get(batch * heads * seq, stream_, &error_);
+    if (rowdot == nullptr) return;
+    Check(cuda::FusedAttentionBackward(H(dout), H(qkv), H(out), static_cast<const float*>(state),
+                                       rowdot, H(dqkv), batch, seq, channels, heads, stream_),
+          "FusedAttentionBackward (bf16)");
+  }
+  void EmbeddingForward(const int32_t* tokens, const void* wte, const void* wpe, void* x,
+                        int64_t batch, int64_t seq, int64_t channels) override {
+    Check(k16::EmbeddingForward(tokens, H(wte), H(wpe), H(x), batch * seq, seq, channels, stream_),
+          "EmbeddingForward");
+  }
+  void EmbeddingBackward(const int32_t* /*tokens*/, const int32_t* host_tokens, const void* dx,
+                         GradOut dwte, int64_t vocab, GradOut dwpe, int64_t batch, int64_t seq,
+                         int64_t channels) override {
+    const int64_t rows = batch * seq;
+    if (dwte.p != nullptr) {
+      // The rows grouped by token, in batch order within a group (Note on determinism in
+      // gpt/bf16_kernels_cuda.h): order (rows), starts (groups + 1), tokens (groups), in pinned
+      // memory so the upload does not wait for the stream.
+      std::vector<int32_t> order(static_cast<size_t>(rows));
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int32_t a, int32_t b) { return host_tokens[a] < host_tokens[b]; });
+      std::vector<int32_t> starts, group_token;
+      for (int64_t i = 0; i < rows; ++i) {
+        const int32_t t = host_tokens[order[static_cast<size_t>(i)]];
+        if (group_token.empty() || group_token.back() != t) {
+          group_token.push_back(t);
+          starts.push_back(static_cast<int32_t>(i));
+        }
+      }
+      starts.push_back(static_cast<int32_t>(rows));
+      const int64_t groups = static_cast<int64_t>(group_token.size());
+      const int64_t ints = rows + 2 * groups + 1;
+      int32_t* host = Pinned(ints);
+      int32_t* dev = csr_.Get(ints, stream_, &error_);
+      if (host == nullptr || dev == nullptr) return;
+      std::copy(order.begin(), order.end(), host);
+      std::copy(starts.begin(), starts.end(), host + rows);
+      std::copy(group_token.begin(), group_token.end(), host + rows + groups + 1);
+      Check(cudaMemcpyAsync(dev, host, sizeof(int32_t) * ints, cudaMemcpyHostToDevice, stream_),
+            "cudaMemcpyAsync (embedding groups)");
+      if (!dwte.add) ops_->Zero(dwte.p, sizeof(bf16) * static_cast<uint64_t>(vocab * channels));
+      Check(k16::EmbeddingTableBackward(H(dx), dev, dev + rows, dev + rows + groups + 1, groups,
+                                        H(dwte.p), dwte.add, channels, stream_),
+            "EmbeddingTableBackward");
+    }
+    if (dwpe.p != nullptr)
+      Check(k16::PositionBackward(H(dx), H(dwpe.p), dwpe.add, batch, seq, channels, stream_),
+            "PositionBackward");
+  }
+  Status CrossEntropy(const void* logits, const int32_t* targets, const float* mask,
+                      void* dlogits, int32_t* argmax, int64_t rows, int64_t vocab,
+                      double scale) override {
+    // count (one float), the mean loss (one double), then each row's loss.
+    double* sums = sums_.Get(rows + 2, stream_, &error_);
+    if (sums == nullptr) return error_;
+    float* count = reinterpret_cast<float*>(sums);
+    double* loss = sums + 1;
+    Check(k16::MaskCount(mask, rows, count, stream_), "MaskCount");
+    Check(k16::CrossEntropy(H(logits), targets, mask, count, H(dlogits), argmax, sums + 2, rows,
+                            vocab, static_cast<float>(scale), stream_),
+          "CrossEntropy");
+    Check(k16::MeanLoss(sums + 2, count, rows, loss, stream_), "MeanLoss");
+    loss_ = loss;
+    return status();
+  }
+  StatusOr<double> Loss() override {
+    if (loss_ == nullptr) return FailedPreconditionError("no loss was computed in this iteration");
+    double v = 0;
+    Check(cudaMemcpyAsync(&v, loss_, sizeof(v), cudaMemcpyDeviceToHost, stream_),
+          "cudaMemcpyAsync (loss)");
+    Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    TZ_RETURN_IF_ERROR(status());
+    return v;
+  }
+  void Add(const void* a, const void* b, void* y, int64_t n) override {
+    Check(k16::Add(H(a), H(b), H(y), n, stream_), "Add");
+  }
+  void AddInPlace(void* y, const void* a, int64_t n) override {
+    Check(k16::AddInPlace(H(y), H(a), n, stream_), "AddInPlace");
+  }
+  Status Cast(const void* src, DType src_type, void* dst, DType dst_type, int64_t n,
+              bool add) override {
+    if (src_type == DType::kF32 && add)
+      return ops_->Accumulate(static_cast<const float*>(src), dst, dst_type, n);
+    if (src_type == DType::kF32)
+      return ops_->Narrow(static_cast<const float*>(src), dst, dst_type, n);
+    if (dst_type == DType::kF32 && !add)
+      return ops_->Widen(src, src_type, static_cast<float*>(dst), n);
+    return InvalidArgumentError("the GPT's CUDA backend casts only to or from fp32");
+  }
+  void Zero(void* dst, uint64_t bytes) override { ops_->Zero(dst, bytes); }
+  void Copy(void* dst, const void* src, uint64_t bytes) override { ops_->Copy(dst, src, bytes); }
+  Status Upload(void* dst, const void* host, uint64_t bytes) override {
+    return ops_->Upload(dst, host, bytes);
+  }
+  Status Download(void* host, const void* src, uint64_t bytes) override {
+    return ops_->Download(host, src, bytes);
+  }
+  Status status() const override {
+    if (!error_.ok()) return error_;
+    return ops_->status();
+  }
+
+ private:
+  static const bf16* H(const void* p) { return static_cast<const bf16*>(p); }
+  static bf16* H(void* p) { return static_cast<bf16*>(p); }
+
+  void Check(cudaError_t e, const char* what) {
+    if (e != cudaSuccess && error_.ok())
+      error_ = InternalError(std::string(what) + ": " + cudaGetErrorString(e));
+  }
+  void Run(const cuda::LtProduct& p) {
+    if (!error_.ok()) return;
+    Status s = lt_->Run(p);
+    if (!s.ok()) error_ = std::move(s);
+  }
+  bool HeadWidth(int64_t hd) {
+    if (FusedAttentionHeadWidth(hd)) return true;
+    if (error_.ok())
+      error_ = UnsupportedError("bf16 activations on a GPU take attention heads 32, 64, 96 or 128 "
+                                "wide (the fused kernels'); this model's are " +
+                                std::to_string(hd) + ": run with --activations fp32");
+    return false;
+  }
+  int32_t* Pinned(int64_t n) {
+    if (n > pinned_have_) {
+      if (pinned_ != nullptr) {
+        Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+        cudaFreeHost(pinned_);
+        pinned_ = nullptr;
+        pinned_have_ = 0;
+      }
+      if (cudaMallocHost(reinterpret_cast<void**>(&pinned_), sizeof(int32_t) * n) != cudaSuccess) {
+        cudaGetLastError();
+        pinned_ = nullptr;
+        if (error_.ok()) error_ = OutOfMemoryError("pinned host memory for the embedding groups");
+        return nullptr;
+      }
+      pinned_have_ = n;
+    }
+    return pinned_;
+  }
+
+  // y (rows x out) = x W: column-major y^T = W^T x^T (see the file's comment).
+  static cuda::LtProduct Forward(const void* x, const void* w, void* y, int64_t rows, int64_t in,
+                                 int64_t out, WeightLayout layout) {
+    cuda::LtProduct p;
+    p.m = out;
+    p.n = rows;
+    p.k = in;
+    p.a = w;  // in x out row-major is out x in column-major: op = N; out x in row-major: T
+    p.trans_a = layout == WeightLayout::kOutIn;
+    p.lda = layout == WeightLayout::kOutIn ? in : out;
+    p.b = x;
+    p.ldb = in;
+    p.d = y;
+    p.ldd = out;
+    return p;
+  }
+  // dx (rows x in) = dy W^T: column-major dx^T = W dy^T, m = in, n = rows, k = out.
+  static cuda::LtProduct InputGrad(const void* dy, const void* w, void* dx, int64_t rows,
+                                   int64_t in, int64_t out, WeightLayout layout) {
+    cuda::LtProduct p;
+    p.m = in;
+    p.n = rows;
+    p.k = out;
+    p.a = w;
+    p.trans_a = layout == WeightLayout::kInOut;
+    p.lda = layout == WeightLayout::kInOut ? out : in;
+    p.b = dy;
+    p.ldb = out;
+    p.d = dx;
+    p.ldd = in;
+    return p;
+  }
+  // dW (in W's layout) and the bias gradient, from its epilogue where it is written.
+  void WeightGrad(const void* dy, const void* x, GradOut dw, GradOut dbias, int64_t rows,
+                  int64_t in, int64_t out, WeightLayout layout) {
+    cuda::LtProduct p;
+    const bool fuse_bias = dbias.p != nullptr && !dbias.add;
+    if (layout == WeightLayout::kInOut) {
+      // dW (in x out row-major = out x in column-major) = dy^T x: m = out, n = in, k = rows;
+      // A = dy^T's column-major view (out x rows), B = x (stored in x rows, transposed).
+      p.m = out;
+      p.n = in;
+      p.a = dy;
+      p.lda = out;
+      p.b = x;
+      p.trans_b = true;
+      p.ldb = in;
+      p.ldd = out;
+      p.epilogue = fuse_bias ? cuda::Epilogue::kBGradA : cuda::Epilogue::kNone;
+    } else {
+      // dW (out x in row-major = in x out column-major) = x^T dy: m = in, n = out, k = rows.
+      p.m = in;
+      p.n = out;
+      p.a = x;
+      p.lda = in;
+      p.b = dy;
+      p.trans_b = true;
+      p.ldb = out;
+      p.ldd = in;
+      p.epilogue = fuse_bias ? cuda::Epilogue::kBGradB : cuda::Epilogue::kNone;
+    }
+    p.k = rows;
+    p.d = dw.p;
+    p.beta = dw.add ? 1.0f : 0.0f;
+    p.bias = fuse_bias ? dbias.p : nullptr;
+    Run(p);
+    if (dbias.p != nullptr && dbias.add) {
+      float* partial = partial_.Get(k16::ColumnPartialFloats(rows, out), stream_, &error_);
+      if (partial == nullptr) return;
+      Check(k16::ColumnSums(H(dy), H(dbias.p), true, partial, rows, out, stream_), "ColumnSums");
+    }
+  }
+
+  cudaStream_t stream_;
+  std::unique_ptr<cuda::CudaOps> ops_;
+  std::unique_ptr<cuda::LtMatmul> lt_;
+  Status error_;
+  Scratch<float> partial_, rowdot_;
+  Scratch<double> sums_;
+  Scratch<int32_t> csr_;
+  int32_t* pinned_ = nullptr;
+  int64_t pinned_have_ = 0;
+  double* loss_ = nullptr;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Backend>> CreateCudaBf16Backend(Engine& engine, const BackendSpec& spec) {
+  if (spec.activations != DType::kBF16 || spec.weights != DType::kBF16 || !spec.grads_in_place)
+    return UnsupportedError("the GPT's bf16 CUDA backend takes bf16 activations and weights");
+  auto stream = static_cast<cudaStream_t>(engine.compute_stream());
+  TZ_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaOps> ops,
+                      cuda::CudaOps::Create(stream, /*tensor_cores=*/true,
+                                            /*fused_attention=*/true));
+  TZ_ASSIGN_OR_RETURN(std::unique_ptr<cuda::LtMatmul> lt, cuda::LtMatmul::Create(stream));
+  return std::unique_ptr<Backend>(
+      new CudaBf16Backend(spec, stream, std::move(ops), std::move(lt)));
+}
+
+}  // namespace tierzero::gpt

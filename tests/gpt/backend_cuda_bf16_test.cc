@@ -1,0 +1,325 @@
+// The GPU's bf16 backend (gpt/backend_cuda_bf16.cc) against the CPU's bf16 backend, the
+// reference for the same storage types (itself checked bit for bit against the fp32 ops on
+// rounded inputs: activations_test.cc): every op within bf16 rounding on the same bf16 inputs,
+// in both weight layouts and through each cuBLASLt epilogue, the parameter gradients written
+// over the weight's own buffer and added to; the whole model's loss and gradients; and a second
+// run bit-identical to the first. Skips without a GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpt/backend.h"
+#include "gpt/gpt.h"
+#include "tierzero/convert.h"
+#include "tierzero/engine.h"
+
+namespace tierzero::gpt {
+namespace {
+
+using Bits = std::vector<uint16_t>;
+
+Bits RandomBf16(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  Bits b(n);
+  EXPECT_TRUE(CastElements(v.data(), DType::kF32, b.data(), DType::kBF16, n).ok());
+  return b;
+}
+template <typename T = uint16_t>
+std::vector<T> Zeros(size_t n, T v = T{}) {
+  return std::vector<T>(n, v);
+}
+std::vector<float> Widen(const Bits& b) {
+  std::vector<float> v(b.size());
+  EXPECT_TRUE(CastElements(b.data(), DType::kBF16, v.data(), DType::kF32, b.size()).ok());
+  return v;
+}
+
+// Device memory holding a copy of host data.
+template <typename T>
+class Dev {
+ public:
+  explicit Dev(const std::vector<T>& h) : n_(h.size()) {
+    EXPECT_EQ(cudaMalloc(&p_, sizeof(T) * std::max<size_t>(1, n_)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p_, h.data(), sizeof(T) * n_, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~Dev() { cudaFree(p_); }
+  T* get() const { return p_; }
+  std::vector<T> Get() const {
+    std::vector<T> h(n_);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(h.data(), p_, sizeof(T) * n_, cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_;
+};
+
+// |gpu - cpu| <= tol (|cpu| + the largest |cpu| / 64): bf16 rounding of sums taken in another
+// order.
+void ExpectNear(const Bits& gpu, const Bits& cpu, const std::string& what, float tol = 2e-2f) {
+  const auto g = Widen(gpu), c = Widen(cpu);
+  ASSERT_EQ(g.size(), c.size()) << what;
+  float mx = 0;
+  for (float v : c) mx = std::max(mx, std::fabs(v));
+  int bad = 0;
+  for (size_t i = 0; i < c.size(); ++i)
+    if (!(std::fabs(g[i] - c[i]) <= tol * (std::fabs(c[i]) + mx / 64))) {
+      if (++bad <= 5) {
+        ADD_FAILURE() << what << "[" << i << "]: gpu " << g[i] << " cpu " << c[i];
+      }
+    }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << c.size() << " differ";
+}
+
+class CudaBf16BackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    EngineConfig gc;
+    gc.device = DeviceChoice::kCuda;
+    auto ge = Engine::Create(gc);
+    if (!ge.ok()) GTEST_SKIP() << ge.status().ToString();
+    gpu_engine_ = std::move(*ge);
+    // An engine finalizes with a parameter; the backend needs its compute stream.
+    ASSERT_TRUE(gpu_engine_->RegisterParam({"unused", {16}, InitConstant(0), false}).ok());
+    if (Status s = gpu_engine_->Finalize(); !s.ok()) GTEST_SKIP() << s.ToString();
+    EngineConfig cc;
+    cc.device = DeviceChoice::kHost;
+    auto ce = Engine::Create(cc);
+    ASSERT_TRUE(ce.ok());
+    cpu_engine_ = std::move(*ce);
+    BackendSpec spec;
+    spec.params = spec.weights = spec.activations = DType::kBF16;
+    spec.grads_in_place = true;
+    auto cpu = Backend::Create(*cpu_engine_, spec);
+    ASSERT_TRUE(cpu.ok());
+    cpu_ = std::move(*cpu);
+    spec.gpu = true;
+    spec.fused_attention_wanted = true;
+    auto gpu = Backend::Create(*gpu_engine_, spec);
+    ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+    gpu_ = std::move(*gpu);
+  }
+  void TearDown() override {
+    if (gpu_) {
+      EXPECT_TRUE(gpu_->status().ok()) << gpu_->status().ToString();
+    }
+  }
+  std::unique_ptr<Engine> gpu_engine_, cpu_engine_;
+  std::unique_ptr<Backend> cpu_, gpu_;
+};
+
+TEST_F(CudaBf16BackendTest, LinearEveryLayoutAndEpilogue) {
+  const int64_t rows = 70, in = 96, out = 160;
+  for (WeightLayout layout : {WeightLayout::kInOut, WeightLayout::kOutIn}) {
+    const std::string l = layout == WeightLayout::kInOut ? " (in x out)" : " (out x in)";
+    const Bits x = RandomBf16(rows * in, 1), w = RandomBf16(in * out, 2, 0.1f),
+               b = RandomBf16(out, 3), dy = RandomBf16(rows * out, 4),
+               pre_in = RandomBf16(rows * in, 5), dw0 = RandomBf16(in * out, 6);
+    // Forward: bias; bias + GELU keeping GELU's input.
+    Bits y(rows * out), pre(rows * out), g(rows * out);
+    cpu_->LinearForward(x.data(), w.data(), b.data(), y.data(), rows, in, out, layout);
+    Bits cpre(rows * out), cg(rows * out);
+    cpu_->LinearGeluForward(x.data(), w.data(), b.data(), cpre.data(), cg.data(), rows, in, out,
+                            layout);
+    Dev<uint16_t> dx_(x), dw_(w), db_(b), dyv(Zeros(rows * out)), dpre(Zeros(rows * out)),
+        dg(Zeros(rows * out));
+    gpu_->LinearForward(dx_.get(), dw_.get(), db_.get(), dyv.get(), rows, in, out, layout);
+    gpu_->LinearGeluForward(dx_.get(), dw_.get(), db_.get(), dpre.get(), dg.get(), rows, in, out,
+                            layout);
+    ExpectNear(dyv.Get(), y, "y" + l);
+    ExpectNear(dpre.Get(), cpre, "GELU's input" + l);
+    ExpectNear(dg.Get(), cg, "GELU(x W + b)" + l);
+    // Backward: dx (and through GELU), dW added to, dbias written; then dW written over W.
+    Bits cdx(rows * in), cdw = dw0, cdb(out), cdxg(rows * in), cdw2 = dw0, cdb2(out);
+    cpu_->LinearBackward(dy.data(), x.data(), w.data(), cdx.data(), GradOut{cdw.data(), true},
+                         GradOut{cdb.data(), false}, rows, in, out, layout);
+    cpu_->LinearBackwardGelu(dy.data(), x.data(), w.data(), pre_in.data(), cdxg.data(),
+                             GradOut{cdw2.data(), true}, GradOut{cdb2.data(), false}, rows, in,
+                             out, layout);
+    Dev<uint16_t> gdy(dy), gpre_in(pre_in), gdx(Zeros(rows * in)), gdw(dw0), gdb(Zeros(out)),
+        gdxg(Zeros(rows * in)), gdw2(dw0), gdb2(Zeros(out));
+    gpu_->LinearBackward(gdy.get(), dx_.get(), dw_.get(), gdx.get(), GradOut{gdw.get(), true},
+                         GradOut{gdb.get(), false}, rows, in, out, layout);
+    gpu_->LinearBackwardGelu(gdy.get(), dx_.get(), dw_.get(), gpre_in.get(), gdxg.get(),
+                             GradOut{gdw2.get(), true}, GradOut{gdb2.get(), false}, rows, in, out,
+                             layout);
+    ExpectNear(gdx.Get(), cdx, "dx" + l);
+    ExpectNear(gdw.Get(), cdw, "dW added to" + l);
+    ExpectNear(gdb.Get(), cdb, "dbias (epilogue)" + l);
+    ExpectNear(gdxg.Get(), cdxg, "dx through GELU (epilogue)" + l);
+    Bits cw = w, cdx3(rows * in);
+    cpu_->LinearBackward(dy.data(), x.data(), cw.data(), cdx3.data(), GradOut{cw.data(), false},
+                         GradOut{}, rows, in, out, layout);
+    gpu_->LinearBackward(gdy.get(), dx_.get(), dw_.get(), gdx.get(), GradOut{dw_.get(), false},
+                         GradOut{}, rows, in, out, layout);
+    ExpectNear(gdx.Get(), cdx3, "dx, dW written over W" + l);
+    ExpectNear(dw_.Get(), cw, "dW written over W" + l);
+  }
+}
+
+TEST_F(CudaBf16BackendTest, NormEmbeddingAttentionAndLoss) {
+  const int64_t B = 3, T = 70, C = 128, H = 2, R = B * T, V = 301;
+  const Bits x = RandomBf16(R * C, 1), gm = RandomBf16(C, 2), bt = RandomBf16(C, 3),
+             dy = RandomBf16(R * C, 4);
+  {
+    Bits cy(R * C), cdx(R * C), cdg = RandomBf16(C, 5), cdb(C);
+    std::vector<float> mean(R), rstd(R);
+    cpu_->LayerNormForward(x.data(), gm.data(), bt.data(), cy.data(), mean.data(), rstd.data(), R,
+                           C);
+    const Bits dg0 = cdg;
+    cpu_->LayerNormBackward(dy.data(), x.data(), gm.data(), mean.data(), rstd.data(), cdx.data(),
+                            GradOut{cdg.data(), true}, GradOut{cdb.data(), false}, R, C);
+    Dev<uint16_t> gx(x), ggm(gm), gbt(bt), gy(Zeros(R * C)), gdy(dy), gdx(Zeros(R * C)), gdg(dg0),
+        gdb(Zeros(C));
+    Dev<float> gmean(Zeros<float>(R)), grstd(Zeros<float>(R));
+    gpu_->LayerNormForward(gx.get(), ggm.get(), gbt.get(), gy.get(), gmean.get(), grstd.get(), R,
+                           C);
+    gpu_->LayerNormBackward(gdy.get(), gx.get(), ggm.get(), gmean.get(), grstd.get(), gdx.get(),
+                            GradOut{gdg.get(), true}, GradOut{gdb.get(), false}, R, C);
+    ExpectNear(gy.Get(), cy, "layernorm y");
+    ExpectNear(gdx.Get(), cdx, "layernorm dx");
+    ExpectNear(gdg.Get(), cdg, "layernorm dgamma added to");
+    ExpectNear(gdb.Get(), cdb, "layernorm dbeta written");
+  }
+  {
+    std::vector<int32_t> tokens(R);
+    for (int64_t i = 0; i < R; ++i) tokens[i] = static_cast<int32_t>((i * i * 7 + 3) % 50);
+    const Bits wte = RandomBf16(V * C, 6), wpe = RandomBf16(T * C, 7);
+    Bits cx(R * C), cdwte = RandomBf16(V * C, 8), cdwpe(T * C), cfresh(V * C, 0x4000);
+    const Bits dwte0 = cdwte;
+    cpu_->EmbeddingForward(tokens.data(), wte.data(), wpe.data(), cx.data(), B, T, C);
+    cpu_->EmbeddingBackward(tokens.data(), tokens.data(), dy.data(), GradOut{cdwte.data(), true},
+                            V, GradOut{cdwpe.data(), false}, B, T, C);
+    cpu_->EmbeddingBackward(tokens.data(), tokens.data(), dy.data(), GradOut{cfresh.data(), false},
+                            V, GradOut{}, B, T, C);
+    Dev<int32_t> gt(tokens);
+    Dev<uint16_t> gwte(wte), gwpe(wpe), gx(Zeros(R * C)), gdy(dy), gdwte(dwte0), gdwpe(Zeros(T * C)),
+        gfresh(Zeros<uint16_t>(V * C, 0x4000));
+    gpu_->EmbeddingForward(gt.get(), gwte.get(), gwpe.get(), gx.get(), B, T, C);
+    gpu_->EmbeddingBackward(gt.get(), tokens.data(), gdy.get(), GradOut{gdwte.get(), true}, V,
+                            GradOut{gdwpe.get(), false}, B, T, C);
+    gpu_->EmbeddingBackward(gt.get(), tokens.data(), gdy.get(), GradOut{gfresh.get(), false}, V,
+                            GradOut{}, B, T, C);
+    ExpectNear(gx.Get(), cx, "embedding");
+    ExpectNear(gdwte.Get(), cdwte, "wte gradient added to");
+    ExpectNear(gdwpe.Get(), cdwpe, "wpe gradient");
+    ExpectNear(gfresh.Get(), cfresh, "wte gradient written");
+  }
+  {
+    // Attention: the GPU keeps log-sum-exps, the CPU probabilities; outputs and gradients agree.
+    const Bits qkv = RandomBf16(R * 3 * C, 9), dout = RandomBf16(R * C, 10);
+    Bits cout(R * C), cprobs(B * H * T * T), cdqkv(R * 3 * C);
+    cpu_->AttentionForward(qkv.data(), cout.data(), cprobs.data(), B, T, C, H);
+    cpu_->AttentionBackward(dout.data(), qkv.data(), cout.data(), cprobs.data(), cdqkv.data(), B,
+                            T, C, H);
+    Dev<uint16_t> gq(qkv), go(Zeros(R * C)), gdo(dout), gdq(Zeros(R * 3 * C));
+    Dev<float> glse(Zeros<float>(B * H * T));
+    gpu_->AttentionForward(gq.get(), go.get(), glse.get(), B, T, C, H);
+    gpu_->AttentionBackward(gdo.get(), gq.get(), go.get(), glse.get(), gdq.get(), B, T, C, H);
+    ExpectNear(go.Get(), cout, "attention out");
+    ExpectNear(gdq.Get(), cdqkv, "attention dqkv", 4e-2f);
+  }
+  {
+    const Bits logits = RandomBf16(R * V, 11, 3.0f);
+    std::vector<int32_t> targets(R), cam(R);
+    for (int64_t i = 0; i < R; ++i) targets[i] = static_cast<int32_t>((i * 13) % V);
+    std::vector<float> mask(R, 1.0f);
+    for (int64_t i = 0; i < R; i += 7) mask[i] = 0;
+    Bits cdl(R * V);
+    ASSERT_TRUE(cpu_->CrossEntropy(logits.data(), targets.data(), mask.data(), cdl.data(),
+                                   cam.data(), R, V, 2.0)
+                    .ok());
+    const double closs = *cpu_->Loss();
+    Dev<uint16_t> gl(logits), gdl(Zeros(R * V));
+    Dev<int32_t> gtg(targets), gam(Zeros<int32_t>(R));
+    Dev<float> gmask(mask);
+    ASSERT_TRUE(gpu_->CrossEntropy(gl.get(), gtg.get(), gmask.get(), gdl.get(), gam.get(), R, V,
+                                   2.0)
+                    .ok());
+    auto gloss = gpu_->Loss();
+    ASSERT_TRUE(gloss.ok()) << gloss.status().ToString();
+    EXPECT_NEAR(*gloss, closs, 1e-4 * std::fabs(closs));
+    EXPECT_EQ(gam.Get(), cam);
+    ExpectNear(gdl.Get(), cdl, "dlogits");
+  }
+}
+
+// The whole model on the GPU with bf16 activations against the CPU with bf16 activations, and
+// against itself.
+struct Pass {
+  double loss = 0;
+  std::vector<std::vector<float>> grads;
+};
+
+StatusOr<Pass> RunModel(DeviceChoice device) {
+  GptConfig mc;
+  mc.vocab = 97;
+  mc.seq_len = 40;
+  mc.d_model = 128;
+  mc.n_layer = 2;
+  mc.n_head = 2;  // heads 64 wide: the fused attention's
+  mc.activations = Activations::kBF16;
+  EngineConfig ec;
+  ec.device = device;
+  ec.compute_dtype = DType::kBF16;
+  TZ_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, Engine::Create(ec));
+  TZ_ASSIGN_OR_RETURN(std::unique_ptr<Gpt> model, Gpt::Create(*e, mc));
+  TZ_RETURN_IF_ERROR(e->Finalize());
+  Batch b;
+  b.batch = 3;
+  b.seq = mc.seq_len;
+  std::mt19937 rng(4);
+  for (int i = 0; i < b.batch * b.seq; ++i) {
+    b.tokens.push_back(static_cast<int32_t>(rng() % 97));
+    b.targets.push_back(static_cast<int32_t>(rng() % 97));
+    b.mask.push_back(1.0f);
+  }
+  Pass out;
+  TZ_ASSIGN_OR_RETURN(out.loss, model->ForwardBackward(b));
+  for (ParamId p = 0; p < e->num_params(); ++p) {
+    std::vector<float> g(static_cast<size_t>(e->numel(p)));
+    TZ_RETURN_IF_ERROR(e->ReadGrad(p, g));
+    out.grads.push_back(std::move(g));
+  }
+  return out;
+}
+
+TEST_F(CudaBf16BackendTest, ModelWithinBf16RoundingOfTheCpuAndRepeatable) {
+  auto cpu = RunModel(DeviceChoice::kHost);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  auto gpu = RunModel(DeviceChoice::kCuda);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  auto again = RunModel(DeviceChoice::kCuda);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_NEAR(gpu->loss, cpu->loss, 1e-2 * cpu->loss);
+  EXPECT_EQ(again->loss, gpu->loss);
+  ASSERT_EQ(gpu->grads.size(), cpu->grads.size());
+  for (size_t p = 0; p < cpu->grads.size(); ++p) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < cpu->grads[p].size(); ++i) {
+      const double d = double{gpu->grads[p][i]} - cpu->grads[p][i];
+      num += d * d;
+      den += double{cpu->grads[p][i]} * cpu->grads[p][i];
+    }
+    EXPECT_LT(std::sqrt(num / std::max(den, 1e-30)), 5e-2) << "parameter " << p;
+    EXPECT_EQ(std::memcmp(gpu->grads[p].data(), again->grads[p].data(),
+                          4 * gpu->grads[p].size()),
+              0)
+        << "parameter " << p << " differs run to run";
+  }
+}
+
+}  // namespace
+}  // namespace tierzero::gpt
