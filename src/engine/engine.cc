@@ -379,6 +379,17 @@ Status Engine::BeginIteration(bool train) {
   if (im.cm->profiling()) {
     im.moment_times.clear();
     im.profile_wire_start = im.cm->counters().AllWire();
+    // Note [Compute spans on the device's clock]: the origin on an idle stream, so its time is
+    // the host's now.
+    im.device_timed = !im.host_compute && im.device->info().caps.event_timing;
+    if (im.device_timed) {
+      if (im.profile_origin.handle().impl == nullptr) {
+        ASSIGN_OR_RETURN(im.profile_origin, Event::Create(*im.device));
+      }
+      RETURN_IF_ERROR(im.device->SynchronizeStream(im.compute.handle()));
+      RETURN_IF_ERROR(im.profile_origin.Record(im.compute));
+      im.profile_origin_s = im.timeline.Now();
+    }
   }
   return Status::OK();
 }
@@ -424,7 +435,15 @@ StatusOr<ParamScope> Engine::Acquire(std::span<const ParamId> params, Phase phas
   if (im.cm->profiling()) {
     const int k = static_cast<int>(im.moment_times.size());
     const double ready_s = im.timeline.Now();
-    im.moment_times.push_back({call_s, ready_s, -1, phase == Phase::kBackward});
+    Impl::MomentTimes m;
+    m.call_s = call_s;
+    m.ready_s = ready_s;
+    m.backward = phase == Phase::kBackward;
+    if (im.device_timed) {
+      ASSIGN_OR_RETURN(m.ready_ev, Event::Create(*im.device));
+      RETURN_IF_ERROR(m.ready_ev.Record(im.compute));
+    }
+    im.moment_times.push_back(std::move(m));
     im.timeline.Add({Track::kCompute, "acquire " + std::to_string(k), call_s, ready_s - call_s, k});
   }
   return ParamScope(this, std::vector<ParamId>(params.begin(), params.end()), phase);
@@ -442,6 +461,11 @@ Status Engine::ScopeRelease(std::span<const ParamId> params, Phase phase) {
       Impl::MomentTimes& m = im.moment_times[k];
       if (m.release_s >= 0) continue;
       m.release_s = im.timeline.Now();
+      if (im.device_timed) {  // placed when the iteration ends (PlaceDeviceSpans)
+        auto ev = Event::Create(*im.device);
+        if (ev.ok() && ev->Record(im.compute).ok()) m.release_ev = std::move(*ev);
+        break;
+      }
       im.timeline.Add({Track::kCompute, (m.backward ? "backward " : "forward ") + std::to_string(k),
                        m.ready_s, m.release_s - m.ready_s, static_cast<int>(k)});
       break;
@@ -480,6 +504,7 @@ Status Engine::EndIteration() {
     }
   }
   if (profiled) {
+    im.PlaceDeviceSpans();
     im.profile = im.cm->moment_profiles();
     im.profile_events = im.timeline.events();
     im.profile_wire = im.cm->counters().AllWire() - im.profile_wire_start;
@@ -487,6 +512,25 @@ Status Engine::EndIteration() {
     im.profile_step = true;
   }
   return s;
+}
+
+void Engine::Impl::PlaceDeviceSpans() {
+  if (!device_timed) return;
+  device_timed = false;
+  // The iteration's work is done (EndIteration waited for every stream).
+  for (size_t k = 0; k < moment_times.size(); ++k) {
+    MomentTimes& m = moment_times[k];
+    if (m.ready_ev.handle().impl == nullptr || m.release_ev.handle().impl == nullptr) continue;
+    auto ready = device->ElapsedSeconds(profile_origin.handle(), m.ready_ev.handle());
+    auto release = device->ElapsedSeconds(profile_origin.handle(), m.release_ev.handle());
+    if (!ready.ok() || !release.ok()) continue;
+    const double host_wait = m.ready_s - m.call_s;  // the host's time in Acquire stays its own
+    m.ready_s = profile_origin_s + std::max(0.0, *ready);
+    m.call_s = m.ready_s - host_wait;
+    m.release_s = std::max(m.ready_s, profile_origin_s + *release);
+    timeline.Add({Track::kCompute, (m.backward ? "backward " : "forward ") + std::to_string(k),
+                  m.ready_s, m.release_s - m.ready_s, static_cast<int>(k)});
+  }
 }
 
 Status Engine::AbortIteration() {

@@ -245,11 +245,21 @@ struct Engine::Impl final : ActivationBuffer::Owner {
 
   // The profiled iteration and the step after it (the report's timeline and breakdown).
   Timeline timeline;
+  // Note [Compute spans on the device's clock]: on a GPU the host returns from a moment's ops
+  // long before the device has run them, so a moment's compute span is timed by events on the
+  // compute stream (ready, release), placed on the timeline from `profile_origin`, an event
+  // recorded on an idle stream when the profiled iteration began at `profile_origin_s`.
   struct MomentTimes {
     double call_s = 0, ready_s = 0, release_s = -1;  // Acquire called, returned; Release
     bool backward = false;
+    Event ready_ev, release_ev;  // on the device's clock (device_timed)
   };
   std::vector<MomentTimes> moment_times;
+  bool device_timed = false;
+  Event profile_origin;
+  double profile_origin_s = 0;
+  // The device-timed spans placed on the timeline (EndIteration of the profiled iteration).
+  void PlaceDeviceSpans();
   std::vector<ChunkManager::MomentProfile> profile;  // copied at the profiled EndIteration
   std::vector<TimelineEvent> profile_events;
   int64_t profile_iteration = -1;  // iterations counted from 0, evaluations included
