@@ -11,20 +11,11 @@
 #include <limits>
 #include <vector>
 
+#include "gpt/ops_internal.h"
 #include "gpt/vec_kernels.h"
 
 namespace tierzero::gpt::cpu {
 namespace {
-
-// Rows per task: enough work to amortise scheduling, few enough to balance two cores.
-template <typename F>
-void ParallelRows(int64_t rows, int64_t cost_per_row, F&& f) {
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cost_per_row));
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, rows, grain),
-                    [&](const tbb::blocked_range<int64_t>& r) {
-                      for (int64_t i = r.begin(); i != r.end(); ++i) f(i);
-                    });
-}
 
 // Column sums of a rows x cols matrix added into out, each column summed over rows in order.
 template <typename T>
@@ -55,8 +46,7 @@ void AddColumnSums(const T* m, T* out, int64_t rows, int64_t cols) {
 // never on the thread count, so results do not either.
 extern "C" void omp_set_num_threads(int);
 
-namespace {
-// One single-threaded sgemm on the calling (oneTBB) thread; a failure is a bug (bad arguments).
+namespace detail {
 void SgemmOnThisThread(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                        const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                        float* c, int64_t ldc) {
@@ -70,6 +60,11 @@ void SgemmOnThisThread(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
     std::abort();
   }
 }
+
+}  // namespace detail
+
+namespace {
+using detail::SgemmOnThisThread;
 
 // The product in blocks of rows (Note [Matrix products under oneTBB]) on operands as given.
 void BlockedSgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
@@ -312,196 +307,17 @@ void GeluBackward<float>(const float* dy, const float* x, float* dx, int64_t n) 
   });
 }
 
-namespace {
-
-// Attention by loops over the causal triangle: the fp64 reference, and fp32 on short rows
-// (Note [Attention as matrix products]).
-template <typename T>
-void AttentionForwardLoops(const T* qkv, T* out, T* probs, int64_t batch, int64_t seq,
-                           int64_t channels, int64_t heads) {
-  const int64_t hd = channels / heads;
-  const T scale = T(1) / std::sqrt(static_cast<T>(hd));
-  const int64_t c3 = 3 * channels;
-  ParallelRows(batch * heads, seq * seq * hd, [&](int64_t bh) {
-    const int64_t b = bh / heads, h = bh % heads;
-    const T* base = qkv + b * seq * c3;
-    T* p = probs + bh * seq * seq;
-    for (int64_t t = 0; t < seq; ++t) {
-      const T* q = base + t * c3 + h * hd;
-      T* pr = p + t * seq;
-      T mx = -std::numeric_limits<T>::infinity();
-      for (int64_t s = 0; s <= t; ++s) {
-        const T* k = base + s * c3 + channels + h * hd;
-        T dot = 0;
-        for (int64_t d = 0; d < hd; ++d) dot += q[d] * k[d];
-        pr[s] = dot * scale;
-        mx = std::max(mx, pr[s]);
-      }
-      T sum = 0;
-      for (int64_t s = 0; s <= t; ++s) {
-        pr[s] = std::exp(pr[s] - mx);
-        sum += pr[s];
-      }
-      const T inv = T(1) / sum;
-      for (int64_t s = 0; s <= t; ++s) pr[s] *= inv;
-      for (int64_t s = t + 1; s < seq; ++s) pr[s] = 0;
-      T* o = out + (b * seq + t) * channels + h * hd;
-      for (int64_t d = 0; d < hd; ++d) o[d] = 0;
-      for (int64_t s = 0; s <= t; ++s) {
-        const T* v = base + s * c3 + 2 * channels + h * hd;
-        for (int64_t d = 0; d < hd; ++d) o[d] += pr[s] * v[d];
-      }
-    }
-  });
-}
-
-template <typename T>
-void AttentionBackwardLoops(const T* dout, const T* qkv, const T* probs, T* dqkv, int64_t batch,
-                            int64_t seq, int64_t channels, int64_t heads) {
-  const int64_t hd = channels / heads;
-  const T scale = T(1) / std::sqrt(static_cast<T>(hd));
-  const int64_t c3 = 3 * channels;
-  ParallelRows(batch * heads, seq * seq * hd, [&](int64_t bh) {
-    const int64_t b = bh / heads, h = bh % heads;
-    const T* base = qkv + b * seq * c3;
-    T* dbase = dqkv + b * seq * c3;
-    const T* p = probs + bh * seq * seq;
-    for (int64_t t = 0; t < seq; ++t) {
-      for (int64_t part = 0; part < 3; ++part) {
-        T* d = dbase + t * c3 + part * channels + h * hd;
-        for (int64_t i = 0; i < hd; ++i) d[i] = 0;
-      }
-    }
-    std::vector<T> dp(static_cast<size_t>(seq));
-    for (int64_t t = 0; t < seq; ++t) {
-      const T* pr = p + t * seq;
-      const T* dor = dout + (b * seq + t) * channels + h * hd;
-      T dot_pd = 0;
-      for (int64_t s = 0; s <= t; ++s) {
-        const T* v = base + s * c3 + 2 * channels + h * hd;
-        T* dv = dbase + s * c3 + 2 * channels + h * hd;
-        T acc = 0;
-        for (int64_t d = 0; d < hd; ++d) {
-          acc += dor[d] * v[d];
-          dv[d] += pr[s] * dor[d];
-        }
-        dp[static_cast<size_t>(s)] = acc;
-        dot_pd += pr[s] * acc;
-      }
-      const T* q = base + t * c3 + h * hd;
-      T* dq = dbase + t * c3 + h * hd;
-      for (int64_t s = 0; s <= t; ++s) {
-        const T ds = pr[s] * (dp[static_cast<size_t>(s)] - dot_pd) * scale;
-        const T* k = base + s * c3 + channels + h * hd;
-        T* dk = dbase + s * c3 + channels + h * hd;
-        for (int64_t d = 0; d < hd; ++d) {
-          dq[d] += ds * k[d];
-          dk[d] += ds * q[d];
-        }
-      }
-    }
-  });
-}
-
-}  // namespace
-
-template <typename T>
-void AttentionForward(const T* qkv, T* out, T* probs, int64_t batch, int64_t seq, int64_t channels,
-                      int64_t heads) {
-  AttentionForwardLoops(qkv, out, probs, batch, seq, channels, heads);
-}
-
-template <typename T>
-void AttentionBackward(const T* dout, const T* qkv, const T* probs, T* dqkv, int64_t batch,
-                       int64_t seq, int64_t channels, int64_t heads) {
-  AttentionBackwardLoops(dout, qkv, probs, dqkv, batch, seq, channels, heads);
-}
-
-// Note [Attention as matrix products]
-// In fp32 each (batch, head) pair's attention is products of its strided slices of qkv (forward:
-// S = Q K^T, O = P V; backward: dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q), each one
-// single-threaded sgemm on the calling thread, with the pairs spread over oneTBB. The products
-// cover the whole seq x seq square although the mask zeroes half of it: sgemm's rate on the full
-// square beats loops over the triangle by far (the loops were about a fifth of a 128-token step).
-// The causal softmax and its backward run on each row's triangle part (Note [Softmax rows in
-// sixteen partial sums], vec_kernels.h); the probabilities above the diagonal are stored as exact
-// zeros, so the products add nothing from them. For short rows
-// (the default's 9 tokens) sgemm's per-call cost exceeds the loops' work, so below
-// kAttentionGemmMinSeq tokens the loops (the generic versions above) run instead.
-constexpr int64_t kAttentionGemmMinSeq = 16;
-
-template <>
-void AttentionForward<float>(const float* qkv, float* out, float* probs, int64_t batch, int64_t seq,
-                             int64_t channels, int64_t heads) {
-  if (seq < kAttentionGemmMinSeq) {
-    AttentionForwardLoops(qkv, out, probs, batch, seq, channels, heads);
-    return;
-  }
-  const int64_t hd = channels / heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int64_t c3 = 3 * channels;
-  const internal::VectorKernels& vk = internal::ActiveVectorKernels();
-  tbb::parallel_for(int64_t{0}, batch * heads, [&](int64_t bh) {
-    const int64_t b = bh / heads, h = bh % heads;
-    const float* q = qkv + b * seq * c3 + h * hd;
-    const float* k = q + channels;
-    const float* v = q + 2 * channels;
-    float* p = probs + bh * seq * seq;
-    SgemmOnThisThread(false, true, seq, seq, hd, scale, q, c3, k, c3, 0.0f, p, seq);
-    for (int64_t t = 0; t < seq; ++t) {
-      float* pr = p + t * seq;
-      vk.softmax_forward(pr, t + 1);
-      std::fill(pr + t + 1, pr + seq, 0.0f);
-    }
-    SgemmOnThisThread(false, false, seq, hd, seq, 1.0f, p, seq, v, c3, 0.0f,
-                      out + b * seq * channels + h * hd, channels);
-  });
-}
-
-template <>
-void AttentionBackward<float>(const float* dout, const float* qkv, const float* probs, float* dqkv,
-                              int64_t batch, int64_t seq, int64_t channels, int64_t heads) {
-  if (seq < kAttentionGemmMinSeq) {
-    AttentionBackwardLoops(dout, qkv, probs, dqkv, batch, seq, channels, heads);
-    return;
-  }
-  const int64_t hd = channels / heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int64_t c3 = 3 * channels;
-  const internal::VectorKernels& vk = internal::ActiveVectorKernels();
-  tbb::parallel_for(int64_t{0}, batch * heads, [&](int64_t bh) {
-    // dS for this pair; one buffer per thread, grown once.
-    thread_local std::vector<float> ds_buffer;
-    ds_buffer.resize(static_cast<size_t>(seq * seq));
-    float* ds = ds_buffer.data();
-    const int64_t b = bh / heads, h = bh % heads;
-    const float* q = qkv + b * seq * c3 + h * hd;
-    const float* k = q + channels;
-    const float* v = q + 2 * channels;
-    float* dq = dqkv + b * seq * c3 + h * hd;
-    float* dk = dq + channels;
-    float* dv = dq + 2 * channels;
-    const float* p = probs + bh * seq * seq;
-    const float* dor = dout + b * seq * channels + h * hd;
-    SgemmOnThisThread(true, false, seq, hd, seq, 1.0f, p, seq, dor, channels, 0.0f, dv, c3);
-    SgemmOnThisThread(false, true, seq, seq, hd, 1.0f, dor, channels, v, c3, 0.0f, ds, seq);
-    for (int64_t t = 0; t < seq; ++t) {
-      float* dsr = ds + t * seq;
-      vk.softmax_backward(p + t * seq, dsr, t + 1, scale);
-      std::fill(dsr + t + 1, dsr + seq, 0.0f);
-    }
-    SgemmOnThisThread(false, false, seq, hd, seq, 1.0f, ds, seq, k, c3, 0.0f, dq, c3);
-    SgemmOnThisThread(true, false, seq, hd, seq, 1.0f, ds, seq, q, c3, 0.0f, dk, c3);
-  });
-}
-
 template <typename T>
 void EmbeddingForward(const int32_t* tokens, const T* wte, const T* wpe, T* x, int64_t batch,
                       int64_t seq, int64_t channels) {
   ParallelRows(batch * seq, channels, [&](int64_t r) {
     const T* te = wte + static_cast<int64_t>(tokens[r]) * channels;
-    const T* pe = wpe + (r % seq) * channels;
     T* xr = x + r * channels;
+    if (wpe == nullptr) {
+      for (int64_t j = 0; j < channels; ++j) xr[j] = te[j];
+      return;
+    }
+    const T* pe = wpe + (r % seq) * channels;
     for (int64_t j = 0; j < channels; ++j) xr[j] = te[j] + pe[j];
   });
 }
@@ -512,11 +328,10 @@ void EmbeddingBackward(const int32_t* tokens, const T* dx, T* dwte, T* dwpe, int
   for (int64_t r = 0; r < batch * seq; ++r) {
     const T* d = dx + r * channels;
     T* te = dwte + static_cast<int64_t>(tokens[r]) * channels;
+    for (int64_t j = 0; j < channels; ++j) te[j] += d[j];
+    if (dwpe == nullptr) continue;
     T* pe = dwpe + (r % seq) * channels;
-    for (int64_t j = 0; j < channels; ++j) {
-      te[j] += d[j];
-      pe[j] += d[j];
-    }
+    for (int64_t j = 0; j < channels; ++j) pe[j] += d[j];
   }
 }
 
@@ -605,9 +420,6 @@ void AddInPlace(T* y, const T* a, int64_t n) {
                                      int64_t, int64_t);                                            \
   template void GeluForward<T>(const T*, T*, int64_t);                                             \
   template void GeluBackward<T>(const T*, const T*, T*, int64_t);                                  \
-  template void AttentionForward<T>(const T*, T*, T*, int64_t, int64_t, int64_t, int64_t);         \
-  template void AttentionBackward<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t,  \
-                                     int64_t);                                                     \
   template void EmbeddingForward<T>(const int32_t*, const T*, const T*, T*, int64_t, int64_t,      \
                                     int64_t);                                                      \
   template void EmbeddingBackward<T>(const int32_t*, const T*, T*, T*, int64_t, int64_t, int64_t); \

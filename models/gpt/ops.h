@@ -68,11 +68,50 @@ template <typename T>
 void AttentionBackward(const T* dout, const T* qkv, const T* probs, T* dqkv, int64_t batch,
                        int64_t seq, int64_t channels, int64_t heads);
 
-// x[b, t] = wte[tokens[b, t]] + wpe[t].
+// The general form: q rows of heads x head_dim, k and v rows of kv_heads x head_dim (grouped-
+// query attention: query head h reads key/value head h / (heads / kv_heads)), each matrix's rows
+// ld apart (GPT-2's fused rows: q, k, v at offsets 0, C, 2C, ld 3C). out rows heads x head_dim,
+// contiguous; probs batch x heads x seq x seq. Backward writes dq, dk, dv (strided as q, k, v).
+struct AttnShape {
+  int64_t batch, seq, heads, kv_heads, head_dim, ld_q, ld_k, ld_v;
+};
+template <typename T>
+void AttentionForward(const T* q, const T* k, const T* v, T* out, T* probs, const AttnShape& s);
+template <typename T>
+void AttentionBackward(const T* dout, const T* q, const T* k, const T* v, const T* probs, T* dq,
+                       T* dk, T* dv, const AttnShape& s);
+
+// RMSNorm over the last dimension, as Hugging Face's Llama: y = w x / sqrt(mean(x^2) + eps);
+// rstd (rows) saved. Backward writes dx and adds into dw.
+template <typename T>
+void RmsNormForward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t cols, double eps);
+template <typename T>
+void RmsNormBackward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw,
+                     int64_t rows, int64_t cols);
+
+// Rotary position embeddings as Hugging Face's Llama applies them (rotate_half): for each head of
+// x (rows of batch x seq, `heads` heads of head_dim, rows ld apart, in place) and j < head_dim/2,
+// with a = t inv_freq[j], inv_freq[j] = theta^(-2j / head_dim) (in fp32 as HF computes it):
+// x[j] <- x[j] cos a - x[j + hd/2] sin a, x[j + hd/2] <- x[j + hd/2] cos a + x[j] sin a.
+// Backward applies the inverse rotation to the gradient, in place.
+template <typename T>
+void RopeForward(T* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t ld,
+                 double theta);
+template <typename T>
+void RopeBackward(T* dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t ld,
+                  double theta);
+
+// SwiGLU's gate: h = silu(g) u (silu(g) = g sigmoid(g)); backward writes dg and du.
+template <typename T>
+void SwigluForward(const T* g, const T* u, T* h, int64_t n);
+template <typename T>
+void SwigluBackward(const T* dh, const T* g, const T* u, T* dg, T* du, int64_t n);
+
+// x[b, t] = wte[tokens[b, t]] + wpe[t] (wpe may be null: no learned positions).
 template <typename T>
 void EmbeddingForward(const int32_t* tokens, const T* wte, const T* wpe, T* x, int64_t batch,
                       int64_t seq, int64_t channels);
-// dwte[token] += dx, dwpe[t] += dx (serial over rows: deterministic).
+// dwte[token] += dx, dwpe[t] += dx (dwpe may be null; serial over rows: deterministic).
 template <typename T>
 void EmbeddingBackward(const int32_t* tokens, const T* dx, T* dwte, T* dwpe, int64_t batch,
                        int64_t seq, int64_t channels);

@@ -1,0 +1,151 @@
+// The Llama family's CPU ops (gpt/ops.h): RMSNorm, rotary position embeddings, SwiGLU. Written
+// from Hugging Face's LlamaRMSNorm, LlamaRotaryEmbedding / apply_rotary_pos_emb and LlamaMLP.
+// Deterministic as the other CPU ops: every output element written by one task in a fixed order.
+#include <oneapi/tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "gpt/ops.h"
+#include "gpt/ops_internal.h"
+
+namespace tierzero::gpt::cpu {
+namespace {
+
+// inv_freq[j] = 1 / theta^(2j / head_dim), in T (HF computes it in fp32: the float version is
+// what an fp32 HF model uses).
+template <typename T>
+std::vector<T> InverseFrequencies(int64_t head_dim, double theta) {
+  std::vector<T> inv(static_cast<size_t>(head_dim / 2));
+  for (int64_t j = 0; j < head_dim / 2; ++j) {
+    const T e = static_cast<T>(2 * j) / static_cast<T>(head_dim);
+    inv[static_cast<size_t>(j)] = T(1) / std::pow(static_cast<T>(theta), e);
+  }
+  return inv;
+}
+
+// Rotates each head of x by +angle (sign 1) or -angle (sign -1).
+template <typename T>
+void Rotate(T* x, int64_t batch, int64_t seq, int64_t heads, int64_t hd, int64_t ld, double theta,
+            T sign) {
+  const int64_t half = hd / 2;
+  const std::vector<T> inv = InverseFrequencies<T>(hd, theta);
+  std::vector<T> cs(static_cast<size_t>(seq * half)), sn(cs.size());
+  for (int64_t t = 0; t < seq; ++t) {
+    for (int64_t j = 0; j < half; ++j) {
+      const T a = static_cast<T>(t) * inv[static_cast<size_t>(j)];
+      cs[static_cast<size_t>(t * half + j)] = std::cos(a);
+      sn[static_cast<size_t>(t * half + j)] = std::sin(a);
+    }
+  }
+  ParallelRows(batch * seq, heads * hd, [&](int64_t r) {
+    const int64_t t = r % seq;
+    const T* c = cs.data() + t * half;
+    const T* s = sn.data() + t * half;
+    for (int64_t h = 0; h < heads; ++h) {
+      T* v = x + r * ld + h * hd;
+      for (int64_t j = 0; j < half; ++j) {
+        const T x1 = v[j], x2 = v[j + half];
+        v[j] = x1 * c[j] - sign * x2 * s[j];
+        v[j + half] = x2 * c[j] + sign * x1 * s[j];
+      }
+    }
+  });
+}
+
+}  // namespace
+
+template <typename T>
+void RmsNormForward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t cols,
+                    double eps) {
+  ParallelRows(rows, cols, [&](int64_t r) {
+    const T* xr = x + r * cols;
+    T ss = 0;
+    for (int64_t j = 0; j < cols; ++j) ss += xr[j] * xr[j];
+    const T rs = T(1) / std::sqrt(ss / static_cast<T>(cols) + static_cast<T>(eps));
+    T* yr = y + r * cols;
+    for (int64_t j = 0; j < cols; ++j) yr[j] = w[j] * (xr[j] * rs);
+    rstd[r] = rs;
+  });
+}
+
+template <typename T>
+void RmsNormBackward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw,
+                     int64_t rows, int64_t cols) {
+  ParallelRows(rows, cols, [&](int64_t r) {
+    const T* dyr = dy + r * cols;
+    const T* xr = x + r * cols;
+    const T rs = rstd[r];
+    T dot = 0;  // mean of (dy w) . xhat
+    for (int64_t j = 0; j < cols; ++j) dot += dyr[j] * w[j] * xr[j] * rs;
+    dot /= static_cast<T>(cols);
+    T* dxr = dx + r * cols;
+    for (int64_t j = 0; j < cols; ++j) dxr[j] = rs * (dyr[j] * w[j] - xr[j] * rs * dot);
+  });
+  // dw per column block, rows in order.
+  constexpr int64_t kBlock = 64;
+  tbb::parallel_for(int64_t{0}, (cols + kBlock - 1) / kBlock, [&](int64_t blk) {
+    const int64_t c0 = blk * kBlock, c1 = std::min(cols, c0 + kBlock);
+    T acc[kBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* dyr = dy + r * cols;
+      const T* xr = x + r * cols;
+      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += dyr[c] * xr[c] * rstd[r];
+    }
+    for (int64_t c = c0; c < c1; ++c) dw[c] += acc[c - c0];
+  });
+}
+
+template <typename T>
+void RopeForward(T* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t ld,
+                 double theta) {
+  Rotate(x, batch, seq, heads, head_dim, ld, theta, T(1));
+}
+
+template <typename T>
+void RopeBackward(T* dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t ld,
+                  double theta) {
+  Rotate(dx, batch, seq, heads, head_dim, ld, theta, T(-1));
+}
+
+template <typename T>
+void SwigluForward(const T* g, const T* u, T* h, int64_t n) {
+  ParallelRows((n + 4095) / 4096, 4096, [&](int64_t blk) {
+    const int64_t e = std::min(n, (blk + 1) * 4096);
+    for (int64_t i = blk * 4096; i < e; ++i) {
+      const T sig = T(1) / (T(1) + std::exp(-g[i]));
+      h[i] = g[i] * sig * u[i];
+    }
+  });
+}
+
+template <typename T>
+void SwigluBackward(const T* dh, const T* g, const T* u, T* dg, T* du, int64_t n) {
+  ParallelRows((n + 4095) / 4096, 4096, [&](int64_t blk) {
+    const int64_t e = std::min(n, (blk + 1) * 4096);
+    for (int64_t i = blk * 4096; i < e; ++i) {
+      const T sig = T(1) / (T(1) + std::exp(-g[i]));
+      const T silu = g[i] * sig;
+      const T d = dh[i];  // dh may be dg or du
+      const T uu = u[i];
+      dg[i] = d * uu * sig * (T(1) + g[i] * (T(1) - sig));
+      du[i] = d * silu;
+    }
+  });
+}
+
+#define TZ_INSTANTIATE(T)                                                                     \
+  template void RmsNormForward<T>(const T*, const T*, T*, T*, int64_t, int64_t, double);      \
+  template void RmsNormBackward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t,   \
+                                   int64_t);                                                  \
+  template void RopeForward<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, double);      \
+  template void RopeBackward<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, double);     \
+  template void SwigluForward<T>(const T*, const T*, T*, int64_t);                            \
+  template void SwigluBackward<T>(const T*, const T*, const T*, T*, T*, int64_t);
+
+TZ_INSTANTIATE(float)
+TZ_INSTANTIATE(double)
+#undef TZ_INSTANTIATE
+
+}  // namespace tierzero::gpt::cpu
