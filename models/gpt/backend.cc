@@ -128,22 +128,69 @@ class CpuBackend final : public Backend {
     const float* xf = v.In(x, a_, n);
     cpu::GeluBackward(dyf, xf, v.Out(dx, a_, n), n);
   }
-  void AttentionForward(const void* qkv, void* out, void* probs, int64_t batch, int64_t seq,
-                        int64_t channels, int64_t heads) override {
+  void RmsNormForward(const void* x, const void* w, void* y, float* rstd, int64_t rows,
+                      int64_t cols, double eps) override {
     Fp32Views v;
-    const int64_t rows = batch * seq;
-    cpu::AttentionForward(v.In(qkv, a_, rows * 3 * channels), v.Out(out, a_, rows * channels),
-                          v.Out(probs, a_, batch * heads * seq * seq), batch, seq, channels,
-                          heads);
+    cpu::RmsNormForward(v.In(x, a_, rows * cols), v.In(w, w_, cols), v.Out(y, a_, rows * cols),
+                        rstd, rows, cols, eps);
   }
-  void AttentionBackward(const void* dout, const void* qkv, const void* /*out*/,
-                         const void* probs, void* dqkv, int64_t batch, int64_t seq,
-                         int64_t channels, int64_t heads) override {
+  void RmsNormBackward(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
+                       GradOut dw, int64_t rows, int64_t cols) override {
     Fp32Views v;
-    const int64_t rows = batch * seq;
-    cpu::AttentionBackward(v.In(dout, a_, rows * channels), v.In(qkv, a_, rows * 3 * channels),
-                           v.In(probs, a_, batch * heads * seq * seq),
-                           v.Out(dqkv, a_, rows * 3 * channels), batch, seq, channels, heads);
+    cpu::RmsNormBackward(v.In(dy, a_, rows * cols), v.In(x, a_, rows * cols), v.In(w, w_, cols),
+                         rstd, v.Out(dx, a_, rows * cols), v.Grad(dw, w_, cols), rows, cols);
+  }
+  void RopeForward(void* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                   int64_t ld, double theta) override {
+    Fp32Views v;
+    cpu::RopeForward(v.InOut(x, a_, batch * seq * ld), batch, seq, heads, head_dim, ld, theta);
+  }
+  void RopeBackward(void* dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                    int64_t ld, double theta) override {
+    Fp32Views v;
+    cpu::RopeBackward(v.InOut(dx, a_, batch * seq * ld), batch, seq, heads, head_dim, ld, theta);
+  }
+  void SwigluForward(const void* g, const void* u, void* h, int64_t n) override {
+    Fp32Views v;
+    const float* gf = v.In(g, a_, n);
+    const float* uf = v.In(u, a_, n);
+    cpu::SwigluForward(gf, uf, v.Out(h, a_, n), n);
+  }
+  void SwigluBackward(const void* dh, const void* g, const void* u, void* dg, void* du,
+                      int64_t n) override {
+    Fp32Views v;
+    const float* dhf = v.In(dh, a_, n);  // dh may be dg or du: read everything first
+    const float* gf = v.In(g, a_, n);
+    const float* uf = v.In(u, a_, n);
+    cpu::SwigluBackward(dhf, gf, uf, v.Out(dg, a_, n), v.Out(du, a_, n), n);
+  }
+  void AttentionForward(const void* q, const void* k, const void* v, void* out, void* probs,
+                        const AttnDims& d) override {
+    Fp32Views w;
+    const int64_t rows = d.batch * d.seq;
+    const Qkv in = Inputs(w, q, k, v, d);
+    cpu::AttentionForward(in.q, in.k, in.v, w.Out(out, a_, rows * d.heads * d.head_dim),
+                          w.Out(probs, a_, d.batch * d.heads * d.seq * d.seq), Shape(d));
+  }
+  void AttentionBackward(const void* dout, const void* q, const void* k, const void* v,
+                         const void* /*out*/, const void* probs, void* dq, void* dk, void* dv,
+                         const AttnDims& d) override {
+    Fp32Views w;
+    const int64_t rows = d.batch * d.seq;
+    const Qkv in = Inputs(w, q, k, v, d);
+    float *gq, *gk, *gv;
+    if (Fused(q, k, v, d)) {  // one row span: every element of it is written
+      gq = w.Out(dq, a_, rows * d.ld_q);
+      gk = gq + d.heads * d.head_dim;
+      gv = gk + d.kv_heads * d.head_dim;
+    } else {
+      gq = w.Out(dq, a_, Elems(d.ld_q, d.heads, d));
+      gk = w.Out(dk, a_, Elems(d.ld_k, d.kv_heads, d));
+      gv = w.Out(dv, a_, Elems(d.ld_v, d.kv_heads, d));
+    }
+    cpu::AttentionBackward(w.In(dout, a_, rows * d.heads * d.head_dim), in.q, in.k, in.v,
+                           w.In(probs, a_, d.batch * d.heads * d.seq * d.seq), gq, gk, gv,
+                           Shape(d));
   }
   void EmbeddingForward(const int32_t* tokens, const void* wte, const void* wpe, void* x,
                         int64_t batch, int64_t seq, int64_t channels) override {
@@ -221,6 +268,34 @@ class CpuBackend final : public Backend {
     int32_t top = 0;
     for (int64_t i = 0; i < n; ++i) top = std::max(top, tokens[i]);
     return int64_t{top} + 1;
+  }
+
+  static cpu::AttnShape Shape(const AttnDims& d) {
+    return {d.batch, d.seq, d.heads, d.kv_heads, d.head_dim, d.ld_q, d.ld_k, d.ld_v};
+  }
+  // GPT-2's fused rows: q, k, v interleaved in one matrix of ld_q-wide rows.
+  bool Fused(const void* q, const void* k, const void* v, const AttnDims& d) const {
+    const size_t e = DTypeBytes(a_, 1);
+    return d.ld_q == d.ld_k && d.ld_k == d.ld_v &&
+           static_cast<const char*>(k) == static_cast<const char*>(q) + d.heads * d.head_dim * e &&
+           static_cast<const char*>(v) == static_cast<const char*>(k) + d.kv_heads * d.head_dim * e &&
+           d.ld_q == (d.heads + 2 * d.kv_heads) * d.head_dim;
+  }
+  // Elements a matrix of `heads` heads spans: every row ld apart, the last one its heads.
+  static int64_t Elems(int64_t ld, int64_t heads, const AttnDims& d) {
+    return (d.batch * d.seq - 1) * ld + heads * d.head_dim;
+  }
+  struct Qkv {
+    const float *q, *k, *v;
+  };
+  // fp32 views of q, k, v: the fused rows as one (their views must not overlap), else each.
+  Qkv Inputs(Fp32Views& w, const void* q, const void* k, const void* v, const AttnDims& d) const {
+    if (Fused(q, k, v, d)) {
+      const float* f = w.In(q, a_, d.batch * d.seq * d.ld_q);
+      return {f, f + d.heads * d.head_dim, f + (d.heads + d.kv_heads) * d.head_dim};
+    }
+    return {w.In(q, a_, Elems(d.ld_q, d.heads, d)), w.In(k, a_, Elems(d.ld_k, d.kv_heads, d)),
+            w.In(v, a_, Elems(d.ld_v, d.kv_heads, d))};
   }
 
   DType a_, w_;

@@ -74,6 +74,7 @@ struct BackendSpec {
   // What attention keeps from forward for backward.
   uint64_t attention_state_bytes(int64_t batch, int64_t seq, int64_t heads,
                                  int64_t head_dim) const {
+    // (heads: the query heads; grouped-query attention keeps as much as multi-head)
     return fused_attention(head_dim) ? 4 * static_cast<uint64_t>(batch * heads * seq)
                                      : act_bytes(batch * heads * seq * seq);
   }
@@ -87,6 +88,14 @@ StatusOr<BackendSpec> ChooseBackend(const Engine& engine, Activations activation
 // A weight matrix's layout: in x out (GPT-2's Conv1D) or out x in (nn.Linear: Llama's
 // projections, and the LM head as the tied token embedding, vocab x width).
 enum class WeightLayout : uint8_t { kInOut, kOutIn };
+
+// Attention's operands (as cpu::AttnShape): q rows of heads x head_dim, k and v rows of
+// kv_heads x head_dim (grouped-query: query head h reads key/value head h / (heads / kv_heads)),
+// each matrix's rows ld apart; out rows heads x head_dim, contiguous. GPT-2's fused [q | k | v]
+// rows are q, q + C, q + 2C with ld 3C.
+struct AttnDims {
+  int64_t batch, seq, heads, kv_heads, head_dim, ld_q, ld_k, ld_v;
+};
 
 // A parameter's gradient as an op produces it: written (the parameter's first backward use in
 // the iteration: the buffer may hold the weight itself, which the op finishes reading first) or
@@ -133,13 +142,28 @@ class Backend {
                                  GradOut dbeta, int64_t rows, int64_t cols) = 0;
   virtual void GeluForward(const void* x, void* y, int64_t n) = 0;
   virtual void GeluBackward(const void* dy, const void* x, void* dx, int64_t n) = 0;
-  // Causal attention on qkv (rows of [q | k | v], act) into out (act), keeping `state`
-  // (spec().attention_state_bytes) for backward, which reads the forward's out and state.
-  virtual void AttentionForward(const void* qkv, void* out, void* state, int64_t batch,
-                                int64_t seq, int64_t channels, int64_t heads) = 0;
-  virtual void AttentionBackward(const void* dout, const void* qkv, const void* out,
-                                 const void* state, void* dqkv, int64_t batch, int64_t seq,
-                                 int64_t channels, int64_t heads) = 0;
+  // RMSNorm (Llama's): x, y act; w wt; rstd fp32. Backward writes dx.
+  virtual void RmsNormForward(const void* x, const void* w, void* y, float* rstd, int64_t rows,
+                              int64_t cols, double eps) = 0;
+  virtual void RmsNormBackward(const void* dy, const void* x, const void* w, const float* rstd,
+                               void* dx, GradOut dw, int64_t rows, int64_t cols) = 0;
+  // Rotary embeddings on the heads of x (act, rows ld apart), in place; backward on dx.
+  virtual void RopeForward(void* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                           int64_t ld, double theta) = 0;
+  virtual void RopeBackward(void* dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                            int64_t ld, double theta) = 0;
+  // h = silu(g) u; backward writes dg, du (act).
+  virtual void SwigluForward(const void* g, const void* u, void* h, int64_t n) = 0;
+  virtual void SwigluBackward(const void* dh, const void* g, const void* u, void* dg, void* du,
+                              int64_t n) = 0;
+  // Causal attention of q, k, v (act) into out (act), keeping `state`
+  // (spec().attention_state_bytes) for backward, which reads the forward's out and state and
+  // writes dq, dk, dv (strided as q, k, v).
+  virtual void AttentionForward(const void* q, const void* k, const void* v, void* out,
+                                void* state, const AttnDims& d) = 0;
+  virtual void AttentionBackward(const void* dout, const void* q, const void* k, const void* v,
+                                 const void* out, const void* state, void* dq, void* dk, void* dv,
+                                 const AttnDims& d) = 0;
   // x (act) = wte[token] + wpe[t] (wt); backward: the gradients of the table's rows the
   // tokens name and of wpe (a written dwte is zero in the other rows). `host_tokens` are the
   // same tokens in host memory (a GPU groups the rows by token there).

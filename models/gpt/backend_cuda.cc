@@ -2,6 +2,7 @@
 // fp32 weights widened from the chunks' copies, products on the tensor cores for bf16
 // parameters (Note [bf16 products around fp32 activations]).
 #include <memory>
+#include <string>
 
 #include "gpt/backend.h"
 #include "gpt/ops_cuda.h"
@@ -47,15 +48,36 @@ class CudaFp32Backend final : public Backend {
   void GeluBackward(const void* dy, const void* x, void* dx, int64_t n) override {
     ops_->GeluBackward(F(dy), F(x), F(dx), n);
   }
-  void AttentionForward(const void* qkv, void* out, void* state, int64_t batch, int64_t seq,
-                        int64_t channels, int64_t heads) override {
-    ops_->AttentionForward(F(qkv), F(out), F(state), batch, seq, channels, heads);
+  // The Llama family's ops have no fp32 CUDA kernels: bf16 activations (the GPU's default) run
+  // them.
+  void RmsNormForward(const void*, const void*, void*, float*, int64_t, int64_t, double) override {
+    Owed("RMSNorm");
   }
-  void AttentionBackward(const void* dout, const void* qkv, const void* out, const void* state,
-                         void* dqkv, int64_t batch, int64_t seq, int64_t channels,
-                         int64_t heads) override {
-    ops_->AttentionBackward(F(dout), F(qkv), F(out), F(state), F(dqkv), batch, seq, channels,
-                            heads);
+  void RmsNormBackward(const void*, const void*, const void*, const float*, void*, GradOut,
+                       int64_t, int64_t) override {
+    Owed("RMSNorm");
+  }
+  void RopeForward(void*, int64_t, int64_t, int64_t, int64_t, int64_t, double) override {
+    Owed("rotary embeddings");
+  }
+  void RopeBackward(void*, int64_t, int64_t, int64_t, int64_t, int64_t, double) override {
+    Owed("rotary embeddings");
+  }
+  void SwigluForward(const void*, const void*, void*, int64_t) override { Owed("SwiGLU"); }
+  void SwigluBackward(const void*, const void*, const void*, void*, void*, int64_t) override {
+    Owed("SwiGLU");
+  }
+  void AttentionForward(const void* q, const void* k, const void* v, void* out, void* state,
+                        const AttnDims& d) override {
+    if (!FusedLayout(q, k, v, d)) return;
+    ops_->AttentionForward(F(q), F(out), F(state), d.batch, d.seq, d.heads * d.head_dim, d.heads);
+  }
+  void AttentionBackward(const void* dout, const void* q, const void* k, const void* v,
+                         const void* out, const void* state, void* dq, void* dk, void* dv,
+                         const AttnDims& d) override {
+    if (!FusedLayout(q, k, v, d) || !FusedLayout(dq, dk, dv, d)) return;
+    ops_->AttentionBackward(F(dout), F(q), F(out), F(state), F(dq), d.batch, d.seq,
+                            d.heads * d.head_dim, d.heads);
   }
   void EmbeddingForward(const int32_t* tokens, const void* wte, const void* wpe, void* x,
                         int64_t batch, int64_t seq, int64_t channels) override {
@@ -96,7 +118,10 @@ class CudaFp32Backend final : public Backend {
   Status Download(void* host, const void* src, uint64_t bytes) override {
     return ops_->Download(host, src, bytes);
   }
-  Status status() const override { return ops_->status(); }
+  Status status() const override {
+    if (!error_.ok()) return error_;
+    return ops_->status();
+  }
 
  private:
   static const float* F(const void* p) { return static_cast<const float*>(p); }
@@ -108,8 +133,23 @@ class CudaFp32Backend final : public Backend {
   }
   static float* F(void* p) { return static_cast<float*>(p); }
 
+  void Owed(const char* what) {
+    if (error_.ok())
+      error_ = UnsupportedError(std::string(what) +
+                                " has no fp32 CUDA kernel: run with --activations bf16");
+  }
+  bool FusedLayout(const void* q, const void* k, const void* v, const AttnDims& d) {
+    const int64_t c = d.heads * d.head_dim;
+    if (d.kv_heads == d.heads && d.ld_q == 3 * c && d.ld_k == 3 * c && d.ld_v == 3 * c &&
+        F(k) == F(q) + c && F(v) == F(q) + 2 * c)
+      return true;
+    Owed("grouped-query attention (separate q, k, v)");
+    return false;
+  }
+
   std::unique_ptr<cuda::CudaOps> ops_;
   double loss_ = 0;
+  Status error_;
 };
 
 }  // namespace

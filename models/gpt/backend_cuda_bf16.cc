@@ -128,21 +128,55 @@ class CudaBf16Backend final : public Backend {
   void GeluBackward(const void* dy, const void* x, void* dx, int64_t n) override {
     Check(k16::GeluBackward(H(dy), H(x), H(dx), n, stream_), "GeluBackward");
   }
-  void AttentionForward(const void* qkv, void* out, void* state, int64_t batch, int64_t seq,
-                        int64_t channels, int64_t heads) override {
-    if (!HeadWidth(channels / heads)) return;
-    Check(cuda::FusedAttentionForward(H(qkv), H(out), static_cast<float*>(state), batch, seq,
-                                      channels, heads, stream_),
+  void RmsNormForward(const void* x, const void* w, void* y, float* rstd, int64_t rows,
+                      int64_t cols, double eps) override {
+    Check(k16::RmsNormForward(H(x), H(w), H(y), rstd, rows, cols, static_cast<float>(eps),
+                              stream_),
+          "RmsNormForward");
+  }
+  void RmsNormBackward(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
+                       GradOut dw, int64_t rows, int64_t cols) override {
+    float* partial = partial_.Get(k16::ColumnPartialFloats(rows, cols), stream_, &error_);
+    if (partial == nullptr) return;
+    Check(k16::RmsNormBackward(H(dy), H(x), H(w), rstd, H(dx), H(dw.p), dw.add, partial, rows,
+                               cols, stream_),
+          "RmsNormBackward");
+  }
+  void RopeForward(void* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                   int64_t ld, double theta) override {
+    Check(k16::Rope(H(x), batch, seq, heads, head_dim, ld, static_cast<float>(theta), 1.0f,
+                    stream_),
+          "Rope");
+  }
+  void RopeBackward(void* dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                    int64_t ld, double theta) override {
+    Check(k16::Rope(H(dx), batch, seq, heads, head_dim, ld, static_cast<float>(theta), -1.0f,
+                    stream_),
+          "Rope (backward)");
+  }
+  void SwigluForward(const void* g, const void* u, void* h, int64_t n) override {
+    Check(k16::SwigluForward(H(g), H(u), H(h), n, stream_), "SwigluForward");
+  }
+  void SwigluBackward(const void* dh, const void* g, const void* u, void* dg, void* du,
+                      int64_t n) override {
+    Check(k16::SwigluBackward(H(dh), H(g), H(u), H(dg), H(du), n, stream_), "SwigluBackward");
+  }
+  void AttentionForward(const void* q, const void* k, const void* v, void* out, void* state,
+                        const AttnDims& d) override {
+    if (!FusedLayout(q, k, v, d)) return;
+    Check(cuda::FusedAttentionForward(H(q), H(out), static_cast<float*>(state), d.batch, d.seq,
+                                      d.heads * d.head_dim, d.heads, stream_),
           "FusedAttentionForward (bf16)");
   }
-  void AttentionBackward(const void* dout, const void* qkv, const void* out, const void* state,
-                         void* dqkv, int64_t batch, int64_t seq, int64_t channels,
-                         int64_t heads) override {
-    if (!HeadWidth(channels / heads)) return;
-    float* rowdot = rowdot_.Get(batch * heads * seq, stream_, &error_);
+  void AttentionBackward(const void* dout, const void* q, const void* k, const void* v,
+                         const void* out, const void* state, void* dq, void* dk, void* dv,
+                         const AttnDims& d) override {
+    if (!FusedLayout(q, k, v, d) || !FusedLayout(dq, dk, dv, d)) return;
+    float* rowdot = rowdot_.Get(d.batch * d.heads * d.seq, stream_, &error_);
     if (rowdot == nullptr) return;
-    Check(cuda::FusedAttentionBackward(H(dout), H(qkv), H(out), static_cast<const float*>(state),
-                                       rowdot, H(dqkv), batch, seq, channels, heads, stream_),
+    Check(cuda::FusedAttentionBackward(H(dout), H(q), H(out), static_cast<const float*>(state),
+                                       rowdot, H(dq), d.batch, d.seq, d.heads * d.head_dim,
+                                       d.heads, stream_),
           "FusedAttentionBackward (bf16)");
   }
   void EmbeddingForward(const int32_t* tokens, const void* wte, const void* wpe, void* x,
@@ -257,12 +291,22 @@ class CudaBf16Backend final : public Backend {
     Status s = lt_->Run(p);
     if (!s.ok()) error_ = std::move(s);
   }
-  bool HeadWidth(int64_t hd) {
-    if (FusedAttentionHeadWidth(hd)) return true;
+  // The fused kernels take GPT-2's rows [q | k | v] of multi-head attention in heads of 32, 64,
+  // 96 or 128; grouped-query attention and separate q, k, v are owed to them.
+  bool FusedLayout(const void* q, const void* k, const void* v, const AttnDims& d) {
+    const int64_t c = d.heads * d.head_dim;
+    const bool fused = d.kv_heads == d.heads && d.ld_q == 3 * c && d.ld_k == 3 * c &&
+                       d.ld_v == 3 * c && static_cast<const bf16*>(k) == H(q) + c &&
+                       static_cast<const bf16*>(v) == H(q) + 2 * c;
+    if (fused && FusedAttentionHeadWidth(d.head_dim)) return true;
     if (error_.ok())
-      error_ = UnsupportedError("bf16 activations on a GPU take attention heads 32, 64, 96 or 128 "
-                                "wide (the fused kernels'); this model's are " +
-                                std::to_string(hd) + ": run with --activations fp32");
+      error_ = UnsupportedError(
+          fused ? "bf16 activations on a GPU take attention heads 32, 64, 96 or 128 wide (the "
+                  "fused kernels'); this model's are " +
+                      std::to_string(d.head_dim) + ": run with --activations fp32"
+                : std::string("grouped-query attention (separate q, k, v) has no GPU kernel in "
+                              "this build yet: the Llama family trains on the simulated device "
+                              "(--device host) until it does"));
     return false;
   }
   int32_t* Pinned(int64_t n) {

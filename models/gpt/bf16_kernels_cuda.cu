@@ -147,6 +147,83 @@ __global__ void ColumnTotalsKernel(const float* partial, int64_t slabs, int64_t 
   out[c] = B(a);
 }
 
+// ---- the Llama family: RMSNorm (a warp per row), rotary embeddings, SwiGLU ------------------
+
+__global__ void RmsNormForwardKernel(const bf16* x, const bf16* w, bf16* y, float* rstd,
+                                     int64_t rows, int64_t cols, float eps) {
+  const int64_t r = blockIdx.x * int64_t{blockDim.x / kWarp} + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= rows) return;
+  const bf16* xr = x + r * cols;
+  float ss = 0;
+  for (int64_t j = lane; j < cols; j += kWarp) ss += F(xr[j]) * F(xr[j]);
+  const float rs = rsqrtf(WarpSum(ss) / static_cast<float>(cols) + eps);
+  bf16* yr = y + r * cols;
+  for (int64_t j = lane; j < cols; j += kWarp) yr[j] = B(F(w[j]) * (F(xr[j]) * rs));
+  if (lane == 0) rstd[r] = rs;
+}
+
+__global__ void RmsNormBackwardRowsKernel(const bf16* dy, const bf16* x, const bf16* w,
+                                          const float* rstd, bf16* dx, int64_t rows,
+                                          int64_t cols) {
+  const int64_t r = blockIdx.x * int64_t{blockDim.x / kWarp} + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= rows) return;
+  const bf16* dyr = dy + r * cols;
+  const bf16* xr = x + r * cols;
+  const float rs = rstd[r];
+  float dot = 0;
+  for (int64_t j = lane; j < cols; j += kWarp) dot += F(dyr[j]) * F(w[j]) * F(xr[j]) * rs;
+  dot = WarpSum(dot) / static_cast<float>(cols);
+  bf16* dxr = dx + r * cols;
+  for (int64_t j = lane; j < cols; j += kWarp)
+    dxr[j] = B(rs * (F(dyr[j]) * F(w[j]) - F(xr[j]) * rs * dot));
+}
+
+__global__ void RmsNormColumnPartialsKernel(const bf16* dy, const bf16* x, const float* rstd,
+                                            float* partial, int64_t rows, int64_t cols,
+                                            int64_t slab) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= cols) return;
+  const int64_t r0 = blockIdx.y * slab, r1 = min(rows, r0 + slab);
+  float a = 0;
+  for (int64_t r = r0; r < r1; ++r) a += F(dy[r * cols + c]) * F(x[r * cols + c]) * rstd[r];
+  partial[blockIdx.y * cols + c] = a;
+}
+
+// One thread per (row, head, j < head_dim / 2): the pair (j, j + head_dim / 2) rotated.
+__global__ void RopeKernel(bf16* x, int64_t rows, int64_t seq, int64_t heads, int64_t hd,
+                           int64_t ld, float theta, float sign) {
+  const int64_t half = hd / 2;
+  TZ_GRID_STRIDE(i, rows * heads * half) {
+    const int64_t j = i % half, h = (i / half) % heads, r = i / (half * heads);
+    const float inv = 1.0f / powf(theta, static_cast<float>(2 * j) / static_cast<float>(hd));
+    const float a = static_cast<float>(r % seq) * inv;
+    float sn, cs;
+    sincosf(a, &sn, &cs);
+    bf16* v = x + r * ld + h * hd;
+    const float x1 = F(v[j]), x2 = F(v[j + half]);
+    v[j] = B(x1 * cs - sign * x2 * sn);
+    v[j + half] = B(x2 * cs + sign * x1 * sn);
+  }
+}
+
+__global__ void SwigluForwardKernel(const bf16* g, const bf16* u, bf16* h, int64_t n) {
+  TZ_GRID_STRIDE(i, n) {
+    const float gv = F(g[i]);
+    h[i] = B(gv / (1.0f + __expf(-gv)) * F(u[i]));
+  }
+}
+__global__ void SwigluBackwardKernel(const bf16* dh, const bf16* g, const bf16* u, bf16* dg,
+                                     bf16* du, int64_t n) {
+  TZ_GRID_STRIDE(i, n) {
+    const float gv = F(g[i]), uv = F(u[i]), d = F(dh[i]);
+    const float sig = 1.0f / (1.0f + __expf(-gv));
+    dg[i] = B(d * uv * sig * (1.0f + gv * (1.0f - sig)));
+    du[i] = B(d * gv * sig);
+  }
+}
+
 // ---- embeddings --------------------------------------------------------------------------------
 
 __global__ void EmbeddingForwardKernel(const int32_t* tokens, const bf16* wte, const bf16* wpe,
@@ -316,6 +393,48 @@ cudaError_t LayerNormBackward(const bf16* dy, const bf16* x, const bf16* gamma, 
                                                             dgamma_add);
   ColumnTotalsKernel<<<Blocks(cols), kThreads, 0, stream>>>(partial + sl.count * cols, sl.count,
                                                             cols, dbeta, dbeta_add);
+  return cudaGetLastError();
+}
+
+cudaError_t RmsNormForward(const bf16* x, const bf16* w, bf16* y, float* rstd, int64_t rows,
+                           int64_t cols, float eps, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  RmsNormForwardKernel<<<WarpBlocks(rows), kThreads, 0, stream>>>(x, w, y, rstd, rows, cols, eps);
+  return cudaGetLastError();
+}
+
+cudaError_t RmsNormBackward(const bf16* dy, const bf16* x, const bf16* w, const float* rstd,
+                            bf16* dx, bf16* dw, bool dw_add, float* partial, int64_t rows,
+                            int64_t cols, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  RmsNormBackwardRowsKernel<<<WarpBlocks(rows), kThreads, 0, stream>>>(dy, x, w, rstd, dx, rows,
+                                                                       cols);
+  const Slabs sl = ColumnSlabs(rows);
+  RmsNormColumnPartialsKernel<<<dim3(Blocks(cols), static_cast<unsigned>(sl.count)), kThreads, 0,
+                                stream>>>(dy, x, rstd, partial, rows, cols, sl.rows);
+  ColumnTotalsKernel<<<Blocks(cols), kThreads, 0, stream>>>(partial, sl.count, cols, dw, dw_add);
+  return cudaGetLastError();
+}
+
+cudaError_t Rope(bf16* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                 int64_t ld, float theta, float sign, cudaStream_t stream) {
+  const int64_t n = batch * seq * heads * (head_dim / 2);
+  if (n == 0) return cudaSuccess;
+  RopeKernel<<<Grid(n), kThreads, 0, stream>>>(x, batch * seq, seq, heads, head_dim, ld, theta,
+                                               sign);
+  return cudaGetLastError();
+}
+
+cudaError_t SwigluForward(const bf16* g, const bf16* u, bf16* h, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  SwigluForwardKernel<<<Grid(n), kThreads, 0, stream>>>(g, u, h, n);
+  return cudaGetLastError();
+}
+
+cudaError_t SwigluBackward(const bf16* dh, const bf16* g, const bf16* u, bf16* dg, bf16* du,
+                           int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  SwigluBackwardKernel<<<Grid(n), kThreads, 0, stream>>>(dh, g, u, dg, du, n);
   return cudaGetLastError();
 }
 

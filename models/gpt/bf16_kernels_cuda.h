@@ -32,6 +32,22 @@ cudaError_t LayerNormBackward(const bf16* dy, const bf16* x, const bf16* gamma, 
                               bf16* dbeta, bool dbeta_add, float* partial, int64_t rows,
                               int64_t cols, cudaStream_t stream);
 
+// RMSNorm (Llama's, eps given): y and rstd (fp32); backward writes dx and writes (or, with
+// `add`, adds to) dw; `partial` as ColumnPartialFloats.
+cudaError_t RmsNormForward(const bf16* x, const bf16* w, bf16* y, float* rstd, int64_t rows,
+                           int64_t cols, float eps, cudaStream_t stream);
+cudaError_t RmsNormBackward(const bf16* dy, const bf16* x, const bf16* w, const float* rstd,
+                            bf16* dx, bf16* dw, bool dw_add, float* partial, int64_t rows,
+                            int64_t cols, cudaStream_t stream);
+// Rotary embeddings in place on the heads of x (rows ld apart); sign -1 rotates back (backward).
+// The angles as Hugging Face computes them in fp32 (cpu::RopeForward).
+cudaError_t Rope(bf16* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                 int64_t ld, float theta, float sign, cudaStream_t stream);
+// h = silu(g) u; backward writes dg and du.
+cudaError_t SwigluForward(const bf16* g, const bf16* u, bf16* h, int64_t n, cudaStream_t stream);
+cudaError_t SwigluBackward(const bf16* dh, const bf16* g, const bf16* u, bf16* dg, bf16* du,
+                           int64_t n, cudaStream_t stream);
+
 // out[c] = (add ? out[c] : 0) + the sum over rows of m[r, c]; `partial` as ColumnPartialFloats.
 int64_t ColumnPartialFloats(int64_t rows, int64_t cols);
 cudaError_t ColumnSums(const bf16* m, bf16* out, bool add, float* partial, int64_t rows,

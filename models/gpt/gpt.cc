@@ -191,6 +191,15 @@ struct Dims {
   int64_t B, T, C, H, rows;
 };
 
+// The activation `elems` elements into p.
+void* At(const Backend& k, void* p, int64_t elems) {
+  return static_cast<char*>(p) + k.spec().act_bytes(elems);
+}
+// GPT-2's attention: q, k, v interleaved in rows of 3C.
+AttnDims FusedAttn(const Backend&, const Dims& d, const void*) {
+  return {d.B, d.T, d.H, d.H, d.C / d.H, 3 * d.C, 3 * d.C, 3 * d.C};
+}
+
 // Forward of one block from s.x into y; fills the saved activations.
 template <typename Saved>
 Status BlockForward(Engine& e, Backend& k, const Dims& d, const std::vector<const void*>& P,
@@ -214,7 +223,9 @@ Status BlockForward(Engine& e, Backend& k, const Dims& d, const std::vector<cons
   k.LayerNormForward(x, P[0], P[1], s.ln1.data(), s.mean1.template as<float>(),
                      s.rstd1.template as<float>(), R, C);
   k.LinearForward(s.ln1.data(), P[2], P[3], s.qkv.data(), R, C, 3 * C, kW);
-  k.AttentionForward(s.qkv.data(), s.att.data(), s.probs.data(), d.B, d.T, C, d.H);
+  const AttnDims ad = FusedAttn(k, d, s.qkv.data());
+  k.AttentionForward(s.qkv.data(), At(k, s.qkv.data(), C), At(k, s.qkv.data(), 2 * C), s.att.data(),
+                     s.probs.data(), ad);
   {
     TZ_ASSIGN_OR_RETURN(ActivationBuffer a, Acts(e, k, R * C));
     k.LinearForward(s.att.data(), P[4], P[5], a.data(), R, C, C, kW);
@@ -264,8 +275,9 @@ Status BlockBackward(Engine& e, Backend& k, const Dims& d, const std::vector<con
     TZ_RETURN_IF_ERROR(G.Open(4, 5));
     k.LinearBackward(dx2.data(), s.att.data(), P[4], datt.data(), G[4], G[5], R, C, C, kW);
     TZ_ASSIGN_OR_RETURN(ActivationBuffer dqkv, Acts(e, k, R * 3 * C));
-    k.AttentionBackward(datt.data(), s.qkv.data(), s.att.data(), s.probs.data(), dqkv.data(), d.B,
-                        d.T, C, d.H);
+    k.AttentionBackward(datt.data(), s.qkv.data(), At(k, s.qkv.data(), C), At(k, s.qkv.data(), 2 * C),
+                        s.att.data(), s.probs.data(), dqkv.data(), At(k, dqkv.data(), C),
+                        At(k, dqkv.data(), 2 * C), FusedAttn(k, d, s.qkv.data()));
     datt.Reset();
     TZ_RETURN_IF_ERROR(G.Close(4, 5));
     TZ_ASSIGN_OR_RETURN(ActivationBuffer dln1, Acts(e, k, R * C));

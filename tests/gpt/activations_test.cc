@@ -159,9 +159,12 @@ TEST_F(CpuBf16OpsTest, NormGeluAttentionEmbeddingAndLossStoreTheRoundedFp32Resul
     cpu::AttentionBackward(dout.data(), qkv.data(), probs_r.data(), dqkv.data(), B, T, C, H);
     auto bqkv = ToBf16(qkv), bdout = ToBf16(dout);
     std::vector<uint16_t> bout(R * C), bprobs(B * H * T * T), bdqkv(R * 3 * C);
-    k_->AttentionForward(bqkv.data(), bout.data(), bprobs.data(), B, T, C, H);
-    k_->AttentionBackward(bdout.data(), bqkv.data(), bout.data(), bprobs.data(), bdqkv.data(), B, T,
-                          C, H);
+    const AttnDims ad{B, T, H, H, C / H, 3 * C, 3 * C, 3 * C};
+    k_->AttentionForward(bqkv.data(), bqkv.data() + C, bqkv.data() + 2 * C, bout.data(),
+                         bprobs.data(), ad);
+    k_->AttentionBackward(bdout.data(), bqkv.data(), bqkv.data() + C, bqkv.data() + 2 * C,
+                          bout.data(), bprobs.data(), bdqkv.data(), bdqkv.data() + C,
+                          bdqkv.data() + 2 * C, ad);
     ExpectBitsEqual(bout, out, "attention out");
     ExpectBitsEqual(bprobs, probs, "attention probabilities");
     ExpectBitsEqual(bdqkv, dqkv, "attention dqkv");

@@ -221,13 +221,17 @@ TEST_F(CudaBf16BackendTest, NormEmbeddingAttentionAndLoss) {
     // Attention: the GPU keeps log-sum-exps, the CPU probabilities; outputs and gradients agree.
     const Bits qkv = RandomBf16(R * 3 * C, 9), dout = RandomBf16(R * C, 10);
     Bits cout(R * C), cprobs(B * H * T * T), cdqkv(R * 3 * C);
-    cpu_->AttentionForward(qkv.data(), cout.data(), cprobs.data(), B, T, C, H);
-    cpu_->AttentionBackward(dout.data(), qkv.data(), cout.data(), cprobs.data(), cdqkv.data(), B,
-                            T, C, H);
+    const AttnDims ad{B, T, H, H, C / H, 3 * C, 3 * C, 3 * C};
+    cpu_->AttentionForward(qkv.data(), qkv.data() + C, qkv.data() + 2 * C, cout.data(),
+                           cprobs.data(), ad);
+    cpu_->AttentionBackward(dout.data(), qkv.data(), qkv.data() + C, qkv.data() + 2 * C,
+                            cout.data(), cprobs.data(), cdqkv.data(), cdqkv.data() + C,
+                            cdqkv.data() + 2 * C, ad);
     Dev<uint16_t> gq(qkv), go(Zeros(R * C)), gdo(dout), gdq(Zeros(R * 3 * C));
     Dev<float> glse(Zeros<float>(B * H * T));
-    gpu_->AttentionForward(gq.get(), go.get(), glse.get(), B, T, C, H);
-    gpu_->AttentionBackward(gdo.get(), gq.get(), go.get(), glse.get(), gdq.get(), B, T, C, H);
+    gpu_->AttentionForward(gq.get(), gq.get() + C, gq.get() + 2 * C, go.get(), glse.get(), ad);
+    gpu_->AttentionBackward(gdo.get(), gq.get(), gq.get() + C, gq.get() + 2 * C, go.get(),
+                            glse.get(), gdq.get(), gdq.get() + C, gdq.get() + 2 * C, ad);
     ExpectNear(go.Get(), cout, "attention out");
     ExpectNear(gdq.Get(), cdqkv, "attention dqkv", 4e-2f);
   }
