@@ -5,132 +5,81 @@
 #include <string>
 
 #include "gpt/backend.h"
+#include "gpt/gpt_block.h"
 
 namespace tierzero::gpt {
 namespace {
 
-// A scope's parameters as the ops read them (Note [Activation types] in gpt/backend.h): the
-// chunks' own copies, or widened into one activation buffer.
-struct Weights {
-  ActivationBuffer buf;
-  std::vector<const void*> ptr;
-};
-
-StatusOr<Weights> Prepare(Engine& e, Backend& k, const ParamScope& scope,
-                          const std::vector<ParamId>& ids) {
-  const BackendSpec& spec = k.spec();
-  Weights w;
-  if (!spec.widen_params()) {
-    for (ParamId p : ids) w.ptr.push_back(scope.data(p));
-    return w;
-  }
-  uint64_t total = 0;
-  for (ParamId p : ids) total += spec.weight_bytes(e.numel(p));
-  TZ_ASSIGN_OR_RETURN(w.buf, e.AllocateActivation(total));
-  char* at = static_cast<char*>(w.buf.data());
-  for (ParamId p : ids) {
-    const int64_t n = e.numel(p);
-    TZ_RETURN_IF_ERROR(k.Cast(scope.data(p), e.compute_dtype(), at, spec.weights, n, false));
-    w.ptr.push_back(at);
-    at += spec.weight_bytes(n);
-  }
-  return w;
+// The ids that are not -1.
+std::vector<ParamId> Ids(std::initializer_list<ParamId> ids) {
+  std::vector<ParamId> v;
+  for (ParamId p : ids)
+    if (p >= 0) v.push_back(p);
+  return v;
 }
-
-// Where an op puts a parameter's gradient: the engine's buffer itself (grads_in_place; written
-// at the parameter's first backward use, added to at later ones), or a zeroed buffer in the
-// weights' type the op adds into and Put writes (first use) or adds (later uses) into the
-// engine's.
-class Grad {
- public:
-  static StatusOr<Grad> Open(Engine& e, Backend& k, const ParamScope& scope, ParamId p,
-                             bool add) {
-    Grad g;
-    g.p_ = p;
-    g.add_ = add;
-    g.dst_ = scope.grad(p);
-    if (g.dst_ == nullptr)
-      return InternalError("no gradient buffer for parameter " + e.param(p).name);
-    if (k.spec().grads_in_place) return g;
-    TZ_ASSIGN_OR_RETURN(g.buf_, e.AllocateActivation(k.spec().weight_bytes(e.numel(p))));
-    k.Zero(g.buf_.data(), g.buf_.bytes());
-    return g;
-  }
-  GradOut out() const {
-    return buf_.bytes() == 0 ? GradOut{dst_, add_} : GradOut{buf_.data(), true};
-  }
-  // Hands the gradient to the engine and frees the buffer.
-  Status Put(Engine& e, Backend& k) {
-    if (buf_.bytes() == 0) return Status::OK();
-    TZ_RETURN_IF_ERROR(
-        k.Cast(buf_.data(), k.spec().weights, dst_, e.compute_dtype(), e.numel(p_), add_));
-    buf_.Reset();
-    return Status::OK();
-  }
-
- private:
-  ParamId p_ = -1;
-  bool add_ = false;
-  void* dst_ = nullptr;
-  ActivationBuffer buf_;
-};
-
-// n activations (the spec's type) and n fp32 values.
-StatusOr<ActivationBuffer> Acts(Engine& e, const Backend& k, int64_t n) {
-  return e.AllocateActivation(k.spec().act_bytes(n));
-}
-StatusOr<ActivationBuffer> Floats(Engine& e, int64_t n) {
-  return e.AllocateActivation(static_cast<uint64_t>(n) * 4);
-}
-
-// A block's parameter gradients, each open only from the op that computes it until it is
-// written to the engine (so a block never holds all of them at once).
-class GradSink {
- public:
-  GradSink(Engine& e, Backend& k, const ParamScope& scope, const std::vector<ParamId>& ids)
-      : e_(e), k_(k), scope_(scope), ids_(ids), grads_(ids.size()) {}
-  // Gradients of parameters i and j (their first backward use).
-  Status Open(size_t i, size_t j) {
-    for (size_t k : {i, j}) {
-      TZ_ASSIGN_OR_RETURN(grads_[k], Grad::Open(e_, k_, scope_, ids_[k], /*add=*/false));
-    }
-    return Status::OK();
-  }
-  GradOut operator[](size_t i) const { return grads_[i].out(); }
-  // Writes gradients i and j and frees them.
-  Status Close(size_t i, size_t j) {
-    for (size_t k : {i, j}) TZ_RETURN_IF_ERROR(grads_[k].Put(e_, k_));
-    return Status::OK();
-  }
-
- private:
-  Engine& e_;
-  Backend& k_;
-  const ParamScope& scope_;
-  const std::vector<ParamId>& ids_;
-  std::vector<Grad> grads_;
-};
 
 }  // namespace
 
+const char* ArchName(Arch a) { return a == Arch::kGpt2 ? "gpt2" : "llama"; }
+
+GptConfig AsLlama(GptConfig c) {
+  c.arch = Arch::kLlama;
+  c.tie_embeddings = false;
+  c.attention_bias = false;
+  if (c.rope_theta <= 0) c.rope_theta = 10000.0;
+  return c;
+}
+
 Status ValidateGptConfig(const GptConfig& c) {
-  auto bad = [](const char* field, int v, const char* range) {
-    return InvalidArgumentError(std::string("model field '") + field + "' is " + std::to_string(v) +
+  auto bad = [](const char* field, const std::string& v, const char* range) {
+    return InvalidArgumentError(std::string("model field '") + field + "' is " + v +
                                 "; accepted: " + range);
   };
-  if (c.vocab < 2 || c.vocab > (1 << 20)) return bad("vocab", c.vocab, "2..1048576");
-  if (c.seq_len < 1 || c.seq_len > 65536) return bad("seq_len", c.seq_len, "1..65536");
-  if (c.d_model < 1 || c.d_model > 65536) return bad("d_model", c.d_model, "1..65536");
-  if (c.n_layer < 1 || c.n_layer > 4096) return bad("n_layer", c.n_layer, "1..4096");
+  auto num = [](double v) {
+    std::string s = std::to_string(v);
+    return s;
+  };
+  if (c.vocab < 2 || c.vocab > (1 << 20))
+    return bad("vocab", std::to_string(c.vocab), "2..1048576");
+  if (c.seq_len < 1 || c.seq_len > 65536)
+    return bad("seq_len", std::to_string(c.seq_len), "1..65536");
+  if (c.d_model < 1 || c.d_model > 65536)
+    return bad("d_model", std::to_string(c.d_model), "1..65536");
+  if (c.n_layer < 1 || c.n_layer > 4096)
+    return bad("n_layer", std::to_string(c.n_layer), "1..4096");
   if (c.n_head < 1 || c.d_model % c.n_head != 0)
-    return bad("n_head", c.n_head, "a divisor of d_model");
+    return bad("n_head", std::to_string(c.n_head), "a divisor of d_model");
+  if (c.n_kv_head < 0 || (c.n_kv_head > 0 && c.n_head % c.n_kv_head != 0))
+    return bad("n_kv_head", std::to_string(c.n_kv_head), "0 (n_head) or a divisor of n_head");
+  if (c.d_ff < 0 || c.d_ff > (1 << 20))
+    return bad("d_ff", std::to_string(c.d_ff), "0 (the architecture's default) or 1..1048576");
+  if (!(c.norm_eps > 0 && c.norm_eps <= 1)) return bad("norm_eps", num(c.norm_eps), "(0, 1]");
+  if (c.arch == Arch::kGpt2) {
+    // GPT-2 is one layout: what its Hugging Face checkpoints hold.
+    if (c.n_kv_head != 0 && c.n_kv_head != c.n_head)
+      return bad("n_kv_head", std::to_string(c.n_kv_head),
+                 "n_head or 0 for arch \"gpt2\" (grouped-query attention is Llama's)");
+    if (c.d_ff != 0 && c.d_ff != 4 * c.d_model)
+      return bad("d_ff", std::to_string(c.d_ff), "4 d_model or 0 for arch \"gpt2\"");
+    if (!c.tie_embeddings)
+      return bad("tie_embeddings", "false", "true for arch \"gpt2\"");
+    if (!c.attention_bias) return bad("attention_bias", "false", "true for arch \"gpt2\"");
+    if (c.norm_eps != 1e-5) return bad("norm_eps", num(c.norm_eps), "1e-5 for arch \"gpt2\"");
+  } else {
+    if (c.head_dim() % 2 != 0)
+      return bad("n_head", std::to_string(c.n_head),
+                 "a divisor of d_model leaving even heads (rotary embeddings rotate pairs)");
+    if (!(c.rope_theta > 1 && c.rope_theta <= 1e12))
+      return bad("rope_theta", num(c.rope_theta), "(1, 1e12]");
+  }
   return Status::OK();
 }
 
 StatusOr<std::unique_ptr<Gpt>> Gpt::Create(Engine& engine, const GptConfig& config) {
   TZ_RETURN_IF_ERROR(ValidateGptConfig(config));
   std::unique_ptr<Gpt> g(new Gpt(engine, config));
-  const int64_t C = config.d_model, V = config.vocab, L = config.n_layer;
+  const int64_t C = config.d_model, V = config.vocab, L = config.n_layer, F = config.ffn();
+  const int64_t KV = int64_t{config.kv_heads()} * config.head_dim();
   uint64_t seed = config.seed * 1000003;
   const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
   auto reg = [&](const std::string& name, std::vector<int64_t> shape, Initializer init,
@@ -140,31 +89,67 @@ StatusOr<std::unique_ptr<Gpt>> Gpt::Create(Engine& engine, const GptConfig& conf
     g->num_params_ += engine.numel(p);
     return p;
   };
-  TZ_ASSIGN_OR_RETURN(g->wte_, reg("wte", {V, C}, InitNormal(0.02f, ++seed), true));
-  TZ_ASSIGN_OR_RETURN(g->wpe_, reg("wpe", {config.seq_len, C}, InitNormal(0.02f, ++seed), true));
-  for (int64_t l = 0; l < L; ++l) {
-    const std::string p = "h." + std::to_string(l) + ".";
-    Block b{};
-    TZ_ASSIGN_OR_RETURN(b.ln1_w, reg(p + "ln_1.weight", {C}, InitConstant(1), false));
-    TZ_ASSIGN_OR_RETURN(b.ln1_b, reg(p + "ln_1.bias", {C}, InitConstant(0), false));
-    TZ_ASSIGN_OR_RETURN(b.attn_w,
-                        reg(p + "attn.c_attn.weight", {C, 3 * C}, InitNormal(0.02f, ++seed), true));
-    TZ_ASSIGN_OR_RETURN(b.attn_b, reg(p + "attn.c_attn.bias", {3 * C}, InitConstant(0), false));
-    TZ_ASSIGN_OR_RETURN(b.proj_w,
-                        reg(p + "attn.c_proj.weight", {C, C}, InitNormal(proj_std, ++seed), true));
-    TZ_ASSIGN_OR_RETURN(b.proj_b, reg(p + "attn.c_proj.bias", {C}, InitConstant(0), false));
-    TZ_ASSIGN_OR_RETURN(b.ln2_w, reg(p + "ln_2.weight", {C}, InitConstant(1), false));
-    TZ_ASSIGN_OR_RETURN(b.ln2_b, reg(p + "ln_2.bias", {C}, InitConstant(0), false));
-    TZ_ASSIGN_OR_RETURN(b.fc_w,
-                        reg(p + "mlp.c_fc.weight", {C, 4 * C}, InitNormal(0.02f, ++seed), true));
-    TZ_ASSIGN_OR_RETURN(b.fc_b, reg(p + "mlp.c_fc.bias", {4 * C}, InitConstant(0), false));
-    TZ_ASSIGN_OR_RETURN(
-        b.fc2_w, reg(p + "mlp.c_proj.weight", {4 * C, C}, InitNormal(proj_std, ++seed), true));
-    TZ_ASSIGN_OR_RETURN(b.fc2_b, reg(p + "mlp.c_proj.bias", {C}, InitConstant(0), false));
-    g->blocks_.push_back(b);
+  auto normal = [&](float std) { return InitNormal(std, ++seed); };
+  if (config.arch == Arch::kGpt2) {
+    TZ_ASSIGN_OR_RETURN(g->wte_, reg("wte", {V, C}, normal(0.02f), true));
+    TZ_ASSIGN_OR_RETURN(g->wpe_, reg("wpe", {config.seq_len, C}, normal(0.02f), true));
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string p = "h." + std::to_string(l) + ".";
+      BlockParams b;
+      TZ_ASSIGN_OR_RETURN(b.norm1_w, reg(p + "ln_1.weight", {C}, InitConstant(1), false));
+      TZ_ASSIGN_OR_RETURN(b.norm1_b, reg(p + "ln_1.bias", {C}, InitConstant(0), false));
+      TZ_ASSIGN_OR_RETURN(b.qkv_w, reg(p + "attn.c_attn.weight", {C, 3 * C}, normal(0.02f), true));
+      TZ_ASSIGN_OR_RETURN(b.qkv_b, reg(p + "attn.c_attn.bias", {3 * C}, InitConstant(0), false));
+      TZ_ASSIGN_OR_RETURN(b.o_w, reg(p + "attn.c_proj.weight", {C, C}, normal(proj_std), true));
+      TZ_ASSIGN_OR_RETURN(b.o_b, reg(p + "attn.c_proj.bias", {C}, InitConstant(0), false));
+      TZ_ASSIGN_OR_RETURN(b.norm2_w, reg(p + "ln_2.weight", {C}, InitConstant(1), false));
+      TZ_ASSIGN_OR_RETURN(b.norm2_b, reg(p + "ln_2.bias", {C}, InitConstant(0), false));
+      TZ_ASSIGN_OR_RETURN(b.fc_w, reg(p + "mlp.c_fc.weight", {C, F}, normal(0.02f), true));
+      TZ_ASSIGN_OR_RETURN(b.fc_b, reg(p + "mlp.c_fc.bias", {F}, InitConstant(0), false));
+      TZ_ASSIGN_OR_RETURN(b.proj_w, reg(p + "mlp.c_proj.weight", {F, C}, normal(proj_std), true));
+      TZ_ASSIGN_OR_RETURN(b.proj_b, reg(p + "mlp.c_proj.bias", {C}, InitConstant(0), false));
+      b.all = Ids({b.norm1_w, b.norm1_b, b.qkv_w, b.qkv_b, b.o_w, b.o_b, b.norm2_w, b.norm2_b,
+                   b.fc_w, b.fc_b, b.proj_w, b.proj_b});
+      g->blocks_.push_back(std::move(b));
+    }
+    TZ_ASSIGN_OR_RETURN(g->lnf_w_, reg("ln_f.weight", {C}, InitConstant(1), false));
+    TZ_ASSIGN_OR_RETURN(g->lnf_b_, reg("ln_f.bias", {C}, InitConstant(0), false));
+    g->head_ = g->wte_;
+    return g;
   }
-  TZ_ASSIGN_OR_RETURN(g->lnf_w_, reg("ln_f.weight", {C}, InitConstant(1), false));
-  TZ_ASSIGN_OR_RETURN(g->lnf_b_, reg("ln_f.bias", {C}, InitConstant(0), false));
+  // Llama, in the order of Hugging Face's LlamaForCausalLM state dict.
+  TZ_ASSIGN_OR_RETURN(g->wte_, reg("model.embed_tokens.weight", {V, C}, normal(0.02f), true));
+  const bool bias = config.attention_bias;
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    BlockParams b;
+    auto proj = [&](const char* name, int64_t out, int64_t in, ParamId* w, ParamId* bb) -> Status {
+      TZ_ASSIGN_OR_RETURN(*w, reg(p + name + ".weight", {out, in}, normal(0.02f), true));
+      if (bb != nullptr && bias) {
+        TZ_ASSIGN_OR_RETURN(*bb, reg(p + name + ".bias", {out}, InitConstant(0), false));
+      }
+      return Status::OK();
+    };
+    TZ_RETURN_IF_ERROR(proj("self_attn.q_proj", C, C, &b.q_w, &b.q_b));
+    TZ_RETURN_IF_ERROR(proj("self_attn.k_proj", KV, C, &b.k_w, &b.k_b));
+    TZ_RETURN_IF_ERROR(proj("self_attn.v_proj", KV, C, &b.v_w, &b.v_b));
+    TZ_RETURN_IF_ERROR(proj("self_attn.o_proj", C, C, &b.o_w, &b.o_b));
+    TZ_RETURN_IF_ERROR(proj("mlp.gate_proj", F, C, &b.gate_w, nullptr));
+    TZ_RETURN_IF_ERROR(proj("mlp.up_proj", F, C, &b.up_w, nullptr));
+    TZ_RETURN_IF_ERROR(proj("mlp.down_proj", C, F, &b.down_w, nullptr));
+    TZ_ASSIGN_OR_RETURN(b.norm1_w, reg(p + "input_layernorm.weight", {C}, InitConstant(1), false));
+    TZ_ASSIGN_OR_RETURN(b.norm2_w,
+                        reg(p + "post_attention_layernorm.weight", {C}, InitConstant(1), false));
+    b.all = Ids({b.q_w, b.q_b, b.k_w, b.k_b, b.v_w, b.v_b, b.o_w, b.o_b, b.gate_w, b.up_w,
+                 b.down_w, b.norm1_w, b.norm2_w});
+    g->blocks_.push_back(std::move(b));
+  }
+  TZ_ASSIGN_OR_RETURN(g->lnf_w_, reg("model.norm.weight", {C}, InitConstant(1), false));
+  if (config.tie_embeddings) {
+    g->head_ = g->wte_;
+  } else {
+    TZ_ASSIGN_OR_RETURN(g->head_, reg("lm_head.weight", {V, C}, normal(0.02f), true));
+  }
   return g;
 }
 
@@ -173,128 +158,15 @@ Gpt::~Gpt() = default;
 
 double Gpt::flops_per_token() const {
   const double C = cfg_.d_model, L = cfg_.n_layer, V = cfg_.vocab, T = cfg_.seq_len;
-  const double matmul_params = L * 12 * C * C + V * C;
+  const double KV = static_cast<double>(cfg_.kv_heads()) * cfg_.head_dim(), F = cfg_.ffn();
+  // Products' parameters per block: q, k, v, o, and the MLP's two (GELU) or three (SwiGLU)
+  // matrices; then the LM head (the token embedding's lookup is not a product).
+  const double block = cfg_.arch == Arch::kGpt2 ? 4 * C * C + 2 * C * F
+                                                : 2 * C * C + 2 * C * KV + 3 * C * F;
+  const double matmul_params = L * block + V * C;
   // Attention scores and weighted sum: 2 x 2 x T x C per layer forward (causal: half of it).
   return 6 * matmul_params + 6 * L * T * C;
 }
-
-// A block's activations kept from forward for backward (rows = batch x seq): activations in
-// the backend's type, LayerNorm statistics in fp32, attention's state as the backend keeps it.
-struct Gpt::Saved {
-  ActivationBuffer x;  // block input (kept with checkpointing too)
-  ActivationBuffer ln1, mean1, rstd1, qkv, probs, att, x2, ln2, mean2, rstd2, h, gelu;
-};
-
-namespace {
-
-struct Dims {
-  int64_t B, T, C, H, rows;
-};
-
-// The activation `elems` elements into p.
-void* At(const Backend& k, void* p, int64_t elems) {
-  return static_cast<char*>(p) + k.spec().act_bytes(elems);
-}
-// GPT-2's attention: q, k, v interleaved in rows of 3C.
-AttnDims FusedAttn(const Backend&, const Dims& d, const void*) {
-  return {d.B, d.T, d.H, d.H, d.C / d.H, 3 * d.C, 3 * d.C, 3 * d.C};
-}
-
-// Forward of one block from s.x into y; fills the saved activations.
-template <typename Saved>
-Status BlockForward(Engine& e, Backend& k, const Dims& d, const std::vector<const void*>& P,
-                    Saved& s, void* y) {
-  const int64_t R = d.rows, C = d.C;
-  constexpr WeightLayout kW = WeightLayout::kInOut;  // GPT-2's Conv1D weights
-  TZ_ASSIGN_OR_RETURN(s.ln1, Acts(e, k, R * C));
-  TZ_ASSIGN_OR_RETURN(s.mean1, Floats(e, R));
-  TZ_ASSIGN_OR_RETURN(s.rstd1, Floats(e, R));
-  TZ_ASSIGN_OR_RETURN(s.qkv, Acts(e, k, R * 3 * C));
-  TZ_ASSIGN_OR_RETURN(s.probs,
-                      e.AllocateActivation(k.spec().attention_state_bytes(d.B, d.T, d.H, C / d.H)));
-  TZ_ASSIGN_OR_RETURN(s.att, Acts(e, k, R * C));
-  TZ_ASSIGN_OR_RETURN(s.x2, Acts(e, k, R * C));
-  TZ_ASSIGN_OR_RETURN(s.ln2, Acts(e, k, R * C));
-  TZ_ASSIGN_OR_RETURN(s.mean2, Floats(e, R));
-  TZ_ASSIGN_OR_RETURN(s.rstd2, Floats(e, R));
-  TZ_ASSIGN_OR_RETURN(s.h, Acts(e, k, R * 4 * C));
-  TZ_ASSIGN_OR_RETURN(s.gelu, Acts(e, k, R * 4 * C));
-  const void* x = s.x.data();
-  k.LayerNormForward(x, P[0], P[1], s.ln1.data(), s.mean1.template as<float>(),
-                     s.rstd1.template as<float>(), R, C);
-  k.LinearForward(s.ln1.data(), P[2], P[3], s.qkv.data(), R, C, 3 * C, kW);
-  const AttnDims ad = FusedAttn(k, d, s.qkv.data());
-  k.AttentionForward(s.qkv.data(), At(k, s.qkv.data(), C), At(k, s.qkv.data(), 2 * C), s.att.data(),
-                     s.probs.data(), ad);
-  {
-    TZ_ASSIGN_OR_RETURN(ActivationBuffer a, Acts(e, k, R * C));
-    k.LinearForward(s.att.data(), P[4], P[5], a.data(), R, C, C, kW);
-    k.Add(x, a.data(), s.x2.data(), R * C);
-  }
-  k.LayerNormForward(s.x2.data(), P[6], P[7], s.ln2.data(), s.mean2.template as<float>(),
-                     s.rstd2.template as<float>(), R, C);
-  k.LinearGeluForward(s.ln2.data(), P[8], P[9], s.h.data(), s.gelu.data(), R, C, 4 * C, kW);
-  {
-    TZ_ASSIGN_OR_RETURN(ActivationBuffer m, Acts(e, k, R * C));
-    k.LinearForward(s.gelu.data(), P[10], P[11], m.data(), R, 4 * C, C, kW);
-    k.Add(s.x2.data(), m.data(), y, R * C);
-  }
-  return Status::OK();
-}
-
-// Backward of one block: dy in, dx out (written), parameter gradients through G.
-template <typename Saved>
-Status BlockBackward(Engine& e, Backend& k, const Dims& d, const std::vector<const void*>& P,
-                     GradSink& G, Saved& s, const void* dy, void* dx) {
-  const int64_t R = d.rows, C = d.C;
-  constexpr WeightLayout kW = WeightLayout::kInOut;
-  TZ_ASSIGN_OR_RETURN(ActivationBuffer dx2, Acts(e, k, R * C));
-  k.Copy(dx2.data(), dy, k.spec().act_bytes(R * C));
-  {
-    TZ_ASSIGN_OR_RETURN(ActivationBuffer dg, Acts(e, k, R * 4 * C));
-    TZ_RETURN_IF_ERROR(G.Open(10, 11));
-    k.LinearBackwardGelu(dy, s.gelu.data(), P[10], s.h.data(), dg.data(), G[10], G[11], R, 4 * C,
-                         C, kW);
-    s.gelu.Reset();
-    TZ_RETURN_IF_ERROR(G.Close(10, 11));
-    s.h.Reset();
-    TZ_ASSIGN_OR_RETURN(ActivationBuffer dln2, Acts(e, k, R * C));
-    TZ_RETURN_IF_ERROR(G.Open(8, 9));
-    k.LinearBackward(dg.data(), s.ln2.data(), P[8], dln2.data(), G[8], G[9], R, C, 4 * C, kW);
-    dg.Reset();
-    TZ_RETURN_IF_ERROR(G.Close(8, 9));
-    TZ_ASSIGN_OR_RETURN(ActivationBuffer t, Acts(e, k, R * C));
-    TZ_RETURN_IF_ERROR(G.Open(6, 7));
-    k.LayerNormBackward(dln2.data(), s.x2.data(), P[6], s.mean2.template as<float>(),
-                        s.rstd2.template as<float>(), t.data(), G[6], G[7], R, C);
-    TZ_RETURN_IF_ERROR(G.Close(6, 7));
-    k.AddInPlace(dx2.data(), t.data(), R * C);
-  }
-  {
-    TZ_ASSIGN_OR_RETURN(ActivationBuffer datt, Acts(e, k, R * C));
-    TZ_RETURN_IF_ERROR(G.Open(4, 5));
-    k.LinearBackward(dx2.data(), s.att.data(), P[4], datt.data(), G[4], G[5], R, C, C, kW);
-    TZ_ASSIGN_OR_RETURN(ActivationBuffer dqkv, Acts(e, k, R * 3 * C));
-    k.AttentionBackward(datt.data(), s.qkv.data(), At(k, s.qkv.data(), C), At(k, s.qkv.data(), 2 * C),
-                        s.att.data(), s.probs.data(), dqkv.data(), At(k, dqkv.data(), C),
-                        At(k, dqkv.data(), 2 * C), FusedAttn(k, d, s.qkv.data()));
-    datt.Reset();
-    TZ_RETURN_IF_ERROR(G.Close(4, 5));
-    TZ_ASSIGN_OR_RETURN(ActivationBuffer dln1, Acts(e, k, R * C));
-    TZ_RETURN_IF_ERROR(G.Open(2, 3));
-    k.LinearBackward(dqkv.data(), s.ln1.data(), P[2], dln1.data(), G[2], G[3], R, C, 3 * C, kW);
-    dqkv.Reset();
-    TZ_RETURN_IF_ERROR(G.Close(2, 3));
-    TZ_RETURN_IF_ERROR(G.Open(0, 1));
-    k.LayerNormBackward(dln1.data(), s.x.data(), P[0], s.mean1.template as<float>(),
-                        s.rstd1.template as<float>(), dx, G[0], G[1], R, C);
-    TZ_RETURN_IF_ERROR(G.Close(0, 1));
-    k.AddInPlace(dx, dx2.data(), R * C);
-  }
-  return Status::OK();
-}
-
-}  // namespace
 
 StatusOr<double> Gpt::ForwardBackward(const Batch& batch) { return Run(batch, true, nullptr); }
 
@@ -323,11 +195,14 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
   const int64_t R = d.rows, C = d.C, V = cfg_.vocab, L = cfg_.n_layer;
   if (backend_ == nullptr) {
     // The engine knows its device after Finalize.
-    TZ_ASSIGN_OR_RETURN(BackendSpec spec, ChooseBackend(engine_, cfg_.activations, cfg_.d_model / cfg_.n_head));
+    TZ_ASSIGN_OR_RETURN(BackendSpec spec,
+                        ChooseBackend(engine_, cfg_.activations, cfg_.head_dim()));
     TZ_ASSIGN_OR_RETURN(backend_, Backend::Create(engine_, spec));
   }
   Backend& k = *backend_;
-  constexpr WeightLayout kHead = WeightLayout::kOutIn;  // the LM head: wte, vocab x width
+  constexpr WeightLayout kHead = WeightLayout::kOutIn;  // the LM head: vocab x width
+  const bool gpt2 = cfg_.arch == Arch::kGpt2;
+  const std::vector<ParamId> embeddings = Ids({wte_, wpe_}), head = Ids({lnf_w_, lnf_b_, head_});
   TZ_RETURN_IF_ERROR(engine_.BeginIteration(train));
   // On any error the iteration is aborted (its scopes are released first, by scope order): the
   // engine stays usable, the partial gradients are dropped, and the error is what the caller
@@ -345,44 +220,48 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
     TZ_RETURN_IF_ERROR(k.Upload(tokens.data(), batch.tokens.data(), rows * 4));
     TZ_RETURN_IF_ERROR(k.Upload(targets.data(), batch.targets.data(), rows * 4));
     TZ_RETURN_IF_ERROR(k.Upload(mask.data(), batch.mask.data(), rows * 4));
-    std::vector<Saved> saved(static_cast<size_t>(L) + 1);
+    std::vector<BlockActivations> saved(static_cast<size_t>(L) + 1);
     TZ_ASSIGN_OR_RETURN(saved[0].x, Acts(engine_, k, R * C));
     {
-      const std::vector<ParamId> ids = {wte_, wpe_};
-      TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kForward));
-      TZ_ASSIGN_OR_RETURN(Weights P, Prepare(engine_, k, scope, ids));
-      k.EmbeddingForward(tokens.as<int32_t>(), P.ptr[0], P.ptr[1], saved[0].x.data(), d.B, d.T, C);
+      TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(embeddings, Phase::kForward));
+      TZ_ASSIGN_OR_RETURN(Weights P, Prepare(engine_, k, scope, embeddings));
+      k.EmbeddingForward(tokens.as<int32_t>(), P(wte_), P(wpe_), saved[0].x.data(), d.B, d.T, C);
     }
     for (int64_t l = 0; l < L; ++l) {
-      const std::vector<ParamId> ids = blocks_[static_cast<size_t>(l)].all();
-      TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kForward));
-      TZ_ASSIGN_OR_RETURN(Weights P, Prepare(engine_, k, scope, ids));
-      Saved& s = saved[static_cast<size_t>(l)];
+      const BlockParams& bp = blocks_[static_cast<size_t>(l)];
+      TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(bp.all, Phase::kForward));
+      TZ_ASSIGN_OR_RETURN(Weights P, Prepare(engine_, k, scope, bp.all));
+      BlockActivations& s = saved[static_cast<size_t>(l)];
       TZ_ASSIGN_OR_RETURN(saved[static_cast<size_t>(l) + 1].x, Acts(engine_, k, R * C));
-      TZ_RETURN_IF_ERROR(
-          BlockForward(engine_, k, d, P.ptr, s, saved[static_cast<size_t>(l) + 1].x.data()));
+      TZ_RETURN_IF_ERROR(BlockForward(engine_, k, cfg_, d, bp, P, s,
+                                      saved[static_cast<size_t>(l) + 1].x.data()));
       if (cfg_.activation_checkpointing || !train) {
         ActivationBuffer keep = std::move(s.x);
-        s = Saved{};
+        s = BlockActivations{};
         if (train) s.x = std::move(keep);
       }
     }
-    // Final LayerNorm, LM head and loss; dlogits right away (forward moment).
+    // Final norm, LM head and loss; dlogits right away (forward moment).
     ActivationBuffer lnf, meanf, rstdf, dlogits;
     TZ_ASSIGN_OR_RETURN(lnf, Acts(engine_, k, R * C));
-    TZ_ASSIGN_OR_RETURN(meanf, Floats(engine_, R));
+    if (gpt2) {
+      TZ_ASSIGN_OR_RETURN(meanf, Floats(engine_, R));
+    }
     TZ_ASSIGN_OR_RETURN(rstdf, Floats(engine_, R));
     if (train) {
       TZ_ASSIGN_OR_RETURN(dlogits, Acts(engine_, k, R * V));
     }
     {
-      const std::vector<ParamId> ids = {lnf_w_, lnf_b_, wte_};
-      TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kForward));
-      TZ_ASSIGN_OR_RETURN(Weights P, Prepare(engine_, k, scope, ids));
-      k.LayerNormForward(saved[static_cast<size_t>(L)].x.data(), P.ptr[0], P.ptr[1], lnf.data(),
-                         meanf.as<float>(), rstdf.as<float>(), R, C);
+      TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(head, Phase::kForward));
+      TZ_ASSIGN_OR_RETURN(Weights P, Prepare(engine_, k, scope, head));
+      if (gpt2)
+        k.LayerNormForward(saved[static_cast<size_t>(L)].x.data(), P(lnf_w_), P(lnf_b_), lnf.data(),
+                           meanf.as<float>(), rstdf.as<float>(), R, C);
+      else
+        k.RmsNormForward(saved[static_cast<size_t>(L)].x.data(), P(lnf_w_), lnf.data(),
+                         rstdf.as<float>(), R, C, cfg_.norm_eps);
       TZ_ASSIGN_OR_RETURN(ActivationBuffer logits, Acts(engine_, k, R * V));
-      k.LinearForward(lnf.data(), P.ptr[2], nullptr, logits.data(), R, C, V, kHead);
+      k.LinearForward(lnf.data(), P(head_), nullptr, logits.data(), R, C, V, kHead);
       TZ_RETURN_IF_ERROR(k.CrossEntropy(logits.data(), targets.as<int32_t>(), mask.as<float>(),
                                         train ? dlogits.data() : nullptr, argmax.as<int32_t>(), R,
                                         V, engine_.loss_scale()));
@@ -400,45 +279,52 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
     ActivationBuffer dx;
     TZ_ASSIGN_OR_RETURN(dx, Acts(engine_, k, R * C));
     {
-      const std::vector<ParamId> ids = {lnf_w_, lnf_b_, wte_};
-      TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kBackward));
-      TZ_ASSIGN_OR_RETURN(Weights P, Prepare(engine_, k, scope, ids));
+      TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(head, Phase::kBackward));
+      TZ_ASSIGN_OR_RETURN(Weights P, Prepare(engine_, k, scope, head));
       std::vector<Grad> G;
-      for (ParamId p : ids) {
+      for (ParamId p : head) {
         TZ_ASSIGN_OR_RETURN(Grad g, Grad::Open(engine_, k, scope, p, /*add=*/false));
         G.push_back(std::move(g));
       }
+      const GradOut g_head = G.back().out(), g_norm = G[0].out();
       TZ_ASSIGN_OR_RETURN(ActivationBuffer dlnf, Acts(engine_, k, R * C));
-      k.LinearBackward(dlogits.data(), lnf.data(), P.ptr[2], dlnf.data(), G[2].out(), GradOut{}, R,
-                       C, V, kHead);
+      k.LinearBackward(dlogits.data(), lnf.data(), P(head_), dlnf.data(), g_head, GradOut{}, R, C,
+                       V, kHead);
       dlogits.Reset();
-      k.LayerNormBackward(dlnf.data(), saved[static_cast<size_t>(L)].x.data(), P.ptr[0],
-                          meanf.as<float>(), rstdf.as<float>(), dx.data(), G[0].out(), G[1].out(),
-                          R, C);
+      if (gpt2)
+        k.LayerNormBackward(dlnf.data(), saved[static_cast<size_t>(L)].x.data(), P(lnf_w_),
+                            meanf.as<float>(), rstdf.as<float>(), dx.data(), g_norm, G[1].out(),
+                            R, C);
+      else
+        k.RmsNormBackward(dlnf.data(), saved[static_cast<size_t>(L)].x.data(), P(lnf_w_),
+                          rstdf.as<float>(), dx.data(), g_norm, R, C);
       saved[static_cast<size_t>(L)].x.Reset();
       for (Grad& g : G) TZ_RETURN_IF_ERROR(g.Put(engine_, k));
     }
     for (int64_t l = L - 1; l >= 0; --l) {
-      const std::vector<ParamId> ids = blocks_[static_cast<size_t>(l)].all();
-      TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kBackward));
-      TZ_ASSIGN_OR_RETURN(Weights P, Prepare(engine_, k, scope, ids));
-      Saved& s = saved[static_cast<size_t>(l)];
+      const BlockParams& bp = blocks_[static_cast<size_t>(l)];
+      TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(bp.all, Phase::kBackward));
+      TZ_ASSIGN_OR_RETURN(Weights P, Prepare(engine_, k, scope, bp.all));
+      BlockActivations& s = saved[static_cast<size_t>(l)];
       if (cfg_.activation_checkpointing) {
         TZ_ASSIGN_OR_RETURN(ActivationBuffer y, Acts(engine_, k, R * C));
-        TZ_RETURN_IF_ERROR(BlockForward(engine_, k, d, P.ptr, s, y.data()));
+        TZ_RETURN_IF_ERROR(BlockForward(engine_, k, cfg_, d, bp, P, s, y.data()));
       }
-      GradSink G(engine_, k, scope, ids);
+      GradSink G(engine_, k, scope);
       TZ_ASSIGN_OR_RETURN(ActivationBuffer dx_in, Acts(engine_, k, R * C));
-      TZ_RETURN_IF_ERROR(BlockBackward(engine_, k, d, P.ptr, G, s, dx.data(), dx_in.data()));
-      s = Saved{};
+      TZ_RETURN_IF_ERROR(
+          BlockBackward(engine_, k, cfg_, d, bp, P, G, s, dx.data(), dx_in.data()));
+      s = BlockActivations{};
       dx = std::move(dx_in);
     }
     {
-      const std::vector<ParamId> ids = {wte_, wpe_};
-      TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(ids, Phase::kBackward));
-      // wte's second backward use (the LM head wrote first) adds.
-      TZ_ASSIGN_OR_RETURN(Grad gwte, Grad::Open(engine_, k, scope, wte_, /*add=*/true));
-      TZ_ASSIGN_OR_RETURN(Grad gwpe, Grad::Open(engine_, k, scope, wpe_, /*add=*/false));
+      TZ_ASSIGN_OR_RETURN(ParamScope scope, engine_.Acquire(embeddings, Phase::kBackward));
+      // A tied table's second backward use (the LM head wrote first) adds.
+      TZ_ASSIGN_OR_RETURN(Grad gwte, Grad::Open(engine_, k, scope, wte_, /*add=*/head_ == wte_));
+      Grad gwpe;
+      if (wpe_ >= 0) {
+        TZ_ASSIGN_OR_RETURN(gwpe, Grad::Open(engine_, k, scope, wpe_, /*add=*/false));
+      }
       k.EmbeddingBackward(tokens.as<int32_t>(), batch.tokens.data(), dx.data(), gwte.out(), V,
                           gwpe.out(), d.B, d.T, C);
       TZ_RETURN_IF_ERROR(gwte.Put(engine_, k));

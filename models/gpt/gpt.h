@@ -1,24 +1,31 @@
-// A GPT-2 model trained through tierzero's public API (include/tierzero/engine.h) only.
+// The transformer family trained through tierzero's public API (include/tierzero/engine.h)
+// only: GPT-2 and Llama as configurations of one model (GptConfig::arch and its switches).
 //
-// Architecture (GPT-2): token and learned position embeddings; pre-LayerNorm blocks (eps 1e-5)
-// of causal multi-head self-attention and a 4x-wide GELU (tanh) MLP, each added to the residual
-// stream; a final LayerNorm; the LM head tied to the token embedding. Initialisation: weights
-// N(0, 0.02), the residual output projections (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 L)),
-// biases 0, LayerNorm weight 1 and bias 0. Parameter names follow the Hugging Face GPT-2
-// checkpoints ("h.3.attn.c_attn.weight"; Conv1D layout, in x out).
+// GPT-2: token and learned position embeddings; pre-LayerNorm blocks (eps 1e-5) of causal
+// multi-head self-attention (one fused q/k/v projection) and a 4x-wide GELU (tanh) MLP, biases
+// everywhere, each added to the residual stream; a final LayerNorm; the LM head tied to the token
+// embedding. Parameter names follow Hugging Face's GPT-2 checkpoints without their
+// "transformer." prefix ("h.3.attn.c_attn.weight"; Conv1D layout, in x out).
 //
-// Compute. Parameters arrive in the engine's compute dtype (bf16 by default) and are widened to
-// fp32 for the kernels (gpt/backend.h: the CPU ops of gpt/ops.h on the simulated device, the
-// CUDA ops of gpt/ops_cuda.h on a GPU); gradients are computed in fp32 and rounded to the
-// compute dtype when written.
-// Activations are fp32 and allocated through the engine, so the plan sees them. With activation
-// checkpointing a block keeps only its input in forward and recomputes the rest in backward.
+// Llama (Llama 2/3, Mistral, Qwen 2 without biases): no position embeddings but rotary ones on
+// q and k (rope_theta; HF's rotate_half); pre-RMSNorm blocks (norm_eps) of grouped-query
+// attention (n_kv_head key/value heads; separate q, k, v, o projections, biases on them with
+// attention_bias) and a SwiGLU MLP (down(silu(gate(x)) up(x)), d_ff wide, no biases); a final
+// RMSNorm; an LM head of its own unless tie_embeddings. Names and layouts are HF's
+// LlamaForCausalLM's ("model.layers.3.self_attn.q_proj.weight", nn.Linear: out x in).
 //
-// Acquire order per micro-batch: {wte, wpe}, each block, {ln_f, wte} (forward), then
-// {ln_f, wte} (backward), each block in reverse, {wte, wpe} (backward): 2 L + 4 moments.
+// Initialisation: weights N(0, 0.02) (GPT-2's residual output projections N(0, 0.02 /
+// sqrt(2 L))), biases 0, norm weights 1.
 //
-// On a GPU every op is enqueued on the engine's compute stream; the CUDA path is checked op by
-// op against the CPU (tests/gpt/ops_cuda_test.cc, on a GPU).
+// Compute (gpt/backend.h, Note [Activation types]): parameters arrive in the engine's compute
+// dtype; activations are fp32 (the CPU's reference) or bf16 (a GPU's, and the CPU's test of it),
+// allocated through the engine, so the plan sees them. With activation checkpointing a block
+// keeps only its input in forward and recomputes the rest in backward.
+//
+// Acquire order per micro-batch: {embeddings}, each block, {final norm, head} (forward), then
+// {final norm, head} (backward), each block in reverse, {embeddings} (backward): 2 L + 4
+// moments. GPT-2's embeddings are {wte, wpe} and its head wte; Llama's {embed_tokens} and
+// lm_head (or embed_tokens when tied).
 //
 // Thread-safety: one thread drives a Gpt (the engine's).
 #pragma once
@@ -32,16 +39,41 @@
 
 namespace tierzero::gpt {
 
+// The architecture: its layout, its names and what the switches may say (ValidateGptConfig).
+enum class Arch : uint8_t { kGpt2, kLlama };
+// "gpt2", "llama".
+const char* ArchName(Arch a);
+
 struct GptConfig {
+  Arch arch = Arch::kGpt2;
   int vocab = 256;
-  int seq_len = 16;  // context length (position embeddings)
+  int seq_len = 16;  // context length (GPT-2: its position embeddings; Llama: the longest window)
   int d_model = 128;
   int n_layer = 4;
   int n_head = 4;
+  // Llama's switches (GPT-2 takes only their GPT-2 values: 0, 0, true, true, 1e-5).
+  int n_kv_head = 0;            // key/value heads, a divisor of n_head; 0: n_head
+  int d_ff = 0;                 // the MLP's width; 0: 4 d_model (GPT-2), 8/3 d_model to 32s (Llama)
+  bool tie_embeddings = true;   // the LM head is the token embedding
+  bool attention_bias = true;   // biases on q, k, v, o (GPT-2: every bias)
+  double rope_theta = 10000.0;  // Llama
+  double norm_eps = 1e-5;
   bool activation_checkpointing = false;
   Activations activations = Activations::kAuto;
   uint64_t seed = 1;  // initialisation
+
+  int head_dim() const { return d_model / n_head; }
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int ffn() const {
+    if (d_ff > 0) return d_ff;
+    return arch == Arch::kGpt2 ? 4 * d_model : (8 * d_model / 3 + 31) / 32 * 32;
+  }
 };
+
+// A Llama-shaped config: RMSNorm, rotary embeddings, SwiGLU, untied head, no biases (the rest as
+// `c`, n_kv_head and d_ff as given there).
+GptConfig AsLlama(GptConfig c);
+
 
 // InvalidArgument naming the field: every size >= 1, d_model divisible by n_head.
 Status ValidateGptConfig(const GptConfig& config);
@@ -52,6 +84,17 @@ struct Batch {
   int seq = 0;
   std::vector<int32_t> tokens, targets;
   std::vector<float> mask;
+};
+
+// A block's parameters; -1 where the architecture has none. `all` in registration order.
+struct BlockParams {
+  ParamId norm1_w = -1, norm1_b = -1, norm2_w = -1, norm2_b = -1;
+  ParamId qkv_w = -1, qkv_b = -1;  // GPT-2's fused projection
+  ParamId q_w = -1, q_b = -1, k_w = -1, k_b = -1, v_w = -1, v_b = -1;
+  ParamId o_w = -1, o_b = -1;
+  ParamId fc_w = -1, fc_b = -1, proj_w = -1, proj_b = -1;  // GPT-2's MLP
+  ParamId gate_w = -1, up_w = -1, down_w = -1;             // SwiGLU
+  std::vector<ParamId> all;
 };
 
 class Backend;
@@ -82,21 +125,15 @@ class Gpt {
   double flops_per_token() const;
 
  private:
-  struct Block {
-    ParamId ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fc2_w, fc2_b;
-    std::vector<ParamId> all() const {
-      return {ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fc2_w, fc2_b};
-    }
-  };
-  struct Saved;
   Gpt(Engine& engine, const GptConfig& config);
   StatusOr<double> Run(const Batch& batch, bool train, std::vector<int32_t>* predictions);
 
   Engine& engine_;
   GptConfig cfg_;
   std::unique_ptr<Backend> backend_;
-  ParamId wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
-  std::vector<Block> blocks_;
+  // wte_: the token embedding; wpe_: GPT-2's positions; head_: the LM head (wte_ when tied).
+  ParamId wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;
+  std::vector<BlockParams> blocks_;
   int64_t num_params_ = 0;
 };
 

@@ -46,12 +46,15 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
   if (batch < 1) return InvalidArgumentError("a trace needs a batch of at least one row");
   const uint64_t B = static_cast<uint64_t>(batch), T = static_cast<uint64_t>(cfg_.seq_len),
                  C = static_cast<uint64_t>(cfg_.d_model), H = static_cast<uint64_t>(cfg_.n_head),
-                 V = static_cast<uint64_t>(cfg_.vocab);
+                 V = static_cast<uint64_t>(cfg_.vocab), F = static_cast<uint64_t>(cfg_.ffn()),
+                 KV = static_cast<uint64_t>(cfg_.kv_heads()) * static_cast<uint64_t>(cfg_.head_dim());
   const uint64_t R = B * T;
+  const bool gpt2 = cfg_.arch == Arch::kGpt2;
   // The backend Run will use (Note [Activation types] in gpt/backend.h) sets the bytes: a(n)
   // activations, f(n) fp32 values, w(n) widened weights (none when the ops read the chunks'
   // copies), g(n) gradient buffers (none when the ops add into the engine's).
-  TZ_ASSIGN_OR_RETURN(const BackendSpec spec, ChooseBackend(engine_, cfg_.activations, cfg_.d_model / cfg_.n_head));
+  TZ_ASSIGN_OR_RETURN(const BackendSpec spec,
+                      ChooseBackend(engine_, cfg_.activations, cfg_.head_dim()));
   const uint64_t attn_state =
       spec.attention_state_bytes(static_cast<int64_t>(B), static_cast<int64_t>(T),
                                  static_cast<int64_t>(H), static_cast<int64_t>(C / H));
@@ -69,45 +72,59 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
     for (ParamId p : ids) n += static_cast<uint64_t>(engine_.numel(p));
     return n;
   };
-  const std::vector<ParamId> block0 = blocks_.empty() ? std::vector<ParamId>{} : blocks_[0].all();
-  const uint64_t block_numel = numel(block0);
-  const double dR = static_cast<double>(R), dC = static_cast<double>(C);
-  // A block's forward: four matmuls (2 R C (3C + C + 4C + 4C)) and attention (4 B T^2 C), and
-  // the bytes its kernels touch (about every activation written once and read once).
-  const double block_fwd_flops = 24 * dR * dC * dC + 4.0 * static_cast<double>(B * T * T * C);
-  const double block_fwd_bytes = 2.0 * static_cast<double>(a(16 * R * C) + attn_state);
-  Ledger L;
-  // A block's forward allocations (BlockForward).
-  auto block_forward = [&]() {
-    // ln1, mean1, rstd1, qkv, probs, att, x2, ln2, mean2, rstd2, h, gelu; then two temporaries.
-    for (uint64_t b : {a(R * C), f(R), f(R), a(R * 3 * C), attn_state, a(R * C), a(R * C),
-                       a(R * C), f(R), f(R), a(R * 4 * C), a(R * 4 * C)})
-      L.Alloc(b);
-    L.Alloc(a(R * C));
-    L.Free(a(R * C));
-    L.Alloc(a(R * C));
-    L.Free(a(R * C));
+  auto ids_of = [](std::initializer_list<ParamId> l) {
+    std::vector<ParamId> v;
+    for (ParamId p : l)
+      if (p >= 0) v.push_back(p);
+    return v;
   };
-  const uint64_t saved_bytes = a(R * C) * 4 + f(R) * 4 + a(R * 3 * C) + attn_state +
-                               a(R * 4 * C) * 2;  // what `s = Saved{}` frees besides x
-  // Gradients opened a pair at a time (GradSink): parameters i and j of a block.
-  auto grad_pair = [&](size_t i, size_t j) {
-    return g(static_cast<uint64_t>(engine_.numel(block0[i]))) +
-           g(static_cast<uint64_t>(engine_.numel(block0[j])));
+  const BlockParams none;
+  const BlockParams& b0 = blocks_.empty() ? none : blocks_[0];
+  const uint64_t block_numel = numel(b0.all);
+  // Gradient buffers of parameters p and q of a block (-1: none), as GradSink opens them.
+  auto gp = [&](ParamId p, ParamId q = -1) {
+    uint64_t n = 0;
+    for (ParamId x : {p, q})
+      if (x >= 0) n += g(static_cast<uint64_t>(engine_.numel(x)));
+    return n;
+  };
+  const double dR = static_cast<double>(R), dC = static_cast<double>(C),
+               dF = static_cast<double>(F), dKV = static_cast<double>(KV);
+  // A block's forward: its products (2 R x their parameters) and attention (4 B T^2 C), and the
+  // bytes its kernels touch (about every activation written once and read once).
+  const double block_matmul = gpt2 ? 4 * dC * dC + 2 * dC * dF : 2 * dC * dC + 2 * dC * dKV + 3 * dC * dF;
+  const double block_fwd_flops = 2 * dR * block_matmul + 4.0 * static_cast<double>(B * T * T * C);
+  const double block_fwd_bytes =
+      2.0 * static_cast<double>(a(8 * R * C + 3 * R * F) + attn_state);
+  Ledger L;
+  // What a block saves (BlockForward's allocations in order), and its two temporaries.
+  const std::vector<uint64_t> saved_list =
+      gpt2 ? std::vector<uint64_t>{a(R * C), f(R), f(R), a(R * 3 * C), attn_state, a(R * C),
+                                   a(R * C), a(R * C), f(R), f(R), a(R * F), a(R * F)}
+           : std::vector<uint64_t>{a(R * C), f(R), a(R * C), a(R * KV), a(R * KV), attn_state,
+                                   a(R * C), a(R * C), a(R * C), f(R), a(R * F), a(R * F),
+                                   a(R * F)};
+  uint64_t saved_bytes = 0;  // what `s = BlockActivations{}` frees besides x
+  for (uint64_t b : saved_list) saved_bytes += b;
+  auto block_forward = [&]() {
+    for (uint64_t b : saved_list) L.Alloc(b);
+    L.Alloc(a(R * C));
+    L.Free(a(R * C));
+    L.Alloc(a(R * C));
+    L.Free(a(R * C));
   };
   // The batch: tokens, targets, mask.
   for (int i = 0; i < 3; ++i) L.Alloc(4 * R);
   L.Alloc(a(R * C));  // saved[0].x
+  const std::vector<ParamId> embeddings = ids_of({wte_, wpe_});
   {
-    const std::vector<ParamId> ids = {wte_, wpe_};
-    L.Begin(ids, false);
-    L.Alloc(w(numel(ids)));
-    L.Work(0, static_cast<double>(w(numel(ids)) + a(R * C)));
-    L.Free(w(numel(ids)));
+    L.Begin(embeddings, false);
+    L.Alloc(w(numel(embeddings)));
+    L.Work(0, static_cast<double>(w(numel(embeddings)) + a(R * C)));
+    L.Free(w(numel(embeddings)));
   }
   for (size_t l = 0; l < blocks_.size(); ++l) {
-    const std::vector<ParamId> ids = blocks_[l].all();
-    L.Begin(ids, false);
+    L.Begin(blocks_[l].all, false);
     L.Alloc(w(block_numel));
     L.Alloc(a(R * C));  // saved[l + 1].x
     block_forward();
@@ -115,9 +132,12 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
     if (ckpt) L.Free(saved_bytes);  // keeps only the block's input
     L.Free(w(block_numel));
   }
-  // Final LayerNorm, LM head and loss: lnf, meanf, rstdf, dlogits; then the head's moment.
-  for (uint64_t b : {a(R * C), f(R), f(R), a(R * V)}) L.Alloc(b);
-  const std::vector<ParamId> head = {lnf_w_, lnf_b_, wte_};
+  // Final norm, LM head and loss: lnf, (meanf,) rstdf, dlogits; then the head's moment.
+  L.Alloc(a(R * C));
+  if (gpt2) L.Alloc(f(R));
+  L.Alloc(f(R));
+  L.Alloc(a(R * V));
+  const std::vector<ParamId> head = ids_of({lnf_w_, lnf_b_, head_});
   {
     L.Begin(head, false);
     L.Alloc(w(numel(head)));
@@ -137,9 +157,12 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
     L.Free(a(R * C));  // the last block's output
     L.Free(a(R * C) + w(numel(head)) + g(numel(head)));
   }
+  // The saved activations the backward frees as it goes (so not at its end): GPT-2's GELU
+  // input and output, Llama's gate, up and product.
+  const uint64_t mlp_saved = gpt2 ? 2 * a(R * F) : 3 * a(R * F);
   for (size_t l = blocks_.size(); l-- > 0;) {
-    const std::vector<ParamId> ids = blocks_[l].all();
-    L.Begin(ids, true);
+    const BlockParams& bp = blocks_[l];
+    L.Begin(bp.all, true);
     L.Alloc(w(block_numel));
     if (ckpt) {
       L.Alloc(a(R * C));  // y
@@ -149,46 +172,85 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
     }
     L.Alloc(a(R * C));  // dx_in
     // BlockBackward.
-    L.Alloc(a(R * C));      // dx2
-    L.Alloc(a(R * 4 * C));  // dg
-    L.Alloc(grad_pair(10, 11));
-    L.Free(a(R * 4 * C));  // gelu
-    L.Free(grad_pair(10, 11));
-    L.Free(a(R * 4 * C));  // h
-    L.Alloc(a(R * C));     // dln2
-    L.Alloc(grad_pair(8, 9));
-    L.Free(a(R * 4 * C));  // dg
-    L.Free(grad_pair(8, 9));
+    L.Alloc(a(R * C));  // dx2
+    if (gpt2) {
+      L.Alloc(a(R * F));  // dg
+      L.Alloc(gp(bp.proj_w, bp.proj_b));
+      L.Free(a(R * F));  // GELU's output
+      L.Free(gp(bp.proj_w, bp.proj_b));
+      L.Free(a(R * F));   // GELU's input
+      L.Alloc(a(R * C));  // dn2
+      L.Alloc(gp(bp.fc_w, bp.fc_b));
+      L.Free(a(R * F));  // dg
+      L.Free(gp(bp.fc_w, bp.fc_b));
+    } else {
+      L.Alloc(a(R * F));  // dglu
+      L.Alloc(gp(bp.down_w));
+      L.Free(a(R * F));  // glu
+      L.Free(gp(bp.down_w));
+      L.Alloc(a(R * F));      // du
+      L.Free(2 * a(R * F));   // gate, up
+      L.Alloc(a(R * C));      // dn2
+      L.Alloc(gp(bp.gate_w));
+      L.Free(gp(bp.gate_w));
+      L.Free(a(R * F));  // dglu
+      L.Alloc(a(R * C));  // tmp
+      L.Alloc(gp(bp.up_w));
+      L.Free(gp(bp.up_w));
+      L.Free(a(R * F));  // du
+      L.Free(a(R * C));  // tmp
+    }
     L.Alloc(a(R * C));  // t
-    L.Alloc(grad_pair(6, 7));
-    L.Free(grad_pair(6, 7));
-    L.Free(2 * a(R * C));  // t, dln2
+    L.Alloc(gp(bp.norm2_w, bp.norm2_b));
+    L.Free(gp(bp.norm2_w, bp.norm2_b));
+    L.Free(2 * a(R * C));  // t, dn2
     L.Alloc(a(R * C));     // datt
-    L.Alloc(grad_pair(4, 5));
-    L.Alloc(a(R * 3 * C));  // dqkv
-    L.Free(a(R * C));       // datt
-    L.Free(grad_pair(4, 5));
-    L.Alloc(a(R * C));  // dln1
-    L.Alloc(grad_pair(2, 3));
-    L.Free(a(R * 3 * C));  // dqkv
-    L.Free(grad_pair(2, 3));
-    L.Alloc(grad_pair(0, 1));
-    L.Free(grad_pair(0, 1));
-    L.Free(a(R * C));  // dln1
+    L.Alloc(gp(bp.o_w, bp.o_b));
+    if (gpt2) {
+      L.Alloc(a(R * 3 * C));  // dqkv
+    } else {
+      L.Alloc(a(R * C));  // dq
+      L.Alloc(a(R * KV));  // dk
+      L.Alloc(a(R * KV));  // dv
+    }
+    L.Free(a(R * C));  // datt
+    L.Free(gp(bp.o_w, bp.o_b));
+    L.Alloc(a(R * C));  // dn1
+    if (gpt2) {
+      L.Alloc(gp(bp.qkv_w, bp.qkv_b));
+      L.Free(a(R * 3 * C));  // dqkv
+      L.Free(gp(bp.qkv_w, bp.qkv_b));
+    } else {
+      L.Alloc(gp(bp.q_w, bp.q_b));
+      L.Free(gp(bp.q_w, bp.q_b));
+      L.Free(a(R * C));  // dq
+      L.Alloc(a(R * C));  // tmp
+      L.Alloc(gp(bp.k_w, bp.k_b));
+      L.Free(gp(bp.k_w, bp.k_b));
+      L.Free(a(R * KV));  // dk
+      L.Alloc(gp(bp.v_w, bp.v_b));
+      L.Free(gp(bp.v_w, bp.v_b));
+      L.Free(a(R * KV));  // dv
+      L.Free(a(R * C));   // tmp
+    }
+    L.Alloc(gp(bp.norm1_w, bp.norm1_b));
+    L.Free(gp(bp.norm1_w, bp.norm1_b));
+    L.Free(a(R * C));  // dn1
     L.Free(a(R * C));  // dx2
     L.Work(2 * block_fwd_flops, 2 * block_fwd_bytes);
-    // The block's saved activations but h and gelu (freed above), its input, the old dx, then
+    // The block's saved activations but the MLP's (freed above), its input, the old dx, then
     // the widened weights.
-    L.Free(saved_bytes - 2 * a(R * 4 * C) + a(R * C));
+    L.Free(saved_bytes - mlp_saved + a(R * C));
     L.Free(a(R * C));
     L.Free(w(block_numel));
   }
   {
-    const std::vector<ParamId> ids = {wte_, wpe_};
-    L.Begin(ids, true);
-    L.Alloc(g(numel(ids)));  // gradients
-    L.Work(0, 3.0 * static_cast<double>(4 * numel(ids)));
-    L.Free(g(numel(ids)));
+    L.Begin(embeddings, true);
+    const uint64_t grads = g(static_cast<uint64_t>(engine_.numel(wte_))) +
+                           (wpe_ >= 0 ? g(static_cast<uint64_t>(engine_.numel(wpe_))) : 0);
+    L.Alloc(grads);  // gradients
+    L.Work(0, 3.0 * static_cast<double>(4 * numel(embeddings)));
+    L.Free(grads);
   }
   WarmupTrace t;
   for (int p = 0; p < engine_.num_params(); ++p) {

@@ -243,8 +243,12 @@ struct Pass {
   uint64_t activation_peak = 0;
 };
 
-Pass RunModel(DType compute, Activations acts, bool checkpointing) {
+Pass RunModel(DType compute, Activations acts, bool checkpointing, Arch arch = Arch::kGpt2) {
   GptConfig mc;
+  if (arch == Arch::kLlama) {
+    mc = AsLlama(mc);
+    mc.n_kv_head = 2;
+  }
   mc.vocab = 29;
   mc.seq_len = 12;
   mc.d_model = 32;
@@ -299,11 +303,13 @@ double RelativeError(const std::vector<float>& got, const std::vector<float>& wa
 }
 
 TEST(GptBf16Activations, WithinBf16RoundingOfTheFp32Reference) {
+  for (Arch arch : {Arch::kGpt2, Arch::kLlama})
   for (DType compute : {DType::kF32, DType::kBF16}) {
     for (bool ckpt : {false, true}) {
-      const std::string c = std::string(DTypeName(compute)) + (ckpt ? " checkpointed" : "");
-      const Pass ref = RunModel(compute, Activations::kF32, ckpt);
-      const Pass got = RunModel(compute, Activations::kBF16, ckpt);
+      const std::string c = std::string(ArchName(arch)) + " " + std::string(DTypeName(compute)) +
+                            (ckpt ? " checkpointed" : "");
+      const Pass ref = RunModel(compute, Activations::kF32, ckpt, arch);
+      const Pass got = RunModel(compute, Activations::kBF16, ckpt, arch);
       ASSERT_EQ(got.grads.size(), ref.grads.size());
       // Not the reference itself: the activations really were rounded.
       EXPECT_NE(got.loss, ref.loss) << c;

@@ -18,7 +18,7 @@ namespace tierzero::gpt {
 using Params = std::map<std::string, std::vector<double>>;
 
 // Writes random weights into every parameter of a finalized engine (normal, sd 0.4, and 1 more for
-// LayerNorm parameters: larger than the 0.02 init, so every path carries signal) and returns them
+// norm parameters: larger than the 0.02 init, so every path carries signal) and returns them
 // as the reference's Params. Empty on a failed write.
 inline Params RandomParams(Engine& engine, uint64_t seed) {
   Params params;
@@ -28,7 +28,10 @@ inline Params RandomParams(Engine& engine, uint64_t seed) {
     std::vector<float> v(static_cast<size_t>(engine.numel(p)));
     for (float& x : v)
       x = static_cast<float>(nd(rng)) +
-          (engine.param(p).name.find("ln") != std::string::npos ? 1.0f : 0.0f);
+          (engine.param(p).name.find("ln") != std::string::npos ||
+                   engine.param(p).name.find("norm") != std::string::npos
+               ? 1.0f
+               : 0.0f);
     if (!engine.WriteParam(p, v).ok()) return {};
     params[engine.param(p).name] = std::vector<double>(v.begin(), v.end());
   }

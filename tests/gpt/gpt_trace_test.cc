@@ -27,8 +27,8 @@ Batch RandomBatch(int B, int T, int V, uint64_t seed) {
   return b;
 }
 
-// Activation checkpointing, the compute dtype, the activations' type.
-using TraceCase = std::tuple<bool, DType, Activations>;
+// Activation checkpointing, the compute dtype, the activations' type, the architecture.
+using TraceCase = std::tuple<bool, DType, Activations, Arch>;
 class GptTraceTest : public ::testing::TestWithParam<TraceCase> {};
 
 TEST_P(GptTraceTest, DerivedTraceEqualsRecordedTrace) {
@@ -38,6 +38,12 @@ TEST_P(GptTraceTest, DerivedTraceEqualsRecordedTrace) {
   mc.d_model = 24;
   mc.n_head = 3;
   mc.n_layer = 3;
+  if (std::get<3>(GetParam()) == Arch::kLlama) {
+    mc = AsLlama(mc);
+    mc.n_head = 4;  // heads 6 wide: rotary pairs
+    mc.n_kv_head = 2;
+    mc.d_ff = 40;
+  }
   mc.activation_checkpointing = std::get<0>(GetParam());
   mc.activations = std::get<2>(GetParam());
   EngineConfig ec;
@@ -77,9 +83,11 @@ TEST_P(GptTraceTest, DerivedTraceEqualsRecordedTrace) {
 INSTANTIATE_TEST_SUITE_P(
     Cases, GptTraceTest,
     ::testing::Combine(::testing::Bool(), ::testing::Values(DType::kF32, DType::kBF16),
-                       ::testing::Values(Activations::kF32, Activations::kBF16)),
+                       ::testing::Values(Activations::kF32, Activations::kBF16),
+                       ::testing::Values(Arch::kGpt2, Arch::kLlama)),
     [](const auto& info) {
-      return std::string(std::get<0>(info.param) ? "Checkpointed" : "Kept") + "_" +
+      return std::string(ArchName(std::get<3>(info.param))) + "_" +
+             std::string(std::get<0>(info.param) ? "Checkpointed" : "Kept") + "_" +
              std::string(DTypeName(std::get<1>(info.param))) + "Params_" +
              ActivationsName(std::get<2>(info.param)) + "Activations";
     });
