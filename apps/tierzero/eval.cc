@@ -42,7 +42,7 @@ its own, window i starting at its token i x T, a partial last window dropped).
   --seq-len T            tokens scored per window (default: the model's context, model.seq_len)
   --batch-size N         windows per forward pass (default: the config's train.batch_size)
   --config FILE, --dtype, --device, --device-budget, --host-budget, --nvme-budget, --nvme-path,
-  --layers, --width, --heads, --vocab, --activations: as for `tierzero train`
+  --layers, --width, --heads, --vocab, --activations, --arch, --kv-heads: as for `tierzero train`
 )";
 
 int EvalFail(const Status& s) {
@@ -71,8 +71,9 @@ Status RunEval(const RunConfig& cfg, int window, const std::string& nvme_dir) {
   TZ_RETURN_IF_ERROR(engine->Finalize());
   if (!out.init_from.empty()) TZ_RETURN_IF_ERROR(engine->LoadSafetensors(out.init_from));
   if (!out.resume.empty()) TZ_RETURN_IF_ERROR(engine->LoadCheckpoint(out.resume).status());
-  std::printf("tierzero eval: GPT %d layers x %d wide, %lld parameters, from %s\n",
-              cfg.model.n_layer, cfg.model.d_model, static_cast<long long>(model->num_params()),
+  std::printf("tierzero eval: %s %d layers x %d wide, %lld parameters, from %s\n",
+              gpt::ModelName(cfg.model), cfg.model.n_layer, cfg.model.d_model,
+              static_cast<long long>(model->num_params()),
               (out.resume.empty() ? out.init_from : out.resume).c_str());
   std::printf("  data: %s; %llu windows of %d + 1 tokens\n", shards->Describe().c_str(),
               static_cast<unsigned long long>(windows), window);

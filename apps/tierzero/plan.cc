@@ -618,8 +618,9 @@ int Plan(const std::vector<std::string>& args) {
   auto p = pl.Run(*cfg, pa->ranks);
   if (!p.ok()) return Fail(p.status());
   if (pa->trace_path.empty()) {
-    std::printf("tierzero plan: GPT %d layers x %d wide, batch %d x %d tokens, %s compute\n",
-                cfg->model.n_layer, cfg->model.d_model, cfg->train.batch_size, cfg->model.seq_len,
+    std::printf("tierzero plan: %s %d layers x %d wide, batch %d x %d tokens, %s compute\n",
+                gpt::ModelName(cfg->model), cfg->model.n_layer, cfg->model.d_model,
+                cfg->train.batch_size, cfg->model.seq_len,
                 std::string(DTypeName(cfg->engine.compute_dtype)).c_str());
   } else {
     std::printf("tierzero plan: %zu parameters, %zu moments from %s\n", file_trace.params.size(),

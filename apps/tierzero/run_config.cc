@@ -231,6 +231,27 @@ Field OptimizerField(const std::string& name, OptimizerPlacement* p, double* fra
           }};
 }
 
+// model.arch: "llama" also sets Llama's defaults (untied head, no biases), "gpt2" GPT-2's; the
+// fields after it in the config (their names sort after "arch") or later flags override them.
+Field ArchField(const std::string& name, gpt::GptConfig* m) {
+  return {[=](const json& v) -> Status {
+            const std::string s = v.is_string() ? v.get<std::string>() : "";
+            if (s == "llama") {
+              *m = gpt::AsLlama(*m);
+              return Status::OK();
+            }
+            if (s == "gpt2") {
+              m->arch = gpt::Arch::kGpt2;
+              m->tie_embeddings = m->attention_bias = true;
+              m->n_kv_head = m->d_ff = 0;
+              m->norm_eps = 1e-5;
+              return Status::OK();
+            }
+            return Bad(name, v, "\"gpt2\" or \"llama\"");
+          },
+          [=] { return json(gpt::ArchName(m->arch)); }};
+}
+
 Field ActivationsField(const std::string& name, gpt::Activations* p) {
   return {[=](const json& v) -> Status {
             const std::string s = v.is_string() ? v.get<std::string>() : "";
@@ -277,6 +298,13 @@ std::map<std::string, Section> Fields(RunConfig& c) {
       {"activation_checkpointing",
        BoolField("model.activation_checkpointing", &c.model.activation_checkpointing)},
       {"activations", ActivationsField("model.activations", &c.model.activations)},
+      {"arch", ArchField("model.arch", &c.model)},
+      {"n_kv_head", IntField("model.n_kv_head", &c.model.n_kv_head, 0, 65536)},
+      {"d_ff", IntField("model.d_ff", &c.model.d_ff, 0, 1 << 20)},
+      {"tie_embeddings", BoolField("model.tie_embeddings", &c.model.tie_embeddings)},
+      {"attention_bias", BoolField("model.attention_bias", &c.model.attention_bias)},
+      {"rope_theta", DoubleField("model.rope_theta", &c.model.rope_theta, 1, "a number > 1")},
+      {"norm_eps", DoubleField("model.norm_eps", &c.model.norm_eps, 0, "a number in (0, 1]")},
       {"seed", U64Field("model.seed", &c.model.seed)},
   };
   s["data"] = {
@@ -477,6 +505,8 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
       {"--width", "model.d_model"},
       {"--heads", "model.n_head"},
       {"--activations", "model.activations"},
+      {"--arch", "model.arch"},
+      {"--kv-heads", "model.n_kv_head"},
   };
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];

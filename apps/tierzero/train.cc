@@ -140,7 +140,8 @@ Status CheckSameModelJson(const json& user, const RunConfig& cfg, const std::str
   if (!user.is_object() || !user.contains("model") || !user["model"].is_object())
     return Status::OK();
   static const std::map<std::string, std::string> kFlag = {
-      {"n_layer", " (--layers)"}, {"d_model", " (--width)"}, {"n_head", " (--heads)"}};
+      {"n_layer", " (--layers)"}, {"d_model", " (--width)"}, {"n_head", " (--heads)"},
+      {"arch", " (--arch)"},       {"n_kv_head", " (--kv-heads)"}};
   const json now = ModelJson(cfg);
   for (const auto& [key, then] : user["model"].items()) {
     // How the model computes may change at a resume; what it is may not.
@@ -182,6 +183,7 @@ override the config:
   --device-budget SIZE   --host-budget SIZE            --nvme-budget SIZE   --nvme-path DIR
   --grad-accumulation N  --layers N  --width N  --heads N  --checkpoint-activations
   --activations auto|fp32|bf16   the type activations are stored in (model.activations)
+  --arch gpt2|llama      the architecture (model.arch; docs/models.md)   --kv-heads N
   --text FILE            train on a UTF-8 text file (byte-level) instead of addition
   --data PATH            train on token files: llm.c shards or raw uint16 .bin (a file or a
                          glob of shards; set model.vocab to the tokenizer's, docs/data.md)
@@ -377,8 +379,9 @@ Status TrainRun::WriteMetrics(const json& line) {
 
 void TrainRun::PrintHeader(double init_s) const {
   const double states = static_cast<double>(model_->num_params()) * 16;
-  std::printf("tierzero train: GPT %d layers x %d wide, %lld parameters (%s MiB of model states)\n",
-              cfg_.model.n_layer, cfg_.model.d_model, static_cast<long long>(model_->num_params()),
+  std::printf("tierzero train: %s %d layers x %d wide, %lld parameters (%s MiB of model states)\n",
+              gpt::ModelName(cfg_.model), cfg_.model.n_layer, cfg_.model.d_model,
+              static_cast<long long>(model_->num_params()),
               Mib(static_cast<uint64_t>(states)).c_str());
   std::printf("  data: %s\n", dataset_->Describe().c_str());
   std::printf("  budgets: device %s MiB, host %s MiB, NVMe %s MiB under %s; %s compute\n",

@@ -22,6 +22,11 @@ std::vector<ParamId> Ids(std::initializer_list<ParamId> ids) {
 
 const char* ArchName(Arch a) { return a == Arch::kGpt2 ? "gpt2" : "llama"; }
 
+const char* ModelName(const GptConfig& c) {
+  if (c.arch == Arch::kGpt2) return "GPT-2";
+  return c.kv_heads() < c.n_head ? "Llama (grouped-query)" : "Llama";
+}
+
 GptConfig AsLlama(GptConfig c) {
   c.arch = Arch::kLlama;
   c.tie_embeddings = false;

@@ -70,6 +70,9 @@ struct GptConfig {
   }
 };
 
+// "GPT-2" or "Llama" (with its key/value heads when grouped: "Llama (GQA 8 of 32 heads)").
+const char* ModelName(const GptConfig& c);
+
 // A Llama-shaped config: RMSNorm, rotary embeddings, SwiGLU, untied head, no biases (the rest as
 // `c`, n_kv_head and d_ff as given there).
 GptConfig AsLlama(GptConfig c);

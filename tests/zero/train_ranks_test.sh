@@ -16,6 +16,7 @@
 #      of groups resident on the device and streamed to it, and every group that can stream
 #      streamed, give the same losses bit for bit (fp32 and bf16), and the report shows each
 #      assignment.
+#   7. The Llama family: 2 ranks match 1 rank x accumulation 2 within 1e-5 relative.
 #   5. A failing rank: a 2-rank checkpoint with rank 1's states file corrupted; resuming on 2 ranks
 #      exits non-zero within 60 s, with rank 1's message (checksum mismatch), not a hang.
 # Usage: train_ranks_test.sh TIERZERO MPIEXEC
@@ -80,6 +81,11 @@ cmp c4.safetensors x1.safetensors ||
   { echo "FAIL: 4 -> 2 -> 1 resharding changed the weights"; exit 1; }
 echo "4 -> 2 -> 1 resharding round trip: exports identical ($(stat -c %s c4.safetensors) bytes)"
 
+# The Llama family (grouped-query attention, untied head) on 2 ranks against 1 rank x 2.
+llama=(--arch llama --kv-heads 1 --layers 2 --width 64 --heads 2)
+run 1 2 l1 10 "${llama[@]}"
+run 2 1 l2 10 "${llama[@]}"
+
 python3 - <<'EOF'
 import json, struct, sys
 
@@ -98,6 +104,7 @@ def check(name, got, ref, tol=1e-5):
 ref = losses("r1/metrics.jsonl")
 assert len(ref) == 20, ref
 check("2 ranks", losses("r2/metrics.jsonl"), ref)
+check("Llama, 2 ranks", losses("l2/metrics.jsonl"), losses("l1/metrics.jsonl"))
 check("2 ranks, host collectives", losses("h2/metrics.jsonl"), ref)
 check("4 ranks", losses("r4/metrics.jsonl"), ref)
 chain = {}
