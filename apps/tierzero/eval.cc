@@ -37,7 +37,8 @@ its own, window i starting at its token i x T, a partial last window dropped).
 
   --resume DIR           a checkpoint; its model comes from DIR/../config.json (the run's) unless
                          --config gives another
-  --init-from FILE       a safetensors file of the model --config (and flags) describe
+  --init-from FILE|DIR   a safetensors file of the model --config (and flags) describe, or a
+                         Hugging Face model directory (config.json and safetensors; docs/models.md)
   --data PATH            the token files
   --seq-len T            tokens scored per window (default: the model's context, model.seq_len)
   --batch-size N         windows per forward pass (default: the config's train.batch_size)
@@ -69,12 +70,15 @@ Status RunEval(const RunConfig& cfg, int window, const std::string& nvme_dir) {
   TZ_ASSIGN_OR_RETURN(auto engine, Engine::Create(ec));
   TZ_ASSIGN_OR_RETURN(auto model, gpt::Gpt::Create(*engine, cfg.model));
   TZ_RETURN_IF_ERROR(engine->Finalize());
-  if (!out.init_from.empty()) TZ_RETURN_IF_ERROR(engine->LoadSafetensors(out.init_from));
+  std::string init_note;
+  if (!out.init_from.empty()) {
+    TZ_ASSIGN_OR_RETURN(init_note, LoadInitFrom(*engine, cfg));
+  }
   if (!out.resume.empty()) TZ_RETURN_IF_ERROR(engine->LoadCheckpoint(out.resume).status());
   std::printf("tierzero eval: %s %d layers x %d wide, %lld parameters, from %s\n",
               gpt::ModelName(cfg.model), cfg.model.n_layer, cfg.model.d_model,
               static_cast<long long>(model->num_params()),
-              (out.resume.empty() ? out.init_from : out.resume).c_str());
+              (out.resume.empty() ? init_note : out.resume).c_str());
   std::printf("  data: %s; %llu windows of %d + 1 tokens\n", shards->Describe().c_str(),
               static_cast<unsigned long long>(windows), window);
   std::fflush(stdout);
@@ -175,10 +179,12 @@ int Eval(const std::vector<std::string>& args) {
   if (!cfg.ok()) return EvalFail(cfg.status());
   if (cfg->output.resume.empty() == cfg->output.init_from.empty())
     return EvalFail(InvalidArgumentError(
-        "tierzero eval needs exactly one model: --resume CHECKPOINT or --init-from FILE"));
+        "tierzero eval needs exactly one model: --resume CHECKPOINT or --init-from FILE|DIR"));
   if (cfg->data.kind != "tokens")
     return EvalFail(InvalidArgumentError("tierzero eval needs token files: --data PATH"));
   if (window == 0) window = cfg->model.seq_len;
+  // Windows up to the positions the model knows (a Hugging Face model's max_position_embeddings).
+  if (window > cfg->model.seq_len && window <= cfg->model.positions()) cfg->model.seq_len = window;
   if (window > cfg->model.seq_len)
     return EvalFail(InvalidArgumentError("--seq-len " + std::to_string(window) +
                                          " is longer than the model's context (model.seq_len " +

@@ -1,4 +1,5 @@
-// `tierzero export`: a checkpoint to one consolidated safetensors file (train.h).
+// `tierzero export`: a checkpoint to one consolidated safetensors file, or to a Hugging Face model
+// directory (--format hf: hf_io.cc) (train.h).
 #include <stdlib.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "run_dir.h"
+#include "tierzero/bytes.h"
 #include "tierzero/files.h"
 #include "train.h"
 
@@ -28,19 +30,35 @@ int Fail(const Status& s) {
 int Export(const std::vector<std::string>& args) {
   std::string ckpt, output, config_path;
   DType dtype = DType::kF32;
+  bool dtype_given = false, hf = false;
+  uint64_t max_shard = uint64_t{5} << 30;  // transformers' save_pretrained default: 5 GB
   for (size_t i = 0; i < args.size(); ++i) {
     if ((args[i] == "-o" || args[i] == "--output") && i + 1 < args.size()) {
       output = args[++i];
     } else if (args[i] == "--dtype" && i + 1 < args.size()) {
       auto d = ParseDType(args[++i]);
-      if (!d.ok() || (*d != DType::kF32 && *d != DType::kBF16))
-        return Fail(InvalidArgumentError("--dtype must be fp32 or bf16"));
+      if (!d.ok() || !IsFloatType(*d))
+        return Fail(InvalidArgumentError("--dtype must be fp32, bf16 or fp16"));
       dtype = *d;
+      dtype_given = true;
+    } else if (args[i] == "--format" && i + 1 < args.size()) {
+      const std::string f = args[++i];
+      if (f != "hf" && f != "safetensors")
+        return Fail(InvalidArgumentError("--format is '" + f + "'; accepted: safetensors, hf"));
+      hf = f == "hf";
+    } else if (args[i] == "--max-shard-size" && i + 1 < args.size()) {
+      auto b = ParseByteSize(args[++i]);
+      if (!b.ok()) return Fail(b.status().WithContext("--max-shard-size"));
+      max_shard = *b;
     } else if (args[i] == "--config" && i + 1 < args.size()) {
       config_path = args[++i];
     } else if (args[i] == "-h" || args[i] == "--help") {
       std::puts(
           "usage: tierzero export CHECKPOINT_DIR -o model.safetensors [--dtype fp32|bf16]\n"
+          "       tierzero export CHECKPOINT_DIR --format hf -o DIR [--dtype fp32|bf16|fp16]\n"
+          "         [--max-shard-size SIZE]  (a Hugging Face model directory, new or empty: config.json\n"
+          "         and safetensors in the model's names; dtype: the run's compute dtype; shards of\n"
+          "         at most 5 GB by default, with model.safetensors.index.json when several)\n"
           "  [--config RUN_DIR/config.json]  (default: CHECKPOINT_DIR/../config.json)");
       return 0;
     } else if (ckpt.empty() && args[i][0] != '-') {
@@ -66,8 +84,21 @@ int Export(const std::vector<std::string>& args) {
   }
   auto cfg = ParseRunConfig(*text, DefaultRunConfig());
   if (!cfg.ok()) return Fail(std::move(cfg).status().WithContext(config_path));
+  if (hf && !dtype_given) dtype = cfg->engine.compute_dtype;  // the model's dtype
+  if (!hf && dtype == DType::kF16)
+    return Fail(InvalidArgumentError("--dtype fp16 is for --format hf; safetensors export "
+                                     "writes fp32 or bf16"));
   // A path no file can be written to is refused before the checkpoint loads.
-  if (Status s = CheckOutputPath(output, "-o"); !s.ok()) return Fail(s);
+  if (!hf) {
+    if (Status s = CheckOutputPath(output, "-o"); !s.ok()) return Fail(s);
+  } else {
+    std::error_code dec;
+    if (fs::exists(output, dec) && (!fs::is_directory(output, dec) || !fs::is_empty(output, dec)))
+      return Fail(InvalidArgumentError(
+          "-o " + output + (fs::is_directory(output, dec) ? " is a directory that holds files"
+                                                          : " exists and is not a directory") +
+          "; --format hf writes into a new or empty directory"));
+  }
   // Nothing the export reads is written over (its checkpoint's files, its config).
   if (Status s = CheckNotAnInput(
           output, "-o", {{"checkpoint", ckpt_dir.string(), true}, {"config", config_path, false}});
@@ -102,6 +133,15 @@ int Export(const std::vector<std::string>& args) {
   if (!model.ok()) return Fail(model.status());
   if (Status s = (*engine)->Finalize(); !s.ok()) return Fail(s);
   if (auto u = (*engine)->LoadCheckpoint(ckpt); !u.ok()) return Fail(u.status());
+  if (hf) {
+    std::string summary;
+    if (Status s = ExportHf(**engine, *cfg, output, dtype, max_shard, &summary); !s.ok())
+      return Fail(s);
+    std::printf("exported %d tensors (%lld parameters, %s) to %s: %s\n", (*engine)->num_params(),
+                static_cast<long long>((*model)->num_params()),
+                std::string(DTypeName(dtype)).c_str(), output.c_str(), summary.c_str());
+    return 0;
+  }
   if (Status s = (*engine)->ExportSafetensors(output, dtype); !s.ok()) return Fail(s);
   std::printf("exported %d tensors (%lld parameters, %s) to %s\n", (*engine)->num_params(),
               static_cast<long long>((*model)->num_params()), std::string(DTypeName(dtype)).c_str(),

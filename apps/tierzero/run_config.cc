@@ -300,6 +300,7 @@ std::map<std::string, Section> Fields(RunConfig& c) {
       {"activations", ActivationsField("model.activations", &c.model.activations)},
       {"arch", ArchField("model.arch", &c.model)},
       {"n_kv_head", IntField("model.n_kv_head", &c.model.n_kv_head, 0, 65536)},
+      {"max_positions", IntField("model.max_positions", &c.model.max_positions, 0, 1 << 22)},
       {"d_ff", IntField("model.d_ff", &c.model.d_ff, 0, 1 << 20)},
       {"tie_embeddings", BoolField("model.tie_embeddings", &c.model.tie_embeddings)},
       {"attention_bias", BoolField("model.attention_bias", &c.model.attention_bias)},

@@ -289,6 +289,11 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
   }
   add_input("--init-from", out.init_from);
   add_input("--plan", out.plan);
+  // A Hugging Face model directory (--init-from DIR): nothing is written inside it.
+  const std::optional<FileId> init_dir =
+      !out.init_from.empty() && std::filesystem::is_directory(out.init_from)
+          ? std::optional<FileId>(Identify(out.init_from))
+          : std::nullopt;
   const std::optional<FileId> resume =
       out.resume.empty() ? std::nullopt : std::optional<FileId>(Identify(out.resume));
   const std::optional<FileId> ckpt = out.checkpoint_dir.empty()
@@ -317,6 +322,10 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
         return InvalidArgumentError(o.what + " " + o.path + " is the run's input " + in.what +
                                     ": writing it would destroy what the run reads");
     }
+    if (init_dir && (Same(o.id, *init_dir) || Inside(o.id, *init_dir)))
+      return InvalidArgumentError(o.what + " " + o.path +
+                                  " lies inside the model directory --init-from " +
+                                  out.init_from + " reads; write the run elsewhere (--run-dir)");
     if (resume && Inside(o.id, *resume))
       return InvalidArgumentError(o.what + " " + o.path + " lies inside the checkpoint --resume " +
                                   out.resume + " reads");

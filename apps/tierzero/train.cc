@@ -238,6 +238,7 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
   }
   std::string ignored;
   TZ_RETURN_IF_ERROR(ApplyFlags(args, cfg, &ignored));
+  TZ_RETURN_IF_ERROR(MergeHfModel(cfg));
   TZ_RETURN_IF_ERROR(ValidateRunConfig(cfg));
   return cfg;
 }
@@ -300,6 +301,7 @@ class TrainRun {
   bool interrupted_ = false;  // the agreed Ctrl-C (RunStep)
   double save_s_ = 0;         // the last checkpoint's
   std::string plan_text_;     // --plan's file
+  std::string init_note_;     // what --init-from loaded
   double total_tokens_ = 0, total_compute_s_ = 0;
   std::chrono::steady_clock::time_point run_t0_;
 };
@@ -318,7 +320,9 @@ Status TrainRun::SetUp() {
   const auto init_t0 = std::chrono::steady_clock::now();
   TZ_RETURN_IF_ERROR(engine_->Finalize());
   const double init_s = SecondsSince(init_t0);
-  if (!out_.init_from.empty()) TZ_RETURN_IF_ERROR(engine_->LoadSafetensors(out_.init_from));
+  if (!out_.init_from.empty()) {
+    TZ_ASSIGN_OR_RETURN(init_note_, LoadInitFrom(*engine_, cfg_));
+  }
   if (!out_.resume.empty()) {
     TZ_ASSIGN_OR_RETURN(const std::string user, engine_->LoadCheckpoint(out_.resume));
     // Note [The loop's step, not the applied count]: the engine counts the updates it applied
@@ -383,6 +387,7 @@ void TrainRun::PrintHeader(double init_s) const {
               gpt::ModelName(cfg_.model), cfg_.model.n_layer, cfg_.model.d_model,
               static_cast<long long>(model_->num_params()),
               Mib(static_cast<uint64_t>(states)).c_str());
+  if (!init_note_.empty()) std::printf("  init: %s\n", init_note_.c_str());
   std::printf("  data: %s\n", dataset_->Describe().c_str());
   std::printf("  budgets: device %s MiB, host %s MiB, NVMe %s MiB under %s; %s compute\n",
               Mib(cfg_.engine.device_budget).c_str(), Mib(cfg_.engine.host_budget).c_str(),

@@ -76,6 +76,19 @@ std::string RunConfigToJson(const RunConfig& config);
 StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args,
                                   std::string* config_path = nullptr);
 
+// --init-from DIR, a Hugging Face model directory (hf_io.cc, docs/models.md): its config.json
+// sets the model's shape; a shape field the run sets otherwise is an error naming it. Nothing
+// for a safetensors file.
+Status MergeHfModel(RunConfig& config);
+// Loads --init-from (a safetensors file of the model, or a Hugging Face directory, streamed
+// tensor by tensor) and says what loaded.
+StatusOr<std::string> LoadInitFrom(Engine& engine, const RunConfig& config);
+// `export --format hf`: the directory `dir` (new or empty) with the weights in `dtype` as
+// safetensors of at most about `max_shard_bytes` each (0: one file; several: with
+// model.safetensors.index.json) and config.json. `summary` says what was written.
+Status ExportHf(Engine& engine, const RunConfig& config, const std::string& dir, DType dtype,
+                uint64_t max_shard_bytes, std::string* summary);
+
 // Applies command-line overrides (--steps N, ...) in order. InvalidArgument for an unknown flag
 // or a bad value. Checks each value alone: ValidateRunConfig checks the result as a whole.
 Status ApplyFlags(const std::vector<std::string>& flags, RunConfig& config,

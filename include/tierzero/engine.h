@@ -374,6 +374,29 @@ class Engine {
   Status ExportSafetensors(const std::string& path, DType dtype) const;
   Status LoadSafetensors(const std::string& path);
 
+  // The general forms. `names` gives a parameter's tensor name in the files (null: its own).
+  // Loading reads every file's header, checked whole, before any parameter changes; each
+  // parameter's tensor (F32, BF16 or F16) is read from whichever file holds it, converted and
+  // written, one tensor at a time (a checkpoint larger than host memory loads); tensors the
+  // model does not name are skipped and counted in `skipped` (may be null).
+  using TensorNames = std::function<std::string(const std::string& param_name)>;
+  Status LoadSafetensors(const std::vector<std::string>& files, const TensorNames& names,
+                         std::vector<std::string>* skipped = nullptr);
+  // Writes the master weights in `dtype` (fp32, bf16, fp16) as files of at most about
+  // `max_shard_bytes` of tensors each (0: one file), dir/`stem`.safetensors when one file, else
+  // dir/`stem`-0000i-of-0000n.safetensors (Hugging Face's names); returns each file's name
+  // (within dir) with the tensors it holds; metadata {"format": "pt"} as transformers writes. Each
+  // file is written atomically (Note [Writing outputs]); a failure leaves the files already
+  // written and says which.
+  struct SafetensorsShard {
+    std::string file;
+    std::vector<std::string> tensors;
+    uint64_t bytes = 0;
+  };
+  StatusOr<std::vector<SafetensorsShard>> ExportSafetensorsShards(
+      const std::string& dir, const std::string& stem, DType dtype, const TensorNames& names,
+      uint64_t max_shard_bytes) const;
+
   TierUsage usage() const;
   EngineStats stats() const;
   // A human summary: a line of the layout, then a line per tier (device, host, nvme) of what is

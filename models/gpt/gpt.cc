@@ -48,6 +48,11 @@ Status ValidateGptConfig(const GptConfig& c) {
     return bad("vocab", std::to_string(c.vocab), "2..1048576");
   if (c.seq_len < 1 || c.seq_len > 65536)
     return bad("seq_len", std::to_string(c.seq_len), "1..65536");
+  if (c.max_positions < 0 || c.max_positions > (1 << 22) ||
+      (c.max_positions > 0 && c.max_positions < c.seq_len))
+    return bad("max_positions", std::to_string(c.max_positions),
+               "0 (seq_len) or seq_len..4194304 (the context may not exceed the positions the "
+               "model knows)");
   if (c.d_model < 1 || c.d_model > 65536)
     return bad("d_model", std::to_string(c.d_model), "1..65536");
   if (c.n_layer < 1 || c.n_layer > 4096)
@@ -97,7 +102,7 @@ StatusOr<std::unique_ptr<Gpt>> Gpt::Create(Engine& engine, const GptConfig& conf
   auto normal = [&](float std) { return InitNormal(std, ++seed); };
   if (config.arch == Arch::kGpt2) {
     TZ_ASSIGN_OR_RETURN(g->wte_, reg("wte", {V, C}, normal(0.02f), true));
-    TZ_ASSIGN_OR_RETURN(g->wpe_, reg("wpe", {config.seq_len, C}, normal(0.02f), true));
+    TZ_ASSIGN_OR_RETURN(g->wpe_, reg("wpe", {config.positions(), C}, normal(0.02f), true));
     for (int64_t l = 0; l < L; ++l) {
       const std::string p = "h." + std::to_string(l) + ".";
       BlockParams b;

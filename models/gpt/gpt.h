@@ -47,7 +47,10 @@ const char* ArchName(Arch a);
 struct GptConfig {
   Arch arch = Arch::kGpt2;
   int vocab = 256;
-  int seq_len = 16;  // context length (GPT-2: its position embeddings; Llama: the longest window)
+  int seq_len = 16;  // the training context (windows of seq_len tokens)
+  // Positions the model knows: GPT-2's position embeddings (rows), Llama's
+  // max_position_embeddings; 0: seq_len. seq_len may not exceed it.
+  int max_positions = 0;
   int d_model = 128;
   int n_layer = 4;
   int n_head = 4;
@@ -63,6 +66,7 @@ struct GptConfig {
   uint64_t seed = 1;  // initialisation
 
   int head_dim() const { return d_model / n_head; }
+  int positions() const { return max_positions > 0 ? max_positions : seq_len; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int ffn() const {
     if (d_ff > 0) return d_ff;

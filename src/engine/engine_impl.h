@@ -260,6 +260,18 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   double profile_origin_s = 0;
   // The device-timed spans placed on the timeline (EndIteration of the profiled iteration).
   void PlaceDeviceSpans();
+
+  // safetensors.cc: writes each file's tensors (parameter indices, in the order the chunks
+  // gather them: their bytes' order in the file); every rank gathers, rank 0 writes.
+  struct ExportFile {
+    std::string path;
+    std::vector<size_t> tensors;
+  };
+  // `producer`: tierzero's metadata (producer, step) beside {"format": "pt"}, else that alone (as
+  // transformers writes it).
+  Status ExportFiles(const std::vector<ExportFile>& files, DType dtype, const TensorNames& names,
+                     bool producer);
+  std::vector<size_t> GatherOrder() const;
   std::vector<ChunkManager::MomentProfile> profile;  // copied at the profiled EndIteration
   std::vector<TimelineEvent> profile_events;
   int64_t profile_iteration = -1;  // iterations counted from 0, evaluations included

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -22,6 +23,93 @@
 namespace tierzero {
 using nlohmann::json;
 
+namespace {
+
+const char* SafetensorsDType(DType d) {
+  return d == DType::kF32 ? "F32" : d == DType::kBF16 ? "BF16" : "F16";
+}
+
+}  // namespace
+
+// Writes `files`, each atomically. `names` maps a parameter's name to its tensor's.
+Status Engine::Impl::ExportFiles(const std::vector<ExportFile>& files, DType dtype,
+                                 const TensorNames& names, bool producer) {
+  Impl& im = *this;
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16)
+    return InvalidArgumentError("safetensors export writes fp32, bf16 or fp16, not " +
+                                std::string(DTypeName(dtype)));
+  auto name_of = [&](size_t t) { return names ? names(im.params[t].name) : im.params[t].name; };
+  const bool writer = im.comm->rank() == 0;
+  std::vector<AtomicFile> out_files;
+  std::vector<int> file_of(im.params.size(), -1);
+  Status wrote = Status::OK();
+  if (writer) {
+    wrote = [&]() -> Status {
+      for (size_t f = 0; f < files.size(); ++f) {
+        json header = json::object();
+        uint64_t offset = 0;
+        for (size_t t : files[f].tensors) {
+          const uint64_t bytes = DTypeBytes(dtype, static_cast<uint64_t>(im.numel[t]));
+          header[name_of(t)] = {{"dtype", SafetensorsDType(dtype)},
+                                {"shape", im.params[t].shape},
+                                {"data_offsets", {offset, offset + bytes}}};
+          offset += bytes;
+          file_of[t] = static_cast<int>(f);
+        }
+        header["__metadata__"] = {{"format", "pt"}};
+        if (producer) {
+          header["__metadata__"]["producer"] = "tierzero";
+          header["__metadata__"]["step"] = std::to_string(im.step);
+        }
+        std::string h = header.dump();
+        while ((h.size() + 8) % 8 != 0) h.push_back(' ');
+        ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::Create(files[f].path));
+        const uint64_t hlen = h.size();
+        RETURN_IF_ERROR(file.Write(&hlen, 8));  // little-endian u64
+        RETURN_IF_ERROR(file.Write(h.data(), h.size()));
+        out_files.push_back(std::move(file));
+      }
+      return Status::OK();
+    }();
+  }
+  // Every rank contributes its shards chunk by chunk. A failed write stops the writing, not the
+  // gathers the other ranks take part in (Note [Agreeing on an outcome]).
+  std::vector<uint8_t> out;
+  std::vector<float> full;
+  for (int c = 0; c < im.layout.num_chunks(); ++c) {
+    RETURN_IF_ERROR(im.GatherChunkMaster(c, full));
+    if (!writer || !wrote.ok()) continue;
+    for (int t : im.layout.chunk(c).tensors) {
+      const TensorLoc& loc = im.layout.tensor(t);
+      const int f = file_of[static_cast<size_t>(t)];
+      if (f < 0) continue;
+      out.resize(DTypeBytes(dtype, loc.numel));
+      wrote = Convert(full.data() + loc.offset, DType::kF32, out.data(), dtype, loc.numel);
+      if (wrote.ok()) wrote = out_files[static_cast<size_t>(f)].Write(out.data(), out.size());
+      if (!wrote.ok()) break;
+    }
+  }
+  if (writer && wrote.ok()) {
+    for (size_t f = 0; f < out_files.size() && wrote.ok(); ++f) {
+      wrote = out_files[f].Commit();
+      if (!wrote.ok() && f > 0)
+        wrote = std::move(wrote).WithContext(std::to_string(f) + " of the " +
+                                             std::to_string(files.size()) +
+                                             " files were written before this one");
+    }
+  }
+  return AgreeOnStatus(*im.comm, wrote);
+}
+
+// The tensors in the order the chunks hold them.
+std::vector<size_t> Engine::Impl::GatherOrder() const {
+  const Impl& im = *this;
+  std::vector<size_t> order;
+  for (int c = 0; c < im.layout.num_chunks(); ++c)
+    for (int t : im.layout.chunk(c).tensors) order.push_back(static_cast<size_t>(t));
+  return order;
+}
+
 Status Engine::ExportSafetensors(const std::string& path, DType dtype) const {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("ExportSafetensors before Finalize");
@@ -30,48 +118,47 @@ Status Engine::ExportSafetensors(const std::string& path, DType dtype) const {
   if (dtype != DType::kF32 && dtype != DType::kBF16)
     return InvalidArgumentError("safetensors export writes fp32 or bf16, not " +
                                 std::string(DTypeName(dtype)));
-  json header = json::object();
-  uint64_t offset = 0;
-  for (size_t t = 0; t < im.params.size(); ++t) {
+  return im.ExportFiles({Impl::ExportFile{path, im.GatherOrder()}}, dtype, nullptr, true);
+}
+
+StatusOr<std::vector<Engine::SafetensorsShard>> Engine::ExportSafetensorsShards(
+    const std::string& dir, const std::string& stem, DType dtype, const TensorNames& names,
+    uint64_t max_shard_bytes) const {
+  Impl& im = *impl_;
+  if (!im.finalized) return FailedPreconditionError("ExportSafetensorsShards before Finalize");
+  RETURN_IF_ERROR(im.cm->out_of_step());
+  RETURN_IF_ERROR(im.AwaitUpdate());
+  // Shards in gather order: a new file when the next tensor would pass the limit (a tensor
+  // larger than the limit is a file of its own).
+  std::vector<std::vector<size_t>> groups(1);
+  std::vector<uint64_t> sizes(1, 0);
+  for (size_t t : im.GatherOrder()) {
     const uint64_t bytes = DTypeBytes(dtype, static_cast<uint64_t>(im.numel[t]));
-    header[im.params[t].name] = {{"dtype", dtype == DType::kF32 ? "F32" : "BF16"},
-                                 {"shape", im.params[t].shape},
-                                 {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
-  header["__metadata__"] = {
-      {"format", "pt"}, {"producer", "tierzero"}, {"step", std::to_string(im.step)}};
-  std::string h = header.dump();
-  while ((h.size() + 8) % 8 != 0) h.push_back(' ');
-  // Rank 0 writes; every rank contributes its shards chunk by chunk. A failed write stops the
-  // writing, not the gathers the other ranks take part in (Note [Agreeing on an outcome]).
-  const bool writer = im.comm->rank() == 0;
-  std::optional<AtomicFile> file;
-  Status wrote = Status::OK();
-  if (writer) {
-    wrote = [&]() -> Status {
-      ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::Create(path));
-      file.emplace(std::move(f));
-      const uint64_t hlen = h.size();
-      RETURN_IF_ERROR(file->Write(&hlen, 8));  // little-endian u64
-      return file->Write(h.data(), h.size());
-    }();
-  }
-  std::vector<uint8_t> out;
-  std::vector<float> full;
-  for (int c = 0; c < im.layout.num_chunks(); ++c) {
-    RETURN_IF_ERROR(im.GatherChunkMaster(c, full));
-    if (!writer || !wrote.ok()) continue;
-    for (int t : im.layout.chunk(c).tensors) {
-      const TensorLoc& loc = im.layout.tensor(t);
-      out.resize(DTypeBytes(dtype, loc.numel));
-      wrote = Convert(full.data() + loc.offset, DType::kF32, out.data(), dtype, loc.numel);
-      if (wrote.ok()) wrote = file->Write(out.data(), out.size());
-      if (!wrote.ok()) break;
+    if (max_shard_bytes > 0 && !groups.back().empty() && sizes.back() + bytes > max_shard_bytes) {
+      groups.emplace_back();
+      sizes.push_back(0);
     }
+    groups.back().push_back(t);
+    sizes.back() += bytes;
   }
-  if (writer && wrote.ok()) wrote = file->Commit();
-  return AgreeOnStatus(*im.comm, wrote);
+  std::vector<SafetensorsShard> shards;
+  std::vector<Impl::ExportFile> files;
+  char buf[64];
+  for (size_t i = 0; i < groups.size(); ++i) {
+    SafetensorsShard sh;
+    if (groups.size() == 1) {
+      sh.file = stem + ".safetensors";
+    } else {
+      std::snprintf(buf, sizeof buf, "-%05zu-of-%05zu.safetensors", i + 1, groups.size());
+      sh.file = stem + buf;
+    }
+    for (size_t t : groups[i]) sh.tensors.push_back(names ? names(im.params[t].name) : im.params[t].name);
+    sh.bytes = sizes[i];
+    files.push_back({dir + "/" + sh.file, groups[i]});
+    shards.push_back(std::move(sh));
+  }
+  RETURN_IF_ERROR(im.ExportFiles(files, dtype, names, /*producer=*/false));
+  return shards;
 }
 
 // Note [Safetensors entries checked whole]
@@ -178,41 +265,75 @@ StatusOr<SafetensorsHeader> ReadHeader(int fd, const std::string& path) {
 }  // namespace
 
 Status Engine::LoadSafetensors(const std::string& path) {
+  return LoadSafetensors(std::vector<std::string>{path}, nullptr, nullptr);
+}
+
+Status Engine::LoadSafetensors(const std::vector<std::string>& files, const TensorNames& names,
+                               std::vector<std::string>* skipped) {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("LoadSafetensors before Finalize");
+  if (files.empty()) return InvalidArgumentError("LoadSafetensors of no file");
   RETURN_IF_ERROR(im.AwaitUpdate());
-  ReadFd fd(path, "safetensors file");
-  if (fd.get() < 0) return fd.status();
-  // Every entry is checked before anything loads (Note [Safetensors entries checked whole]).
-  ASSIGN_OR_RETURN(const SafetensorsHeader header, ReadHeader(fd.get(), path));
+  // Every file's every entry is checked before anything loads (Note [Safetensors entries checked
+  // whole]); a tensor in two files is an error.
+  std::vector<std::unique_ptr<ReadFd>> fds;
+  std::vector<SafetensorsHeader> headers;
+  std::map<std::string, size_t> where;
+  for (size_t f = 0; f < files.size(); ++f) {
+    fds.push_back(std::make_unique<ReadFd>(files[f], "safetensors file"));
+    if (fds.back()->get() < 0) return fds.back()->status();
+    ASSIGN_OR_RETURN(SafetensorsHeader h, ReadHeader(fds.back()->get(), files[f]));
+    for (const auto& [name, e] : h.entries) {
+      auto [it, fresh] = where.emplace(name, f);
+      if (!fresh)
+        return DataLossError("tensor '" + name + "' is in both " + files[it->second] + " and " +
+                             files[f]);
+    }
+    headers.push_back(std::move(h));
+  }
+  const std::string set = files.size() == 1 ? files[0]
+                                            : "the " + std::to_string(files.size()) +
+                                                  " files (" + files[0] + ", ...)";
+  auto name_of = [&](const ParamSpec& ps) { return names ? names(ps.name) : ps.name; };
+  std::map<std::string, bool> used;
   for (const ParamSpec& ps : im.params) {
-    auto it = header.entries.find(ps.name);
-    if (it == header.entries.end()) return NotFoundError(path + " has no tensor '" + ps.name + "'");
-    if (!it->second.loads)
-      return UnsupportedError(path + ": tensor '" + ps.name + "' is " + it->second.dtype_name +
+    const std::string n = name_of(ps);
+    auto w = where.find(n);
+    if (w == where.end()) return NotFoundError(set + " has no tensor '" + n + "'");
+    const SafetensorsEntry& e = headers[w->second].entries.at(n);
+    if (!e.loads)
+      return UnsupportedError(files[w->second] + ": tensor '" + n + "' is " + e.dtype_name +
                               "; F32, BF16 and F16 load");
-    if (it->second.shape != ps.shape)
-      return InvalidArgumentError(path + ": tensor '" + ps.name + "' has shape " +
-                                  json(it->second.shape).dump() + ", the model registers " +
+    if (e.shape != ps.shape)
+      return InvalidArgumentError(files[w->second] + ": tensor '" + n + "' has shape " +
+                                  json(e.shape).dump() + ", the model registers " +
                                   json(ps.shape).dump());
+    used[n] = true;
+  }
+  if (skipped != nullptr) {
+    skipped->clear();
+    for (const auto& [n, f] : where)
+      if (!used.count(n)) skipped->push_back(n);
   }
   std::vector<uint8_t> raw;
   std::vector<float> values;
   for (size_t t = 0; t < im.params.size(); ++t) {
-    const SafetensorsEntry& e = header.entries.at(im.params[t].name);
-    const uint64_t n = static_cast<uint64_t>(im.numel[t]);
+    const std::string n = name_of(im.params[t]);
+    const size_t f = where.at(n);
+    const SafetensorsEntry& e = headers[f].entries.at(n);
+    const uint64_t count = static_cast<uint64_t>(im.numel[t]);
     raw.resize(e.end - e.begin);
-    values.resize(n);
-    RETURN_IF_ERROR(ReadAt(fd.get(), path, header.base + e.begin, raw.data(), raw.size()));
-    RETURN_IF_ERROR(Convert(raw.data(), e.dtype, values.data(), DType::kF32, n));
+    values.resize(count);
+    RETURN_IF_ERROR(ReadAt(fds[f]->get(), files[f], headers[f].base + e.begin, raw.data(), raw.size()));
+    RETURN_IF_ERROR(Convert(raw.data(), e.dtype, values.data(), DType::kF32, count));
     const size_t non_finite = static_cast<size_t>(
         std::count_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); }));
     if (non_finite > 0)
-      TZ_LOG(kWarn, kEngine) << path << ": tensor '" << im.params[t].name << "' holds "
-                             << non_finite << " NaN or infinite values (loaded as they are)";
+      TZ_LOG(kWarn, kEngine) << files[f] << ": tensor '" << n << "' holds " << non_finite
+                             << " NaN or infinite values (loaded as they are)";
     RETURN_IF_ERROR(WriteParam(static_cast<ParamId>(t), values));
   }
-  TZ_LOG(kInfo, kEngine) << "parameters loaded from " << path;
+  TZ_LOG(kInfo, kEngine) << "parameters loaded from " << set;
   return Status::OK();
 }
 

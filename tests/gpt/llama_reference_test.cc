@@ -30,7 +30,7 @@ TEST_P(LlamaReferenceTest, ForwardAndBackwardMatchFp64Reference) {
   GptConfig mc;
   mc.vocab = 13;
   mc.seq_len = 5;
-  mc.d_model = 8;
+  mc.d_model = 16;  // heads 4 wide: two rotary frequencies
   mc.n_layer = 2;
   mc.n_head = 4;
   mc.seed = 3;
@@ -39,7 +39,7 @@ TEST_P(LlamaReferenceTest, ForwardAndBackwardMatchFp64Reference) {
   mc.d_ff = 12;
   mc.tie_embeddings = cs.tied;
   mc.attention_bias = cs.bias;
-  mc.rope_theta = 10000.0;
+  mc.rope_theta = 500000.0;
   mc.norm_eps = 1e-6;
   mc.activation_checkpointing = cs.checkpointing;
   EngineConfig ec;
@@ -58,7 +58,7 @@ TEST_P(LlamaReferenceTest, ForwardAndBackwardMatchFp64Reference) {
   EXPECT_EQ(params.count("lm_head.weight"), cs.tied ? 0u : 1u);
   EXPECT_EQ(params.count("model.layers.0.self_attn.q_proj.bias"), cs.bias ? 1u : 0u);
   EXPECT_EQ(params["model.layers.0.self_attn.k_proj.weight"].size(),
-            static_cast<size_t>(cs.kv_heads * 2 * 8));
+            static_cast<size_t>(cs.kv_heads * 4 * 16));
   Batch batch;
   batch.batch = 2;
   batch.seq = 5;

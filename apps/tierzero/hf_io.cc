@@ -1,0 +1,131 @@
+// --init-from a Hugging Face model directory, and `export --format hf` (train.h; the format's
+// details in models/gpt/hf.h, docs/models.md).
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gpt/hf.h"
+#include "tierzero/files.h"
+#include "train.h"
+
+namespace tierzero::app {
+namespace {
+
+// The fields of the model's shape: config.json sets them, flags and configs may only agree.
+struct ShapeField {
+  const char* key;
+  const char* flag;
+  std::string (*get)(const gpt::GptConfig&);
+};
+
+std::string Num(double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
+const ShapeField kShape[] = {
+    {"arch", " (--arch)", [](const gpt::GptConfig& c) { return std::string(gpt::ArchName(c.arch)); }},
+    {"vocab", " (--vocab)", [](const gpt::GptConfig& c) { return std::to_string(c.vocab); }},
+    {"d_model", " (--width)", [](const gpt::GptConfig& c) { return std::to_string(c.d_model); }},
+    {"n_layer", " (--layers)", [](const gpt::GptConfig& c) { return std::to_string(c.n_layer); }},
+    {"n_head", " (--heads)", [](const gpt::GptConfig& c) { return std::to_string(c.n_head); }},
+    {"n_kv_head", " (--kv-heads)",
+     [](const gpt::GptConfig& c) { return std::to_string(c.n_kv_head); }},
+    {"d_ff", "", [](const gpt::GptConfig& c) { return std::to_string(c.d_ff); }},
+    {"max_positions", "",
+     [](const gpt::GptConfig& c) { return std::to_string(c.max_positions); }},
+    {"tie_embeddings", "",
+     [](const gpt::GptConfig& c) { return std::string(c.tie_embeddings ? "true" : "false"); }},
+    {"attention_bias", "",
+     [](const gpt::GptConfig& c) { return std::string(c.attention_bias ? "true" : "false"); }},
+    {"rope_theta", "", [](const gpt::GptConfig& c) { return Num(c.rope_theta); }},
+    {"norm_eps", "", [](const gpt::GptConfig& c) { return Num(c.norm_eps); }},
+};
+
+}  // namespace
+
+// train.h
+Status MergeHfModel(RunConfig& cfg) {
+  const std::string& dir = cfg.output.init_from;
+  if (dir.empty() || !gpt::IsHfDir(dir)) return Status::OK();
+  // The defaults of the architecture the run names (--arch llama sets Llama's).
+  gpt::GptConfig defaults = DefaultRunConfig().model;
+  if (cfg.model.arch == gpt::Arch::kLlama) defaults = gpt::AsLlama(defaults);
+  gpt::GptConfig base = cfg.model;
+  // The context: the one asked for, else 1024 tokens (or the model's positions when fewer).
+  if (base.seq_len == defaults.seq_len) base.seq_len = 1024;
+  TZ_ASSIGN_OR_RETURN(const gpt::HfModel hf, gpt::ReadHfDir(dir, base));
+  // Every shape field the run sets otherwise than its default must agree with config.json.
+  for (const ShapeField& f : kShape) {
+    const std::string user = f.get(cfg.model), dflt = f.get(defaults), file = f.get(hf.config);
+    // n_kv_head 0 means n_head: config.json's key/value heads equal to its heads agree with it.
+    const bool same_heads = std::string(f.key) == "n_kv_head" && user == "0" &&
+                            hf.config.n_kv_head == hf.config.n_head;
+    if (user != dflt && user != file && !same_heads)
+      return InvalidArgumentError("model." + std::string(f.key) + " is " + user + f.flag +
+                                  ", but " + dir + "/config.json makes it " + file +
+                                  ": a model directory sets its own shape; drop the setting");
+  }
+  if (hf.config.seq_len > hf.config.positions())
+    return InvalidArgumentError("model.seq_len " + std::to_string(hf.config.seq_len) +
+                                " (--seq-len) is longer than the " +
+                                std::to_string(hf.config.positions()) + " positions " + dir +
+                                "/config.json gives the model");
+  cfg.model = hf.config;
+  return Status::OK();
+}
+
+// train.h
+StatusOr<std::string> LoadInitFrom(Engine& engine, const RunConfig& cfg) {
+  const std::string& from = cfg.output.init_from;
+  if (!gpt::IsHfDir(from)) {
+    TZ_RETURN_IF_ERROR(engine.LoadSafetensors(from));
+    return "weights from " + from;
+  }
+  TZ_ASSIGN_OR_RETURN(const gpt::HfModel hf, gpt::ReadHfDir(from, cfg.model));
+  std::vector<std::string> skipped;
+  TZ_RETURN_IF_ERROR(
+      engine.LoadSafetensors(hf.files, gpt::HfTensorNames(cfg.model, hf.tensors), &skipped));
+  std::string note = hf.source + " from " + from + " (" + std::to_string(hf.files.size()) +
+                     (hf.files.size() == 1 ? " file" : " files");
+  if (!skipped.empty())
+    note += "; " + std::to_string(skipped.size()) + " tensors not in the model skipped, e.g. " +
+            skipped.front();
+  return note + ")";
+}
+
+// train.h
+Status ExportHf(Engine& engine, const RunConfig& cfg, const std::string& dir, DType dtype,
+                uint64_t max_shard_bytes, std::string* summary) {
+  namespace fs = std::filesystem;
+  // A directory of its own: made here, or one that exists empty (never one holding files the
+  // export did not write).
+  std::error_code ec;
+  if (fs::exists(dir, ec)) {
+    if (!fs::is_directory(dir, ec))
+      return InvalidArgumentError("-o " + dir + " exists and is not a directory; --format hf "
+                                  "writes a directory");
+    if (!fs::is_empty(dir, ec))
+      return InvalidArgumentError("-o " + dir + " is a directory that holds files; --format hf "
+                                  "writes into a new or empty directory");
+  } else if (!fs::create_directories(dir, ec) || ec) {
+    return IoError("cannot make the directory " + dir + ": " + ec.message());
+  }
+  TZ_ASSIGN_OR_RETURN(const std::vector<Engine::SafetensorsShard> shards,
+                      engine.ExportSafetensorsShards(dir, "model", dtype,
+                                                     gpt::HfTensorNames(cfg.model, {}),
+                                                     max_shard_bytes));
+  if (shards.size() > 1)
+    TZ_RETURN_IF_ERROR(
+        WriteFileAtomically(dir + "/model.safetensors.index.json", gpt::HfIndexJson(shards)));
+  TZ_RETURN_IF_ERROR(WriteFileAtomically(dir + "/config.json", gpt::HfConfigJson(cfg.model, dtype)));
+  *summary = std::to_string(shards.size()) + (shards.size() == 1 ? " file" : " files") +
+             " and config.json (" + gpt::ModelName(cfg.model) + ", Hugging Face's layout)";
+  return Status::OK();
+}
+
+}  // namespace tierzero::app

@@ -1,0 +1,338 @@
+// Hugging Face model directories (gpt/hf.h).
+#include "gpt/hf.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "tierzero/files.h"
+
+namespace tierzero::gpt {
+namespace {
+
+using nlohmann::json;
+
+// config.json's fields, each read with an error naming the file and the field.
+class HfConfig {
+ public:
+  HfConfig(json j, std::string path) : j_(std::move(j)), path_(std::move(path)) {}
+  bool has(const char* k) const { return j_.contains(k) && !j_[k].is_null(); }
+  StatusOr<int64_t> Int(const char* k) const {
+    if (!has(k)) return Bad(k, "is missing");
+    if (!j_[k].is_number_integer()) return Bad(k, "is " + j_[k].dump() + ", not an integer");
+    return j_[k].get<int64_t>();
+  }
+  StatusOr<int64_t> Int(const char* k, int64_t dflt) const { return has(k) ? Int(k) : dflt; }
+  StatusOr<double> Num(const char* k, double dflt) const {
+    if (!has(k)) return dflt;
+    if (!j_[k].is_number()) return Bad(k, "is " + j_[k].dump() + ", not a number");
+    return j_[k].get<double>();
+  }
+  StatusOr<bool> Bool(const char* k, bool dflt) const {
+    if (!has(k)) return dflt;
+    if (!j_[k].is_boolean()) return Bad(k, "is " + j_[k].dump() + ", not true or false");
+    return j_[k].get<bool>();
+  }
+  std::string Str(const char* k) const {
+    return has(k) && j_[k].is_string() ? j_[k].get<std::string>() : "";
+  }
+  const json& raw(const char* k) const { return j_[k]; }
+  Status Bad(const std::string& k, const std::string& why) const {
+    return InvalidArgumentError(path_ + ": \"" + k + "\" " + why);
+  }
+  Status Unsupported(const std::string& k, const std::string& why) const {
+    return UnsupportedError(path_ + ": \"" + k + "\" " + why);
+  }
+
+ private:
+  json j_;
+  std::string path_;
+};
+
+// A value in 1..max as an int.
+StatusOr<int> Sized(const HfConfig& c, const char* k, int64_t v, int64_t max) {
+  if (v < 1 || v > max)
+    return c.Bad(k, "is " + std::to_string(v) + "; accepted: 1.." + std::to_string(max));
+  return static_cast<int>(v);
+}
+
+StatusOr<json> ReadJson(const std::string& path, const std::string& what) {
+  TZ_ASSIGN_OR_RETURN(const std::string text, ReadFileBounded(path, kMaxConfigBytes, what));
+  TZ_RETURN_IF_ERROR(CheckOutsideJson(text, path));
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return InvalidArgumentError(path + " is not a JSON object");
+  return j;
+}
+
+// The tensor names in a safetensors file's header (the engine checks the entries when it loads).
+StatusOr<std::vector<std::string>> SafetensorsNames(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFoundError("cannot open " + path);
+  uint64_t hlen = 0;
+  if (!in.read(reinterpret_cast<char*>(&hlen), 8))
+    return DataLossError(path + " is not a safetensors file (too short)");
+  if (hlen > (uint64_t{100} << 20))
+    return DataLossError(path + " is not a safetensors file (header length " +
+                         std::to_string(hlen) + ")");
+  std::string h(hlen, '\0');
+  if (!in.read(h.data(), static_cast<std::streamsize>(hlen)))
+    return DataLossError(path + " is not a safetensors file (its header is cut short)");
+  if (Status s = CheckOutsideJson(h, path + "'s safetensors header"); !s.ok())
+    return DataLossError(std::string(s.message()));
+  json j = json::parse(h, nullptr, false);
+  if (!j.is_object()) return DataLossError(path + ": the safetensors header is not an object");
+  std::vector<std::string> names;
+  for (const auto& item : j.items())
+    if (item.key() != "__metadata__") names.push_back(item.key());
+  return names;
+}
+
+const char* TorchDType(DType d) {
+  return d == DType::kF32 ? "float32" : d == DType::kF16 ? "float16" : "bfloat16";
+}
+
+}  // namespace
+
+bool IsHfDir(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
+  return ::stat((path + "/config.json").c_str(), &st) == 0;
+}
+
+StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
+  const std::string cfg_path = dir + "/config.json";
+  TZ_ASSIGN_OR_RETURN(json j, ReadJson(cfg_path, "Hugging Face config"));
+  const HfConfig c(std::move(j), cfg_path);
+  HfModel m;
+  GptConfig g = base;
+  std::string arch;
+  if (c.has("architectures") && c.raw("architectures").is_array() &&
+      !c.raw("architectures").empty() && c.raw("architectures")[0].is_string())
+    arch = c.raw("architectures")[0].get<std::string>();
+  const std::string type = c.Str("model_type");
+  m.source = !arch.empty() ? arch : type;
+  const bool gpt2 = arch == "GPT2LMHeadModel" || (arch.empty() && type == "gpt2");
+  const bool llama = arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" ||
+                     (arch.empty() && (type == "llama" || type == "mistral"));
+  if (!gpt2 && !llama) {
+    if (arch == "Qwen2ForCausalLM" || type == "qwen2")
+      return c.Unsupported("architectures",
+                           "is Qwen 2, whose q, k and v projections have biases and o's has none: "
+                           "not a layout tierzero's Llama takes yet (docs/models.md)");
+    return c.Unsupported(
+        "architectures",
+        "is \"" + m.source +
+            "\"; tierzero reads GPT2LMHeadModel, LlamaForCausalLM and MistralForCausalLM");
+  }
+  if (c.has("torch_dtype")) {
+    const std::string t = c.Str("torch_dtype");
+    if (t == "float32")
+      m.dtype = DType::kF32;
+    else if (t == "float16")
+      m.dtype = DType::kF16;
+    else if (t == "bfloat16")
+      m.dtype = DType::kBF16;
+    else
+      return c.Unsupported("torch_dtype", "is \"" + t + "\"; float32, float16 or bfloat16 load");
+  }
+  if (gpt2) {
+    g.arch = Arch::kGpt2;
+    TZ_ASSIGN_OR_RETURN(const int64_t v, c.Int("vocab_size"));
+    TZ_ASSIGN_OR_RETURN(g.vocab, Sized(c, "vocab_size", v, 1 << 20));
+    TZ_ASSIGN_OR_RETURN(const int64_t e, c.Int("n_embd"));
+    TZ_ASSIGN_OR_RETURN(g.d_model, Sized(c, "n_embd", e, 65536));
+    TZ_ASSIGN_OR_RETURN(const int64_t l, c.Int("n_layer"));
+    TZ_ASSIGN_OR_RETURN(g.n_layer, Sized(c, "n_layer", l, 4096));
+    TZ_ASSIGN_OR_RETURN(const int64_t h, c.Int("n_head"));
+    TZ_ASSIGN_OR_RETURN(g.n_head, Sized(c, "n_head", h, 65536));
+    TZ_ASSIGN_OR_RETURN(const int64_t p, c.Int("n_positions"));
+    TZ_ASSIGN_OR_RETURN(g.max_positions, Sized(c, "n_positions", p, 1 << 22));
+    g.n_kv_head = 0;
+    g.d_ff = 0;
+    if (c.has("n_inner")) {
+      TZ_ASSIGN_OR_RETURN(const int64_t inner, c.Int("n_inner"));
+      if (inner != 4 * g.d_model)
+        return c.Unsupported("n_inner", "is " + std::to_string(inner) +
+                                            "; GPT-2's MLP is 4 n_embd wide here");
+    }
+    const std::string act = c.Str("activation_function");
+    if (!act.empty() && act != "gelu_new" && act != "gelu_pytorch_tanh")
+      return c.Unsupported("activation_function",
+                           "is \"" + act + "\"; GPT-2's tanh GELU (gelu_new) is what runs");
+    TZ_ASSIGN_OR_RETURN(const double eps, c.Num("layer_norm_epsilon", 1e-5));
+    if (eps != 1e-5) return c.Unsupported("layer_norm_epsilon", "is not 1e-5, GPT-2's");
+    TZ_ASSIGN_OR_RETURN(const bool tie, c.Bool("tie_word_embeddings", true));
+    if (!tie) return c.Unsupported("tie_word_embeddings", "is false; GPT-2's head is tied");
+    TZ_ASSIGN_OR_RETURN(const bool scale, c.Bool("scale_attn_weights", true));
+    if (!scale) return c.Unsupported("scale_attn_weights", "is false");
+    for (const char* k : {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"}) {
+      TZ_ASSIGN_OR_RETURN(const bool on, c.Bool(k, false));
+      if (on) return c.Unsupported(k, "is true");
+    }
+    g.tie_embeddings = g.attention_bias = true;
+    g.norm_eps = 1e-5;
+    // The context: the base's when it fits, else the positions.
+    if (g.seq_len > g.max_positions) g.seq_len = g.max_positions;
+  } else {
+    g.arch = Arch::kLlama;
+    TZ_ASSIGN_OR_RETURN(const int64_t v, c.Int("vocab_size"));
+    TZ_ASSIGN_OR_RETURN(g.vocab, Sized(c, "vocab_size", v, 1 << 20));
+    TZ_ASSIGN_OR_RETURN(const int64_t e, c.Int("hidden_size"));
+    TZ_ASSIGN_OR_RETURN(g.d_model, Sized(c, "hidden_size", e, 65536));
+    TZ_ASSIGN_OR_RETURN(const int64_t l, c.Int("num_hidden_layers"));
+    TZ_ASSIGN_OR_RETURN(g.n_layer, Sized(c, "num_hidden_layers", l, 4096));
+    TZ_ASSIGN_OR_RETURN(const int64_t h, c.Int("num_attention_heads"));
+    TZ_ASSIGN_OR_RETURN(g.n_head, Sized(c, "num_attention_heads", h, 65536));
+    TZ_ASSIGN_OR_RETURN(const int64_t kv, c.Int("num_key_value_heads", h));
+    TZ_ASSIGN_OR_RETURN(g.n_kv_head, Sized(c, "num_key_value_heads", kv, 65536));
+    TZ_ASSIGN_OR_RETURN(const int64_t f, c.Int("intermediate_size"));
+    TZ_ASSIGN_OR_RETURN(g.d_ff, Sized(c, "intermediate_size", f, 1 << 20));
+    TZ_ASSIGN_OR_RETURN(const int64_t p, c.Int("max_position_embeddings", 4096));
+    TZ_ASSIGN_OR_RETURN(g.max_positions, Sized(c, "max_position_embeddings", p, 1 << 22));
+    if (g.d_model % g.n_head != 0)
+      return c.Bad("num_attention_heads", "does not divide hidden_size");
+    if (c.has("head_dim")) {
+      TZ_ASSIGN_OR_RETURN(const int64_t hd, c.Int("head_dim"));
+      if (hd != g.d_model / g.n_head)
+        return c.Unsupported("head_dim", "is " + std::to_string(hd) +
+                                             "; heads here are hidden_size / num_attention_heads (" +
+                                             std::to_string(g.d_model / g.n_head) + ") wide");
+    }
+    const std::string act = c.Str("hidden_act");
+    if (!act.empty() && act != "silu")
+      return c.Unsupported("hidden_act", "is \"" + act + "\"; SwiGLU's SiLU is what runs");
+    TZ_ASSIGN_OR_RETURN(g.norm_eps, c.Num("rms_norm_eps", 1e-6));
+    TZ_ASSIGN_OR_RETURN(g.rope_theta, c.Num("rope_theta", 10000.0));
+    TZ_ASSIGN_OR_RETURN(g.tie_embeddings, c.Bool("tie_word_embeddings", false));
+    TZ_ASSIGN_OR_RETURN(g.attention_bias, c.Bool("attention_bias", false));
+    TZ_ASSIGN_OR_RETURN(const bool mlp_bias, c.Bool("mlp_bias", false));
+    if (mlp_bias) return c.Unsupported("mlp_bias", "is true; the MLP here has no biases");
+    if (c.has("rope_scaling"))
+      return c.Unsupported("rope_scaling",
+                           "is set (" + c.raw("rope_scaling").dump() +
+                               "); rotary embeddings run unscaled here (docs/models.md)");
+    if (c.has("sliding_window")) {
+      TZ_ASSIGN_OR_RETURN(const int64_t w, c.Int("sliding_window"));
+      if (w < g.seq_len)
+        return c.Unsupported("sliding_window",
+                             "is " + std::to_string(w) + ", shorter than the context " +
+                                 std::to_string(g.seq_len) + ": attention here sees every "
+                                 "earlier token; use --seq-len " + std::to_string(w));
+    }
+    // The context: the base's when it fits, else the positions.
+    if (g.seq_len > g.max_positions) g.seq_len = g.max_positions;
+  }
+  TZ_RETURN_IF_ERROR(ValidateGptConfig(g));
+  m.config = g;
+
+  // The files.
+  const std::string index = dir + "/model.safetensors.index.json";
+  struct stat st {};
+  std::set<std::string> names;
+  if (::stat(index.c_str(), &st) == 0) {
+    TZ_ASSIGN_OR_RETURN(const json ij, ReadJson(index, "safetensors index"));
+    if (!ij.contains("weight_map") || !ij["weight_map"].is_object())
+      return InvalidArgumentError(index + " has no \"weight_map\" object");
+    std::set<std::string> files;
+    for (const auto& item : ij["weight_map"].items()) {
+      if (!item.value().is_string())
+        return InvalidArgumentError(index + ": the weight_map entry of '" + item.key() +
+                                    "' is not a file name");
+      const std::string f = item.value().get<std::string>();
+      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+        return InvalidArgumentError(index + ": '" + f +
+                                    "' is not a file name in the directory (the index may "
+                                    "only name files beside it)");
+      files.insert(f);
+    }
+    if (files.empty()) return InvalidArgumentError(index + " names no file");
+    for (const std::string& f : files) m.files.push_back(dir + "/" + f);
+  } else {
+    m.files.push_back(dir + "/model.safetensors");
+  }
+  for (const std::string& f : m.files) {
+    TZ_ASSIGN_OR_RETURN(const std::vector<std::string> in, SafetensorsNames(f));
+    names.insert(in.begin(), in.end());
+  }
+  m.tensors.assign(names.begin(), names.end());
+  return m;
+}
+
+Engine::TensorNames HfTensorNames(const GptConfig& config,
+                                  const std::vector<std::string>& available) {
+  if (config.arch == Arch::kLlama) return nullptr;  // the same names
+  // GPT-2: transformers writes "transformer.wte.weight"; the original checkpoints "wte.weight".
+  const bool bare = !available.empty() &&
+                    std::find(available.begin(), available.end(), "transformer.wte.weight") ==
+                        available.end() &&
+                    std::find(available.begin(), available.end(), "wte.weight") != available.end();
+  const std::string prefix = bare ? "" : "transformer.";
+  return [prefix](const std::string& name) {
+    if (name == "wte" || name == "wpe") return prefix + name + ".weight";
+    return prefix + name;
+  };
+}
+
+std::string HfConfigJson(const GptConfig& g, DType dtype) {
+  json j;
+  if (g.arch == Arch::kGpt2) {
+    j = {{"architectures", {"GPT2LMHeadModel"}},
+         {"model_type", "gpt2"},
+         {"vocab_size", g.vocab},
+         {"n_positions", g.positions()},
+         {"n_ctx", g.positions()},
+         {"n_embd", g.d_model},
+         {"n_layer", g.n_layer},
+         {"n_head", g.n_head},
+         {"n_inner", nullptr},
+         {"activation_function", "gelu_new"},
+         {"layer_norm_epsilon", 1e-5},
+         {"initializer_range", 0.02},
+         {"resid_pdrop", 0.0},
+         {"embd_pdrop", 0.0},
+         {"attn_pdrop", 0.0},
+         {"scale_attn_weights", true},
+         {"tie_word_embeddings", true},
+         {"torch_dtype", TorchDType(dtype)}};
+  } else {
+    j = {{"architectures", {"LlamaForCausalLM"}},
+         {"model_type", "llama"},
+         {"vocab_size", g.vocab},
+         {"hidden_size", g.d_model},
+         {"intermediate_size", g.ffn()},
+         {"num_hidden_layers", g.n_layer},
+         {"num_attention_heads", g.n_head},
+         {"num_key_value_heads", g.kv_heads()},
+         {"head_dim", g.head_dim()},
+         {"max_position_embeddings", g.positions()},
+         {"rms_norm_eps", g.norm_eps},
+         {"rope_theta", g.rope_theta},
+         {"rope_scaling", nullptr},
+         {"hidden_act", "silu"},
+         {"attention_bias", g.attention_bias},
+         {"attention_dropout", 0.0},
+         {"mlp_bias", false},
+         {"initializer_range", 0.02},
+         {"tie_word_embeddings", g.tie_embeddings},
+         {"torch_dtype", TorchDType(dtype)}};
+  }
+  return j.dump(2) + "\n";
+}
+
+std::string HfIndexJson(const std::vector<Engine::SafetensorsShard>& shards) {
+  json map = json::object();
+  uint64_t total = 0;
+  for (const auto& s : shards) {
+    total += s.bytes;
+    for (const std::string& t : s.tensors) map[t] = s.file;
+  }
+  json j = {{"metadata", {{"total_size", total}}}, {"weight_map", map}};
+  return j.dump(2) + "\n";
+}
+
+}  // namespace tierzero::gpt

@@ -1,0 +1,370 @@
+// Hugging Face model directories through the CLI (apps/tierzero/hf_io.cc, models/gpt/hf.h): a
+// tiny random Llama (grouped-query attention, untied head) written by this test as HF writes it
+// (config.json, bf16 safetensors sharded with model.safetensors.index.json, by a writer of the
+// test's own): `eval --init-from DIR` equals the fp64 reimplementation of HF's Llama
+// (tests/gpt/llama_reference.h); a 0-step run exported with --format hf holds the very tensors
+// (names, shapes, dtypes, bytes) of its input; GPT-2's layout reads with and without the
+// "transformer." prefix; what a directory may not say is refused naming the field.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../gpt/llama_reference.h"
+#include "gpt/gpt.h"
+#include "gpt/hf.h"
+#include "tierzero/convert.h"
+#include "train.h"
+
+namespace tierzero::app {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("tz-hf-" + std::to_string(::getpid()));
+  TempDir() {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+// A tensor as a safetensors file holds it.
+struct Tensor {
+  std::string dtype;  // "BF16", "F32"
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+
+// Writes tensors as one safetensors file (header of sorted names, data in that order).
+void WriteSafetensors(const std::string& path, const std::map<std::string, Tensor>& ts) {
+  json h = json::object();
+  uint64_t off = 0;
+  for (const auto& [name, t] : ts) {
+    h[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes.size()}}};
+    off += t.bytes.size();
+  }
+  h["__metadata__"] = {{"format", "pt"}};
+  std::string hs = h.dump();
+  while (hs.size() % 8 != 0) hs.push_back(' ');
+  std::ofstream f(path, std::ios::binary);
+  const uint64_t n = hs.size();
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f << hs;
+  for (const auto& [name, t] : ts) f << t.bytes;
+}
+
+// Every tensor of the safetensors files of a directory (index or model.safetensors).
+std::map<std::string, Tensor> ReadDir(const std::string& dir) {
+  std::vector<std::string> files;
+  if (fs::exists(dir + "/model.safetensors.index.json")) {
+    std::ifstream in(dir + "/model.safetensors.index.json");
+    const json ij = json::parse(in);
+    std::map<std::string, bool> seen;
+    for (const auto& item : ij["weight_map"].items()) seen[item.value().get<std::string>()] = true;
+    for (const auto& [f, _] : seen) files.push_back(dir + "/" + f);
+  } else {
+    files.push_back(dir + "/model.safetensors");
+  }
+  std::map<std::string, Tensor> out;
+  for (const std::string& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    uint64_t n = 0;
+    in.read(reinterpret_cast<char*>(&n), 8);
+    std::string hs(n, '\0');
+    in.read(hs.data(), static_cast<std::streamsize>(n));
+    const std::string data((std::istreambuf_iterator<char>(in)), {});
+    const json h = json::parse(hs);
+    for (const auto& item : h.items()) {
+      if (item.key() == "__metadata__") continue;
+      Tensor t;
+      t.dtype = item.value()["dtype"];
+      t.shape = item.value()["shape"].get<std::vector<int64_t>>();
+      const uint64_t b = item.value()["data_offsets"][0], e = item.value()["data_offsets"][1];
+      t.bytes = data.substr(b, e - b);
+      out[item.key()] = std::move(t);
+    }
+  }
+  return out;
+}
+
+// Random bf16 weights (norms about 1), and the same values as doubles for the reference.
+Tensor RandomBf16(std::vector<int64_t> shape, std::mt19937_64& rng, bool norm,
+                  std::vector<double>* values) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  std::normal_distribution<double> nd(0.0, 0.4);
+  std::vector<float> f(n);
+  for (float& x : f) x = static_cast<float>(nd(rng) + (norm ? 1.0 : 0.0));
+  std::vector<uint16_t> b(n);
+  EXPECT_TRUE(CastElements(f.data(), DType::kF32, b.data(), DType::kBF16, n).ok());
+  EXPECT_TRUE(CastElements(b.data(), DType::kBF16, f.data(), DType::kF32, n).ok());
+  values->assign(f.begin(), f.end());
+  return {"BF16", std::move(shape), std::string(reinterpret_cast<const char*>(b.data()), n * 2)};
+}
+
+// The tiny Llama: vocab 19, 2 layers of width 16, 4 heads of 4, 2 key/value heads, MLP 24,
+// untied head, rms eps 1e-6, theta 500000; its tensors in three shards.
+struct TinyLlama {
+  static constexpr int V = 19, C = 16, L = 2, H = 4, KV = 2, F = 24, P = 64;
+  gpt::Params params;
+  void Write(const std::string& dir) {
+    fs::create_directories(dir);
+    std::mt19937_64 rng(7);
+    std::map<std::string, Tensor> all;
+    auto add = [&](const std::string& name, std::vector<int64_t> shape, bool norm = false) {
+      all[name] = RandomBf16(std::move(shape), rng, norm, &params[name]);
+    };
+    add("model.embed_tokens.weight", {V, C});
+    for (int l = 0; l < L; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      add(p + "self_attn.q_proj.weight", {C, C});
+      add(p + "self_attn.k_proj.weight", {KV * 4, C});
+      add(p + "self_attn.v_proj.weight", {KV * 4, C});
+      add(p + "self_attn.o_proj.weight", {C, C});
+      add(p + "mlp.gate_proj.weight", {F, C});
+      add(p + "mlp.up_proj.weight", {F, C});
+      add(p + "mlp.down_proj.weight", {C, F});
+      add(p + "input_layernorm.weight", {C}, true);
+      add(p + "post_attention_layernorm.weight", {C}, true);
+    }
+    add("model.norm.weight", {C}, true);
+    add("lm_head.weight", {V, C});
+    // Three shards by name, with the index.
+    std::map<std::string, Tensor> shard[3];
+    json map = json::object();
+    uint64_t total = 0;
+    int i = 0;
+    for (const auto& [name, t] : all) {
+      const int s = i++ % 3;
+      shard[s][name] = t;
+      const std::string file = "model-0000" + std::to_string(s + 1) + "-of-00003.safetensors";
+      map[name] = file;
+      total += t.bytes.size();
+    }
+    for (int s = 0; s < 3; ++s)
+      WriteSafetensors(dir + "/model-0000" + std::to_string(s + 1) + "-of-00003.safetensors",
+                       shard[s]);
+    std::ofstream(dir + "/model.safetensors.index.json")
+        << json({{"metadata", {{"total_size", total}}}, {"weight_map", map}}).dump(2);
+    std::ofstream(dir + "/config.json") << json({{"architectures", {"LlamaForCausalLM"}},
+                                                  {"model_type", "llama"},
+                                                  {"vocab_size", V},
+                                                  {"hidden_size", C},
+                                                  {"intermediate_size", F},
+                                                  {"num_hidden_layers", L},
+                                                  {"num_attention_heads", H},
+                                                  {"num_key_value_heads", KV},
+                                                  {"max_position_embeddings", P},
+                                                  {"rms_norm_eps", 1e-6},
+                                                  {"rope_theta", 500000.0},
+                                                  {"hidden_act", "silu"},
+                                                  {"tie_word_embeddings", false},
+                                                  {"attention_bias", false},
+                                                  {"rope_scaling", nullptr},
+                                                  {"torch_dtype", "bfloat16"}})
+                                                .dump(2);
+  }
+};
+
+// The mean loss `tierzero eval` prints, or NaN.
+double EvalLoss(const std::vector<std::string>& args, int* rc) {
+  testing::internal::CaptureStdout();
+  *rc = Eval(args);
+  const std::string out = testing::internal::GetCapturedStdout();
+  const size_t at = out.find("mean loss ");
+  return at == std::string::npos ? std::nan("") : std::stod(out.substr(at + 10));
+}
+
+void WriteTokens(const std::string& path, const std::vector<uint16_t>& tokens) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(tokens.data()),
+          static_cast<std::streamsize>(tokens.size() * 2));
+}
+
+TEST(HfModels, LlamaEvalEqualsTheFp64ReimplementationOfHfLlama) {
+  TempDir dir;
+  TinyLlama m;
+  m.Write(dir / "llama");
+  // 60 tokens: windows of 7 + 1 start at 0, 7, ..., 49 (8 windows; the last 3 tokens fill
+  // none).
+  std::vector<uint16_t> tokens(60);
+  std::mt19937 rng(3);
+  for (uint16_t& t : tokens) t = static_cast<uint16_t>(rng() % TinyLlama::V);
+  WriteTokens(dir / "data.bin", tokens);
+  const int T = 7, windows = 8;
+  gpt::Batch all;
+  all.batch = windows;
+  all.seq = T;
+  for (int w = 0; w < windows; ++w)
+    for (int t = 0; t < T; ++t) {
+      all.tokens.push_back(tokens[static_cast<size_t>(w * T + t)]);
+      all.targets.push_back(tokens[static_cast<size_t>(w * T + t + 1)]);
+      all.mask.push_back(1.0f);
+    }
+  const gpt::LlamaRef ref{TinyLlama::V, T,        TinyLlama::C, TinyLlama::L, TinyLlama::H,
+                          TinyLlama::KV, TinyLlama::F, 500000.0, 1e-6,     false,
+                          false,         m.params};
+  const double want = ref.Loss(all);
+  for (const char* rows : {"1", "3", "8"}) {
+    int rc = -1;
+    const double got = EvalLoss({"--init-from", dir / "llama", "--data", dir / "data.bin",
+                                 "--seq-len", "7", "--batch-size", rows, "--dtype", "fp32",
+                                 "--device", "host"},
+                                &rc);
+    ASSERT_EQ(rc, 0) << rows;
+    EXPECT_NEAR(got, want, 2e-5 * want) << "batches of " << rows;
+  }
+  // A flag contradicting config.json is refused, naming the field.
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(Eval({"--init-from", dir / "llama", "--data", dir / "data.bin", "--layers", "3"}), 1);
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("model.n_layer is 3"), std::string::npos);
+}
+
+TEST(HfModels, AZeroStepRunExportsItsInputTensorForTensor) {
+  TempDir dir;
+  TinyLlama m;
+  m.Write(dir / "llama");
+  std::vector<uint16_t> tokens(3000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i * 7 % 19);
+  WriteTokens(dir / "data.bin", tokens);
+  ASSERT_EQ(Train({"--init-from", dir / "llama", "--data", dir / "data.bin", "--steps", "0",
+                   "--seq-len", "16", "--run-dir", dir / "run", "--device", "host", "--quiet"}),
+            0);
+  for (const char* shard : {"600", "0"}) {
+    const std::string out = dir / (std::string("out-") + shard);
+    std::vector<std::string> args = {dir / "run/checkpoint", "--format", "hf", "-o", out};
+    if (std::string(shard) != "0") args.insert(args.end(), {"--max-shard-size", shard});
+    testing::internal::CaptureStdout();
+    ASSERT_EQ(Export(args), 0);
+    testing::internal::GetCapturedStdout();
+    EXPECT_EQ(fs::exists(out + "/model.safetensors.index.json"), std::string(shard) != "0");
+    const auto in = ReadDir(dir / "llama"), got = ReadDir(out);
+    ASSERT_EQ(in.size(), got.size());
+    for (const auto& [name, t] : in) {
+      auto g = got.find(name);
+      ASSERT_NE(g, got.end()) << name;
+      EXPECT_EQ(g->second.dtype, t.dtype) << name;
+      EXPECT_EQ(g->second.shape, t.shape) << name;
+      EXPECT_TRUE(g->second.bytes == t.bytes) << name << " differs";
+    }
+    // Its config.json reads back to the same model.
+    auto back = gpt::ReadHfDir(out, gpt::GptConfig{});
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(back->config.n_kv_head, TinyLlama::KV);
+    EXPECT_EQ(back->config.d_ff, TinyLlama::F);
+    EXPECT_FALSE(back->config.tie_embeddings);
+    EXPECT_EQ(back->config.rope_theta, 500000.0);
+    EXPECT_EQ(back->config.norm_eps, 1e-6);
+  }
+  // Never into a directory holding files, nor into the model directory a run reads.
+  EXPECT_EQ(Export({dir / "run/checkpoint", "--format", "hf", "-o", dir / "llama"}), 1);
+  EXPECT_EQ(Train({"--init-from", dir / "llama", "--data", dir / "data.bin", "--steps", "0",
+                   "--seq-len", "16", "--run-dir", dir / "llama/run", "--device", "host",
+                   "--quiet"}),
+            1);
+}
+
+TEST(HfModels, Gpt2ReadsWithAndWithoutItsPrefixAndSkipsItsBuffers) {
+  TempDir dir;
+  for (const std::string prefix : {"transformer.", ""}) {
+    const std::string d = dir / ("gpt2" + std::to_string(prefix.size()));
+    fs::create_directories(d);
+    std::mt19937_64 rng(5);
+    std::map<std::string, Tensor> ts;
+    gpt::Params unused;
+    const int V = 23, C = 8, P = 12;
+    auto add = [&](const std::string& n, std::vector<int64_t> shape, bool norm = false) {
+      std::vector<double> v;
+      ts[prefix + n] = RandomBf16(std::move(shape), rng, norm, &v);
+    };
+    add("wte.weight", {V, C});
+    add("wpe.weight", {P, C});
+    add("h.0.ln_1.weight", {C}, true);
+    add("h.0.ln_1.bias", {C});
+    add("h.0.attn.c_attn.weight", {C, 3 * C});
+    add("h.0.attn.c_attn.bias", {3 * C});
+    add("h.0.attn.c_proj.weight", {C, C});
+    add("h.0.attn.c_proj.bias", {C});
+    add("h.0.ln_2.weight", {C}, true);
+    add("h.0.ln_2.bias", {C});
+    add("h.0.mlp.c_fc.weight", {C, 4 * C});
+    add("h.0.mlp.c_fc.bias", {4 * C});
+    add("h.0.mlp.c_proj.weight", {4 * C, C});
+    add("h.0.mlp.c_proj.bias", {C});
+    add("ln_f.weight", {C}, true);
+    add("ln_f.bias", {C});
+    add("h.0.attn.bias", {1, 1, P, P});  // the causal mask buffer old checkpoints carry
+    WriteSafetensors(d + "/model.safetensors", ts);
+    std::ofstream(d + "/config.json")
+        << json({{"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", V}, {"n_embd", C},
+                 {"n_layer", 1}, {"n_head", 2}, {"n_positions", P},
+                 {"activation_function", "gelu_new"}, {"torch_dtype", "float32"}})
+               .dump();
+    std::vector<uint16_t> tokens(200);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i % V);
+    WriteTokens(d + "/../data.bin", tokens);
+    int rc = -1;
+    const double loss =
+        EvalLoss({"--init-from", d, "--data", dir / "data.bin", "--seq-len", "12", "--device",
+                  "host"},
+                 &rc);
+    EXPECT_EQ(rc, 0) << prefix;
+    EXPECT_TRUE(std::isfinite(loss)) << prefix;
+  }
+}
+
+TEST(HfModels, WhatADirectoryMayNotSayIsRefusedNamingTheField) {
+  TempDir dir;
+  std::vector<uint16_t> tokens(100, 1);
+  WriteTokens(dir / "data.bin", tokens);
+  const std::vector<std::pair<json, std::string>> cases = {
+      {{{"architectures", {"BertModel"}}}, "architectures"},
+      {{{"architectures", {"Qwen2ForCausalLM"}}}, "Qwen 2"},
+      {{{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 19}, {"hidden_size", 16},
+        {"intermediate_size", 24}, {"num_hidden_layers", 1}, {"num_attention_heads", 4},
+        {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}}},
+       "rope_scaling"},
+      {{{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 19}, {"hidden_size", 16},
+        {"intermediate_size", 24}, {"num_hidden_layers", 1}, {"num_attention_heads", 4},
+        {"hidden_act", "gelu"}},
+       "hidden_act"},
+      {{{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", "19"}}, "vocab_size"},
+      {{{"architectures", {"LlamaForCausalLM"}}, {"hidden_size", 16}}, "vocab_size"},
+  };
+  int i = 0;
+  for (const auto& [cfg, field] : cases) {
+    const std::string d = dir / ("m" + std::to_string(i++));
+    fs::create_directories(d);
+    std::ofstream(d + "/config.json") << cfg.dump();
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(Eval({"--init-from", d, "--data", dir / "data.bin"}), 1) << field;
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find(field), std::string::npos) << err;
+  }
+  // An index naming a file outside the directory.
+  const std::string d = dir / "escape";
+  fs::create_directories(d);
+  TinyLlama m;
+  m.Write(d);
+  std::ofstream(d + "/model.safetensors.index.json")
+      << R"({"weight_map": {"lm_head.weight": "../x.safetensors"}})";
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(Eval({"--init-from", d, "--data", dir / "data.bin"}), 1);
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("not a file name in the directory"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace tierzero::app
