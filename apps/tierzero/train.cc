@@ -388,6 +388,7 @@ void TrainRun::PrintHeader(double init_s) const {
               static_cast<long long>(model_->num_params()),
               Mib(static_cast<uint64_t>(states)).c_str());
   if (!init_note_.empty()) std::printf("  init: %s\n", init_note_.c_str());
+  std::printf("  compute: %s\n", model_->ComputeSummary().c_str());
   std::printf("  data: %s\n", dataset_->Describe().c_str());
   std::printf("  budgets: device %s MiB, host %s MiB, NVMe %s MiB under %s; %s compute\n",
               Mib(cfg_.engine.device_budget).c_str(), Mib(cfg_.engine.host_budget).c_str(),

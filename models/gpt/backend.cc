@@ -341,7 +341,7 @@ bool FusedAttentionWanted() {
 }
 
 StatusOr<BackendSpec> ChooseBackend(const Engine& engine, Activations activations,
-                                    int64_t head_dim) {
+                                    int64_t head_dim, bool aligned) {
   BackendSpec s;
   s.gpu = !engine.host_compute();
   s.params = engine.compute_dtype();
@@ -349,7 +349,8 @@ StatusOr<BackendSpec> ChooseBackend(const Engine& engine, Activations activation
   // takes), else the fp32 reference.
   const bool gpu_bf16 = s.gpu && s.params == DType::kBF16 && FusedAttentionHeadWidth(head_dim);
   Activations want = activations;
-  if (want == Activations::kAuto) want = gpu_bf16 ? Activations::kBF16 : Activations::kF32;
+  if (want == Activations::kAuto)
+    want = gpu_bf16 && aligned ? Activations::kBF16 : Activations::kF32;
   if (want == Activations::kF32) {
     // fp32 activations: fp32 ops on widened parameters, gradients in fp32 until written (the
     // reference, as before the interface carried types). On a GPU the products of bf16

@@ -82,8 +82,11 @@ struct BackendSpec {
 
 // The spec for a model on `engine` (its device and compute dtype): InvalidArgument for
 // activations the device cannot store.
+// `aligned`: every matrix dimension a multiple of 8 (what cuBLASLt's bf16 algorithms take;
+// "auto" picks bf16 on a GPU only then, so the addition default's 62-token vocabulary runs the
+// fp32 path).
 StatusOr<BackendSpec> ChooseBackend(const Engine& engine, Activations activations,
-                                    int64_t head_dim);
+                                    int64_t head_dim, bool aligned);
 
 // A weight matrix's layout: in x out (GPT-2's Conv1D) or out x in (nn.Linear: Llama's
 // projections, and the LM head as the tied token embedding, vocab x width).

@@ -22,6 +22,11 @@ std::vector<ParamId> Ids(std::initializer_list<ParamId> ids) {
 
 const char* ArchName(Arch a) { return a == Arch::kGpt2 ? "gpt2" : "llama"; }
 
+bool BackendAligned(const GptConfig& c) {
+  const int64_t kv = int64_t{c.kv_heads()} * c.head_dim();
+  return c.vocab % 8 == 0 && c.d_model % 8 == 0 && c.ffn() % 8 == 0 && kv % 8 == 0;
+}
+
 const char* ModelName(const GptConfig& c) {
   if (c.arch == Arch::kGpt2) return "GPT-2";
   return c.kv_heads() < c.n_head ? "Llama (grouped-query)" : "Llama";
@@ -178,6 +183,21 @@ double Gpt::flops_per_token() const {
   return 6 * matmul_params + 6 * L * T * C;
 }
 
+std::string Gpt::ComputeSummary() const {
+  auto spec = ChooseBackend(engine_, cfg_.activations, cfg_.head_dim(), BackendAligned(cfg_));
+  if (!spec.ok()) return spec.status().ToString();
+  const bool fused = spec->fused_attention(cfg_.head_dim());
+  if (!spec->gpu)
+    return spec->activations == DType::kBF16
+               ? "bf16 activations (stored bf16, computed fp32 on the CPU)"
+               : "fp32 activations (the CPU's reference ops)";
+  if (spec->activations == DType::kBF16)
+    return "bf16 activations (cuBLASLt products with fused epilogues, fused attention)";
+  return std::string("fp32 activations (") +
+         (spec->params == DType::kBF16 ? "bf16 products on the tensor cores" : "fp32 products") +
+         (fused ? ", fused attention)" : ", attention as batched products)");
+}
+
 StatusOr<double> Gpt::ForwardBackward(const Batch& batch) { return Run(batch, true, nullptr); }
 
 StatusOr<double> Gpt::Evaluate(const Batch& batch, std::vector<int32_t>* predictions) {
@@ -206,7 +226,7 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
   if (backend_ == nullptr) {
     // The engine knows its device after Finalize.
     TZ_ASSIGN_OR_RETURN(BackendSpec spec,
-                        ChooseBackend(engine_, cfg_.activations, cfg_.head_dim()));
+                        ChooseBackend(engine_, cfg_.activations, cfg_.head_dim(), BackendAligned(cfg_)));
     TZ_ASSIGN_OR_RETURN(backend_, Backend::Create(engine_, spec));
   }
   Backend& k = *backend_;

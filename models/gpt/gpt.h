@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gpt/backend.h"
@@ -73,6 +74,10 @@ struct GptConfig {
     return arch == Arch::kGpt2 ? 4 * d_model : (8 * d_model / 3 + 31) / 32 * 32;
   }
 };
+
+// Every matrix dimension a multiple of 8 (vocab, width, MLP width, key/value width): what a GPU's
+// bf16 products take (ChooseBackend).
+bool BackendAligned(const GptConfig& c);
 
 // "GPT-2" or "Llama" (with its key/value heads when grouped: "Llama (GQA 8 of 32 heads)").
 const char* ModelName(const GptConfig& c);
@@ -127,6 +132,9 @@ class Gpt {
   StatusOr<WarmupTrace> DeriveTrace(int batch) const;
 
   const GptConfig& config() const { return cfg_; }
+  // How it computes on the engine's device (after Finalize), in words: "bf16 activations
+  // (cuBLASLt products, fused attention)", "fp32 activations (the CPU's reference ops)", ...
+  std::string ComputeSummary() const;
   int64_t num_params() const { return num_params_; }
   // Training FLOPs per token (forward + backward): 6 x matmul parameters + attention.
   double flops_per_token() const;

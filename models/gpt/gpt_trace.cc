@@ -54,7 +54,7 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
   // activations, f(n) fp32 values, w(n) widened weights (none when the ops read the chunks'
   // copies), g(n) gradient buffers (none when the ops add into the engine's).
   TZ_ASSIGN_OR_RETURN(const BackendSpec spec,
-                      ChooseBackend(engine_, cfg_.activations, cfg_.head_dim()));
+                      ChooseBackend(engine_, cfg_.activations, cfg_.head_dim(), BackendAligned(cfg_)));
   const uint64_t attn_state =
       spec.attention_state_bytes(static_cast<int64_t>(B), static_cast<int64_t>(T),
                                  static_cast<int64_t>(H), static_cast<int64_t>(C / H));
