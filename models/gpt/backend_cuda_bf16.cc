@@ -163,21 +163,21 @@ class CudaBf16Backend final : public Backend {
   }
   void AttentionForward(const void* q, const void* k, const void* v, void* out, void* state,
                         const AttnDims& d) override {
-    if (!FusedLayout(q, k, v, d)) return;
-    Check(cuda::FusedAttentionForward(H(q), H(out), static_cast<float*>(state), d.batch, d.seq,
-                                      d.heads * d.head_dim, d.heads, stream_),
-          "FusedAttentionForward (bf16)");
+    if (!HeadWidth(d.head_dim)) return;
+    Check(cuda::FlashAttentionForward(H(q), H(k), H(v), H(out), static_cast<float*>(state),
+                                      Flash(d), stream_),
+          "FlashAttentionForward (bf16)");
   }
   void AttentionBackward(const void* dout, const void* q, const void* k, const void* v,
                          const void* out, const void* state, void* dq, void* dk, void* dv,
                          const AttnDims& d) override {
-    if (!FusedLayout(q, k, v, d) || !FusedLayout(dq, dk, dv, d)) return;
+    if (!HeadWidth(d.head_dim)) return;
     float* rowdot = rowdot_.Get(d.batch * d.heads * d.seq, stream_, &error_);
     if (rowdot == nullptr) return;
-    Check(cuda::FusedAttentionBackward(H(dout), H(q), H(out), static_cast<const float*>(state),
-                                       rowdot, H(dq), d.batch, d.seq, d.heads * d.head_dim,
-                                       d.heads, stream_),
-          "FusedAttentionBackward (bf16)");
+    Check(cuda::FlashAttentionBackward(H(dout), H(q), H(k), H(v), H(out),
+                                       static_cast<const float*>(state), rowdot, H(dq), H(dk),
+                                       H(dv), Flash(d), stream_),
+          "FlashAttentionBackward (bf16)");
   }
   void EmbeddingForward(const int32_t* tokens, const void* wte, const void* wpe, void* x,
                         int64_t batch, int64_t seq, int64_t channels) override {
@@ -291,23 +291,17 @@ class CudaBf16Backend final : public Backend {
     Status s = lt_->Run(p);
     if (!s.ok()) error_ = std::move(s);
   }
-  // The fused kernels take GPT-2's rows [q | k | v] of multi-head attention in heads of 32, 64,
-  // 96 or 128; grouped-query attention and separate q, k, v are owed to them.
-  bool FusedLayout(const void* q, const void* k, const void* v, const AttnDims& d) {
-    const int64_t c = d.heads * d.head_dim;
-    const bool fused = d.kv_heads == d.heads && d.ld_q == 3 * c && d.ld_k == 3 * c &&
-                       d.ld_v == 3 * c && static_cast<const bf16*>(k) == H(q) + c &&
-                       static_cast<const bf16*>(v) == H(q) + 2 * c;
-    if (fused && FusedAttentionHeadWidth(d.head_dim)) return true;
+  bool HeadWidth(int64_t hd) {
+    if (FusedAttentionHeadWidth(hd)) return true;
     if (error_.ok())
-      error_ = UnsupportedError(
-          fused ? "bf16 activations on a GPU take attention heads 32, 64, 96 or 128 wide (the "
-                  "fused kernels'); this model's are " +
-                      std::to_string(d.head_dim) + ": run with --activations fp32"
-                : std::string("grouped-query attention (separate q, k, v) has no GPU kernel in "
-                              "this build yet: the Llama family trains on the simulated device "
-                              "(--device host) until it does"));
+      error_ = UnsupportedError("bf16 activations on a GPU take attention heads 32, 64, 96 or 128 "
+                                "wide (the fused kernels'); this model's are " +
+                                std::to_string(hd) + ": run with --activations fp32");
     return false;
+  }
+  static cuda::FlashShape Flash(const AttnDims& d) {
+    return {d.batch, d.seq,  d.heads, d.kv_heads,           d.head_dim,
+            d.ld_q,  d.ld_k, d.ld_v,  d.heads * d.head_dim};
   }
   int32_t* Pinned(int64_t n) {
     if (n > pinned_have_) {

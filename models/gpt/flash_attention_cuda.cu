@@ -76,6 +76,17 @@ __device__ inline bf16 FromFloat<bf16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// The operands of one call: q, k, v (and dq, dk, dv, strided alike) with their row strides, out
+// and dout (rows of heads x HD, ld_o apart); query head h reads key/value head h / group.
+template <typename T>
+struct Operands {
+  const T *q, *k, *v;
+  T *dq, *dk, *dv;
+  int64_t ld_q, ld_k, ld_v, ld_o;
+  int heads, kv_heads;
+  __device__ int group() const { return heads / kv_heads; }
+};
+
 // Rows [row0, row0 + 64) of one head's slice (element (t, c) at src[t * ld + c], c < HD) into
 // dst as bf16; rows at or past seq as zeros. src and ld keep 16-byte alignment (C % 32 == 0).
 template <int HD, typename T>
@@ -169,8 +180,7 @@ constexpr size_t ForwardSmem() {
 // r's softmax, each lane half the tile's 64 columns.
 template <int HD, typename T>
 __global__ void __launch_bounds__(kBlockThreads)
-    FusedForwardKernel(const T* qkv, T* out, float* lse, int64_t seq, int64_t channels, int heads,
-                       int64_t bh0, float scale) {
+    FusedForwardKernel(Operands<T> op, T* out, float* lse, int64_t seq, int64_t bh0, float scale) {
   constexpr int ld = kTileLd<HD>, kOLd = HD + 4;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);
@@ -182,21 +192,24 @@ __global__ void __launch_bounds__(kBlockThreads)
 
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t qt = gridDim.x - 1 - blockIdx.x;  // the longest rows start first
-  const int64_t bh = bh0 + blockIdx.y, b = bh / heads, h = bh % heads, c3 = 3 * channels;
-  const T* base = qkv + b * seq * c3 + h * HD;
+  const int64_t bh = bh0 + blockIdx.y, b = bh / op.heads, h = bh % op.heads,
+                kvh = h / op.group();
+  const T* qb = op.q + b * seq * op.ld_q + h * HD;
+  const T* kb = op.k + b * seq * op.ld_k + kvh * HD;
+  const T* vb = op.v + b * seq * op.ld_v + kvh * HD;
   float* s_w = ss + warp * kRows * kSLd;
   bf16* p_w = ps + warp * kRows * kPLd;
   float* o_w = os + warp * kRows * kOLd;
   const int r = lane / 2, half = lane % 2;
   const int64_t tq = qt * kTile + warp * kRows + r;
 
-  LoadTile<HD, T>(base, c3, qt * kTile, seq, qs);
+  LoadTile<HD, T>(qb, op.ld_q, qt * kTile, seq, qs);
   for (int i = lane; i < kRows * kOLd; i += kWarp) o_w[i] = 0.0f;
   float m = -INFINITY, l = 0.0f;
   for (int64_t kt = 0; kt <= qt; ++kt) {
     __syncthreads();  // every warp is done with the last tile's keys and values
-    LoadTile<HD, T>(base + channels, c3, kt * kTile, seq, ks);
-    LoadTile<HD, T>(base + 2 * channels, c3, kt * kTile, seq, vs);
+    LoadTile<HD, T>(kb, op.ld_k, kt * kTile, seq, ks);
+    LoadTile<HD, T>(vb, op.ld_v, kt * kTile, seq, vs);
     __syncthreads();
     ScoresTile<HD>(qs + warp * kRows * ld, ks, s_w);
     __syncwarp();
@@ -247,7 +260,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   if (tq < seq) {
     const float inv = 1.0f / l;
     const float* orow = o_w + r * kOLd + half * (HD / 2);
-    T* dst = out + (b * seq + tq) * channels + h * HD + half * (HD / 2);
+    T* dst = out + (b * seq + tq) * op.ld_o + h * HD + half * (HD / 2);
     for (int c = 0; c < HD / 2; ++c) dst[c] = FromFloat<T>(orow[c] * inv);
     if (half == 0) lse[bh * seq + tq] = m + logf(l);
   }
@@ -256,13 +269,13 @@ __global__ void __launch_bounds__(kBlockThreads)
 // One warp per (b, t, h): rowdot[(b H + h) T + t] = dout . out over the head's columns.
 template <typename T>
 __global__ void RowDotKernel(const T* dout, const T* out, float* rowdot, int64_t rows, int64_t seq,
-                             int64_t channels, int heads, int hd) {
+                             int64_t ld_o, int heads, int hd) {
   const int64_t i = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kWarp;
   if (i >= rows) return;
   const int lane = threadIdx.x % kWarp;
   const int64_t bt = i / heads, h = i % heads, b = bt / seq, t = bt % seq;
-  const T* g = dout + bt * channels + h * hd;
-  const T* o = out + bt * channels + h * hd;
+  const T* g = dout + bt * ld_o + h * hd;
+  const T* o = out + bt * ld_o + h * hd;
   float d = 0.0f;
   for (int c = lane; c < hd; c += kWarp) d += ToFloat(g[c]) * ToFloat(o[c]);
   d = WarpSum(d);
@@ -275,14 +288,13 @@ constexpr size_t BackwardKvSmem() {
          2 * kWarps * kRows * kPLd * sizeof(bf16) + 2 * kTile * sizeof(float);
 }
 
-// Grid (key tiles, batch x heads from bh0): dk and dv of 64 keys, over the query tiles at or
-// after them. A warp owns 16 keys; its lane pair (2r, 2r + 1) key r's row of the transposed
+// Grid (key tiles, batch x key/value heads from bh0): dk and dv of 64 keys, over the query tiles
+// at or after them of each query head of the group in turn (deterministic: no atomics). A warp owns 16 keys; its lane pair (2r, 2r + 1) key r's row of the transposed
 // tile (p^T, ds^T), each lane half the 64 queries.
 template <int HD, typename T>
 __global__ void __launch_bounds__(kBlockThreads)
-    FusedBackwardKvKernel(const T* dout, const T* qkv, const float* lse, const float* rowdot,
-                          T* dqkv, int64_t seq, int64_t channels, int heads, int64_t bh0,
-                          float scale) {
+    FusedBackwardKvKernel(const T* dout, Operands<T> op, const float* lse, const float* rowdot,
+                          int64_t seq, int64_t bh0, float scale) {
   constexpr int ld = kTileLd<HD>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);
@@ -299,9 +311,9 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t kt = blockIdx.x;  // the earliest keys (the most query tiles) start first
   const int64_t nq = gridDim.x;
-  const int64_t bh = bh0 + blockIdx.y, b = bh / heads, h = bh % heads, c3 = 3 * channels;
-  const T* base = qkv + b * seq * c3 + h * HD;
-  const T* gbase = dout + b * seq * channels + h * HD;
+  const int64_t bkv = bh0 + blockIdx.y, b = bkv / op.kv_heads, kvh = bkv % op.kv_heads;
+  const T* kb = op.k + b * seq * op.ld_k + kvh * HD;
+  const T* vb = op.v + b * seq * op.ld_v + kvh * HD;
   float* st_w = sts + warp * kRows * kSLd;
   float* dpt_w = dpts + warp * kRows * kSLd;
   bf16* pt_w = pts + warp * kRows * kPLd;
@@ -309,18 +321,20 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int r = lane / 2, half = lane % 2;
   const int64_t key = kt * kTile + warp * kRows + r;
 
-  LoadTile<HD, T>(base + channels, c3, kt * kTile, seq, ks);
-  LoadTile<HD, T>(base + 2 * channels, c3, kt * kTile, seq, vs);
+  LoadTile<HD, T>(kb, op.ld_k, kt * kTile, seq, ks);
+  LoadTile<HD, T>(vb, op.ld_v, kt * kTile, seq, vs);
   FragC dk[HD / kRows], dv[HD / kRows];
 #pragma unroll
   for (int j = 0; j < HD / kRows; ++j) {
     wmma::fill_fragment(dk[j], 0.0f);
     wmma::fill_fragment(dv[j], 0.0f);
   }
+  for (int64_t hq = 0; hq < op.group(); ++hq)
   for (int64_t qt = kt; qt < nq; ++qt) {
+    const int64_t h = kvh * op.group() + hq, bh = b * op.heads + h;
     __syncthreads();  // every warp is done with the last query tile
-    LoadTile<HD, T>(base, c3, qt * kTile, seq, qs);
-    LoadTile<HD, T>(gbase, channels, qt * kTile, seq, dos);
+    LoadTile<HD, T>(op.q + b * seq * op.ld_q + h * HD, op.ld_q, qt * kTile, seq, qs);
+    LoadTile<HD, T>(dout + b * seq * op.ld_o + h * HD, op.ld_o, qt * kTile, seq, dos);
     for (int i = threadIdx.x; i < kTile; i += kBlockThreads) {
       const int64_t t = qt * kTile + i;
       lse_s[i] = t < seq ? lse[bh * seq + t] : 0.0f;
@@ -344,9 +358,10 @@ __global__ void __launch_bounds__(kBlockThreads)
     AccumulateTile<HD>(dv, pt_w, dos);  // dv += p^T dout
     AccumulateTile<HD>(dk, dst_w, qs);  // dk += ds^T q
   }
-  T* kdst = dqkv + b * seq * c3 + channels + h * HD;
-  StoreRows<HD>(dk, st_w, kdst, c3, kt * kTile + warp * kRows, seq);
-  StoreRows<HD>(dv, st_w, kdst + channels, c3, kt * kTile + warp * kRows, seq);
+  StoreRows<HD>(dk, st_w, op.dk + b * seq * op.ld_k + kvh * HD, op.ld_k, kt * kTile + warp * kRows,
+                seq);
+  StoreRows<HD>(dv, st_w, op.dv + b * seq * op.ld_v + kvh * HD, op.ld_v, kt * kTile + warp * kRows,
+                seq);
 }
 
 template <int HD>
@@ -359,9 +374,8 @@ constexpr size_t BackwardQSmem() {
 // them. Lane pairs as in the forward.
 template <int HD, typename T>
 __global__ void __launch_bounds__(kBlockThreads)
-    FusedBackwardQKernel(const T* dout, const T* qkv, const float* lse, const float* rowdot,
-                         T* dqkv, int64_t seq, int64_t channels, int heads, int64_t bh0,
-                         float scale) {
+    FusedBackwardQKernel(const T* dout, Operands<T> op, const float* lse, const float* rowdot,
+                         int64_t seq, int64_t bh0, float scale) {
   constexpr int ld = kTileLd<HD>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);
@@ -374,8 +388,10 @@ __global__ void __launch_bounds__(kBlockThreads)
 
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t qt = gridDim.x - 1 - blockIdx.x;  // the longest rows start first
-  const int64_t bh = bh0 + blockIdx.y, b = bh / heads, h = bh % heads, c3 = 3 * channels;
-  const T* base = qkv + b * seq * c3 + h * HD;
+  const int64_t bh = bh0 + blockIdx.y, b = bh / op.heads, h = bh % op.heads,
+                kvh = h / op.group();
+  const T* kb = op.k + b * seq * op.ld_k + kvh * HD;
+  const T* vb = op.v + b * seq * op.ld_v + kvh * HD;
   float* s_w = ss + warp * kRows * kSLd;
   float* dp_w = dps + warp * kRows * kSLd;
   bf16* ds_w = dss + warp * kRows * kPLd;
@@ -384,15 +400,15 @@ __global__ void __launch_bounds__(kBlockThreads)
   const float row_lse = tq < seq ? lse[bh * seq + tq] : 0.0f;
   const float row_dot = tq < seq ? rowdot[bh * seq + tq] : 0.0f;
 
-  LoadTile<HD, T>(base, c3, qt * kTile, seq, qs);
-  LoadTile<HD, T>(dout + b * seq * channels + h * HD, channels, qt * kTile, seq, dos);
+  LoadTile<HD, T>(op.q + b * seq * op.ld_q + h * HD, op.ld_q, qt * kTile, seq, qs);
+  LoadTile<HD, T>(dout + b * seq * op.ld_o + h * HD, op.ld_o, qt * kTile, seq, dos);
   FragC dq[HD / kRows];
 #pragma unroll
   for (int j = 0; j < HD / kRows; ++j) wmma::fill_fragment(dq[j], 0.0f);
   for (int64_t kt = 0; kt <= qt; ++kt) {
     __syncthreads();  // every warp is done with the last key tile (and qs, dos are loaded)
-    LoadTile<HD, T>(base + channels, c3, kt * kTile, seq, ks);
-    LoadTile<HD, T>(base + 2 * channels, c3, kt * kTile, seq, vs);
+    LoadTile<HD, T>(kb, op.ld_k, kt * kTile, seq, ks);
+    LoadTile<HD, T>(vb, op.ld_v, kt * kTile, seq, vs);
     __syncthreads();
     ScoresTile<HD>(qs + warp * kRows * ld, ks, s_w);    // s = q k^T
     ScoresTile<HD>(dos + warp * kRows * ld, vs, dp_w);  // dp = dout v^T
@@ -407,7 +423,8 @@ __global__ void __launch_bounds__(kBlockThreads)
     __syncwarp();
     AccumulateTile<HD>(dq, ds_w, ks);  // dq += ds k
   }
-  StoreRows<HD>(dq, s_w, dqkv + b * seq * c3 + h * HD, c3, qt * kTile + warp * kRows, seq);
+  StoreRows<HD>(dq, s_w, op.dq + b * seq * op.ld_q + h * HD, op.ld_q, qt * kTile + warp * kRows,
+                seq);
 }
 
 // Launches `kernel(args..., bh0, scale)` over (tiles, batch x heads) in slices of grid y's
@@ -429,77 +446,110 @@ cudaError_t LaunchTiles(void (*kernel)(Params...), size_t smem, int64_t tiles, i
 }
 
 template <int HD, typename T>
-cudaError_t Forward(const T* qkv, T* out, float* lse, int64_t batch, int64_t seq,
-                    int64_t channels, int64_t heads, float scale, cudaStream_t stream) {
+cudaError_t Forward(const Operands<T>& op, T* out, float* lse, int64_t batch, int64_t seq,
+                    float scale, cudaStream_t stream) {
   return LaunchTiles(FusedForwardKernel<HD, T>, ForwardSmem<HD>(), (seq + kTile - 1) / kTile,
-                     batch * heads, scale, stream, qkv, out, lse, seq, channels,
-                     static_cast<int>(heads));
+                     batch * op.heads, scale, stream, op, out, lse, seq);
 }
 
 template <int HD, typename T>
-cudaError_t Backward(const T* dout, const T* qkv, const float* lse, const float* rowdot, T* dqkv,
-                     int64_t batch, int64_t seq, int64_t channels, int64_t heads, float scale,
-                     cudaStream_t stream) {
+cudaError_t Backward(const T* dout, const Operands<T>& op, const float* lse, const float* rowdot,
+                     int64_t batch, int64_t seq, float scale, cudaStream_t stream) {
   const int64_t tiles = (seq + kTile - 1) / kTile;
   if (const cudaError_t e =
-          LaunchTiles(FusedBackwardKvKernel<HD, T>, BackwardKvSmem<HD>(), tiles, batch * heads,
-                      scale, stream, dout, qkv, lse, rowdot, dqkv, seq, channels,
-                      static_cast<int>(heads));
+          LaunchTiles(FusedBackwardKvKernel<HD, T>, BackwardKvSmem<HD>(), tiles,
+                      batch * op.kv_heads, scale, stream, dout, op, lse, rowdot, seq);
       e != cudaSuccess)
     return e;
-  return LaunchTiles(FusedBackwardQKernel<HD, T>, BackwardQSmem<HD>(), tiles, batch * heads, scale,
-                     stream, dout, qkv, lse, rowdot, dqkv, seq, channels, static_cast<int>(heads));
+  return LaunchTiles(FusedBackwardQKernel<HD, T>, BackwardQSmem<HD>(), tiles, batch * op.heads,
+                     scale, stream, dout, op, lse, rowdot, seq);
 }
 
-// The tiles load 16 bytes at a time: every matrix must start 16-byte aligned (the engine's
-// allocations are 256-byte aligned; C is a multiple of 32 for every supported head width).
+// The tiles load 16 bytes at a time: every matrix must start 16-byte aligned and its rows lie
+// 16-byte multiples apart (the engine's allocations are 256-byte aligned; widths are multiples of
+// 32 elements for every supported head width).
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+template <typename T>
+bool Rows16(int64_t ld) {
+  return (ld * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+}
 
 template <typename T>
-cudaError_t AttentionForward(const T* qkv, T* out, float* lse, int64_t batch, int64_t seq,
-                             int64_t channels, int64_t heads, cudaStream_t stream) {
-  const int64_t hd = channels / heads;
+cudaError_t Check(const Operands<T>& op, int64_t hd, bool backward, const T* out, const T* dout) {
+  if (!FusedAttentionHeadWidth(hd) || op.kv_heads < 1 || op.heads % op.kv_heads != 0)
+    return cudaErrorInvalidValue;
+  for (const void* p : {static_cast<const void*>(op.q), static_cast<const void*>(op.k),
+                        static_cast<const void*>(op.v), static_cast<const void*>(out)})
+    if (!Aligned16(p)) return cudaErrorMisalignedAddress;
+  if (backward)
+    for (const void* p : {static_cast<const void*>(op.dq), static_cast<const void*>(op.dk),
+                          static_cast<const void*>(op.dv), static_cast<const void*>(dout)})
+      if (!Aligned16(p)) return cudaErrorMisalignedAddress;
+  if (!Rows16<T>(op.ld_q) || !Rows16<T>(op.ld_k) || !Rows16<T>(op.ld_v) || !Rows16<T>(op.ld_o))
+    return cudaErrorMisalignedAddress;
+  return cudaSuccess;
+}
+
+template <typename T>
+cudaError_t AttentionForward(const Operands<T>& op, T* out, float* lse, int64_t batch,
+                             int64_t seq, int64_t hd, cudaStream_t stream) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   if (batch * seq == 0) return cudaSuccess;
-  if (!Aligned16(qkv) || !Aligned16(out)) return cudaErrorMisalignedAddress;
+  if (const cudaError_t e = Check(op, hd, false, out, out); e != cudaSuccess) return e;
   switch (hd) {
     case 32:
-      return Forward<32>(qkv, out, lse, batch, seq, channels, heads, scale, stream);
+      return Forward<32>(op, out, lse, batch, seq, scale, stream);
     case 64:
-      return Forward<64>(qkv, out, lse, batch, seq, channels, heads, scale, stream);
+      return Forward<64>(op, out, lse, batch, seq, scale, stream);
     case 96:
-      return Forward<96>(qkv, out, lse, batch, seq, channels, heads, scale, stream);
-    case 128:
-      return Forward<128>(qkv, out, lse, batch, seq, channels, heads, scale, stream);
+      return Forward<96>(op, out, lse, batch, seq, scale, stream);
     default:
-      return cudaErrorInvalidValue;
+      return Forward<128>(op, out, lse, batch, seq, scale, stream);
   }
 }
 
 template <typename T>
-cudaError_t AttentionBackward(const T* dout, const T* qkv, const T* out, const float* lse,
-                              float* rowdot, T* dqkv, int64_t batch, int64_t seq, int64_t channels,
-                              int64_t heads, cudaStream_t stream) {
-  const int64_t hd = channels / heads;
+cudaError_t AttentionBackward(const T* dout, const Operands<T>& op, const T* out, const float* lse,
+                              float* rowdot, int64_t batch, int64_t seq, int64_t hd,
+                              cudaStream_t stream) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   if (batch * seq == 0) return cudaSuccess;
-  if (!FusedAttentionHeadWidth(hd)) return cudaErrorInvalidValue;
-  if (!Aligned16(dout) || !Aligned16(qkv) || !Aligned16(dqkv)) return cudaErrorMisalignedAddress;
-  const int64_t rows = batch * seq * heads;
+  if (const cudaError_t e = Check(op, hd, true, out, dout); e != cudaSuccess) return e;
+  const int64_t rows = batch * seq * op.heads;
   RowDotKernel<T><<<WarpBlocks(rows), kThreads, 0, stream>>>(
-      dout, out, rowdot, rows, seq, channels, static_cast<int>(heads), static_cast<int>(hd));
+      dout, out, rowdot, rows, seq, op.ld_o, op.heads, static_cast<int>(hd));
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   switch (hd) {
     case 32:
-      return Backward<32>(dout, qkv, lse, rowdot, dqkv, batch, seq, channels, heads, scale, stream);
+      return Backward<32>(dout, op, lse, rowdot, batch, seq, scale, stream);
     case 64:
-      return Backward<64>(dout, qkv, lse, rowdot, dqkv, batch, seq, channels, heads, scale, stream);
+      return Backward<64>(dout, op, lse, rowdot, batch, seq, scale, stream);
     case 96:
-      return Backward<96>(dout, qkv, lse, rowdot, dqkv, batch, seq, channels, heads, scale, stream);
+      return Backward<96>(dout, op, lse, rowdot, batch, seq, scale, stream);
     default:
-      return Backward<128>(dout, qkv, lse, rowdot, dqkv, batch, seq, channels, heads, scale,
-                           stream);
+      return Backward<128>(dout, op, lse, rowdot, batch, seq, scale, stream);
   }
+}
+
+// GPT-2's fused rows: q, k, v at 0, C, 2C of 3C-wide rows.
+template <typename T>
+Operands<T> Fused(const T* qkv, T* dqkv, int64_t channels, int64_t heads) {
+  Operands<T> op{qkv,         qkv + channels,     qkv + 2 * channels, dqkv,
+                 dqkv,        dqkv,               3 * channels,       3 * channels,
+                 3 * channels, channels,          static_cast<int>(heads),
+                 static_cast<int>(heads)};
+  if (dqkv != nullptr) {
+    op.dk = dqkv + channels;
+    op.dv = dqkv + 2 * channels;
+  }
+  return op;
+}
+
+template <typename T>
+Operands<T> General(const T* q, const T* k, const T* v, T* dq, T* dk, T* dv,
+                    const FlashShape& s) {
+  return {q,      k,      v,      dq,     dk, dv, s.ld_q, s.ld_k, s.ld_v, s.ld_o,
+          static_cast<int>(s.heads), static_cast<int>(s.kv_heads)};
 }
 
 }  // namespace
@@ -507,25 +557,44 @@ cudaError_t AttentionBackward(const T* dout, const T* qkv, const T* out, const f
 cudaError_t FusedAttentionForward(const float* qkv, float* out, float* lse, int64_t batch,
                                   int64_t seq, int64_t channels, int64_t heads,
                                   cudaStream_t stream) {
-  return AttentionForward(qkv, out, lse, batch, seq, channels, heads, stream);
+  return AttentionForward(Fused<float>(qkv, nullptr, channels, heads), out, lse, batch, seq,
+                          channels / heads, stream);
 }
 cudaError_t FusedAttentionForward(const __nv_bfloat16* qkv, __nv_bfloat16* out, float* lse,
                                   int64_t batch, int64_t seq, int64_t channels, int64_t heads,
                                   cudaStream_t stream) {
-  return AttentionForward(qkv, out, lse, batch, seq, channels, heads, stream);
+  return AttentionForward(Fused<bf16>(qkv, nullptr, channels, heads), out, lse, batch, seq,
+                          channels / heads, stream);
 }
 
 cudaError_t FusedAttentionBackward(const float* dout, const float* qkv, const float* out,
                                    const float* lse, float* rowdot, float* dqkv, int64_t batch,
                                    int64_t seq, int64_t channels, int64_t heads,
                                    cudaStream_t stream) {
-  return AttentionBackward(dout, qkv, out, lse, rowdot, dqkv, batch, seq, channels, heads, stream);
+  return AttentionBackward(dout, Fused<float>(qkv, dqkv, channels, heads), out, lse, rowdot, batch,
+                           seq, channels / heads, stream);
 }
 cudaError_t FusedAttentionBackward(const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
                                    const __nv_bfloat16* out, const float* lse, float* rowdot,
                                    __nv_bfloat16* dqkv, int64_t batch, int64_t seq,
                                    int64_t channels, int64_t heads, cudaStream_t stream) {
-  return AttentionBackward(dout, qkv, out, lse, rowdot, dqkv, batch, seq, channels, heads, stream);
+  return AttentionBackward(dout, Fused<bf16>(qkv, dqkv, channels, heads), out, lse, rowdot, batch,
+                           seq, channels / heads, stream);
+}
+
+cudaError_t FlashAttentionForward(const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                  const __nv_bfloat16* v, __nv_bfloat16* out, float* lse,
+                                  const FlashShape& s, cudaStream_t stream) {
+  return AttentionForward(General<bf16>(q, k, v, nullptr, nullptr, nullptr, s), out, lse, s.batch,
+                          s.seq, s.head_dim, stream);
+}
+cudaError_t FlashAttentionBackward(const __nv_bfloat16* dout, const __nv_bfloat16* q,
+                                   const __nv_bfloat16* k, const __nv_bfloat16* v,
+                                   const __nv_bfloat16* out, const float* lse, float* rowdot,
+                                   __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv,
+                                   const FlashShape& s, cudaStream_t stream) {
+  return AttentionBackward(dout, General<bf16>(q, k, v, dq, dk, dv, s), out, lse, rowdot, s.batch,
+                           s.seq, s.head_dim, stream);
 }
 
 }  // namespace tierzero::gpt::cuda

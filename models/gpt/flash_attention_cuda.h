@@ -35,4 +35,22 @@ cudaError_t FusedAttentionBackward(const __nv_bfloat16* dout, const __nv_bfloat1
                                    __nv_bfloat16* dqkv, int64_t batch, int64_t seq,
                                    int64_t channels, int64_t heads, cudaStream_t stream);
 
+// The general form (bf16): q rows of heads x head_dim and k, v rows of kv_heads x head_dim,
+// each ld elements apart (grouped-query attention: query head h reads key/value head
+// h / (heads / kv_heads)); out and dout rows of heads x head_dim, ld_o apart; lse B x H x T.
+// Backward writes dq, dk, dv strided as q, k, v (each key/value head's gradient summed over its
+// query heads in order: no atomics). Every matrix 16-byte aligned, every row stride a multiple
+// of 8 elements.
+struct FlashShape {
+  int64_t batch, seq, heads, kv_heads, head_dim, ld_q, ld_k, ld_v, ld_o;
+};
+cudaError_t FlashAttentionForward(const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                  const __nv_bfloat16* v, __nv_bfloat16* out, float* lse,
+                                  const FlashShape& s, cudaStream_t stream);
+cudaError_t FlashAttentionBackward(const __nv_bfloat16* dout, const __nv_bfloat16* q,
+                                   const __nv_bfloat16* k, const __nv_bfloat16* v,
+                                   const __nv_bfloat16* out, const float* lse, float* rowdot,
+                                   __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv,
+                                   const FlashShape& s, cudaStream_t stream);
+
 }  // namespace tierzero::gpt::cuda
