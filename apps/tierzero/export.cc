@@ -56,8 +56,10 @@ int Export(const std::vector<std::string>& args) {
       std::puts(
           "usage: tierzero export CHECKPOINT_DIR -o model.safetensors [--dtype fp32|bf16]\n"
           "       tierzero export CHECKPOINT_DIR --format hf -o DIR [--dtype fp32|bf16|fp16]\n"
-          "         [--max-shard-size SIZE]  (a Hugging Face model directory, new or empty: config.json\n"
-          "         and safetensors in the model's names; dtype: the run's compute dtype; shards of\n"
+          "         [--max-shard-size SIZE]  (a Hugging Face model directory, new or empty: "
+          "config.json\n"
+          "         and safetensors in the model's names; dtype: the run's compute dtype; shards "
+          "of\n"
           "         at most 5 GB by default, with model.safetensors.index.json when several)\n"
           "  [--config RUN_DIR/config.json]  (default: CHECKPOINT_DIR/../config.json)");
       return 0;
@@ -86,18 +88,20 @@ int Export(const std::vector<std::string>& args) {
   if (!cfg.ok()) return Fail(std::move(cfg).status().WithContext(config_path));
   if (hf && !dtype_given) dtype = cfg->engine.compute_dtype;  // the model's dtype
   if (!hf && dtype == DType::kF16)
-    return Fail(InvalidArgumentError("--dtype fp16 is for --format hf; safetensors export "
-                                     "writes fp32 or bf16"));
+    return Fail(
+        InvalidArgumentError("--dtype fp16 is for --format hf; safetensors export "
+                             "writes fp32 or bf16"));
   // A path no file can be written to is refused before the checkpoint loads.
   if (!hf) {
     if (Status s = CheckOutputPath(output, "-o"); !s.ok()) return Fail(s);
   } else {
     std::error_code dec;
     if (fs::exists(output, dec) && (!fs::is_directory(output, dec) || !fs::is_empty(output, dec)))
-      return Fail(InvalidArgumentError(
-          "-o " + output + (fs::is_directory(output, dec) ? " is a directory that holds files"
-                                                          : " exists and is not a directory") +
-          "; --format hf writes into a new or empty directory"));
+      return Fail(
+          InvalidArgumentError("-o " + output +
+                               (fs::is_directory(output, dec) ? " is a directory that holds files"
+                                                              : " exists and is not a directory") +
+                               "; --format hf writes into a new or empty directory"));
   }
   // Nothing the export reads is written over (its checkpoint's files, its config).
   if (Status s = CheckNotAnInput(

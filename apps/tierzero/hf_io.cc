@@ -28,7 +28,8 @@ std::string Num(double v) {
 }
 
 const ShapeField kShape[] = {
-    {"arch", " (--arch)", [](const gpt::GptConfig& c) { return std::string(gpt::ArchName(c.arch)); }},
+    {"arch", " (--arch)",
+     [](const gpt::GptConfig& c) { return std::string(gpt::ArchName(c.arch)); }},
     {"vocab", " (--vocab)", [](const gpt::GptConfig& c) { return std::to_string(c.vocab); }},
     {"d_model", " (--width)", [](const gpt::GptConfig& c) { return std::to_string(c.d_model); }},
     {"n_layer", " (--layers)", [](const gpt::GptConfig& c) { return std::to_string(c.n_layer); }},
@@ -36,8 +37,7 @@ const ShapeField kShape[] = {
     {"n_kv_head", " (--kv-heads)",
      [](const gpt::GptConfig& c) { return std::to_string(c.n_kv_head); }},
     {"d_ff", "", [](const gpt::GptConfig& c) { return std::to_string(c.d_ff); }},
-    {"max_positions", "",
-     [](const gpt::GptConfig& c) { return std::to_string(c.max_positions); }},
+    {"max_positions", "", [](const gpt::GptConfig& c) { return std::to_string(c.max_positions); }},
     {"tie_embeddings", "",
      [](const gpt::GptConfig& c) { return std::string(c.tie_embeddings ? "true" : "false"); }},
     {"attention_bias", "",
@@ -63,8 +63,8 @@ Status MergeHfModel(RunConfig& cfg) {
   for (const ShapeField& f : kShape) {
     const std::string user = f.get(cfg.model), dflt = f.get(defaults), file = f.get(hf.config);
     // n_kv_head 0 means n_head: config.json's key/value heads equal to its heads agree with it.
-    const bool same_heads = std::string(f.key) == "n_kv_head" && user == "0" &&
-                            hf.config.n_kv_head == hf.config.n_head;
+    const bool same_heads =
+        std::string(f.key) == "n_kv_head" && user == "0" && hf.config.n_kv_head == hf.config.n_head;
     if (user != dflt && user != file && !same_heads)
       return InvalidArgumentError("model." + std::string(f.key) + " is " + user + f.flag +
                                   ", but " + dir + "/config.json makes it " + file +
@@ -107,22 +107,24 @@ Status ExportHf(Engine& engine, const RunConfig& cfg, const std::string& dir, DT
   std::error_code ec;
   if (fs::exists(dir, ec)) {
     if (!fs::is_directory(dir, ec))
-      return InvalidArgumentError("-o " + dir + " exists and is not a directory; --format hf "
+      return InvalidArgumentError("-o " + dir +
+                                  " exists and is not a directory; --format hf "
                                   "writes a directory");
     if (!fs::is_empty(dir, ec))
-      return InvalidArgumentError("-o " + dir + " is a directory that holds files; --format hf "
+      return InvalidArgumentError("-o " + dir +
+                                  " is a directory that holds files; --format hf "
                                   "writes into a new or empty directory");
   } else if (!fs::create_directories(dir, ec) || ec) {
     return IoError("cannot make the directory " + dir + ": " + ec.message());
   }
   TZ_ASSIGN_OR_RETURN(const std::vector<Engine::SafetensorsShard> shards,
-                      engine.ExportSafetensorsShards(dir, "model", dtype,
-                                                     gpt::HfTensorNames(cfg.model, {}),
-                                                     max_shard_bytes));
+                      engine.ExportSafetensorsShards(
+                          dir, "model", dtype, gpt::HfTensorNames(cfg.model, {}), max_shard_bytes));
   if (shards.size() > 1)
     TZ_RETURN_IF_ERROR(
         WriteFileAtomically(dir + "/model.safetensors.index.json", gpt::HfIndexJson(shards)));
-  TZ_RETURN_IF_ERROR(WriteFileAtomically(dir + "/config.json", gpt::HfConfigJson(cfg.model, dtype)));
+  TZ_RETURN_IF_ERROR(
+      WriteFileAtomically(dir + "/config.json", gpt::HfConfigJson(cfg.model, dtype)));
   *summary = std::to_string(shards.size()) + (shards.size() == 1 ? " file" : " files") +
              " and config.json (" + gpt::ModelName(cfg.model) + ", Hugging Face's layout)";
   return Status::OK();

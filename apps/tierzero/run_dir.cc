@@ -324,8 +324,8 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
     }
     if (init_dir && (Same(o.id, *init_dir) || Inside(o.id, *init_dir)))
       return InvalidArgumentError(o.what + " " + o.path +
-                                  " lies inside the model directory --init-from " +
-                                  out.init_from + " reads; write the run elsewhere (--run-dir)");
+                                  " lies inside the model directory --init-from " + out.init_from +
+                                  " reads; write the run elsewhere (--run-dir)");
     if (resume && Inside(o.id, *resume))
       return InvalidArgumentError(o.what + " " + o.path + " lies inside the checkpoint --resume " +
                                   out.resume + " reads");

@@ -139,9 +139,11 @@ json ModelJson(const RunConfig& cfg) {
 Status CheckSameModelJson(const json& user, const RunConfig& cfg, const std::string& dir) {
   if (!user.is_object() || !user.contains("model") || !user["model"].is_object())
     return Status::OK();
-  static const std::map<std::string, std::string> kFlag = {
-      {"n_layer", " (--layers)"}, {"d_model", " (--width)"}, {"n_head", " (--heads)"},
-      {"arch", " (--arch)"},       {"n_kv_head", " (--kv-heads)"}};
+  static const std::map<std::string, std::string> kFlag = {{"n_layer", " (--layers)"},
+                                                           {"d_model", " (--width)"},
+                                                           {"n_head", " (--heads)"},
+                                                           {"arch", " (--arch)"},
+                                                           {"n_kv_head", " (--kv-heads)"}};
   const json now = ModelJson(cfg);
   for (const auto& [key, then] : user["model"].items()) {
     // How the model computes may change at a resume; what it is may not.

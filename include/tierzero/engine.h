@@ -393,9 +393,11 @@ class Engine {
     std::vector<std::string> tensors;
     uint64_t bytes = 0;
   };
-  StatusOr<std::vector<SafetensorsShard>> ExportSafetensorsShards(
-      const std::string& dir, const std::string& stem, DType dtype, const TensorNames& names,
-      uint64_t max_shard_bytes) const;
+  StatusOr<std::vector<SafetensorsShard>> ExportSafetensorsShards(const std::string& dir,
+                                                                  const std::string& stem,
+                                                                  DType dtype,
+                                                                  const TensorNames& names,
+                                                                  uint64_t max_shard_bytes) const;
 
   TierUsage usage() const;
   EngineStats stats() const;

@@ -218,15 +218,15 @@ void AttentionForward(const T* qkv, T* out, T* probs, int64_t batch, int64_t seq
 template <typename T>
 void AttentionBackward(const T* dout, const T* qkv, const T* probs, T* dqkv, int64_t batch,
                        int64_t seq, int64_t channels, int64_t heads) {
-  AttentionBackward<T>(dout, qkv, qkv + channels, qkv + 2 * channels, probs, dqkv,
-                       dqkv + channels, dqkv + 2 * channels, FusedShape(batch, seq, channels, heads));
+  AttentionBackward<T>(dout, qkv, qkv + channels, qkv + 2 * channels, probs, dqkv, dqkv + channels,
+                       dqkv + 2 * channels, FusedShape(batch, seq, channels, heads));
 }
 
-#define TZ_INSTANTIATE(T)                                                                         \
-  template void AttentionForward<T>(const T*, T*, T*, int64_t, int64_t, int64_t, int64_t);        \
-  template void AttentionBackward<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t, \
-                                     int64_t);                                                    \
-  template void AttentionForward<T>(const T*, const T*, const T*, T*, T*, const AttnShape&);      \
+#define TZ_INSTANTIATE(T)                                                                          \
+  template void AttentionForward<T>(const T*, T*, T*, int64_t, int64_t, int64_t, int64_t);         \
+  template void AttentionBackward<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t,  \
+                                     int64_t);                                                     \
+  template void AttentionForward<T>(const T*, const T*, const T*, T*, T*, const AttnShape&);       \
   template void AttentionBackward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*, T*, \
                                      const AttnShape&);
 

@@ -140,8 +140,8 @@ class CpuBackend final : public Backend {
     cpu::RmsNormBackward(v.In(dy, a_, rows * cols), v.In(x, a_, rows * cols), v.In(w, w_, cols),
                          rstd, v.Out(dx, a_, rows * cols), v.Grad(dw, w_, cols), rows, cols);
   }
-  void RopeForward(void* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                   int64_t ld, double theta) override {
+  void RopeForward(void* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t ld,
+                   double theta) override {
     Fp32Views v;
     cpu::RopeForward(v.InOut(x, a_, batch * seq * ld), batch, seq, heads, head_dim, ld, theta);
   }
@@ -211,9 +211,8 @@ class CpuBackend final : public Backend {
                            v.Grad(dwte, w_, rows * channels), v.Grad(dwpe, w_, seq * channels),
                            batch, seq, channels);
   }
-  Status CrossEntropy(const void* logits, const int32_t* targets, const float* mask,
-                      void* dlogits, int32_t* argmax, int64_t rows, int64_t vocab,
-                      double scale) override {
+  Status CrossEntropy(const void* logits, const int32_t* targets, const float* mask, void* dlogits,
+                      int32_t* argmax, int64_t rows, int64_t vocab, double scale) override {
     Fp32Views v;
     loss_ = cpu::CrossEntropy(v.In(logits, a_, rows * vocab), targets, mask,
                               v.Out(dlogits, a_, rows * vocab), argmax, rows, vocab, scale);
@@ -278,7 +277,8 @@ class CpuBackend final : public Backend {
     const size_t e = DTypeBytes(a_, 1);
     return d.ld_q == d.ld_k && d.ld_k == d.ld_v &&
            static_cast<const char*>(k) == static_cast<const char*>(q) + d.heads * d.head_dim * e &&
-           static_cast<const char*>(v) == static_cast<const char*>(k) + d.kv_heads * d.head_dim * e &&
+           static_cast<const char*>(v) ==
+               static_cast<const char*>(k) + d.kv_heads * d.head_dim * e &&
            d.ld_q == (d.heads + 2 * d.kv_heads) * d.head_dim;
   }
   // Elements a matrix of `heads` heads spans: every row ld apart, the last one its heads.
@@ -340,8 +340,8 @@ bool FusedAttentionWanted() {
 #endif
 }
 
-StatusOr<BackendSpec> ChooseBackend(const Engine& engine, Activations activations,
-                                    int64_t head_dim, bool aligned) {
+StatusOr<BackendSpec> ChooseBackend(const Engine& engine, Activations activations, int64_t head_dim,
+                                    bool aligned) {
   BackendSpec s;
   s.gpu = !engine.host_compute();
   s.params = engine.compute_dtype();

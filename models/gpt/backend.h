@@ -67,9 +67,7 @@ struct BackendSpec {
     return fused_attention_wanted && FusedAttentionHeadWidth(head_dim);
   }
   bool widen_params() const { return weights != params; }
-  uint64_t act_bytes(int64_t n) const {
-    return DTypeBytes(activations, static_cast<size_t>(n));
-  }
+  uint64_t act_bytes(int64_t n) const { return DTypeBytes(activations, static_cast<size_t>(n)); }
   uint64_t weight_bytes(int64_t n) const { return DTypeBytes(weights, static_cast<size_t>(n)); }
   // What attention keeps from forward for backward.
   uint64_t attention_state_bytes(int64_t batch, int64_t seq, int64_t heads,
@@ -85,8 +83,8 @@ struct BackendSpec {
 // `aligned`: every matrix dimension a multiple of 8 (what cuBLASLt's bf16 algorithms take;
 // "auto" picks bf16 on a GPU only then, so the addition default's 62-token vocabulary runs the
 // fp32 path).
-StatusOr<BackendSpec> ChooseBackend(const Engine& engine, Activations activations,
-                                    int64_t head_dim, bool aligned);
+StatusOr<BackendSpec> ChooseBackend(const Engine& engine, Activations activations, int64_t head_dim,
+                                    bool aligned);
 
 // A weight matrix's layout: in x out (GPT-2's Conv1D) or out x in (nn.Linear: Llama's
 // projections, and the LM head as the tied token embedding, vocab x width).
@@ -121,8 +119,8 @@ class Backend {
   const BackendSpec& spec() const { return spec_; }
 
   // y = x W (+ bias); x: rows x in (act), W (wt) in `layout`, bias (wt, may be null), y: act.
-  virtual void LinearForward(const void* x, const void* w, const void* bias, void* y,
-                             int64_t rows, int64_t in, int64_t out, WeightLayout layout) = 0;
+  virtual void LinearForward(const void* x, const void* w, const void* bias, void* y, int64_t rows,
+                             int64_t in, int64_t out, WeightLayout layout) = 0;
   // dx = dy W^T (written; may be null); dw = x^T dy in W's layout; dbias = column sums of dy
   // (dbias.p may be null).
   virtual void LinearBackward(const void* dy, const void* x, const void* w, void* dx, GradOut dw,
@@ -131,9 +129,8 @@ class Backend {
   // pre = x W + bias and y = GELU(pre) (both act, kept for backward), and backward through
   // both: dx = (dy W^T) GELU'(pre), where x = GELU(pre) is this layer's input. One product with
   // its epilogue on a GPU; the two ops in turn by default.
-  virtual void LinearGeluForward(const void* x, const void* w, const void* bias, void* pre,
-                                 void* y, int64_t rows, int64_t in, int64_t out,
-                                 WeightLayout layout);
+  virtual void LinearGeluForward(const void* x, const void* w, const void* bias, void* pre, void* y,
+                                 int64_t rows, int64_t in, int64_t out, WeightLayout layout);
   virtual void LinearBackwardGelu(const void* dy, const void* x, const void* w, const void* pre,
                                   void* dx, GradOut dw, GradOut dbias, int64_t rows, int64_t in,
                                   int64_t out, WeightLayout layout);
@@ -162,8 +159,8 @@ class Backend {
   // Causal attention of q, k, v (act) into out (act), keeping `state`
   // (spec().attention_state_bytes) for backward, which reads the forward's out and state and
   // writes dq, dk, dv (strided as q, k, v).
-  virtual void AttentionForward(const void* q, const void* k, const void* v, void* out,
-                                void* state, const AttnDims& d) = 0;
+  virtual void AttentionForward(const void* q, const void* k, const void* v, void* out, void* state,
+                                const AttnDims& d) = 0;
   virtual void AttentionBackward(const void* dout, const void* q, const void* k, const void* v,
                                  const void* out, const void* state, void* dq, void* dk, void* dv,
                                  const AttnDims& d) = 0;
@@ -172,9 +169,9 @@ class Backend {
   // same tokens in host memory (a GPU groups the rows by token there).
   virtual void EmbeddingForward(const int32_t* tokens, const void* wte, const void* wpe, void* x,
                                 int64_t batch, int64_t seq, int64_t channels) = 0;
-  virtual void EmbeddingBackward(const int32_t* tokens, const int32_t* host_tokens,
-                                 const void* dx, GradOut dwte, int64_t vocab, GradOut dwpe,
-                                 int64_t batch, int64_t seq, int64_t channels) = 0;
+  virtual void EmbeddingBackward(const int32_t* tokens, const int32_t* host_tokens, const void* dx,
+                                 GradOut dwte, int64_t vocab, GradOut dwpe, int64_t batch,
+                                 int64_t seq, int64_t channels) = 0;
   // As cpu::CrossEntropy: logits and dlogits (may be null) act; the loss, summed in double, is
   // Loss()'s, which waits for it: a GPU's iteration goes on without a host round trip.
   virtual Status CrossEntropy(const void* logits, const int32_t* targets, const float* mask,

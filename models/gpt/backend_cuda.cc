@@ -53,8 +53,8 @@ class CudaFp32Backend final : public Backend {
   void RmsNormForward(const void*, const void*, void*, float*, int64_t, int64_t, double) override {
     Owed("RMSNorm");
   }
-  void RmsNormBackward(const void*, const void*, const void*, const float*, void*, GradOut,
-                       int64_t, int64_t) override {
+  void RmsNormBackward(const void*, const void*, const void*, const float*, void*, GradOut, int64_t,
+                       int64_t) override {
     Owed("RMSNorm");
   }
   void RopeForward(void*, int64_t, int64_t, int64_t, int64_t, int64_t, double) override {
@@ -90,9 +90,8 @@ class CudaFp32Backend final : public Backend {
     float* dp = Start(dwpe, seq * channels);
     ops_->EmbeddingBackward(tokens, F(dx), dt, dp, batch, seq, channels);
   }
-  Status CrossEntropy(const void* logits, const int32_t* targets, const float* mask,
-                      void* dlogits, int32_t* argmax, int64_t rows, int64_t vocab,
-                      double scale) override {
+  Status CrossEntropy(const void* logits, const int32_t* targets, const float* mask, void* dlogits,
+                      int32_t* argmax, int64_t rows, int64_t vocab, double scale) override {
     // CudaOps waits for the loss (the fp32 path's one host round trip inside an iteration).
     TZ_ASSIGN_OR_RETURN(loss_, ops_->CrossEntropy(F(logits), targets, mask, F(dlogits), argmax,
                                                   rows, vocab, scale));
@@ -160,8 +159,7 @@ StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(Engine& engine, const Backe
   // bf16 compute: the products on the tensor cores (Note [bf16 products around fp32
   // activations]); fp32 and fp16 keep exact fp32 products.
   TZ_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaOps> ops,
-                      cuda::CudaOps::Create(engine.compute_stream(),
-                                            spec.params == DType::kBF16,
+                      cuda::CudaOps::Create(engine.compute_stream(), spec.params == DType::kBF16,
                                             spec.fused_attention_wanted));
   return std::unique_ptr<Backend>(new CudaFp32Backend(spec, std::move(ops)));
 }

@@ -45,7 +45,8 @@ class Scratch {
       if (p_ != nullptr) cudaFreeAsync(p_, stream);
       p_ = nullptr;
       have_ = 0;
-      if (const cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&p_), sizeof(T) * n, stream);
+      if (const cudaError_t e =
+              cudaMallocAsync(reinterpret_cast<void**>(&p_), sizeof(T) * n, stream);
           e != cudaSuccess) {
         cudaGetLastError();
         if (err->ok())
@@ -66,8 +67,8 @@ class Scratch {
 
 class CudaBf16Backend final : public Backend {
  public:
-  CudaBf16Backend(const BackendSpec& spec, cudaStream_t stream,
-                  std::unique_ptr<cuda::CudaOps> ops, std::unique_ptr<cuda::LtMatmul> lt)
+  CudaBf16Backend(const BackendSpec& spec, cudaStream_t stream, std::unique_ptr<cuda::CudaOps> ops,
+                  std::unique_ptr<cuda::LtMatmul> lt)
       : Backend(spec), stream_(stream), ops_(std::move(ops)), lt_(std::move(lt)) {}
   ~CudaBf16Backend() override {
     if (pinned_ != nullptr) {
@@ -130,23 +131,22 @@ class CudaBf16Backend final : public Backend {
   }
   void RmsNormForward(const void* x, const void* w, void* y, float* rstd, int64_t rows,
                       int64_t cols, double eps) override {
-    Check(k16::RmsNormForward(H(x), H(w), H(y), rstd, rows, cols, static_cast<float>(eps),
-                              stream_),
+    Check(k16::RmsNormForward(H(x), H(w), H(y), rstd, rows, cols, static_cast<float>(eps), stream_),
           "RmsNormForward");
   }
   void RmsNormBackward(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
                        GradOut dw, int64_t rows, int64_t cols) override {
     float* partial = partial_.Get(k16::ColumnPartialFloats(rows, cols), stream_, &error_);
     if (partial == nullptr) return;
-    Check(k16::RmsNormBackward(H(dy), H(x), H(w), rstd, H(dx), H(dw.p), dw.add, partial, rows,
-                               cols, stream_),
+    Check(k16::RmsNormBackward(H(dy), H(x), H(w), rstd, H(dx), H(dw.p), dw.add, partial, rows, cols,
+                               stream_),
           "RmsNormBackward");
   }
-  void RopeForward(void* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                   int64_t ld, double theta) override {
-    Check(k16::Rope(H(x), batch, seq, heads, head_dim, ld, static_cast<float>(theta), 1.0f,
-                    stream_),
-          "Rope");
+  void RopeForward(void* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t ld,
+                   double theta) override {
+    Check(
+        k16::Rope(H(x), batch, seq, heads, head_dim, ld, static_cast<float>(theta), 1.0f, stream_),
+        "Rope");
   }
   void RopeBackward(void* dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
                     int64_t ld, double theta) override {
@@ -224,9 +224,8 @@ class CudaBf16Backend final : public Backend {
       Check(k16::PositionBackward(H(dx), H(dwpe.p), dwpe.add, batch, seq, channels, stream_),
             "PositionBackward");
   }
-  Status CrossEntropy(const void* logits, const int32_t* targets, const float* mask,
-                      void* dlogits, int32_t* argmax, int64_t rows, int64_t vocab,
-                      double scale) override {
+  Status CrossEntropy(const void* logits, const int32_t* targets, const float* mask, void* dlogits,
+                      int32_t* argmax, int64_t rows, int64_t vocab, double scale) override {
     // count (one float), the mean loss (one double), then each row's loss.
     double* sums = sums_.Get(rows + 2, stream_, &error_);
     if (sums == nullptr) return error_;
@@ -294,13 +293,14 @@ class CudaBf16Backend final : public Backend {
   bool HeadWidth(int64_t hd) {
     if (FusedAttentionHeadWidth(hd)) return true;
     if (error_.ok())
-      error_ = UnsupportedError("bf16 activations on a GPU take attention heads 32, 64, 96 or 128 "
-                                "wide (the fused kernels'); this model's are " +
-                                std::to_string(hd) + ": run with --activations fp32");
+      error_ = UnsupportedError(
+          "bf16 activations on a GPU take attention heads 32, 64, 96 or 128 "
+          "wide (the fused kernels'); this model's are " +
+          std::to_string(hd) + ": run with --activations fp32");
     return false;
   }
   static cuda::FlashShape Flash(const AttnDims& d) {
-    return {d.batch, d.seq,  d.heads, d.kv_heads,           d.head_dim,
+    return {d.batch, d.seq,  d.heads, d.kv_heads,          d.head_dim,
             d.ld_q,  d.ld_k, d.ld_v,  d.heads * d.head_dim};
   }
   int32_t* Pinned(int64_t n) {
@@ -417,8 +417,7 @@ StatusOr<std::unique_ptr<Backend>> CreateCudaBf16Backend(Engine& engine, const B
                       cuda::CudaOps::Create(stream, /*tensor_cores=*/true,
                                             /*fused_attention=*/true));
   TZ_ASSIGN_OR_RETURN(std::unique_ptr<cuda::LtMatmul> lt, cuda::LtMatmul::Create(stream));
-  return std::unique_ptr<Backend>(
-      new CudaBf16Backend(spec, stream, std::move(ops), std::move(lt)));
+  return std::unique_ptr<Backend>(new CudaBf16Backend(spec, stream, std::move(ops), std::move(lt)));
 }
 
 }  // namespace tierzero::gpt

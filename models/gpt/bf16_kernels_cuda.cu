@@ -2,11 +2,10 @@
 // row-wise ops (LayerNorm), a block per row for the classifier (rows of up to hundreds of
 // thousands of logits), slabs of rows then one thread per column for column sums, grid-stride
 // loops for element-wise ops. Arithmetic is fp32 throughout; bf16 is only what is stored.
-#include "gpt/bf16_kernels_cuda.h"
-
 #include <algorithm>
 #include <cmath>
 
+#include "gpt/bf16_kernels_cuda.h"
 #include "gpt/kernels_cuda.cuh"
 
 namespace tierzero::gpt::cuda::bf16k {
@@ -15,7 +14,7 @@ namespace {
 __device__ inline float F(bf16 v) { return __bfloat162float(v); }
 __device__ inline bf16 B(float v) { return __float2bfloat16_rn(v); }
 
-#define TZ_GRID_STRIDE(i, n)                                                 \
+#define TZ_GRID_STRIDE(i, n)                                                \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
        i += int64_t{gridDim.x} * blockDim.x)
 
@@ -164,8 +163,7 @@ __global__ void RmsNormForwardKernel(const bf16* x, const bf16* w, bf16* y, floa
 }
 
 __global__ void RmsNormBackwardRowsKernel(const bf16* dy, const bf16* x, const bf16* w,
-                                          const float* rstd, bf16* dx, int64_t rows,
-                                          int64_t cols) {
+                                          const float* rstd, bf16* dx, int64_t rows, int64_t cols) {
   const int64_t r = blockIdx.x * int64_t{blockDim.x / kWarp} + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= rows) return;
@@ -242,7 +240,8 @@ __global__ void EmbeddingTableKernel(const bf16* dx, const int32_t* order, const
   TZ_GRID_STRIDE(i, groups * channels) {
     const int64_t g = i / channels, c = i % channels;
     float s = 0;
-    for (int32_t k = starts[g]; k < starts[g + 1]; ++k) s += F(dx[int64_t{order[k]} * channels + c]);
+    for (int32_t k = starts[g]; k < starts[g + 1]; ++k)
+      s += F(dx[int64_t{order[k]} * channels + c]);
     bf16* dst = dwte + int64_t{group_token[g]} * channels + c;
     *dst = B(add ? F(*dst) + s : s);
   }
@@ -416,8 +415,8 @@ cudaError_t RmsNormBackward(const bf16* dy, const bf16* x, const bf16* w, const 
   return cudaGetLastError();
 }
 
-cudaError_t Rope(bf16* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                 int64_t ld, float theta, float sign, cudaStream_t stream) {
+cudaError_t Rope(bf16* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t ld,
+                 float theta, float sign, cudaStream_t stream) {
   const int64_t n = batch * seq * heads * (head_dim / 2);
   if (n == 0) return cudaSuccess;
   RopeKernel<<<Grid(n), kThreads, 0, stream>>>(x, batch * seq, seq, heads, head_dim, ld, theta,
@@ -479,8 +478,8 @@ cudaError_t EmbeddingForward(const int32_t* tokens, const bf16* wte, const bf16*
 }
 
 cudaError_t EmbeddingTableBackward(const bf16* dx, const int32_t* order, const int32_t* starts,
-                                   const int32_t* group_token, int64_t groups, bf16* dwte,
-                                   bool add, int64_t channels, cudaStream_t stream) {
+                                   const int32_t* group_token, int64_t groups, bf16* dwte, bool add,
+                                   int64_t channels, cudaStream_t stream) {
   if (groups == 0) return cudaSuccess;
   EmbeddingTableKernel<<<Grid(groups * channels), kThreads, 0, stream>>>(
       dx, order, starts, group_token, groups, dwte, add, channels);

@@ -41,8 +41,8 @@ cudaError_t RmsNormBackward(const bf16* dy, const bf16* x, const bf16* w, const 
                             int64_t cols, cudaStream_t stream);
 // Rotary embeddings in place on the heads of x (rows ld apart); sign -1 rotates back (backward).
 // The angles as Hugging Face computes them in fp32 (cpu::RopeForward).
-cudaError_t Rope(bf16* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                 int64_t ld, float theta, float sign, cudaStream_t stream);
+cudaError_t Rope(bf16* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t ld,
+                 float theta, float sign, cudaStream_t stream);
 // h = silu(g) u; backward writes dg and du.
 cudaError_t SwigluForward(const bf16* g, const bf16* u, bf16* h, int64_t n, cudaStream_t stream);
 cudaError_t SwigluBackward(const bf16* dh, const bf16* g, const bf16* u, bf16* dg, bf16* du,
@@ -68,8 +68,8 @@ cudaError_t EmbeddingForward(const int32_t* tokens, const bf16* wte, const bf16*
 // group's token; one thread per (group, column) sums its rows in order in fp32 and writes (or,
 // with `add`, adds to) the table's row once. A written table is zeroed first by the caller.
 cudaError_t EmbeddingTableBackward(const bf16* dx, const int32_t* order, const int32_t* starts,
-                                   const int32_t* group_token, int64_t groups, bf16* dwte,
-                                   bool add, int64_t channels, cudaStream_t stream);
+                                   const int32_t* group_token, int64_t groups, bf16* dwte, bool add,
+                                   int64_t channels, cudaStream_t stream);
 // dwpe[t] = (add ? dwpe[t] : 0) + the sum over the batch of dx[b, t], b in order.
 cudaError_t PositionBackward(const bf16* dx, bf16* dwpe, bool add, int64_t batch, int64_t seq,
                              int64_t channels, cudaStream_t stream);

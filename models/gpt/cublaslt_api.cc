@@ -29,23 +29,23 @@ StatusOr<const CublasLtApi*> LoadCublasLt() {
       tried += (tried.empty() ? "" : "; ") + path + ": " + (why != nullptr ? why : "not found");
     }
     if (lib == nullptr)
-      return UnavailableError("cuBLASLt could not be loaded for the GPT's bf16 CUDA ops (" +
-                              tried + "); put " + soname +
+      return UnavailableError("cuBLASLt could not be loaded for the GPT's bf16 CUDA ops (" + tried +
+                              "); put " + soname +
                               " on the loader path (LD_LIBRARY_PATH), or run with "
                               "--activations fp32");
     auto* a = new CublasLtApi();
-    const bool ok =
-        Bind(lib, "cublasLtCreate", a->Create) && Bind(lib, "cublasLtDestroy", a->Destroy) &&
-        Bind(lib, "cublasLtMatmulDescCreate", a->MatmulDescCreate) &&
-        Bind(lib, "cublasLtMatmulDescDestroy", a->MatmulDescDestroy) &&
-        Bind(lib, "cublasLtMatmulDescSetAttribute", a->MatmulDescSetAttribute) &&
-        Bind(lib, "cublasLtMatrixLayoutCreate", a->MatrixLayoutCreate) &&
-        Bind(lib, "cublasLtMatrixLayoutDestroy", a->MatrixLayoutDestroy) &&
-        Bind(lib, "cublasLtMatmulPreferenceCreate", a->PreferenceCreate) &&
-        Bind(lib, "cublasLtMatmulPreferenceDestroy", a->PreferenceDestroy) &&
-        Bind(lib, "cublasLtMatmulPreferenceSetAttribute", a->PreferenceSetAttribute) &&
-        Bind(lib, "cublasLtMatmulAlgoGetHeuristic", a->AlgoGetHeuristic) &&
-        Bind(lib, "cublasLtMatmul", a->Matmul);
+    const bool ok = Bind(lib, "cublasLtCreate", a->Create) &&
+                    Bind(lib, "cublasLtDestroy", a->Destroy) &&
+                    Bind(lib, "cublasLtMatmulDescCreate", a->MatmulDescCreate) &&
+                    Bind(lib, "cublasLtMatmulDescDestroy", a->MatmulDescDestroy) &&
+                    Bind(lib, "cublasLtMatmulDescSetAttribute", a->MatmulDescSetAttribute) &&
+                    Bind(lib, "cublasLtMatrixLayoutCreate", a->MatrixLayoutCreate) &&
+                    Bind(lib, "cublasLtMatrixLayoutDestroy", a->MatrixLayoutDestroy) &&
+                    Bind(lib, "cublasLtMatmulPreferenceCreate", a->PreferenceCreate) &&
+                    Bind(lib, "cublasLtMatmulPreferenceDestroy", a->PreferenceDestroy) &&
+                    Bind(lib, "cublasLtMatmulPreferenceSetAttribute", a->PreferenceSetAttribute) &&
+                    Bind(lib, "cublasLtMatmulAlgoGetHeuristic", a->AlgoGetHeuristic) &&
+                    Bind(lib, "cublasLtMatmul", a->Matmul);
     if (!ok) {
       delete a;
       return UnavailableError(soname + " lacks cuBLASLt functions the GPT's bf16 CUDA ops need");

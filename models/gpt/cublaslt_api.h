@@ -24,16 +24,14 @@ struct CublasLtApi {
   cublasStatus_t (*PreferenceSetAttribute)(cublasLtMatmulPreference_t,
                                            cublasLtMatmulPreferenceAttributes_t, const void*,
                                            size_t);
-  cublasStatus_t (*AlgoGetHeuristic)(cublasLtHandle_t, cublasLtMatmulDesc_t,
+  cublasStatus_t (*AlgoGetHeuristic)(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,
                                      cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
-                                     cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
-                                     cublasLtMatmulPreference_t, int,
+                                     cublasLtMatrixLayout_t, cublasLtMatmulPreference_t, int,
                                      cublasLtMatmulHeuristicResult_t*, int*);
   cublasStatus_t (*Matmul)(cublasLtHandle_t, cublasLtMatmulDesc_t, const void*, const void*,
-                           cublasLtMatrixLayout_t, const void*, cublasLtMatrixLayout_t,
-                           const void*, const void*, cublasLtMatrixLayout_t, void*,
-                           cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t*, void*, size_t,
-                           cudaStream_t);
+                           cublasLtMatrixLayout_t, const void*, cublasLtMatrixLayout_t, const void*,
+                           const void*, cublasLtMatrixLayout_t, void*, cublasLtMatrixLayout_t,
+                           const cublasLtMatmulAlgo_t*, void*, size_t, cudaStream_t);
 };
 
 // The process's cuBLASLt, opened on the first call; Unavailable (saying what to install) when

@@ -21,14 +21,14 @@
 //   seven products per tile pair where an atomic dq would need five.
 //
 // The kernels read and write fp32 (the fp32-activation backend) or bf16 (the bf16 one: Note
-// [Activation types]); either way operands are rounded to bf16 as the batched path rounds them (q, k, v, dout, and p and ds before
-// their products); the softmax, its statistics and every accumulation are fp32. Tiles of 64 keep
-// a block's shared memory under 128 KiB at head width 128: 110 and 111 KiB for the forward and
-// dq kernels (two blocks of four warps per H100 SM), 120.5 KiB for the key-value kernel (one),
-// which ptxas also gives 255 registers and a few bytes of spills there: where tuning would
-// start. Rows
-// and keys past seq are loaded as zeros and masked, so any seq works; head widths are 32, 64, 96
-// and 128 (one instantiation each), others take the batched path.
+// [Activation types]); either way operands are rounded to bf16 as the batched path rounds them (q,
+// k, v, dout, and p and ds before their products); the softmax, its statistics and every
+// accumulation are fp32. Tiles of 64 keep a block's shared memory under 128 KiB at head width 128:
+// 110 and 111 KiB for the forward and dq kernels (two blocks of four warps per H100 SM), 120.5 KiB
+// for the key-value kernel (one), which ptxas also gives 255 registers and a few bytes of spills
+// there: where tuning would start. Rows and keys past seq are loaded as zeros and masked, so any
+// seq works; head widths are 32, 64, 96 and 128 (one instantiation each), others take the batched
+// path.
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -192,8 +192,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t qt = gridDim.x - 1 - blockIdx.x;  // the longest rows start first
-  const int64_t bh = bh0 + blockIdx.y, b = bh / op.heads, h = bh % op.heads,
-                kvh = h / op.group();
+  const int64_t bh = bh0 + blockIdx.y, b = bh / op.heads, h = bh % op.heads, kvh = h / op.group();
   const T* qb = op.q + b * seq * op.ld_q + h * HD;
   const T* kb = op.k + b * seq * op.ld_k + kvh * HD;
   const T* vb = op.v + b * seq * op.ld_v + kvh * HD;
@@ -289,8 +288,9 @@ constexpr size_t BackwardKvSmem() {
 }
 
 // Grid (key tiles, batch x key/value heads from bh0): dk and dv of 64 keys, over the query tiles
-// at or after them of each query head of the group in turn (deterministic: no atomics). A warp owns 16 keys; its lane pair (2r, 2r + 1) key r's row of the transposed
-// tile (p^T, ds^T), each lane half the 64 queries.
+// at or after them of each query head of the group in turn (deterministic: no atomics). A warp owns
+// 16 keys; its lane pair (2r, 2r + 1) key r's row of the transposed tile (p^T, ds^T), each lane
+// half the 64 queries.
 template <int HD, typename T>
 __global__ void __launch_bounds__(kBlockThreads)
     FusedBackwardKvKernel(const T* dout, Operands<T> op, const float* lse, const float* rowdot,
@@ -330,34 +330,34 @@ __global__ void __launch_bounds__(kBlockThreads)
     wmma::fill_fragment(dv[j], 0.0f);
   }
   for (int64_t hq = 0; hq < op.group(); ++hq)
-  for (int64_t qt = kt; qt < nq; ++qt) {
-    const int64_t h = kvh * op.group() + hq, bh = b * op.heads + h;
-    __syncthreads();  // every warp is done with the last query tile
-    LoadTile<HD, T>(op.q + b * seq * op.ld_q + h * HD, op.ld_q, qt * kTile, seq, qs);
-    LoadTile<HD, T>(dout + b * seq * op.ld_o + h * HD, op.ld_o, qt * kTile, seq, dos);
-    for (int i = threadIdx.x; i < kTile; i += kBlockThreads) {
-      const int64_t t = qt * kTile + i;
-      lse_s[i] = t < seq ? lse[bh * seq + t] : 0.0f;
-      rd_s[i] = t < seq ? rowdot[bh * seq + t] : 0.0f;
-    }
-    __syncthreads();
-    ScoresTile<HD>(ks + warp * kRows * ld, qs, st_w);    // s^T = k q^T
-    ScoresTile<HD>(vs + warp * kRows * ld, dos, dpt_w);  // dp^T = v dout^T
-    __syncwarp();
+    for (int64_t qt = kt; qt < nq; ++qt) {
+      const int64_t h = kvh * op.group() + hq, bh = b * op.heads + h;
+      __syncthreads();  // every warp is done with the last query tile
+      LoadTile<HD, T>(op.q + b * seq * op.ld_q + h * HD, op.ld_q, qt * kTile, seq, qs);
+      LoadTile<HD, T>(dout + b * seq * op.ld_o + h * HD, op.ld_o, qt * kTile, seq, dos);
+      for (int i = threadIdx.x; i < kTile; i += kBlockThreads) {
+        const int64_t t = qt * kTile + i;
+        lse_s[i] = t < seq ? lse[bh * seq + t] : 0.0f;
+        rd_s[i] = t < seq ? rowdot[bh * seq + t] : 0.0f;
+      }
+      __syncthreads();
+      ScoresTile<HD>(ks + warp * kRows * ld, qs, st_w);    // s^T = k q^T
+      ScoresTile<HD>(vs + warp * kRows * ld, dos, dpt_w);  // dp^T = v dout^T
+      __syncwarp();
 #pragma unroll 8
-    for (int c = 0; c < 32; ++c) {
-      const int col = half * 32 + c;
-      const int64_t t = qt * kTile + col;
-      const bool valid = key <= t && t < seq;
-      const float p = valid ? __expf(st_w[r * kSLd + col] * scale - lse_s[col]) : 0.0f;
-      const float ds = p * (dpt_w[r * kSLd + col] - rd_s[col]) * scale;
-      pt_w[r * kPLd + col] = __float2bfloat16_rn(p);
-      dst_w[r * kPLd + col] = __float2bfloat16_rn(ds);
+      for (int c = 0; c < 32; ++c) {
+        const int col = half * 32 + c;
+        const int64_t t = qt * kTile + col;
+        const bool valid = key <= t && t < seq;
+        const float p = valid ? __expf(st_w[r * kSLd + col] * scale - lse_s[col]) : 0.0f;
+        const float ds = p * (dpt_w[r * kSLd + col] - rd_s[col]) * scale;
+        pt_w[r * kPLd + col] = __float2bfloat16_rn(p);
+        dst_w[r * kPLd + col] = __float2bfloat16_rn(ds);
+      }
+      __syncwarp();
+      AccumulateTile<HD>(dv, pt_w, dos);  // dv += p^T dout
+      AccumulateTile<HD>(dk, dst_w, qs);  // dk += ds^T q
     }
-    __syncwarp();
-    AccumulateTile<HD>(dv, pt_w, dos);  // dv += p^T dout
-    AccumulateTile<HD>(dk, dst_w, qs);  // dk += ds^T q
-  }
   StoreRows<HD>(dk, st_w, op.dk + b * seq * op.ld_k + kvh * HD, op.ld_k, kt * kTile + warp * kRows,
                 seq);
   StoreRows<HD>(dv, st_w, op.dv + b * seq * op.ld_v + kvh * HD, op.ld_v, kt * kTile + warp * kRows,
@@ -388,8 +388,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t qt = gridDim.x - 1 - blockIdx.x;  // the longest rows start first
-  const int64_t bh = bh0 + blockIdx.y, b = bh / op.heads, h = bh % op.heads,
-                kvh = h / op.group();
+  const int64_t bh = bh0 + blockIdx.y, b = bh / op.heads, h = bh % op.heads, kvh = h / op.group();
   const T* kb = op.k + b * seq * op.ld_k + kvh * HD;
   const T* vb = op.v + b * seq * op.ld_v + kvh * HD;
   float* s_w = ss + warp * kRows * kSLd;
@@ -491,8 +490,8 @@ cudaError_t Check(const Operands<T>& op, int64_t hd, bool backward, const T* out
 }
 
 template <typename T>
-cudaError_t AttentionForward(const Operands<T>& op, T* out, float* lse, int64_t batch,
-                             int64_t seq, int64_t hd, cudaStream_t stream) {
+cudaError_t AttentionForward(const Operands<T>& op, T* out, float* lse, int64_t batch, int64_t seq,
+                             int64_t hd, cudaStream_t stream) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   if (batch * seq == 0) return cudaSuccess;
   if (const cudaError_t e = Check(op, hd, false, out, out); e != cudaSuccess) return e;
@@ -516,8 +515,8 @@ cudaError_t AttentionBackward(const T* dout, const Operands<T>& op, const T* out
   if (batch * seq == 0) return cudaSuccess;
   if (const cudaError_t e = Check(op, hd, true, out, dout); e != cudaSuccess) return e;
   const int64_t rows = batch * seq * op.heads;
-  RowDotKernel<T><<<WarpBlocks(rows), kThreads, 0, stream>>>(
-      dout, out, rowdot, rows, seq, op.ld_o, op.heads, static_cast<int>(hd));
+  RowDotKernel<T><<<WarpBlocks(rows), kThreads, 0, stream>>>(dout, out, rowdot, rows, seq, op.ld_o,
+                                                             op.heads, static_cast<int>(hd));
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   switch (hd) {
     case 32:
@@ -534,9 +533,17 @@ cudaError_t AttentionBackward(const T* dout, const Operands<T>& op, const T* out
 // GPT-2's fused rows: q, k, v at 0, C, 2C of 3C-wide rows.
 template <typename T>
 Operands<T> Fused(const T* qkv, T* dqkv, int64_t channels, int64_t heads) {
-  Operands<T> op{qkv,         qkv + channels,     qkv + 2 * channels, dqkv,
-                 dqkv,        dqkv,               3 * channels,       3 * channels,
-                 3 * channels, channels,          static_cast<int>(heads),
+  Operands<T> op{qkv,
+                 qkv + channels,
+                 qkv + 2 * channels,
+                 dqkv,
+                 dqkv,
+                 dqkv,
+                 3 * channels,
+                 3 * channels,
+                 3 * channels,
+                 channels,
+                 static_cast<int>(heads),
                  static_cast<int>(heads)};
   if (dqkv != nullptr) {
     op.dk = dqkv + channels;
@@ -546,10 +553,19 @@ Operands<T> Fused(const T* qkv, T* dqkv, int64_t channels, int64_t heads) {
 }
 
 template <typename T>
-Operands<T> General(const T* q, const T* k, const T* v, T* dq, T* dk, T* dv,
-                    const FlashShape& s) {
-  return {q,      k,      v,      dq,     dk, dv, s.ld_q, s.ld_k, s.ld_v, s.ld_o,
-          static_cast<int>(s.heads), static_cast<int>(s.kv_heads)};
+Operands<T> General(const T* q, const T* k, const T* v, T* dq, T* dk, T* dv, const FlashShape& s) {
+  return {q,
+          k,
+          v,
+          dq,
+          dk,
+          dv,
+          s.ld_q,
+          s.ld_k,
+          s.ld_v,
+          s.ld_o,
+          static_cast<int>(s.heads),
+          static_cast<int>(s.kv_heads)};
 }
 
 }  // namespace

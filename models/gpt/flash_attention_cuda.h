@@ -3,9 +3,9 @@
 // matrix. Forward keeps each row's log-sum-exp (batch x heads x seq floats) in place of the
 // probabilities; backward recomputes the probabilities from it. The contracts are
 // CudaOps::AttentionForward/Backward's (fp32 in and out, qkv rows [q | k | v] of 3C, heads of
-// C / H; or bf16 in and out for the bf16 backend) with `state` the log-sum-exps (fp32), within bf16 rounding of the CPU ops
-// (tests/gpt/ops_cuda_test.cc); every output element is written by one thread in a fixed order,
-// so a run repeats bit for bit. Included only by CUDA files.
+// C / H; or bf16 in and out for the bf16 backend) with `state` the log-sum-exps (fp32), within bf16
+// rounding of the CPU ops (tests/gpt/ops_cuda_test.cc); every output element is written by one
+// thread in a fixed order, so a run repeats bit for bit. Included only by CUDA files.
 #pragma once
 
 #include <cuda_bf16.h>

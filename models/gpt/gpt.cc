@@ -76,8 +76,7 @@ Status ValidateGptConfig(const GptConfig& c) {
                  "n_head or 0 for arch \"gpt2\" (grouped-query attention is Llama's)");
     if (c.d_ff != 0 && c.d_ff != 4 * c.d_model)
       return bad("d_ff", std::to_string(c.d_ff), "4 d_model or 0 for arch \"gpt2\"");
-    if (!c.tie_embeddings)
-      return bad("tie_embeddings", "false", "true for arch \"gpt2\"");
+    if (!c.tie_embeddings) return bad("tie_embeddings", "false", "true for arch \"gpt2\"");
     if (!c.attention_bias) return bad("attention_bias", "false", "true for arch \"gpt2\"");
     if (c.norm_eps != 1e-5) return bad("norm_eps", num(c.norm_eps), "1e-5 for arch \"gpt2\"");
   } else {
@@ -155,8 +154,8 @@ StatusOr<std::unique_ptr<Gpt>> Gpt::Create(Engine& engine, const GptConfig& conf
     TZ_ASSIGN_OR_RETURN(b.norm1_w, reg(p + "input_layernorm.weight", {C}, InitConstant(1), false));
     TZ_ASSIGN_OR_RETURN(b.norm2_w,
                         reg(p + "post_attention_layernorm.weight", {C}, InitConstant(1), false));
-    b.all = Ids({b.q_w, b.q_b, b.k_w, b.k_b, b.v_w, b.v_b, b.o_w, b.o_b, b.gate_w, b.up_w,
-                 b.down_w, b.norm1_w, b.norm2_w});
+    b.all = Ids({b.q_w, b.q_b, b.k_w, b.k_b, b.v_w, b.v_b, b.o_w, b.o_b, b.gate_w, b.up_w, b.down_w,
+                 b.norm1_w, b.norm2_w});
     g->blocks_.push_back(std::move(b));
   }
   TZ_ASSIGN_OR_RETURN(g->lnf_w_, reg("model.norm.weight", {C}, InitConstant(1), false));
@@ -176,8 +175,8 @@ double Gpt::flops_per_token() const {
   const double KV = static_cast<double>(cfg_.kv_heads()) * cfg_.head_dim(), F = cfg_.ffn();
   // Products' parameters per block: q, k, v, o, and the MLP's two (GELU) or three (SwiGLU)
   // matrices; then the LM head (the token embedding's lookup is not a product).
-  const double block = cfg_.arch == Arch::kGpt2 ? 4 * C * C + 2 * C * F
-                                                : 2 * C * C + 2 * C * KV + 3 * C * F;
+  const double block =
+      cfg_.arch == Arch::kGpt2 ? 4 * C * C + 2 * C * F : 2 * C * C + 2 * C * KV + 3 * C * F;
   const double matmul_params = L * block + V * C;
   // Attention scores and weighted sum: 2 x 2 x T x C per layer forward (causal: half of it).
   return 6 * matmul_params + 6 * L * T * C;
@@ -225,8 +224,8 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
   const int64_t R = d.rows, C = d.C, V = cfg_.vocab, L = cfg_.n_layer;
   if (backend_ == nullptr) {
     // The engine knows its device after Finalize.
-    TZ_ASSIGN_OR_RETURN(BackendSpec spec,
-                        ChooseBackend(engine_, cfg_.activations, cfg_.head_dim(), BackendAligned(cfg_)));
+    TZ_ASSIGN_OR_RETURN(BackendSpec spec, ChooseBackend(engine_, cfg_.activations, cfg_.head_dim(),
+                                                        BackendAligned(cfg_)));
     TZ_ASSIGN_OR_RETURN(backend_, Backend::Create(engine_, spec));
   }
   Backend& k = *backend_;
@@ -263,8 +262,8 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
       TZ_ASSIGN_OR_RETURN(Weights P, Prepare(engine_, k, scope, bp.all));
       BlockActivations& s = saved[static_cast<size_t>(l)];
       TZ_ASSIGN_OR_RETURN(saved[static_cast<size_t>(l) + 1].x, Acts(engine_, k, R * C));
-      TZ_RETURN_IF_ERROR(BlockForward(engine_, k, cfg_, d, bp, P, s,
-                                      saved[static_cast<size_t>(l) + 1].x.data()));
+      TZ_RETURN_IF_ERROR(
+          BlockForward(engine_, k, cfg_, d, bp, P, s, saved[static_cast<size_t>(l) + 1].x.data()));
       if (cfg_.activation_checkpointing || !train) {
         ActivationBuffer keep = std::move(s.x);
         s = BlockActivations{};
@@ -323,8 +322,8 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
       dlogits.Reset();
       if (gpt2)
         k.LayerNormBackward(dlnf.data(), saved[static_cast<size_t>(L)].x.data(), P(lnf_w_),
-                            meanf.as<float>(), rstdf.as<float>(), dx.data(), g_norm, G[1].out(),
-                            R, C);
+                            meanf.as<float>(), rstdf.as<float>(), dx.data(), g_norm, G[1].out(), R,
+                            C);
       else
         k.RmsNormBackward(dlnf.data(), saved[static_cast<size_t>(L)].x.data(), P(lnf_w_),
                           rstdf.as<float>(), dx.data(), g_norm, R, C);
@@ -342,8 +341,7 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
       }
       GradSink G(engine_, k, scope);
       TZ_ASSIGN_OR_RETURN(ActivationBuffer dx_in, Acts(engine_, k, R * C));
-      TZ_RETURN_IF_ERROR(
-          BlockBackward(engine_, k, cfg_, d, bp, P, G, s, dx.data(), dx_in.data()));
+      TZ_RETURN_IF_ERROR(BlockBackward(engine_, k, cfg_, d, bp, P, G, s, dx.data(), dx_in.data()));
       s = BlockActivations{};
       dx = std::move(dx_in);
     }

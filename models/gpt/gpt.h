@@ -86,7 +86,6 @@ const char* ModelName(const GptConfig& c);
 // `c`, n_kv_head and d_ff as given there).
 GptConfig AsLlama(GptConfig c);
 
-
 // InvalidArgument naming the field: every size >= 1, d_model divisible by n_head.
 Status ValidateGptConfig(const GptConfig& config);
 

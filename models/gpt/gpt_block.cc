@@ -41,7 +41,8 @@ StatusOr<Grad> Grad::Open(Engine& e, Backend& k, const ParamScope& scope, ParamI
   g.p_ = p;
   g.add_ = add;
   g.dst_ = scope.grad(p);
-  if (g.dst_ == nullptr) return InternalError("no gradient buffer for parameter " + e.param(p).name);
+  if (g.dst_ == nullptr)
+    return InternalError("no gradient buffer for parameter " + e.param(p).name);
   if (k.spec().grads_in_place) return g;
   TZ_ASSIGN_OR_RETURN(g.buf_, e.AllocateActivation(k.spec().weight_bytes(e.numel(p))));
   k.Zero(g.buf_.data(), g.buf_.bytes());
@@ -116,8 +117,8 @@ AttnDims Attn(const GptConfig& c, const Dims& d) {
 
 }  // namespace
 
-Status BlockForward(Engine& e, Backend& k, const GptConfig& c, const Dims& d,
-                    const BlockParams& bp, const Weights& P, BlockActivations& s, void* y) {
+Status BlockForward(Engine& e, Backend& k, const GptConfig& c, const Dims& d, const BlockParams& bp,
+                    const Weights& P, BlockActivations& s, void* y) {
   const int64_t R = d.rows, C = d.C, F = c.ffn(), KV = int64_t{c.kv_heads()} * c.head_dim();
   const bool gpt2 = Gpt2(c);
   const WeightLayout L = Layout(c);
@@ -172,8 +173,8 @@ Status BlockForward(Engine& e, Backend& k, const GptConfig& c, const Dims& d,
   }
   // MLP.
   if (gpt2) {
-    k.LayerNormForward(s.x2.data(), P(bp.norm2_w), P(bp.norm2_b), s.n2.data(),
-                       s.mean2.as<float>(), s.rstd2.as<float>(), R, C);
+    k.LayerNormForward(s.x2.data(), P(bp.norm2_w), P(bp.norm2_b), s.n2.data(), s.mean2.as<float>(),
+                       s.rstd2.as<float>(), R, C);
     k.LinearGeluForward(s.n2.data(), P(bp.fc_w), P(bp.fc_b), s.h.data(), s.mlp.data(), R, C, F, L);
   } else {
     k.RmsNormForward(s.x2.data(), P(bp.norm2_w), s.n2.data(), s.rstd2.as<float>(), R, C,
@@ -236,15 +237,15 @@ Status BlockBackward(Engine& e, Backend& k, const GptConfig& c, const Dims& d,
     s.mlp.Reset();
     TZ_ASSIGN_OR_RETURN(ActivationBuffer dn2, Acts(e, k, R * C));
     TZ_RETURN_IF_ERROR(G.Open(bp.gate_w));
-    k.LinearBackward(dglu.data(), s.n2.data(), P(bp.gate_w), dn2.data(), G(bp.gate_w), GradOut{},
-                     R, C, F, L);
+    k.LinearBackward(dglu.data(), s.n2.data(), P(bp.gate_w), dn2.data(), G(bp.gate_w), GradOut{}, R,
+                     C, F, L);
     TZ_RETURN_IF_ERROR(G.Close(bp.gate_w));
     dglu.Reset();
     {
       TZ_ASSIGN_OR_RETURN(ActivationBuffer tmp, Acts(e, k, R * C));
       TZ_RETURN_IF_ERROR(G.Open(bp.up_w));
-      k.LinearBackward(du.data(), s.n2.data(), P(bp.up_w), tmp.data(), G(bp.up_w), GradOut{}, R,
-                       C, F, L);
+      k.LinearBackward(du.data(), s.n2.data(), P(bp.up_w), tmp.data(), G(bp.up_w), GradOut{}, R, C,
+                       F, L);
       TZ_RETURN_IF_ERROR(G.Close(bp.up_w));
       du.Reset();
       k.AddInPlace(dn2.data(), tmp.data(), R * C);
@@ -301,14 +302,12 @@ Status BlockBackward(Engine& e, Backend& k, const GptConfig& c, const Dims& d,
       {
         TZ_ASSIGN_OR_RETURN(ActivationBuffer tmp, Acts(e, k, R * C));
         TZ_RETURN_IF_ERROR(G.Open(bp.k_w, bp.k_b));
-        k.LinearBackward(gk, s.n1.data(), P(bp.k_w), tmp.data(), G(bp.k_w), G(bp.k_b), R, C, KV,
-                         L);
+        k.LinearBackward(gk, s.n1.data(), P(bp.k_w), tmp.data(), G(bp.k_w), G(bp.k_b), R, C, KV, L);
         TZ_RETURN_IF_ERROR(G.Close(bp.k_w, bp.k_b));
         dk.Reset();
         k.AddInPlace(dn1.data(), tmp.data(), R * C);
         TZ_RETURN_IF_ERROR(G.Open(bp.v_w, bp.v_b));
-        k.LinearBackward(gv, s.n1.data(), P(bp.v_w), tmp.data(), G(bp.v_w), G(bp.v_b), R, C, KV,
-                         L);
+        k.LinearBackward(gv, s.n1.data(), P(bp.v_w), tmp.data(), G(bp.v_w), G(bp.v_b), R, C, KV, L);
         TZ_RETURN_IF_ERROR(G.Close(bp.v_w, bp.v_b));
         dv.Reset();
         k.AddInPlace(dn1.data(), tmp.data(), R * C);

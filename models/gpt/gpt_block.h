@@ -78,8 +78,8 @@ struct BlockActivations {
 };
 
 // Forward of one block from s.x into y; fills the saved activations.
-Status BlockForward(Engine& e, Backend& k, const GptConfig& c, const Dims& d,
-                    const BlockParams& bp, const Weights& P, BlockActivations& s, void* y);
+Status BlockForward(Engine& e, Backend& k, const GptConfig& c, const Dims& d, const BlockParams& bp,
+                    const Weights& P, BlockActivations& s, void* y);
 // Backward of one block: dy in, dx out (written), parameter gradients through G.
 Status BlockBackward(Engine& e, Backend& k, const GptConfig& c, const Dims& d,
                      const BlockParams& bp, const Weights& P, GradSink& G, BlockActivations& s,

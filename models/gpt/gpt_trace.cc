@@ -47,14 +47,15 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
   const uint64_t B = static_cast<uint64_t>(batch), T = static_cast<uint64_t>(cfg_.seq_len),
                  C = static_cast<uint64_t>(cfg_.d_model), H = static_cast<uint64_t>(cfg_.n_head),
                  V = static_cast<uint64_t>(cfg_.vocab), F = static_cast<uint64_t>(cfg_.ffn()),
-                 KV = static_cast<uint64_t>(cfg_.kv_heads()) * static_cast<uint64_t>(cfg_.head_dim());
+                 KV = static_cast<uint64_t>(cfg_.kv_heads()) *
+                      static_cast<uint64_t>(cfg_.head_dim());
   const uint64_t R = B * T;
   const bool gpt2 = cfg_.arch == Arch::kGpt2;
   // The backend Run will use (Note [Activation types] in gpt/backend.h) sets the bytes: a(n)
   // activations, f(n) fp32 values, w(n) widened weights (none when the ops read the chunks'
   // copies), g(n) gradient buffers (none when the ops add into the engine's).
-  TZ_ASSIGN_OR_RETURN(const BackendSpec spec,
-                      ChooseBackend(engine_, cfg_.activations, cfg_.head_dim(), BackendAligned(cfg_)));
+  TZ_ASSIGN_OR_RETURN(const BackendSpec spec, ChooseBackend(engine_, cfg_.activations,
+                                                            cfg_.head_dim(), BackendAligned(cfg_)));
   const uint64_t attn_state =
       spec.attention_state_bytes(static_cast<int64_t>(B), static_cast<int64_t>(T),
                                  static_cast<int64_t>(H), static_cast<int64_t>(C / H));
@@ -92,18 +93,18 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
                dF = static_cast<double>(F), dKV = static_cast<double>(KV);
   // A block's forward: its products (2 R x their parameters) and attention (4 B T^2 C), and the
   // bytes its kernels touch (about every activation written once and read once).
-  const double block_matmul = gpt2 ? 4 * dC * dC + 2 * dC * dF : 2 * dC * dC + 2 * dC * dKV + 3 * dC * dF;
+  const double block_matmul =
+      gpt2 ? 4 * dC * dC + 2 * dC * dF : 2 * dC * dC + 2 * dC * dKV + 3 * dC * dF;
   const double block_fwd_flops = 2 * dR * block_matmul + 4.0 * static_cast<double>(B * T * T * C);
-  const double block_fwd_bytes =
-      2.0 * static_cast<double>(a(8 * R * C + 3 * R * F) + attn_state);
+  const double block_fwd_bytes = 2.0 * static_cast<double>(a(8 * R * C + 3 * R * F) + attn_state);
   Ledger L;
   // What a block saves (BlockForward's allocations in order), and its two temporaries.
   const std::vector<uint64_t> saved_list =
-      gpt2 ? std::vector<uint64_t>{a(R * C), f(R), f(R), a(R * 3 * C), attn_state, a(R * C),
-                                   a(R * C), a(R * C), f(R), f(R), a(R * F), a(R * F)}
-           : std::vector<uint64_t>{a(R * C), f(R), a(R * C), a(R * KV), a(R * KV), attn_state,
-                                   a(R * C), a(R * C), a(R * C), f(R), a(R * F), a(R * F),
-                                   a(R * F)};
+      gpt2 ? std::vector<uint64_t>{a(R * C), f(R),     f(R), a(R * 3 * C), attn_state, a(R * C),
+                                   a(R * C), a(R * C), f(R), f(R),         a(R * F),   a(R * F)}
+           : std::vector<uint64_t>{a(R * C),   f(R),     a(R * C), a(R * KV), a(R * KV),
+                                   attn_state, a(R * C), a(R * C), a(R * C),  f(R),
+                                   a(R * F),   a(R * F), a(R * F)};
   uint64_t saved_bytes = 0;  // what `s = BlockActivations{}` frees besides x
   for (uint64_t b : saved_list) saved_bytes += b;
   auto block_forward = [&]() {
@@ -149,9 +150,9 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
   L.Alloc(a(R * C));  // dx
   {
     L.Begin(head, true);
-    L.Alloc(w(numel(head)));  // widened
+    L.Alloc(w(numel(head)));                                                     // widened
     for (ParamId p : head) L.Alloc(g(static_cast<uint64_t>(engine_.numel(p))));  // gradients
-    L.Alloc(a(R * C));                                                            // dlnf
+    L.Alloc(a(R * C));                                                           // dlnf
     L.Work(4 * dR * dC * static_cast<double>(V), 2.0 * static_cast<double>(a(R * V)));
     L.Free(a(R * V));  // dlogits
     L.Free(a(R * C));  // the last block's output
@@ -188,12 +189,12 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
       L.Alloc(gp(bp.down_w));
       L.Free(a(R * F));  // glu
       L.Free(gp(bp.down_w));
-      L.Alloc(a(R * F));      // du
-      L.Free(2 * a(R * F));   // gate, up
-      L.Alloc(a(R * C));      // dn2
+      L.Alloc(a(R * F));     // du
+      L.Free(2 * a(R * F));  // gate, up
+      L.Alloc(a(R * C));     // dn2
       L.Alloc(gp(bp.gate_w));
       L.Free(gp(bp.gate_w));
-      L.Free(a(R * F));  // dglu
+      L.Free(a(R * F));   // dglu
       L.Alloc(a(R * C));  // tmp
       L.Alloc(gp(bp.up_w));
       L.Free(gp(bp.up_w));
@@ -209,7 +210,7 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
     if (gpt2) {
       L.Alloc(a(R * 3 * C));  // dqkv
     } else {
-      L.Alloc(a(R * C));  // dq
+      L.Alloc(a(R * C));   // dq
       L.Alloc(a(R * KV));  // dk
       L.Alloc(a(R * KV));  // dv
     }
@@ -223,7 +224,7 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
     } else {
       L.Alloc(gp(bp.q_w, bp.q_b));
       L.Free(gp(bp.q_w, bp.q_b));
-      L.Free(a(R * C));  // dq
+      L.Free(a(R * C));   // dq
       L.Alloc(a(R * C));  // tmp
       L.Alloc(gp(bp.k_w, bp.k_b));
       L.Free(gp(bp.k_w, bp.k_b));

@@ -157,8 +157,8 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
     if (c.has("n_inner")) {
       TZ_ASSIGN_OR_RETURN(const int64_t inner, c.Int("n_inner"));
       if (inner != 4 * g.d_model)
-        return c.Unsupported("n_inner", "is " + std::to_string(inner) +
-                                            "; GPT-2's MLP is 4 n_embd wide here");
+        return c.Unsupported("n_inner",
+                             "is " + std::to_string(inner) + "; GPT-2's MLP is 4 n_embd wide here");
     }
     const std::string act = c.Str("activation_function");
     if (!act.empty() && act != "gelu_new" && act != "gelu_pytorch_tanh")
@@ -199,9 +199,10 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
     if (c.has("head_dim")) {
       TZ_ASSIGN_OR_RETURN(const int64_t hd, c.Int("head_dim"));
       if (hd != g.d_model / g.n_head)
-        return c.Unsupported("head_dim", "is " + std::to_string(hd) +
-                                             "; heads here are hidden_size / num_attention_heads (" +
-                                             std::to_string(g.d_model / g.n_head) + ") wide");
+        return c.Unsupported("head_dim",
+                             "is " + std::to_string(hd) +
+                                 "; heads here are hidden_size / num_attention_heads (" +
+                                 std::to_string(g.d_model / g.n_head) + ") wide");
     }
     const std::string act = c.Str("hidden_act");
     if (!act.empty() && act != "silu")
@@ -219,10 +220,12 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
     if (c.has("sliding_window")) {
       TZ_ASSIGN_OR_RETURN(const int64_t w, c.Int("sliding_window"));
       if (w < g.seq_len)
-        return c.Unsupported("sliding_window",
-                             "is " + std::to_string(w) + ", shorter than the context " +
-                                 std::to_string(g.seq_len) + ": attention here sees every "
-                                 "earlier token; use --seq-len " + std::to_string(w));
+        return c.Unsupported("sliding_window", "is " + std::to_string(w) +
+                                                   ", shorter than the context " +
+                                                   std::to_string(g.seq_len) +
+                                                   ": attention here sees every "
+                                                   "earlier token; use --seq-len " +
+                                                   std::to_string(w));
     }
     // The context: the base's when it fits, else the positions.
     if (g.seq_len > g.max_positions) g.seq_len = g.max_positions;
@@ -267,10 +270,10 @@ Engine::TensorNames HfTensorNames(const GptConfig& config,
                                   const std::vector<std::string>& available) {
   if (config.arch == Arch::kLlama) return nullptr;  // the same names
   // GPT-2: transformers writes "transformer.wte.weight"; the original checkpoints "wte.weight".
-  const bool bare = !available.empty() &&
-                    std::find(available.begin(), available.end(), "transformer.wte.weight") ==
-                        available.end() &&
-                    std::find(available.begin(), available.end(), "wte.weight") != available.end();
+  const bool bare =
+      !available.empty() &&
+      std::find(available.begin(), available.end(), "transformer.wte.weight") == available.end() &&
+      std::find(available.begin(), available.end(), "wte.weight") != available.end();
   const std::string prefix = bare ? "" : "transformer.";
   return [prefix](const std::string& name) {
     if (name == "wte" || name == "wpe") return prefix + name + ".weight";

@@ -21,11 +21,11 @@
 namespace tierzero::gpt {
 
 struct HfModel {
-  GptConfig config;                 // the shape; the rest as the `base` given
-  std::vector<std::string> files;   // the safetensors files, full paths
+  GptConfig config;                  // the shape; the rest as the `base` given
+  std::vector<std::string> files;    // the safetensors files, full paths
   std::vector<std::string> tensors;  // every tensor name the files hold (sorted)
-  DType dtype = DType::kBF16;       // torch_dtype (bf16 when it says none)
-  std::string source;               // what config.json named: "LlamaForCausalLM", ...
+  DType dtype = DType::kBF16;        // torch_dtype (bf16 when it says none)
+  std::string source;                // what config.json named: "LlamaForCausalLM", ...
 };
 
 // The model of Hugging Face directory `dir`: its config.json read into `base`'s shape fields

@@ -57,8 +57,7 @@ void Rotate(T* x, int64_t batch, int64_t seq, int64_t heads, int64_t hd, int64_t
 }  // namespace
 
 template <typename T>
-void RmsNormForward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t cols,
-                    double eps) {
+void RmsNormForward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t cols, double eps) {
   ParallelRows(rows, cols, [&](int64_t r) {
     const T* xr = x + r * cols;
     T ss = 0;
@@ -71,8 +70,8 @@ void RmsNormForward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t
 }
 
 template <typename T>
-void RmsNormBackward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw,
-                     int64_t rows, int64_t cols) {
+void RmsNormBackward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw, int64_t rows,
+                     int64_t cols) {
   ParallelRows(rows, cols, [&](int64_t r) {
     const T* dyr = dy + r * cols;
     const T* xr = x + r * cols;
@@ -135,13 +134,13 @@ void SwigluBackward(const T* dh, const T* g, const T* u, T* dg, T* du, int64_t n
   });
 }
 
-#define TZ_INSTANTIATE(T)                                                                     \
-  template void RmsNormForward<T>(const T*, const T*, T*, T*, int64_t, int64_t, double);      \
-  template void RmsNormBackward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t,   \
-                                   int64_t);                                                  \
-  template void RopeForward<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, double);      \
-  template void RopeBackward<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, double);     \
-  template void SwigluForward<T>(const T*, const T*, T*, int64_t);                            \
+#define TZ_INSTANTIATE(T)                                                                   \
+  template void RmsNormForward<T>(const T*, const T*, T*, T*, int64_t, int64_t, double);    \
+  template void RmsNormBackward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t, \
+                                   int64_t);                                                \
+  template void RopeForward<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, double);    \
+  template void RopeBackward<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, double);   \
+  template void SwigluForward<T>(const T*, const T*, T*, int64_t);                          \
   template void SwigluBackward<T>(const T*, const T*, const T*, T*, T*, int64_t);
 
 TZ_INSTANTIATE(float)

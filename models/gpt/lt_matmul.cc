@@ -91,7 +91,7 @@ LtMatmul::~LtMatmul() {
 }
 
 StatusOr<LtMatmul::Plan*> LtMatmul::PlanFor(const LtProduct& p) {
-  const Key key{p.trans_a, p.trans_b, p.m,         p.n,      p.k,      p.lda,
+  const Key key{p.trans_a, p.trans_b, p.m,         p.n,        p.k,      p.lda,
                 p.ldb,     p.ldd,     p.beta != 0, p.epilogue, p.aux_ld, Alignment(p)};
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
   auto plan = std::make_unique<Plan>();
@@ -106,14 +106,16 @@ StatusOr<LtMatmul::Plan*> LtMatmul::PlanFor(const LtProduct& p) {
       check(A.MatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate"));
   const cublasOperation_t ta = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t tb = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  TZ_RETURN_IF_ERROR(check(
-      A.MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "TRANSA"));
-  TZ_RETURN_IF_ERROR(check(
-      A.MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "TRANSB"));
+  TZ_RETURN_IF_ERROR(
+      check(A.MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+            "TRANSA"));
+  TZ_RETURN_IF_ERROR(
+      check(A.MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+            "TRANSB"));
   const cublasLtEpilogue_t epi = LtEpilogue(p.epilogue);
-  TZ_RETURN_IF_ERROR(check(
-      A.MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
-      "EPILOGUE"));
+  TZ_RETURN_IF_ERROR(
+      check(A.MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
+            "EPILOGUE"));
   if (p.bias != nullptr) {
     const cudaDataType_t bt = CUDA_R_16BF;
     TZ_RETURN_IF_ERROR(check(
@@ -140,16 +142,16 @@ StatusOr<LtMatmul::Plan*> LtMatmul::PlanFor(const LtProduct& p) {
                                                     &p.bias, sizeof(p.bias)),
                            "BIAS_POINTER"));
   if (HasAux(p.epilogue)) {
-    TZ_RETURN_IF_ERROR(check(A.MatmulDescSetAttribute(plan->desc,
-                                                      CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                                      &p.aux, sizeof(p.aux)),
-                             "EPILOGUE_AUX_POINTER"));
+    TZ_RETURN_IF_ERROR(
+        check(A.MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                       &p.aux, sizeof(p.aux)),
+              "EPILOGUE_AUX_POINTER"));
   }
   cublasLtMatmulPreference_t pref = nullptr;
   TZ_RETURN_IF_ERROR(check(A.PreferenceCreate(&pref), "MatmulPreferenceCreate"));
   const uint64_t ws = kWorkspaceBytes;
-  cublasStatus_t s = A.PreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                              sizeof(ws));
+  cublasStatus_t s =
+      A.PreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   if (s == CUBLAS_STATUS_SUCCESS)

@@ -384,8 +384,8 @@ void LinearForwardOutIn(const T* x, const T* w, const T* bias, T* y, int64_t row
 }
 
 template <typename T>
-void LinearBackwardOutIn(const T* dy, const T* x, const T* w, T* dx, T* dw, T* dbias,
-                         int64_t rows, int64_t in, int64_t out) {
+void LinearBackwardOutIn(const T* dy, const T* x, const T* w, T* dx, T* dw, T* dbias, int64_t rows,
+                         int64_t in, int64_t out) {
   if (dx != nullptr) Gemm<T>(false, false, rows, in, out, T(1), dy, out, w, in, T(0), dx, in);
   Gemm<T>(true, false, out, in, rows, T(1), dy, out, x, in, T(1), dw, in);
   if (dbias != nullptr) AddColumnSums(dy, dbias, rows, out);

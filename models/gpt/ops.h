@@ -39,8 +39,8 @@ template <typename T>
 void LinearForwardOutIn(const T* x, const T* w, const T* bias, T* y, int64_t rows, int64_t in,
                         int64_t out);
 template <typename T>
-void LinearBackwardOutIn(const T* dy, const T* x, const T* w, T* dx, T* dw, T* dbias,
-                         int64_t rows, int64_t in, int64_t out);
+void LinearBackwardOutIn(const T* dy, const T* x, const T* w, T* dx, T* dw, T* dbias, int64_t rows,
+                         int64_t in, int64_t out);
 
 // LayerNorm over the last dimension (eps 1e-5); mean and rstd (rows) are saved for backward.
 template <typename T>
@@ -86,8 +86,8 @@ void AttentionBackward(const T* dout, const T* q, const T* k, const T* v, const 
 template <typename T>
 void RmsNormForward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t cols, double eps);
 template <typename T>
-void RmsNormBackward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw,
-                     int64_t rows, int64_t cols);
+void RmsNormBackward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw, int64_t rows,
+                     int64_t cols);
 
 // Rotary position embeddings as Hugging Face's Llama applies them (rotate_half): for each head of
 // x (rows of batch x seq, `heads` heads of head_dim, rows ld apart, in place) and j < head_dim/2,

@@ -380,7 +380,6 @@ __global__ void CrossEntropyKernel(const float* logits, const int32_t* targets, 
 
 }  // namespace
 
-
 StatusOr<std::unique_ptr<CudaOps>> CudaOps::Create(void* stream, bool tensor_cores,
                                                    bool fused_attention) {
   int count = 0;
@@ -445,7 +444,7 @@ void CudaOps::ColumnSums(const float* m, float* out, int64_t rows, int64_t cols)
                          impl_->stream>>>(m, partial, rows, cols, sl.rows);
   impl_->CheckLaunch("ColumnPartialsKernel");
   ColumnTotalsKernel<<<Blocks(cols), kThreads, 0, impl_->stream>>>(partial, sl.count, cols, out,
-                                                                  nullptr);
+                                                                   nullptr);
   impl_->CheckLaunch("ColumnTotalsKernel");
 }
 

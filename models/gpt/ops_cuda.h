@@ -47,8 +47,8 @@ class CudaOps final {
   void LinearBackward(const float* dy, const float* x, const float* w, float* dx, float* dw,
                       float* dbias, int64_t rows, int64_t in, int64_t out);
   // As cpu::LinearForwardOutIn / LinearBackwardOutIn (W stored out x in).
-  void LinearForwardOutIn(const float* x, const float* w, const float* bias, float* y,
-                          int64_t rows, int64_t in, int64_t out);
+  void LinearForwardOutIn(const float* x, const float* w, const float* bias, float* y, int64_t rows,
+                          int64_t in, int64_t out);
   void LinearBackwardOutIn(const float* dy, const float* x, const float* w, float* dx, float* dw,
                            float* dbias, int64_t rows, int64_t in, int64_t out);
   void LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
@@ -62,8 +62,7 @@ class CudaOps final {
   void AttentionForward(const float* qkv, float* out, float* state, int64_t batch, int64_t seq,
                         int64_t channels, int64_t heads);
   void AttentionBackward(const float* dout, const float* qkv, const float* out, const float* state,
-                         float* dqkv, int64_t batch, int64_t seq, int64_t channels,
-                         int64_t heads);
+                         float* dqkv, int64_t batch, int64_t seq, int64_t channels, int64_t heads);
   void EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe, float* x,
                         int64_t batch, int64_t seq, int64_t channels);
   void EmbeddingBackward(const int32_t* tokens, const float* dx, float* dwte, float* dwpe,

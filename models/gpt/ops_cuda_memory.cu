@@ -119,16 +119,16 @@ Status CudaOps::Narrow(const float* src, void* dst, DType dst_type, int64_t n) {
 Status CudaOps::Accumulate(const float* src, void* dst, DType dst_type, int64_t n) {
   switch (dst_type) {
     case DType::kF32:
-      AccumulateKernel<<<Blocks(n), kThreads, 0, impl_->stream>>>(
-          src, static_cast<float*>(dst), n, Identity{}, Identity{});
+      AccumulateKernel<<<Blocks(n), kThreads, 0, impl_->stream>>>(src, static_cast<float*>(dst), n,
+                                                                  Identity{}, Identity{});
       break;
     case DType::kBF16:
       AccumulateKernel<<<Blocks(n), kThreads, 0, impl_->stream>>>(
           src, static_cast<__nv_bfloat16*>(dst), n, FromBF16{}, ToBF16{});
       break;
     case DType::kF16:
-      AccumulateKernel<<<Blocks(n), kThreads, 0, impl_->stream>>>(
-          src, static_cast<__half*>(dst), n, FromF16{}, ToF16{});
+      AccumulateKernel<<<Blocks(n), kThreads, 0, impl_->stream>>>(src, static_cast<__half*>(dst), n,
+                                                                  FromF16{}, ToF16{});
       break;
     default:
       return InvalidArgumentError("Accumulate: the destination must be fp32, bf16 or fp16");

@@ -152,7 +152,8 @@ StatusOr<std::vector<Engine::SafetensorsShard>> Engine::ExportSafetensorsShards(
       std::snprintf(buf, sizeof buf, "-%05zu-of-%05zu.safetensors", i + 1, groups.size());
       sh.file = stem + buf;
     }
-    for (size_t t : groups[i]) sh.tensors.push_back(names ? names(im.params[t].name) : im.params[t].name);
+    for (size_t t : groups[i])
+      sh.tensors.push_back(names ? names(im.params[t].name) : im.params[t].name);
     sh.bytes = sizes[i];
     files.push_back({dir + "/" + sh.file, groups[i]});
     shards.push_back(std::move(sh));
@@ -291,9 +292,9 @@ Status Engine::LoadSafetensors(const std::vector<std::string>& files, const Tens
     }
     headers.push_back(std::move(h));
   }
-  const std::string set = files.size() == 1 ? files[0]
-                                            : "the " + std::to_string(files.size()) +
-                                                  " files (" + files[0] + ", ...)";
+  const std::string set =
+      files.size() == 1 ? files[0]
+                        : "the " + std::to_string(files.size()) + " files (" + files[0] + ", ...)";
   auto name_of = [&](const ParamSpec& ps) { return names ? names(ps.name) : ps.name; };
   std::map<std::string, bool> used;
   for (const ParamSpec& ps : im.params) {
@@ -324,7 +325,8 @@ Status Engine::LoadSafetensors(const std::vector<std::string>& files, const Tens
     const uint64_t count = static_cast<uint64_t>(im.numel[t]);
     raw.resize(e.end - e.begin);
     values.resize(count);
-    RETURN_IF_ERROR(ReadAt(fds[f]->get(), files[f], headers[f].base + e.begin, raw.data(), raw.size()));
+    RETURN_IF_ERROR(
+        ReadAt(fds[f]->get(), files[f], headers[f].base + e.begin, raw.data(), raw.size()));
     RETURN_IF_ERROR(Convert(raw.data(), e.dtype, values.data(), DType::kF32, count));
     const size_t non_finite = static_cast<size_t>(
         std::count_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); }));

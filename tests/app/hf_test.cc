@@ -5,6 +5,8 @@
 // (tests/gpt/llama_reference.h); a 0-step run exported with --format hf holds the very tensors
 // (names, shapes, dtypes, bytes) of its input; GPT-2's layout reads with and without the
 // "transformer." prefix; what a directory may not say is refused naming the field.
+#include "gpt/hf.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -20,7 +22,6 @@
 
 #include "../gpt/llama_reference.h"
 #include "gpt/gpt.h"
-#include "gpt/hf.h"
 #include "tierzero/convert.h"
 #include "train.h"
 
@@ -52,7 +53,8 @@ void WriteSafetensors(const std::string& path, const std::map<std::string, Tenso
   json h = json::object();
   uint64_t off = 0;
   for (const auto& [name, t] : ts) {
-    h[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes.size()}}};
+    h[name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes.size()}}};
     off += t.bytes.size();
   }
   h["__metadata__"] = {{"format", "pt"}};
@@ -159,22 +161,22 @@ struct TinyLlama {
     std::ofstream(dir + "/model.safetensors.index.json")
         << json({{"metadata", {{"total_size", total}}}, {"weight_map", map}}).dump(2);
     std::ofstream(dir + "/config.json") << json({{"architectures", {"LlamaForCausalLM"}},
-                                                  {"model_type", "llama"},
-                                                  {"vocab_size", V},
-                                                  {"hidden_size", C},
-                                                  {"intermediate_size", F},
-                                                  {"num_hidden_layers", L},
-                                                  {"num_attention_heads", H},
-                                                  {"num_key_value_heads", KV},
-                                                  {"max_position_embeddings", P},
-                                                  {"rms_norm_eps", 1e-6},
-                                                  {"rope_theta", 500000.0},
-                                                  {"hidden_act", "silu"},
-                                                  {"tie_word_embeddings", false},
-                                                  {"attention_bias", false},
-                                                  {"rope_scaling", nullptr},
-                                                  {"torch_dtype", "bfloat16"}})
-                                                .dump(2);
+                                                 {"model_type", "llama"},
+                                                 {"vocab_size", V},
+                                                 {"hidden_size", C},
+                                                 {"intermediate_size", F},
+                                                 {"num_hidden_layers", L},
+                                                 {"num_attention_heads", H},
+                                                 {"num_key_value_heads", KV},
+                                                 {"max_position_embeddings", P},
+                                                 {"rms_norm_eps", 1e-6},
+                                                 {"rope_theta", 500000.0},
+                                                 {"hidden_act", "silu"},
+                                                 {"tie_word_embeddings", false},
+                                                 {"attention_bias", false},
+                                                 {"rope_scaling", nullptr},
+                                                 {"torch_dtype", "bfloat16"}})
+                                               .dump(2);
   }
 };
 
@@ -213,16 +215,16 @@ TEST(HfModels, LlamaEvalEqualsTheFp64ReimplementationOfHfLlama) {
       all.targets.push_back(tokens[static_cast<size_t>(w * T + t + 1)]);
       all.mask.push_back(1.0f);
     }
-  const gpt::LlamaRef ref{TinyLlama::V, T,        TinyLlama::C, TinyLlama::L, TinyLlama::H,
-                          TinyLlama::KV, TinyLlama::F, 500000.0, 1e-6,     false,
-                          false,         m.params};
+  const gpt::LlamaRef ref{
+      TinyLlama::V, T,        TinyLlama::C, TinyLlama::L, TinyLlama::H, TinyLlama::KV,
+      TinyLlama::F, 500000.0, 1e-6,         false,        false,        m.params};
   const double want = ref.Loss(all);
   for (const char* rows : {"1", "3", "8"}) {
     int rc = -1;
-    const double got = EvalLoss({"--init-from", dir / "llama", "--data", dir / "data.bin",
-                                 "--seq-len", "7", "--batch-size", rows, "--dtype", "fp32",
-                                 "--device", "host"},
-                                &rc);
+    const double got =
+        EvalLoss({"--init-from", dir / "llama", "--data", dir / "data.bin", "--seq-len", "7",
+                  "--batch-size", rows, "--dtype", "fp32", "--device", "host"},
+                 &rc);
     ASSERT_EQ(rc, 0) << rows;
     EXPECT_NEAR(got, want, 2e-5 * want) << "batches of " << rows;
   }
@@ -270,10 +272,10 @@ TEST(HfModels, AZeroStepRunExportsItsInputTensorForTensor) {
   }
   // Never into a directory holding files, nor into the model directory a run reads.
   EXPECT_EQ(Export({dir / "run/checkpoint", "--format", "hf", "-o", dir / "llama"}), 1);
-  EXPECT_EQ(Train({"--init-from", dir / "llama", "--data", dir / "data.bin", "--steps", "0",
-                   "--seq-len", "16", "--run-dir", dir / "llama/run", "--device", "host",
-                   "--quiet"}),
-            1);
+  EXPECT_EQ(
+      Train({"--init-from", dir / "llama", "--data", dir / "data.bin", "--steps", "0", "--seq-len",
+             "16", "--run-dir", dir / "llama/run", "--device", "host", "--quiet"}),
+      1);
 }
 
 TEST(HfModels, Gpt2ReadsWithAndWithoutItsPrefixAndSkipsItsBuffers) {
@@ -307,19 +309,21 @@ TEST(HfModels, Gpt2ReadsWithAndWithoutItsPrefixAndSkipsItsBuffers) {
     add("ln_f.bias", {C});
     add("h.0.attn.bias", {1, 1, P, P});  // the causal mask buffer old checkpoints carry
     WriteSafetensors(d + "/model.safetensors", ts);
-    std::ofstream(d + "/config.json")
-        << json({{"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", V}, {"n_embd", C},
-                 {"n_layer", 1}, {"n_head", 2}, {"n_positions", P},
-                 {"activation_function", "gelu_new"}, {"torch_dtype", "float32"}})
-               .dump();
+    std::ofstream(d + "/config.json") << json({{"architectures", {"GPT2LMHeadModel"}},
+                                               {"vocab_size", V},
+                                               {"n_embd", C},
+                                               {"n_layer", 1},
+                                               {"n_head", 2},
+                                               {"n_positions", P},
+                                               {"activation_function", "gelu_new"},
+                                               {"torch_dtype", "float32"}})
+                                             .dump();
     std::vector<uint16_t> tokens(200);
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i % V);
     WriteTokens(d + "/../data.bin", tokens);
     int rc = -1;
-    const double loss =
-        EvalLoss({"--init-from", d, "--data", dir / "data.bin", "--seq-len", "12", "--device",
-                  "host"},
-                 &rc);
+    const double loss = EvalLoss(
+        {"--init-from", d, "--data", dir / "data.bin", "--seq-len", "12", "--device", "host"}, &rc);
     EXPECT_EQ(rc, 0) << prefix;
     EXPECT_TRUE(std::isfinite(loss)) << prefix;
   }
@@ -332,12 +336,20 @@ TEST(HfModels, WhatADirectoryMayNotSayIsRefusedNamingTheField) {
   const std::vector<std::pair<json, std::string>> cases = {
       {{{"architectures", {"BertModel"}}}, "architectures"},
       {{{"architectures", {"Qwen2ForCausalLM"}}}, "Qwen 2"},
-      {{{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 19}, {"hidden_size", 16},
-        {"intermediate_size", 24}, {"num_hidden_layers", 1}, {"num_attention_heads", 4},
+      {{{"architectures", {"LlamaForCausalLM"}},
+        {"vocab_size", 19},
+        {"hidden_size", 16},
+        {"intermediate_size", 24},
+        {"num_hidden_layers", 1},
+        {"num_attention_heads", 4},
         {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}}},
        "rope_scaling"},
-      {{{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 19}, {"hidden_size", 16},
-        {"intermediate_size", 24}, {"num_hidden_layers", 1}, {"num_attention_heads", 4},
+      {{{"architectures", {"LlamaForCausalLM"}},
+        {"vocab_size", 19},
+        {"hidden_size", 16},
+        {"intermediate_size", 24},
+        {"num_hidden_layers", 1},
+        {"num_attention_heads", 4},
         {"hidden_act", "gelu"}},
        "hidden_act"},
       {{{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", "19"}}, "vocab_size"},

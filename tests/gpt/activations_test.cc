@@ -45,8 +45,7 @@ void ExpectBitsEqual(const std::vector<uint16_t>& got, const std::vector<float>&
                      const std::string& what) {
   const std::vector<uint16_t> want = ToBf16(want_f32);
   ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i)
-    ASSERT_EQ(got[i], want[i]) << what << " element " << i;
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << what << " element " << i;
 }
 
 // The CPU backend with bf16 activations and bf16 weights (gradients added in place), next to
@@ -84,8 +83,8 @@ TEST_F(CpuBf16OpsTest, LinearBothLayoutsStoreTheRoundedFp32Result) {
                           out);
     } else {
       cpu::LinearForwardOutIn(x.data(), w.data(), b.data(), y.data(), rows, in, out);
-      cpu::LinearBackwardOutIn(dy.data(), x.data(), w.data(), dx.data(), dw.data(), db.data(),
-                               rows, in, out);
+      cpu::LinearBackwardOutIn(dy.data(), x.data(), w.data(), dx.data(), dw.data(), db.data(), rows,
+                               in, out);
     }
     auto bx = ToBf16(x), bw = ToBf16(w), bb = ToBf16(b), bdy = ToBf16(dy), bdw = ToBf16(dw0),
          bdb = ToBf16(db0);
@@ -127,8 +126,8 @@ TEST_F(CpuBf16OpsTest, NormGeluAttentionEmbeddingAndLossStoreTheRoundedFp32Resul
     // Written: whatever the buffers held before is replaced.
     std::vector<uint16_t> by(R * C), bdx(R * C), bdg(C, 0x4000), bdb(C, 0x4000);
     std::vector<float> kmean(R), krstd(R);
-    k_->LayerNormForward(bx.data(), bg.data(), bbe.data(), by.data(), kmean.data(), krstd.data(),
-                         R, C);
+    k_->LayerNormForward(bx.data(), bg.data(), bbe.data(), by.data(), kmean.data(), krstd.data(), R,
+                         C);
     EXPECT_EQ(kmean, mean);  // the statistics stay fp32
     EXPECT_EQ(krstd, rstd);
     k_->LayerNormBackward(bdy.data(), bx.data(), bg.data(), kmean.data(), krstd.data(), bdx.data(),
@@ -187,8 +186,8 @@ TEST_F(CpuBf16OpsTest, NormGeluAttentionEmbeddingAndLossStoreTheRoundedFp32Resul
     ExpectBitsEqual(bdwpe, dwpe, "wpe gradient");
     // A written table gradient is zero in the rows no token names (5, 6, 8).
     std::vector<uint16_t> bfresh(V * C, 0x4000), bpos(T * C);
-    k_->EmbeddingBackward(tokens.data(), tokens.data(), bdy.data(), GradOut{bfresh.data(), false}, V,
-                          GradOut{bpos.data(), false}, B, T, C);
+    k_->EmbeddingBackward(tokens.data(), tokens.data(), bdy.data(), GradOut{bfresh.data(), false},
+                          V, GradOut{bpos.data(), false}, B, T, C);
     std::vector<float> fresh(V * C, 0.0f), unused(T * C, 0.0f);
     cpu::EmbeddingBackward(tokens.data(), dy.data(), fresh.data(), unused.data(), B, T, C);
     ExpectBitsEqual(bfresh, fresh, "wte gradient, written");
@@ -203,9 +202,9 @@ TEST_F(CpuBf16OpsTest, NormGeluAttentionEmbeddingAndLossStoreTheRoundedFp32Resul
                                           am.data(), R, V, 1.0);
     auto bl = ToBf16(logits);
     std::vector<uint16_t> bdl(R * V);
-    ASSERT_TRUE(k_->CrossEntropy(bl.data(), targets.data(), mask.data(), bdl.data(), kam.data(), R,
-                                 V, 1.0)
-                    .ok());
+    ASSERT_TRUE(
+        k_->CrossEntropy(bl.data(), targets.data(), mask.data(), bdl.data(), kam.data(), R, V, 1.0)
+            .ok());
     auto kl = k_->Loss();
     ASSERT_TRUE(kl.ok());
     EXPECT_EQ(*kl, loss);  // summed in double from the same fp32 values
@@ -304,26 +303,26 @@ double RelativeError(const std::vector<float>& got, const std::vector<float>& wa
 
 TEST(GptBf16Activations, WithinBf16RoundingOfTheFp32Reference) {
   for (Arch arch : {Arch::kGpt2, Arch::kLlama})
-  for (DType compute : {DType::kF32, DType::kBF16}) {
-    for (bool ckpt : {false, true}) {
-      const std::string c = std::string(ArchName(arch)) + " " + std::string(DTypeName(compute)) +
-                            (ckpt ? " checkpointed" : "");
-      const Pass ref = RunModel(compute, Activations::kF32, ckpt, arch);
-      const Pass got = RunModel(compute, Activations::kBF16, ckpt, arch);
-      ASSERT_EQ(got.grads.size(), ref.grads.size());
-      // Not the reference itself: the activations really were rounded.
-      EXPECT_NE(got.loss, ref.loss) << c;
-      EXPECT_NEAR(got.loss, ref.loss, 1e-2 * ref.loss) << c;
-      for (size_t p = 0; p < ref.grads.size(); ++p)
-        EXPECT_LT(RelativeError(got.grads[p], ref.grads[p]), 3e-2) << c << " parameter " << p;
-      // Every activation but the fp32 statistics in half the bytes, and (bf16 parameters) no
-      // widened weights or fp32 gradient buffers: at most a little over half the peak, but
-      // the fp32 statistics and the batch keep it well above a quarter.
-      const double ratio = static_cast<double>(got.activation_peak) / ref.activation_peak;
-      EXPECT_GT(ratio, 0.25) << c;
-      EXPECT_LT(ratio, 0.56) << c;
+    for (DType compute : {DType::kF32, DType::kBF16}) {
+      for (bool ckpt : {false, true}) {
+        const std::string c = std::string(ArchName(arch)) + " " + std::string(DTypeName(compute)) +
+                              (ckpt ? " checkpointed" : "");
+        const Pass ref = RunModel(compute, Activations::kF32, ckpt, arch);
+        const Pass got = RunModel(compute, Activations::kBF16, ckpt, arch);
+        ASSERT_EQ(got.grads.size(), ref.grads.size());
+        // Not the reference itself: the activations really were rounded.
+        EXPECT_NE(got.loss, ref.loss) << c;
+        EXPECT_NEAR(got.loss, ref.loss, 1e-2 * ref.loss) << c;
+        for (size_t p = 0; p < ref.grads.size(); ++p)
+          EXPECT_LT(RelativeError(got.grads[p], ref.grads[p]), 3e-2) << c << " parameter " << p;
+        // Every activation but the fp32 statistics in half the bytes, and (bf16 parameters) no
+        // widened weights or fp32 gradient buffers: at most a little over half the peak, but
+        // the fp32 statistics and the batch keep it well above a quarter.
+        const double ratio = static_cast<double>(got.activation_peak) / ref.activation_peak;
+        EXPECT_GT(ratio, 0.25) << c;
+        EXPECT_LT(ratio, 0.56) << c;
+      }
     }
-  }
 }
 
 }  // namespace

@@ -146,8 +146,8 @@ TEST_F(CudaBf16BackendTest, LinearEveryLayoutAndEpilogue) {
     cpu_->LinearBackward(dy.data(), x.data(), w.data(), cdx.data(), GradOut{cdw.data(), true},
                          GradOut{cdb.data(), false}, rows, in, out, layout);
     cpu_->LinearBackwardGelu(dy.data(), x.data(), w.data(), pre_in.data(), cdxg.data(),
-                             GradOut{cdw2.data(), true}, GradOut{cdb2.data(), false}, rows, in,
-                             out, layout);
+                             GradOut{cdw2.data(), true}, GradOut{cdb2.data(), false}, rows, in, out,
+                             layout);
     Dev<uint16_t> gdy(dy), gpre_in(pre_in), gdx(Zeros(rows * in)), gdw(dw0), gdb(Zeros(out)),
         gdxg(Zeros(rows * in)), gdw2(dw0), gdb2(Zeros(out));
     gpu_->LinearBackward(gdy.get(), dx_.get(), dw_.get(), gdx.get(), GradOut{gdw.get(), true},
@@ -200,13 +200,13 @@ TEST_F(CudaBf16BackendTest, NormEmbeddingAttentionAndLoss) {
     Bits cx(R * C), cdwte = RandomBf16(V * C, 8), cdwpe(T * C), cfresh(V * C, 0x4000);
     const Bits dwte0 = cdwte;
     cpu_->EmbeddingForward(tokens.data(), wte.data(), wpe.data(), cx.data(), B, T, C);
-    cpu_->EmbeddingBackward(tokens.data(), tokens.data(), dy.data(), GradOut{cdwte.data(), true},
-                            V, GradOut{cdwpe.data(), false}, B, T, C);
+    cpu_->EmbeddingBackward(tokens.data(), tokens.data(), dy.data(), GradOut{cdwte.data(), true}, V,
+                            GradOut{cdwpe.data(), false}, B, T, C);
     cpu_->EmbeddingBackward(tokens.data(), tokens.data(), dy.data(), GradOut{cfresh.data(), false},
                             V, GradOut{}, B, T, C);
     Dev<int32_t> gt(tokens);
-    Dev<uint16_t> gwte(wte), gwpe(wpe), gx(Zeros(R * C)), gdy(dy), gdwte(dwte0), gdwpe(Zeros(T * C)),
-        gfresh(Zeros<uint16_t>(V * C, 0x4000));
+    Dev<uint16_t> gwte(wte), gwpe(wpe), gx(Zeros(R * C)), gdy(dy), gdwte(dwte0),
+        gdwpe(Zeros(T * C)), gfresh(Zeros<uint16_t>(V * C, 0x4000));
     gpu_->EmbeddingForward(gt.get(), gwte.get(), gwpe.get(), gx.get(), B, T, C);
     gpu_->EmbeddingBackward(gt.get(), tokens.data(), gdy.get(), GradOut{gdwte.get(), true}, V,
                             GradOut{gdwpe.get(), false}, B, T, C);
@@ -249,9 +249,8 @@ TEST_F(CudaBf16BackendTest, NormEmbeddingAttentionAndLoss) {
     Dev<uint16_t> gl(logits), gdl(Zeros(R * V));
     Dev<int32_t> gtg(targets), gam(Zeros<int32_t>(R));
     Dev<float> gmask(mask);
-    ASSERT_TRUE(gpu_->CrossEntropy(gl.get(), gtg.get(), gmask.get(), gdl.get(), gam.get(), R, V,
-                                   2.0)
-                    .ok());
+    ASSERT_TRUE(
+        gpu_->CrossEntropy(gl.get(), gtg.get(), gmask.get(), gdl.get(), gam.get(), R, V, 2.0).ok());
     auto gloss = gpu_->Loss();
     ASSERT_TRUE(gloss.ok()) << gloss.status().ToString();
     EXPECT_NEAR(*gloss, closs, 1e-4 * std::fabs(closs));
@@ -341,8 +340,7 @@ TEST_F(CudaBf16BackendTest, ModelWithinBf16RoundingOfTheCpuAndRepeatable) {
       den += double{cpu->grads[p][i]} * cpu->grads[p][i];
     }
     EXPECT_LT(std::sqrt(num / std::max(den, 1e-30)), 5e-2) << "parameter " << p;
-    EXPECT_EQ(std::memcmp(gpu->grads[p].data(), again->grads[p].data(),
-                          4 * gpu->grads[p].size()),
+    EXPECT_EQ(std::memcmp(gpu->grads[p].data(), again->grads[p].data(), 4 * gpu->grads[p].size()),
               0)
         << "parameter " << p << " differs run to run";
   }

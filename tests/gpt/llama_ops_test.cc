@@ -134,7 +134,8 @@ TEST(LlamaOps, GroupedQueryAttentionBackwardMatchesFiniteDifferences) {
   const Gqa g{2, 5, 4, 2, 3};
   const AttnShape s = g.shape();
   const int64_t rows = g.batch * g.seq;
-  Vec q = Random(rows * s.ld_q, rng), k = Random(rows * s.ld_k, rng), v = Random(rows * s.ld_v, rng);
+  Vec q = Random(rows * s.ld_q, rng), k = Random(rows * s.ld_k, rng),
+      v = Random(rows * s.ld_v, rng);
   auto fwd = [&] {
     Vec out(rows * g.heads * g.hd), probs(g.batch * g.heads * g.seq * g.seq);
     AttentionForward(q.data(), k.data(), v.data(), out.data(), probs.data(), s);
@@ -168,8 +169,8 @@ TEST(LlamaOps, GroupedQueryAttentionIsMultiHeadOverRepeatedHeads) {
           kr[(r * g.heads + h) * g.hd + d] = k[r * s.ld_k + (h / group) * g.hd + d];
           vr[(r * g.heads + h) * g.hd + d] = v[r * s.ld_v + (h / group) * g.hd + d];
         }
-    const AttnShape mha{g.batch, seq, g.heads, g.heads, g.hd, g.heads * g.hd, g.heads * g.hd,
-                        g.heads * g.hd};
+    const AttnShape mha{g.batch,        seq,           g.heads, g.heads, g.hd, g.heads * g.hd,
+                        g.heads * g.hd, g.heads * g.hd};
     Vec out(dy.size()), outr(dy.size()), p(g.batch * g.heads * seq * seq), pr(p.size());
     Vec dq(q.size()), dk(k.size()), dv(v.size()), dqr(q.size()), dkr(kr.size()), dvr(vr.size());
     AttentionForward(q.data(), k.data(), v.data(), out.data(), p.data(), s);

@@ -1,11 +1,11 @@
-// An fp64 Llama forward pass and loss written from Hugging Face's LlamaForCausalLM (modeling_llama):
-// embed_tokens; per layer x += o_proj(attn(rope(q_proj(rms(x))), rope(k_proj(.)), v_proj(.)))
-// with repeat_kv for grouped-query attention, then x += down_proj(silu(gate_proj(rms(x))) *
-// up_proj(rms(x))); model.norm; lm_head (or embed_tokens when tied). nn.Linear weights are
-// out x in; RMSNorm is w * x / sqrt(mean(x^2) + eps); rotary embeddings rotate_half with
-// inv_freq = theta^(-2j/hd) and cos/sin of t * inv_freq over both halves. Parameters by their HF
-// names, as doubles. The reference the engine's Llama is checked against (llama_reference_test.cc,
-// tests/app).
+// An fp64 Llama forward pass and loss written from Hugging Face's LlamaForCausalLM
+// (modeling_llama): embed_tokens; per layer x += o_proj(attn(rope(q_proj(rms(x))), rope(k_proj(.)),
+// v_proj(.))) with repeat_kv for grouped-query attention, then x +=
+// down_proj(silu(gate_proj(rms(x))) * up_proj(rms(x))); model.norm; lm_head (or embed_tokens when
+// tied). nn.Linear weights are out x in; RMSNorm is w * x / sqrt(mean(x^2) + eps); rotary
+// embeddings rotate_half with inv_freq = theta^(-2j/hd) and cos/sin of t * inv_freq over both
+// halves. Parameters by their HF names, as doubles. The reference the engine's Llama is checked
+// against (llama_reference_test.cc, tests/app).
 #pragma once
 
 #include <algorithm>
@@ -67,7 +67,8 @@ struct LlamaRef {
     const int B = batch.batch, hd = C / H, group = H / KVH;
     std::vector<double> x(static_cast<size_t>(B) * T * C);
     for (int r = 0; r < B * T; ++r)
-      for (int c = 0; c < C; ++c) x[r * C + c] = at("model.embed_tokens.weight")[batch.tokens[r] * C + c];
+      for (int c = 0; c < C; ++c)
+        x[r * C + c] = at("model.embed_tokens.weight")[batch.tokens[r] * C + c];
     for (int l = 0; l < L; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       std::vector<double> h = x;

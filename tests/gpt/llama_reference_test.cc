@@ -67,7 +67,7 @@ TEST_P(LlamaReferenceTest, ForwardAndBackwardMatchFp64Reference) {
   batch.mask = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1};
   auto loss = (*model)->ForwardBackward(batch);
   ASSERT_TRUE(loss.ok()) << loss.status().ToString();
-  LlamaRef ref{mc.vocab,  mc.seq_len,     mc.d_model, mc.n_layer, mc.n_head, cs.kv_heads,
+  LlamaRef ref{mc.vocab, mc.seq_len,    mc.d_model,  mc.n_layer, mc.n_head, cs.kv_heads,
                mc.ffn(), mc.rope_theta, mc.norm_eps, cs.tied,    cs.bias,   params};
   const double ref_loss = ref.Loss(batch);
   EXPECT_NEAR(*loss, ref_loss, 1e-5 * std::abs(ref_loss));
@@ -95,15 +95,16 @@ TEST_P(LlamaReferenceTest, ForwardAndBackwardMatchFp64Reference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, LlamaReferenceTest,
-    ::testing::Values(Case{2, false, false, false}, Case{2, false, false, true},
-                      Case{4, true, true, false}, Case{1, false, true, true}),
-    [](const auto& info) {
-      const Case& c = info.param;
-      return "kv" + std::to_string(c.kv_heads) + (c.tied ? "_tied" : "_untied") +
-             (c.bias ? "_bias" : "") + (c.checkpointing ? "_checkpointed" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(Shapes, LlamaReferenceTest,
+                         ::testing::Values(Case{2, false, false, false},
+                                           Case{2, false, false, true}, Case{4, true, true, false},
+                                           Case{1, false, true, true}),
+                         [](const auto& info) {
+                           const Case& c = info.param;
+                           return "kv" + std::to_string(c.kv_heads) +
+                                  (c.tied ? "_tied" : "_untied") + (c.bias ? "_bias" : "") +
+                                  (c.checkpointing ? "_checkpointed" : "");
+                         });
 
 }  // namespace
 }  // namespace tierzero::gpt
