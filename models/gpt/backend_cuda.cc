@@ -5,16 +5,17 @@
 #include <string>
 
 #include "gpt/backend.h"
+#include "gpt/backend_cuda_base.h"
 #include "gpt/ops_cuda.h"
 #include "tierzero/engine.h"
 
 namespace tierzero::gpt {
 namespace {
 
-class CudaFp32Backend final : public Backend {
+class CudaFp32Backend final : public CudaBackendBase {
  public:
   CudaFp32Backend(const BackendSpec& spec, std::unique_ptr<cuda::CudaOps> ops)
-      : Backend(spec), ops_(std::move(ops)) {}
+      : CudaBackendBase(spec, std::move(ops)) {}
 
   void LinearForward(const void* x, const void* w, const void* bias, void* y, int64_t rows,
                      int64_t in, int64_t out, WeightLayout layout) override {
@@ -102,25 +103,6 @@ class CudaFp32Backend final : public Backend {
     ops_->Add(F(a), F(b), F(y), n);
   }
   void AddInPlace(void* y, const void* a, int64_t n) override { ops_->AddInPlace(F(y), F(a), n); }
-  Status Cast(const void* src, DType src_type, void* dst, DType dst_type, int64_t n,
-              bool add) override {
-    if (src_type == DType::kF32 && add) return ops_->Accumulate(F(src), dst, dst_type, n);
-    if (src_type == DType::kF32 && !add) return ops_->Narrow(F(src), dst, dst_type, n);
-    if (dst_type == DType::kF32 && !add) return ops_->Widen(src, src_type, F(dst), n);
-    return InvalidArgumentError("the GPT's CUDA backend casts only to or from fp32");
-  }
-  void Zero(void* dst, uint64_t bytes) override { ops_->Zero(dst, bytes); }
-  void Copy(void* dst, const void* src, uint64_t bytes) override { ops_->Copy(dst, src, bytes); }
-  Status Upload(void* dst, const void* host, uint64_t bytes) override {
-    return ops_->Upload(dst, host, bytes);
-  }
-  Status Download(void* host, const void* src, uint64_t bytes) override {
-    return ops_->Download(host, src, bytes);
-  }
-  Status status() const override {
-    if (!error_.ok()) return error_;
-    return ops_->status();
-  }
 
  private:
   static const float* F(const void* p) { return static_cast<const float*>(p); }
@@ -133,9 +115,8 @@ class CudaFp32Backend final : public Backend {
   static float* F(void* p) { return static_cast<float*>(p); }
 
   void Owed(const char* what) {
-    if (error_.ok())
-      error_ = UnsupportedError(std::string(what) +
-                                " has no fp32 CUDA kernel: run with --activations bf16");
+    SetError(UnsupportedError(std::string(what) +
+                              " has no fp32 CUDA kernel: run with --activations bf16"));
   }
   bool FusedLayout(const void* q, const void* k, const void* v, const AttnDims& d) {
     const int64_t c = d.heads * d.head_dim;
@@ -146,9 +127,7 @@ class CudaFp32Backend final : public Backend {
     return false;
   }
 
-  std::unique_ptr<cuda::CudaOps> ops_;
   double loss_ = 0;
-  Status error_;
 };
 
 }  // namespace

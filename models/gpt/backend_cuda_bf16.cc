@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "gpt/backend.h"
+#include "gpt/backend_cuda_base.h"
 #include "gpt/bf16_kernels_cuda.h"
 #include "gpt/flash_attention_cuda.h"
 #include "gpt/lt_matmul.h"
@@ -65,11 +66,11 @@ class Scratch {
   cudaStream_t stream_ = nullptr;
 };
 
-class CudaBf16Backend final : public Backend {
+class CudaBf16Backend final : public CudaBackendBase {
  public:
   CudaBf16Backend(const BackendSpec& spec, cudaStream_t stream, std::unique_ptr<cuda::CudaOps> ops,
                   std::unique_ptr<cuda::LtMatmul> lt)
-      : Backend(spec), stream_(stream), ops_(std::move(ops)), lt_(std::move(lt)) {}
+      : CudaBackendBase(spec, std::move(ops)), stream_(stream), lt_(std::move(lt)) {}
   ~CudaBf16Backend() override {
     if (pinned_ != nullptr) {
       cudaStreamSynchronize(stream_);
@@ -254,28 +255,6 @@ class CudaBf16Backend final : public Backend {
   void AddInPlace(void* y, const void* a, int64_t n) override {
     Check(k16::AddInPlace(H(y), H(a), n, stream_), "AddInPlace");
   }
-  Status Cast(const void* src, DType src_type, void* dst, DType dst_type, int64_t n,
-              bool add) override {
-    if (src_type == DType::kF32 && add)
-      return ops_->Accumulate(static_cast<const float*>(src), dst, dst_type, n);
-    if (src_type == DType::kF32)
-      return ops_->Narrow(static_cast<const float*>(src), dst, dst_type, n);
-    if (dst_type == DType::kF32 && !add)
-      return ops_->Widen(src, src_type, static_cast<float*>(dst), n);
-    return InvalidArgumentError("the GPT's CUDA backend casts only to or from fp32");
-  }
-  void Zero(void* dst, uint64_t bytes) override { ops_->Zero(dst, bytes); }
-  void Copy(void* dst, const void* src, uint64_t bytes) override { ops_->Copy(dst, src, bytes); }
-  Status Upload(void* dst, const void* host, uint64_t bytes) override {
-    return ops_->Upload(dst, host, bytes);
-  }
-  Status Download(void* host, const void* src, uint64_t bytes) override {
-    return ops_->Download(host, src, bytes);
-  }
-  Status status() const override {
-    if (!error_.ok()) return error_;
-    return ops_->status();
-  }
 
  private:
   static const bf16* H(const void* p) { return static_cast<const bf16*>(p); }
@@ -396,9 +375,7 @@ class CudaBf16Backend final : public Backend {
   }
 
   cudaStream_t stream_;
-  std::unique_ptr<cuda::CudaOps> ops_;
   std::unique_ptr<cuda::LtMatmul> lt_;
-  Status error_;
   Scratch<float> partial_, rowdot_;
   Scratch<double> sums_;
   Scratch<int32_t> csr_;

@@ -22,19 +22,21 @@ bool Bind(void* lib, const char* name, F*& fn) {
 
 }  // namespace
 
+void* OpenCudaLibrary(const std::string& soname, std::string* tried) {
+  for (const std::string& path : {soname, std::string(TZ_CUDA_LIBRARY_DIR "/") + soname}) {
+    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib != nullptr) return lib;
+    const char* why = dlerror();
+    *tried += (tried->empty() ? "" : "; ") + path + ": " + (why != nullptr ? why : "not found");
+  }
+  return nullptr;
+}
+
 StatusOr<const CublasApi*> LoadCublas() {
   static const StatusOr<const CublasApi*> api = []() -> StatusOr<const CublasApi*> {
-    // The loader path first (the binary's run path names the toolkit it was built with), then
-    // that toolkit's directory itself.
     const std::string soname = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
     std::string tried;
-    void* lib = nullptr;
-    for (const std::string& path : {soname, std::string(TZ_CUDA_LIBRARY_DIR "/") + soname}) {
-      lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (lib != nullptr) break;
-      const char* why = dlerror();
-      tried += (tried.empty() ? "" : "; ") + path + ": " + (why != nullptr ? why : "not found");
-    }
+    void* lib = OpenCudaLibrary(soname, &tried);
     if (lib == nullptr)
       return UnavailableError("cuBLAS could not be loaded for the GPT's CUDA ops (" + tried +
                               "); put " + soname + " on the loader path (LD_LIBRARY_PATH)");

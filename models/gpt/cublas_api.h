@@ -5,6 +5,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <string>
+
 #include "tierzero/status.h"
 
 namespace tierzero::gpt::cuda {
@@ -24,6 +26,11 @@ struct CublasApi {
                                          const void*, void*, cudaDataType, int, long long, int,
                                          cublasComputeType_t, cublasGemmAlgo_t);
 };
+
+// dlopen of a CUDA library by soname: the loader path first (the binary's run path names the
+// toolkit it was built with), then that toolkit's directory itself. Null when neither opens;
+// `tried` then says what each attempt answered.
+void* OpenCudaLibrary(const std::string& soname, std::string* tried);
 
 // The process's cuBLAS, opened on the first call; Unavailable (saying what to install) when the
 // library or one of its functions is missing.

@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "gpt/cublas_api.h"
+
 namespace tierzero::gpt::cuda {
 namespace {
 
@@ -18,16 +20,9 @@ bool Bind(void* lib, const char* name, F*& fn) {
 
 StatusOr<const CublasLtApi*> LoadCublasLt() {
   static const StatusOr<const CublasLtApi*> api = []() -> StatusOr<const CublasLtApi*> {
-    // As LoadCublas: the loader path first, then the toolkit the binary was built with.
     const std::string soname = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
     std::string tried;
-    void* lib = nullptr;
-    for (const std::string& path : {soname, std::string(TZ_CUDA_LIBRARY_DIR "/") + soname}) {
-      lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (lib != nullptr) break;
-      const char* why = dlerror();
-      tried += (tried.empty() ? "" : "; ") + path + ": " + (why != nullptr ? why : "not found");
-    }
+    void* lib = OpenCudaLibrary(soname, &tried);
     if (lib == nullptr)
       return UnavailableError("cuBLASLt could not be loaded for the GPT's bf16 CUDA ops (" + tried +
                               "); put " + soname +

@@ -3,8 +3,11 @@
 // by their engine names (wte, wpe, h.L.ln_1.weight, ...), as doubles.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -36,6 +39,33 @@ inline Params RandomParams(Engine& engine, uint64_t seed) {
     params[engine.param(p).name] = std::vector<double>(v.begin(), v.end());
   }
   return params;
+}
+
+// Every gradient the engine holds against central finite differences of `loss` (the reference's,
+// reading `params`): within 2e-4 of each parameter's largest numeric gradient.
+inline void ExpectGradientsMatch(Engine& engine, Params& params,
+                                 const std::function<double()>& loss) {
+  const double h = 1e-5;
+  for (ParamId p = 0; p < engine.num_params(); ++p) {
+    const std::string name = engine.param(p).name;
+    std::vector<float> g(static_cast<size_t>(engine.numel(p)));
+    ASSERT_TRUE(engine.ReadGrad(p, g).ok());
+    std::vector<double>& w = params[name];
+    double scale = 0;
+    std::vector<double> numeric(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      const double keep = w[i];
+      w[i] = keep + h;
+      const double up = loss();
+      w[i] = keep - h;
+      const double down = loss();
+      w[i] = keep;
+      numeric[i] = (up - down) / (2 * h);
+      scale = std::max(scale, std::abs(numeric[i]));
+    }
+    for (size_t i = 0; i < w.size(); ++i)
+      EXPECT_NEAR(g[i], numeric[i], 2e-4 * scale + 1e-7) << name << "[" << i << "]";
+  }
 }
 
 struct Ref {

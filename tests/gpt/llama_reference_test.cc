@@ -72,27 +72,7 @@ TEST_P(LlamaReferenceTest, ForwardAndBackwardMatchFp64Reference) {
   const double ref_loss = ref.Loss(batch);
   EXPECT_NEAR(*loss, ref_loss, 1e-5 * std::abs(ref_loss));
 
-  const double h = 1e-5;
-  for (ParamId p = 0; p < (*engine)->num_params(); ++p) {
-    const std::string name = (*engine)->param(p).name;
-    std::vector<float> g(static_cast<size_t>((*engine)->numel(p)));
-    ASSERT_TRUE((*engine)->ReadGrad(p, g).ok());
-    std::vector<double>& w = params[name];
-    double scale = 0;
-    std::vector<double> numeric(w.size());
-    for (size_t i = 0; i < w.size(); ++i) {
-      const double keep = w[i];
-      w[i] = keep + h;
-      const double up = ref.Loss(batch);
-      w[i] = keep - h;
-      const double down = ref.Loss(batch);
-      w[i] = keep;
-      numeric[i] = (up - down) / (2 * h);
-      scale = std::max(scale, std::abs(numeric[i]));
-    }
-    for (size_t i = 0; i < w.size(); ++i)
-      EXPECT_NEAR(g[i], numeric[i], 2e-4 * scale + 1e-7) << name << "[" << i << "]";
-  }
+  ExpectGradientsMatch(**engine, params, [&] { return ref.Loss(batch); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LlamaReferenceTest,
