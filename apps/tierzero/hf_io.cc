@@ -43,6 +43,7 @@ const ShapeField kShape[] = {
     {"attention_bias", "",
      [](const gpt::GptConfig& c) { return std::string(c.attention_bias ? "true" : "false"); }},
     {"rope_theta", "", [](const gpt::GptConfig& c) { return Num(c.rope_theta); }},
+    {"rope_factor", "", [](const gpt::GptConfig& c) { return Num(c.rope_factor); }},
     {"norm_eps", "", [](const gpt::GptConfig& c) { return Num(c.norm_eps); }},
 };
 

@@ -305,6 +305,13 @@ std::map<std::string, Section> Fields(RunConfig& c) {
       {"tie_embeddings", BoolField("model.tie_embeddings", &c.model.tie_embeddings)},
       {"attention_bias", BoolField("model.attention_bias", &c.model.attention_bias)},
       {"rope_theta", DoubleField("model.rope_theta", &c.model.rope_theta, 1, "a number > 1")},
+      {"rope_factor", DoubleField("model.rope_factor", &c.model.rope_factor, 0, "a number >= 0")},
+      {"rope_low_freq_factor",
+       DoubleField("model.rope_low_freq_factor", &c.model.rope_low_freq_factor, 0, "a number > 0")},
+      {"rope_high_freq_factor", DoubleField("model.rope_high_freq_factor",
+                                            &c.model.rope_high_freq_factor, 0, "a number > 0")},
+      {"rope_original_positions",
+       IntField("model.rope_original_positions", &c.model.rope_original_positions, 1, 1 << 22)},
       {"norm_eps", DoubleField("model.norm_eps", &c.model.norm_eps, 0, "a number in (0, 1]")},
       {"seed", U64Field("model.seed", &c.model.seed)},
   };

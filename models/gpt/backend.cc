@@ -141,14 +141,14 @@ class CpuBackend final : public Backend {
                          rstd, v.Out(dx, a_, rows * cols), v.Grad(dw, w_, cols), rows, cols);
   }
   void RopeForward(void* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t ld,
-                   double theta) override {
+                   const Rope& rope) override {
     Fp32Views v;
-    cpu::RopeForward(v.InOut(x, a_, batch * seq * ld), batch, seq, heads, head_dim, ld, theta);
+    cpu::RopeForward(v.InOut(x, a_, batch * seq * ld), batch, seq, heads, head_dim, ld, rope);
   }
   void RopeBackward(void* dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                    int64_t ld, double theta) override {
+                    int64_t ld, const Rope& rope) override {
     Fp32Views v;
-    cpu::RopeBackward(v.InOut(dx, a_, batch * seq * ld), batch, seq, heads, head_dim, ld, theta);
+    cpu::RopeBackward(v.InOut(dx, a_, batch * seq * ld), batch, seq, heads, head_dim, ld, rope);
   }
   void SwigluForward(const void* g, const void* u, void* h, int64_t n) override {
     Fp32Views v;

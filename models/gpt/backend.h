@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "gpt/rope.h"
 #include "tierzero/status.h"
 #include "tierzero/types.h"
 
@@ -149,9 +150,9 @@ class Backend {
                                void* dx, GradOut dw, int64_t rows, int64_t cols) = 0;
   // Rotary embeddings on the heads of x (act, rows ld apart), in place; backward on dx.
   virtual void RopeForward(void* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                           int64_t ld, double theta) = 0;
+                           int64_t ld, const Rope& rope) = 0;
   virtual void RopeBackward(void* dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                            int64_t ld, double theta) = 0;
+                            int64_t ld, const Rope& rope) = 0;
   // h = silu(g) u; backward writes dg, du (act).
   virtual void SwigluForward(const void* g, const void* u, void* h, int64_t n) = 0;
   virtual void SwigluBackward(const void* dh, const void* g, const void* u, void* dg, void* du,

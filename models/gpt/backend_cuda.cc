@@ -58,10 +58,10 @@ class CudaFp32Backend final : public CudaBackendBase {
                        int64_t) override {
     Owed("RMSNorm");
   }
-  void RopeForward(void*, int64_t, int64_t, int64_t, int64_t, int64_t, double) override {
+  void RopeForward(void*, int64_t, int64_t, int64_t, int64_t, int64_t, const Rope&) override {
     Owed("rotary embeddings");
   }
-  void RopeBackward(void*, int64_t, int64_t, int64_t, int64_t, int64_t, double) override {
+  void RopeBackward(void*, int64_t, int64_t, int64_t, int64_t, int64_t, const Rope&) override {
     Owed("rotary embeddings");
   }
   void SwigluForward(const void*, const void*, void*, int64_t) override { Owed("SwiGLU"); }

@@ -144,15 +144,12 @@ class CudaBf16Backend final : public CudaBackendBase {
           "RmsNormBackward");
   }
   void RopeForward(void* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t ld,
-                   double theta) override {
-    Check(
-        k16::Rope(H(x), batch, seq, heads, head_dim, ld, static_cast<float>(theta), 1.0f, stream_),
-        "Rope");
+                   const Rope& rope) override {
+    Check(k16::Rope(H(x), batch, seq, heads, head_dim, ld, rope, 1.0f, stream_), "Rope");
   }
   void RopeBackward(void* dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                    int64_t ld, double theta) override {
-    Check(k16::Rope(H(dx), batch, seq, heads, head_dim, ld, static_cast<float>(theta), -1.0f,
-                    stream_),
+                    int64_t ld, const Rope& rope) override {
+    Check(k16::Rope(H(dx), batch, seq, heads, head_dim, ld, rope, -1.0f, stream_),
           "Rope (backward)");
   }
   void SwigluForward(const void* g, const void* u, void* h, int64_t n) override {

@@ -191,12 +191,11 @@ __global__ void RmsNormColumnPartialsKernel(const bf16* dy, const bf16* x, const
 
 // One thread per (row, head, j < head_dim / 2): the pair (j, j + head_dim / 2) rotated.
 __global__ void RopeKernel(bf16* x, int64_t rows, int64_t seq, int64_t heads, int64_t hd,
-                           int64_t ld, float theta, float sign) {
+                           int64_t ld, gpt::Rope rope, float sign) {
   const int64_t half = hd / 2;
   TZ_GRID_STRIDE(i, rows * heads * half) {
     const int64_t j = i % half, h = (i / half) % heads, r = i / (half * heads);
-    const float inv = 1.0f / powf(theta, static_cast<float>(2 * j) / static_cast<float>(hd));
-    const float a = static_cast<float>(r % seq) * inv;
+    const float a = static_cast<float>(r % seq) * RopeInverseFrequency<float>(rope, j, hd);
     float sn, cs;
     sincosf(a, &sn, &cs);
     bf16* v = x + r * ld + h * hd;
@@ -416,10 +415,10 @@ cudaError_t RmsNormBackward(const bf16* dy, const bf16* x, const bf16* w, const 
 }
 
 cudaError_t Rope(bf16* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t ld,
-                 float theta, float sign, cudaStream_t stream) {
+                 const gpt::Rope& rope, float sign, cudaStream_t stream) {
   const int64_t n = batch * seq * heads * (head_dim / 2);
   if (n == 0) return cudaSuccess;
-  RopeKernel<<<Grid(n), kThreads, 0, stream>>>(x, batch * seq, seq, heads, head_dim, ld, theta,
+  RopeKernel<<<Grid(n), kThreads, 0, stream>>>(x, batch * seq, seq, heads, head_dim, ld, rope,
                                                sign);
   return cudaGetLastError();
 }

@@ -16,6 +16,8 @@
 
 #include <cstdint>
 
+#include "gpt/rope.h"
+
 namespace tierzero::gpt::cuda::bf16k {
 
 using bf16 = __nv_bfloat16;
@@ -42,7 +44,7 @@ cudaError_t RmsNormBackward(const bf16* dy, const bf16* x, const bf16* w, const 
 // Rotary embeddings in place on the heads of x (rows ld apart); sign -1 rotates back (backward).
 // The angles as Hugging Face computes them in fp32 (cpu::RopeForward).
 cudaError_t Rope(bf16* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t ld,
-                 float theta, float sign, cudaStream_t stream);
+                 const gpt::Rope& rope, float sign, cudaStream_t stream);
 // h = silu(g) u; backward writes dg and du.
 cudaError_t SwigluForward(const bf16* g, const bf16* u, bf16* h, int64_t n, cudaStream_t stream);
 cudaError_t SwigluBackward(const bf16* dh, const bf16* g, const bf16* u, bf16* dg, bf16* du,

@@ -85,6 +85,13 @@ Status ValidateGptConfig(const GptConfig& c) {
                  "a divisor of d_model leaving even heads (rotary embeddings rotate pairs)");
     if (!(c.rope_theta > 1 && c.rope_theta <= 1e12))
       return bad("rope_theta", num(c.rope_theta), "(1, 1e12]");
+    if (c.rope_factor < 0 || c.rope_factor > 1e6)
+      return bad("rope_factor", num(c.rope_factor), "0 (no scaling) or (0, 1e6]");
+    if (c.rope_factor > 0 &&
+        !(c.rope_low_freq_factor > 0 && c.rope_high_freq_factor > c.rope_low_freq_factor &&
+          c.rope_original_positions > 0))
+      return bad("rope_high_freq_factor", num(c.rope_high_freq_factor),
+                 "above rope_low_freq_factor (> 0), with rope_original_positions > 0");
   }
   return Status::OK();
 }

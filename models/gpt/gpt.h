@@ -61,6 +61,9 @@ struct GptConfig {
   bool tie_embeddings = true;   // the LM head is the token embedding
   bool attention_bias = true;   // biases on q, k, v, o (GPT-2: every bias)
   double rope_theta = 10000.0;  // Llama
+  // Llama 3's frequency scaling (gpt/rope.h; rope_scaling "llama3"); factor 0: none.
+  double rope_factor = 0, rope_low_freq_factor = 1, rope_high_freq_factor = 4;
+  int rope_original_positions = 8192;
   double norm_eps = 1e-5;
   bool activation_checkpointing = false;
   Activations activations = Activations::kAuto;
@@ -68,6 +71,10 @@ struct GptConfig {
 
   int head_dim() const { return d_model / n_head; }
   int positions() const { return max_positions > 0 ? max_positions : seq_len; }
+  Rope rope() const {
+    return {rope_theta, rope_factor, rope_low_freq_factor, rope_high_freq_factor,
+            static_cast<double>(rope_original_positions)};
+  }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int ffn() const {
     if (d_ff > 0) return d_ff;

@@ -159,8 +159,8 @@ Status BlockForward(Engine& e, Backend& k, const GptConfig& c, const Dims& d, co
     k.LinearForward(s.n1.data(), P(bp.q_w), P(bp.q_b), s.qkv.data(), R, C, C, L);
     k.LinearForward(s.n1.data(), P(bp.k_w), P(bp.k_b), s.k.data(), R, C, KV, L);
     k.LinearForward(s.n1.data(), P(bp.v_w), P(bp.v_b), s.v.data(), R, C, KV, L);
-    k.RopeForward(s.qkv.data(), d.B, d.T, d.H, c.head_dim(), C, c.rope_theta);
-    k.RopeForward(s.k.data(), d.B, d.T, c.kv_heads(), c.head_dim(), KV, c.rope_theta);
+    k.RopeForward(s.qkv.data(), d.B, d.T, d.H, c.head_dim(), C, c.rope());
+    k.RopeForward(s.k.data(), d.B, d.T, c.kv_heads(), c.head_dim(), KV, c.rope());
   }
   void* q = s.qkv.data();
   const void* kk = gpt2 ? At(k, q, C) : s.k.data();
@@ -293,8 +293,8 @@ Status BlockBackward(Engine& e, Backend& k, const GptConfig& c, const Dims& d,
                           s.rstd1.as<float>(), dx, G(bp.norm1_w), G(bp.norm1_b), R, C);
       TZ_RETURN_IF_ERROR(G.Close(bp.norm1_w, bp.norm1_b));
     } else {
-      k.RopeBackward(gq, d.B, d.T, d.H, c.head_dim(), C, c.rope_theta);
-      k.RopeBackward(gk, d.B, d.T, c.kv_heads(), c.head_dim(), KV, c.rope_theta);
+      k.RopeBackward(gq, d.B, d.T, d.H, c.head_dim(), C, c.rope());
+      k.RopeBackward(gk, d.B, d.T, c.kv_heads(), c.head_dim(), KV, c.rope());
       TZ_RETURN_IF_ERROR(G.Open(bp.q_w, bp.q_b));
       k.LinearBackward(gq, s.n1.data(), P(bp.q_w), dn1.data(), G(bp.q_w), G(bp.q_b), R, C, C, L);
       TZ_RETURN_IF_ERROR(G.Close(bp.q_w, bp.q_b));

@@ -213,10 +213,35 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
     TZ_ASSIGN_OR_RETURN(g.attention_bias, c.Bool("attention_bias", false));
     TZ_ASSIGN_OR_RETURN(const bool mlp_bias, c.Bool("mlp_bias", false));
     if (mlp_bias) return c.Unsupported("mlp_bias", "is true; the MLP here has no biases");
-    if (c.has("rope_scaling"))
-      return c.Unsupported("rope_scaling",
-                           "is set (" + c.raw("rope_scaling").dump() +
-                               "); rotary embeddings run unscaled here (docs/models.md)");
+    if (c.has("rope_scaling")) {
+      // Llama 3's (HF's _compute_llama3_parameters); any other type is refused.
+      const json& rs = c.raw("rope_scaling");
+      const std::string type =
+          rs.is_object() && rs.contains("rope_type") && rs["rope_type"].is_string()
+              ? rs["rope_type"].get<std::string>()
+          : rs.is_object() && rs.contains("type") && rs["type"].is_string()
+              ? rs["type"].get<std::string>()
+              : "";
+      if (type != "llama3")
+        return c.Unsupported("rope_scaling",
+                             "is " + rs.dump() + "; the \"llama3\" type is taken (docs/models.md)");
+      auto num = [&](const char* k, double* out) -> Status {
+        if (!rs.contains(k) || !rs[k].is_number() || !(rs[k].get<double>() > 0))
+          return c.Bad(std::string("rope_scaling.") + k, "is missing or not a positive number");
+        *out = rs[k].get<double>();
+        return Status::OK();
+      };
+      double original = 0;
+      TZ_RETURN_IF_ERROR(num("factor", &g.rope_factor));
+      TZ_RETURN_IF_ERROR(num("low_freq_factor", &g.rope_low_freq_factor));
+      TZ_RETURN_IF_ERROR(num("high_freq_factor", &g.rope_high_freq_factor));
+      TZ_RETURN_IF_ERROR(num("original_max_position_embeddings", &original));
+      if (!(g.rope_high_freq_factor > g.rope_low_freq_factor) || original > (1 << 22))
+        return c.Bad("rope_scaling",
+                     "has high_freq_factor not above low_freq_factor, or too "
+                     "many original positions");
+      g.rope_original_positions = static_cast<int>(original);
+    }
     if (c.has("sliding_window")) {
       TZ_ASSIGN_OR_RETURN(const int64_t w, c.Int("sliding_window"));
       if (w < g.seq_len)
@@ -315,7 +340,13 @@ std::string HfConfigJson(const GptConfig& g, DType dtype) {
          {"max_position_embeddings", g.positions()},
          {"rms_norm_eps", g.norm_eps},
          {"rope_theta", g.rope_theta},
-         {"rope_scaling", nullptr},
+         {"rope_scaling",
+          g.rope_factor > 0 ? json{{"rope_type", "llama3"},
+                                   {"factor", g.rope_factor},
+                                   {"low_freq_factor", g.rope_low_freq_factor},
+                                   {"high_freq_factor", g.rope_high_freq_factor},
+                                   {"original_max_position_embeddings", g.rope_original_positions}}
+                            : json(nullptr)},
          {"hidden_act", "silu"},
          {"attention_bias", g.attention_bias},
          {"attention_dropout", 0.0},

@@ -13,24 +13,14 @@
 namespace tierzero::gpt::cpu {
 namespace {
 
-// inv_freq[j] = 1 / theta^(2j / head_dim), in T (HF computes it in fp32: the float version is
-// what an fp32 HF model uses).
-template <typename T>
-std::vector<T> InverseFrequencies(int64_t head_dim, double theta) {
-  std::vector<T> inv(static_cast<size_t>(head_dim / 2));
-  for (int64_t j = 0; j < head_dim / 2; ++j) {
-    const T e = static_cast<T>(2 * j) / static_cast<T>(head_dim);
-    inv[static_cast<size_t>(j)] = T(1) / std::pow(static_cast<T>(theta), e);
-  }
-  return inv;
-}
-
 // Rotates each head of x by +angle (sign 1) or -angle (sign -1).
 template <typename T>
-void Rotate(T* x, int64_t batch, int64_t seq, int64_t heads, int64_t hd, int64_t ld, double theta,
-            T sign) {
+void Rotate(T* x, int64_t batch, int64_t seq, int64_t heads, int64_t hd, int64_t ld,
+            const Rope& rope, T sign) {
   const int64_t half = hd / 2;
-  const std::vector<T> inv = InverseFrequencies<T>(hd, theta);
+  std::vector<T> inv(static_cast<size_t>(half));
+  for (int64_t j = 0; j < half; ++j)
+    inv[static_cast<size_t>(j)] = RopeInverseFrequency<T>(rope, j, hd);
   std::vector<T> cs(static_cast<size_t>(seq * half)), sn(cs.size());
   for (int64_t t = 0; t < seq; ++t) {
     for (int64_t j = 0; j < half; ++j) {
@@ -98,14 +88,14 @@ void RmsNormBackward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, 
 
 template <typename T>
 void RopeForward(T* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t ld,
-                 double theta) {
-  Rotate(x, batch, seq, heads, head_dim, ld, theta, T(1));
+                 const Rope& rope) {
+  Rotate(x, batch, seq, heads, head_dim, ld, rope, T(1));
 }
 
 template <typename T>
 void RopeBackward(T* dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t ld,
-                  double theta) {
-  Rotate(dx, batch, seq, heads, head_dim, ld, theta, T(-1));
+                  const Rope& rope) {
+  Rotate(dx, batch, seq, heads, head_dim, ld, rope, T(-1));
 }
 
 template <typename T>
@@ -134,13 +124,13 @@ void SwigluBackward(const T* dh, const T* g, const T* u, T* dg, T* du, int64_t n
   });
 }
 
-#define TZ_INSTANTIATE(T)                                                                   \
-  template void RmsNormForward<T>(const T*, const T*, T*, T*, int64_t, int64_t, double);    \
-  template void RmsNormBackward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t, \
-                                   int64_t);                                                \
-  template void RopeForward<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, double);    \
-  template void RopeBackward<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, double);   \
-  template void SwigluForward<T>(const T*, const T*, T*, int64_t);                          \
+#define TZ_INSTANTIATE(T)                                                                      \
+  template void RmsNormForward<T>(const T*, const T*, T*, T*, int64_t, int64_t, double);       \
+  template void RmsNormBackward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t,    \
+                                   int64_t);                                                   \
+  template void RopeForward<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, const Rope&);  \
+  template void RopeBackward<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, const Rope&); \
+  template void SwigluForward<T>(const T*, const T*, T*, int64_t);                             \
   template void SwigluBackward<T>(const T*, const T*, const T*, T*, T*, int64_t);
 
 TZ_INSTANTIATE(float)

@@ -17,6 +17,8 @@
 
 #include <cstdint>
 
+#include "gpt/rope.h"
+
 namespace tierzero::gpt::cpu {
 
 // C = alpha * op(A) * op(B) + beta * C, op(X) = X or X^T; A is M x K after op, B is K x N.
@@ -91,15 +93,15 @@ void RmsNormBackward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, 
 
 // Rotary position embeddings as Hugging Face's Llama applies them (rotate_half): for each head of
 // x (rows of batch x seq, `heads` heads of head_dim, rows ld apart, in place) and j < head_dim/2,
-// with a = t inv_freq[j], inv_freq[j] = theta^(-2j / head_dim) (in fp32 as HF computes it):
+// with a = t inv_freq[j], inv_freq[j] as RopeInverseFrequency (gpt/rope.h, in T):
 // x[j] <- x[j] cos a - x[j + hd/2] sin a, x[j + hd/2] <- x[j + hd/2] cos a + x[j] sin a.
 // Backward applies the inverse rotation to the gradient, in place.
 template <typename T>
 void RopeForward(T* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t ld,
-                 double theta);
+                 const Rope& rope);
 template <typename T>
 void RopeBackward(T* dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t ld,
-                  double theta);
+                  const Rope& rope);
 
 // SwiGLU's gate: h = silu(g) u (silu(g) = g sigmoid(g)); backward writes dg and du.
 template <typename T>

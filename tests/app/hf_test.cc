@@ -121,6 +121,7 @@ Tensor RandomBf16(std::vector<int64_t> shape, std::mt19937_64& rng, bool norm,
 struct TinyLlama {
   static constexpr int V = 19, C = 16, L = 2, H = 4, KV = 2, F = 24, P = 64;
   gpt::Params params;
+  bool scaled = false;  // Llama 3's rope_scaling, with bands a 4-wide head spans
   void Write(const std::string& dir) {
     fs::create_directories(dir);
     std::mt19937_64 rng(7);
@@ -160,23 +161,29 @@ struct TinyLlama {
                        shard[s]);
     std::ofstream(dir + "/model.safetensors.index.json")
         << json({{"metadata", {{"total_size", total}}}, {"weight_map", map}}).dump(2);
-    std::ofstream(dir + "/config.json") << json({{"architectures", {"LlamaForCausalLM"}},
-                                                 {"model_type", "llama"},
-                                                 {"vocab_size", V},
-                                                 {"hidden_size", C},
-                                                 {"intermediate_size", F},
-                                                 {"num_hidden_layers", L},
-                                                 {"num_attention_heads", H},
-                                                 {"num_key_value_heads", KV},
-                                                 {"max_position_embeddings", P},
-                                                 {"rms_norm_eps", 1e-6},
-                                                 {"rope_theta", 500000.0},
-                                                 {"hidden_act", "silu"},
-                                                 {"tie_word_embeddings", false},
-                                                 {"attention_bias", false},
-                                                 {"rope_scaling", nullptr},
-                                                 {"torch_dtype", "bfloat16"}})
-                                               .dump(2);
+    std::ofstream(dir + "/config.json")
+        << json({{"architectures", {"LlamaForCausalLM"}},
+                 {"model_type", "llama"},
+                 {"vocab_size", V},
+                 {"hidden_size", C},
+                 {"intermediate_size", F},
+                 {"num_hidden_layers", L},
+                 {"num_attention_heads", H},
+                 {"num_key_value_heads", KV},
+                 {"max_position_embeddings", P},
+                 {"rms_norm_eps", 1e-6},
+                 {"rope_theta", 500000.0},
+                 {"hidden_act", "silu"},
+                 {"tie_word_embeddings", false},
+                 {"attention_bias", false},
+                 {"rope_scaling", scaled ? json{{"rope_type", "llama3"},
+                                                {"factor", 8.0},
+                                                {"low_freq_factor", 1.0},
+                                                {"high_freq_factor", 4.0},
+                                                {"original_max_position_embeddings", 16}}
+                                         : json(nullptr)},
+                 {"torch_dtype", "bfloat16"}})
+               .dump(2);
   }
 };
 
@@ -195,9 +202,12 @@ void WriteTokens(const std::string& path, const std::vector<uint16_t>& tokens) {
           static_cast<std::streamsize>(tokens.size() * 2));
 }
 
-TEST(HfModels, LlamaEvalEqualsTheFp64ReimplementationOfHfLlama) {
+class HfLlamaEval : public ::testing::TestWithParam<bool> {};
+
+TEST_P(HfLlamaEval, EqualsTheFp64ReimplementationOfHfLlama) {
   TempDir dir;
   TinyLlama m;
+  m.scaled = GetParam();
   m.Write(dir / "llama");
   // 60 tokens: windows of 7 + 1 start at 0, 7, ..., 49 (8 windows; the last 3 tokens fill
   // none).
@@ -215,9 +225,14 @@ TEST(HfModels, LlamaEvalEqualsTheFp64ReimplementationOfHfLlama) {
       all.targets.push_back(tokens[static_cast<size_t>(w * T + t + 1)]);
       all.mask.push_back(1.0f);
     }
-  const gpt::LlamaRef ref{
-      TinyLlama::V, T,        TinyLlama::C, TinyLlama::L, TinyLlama::H, TinyLlama::KV,
-      TinyLlama::F, 500000.0, 1e-6,         false,        false,        m.params};
+  gpt::LlamaRef ref{TinyLlama::V, T,        TinyLlama::C, TinyLlama::L, TinyLlama::H, TinyLlama::KV,
+                    TinyLlama::F, 500000.0, 1e-6,         false,        false,        m.params};
+  if (m.scaled) {
+    ref.factor = 8;
+    ref.low_freq = 1;
+    ref.high_freq = 4;
+    ref.original = 16;
+  }
   const double want = ref.Loss(all);
   for (const char* rows : {"1", "3", "8"}) {
     int rc = -1;
@@ -233,6 +248,9 @@ TEST(HfModels, LlamaEvalEqualsTheFp64ReimplementationOfHfLlama) {
   EXPECT_EQ(Eval({"--init-from", dir / "llama", "--data", dir / "data.bin", "--layers", "3"}), 1);
   EXPECT_NE(testing::internal::GetCapturedStderr().find("model.n_layer is 3"), std::string::npos);
 }
+
+INSTANTIATE_TEST_SUITE_P(RopeScaling, HfLlamaEval, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Llama3" : "None"; });
 
 TEST(HfModels, AZeroStepRunExportsItsInputTensorForTensor) {
   TempDir dir;
@@ -342,7 +360,7 @@ TEST(HfModels, WhatADirectoryMayNotSayIsRefusedNamingTheField) {
         {"intermediate_size", 24},
         {"num_hidden_layers", 1},
         {"num_attention_heads", 4},
-        {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}}},
+        {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 8.0}}}},
        "rope_scaling"},
       {{{"architectures", {"LlamaForCausalLM"}},
         {"vocab_size", 19},

@@ -46,7 +46,7 @@ TEST(LlamaOps, RopeRotatesHalvesAndBackwardIsItsTranspose) {
   Vec x = Random(batch * seq * ld, rng);
   auto fwd = [&] {
     Vec y = x;
-    RopeForward(y.data(), batch, seq, heads, hd, ld, theta);
+    RopeForward(y.data(), batch, seq, heads, hd, ld, Rope{theta});
     return y;
   };
   const Vec y = fwd();
@@ -63,8 +63,36 @@ TEST(LlamaOps, RopeRotatesHalvesAndBackwardIsItsTranspose) {
   }
   const Vec dy = Random(x.size(), rng);
   Vec dx = dy;
-  RopeBackward(dx.data(), batch, seq, heads, hd, ld, theta);
+  RopeBackward(dx.data(), batch, seq, heads, hd, ld, Rope{theta});
   CheckAgainstFiniteDifferences({&x}, fwd, dy, {dx}, "rope");
+}
+
+// Llama 3's frequency scaling (rope_scaling "llama3"): each frequency as
+// _compute_llama3_parameters makes it, high ones kept, low ones divided by the factor, the band
+// between blended; checked on a head wide enough to have all three.
+TEST(LlamaOps, Llama3ScalingKeepsHighDividesLowAndBlendsBetween) {
+  const Rope r{500000.0, 8.0, 1.0, 4.0, 8192.0};
+  const int64_t hd = 128;
+  int kept = 0, divided = 0, blended = 0;
+  for (int64_t j = 0; j < hd / 2; ++j) {
+    const double inv = std::pow(500000.0, -2.0 * j / hd), wavelen = 2 * M_PI / inv;
+    double want = inv;
+    if (wavelen > 8192.0) {
+      want = inv / 8;
+      ++divided;
+    } else if (wavelen >= 2048.0) {
+      const double s = (8192.0 / wavelen - 1) / 3;
+      want = (1 - s) * inv / 8 + s * inv;
+      ++blended;
+    } else {
+      ++kept;
+    }
+    EXPECT_NEAR(RopeInverseFrequency<double>(r, j, hd), want, 1e-12 * want) << j;
+    EXPECT_NEAR(RopeInverseFrequency<float>(r, j, hd), want, 1e-6 * want) << j;
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(divided, 0);
+  EXPECT_GT(blended, 0);
 }
 
 TEST(LlamaOps, SwigluBackwardMatchesFiniteDifferences) {

@@ -22,7 +22,19 @@ struct LlamaRef {
   double theta, eps;
   bool tied, bias;
   const Params& p;
+  // Llama 3's rope_scaling (factor 0: none), as _compute_llama3_parameters.
+  double factor = 0, low_freq = 1, high_freq = 4, original = 8192;
   const std::vector<double>& at(const std::string& n) const { return p.at(n); }
+
+  double InvFreq(int j, int hd) const {
+    const double inv = std::pow(theta, -2.0 * j / hd);
+    if (factor == 0) return inv;
+    const double wavelen = 2 * M_PI / inv;
+    if (wavelen < original / high_freq) return inv;
+    if (wavelen > original / low_freq) return inv / factor;
+    const double smooth = (original / wavelen - low_freq) / (high_freq - low_freq);
+    return (1 - smooth) * inv / factor + smooth * inv;
+  }
 
   void Rms(std::vector<double>& x, const std::vector<double>& w) const {
     for (size_t r = 0; r < x.size() / static_cast<size_t>(C); ++r) {
@@ -55,7 +67,7 @@ struct LlamaRef {
           double* v = &x[((b * T + t) * heads + h) * hd];
           std::vector<double> y(hd);
           for (int j = 0; j < hd; ++j) {
-            const double a = t * std::pow(theta, -2.0 * (j % half) / hd);
+            const double a = t * InvFreq(j % half, hd);
             const double rot = j < half ? -v[j + half] : v[j - half];  // rotate_half
             y[j] = v[j] * std::cos(a) + rot * std::sin(a);
           }
