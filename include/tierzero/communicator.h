@@ -129,7 +129,7 @@ class Communicator {
   virtual CommStats stats() const = 0;
   // A communicator over the same ranks whose collectives never match this one's (MPI_Comm_dup),
   // for collectives started by another thread in an order of their own (the chunk manager's
-  // stream-ordered gathers, zero/device_collectives.h). A collective call: every rank calls it,
+  // stream-ordered gathers, comm/device_collectives.h). A collective call: every rank calls it,
   // in the same order as its other collectives. Unsupported for NCCL.
   virtual StatusOr<std::shared_ptr<Communicator>> Duplicate() = 0;
 

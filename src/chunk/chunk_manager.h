@@ -56,7 +56,7 @@
 #include "profiler/observer.h"
 #include "shard/shard_store.h"
 #include "tierzero/communicator.h"
-#include "zero/device_collectives.h"
+#include "comm/device_collectives.h"
 #include "zero/zeropp.h"
 
 namespace tierzero {

@@ -40,7 +40,7 @@
 #include "core/logging.h"
 #include "engine/engine_impl.h"
 #include "offload/crc32c.h"
-#include "zero/collective.h"
+#include "comm/collective.h"
 
 namespace tierzero {
 namespace fs = std::filesystem;

@@ -25,9 +25,9 @@
 #include "offload/cuda_device.h"
 #include "offload/host_sim_device.h"
 #include "offload/swapper.h"
-#include "zero/collective.h"
-#include "zero/device_collectives.h"
-#include "zero/nccl.h"
+#include "comm/collective.h"
+#include "comm/device_collectives.h"
+#include "comm/nccl.h"
 
 namespace tierzero {
 

@@ -18,7 +18,7 @@
 #include "core/json_in.h"
 #include "core/logging.h"
 #include "engine/engine_impl.h"
-#include "zero/collective.h"
+#include "comm/collective.h"
 
 namespace tierzero {
 using nlohmann::json;

@@ -11,9 +11,9 @@
 #include "engine/engine_impl.h"
 #include "offload/cuda_device.h"
 #include "offload/host_sim_device.h"
-#include "zero/collective.h"
-#include "zero/device_collectives.h"
-#include "zero/nccl.h"
+#include "comm/collective.h"
+#include "comm/device_collectives.h"
+#include "comm/nccl.h"
 #include "zero/zeropp.h"
 
 namespace tierzero {

@@ -8,7 +8,7 @@
 #include "core/check.h"
 #include "core/logging.h"
 #include "engine/engine_impl.h"
-#include "zero/collective.h"
+#include "comm/collective.h"
 
 namespace tierzero {
 

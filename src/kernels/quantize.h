@@ -108,7 +108,7 @@ Status DequantizeSumRequantizeCudaAsync(const QuantLayout& layout,
                                         void* cuda_stream);
 // out (layout.elems() of out_type) = DequantizeSum of the `num_inputs` packed inputs at
 // `inputs` + k * input_stride, divided by `divisor` in fp32 and rounded once to out_type: the
-// last stage of a quantized mean (zero/quantized.h) in one pass, with the CPU path's arithmetic.
+// last stage of a quantized mean (comm/quantized.h) in one pass, with the CPU path's arithmetic.
 Status DequantizeMeanCudaAsync(const QuantLayout& layout, const QuantLayout::Run* device_runs,
                                const void* inputs, int num_inputs, uint64_t input_stride,
                                float divisor, void* out, DType out_type, void* cuda_stream);

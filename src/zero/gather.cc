@@ -6,7 +6,7 @@
 #include "core/bytes.h"
 #include "core/logging.h"
 #include "core/tunable.h"
-#include "zero/collective.h"
+#include "comm/collective.h"
 #include "zero/gather_internal.h"
 
 namespace tierzero {

@@ -23,7 +23,7 @@
 #include "core/status.h"
 #include "offload/pinned_arena.h"
 #include "tierzero/communicator.h"
-#include "zero/device_collectives.h"
+#include "comm/device_collectives.h"
 #include "zero/transfer.h"
 
 namespace tierzero {

@@ -7,7 +7,7 @@
 
 #include "core/bytes.h"
 #include "core/mutex.h"
-#include "zero/collective.h"
+#include "comm/collective.h"
 #include "zero/gather.h"
 #include "zero/gather_internal.h"
 
@@ -24,7 +24,7 @@ namespace {
 // follows is the path through host buffers.) So a gather's all_gather starts when the gather is
 // issued (on demand at its Acquire, or as a planned prefetch at the next call after the
 // moment's compute was queued). When the communicator is asynchronous (MPI's comm thread, Note
-// [The MPI comm thread] in src/zero/mpi.cc) a host function on the H2D stream waits for it and
+// [The MPI comm thread] in src/comm/mpi.cc) a host function on the H2D stream waits for it and
 // checks the tags, and the H2D copies follow, so neither the trainer nor the compute stream
 // waits: the gather overlaps compute like a one-rank prefetch. Otherwise the trainer waits for
 // the all_gather before queuing the copies. A gradient chunk's D2H copy is waited for when the

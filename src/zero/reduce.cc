@@ -8,7 +8,7 @@
 #include "core/bytes.h"
 #include "core/check.h"
 #include "core/convert.h"
-#include "zero/collective.h"
+#include "comm/collective.h"
 #include "zero/gather.h"
 #include "zero/gather_internal.h"
 

@@ -18,7 +18,7 @@
 #include "profiler/observer.h"
 #include "shard/shard_store.h"
 #include "tierzero/communicator.h"
-#include "zero/rank_agreement.h"
+#include "comm/rank_agreement.h"
 
 namespace tierzero {
 

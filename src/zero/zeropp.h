@@ -7,7 +7,7 @@
 //        1/L of the gathered chunk that is its part inside the node (its secondary partition),
 //        and the chunk's later gathers of the iteration (backward, recomputation) all-gather
 //        those parts inside the node only (Note [A secondary partition that is never stale]).
-//   qgZ  a gradient chunk is reduced with the two-hop quantized all-to-all of zero/quantized.h.
+//   qgZ  a gradient chunk is reduced with the two-hop quantized all-to-all of comm/quantized.h.
 //
 // The fp32 master weights and the optimizer never see quantized values: the shards hold the
 // compute dtype's exact values, and only the copies the device computes on were quantized.
@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "kernels/quantize.h"
-#include "zero/device_collectives.h"
+#include "comm/device_collectives.h"
 #include "zero/gather.h"
-#include "zero/quantized.h"
+#include "comm/quantized.h"
 #include "zero/reduce.h"
 #include "zero/transfer.h"
 

@@ -4,9 +4,9 @@
 #include <string>
 
 #include "core/bytes.h"
-#include "zero/collective.h"
+#include "comm/collective.h"
 #include "zero/gather_internal.h"
-#include "zero/quantized.h"
+#include "comm/quantized.h"
 #include "zero/zeropp.h"
 
 namespace tierzero {

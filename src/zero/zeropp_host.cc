@@ -14,8 +14,8 @@
 #include "core/bytes.h"
 #include "core/check.h"
 #include "core/convert.h"
-#include "zero/collective.h"
-#include "zero/device_collectives.h"
+#include "comm/collective.h"
+#include "comm/device_collectives.h"
 #include "zero/gather_internal.h"
 #include "zero/zeropp.h"
 

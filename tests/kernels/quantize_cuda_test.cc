@@ -83,7 +83,7 @@ TEST(QuantizeCudaTest, BitIdenticalToTheCpuKernels) {
   }
 }
 
-// The stages of qgZ's reduction on the GPU (zero/quantized_stream.cc): a sum-requantize whose
+// The stages of qgZ's reduction on the GPU (comm/quantized_stream.cc): a sum-requantize whose
 // inputs lie a stride apart (with another slot between them), and the mean in one kernel,
 // against DequantizeSum, an fp32 division and Convert on the CPU.
 TEST(QuantizeCudaTest, StridedSumAndMeanEqualTheCpu) {

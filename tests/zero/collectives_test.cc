@@ -25,9 +25,9 @@
 #include "offload/cuda_device.h"
 #include "offload/host_sim_device.h"
 #include "tierzero/communicator.h"
-#include "zero/device_collectives.h"
-#include "zero/nccl.h"
-#include "zero/quantized.h"
+#include "comm/device_collectives.h"
+#include "comm/nccl.h"
+#include "comm/quantized.h"
 
 namespace tierzero {
 namespace {
@@ -409,7 +409,7 @@ TEST(Collectives, RequestsCompleteOnTheCommThread) {
   }
 }
 
-// The chunk manager's device path (zero/device_collectives.h): an in-place all_gather, then an
+// The chunk manager's device path (comm/device_collectives.h): an in-place all_gather, then an
 // in-place mean reduce-scatter, queued on the collectives' stream behind a copy on another stream
 // (throttled on the simulated device, so a collective that did not wait for it would see stale
 // data), while the trainer's thread runs its own collectives on the communicator in between.

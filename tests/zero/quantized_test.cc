@@ -1,11 +1,11 @@
-// ZeRO++'s quantized collectives (zero/quantized.h) under mpirun: 1 to 4 ranks, with the nodes
+// ZeRO++'s quantized collectives (comm/quantized.h) under mpirun: 1 to 4 ranks, with the nodes
 // emulated as 1 node of W, W nodes of 1 (3 nodes of 1 with -np 3) and 2 nodes of 2. Shards of
 // an odd length cut by tensor boundaries at different places in every shard. Every rank derives
 // every rank's input from the same formula, so each checks its result alone:
 //   - qwZ: the gathered chunk is dequantize(quantize(shard r)) of every rank r, bit for bit;
 //   - qgZ: the mean is within the documented bound of the exact fp64 mean, and the bytes that
 //     crossed nodes are the N - 1 quantized shards.
-#include "zero/quantized.h"
+#include "comm/quantized.h"
 
 #include <gtest/gtest.h>
 

@@ -83,7 +83,7 @@ TEST(Split, CrossNodeBytes) {
   }
 }
 
-// Note [An emulated slow link] (src/zero/mpi.cc).
+// Note [An emulated slow link] (src/comm/mpi.cc).
 TEST(Split, EmulatedLinkHoldsCrossNodeCollectivesOnly) {
   const char* gbps_text = std::getenv("TZ_EMULATE_CROSS_NODE_GBPS");
   if (gbps_text == nullptr) GTEST_SKIP() << "TZ_EMULATE_CROSS_NODE_GBPS is not set";

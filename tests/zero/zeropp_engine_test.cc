@@ -193,7 +193,7 @@ TEST_P(ZeroPPEngine, GathersAndGradientMeanAgainstExactReferences) {
   for (ParamId p : sharded.ids) {
     std::vector<float> got(static_cast<size_t>(e.numel(p)));
     ASSERT_TRUE(e.ReadGrad(p, got).ok());
-    // Note [Quantized collectives] in zero/quantized.h: sum_r A_r / (qmax W), A_r the absmax of
+    // Note [Quantized collectives] in comm/quantized.h: sum_r A_r / (qmax W), A_r the absmax of
     // rank r's input over the block (at most over the tensor), plus fp32 rounding.
     double bound_sum = 0;
     for (int r = 0; r < w; ++r) {

@@ -12,7 +12,7 @@
 // are device memory.
 //
 // Two implementations, chosen by the device:
-//   - CUDA: NCCL (zero/nccl.h) on its own stream, bootstrapped over `comm`. A GPU per rank.
+//   - CUDA: NCCL (comm/nccl.h) on its own stream, bootstrapped over `comm`. A GPU per rank.
 //   - The simulated device, whose memory the host addresses: a stream of the device whose host
 //     functions run each collective, waited for, on a duplicate of `comm`
 //     (Communicator::Duplicate), so they never interleave with the collectives the trainer's
@@ -21,10 +21,10 @@
 //
 // ZeRO++ (docs/zero.md, "ZeRO++"): created with node_collectives, the communicator is also split
 // by node (Communicator::Split), for the all_gather inside a node of hpZ's secondary partition,
-// and the quantized collectives of zero/quantized.h (qwZ's gather, qgZ's two-hop reduction) run
+// and the quantized collectives of comm/quantized.h (qwZ's gather, qgZ's two-hop reduction) run
 // on the same stream. On the simulated device they are the host implementations in the stream's
 // host functions; with NCCL the node and cross-node communicators come from ncclCommSplit and
-// the quantization kernels run on the stream between the collectives (zero/quantized_stream.h).
+// the quantization kernels run on the stream between the collectives (comm/quantized_stream.h).
 //
 // Failures. A collective that fails (an error, or the deadline when another rank stopped taking
 // part) cannot report it from the call that queued it: Check() returns the first failure so far
@@ -39,7 +39,7 @@
 
 #include "offload/device.h"
 #include "tierzero/communicator.h"
-#include "zero/quantized.h"
+#include "comm/quantized.h"
 
 namespace tierzero {
 
@@ -68,7 +68,7 @@ class DeviceCollectives {
   virtual Status NodeAllGather(const void* send, void* recv, size_t count, DType dtype) = 0;
   // Readies the collectives for quantized collectives with `q` (which must stay alive and
   // unchanged): on a GPU the layouts' run tables and the scratch in device memory
-  // (zero/quantized_stream.h), OutOfMemory naming them when the device cannot hold them. Call
+  // (comm/quantized_stream.h), OutOfMemory naming them when the device cannot hold them. Call
   // at set-up, before the quantized collectives with q (on a GPU they fail with
   // FailedPrecondition for a quantization never prepared). Local (no collective).
   virtual Status PrepareQuantized(const ShardQuantization& q) { return Status::OK(); }

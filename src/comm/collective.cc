@@ -1,4 +1,4 @@
-#include "zero/collective.h"
+#include "comm/collective.h"
 
 #include <algorithm>
 #include <cstring>

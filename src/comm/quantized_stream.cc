@@ -1,5 +1,5 @@
-// ZeRO++'s quantized collectives on a device stream (zero/quantized_stream.h).
-#include "zero/quantized_stream.h"
+// ZeRO++'s quantized collectives on a device stream (comm/quantized_stream.h).
+#include "comm/quantized_stream.h"
 
 #include <algorithm>
 #include <string>

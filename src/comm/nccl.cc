@@ -1,5 +1,5 @@
 // The NCCL communicator (nccl.h). NCCL's header gives the types; the functions come from dlopen.
-#include "zero/nccl.h"
+#include "comm/nccl.h"
 
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -16,7 +16,7 @@
 #include "core/mutex.h"
 #include "core/tunable.h"
 #include "kernels/cuda_status.h"
-#include "zero/collective.h"
+#include "comm/collective.h"
 
 namespace tierzero {
 

@@ -1,5 +1,5 @@
-// ZeRO++'s quantized collectives over host buffers (zero/quantized.h).
-#include "zero/quantized.h"
+// ZeRO++'s quantized collectives over host buffers (comm/quantized.h).
+#include "comm/quantized.h"
 
 #include <algorithm>
 #include <cstring>

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "core/status.h"
-#include "zero/collective.h"
+#include "comm/collective.h"
 
 namespace tierzero {
 

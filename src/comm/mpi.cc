@@ -18,7 +18,7 @@
 
 #include "core/mutex.h"
 #include "core/tunable.h"
-#include "zero/collective.h"
+#include "comm/collective.h"
 
 namespace tierzero {
 

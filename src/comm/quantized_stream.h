@@ -1,5 +1,5 @@
 // ZeRO++'s quantized collectives on a device stream (NCCL on a GPU): the counterparts of
-// QuantizedAllGather and QuantizedReduceScatter (zero/quantized.h, Note [Quantized collectives])
+// QuantizedAllGather and QuantizedReduceScatter (comm/quantized.h, Note [Quantized collectives])
 // whose every stage is queued on one stream, the CUDA quantization kernels (kernels/quantize.h)
 // between the communicators' collectives, so nothing waits on the host.
 //
@@ -25,7 +25,7 @@
 
 #include "offload/device.h"
 #include "tierzero/communicator.h"
-#include "zero/quantized.h"
+#include "comm/quantized.h"
 
 namespace tierzero {
 

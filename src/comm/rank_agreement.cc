@@ -1,11 +1,11 @@
-#include "zero/rank_agreement.h"
+#include "comm/rank_agreement.h"
 
 #include <algorithm>
 #include <chrono>
 #include <string>
 
 #include "core/mutex.h"
-#include "zero/collective.h"
+#include "comm/collective.h"
 
 namespace tierzero {
 

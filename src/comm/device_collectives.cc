@@ -1,4 +1,4 @@
-#include "zero/device_collectives.h"
+#include "comm/device_collectives.h"
 
 #include <chrono>
 #include <condition_variable>
@@ -11,9 +11,9 @@
 
 #include "core/convert.h"
 #include "core/mutex.h"
-#include "zero/collective.h"
-#include "zero/nccl.h"
-#include "zero/quantized_stream.h"
+#include "comm/collective.h"
+#include "comm/nccl.h"
+#include "comm/quantized_stream.h"
 
 namespace tierzero {
 namespace {

@@ -9,7 +9,7 @@
 //   (AgreeOnMaximum), so every rank computes the same plan and starts the same collectives.
 // - A failure inside a stream (an NVMe read, a device collective) reaches only its rank, but
 //   what it left in a gathered chunk reached every rank: at the end of the iteration the ranks
-//   agree on the outcome (AgreeOnOutcome; Note [Agreeing on an outcome] in zero/collective.h).
+//   agree on the outcome (AgreeOnOutcome; Note [Agreeing on an outcome] in comm/collective.h).
 // - Once a collective failed or the programs differed, the ranks are out of step for good:
 //   nothing in flight can be cancelled, so every later call that would start a collective
 //   fails with OutOfStep() and the trainer restarts from its last checkpoint.

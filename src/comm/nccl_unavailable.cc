@@ -1,5 +1,5 @@
 // Built without CUDA: CreateNcclCommunicator says so.
-#include "zero/nccl.h"
+#include "comm/nccl.h"
 
 namespace tierzero {
 
