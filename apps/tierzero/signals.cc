@@ -82,7 +82,6 @@ Status StartSignalThread() {
 }
 
 bool InterruptRequested() { return g_signal.load() != 0; }
-int InterruptSignal() { return g_signal.load(); }
 void ClearInterrupt() { g_signal.store(0); }
 
 void EndSetUp() { g_setup.store(false); }

@@ -27,8 +27,6 @@ Status StartSignalThread();
 
 // True once SIGINT or SIGTERM has arrived inside a GracefulInterrupts scope (until Clear).
 bool InterruptRequested();
-// The signal that asked to stop (0: none).
-int InterruptSignal();
 void ClearInterrupt();
 // The run's set-up is over: from now on signals only ask it to stop (GracefulInterrupts).
 void EndSetUp();

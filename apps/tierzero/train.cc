@@ -165,6 +165,11 @@ int Fail(const Status& s) {
     std::fprintf(stderr, "rank %d of %d: error: %s\n", g_comm->rank(), g_comm->size(),
                  s.ToString().c_str());
     // Note [A failing rank ends the run]
+    // A rank that fails outside a collective (its set-up, a file it cannot read) cannot tell the
+    // others, which would wait in their next collective until its timeout: it says which rank
+    // failed and why, then aborts the job (MPI_Abort), so every rank ends at once and mpirun
+    // reports the failure. Failures inside collectives are agreed on instead (Note [Agreeing on
+    // an outcome], comm/collective.h) and every rank fails with the same message.
     g_comm->Abort(1);
   }
   std::fprintf(stderr, "error: %s\n", s.ToString().c_str());

@@ -36,15 +36,11 @@ class MemoryTracer {
   void SetHeld(std::vector<int> held);
   // Drops the last moment (its Acquire failed).
   void PopMoment();
-  // Records the compute time of a moment.
-  void SetComputeSeconds(int moment, double seconds);
   // Closes the trace (the last moment's peak).
   void Finish();
 
   const std::vector<Moment>& moments() const { return moments_; }
   uint64_t current_nonmodel() const { return current_; }
-  // A hash of the chunk sequence (not the timings), equal on ranks that traced the same program.
-  uint64_t SequenceHash() const;
 
  private:
   std::vector<Moment> moments_;

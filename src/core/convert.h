@@ -132,15 +132,6 @@ const ConvertKernels& ActiveConvertKernels();
 inline void ConvertF32ToBF16(const float* src, uint16_t* dst, size_t n) {
   ActiveConvertKernels().f32_to_bf16(src, dst, n);
 }
-inline void ConvertBF16ToF32(const uint16_t* src, float* dst, size_t n) {
-  ActiveConvertKernels().bf16_to_f32(src, dst, n);
-}
-inline void ConvertF32ToF16(const float* src, uint16_t* dst, size_t n) {
-  ActiveConvertKernels().f32_to_f16(src, dst, n);
-}
-inline void ConvertF16ToF32(const uint16_t* src, float* dst, size_t n) {
-  ActiveConvertKernels().f16_to_f32(src, dst, n);
-}
 
 // Converts n elements between any two of fp32, bf16, fp16 (same type: a copy). bf16 <-> fp16
 // goes through fp32 in blocks, rounding once. Other dtypes are InvalidArgument.

@@ -10,7 +10,7 @@ namespace tierzero {
 
 struct MemoryStat {
   uint64_t current = 0;    // bytes in use now
-  uint64_t peak = 0;       // highest `current` since creation or ResetPeak
+  uint64_t peak = 0;       // highest `current` since creation
   uint64_t allocated = 0;  // cumulative bytes handed out
   uint64_t freed = 0;      // cumulative bytes returned
   uint64_t num_allocs = 0;
@@ -28,7 +28,6 @@ struct MemoryStat {
     freed += bytes;
     ++num_frees;
   }
-  void ResetPeak() { peak = current; }
 };
 
 }  // namespace tierzero

@@ -262,6 +262,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
         "device 'cuda' was asked for but no usable GPU was found; use device 'host' (or 'auto') "
         "to train on the simulated device");
   }
+  // With several ranks every log line names its rank (core/logging.h).
+  if (comm->size() > 1) SetLogRank(comm->rank());
   std::unique_ptr<Engine> e(new Engine());
   e->impl_->cfg = config;
   e->impl_->comm = std::move(comm);

@@ -4,10 +4,6 @@
 
 namespace tierzero {
 
-std::string_view DeviceKindName(DeviceKind kind) {
-  return kind == DeviceKind::kCuda ? "cuda" : "hostsim";
-}
-
 std::string_view CopyKindName(CopyKind kind) {
   switch (kind) {
     case CopyKind::kHostToDevice:

@@ -33,7 +33,6 @@ namespace tierzero {
 enum class DeviceKind : uint8_t { kHostSim, kCuda };
 enum class CopyKind : uint8_t { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 
-std::string_view DeviceKindName(DeviceKind kind);
 std::string_view CopyKindName(CopyKind kind);
 
 // What a device can do (ggml-style capability flags). Absent capabilities have documented

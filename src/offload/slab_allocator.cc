@@ -70,11 +70,6 @@ uint64_t SlabAllocator::Free(uint64_t offset) {
   return freed;
 }
 
-uint64_t SlabAllocator::AllocationSize(uint64_t offset) const {
-  auto it = live_.find(offset);
-  return it == live_.end() ? 0 : it->second;
-}
-
 uint64_t SlabAllocator::largest_free_block() const {
   return free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
 }

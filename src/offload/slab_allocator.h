@@ -31,8 +31,6 @@ class SlabAllocator {
   // Returns the range starting at `offset` and the bytes it held.
   // REQUIRES: `offset` is the start of a live allocation (aborts otherwise: a double free).
   uint64_t Free(uint64_t offset);
-  // Size of the live allocation at `offset`, or 0 when there is none.
-  uint64_t AllocationSize(uint64_t offset) const;
 
   uint64_t capacity() const { return capacity_; }
   uint64_t largest_free_block() const;
