@@ -214,4 +214,24 @@ Status Engine::WriteReport(const std::string& path) const {
   return WriteFileAtomically(path, text);
 }
 
+// Note [Compute spans on the device's clock] (engine_impl.h).
+void Engine::Impl::PlaceDeviceSpans() {
+  if (!device_timed) return;
+  device_timed = false;
+  // The iteration's work is done (EndIteration waited for every stream).
+  for (size_t k = 0; k < moment_times.size(); ++k) {
+    MomentTimes& m = moment_times[k];
+    if (m.ready_ev.handle().impl == nullptr || m.release_ev.handle().impl == nullptr) continue;
+    auto ready = device->ElapsedSeconds(profile_origin.handle(), m.ready_ev.handle());
+    auto release = device->ElapsedSeconds(profile_origin.handle(), m.release_ev.handle());
+    if (!ready.ok() || !release.ok()) continue;
+    const double host_wait = m.ready_s - m.call_s;  // the host's time in Acquire stays its own
+    m.ready_s = profile_origin_s + std::max(0.0, *ready);
+    m.call_s = m.ready_s - host_wait;
+    m.release_s = std::max(m.ready_s, profile_origin_s + *release);
+    timeline.Add({Track::kCompute, (m.backward ? "backward " : "forward ") + std::to_string(k),
+                  m.ready_s, m.release_s - m.ready_s, static_cast<int>(k)});
+  }
+}
+
 }  // namespace tierzero
