@@ -593,6 +593,17 @@ Status TrainRun::WriteReports(std::string& summary) {
     if (!with.ok()) return with.status().WithContext("--plan " + out_.plan);
     text = std::move(with).value();
   }
+  {
+    // The model the report is of, and how it computed (which backend, which attention).
+    json r = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (r.is_object()) {
+      r["model"] = {{"name", gpt::ModelName(cfg_.model)},
+                    {"parameters", model_->num_params()},
+                    {"config", ModelJson(cfg_)},
+                    {"compute", model_->ComputeSummary()}};
+      text = r.dump(1);
+    }
+  }
   TZ_RETURN_IF_ERROR(WriteTextFile(out_.report, text));
   TZ_ASSIGN_OR_RETURN(summary, ReportSummary(text));
   if (!out_.html.empty()) TZ_RETURN_IF_ERROR(WriteHtmlReport(text, out_.html));
