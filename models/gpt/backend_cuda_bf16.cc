@@ -76,6 +76,7 @@ class CudaBf16Backend final : public CudaBackendBase {
       cudaStreamSynchronize(stream_);
       cudaFreeHost(pinned_);
     }
+    if (pinned_copied_ != nullptr) cudaEventDestroy(pinned_copied_);
   }
 
   void LinearForward(const void* x, const void* w, const void* bias, void* y, int64_t rows,
@@ -208,11 +209,18 @@ class CudaBf16Backend final : public CudaBackendBase {
       int32_t* host = Pinned(ints);
       int32_t* dev = csr_.Get(ints, stream_, &error_);
       if (host == nullptr || dev == nullptr) return;
+      // The last upload from this buffer is done before it is rewritten.
+      if (pinned_copied_ != nullptr)
+        Check(cudaEventSynchronize(pinned_copied_), "cudaEventSynchronize");
       std::copy(order.begin(), order.end(), host);
       std::copy(starts.begin(), starts.end(), host + rows);
       std::copy(group_token.begin(), group_token.end(), host + rows + groups + 1);
       Check(cudaMemcpyAsync(dev, host, sizeof(int32_t) * ints, cudaMemcpyHostToDevice, stream_),
             "cudaMemcpyAsync (embedding groups)");
+      if (pinned_copied_ == nullptr)
+        Check(cudaEventCreateWithFlags(&pinned_copied_, cudaEventDisableTiming), "cudaEventCreate");
+      if (pinned_copied_ != nullptr)
+        Check(cudaEventRecord(pinned_copied_, stream_), "cudaEventRecord");
       if (!dwte.add) ops_->Zero(dwte.p, sizeof(bf16) * static_cast<uint64_t>(vocab * channels));
       Check(k16::EmbeddingTableBackward(H(dx), dev, dev + rows, dev + rows + groups + 1, groups,
                                         H(dwte.p), dwte.add, channels, stream_),
@@ -243,6 +251,7 @@ class CudaBf16Backend final : public CudaBackendBase {
     Check(cudaMemcpyAsync(&v, loss_, sizeof(v), cudaMemcpyDeviceToHost, stream_),
           "cudaMemcpyAsync (loss)");
     Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    loss_ = nullptr;  // read once: the next iteration computes its own
     TZ_RETURN_IF_ERROR(status());
     return v;
   }
@@ -363,11 +372,24 @@ class CudaBf16Backend final : public CudaBackendBase {
     p.d = dw.p;
     p.beta = dw.add ? 1.0f : 0.0f;
     p.bias = fuse_bias ? dbias.p : nullptr;
+    // A bias-gradient epilogue cuBLASLt has no algorithm for runs as the plain product and a
+    // column sum.
+    bool separate_bias = dbias.p != nullptr && dbias.add;
+    if (fuse_bias) {
+      auto ok = lt_->Supported(p);
+      if (!ok.ok()) return SetError(ok.status());
+      if (!*ok) {
+        p.epilogue = cuda::Epilogue::kNone;
+        p.bias = nullptr;
+        separate_bias = true;
+      }
+    }
     Run(p);
-    if (dbias.p != nullptr && dbias.add) {
+    if (separate_bias) {
       float* partial = partial_.Get(k16::ColumnPartialFloats(rows, out), stream_, &error_);
       if (partial == nullptr) return;
-      Check(k16::ColumnSums(H(dy), H(dbias.p), true, partial, rows, out, stream_), "ColumnSums");
+      Check(k16::ColumnSums(H(dy), H(dbias.p), dbias.add, partial, rows, out, stream_),
+            "ColumnSums");
     }
   }
 
@@ -377,6 +399,7 @@ class CudaBf16Backend final : public CudaBackendBase {
   Scratch<double> sums_;
   Scratch<int32_t> csr_;
   int32_t* pinned_ = nullptr;
+  cudaEvent_t pinned_copied_ = nullptr;  // the last upload from pinned_
   int64_t pinned_have_ = 0;
   double* loss_ = nullptr;
 };

@@ -322,6 +322,7 @@ __global__ void __launch_bounds__(kRowThreads)
     }
   }
   BlockArgMax(mx, best, shv, shi);
+  if (best >= vocab) best = 0;  // no finite maximum (every logit -inf or NaN): the first index
   float s = 0;
   for (int64_t j = threadIdx.x; j < vocab; j += kRowThreads) s += __expf(F(l[j]) - mx);
   const float lse = mx + logf(BlockSum(s, shv));
@@ -347,7 +348,8 @@ __global__ void MaskCountKernel(const float* mask, int64_t rows, float* count) {
   if (threadIdx.x == 0) *count = total;
 }
 
-// One block: thread i sums rows i, i + 256, ... in order, then a fixed tree over the threads.
+// One block: thread i sums rows i, i + 256, ... in order, then a fixed tree over the threads
+// (a fixed order, so deterministic; not the rows' order).
 __global__ void MeanLossKernel(const double* row_loss, const float* count, int64_t rows,
                                double* loss) {
   __shared__ double sh[kRowThreads];

@@ -83,7 +83,7 @@ cudaError_t MaskCount(const float* mask, int64_t rows, float* count, cudaStream_
 cudaError_t CrossEntropy(const bf16* logits, const int32_t* targets, const float* mask,
                          const float* count, bf16* dlogits, int32_t* argmax, double* row_loss,
                          int64_t rows, int64_t vocab, float scale, cudaStream_t stream);
-// *loss = the sum of row_loss in row order / count (0 when the mask is empty).
+// *loss = the sum of row_loss / count (0 when the mask is empty), summed in a fixed order.
 cudaError_t MeanLoss(const double* row_loss, const float* count, int64_t rows, double* loss,
                      cudaStream_t stream);
 

@@ -44,15 +44,20 @@ bool HasAux(Epilogue e) {
   return e == Epilogue::kGeluAuxBias || e == Epilogue::kGeluAux || e == Epilogue::kDGelu;
 }
 
-// The alignment (bytes, up to 16) every pointer of a product shares: algorithms depend on it.
-int Alignment(const LtProduct& p) {
-  uintptr_t bits = 0;
+// A pointer's alignment in bytes, up to 256 (what cuBLASLt's MIN_ALIGNMENT preferences take:
+// algorithms depend on it, and a chunk's tensors are only as aligned as their offsets).
+uint32_t PtrAlignment(const void* q) {
+  uint32_t align = 256;
+  while (align > 2 && reinterpret_cast<uintptr_t>(q) % align != 0) align /= 2;
+  return align;
+}
+// The alignments of A, B, D and of the epilogue's bias and aux, packed (the plan's key).
+int64_t Alignments(const LtProduct& p) {
+  int64_t key = 0;
   for (const void* q : {p.a, p.b, static_cast<const void*>(p.d), static_cast<const void*>(p.bias),
                         static_cast<const void*>(p.aux)})
-    if (q != nullptr) bits |= reinterpret_cast<uintptr_t>(q);
-  int align = 16;
-  while (align > 1 && bits % static_cast<uintptr_t>(align) != 0) align /= 2;
-  return align;
+    key = key * 512 + (q != nullptr ? PtrAlignment(q) : 0);
+  return key;
 }
 
 std::string Shape(const LtProduct& p) {
@@ -92,8 +97,11 @@ LtMatmul::~LtMatmul() {
 
 StatusOr<LtMatmul::Plan*> LtMatmul::PlanFor(const LtProduct& p) {
   const Key key{p.trans_a, p.trans_b, p.m,         p.n,        p.k,      p.lda,
-                p.ldb,     p.ldd,     p.beta != 0, p.epilogue, p.aux_ld, Alignment(p)};
+                p.ldb,     p.ldd,     p.beta != 0, p.epilogue, p.aux_ld, Alignments(p)};
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
+  if (unsupported_.count(key) > 0)
+    return UnsupportedError("cuBLASLt has no algorithm for the bf16 product " + Shape(p) +
+                            "; run with --activations fp32");
   auto plan = std::make_unique<Plan>();
   plan->api = api_;
   const CublasLtApi& A = *api_;
@@ -152,6 +160,21 @@ StatusOr<LtMatmul::Plan*> LtMatmul::PlanFor(const LtProduct& p) {
   const uint64_t ws = kWorkspaceBytes;
   cublasStatus_t s =
       A.PreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  // The operands' own alignments (the heuristic assumes 256 bytes otherwise); C is D.
+  const uint32_t align_a = PtrAlignment(p.a), align_b = PtrAlignment(p.b),
+                 align_d = PtrAlignment(p.d);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = A.PreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                 sizeof(align_a));
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = A.PreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                 sizeof(align_b));
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = A.PreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
+                                 sizeof(align_d));
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = A.PreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
+                                 sizeof(align_d));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   if (s == CUBLAS_STATUS_SUCCESS)
@@ -159,6 +182,7 @@ StatusOr<LtMatmul::Plan*> LtMatmul::PlanFor(const LtProduct& p) {
                            &result, &found);
   A.PreferenceDestroy(pref);
   TZ_RETURN_IF_ERROR(check(s, "MatmulAlgoGetHeuristic"));
+  if (found == 0) unsupported_.insert(key);
   if (found == 0)
     return UnsupportedError("cuBLASLt has no algorithm for the bf16 product " + Shape(p) +
                             " (leading dimensions " + std::to_string(p.lda) + ", " +
@@ -170,8 +194,30 @@ StatusOr<LtMatmul::Plan*> LtMatmul::PlanFor(const LtProduct& p) {
   return raw;
 }
 
+StatusOr<bool> LtMatmul::Supported(const LtProduct& p) {
+  if (p.m == 0 || p.n == 0 || p.k == 0) return true;
+  auto plan = PlanFor(p);
+  if (plan.ok()) return true;
+  if (plan.status().code() == StatusCode::kUnsupported) return false;
+  return plan.status();
+}
+
 Status LtMatmul::Run(const LtProduct& p) {
   if (p.m == 0 || p.n == 0) return Status::OK();
+  if (p.k == 0) {
+    // An empty sum: D (written) and a bias gradient are zeros; nothing to add otherwise.
+    cudaError_t e = cudaSuccess;
+    if (p.beta == 0)
+      e = cudaMemset2DAsync(p.d, static_cast<size_t>(p.ldd) * 2, 0, static_cast<size_t>(p.m) * 2,
+                            static_cast<size_t>(p.n), stream_);
+    if (e == cudaSuccess && p.bias != nullptr &&
+        (p.epilogue == Epilogue::kBGradA || p.epilogue == Epilogue::kBGradB))
+      e = cudaMemsetAsync(
+          p.bias, 0, static_cast<size_t>(p.epilogue == Epilogue::kBGradA ? p.m : p.n) * 2, stream_);
+    if (e != cudaSuccess)
+      return InternalError(std::string("zeroing an empty product: ") + cudaGetErrorString(e));
+    return Status::OK();
+  }
   TZ_ASSIGN_OR_RETURN(Plan * plan, PlanFor(p));
   const CublasLtApi& A = *api_;
   // The pointers change from call to call; the shape's descriptors stay.

@@ -5,9 +5,9 @@
 // The epilogue adds a bias (length m) in forward, also applies GELU keeping its input in `aux`
 // (GELU_AUX_BIAS), or in backward multiplies by GELU's derivative at `aux` (DGELU) or writes the
 // bias gradient: the sums of A over k (BGRADA, length m) or of B over k (BGRADB, length n).
-// Algorithms come from cuBLASLt's heuristic, the first one for each shape, kept per shape with
-// its descriptors; the workspace is LtMatmul's own (kWorkspaceBytes of device memory, outside the
-// engine's budget, as cuBLAS's own workspace is).
+// Algorithms come from cuBLASLt's heuristic, told each operand's alignment, the first one for each
+// shape and alignment, kept with its descriptors; the workspace is LtMatmul's own (kWorkspaceBytes
+// of device memory, outside the engine's budget, as cuBLAS's own workspace is).
 //
 // Thread-safety: one thread (the backend's), calls enqueued on its stream.
 #pragma once
@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <tuple>
 
 #include "gpt/cublaslt_api.h"
@@ -52,12 +53,15 @@ class LtMatmul {
 
   // Enqueues the product; an error names the shape when cuBLASLt has no algorithm for it.
   Status Run(const LtProduct& p);
+  // Whether cuBLASLt has an algorithm for the product (as its pointers are aligned); false is
+  // remembered per shape.
+  StatusOr<bool> Supported(const LtProduct& p);
 
  private:
   LtMatmul() = default;
   struct Plan;
   using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
-                         Epilogue, int64_t, int>;
+                         Epilogue, int64_t, int64_t>;
   StatusOr<Plan*> PlanFor(const LtProduct& p);
 
   const CublasLtApi* api_ = nullptr;
@@ -65,6 +69,7 @@ class LtMatmul {
   cudaStream_t stream_ = nullptr;
   void* workspace_ = nullptr;
   std::map<Key, std::unique_ptr<Plan>> plans_;
+  std::set<Key> unsupported_;
 };
 
 }  // namespace tierzero::gpt::cuda
