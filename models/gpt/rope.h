@@ -37,9 +37,9 @@ TZ_HOST_DEVICE inline T RopeInverseFrequency(const Rope& r, int64_t j, int64_t h
   const T factor = static_cast<T>(r.factor);
   if (wavelen > low_wavelen) return inv / factor;
   if (wavelen < high_wavelen) return inv;
-  const T smooth = (static_cast<T>(r.original_positions) / wavelen -
-                    static_cast<T>(r.low_freq_factor)) /
-                   static_cast<T>(r.high_freq_factor - r.low_freq_factor);
+  const T smooth =
+      (static_cast<T>(r.original_positions) / wavelen - static_cast<T>(r.low_freq_factor)) /
+      static_cast<T>(r.high_freq_factor - r.low_freq_factor);
   return (T(1) - smooth) * inv / factor + smooth * inv;
 }
 

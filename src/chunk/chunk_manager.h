@@ -51,12 +51,12 @@
 #include "chunk/plan.h"
 #include "chunk/tensor_state.h"
 #include "chunk/trace.h"
+#include "comm/device_collectives.h"
 #include "core/status.h"
 #include "offload/device.h"
 #include "profiler/observer.h"
 #include "shard/shard_store.h"
 #include "tierzero/communicator.h"
-#include "comm/device_collectives.h"
 #include "zero/zeropp.h"
 
 namespace tierzero {

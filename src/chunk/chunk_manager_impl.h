@@ -8,8 +8,8 @@
 
 #include "chunk/chunk_manager.h"
 #include "chunk/slot_pool.h"
-#include "zero/gather.h"
 #include "comm/rank_agreement.h"
+#include "zero/gather.h"
 #include "zero/reduce.h"
 #include "zero/transfer.h"
 

@@ -9,11 +9,11 @@
 #include <thread>
 #include <vector>
 
-#include "core/convert.h"
-#include "core/mutex.h"
 #include "comm/collective.h"
 #include "comm/nccl.h"
 #include "comm/quantized_stream.h"
+#include "core/convert.h"
+#include "core/mutex.h"
 
 namespace tierzero {
 namespace {

@@ -37,9 +37,9 @@
 #include <memory>
 #include <string>
 
+#include "comm/quantized.h"
 #include "offload/device.h"
 #include "tierzero/communicator.h"
-#include "comm/quantized.h"
 
 namespace tierzero {
 

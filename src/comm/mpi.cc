@@ -16,9 +16,9 @@
 #include <thread>
 #include <vector>
 
+#include "comm/collective.h"
 #include "core/mutex.h"
 #include "core/tunable.h"
-#include "comm/collective.h"
 
 namespace tierzero {
 

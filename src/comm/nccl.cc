@@ -13,10 +13,10 @@
 #include <string>
 #include <thread>
 
+#include "comm/collective.h"
 #include "core/mutex.h"
 #include "core/tunable.h"
 #include "kernels/cuda_status.h"
-#include "comm/collective.h"
 
 namespace tierzero {
 

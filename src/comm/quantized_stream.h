@@ -23,9 +23,9 @@
 #include <memory>
 #include <vector>
 
+#include "comm/quantized.h"
 #include "offload/device.h"
 #include "tierzero/communicator.h"
-#include "comm/quantized.h"
 
 namespace tierzero {
 

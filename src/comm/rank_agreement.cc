@@ -4,8 +4,8 @@
 #include <chrono>
 #include <string>
 
-#include "core/mutex.h"
 #include "comm/collective.h"
+#include "core/mutex.h"
 
 namespace tierzero {
 

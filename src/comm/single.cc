@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/status.h"
 #include "comm/collective.h"
+#include "core/status.h"
 
 namespace tierzero {
 

@@ -33,6 +33,7 @@
 #include <optional>
 #include <set>
 
+#include "comm/collective.h"
 #include "core/bytes.h"
 #include "core/convert.h"
 #include "core/file_io.h"
@@ -40,7 +41,6 @@
 #include "core/logging.h"
 #include "engine/engine_impl.h"
 #include "offload/crc32c.h"
-#include "comm/collective.h"
 
 namespace tierzero {
 namespace fs = std::filesystem;

@@ -15,6 +15,9 @@
 #include <mutex>
 
 #include "chunk/chunk_manager.h"
+#include "comm/collective.h"
+#include "comm/device_collectives.h"
+#include "comm/nccl.h"
 #include "core/bytes.h"
 #include "core/check.h"
 #include "core/convert.h"
@@ -25,9 +28,6 @@
 #include "offload/cuda_device.h"
 #include "offload/host_sim_device.h"
 #include "offload/swapper.h"
-#include "comm/collective.h"
-#include "comm/device_collectives.h"
-#include "comm/nccl.h"
 
 namespace tierzero {
 

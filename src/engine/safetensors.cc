@@ -12,13 +12,13 @@
 #include <utility>
 #include <vector>
 
+#include "comm/collective.h"
 #include "core/bytes.h"
 #include "core/convert.h"
 #include "core/file_io.h"
 #include "core/json_in.h"
 #include "core/logging.h"
 #include "engine/engine_impl.h"
-#include "comm/collective.h"
 
 namespace tierzero {
 using nlohmann::json;

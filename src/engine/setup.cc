@@ -5,15 +5,15 @@
 #include <cmath>
 #include <cstring>
 
+#include "comm/collective.h"
+#include "comm/device_collectives.h"
+#include "comm/nccl.h"
 #include "core/bytes.h"
 #include "core/convert.h"
 #include "core/logging.h"
 #include "engine/engine_impl.h"
 #include "offload/cuda_device.h"
 #include "offload/host_sim_device.h"
-#include "comm/collective.h"
-#include "comm/device_collectives.h"
-#include "comm/nccl.h"
 #include "zero/zeropp.h"
 
 namespace tierzero {

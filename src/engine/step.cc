@@ -5,10 +5,10 @@
 #include <cstring>
 #include <limits>
 
+#include "comm/collective.h"
 #include "core/check.h"
 #include "core/logging.h"
 #include "engine/engine_impl.h"
-#include "comm/collective.h"
 
 namespace tierzero {
 

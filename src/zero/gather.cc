@@ -3,10 +3,10 @@
 
 #include <algorithm>
 
+#include "comm/collective.h"
 #include "core/bytes.h"
 #include "core/logging.h"
 #include "core/tunable.h"
-#include "comm/collective.h"
 #include "zero/gather_internal.h"
 
 namespace tierzero {

@@ -20,10 +20,10 @@
 #include <cstdint>
 #include <memory>
 
+#include "comm/device_collectives.h"
 #include "core/status.h"
 #include "offload/pinned_arena.h"
 #include "tierzero/communicator.h"
-#include "comm/device_collectives.h"
 #include "zero/transfer.h"
 
 namespace tierzero {

@@ -5,9 +5,9 @@
 #include <cstring>
 #include <mutex>
 
+#include "comm/collective.h"
 #include "core/bytes.h"
 #include "core/mutex.h"
-#include "comm/collective.h"
 #include "zero/gather.h"
 #include "zero/gather_internal.h"
 

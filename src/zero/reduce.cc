@@ -5,10 +5,10 @@
 #include <deque>
 #include <optional>
 
+#include "comm/collective.h"
 #include "core/bytes.h"
 #include "core/check.h"
 #include "core/convert.h"
-#include "comm/collective.h"
 #include "zero/gather.h"
 #include "zero/gather_internal.h"
 

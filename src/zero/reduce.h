@@ -15,9 +15,9 @@
 
 #include <memory>
 
+#include "comm/device_collectives.h"
 #include "core/status.h"
 #include "tierzero/communicator.h"
-#include "comm/device_collectives.h"
 #include "zero/transfer.h"
 
 namespace tierzero {

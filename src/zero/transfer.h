@@ -13,12 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "comm/rank_agreement.h"
 #include "core/status.h"
 #include "offload/device.h"
 #include "profiler/observer.h"
 #include "shard/shard_store.h"
 #include "tierzero/communicator.h"
-#include "comm/rank_agreement.h"
 
 namespace tierzero {
 

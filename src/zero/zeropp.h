@@ -19,10 +19,10 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/quantize.h"
 #include "comm/device_collectives.h"
-#include "zero/gather.h"
 #include "comm/quantized.h"
+#include "kernels/quantize.h"
+#include "zero/gather.h"
 #include "zero/reduce.h"
 #include "zero/transfer.h"
 

@@ -3,10 +3,10 @@
 // [Gathers on the device] in gather.cc).
 #include <string>
 
-#include "core/bytes.h"
 #include "comm/collective.h"
-#include "zero/gather_internal.h"
 #include "comm/quantized.h"
+#include "core/bytes.h"
+#include "zero/gather_internal.h"
 #include "zero/zeropp.h"
 
 namespace tierzero {

@@ -11,11 +11,11 @@
 #include <optional>
 #include <string>
 
+#include "comm/collective.h"
+#include "comm/device_collectives.h"
 #include "core/bytes.h"
 #include "core/check.h"
 #include "core/convert.h"
-#include "comm/collective.h"
-#include "comm/device_collectives.h"
 #include "zero/gather_internal.h"
 #include "zero/zeropp.h"
 

@@ -18,11 +18,11 @@ const char kConfig[] = R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 
   "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 1, "num_attention_heads": 4,
   "num_key_value_heads": 2, "max_position_embeddings": 64})";
 // A safetensors file of one empty tensor: enough for the names ReadHfDir lists.
-const unsigned char kFile[] = {24, 0, 0, 0, 0, 0, 0, 0, '{', '"', 'x', '"', ':', '{', '"', 'd',
-                               't',  'y', 'p', 'e', '"', ':', '"', 'F', '3', '2', '"', ',', '"',
-                               's',  'h', 'a', 'p', 'e', '"', ':', '[', '0', ']', ',', '"', 'd',
-                               'a',  't', 'a', '_', 'o', 'f', 'f', 's', 'e', 't', 's', '"', ':',
-                               '[',  '0', ',', '0', ']', '}', '}', ' ', ' ', ' ', ' ', ' ', ' '};
+const unsigned char kFile[] = {24,  0,   0,   0,   0,   0,   0,   0,   '{', '"', 'x', '"', ':', '{',
+                               '"', 'd', 't', 'y', 'p', 'e', '"', ':', '"', 'F', '3', '2', '"', ',',
+                               '"', 's', 'h', 'a', 'p', 'e', '"', ':', '[', '0', ']', ',', '"', 'd',
+                               'a', 't', 'a', '_', 'o', 'f', 'f', 's', 'e', 't', 's', '"', ':', '[',
+                               '0', ',', '0', ']', '}', '}', ' ', ' ', ' ', ' ', ' ', ' '};
 
 }  // namespace
 

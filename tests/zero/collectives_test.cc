@@ -20,14 +20,14 @@
 #include <thread>
 #include <vector>
 
+#include "comm/device_collectives.h"
+#include "comm/nccl.h"
+#include "comm/quantized.h"
 #include "core/convert.h"
 #include "kernels/quantize.h"
 #include "offload/cuda_device.h"
 #include "offload/host_sim_device.h"
 #include "tierzero/communicator.h"
-#include "comm/device_collectives.h"
-#include "comm/nccl.h"
-#include "comm/quantized.h"
 
 namespace tierzero {
 namespace {
