@@ -14,12 +14,6 @@ namespace {
 // which every run paid, GPU or not; the default run on the simulated device peaked at about 227 MB
 // instead of about 40 MB. The header still gives the types; only these functions are called.
 
-template <typename F>
-bool Bind(void* lib, const char* name, F*& fn) {
-  fn = reinterpret_cast<F*>(dlsym(lib, name));
-  return fn != nullptr;
-}
-
 }  // namespace
 
 void* OpenCudaLibrary(const std::string& soname, std::string* tried) {

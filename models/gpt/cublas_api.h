@@ -4,6 +4,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <string>
 
@@ -31,6 +32,12 @@ struct CublasApi {
 // toolkit it was built with), then that toolkit's directory itself. Null when neither opens;
 // `tried` then says what each attempt answered.
 void* OpenCudaLibrary(const std::string& soname, std::string* tried);
+// Binds `fn` to the library's symbol `name`; false when it lacks it.
+template <typename F>
+bool Bind(void* lib, const char* name, F*& fn) {
+  fn = reinterpret_cast<F*>(dlsym(lib, name));
+  return fn != nullptr;
+}
 
 // The process's cuBLAS, opened on the first call; Unavailable (saying what to install) when the
 // library or one of its functions is missing.

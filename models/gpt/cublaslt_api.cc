@@ -8,16 +8,6 @@
 #include "gpt/cublas_api.h"
 
 namespace tierzero::gpt::cuda {
-namespace {
-
-template <typename F>
-bool Bind(void* lib, const char* name, F*& fn) {
-  fn = reinterpret_cast<F*>(dlsym(lib, name));
-  return fn != nullptr;
-}
-
-}  // namespace
-
 StatusOr<const CublasLtApi*> LoadCublasLt() {
   static const StatusOr<const CublasLtApi*> api = []() -> StatusOr<const CublasLtApi*> {
     const std::string soname = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
