@@ -356,7 +356,7 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
   if (im.in_iteration) return FailedPreconditionError("SaveCheckpoint inside an iteration");
   RETURN_IF_ERROR(im.cm->out_of_step());
   // Never a half-updated model (Note [The update phase behind the next forward]).
-  RETURN_IF_ERROR(im.AwaitUpdate());
+  RETURN_IF_ERROR(im.updater->Await());
   json user;
   const int rank = im.comm->rank();
   // The world size is in the name: a re-save of the same step on another number of ranks never
@@ -421,8 +421,8 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   if (im.in_iteration) return FailedPreconditionError("LoadCheckpoint inside an iteration");
   RETURN_IF_ERROR(im.cm->out_of_step());
   // A failed update's error stays until this load succeeds: the load replaces what it left.
-  (void)im.AwaitUpdate();
-  im.DiscardSpeculation();  // it started from the states replaced here
+  (void)im.updater->Await();
+  im.updater->Discard();  // it started from the states replaced here
   // Every rank reads the manifest and verifies what it will load; the ranks agree on the outcome
   // before any of them changes state, and again after (Note [Agreeing on an outcome]).
   // Everything is read and verified before any state changes: a bad checkpoint leaves the engine
@@ -459,7 +459,7 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   im.good_steps = manifest.good_steps;
   im.iterations_since_step = 0;
   RETURN_IF_ERROR(im.cm->ZeroGrads());
-  im.tail.sticky = Status::OK();
+  im.updater->ClearError();
   TZ_LOG(kInfo, kEngine) << "checkpoint " << dir << " loaded at step " << im.step;
   return manifest.user_state;
 }

@@ -183,9 +183,7 @@ Engine::Engine() : impl_(std::make_unique<Impl>()) {}
 Engine::~Engine() {
   if (impl_ && impl_->device) {
     impl_->OpenGate();
-    (void)impl_->AwaitUpdate();  // the worker joined before anything it uses goes
-    if (impl_->cm) impl_->cm->SetParamFence(nullptr);
-    impl_->DiscardSpeculation();  // the worker joined before anything it reads goes
+    if (impl_->updater) impl_->updater->Shutdown();  // its workers joined before what they use goes
     // Collectives first: Drain ends them by the deadline (NCCL's would spin forever on a
     // peer that died), so the device's streams can finish.
     if (impl_->device_comm) (void)impl_->device_comm->Drain();
@@ -374,9 +372,10 @@ Status Engine::BeginIteration(bool train) {
   im.iteration_train = train;
   im.forward_open = train;
   im.forward_t0 = std::chrono::steady_clock::now();
-  im.forward_wait0 = im.tail.wait_s;
+  im.forward_wait0 = im.updater->wait_seconds();
   im.iteration_acquires.clear();
-  if (train) RETURN_IF_ERROR(im.MaybeStartSpeculation());
+  if (train)
+    RETURN_IF_ERROR(im.updater->BeginTraining(im.LastMicroBatch(), im.step, im.loss_scale));
   ++im.iterations;
   if (im.cm->profiling()) {
     im.moment_times.clear();
@@ -405,35 +404,33 @@ StatusOr<ParamScope> Engine::Acquire(std::span<const ParamId> params, Phase phas
   }
   im.OpenGate();
   const auto t0 = std::chrono::steady_clock::now();
-  const double update_wait0 = im.tail.wait_s;
+  const double update_wait0 = im.updater->wait_seconds();
   const double call_s = im.timeline.Now();
+  bool backward_starts = false;
   if (phase == Phase::kBackward && im.forward_open) {
     im.forward_open = false;
-    const double span = std::chrono::duration<double>(t0 - im.forward_t0).count() -
-                        (im.tail.wait_s - im.forward_wait0);
-    AddSample(im.forward_spans, std::max(span, 0.0), Impl::kForwardWindow);
-    im.backward_open = true;
+    im.updater->NoteForward(std::chrono::duration<double>(t0 - im.forward_t0).count() -
+                            (im.updater->wait_seconds() - im.forward_wait0));
+    // The NVMe read-ahead's window opens (after the wait for the last chain, below).
+    backward_starts = im.LastMicroBatch();
   }
   // Backward writes gradient shards the update phase may still read (Note [The update phase
   // behind the next forward]); forward's gathers wait per chunk.
-  if (phase == Phase::kBackward) RETURN_IF_ERROR(im.AwaitUpdate());
+  if (phase == Phase::kBackward) RETURN_IF_ERROR(im.updater->Await());
   // The NVMe read-ahead starts below (PrefetchStates), after the wait for the last chain.
-  if (phase == Phase::kBackward && im.backward_open &&
-      im.iterations_since_step + 1 == im.cfg.grad_accumulation) {
-    im.backward_t0 = std::chrono::steady_clock::now();
-  }
+  if (backward_starts) im.updater->NoteLastBackward();
   RETURN_IF_ERROR(im.cm->Acquire(params, phase));
   if (im.iteration_train) {
     im.iteration_acquires.push_back(
         {std::vector<ParamId>(params.begin(), params.end()), phase == Phase::kBackward});
   }
-  if (phase == Phase::kBackward && im.iteration_train) im.PrefetchStates();
+  if (phase == Phase::kBackward && im.LastMicroBatch()) im.updater->PrefetchStates();
   if (im.host_compute) {
     RETURN_IF_ERROR(im.PushGate(/*wait_entered=*/true));
   }
   im.stats.acquire_wait_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
-      (im.tail.wait_s - update_wait0);
+      (im.updater->wait_seconds() - update_wait0);
   if (im.cm->profiling()) {
     const int k = static_cast<int>(im.moment_times.size());
     const double ready_s = im.timeline.Now();
@@ -482,14 +479,14 @@ Status Engine::EndIteration() {
   if (!im.in_iteration) return FailedPreconditionError("EndIteration outside an iteration");
   im.OpenGate();
   im.in_iteration = false;
-  if (Status u = im.AwaitUpdate(); !u.ok()) {
+  if (Status u = im.updater->Await(); !u.ok()) {
     (void)im.cm->EndIteration();
-    im.EndSpeculation(/*keep=*/false);
+    im.updater->EndIteration(/*keep=*/false);
     return u;
   }
   const bool profiled = im.cm->profiling();
   Status s = im.cm->EndIteration();
-  im.EndSpeculation(/*keep=*/s.ok());
+  im.updater->EndIteration(/*keep=*/s.ok());
   if (!s.ok()) {
     // The micro-batch's gradients did not all arrive: it does not count, and with accumulation
     // the window's gradients are dropped as AbortIteration drops them.
@@ -497,7 +494,7 @@ Status Engine::EndIteration() {
     return s;
   }
   if (im.iteration_train) {
-    im.PrefetchStates();  // slots freed by the writes behind, if any
+    if (im.LastMicroBatch()) im.updater->PrefetchStates();  // slots freed by the writes behind
     ++im.iterations_since_step;
     if (im.cm->counters().plans != im.traced_plans) {
       // This iteration's trace made the plan: its Acquires are the warm-up trace's moments.
@@ -521,10 +518,10 @@ Status Engine::AbortIteration() {
   if (!im.in_iteration) return Status::OK();
   im.OpenGate();
   im.in_iteration = false;
-  Status u = im.AwaitUpdate();
+  Status u = im.updater->Await();
   Status s = im.cm->EndIteration();
   if (s.ok()) s = u;
-  im.DiscardSpeculation();
+  im.updater->Discard();
   if (im.iteration_train) RETURN_IF_ERROR(im.DropAccumulated());
   return s;
 }
@@ -567,7 +564,7 @@ Status Engine::Impl::CheckAccess(std::string_view what, ParamId p, size_t n, std
 Status Engine::ReadParam(ParamId p, std::span<float> out) {
   Impl& im = *impl_;
   RETURN_IF_ERROR(im.CheckAccess("ReadParam", p, out.size(), "into", /*anytime=*/true));
-  RETURN_IF_ERROR(im.AwaitUpdate());
+  RETURN_IF_ERROR(im.updater->Await());
   const TensorLoc& loc = im.layout.tensor(p);
   std::vector<float> full;
   RETURN_IF_ERROR(im.GatherChunkMaster(loc.chunk, full));
@@ -578,7 +575,7 @@ Status Engine::ReadParam(ParamId p, std::span<float> out) {
 Status Engine::ReadGrad(ParamId p, std::span<float> out) {
   Impl& im = *impl_;
   RETURN_IF_ERROR(im.CheckAccess("ReadGrad", p, out.size(), "into", /*anytime=*/false));
-  RETURN_IF_ERROR(im.AwaitUpdate());
+  RETURN_IF_ERROR(im.updater->Await());
   const DType gt = im.store->grad_dtype();
   const TensorLoc& loc = im.layout.tensor(p);
   // The chunk's gradient from every rank's shard.
@@ -593,8 +590,8 @@ Status Engine::ReadGrad(ParamId p, std::span<float> out) {
 Status Engine::WriteParam(ParamId p, std::span<const float> values) {
   Impl& im = *impl_;
   RETURN_IF_ERROR(im.CheckAccess("WriteParam", p, values.size(), "with", /*anytime=*/false));
-  RETURN_IF_ERROR(im.AwaitUpdate());
-  im.DiscardSpeculation();  // it started from the values replaced here
+  RETURN_IF_ERROR(im.updater->Await());
+  im.updater->Discard();  // it started from the values replaced here
   const int c = im.layout.tensor(p).chunk;
   return im.WithChunkState(c, /*write_back=*/true, [&](float* master, float*, float*) -> Status {
     for (const ShardSlice& sl : im.slices[static_cast<size_t>(c)]) {
@@ -611,7 +608,7 @@ Status Engine::WriteParam(ParamId p, std::span<const float> values) {
 void Engine::ProfileNextIteration() {
   Impl& im = *impl_;
   // The profiled iteration's stalls are the plan's own, not waits for the last update.
-  (void)im.AwaitUpdate();
+  if (im.updater) (void)im.updater->Await();
   if (im.cm) im.cm->ProfileNextIteration(&im.timeline, [&im] { im.timeline.Begin(); });
 }
 
@@ -626,7 +623,8 @@ TierUsage Engine::usage() const {
   u.device_peak = d.peak;
   u.device_capacity = im.device->info().capacity_bytes;
   const uint64_t fixed = im.cfg.host_budget - im.budgets.host_bytes;
-  u.host = im.placement.bytes[static_cast<int>(Tier::kHost)] + fixed + im.spec.pool_bytes;
+  u.host =
+      im.placement.bytes[static_cast<int>(Tier::kHost)] + fixed + im.updater->side_buffer_bytes();
   u.nvme = im.nvme ? im.nvme->stats().space.current : 0;
   return u;
 }
@@ -634,7 +632,18 @@ TierUsage Engine::usage() const {
 EngineStats Engine::stats() const {
   const Impl& im = *impl_;
   EngineStats s = im.stats;
-  s.update_wait_seconds = im.tail.wait_s;
+  if (im.updater) {
+    const UpdaterStats& u = im.updater->stats();
+    s.update_wait_seconds = im.updater->wait_seconds();
+    s.optimizer_cpu_groups = u.optimizer_cpu_groups;
+    s.optimizer_resident_groups = u.optimizer_resident_groups;
+    s.optimizer_streamed_groups = u.optimizer_streamed_groups;
+    s.optimizer_predicted_seconds = u.optimizer_predicted_seconds;
+    s.optimizer_phase_seconds = u.optimizer_phase_seconds;
+    s.speculative_groups = u.speculative_groups;
+    s.speculative_steps = u.speculative_steps;
+    s.speculative_rollbacks = u.speculative_rollbacks;
+  }
   if (!im.step_intervals.empty()) {
     std::vector<double> v = im.step_intervals;
     std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
@@ -645,8 +654,7 @@ EngineStats Engine::stats() const {
   s.h2d_bytes = c.h2d_bytes;
   s.d2h_bytes = c.d2h_bytes;
   // While the update phase's CPU chain runs behind the forward its counters are the worker's.
-  const OptimizerCounters& o =
-      im.tail.active ? im.tail.counters_at_launch : im.store->optimizer()->counters();
+  const OptimizerCounters o = im.updater->optimizer_counters();
   s.nvme_read_bytes = o.nvme_read_bytes + c.nvme_read_bytes;
   s.nvme_write_bytes = o.nvme_write_bytes + c.nvme_write_bytes;
   s.optimizer_nvme_seconds = o.nvme_seconds;

@@ -20,9 +20,6 @@
 #include "core/aligned_buffer.h"
 #include "core/mutex.h"
 #include "core/tunable.h"
-#include "cpu_adam/cpu_adam.h"
-#include "cpu_adam/device_adam.h"
-#include "engine/update_plan.h"
 #include "offload/device.h"
 #include "offload/nvme_store.h"
 #include "offload/pinned_arena.h"
@@ -30,6 +27,7 @@
 #include "profiler/timeline.h"
 #include "shard/shard_store.h"
 #include "tierzero/engine.h"
+#include "update/updater.h"
 
 namespace tierzero {
 
@@ -45,11 +43,6 @@ struct PlacedRun {
   uint64_t hpz_bytes = 0;
   Tier hpz_tier = Tier::kDevice;
 };
-// TZ_OPTIMIZER_WRITE_BEHIND (update_phase.cc).
-bool OptimizerWritesBehind();
-// TZ_UPDATE_BEHIND_FORWARD (update_phase.cc; Note [The update phase behind the next forward]).
-extern Tunable<std::string> kUpdateBehindForward;
-
 StatusOr<PlacedRun> PlaceRun(const ChunkLayout& layout, const EngineConfig& config, bool on_device,
                              int ranks_per_node);
 
@@ -60,10 +53,6 @@ class ActivationBuffer::Owner {
  protected:
   ~Owner() = default;
 };
-
-// Appends x to a window of the last `keep` samples (the oldest dropped) and returns the window's
-// median: the update model's run-time rates and spans (update_phase.cc).
-double AddSample(std::vector<double>& window, double x, size_t keep = 15);
 
 struct Engine::Impl final : ActivationBuffer::Owner {
   EngineConfig cfg;
@@ -84,21 +73,10 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   ChunkLayout layout;
   Placement placement;
   TierBudgets budgets;
-  // The speculative start's side buffers: declared before the store, whose host groups may
-  // point into them after a commit (Note [The speculative start]).
-  struct SpecBuffer {
-    AlignedBuffer buf;
-    Device* device = nullptr;  // registered with it (unregistered here)
-    SpecBuffer(AlignedBuffer b, Device* d) : buf(std::move(b)), device(d) {}
-    SpecBuffer(SpecBuffer&& o) noexcept
-        : buf(std::move(o.buf)), device(std::exchange(o.device, nullptr)) {}
-    SpecBuffer& operator=(SpecBuffer&&) = delete;
-    ~SpecBuffer() {
-      if (device != nullptr && buf.data() != nullptr)
-        (void)device->UnregisterHostMemory(buf.data());
-    }
-  };
-  std::vector<SpecBuffer> spec_memory;
+  // The optimizer's update (src/update): declared before the store, whose host groups may point
+  // into its side buffers after a speculative commit (Note [The speculative start]); Shutdown
+  // (~Engine) joins its workers before the store or chunk manager goes.
+  std::unique_ptr<Updater> updater;
   // Every shard of this rank: parameters, gradients, optimizer states. Destroyed after the
   // chunk manager, which gathers from it.
   std::unique_ptr<ShardStore> store;
@@ -109,118 +87,17 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   bool zeropp = false;
   uint64_t hpz_bytes = 0;
   Tier hpz_tier = Tier::kDevice;
-  AlignedBuffer upload;  // compute-dtype shard for non-host parameter tiers
-  std::unique_ptr<CpuAdam> adam_decay, adam_plain;
-  // The update phase (update_phase.cc): device Adam, its three streams, the rates measured at
-  // the first step, the plan made from them, and what the last step did.
-  struct UpdatePhase {
-    std::unique_ptr<DeviceAdam> decay, plain;
-    Stream h2d, adam, d2h;
-    std::vector<Event> up_done, adam_done, slot_free;  // per slot
-    bool measured = false;
-    UpdateRates rates;
-    UpdatePlan plan;
-    std::vector<double> measured_end_s;  // per group, from the phase's start (last step)
-    double measured_s = 0;
-    std::vector<double> phase_s;                     // every step's, for the median
-    std::vector<double> cpu_rate_samples;            // CPU Adam params/s of the last phases
-    std::vector<double> cpu_rate_samples_streaming;  // of those with streamed groups
-    std::vector<double> link_samples;  // UpdateRates::link_slowdown_beside_cpu, the last phases'
-    std::vector<UpdateGroup> plan_groups;  // what the plan was made from
-    UpdateRates plan_rates;
-    DeviceBuffer extra;  // device memory beyond the idle slot region, held for one phase
-    std::chrono::steady_clock::time_point t0;  // the last phase's start
-    std::vector<bool> skip;  // groups the speculative start already updated (this phase)
-  } update;
-
-  // The update phase's CPU chain behind the next forward (update_tail.cc; Note [The update
-  // phase behind the next forward]). The chunk manager's fence: it asks before each gather.
-  struct UpdateTail final : ChunkManager::ParamFence {
-    Mutex mu;
-    CondVar cv;
-    std::vector<uint8_t> done TZ_GUARDED_BY(mu);  // per chunk: its shard is current
-    bool finished TZ_GUARDED_BY(mu) = false;
-    Status status TZ_GUARDED_BY(mu);  // the worker's outcome, once finished
-    // The trainer's thread only.
-    bool active = false;  // a worker runs or has not been joined yet
-    std::thread worker;
-    // A failed chain left shards partly updated: every later gather and step fails with this
-    // until a checkpoint is loaded.
-    Status sticky;
-    OptimizerCounters counters_at_launch;  // what stats() shows while the worker runs
-    double device_end_s = 0;               // the device chain's end, from the phase's start
-    double wait_s = 0;                     // the trainer waited for the worker, in all
-    // Written by the worker before it finishes, read after the join.
-    double cpu_end_s = 0, adam_s = 0;
-    uint64_t adam_elems = 0;
-
-    bool Ready(int chunk) override;
-    Status Await(int chunk) override;
-    void MarkDone(int chunk);
-  };
-  UpdateTail tail;
-  // Waits for the update phase's CPU chain, if one still runs, and folds in what it measured;
-  // its error (sticky) if it failed. Every entry point that touches shards or states calls it.
-  Status AwaitUpdate();
-  // Starts the CPU chain on the tail's worker (update_tail.cc; the device's groups are already
-  // queued); false when no thread could be had (the caller then runs the chain itself).
-  StatusOr<bool> LaunchUpdateTail(const AdamStepOptions& options);
-  // The CPU's groups of the phase (update_phase.cc); `mark` tells the tail each finished chunk.
-  Status RunCpuChain(const AdamStepOptions& options, bool profiled, bool mark, double& adam_s,
-                     uint64_t& adam_elems);
-  // Whether the CPU chain updates chunk c this phase: planned on the CPU and not already
-  // updated by the speculative start.
-  bool CpuChainTakes(int chunk) const;
-  // What a phase measured, once both chains are done (update_phase.cc).
-  void FinishUpdatePhase(double measured_s, double adam_s, uint64_t adam_elems, bool rate_sample);
-
-  // The speculative start (speculation.cc; Note [The speculative start]).
-  struct Speculation {
-    struct Queue {
-      Mutex mu;
-      CondVar cv;
-      std::deque<int> ready TZ_GUARDED_BY(mu);  // chunks whose gradient shard is final
-      bool closed TZ_GUARDED_BY(mu) = false;
-      int announced TZ_GUARDED_BY(mu) = 0;  // by the gradient callback, during backward
-    };
-    struct Slot {
-      float* states;  // master | m | v
-      uint8_t* out;   // the parameter shard's new contents
-    };
-    bool prepared = false;  // PrepareStep was called for the next step
-    StepOptions options;
-    AdamStepOptions so;
-    // While a worker runs (the last micro-batch): the queue; only the worker touches the rest
-    // until it is joined.
-    std::shared_ptr<Queue> queue;
-    std::thread worker;
-    std::vector<bool> eligible, taken;
-    std::vector<Slot> free;                  // side buffers holding no result
-    std::vector<std::pair<int, Slot>> done;  // results waiting for the step
-    Status error;
-    bool last_clean = true;  // the previous step neither clipped nor was skipped
-    bool told_no_room = false;
-    uint64_t pool_bytes = 0;
-    int last_announced = 0;  // chunks the last speculation heard of before EndIteration
-  } spec;
+  AlignedBuffer
+      upload;  // compute-dtype shard for non-host parameter tiers (UpdaterParts::param_out)
 
   bool in_iteration = false;
   bool iteration_train = true;
   int iterations_since_step = 0;
-  // Training forwards' spans, from BeginIteration to the first backward Acquire less the waits
-  // for the update phase's CPU chain: the time that chain can hide behind (the update plan's
-  // UpdateBudget::behind_forward_s is their median). The last kForwardWindow of them.
-  static constexpr size_t kForwardWindow = 15;
-  std::vector<double> forward_spans;
+  // The training forward's span, from BeginIteration to the first backward Acquire less the
+  // waits for the update's CPU chain (Updater::NoteForward).
   std::chrono::steady_clock::time_point forward_t0{};
   double forward_wait0 = 0;
   bool forward_open = false;
-  // Backward spans before a Step, from the first Acquire (after the wait for the last CPU chain)
-  // to the update plan: the time the NVMe groups' read-ahead had; the median of the last
-  // kForwardWindow is UpdateRates::nvme_read_ahead_window_s.
-  std::chrono::steady_clock::time_point backward_t0{};
-  bool backward_open = false;
-  std::vector<double> backward_spans;
   int64_t step = 0;
   float loss_scale = 1;
   int good_steps = 0;
@@ -315,32 +192,16 @@ struct Engine::Impl final : ActivationBuffer::Owner {
                      bool anytime) const;
   // Step's parts (step.cc).
   Status CheckStep(const StepOptions& options);
-  StatusOr<double> GradSumSquares();
   Status SkipStep();
-  Status AdamGroup(const OptimizerGroup& group, const AdamStepOptions& options, bool profiled);
-  Status AdamInto(const OptimizerGroup& group, uint8_t* out, const AdamStepOptions& options);
-  // The update phase (update_phase.cc).
-  Status CreateUpdatePhase();
-  std::vector<UpdateGroup> UpdateGroups() const;
-  StatusOr<UpdateRates> MeasureUpdateRates(void* device_scratch, uint64_t scratch_bytes);
-  Status RunUpdatePhase(const AdamStepOptions& options, bool profiled);
-  void PrefetchStates();  // best effort: failures surface at the Step
-  bool prefetch_warned = false;
-  // The speculative start (speculation.cc).
-  int SpeculationSlots(int want);
-  Status MaybeStartSpeculation();
-  void SpeculationWorker(Speculation::Queue& q);
-  void EndSpeculation(bool keep);
-  void DiscardSpeculation();
-  StatusOr<std::vector<bool>> CommitSpeculation(bool exact);
-  Status EnqueueDeviceGroup(int chunk, UpdateWhere where, int slot, uint8_t* slot_mem,
-                            const AdamStepOptions& options);
+  // Whether this training iteration is the step's last micro-batch.
+  bool LastMicroBatch() const {
+    return iteration_train && iterations_since_step + 1 == cfg.grad_accumulation;
+  }
   // The report's snapshot in parts (report.cc).
   void SnapshotLayout(ReportSnapshot& s) const;
   void SnapshotPlan(ReportSnapshot& s) const;
   void SnapshotRanks(ReportSnapshot& s) const;
   void SnapshotProfile(ReportSnapshot& s) const;
-  void SnapshotUpdate(ReportSnapshot& s) const;
   // The whole chunk's fp32 master weights (chunk_elems), gathered from the ranks' shards
   // (collective with W > 1).
   Status GatherChunkMaster(int chunk, std::vector<float>& full);

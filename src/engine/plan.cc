@@ -1,7 +1,7 @@
 // Engine::Plan: a run predicted from its parameters, a training iteration's trace and a
 // machine's rates, without allocating (tierzero/plan.h, docs/plan.md). The layout, the
 // placement, the chunk plan and the update phase's assignment come from the functions the run
-// itself calls (ChunkLayout::Build, PlaceRun, SlotsPerMoment and Simulate, PlanUpdate); the
+// itself calls (ChunkLayout::Build, PlaceRun, SlotsPerMoment and Simulate, AssignUpdates); the
 // device memory and the time are the model written out in Note [What the plan predicts].
 #include "chunk/plan.h"
 
@@ -30,7 +30,7 @@ namespace tierzero {
 // Host memory is the placement's host bytes and the fixed buffers (Note [Host memory
 // accounting]); NVMe the placed shards and states, each extent rounded to the NVMe alignment.
 // Time per step: grad_accumulation x (the moments' compute + the plan's simulated stall), plus
-// the update phase as PlanUpdate predicts it. Compute is the trace's measured seconds, or, for a
+// the update phase as AssignUpdates predicts it. Compute is the trace's measured seconds, or, for a
 // moment given by its work, flops / device_flops_per_s + memory_bytes / device_memory_bytes_per_s.
 // Ranks that share a machine share its CPU and disk (RankShare). Collectives: Note [Collectives
 // on the cores that compute].
@@ -213,7 +213,7 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
     }
   }
   // Gather seconds per tier: the local shard's read and copy, and the other ranks' part.
-  // A rate the request leaves at 0 is assumed, and the prediction says which (PlanUpdate needs
+  // A rate the request leaves at 0 is assumed, and the prediction says which (AssignUpdates needs
   // every rate its groups use).
   auto rate_or = [&](double r, double assumed, const char* name) {
     if (r > 0) return r;
@@ -365,7 +365,7 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   } else {
     ur.device_params_per_s = 1;
   }
-  const UpdatePlan up = PlanUpdate(groups, ur, ub);
+  const UpdateAssignment up = AssignUpdates(groups, ur, ub);
   for (UpdateWhere w : up.where) {
     out.optimizer_cpu += w == UpdateWhere::kCpu;
     out.optimizer_resident += w == UpdateWhere::kDeviceResident;

@@ -79,48 +79,6 @@ void Engine::Impl::SnapshotProfile(ReportSnapshot& s) const {
   p.step_nvme_write_bytes = im.step_nvme_write_bytes;
 }
 
-void Engine::Impl::SnapshotUpdate(ReportSnapshot& s) const {
-  ReportSnapshot::Update& u = s.update;
-  const UpdatePlan& p = update.plan;
-  if (!update.measured || p.where.size() != static_cast<size_t>(layout.num_chunks())) return;
-  u.available = true;
-  u.mode = cfg.optimizer == OptimizerPlacement::kCpu        ? "cpu"
-           : cfg.optimizer == OptimizerPlacement::kFraction ? "device fraction"
-                                                            : "auto";
-  u.reason = p.reason;
-  for (UpdateWhere w : p.where) u.where.emplace_back(UpdateWhereName(w));
-  u.predicted_end_s = p.group_end_s;
-  u.measured_end_s = update.measured_end_s;
-  u.predicted_s = p.phase_s;
-  u.predicted_cpu_s = p.cpu_s;
-  u.predicted_device_s = p.device_s;
-  u.measured_s = update.measured_s;
-  std::vector<double> all = update.phase_s;
-  std::sort(all.begin(), all.end());
-  u.phases = static_cast<int64_t>(all.size());
-  u.measured_median_s = all.empty() ? 0.0 : all[all.size() / 2];
-  u.slots = p.slots;
-  u.slot_bytes = p.slot_bytes;
-  const UpdateRates& r = update.rates;
-  u.cpu_params_per_s = r.cpu_params_per_s;
-  u.device_params_per_s = r.device_params_per_s;
-  u.h2d_bytes_per_s = r.h2d_bytes_per_s;
-  u.d2h_bytes_per_s = r.d2h_bytes_per_s;
-  u.nvme_read_bytes_per_s = r.nvme_read_bytes_per_s;
-  u.nvme_write_bytes_per_s = r.nvme_write_bytes_per_s;
-  u.nvme_duplex_bytes_per_s = r.nvme_duplex_bytes_per_s;
-  u.cpu_params_per_s_streaming = r.cpu_params_per_s_streaming;
-  u.pcie_duplex_bytes_per_s = r.pcie_duplex_bytes_per_s;
-  u.link_slowdown_beside_cpu = r.link_slowdown_beside_cpu;
-  u.device_rate_modelled = cfg.host_device_adam_rate > 0;
-  u.speculative = cfg.speculative_step == SpeculativeStep::kAuto ? "auto"
-                  : cfg.speculative_step == SpeculativeStep::kOn ? "on"
-                                                                 : "off";
-  u.speculative_steps = stats.speculative_steps;
-  u.speculative_rollbacks = stats.speculative_rollbacks;
-  u.device_shares_cpu = r.device_shares_cpu;
-}
-
 void Engine::Impl::SnapshotRanks(ReportSnapshot& s) const {
   const Impl& im = *this;
   const CommStats cs = im.comm_stats();
@@ -161,7 +119,7 @@ StatusOr<std::string> Engine::ReportJson() const {
   if (!im.finalized) return FailedPreconditionError("the report before Finalize");
   // The last phase's figures are complete once its CPU chain is; a failed one is reported by
   // the calls that need its shards, not here.
-  (void)impl_->AwaitUpdate();
+  (void)impl_->updater->Await();
   ReportSnapshot s;
   const EngineConfig& c = im.cfg;
   s.config = {.device_budget = c.device_budget,
@@ -186,7 +144,7 @@ StatusOr<std::string> Engine::ReportJson() const {
              .nvme_budget = u.nvme_budget};
   im.SnapshotRanks(s);
   im.SnapshotProfile(s);
-  im.SnapshotUpdate(s);
+  im.updater->Snapshot(s.update);
   const EngineStats st = stats();
   s.counters = {.h2d_bytes = st.h2d_bytes,
                 .d2h_bytes = st.d2h_bytes,

@@ -114,7 +114,7 @@ Status Engine::ExportSafetensors(const std::string& path, DType dtype) const {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("ExportSafetensors before Finalize");
   RETURN_IF_ERROR(im.cm->out_of_step());
-  RETURN_IF_ERROR(im.AwaitUpdate());
+  RETURN_IF_ERROR(im.updater->Await());
   if (dtype != DType::kF32 && dtype != DType::kBF16)
     return InvalidArgumentError("safetensors export writes fp32 or bf16, not " +
                                 std::string(DTypeName(dtype)));
@@ -127,7 +127,7 @@ StatusOr<std::vector<Engine::SafetensorsShard>> Engine::ExportSafetensorsShards(
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("ExportSafetensorsShards before Finalize");
   RETURN_IF_ERROR(im.cm->out_of_step());
-  RETURN_IF_ERROR(im.AwaitUpdate());
+  RETURN_IF_ERROR(im.updater->Await());
   // Shards in gather order: a new file when the next tensor would pass the limit (a tensor
   // larger than the limit is a file of its own).
   std::vector<std::vector<size_t>> groups(1);
@@ -274,7 +274,7 @@ Status Engine::LoadSafetensors(const std::vector<std::string>& files, const Tens
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("LoadSafetensors before Finalize");
   if (files.empty()) return InvalidArgumentError("LoadSafetensors of no file");
-  RETURN_IF_ERROR(im.AwaitUpdate());
+  RETURN_IF_ERROR(im.updater->Await());
   // Every file's every entry is checked before anything loads (Note [Safetensors entries checked
   // whole]); a tensor in two files is an error.
   std::vector<std::unique_ptr<ReadFd>> fds;

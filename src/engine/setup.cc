@@ -247,38 +247,46 @@ Status Engine::Impl::CreateShards(bool on_device) {
   auto m = ChunkManager::Create(*device, compute.handle(), *store, layout, placement, co);
   if (!m.ok()) return std::move(m).status().WithContext("creating the chunk manager");
   cm = std::move(m).value();
-  cm->SetParamFence(&tail);  // Note [The update phase behind the next forward]
   // The first planned iteration is profiled for the report.
   cm->ProfileNextIteration(&timeline, [this] { timeline.Begin(); });
   return Status::OK();
 }
 
-// CPU AdamW with and without weight decay, and the buffer a non-host parameter shard is
-// written from.
+// The optimizer's update (src/update), and the buffer a non-host parameter shard is written
+// from.
 Status Engine::Impl::CreateOptimizer() {
-  AdamConfig ac;
-  ac.beta1 = cfg.beta1;
-  ac.beta2 = cfg.beta2;
-  ac.eps = cfg.eps;
-  ac.adamw = true;
-  CpuAdamOptions ao;
-  ao.threads = cfg.cpu_threads;
-  ASSIGN_OR_RETURN(adam_plain, CpuAdam::Create(ac, ao));
-  ac.weight_decay = cfg.weight_decay;
-  ASSIGN_OR_RETURN(adam_decay, CpuAdam::Create(ac, ao));
   upload = AlignedBuffer::Allocate(AlignUp(layout.shard_bytes(), kNvmeAlignment));
   if (upload.data() == nullptr) return OutOfMemoryError("the parameter upload buffer");
   std::memset(upload.data(), 0, upload.bytes());  // padding stays zero
-  if (adam_plain->caller_cpus() > 0) {
-    TZ_LOG(kInfo, kEngine) << "optimizer: CPU Adam on " << adam_plain->threads()
-                           << " threads (the calling thread is bound to "
-                           << adam_plain->caller_cpus()
-                           << " CPUs, OMP_PROC_BIND or taskset: its workers run on every online "
-                              "CPU; set engine.cpu_threads to choose)";
-  } else {
-    TZ_LOG(kInfo, kEngine) << "optimizer: CPU Adam on " << adam_plain->threads() << " threads";
-  }
-  return CreateUpdatePhase();
+  UpdaterParts parts;
+  parts.device = device.get();
+  parts.store = store.get();
+  parts.cm = cm.get();
+  parts.layout = &layout;
+  parts.comm = comm.get();
+  parts.timeline = &timeline;
+  parts.param_out = &upload;
+  for (const ParamSpec& p : params) parts.weight_decay.push_back(p.weight_decay);
+  UpdaterConfig uc;
+  uc.adam.beta1 = cfg.beta1;
+  uc.adam.beta2 = cfg.beta2;
+  uc.adam.eps = cfg.eps;
+  uc.weight_decay = cfg.weight_decay;
+  uc.cpu_threads = cfg.cpu_threads;
+  uc.compute_dtype = cfg.compute_dtype;
+  uc.grad_accumulation = cfg.grad_accumulation;
+  uc.placement = cfg.optimizer;
+  uc.device_fraction = cfg.optimizer_device_fraction;
+  uc.host_device_adam_rate = cfg.host_device_adam_rate;
+  uc.speculative_step = cfg.speculative_step;
+  uc.host_budget = cfg.host_budget;
+  // The host budget's room after placement and the fixed buffers (Note [Host memory accounting]
+  // in docs/config.md): the fixed ones are the budget less budgets.host_bytes.
+  const uint64_t placed = placement.bytes[static_cast<int>(Tier::kHost)];
+  uc.speculation_room_bytes = budgets.host_bytes > placed ? budgets.host_bytes - placed : 0;
+  uc.host_compute = host_compute;
+  ASSIGN_OR_RETURN(updater, Updater::Create(std::move(parts), uc));
+  return Status::OK();
 }
 
 // Initial values, chunk by chunk (NVMe-resident state is never held whole in memory).

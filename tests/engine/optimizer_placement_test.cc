@@ -64,7 +64,7 @@ TrainResult Train(const EngineConfig& ec, int steps, Prepare prepare = Prepare::
   }
   out.params = testing_models::ReadAllParams(*engine);
   out.stats = engine->stats();
-  if (announced != nullptr) *announced = EngineInternals::Of(*engine).spec.last_announced;
+  if (announced != nullptr) *announced = EngineInternals::Of(*engine).updater->last_announced();
   return out;
 }
 

@@ -94,7 +94,7 @@ TrainRun Train(DType dt, int accumulation, const Options& o, bool behind, int st
     auto st = engine->Step({1e-3f * (1.0f + 0.05f * static_cast<float>(s))});
     EXPECT_TRUE(st.ok()) << st.status().ToString();
     if (!st.ok()) return out;
-    out.behind += im.tail.active;
+    out.behind += im.updater->behind_active();
     if (o.eval_and_save && s % 4 == 3) {
       // Forward only, gathering chunks the worker may not have updated yet; then a save, which
       // must see every update.

@@ -6,7 +6,7 @@
 #include <system_error>
 
 #include "core/logging.h"
-#include "engine/engine_impl.h"
+#include "update/updater.h"
 
 namespace tierzero {
 
@@ -38,14 +38,14 @@ namespace tierzero {
 // CPU Adam rate is not sampled from a phase behind the forward (its calls share the cores with
 // the forward's compute there).
 
-bool Engine::Impl::UpdateTail::Ready(int c) {
+bool Updater::Behind::Ready(int c) {
   if (!sticky.ok()) return false;  // the gather then fails with it
   if (!active) return true;
   MutexLock lock(mu);
   return done[static_cast<size_t>(c)] != 0;
 }
 
-Status Engine::Impl::UpdateTail::Await(int c) {
+Status Updater::Behind::Await(int c) {
   if (!sticky.ok()) return sticky;
   if (!active) return Status::OK();
   const auto t0 = std::chrono::steady_clock::now();
@@ -59,7 +59,7 @@ Status Engine::Impl::UpdateTail::Await(int c) {
              : status;
 }
 
-void Engine::Impl::UpdateTail::MarkDone(int c) {
+void Updater::Behind::MarkDone(int c) {
   {
     MutexLock lock(mu);
     done[static_cast<size_t>(c)] = 1;
@@ -67,40 +67,41 @@ void Engine::Impl::UpdateTail::MarkDone(int c) {
   cv.NotifyAll();
 }
 
-StatusOr<bool> Engine::Impl::LaunchUpdateTail(const AdamStepOptions& so) {
-  const size_t n = static_cast<size_t>(layout.num_chunks());
+StatusOr<bool> Updater::LaunchBehind(const AdamStepOptions& so) {
+  const size_t n = static_cast<size_t>(layout_.num_chunks());
   {
-    MutexLock lock(tail.mu);
+    MutexLock lock(tail_.mu);
     // Current from the start: the device's groups (done before Step returns) and those the
     // speculative start updated.
-    tail.done.assign(n, 1);
-    for (size_t i = 0; i < n; ++i) tail.done[i] = CpuChainTakes(static_cast<int>(i)) ? 0 : 1;
-    tail.finished = false;
-    tail.status = Status::OK();
+    tail_.done.assign(n, 1);
+    for (size_t i = 0; i < n; ++i) tail_.done[i] = CpuChainTakes(static_cast<int>(i)) ? 0 : 1;
+    tail_.finished = false;
+    tail_.status = Status::OK();
   }
-  tail.counters_at_launch = optimizer().counters();
-  tail.cpu_end_s = tail.adam_s = 0;
-  tail.adam_elems = 0;
-  tail.active = true;
+  tail_.counters_at_launch = optimizer().counters();
+  tail_.step = so.step;
+  tail_.cpu_end_s = tail_.adam_s = 0;
+  tail_.adam_elems = 0;
+  tail_.active = true;
   try {
-    tail.worker = std::thread([this, so] {
+    tail_.worker = std::thread([this, so] {
       double adam_s = 0;
       uint64_t adam_elems = 0;
       Status s = RunCpuChain(so, /*prof=*/false, /*mark=*/true, adam_s, adam_elems);
-      tail.adam_s = adam_s;
-      tail.adam_elems = adam_elems;
-      tail.cpu_end_s =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - update.t0).count();
+      tail_.adam_s = adam_s;
+      tail_.adam_elems = adam_elems;
+      tail_.cpu_end_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - phase_.t0).count();
       {
-        MutexLock lock(tail.mu);
-        tail.status = std::move(s);
-        tail.finished = true;
+        MutexLock lock(tail_.mu);
+        tail_.status = std::move(s);
+        tail_.finished = true;
       }
-      tail.cv.NotifyAll();
+      tail_.cv.NotifyAll();
     });
   } catch (const std::system_error& e) {
     // No thread: the caller runs the chain inside Step, as without the overlap.
-    tail.active = false;
+    tail_.active = false;
     TZ_LOG(kWarn, kEngine) << "update phase: no worker thread (" << e.what()
                            << "); the CPU's groups update inside Step";
     return false;
@@ -108,36 +109,36 @@ StatusOr<bool> Engine::Impl::LaunchUpdateTail(const AdamStepOptions& so) {
   return true;
 }
 
-Status Engine::Impl::AwaitUpdate() {
-  if (tail.active) {
+Status Updater::Await() {
+  if (tail_.active) {
     const auto t0 = std::chrono::steady_clock::now();
-    tail.worker.join();
-    tail.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    tail.active = false;
+    tail_.worker.join();
+    tail_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    tail_.active = false;
     Status s;
     {
-      MutexLock lock(tail.mu);
-      s = tail.status;
+      MutexLock lock(tail_.mu);
+      s = tail_.status;
     }
     // On the simulated device the chain's Adam calls shared the cores with the forward: no
     // sample of the CPU Adam rate (on a GPU the forward computes on the device).
-    FinishUpdatePhase(std::max(tail.cpu_end_s, tail.device_end_s), tail.adam_s, tail.adam_elems,
-                      /*rate_sample=*/!host_compute);
-    if (cfg.grad_accumulation > 1) {
+    FinishPhase(std::max(tail_.cpu_end_s, tail_.device_end_s), tail_.adam_s, tail_.adam_elems,
+                /*rate_sample=*/!cfg_.host_compute);
+    if (cfg_.grad_accumulation > 1) {
       // The groups the worker did not take (the device's, the speculative start's).
-      for (int c = 0; c < layout.num_chunks(); ++c) {
-        if (!CpuChainTakes(c)) store->ZeroGrad(c);
+      for (int c = 0; c < layout_.num_chunks(); ++c) {
+        if (!CpuChainTakes(c)) store_->ZeroGrad(c);
       }
     }
     if (!s.ok()) {
-      tail.sticky = std::move(s).WithContext(
-          "the optimizer update of step " + std::to_string(step) +
+      tail_.sticky = std::move(s).WithContext(
+          "the optimizer update of step " + std::to_string(tail_.step) +
           " failed behind the next forward, leaving the parameters partly updated; load the "
           "last checkpoint to go on");
-      TZ_LOG(kError, kEngine) << tail.sticky.ToString();
+      TZ_LOG(kError, kEngine) << tail_.sticky.ToString();
     }
   }
-  return tail.sticky;
+  return tail_.sticky;
 }
 
 }  // namespace tierzero

@@ -1,8 +1,8 @@
-// The update phase's cost model (src/engine/update_plan.h) against assignments and finish times
+// The update phase's cost model (src/update/cost_model.h) against assignments and finish times
 // worked out by hand in the comments: all on the CPU when the device link is slow, all on the
 // device when the states live there, a split otherwise, the NVMe pipeline, a device that shares
 // the CPU's cores, a fixed fraction, and too little device memory.
-#include "engine/update_plan.h"
+#include "update/cost_model.h"
 
 #include <gtest/gtest.h>
 
@@ -39,18 +39,18 @@ UpdateBudget Auto() {
   return b;
 }
 
-TEST(UpdatePlan, AllOnTheCpuWhenTheLinkIsSlow) {
+TEST(UpdateAssignment, AllOnTheCpuWhenTheLinkIsSlow) {
   // Streaming one group moves 1400 bytes each way at 100 B/s: 14 + 0.1 + 14 s on the device,
   // against 1 s of CPU Adam. Four groups on the CPU: 4 s.
   const std::vector<UpdateGroup> g(4, HostGroup());
-  UpdatePlan p = PlanUpdate(g, Rates(100), Auto());
+  UpdateAssignment p = AssignUpdates(g, Rates(100), Auto());
   EXPECT_EQ(p.where, std::vector<W>(4, W::kCpu));
   EXPECT_DOUBLE_EQ(p.phase_s, 4.0);
   EXPECT_DOUBLE_EQ(p.cpu_s, 4.0);
   EXPECT_DOUBLE_EQ(p.device_s, 0.0);
 }
 
-TEST(UpdatePlan, AllOnTheDeviceWhenTheStatesLiveThere) {
+TEST(UpdateAssignment, AllOnTheDeviceWhenTheStatesLiveThere) {
   // Resident groups with their parameters on the device: upload 200 B at 10000 B/s (0.02 s), Adam
   // 0.1 s, nothing comes down. Adam is the bottleneck once the first upload is in: 0.02 + 4 x 0.1.
   // (The fourth upload waits for slot 0, free when group 0's Adam ends at 0.12.)
@@ -59,7 +59,7 @@ TEST(UpdatePlan, AllOnTheDeviceWhenTheStatesLiveThere) {
     x.states_on_device = true;
     x.out_bytes = 0;
   }
-  UpdatePlan p = PlanUpdate(g, Rates(10000), Auto());
+  UpdateAssignment p = AssignUpdates(g, Rates(10000), Auto());
   EXPECT_EQ(p.where, std::vector<W>(4, W::kDeviceResident));
   EXPECT_EQ(p.slots, 3);
   EXPECT_EQ(p.slot_bytes, 200u);
@@ -68,7 +68,7 @@ TEST(UpdatePlan, AllOnTheDeviceWhenTheStatesLiveThere) {
   EXPECT_NEAR(p.group_end_s[3], 0.42, 1e-12);
 }
 
-TEST(UpdatePlan, ASplitOtherwise) {
+TEST(UpdateAssignment, ASplitOtherwise) {
   // A link of 1400 B/s: a streamed group takes 1 s up, 0.1 s of Adam, 1 s down.
   //   none streamed: CPU 4 s.
   //   one: CPU 3 s; device 1 + 0.1 + 1 = 2.1 s; phase 3 s.
@@ -76,7 +76,7 @@ TEST(UpdatePlan, ASplitOtherwise) {
   //        first's [1.1, 2.1] and ends at 3.1; phase 3.1 s.
   // One streamed group, the first of the evenly spaced candidates.
   const std::vector<UpdateGroup> g(4, HostGroup());
-  UpdatePlan p = PlanUpdate(g, Rates(1400), Auto());
+  UpdateAssignment p = AssignUpdates(g, Rates(1400), Auto());
   EXPECT_EQ(p.where, (std::vector<W>{W::kDeviceStreamed, W::kCpu, W::kCpu, W::kCpu}));
   EXPECT_NEAR(p.phase_s, 3.0, 1e-12);
   EXPECT_NEAR(p.device_s, 2.1, 1e-12);
@@ -84,17 +84,17 @@ TEST(UpdatePlan, ASplitOtherwise) {
   EXPECT_NEAR(p.group_end_s[3], 3.0, 1e-12);
   EXPECT_EQ(p.slot_bytes, 1600u);
   // Two streamed groups predict 3.1 s, as worked out above.
-  UpdatePlan two =
+  UpdateAssignment two =
       Simulate(g, {W::kDeviceStreamed, W::kCpu, W::kDeviceStreamed, W::kCpu}, Rates(1400), 3);
   EXPECT_NEAR(two.phase_s, 3.1, 1e-12);
 }
 
-TEST(UpdatePlan, BothDirectionsAtOnceShareTheDuplexRate) {
+TEST(UpdateAssignment, BothDirectionsAtOnceShareTheDuplexRate) {
   // A link of 2800 B/s each way alone: a streamed group takes 0.5 s up, 0.1 s, 0.5 s down.
   //   two streamed: CPU 2 s; device: uploads [0, 0.5] and [0.5, 1], downloads [0.6, 1.1] and
   //   [1.1, 1.6]; phase 2 s (three: CPU 1 s, the third download ends at 2.1 s).
   const std::vector<UpdateGroup> g(4, HostGroup());
-  UpdatePlan alone = PlanUpdate(g, Rates(2800), Auto());
+  UpdateAssignment alone = AssignUpdates(g, Rates(2800), Auto());
   EXPECT_EQ(alone.where,
             (std::vector<W>{W::kDeviceStreamed, W::kCpu, W::kDeviceStreamed, W::kCpu}));
   EXPECT_NEAR(alone.phase_s, 2.0, 1e-12);
@@ -102,11 +102,12 @@ TEST(UpdatePlan, BothDirectionsAtOnceShareTheDuplexRate) {
   // ASplitOtherwise's 3.1 s; one alone overlaps nothing (1.1 s on the device, CPU 3 s).
   UpdateRates r = Rates(2800);
   r.pcie_duplex_bytes_per_s = 2800;
-  UpdatePlan shared = PlanUpdate(g, r, Auto());
+  UpdateAssignment shared = AssignUpdates(g, r, Auto());
   EXPECT_EQ(shared.where, (std::vector<W>{W::kDeviceStreamed, W::kCpu, W::kCpu, W::kCpu}));
   EXPECT_NEAR(shared.phase_s, 3.0, 1e-12);
   EXPECT_NEAR(shared.device_s, 1.1, 1e-12);
-  UpdatePlan two = Simulate(g, {W::kDeviceStreamed, W::kCpu, W::kDeviceStreamed, W::kCpu}, r, 3);
+  UpdateAssignment two =
+      Simulate(g, {W::kDeviceStreamed, W::kCpu, W::kDeviceStreamed, W::kCpu}, r, 3);
   EXPECT_NEAR(two.phase_s, 3.1, 1e-12);
   // One slot: the next upload waits for the last download, nothing overlaps (2 x 1.1 s).
   EXPECT_NEAR(
@@ -119,11 +120,11 @@ TEST(UpdatePlan, BothDirectionsAtOnceShareTheDuplexRate) {
     x.states_on_device = true;
     x.out_bytes = 0;
   }
-  UpdatePlan up = Simulate(res, std::vector<W>(4, W::kDeviceResident), r, 3);
+  UpdateAssignment up = Simulate(res, std::vector<W>(4, W::kDeviceResident), r, 3);
   EXPECT_NEAR(up.device_s, 200.0 / 2800 + 0.4, 1e-12);
 }
 
-TEST(UpdatePlan, BehindTheNextForwardTheCpuChainIsCreditedTheForward) {
+TEST(UpdateAssignment, BehindTheNextForwardTheCpuChainIsCreditedTheForward) {
   // ASplitOtherwise's groups and link, the CPU's groups finishing behind a forward of F seconds:
   // the forward ends max(device + F, CPU) after the phase's start; auto minimises that less F.
   //   F = 1: none streamed max(1, 4) - 1 = 3; one max(3.1, 3) - 1 = 2.1; two max(4.1, 2) - 1 =
@@ -132,19 +133,19 @@ TEST(UpdatePlan, BehindTheNextForwardTheCpuChainIsCreditedTheForward) {
   const std::vector<UpdateGroup> g(4, HostGroup());
   UpdateBudget b = Auto();
   b.behind_forward_s = 1;
-  UpdatePlan one = PlanUpdate(g, Rates(1400), b);
+  UpdateAssignment one = AssignUpdates(g, Rates(1400), b);
   EXPECT_EQ(one.where, (std::vector<W>{W::kDeviceStreamed, W::kCpu, W::kCpu, W::kCpu}));
   EXPECT_NEAR(one.objective_s, 2.1, 1e-12);
   EXPECT_NEAR(one.phase_s, 3.0, 1e-12);
   b.behind_forward_s = 2;
-  UpdatePlan none = PlanUpdate(g, Rates(1400), b);
+  UpdateAssignment none = AssignUpdates(g, Rates(1400), b);
   EXPECT_EQ(none.where, std::vector<W>(4, W::kCpu));
   EXPECT_NEAR(none.objective_s, 2.0, 1e-12);
   EXPECT_NEAR(none.phase_s, 4.0, 1e-12);
   EXPECT_NE(none.reason.find("behind the next forward"), std::string::npos) << none.reason;
 }
 
-TEST(UpdatePlan, CpuAdamBesideAStreamedChainTakesItsOwnRate) {
+TEST(UpdateAssignment, CpuAdamBesideAStreamedChainTakesItsOwnRate) {
   // ASplitOtherwise's link, CPU Adam at half its rate while groups stream (2 s a group):
   //   none streamed: CPU 4 s (the rate alone); one: CPU 3 x 2 = 6 s, device 2.1 s; two: CPU
   //   2 x 2 = 4 s, device 3.1 s; three: CPU 2 s, device: the third download ends at 4.1 s.
@@ -152,38 +153,38 @@ TEST(UpdatePlan, CpuAdamBesideAStreamedChainTakesItsOwnRate) {
   const std::vector<UpdateGroup> g(4, HostGroup());
   UpdateRates r = Rates(1400);
   r.cpu_params_per_s_streaming = 50;
-  UpdatePlan p = PlanUpdate(g, r, Auto());
+  UpdateAssignment p = AssignUpdates(g, r, Auto());
   EXPECT_EQ(p.where, std::vector<W>(4, W::kCpu));
   EXPECT_NEAR(p.phase_s, 4.0, 1e-12);
-  UpdatePlan one = Simulate(g, {W::kDeviceStreamed, W::kCpu, W::kCpu, W::kCpu}, r, 3);
+  UpdateAssignment one = Simulate(g, {W::kDeviceStreamed, W::kCpu, W::kCpu, W::kCpu}, r, 3);
   EXPECT_NEAR(one.cpu_s, 6.0, 1e-12);
   EXPECT_NEAR(one.phase_s, 6.0, 1e-12);
 }
 
-TEST(UpdatePlan, CopiesBesideCpuAdamSlowByTheMeasuredFactor) {
+TEST(UpdateAssignment, CopiesBesideCpuAdamSlowByTheMeasuredFactor) {
   // A link of 2800 B/s slowed 2x while CPU Adam runs: with a group on the CPU, ASplitOtherwise's
   // 1400 B/s (one streamed: device 2.1 s, phase 3 s; three: the third download ends at 4.1 s).
   const std::vector<UpdateGroup> g(4, HostGroup());
   UpdateRates r = Rates(2800);
   r.link_slowdown_beside_cpu = 2;
-  UpdatePlan one = Simulate(g, {W::kDeviceStreamed, W::kCpu, W::kCpu, W::kCpu}, r, 3);
+  UpdateAssignment one = Simulate(g, {W::kDeviceStreamed, W::kCpu, W::kCpu, W::kCpu}, r, 3);
   EXPECT_NEAR(one.device_s, 2.1, 1e-12);
   EXPECT_NEAR(one.phase_s, 3.0, 1e-12);
   // Nothing on the CPU: the link's own rate, 0.5 s a copy. The fourth upload waits for slot 0
   // (free at 1.1), runs [1.5, 2], and its download ends at 2.6: auto streams all four.
-  UpdatePlan p = PlanUpdate(g, r, Auto());
+  UpdateAssignment p = AssignUpdates(g, r, Auto());
   EXPECT_EQ(p.where, std::vector<W>(4, W::kDeviceStreamed));
   EXPECT_NEAR(p.phase_s, 2.6, 1e-12);
   EXPECT_DOUBLE_EQ(p.cpu_s, 0.0);
 }
 
-TEST(UpdatePlan, GroupsUpdatedAheadCostNothingAndNeverMove) {
+TEST(UpdateAssignment, GroupsUpdatedAheadCostNothingAndNeverMove) {
   // As ASplitOtherwise, but two groups were updated during backward (the speculative start):
   // the CPU has 2 s left and one streamed group (2.1 s) would end later, so nothing streams;
   // and the groups done ahead stay on the CPU at no cost.
   std::vector<UpdateGroup> g(4, HostGroup());
   g[0].done_ahead = g[1].done_ahead = true;
-  UpdatePlan p = PlanUpdate(g, Rates(1400), Auto());
+  UpdateAssignment p = AssignUpdates(g, Rates(1400), Auto());
   EXPECT_EQ(p.where, std::vector<W>(4, W::kCpu));
   EXPECT_NEAR(p.phase_s, 2.0, 1e-12);
   EXPECT_EQ(p.group_end_s[0], 0.0);
@@ -192,77 +193,77 @@ TEST(UpdatePlan, GroupsUpdatedAheadCostNothingAndNeverMove) {
   UpdateBudget all = Auto();
   all.mode = UpdateMode::kFraction;
   all.device_fraction = 1;
-  UpdatePlan q = PlanUpdate(g, Rates(1400), all);
+  UpdateAssignment q = AssignUpdates(g, Rates(1400), all);
   EXPECT_EQ(q.where, std::vector<W>(4, W::kCpu));
   EXPECT_EQ(q.phase_s, 0.0);
 }
 
-TEST(UpdatePlan, NvmeGroupsThroughTheSwapPipeline) {
+TEST(UpdateAssignment, NvmeGroupsThroughTheSwapPipeline) {
   // Two NVMe groups: 1 s read, 1 s Adam, 1 s write each. The disk carries 4 s of I/O and the
   // last Adam follows the last read: max(4 + 1, 1 + 2 + 1) = 5 s. They never stream.
   std::vector<UpdateGroup> g(2, HostGroup());
   for (auto& x : g) x.states_on_nvme = true;
-  UpdatePlan p = PlanUpdate(g, Rates(1e9), Auto());
+  UpdateAssignment p = AssignUpdates(g, Rates(1e9), Auto());
   EXPECT_EQ(p.where, std::vector<W>(2, W::kCpu));
   EXPECT_NEAR(p.phase_s, 5.0, 1e-12);
 }
 
-TEST(UpdatePlan, NvmeReadsAheadAndWritesBehindLeaveThePhase) {
+TEST(UpdateAssignment, NvmeReadsAheadAndWritesBehindLeaveThePhase) {
   // Three NVMe groups as above. The first read before the phase (prefetched during backward)
   // and the last two writes after it: the disk carries 2 reads + 1 write = 3 s inside the phase,
   // so max(3 + 1 (the last Adam), 0 + 3 (Adam) + 0) = 4 s instead of max(6 + 1, 1 + 3 + 1) = 7 s.
   std::vector<UpdateGroup> g(3, HostGroup());
   for (auto& x : g) x.states_on_nvme = true;
-  EXPECT_NEAR(PlanUpdate(g, Rates(1e9), Auto()).phase_s, 7.0, 1e-12);
+  EXPECT_NEAR(AssignUpdates(g, Rates(1e9), Auto()).phase_s, 7.0, 1e-12);
   g[0].read_ahead = true;
   g[1].write_behind = g[2].write_behind = true;
-  UpdatePlan p = PlanUpdate(g, Rates(1e9), Auto());
+  UpdateAssignment p = AssignUpdates(g, Rates(1e9), Auto());
   EXPECT_NEAR(p.phase_s, 4.0, 1e-12);
   // A backward of 0.5 s reads half of the first group ahead: 0.5 + 2 s of reads and 1 s of
   // writes in the phase, max(3.5 + 1, 0.5 + 3 + 0) = 4.5 s; none of it with no time at all:
   // max(4 + 1, 1 + 3 + 0) = 5 s.
   UpdateRates short_backward = Rates(1e9);
   short_backward.nvme_read_ahead_window_s = 0.5;
-  EXPECT_NEAR(PlanUpdate(g, short_backward, Auto()).phase_s, 4.5, 1e-12);
+  EXPECT_NEAR(AssignUpdates(g, short_backward, Auto()).phase_s, 4.5, 1e-12);
   short_backward.nvme_read_ahead_window_s = 0;
-  EXPECT_NEAR(PlanUpdate(g, short_backward, Auto()).phase_s, 5.0, 1e-12);
+  EXPECT_NEAR(AssignUpdates(g, short_backward, Auto()).phase_s, 5.0, 1e-12);
   // Everything read ahead and written behind: Adam alone, 3 s.
   for (auto& x : g) x.read_ahead = x.write_behind = true;
-  EXPECT_NEAR(PlanUpdate(g, Rates(1e9), Auto()).phase_s, 3.0, 1e-12);
+  EXPECT_NEAR(AssignUpdates(g, Rates(1e9), Auto()).phase_s, 3.0, 1e-12);
 }
 
-TEST(UpdatePlan, ADeviceOnTheCpuCoresAddsItsTimeToTheCpus) {
+TEST(UpdateAssignment, ADeviceOnTheCpuCoresAddsItsTimeToTheCpus) {
   // As ASplitOtherwise, but the device computes on the CPU's cores: one streamed group costs
   // 3 + 2.1 = 5.1 s > 4 s, so nothing streams.
   const std::vector<UpdateGroup> g(4, HostGroup());
   UpdateRates r = Rates(1400);
   r.device_shares_cpu = true;
-  UpdatePlan p = PlanUpdate(g, r, Auto());
+  UpdateAssignment p = AssignUpdates(g, r, Auto());
   EXPECT_EQ(p.where, std::vector<W>(4, W::kCpu));
   EXPECT_NEAR(p.phase_s, 4.0, 1e-12);
 }
 
-TEST(UpdatePlan, AFixedFractionIsEvenlySpaced) {
+TEST(UpdateAssignment, AFixedFractionIsEvenlySpaced) {
   // Half of four groups: candidates 0 and 2 stream (3.1 s, worked out in ASplitOtherwise).
   const std::vector<UpdateGroup> g(4, HostGroup());
   UpdateBudget b = Auto();
   b.mode = UpdateMode::kFraction;
   b.device_fraction = 0.5;
-  UpdatePlan p = PlanUpdate(g, Rates(1400), b);
+  UpdateAssignment p = AssignUpdates(g, Rates(1400), b);
   EXPECT_EQ(p.where, (std::vector<W>{W::kDeviceStreamed, W::kCpu, W::kDeviceStreamed, W::kCpu}));
   EXPECT_NEAR(p.phase_s, 3.1, 1e-12);
   b.mode = UpdateMode::kCpu;
-  EXPECT_EQ(PlanUpdate(g, Rates(1400), b).where, std::vector<W>(4, W::kCpu));
+  EXPECT_EQ(AssignUpdates(g, Rates(1400), b).where, std::vector<W>(4, W::kCpu));
 }
 
-TEST(UpdatePlan, TooLittleDeviceMemoryStreamsNothing) {
+TEST(UpdateAssignment, TooLittleDeviceMemoryStreamsNothing) {
   // 1000 bytes hold no 1600-byte slot: nothing streams, even when asked for.
   const std::vector<UpdateGroup> g(4, HostGroup());
   UpdateBudget b;
   b.device_bytes = 1000;
   b.mode = UpdateMode::kFraction;
   b.device_fraction = 1;
-  UpdatePlan p = PlanUpdate(g, Rates(1400), b);
+  UpdateAssignment p = AssignUpdates(g, Rates(1400), b);
   EXPECT_EQ(p.where, std::vector<W>(4, W::kCpu));
   EXPECT_NE(p.reason.find("no device memory"), std::string::npos) << p.reason;
   // Resident groups without room for a gradient buffer go through the CPU: 1 s of Adam plus
@@ -270,7 +271,7 @@ TEST(UpdatePlan, TooLittleDeviceMemoryStreamsNothing) {
   std::vector<UpdateGroup> r(1, HostGroup());
   r[0].states_on_device = true;
   b.device_bytes = 100;
-  p = PlanUpdate(r, Rates(1200), b);
+  p = AssignUpdates(r, Rates(1200), b);
   EXPECT_EQ(p.where, std::vector<W>(1, W::kCpu));
   EXPECT_NEAR(p.phase_s, 3.0, 1e-12);
 }

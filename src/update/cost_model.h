@@ -96,7 +96,7 @@ struct UpdateBudget {
 
 inline constexpr int kMaxUpdateSlots = 3;
 
-struct UpdatePlan {
+struct UpdateAssignment {
   std::vector<UpdateWhere> where;  // per group
   int slots = 0;                   // device buffers in turn
   uint64_t slot_bytes = 0;
@@ -137,15 +137,16 @@ uint64_t UpdateSlotBytes(const UpdateGroup& g, UpdateWhere where);
 // Predicts the phase for a given assignment (where[i] for group i; kDeviceResident only for
 // groups whose states are on the device). `slots` buffers of device memory (>= 1 when any group
 // is on the device).
-UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<UpdateWhere>& where,
-                    const UpdateRates& rates, int slots);
+UpdateAssignment Simulate(const std::vector<UpdateGroup>& groups,
+                          const std::vector<UpdateWhere>& where, const UpdateRates& rates,
+                          int slots);
 
 // Chooses the assignment. Groups whose states are on the device update there (unless their
 // parameter shard is on NVMe, which the placement never does: then through the CPU); NVMe groups
 // and those with an NVMe parameter shard on the CPU; of the rest, kAuto streams the number that
 // ends the phase earliest (ties: fewer), kCpu none, kFraction round(fraction * groups) counting the
 // resident ones, evenly spaced. Streaming needs a slot of memory: without one nothing streams.
-UpdatePlan PlanUpdate(const std::vector<UpdateGroup>& groups, const UpdateRates& rates,
-                      const UpdateBudget& budget);
+UpdateAssignment AssignUpdates(const std::vector<UpdateGroup>& groups, const UpdateRates& rates,
+                               const UpdateBudget& budget);
 
 }  // namespace tierzero

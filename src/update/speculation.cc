@@ -7,7 +7,7 @@
 
 #include "core/bytes.h"
 #include "core/logging.h"
-#include "engine/engine_impl.h"
+#include "update/updater.h"
 
 namespace tierzero {
 
@@ -22,7 +22,7 @@ namespace tierzero {
 // i.e. without clipping, on a COPY of the states, its parameters into a side buffer.
 //
 // Why the rollback is exact: nothing live is written before the step decides. The live master,
-// m, v and parameter shard are read, never written, by the speculative update. At Step, when
+// m, v and parameter shard are read, never written, by the speculative phase_. At Step, when
 // the gradients are finite, the norm does not clip (clip = 1 exactly, so grad_scale is the same
 // float), and the options are those PrepareStep announced (lr; the step count and loss scale
 // cannot change in between), each speculated group is committed: its side buffer BECOMES the
@@ -39,87 +39,80 @@ namespace tierzero {
 // or the device do not speculate (their overlap is Note [Optimizer I/O around the step] and the
 // device's own phase).
 
-Status Engine::PrepareStep(const StepOptions& options) {
-  Impl& im = *impl_;
-  if (!im.finalized) return FailedPreconditionError("PrepareStep before Finalize");
-  if (im.in_iteration) return FailedPreconditionError("PrepareStep inside an iteration");
-  if (!(options.lr >= 0) || !std::isfinite(options.lr))
-    return InvalidArgumentError("learning rate " + std::to_string(options.lr) + " is not >= 0");
-  im.spec.prepared = true;
-  im.spec.options = options;
-  return Status::OK();
+void Updater::Prepare(const StepOptions& options) {
+  spec_.prepared = true;
+  spec_.options = options;
 }
 
 // Side buffers for up to `want` groups, within the host budget's room.
-int Engine::Impl::SpeculationSlots(int want) {
-  const uint64_t per = optimizer().group_bytes() + AlignUp(layout.shard_bytes(), 64);
-  const int have = static_cast<int>(spec.free.size());
+int Updater::SpeculationSlots(int want) {
+  const uint64_t per = optimizer().group_bytes() + AlignUp(layout_.shard_bytes(), 64);
+  const int have = static_cast<int>(spec_.free.size());
   if (have >= want) return have;
-  const uint64_t fixed = cfg.host_budget - budgets.host_bytes;
-  const uint64_t used = placement.bytes[static_cast<int>(Tier::kHost)] + fixed + spec.pool_bytes;
-  const uint64_t room = cfg.host_budget > used ? cfg.host_budget - used : 0;
+  const uint64_t room = cfg_.speculation_room_bytes > spec_.pool_bytes
+                            ? cfg_.speculation_room_bytes - spec_.pool_bytes
+                            : 0;
   const int more = static_cast<int>(std::min<uint64_t>(want - have, room / per));
   for (int k = 0; k < more; ++k) {
     // Page-locked like the host groups they replace at a commit (a later step may stream that
     // group to the device with asynchronous copies).
-    SpecBuffer states{AlignedBuffer::Allocate(optimizer().group_bytes()), nullptr};
-    SpecBuffer out{AlignedBuffer::Allocate(AlignUp(layout.shard_bytes(), 64)), nullptr};
+    SideBuffer states{AlignedBuffer::Allocate(optimizer().group_bytes()), nullptr};
+    SideBuffer out{AlignedBuffer::Allocate(AlignUp(layout_.shard_bytes(), 64)), nullptr};
     if (states.buf.data() == nullptr || out.buf.data() == nullptr) break;
-    if (device->RegisterHostMemory(states.buf.data(), states.buf.bytes()).ok()) {
-      states.device = device.get();  // else still correct, only the copies are synchronous
+    if (device_->RegisterHostMemory(states.buf.data(), states.buf.bytes()).ok()) {
+      states.device = device_;  // else still correct, only the copies are synchronous
     }
-    std::memset(out.buf.data(), 0, out.buf.bytes());  // the shard's padding stays zero
-    spec.free.push_back(
+    spec_.free.push_back(
         {reinterpret_cast<float*>(states.buf.data()), static_cast<uint8_t*>(out.buf.data())});
-    spec_memory.push_back(std::move(states));
-    spec_memory.push_back(std::move(out));
-    spec.pool_bytes += per;
+    side_memory_.push_back(std::move(states));
+    side_memory_.push_back(std::move(out));
+    spec_.pool_bytes += per;
   }
-  return static_cast<int>(spec.free.size());
+  return static_cast<int>(spec_.free.size());
 }
 
 // At the start of a training iteration: is it the step's last micro-batch, and may it start
 // the step's CPU updates?
-Status Engine::Impl::MaybeStartSpeculation() {
+Status Updater::BeginTraining(bool last_micro_batch, int64_t step, float loss_scale) {
   // Results a failed Step left behind belong to no step now.
-  if (!spec.done.empty() && !spec.queue) DiscardSpeculation();
-  if (spec.queue || !spec.prepared || iterations_since_step + 1 != cfg.grad_accumulation ||
-      cfg.speculative_step == SpeculativeStep::kOff) {
+  if (!spec_.done.empty() && !spec_.queue) Discard();
+  if (spec_.queue || !spec_.prepared || !last_micro_batch ||
+      cfg_.speculative_step == SpeculativeStep::kOff) {
     return Status::OK();
   }
-  if (cfg.speculative_step == SpeculativeStep::kAuto && (host_compute || !spec.last_clean)) {
+  if (cfg_.speculative_step == SpeculativeStep::kAuto && (cfg_.host_compute || !spec_.last_clean)) {
     return Status::OK();
   }
-  const int nc = layout.num_chunks();
-  if (static_cast<int>(update.plan.where.size()) != nc) return Status::OK();  // no plan yet
-  spec.eligible.assign(static_cast<size_t>(nc), false);
+  const int nc = layout_.num_chunks();
+  if (static_cast<int>(phase_.assignment.where.size()) != nc) return Status::OK();  // no plan yet
+  spec_.eligible.assign(static_cast<size_t>(nc), false);
   int want = 0;
   for (int c = 0; c < nc; ++c) {
-    const bool e = update.plan.where[static_cast<size_t>(c)] == UpdateWhere::kCpu &&
+    const bool e = phase_.assignment.where[static_cast<size_t>(c)] == UpdateWhere::kCpu &&
                    optimizer().tier(c) == Tier::kHost;
-    spec.eligible[static_cast<size_t>(c)] = e;
+    spec_.eligible[static_cast<size_t>(c)] = e;
     want += e;
   }
   if (want == 0) return Status::OK();
   if (SpeculationSlots(want) == 0) {
-    if (!spec.told_no_room) {
+    if (!spec_.told_no_room) {
       TZ_LOG(kInfo, kEngine) << "speculative start: no host budget left for a group's copy ("
-                             << FormatBytes(optimizer().group_bytes() + layout.shard_bytes())
+                             << FormatBytes(optimizer().group_bytes() + layout_.shard_bytes())
                              << "); the step's updates start after backward";
-      spec.told_no_room = true;
+      spec_.told_no_room = true;
     }
     return Status::OK();
   }
-  const double inv = 1.0 / (static_cast<double>(loss_scale) * cfg.grad_accumulation);
-  spec.so = AdamStepOptions{};
-  spec.so.step = step + 1;
-  spec.so.lr = spec.options.lr;
-  spec.so.grad_scale = static_cast<float>(inv * 1.0);  // as Step computes it when clip == 1
-  spec.taken.assign(static_cast<size_t>(nc), false);
-  spec.error = Status::OK();
-  spec.queue = std::make_shared<Impl::Speculation::Queue>();
-  std::shared_ptr<Impl::Speculation::Queue> q = spec.queue;
-  cm->SetGradFinalCallback([q](int c) {
+  const double inv = 1.0 / (static_cast<double>(loss_scale) * cfg_.grad_accumulation);
+  spec_.so = AdamStepOptions{};
+  spec_.so.step = step + 1;
+  spec_.so.lr = spec_.options.lr;
+  spec_.so.grad_scale = static_cast<float>(inv * 1.0);  // as Step computes it when clip == 1
+  spec_.taken.assign(static_cast<size_t>(nc), false);
+  spec_.error = Status::OK();
+  spec_.queue = std::make_shared<Speculation::Queue>();
+  std::shared_ptr<Speculation::Queue> q = spec_.queue;
+  cm_->SetGradFinalCallback([q](int c) {
     {
       MutexLock lock(q->mu);
       q->ready.push_back(c);
@@ -128,10 +121,10 @@ Status Engine::Impl::MaybeStartSpeculation() {
     q->cv.NotifyAll();
   });
   try {
-    spec.worker = std::thread([this, q] { SpeculationWorker(*q); });
+    spec_.worker = std::thread([this, q] { SpeculationWorker(*q); });
   } catch (const std::system_error& e) {
-    cm->SetGradFinalCallback(nullptr);
-    spec.queue.reset();
+    cm_->SetGradFinalCallback(nullptr);
+    spec_.queue.reset();
     TZ_LOG(kWarn, kEngine) << "speculative start: no worker thread (" << e.what()
                            << "); the step's updates start after backward";
   }
@@ -139,7 +132,7 @@ Status Engine::Impl::MaybeStartSpeculation() {
 }
 
 // The worker: each chunk as its gradient becomes final, while side buffers last.
-void Engine::Impl::SpeculationWorker(Speculation::Queue& q) {
+void Updater::SpeculationWorker(Speculation::Queue& q) {
   for (;;) {
     int c = -1;
     {
@@ -150,96 +143,100 @@ void Engine::Impl::SpeculationWorker(Speculation::Queue& q) {
       q.ready.pop_front();
     }
     const size_t i = static_cast<size_t>(c);
-    if (c < 0 || c >= layout.num_chunks() || !spec.eligible[i] || spec.taken[i] ||
-        spec.free.empty() || !spec.error.ok()) {
+    if (c < 0 || c >= layout_.num_chunks() || !spec_.eligible[i] || spec_.taken[i] ||
+        spec_.free.empty() || !spec_.error.ok()) {
       continue;
     }
-    spec.taken[i] = true;
-    Speculation::Slot slot = spec.free.back();
-    spec.free.pop_back();
+    spec_.taken[i] = true;
+    Speculation::Slot slot = spec_.free.back();
+    spec_.free.pop_back();
     const OptimizerGroup live = optimizer().Resident(c);
     std::memcpy(slot.states, live.master, optimizer().group_bytes());
-    const uint64_t n = layout.shard_elems();
-    Status s = AdamInto({c, slot.states, slot.states + n, slot.states + 2 * n}, slot.out, spec.so);
+    // The shard's padding zero, as the step leaves it: a side buffer last held another chunk's
+    // parameters, whose tensors may reach where this chunk's padding begins.
+    std::memset(slot.out, 0, layout_.shard_bytes());
+    const uint64_t n = layout_.shard_elems();
+    Status s = AdamInto({c, slot.states, slot.states + n, slot.states + 2 * n}, slot.out, spec_.so);
     if (!s.ok()) {
-      spec.error = std::move(s).WithContext("the speculative update of chunk " + std::to_string(c));
-      spec.free.push_back(slot);
+      spec_.error =
+          std::move(s).WithContext("the speculative update of chunk " + std::to_string(c));
+      spec_.free.push_back(slot);
       continue;
     }
-    spec.done.push_back({c, slot});
+    spec_.done.push_back({c, slot});
   }
 }
 
 // Closes the queue (every chunk is final after EndIteration: those no callback announced are
 // announced here), waits for the worker, and keeps its results for the Step or drops them.
-void Engine::Impl::EndSpeculation(bool keep) {
-  if (!spec.queue) return;
-  cm->SetGradFinalCallback(nullptr);
+void Updater::EndSpeculation(bool keep) {
+  if (!spec_.queue) return;
+  cm_->SetGradFinalCallback(nullptr);
   {
-    MutexLock lock(spec.queue->mu);
-    spec.last_announced = spec.queue->announced;
+    MutexLock lock(spec_.queue->mu);
+    spec_.last_announced = spec_.queue->announced;
     if (keep) {
-      for (int c = layout.num_chunks() - 1; c >= 0; --c) spec.queue->ready.push_back(c);
+      for (int c = layout_.num_chunks() - 1; c >= 0; --c) spec_.queue->ready.push_back(c);
     }
-    spec.queue->closed = true;
+    spec_.queue->closed = true;
   }
-  spec.queue->cv.NotifyAll();
-  spec.worker.join();
-  spec.queue.reset();
-  if (!spec.error.ok()) {
-    TZ_LOG(kWarn, kEngine) << "speculative start: " << spec.error.ToString()
+  spec_.queue->cv.NotifyAll();
+  spec_.worker.join();
+  spec_.queue.reset();
+  if (!spec_.error.ok()) {
+    TZ_LOG(kWarn, kEngine) << "speculative start: " << spec_.error.ToString()
                            << "; the step updates after backward";
     keep = false;
   }
-  if (!keep) DiscardSpeculation();
+  if (!keep) Discard();
 }
 
 // Drops the speculative results (the live states were never written).
-void Engine::Impl::DiscardSpeculation() {
-  if (spec.queue) EndSpeculation(/*keep=*/false);  // joins; comes back here
-  for (auto& [c, slot] : spec.done) spec.free.push_back(slot);
-  spec.done.clear();
+void Updater::Discard() {
+  if (spec_.queue) EndSpeculation(/*keep=*/false);  // joins; comes back here
+  for (auto& [c, slot] : spec_.done) spec_.free.push_back(slot);
+  spec_.done.clear();
 }
 
 // At Step, once the norm is known: commits the speculative updates when they are the step's own
 // (`exact`), else drops them. Returns the chunks committed (the phase skips them).
-StatusOr<std::vector<bool>> Engine::Impl::CommitSpeculation(bool exact) {
-  std::vector<bool> committed(static_cast<size_t>(layout.num_chunks()), false);
-  const bool had = !spec.done.empty();
-  spec.prepared = false;
+StatusOr<std::vector<bool>> Updater::CommitSpeculation(bool exact) {
+  std::vector<bool> committed(static_cast<size_t>(layout_.num_chunks()), false);
+  const bool had = !spec_.done.empty();
+  spec_.prepared = false;
   if (!exact) {
-    if (had) ++stats.speculative_rollbacks;
-    DiscardSpeculation();
-    stats.speculative_groups = 0;
+    if (had) ++stats_.speculative_rollbacks;
+    Discard();
+    stats_.speculative_groups = 0;
     return committed;
   }
   // Each group's parameters are written first and its states swapped in only then, so a
   // failed write (an NVMe parameter shard) leaves that group and the rest uncommitted, their
   // side buffers back in the pool; the step then fails as a failed update phase does.
-  std::vector<std::pair<int, Speculation::Slot>> done = std::move(spec.done);
-  spec.done.clear();
+  std::vector<std::pair<int, Speculation::Slot>> done = std::move(spec_.done);
+  spec_.done.clear();
   int n = 0;
   for (size_t k = 0; k < done.size(); ++k) {
     const auto [c, slot] = done[k];
-    void* host = store->host_param(c);
+    void* host = store_->host_param(c);
     Status wrote = Status::OK();
     if (host != nullptr) {
-      std::memcpy(host, slot.out, layout.shard_bytes());
+      std::memcpy(host, slot.out, layout_.shard_bytes());
     } else {
-      wrote = store->WriteParam(c, slot.out);
+      wrote = store_->WriteParam(c, slot.out);
     }
     if (!wrote.ok()) {
-      for (size_t j = k; j < done.size(); ++j) spec.free.push_back(done[j].second);
+      for (size_t j = k; j < done.size(); ++j) spec_.free.push_back(done[j].second);
       return std::move(wrote).WithContext("committing the speculative update of chunk " +
                                           std::to_string(c));
     }
     float* old = optimizer().SwapHost(c, slot.states);
-    spec.free.push_back({old, slot.out});
+    spec_.free.push_back({old, slot.out});
     committed[static_cast<size_t>(c)] = true;
     ++n;
   }
-  stats.speculative_groups = n;
-  if (n > 0) ++stats.speculative_steps;
+  stats_.speculative_groups = n;
+  if (n > 0) ++stats_.speculative_steps;
   return committed;
 }
 

@@ -12,7 +12,7 @@
 #include "core/convert.h"
 #include "core/logging.h"
 #include "core/tunable.h"
-#include "engine/engine_impl.h"
+#include "update/updater.h"
 
 namespace tierzero {
 
@@ -64,34 +64,35 @@ SlotParts PartsOf(uint8_t* mem, bool streamed, uint64_t elems, uint64_t grad_byt
 
 }  // namespace
 
-Status Engine::Impl::CreateUpdatePhase() {
-  AdamConfig ac = adam_plain->config();
+// Device Adam with and without weight decay, the phase's streams and their events.
+Status Updater::CreatePhase() {
+  AdamConfig ac = adam_plain_->config();
   DeviceAdamOptions o;
-  o.model_params_per_second = cfg.host_device_adam_rate;
-  auto plain = DeviceAdam::Create(*device, ac, o);
+  o.model_params_per_second = cfg_.host_device_adam_rate;
+  auto plain = DeviceAdam::Create(*device_, ac, o);
   if (!plain.ok()) return std::move(plain).status().WithContext("device Adam");
-  update.plain = std::move(plain).value();
-  ASSIGN_OR_RETURN(update.decay, DeviceAdam::Create(*device, adam_decay->config(), o));
-  ASSIGN_OR_RETURN(update.h2d, Stream::Create(*device, "optimizer-h2d"));
-  ASSIGN_OR_RETURN(update.adam, Stream::Create(*device, "optimizer-adam"));
-  ASSIGN_OR_RETURN(update.d2h, Stream::Create(*device, "optimizer-d2h"));
+  phase_.plain = std::move(plain).value();
+  ASSIGN_OR_RETURN(phase_.decay, DeviceAdam::Create(*device_, adam_decay_->config(), o));
+  ASSIGN_OR_RETURN(phase_.h2d, Stream::Create(*device_, "optimizer-h2d"));
+  ASSIGN_OR_RETURN(phase_.adam, Stream::Create(*device_, "optimizer-adam"));
+  ASSIGN_OR_RETURN(phase_.d2h, Stream::Create(*device_, "optimizer-d2h"));
   for (int k = 0; k < kMaxUpdateSlots; ++k) {
-    for (auto* v : {&update.up_done, &update.adam_done, &update.slot_free}) {
-      ASSIGN_OR_RETURN(Event e, Event::Create(*device));
+    for (auto* v : {&phase_.up_done, &phase_.adam_done, &phase_.slot_free}) {
+      ASSIGN_OR_RETURN(Event e, Event::Create(*device_));
       v->push_back(std::move(e));
     }
   }
   return Status::OK();
 }
 
-std::vector<UpdateGroup> Engine::Impl::UpdateGroups() const {
+std::vector<UpdateGroup> Updater::Groups() const {
   std::vector<UpdateGroupTiers> tiers;
-  for (int c = 0; c < layout.num_chunks(); ++c) {
-    tiers.push_back({store->param_tier(c) == Tier::kDevice, store->param_tier(c) == Tier::kNvme,
+  for (int c = 0; c < layout_.num_chunks(); ++c) {
+    tiers.push_back({store_->param_tier(c) == Tier::kDevice, store_->param_tier(c) == Tier::kNvme,
                      optimizer().tier(c) == Tier::kDevice, optimizer().tier(c) == Tier::kNvme});
   }
-  return MakeUpdateGroups(tiers, layout.shard_elems(), store->grad_bytes(), layout.shard_bytes(),
-                          optimizer().staged(), kWriteBehind.Get(), update.skip);
+  return MakeUpdateGroups(tiers, layout_.shard_elems(), store_->grad_bytes(), layout_.shard_bytes(),
+                          optimizer().staged(), kWriteBehind.Get(), phase_.skip);
 }
 
 bool OptimizerWritesBehind() { return kWriteBehind.Get(); }
@@ -110,15 +111,15 @@ bool OptimizerWritesBehind() { return kWriteBehind.Get(); }
 // straight from the disk. So every later phase times its own CPU groups' Adam calls, and the
 // median of the last 15 phases' rates replaces the probe's (not a phase whose device work ran
 // on the CPU's own cores, which slows the CPU's groups).
-StatusOr<UpdateRates> Engine::Impl::MeasureUpdateRates(void* scratch, uint64_t scratch_bytes) {
+StatusOr<UpdateRates> Updater::MeasureRates(void* scratch, uint64_t scratch_bytes) {
   constexpr int kRounds = 3;
   const uint64_t probe_elems =
-      RateProbeElems(layout.shard_elems(), layout.num_chunks(), cfg.host_budget);
+      RateProbeElems(layout_.shard_elems(), layout_.num_chunks(), cfg_.host_budget);
   UpdateRates r;
-  r.device_shares_cpu = host_compute && cfg.host_device_adam_rate == 0;
-  const DType gt = store->grad_dtype();
-  const DType dt = cfg.compute_dtype;
-  const uint64_t n = layout.shard_elems();
+  r.device_shares_cpu = cfg_.host_compute && cfg_.host_device_adam_rate == 0;
+  const DType gt = store_->grad_dtype();
+  const DType dt = cfg_.compute_dtype;
+  const uint64_t n = layout_.shard_elems();
   const uint64_t calls = std::max<uint64_t>(1, (probe_elems + n - 1) / n);
   const uint64_t total = calls * n;
   // Host: [master | m | v] for all calls, then the gradients, then the outputs.
@@ -135,8 +136,8 @@ StatusOr<UpdateRates> Engine::Impl::MeasureUpdateRates(void* scratch, uint64_t s
       if (ptr != nullptr) (void)device->UnregisterHostMemory(ptr);
     }
   } pinned;
-  if (device->RegisterHostMemory(host.data(), host.bytes()).ok()) {
-    pinned.device = device.get();
+  if (device_->RegisterHostMemory(host.data(), host.bytes()).ok()) {
+    pinned.device = device_;
     pinned.ptr = host.data();
   }
   auto* f = reinterpret_cast<float*>(host.data());
@@ -164,7 +165,7 @@ StatusOr<UpdateRates> Engine::Impl::MeasureUpdateRates(void* scratch, uint64_t s
   for (int round = 0; round < kRounds; ++round) {
     const auto t0 = std::chrono::steady_clock::now();
     for (uint64_t k = 0; k < calls; ++k)
-      RETURN_IF_ERROR(adam_plain->Step(buffers(f, total, hgrad, hout, k), so).status());
+      RETURN_IF_ERROR(adam_plain_->Step(buffers(f, total, hgrad, hout, k), so).status());
     t.push_back(Since(t0));
   }
   r.cpu_params_per_s = static_cast<double>(total) / std::max(Median(t), 1e-9);
@@ -183,34 +184,34 @@ StatusOr<UpdateRates> Engine::Impl::MeasureUpdateRates(void* scratch, uint64_t s
       // The same states as the host's first dn elements' (the layout differs; the time does not).
       auto t0 = std::chrono::steady_clock::now();
       RETURN_IF_ERROR(
-          device->CopyAsync(dstates, f, dn * 12, CopyKind::kHostToDevice, update.h2d.handle()));
-      RETURN_IF_ERROR(device->CopyAsync(dgrad, hgrad, DTypeBytes(gt, dn), CopyKind::kHostToDevice,
-                                        update.h2d.handle()));
-      RETURN_IF_ERROR(update.h2d.Synchronize());
+          device_->CopyAsync(dstates, f, dn * 12, CopyKind::kHostToDevice, phase_.h2d.handle()));
+      RETURN_IF_ERROR(device_->CopyAsync(dgrad, hgrad, DTypeBytes(gt, dn), CopyKind::kHostToDevice,
+                                         phase_.h2d.handle()));
+      RETURN_IF_ERROR(phase_.h2d.Synchronize());
       up.push_back(Since(t0));
       t0 = std::chrono::steady_clock::now();
       for (uint64_t k = 0; k < dcalls; ++k) {
-        RETURN_IF_ERROR(update.plain->StepAsync(buffers(dstates, dn, dgrad, dout, k), so,
-                                                update.adam.handle()));
+        RETURN_IF_ERROR(phase_.plain->StepAsync(buffers(dstates, dn, dgrad, dout, k), so,
+                                                phase_.adam.handle()));
       }
-      RETURN_IF_ERROR(update.adam.Synchronize());
-      RETURN_IF_ERROR(update.plain->TakeError());
+      RETURN_IF_ERROR(phase_.adam.Synchronize());
+      RETURN_IF_ERROR(phase_.plain->TakeError());
       adam.push_back(Since(t0));
       t0 = std::chrono::steady_clock::now();
       RETURN_IF_ERROR(
-          device->CopyAsync(f, dstates, dn * 12, CopyKind::kDeviceToHost, update.d2h.handle()));
-      RETURN_IF_ERROR(update.d2h.Synchronize());
+          device_->CopyAsync(f, dstates, dn * 12, CopyKind::kDeviceToHost, phase_.d2h.handle()));
+      RETURN_IF_ERROR(phase_.d2h.Synchronize());
       down.push_back(Since(t0));
       // Both directions at once, as a chain of streamed groups keeps them: half the states up
       // while the other half comes down (disjoint memory on both sides).
       const uint64_t half = dn * 6;
       t0 = std::chrono::steady_clock::now();
       RETURN_IF_ERROR(
-          device->CopyAsync(dstates, f, half, CopyKind::kHostToDevice, update.h2d.handle()));
-      RETURN_IF_ERROR(device->CopyAsync(reinterpret_cast<uint8_t*>(f) + half, ds + half, half,
-                                        CopyKind::kDeviceToHost, update.d2h.handle()));
-      RETURN_IF_ERROR(update.h2d.Synchronize());
-      RETURN_IF_ERROR(update.d2h.Synchronize());
+          device_->CopyAsync(dstates, f, half, CopyKind::kHostToDevice, phase_.h2d.handle()));
+      RETURN_IF_ERROR(device_->CopyAsync(reinterpret_cast<uint8_t*>(f) + half, ds + half, half,
+                                         CopyKind::kDeviceToHost, phase_.d2h.handle()));
+      RETURN_IF_ERROR(phase_.h2d.Synchronize());
+      RETURN_IF_ERROR(phase_.d2h.Synchronize());
       both.push_back(Since(t0));
     }
     r.pcie_duplex_bytes_per_s = static_cast<double>(dn * 12) / std::max(Median(both), 1e-9);
@@ -226,55 +227,52 @@ StatusOr<UpdateRates> Engine::Impl::MeasureUpdateRates(void* scratch, uint64_t s
   return r;
 }
 
-// While the last micro-batch's backward computes: the NVMe groups' states start coming in
-// (Note [Optimizer I/O around the step]). Never waits.
-void Engine::Impl::PrefetchStates() {
-  if (!kPrefetchStates.Get() || !iteration_train ||
-      iterations_since_step + 1 != cfg.grad_accumulation) {
-    return;
-  }
+// While the last micro-batch's backward computes (the engine calls it then): the NVMe groups'
+// states start coming in (Note [Optimizer I/O around the step]). Never waits.
+void Updater::PrefetchStates() {
+  if (!kPrefetchStates.Get()) return;
   // Best effort: a failure here (a lost write behind, a read that cannot be submitted) must
   // not fail the backward step it rides on; the states keep it, and the Step reports it.
   auto staged = optimizer().Prefetch();
-  if (!staged.ok() && !prefetch_warned) {
+  if (!staged.ok() && !prefetch_warned_) {
     TZ_LOG(kWarn, kEngine) << "prefetching optimizer states: " << staged.status().ToString();
-    prefetch_warned = true;
+    prefetch_warned_ = true;
   }
 }
 
 // One device group's upload, Adam and download, queued on the phase's streams in slot `k`.
-Status Engine::Impl::EnqueueDeviceGroup(int c, UpdateWhere where, int k, uint8_t* mem,
-                                        const AdamStepOptions& so) {
+Status Updater::EnqueueDeviceGroup(int c, UpdateWhere where, int k, uint8_t* mem,
+                                   const AdamStepOptions& so) {
   const size_t ks = static_cast<size_t>(k);
   const bool streamed = where == UpdateWhere::kDeviceStreamed;
-  const uint64_t elems = layout.shard_elems();
-  const uint64_t shard_bytes = layout.shard_bytes();
-  const DType gt = store->grad_dtype();
-  const DType dt = cfg.compute_dtype;
+  const uint64_t elems = layout_.shard_elems();
+  const uint64_t shard_bytes = layout_.shard_bytes();
+  const DType gt = store_->grad_dtype();
+  const DType dt = cfg_.compute_dtype;
   const OptimizerGroup g = optimizer().Resident(c);
-  const SlotParts p = PartsOf(mem, streamed, elems, store->grad_bytes());
-  auto* stamp = &update.measured_end_s[static_cast<size_t>(c)];
+  const SlotParts p = PartsOf(mem, streamed, elems, store_->grad_bytes());
+  auto* stamp = &phase_.measured_end_s[static_cast<size_t>(c)];
   // Upload: the gradient, and a streamed group's states.
-  StreamHandle h2d = update.h2d.handle(), adam = update.adam.handle(), d2h = update.d2h.handle();
-  RETURN_IF_ERROR(device->StreamWaitEvent(h2d, update.slot_free[ks].handle()));
-  RETURN_IF_ERROR(
-      device->CopyAsync(p.grad, store->grad(c), store->grad_bytes(), CopyKind::kHostToDevice, h2d));
+  StreamHandle h2d = phase_.h2d.handle(), adam = phase_.adam.handle(), d2h = phase_.d2h.handle();
+  RETURN_IF_ERROR(device_->StreamWaitEvent(h2d, phase_.slot_free[ks].handle()));
+  RETURN_IF_ERROR(device_->CopyAsync(p.grad, store_->grad(c), store_->grad_bytes(),
+                                     CopyKind::kHostToDevice, h2d));
   if (streamed) {
     RETURN_IF_ERROR(
-        device->CopyAsync(p.states, g.master, elems * 12, CopyKind::kHostToDevice, h2d));
+        device_->CopyAsync(p.states, g.master, elems * 12, CopyKind::kHostToDevice, h2d));
   }
-  RETURN_IF_ERROR(device->RecordEvent(update.up_done[ks].handle(), h2d));
+  RETURN_IF_ERROR(device_->RecordEvent(phase_.up_done[ks].handle(), h2d));
   // Adam, slice by slice, its compute-dtype output into a device shard or the slot.
-  RETURN_IF_ERROR(device->StreamWaitEvent(adam, update.up_done[ks].handle()));
+  RETURN_IF_ERROR(device_->StreamWaitEvent(adam, phase_.up_done[ks].handle()));
   auto* master = streamed ? reinterpret_cast<float*>(p.states) : g.master;
   float* m = master + elems;
   float* v = master + 2 * elems;
-  auto* param_dev = static_cast<uint8_t*>(store->device_param(c));
+  auto* param_dev = static_cast<uint8_t*>(store_->device_param(c));
   uint8_t* out = param_dev != nullptr ? param_dev : p.out;
   if (dt != DType::kF32 && param_dev == nullptr) {
-    RETURN_IF_ERROR(device->MemsetAsync(p.out, 0, shard_bytes, adam));  // padding stays zero
+    RETURN_IF_ERROR(device_->MemsetAsync(p.out, 0, shard_bytes, adam));  // padding stays zero
   }
-  for (const ShardSlice& sl : slices[static_cast<size_t>(c)]) {
+  for (const ShardSlice& sl : slices_[static_cast<size_t>(c)]) {
     AdamBuffers b;
     b.master = master + sl.shard_offset;
     b.m = m + sl.shard_offset;
@@ -286,29 +284,28 @@ Status Engine::Impl::EnqueueDeviceGroup(int c, UpdateWhere where, int k, uint8_t
       b.out = out + DTypeBytes(dt, sl.shard_offset);
       b.out_dtype = dt;
     }
-    DeviceAdam& da =
-        params[static_cast<size_t>(sl.tensor)].weight_decay ? *update.decay : *update.plain;
+    DeviceAdam& da = decays_[static_cast<size_t>(sl.tensor)] ? *phase_.decay : *phase_.plain;
     RETURN_IF_ERROR(da.StepAsync(b, so, adam));
   }
   if (dt == DType::kF32 && param_dev != nullptr) {
     RETURN_IF_ERROR(
-        device->CopyAsync(param_dev, master, shard_bytes, CopyKind::kDeviceToDevice, adam));
+        device_->CopyAsync(param_dev, master, shard_bytes, CopyKind::kDeviceToDevice, adam));
   }
-  RETURN_IF_ERROR(device->RecordEvent(update.adam_done[ks].handle(), adam));
+  RETURN_IF_ERROR(device_->RecordEvent(phase_.adam_done[ks].handle(), adam));
   // Download: the parameters to a host shard, and a streamed group's states.
-  RETURN_IF_ERROR(device->StreamWaitEvent(d2h, update.adam_done[ks].handle()));
+  RETURN_IF_ERROR(device_->StreamWaitEvent(d2h, phase_.adam_done[ks].handle()));
   if (param_dev == nullptr) {
-    void* host = store->host_param(c);
+    void* host = store_->host_param(c);
     TZ_CHECK(host != nullptr) << "a device update of chunk " << c << " whose shard is on NVMe";
     const void* src = dt == DType::kF32 ? static_cast<const void*>(master) : p.out;
-    RETURN_IF_ERROR(device->CopyAsync(host, src, shard_bytes, CopyKind::kDeviceToHost, d2h));
+    RETURN_IF_ERROR(device_->CopyAsync(host, src, shard_bytes, CopyKind::kDeviceToHost, d2h));
   }
   if (streamed) {
     RETURN_IF_ERROR(
-        device->CopyAsync(g.master, p.states, elems * 12, CopyKind::kDeviceToHost, d2h));
+        device_->CopyAsync(g.master, p.states, elems * 12, CopyKind::kDeviceToHost, d2h));
   }
-  RETURN_IF_ERROR(device->RecordEvent(update.slot_free[ks].handle(), d2h));
-  return device->LaunchHostFunc(d2h, [stamp, t0 = update.t0] {
+  RETURN_IF_ERROR(device_->RecordEvent(phase_.slot_free[ks].handle(), d2h));
+  return device_->LaunchHostFunc(d2h, [stamp, t0 = phase_.t0] {
     *stamp = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   });
 }
@@ -320,18 +317,18 @@ Status Engine::Impl::EnqueueDeviceGroup(int c, UpdateWhere where, int k, uint8_t
 // until the phase ends: the next iteration finds its memory as it left it, and nothing here can
 // take memory an iteration needs. Every exit of the phase, errors included, first drains the
 // phase's streams, so no copy or kernel still uses the borrowed memory.
-Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
+Status Updater::RunPhase(const AdamStepOptions& so, bool prof) {
   constexpr uint64_t kReserve = uint64_t{1} << 20;
-  auto* idle = static_cast<uint8_t*>(cm->idle_slot_memory());
-  const uint64_t idle_bytes = idle != nullptr ? cm->idle_slot_bytes() : 0;
-  const uint64_t free_block = device->largest_free_block();
+  auto* idle = static_cast<uint8_t*>(cm_->idle_slot_memory());
+  const uint64_t idle_bytes = idle != nullptr ? cm_->idle_slot_bytes() : 0;
+  const uint64_t free_block = device_->largest_free_block();
   const uint64_t extra_bytes = free_block > kReserve ? free_block - kReserve : 0;
   // The read-ahead's window ends here (before the first step's probe, which is no backward).
-  if (backward_open) {
-    backward_open = false;
-    AddSample(backward_spans, Since(backward_t0), kForwardWindow);
+  if (backward_open_) {
+    backward_open_ = false;
+    AddSample(backward_spans_, Since(backward_t0_), kSpanWindow);
   }
-  if (!update.measured) {
+  if (!phase_.measured) {
     // The probe's device memory: the idle region, or a free block.
     // (No more than the probe uses: a run's device peak is what its iterations and phases
     // need, and Engine::Plan predicts it.)
@@ -339,36 +336,36 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
     void* scratch = idle;
     uint64_t scratch_bytes = idle_bytes;
     const uint64_t want =
-        RateProbeDeviceBytes(layout.shard_elems(), layout.num_chunks(), cfg.host_budget,
-                             store->grad_dtype(), cfg.compute_dtype);
+        RateProbeDeviceBytes(layout_.shard_elems(), layout_.num_chunks(), cfg_.host_budget,
+                             store_->grad_dtype(), cfg_.compute_dtype);
     if (scratch_bytes < want && extra_bytes > 0) {
       const uint64_t bytes = std::min(want, extra_bytes);
-      auto b = DeviceBuffer::Allocate(*device, bytes);
+      auto b = DeviceBuffer::Allocate(*device_, bytes);
       if (b.ok()) {
         probe = std::move(b).value();
         scratch = probe.data();
         scratch_bytes = bytes;
       }
     }
-    ASSIGN_OR_RETURN(update.rates, MeasureUpdateRates(scratch, scratch_bytes));
-    update.measured = true;
-    const UpdateRates& r = update.rates;
+    ASSIGN_OR_RETURN(phase_.rates, MeasureRates(scratch, scratch_bytes));
+    phase_.measured = true;
+    const UpdateRates& r = phase_.rates;
     TZ_LOG(kInfo, kEngine) << "update rates: CPU Adam " << r.cpu_params_per_s / 1e6
-                           << " Mparams/s (" << adam_plain->threads() << " threads), device Adam "
+                           << " Mparams/s (" << adam_plain_->threads() << " threads), device Adam "
                            << r.device_params_per_s / 1e6 << " Mparams/s"
-                           << (cfg.host_device_adam_rate > 0 ? " (a model)" : "") << ", H2D "
+                           << (cfg_.host_device_adam_rate > 0 ? " (a model)" : "") << ", H2D "
                            << r.h2d_bytes_per_s / 1e9 << " GB/s, D2H " << r.d2h_bytes_per_s / 1e9
                            << " GB/s, both at once " << r.pcie_duplex_bytes_per_s / 1e9
                            << " GB/s, NVMe read " << r.nvme_read_bytes_per_s / 1e9
                            << " GB/s, write " << r.nvme_write_bytes_per_s / 1e9
                            << " GB/s, both at once " << r.nvme_duplex_bytes_per_s / 1e9 << " GB/s";
   }
-  const std::vector<UpdateGroup> groups = UpdateGroups();
+  const std::vector<UpdateGroup> groups = Groups();
   UpdateBudget budget;
-  budget.mode = cfg.optimizer == OptimizerPlacement::kCpu        ? UpdateMode::kCpu
-                : cfg.optimizer == OptimizerPlacement::kFraction ? UpdateMode::kFraction
-                                                                 : UpdateMode::kAuto;
-  budget.device_fraction = cfg.optimizer_device_fraction;
+  budget.mode = cfg_.placement == OptimizerPlacement::kCpu        ? UpdateMode::kCpu
+                : cfg_.placement == OptimizerPlacement::kFraction ? UpdateMode::kFraction
+                                                                  : UpdateMode::kAuto;
+  budget.device_fraction = cfg_.device_fraction;
   // Whether the CPU's groups may finish behind the next forward (the conditions below, less
   // those of this step alone): the plan then credits the forward they hide behind. NVMe groups
   // always update on the CPU, so io_bound does not depend on the plan.
@@ -377,12 +374,12 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
   const bool behind_on = behind_mode == "on" || behind_mode == "1" || behind_mode == "true";
   bool io_bound = false;
   for (const UpdateGroup& g : groups) io_bound |= g.states_on_nvme || g.param_on_nvme;
-  if (!behind_off && world() == 1 && (behind_on || !host_compute || io_bound) &&
-      !forward_spans.empty()) {
-    budget.behind_forward_s = Median(forward_spans);
+  if (!behind_off && world() == 1 && (behind_on || !cfg_.host_compute || io_bound) &&
+      !forward_spans_.empty()) {
+    budget.behind_forward_s = Median(forward_spans_);
   }
-  UpdateRates rates = update.rates;
-  if (!backward_spans.empty()) rates.nvme_read_ahead_window_s = Median(backward_spans);
+  UpdateRates rates = phase_.rates;
+  if (!backward_spans_.empty()) rates.nvme_read_ahead_window_s = Median(backward_spans_);
   if (rates.device_params_per_s <= 0) {
     // No device memory for the probe: nothing can update there but resident groups, which
     // then go through the CPU.
@@ -395,17 +392,17 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
     const uint64_t sb = Aligned(slot_bytes);
     return static_cast<int>(std::min<uint64_t>(idle_bytes / sb + extra_bytes / sb, 1u << 30));
   };
-  if (update.rates.device_params_per_s > 0) budget.device_bytes = idle_bytes + extra_bytes;
-  UpdatePlan plan = PlanUpdate(groups, rates, budget);
+  if (phase_.rates.device_params_per_s > 0) budget.device_bytes = idle_bytes + extra_bytes;
+  UpdateAssignment plan = AssignUpdates(groups, rates, budget);
   if (plan.slots > 0 && carve(plan.slot_bytes) < plan.slots) {
     // The two regions hold fewer than their sum suggests.
     budget.device_bytes = static_cast<uint64_t>(carve(plan.slot_bytes)) * plan.slot_bytes;
-    plan = PlanUpdate(groups, rates, budget);
+    plan = AssignUpdates(groups, rates, budget);
   }
-  update.plan_groups = groups;
-  update.plan_rates = rates;
-  const bool changed = plan.where != update.plan.where;
-  update.plan = plan;
+  phase_.assigned_groups = groups;
+  phase_.assigned_rates = rates;
+  const bool changed = plan.where != phase_.assignment.where;
+  phase_.assignment = plan;
   if (changed) {
     int cpu = 0, res = 0, str = 0;
     for (UpdateWhere w : plan.where) {
@@ -426,27 +423,27 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
     const int in_idle = static_cast<int>(std::min<uint64_t>(plan.slots, idle_bytes / sb));
     for (int k = 0; k < in_idle; ++k) slot_mem.push_back(idle + k * sb);
     if (in_idle < plan.slots) {
-      ASSIGN_OR_RETURN(update.extra, DeviceBuffer::Allocate(*device, (plan.slots - in_idle) * sb));
+      ASSIGN_OR_RETURN(phase_.extra, DeviceBuffer::Allocate(*device_, (plan.slots - in_idle) * sb));
       for (int k = in_idle; k < plan.slots; ++k) {
-        slot_mem.push_back(static_cast<uint8_t*>(update.extra.data()) + (k - in_idle) * sb);
+        slot_mem.push_back(static_cast<uint8_t*>(phase_.extra.data()) + (k - in_idle) * sb);
       }
     }
   }
-  update.measured_end_s.assign(groups.size(), 0.0);
+  phase_.measured_end_s.assign(groups.size(), 0.0);
   // Drains the device's chain on every way out, then gives the extra memory back.
   struct Drain {
-    Impl* im;
+    Updater* im;
     ~Drain() {
-      (void)im->update.h2d.Synchronize();
-      (void)im->update.adam.Synchronize();
-      (void)im->update.d2h.Synchronize();
-      im->update.extra.Reset();
+      (void)im->phase_.h2d.Synchronize();
+      (void)im->phase_.adam.Synchronize();
+      (void)im->phase_.d2h.Synchronize();
+      im->phase_.extra.Reset();
     }
   } drain{this};
-  update.t0 = std::chrono::steady_clock::now();
-  const double phase_start_s = prof ? timeline.Now() : 0.0;
+  phase_.t0 = std::chrono::steady_clock::now();
+  const double phase_start_s = prof ? timeline_.Now() : 0.0;
   int k = 0;
-  for (int c = 0; c < layout.num_chunks(); ++c) {
+  for (int c = 0; c < layout_.num_chunks(); ++c) {
     const UpdateWhere w = plan.where[static_cast<size_t>(c)];
     if (w == UpdateWhere::kCpu) continue;
     RETURN_IF_ERROR(EnqueueDeviceGroup(c, w, k, slot_mem[static_cast<size_t>(k)], so));
@@ -457,31 +454,31 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
   // phase as one span, nor before a profiled iteration, whose stalls are the plan's.
   int counts[3] = {0, 0, 0};
   for (UpdateWhere w : plan.where) ++counts[static_cast<int>(w)];
-  stats.optimizer_cpu_groups = counts[0];
-  stats.optimizer_resident_groups = counts[1];
-  stats.optimizer_streamed_groups = counts[2];
-  stats.optimizer_predicted_seconds = plan.phase_s;
+  stats_.optimizer_cpu_groups = counts[0];
+  stats_.optimizer_resident_groups = counts[1];
+  stats_.optimizer_streamed_groups = counts[2];
+  stats_.optimizer_predicted_seconds = plan.phase_s;
   // On the simulated device the forward computes on the cores CPU Adam would use: only a chain
   // with disk waits to hide gains from going behind it (measured: bench/train_bench.sh behind).
   // One rank only: on several, a failure behind one rank's forward would first have to be agreed
   // on by every rank before each collective that follows.
   bool behind = false;
-  if (!behind_off && !prof && !cm->profile_pending() && counts[0] > 0 && world() == 1 &&
-      (behind_on || !host_compute || io_bound)) {
-    ASSIGN_OR_RETURN(behind, LaunchUpdateTail(so));
+  if (!behind_off && !prof && !cm_->profile_pending() && counts[0] > 0 && world() == 1 &&
+      (behind_on || !cfg_.host_compute || io_bound)) {
+    ASSIGN_OR_RETURN(behind, LaunchBehind(so));
   }
   // The device's groups end before Step returns either way: their slots are the next
   // iteration's memory.
   auto device_chain_done = [&]() -> Status {
-    RETURN_IF_ERROR(update.h2d.Synchronize());
-    RETURN_IF_ERROR(update.adam.Synchronize());
-    RETURN_IF_ERROR(update.d2h.Synchronize());
-    RETURN_IF_ERROR(update.plain->TakeError());
-    return update.decay->TakeError();
+    RETURN_IF_ERROR(phase_.h2d.Synchronize());
+    RETURN_IF_ERROR(phase_.adam.Synchronize());
+    RETURN_IF_ERROR(phase_.d2h.Synchronize());
+    RETURN_IF_ERROR(phase_.plain->TakeError());
+    return phase_.decay->TakeError();
   };
   if (behind) {
     RETURN_IF_ERROR(device_chain_done());
-    tail.device_end_s = Since(update.t0);
+    tail_.device_end_s = Since(phase_.t0);
     return Status::OK();
   }
   double adam_s = 0;
@@ -489,18 +486,18 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
   RETURN_IF_ERROR(RunCpuChain(so, prof, /*mark=*/false, adam_s, adam_elems));
   RETURN_IF_ERROR(device_chain_done());
   if (prof) {
-    for (int c = 0; c < layout.num_chunks(); ++c) {
+    for (int c = 0; c < layout_.num_chunks(); ++c) {
       const UpdateWhere w = plan.where[static_cast<size_t>(c)];
       if (w == UpdateWhere::kCpu) continue;
       // The device's groups as spans ending when their download did.
-      timeline.Add(
+      timeline_.Add(
           {Track::kOptimizer,
            "device Adam chunk " + std::to_string(c) + " (" + std::string(UpdateWhereName(w)) + ")",
-           phase_start_s, update.measured_end_s[static_cast<size_t>(c)], -1, c,
-           layout.shard_elems() * 12, 0});
+           phase_start_s, phase_.measured_end_s[static_cast<size_t>(c)], -1, c,
+           layout_.shard_elems() * 12, 0});
     }
   }
-  FinishUpdatePhase(Since(update.t0), adam_s, adam_elems, /*rate_sample=*/true);
+  FinishPhase(Since(phase_.t0), adam_s, adam_elems, /*rate_sample=*/true);
   return Status::OK();
 }
 
@@ -508,20 +505,20 @@ Status Engine::Impl::RunUpdatePhase(const AdamStepOptions& so, bool prof) {
 // rates]); not those whose NVMe parameter write counts. With `mark`, each chunk is current
 // for the chunk manager's fence as soon as its parameters are written (and, with accumulation,
 // its gradient shard cleared for the next window).
-Status Engine::Impl::RunCpuChain(const AdamStepOptions& so, bool prof, bool mark, double& adam_s,
-                                 uint64_t& adam_elems) {
+Status Updater::RunCpuChain(const AdamStepOptions& so, bool prof, bool mark, double& adam_s,
+                            uint64_t& adam_elems) {
   return optimizer().ForEach(
       [&](const OptimizerGroup& g) {
         const auto a0 = std::chrono::steady_clock::now();
         RETURN_IF_ERROR(AdamGroup(g, so, prof));
-        if (store->param_tier(g.chunk) != Tier::kNvme) {
+        if (store_->param_tier(g.chunk) != Tier::kNvme) {
           adam_s += Since(a0);
-          adam_elems += layout.shard_elems();
+          adam_elems += layout_.shard_elems();
         }
-        update.measured_end_s[static_cast<size_t>(g.chunk)] = Since(update.t0);
+        phase_.measured_end_s[static_cast<size_t>(g.chunk)] = Since(phase_.t0);
         if (mark) {
-          if (cfg.grad_accumulation > 1) store->ZeroGrad(g.chunk);
-          tail.MarkDone(g.chunk);
+          if (cfg_.grad_accumulation > 1) store_->ZeroGrad(g.chunk);
+          tail_.MarkDone(g.chunk);
         }
         return Status::OK();
       },
@@ -529,52 +526,54 @@ Status Engine::Impl::RunCpuChain(const AdamStepOptions& so, bool prof, bool mark
       /*write_behind=*/kWriteBehind.Get());
 }
 
-bool Engine::Impl::CpuChainTakes(int c) const {
+bool Updater::CpuChainTakes(int c) const {
   const size_t i = static_cast<size_t>(c);
-  return update.plan.where[i] == UpdateWhere::kCpu && !(i < update.skip.size() && update.skip[i]);
+  return phase_.assignment.where[i] == UpdateWhere::kCpu &&
+         !(i < phase_.skip.size() && phase_.skip[i]);
 }
 
-void Engine::Impl::FinishUpdatePhase(double measured_s, double adam_s, uint64_t adam_elems,
-                                     bool rate_sample) {
-  update.measured_s = measured_s;
-  update.phase_s.push_back(measured_s);
+void Updater::FinishPhase(double measured_s, double adam_s, uint64_t adam_elems, bool rate_sample) {
+  phase_.measured_s = measured_s;
+  phase_.phase_s.push_back(measured_s);
   // Device work on the CPU's own cores slows the CPU's groups: such a phase is no sample; nor
   // one behind the forward, whose Adam calls shared the cores with it.
   const bool cpu_shared =
-      update.rates.device_shares_cpu && stats.optimizer_cpu_groups < layout.num_chunks();
+      phase_.rates.device_shares_cpu && stats_.optimizer_cpu_groups < layout_.num_chunks();
   if (rate_sample && adam_elems > 0 && adam_s > 0 && !cpu_shared) {
     // Kept apart for phases with streamed groups, whose copies slow CPU Adam down.
-    const bool streamed = stats.optimizer_streamed_groups > 0;
-    (streamed ? update.rates.cpu_params_per_s_streaming : update.rates.cpu_params_per_s) =
-        AddSample(streamed ? update.cpu_rate_samples_streaming : update.cpu_rate_samples,
+    const bool streamed = stats_.optimizer_streamed_groups > 0;
+    (streamed ? phase_.rates.cpu_params_per_s_streaming : phase_.rates.cpu_params_per_s) =
+        AddSample(streamed ? phase_.cpu_rate_samples_streaming : phase_.cpu_rate_samples,
                   static_cast<double>(adam_elems) / adam_s);
   }
   // The device chain beside CPU Adam: its copies share host memory with the CPU's groups, so
   // its measured end over its prediction at the probe's link rates is sampled (not where the
   // device computes on the CPU's cores: no copies cross a link there).
-  if (!update.rates.device_shares_cpu && update.plan.where.size() == update.plan_groups.size()) {
+  if (!phase_.rates.device_shares_cpu &&
+      phase_.assignment.where.size() == phase_.assigned_groups.size()) {
     double dev_end = 0;
     bool dev = false, cpu = false;
-    for (size_t i = 0; i < update.plan.where.size(); ++i) {
-      if (update.plan.where[i] != UpdateWhere::kCpu) {
+    for (size_t i = 0; i < phase_.assignment.where.size(); ++i) {
+      if (phase_.assignment.where[i] != UpdateWhere::kCpu) {
         dev = true;
-        dev_end = std::max(dev_end, update.measured_end_s[i]);
+        dev_end = std::max(dev_end, phase_.measured_end_s[i]);
       } else {
         cpu |= CpuChainTakes(static_cast<int>(i));
       }
     }
     if (dev && cpu && dev_end > 0) {
-      UpdateRates at_probe = update.plan_rates;
+      UpdateRates at_probe = phase_.assigned_rates;
       at_probe.link_slowdown_beside_cpu = 1;
-      const double predicted =
-          Simulate(update.plan_groups, update.plan.where, at_probe, update.plan.slots).device_s;
+      const double predicted = Simulate(phase_.assigned_groups, phase_.assignment.where, at_probe,
+                                        phase_.assignment.slots)
+                                   .device_s;
       if (predicted > 0) {
-        update.rates.link_slowdown_beside_cpu =
-            AddSample(update.link_samples, std::clamp(dev_end / predicted, 1.0, 4.0));
+        phase_.rates.link_slowdown_beside_cpu =
+            AddSample(phase_.link_samples, std::clamp(dev_end / predicted, 1.0, 4.0));
       }
     }
   }
-  stats.optimizer_phase_seconds = measured_s;
+  stats_.optimizer_phase_seconds = measured_s;
 }
 
 }  // namespace tierzero

@@ -1,4 +1,4 @@
-#include "engine/update_plan.h"
+#include "update/cost_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -97,9 +97,9 @@ double BounceSeconds(const UpdateGroup& g, const UpdateRates& r) {
 // with one of each in flight) or by Adam, plus the first read and the last write that nothing
 // overlaps. The phase ends when both chains have.
 // On a device that computes on the CPU's cores the chains do not overlap: the phase is their sum.
-UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<UpdateWhere>& where,
-                    const UpdateRates& r, int slots) {
-  UpdatePlan p;
+UpdateAssignment Simulate(const std::vector<UpdateGroup>& groups,
+                          const std::vector<UpdateWhere>& where, const UpdateRates& r, int slots) {
+  UpdateAssignment p;
   p.where = where;
   p.slots = slots;
   p.group_end_s.assign(groups.size(), 0.0);
@@ -222,8 +222,8 @@ UpdatePlan Simulate(const std::vector<UpdateGroup>& groups, const std::vector<Up
   return p;
 }
 
-UpdatePlan PlanUpdate(const std::vector<UpdateGroup>& groups, const UpdateRates& rates,
-                      const UpdateBudget& budget) {
+UpdateAssignment AssignUpdates(const std::vector<UpdateGroup>& groups, const UpdateRates& rates,
+                               const UpdateBudget& budget) {
   const size_t n = groups.size();
   std::vector<UpdateWhere> base(n, UpdateWhere::kCpu);
   std::vector<size_t> candidates;  // may stream: states in host memory, parameters not on NVMe
@@ -269,13 +269,13 @@ UpdatePlan PlanUpdate(const std::vector<UpdateGroup>& groups, const UpdateRates&
   // phase's start (the forward's own waits for CPU groups cover the rest).
   const double fwd = rates.device_shares_cpu ? 0.0 : std::max(budget.behind_forward_s, 0.0);
   auto sim = [&](size_t s) {
-    UpdatePlan p = Simulate(groups, with(s), rates, s > 0 ? stream_slots : resident_slots);
+    UpdateAssignment p = Simulate(groups, with(s), rates, s > 0 ? stream_slots : resident_slots);
     if (fwd > 0) p.objective_s = std::max(p.device_s + fwd, p.cpu_s) - fwd;
     return p;
   };
   size_t max_stream = stream_slots > 0 ? candidates.size() : 0;
   if (budget.mode == UpdateMode::kCpu || n == 0) {
-    UpdatePlan p = Simulate(groups, base, rates, resident_slots);
+    UpdateAssignment p = Simulate(groups, base, rates, resident_slots);
     p.reason = why.str() + "engine.optimizer is cpu";
     return p;
   }
@@ -291,14 +291,14 @@ UpdatePlan PlanUpdate(const std::vector<UpdateGroup>& groups, const UpdateRates&
           << ")";
       s = max_stream;
     }
-    UpdatePlan p = sim(s);
+    UpdateAssignment p = sim(s);
     p.reason = why.str();
     return p;
   }
-  UpdatePlan best = sim(0);
+  UpdateAssignment best = sim(0);
   size_t best_s = 0;
   for (size_t s = 1; s <= max_stream; ++s) {
-    UpdatePlan p = sim(s);
+    UpdateAssignment p = sim(s);
     if (p.objective_s < best.objective_s * (1 - 1e-9)) {
       best = std::move(p);
       best_s = s;

@@ -1,0 +1,242 @@
+// The Updater's life and its step (updater.h): CPU Adam made, the gradient norm over every rank,
+// the speculative results committed or dropped, and the update phase run; what it did, for the
+// engine's stats and report.
+#include "update/updater.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "comm/collective.h"
+#include "core/bytes.h"
+#include "core/check.h"
+#include "core/logging.h"
+
+namespace tierzero {
+
+Updater::Updater(UpdaterParts parts, UpdaterConfig config)
+    : cfg_(config),
+      device_(parts.device),
+      store_(parts.store),
+      cm_(parts.cm),
+      layout_(*parts.layout),
+      comm_(parts.comm),
+      timeline_(*parts.timeline),
+      out_(*parts.param_out),
+      decays_(std::move(parts.weight_decay)) {}
+
+StatusOr<std::unique_ptr<Updater>> Updater::Create(UpdaterParts parts, UpdaterConfig config) {
+  if (parts.device == nullptr || parts.store == nullptr || parts.cm == nullptr ||
+      parts.layout == nullptr || parts.comm == nullptr || parts.timeline == nullptr ||
+      parts.param_out == nullptr || parts.param_out->bytes() < parts.layout->shard_bytes()) {
+    return InvalidArgumentError("Updater::Create: a part is missing");
+  }
+  if (parts.weight_decay.size() != static_cast<size_t>(parts.layout->num_tensors())) {
+    return InvalidArgumentError("Updater::Create: " + std::to_string(parts.weight_decay.size()) +
+                                " weight-decay flags for " +
+                                std::to_string(parts.layout->num_tensors()) + " tensors");
+  }
+  std::unique_ptr<Updater> u(new Updater(std::move(parts), config));
+  RETURN_IF_ERROR(u->Init());
+  return u;
+}
+
+// CPU AdamW with and without weight decay, the device's phase, and the chunk manager's fence.
+Status Updater::Init() {
+  for (int c = 0; c < layout_.num_chunks(); ++c)
+    slices_.push_back(layout_.ShardSlices(c, comm_->rank()));
+  AdamConfig ac = cfg_.adam;
+  ac.weight_decay = 0;
+  ac.adamw = true;
+  CpuAdamOptions ao;
+  ao.threads = cfg_.cpu_threads;
+  ASSIGN_OR_RETURN(adam_plain_, CpuAdam::Create(ac, ao));
+  ac.weight_decay = cfg_.weight_decay;
+  ASSIGN_OR_RETURN(adam_decay_, CpuAdam::Create(ac, ao));
+  if (adam_plain_->caller_cpus() > 0) {
+    TZ_LOG(kInfo, kEngine) << "optimizer: CPU Adam on " << adam_plain_->threads()
+                           << " threads (the calling thread is bound to "
+                           << adam_plain_->caller_cpus()
+                           << " CPUs, OMP_PROC_BIND or taskset: its workers run on every online "
+                              "CPU; set engine.cpu_threads to choose)";
+  } else {
+    TZ_LOG(kInfo, kEngine) << "optimizer: CPU Adam on " << adam_plain_->threads() << " threads";
+  }
+  RETURN_IF_ERROR(CreatePhase());
+  cm_->SetParamFence(&tail_);  // Note [The update phase behind the next forward]
+  return Status::OK();
+}
+
+Updater::~Updater() { Shutdown(); }
+
+void Updater::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  (void)Await();  // the worker joined before anything it uses goes
+  cm_->SetParamFence(nullptr);
+  Discard();  // the speculative worker joined before anything it reads goes
+}
+
+void Updater::NoteForward(double seconds) {
+  AddSample(forward_spans_, std::max(seconds, 0.0), kSpanWindow);
+}
+
+void Updater::NoteLastBackward() {
+  backward_open_ = true;
+  backward_t0_ = std::chrono::steady_clock::now();
+}
+
+void Updater::EndIteration(bool keep) { EndSpeculation(keep); }
+
+OptimizerCounters Updater::optimizer_counters() const {
+  return tail_.active ? tail_.counters_at_launch : optimizer().counters();
+}
+
+// The sum of squares of every gradient over the tensors only (a shard's padding is not a
+// gradient), over all ranks: a NaN or Inf makes it non-finite.
+StatusOr<double> Updater::GradSumSquares() {
+  const DType gt = store_->grad_dtype();
+  double sumsq = 0;
+  for (int c = 0; c < layout_.num_chunks(); ++c) {
+    const auto* g = static_cast<const uint8_t*>(store_->grad(c));
+    for (const ShardSlice& sl : slices_[static_cast<size_t>(c)]) {
+      ASSIGN_OR_RETURN(double s,
+                       adam_plain_->SumSquares(g + DTypeBytes(gt, sl.shard_offset), gt, sl.numel));
+      sumsq += s;
+    }
+  }
+  if (world() > 1) {
+    // The ranks' sums in rank order, so every rank gets the same norm bit for bit.
+    ASSIGN_OR_RETURN(std::vector<double> all, AllGatherValue(*comm_, sumsq));
+    sumsq = 0;
+    for (double x : all) sumsq += x;
+  }
+  return sumsq;
+}
+
+StatusOr<UpdateStepOutcome> Updater::Step(const UpdateStepInputs& in) {
+  RETURN_IF_ERROR(Await());
+  const double start_s = in.profiled ? timeline_.Now() : 0.0;
+  ASSIGN_OR_RETURN(const double sumsq, GradSumSquares());
+  UpdateStepOutcome r;
+  const bool finite = std::isfinite(sumsq);
+  r.grad_norm = finite ? std::sqrt(sumsq) * in.grad_scale : std::numeric_limits<double>::infinity();
+  double clip = 1.0;
+  if (finite && in.clip_grad_norm > 0 && r.grad_norm > in.clip_grad_norm)
+    clip = in.clip_grad_norm / (r.grad_norm + 1e-6);
+  // The speculative updates are this step's own only when nothing differs from what they
+  // assumed (Note [The speculative start]).
+  const bool same_options = spec_.so.lr == in.lr;  // what the updates used
+  ASSIGN_OR_RETURN(phase_.skip, CommitSpeculation(finite && clip == 1.0 && same_options));
+  spec_.last_clean = finite && clip == 1.0;
+  if (!finite) return r;
+  AdamStepOptions so;
+  so.step = in.step;
+  so.lr = in.lr;
+  so.grad_scale = static_cast<float>(in.grad_scale * clip);
+  if (in.profiled) {
+    timeline_.Add({Track::kOptimizer, "gradient norm", start_s, timeline_.Now() - start_s});
+  }
+  RETURN_IF_ERROR(RunPhase(so, in.profiled));
+  // (Behind the next forward, the gradient shards are cleared as their groups finish.)
+  if (cfg_.grad_accumulation > 1 && !tail_.active) RETURN_IF_ERROR(cm_->ZeroGrads());
+  r.applied = true;
+  return r;
+}
+
+// AdamW on one optimizer group, and its new parameters written to the chunk's parameter shard.
+Status Updater::AdamGroup(const OptimizerGroup& g, const AdamStepOptions& so, bool prof) {
+  const int c = g.chunk;
+  const double chunk_start_s = prof ? timeline_.Now() : 0.0;
+  AdamStepOptions chunk_so = so;
+  if (prof) {
+    chunk_so.observer = &timeline_;
+    chunk_so.chunk = c;
+  }
+  // Added when the chunk's update ends, on every path out of this function.
+  struct SpanAtExit {
+    Updater* u;
+    bool on;
+    double start;
+    int chunk;
+    ~SpanAtExit() {
+      if (on) {
+        u->timeline_.Add({Track::kOptimizer, "Adam chunk " + std::to_string(chunk), start,
+                          u->timeline_.Now() - start, -1, chunk, u->layout_.shard_elems() * 12});
+      }
+    }
+  } span{this, prof, chunk_start_s, c};
+  void* host = store_->host_param(c);
+  auto* out = static_cast<uint8_t*>(host != nullptr ? host : out_.data());
+  if (host == nullptr) std::memset(out, 0, out_.bytes());  // zero padding
+  RETURN_IF_ERROR(AdamInto(g, out, chunk_so));
+  if (host == nullptr) RETURN_IF_ERROR(store_->WriteParam(c, out));
+  return Status::OK();
+}
+
+Status Updater::AdamInto(const OptimizerGroup& g, uint8_t* out, const AdamStepOptions& so) {
+  const DType gt = store_->grad_dtype();
+  const DType dt = cfg_.compute_dtype;
+  const auto* grad = static_cast<const uint8_t*>(store_->grad(g.chunk));
+  for (const ShardSlice& sl : slices_[static_cast<size_t>(g.chunk)]) {
+    AdamBuffers b;
+    b.master = g.master + sl.shard_offset;
+    b.m = g.m + sl.shard_offset;
+    b.v = g.v + sl.shard_offset;
+    b.grad = grad + DTypeBytes(gt, sl.shard_offset);
+    b.grad_dtype = gt;
+    b.n = sl.numel;
+    if (dt != DType::kF32) {
+      b.out = out + DTypeBytes(dt, sl.shard_offset);
+      b.out_dtype = dt;
+    }
+    CpuAdam& adam = decays_[static_cast<size_t>(sl.tensor)] ? *adam_decay_ : *adam_plain_;
+    ASSIGN_OR_RETURN(bool applied, adam.Step(b, so));
+    TZ_CHECK(applied) << "Adam skipped a step that was checked finite";
+    if (dt == DType::kF32) std::memcpy(out + sl.shard_offset * 4, b.master, sl.numel * 4);
+  }
+  return Status::OK();
+}
+
+void Updater::Snapshot(ReportSnapshot::Update& u) const {
+  const UpdateAssignment& p = phase_.assignment;
+  if (!phase_.measured || p.where.size() != static_cast<size_t>(layout_.num_chunks())) return;
+  u.available = true;
+  u.mode = cfg_.placement == OptimizerPlacement::kCpu        ? "cpu"
+           : cfg_.placement == OptimizerPlacement::kFraction ? "device fraction"
+                                                             : "auto";
+  u.reason = p.reason;
+  for (UpdateWhere w : p.where) u.where.emplace_back(UpdateWhereName(w));
+  u.predicted_end_s = p.group_end_s;
+  u.measured_end_s = phase_.measured_end_s;
+  u.predicted_s = p.phase_s;
+  u.predicted_cpu_s = p.cpu_s;
+  u.predicted_device_s = p.device_s;
+  u.measured_s = phase_.measured_s;
+  std::vector<double> all = phase_.phase_s;
+  std::sort(all.begin(), all.end());
+  u.phases = static_cast<int64_t>(all.size());
+  u.measured_median_s = all.empty() ? 0.0 : all[all.size() / 2];
+  u.slots = p.slots;
+  u.slot_bytes = p.slot_bytes;
+  const UpdateRates& r = phase_.rates;
+  u.cpu_params_per_s = r.cpu_params_per_s;
+  u.device_params_per_s = r.device_params_per_s;
+  u.h2d_bytes_per_s = r.h2d_bytes_per_s;
+  u.d2h_bytes_per_s = r.d2h_bytes_per_s;
+  u.nvme_read_bytes_per_s = r.nvme_read_bytes_per_s;
+  u.nvme_write_bytes_per_s = r.nvme_write_bytes_per_s;
+  u.nvme_duplex_bytes_per_s = r.nvme_duplex_bytes_per_s;
+  u.cpu_params_per_s_streaming = r.cpu_params_per_s_streaming;
+  u.pcie_duplex_bytes_per_s = r.pcie_duplex_bytes_per_s;
+  u.link_slowdown_beside_cpu = r.link_slowdown_beside_cpu;
+  u.device_rate_modelled = cfg_.host_device_adam_rate > 0;
+  u.speculative = cfg_.speculative_step == SpeculativeStep::kAuto ? "auto"
+                  : cfg_.speculative_step == SpeculativeStep::kOn ? "on"
+                                                                  : "off";
+  u.speculative_steps = stats_.speculative_steps;
+  u.speculative_rollbacks = stats_.speculative_rollbacks;
+  u.device_shares_cpu = r.device_shares_cpu;
+}
+
+}  // namespace tierzero
