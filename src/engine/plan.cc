@@ -322,7 +322,7 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   const uint64_t margin = 4 * chunk + (uint64_t{1} << 20);
   out.device.budget = cfg.device_budget + cfg.device_shard_budget + margin;
 
-  // The update phase (Engine::Impl::UpdateGroups, RunUpdatePhase).
+  // The update phase (Updater::Groups, Updater::RunPhase).
   // Gradient shards: the compute dtype, fp32 with accumulation (ChunkManager::StoreOptions).
   const DType grad_dtype = accum > 1 ? DType::kF32 : cfg.compute_dtype;
   const uint64_t grad_bytes = DTypeBytes(grad_dtype, layout.shard_elems());

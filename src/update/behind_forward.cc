@@ -26,7 +26,7 @@ namespace tierzero {
 //   every rank's gathers must be the same collectives in the same order.
 // - Gradients and states: the first backward Acquire, EndIteration, AbortIteration, Step, and
 //   every entry point that reads or writes shards or states (checkpoints, ReadParam, reports)
-//   wait for the whole chain first (AwaitUpdate). With accumulation the worker clears each
+//   wait for the whole chain first (Updater::Await). With accumulation the worker clears each
 //   group's gradient shard after its update (Step cleared them all after the phase before).
 // - A failed chain (a disk error) leaves some shards updated and some not. Its error is sticky:
 //   every later gather, step and checkpoint fails with it, so a half-updated model is never

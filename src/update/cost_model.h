@@ -11,7 +11,7 @@
 //                    device memory that is idle while no chunk is gathered, and come back down.
 // The device's work runs as three in-order streams (H2D, Adam, D2H) over `slots` buffers, while
 // the CPU updates its groups: Simulate models exactly that order, so a prediction can be worked
-// out by hand (tests/engine/update_plan_test.cc does).
+// out by hand (tests/update/cost_model_test.cc does).
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -29,7 +29,7 @@ namespace tierzero {
 enum class UpdateWhere : uint8_t { kCpu, kDeviceResident, kDeviceStreamed };
 std::string_view UpdateWhereName(UpdateWhere w);
 
-// Measured rates (UpdateRates::Measure in update_phase.cc), all > 0 where used.
+// Measured rates (Updater::MeasureRates in update_phase.cc), all > 0 where used.
 struct UpdateRates {
   double cpu_params_per_s = 0;  // CpuAdam with the optimizer's threads
   // CpuAdam while streamed groups' copies share host memory with it (0: cpu_params_per_s).
