@@ -1,7 +1,10 @@
 // The engine's memory placement report (engine.h, docs/report.md): a snapshot of its layout,
-// placement, plan, profile and counters, which src/profiler turns into the report's JSON.
+// placement, plan, profile and counters, which src/profiler turns into the report's JSON; the
+// engine's usage, stats and placement summary.
 #include <algorithm>
+#include <cstdio>
 
+#include "core/bytes.h"
 #include "core/file_io.h"
 #include "engine/engine_impl.h"
 #include "profiler/report_snapshot.h"
@@ -190,6 +193,91 @@ void Engine::Impl::PlaceDeviceSpans() {
     timeline.Add({Track::kCompute, (m.backward ? "backward " : "forward ") + std::to_string(k),
                   m.ready_s, m.release_s - m.ready_s, static_cast<int>(k)});
   }
+}
+
+// ---- Usage, stats
+// -------------------------------------------------------------------------------
+
+void Engine::ProfileNextIteration() {
+  Impl& im = *impl_;
+  // The profiled iteration's stalls are the plan's own, not waits for the last update.
+  if (im.updater) (void)im.updater->Await();
+  if (im.cm) im.cm->ProfileNextIteration(&im.timeline, [&im] { im.timeline.Begin(); });
+}
+
+TierUsage Engine::usage() const {
+  const Impl& im = *impl_;
+  TierUsage u;
+  u.host_budget = im.cfg.host_budget;
+  u.nvme_budget = im.cfg.nvme_budget;
+  if (!im.finalized) return u;
+  const MemoryStat d = im.device->memory_stat();
+  u.device = d.current;
+  u.device_peak = d.peak;
+  u.device_capacity = im.device->info().capacity_bytes;
+  const uint64_t fixed = im.cfg.host_budget - im.budgets.host_bytes;
+  u.host =
+      im.placement.bytes[static_cast<int>(Tier::kHost)] + fixed + im.updater->side_buffer_bytes();
+  u.nvme = im.nvme ? im.nvme->stats().space.current : 0;
+  return u;
+}
+
+EngineStats Engine::stats() const {
+  const Impl& im = *impl_;
+  EngineStats s = im.stats;
+  if (im.updater) {
+    const UpdaterStats& u = im.updater->stats();
+    s.update_wait_seconds = im.updater->wait_seconds();
+    s.optimizer_cpu_groups = u.optimizer_cpu_groups;
+    s.optimizer_resident_groups = u.optimizer_resident_groups;
+    s.optimizer_streamed_groups = u.optimizer_streamed_groups;
+    s.optimizer_predicted_seconds = u.optimizer_predicted_seconds;
+    s.optimizer_phase_seconds = u.optimizer_phase_seconds;
+    s.speculative_groups = u.speculative_groups;
+    s.speculative_steps = u.speculative_steps;
+    s.speculative_rollbacks = u.speculative_rollbacks;
+  }
+  if (!im.step_intervals.empty()) {
+    std::vector<double> v = im.step_intervals;
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    s.step_seconds_median = v[v.size() / 2];
+  }
+  if (!im.cm) return s;
+  const ChunkCounters c = im.cm->counters();
+  s.h2d_bytes = c.h2d_bytes;
+  s.d2h_bytes = c.d2h_bytes;
+  // While the update phase's CPU chain runs behind the forward its counters are the worker's.
+  const OptimizerCounters o = im.updater->optimizer_counters();
+  s.nvme_read_bytes = o.nvme_read_bytes + c.nvme_read_bytes;
+  s.nvme_write_bytes = o.nvme_write_bytes + c.nvme_write_bytes;
+  s.optimizer_nvme_seconds = o.nvme_seconds;
+  s.hits = c.hits;
+  s.misses = c.misses;
+  s.prefetches = c.prefetches;
+  s.evictions = c.evictions;
+  s.plans = c.plans;
+  s.deviations = c.deviations;
+  if (im.comm->size() > 1) {
+    const CommStats cs = im.comm_stats();
+    s.collectives = cs.collectives;
+    s.comm_bytes = cs.bytes_sent;
+    s.comm_seconds = c.comm_seconds;
+    s.param_gather = c.param_gather;
+    s.param_regather = c.param_regather;
+    s.grad_reduce = c.grad_reduce;
+  }
+  return s;
+}
+
+std::string Engine::PlacementSummary() const {
+  const Impl& im = *impl_;
+  if (!im.finalized) return "not finalized";
+  char waste[32];
+  std::snprintf(waste, sizeof waste, "%.1f%%", 100.0 * im.layout.waste_fraction());
+  std::string tiers = im.placement.Summary(im.budgets);
+  while (!tiers.empty() && tiers.back() == '\n') tiers.pop_back();
+  return std::to_string(im.layout.num_chunks()) + " chunks of " +
+         FormatBytes(im.layout.chunk_bytes()) + " (" + waste + " padding)\n" + tiers;
 }
 
 }  // namespace tierzero

@@ -1,0 +1,92 @@
+// Parameter reads and writes between iterations: a tensor's fp32 master weights or gradient read
+// through the chunk manager and the optimizer groups, a tensor's values written to its master
+// weights and parameter shard (with W > 1 each gathered or scattered over the ranks).
+#include <cstring>
+
+#include "comm/collective.h"
+#include "core/convert.h"
+#include "engine/engine_impl.h"
+
+namespace tierzero {
+
+Status Engine::Impl::GatherChunkMaster(int c, std::vector<float>& full) {
+  const uint64_t n = layout.shard_elems();
+  full.assign(layout.chunk_elems(), 0.0f);
+  std::vector<float> mine(n, 0.0f);
+  // A rank that cannot read its shard still joins the all_gather (with zeros), and the ranks
+  // agree on the outcome, so none waits for it or keeps a chunk with zeros in it
+  // (Note [Agreeing on an outcome]).
+  Status read = WithChunkState(c, /*write_back=*/false, [&](float* master, float*, float*) {
+    std::memcpy(mine.data(), master, n * 4);
+    return Status::OK();
+  });
+  ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,
+                   comm->AllGather(mine.data(), full.data(), n, DType::kF32));
+  RETURN_IF_ERROR(req->Wait());
+  return AgreeOnStatus(*comm, read);
+}
+// ---- Parameters
+// ---------------------------------------------------------------------------------
+
+// The checks of every parameter accessor: after Finalize, between iterations unless `anytime`,
+// a known id, and a buffer of the parameter's size (`into`: "into" or "with").
+Status Engine::Impl::CheckAccess(std::string_view what, ParamId p, size_t n, std::string_view into,
+                                 bool anytime) const {
+  if (!finalized) return FailedPreconditionError(std::string(what) + " before Finalize");
+  if (!anytime && in_iteration) {
+    return FailedPreconditionError(std::string(what) + " inside an iteration");
+  }
+  if (p < 0 || p >= static_cast<ParamId>(params.size())) {
+    return InvalidArgumentError("unknown parameter id");
+  }
+  const int64_t have = numel[static_cast<size_t>(p)];
+  if (static_cast<int64_t>(n) != have) {
+    return InvalidArgumentError(std::string(what) + " of '" + params[static_cast<size_t>(p)].name +
+                                "' " + std::string(into) + " " + std::to_string(n) +
+                                " elements; it has " + std::to_string(have));
+  }
+  return Status::OK();
+}
+
+Status Engine::ReadParam(ParamId p, std::span<float> out) {
+  Impl& im = *impl_;
+  RETURN_IF_ERROR(im.CheckAccess("ReadParam", p, out.size(), "into", /*anytime=*/true));
+  RETURN_IF_ERROR(im.updater->Await());
+  const TensorLoc& loc = im.layout.tensor(p);
+  std::vector<float> full;
+  RETURN_IF_ERROR(im.GatherChunkMaster(loc.chunk, full));
+  std::memcpy(out.data(), full.data() + loc.offset, loc.numel * 4);
+  return Status::OK();
+}
+
+Status Engine::ReadGrad(ParamId p, std::span<float> out) {
+  Impl& im = *impl_;
+  RETURN_IF_ERROR(im.CheckAccess("ReadGrad", p, out.size(), "into", /*anytime=*/false));
+  RETURN_IF_ERROR(im.updater->Await());
+  const DType gt = im.store->grad_dtype();
+  const TensorLoc& loc = im.layout.tensor(p);
+  // The chunk's gradient from every rank's shard.
+  std::vector<uint8_t> full(DTypeBytes(gt, im.layout.chunk_elems()));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<CommRequest> req,
+      im.comm->AllGather(im.store->grad(loc.chunk), full.data(), im.layout.shard_elems(), gt));
+  RETURN_IF_ERROR(req->Wait());
+  return Convert(full.data() + DTypeBytes(gt, loc.offset), gt, out.data(), DType::kF32, out.size());
+}
+
+Status Engine::WriteParam(ParamId p, std::span<const float> values) {
+  Impl& im = *impl_;
+  RETURN_IF_ERROR(im.CheckAccess("WriteParam", p, values.size(), "with", /*anytime=*/false));
+  RETURN_IF_ERROR(im.updater->Await());
+  im.updater->Discard();  // it started from the values replaced here
+  const int c = im.layout.tensor(p).chunk;
+  return im.WithChunkState(c, /*write_back=*/true, [&](float* master, float*, float*) -> Status {
+    for (const ShardSlice& sl : im.slices[static_cast<size_t>(c)]) {
+      if (sl.tensor != p) continue;
+      std::memcpy(master + sl.shard_offset, values.data() + sl.tensor_begin, sl.numel * 4);
+    }
+    return im.UploadChunk(c, master);
+  });
+}
+
+}  // namespace tierzero
