@@ -25,46 +25,6 @@
 
 namespace tierzero {
 
-// ---- Host compute gate
-// --------------------------------------------------------------------------
-
-// Note [Host compute on the simulated device]
-// On HostSim the trainer computes on the CPU, on its own thread, so the compute stream has
-// nothing queued and its events would say every moment took no time: the plan would be made
-// blind, and stalls measured on the stream would be the gathers' whole duration. Instead, after
-// each Acquire and Release the engine queues a gate on the compute stream, a host function that
-// blocks until the trainer's next call into the engine. The stream then is busy exactly while
-// the trainer computes, so the chunk manager's events time each moment's compute and each
-// moment's wait as they would on a GPU, and prefetches are issued against real compute times.
-// Acquire returns once the stream has reached its gate, i.e. once its gathers are complete. The
-// gate is opened before every call into the chunk manager (which may synchronise on the stream).
-void Engine::Impl::OpenGate() {
-  if (!gate) return;
-  {
-    MutexLock lock(gate->mu);
-    gate->opened = true;
-  }
-  gate->cv.NotifyAll();
-  gate.reset();
-}
-
-Status Engine::Impl::PushGate(bool wait_entered) {
-  if (!host_compute) return Status::OK();
-  auto g = std::make_shared<Gate>();
-  RETURN_IF_ERROR(device->LaunchHostFunc(compute.handle(), [g] {
-    MutexLock lock(g->mu);
-    g->entered = true;
-    g->cv.NotifyAll();
-    g->cv.Wait(lock, [&]() TZ_REQUIRES(g->mu) { return g->opened; });
-  }));
-  gate = g;
-  if (wait_entered) {
-    MutexLock lock(g->mu);
-    g->cv.Wait(lock, [&]() TZ_REQUIRES(g->mu) { return g->entered; });
-  }
-  return Status::OK();
-}
-
 // ---- Engine
 // -------------------------------------------------------------------------------------
 
@@ -216,7 +176,7 @@ StatusOr<ParamScope> Engine::Acquire(std::span<const ParamId> params, Phase phas
   }
   if (phase == Phase::kBackward && im.LastMicroBatch()) im.updater->PrefetchStates();
   if (im.host_compute) {
-    RETURN_IF_ERROR(im.PushGate(/*wait_entered=*/true));
+    RETURN_IF_ERROR(im.CloseGate(/*wait_entered=*/true));
   }
   im.stats.acquire_wait_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
@@ -261,7 +221,7 @@ Status Engine::ScopeRelease(std::span<const ParamId> params, Phase phase) {
     }
   }
   RETURN_IF_ERROR(im.cm->Release(params, phase));
-  return im.PushGate(/*wait_entered=*/false);
+  return im.CloseGate(/*wait_entered=*/false);
 }
 
 Status Engine::EndIteration() {

@@ -20,6 +20,7 @@
 #include "core/aligned_buffer.h"
 #include "core/mutex.h"
 #include "core/tunable.h"
+#include "offload/compute_gate.h"
 #include "offload/device.h"
 #include "offload/nvme_store.h"
 #include "offload/pinned_arena.h"
@@ -65,6 +66,13 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   std::unique_ptr<Device> device;
   bool host_compute = false;
   Stream compute;
+  // The trainer's compute marked on the compute stream where it runs on the host
+  // (offload/compute_gate.h): closed after each Acquire and Release, opened at the next call.
+  std::unique_ptr<ComputeGate> gate;
+  void OpenGate() {
+    if (gate) gate->Open();
+  }
+  Status CloseGate(bool wait_reached) { return gate ? gate->Close(wait_reached) : Status::OK(); }
   std::unique_ptr<NvmeStore> nvme;
   // Wraps the NVMe tier's BlockIo (tests inject faults; EngineInternals::WrapNvmeIo).
   std::function<std::unique_ptr<BlockIo>(std::unique_ptr<BlockIo>)> nvme_wrap_io;
@@ -159,17 +167,6 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   double step_nvme_seconds = 0, step_seconds = 0;  // the profiled step's
   uint64_t step_nvme_bytes = 0;
   uint64_t step_nvme_write_bytes = 0;  // optimizer states and NVMe parameter shards
-
-  // Note [Host compute on the simulated device] in engine.cc.
-  struct Gate {
-    Mutex mu;
-    CondVar cv;
-    bool entered TZ_GUARDED_BY(mu) = false;
-    bool opened TZ_GUARDED_BY(mu) = false;
-  };
-  std::shared_ptr<Gate> gate;
-  void OpenGate();
-  Status PushGate(bool wait_entered);
 
   void FreeActivation(void* data, uint64_t bytes) override;
   OptimizerStates& optimizer() const { return *store->optimizer(); }

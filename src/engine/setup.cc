@@ -200,6 +200,7 @@ Status Engine::Impl::OpenDevice(bool cuda) {
   }
   host_compute = device->info().caps.host_compute;
   ASSIGN_OR_RETURN(compute, Stream::Create(*device, "compute"));
+  if (host_compute) gate = std::make_unique<ComputeGate>(*device, compute.handle());
   if (placement.bytes[static_cast<int>(Tier::kNvme)] == 0) return Status::OK();
   NvmeStoreOptions no;
   no.paths = {cfg.nvme_path};

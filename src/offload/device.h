@@ -44,7 +44,7 @@ struct DeviceCaps {
   bool throttled = false;     // copies are slowed to a configured bandwidth (HostSim only)
   // Device memory is host memory and the trainer computes on the CPU in program order; a
   // stream's queued work may need gating to the trainer's calls so that events time the
-  // trainer's compute (Note [Host compute on the simulated device] in engine.cc).
+  // trainer's compute (offload/compute_gate.h).
   bool host_compute = false;
 };
 
