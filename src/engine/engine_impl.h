@@ -95,8 +95,8 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   bool zeropp = false;
   uint64_t hpz_bytes = 0;
   Tier hpz_tier = Tier::kDevice;
-  AlignedBuffer
-      upload;  // compute-dtype shard for non-host parameter tiers (UpdaterParts::param_out)
+  // A compute-dtype shard for parameter shards outside host memory (UpdaterParts::param_out).
+  AlignedBuffer upload;
 
   bool in_iteration = false;
   bool iteration_train = true;

@@ -54,11 +54,6 @@ class HostGather final : public GatherStrategy {
 
  private:
   Status Enqueue(int c, void* dst, const Event& ready) override;
-  // Queues, on the H2D stream, the wait for an asynchronous all_gather and its tag check.
-  Status QueueCompletion(int c, std::shared_ptr<CommRequest> req, const uint8_t* recv,
-                         const internal::GatherTag& tag, double comm_start,
-                         const std::shared_ptr<std::atomic<bool>>& failed);
-
   TransferContext& ctx_;
   Communicator& comm_;
   std::unique_ptr<PinnedArena> staging_;
@@ -94,73 +89,101 @@ Status HostGather::Enqueue(int c, void* dst, const Event& ready) {
                          zero::CrossNodeBytes(block * others, ctx_.topology));
   const bool async = comm_.asynchronous();
   auto failed = std::make_shared<std::atomic<bool>>(false);
-  if (!async) {
-    RETURN_IF_ERROR(req->Wait());
-    if (obs != nullptr) {
-      obs->OnSpan({Track::kComm, "all_gather chunk " + std::to_string(c), comm_start,
-                   obs->Now() - comm_start, m, c, g.chunk_bytes()});
-    }
-    RETURN_IF_ERROR(internal::CheckTags(recv, block, shard, tag, g.world_size, g.rank));
-  }
+  const internal::GatherArrival arrival{
+      recv,       block, shard, tag, g.world_size, g.rank, "all_gather chunk " + std::to_string(c),
+      comm_start, c};
+  if (!async) RETURN_IF_ERROR(internal::AwaitArrival(ctx_, *req, arrival));
   const double caller_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ctx_.counters.comm_seconds += caller_s;
   const Tier tier = ctx_.store.param_tier(c);
   ctx_.timer.AddCallerSeconds(tier, caller_s);
   ASSIGN_OR_RETURN(GatherTimer::Timing * timing, ctx_.timer.Start(device, h2d, tier));
-  if (async) RETURN_IF_ERROR(QueueCompletion(c, std::move(req), recv, tag, comm_start, failed));
-  auto h2d_start = spans.Start();
-  if (spans.on()) RETURN_IF_ERROR(spans.QueueStart(device, h2d, h2d_start));
+  if (async) RETURN_IF_ERROR(internal::QueueArrival(ctx_, std::move(req), arrival, {}, failed));
+  // The W blocks' payloads, each a shard, in rank order.
+  std::vector<internal::ChunkCopy> copies;
   for (int r = 0; r < g.world_size; ++r) {
-    RETURN_IF_ERROR(device.CopyAsync(static_cast<uint8_t*>(dst) + r * shard,
-                                     recv + static_cast<uint64_t>(r) * block, shard,
-                                     CopyKind::kHostToDevice, h2d));
+    copies.push_back(
+        {static_cast<uint8_t*>(dst) + r * shard, recv + static_cast<uint64_t>(r) * block, shard});
   }
-  ctx_.counters.h2d_bytes += g.chunk_bytes();
-  if (spans.on()) {
-    RETURN_IF_ERROR(spans.QueueSpan(device, h2d, Track::kH2D, "chunk " + std::to_string(c), m, c,
-                                    g.chunk_bytes(), h2d_start));
-  }
-  RETURN_IF_ERROR(internal::ReleaseAfterGather(device, h2d, std::move(staging), failed));
-  if (timing != nullptr) RETURN_IF_ERROR(device.RecordEvent(timing->end.handle(), h2d));
-  return device.RecordEvent(ready.handle(), h2d);
-}
-
-// The H2D stream waits for the all_gather (the comm thread completes it), so neither the caller
-// nor the compute stream does (Note [Collectives on the trainer's thread]).
-Status HostGather::QueueCompletion(int c, std::shared_ptr<CommRequest> req, const uint8_t* recv,
-                                   const internal::GatherTag& tag, double comm_start,
-                                   const std::shared_ptr<std::atomic<bool>>& failed) {
-  const ShardGeometry& g = ctx_.geometry();
-  RankAgreement* ranks = &ctx_.ranks;
-  Observer* obs = ctx_.spans.observer();
-  const uint64_t chunk_bytes = g.chunk_bytes();
-  const uint64_t shard = g.shard_bytes();
-  const uint64_t block = shard + kGatherTagBytes;
-  const int world = g.world_size, me = g.rank, m = tag.moment;
-  return ctx_.device.LaunchHostFunc(
-      ctx_.h2d.handle(),
-      [req, recv, block, shard, tag, world, me, ranks, obs, comm_start, m, c, chunk_bytes, failed] {
-        Status st = req->Wait();
-        if (st.ok()) st = internal::CheckTags(recv, block, shard, tag, world, me);
-        if (!st.ok()) {
-          // An abandoned all_gather may still write into the staging slot: it is never given
-          // back, and the ranks are out of step.
-          failed->store(true);
-          st = std::move(st).WithContext("gathering chunk " + std::to_string(c));
-          ranks->SetAsyncError(st);
-          (void)ranks->LoseStep(std::move(st));
-        }
-        if (obs != nullptr) {
-          obs->OnSpan({Track::kComm, "all_gather chunk " + std::to_string(c), comm_start,
-                       obs->Now() - comm_start, m, c, chunk_bytes});
-        }
-      });
+  return internal::QueueChunkToDevice(ctx_, c, copies, std::move(staging), failed, timing, ready);
 }
 
 }  // namespace
 
 namespace internal {
+
+Status CheckHostGather(TransferContext& ctx, Communicator& comm) {
+  if (comm.size() != ctx.geometry().world_size) {
+    return InvalidArgumentError("a communicator of " + std::to_string(comm.size()) +
+                                " ranks for shards of " +
+                                std::to_string(ctx.geometry().world_size) + " ranks");
+  }
+  if (ctx.store.host_param_tail_bytes() < kGatherTagBytes) {
+    return InvalidArgumentError(
+        "gathers through host buffers need room for a tag after each host parameter shard "
+        "(ShardStoreOptions::host_param_tail_bytes)");
+  }
+  return Status::OK();
+}
+
+Status AwaitArrival(TransferContext& ctx, CommRequest& request, const GatherArrival& a) {
+  RETURN_IF_ERROR(request.Wait());
+  if (Observer* obs = ctx.spans.observer(); obs != nullptr) {
+    obs->OnSpan({Track::kComm, a.span, a.comm_start, obs->Now() - a.comm_start, ctx.moment - 1,
+                 a.chunk, ctx.geometry().chunk_bytes()});
+  }
+  return CheckTags(a.recv, a.block, a.payload, a.tag, a.ranks, a.me);
+}
+
+Status QueueArrival(TransferContext& ctx, std::shared_ptr<CommRequest> request,
+                    const GatherArrival& a, std::function<Status()> then,
+                    const std::shared_ptr<std::atomic<bool>>& failed) {
+  RankAgreement* ranks = &ctx.ranks;
+  Observer* obs = ctx.spans.observer();
+  const int m = ctx.moment - 1;
+  const uint64_t chunk_bytes = ctx.geometry().chunk_bytes();
+  return ctx.device.LaunchHostFunc(
+      ctx.h2d.handle(), [request, a, then = std::move(then), ranks, obs, m, chunk_bytes, failed] {
+        Status st = request->Wait();
+        if (obs != nullptr) {
+          obs->OnSpan({Track::kComm, a.span, a.comm_start, obs->Now() - a.comm_start, m, a.chunk,
+                       chunk_bytes});
+        }
+        if (st.ok()) st = CheckTags(a.recv, a.block, a.payload, a.tag, a.ranks, a.me);
+        if (st.ok() && then) st = then();
+        if (!st.ok()) {
+          // An abandoned all_gather may still write into the staging slot: it is never given
+          // back, and the ranks are out of step.
+          failed->store(true);
+          st = std::move(st).WithContext("gathering chunk " + std::to_string(a.chunk));
+          ranks->SetAsyncError(st);
+          (void)ranks->LoseStep(std::move(st));
+        }
+      });
+}
+
+Status QueueChunkToDevice(TransferContext& ctx, int c, const std::vector<ChunkCopy>& copies,
+                          PinnedSlot staging, const std::shared_ptr<std::atomic<bool>>& failed,
+                          GatherTimer::Timing* timing, const Event& ready) {
+  Device& device = ctx.device;
+  const StreamHandle h2d = ctx.h2d.handle();
+  TransferSpans& spans = ctx.spans;
+  const uint64_t chunk_bytes = ctx.geometry().chunk_bytes();
+  auto start = spans.Start();
+  if (spans.on()) RETURN_IF_ERROR(spans.QueueStart(device, h2d, start));
+  for (const ChunkCopy& k : copies) {
+    RETURN_IF_ERROR(device.CopyAsync(k.dst, k.src, k.bytes, CopyKind::kHostToDevice, h2d));
+  }
+  ctx.counters.h2d_bytes += chunk_bytes;
+  if (spans.on()) {
+    RETURN_IF_ERROR(spans.QueueSpan(device, h2d, Track::kH2D, "chunk " + std::to_string(c),
+                                    ctx.moment - 1, c, chunk_bytes, start));
+  }
+  RETURN_IF_ERROR(ReleaseAfterGather(device, h2d, std::move(staging), failed));
+  if (timing != nullptr) RETURN_IF_ERROR(device.RecordEvent(timing->end.handle(), h2d));
+  return device.RecordEvent(ready.handle(), h2d);
+}
 
 StatusOr<uint8_t*> LocalShardOnHost(TransferContext& ctx, int c, uint8_t* read_area) {
   if (ctx.store.param_tier(c) == Tier::kHost) return static_cast<uint8_t*>(ctx.store.host_param(c));
@@ -215,16 +238,7 @@ Status CheckTags(const uint8_t* recv, uint64_t block, uint64_t shard, const Gath
 
 StatusOr<std::unique_ptr<GatherStrategy>> CreateHostGather(TransferContext& ctx, Communicator& comm,
                                                            const GatherOptions& options) {
-  if (comm.size() != ctx.geometry().world_size) {
-    return InvalidArgumentError("a communicator of " + std::to_string(comm.size()) +
-                                " ranks for shards of " +
-                                std::to_string(ctx.geometry().world_size) + " ranks");
-  }
-  if (ctx.store.host_param_tail_bytes() < kGatherTagBytes) {
-    return InvalidArgumentError(
-        "gathers through host buffers need room for a tag after each host parameter shard "
-        "(ShardStoreOptions::host_param_tail_bytes)");
-  }
+  RETURN_IF_ERROR(internal::CheckHostGather(ctx, comm));
   auto g = std::make_unique<HostGather>(ctx, comm);
   RETURN_IF_ERROR(g->Init(options));
   return std::unique_ptr<GatherStrategy>(std::move(g));

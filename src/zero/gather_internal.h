@@ -2,9 +2,13 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "offload/pinned_arena.h"
+#include "tierzero/communicator.h"
 #include "zero/transfer.h"
 
 namespace tierzero::internal {
@@ -54,5 +58,58 @@ Status UploadFromNvme(TransferContext& ctx, PinnedArena& staging, int c, void* d
 // shard on the D2H stream; with `accumulate`, through a slot of `staging` and added in fp32.
 Status CopyGradToShard(TransferContext& ctx, bool accumulate, PinnedArena* staging, int c,
                        const void* src);
+
+// ---- The steps every gather through host buffers takes (HostGather, ZeroPPHostGather) --------
+
+// A host gather's preconditions: a communicator of the shards' ranks and room for a tag after
+// each host parameter shard.
+Status CheckHostGather(TransferContext& ctx, Communicator& comm);
+
+// What a gather through host buffers checks when its all_gather arrives: `ranks` blocks of
+// `block` bytes at `recv`, each `payload` bytes and then the tag (`me`: this rank).
+struct GatherArrival {
+  const uint8_t* recv = nullptr;
+  uint64_t block = 0, payload = 0;
+  GatherTag tag;
+  int ranks = 0, me = 0;
+  std::string span;  // the comm span's name
+  double comm_start = 0;
+  int chunk = 0;
+};
+
+// The all_gather waited for on this thread, its span and its tags checked.
+Status AwaitArrival(TransferContext& ctx, CommRequest& request, const GatherArrival& a);
+
+// The same queued on the H2D stream (the comm thread completes an asynchronous all_gather), then
+// `then` (the chunk's assembly; may be empty): neither the trainer nor the compute stream waits
+// (Note [Collectives on the trainer's thread]). On a failure the staging slot is never given back
+// (`failed`) and the ranks are out of step.
+Status QueueArrival(TransferContext& ctx, std::shared_ptr<CommRequest> request,
+                    const GatherArrival& a, std::function<Status()> then,
+                    const std::shared_ptr<std::atomic<bool>>& failed);
+
+// One H2D copy of a gathered chunk's bytes.
+struct ChunkCopy {
+  void* dst;
+  const void* src;
+  uint64_t bytes;
+};
+
+// The gathered chunk's way to the device on the H2D stream: the copies under one H2D span, the
+// staging slot given back after them (ReleaseAfterGather), the timing's end and `ready` recorded.
+Status QueueChunkToDevice(TransferContext& ctx, int c, const std::vector<ChunkCopy>& copies,
+                          PinnedSlot staging, const std::shared_ptr<std::atomic<bool>>& failed,
+                          GatherTimer::Timing* timing, const Event& ready);
+
+// ---- The steps every reduction through host buffers takes (HostReduce, ZeroPPHostReduce) ----
+
+// A free slot of `slots`, completing the oldest pending reduction (`finish_oldest`; false when
+// none is pending) while every slot holds one.
+StatusOr<PinnedSlot> FreeReduceSlot(PinnedArena& slots,
+                                    const std::function<StatusOr<bool>()>& finish_oldest);
+
+// The D2H copy of gradient chunk c from `device_grad` into `host` (chunk_bytes), with its span,
+// waited for.
+Status CopyGradChunkDown(TransferContext& ctx, int c, const void* device_grad, void* host);
 
 }  // namespace tierzero::internal

@@ -182,8 +182,6 @@ class HostReduce final : public ReduceStrategy {
     PinnedSlot slot;
     std::unique_ptr<CommRequest> request;
   };
-  // A free reduce slot, completing the oldest reduction while every slot holds one.
-  StatusOr<PinnedSlot> FreeSlot();
 
   TransferContext& ctx_;
   Communicator& comm_;
@@ -194,33 +192,16 @@ class HostReduce final : public ReduceStrategy {
   std::deque<Pending> pending_;
 };
 
-StatusOr<PinnedSlot> HostReduce::FreeSlot() {
-  std::optional<PinnedSlot> slot = slots_->TryAcquire();
-  while (!slot.has_value()) {
-    TZ_CHECK(!pending_.empty()) << "reduce slots taken with no reduction pending";
-    RETURN_IF_ERROR(Finish(/*wait_all=*/false, /*wait_oldest=*/true));
-    slot = slots_->TryAcquire();
-  }
-  return std::move(*slot);
-}
-
 StatusOr<bool> HostReduce::Reduce(int c, void* device_grad, const Event&) {
-  Device& device = ctx_.device;
   const ShardGeometry& g = ctx_.geometry();
-  const StreamHandle d2h = ctx_.d2h.handle();
   const uint64_t bytes = g.chunk_bytes();
   const auto t0 = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(PinnedSlot slot, FreeSlot());
-  TransferSpans& spans = ctx_.spans;
-  auto start = spans.Start();
-  if (spans.on()) RETURN_IF_ERROR(spans.QueueStart(device, d2h, start));
-  RETURN_IF_ERROR(device.CopyAsync(slot.data(), device_grad, bytes, CopyKind::kDeviceToHost, d2h));
-  if (spans.on()) {
-    RETURN_IF_ERROR(spans.QueueSpan(device, d2h, Track::kD2H, "grad " + std::to_string(c),
-                                    ctx_.moment - 1, c, bytes, start));
-  }
-  RETURN_IF_ERROR(ctx_.d2h.Synchronize());
-  ctx_.counters.d2h_bytes += bytes;
+  ASSIGN_OR_RETURN(PinnedSlot slot, internal::FreeReduceSlot(*slots_, [this]() -> StatusOr<bool> {
+                     if (pending_.empty()) return false;
+                     RETURN_IF_ERROR(Finish(/*wait_all=*/false, /*wait_oldest=*/true));
+                     return true;
+                   }));
+  RETURN_IF_ERROR(internal::CopyGradChunkDown(ctx_, c, device_grad, slot.data()));
   void* recv =
       options_.accumulate ? static_cast<uint8_t*>(slot.data()) + bytes : ctx_.store.grad(c);
   ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,
@@ -265,6 +246,38 @@ Status HostReduce::Finish(bool wait_all, bool wait_oldest) {
 }
 
 }  // namespace
+
+namespace internal {
+
+StatusOr<PinnedSlot> FreeReduceSlot(PinnedArena& slots,
+                                    const std::function<StatusOr<bool>()>& finish_oldest) {
+  std::optional<PinnedSlot> slot = slots.TryAcquire();
+  while (!slot.has_value()) {
+    ASSIGN_OR_RETURN(const bool finished, finish_oldest());
+    TZ_CHECK(finished) << "reduce slots taken with no reduction pending";
+    slot = slots.TryAcquire();
+  }
+  return std::move(*slot);
+}
+
+Status CopyGradChunkDown(TransferContext& ctx, int c, const void* device_grad, void* host) {
+  Device& device = ctx.device;
+  const StreamHandle d2h = ctx.d2h.handle();
+  const uint64_t bytes = ctx.geometry().chunk_bytes();
+  TransferSpans& spans = ctx.spans;
+  auto start = spans.Start();
+  if (spans.on()) RETURN_IF_ERROR(spans.QueueStart(device, d2h, start));
+  RETURN_IF_ERROR(device.CopyAsync(host, device_grad, bytes, CopyKind::kDeviceToHost, d2h));
+  if (spans.on()) {
+    RETURN_IF_ERROR(spans.QueueSpan(device, d2h, Track::kD2H, "grad " + std::to_string(c),
+                                    ctx.moment - 1, c, bytes, start));
+  }
+  RETURN_IF_ERROR(ctx.d2h.Synchronize());
+  ctx.counters.d2h_bytes += bytes;
+  return Status::OK();
+}
+
+}  // namespace internal
 
 StatusOr<std::unique_ptr<ReduceStrategy>> CreateLocalReduce(TransferContext& ctx,
                                                             const ReduceOptions& options) {

@@ -185,15 +185,11 @@ Status ZeroPPHostGather::Enqueue(int c, void* dst, const Event& ready) {
   wire.Add(unquantized, a.block * others,
            in_node ? 0 : zero::CrossNodeBytes(a.block * others, ctx_.topology));
   const bool async = comm->asynchronous();
-  const int me = comm->rank();
-  const uint64_t chunk_bytes = g.chunk_bytes();
   auto failed = std::make_shared<std::atomic<bool>>(false);
+  const internal::GatherArrival arrival{a.recv,       a.block, a.payload,  tag, a.ranks,
+                                        comm->rank(), name,    comm_start, c};
   if (!async) {
-    RETURN_IF_ERROR(req->Wait());
-    if (obs != nullptr) {
-      obs->OnSpan({Track::kComm, name, comm_start, obs->Now() - comm_start, m, c, chunk_bytes});
-    }
-    RETURN_IF_ERROR(internal::CheckTags(a.recv, a.block, a.payload, tag, a.ranks, me));
+    RETURN_IF_ERROR(internal::AwaitArrival(ctx_, *req, arrival));
     RETURN_IF_ERROR(Assemble(a));
   }
   const double caller_s = SecondsSince(t0);
@@ -202,42 +198,15 @@ Status ZeroPPHostGather::Enqueue(int c, void* dst, const Event& ready) {
   ctx_.timer.AddCallerSeconds(tier, caller_s);
   ASSIGN_OR_RETURN(GatherTimer::Timing * timing, ctx_.timer.Start(device, h2d, tier));
   if (async) {
-    // The H2D stream waits for the all_gather and assembles the chunk, so neither the trainer
-    // nor the compute stream waits (Note [Collectives on the trainer's thread]).
-    RankAgreement* ranks = &ctx_.ranks;
-    std::shared_ptr<CommRequest> shared_req = std::move(req);
-    RETURN_IF_ERROR(device.LaunchHostFunc(h2d, [shared_req, a, tag, me, ranks, obs, comm_start, m,
-                                                c, chunk_bytes, failed, name] {
-      Status st = shared_req->Wait();
-      if (obs != nullptr) {
-        obs->OnSpan({Track::kComm, name, comm_start, obs->Now() - comm_start, m, c, chunk_bytes});
-      }
-      if (st.ok()) st = internal::CheckTags(a.recv, a.block, a.payload, tag, a.ranks, me);
-      if (st.ok()) st = Assemble(a);
-      if (!st.ok()) {
-        // An abandoned all_gather may still write into the staging slot: it is never given
-        // back, and the ranks are out of step.
-        failed->store(true);
-        st = std::move(st).WithContext("gathering chunk " + std::to_string(c));
-        ranks->SetAsyncError(st);
-        (void)ranks->LoseStep(std::move(st));
-      }
-    }));
+    // The H2D stream assembles the chunk once the all_gather arrived.
+    RETURN_IF_ERROR(internal::QueueArrival(
+        ctx_, std::move(req), arrival, [a] { return Assemble(a); }, failed));
   }
   if (a.keep != nullptr) {
     RETURN_IF_ERROR(device.RecordEvent(part_ready_[static_cast<size_t>(c)].handle(), h2d));
   }
-  auto h2d_start = spans.Start();
-  if (spans.on()) RETURN_IF_ERROR(spans.QueueStart(device, h2d, h2d_start));
-  RETURN_IF_ERROR(device.CopyAsync(dst, a.chunk, chunk_bytes, CopyKind::kHostToDevice, h2d));
-  ctx_.counters.h2d_bytes += chunk_bytes;
-  if (spans.on()) {
-    RETURN_IF_ERROR(spans.QueueSpan(device, h2d, Track::kH2D, "chunk " + std::to_string(c), m, c,
-                                    chunk_bytes, h2d_start));
-  }
-  RETURN_IF_ERROR(internal::ReleaseAfterGather(device, h2d, std::move(staging), failed));
-  if (timing != nullptr) RETURN_IF_ERROR(device.RecordEvent(timing->end.handle(), h2d));
-  return device.RecordEvent(ready.handle(), h2d);
+  return internal::QueueChunkToDevice(ctx_, c, {{dst, a.chunk, g.chunk_bytes()}},
+                                      std::move(staging), failed, timing, ready);
 }
 
 // qgZ through host buffers: a gradient chunk is copied D2H into a reduce slot and waited for, its
@@ -265,7 +234,6 @@ class ZeroPPHostReduce final : public ReduceStrategy {
     std::unique_ptr<CommRequest> request;
     Stage stage = Stage::kNodeHop;
   };
-  StatusOr<PinnedSlot> FreeSlot();
   StatusOr<bool> NodeHopDone(Pending& p);
   Status Complete(Pending& p);
   Status StartCrossHops();
@@ -311,35 +279,17 @@ Status ZeroPPHostReduce::Init() {
   return Status::OK();
 }
 
-StatusOr<PinnedSlot> ZeroPPHostReduce::FreeSlot() {
-  std::optional<PinnedSlot> slot = slots_->TryAcquire();
-  while (!slot.has_value()) {
-    TZ_CHECK(!pending_.empty()) << "reduce slots taken with no reduction pending";
-    RETURN_IF_ERROR(Finish(/*wait_all=*/false, /*wait_oldest=*/true));
-    slot = slots_->TryAcquire();
-  }
-  return std::move(*slot);
-}
-
 StatusOr<bool> ZeroPPHostReduce::Reduce(int c, void* device_grad, const Event&) {
-  Device& device = ctx_.device;
   const ShardGeometry& g = ctx_.geometry();
-  const StreamHandle d2h = ctx_.d2h.handle();
-  const uint64_t bytes = g.chunk_bytes();
   const auto t0 = std::chrono::steady_clock::now();
   // Note [When qgZ's cross-node hop starts].
   RETURN_IF_ERROR(StartCrossHops());
-  ASSIGN_OR_RETURN(PinnedSlot slot, FreeSlot());
-  TransferSpans& spans = ctx_.spans;
-  auto start = spans.Start();
-  if (spans.on()) RETURN_IF_ERROR(spans.QueueStart(device, d2h, start));
-  RETURN_IF_ERROR(device.CopyAsync(slot.data(), device_grad, bytes, CopyKind::kDeviceToHost, d2h));
-  if (spans.on()) {
-    RETURN_IF_ERROR(spans.QueueSpan(device, d2h, Track::kD2H, "grad " + std::to_string(c),
-                                    ctx_.moment - 1, c, bytes, start));
-  }
-  RETURN_IF_ERROR(ctx_.d2h.Synchronize());
-  ctx_.counters.d2h_bytes += bytes;
+  ASSIGN_OR_RETURN(PinnedSlot slot, internal::FreeReduceSlot(*slots_, [this]() -> StatusOr<bool> {
+                     if (pending_.empty()) return false;
+                     RETURN_IF_ERROR(Finish(/*wait_all=*/false, /*wait_oldest=*/true));
+                     return true;
+                   }));
+  RETURN_IF_ERROR(internal::CopyGradChunkDown(ctx_, c, device_grad, slot.data()));
   Pending p{c, std::move(slot), nullptr};
   const QuantizedReduction& r = stages_[static_cast<size_t>(c)];
   uint8_t* scratch = Scratch(p);
@@ -518,16 +468,7 @@ StatusOr<std::unique_ptr<GatherStrategy>> CreateZeroPPHostGather(TransferContext
                                                                  Communicator& comm,
                                                                  const GatherOptions& options,
                                                                  const ZeroPPOptions& zeropp) {
-  if (comm.size() != ctx.geometry().world_size) {
-    return InvalidArgumentError("a communicator of " + std::to_string(comm.size()) +
-                                " ranks for shards of " +
-                                std::to_string(ctx.geometry().world_size) + " ranks");
-  }
-  if (ctx.store.host_param_tail_bytes() < kGatherTagBytes) {
-    return InvalidArgumentError(
-        "gathers through host buffers need room for a tag after each host parameter shard "
-        "(ShardStoreOptions::host_param_tail_bytes)");
-  }
+  RETURN_IF_ERROR(internal::CheckHostGather(ctx, comm));
   auto g = std::make_unique<ZeroPPHostGather>(ctx, comm, zeropp);
   RETURN_IF_ERROR(g->Init(options));
   return std::unique_ptr<GatherStrategy>(std::move(g));
