@@ -208,36 +208,6 @@ Status NotBetweenIterations(bool in_iteration) {
 }
 }  // namespace
 
-Status ChunkManager::WriteTensor(int t, const void* data) {
-  if (t < 0 || t >= layout_.num_tensors()) return InvalidArgumentError("unknown tensor");
-  RETURN_IF_ERROR(NotBetweenIterations(impl_->ctx.moment > 0));
-  const TensorLoc& loc = layout_.tensor(t);
-  const DType dt = layout_.dtype();
-  for (const ShardSlice& sl : layout_.ShardSlices(loc.chunk, impl_->ranks.rank())) {
-    if (sl.tensor != t) continue;
-    // The host buffer is only read when copying to the shard.
-    auto* host =
-        const_cast<uint8_t*>(static_cast<const uint8_t*>(data)) + DTypeBytes(dt, sl.tensor_begin);
-    RETURN_IF_ERROR(store_.CopyParamBytes(loc.chunk, DTypeBytes(dt, sl.shard_offset),
-                                          DTypeBytes(dt, sl.numel), host, /*to_shard=*/true));
-  }
-  return Status::OK();
-}
-
-Status ChunkManager::ReadGrad(int t, void* data) {
-  if (t < 0 || t >= layout_.num_tensors()) return InvalidArgumentError("unknown tensor");
-  RETURN_IF_ERROR(NotBetweenIterations(impl_->ctx.moment > 0));
-  const TensorLoc& loc = layout_.tensor(t);
-  const DType gt = store_.grad_dtype();
-  for (const ShardSlice& sl : layout_.ShardSlices(loc.chunk, impl_->ranks.rank())) {
-    if (sl.tensor != t) continue;
-    std::memcpy(static_cast<uint8_t*>(data) + DTypeBytes(gt, sl.tensor_begin),
-                static_cast<uint8_t*>(store_.grad(loc.chunk)) + DTypeBytes(gt, sl.shard_offset),
-                DTypeBytes(gt, sl.numel));
-  }
-  return Status::OK();
-}
-
 Status ChunkManager::ZeroGrads() {
   RETURN_IF_ERROR(NotBetweenIterations(impl_->ctx.moment > 0));
   store_.ZeroGrads();

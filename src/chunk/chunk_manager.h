@@ -139,12 +139,8 @@ class ChunkManager {
   ~ChunkManager();
 
   // ---- Shard contents (between iterations) ----
-  // Writes a tensor's parameter values (compute dtype; host_data holds the whole tensor, numel
-  // elements) into this rank's shard: with W > 1 only the tensor's slice in the local shard.
-  Status WriteTensor(int tensor, const void* host_data);
-  // Reads a tensor's gradient (its local slice, as above) from its chunk's gradient shard
-  // (compute dtype without accumulation, fp32 with it).
-  Status ReadGrad(int tensor, void* host_data);
+  // (A tensor's values are written and its gradient read by the engine, through the shard store:
+  // src/engine/param_io.cc.)
   // Clears every gradient shard (the start of an accumulation window).
   Status ZeroGrads();
   ShardStore& store() const { return store_; }

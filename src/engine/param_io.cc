@@ -89,4 +89,22 @@ Status Engine::WriteParam(ParamId p, std::span<const float> values) {
   });
 }
 
+// Writes the compute-dtype copy of a chunk's master weights into its parameter shard.
+Status Engine::Impl::UploadChunk(int c, const float* master) {
+  const DType dt = cfg.compute_dtype;
+  void* host = store->host_param(c);
+  void* dst = host;
+  if (dst == nullptr) {
+    dst = upload.data();
+    std::memset(dst, 0, upload.bytes());  // the padding of the shard stays zero
+  }
+  for (const ShardSlice& sl : slices[static_cast<size_t>(c)]) {
+    RETURN_IF_ERROR(Convert(master + sl.shard_offset, DType::kF32,
+                            static_cast<uint8_t*>(dst) + DTypeBytes(dt, sl.shard_offset), dt,
+                            sl.numel));
+  }
+  if (host == nullptr) RETURN_IF_ERROR(store->WriteParam(c, dst));
+  return Status::OK();
+}
+
 }  // namespace tierzero

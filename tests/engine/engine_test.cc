@@ -521,6 +521,12 @@ TEST(Engine, ApiMisuseIsAStatus) {
     ASSERT_TRUE(scope.ok());
     EXPECT_NE(scope->data(*p), nullptr);
     EXPECT_EQ(scope->grad(*p), nullptr);  // forward scopes have no gradient
+    // Shards change, and gradients are read, only between iterations; the values stay.
+    std::vector<float> v(16, 5.0f);
+    EXPECT_EQ(engine.WriteParam(*p, v).code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(engine.ReadGrad(*p, v).code(), StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(engine.ReadParam(*p, v).ok());  // reads of parameters may come any time
+    EXPECT_EQ(v, std::vector<float>(16, 1.0f));
   }
   // Step before the accumulation window is complete is fine here (one micro-batch, no backward:
   // the gradient is zero and AdamW only decays).
