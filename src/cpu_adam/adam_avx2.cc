@@ -9,7 +9,54 @@ namespace {
 struct Avx2 {
   using F = __m256;
   using D = __m256d;
+  using I = __m256i;
   static constexpr size_t kLanes = 8;
+
+  static I Set1I(uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
+  static I Iota(uint32_t base) {
+    return _mm256_add_epi32(Set1I(base), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  static I Add32(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I Sub32(I a, I b) { return _mm256_sub_epi32(a, b); }
+  static I And(I a, I b) { return _mm256_and_si256(a, b); }
+  static I Or(I a, I b) { return _mm256_or_si256(a, b); }
+  static I Xor(I a, I b) { return _mm256_xor_si256(a, b); }
+  static I MulLo(I a, I b) { return _mm256_mullo_epi32(a, b); }
+  static I Max32(I a, I b) { return _mm256_max_epi32(a, b); }
+  static I Min32(I a, I b) { return _mm256_min_epi32(a, b); }
+  template <int n>
+  static I Srli(I x) {
+    return _mm256_srli_epi32(x, n);
+  }
+  template <int n>
+  static I Slli(I x) {
+    return _mm256_slli_epi32(x, n);
+  }
+  static I AsI(F x) { return _mm256_castps_si256(x); }
+  static F AsF(I x) { return _mm256_castsi256_ps(x); }
+  // x where `mask` is not zero, else 0.
+  static I KeepNonZero(I mask, I x) {
+    return _mm256_andnot_si256(_mm256_cmpeq_epi32(mask, _mm256_setzero_si256()), x);
+  }
+  static F Abs(F x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
+  static F Max(F a, F b) { return _mm256_max_ps(a, b); }
+  static float ReduceMax(F x) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+  }
+  static I LoadU8(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  static void StoreU8(uint8_t* p, I x) {
+    const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(w, w));
+  }
+  static void StoreU16(uint16_t* p, I x) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1)));
+  }
 
   static F Load(const float* p) { return _mm256_loadu_ps(p); }
   static void Store(float* p, F x) { _mm256_storeu_ps(p, x); }

@@ -14,7 +14,49 @@ template <bool kNativeBf16>
 struct Avx512 {
   using F = __m512;
   using D = __m512d;
+  using I = __m512i;
   static constexpr size_t kLanes = 16;
+
+  static I Set1I(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
+  static I Iota(uint32_t base) {
+    return _mm512_add_epi32(
+        Set1I(base), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  }
+  static I Add32(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I Sub32(I a, I b) { return _mm512_sub_epi32(a, b); }
+  static I And(I a, I b) { return _mm512_and_si512(a, b); }
+  static I Or(I a, I b) { return _mm512_or_si512(a, b); }
+  static I Xor(I a, I b) { return _mm512_xor_si512(a, b); }
+  static I MulLo(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  static I Max32(I a, I b) { return _mm512_max_epi32(a, b); }
+  static I Min32(I a, I b) { return _mm512_min_epi32(a, b); }
+  template <int n>
+  static I Srli(I x) {
+    return _mm512_srli_epi32(x, n);
+  }
+  template <int n>
+  static I Slli(I x) {
+    return _mm512_slli_epi32(x, n);
+  }
+  static I AsI(F x) { return _mm512_castps_si512(x); }
+  static F AsF(I x) { return _mm512_castsi512_ps(x); }
+  static I KeepNonZero(I mask, I x) {
+    return _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(mask, mask), x);
+  }
+  static F Abs(F x) {
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), Set1I(0x7FFFFFFFu)));
+  }
+  static F Max(F a, F b) { return _mm512_max_ps(a, b); }
+  static float ReduceMax(F x) { return _mm512_reduce_max_ps(x); }
+  static I LoadU8(const uint8_t* p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static void StoreU8(uint8_t* p, I x) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(x));
+  }
+  static void StoreU16(uint16_t* p, I x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(x));
+  }
 
   static F Load(const float* p) { return _mm512_loadu_ps(p); }
   static void Store(float* p, F x) { _mm512_storeu_ps(p, x); }

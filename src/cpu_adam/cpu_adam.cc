@@ -200,6 +200,31 @@ int CpuAdam::threads() const { return impl_->arena.max_concurrency(); }
 int CpuAdam::caller_cpus() const { return impl_->caller_cpus; }
 bool CpuAdam::native_bf16() const { return impl_->native_bf16; }
 
+std::string_view StateFormatName(StateFormat f) {
+  switch (f) {
+    case StateFormat::kF32:
+      return "fp32";
+    case StateFormat::kBF16:
+      return "bf16";
+    case StateFormat::kInt8:
+      return "int8";
+  }
+  return "?";
+}
+
+uint64_t MomentBytes(StateFormat f, uint64_t n) {
+  static_assert(internal::kStateBlockElems == 64, "StateScaleCount assumes blocks of 64");
+  switch (f) {
+    case StateFormat::kF32:
+      return 4 * n;
+    case StateFormat::kBF16:
+      return 2 * n;
+    case StateFormat::kInt8:
+      return n + 4 * StateScaleCount(n);
+  }
+  return 0;
+}
+
 internal::AdamScalars MakeAdamScalars(const AdamConfig& config, const AdamStepOptions& opt) {
   const float lr = opt.lr >= 0 ? opt.lr : config.lr;
   const double t = static_cast<double>(opt.step);
@@ -238,8 +263,25 @@ StatusOr<bool> CpuAdam::Step(const AdamBuffers& b, const AdamStepOptions& opt) {
                                 " is not finite");
   }
   if (b.n == 0) return true;
-  if (b.master == nullptr || b.m == nullptr || b.v == nullptr || b.grad == nullptr) {
-    return InvalidArgumentError("CpuAdam::Step needs master, m, v and grad buffers");
+  if (b.master == nullptr || b.grad == nullptr) {
+    return InvalidArgumentError("CpuAdam::Step needs master and grad buffers");
+  }
+  switch (b.states) {
+    case StateFormat::kF32:
+      if (b.m == nullptr || b.v == nullptr)
+        return InvalidArgumentError("CpuAdam::Step with fp32 moments needs m and v");
+      break;
+    case StateFormat::kBF16:
+    case StateFormat::kInt8:
+      if (b.m_state == nullptr || b.v_state == nullptr ||
+          (b.states == StateFormat::kInt8 && (b.m_scale == nullptr || b.v_scale == nullptr))) {
+        return InvalidArgumentError("CpuAdam::Step with " + std::string(StateFormatName(b.states)) +
+                                    " moments needs their buffers" +
+                                    (b.states == StateFormat::kInt8 ? " and scales" : ""));
+      }
+      break;
+    default:
+      return InvalidArgumentError("CpuAdam::Step: unknown moment format");
   }
   if (opt.skip_if_nonfinite) {
     ASSIGN_OR_RETURN(bool finite, AllFinite(b.grad, b.grad_dtype, b.n));
@@ -251,6 +293,7 @@ StatusOr<bool> CpuAdam::Step(const AdamBuffers& b, const AdamStepOptions& opt) {
   const AdamKernels& k = *impl_->kernels;
   const size_t block = options_.block_elems;
   const size_t blocks = (b.n + block - 1) / block;
+  const uint32_t step_mix = internal::StepMix(opt.step);
   Observer* tl = opt.observer;
   impl_->arena.execute([&] {
     tbb::parallel_for(
@@ -262,14 +305,33 @@ StatusOr<bool> CpuAdam::Step(const AdamBuffers& b, const AdamStepOptions& opt) {
             elems += std::min(block, b.n - begin);
             AdamBlock ab;
             ab.master = b.master + begin;
-            ab.m = b.m + begin;
-            ab.v = b.v + begin;
+            ab.m = b.m == nullptr ? nullptr : b.m + begin;
+            ab.v = b.v == nullptr ? nullptr : b.v + begin;
             ab.grad = Offset(b.grad, b.grad_dtype, begin);
             ab.grad_dtype = b.grad_dtype;
             ab.out = b.out == nullptr ? nullptr : static_cast<uint16_t*>(b.out) + begin;
             ab.out_dtype = b.out_dtype;
             ab.n = std::min(block, b.n - begin);
-            k.step(ab, s);
+            ab.key = b.rounding_key + static_cast<uint32_t>(begin);
+            ab.step_mix = step_mix;
+            switch (b.states) {
+              case StateFormat::kF32:
+                k.step(ab, s);
+                break;
+              case StateFormat::kBF16:
+                ab.qm = static_cast<uint16_t*>(b.m_state) + begin;
+                ab.qv = static_cast<uint16_t*>(b.v_state) + begin;
+                k.step_bf16_states(ab, s);
+                break;
+              case StateFormat::kInt8:
+                // block is a multiple of kStateBlockElems: every 8-bit block is one call's.
+                ab.qm = static_cast<uint8_t*>(b.m_state) + begin;
+                ab.qv = static_cast<uint8_t*>(b.v_state) + begin;
+                ab.m_scale = b.m_scale + begin / internal::kStateBlockElems;
+                ab.v_scale = b.v_scale + begin / internal::kStateBlockElems;
+                k.step_int8_states(ab, s);
+                break;
+            }
           }
           if (tl != nullptr) {
             TimelineEvent e;
@@ -278,7 +340,7 @@ StatusOr<bool> CpuAdam::Step(const AdamBuffers& b, const AdamStepOptions& opt) {
             e.start_s = t0;
             e.dur_s = tl->Now() - t0;
             e.chunk = opt.chunk;
-            e.bytes = elems * 12;  // master, m, v
+            e.bytes = elems * 4 + 2 * MomentBytes(b.states, elems);  // master, m, v
             e.lane = tbb::this_task_arena::current_thread_index() + 1;
             tl->OnSpan(std::move(e));
           }

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string_view>
 
 #include "core/cpu_features.h"
 #include "core/status.h"
@@ -53,6 +54,16 @@ struct CpuAdamOptions {
   size_t block_elems = 16384;
 };
 
+// How Adam's moments are stored (docs/optimizer.md, "Compressed optimizer states";
+// cpu_adam/state_codes.h): fp32; bf16 rounded stochastically; 8-bit codes in blocks of
+// kStateBlockElems elements with a scale per block and moment.
+enum class StateFormat : uint8_t { kF32, kBF16, kInt8 };
+std::string_view StateFormatName(StateFormat f);
+// The blocks (each with one scale per moment) of n elements' 8-bit moments.
+inline size_t StateScaleCount(size_t n) { return (n + 63) / 64; }
+// Bytes of one moment of n elements in format f: the values, and with kInt8 the scales.
+uint64_t MomentBytes(StateFormat f, uint64_t n);
+
 // One shard's buffers for a step. All element counts are n.
 struct AdamBuffers {
   float* master = nullptr;     // fp32 master weights, updated in place
@@ -63,6 +74,16 @@ struct AdamBuffers {
   void* out = nullptr;  // optional compute-dtype copy of the new master (pinned slot)
   DType out_dtype = DType::kBF16;
   size_t n = 0;
+  // Compressed moments (m and v above unused): kBF16, n bf16 values each in m_state and v_state;
+  // kInt8, n codes each and StateScaleCount(n) scales each in m_scale and v_scale (blocks from
+  // the buffers' start). `rounding_key`: the first element's key for stochastic rounding, unique
+  // to its place in the model (Note [Stochastic rounding of the moments]).
+  StateFormat states = StateFormat::kF32;
+  void* m_state = nullptr;
+  void* v_state = nullptr;
+  float* m_scale = nullptr;
+  float* v_scale = nullptr;
+  uint32_t rounding_key = 0;
 };
 
 struct AdamStepOptions {
