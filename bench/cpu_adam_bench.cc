@@ -18,6 +18,14 @@
 //   fraction_lo/_hi     the smallest and largest of those per-iteration ratios
 //   fused_speedup       two-pass time / fused time (with copy-out; bytes predict 34/30 = 1.13)
 //
+//
+// CpuAdamStates (compressed moments, cpu_adam/state_codes.h; bf16 gradients and copy-out, the
+// engine's own case): the same pairing with a ceiling that moves the compressed step's bytes
+// (20 B/param for bf16 moments, 16.25 for 8-bit codes), and a third member, the fp32-moment step
+// over its own buffers of the same parameters:
+//   speedup_vs_fp32     the median over iterations of fp32-moment time / compressed time
+//                       (bytes predict 28/20 = 1.4 for bf16, 28/16.25 = 1.72 for 8-bit)
+//
 //   build/bin/cpu_adam_bench --benchmark_format=json > adam.json
 #include <benchmark/benchmark.h>
 #include <tbb/blocked_range.h>
@@ -162,6 +170,104 @@ void BM_CpuAdam(benchmark::State& state, int threads, DType grad_dtype, bool cop
   if (copy_out) state.counters["fused_speedup"] = Median(two_pass_s) / fused;
 }
 
+void BM_CpuAdamStates(benchmark::State& state, int threads, StateFormat format) {
+  const size_t n = static_cast<size_t>(state.range(0));
+  CpuAdamOptions options;
+  options.threads = threads;
+  auto adam = std::move(CpuAdam::Create(AdamConfig{}, options)).value();
+  tbb::task_arena arena(adam->threads());
+  const size_t w = format == StateFormat::kBF16 ? 2 : 1;
+  const size_t blocks = StateScaleCount(n);
+  auto p = Allocate<float>(n), p32 = Allocate<float>(n), m32 = Allocate<float>(n),
+       v32 = Allocate<float>(n);
+  auto mq = Allocate<uint8_t>(n * w), vq = Allocate<uint8_t>(n * w);
+  auto ms = Allocate<float>(blocks), vs = Allocate<float>(blocks);
+  auto g = Allocate<uint16_t>(n), out = Allocate<uint16_t>(n);
+  ParallelBlocks(arena, n, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) {
+      const float x = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+      p[i] = p32[i] = x;
+      m32[i] = 1e-3f * x;
+      v32[i] = 1e-4f + 1e-5f * x;
+      g[i] = F32ToBF16Scalar(0.01f * x);
+      out[i] = 0;
+      if (w == 2) {
+        reinterpret_cast<uint16_t*>(mq.get())[i] = F32ToBF16Scalar(m32[i]);
+        reinterpret_cast<uint16_t*>(vq.get())[i] = F32ToBF16Scalar(v32[i]);
+      } else {
+        mq[i] = static_cast<uint8_t>(0x40 + i % 60);  // mid-range codes
+        vq[i] = static_cast<uint8_t>(0xC0 + i % 60);
+        if (i % 64 == 0) ms[i / 64] = vs[i / 64] = 1e-3f;
+      }
+    }
+  });
+  AdamBuffers buf;
+  buf.master = p.get();
+  buf.grad = g.get();
+  buf.grad_dtype = DType::kBF16;
+  buf.out = out.get();
+  buf.out_dtype = DType::kBF16;
+  buf.n = n;
+  buf.states = format;
+  buf.m_state = mq.get();
+  buf.v_state = vq.get();
+  buf.m_scale = ms.get();
+  buf.v_scale = vs.get();
+  AdamBuffers f32 = buf;
+  f32.states = StateFormat::kF32;
+  f32.master = p32.get();
+  f32.m = m32.get();
+  f32.v = v32.get();
+  const double bytes_per_param = 4 * 2 + 2 + 2 + 2.0 * MomentBytes(format, n) / n * 2;
+  std::vector<double> step_s, limit_s, ratio, speedup;
+  int64_t step = 0;
+  auto ceiling = [&] {
+    const auto t0 = Clock::now();
+    ParallelBlocks(arena, n, [&](size_t b, size_t e) {
+      bench::StreamLikeAdamStatesAvx2(p.get() + b, mq.get() + b * w, vq.get() + b * w,
+                                      ms.get() + b / 64, vs.get() + b / 64, g.get() + b,
+                                      out.get() + b, e - b, static_cast<int>(w));
+    });
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  auto timed = [&](const AdamBuffers& b) {
+    AdamStepOptions opt;
+    opt.step = ++step;
+    const auto t0 = Clock::now();
+    TZ_CHECK_OK(adam->Step(b, opt).status());
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  for (auto _ : state) {
+    // The three in a rotating order, so none always follows the same one.
+    double t = 0, limit = 0, fp32 = 0;
+    switch (step_s.size() % 3) {
+      case 0:
+        t = timed(buf), limit = ceiling(), fp32 = timed(f32);
+        break;
+      case 1:
+        limit = ceiling(), fp32 = timed(f32), t = timed(buf);
+        break;
+      default:
+        fp32 = timed(f32), t = timed(buf), limit = ceiling();
+        break;
+    }
+    step_s.push_back(t);
+    limit_s.push_back(limit);
+    ratio.push_back(limit / t);
+    speedup.push_back(fp32 / t);
+    state.SetIterationTime(t);
+  }
+  const double t = Median(step_s), limit = Median(limit_s);
+  state.counters["params_per_s"] = n / t;
+  state.counters["GBps"] = n * bytes_per_param / t / 1e9;
+  state.counters["limit_GBps"] = n * bytes_per_param / limit / 1e9;
+  state.counters["fraction_of_limit"] = Median(ratio);
+  state.counters["fraction_lo"] = *std::min_element(ratio.begin(), ratio.end());
+  state.counters["fraction_hi"] = *std::max_element(ratio.begin(), ratio.end());
+  state.counters["speedup_vs_fp32"] = Median(speedup);
+  state.counters["threads"] = adam->threads();
+}
+
 void RegisterAll() {
   TZ_CHECK(SimdLevelSupported(SimdLevel::kAvx2)) << "cpu_adam_bench's ceiling kernel needs AVX2";
   const int all = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -179,6 +285,16 @@ void RegisterAll() {
         b->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(6);
         b->Arg(int64_t{128} << 20)->Arg(int64_t{512} << 20);
       }
+    }
+    for (StateFormat f : {StateFormat::kBF16, StateFormat::kInt8}) {
+      std::string name = "CpuAdamStates/threads:" + std::to_string(threads) +
+                         "/states:" + std::string(StateFormatName(f));
+      auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_CpuAdamStates, threads, f);
+      b->UseManualTime()->Unit(benchmark::kMillisecond);
+      b->Arg(int64_t{1} << 20)->Arg(int64_t{16} << 20);
+      b = benchmark::RegisterBenchmark(name.c_str(), BM_CpuAdamStates, threads, f);
+      b->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(9);
+      b->Arg(int64_t{128} << 20);
     }
   }
 }

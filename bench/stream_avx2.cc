@@ -3,6 +3,8 @@
 // Compiled with AVX2 flags (tz_simd_sources) so the loads and stores are as wide as Adam's.
 #include <immintrin.h>
 
+#include <initializer_list>
+
 #include "bench/stream_kernels.h"
 
 namespace tierzero::bench {
@@ -37,6 +39,36 @@ void StreamLikeAdamAvx2(float* p, float* m, float* v, const void* grad, bool gra
     m[i] += 1e-7f * g;
     v[i] += 1e-7f * g;
     if (out != nullptr) out[i] = 0;
+  }
+}
+
+void StreamLikeAdamStatesAvx2(float* p, void* m, void* v, float* m_scale, float* v_scale,
+                              const uint16_t* grad, uint16_t* out, size_t n, int moment_bytes) {
+  const __m256 a = _mm256_set1_ps(1e-7f);
+  const __m256i one = _mm256_set1_epi32(1);
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(grad + i));
+    const __m256 g = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    const __m256 np = _mm256_fmadd_ps(a, g, _mm256_loadu_ps(p + i));
+    _mm256_storeu_ps(p + i, np);
+    const __m256i hi = _mm256_srli_epi32(_mm256_castps_si256(np), 16);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm_packus_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1)));
+    if (moment_bytes == 2) {
+      for (void* q : {m, v}) {
+        auto* at = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(q) + i);
+        _mm_storeu_si128(at, _mm_add_epi16(_mm_loadu_si128(at), _mm256_castsi256_si128(one)));
+      }
+    } else {
+      for (void* q : {m, v}) {
+        auto* at = reinterpret_cast<__m128i*>(static_cast<uint8_t*>(q) + i);
+        _mm_storel_epi64(at, _mm_add_epi8(_mm_loadl_epi64(at), _mm256_castsi256_si128(one)));
+      }
+      if (i % 64 == 0) {
+        m_scale[i / 64] += 1e-7f;
+        v_scale[i / 64] += 1e-7f;
+      }
+    }
   }
 }
 

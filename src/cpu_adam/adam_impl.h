@@ -45,10 +45,8 @@ typename V::I HashLanes(uint32_t key, typename V::I step_mix) {
   using I = typename V::I;
   I x = V::Xor(V::MulLo(V::Iota(key), V::Set1I(0x9E3779B1u)), step_mix);
   x = V::Xor(x, V::template Srli<16>(x));
-  x = V::MulLo(x, V::Set1I(0x85EBCA6Bu));
-  x = V::Xor(x, V::template Srli<13>(x));
-  x = V::MulLo(x, V::Set1I(0xC2B2AE35u));
-  return V::Xor(x, V::template Srli<16>(x));
+  x = V::MulLo(x, V::Set1I(0x21F0AAADu));
+  return V::Xor(x, V::template Srli<15>(x));
 }
 
 // The scalars of AdamMath, broadcast once per call.
@@ -112,7 +110,8 @@ typename V::I EncodeLanes(typename V::F y, typename V::I r20, uint32_t bias, int
   I c = V::Sub32(V::template Srli<20>(V::Add32(bits, r20)), V::Set1I(bias));
   c = V::Min32(V::Max32(c, V::Set1I(static_cast<uint32_t>(floor))),
                V::Set1I(static_cast<uint32_t>(max_code)));
-  return V::KeepNonZero(bits, c);
+  // With floor 0, y = 0 already codes 0: its bits are 0, so c = (r >> 20) - bias < 0.
+  return floor == 0 ? c : V::KeepNonZero(bits, c);
 }
 
 // DecodeMagnitude on every lane, times the scale.

@@ -68,15 +68,14 @@ TZ_HOST_DEVICE static inline uint32_t StepMix(int64_t step) {
   return static_cast<uint32_t>(step) * 0x85EBCA77u;
 }
 
-// 32 random bits for the element with key `key` at the step mixed into `step_mix` (murmur3's
-// finaliser over key x golden ratio ^ step): the low 16 round m, the high 16 round v.
+// 32 random bits for the element with key `key` at the step mixed into `step_mix` (key x golden
+// ratio ^ step, then two rounds of xor-shift-multiply: a two-multiply integer hash, enough to
+// decorrelate neighbouring elements and steps): the low 16 round m, the high 16 round v.
 TZ_HOST_DEVICE static inline uint32_t RoundingBits(uint32_t key, uint32_t step_mix) {
   uint32_t x = (key * 0x9E3779B1u) ^ step_mix;
   x ^= x >> 16;
-  x *= 0x85EBCA6Bu;
-  x ^= x >> 13;
-  x *= 0xC2B2AE35u;
-  x ^= x >> 16;
+  x *= 0x21F0AAADu;
+  x ^= x >> 15;
   return x;
 }
 
