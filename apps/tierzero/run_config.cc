@@ -285,6 +285,24 @@ Field SpeculativeField(const std::string& name, SpeculativeStep* p) {
           }};
 }
 
+Field MomentFormatField(const std::string& name, MomentFormat* p) {
+  return {[=](const json& v) -> Status {
+            const std::string s = v.is_string() ? v.get<std::string>() : "";
+            if (s == "fp32" || s == "bf16" || s == "int8") {
+              *p = s == "fp32"   ? MomentFormat::kF32
+                   : s == "bf16" ? MomentFormat::kBF16
+                                 : MomentFormat::kInt8;
+              return Status::OK();
+            }
+            return Bad(name, v, "\"fp32\", \"bf16\" or \"int8\"");
+          },
+          [=] {
+            return json(*p == MomentFormat::kF32    ? "fp32"
+                        : *p == MomentFormat::kBF16 ? "bf16"
+                                                    : "int8");
+          }};
+}
+
 using Section = std::map<std::string, Field>;
 
 std::map<std::string, Section> Fields(RunConfig& c) {
@@ -363,6 +381,8 @@ std::map<std::string, Section> Fields(RunConfig& c) {
       {"optimizer", OptimizerField("engine.optimizer", &c.engine.optimizer,
                                    &c.engine.optimizer_device_fraction)},
       {"speculative_step", SpeculativeField("engine.speculative_step", &c.engine.speculative_step)},
+      {"optimizer_states",
+       MomentFormatField("engine.optimizer_states", &c.engine.optimizer_states)},
       {"host_device_adam_rate",
        DoubleField("engine.host_device_adam_rate", &c.engine.host_device_adam_rate, 0,
                    "parameters/s >= 0 (0: off; the simulated device only)")},
@@ -515,6 +535,7 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
       {"--activations", "model.activations"},
       {"--arch", "model.arch"},
       {"--kv-heads", "model.n_kv_head"},
+      {"--optimizer-states", "engine.optimizer_states"},
   };
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];

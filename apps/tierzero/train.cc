@@ -191,6 +191,7 @@ override the config:
   --grad-accumulation N  --layers N  --width N  --heads N  --checkpoint-activations
   --activations auto|fp32|bf16   the type activations are stored in (model.activations)
   --arch gpt2|llama      the architecture (model.arch; docs/models.md)   --kv-heads N
+  --optimizer-states fp32|bf16|int8   how Adam's m and v are stored (engine.optimizer_states)
   --text FILE            train on a UTF-8 text file (byte-level) instead of addition
   --data PATH            train on token files: llm.c shards or raw uint16 .bin (a file or a
                          glob of shards; set model.vocab to the tokenizer's, docs/data.md)

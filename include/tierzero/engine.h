@@ -113,6 +113,14 @@ enum class SpeculativeStep : uint8_t {
   kOff,
 };
 
+// How the optimizer's moments (Adam's m and v) are stored, on every tier they live on
+// (docs/optimizer.md, "Compressed optimizer states"); the fp32 master weights stay fp32.
+enum class MomentFormat : uint8_t {
+  kF32,   // 8 bytes an element: as torch.optim.AdamW
+  kBF16,  // 4 bytes an element, rounded stochastically
+  kInt8,  // ~2.1 bytes an element: 8-bit codes in blocks of 64 with a scale per block
+};
+
 // Every field has a default; Engine::Create validates them (InvalidArgument naming the field,
 // the value and the accepted range). docs/config.md documents the same fields as JSON.
 struct EngineConfig {
@@ -151,6 +159,9 @@ struct EngineConfig {
   double optimizer_device_fraction = 0;
   // The speculative start. Default: kAuto.
   SpeculativeStep speculative_step = SpeculativeStep::kAuto;
+  // How m and v are stored (MomentFormat). Compressed moments update on the CPU: their device
+  // pass is not built yet, so no group of theirs lives on or streams to the device. Default: kF32.
+  MomentFormat optimizer_states = MomentFormat::kF32;
   // Simulated device only: model device Adam at this many parameters/s instead of the stream
   // thread's own speed (a model for studying schedules; docs/optimizer.md). Default: 0 (off).
   double host_device_adam_rate = 0;

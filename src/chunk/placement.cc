@@ -4,13 +4,16 @@
 
 namespace tierzero {
 
-StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& budgets) {
+StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& budgets,
+                                uint64_t optimizer_group_bytes) {
   Placement p;
   const int n = layout.num_chunks();
   p.chunks.resize(static_cast<size_t>(n));
   p.param_shard_bytes = layout.shard_bytes();
-  p.grad_shard_bytes = layout.shard_bytes();           // same dtype as the parameters
-  p.optim_shard_bytes = layout.shard_elems() * 3 * 4;  // fp32 master, m, v
+  p.grad_shard_bytes = layout.shard_bytes();  // same dtype as the parameters
+  p.optim_shard_bytes = optimizer_group_bytes > 0
+                            ? optimizer_group_bytes
+                            : layout.shard_elems() * 3 * 4;  // fp32 master, m, v
   const uint64_t total =
       static_cast<uint64_t>(n) * (p.param_shard_bytes + p.grad_shard_bytes + p.optim_shard_bytes);
 

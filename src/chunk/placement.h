@@ -51,6 +51,9 @@ struct Placement {
 
 // OutOfMemory when the state does not fit the three budgets together, naming what is needed,
 // what each budget holds, and which budget to raise.
-StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& budgets);
+// `optimizer_group_bytes`: one chunk's optimizer states (0: fp32 master, m and v, 12 bytes an
+// element).
+StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& budgets,
+                                uint64_t optimizer_group_bytes = 0);
 
 }  // namespace tierzero

@@ -200,29 +200,55 @@ int CpuAdam::threads() const { return impl_->arena.max_concurrency(); }
 int CpuAdam::caller_cpus() const { return impl_->caller_cpus; }
 bool CpuAdam::native_bf16() const { return impl_->native_bf16; }
 
-std::string_view StateFormatName(StateFormat f) {
-  switch (f) {
-    case StateFormat::kF32:
-      return "fp32";
-    case StateFormat::kBF16:
-      return "bf16";
-    case StateFormat::kInt8:
-      return "int8";
+void DecodeMoments(const AdamBuffers& b, float* m, float* v) {
+  using internal::kStateBlockElems;
+  for (size_t i = 0; i < b.n; ++i) {
+    if (b.states == StateFormat::kBF16) {
+      m[i] = BF16ToF32Scalar(static_cast<const uint16_t*>(b.m_state)[i]);
+      v[i] = BF16ToF32Scalar(static_cast<const uint16_t*>(b.v_state)[i]);
+    } else if (b.states == StateFormat::kInt8) {
+      m[i] = internal::DecodeM(static_cast<const uint8_t*>(b.m_state)[i],
+                               b.m_scale[i / kStateBlockElems]);
+      v[i] = internal::DecodeV(static_cast<const uint8_t*>(b.v_state)[i],
+                               b.v_scale[i / kStateBlockElems]);
+    } else {
+      m[i] = b.m[i];
+      v[i] = b.v[i];
+    }
   }
-  return "?";
 }
 
-uint64_t MomentBytes(StateFormat f, uint64_t n) {
-  static_assert(internal::kStateBlockElems == 64, "StateScaleCount assumes blocks of 64");
-  switch (f) {
-    case StateFormat::kF32:
-      return 4 * n;
-    case StateFormat::kBF16:
-      return 2 * n;
-    case StateFormat::kInt8:
-      return n + 4 * StateScaleCount(n);
+void EncodeMoments(const float* m, const float* v, const AdamBuffers& b) {
+  using internal::kStateBlockElems;
+  constexpr uint32_t kHalf = 0x8000;  // half a step of random bits: round to nearest
+  if (b.states == StateFormat::kF32) {
+    std::copy(m, m + b.n, b.m);
+    std::copy(v, v + b.n, b.v);
+    return;
   }
-  return 0;
+  if (b.states == StateFormat::kBF16) {
+    for (size_t i = 0; i < b.n; ++i) {
+      static_cast<uint16_t*>(b.m_state)[i] = internal::Bf16Stochastic(m[i], kHalf);
+      static_cast<uint16_t*>(b.v_state)[i] = internal::Bf16Stochastic(v[i], kHalf);
+    }
+    return;
+  }
+  for (size_t begin = 0; begin < b.n; begin += kStateBlockElems) {
+    const size_t end = std::min(b.n, begin + kStateBlockElems);
+    float am = 0, av = 0;
+    for (size_t i = begin; i < end; ++i) {
+      am = std::max(am, internal::AbsBits(m[i]));
+      av = std::max(av, v[i]);
+    }
+    float mi, vi;
+    const size_t k = begin / kStateBlockElems;
+    internal::BlockScale(am, &b.m_scale[k], &mi);
+    internal::BlockScale(av, &b.v_scale[k], &vi);
+    for (size_t i = begin; i < end; ++i) {
+      static_cast<uint8_t*>(b.m_state)[i] = internal::EncodeM(m[i], mi, kHalf);
+      static_cast<uint8_t*>(b.v_state)[i] = internal::EncodeV(v[i], vi, kHalf);
+    }
+  }
 }
 
 internal::AdamScalars MakeAdamScalars(const AdamConfig& config, const AdamStepOptions& opt) {

@@ -27,6 +27,7 @@
 #include <string_view>
 
 #include "core/cpu_features.h"
+#include "core/state_format.h"
 #include "core/status.h"
 #include "profiler/observer.h"
 #include "tierzero/types.h"
@@ -53,16 +54,6 @@ struct CpuAdamOptions {
   // Elements per work item. Default: 16384 (~300 KiB of traffic: the block's streams fit in L2).
   size_t block_elems = 16384;
 };
-
-// How Adam's moments are stored (docs/optimizer.md, "Compressed optimizer states";
-// cpu_adam/state_codes.h): fp32; bf16 rounded stochastically; 8-bit codes in blocks of
-// kStateBlockElems elements with a scale per block and moment.
-enum class StateFormat : uint8_t { kF32, kBF16, kInt8 };
-std::string_view StateFormatName(StateFormat f);
-// The blocks (each with one scale per moment) of n elements' 8-bit moments.
-inline size_t StateScaleCount(size_t n) { return (n + 63) / 64; }
-// Bytes of one moment of n elements in format f: the values, and with kInt8 the scales.
-uint64_t MomentBytes(StateFormat f, uint64_t n);
 
 // One shard's buffers for a step. All element counts are n.
 struct AdamBuffers {
@@ -99,6 +90,13 @@ struct AdamStepOptions {
   Observer* observer = nullptr;
   int chunk = -1;
 };
+
+// The moments of b.n elements held as `b` holds them (b.states, b.m_state, b.v_state and the
+// scales) to fp32 `m` and `v`, and fp32 values back into that form (8-bit: each block's scale from
+// its values, codes rounded to nearest): checkpoints and parameter writes see fp32 moments.
+// Decoding then encoding gives the same bits back.
+void DecodeMoments(const AdamBuffers& b, float* m, float* v);
+void EncodeMoments(const float* m, const float* v, const AdamBuffers& b);
 
 // The per-step scalars every Adam path (CPU and GPU) uses: bias corrections, decay, scale.
 namespace internal {

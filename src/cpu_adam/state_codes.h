@@ -35,6 +35,7 @@
 #include <cstring>
 
 #include "core/convert.h"
+#include "core/state_format.h"
 
 namespace tierzero::internal {
 

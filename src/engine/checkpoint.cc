@@ -82,6 +82,7 @@ struct Manifest {
   float loss_scale = 1.0f;
   int good_steps = 0;
   int world_size = 1;                                      // ranks that wrote it
+  std::string optimizer_states;                            // the saving run's moment format
   std::string user_state;                                  // JSON text; empty when none was saved
   std::map<std::string, std::vector<SavedSlice>> tensors;  // SavedTensors
 };
@@ -108,6 +109,7 @@ StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& pat
   if (m.step < 0 || m.good_steps < 0 || m.step > std::numeric_limits<int32_t>::max())
     return in.Error("has a step count out of range: " + std::to_string(m.step));
   ASSIGN_OR_RETURN(m.world_size, in.get_or<int>("world_size", 1));
+  ASSIGN_OR_RETURN(m.optimizer_states, in.get_or<std::string>("optimizer_states", "fp32"));
   if (m.world_size < 1)
     return in.Error("has a world size below 1: " + std::to_string(m.world_size));
   if (in.has("user_state") && !in.at("user_state")->raw().is_null())
@@ -397,17 +399,21 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
   // Rank 0 commits the manifest; every rank returns once it has (or with rank 0's error).
   Status committed = Status::OK();
   if (rank == 0) {
-    committed =
-        CommitManifest(dir, {{"format", "tierzero-checkpoint"},
-                             {"version", kCheckpointVersion},
-                             {"step", im.step},
-                             {"loss_scale", im.loss_scale},
-                             {"good_steps", im.good_steps},
-                             {"compute_dtype", std::string(DTypeName(im.cfg.compute_dtype))},
-                             {"world_size", im.comm->size()},
-                             {"files", files},
-                             {"tensors", tensors},
-                             {"user_state", user}});
+    committed = CommitManifest(
+        dir, {{"format", "tierzero-checkpoint"},
+              {"version", kCheckpointVersion},
+              {"step", im.step},
+              {"loss_scale", im.loss_scale},
+              {"good_steps", im.good_steps},
+              {"compute_dtype", std::string(DTypeName(im.cfg.compute_dtype))},
+              // Informational: the states file holds fp32 moments whatever the
+              // run's format (docs/checkpoints.md).
+              {"optimizer_states",
+               std::string(StateFormatName(static_cast<StateFormat>(im.cfg.optimizer_states)))},
+              {"world_size", im.comm->size()},
+              {"files", files},
+              {"tensors", tensors},
+              {"user_state", user}});
   }
   RETURN_IF_ERROR(AgreeOnStatus(*im.comm, committed));
   TZ_LOG(kInfo, kEngine) << "checkpoint at step " << im.step << " written to " << dir << " ("
@@ -460,6 +466,12 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   im.iterations_since_step = 0;
   RETURN_IF_ERROR(im.cm->ZeroGrads());
   im.updater->ClearError();
+  const std::string_view mine = StateFormatName(static_cast<StateFormat>(im.cfg.optimizer_states));
+  if (manifest.optimizer_states != mine) {
+    TZ_LOG(kInfo, kEngine) << "checkpoint " << dir << ": moments saved by a run with "
+                           << manifest.optimizer_states << " optimizer states, now held as "
+                           << mine;
+  }
   TZ_LOG(kInfo, kEngine) << "checkpoint " << dir << " loaded at step " << im.step;
   return manifest.user_state;
 }

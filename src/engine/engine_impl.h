@@ -44,6 +44,11 @@ struct PlacedRun {
   uint64_t hpz_bytes = 0;
   Tier hpz_tier = Tier::kDevice;
 };
+// One optimizer group's layout for this run: the moments' format, and with 8-bit moments the
+// scale blocks of the chunk with the most slices on any rank (Note [8-bit blocks per slice] in
+// update/updater.cc).
+GroupLayout OptimizerGroupLayout(const ChunkLayout& layout, MomentFormat format);
+
 StatusOr<PlacedRun> PlaceRun(const ChunkLayout& layout, const EngineConfig& config, bool on_device,
                              int ranks_per_node);
 
@@ -170,12 +175,12 @@ struct Engine::Impl final : ActivationBuffer::Owner {
 
   void FreeActivation(void* data, uint64_t bytes) override;
   OptimizerStates& optimizer() const { return *store->optimizer(); }
-  // Runs fn on one chunk's optimizer group (written back to NVMe with write_back).
+  // Runs fn on one chunk's optimizer group as fp32 master, m and v (compressed moments decoded
+  // for fn and, with write_back, encoded again; written back to NVMe with write_back).
   Status WithChunkState(int chunk, bool write_back,
-                        const std::function<Status(float*, float*, float*)>& fn) {
-    return optimizer().With(chunk, write_back,
-                            [&](const OptimizerGroup& g) { return fn(g.master, g.m, g.v); });
-  }
+                        const std::function<Status(float*, float*, float*)>& fn);
+  // This rank's slice s of chunk c's moments as AdamBuffers sees them (param_io.cc).
+  AdamBuffers SliceMoments(const OptimizerGroup& g, size_t s) const;
   // Finalize's steps (setup.cc).
   StatusOr<bool> ChooseCollectivePath(bool cuda);
   Status Place(bool on_device);

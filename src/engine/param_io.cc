@@ -107,4 +107,48 @@ Status Engine::Impl::UploadChunk(int c, const float* master) {
   return Status::OK();
 }
 
+// The slices' moments as the Updater lays them out (Note [8-bit blocks per slice] in
+// update/updater.cc).
+AdamBuffers Engine::Impl::SliceMoments(const OptimizerGroup& g, size_t s) const {
+  const ShardSlice& sl = slices[static_cast<size_t>(g.chunk)][s];
+  AdamBuffers b;
+  b.n = sl.numel;
+  b.states = g.format;
+  if (g.format == StateFormat::kF32) {
+    b.m = g.m + sl.shard_offset;
+    b.v = g.v + sl.shard_offset;
+    return b;
+  }
+  const uint64_t w = MomentWidth(g.format);
+  b.m_state = static_cast<uint8_t*>(g.m_state) + w * sl.shard_offset;
+  b.v_state = static_cast<uint8_t*>(g.v_state) + w * sl.shard_offset;
+  if (g.format == StateFormat::kInt8) {
+    b.m_scale = g.m_scale + sl.shard_offset / kStateBlockElems + s;
+    b.v_scale = g.v_scale + sl.shard_offset / kStateBlockElems + s;
+  }
+  return b;
+}
+
+Status Engine::Impl::WithChunkState(int chunk, bool write_back,
+                                    const std::function<Status(float*, float*, float*)>& fn) {
+  return optimizer().With(chunk, write_back, [&](const OptimizerGroup& g) -> Status {
+    if (g.format == StateFormat::kF32) return fn(g.master, g.m, g.v);
+    // fp32 moments for fn where the shard's slices are (padding stays 0).
+    const uint64_t n = layout.shard_elems();
+    std::vector<float> m(n, 0.0f), v(n, 0.0f);
+    const size_t count = slices[static_cast<size_t>(chunk)].size();
+    for (size_t s = 0; s < count; ++s) {
+      const uint64_t at = slices[static_cast<size_t>(chunk)][s].shard_offset;
+      DecodeMoments(SliceMoments(g, s), m.data() + at, v.data() + at);
+    }
+    RETURN_IF_ERROR(fn(g.master, m.data(), v.data()));
+    if (!write_back) return Status::OK();
+    for (size_t s = 0; s < count; ++s) {
+      const uint64_t at = slices[static_cast<size_t>(chunk)][s].shard_offset;
+      EncodeMoments(m.data() + at, v.data() + at, SliceMoments(g, s));
+    }
+    return Status::OK();
+  });
+}
+
 }  // namespace tierzero

@@ -335,8 +335,10 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   }
   // By the step the backward's prefetches fill every swap slot (PlaceRun counts three).
   constexpr int kSwapSlots = 3;
-  const std::vector<UpdateGroup> groups = MakeUpdateGroups(
-      tiers, layout.shard_elems(), grad_bytes, shard, kSwapSlots, OptimizerWritesBehind(), {});
+  const uint64_t group_bytes = OptimizerGroupLayout(layout, cfg.optimizer_states).bytes();
+  const std::vector<UpdateGroup> groups =
+      MakeUpdateGroups(tiers, layout.shard_elems(), grad_bytes, shard, kSwapSlots,
+                       OptimizerWritesBehind(), {}, group_bytes);
   UpdateRates ur;
   ur.cpu_params_per_s = rate_or(rates.cpu_adam_params_per_s, 1e9, "cpu_adam_params_per_s");
   ur.device_params_per_s = rates.device_adam_params_per_s;
@@ -352,7 +354,9 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   ur.nvme_duplex_bytes_per_s = rates.nvme_duplex_bytes_per_s;
   ur.device_shares_cpu = rates.device_shares_cpu;
   UpdateBudget ub;
-  ub.mode = cfg.optimizer == OptimizerPlacement::kCpu        ? UpdateMode::kCpu
+  // Compressed moments update on the CPU (Updater::RunPhase).
+  ub.mode = cfg.optimizer == OptimizerPlacement::kCpu || cfg.optimizer_states != MomentFormat::kF32
+                ? UpdateMode::kCpu
             : cfg.optimizer == OptimizerPlacement::kFraction ? UpdateMode::kFraction
                                                              : UpdateMode::kAuto;
   ub.device_fraction = cfg.optimizer_device_fraction;
@@ -393,7 +397,6 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   out.host.peak =
       pl.bytes[static_cast<int>(Tier::kHost)] + (cfg.host_budget - pr.budgets.host_bytes);
   out.nvme.budget = cfg.nvme_budget;
-  const uint64_t group_bytes = layout.shard_elems() * 12;
   out.nvme.peak =
       static_cast<uint64_t>(out.param_shards[2]) * AlignUp(shard, kNvmeAlignment) +
       static_cast<uint64_t>(out.optimizer_groups[2]) * AlignUp(group_bytes, kNvmeAlignment);

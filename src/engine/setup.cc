@@ -88,6 +88,25 @@ StatusOr<bool> Engine::Impl::ChooseCollectivePath(bool cuda) {
   return everywhere;
 }
 
+static_assert(static_cast<int>(MomentFormat::kF32) == static_cast<int>(StateFormat::kF32) &&
+              static_cast<int>(MomentFormat::kBF16) == static_cast<int>(StateFormat::kBF16) &&
+              static_cast<int>(MomentFormat::kInt8) == static_cast<int>(StateFormat::kInt8));
+
+GroupLayout OptimizerGroupLayout(const ChunkLayout& layout, MomentFormat format) {
+  GroupLayout g;
+  g.shard_elems = layout.shard_elems();
+  g.format = static_cast<StateFormat>(format);
+  if (g.format == StateFormat::kInt8) {
+    size_t most = 0;
+    for (int c = 0; c < layout.num_chunks(); ++c) {
+      for (int r = 0; r < layout.world_size(); ++r)
+        most = std::max(most, layout.ShardSlices(c, r).size());
+    }
+    g.scale_blocks = StateScaleCount(g.shard_elems) + most;
+  }
+  return g;
+}
+
 // The shards' tiers, within the budgets less the fixed host overheads (Note [Host memory
 // accounting] in docs/config.md): NVMe staging for parameter reads, the optimizer's swap
 // buffers, and one upload buffer. (With W > 1 staging slots hold a whole gathered chunk.)
@@ -101,7 +120,8 @@ StatusOr<PlacedRun> PlaceRun(const ChunkLayout& layout, const EngineConfig& cfg,
   const uint64_t shard_bytes = layout.shard_bytes();
   r.staging_bytes =
       std::max<uint64_t>(2 * chunk_bytes, std::min<uint64_t>(8 * chunk_bytes, 64u << 20));
-  r.swap_slot_bytes = OptimizerStates::SwapSlotBytes(layout.shard_elems());
+  const GroupLayout group = OptimizerGroupLayout(layout, cfg.optimizer_states);
+  r.swap_slot_bytes = OptimizerStates::SwapSlotBytes(group);
   uint64_t fixed =
       r.staging_bytes + 3 * r.swap_slot_bytes + AlignUp(shard_bytes, kNvmeAlignment) +
       (world > 1 && !on_device ? 4 * AlignUp(chunk_bytes + shard_bytes, kNvmeAlignment) : 0);
@@ -163,7 +183,9 @@ StatusOr<PlacedRun> PlaceRun(const ChunkLayout& layout, const EngineConfig& cfg,
           static_cast<int>(std::llround(cfg.optimizer_device_fraction * n));
       break;
   }
-  auto p = PlaceShards(layout, r.budgets);
+  // Compressed moments have no device pass yet: none of their groups lives on the device.
+  if (group.format != StateFormat::kF32) r.budgets.device_optimizer_groups = 0;
+  auto p = PlaceShards(layout, r.budgets, group.bytes());
   if (!p.ok()) return std::move(p).status().WithContext("placing the shards");
   r.placement = std::move(p).value();
   return r;
@@ -242,6 +264,9 @@ Status Engine::Impl::CreateShards(bool on_device) {
   }
   ShardStoreOptions so = ChunkManager::StoreOptions(layout, placement, co);
   for (const ChunkPlacement& p : placement.chunks) so.optimizer_tier.push_back(p.optimizer);
+  const GroupLayout group = OptimizerGroupLayout(layout, cfg.optimizer_states);
+  so.optimizer_format = group.format;
+  so.optimizer_scale_blocks = group.scale_blocks;
   auto s = ShardStore::Create(*device, nvme.get(), std::move(so));
   if (!s.ok()) return std::move(s).status().WithContext("allocating the shards");
   store = std::move(s).value();
@@ -286,6 +311,7 @@ Status Engine::Impl::CreateOptimizer() {
   const uint64_t placed = placement.bytes[static_cast<int>(Tier::kHost)];
   uc.speculation_room_bytes = budgets.host_bytes > placed ? budgets.host_bytes - placed : 0;
   uc.host_compute = host_compute;
+  uc.states = static_cast<StateFormat>(cfg.optimizer_states);
   ASSIGN_OR_RETURN(updater, Updater::Create(std::move(parts), uc));
   return Status::OK();
 }
@@ -294,9 +320,8 @@ Status Engine::Impl::CreateOptimizer() {
 Status Engine::Impl::InitialValues() {
   const uint64_t shard_elems = layout.shard_elems();
   Status s = optimizer().Init([&](const OptimizerGroup& g) -> Status {
-    std::memset(g.master, 0, shard_elems * 4);
-    std::memset(g.m, 0, shard_elems * 4);
-    std::memset(g.v, 0, shard_elems * 4);
+    std::memset(g.master, 0, optimizer().group_bytes());  // master, moments, scales
+    (void)shard_elems;
     std::vector<float> whole;
     for (const ShardSlice& sl : slices[static_cast<size_t>(g.chunk)]) {
       const ParamSpec& ps = params[static_cast<size_t>(sl.tensor)];

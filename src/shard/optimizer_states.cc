@@ -13,13 +13,55 @@
 
 namespace tierzero {
 
-uint64_t OptimizerStates::SwapSlotBytes(uint64_t shard_elems) {
-  return AlignUp(shard_elems * 12, kNvmeAlignment);
+uint64_t GroupLayout::moment_offset(int which) const {
+  const uint64_t moment = AlignUp(MomentWidth(format) * shard_elems, 64);
+  return AlignUp(4 * shard_elems, 64) + static_cast<uint64_t>(which) * moment;
+}
+
+uint64_t GroupLayout::scale_offset(int which) const {
+  const uint64_t scales = format == StateFormat::kInt8 ? AlignUp(4 * scale_blocks, 64) : 0;
+  return moment_offset(2) + static_cast<uint64_t>(which) * scales;
+}
+
+uint64_t GroupLayout::bytes() const {
+  // fp32: master | m | v, 12 bytes an element as they always were.
+  return format == StateFormat::kF32 ? 12 * shard_elems : scale_offset(2);
+}
+
+OptimizerGroup GroupLayout::At(int chunk, void* memory) const {
+  auto* base = static_cast<uint8_t*>(memory);
+  OptimizerGroup g;
+  g.chunk = chunk;
+  g.format = format;
+  g.master = reinterpret_cast<float*>(base);
+  if (format == StateFormat::kF32) {
+    g.m = g.master + shard_elems;
+    g.v = g.master + 2 * shard_elems;
+    return g;
+  }
+  g.m_state = base + moment_offset(0);
+  g.v_state = base + moment_offset(1);
+  if (format == StateFormat::kInt8) {
+    g.m_scale = reinterpret_cast<float*>(base + scale_offset(0));
+    g.v_scale = reinterpret_cast<float*>(base + scale_offset(1));
+  }
+  return g;
+}
+
+uint64_t OptimizerStates::SwapSlotBytes(const GroupLayout& layout) {
+  return AlignUp(layout.bytes(), kNvmeAlignment);
 }
 
 StatusOr<std::unique_ptr<OptimizerStates>> OptimizerStates::Create(Device* device, NvmeStore* nvme,
                                                                    uint64_t shard_elems,
-                                                                   std::vector<Tier> tier) {
+                                                                   std::vector<Tier> tier,
+                                                                   StateFormat format,
+                                                                   uint64_t scale_blocks) {
+  if (format == StateFormat::kInt8 && scale_blocks < StateScaleCount(shard_elems)) {
+    return InvalidArgumentError("8-bit optimizer states need at least " +
+                                std::to_string(StateScaleCount(shard_elems)) +
+                                " scale blocks a group, not " + std::to_string(scale_blocks));
+  }
   for (Tier t : tier) {
     if (t == Tier::kDevice && device == nullptr) {
       return InvalidArgumentError("optimizer states placed on the device but no device is given");
@@ -28,8 +70,11 @@ StatusOr<std::unique_ptr<OptimizerStates>> OptimizerStates::Create(Device* devic
       return InvalidArgumentError("optimizer states placed on NVMe but no NVMe store is open");
     }
   }
-  std::unique_ptr<OptimizerStates> s(
-      new OptimizerStates(device, nvme, shard_elems, std::move(tier)));
+  GroupLayout layout;
+  layout.shard_elems = shard_elems;
+  layout.format = format;
+  layout.scale_blocks = format == StateFormat::kInt8 ? scale_blocks : 0;
+  std::unique_ptr<OptimizerStates> s(new OptimizerStates(device, nvme, layout, std::move(tier)));
   RETURN_IF_ERROR(s->Allocate());
   return s;
 }
@@ -86,12 +131,12 @@ Status OptimizerStates::Allocate() {
       device_group_[c] =
           static_cast<uint8_t*>(device_memory_.data()) + static_cast<uint64_t>(d++) * group_bytes();
     } else {
-      host_[c] = reinterpret_cast<float*>(host_memory_.data()) +
-                 static_cast<uint64_t>(h++) * 3 * shard_elems_;
+      host_[c] =
+          static_cast<uint8_t*>(host_memory_.data()) + static_cast<uint64_t>(h++) * group_bytes();
     }
   }
   if (any_nvme) {
-    ASSIGN_OR_RETURN(swap_arena_, PinnedArena::Create(nullptr, SwapSlotBytes(shard_elems_), 3));
+    ASSIGN_OR_RETURN(swap_arena_, PinnedArena::Create(nullptr, SwapSlotBytes(layout_), 3));
     Status reg = nvme_->RegisterBuffers({{swap_arena_->base(), swap_arena_->total_bytes()}});
     if (!reg.ok()) {
       TZ_LOG(kWarn, kEngine) << "optimizer swap buffers not registered: " << reg.ToString();
@@ -101,8 +146,7 @@ Status OptimizerStates::Allocate() {
 }
 
 OptimizerGroup OptimizerStates::Group(int chunk, void* data) const {
-  auto* f = static_cast<float*>(data);
-  return {chunk, f, f + shard_elems_, f + 2 * shard_elems_};
+  return layout_.At(chunk, data);
 }
 
 OptimizerGroup OptimizerStates::Resident(int chunk) const {
@@ -111,7 +155,7 @@ OptimizerGroup OptimizerStates::Resident(int chunk) const {
   return Group(chunk, tier(chunk) == Tier::kDevice ? device_group_[c] : host_[c]);
 }
 
-float* OptimizerStates::SwapHost(int chunk, float* replacement) {
+void* OptimizerStates::SwapHost(int chunk, void* replacement) {
   TZ_CHECK(tier(chunk) == Tier::kHost) << "chunk " << chunk << "'s states are not in host memory";
   return std::exchange(host_[static_cast<size_t>(chunk)], replacement);
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/aligned_buffer.h"
+#include "core/state_format.h"
 #include "core/status.h"
 #include "offload/device.h"
 #include "offload/nvme_store.h"
@@ -23,12 +24,31 @@
 
 namespace tierzero {
 
-// One chunk's optimizer state, in memory for the duration of a call.
+// One chunk's optimizer state, in memory for the duration of a call: the fp32 master and the
+// moments, fp32 (m, v) or compressed (m_state, v_state and with kInt8 their block scales).
 struct OptimizerGroup {
   int chunk = -1;
   float* master = nullptr;
-  float* m = nullptr;
+  float* m = nullptr;  // kF32 only
   float* v = nullptr;
+  StateFormat format = StateFormat::kF32;
+  void* m_state = nullptr;  // kBF16, kInt8
+  void* v_state = nullptr;
+  float* m_scale = nullptr;  // kInt8: GroupLayout::scale_blocks each
+  float* v_scale = nullptr;
+};
+
+// Where a group's parts lie in its memory: [master][m][v][m scales][v scales], each 64-byte
+// aligned. `scale_blocks`: the 8-bit scales per moment, enough for every slice's blocks
+// (Note [8-bit blocks per slice] in update/updater.cc).
+struct GroupLayout {
+  uint64_t shard_elems = 0;
+  StateFormat format = StateFormat::kF32;
+  uint64_t scale_blocks = 0;
+  uint64_t moment_offset(int which) const;  // 0: m, 1: v
+  uint64_t scale_offset(int which) const;
+  uint64_t bytes() const;  // the whole group
+  OptimizerGroup At(int chunk, void* memory) const;
 };
 using OptimizerGroupFn = std::function<Status(const OptimizerGroup&)>;
 
@@ -44,14 +64,17 @@ class OptimizerStates {
   // `device` when any is kDevice (host groups are registered with it for asynchronous copies).
   static StatusOr<std::unique_ptr<OptimizerStates>> Create(Device* device, NvmeStore* nvme,
                                                            uint64_t shard_elems,
-                                                           std::vector<Tier> tier);
+                                                           std::vector<Tier> tier,
+                                                           StateFormat format = StateFormat::kF32,
+                                                           uint64_t scale_blocks = 0);
   ~OptimizerStates();
 
   Tier tier(int chunk) const { return tier_[static_cast<size_t>(chunk)]; }
   int num_chunks() const { return static_cast<int>(tier_.size()); }
   // Bytes of one group (master, m and v) and of a swap slot.
-  uint64_t group_bytes() const { return shard_elems_ * 12; }
-  static uint64_t SwapSlotBytes(uint64_t shard_elems);
+  uint64_t group_bytes() const { return layout_.bytes(); }
+  const GroupLayout& layout() const { return layout_; }
+  static uint64_t SwapSlotBytes(const GroupLayout& layout);
 
   // Fills every group (without reading first: the states have no contents yet); NVMe groups are
   // written behind while the next is filled.
@@ -80,11 +103,11 @@ class OptimizerStates {
   // A host or device group's own memory (master, m, v in host memory or in device memory), for
   // the update phase's copies. REQUIRES: tier(chunk) is not kNvme.
   OptimizerGroup Resident(int chunk) const;
-  // Makes `replacement` (group_bytes(), master | m | v) chunk's host group and returns the
+  // Makes `replacement` (group_bytes(), laid out as layout()) chunk's host group and returns the
   // memory it had, which becomes the caller's to reuse while these states live (the speculative
-  // start's commit: Note [The speculative start] in engine/speculation.cc). REQUIRES:
+  // start's commit: Note [The speculative start] in update/speculation.cc). REQUIRES:
   // tier(chunk) is kHost; `replacement` outlives its use here.
-  float* SwapHost(int chunk, float* replacement);
+  void* SwapHost(int chunk, void* replacement);
 
   // The disk's rates for one group's states, in bytes/s: the first NVMe group read into a swap
   // slot and written back unchanged, alone and then both at once (as the swap pipeline overlaps
@@ -98,8 +121,8 @@ class OptimizerStates {
   const OptimizerCounters& counters() const { return counters_; }
 
  private:
-  OptimizerStates(Device* device, NvmeStore* nvme, uint64_t shard_elems, std::vector<Tier> tier)
-      : device_(device), nvme_(nvme), shard_elems_(shard_elems), tier_(std::move(tier)) {}
+  OptimizerStates(Device* device, NvmeStore* nvme, GroupLayout layout, std::vector<Tier> tier)
+      : device_(device), nvme_(nvme), layout_(layout), tier_(std::move(tier)) {}
   Status Allocate();
   OptimizerGroup Group(int chunk, void* data) const;
   // fn on a device group through the bounce buffer: copied in first unless `fresh`, and back
@@ -108,9 +131,9 @@ class OptimizerStates {
 
   Device* device_;
   NvmeStore* nvme_;
-  uint64_t shard_elems_;
+  GroupLayout layout_;
   std::vector<Tier> tier_;
-  std::vector<float*> host_;  // per chunk, into host_memory_ (null on NVMe)
+  std::vector<void*> host_;  // per chunk, into host_memory_ (null on NVMe)
   std::vector<NvmeExtent> extent_;
   AlignedBuffer host_memory_;
   bool host_registered_ = false;

@@ -80,8 +80,10 @@ Status ShardStore::Init() {
   }
   if (device_chunks > 0) RETURN_IF_ERROR(stream_.Synchronize());
   if (!options_.optimizer_tier.empty()) {
-    ASSIGN_OR_RETURN(optimizer_, OptimizerStates::Create(&device_, nvme_, geometry().shard_elems,
-                                                         options_.optimizer_tier));
+    ASSIGN_OR_RETURN(
+        optimizer_,
+        OptimizerStates::Create(&device_, nvme_, geometry().shard_elems, options_.optimizer_tier,
+                                options_.optimizer_format, options_.optimizer_scale_blocks));
   }
   return Status::OK();
 }

@@ -49,6 +49,9 @@ struct ShardStoreOptions {
   // empty: the store keeps no optimizer states, as in the chunk manager's own tests).
   std::vector<Tier> param_tier;
   std::vector<Tier> optimizer_tier;
+  // How the moments are stored, and with kInt8 the scale blocks a group holds (OptimizerStates).
+  StateFormat optimizer_format = StateFormat::kF32;
+  uint64_t optimizer_scale_blocks = 0;
   // Gradient shards in fp32 (gradient accumulation) instead of the compute dtype.
   bool fp32_grads = false;
   // Room kept after each host parameter shard, for the gather paths that send a tag with the

@@ -23,7 +23,8 @@ std::string_view UpdateWhereName(UpdateWhere w) {
 std::vector<UpdateGroup> MakeUpdateGroups(const std::vector<UpdateGroupTiers>& tiers,
                                           uint64_t shard_elems, uint64_t grad_bytes,
                                           uint64_t shard_bytes, int read_ahead, bool write_behind,
-                                          const std::vector<bool>& done_ahead) {
+                                          const std::vector<bool>& done_ahead,
+                                          uint64_t state_bytes) {
   constexpr int kBehind = 2;
   int nvme_total = 0;
   for (const UpdateGroupTiers& t : tiers) nvme_total += t.states_on_nvme;
@@ -33,6 +34,7 @@ std::vector<UpdateGroup> MakeUpdateGroups(const std::vector<UpdateGroupTiers>& t
     const UpdateGroupTiers& t = tiers[c];
     UpdateGroup g;
     g.elems = shard_elems;
+    g.state_bytes = state_bytes;
     g.grad_bytes = grad_bytes;
     g.out_bytes = t.param_on_device ? 0 : shard_bytes;
     g.states_on_device = t.states_on_device;
@@ -70,7 +72,7 @@ uint64_t UpdateSlotBytes(const UpdateGroup& g, UpdateWhere where) {
     case UpdateWhere::kDeviceResident:
       return g.grad_bytes + g.out_bytes;
     case UpdateWhere::kDeviceStreamed:
-      return g.elems * 12 + g.grad_bytes + g.out_bytes;
+      return static_cast<uint64_t>(StateBytes(g)) + g.grad_bytes + g.out_bytes;
   }
   return 0;
 }
@@ -82,7 +84,7 @@ double Div(double bytes, double rate) { return bytes > 0 ? bytes / rate : 0.0; }
 // A group's states copied between the device and the host (a device group updated by the CPU
 // through OptimizerStates' bounce buffer).
 double BounceSeconds(const UpdateGroup& g, const UpdateRates& r) {
-  return Div(12.0 * g.elems, r.d2h_bytes_per_s) + Div(12.0 * g.elems, r.h2d_bytes_per_s);
+  return Div(StateBytes(g), r.d2h_bytes_per_s) + Div(StateBytes(g), r.h2d_bytes_per_s);
 }
 
 }  // namespace
@@ -143,10 +145,10 @@ UpdateAssignment Simulate(const std::vector<UpdateGroup>& groups,
     const UpdateGroup& g = groups[i];
     const bool streamed = where[i] == UpdateWhere::kDeviceStreamed;
     const double up_s =
-        Div(static_cast<double>(g.grad_bytes) + (streamed ? 12.0 * g.elems : 0.0), h2d_rate);
+        Div(static_cast<double>(g.grad_bytes) + (streamed ? StateBytes(g) : 0.0), h2d_rate);
     const double adam = Div(static_cast<double>(g.elems), r.device_params_per_s);
     const double down_s =
-        Div(static_cast<double>(g.out_bytes) + (streamed ? 12.0 * g.elems : 0.0), d2h_rate);
+        Div(static_cast<double>(g.out_bytes) + (streamed ? StateBytes(g) : 0.0), d2h_rate);
     double& slot = slot_free[k++ % slot_free.size()];
     h2d_free = std::max(h2d_free, slot) + up_s;
     adam_free = std::max(adam_free, h2d_free) + adam;
@@ -188,7 +190,7 @@ UpdateAssignment Simulate(const std::vector<UpdateGroup>& groups,
                        : r.nvme_read_ahead_window_s * r.nvme_read_bytes_per_s;
     for (size_t i : nvme) {
       const UpdateGroup& g = groups[i];
-      double read_bytes = 12.0 * g.elems;
+      double read_bytes = StateBytes(g);
       if (g.read_ahead) {
         const double done = std::min(read_bytes, ahead);
         ahead -= done;
@@ -197,7 +199,7 @@ UpdateAssignment Simulate(const std::vector<UpdateGroup>& groups,
       const double write_bytes =
           g.write_behind
               ? 0.0
-              : 12.0 * g.elems + (g.param_on_nvme ? static_cast<double>(g.out_bytes) : 0.0);
+              : StateBytes(g) + (g.param_on_nvme ? static_cast<double>(g.out_bytes) : 0.0);
       const double rd = Div(read_bytes, r.nvme_read_bytes_per_s);
       const double wr = Div(write_bytes, r.nvme_write_bytes_per_s);
       const double a = Div(static_cast<double>(g.elems), cpu_rate);

@@ -63,10 +63,11 @@ struct UpdateRates {
 
 // One group as the model sees it.
 struct UpdateGroup {
-  uint64_t elems = 0;       // shard elements (master, m, v: 12 bytes each)
-  uint64_t grad_bytes = 0;  // the gradient shard, uploaded for a device update
-  uint64_t out_bytes = 0;   // the compute-dtype parameters, downloaded (0: the shard is on the
-                            // device, written in place)
+  uint64_t elems = 0;        // shard elements
+  uint64_t state_bytes = 0;  // the group's master, m and v (0: fp32, 12 bytes an element)
+  uint64_t grad_bytes = 0;   // the gradient shard, uploaded for a device update
+  uint64_t out_bytes = 0;    // the compute-dtype parameters, downloaded (0: the shard is on the
+                             // device, written in place)
   bool states_on_device = false;
   bool states_on_nvme = false;
   // The CPU's update also writes an NVMe parameter shard (a device update may not: kCpu only).
@@ -122,7 +123,12 @@ struct UpdateGroupTiers {
 std::vector<UpdateGroup> MakeUpdateGroups(const std::vector<UpdateGroupTiers>& tiers,
                                           uint64_t shard_elems, uint64_t grad_bytes,
                                           uint64_t shard_bytes, int read_ahead, bool write_behind,
-                                          const std::vector<bool>& done_ahead);
+                                          const std::vector<bool>& done_ahead,
+                                          uint64_t state_bytes = 0);
+// A group's state bytes (UpdateGroup::state_bytes, or 12 an element).
+inline double StateBytes(const UpdateGroup& g) {
+  return g.state_bytes > 0 ? static_cast<double>(g.state_bytes) : 12.0 * g.elems;
+}
 
 // The rate probe at the first step (Note [Measuring the update phase's rates]): the elements it
 // updates (at least a group, at most 4M and an eighth of the host budget at 20 bytes each), and

@@ -62,8 +62,7 @@ int Updater::SpeculationSlots(int want) {
     if (device_->RegisterHostMemory(states.buf.data(), states.buf.bytes()).ok()) {
       states.device = device_;  // else still correct, only the copies are synchronous
     }
-    spec_.free.push_back(
-        {reinterpret_cast<float*>(states.buf.data()), static_cast<uint8_t*>(out.buf.data())});
+    spec_.free.push_back({states.buf.data(), static_cast<uint8_t*>(out.buf.data())});
     side_memory_.push_back(std::move(states));
     side_memory_.push_back(std::move(out));
     spec_.pool_bytes += per;
@@ -155,8 +154,7 @@ void Updater::SpeculationWorker(Speculation::Queue& q) {
     // The shard's padding zero, as the step leaves it: a side buffer last held another chunk's
     // parameters, whose tensors may reach where this chunk's padding begins.
     std::memset(slot.out, 0, layout_.shard_bytes());
-    const uint64_t n = layout_.shard_elems();
-    Status s = AdamInto({c, slot.states, slot.states + n, slot.states + 2 * n}, slot.out, spec_.so);
+    Status s = AdamInto(optimizer().layout().At(c, slot.states), slot.out, spec_.so);
     if (!s.ok()) {
       spec_.error =
           std::move(s).WithContext("the speculative update of chunk " + std::to_string(c));
@@ -230,7 +228,7 @@ StatusOr<std::vector<bool>> Updater::CommitSpeculation(bool exact) {
       return std::move(wrote).WithContext("committing the speculative update of chunk " +
                                           std::to_string(c));
     }
-    float* old = optimizer().SwapHost(c, slot.states);
+    void* old = optimizer().SwapHost(c, slot.states);
     spec_.free.push_back({old, slot.out});
     committed[static_cast<size_t>(c)] = true;
     ++n;

@@ -92,7 +92,8 @@ std::vector<UpdateGroup> Updater::Groups() const {
                      optimizer().tier(c) == Tier::kDevice, optimizer().tier(c) == Tier::kNvme});
   }
   return MakeUpdateGroups(tiers, layout_.shard_elems(), store_->grad_bytes(), layout_.shard_bytes(),
-                          optimizer().staged(), kWriteBehind.Get(), phase_.skip);
+                          optimizer().staged(), kWriteBehind.Get(), phase_.skip,
+                          optimizer().group_bytes());
 }
 
 bool OptimizerWritesBehind() { return kWriteBehind.Get(); }
@@ -161,11 +162,35 @@ StatusOr<UpdateRates> Updater::MeasureRates(void* scratch, uint64_t scratch_byte
                        dt,
                        n};
   };
+  // CPU Adam in the run's moment format (compressed moments beside the fp32 ones' master).
+  const GroupLayout& gl = optimizer().layout();
+  AlignedBuffer moments;
+  if (gl.format != StateFormat::kF32) {
+    moments = AlignedBuffer::Allocate(2 * (AlignUp(MomentWidth(gl.format) * total, 64) +
+                                           AlignUp(4 * calls * StateScaleCount(n), 64)));
+    if (moments.data() == nullptr) return OutOfMemoryError("the optimizer's rate probe");
+    std::memset(moments.data(), 0, moments.bytes());
+  }
+  auto cpu_buffers = [&](uint64_t k) {
+    AdamBuffers b = buffers(f, total, hgrad, hout, k);
+    if (gl.format == StateFormat::kF32) return b;
+    auto* base = static_cast<uint8_t*>(moments.data());
+    const uint64_t w = MomentWidth(gl.format);
+    const uint64_t codes = AlignUp(w * total, 64);
+    const uint64_t half = codes + AlignUp(4 * calls * StateScaleCount(n), 64);
+    b.states = gl.format;
+    b.m_state = base + w * k * n;
+    b.v_state = base + half + w * k * n;
+    // Each moment's scales after its codes, StateScaleCount(n) a call.
+    b.m_scale = reinterpret_cast<float*>(base + codes) + k * StateScaleCount(n);
+    b.v_scale = reinterpret_cast<float*>(base + half + codes) + k * StateScaleCount(n);
+    return b;
+  };
   std::vector<double> t;
   for (int round = 0; round < kRounds; ++round) {
     const auto t0 = std::chrono::steady_clock::now();
     for (uint64_t k = 0; k < calls; ++k)
-      RETURN_IF_ERROR(adam_plain_->Step(buffers(f, total, hgrad, hout, k), so).status());
+      RETURN_IF_ERROR(adam_plain_->Step(cpu_buffers(k), so).status());
     t.push_back(Since(t0));
   }
   r.cpu_params_per_s = static_cast<double>(total) / std::max(Median(t), 1e-9);
@@ -362,7 +387,9 @@ Status Updater::RunPhase(const AdamStepOptions& so, bool prof) {
   }
   const std::vector<UpdateGroup> groups = Groups();
   UpdateBudget budget;
-  budget.mode = cfg_.placement == OptimizerPlacement::kCpu        ? UpdateMode::kCpu
+  // Compressed moments have no device pass yet: every group updates on the CPU.
+  budget.mode = cfg_.placement == OptimizerPlacement::kCpu || cfg_.states != StateFormat::kF32
+                    ? UpdateMode::kCpu
                 : cfg_.placement == OptimizerPlacement::kFraction ? UpdateMode::kFraction
                                                                   : UpdateMode::kAuto;
   budget.device_fraction = cfg_.device_fraction;

@@ -162,7 +162,7 @@ Status Updater::AdamGroup(const OptimizerGroup& g, const AdamStepOptions& so, bo
     ~SpanAtExit() {
       if (on) {
         u->timeline_.Add({Track::kOptimizer, "Adam chunk " + std::to_string(chunk), start,
-                          u->timeline_.Now() - start, -1, chunk, u->layout_.shard_elems() * 12});
+                          u->timeline_.Now() - start, -1, chunk, u->optimizer().group_bytes()});
       }
     }
   } span{this, prof, chunk_start_s, c};
@@ -174,15 +174,41 @@ Status Updater::AdamGroup(const OptimizerGroup& g, const AdamStepOptions& so, bo
   return Status::OK();
 }
 
+// Note [8-bit blocks per slice]
+// CpuAdam runs once per slice (a tensor's part of the shard: its weight decay is its own), and an
+// 8-bit block's scale is computed from the block's own new moments, so a block must not straddle
+// two slices: each slice's blocks start at its own first element. Slice s of a chunk (in offset
+// order) takes the scales from floor(offset / 64) + s on: its ceil(numel / 64) blocks end before
+// the next slice's first, since floor(offset / 64) + ceil(numel / 64) <= floor((offset + numel)
+// / 64) + 1. A group therefore holds ceil(shard_elems / 64) + (the most slices a chunk has)
+// scales per moment (OptimizerGroupLayout). The stochastic rounding's key is the element's place
+// among every rank's parameters (chunk, rank, offset), the same on a resumed run.
 Status Updater::AdamInto(const OptimizerGroup& g, uint8_t* out, const AdamStepOptions& so) {
   const DType gt = store_->grad_dtype();
   const DType dt = cfg_.compute_dtype;
   const auto* grad = static_cast<const uint8_t*>(store_->grad(g.chunk));
-  for (const ShardSlice& sl : slices_[static_cast<size_t>(g.chunk)]) {
+  const std::vector<ShardSlice>& slices = slices_[static_cast<size_t>(g.chunk)];
+  const uint64_t key0 = static_cast<uint64_t>(g.chunk) * layout_.chunk_elems() +
+                        static_cast<uint64_t>(comm_->rank()) * layout_.shard_elems();
+  const uint64_t w = MomentWidth(g.format);
+  for (size_t s = 0; s < slices.size(); ++s) {
+    const ShardSlice& sl = slices[s];
     AdamBuffers b;
     b.master = g.master + sl.shard_offset;
-    b.m = g.m + sl.shard_offset;
-    b.v = g.v + sl.shard_offset;
+    b.states = g.format;
+    if (g.format == StateFormat::kF32) {
+      b.m = g.m + sl.shard_offset;
+      b.v = g.v + sl.shard_offset;
+    } else {
+      b.m_state = static_cast<uint8_t*>(g.m_state) + w * sl.shard_offset;
+      b.v_state = static_cast<uint8_t*>(g.v_state) + w * sl.shard_offset;
+      if (g.format == StateFormat::kInt8) {
+        const uint64_t first = sl.shard_offset / kStateBlockElems + s;
+        b.m_scale = g.m_scale + first;
+        b.v_scale = g.v_scale + first;
+      }
+      b.rounding_key = static_cast<uint32_t>(key0 + sl.shard_offset);
+    }
     b.grad = grad + DTypeBytes(gt, sl.shard_offset);
     b.grad_dtype = gt;
     b.n = sl.numel;

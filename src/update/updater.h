@@ -55,6 +55,9 @@ struct UpdaterConfig {
   // The host budget left after placement: the speculative start's side buffers' room.
   uint64_t speculation_room_bytes = 0;
   bool host_compute = false;  // the device computes on the CPU's cores (the simulated device)
+  // How the moments are stored (the store's OptimizerStates::layout() says the same). Compressed
+  // moments update on the CPU only (no device pass yet).
+  StateFormat states = StateFormat::kF32;
 };
 
 // What it works on. Not owned; each outlives the Updater's use of it.
@@ -225,8 +228,8 @@ class Updater {
       int announced TZ_GUARDED_BY(mu) = 0;  // by the gradient callback, during backward
     };
     struct Slot {
-      float* states;  // master | m | v
-      uint8_t* out;   // the parameter shard's new contents
+      void* states;  // a group's memory (OptimizerStates::layout())
+      uint8_t* out;  // the parameter shard's new contents
     };
     bool prepared = false;  // Prepare was called for the next step
     StepOptions options;

@@ -29,46 +29,11 @@ using gpt::Dataset;
 using gpt::Gpt;
 using gpt::GptConfig;
 
+using testing_models::Make;
 using testing_models::SmallModel;
 using testing_models::TempDir;
-
-struct Trainer {
-  std::unique_ptr<Engine> engine;
-  std::unique_ptr<Gpt> model;
-  std::unique_ptr<Dataset> data;
-};
-
-Trainer Make(const EngineConfig& ec, const GptConfig& mc = SmallModel()) {
-  Trainer r;
-  auto e = Engine::Create(ec);
-  EXPECT_TRUE(e.ok()) << e.status().ToString();
-  r.engine = std::move(e).value();
-  auto m = Gpt::Create(*r.engine, mc);
-  EXPECT_TRUE(m.ok()) << m.status().ToString();
-  r.model = std::move(m).value();
-  Status s = r.engine->Finalize();
-  EXPECT_TRUE(s.ok()) << s.ToString();
-  DataConfig dc;
-  r.data = std::move(Dataset::Create(dc, mc.seq_len)).value();
-  return r;
-}
-
-// Steps [from, to): one micro-batch each (batch index = step), returns the losses.
-std::vector<double> Train(Trainer& r, int from, int to, int batch = 8) {
-  std::vector<double> losses;
-  for (int s = from; s < to; ++s) {
-    for (int micro = 0; micro < r.engine->config().grad_accumulation; ++micro) {
-      Batch b = r.data->Get(false, static_cast<uint64_t>(s * 16 + micro), batch);
-      auto l = r.model->ForwardBackward(b);
-      EXPECT_TRUE(l.ok()) << l.status().ToString();
-      if (!l.ok()) return losses;
-      if (micro == 0) losses.push_back(*l);
-    }
-    auto st = r.engine->Step({1e-3f});
-    EXPECT_TRUE(st.ok()) << st.status().ToString();
-  }
-  return losses;
-}
+using testing_models::Train;
+using testing_models::Trainer;
 
 // The simulated device, or the GPU when TZ_TEST_DEVICE=cuda (the GPU machine's run, docs/gpu.md:
 // the same tests then drive the CUDA engine and the GPT's CUDA ops).

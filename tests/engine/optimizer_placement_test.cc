@@ -158,6 +158,7 @@ TEST_P(SpeculativeStartTest, IsExactWhetherUsedOrRolledBack) {
     float loss_scale;  // fp16's first loss scale
     bool expect_used, expect_rollback;
     bool half_streamed = false;  // the other groups stream to the device meanwhile
+    MomentFormat moments = MomentFormat::kF32;
   };
   // fp16: the loss scale doubles after every 2 good steps, so overflows recur through the run
   // (each a skipped step whose speculation is rolled back).
@@ -169,6 +170,9 @@ TEST_P(SpeculativeStartTest, IsExactWhetherUsedOrRolledBack) {
       {"other options every third step", 0, 1, Prepare::kSometimesOther, big, true, true},
       {"accumulation of 2", 0, 2, Prepare::kSame, big, true, f16},
       {"half the groups streamed to the device", 0, 1, Prepare::kSame, big, true, f16, true},
+      {"bf16 moments", 0, 1, Prepare::kSometimesOther, big, true, true, false, MomentFormat::kBF16},
+      {"8-bit moments", 0, 1, Prepare::kSometimesOther, big, true, true, false,
+       MomentFormat::kInt8},
   };
   for (const SpecCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -180,6 +184,7 @@ TEST_P(SpeculativeStartTest, IsExactWhetherUsedOrRolledBack) {
     ec.loss_scale_window = 2;
     ec.optimizer = c.half_streamed ? OptimizerPlacement::kFraction : OptimizerPlacement::kCpu;
     ec.optimizer_device_fraction = 0.5;
+    ec.optimizer_states = c.moments;
     ec.speculative_step = SpeculativeStep::kOff;
     const TrainResult ref = Train(ec, 20, c.prepare);
     ec.speculative_step = SpeculativeStep::kOn;

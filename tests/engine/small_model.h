@@ -6,10 +6,12 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <system_error>
 #include <vector>
 
+#include "gpt/data.h"
 #include "gpt/gpt.h"
 #include "tierzero/engine.h"
 
@@ -31,6 +33,45 @@ inline EngineConfig SmallEngineConfig(DeviceChoice device) {
   ec.chunk_elems = 16384;
   ec.host_budget = uint64_t{256} << 20;
   return ec;
+}
+
+// A model, its engine and its data (the tests' trainer).
+struct Trainer {
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<gpt::Gpt> model;
+  std::unique_ptr<gpt::Dataset> data;
+};
+
+inline Trainer Make(const EngineConfig& ec, const gpt::GptConfig& mc = SmallModel()) {
+  Trainer r;
+  auto e = Engine::Create(ec);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  r.engine = std::move(e).value();
+  auto m = gpt::Gpt::Create(*r.engine, mc);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  r.model = std::move(m).value();
+  Status s = r.engine->Finalize();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  gpt::DataConfig dc;
+  r.data = std::move(gpt::Dataset::Create(dc, mc.seq_len)).value();
+  return r;
+}
+
+// Steps [from, to): one micro-batch each (batch index = step), returns the losses.
+inline std::vector<double> Train(Trainer& r, int from, int to, int batch = 8) {
+  std::vector<double> losses;
+  for (int s = from; s < to; ++s) {
+    for (int micro = 0; micro < r.engine->config().grad_accumulation; ++micro) {
+      gpt::Batch b = r.data->Get(false, static_cast<uint64_t>(s * 16 + micro), batch);
+      auto l = r.model->ForwardBackward(b);
+      EXPECT_TRUE(l.ok()) << l.status().ToString();
+      if (!l.ok()) return losses;
+      if (micro == 0) losses.push_back(*l);
+    }
+    auto st = r.engine->Step({1e-3f});
+    EXPECT_TRUE(st.ok()) << st.status().ToString();
+  }
+  return losses;
 }
 
 // Every parameter's fp32 values, in id order (ReadParam; a failed read fails the test).

@@ -1,0 +1,139 @@
+// Compressed optimizer states through the engine (engine.optimizer_states): with bf16 and 8-bit
+// moments every tier gives the same losses bit for bit (the moments live in host memory or on
+// NVMe, the parameters resident, in host memory or on NVMe), training stays within reach of
+// fp32 moments, a resume continues with the very losses of an uninterrupted run, a checkpoint of
+// one format loads into a run of another, the groups take the bytes the format says, and the
+// update stays on the CPU (the device pass is not built).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "small_model.h"
+#include "tierzero/engine.h"
+
+namespace tierzero {
+namespace {
+
+using testing_models::Make;
+using testing_models::TempDir;
+using testing_models::Train;
+using testing_models::Trainer;
+
+EngineConfig Base() { return testing_models::SmallEngineConfig(DeviceChoice::kHost); }
+
+class MomentFormatTest : public ::testing::TestWithParam<MomentFormat> {};
+INSTANTIATE_TEST_SUITE_P(Formats, MomentFormatTest,
+                         ::testing::Values(MomentFormat::kBF16, MomentFormat::kInt8),
+                         [](const auto& info) {
+                           return info.param == MomentFormat::kBF16 ? "bf16" : "int8";
+                         });
+
+TEST_P(MomentFormatTest, EveryTierGivesTheSameLossesAndFp32IsWithinReach) {
+  TempDir dir;
+  EngineConfig resident = Base();
+  resident.device_shard_budget = uint64_t{64} << 20;
+  EngineConfig host = Base();
+  EngineConfig nvme = Base();
+  nvme.host_budget = uint64_t{1536} << 10;  // less than the states: NVMe takes the rest
+  nvme.nvme_budget = uint64_t{128} << 20;
+  nvme.nvme_path = dir.path();
+  std::vector<std::vector<double>> losses;
+  const EngineConfig configs[] = {resident, host, nvme};
+  for (int i = 0; i < 3; ++i) {
+    EngineConfig ec = configs[i];
+    ec.optimizer_states = GetParam();
+    Trainer r = Make(ec);
+    losses.push_back(Train(r, 0, 30));
+    const EngineStats st = r.engine->stats();
+    EXPECT_EQ(st.optimizer_resident_groups + st.optimizer_streamed_groups, 0);
+    if (i == 2) EXPECT_GT(r.engine->usage().nvme, 0u) << r.engine->PlacementSummary();
+  }
+  EngineConfig fp32 = host;
+  Trainer ref = Make(fp32);
+  const std::vector<double> want = Train(ref, 0, 30);
+  ASSERT_EQ(losses[0].size(), 30u);
+  for (size_t i = 0; i < 30; ++i) {
+    EXPECT_EQ(losses[0][i], losses[1][i]) << "step " << i << " resident vs host";
+    EXPECT_EQ(losses[0][i], losses[2][i]) << "step " << i << " resident vs NVMe";
+  }
+  // The same training, the moments' rounding aside: the last five losses within 2% of fp32's.
+  double got = 0, ref_sum = 0;
+  for (size_t i = 25; i < 30; ++i) {
+    got += losses[1][i];
+    ref_sum += want[i];
+  }
+  EXPECT_NEAR(got / ref_sum, 1.0, 0.02);
+  EXPECT_LT(losses[1].back(), losses[1].front() * 0.8);
+}
+
+TEST_P(MomentFormatTest, ResumeIsExactAndCheckpointsConvertBetweenFormats) {
+  TempDir dir;
+  EngineConfig ec = Base();
+  ec.optimizer_states = GetParam();
+  ec.host_budget = uint64_t{1536} << 10;
+  ec.nvme_budget = uint64_t{128} << 20;
+  ec.nvme_path = dir.path() + "/nvme";
+  std::filesystem::create_directories(ec.nvme_path);
+  std::vector<double> straight, resumed;
+  {
+    Trainer r = Make(ec);
+    straight = Train(r, 0, 12);
+  }
+  {
+    Trainer r = Make(ec);
+    resumed = Train(r, 0, 6);
+    ASSERT_TRUE(r.engine->SaveCheckpoint(dir.path() + "/ckpt", "{}").ok());
+  }
+  {
+    Trainer r = Make(ec);
+    auto user = r.engine->LoadCheckpoint(dir.path() + "/ckpt");
+    ASSERT_TRUE(user.ok()) << user.status().ToString();
+    std::vector<double> rest = Train(r, 6, 12);
+    resumed.insert(resumed.end(), rest.begin(), rest.end());
+  }
+  ASSERT_EQ(resumed.size(), straight.size());
+  for (size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(resumed[i], straight[i]) << "step " << i;
+
+  // This format's checkpoint into fp32 moments, and an fp32 one into this format: both load and
+  // go on training where they were (the next loss is the straight run's, near enough).
+  EngineConfig other = Base();
+  {
+    Trainer r = Make(other);
+    ASSERT_TRUE(r.engine->LoadCheckpoint(dir.path() + "/ckpt").ok());
+    const std::vector<double> rest = Train(r, 6, 12);
+    ASSERT_EQ(rest.size(), 6u);
+    EXPECT_EQ(rest[0], straight[6]);  // the parameters are the checkpoint's, bit for bit
+    EXPECT_NEAR(rest[5], straight[11], 0.02 * straight[11]);
+    ASSERT_TRUE(r.engine->SaveCheckpoint(dir.path() + "/fp32", "{}").ok());
+  }
+  {
+    Trainer r = Make(ec);
+    ASSERT_TRUE(r.engine->LoadCheckpoint(dir.path() + "/fp32").ok());
+    const std::vector<double> rest = Train(r, 12, 14);
+    ASSERT_EQ(rest.size(), 2u);
+    EXPECT_TRUE(std::isfinite(rest[1]));
+  }
+}
+
+TEST_P(MomentFormatTest, TheGroupsTakeTheFormatsBytes) {
+  // Everything in host memory: the host tier holds the gradients and parameter shards (2 bytes an
+  // element each, bf16) and the groups, which shrink from 12 bytes an element to 8 (bf16) or
+  // ~6.1 (8-bit); the fixed buffers shrink with the swap slots.
+  EngineConfig fp32 = Base();
+  EngineConfig packed = Base();
+  packed.optimizer_states = GetParam();
+  Trainer a = Make(fp32), b = Make(packed);
+  const double ha = static_cast<double>(a.engine->usage().host);
+  const double hb = static_cast<double>(b.engine->usage().host);
+  const double per = GetParam() == MomentFormat::kBF16 ? 8.0 : 6.2;
+  EXPECT_LT(hb, ha);
+  // The states' share: (ha - fixed) = elems x 16 against (hb - fixed) = elems x (4 + per) at
+  // most; the fixed buffers only make the ratio closer to 1.
+  EXPECT_LT(hb / ha, 1.0 - (12.0 - per) / 16.0 * 0.5);
+}
+
+}  // namespace
+}  // namespace tierzero
