@@ -20,6 +20,7 @@
 #include <sstream>
 #include <thread>
 
+#include "plan_search.h"
 #include "run_dir.h"
 #include "tierzero/bytes.h"
 #include "tierzero/files.h"
@@ -51,6 +52,10 @@ plan options:
   --json FILE           also write the prediction as JSON; `tierzero train --plan FILE` then
                         shows it beside what the run measures (report and page)
   --no-advice           when it does not fit, skip the search for what would make it fit
+  --largest             the largest GPT (or Llama, with --arch llama) these budgets train at
+                        this batch, sequence length and engine.optimizer_states, over widths
+                        128 to 12288 (heads 64 wide, at most d_model / 64 layers), with where
+                        every byte of it would live
 
 The calibration cache is $TZ_RATES_FILE, else $XDG_CACHE_HOME/tierzero/rates.json, else
 ~/.cache/tierzero/rates.json.
@@ -59,7 +64,7 @@ The calibration cache is $TZ_RATES_FILE, else $XDG_CACHE_HOME/tierzero/rates.jso
 struct PlanArgs {
   int ranks = 1, ranks_per_node = 0;
   std::string rates_path, trace_path, json_path;
-  bool calibrate = false, advice = true;
+  bool calibrate = false, advice = true, largest = false;
   std::vector<std::string> rest;  // train's options
 };
 
@@ -95,6 +100,8 @@ StatusOr<PlanArgs> ParsePlanArgs(const std::vector<std::string>& args) {
       a.calibrate = true;
     } else if (x == "--no-advice") {
       a.advice = false;
+    } else if (x == "--largest") {
+      a.largest = true;
     } else {
       a.rest.push_back(x);
     }
@@ -437,129 +444,37 @@ void SetCompute(WarmupTrace& t, const std::vector<double>& kinds, int layers) {
   }
 }
 
+}  // namespace
+
 // One plan of a config: the GPT (or the trace file's parameters) registered on an engine that
 // never finalizes.
-struct Planner {
-  const PlanArgs& args;
-  const MachineRates& rates;
-  std::vector<double> kinds;      // measured compute per kind of moment (GPT, this machine)
-  double other_s = 0;             // and the rest of a step
-  const WarmupTrace* file_trace;  // --trace
-
-  StatusOr<PlanPrediction> Run(const RunConfig& cfg, int ranks) const {
-    TZ_ASSIGN_OR_RETURN(auto engine, Engine::Create(cfg.engine));
-    PlanRequest req;
-    req.rates = rates;
-    req.world_size = ranks;
-    req.step_other_s = other_s;
-    req.ranks_per_node = args.ranks_per_node;
-    double tokens = 0;
-    if (file_trace != nullptr) {
-      for (const WarmupTrace::Param& p : file_trace->params)
-        TZ_RETURN_IF_ERROR(
-            engine->RegisterParam({p.name, p.shape, nullptr, p.weight_decay}).status());
-      req.moments = file_trace->moments;
-    } else {
-      TZ_ASSIGN_OR_RETURN(auto model, gpt::Gpt::Create(*engine, cfg.model));
-      TZ_ASSIGN_OR_RETURN(WarmupTrace t, model->DeriveTrace(cfg.train.batch_size));
-      if (!kinds.empty()) SetCompute(t, kinds, cfg.model.n_layer);
-      req.moments = std::move(t.moments);
-      tokens = static_cast<double>(cfg.train.batch_size) * cfg.model.seq_len *
-               cfg.engine.grad_accumulation * ranks;
-    }
-    TZ_ASSIGN_OR_RETURN(PlanPrediction p, engine->Plan(req));
-    p.tokens_per_step = tokens;
-    return p;
+StatusOr<PlanPrediction> Planner::Run(const RunConfig& cfg, int ranks) const {
+  TZ_ASSIGN_OR_RETURN(auto engine, Engine::Create(cfg.engine));
+  PlanRequest req;
+  req.rates = rates;
+  req.world_size = ranks;
+  req.step_other_s = other_s;
+  req.ranks_per_node = ranks_per_node;
+  double tokens = 0;
+  if (file_trace != nullptr) {
+    for (const WarmupTrace::Param& p : file_trace->params)
+      TZ_RETURN_IF_ERROR(
+          engine->RegisterParam({p.name, p.shape, nullptr, p.weight_decay}).status());
+    req.moments = file_trace->moments;
+  } else {
+    TZ_ASSIGN_OR_RETURN(auto model, gpt::Gpt::Create(*engine, cfg.model));
+    TZ_ASSIGN_OR_RETURN(WarmupTrace t, model->DeriveTrace(cfg.train.batch_size));
+    if (!kinds.empty()) SetCompute(t, kinds, cfg.model.n_layer);
+    req.moments = std::move(t.moments);
+    tokens = static_cast<double>(cfg.train.batch_size) * cfg.model.seq_len *
+             cfg.engine.grad_accumulation * ranks;
   }
-};
-
-// The smallest budget of `field` (MiB steps, doubling then bisecting) with which the plan fits,
-// or 0 when none up to 1 TiB does.
-uint64_t SmallestBudget(const Planner& pl, RunConfig cfg, uint64_t EngineConfig::*field,
-                        int ranks) {
-  auto fits = [&](uint64_t v) {
-    cfg.engine.*field = v;
-    auto p = pl.Run(cfg, ranks);
-    return p.ok() && p->fits;
-  };
-  uint64_t lo = cfg.engine.*field, hi = std::max<uint64_t>(lo, 1u << 20);
-  while (!fits(hi)) {
-    lo = hi;
-    hi *= 2;
-    if (hi > (uint64_t{1} << 40)) return 0;
-  }
-  const uint64_t mib = uint64_t{1} << 20;
-  while (hi - lo > mib) {
-    const uint64_t mid = lo + (hi - lo) / 2 / mib * mib;
-    if (mid <= lo) break;
-    (fits(mid) ? hi : lo) = mid;
-  }
-  return hi;
+  TZ_ASSIGN_OR_RETURN(PlanPrediction p, engine->Plan(req));
+  p.tokens_per_step = tokens;
+  return p;
 }
 
-void Advise(const Planner& pl, const RunConfig& cfg, int ranks, const PlanPrediction& p,
-            json& out) {
-  std::printf("\nwhat would make it fit (each alone):\n");
-  json changes = json::array();
-  struct Budget {
-    const char* name;
-    const char* flag;
-    uint64_t EngineConfig::*field;
-  } budgets[] = {{"device_budget", "--device-budget", &EngineConfig::device_budget},
-                 {"host_budget", "--host-budget", &EngineConfig::host_budget},
-                 {"nvme_budget", "--nvme-budget", &EngineConfig::nvme_budget}};
-  for (const Budget& b : budgets) {
-    const uint64_t now = cfg.engine.*b.field;
-    const uint64_t need = SmallestBudget(pl, cfg, b.field, ranks);
-    if (need == 0 || need <= now) continue;
-    std::printf("  %s %lluMiB (now %s: +%s)\n", b.flag, static_cast<unsigned long long>(need >> 20),
-                FormatBytes(now).c_str(), FormatBytes(need - now).c_str());
-    changes.push_back({{"field", std::string("engine.") + b.name}, {"value", need}, {"now", now}});
-  }
-  for (int r = ranks * 2; r <= 64; r *= 2) {
-    auto q = pl.Run(cfg, r);
-    if (q.ok() && q->fits) {
-      std::printf("  %d ranks (mpirun -np %d tierzero train ...)\n", r, r);
-      changes.push_back({{"field", "ranks"}, {"value", r}, {"now", ranks}});
-      break;
-    }
-  }
-  if (pl.file_trace == nullptr && !cfg.model.activation_checkpointing) {
-    RunConfig c = cfg;
-    c.model.activation_checkpointing = true;
-    auto q = pl.Run(c, ranks);
-    if (q.ok() && q->fits) {
-      std::printf("  --checkpoint-activations\n");
-      changes.push_back(
-          {{"field", "model.activation_checkpointing"}, {"value", true}, {"now", false}});
-    }
-  }
-  if (changes.empty()) std::printf("  (no single change up to 1 TiB or 64 ranks)\n");
-  out["advice"] = changes;
-  (void)p;
-}
-
-// The most layers of this width that fit these budgets (bisection over n_layer).
-int LargestModel(const Planner& pl, const RunConfig& cfg, int ranks) {
-  auto fits = [&](int layers) {
-    RunConfig c = cfg;
-    c.model.n_layer = layers;
-    auto p = pl.Run(c, ranks);
-    return p.ok() && p->fits;
-  };
-  if (!fits(1)) return 0;
-  int lo = 1, hi = 2;
-  while (hi <= 4096 && fits(hi)) {
-    lo = hi;
-    hi *= 2;
-  }
-  hi = std::min(hi, 4097);
-  while (hi - lo > 1) {
-    const int mid = lo + (hi - lo) / 2;
-    (fits(mid) ? lo : hi) = mid;
-  }
-  return lo;
-}
+namespace {
 
 int Fail(const Status& s) {
   std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
@@ -606,7 +521,7 @@ int Plan(const std::vector<std::string>& args) {
   }
   auto rates = LoadRates(*pa, *cfg);
   if (!rates.ok()) return Fail(rates.status().WithContext("the machine's rates"));
-  Planner pl{*pa, *rates, {}, 0.0, pa->trace_path.empty() ? nullptr : &file_trace};
+  Planner pl{pa->ranks_per_node, *rates, {}, 0.0, pa->trace_path.empty() ? nullptr : &file_trace};
   if (pa->trace_path.empty() && rates->device_shares_cpu) {
     // This machine computes the model: time a block of it.
     const int here = pa->ranks_per_node > 0 ? std::min(pa->ranks_per_node, pa->ranks) : pa->ranks;
@@ -637,11 +552,19 @@ int Plan(const std::vector<std::string>& args) {
   }
   json out = {{"schema", "tierzero.plan/1"},
               {"prediction", json::parse(PlanJson(*p), nullptr, false)}};
-  if (!p->fits && pa->advice) Advise(pl, *cfg, pa->ranks, *p, out);
-  if (pa->trace_path.empty() && pa->advice) {
+  if (!p->fits && pa->advice) Advise(pl, *cfg, pa->ranks, out);
+  if (pa->largest) {
+    if (Status s = Largest(pl, *cfg, pa->ranks, out); !s.ok()) return Fail(s);
+  } else if (pa->trace_path.empty() && pa->advice) {
     const int most = LargestModel(pl, *cfg, pa->ranks);
-    std::printf("\nlargest model of this shape that fits these budgets: %d layer%s\n", most,
-                most == 1 ? "" : "s");
+    if (most > 0) {
+      std::printf("\nlargest model of this shape that fits these budgets: %d layer%s\n", most,
+                  most == 1 ? "" : "s");
+    } else {
+      std::printf(
+          "\nnot one layer of this width fits these budgets (tierzero plan --largest "
+          "searches other widths)\n");
+    }
     out["largest_n_layer"] = most;
   }
   if (!pa->json_path.empty()) {

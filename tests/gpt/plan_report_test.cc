@@ -2,7 +2,9 @@
 // real run's (memory and bytes per iteration equal), a plan of another run is refused, a
 // malformed one named; the collectives' model of several ranks; the rates' file.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "gpt/gpt.h"
@@ -109,6 +111,38 @@ TEST(PlanReport, RowsCompareThePlanWithTheRun) {
   auto from_doc = WithPrediction(*report, doc.dump());
   ASSERT_TRUE(from_doc.ok()) << from_doc.status().ToString();
   EXPECT_EQ(json::parse(*from_doc)["prediction"], r["prediction"]);
+}
+
+// Compressed optimizer states: the plan counts the format's bytes, host and NVMe, as the run
+// holds them (states on NVMe past a small host budget).
+TEST(PlanReport, CompressedMomentsArePredictedAsTheRunHoldsThem) {
+  const std::string dir = ::testing::TempDir() + "/tz_plan_moments_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  for (MomentFormat f : {MomentFormat::kBF16, MomentFormat::kInt8}) {
+    EngineConfig ec = Config();
+    ec.optimizer_states = f;
+    ec.host_budget = uint64_t{6} << 20;
+    ec.nvme_budget = uint64_t{256} << 20;
+    ec.nvme_path = dir;
+    PlanRequest req;
+    req.rates = Rates();
+    req.rates.nvme_read_bytes_per_s = req.rates.nvme_write_bytes_per_s = 1e9;
+    auto plan = PlanFor(ec, req);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    ASSERT_TRUE(plan->fits) << plan->problem;
+    EXPECT_GT(plan->optimizer_groups[2], 0);  // some states on NVMe
+    auto report = RunReport(ec);
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    auto with = WithPrediction(*report, PlanJson(*plan));
+    ASSERT_TRUE(with.ok()) << with.status().ToString();
+    const json rows = json::parse(*with)["prediction"]["compared"];
+    for (const char* what : {"host", "NVMe"}) {
+      const json* row = Row(rows, what);
+      ASSERT_NE(row, nullptr) << what;
+      EXPECT_EQ((*row)["predicted"].get<double>(), (*row)["measured"].get<double>()) << what;
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(PlanReport, APlanOfAnotherRunOrMalformedIsRefused) {

@@ -1,0 +1,258 @@
+// `tierzero plan`'s searches (plan_search.h): each a sequence of whole plans (Planner::Run), so
+// every answer is a config the engine's own placement and plan accept.
+#include "plan_search.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "tierzero/bytes.h"
+
+namespace tierzero::app {
+
+using json = nlohmann::json;
+
+namespace {
+
+bool Fits(const Planner& pl, const RunConfig& cfg, int ranks) {
+  auto p = pl.Run(cfg, ranks);
+  return p.ok() && p->fits;
+}
+
+// The smallest budget of `field` (MiB steps, doubling then bisecting) with which the plan fits,
+// or 0 when none up to 1 TiB does.
+uint64_t SmallestBudget(const Planner& pl, RunConfig cfg, uint64_t EngineConfig::*field,
+                        int ranks) {
+  auto fits = [&](uint64_t v) {
+    cfg.engine.*field = v;
+    return Fits(pl, cfg, ranks);
+  };
+  uint64_t lo = cfg.engine.*field, hi = std::max<uint64_t>(lo, 1u << 20);
+  while (!fits(hi)) {
+    lo = hi;
+    hi *= 2;
+    if (hi > (uint64_t{1} << 40)) return 0;
+  }
+  const uint64_t mib = uint64_t{1} << 20;
+  while (hi - lo > mib) {
+    const uint64_t mid = lo + (hi - lo) / 2 / mib * mib;
+    if (mid <= lo) break;
+    (fits(mid) ? hi : lo) = mid;
+  }
+  return hi;
+}
+
+// The largest value of `*field` in [1, now) (halving) with which the plan fits, or 0.
+int LargestSmaller(const Planner& pl, RunConfig cfg, int* field, int ranks) {
+  for (int v = *field / 2; v >= 1; v /= 2) {
+    *field = v;
+    if (Fits(pl, cfg, ranks)) return v;
+  }
+  return 0;
+}
+
+const char* MomentName(MomentFormat f) {
+  return f == MomentFormat::kF32 ? "fp32" : f == MomentFormat::kBF16 ? "bf16" : "int8";
+}
+
+// Device and host budgets raised together: for each device budget from the present one (doubling
+// up to 1 TiB), the smallest host budget that fits with it; the pair that adds the fewest bytes.
+bool SmallestPair(const Planner& pl, const RunConfig& cfg, int ranks, uint64_t* device,
+                  uint64_t* host) {
+  uint64_t best = 0;
+  bool found = false;
+  const uint64_t now_d = cfg.engine.device_budget, now_h = cfg.engine.host_budget;
+  for (uint64_t d = std::max<uint64_t>(now_d, 1u << 20); d <= (uint64_t{1} << 40); d *= 2) {
+    RunConfig c = cfg;
+    c.engine.device_budget = d;
+    const uint64_t h = SmallestBudget(pl, c, &EngineConfig::host_budget, ranks);
+    if (h == 0) continue;
+    const uint64_t added = (d - now_d) + (h > now_h ? h - now_h : 0);
+    if (!found || added < best) {
+      found = true;
+      best = added;
+      *device = d;
+      *host = std::max(h, now_h);
+    }
+    if (found && d - now_d > best) break;  // a larger device budget alone adds more
+  }
+  return found;
+}
+
+}  // namespace
+
+void Advise(const Planner& pl, const RunConfig& cfg, int ranks, json& out) {
+  std::printf("\nwhat would make it fit (each alone):\n");
+  json changes = json::array();
+  struct Budget {
+    const char* name;
+    const char* flag;
+    uint64_t EngineConfig::*field;
+  } budgets[] = {{"device_budget", "--device-budget", &EngineConfig::device_budget},
+                 {"host_budget", "--host-budget", &EngineConfig::host_budget},
+                 {"nvme_budget", "--nvme-budget", &EngineConfig::nvme_budget}};
+  bool a_budget = false;
+  for (const Budget& b : budgets) {
+    const uint64_t now = cfg.engine.*b.field;
+    const uint64_t need = SmallestBudget(pl, cfg, b.field, ranks);
+    if (need == 0 || need <= now) continue;
+    a_budget = true;
+    std::printf("  %s %lluMiB (now %s: +%s)\n", b.flag, static_cast<unsigned long long>(need >> 20),
+                FormatBytes(now).c_str(), FormatBytes(need - now).c_str());
+    changes.push_back({{"field", std::string("engine.") + b.name}, {"value", need}, {"now", now}});
+  }
+  for (int r = ranks * 2; r <= 64; r *= 2) {
+    if (Fits(pl, cfg, r)) {
+      std::printf("  %d ranks (mpirun -np %d tierzero train ...)\n", r, r);
+      changes.push_back({{"field", "ranks"}, {"value", r}, {"now", ranks}});
+      break;
+    }
+  }
+  const bool gpt = pl.file_trace == nullptr;
+  if (gpt && !cfg.model.activation_checkpointing) {
+    RunConfig c = cfg;
+    c.model.activation_checkpointing = true;
+    if (Fits(pl, c, ranks)) {
+      std::printf("  --checkpoint-activations\n");
+      changes.push_back(
+          {{"field", "model.activation_checkpointing"}, {"value", true}, {"now", false}});
+    }
+  }
+  for (MomentFormat f : {MomentFormat::kBF16, MomentFormat::kInt8}) {
+    if (static_cast<int>(f) <= static_cast<int>(cfg.engine.optimizer_states)) continue;
+    RunConfig c = cfg;
+    c.engine.optimizer_states = f;
+    if (Fits(pl, c, ranks)) {
+      std::printf("  --optimizer-states %s (Adam's moments in %s bytes an element)\n",
+                  MomentName(f), f == MomentFormat::kBF16 ? "4" : "~2.1");
+      changes.push_back({{"field", "engine.optimizer_states"},
+                         {"value", MomentName(f)},
+                         {"now", MomentName(cfg.engine.optimizer_states)}});
+      break;
+    }
+  }
+  if (gpt) {
+    RunConfig c = cfg;
+    if (const int b = LargestSmaller(pl, c, &c.train.batch_size, ranks); b > 0) {
+      std::printf("  --batch-size %d (now %d)\n", b, cfg.train.batch_size);
+      changes.push_back(
+          {{"field", "train.batch_size"}, {"value", b}, {"now", cfg.train.batch_size}});
+    }
+    c = cfg;
+    if (const int t = LargestSmaller(pl, c, &c.model.seq_len, ranks); t > 0) {
+      std::printf("  --seq-len %d (now %d)\n", t, cfg.model.seq_len);
+      changes.push_back({{"field", "model.seq_len"}, {"value", t}, {"now", cfg.model.seq_len}});
+    }
+  }
+  if (changes.empty()) std::printf("  (no single change up to 1 TiB a budget or 64 ranks)\n");
+  if (!a_budget) {
+    // No budget alone: the smallest device and host budgets together.
+    uint64_t d = 0, h = 0;
+    if (SmallestPair(pl, cfg, ranks, &d, &h)) {
+      std::printf("together:\n  --device-budget %lluMiB --host-budget %lluMiB (now %s and %s)\n",
+                  static_cast<unsigned long long>(d >> 20),
+                  static_cast<unsigned long long>(h >> 20),
+                  FormatBytes(cfg.engine.device_budget).c_str(),
+                  FormatBytes(cfg.engine.host_budget).c_str());
+      changes.push_back({{"field", "engine.device_budget+engine.host_budget"},
+                         {"value", {d, h}},
+                         {"now", {cfg.engine.device_budget, cfg.engine.host_budget}}});
+    }
+  }
+  out["advice"] = changes;
+}
+
+namespace {
+
+int LargestLayers(const Planner& pl, const RunConfig& cfg, int ranks, int most) {
+  auto fits = [&](int layers) {
+    RunConfig c = cfg;
+    c.model.n_layer = layers;
+    return Fits(pl, c, ranks);
+  };
+  if (!fits(1)) return 0;
+  int lo = 1, hi = 2;
+  while (hi <= most && fits(hi)) {
+    lo = hi;
+    hi *= 2;
+  }
+  hi = std::min(hi, most + 1);
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+// The GPT's parameter count (registered on an engine that never finalizes).
+StatusOr<int64_t> CountParams(const RunConfig& cfg) {
+  TZ_ASSIGN_OR_RETURN(auto engine, Engine::Create(cfg.engine));
+  TZ_ASSIGN_OR_RETURN(auto model, gpt::Gpt::Create(*engine, cfg.model));
+  return model->num_params();
+}
+
+}  // namespace
+
+int LargestModel(const Planner& pl, const RunConfig& cfg, int ranks) {
+  return LargestLayers(pl, cfg, ranks, 4096);
+}
+
+Status Largest(const Planner& pl, const RunConfig& cfg, int ranks, json& out) {
+  if (pl.file_trace != nullptr) {
+    return InvalidArgumentError("--largest searches the built-in GPT's shapes; not with --trace");
+  }
+  constexpr int kWidths[] = {128,  256,  384,  512,  768,  1024, 1536, 2048,
+                             2560, 3072, 4096, 5120, 6144, 8192, 12288};
+  RunConfig best = cfg;
+  int64_t best_params = 0;
+  int misses = 0;
+  for (int w : kWidths) {
+    RunConfig c = cfg;
+    c.model.d_model = w;
+    c.model.n_head = w / 64;
+    c.model.n_kv_head = cfg.model.n_kv_head > 0 && cfg.model.n_head > 0
+                            ? std::max(1, c.model.n_head * cfg.model.n_kv_head / cfg.model.n_head)
+                            : 0;
+    c.model.d_ff = 0;  // the architecture's own width for it
+    // At most d_model / 64 layers (GPT-3's shapes keep under it: 96 layers at 12288): past it a
+    // deeper, narrower model holds the same bytes with more activations and less arithmetic.
+    const int layers = LargestLayers(pl, c, ranks, std::max(2, w / 64));
+    if (layers == 0) {
+      if (best_params > 0 && ++misses >= 2) break;  // wider ones fit no better
+      continue;
+    }
+    c.model.n_layer = layers;
+    auto n = CountParams(c);
+    if (!n.ok()) continue;
+    if (*n > best_params) {
+      best_params = *n;
+      best = c;
+    }
+  }
+  if (best_params == 0) {
+    std::printf("\nlargest model: none of these widths (128 to 12288) fits with one layer\n");
+    out["largest"] = nullptr;
+    return Status::OK();
+  }
+  TZ_ASSIGN_OR_RETURN(PlanPrediction p, pl.Run(best, ranks));
+  const MomentFormat f = cfg.engine.optimizer_states;
+  std::printf(
+      "\nlargest model these budgets train (batch %d x %d tokens, %s moments, %s compute%s):\n"
+      "  %s %d layers x %d wide, %d heads: %.3g B parameters\n\n",
+      cfg.train.batch_size, cfg.model.seq_len, MomentName(f),
+      std::string(DTypeName(cfg.engine.compute_dtype)).c_str(),
+      cfg.model.activation_checkpointing ? ", activation checkpointing" : "",
+      gpt::ModelName(best.model), best.model.n_layer, best.model.d_model, best.model.n_head,
+      static_cast<double>(best_params) / 1e9);
+  std::fputs(PlanTable(p).c_str(), stdout);
+  out["largest"] = {{"d_model", best.model.d_model},
+                    {"n_layer", best.model.n_layer},
+                    {"n_head", best.model.n_head},
+                    {"n_kv_head", best.model.kv_heads()},
+                    {"parameters", best_params},
+                    {"optimizer_states", MomentName(f)},
+                    {"prediction", json::parse(PlanJson(p), nullptr, false)}};
+  return Status::OK();
+}
+
+}  // namespace tierzero::app

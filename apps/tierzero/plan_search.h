@@ -1,0 +1,40 @@
+// `tierzero plan`'s searches over configs (plan_search.cc): what would make a run fit, the most
+// layers of a shape, and the largest model the budgets train (--largest).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "gpt/gpt.h"
+#include "tierzero/plan.h"
+#include "train.h"
+
+namespace tierzero::app {
+
+// One plan of a config (plan.cc): the GPT (or a trace file's parameters) registered on an engine
+// that never finalizes.
+struct Planner {
+  int ranks_per_node = 0;
+  const MachineRates& rates;
+  std::vector<double> kinds;      // measured compute per kind of moment (GPT, this machine)
+  double other_s = 0;             // and the rest of a step
+  const WarmupTrace* file_trace;  // --trace
+  StatusOr<PlanPrediction> Run(const RunConfig& cfg, int ranks) const;
+};
+
+// What would make a run that does not fit fit: each budget, the rank count, activation
+// checkpointing, the moments' format, the batch size and the sequence length alone, then the
+// smallest device and host budgets together. Printed, and into out["advice"].
+void Advise(const Planner& pl, const RunConfig& cfg, int ranks, nlohmann::json& out);
+
+// The most layers of this width that fit these budgets (0: not one).
+int LargestModel(const Planner& pl, const RunConfig& cfg, int ranks);
+
+// --largest: over a ladder of widths (heads 64 wide), each with the most layers that fit (at most
+// d_model / 64), the
+// model with the most parameters these budgets train at this batch, sequence length and moment
+// format; printed with its plan (where every byte lives), and into out["largest"].
+Status Largest(const Planner& pl, const RunConfig& cfg, int ranks, nlohmann::json& out);
+
+}  // namespace tierzero::app
