@@ -159,8 +159,7 @@ struct EngineConfig {
   double optimizer_device_fraction = 0;
   // The speculative start. Default: kAuto.
   SpeculativeStep speculative_step = SpeculativeStep::kAuto;
-  // How m and v are stored (MomentFormat). Compressed moments update on the CPU: their device
-  // pass is not built yet, so no group of theirs lives on or streams to the device. Default: kF32.
+  // How m and v are stored (MomentFormat), on every tier. Default: kF32.
   MomentFormat optimizer_states = MomentFormat::kF32;
   // Simulated device only: model device Adam at this many parameters/s instead of the stream
   // thread's own speed (a model for studying schedules; docs/optimizer.md). Default: 0 (off).

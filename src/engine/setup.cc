@@ -183,8 +183,6 @@ StatusOr<PlacedRun> PlaceRun(const ChunkLayout& layout, const EngineConfig& cfg,
           static_cast<int>(std::llround(cfg.optimizer_device_fraction * n));
       break;
   }
-  // Compressed moments have no device pass yet: none of their groups lives on the device.
-  if (group.format != StateFormat::kF32) r.budgets.device_optimizer_groups = 0;
   auto p = PlaceShards(layout, r.budgets, group.bytes());
   if (!p.ok()) return std::move(p).status().WithContext("placing the shards");
   r.placement = std::move(p).value();

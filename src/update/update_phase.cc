@@ -57,8 +57,8 @@ struct SlotParts {
   uint8_t* grad;
   uint8_t* out;
 };
-SlotParts PartsOf(uint8_t* mem, bool streamed, uint64_t elems, uint64_t grad_bytes) {
-  uint8_t* grad = mem + (streamed ? Aligned(elems * 12) : 0);
+SlotParts PartsOf(uint8_t* mem, bool streamed, uint64_t group_bytes, uint64_t grad_bytes) {
+  uint8_t* grad = mem + (streamed ? Aligned(group_bytes) : 0);
   return {mem, grad, grad + Aligned(grad_bytes)};
 }
 
@@ -270,12 +270,11 @@ Status Updater::EnqueueDeviceGroup(int c, UpdateWhere where, int k, uint8_t* mem
                                    const AdamStepOptions& so) {
   const size_t ks = static_cast<size_t>(k);
   const bool streamed = where == UpdateWhere::kDeviceStreamed;
-  const uint64_t elems = layout_.shard_elems();
+  const uint64_t group_bytes = optimizer().group_bytes();
   const uint64_t shard_bytes = layout_.shard_bytes();
-  const DType gt = store_->grad_dtype();
   const DType dt = cfg_.compute_dtype;
   const OptimizerGroup g = optimizer().Resident(c);
-  const SlotParts p = PartsOf(mem, streamed, elems, store_->grad_bytes());
+  const SlotParts p = PartsOf(mem, streamed, group_bytes, store_->grad_bytes());
   auto* stamp = &phase_.measured_end_s[static_cast<size_t>(c)];
   // Upload: the gradient, and a streamed group's states.
   StreamHandle h2d = phase_.h2d.handle(), adam = phase_.adam.handle(), d2h = phase_.d2h.handle();
@@ -284,31 +283,21 @@ Status Updater::EnqueueDeviceGroup(int c, UpdateWhere where, int k, uint8_t* mem
                                      CopyKind::kHostToDevice, h2d));
   if (streamed) {
     RETURN_IF_ERROR(
-        device_->CopyAsync(p.states, g.master, elems * 12, CopyKind::kHostToDevice, h2d));
+        device_->CopyAsync(p.states, g.master, group_bytes, CopyKind::kHostToDevice, h2d));
   }
   RETURN_IF_ERROR(device_->RecordEvent(phase_.up_done[ks].handle(), h2d));
   // Adam, slice by slice, its compute-dtype output into a device shard or the slot.
   RETURN_IF_ERROR(device_->StreamWaitEvent(adam, phase_.up_done[ks].handle()));
-  auto* master = streamed ? reinterpret_cast<float*>(p.states) : g.master;
-  float* m = master + elems;
-  float* v = master + 2 * elems;
+  const OptimizerGroup on_device = streamed ? optimizer().layout().At(c, p.states) : g;
+  float* master = on_device.master;
   auto* param_dev = static_cast<uint8_t*>(store_->device_param(c));
   uint8_t* out = param_dev != nullptr ? param_dev : p.out;
   if (dt != DType::kF32 && param_dev == nullptr) {
     RETURN_IF_ERROR(device_->MemsetAsync(p.out, 0, shard_bytes, adam));  // padding stays zero
   }
-  for (const ShardSlice& sl : slices_[static_cast<size_t>(c)]) {
-    AdamBuffers b;
-    b.master = master + sl.shard_offset;
-    b.m = m + sl.shard_offset;
-    b.v = v + sl.shard_offset;
-    b.grad = p.grad + DTypeBytes(gt, sl.shard_offset);
-    b.grad_dtype = gt;
-    b.n = sl.numel;
-    if (dt != DType::kF32) {
-      b.out = out + DTypeBytes(dt, sl.shard_offset);
-      b.out_dtype = dt;
-    }
+  for (size_t s = 0; s < slices_[static_cast<size_t>(c)].size(); ++s) {
+    const AdamBuffers b = SliceBuffers(on_device, s, p.grad, out);
+    const ShardSlice& sl = slices_[static_cast<size_t>(c)][s];
     DeviceAdam& da = decays_[static_cast<size_t>(sl.tensor)] ? *phase_.decay : *phase_.plain;
     RETURN_IF_ERROR(da.StepAsync(b, so, adam));
   }
@@ -327,7 +316,7 @@ Status Updater::EnqueueDeviceGroup(int c, UpdateWhere where, int k, uint8_t* mem
   }
   if (streamed) {
     RETURN_IF_ERROR(
-        device_->CopyAsync(g.master, p.states, elems * 12, CopyKind::kDeviceToHost, d2h));
+        device_->CopyAsync(g.master, p.states, group_bytes, CopyKind::kDeviceToHost, d2h));
   }
   RETURN_IF_ERROR(device_->RecordEvent(phase_.slot_free[ks].handle(), d2h));
   return device_->LaunchHostFunc(d2h, [stamp, t0 = phase_.t0] {
@@ -387,9 +376,7 @@ Status Updater::RunPhase(const AdamStepOptions& so, bool prof) {
   }
   const std::vector<UpdateGroup> groups = Groups();
   UpdateBudget budget;
-  // Compressed moments have no device pass yet: every group updates on the CPU.
-  budget.mode = cfg_.placement == OptimizerPlacement::kCpu || cfg_.states != StateFormat::kF32
-                    ? UpdateMode::kCpu
+  budget.mode = cfg_.placement == OptimizerPlacement::kCpu ? UpdateMode::kCpu
                 : cfg_.placement == OptimizerPlacement::kFraction ? UpdateMode::kFraction
                                                                   : UpdateMode::kAuto;
   budget.device_fraction = cfg_.device_fraction;

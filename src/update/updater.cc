@@ -183,43 +183,51 @@ Status Updater::AdamGroup(const OptimizerGroup& g, const AdamStepOptions& so, bo
 // / 64) + 1. A group therefore holds ceil(shard_elems / 64) + (the most slices a chunk has)
 // scales per moment (OptimizerGroupLayout). The stochastic rounding's key is the element's place
 // among every rank's parameters (chunk, rank, offset), the same on a resumed run.
-Status Updater::AdamInto(const OptimizerGroup& g, uint8_t* out, const AdamStepOptions& so) {
+AdamBuffers Updater::SliceBuffers(const OptimizerGroup& g, size_t s, const uint8_t* grad,
+                                  uint8_t* out) const {
   const DType gt = store_->grad_dtype();
   const DType dt = cfg_.compute_dtype;
+  const ShardSlice& sl = slices_[static_cast<size_t>(g.chunk)][s];
+  AdamBuffers b;
+  b.master = g.master + sl.shard_offset;
+  b.states = g.format;
+  if (g.format == StateFormat::kF32) {
+    b.m = g.m + sl.shard_offset;
+    b.v = g.v + sl.shard_offset;
+  } else {
+    const uint64_t w = MomentWidth(g.format);
+    b.m_state = static_cast<uint8_t*>(g.m_state) + w * sl.shard_offset;
+    b.v_state = static_cast<uint8_t*>(g.v_state) + w * sl.shard_offset;
+    if (g.format == StateFormat::kInt8) {
+      const uint64_t first = sl.shard_offset / kStateBlockElems + s;
+      b.m_scale = g.m_scale + first;
+      b.v_scale = g.v_scale + first;
+    }
+    const uint64_t key0 = static_cast<uint64_t>(g.chunk) * layout_.chunk_elems() +
+                          static_cast<uint64_t>(comm_->rank()) * layout_.shard_elems();
+    b.rounding_key = static_cast<uint32_t>(key0 + sl.shard_offset);
+  }
+  b.grad = grad + DTypeBytes(gt, sl.shard_offset);
+  b.grad_dtype = gt;
+  b.n = sl.numel;
+  if (dt != DType::kF32) {
+    b.out = out + DTypeBytes(dt, sl.shard_offset);
+    b.out_dtype = dt;
+  }
+  return b;
+}
+
+Status Updater::AdamInto(const OptimizerGroup& g, uint8_t* out, const AdamStepOptions& so) {
   const auto* grad = static_cast<const uint8_t*>(store_->grad(g.chunk));
   const std::vector<ShardSlice>& slices = slices_[static_cast<size_t>(g.chunk)];
-  const uint64_t key0 = static_cast<uint64_t>(g.chunk) * layout_.chunk_elems() +
-                        static_cast<uint64_t>(comm_->rank()) * layout_.shard_elems();
-  const uint64_t w = MomentWidth(g.format);
   for (size_t s = 0; s < slices.size(); ++s) {
+    const AdamBuffers b = SliceBuffers(g, s, grad, out);
     const ShardSlice& sl = slices[s];
-    AdamBuffers b;
-    b.master = g.master + sl.shard_offset;
-    b.states = g.format;
-    if (g.format == StateFormat::kF32) {
-      b.m = g.m + sl.shard_offset;
-      b.v = g.v + sl.shard_offset;
-    } else {
-      b.m_state = static_cast<uint8_t*>(g.m_state) + w * sl.shard_offset;
-      b.v_state = static_cast<uint8_t*>(g.v_state) + w * sl.shard_offset;
-      if (g.format == StateFormat::kInt8) {
-        const uint64_t first = sl.shard_offset / kStateBlockElems + s;
-        b.m_scale = g.m_scale + first;
-        b.v_scale = g.v_scale + first;
-      }
-      b.rounding_key = static_cast<uint32_t>(key0 + sl.shard_offset);
-    }
-    b.grad = grad + DTypeBytes(gt, sl.shard_offset);
-    b.grad_dtype = gt;
-    b.n = sl.numel;
-    if (dt != DType::kF32) {
-      b.out = out + DTypeBytes(dt, sl.shard_offset);
-      b.out_dtype = dt;
-    }
     CpuAdam& adam = decays_[static_cast<size_t>(sl.tensor)] ? *adam_decay_ : *adam_plain_;
     ASSIGN_OR_RETURN(bool applied, adam.Step(b, so));
     TZ_CHECK(applied) << "Adam skipped a step that was checked finite";
-    if (dt == DType::kF32) std::memcpy(out + sl.shard_offset * 4, b.master, sl.numel * 4);
+    if (cfg_.compute_dtype == DType::kF32)
+      std::memcpy(out + sl.shard_offset * 4, b.master, sl.numel * 4);
   }
   return Status::OK();
 }

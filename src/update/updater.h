@@ -55,8 +55,7 @@ struct UpdaterConfig {
   // The host budget left after placement: the speculative start's side buffers' room.
   uint64_t speculation_room_bytes = 0;
   bool host_compute = false;  // the device computes on the CPU's cores (the simulated device)
-  // How the moments are stored (the store's OptimizerStates::layout() says the same). Compressed
-  // moments update on the CPU only (no device pass yet).
+  // How the moments are stored (the store's OptimizerStates::layout() says the same).
   StateFormat states = StateFormat::kF32;
 };
 
@@ -255,6 +254,10 @@ class Updater {
   Status CreatePhase();  // update_phase.cc
   StatusOr<double> GradSumSquares();
   Status AdamGroup(const OptimizerGroup& group, const AdamStepOptions& options, bool profiled);
+  // Slice s of group g's chunk as AdamBuffers: its master, moments (Note [8-bit blocks per
+  // slice]), gradient (in `grad`, the shard's) and output (in `out`, the shard's layout).
+  AdamBuffers SliceBuffers(const OptimizerGroup& g, size_t s, const uint8_t* grad,
+                           uint8_t* out) const;
   // The update phase (update_phase.cc).
   std::vector<UpdateGroup> Groups() const;
   StatusOr<UpdateRates> MeasureRates(void* device_scratch, uint64_t scratch_bytes);

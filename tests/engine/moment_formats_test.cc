@@ -1,9 +1,9 @@
 // Compressed optimizer states through the engine (engine.optimizer_states): with bf16 and 8-bit
-// moments every tier gives the same losses bit for bit (the moments live in host memory or on
-// NVMe, the parameters resident, in host memory or on NVMe), training stays within reach of
-// fp32 moments, a resume continues with the very losses of an uninterrupted run, a checkpoint of
-// one format loads into a run of another, the groups take the bytes the format says, and the
-// update stays on the CPU (the device pass is not built).
+// moments every tier and every way of updating gives the same losses bit for bit (states and
+// parameters resident on the device, groups streamed to it, in host memory, on NVMe), training
+// stays within reach of fp32 moments, a resume continues with the very losses of an
+// uninterrupted run, a checkpoint of one format loads into a run of another, and the groups take
+// the bytes the format says.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -36,20 +36,28 @@ TEST_P(MomentFormatTest, EveryTierGivesTheSameLossesAndFp32IsWithinReach) {
   EngineConfig resident = Base();
   resident.device_shard_budget = uint64_t{64} << 20;
   EngineConfig host = Base();
+  EngineConfig streamed = Base();
+  streamed.optimizer = OptimizerPlacement::kFraction;
+  streamed.optimizer_device_fraction = 0.5;
   EngineConfig nvme = Base();
   nvme.host_budget = uint64_t{1536} << 10;  // less than the states: NVMe takes the rest
   nvme.nvme_budget = uint64_t{128} << 20;
   nvme.nvme_path = dir.path();
   std::vector<std::vector<double>> losses;
-  const EngineConfig configs[] = {resident, host, nvme};
-  for (int i = 0; i < 3; ++i) {
+  const EngineConfig configs[] = {resident, host, nvme, streamed};
+  for (int i = 0; i < 4; ++i) {
     EngineConfig ec = configs[i];
     ec.optimizer_states = GetParam();
     Trainer r = Make(ec);
     losses.push_back(Train(r, 0, 30));
     const EngineStats st = r.engine->stats();
-    EXPECT_EQ(st.optimizer_resident_groups + st.optimizer_streamed_groups, 0);
-    if (i == 2) EXPECT_GT(r.engine->usage().nvme, 0u) << r.engine->PlacementSummary();
+    if (i == 0) {
+      EXPECT_GT(st.optimizer_resident_groups, 0) << r.engine->PlacementSummary();
+    } else if (i == 2) {
+      EXPECT_GT(r.engine->usage().nvme, 0u) << r.engine->PlacementSummary();
+    } else if (i == 3) {
+      EXPECT_GT(st.optimizer_streamed_groups, 0);
+    }
   }
   EngineConfig fp32 = host;
   Trainer ref = Make(fp32);
@@ -58,6 +66,7 @@ TEST_P(MomentFormatTest, EveryTierGivesTheSameLossesAndFp32IsWithinReach) {
   for (size_t i = 0; i < 30; ++i) {
     EXPECT_EQ(losses[0][i], losses[1][i]) << "step " << i << " resident vs host";
     EXPECT_EQ(losses[0][i], losses[2][i]) << "step " << i << " resident vs NVMe";
+    EXPECT_EQ(losses[0][i], losses[3][i]) << "step " << i << " resident vs streamed";
   }
   // The same training, the moments' rounding aside: the last five losses within 2% of fp32's.
   double got = 0, ref_sum = 0;
