@@ -1,16 +1,12 @@
-// Engine internals shared by engine.cc and checkpoint.cc.
+// The engine's state (Engine::Impl), shared by the files of src/engine; what Finalize's placement
+// decides is placed_run.h, the tests' ways in internals.h.
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
-#include <cstdlib>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -20,6 +16,7 @@
 #include "core/aligned_buffer.h"
 #include "core/mutex.h"
 #include "core/tunable.h"
+#include "engine/placed_run.h"
 #include "offload/compute_gate.h"
 #include "offload/device.h"
 #include "offload/nvme_store.h"
@@ -31,26 +28,6 @@
 #include "update/updater.h"
 
 namespace tierzero {
-
-Status ValidateEngineConfig(const EngineConfig& config);
-
-// What Finalize's placement decides (setup.cc): the shards' tiers, and the host memory the
-// fixed buffers take beside them. Engine::Plan runs the same function.
-struct PlacedRun {
-  Placement placement;
-  TierBudgets budgets;
-  uint64_t staging_bytes = 0, swap_slot_bytes = 0;
-  bool zeropp = false;  // W > 1 with a ZeRO++ option on
-  uint64_t hpz_bytes = 0;
-  Tier hpz_tier = Tier::kDevice;
-};
-// One optimizer group's layout for this run: the moments' format, and with 8-bit moments the
-// scale blocks of the chunk with the most slices on any rank (Note [8-bit blocks per slice] in
-// update/updater.cc).
-GroupLayout OptimizerGroupLayout(const ChunkLayout& layout, MomentFormat format);
-
-StatusOr<PlacedRun> PlaceRun(const ChunkLayout& layout, const EngineConfig& config, bool on_device,
-                             int ranks_per_node);
 
 class ActivationBuffer::Owner {
  public:
@@ -220,28 +197,6 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   }
   // This rank's slices of chunk c's tensors (ChunkLayout::ShardSlices).
   std::vector<std::vector<ShardSlice>> slices;
-};
-
-// Internal ways into an engine, for tests and the library's own tools.
-struct EngineInternals {
-  static Engine::Impl& Of(Engine& engine) { return *engine.impl_; }
-  // Before Finalize: the NVMe tier's BlockIo goes through `wrap` (a FaultInjectionBlockIo).
-  static void WrapNvmeIo(Engine& engine,
-                         std::function<std::unique_ptr<BlockIo>(std::unique_ptr<BlockIo>)> wrap) {
-    engine.impl_->nvme_wrap_io = std::move(wrap);
-  }
-  // An engine that runs on `device` instead of the one the config names (engine-level tests
-  // give it a FaultInjectionDevice). The device must outlive nothing the engine hands out.
-  static StatusOr<std::unique_ptr<Engine>> CreateOnDevice(const EngineConfig& config,
-                                                          std::shared_ptr<Communicator> comm,
-                                                          std::unique_ptr<Device> device) {
-    if (device == nullptr) return InvalidArgumentError("CreateOnDevice without a device");
-    EngineConfig c = config;
-    c.device = device->info().kind == DeviceKind::kCuda ? DeviceChoice::kCuda : DeviceChoice::kHost;
-    ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, Engine::Create(c, std::move(comm)));
-    e->impl_->device = std::move(device);
-    return e;
-  }
 };
 
 }  // namespace tierzero

@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "engine/engine_impl.h"
+#include "engine/internals.h"
 #include "gpt/data.h"
 #include "gpt/gpt.h"
 #include "offload/device_wrapper.h"

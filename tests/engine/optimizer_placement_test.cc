@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/engine_impl.h"
+#include "engine/internals.h"
 #include "gpt/data.h"
 #include "gpt/gpt.h"
 #include "small_model.h"
