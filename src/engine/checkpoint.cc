@@ -4,8 +4,13 @@
 // Note [Checkpoint format]
 // A checkpoint is a directory:
 //   states-<step>.w<W>.rank<r>.bin  rank r's slices of the parameters (all of each with one rank):
-//                               per slice fp32 master, m, v (numel each), in registration order
-//   manifest.json               format, version, step, loss scale, world size, per file its
+//                               per slice the fp32 master (numel), then m and v in the run's
+//                               optimizer_states format: fp32 or bf16 (numel each), or 8-bit
+//                               codes (numel each) then m's and v's block scales
+//                               (ceil(numel / 64) fp32 each, blocks from the slice's start),
+//                               in registration order
+//   manifest.json               format, version, step, loss scale, world size, optimizer_states
+//                               (the moments' format; absent: fp32), per file its
 //                               bytes and CRC32C, per slice its parameter's name and shape, the
 //                               file, offset, first element (begin) and numel, and the CRC32C of
 //                               its three arrays, and the trainer's user_state
@@ -15,7 +20,10 @@
 // intact. States files no longer named are removed after. Parameters are stored per tensor
 // slice, not per chunk, so a checkpoint loads into any chunk size and any number of ranks: a
 // rank reads, from whichever files hold them, the slices that overlap its own (resharding).
-// Version 1 (one rank, whole tensors, no "begin") still loads.
+// Version 1 (one rank, whole tensors, no "begin") still loads; version 3 is version 2 with
+// compressed moments (fp32 moments are still written as version 2, which older builds read). A
+// load decodes the saved moments and encodes them in the run's format: the same format and
+// slicing give the same bits back, another format or slicing converts (rounded to nearest).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -27,6 +35,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -66,7 +75,7 @@ bool IsCheckpointStatesFileName(const std::string& name) {
 
 namespace {
 
-constexpr int kCheckpointVersion = 2;
+constexpr int kCheckpointVersion = 3;  // 2 when the moments are fp32
 
 // One saved slice of a parameter (Note [Checkpoint format]).
 struct SavedSlice {
@@ -81,8 +90,9 @@ struct Manifest {
   int64_t step = 0;
   float loss_scale = 1.0f;
   int good_steps = 0;
-  int world_size = 1;                                      // ranks that wrote it
-  std::string optimizer_states;                            // the saving run's moment format
+  int world_size = 1;            // ranks that wrote it
+  std::string optimizer_states;  // the saving run's moment format
+  StateFormat moments = StateFormat::kF32;
   std::string user_state;                                  // JSON text; empty when none was saved
   std::map<std::string, std::vector<SavedSlice>> tensors;  // SavedTensors
 };
@@ -97,7 +107,7 @@ StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& pat
   if (!format.ok() || *format != "tierzero-checkpoint")
     return DataLossError(path + " is not a tierzero checkpoint manifest");
   ASSIGN_OR_RETURN(const int64_t version, in.get<int64_t>("version"));
-  if (version != kCheckpointVersion && version != 1)
+  if (version < 1 || version > kCheckpointVersion)
     return UnsupportedError(path + " has version " + std::to_string(version) +
                             "; this build reads versions 1 to " +
                             std::to_string(kCheckpointVersion));
@@ -110,6 +120,16 @@ StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& pat
     return in.Error("has a step count out of range: " + std::to_string(m.step));
   ASSIGN_OR_RETURN(m.world_size, in.get_or<int>("world_size", 1));
   ASSIGN_OR_RETURN(m.optimizer_states, in.get_or<std::string>("optimizer_states", "fp32"));
+  if (m.optimizer_states == "fp32") {
+    m.moments = StateFormat::kF32;
+  } else if (m.optimizer_states == "bf16") {
+    m.moments = StateFormat::kBF16;
+  } else if (m.optimizer_states == "int8") {
+    m.moments = StateFormat::kInt8;
+  } else {
+    return in.Error("has optimizer_states " + JsonIn::Shown(m.optimizer_states) +
+                    "; this build reads fp32, bf16 and int8");
+  }
   if (m.world_size < 1)
     return in.Error("has a world size below 1: " + std::to_string(m.world_size));
   if (in.has("user_state") && !in.at("user_state")->raw().is_null())
@@ -169,19 +189,35 @@ StatusOr<std::vector<std::string>> AllGatherText(Communicator& comm, const std::
 
 using SavedTensors = std::map<std::string, std::vector<SavedSlice>>;
 
-// Writes this rank's slices of one chunk (fp32 master, m, v each) to the states file, and their
-// manifest entries to `tensors`.
+// Writes this rank's slices of one chunk (the fp32 master, the moments as the group holds them:
+// `moments(s)` is slice s's) to the states file, and their manifest entries to `tensors`.
 Status WriteChunkSlices(AtomicFile& file, const std::string& states_name,
                         const std::vector<ShardSlice>& slices, const std::vector<ParamSpec>& params,
-                        const float* master, const float* m, const float* v, json& tensors,
-                        uint32_t& file_crc) {
-  for (const ShardSlice& sl : slices) {
+                        const float* master, const std::function<AdamBuffers(size_t)>& moments,
+                        json& tensors, uint32_t& file_crc) {
+  for (size_t s = 0; s < slices.size(); ++s) {
+    const ShardSlice& sl = slices[s];
     const uint64_t offset = file.bytes();
     uint32_t crc = 0;
-    for (const float* a : {master, m, v}) {
-      RETURN_IF_ERROR(file.Write(a + sl.shard_offset, sl.numel * 4));
-      crc = Crc32c(a + sl.shard_offset, sl.numel * 4, crc);
-      file_crc = Crc32c(a + sl.shard_offset, sl.numel * 4, file_crc);
+    auto put = [&](const void* p, uint64_t bytes) -> Status {
+      RETURN_IF_ERROR(file.Write(p, bytes));
+      crc = Crc32c(p, bytes, crc);
+      file_crc = Crc32c(p, bytes, file_crc);
+      return Status::OK();
+    };
+    RETURN_IF_ERROR(put(master + sl.shard_offset, sl.numel * 4));
+    const AdamBuffers b = moments(s);
+    if (b.states == StateFormat::kF32) {
+      RETURN_IF_ERROR(put(b.m, sl.numel * 4));
+      RETURN_IF_ERROR(put(b.v, sl.numel * 4));
+    } else {
+      const uint64_t w = MomentWidth(b.states);
+      RETURN_IF_ERROR(put(b.m_state, sl.numel * w));
+      RETURN_IF_ERROR(put(b.v_state, sl.numel * w));
+      if (b.states == StateFormat::kInt8) {
+        RETURN_IF_ERROR(put(b.m_scale, StateScaleCount(sl.numel) * 4));
+        RETURN_IF_ERROR(put(b.v_scale, StateScaleCount(sl.numel) * 4));
+      }
     }
     const ParamSpec& ps = params[static_cast<size_t>(sl.tensor)];
     tensors.push_back({{"name", ps.name},
@@ -296,7 +332,7 @@ Status CheckSameModel(const std::string& dir, const SavedTensors& saved,
 // A checkpoint's states files, each opened once, and a buffer for one saved slice.
 class StatesReader {
  public:
-  explicit StatesReader(std::string dir) : dir_(std::move(dir)) {}
+  StatesReader(std::string dir, StateFormat moments) : dir_(std::move(dir)), moments_(moments) {}
 
   // Reads and verifies the saved slices that overlap this rank's `slices` of one chunk
   // (resharding); with `apply`, copies their overlap into the chunk's master, m and v.
@@ -314,16 +350,17 @@ class StatesReader {
         const uint64_t dst = sl.shard_offset + (lo - sl.tensor_begin);
         const uint64_t src = lo - e.begin;
         const uint64_t len = (hi - lo) * 4;
-        std::memcpy(master + dst, buf_.data() + src, len);
-        std::memcpy(m + dst, buf_.data() + e.numel + src, len);
-        std::memcpy(v + dst, buf_.data() + 2 * e.numel + src, len);
+        std::memcpy(master + dst, master_.data() + src, len);
+        std::memcpy(m + dst, m_.data() + src, len);
+        std::memcpy(v + dst, v_.data() + src, len);
       }
     }
     return Status::OK();
   }
 
  private:
-  // One saved slice's three arrays into buf_, checksum verified.
+  // One saved slice's master and moments (decoded to fp32) into master_, m_ and v_, its checksum
+  // verified first.
   Status Read(const SavedSlice& e, const std::string& tensor) {
     auto& f = files_[e.file];
     if (!f) f = std::make_unique<ReadFd>(dir_ + "/" + e.file);
@@ -331,18 +368,47 @@ class StatesReader {
       if (f->status().code() != StatusCode::kNotFound) return f->status();
       return NotFoundError("checkpoint file " + dir_ + "/" + e.file + " is missing");
     }
-    buf_.resize(e.numel * 3);
-    RETURN_IF_ERROR(ReadAt(f->get(), dir_ + "/" + e.file, e.offset, buf_.data(), buf_.size() * 4));
-    if (Crc32c(buf_.data(), buf_.size() * 4) != e.crc) {
+    const uint64_t n = e.numel;
+    buf_.resize(4 * n + 2 * MomentBytes(moments_, n));
+    RETURN_IF_ERROR(ReadAt(f->get(), dir_ + "/" + e.file, e.offset, buf_.data(), buf_.size()));
+    if (Crc32c(buf_.data(), buf_.size()) != e.crc) {
       return DataLossError("checkpoint " + dir_ + ": checksum mismatch in parameter '" + tensor +
                            "' in " + e.file + " (the file is corrupt)");
     }
+    master_.resize(n);
+    m_.resize(n);
+    v_.resize(n);
+    std::memcpy(master_.data(), buf_.data(), 4 * n);
+    const uint8_t* at = buf_.data() + 4 * n;
+    AdamBuffers b;
+    b.n = n;
+    b.states = moments_;
+    if (moments_ == StateFormat::kF32) {
+      std::memcpy(m_.data(), at, 4 * n);
+      std::memcpy(v_.data(), at + 4 * n, 4 * n);
+      return Status::OK();
+    }
+    const uint64_t w = MomentWidth(moments_);
+    // Copied out: the file's layout aligns nothing.
+    codes_.assign(at, at + 2 * w * n);
+    b.m_state = codes_.data();
+    b.v_state = codes_.data() + w * n;
+    if (moments_ == StateFormat::kInt8) {
+      const uint64_t k = StateScaleCount(n);
+      scales_.resize(2 * k);
+      std::memcpy(scales_.data(), at + 2 * w * n, 8 * k);
+      b.m_scale = scales_.data();
+      b.v_scale = scales_.data() + k;
+    }
+    DecodeMoments(b, m_.data(), v_.data());
     return Status::OK();
   }
 
   std::string dir_;
+  StateFormat moments_;
   std::map<std::string, std::unique_ptr<ReadFd>> files_;
-  std::vector<float> buf_;
+  std::vector<uint8_t> buf_, codes_;
+  std::vector<float> master_, m_, v_, scales_;
 };
 
 }  // namespace
@@ -381,10 +447,11 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
     if (ec) return IoError("creating checkpoint directory " + dir + ": " + ec.message());
     ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::Create(dir + "/" + states_name));
     for (int c = 0; c < im.layout.num_chunks(); ++c) {
-      RETURN_IF_ERROR(im.WithChunkState(
-          c, /*write_back=*/false, [&](float* master, float* m, float* v) -> Status {
-            return WriteChunkSlices(file, states_name, im.slices[static_cast<size_t>(c)], im.params,
-                                    master, m, v, tensors, file_crc);
+      RETURN_IF_ERROR(
+          im.optimizer().With(c, /*write_back=*/false, [&](const OptimizerGroup& g) -> Status {
+            return WriteChunkSlices(
+                file, states_name, im.slices[static_cast<size_t>(c)], im.params, g.master,
+                [&](size_t s) { return im.SliceMoments(g, s); }, tensors, file_crc);
           }));
     }
     states_bytes = file.bytes();
@@ -401,13 +468,12 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
   if (rank == 0) {
     committed = CommitManifest(
         dir, {{"format", "tierzero-checkpoint"},
-              {"version", kCheckpointVersion},
+              {"version", im.cfg.optimizer_states == MomentFormat::kF32 ? 2 : kCheckpointVersion},
               {"step", im.step},
               {"loss_scale", im.loss_scale},
               {"good_steps", im.good_steps},
               {"compute_dtype", std::string(DTypeName(im.cfg.compute_dtype))},
-              // Informational: the states file holds fp32 moments whatever the
-              // run's format (docs/checkpoints.md).
+              // The moments' format in the states files (Note [Checkpoint format]).
               {"optimizer_states",
                std::string(StateFormatName(static_cast<StateFormat>(im.cfg.optimizer_states)))},
               {"world_size", im.comm->size()},
@@ -435,13 +501,13 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   // as it was. Chunk by chunk, so NVMe-resident state is never held whole in memory; a second
   // pass writes.
   Manifest manifest;
-  StatesReader reader(dir);
+  std::optional<StatesReader> reader;
   auto run_pass = [&](bool apply) -> Status {
     for (int c = 0; c < im.layout.num_chunks(); ++c) {
       RETURN_IF_ERROR(im.WithChunkState(
           c, /*write_back=*/apply, [&](float* master, float* m, float* v) -> Status {
-            RETURN_IF_ERROR(reader.ChunkSlices(im.slices[static_cast<size_t>(c)], im.params,
-                                               manifest.tensors, apply, master, m, v));
+            RETURN_IF_ERROR(reader->ChunkSlices(im.slices[static_cast<size_t>(c)], im.params,
+                                                manifest.tensors, apply, master, m, v));
             return apply ? im.UploadChunk(c, master) : Status::OK();
           }));
     }
@@ -449,6 +515,7 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   };
   Status verified = [&]() -> Status {
     ASSIGN_OR_RETURN(manifest, ReadManifest(dir));
+    reader.emplace(dir, manifest.moments);
     RETURN_IF_ERROR(CheckSameModel(dir, manifest.tensors, im.params, im.numel));
     return run_pass(/*apply=*/false);
   }();
