@@ -16,6 +16,7 @@ void Engine::Impl::SnapshotLayout(ReportSnapshot& s) const {
   s.layout.chunk_elems = im.layout.chunk_elems();
   s.layout.chunk_bytes = im.layout.chunk_bytes();
   s.layout.shard_elems = im.layout.shard_elems();
+  s.layout.optimizer_group_bytes = im.optimizer().group_bytes();
   s.layout.waste_fraction = im.layout.waste_fraction();
   for (int k = 0; k < im.layout.num_chunks(); ++k) {
     const ChunkPlacement& p = im.placement.chunks[static_cast<size_t>(k)];

@@ -269,7 +269,8 @@ std::string BuildReportJson(const ReportSnapshot& s) {
   for (size_t k = 0; k < s.layout.chunks.size(); ++k) {
     json g = {{"chunk", k},
               {"tier", s.layout.chunks[k].optimizer_tier},
-              {"bytes", s.layout.shard_elems * 12}};
+              {"bytes", s.layout.optimizer_group_bytes > 0 ? s.layout.optimizer_group_bytes
+                                                           : s.layout.shard_elems * 12}};
     if (u.available && k < u.where.size()) {
       g["update"] = u.where[k];
       g["predicted_end_seconds"] = u.predicted_end_s[k];
@@ -281,6 +282,7 @@ std::string BuildReportJson(const ReportSnapshot& s) {
   if (u.available) {
     report["optimizer"]["update_phase"] = {
         {"mode", u.mode},
+        {"moments", u.moments},
         {"reason", u.reason},
         {"predicted_seconds", u.predicted_s},
         {"predicted_cpu_seconds", u.predicted_cpu_s},

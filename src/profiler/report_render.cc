@@ -111,7 +111,9 @@ Status SummariseUpdate(const JsonIn& in, std::ostringstream& o) {
     resident += where == "device";
     streamed += where == "device-streamed";
   }
-  ASSIGN_OR_RETURN(const std::string mode, u.get<std::string>("mode"));
+  ASSIGN_OR_RETURN(std::string mode, u.get<std::string>("mode"));
+  ASSIGN_OR_RETURN(const std::string moments, u.get_or<std::string>("moments", "fp32"));
+  if (moments != "fp32") mode += ", " + moments + " moments";
   ASSIGN_OR_RETURN(const double predicted, u.get<double>("predicted_seconds"));
   ASSIGN_OR_RETURN(const double measured, u.get<double>("measured_median_seconds"));
   ASSIGN_OR_RETURN(const int64_t phases, u.get<int64_t>("phases"));

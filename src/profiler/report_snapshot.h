@@ -32,6 +32,7 @@ struct ReportSnapshot {
   };
   struct Layout {
     uint64_t chunk_elems = 0, chunk_bytes = 0, shard_elems = 0;
+    uint64_t optimizer_group_bytes = 0;  // one group's master, m and v (0: 12 an element)
     double waste_fraction = 0;
     std::vector<Chunk> chunks;
   } layout;
@@ -94,6 +95,7 @@ struct ReportSnapshot {
     bool device_rate_modelled = false, device_shares_cpu = false;
     // The speculative start: its setting, steps that used it and that rolled it back.
     std::string speculative = "auto";
+    std::string moments = "fp32";  // engine.optimizer_states
     uint64_t speculative_steps = 0, speculative_rollbacks = 0;
   } update;
 

@@ -265,6 +265,7 @@ void Updater::Snapshot(ReportSnapshot::Update& u) const {
   u.pcie_duplex_bytes_per_s = r.pcie_duplex_bytes_per_s;
   u.link_slowdown_beside_cpu = r.link_slowdown_beside_cpu;
   u.device_rate_modelled = cfg_.host_device_adam_rate > 0;
+  u.moments = std::string(StateFormatName(cfg_.states));
   u.speculative = cfg_.speculative_step == SpeculativeStep::kAuto ? "auto"
                   : cfg_.speculative_step == SpeculativeStep::kOn ? "on"
                                                                   : "off";
