@@ -89,10 +89,10 @@ Status GpuAdamStepAsync(const AdamConfig& config, const AdamStepOptions& step, c
   if (b.n == 0) return Status::OK();
   if (b.master == nullptr || b.grad == nullptr)
     return InvalidArgumentError("GPU Adam needs master and grad buffers");
-  if (b.states == StateFormat::kF32 ? (b.m == nullptr || b.v == nullptr)
-                                    : (b.m_state == nullptr || b.v_state == nullptr ||
-                                       (b.states == StateFormat::kInt8 &&
-                                        (b.m_scale == nullptr || b.v_scale == nullptr))))
+  if (b.states == StateFormat::kF32
+          ? (b.m == nullptr || b.v == nullptr)
+          : (b.m_state == nullptr || b.v_state == nullptr ||
+             (b.states == StateFormat::kInt8 && (b.m_scale == nullptr || b.v_scale == nullptr))))
     return InvalidArgumentError("GPU Adam needs the moments' buffers");
   const AdamScalars s = MakeAdamScalars(config, step);
   constexpr int kThreads = 256;

@@ -2,9 +2,9 @@
 // rounding as CpuAdam (cpu_adam.h), so a GPU step and the scalar CPU path agree bit for bit
 // (IEEE division and square root: nvcc's defaults, no fast math). One thread per element in a
 // grid-stride loop; with 8-bit moments one warp per block of 64 (state_codes.h), the same
-// codes, scales and stochastic rounding as the CPU's. For sub-groups updated on the device (DESIGN.md section 7); the engine does
-// not place optimizer state on the device yet, so today only its tests and gpu_bench call it. C++17
-// and CUDA-free (the stream is a void*).
+// codes, scales and stochastic rounding as the CPU's. For sub-groups updated on the device
+// (DESIGN.md section 7); the engine does not place optimizer state on the device yet, so today only
+// its tests and gpu_bench call it. C++17 and CUDA-free (the stream is a void*).
 #pragma once
 
 #include <cstddef>

@@ -45,24 +45,7 @@ inline constexpr uint32_t kMBias = (127 - 15) << 3;  // m: exponents 2^-15 .. 2^
 inline constexpr uint32_t kVBias = 1023 - 255;       // v: exponents 2^-31 .. 2^0
 inline constexpr int32_t kMMaxCode = 127, kVMaxCode = 255;
 
-TZ_HOST_DEVICE static inline uint32_t FloatBits(float x) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(x);
-#else
-  uint32_t b;
-  std::memcpy(&b, &x, 4);
-  return b;
-#endif
-}
-TZ_HOST_DEVICE static inline float BitsFloat(uint32_t b) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(b);
-#else
-  float x;
-  std::memcpy(&x, &b, 4);
-  return x;
-#endif
-}
+// FloatBits and BitsToFloat: core/convert.h.
 
 // The step's part of the hash (once per call).
 TZ_HOST_DEVICE static inline uint32_t StepMix(int64_t step) {
@@ -98,12 +81,12 @@ TZ_HOST_DEVICE static inline uint32_t EncodeMagnitude(float y, uint32_t r20, uin
   return b == 0 ? 0u : static_cast<uint32_t>(c);
 }
 TZ_HOST_DEVICE static inline float DecodeMagnitude(uint32_t c, uint32_t bias) {
-  return c == 0 ? 0.0f : BitsFloat((c + bias) << 20);
+  return c == 0 ? 0.0f : BitsToFloat((c + bias) << 20);
 }
 
 // |x| by clearing the sign bit (-0 becomes +0, as the vector code's and-not does).
 TZ_HOST_DEVICE static inline float AbsBits(float x) {
-  return BitsFloat(FloatBits(x) & 0x7FFFFFFFu);
+  return BitsToFloat(FloatBits(x) & 0x7FFFFFFFu);
 }
 
 TZ_HOST_DEVICE static inline uint8_t EncodeM(float m, float inv_scale, uint32_t r16) {

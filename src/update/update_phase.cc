@@ -376,7 +376,7 @@ Status Updater::RunPhase(const AdamStepOptions& so, bool prof) {
   }
   const std::vector<UpdateGroup> groups = Groups();
   UpdateBudget budget;
-  budget.mode = cfg_.placement == OptimizerPlacement::kCpu ? UpdateMode::kCpu
+  budget.mode = cfg_.placement == OptimizerPlacement::kCpu        ? UpdateMode::kCpu
                 : cfg_.placement == OptimizerPlacement::kFraction ? UpdateMode::kFraction
                                                                   : UpdateMode::kAuto;
   budget.device_fraction = cfg_.device_fraction;

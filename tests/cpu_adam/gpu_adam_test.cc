@@ -125,8 +125,8 @@ TEST(GpuAdam, CompressedMomentsBitIdenticalToCpuAdam) {
         gb.v_scale = dvs;
         gb.rounding_key = 12345;
         ASSERT_TRUE(GpuAdamStepAsync(cfg, so, gb, nullptr).ok());
-        AdamBuffers cb{master.data(), nullptr, nullptr, g.data(), DType::kBF16, out.data(),
-                       DType::kBF16,  n};
+        AdamBuffers cb{master.data(), nullptr,    nullptr,      g.data(),
+                       DType::kBF16,  out.data(), DType::kBF16, n};
         cb.states = f;
         cb.m_state = m.data();
         cb.v_state = v.data();
