@@ -4,13 +4,16 @@
 // every gradient), keeps about half the activation bytes, and trains as well.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "attention_reference.h"
 #include "gpt/backend.h"
 #include "gpt/gpt.h"
 #include "gpt/ops.h"
@@ -222,6 +225,49 @@ TEST_F(CpuBf16OpsTest, NormGeluAttentionEmbeddingAndLossStoreTheRoundedFp32Resul
     k_->AddInPlace(bx.data(), ba.data(), R * C);
     ExpectBitsEqual(by, y, "add");
     ExpectBitsEqual(bx, z, "add in place");
+  }
+}
+
+// The CPU's bf16 attention (fused q, k, v columns and grouped-query heads on separate matrices)
+// within bf16 rounding of fp64 attention on the same bf16 operands: the bound the GPU's kernels
+// are held to (backend_cuda_bf16_test.cc) is measured from this backend's own error.
+TEST_F(CpuBf16OpsTest, AttentionWithinBf16RoundingOfFp64) {
+  namespace ta = testing_attention;
+  struct Case {
+    int64_t B, T, H, KV, hd;
+  };
+  for (const Case& c : {Case{3, 70, 2, 2, 64}, Case{2, 150, 4, 2, 64}, Case{1, 33, 6, 1, 16}}) {
+    const int64_t R = c.B * c.T, qw = c.H * c.hd, kw = c.KV * c.hd;
+    const auto q = ToBf16(Random(R * qw, 1)), k = ToBf16(Random(R * kw, 2)),
+               v = ToBf16(Random(R * kw, 3)), dout = ToBf16(Random(R * qw, 4));
+    std::vector<uint16_t> out(R * qw), probs(c.B * c.H * c.T * c.T), dq(R * qw), dk(R * kw),
+        dv(R * kw);
+    const AttnDims ad{c.B, c.T, c.H, c.KV, c.hd, qw, kw, kw};
+    k_->AttentionForward(q.data(), k.data(), v.data(), out.data(), probs.data(), ad);
+    k_->AttentionBackward(dout.data(), q.data(), k.data(), v.data(), out.data(), probs.data(),
+                          dq.data(), dk.data(), dv.data(), ad);
+    auto wide = [](const std::vector<uint16_t>& b) {
+      const std::vector<float> f = FromBf16(b);
+      return std::vector<double>(f.begin(), f.end());
+    };
+    const ta::Result ref = ta::Reference(wide(q), wide(k), wide(v), wide(dout),
+                                         ta::Dims{c.B, c.T, c.H, c.KV, c.hd, qw, kw, kw});
+    const std::string what = "B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " H " +
+                             std::to_string(c.H) + " KV " + std::to_string(c.KV);
+    // bf16 rounding of the outputs alone is about 2^-9 / sqrt(3) = 1.1e-3 norm-wise; the
+    // probabilities are rounded to bf16 too.
+    EXPECT_LT(ta::RelativeError(FromBf16(out), ref.out), 4e-3) << what;
+    EXPECT_LT(ta::RelativeError(FromBf16(dq), ref.dq), 5e-3) << what;
+    EXPECT_LT(ta::RelativeError(FromBf16(dk), ref.dk), 5e-3) << what;
+    EXPECT_LT(ta::RelativeError(FromBf16(dv), ref.dv), 5e-3) << what;
+    EXPECT_LT(ta::WorstErrorOfMax(FromBf16(dq), ref.dq), 2e-2) << what;
+    // A gross error (a wrong head, a missing mask) is far outside: the reference's own check.
+    std::vector<float> shifted = FromBf16(out);
+    std::rotate(shifted.begin(), shifted.begin() + c.hd, shifted.end());
+    EXPECT_GT(ta::RelativeError(shifted, ref.out), 0.3) << what;
+    std::printf("%s: relative error out %.2e dq %.2e dk %.2e dv %.2e\n", what.c_str(),
+                ta::RelativeError(FromBf16(out), ref.out), ta::RelativeError(FromBf16(dq), ref.dq),
+                ta::RelativeError(FromBf16(dk), ref.dk), ta::RelativeError(FromBf16(dv), ref.dv));
   }
 }
 
