@@ -7,6 +7,7 @@
 // only the local shard on the device path.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <tbb/global_control.h>
 
 #include <cstring>
 #include <filesystem>
@@ -14,6 +15,7 @@
 
 #include "core/aligned_buffer.h"
 #include "core/check.h"
+#include "core/convert.h"
 #include "offload/device_wrapper.h"
 #include "offload/host_sim_device.h"
 #include "zero/gather.h"
@@ -236,6 +238,36 @@ TEST(DeviceReduce, ReduceScattersInPlaceAndCopiesBackTheShard) {
       EXPECT_EQ(rig.ctx->counters.d2h_bytes, (accumulate ? 2 : 1) * kShardBytes);
     }
     ASSERT_TRUE((*dc)->Drain().ok());
+  }
+}
+
+// Gradient accumulation's fp32 add (Note [Accumulating on the host's cores]): every element
+// equals its scalar sum (fp32 of the widened value, as one thread adds it) for each gradient
+// dtype, across the spans the threads take and a partial last one, on 1 thread and on all.
+TEST(AddToF32, EqualsTheScalarSumOnAnyNumberOfThreads) {
+  for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (uint64_t n : {uint64_t{1000}, uint64_t{262144}, uint64_t{262144 * 3 + 4097}}) {
+      std::vector<float> vals(n), base(n);
+      for (uint64_t i = 0; i < n; ++i) {
+        vals[i] = static_cast<float>((i * 2654435761u) % 20011) / 997.0f - 10.0f;
+        base[i] = static_cast<float>(i % 97) * 0.125f - 6.0f;
+      }
+      std::vector<uint8_t> src(n * 4);
+      ASSERT_TRUE(Convert(vals.data(), DType::kF32, src.data(), dt, n).ok());
+      std::vector<float> widened(n);
+      ASSERT_TRUE(Convert(src.data(), dt, widened.data(), DType::kF32, n).ok());
+      std::vector<float> want(base);
+      for (uint64_t i = 0; i < n; ++i) want[i] += widened[i];
+      std::vector<float> all(base);
+      ASSERT_TRUE(AddToF32(all.data(), src.data(), dt, n).ok());
+      std::vector<float> one(base);
+      {
+        tbb::global_control single(tbb::global_control::max_allowed_parallelism, 1);
+        ASSERT_TRUE(AddToF32(one.data(), src.data(), dt, n).ok());
+      }
+      ASSERT_EQ(0, std::memcmp(all.data(), want.data(), n * 4)) << DTypeName(dt) << " n " << n;
+      ASSERT_EQ(0, std::memcmp(one.data(), want.data(), n * 4)) << DTypeName(dt) << " n " << n;
+    }
   }
 }
 
