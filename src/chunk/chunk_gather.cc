@@ -181,8 +181,7 @@ Status ChunkManager::ReduceInSlot(int c, const Event& written) {
   if (!rt.cached) {
     // No tensor of the chunk had a backward use: its gradient is zero (on every rank: the
     // ranks' moments agree).
-    store_.ZeroGrad(c);
-    return Status::OK();
+    return store_.ZeroGrad(c);
   }
   // Tensors without a backward use still hold parameters in the slot: zero them first.
   for (int t : layout_.chunk(c).tensors) {
@@ -206,8 +205,7 @@ Status ChunkManager::ReduceSeparate(int c, const Event& written) {
   Impl::ChunkRt& rt = im.chunks[static_cast<size_t>(c)];
   if (rt.grad_buf.data() == nullptr) {
     // No backward use: zero without accumulation, nothing to add with it.
-    if (!options_.grad_accumulation) store_.ZeroGrad(c);
-    return Status::OK();
+    return options_.grad_accumulation ? Status::OK() : store_.ZeroGrad(c);
   }
   ASSIGN_OR_RETURN(bool queued, im.reduce->Reduce(c, rt.grad_buf.data(), written));
   if (!queued) {

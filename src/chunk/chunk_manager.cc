@@ -44,6 +44,7 @@ ShardStoreOptions ChunkManager::StoreOptions(const ChunkLayout& layout, const Pl
   so.geometry.dtype = layout.dtype();
   for (const ChunkPlacement& p : placement.chunks) so.param_tier.push_back(p.param);
   so.fp32_grads = options.grad_accumulation;
+  for (const ChunkPlacement& p : placement.chunks) so.grad_tier.push_back(p.grad);
   // With W > 1 over host buffers a host shard has room for its gather tag after it.
   if (layout.world_size() > 1 && options.device_comm == nullptr) {
     so.host_param_tail_bytes = kGatherTagBytes;
@@ -210,7 +211,7 @@ Status NotBetweenIterations(bool in_iteration) {
 
 Status ChunkManager::ZeroGrads() {
   RETURN_IF_ERROR(NotBetweenIterations(impl_->ctx.moment > 0));
-  store_.ZeroGrads();
+  RETURN_IF_ERROR(store_.ZeroGrads());
   return Status::OK();
 }
 

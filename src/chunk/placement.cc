@@ -33,9 +33,27 @@ StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& bu
     device += p.optim_shard_bytes;
     ++on_device;
   }
+  // Note [Gradient shards on the device]
+  // A chunk whose parameters and optimizer states are both device-resident is updated by the
+  // device's Adam, which otherwise reads the gradient back across the link: on an H100 the
+  // 2.4 GB gradient of a 1.21B model went down after the backward, its norm was summed on the
+  // host (37 ms) and it came back up for Adam (48 ms of a 254 ms step; bench/RESULTS.md,
+  // gpu-speed). Such a chunk keeps its gradient shard in device memory when the device shard
+  // budget has room after the parameters and the states, from the last chunk backwards as the
+  // states are placed. Only where the reduce leaves the shard on the device (one rank, or device
+  // collectives) and micro-batches are not accumulated (accumulation adds in fp32 on the host).
+  if (budgets.device_grads) {
+    for (int c = n - 1; c >= 0; --c) {
+      ChunkPlacement& cp = p.chunks[static_cast<size_t>(c)];
+      if (cp.param != Tier::kDevice || cp.optimizer != Tier::kDevice) continue;
+      if (device + p.grad_shard_bytes > budgets.device_shard_bytes) break;
+      cp.grad = Tier::kDevice;
+      device += p.grad_shard_bytes;
+    }
+  }
   uint64_t host = 0;
   for (const auto& c : p.chunks) {
-    host += p.grad_shard_bytes;
+    if (c.grad == Tier::kHost) host += p.grad_shard_bytes;
     if (c.optimizer == Tier::kHost) host += p.optim_shard_bytes;
     if (c.param == Tier::kHost) host += p.param_shard_bytes;
   }
@@ -55,12 +73,13 @@ StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& bu
     nvme += p.param_shard_bytes;
   }
   if (host > budgets.host_bytes || nvme > budgets.nvme_bytes) {
-    const uint64_t grads = static_cast<uint64_t>(n) * p.grad_shard_bytes;
+    uint64_t grads = 0;
+    for (const auto& c : p.chunks) grads += c.grad == Tier::kHost ? p.grad_shard_bytes : 0;
     return OutOfMemoryError(
         "model state of " + FormatBytes(total) + " per rank (" + std::to_string(n) +
         " chunks) does not fit: device shard budget " + FormatBytes(budgets.device_shard_bytes) +
         ", host budget " + FormatBytes(budgets.host_bytes) + " (at least " + FormatBytes(grads) +
-        " for gradients, which stay in host memory), NVMe budget " +
+        " for the gradients in host memory), NVMe budget " +
         FormatBytes(budgets.nvme_bytes) + " (" + FormatBytes(nvme) +
         " needed once host memory is full); raise the NVMe or host budget, or use more ranks");
   }

@@ -9,7 +9,9 @@
 // device shard budget that parameter shards leave, also from the last chunk backwards (those that
 // would spill to NVMe first), and are updated there (docs/optimizer.md). Gradient shards stay in
 // host memory, where CPU Adam reads them (for NVMe-resident optimizer states the swap pipeline
-// streams master, m and v past them).
+// streams master, m and v past them), except that a chunk whose parameters and states are both
+// on the device may keep its gradient there too when `device_grads` says the reduce allows it
+// (Note [Gradient shards on the device] in placement.cc).
 //
 // Thread-safety: pure function.
 #pragma once
@@ -31,6 +33,10 @@ struct TierBudgets {
   uint64_t nvme_bytes = 0;          // NVMe space
   // The most optimizer states the device shard budget may hold after the parameter shards.
   int device_optimizer_groups = 0;
+  // A gradient shard may live in device memory (Note [Gradient shards on the device] in
+  // placement.cc): set where the reduce leaves the shard on the device and micro-batches are not
+  // accumulated.
+  bool device_grads = false;
 };
 
 struct ChunkPlacement {

@@ -74,6 +74,22 @@ Status DeviceAdam::StepAsync(const AdamBuffers& b, const AdamStepOptions& step,
   });
 }
 
+Status DeviceAdam::SumSquaresAsync(const void* grad, DType dtype, size_t n, double* parts,
+                                   StreamHandle stream) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16)
+    return InvalidArgumentError("a gradient's sum of squares takes fp32, bf16 or fp16");
+  if (parts == nullptr || (n > 0 && grad == nullptr))
+    return InvalidArgumentError("a sum of squares needs a gradient and its parts' buffer");
+  if (host_ == nullptr) return GpuSumSquaresAsync(grad, dtype, n, parts, kSumParts, stream.impl);
+  return device_.LaunchHostFunc(stream, [adam = host_.get(), errors = errors_, grad, dtype, n,
+                                         parts] {
+    StatusOr<double> r = adam->SumSquares(grad, dtype, n);
+    if (!r.ok()) errors->Add(std::move(r).status().WithContext("device sum of squares"));
+    parts[0] = r.ok() ? *r : 0.0;
+    for (int i = 1; i < kSumParts; ++i) parts[i] = 0.0;
+  });
+}
+
 Status DeviceAdam::TakeError() {
   MutexLock l(errors_->mu);
   Status s = std::move(errors_->first);

@@ -40,6 +40,14 @@ class DeviceAdam {
   // not overlap) on `stream`. InvalidArgument before anything is queued for bad buffers or
   // options; a failure while it runs comes back from TakeError after the stream is synchronised.
   Status StepAsync(const AdamBuffers& buffers, const AdamStepOptions& step, StreamHandle stream);
+  // The sum of squares of grad[0, n) (fp32, bf16 or fp16 in device memory; for the global
+  // gradient norm of gradient shards kept on the device), queued on `stream` as kSumParts
+  // doubles written to `parts` (device memory) whose sum in index order is the result: fixed
+  // partial sums, the same on every run (on the simulated device the first holds CpuAdam's
+  // SumSquares, the others 0). InvalidArgument for a bad dtype or null buffers.
+  static constexpr int kSumParts = 256;
+  Status SumSquaresAsync(const void* grad, DType dtype, size_t n, double* parts,
+                         StreamHandle stream);
   // The first error a queued step met since the last call (OK when none).
   Status TakeError();
 

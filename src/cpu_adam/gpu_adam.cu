@@ -75,7 +75,38 @@ __global__ void AdamInt8StatesKernel(AdamBlock b, AdamScalars s) {
   }
 }
 
+// Block b's sum of the squares of the elements b, b + blocks, ... (a grid-stride loop per
+// thread, then a tree over the block's threads in shared memory): fixed for a given grid.
+constexpr int kSumThreads = 256;
+__global__ void SumSquaresKernel(const void* grad, DType dtype, size_t n, double* parts) {
+  __shared__ double acc[kSumThreads];
+  double s = 0;
+  for (size_t i = blockIdx.x * size_t{kSumThreads} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * kSumThreads) {
+    const double g = internal::LoadGradScalar(grad, dtype, i);
+    s += g * g;
+  }
+  acc[threadIdx.x] = s;
+  __syncthreads();
+  for (int half = kSumThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) acc[threadIdx.x] += acc[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) parts[blockIdx.x] = acc[0];
+}
+
 }  // namespace
+
+Status GpuSumSquaresAsync(const void* grad, DType dtype, size_t n, double* parts, int num_parts,
+                          void* cuda_stream) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16)
+    return InvalidArgumentError("a gradient's sum of squares takes fp32, bf16 or fp16");
+  if (num_parts < 1 || parts == nullptr) return InvalidArgumentError("no parts for the sum");
+  SumSquaresKernel<<<static_cast<unsigned>(num_parts), kSumThreads, 0,
+                     static_cast<cudaStream_t>(cuda_stream)>>>(grad, dtype, n, parts);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return Status::OK();
+}
 
 bool GpuAdamBuilt() { return true; }
 

@@ -23,4 +23,10 @@ bool GpuAdamBuilt();
 Status GpuAdamStepAsync(const AdamConfig& config, const AdamStepOptions& step,
                         const AdamBuffers& buffers, void* cuda_stream);
 
+// Enqueues the sum of squares of grad[0, n) (fp32, bf16 or fp16, device memory) as `parts`
+// block sums in double written to `parts` (device memory; each block's threads in a fixed tree,
+// so the same bits on every run). Unavailable without CUDA; Internal for a launch failure.
+Status GpuSumSquaresAsync(const void* grad, DType dtype, size_t n, double* parts, int num_parts,
+                          void* cuda_stream);
+
 }  // namespace tierzero

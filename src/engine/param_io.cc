@@ -65,11 +65,17 @@ Status Engine::ReadGrad(ParamId p, std::span<float> out) {
   RETURN_IF_ERROR(im.updater->Await());
   const DType gt = im.store->grad_dtype();
   const TensorLoc& loc = im.layout.tensor(p);
-  // The chunk's gradient from every rank's shard.
+  // The chunk's gradient from every rank's shard (a shard on the device copied over first).
   std::vector<uint8_t> full(DTypeBytes(gt, im.layout.chunk_elems()));
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<CommRequest> req,
-      im.comm->AllGather(im.store->grad(loc.chunk), full.data(), im.layout.shard_elems(), gt));
+  std::vector<uint8_t> mine;
+  const void* shard = im.store->grad(loc.chunk);
+  if (im.store->grad_on_device(loc.chunk)) {
+    mine.resize(im.store->grad_bytes());
+    RETURN_IF_ERROR(im.store->ReadGradShard(loc.chunk, mine.data()));
+    shard = mine.data();
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> req,
+                   im.comm->AllGather(shard, full.data(), im.layout.shard_elems(), gt));
   RETURN_IF_ERROR(req->Wait());
   return Convert(full.data() + DTypeBytes(gt, loc.offset), gt, out.data(), DType::kF32, out.size());
 }

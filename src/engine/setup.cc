@@ -11,6 +11,7 @@
 #include "core/bytes.h"
 #include "core/convert.h"
 #include "core/logging.h"
+#include "core/tunable.h"
 #include "engine/engine_impl.h"
 #include "offload/cuda_device.h"
 #include "offload/host_sim_device.h"
@@ -87,6 +88,10 @@ StatusOr<bool> Engine::Impl::ChooseCollectivePath(bool cuda) {
   }
   return everywhere;
 }
+
+// For measuring what the device's gradient shards buy, and the bit-for-bit check against them.
+TZ_TUNABLE(bool, kDeviceGrads, "TZ_DEVICE_GRADS", true,
+           "keep the gradient shards of chunks the device's Adam updates in device memory");
 
 static_assert(static_cast<int>(MomentFormat::kF32) == static_cast<int>(StateFormat::kF32) &&
               static_cast<int>(MomentFormat::kBF16) == static_cast<int>(StateFormat::kBF16) &&
@@ -183,6 +188,10 @@ StatusOr<PlacedRun> PlaceRun(const ChunkLayout& layout, const EngineConfig& cfg,
           static_cast<int>(std::llround(cfg.optimizer_device_fraction * n));
       break;
   }
+  // The reduce leaves a shard on the device with one rank or device collectives, and ZeRO++'s
+  // device reduce too; through host buffers it arrives in host memory.
+  r.budgets.device_grads =
+      kDeviceGrads.Get() && cfg.grad_accumulation == 1 && (world == 1 || on_device);
   auto p = PlaceShards(layout, r.budgets, group.bytes());
   if (!p.ok()) return std::move(p).status().WithContext("placing the shards");
   r.placement = std::move(p).value();

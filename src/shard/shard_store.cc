@@ -31,6 +31,16 @@ StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(Device& device, NvmeSto
                                 std::to_string(options.optimizer_tier.size()) +
                                 " chunks, the store has " + std::to_string(g.num_chunks));
   }
+  if (!options.grad_tier.empty()) {
+    if (static_cast<int>(options.grad_tier.size()) != g.num_chunks) {
+      return InvalidArgumentError("gradient tiers for " +
+                                  std::to_string(options.grad_tier.size()) +
+                                  " chunks, the store has " + std::to_string(g.num_chunks));
+    }
+    for (Tier t : options.grad_tier) {
+      if (t == Tier::kNvme) return InvalidArgumentError("gradient shards are never on NVMe");
+    }
+  }
   if (g.world_size < 1 || g.rank < 0 || g.rank >= g.world_size) {
     return InvalidArgumentError("rank " + std::to_string(g.rank) + " of " +
                                 std::to_string(g.world_size));
@@ -57,28 +67,50 @@ Status ShardStore::Init() {
                                 " parameter shards are placed on NVMe but no NVMe store is "
                                 "configured; add nvme paths or raise the host budget");
   }
-  if (device_chunks > 0) {
+  int host_grads = 0;
+  for (int c = 0; c < n; ++c) {
+    if (grad_on_device(c)) {
+      ++device_grad_chunks_;
+    } else {
+      ++host_grads;
+    }
+  }
+  if (device_chunks > 0 || device_grad_chunks_ > 0) {
     ASSIGN_OR_RETURN(stream_, Stream::Create(device_, "shards"));
   }
   if (host_chunks > 0) {
     ASSIGN_OR_RETURN(host_arena_, PinnedArena::Create(&device_, host_slot_bytes,
                                                       static_cast<uint32_t>(host_chunks)));
   }
-  ASSIGN_OR_RETURN(grad_arena_,
-                   PinnedArena::Create(&device_, grad_bytes(), static_cast<uint32_t>(n)));
+  if (host_grads > 0) {
+    ASSIGN_OR_RETURN(grad_arena_, PinnedArena::Create(&device_, grad_bytes(),
+                                                      static_cast<uint32_t>(host_grads)));
+  }
   device_shards_.resize(static_cast<size_t>(n));
   host_shards_.resize(static_cast<size_t>(n));
   nvme_shards_.resize(static_cast<size_t>(n));
   grad_shards_.resize(static_cast<size_t>(n));
+  device_grads_.resize(static_cast<size_t>(n));
   std::vector<uint8_t> zeros;
   for (int c = 0; c < n; ++c) {
     RETURN_IF_ERROR(InitParam(c, zeros));
+    if (grad_on_device(c)) {
+      auto buf = DeviceBuffer::Allocate(device_, grad_bytes());
+      if (!buf.ok()) {
+        return std::move(buf).status().WithContext("device-resident gradient shard of chunk " +
+                                                   std::to_string(c));
+      }
+      device_grads_[static_cast<size_t>(c)] = std::move(buf).value();
+      RETURN_IF_ERROR(device_.MemsetAsync(device_grads_[static_cast<size_t>(c)].data(), 0,
+                                          grad_bytes(), stream_.handle()));
+      continue;
+    }
     auto g = grad_arena_->TryAcquire();
     TZ_CHECK(g.has_value());
     std::memset(g->data(), 0, g->bytes());
     grad_shards_[static_cast<size_t>(c)] = std::move(*g);
   }
-  if (device_chunks > 0) RETURN_IF_ERROR(stream_.Synchronize());
+  if (device_chunks > 0 || device_grad_chunks_ > 0) RETURN_IF_ERROR(stream_.Synchronize());
   if (!options_.optimizer_tier.empty()) {
     ASSIGN_OR_RETURN(
         optimizer_,
@@ -214,13 +246,34 @@ Status ShardStore::CopyParamBytes(int c, uint64_t offset, uint64_t len, void* ho
   return Status::OK();
 }
 
-void ShardStore::ZeroGrads() {
-  for (PinnedSlot& s : grad_shards_) std::memset(s.data(), 0, s.bytes());
+Status ShardStore::ZeroGrads() {
+  for (int c = 0; c < num_chunks(); ++c) {
+    if (!grad_on_device(c)) {
+      PinnedSlot& s = grad_shards_[static_cast<size_t>(c)];
+      std::memset(s.data(), 0, s.bytes());
+      continue;
+    }
+    RETURN_IF_ERROR(device_.MemsetAsync(grad(c), 0, grad_bytes(), stream_.handle()));
+  }
+  return device_grad_chunks_ > 0 ? stream_.Synchronize() : Status::OK();
 }
 
-void ShardStore::ZeroGrad(int c) {
+Status ShardStore::ZeroGrad(int c) {
+  if (grad_on_device(c)) {
+    RETURN_IF_ERROR(device_.MemsetAsync(grad(c), 0, grad_bytes(), stream_.handle()));
+    return stream_.Synchronize();
+  }
   PinnedSlot& s = grad_shards_[static_cast<size_t>(c)];
   std::memset(s.data(), 0, s.bytes());
+  return Status::OK();
+}
+
+Status ShardStore::ReadGradShard(int c, void* host) {
+  if (!grad_on_device(c)) {
+    std::memcpy(host, grad(c), grad_bytes());
+    return Status::OK();
+  }
+  return CopyDevice(host, grad(c), grad_bytes(), CopyKind::kDeviceToHost);
 }
 
 }  // namespace tierzero

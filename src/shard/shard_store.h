@@ -1,6 +1,8 @@
 // ShardStore: every per-chunk shard this rank owns, in the tier the placement chose (DESIGN.md
 // section 4): the compute-dtype parameter shard (device memory, pinned host memory or NVMe), the
-// gradient shard (pinned host memory, where CPU Adam reads it), and the optimizer states (fp32
+// gradient shard (pinned host memory, where CPU Adam reads it, or device memory for a chunk the
+// device's Adam updates: Note [Gradient shards on the device] in chunk/placement.cc), and the
+// optimizer states (fp32
 // master, m, v: host memory or NVMe, shard/optimizer_states.h).
 //
 // The store holds bytes and moves them between the host and their tier; it knows nothing of
@@ -54,6 +56,8 @@ struct ShardStoreOptions {
   uint64_t optimizer_scale_blocks = 0;
   // Gradient shards in fp32 (gradient accumulation) instead of the compute dtype.
   bool fp32_grads = false;
+  // Per chunk, the tier of its gradient shard: host or device (empty: every one in host memory).
+  std::vector<Tier> grad_tier;
   // Room kept after each host parameter shard, for the gather paths that send a tag with the
   // shard (zero/gather.h).
   uint64_t host_param_tail_bytes = 0;
@@ -94,12 +98,25 @@ class ShardStore {
   // shard lives (an NVMe shard is read, changed and written back whole).
   Status CopyParamBytes(int chunk, uint64_t offset, uint64_t bytes, void* host, bool to_shard);
 
-  // ---- Gradient shards (pinned host memory) ----
+  // ---- Gradient shards (pinned host memory, or device memory where grad_on_device) ----
   DType grad_dtype() const { return options_.fp32_grads ? DType::kF32 : geometry().dtype; }
-  void* grad(int chunk) const { return grad_shards_[static_cast<size_t>(chunk)].data(); }
+  // The shard's memory: a device pointer where grad_on_device(chunk), never to be read on the
+  // host (ReadGradShard copies it).
+  void* grad(int chunk) const {
+    const size_t i = static_cast<size_t>(chunk);
+    return grad_on_device(chunk) ? device_grads_[i].data() : grad_shards_[i].data();
+  }
+  bool grad_on_device(int chunk) const {
+    return !options_.grad_tier.empty() &&
+           options_.grad_tier[static_cast<size_t>(chunk)] == Tier::kDevice;
+  }
+  bool any_grad_on_device() const { return device_grad_chunks_ > 0; }
   uint64_t grad_bytes() const { return DTypeBytes(grad_dtype(), geometry().shard_elems); }
-  void ZeroGrads();
-  void ZeroGrad(int chunk);
+  // Copies the whole gradient shard into `host` (grad_bytes), from either tier.
+  Status ReadGradShard(int chunk, void* host);
+  // Zeroes the shards (a device shard synchronously, on the store's stream).
+  Status ZeroGrads();
+  Status ZeroGrad(int chunk);
 
   // ---- Optimizer states ----
   // Null when the store was created without optimizer tiers.
@@ -130,7 +147,9 @@ class ShardStore {
   std::vector<NvmeExtent> nvme_shards_;
   AlignedBuffer scratch_;  // an NVMe shard on its way through CopyParamBytes
   std::unique_ptr<PinnedArena> grad_arena_;
-  std::vector<PinnedSlot> grad_shards_;
+  std::vector<PinnedSlot> grad_shards_;  // host tier (empty slots for device ones)
+  std::vector<DeviceBuffer> device_grads_;
+  int device_grad_chunks_ = 0;
   std::unique_ptr<OptimizerStates> optimizer_;
   std::atomic<uint64_t> nvme_read_bytes_{0}, nvme_write_bytes_{0};
 };

@@ -127,7 +127,9 @@ Status Updater::Await() {
     if (cfg_.grad_accumulation > 1) {
       // The groups the worker did not take (the device's, the speculative start's).
       for (int c = 0; c < layout_.num_chunks(); ++c) {
-        if (!CpuChainTakes(c)) store_->ZeroGrad(c);
+        if (CpuChainTakes(c)) continue;
+        Status z = store_->ZeroGrad(c);
+        if (!z.ok() && s.ok()) s = std::move(z);
       }
     }
     if (!s.ok()) {

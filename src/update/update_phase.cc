@@ -279,8 +279,13 @@ Status Updater::EnqueueDeviceGroup(int c, UpdateWhere where, int k, uint8_t* mem
   // Upload: the gradient, and a streamed group's states.
   StreamHandle h2d = phase_.h2d.handle(), adam = phase_.adam.handle(), d2h = phase_.d2h.handle();
   RETURN_IF_ERROR(device_->StreamWaitEvent(h2d, phase_.slot_free[ks].handle()));
-  RETURN_IF_ERROR(device_->CopyAsync(p.grad, store_->grad(c), store_->grad_bytes(),
-                                     CopyKind::kHostToDevice, h2d));
+  // A gradient shard on the device is read where it is (Note [Gradient shards on the device]).
+  const bool grad_here = store_->grad_on_device(c);
+  uint8_t* grad = grad_here ? static_cast<uint8_t*>(store_->grad(c)) : p.grad;
+  if (!grad_here) {
+    RETURN_IF_ERROR(device_->CopyAsync(p.grad, store_->grad(c), store_->grad_bytes(),
+                                       CopyKind::kHostToDevice, h2d));
+  }
   if (streamed) {
     RETURN_IF_ERROR(
         device_->CopyAsync(p.states, g.master, group_bytes, CopyKind::kHostToDevice, h2d));
@@ -296,7 +301,7 @@ Status Updater::EnqueueDeviceGroup(int c, UpdateWhere where, int k, uint8_t* mem
     RETURN_IF_ERROR(device_->MemsetAsync(p.out, 0, shard_bytes, adam));  // padding stays zero
   }
   for (size_t s = 0; s < slices_[static_cast<size_t>(c)].size(); ++s) {
-    const AdamBuffers b = SliceBuffers(on_device, s, p.grad, out);
+    const AdamBuffers b = SliceBuffers(on_device, s, grad, out);
     const ShardSlice& sl = slices_[static_cast<size_t>(c)][s];
     DeviceAdam& da = decays_[static_cast<size_t>(sl.tensor)] ? *phase_.decay : *phase_.plain;
     RETURN_IF_ERROR(da.StepAsync(b, so, adam));
@@ -531,7 +536,7 @@ Status Updater::RunCpuChain(const AdamStepOptions& so, bool prof, bool mark, dou
         }
         phase_.measured_end_s[static_cast<size_t>(g.chunk)] = Since(phase_.t0);
         if (mark) {
-          if (cfg_.grad_accumulation > 1) store_->ZeroGrad(g.chunk);
+          if (cfg_.grad_accumulation > 1) RETURN_IF_ERROR(store_->ZeroGrad(g.chunk));
           tail_.MarkDone(g.chunk);
         }
         return Status::OK();

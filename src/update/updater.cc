@@ -93,13 +93,21 @@ OptimizerCounters Updater::optimizer_counters() const {
 }
 
 // The sum of squares of every gradient over the tensors only (a shard's padding is not a
-// gradient), over all ranks: a NaN or Inf makes it non-finite.
+// gradient), over all ranks: a NaN or Inf makes it non-finite. Slices in chunk order, each
+// slice's sum from CpuAdam's blocks, or for a gradient shard on the device from the device's
+// fixed block sums (DeviceSliceSums): the same bits on every run.
 StatusOr<double> Updater::GradSumSquares() {
   const DType gt = store_->grad_dtype();
+  ASSIGN_OR_RETURN(const std::vector<double> on_device, DeviceSliceSums());
+  size_t k = 0;
   double sumsq = 0;
   for (int c = 0; c < layout_.num_chunks(); ++c) {
     const auto* g = static_cast<const uint8_t*>(store_->grad(c));
     for (const ShardSlice& sl : slices_[static_cast<size_t>(c)]) {
+      if (store_->grad_on_device(c)) {
+        sumsq += on_device[k++];
+        continue;
+      }
       ASSIGN_OR_RETURN(double s,
                        adam_plain_->SumSquares(g + DTypeBytes(gt, sl.shard_offset), gt, sl.numel));
       sumsq += s;
@@ -112,6 +120,48 @@ StatusOr<double> Updater::GradSumSquares() {
     for (double x : all) sumsq += x;
   }
   return sumsq;
+}
+
+// The sum of squares of each slice of the gradient shards kept on the device (Note [Gradient
+// shards on the device] in chunk/placement.cc), in chunk and slice order: the device's block
+// sums, brought over once and added in order. Their memory is the chunk cache's idle slot
+// region when it is large enough (as the update phase's), else a buffer held for the call.
+StatusOr<std::vector<double>> Updater::DeviceSliceSums() {
+  std::vector<double> sums;
+  if (!store_->any_grad_on_device()) return sums;
+  constexpr int kParts = DeviceAdam::kSumParts;
+  size_t n = 0;
+  for (int c = 0; c < layout_.num_chunks(); ++c) {
+    if (store_->grad_on_device(c)) n += slices_[static_cast<size_t>(c)].size();
+  }
+  const uint64_t bytes = n * kParts * sizeof(double);
+  DeviceBuffer own;
+  auto* parts = static_cast<double*>(cm_->idle_slot_memory());
+  if (parts == nullptr || cm_->idle_slot_bytes() < bytes) {
+    ASSIGN_OR_RETURN(own, DeviceBuffer::Allocate(*device_, bytes));
+    parts = static_cast<double*>(own.data());
+  }
+  const DType gt = store_->grad_dtype();
+  const StreamHandle stream = phase_.adam.handle();
+  size_t k = 0;
+  for (int c = 0; c < layout_.num_chunks(); ++c) {
+    if (!store_->grad_on_device(c)) continue;
+    const auto* g = static_cast<const uint8_t*>(store_->grad(c));
+    for (const ShardSlice& sl : slices_[static_cast<size_t>(c)]) {
+      RETURN_IF_ERROR(phase_.plain->SumSquaresAsync(g + DTypeBytes(gt, sl.shard_offset), gt,
+                                                    sl.numel, parts + k * kParts, stream));
+      ++k;
+    }
+  }
+  std::vector<double> host(n * kParts);
+  RETURN_IF_ERROR(device_->CopyAsync(host.data(), parts, bytes, CopyKind::kDeviceToHost, stream));
+  RETURN_IF_ERROR(phase_.adam.Synchronize());
+  RETURN_IF_ERROR(phase_.plain->TakeError());
+  sums.assign(n, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    for (int j = 0; j < kParts; ++j) sums[i] += host[i * kParts + static_cast<size_t>(j)];
+  }
+  return sums;
 }
 
 StatusOr<UpdateStepOutcome> Updater::Step(const UpdateStepInputs& in) {

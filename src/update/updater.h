@@ -253,6 +253,7 @@ class Updater {
   Status Init();
   Status CreatePhase();  // update_phase.cc
   StatusOr<double> GradSumSquares();
+  StatusOr<std::vector<double>> DeviceSliceSums();
   Status AdamGroup(const OptimizerGroup& group, const AdamStepOptions& options, bool profiled);
   // Slice s of group g's chunk as AdamBuffers: its master, moments (Note [8-bit blocks per
   // slice]), gradient (in `grad`, the shard's) and output (in `out`, the shard's layout).

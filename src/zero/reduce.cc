@@ -64,6 +64,17 @@ Status CopyGradToShard(TransferContext& ctx, bool accumulate, PinnedArena* stagi
   auto start = spans.Start();
   if (spans.on()) RETURN_IF_ERROR(spans.QueueStart(device, d2h, start));
   void* shard = ctx.store.grad(c);
+  if (ctx.store.grad_on_device(c)) {
+    // Note [Gradient shards on the device] (chunk/placement.cc): never with accumulation.
+    if (accumulate) return InternalError("a device gradient shard with accumulation");
+    RETURN_IF_ERROR(device.CopyAsync(shard, src, bytes, CopyKind::kDeviceToDevice, d2h));
+    if (spans.on()) {
+      RETURN_IF_ERROR(spans.QueueSpan(device, d2h, Track::kD2H,
+                                      "grad " + std::to_string(c) + " (on the device)", m, c,
+                                      bytes, start));
+    }
+    return Status::OK();
+  }
   if (!accumulate) {
     RETURN_IF_ERROR(device.CopyAsync(shard, src, bytes, CopyKind::kDeviceToHost, d2h));
     if (spans.on()) {

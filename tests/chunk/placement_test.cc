@@ -65,6 +65,28 @@ TEST(PlacementTest, DeviceShardBudgetTakesParametersFirst) {
   EXPECT_EQ(p->chunks[3].param, Tier::kHost);
 }
 
+// Note [Gradient shards on the device]: with device_grads, a chunk whose parameters and states
+// are both on the device keeps its gradient there while the shard budget lasts, from the last
+// chunk backwards; host memory then counts only the others.
+TEST(PlacementTest, GradientShardsJoinTheDeviceUpdatedChunks) {
+  ChunkLayout l = TenChunks();
+  // Parameters 20 MiB, three chunks' states 36 MiB, then room for two of their 2 MiB gradients.
+  TierBudgets b{60 * kMiB, 160 * kMiB, 0, 3, true};
+  auto p = PlaceShards(l, b);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  for (int c = 0; c < 10; ++c) {
+    EXPECT_EQ(p->chunks[c].optimizer, c >= 7 ? Tier::kDevice : Tier::kHost) << c;
+    EXPECT_EQ(p->chunks[c].grad, c >= 8 ? Tier::kDevice : Tier::kHost) << c;
+  }
+  EXPECT_EQ(p->bytes[static_cast<int>(Tier::kDevice)], 60 * kMiB);
+  EXPECT_EQ(p->bytes[static_cast<int>(Tier::kHost)], (8 * 2 + 7 * 12) * kMiB);
+  b.device_grads = false;
+  p = PlaceShards(l, b);
+  ASSERT_TRUE(p.ok());
+  for (const auto& c : p->chunks) EXPECT_EQ(c.grad, Tier::kHost);
+  EXPECT_EQ(p->bytes[static_cast<int>(Tier::kHost)], (10 * 2 + 7 * 12) * kMiB);
+}
+
 TEST(PlacementTest, ImpossibleBudgetIsOutOfMemoryNamingTheBudgets) {
   ChunkLayout l = TenChunks();
   auto p = PlaceShards(l, {0, 30 * kMiB, 50 * kMiB});

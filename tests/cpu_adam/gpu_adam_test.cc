@@ -6,7 +6,9 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <initializer_list>
 #include <random>
 #include <vector>
@@ -85,6 +87,61 @@ TEST(GpuAdam, BitIdenticalToCpuAdam) {
 
 // Compressed moments (bf16, 8-bit codes): the GPU's pass equals CpuAdam's bit for bit over four
 // steps (the codes, the scales, the stochastic rounding's hash).
+// The gradient norm's device sum (Note [Gradient shards on the device]): the block sums add up
+// to CpuAdam's SumSquares within double rounding (another order), the same bits on a second
+// run, and a non-finite element makes it non-finite.
+TEST(GpuAdam, SumOfSquaresAgreesWithTheCpuAndRepeats) {
+  int count = 0;
+  if (!GpuAdamBuilt() || cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
+    GTEST_SKIP() << "no GPU";
+  constexpr int kParts = 256;
+  std::mt19937 gen(5);
+  std::normal_distribution<float> d(0, 1);
+  auto cpu = CpuAdam::Create(AdamConfig{});
+  ASSERT_TRUE(cpu.ok());
+  for (size_t n : {size_t{0}, size_t{1}, size_t{1000}, size_t{65537}, size_t{1} << 22}) {
+    for (DType gt : {DType::kF32, DType::kBF16, DType::kF16}) {
+      std::vector<float> g32(n);
+      for (float& x : g32) x = d(gen);
+      std::vector<uint16_t> g16(n);
+      const void* grad = g32.data();
+      if (gt != DType::kF32) {
+        ASSERT_TRUE(Convert(g32.data(), DType::kF32, g16.data(), gt, n).ok());
+        grad = g16.data();
+      }
+      void* dg = gt == DType::kF32 ? static_cast<void*>(Upload(g32)) : Upload(g16);
+      double* parts = Upload(std::vector<double>(kParts, -1.0));
+      auto sum = [&]() {
+        EXPECT_TRUE(GpuSumSquaresAsync(dg, gt, n, parts, kParts, nullptr).ok());
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<double> h = Download(parts, kParts);
+        double s = 0;
+        for (double x : h) s += x;
+        return s;
+      };
+      const double first = sum(), second = sum();
+      auto want = (*cpu)->SumSquares(grad, gt, n);
+      ASSERT_TRUE(want.ok());
+      EXPECT_NEAR(first, *want, 1e-12 * *want + 1e-300) << n;
+      EXPECT_EQ(std::memcmp(&first, &second, sizeof(double)), 0) << n;
+      if (n > 0) {
+        if (gt == DType::kF32) {
+          g32[n / 2] = std::numeric_limits<float>::infinity();
+          cudaFree(dg);
+          dg = Upload(g32);
+        } else {
+          g16[n / 2] = 0x7FC0;  // a NaN in bf16 and in fp16
+          cudaFree(dg);
+          dg = Upload(g16);
+        }
+        EXPECT_FALSE(std::isfinite(sum())) << n;
+      }
+      cudaFree(dg);
+      cudaFree(parts);
+    }
+  }
+}
+
 TEST(GpuAdam, CompressedMomentsBitIdenticalToCpuAdam) {
   int count = 0;
   if (!GpuAdamBuilt() || cudaGetDeviceCount(&count) != cudaSuccess || count == 0)

@@ -91,6 +91,51 @@ TEST(Engine, OffloadEquivalenceIsBitIdentical) { CheckOffloadEquivalence(SmallMo
 
 TEST(Engine, LlamaOffloadEquivalenceIsBitIdentical) { CheckOffloadEquivalence(SmallLlama()); }
 
+// Note [Gradient shards on the device] (chunk/placement.cc): a chunk the device's Adam updates
+// keeps its gradient shard in device memory, so an all-resident step moves no gradient down;
+// ReadGrad brings it over and equals the host shard's bit for bit (the losses are
+// CheckOffloadEquivalence's). With accumulation, or with no room in the device shard budget after
+// the parameters and states, the gradients stay in host memory.
+int DeviceGradShards(Engine& e) {
+  const std::string s = e.PlacementSummary();
+  const size_t at = s.find("device: ");
+  if (at == std::string::npos) return -1;
+  const size_t end = s.find(" grad shards", at);
+  const size_t start = s.rfind(' ', end - 1);
+  return std::stoi(s.substr(start + 1, end - start - 1));
+}
+
+TEST(Engine, GradientShardsStayOnTheDeviceWhereItsAdamUpdates) {
+  EngineConfig resident = HostConfig();
+  resident.device_shard_budget = uint64_t{64} << 20;
+  EngineConfig host = HostConfig();
+  Trainer r = Make(resident), h = Make(host);
+  EXPECT_GT(DeviceGradShards(*r.engine), 0) << r.engine->PlacementSummary();
+  EXPECT_EQ(DeviceGradShards(*h.engine), 0) << h.engine->PlacementSummary();
+  Train(r, 0, 3);
+  Train(h, 0, 3);
+  const uint64_t d2h = r.engine->stats().d2h_bytes;
+  for (Trainer* t : {&r, &h}) {
+    Batch b = t->data->Get(false, 3, 8);
+    ASSERT_TRUE(t->model->ForwardBackward(b).ok());
+  }
+  EXPECT_EQ(r.engine->stats().d2h_bytes, d2h) << "a resident backward moved bytes down";
+  for (ParamId p = 0; p < r.engine->num_params(); ++p) {
+    std::vector<float> gr(static_cast<size_t>(r.engine->numel(p))), gh(gr.size());
+    ASSERT_TRUE(r.engine->ReadGrad(p, gr).ok());
+    ASSERT_TRUE(h.engine->ReadGrad(p, gh).ok());
+    ASSERT_EQ(0, std::memcmp(gr.data(), gh.data(), gr.size() * 4)) << "parameter " << p;
+  }
+  EngineConfig accumulated = resident;
+  accumulated.grad_accumulation = 2;
+  Trainer a = Make(accumulated);
+  EXPECT_EQ(DeviceGradShards(*a.engine), 0) << a.engine->PlacementSummary();
+  EngineConfig tight = resident;
+  tight.device_shard_budget = 0;
+  Trainer t = Make(tight);
+  EXPECT_EQ(DeviceGradShards(*t.engine), 0) << t.engine->PlacementSummary();
+}
+
 TEST(Engine, LlamaResumeContinuesWithTheSameLosses) {
   TempDir dir;
   EngineConfig ec = HostConfig();

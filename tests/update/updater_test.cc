@@ -200,7 +200,7 @@ std::vector<std::vector<double>> SetGrads(Rig& rig, uint32_t seed, bool poison =
   std::vector<std::vector<double>> grads;
   for (int t = 0; t < rig.layout.num_tensors(); ++t)
     grads.emplace_back(rig.layout.tensor(t).numel, 0.0);
-  rig.store->ZeroGrads();
+  TZ_CHECK_OK(rig.store->ZeroGrads());
   ForEachSlice(rig, [&](int c, const ShardSlice& sl) {
     auto* g = static_cast<uint16_t*>(rig.store->grad(c));
     for (uint64_t i = 0; i < sl.numel; ++i) {
