@@ -330,7 +330,7 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   int nvme_groups = 0;
   for (const ChunkPlacement& c : pl.chunks) {
     tiers.push_back({c.param == Tier::kDevice, c.param == Tier::kNvme, c.optimizer == Tier::kDevice,
-                     c.optimizer == Tier::kNvme});
+                     c.optimizer == Tier::kNvme, c.grad == Tier::kDevice});
     nvme_groups += c.optimizer == Tier::kNvme;
   }
   // By the step the backward's prefetches fill every swap slot (PlaceRun counts three).
@@ -411,8 +411,11 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
     if (param_tier(c) == Tier::kNvme) nvme_iter += g * shard;
     if (world > 1) comm_iter += g * (chunk - shard);
   }
-  // Each chunk's gradient once per micro-batch: reduced over the ranks, then its shard down.
-  d2h_iter = static_cast<uint64_t>(n) * (world > 1 && on_device ? shard : chunk);
+  // Each chunk's gradient once per micro-batch: reduced over the ranks, then its shard down
+  // (not when the shard is on the device: Note [Gradient shards on the device]).
+  for (const ChunkPlacement& p : pl.chunks) {
+    if (p.grad != Tier::kDevice) d2h_iter += world > 1 && on_device ? shard : chunk;
+  }
   if (world > 1) comm_iter += static_cast<uint64_t>(n) * (chunk - shard);
   out.iteration_h2d_bytes = h2d_iter;
   out.iteration_d2h_bytes = d2h_iter;
@@ -435,7 +438,7 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
       out.h2d_bytes += group_bytes + grad_bytes;
       out.d2h_bytes += group_bytes + (p.param == Tier::kDevice ? 0 : shard);
     } else if (w == UpdateWhere::kDeviceResident) {
-      out.h2d_bytes += grad_bytes;
+      if (p.grad != Tier::kDevice) out.h2d_bytes += grad_bytes;
       out.d2h_bytes += p.param == Tier::kDevice ? 0 : shard;
     }
   }

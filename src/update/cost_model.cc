@@ -37,6 +37,7 @@ std::vector<UpdateGroup> MakeUpdateGroups(const std::vector<UpdateGroupTiers>& t
     g.state_bytes = state_bytes;
     g.grad_bytes = grad_bytes;
     g.out_bytes = t.param_on_device ? 0 : shard_bytes;
+    g.grad_on_device = t.grad_on_device;
     g.states_on_device = t.states_on_device;
     g.states_on_nvme = t.states_on_nvme;
     g.param_on_nvme = t.param_on_nvme;
@@ -120,7 +121,7 @@ UpdateAssignment Simulate(const std::vector<UpdateGroup>& groups,
     ++device_groups;
     const bool streamed = where[i] == UpdateWhere::kDeviceStreamed;
     streams |= streamed;
-    up |= groups[i].grad_bytes > 0 || streamed;
+    up |= (groups[i].grad_bytes > 0 && !groups[i].grad_on_device) || streamed;
     down |= groups[i].out_bytes > 0 || streamed;
   }
   // An upload and a download overlap only with two groups or more in two slots or more.
@@ -144,8 +145,8 @@ UpdateAssignment Simulate(const std::vector<UpdateGroup>& groups,
     if (where[i] == UpdateWhere::kCpu) continue;
     const UpdateGroup& g = groups[i];
     const bool streamed = where[i] == UpdateWhere::kDeviceStreamed;
-    const double up_s =
-        Div(static_cast<double>(g.grad_bytes) + (streamed ? StateBytes(g) : 0.0), h2d_rate);
+    const double grad_up = g.grad_on_device ? 0.0 : static_cast<double>(g.grad_bytes);
+    const double up_s = Div(grad_up + (streamed ? StateBytes(g) : 0.0), h2d_rate);
     const double adam = Div(static_cast<double>(g.elems), r.device_params_per_s);
     const double down_s =
         Div(static_cast<double>(g.out_bytes) + (streamed ? StateBytes(g) : 0.0), d2h_rate);

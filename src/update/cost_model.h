@@ -66,6 +66,9 @@ struct UpdateGroup {
   uint64_t elems = 0;        // shard elements
   uint64_t state_bytes = 0;  // the group's master, m and v (0: fp32, 12 bytes an element)
   uint64_t grad_bytes = 0;   // the gradient shard, uploaded for a device update
+  // The gradient shard is in device memory (Note [Gradient shards on the device]): nothing to
+  // upload (its slot keeps the room all the same).
+  bool grad_on_device = false;
   uint64_t out_bytes = 0;    // the compute-dtype parameters, downloaded (0: the shard is on the
                              // device, written in place)
   bool states_on_device = false;
@@ -119,6 +122,7 @@ struct UpdateAssignment {
 struct UpdateGroupTiers {
   bool param_on_device = false, param_on_nvme = false;
   bool states_on_device = false, states_on_nvme = false;
+  bool grad_on_device = false;
 };
 std::vector<UpdateGroup> MakeUpdateGroups(const std::vector<UpdateGroupTiers>& tiers,
                                           uint64_t shard_elems, uint64_t grad_bytes,

@@ -89,7 +89,8 @@ std::vector<UpdateGroup> Updater::Groups() const {
   std::vector<UpdateGroupTiers> tiers;
   for (int c = 0; c < layout_.num_chunks(); ++c) {
     tiers.push_back({store_->param_tier(c) == Tier::kDevice, store_->param_tier(c) == Tier::kNvme,
-                     optimizer().tier(c) == Tier::kDevice, optimizer().tier(c) == Tier::kNvme});
+                     optimizer().tier(c) == Tier::kDevice, optimizer().tier(c) == Tier::kNvme,
+                     store_->grad_on_device(c)});
   }
   return MakeUpdateGroups(tiers, layout_.shard_elems(), store_->grad_bytes(), layout_.shard_bytes(),
                           optimizer().staged(), kWriteBehind.Get(), phase_.skip,
