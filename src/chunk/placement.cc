@@ -5,12 +5,12 @@
 namespace tierzero {
 
 StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& budgets,
-                                uint64_t optimizer_group_bytes) {
+                                uint64_t optimizer_group_bytes, uint64_t grad_shard_bytes) {
   Placement p;
   const int n = layout.num_chunks();
   p.chunks.resize(static_cast<size_t>(n));
   p.param_shard_bytes = layout.shard_bytes();
-  p.grad_shard_bytes = layout.shard_bytes();  // same dtype as the parameters
+  p.grad_shard_bytes = grad_shard_bytes > 0 ? grad_shard_bytes : layout.shard_bytes();
   p.optim_shard_bytes = optimizer_group_bytes > 0
                             ? optimizer_group_bytes
                             : layout.shard_elems() * 3 * 4;  // fp32 master, m, v
@@ -41,7 +41,7 @@ StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& bu
   // gpu-speed). Such a chunk keeps its gradient shard in device memory when the device shard
   // budget has room after the parameters and the states, from the last chunk backwards as the
   // states are placed. Only where the reduce leaves the shard on the device (one rank, or device
-  // collectives) and micro-batches are not accumulated (accumulation adds in fp32 on the host).
+  // collectives); with accumulation the micro-batches are added there (Device::AccumulateAsync).
   if (budgets.device_grads) {
     for (int c = n - 1; c >= 0; --c) {
       ChunkPlacement& cp = p.chunks[static_cast<size_t>(c)];
@@ -79,8 +79,8 @@ StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& bu
         "model state of " + FormatBytes(total) + " per rank (" + std::to_string(n) +
         " chunks) does not fit: device shard budget " + FormatBytes(budgets.device_shard_bytes) +
         ", host budget " + FormatBytes(budgets.host_bytes) + " (at least " + FormatBytes(grads) +
-        " for the gradients in host memory), NVMe budget " +
-        FormatBytes(budgets.nvme_bytes) + " (" + FormatBytes(nvme) +
+        " for the gradients in host memory), NVMe budget " + FormatBytes(budgets.nvme_bytes) +
+        " (" + FormatBytes(nvme) +
         " needed once host memory is full); raise the NVMe or host budget, or use more ranks");
   }
   p.bytes[static_cast<int>(Tier::kDevice)] = device;

@@ -34,8 +34,7 @@ struct TierBudgets {
   // The most optimizer states the device shard budget may hold after the parameter shards.
   int device_optimizer_groups = 0;
   // A gradient shard may live in device memory (Note [Gradient shards on the device] in
-  // placement.cc): set where the reduce leaves the shard on the device and micro-batches are not
-  // accumulated.
+  // placement.cc): set where the reduce leaves the shard on the device.
   bool device_grads = false;
 };
 
@@ -58,8 +57,9 @@ struct Placement {
 // OutOfMemory when the state does not fit the three budgets together, naming what is needed,
 // what each budget holds, and which budget to raise.
 // `optimizer_group_bytes`: one chunk's optimizer states (0: fp32 master, m and v, 12 bytes an
-// element).
+// element); `grad_shard_bytes`: one gradient shard (0: the parameter shard's size; fp32 with
+// gradient accumulation).
 StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& budgets,
-                                uint64_t optimizer_group_bytes = 0);
+                                uint64_t optimizer_group_bytes = 0, uint64_t grad_shard_bytes = 0);
 
 }  // namespace tierzero

@@ -81,13 +81,13 @@ Status DeviceAdam::SumSquaresAsync(const void* grad, DType dtype, size_t n, doub
   if (parts == nullptr || (n > 0 && grad == nullptr))
     return InvalidArgumentError("a sum of squares needs a gradient and its parts' buffer");
   if (host_ == nullptr) return GpuSumSquaresAsync(grad, dtype, n, parts, kSumParts, stream.impl);
-  return device_.LaunchHostFunc(stream, [adam = host_.get(), errors = errors_, grad, dtype, n,
-                                         parts] {
-    StatusOr<double> r = adam->SumSquares(grad, dtype, n);
-    if (!r.ok()) errors->Add(std::move(r).status().WithContext("device sum of squares"));
-    parts[0] = r.ok() ? *r : 0.0;
-    for (int i = 1; i < kSumParts; ++i) parts[i] = 0.0;
-  });
+  return device_.LaunchHostFunc(
+      stream, [adam = host_.get(), errors = errors_, grad, dtype, n, parts] {
+        StatusOr<double> r = adam->SumSquares(grad, dtype, n);
+        if (!r.ok()) errors->Add(std::move(r).status().WithContext("device sum of squares"));
+        parts[0] = r.ok() ? *r : 0.0;
+        for (int i = 1; i < kSumParts; ++i) parts[i] = 0.0;
+      });
 }
 
 Status DeviceAdam::TakeError() {

@@ -190,9 +190,11 @@ StatusOr<PlacedRun> PlaceRun(const ChunkLayout& layout, const EngineConfig& cfg,
   }
   // The reduce leaves a shard on the device with one rank or device collectives, and ZeRO++'s
   // device reduce too; through host buffers it arrives in host memory.
-  r.budgets.device_grads =
-      kDeviceGrads.Get() && cfg.grad_accumulation == 1 && (world == 1 || on_device);
-  auto p = PlaceShards(layout, r.budgets, group.bytes());
+  r.budgets.device_grads = kDeviceGrads.Get() && (world == 1 || on_device);
+  // Gradient shards: the compute dtype, fp32 with accumulation (ChunkManager::StoreOptions).
+  const uint64_t grad_bytes =
+      DTypeBytes(cfg.grad_accumulation > 1 ? DType::kF32 : layout.dtype(), layout.shard_elems());
+  auto p = PlaceShards(layout, r.budgets, group.bytes(), grad_bytes);
   if (!p.ok()) return std::move(p).status().WithContext("placing the shards");
   r.placement = std::move(p).value();
   return r;

@@ -83,4 +83,49 @@ Status CastCudaAsync(const void* src, DType src_type, void* dst, DType dst_type,
   }
 }
 
+namespace {
+
+template <typename In, typename Widen>
+__global__ void AccumulateKernel(float* __restrict__ acc, const In* __restrict__ src, size_t n,
+                                 Widen widen) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    acc[i] += widen(src[i]);
+}
+struct SameF32 {
+  __device__ float operator()(float x) const { return x; }
+};
+
+}  // namespace
+
+Status AccumulateCudaAsync(float* acc, const void* src, DType src_type, size_t n,
+                           void* cuda_stream) {
+  if (!IsFloatType(src_type)) {
+    return InvalidArgumentError("accumulate supports fp32, bf16 and fp16, not " +
+                                std::string(DTypeName(src_type)));
+  }
+  if (n == 0) return Status::OK();
+  auto stream = static_cast<cudaStream_t>(cuda_stream);
+  constexpr int kThreads = 256;
+  const unsigned blocks =
+      static_cast<unsigned>(std::min<size_t>((n + kThreads - 1) / kThreads, 65536));
+  (void)cudaGetLastError();
+  switch (src_type) {
+    case DType::kF32:
+      AccumulateKernel<<<blocks, kThreads, 0, stream>>>(acc, static_cast<const float*>(src), n,
+                                                        SameF32{});
+      break;
+    case DType::kBF16:
+      AccumulateKernel<<<blocks, kThreads, 0, stream>>>(acc, static_cast<const uint16_t*>(src), n,
+                                                        BF16ToF32Op{});
+      break;
+    default:
+      AccumulateKernel<<<blocks, kThreads, 0, stream>>>(acc, static_cast<const uint16_t*>(src), n,
+                                                        F16ToF32Op{});
+      break;
+  }
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return Status::OK();
+}
+
 }  // namespace tierzero::kernels

@@ -19,4 +19,10 @@ bool CudaKernelsBuilt();
 Status CastCudaAsync(const void* src, DType src_type, void* dst, DType dst_type, size_t n,
                      void* cuda_stream);
 
+// Enqueues acc[i] += widen(src[i]) for n elements (src fp32, bf16 or fp16; one fp32 add per
+// element, as AddToF32 on the CPU: bit-identical). Device pointers; Unavailable without CUDA,
+// InvalidArgument for a non-float dtype.
+Status AccumulateCudaAsync(float* acc, const void* src, DType src_type, size_t n,
+                           void* cuda_stream);
+
 }  // namespace tierzero::kernels

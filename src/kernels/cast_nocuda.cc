@@ -9,4 +9,8 @@ Status CastCudaAsync(const void*, DType, void*, DType, size_t, void*) {
   return UnavailableError("tierzero was built without CUDA (nvcc not found at configure time)");
 }
 
+Status AccumulateCudaAsync(float*, const void*, DType, size_t, void*) {
+  return UnavailableError("tierzero was built without CUDA (nvcc not found at configure time)");
+}
+
 }  // namespace tierzero::kernels

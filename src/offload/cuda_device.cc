@@ -171,6 +171,12 @@ class CudaDevice final : public Device {
     RETURN_IF_ERROR(Current());
     return kernels::CastCudaAsync(src, src_type, dst, dst_type, n, s.impl);
   }
+  Status AccumulateAsync(float* acc, const void* src, DType src_type, size_t n,
+                         StreamHandle s) override {
+    RETURN_IF_ERROR(CheckStream(s));
+    RETURN_IF_ERROR(Current());
+    return kernels::AccumulateCudaAsync(acc, src, src_type, n, s.impl);
+  }
   Status LaunchHostFunc(StreamHandle s, std::function<void()> fn) override {
     RETURN_IF_ERROR(CheckStream(s));
     if (!fn) return InvalidArgumentError("LaunchHostFunc with an empty function");

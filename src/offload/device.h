@@ -123,6 +123,11 @@ class Device {
   // core/convert.h (bit-identical on every device).
   virtual Status CastAsync(const void* src, DType src_type, void* dst, DType dst_type, size_t n,
                            StreamHandle stream) = 0;
+  // acc[i] += src[i] widened to fp32, for n elements of device memory (src fp32, bf16 or fp16):
+  // one fp32 add per element, bit-identical on every device (gradient accumulation into a
+  // gradient shard kept on the device).
+  virtual Status AccumulateAsync(float* acc, const void* src, DType src_type, size_t n,
+                                 StreamHandle stream) = 0;
   // Runs `fn` on a host thread after the stream's earlier work; later work waits for it.
   // REQUIRES (CUDA's rules for cudaLaunchHostFunc, enforced nowhere else, so follow them on every
   // device): `fn` is non-empty (InvalidArgument otherwise), makes no call into any Device (no CUDA

@@ -52,6 +52,9 @@ class DeviceWrapper : public Device {
                    StreamHandle s) override {
     return target_->CastAsync(src, st, dst, dt, n, s);
   }
+  Status AccumulateAsync(float* acc, const void* src, DType st, size_t n, StreamHandle s) override {
+    return target_->AccumulateAsync(acc, src, st, n, s);
+  }
   Status LaunchHostFunc(StreamHandle s, std::function<void()> fn) override {
     return target_->LaunchHostFunc(s, std::move(fn));
   }

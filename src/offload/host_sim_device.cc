@@ -358,6 +358,29 @@ class HostSimDevice final : public Device {
     return Status::OK();
   }
 
+  Status AccumulateAsync(float* acc, const void* src, DType src_type, size_t n,
+                         StreamHandle stream) override {
+    RETURN_IF_ERROR(CheckStream(stream));
+    if (!IsFloatType(src_type)) {
+      return InvalidArgumentError("AccumulateAsync supports fp32, bf16 and fp16, not " +
+                                  std::string(DTypeName(src_type)));
+    }
+    if (n == 0) return Status::OK();
+    RETURN_IF_ERROR(CheckDeviceRange(src, DTypeBytes(src_type, n), "source"));
+    RETURN_IF_ERROR(CheckDeviceRange(acc, DTypeBytes(DType::kF32, n), "accumulator"));
+    static_cast<SimStream*>(stream.impl)->Enqueue([=] {
+      constexpr size_t kBlock = 4096;
+      float tmp[kBlock];
+      const auto* s = static_cast<const uint8_t*>(src);
+      for (size_t b = 0; b < n; b += kBlock) {
+        const size_t m = std::min(kBlock, n - b);
+        TZ_CHECK_OK(Convert(s + DTypeBytes(src_type, b), src_type, tmp, DType::kF32, m));
+        for (size_t k = 0; k < m; ++k) acc[b + k] += tmp[k];
+      }
+    });
+    return Status::OK();
+  }
+
   Status LaunchHostFunc(StreamHandle stream, std::function<void()> fn) override {
     RETURN_IF_ERROR(CheckStream(stream));
     if (!fn) return InvalidArgumentError("LaunchHostFunc with an empty function");

@@ -33,8 +33,7 @@ StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(Device& device, NvmeSto
   }
   if (!options.grad_tier.empty()) {
     if (static_cast<int>(options.grad_tier.size()) != g.num_chunks) {
-      return InvalidArgumentError("gradient tiers for " +
-                                  std::to_string(options.grad_tier.size()) +
+      return InvalidArgumentError("gradient tiers for " + std::to_string(options.grad_tier.size()) +
                                   " chunks, the store has " + std::to_string(g.num_chunks));
     }
     for (Tier t : options.grad_tier) {

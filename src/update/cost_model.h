@@ -69,8 +69,8 @@ struct UpdateGroup {
   // The gradient shard is in device memory (Note [Gradient shards on the device]): nothing to
   // upload (its slot keeps the room all the same).
   bool grad_on_device = false;
-  uint64_t out_bytes = 0;    // the compute-dtype parameters, downloaded (0: the shard is on the
-                             // device, written in place)
+  uint64_t out_bytes = 0;  // the compute-dtype parameters, downloaded (0: the shard is on the
+                           // device, written in place)
   bool states_on_device = false;
   bool states_on_nvme = false;
   // The CPU's update also writes an NVMe parameter shard (a device update may not: kCpu only).

@@ -65,13 +65,19 @@ Status CopyGradToShard(TransferContext& ctx, bool accumulate, PinnedArena* stagi
   if (spans.on()) RETURN_IF_ERROR(spans.QueueStart(device, d2h, start));
   void* shard = ctx.store.grad(c);
   if (ctx.store.grad_on_device(c)) {
-    // Note [Gradient shards on the device] (chunk/placement.cc): never with accumulation.
-    if (accumulate) return InternalError("a device gradient shard with accumulation");
-    RETURN_IF_ERROR(device.CopyAsync(shard, src, bytes, CopyKind::kDeviceToDevice, d2h));
+    // Note [Gradient shards on the device] (chunk/placement.cc): copied, or added in fp32.
+    if (accumulate) {
+      RETURN_IF_ERROR(device.AccumulateAsync(static_cast<float*>(shard), src, ctx.geometry().dtype,
+                                             ctx.geometry().shard_elems, d2h));
+    } else {
+      RETURN_IF_ERROR(device.CopyAsync(shard, src, bytes, CopyKind::kDeviceToDevice, d2h));
+    }
     if (spans.on()) {
-      RETURN_IF_ERROR(spans.QueueSpan(device, d2h, Track::kD2H,
-                                      "grad " + std::to_string(c) + " (on the device)", m, c,
-                                      bytes, start));
+      RETURN_IF_ERROR(
+          spans.QueueSpan(device, d2h, Track::kD2H,
+                          "grad " + std::to_string(c) +
+                              (accumulate ? " (added on the device)" : " (on the device)"),
+                          m, c, bytes, start));
     }
     return Status::OK();
   }

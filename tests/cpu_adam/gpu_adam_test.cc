@@ -8,8 +8,8 @@
 
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <initializer_list>
+#include <limits>
 #include <random>
 #include <vector>
 

@@ -94,8 +94,8 @@ TEST(Engine, LlamaOffloadEquivalenceIsBitIdentical) { CheckOffloadEquivalence(Sm
 // Note [Gradient shards on the device] (chunk/placement.cc): a chunk the device's Adam updates
 // keeps its gradient shard in device memory, so an all-resident step moves no gradient down;
 // ReadGrad brings it over and equals the host shard's bit for bit (the losses are
-// CheckOffloadEquivalence's). With accumulation, or with no room in the device shard budget after
-// the parameters and states, the gradients stay in host memory.
+// CheckOffloadEquivalence's), with accumulation too. With no room in the device shard budget
+// after the parameters and states, the gradients stay in host memory.
 int DeviceGradShards(Engine& e) {
   const std::string s = e.PlacementSummary();
   const size_t at = s.find("device: ");
@@ -126,10 +126,33 @@ TEST(Engine, GradientShardsStayOnTheDeviceWhereItsAdamUpdates) {
     ASSERT_TRUE(h.engine->ReadGrad(p, gh).ok());
     ASSERT_EQ(0, std::memcmp(gr.data(), gh.data(), gr.size() * 4)) << "parameter " << p;
   }
-  EngineConfig accumulated = resident;
-  accumulated.grad_accumulation = 2;
-  Trainer a = Make(accumulated);
-  EXPECT_EQ(DeviceGradShards(*a.engine), 0) << a.engine->PlacementSummary();
+  // With accumulation the micro-batches are added in fp32 on the device: the same bits as the
+  // host's adds, and the same losses after.
+  EngineConfig acc_resident = resident, acc_host = host;
+  acc_resident.grad_accumulation = acc_host.grad_accumulation = 2;
+  Trainer a = Make(acc_resident), ah = Make(acc_host);
+  EXPECT_GT(DeviceGradShards(*a.engine), 0) << a.engine->PlacementSummary();
+  EXPECT_EQ(DeviceGradShards(*ah.engine), 0) << ah.engine->PlacementSummary();
+  std::vector<double> la, lh;
+  for (Trainer* t : {&a, &ah}) {
+    for (int step = 0; step < 4; ++step) {
+      for (int micro = 0; micro < 2; ++micro) {
+        Batch b = t->data->Get(false, static_cast<uint64_t>(2 * step + micro), 8);
+        auto loss = t->model->ForwardBackward(b);
+        ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+        (t == &a ? la : lh).push_back(*loss);
+      }
+      if (step == 3) break;  // the last window's gradients are compared before the step
+      ASSERT_TRUE(t->engine->Step({1e-3f}).ok());
+    }
+  }
+  EXPECT_EQ(la, lh);
+  for (ParamId p = 0; p < a.engine->num_params(); ++p) {
+    std::vector<float> ga(static_cast<size_t>(a.engine->numel(p))), gh(ga.size());
+    ASSERT_TRUE(a.engine->ReadGrad(p, ga).ok());
+    ASSERT_TRUE(ah.engine->ReadGrad(p, gh).ok());
+    ASSERT_EQ(0, std::memcmp(ga.data(), gh.data(), ga.size() * 4)) << "accumulated, param " << p;
+  }
   EngineConfig tight = resident;
   tight.device_shard_budget = 0;
   Trainer t = Make(tight);

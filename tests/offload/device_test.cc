@@ -299,6 +299,56 @@ TEST_P(DeviceTest, CastMatchesHostConversionBitForBit) {
       StatusCode::kInvalidArgument);
 }
 
+// AccumulateAsync: acc += widen(src), one fp32 add an element, bit for bit the host's (the
+// gradient accumulation of shards kept on the device), for each source dtype.
+TEST_P(DeviceTest, AccumulateAddsTheWidenedSourceBitForBit) {
+  auto s = Stream::Create(*device_, "accumulate");
+  ASSERT_TRUE(s.ok());
+  constexpr size_t kN = 70001;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> base(kN), vals(kN);
+  for (size_t i = 0; i < kN; ++i) {
+    base[i] = d(rng);
+    vals[i] = d(rng) * 0.01f;
+  }
+  auto acc = DeviceBuffer::Allocate(*device_, kN * 4);
+  auto src = DeviceBuffer::Allocate(*device_, kN * 4);
+  ASSERT_TRUE(acc.ok() && src.ok());
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    std::vector<uint8_t> in(kN * 4);
+    ASSERT_TRUE(Convert(vals.data(), DType::kF32, in.data(), t, kN).ok());
+    std::vector<float> widened(kN), want(base);
+    ASSERT_TRUE(Convert(in.data(), t, widened.data(), DType::kF32, kN).ok());
+    for (size_t i = 0; i < kN; ++i) want[i] += widened[i];
+    for (size_t i = 0; i < kN; ++i) want[i] += widened[i];  // twice: the sum carries on
+    ASSERT_TRUE(
+        device_->CopyAsync(acc->data(), base.data(), kN * 4, CopyKind::kHostToDevice, s->handle())
+            .ok());
+    ASSERT_TRUE(device_
+                    ->CopyAsync(src->data(), in.data(), DTypeBytes(t, kN), CopyKind::kHostToDevice,
+                                s->handle())
+                    .ok());
+    for (int k = 0; k < 2; ++k) {
+      ASSERT_TRUE(
+          device_
+              ->AccumulateAsync(static_cast<float*>(acc->data()), src->data(), t, kN, s->handle())
+              .ok());
+    }
+    std::vector<float> got(kN);
+    ASSERT_TRUE(
+        device_->CopyAsync(got.data(), acc->data(), kN * 4, CopyKind::kDeviceToHost, s->handle())
+            .ok());
+    ASSERT_TRUE(s->Synchronize().ok());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), kN * 4)) << DTypeName(t);
+  }
+  EXPECT_EQ(device_
+                ->AccumulateAsync(static_cast<float*>(acc->data()), src->data(), DType::kI8, 4,
+                                  s->handle())
+                .code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST_P(DeviceTest, NullStreamsEventsAndFunctionsAreRejected) {
   auto s = Stream::Create(*device_, "s");
   auto x = DeviceBuffer::Allocate(*device_, 4096);
