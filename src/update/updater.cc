@@ -269,6 +269,16 @@ AdamBuffers Updater::SliceBuffers(const OptimizerGroup& g, size_t s, const uint8
 
 Status Updater::AdamInto(const OptimizerGroup& g, uint8_t* out, const AdamStepOptions& so) {
   const auto* grad = static_cast<const uint8_t*>(store_->grad(g.chunk));
+  if (store_->grad_on_device(g.chunk)) {
+    // A device group updated on the CPU (its states come through OptimizerStates' bounce
+    // buffer): its gradient shard comes over too, never read where it is.
+    if (grad_bounce_.data() == nullptr) {
+      grad_bounce_ = AlignedBuffer::Allocate(store_->grad_bytes());
+      if (grad_bounce_.data() == nullptr) return OutOfMemoryError("a gradient shard's host copy");
+    }
+    RETURN_IF_ERROR(store_->ReadGradShard(g.chunk, grad_bounce_.data()));
+    grad = static_cast<const uint8_t*>(grad_bounce_.data());
+  }
   const std::vector<ShardSlice>& slices = slices_[static_cast<size_t>(g.chunk)];
   for (size_t s = 0; s < slices.size(); ++s) {
     const AdamBuffers b = SliceBuffers(g, s, grad, out);

@@ -289,7 +289,10 @@ class Updater {
   const ChunkLayout& layout_;
   Communicator* comm_;
   Timeline& timeline_;
-  AlignedBuffer& out_;                           // UpdaterParts::param_out
+  AlignedBuffer& out_;  // UpdaterParts::param_out
+  // A device gradient shard brought over for a CPU update of its group (the cost model's
+  // fallback when the device has no memory for the phase; made on first use).
+  AlignedBuffer grad_bounce_;
   std::vector<bool> decays_;                     // per tensor
   std::vector<std::vector<ShardSlice>> slices_;  // per chunk: this rank's tensor slices
   bool shut_down_ = false;
