@@ -99,4 +99,16 @@ Status CastElements(const void* src, DType src_type, void* dst, DType dst_type, 
   return Convert(src, src_type, dst, dst_type, n);
 }
 
+Status AddToF32(float* acc, const void* src, DType src_type, size_t n) {
+  constexpr size_t kBlock = 4096;
+  float tmp[kBlock];
+  const auto* s = static_cast<const uint8_t*>(src);
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t m = std::min(kBlock, n - b);
+    RETURN_IF_ERROR(Convert(s + DTypeBytes(src_type, b), src_type, tmp, DType::kF32, m));
+    for (size_t k = 0; k < m; ++k) acc[b + k] += tmp[k];
+  }
+  return Status::OK();
+}
+
 }  // namespace tierzero

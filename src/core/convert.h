@@ -137,4 +137,8 @@ inline void ConvertF32ToBF16(const float* src, uint16_t* dst, size_t n) {
 // goes through fp32 in blocks, rounding once. Other dtypes are InvalidArgument.
 Status Convert(const void* src, DType src_type, void* dst, DType dst_type, size_t n);
 
+// acc[i] += src[i] widened to fp32, for n elements (src fp32, bf16 or fp16), one fp32 add each:
+// gradient accumulation, the same bits wherever it runs. InvalidArgument for another dtype.
+Status AddToF32(float* acc, const void* src, DType src_type, size_t n);
+
 }  // namespace tierzero

@@ -23,27 +23,20 @@ namespace tierzero {
 // 17M-element chunk took 15 ms on the H100's host and the adds, not the backward, set the pace
 // of an accumulated micro-batch (bench/RESULTS.md, gpu-speed: 1.08 s of adds a micro-batch at
 // 1.21B parameters). The chunk is split into spans of kSpan elements over oneTBB's default
-// arena; each element is added once, so the result is the same on any number of threads.
-Status AddToF32(float* acc, const void* src, DType dtype, uint64_t n) {
-  constexpr uint64_t kBlock = 4096, kSpan = 64 * kBlock;
+// arena; each element is added once (core/convert.h's AddToF32), so the result is the same on
+// any number of threads.
+Status AddToF32Parallel(float* acc, const void* src, DType dtype, uint64_t n) {
+  constexpr uint64_t kSpan = uint64_t{1} << 18;
   const auto* s = static_cast<const uint8_t*>(src);
-  auto add_span = [&](uint64_t begin, uint64_t end) -> Status {
-    float tmp[kBlock];
-    for (uint64_t b = begin; b < end; b += kBlock) {
-      const uint64_t m = std::min(kBlock, end - b);
-      RETURN_IF_ERROR(Convert(s + DTypeBytes(dtype, b), dtype, tmp, DType::kF32, m));
-      for (uint64_t k = 0; k < m; ++k) acc[b + k] += tmp[k];
-    }
-    return Status::OK();
-  };
-  if (n <= kSpan) return add_span(0, n);
+  if (n <= kSpan) return AddToF32(acc, src, dtype, n);
   const uint64_t spans = (n + kSpan - 1) / kSpan;
   std::atomic<bool> failed{false};
   Status first;
   std::mutex mu;
   tbb::parallel_for(uint64_t{0}, spans, [&](uint64_t i) {
     if (failed.load(std::memory_order_relaxed)) return;
-    Status st = add_span(i * kSpan, std::min(n, (i + 1) * kSpan));
+    const uint64_t begin = i * kSpan, m = std::min(n, begin + kSpan) - begin;
+    Status st = AddToF32(acc + begin, s + DTypeBytes(dtype, begin), dtype, m);
     if (!st.ok()) {
       std::lock_guard<std::mutex> lock(mu);
       if (!failed.exchange(true)) first = std::move(st);
@@ -97,7 +90,7 @@ Status CopyGradToShard(TransferContext& ctx, bool accumulate, PinnedArena* stagi
     const DType dt = ctx.geometry().dtype;
     RETURN_IF_ERROR(device.LaunchHostFunc(d2h, [shared_slot, acc, elems, dt] {
       // fp32 accumulation of this micro-batch's gradient.
-      TZ_CHECK_OK(AddToF32(acc, shared_slot->data(), dt, elems));
+      TZ_CHECK_OK(AddToF32Parallel(acc, shared_slot->data(), dt, elems));
       shared_slot->Release();
     }));
     if (spans.on()) {
@@ -279,7 +272,7 @@ Status HostReduce::Finish(bool wait_all, bool wait_oldest) {
     if (options_.accumulate && first.ok()) {
       const auto* src = static_cast<const uint8_t*>(it->slot.data()) + g.chunk_bytes();
       auto* acc = static_cast<float*>(ctx_.store.grad(it->chunk));
-      RETURN_IF_ERROR(AddToF32(acc, src, g.dtype, g.shard_elems));
+      RETURN_IF_ERROR(AddToF32Parallel(acc, src, g.dtype, g.shard_elems));
     }
     it = pending_.erase(it);
   }

@@ -55,7 +55,8 @@ StatusOr<std::unique_ptr<ReduceStrategy>> CreateDeviceReduce(TransferContext& ct
                                                              DeviceCollectives& comm,
                                                              const ReduceOptions& options);
 
-// acc[0 .. n) += src[0 .. n) in fp32 (gradient accumulation), converting in blocks.
-Status AddToF32(float* acc, const void* src, DType dtype, uint64_t n);
+// acc[0 .. n) += src[0 .. n) in fp32 (gradient accumulation): core/convert.h's AddToF32 over
+// spans on every core (Note [Accumulating on the host's cores]); the same bits on any number.
+Status AddToF32Parallel(float* acc, const void* src, DType dtype, uint64_t n);
 
 }  // namespace tierzero

@@ -244,7 +244,7 @@ TEST(DeviceReduce, ReduceScattersInPlaceAndCopiesBackTheShard) {
 // Gradient accumulation's fp32 add (Note [Accumulating on the host's cores]): every element
 // equals its scalar sum (fp32 of the widened value, as one thread adds it) for each gradient
 // dtype, across the spans the threads take and a partial last one, on 1 thread and on all.
-TEST(AddToF32, EqualsTheScalarSumOnAnyNumberOfThreads) {
+TEST(AddToF32Parallel, EqualsTheScalarSumOnAnyNumberOfThreads) {
   for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
     for (uint64_t n : {uint64_t{1000}, uint64_t{262144}, uint64_t{262144 * 3 + 4097}}) {
       std::vector<float> vals(n), base(n);
@@ -259,11 +259,11 @@ TEST(AddToF32, EqualsTheScalarSumOnAnyNumberOfThreads) {
       std::vector<float> want(base);
       for (uint64_t i = 0; i < n; ++i) want[i] += widened[i];
       std::vector<float> all(base);
-      ASSERT_TRUE(AddToF32(all.data(), src.data(), dt, n).ok());
+      ASSERT_TRUE(AddToF32Parallel(all.data(), src.data(), dt, n).ok());
       std::vector<float> one(base);
       {
         tbb::global_control single(tbb::global_control::max_allowed_parallelism, 1);
-        ASSERT_TRUE(AddToF32(one.data(), src.data(), dt, n).ok());
+        ASSERT_TRUE(AddToF32Parallel(one.data(), src.data(), dt, n).ok());
       }
       ASSERT_EQ(0, std::memcmp(all.data(), want.data(), n * 4)) << DTypeName(dt) << " n " << n;
       ASSERT_EQ(0, std::memcmp(one.data(), want.data(), n * 4)) << DTypeName(dt) << " n " << n;
