@@ -1,13 +1,16 @@
 // --init-from a Hugging Face model directory, and `export --format hf` (train.h; the format's
 // details in models/gpt/hf.h, docs/models.md).
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include "gpt/hf.h"
+#include "tierzero/devices.h"
 #include "tierzero/files.h"
 #include "train.h"
 
@@ -77,7 +80,39 @@ Status MergeHfModel(RunConfig& cfg) {
                                 std::to_string(hf.config.positions()) + " positions " + dir +
                                 "/config.json gives the model");
   cfg.model = hf.config;
+  SizeBudgetsToTheMachine(cfg);
   return Status::OK();
+}
+
+// Note [Budgets of a model brought from a directory]
+// The built-in defaults (a 12 MiB device, 16 MiB of host memory, 256 MiB of NVMe) are sized to
+// show the toy addition model crossing every tier; a Hugging Face model outgrows them at once,
+// and `tierzero eval --init-from DIR` of a 500k-parameter Llama ran out of its device. When the
+// run sets none of the four budgets, a model from a directory gets the machine's: on a GPU 55%
+// of its free memory for chunks and activations and 30% for resident shards (the rest to
+// cuBLAS, cuDNN and the CUDA context); on the simulated device an eighth of physical memory for
+// each; half of physical memory for the host tier. NVMe stays as it is: swap space is the user's
+// to give. A run that sets any budget keeps all of them as given.
+void SizeBudgetsToTheMachine(RunConfig& cfg) {
+  const EngineConfig dflt = DefaultRunConfig().engine;
+  EngineConfig& e = cfg.engine;
+  if (e.device_budget != dflt.device_budget || e.device_shard_budget != dflt.device_shard_budget ||
+      e.host_budget != dflt.host_budget || e.nvme_budget != dflt.nvme_budget)
+    return;
+  const uint64_t memory = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                          static_cast<uint64_t>(::sysconf(_SC_PAGE_SIZE));
+  const uint64_t mib = uint64_t{1} << 20;
+  const bool gpu = e.device == DeviceChoice::kCuda ||
+                   (e.device == DeviceChoice::kAuto && GpuCount() > 0);
+  const uint64_t free = gpu ? GpuFreeBytes(0) : 0;
+  if (free > 0) {
+    e.device_budget = std::max(dflt.device_budget, free / 100 * 55 / mib * mib);
+    e.device_shard_budget = free / 100 * 30 / mib * mib;
+  } else if (!gpu) {
+    e.device_budget = std::max(dflt.device_budget, memory / 8 / mib * mib);
+    e.device_shard_budget = memory / 8 / mib * mib;
+  }
+  e.host_budget = std::max(dflt.host_budget, memory / 2 / mib * mib);
 }
 
 // train.h

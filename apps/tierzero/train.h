@@ -80,6 +80,9 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args,
 // sets the model's shape; a shape field the run sets otherwise is an error naming it. Nothing
 // for a safetensors file.
 Status MergeHfModel(RunConfig& config);
+// The machine's budgets for a model from a directory when the run sets none (Note [Budgets of
+// a model brought from a directory], hf_io.cc).
+void SizeBudgetsToTheMachine(RunConfig& config);
 // Loads --init-from (a safetensors file of the model, or a Hugging Face directory, streamed
 // tensor by tensor) and says what loaded.
 StatusOr<std::string> LoadInitFrom(Engine& engine, const RunConfig& config);

@@ -37,4 +37,9 @@ struct DeviceListing {
 // simulated device cannot be created (host memory).
 StatusOr<DeviceListing> ListDevices();
 
+// GPUs CUDA sees (0 without a driver, a device, or a build with CUDA), and the free memory of one
+// (0 when it is not there). Neither creates a device.
+int GpuCount();
+uint64_t GpuFreeBytes(int ordinal);
+
 }  // namespace tierzero

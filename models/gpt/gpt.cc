@@ -98,6 +98,18 @@ Status ValidateGptConfig(const GptConfig& c) {
 
 StatusOr<std::unique_ptr<Gpt>> Gpt::Create(Engine& engine, const GptConfig& config) {
   TZ_RETURN_IF_ERROR(ValidateGptConfig(config));
+  if (config.arch != Arch::kGpt2) {
+    // Refused here, before a parameter is registered: the GPU's fp32 ops are GPT-2's alone.
+    TZ_ASSIGN_OR_RETURN(const BackendSpec spec, ChooseBackend(engine, config.activations,
+                                                              config.head_dim(),
+                                                              BackendAligned(config)));
+    if (spec.gpu && spec.activations != DType::kBF16)
+      return UnsupportedError(
+          std::string(ModelName(config)) +
+          " on a GPU runs with bf16 activations: give --dtype bf16 (and --activations auto or "
+          "bf16); the GPU's fp32 ops have no RMSNorm, rotary or SwiGLU kernels. fp32 runs on "
+          "--device host");
+  }
   std::unique_ptr<Gpt> g(new Gpt(engine, config));
   const int64_t C = config.d_model, V = config.vocab, L = config.n_layer, F = config.ffn();
   const int64_t KV = int64_t{config.kv_heads()} * config.head_dim();

@@ -36,4 +36,8 @@ StatusOr<DeviceListing> ListDevices() {
   return out;
 }
 
+int GpuCount() { return CudaDeviceCount(); }
+
+uint64_t GpuFreeBytes(int ordinal) { return CudaFreeBytes(ordinal); }
+
 }  // namespace tierzero

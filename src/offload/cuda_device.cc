@@ -241,6 +241,19 @@ int CudaDeviceCount() {
   return n;
 }
 
+uint64_t CudaFreeBytes(int ordinal) {
+  if (ordinal < 0 || ordinal >= CudaDeviceCount() || cudaSetDevice(ordinal) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return free_bytes;
+}
+
 StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const CudaDeviceOptions& options) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);

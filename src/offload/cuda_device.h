@@ -35,6 +35,9 @@ struct CudaDeviceOptions {
 // Number of usable CUDA devices; 0 without a GPU, without a driver, or in a build without CUDA.
 int CudaDeviceCount();
 
+// Free memory of CUDA device `ordinal` (cudaMemGetInfo); 0 without that device.
+uint64_t CudaFreeBytes(int ordinal);
+
 // Creates a CudaDevice. Unavailable without a GPU (the message says why: no driver, no device,
 // built without CUDA); OutOfMemory when the slab cannot be reserved (naming the bytes asked and
 // the bytes free).

@@ -5,6 +5,8 @@ namespace tierzero {
 
 int CudaDeviceCount() { return 0; }
 
+uint64_t CudaFreeBytes(int) { return 0; }
+
 StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const CudaDeviceOptions&) {
   return UnavailableError(
       "tierzero was built without CUDA (nvcc was not found at configure time); use the host "

@@ -396,5 +396,42 @@ TEST(HfModels, WhatADirectoryMayNotSayIsRefusedNamingTheField) {
             std::string::npos);
 }
 
+
+// Note [Budgets of a model brought from a directory]: a model from a directory gets the machine's
+// budgets when the run sets none (the built-in 12 MiB device is the toy's), and keeps every
+// budget as given when the run sets any one of them.
+TEST(HfModels, ABroughtModelGetsTheMachinesBudgetsUnlessTheRunSetsOne) {
+  TempDir dir;
+  TinyLlama m;
+  m.Write(dir / "llama");
+  const RunConfig dflt = DefaultRunConfig();
+  const uint64_t memory = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                          static_cast<uint64_t>(::sysconf(_SC_PAGE_SIZE));
+  auto sized = LoadRunConfig({"--init-from", dir / "llama", "--device", "host"});
+  ASSERT_TRUE(sized.ok()) << sized.status().ToString();
+  EXPECT_GE(sized->engine.device_budget + (uint64_t{1} << 20), memory / 8);
+  EXPECT_LE(sized->engine.device_budget, memory / 8);
+  EXPECT_EQ(sized->engine.device_shard_budget, sized->engine.device_budget);
+  EXPECT_GE(sized->engine.host_budget + (uint64_t{1} << 20), memory / 2);
+  EXPECT_EQ(sized->engine.nvme_budget, dflt.engine.nvme_budget);
+  for (const char* flag : {"--device-budget", "--host-budget", "--nvme-budget"}) {
+    auto given = LoadRunConfig({"--init-from", dir / "llama", "--device", "host", flag, "40MiB"});
+    ASSERT_TRUE(given.ok()) << given.status().ToString();
+    EXPECT_EQ(given->engine.device_shard_budget, dflt.engine.device_shard_budget) << flag;
+    EXPECT_EQ(std::string(flag) == "--device-budget" ? uint64_t{40} << 20
+                                                     : dflt.engine.device_budget,
+              given->engine.device_budget)
+        << flag;
+    EXPECT_EQ(std::string(flag) == "--host-budget" ? uint64_t{40} << 20 : dflt.engine.host_budget,
+              given->engine.host_budget)
+        << flag;
+  }
+  // The built-in model keeps the built-in budgets.
+  auto builtin = LoadRunConfig({"--device", "host"});
+  ASSERT_TRUE(builtin.ok());
+  EXPECT_EQ(builtin->engine.device_budget, dflt.engine.device_budget);
+  EXPECT_EQ(builtin->engine.host_budget, dflt.engine.host_budget);
+}
+
 }  // namespace
 }  // namespace tierzero::app
