@@ -288,6 +288,76 @@ TEST_F(CudaBf16BackendTest, NormEmbeddingAttentionAndLoss) {
   }
 }
 
+// The Llama family's element-wise ops: RMSNorm (its weight gradient added to and written),
+// rotary embeddings with and without Llama 3's scaling on heads inside a wider row, forward and
+// backward, and SwiGLU.
+TEST_F(CudaBf16BackendTest, RmsNormRopeAndSwiglu) {
+  const int64_t B = 3, T = 70, C = 128, R = B * T;
+  const Bits x = RandomBf16(R * C, 21), w = RandomBf16(C, 22), dy = RandomBf16(R * C, 23);
+  {
+    Bits cy(R * C), cdx(R * C), cdw = RandomBf16(C, 24), cfresh(C);
+    std::vector<float> rstd(R);
+    const Bits dw0 = cdw;
+    cpu_->RmsNormForward(x.data(), w.data(), cy.data(), rstd.data(), R, C, 1e-5);
+    cpu_->RmsNormBackward(dy.data(), x.data(), w.data(), rstd.data(), cdx.data(),
+                          GradOut{cdw.data(), true}, R, C);
+    cpu_->RmsNormBackward(dy.data(), x.data(), w.data(), rstd.data(), cdx.data(),
+                          GradOut{cfresh.data(), false}, R, C);
+    Dev<uint16_t> gx(x), gw(w), gy(Zeros(R * C)), gdy(dy), gdx(Zeros(R * C)), gdw(dw0),
+        gfresh(Zeros(C));
+    Dev<float> grstd(Zeros<float>(R));
+    gpu_->RmsNormForward(gx.get(), gw.get(), gy.get(), grstd.get(), R, C, 1e-5);
+    gpu_->RmsNormBackward(gdy.get(), gx.get(), gw.get(), grstd.get(), gdx.get(),
+                          GradOut{gdw.get(), true}, R, C);
+    gpu_->RmsNormBackward(gdy.get(), gx.get(), gw.get(), grstd.get(), gdx.get(),
+                          GradOut{gfresh.get(), false}, R, C);
+    ExpectNear(gy.Get(), cy, "rmsnorm y");
+    ExpectNear(gdx.Get(), cdx, "rmsnorm dx");
+    ExpectNear(gdw.Get(), cdw, "rmsnorm dw added to");
+    ExpectNear(gfresh.Get(), cfresh, "rmsnorm dw written");
+    const std::vector<float> gr = grstd.Get();
+    for (int64_t i = 0; i < R; ++i) EXPECT_NEAR(gr[i], rstd[i], 1e-3 * rstd[i]) << "rstd " << i;
+  }
+  for (const bool scaled : {false, true}) {
+    // 2 heads of 64 in rows of 3 x 128 (the first third of a fused q, k, v row).
+    Rope rope;
+    rope.theta = 500000.0;
+    if (scaled) {
+      rope.factor = 8;
+      rope.original_positions = 32;
+    }
+    const int64_t H = 2, hd = 64, ld = 3 * C;
+    const Bits q = RandomBf16(R * ld, scaled ? 25 : 26);
+    Bits cf = q, cb = q;
+    cpu_->RopeForward(cf.data(), B, T, H, hd, ld, rope);
+    cpu_->RopeBackward(cb.data(), B, T, H, hd, ld, rope);
+    Dev<uint16_t> gf(q), gb(q);
+    gpu_->RopeForward(gf.get(), B, T, H, hd, ld, rope);
+    gpu_->RopeBackward(gb.get(), B, T, H, hd, ld, rope);
+    const std::string what = scaled ? "rope (llama3 scaling)" : "rope";
+    const Bits ff = gf.Get(), fb = gb.Get();
+    ExpectNear(ff, cf, what + " forward");
+    ExpectNear(fb, cb, what + " backward");
+    // The columns past the heads are untouched.
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = H * hd; c < ld; ++c)
+        ASSERT_EQ(ff[r * ld + c], q[r * ld + c]) << what << " wrote past its heads";
+  }
+  {
+    const int64_t n = R * 344;
+    const Bits g = RandomBf16(n, 27, 2.0f), u = RandomBf16(n, 28), dh = RandomBf16(n, 29);
+    Bits ch(n), cdg(n), cdu(n);
+    cpu_->SwigluForward(g.data(), u.data(), ch.data(), n);
+    cpu_->SwigluBackward(dh.data(), g.data(), u.data(), cdg.data(), cdu.data(), n);
+    Dev<uint16_t> gg(g), gu(u), gh(Zeros(n)), gdh(dh), gdg(Zeros(n)), gdu(Zeros(n));
+    gpu_->SwigluForward(gg.get(), gu.get(), gh.get(), n);
+    gpu_->SwigluBackward(gdh.get(), gg.get(), gu.get(), gdg.get(), gdu.get(), n);
+    ExpectNear(gh.Get(), ch, "swiglu h");
+    ExpectNear(gdg.Get(), cdg, "swiglu dg");
+    ExpectNear(gdu.Get(), cdu, "swiglu du");
+  }
+}
+
 // Grouped-query attention on separate q, k, v (Llama's) through the general kernels: 4 query
 // heads over 2 key/value heads of 64, a sequence across several tiles.
 TEST_F(CudaBf16BackendTest, GroupedQueryAttentionOnSeparateMatrices) {
@@ -321,13 +391,18 @@ struct Pass {
   std::vector<std::vector<float>> grads;
 };
 
-StatusOr<Pass> RunModel(DeviceChoice device) {
+StatusOr<Pass> RunModel(DeviceChoice device, bool llama = false) {
   GptConfig mc;
   mc.vocab = 97;
   mc.seq_len = 40;
   mc.d_model = 128;
   mc.n_layer = 2;
   mc.n_head = 2;  // heads 64 wide: the fused attention's
+  if (llama) {
+    mc = AsLlama(mc);
+    mc.n_head = 4;  // heads 32 wide over 2 key/value heads
+    mc.n_kv_head = 2;
+  }
   mc.activations = Activations::kBF16;
   EngineConfig ec;
   ec.device = device;
@@ -354,12 +429,16 @@ StatusOr<Pass> RunModel(DeviceChoice device) {
   return out;
 }
 
-TEST_F(CudaBf16BackendTest, ModelWithinBf16RoundingOfTheCpuAndRepeatable) {
-  auto cpu = RunModel(DeviceChoice::kHost);
+class CudaBf16ModelTest : public CudaBf16BackendTest,
+                          public ::testing::WithParamInterface<bool> {};
+
+TEST_P(CudaBf16ModelTest, ModelWithinBf16RoundingOfTheCpuAndRepeatable) {
+  const bool llama = GetParam();
+  auto cpu = RunModel(DeviceChoice::kHost, llama);
   ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
-  auto gpu = RunModel(DeviceChoice::kCuda);
+  auto gpu = RunModel(DeviceChoice::kCuda, llama);
   ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
-  auto again = RunModel(DeviceChoice::kCuda);
+  auto again = RunModel(DeviceChoice::kCuda, llama);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_NEAR(gpu->loss, cpu->loss, 1e-2 * cpu->loss);
   EXPECT_EQ(again->loss, gpu->loss);
@@ -377,6 +456,9 @@ TEST_F(CudaBf16BackendTest, ModelWithinBf16RoundingOfTheCpuAndRepeatable) {
         << "parameter " << p << " differs run to run";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Gpt2AndLlama, CudaBf16ModelTest, ::testing::Values(false, true),
+                         [](const auto& i) { return i.param ? "Llama" : "Gpt2"; });
 
 }  // namespace
 }  // namespace tierzero::gpt
