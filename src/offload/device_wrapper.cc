@@ -70,6 +70,12 @@ Status FaultInjectionDevice::CastAsync(const void* src, DType st, void* dst, DTy
   return DeviceWrapper::CastAsync(src, st, dst, dt, n, s);
 }
 
+Status FaultInjectionDevice::AccumulateAsync(float* acc, const void* src, DType st, size_t n,
+                                             StreamHandle s) {
+  RETURN_IF_ERROR(MaybeFail(DeviceOp::kAccumulate, "accumulate"));
+  return DeviceWrapper::AccumulateAsync(acc, src, st, n, s);
+}
+
 Status FaultInjectionDevice::SynchronizeStream(StreamHandle s) {
   // The real synchronisation happens first, so the stream is idle when the error is reported.
   Status real = DeviceWrapper::SynchronizeStream(s);

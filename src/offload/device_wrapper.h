@@ -75,6 +75,7 @@ enum class DeviceOp : uint8_t {
   kCopyD2D,
   kMemset,
   kCast,
+  kAccumulate,   // AccumulateAsync (device gradient shards under accumulation)
   kSynchronize,  // SynchronizeStream, Synchronize and SynchronizeEvent (where async errors surface)
   kCreateStream,
   kRegisterHost,
@@ -105,6 +106,7 @@ class FaultInjectionDevice final : public DeviceWrapper {
   Status MemsetAsync(void* dst, uint8_t value, size_t bytes, StreamHandle s) override;
   Status CastAsync(const void* src, DType st, void* dst, DType dt, size_t n,
                    StreamHandle s) override;
+  Status AccumulateAsync(float* acc, const void* src, DType st, size_t n, StreamHandle s) override;
   Status SynchronizeStream(StreamHandle s) override;
   Status Synchronize() override;
   Status SynchronizeEvent(EventHandle e) override;

@@ -102,5 +102,60 @@ TEST(EngineFaults, DeviceFaultsMidStepAreClearErrorsAndLoseNothing) {
   EXPECT_EQ(AllParams(*clean.engine), AllParams(*faulty.engine));
 }
 
+// Device gradient shards under accumulation (Note [Gradient shards on the device]): the
+// device's fp32 add of a micro-batch failing is a clear error from that micro-batch, the step and
+// the parameters stay as they were, and once the fault clears the next window trains.
+TEST(EngineFaults, AFailedDeviceAccumulationIsAClearErrorAndLosesNothing) {
+  EngineConfig ec = Config();
+  ec.device_shard_budget = uint64_t{64} << 20;
+  ec.grad_accumulation = 2;
+  HostSimOptions ho;
+  ho.capacity_bytes = ec.device_budget + ec.device_shard_budget + (uint64_t{8} << 20);
+  std::unique_ptr<Device> sim = std::move(CreateHostSimDevice(ho)).value();
+  auto wrapper = std::make_unique<FaultInjectionDevice>(sim.get());
+  FaultInjectionDevice* faults = wrapper.get();
+  auto e = EngineInternals::CreateOnDevice(ec, nullptr, std::move(wrapper));
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  std::unique_ptr<Engine> engine = std::move(e).value();
+  std::unique_ptr<Gpt> model = std::move(Gpt::Create(*engine, SmallModel())).value();
+  ASSERT_TRUE(engine->Finalize().ok());
+  ASSERT_NE(engine->PlacementSummary().find("grad shards"), std::string::npos);
+  auto data = std::move(Dataset::Create(DataConfig{}, SmallModel().seq_len)).value();
+  // A run that never failed: the same windows, less the failed one.
+  std::unique_ptr<Engine> clean_engine = std::move(Engine::Create(ec)).value();
+  std::unique_ptr<Gpt> clean_model = std::move(Gpt::Create(*clean_engine, SmallModel())).value();
+  ASSERT_TRUE(clean_engine->Finalize().ok());
+  auto window_of = [&](Engine& en, Gpt& m, int first) -> Status {
+    for (int micro = 0; micro < 2; ++micro) {
+      Batch b = data->Get(false, static_cast<uint64_t>(first + micro), 8);
+      TZ_RETURN_IF_ERROR(m.ForwardBackward(b).status());
+    }
+    return en.Step({1e-3f}).status();
+  };
+  auto window = [&](int first) { return window_of(*engine, *model, first); };
+  for (int w = 0; w < 3; ++w) {
+    ASSERT_TRUE(window(2 * w).ok()) << "window " << w;
+    ASSERT_TRUE(window_of(*clean_engine, *clean_model, 2 * w).ok()) << "window " << w;
+  }
+  const std::vector<float> before = AllParams(*engine);
+  const int64_t step_before = engine->step();
+  faults->Inject({DeviceOp::kAccumulate, /*skip=*/1, /*count=*/1000, StatusCode::kInternal});
+  const Status failed = window(6);
+  const int injected = faults->injected();
+  faults->Clear();
+  ASSERT_GT(injected, 0) << "no device accumulation ran: " << engine->PlacementSummary();
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(failed.message().find("accumulate"), std::string::npos) << failed.ToString();
+  EXPECT_EQ(engine->step(), step_before);
+  EXPECT_EQ(AllParams(*engine), before);
+  // A window after the fault trains from none of the failed window's gradient: the parameters
+  // after it are the clean run's, bit for bit.
+  const Status next = window(8);
+  EXPECT_TRUE(next.ok()) << next.ToString();
+  EXPECT_EQ(engine->step(), step_before + 1);
+  ASSERT_TRUE(window_of(*clean_engine, *clean_model, 8).ok());
+  EXPECT_EQ(AllParams(*engine), AllParams(*clean_engine));
+}
+
 }  // namespace
 }  // namespace tierzero
