@@ -36,6 +36,10 @@ struct TierBudgets {
   // A gradient shard may live in device memory (Note [Gradient shards on the device] in
   // placement.cc): set where the reduce leaves the shard on the device.
   bool device_grads = false;
+  // With device_grads and accumulation: chunks updated from host memory keep their fp32
+  // accumulation shards on the device too, where the budget has room after the device's own
+  // groups (Note [Accumulating on the device for host updates] in placement.cc).
+  bool device_grads_accumulating = false;
 };
 
 struct ChunkPlacement {

@@ -191,6 +191,7 @@ StatusOr<PlacedRun> PlaceRun(const ChunkLayout& layout, const EngineConfig& cfg,
   // The reduce leaves a shard on the device with one rank or device collectives, and ZeRO++'s
   // device reduce too; through host buffers it arrives in host memory.
   r.budgets.device_grads = kDeviceGrads.Get() && (world == 1 || on_device);
+  r.budgets.device_grads_accumulating = cfg.grad_accumulation > 1;
   // Gradient shards: the compute dtype, fp32 with accumulation (ChunkManager::StoreOptions).
   const uint64_t grad_bytes =
       DTypeBytes(cfg.grad_accumulation > 1 ? DType::kF32 : layout.dtype(), layout.shard_elems());

@@ -175,8 +175,10 @@ UpdateAssignment Simulate(const std::vector<UpdateGroup>& groups,
       nvme.push_back(i);
       continue;
     }
+    // A gradient shard on the device comes over before the CPU's Adam reads it.
     t += Div(static_cast<double>(g.elems), cpu_rate) +
          (g.states_on_device ? BounceSeconds(g, r) : 0.0) +
+         (g.grad_on_device ? Div(static_cast<double>(g.grad_bytes), r.d2h_bytes_per_s) : 0.0) +
          (g.param_on_nvme ? Div(static_cast<double>(g.out_bytes), r.nvme_write_bytes_per_s) : 0);
     p.group_end_s[i] = t;
   }

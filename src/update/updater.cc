@@ -272,12 +272,14 @@ Status Updater::AdamInto(const OptimizerGroup& g, uint8_t* out, const AdamStepOp
   if (store_->grad_on_device(g.chunk)) {
     // A device group updated on the CPU (its states come through OptimizerStates' bounce
     // buffer): its gradient shard comes over too, never read where it is.
-    if (grad_bounce_.data() == nullptr) {
-      grad_bounce_ = AlignedBuffer::Allocate(store_->grad_bytes());
-      if (grad_bounce_.data() == nullptr) return OutOfMemoryError("a gradient shard's host copy");
+    if (!grad_bounce_) {
+      ASSIGN_OR_RETURN(grad_bounce_arena_, PinnedArena::Create(device_, store_->grad_bytes(), 1));
+      std::optional<PinnedSlot> slot = grad_bounce_arena_->TryAcquire();
+      if (!slot) return InternalError("the gradient bounce buffer's one slot is taken");
+      grad_bounce_.emplace(std::move(*slot));
     }
-    RETURN_IF_ERROR(store_->ReadGradShard(g.chunk, grad_bounce_.data()));
-    grad = static_cast<const uint8_t*>(grad_bounce_.data());
+    RETURN_IF_ERROR(store_->ReadGradShard(g.chunk, grad_bounce_->data()));
+    grad = static_cast<const uint8_t*>(grad_bounce_->data());
   }
   const std::vector<ShardSlice>& slices = slices_[static_cast<size_t>(g.chunk)];
   for (size_t s = 0; s < slices.size(); ++s) {

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -31,6 +32,7 @@
 #include "cpu_adam/cpu_adam.h"
 #include "cpu_adam/device_adam.h"
 #include "offload/device.h"
+#include "offload/pinned_arena.h"
 #include "profiler/report_snapshot.h"
 #include "profiler/timeline.h"
 #include "shard/shard_store.h"
@@ -290,9 +292,11 @@ class Updater {
   Communicator* comm_;
   Timeline& timeline_;
   AlignedBuffer& out_;  // UpdaterParts::param_out
-  // A device gradient shard brought over for a CPU update of its group (the cost model's
-  // fallback when the device has no memory for the phase; made on first use).
-  AlignedBuffer grad_bounce_;
+  // A device gradient shard brought over for a CPU update of its group (a device group the
+  // cost model sends to the CPU, or a host group whose accumulation shard is on the device: Note
+  // [Accumulating on the device for host updates]); pinned, made on first use.
+  std::unique_ptr<PinnedArena> grad_bounce_arena_;
+  std::optional<PinnedSlot> grad_bounce_;
   std::vector<bool> decays_;                     // per tensor
   std::vector<std::vector<ShardSlice>> slices_;  // per chunk: this rank's tensor slices
   bool shut_down_ = false;

@@ -87,6 +87,35 @@ TEST(PlacementTest, GradientShardsJoinTheDeviceUpdatedChunks) {
   EXPECT_EQ(p->bytes[static_cast<int>(Tier::kHost)], (10 * 2 + 7 * 12) * kMiB);
 }
 
+// Note [Accumulating on the device for host updates]: with accumulation the chunks updated from
+// host memory keep their fp32 accumulation shards on the device too, after the device's own
+// groups, from the last chunk backwards while the device shard budget lasts.
+TEST(PlacementTest, AccumulationShardsOfHostUpdatedChunksJoinTheDeviceWhereThereIsRoom) {
+  ChunkLayout l = TenChunks();
+  // Parameters 20 MiB, three chunks' states 36 MiB, then 4 MiB gradient shards (fp32): room for
+  // six of them in 80 MiB: chunks 9, 8, 7 (the device's groups), then 6, 5 and 4.
+  TierBudgets b{80 * kMiB, 200 * kMiB, 0, 3, true, true};
+  auto p = PlaceShards(l, b, 0, 4 * kMiB);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  for (int c = 0; c < 10; ++c) {
+    EXPECT_EQ(p->chunks[c].optimizer, c >= 7 ? Tier::kDevice : Tier::kHost) << c;
+    EXPECT_EQ(p->chunks[c].grad, c >= 4 ? Tier::kDevice : Tier::kHost) << c;
+  }
+  EXPECT_EQ(p->bytes[static_cast<int>(Tier::kDevice)], 80 * kMiB);
+  EXPECT_EQ(p->bytes[static_cast<int>(Tier::kHost)], (4 * 4 + 7 * 12) * kMiB);
+  // No device optimizer groups at all: the accumulation shards still go where there is room.
+  b.device_optimizer_groups = 0;
+  p = PlaceShards(l, b, 0, 4 * kMiB);
+  ASSERT_TRUE(p.ok());
+  for (int c = 0; c < 10; ++c) EXPECT_EQ(p->chunks[c].grad, Tier::kDevice) << c;
+  // Without accumulation only the device's groups keep theirs.
+  b.device_optimizer_groups = 3;
+  b.device_grads_accumulating = false;
+  p = PlaceShards(l, b, 0, 4 * kMiB);
+  ASSERT_TRUE(p.ok());
+  for (int c = 0; c < 10; ++c) EXPECT_EQ(p->chunks[c].grad, c >= 7 ? Tier::kDevice : Tier::kHost);
+}
+
 TEST(PlacementTest, ImpossibleBudgetIsOutOfMemoryNamingTheBudgets) {
   ChunkLayout l = TenChunks();
   auto p = PlaceShards(l, {0, 30 * kMiB, 50 * kMiB});

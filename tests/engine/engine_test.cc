@@ -159,6 +159,43 @@ TEST(Engine, GradientShardsStayOnTheDeviceWhereItsAdamUpdates) {
   EXPECT_EQ(DeviceGradShards(*t.engine), 0) << t.engine->PlacementSummary();
 }
 
+// Note [Accumulating on the device for host updates]: with accumulation, chunks whose Adam runs
+// from host memory (the CPU's, every group here) keep their fp32 accumulation shards on the
+// device where the shard budget has room; the losses and the parameters after four steps are
+// those of the same run with every gradient shard in host memory, bit for bit.
+TEST(Engine, AccumulationShardsOnTheDeviceForHostUpdatesChangeNoBit) {
+  EngineConfig dev = HostConfig();
+  dev.device_shard_budget = uint64_t{64} << 20;
+  dev.optimizer = OptimizerPlacement::kCpu;
+  dev.grad_accumulation = 2;
+  EngineConfig host = HostConfig();
+  host.optimizer = OptimizerPlacement::kCpu;
+  host.grad_accumulation = 2;
+  Trainer a = Make(dev), h = Make(host);
+  EXPECT_GT(DeviceGradShards(*a.engine), 0) << a.engine->PlacementSummary();
+  EXPECT_EQ(a.engine->PlacementSummary().find("device: 0 param"), std::string::npos);
+  EXPECT_EQ(DeviceGradShards(*h.engine), 0) << h.engine->PlacementSummary();
+  std::vector<double> la, lh;
+  for (Trainer* t : {&a, &h}) {
+    for (int step = 0; step < 4; ++step) {
+      for (int micro = 0; micro < 2; ++micro) {
+        Batch b = t->data->Get(false, static_cast<uint64_t>(2 * step + micro), 8);
+        auto loss = t->model->ForwardBackward(b);
+        ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+        (t == &a ? la : lh).push_back(*loss);
+      }
+      ASSERT_TRUE(t->engine->Step({1e-3f}).ok());
+    }
+  }
+  EXPECT_EQ(la, lh);
+  for (ParamId p = 0; p < a.engine->num_params(); ++p) {
+    std::vector<float> pa(static_cast<size_t>(a.engine->numel(p))), ph(pa.size());
+    ASSERT_TRUE(a.engine->ReadParam(p, pa).ok());
+    ASSERT_TRUE(h.engine->ReadParam(p, ph).ok());
+    ASSERT_EQ(0, std::memcmp(pa.data(), ph.data(), pa.size() * 4)) << "param " << p;
+  }
+}
+
 TEST(Engine, LlamaResumeContinuesWithTheSameLosses) {
   TempDir dir;
   EngineConfig ec = HostConfig();
