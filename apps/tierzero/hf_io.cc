@@ -102,8 +102,8 @@ void SizeBudgetsToTheMachine(RunConfig& cfg) {
   const uint64_t memory = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
                           static_cast<uint64_t>(::sysconf(_SC_PAGE_SIZE));
   const uint64_t mib = uint64_t{1} << 20;
-  const bool gpu = e.device == DeviceChoice::kCuda ||
-                   (e.device == DeviceChoice::kAuto && GpuCount() > 0);
+  const bool gpu =
+      e.device == DeviceChoice::kCuda || (e.device == DeviceChoice::kAuto && GpuCount() > 0);
   const uint64_t free = gpu ? GpuFreeBytes(0) : 0;
   if (free > 0) {
     e.device_budget = std::max(dflt.device_budget, free / 100 * 55 / mib * mib);

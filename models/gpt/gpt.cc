@@ -100,9 +100,9 @@ StatusOr<std::unique_ptr<Gpt>> Gpt::Create(Engine& engine, const GptConfig& conf
   TZ_RETURN_IF_ERROR(ValidateGptConfig(config));
   if (config.arch != Arch::kGpt2) {
     // Refused here, before a parameter is registered: the GPU's fp32 ops are GPT-2's alone.
-    TZ_ASSIGN_OR_RETURN(const BackendSpec spec, ChooseBackend(engine, config.activations,
-                                                              config.head_dim(),
-                                                              BackendAligned(config)));
+    TZ_ASSIGN_OR_RETURN(
+        const BackendSpec spec,
+        ChooseBackend(engine, config.activations, config.head_dim(), BackendAligned(config)));
     if (spec.gpu && spec.activations != DType::kBF16)
       return UnsupportedError(
           std::string(ModelName(config)) +

@@ -396,7 +396,6 @@ TEST(HfModels, WhatADirectoryMayNotSayIsRefusedNamingTheField) {
             std::string::npos);
 }
 
-
 // Note [Budgets of a model brought from a directory]: a model from a directory gets the machine's
 // budgets when the run sets none (the built-in 12 MiB device is the toy's), and keeps every
 // budget as given when the run sets any one of them.
@@ -418,9 +417,9 @@ TEST(HfModels, ABroughtModelGetsTheMachinesBudgetsUnlessTheRunSetsOne) {
     auto given = LoadRunConfig({"--init-from", dir / "llama", "--device", "host", flag, "40MiB"});
     ASSERT_TRUE(given.ok()) << given.status().ToString();
     EXPECT_EQ(given->engine.device_shard_budget, dflt.engine.device_shard_budget) << flag;
-    EXPECT_EQ(std::string(flag) == "--device-budget" ? uint64_t{40} << 20
-                                                     : dflt.engine.device_budget,
-              given->engine.device_budget)
+    EXPECT_EQ(
+        std::string(flag) == "--device-budget" ? uint64_t{40} << 20 : dflt.engine.device_budget,
+        given->engine.device_budget)
         << flag;
     EXPECT_EQ(std::string(flag) == "--host-budget" ? uint64_t{40} << 20 : dflt.engine.host_budget,
               given->engine.host_budget)

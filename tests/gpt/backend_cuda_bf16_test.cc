@@ -429,8 +429,7 @@ StatusOr<Pass> RunModel(DeviceChoice device, bool llama = false) {
   return out;
 }
 
-class CudaBf16ModelTest : public CudaBf16BackendTest,
-                          public ::testing::WithParamInterface<bool> {};
+class CudaBf16ModelTest : public CudaBf16BackendTest, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(CudaBf16ModelTest, ModelWithinBf16RoundingOfTheCpuAndRepeatable) {
   const bool llama = GetParam();
