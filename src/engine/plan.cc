@@ -434,8 +434,11 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
     }
     if (p.param == Tier::kNvme) out.nvme_write_bytes += shard;
     if (p.param == Tier::kDevice && w == UpdateWhere::kCpu) out.h2d_bytes += shard;
+    // A device gradient shard comes over for the CPU's Adam (Note [Accumulating on the device
+    // for host updates]).
+    if (p.grad == Tier::kDevice && w == UpdateWhere::kCpu) out.d2h_bytes += grad_bytes;
     if (w == UpdateWhere::kDeviceStreamed) {
-      out.h2d_bytes += group_bytes + grad_bytes;
+      out.h2d_bytes += group_bytes + (p.grad == Tier::kDevice ? 0 : grad_bytes);
       out.d2h_bytes += group_bytes + (p.param == Tier::kDevice ? 0 : shard);
     } else if (w == UpdateWhere::kDeviceResident) {
       if (p.grad != Tier::kDevice) out.h2d_bytes += grad_bytes;

@@ -245,8 +245,8 @@ EngineStats Engine::stats() const {
   }
   if (!im.cm) return s;
   const ChunkCounters c = im.cm->counters();
-  s.h2d_bytes = c.h2d_bytes;
-  s.d2h_bytes = c.d2h_bytes;
+  s.h2d_bytes = c.h2d_bytes + (im.updater ? im.updater->moved_h2d_bytes() : 0);
+  s.d2h_bytes = c.d2h_bytes + (im.updater ? im.updater->moved_d2h_bytes() : 0);
   // While the update phase's CPU chain runs behind the forward its counters are the worker's.
   const OptimizerCounters o = im.updater->optimizer_counters();
   s.nvme_read_bytes = o.nvme_read_bytes + c.nvme_read_bytes;

@@ -286,10 +286,12 @@ Status Updater::EnqueueDeviceGroup(int c, UpdateWhere where, int k, uint8_t* mem
   if (!grad_here) {
     RETURN_IF_ERROR(device_->CopyAsync(p.grad, store_->grad(c), store_->grad_bytes(),
                                        CopyKind::kHostToDevice, h2d));
+    moved_h2d_ += store_->grad_bytes();
   }
   if (streamed) {
     RETURN_IF_ERROR(
         device_->CopyAsync(p.states, g.master, group_bytes, CopyKind::kHostToDevice, h2d));
+    moved_h2d_ += group_bytes;
   }
   RETURN_IF_ERROR(device_->RecordEvent(phase_.up_done[ks].handle(), h2d));
   // Adam, slice by slice, its compute-dtype output into a device shard or the slot.
@@ -319,10 +321,12 @@ Status Updater::EnqueueDeviceGroup(int c, UpdateWhere where, int k, uint8_t* mem
     TZ_CHECK(host != nullptr) << "a device update of chunk " << c << " whose shard is on NVMe";
     const void* src = dt == DType::kF32 ? static_cast<const void*>(master) : p.out;
     RETURN_IF_ERROR(device_->CopyAsync(host, src, shard_bytes, CopyKind::kDeviceToHost, d2h));
+    moved_d2h_ += shard_bytes;
   }
   if (streamed) {
     RETURN_IF_ERROR(
         device_->CopyAsync(g.master, p.states, group_bytes, CopyKind::kDeviceToHost, d2h));
+    moved_d2h_ += group_bytes;
   }
   RETURN_IF_ERROR(device_->RecordEvent(phase_.slot_free[ks].handle(), d2h));
   return device_->LaunchHostFunc(d2h, [stamp, t0 = phase_.t0] {

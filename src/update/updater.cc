@@ -221,6 +221,7 @@ Status Updater::AdamGroup(const OptimizerGroup& g, const AdamStepOptions& so, bo
   if (host == nullptr) std::memset(out, 0, out_.bytes());  // zero padding
   RETURN_IF_ERROR(AdamInto(g, out, chunk_so));
   if (host == nullptr) RETURN_IF_ERROR(store_->WriteParam(c, out));
+  if (store_->param_tier(c) == Tier::kDevice) moved_h2d_ += layout_.shard_bytes();
   return Status::OK();
 }
 
@@ -279,6 +280,7 @@ Status Updater::AdamInto(const OptimizerGroup& g, uint8_t* out, const AdamStepOp
       grad_bounce_.emplace(std::move(*slot));
     }
     RETURN_IF_ERROR(store_->ReadGradShard(g.chunk, grad_bounce_->data()));
+    moved_d2h_ += store_->grad_bytes();
     grad = static_cast<const uint8_t*>(grad_bounce_->data());
   }
   const std::vector<ShardSlice>& slices = slices_[static_cast<size_t>(g.chunk)];

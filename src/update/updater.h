@@ -14,6 +14,7 @@
 // they touch returns.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -148,6 +149,11 @@ class Updater {
 
   // ---- What it did
   const UpdaterStats& stats() const { return stats_; }
+  // Bytes the update phase moved over the link (gradients and states up, parameters and states
+  // down, device gradient shards copied over for the CPU's Adam): what Engine::Plan's per-step
+  // bytes count beside the iterations' (the rate probe's are not counted).
+  uint64_t moved_h2d_bytes() const { return moved_h2d_.load(std::memory_order_relaxed); }
+  uint64_t moved_d2h_bytes() const { return moved_d2h_.load(std::memory_order_relaxed); }
   double wait_seconds() const { return tail_.wait_s; }  // the trainer waited for the CPU chain
   bool behind_active() const { return tail_.active; }   // a CPU chain runs behind the forward
   // The optimizer's counters; while a chain runs behind the forward, those at its launch.
@@ -295,6 +301,7 @@ class Updater {
   // A device gradient shard brought over for a CPU update of its group (a device group the
   // cost model sends to the CPU, or a host group whose accumulation shard is on the device: Note
   // [Accumulating on the device for host updates]); pinned, made on first use.
+  std::atomic<uint64_t> moved_h2d_{0}, moved_d2h_{0};
   std::unique_ptr<PinnedArena> grad_bounce_arena_;
   std::optional<PinnedSlot> grad_bounce_;
   std::vector<bool> decays_;                     // per tensor
