@@ -348,10 +348,8 @@ StatusOr<ComputeTimes> MeasureCompute(const RunConfig& cfg, int ranks_here) {
   ec.device = DeviceChoice::kHost;
   ec.compute_dtype = cfg.engine.compute_dtype;
   ec.cpu_threads = cfg.engine.cpu_threads;
-  const uint64_t C = static_cast<uint64_t>(mc.d_model), F = static_cast<uint64_t>(mc.ffn());
-  const uint64_t KV = static_cast<uint64_t>(mc.kv_heads()) * static_cast<uint64_t>(mc.head_dim());
-  const uint64_t block =
-      mc.arch == gpt::Arch::kGpt2 ? 4 * C * C + 2 * C * F : 2 * C * C + 2 * C * KV + 3 * C * F;
+  const uint64_t C = static_cast<uint64_t>(mc.d_model);
+  const auto block = static_cast<uint64_t>(mc.block_matmul_params());
   const uint64_t positions = mc.arch == gpt::Arch::kGpt2 ? static_cast<uint64_t>(mc.seq_len) : 0;
   const uint64_t kMaxTimed = uint64_t{1} << 29;
   // A vocabulary larger than the block (Llama 3's 128256 x 4096 is 525M parameters, the block

@@ -191,12 +191,8 @@ Gpt::~Gpt() = default;
 
 double Gpt::flops_per_token() const {
   const double C = cfg_.d_model, L = cfg_.n_layer, V = cfg_.vocab, T = cfg_.seq_len;
-  const double KV = static_cast<double>(cfg_.kv_heads()) * cfg_.head_dim(), F = cfg_.ffn();
-  // Products' parameters per block: q, k, v, o, and the MLP's two (GELU) or three (SwiGLU)
-  // matrices; then the LM head (the token embedding's lookup is not a product).
-  const double block =
-      cfg_.arch == Arch::kGpt2 ? 4 * C * C + 2 * C * F : 2 * C * C + 2 * C * KV + 3 * C * F;
-  const double matmul_params = L * block + V * C;
+  // The blocks' products, then the LM head (the token embedding's lookup is not a product).
+  const double matmul_params = L * cfg_.block_matmul_params() + V * C;
   // Attention scores and weighted sum: 2 x 2 x T x C per layer forward (causal: half of it).
   return 6 * matmul_params + 6 * L * T * C;
 }

@@ -80,6 +80,12 @@ struct GptConfig {
     if (d_ff > 0) return d_ff;
     return arch == Arch::kGpt2 ? 4 * d_model : (8 * d_model / 3 + 31) / 32 * 32;
   }
+  // The products' parameters of one block: q, k, v, o, and the MLP's two (GELU) or three
+  // (SwiGLU) matrices.
+  double block_matmul_params() const {
+    const double C = d_model, KV = static_cast<double>(kv_heads()) * head_dim(), F = ffn();
+    return arch == Arch::kGpt2 ? 4 * C * C + 2 * C * F : 2 * C * C + 2 * C * KV + 3 * C * F;
+  }
 };
 
 // Every matrix dimension a multiple of 8 (vocab, width, MLP width, key/value width): what a GPU's

@@ -42,14 +42,21 @@ StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& bu
   // budget has room after the parameters and the states, from the last chunk backwards as the
   // states are placed. Only where the reduce leaves the shard on the device (one rank, or device
   // collectives); with accumulation the micro-batches are added there (Device::AccumulateAsync).
-  if (budgets.device_grads) {
+  // Gradient shards of the chunks `take` names on the device, from the last chunk backwards
+  // while the budget lasts.
+  auto grads_on_device = [&](auto take) {
     for (int c = n - 1; c >= 0; --c) {
       ChunkPlacement& cp = p.chunks[static_cast<size_t>(c)];
-      if (cp.param != Tier::kDevice || cp.optimizer != Tier::kDevice) continue;
+      if (cp.grad == Tier::kDevice || !take(cp)) continue;
       if (device + p.grad_shard_bytes > budgets.device_shard_bytes) break;
       cp.grad = Tier::kDevice;
       device += p.grad_shard_bytes;
     }
+  };
+  if (budgets.device_grads) {
+    grads_on_device([](const ChunkPlacement& cp) {
+      return cp.param == Tier::kDevice && cp.optimizer == Tier::kDevice;
+    });
   }
   // Note [Accumulating on the device for host updates]
   // With accumulation every micro-batch's gradient is added to an fp32 shard. In host memory
@@ -61,15 +68,8 @@ StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& bu
   // gradient crosses the link once a step, when its group updates (a streamed group reads it in
   // place; the CPU's copies it over first). Without accumulation the shard stays in host memory,
   // where the backward's copy down overlaps the compute.
-  if (budgets.device_grads && budgets.device_grads_accumulating) {
-    for (int c = n - 1; c >= 0; --c) {
-      ChunkPlacement& cp = p.chunks[static_cast<size_t>(c)];
-      if (cp.grad == Tier::kDevice) continue;
-      if (device + p.grad_shard_bytes > budgets.device_shard_bytes) break;
-      cp.grad = Tier::kDevice;
-      device += p.grad_shard_bytes;
-    }
-  }
+  if (budgets.device_grads && budgets.device_grads_accumulating)
+    grads_on_device([](const ChunkPlacement&) { return true; });
   uint64_t host = 0;
   for (const auto& c : p.chunks) {
     if (c.grad == Tier::kHost) host += p.grad_shard_bytes;

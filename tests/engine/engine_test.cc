@@ -96,6 +96,27 @@ TEST(Engine, LlamaOffloadEquivalenceIsBitIdentical) { CheckOffloadEquivalence(Sm
 // ReadGrad brings it over and equals the host shard's bit for bit (the losses are
 // CheckOffloadEquivalence's), with accumulation too. With no room in the device shard budget
 // after the parameters and states, the gradients stay in host memory.
+// `windows` windows of two micro-batches (batches 2w and 2w + 1), each but the last followed by
+// its step (the last too with `last_step`); every micro-batch's loss (empty on a failure).
+std::vector<double> AccumulatedLosses(Trainer& t, int windows, bool last_step) {
+  std::vector<double> losses;
+  for (int w = 0; w < windows; ++w) {
+    for (int micro = 0; micro < 2; ++micro) {
+      Batch b = t.data->Get(false, static_cast<uint64_t>(2 * w + micro), 8);
+      auto loss = t.model->ForwardBackward(b);
+      EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+      if (!loss.ok()) return {};
+      losses.push_back(*loss);
+    }
+    if (w + 1 < windows || last_step) {
+      const auto step = t.engine->Step({1e-3f});
+      EXPECT_TRUE(step.ok());
+      if (!step.ok()) return {};
+    }
+  }
+  return losses;
+}
+
 int DeviceGradShards(Engine& e) {
   const std::string s = e.PlacementSummary();
   const size_t at = s.find("device: ");
@@ -133,20 +154,9 @@ TEST(Engine, GradientShardsStayOnTheDeviceWhereItsAdamUpdates) {
   Trainer a = Make(acc_resident), ah = Make(acc_host);
   EXPECT_GT(DeviceGradShards(*a.engine), 0) << a.engine->PlacementSummary();
   EXPECT_EQ(DeviceGradShards(*ah.engine), 0) << ah.engine->PlacementSummary();
-  std::vector<double> la, lh;
-  for (Trainer* t : {&a, &ah}) {
-    for (int step = 0; step < 4; ++step) {
-      for (int micro = 0; micro < 2; ++micro) {
-        Batch b = t->data->Get(false, static_cast<uint64_t>(2 * step + micro), 8);
-        auto loss = t->model->ForwardBackward(b);
-        ASSERT_TRUE(loss.ok()) << loss.status().ToString();
-        (t == &a ? la : lh).push_back(*loss);
-      }
-      if (step == 3) break;  // the last window's gradients are compared before the step
-      ASSERT_TRUE(t->engine->Step({1e-3f}).ok());
-    }
-  }
-  EXPECT_EQ(la, lh);
+  // (The last window's gradients are compared before its step.)
+  EXPECT_EQ(AccumulatedLosses(a, 4, /*last_step=*/false),
+            AccumulatedLosses(ah, 4, /*last_step=*/false));
   for (ParamId p = 0; p < a.engine->num_params(); ++p) {
     std::vector<float> ga(static_cast<size_t>(a.engine->numel(p))), gh(ga.size());
     ASSERT_TRUE(a.engine->ReadGrad(p, ga).ok());
@@ -175,19 +185,8 @@ TEST(Engine, AccumulationShardsOnTheDeviceForHostUpdatesChangeNoBit) {
   EXPECT_GT(DeviceGradShards(*a.engine), 0) << a.engine->PlacementSummary();
   EXPECT_EQ(a.engine->PlacementSummary().find("device: 0 param"), std::string::npos);
   EXPECT_EQ(DeviceGradShards(*h.engine), 0) << h.engine->PlacementSummary();
-  std::vector<double> la, lh;
-  for (Trainer* t : {&a, &h}) {
-    for (int step = 0; step < 4; ++step) {
-      for (int micro = 0; micro < 2; ++micro) {
-        Batch b = t->data->Get(false, static_cast<uint64_t>(2 * step + micro), 8);
-        auto loss = t->model->ForwardBackward(b);
-        ASSERT_TRUE(loss.ok()) << loss.status().ToString();
-        (t == &a ? la : lh).push_back(*loss);
-      }
-      ASSERT_TRUE(t->engine->Step({1e-3f}).ok());
-    }
-  }
-  EXPECT_EQ(la, lh);
+  EXPECT_EQ(AccumulatedLosses(a, 4, /*last_step=*/true),
+            AccumulatedLosses(h, 4, /*last_step=*/true));
   for (ParamId p = 0; p < a.engine->num_params(); ++p) {
     std::vector<float> pa(static_cast<size_t>(a.engine->numel(p))), ph(pa.size());
     ASSERT_TRUE(a.engine->ReadParam(p, pa).ok());
