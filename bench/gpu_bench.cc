@@ -8,6 +8,10 @@
 //      operands (the ceiling) against CudaOps::Gemm with tensor cores (fp32 in and out, the
 //      operands rounded first), 8192^3; attention forward + backward at batch 8, seq 1024,
 //      width 2048, 16 heads, tensor cores against the fp32 kernels (causal FLOPs counted).
+//   4. bf16 attention forward + backward (the bf16 backend's): cuDNN's fused attention
+//      (gpt/cudnn_attention.h; repeatable, and with dQ accumulated by atomics) against the fused
+//      kernels (gpt/flash_attention_cuda.h), GPT-2's [q | k | v] rows at the 1.21B GPT's shape and
+//      Llama 8B's grouped-query heads at seq 2048.
 // Medians of --reps (default 10) after a warm-up. Exits 0 with a message without a GPU.
 #include <cuda_runtime.h>
 
@@ -19,6 +23,10 @@
 
 #include "cpu_adam/gpu_adam.h"
 #include "gpt/cublas_api.h"
+#ifdef TZ_GPT_CUDNN
+#include "gpt/cudnn_attention.h"
+#endif
+#include "gpt/flash_attention_cuda.h"
 #include "gpt/ops_cuda.h"
 #include "offload/cuda_device.h"
 #include "offload/device.h"
@@ -174,10 +182,113 @@ int TensorCores(int reps) {
   return 0;
 }
 
+// Section 4; returns nonzero on a failure of the kernels (cuDNN's refusals are printed).
+int Bf16Attention(int reps) {
+  cudaStream_t s;
+  CHECK_CUDA(cudaStreamCreate(&s));
+  struct Case {
+    const char* name;
+    gpt::cuda::FlashShape shape;
+  };
+  const Case cases[] = {
+      {"GPT 1.21B (B 8, T 1024, 16 heads of 128, [q|k|v] rows)",
+       {8, 1024, 16, 16, 128, 3 * 2048, 3 * 2048, 3 * 2048, 2048}},
+      {"Llama 8B (B 2, T 2048, 32 heads of 128 over 8)",
+       {2, 2048, 32, 8, 128, 4096, 1024, 1024, 4096}},
+  };
+  for (const Case& c : cases) {
+    const gpt::cuda::FlashShape& f = c.shape;
+    const int64_t rows = f.batch * f.seq;
+    const bool fused = f.ld_q == f.ld_k;
+    const int64_t qn = rows * f.ld_q, kn = fused ? 0 : rows * f.ld_k, on = rows * f.ld_o;
+    // q (and k, v after it when separate), their gradients, out, dout, lse, rowdot.
+    const int64_t n16 = 2 * (qn + 2 * kn) + 2 * on;
+    uint16_t* mem;
+    float *lse, *rowdot;
+    CHECK_CUDA(cudaMalloc(&mem, n16 * 2));
+    CHECK_CUDA(cudaMalloc(&lse, rows * f.heads * 4));
+    CHECK_CUDA(cudaMalloc(&rowdot, rows * f.heads * 4));
+    std::vector<uint16_t> h(static_cast<size_t>(n16));
+    uint32_t x = 777;
+    for (uint16_t& v : h) {  // bf16 of uniform(-1, 1)
+      x = x * 1664525u + 1013904223u;
+      const float u = static_cast<float>(x >> 8) / 8388608.0f - 1.0f;
+      uint32_t b;
+      std::memcpy(&b, &u, 4);
+      v = static_cast<uint16_t>(b >> 16);
+    }
+    CHECK_CUDA(cudaMemcpy(mem, h.data(), n16 * 2, cudaMemcpyHostToDevice));
+    using bf16 = __nv_bfloat16;
+    bf16* q = reinterpret_cast<bf16*>(mem);
+    bf16* k = fused ? q + f.heads * f.head_dim : q + qn;
+    bf16* v = fused ? q + 2 * f.heads * f.head_dim : q + qn + kn;
+    bf16* dq = q + qn + 2 * kn;
+    bf16* dk = fused ? dq + f.heads * f.head_dim : dq + qn;
+    bf16* dv = fused ? dq + 2 * f.heads * f.head_dim : dq + qn + kn;
+    bf16* out = dq + qn + 2 * kn;
+    bf16* dout = out + on;
+    // Causal: forward 2 x 2 x T^2/2 x H x D per sequence, backward 2.5x that (5 products).
+    const double fwd_flops = 2.0 * 2 * (f.seq * f.seq / 2.0) * f.heads * f.head_dim * f.batch;
+    const double flops = 3.5 * fwd_flops;
+    cudaError_t ke = cudaSuccess;
+    const double kern = EventSeconds(s, reps, [&] {
+      ke = gpt::cuda::FlashAttentionForward(q, k, v, out, lse, f, s);
+      if (ke == cudaSuccess)
+        ke = gpt::cuda::FlashAttentionBackward(dout, q, k, v, out, lse, rowdot, dq, dk, dv, f, s);
+    });
+    if (ke != cudaSuccess) {
+      std::fprintf(stderr, "fused attention kernels: %s\n", cudaGetErrorString(ke));
+      return 1;
+    }
+    const double kern_fwd = EventSeconds(
+        s, reps, [&] { ke = gpt::cuda::FlashAttentionForward(q, k, v, out, lse, f, s); });
+    std::printf(
+        "bf16 attention, %s, forward + backward (%.1f GFLOP, causal): fused kernels "
+        "%.2f ms (%.0f TFLOP/s; forward %.0f TFLOP/s)",
+        c.name, flops / 1e9, kern * 1e3, flops / kern / 1e12, fwd_flops / kern_fwd / 1e12);
+#ifdef TZ_GPT_CUDNN
+    for (const bool deterministic : {true, false}) {
+      auto cu = gpt::cuda::CudnnAttention::Create(s, deterministic);
+      Status st = cu.ok() ? (*cu)->Prepare(f) : cu.status();
+      if (!st.ok()) {
+        std::printf("; cuDNN%s: %s", deterministic ? "" : " (atomic dQ)", st.ToString().c_str());
+        continue;
+      }
+      const double t = EventSeconds(s, reps, [&] {
+        if (st.ok()) st = (*cu)->Forward(q, k, v, out, lse, f);
+        if (st.ok()) st = (*cu)->Backward(dout, q, k, v, out, lse, dq, dk, dv, f);
+      });
+      const double t_fwd = EventSeconds(s, reps, [&] {
+        if (st.ok()) st = (*cu)->Forward(q, k, v, out, lse, f);
+      });
+      if (!st.ok()) {
+        std::printf("; cuDNN%s failed: %s", deterministic ? "" : " (atomic dQ)",
+                    st.ToString().c_str());
+        continue;
+      }
+      std::printf("; %s%s %.2f ms (%.0f TFLOP/s, %.2fx the kernels; forward %.0f TFLOP/s)",
+                  (*cu)->Version().c_str(), deterministic ? "" : " with atomic dQ", t * 1e3,
+                  flops / t / 1e12, kern / t, fwd_flops / t_fwd / 1e12);
+    }
+#else
+    std::printf("; cuDNN: not in this build");
+#endif
+    std::printf("\n");
+    cudaFree(mem);
+    cudaFree(lse);
+    cudaFree(rowdot);
+  }
+  CHECK_CUDA(cudaStreamDestroy(s));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   int reps = 10;
-  for (int i = 1; i < argc; ++i)
+  bool attention_only = false;  // --only=attention: section 4 alone
+  for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--reps=", 7) == 0) reps = std::max(1, std::atoi(argv[i] + 7));
+    if (std::strcmp(argv[i], "--only=attention") == 0) attention_only = true;
+  }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::printf("gpu_bench: no GPU here; nothing to measure\n");
@@ -186,6 +297,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("gpu_bench: %s, median of %d\n", prop.name, reps);
+  if (attention_only) return Bf16Attention(reps);
 
   const size_t kMax = size_t{256} << 20;
   CudaDeviceOptions opt;
@@ -294,5 +406,6 @@ int main(int argc, char** argv) {
       "%.0f GB/s; ratio %.2f; %.1f Gparams/s\n",
       n, Median(ta) * 1e3, adam_gbs, copy_gbs, adam_gbs / copy_gbs,
       static_cast<double>(n) / Median(ta) / 1e9);
-  return TensorCores(reps);
+  const int products = TensorCores(reps);
+  return Bf16Attention(reps) != 0 ? 1 : products;
 }

@@ -631,6 +631,8 @@ void TrainRun::PrintDone(const std::string& summary) const {
       c > 0 ? total_tokens_ * model_->flops_per_token() / c / 1e9 : 0, Mib(st.h2d_bytes).c_str(),
       Mib(st.d2h_bytes).c_str(), Mib(st.nvme_read_bytes).c_str(), Mib(st.nvme_write_bytes).c_str(),
       c > 0 ? 100 * st.acquire_wait_seconds / c : 0, c > 0 ? 100 * st.update_wait_seconds / c : 0);
+  // How it computed, now that it has (which attention ran: Note [Which attention runs]).
+  std::printf("  compute: %s\n", model_->ComputeSummary().c_str());
   std::fputs(summary.c_str(), stdout);
   if (out_.checkpoint_dir.empty())
     std::printf("  checkpoint: none\n");

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "gpt/rope.h"
 #include "tierzero/status.h"
@@ -193,6 +194,9 @@ class Backend {
   virtual Status Download(void* host, const void* src, uint64_t bytes) = 0;
   // The first asynchronous error (CUDA); OK on the CPU.
   virtual Status status() const = 0;
+  // Which attention ran, in words, once it has ("cuDNN 9.19.0 fused attention", "the fused
+  // attention kernels (cuDNN: why not)"); empty where there is one choice (the CPU's ops).
+  virtual std::string AttentionSummary() const { return {}; }
 
  private:
   BackendSpec spec_;

@@ -205,8 +205,14 @@ std::string Gpt::ComputeSummary() const {
     return spec->activations == DType::kBF16
                ? "bf16 activations (stored bf16, computed fp32 on the CPU)"
                : "fp32 activations (the CPU's reference ops)";
-  if (spec->activations == DType::kBF16)
-    return "bf16 activations (cuBLASLt products with fused epilogues, fused attention)";
+  if (spec->activations == DType::kBF16) {
+    // Which attention is the backend's to say once it exists (Note [Which attention runs]).
+    const std::string attention =
+        backend_ != nullptr ? backend_->AttentionSummary()
+                            : "cuDNN's fused attention where it loads and has a plan, else the "
+                              "fused attention kernels";
+    return "bf16 activations (cuBLASLt products with fused epilogues; " + attention + ")";
+  }
   return std::string("fp32 activations (") +
          (spec->params == DType::kBF16 ? "bf16 products on the tensor cores" : "fp32 products") +
          (fused ? ", fused attention)" : ", attention as batched products)");

@@ -145,7 +145,8 @@ class Gpt {
 
   const GptConfig& config() const { return cfg_; }
   // How it computes on the engine's device (after Finalize), in words: "bf16 activations
-  // (cuBLASLt products, fused attention)", "fp32 activations (the CPU's reference ops)", ...
+  // (cuBLASLt products with fused epilogues; cuDNN 9.19.0 fused attention)", "fp32 activations
+  // (the CPU's reference ops)", ...; after the first iteration, which attention ran.
   std::string ComputeSummary() const;
   int64_t num_params() const { return num_params_; }
   // Training FLOPs per token (forward + backward): 6 x matmul parameters + attention.

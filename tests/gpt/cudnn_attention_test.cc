@@ -1,0 +1,266 @@
+// cuDNN's fused attention (gpt/cudnn_attention.h). On the host (no GPU needed, skipped where
+// cuDNN cannot be loaded): every tensor and operation of the forward and backward graphs
+// finalises, for GPT-2's fused rows and grouped-query attention on separate matrices. On a GPU
+// (skipped without one): outputs and gradients against fp64 attention on the same bf16 operands,
+// the log-sum-exps against the fused kernels' (each forward feeds the other's backward), and the
+// repeatable backward bit-identical run to run.
+#include "gpt/cudnn_attention.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention_reference.h"
+#include "gpt/flash_attention_cuda.h"
+#include "tierzero/convert.h"
+
+namespace tierzero::gpt::cuda {
+namespace {
+
+namespace ta = testing_attention;
+using Bits = std::vector<uint16_t>;
+
+// GPT-2's [q | k | v] rows (ld 3C), and grouped-query attention on separate matrices.
+FlashShape Fused(int64_t B, int64_t T, int64_t H, int64_t D) {
+  const int64_t C = H * D;
+  return {B, T, H, H, D, 3 * C, 3 * C, 3 * C, C};
+}
+FlashShape Grouped(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  return {B, T, H, KV, D, H * D, KV * D, KV * D, H * D};
+}
+
+TEST(CudnnAttentionHostTest, EveryOperationOfBothGraphsFinalises) {
+  for (const FlashShape& s : {Fused(2, 64, 4, 32), Fused(8, 1024, 16, 128),
+                              Grouped(2, 150, 4, 2, 64), Grouped(1, 2048, 32, 8, 128)}) {
+    for (const bool backward : {false, true}) {
+      for (const bool deterministic : {true, false}) {
+        const Status st = BuildAttentionOperationsOnHost(s, backward, deterministic);
+        if (st.code() == StatusCode::kUnavailable &&
+            std::string(st.message()).find("could not be loaded") != std::string::npos)
+          GTEST_SKIP() << st.ToString();
+        EXPECT_TRUE(st.ok()) << (backward ? "backward" : "forward") << " H " << s.heads << " KV "
+                             << s.kv_heads << ": " << st.ToString();
+      }
+    }
+  }
+}
+
+Bits RandomBf16(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  Bits b(n);
+  EXPECT_TRUE(CastElements(v.data(), DType::kF32, b.data(), DType::kBF16, n).ok());
+  return b;
+}
+std::vector<double> Wide(const Bits& b) {
+  std::vector<float> f(b.size());
+  EXPECT_TRUE(CastElements(b.data(), DType::kBF16, f.data(), DType::kF32, b.size()).ok());
+  return std::vector<double>(f.begin(), f.end());
+}
+
+template <typename T>
+class Dev {
+ public:
+  explicit Dev(size_t n, const T* h = nullptr) : n_(n) {
+    EXPECT_EQ(cudaMalloc(&p_, sizeof(T) * std::max<size_t>(1, n)), cudaSuccess);
+    if (h != nullptr)
+      EXPECT_EQ(cudaMemcpy(p_, h, sizeof(T) * n, cudaMemcpyHostToDevice), cudaSuccess);
+    else
+      EXPECT_EQ(cudaMemset(p_, 0, sizeof(T) * n), cudaSuccess);
+  }
+  ~Dev() { cudaFree(p_); }
+  T* get() const { return p_; }
+  std::vector<T> Get() const {
+    std::vector<T> h(n_);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(h.data(), p_, sizeof(T) * n_, cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_;
+};
+
+using bf16 = __nv_bfloat16;
+bf16* B16(uint16_t* p) { return reinterpret_cast<bf16*>(p); }
+
+// One shape's operands on the device, laid out as the shape says (q, k, v inside one buffer of
+// rows for the fused layout).
+struct Operands {
+  explicit Operands(const FlashShape& s)
+      : s(s),
+        fused(s.ld_q == s.ld_k && s.heads == s.kv_heads && s.ld_q == 3 * s.heads * s.head_dim),
+        rows(s.batch * s.seq),
+        qn(rows * s.ld_q),
+        kn(fused ? 0 : rows * s.ld_k),
+        vn(fused ? 0 : rows * s.ld_v),
+        on(rows * s.ld_o),
+        hq(RandomBf16(qn, 1)),
+        hk(RandomBf16(std::max<size_t>(kn, 1), 2)),
+        hv(RandomBf16(std::max<size_t>(vn, 1), 3)),
+        hdo(RandomBf16(on, 4)),
+        q(qn, hq.data()),
+        k(std::max<size_t>(kn, 1), hk.data()),
+        v(std::max<size_t>(vn, 1), hv.data()),
+        dout(on, hdo.data()) {}
+  bf16* Q() const { return B16(q.get()); }
+  bf16* K() const { return fused ? B16(q.get()) + s.heads * s.head_dim : B16(k.get()); }
+  bf16* V() const { return fused ? B16(q.get()) + 2 * s.heads * s.head_dim : B16(v.get()); }
+  // The fp64 reference on the same bf16 operands (separate q, k, v matrices).
+  ta::Result Reference() const {
+    const int64_t C = s.heads * s.head_dim, KC = s.kv_heads * s.head_dim;
+    const std::vector<double> wq = Wide(hq);
+    if (fused) {
+      // Offsets: q at 0, k at C, v at 2C within each row of 3C.
+      return ta::Reference(Strip(wq, 0, C), Strip(wq, C, C), Strip(wq, 2 * C, C), Wide(hdo),
+                           ta::Dims{s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, C, C, C});
+    }
+    return ta::Reference(wq, Wide(hk), Wide(hv), Wide(hdo),
+                         ta::Dims{s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, C, KC, KC});
+  }
+  std::vector<double> Strip(const std::vector<double>& x, int64_t at, int64_t width) const {
+    std::vector<double> out;
+    for (int64_t r = 0; r < rows; ++r)
+      out.insert(out.end(), x.begin() + r * s.ld_q + at, x.begin() + r * s.ld_q + at + width);
+    return out;
+  }
+  // A gradient buffer strided as the operands' rows, reduced to the matrix of `width` at `at`.
+  std::vector<double> Take(const Bits& g, int64_t ld, int64_t at, int64_t width) const {
+    std::vector<double> w = Wide(g), out;
+    for (int64_t r = 0; r < rows; ++r)
+      out.insert(out.end(), w.begin() + r * ld + at, w.begin() + r * ld + at + width);
+    return out;
+  }
+
+  FlashShape s;
+  bool fused;
+  int64_t rows;
+  size_t qn, kn, vn, on;
+  Bits hq, hk, hv, hdo;
+  Dev<uint16_t> q, k, v, dout;
+};
+
+struct Grads {
+  Bits out, dq, dk, dv;
+  std::vector<float> lse;
+};
+
+// One forward and backward; `cudnn_forward`/`cudnn_backward` choose each side's implementation.
+Grads RunOnce(CudnnAttention& cudnn, const Operands& x, bool cudnn_forward, bool cudnn_backward) {
+  const FlashShape& s = x.s;
+  Dev<uint16_t> out(x.on), dq(x.qn), dk(std::max<size_t>(x.kn, 1)), dv(std::max<size_t>(x.vn, 1));
+  Dev<float> lse(s.batch * s.heads * s.seq), rowdot(s.batch * s.heads * s.seq);
+  bf16* dQ = B16(dq.get());
+  bf16* dK = x.fused ? dQ + s.heads * s.head_dim : B16(dk.get());
+  bf16* dV = x.fused ? dQ + 2 * s.heads * s.head_dim : B16(dv.get());
+  if (cudnn_forward) {
+    const Status st = cudnn.Forward(x.Q(), x.K(), x.V(), B16(out.get()), lse.get(), s);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+  } else {
+    EXPECT_EQ(FlashAttentionForward(x.Q(), x.K(), x.V(), B16(out.get()), lse.get(), s, nullptr),
+              cudaSuccess);
+  }
+  if (cudnn_backward) {
+    const Status st = cudnn.Backward(B16(x.dout.get()), x.Q(), x.K(), x.V(), B16(out.get()),
+                                     lse.get(), dQ, dK, dV, s);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+  } else {
+    EXPECT_EQ(FlashAttentionBackward(B16(x.dout.get()), x.Q(), x.K(), x.V(), B16(out.get()),
+                                     lse.get(), rowdot.get(), dQ, dK, dV, s, nullptr),
+              cudaSuccess);
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  Grads g;
+  g.out = out.Get();
+  g.dq = dq.Get();
+  if (!x.fused) {
+    g.dk = dk.Get();
+    g.dv = dv.Get();
+  }
+  g.lse = lse.Get();
+  return g;
+}
+
+class CudnnAttentionGpuTest : public ::testing::TestWithParam<FlashShape> {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no GPU";
+    auto c = CudnnAttention::Create(nullptr);
+    if (!c.ok()) GTEST_SKIP() << c.status().ToString();
+    cudnn_ = std::move(*c);
+    std::printf("%s\n", cudnn_->Version().c_str());
+    const Status st = cudnn_->Prepare(GetParam());
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  std::unique_ptr<CudnnAttention> cudnn_;
+};
+
+// Norm-wise relative error to fp64 within 8e-3 (the fused kernels' bound in
+// backend_cuda_bf16_test.cc), no element off by more than 3% of the largest.
+void ExpectNearReference(const std::vector<double>& got, const std::vector<double>& ref,
+                         const std::string& what) {
+  std::vector<float> g(got.begin(), got.end());
+  const double e = ta::RelativeError(g, ref);
+  EXPECT_LE(e, 8e-3) << what;
+  EXPECT_LE(ta::WorstErrorOfMax(g, ref), 3e-2) << what;
+  std::printf("%s: relative error to fp64 %.2e\n", what.c_str(), e);
+}
+
+TEST_P(CudnnAttentionGpuTest, WithinBf16RoundingOfFp64AndInterchangeableWithTheKernels) {
+  const FlashShape s = GetParam();
+  const Operands x(s);
+  const ta::Result ref = x.Reference();
+  const int64_t C = s.heads * s.head_dim, KC = s.kv_heads * s.head_dim;
+  for (const auto& [fwd, bwd, name] :
+       {std::tuple{true, true, "cudnn"}, std::tuple{true, false, "cudnn fwd + kernel bwd"},
+        std::tuple{false, true, "kernel fwd + cudnn bwd"}}) {
+    const Grads g = RunOnce(*cudnn_, x, fwd, bwd);
+    const std::string n = std::string(name) + (x.fused ? " (fused rows)" : " (GQA)");
+    ExpectNearReference(x.Take(g.out, s.ld_o, 0, C), ref.out, n + " out");
+    ExpectNearReference(x.Take(g.dq, s.ld_q, 0, C), ref.dq, n + " dq");
+    if (x.fused) {
+      ExpectNearReference(x.Take(g.dq, s.ld_q, C, C), ref.dk, n + " dk");
+      ExpectNearReference(x.Take(g.dq, s.ld_q, 2 * C, C), ref.dv, n + " dv");
+    } else {
+      ExpectNearReference(x.Take(g.dk, s.ld_k, 0, KC), ref.dk, n + " dk");
+      ExpectNearReference(x.Take(g.dv, s.ld_v, 0, KC), ref.dv, n + " dv");
+    }
+  }
+  // The state both backwards read: cuDNN's log-sum-exps against the kernels'.
+  const Grads a = RunOnce(*cudnn_, x, true, true), b = RunOnce(*cudnn_, x, false, false);
+  double worst = 0;
+  for (size_t i = 0; i < a.lse.size(); ++i)
+    worst = std::max(worst, static_cast<double>(std::fabs(a.lse[i] - b.lse[i])));
+  EXPECT_LE(worst, 1e-3) << "log-sum-exps differ from the fused kernels'";
+  // Repeatable (the default plan): a second run bit-identical.
+  const Grads c = RunOnce(*cudnn_, x, true, true);
+  EXPECT_EQ(a.out, c.out);
+  EXPECT_EQ(a.dq, c.dq);
+  EXPECT_EQ(a.dk, c.dk);
+  EXPECT_EQ(a.dv, c.dv);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudnnAttentionGpuTest,
+                         ::testing::Values(Fused(2, 64, 4, 32), Fused(2, 256, 4, 128),
+                                           Grouped(2, 150, 4, 2, 64)),
+                         [](const ::testing::TestParamInfo<FlashShape>& i) {
+                           const FlashShape& s = i.param;
+                           return std::string(s.heads == s.kv_heads ? "Rows" : "Grouped") + "_T" +
+                                  std::to_string(s.seq) + "_H" + std::to_string(s.heads) + "_KV" +
+                                  std::to_string(s.kv_heads) + "_D" + std::to_string(s.head_dim);
+                         });
+
+}  // namespace
+}  // namespace tierzero::gpt::cuda
