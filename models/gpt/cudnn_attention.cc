@@ -186,7 +186,7 @@ class Builder {
     Set(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm, what);
     Op(op, what);
   }
-  // y = reduce(x) over the axes where y's extent is 1.
+  // y = reduce(x) over the axes where y's extent is 1 (or divides x's: a group of heads).
   void Reduce(cudnnReduceTensorOp_t mode, Desc x, Desc y) {
     Desc red = Make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR, "reduction");
     const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
@@ -360,7 +360,8 @@ void BuildBackward(Builder& g, const FlashShape& s, bool deterministic) {
 
   // dQ = dS K: written directly (the engine's dP-workspace kernels: repeatable), or through the
   // fp32 accumulator (atomics: faster, not repeatable).
-  Desc K = g.Virtual(k.dims, k.strides, CUDNN_DATA_BFLOAT16);
+  // (K's view keeps the intermediate type, as the frontend leaves it: float.)
+  Desc K = g.Virtual(k.dims, k.strides, CUDNN_DATA_FLOAT);
   g.Reshape(KT, K);
   if (deterministic) {
     g.Matmul(ds, K, dQ);
@@ -376,6 +377,26 @@ using ShapeKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t
 ShapeKey Key(const FlashShape& s, bool backward) {
   return {s.batch, s.seq,  s.heads, s.kv_heads, s.head_dim,
           s.ld_q,  s.ld_k, s.ld_v,  s.ld_o,     backward};
+}
+
+// What cuDNN versions get wrong that the frontend refuses or works around (its support surface):
+// bf16 attention on 9.10.0 and 9.10.1; a backward of one token; below 9.15.1 a backward whose
+// sequence is not a multiple of 128 (the frontend adds a padding mask there; we run the kernels).
+Status Supported(size_t version, const FlashShape& s, bool backward) {
+  const std::string v = std::to_string(version);
+  if (version >= 91000 && version < 91002)
+    return UnavailableError("cuDNN " + v + " has known bf16 attention bugs (9.10.2 fixes them)");
+  if (backward && s.seq == 1)
+    return UnavailableError("cuDNN's backward takes sequences of 2 or more");
+  if (backward && version < 91501 && s.seq % 128 != 0)
+    return UnavailableError("cuDNN " + v + "'s backward needs a padding mask for a sequence of " +
+                            std::to_string(s.seq) + " (not a multiple of 128) before 9.15.1");
+  return Status::OK();
+}
+// The masked scores' fill: -inf, or the lowest float before 9.10 (which its engines preferred).
+float MaskFill(size_t version) {
+  return version < 91000 ? std::numeric_limits<float>::lowest()
+                         : -std::numeric_limits<float>::infinity();
 }
 
 constexpr int64_t kAlign = 256;
@@ -422,7 +443,7 @@ struct CudnnAttention::Impl {
     Desc graph = g.Make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, what);
     g.Set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
           static_cast<int64_t>(g.ops().size()), g.ops().data(), what);
-    g.Set(graph, kGraphHandle, CUDNN_TYPE_HANDLE, 1, &handle, what);
+    api->SetAttribute(graph, kGraphHandle, CUDNN_TYPE_HANDLE, 1, &handle);  // deprecated: may fail
     g.Finalize(graph, what);
     // The heuristics' engine configurations in order (then the fallback list); the first whose
     // plan finalises.
@@ -461,10 +482,10 @@ struct CudnnAttention::Impl {
         if (api->CreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) !=
             CUDNN_STATUS_SUCCESS)
           continue;
-        cudnnStatus_t st = api->SetAttribute(plan, kPlanHandle, CUDNN_TYPE_HANDLE, 1, &handle);
-        if (st == CUDNN_STATUS_SUCCESS)
-          st = api->SetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &configs[i]);
+        api->SetAttribute(plan, kPlanHandle, CUDNN_TYPE_HANDLE, 1,
+                          &handle);  // deprecated: may fail
+        cudnnStatus_t st = api->SetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &configs[i]);
         if (st == CUDNN_STATUS_SUCCESS) st = api->Finalize(plan);
         int64_t ws = 0;
         if (st == CUDNN_STATUS_SUCCESS)
@@ -491,6 +512,7 @@ struct CudnnAttention::Impl {
   }
 
   StatusOr<const Plan*> Get(const FlashShape& s, bool backward) {
+    TZ_RETURN_IF_ERROR(Supported(api->version, s, backward));
     const ShapeKey key = Key(s, backward);
     auto it = plans.find(key);
     if (it == plans.end()) it = plans.emplace(key, Build(s, backward)).first;
@@ -593,7 +615,7 @@ Status CudnnAttention::Forward(const __nv_bfloat16* q, const __nv_bfloat16* k,
   TZ_ASSIGN_OR_RETURN(const Impl::Plan* plan, impl_->Get(s, false));
   TZ_ASSIGN_OR_RETURN(char* ws, impl_->Workspace(std::max<int64_t>(plan->workspace, kAlign)));
   float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-  float neg_inf = -std::numeric_limits<float>::infinity();
+  float neg_inf = MaskFill(impl_->api->version);
   return impl_->Execute(*plan, {kQ, kK, kV, kO, kStats, kScale, kNegInf},
                         {const_cast<__nv_bfloat16*>(q), const_cast<__nv_bfloat16*>(k),
                          const_cast<__nv_bfloat16*>(v), out, lse, &scale, &neg_inf},
@@ -608,7 +630,7 @@ Status CudnnAttention::Backward(const __nv_bfloat16* dout, const __nv_bfloat16* 
   const Impl::Layout at = impl_->BackwardLayout(*plan, s);
   TZ_ASSIGN_OR_RETURN(char* ws, impl_->Workspace(at.end));
   float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-  float neg_inf = -std::numeric_limits<float>::infinity();
+  float neg_inf = MaskFill(impl_->api->version);
   float one = 1.0f;
   auto c = [](const void* p) { return const_cast<void*>(p); };
   std::vector<int64_t> uids{kQ,  kK,  kV,          kO,     kDO,     kStats, kDQ,
@@ -618,6 +640,13 @@ Status CudnnAttention::Backward(const __nv_bfloat16* dout, const __nv_bfloat16* 
   if (!impl_->deterministic) {
     uids.push_back(kDQAccum);
     ptrs.push_back(ws + at.accum);
+    // cuDNN clears the accumulator itself from 9.6 on; before, the caller does.
+    if (impl_->api->version < 90600) {
+      if (cudaError_t e = cudaMemsetAsync(ws + at.accum, 0, at.end - at.accum, impl_->stream);
+          e != cudaSuccess)
+        return InternalError(std::string("cuDNN attention: clearing dQ's accumulator: ") +
+                             cudaGetErrorString(e));
+    }
   }
   return impl_->Execute(*plan, uids, std::move(ptrs), ws);
 }

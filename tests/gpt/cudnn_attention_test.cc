@@ -202,6 +202,12 @@ class CudnnAttentionGpuTest : public ::testing::TestWithParam<FlashShape> {
     cudnn_ = std::move(*c);
     std::printf("%s\n", cudnn_->Version().c_str());
     const Status st = cudnn_->Prepare(GetParam());
+    // A version the frontend's support surface refuses for this shape is a skip; a refusal by
+    // cuDNN itself (no engine) a failure.
+    const std::string m(st.message());
+    if (!st.ok() && (m.find("before 9.15.1") != std::string::npos ||
+                     m.find("known bf16 attention bugs") != std::string::npos))
+      GTEST_SKIP() << st.ToString();
     ASSERT_TRUE(st.ok()) << st.ToString();
   }
   std::unique_ptr<CudnnAttention> cudnn_;
