@@ -136,6 +136,20 @@ class Backend {
   virtual void LinearBackwardGelu(const void* dy, const void* x, const void* w, const void* pre,
                                   void* dx, GradOut dw, GradOut dbias, int64_t rows, int64_t in,
                                   int64_t out, WeightLayout layout);
+  // The residual stream's two sums and their gradients, each fused with the op beside it where a
+  // device can (Note [The residual stream's additions]; by default the ops in turn, which is the
+  // CPU's arithmetic bit for bit): y = x W + bias + residual (y must not alias x or residual);
+  // dx = dresidual + the norm's backward (dx must not alias dy, x or dresidual).
+  virtual void LinearResidualForward(const void* x, const void* w, const void* bias,
+                                     const void* residual, void* y, int64_t rows, int64_t in,
+                                     int64_t out, WeightLayout layout);
+  virtual void LayerNormBackwardResidual(const void* dy, const void* x, const void* gamma,
+                                         const float* mean, const float* rstd,
+                                         const void* dresidual, void* dx, GradOut dgamma,
+                                         GradOut dbeta, int64_t rows, int64_t cols);
+  virtual void RmsNormBackwardResidual(const void* dy, const void* x, const void* w,
+                                       const float* rstd, const void* dresidual, void* dx,
+                                       GradOut dw, int64_t rows, int64_t cols);
   // LayerNorm over the last dimension (eps 1e-5): x, y act; gamma, beta wt; mean, rstd fp32.
   virtual void LayerNormForward(const void* x, const void* gamma, const void* beta, void* y,
                                 float* mean, float* rstd, int64_t rows, int64_t cols) = 0;

@@ -170,11 +170,30 @@ class CudaBf16Backend final : public CudaBackendBase {
   void LayerNormBackward(const void* dy, const void* x, const void* gamma, const float* mean,
                          const float* rstd, void* dx, GradOut dgamma, GradOut dbeta, int64_t rows,
                          int64_t cols) override {
+    LayerNormBackwardResidual(dy, x, gamma, mean, rstd, nullptr, dx, dgamma, dbeta, rows, cols);
+  }
+  // The residual's gradient added in the norm's row kernel (Note [The residual stream's
+  // additions]).
+  void LayerNormBackwardResidual(const void* dy, const void* x, const void* gamma,
+                                 const float* mean, const float* rstd, const void* dresidual,
+                                 void* dx, GradOut dgamma, GradOut dbeta, int64_t rows,
+                                 int64_t cols) override {
     float* partial = partial_.Get(k16::LayerNormPartialFloats(rows, cols), stream_, &error_);
     if (partial == nullptr) return;
     Check(k16::LayerNormBackward(H(dy), H(x), H(gamma), mean, rstd, H(dx), H(dgamma.p), dgamma.add,
-                                 H(dbeta.p), dbeta.add, partial, rows, cols, stream_),
+                                 H(dbeta.p), dbeta.add, partial, rows, cols, stream_, H(dresidual)),
           "LayerNormBackward");
+  }
+  // The residual added by cuBLASLt as C (beta 1), with the bias epilogue.
+  void LinearResidualForward(const void* x, const void* w, const void* bias, const void* residual,
+                             void* y, int64_t rows, int64_t in, int64_t out,
+                             WeightLayout layout) override {
+    cuda::LtProduct p = Forward(x, w, y, rows, in, out, layout);
+    p.epilogue = bias != nullptr ? cuda::Epilogue::kBias : cuda::Epilogue::kNone;
+    p.bias = const_cast<void*>(bias);
+    p.c = residual;
+    p.beta = 1.0f;
+    Run(p);
   }
   void GeluForward(const void* x, void* y, int64_t n) override {
     Check(k16::GeluForward(H(x), H(y), n, stream_), "GeluForward");
@@ -189,10 +208,15 @@ class CudaBf16Backend final : public CudaBackendBase {
   }
   void RmsNormBackward(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
                        GradOut dw, int64_t rows, int64_t cols) override {
+    RmsNormBackwardResidual(dy, x, w, rstd, nullptr, dx, dw, rows, cols);
+  }
+  void RmsNormBackwardResidual(const void* dy, const void* x, const void* w, const float* rstd,
+                               const void* dresidual, void* dx, GradOut dw, int64_t rows,
+                               int64_t cols) override {
     float* partial = partial_.Get(k16::ColumnPartialFloats(rows, cols), stream_, &error_);
     if (partial == nullptr) return;
     Check(k16::RmsNormBackward(H(dy), H(x), H(w), rstd, H(dx), H(dw.p), dw.add, partial, rows, cols,
-                               stream_),
+                               stream_, H(dresidual)),
           "RmsNormBackward");
   }
   void RopeForward(void* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t ld,

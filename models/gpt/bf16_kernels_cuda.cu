@@ -76,7 +76,7 @@ __global__ void LayerNormForwardKernel(const bf16* x, const bf16* gamma, const b
 
 __global__ void LayerNormBackwardRowsKernel(const bf16* dy, const bf16* x, const bf16* gamma,
                                             const float* mean, const float* rstd, bf16* dx,
-                                            int64_t rows, int64_t cols) {
+                                            int64_t rows, int64_t cols, const bf16* dres) {
   const int64_t r = blockIdx.x * int64_t{blockDim.x / kWarp} + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= rows) return;
@@ -92,9 +92,11 @@ __global__ void LayerNormBackwardRowsKernel(const bf16* dy, const bf16* x, const
   sg = WarpSum(sg) / static_cast<float>(cols);
   sgx = WarpSum(sgx) / static_cast<float>(cols);
   bf16* dxr = dx + r * cols;
+  const bf16* dresr = dres != nullptr ? dres + r * cols : nullptr;
   for (int64_t j = lane; j < cols; j += kWarp) {
     const float xhat = (F(xr[j]) - mu) * rs;
-    dxr[j] = B(rs * (F(dyr[j]) * F(gamma[j]) - sg - xhat * sgx));
+    const float g = rs * (F(dyr[j]) * F(gamma[j]) - sg - xhat * sgx);
+    dxr[j] = B(dresr != nullptr ? F(dresr[j]) + g : g);
   }
 }
 
@@ -163,7 +165,8 @@ __global__ void RmsNormForwardKernel(const bf16* x, const bf16* w, bf16* y, floa
 }
 
 __global__ void RmsNormBackwardRowsKernel(const bf16* dy, const bf16* x, const bf16* w,
-                                          const float* rstd, bf16* dx, int64_t rows, int64_t cols) {
+                                          const float* rstd, bf16* dx, int64_t rows, int64_t cols,
+                                          const bf16* dres) {
   const int64_t r = blockIdx.x * int64_t{blockDim.x / kWarp} + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= rows) return;
@@ -174,8 +177,11 @@ __global__ void RmsNormBackwardRowsKernel(const bf16* dy, const bf16* x, const b
   for (int64_t j = lane; j < cols; j += kWarp) dot += F(dyr[j]) * F(w[j]) * F(xr[j]) * rs;
   dot = WarpSum(dot) / static_cast<float>(cols);
   bf16* dxr = dx + r * cols;
-  for (int64_t j = lane; j < cols; j += kWarp)
-    dxr[j] = B(rs * (F(dyr[j]) * F(w[j]) - F(xr[j]) * rs * dot));
+  const bf16* dresr = dres != nullptr ? dres + r * cols : nullptr;
+  for (int64_t j = lane; j < cols; j += kWarp) {
+    const float g = rs * (F(dyr[j]) * F(w[j]) - F(xr[j]) * rs * dot);
+    dxr[j] = B(dresr != nullptr ? F(dresr[j]) + g : g);
+  }
 }
 
 __global__ void RmsNormColumnPartialsKernel(const bf16* dy, const bf16* x, const float* rstd,
@@ -382,10 +388,10 @@ int64_t LayerNormPartialFloats(int64_t rows, int64_t cols) {
 cudaError_t LayerNormBackward(const bf16* dy, const bf16* x, const bf16* gamma, const float* mean,
                               const float* rstd, bf16* dx, bf16* dgamma, bool dgamma_add,
                               bf16* dbeta, bool dbeta_add, float* partial, int64_t rows,
-                              int64_t cols, cudaStream_t stream) {
+                              int64_t cols, cudaStream_t stream, const bf16* dres) {
   if (rows == 0) return cudaSuccess;
   LayerNormBackwardRowsKernel<<<WarpBlocks(rows), kThreads, 0, stream>>>(dy, x, gamma, mean, rstd,
-                                                                         dx, rows, cols);
+                                                                         dx, rows, cols, dres);
   const Slabs sl = ColumnSlabs(rows);
   LayerNormColumnPartialsKernel<<<dim3(Blocks(cols), static_cast<unsigned>(sl.count)), kThreads, 0,
                                   stream>>>(dy, x, mean, rstd, partial, rows, cols, sl.rows);
@@ -405,10 +411,10 @@ cudaError_t RmsNormForward(const bf16* x, const bf16* w, bf16* y, float* rstd, i
 
 cudaError_t RmsNormBackward(const bf16* dy, const bf16* x, const bf16* w, const float* rstd,
                             bf16* dx, bf16* dw, bool dw_add, float* partial, int64_t rows,
-                            int64_t cols, cudaStream_t stream) {
+                            int64_t cols, cudaStream_t stream, const bf16* dres) {
   if (rows == 0) return cudaSuccess;
   RmsNormBackwardRowsKernel<<<WarpBlocks(rows), kThreads, 0, stream>>>(dy, x, w, rstd, dx, rows,
-                                                                       cols);
+                                                                       cols, dres);
   const Slabs sl = ColumnSlabs(rows);
   RmsNormColumnPartialsKernel<<<dim3(Blocks(cols), static_cast<unsigned>(sl.count)), kThreads, 0,
                                 stream>>>(dy, x, rstd, partial, rows, cols, sl.rows);

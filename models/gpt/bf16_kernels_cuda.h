@@ -26,21 +26,22 @@ using bf16 = __nv_bfloat16;
 cudaError_t LayerNormForward(const bf16* x, const bf16* gamma, const bf16* beta, bf16* y,
                              float* mean, float* rstd, int64_t rows, int64_t cols,
                              cudaStream_t stream);
-// dx (written); dgamma and dbeta written or, with `add`, added to (each may be null). `partial`
-// is scratch of LayerNormPartialFloats(rows, cols) floats.
+// dx (written: with `dres`, dres + the norm's backward, summed in fp32 and rounded once); dgamma
+// and dbeta written or, with `add`, added to (each may be null). `partial` is scratch of
+// LayerNormPartialFloats(rows, cols) floats.
 int64_t LayerNormPartialFloats(int64_t rows, int64_t cols);
 cudaError_t LayerNormBackward(const bf16* dy, const bf16* x, const bf16* gamma, const float* mean,
                               const float* rstd, bf16* dx, bf16* dgamma, bool dgamma_add,
                               bf16* dbeta, bool dbeta_add, float* partial, int64_t rows,
-                              int64_t cols, cudaStream_t stream);
+                              int64_t cols, cudaStream_t stream, const bf16* dres = nullptr);
 
-// RMSNorm (Llama's, eps given): y and rstd (fp32); backward writes dx and writes (or, with
-// `add`, adds to) dw; `partial` as ColumnPartialFloats.
+// RMSNorm (Llama's, eps given): y and rstd (fp32); backward writes dx (plus `dres`, as
+// LayerNormBackward) and writes (or, with `add`, adds to) dw; `partial` as ColumnPartialFloats.
 cudaError_t RmsNormForward(const bf16* x, const bf16* w, bf16* y, float* rstd, int64_t rows,
                            int64_t cols, float eps, cudaStream_t stream);
 cudaError_t RmsNormBackward(const bf16* dy, const bf16* x, const bf16* w, const float* rstd,
                             bf16* dx, bf16* dw, bool dw_add, float* partial, int64_t rows,
-                            int64_t cols, cudaStream_t stream);
+                            int64_t cols, cudaStream_t stream, const bf16* dres = nullptr);
 // Rotary embeddings in place on the heads of x (rows ld apart); sign -1 rotates back (backward).
 // The angles as Hugging Face computes them in fp32 (cpu::RopeForward).
 cudaError_t Rope(bf16* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t ld,

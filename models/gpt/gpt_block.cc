@@ -166,11 +166,8 @@ Status BlockForward(Engine& e, Backend& k, const GptConfig& c, const Dims& d, co
   const void* kk = gpt2 ? At(k, q, C) : s.k.data();
   const void* vv = gpt2 ? At(k, q, 2 * C) : s.v.data();
   k.AttentionForward(q, kk, vv, s.att.data(), s.probs.data(), Attn(c, d));
-  {
-    TZ_ASSIGN_OR_RETURN(ActivationBuffer a, Acts(e, k, R * C));
-    k.LinearForward(s.att.data(), P(bp.o_w), P(bp.o_b), a.data(), R, C, C, L);
-    k.Add(x, a.data(), s.x2.data(), R * C);
-  }
+  // x2 = x + the output projection (Note [The residual stream's additions]).
+  k.LinearResidualForward(s.att.data(), P(bp.o_w), P(bp.o_b), x, s.x2.data(), R, C, C, L);
   // MLP.
   if (gpt2) {
     k.LayerNormForward(s.x2.data(), P(bp.norm2_w), P(bp.norm2_b), s.n2.data(), s.mean2.as<float>(),
@@ -183,14 +180,11 @@ Status BlockForward(Engine& e, Backend& k, const GptConfig& c, const Dims& d, co
     k.LinearForward(s.n2.data(), P(bp.up_w), nullptr, s.mlp.data(), R, C, F, L);
     k.SwigluForward(s.h.data(), s.mlp.data(), s.glu.data(), R * F);
   }
-  {
-    TZ_ASSIGN_OR_RETURN(ActivationBuffer m, Acts(e, k, R * C));
-    if (gpt2)
-      k.LinearForward(s.mlp.data(), P(bp.proj_w), P(bp.proj_b), m.data(), R, F, C, L);
-    else
-      k.LinearForward(s.glu.data(), P(bp.down_w), nullptr, m.data(), R, F, C, L);
-    k.Add(s.x2.data(), m.data(), y, R * C);
-  }
+  // y = x2 + the MLP's output projection.
+  if (gpt2)
+    k.LinearResidualForward(s.mlp.data(), P(bp.proj_w), P(bp.proj_b), s.x2.data(), y, R, F, C, L);
+  else
+    k.LinearResidualForward(s.glu.data(), P(bp.down_w), nullptr, s.x2.data(), y, R, F, C, L);
   return Status::OK();
 }
 
@@ -200,8 +194,9 @@ Status BlockBackward(Engine& e, Backend& k, const GptConfig& c, const Dims& d,
   const int64_t R = d.rows, C = d.C, F = c.ffn(), KV = int64_t{c.kv_heads()} * c.head_dim();
   const bool gpt2 = Gpt2(c);
   const WeightLayout L = Layout(c);
+  // The residual stream's gradient between the two sub-blocks: dy + the MLP's norm's backward
+  // (Note [The residual stream's additions]).
   TZ_ASSIGN_OR_RETURN(ActivationBuffer dx2, Acts(e, k, R * C));
-  k.Copy(dx2.data(), dy, k.spec().act_bytes(R * C));
   // MLP.
   if (gpt2) {
     TZ_ASSIGN_OR_RETURN(ActivationBuffer dg, Acts(e, k, R * F));
@@ -217,12 +212,11 @@ Status BlockBackward(Engine& e, Backend& k, const GptConfig& c, const Dims& d,
                      F, L);
     dg.Reset();
     TZ_RETURN_IF_ERROR(G.Close(bp.fc_w, bp.fc_b));
-    TZ_ASSIGN_OR_RETURN(ActivationBuffer t, Acts(e, k, R * C));
     TZ_RETURN_IF_ERROR(G.Open(bp.norm2_w, bp.norm2_b));
-    k.LayerNormBackward(dn2.data(), s.x2.data(), P(bp.norm2_w), s.mean2.as<float>(),
-                        s.rstd2.as<float>(), t.data(), G(bp.norm2_w), G(bp.norm2_b), R, C);
+    k.LayerNormBackwardResidual(dn2.data(), s.x2.data(), P(bp.norm2_w), s.mean2.as<float>(),
+                                s.rstd2.as<float>(), dy, dx2.data(), G(bp.norm2_w), G(bp.norm2_b),
+                                R, C);
     TZ_RETURN_IF_ERROR(G.Close(bp.norm2_w, bp.norm2_b));
-    k.AddInPlace(dx2.data(), t.data(), R * C);
   } else {
     TZ_ASSIGN_OR_RETURN(ActivationBuffer dglu, Acts(e, k, R * F));
     TZ_RETURN_IF_ERROR(G.Open(bp.down_w));
@@ -250,12 +244,10 @@ Status BlockBackward(Engine& e, Backend& k, const GptConfig& c, const Dims& d,
       du.Reset();
       k.AddInPlace(dn2.data(), tmp.data(), R * C);
     }
-    TZ_ASSIGN_OR_RETURN(ActivationBuffer t, Acts(e, k, R * C));
     TZ_RETURN_IF_ERROR(G.Open(bp.norm2_w));
-    k.RmsNormBackward(dn2.data(), s.x2.data(), P(bp.norm2_w), s.rstd2.as<float>(), t.data(),
-                      G(bp.norm2_w), R, C);
+    k.RmsNormBackwardResidual(dn2.data(), s.x2.data(), P(bp.norm2_w), s.rstd2.as<float>(), dy,
+                              dx2.data(), G(bp.norm2_w), R, C);
     TZ_RETURN_IF_ERROR(G.Close(bp.norm2_w));
-    k.AddInPlace(dx2.data(), t.data(), R * C);
   }
   // Attention.
   {
@@ -289,8 +281,9 @@ Status BlockBackward(Engine& e, Backend& k, const GptConfig& c, const Dims& d,
       dq.Reset();
       TZ_RETURN_IF_ERROR(G.Close(bp.qkv_w, bp.qkv_b));
       TZ_RETURN_IF_ERROR(G.Open(bp.norm1_w, bp.norm1_b));
-      k.LayerNormBackward(dn1.data(), s.x.data(), P(bp.norm1_w), s.mean1.as<float>(),
-                          s.rstd1.as<float>(), dx, G(bp.norm1_w), G(bp.norm1_b), R, C);
+      k.LayerNormBackwardResidual(dn1.data(), s.x.data(), P(bp.norm1_w), s.mean1.as<float>(),
+                                  s.rstd1.as<float>(), dx2.data(), dx, G(bp.norm1_w), G(bp.norm1_b),
+                                  R, C);
       TZ_RETURN_IF_ERROR(G.Close(bp.norm1_w, bp.norm1_b));
     } else {
       k.RopeBackward(gq, d.B, d.T, d.H, c.head_dim(), C, c.rope());
@@ -313,11 +306,10 @@ Status BlockBackward(Engine& e, Backend& k, const GptConfig& c, const Dims& d,
         k.AddInPlace(dn1.data(), tmp.data(), R * C);
       }
       TZ_RETURN_IF_ERROR(G.Open(bp.norm1_w));
-      k.RmsNormBackward(dn1.data(), s.x.data(), P(bp.norm1_w), s.rstd1.as<float>(), dx,
-                        G(bp.norm1_w), R, C);
+      k.RmsNormBackwardResidual(dn1.data(), s.x.data(), P(bp.norm1_w), s.rstd1.as<float>(),
+                                dx2.data(), dx, G(bp.norm1_w), R, C);
       TZ_RETURN_IF_ERROR(G.Close(bp.norm1_w));
     }
-    k.AddInPlace(dx, dx2.data(), R * C);
   }
   return Status::OK();
 }

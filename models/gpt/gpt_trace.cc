@@ -98,7 +98,8 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
   const double block_fwd_flops = 2 * dR * block_matmul + 4.0 * static_cast<double>(B * T * T * C);
   const double block_fwd_bytes = 2.0 * static_cast<double>(a(8 * R * C + 3 * R * F) + attn_state);
   Ledger L;
-  // What a block saves (BlockForward's allocations in order), and its two temporaries.
+  // What a block saves (BlockForward's allocations in order; no temporaries: Note [The residual
+  // stream's additions]).
   const std::vector<uint64_t> saved_list =
       gpt2 ? std::vector<uint64_t>{a(R * C), f(R),     f(R), a(R * 3 * C), attn_state, a(R * C),
                                    a(R * C), a(R * C), f(R), f(R),         a(R * F),   a(R * F)}
@@ -109,10 +110,6 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
   for (uint64_t b : saved_list) saved_bytes += b;
   auto block_forward = [&]() {
     for (uint64_t b : saved_list) L.Alloc(b);
-    L.Alloc(a(R * C));
-    L.Free(a(R * C));
-    L.Alloc(a(R * C));
-    L.Free(a(R * C));
   };
   // The batch: tokens, targets, mask.
   for (int i = 0; i < 3; ++i) L.Alloc(4 * R);
@@ -201,11 +198,10 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
       L.Free(a(R * F));  // du
       L.Free(a(R * C));  // tmp
     }
-    L.Alloc(a(R * C));  // t
     L.Alloc(gp(bp.norm2_w, bp.norm2_b));
     L.Free(gp(bp.norm2_w, bp.norm2_b));
-    L.Free(2 * a(R * C));  // t, dn2
-    L.Alloc(a(R * C));     // datt
+    L.Free(a(R * C));   // dn2
+    L.Alloc(a(R * C));  // datt
     L.Alloc(gp(bp.o_w, bp.o_b));
     if (gpt2) {
       L.Alloc(a(R * 3 * C));  // dqkv

@@ -55,7 +55,7 @@ uint32_t PtrAlignment(const void* q) {
 int64_t Alignments(const LtProduct& p) {
   int64_t key = 0;
   for (const void* q : {p.a, p.b, static_cast<const void*>(p.d), static_cast<const void*>(p.bias),
-                        static_cast<const void*>(p.aux)})
+                        static_cast<const void*>(p.aux), p.c})
     key = key * 512 + (q != nullptr ? PtrAlignment(q) : 0);
   return key;
 }
@@ -160,9 +160,9 @@ StatusOr<LtMatmul::Plan*> LtMatmul::PlanFor(const LtProduct& p) {
   const uint64_t ws = kWorkspaceBytes;
   cublasStatus_t s =
       A.PreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-  // The operands' own alignments (the heuristic assumes 256 bytes otherwise); C is D.
+  // The operands' own alignments (the heuristic assumes 256 bytes otherwise).
   const uint32_t align_a = PtrAlignment(p.a), align_b = PtrAlignment(p.b),
-                 align_d = PtrAlignment(p.d);
+                 align_d = PtrAlignment(p.d), align_c = PtrAlignment(p.c != nullptr ? p.c : p.d);
   if (s == CUBLAS_STATUS_SUCCESS)
     s = A.PreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
                                  sizeof(align_a));
@@ -170,8 +170,8 @@ StatusOr<LtMatmul::Plan*> LtMatmul::PlanFor(const LtProduct& p) {
     s = A.PreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
                                  sizeof(align_b));
   if (s == CUBLAS_STATUS_SUCCESS)
-    s = A.PreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
-                                 sizeof(align_d));
+    s = A.PreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                 sizeof(align_c));
   if (s == CUBLAS_STATUS_SUCCESS)
     s = A.PreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
                                  sizeof(align_d));
@@ -210,6 +210,10 @@ Status LtMatmul::Run(const LtProduct& p) {
     if (p.beta == 0)
       e = cudaMemset2DAsync(p.d, static_cast<size_t>(p.ldd) * 2, 0, static_cast<size_t>(p.m) * 2,
                             static_cast<size_t>(p.n), stream_);
+    else if (p.c != nullptr && p.c != p.d)  // D = C
+      e = cudaMemcpy2DAsync(p.d, static_cast<size_t>(p.ldd) * 2, p.c,
+                            static_cast<size_t>(p.ldd) * 2, static_cast<size_t>(p.m) * 2,
+                            static_cast<size_t>(p.n), cudaMemcpyDeviceToDevice, stream_);
     if (e == cudaSuccess && p.bias != nullptr &&
         (p.epilogue == Epilogue::kBGradA || p.epilogue == Epilogue::kBGradB))
       e = cudaMemsetAsync(
@@ -228,8 +232,9 @@ Status LtMatmul::Run(const LtProduct& p) {
                                  sizeof(p.aux));
   const float alpha = 1.0f, beta = p.beta;
   if (s == CUBLAS_STATUS_SUCCESS)
-    s = A.Matmul(handle_, plan->desc, &alpha, p.a, plan->a, p.b, plan->b, &beta, p.d, plan->d, p.d,
-                 plan->d, &plan->algo, workspace_, kWorkspaceBytes, stream_);
+    s = A.Matmul(handle_, plan->desc, &alpha, p.a, plan->a, p.b, plan->b, &beta,
+                 p.c != nullptr ? p.c : p.d, plan->d, p.d, plan->d, &plan->algo, workspace_,
+                 kWorkspaceBytes, stream_);
   if (s != CUBLAS_STATUS_SUCCESS)
     return InternalError("cublasLtMatmul failed with cuBLAS status " + std::to_string(s) +
                          " for the product " + Shape(p));

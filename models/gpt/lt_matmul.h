@@ -1,7 +1,8 @@
 // bf16 products through cuBLASLt with fused epilogues, for the bf16 backend
 // (gpt/backend_cuda_bf16.cc): bf16 operands and output, fp32 accumulation.
 //
-// Column-major, as cuBLAS: D (m x n, ld ldd) = op(A) op(B) + beta D, op(A) m x k, op(B) k x n.
+// Column-major, as cuBLAS: D (m x n, ld ldd) = op(A) op(B) + beta C, op(A) m x k, op(B) k x n,
+// C being D itself or another matrix laid out as D.
 // The epilogue adds a bias (length m) in forward, also applies GELU keeping its input in `aux`
 // (GELU_AUX_BIAS), or in backward multiplies by GELU's derivative at `aux` (DGELU) or writes the
 // bias gradient: the sums of A over k (BGRADA, length m) or of B over k (BGRADB, length n).
@@ -36,7 +37,8 @@ struct LtProduct {
   int64_t ldb = 0;
   void* d = nullptr;
   int64_t ldd = 0;
-  float beta = 0;  // 0: D written; 1: added to
+  float beta = 0;           // 0: D written; 1: C added (D itself, or `c`)
+  const void* c = nullptr;  // C, laid out as D (ldd), when it is not D (the residual stream)
   Epilogue epilogue = Epilogue::kNone;
   void* bias = nullptr;  // the bias (read) or its gradient (written)
   void* aux = nullptr;   // GELU's input: written (forward), read (DGELU)

@@ -190,6 +190,56 @@ TEST_F(CudaBf16BackendTest, LinearEveryLayoutAndEpilogue) {
   }
 }
 
+// The residual stream's fused sums (Note [The residual stream's additions]) against the CPU's
+// ops in turn: the projection with the residual as cuBLASLt's C, in both layouts, with and
+// without a bias; the norms' backward with the residual's gradient added in their row kernels.
+TEST_F(CudaBf16BackendTest, ResidualSumsFusedWithTheirOps) {
+  const int64_t rows = 70, in = 96, out = 128;
+  for (WeightLayout layout : {WeightLayout::kInOut, WeightLayout::kOutIn}) {
+    for (const bool with_bias : {true, false}) {
+      const std::string l =
+          std::string(layout == WeightLayout::kInOut ? " (in x out" : " (out x in") +
+          (with_bias ? ", bias)" : ")");
+      const Bits x = RandomBf16(rows * in, 31), w = RandomBf16(in * out, 32, 0.1f),
+                 b = RandomBf16(out, 33), res = RandomBf16(rows * out, 34);
+      Bits cy(rows * out);
+      cpu_->LinearResidualForward(x.data(), w.data(), with_bias ? b.data() : nullptr, res.data(),
+                                  cy.data(), rows, in, out, layout);
+      Dev<uint16_t> gx(x), gw(w), gb(b), gres(res), gy(Zeros(rows * out));
+      gpu_->LinearResidualForward(gx.get(), gw.get(), with_bias ? gb.get() : nullptr, gres.get(),
+                                  gy.get(), rows, in, out, layout);
+      ExpectNear(gy.Get(), cy, "x W + b + residual" + l);
+      EXPECT_EQ(gres.Get(), res) << "the residual is read only";
+    }
+  }
+  const int64_t R = 210, C = 128;
+  const Bits x = RandomBf16(R * C, 35), gm = RandomBf16(C, 36), bt = RandomBf16(C, 37),
+             dy = RandomBf16(R * C, 38), dres = RandomBf16(R * C, 39);
+  std::vector<float> mean(R), rstd(R);
+  Bits y(R * C), cdx(R * C), cdg(C), cdb(C), rdx(R * C), rdw(C);
+  cpu_->LayerNormForward(x.data(), gm.data(), bt.data(), y.data(), mean.data(), rstd.data(), R, C);
+  cpu_->LayerNormBackwardResidual(dy.data(), x.data(), gm.data(), mean.data(), rstd.data(),
+                                  dres.data(), cdx.data(), GradOut{cdg.data(), false},
+                                  GradOut{cdb.data(), false}, R, C);
+  std::vector<float> rrstd(R);
+  cpu_->RmsNormForward(x.data(), gm.data(), y.data(), rrstd.data(), R, C, 1e-5);
+  cpu_->RmsNormBackwardResidual(dy.data(), x.data(), gm.data(), rrstd.data(), dres.data(),
+                                rdx.data(), GradOut{rdw.data(), false}, R, C);
+  Dev<uint16_t> gx(x), ggm(gm), gdy(dy), gdres(dres), gdx(Zeros(R * C)), gdg(Zeros(C)),
+      gdb(Zeros(C)), grdx(Zeros(R * C)), grdw(Zeros(C));
+  Dev<float> gmean(mean), grstd(rstd), grrstd(rrstd);
+  gpu_->LayerNormBackwardResidual(gdy.get(), gx.get(), ggm.get(), gmean.get(), grstd.get(),
+                                  gdres.get(), gdx.get(), GradOut{gdg.get(), false},
+                                  GradOut{gdb.get(), false}, R, C);
+  gpu_->RmsNormBackwardResidual(gdy.get(), gx.get(), ggm.get(), grrstd.get(), gdres.get(),
+                                grdx.get(), GradOut{grdw.get(), false}, R, C);
+  ExpectNear(gdx.Get(), cdx, "dresidual + layernorm dx");
+  ExpectNear(gdg.Get(), cdg, "layernorm dgamma beside the residual");
+  ExpectNear(gdb.Get(), cdb, "layernorm dbeta beside the residual");
+  ExpectNear(grdx.Get(), rdx, "dresidual + rmsnorm dx");
+  ExpectNear(grdw.Get(), rdw, "rmsnorm dw beside the residual");
+}
+
 TEST_F(CudaBf16BackendTest, NormEmbeddingAttentionAndLoss) {
   const int64_t B = 3, T = 70, C = 128, H = 2, R = B * T, V = 301;
   const Bits x = RandomBf16(R * C, 1), gm = RandomBf16(C, 2), bt = RandomBf16(C, 3),
