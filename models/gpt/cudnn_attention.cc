@@ -38,6 +38,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -651,20 +652,63 @@ Status CudnnAttention::Backward(const __nv_bfloat16* dout, const __nv_bfloat16* 
   return impl_->Execute(*plan, uids, std::move(ptrs), ws);
 }
 
-Status BuildAttentionOperationsOnHost(const FlashShape& s, bool backward, bool deterministic) {
+Status BuildAttentionOperationsOnHost(const FlashShape& s, bool backward, bool deterministic,
+                                      std::string_view device_json) {
   TZ_ASSIGN_OR_RETURN(const CudnnApi* api, LoadCudnn());
   Builder g(api);
   if (backward)
     BuildBackward(g, s, deterministic);
   else
     BuildForward(g, s);
-  // The operation graph finalises without a handle (cuDNN 9.19); its heuristics find no engine
-  // without a device.
+  // The operation graph finalises without a handle (cuDNN 9.19).
   Desc graph = g.Make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
   g.Set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
         static_cast<int64_t>(g.ops().size()), g.ops().data(), "operation graph");
   g.Finalize(graph, "operation graph");
-  return g.status();
+  if (device_json.empty() || !g.status().ok()) return g.status();
+  // Note [cuDNN's engines asked without a GPU]
+  // From 9.8 cuDNN takes a device's properties as JSON (CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, for
+  // its ahead-of-time plans), and its heuristics then say which engines take a graph on that
+  // device. The engines' configurations come back only for engines whose support checks pass
+  // (the pattern of the graph, its shapes and types); their plans need the GPU. The runtime-
+  // compiled engines' checks need a libcuda to load, which the toolkit's stub library is. So
+  // here, with no GPU, a graph an H100's engines would refuse fails (a forward whose P is fp32
+  // gets none: tried), and one they take passes.
+  if (api->version < 90800)
+    return UnavailableError("cuDNN " + std::to_string(api->version) +
+                            " takes no device properties (9.8 does)");
+  Desc dp = g.Make(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, "device properties");
+  g.Set(dp, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+        static_cast<int64_t>(device_json.size()), device_json.data(), "device properties");
+  g.Finalize(dp, "device properties");
+  const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+  Desc heur = g.Make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "heuristics");
+  g.Set(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph,
+        "heuristics");
+  g.Set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics");
+  g.Set(heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &dp,
+        "heuristics");
+  g.Finalize(heur, "heuristics");
+  TZ_RETURN_IF_ERROR(g.status());
+  int64_t count = 0;
+  if (cudnnStatus_t st = api->GetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr);
+      st != CUDNN_STATUS_SUCCESS)
+    return UnavailableError("cuDNN's heuristics: " + api->Describe(st));
+  std::vector<Desc> configs;
+  for (int64_t i = 0; i < count; ++i)
+    configs.push_back(g.Make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine configuration"));
+  TZ_RETURN_IF_ERROR(g.status());
+  int64_t got = 0;
+  cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
+  if (count > 0)
+    st = api->GetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                           count, &got, configs.data());
+  if (st != CUDNN_STATUS_SUCCESS || got == 0)
+    return UnavailableError(std::string("no engine of the device takes the ") +
+                            (backward ? "backward" : "forward") + " graph (" +
+                            std::to_string(count) + " considered): " + api->Describe(st));
+  return Status::OK();
 }
 
 }  // namespace tierzero::gpt::cuda

@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "gpt/flash_attention_cuda.h"
 #include "tierzero/status.h"
@@ -43,9 +44,12 @@ class CudnnAttention {
 };
 
 // Builds the forward (or backward) graph's tensors, operations and operation graph for `s` and
-// finalises each, as far as the host goes without a GPU (no handle: no engine or plan): what the
-// tests here can check of the graph. Unavailable when cuDNN cannot be loaded.
-Status BuildAttentionOperationsOnHost(const FlashShape& s, bool backward,
-                                      bool deterministic = true);
+// finalises each, as far as the host goes without a GPU (no handle: no plan): what the tests
+// here can check of the graph. With `device_json` (a device's properties as cuDNN 9.8+ reads
+// them), also asks cuDNN's heuristics for that device: an error unless one of its engines takes
+// the graph (Note [cuDNN's engines asked without a GPU]). Unavailable when cuDNN cannot be
+// loaded.
+Status BuildAttentionOperationsOnHost(const FlashShape& s, bool backward, bool deterministic = true,
+                                      std::string_view device_json = {});
 
 }  // namespace tierzero::gpt::cuda
