@@ -240,6 +240,49 @@ TEST_F(CudaBf16BackendTest, ResidualSumsFusedWithTheirOps) {
   ExpectNear(grdw.Get(), rdw, "rmsnorm dw beside the residual");
 }
 
+// LayerNorm at widths that take each of its kernels (Note [Vectorised row kernels] in
+// gpt/bf16_kernels_cuda.cu): 1, 2, 4 and 8 vectors a lane (some lanes idle at 200 and 768), and
+// the scalar kernels (a width not a multiple of 8; wider than 2048), forward and backward, with
+// and without the residual's gradient.
+TEST_F(CudaBf16BackendTest, LayerNormAtEveryWidth) {
+  const int64_t R = 37;
+  for (const int64_t C : {128, 200, 512, 768, 2048, 100, 4096}) {
+    const std::string w = " (" + std::to_string(C) + " wide)";
+    const Bits x = RandomBf16(R * C, 41), gm = RandomBf16(C, 42), bt = RandomBf16(C, 43),
+               dy = RandomBf16(R * C, 44), dres = RandomBf16(R * C, 45);
+    std::vector<float> mean(R), rstd(R);
+    Bits cy(R * C), cdx(R * C), cdxr(R * C), cdg(C), cdb(C), cdg2(C), cdb2(C);
+    cpu_->LayerNormForward(x.data(), gm.data(), bt.data(), cy.data(), mean.data(), rstd.data(), R,
+                           C);
+    cpu_->LayerNormBackward(dy.data(), x.data(), gm.data(), mean.data(), rstd.data(), cdx.data(),
+                            GradOut{cdg.data(), false}, GradOut{cdb.data(), false}, R, C);
+    cpu_->LayerNormBackwardResidual(dy.data(), x.data(), gm.data(), mean.data(), rstd.data(),
+                                    dres.data(), cdxr.data(), GradOut{cdg2.data(), false},
+                                    GradOut{cdb2.data(), false}, R, C);
+    Dev<uint16_t> gx(x), ggm(gm), gbt(bt), gy(Zeros(R * C)), gdy(dy), gdres(dres),
+        gdx(Zeros(R * C)), gdxr(Zeros(R * C)), gdg(Zeros(C)), gdb(Zeros(C)), gdg2(Zeros(C)),
+        gdb2(Zeros(C));
+    Dev<float> gmean(Zeros<float>(R)), grstd(Zeros<float>(R));
+    gpu_->LayerNormForward(gx.get(), ggm.get(), gbt.get(), gy.get(), gmean.get(), grstd.get(), R,
+                           C);
+    gpu_->LayerNormBackward(gdy.get(), gx.get(), ggm.get(), gmean.get(), grstd.get(), gdx.get(),
+                            GradOut{gdg.get(), false}, GradOut{gdb.get(), false}, R, C);
+    gpu_->LayerNormBackwardResidual(gdy.get(), gx.get(), ggm.get(), gmean.get(), grstd.get(),
+                                    gdres.get(), gdxr.get(), GradOut{gdg2.get(), false},
+                                    GradOut{gdb2.get(), false}, R, C);
+    ExpectNear(gy.Get(), cy, "layernorm y" + w);
+    const std::vector<float> gm_ = gmean.Get(), gr_ = grstd.Get();
+    for (int64_t r = 0; r < R; ++r) {
+      EXPECT_NEAR(gm_[r], mean[r], 1e-4f * (1 + std::fabs(mean[r]))) << "mean" << w;
+      EXPECT_NEAR(gr_[r], rstd[r], 1e-4f * rstd[r]) << "rstd" << w;
+    }
+    ExpectNear(gdx.Get(), cdx, "layernorm dx" + w);
+    ExpectNear(gdxr.Get(), cdxr, "dresidual + layernorm dx" + w);
+    ExpectNear(gdg.Get(), cdg, "layernorm dgamma" + w);
+    ExpectNear(gdb.Get(), cdb, "layernorm dbeta" + w);
+  }
+}
+
 TEST_F(CudaBf16BackendTest, NormEmbeddingAttentionAndLoss) {
   const int64_t B = 3, T = 70, C = 128, H = 2, R = B * T, V = 301;
   const Bits x = RandomBf16(R * C, 1), gm = RandomBf16(C, 2), bt = RandomBf16(C, 3),
