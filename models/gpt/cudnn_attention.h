@@ -47,8 +47,8 @@ class CudnnAttention {
 // finalises each, as far as the host goes without a GPU (no handle: no plan): what the tests
 // here can check of the graph. With `device_json` (a device's properties as cuDNN 9.8+ reads
 // them), also asks cuDNN's heuristics for that device: an error unless one of its engines takes
-// the graph (Note [cuDNN's engines asked without a GPU]). Unavailable when cuDNN cannot be
-// loaded.
+// the graph (Note [cuDNN's engines asked without a GPU] in gpt/cudnn_graph.cc). Unavailable when
+// cuDNN cannot be loaded.
 Status BuildAttentionOperationsOnHost(const FlashShape& s, bool backward, bool deterministic = true,
                                       std::string_view device_json = {});
 

@@ -81,7 +81,7 @@ bool LibcudaLoaded() {
   return dlopen(TZ_CUDA_LIBRARY_DIR "/stubs/libcuda.so", RTLD_NOW | RTLD_GLOBAL) != nullptr;
 }
 
-// Note [cuDNN's engines asked without a GPU] (gpt/cudnn_attention.cc): cuDNN's heuristics for an
+// Note [cuDNN's engines asked without a GPU] (gpt/cudnn_graph.cc): cuDNN's heuristics for an
 // H100 find an engine that takes each graph, forward and both backwards, at the benchmark's
 // shapes and the GPU tests' (heads of 32, 64 and 128; sequences not a multiple of 64; grouped
 // query heads). A graph an engine would not match finds none.
