@@ -14,6 +14,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -272,10 +274,14 @@ class CudaBf16Backend final : public CudaBackendBase {
                                              : "")
                                   : "";
     if (cudnn_ == nullptr) return "the fused attention kernels (" + no_cudnn_ + ")";
+    char planned[64];
+    std::snprintf(planned, sizeof planned, ", %d shape%s planned in %.1f s", cudnn_shapes_,
+                  cudnn_shapes_ == 1 ? "" : "s", plan_seconds_);
     if (kernel_shapes_ == 0)
-      return cudnn + (cudnn_shapes_ == 0 ? " where cuDNN has a plan, else the fused kernels" : "");
+      return cudnn + (cudnn_shapes_ == 0 ? " where cuDNN has a plan, else the fused kernels"
+                                         : std::string(planned));
     if (cudnn_shapes_ == 0) return "the fused attention kernels (" + refused_ + ")";
-    return cudnn + "; the fused kernels where it had no plan (" + refused_ + ")";
+    return cudnn + planned + "; the fused kernels where it had no plan (" + refused_ + ")";
   }
   void EmbeddingForward(const int32_t* tokens, const void* wte, const void* wpe, void* x,
                         int64_t batch, int64_t seq, int64_t channels) override {
@@ -389,7 +395,9 @@ class CudaBf16Backend final : public CudaBackendBase {
     const auto key = std::make_tuple(s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, s.ld_q,
                                      s.ld_k, s.ld_v, s.ld_o);
     if (auto it = shapes_.find(key); it != shapes_.end()) return it->second;
+    const auto t0 = std::chrono::steady_clock::now();
     const Status st = cudnn_->Prepare(s);
+    plan_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!st.ok()) {
       if (impl_ != AttentionImpl::kAuto)
         SetError(st.WithContext("TZ_GPT_ATTENTION asks for cuDNN's attention"));
@@ -518,6 +526,7 @@ class CudaBf16Backend final : public CudaBackendBase {
       bool>
       shapes_;
   int cudnn_shapes_ = 0, kernel_shapes_ = 0;
+  double plan_seconds_ = 0;  // building cuDNN's plans (their engines compile at the first use)
   Scratch<float> partial_, rowdot_;
   Scratch<double> sums_;
   Scratch<int32_t> csr_;
