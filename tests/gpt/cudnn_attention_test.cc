@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -114,6 +115,36 @@ TEST(CudnnAttentionHostTest, AnH100sEnginesTakeEveryGraph) {
       }
     }
   }
+}
+
+// A machine without cuDNN, or without a GPU, gets a message that says what is missing and what
+// to do (the bf16 backend then runs the fused kernels and its summary carries the message). Each
+// in a fresh process: the library is opened once per process.
+TEST(CudnnAttentionHostTest, AMissingLibraryOrGpuIsAClearRefusal) {
+  // Re-executed, not forked: a fork would inherit this process's opened library.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("TZ_CUDNN_LIBRARY", "/nonexistent/libcudnn.so.9", 1);
+        auto c = CudnnAttention::Create(nullptr);
+        std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
+        std::exit(!c.ok() && c.status().code() == StatusCode::kUnavailable ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0),
+      "cuDNN could not be loaded.*/nonexistent/libcudnn.so.9.*TZ_CUDNN_LIBRARY");
+  int n = 0;
+  if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) GTEST_SKIP() << "a GPU is here";
+  EXPECT_EXIT(
+      {
+        auto c = CudnnAttention::Create(nullptr);
+        std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
+        const std::string m(c.status().message());
+        std::exit(!c.ok() && (m.find("no handle") != std::string::npos ||
+                              m.find("could not be loaded") != std::string::npos)
+                      ? 0
+                      : 1);
+      },
+      ::testing::ExitedWithCode(0), "cuDNN (has no handle|could not be loaded)");
 }
 
 Bits RandomBf16(size_t n, uint32_t seed) {
