@@ -190,10 +190,30 @@ TEST_F(CudaBf16BackendTest, LinearEveryLayoutAndEpilogue) {
   }
 }
 
-// The residual stream's fused sums (Note [The residual stream's additions]) against the CPU's
-// ops in turn: the projection with the residual as cuBLASLt's C, in both layouts, with and
-// without a bias; the norms' backward with the residual's gradient added in their row kernels.
+// The fused sums round once, where the CPU's bf16 composition rounds the op's output before
+// adding (half a bf16 step of the op's output apart where the residual cancels it): their
+// reference is the op in fp32 on the widened operands (the CPU's fp32 backend) plus the residual,
+// rounded once.
+std::unique_ptr<Backend> Fp32CpuBackend(Engine& e) {
+  auto b = Backend::Create(e, BackendSpec{});
+  EXPECT_TRUE(b.ok()) << b.status().ToString();
+  return b.ok() ? std::move(*b) : nullptr;
+}
+Bits PlusRoundedOnce(const std::vector<float>& op, const Bits& residual) {
+  std::vector<float> sum = Widen(residual);
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = op[i] + sum[i];
+  Bits out(sum.size());
+  EXPECT_TRUE(CastElements(sum.data(), DType::kF32, out.data(), DType::kBF16, sum.size()).ok());
+  return out;
+}
+
+// The residual stream's fused sums (Note [The residual stream's additions]) against the op in
+// fp32 plus the residual, rounded once: the projection with the residual as cuBLASLt's C, in
+// both layouts, with and without a bias; the norms' backward with the residual's gradient added
+// in their row kernels.
 TEST_F(CudaBf16BackendTest, ResidualSumsFusedWithTheirOps) {
+  const std::unique_ptr<Backend> f32 = Fp32CpuBackend(*cpu_engine_);
+  ASSERT_NE(f32, nullptr);
   const int64_t rows = 70, in = 96, out = 128;
   for (WeightLayout layout : {WeightLayout::kInOut, WeightLayout::kOutIn}) {
     for (const bool with_bias : {true, false}) {
@@ -202,9 +222,11 @@ TEST_F(CudaBf16BackendTest, ResidualSumsFusedWithTheirOps) {
           (with_bias ? ", bias)" : ")");
       const Bits x = RandomBf16(rows * in, 31), w = RandomBf16(in * out, 32, 0.1f),
                  b = RandomBf16(out, 33), res = RandomBf16(rows * out, 34);
-      Bits cy(rows * out);
-      cpu_->LinearResidualForward(x.data(), w.data(), with_bias ? b.data() : nullptr, res.data(),
-                                  cy.data(), rows, in, out, layout);
+      std::vector<float> y32(rows * out);
+      const std::vector<float> b32 = Widen(b);
+      f32->LinearForward(Widen(x).data(), Widen(w).data(), with_bias ? b32.data() : nullptr,
+                         y32.data(), rows, in, out, layout);
+      const Bits cy = PlusRoundedOnce(y32, res);
       Dev<uint16_t> gx(x), gw(w), gb(b), gres(res), gy(Zeros(rows * out));
       gpu_->LinearResidualForward(gx.get(), gw.get(), with_bias ? gb.get() : nullptr, gres.get(),
                                   gy.get(), rows, in, out, layout);
@@ -216,15 +238,22 @@ TEST_F(CudaBf16BackendTest, ResidualSumsFusedWithTheirOps) {
   const Bits x = RandomBf16(R * C, 35), gm = RandomBf16(C, 36), bt = RandomBf16(C, 37),
              dy = RandomBf16(R * C, 38), dres = RandomBf16(R * C, 39);
   std::vector<float> mean(R), rstd(R);
-  Bits y(R * C), cdx(R * C), cdg(C), cdb(C), rdx(R * C), rdw(C);
+  Bits y(R * C), cdg(C), cdb(C), rdw(C);
+  std::vector<float> dx32(R * C), g32(C), b32(C), rdx32(R * C), rw32(C);
+  const std::vector<float> x32 = Widen(x), gm32 = Widen(gm), dy32 = Widen(dy);
   cpu_->LayerNormForward(x.data(), gm.data(), bt.data(), y.data(), mean.data(), rstd.data(), R, C);
-  cpu_->LayerNormBackwardResidual(dy.data(), x.data(), gm.data(), mean.data(), rstd.data(),
-                                  dres.data(), cdx.data(), GradOut{cdg.data(), false},
-                                  GradOut{cdb.data(), false}, R, C);
+  cpu_->LayerNormBackward(dy.data(), x.data(), gm.data(), mean.data(), rstd.data(), y.data(),
+                          GradOut{cdg.data(), false}, GradOut{cdb.data(), false}, R, C);
+  f32->LayerNormBackward(dy32.data(), x32.data(), gm32.data(), mean.data(), rstd.data(),
+                         dx32.data(), GradOut{g32.data(), false}, GradOut{b32.data(), false}, R, C);
+  const Bits cdx = PlusRoundedOnce(dx32, dres);
   std::vector<float> rrstd(R);
   cpu_->RmsNormForward(x.data(), gm.data(), y.data(), rrstd.data(), R, C, 1e-5);
-  cpu_->RmsNormBackwardResidual(dy.data(), x.data(), gm.data(), rrstd.data(), dres.data(),
-                                rdx.data(), GradOut{rdw.data(), false}, R, C);
+  cpu_->RmsNormBackward(dy.data(), x.data(), gm.data(), rrstd.data(), y.data(),
+                        GradOut{rdw.data(), false}, R, C);
+  f32->RmsNormBackward(dy32.data(), x32.data(), gm32.data(), rrstd.data(), rdx32.data(),
+                       GradOut{rw32.data(), false}, R, C);
+  const Bits rdx = PlusRoundedOnce(rdx32, dres);
   Dev<uint16_t> gx(x), ggm(gm), gdy(dy), gdres(dres), gdx(Zeros(R * C)), gdg(Zeros(C)),
       gdb(Zeros(C)), grdx(Zeros(R * C)), grdw(Zeros(C));
   Dev<float> gmean(mean), grstd(rstd), grrstd(rrstd);
@@ -245,20 +274,25 @@ TEST_F(CudaBf16BackendTest, ResidualSumsFusedWithTheirOps) {
 // the scalar kernels (a width not a multiple of 8; wider than 2048), forward and backward, with
 // and without the residual's gradient.
 TEST_F(CudaBf16BackendTest, LayerNormAtEveryWidth) {
+  const std::unique_ptr<Backend> f32 = Fp32CpuBackend(*cpu_engine_);
+  ASSERT_NE(f32, nullptr);
   const int64_t R = 37;
   for (const int64_t C : {128, 200, 512, 768, 2048, 100, 4096}) {
     const std::string w = " (" + std::to_string(C) + " wide)";
     const Bits x = RandomBf16(R * C, 41), gm = RandomBf16(C, 42), bt = RandomBf16(C, 43),
                dy = RandomBf16(R * C, 44), dres = RandomBf16(R * C, 45);
     std::vector<float> mean(R), rstd(R);
-    Bits cy(R * C), cdx(R * C), cdxr(R * C), cdg(C), cdb(C), cdg2(C), cdb2(C);
+    Bits cy(R * C), cdx(R * C), cdg(C), cdb(C);
     cpu_->LayerNormForward(x.data(), gm.data(), bt.data(), cy.data(), mean.data(), rstd.data(), R,
                            C);
     cpu_->LayerNormBackward(dy.data(), x.data(), gm.data(), mean.data(), rstd.data(), cdx.data(),
                             GradOut{cdg.data(), false}, GradOut{cdb.data(), false}, R, C);
-    cpu_->LayerNormBackwardResidual(dy.data(), x.data(), gm.data(), mean.data(), rstd.data(),
-                                    dres.data(), cdxr.data(), GradOut{cdg2.data(), false},
-                                    GradOut{cdb2.data(), false}, R, C);
+    // (The residual's reference: the fp32 backward plus the residual, rounded once.)
+    std::vector<float> dx32(R * C), g32(C), b32(C);
+    f32->LayerNormBackward(Widen(dy).data(), Widen(x).data(), Widen(gm).data(), mean.data(),
+                           rstd.data(), dx32.data(), GradOut{g32.data(), false},
+                           GradOut{b32.data(), false}, R, C);
+    const Bits cdxr = PlusRoundedOnce(dx32, dres);
     Dev<uint16_t> gx(x), ggm(gm), gbt(bt), gy(Zeros(R * C)), gdy(dy), gdres(dres),
         gdx(Zeros(R * C)), gdxr(Zeros(R * C)), gdg(Zeros(C)), gdb(Zeros(C)), gdg2(Zeros(C)),
         gdb2(Zeros(C));
@@ -280,6 +314,15 @@ TEST_F(CudaBf16BackendTest, LayerNormAtEveryWidth) {
     ExpectNear(gdxr.Get(), cdxr, "dresidual + layernorm dx" + w);
     ExpectNear(gdg.Get(), cdg, "layernorm dgamma" + w);
     ExpectNear(gdb.Get(), cdb, "layernorm dbeta" + w);
+    if (C != 512) continue;
+    // Rows a multiple of 8 wide but not 16-byte aligned: the scalar kernels.
+    Bits xo(R * C + 1), yo(R * C + 1, 0);
+    std::copy(x.begin(), x.end(), xo.begin() + 1);
+    Dev<uint16_t> gxo(xo), gyo(yo);
+    gpu_->LayerNormForward(gxo.get() + 1, ggm.get(), gbt.get(), gyo.get() + 1, gmean.get(),
+                           grstd.get(), R, C);
+    const Bits yo_back = gyo.Get();
+    ExpectNear(Bits(yo_back.begin() + 1, yo_back.end()), cy, "layernorm y, unaligned rows" + w);
   }
 }
 
