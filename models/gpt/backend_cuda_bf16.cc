@@ -1,10 +1,11 @@
 // The GPT's bf16 backend on a GPU (Note [Activation types] in gpt/backend.h): bf16 activations
 // and weights (the chunks' own bf16 parameters), gradients written straight into the engine's
 // buffers; products through cuBLASLt with their epilogues (bias, bias + GELU, GELU's derivative,
-// the bias gradients: gpt/lt_matmul.h), attention as the fused kernels on bf16
-// (gpt/flash_attention_cuda.h), the rest as the kernels of gpt/bf16_kernels_cuda.h. CudaOps does
+// the bias gradients: gpt/lt_matmul.h), attention through cuDNN or the fused kernels on bf16
+// (gpt/attention_cuda_bf16.h), the rest as the kernels of gpt/bf16_kernels_cuda.h. CudaOps does
 // the conversions and copies. No widening, rounding or bias pass is left between the products,
-// and nothing waits for the GPU inside an iteration but Loss() at its end.
+// and nothing waits for the GPU inside an iteration but Loss() at its end (and, in the first
+// iteration, the attention check of each shape: Note [cuDNN checked against the fused kernels]).
 //
 // Layouts. The model's matrices are row-major; cuBLASLt's column-major view of a row-major
 // r x c matrix is its transpose (c x r, leading dimension c). So y = x W (rows x out) is, column-
@@ -14,7 +15,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -24,15 +24,14 @@
 #include <tuple>
 #include <vector>
 
+#include "gpt/attention_cuda_bf16.h"
 #include "gpt/backend.h"
 #include "gpt/backend_cuda_base.h"
 #include "gpt/bf16_kernels_cuda.h"
-#ifdef TZ_GPT_CUDNN
-#include "gpt/cudnn_attention.h"
-#endif
 #include "gpt/flash_attention_cuda.h"
 #include "gpt/lt_matmul.h"
 #include "gpt/ops_cuda.h"
+#include "gpt/scratch_cuda.h"
 #include "tierzero/engine.h"
 
 namespace tierzero::gpt {
@@ -41,89 +40,18 @@ namespace {
 using bf16 = __nv_bfloat16;
 namespace k16 = cuda::bf16k;
 
-// Device scratch that grows as needed (stream-ordered), kept between calls.
 template <typename T>
-class Scratch {
- public:
-  ~Scratch() {
-    if (p_ != nullptr) cudaFreeAsync(p_, stream_);
-  }
-  T* Get(int64_t n, cudaStream_t stream, Status* err) {
-    stream_ = stream;
-    if (n > have_) {
-      if (p_ != nullptr) cudaFreeAsync(p_, stream);
-      p_ = nullptr;
-      have_ = 0;
-      if (const cudaError_t e =
-              cudaMallocAsync(reinterpret_cast<void**>(&p_), sizeof(T) * n, stream);
-          e != cudaSuccess) {
-        cudaGetLastError();
-        if (err->ok())
-          *err = OutOfMemoryError("GPT op scratch (" + std::to_string(sizeof(T) * n) +
-                                  " bytes of device memory): " + cudaGetErrorString(e));
-        return nullptr;
-      }
-      have_ = n;
-    }
-    return p_;
-  }
-
- private:
-  T* p_ = nullptr;
-  int64_t have_ = 0;
-  cudaStream_t stream_ = nullptr;
-};
-
-// Note [Which attention runs]
-// TZ_GPT_ATTENTION picks the bf16 backend's attention: "auto" (the default) runs cuDNN's fused
-// attention (gpt/cudnn_attention.h) with its repeatable backward for every shape it has a plan
-// for, and the fused kernels (gpt/flash_attention_cuda.h) where cuDNN cannot be loaded, has no
-// GPU handle or refuses the shape; "cudnn" insists on cuDNN (an error naming what it refused),
-// "cudnn-fast" too, with the backward that accumulates dQ with atomics (faster, not bit-for-bit
-// repeatable); "kernels" runs the fused kernels. The two keep the same state (log-sum-exps), so
-// the choice is per shape and both directions of a shape take the same one. The run's summary
-// and report say which ran (Backend::AttentionSummary).
-enum class AttentionImpl : uint8_t { kAuto, kCudnn, kCudnnFast, kKernels };
-StatusOr<AttentionImpl> ChosenAttention() {
-  const char* env = std::getenv("TZ_GPT_ATTENTION");
-  const std::string v = env != nullptr ? env : "";
-  if (v.empty() || v == "auto") return AttentionImpl::kAuto;
-  if (v == "cudnn") return AttentionImpl::kCudnn;
-  if (v == "cudnn-fast") return AttentionImpl::kCudnnFast;
-  if (v == "kernels" || v == "fused") return AttentionImpl::kKernels;
-  return InvalidArgumentError("TZ_GPT_ATTENTION is \"" + v +
-                              "\"; it takes auto, cudnn, cudnn-fast or kernels");
-}
-
-#ifndef TZ_GPT_CUDNN
-namespace cuda {
-// This build has no cuDNN attention (the toolkit lacked cuDNN 9's headers).
-class CudnnAttention {
- public:
-  Status Prepare(const FlashShape&) { return UnavailableError("built without cuDNN"); }
-  Status Forward(const bf16*, const bf16*, const bf16*, bf16*, float*, const FlashShape&) {
-    return UnavailableError("built without cuDNN");
-  }
-  Status Backward(const bf16*, const bf16*, const bf16*, const bf16*, const bf16*, const float*,
-                  bf16*, bf16*, bf16*, const FlashShape&) {
-    return UnavailableError("built without cuDNN");
-  }
-  std::string Version() const { return {}; }
-};
-}  // namespace cuda
-#endif
+using Scratch = cuda::Scratch<T>;
 
 class CudaBf16Backend final : public CudaBackendBase {
  public:
   CudaBf16Backend(const BackendSpec& spec, cudaStream_t stream, std::unique_ptr<cuda::CudaOps> ops,
-                  std::unique_ptr<cuda::LtMatmul> lt, std::unique_ptr<cuda::CudnnAttention> cudnn,
-                  AttentionImpl impl, std::string no_cudnn)
+                  std::unique_ptr<cuda::LtMatmul> lt,
+                  std::unique_ptr<cuda::Bf16Attention> attention)
       : CudaBackendBase(spec, std::move(ops)),
         stream_(stream),
         lt_(std::move(lt)),
-        cudnn_(std::move(cudnn)),
-        impl_(impl),
-        no_cudnn_(std::move(no_cudnn)) {}
+        attention_(std::move(attention)) {}
   ~CudaBf16Backend() override {
     if (pinned_ != nullptr) {
       cudaStreamSynchronize(stream_);
@@ -237,52 +165,20 @@ class CudaBf16Backend final : public CudaBackendBase {
                       int64_t n) override {
     Check(k16::SwigluBackward(H(dh), H(g), H(u), H(dg), H(du), n, stream_), "SwigluBackward");
   }
+  // Note [Which attention runs] (gpt/attention_cuda_bf16.cc).
   void AttentionForward(const void* q, const void* k, const void* v, void* out, void* state,
                         const AttnDims& d) override {
     if (!HeadWidth(d.head_dim)) return;
-    const cuda::FlashShape s = Flash(d);
-    if (UseCudnn(s)) {
-      SetError(cudnn_->Forward(H(q), H(k), H(v), H(out), static_cast<float*>(state), s));
-      return;
-    }
-    Check(cuda::FlashAttentionForward(H(q), H(k), H(v), H(out), static_cast<float*>(state), s,
-                                      stream_),
-          "FlashAttentionForward (bf16)");
+    SetError(attention_->Forward(H(q), H(k), H(v), H(out), static_cast<float*>(state), Flash(d)));
   }
   void AttentionBackward(const void* dout, const void* q, const void* k, const void* v,
                          const void* out, const void* state, void* dq, void* dk, void* dv,
                          const AttnDims& d) override {
     if (!HeadWidth(d.head_dim)) return;
-    const cuda::FlashShape s = Flash(d);
-    if (UseCudnn(s)) {
-      SetError(cudnn_->Backward(H(dout), H(q), H(k), H(v), H(out), static_cast<const float*>(state),
-                                H(dq), H(dk), H(dv), s));
-      return;
-    }
-    float* rowdot = rowdot_.Get(d.batch * d.heads * d.seq, stream_, &error_);
-    if (rowdot == nullptr) return;
-    Check(cuda::FlashAttentionBackward(H(dout), H(q), H(k), H(v), H(out),
-                                       static_cast<const float*>(state), rowdot, H(dq), H(dk),
-                                       H(dv), s, stream_),
-          "FlashAttentionBackward (bf16)");
+    SetError(attention_->Backward(H(dout), H(q), H(k), H(v), H(out),
+                                  static_cast<const float*>(state), H(dq), H(dk), H(dv), Flash(d)));
   }
-  std::string AttentionSummary() const override {
-    const std::string cudnn = cudnn_ != nullptr
-                                  ? cudnn_->Version() + " fused attention" +
-                                        (impl_ == AttentionImpl::kCudnnFast
-                                             ? " (dQ accumulated with atomics: not repeatable)"
-                                             : "")
-                                  : "";
-    if (cudnn_ == nullptr) return "the fused attention kernels (" + no_cudnn_ + ")";
-    char planned[64];
-    std::snprintf(planned, sizeof planned, ", %d shape%s planned in %.1f s", cudnn_shapes_,
-                  cudnn_shapes_ == 1 ? "" : "s", plan_seconds_);
-    if (kernel_shapes_ == 0)
-      return cudnn + (cudnn_shapes_ == 0 ? " where cuDNN has a plan, else the fused kernels"
-                                         : std::string(planned));
-    if (cudnn_shapes_ == 0) return "the fused attention kernels (" + refused_ + ")";
-    return cudnn + planned + "; the fused kernels where it had no plan (" + refused_ + ")";
-  }
+  std::string AttentionSummary() const override { return attention_->Summary(); }
   void EmbeddingForward(const int32_t* tokens, const void* wte, const void* wpe, void* x,
                         int64_t batch, int64_t seq, int64_t channels) override {
     Check(k16::EmbeddingForward(tokens, H(wte), H(wpe), H(x), batch * seq, seq, channels, stream_),
@@ -388,24 +284,6 @@ class CudaBf16Backend final : public CudaBackendBase {
           "wide (the fused kernels'); this model's are " +
           std::to_string(hd) + ": run with --activations fp32");
     return false;
-  }
-  // Whether cuDNN runs this shape (decided at its first use: Note [Which attention runs]).
-  bool UseCudnn(const cuda::FlashShape& s) {
-    if (cudnn_ == nullptr) return false;
-    const auto key = std::make_tuple(s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, s.ld_q,
-                                     s.ld_k, s.ld_v, s.ld_o);
-    if (auto it = shapes_.find(key); it != shapes_.end()) return it->second;
-    const auto t0 = std::chrono::steady_clock::now();
-    const Status st = cudnn_->Prepare(s);
-    plan_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!st.ok()) {
-      if (impl_ != AttentionImpl::kAuto)
-        SetError(st.WithContext("TZ_GPT_ATTENTION asks for cuDNN's attention"));
-      if (refused_.empty()) refused_ = st.ToString();
-    }
-    ++(st.ok() ? cudnn_shapes_ : kernel_shapes_);
-    shapes_.emplace(key, st.ok());
-    return st.ok();
   }
   static cuda::FlashShape Flash(const AttnDims& d) {
     return {d.batch, d.seq,  d.heads, d.kv_heads,          d.head_dim,
@@ -518,16 +396,8 @@ class CudaBf16Backend final : public CudaBackendBase {
 
   cudaStream_t stream_;
   std::unique_ptr<cuda::LtMatmul> lt_;
-  std::unique_ptr<cuda::CudnnAttention> cudnn_;  // null: the fused kernels throughout
-  AttentionImpl impl_;
-  std::string no_cudnn_, refused_;  // why cuDNN is not used at all; the first shape it refused
-  std::map<
-      std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>,
-      bool>
-      shapes_;
-  int cudnn_shapes_ = 0, kernel_shapes_ = 0;
-  double plan_seconds_ = 0;  // building cuDNN's plans (their engines compile at the first use)
-  Scratch<float> partial_, rowdot_;
+  std::unique_ptr<cuda::Bf16Attention> attention_;
+  Scratch<float> partial_;
   Scratch<double> sums_;
   Scratch<int32_t> csr_;
   int32_t* pinned_ = nullptr;
@@ -546,29 +416,10 @@ StatusOr<std::unique_ptr<Backend>> CreateCudaBf16Backend(Engine& engine, const B
                       cuda::CudaOps::Create(stream, /*tensor_cores=*/true,
                                             /*fused_attention=*/true));
   TZ_ASSIGN_OR_RETURN(std::unique_ptr<cuda::LtMatmul> lt, cuda::LtMatmul::Create(stream));
-  TZ_ASSIGN_OR_RETURN(const AttentionImpl impl, ChosenAttention());
-  std::unique_ptr<cuda::CudnnAttention> cudnn;
-  std::string no_cudnn = "TZ_GPT_ATTENTION=kernels";
-  if (impl != AttentionImpl::kKernels) {
-#ifdef TZ_GPT_CUDNN
-    auto c = cuda::CudnnAttention::Create(stream, impl != AttentionImpl::kCudnnFast);
-    if (c.ok()) {
-      cudnn = std::move(*c);
-    } else {
-      if (impl != AttentionImpl::kAuto)
-        return c.status().WithContext("TZ_GPT_ATTENTION asks for cuDNN's attention");
-      no_cudnn = c.status().ToString();
-    }
-#else
-    if (impl != AttentionImpl::kAuto)
-      return UnsupportedError(
-          "TZ_GPT_ATTENTION asks for cuDNN's attention; this build has none "
-          "(the CUDA Toolkit it was built with lacked cuDNN 9's headers)");
-    no_cudnn = "this build has no cuDNN attention";
-#endif
-  }
-  return std::unique_ptr<Backend>(new CudaBf16Backend(spec, stream, std::move(ops), std::move(lt),
-                                                      std::move(cudnn), impl, std::move(no_cudnn)));
+  TZ_ASSIGN_OR_RETURN(std::unique_ptr<cuda::Bf16Attention> attention,
+                      cuda::Bf16Attention::Create(stream));
+  return std::unique_ptr<Backend>(
+      new CudaBf16Backend(spec, stream, std::move(ops), std::move(lt), std::move(attention)));
 }
 
 }  // namespace tierzero::gpt

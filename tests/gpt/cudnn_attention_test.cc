@@ -22,6 +22,8 @@
 #include <string_view>
 #include <vector>
 
+#include "gpt/attention_cuda_bf16.h"
+
 #ifdef __SANITIZE_ADDRESS__
 #include <sanitizer/lsan_interface.h>
 #endif
@@ -361,6 +363,135 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudnnAttentionGpuTest,
                                   std::to_string(s.seq) + "_H" + std::to_string(s.heads) + "_KV" +
                                   std::to_string(s.kv_heads) + "_D" + std::to_string(s.head_dim);
                          });
+
+// The backend's attention (gpt/attention_cuda_bf16.h) under TZ_GPT_ATTENTION=auto: the first
+// forward and backward of a shape are checked against the fused kernels (Note [cuDNN checked
+// against the fused kernels]) and cuDNN's results kept bit for bit when they agree.
+class Bf16AttentionAgreementTest : public CudnnAttentionGpuTest {};
+
+TEST_P(Bf16AttentionAgreementTest, CheckedAtFirstUseAndCudnnsResultsKept) {
+  const FlashShape s = GetParam();
+  const Operands x(s);
+  const Grads direct = RunOnce(*cudnn_, x, true, true);
+  unsetenv("TZ_GPT_ATTENTION");
+  auto a = Bf16Attention::Create(nullptr);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  for (int pass = 0; pass < 2; ++pass) {  // the first checks, the second does not
+    Dev<uint16_t> out(x.on), dq(x.qn), dk(std::max<size_t>(x.kn, 1)), dv(std::max<size_t>(x.vn, 1));
+    Dev<float> lse(s.batch * s.heads * s.seq);
+    bf16* dQ = B16(dq.get());
+    bf16* dK = x.fused ? dQ + s.heads * s.head_dim : B16(dk.get());
+    bf16* dV = x.fused ? dQ + 2 * s.heads * s.head_dim : B16(dv.get());
+    Status st = (*a)->Forward(x.Q(), x.K(), x.V(), B16(out.get()), lse.get(), s);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    st = (*a)->Backward(B16(x.dout.get()), x.Q(), x.K(), x.V(), B16(out.get()), lse.get(), dQ, dK,
+                        dV, s);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(out.Get(), direct.out) << "pass " << pass;
+    EXPECT_EQ(lse.Get(), direct.lse) << "pass " << pass;
+    EXPECT_EQ(dq.Get(), direct.dq) << "pass " << pass;
+    if (!x.fused) {
+      EXPECT_EQ(dk.Get(), direct.dk) << "pass " << pass;
+      EXPECT_EQ(dv.Get(), direct.dv) << "pass " << pass;
+    }
+  }
+  const std::string summary = (*a)->Summary();
+  std::printf("%s\n", summary.c_str());
+  EXPECT_NE(summary.find("agreeing with the fused kernels"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("backward"), std::string::npos) << summary;
+  EXPECT_EQ(summary.find("elsewhere"), std::string::npos) << summary;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Bf16AttentionAgreementTest,
+                         ::testing::Values(Fused(2, 256, 4, 128), Grouped(2, 150, 4, 2, 64)));
+
+}  // namespace
+
+// A cuDNN result that is wrong (here: the output and gradients overwritten after cuDNN wrote
+// them) is replaced by the kernels' before anything reads it, and the shape runs the kernels
+// from then on. A friend of Bf16Attention, to reach the check itself.
+class Bf16AttentionCheckTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no GPU";
+    unsetenv("TZ_GPT_ATTENTION");
+    auto a = Bf16Attention::Create(nullptr);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    attention_ = std::move(*a);
+    if (attention_->cudnn_ == nullptr) GTEST_SKIP() << attention_->Summary();
+  }
+  // Runs cuDNN's forward and backward for s unchecked, spoils what it wrote, then checks.
+  void SpoilAndCheck(const FlashShape& s, const Operands& x, Dev<uint16_t>& out, Dev<float>& lse,
+                     bf16* dq, bf16* dk, bf16* dv) {
+    auto use = attention_->Choose(s);
+    ASSERT_TRUE(use.ok()) << use.status().ToString();
+    ASSERT_TRUE((*use)->cudnn) << attention_->Summary();
+    (*use)->forward_checked = (*use)->backward_checked = true;  // run cuDNN alone
+    ASSERT_TRUE(attention_->Forward(x.Q(), x.K(), x.V(), B16(out.get()), lse.get(), s).ok());
+    ASSERT_EQ(cudaMemset(out.get(), 0x3f, x.on * 2), cudaSuccess);  // ~0.75 everywhere
+    ASSERT_TRUE(
+        attention_->CheckForward(**use, x.Q(), x.K(), x.V(), B16(out.get()), lse.get(), s).ok());
+    EXPECT_FALSE((*use)->cudnn) << "a spoiled forward must leave cuDNN";
+    // And the backward, on its own: the shape back on cuDNN.
+    (*use)->cudnn = true;
+    ++attention_->cudnn_shapes_;
+    --attention_->kernel_shapes_;
+    ASSERT_TRUE(attention_
+                    ->Backward(B16(x.dout.get()), x.Q(), x.K(), x.V(), B16(out.get()), lse.get(),
+                               dq, dk, dv, s)
+                    .ok());
+    // dq's elements (not the rest of GPT-2's [dq | dk | dv] rows), ~0.75 each.
+    ASSERT_EQ(cudaMemset2D(dq, 2 * s.ld_q, 0x3f, 2 * s.heads * s.head_dim, s.batch * s.seq),
+              cudaSuccess);
+    ASSERT_TRUE(attention_
+                    ->CheckBackward(**use, B16(x.dout.get()), x.Q(), x.K(), x.V(), B16(out.get()),
+                                    lse.get(), dq, dk, dv, s)
+                    .ok());
+    EXPECT_FALSE((*use)->cudnn) << "a spoiled backward must leave cuDNN";
+  }
+  std::unique_ptr<Bf16Attention> attention_;
+};
+
+namespace {
+
+TEST_F(Bf16AttentionCheckTest, AWrongResultIsReplacedByTheKernels) {
+  for (const FlashShape& s : {Fused(2, 128, 4, 64), Grouped(2, 128, 4, 2, 64)}) {
+    const Operands x(s);
+    Dev<uint16_t> out(x.on), dq(x.qn), dk(std::max<size_t>(x.kn, 1)), dv(std::max<size_t>(x.vn, 1));
+    Dev<float> lse(s.batch * s.heads * s.seq), rowdot(s.batch * s.heads * s.seq);
+    bf16* dQ = B16(dq.get());
+    bf16* dK = x.fused ? dQ + s.heads * s.head_dim : B16(dk.get());
+    bf16* dV = x.fused ? dQ + 2 * s.heads * s.head_dim : B16(dv.get());
+    SpoilAndCheck(s, x, out, lse, dQ, dK, dV);
+    if (HasFatalFailure()) return;
+    // What the kernels compute from the same operands (the backward from the kernels' forward,
+    // which the check put in place of the spoiled one).
+    Dev<uint16_t> kout(x.on), kdq(x.qn), kdk(std::max<size_t>(x.kn, 1)),
+        kdv(std::max<size_t>(x.vn, 1));
+    Dev<float> klse(s.batch * s.heads * s.seq);
+    bf16* kQ = B16(kdq.get());
+    bf16* kK = x.fused ? kQ + s.heads * s.head_dim : B16(kdk.get());
+    bf16* kV = x.fused ? kQ + 2 * s.heads * s.head_dim : B16(kdv.get());
+    ASSERT_EQ(FlashAttentionForward(x.Q(), x.K(), x.V(), B16(kout.get()), klse.get(), s, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(FlashAttentionBackward(B16(x.dout.get()), x.Q(), x.K(), x.V(), B16(kout.get()),
+                                     klse.get(), rowdot.get(), kQ, kK, kV, s, nullptr),
+              cudaSuccess);
+    EXPECT_EQ(out.Get(), kout.Get());
+    EXPECT_EQ(lse.Get(), klse.Get());
+    // Each gradient's own elements (GPT-2's are one buffer of [dq | dk | dv] rows).
+    const Bits g = dq.Get(), kg = kdq.Get();
+    EXPECT_EQ(g, kg);
+    if (!x.fused) {
+      EXPECT_EQ(dk.Get(), kdk.Get());
+      EXPECT_EQ(dv.Get(), kdv.Get());
+    }
+  }
+  const std::string summary = attention_->Summary();
+  std::printf("%s\n", summary.c_str());
+  EXPECT_NE(summary.find("disagrees with the fused kernels"), std::string::npos) << summary;
+}
 
 }  // namespace
 }  // namespace tierzero::gpt::cuda
