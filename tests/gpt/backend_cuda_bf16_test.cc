@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "attention_reference.h"
+#include "device_buffer.h"
 #include "gpt/backend.h"
 #include "gpt/gpt.h"
 #include "tierzero/convert.h"
@@ -48,25 +49,7 @@ std::vector<float> Widen(const Bits& b) {
 
 // Device memory holding a copy of host data.
 template <typename T>
-class Dev {
- public:
-  explicit Dev(const std::vector<T>& h) : n_(h.size()) {
-    EXPECT_EQ(cudaMalloc(&p_, sizeof(T) * std::max<size_t>(1, n_)), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(p_, h.data(), sizeof(T) * n_, cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~Dev() { cudaFree(p_); }
-  T* get() const { return p_; }
-  std::vector<T> Get() const {
-    std::vector<T> h(n_);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(h.data(), p_, sizeof(T) * n_, cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-
- private:
-  T* p_ = nullptr;
-  size_t n_;
-};
+using Dev = testing_cuda::DeviceBuffer<T>;
 
 // |gpu - cpu| <= tol (|cpu| + the largest |cpu| / 64): bf16 rounding of sums taken in another
 // order.

@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "device_buffer.h"
 #include "gpt/attention_cuda_bf16.h"
 
 #ifdef __SANITIZE_ADDRESS__
@@ -165,28 +166,7 @@ std::vector<double> Wide(const Bits& b) {
 }
 
 template <typename T>
-class Dev {
- public:
-  explicit Dev(size_t n, const T* h = nullptr) : n_(n) {
-    EXPECT_EQ(cudaMalloc(&p_, sizeof(T) * std::max<size_t>(1, n)), cudaSuccess);
-    if (h != nullptr)
-      EXPECT_EQ(cudaMemcpy(p_, h, sizeof(T) * n, cudaMemcpyHostToDevice), cudaSuccess);
-    else
-      EXPECT_EQ(cudaMemset(p_, 0, sizeof(T) * n), cudaSuccess);
-  }
-  ~Dev() { cudaFree(p_); }
-  T* get() const { return p_; }
-  std::vector<T> Get() const {
-    std::vector<T> h(n_);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(h.data(), p_, sizeof(T) * n_, cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-
- private:
-  T* p_ = nullptr;
-  size_t n_;
-};
+using Dev = testing_cuda::DeviceBuffer<T>;
 
 using bf16 = __nv_bfloat16;
 bf16* B16(uint16_t* p) { return reinterpret_cast<bf16*>(p); }

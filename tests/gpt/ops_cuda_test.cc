@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "device_buffer.h"
 #include "gpt/ops.h"
 #include "tierzero/convert.h"
 #include "tierzero/engine.h"
@@ -23,25 +24,7 @@ namespace tierzero::gpt {
 namespace {
 
 template <typename T>
-class DeviceVec {
- public:
-  explicit DeviceVec(const std::vector<T>& host) : n_(host.size()) {
-    EXPECT_EQ(cudaMalloc(&p_, sizeof(T) * std::max<size_t>(1, n_)), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(p_, host.data(), sizeof(T) * n_, cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~DeviceVec() { cudaFree(p_); }
-  T* get() const { return p_; }
-  std::vector<T> Download() const {
-    std::vector<T> h(n_);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(h.data(), p_, sizeof(T) * n_, cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-
- private:
-  T* p_ = nullptr;
-  size_t n_;
-};
+using DeviceVec = testing_cuda::DeviceBuffer<T>;
 
 template <typename T>
 std::vector<T> Filled(size_t n, T value = T{}) {
@@ -96,7 +79,7 @@ TEST_F(CudaOpsTest, GemmEveryTranspose) {
       cpu::Gemm<float>(ta, tb, m, n, k, 0.7f, a.data(), lda, b.data(), ldb, 0.3f, ref.data(), n);
       DeviceVec<float> da(a), db(b), dc(c);
       ops_->Gemm(ta, tb, m, n, k, 0.7f, da.get(), lda, db.get(), ldb, 0.3f, dc.get(), n);
-      ExpectClose(dc.Download(), ref, "gemm");
+      ExpectClose(dc.Get(), ref, "gemm");
     }
 }
 
@@ -109,14 +92,14 @@ TEST_F(CudaOpsTest, LinearForwardAndBackward) {
   DeviceVec<float> gx(x), gw(w), gb(bias), gy(Filled<float>(rows * out, 7.0f)), gdy(dy), gdx(dx),
       gdw(dw), gdb(db);
   ops_->LinearForward(gx.get(), gw.get(), gb.get(), gy.get(), rows, in, out);
-  ExpectClose(gy.Download(), y, "y");
+  ExpectClose(gy.Get(), y, "y");
   cpu::LinearBackward<float>(dy.data(), x.data(), w.data(), dx.data(), dw.data(), db.data(), rows,
                              in, out);
   ops_->LinearBackward(gdy.get(), gx.get(), gw.get(), gdx.get(), gdw.get(), gdb.get(), rows, in,
                        out);
-  ExpectClose(gdx.Download(), dx, "dx");
-  ExpectClose(gdw.Download(), dw, "dw (accumulated)");
-  ExpectClose(gdb.Download(), db, "dbias (accumulated)");
+  ExpectClose(gdx.Get(), dx, "dx");
+  ExpectClose(gdw.Get(), dw, "dw (accumulated)");
+  ExpectClose(gdb.Get(), db, "dbias (accumulated)");
 }
 
 TEST_F(CudaOpsTest, LayerNormForwardAndBackward) {
@@ -135,14 +118,14 @@ TEST_F(CudaOpsTest, LayerNormForwardAndBackward) {
         gdb(Random(cols, 6));
     ops_->LayerNormForward(gx.get(), gg.get(), gb.get(), gy.get(), gmean.get(), grstd.get(), rows,
                            cols);
-    ExpectClose(gy.Download(), y, "y");
-    ExpectClose(gmean.Download(), mean, "mean");
-    ExpectClose(grstd.Download(), rstd, "rstd");
+    ExpectClose(gy.Get(), y, "y");
+    ExpectClose(gmean.Get(), mean, "mean");
+    ExpectClose(grstd.Get(), rstd, "rstd");
     ops_->LayerNormBackward(gdy.get(), gx.get(), gg.get(), gmean.get(), grstd.get(), gdx.get(),
                             gdg.get(), gdb.get(), rows, cols);
-    ExpectClose(gdx.Download(), dx, "dx");
-    ExpectClose(gdg.Download(), dg, "dgamma");
-    ExpectClose(gdb.Download(), dbeta, "dbeta");
+    ExpectClose(gdx.Get(), dx, "dx");
+    ExpectClose(gdg.Get(), dg, "dgamma");
+    ExpectClose(gdb.Get(), dbeta, "dbeta");
   }
 }
 
@@ -160,10 +143,10 @@ TEST_F(CudaOpsTest, GeluAddAndAddInPlace) {
   ops_->GeluBackward(gdy.get(), gx.get(), gdx.get(), n);
   ops_->Add(gx.get(), gb.get(), gsum.get(), n);
   ops_->AddInPlace(gacc.get(), gx.get(), n);
-  ExpectClose(gy.Download(), y, "gelu");
-  ExpectClose(gdx.Download(), dx, "gelu backward");
-  ExpectClose(gsum.Download(), sum, "add");
-  ExpectClose(gacc.Download(), acc, "add in place");
+  ExpectClose(gy.Get(), y, "gelu");
+  ExpectClose(gdx.Get(), dx, "gelu backward");
+  ExpectClose(gsum.Get(), sum, "add");
+  ExpectClose(gacc.Get(), acc, "add in place");
 }
 
 struct AttnShape {
@@ -185,11 +168,11 @@ TEST_F(CudaOpsTest, AttentionForwardAndBackward) {
         gdqkv(std::vector<float>(dqkv.size(), 7.0f));
     ops_->AttentionForward(gqkv.get(), gout.get(), gprobs.get(), s.batch, s.seq, s.channels,
                            s.heads);
-    ExpectClose(gout.Download(), out, "attention out");
-    ExpectClose(gprobs.Download(), probs, "attention probs (zeros above the diagonal)");
+    ExpectClose(gout.Get(), out, "attention out");
+    ExpectClose(gprobs.Get(), probs, "attention probs (zeros above the diagonal)");
     ops_->AttentionBackward(gdout.get(), gqkv.get(), gout.get(), gprobs.get(), gdqkv.get(), s.batch,
                             s.seq, s.channels, s.heads);
-    ExpectClose(gdqkv.Download(), dqkv, "dqkv");
+    ExpectClose(gdqkv.Get(), dqkv, "dqkv");
   }
 }
 
@@ -210,9 +193,9 @@ TEST_F(CudaOpsTest, EmbeddingForwardAndBackward) {
                                 channels);
   ops_->EmbeddingForward(gt.get(), gwte.get(), gwpe.get(), gx.get(), batch, seq, channels);
   ops_->EmbeddingBackward(gt.get(), gdx.get(), gdwte.get(), gdwpe.get(), batch, seq, channels);
-  ExpectClose(gx.Download(), x, "x");
-  ExpectClose(gdwte.Download(), dwte, "dwte");
-  ExpectClose(gdwpe.Download(), dwpe, "dwpe");
+  ExpectClose(gx.Get(), x, "x");
+  ExpectClose(gdwte.Get(), dwte, "dwte");
+  ExpectClose(gdwpe.Get(), dwpe, "dwpe");
 }
 
 TEST_F(CudaOpsTest, CrossEntropyLossGradientAndArgmax) {
@@ -233,8 +216,8 @@ TEST_F(CudaOpsTest, CrossEntropyLossGradientAndArgmax) {
       ops_->CrossEntropy(gl.get(), gt.get(), gmask.get(), gdl.get(), ga.get(), rows, vocab, 2.0);
   ASSERT_TRUE(gloss.ok()) << gloss.status().ToString();
   EXPECT_NEAR(*gloss, loss, 1e-9 * std::fabs(loss));
-  ExpectClose(gdl.Download(), dl, "dlogits");
-  EXPECT_EQ(ga.Download(), argmax);
+  ExpectClose(gdl.Get(), dl, "dlogits");
+  EXPECT_EQ(ga.Get(), argmax);
   EXPECT_EQ(argmax[5], 17);
 }
 
@@ -254,8 +237,8 @@ TEST_F(CudaOpsTest, WidenAndNarrowMatchTheEngineCasts) {
     DeviceVec<uint16_t> gn(Filled<uint16_t>(n));
     ASSERT_TRUE(ops_->Narrow(gx.get(), gn.get(), dt, n).ok());
     ASSERT_TRUE(ops_->Widen(gn.get(), dt, gw.get(), n).ok());
-    EXPECT_EQ(gn.Download(), cpu_narrow) << DTypeName(dt);
-    const auto wide = gw.Download();
+    EXPECT_EQ(gn.Get(), cpu_narrow) << DTypeName(dt);
+    const auto wide = gw.Get();
     for (int64_t i = 0; i < n; ++i)
       ASSERT_EQ(std::memcmp(&wide[i], &cpu_wide[i], 4), 0) << DTypeName(dt) << " at " << i;
   }
@@ -273,7 +256,7 @@ TEST_F(CudaOpsTest, RepeatedCallsAreBitIdentical) {
                            s.heads);
     ops_->AttentionBackward(gdout.get(), gqkv.get(), gout.get(), gprobs.get(), gdqkv.get(), s.batch,
                             s.seq, s.channels, s.heads);
-    auto d = gdqkv.Download();
+    auto d = gdqkv.Get();
     if (rep == 0)
       first = d;
     else
@@ -378,14 +361,14 @@ TEST_F(CudaFusedAttentionTest, WithinBf16RoundingStateIsLogSumExpAndRepeatable) 
       ops_->AttentionBackward(gdout.get(), gqkv.get(), gout.get(), gstate.get(), gdqkv.get(),
                               s.batch, s.seq, s.channels, s.heads);
       ASSERT_TRUE(ops_->status().ok()) << ops_->status().ToString() << shape;
-      const auto d = gdqkv.Download();
+      const auto d = gdqkv.Get();
       if (rep == 1) {
         EXPECT_EQ(std::memcmp(d.data(), first.data(), 4 * d.size()), 0) << "repeat" << shape;
         break;
       }
       first = d;
-      ExpectWithinBf16(gout.Download(), out, "fused attention out" + shape);
-      auto state = gstate.Download();
+      ExpectWithinBf16(gout.Get(), out, "fused attention out" + shape);
+      auto state = gstate.Get();
       for (int64_t i = state_n; i < state_n + kGuard; ++i)
         ASSERT_EQ(state[i], 7.0f) << "written past the state at " << i << shape;
       state.resize(state_n);
@@ -411,9 +394,9 @@ TEST_F(CudaFusedAttentionTest, OtherHeadWidthsTakeTheBatchedProducts) {
   ops_->AttentionForward(gqkv.get(), gout.get(), gprobs.get(), s.batch, s.seq, s.channels, s.heads);
   ops_->AttentionBackward(gdout.get(), gqkv.get(), gout.get(), gprobs.get(), gdqkv.get(), s.batch,
                           s.seq, s.channels, s.heads);
-  ExpectWithinBf16(gout.Download(), out, "attention out hd 72");
-  ExpectWithinBf16(gprobs.Download(), probs, "attention probs hd 72");
-  ExpectWithinBf16(gdqkv.Download(), dqkv, "dqkv hd 72", 2e-2);
+  ExpectWithinBf16(gout.Get(), out, "attention out hd 72");
+  ExpectWithinBf16(gprobs.Get(), probs, "attention probs hd 72");
+  ExpectWithinBf16(gdqkv.Get(), dqkv, "dqkv hd 72", 2e-2);
 }
 
 TEST_F(CudaTensorCoreOpsTest, GemmEveryTransposeWithinBf16Rounding) {
@@ -426,7 +409,7 @@ TEST_F(CudaTensorCoreOpsTest, GemmEveryTransposeWithinBf16Rounding) {
         cpu::Gemm<float>(ta, tb, m, n, k, 0.7f, a.data(), lda, b.data(), ldb, 0.3f, ref.data(), n);
         DeviceVec<float> da(a), db(b), dc(c);
         ops_->Gemm(ta, tb, m, n, k, 0.7f, da.get(), lda, db.get(), ldb, 0.3f, dc.get(), n);
-        ExpectWithinBf16(dc.Download(), ref,
+        ExpectWithinBf16(dc.Get(), ref,
                          "gemm " + std::to_string(m) + "x" + std::to_string(n) + "x" +
                              std::to_string(k) + " ta " + std::to_string(ta) + " tb " +
                              std::to_string(tb));
@@ -454,14 +437,14 @@ TEST_F(CudaTensorCoreOpsTest, AttentionWithinBf16RoundingAndRepeatable) {
                              s.heads);
       ops_->AttentionBackward(gdout.get(), gqkv.get(), gout.get(), gprobs.get(), gdqkv.get(),
                               s.batch, s.seq, s.channels, s.heads);
-      const auto d = gdqkv.Download();
+      const auto d = gdqkv.Get();
       if (rep == 1) {
         EXPECT_EQ(std::memcmp(d.data(), first.data(), 4 * d.size()), 0) << "repeat" << shape;
         break;
       }
       first = d;
-      ExpectWithinBf16(gout.Download(), out, "attention out" + shape);
-      const auto p = gprobs.Download();
+      ExpectWithinBf16(gout.Get(), out, "attention out" + shape);
+      const auto p = gprobs.Get();
       ExpectWithinBf16(p, probs, "attention probs" + shape);
       for (int64_t r = 0; r < s.batch * s.heads * s.seq; ++r)
         for (int64_t c = r % s.seq + 1; c < s.seq; ++c)
