@@ -23,6 +23,7 @@
 #include "plan_search.h"
 #include "run_dir.h"
 #include "tierzero/bytes.h"
+#include "tierzero/devices.h"
 #include "tierzero/files.h"
 #include "tierzero/report.h"
 
@@ -57,8 +58,9 @@ plan options:
                         128 to 12288 (heads 64 wide, at most d_model / 64 layers), with where
                         every byte of it would live
 
-The calibration cache is $TZ_RATES_FILE, else $XDG_CACHE_HOME/tierzero/rates.json, else
-~/.cache/tierzero/rates.json.
+The calibration runs on the device the run computes on (a GPU for --device cuda, or auto on a
+machine with one). Its cache is $TZ_RATES_FILE, else $XDG_CACHE_HOME/tierzero/rates.json
+(rates-gpu.json for a GPU's), else the same names under ~/.cache/tierzero/.
 )";
 
 struct PlanArgs {
@@ -109,13 +111,23 @@ StatusOr<PlanArgs> ParsePlanArgs(const std::vector<std::string>& args) {
   return a;
 }
 
-std::string RatesCachePath() {
+// Whether the run a plan predicts computes on a GPU: its device, or `auto` where this machine has
+// one (as train decides).
+bool OnGpu(const RunConfig& cfg) {
+  return cfg.engine.device == DeviceChoice::kCuda ||
+         (cfg.engine.device == DeviceChoice::kAuto && GpuCount() > 0);
+}
+
+// This machine's rates for runs on its simulated device, or on its GPU (rates-gpu.json): each
+// calibrated on the device it describes (Note [Calibrated on the device that runs]).
+std::string RatesCachePath(bool gpu) {
   if (const char* f = std::getenv("TZ_RATES_FILE"); f != nullptr && *f != '\0') return f;
+  const std::string name = gpu ? "rates-gpu.json" : "rates.json";
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0')
-    return std::string(x) + "/tierzero/rates.json";
+    return std::string(x) + "/tierzero/" + name;
   if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0')
-    return std::string(h) + "/.cache/tierzero/rates.json";
-  return ".tierzero-rates.json";
+    return std::string(h) + "/.cache/tierzero/" + name;
+  return ".tierzero-" + name;
 }
 
 // A float of the report (the engine wrote it: trusted JSON).
@@ -128,11 +140,17 @@ double Number(const json& j, std::initializer_list<const char*> path) {
   return at->is_number() ? at->get<double>() : 0;
 }
 
-// A tiny training run on the simulated device whose report carries the rates the engine
-// measures at its first step and refines after (CPU Adam, the link, device Adam, NVMe).
-StatusOr<MachineRates> Calibrate(const RunConfig& cfg) {
-  std::printf("calibrating this machine's rates (a short run under %s) ...\n",
-              cfg.output.run_dir.c_str());
+// Note [Calibrated on the device that runs]
+// The rates a plan uses are measured on the device the planned run computes on: a tiny training
+// run on the simulated device, or on the GPU when the run would take it (device cuda, or auto
+// with a GPU here), whose report carries the rates the engine measures at its first step and
+// refines after (CPU Adam, the host link, device Adam, NVMe); and then, in MeasureCompute, a
+// block of the planned model timed on that device. Rates calibrated on the simulated device told
+// a GPU run's plan the CPU's compute and memcpy's link, a step time off by orders of magnitude.
+// The two are cached apart (RatesCachePath), and a cache of the other kind is measured again.
+StatusOr<MachineRates> Calibrate(const RunConfig& cfg, bool gpu) {
+  std::printf("calibrating this machine's rates on its %s (a short run under %s) ...\n",
+              gpu ? "GPU" : "simulated device", cfg.output.run_dir.c_str());
   std::fflush(stdout);
   // A directory of its own (mkdtemp), the only one removed after: a user's RUN_DIR/calibration
   // is never touched.
@@ -153,7 +171,7 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg) {
   fs::create_directories(dir + "/nvme", ec);
   if (ec) return IoError("creating " + dir + "/nvme: " + ec.message());
   EngineConfig ec2;
-  ec2.device = DeviceChoice::kHost;
+  ec2.device = gpu ? DeviceChoice::kCuda : DeviceChoice::kHost;
   ec2.device_budget = uint64_t{64} << 20;
   // States of 3.2M parameters (51 MB, past the L3 cache), half of them on NVMe.
   ec2.host_budget = uint64_t{40} << 20;
@@ -188,7 +206,7 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg) {
   const json r = json::parse(report, nullptr, false);
   auto rate = [&](const char* k) { return Number(r, {"optimizer", "update_phase", "rates", k}); };
   MachineRates m;
-  m.name = "this machine (calibrated)";
+  m.name = gpu ? "this machine's GPU (calibrated)" : "this machine (calibrated)";
   m.cpu_adam_params_per_s = rate("cpu_adam_params_per_second");
   m.device_adam_params_per_s = rate("device_adam_params_per_second");
   m.h2d_bytes_per_s = rate("h2d_bytes_per_second");
@@ -196,7 +214,7 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg) {
   m.nvme_read_bytes_per_s = rate("nvme_read_bytes_per_second");
   m.nvme_write_bytes_per_s = rate("nvme_write_bytes_per_second");
   m.nvme_duplex_bytes_per_s = rate("nvme_duplex_bytes_per_second");
-  m.device_shares_cpu = true;
+  m.device_shares_cpu = !gpu;
   if (m.cpu_adam_params_per_s <= 0 || m.h2d_bytes_per_s <= 0 || m.nvme_read_bytes_per_s <= 0)
     return InternalError("the calibration run's report has no measured rates");
   // A measurement gone wrong (a timer of zero) is not cached to spoil every later plan.
@@ -226,18 +244,24 @@ void CacheRates(const std::string& cache, const MachineRates& r) {
   }
 }
 
-StatusOr<MachineRates> LoadRates(const PlanArgs& a, const RunConfig& cfg) {
+// The rates a plan uses: a --rates file as given, else this machine's (cached, or calibrated on
+// the device the run computes on: Note [Calibrated on the device that runs]).
+StatusOr<MachineRates> LoadRates(const PlanArgs& a, const RunConfig& cfg, bool gpu) {
   if (!a.rates_path.empty() && !a.calibrate) {
     TZ_ASSIGN_OR_RETURN(const std::string text, ReadTextFile(a.rates_path, "rates file"));
     auto r = MachineRatesFromJson(text);
     if (!r.ok()) return r.status().WithContext(a.rates_path);
     return r;
   }
-  const std::string cache = a.rates_path.empty() ? RatesCachePath() : a.rates_path;
+  const std::string cache = a.rates_path.empty() ? RatesCachePath(gpu) : a.rates_path;
   const std::optional<MachineRates> cached = CachedRates(cache);
-  // A cache written by the communicator's calibration alone has no machine rates yet.
-  if (!a.calibrate && cached && cached->cpu_adam_params_per_s > 0) return *cached;
-  TZ_ASSIGN_OR_RETURN(MachineRates r, Calibrate(cfg));
+  // A cache written by the communicator's calibration alone has no machine rates yet; one
+  // measured on the other kind of device (TZ_RATES_FILE names one file for both) is measured
+  // again.
+  if (!a.calibrate && cached && cached->cpu_adam_params_per_s > 0 &&
+      cached->device_shares_cpu == !gpu)
+    return *cached;
+  TZ_ASSIGN_OR_RETURN(MachineRates r, Calibrate(cfg, gpu));
   if (cached) {  // the communicator's, measured under mpirun, stay
     r.comm_bytes_per_s = cached->comm_bytes_per_s;
     r.comm_latency_s = cached->comm_latency_s;
@@ -314,17 +338,27 @@ int CalibrateComm(const PlanArgs& a, Communicator& comm) {
   auto m = MeasureComm(comm);
   if (!m.ok()) fail(m.status().WithContext("timing the ranks' collectives"));
   if (!lead) return 0;
-  const std::string cache = a.rates_path.empty() ? RatesCachePath() : a.rates_path;
-  MachineRates r = CachedRates(cache).value_or(MachineRates{});
-  r.comm_latency_s = m->first;
-  r.comm_bytes_per_s = m->second;
-  std::printf("  collectives: %.1f us each + %.2f GB/s received\n", r.comm_latency_s * 1e6,
-              r.comm_bytes_per_s / 1e9);
-  CacheRates(cache, r);
-  if (r.cpu_adam_params_per_s <= 0)
-    std::printf(
-        "  (the machine's own rates are measured by the next `tierzero plan`, "
-        "without mpirun)\n");
+  // Merged into this machine's rates for each device its runs may take (the communicator is the
+  // same for both).
+  std::vector<std::string> caches;
+  if (!a.rates_path.empty()) {
+    caches.push_back(a.rates_path);
+  } else {
+    caches.push_back(RatesCachePath(false));
+    if (GpuCount() > 0 && RatesCachePath(true) != caches[0]) caches.push_back(RatesCachePath(true));
+  }
+  std::printf("  collectives: %.1f us each + %.2f GB/s received\n", m->first * 1e6,
+              m->second / 1e9);
+  for (const std::string& cache : caches) {
+    MachineRates r = CachedRates(cache).value_or(MachineRates{});
+    r.comm_latency_s = m->first;
+    r.comm_bytes_per_s = m->second;
+    CacheRates(cache, r);
+    if (r.cpu_adam_params_per_s <= 0)
+      std::printf(
+          "  (the machine's own rates are measured by the next `tierzero plan`, "
+          "without mpirun)\n");
+  }
   return 0;
 }
 
@@ -338,14 +372,14 @@ struct ComputeTimes {
   double other_s = 0;
 };
 
-StatusOr<ComputeTimes> MeasureCompute(const RunConfig& cfg, int ranks_here) {
+StatusOr<ComputeTimes> MeasureCompute(const RunConfig& cfg, int ranks_here, bool gpu) {
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   tbb::global_control threads(tbb::global_control::max_allowed_parallelism,
                               static_cast<size_t>(std::max(1, cores / std::max(1, ranks_here))));
   gpt::GptConfig mc = cfg.model;
   mc.n_layer = 1;
   EngineConfig ec;
-  ec.device = DeviceChoice::kHost;
+  ec.device = gpu ? DeviceChoice::kCuda : DeviceChoice::kHost;
   ec.compute_dtype = cfg.engine.compute_dtype;
   ec.cpu_threads = cfg.engine.cpu_threads;
   const uint64_t C = static_cast<uint64_t>(mc.d_model);
@@ -378,16 +412,16 @@ StatusOr<ComputeTimes> MeasureCompute(const RunConfig& cfg, int ranks_here) {
   uint64_t act = 0;
   for (const TraceMoment& m : t.moments) act = std::max(act, m.activation_peak);
   engine.reset();
-  // The timing run holds a micro-batch's activations in this machine's memory: more than half of
-  // it is refused (a batch of a million rows reached 24 GB and the OOM killer), with the flag that
-  // skips the measurement.
-  const uint64_t memory = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
-                          static_cast<uint64_t>(::sysconf(_SC_PAGE_SIZE));
+  // The timing run holds a micro-batch's activations in the device's memory (this machine's, on
+  // the simulated device): more than half of it is refused (a batch of a million rows reached 24
+  // GB and the OOM killer), with the flag that skips the measurement.
+  const uint64_t memory = gpu ? GpuFreeBytes(0)
+                              : static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                                    static_cast<uint64_t>(::sysconf(_SC_PAGE_SIZE));
   if (act > memory / 2)
     return OutOfMemoryError("timing a micro-batch of " + std::to_string(cfg.train.batch_size) +
-                            " rows needs " + FormatBytes(act) +
-                            " of activations, more than half "
-                            "of this machine's memory (" +
+                            " rows needs " + FormatBytes(act) + " of activations, more than half " +
+                            (gpu ? "of the GPU's free memory (" : "of this machine's memory (") +
                             FormatBytes(memory) +
                             "); plan a smaller batch, or give the rates of the machine that "
                             "will run it (--rates)");
@@ -535,13 +569,22 @@ int Plan(const std::vector<std::string>& args) {
     if (!t.ok()) return Fail(t.status());
     file_trace = std::move(t).value();
   }
-  auto rates = LoadRates(*pa, *cfg);
+  const bool gpu = OnGpu(*cfg);
+  if (cfg->engine.device == DeviceChoice::kCuda && GpuCount() == 0) {
+    return Fail(UnavailableError(
+        "the run's device is 'cuda' but this machine has no usable GPU: run `tierzero plan` on "
+        "the machine with the GPU (it calibrates there), or plan a run on the simulated device "
+        "(--device host)"));
+  }
+  auto rates = LoadRates(*pa, *cfg, gpu);
   if (!rates.ok()) return Fail(rates.status().WithContext("the machine's rates"));
   Planner pl{pa->ranks_per_node, *rates, {}, 0.0, pa->trace_path.empty() ? nullptr : &file_trace};
-  if (pa->trace_path.empty() && rates->device_shares_cpu) {
-    // This machine computes the model: time a block of it.
+  // This machine computes the model (its rates were measured here, on the run's device): time a
+  // block of it there (Note [Calibrated on the device that runs]).
+  const bool measured_here = pa->rates_path.empty() || pa->calibrate;
+  if (pa->trace_path.empty() && (rates->device_shares_cpu || (gpu && measured_here))) {
     const int here = pa->ranks_per_node > 0 ? std::min(pa->ranks_per_node, pa->ranks) : pa->ranks;
-    auto times = MeasureCompute(*cfg, here);
+    auto times = MeasureCompute(*cfg, here, gpu && !rates->device_shares_cpu);
     if (!times.ok()) return Fail(times.status().WithContext("timing the model's compute"));
     pl.kinds = times->kinds;
     pl.other_s = times->other_s;

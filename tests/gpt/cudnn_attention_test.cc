@@ -383,7 +383,12 @@ TEST_P(Bf16AttentionAgreementTest, CheckedAtFirstUseAndCudnnsResultsKept) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Bf16AttentionAgreementTest,
-                         ::testing::Values(Fused(2, 256, 4, 128), Grouped(2, 150, 4, 2, 64)));
+                         ::testing::Values(Fused(2, 256, 4, 128), Grouped(2, 150, 4, 2, 64)),
+                         [](const ::testing::TestParamInfo<FlashShape>& i) {
+                           return std::string(i.param.heads == i.param.kv_heads ? "Rows"
+                                                                                : "Grouped") +
+                                  "_T" + std::to_string(i.param.seq);
+                         });
 
 }  // namespace
 
