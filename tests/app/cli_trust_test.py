@@ -16,6 +16,7 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   setup_signal  SIGINT/SIGTERM while set-up blocks on a FIFO ends the process promptly
   ranges        sizes at the ends of their ranges, absurd rates, a report of nonsense values
   export_paths  `export DIR/` and `export .` find the run's config
+  plan_device   a plan's rates are measured on the device the planned run computes on
   output        a line every --log-every steps without a terminal; one line in place on one
 Every failure must be an `error:` line and exit status 1 or 2: never a signal, an abort, an
 uncaught exception or a hang.
@@ -567,6 +568,34 @@ def case_ranges():
             json.dump(report, f)
         refused(["report", path, "-o", os.path.join(OUT, "x.html")], "tiers.host.used")
     check(not os.path.exists(os.path.join(OUT, "x.html")), "a page of a bad report was written")
+
+
+def case_plan_device():
+    """The plan's rates come from the device the run computes on (Note [Calibrated on the device
+    that runs]): a cached GPU's rates are not used for a run on the simulated device, and a plan
+    of a cuda run either calibrates on this machine's GPU or is refused without one."""
+    cfg = os.path.join(OUT, "small.json")
+    rates = os.path.join(OUT, "g_rates.json")
+    gpu = {"name": "a GPU's", "cpu_adam_params_per_s": 1e9, "device_adam_params_per_s": 5e10,
+           "h2d_bytes_per_s": 2.5e10, "d2h_bytes_per_s": 2.5e10, "nvme_read_bytes_per_s": 6e9,
+           "nvme_write_bytes_per_s": 4e9, "device_shares_cpu": False}
+    with open(rates, "w") as f:
+        json.dump(gpu, f)
+    env = dict(os.environ, TZ_RATES_FILE=rates)
+    rc, out = run(["plan", "--config", cfg, "--device", "host", "--no-advice"], env=env)
+    check(rc == 0, f"plan: exit status {rc}\n{out}")
+    check("calibrating this machine's rates on its simulated device" in out and
+          "rates: this machine (calibrated)" in out,
+          f"a GPU's cached rates planned a run on the simulated device:\n{out}")
+    check(json.load(open(rates))["device_shares_cpu"] is True, "the cache was not measured again")
+    # Cached now: the next plan uses them without calibrating.
+    rc, out = run(["plan", "--config", cfg, "--device", "host", "--no-advice"], env=env)
+    check(rc == 0 and "calibrating" not in out, f"the simulated device's cache not used:\n{out}")
+    rc, out = run(["plan", "--config", cfg, "--device", "cuda", "--no-advice"], env=env)
+    if rc == 0:
+        check("rates: this machine's GPU (calibrated)" in out, f"a cuda plan's rates:\n{out}")
+    else:
+        refused(["plan", "--config", cfg, "--device", "cuda", "--no-advice"], "no usable GPU")
 
 
 def case_export_paths():
