@@ -214,6 +214,7 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg, bool gpu) {
   m.nvme_read_bytes_per_s = rate("nvme_read_bytes_per_second");
   m.nvme_write_bytes_per_s = rate("nvme_write_bytes_per_second");
   m.nvme_duplex_bytes_per_s = rate("nvme_duplex_bytes_per_second");
+  m.host_clear_bytes_per_s = rate("host_clear_bytes_per_second");
   m.device_shares_cpu = !gpu;
   if (m.cpu_adam_params_per_s <= 0 || m.h2d_bytes_per_s <= 0 || m.nvme_read_bytes_per_s <= 0)
     return InternalError("the calibration run's report has no measured rates");

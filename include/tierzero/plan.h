@@ -66,6 +66,9 @@ struct MachineRates {
   double nvme_read_bytes_per_s = 0;  // the NVMe path's own, through io_uring
   double nvme_write_bytes_per_s = 0;
   double nvme_duplex_bytes_per_s = 0;  // read and write at once (0: in turn)
+  // Host memory zeroed per second over every core: clearing a gradient shard for the next
+  // accumulation window (0: not counted).
+  double host_clear_bytes_per_s = 0;
   // Moments given by their work (TraceMoment::flops, memory_bytes) instead of their time: the
   // device's arithmetic and memory rates.
   double device_flops_per_s = 0;

@@ -80,6 +80,7 @@ MachineRates RankShare(MachineRates r, int per_node) {
   r.nvme_read_bytes_per_s /= k;
   r.nvme_write_bytes_per_s /= k;
   r.nvme_duplex_bytes_per_s /= k;
+  r.host_clear_bytes_per_s /= k;  // (memory bandwidth, shared)
   return r;
 }
 
@@ -336,9 +337,26 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   // By the step the backward's prefetches fill every swap slot (PlaceRun counts three).
   constexpr int kSwapSlots = 3;
   const uint64_t group_bytes = OptimizerGroupLayout(layout, cfg.optimizer_states).bytes();
-  const std::vector<UpdateGroup> groups =
+  std::vector<UpdateGroup> groups =
       MakeUpdateGroups(tiers, layout.shard_elems(), grad_bytes, shard, kSwapSlots,
                        OptimizerWritesBehind(), {}, group_bytes);
+  // With accumulation every host gradient shard is cleared for the next window (Note [The
+  // accumulation clear in the model], src/update/cost_model.cc): by the CPU's chain where it runs
+  // behind the next forward (one rank, a GPU's compute or NVMe in the phase, as
+  // Updater::RunPhase decides), else after the phase, in the step's rest.
+  uint64_t cleared_after_phase = 0;
+  if (accum > 1) {
+    bool io_bound = nvme_params;
+    for (const UpdateGroup& g : groups) io_bound |= g.states_on_nvme;
+    const bool in_chain = world == 1 && (!rates.device_shares_cpu || io_bound);
+    for (UpdateGroup& g : groups) {
+      if (g.grad_on_device) continue;
+      if (in_chain)
+        g.clear_bytes = grad_bytes;
+      else
+        cleared_after_phase += grad_bytes;
+    }
+  }
   UpdateRates ur;
   ur.cpu_params_per_s = rate_or(rates.cpu_adam_params_per_s, 1e9, "cpu_adam_params_per_s");
   ur.device_params_per_s = rates.device_adam_params_per_s;
@@ -353,6 +371,7 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   }
   ur.nvme_duplex_bytes_per_s = rates.nvme_duplex_bytes_per_s;
   ur.device_shares_cpu = rates.device_shares_cpu;
+  ur.host_clear_bytes_per_s = rates.host_clear_bytes_per_s;
   UpdateBudget ub;
   // Compressed moments update on the CPU (Updater::RunPhase).
   ub.mode = cfg.optimizer == OptimizerPlacement::kCpu || cfg.optimizer_states != MomentFormat::kF32
@@ -457,7 +476,10 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
       cpu_only += static_cast<double>(groups[i].elems) / ur.cpu_params_per_s;
   }
   out.optimizer_nvme_s = nvme_groups > 0 ? std::max(0.0, up.cpu_s - cpu_only) : 0.0;
-  out.other_s = req.step_other_s;
+  out.other_s = req.step_other_s +
+                (rates.host_clear_bytes_per_s > 0
+                     ? static_cast<double>(cleared_after_phase) / rates.host_clear_bytes_per_s
+                     : 0.0);
   if (world > 1) {
     int per_iter = n;  // each chunk's gradients reduced once per micro-batch
     for (int c = 0; c < n; ++c) per_iter += gathers[static_cast<size_t>(c)];

@@ -119,6 +119,7 @@ constexpr struct {
                    {"nvme_read_bytes_per_s", &MachineRates::nvme_read_bytes_per_s},
                    {"nvme_write_bytes_per_s", &MachineRates::nvme_write_bytes_per_s},
                    {"nvme_duplex_bytes_per_s", &MachineRates::nvme_duplex_bytes_per_s},
+                   {"host_clear_bytes_per_s", &MachineRates::host_clear_bytes_per_s},
                    {"device_flops_per_s", &MachineRates::device_flops_per_s},
                    {"device_memory_bytes_per_s", &MachineRates::device_memory_bytes_per_s},
                    {"comm_bytes_per_s", &MachineRates::comm_bytes_per_s}};

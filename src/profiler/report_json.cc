@@ -308,7 +308,8 @@ std::string BuildReportJson(const ReportSnapshot& s) {
           {"d2h_bytes_per_second", u.d2h_bytes_per_s},
           {"nvme_read_bytes_per_second", u.nvme_read_bytes_per_s},
           {"nvme_write_bytes_per_second", u.nvme_write_bytes_per_s},
-          {"nvme_duplex_bytes_per_second", u.nvme_duplex_bytes_per_s}}}};
+          {"nvme_duplex_bytes_per_second", u.nvme_duplex_bytes_per_s},
+          {"host_clear_bytes_per_second", u.host_clear_bytes_per_s}}}};
   }
   report["ranks"] = Ranks(s.ranks);
   report["profile"] = Profile(s);

@@ -90,7 +90,7 @@ struct ReportSnapshot {
     uint64_t slot_bytes = 0;
     double cpu_params_per_s = 0, device_params_per_s = 0, h2d_bytes_per_s = 0, d2h_bytes_per_s = 0,
            nvme_read_bytes_per_s = 0, nvme_write_bytes_per_s = 0, nvme_duplex_bytes_per_s = 0,
-           cpu_params_per_s_streaming = 0, pcie_duplex_bytes_per_s = 0,
+           cpu_params_per_s_streaming = 0, pcie_duplex_bytes_per_s = 0, host_clear_bytes_per_s = 0,
            link_slowdown_beside_cpu = 1;
     bool device_rate_modelled = false, device_shares_cpu = false;
     // The speculative start: its setting, steps that used it and that rolled it back.

@@ -248,15 +248,13 @@ Status ShardStore::CopyParamBytes(int c, uint64_t offset, uint64_t len, void* ho
   return Status::OK();
 }
 
-namespace {
-
 // Note [Clearing gradient shards on the host's cores]: with accumulation every fp32 gradient
 // shard is cleared for the next window as its chunk's CPU Adam ends, inside the update phase. On
 // one thread that memset ran at about 8 GB/s on the H100's host: 45 shards of 67 MB took about
 // 370 ms of a 552 ms update phase at accumulation 4 (bench/RESULTS.md, gpu-speed session 30).
 // Spans of 1 MiB over oneTBB's arena write at the memory's rate; zeros are zeros on any number of
 // threads.
-void ZeroParallel(void* p, uint64_t bytes) {
+void ZeroHostParallel(void* p, uint64_t bytes) {
   constexpr uint64_t kSpan = uint64_t{1} << 20;
   auto* b = static_cast<uint8_t*>(p);
   if (bytes <= 4 * kSpan) {
@@ -269,13 +267,11 @@ void ZeroParallel(void* p, uint64_t bytes) {
   });
 }
 
-}  // namespace
-
 Status ShardStore::ZeroGrads() {
   for (int c = 0; c < num_chunks(); ++c) {
     if (!grad_on_device(c)) {
       PinnedSlot& s = grad_shards_[static_cast<size_t>(c)];
-      ZeroParallel(s.data(), s.bytes());
+      ZeroHostParallel(s.data(), s.bytes());
       continue;
     }
     RETURN_IF_ERROR(device_.MemsetAsync(grad(c), 0, grad_bytes(), stream_.handle()));
@@ -289,7 +285,7 @@ Status ShardStore::ZeroGrad(int c) {
     return stream_.Synchronize();
   }
   PinnedSlot& s = grad_shards_[static_cast<size_t>(c)];
-  ZeroParallel(s.data(), s.bytes());
+  ZeroHostParallel(s.data(), s.bytes());
   return Status::OK();
 }
 

@@ -154,4 +154,9 @@ class ShardStore {
   std::atomic<uint64_t> nvme_read_bytes_{0}, nvme_write_bytes_{0};
 };
 
+// Zeroes host memory over oneTBB's arena in 1 MiB spans (Note [Clearing gradient shards on the
+// host's cores]): how ZeroGrads clears host gradient shards, and what the update phase's rate
+// probe times.
+void ZeroHostParallel(void* p, uint64_t bytes);
+
 }  // namespace tierzero

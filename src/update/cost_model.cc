@@ -88,6 +88,20 @@ double BounceSeconds(const UpdateGroup& g, const UpdateRates& r) {
   return Div(StateBytes(g), r.d2h_bytes_per_s) + Div(StateBytes(g), r.h2d_bytes_per_s);
 }
 
+// Note [The accumulation clear in the model]
+// With accumulation each CPU group's fp32 gradient shard in host memory is zeroed for the next
+// window right after its update, on the chain's own thread (the update behind the next forward,
+// Updater::RunCpuChain; otherwise all of them after the phase, which the step pays all the
+// same). At 4 bytes an element against CPU Adam's ~30 it is about an eighth more of the chain;
+// on one thread it was two thirds of an H100 host's phase (bench/RESULTS.md, session 30), and
+// the model that left it out predicted 201 ms for 552. Timed by the rate probe (a parallel
+// clear of its own buffer).
+double ClearSeconds(const UpdateGroup& g, const UpdateRates& r) {
+  return r.host_clear_bytes_per_s > 0
+             ? Div(static_cast<double>(g.clear_bytes), r.host_clear_bytes_per_s)
+             : 0.0;
+}
+
 }  // namespace
 
 // Note [The update phase's model]
@@ -175,8 +189,9 @@ UpdateAssignment Simulate(const std::vector<UpdateGroup>& groups,
       nvme.push_back(i);
       continue;
     }
-    // A gradient shard on the device comes over before the CPU's Adam reads it.
-    t += Div(static_cast<double>(g.elems), cpu_rate) +
+    // A gradient shard on the device comes over before the CPU's Adam reads it; with
+    // accumulation the host's shard is cleared after (Note [The accumulation clear in the model]).
+    t += Div(static_cast<double>(g.elems), cpu_rate) + ClearSeconds(g, r) +
          (g.states_on_device ? BounceSeconds(g, r) : 0.0) +
          (g.grad_on_device ? Div(static_cast<double>(g.grad_bytes), r.d2h_bytes_per_s) : 0.0) +
          (g.param_on_nvme ? Div(static_cast<double>(g.out_bytes), r.nvme_write_bytes_per_s) : 0);
@@ -205,7 +220,7 @@ UpdateAssignment Simulate(const std::vector<UpdateGroup>& groups,
               : StateBytes(g) + (g.param_on_nvme ? static_cast<double>(g.out_bytes) : 0.0);
       const double rd = Div(read_bytes, r.nvme_read_bytes_per_s);
       const double wr = Div(write_bytes, r.nvme_write_bytes_per_s);
-      const double a = Div(static_cast<double>(g.elems), cpu_rate);
+      const double a = Div(static_cast<double>(g.elems), cpu_rate) + ClearSeconds(g, r);
       if (first) first_read = rd;
       first = false;
       last_write = wr;

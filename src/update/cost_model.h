@@ -59,6 +59,10 @@ struct UpdateRates {
   // The device computes on the CPU's cores (the simulated device without a modelled rate): its
   // updates take CPU time from the CPU's own, so the phase is their sum.
   bool device_shares_cpu = false;
+  // Bytes of host memory the CPU chain clears per second (a gradient shard zeroed over every
+  // core for the next accumulation window: Note [Clearing gradient shards on the host's cores]);
+  // 0: unknown, not counted.
+  double host_clear_bytes_per_s = 0;
 };
 
 // One group as the model sees it.
@@ -82,6 +86,9 @@ struct UpdateGroup {
   // Updated before the phase (the speculative start, from host memory): nothing left to do; it
   // stays kCpu at no cost.
   bool done_ahead = false;
+  // Host bytes the CPU chain clears after this group's update (its fp32 accumulation shard, with
+  // accumulation, when the chain clears it: Note [The accumulation clear in the model]).
+  uint64_t clear_bytes = 0;
 };
 
 enum class UpdateMode : uint8_t { kAuto, kCpu, kFraction };

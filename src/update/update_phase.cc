@@ -195,6 +195,19 @@ StatusOr<UpdateRates> Updater::MeasureRates(void* scratch, uint64_t scratch_byte
     t.push_back(Since(t0));
   }
   r.cpu_params_per_s = static_cast<double>(total) / std::max(Median(t), 1e-9);
+  // Clearing host memory as the chain clears gradient shards with accumulation (Note [The
+  // accumulation clear in the model]): the probe's whole buffer, 20 bytes an element (its values
+  // do not matter to the device's probe below either).
+  {
+    const uint64_t bytes = host.bytes();
+    std::vector<double> z;
+    for (int round = 0; round < kRounds; ++round) {
+      const auto t0 = std::chrono::steady_clock::now();
+      ZeroHostParallel(host.data(), bytes);
+      z.push_back(Since(t0));
+    }
+    r.host_clear_bytes_per_s = static_cast<double>(bytes) / std::max(Median(z), 1e-9);
+  }
   // The device: as many whole groups as the scratch holds.
   const uint64_t per_elem = 12 + DTypeBytes(gt, 1) + DTypeBytes(dt, 1);
   const uint64_t dcalls =
@@ -384,7 +397,7 @@ Status Updater::RunPhase(const AdamStepOptions& so, bool prof) {
                            << " GB/s, write " << r.nvme_write_bytes_per_s / 1e9
                            << " GB/s, both at once " << r.nvme_duplex_bytes_per_s / 1e9 << " GB/s";
   }
-  const std::vector<UpdateGroup> groups = Groups();
+  std::vector<UpdateGroup> groups = Groups();
   UpdateBudget budget;
   budget.mode = cfg_.placement == OptimizerPlacement::kCpu        ? UpdateMode::kCpu
                 : cfg_.placement == OptimizerPlacement::kFraction ? UpdateMode::kFraction
@@ -401,6 +414,12 @@ Status Updater::RunPhase(const AdamStepOptions& so, bool prof) {
   if (!behind_off && world() == 1 && (behind_on || !cfg_.host_compute || io_bound) &&
       !forward_spans_.empty()) {
     budget.behind_forward_s = Median(forward_spans_);
+    // The chain behind the forward clears each of its groups' host gradient shards as it goes
+    // (Note [The accumulation clear in the model]).
+    if (cfg_.grad_accumulation > 1) {
+      for (UpdateGroup& g : groups)
+        if (!g.grad_on_device) g.clear_bytes = store_->grad_bytes();
+    }
   }
   UpdateRates rates = phase_.rates;
   if (!backward_spans_.empty()) rates.nvme_read_ahead_window_s = Median(backward_spans_);

@@ -326,6 +326,7 @@ void Updater::Snapshot(ReportSnapshot::Update& u) const {
   u.nvme_write_bytes_per_s = r.nvme_write_bytes_per_s;
   u.nvme_duplex_bytes_per_s = r.nvme_duplex_bytes_per_s;
   u.cpu_params_per_s_streaming = r.cpu_params_per_s_streaming;
+  u.host_clear_bytes_per_s = r.host_clear_bytes_per_s;
   u.pcie_duplex_bytes_per_s = r.pcie_duplex_bytes_per_s;
   u.link_slowdown_beside_cpu = r.link_slowdown_beside_cpu;
   u.device_rate_modelled = cfg_.host_device_adam_rate > 0;

@@ -232,6 +232,31 @@ TEST(UpdateAssignment, NvmeReadsAheadAndWritesBehindLeaveThePhase) {
   EXPECT_NEAR(AssignUpdates(g, Rates(1e9), Auto()).phase_s, 3.0, 1e-12);
 }
 
+TEST(UpdateAssignment, TheAccumulationClearLengthensTheCpuChain) {
+  // Four host groups whose 400-byte fp32 accumulation shards the chain clears at 800 B/s: 0.5 s
+  // each after its 1 s of Adam, 6 s in all; the group ends at 1.5, 3, 4.5, 6. Without the rate
+  // the clear is not counted (4 s). Two NVMe groups: each Adam 1 + 0.5 s, the disk's 4 s of I/O,
+  // max(4 + 1.5, 1 + 3 + 1) = 5.5 s.
+  std::vector<UpdateGroup> g(4, HostGroup());
+  for (auto& x : g) x.clear_bytes = 400;
+  UpdateRates r = Rates(100);
+  EXPECT_DOUBLE_EQ(AssignUpdates(g, r, Auto()).cpu_s, 4.0);
+  r.host_clear_bytes_per_s = 800;
+  UpdateAssignment p = AssignUpdates(g, r, Auto());
+  EXPECT_EQ(p.where, std::vector<W>(4, W::kCpu));
+  EXPECT_DOUBLE_EQ(p.cpu_s, 6.0);
+  EXPECT_EQ(p.group_end_s, (std::vector<double>{1.5, 3.0, 4.5, 6.0}));
+  std::vector<UpdateGroup> nvme(2, HostGroup());
+  for (auto& x : nvme) x.states_on_nvme = true, x.clear_bytes = 400;
+  UpdateRates rn = Rates(1e9);
+  rn.host_clear_bytes_per_s = 800;
+  EXPECT_NEAR(AssignUpdates(nvme, rn, Auto()).phase_s, 5.5, 1e-12);
+  // MakeUpdateGroups leaves clear_bytes to the caller: 0.
+  const std::vector<UpdateGroup> made =
+      MakeUpdateGroups({UpdateGroupTiers{}}, 100, 400, 200, 0, false, {});
+  EXPECT_EQ(made[0].clear_bytes, 0u);
+}
+
 TEST(UpdateAssignment, ADeviceOnTheCpuCoresAddsItsTimeToTheCpus) {
   // As ASplitOtherwise, but the device computes on the CPU's cores: one streamed group costs
   // 3 + 2.1 = 5.1 s > 4 s, so nothing streams.
