@@ -411,7 +411,16 @@ class Bf16AttentionCheckTest : public ::testing::Test {
                      bf16* dq, bf16* dk, bf16* dv) {
     auto use = attention_->Choose(s);
     ASSERT_TRUE(use.ok()) << use.status().ToString();
-    ASSERT_TRUE((*use)->cudnn) << attention_->Summary();
+    if (!(*use)->cudnn) {
+      // What the frontend's support surface refuses for this cuDNN (or a device too full for
+      // the workspace) is a skip; cuDNN refusing the shape itself a failure.
+      const std::string why = attention_->Summary();
+      if (why.find("known bf16 attention bugs") != std::string::npos ||
+          why.find("before 9.15.1") != std::string::npos ||
+          why.find("of workspace for this shape") != std::string::npos)
+        GTEST_SKIP() << why;
+      FAIL() << why;
+    }
     (*use)->forward_checked = (*use)->backward_checked = true;  // run cuDNN alone
     ASSERT_TRUE(attention_->Forward(x.Q(), x.K(), x.V(), B16(out.get()), lse.get(), s).ok());
     ASSERT_EQ(cudaMemset(out.get(), 0x3f, x.on * 2), cudaSuccess);  // ~0.75 everywhere
@@ -449,7 +458,7 @@ TEST_F(Bf16AttentionCheckTest, AWrongResultIsReplacedByTheKernels) {
     bf16* dK = x.fused ? dQ + s.heads * s.head_dim : B16(dk.get());
     bf16* dV = x.fused ? dQ + 2 * s.heads * s.head_dim : B16(dv.get());
     SpoilAndCheck(s, x, out, lse, dQ, dK, dV);
-    if (HasFatalFailure()) return;
+    if (IsSkipped() || HasFatalFailure()) return;
     // What the kernels compute from the same operands (the backward from the kernels' forward,
     // which the check put in place of the spoiled one).
     Dev<uint16_t> kout(x.on), kdq(x.qn), kdk(std::max<size_t>(x.kn, 1)),
