@@ -344,18 +344,16 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   // accumulation clear in the model], src/update/cost_model.cc): by the CPU's chain where it runs
   // behind the next forward (one rank, a GPU's compute or NVMe in the phase, as
   // Updater::RunPhase decides), else after the phase, in the step's rest.
-  uint64_t cleared_after_phase = 0;
+  // (Updater::RunPhase's condition: the model computes on a GPU, not on the host's cores.)
+  const bool host_compute = cfg.device == DeviceChoice::kHost ||
+                            (cfg.device == DeviceChoice::kAuto && CudaDeviceCount() == 0);
+  bool in_chain = false;
   if (accum > 1) {
     bool io_bound = nvme_params;
     for (const UpdateGroup& g : groups) io_bound |= g.states_on_nvme;
-    const bool in_chain = world == 1 && (!rates.device_shares_cpu || io_bound);
-    for (UpdateGroup& g : groups) {
-      if (g.grad_on_device) continue;
-      if (in_chain)
-        g.clear_bytes = grad_bytes;
-      else
-        cleared_after_phase += grad_bytes;
-    }
+    in_chain = world == 1 && (!host_compute || io_bound);
+    for (UpdateGroup& g : groups)
+      if (in_chain && !g.grad_on_device) g.clear_bytes = grad_bytes;
   }
   UpdateRates ur;
   ur.cpu_params_per_s = rate_or(rates.cpu_adam_params_per_s, 1e9, "cpu_adam_params_per_s");
@@ -389,6 +387,16 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
     ur.device_params_per_s = 1;
   }
   const UpdateAssignment up = AssignUpdates(groups, ur, ub);
+  // The clears the CPU's chain does not make: every host gradient shard after the phase, or,
+  // behind the forward, those of the groups updated elsewhere (Updater::Await, on the step's
+  // thread).
+  uint64_t cleared_after_phase = 0;
+  if (accum > 1) {
+    for (size_t i = 0; i < groups.size(); ++i) {
+      if (groups[i].grad_on_device || (in_chain && up.where[i] == UpdateWhere::kCpu)) continue;
+      cleared_after_phase += grad_bytes;
+    }
+  }
   for (UpdateWhere w : up.where) {
     out.optimizer_cpu += w == UpdateWhere::kCpu;
     out.optimizer_resident += w == UpdateWhere::kDeviceResident;

@@ -80,8 +80,8 @@ StatusOr<bool> Updater::LaunchBehind(const AdamStepOptions& so) {
   }
   tail_.counters_at_launch = optimizer().counters();
   tail_.step = so.step;
-  tail_.cpu_end_s = tail_.adam_s = 0;
-  tail_.adam_elems = 0;
+  tail_.cpu_end_s = tail_.adam_s = tail_.clear_s = 0;
+  tail_.adam_elems = tail_.clear_bytes = 0;
   tail_.active = true;
   try {
     tail_.worker = std::thread([this, so] {
@@ -124,6 +124,11 @@ Status Updater::Await() {
     // sample of the CPU Adam rate (on a GPU the forward computes on the device).
     FinishPhase(std::max(tail_.cpu_end_s, tail_.device_end_s), tail_.adam_s, tail_.adam_elems,
                 /*rate_sample=*/!cfg_.host_compute);
+    // The clears on real shards correct the probe's rate (whose buffer may sit in the cache).
+    if (!cfg_.host_compute && tail_.clear_bytes > 0 && tail_.clear_s > 0) {
+      phase_.rates.host_clear_bytes_per_s = AddSample(
+          phase_.clear_rate_samples, static_cast<double>(tail_.clear_bytes) / tail_.clear_s);
+    }
     if (cfg_.grad_accumulation > 1) {
       // The groups the worker did not take (the device's, the speculative start's).
       for (int c = 0; c < layout_.num_chunks(); ++c) {

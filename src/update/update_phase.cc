@@ -415,8 +415,9 @@ Status Updater::RunPhase(const AdamStepOptions& so, bool prof) {
       !forward_spans_.empty()) {
     budget.behind_forward_s = Median(forward_spans_);
     // The chain behind the forward clears each of its groups' host gradient shards as it goes
-    // (Note [The accumulation clear in the model]).
-    if (cfg_.grad_accumulation > 1) {
+    // (Note [The accumulation clear in the model]); not in a profiled step, whose chain runs
+    // inside Step and clears after the phase.
+    if (cfg_.grad_accumulation > 1 && !prof && !cm_->profile_pending()) {
       for (UpdateGroup& g : groups)
         if (!g.grad_on_device) g.clear_bytes = store_->grad_bytes();
     }
@@ -560,7 +561,14 @@ Status Updater::RunCpuChain(const AdamStepOptions& so, bool prof, bool mark, dou
         }
         phase_.measured_end_s[static_cast<size_t>(g.chunk)] = Since(phase_.t0);
         if (mark) {
-          if (cfg_.grad_accumulation > 1) RETURN_IF_ERROR(store_->ZeroGrad(g.chunk));
+          if (cfg_.grad_accumulation > 1) {
+            const auto z0 = std::chrono::steady_clock::now();
+            RETURN_IF_ERROR(store_->ZeroGrad(g.chunk));
+            if (!store_->grad_on_device(g.chunk)) {
+              tail_.clear_s += Since(z0);
+              tail_.clear_bytes += store_->grad_bytes();
+            }
+          }
           tail_.MarkDone(g.chunk);
         }
         return Status::OK();

@@ -192,6 +192,7 @@ class Updater {
     std::vector<double> phase_s;                     // every step's, for the median
     std::vector<double> cpu_rate_samples;            // CPU Adam params/s of the last phases
     std::vector<double> cpu_rate_samples_streaming;  // of those with streamed groups
+    std::vector<double> clear_rate_samples;          // host clears behind the forward, bytes/s
     std::vector<double> link_samples;  // UpdateRates::link_slowdown_beside_cpu, the last phases'
     std::vector<UpdateGroup> assigned_groups;  // what the assignment was made from
     UpdateRates assigned_rates;
@@ -220,6 +221,9 @@ class Updater {
     // Written by the worker before it finishes, read after the join.
     double cpu_end_s = 0, adam_s = 0;
     uint64_t adam_elems = 0;
+    // The host gradient shards it cleared (Note [The accumulation clear in the model]).
+    double clear_s = 0;
+    uint64_t clear_bytes = 0;
 
     bool Ready(int chunk) override;
     Status Await(int chunk) override;
