@@ -9,6 +9,11 @@
 //   tierzero devices     what tierzero can run on here: CPU SIMD level, CUDA GPUs, HostSim
 //   tierzero tunables    every TZ_* environment tunable with its value and default
 //   tierzero --help | --version
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -115,6 +120,18 @@ int Main(int argc, char** argv) {
 }  // namespace tierzero
 
 int main(int argc, char** argv) {
+  // A closed standard descriptor would be the number the next open() gets (a run's lock file, a
+  // checkpoint), and what is printed would go there: each points at /dev/null instead.
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) == -1 && errno == EBADF) {
+      const int null_fd = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+      if (null_fd >= 0 && null_fd != fd) ::close(null_fd);  // (fd was taken meanwhile)
+    }
+  }
+  // A reader of stdout that goes away (`| head`, `| tee` ended by the same Ctrl-C) must not end a
+  // run before it saves: writes to the broken pipe fail with EPIPE instead, and the run goes on
+  // without its console (docs/signals.md).
+  ::signal(SIGPIPE, SIG_IGN);
   // First, before any thread exists (Note [Signals on one thread of ours], signals.h).
   if (tierzero::Status s = tierzero::app::StartSignalThread(); !s.ok()) {
     std::fprintf(stderr, "error: %s\n", s.ToString().c_str());

@@ -7,9 +7,12 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
+
+#include "tierzero/files.h"
 
 namespace tierzero::app {
 namespace {
@@ -18,6 +21,26 @@ std::atomic<int> g_graceful{0};  // live GracefulInterrupts scopes
 std::atomic<int> g_signal{0};    // the signal that asked to stop
 std::atomic<bool> g_started{false};
 std::atomic<bool> g_setup{false};  // a run's set-up: a signal ends the process
+// When the stop was asked for (steady clock, ns): a signal this long after it ends the process.
+std::atomic<int64_t> g_asked_ns{0};
+constexpr int64_t kForceAfterNs = int64_t{3} * 1000 * 1000 * 1000;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Ends the process now with status 128 + sig, leaving no partial output behind.
+[[noreturn]] void EndNow(int sig, const char* why) {
+  RemovePendingTemporaries();
+  // write(2), not stdio: the main thread may hold stderr's lock where it stopped.
+  char msg[256];
+  const int n = std::snprintf(msg, sizeof msg, "\ntierzero: %s received %s\n",
+                              sig == SIGINT ? "SIGINT" : "SIGTERM", why);
+  if (n > 0) (void)!::write(STDERR_FILENO, msg, static_cast<size_t>(n));
+  _exit(128 + sig);
+}
 
 sigset_t TerminationSignals() {
   sigset_t set;
@@ -36,26 +59,29 @@ void* WaitForSignals(void*) {
       // A run's set-up: nothing is trained or saved yet, and the main thread may be blocked in
       // a read that no flag would interrupt. (This is a thread of ours, not a handler; the main
       // thread's buffered stdout is not flushed.)
-      // write(2), not stdio: the main thread may hold stderr's lock where it stopped.
-      char msg[160];
-      const int n = std::snprintf(msg, sizeof msg,
-                                  "\ntierzero: %s received during the run's set-up: stopping now "
-                                  "(nothing was trained or saved)\n",
-                                  sig == SIGINT ? "SIGINT" : "SIGTERM");
-      if (n > 0) (void)!::write(STDERR_FILENO, msg, static_cast<size_t>(n));
-      _exit(128 + sig);
+      EndNow(sig, "during the run's set-up: stopping now (nothing was trained or saved)");
     }
     // Inside a run, or after one was asked to stop (it is saving or exiting): only a request.
     if (g_graceful.load() > 0 || g_signal.load() != 0) {
       if (g_signal.exchange(sig) == 0) {
+        g_asked_ns.store(NowNs());
         std::fprintf(stderr,
                      "\ntierzero: %s received: finishing this step, then saving a checkpoint "
-                     "(SIGKILL stops at once; the last complete checkpoint stays valid)\n",
+                     "(another signal 3 s or more from now stops at once without saving; the "
+                     "last complete checkpoint stays valid)\n",
                      sig == SIGINT ? "SIGINT" : "SIGTERM");
+      } else if (NowNs() - g_asked_ns.load() >= kForceAfterNs) {
+        // Asked again, not in the same burst: the step or the save may be blocked where no
+        // flag reaches it (a write into a full pipe, a link throttled to nothing).
+        EndNow(sig,
+               "again: stopping now without saving (the last complete checkpoint stays valid; "
+               "--resume from it)");
       }
       continue;
     }
-    // No run to stop gracefully: the signal's default action, on this thread, for the process.
+    // No run to stop gracefully: the signal's default action, on this thread, for the process,
+    // after the partial outputs it was writing are removed (an export's temporary file).
+    RemovePendingTemporaries();
     signal(sig, SIG_DFL);
     sigset_t one;
     sigemptyset(&one);

@@ -8,11 +8,14 @@
 // 4845, fixed upstream after the 2.6 that Debian 12 ships), whose signal frame then overwrites the
 // heap: 2-25% of Ctrl-Cs during training ended in SIGSEGV, SIGBUS, a corrupt free or a hang.
 // While a GracefulInterrupts is alive (tierzero train), a signal only asks the run to stop: the
-// step finishes, a checkpoint is saved, and the process exits 0, however many signals arrive:
-// once a stop has been asked for, later signals are ignored until the process exits (a burst of
+// step finishes, a checkpoint is saved, and the process exits 0: once a stop has been asked for,
+// later signals of the same burst (under 3 s) are ignored until the process exits (a burst of
 // Ctrl-Cs whose last one lands after the scope ended, while the process is exiting, used to end
-// it with status 130). Otherwise a signal ends the process as its default action would (status
-// 128 + the signal).
+// it with status 130); one 3 s or more after the first ends the process at once (status 128 + the
+// signal), for a step or save blocked where no flag reaches it. Otherwise a signal ends the
+// process as its default action would (status 128 + the signal). Whenever the process ends on a
+// signal, the temporary files of the outputs it was writing are removed first
+// (RemovePendingTemporaries, tierzero/files.h).
 //
 // Thread-safety: every function may be called from any thread.
 #pragma once

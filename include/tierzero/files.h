@@ -44,6 +44,12 @@ StatusOr<std::string> ReadFileBounded(const std::string& path, uint64_t max_byte
 inline constexpr uint64_t kMaxConfigBytes = uint64_t{16} << 20;
 inline constexpr uint64_t kMaxReportBytes = uint64_t{256} << 20;
 
+// Removes the temporary file of every output still being written (not yet renamed into place):
+// for a process about to end on a signal without unwinding (the CLI's signal thread), so an
+// interrupted export or save leaves no hidden partial file beside its output. Not
+// async-signal-safe: call it from a thread, never from a signal handler.
+void RemovePendingTemporaries();
+
 // What kind of file an st_mode is, in words: "a directory", "a FIFO", "a character device"...
 const char* FileKindName(unsigned mode);
 

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <climits>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <utility>
 
 namespace tierzero {
@@ -38,6 +40,24 @@ int CreateTemporary(const std::string& target, mode_t mode, std::string* tmp) {
   }
   errno = EEXIST;
   return -1;
+}
+
+// The temporaries being written, for RemovePendingTemporaries (a process ending on a signal).
+std::mutex& PendingMutex() {
+  static std::mutex m;
+  return m;
+}
+std::set<std::string>& Pending() {
+  static auto* s = new std::set<std::string>;  // never destroyed: read until _exit
+  return *s;
+}
+void AddPending(const std::string& tmp) {
+  std::lock_guard<std::mutex> lock(PendingMutex());
+  Pending().insert(tmp);
+}
+void DropPending(const std::string& tmp) {
+  std::lock_guard<std::mutex> lock(PendingMutex());
+  Pending().erase(tmp);
 }
 
 Status Refuse(const std::string& path, const std::string& why) {
@@ -141,6 +161,7 @@ StatusOr<AtomicFile> AtomicFile::Create(const std::string& path) {
   }
   f.fd_ = CreateTemporary(f.target_, mode, &f.tmp_);
   if (f.fd_ < 0) return ErrnoError("creating " + f.tmp_, errno);
+  AddPending(f.tmp_);
   // The mode asked for is masked by the umask; a replaced file keeps exactly its own bits.
   if (exists) (void)::fchmod(f.fd_, mode);
   return f;
@@ -165,8 +186,17 @@ AtomicFile& AtomicFile::operator=(AtomicFile&& o) noexcept {
 AtomicFile::~AtomicFile() {
   if (fd_ >= 0) {
     ::close(fd_);
-    if (!streamed_) ::unlink(tmp_.c_str());  // not committed
+    if (!streamed_) {  // not committed
+      ::unlink(tmp_.c_str());
+      DropPending(tmp_);
+    }
   }
+}
+
+void RemovePendingTemporaries() {
+  std::lock_guard<std::mutex> lock(PendingMutex());
+  for (const std::string& tmp : Pending()) ::unlink(tmp.c_str());
+  Pending().clear();
 }
 
 Status AtomicFile::Write(const void* data, size_t n) {
@@ -200,13 +230,14 @@ Status AtomicFile::Commit() {
   if (closed != 0) {
     const int err = errno;
     ::unlink(tmp_.c_str());
+    DropPending(tmp_);
     return ErrnoError("close " + tmp_, err);
   }
-  if (::rename(tmp_.c_str(), target_.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp_.c_str());
-    return ErrnoError("renaming " + tmp_ + " to " + target_, err);
-  }
+  const int renamed = ::rename(tmp_.c_str(), target_.c_str());
+  const int err = errno;
+  if (renamed != 0) ::unlink(tmp_.c_str());
+  DropPending(tmp_);
+  if (renamed != 0) return ErrnoError("renaming " + tmp_ + " to " + target_, err);
   // The rename itself durable (a crash now keeps the new file, not a name pointing nowhere).
   (void)SyncDir(DirOf(target_));
   return Status::OK();

@@ -64,6 +64,7 @@ class AtomicFile {
   uint64_t bytes_ = 0;
 };
 
+// RemovePendingTemporaries: tierzero/files.h.
 // WriteFileAtomically, ReadFileBounded and the bounds: tierzero/files.h.
 
 Status SyncDir(const std::string& dir);

@@ -14,6 +14,7 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   ranks_agree   ranks started with different configs fail with the fields named (mpirun ':')
   readers       a directory, /dev/zero, a huge sparse file, deep or duplicate-key JSON: an error
   setup_signal  SIGINT/SIGTERM while set-up blocks on a FIFO ends the process promptly
+  run_signals   a stdout reader gone, a closed stdout, a run blocked on a full FIFO, an export
   ranges        sizes at the ends of their ranges, absurd rates, a report of nonsense values
   export_paths  `export DIR/` and `export .` find the run's config
   plan_device   a plan's rates are measured on the device the planned run computes on
@@ -533,6 +534,78 @@ def case_setup_signal():
             check(p.returncode in (1, 128 + sig),
                   f"{extra}: status {p.returncode} after {sig.name}\n{out}")
             check("error:" in out or "set-up" in out, f"{extra}: no message\n{out}")
+
+
+def case_run_signals():
+    """A stop the run cannot miss: its stdout's reader gone (`| head`, a `| tee` ended by the same
+    Ctrl-C) still saves a checkpoint and exits 0; a closed stdout prints nowhere, not into the
+    run's files; a second signal 3 s after the first ends a run blocked where no flag reaches it
+    (a FIFO output whose reader does not read) with 128 + the signal and no partial file; an
+    interrupted export leaves no temporary file."""
+    cfg = os.path.join(OUT, "small.json")
+    rd = os.path.join(OUT, "v_pipe")
+    p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--steps", "1000000",
+                          "--log-every", "1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                         cwd=OUT)
+    for _ in range(3):
+        p.stdout.readline()
+    p.stdout.close()  # the reader is gone
+    time.sleep(1.5)
+    p.send_signal(signal.SIGINT)
+    try:
+        p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise Failure("a run whose stdout reader left did not stop after SIGINT")
+    check(p.returncode == 0, f"stdout's reader gone, then SIGINT: status {p.returncode}")
+    check(os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
+          "stdout's reader gone, then SIGINT: no checkpoint saved")
+    rd = os.path.join(OUT, "v_closed")
+    q = subprocess.run([TZ, "train", "--config", cfg, "--run-dir", rd], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, cwd=OUT, timeout=120,
+                       preexec_fn=lambda: os.close(1))
+    check(q.returncode == 0, f"stdout closed: status {q.returncode}")
+    check(os.path.getsize(os.path.join(rd, ".tierzero.lock")) == 0,
+          "stdout closed: the console went into the run's lock file")
+    fifo = os.path.join(OUT, "v_fifo")
+    os.mkfifo(fifo)
+    holder = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader that never reads
+    try:
+        rd = os.path.join(OUT, "v_blocked")
+        p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--metrics", fifo,
+                              "--steps", "1000000", "--quiet"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, cwd=OUT)
+        time.sleep(4)  # the pipe fills
+        p.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)  # the same burst: still only a request
+        time.sleep(3.5)
+        check(p.poll() is None or p.returncode == 0, "a burst of two signals ended the run")
+        p.send_signal(signal.SIGTERM)
+        try:
+            out = p.communicate(timeout=20)[0].decode()
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise Failure("a second SIGTERM 3 s later did not end a run blocked on a FIFO")
+        check(p.returncode in (0, 128 + signal.SIGTERM), f"status {p.returncode}\n{out}")
+        check(not [f for f in os.listdir(rd) if f.endswith(".tmp")], "a temporary file left")
+    finally:
+        os.close(holder)
+    big = os.path.join(OUT, "v_big")
+    ok(["train", "--config", cfg, "--run-dir", big, "--layers", "8", "--width", "512",
+        "--heads", "8", "--host-budget", "512MiB", "--device-budget", "64MiB", "--nvme-budget", "0",
+        "--steps", "1"],
+       timeout=300)
+    os.makedirs(os.path.join(OUT, "v_exp"))
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        p = subprocess.Popen([TZ, "export", big + "/checkpoint", "-o",
+                              os.path.join(OUT, "v_exp", "m.st")], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, cwd=OUT)
+        time.sleep(0.3)
+        p.send_signal(sig)
+        p.wait(timeout=60)
+        left = [f for f in os.listdir(os.path.join(OUT, "v_exp")) if f.endswith(".tmp")]
+        check(not left, f"an export ended by {sig.name} left {left}")
 
 
 def case_ranges():
