@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string>
 
+#include "tierzero/engine.h"
 #include "tierzero/files.h"
 
 namespace tierzero::app {
@@ -93,10 +94,21 @@ std::vector<FileId> RecordedOutputs(const std::string& run_dir) {
   return out;
 }
 
+// A manifest.json in `dir` that is some other program's (its JSON names no "format":
+// "tierzero-checkpoint"): a directory of the user's, never a checkpoint to replace or remove.
+bool ForeignManifest(const std::string& dir) {
+  if (!IsRegular(dir + "/manifest.json")) return false;
+  const StatusOr<CheckpointInfo> info = ReadCheckpointInfo(dir);
+  return !info.ok() &&
+         std::string(info.status().message()).find("is not a tierzero checkpoint manifest") !=
+             std::string::npos;
+}
+
 // A checkpoint's own files in `dir`: the manifest first (so what remains is no checkpoint), then
-// its states files. Regular files of these names only.
+// its states files. Regular files of these names only, and only where the manifest is ours.
 void RemoveCheckpointFiles(const std::string& dir) {
   std::error_code ec;
+  if (ForeignManifest(dir)) return;
   if (IsRegular(dir + "/manifest.json")) fs::remove(dir + "/manifest.json", ec);
   std::vector<fs::path> states;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
@@ -371,9 +383,18 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
   };
   plan.in_place = resume && ((ckpt && Same(*resume, *ckpt) && own(*ckpt)) ||
                              (!ckpt && Same(*resume, Identify(default_ckpt))));
+  // A checkpoint directory whose manifest.json is another program's: the save would write over
+  // it, and --overwrite would remove the user's files beside it.
+  if (ckpt && ForeignManifest(out.checkpoint_dir)) {
+    return FailedPreconditionError(
+        "the checkpoint directory " + out.checkpoint_dir +
+        " holds a manifest.json that is not a tierzero checkpoint's; a checkpoint saved there "
+        "would replace it, so tierzero will not write one there (nor remove anything, with "
+        "--overwrite): name another directory with --checkpoint DIR, or move that file");
+  }
   std::vector<std::string> held;
   auto hold_checkpoint = [&](const std::string& dir) {
-    if (!IsRegular(dir + "/manifest.json")) return;
+    if (!IsRegular(dir + "/manifest.json") || ForeignManifest(dir)) return;
     if (resume && Same(Identify(dir), *resume)) return;  // what this run reads
     for (const std::string& c : plan.stale_checkpoints)
       if (Same(Identify(c), Identify(dir))) return;

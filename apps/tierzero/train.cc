@@ -1,5 +1,6 @@
 #include "train.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -307,6 +308,7 @@ class TrainRun {
   int metrics_fd_ = -1;  // the lead rank's
   int start_ = 0, step_ = 0;
   bool interrupted_ = false;  // the agreed Ctrl-C (RunStep)
+  bool data_error_ = false;   // RunStep failed reading its data, before computing
   double save_s_ = 0;         // the last checkpoint's
   std::string plan_text_;     // --plan's file
   std::string init_note_;     // what --init-from loaded
@@ -322,6 +324,22 @@ Status TrainRun::SetUp() {
     // model]).
     TZ_ASSIGN_OR_RETURN(const CheckpointInfo info, ReadCheckpointInfo(out_.resume));
     TZ_RETURN_IF_ERROR(CheckSameModel(info.user_state, cfg_, out_.resume));
+    // Resumed in place, a checkpoint at or past the last step has nothing left to train: refused
+    // before the run's report, page and metrics are written over with those of no step (Note
+    // [The loop's step, not the applied count], below, for which step). Into another run
+    // directory it is a copy: re-saved there, on this run's ranks (resharding).
+    const json u = json::parse(info.user_state, nullptr, /*allow_exceptions=*/false);
+    const std::optional<int> at = IntegerField<int>(u, "step");
+    const int64_t ckpt_step = at && *at >= 0 ? *at : info.step;
+    if (outputs_.in_place && ckpt_step >= cfg_.train.steps) {
+      return FailedPreconditionError(
+          "the checkpoint " + out_.resume + " is at step " + std::to_string(ckpt_step) +
+          ", and this run ends at step " + std::to_string(cfg_.train.steps) +
+          " (train.steps, --steps): nothing is left to train. Give --steps above " +
+          std::to_string(ckpt_step) +
+          " to continue it (tierzero eval --resume evaluates it; --run-dir DIR re-saves it "
+          "elsewhere); nothing was written");
+    }
   }
   TZ_ASSIGN_OR_RETURN(engine_, Engine::Create(cfg_.engine, g_comm));
   TZ_ASSIGN_OR_RETURN(model_, gpt::Gpt::Create(*engine_, cfg_.model));
@@ -351,8 +369,22 @@ Status TrainRun::SetUp() {
       return s.status().WithContext("--plan " + out_.plan);
   }
   // The set-up is good: only now is an earlier run's output removed (--overwrite) and the run's
-  // config.json written.
-  if (lead_) TZ_RETURN_IF_ERROR(ApplyOutputs(outputs_));
+  // config.json written. A config.json this run creates is removed again if the run fails before
+  // its first step (a metrics FIFO with no reader): the directory then holds no trace of it, and
+  // the corrected command is not refused as "another run's outputs".
+  struct UndoConfig {
+    std::string path;
+    bool armed = false;
+    ~UndoConfig() {
+      if (armed) ::unlink(path.c_str());
+    }
+  } undo_config{outputs_.config_path, false};
+  if (lead_) {
+    struct stat st {};
+    const bool config_new = ::lstat(outputs_.config_path.c_str(), &st) != 0 && errno == ENOENT;
+    TZ_RETURN_IF_ERROR(ApplyOutputs(outputs_));
+    undo_config.armed = config_new;
+  }
   // Every rank past its set-up before the header says the run started: a signal from here on
   // stops it after a step and saves (Note [Signals on one thread of ours]); before, it ends the
   // process (nothing trained yet, nothing to save).
@@ -367,6 +399,7 @@ Status TrainRun::SetUp() {
     if (append) TZ_RETURN_IF_ERROR(TrimMetrics(out_.metrics, start_));
     TZ_ASSIGN_OR_RETURN(metrics_fd_, OpenOutputStream(out_.metrics, append, "the metrics file"));
   }
+  undo_config.armed = false;
   progress_ = std::make_unique<Progress>(start_, cfg_.train.steps, cfg_.train.log_every, out_.quiet,
                                          lead_ && ::isatty(STDOUT_FILENO) == 1);
   return Status::OK();
@@ -469,7 +502,21 @@ Status TrainRun::Loop() {
   for (; step_ < cfg_.train.steps; ++step_) {
     if (cfg_.train.profile_step > 0 && step_ + 1 == cfg_.train.profile_step)
       engine_->ProfileNextIteration();
-    TZ_RETURN_IF_ERROR(RunStep(step_));
+    if (Status s = RunStep(step_); !s.ok()) {
+      // Note [A checkpoint after a data error]: the step's data could not be read, and nothing of
+      // it was computed: the run stands between steps, so one rank (whose failure no other rank
+      // waits on) saves what it trained so far, as a Ctrl-C would, before it reports the error.
+      if (!data_error_ || world_ != 1 || out_.checkpoint_dir.empty() || step_ == start_) return s;
+      const Status saved = Save(step_);
+      return Status(
+          s.code(),
+          std::string(s.message()) +
+              (saved.ok() ? ". A checkpoint of step " + std::to_string(step_) + " is saved in " +
+                                out_.checkpoint_dir + ": --resume " + out_.checkpoint_dir +
+                                " continues the run once its data is readable"
+                          : ". Saving a checkpoint of step " + std::to_string(step_) +
+                                " failed too: " + saved.ToString()));
+    }
     if (interrupted_) {
       ++step_;
       progress_->Line("interrupted: saving a checkpoint at step " + std::to_string(step_));
@@ -504,6 +551,10 @@ Status TrainRun::RunStep(int step) {
   const double lr = LearningRate(cfg_.train, step);
   // Lets the last micro-batch's backward start the CPU's updates (engine.speculative_step).
   TZ_RETURN_IF_ERROR(engine_->PrepareStep({static_cast<float>(lr)}));
+  // The step's micro-batches are read before any is computed: a data error (a token file
+  // truncated or changed under the run) then stops the run between two steps, where the last
+  // one can still be saved (Loop, Note [A checkpoint after a data error]).
+  std::vector<gpt::Batch> batches;
   for (int micro = 0; micro < accum; ++micro) {
     // Data parallel: a step takes world * accum micro-batches, rank r the r-th run of accum,
     // so the same global batch whatever the split between ranks and accumulation.
@@ -511,7 +562,14 @@ Status TrainRun::RunStep(int step) {
                             static_cast<uint64_t>(rank_)) *
                                static_cast<uint64_t>(accum) +
                            static_cast<uint64_t>(micro);
-    TZ_ASSIGN_OR_RETURN(gpt::Batch batch, dataset_->Fetch(false, index, cfg_.train.batch_size));
+    auto batch = dataset_->Fetch(false, index, cfg_.train.batch_size);
+    if (!batch.ok()) {
+      data_error_ = true;
+      return batch.status();
+    }
+    batches.push_back(std::move(batch).value());
+  }
+  for (const gpt::Batch& batch : batches) {
     TZ_ASSIGN_OR_RETURN(const double l, model_->ForwardBackward(batch));
     loss += l / accum;
   }

@@ -1,6 +1,7 @@
 #include "gpt/gpt.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -46,8 +47,9 @@ Status ValidateGptConfig(const GptConfig& c) {
                                 "; accepted: " + range);
   };
   auto num = [](double v) {
-    std::string s = std::to_string(v);
-    return s;
+    char s[32];
+    std::snprintf(s, sizeof s, "%.6g", v);  // (not %f: 1e300 is 301 digits)
+    return std::string(s);
   };
   if (c.vocab < 2 || c.vocab > (1 << 20))
     return bad("vocab", std::to_string(c.vocab), "2..1048576");
@@ -69,6 +71,17 @@ Status ValidateGptConfig(const GptConfig& c) {
   if (c.d_ff < 0 || c.d_ff > (1 << 20))
     return bad("d_ff", std::to_string(c.d_ff), "0 (the architecture's default) or 1..1048576");
   if (!(c.norm_eps > 0 && c.norm_eps <= 1)) return bad("norm_eps", num(c.norm_eps), "(0, 1]");
+  // The rotary fields' ranges whatever the architecture: GPT-2 does not read them, but they are
+  // the run's config all the same (its report, its checkpoint), whose readers refuse absurd
+  // values (a rope_theta of 1e19 trained a whole run, then failed writing its report).
+  if (!(c.rope_theta > 1 && c.rope_theta <= 1e12))
+    return bad("rope_theta", num(c.rope_theta), "(1, 1e12]");
+  if (!(c.rope_factor >= 0 && c.rope_factor <= 1e6))
+    return bad("rope_factor", num(c.rope_factor), "0 (no scaling) or (0, 1e6]");
+  if (!(c.rope_low_freq_factor > 0 && c.rope_low_freq_factor <= 1e6))
+    return bad("rope_low_freq_factor", num(c.rope_low_freq_factor), "(0, 1e6]");
+  if (!(c.rope_high_freq_factor > 0 && c.rope_high_freq_factor <= 1e6))
+    return bad("rope_high_freq_factor", num(c.rope_high_freq_factor), "(0, 1e6]");
   if (c.arch == Arch::kGpt2) {
     // GPT-2 is one layout: what its Hugging Face checkpoints hold.
     if (c.n_kv_head != 0 && c.n_kv_head != c.n_head)
@@ -83,10 +96,6 @@ Status ValidateGptConfig(const GptConfig& c) {
     if (c.head_dim() % 2 != 0)
       return bad("n_head", std::to_string(c.n_head),
                  "a divisor of d_model leaving even heads (rotary embeddings rotate pairs)");
-    if (!(c.rope_theta > 1 && c.rope_theta <= 1e12))
-      return bad("rope_theta", num(c.rope_theta), "(1, 1e12]");
-    if (c.rope_factor < 0 || c.rope_factor > 1e6)
-      return bad("rope_factor", num(c.rope_factor), "0 (no scaling) or (0, 1e6]");
     if (c.rope_factor > 0 &&
         !(c.rope_low_freq_factor > 0 && c.rope_high_freq_factor > c.rope_low_freq_factor &&
           c.rope_original_positions > 0))

@@ -15,6 +15,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   readers       a directory, /dev/zero, a huge sparse file, deep or duplicate-key JSON: an error
   setup_signal  SIGINT/SIGTERM while set-up blocks on a FIFO ends the process promptly
   run_signals   a stdout reader gone, a closed stdout, a run blocked on a full FIFO, an export
+  late_faults   faults found late: a config the report cannot hold, a finished run resumed, a
+                foreign manifest.json, a set-up failing after config.json, data changing mid-run
   ranges        sizes at the ends of their ranges, absurd rates, a report of nonsense values
   export_paths  `export DIR/` and `export .` find the run's config
   plan_device   a plan's rates are measured on the device the planned run computes on
@@ -606,6 +608,58 @@ def case_run_signals():
         p.wait(timeout=60)
         left = [f for f in os.listdir(os.path.join(OUT, "v_exp")) if f.endswith(".tmp")]
         check(not left, f"an export ended by {sig.name} left {left}")
+
+
+def case_late_faults():
+    """Faults a run used to meet late: a config value its report cannot hold (refused before the
+    run), a finished run resumed in place (refused, its report intact), a checkpoint directory
+    holding another program's manifest.json (refused, even with --overwrite: nothing removed), a
+    set-up failing after config.json was written (the directory keeps no trace, the corrected
+    command runs), and a token file changing mid-run (the steps trained so far saved)."""
+    cfg = os.path.join(OUT, "small.json")
+    rope = write_config(os.path.join(OUT, "w_rope.json"), model={"n_layer": 2, "d_model": 64,
+                                                                   "n_head": 4, "rope_theta": 1e19})
+    refused(["train", "--config", rope, "--run-dir", os.path.join(OUT, "w_rope")], "rope_theta")
+    check(not os.path.exists(os.path.join(OUT, "w_rope")), "a refused config left a run directory")
+    rd = os.path.join(OUT, "w_done")
+    train_small(rd)
+    before = read(os.path.join(rd, "report.json"))
+    refused(["train", "--config", cfg, "--run-dir", rd, "--resume", rd + "/checkpoint", "--steps",
+             "6"], "nothing is left to train")
+    check(read(os.path.join(rd, "report.json")) == before, "a finished run's report was rewritten")
+    user = os.path.join(OUT, "w_user")
+    os.makedirs(user)
+    with open(os.path.join(user, "manifest.json"), "w") as f:
+        f.write('{"name": "my web app"}')
+    with open(os.path.join(user, "states-1.w1.rank0.bin"), "w") as f:
+        f.write("mine")
+    for extra in ([], ["--overwrite"]):
+        refused(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "w_u"), "--checkpoint",
+                 user] + extra, "not a tierzero checkpoint")
+    check(sorted(os.listdir(user)) == ["manifest.json", "states-1.w1.rank0.bin"] and
+          read(os.path.join(user, "manifest.json")) == b'{"name": "my web app"}',
+          "a user's directory with a manifest.json was touched")
+    fifo = os.path.join(OUT, "w_fifo")
+    os.mkfifo(fifo)
+    rd = os.path.join(OUT, "w_setup")
+    refused(["train", "--config", cfg, "--run-dir", rd, "--metrics", fifo], "no reader")
+    check(not os.path.exists(os.path.join(rd, "config.json")),
+          "a run that failed its set-up left its config.json")
+    ok(["train", "--config", cfg, "--run-dir", rd])
+    tok = os.path.join(OUT, "w_tok.bin")
+    with open(tok, "wb") as f:
+        f.write(bytes([7, 0, 200, 0]) * 262144)  # 524288 uint16 tokens, 7 and 200
+    rd = os.path.join(OUT, "w_data")
+    p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--data", tok, "--vocab",
+                          "256", "--steps", "1000000", "--quiet"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, cwd=OUT)
+    time.sleep(3)
+    os.truncate(tok, 1000)
+    out = p.communicate(timeout=60)[0].decode()
+    check(p.returncode == 1 and "changed while in use" in out and "A checkpoint of step" in out,
+          f"a token file truncated mid-run: status {p.returncode}\n{out}")
+    check(os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
+          "a token file truncated mid-run: nothing saved")
 
 
 def case_ranges():
