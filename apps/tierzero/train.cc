@@ -1,5 +1,7 @@
 #include "train.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -271,6 +273,7 @@ class TrainRun {
         lead_(rank == 0) {}
   ~TrainRun() {
     if (metrics_fd_ >= 0) ::close(metrics_fd_);
+    if (metrics_lock_fd_ >= 0) ::close(metrics_lock_fd_);
   }
 
   // The dataset, engine and model; the starting point (--init-from, --resume); the header lines;
@@ -279,6 +282,7 @@ class TrainRun {
   // The steps, with evaluations and checkpoints on their schedules, until the last step or an
   // agreed interrupt.
   Status Loop();
+  Status LockMetrics();
   // The last evaluation and checkpoint; on the lead rank the report, its renderings and the
   // closing lines.
   Status Finish();
@@ -305,7 +309,8 @@ class TrainRun {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<gpt::Gpt> model_;
   std::unique_ptr<Progress> progress_;
-  int metrics_fd_ = -1;  // the lead rank's
+  int metrics_fd_ = -1;       // the lead rank's
+  int metrics_lock_fd_ = -1;  // its lock (a regular file: MetricsLock)
   int start_ = 0, step_ = 0;
   bool interrupted_ = false;  // the agreed Ctrl-C (RunStep)
   bool data_error_ = false;   // RunStep failed reading its data, before computing
@@ -384,6 +389,7 @@ Status TrainRun::SetUp() {
     const bool config_new = ::lstat(outputs_.config_path.c_str(), &st) != 0 && errno == ENOENT;
     TZ_RETURN_IF_ERROR(ApplyOutputs(outputs_));
     undo_config.armed = config_new;
+    TZ_RETURN_IF_ERROR(LockMetrics());
   }
   // Every rank past its set-up before the header says the run started: a signal from here on
   // stops it after a step and saves (Note [Signals on one thread of ours]); before, it ends the
@@ -402,6 +408,31 @@ Status TrainRun::SetUp() {
   undo_config.armed = false;
   progress_ = std::make_unique<Progress>(start_, cfg_.train.steps, cfg_.train.log_every, out_.quiet,
                                          lead_ && ::isatty(STDOUT_FILENO) == 1);
+  return Status::OK();
+}
+
+// A metrics file is appended to line by line for the whole run: two runs naming the same file
+// (outside their run directories, which are locked) interleaved their lines and tore some. The
+// file is locked (flock, exclusive, held to the end) before it is trimmed or emptied; a second
+// run is refused while the first holds it. Regular files only (a FIFO or a device streams).
+Status TrainRun::LockMetrics() {
+  struct stat st {};
+  if (out_.metrics.rfind("/dev/", 0) == 0 || out_.metrics.rfind("/proc/", 0) == 0 ||
+      (::stat(out_.metrics.c_str(), &st) == 0 && !S_ISREG(st.st_mode)))
+    return Status::OK();
+  const int fd = ::open(out_.metrics.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY, 0644);
+  if (fd < 0) return ErrnoError("cannot write the metrics file " + out_.metrics, errno);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK)
+      return FailedPreconditionError("another tierzero process is writing the metrics file " +
+                                     out_.metrics +
+                                     " (it holds its lock): give this run its own --metrics");
+    // A file system without locks: the run goes on unlocked.
+    return Status::OK();
+  }
+  metrics_lock_fd_ = fd;
   return Status::OK();
 }
 
