@@ -660,6 +660,18 @@ def case_late_faults():
           f"a token file truncated mid-run: status {p.returncode}\n{out}")
     check(os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
           "a token file truncated mid-run: nothing saved")
+    # Two runs started together into one metrics file outside their run directories: one runs,
+    # the other is refused; every line of the file parses.
+    shared = os.path.join(OUT, "w_shared.jsonl")
+    ps = [subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", os.path.join(OUT, f"w_c{i}"),
+                            "--metrics", shared, "--steps", "200", "--quiet"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=OUT)
+          for i in (1, 2)]
+    outs = [p.communicate(timeout=120)[0].decode() for p in ps]
+    codes = sorted(p.returncode for p in ps)
+    check(codes == [0, 1], f"two runs into one metrics file: statuses {codes}\n" + "\n".join(outs))
+    for line in open(shared):
+        json.loads(line)
 
 
 def case_ranges():
