@@ -118,14 +118,29 @@ void SizeBudgetsToTheMachine(RunConfig& cfg) {
 // train.h
 StatusOr<std::string> LoadInitFrom(Engine& engine, const RunConfig& cfg) {
   const std::string& from = cfg.output.init_from;
+  // Weights holding NaN or infinities compute NaN losses: every step would be skipped (a run
+  // that trains nothing and exits 0) and eval would print "loss nan". Refused, naming them.
+  std::vector<std::string> non_finite;
+  auto refuse_non_finite = [&]() -> Status {
+    if (non_finite.empty()) return Status::OK();
+    std::string list;
+    for (size_t i = 0; i < non_finite.size() && i < 3; ++i)
+      list += (i == 0 ? "" : ", ") + non_finite[i];
+    if (non_finite.size() > 3) list += " and " + std::to_string(non_finite.size() - 3) + " more";
+    return DataLossError("--init-from " + from + ": tensors hold NaN or infinite values: " + list +
+                         ". A model with them computes NaN; the file is damaged, or was saved "
+                         "after a run diverged");
+  };
   if (!gpt::IsHfDir(from)) {
-    TZ_RETURN_IF_ERROR(engine.LoadSafetensors(from));
+    TZ_RETURN_IF_ERROR(engine.LoadSafetensors({from}, nullptr, nullptr, &non_finite));
+    TZ_RETURN_IF_ERROR(refuse_non_finite());
     return "weights from " + from;
   }
   TZ_ASSIGN_OR_RETURN(const gpt::HfModel hf, gpt::ReadHfDir(from, cfg.model));
   std::vector<std::string> skipped;
-  TZ_RETURN_IF_ERROR(
-      engine.LoadSafetensors(hf.files, gpt::HfTensorNames(cfg.model, hf.tensors), &skipped));
+  TZ_RETURN_IF_ERROR(engine.LoadSafetensors(hf.files, gpt::HfTensorNames(cfg.model, hf.tensors),
+                                            &skipped, &non_finite));
+  TZ_RETURN_IF_ERROR(refuse_non_finite());
   std::string note = hf.source + " from " + from + " (" + std::to_string(hf.files.size()) +
                      (hf.files.size() == 1 ? " file" : " files");
   if (!skipped.empty())

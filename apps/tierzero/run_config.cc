@@ -554,6 +554,10 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
     if (a == "--config") {
       if (i + 1 >= args.size()) return InvalidArgumentError("--config needs a file");
       *config_path = args[++i];
+      if (config_path->empty())
+        return InvalidArgumentError(
+            "--config is empty (an unset shell variable?); name a config file, or leave the "
+            "option out for the built-in default");
       continue;
     }
     auto f = kFlags.find(a);
@@ -561,6 +565,12 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
       return InvalidArgumentError("unknown option '" + a + "' (see tierzero train --help)");
     if (i + 1 >= args.size()) return InvalidArgumentError(a + " needs a value");
     const std::string value = args[++i];
+    // An empty value (an unset shell variable, `--resume $CKPT`) would mean the default: a run
+    // from scratch instead of the one asked for.
+    if (value.empty())
+      return InvalidArgumentError("option " + a +
+                                  " is empty (an unset shell variable?); give it a value, or "
+                                  "leave the option out for the default");
     // A config is JSON, which holds only UTF-8 text (a path in another encoding cannot be
     // written into the run's config.json, so it could not be resumed).
     if (const int64_t bad = FirstInvalidUtf8(value); bad >= 0)

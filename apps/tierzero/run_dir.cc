@@ -260,6 +260,18 @@ void DefaultOutputPaths(RunConfig& cfg) {
 StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& config_path,
                                    bool overwrite) {
   const OutputOptions& out = cfg.output;
+  // "none" turns the page, the trace and the checkpoint off; the metrics and the report are
+  // always written (the run's record, what a resume and `tierzero report` read): a file named
+  // "none" in the working directory is not what was meant.
+  for (const auto& [what, path] :
+       {std::pair<const char*, const std::string&>{"metrics", out.metrics},
+        {"report", out.report}}) {
+    if (path == "none")
+      return InvalidArgumentError(std::string("output.") + what +
+                                  " is \"none\": a run always writes its " + what +
+                                  " (html, trace and checkpoint_dir take \"none\"); name a "
+                                  "path, or /dev/null to discard it");
+  }
   OutputsPlan plan;
   plan.config_path = out.run_dir + "/config.json";
   struct Named {

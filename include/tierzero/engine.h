@@ -388,10 +388,13 @@ class Engine {
   // Loading reads every file's header, checked whole, before any parameter changes; each
   // parameter's tensor (F32, BF16 or F16) is read from whichever file holds it, converted and
   // written, one tensor at a time (a checkpoint larger than host memory loads); tensors the
-  // model does not name are skipped and counted in `skipped` (may be null).
+  // model does not name are skipped and counted in `skipped` (may be null). Tensors holding NaN
+  // or infinite values load as they are, named with their count in `non_finite` (may be null:
+  // then a warning is logged), "name (N of M)": a trainer refuses to start from them.
   using TensorNames = std::function<std::string(const std::string& param_name)>;
   Status LoadSafetensors(const std::vector<std::string>& files, const TensorNames& names,
-                         std::vector<std::string>* skipped = nullptr);
+                         std::vector<std::string>* skipped = nullptr,
+                         std::vector<std::string>* non_finite = nullptr);
   // Writes the master weights in `dtype` (fp32, bf16, fp16) as files of at most about
   // `max_shard_bytes` of tensors each (0: one file), dir/`stem`.safetensors when one file, else
   // dir/`stem`-0000i-of-0000n.safetensors (Hugging Face's names); returns each file's name

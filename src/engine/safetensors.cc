@@ -270,7 +270,8 @@ Status Engine::LoadSafetensors(const std::string& path) {
 }
 
 Status Engine::LoadSafetensors(const std::vector<std::string>& files, const TensorNames& names,
-                               std::vector<std::string>* skipped) {
+                               std::vector<std::string>* skipped,
+                               std::vector<std::string>* non_finite_tensors) {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("LoadSafetensors before Finalize");
   if (files.empty()) return InvalidArgumentError("LoadSafetensors of no file");
@@ -316,6 +317,7 @@ Status Engine::LoadSafetensors(const std::vector<std::string>& files, const Tens
     for (const auto& [n, f] : where)
       if (!used.count(n)) skipped->push_back(n);
   }
+  if (non_finite_tensors != nullptr) non_finite_tensors->clear();
   std::vector<uint8_t> raw;
   std::vector<float> values;
   for (size_t t = 0; t < im.params.size(); ++t) {
@@ -330,9 +332,13 @@ Status Engine::LoadSafetensors(const std::vector<std::string>& files, const Tens
     RETURN_IF_ERROR(Convert(raw.data(), e.dtype, values.data(), DType::kF32, count));
     const size_t non_finite = static_cast<size_t>(
         std::count_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); }));
-    if (non_finite > 0)
+    if (non_finite > 0 && non_finite_tensors != nullptr) {
+      non_finite_tensors->push_back(n + " (" + std::to_string(non_finite) + " of " +
+                                    std::to_string(count) + ")");
+    } else if (non_finite > 0) {
       TZ_LOG(kWarn, kEngine) << files[f] << ": tensor '" << n << "' holds " << non_finite
                              << " NaN or infinite values (loaded as they are)";
+    }
     RETURN_IF_ERROR(WriteParam(static_cast<ParamId>(t), values));
   }
   TZ_LOG(kInfo, kEngine) << "parameters loaded from " << set;

@@ -30,6 +30,7 @@ import pty
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import threading
@@ -660,6 +661,29 @@ def case_late_faults():
           f"a token file truncated mid-run: status {p.returncode}\n{out}")
     check(os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
           "a token file truncated mid-run: nothing saved")
+    # Empty option values (an unset shell variable) are not the default; "none" is no name for
+    # the metrics; weights holding NaN are refused before a run starts.
+    for flag in ("--config", "--resume", "--init-from", "--data", "--run-dir"):
+        refused(["train", flag, ""], "empty")
+    refused(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "w_none"), "--metrics",
+             "none"], "always writes its metrics")
+    check(not os.path.exists(os.path.join(OUT, "none")), "a metrics file named none")
+    rd = os.path.join(OUT, "w_nan")
+    train_small(rd)
+    st = os.path.join(OUT, "w_nan.st")
+    ok(["export", rd + "/checkpoint", "-o", st])
+    data = bytearray(read(st))
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    name = sorted(k for k in header if k != "__metadata__")[0]
+    at = 8 + n + header[name]["data_offsets"][0]
+    data[at:at + 4] = struct.pack("<f", float("nan")) if header[name]["dtype"] == "F32" else \
+        b"\xc0\x7f\xc0\x7f"
+    with open(st, "wb") as f:
+        f.write(data)
+    refused(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "w_nanrun"), "--init-from",
+             st], "NaN or infinite", name)
+    check(not os.path.exists(os.path.join(OUT, "w_nanrun")), "a refused init left a run directory")
     # Two runs started together into one metrics file outside their run directories: one runs,
     # the other is refused; every line of the file parses.
     shared = os.path.join(OUT, "w_shared.jsonl")
