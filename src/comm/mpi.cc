@@ -26,10 +26,11 @@ namespace {
 TZ_TUNABLE(bool, kMpiCommThread, "TZ_MPI_COMM_THREAD", true,
            "run MPI collectives on their own comm thread when MPI allows it (0: on the caller's "
            "thread; Note [The MPI comm thread])");
-TZ_TUNABLE(double, kEmulatedCrossNodeGBps, "TZ_EMULATE_CROSS_NODE_GBPS", 0.0,
-           "benchmarks and tests only: hold each MPI collective until this rank's cross-node "
-           "bytes would have crossed a link of this many GB/s (0: off; Note [An emulated slow "
-           "link])");
+TZ_TUNABLE_RANGE(double, kEmulatedCrossNodeGBps, "TZ_EMULATE_CROSS_NODE_GBPS", 0.0,
+                 "benchmarks and tests only: hold each MPI collective until this rank's "
+                 "cross-node bytes would have crossed a link of this many GB/s (0: off; Note [An "
+                 "emulated slow link])",
+                 0.0, 1e6);
 }  // namespace
 namespace {
 

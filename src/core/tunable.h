@@ -23,6 +23,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/mutex.h"
@@ -84,6 +86,10 @@ class Tunable final : public TunableBase {
  public:
   Tunable(const char* env_name, T default_value, const char* help)
       : TunableBase(env_name, help), default_(std::move(default_value)) {}
+  // A number accepted only within [lo, hi] (a timeout of -1 s, or of 1e20 s whose milliseconds
+  // overflow): outside it the environment's value is refused as a malformed one is.
+  Tunable(const char* env_name, T default_value, const char* help, T lo, T hi)
+      : TunableBase(env_name, help), default_(std::move(default_value)), range_({lo, hi}) {}
 
   T Get() const {
     MutexLock lock(mu_);
@@ -91,7 +97,7 @@ class Tunable final : public TunableBase {
     if (!env_loaded_) {
       env_loaded_ = true;
       if (auto text = EnvValue()) {
-        auto parsed = internal::ParseTunable(*text, static_cast<T*>(nullptr));
+        auto parsed = InRange(internal::ParseTunable(*text, static_cast<T*>(nullptr)));
         if (parsed.ok()) {
           env_ = *parsed;
         } else {
@@ -121,14 +127,25 @@ class Tunable final : public TunableBase {
   std::string DefaultString() const override { return internal::TunableToString(default_); }
   Status ValidateEnv() const override {
     if (auto text = EnvValue()) {
-      auto parsed = internal::ParseTunable(*text, static_cast<T*>(nullptr));
+      auto parsed = InRange(internal::ParseTunable(*text, static_cast<T*>(nullptr)));
       if (!parsed.ok()) return std::move(parsed).status().WithContext(env_name());
     }
     return Status::OK();
   }
 
  private:
+  StatusOr<T> InRange(StatusOr<T> v) const {
+    if constexpr (std::is_arithmetic_v<T>) {
+      if (v.ok() && range_ && !(*v >= range_->first && *v <= range_->second))
+        return InvalidArgumentError("is " + internal::TunableToString(*v) +
+                                    "; accepted: " + internal::TunableToString(range_->first) +
+                                    " to " + internal::TunableToString(range_->second));
+    }
+    return v;
+  }
+
   const T default_;
+  const std::optional<std::pair<T, T>> range_;
   mutable Mutex mu_;
   mutable bool env_loaded_ TZ_GUARDED_BY(mu_) = false;
   mutable std::optional<T> env_ TZ_GUARDED_BY(mu_);
@@ -138,7 +155,10 @@ class Tunable final : public TunableBase {
 
 // A tunable of seconds as a duration: the deadlines of waits.
 inline std::chrono::milliseconds TunableSeconds(const Tunable<double>& seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds.Get() * 1e3));
+  // (Clamped as well: a Set() in a test is not range-checked.)
+  const double s = seconds.Get();
+  return std::chrono::milliseconds(
+      static_cast<int64_t>((s >= 0 ? (s < 1e9 ? s : 1e9) : 0.0) * 1e3));
 }
 
 // Sets a tunable for the lifetime of a scope (tests).
@@ -158,3 +178,5 @@ class ScopedTunable {
 
 #define TZ_TUNABLE(type, var, env_name, default_value, help) \
   ::tierzero::Tunable<type> var(env_name, default_value, help)
+#define TZ_TUNABLE_RANGE(type, var, env_name, default_value, help, lo, hi) \
+  ::tierzero::Tunable<type> var(env_name, default_value, help, lo, hi)

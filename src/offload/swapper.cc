@@ -10,8 +10,10 @@
 namespace tierzero {
 
 namespace {
-TZ_TUNABLE(double, kSwapSlotTimeoutSeconds, "TZ_SWAP_SLOT_TIMEOUT_S", 60.0,
-           "seconds to wait for a free pinned swap slot (optimizer states on NVMe) before failing");
+TZ_TUNABLE_RANGE(double, kSwapSlotTimeoutSeconds, "TZ_SWAP_SLOT_TIMEOUT_S", 60.0,
+                 "seconds to wait for a free pinned swap slot (optimizer states on NVMe) before "
+                 "failing (0.001 to 1e6)",
+                 1e-3, 1e6);
 }  // namespace
 
 std::chrono::milliseconds SwapSlotTimeout() { return TunableSeconds(kSwapSlotTimeoutSeconds); }

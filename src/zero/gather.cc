@@ -12,8 +12,10 @@
 namespace tierzero {
 
 namespace {
-TZ_TUNABLE(double, kStagingTimeoutSeconds, "TZ_STAGING_TIMEOUT_S", 120.0,
-           "seconds a gather or reduction waits for a free pinned staging slot before failing");
+TZ_TUNABLE_RANGE(double, kStagingTimeoutSeconds, "TZ_STAGING_TIMEOUT_S", 120.0,
+                 "seconds a gather or reduction waits for a free pinned staging slot before "
+                 "failing (0.001 to 1e6)",
+                 1e-3, 1e6);
 }  // namespace
 
 std::chrono::milliseconds StagingTimeout() { return TunableSeconds(kStagingTimeoutSeconds); }
