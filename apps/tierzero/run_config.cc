@@ -128,6 +128,12 @@ Field BoolField(const std::string& name, bool* p) {
 Field StringField(const std::string& name, std::string* p) {
   return {[=](const json& v) -> Status {
             if (!v.is_string()) return Bad(name, v, "a string");
+            // A NUL ("\u0000" in JSON) would cut a path where the system reads it: "x\u0000y"
+            // wrote ./x.
+            if (v.get_ref<const std::string&>().find('\0') != std::string::npos)
+              return InvalidArgumentError(name +
+                                          " holds a NUL character (\\u0000); a path "
+                                          "or name cannot");
             *p = v.get<std::string>();
             return Status::OK();
           },
