@@ -513,12 +513,29 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
     }
     return Status::OK();
   };
-  Status verified = [&]() -> Status {
-    ASSIGN_OR_RETURN(manifest, ReadManifest(dir));
-    reader.emplace(dir, manifest.moments);
-    RETURN_IF_ERROR(CheckSameModel(dir, manifest.tensors, im.params, im.numel));
-    return run_pass(/*apply=*/false);
-  }();
+  // Note [A checkpoint saved while it is read]: a run saving into `dir` writes its new states
+  // files, then the manifest, then removes the old files, so a reader of the old manifest can
+  // find a file gone before it opened it. The manifest then names another step: read again from
+  // it (the files opened stay readable to the apply pass below however they are renamed or
+  // removed). A file missing under an unchanged manifest is a damaged checkpoint.
+  Status verified;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    verified = [&]() -> Status {
+      ASSIGN_OR_RETURN(manifest, ReadManifest(dir));
+      reader.emplace(dir, manifest.moments);
+      RETURN_IF_ERROR(CheckSameModel(dir, manifest.tensors, im.params, im.numel));
+      return run_pass(/*apply=*/false);
+    }();
+    if (verified.ok() || verified.code() != StatusCode::kNotFound) break;
+    const StatusOr<Manifest> now = ReadManifest(dir);
+    if (!now.ok() || (now->step == manifest.step && now->user_state == manifest.user_state)) break;
+    TZ_LOG(kInfo, kEngine) << "checkpoint " << dir << " was saved again while it was read (step "
+                           << manifest.step << " -> " << now->step << "): reading it again";
+    if (attempt == 2)
+      verified = std::move(verified).WithContext(
+          "the checkpoint kept changing while it was read (a run is saving into it: read it "
+          "when that run has stopped, or a copy)");
+  }
   RETURN_IF_ERROR(AgreeOnStatus(*im.comm, verified));
   Status loaded = AgreeOnStatus(*im.comm, run_pass(/*apply=*/true));
   if (!loaded.ok()) {
