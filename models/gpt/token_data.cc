@@ -128,8 +128,11 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
                                     "' is an llm.c shard whose header "
                                     "says " +
                                     std::to_string(header[2]) + " tokens (" + std::to_string(want) +
-                                    " bytes) but it is " + std::to_string(bytes) +
-                                    " bytes (truncated?)");
+                                    " bytes) but it is " + std::to_string(bytes) + " bytes" +
+                                    (header[2] <= 0 ? " (a shard holds at least one token)"
+                                     : bytes < want ? " (truncated?)"
+                                                    : " (bytes after its tokens: not a shard "
+                                                      "llm.c wrote, or two files joined?)"));
       file.shard = true;
       file.offset = kShardHeaderBytes;
       file.count = static_cast<uint64_t>(header[2]);

@@ -166,6 +166,11 @@ StatusOr<Manifest> ReadManifest(const std::string& dir) {
       ReadRegularFileBounded(dir + "/manifest.json", kMaxConfigBytes * 4, "checkpoint manifest");
   if (!text.ok()) {
     if (text.status().code() != StatusCode::kNotFound) return text.status();
+    // A run directory named for its checkpoint (`--resume runs/x` for `runs/x/checkpoint`).
+    struct stat st {};
+    if (::stat((dir + "/checkpoint/manifest.json").c_str(), &st) == 0 && S_ISREG(st.st_mode))
+      return NotFoundError("no checkpoint in '" + dir + "', which is a run directory: its " +
+                           "checkpoint is '" + dir + "/checkpoint'");
     return NotFoundError("no checkpoint in '" + dir +
                          "' (manifest.json missing: the directory is not a checkpoint, or its "
                          "first save did not finish)");

@@ -162,7 +162,7 @@ NvmeStore::~NvmeStore() {
 StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOptions& options) {
   if (options.paths.empty()) return InvalidArgumentError("nvme.paths is empty; give at least one");
   if (options.bytes_per_path == 0) {
-    return InvalidArgumentError("nvme.bytes_per_path must be > 0");
+    return InvalidArgumentError("the NVMe budget per path (engine.nvme_budget) must be > 0");
   }
   if (options.block_bytes < kNvmeAlignment || options.block_bytes % kNvmeAlignment != 0 ||
       options.block_bytes > (uint64_t{1} << 30)) {
@@ -222,7 +222,8 @@ Status NvmeStore::OpenFiles() {
     auto no_space = [&](uint64_t free_now) {
       return OutOfMemoryError("NVMe store needs " + FormatBytes(size) + " at " + path +
                               " but only " + FormatBytes(free_now) +
-                              " is free there; lower nvme.bytes_per_path, free space, or add "
+                              " is free there; lower the NVMe budget (engine.nvme_budget, "
+                              "--nvme-budget), free space, or add "
                               "another path");
     };
     if (free_bytes < size) return no_space(free_bytes);
@@ -337,7 +338,7 @@ StatusOr<NvmeExtent> NvmeStore::Allocate(uint64_t bytes) {
     return OutOfMemoryError("NVMe store cannot allocate " + FormatBytes(bytes) + ": " +
                             FormatBytes(free_total) + " free across " + std::to_string(paths) +
                             " path(s), largest free block " + FormatBytes(largest) +
-                            " (raise nvme.bytes_per_path or add a path)");
+                            " (raise the NVMe budget, engine.nvme_budget, or add a path)");
   }
   const uint64_t id = next_id_++;
   registry_->extents.emplace(id, std::move(info));
