@@ -17,6 +17,10 @@
 namespace tierzero::app {
 namespace {
 
+const char* SignalName(int sig) {
+  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP";
+}
+
 std::atomic<int> g_graceful{0};  // live GracefulInterrupts scopes
 std::atomic<int> g_signal{0};    // the signal that asked to stop
 std::atomic<bool> g_started{false};
@@ -36,17 +40,20 @@ int64_t NowNs() {
   RemovePendingTemporaries();
   // write(2), not stdio: the main thread may hold stderr's lock where it stopped.
   char msg[256];
-  const int n = std::snprintf(msg, sizeof msg, "\ntierzero: %s received %s\n",
-                              sig == SIGINT ? "SIGINT" : "SIGTERM", why);
+  const int n =
+      std::snprintf(msg, sizeof msg, "\ntierzero: %s received %s\n", SignalName(sig), why);
   if (n > 0) (void)!::write(STDERR_FILENO, msg, static_cast<size_t>(n));
   _exit(128 + sig);
 }
 
+// SIGHUP too: a terminal or ssh session that goes away hangs the run up, and a run that dies
+// then loses every step since its last checkpoint; it is a request to stop like the others.
 sigset_t TerminationSignals() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
   return set;
 }
 
@@ -69,7 +76,7 @@ void* WaitForSignals(void*) {
                      "\ntierzero: %s received: finishing this step, then saving a checkpoint "
                      "(another signal 3 s or more from now stops at once without saving; the "
                      "last complete checkpoint stays valid)\n",
-                     sig == SIGINT ? "SIGINT" : "SIGTERM");
+                     SignalName(sig));
       } else if (NowNs() - g_asked_ns.load() >= kForceAfterNs) {
         // Asked again, not in the same burst: the step or the save may be blocked where no
         // flag reaches it (a write into a full pipe, a link throttled to nothing).
@@ -88,7 +95,7 @@ void* WaitForSignals(void*) {
     sigaddset(&one, sig);
     pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
     raise(sig);
-    _exit(128 + sig);  // not reached for SIGINT and SIGTERM
+    _exit(128 + sig);  // not reached: their default action ends the process
   }
   return nullptr;
 }
@@ -99,7 +106,7 @@ Status StartSignalThread() {
   if (g_started.exchange(true)) return Status::OK();
   const sigset_t set = TerminationSignals();
   if (int e = pthread_sigmask(SIG_BLOCK, &set, nullptr); e != 0)
-    return InternalError(std::string("blocking SIGINT and SIGTERM: ") + std::strerror(e));
+    return InternalError(std::string("blocking SIGINT, SIGTERM and SIGHUP: ") + std::strerror(e));
   pthread_t thread;
   if (int e = pthread_create(&thread, nullptr, WaitForSignals, nullptr); e != 0)
     return InternalError(std::string("starting the signal thread: ") + std::strerror(e));

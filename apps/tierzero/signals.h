@@ -1,9 +1,9 @@
-// Termination signals (SIGINT, SIGTERM) for the CLI, taken on one thread of ours.
+// Termination signals (SIGINT, SIGTERM, SIGHUP) for the CLI, taken on one thread of ours.
 //
 // Note [Signals on one thread of ours]
-// No asynchronous signal handler runs in this process. main() blocks SIGINT and SIGTERM before
-// any other thread exists, so every thread inherits the blocked mask, and one thread of ours takes
-// them with sigwait(). A handler would run on whichever thread the kernel picks, possibly one
+// No asynchronous signal handler runs in this process. main() blocks SIGINT, SIGTERM and SIGHUP
+// before any other thread exists, so every thread inherits the blocked mask, and one thread of ours
+// takes them with sigwait(). A handler would run on whichever thread the kernel picks, possibly one
 // inside a JIT-compiled oneDNN kernel that points its stack pointer into heap memory (oneDNN issue
 // 4845, fixed upstream after the 2.6 that Debian 12 ships), whose signal frame then overwrites the
 // heap: 2-25% of Ctrl-Cs during training ended in SIGSEGV, SIGBUS, a corrupt free or a hang.
@@ -24,21 +24,21 @@
 
 namespace tierzero::app {
 
-// Blocks SIGINT and SIGTERM in the calling thread, and so in every thread created after it, and
-// starts the thread that takes them. REQUIRES: called first in main, before any thread exists.
+// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread, and so in every thread created after it,
+// and starts the thread that takes them. REQUIRES: called first in main, before any thread exists.
 Status StartSignalThread();
 
-// True once SIGINT or SIGTERM has arrived inside a GracefulInterrupts scope (until Clear).
+// True once SIGINT, SIGTERM or SIGHUP has arrived inside a GracefulInterrupts scope (until Clear).
 bool InterruptRequested();
 void ClearInterrupt();
 // The run's set-up is over: from now on signals only ask it to stop (GracefulInterrupts).
 void EndSetUp();
 
-// While one is alive, SIGINT and SIGTERM set InterruptRequested() instead of ending the process.
-// `during_setup`: until EndSetUp() is called, a signal ends the process at once instead, with a
-// message and status 128 + the signal: a run's set-up can block (a FIFO named as an input with no
-// writer, a slow file system, a long initialisation) and has nothing to save yet, and a Ctrl-C
-// there used to be held until the first step ended, i.e. forever while a read blocked.
+// While one is alive, SIGINT, SIGTERM and SIGHUP set InterruptRequested() instead of ending the
+// process. `during_setup`: until EndSetUp() is called, a signal ends the process at once instead,
+// with a message and status 128 + the signal: a run's set-up can block (a FIFO named as an input
+// with no writer, a slow file system, a long initialisation) and has nothing to save yet, and a
+// Ctrl-C there used to be held until the first step ended, i.e. forever while a read blocked.
 class GracefulInterrupts {
  public:
   explicit GracefulInterrupts(bool during_setup = false);

@@ -563,6 +563,17 @@ def case_run_signals():
     check(p.returncode == 0, f"stdout's reader gone, then SIGINT: status {p.returncode}")
     check(os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
           "stdout's reader gone, then SIGINT: no checkpoint saved")
+    # SIGHUP (an ssh session dropped) stops the run as SIGTERM does: a checkpoint, status 0.
+    rd = os.path.join(OUT, "v_hup")
+    p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--steps", "1000000",
+                          "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         cwd=OUT)
+    time.sleep(2)
+    p.send_signal(signal.SIGHUP)
+    p.wait(timeout=60)
+    check(p.returncode == 0 and os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
+          f"SIGHUP: status {p.returncode}, checkpoint saved: "
+          f"{os.path.exists(os.path.join(rd, 'checkpoint', 'manifest.json'))}")
     rd = os.path.join(OUT, "v_closed")
     q = subprocess.run([TZ, "train", "--config", cfg, "--run-dir", rd], stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, cwd=OUT, timeout=120,
