@@ -52,6 +52,10 @@ int Export(const std::vector<std::string>& args) {
       max_shard = *b;
     } else if (args[i] == "--config" && i + 1 < args.size()) {
       config_path = args[++i];
+      if (config_path.empty())
+        return Fail(InvalidArgumentError(
+            "--config is empty (an unset shell variable?); name the run's config, or leave it "
+            "out for the checkpoint's own (../config.json)"));
     } else if (args[i] == "-h" || args[i] == "--help") {
       std::puts(
           "usage: tierzero export CHECKPOINT_DIR -o model.safetensors [--dtype fp32|bf16]\n"

@@ -86,6 +86,10 @@ StatusOr<PlanArgs> ParsePlanArgs(const std::vector<std::string>& args) {
   };
   auto str_arg = [&](size_t& i, const char* name) -> StatusOr<std::string> {
     if (i + 1 >= args.size()) return InvalidArgumentError(std::string(name) + " needs a value");
+    if (args[i + 1].empty())
+      return InvalidArgumentError(std::string(name) +
+                                  " is empty (an unset shell variable?); give it a value, or "
+                                  "leave the option out");
     return args[++i];
   };
   for (size_t i = 0; i < args.size(); ++i) {

@@ -19,7 +19,6 @@
 #include <sstream>
 #include <string>
 
-#include "tierzero/engine.h"
 #include "tierzero/files.h"
 
 namespace tierzero::app {
@@ -94,14 +93,20 @@ std::vector<FileId> RecordedOutputs(const std::string& run_dir) {
   return out;
 }
 
-// A manifest.json in `dir` that is some other program's (its JSON names no "format":
-// "tierzero-checkpoint"): a directory of the user's, never a checkpoint to replace or remove.
+// A manifest.json in `dir` that is not known to be tierzero's: a directory of the user's, never
+// a checkpoint to replace or remove. Known positively: a JSON object whose "format" is
+// "tierzero-checkpoint"; anything else (another program's JSON, text, an empty or unreadable
+// file) is foreign.
 bool ForeignManifest(const std::string& dir) {
-  if (!IsRegular(dir + "/manifest.json")) return false;
-  const StatusOr<CheckpointInfo> info = ReadCheckpointInfo(dir);
-  return !info.ok() &&
-         std::string(info.status().message()).find("is not a tierzero checkpoint manifest") !=
-             std::string::npos;
+  const std::string path = dir + "/manifest.json";
+  if (!IsRegular(path)) return false;
+  const StatusOr<std::string> text =
+      ReadFileBounded(path, uint64_t{256} << 20, "checkpoint manifest");
+  if (!text.ok()) return true;
+  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return true;
+  const auto f = j.find("format");
+  return f == j.end() || !f->is_string() || f->get<std::string>() != "tierzero-checkpoint";
 }
 
 // A checkpoint's own files in `dir`: the manifest first (so what remains is no checkpoint), then

@@ -1,6 +1,7 @@
 // Note [Signals on one thread of ours] in signals.h.
 #include "signals.h"
 
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -35,30 +36,47 @@ int64_t NowNs() {
       .count();
 }
 
+// A message on stderr that never blocks this thread: stderr may be the pipe nobody reads that
+// the process is stuck on (`2>&1 | less`), and this thread must stay free to take the next
+// signal and to end the process. write(2), not stdio (the main thread may hold stderr's lock);
+// only when the descriptor takes it now (a pipe then takes the whole message: PIPE_BUF), else
+// the message is dropped.
+void Say(const char* text, size_t n) {
+  pollfd p{STDERR_FILENO, POLLOUT, 0};
+  if (::poll(&p, 1, 0) == 1 && (p.revents & POLLOUT) != 0) (void)!::write(STDERR_FILENO, text, n);
+}
+
 // Ends the process now with status 128 + sig, leaving no partial output behind.
 [[noreturn]] void EndNow(int sig, const char* why) {
   RemovePendingTemporaries();
-  // write(2), not stdio: the main thread may hold stderr's lock where it stopped.
   char msg[256];
   const int n =
       std::snprintf(msg, sizeof msg, "\ntierzero: %s received %s\n", SignalName(sig), why);
-  if (n > 0) (void)!::write(STDERR_FILENO, msg, static_cast<size_t>(n));
+  if (n > 0) Say(msg, static_cast<size_t>(n));
   _exit(128 + sig);
 }
 
 // SIGHUP too: a terminal or ssh session that goes away hangs the run up, and a run that dies
 // then loses every step since its last checkpoint; it is a request to stop like the others.
+// SIGHUP stays ignored when the process was started ignoring it (`nohup`): blocked, it would be
+// queued and taken here all the same, and a run under nohup would stop when the session drops.
+// (SIGINT and SIGTERM are taken even so: a script's background job starts with SIGINT ignored,
+// and `kill -INT` sent to it on purpose must stop it as Ctrl-C does.)
+sigset_t g_taken;
+
 sigset_t TerminationSignals() {
   sigset_t set;
   sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGHUP);
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction old {};
+    if (sig == SIGHUP && sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+    sigaddset(&set, sig);
+  }
   return set;
 }
 
 void* WaitForSignals(void*) {
-  const sigset_t set = TerminationSignals();
+  const sigset_t set = g_taken;
   for (;;) {
     int sig = 0;
     if (sigwait(&set, &sig) != 0) continue;
@@ -72,11 +90,14 @@ void* WaitForSignals(void*) {
     if (g_graceful.load() > 0 || g_signal.load() != 0) {
       if (g_signal.exchange(sig) == 0) {
         g_asked_ns.store(NowNs());
-        std::fprintf(stderr,
-                     "\ntierzero: %s received: finishing this step, then saving a checkpoint "
-                     "(another signal 3 s or more from now stops at once without saving; the "
-                     "last complete checkpoint stays valid)\n",
-                     SignalName(sig));
+        char msg[256];
+        const int n = std::snprintf(
+            msg, sizeof msg,
+            "\ntierzero: %s received: finishing this step, then saving a checkpoint (another "
+            "signal 3 s or more from now stops at once without saving; the last complete "
+            "checkpoint stays valid)\n",
+            SignalName(sig));
+        if (n > 0) Say(msg, static_cast<size_t>(n));
       } else if (NowNs() - g_asked_ns.load() >= kForceAfterNs) {
         // Asked again, not in the same burst: the step or the save may be blocked where no
         // flag reaches it (a write into a full pipe, a link throttled to nothing).
@@ -104,7 +125,8 @@ void* WaitForSignals(void*) {
 
 Status StartSignalThread() {
   if (g_started.exchange(true)) return Status::OK();
-  const sigset_t set = TerminationSignals();
+  g_taken = TerminationSignals();
+  const sigset_t set = g_taken;
   if (int e = pthread_sigmask(SIG_BLOCK, &set, nullptr); e != 0)
     return InternalError(std::string("blocking SIGINT, SIGTERM and SIGHUP: ") + std::strerror(e));
   pthread_t thread;

@@ -282,7 +282,7 @@ class TrainRun {
   // The steps, with evaluations and checkpoints on their schedules, until the last step or an
   // agreed interrupt.
   Status Loop();
-  Status LockMetrics();
+  Status LockMetrics(int fd);
   // The last evaluation and checkpoint; on the lead rank the report, its renderings and the
   // closing lines.
   Status Finish();
@@ -314,6 +314,7 @@ class TrainRun {
   int start_ = 0, step_ = 0;
   bool interrupted_ = false;  // the agreed Ctrl-C (RunStep)
   bool data_error_ = false;   // RunStep failed reading its data, before computing
+  int saved_step_ = -1;       // the last checkpoint's step
   double save_s_ = 0;         // the last checkpoint's
   std::string plan_text_;     // --plan's file
   std::string init_note_;     // what --init-from loaded
@@ -377,26 +378,35 @@ Status TrainRun::SetUp() {
   // config.json written. A config.json this run creates is removed again if the run fails before
   // its first step (a metrics FIFO with no reader): the directory then holds no trace of it, and
   // the corrected command is not refused as "another run's outputs".
+  // (Also if it ends on a signal meanwhile: RemoveOnSignalExit.)
   struct UndoConfig {
     std::string path;
     bool armed = false;
+    void Arm() {
+      armed = true;
+      RemoveOnSignalExit(path);
+    }
+    void Disarm() {
+      if (armed) KeepOnSignalExit(path);
+      armed = false;
+    }
     ~UndoConfig() {
-      if (armed) ::unlink(path.c_str());
+      if (armed) {
+        KeepOnSignalExit(path);
+        ::unlink(path.c_str());
+      }
     }
   } undo_config{outputs_.config_path, false};
+  // Every rank past its set-up (a checkpoint loaded) before the lead replaces anything.
+  if (world_ > 1) TZ_RETURN_IF_ERROR(g_comm->Barrier());
   if (lead_) {
+    // Another run writing the same metrics file is refused before anything is removed.
+    TZ_RETURN_IF_ERROR(LockMetrics(-1));
     struct stat st {};
     const bool config_new = ::lstat(outputs_.config_path.c_str(), &st) != 0 && errno == ENOENT;
     TZ_RETURN_IF_ERROR(ApplyOutputs(outputs_));
-    undo_config.armed = config_new;
-    TZ_RETURN_IF_ERROR(LockMetrics());
+    if (config_new) undo_config.Arm();
   }
-  // Every rank past its set-up before the header says the run started: a signal from here on
-  // stops it after a step and saves (Note [Signals on one thread of ours]); before, it ends the
-  // process (nothing trained yet, nothing to save).
-  if (world_ > 1) TZ_RETURN_IF_ERROR(g_comm->Barrier());
-  EndSetUp();
-  PrintHeader(init_s);
   // A run resumed in place continues the metrics of the checkpoint's step: lines of later steps
   // (written before a crash or a kill, after the checkpoint) and a torn last line are dropped
   // first, so the file never holds a step twice. Any other run starts its metrics file empty.
@@ -404,35 +414,52 @@ Status TrainRun::SetUp() {
     const bool append = start_ > 0 && outputs_.in_place;
     if (append) TZ_RETURN_IF_ERROR(TrimMetrics(out_.metrics, start_));
     TZ_ASSIGN_OR_RETURN(metrics_fd_, OpenOutputStream(out_.metrics, append, "the metrics file"));
+    TZ_RETURN_IF_ERROR(LockMetrics(metrics_fd_));
   }
-  undo_config.armed = false;
+  undo_config.Disarm();
+  // A signal from here on stops the run after a step and saves (Note [Signals on one thread of
+  // ours]); before, it ends the process (nothing trained yet, nothing to save).
+  EndSetUp();
+  PrintHeader(init_s);
   progress_ = std::make_unique<Progress>(start_, cfg_.train.steps, cfg_.train.log_every, out_.quiet,
                                          lead_ && ::isatty(STDOUT_FILENO) == 1);
   return Status::OK();
 }
 
 // A metrics file is appended to line by line for the whole run: two runs naming the same file
-// (outside their run directories, which are locked) interleaved their lines and tore some. The
-// file is locked (flock, exclusive, held to the end) before it is trimmed or emptied; a second
-// run is refused while the first holds it. Regular files only (a FIFO or a device streams).
-Status TrainRun::LockMetrics() {
+// (outside their run directories, which are locked) interleaved their lines and tore some. It is
+// locked (flock, exclusive, held to the end): `fd` -1, the file as it exists before the run's
+// outputs are replaced (a second run is refused before it removes anything), nothing created;
+// then the descriptor the run writes (the file may have been replaced or made since), the first
+// lock let go. Regular files only (a FIFO or a device streams). A file system without locks: the
+// run goes on unlocked.
+Status TrainRun::LockMetrics(int fd) {
+  auto refuse = [&] {
+    return FailedPreconditionError("another tierzero process is writing the metrics file " +
+                                   out_.metrics +
+                                   " (it holds its lock): give this run its own --metrics");
+  };
   struct stat st {};
-  if (out_.metrics.rfind("/dev/", 0) == 0 || out_.metrics.rfind("/proc/", 0) == 0 ||
-      (::stat(out_.metrics.c_str(), &st) == 0 && !S_ISREG(st.st_mode)))
-    return Status::OK();
-  const int fd = ::open(out_.metrics.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY, 0644);
-  if (fd < 0) return ErrnoError("cannot write the metrics file " + out_.metrics, errno);
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    ::close(fd);
-    if (err == EWOULDBLOCK)
-      return FailedPreconditionError("another tierzero process is writing the metrics file " +
-                                     out_.metrics +
-                                     " (it holds its lock): give this run its own --metrics");
-    // A file system without locks: the run goes on unlocked.
+  if (fd < 0) {
+    if (out_.metrics.rfind("/dev/", 0) == 0 || out_.metrics.rfind("/proc/", 0) == 0 ||
+        ::stat(out_.metrics.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+      return Status::OK();
+    const int early = ::open(out_.metrics.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);
+    if (early < 0) return Status::OK();  // OpenOutputStream says why, if it matters
+    if (::flock(early, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(early);
+      return err == EWOULDBLOCK ? refuse() : Status::OK();
+    }
+    metrics_lock_fd_ = early;
     return Status::OK();
   }
-  metrics_lock_fd_ = fd;
+  if (metrics_lock_fd_ >= 0) {
+    ::close(metrics_lock_fd_);  // (one open of the file locking against another: let go first)
+    metrics_lock_fd_ = -1;
+  }
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return Status::OK();
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) return refuse();
   return Status::OK();
 }
 
@@ -523,6 +550,7 @@ Status TrainRun::Save(int step) {
   const auto t0 = std::chrono::steady_clock::now();
   Status s = engine_->SaveCheckpoint(out_.checkpoint_dir, user.dump());
   save_s_ = SecondsSince(t0);
+  if (s.ok()) saved_step_ = step;
   return s;
 }
 
@@ -538,7 +566,7 @@ Status TrainRun::Loop() {
       // it was computed: the run stands between steps, so one rank (whose failure no other rank
       // waits on) saves what it trained so far, as a Ctrl-C would, before it reports the error.
       if (!data_error_ || world_ != 1 || out_.checkpoint_dir.empty() || step_ == start_) return s;
-      const Status saved = Save(step_);
+      const Status saved = saved_step_ == step_ ? Status::OK() : Save(step_);
       return Status(
           s.code(),
           std::string(s.message()) +

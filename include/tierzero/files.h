@@ -49,6 +49,11 @@ inline constexpr uint64_t kMaxReportBytes = uint64_t{256} << 20;
 // interrupted export or save leaves no hidden partial file beside its output. Not
 // async-signal-safe: call it from a thread, never from a signal handler.
 void RemovePendingTemporaries();
+// A file RemovePendingTemporaries removes too, until Keep: an output the process made and must
+// not leave behind if it ends on a signal before it is complete (a run's config.json before its
+// first step).
+void RemoveOnSignalExit(const std::string& path);
+void KeepOnSignalExit(const std::string& path);
 
 // What kind of file an st_mode is, in words: "a directory", "a FIFO", "a character device"...
 const char* FileKindName(unsigned mode);

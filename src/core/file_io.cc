@@ -25,23 +25,6 @@ std::string BaseOf(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-// A name beside `target` no one else uses: ".NAME.tz-PID-N.tmp", created with O_EXCL.
-int CreateTemporary(const std::string& target, mode_t mode, std::string* tmp) {
-  static std::atomic<uint64_t> counter{0};
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    const std::string dir = DirOf(target);
-    // A long name is left out (the file system's 255 bytes must hold the temporary's too).
-    const std::string base = BaseOf(target).size() > 200 ? "" : BaseOf(target);
-    *tmp = (dir == "/" ? "" : dir) + "/." + base + ".tz-" + std::to_string(::getpid()) + "-" +
-           std::to_string(counter.fetch_add(1)) + ".tmp";
-    if (target.find('/') == std::string::npos) *tmp = tmp->substr(2);  // "./" dropped
-    const int fd = ::open(tmp->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
-    if (fd >= 0 || errno != EEXIST) return fd;
-  }
-  errno = EEXIST;
-  return -1;
-}
-
 // The temporaries being written, for RemovePendingTemporaries (a process ending on a signal).
 std::mutex& PendingMutex() {
   static std::mutex m;
@@ -58,6 +41,29 @@ void AddPending(const std::string& tmp) {
 void DropPending(const std::string& tmp) {
   std::lock_guard<std::mutex> lock(PendingMutex());
   Pending().erase(tmp);
+}
+
+// A name beside `target` no one else uses: ".NAME.tz-PID-N.tmp", created with O_EXCL.
+int CreateTemporary(const std::string& target, mode_t mode, std::string* tmp) {
+  static std::atomic<uint64_t> counter{0};
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const std::string dir = DirOf(target);
+    // A long name is left out (the file system's 255 bytes must hold the temporary's too).
+    const std::string base = BaseOf(target).size() > 200 ? "" : BaseOf(target);
+    *tmp = (dir == "/" ? "" : dir) + "/." + base + ".tz-" + std::to_string(::getpid()) + "-" +
+           std::to_string(counter.fetch_add(1)) + ".tmp";
+    if (target.find('/') == std::string::npos) *tmp = tmp->substr(2);  // "./" dropped
+    // Registered before it exists: a signal exit between the two would miss it otherwise.
+    AddPending(*tmp);
+    const int fd = ::open(tmp->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    if (fd >= 0) return fd;
+    const int err = errno;
+    DropPending(*tmp);
+    errno = err;
+    if (err != EEXIST) return fd;
+  }
+  errno = EEXIST;
+  return -1;
 }
 
 Status Refuse(const std::string& path, const std::string& why) {
@@ -161,7 +167,6 @@ StatusOr<AtomicFile> AtomicFile::Create(const std::string& path) {
   }
   f.fd_ = CreateTemporary(f.target_, mode, &f.tmp_);
   if (f.fd_ < 0) return ErrnoError("creating " + f.tmp_, errno);
-  AddPending(f.tmp_);
   // The mode asked for is masked by the umask; a replaced file keeps exactly its own bits.
   if (exists) (void)::fchmod(f.fd_, mode);
   return f;
@@ -192,6 +197,9 @@ AtomicFile::~AtomicFile() {
     }
   }
 }
+
+void RemoveOnSignalExit(const std::string& path) { AddPending(path); }
+void KeepOnSignalExit(const std::string& path) { DropPending(path); }
 
 void RemovePendingTemporaries() {
   std::lock_guard<std::mutex> lock(PendingMutex());

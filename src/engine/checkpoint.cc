@@ -542,6 +542,20 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
           "when that run has stopped, or a copy)");
   }
   RETURN_IF_ERROR(AgreeOnStatus(*im.comm, verified));
+  if (im.comm->size() > 1) {
+    // The ranks verified the same save: one read between two saves would split them.
+    struct Read {
+      int64_t step;
+      uint64_t user_hash;
+    } mine{manifest.step, std::hash<std::string>{}(manifest.user_state)};
+    ASSIGN_OR_RETURN(const auto all, AllGatherValue(*im.comm, mine));
+    for (const Read& r : all) {
+      if (r.step != mine.step || r.user_hash != mine.user_hash)
+        return FailedPreconditionError(
+            "the ranks read different saves of the checkpoint " + dir +
+            " (a run is saving into it): load it when that run has stopped, or a copy");
+    }
+  }
   Status loaded = AgreeOnStatus(*im.comm, run_pass(/*apply=*/true));
   if (!loaded.ok()) {
     // Verified, then failed while writing (a disk error): the states are partly the

@@ -574,6 +574,34 @@ def case_run_signals():
     check(p.returncode == 0 and os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
           f"SIGHUP: status {p.returncode}, checkpoint saved: "
           f"{os.path.exists(os.path.join(rd, 'checkpoint', 'manifest.json'))}")
+    # Its console a pipe nobody reads (`2>&1 | less` left alone): the run blocks printing; the
+    # signals' own messages must not block too, so a second signal still ends it.
+    rd = os.path.join(OUT, "v_console")
+    p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--steps", "1000000",
+                          "--log-every", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         cwd=OUT)
+    time.sleep(4)  # 64 KiB of step lines fill the pipe
+    p.send_signal(signal.SIGTERM)
+    time.sleep(3.5)
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise Failure("a run blocked on a full console pipe did not end on a second SIGTERM")
+    p.stdout.close()
+    # Under nohup (SIGHUP ignored from the start) SIGHUP stays ignored.
+    rd = os.path.join(OUT, "v_nohup")
+    p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--steps", "1000000",
+                          "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         cwd=OUT, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    time.sleep(2)
+    p.send_signal(signal.SIGHUP)
+    time.sleep(1)
+    check(p.poll() is None, "SIGHUP stopped a run started ignoring it (nohup)")
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=60)
+    check(p.returncode == 0, f"nohup run, then SIGTERM: status {p.returncode}")
     rd = os.path.join(OUT, "v_closed")
     q = subprocess.run([TZ, "train", "--config", cfg, "--run-dir", rd], stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, cwd=OUT, timeout=120,
@@ -648,6 +676,15 @@ def case_late_faults():
     for extra in ([], ["--overwrite"]):
         refused(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "w_u"), "--checkpoint",
                  user] + extra, "not a tierzero checkpoint")
+    # Text that is no JSON at all is not tierzero's either.
+    user2 = os.path.join(OUT, "w_user2")
+    os.makedirs(user2)
+    with open(os.path.join(user2, "manifest.json"), "w") as f:
+        f.write("my notes, not JSON")
+    refused(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "w_u2"), "--checkpoint",
+             user2, "--overwrite"], "not a tierzero checkpoint")
+    check(read(os.path.join(user2, "manifest.json")) == b"my notes, not JSON",
+          "a user's manifest.json that is not JSON was removed")
     check(sorted(os.listdir(user)) == ["manifest.json", "states-1.w1.rank0.bin"] and
           read(os.path.join(user, "manifest.json")) == b'{"name": "my web app"}',
           "a user's directory with a manifest.json was touched")
