@@ -598,4 +598,27 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
   return Status::OK();
 }
 
+// train.h
+StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::string* path) {
+  RunConfig cfg = DefaultRunConfig();
+  std::string config_path;
+  {
+    RunConfig probe = cfg;
+    TZ_RETURN_IF_ERROR(ApplyFlags(args, probe, &config_path));
+  }
+  if (path != nullptr) *path = config_path;
+  if (!config_path.empty()) {
+    TZ_ASSIGN_OR_RETURN(const std::string text,
+                        ReadFileBounded(config_path, kMaxConfigBytes, "config file"));
+    auto parsed = ParseRunConfig(text, cfg);
+    if (!parsed.ok()) return parsed.status().WithContext(config_path);
+    cfg = *parsed;
+  }
+  std::string ignored;
+  TZ_RETURN_IF_ERROR(ApplyFlags(args, cfg, &ignored));
+  TZ_RETURN_IF_ERROR(MergeHfModel(cfg));
+  TZ_RETURN_IF_ERROR(ValidateRunConfig(cfg));
+  return cfg;
+}
+
 }  // namespace tierzero::app

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "progress.h"
+#include "resume.h"
 #include "run_dir.h"
 #include "signals.h"
 #include "tierzero/files.h"
@@ -28,29 +29,6 @@
 namespace tierzero::app {
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-namespace {
-
-// An integer field of a JSON object this program wrote (a metrics line, the checkpoint's
-// user_state); nullopt when it is absent, not an integer, or out of range for T.
-template <typename T>
-std::optional<T> IntegerField(const json& j, const char* key) {
-  if (!j.is_object()) return std::nullopt;
-  const auto it = j.find(key);
-  if (it == j.end() || !it->is_number_integer()) return std::nullopt;
-  if (it->is_number_unsigned()) {
-    const uint64_t v = it->get<uint64_t>();
-    if (v > static_cast<uint64_t>(std::numeric_limits<T>::max())) return std::nullopt;
-    return static_cast<T>(v);
-  }
-  const int64_t v = it->get<int64_t>();
-  if (v < static_cast<int64_t>(std::numeric_limits<T>::min())) return std::nullopt;
-  if (v > 0 && static_cast<uint64_t>(v) > static_cast<uint64_t>(std::numeric_limits<T>::max()))
-    return std::nullopt;
-  return static_cast<T>(v);
-}
-
-}  // namespace
 
 StatusOr<std::string> ReadTextFile(const std::string& path, const std::string& what) {
   return ReadFileBounded(path, kMaxConfigBytes * 4, what);
@@ -90,78 +68,6 @@ std::string Mib(uint64_t b) {
 
 // The ranks of this run (mpirun) or one; Fail ends every rank when there are several.
 std::shared_ptr<Communicator> g_comm;
-
-// A resumed run whose global batch (rows per micro-batch x accumulation x ranks) or data seed
-// differs from the checkpoint's says so: the run goes on (resharding to another number of ranks
-// is supported), but it no longer repeats what an uninterrupted run would have done, and the
-// note says how to keep the global batch. Checkpoints written before this was recorded say
-// nothing.
-void ReportBatchChange(const std::string& user_state, const RunConfig& cfg, int world) {
-  const json u = json::parse(user_state, nullptr, /*allow_exceptions=*/false);
-  if (!u.is_object()) return;
-  const auto batch = IntegerField<int64_t>(u, "batch_size");
-  const auto accum = IntegerField<int64_t>(u, "grad_accumulation");
-  const auto ranks = IntegerField<int64_t>(u, "ranks");
-  // (Each in the range its config field allows, so the product cannot overflow.)
-  constexpr int64_t kMost = std::numeric_limits<int32_t>::max();
-  if (batch && accum && ranks && *batch > 0 && *accum > 0 && *ranks > 0 && *batch <= kMost &&
-      *accum <= kMost && *ranks <= kMost) {
-    const int64_t then = *batch * *accum * *ranks;
-    const int64_t now = int64_t{cfg.train.batch_size} * cfg.engine.grad_accumulation * world;
-    if (then != now) {
-      std::printf(
-          "  note: the global batch changes from %lld rows (%lld per micro-batch x %lld "
-          "accumulated x %lld ranks) to %lld (%d x %d x %d)",
-          static_cast<long long>(then), static_cast<long long>(*batch),
-          static_cast<long long>(*accum), static_cast<long long>(*ranks),
-          static_cast<long long>(now), cfg.train.batch_size, cfg.engine.grad_accumulation, world);
-      const int64_t per = int64_t{cfg.train.batch_size} * world;
-      if (then % per == 0)
-        std::printf("; --grad-accumulation %lld keeps it", static_cast<long long>(then / per));
-      std::printf("\n");
-    }
-  }
-  const auto seed = IntegerField<uint64_t>(u, "data_seed");
-  if (seed && *seed != cfg.data.seed)
-    std::printf("  note: the data seed changes from %llu to %llu\n",
-                static_cast<unsigned long long>(*seed),
-                static_cast<unsigned long long>(cfg.data.seed));
-}
-
-// The model section of a config as JSON (what a checkpoint records of the model).
-json ModelJson(const RunConfig& cfg) {
-  return json::parse(RunConfigToJson(cfg), nullptr, /*allow_exceptions=*/false)["model"];
-}
-
-// Note [A checkpoint resumes its own model]
-// The checkpoint's user state records the whole model section; a resumed run's must agree on
-// every field that shapes the computation (a different --heads has the same parameter shapes and
-// loaded silently, then computed another model). The seed (initialisation only) and activation
-// checkpointing (memory, not arithmetic) may change. Checkpoints from before this was recorded
-// are checked by their parameters' shapes only.
-Status CheckSameModelJson(const json& user, const RunConfig& cfg, const std::string& dir) {
-  if (!user.is_object() || !user.contains("model") || !user["model"].is_object())
-    return Status::OK();
-  static const std::map<std::string, std::string> kFlag = {{"n_layer", " (--layers)"},
-                                                           {"d_model", " (--width)"},
-                                                           {"n_head", " (--heads)"},
-                                                           {"arch", " (--arch)"},
-                                                           {"n_kv_head", " (--kv-heads)"}};
-  const json now = ModelJson(cfg);
-  for (const auto& [key, then] : user["model"].items()) {
-    // How the model computes may change at a resume; what it is may not.
-    if (key == "seed" || key == "activation_checkpointing" || key == "activations") continue;
-    const auto it = now.find(key);
-    if (it == now.end() || *it == then) continue;
-    const auto flag = kFlag.find(key);
-    return FailedPreconditionError(
-        "the checkpoint " + dir + " is of a model with model." + key + " " + then.dump() +
-        "; this run's is " + it->dump() + (flag == kFlag.end() ? "" : flag->second) +
-        ". A checkpoint resumes its own model: drop the override, or start from the run's "
-        "config (--config RUN_DIR/config.json)");
-  }
-  return Status::OK();
-}
 
 int Fail(const Status& s) {
   if (g_comm && g_comm->size() > 1) {
@@ -225,34 +131,6 @@ run's set-up, before its first line, it ends the process at once: nothing is sav
 )";
 
 }  // namespace
-
-// train.h
-Status CheckSameModel(const std::string& user_state, const RunConfig& cfg, const std::string& dir) {
-  return CheckSameModelJson(json::parse(user_state, nullptr, /*allow_exceptions=*/false), cfg, dir);
-}
-
-// train.h
-StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::string* path) {
-  RunConfig cfg = DefaultRunConfig();
-  std::string config_path;
-  {
-    RunConfig probe = cfg;
-    TZ_RETURN_IF_ERROR(ApplyFlags(args, probe, &config_path));
-  }
-  if (path != nullptr) *path = config_path;
-  if (!config_path.empty()) {
-    TZ_ASSIGN_OR_RETURN(const std::string text,
-                        ReadFileBounded(config_path, kMaxConfigBytes, "config file"));
-    auto parsed = ParseRunConfig(text, cfg);
-    if (!parsed.ok()) return parsed.status().WithContext(config_path);
-    cfg = *parsed;
-  }
-  std::string ignored;
-  TZ_RETURN_IF_ERROR(ApplyFlags(args, cfg, &ignored));
-  TZ_RETURN_IF_ERROR(MergeHfModel(cfg));
-  TZ_RETURN_IF_ERROR(ValidateRunConfig(cfg));
-  return cfg;
-}
 
 namespace {
 
@@ -334,9 +212,7 @@ Status TrainRun::SetUp() {
     // before the run's report, page and metrics are written over with those of no step (Note
     // [The loop's step, not the applied count], below, for which step). Into another run
     // directory it is a copy: re-saved there, on this run's ranks (resharding).
-    const json u = json::parse(info.user_state, nullptr, /*allow_exceptions=*/false);
-    const std::optional<int> at = IntegerField<int>(u, "step");
-    const int64_t ckpt_step = at && *at >= 0 ? *at : info.step;
+    const int64_t ckpt_step = CheckpointStep(info.user_state, info.step);
     if (outputs_.in_place && ckpt_step >= cfg_.train.steps) {
       return FailedPreconditionError(
           "the checkpoint " + out_.resume + " is at step " + std::to_string(ckpt_step) +
@@ -362,9 +238,7 @@ Status TrainRun::SetUp() {
     // step of the loop (its data, its learning rate, its metrics line). A checkpoint records the
     // loop's step in its user state, and a resume starts there, so 10 + 10 resumed steps are the
     // 20 uninterrupted ones.
-    const json u = json::parse(user, nullptr, /*allow_exceptions=*/false);
-    const std::optional<int> at = IntegerField<int>(u, "step");
-    start_ = at && *at >= 0 ? *at : static_cast<int>(engine_->step());
+    start_ = static_cast<int>(CheckpointStep(user, static_cast<int64_t>(engine_->step())));
     if (lead_) ReportBatchChange(user, cfg_, world_);
   }
   if (!out_.plan.empty() && lead_) {

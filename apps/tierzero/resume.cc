@@ -1,0 +1,120 @@
+// resume.h: the checkpoint's user state, read back.
+#include "resume.h"
+
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <optional>
+
+namespace tierzero::app {
+using nlohmann::json;
+
+namespace {
+
+// An integer field of a JSON object this program wrote (a metrics line, the checkpoint's
+// user_state); nullopt when it is absent, not an integer, or out of range for T.
+template <typename T>
+std::optional<T> IntegerField(const json& j, const char* key) {
+  if (!j.is_object()) return std::nullopt;
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer()) return std::nullopt;
+  if (it->is_number_unsigned()) {
+    const uint64_t v = it->get<uint64_t>();
+    if (v > static_cast<uint64_t>(std::numeric_limits<T>::max())) return std::nullopt;
+    return static_cast<T>(v);
+  }
+  const int64_t v = it->get<int64_t>();
+  if (v < static_cast<int64_t>(std::numeric_limits<T>::min())) return std::nullopt;
+  if (v > 0 && static_cast<uint64_t>(v) > static_cast<uint64_t>(std::numeric_limits<T>::max()))
+    return std::nullopt;
+  return static_cast<T>(v);
+}
+
+}  // namespace
+
+int64_t CheckpointStep(const std::string& user_state, int64_t applied) {
+  const json u = json::parse(user_state, nullptr, /*allow_exceptions=*/false);
+  const std::optional<int> at = IntegerField<int>(u, "step");
+  return at && *at >= 0 ? *at : applied;
+}
+
+// A resumed run whose global batch (rows per micro-batch x accumulation x ranks) or data seed
+// differs from the checkpoint's says so: the run goes on (resharding to another number of ranks
+// is supported), but it no longer repeats what an uninterrupted run would have done, and the
+// note says how to keep the global batch. Checkpoints written before this was recorded say
+// nothing.
+void ReportBatchChange(const std::string& user_state, const RunConfig& cfg, int world) {
+  const json u = json::parse(user_state, nullptr, /*allow_exceptions=*/false);
+  if (!u.is_object()) return;
+  const auto batch = IntegerField<int64_t>(u, "batch_size");
+  const auto accum = IntegerField<int64_t>(u, "grad_accumulation");
+  const auto ranks = IntegerField<int64_t>(u, "ranks");
+  // (Each in the range its config field allows, so the product cannot overflow.)
+  constexpr int64_t kMost = std::numeric_limits<int32_t>::max();
+  if (batch && accum && ranks && *batch > 0 && *accum > 0 && *ranks > 0 && *batch <= kMost &&
+      *accum <= kMost && *ranks <= kMost) {
+    const int64_t then = *batch * *accum * *ranks;
+    const int64_t now = int64_t{cfg.train.batch_size} * cfg.engine.grad_accumulation * world;
+    if (then != now) {
+      std::printf(
+          "  note: the global batch changes from %lld rows (%lld per micro-batch x %lld "
+          "accumulated x %lld ranks) to %lld (%d x %d x %d)",
+          static_cast<long long>(then), static_cast<long long>(*batch),
+          static_cast<long long>(*accum), static_cast<long long>(*ranks),
+          static_cast<long long>(now), cfg.train.batch_size, cfg.engine.grad_accumulation, world);
+      const int64_t per = int64_t{cfg.train.batch_size} * world;
+      if (then % per == 0)
+        std::printf("; --grad-accumulation %lld keeps it", static_cast<long long>(then / per));
+      std::printf("\n");
+    }
+  }
+  const auto seed = IntegerField<uint64_t>(u, "data_seed");
+  if (seed && *seed != cfg.data.seed)
+    std::printf("  note: the data seed changes from %llu to %llu\n",
+                static_cast<unsigned long long>(*seed),
+                static_cast<unsigned long long>(cfg.data.seed));
+}
+
+json ModelJson(const RunConfig& cfg) {
+  return json::parse(RunConfigToJson(cfg), nullptr, /*allow_exceptions=*/false)["model"];
+}
+
+namespace {
+
+// Note [A checkpoint resumes its own model]
+// The checkpoint's user state records the whole model section; a resumed run's must agree on
+// every field that shapes the computation (a different --heads has the same parameter shapes and
+// loaded silently, then computed another model). The seed (initialisation only) and activation
+// checkpointing (memory, not arithmetic) may change. Checkpoints from before this was recorded
+// are checked by their parameters' shapes only.
+Status CheckSameModelJson(const json& user, const RunConfig& cfg, const std::string& dir) {
+  if (!user.is_object() || !user.contains("model") || !user["model"].is_object())
+    return Status::OK();
+  static const std::map<std::string, std::string> kFlag = {{"n_layer", " (--layers)"},
+                                                           {"d_model", " (--width)"},
+                                                           {"n_head", " (--heads)"},
+                                                           {"arch", " (--arch)"},
+                                                           {"n_kv_head", " (--kv-heads)"}};
+  const json now = ModelJson(cfg);
+  for (const auto& [key, then] : user["model"].items()) {
+    // How the model computes may change at a resume; what it is may not.
+    if (key == "seed" || key == "activation_checkpointing" || key == "activations") continue;
+    const auto it = now.find(key);
+    if (it == now.end() || *it == then) continue;
+    const auto flag = kFlag.find(key);
+    return FailedPreconditionError(
+        "the checkpoint " + dir + " is of a model with model." + key + " " + then.dump() +
+        "; this run's is " + it->dump() + (flag == kFlag.end() ? "" : flag->second) +
+        ". A checkpoint resumes its own model: drop the override, or start from the run's "
+        "config (--config RUN_DIR/config.json)");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status CheckSameModel(const std::string& user_state, const RunConfig& cfg, const std::string& dir) {
+  return CheckSameModelJson(json::parse(user_state, nullptr, /*allow_exceptions=*/false), cfg, dir);
+}
+
+}  // namespace tierzero::app

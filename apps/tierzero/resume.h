@@ -1,0 +1,25 @@
+// What a checkpoint records of the run that saved it (its user state: the loop's step, the
+// model section, the global batch, the data seed) and what a resumed run checks against it
+// (Note [A checkpoint resumes its own model]). Part of `tierzero train` (train.cc).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "train.h"
+
+namespace tierzero::app {
+
+// The model section of a config as JSON (what a checkpoint records of the model).
+nlohmann::json ModelJson(const RunConfig& cfg);
+
+// The loop's step a checkpoint's user state records (Note [The loop's step, not the applied
+// count], train.cc), or `applied` (the optimizer steps the engine counted) when it records none.
+int64_t CheckpointStep(const std::string& user_state, int64_t applied);
+
+// A resumed run whose global batch (rows per micro-batch x accumulation x ranks) or data seed
+// differs from the checkpoint's says so on stdout.
+void ReportBatchChange(const std::string& user_state, const RunConfig& cfg, int world);
+
+}  // namespace tierzero::app
