@@ -539,6 +539,15 @@ def case_setup_signal():
             check("error:" in out or "set-up" in out, f"{extra}: no message\n{out}")
 
 
+def start_long_run(name, *extra, console=subprocess.DEVNULL, **kw):
+    """A run of a million steps on the small config in OUT/name, to be stopped by a signal."""
+    cfg = os.path.join(OUT, "small.json")
+    return subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", os.path.join(OUT, name),
+                             "--steps", "1000000"] + list(extra), stdout=console,
+                            stderr=subprocess.STDOUT if console == subprocess.PIPE
+                            else subprocess.DEVNULL, cwd=OUT, **kw)
+
+
 def case_run_signals():
     """A stop the run cannot miss: its stdout's reader gone (`| head`, a `| tee` ended by the same
     Ctrl-C) still saves a checkpoint and exits 0; a closed stdout prints nowhere, not into the
@@ -547,9 +556,7 @@ def case_run_signals():
     interrupted export leaves no temporary file."""
     cfg = os.path.join(OUT, "small.json")
     rd = os.path.join(OUT, "v_pipe")
-    p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--steps", "1000000",
-                          "--log-every", "1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                         cwd=OUT)
+    p = start_long_run("v_pipe", "--log-every", "1", console=subprocess.PIPE)
     for _ in range(3):
         p.stdout.readline()
     p.stdout.close()  # the reader is gone
@@ -565,9 +572,7 @@ def case_run_signals():
           "stdout's reader gone, then SIGINT: no checkpoint saved")
     # SIGHUP (an ssh session dropped) stops the run as SIGTERM does: a checkpoint, status 0.
     rd = os.path.join(OUT, "v_hup")
-    p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--steps", "1000000",
-                          "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         cwd=OUT)
+    p = start_long_run("v_hup", "--quiet")
     time.sleep(2)
     p.send_signal(signal.SIGHUP)
     p.wait(timeout=60)
@@ -576,10 +581,7 @@ def case_run_signals():
           f"{os.path.exists(os.path.join(rd, 'checkpoint', 'manifest.json'))}")
     # Its console a pipe nobody reads (`2>&1 | less` left alone): the run blocks printing; the
     # signals' own messages must not block too, so a second signal still ends it.
-    rd = os.path.join(OUT, "v_console")
-    p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--steps", "1000000",
-                          "--log-every", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         cwd=OUT)
+    p = start_long_run("v_console", "--log-every", "1", console=subprocess.PIPE)
     time.sleep(4)  # 64 KiB of step lines fill the pipe
     p.send_signal(signal.SIGTERM)
     time.sleep(3.5)
@@ -591,10 +593,8 @@ def case_run_signals():
         raise Failure("a run blocked on a full console pipe did not end on a second SIGTERM")
     p.stdout.close()
     # Under nohup (SIGHUP ignored from the start) SIGHUP stays ignored.
-    rd = os.path.join(OUT, "v_nohup")
-    p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--steps", "1000000",
-                          "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         cwd=OUT, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    p = start_long_run("v_nohup", "--quiet",
+                       preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
     time.sleep(2)
     p.send_signal(signal.SIGHUP)
     time.sleep(1)
