@@ -20,7 +20,49 @@ double Rate(uint64_t bytes, double seconds) {
 // The profiled moments: memory per tier, residency, and the caller's times.
 struct MomentTotals {
   double forward = 0, backward = 0, wait = 0, stall = 0;
+  // Note [The compute stream's idle time]: the gaps between the moments' compute spans.
+  double idle = 0, largest_idle = 0;
+  int64_t largest_idle_before = -1;  // the moment that began after the largest gap
 };
+
+// Note [The compute stream's idle time]
+// Issue 44 asks that the all-resident iteration never leave the compute stream waiting for the
+// host, and that the report say where it still does. Each moment's compute span runs from
+// Acquire's return to its Release; on a GPU both ends are events on the compute stream (Note
+// [Compute spans on the device's clock]), so a gap between one moment's end and the next one's
+// start is time the stream ran nothing of the model: waiting for a gather (the moment's
+// `stall_seconds`, measured apart) or for the host to enqueue (a host round trip, a launch-bound
+// stretch, the caller's own work between scopes). Scopes nest, so the spans are merged before the
+// gaps are summed; the iteration's window is the first span's start to the last one's end (the
+// optimizer step after it is reported on its own). On the CPU the spans are the host's, and the
+// gaps are its time in Acquire and between scopes.
+void ComputeIdle(const std::vector<ReportSnapshot::ProfiledMoment>& moments, MomentTotals& totals) {
+  struct Span {
+    double start, end;
+    int64_t moment;
+  };
+  std::vector<Span> spans;
+  for (size_t k = 0; k < moments.size(); ++k) {
+    const ReportSnapshot::ProfiledMoment& p = moments[k];
+    if (p.timed && p.release_s >= p.ready_s)
+      spans.push_back({p.ready_s, p.release_s, static_cast<int64_t>(k)});
+  }
+  std::stable_sort(spans.begin(), spans.end(),
+                   [](const Span& a, const Span& b) { return a.start < b.start; });
+  for (size_t i = 1, end_i = 0; i < spans.size(); ++i) {
+    const double end = spans[end_i].end;
+    if (spans[i].start > end) {
+      const double gap = spans[i].start - end;
+      totals.idle += gap;
+      if (gap > totals.largest_idle) {
+        totals.largest_idle = gap;
+        totals.largest_idle_before = spans[i].moment;
+      }
+    }
+    if (spans[i].end > end) end_i = i;
+  }
+}
+
 json Wire(const WireBytes& w) {
   return {{"collectives", w.collectives},
           {"bytes_before_quantization", w.bytes_unquantized},
@@ -65,6 +107,7 @@ json ProfiledMoments(const ReportSnapshot& s, MomentTotals& totals) {
          {"wait_seconds", wait},
          {"compute_seconds", compute}});
   }
+  ComputeIdle(s.profile.moments, totals);
   return moments;
 }
 
@@ -120,35 +163,41 @@ json Profile(const ReportSnapshot& s) {
                       {"lane", e.lane}});
   }
   auto link = [&](Track t) { return links[static_cast<int>(t)].ToJson(); };
-  return {{"available", true},
-          {"iteration", p.iteration},
-          {"moments", moments},
-          {"breakdown",
-           {{"forward_seconds", totals.forward},
-            {"backward_seconds", totals.backward},
-            {"parameter_wait_seconds", totals.wait},
-            {"stall_seconds", totals.stall},
-            {"optimizer_seconds", p.step_seconds},
-            {"optimizer_compute_seconds", adam},
-            // The step's time in neither the norm nor Adam: waiting for NVMe states.
-            {"optimizer_io_wait_seconds", std::max(0.0, p.step_seconds - norm - adam)}}},
-          {"links",
-           {{"h2d", link(Track::kH2D)},
-            {"d2h", link(Track::kD2H)},
-            {"nvme_read", link(Track::kNvmeRead)},
-            {"nvme_optimizer",
-             {{"bytes", p.step_nvme_bytes},
-              {"busy_seconds", p.step_nvme_seconds},
-              {"bytes_per_second", Rate(p.step_nvme_bytes, p.step_nvme_seconds)}}},
-            // The step's NVMe writes (states and parameter shards), during its swap pipeline.
-            {"nvme_write",
-             {{"bytes", p.step_nvme_write_bytes},
-              {"busy_seconds", p.step_nvme_seconds},
-              {"bytes_per_second", Rate(p.step_nvme_write_bytes, p.step_nvme_seconds)}}},
-            // The iteration's gathers and reductions (none with one rank): their values'
-            // bytes, what was sent (less with ZeRO++'s quantization), what crossed nodes.
-            {"collective", Wire(p.collectives)}}},
-          {"events", events}};
+  json profile = {
+      {"available", true},
+      {"iteration", p.iteration},
+      {"moments", moments},
+      {"breakdown",
+       {{"forward_seconds", totals.forward},
+        {"backward_seconds", totals.backward},
+        {"parameter_wait_seconds", totals.wait},
+        {"stall_seconds", totals.stall},
+        {"compute_idle_seconds", totals.idle},
+        {"largest_compute_idle_seconds", totals.largest_idle},
+        {"optimizer_seconds", p.step_seconds},
+        {"optimizer_compute_seconds", adam},
+        // The step's time in neither the norm nor Adam: waiting for NVMe states.
+        {"optimizer_io_wait_seconds", std::max(0.0, p.step_seconds - norm - adam)}}},
+      {"links",
+       {{"h2d", link(Track::kH2D)},
+        {"d2h", link(Track::kD2H)},
+        {"nvme_read", link(Track::kNvmeRead)},
+        {"nvme_optimizer",
+         {{"bytes", p.step_nvme_bytes},
+          {"busy_seconds", p.step_nvme_seconds},
+          {"bytes_per_second", Rate(p.step_nvme_bytes, p.step_nvme_seconds)}}},
+        // The step's NVMe writes (states and parameter shards), during its swap pipeline.
+        {"nvme_write",
+         {{"bytes", p.step_nvme_write_bytes},
+          {"busy_seconds", p.step_nvme_seconds},
+          {"bytes_per_second", Rate(p.step_nvme_write_bytes, p.step_nvme_seconds)}}},
+        // The iteration's gathers and reductions (none with one rank): their values'
+        // bytes, what was sent (less with ZeRO++'s quantization), what crossed nodes.
+        {"collective", Wire(p.collectives)}}},
+      {"events", events}};
+  if (totals.largest_idle_before >= 0)
+    profile["breakdown"]["largest_compute_idle_moment"] = totals.largest_idle_before;
+  return profile;
 }
 
 json Layout(const ReportSnapshot& s) {

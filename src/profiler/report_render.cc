@@ -252,6 +252,21 @@ StatusOr<std::string> ReportSummary(const std::string& text) {
                 Ms(wait).c_str(), pct(wait, total), Ms(stall).c_str(), Ms(opt).c_str(),
                 Ms(io).c_str());
   o << line;
+  // Note [The compute stream's idle time] (report_json.cc); reports before it lack the field.
+  ASSIGN_OR_RETURN(const double idle, b.get_or<double>("compute_idle_seconds", -1.0));
+  if (idle >= 0) {
+    std::string largest;
+    if (b.has("largest_compute_idle_moment")) {
+      ASSIGN_OR_RETURN(const double secs, b.get<double>("largest_compute_idle_seconds"));
+      ASSIGN_OR_RETURN(const int64_t before, b.get<int64_t>("largest_compute_idle_moment"));
+      largest = "; the largest " + Ms(secs) + " before moment " + std::to_string(before);
+    }
+    std::snprintf(line, sizeof line,
+                  "compute stream idle between moments: %s (%.1f%% of the span from the first "
+                  "moment to the last%s)\n",
+                  Ms(idle).c_str(), pct(idle, fwd + bwd + idle), largest.c_str());
+    o << line;
+  }
   struct Moment {
     int64_t index;
     bool backward;

@@ -101,6 +101,36 @@ TEST(ReportJsonTest, DerivedFiguresMatchHandComputedValues) {
   EXPECT_EQ(r["profile"]["events"].size(), 8u);
 }
 
+// Note [The compute stream's idle time]: the gaps between the merged compute spans, nested
+// scopes counted once, untimed moments left out.
+TEST(ReportJsonTest, ComputeIdleIsTheGapsBetweenMergedSpans) {
+  ReportSnapshot s = Snapshot();
+  auto moment = [](double ready, double release) {
+    return ReportSnapshot::ProfiledMoment{.timed = true, .ready_s = ready, .release_s = release};
+  };
+  // [0, 1], a scope nested in it [0.2, 0.4], a gap of 0.5, [1.5, 2], a gap of 0.25, [2.25, 3]
+  // with [2.5, 4] overlapping its end, then a moment not timed (no span) and one never released.
+  ReportSnapshot::ProfiledMoment open = moment(5, -1);
+  s.profile.moments = {
+      moment(0, 1), moment(0.2, 0.4), moment(1.5, 2), moment(2.25, 3), moment(2.5, 4), {}, open};
+  const json r = json::parse(BuildReportJson(s));
+  const json& b = r["profile"]["breakdown"];
+  EXPECT_NEAR(b["compute_idle_seconds"].get<double>(), 0.75, 1e-12);
+  EXPECT_NEAR(b["largest_compute_idle_seconds"].get<double>(), 0.5, 1e-12);
+  EXPECT_EQ(b["largest_compute_idle_moment"].get<int64_t>(), 2);
+  auto summary = ReportSummary(BuildReportJson(s));
+  ASSERT_TRUE(summary.ok()) << summary.status().message();
+  EXPECT_NE(summary->find("compute stream idle between moments: 750.00 ms"), std::string::npos)
+      << *summary;
+  EXPECT_NE(summary->find("before moment 2"), std::string::npos) << *summary;
+
+  // One span: nothing idle, no largest gap named.
+  s.profile.moments = {moment(0, 1)};
+  const json one = json::parse(BuildReportJson(s));
+  EXPECT_EQ(one["profile"]["breakdown"]["compute_idle_seconds"].get<double>(), 0.0);
+  EXPECT_FALSE(one["profile"]["breakdown"].contains("largest_compute_idle_moment"));
+}
+
 TEST(ReportJsonTest, WithoutAProfileTheRenderingsSaySo) {
   ReportSnapshot s = Snapshot();
   s.profile = {};
