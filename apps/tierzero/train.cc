@@ -168,6 +168,9 @@ class TrainRun {
  private:
   Status Evaluate(int step);
   Status Save(int step);
+  // Note [A checkpoint after a data error]: `s` with a checkpoint of model_step_ saved first,
+  // where the error left the run between two steps.
+  Status SaveAfterError(const Status& s);
   // One optimizer step: the micro-batches, the loss and the interrupt agreed over the ranks,
   // Step, the metrics line and the progress line.
   Status RunStep(int step);
@@ -191,11 +194,15 @@ class TrainRun {
   int metrics_lock_fd_ = -1;  // its lock (a regular file: MetricsLock)
   int start_ = 0, step_ = 0;
   bool interrupted_ = false;  // the agreed Ctrl-C (RunStep)
-  bool data_error_ = false;   // RunStep failed reading its data, before computing
-  int saved_step_ = -1;       // the last checkpoint's step
-  double save_s_ = 0;         // the last checkpoint's
-  std::string plan_text_;     // --plan's file
-  std::string init_note_;     // what --init-from loaded
+  // Note [A checkpoint after a data error]: what the model has trained to (start_, then each
+  // step's end), and why the run may stop between steps with that saved: its data could not be
+  // read, or its metrics not written (empty for any other error).
+  int model_step_ = 0;
+  std::string resume_when_;
+  int saved_step_ = -1;    // the last checkpoint's step
+  double save_s_ = 0;      // the last checkpoint's
+  std::string plan_text_;  // --plan's file
+  std::string init_note_;  // what --init-from loaded
   double total_tokens_ = 0, total_compute_s_ = 0;
   std::chrono::steady_clock::time_point run_t0_;
 };
@@ -345,9 +352,11 @@ Status TrainRun::WriteMetrics(const json& line) {
     const ssize_t w = ::write(metrics_fd_, text.data() + done, text.size() - done);
     if (w < 0 && errno == EINTR) continue;
     if (w < 0) {
+      const int err = errno;
+      // Note [A checkpoint after a data error]: a failed write leaves the run between steps.
+      resume_when_ = "the metrics file " + out_.metrics + " can be written";
       return ErrnoError(
-          "writing the metrics file " + out_.metrics + (errno == ENOSPC ? " (disk full)" : ""),
-          errno);
+          "writing the metrics file " + out_.metrics + (err == ENOSPC ? " (disk full)" : ""), err);
     }
     done += static_cast<size_t>(w);
   }
@@ -387,8 +396,12 @@ void TrainRun::PrintHeader(double init_s) const {
 Status TrainRun::Evaluate(int step) {
   double loss = 0, acc = 0;
   for (int b = 0; b < cfg_.train.eval_batches; ++b) {
-    TZ_ASSIGN_OR_RETURN(gpt::Batch batch,
-                        dataset_->Fetch(true, static_cast<uint64_t>(b), cfg_.train.batch_size));
+    auto fetched = dataset_->Fetch(true, static_cast<uint64_t>(b), cfg_.train.batch_size);
+    if (!fetched.ok()) {
+      resume_when_ = "its validation data is readable";
+      return fetched.status();
+    }
+    gpt::Batch batch = std::move(fetched).value();
     std::vector<int32_t> pred;
     TZ_ASSIGN_OR_RETURN(double l, model_->Evaluate(batch, &pred));
     loss += l;
@@ -428,36 +441,47 @@ Status TrainRun::Save(int step) {
   return s;
 }
 
+// Note [A checkpoint after a data error]
+// Some errors leave the run between two steps with every rank's model whole: a step's data could
+// not be read (its micro-batches are fetched before any is computed), an evaluation's could not,
+// or a metrics line could not be written (after its step was applied; a full disk, a closed
+// pipe). One rank (whose failure no other rank waits on) then saves what it trained so far, as
+// a Ctrl-C would, before it reports the error, so a run of hours is not lost to a file it
+// reads or writes. On a resume in place the metrics file is trimmed to the checkpoint's step (a
+// torn last line goes too); a line that could not be written stays missing. Any other error
+// (the engine's, a collective's) may have left the model half updated and saves nothing.
+Status TrainRun::SaveAfterError(const Status& s) {
+  if (resume_when_.empty() || world_ != 1 || out_.checkpoint_dir.empty() || model_step_ == start_)
+    return s;
+  const Status saved = saved_step_ == model_step_ ? Status::OK() : Save(model_step_);
+  const std::string at = std::to_string(model_step_);
+  return Status(
+      s.code(),
+      std::string(s.message()) +
+          (saved.ok()
+               ? ". A checkpoint of step " + at + " is saved in " + out_.checkpoint_dir +
+                     ": --resume " + out_.checkpoint_dir + " continues the run once " + resume_when_
+               : ". Saving a checkpoint of step " + at + " failed too: " + saved.ToString()));
+}
+
 Status TrainRun::Loop() {
   run_t0_ = std::chrono::steady_clock::now();
   step_ = start_;
+  model_step_ = start_;
   if (start_ == 0 && cfg_.train.steps > 0) TZ_RETURN_IF_ERROR(Evaluate(0));
   for (; step_ < cfg_.train.steps; ++step_) {
     if (cfg_.train.profile_step > 0 && step_ + 1 == cfg_.train.profile_step)
       engine_->ProfileNextIteration();
-    if (Status s = RunStep(step_); !s.ok()) {
-      // Note [A checkpoint after a data error]: the step's data could not be read, and nothing of
-      // it was computed: the run stands between steps, so one rank (whose failure no other rank
-      // waits on) saves what it trained so far, as a Ctrl-C would, before it reports the error.
-      if (!data_error_ || world_ != 1 || out_.checkpoint_dir.empty() || step_ == start_) return s;
-      const Status saved = saved_step_ == step_ ? Status::OK() : Save(step_);
-      return Status(
-          s.code(),
-          std::string(s.message()) +
-              (saved.ok() ? ". A checkpoint of step " + std::to_string(step_) + " is saved in " +
-                                out_.checkpoint_dir + ": --resume " + out_.checkpoint_dir +
-                                " continues the run once its data is readable"
-                          : ". Saving a checkpoint of step " + std::to_string(step_) +
-                                " failed too: " + saved.ToString()));
-    }
+    if (Status s = RunStep(step_); !s.ok()) return SaveAfterError(s);
     if (interrupted_) {
       ++step_;
       progress_->Line("interrupted: saving a checkpoint at step " + std::to_string(step_));
       break;
     }
     if (cfg_.train.eval_every > 0 && (step_ + 1) % cfg_.train.eval_every == 0 &&
-        step_ + 1 < cfg_.train.steps)
-      TZ_RETURN_IF_ERROR(Evaluate(step_ + 1));
+        step_ + 1 < cfg_.train.steps) {
+      if (Status s = Evaluate(step_ + 1); !s.ok()) return SaveAfterError(s);
+    }
     if (cfg_.train.checkpoint_every > 0 && (step_ + 1) % cfg_.train.checkpoint_every == 0)
       TZ_RETURN_IF_ERROR(Save(step_ + 1));
   }
@@ -497,7 +521,7 @@ Status TrainRun::RunStep(int step) {
                            static_cast<uint64_t>(micro);
     auto batch = dataset_->Fetch(false, index, cfg_.train.batch_size);
     if (!batch.ok()) {
-      data_error_ = true;
+      resume_when_ = "its data is readable";
       return batch.status();
     }
     batches.push_back(std::move(batch).value());
@@ -524,6 +548,7 @@ Status TrainRun::RunStep(int step) {
     }
   }
   TZ_ASSIGN_OR_RETURN(const StepResult r, engine_->Step({static_cast<float>(lr)}));
+  model_step_ = step + 1;
   const double dt = SecondsSince(t0);
   if (lead_ && step == start_) {
     // The warm-up iteration's trace, for `tierzero plan --trace` (docs/plan.md).
@@ -567,7 +592,9 @@ Status TrainRun::RunStep(int step) {
 }
 
 Status TrainRun::Finish() {
-  if (!interrupted_ && step_ > start_) TZ_RETURN_IF_ERROR(Evaluate(step_));
+  if (!interrupted_ && step_ > start_) {
+    if (Status s = Evaluate(step_); !s.ok()) return SaveAfterError(s);
+  }
   TZ_RETURN_IF_ERROR(Save(step_));
   if (!lead_) return Status::OK();
   progress_->Finish();

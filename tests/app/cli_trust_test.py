@@ -655,7 +655,8 @@ def case_late_faults():
     run), a finished run resumed in place (refused, its report intact), a checkpoint directory
     holding another program's manifest.json (refused, even with --overwrite: nothing removed), a
     set-up failing after config.json was written (the directory keeps no trace, the corrected
-    command runs), and a token file changing mid-run (the steps trained so far saved)."""
+    command runs), and a token file changing or the metrics file failing mid-run (the steps
+    trained so far saved)."""
     cfg = os.path.join(OUT, "small.json")
     rope = write_config(os.path.join(OUT, "w_rope.json"), model={"n_layer": 2, "d_model": 64,
                                                                    "n_head": 4, "rope_theta": 1e19})
@@ -709,6 +710,27 @@ def case_late_faults():
           f"a token file truncated mid-run: status {p.returncode}\n{out}")
     check(os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
           "a token file truncated mid-run: nothing saved")
+    # The metrics file failing mid-run (its reader gone: EPIPE, as a full disk's ENOSPC): the
+    # steps trained so far saved, the error naming the file.
+    mfifo = os.path.join(OUT, "w_mfifo")
+    os.mkfifo(mfifo)
+    reader = os.open(mfifo, os.O_RDONLY | os.O_NONBLOCK)
+    rd = os.path.join(OUT, "w_mfail")
+    p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--metrics", mfifo,
+                          "--steps", "1000000", "--quiet"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, cwd=OUT)
+    got, deadline = b"", time.time() + 60
+    while got.count(b"\n") < 4 and time.time() < deadline and p.poll() is None:
+        try:
+            got += os.read(reader, 65536)
+        except BlockingIOError:
+            time.sleep(0.05)
+    os.close(reader)
+    out = p.communicate(timeout=60)[0].decode()
+    check(p.returncode == 1 and "metrics file" in out and "A checkpoint of step" in out,
+          f"a metrics file failing mid-run: status {p.returncode}\n{out}")
+    check(os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
+          "a metrics file failing mid-run: nothing saved")
     # Empty option values (an unset shell variable) are not the default; "none" is no name for
     # the metrics; weights holding NaN are refused before a run starts.
     for flag in ("--config", "--resume", "--init-from", "--data", "--run-dir"):
