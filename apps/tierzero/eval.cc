@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gpt/data.h"
+#include "gpt/hf.h"
 #include "gpt/token_data.h"
 #include "run_dir.h"
 #include "signals.h"
@@ -129,7 +130,7 @@ int Eval(const std::vector<std::string>& args) {
   std::vector<std::string> rest;
   int window = 0;
   bool has_config = false, has_nvme_path = false;
-  std::string resume;
+  std::string resume, init_from;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "-h" || args[i] == "--help") {
       std::fputs(kEvalHelp, stdout);
@@ -159,8 +160,14 @@ int Eval(const std::vector<std::string>& args) {
     has_config = has_config || args[i] == "--config";
     has_nvme_path = has_nvme_path || args[i] == "--nvme-path";
     if (args[i] == "--resume" && i + 1 < args.size()) resume = args[i + 1];
+    if (args[i] == "--init-from" && i + 1 < args.size()) init_from = args[i + 1];
     rest.push_back(args[i]);
   }
+  // A model directory's context is what it is asked for, up to its positions (MergeHfModel):
+  // the window is that context, so config.json's limits (its positions, a sliding window) are
+  // checked against the window scored.
+  if (window > 0 && !init_from.empty() && gpt::IsHfDir(init_from))
+    rest.insert(rest.end(), {"--seq-len", std::to_string(window)});
   // A checkpoint's model is its run's: the config.json beside it, as `export` reads it.
   if (!resume.empty() && !has_config) {
     std::error_code ec;

@@ -61,7 +61,8 @@ Status MergeHfModel(RunConfig& cfg) {
   if (cfg.model.arch == gpt::Arch::kLlama) defaults = gpt::AsLlama(defaults);
   gpt::GptConfig base = cfg.model;
   // The context: the one asked for, else 1024 tokens (or the model's positions when fewer).
-  if (base.seq_len == defaults.seq_len) base.seq_len = 1024;
+  const bool asked = base.seq_len != defaults.seq_len;
+  if (!asked) base.seq_len = 1024;
   TZ_ASSIGN_OR_RETURN(const gpt::HfModel hf, gpt::ReadHfDir(dir, base));
   // Every shape field the run sets otherwise than its default must agree with config.json.
   for (const ShapeField& f : kShape) {
@@ -74,8 +75,9 @@ Status MergeHfModel(RunConfig& cfg) {
                                   ", but " + dir + "/config.json makes it " + file +
                                   ": a model directory sets its own shape; drop the setting");
   }
-  if (hf.config.seq_len > hf.config.positions())
-    return InvalidArgumentError("model.seq_len " + std::to_string(hf.config.seq_len) +
+  // (ReadHfDir takes the positions for a longer context: a context asked for is not cut short.)
+  if (asked && cfg.model.seq_len > hf.config.positions())
+    return InvalidArgumentError("model.seq_len " + std::to_string(cfg.model.seq_len) +
                                 " (--seq-len) is longer than the " +
                                 std::to_string(hf.config.positions()) + " positions " + dir +
                                 "/config.json gives the model");

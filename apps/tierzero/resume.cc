@@ -90,11 +90,11 @@ namespace {
 Status CheckSameModelJson(const json& user, const RunConfig& cfg, const std::string& dir) {
   if (!user.is_object() || !user.contains("model") || !user["model"].is_object())
     return Status::OK();
-  static const std::map<std::string, std::string> kFlag = {{"n_layer", " (--layers)"},
-                                                           {"d_model", " (--width)"},
-                                                           {"n_head", " (--heads)"},
-                                                           {"arch", " (--arch)"},
-                                                           {"n_kv_head", " (--kv-heads)"}};
+  static const std::map<std::string, std::string> kFlag = {{"n_layer", "--layers"},
+                                                           {"d_model", "--width"},
+                                                           {"n_head", "--heads"},
+                                                           {"arch", "--arch"},
+                                                           {"n_kv_head", "--kv-heads"}};
   const json now = ModelJson(cfg);
   for (const auto& [key, then] : user["model"].items()) {
     // How the model computes may change at a resume; what it is may not.
@@ -104,9 +104,10 @@ Status CheckSameModelJson(const json& user, const RunConfig& cfg, const std::str
     const auto flag = kFlag.find(key);
     return FailedPreconditionError(
         "the checkpoint " + dir + " is of a model with model." + key + " " + then.dump() +
-        "; this run's is " + it->dump() + (flag == kFlag.end() ? "" : flag->second) +
-        ". A checkpoint resumes its own model: drop the override, or start from the run's "
-        "config (--config RUN_DIR/config.json)");
+        "; this run's is " + it->dump() + " (from " +
+        (flag == kFlag.end() ? std::string() : flag->second + ", ") +
+        "--config or the built-in default). A checkpoint resumes its own model: give the "
+        "run's config (--config RUN_DIR/config.json) and drop any override");
   }
   return Status::OK();
 }

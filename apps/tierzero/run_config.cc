@@ -602,10 +602,17 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
 StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::string* path) {
   RunConfig cfg = DefaultRunConfig();
   std::string config_path;
-  {
-    RunConfig probe = cfg;
-    TZ_RETURN_IF_ERROR(ApplyFlags(args, probe, &config_path));
-  }
+  RunConfig flags = cfg;  // the command line's alone
+  TZ_RETURN_IF_ERROR(ApplyFlags(args, flags, &config_path));
+  // Note [A resumed run's weights]: a resumed run's weights are its checkpoint's. The
+  // --init-from that seeded it when it started (its config.json records it) is not read again (a
+  // model directory moved since would stop the resume, and its weights would be loaded only to be
+  // replaced; the config's model fields hold its shape); one given with --resume is refused.
+  const bool init_from_flag = !flags.output.init_from.empty();
+  if (init_from_flag && !flags.output.resume.empty())
+    return InvalidArgumentError(
+        "--init-from and --resume together: a resumed run takes its weights from its checkpoint; "
+        "drop --init-from (the weights it seeded the run with are in the checkpoint already)");
   if (path != nullptr) *path = config_path;
   if (!config_path.empty()) {
     TZ_ASSIGN_OR_RETURN(const std::string text,
@@ -616,6 +623,13 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
   }
   std::string ignored;
   TZ_RETURN_IF_ERROR(ApplyFlags(args, cfg, &ignored));
+  if (!cfg.output.resume.empty() && !cfg.output.init_from.empty()) {
+    if (init_from_flag)
+      return InvalidArgumentError(
+          "--init-from with a config that resumes (output.resume " + cfg.output.resume +
+          "): a resumed run takes its weights from its checkpoint; drop one of them");
+    cfg.output.init_from.clear();  // Note [A resumed run's weights]
+  }
   TZ_RETURN_IF_ERROR(MergeHfModel(cfg));
   TZ_RETURN_IF_ERROR(ValidateRunConfig(cfg));
   return cfg;

@@ -1,7 +1,9 @@
 // Hugging Face model directories (gpt/hf.h).
 #include "gpt/hf.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -62,6 +64,11 @@ StatusOr<int> Sized(const HfConfig& c, const char* k, int64_t v, int64_t max) {
 }
 
 StatusOr<json> ReadJson(const std::string& path, const std::string& what) {
+  // A model directory holds files: a FIFO here would wait for a writer (read twice by eval).
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    return InvalidArgumentError(path + " is " + FileKindName(st.st_mode) + ", not a " + what +
+                                " file");
   TZ_ASSIGN_OR_RETURN(const std::string text, ReadFileBounded(path, kMaxConfigBytes, what));
   TZ_RETURN_IF_ERROR(CheckOutsideJson(text, path));
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -71,17 +78,45 @@ StatusOr<json> ReadJson(const std::string& path, const std::string& what) {
 
 // The tensor names in a safetensors file's header (the engine checks the entries when it loads).
 StatusOr<std::vector<std::string>> SafetensorsNames(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError("cannot open " + path);
+  // A regular file only: a FIFO would block here waiting for a writer, and the engine's loader
+  // refuses one anyway.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0)
+    return ErrnoError("cannot open " + path, errno,
+                      errno == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return ErrnoError("stat of " + path, errno);
+  if (!S_ISREG(st.st_mode))
+    return InvalidArgumentError(path + " is " + FileKindName(st.st_mode) +
+                                ", not a safetensors file");
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  auto read_at = [&](uint64_t offset, void* data, size_t n) -> Status {
+    auto* p = static_cast<char*>(data);
+    while (n > 0) {
+      const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) return ErrnoError("reading " + path, errno);
+      if (r == 0) return DataLossError(path + " is shorter than its header says (truncated?)");
+      p += r;
+      n -= static_cast<size_t>(r);
+      offset += static_cast<uint64_t>(r);
+    }
+    return Status::OK();
+  };
   uint64_t hlen = 0;
-  if (!in.read(reinterpret_cast<char*>(&hlen), 8))
-    return DataLossError(path + " is not a safetensors file (too short)");
+  if (size < 8) return DataLossError(path + " is not a safetensors file (too short)");
+  TZ_RETURN_IF_ERROR(read_at(0, &hlen, 8));
   if (hlen > (uint64_t{100} << 20))
     return DataLossError(path + " is not a safetensors file (header length " +
                          std::to_string(hlen) + ")");
-  std::string h(hlen, '\0');
-  if (!in.read(h.data(), static_cast<std::streamsize>(hlen)))
+  if (hlen > size - 8)
     return DataLossError(path + " is not a safetensors file (its header is cut short)");
+  std::string h(hlen, '\0');
+  TZ_RETURN_IF_ERROR(read_at(8, h.data(), hlen));
   if (Status s = CheckOutsideJson(h, path + "'s safetensors header"); !s.ok())
     return DataLossError(std::string(s.message()));
   json j = json::parse(h, nullptr, false);
@@ -242,8 +277,13 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
                      "many original positions");
       g.rope_original_positions = static_cast<int>(original);
     }
+    // The context: the base's when it fits, else the positions.
+    if (g.seq_len > g.max_positions) g.seq_len = g.max_positions;
     if (c.has("sliding_window")) {
       TZ_ASSIGN_OR_RETURN(const int64_t w, c.Int("sliding_window"));
+      if (w < 1)
+        return c.Bad("sliding_window",
+                     "is " + std::to_string(w) + "; a window is 1 or more tokens");
       if (w < g.seq_len)
         return c.Unsupported("sliding_window", "is " + std::to_string(w) +
                                                    ", shorter than the context " +
@@ -252,8 +292,6 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
                                                    "earlier token; use --seq-len " +
                                                    std::to_string(w));
     }
-    // The context: the base's when it fits, else the positions.
-    if (g.seq_len > g.max_positions) g.seq_len = g.max_positions;
   }
   TZ_RETURN_IF_ERROR(ValidateGptConfig(g));
   m.config = g;

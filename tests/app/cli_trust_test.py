@@ -19,6 +19,7 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
                 foreign manifest.json, a set-up failing after config.json, data changing mid-run
   ranges        sizes at the ends of their ranges, absurd rates, a report of nonsense values
   export_paths  `export DIR/` and `export .` find the run's config
+  models_in     a Hugging Face directory's context, files and seeding of a resumed run
   plan_device   a plan's rates are measured on the device the planned run computes on
   output        a line every --log-every steps without a terminal; one line in place on one
 Every failure must be an `error:` line and exit status 1 or 2: never a signal, an abort, an
@@ -766,6 +767,55 @@ def case_late_faults():
     check(codes == [0, 1], f"two runs into one metrics file: statuses {codes}\n" + "\n".join(outs))
     for line in open(shared):
         json.loads(line)
+
+
+def case_models_in():
+    """A model brought from a Hugging Face directory: a context longer than its positions is
+    refused (never silently cut); a run it seeded resumes and evaluates without it (moved away);
+    --init-from with --resume is refused; a FIFO or directory for one of its files is refused at
+    once; eval's window is the context a sliding window is checked against."""
+    tok = os.path.join(OUT, "mi_tok.bin")
+    with open(tok, "wb") as f:
+        f.write(struct.pack("<20480H", *[(i * 7) % 256 for i in range(20480)]))
+    base = os.path.join(OUT, "mi_base")
+    ok(["train", "--arch", "llama", "--layers", "2", "--width", "64", "--heads", "4", "--vocab",
+        "256", "--seq-len", "32", "--data", tok, "--steps", "2", "--run-dir", base, "--quiet"])
+    hf = os.path.join(OUT, "mi_hf")
+    ok(["export", base + "/checkpoint", "--format", "hf", "-o", hf])
+    refused(["train", "--init-from", hf, "--data", tok, "--seq-len", "64", "--steps", "1",
+             "--run-dir", os.path.join(OUT, "mi_long"), "--quiet"], "longer than the 32 positions")
+    check(not os.path.exists(os.path.join(OUT, "mi_long")), "a refused context left a run")
+    rd = os.path.join(OUT, "mi_run")
+    ok(["train", "--init-from", hf, "--data", tok, "--steps", "2", "--run-dir", rd, "--quiet"])
+    refused(["train", "--config", rd + "/config.json", "--resume", rd + "/checkpoint",
+             "--init-from", hf, "--steps", "4", "--run-dir", rd, "--quiet"], "--init-from",
+            "--resume")
+    moved = hf + ".moved"
+    os.rename(hf, moved)
+    try:
+        out = ok(["eval", "--resume", rd + "/checkpoint", "--data", tok])
+        check("mean loss" in out, f"eval of a run seeded from a directory:\n{out}")
+        ok(["train", "--config", rd + "/config.json", "--resume", rd + "/checkpoint", "--steps",
+            "4", "--run-dir", rd, "--quiet"])
+    finally:
+        os.rename(moved, hf)
+    for name, make in (("model.safetensors", os.mkfifo), ("model.safetensors", os.mkdir),
+                       ("config.json", os.mkfifo)):
+        bad = os.path.join(OUT, "mi_bad")
+        shutil.rmtree(bad, ignore_errors=True)
+        shutil.copytree(hf, bad)
+        os.remove(os.path.join(bad, name))
+        make(os.path.join(bad, name))
+        refused(["eval", "--init-from", bad, "--data", tok], name, timeout=20)
+    sw = os.path.join(OUT, "mi_sw")
+    shutil.copytree(hf, sw)
+    with open(os.path.join(sw, "config.json")) as f:
+        c = json.load(f)
+    c["architectures"], c["sliding_window"] = ["MistralForCausalLM"], 16
+    with open(os.path.join(sw, "config.json"), "w") as f:
+        json.dump(c, f)
+    ok(["eval", "--init-from", sw, "--data", tok, "--seq-len", "16"])
+    refused(["eval", "--init-from", sw, "--data", tok], "sliding_window", "--seq-len 16")
 
 
 def case_ranges():
