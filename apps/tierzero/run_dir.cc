@@ -403,6 +403,13 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
   // A checkpoint directory whose manifest.json is another program's: the save would write over
   // it, and --overwrite would remove the user's files beside it.
   if (ckpt && ForeignManifest(out.checkpoint_dir)) {
+    // The checkpoint this run resumes from: a manifest of its own cut short or overwritten.
+    if (resume && Same(*resume, *ckpt))
+      return DataLossError(
+          "the checkpoint " + out.checkpoint_dir +
+          " has a manifest.json that is not a whole tierzero manifest (damaged: cut short or "
+          "overwritten?); restore the checkpoint from a copy, or resume from another one "
+          "(tierzero will not write over it, nor remove anything there)");
     return FailedPreconditionError(
         "the checkpoint directory " + out.checkpoint_dir +
         " holds a manifest.json that is not a tierzero checkpoint's; a checkpoint saved there "

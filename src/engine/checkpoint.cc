@@ -13,7 +13,8 @@
 //                               (the moments' format; absent: fp32), per file its
 //                               bytes and CRC32C, per slice its parameter's name and shape, the
 //                               file, offset, first element (begin) and numel, and the CRC32C of
-//                               its three arrays, and the trainer's user_state
+//                               its three arrays, and the trainer's user_state; and
+//                               manifest_crc32c (Note [The manifest's own checksum])
 // Files are written under a temporary name, fsynced and renamed; the manifest is written the same
 // way last (by rank 0, once every rank has committed its file), so it is the commit point: a
 // crash before its rename leaves the previous checkpoint (its manifest and the states it names)
@@ -90,8 +91,10 @@ struct Manifest {
   int64_t step = 0;
   float loss_scale = 1.0f;
   int good_steps = 0;
-  int world_size = 1;            // ranks that wrote it
-  std::string optimizer_states;  // the saving run's moment format
+  int world_size = 1;         // ranks that wrote it
+  std::string compute_dtype;  // the saving run's ("" in manifests from before it was written)
+  std::vector<std::pair<std::string, uint64_t>> files;  // states files and their sizes
+  std::string optimizer_states;                         // the saving run's moment format
   StateFormat moments = StateFormat::kF32;
   std::string user_state;                                  // JSON text; empty when none was saved
   std::map<std::string, std::vector<SavedSlice>> tensors;  // SavedTensors
@@ -111,6 +114,25 @@ StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& pat
     return UnsupportedError(path + " has version " + std::to_string(version) +
                             "; this build reads versions 1 to " +
                             std::to_string(kCheckpointVersion));
+  // Note [The manifest's own checksum]
+  // The slices' CRCs protect the states files' bytes, but not the manifest that says what they
+  // are: a step, a loss scale, a tensor's name or a user state edited by hand (or damaged) loaded
+  // silently and trained another run than the one saved. The manifest carries the CRC32C of its
+  // compact JSON without that field (nlohmann's dump is canonical: sorted keys, shortest
+  // round-trip numbers, so parsing and dumping again gives the same text); a manifest whose text
+  // no longer matches is refused. Manifests written before it had the field load unchecked.
+  if (j.contains("manifest_crc32c")) {
+    const json& stored = j["manifest_crc32c"];
+    json rest = j;
+    rest.erase("manifest_crc32c");
+    const std::string text_without = rest.dump();
+    if (!stored.is_number_unsigned() ||
+        stored.get<uint64_t>() != Crc32c(text_without.data(), text_without.size()))
+      return DataLossError(
+          path +
+          " was changed after tierzero wrote it (its checksum does not match its content: edited "
+          "by hand, or damaged); restore the checkpoint from a copy, or resume from another one");
+  }
   Manifest m;
   ASSIGN_OR_RETURN(m.step, in.get_or<int64_t>("step", 0));
   ASSIGN_OR_RETURN(m.loss_scale, in.get_or<float>("loss_scale", 1.0f));
@@ -132,6 +154,18 @@ StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& pat
   }
   if (m.world_size < 1)
     return in.Error("has a world size below 1: " + std::to_string(m.world_size));
+  ASSIGN_OR_RETURN(m.compute_dtype, in.get_or<std::string>("compute_dtype", ""));
+  if (in.has("files")) {
+    ASSIGN_OR_RETURN(const std::vector<JsonIn> files, in.elements("files"));
+    for (const JsonIn& f : files) {
+      ASSIGN_OR_RETURN(const std::string name, f.get<std::string>("name"));
+      ASSIGN_OR_RETURN(const uint64_t bytes, f.get<uint64_t>("bytes"));
+      if (name.empty() || name.find_first_of(std::string("/\0", 2)) != std::string::npos ||
+          name == "." || name == "..")
+        return f.Error("names a file outside the checkpoint: " + JsonIn::Shown(name));
+      m.files.emplace_back(name, bytes);
+    }
+  }
   if (in.has("user_state") && !in.at("user_state")->raw().is_null())
     m.user_state = in.at("user_state")->raw().dump();
   ASSIGN_OR_RETURN(const std::vector<JsonIn> tensors, in.elements("tensors"));
@@ -256,7 +290,11 @@ Status GatherEntries(Communicator& comm, json& files, json& tensors) {
 // names its own (a user's "states-notes.txt" in the directory stays).
 Status CommitManifest(const std::string& dir, const json& manifest) {
   ASSIGN_OR_RETURN(AtomicFile mf, AtomicFile::Create(dir + "/manifest.json"));
-  const std::string text = manifest.dump(1);
+  // Note [The manifest's own checksum]
+  json sealed = manifest;
+  const std::string compact = manifest.dump();
+  sealed["manifest_crc32c"] = Crc32c(compact.data(), compact.size());
+  const std::string text = sealed.dump(1);
   RETURN_IF_ERROR(mf.Write(text.data(), text.size()));
   RETURN_IF_ERROR(mf.Commit());
   RETURN_IF_ERROR(SyncDir(dir));
@@ -527,6 +565,21 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   for (int attempt = 0; attempt < 3; ++attempt) {
     verified = [&]() -> Status {
       ASSIGN_OR_RETURN(manifest, ReadManifest(dir));
+      // Each states file is the size its manifest says: one cut short or appended to is damaged
+      // (a missing one is NotFound, read again below).
+      for (const auto& [name, bytes] : manifest.files) {
+        struct stat st {};
+        const std::string path = dir + "/" + name;
+        if (::stat(path.c_str(), &st) != 0)
+          return ErrnoError("the checkpoint's states file " + path, errno,
+                            errno == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError);
+        if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) != bytes)
+          return DataLossError("the checkpoint's states file " + path + " is " +
+                               std::to_string(st.st_size) + " bytes; its manifest says " +
+                               std::to_string(bytes) +
+                               " (cut short or appended to): the checkpoint is damaged; restore "
+                               "it from a copy, or resume from another one");
+      }
       reader.emplace(dir, manifest.moments);
       RETURN_IF_ERROR(CheckSameModel(dir, manifest.tensors, im.params, im.numel));
       return run_pass(/*apply=*/false);
@@ -566,6 +619,15 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   im.step = manifest.step;
   im.loss_scale = manifest.loss_scale;
   im.good_steps = manifest.good_steps;
+  // The loss scale is fp16's: a checkpoint of another compute type resumed in fp16 starts at the
+  // initial scale (its own 1 would flush small fp16 gradients to zero for a thousand steps), and
+  // an fp16 checkpoint resumed in bf16 or fp32 leaves its scale behind.
+  const bool saved_f16 = manifest.compute_dtype == DTypeName(DType::kF16);
+  const bool now_f16 = im.cfg.compute_dtype == DType::kF16;
+  if (!manifest.compute_dtype.empty() && saved_f16 != now_f16) {
+    im.loss_scale = now_f16 ? im.cfg.initial_loss_scale : 1.0f;
+    im.good_steps = 0;
+  }
   im.iterations_since_step = 0;
   RETURN_IF_ERROR(im.cm->ZeroGrads());
   im.updater->ClearError();

@@ -283,6 +283,95 @@ TEST(Engine, CheckpointCorruptionAndAbsenceAreClearErrors) {
   EXPECT_EQ(after, mid) << "a failed load changed the parameters";
 }
 
+// Note [The manifest's own checksum]: a manifest edited after it was written (its step, a
+// tensor's name, the user state) and a states file appended to are refused, nothing loaded; the
+// same manifest re-serialised with its content unchanged still loads.
+TEST(Engine, EditedManifestsAndResizedStatesFilesAreRefused) {
+  TempDir dir;
+  Trainer r = Make(HostConfig());
+  Train(r, 0, 2);
+  const std::string ckpt = dir.path() + "/ckpt";
+  ASSERT_TRUE(r.engine->SaveCheckpoint(ckpt, R"({"step": 2})").ok());
+  std::string original;
+  {
+    std::ifstream in(ckpt + "/manifest.json");
+    original.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto write = [&](const std::string& text) {
+    std::ofstream(ckpt + "/manifest.json", std::ios::trunc) << text;
+  };
+  Train(r, 2, 3);
+  std::vector<float> mid(static_cast<size_t>(r.engine->numel(0)));
+  ASSERT_TRUE(r.engine->ReadParam(0, mid).ok());
+  const nlohmann::json m = nlohmann::json::parse(original);
+  ASSERT_TRUE(m.contains("manifest_crc32c"));
+  const std::vector<std::function<void(nlohmann::json&)>> edits = {
+      [](nlohmann::json& j) { j["step"] = 1; },
+      [](nlohmann::json& j) { j["user_state"]["step"] = 1; },
+      [](nlohmann::json& j) { j["loss_scale"] = 1024.0; },
+      [](nlohmann::json& j) { std::swap(j["tensors"][0]["name"], j["tensors"][1]["name"]); },
+      [](nlohmann::json& j) { j["files"][0]["bytes"] = 1; },
+  };
+  for (size_t e = 0; e < edits.size(); ++e) {
+    nlohmann::json edited = m;
+    edits[e](edited);
+    write(edited.dump(2));
+    auto bad = r.engine->LoadCheckpoint(ckpt);
+    EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss) << "edit " << e;
+    EXPECT_NE(bad.status().message().find("was changed after tierzero wrote it"), std::string::npos)
+        << bad.status().ToString();
+  }
+  std::vector<float> after(mid.size());
+  ASSERT_TRUE(r.engine->ReadParam(0, after).ok());
+  EXPECT_EQ(after, mid) << "a refused manifest changed the parameters";
+  // Re-indented and re-ordered by another tool, the same content still loads.
+  write(m.dump(4));
+  auto same = r.engine->LoadCheckpoint(ckpt);
+  ASSERT_TRUE(same.ok()) << same.status().ToString();
+  EXPECT_EQ(*same, R"({"step":2})");
+  // A states file appended to is damaged, though every slice's bytes are intact.
+  std::string states;
+  for (const auto& f : fs::directory_iterator(ckpt))
+    if (f.path().filename().string().rfind("states-", 0) == 0) states = f.path().string();
+  std::ofstream(states, std::ios::app) << "junk";
+  auto appended = r.engine->LoadCheckpoint(ckpt);
+  EXPECT_EQ(appended.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(appended.status().message().find("appended to"), std::string::npos)
+      << appended.status().ToString();
+}
+
+// The loss scale is fp16's: a bf16 checkpoint resumed in fp16 starts at the initial scale, and
+// an fp16 checkpoint resumed in bf16 leaves its scale behind.
+TEST(Engine, ALossScaleIsTakenOnlyFromAnFp16Checkpoint) {
+  TempDir dir;
+  EngineConfig bf16 = HostConfig();
+  bf16.compute_dtype = DType::kBF16;
+  EngineConfig fp16 = bf16;
+  fp16.compute_dtype = DType::kF16;
+  fp16.initial_loss_scale = 4096.0f;
+  {
+    Trainer r = Make(bf16);
+    Train(r, 0, 2);
+    ASSERT_TRUE(r.engine->SaveCheckpoint(dir.path() + "/bf16").ok());
+  }
+  {
+    Trainer r = Make(fp16);
+    ASSERT_TRUE(r.engine->LoadCheckpoint(dir.path() + "/bf16").ok());
+    EXPECT_EQ(r.engine->loss_scale(), 4096.0f);
+    ASSERT_TRUE(r.engine->SaveCheckpoint(dir.path() + "/fp16").ok());
+  }
+  {
+    Trainer r = Make(fp16);
+    ASSERT_TRUE(r.engine->LoadCheckpoint(dir.path() + "/fp16").ok());
+    EXPECT_EQ(r.engine->loss_scale(), 4096.0f);  // fp16 to fp16: the saved scale
+  }
+  {
+    Trainer r = Make(bf16);
+    ASSERT_TRUE(r.engine->LoadCheckpoint(dir.path() + "/fp16").ok());
+    EXPECT_EQ(r.engine->loss_scale(), 1.0f);
+  }
+}
+
 TEST(Engine, CheckpointOfAnotherModelIsRefusedWithEveryDifferenceAndNothingLoaded) {
   TempDir dir;
   Trainer three = Make(HostConfig());  // 3 blocks, 64 wide
