@@ -38,14 +38,89 @@ int64_t CheckpointStep(const std::string& user_state, int64_t applied) {
   return at && *at >= 0 ? *at : applied;
 }
 
-// A resumed run whose global batch (rows per micro-batch x accumulation x ranks) or data seed
-// differs from the checkpoint's says so: the run goes on (resharding to another number of ranks
-// is supported), but it no longer repeats what an uninterrupted run would have done, and the
-// note says how to keep the global batch. Checkpoints written before this was recorded say
-// nothing.
-void ReportBatchChange(const std::string& user_state, const RunConfig& cfg, int world) {
+json ScheduleJson(const TrainOptions& t) {
+  return {{"lr", t.lr}, {"min_lr", t.min_lr}, {"warmup_steps", t.warmup_steps}, {"steps", t.steps}};
+}
+
+json DataJson(const gpt::DataConfig& d) {
+  json j = {{"kind", d.kind}};
+  if (d.kind == "text") j["path"] = d.text_path;
+  if (d.kind == "tokens") j["path"] = d.token_path;
+  if (d.kind == "addition") {
+    j["digits"] = d.digits;
+    j["reverse_answer"] = d.reverse_answer;
+    j["pad_operands"] = d.pad_operands;
+  }
+  return j;
+}
+
+namespace {
+
+std::string Rate(double lr) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.4g", lr);
+  return b;
+}
+
+// Note [A resumed run's schedule]
+// The learning rate follows the run's schedule (train.steps, lr, min_lr, warmup_steps): a run
+// continued with more --steps than it was started with (the way to train on) decays over the new
+// horizon, so its rates from the resumed step on are not the ones the first run would have
+// used, nor an uninterrupted run's of the old length. That is what the user asked for, and not
+// an error, but it is not silent: the note names what changed and the rate at the resumed step
+// under both schedules.
+void ReportScheduleChange(const json& u, const TrainOptions& now, int step) {
+  const auto it = u.find("schedule");
+  if (it == u.end() || !it->is_object()) return;
+  const json& s = *it;
+  const auto steps = IntegerField<int>(s, "steps");
+  const auto warmup = IntegerField<int>(s, "warmup_steps");
+  if (!steps || !warmup || !s.contains("lr") || !s["lr"].is_number() || !s.contains("min_lr") ||
+      !s["min_lr"].is_number())
+    return;
+  TrainOptions then = now;
+  then.steps = *steps;
+  then.warmup_steps = *warmup;
+  then.lr = s["lr"].get<float>();
+  then.min_lr = s["min_lr"].get<float>();
+  std::string changed;
+  auto note = [&](const char* field, const std::string& a, const std::string& b) {
+    if (a == b) return;
+    changed += (changed.empty() ? "" : ", ") + std::string(field) + " " + a + " -> " + b;
+  };
+  note("train.steps", std::to_string(then.steps), std::to_string(now.steps));
+  note("lr", Rate(then.lr), Rate(now.lr));
+  note("min_lr", Rate(then.min_lr), Rate(now.min_lr));
+  note("warmup_steps", std::to_string(then.warmup_steps), std::to_string(now.warmup_steps));
+  if (changed.empty()) return;
+  const double a = LearningRate(then, step), b = LearningRate(now, step);
+  std::printf(
+      "  note: the learning-rate schedule changes (%s): step %d's rate is %s (%s under "
+      "the checkpoint's schedule)\n",
+      changed.c_str(), step + 1, Rate(b).c_str(), Rate(a).c_str());
+}
+
+}  // namespace
+
+// A resumed run whose global batch (rows per micro-batch x accumulation x ranks), data seed,
+// data, schedule or compute type differs from the checkpoint's says so: the run goes on
+// (resharding to another number of ranks is supported), but it no longer repeats what an
+// uninterrupted run would have done, and the note says how to keep the global batch.
+// Checkpoints written before a field was recorded say nothing of it.
+void ReportRunChanges(const std::string& user_state, const RunConfig& cfg, int world, int step) {
   const json u = json::parse(user_state, nullptr, /*allow_exceptions=*/false);
   if (!u.is_object()) return;
+  ReportScheduleChange(u, cfg.train, step);
+  if (const auto d = u.find("data"); d != u.end() && d->is_object() && *d != DataJson(cfg.data))
+    std::printf("  note: the data changes from %s to %s\n", d->dump().c_str(),
+                DataJson(cfg.data).dump().c_str());
+  if (const auto t = u.find("compute_dtype"); t != u.end() && t->is_string()) {
+    const std::string now(DTypeName(cfg.engine.compute_dtype));
+    if (t->get<std::string>() != now)
+      std::printf("  note: the compute type changes from %s to %s%s\n",
+                  t->get<std::string>().c_str(), now.c_str(),
+                  now == "fp16" ? " (the loss scale starts at engine.initial_loss_scale)" : "");
+  }
   const auto batch = IntegerField<int64_t>(u, "batch_size");
   const auto accum = IntegerField<int64_t>(u, "grad_accumulation");
   const auto ranks = IntegerField<int64_t>(u, "ranks");

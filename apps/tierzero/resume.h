@@ -18,8 +18,14 @@ nlohmann::json ModelJson(const RunConfig& cfg);
 // count], train.cc), or `applied` (the optimizer steps the engine counted) when it records none.
 int64_t CheckpointStep(const std::string& user_state, int64_t applied);
 
-// A resumed run whose global batch (rows per micro-batch x accumulation x ranks) or data seed
-// differs from the checkpoint's says so on stdout.
-void ReportBatchChange(const std::string& user_state, const RunConfig& cfg, int world);
+// What a checkpoint records of the learning-rate schedule and of the data it trained on.
+nlohmann::json ScheduleJson(const TrainOptions& t);
+nlohmann::json DataJson(const gpt::DataConfig& d);
+
+// A resumed run that no longer repeats what the checkpoint's run would have done says how on
+// stdout: its global batch (rows per micro-batch x accumulation x ranks), data seed, data,
+// learning-rate schedule (the rate at the resumed step, then and now) or compute type differs.
+// `step`: the resumed step (0-based: the next one trained).
+void ReportRunChanges(const std::string& user_state, const RunConfig& cfg, int world, int step);
 
 }  // namespace tierzero::app

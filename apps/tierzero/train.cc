@@ -50,8 +50,7 @@ StatusOr<std::shared_ptr<Communicator>> RunCommunicator(const RanksOptions& o) {
   return Communicator::Single();
 }
 
-namespace {
-
+// train.h
 double LearningRate(const TrainOptions& t, int step) {  // step: 0-based
   if (t.warmup_steps > 0 && step < t.warmup_steps)
     return t.lr * static_cast<double>(step + 1) / t.warmup_steps;
@@ -59,6 +58,8 @@ double LearningRate(const TrainOptions& t, int step) {  // step: 0-based
   const double progress = std::min(1.0, static_cast<double>(step - t.warmup_steps) / decay);
   return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1 + std::cos(3.14159265358979323846 * progress));
 }
+
+namespace {
 
 std::string Mib(uint64_t b) {
   char buf[32];
@@ -246,7 +247,7 @@ Status TrainRun::SetUp() {
     // loop's step in its user state, and a resume starts there, so 10 + 10 resumed steps are the
     // 20 uninterrupted ones.
     start_ = static_cast<int>(CheckpointStep(user, static_cast<int64_t>(engine_->step())));
-    if (lead_) ReportBatchChange(user, cfg_, world_);
+    if (lead_) ReportRunChanges(user, cfg_, world_, start_);
   }
   if (!out_.plan.empty() && lead_) {
     // Refused now, not after the run: a plan file that is unreadable or of another config.
@@ -426,13 +427,16 @@ Status TrainRun::Evaluate(int step) {
 Status TrainRun::Save(int step) {
   // The loop's step (Note [The loop's step, not the applied count]), the model (Note [A
   // checkpoint resumes its own model]), and what a resumed run compares with its own
-  // (ReportBatchChange).
+  // (ReportRunChanges).
   json user = {{"step", step},
                {"data_seed", cfg_.data.seed},
                {"batch_size", cfg_.train.batch_size},
                {"grad_accumulation", cfg_.engine.grad_accumulation},
                {"ranks", world_},
-               {"model", ModelJson(cfg_)}};
+               {"model", ModelJson(cfg_)},
+               {"schedule", ScheduleJson(cfg_.train)},
+               {"data", DataJson(cfg_.data)},
+               {"compute_dtype", std::string(DTypeName(cfg_.engine.compute_dtype))}};
   if (out_.checkpoint_dir.empty()) return Status::OK();  // --checkpoint none
   const auto t0 = std::chrono::steady_clock::now();
   Status s = engine_->SaveCheckpoint(out_.checkpoint_dir, user.dump());

@@ -60,6 +60,10 @@ struct RunConfig {
 // device budget and larger than the host budget, on the synthetic addition task.
 RunConfig DefaultRunConfig();
 
+// The learning rate of 0-based step `step`: linear warm-up over warmup_steps, then a cosine from
+// lr to min_lr over the rest of `steps`.
+double LearningRate(const TrainOptions& t, int step);
+
 // Parses a JSON config over the defaults. InvalidArgument naming the field, the bad value and
 // the accepted range; unknown fields are errors (they are usually typos).
 StatusOr<RunConfig> ParseRunConfig(const std::string& json_text, RunConfig base);

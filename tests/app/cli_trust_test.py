@@ -105,7 +105,8 @@ def read(path):
 
 def losses(metrics):
     rows = [json.loads(line) for line in open(metrics)]
-    return [(m["step"], m["loss"], m["applied"], m["loss_scale"]) for m in rows if "loss" in m]
+    return [(m["step"], m["loss"], m["applied"], m["loss_scale"], m["lr"]) for m in rows
+            if "loss" in m]
 
 
 # ---- cases ----------------------------------------------------------------------------------
@@ -406,10 +407,14 @@ def case_config_json():
 
 
 def case_resume_exact():
+    # A run continued with more --steps decays its learning rate over the new horizon (Note [A
+    # resumed run's schedule]): 10 + 10 steps equal 20 where the rate does not depend on the
+    # horizon, inside the warm-up (which the configs below keep every step in). Past it, the
+    # resume says how the schedule changed.
     cases = {
         # fp16 with a loss scale that overflows: the first 11 steps are skipped.
         "fp16": {"engine": {"compute_dtype": "fp16", "initial_loss_scale": 1e8},
-                 "train": {"warmup_steps": 0}},
+                 "train": {"warmup_steps": 20}},
         "bf16_accumulation": {"engine": {"grad_accumulation": 2}},
         "fp32": {"engine": {"compute_dtype": "fp32"}},
     }
@@ -424,6 +429,13 @@ def case_resume_exact():
         check(la == lb, f"{name}: 10 + 10 resumed differ from 20:\n{la}\n{lb}")
         if name == "fp16":
             check(sum(1 for x in la if not x[2]) >= 5, f"fp16: too few skipped steps: {la}")
+    cfg = write_config(os.path.join(OUT, "e_decay.json"), train={"warmup_steps": 0})
+    rd = os.path.join(OUT, "e_decay")
+    ok(["train", "--config", cfg, "--run-dir", rd, "--steps", "3", "--quiet"])
+    out = ok(["train", "--config", cfg, "--run-dir", rd, "--steps", "6", "--quiet", "--resume",
+              rd + "/checkpoint"])
+    check("the learning-rate schedule changes (train.steps 3 -> 6)" in out,
+          f"a resume past the warm-up with another horizon said nothing:\n{out}")
 
 
 def case_resume_model():
