@@ -205,6 +205,9 @@ class TrainRun {
   std::string plan_text_;  // --plan's file
   std::string init_note_;  // what --init-from loaded
   double total_tokens_ = 0, total_compute_s_ = 0;
+  // The engine's waits inside the steps (not in evaluations or saves between them), so their
+  // shares of total_compute_s_ are shares of step time.
+  double step_acquire_wait_s_ = 0, step_update_wait_s_ = 0;
   std::chrono::steady_clock::time_point run_t0_;
 };
 
@@ -477,14 +480,16 @@ Status TrainRun::Loop() {
     if (cfg_.train.profile_step > 0 && step_ + 1 == cfg_.train.profile_step)
       engine_->ProfileNextIteration();
     if (Status s = RunStep(step_); !s.ok()) return SaveAfterError(s);
+    // A step on the evaluation schedule is evaluated before an interrupt's save too: a resumed
+    // run starts after it, so its evaluation would be missing from the metrics for good.
+    if (cfg_.train.eval_every > 0 && (step_ + 1) % cfg_.train.eval_every == 0 &&
+        step_ + 1 < cfg_.train.steps) {
+      if (Status s = Evaluate(step_ + 1); !s.ok()) return SaveAfterError(s);
+    }
     if (interrupted_) {
       ++step_;
       progress_->Line("interrupted: saving a checkpoint at step " + std::to_string(step_));
       break;
-    }
-    if (cfg_.train.eval_every > 0 && (step_ + 1) % cfg_.train.eval_every == 0 &&
-        step_ + 1 < cfg_.train.steps) {
-      if (Status s = Evaluate(step_ + 1); !s.ok()) return SaveAfterError(s);
     }
     if (cfg_.train.checkpoint_every > 0 && (step_ + 1) % cfg_.train.checkpoint_every == 0)
       TZ_RETURN_IF_ERROR(Save(step_ + 1));
@@ -562,6 +567,11 @@ Status TrainRun::RunStep(int step) {
   }
   total_tokens_ += tokens_per_step;
   total_compute_s_ += dt;
+  {
+    const EngineStats now = engine_->stats();
+    step_acquire_wait_s_ += now.acquire_wait_seconds - before.acquire_wait_seconds;
+    step_update_wait_s_ += now.update_wait_seconds - before.update_wait_seconds;
+  }
   const TierUsage u = engine_->usage();
   json m = {{"step", step + 1},
             {"loss", loss},
@@ -652,7 +662,7 @@ void TrainRun::PrintDone(const std::string& summary) const {
       step_ - start_, wall, c > 0 ? total_tokens_ / c : 0,
       c > 0 ? total_tokens_ * model_->flops_per_token() / c / 1e9 : 0, Mib(st.h2d_bytes).c_str(),
       Mib(st.d2h_bytes).c_str(), Mib(st.nvme_read_bytes).c_str(), Mib(st.nvme_write_bytes).c_str(),
-      c > 0 ? 100 * st.acquire_wait_seconds / c : 0, c > 0 ? 100 * st.update_wait_seconds / c : 0);
+      c > 0 ? 100 * step_acquire_wait_s_ / c : 0, c > 0 ? 100 * step_update_wait_s_ / c : 0);
   // How it computed, now that it has (which attention ran: Note [Which attention runs]).
   std::printf("  compute: %s\n", model_->ComputeSummary().c_str());
   std::fputs(summary.c_str(), stdout);

@@ -566,7 +566,7 @@ def case_run_signals():
     Ctrl-C) still saves a checkpoint and exits 0; a closed stdout prints nowhere, not into the
     run's files; a second signal 3 s after the first ends a run blocked where no flag reaches it
     (a FIFO output whose reader does not read) with 128 + the signal and no partial file; an
-    interrupted export leaves no temporary file."""
+    interrupted export leaves no temporary file; a stop at an evaluation step evaluates it."""
     cfg = os.path.join(OUT, "small.json")
     rd = os.path.join(OUT, "v_pipe")
     p = start_long_run("v_pipe", "--log-every", "1", console=subprocess.PIPE)
@@ -661,6 +661,16 @@ def case_run_signals():
         p.wait(timeout=60)
         left = [f for f in os.listdir(os.path.join(OUT, "v_exp")) if f.endswith(".tmp")]
         check(not left, f"an export ended by {sig.name} left {left}")
+    # Stopped at a step on the evaluation schedule (every step is, here): that step's evaluation
+    # is in the metrics before the save, so the resumed run's metrics miss none.
+    p = start_long_run("v_eval", "--eval-every", "1")
+    time.sleep(2)
+    p.send_signal(signal.SIGINT)
+    check(p.wait(timeout=60) == 0, "a run stopped at an evaluation step")
+    rows = [json.loads(line) for line in open(os.path.join(OUT, "v_eval", "metrics.jsonl"))]
+    last = max(m["step"] for m in rows if "loss" in m)
+    check(any(m["step"] == last and "val_loss" in m for m in rows),
+          f"the evaluation of step {last}, where the run stopped, is missing")
 
 
 def case_late_faults():
