@@ -9,8 +9,9 @@
 
 namespace tierzero {
 
-TZ_TUNABLE(std::string, kSimdTunable, "TZ_SIMD", "auto",
-           "SIMD level for CPU kernels: auto, scalar, avx2 or avx512");
+TZ_TUNABLE_CHOICE(kSimdTunable, "TZ_SIMD", "auto",
+                  "SIMD level for CPU kernels: auto, scalar, avx2 or avx512", "auto", "scalar",
+                  "avx2", "avx512");
 
 namespace {
 

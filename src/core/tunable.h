@@ -15,6 +15,7 @@
 // (like environment variables); everything else in tierzero is passed explicitly.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -90,6 +91,12 @@ class Tunable final : public TunableBase {
   // overflow): outside it the environment's value is refused as a malformed one is.
   Tunable(const char* env_name, T default_value, const char* help, T lo, T hi)
       : TunableBase(env_name, help), default_(std::move(default_value)), range_({lo, hi}) {}
+  // A string accepted only as one of `choices` (a typo of "off" is refused, not taken as the
+  // default): outside them the environment's value is refused as a malformed one is.
+  Tunable(const char* env_name, T default_value, const char* help, std::vector<T> choices)
+      : TunableBase(env_name, help),
+        default_(std::move(default_value)),
+        choices_(std::move(choices)) {}
 
   T Get() const {
     MutexLock lock(mu_);
@@ -141,11 +148,20 @@ class Tunable final : public TunableBase {
                                     "; accepted: " + internal::TunableToString(range_->first) +
                                     " to " + internal::TunableToString(range_->second));
     }
+    if constexpr (std::is_same_v<T, std::string>) {
+      if (v.ok() && !choices_.empty() &&
+          std::find(choices_.begin(), choices_.end(), *v) == choices_.end()) {
+        std::string accepted;
+        for (const std::string& c : choices_) accepted += (accepted.empty() ? "" : ", ") + c;
+        return InvalidArgumentError("is \"" + *v + "\"; accepted: " + accepted);
+      }
+    }
     return v;
   }
 
   const T default_;
   const std::optional<std::pair<T, T>> range_;
+  const std::vector<T> choices_;
   mutable Mutex mu_;
   mutable bool env_loaded_ TZ_GUARDED_BY(mu_) = false;
   mutable std::optional<T> env_ TZ_GUARDED_BY(mu_);
@@ -180,3 +196,5 @@ class ScopedTunable {
   ::tierzero::Tunable<type> var(env_name, default_value, help)
 #define TZ_TUNABLE_RANGE(type, var, env_name, default_value, help, lo, hi) \
   ::tierzero::Tunable<type> var(env_name, default_value, help, lo, hi)
+#define TZ_TUNABLE_CHOICE(var, env_name, default_value, help, ...) \
+  ::tierzero::Tunable<std::string> var(env_name, default_value, help, {__VA_ARGS__})

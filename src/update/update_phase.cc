@@ -16,10 +16,11 @@
 
 namespace tierzero {
 
-TZ_TUNABLE(std::string, kUpdateBehindForward, "TZ_UPDATE_BEHIND_FORWARD", "auto",
-           "the update phase's CPU groups finish behind the next forward, each chunk's gather "
-           "waiting for its own update: auto (on a GPU; on the simulated device when the CPU's "
-           "groups wait for NVMe), on, off");
+TZ_TUNABLE_CHOICE(kUpdateBehindForward, "TZ_UPDATE_BEHIND_FORWARD", "auto",
+                  "the update phase's CPU groups finish behind the next forward, each chunk's "
+                  "gather waiting for its own update: auto (on a GPU; on the simulated device when "
+                  "the CPU's groups wait for NVMe), on, off",
+                  "auto", "on", "off", "1", "0", "true", "false");
 
 namespace {
 
