@@ -13,6 +13,8 @@ TZ_TUNABLE(int64_t, kTestBadEnv, "TZ_TEST_TUNABLE_BAD", 5, "test tunable with a 
 TZ_TUNABLE(ByteSize, kTestSize, "TZ_TEST_TUNABLE_SIZE", ByteSize{kMiB}, "test size tunable");
 TZ_TUNABLE(bool, kTestFlag, "TZ_TEST_TUNABLE_FLAG", false, "test flag");
 TZ_TUNABLE(double, kTestRate, "TZ_TEST_TUNABLE_RATE", 1.5, "test double");
+TZ_TUNABLE_CHOICE(kTestChoice, "TZ_TEST_TUNABLE_CHOICE", "auto", "test choice", "auto", "on",
+                  "off");
 
 TEST(TunableTest, DefaultWhenUnset) {
   unsetenv("TZ_TEST_TUNABLE_DEPTH");
@@ -43,6 +45,19 @@ TEST(TunableTest, BadEnvironmentValueFallsBackAndIsReported) {
   EXPECT_NE(st.message().find("'lots'"), std::string::npos) << st.message();
   unsetenv("TZ_TEST_TUNABLE_BAD");
   EXPECT_TRUE(ValidateTunables().ok());
+}
+
+TEST(TunableTest, AChoiceOutsideItsValuesIsRefusedAndFallsBack) {
+  setenv("TZ_TEST_TUNABLE_CHOICE", "of", 1);
+  EXPECT_EQ(kTestChoice.Get(), "auto");
+  Status st = ValidateTunables();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("TZ_TEST_TUNABLE_CHOICE: is \"of\"; accepted: auto, on, off"),
+            std::string::npos)
+      << st.message();
+  setenv("TZ_TEST_TUNABLE_CHOICE", "off", 1);
+  EXPECT_TRUE(ValidateTunables().ok());
+  unsetenv("TZ_TEST_TUNABLE_CHOICE");
 }
 
 TEST(TunableTest, RegistryListsTunables) {
