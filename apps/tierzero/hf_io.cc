@@ -158,6 +158,7 @@ Status ExportHf(Engine& engine, const RunConfig& cfg, const std::string& dir, DT
   // A directory of its own: made here, or one that exists empty (never one holding files the
   // export did not write).
   std::error_code ec;
+  bool made = false;
   if (fs::exists(dir, ec)) {
     if (!fs::is_directory(dir, ec))
       return InvalidArgumentError("-o " + dir +
@@ -167,18 +168,51 @@ Status ExportHf(Engine& engine, const RunConfig& cfg, const std::string& dir, DT
       return InvalidArgumentError("-o " + dir +
                                   " is a directory that holds files; --format hf "
                                   "writes into a new or empty directory");
-  } else if (!fs::create_directories(dir, ec) || ec) {
-    return IoError("cannot make the directory " + dir + ": " + ec.message());
+  } else if (!fs::create_directory(dir, ec) || ec) {
+    return IoError("cannot make the directory " + dir + ": " + ec.message() +
+                   " (its parent must exist)");
+  } else {
+    made = true;
   }
-  TZ_ASSIGN_OR_RETURN(const std::vector<Engine::SafetensorsShard> shards,
-                      engine.ExportSafetensorsShards(
-                          dir, "model", dtype, gpt::HfTensorNames(cfg.model, {}), max_shard_bytes));
-  if (shards.size() > 1)
-    TZ_RETURN_IF_ERROR(
-        WriteFileAtomically(dir + "/model.safetensors.index.json", gpt::HfIndexJson(shards)));
-  TZ_RETURN_IF_ERROR(
-      WriteFileAtomically(dir + "/config.json", gpt::HfConfigJson(cfg.model, dtype)));
-  *summary = std::to_string(shards.size()) + (shards.size() == 1 ? " file" : " files") +
+  // Note [A model directory whole or not at all]: the directory was empty, so every file of the
+  // model's names in it is this export's. A failure (a full disk before the index or config.json)
+  // removes them and a directory made here, so the retry is not refused for a directory holding
+  // files; a signal's exit does the same (RemoveOnSignalExit) for the files named so far.
+  std::vector<std::string> ours;
+  auto own = [&](const std::string& path) {
+    ours.push_back(path);
+    RemoveOnSignalExit(path);
+  };
+  if (made) own(dir);
+  auto undo = [&](Status s) {
+    for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      const bool model = name == "config.json" || name == "model.safetensors.index.json" ||
+                         (name.rfind("model", 0) == 0 && name.size() > 12 &&
+                          name.compare(name.size() - 12, 12, ".safetensors") == 0);
+      if (model && e.is_regular_file(ec)) fs::remove(e.path(), ec);
+    }
+    if (made) fs::remove(dir, ec);  // only when empty
+    for (const std::string& p : ours) KeepOnSignalExit(p);
+    return std::move(s).WithContext("the export to " + dir + " was undone");
+  };
+  auto shards = engine.ExportSafetensorsShards(dir, "model", dtype,
+                                               gpt::HfTensorNames(cfg.model, {}), max_shard_bytes);
+  if (!shards.ok()) return undo(shards.status());
+  for (const Engine::SafetensorsShard& sh : *shards) own(dir + "/" + sh.file);
+  if (shards->size() > 1) {
+    own(dir + "/model.safetensors.index.json");
+    if (Status s =
+            WriteFileAtomically(dir + "/model.safetensors.index.json", gpt::HfIndexJson(*shards));
+        !s.ok())
+      return undo(s);
+  }
+  own(dir + "/config.json");
+  if (Status s = WriteFileAtomically(dir + "/config.json", gpt::HfConfigJson(cfg.model, dtype));
+      !s.ok())
+    return undo(s);
+  for (const std::string& p : ours) KeepOnSignalExit(p);
+  *summary = std::to_string(shards->size()) + (shards->size() == 1 ? " file" : " files") +
              " and config.json (" + gpt::ModelName(cfg.model) + ", Hugging Face's layout)";
   return Status::OK();
 }

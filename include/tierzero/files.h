@@ -51,7 +51,7 @@ inline constexpr uint64_t kMaxReportBytes = uint64_t{256} << 20;
 void RemovePendingTemporaries();
 // A file RemovePendingTemporaries removes too, until Keep: an output the process made and must
 // not leave behind if it ends on a signal before it is complete (a run's config.json before its
-// first step).
+// first step). A directory is removed only if empty once the files registered in it are.
 void RemoveOnSignalExit(const std::string& path);
 void KeepOnSignalExit(const std::string& path);
 

@@ -203,7 +203,11 @@ void KeepOnSignalExit(const std::string& path) { DropPending(path); }
 
 void RemovePendingTemporaries() {
   std::lock_guard<std::mutex> lock(PendingMutex());
-  for (const std::string& tmp : Pending()) ::unlink(tmp.c_str());
+  // In reverse order, so a directory's files go before it; a directory is removed only when
+  // that left it empty (rmdir).
+  for (auto it = Pending().rbegin(); it != Pending().rend(); ++it) {
+    if (::unlink(it->c_str()) != 0 && (errno == EISDIR || errno == EPERM)) ::rmdir(it->c_str());
+  }
   Pending().clear();
 }
 

@@ -838,6 +838,25 @@ def case_models_in():
         json.dump(c, f)
     ok(["eval", "--init-from", sw, "--data", tok, "--seq-len", "16"])
     refused(["eval", "--init-from", sw, "--data", tok], "sliding_window", "--seq-len 16")
+    # An export --format hf that fails part way (room for the shards, not the index) is undone,
+    # so the retry is not refused for a directory holding files. Needs a small file system to
+    # fill (root's tmpfs); skipped where none can be mounted.
+    small = os.path.join(OUT, "mi_small")
+    os.makedirs(small)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", small],
+                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0:
+        try:
+            with open(os.path.join(small, "filler"), "wb") as f:
+                f.write(bytes(163840))
+            target = os.path.join(small, "m")
+            args = ["export", base + "/checkpoint", "--format", "hf", "-o", target, "--dtype",
+                    "bf16", "--max-shard-size", "100KB"]
+            refused(args, "undone")
+            check(not os.path.exists(target), f"a failed export left {os.listdir(small)}")
+            os.remove(os.path.join(small, "filler"))
+            ok(args)
+        finally:
+            subprocess.run(["umount", small])
 
 
 def case_ranges():
