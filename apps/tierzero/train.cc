@@ -444,8 +444,23 @@ Status TrainRun::Save(int step) {
   const auto t0 = std::chrono::steady_clock::now();
   Status s = engine_->SaveCheckpoint(out_.checkpoint_dir, user.dump());
   save_s_ = SecondsSince(t0);
-  if (s.ok()) saved_step_ = step;
-  return s;
+  if (s.ok()) {
+    saved_step_ = step;
+    return s;
+  }
+  // What the failure leaves (the manifest is the commit point: Note [Checkpoint format]): the
+  // last checkpoint in the directory, this run's or the one it resumed in place, stays whole.
+  const int kept = saved_step_ >= 0 ? saved_step_ : outputs_.in_place ? start_ : -1;
+  const std::string what = "saving the checkpoint of step " + std::to_string(step) + " in " +
+                           out_.checkpoint_dir + " failed";
+  if (kept >= 0)
+    return std::move(s).WithContext(what + " (the checkpoint of step " + std::to_string(kept) +
+                                    " there is intact: --resume " + out_.checkpoint_dir +
+                                    " continues from it; steps " + std::to_string(kept + 1) +
+                                    " to " + std::to_string(step) + " are not saved)");
+  return std::move(s).WithContext(
+      what + " (no checkpoint of this run exists: its " + std::to_string(step - start_) +
+      " steps are not saved; free space there, or give --checkpoint a directory on another disk)");
 }
 
 // Note [A checkpoint after a data error]
@@ -637,15 +652,26 @@ Status TrainRun::WriteReports(std::string& summary) {
       text = r.dump(1);
     }
   }
-  TZ_RETURN_IF_ERROR(WriteTextFile(out_.report, text));
+  // The outputs after the checkpoint (Finish saves first): a failure here loses no training.
+  auto where = [&](const char* what, const std::string& path) {
+    return "writing the " + std::string(what) + " " + path +
+           (saved_step_ >= 0 ? " (the checkpoint of step " + std::to_string(saved_step_) +
+                                   " is saved in " + out_.checkpoint_dir + ")"
+                             : std::string());
+  };
+  if (Status s = WriteTextFile(out_.report, text); !s.ok())
+    return std::move(s).WithContext(where("report", out_.report));
   TZ_ASSIGN_OR_RETURN(summary, ReportSummary(text));
-  if (!out_.html.empty()) TZ_RETURN_IF_ERROR(WriteHtmlReport(text, out_.html));
+  if (!out_.html.empty()) {
+    if (Status s = WriteHtmlReport(text, out_.html); !s.ok())
+      return std::move(s).WithContext(where("report's page", out_.html));
+  }
   if (!out_.trace.empty()) {
     Status s = WriteChromeTrace(text, out_.trace);
     if (s.code() == StatusCode::kFailedPrecondition) {
       std::printf("  (no trace: %s)\n", std::string(s.message()).c_str());
     } else if (!s.ok()) {
-      return s;
+      return std::move(s).WithContext(where("trace", out_.trace));
     }
   }
   return Status::OK();
