@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -77,7 +78,11 @@ StatusOr<json> ReadJson(const std::string& path, const std::string& what) {
 }
 
 // The tensor names in a safetensors file's header (the engine checks the entries when it loads).
-StatusOr<std::vector<std::string>> SafetensorsNames(const std::string& path) {
+using Shapes = std::map<std::string, std::vector<int64_t>>;
+
+// The tensor names in a safetensors file's header and their shapes (as the header says: the
+// engine checks the entries whole when it loads).
+StatusOr<Shapes> SafetensorsShapes(const std::string& path) {
   // A regular file only: a FIFO would block here waiting for a writer, and the engine's loader
   // refuses one anyway.
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
@@ -121,10 +126,79 @@ StatusOr<std::vector<std::string>> SafetensorsNames(const std::string& path) {
     return DataLossError(std::string(s.message()));
   json j = json::parse(h, nullptr, false);
   if (!j.is_object()) return DataLossError(path + ": the safetensors header is not an object");
-  std::vector<std::string> names;
-  for (const auto& item : j.items())
-    if (item.key() != "__metadata__") names.push_back(item.key());
-  return names;
+  Shapes shapes;
+  for (const auto& item : j.items()) {
+    if (item.key() == "__metadata__") continue;
+    std::vector<int64_t>& shape = shapes[item.key()];
+    if (item.value().is_object() && item.value().contains("shape") &&
+        item.value()["shape"].is_array())
+      for (const json& d : item.value()["shape"])
+        shape.push_back(d.is_number_integer() ? d.get<int64_t>() : -1);
+  }
+  return shapes;
+}
+
+std::string ShapeText(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+// Note [A model directory's config checked against its weights]
+// config.json alone sizes the run: its budgets are the machine's (Note [Budgets of a model
+// brought from a directory]), allocated before the weights load, and the engine compares each
+// tensor's shape only as it loads. A config that disagrees with its weights (edited, or copied
+// from another model) then cost gigabytes and seconds before the error. The headers are read
+// here anyway, so the tensors that carry every shape field are compared with the config now:
+// the embedding (vocab x width), the first block's query, key and MLP projections (heads, key/
+// value heads, MLP width), and the blocks' count. A tensor the files lack is left to the engine
+// (which names every missing one).
+Status CheckShapesAgainstConfig(const std::string& dir, const GptConfig& g, const Shapes& shapes) {
+  const int64_t d = g.d_model, hd = g.head_dim();
+  std::vector<std::pair<std::string, std::vector<int64_t>>> expect;
+  std::string layer;  // the blocks' names' prefix
+  if (g.arch == Arch::kLlama) {
+    layer = "model.layers.";
+    expect = {{"model.embed_tokens.weight", {g.vocab, d}},
+              {"model.layers.0.self_attn.q_proj.weight", {int64_t{g.n_head} * hd, d}},
+              {"model.layers.0.self_attn.k_proj.weight", {int64_t{g.kv_heads()} * hd, d}},
+              {"model.layers.0.mlp.gate_proj.weight", {g.ffn(), d}}};
+  } else {
+    const bool bare = shapes.count("wte.weight") > 0 && shapes.count("transformer.wte.weight") == 0;
+    const std::string p = bare ? "" : "transformer.";
+    layer = p + "h.";
+    expect = {{p + "wte.weight", {g.vocab, d}},
+              {p + "wpe.weight", {g.positions(), d}},
+              {p + "h.0.attn.c_attn.weight", {d, 3 * d}},
+              {p + "h.0.mlp.c_fc.weight", {d, 4 * d}}};
+  }
+  for (const auto& [name, want] : expect) {
+    const auto it = shapes.find(name);
+    if (it == shapes.end() || it->second == want) continue;
+    return InvalidArgumentError(dir + ": the weights hold " + name + " as " +
+                                ShapeText(it->second) + ", but config.json makes it " +
+                                ShapeText(want) +
+                                ": the config and the weights disagree (config.json edited, or "
+                                "another model's?)");
+  }
+  // The blocks: the highest index in the names is the config's last.
+  int64_t most = -1;
+  for (const auto& [name, shape] : shapes) {
+    if (name.rfind(layer, 0) != 0) continue;
+    const std::string rest = name.substr(layer.size());
+    const size_t dot = rest.find('.');
+    if (dot == 0 || dot == std::string::npos || rest.find_first_not_of("0123456789") != dot ||
+        dot > 6)
+      continue;
+    most = std::max<int64_t>(most, std::stoll(rest.substr(0, dot)));
+  }
+  if (most >= 0 && most + 1 != g.n_layer)
+    return InvalidArgumentError(dir + ": the weights hold " + std::to_string(most + 1) +
+                                " blocks, but config.json makes the model " +
+                                std::to_string(g.n_layer) +
+                                ": the config and the weights disagree (config.json edited, or "
+                                "another model's?)");
+  return Status::OK();
 }
 
 const char* TorchDType(DType d) {
@@ -296,11 +370,13 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
   TZ_RETURN_IF_ERROR(ValidateGptConfig(g));
   m.config = g;
 
-  // The files.
+  // The files: model.safetensors when it is there (as transformers picks), else the index's. A
+  // dangling link counts as there (and fails to open, naming it).
+  const std::string single = dir + "/model.safetensors";
   const std::string index = dir + "/model.safetensors.index.json";
   struct stat st {};
-  std::set<std::string> names;
-  if (::stat(index.c_str(), &st) == 0) {
+  Shapes shapes;
+  if (::lstat(single.c_str(), &st) != 0 && ::lstat(index.c_str(), &st) == 0) {
     TZ_ASSIGN_OR_RETURN(const json ij, ReadJson(index, "safetensors index"));
     if (!ij.contains("weight_map") || !ij["weight_map"].is_object())
       return InvalidArgumentError(index + " has no \"weight_map\" object");
@@ -319,13 +395,14 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
     if (files.empty()) return InvalidArgumentError(index + " names no file");
     for (const std::string& f : files) m.files.push_back(dir + "/" + f);
   } else {
-    m.files.push_back(dir + "/model.safetensors");
+    m.files.push_back(single);
   }
   for (const std::string& f : m.files) {
-    TZ_ASSIGN_OR_RETURN(const std::vector<std::string> in, SafetensorsNames(f));
-    names.insert(in.begin(), in.end());
+    TZ_ASSIGN_OR_RETURN(const Shapes in, SafetensorsShapes(f));
+    shapes.insert(in.begin(), in.end());
   }
-  m.tensors.assign(names.begin(), names.end());
+  TZ_RETURN_IF_ERROR(CheckShapesAgainstConfig(dir, g, shapes));
+  for (const auto& [name, shape] : shapes) m.tensors.push_back(name);
   return m;
 }
 

@@ -829,6 +829,19 @@ def case_models_in():
         os.remove(os.path.join(bad, name))
         make(os.path.join(bad, name))
         refused(["eval", "--init-from", bad, "--data", tok], name, timeout=20)
+    # A config.json that disagrees with its weights is refused from the headers, before the
+    # machine-sized budgets are taken (a 65536 x 2048 model over 256 x 64 weights).
+    for field, value, needle in (("vocab_size", 65536, "embed_tokens"),
+                                 ("num_hidden_layers", 3, "2 blocks")):
+        bad = os.path.join(OUT, "mi_cfg")
+        shutil.rmtree(bad, ignore_errors=True)
+        shutil.copytree(hf, bad)
+        with open(os.path.join(bad, "config.json")) as f:
+            c = json.load(f)
+        c[field] = value
+        with open(os.path.join(bad, "config.json"), "w") as f:
+            json.dump(c, f)
+        refused(["eval", "--init-from", bad, "--data", tok], "disagree", needle, timeout=20)
     sw = os.path.join(OUT, "mi_sw")
     shutil.copytree(hf, sw)
     with open(os.path.join(sw, "config.json")) as f:
