@@ -169,6 +169,7 @@ int Eval(const std::vector<std::string>& args) {
   if (window > 0 && !init_from.empty() && gpt::IsHfDir(init_from))
     rest.insert(rest.end(), {"--seq-len", std::to_string(window)});
   // A checkpoint's model is its run's: the config.json beside it, as `export` reads it.
+  if (Status s = CheckCheckpointArgument(resume, "--resume"); !s.ok()) return EvalFail(s);
   if (!resume.empty() && !has_config) {
     std::error_code ec;
     fs::path dir = fs::absolute(resume, ec).lexically_normal();

@@ -75,6 +75,7 @@ int Export(const std::vector<std::string>& args) {
   }
   if (ckpt.empty() || output.empty())
     return Fail(InvalidArgumentError("usage: tierzero export CHECKPOINT_DIR -o FILE.safetensors"));
+  if (Status s = CheckCheckpointArgument(ckpt, "the checkpoint"); !s.ok()) return Fail(s);
   // The run directory is the checkpoint directory's parent, however the directory is written
   // ("run/checkpoint/", ".", "checkpoint/.").
   std::error_code fec;

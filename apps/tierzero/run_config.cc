@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "run_dir.h"
 #include "tierzero/bytes.h"
 #include "tierzero/files.h"
 #include "tierzero/types.h"
@@ -543,6 +544,7 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
       {"--kv-heads", "model.n_kv_head"},
       {"--optimizer-states", "engine.optimizer_states"},
   };
+  std::string source_flag;  // the last of --text and --data given
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--quiet") {
@@ -590,6 +592,11 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
     // Numbers and booleans as JSON; anything else (paths, sizes, names) as a string.
     v = (!parsed.is_discarded() && (parsed.is_number() || parsed.is_boolean())) ? parsed
                                                                                 : json(value);
+    // One data source: a second one given would silently win.
+    if ((a == "--text" || a == "--data") && !source_flag.empty() && source_flag != a)
+      return InvalidArgumentError(a + " with " + source_flag +
+                                  ": a run trains on one data source; give one of them");
+    if (a == "--text" || a == "--data") source_flag = a;
     if (a == "--text") c.data.kind = "text";
     if (a == "--data") c.data.kind = "tokens";
     Status s = fields[section][key].set(v);
@@ -623,6 +630,7 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
   }
   std::string ignored;
   TZ_RETURN_IF_ERROR(ApplyFlags(args, cfg, &ignored));
+  TZ_RETURN_IF_ERROR(CheckCheckpointArgument(cfg.output.resume, "--resume"));
   if (!cfg.output.resume.empty() && !cfg.output.init_from.empty()) {
     if (init_from_flag)
       return InvalidArgumentError(

@@ -615,4 +615,15 @@ Status CheckNotAnInput(const std::string& output, const std::string& what,
   return Status::OK();
 }
 
+// run_dir.h
+Status CheckCheckpointArgument(const std::string& path, const std::string& flag) {
+  struct stat st {};
+  if (path.empty() || ::stat(path.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) return Status::OK();
+  const std::string parent = fs::path(path).parent_path().string();
+  return InvalidArgumentError(flag + " '" + path + "' is " + FileKindName(st.st_mode) +
+                              ", not a checkpoint: a checkpoint is the directory holding "
+                              "manifest.json" +
+                              (parent.empty() ? "" : " (" + flag + " " + parent + "?)"));
+}
+
 }  // namespace tierzero::app

@@ -78,6 +78,10 @@ inline constexpr const char* kLockFileName = ".tierzero.lock";
 // Whether a process other than this one holds `dir`'s run lock (a run is writing there).
 bool LockedByAnother(const std::string& dir);
 
+// A checkpoint named by `flag` (--resume, export's argument) that exists and is not a directory
+// (its manifest.json, a states file) is refused naming the directory meant.
+Status CheckCheckpointArgument(const std::string& path, const std::string& flag);
+
 // The outputs' paths defaulted under the run directory (metrics, report, html, trace, checkpoint,
 // NVMe), "none" turned into empty. Touches no file.
 void DefaultOutputPaths(RunConfig& cfg);

@@ -199,6 +199,15 @@ StatusOr<Manifest> ReadManifest(const std::string& dir) {
   auto text =
       ReadRegularFileBounded(dir + "/manifest.json", kMaxConfigBytes * 4, "checkpoint manifest");
   if (!text.ok()) {
+    // A file named for the checkpoint (its manifest.json, a states file): the directory is meant.
+    struct stat named {};
+    if (::stat(dir.c_str(), &named) == 0 && !S_ISDIR(named.st_mode)) {
+      const std::string parent = fs::path(dir).parent_path().string();
+      return InvalidArgumentError("'" + dir + "' is " + FileKindName(named.st_mode) +
+                                  ", not a checkpoint: a checkpoint is the directory holding "
+                                  "manifest.json" +
+                                  (parent.empty() ? "" : " ('" + parent + "'?)"));
+    }
     if (text.status().code() != StatusCode::kNotFound) return text.status();
     // A run directory named for its checkpoint (`--resume runs/x` for `runs/x/checkpoint`).
     struct stat st {};
