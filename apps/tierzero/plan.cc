@@ -159,10 +159,24 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg, bool gpu) {
               gpu ? "GPU" : "simulated device", cfg.output.run_dir.c_str());
   std::fflush(stdout);
   // A directory of its own (mkdtemp), the only one removed after: a user's RUN_DIR/calibration
-  // is never touched.
+  // is never touched. Under the run directory (the disk its NVMe tier will use); the directories
+  // made to hold it are removed after too, so a plan leaves no empty runs/default behind.
   std::error_code ec;
+  std::vector<fs::path> made_dirs;  // the run directory and its missing parents, deepest first
+  for (fs::path p = fs::path(cfg.output.run_dir).lexically_normal();
+       !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    made_dirs.push_back(p);
+    if (p == p.parent_path()) break;
+  }
   fs::create_directories(cfg.output.run_dir, ec);
   if (ec) return IoError("creating " + cfg.output.run_dir + ": " + ec.message());
+  struct RemoveMade {
+    std::vector<fs::path> dirs;
+    ~RemoveMade() {
+      std::error_code e;
+      for (const fs::path& d : dirs) fs::remove(d, e);  // only while empty
+    }
+  } remove_made{made_dirs};
   std::string made = cfg.output.run_dir + "/.calibration-XXXXXX";
   if (::mkdtemp(made.data()) == nullptr)
     return ErrnoError("creating a calibration directory under " + cfg.output.run_dir, errno);
@@ -258,7 +272,10 @@ std::optional<MachineRates> CachedRates(const std::string& cache) {
 
 void CacheRates(const std::string& cache, const MachineRates& r) {
   std::error_code ec;
-  fs::create_directories(fs::path(cache).parent_path(), ec);
+  // The cache's own directory is made (~/.cache/tierzero); a TZ_RATES_FILE's is the user's to
+  // give, never made.
+  const char* named = std::getenv("TZ_RATES_FILE");
+  if (named == nullptr || *named == '\0') fs::create_directories(fs::path(cache).parent_path(), ec);
   if (Status s = WriteTextFile(cache, MachineRatesToJson(r)); !s.ok()) {
     std::printf("  (the rates are not cached: %s)\n", s.ToString().c_str());
   } else {
