@@ -151,7 +151,10 @@ Field SizeField(const std::string& name, uint64_t* p) {
             if (!v.is_string()) return Bad(name, v, "a size such as \"512 MiB\" or a byte count");
             auto parsed = ParseByteSize(v.get<std::string>());
             if (!parsed.ok())
-              return Bad(name, v, "a size such as \"512 MiB\", \"4 GiB\" or \"100MB\"");
+              return Bad(name, v,
+                         "a size such as \"512 MiB\", \"4 GiB\" or \"100MB\" (units B, KB..EB, "
+                         "KiB..EiB, K..E; " +
+                             std::string(parsed.status().message()) + ")");
             *p = *parsed;
             return Status::OK();
           },

@@ -77,11 +77,26 @@ StatusOr<uint64_t> ParseByteSize(std::string_view text) {
     uint64_t factor;
   };
   static constexpr Unit kUnits[] = {
-      {"", 1},         {"B", 1},           {"KB", 1000},
-      {"MB", 1000000}, {"GB", 1000000000}, {"TB", 1000000000000},
-      {"KiB", kKiB},   {"MiB", kMiB},      {"GiB", kGiB},
-      {"TiB", kTiB},   {"K", kKiB},        {"M", kMiB},
-      {"G", kGiB},     {"T", kTiB},
+      {"", 1},
+      {"B", 1},
+      {"KB", 1000},
+      {"MB", 1000000},
+      {"GB", 1000000000},
+      {"TB", 1000000000000},
+      {"PB", 1000000000000000},
+      {"EB", 1000000000000000000},
+      {"KiB", kKiB},
+      {"MiB", kMiB},
+      {"GiB", kGiB},
+      {"TiB", kTiB},
+      {"PiB", 1024 * kTiB},
+      {"EiB", 1024 * 1024 * kTiB},
+      {"K", kKiB},
+      {"M", kMiB},
+      {"G", kGiB},
+      {"T", kTiB},
+      {"P", 1024 * kTiB},
+      {"E", 1024 * 1024 * kTiB},
   };
   uint64_t factor = 0;
   for (const Unit& u : kUnits) {
