@@ -533,6 +533,13 @@ StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_p
 Status TrimMetrics(const std::string& path, int step) {
   // Only a file can be trimmed: a device, a FIFO or the process's stdout is not read back.
   struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 && errno == ENOENT && step > 0) {
+    std::printf(
+        "  note: the metrics file %s is gone; it starts again at step %d (the lines of "
+        "steps 1 to %d are not in it)\n",
+        path.c_str(), step + 1, step);
+    return Status::OK();
+  }
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || path.rfind("/dev/", 0) == 0 ||
       path.rfind("/proc/", 0) == 0)
     return Status::OK();
@@ -551,6 +558,16 @@ Status TrimMetrics(const std::string& path, int step) {
   int dropped = 0;
   int64_t first_drop = -1;
   bool kept_after_drop = false;
+  int64_t last_step = 0;  // the latest training step a kept line records
+  auto note_missing = [&] {
+    if (last_step < step)
+      std::printf(
+          "  note: the metrics file %s holds training steps up to %lld, the checkpoint is "
+          "at step %d: the lines of steps %lld to %d are missing (the file was cut or "
+          "replaced?)\n",
+          path.c_str(), static_cast<long long>(last_step), step,
+          static_cast<long long>(last_step + 1), step);
+  };
   {
     std::ifstream in(path, std::ios::binary);
     if (!in) return IoError("cannot read the metrics file " + path + " to trim it");
@@ -560,6 +577,8 @@ Status TrimMetrics(const std::string& path, int step) {
       const int64_t consumed = static_cast<int64_t>(line.size()) + (in.eof() ? 0 : 1);
       if (is_kept(line)) {
         kept_after_drop = kept_after_drop || first_drop >= 0;
+        const json m = json::parse(line, nullptr, /*allow_exceptions=*/false);
+        if (m.contains("loss")) last_step = std::max(last_step, m["step"].get<int64_t>());
       } else {
         if (first_drop < 0) first_drop = offset;
         ++dropped;
@@ -567,6 +586,7 @@ Status TrimMetrics(const std::string& path, int step) {
       offset += consumed;
     }
   }
+  note_missing();
   if (dropped == 0) {
     // A last line kept without its newline (edited by hand) would fuse with the next step's.
     const int fd = ::open(path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC);
