@@ -94,10 +94,16 @@ void ReportScheduleChange(const json& u, const TrainOptions& now, int step) {
   note("warmup_steps", std::to_string(then.warmup_steps), std::to_string(now.warmup_steps));
   if (changed.empty()) return;
   const double a = LearningRate(then, step), b = LearningRate(now, step);
-  std::printf(
-      "  note: the learning-rate schedule changes (%s): step %d's rate is %s (%s under "
-      "the checkpoint's schedule)\n",
-      changed.c_str(), step + 1, Rate(b).c_str(), Rate(a).c_str());
+  if (Rate(a) == Rate(b))
+    std::printf(
+        "  note: the learning-rate schedule changes (%s): step %d's rate is %s under both, "
+        "later ones differ\n",
+        changed.c_str(), step + 1, Rate(b).c_str());
+  else
+    std::printf(
+        "  note: the learning-rate schedule changes (%s): step %d's rate is %s (%s under "
+        "the checkpoint's schedule)\n",
+        changed.c_str(), step + 1, Rate(b).c_str(), Rate(a).c_str());
 }
 
 }  // namespace
