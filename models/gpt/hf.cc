@@ -41,8 +41,10 @@ class HfConfig {
     if (!j_[k].is_boolean()) return Bad(k, "is " + j_[k].dump() + ", not true or false");
     return j_[k].get<bool>();
   }
+  // A string field's value; another JSON value as its text (shown in errors as it is).
   std::string Str(const char* k) const {
-    return has(k) && j_[k].is_string() ? j_[k].get<std::string>() : "";
+    if (!has(k)) return "";
+    return j_[k].is_string() ? j_[k].get<std::string>() : j_[k].dump();
   }
   const json& raw(const char* k) const { return j_[k]; }
   Status Bad(const std::string& k, const std::string& why) const {
@@ -229,6 +231,11 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
   const bool llama = arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" ||
                      (arch.empty() && (type == "llama" || type == "mistral"));
   if (!gpt2 && !llama) {
+    // A tierzero run directory (its config.json has the run's sections): a run resumes.
+    if (!c.has("architectures") && !c.has("model_type") && c.has("model") && c.has("train"))
+      return InvalidArgumentError(
+          dir + " is a tierzero run directory, not a Hugging Face model: --resume " + dir +
+          "/checkpoint continues it (with --config " + dir + "/config.json)");
     if (arch == "Qwen2ForCausalLM" || type == "qwen2")
       return c.Unsupported("architectures",
                            "is Qwen 2, whose q, k and v projections have biases and o's has none: "
@@ -345,10 +352,12 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
       TZ_RETURN_IF_ERROR(num("low_freq_factor", &g.rope_low_freq_factor));
       TZ_RETURN_IF_ERROR(num("high_freq_factor", &g.rope_high_freq_factor));
       TZ_RETURN_IF_ERROR(num("original_max_position_embeddings", &original));
-      if (!(g.rope_high_freq_factor > g.rope_low_freq_factor) || original > (1 << 22))
-        return c.Bad("rope_scaling",
-                     "has high_freq_factor not above low_freq_factor, or too "
-                     "many original positions");
+      if (original != std::floor(original) || original < 1 || original > (1 << 22))
+        return c.Bad("rope_scaling.original_max_position_embeddings",
+                     "is " + rs["original_max_position_embeddings"].dump() +
+                         "; a whole number of positions, 1.." + std::to_string(1 << 22));
+      if (!(g.rope_high_freq_factor > g.rope_low_freq_factor))
+        return c.Bad("rope_scaling", "has high_freq_factor not above low_freq_factor");
       g.rope_original_positions = static_cast<int>(original);
     }
     // The context: the base's when it fits, else the positions.
