@@ -11,6 +11,8 @@
 #include <cstring>
 #include <vector>
 
+#include "tierzero/files.h"
+
 namespace tierzero::gpt {
 namespace {
 
@@ -88,6 +90,7 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
 
   std::unique_ptr<TokenShards> s(new TokenShards());
   s->pattern_ = pattern;
+  s->vocab_ = vocab;
   for (const std::string& path : paths) {
     File f;
     f.path = path;
@@ -96,7 +99,8 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
       ::close(fd);
-      return InvalidArgumentError("the token file '" + path + "' is not a regular file");
+      return InvalidArgumentError("the token file '" + path + "' is " + FileKindName(st.st_mode) +
+                                  ", not a regular file (token files are read by position)");
     }
     const uint64_t bytes = static_cast<uint64_t>(st.st_size);
     if (bytes > kMaxTokenFileBytes) {
@@ -158,7 +162,9 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
                 "the token file '" + path + "' holds token id " + std::to_string(chunk[k]) +
                 " at position " + std::to_string(first + k) +
                 ", outside the model's vocabulary of " + std::to_string(vocab) +
-                " (model.vocab: set it to the tokenizer's vocabulary size)");
+                " (the data was tokenized for another vocabulary: set model.vocab (--vocab) to "
+                "the tokenizer's size, or, for a model directory's fixed vocabulary, tokenize "
+                "the data with its own tokenizer)");
         }
       }
     }
@@ -250,7 +256,13 @@ std::string TokenShards::Describe() const {
   return "tokens '" + pattern_ + "' (" + std::to_string(files_.size()) + " file" +
          (files_.size() == 1 ? "" : "s") + (shards ? ", llm.c shards" : ", uint16") + ": " +
          std::to_string(split_tokens(false)) + " tokens train, " +
-         std::to_string(split_tokens(true)) + " validate)";
+         std::to_string(split_tokens(true)) + " validate" +
+         // Both formats hold 16-bit ids: a larger vocabulary's upper ids cannot be in them (a
+         // tokenizer writing them wrapped them modulo 65536: the data is not that tokenizer's).
+         (vocab_ > 65536 ? "; 16-bit ids: the vocabulary's tokens 65536.." +
+                               std::to_string(vocab_ - 1) + " cannot appear"
+                         : std::string()) +
+         ")";
 }
 
 }  // namespace tierzero::gpt

@@ -72,6 +72,7 @@ class TokenShards {
   const std::vector<Span>& split(bool validation) const { return validation ? val_ : train_; }
 
   std::string pattern_;
+  int vocab_ = 0;
   std::vector<File> files_;
   std::vector<Span> train_, val_;
 };
