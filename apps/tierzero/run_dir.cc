@@ -333,6 +333,12 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
                                 FileKindName(ckpt->mode) + ", not a directory");
   }
   const FileId run_dir = Identify(out.run_dir);
+  // The checkpoint directory is written too (its files, not an output above): never inside the
+  // model directory either.
+  if (init_dir && ckpt && (Same(*ckpt, *init_dir) || Inside(*ckpt, *init_dir)))
+    return InvalidArgumentError("the checkpoint directory " + out.checkpoint_dir +
+                                " lies inside the model directory --init-from " + out.init_from +
+                                " reads; give --checkpoint a directory elsewhere");
 
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Named& o = outputs[i];

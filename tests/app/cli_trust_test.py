@@ -842,6 +842,16 @@ def case_models_in():
         with open(os.path.join(bad, "config.json"), "w") as f:
             json.dump(c, f)
         refused(["eval", "--init-from", bad, "--data", tok], "disagree", needle, timeout=20)
+    # Nothing written inside the model directory, the checkpoint included; a run directory
+    # given as a model is pointed to --resume; one data source; a checkpoint is a directory.
+    refused(["train", "--init-from", hf, "--data", tok, "--steps", "1", "--run-dir",
+             os.path.join(OUT, "mi_ck"), "--checkpoint", hf + "/sub"], "inside the model directory")
+    check(sorted(os.listdir(hf)) == ["config.json", "model.safetensors"], "the model dir changed")
+    refused(["eval", "--init-from", base, "--data", tok], "tierzero run directory", "--resume")
+    refused(["train", "--text", tok, "--data", tok, "--run-dir", os.path.join(OUT, "mi_two")],
+            "one data source")
+    refused(["eval", "--resume", base + "/checkpoint/manifest.json", "--data", tok],
+            "not a checkpoint", base + "/checkpoint")
     sw = os.path.join(OUT, "mi_sw")
     shutil.copytree(hf, sw)
     with open(os.path.join(sw, "config.json")) as f:
