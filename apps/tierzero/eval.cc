@@ -193,10 +193,17 @@ int Eval(const std::vector<std::string>& args) {
   if (window == 0) window = cfg->model.seq_len;
   // Windows up to the positions the model knows (a Hugging Face model's max_position_embeddings).
   if (window > cfg->model.seq_len && window <= cfg->model.positions()) cfg->model.seq_len = window;
-  if (window > cfg->model.seq_len)
-    return EvalFail(InvalidArgumentError("--seq-len " + std::to_string(window) +
-                                         " is longer than the model's context (model.seq_len " +
-                                         std::to_string(cfg->model.seq_len) + ")"));
+  if (window > cfg->model.seq_len) {
+    // A safetensors file records no context: it is the config's (the run's, or the default).
+    const bool file = !cfg->output.init_from.empty() && !gpt::IsHfDir(cfg->output.init_from);
+    return EvalFail(InvalidArgumentError(
+        "--seq-len " + std::to_string(window) +
+        " is longer than the model's context (model.seq_len " + std::to_string(cfg->model.seq_len) +
+        ")" +
+        (file && !has_config ? "; a safetensors file does not record its model's context: give the "
+                               "config of the run that trained it (--config RUN_DIR/config.json)"
+                             : std::string())));
+  }
   // NVMe swap space of its own when the budgets need it: a directory made and removed here (the
   // run's recorded nvme_path is the live run's, and relative to where it ran), unless given.
   ScratchDir nvme_dir;

@@ -206,7 +206,10 @@ StatusOr<SafetensorsEntry> ParseEntry(const std::string& path, const std::string
   if (off.size() != 2) return in.Error("has data_offsets that are not a [begin, end] pair");
   ASSIGN_OR_RETURN(en.begin, off[0].as<uint64_t>());
   ASSIGN_OR_RETURN(en.end, off[1].as<uint64_t>());
-  if (en.begin > en.end || en.end > data_bytes)
+  if (en.begin > en.end)
+    return bad("has data offsets [" + std::to_string(en.begin) + ", " + std::to_string(en.end) +
+               "] that end before they begin");
+  if (en.end > data_bytes)
     return bad("has data offsets [" + std::to_string(en.begin) + ", " + std::to_string(en.end) +
                "] outside the data section of " + std::to_string(data_bytes) + " bytes");
   if (!en.loads) return en;
