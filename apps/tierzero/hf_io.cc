@@ -168,6 +168,10 @@ Status ExportHf(Engine& engine, const RunConfig& cfg, const std::string& dir, DT
       return InvalidArgumentError("-o " + dir +
                                   " is a directory that holds files; --format hf "
                                   "writes into a new or empty directory");
+  } else if (fs::is_symlink(fs::symlink_status(dir, ec))) {
+    return InvalidArgumentError("-o " + dir +
+                                " is a link to nothing (a dangling symbolic link); --format hf "
+                                "writes a new or empty directory: remove the link or name another");
   } else if (!fs::create_directory(dir, ec) || ec) {
     return IoError("cannot make the directory " + dir + ": " + ec.message() +
                    " (its parent must exist)");
