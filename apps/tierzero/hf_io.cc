@@ -53,7 +53,7 @@ const ShapeField kShape[] = {
 }  // namespace
 
 // train.h
-Status MergeHfModel(RunConfig& cfg) {
+Status MergeHfModel(RunConfig& cfg, bool seq_len_asked) {
   const std::string& dir = cfg.output.init_from;
   if (dir.empty() || !gpt::IsHfDir(dir)) return Status::OK();
   // The defaults of the architecture the run names (--arch llama sets Llama's).
@@ -61,7 +61,7 @@ Status MergeHfModel(RunConfig& cfg) {
   if (cfg.model.arch == gpt::Arch::kLlama) defaults = gpt::AsLlama(defaults);
   gpt::GptConfig base = cfg.model;
   // The context: the one asked for, else 1024 tokens (or the model's positions when fewer).
-  const bool asked = base.seq_len != defaults.seq_len;
+  const bool asked = seq_len_asked;
   if (!asked) base.seq_len = 1024;
   TZ_ASSIGN_OR_RETURN(const gpt::HfModel hf, gpt::ReadHfDir(dir, base));
   // Every shape field the run sets otherwise than its default must agree with config.json.
@@ -200,10 +200,13 @@ Status ExportHf(Engine& engine, const RunConfig& cfg, const std::string& dir, DT
     for (const std::string& p : ours) KeepOnSignalExit(p);
     return std::move(s).WithContext("the export to " + dir + " was undone");
   };
-  auto shards = engine.ExportSafetensorsShards(dir, "model", dtype,
-                                               gpt::HfTensorNames(cfg.model, {}), max_shard_bytes);
+  // Each file registered before it is written (its commit, an fsync and a rename, takes time).
+  auto shards = engine.ExportSafetensorsShards(
+      dir, "model", dtype, gpt::HfTensorNames(cfg.model, {}), max_shard_bytes,
+      [&](const std::vector<Engine::SafetensorsShard>& planned) {
+        for (const Engine::SafetensorsShard& sh : planned) own(dir + "/" + sh.file);
+      });
   if (!shards.ok()) return undo(shards.status());
-  for (const Engine::SafetensorsShard& sh : *shards) own(dir + "/" + sh.file);
   if (shards->size() > 1) {
     own(dir + "/model.safetensors.index.json");
     if (Status s =

@@ -2,6 +2,7 @@
 #include "resume.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <optional>
@@ -43,9 +44,15 @@ json ScheduleJson(const TrainOptions& t) {
 }
 
 json DataJson(const gpt::DataConfig& d) {
+  // Paths made absolute: the same file named from another directory is the same data.
+  auto absolute = [](const std::string& p) {
+    std::error_code ec;
+    const std::filesystem::path a = std::filesystem::absolute(p, ec);
+    return ec ? p : a.lexically_normal().string();
+  };
   json j = {{"kind", d.kind}};
-  if (d.kind == "text") j["path"] = d.text_path;
-  if (d.kind == "tokens") j["path"] = d.token_path;
+  if (d.kind == "text") j["path"] = absolute(d.text_path);
+  if (d.kind == "tokens") j["path"] = absolute(d.token_path);
   if (d.kind == "addition") {
     j["digits"] = d.digits;
     j["reverse_answer"] = d.reverse_answer;
@@ -93,12 +100,18 @@ void ReportScheduleChange(const json& u, const TrainOptions& now, int step) {
   note("min_lr", Rate(then.min_lr), Rate(now.min_lr));
   note("warmup_steps", std::to_string(then.warmup_steps), std::to_string(now.warmup_steps));
   if (changed.empty()) return;
+  // Only when a step this run trains gets another rate than the checkpoint's schedule gives it
+  // (more --steps inside the warm-up changes nothing yet).
+  int first = -1;
+  for (int k = step; k < now.steps && first < 0; ++k)
+    if (Rate(LearningRate(then, k)) != Rate(LearningRate(now, k))) first = k;
+  if (first < 0) return;
   const double a = LearningRate(then, step), b = LearningRate(now, step);
   if (Rate(a) == Rate(b))
     std::printf(
         "  note: the learning-rate schedule changes (%s): step %d's rate is %s under both, "
-        "later ones differ\n",
-        changed.c_str(), step + 1, Rate(b).c_str());
+        "from step %d on they differ\n",
+        changed.c_str(), step + 1, Rate(b).c_str(), first + 1);
   else
     std::printf(
         "  note: the learning-rate schedule changes (%s): step %d's rate is %s (%s under "

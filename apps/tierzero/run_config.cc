@@ -624,12 +624,16 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
         "--init-from and --resume together: a resumed run takes its weights from its checkpoint; "
         "drop --init-from (the weights it seeded the run with are in the checkpoint already)");
   if (path != nullptr) *path = config_path;
+  bool seq_len_asked = false;
   if (!config_path.empty()) {
     TZ_ASSIGN_OR_RETURN(const std::string text,
                         ReadFileBounded(config_path, kMaxConfigBytes, "config file"));
     auto parsed = ParseRunConfig(text, cfg);
     if (!parsed.ok()) return parsed.status().WithContext(config_path);
     cfg = *parsed;
+    const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    seq_len_asked = j.is_object() && j.contains("model") && j["model"].is_object() &&
+                    j["model"].contains("seq_len");
   }
   std::string ignored;
   TZ_RETURN_IF_ERROR(ApplyFlags(args, cfg, &ignored));
@@ -641,7 +645,10 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
           "): a resumed run takes its weights from its checkpoint; drop one of them");
     cfg.output.init_from.clear();  // Note [A resumed run's weights]
   }
-  TZ_RETURN_IF_ERROR(MergeHfModel(cfg));
+  // Whether the context was asked for (a flag, or the config file's model.seq_len above), not
+  // taken from the default: a model directory's own is used only when it was not.
+  if (std::find(args.begin(), args.end(), "--seq-len") != args.end()) seq_len_asked = true;
+  TZ_RETURN_IF_ERROR(MergeHfModel(cfg, seq_len_asked));
   TZ_RETURN_IF_ERROR(ValidateRunConfig(cfg));
   return cfg;
 }

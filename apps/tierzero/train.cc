@@ -621,16 +621,30 @@ Status TrainRun::RunStep(int step) {
 }
 
 Status TrainRun::Finish() {
-  if (!interrupted_ && step_ > start_) {
-    if (Status s = Evaluate(step_); !s.ok()) return SaveAfterError(s);
-  }
-  TZ_RETURN_IF_ERROR(Save(step_));
-  if (!lead_) return Status::OK();
+  // The last evaluation, also after a stop during the last step (its resume would have nothing
+  // to train, so the evaluation would be lost for good).
+  Status final_eval = Status::OK();
+  if ((!interrupted_ || step_ >= cfg_.train.steps) && step_ > start_) final_eval = Evaluate(step_);
+  // Note [A checkpoint after a data error]: an evaluation that could not read its data or write
+  // its line leaves the run whole, trained to its end: it is saved and reported all the same,
+  // and the error says how to evaluate it. Any other failure stops here, as before.
+  if (!final_eval.ok() && resume_when_.empty()) return final_eval;
+  // (A checkpoint of this very step is there already when checkpoint_every saved it.)
+  if (saved_step_ != step_) TZ_RETURN_IF_ERROR(Save(step_));
+  if (!lead_) return final_eval;
   progress_->Finish();
   std::string summary;
-  TZ_RETURN_IF_ERROR(WriteReports(summary));
-  PrintDone(summary);
-  return Status::OK();
+  const Status reports = WriteReports(summary);
+  if (reports.ok()) PrintDone(summary);
+  if (final_eval.ok()) return reports;
+  std::string advice = ". The run's " + std::to_string(step_) + " steps are trained";
+  if (!out_.checkpoint_dir.empty()) {
+    advice += " and saved in " + out_.checkpoint_dir;
+    if (cfg_.data.kind == "tokens")
+      advice += " (tierzero eval --resume " + out_.checkpoint_dir + " --data ... evaluates it)";
+  }
+  if (!reports.ok()) advice += "; its report could not be written either: " + reports.ToString();
+  return Status(final_eval.code(), std::string(final_eval.message()) + advice);
 }
 
 // The report, its summary and the renderings asked for, from one rendering of the JSON.

@@ -83,7 +83,8 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args,
 // --init-from DIR, a Hugging Face model directory (hf_io.cc, docs/models.md): its config.json
 // sets the model's shape; a shape field the run sets otherwise is an error naming it. Nothing
 // for a safetensors file.
-Status MergeHfModel(RunConfig& config);
+// `seq_len_asked`: model.seq_len was given (a flag or the config file), not the default.
+Status MergeHfModel(RunConfig& config, bool seq_len_asked);
 // The machine's budgets for a model from a directory when the run sets none (Note [Budgets of
 // a model brought from a directory], hf_io.cc).
 void SizeBudgetsToTheMachine(RunConfig& config);

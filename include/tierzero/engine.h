@@ -400,17 +400,17 @@ class Engine {
   // dir/`stem`-0000i-of-0000n.safetensors (Hugging Face's names); returns each file's name
   // (within dir) with the tensors it holds; metadata {"format": "pt"} as transformers writes. Each
   // file is written atomically (Note [Writing outputs]); a failure leaves the files already
-  // written and says which.
+  // written and says which. `planned`, when given, is told the files before any is written (a
+  // caller that must remove them if the process ends part way registers them there).
   struct SafetensorsShard {
     std::string file;
     std::vector<std::string> tensors;
     uint64_t bytes = 0;
   };
-  StatusOr<std::vector<SafetensorsShard>> ExportSafetensorsShards(const std::string& dir,
-                                                                  const std::string& stem,
-                                                                  DType dtype,
-                                                                  const TensorNames& names,
-                                                                  uint64_t max_shard_bytes) const;
+  StatusOr<std::vector<SafetensorsShard>> ExportSafetensorsShards(
+      const std::string& dir, const std::string& stem, DType dtype, const TensorNames& names,
+      uint64_t max_shard_bytes,
+      const std::function<void(const std::vector<SafetensorsShard>&)>& planned = nullptr) const;
 
   TierUsage usage() const;
   EngineStats stats() const;

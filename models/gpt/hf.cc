@@ -153,8 +153,8 @@ std::string ShapeText(const std::vector<int64_t>& s) {
 // from another model) then cost gigabytes and seconds before the error. The headers are read
 // here anyway, so the tensors that carry every shape field are compared with the config now:
 // the embedding (vocab x width), the first block's query, key and MLP projections (heads, key/
-// value heads, MLP width), and the blocks' count. A tensor the files lack is left to the engine
-// (which names every missing one).
+// value heads, MLP width), and that every block the config names is there. A tensor the files
+// lack otherwise is left to the engine (which names every missing one).
 Status CheckShapesAgainstConfig(const std::string& dir, const GptConfig& g, const Shapes& shapes) {
   const int64_t d = g.d_model, hd = g.head_dim();
   std::vector<std::pair<std::string, std::vector<int64_t>>> expect;
@@ -194,7 +194,9 @@ Status CheckShapesAgainstConfig(const std::string& dir, const GptConfig& g, cons
       continue;
     most = std::max<int64_t>(most, std::stoll(rest.substr(0, dot)));
   }
-  if (most >= 0 && most + 1 != g.n_layer)
+  // (More blocks than the config's load its first ones, the rest counted as unused: a model cut
+  // short on purpose, as transformers loads it.)
+  if (most >= 0 && most + 1 < g.n_layer)
     return InvalidArgumentError(dir + ": the weights hold " + std::to_string(most + 1) +
                                 " blocks, but config.json makes the model " +
                                 std::to_string(g.n_layer) +

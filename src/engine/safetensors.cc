@@ -123,7 +123,8 @@ Status Engine::ExportSafetensors(const std::string& path, DType dtype) const {
 
 StatusOr<std::vector<Engine::SafetensorsShard>> Engine::ExportSafetensorsShards(
     const std::string& dir, const std::string& stem, DType dtype, const TensorNames& names,
-    uint64_t max_shard_bytes) const {
+    uint64_t max_shard_bytes,
+    const std::function<void(const std::vector<SafetensorsShard>&)>& planned) const {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("ExportSafetensorsShards before Finalize");
   RETURN_IF_ERROR(im.cm->out_of_step());
@@ -158,6 +159,7 @@ StatusOr<std::vector<Engine::SafetensorsShard>> Engine::ExportSafetensorsShards(
     files.push_back({dir + "/" + sh.file, groups[i]});
     shards.push_back(std::move(sh));
   }
+  if (planned) planned(shards);
   RETURN_IF_ERROR(im.ExportFiles(files, dtype, names, /*producer=*/false));
   return shards;
 }

@@ -21,8 +21,8 @@ double Rate(uint64_t bytes, double seconds) {
 struct MomentTotals {
   double forward = 0, backward = 0, wait = 0, stall = 0;
   // Note [The compute stream's idle time]: the gaps between the moments' compute spans.
-  double idle = 0, largest_idle = 0;
-  int64_t largest_idle_before = -1;  // the moment that began after the largest gap
+  double idle = 0, largest_idle = 0, span = 0;  // span: the first moment's start to the last end
+  int64_t largest_idle_before = -1;             // the moment that began after the largest gap
 };
 
 // Note [The compute stream's idle time]
@@ -60,6 +60,11 @@ void ComputeIdle(const std::vector<ReportSnapshot::ProfiledMoment>& moments, Mom
       }
     }
     if (spans[i].end > end) end_i = i;
+  }
+  if (!spans.empty()) {
+    double last = spans[0].end;
+    for (const Span& sp : spans) last = std::max(last, sp.end);
+    totals.span = last - spans[0].start;
   }
 }
 
@@ -173,6 +178,7 @@ json Profile(const ReportSnapshot& s) {
         {"parameter_wait_seconds", totals.wait},
         {"stall_seconds", totals.stall},
         {"compute_idle_seconds", totals.idle},
+        {"compute_span_seconds", totals.span},
         {"largest_compute_idle_seconds", totals.largest_idle},
         {"optimizer_seconds", p.step_seconds},
         {"optimizer_compute_seconds", adam},

@@ -254,6 +254,7 @@ StatusOr<std::string> ReportSummary(const std::string& text) {
   o << line;
   // Note [The compute stream's idle time] (report_json.cc); reports before it lack the field.
   ASSIGN_OR_RETURN(const double idle, b.get_or<double>("compute_idle_seconds", -1.0));
+  ASSIGN_OR_RETURN(const double span, b.get_or<double>("compute_span_seconds", 0.0));
   if (idle >= 0) {
     std::string largest;
     if (b.has("largest_compute_idle_moment")) {
@@ -264,7 +265,7 @@ StatusOr<std::string> ReportSummary(const std::string& text) {
     std::snprintf(line, sizeof line,
                   "compute stream idle between moments: %s (%.1f%% of the span from the first "
                   "moment to the last%s)\n",
-                  Ms(idle).c_str(), pct(idle, fwd + bwd + idle), largest.c_str());
+                  Ms(idle).c_str(), pct(idle, span > 0 ? span : fwd + bwd + idle), largest.c_str());
     o << line;
   }
   struct Moment {

@@ -116,11 +116,13 @@ TEST(ReportJsonTest, ComputeIdleIsTheGapsBetweenMergedSpans) {
   const json r = json::parse(BuildReportJson(s));
   const json& b = r["profile"]["breakdown"];
   EXPECT_NEAR(b["compute_idle_seconds"].get<double>(), 0.75, 1e-12);
+  EXPECT_NEAR(b["compute_span_seconds"].get<double>(), 4.0, 1e-12);  // [0, 4]
   EXPECT_NEAR(b["largest_compute_idle_seconds"].get<double>(), 0.5, 1e-12);
   EXPECT_EQ(b["largest_compute_idle_moment"].get<int64_t>(), 2);
   auto summary = ReportSummary(BuildReportJson(s));
   ASSERT_TRUE(summary.ok()) << summary.status().message();
-  EXPECT_NE(summary->find("compute stream idle between moments: 750.00 ms"), std::string::npos)
+  EXPECT_NE(summary->find("compute stream idle between moments: 750.00 ms (18.8%"),
+            std::string::npos)
       << *summary;
   EXPECT_NE(summary->find("before moment 2"), std::string::npos) << *summary;
 
