@@ -7,6 +7,7 @@
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/parallel_for.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -124,6 +125,12 @@ bool OnGpu(const RunConfig& cfg) {
          (cfg.engine.device == DeviceChoice::kAuto && GpuCount() > 0);
 }
 
+// The names a calibration gives the rates it caches (Calibrate; the communicator's alone under
+// mpirun): what marks a rates file as a cache tierzero may write over.
+constexpr const char* kCachedCpu = "this machine (calibrated)";
+constexpr const char* kCachedGpu = "this machine's GPU (calibrated)";
+constexpr const char* kCachedComm = "this machine's communicator (calibrated)";
+
 // This machine's rates for runs on its simulated device, or on its GPU (rates-gpu.json): each
 // calibrated on the device it describes (Note [Calibrated on the device that runs]).
 std::string RatesCachePath(bool gpu) {
@@ -226,7 +233,7 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg, bool gpu) {
   const json r = json::parse(report, nullptr, false);
   auto rate = [&](const char* k) { return Number(r, {"optimizer", "update_phase", "rates", k}); };
   MachineRates m;
-  m.name = gpu ? "this machine's GPU (calibrated)" : "this machine (calibrated)";
+  m.name = gpu ? kCachedGpu : kCachedCpu;
   m.cpu_adam_params_per_s = rate("cpu_adam_params_per_second");
   m.device_adam_params_per_s = rate("device_adam_params_per_second");
   m.h2d_bytes_per_s = rate("h2d_bytes_per_second");
@@ -270,7 +277,36 @@ std::optional<MachineRates> CachedRates(const std::string& cache) {
   return std::nullopt;
 }
 
+// Note [A rates cache is written over only when it is one]
+// The cache's path can name a file that is not a cache: `--rates FILE --calibrate` (a rates file
+// written by hand, docs/plan.md's H100 example), or a TZ_RATES_FILE with a typo, or naming a
+// user's file. Writing over it lost that machine's figures, or the user's file. So a cache is
+// written where there is no file yet, or over a rates file a calibration wrote (its name says
+// so) for the same device, or over the communicator's alone; anything else is kept, and the plan
+// says why its rates are not cached.
+Status CacheWritable(const std::string& cache, const MachineRates& r) {
+  struct stat st {};
+  if (::lstat(cache.c_str(), &st) != 0) return Status::OK();
+  auto keep = [&](const std::string& why) {
+    return FailedPreconditionError(cache + " " + why +
+                                   ", so it is not written over: remove it, or name the cache "
+                                   "elsewhere (TZ_RATES_FILE)");
+  };
+  if (!S_ISREG(st.st_mode)) return keep(std::string("is ") + FileKindName(st.st_mode));
+  auto text = ReadTextFile(cache, "rates file");
+  auto old = text.ok() ? MachineRatesFromJson(*text) : StatusOr<MachineRates>(text.status());
+  if (!old.ok()) return keep("is not a rates file");
+  if (old->name == kCachedComm || old->name == r.name) return Status::OK();
+  if (old->name == kCachedCpu || old->name == kCachedGpu)
+    return keep("holds the rates of " + old->name);
+  return keep("is a rates file not written by a calibration (\"" + old->name + "\")");
+}
+
 void CacheRates(const std::string& cache, const MachineRates& r) {
+  if (Status w = CacheWritable(cache, r); !w.ok()) {
+    std::printf("  (the rates are not cached: %s)\n", std::string(w.message()).c_str());
+    return;
+  }
   std::error_code ec;
   // The cache's own directory is made (~/.cache/tierzero); a TZ_RATES_FILE's is the user's to
   // give, never made.
@@ -391,6 +427,7 @@ int CalibrateComm(const PlanArgs& a, Communicator& comm) {
   bool own = true;
   for (const std::string& cache : caches) {
     MachineRates r = CachedRates(cache).value_or(MachineRates{});
+    if (r.name.empty()) r.name = kCachedComm;
     r.comm_latency_s = m->first;
     r.comm_bytes_per_s = m->second;
     CacheRates(cache, r);
