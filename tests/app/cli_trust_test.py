@@ -77,8 +77,8 @@ def refused(args, *needles, timeout=60, cwd=None):
     return out
 
 
-def ok(args, timeout=120, cwd=None):
-    rc, out = run(args, timeout=timeout, cwd=cwd or OUT)
+def ok(args, timeout=120, cwd=None, env=None):
+    rc, out = run(args, timeout=timeout, cwd=cwd or OUT, env=env)
     check(rc == 0, f"{args}: exit status {rc}\n{out}")
     return out
 
@@ -923,7 +923,8 @@ def case_plan_device():
     of a cuda run either calibrates on this machine's GPU or is refused without one."""
     cfg = os.path.join(OUT, "small.json")
     rates = os.path.join(OUT, "g_rates.json")
-    gpu = {"name": "a GPU's", "cpu_adam_params_per_s": 1e9, "device_adam_params_per_s": 5e10,
+    gpu = {"name": "this machine's GPU (calibrated)", "cpu_adam_params_per_s": 1e9,
+           "device_adam_params_per_s": 5e10,
            "h2d_bytes_per_s": 2.5e10, "d2h_bytes_per_s": 2.5e10, "nvme_read_bytes_per_s": 6e9,
            "nvme_write_bytes_per_s": 4e9, "device_shares_cpu": False}
     with open(rates, "w") as f:
@@ -934,10 +935,25 @@ def case_plan_device():
     check("calibrating this machine's rates on its simulated device" in out and
           "rates: this machine (calibrated)" in out,
           f"a GPU's cached rates planned a run on the simulated device:\n{out}")
-    check(json.load(open(rates))["device_shares_cpu"] is True, "the cache was not measured again")
-    # Cached now: the next plan uses them without calibrating.
+    # The GPU's cache is kept (Note [A rates cache is written over only when it is one]) ...
+    check(json.load(open(rates))["device_shares_cpu"] is False and
+          "not cached" in out and "holds the rates of this machine's GPU" in out,
+          f"the GPU's cache was written over:\n{out}")
+    # ... a file of its own caches the simulated device's, and the next plan uses them.
+    env = dict(os.environ, TZ_RATES_FILE=os.path.join(OUT, "g_rates_host.json"))
+    ok(["plan", "--config", cfg, "--device", "host", "--no-advice"], env=env)
     rc, out = run(["plan", "--config", cfg, "--device", "host", "--no-advice"], env=env)
     check(rc == 0 and "calibrating" not in out, f"the simulated device's cache not used:\n{out}")
+    # A hand-written rates file given with --calibrate is an input, never written over.
+    hand = os.path.join(OUT, "g_hand.json")
+    with open(hand, "w") as f:
+        json.dump(dict(gpu, name="H100 node"), f)
+    before = read(hand)
+    out = ok(["plan", "--config", cfg, "--device", "host", "--no-advice", "--rates", hand,
+              "--calibrate"])
+    check(read(hand) == before and "not written by a calibration" in out,
+          f"a hand-written rates file was written over:\n{out}")
+    env = dict(os.environ, TZ_RATES_FILE=rates)
     rc, out = run(["plan", "--config", cfg, "--device", "cuda", "--no-advice"], env=env)
     if rc == 0:
         check("rates: this machine's GPU (calibrated)" in out, f"a cuda plan's rates:\n{out}")
