@@ -11,6 +11,7 @@
 //   tierzero --help | --version
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -86,6 +87,20 @@ int Tunables() {
   return 0;
 }
 
+// A command whose result is what it prints (a plan, a loss, a summary): a result that could not
+// be written (stdout redirected to a full disk, or /dev/full) fails the command, so `tierzero
+// eval ... > loss.txt && next` does not go on with an empty file. A pipe whose reader has gone
+// (`| head -3`) is the reader's choice, not an error.
+int ResultWritten(int rc) {
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return rc;
+  struct stat st {};
+  if (::fstat(STDOUT_FILENO, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))) return rc;
+  std::fprintf(stderr,
+               "error: the result could not be written to standard output (a full disk, or a "
+               "file that takes no writes?): it is lost; write it where there is room\n");
+  return rc == 0 ? 1 : rc;
+}
+
 int Main(int argc, char** argv) {
   if (argc < 2) {
     std::fputs(kUsage, stdout);
@@ -106,12 +121,12 @@ int Main(int argc, char** argv) {
   }
   std::vector<std::string> rest(argv + 2, argv + argc);
   if (cmd == "train") return app::Train(rest);
-  if (cmd == "plan") return app::Plan(rest);
   if (cmd == "export") return app::Export(rest);
-  if (cmd == "eval") return app::Eval(rest);
-  if (cmd == "report") return app::ReportCommand(rest);
-  if (cmd == "devices") return Devices();
-  if (cmd == "tunables") return Tunables();
+  if (cmd == "plan") return ResultWritten(app::Plan(rest));
+  if (cmd == "eval") return ResultWritten(app::Eval(rest));
+  if (cmd == "report") return ResultWritten(app::ReportCommand(rest));
+  if (cmd == "devices") return ResultWritten(Devices());
+  if (cmd == "tunables") return ResultWritten(Tunables());
   std::fprintf(stderr, "error: unknown command '%s'\n\n%s", argv[1], kUsage);
   return 2;
 }
