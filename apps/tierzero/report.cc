@@ -1,6 +1,7 @@
 #include "report.h"
 
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
 #include "run_dir.h"
 #include "tierzero/files.h"
@@ -70,13 +71,29 @@ int ReportCommand(const std::vector<std::string>& args) {
   }
   auto summary = ReportSummary(*text);
   if (!summary.ok()) return fail(std::move(summary).status().WithContext(input));
+  // A trace needs a profiled iteration: a report without one is refused before either output is
+  // written (not after the page has replaced its file).
+  if (!trace.empty()) {
+    const nlohmann::json r = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    const bool profiled = r.is_object() && r.contains("profile") && r["profile"].is_object() &&
+                          r["profile"].value("available", false);
+    if (!profiled)
+      return fail(FailedPreconditionError(
+          input +
+          " has no profiled iteration (its run ended before it): no trace can be drawn; "
+          "leave --trace out"));
+  }
   std::fputs(summary->c_str(), stdout);
   if (!html.empty()) {
-    if (Status s = WriteHtmlReport(*text, html); !s.ok()) return fail(s.WithContext(input));
+    if (Status s = WriteHtmlReport(*text, html); !s.ok())
+      return fail(s.WithContext("writing the page " + html));
     std::printf("html: %s\n", html.c_str());
   }
   if (!trace.empty()) {
-    if (Status s = WriteChromeTrace(*text, trace); !s.ok()) return fail(s.WithContext(input));
+    if (Status s = WriteChromeTrace(*text, trace); !s.ok())
+      return fail(
+          s.WithContext("writing the trace " + trace +
+                        (html.empty() ? std::string() : " (the page " + html + " is written)")));
     std::printf("trace: %s\n", trace.c_str());
   }
   return 0;

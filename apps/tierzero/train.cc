@@ -199,6 +199,7 @@ class TrainRun {
   // step's end), and why the run may stop between steps with that saved: its data could not be
   // read, or its metrics not written (empty for any other error).
   int model_step_ = 0;
+  bool trace_skipped_ = false;  // no profiled iteration to trace (WriteReports said so)
   std::string resume_when_;
   int saved_step_ = -1;    // the last checkpoint's step
   double save_s_ = 0;      // the last checkpoint's
@@ -684,6 +685,7 @@ Status TrainRun::WriteReports(std::string& summary) {
     Status s = WriteChromeTrace(text, out_.trace);
     if (s.code() == StatusCode::kFailedPrecondition) {
       std::printf("  (no trace: %s)\n", std::string(s.message()).c_str());
+      trace_skipped_ = true;
     } else if (!s.ok()) {
       return std::move(s).WithContext(where("trace", out_.trace));
     }
@@ -712,7 +714,7 @@ void TrainRun::PrintDone(const std::string& summary) const {
     std::printf("  checkpoint: %s (saved in %.1f s)\n", out_.checkpoint_dir.c_str(), save_s_);
   std::printf("  metrics: %s\n  report: %s\n", out_.metrics.c_str(), out_.report.c_str());
   if (!out_.html.empty()) std::printf("  html: %s\n", out_.html.c_str());
-  if (!out_.trace.empty()) std::printf("  trace: %s\n", out_.trace.c_str());
+  if (!out_.trace.empty() && !trace_skipped_) std::printf("  trace: %s\n", out_.trace.c_str());
 }
 
 }  // namespace
