@@ -177,22 +177,28 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg, bool gpu) {
   }
   fs::create_directories(cfg.output.run_dir, ec);
   if (ec) return IoError("creating " + cfg.output.run_dir + ": " + ec.message());
+  for (const fs::path& d : made_dirs) RemoveOnSignalExit(d.string());  // (only while empty)
   struct RemoveMade {
     std::vector<fs::path> dirs;
     ~RemoveMade() {
       std::error_code e;
-      for (const fs::path& d : dirs) fs::remove(d, e);  // only while empty
+      for (const fs::path& d : dirs) {
+        fs::remove(d, e);  // only while empty
+        KeepOnSignalExit(d.string());
+      }
     }
   } remove_made{made_dirs};
   std::string made = cfg.output.run_dir + "/.calibration-XXXXXX";
   if (::mkdtemp(made.data()) == nullptr)
     return ErrnoError("creating a calibration directory under " + cfg.output.run_dir, errno);
   const std::string dir = made;
+  RemoveTreeOnSignalExit(dir);  // a signal's exit does not run the destructor below
   struct RemoveAfter {
     std::string dir;
     ~RemoveAfter() {
       std::error_code e;
       fs::remove_all(dir, e);
+      KeepTreeOnSignalExit(dir);
     }
   } remove_after{dir};
   fs::create_directories(dir + "/nvme", ec);

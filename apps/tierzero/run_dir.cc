@@ -185,7 +185,10 @@ void MadeDirs::Create(const std::string& path, std::error_code& ec) {
 
 ScratchDir::~ScratchDir() {
   std::error_code ec;
-  if (!path_.empty()) fs::remove_all(path_, ec);
+  if (!path_.empty()) {
+    fs::remove_all(path_, ec);
+    KeepTreeOnSignalExit(path_);
+  }
 }
 
 Status ScratchDir::Create(const std::string& prefix) {
@@ -195,6 +198,7 @@ Status ScratchDir::Create(const std::string& prefix) {
   if (::mkdtemp(made.data()) == nullptr)
     return ErrnoError("creating a scratch directory " + made, errno);
   path_ = made;
+  RemoveTreeOnSignalExit(path_);  // a signal's exit does not run the destructor
   return Status::OK();
 }
 

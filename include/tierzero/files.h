@@ -54,6 +54,10 @@ void RemovePendingTemporaries();
 // first step). A directory is removed only if empty once the files registered in it are.
 void RemoveOnSignalExit(const std::string& path);
 void KeepOnSignalExit(const std::string& path);
+// A directory of the process's own, removed whole with everything in it when the process ends on
+// a signal (a scratch directory, a calibration's run), until Keep.
+void RemoveTreeOnSignalExit(const std::string& dir);
+void KeepTreeOnSignalExit(const std::string& dir);
 
 // What kind of file an st_mode is, in words: "a directory", "a FIFO", "a character device"...
 const char* FileKindName(unsigned mode);

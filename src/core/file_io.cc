@@ -6,6 +6,7 @@
 #include <atomic>
 #include <climits>
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
 #include <set>
 #include <utility>
@@ -201,10 +202,32 @@ AtomicFile::~AtomicFile() {
 void RemoveOnSignalExit(const std::string& path) { AddPending(path); }
 void KeepOnSignalExit(const std::string& path) { DropPending(path); }
 
+namespace {
+std::set<std::string>& PendingTrees() {
+  static auto* s = new std::set<std::string>;  // never destroyed: read until _exit
+  return *s;
+}
+}  // namespace
+
+void RemoveTreeOnSignalExit(const std::string& dir) {
+  std::lock_guard<std::mutex> lock(PendingMutex());
+  PendingTrees().insert(dir);
+}
+void KeepTreeOnSignalExit(const std::string& dir) {
+  std::lock_guard<std::mutex> lock(PendingMutex());
+  PendingTrees().erase(dir);
+}
+
 void RemovePendingTemporaries() {
   std::lock_guard<std::mutex> lock(PendingMutex());
   // In reverse order, so a directory's files go before it; a directory is removed only when
   // that left it empty (rmdir).
+  // The trees first: a directory registered to go when empty may hold one.
+  for (const std::string& dir : PendingTrees()) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  PendingTrees().clear();
   for (auto it = Pending().rbegin(); it != Pending().rend(); ++it) {
     if (::unlink(it->c_str()) != 0 && (errno == EISDIR || errno == EPERM)) ::rmdir(it->c_str());
   }
