@@ -661,6 +661,17 @@ def case_run_signals():
         p.wait(timeout=60)
         left = [f for f in os.listdir(os.path.join(OUT, "v_exp")) if f.endswith(".tmp")]
         check(not left, f"an export ended by {sig.name} left {left}")
+    # A plan stopped while it calibrates leaves nothing where it ran (its calibration run, the
+    # run directory it made for it).
+    cwd = os.path.join(OUT, "v_plan")
+    os.makedirs(cwd)
+    p = subprocess.Popen([TZ, "plan", "--calibrate", "--no-advice"], cwd=cwd,
+                         env=dict(os.environ, TZ_RATES_FILE=os.path.join(OUT, "v_rates.json")),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1)
+    p.send_signal(signal.SIGINT)
+    p.wait(timeout=60)
+    check(os.listdir(cwd) == [], f"a plan stopped while it calibrated left {os.listdir(cwd)}")
     # Stopped at a step on the evaluation schedule (every step is, here): that step's evaluation
     # is in the metrics before the save, so the resumed run's metrics miss none.
     p = start_long_run("v_eval", "--eval-every", "1")
