@@ -461,7 +461,10 @@ Status TrainRun::Save(int step) {
                                     " to " + std::to_string(step) + " are not saved)");
   return std::move(s).WithContext(
       what + " (no checkpoint of this run exists: its " + std::to_string(step - start_) +
-      " steps are not saved; free space there, or give --checkpoint a directory on another disk)");
+      " steps are not saved" +
+      (s.code() == StatusCode::kIoError
+           ? "; free space there, or give --checkpoint a directory on another disk)"
+           : ")"));
 }
 
 // Note [A checkpoint after a data error]

@@ -517,7 +517,23 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
   if (im.world() > 1) RETURN_IF_ERROR(GatherEntries(*im.comm, files, tensors));
   // Rank 0 commits the manifest; every rank returns once it has (or with rank 0's error).
   Status committed = Status::OK();
-  if (rank == 0) {
+  // Note [A checkpoint directory the ranks share]: rank 0's manifest names every rank's file, so
+  // each must be where rank 0 sees it; ranks on machines with a directory of the same name but
+  // not one file system wrote files the manifest could never load.
+  if (rank == 0 && im.world() > 1) {
+    for (const json& f : files) {
+      const std::string path = dir + "/" + f.value("name", "");
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0 ||
+          static_cast<uint64_t>(st.st_size) != f.value("bytes", uint64_t{0}))
+        committed = FailedPreconditionError(
+            "the checkpoint directory " + dir +
+            " is not one directory the ranks share: rank 0 does not see " + path +
+            " as another rank wrote it; give --checkpoint a directory on a file system every "
+            "rank mounts (the previous checkpoint there, if any, is intact)");
+    }
+  }
+  if (rank == 0 && committed.ok()) {
     committed = CommitManifest(
         dir, {{"format", "tierzero-checkpoint"},
               {"version", im.cfg.optimizer_states == MomentFormat::kF32 ? 2 : kCheckpointVersion},
