@@ -200,6 +200,14 @@ class TrainRun {
   // read, or its metrics not written (empty for any other error).
   int model_step_ = 0;
   bool trace_skipped_ = false;  // no profiled iteration to trace (WriteReports said so)
+ public:
+  // SetUp failed the same way on every rank (their data differs): each can end on its own, its
+  // directories and locks cleaned up, instead of aborting the job (Note [A failing rank ends the
+  // run]).
+  bool agreed_failure() const { return agreed_failure_; }
+
+ private:
+  bool agreed_failure_ = false;
   std::string resume_when_;
   int saved_step_ = -1;    // the last checkpoint's step
   double save_s_ = 0;      // the last checkpoint's
@@ -215,6 +223,23 @@ class TrainRun {
 Status TrainRun::SetUp() {
   TZ_ASSIGN_OR_RETURN(dataset_,
                       gpt::Dataset::Create(cfg_.data, cfg_.model.seq_len, cfg_.model.vocab));
+  if (world_ > 1) {
+    // Note [Ranks agree before they compute] (agree.cc) compares the configs, whose data is a
+    // path: the same path on two machines can name different files.
+    TZ_ASSIGN_OR_RETURN(const std::vector<uint64_t> prints,
+                        AllGatherValue(*g_comm, dataset_->Fingerprint()));
+    for (size_t r = 1; r < prints.size(); ++r) {
+      if (prints[r] != prints[0]) {
+        agreed_failure_ = true;  // every rank knows: none needs the job aborted
+        return FailedPreconditionError(
+            "the ranks read different data: rank " + std::to_string(r) +
+            "'s is not rank 0's (the same path names different files on the ranks' machines?; "
+            "rank " +
+            std::to_string(rank_) + " reads " + dataset_->Describe() +
+            "): give every rank the same data");
+      }
+    }
+  }
   if (!out_.resume.empty()) {
     // The model checked before anything is built for it (Note [A checkpoint resumes its own
     // model]).
@@ -759,7 +784,11 @@ int Train(const std::vector<std::string>& args) {
   auto outputs = PrepareOutputs(*cfg, config_path, rank, g_comm->size(), lock, made);
   if (!outputs.ok()) return Fail(outputs.status());
   TrainRun run(std::move(*cfg), std::move(outputs).value(), rank, g_comm->size());
-  if (Status s = run.SetUp(); !s.ok()) return Fail(s);
+  if (Status s = run.SetUp(); !s.ok()) {
+    if (!run.agreed_failure()) return Fail(s);
+    std::fprintf(stderr, "rank %d of %d: error: %s\n", rank, g_comm->size(), s.ToString().c_str());
+    return 1;
+  }
   made.Keep();
   lock.Keep();
   if (Status s = run.Loop(); !s.ok()) return Fail(s);

@@ -158,6 +158,23 @@ double Dataset::Accuracy(const Batch& batch, const std::vector<int32_t>& predict
   return static_cast<double>(right) / batch.batch;
 }
 
+uint64_t Dataset::Fingerprint() const {
+  if (tokens_) return tokens_->Fingerprint();
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const std::string& s) {
+    for (const char c : s) {
+      h ^= static_cast<uint8_t>(c);
+      h *= 1099511628211ull;
+    }
+  };
+  mix(cfg_.kind + "/" + std::to_string(cfg_.digits) + "/" + std::to_string(cfg_.reverse_answer) +
+      "/" + std::to_string(cfg_.pad_operands) + "/" + std::to_string(text_.size()));
+  const size_t mib = size_t{1} << 20;
+  mix(text_.substr(0, mib));
+  if (text_.size() > mib) mix(text_.substr(text_.size() - mib));
+  return h;
+}
+
 std::string Dataset::Describe() const {
   if (cfg_.kind == "addition")
     return "synthetic addition, operands below 10^" + std::to_string(cfg_.digits) +

@@ -66,6 +66,10 @@ class Dataset {
   // Tokens the task needs per row (addition: 3 digits + 3).
   static int RowTokens(const DataConfig& config);
   std::string Describe() const;
+  // A hash of what the dataset reads (the task's settings; the text's size and its first and
+  // last MiB; the token files' sizes and ends): ranks started on different data under one path
+  // (each machine its own copy) differ here.
+  uint64_t Fingerprint() const;
   // Kind "tokens": the files (for `tierzero eval`'s consecutive windows); else null.
   const TokenShards* token_shards() const { return tokens_.get(); }
 

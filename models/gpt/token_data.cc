@@ -250,6 +250,29 @@ uint64_t TokenShards::split_tokens(bool validation) const {
   return n;
 }
 
+uint64_t TokenShards::Fingerprint() const {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const void* data, size_t n) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    for (size_t i = 0; i < n; ++i) {
+      h ^= p[i];
+      h *= 1099511628211ull;
+    }
+  };
+  std::vector<uint8_t> buf(size_t{64} << 10);
+  for (const File& f : files_) {
+    struct stat st {};
+    if (::fstat(f.fd, &st) != 0) continue;
+    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    mix(&size, sizeof size);
+    for (const uint64_t at : {uint64_t{0}, size > buf.size() ? size - buf.size() : uint64_t{0}}) {
+      const ssize_t got = ::pread(f.fd, buf.data(), buf.size(), static_cast<off_t>(at));
+      if (got > 0) mix(buf.data(), static_cast<size_t>(got));
+    }
+  }
+  return h;
+}
+
 std::string TokenShards::Describe() const {
   const bool shards =
       std::all_of(files_.begin(), files_.end(), [](const File& f) { return f.shard; });

@@ -51,6 +51,9 @@ class TokenShards {
   uint64_t split_tokens(bool validation) const;
   size_t files() const { return files_.size(); }
   std::string Describe() const;
+  // A hash of the files' sizes and of their first and last 64 KiB: ranks comparing theirs find
+  // one path naming different data on two machines (Dataset::Fingerprint).
+  uint64_t Fingerprint() const;
 
  private:
   struct File {

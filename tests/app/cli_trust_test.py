@@ -481,6 +481,26 @@ def case_ranks_agree():
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120, env=env,
                        cwd=OUT)
     check(p.returncode == 0, f"ranks differing in nvme_path only: {p.stdout.decode()[-2000:]}")
+    # One relative path naming different files (each rank in its own directory, as on two
+    # machines without a shared file system): the data differs, refused by every rank, no
+    # directory left behind.
+    for node, text in (("a_node0", "hello world, some text to learn. "),
+                       ("a_node1", "other words entirely, not the same! ")):
+        os.makedirs(os.path.join(OUT, node))
+        with open(os.path.join(OUT, node, "d.txt"), "w") as f:
+            f.write(text * 300)
+    base = [TZ, "train", "--config", cfg, "--run-dir", "rd", "--text", "d.txt", "--steps", "3",
+            "--quiet"]
+    p = subprocess.run([mpirun, "-np", "1", "-wdir", os.path.join(OUT, "a_node0")] + base +
+                       [":", "-np", "1", "-wdir", os.path.join(OUT, "a_node1")] + base,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120, env=env,
+                       cwd=OUT)
+    out = p.stdout.decode(errors="replace")
+    check(p.returncode != 0 and "the ranks read different data" in out,
+          f"ranks reading different files under one path:\n{out}")
+    for node in ("a_node0", "a_node1"):
+        check(sorted(os.listdir(os.path.join(OUT, node))) == ["d.txt"],
+              f"{node} keeps {os.listdir(os.path.join(OUT, node))}")
 
 
 def case_readers():
