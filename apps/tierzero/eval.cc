@@ -126,7 +126,8 @@ Status RunEval(const RunConfig& cfg, int window, const std::string& nvme_dir) {
 
 int Eval(const std::vector<std::string>& args) {
   // SIGINT and SIGTERM end the evaluation at once, with a message (nothing to save).
-  GracefulInterrupts interrupts(/*during_setup=*/true);
+  GracefulInterrupts interrupts(/*during_setup=*/true,
+                                "stopping the evaluation now (it writes nothing: nothing is lost)");
   std::vector<std::string> rest;
   int window = 0;
   bool has_config = false, has_nvme_path = false;

@@ -26,6 +26,10 @@ std::atomic<int> g_graceful{0};  // live GracefulInterrupts scopes
 std::atomic<int> g_signal{0};    // the signal that asked to stop
 std::atomic<bool> g_started{false};
 std::atomic<bool> g_setup{false};  // a run's set-up: a signal ends the process
+// What a signal then says (GracefulInterrupts' `ending`).
+constexpr const char* kSetupEnding =
+    "during the run's set-up: stopping now (nothing was trained or saved)";
+std::atomic<const char*> g_ending{kSetupEnding};
 // When the stop was asked for (steady clock, ns): a signal this long after it ends the process.
 std::atomic<int64_t> g_asked_ns{0};
 constexpr int64_t kForceAfterNs = int64_t{3} * 1000 * 1000 * 1000;
@@ -84,7 +88,7 @@ void* WaitForSignals(void*) {
       // A run's set-up: nothing is trained or saved yet, and the main thread may be blocked in
       // a read that no flag would interrupt. (This is a thread of ours, not a handler; the main
       // thread's buffered stdout is not flushed.)
-      EndNow(sig, "during the run's set-up: stopping now (nothing was trained or saved)");
+      EndNow(sig, g_ending.load());
     }
     // Inside a run, or after one was asked to stop (it is saving or exiting): only a request.
     if (g_graceful.load() > 0 || g_signal.load() != 0) {
@@ -141,13 +145,15 @@ void ClearInterrupt() { g_signal.store(0); }
 
 void EndSetUp() { g_setup.store(false); }
 
-GracefulInterrupts::GracefulInterrupts(bool during_setup) {
+GracefulInterrupts::GracefulInterrupts(bool during_setup, const char* ending) {
+  g_ending.store(ending != nullptr ? ending : kSetupEnding);
   if (during_setup) g_setup.store(true);
   g_graceful.fetch_add(1);
 }
 GracefulInterrupts::~GracefulInterrupts() {
   g_setup.store(false);
   g_graceful.fetch_sub(1);
+  g_ending.store(kSetupEnding);
 }
 
 }  // namespace tierzero::app

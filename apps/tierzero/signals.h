@@ -41,7 +41,9 @@ void EndSetUp();
 // Ctrl-C there used to be held until the first step ended, i.e. forever while a read blocked.
 class GracefulInterrupts {
  public:
-  explicit GracefulInterrupts(bool during_setup = false);
+  // `ending`: what a signal during the set-up says as it ends the process (default: a run's
+  // set-up, nothing trained or saved); a command that is all set-up (eval) says its own.
+  explicit GracefulInterrupts(bool during_setup = false, const char* ending = nullptr);
   ~GracefulInterrupts();
   GracefulInterrupts(const GracefulInterrupts&) = delete;
   GracefulInterrupts& operator=(const GracefulInterrupts&) = delete;
