@@ -690,6 +690,13 @@ int Plan(const std::vector<std::string>& args) {
       "  budgets: device %s, host %s, NVMe %s\n\n", FormatBytes(cfg->engine.device_budget).c_str(),
       FormatBytes(cfg->engine.host_budget).c_str(), FormatBytes(cfg->engine.nvme_budget).c_str());
   std::fputs(PlanTable(*p).c_str(), stdout);
+  // Compute neither timed here nor given: a step time without it would pass for a prediction.
+  if (pl.kinds.empty() && !(rates->device_flops_per_s > 0))
+    std::printf(
+        "  (the step's compute is not in it: the rates file gives no device_flops_per_s "
+        "and the model is not timed here; add the device's FLOP/s and memory bytes/s to "
+        "%s, or plan on that machine)\n",
+        pa->rates_path.empty() ? "the rates" : pa->rates_path.c_str());
   if (std::find(p->assumed_rates.begin(), p->assumed_rates.end(), "comm_latency_s") !=
       p->assumed_rates.end()) {
     std::printf("  (measure the communicator once: mpirun -np %d tierzero plan --calibrate)\n",
