@@ -457,11 +457,10 @@ Status ValidateRunConfig(const RunConfig& c) {
   // A step the run never reaches would leave the report's profile to the first planned one,
   // silently.
   if (c.train.profile_step > c.train.steps)
-    return InvalidArgumentError("config field 'train.profile_step' (" +
-                                std::to_string(c.train.profile_step) +
-                                ") is after the run's last step (train.steps " +
-                                std::to_string(c.train.steps) +
-                                "); accepted: 1..steps, or 0 for the first planned iteration");
+    return InvalidArgumentError(
+        "config field 'train.profile_step' (" + std::to_string(c.train.profile_step) +
+        ") is after the run's last step (train.steps " + std::to_string(c.train.steps) +
+        "); accepted: 1..steps, or 0 for the first planned iteration");
   return Status::OK();
 }
 

@@ -1,0 +1,86 @@
+// rates_cache.h: this machine's rates cache for `tierzero plan`.
+#include "rates_cache.h"
+
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "tierzero/files.h"
+#include "tierzero/report.h"
+#include "train.h"
+
+namespace tierzero::app {
+namespace fs = std::filesystem;
+
+// rates_cache.h
+std::string RatesCachePath(bool gpu) {
+  if (const char* f = std::getenv("TZ_RATES_FILE"); f != nullptr && *f != '\0') return f;
+  const std::string name = gpu ? "rates-gpu.json" : "rates.json";
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0')
+    return std::string(x) + "/tierzero/" + name;
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0')
+    return std::string(h) + "/.cache/tierzero/" + name;
+  return ".tierzero-" + name;
+}
+
+// rates_cache.h
+std::optional<MachineRates> CachedRates(const std::string& cache) {
+  auto text = ReadTextFile(cache, "rates file");
+  if (!text.ok()) return std::nullopt;
+  auto r = MachineRatesFromJson(*text);
+  if (r.ok()) return *r;
+  std::printf("  (the cached rates in %s are unreadable: %s)\n", cache.c_str(),
+              r.status().ToString().c_str());
+  return std::nullopt;
+}
+
+namespace {
+
+// Note [A rates cache is written over only when it is one]
+// The cache's path can name a file that is not a cache: `--rates FILE --calibrate` (a rates file
+// written by hand, docs/plan.md's H100 example), or a TZ_RATES_FILE with a typo, or naming a
+// user's file. Writing over it lost that machine's figures, or the user's file. So a cache is
+// written where there is no file yet, or over a rates file a calibration wrote (its name says
+// so) for the same device, or over the communicator's alone; anything else is kept, and the plan
+// says why its rates are not cached.
+Status CacheWritable(const std::string& cache, const MachineRates& r) {
+  struct stat st {};
+  if (::lstat(cache.c_str(), &st) != 0) return Status::OK();
+  auto keep = [&](const std::string& why) {
+    return FailedPreconditionError(cache + " " + why +
+                                   ", so it is not written over: remove it, or name the cache "
+                                   "elsewhere (TZ_RATES_FILE)");
+  };
+  if (!S_ISREG(st.st_mode)) return keep(std::string("is ") + FileKindName(st.st_mode));
+  auto text = ReadTextFile(cache, "rates file");
+  auto old = text.ok() ? MachineRatesFromJson(*text) : StatusOr<MachineRates>(text.status());
+  if (!old.ok()) return keep("is not a rates file");
+  if (old->name == kCachedComm || old->name == r.name) return Status::OK();
+  if (old->name == kCachedCpu || old->name == kCachedGpu)
+    return keep("holds the rates of " + old->name);
+  return keep("is a rates file not written by a calibration (\"" + old->name + "\")");
+}
+
+}  // namespace
+
+// rates_cache.h
+void CacheRates(const std::string& cache, const MachineRates& r) {
+  if (Status w = CacheWritable(cache, r); !w.ok()) {
+    std::printf("  (the rates are not cached: %s)\n", std::string(w.message()).c_str());
+    return;
+  }
+  std::error_code ec;
+  // The cache's own directory is made (~/.cache/tierzero); a TZ_RATES_FILE's is the user's to
+  // give, never made.
+  const char* named = std::getenv("TZ_RATES_FILE");
+  if (named == nullptr || *named == '\0') fs::create_directories(fs::path(cache).parent_path(), ec);
+  if (Status s = WriteTextFile(cache, MachineRatesToJson(r)); !s.ok()) {
+    std::printf("  (the rates are not cached: %s)\n", s.ToString().c_str());
+  } else {
+    std::printf("  rates cached in %s (--calibrate measures them again)\n", cache.c_str());
+  }
+}
+
+}  // namespace tierzero::app
