@@ -25,6 +25,7 @@
 #include "signals.h"
 #include "tierzero/files.h"
 #include "tierzero/report.h"
+#include "train_run.h"
 
 namespace tierzero::app {
 namespace fs = std::filesystem;
@@ -59,13 +60,13 @@ double LearningRate(const TrainOptions& t, int step) {  // step: 0-based
   return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1 + std::cos(3.14159265358979323846 * progress));
 }
 
-namespace {
-
 std::string Mib(uint64_t b) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(b) / (1 << 20));
   return buf;
 }
+
+namespace {
 
 // The ranks of this run (mpirun) or one; Fail ends every rank when there are several.
 std::shared_ptr<Communicator> g_comm;
@@ -133,93 +134,6 @@ run's set-up, before its first line, it ends the process at once: nothing is sav
 
 }  // namespace
 
-namespace {
-
-double SecondsSince(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// One `tierzero train` run after its config: the data, the engine and the model, the step loop
-// with its evaluations and checkpoints, and what is written at the end.
-class TrainRun {
- public:
-  TrainRun(RunConfig cfg, OutputsPlan outputs, int rank, int world)
-      : cfg_(std::move(cfg)),
-        outputs_(std::move(outputs)),
-        out_(cfg_.output),
-        rank_(rank),
-        world_(world),
-        lead_(rank == 0) {}
-  ~TrainRun() {
-    if (metrics_fd_ >= 0) ::close(metrics_fd_);
-    if (metrics_lock_fd_ >= 0) ::close(metrics_lock_fd_);
-  }
-
-  // The dataset, engine and model; the starting point (--init-from, --resume); the header lines;
-  // the metrics file.
-  Status SetUp();
-  // The steps, with evaluations and checkpoints on their schedules, until the last step or an
-  // agreed interrupt.
-  Status Loop();
-  Status LockMetrics(int fd);
-  // The last evaluation and checkpoint; on the lead rank the report, its renderings and the
-  // closing lines.
-  Status Finish();
-
- private:
-  Status Evaluate(int step);
-  Status Save(int step);
-  // Note [A checkpoint after a data error]: `s` with a checkpoint of model_step_ saved first,
-  // where the error left the run between two steps.
-  Status SaveAfterError(const Status& s);
-  // One optimizer step: the micro-batches, the loss and the interrupt agreed over the ranks,
-  // Step, the metrics line and the progress line.
-  Status RunStep(int step);
-  Status WriteReports(std::string& summary);
-  // One line of the metrics file, whole, now (a crash keeps every finished step; a full disk
-  // stops the run with a message instead of losing lines silently).
-  Status WriteMetrics(const json& line);
-  void PrintHeader(double init_s) const;
-  void PrintDone(const std::string& summary) const;
-
-  RunConfig cfg_;
-  const OutputsPlan outputs_;  // the lead rank's (run_dir.h)
-  const OutputOptions& out_;
-  const int rank_, world_;
-  const bool lead_;  // prints and writes the run's files
-  std::unique_ptr<gpt::Dataset> dataset_;
-  std::unique_ptr<Engine> engine_;
-  std::unique_ptr<gpt::Gpt> model_;
-  std::unique_ptr<Progress> progress_;
-  int metrics_fd_ = -1;       // the lead rank's
-  int metrics_lock_fd_ = -1;  // its lock (a regular file: MetricsLock)
-  int start_ = 0, step_ = 0;
-  bool interrupted_ = false;  // the agreed Ctrl-C (RunStep)
-  // Note [A checkpoint after a data error]: what the model has trained to (start_, then each
-  // step's end), and why the run may stop between steps with that saved: its data could not be
-  // read, or its metrics not written (empty for any other error).
-  int model_step_ = 0;
-  bool trace_skipped_ = false;  // no profiled iteration to trace (WriteReports said so)
- public:
-  // SetUp failed the same way on every rank (their data differs): each can end on its own, its
-  // directories and locks cleaned up, instead of aborting the job (Note [A failing rank ends the
-  // run]).
-  bool agreed_failure() const { return agreed_failure_; }
-
- private:
-  bool agreed_failure_ = false;
-  std::string resume_when_;
-  int saved_step_ = -1;    // the last checkpoint's step
-  double save_s_ = 0;      // the last checkpoint's
-  std::string plan_text_;  // --plan's file
-  std::string init_note_;  // what --init-from loaded
-  double total_tokens_ = 0, total_compute_s_ = 0;
-  // The engine's waits inside the steps (not in evaluations or saves between them), so their
-  // shares of total_compute_s_ are shares of step time.
-  double step_acquire_wait_s_ = 0, step_update_wait_s_ = 0;
-  std::chrono::steady_clock::time_point run_t0_;
-};
-
 Status TrainRun::SetUp() {
   TZ_ASSIGN_OR_RETURN(dataset_,
                       gpt::Dataset::Create(cfg_.data, cfg_.model.seq_len, cfg_.model.vocab));
@@ -227,7 +141,7 @@ Status TrainRun::SetUp() {
     // Note [Ranks agree before they compute] (agree.cc) compares the configs, whose data is a
     // path: the same path on two machines can name different files.
     TZ_ASSIGN_OR_RETURN(const std::vector<uint64_t> prints,
-                        AllGatherValue(*g_comm, dataset_->Fingerprint()));
+                        AllGatherValue(*comm_, dataset_->Fingerprint()));
     for (size_t r = 1; r < prints.size(); ++r) {
       if (prints[r] != prints[0]) {
         agreed_failure_ = true;  // every rank knows: none needs the job aborted
@@ -260,7 +174,7 @@ Status TrainRun::SetUp() {
           "elsewhere); nothing was written");
     }
   }
-  TZ_ASSIGN_OR_RETURN(engine_, Engine::Create(cfg_.engine, g_comm));
+  TZ_ASSIGN_OR_RETURN(engine_, Engine::Create(cfg_.engine, comm_));
   TZ_ASSIGN_OR_RETURN(model_, gpt::Gpt::Create(*engine_, cfg_.model));
   const auto init_t0 = std::chrono::steady_clock::now();
   TZ_RETURN_IF_ERROR(engine_->Finalize());
@@ -309,7 +223,7 @@ Status TrainRun::SetUp() {
     }
   } undo_config{outputs_.config_path, false};
   // Every rank past its set-up (a checkpoint loaded) before the lead replaces anything.
-  if (world_ > 1) TZ_RETURN_IF_ERROR(g_comm->Barrier());
+  if (world_ > 1) TZ_RETURN_IF_ERROR(comm_->Barrier());
   if (lead_) {
     // Another run writing the same metrics file is refused before anything is removed.
     TZ_RETURN_IF_ERROR(LockMetrics(-1));
@@ -423,330 +337,6 @@ void TrainRun::PrintHeader(double init_s) const {
   std::fflush(stdout);
 }
 
-Status TrainRun::Evaluate(int step) {
-  double loss = 0, acc = 0;
-  for (int b = 0; b < cfg_.train.eval_batches; ++b) {
-    auto fetched = dataset_->Fetch(true, static_cast<uint64_t>(b), cfg_.train.batch_size);
-    if (!fetched.ok()) {
-      resume_when_ = "its validation data is readable";
-      return fetched.status();
-    }
-    gpt::Batch batch = std::move(fetched).value();
-    std::vector<int32_t> pred;
-    TZ_ASSIGN_OR_RETURN(double l, model_->Evaluate(batch, &pred));
-    loss += l;
-    acc += dataset_->Accuracy(batch, pred);
-  }
-  loss /= cfg_.train.eval_batches;
-  acc /= cfg_.train.eval_batches;
-  json m = {{"step", step}, {"val_loss", loss}};
-  if (dataset_->has_accuracy()) m["val_accuracy"] = acc;
-  TZ_RETURN_IF_ERROR(WriteMetrics(m));
-  char line[160];
-  if (dataset_->has_accuracy()) {
-    std::snprintf(line, sizeof line, "eval  step %5d | val loss %.4f | exact-match accuracy %.1f%%",
-                  step, loss, 100 * acc);
-  } else {
-    std::snprintf(line, sizeof line, "eval  step %5d | val loss %.4f", step, loss);
-  }
-  progress_->Line(line);
-  return Status::OK();
-}
-
-Status TrainRun::Save(int step) {
-  // The loop's step (Note [The loop's step, not the applied count]), the model (Note [A
-  // checkpoint resumes its own model]), and what a resumed run compares with its own
-  // (ReportRunChanges).
-  json user = {{"step", step},
-               {"data_seed", cfg_.data.seed},
-               {"batch_size", cfg_.train.batch_size},
-               {"grad_accumulation", cfg_.engine.grad_accumulation},
-               {"ranks", world_},
-               {"model", ModelJson(cfg_)},
-               {"schedule", ScheduleJson(cfg_.train)},
-               {"data", DataJson(cfg_.data)},
-               {"compute_dtype", std::string(DTypeName(cfg_.engine.compute_dtype))}};
-  if (out_.checkpoint_dir.empty()) return Status::OK();  // --checkpoint none
-  const auto t0 = std::chrono::steady_clock::now();
-  Status s = engine_->SaveCheckpoint(out_.checkpoint_dir, user.dump());
-  save_s_ = SecondsSince(t0);
-  if (s.ok()) {
-    saved_step_ = step;
-    return s;
-  }
-  // What the failure leaves (the manifest is the commit point: Note [Checkpoint format]): the
-  // last checkpoint in the directory, this run's or the one it resumed in place, stays whole.
-  const int kept = saved_step_ >= 0 ? saved_step_ : outputs_.in_place ? start_ : -1;
-  const std::string what = "saving the checkpoint of step " + std::to_string(step) + " in " +
-                           out_.checkpoint_dir + " failed";
-  if (kept >= 0)
-    return std::move(s).WithContext(what + " (the checkpoint of step " + std::to_string(kept) +
-                                    " there is intact: --resume " + out_.checkpoint_dir +
-                                    " continues from it; steps " + std::to_string(kept + 1) +
-                                    " to " + std::to_string(step) + " are not saved)");
-  return std::move(s).WithContext(
-      what + " (no checkpoint of this run exists: its " + std::to_string(step - start_) +
-      " steps are not saved" +
-      (s.code() == StatusCode::kIoError
-           ? "; free space there, or give --checkpoint a directory on another disk)"
-           : ")"));
-}
-
-// Note [A checkpoint after a data error]
-// Some errors leave the run between two steps with every rank's model whole: a step's data could
-// not be read (its micro-batches are fetched before any is computed), an evaluation's could not,
-// or a metrics line could not be written (after its step was applied; a full disk, a closed
-// pipe). One rank (whose failure no other rank waits on) then saves what it trained so far, as
-// a Ctrl-C would, before it reports the error, so a run of hours is not lost to a file it
-// reads or writes. On a resume in place the metrics file is trimmed to the checkpoint's step (a
-// torn last line goes too); a line that could not be written stays missing. Any other error
-// (the engine's, a collective's) may have left the model half updated and saves nothing.
-Status TrainRun::SaveAfterError(const Status& s) {
-  if (resume_when_.empty() || world_ != 1 || out_.checkpoint_dir.empty() || model_step_ == start_)
-    return s;
-  const Status saved = saved_step_ == model_step_ ? Status::OK() : Save(model_step_);
-  const std::string at = std::to_string(model_step_);
-  return Status(
-      s.code(),
-      std::string(s.message()) +
-          (saved.ok()
-               ? ". A checkpoint of step " + at + " is saved in " + out_.checkpoint_dir +
-                     ": --resume " + out_.checkpoint_dir + " continues the run once " + resume_when_
-               : ". Saving a checkpoint of step " + at + " failed too: " + saved.ToString()));
-}
-
-Status TrainRun::Loop() {
-  run_t0_ = std::chrono::steady_clock::now();
-  step_ = start_;
-  model_step_ = start_;
-  if (start_ == 0 && cfg_.train.steps > 0) TZ_RETURN_IF_ERROR(Evaluate(0));
-  for (; step_ < cfg_.train.steps; ++step_) {
-    if (cfg_.train.profile_step > 0 && step_ + 1 == cfg_.train.profile_step)
-      engine_->ProfileNextIteration();
-    if (Status s = RunStep(step_); !s.ok()) return SaveAfterError(s);
-    // A step on the evaluation schedule is evaluated before an interrupt's save too: a resumed
-    // run starts after it, so its evaluation would be missing from the metrics for good.
-    if (cfg_.train.eval_every > 0 && (step_ + 1) % cfg_.train.eval_every == 0 &&
-        step_ + 1 < cfg_.train.steps) {
-      if (Status s = Evaluate(step_ + 1); !s.ok()) return SaveAfterError(s);
-    }
-    if (interrupted_) {
-      ++step_;
-      progress_->Line("interrupted: saving a checkpoint at step " + std::to_string(step_));
-      break;
-    }
-    if (cfg_.train.checkpoint_every > 0 && (step_ + 1) % cfg_.train.checkpoint_every == 0)
-      TZ_RETURN_IF_ERROR(Save(step_ + 1));
-  }
-  return Status::OK();
-}
-
-// This rank's bytes to other nodes in its gathers and reductions so far.
-uint64_t CrossNodeBytes(const EngineStats& s) {
-  return s.param_gather.bytes_cross_node + s.param_regather.bytes_cross_node +
-         s.grad_reduce.bytes_cross_node;
-}
-
-uint64_t WireBytesSent(const EngineStats& s) {
-  return s.param_gather.bytes_sent + s.param_regather.bytes_sent + s.grad_reduce.bytes_sent;
-}
-
-Status TrainRun::RunStep(int step) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const EngineStats before = engine_->stats();
-  const int accum = cfg_.engine.grad_accumulation;
-  const double tokens_per_step =
-      static_cast<double>(cfg_.train.batch_size) * cfg_.model.seq_len * accum * world_;
-  double loss = 0;
-  const double lr = LearningRate(cfg_.train, step);
-  // Lets the last micro-batch's backward start the CPU's updates (engine.speculative_step).
-  TZ_RETURN_IF_ERROR(engine_->PrepareStep({static_cast<float>(lr)}));
-  // The step's micro-batches are read before any is computed: a data error (a token file
-  // truncated or changed under the run) then stops the run between two steps, where the last
-  // one can still be saved (Loop, Note [A checkpoint after a data error]).
-  std::vector<gpt::Batch> batches;
-  for (int micro = 0; micro < accum; ++micro) {
-    // Data parallel: a step takes world * accum micro-batches, rank r the r-th run of accum,
-    // so the same global batch whatever the split between ranks and accumulation.
-    const uint64_t index = (static_cast<uint64_t>(step) * static_cast<uint64_t>(world_) +
-                            static_cast<uint64_t>(rank_)) *
-                               static_cast<uint64_t>(accum) +
-                           static_cast<uint64_t>(micro);
-    auto batch = dataset_->Fetch(false, index, cfg_.train.batch_size);
-    if (!batch.ok()) {
-      resume_when_ = "its data is readable";
-      return batch.status();
-    }
-    batches.push_back(std::move(batch).value());
-  }
-  for (const gpt::Batch& batch : batches) {
-    TZ_ASSIGN_OR_RETURN(const double l, model_->ForwardBackward(batch));
-    loss += l / accum;
-  }
-  // Ctrl-C is read once per step; with several ranks the ranks agree on it below, and only
-  // the agreed value is used, so every rank stops after the same step.
-  interrupted_ = InterruptRequested();
-  if (world_ > 1) {
-    // The step's loss over every rank's micro-batches, summed in rank order.
-    // (And whether any rank was interrupted: they all stop at the same step.)
-    struct {
-      double loss;
-      int64_t interrupted;
-    } mine{loss, interrupted_ ? 1 : 0};
-    TZ_ASSIGN_OR_RETURN(const auto all, AllGatherValue(*g_comm, mine));
-    loss = 0;
-    for (const auto& r : all) {
-      loss += r.loss / world_;
-      if (r.interrupted != 0) interrupted_ = true;
-    }
-  }
-  TZ_ASSIGN_OR_RETURN(const StepResult r, engine_->Step({static_cast<float>(lr)}));
-  model_step_ = step + 1;
-  const double dt = SecondsSince(t0);
-  if (lead_ && step == start_) {
-    // The warm-up iteration's trace, for `tierzero plan --trace` (docs/plan.md).
-    if (auto trace = engine_->RecordedTrace(); trace.ok()) {
-      TZ_RETURN_IF_ERROR(WriteWarmupTrace(*trace, out_.run_dir + "/warmup_trace.json"));
-    }
-  }
-  total_tokens_ += tokens_per_step;
-  total_compute_s_ += dt;
-  {
-    const EngineStats now = engine_->stats();
-    step_acquire_wait_s_ += now.acquire_wait_seconds - before.acquire_wait_seconds;
-    step_update_wait_s_ += now.update_wait_seconds - before.update_wait_seconds;
-  }
-  const TierUsage u = engine_->usage();
-  json m = {{"step", step + 1},
-            {"loss", loss},
-            {"lr", lr},
-            {"grad_norm", r.grad_norm},
-            {"applied", r.applied},
-            {"loss_scale", r.loss_scale},
-            {"step_s", dt},
-            {"tokens_per_s", tokens_per_step / dt},
-            {"device_bytes", u.device},
-            {"device_peak_bytes", u.device_peak},
-            {"host_bytes", u.host},
-            {"nvme_bytes", u.nvme}};
-  if (world_ > 1) {
-    // This rank's bytes in the step's gathers and reductions (docs/zero.md, "Bytes on the wire").
-    const EngineStats after = engine_->stats();
-    m["comm_bytes"] = WireBytesSent(after) - WireBytesSent(before);
-    m["comm_cross_node_bytes"] = CrossNodeBytes(after) - CrossNodeBytes(before);
-  }
-  TZ_RETURN_IF_ERROR(WriteMetrics(m));
-  StepLine line;
-  line.step = step + 1;
-  line.loss = loss;
-  line.lr = lr;
-  line.tokens_per_s = tokens_per_step / dt;
-  line.step_s = dt;
-  line.skipped = !r.applied;
-  line.memory = "dev " + Mib(u.device_peak) + "/" + Mib(u.device_capacity) + " MiB host " +
-                Mib(u.host) + " MiB nvme " + Mib(u.nvme) + " MiB";
-  progress_->Step(line);
-  return Status::OK();
-}
-
-Status TrainRun::Finish() {
-  // The last evaluation, also after a stop during the last step (its resume would have nothing
-  // to train, so the evaluation would be lost for good).
-  Status final_eval = Status::OK();
-  if ((!interrupted_ || step_ >= cfg_.train.steps) && step_ > start_) final_eval = Evaluate(step_);
-  // Note [A checkpoint after a data error]: an evaluation that could not read its data or write
-  // its line leaves the run whole, trained to its end: it is saved and reported all the same,
-  // and the error says how to evaluate it. Any other failure stops here, as before.
-  if (!final_eval.ok() && resume_when_.empty()) return final_eval;
-  // (A checkpoint of this very step is there already when checkpoint_every saved it.)
-  if (saved_step_ != step_) TZ_RETURN_IF_ERROR(Save(step_));
-  if (!lead_) return final_eval;
-  progress_->Finish();
-  std::string summary;
-  const Status reports = WriteReports(summary);
-  if (reports.ok()) PrintDone(summary);
-  if (final_eval.ok()) return reports;
-  std::string advice = ". The run's " + std::to_string(step_) + " steps are trained";
-  if (!out_.checkpoint_dir.empty()) {
-    advice += " and saved in " + out_.checkpoint_dir;
-    if (cfg_.data.kind == "tokens")
-      advice += " (tierzero eval --resume " + out_.checkpoint_dir + " --data ... evaluates it)";
-  }
-  if (!reports.ok()) advice += "; its report could not be written either: " + reports.ToString();
-  return Status(final_eval.code(), std::string(final_eval.message()) + advice);
-}
-
-// The report, its summary and the renderings asked for, from one rendering of the JSON.
-Status TrainRun::WriteReports(std::string& summary) {
-  TZ_ASSIGN_OR_RETURN(std::string text, engine_->ReportJson());
-  if (!plan_text_.empty()) {
-    auto with = WithPrediction(text, plan_text_);
-    if (!with.ok()) return with.status().WithContext("--plan " + out_.plan);
-    text = std::move(with).value();
-  }
-  {
-    // The model the report is of, and how it computed (which backend, which attention).
-    json r = json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (r.is_object()) {
-      r["model"] = {{"name", gpt::ModelName(cfg_.model)},
-                    {"parameters", model_->num_params()},
-                    {"config", ModelJson(cfg_)},
-                    {"compute", model_->ComputeSummary()}};
-      text = r.dump(1);
-    }
-  }
-  // The outputs after the checkpoint (Finish saves first): a failure here loses no training.
-  auto where = [&](const char* what, const std::string& path) {
-    return "writing the " + std::string(what) + " " + path +
-           (saved_step_ >= 0 ? " (the checkpoint of step " + std::to_string(saved_step_) +
-                                   " is saved in " + out_.checkpoint_dir + ")"
-                             : std::string());
-  };
-  if (Status s = WriteTextFile(out_.report, text); !s.ok())
-    return std::move(s).WithContext(where("report", out_.report));
-  TZ_ASSIGN_OR_RETURN(summary, ReportSummary(text));
-  if (!out_.html.empty()) {
-    if (Status s = WriteHtmlReport(text, out_.html); !s.ok())
-      return std::move(s).WithContext(where("report's page", out_.html));
-  }
-  if (!out_.trace.empty()) {
-    Status s = WriteChromeTrace(text, out_.trace);
-    if (s.code() == StatusCode::kFailedPrecondition) {
-      std::printf("  (no trace: %s)\n", std::string(s.message()).c_str());
-      trace_skipped_ = true;
-    } else if (!s.ok()) {
-      return std::move(s).WithContext(where("trace", out_.trace));
-    }
-  }
-  return Status::OK();
-}
-
-void TrainRun::PrintDone(const std::string& summary) const {
-  const EngineStats st = engine_->stats();
-  const double wall = SecondsSince(run_t0_);
-  const double c = total_compute_s_;
-  std::printf(
-      "done: %d steps in %.1f s | %.0f tok/s, %.2f GFLOP/s | moved H2D %s MiB, D2H %s MiB, "
-      "NVMe read %s MiB, write %s MiB | waits for parameters %.1f%%, for the optimizer's update "
-      "behind the forward %.1f%% of step time\n",
-      step_ - start_, wall, c > 0 ? total_tokens_ / c : 0,
-      c > 0 ? total_tokens_ * model_->flops_per_token() / c / 1e9 : 0, Mib(st.h2d_bytes).c_str(),
-      Mib(st.d2h_bytes).c_str(), Mib(st.nvme_read_bytes).c_str(), Mib(st.nvme_write_bytes).c_str(),
-      c > 0 ? 100 * step_acquire_wait_s_ / c : 0, c > 0 ? 100 * step_update_wait_s_ / c : 0);
-  // How it computed, now that it has (which attention ran: Note [Which attention runs]).
-  std::printf("  compute: %s\n", model_->ComputeSummary().c_str());
-  std::fputs(summary.c_str(), stdout);
-  if (out_.checkpoint_dir.empty())
-    std::printf("  checkpoint: none\n");
-  else
-    std::printf("  checkpoint: %s (saved in %.1f s)\n", out_.checkpoint_dir.c_str(), save_s_);
-  std::printf("  metrics: %s\n  report: %s\n", out_.metrics.c_str(), out_.report.c_str());
-  if (!out_.html.empty()) std::printf("  html: %s\n", out_.html.c_str());
-  if (!out_.trace.empty() && !trace_skipped_) std::printf("  trace: %s\n", out_.trace.c_str());
-}
-
-}  // namespace
-
 int Train(const std::vector<std::string>& args) {
   for (const std::string& a : args) {
     if (a == "-h" || a == "--help") {
@@ -783,7 +373,7 @@ int Train(const std::vector<std::string>& args) {
   MadeDirs made;    // removed again if the run is refused before it starts
   auto outputs = PrepareOutputs(*cfg, config_path, rank, g_comm->size(), lock, made);
   if (!outputs.ok()) return Fail(outputs.status());
-  TrainRun run(std::move(*cfg), std::move(outputs).value(), rank, g_comm->size());
+  TrainRun run(std::move(*cfg), std::move(outputs).value(), g_comm);
   if (Status s = run.SetUp(); !s.ok()) {
     if (!run.agreed_failure()) return Fail(s);
     std::fprintf(stderr, "rank %d of %d: error: %s\n", rank, g_comm->size(), s.ToString().c_str());

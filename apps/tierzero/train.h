@@ -121,7 +121,7 @@ Status AgreeOnRunConfig(Communicator& comm, const RunConfig& config);
 
 // OK unless the checkpoint's user state (`user_state`, saved by `tierzero train`) records a model
 // that differs from `config.model` in a field that shapes the computation: FailedPrecondition
-// naming the field and both values (Note [A checkpoint resumes its own model], train.cc).
+// naming the field and both values (Note [A checkpoint resumes its own model], resume.cc).
 // Checkpoints that record no model pass.
 Status CheckSameModel(const std::string& user_state, const RunConfig& config,
                       const std::string& dir);

@@ -1,0 +1,108 @@
+// One `tierzero train` run after its config (TrainRun): its set-up and header lines in
+// train.cc, its step loop, evaluations, checkpoints and closing outputs in train_loop.cc.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "gpt/gpt.h"
+#include "progress.h"
+#include "run_dir.h"
+#include "tierzero/engine.h"
+#include "train.h"
+
+namespace tierzero::app {
+
+inline double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// `b` bytes in MiB, one decimal.
+std::string Mib(uint64_t b);
+
+// One `tierzero train` run after its config: the data, the engine and the model, the step loop
+// with its evaluations and checkpoints, and what is written at the end.
+class TrainRun {
+ public:
+  TrainRun(RunConfig cfg, OutputsPlan outputs, std::shared_ptr<Communicator> comm)
+      : comm_(std::move(comm)),
+        cfg_(std::move(cfg)),
+        outputs_(std::move(outputs)),
+        out_(cfg_.output),
+        rank_(comm_->rank()),
+        world_(comm_->size()),
+        lead_(rank_ == 0) {}
+  ~TrainRun() {
+    if (metrics_fd_ >= 0) ::close(metrics_fd_);
+    if (metrics_lock_fd_ >= 0) ::close(metrics_lock_fd_);
+  }
+
+  // The dataset, engine and model; the starting point (--init-from, --resume); the header lines;
+  // the metrics file.
+  Status SetUp();
+  // The steps, with evaluations and checkpoints on their schedules, until the last step or an
+  // agreed interrupt.
+  Status Loop();
+  Status LockMetrics(int fd);
+  // The last evaluation and checkpoint; on the lead rank the report, its renderings and the
+  // closing lines.
+  Status Finish();
+
+ private:
+  Status Evaluate(int step);
+  Status Save(int step);
+  // Note [A checkpoint after a data error]: `s` with a checkpoint of model_step_ saved first,
+  // where the error left the run between two steps.
+  Status SaveAfterError(const Status& s);
+  // One optimizer step: the micro-batches, the loss and the interrupt agreed over the ranks,
+  // Step, the metrics line and the progress line.
+  Status RunStep(int step);
+  Status WriteReports(std::string& summary);
+  // One line of the metrics file, whole, now (a crash keeps every finished step; a full disk
+  // stops the run with a message instead of losing lines silently).
+  Status WriteMetrics(const nlohmann::json& line);
+  void PrintHeader(double init_s) const;
+  void PrintDone(const std::string& summary) const;
+
+  std::shared_ptr<Communicator> comm_;  // the run's ranks (one: Communicator::Single)
+  RunConfig cfg_;
+  const OutputsPlan outputs_;  // the lead rank's (run_dir.h)
+  const OutputOptions& out_;
+  const int rank_, world_;
+  const bool lead_;  // prints and writes the run's files
+  std::unique_ptr<gpt::Dataset> dataset_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<gpt::Gpt> model_;
+  std::unique_ptr<Progress> progress_;
+  int metrics_fd_ = -1;       // the lead rank's
+  int metrics_lock_fd_ = -1;  // its lock (a regular file: MetricsLock)
+  int start_ = 0, step_ = 0;
+  bool interrupted_ = false;  // the agreed Ctrl-C (RunStep)
+  // Note [A checkpoint after a data error]: what the model has trained to (start_, then each
+  // step's end), and why the run may stop between steps with that saved: its data could not be
+  // read, or its metrics not written (empty for any other error).
+  int model_step_ = 0;
+  bool trace_skipped_ = false;  // no profiled iteration to trace (WriteReports said so)
+ public:
+  // SetUp failed the same way on every rank (their data differs): each can end on its own, its
+  // directories and locks cleaned up, instead of aborting the job (Note [A failing rank ends the
+  // run]).
+  bool agreed_failure() const { return agreed_failure_; }
+
+ private:
+  bool agreed_failure_ = false;
+  std::string resume_when_;
+  int saved_step_ = -1;    // the last checkpoint's step
+  double save_s_ = 0;      // the last checkpoint's
+  std::string plan_text_;  // --plan's file
+  std::string init_note_;  // what --init-from loaded
+  double total_tokens_ = 0, total_compute_s_ = 0;
+  // The engine's waits inside the steps (not in evaluations or saves between them), so their
+  // shares of total_compute_s_ are shares of step time.
+  double step_acquire_wait_s_ = 0, step_update_wait_s_ = 0;
+  std::chrono::steady_clock::time_point run_t0_;
+};
+
+}  // namespace tierzero::app
