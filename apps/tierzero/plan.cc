@@ -25,6 +25,7 @@
 
 #include "plan_search.h"
 #include "rates_cache.h"
+#include "resume.h"
 #include "run_dir.h"
 #include "tierzero/bytes.h"
 #include "tierzero/devices.h"
@@ -545,6 +546,45 @@ int Fail(const Status& s) {
   return 1;
 }
 
+// Note [A trace plans its own model]
+// `plan --trace FILE` plans the model a trainer recorded: its parameters, and its moments'
+// activations at the batch it ran. Flags that shape the built-in GPT or its batch would change
+// nothing in that plan, so they are refused rather than ignored (a plan of 40 layers that is the
+// trace's 2 would pass for a prediction). A config file's model section is only noted: a run's
+// own config is naturally given with its trace. The engine's settings (budgets, accumulation,
+// ranks) apply to either.
+Status CheckTraceFlags(const PlanArgs& pa) {
+  if (pa.trace_path.empty()) return Status::OK();
+  static constexpr const char* kShaping[] = {
+      "--layers",      "--width",      "--heads",
+      "--kv-heads",    "--arch",       "--seq-len",
+      "--vocab",       "--batch-size", "--checkpoint-activations",
+      "--activations", "--init-from",  "--text",
+      "--data"};
+  for (const std::string& a : pa.rest) {
+    for (const char* f : kShaping) {
+      if (a == f)
+        return InvalidArgumentError(
+            std::string(f) + " shapes the built-in GPT, and --trace plans the model its trace " +
+            "recorded (its parameters, and its activations at the batch it ran): leave " + f +
+            " out, record a trace of the model meant (`tierzero train` writes " +
+            "RUN_DIR/warmup_trace.json), or plan the built-in GPT without --trace");
+    }
+  }
+  if (pa.largest)
+    return InvalidArgumentError(
+        "--largest searches the built-in GPT's shapes, and --trace plans the model its trace "
+        "recorded: give one or the other");
+  return Status::OK();
+}
+
+// Whether a trace's moments carry their measured compute (a trainer's warm-up records it).
+bool TraceTimed(const WarmupTrace& t) {
+  for (const auto& m : t.moments)
+    if (m.compute_seconds > 0) return true;
+  return false;
+}
+
 }  // namespace
 
 int Plan(const std::vector<std::string>& args) {
@@ -556,6 +596,7 @@ int Plan(const std::vector<std::string>& args) {
   }
   auto pa = ParsePlanArgs(args);
   if (!pa.ok()) return Fail(pa.status());
+  if (Status s = CheckTraceFlags(*pa); !s.ok()) return Fail(s);
   std::string config_path;
   auto cfg = LoadRunConfig(pa->rest, &config_path);
   if (!cfg.ok()) return Fail(cfg.status());
@@ -615,13 +656,19 @@ int Plan(const std::vector<std::string>& args) {
   } else {
     std::printf("tierzero plan: %zu parameters, %zu moments from %s\n", file_trace.params.size(),
                 file_trace.moments.size(), pa->trace_path.c_str());
+    // Note [A trace plans its own model]: a config's model section is not what is planned.
+    if (ModelJson(*cfg) != ModelJson(DefaultRunConfig()) ||
+        cfg->train.batch_size != DefaultRunConfig().train.batch_size)
+      std::printf(
+          "  (the model and batch are the trace's: the config's model section and "
+          "train.batch_size are not used)\n");
   }
   std::printf(
       "  budgets: device %s, host %s, NVMe %s\n\n", FormatBytes(cfg->engine.device_budget).c_str(),
       FormatBytes(cfg->engine.host_budget).c_str(), FormatBytes(cfg->engine.nvme_budget).c_str());
   std::fputs(PlanTable(*p).c_str(), stdout);
   // Compute neither timed here nor given: a step time without it would pass for a prediction.
-  if (pl.kinds.empty() && !(rates->device_flops_per_s > 0))
+  if (pl.kinds.empty() && !(rates->device_flops_per_s > 0) && !TraceTimed(file_trace))
     std::printf(
         "  (the step's compute is not in it: the rates file gives no device_flops_per_s "
         "and the model is not timed here; add the device's FLOP/s and memory bytes/s to "

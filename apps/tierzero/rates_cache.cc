@@ -72,10 +72,23 @@ void CacheRates(const std::string& cache, const MachineRates& r) {
     return;
   }
   std::error_code ec;
-  // The cache's own directory is made (~/.cache/tierzero); a TZ_RATES_FILE's is the user's to
-  // give, never made.
+  // The cache's own directories are made (~/.cache/tierzero), inside a home or XDG_CACHE_HOME
+  // that exists (HOME=/nonexistent, a service account's, makes nothing); a TZ_RATES_FILE's
+  // directory is the user's to give, never made.
   const char* named = std::getenv("TZ_RATES_FILE");
-  if (named == nullptr || *named == '\0') fs::create_directories(fs::path(cache).parent_path(), ec);
+  if (named == nullptr || *named == '\0') {
+    const char* xdg = std::getenv("XDG_CACHE_HOME");
+    const char* home = std::getenv("HOME");
+    const char* base = xdg != nullptr && *xdg != '\0' ? xdg : home;
+    if (base != nullptr && *base != '\0' && !fs::is_directory(base, ec)) {
+      std::printf(
+          "  (the rates are not cached: %s %s is not a directory; TZ_RATES_FILE names a "
+          "cache)\n",
+          base == xdg ? "XDG_CACHE_HOME" : "HOME", base);
+      return;
+    }
+    fs::create_directories(fs::path(cache).parent_path(), ec);
+  }
   if (Status s = WriteTextFile(cache, MachineRatesToJson(r)); !s.ok()) {
     std::printf("  (the rates are not cached: %s)\n", s.ToString().c_str());
   } else {

@@ -237,9 +237,13 @@ std::string PlanJson(const PlanPrediction& p) {
 
 std::string PlanTable(const PlanPrediction& p) {
   std::string s;
-  char line[256];
+  // Each line whole, however long (a placement failure's message runs to several hundred bytes).
   auto add = [&](const char* fmt, auto... args) {
-    std::snprintf(line, sizeof line, fmt, args...);
+    const int n = std::snprintf(nullptr, 0, fmt, args...);
+    if (n <= 0) return;
+    std::string line(static_cast<size_t>(n) + 1, '\0');
+    std::snprintf(line.data(), line.size(), fmt, args...);
+    line.resize(static_cast<size_t>(n));
     s += line;
   };
   add("layout: %d chunks of %s (%" PRIu64 " elements), %d rank%s\n", p.chunks,

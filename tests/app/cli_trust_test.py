@@ -990,6 +990,28 @@ def case_plan_device():
         check("rates: this machine's GPU (calibrated)" in out, f"a cuda plan's rates:\n{out}")
     else:
         refused(["plan", "--config", cfg, "--device", "cuda", "--no-advice"], "no usable GPU")
+    # A trace plans the model it recorded (Note [A trace plans its own model]): a flag that
+    # shapes the built-in GPT would be ignored, so it is refused; a config's model is noted.
+    run_dir = os.path.join(OUT, "g_traced")
+    train_small(run_dir, steps=2)
+    trace = os.path.join(run_dir, "warmup_trace.json")
+    env = dict(os.environ, TZ_RATES_FILE=os.path.join(OUT, "g_rates_host.json"))
+    for flag in (["--layers", "40"], ["--batch-size", "64"], ["--seq-len", "4"], ["--largest"]):
+        refused(["plan", "--trace", trace] + flag, "--trace")
+    out = ok(["plan", "--trace", trace, "--config", cfg, "--no-advice"], env=env)
+    check("the config's model section" in out and "compute is not in it" not in out,
+          f"a trace plan with a config:\n{out}")
+    # A placement failure's message is printed whole, however long.
+    rc, out = run(["plan", "--trace", trace, "--device-budget", "1MiB", "--host-budget", "1MiB",
+                   "--nvme-budget", "0", "--no-advice"], env=env)
+    check(rc == 0 and "use more ranks\n" in out, f"a plan's failure, cut:\n{out}")
+    # A home that does not exist gets no cache made in it.
+    missing = os.path.join(OUT, "g_no_home")
+    env = dict(os.environ, HOME=missing, XDG_CACHE_HOME="")
+    env.pop("TZ_RATES_FILE", None)
+    out = ok(["plan", "--config", cfg, "--device", "host", "--no-advice"], env=env, timeout=300)
+    check(not os.path.exists(missing) and "not cached" in out,
+          f"a plan made a cache in a home that does not exist:\n{out}")
 
 
 def case_export_paths():
