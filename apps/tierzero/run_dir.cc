@@ -161,7 +161,13 @@ MadeDirs::~MadeDirs() {
     const std::string lock_file = *it + "/" + kLockFileName;
     if (IsRegular(lock_file)) ::unlink(lock_file.c_str());  // ours: the directory is ours
     ::rmdir(it->c_str());
+    KeepOnSignalExit(*it);
   }
+}
+
+void MadeDirs::Keep() {
+  for (const std::string& d : dirs_) KeepOnSignalExit(d);
+  dirs_.clear();
 }
 
 void MadeDirs::Create(const std::string& path, std::error_code& ec) {
@@ -174,13 +180,23 @@ void MadeDirs::Create(const std::string& path, std::error_code& ec) {
     missing.push_back(p.string());
     if (p == p.parent_path()) break;
   }
-  fs::create_directories(path, ec);
   if (ec) return;
+  // One mkdir a level: a directory is this process's only where its mkdir made it (ranks making
+  // the same run directory at once each own only what they made).
   for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
     std::string d = *it;
     while (d.size() > 1 && d.back() == '/') d.pop_back();
+    if (::mkdir(d.c_str(), 0777) != 0) {
+      if (errno == EEXIST) continue;  // another process's, made since
+      ec = std::error_code(errno, std::generic_category());
+      return;
+    }
     dirs_.push_back(d);
+    // Note [A set-up ended by a signal leaves nothing]: and if the process ends on a signal
+    // before the run starts (removed only if empty by then).
+    RemoveOnSignalExit(d);
   }
+  fs::create_directories(path, ec);  // (an error if `path` is not a directory)
 }
 
 ScratchDir::~ScratchDir() {
@@ -205,9 +221,17 @@ Status ScratchDir::Create(const std::string& prefix) {
 RunDirLock::~RunDirLock() {
   // Unlinked while still locked, then released: no other process can hold the old file.
   if (!keep_) {
-    for (const std::string& f : created_) ::unlink(f.c_str());
+    for (const std::string& f : created_) {
+      ::unlink(f.c_str());
+      KeepOnSignalExit(f);
+    }
   }
   for (int fd : fds_) ::close(fd);  // releases the flock
+}
+
+void RunDirLock::Keep() {
+  keep_ = true;
+  for (const std::string& f : created_) KeepOnSignalExit(f);
 }
 
 Status RunDirLock::Acquire(const std::string& dir, const std::string& what) {
@@ -216,7 +240,10 @@ Status RunDirLock::Acquire(const std::string& dir, const std::string& what) {
   const bool made = fd >= 0;
   if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return ErrnoError("opening the lock of the " + what + " " + dir, errno);
-  if (made) created_.push_back(path);
+  if (made) {
+    created_.push_back(path);
+    RemoveOnSignalExit(path);  // Note [A set-up ended by a signal leaves nothing]
+  }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     if (err == EWOULDBLOCK) {

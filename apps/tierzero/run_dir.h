@@ -29,7 +29,7 @@ class RunDirLock {
   Status Acquire(const std::string& dir, const std::string& what);
   // The run started: the lock files it made stay (without Keep they are removed at the end, so a
   // refused run leaves none in a directory of the user's).
-  void Keep() { keep_ = true; }
+  void Keep();
 
  private:
   std::vector<int> fds_;
@@ -40,16 +40,24 @@ class RunDirLock {
 // The directories a run made for its outputs, removed again (when still empty but for the run's
 // own lock file) unless Keep() is called: a run refused in its set-up (a bad flag, a missing
 // input, another run in the way) leaves no trace of itself behind.
+//
+// Note [A set-up ended by a signal leaves nothing]
+// The same holds when the set-up does not return: a Ctrl-C during it ends the process at once
+// (Note [Signals on one thread of ours]), and under mpirun a rank that fails alone ends the job
+// (Note [A failing rank ends the run]), the others by SIGTERM. So the directories made and the
+// lock files created are also registered with RemoveOnSignalExit (tierzero/files.h) until Keep:
+// the signal's exit removes the lock files, then each directory that is empty by then, deepest
+// first. (The failing rank itself unwinds, removing them, before it ends the job.)
 class MadeDirs {
  public:
   MadeDirs() = default;
   ~MadeDirs();
   MadeDirs(const MadeDirs&) = delete;
   MadeDirs& operator=(const MadeDirs&) = delete;
-  // fs::create_directories, remembering each directory it made.
+  // fs::create_directories, remembering each directory it made (its own mkdir made it).
   void Create(const std::string& path, std::error_code& ec);
   // The run started: what it made stays.
-  void Keep() { dirs_.clear(); }
+  void Keep();
 
  private:
   std::vector<std::string> dirs_;  // in the order made (parents first)

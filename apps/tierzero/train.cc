@@ -369,21 +369,44 @@ int Train(const std::vector<std::string>& args) {
     std::fflush(stdout);
     if (std::freopen("/dev/null", "w", stdout) == nullptr) return Fail(IoError("silencing rank"));
   }
-  RunDirLock lock;  // held to the end of the run
-  MadeDirs made;    // removed again if the run is refused before it starts
-  auto outputs = PrepareOutputs(*cfg, config_path, rank, g_comm->size(), lock, made);
-  if (!outputs.ok()) return Fail(outputs.status());
-  TrainRun run(std::move(*cfg), std::move(outputs).value(), g_comm);
-  if (Status s = run.SetUp(); !s.ok()) {
-    if (!run.agreed_failure()) return Fail(s);
-    std::fprintf(stderr, "rank %d of %d: error: %s\n", rank, g_comm->size(), s.ToString().c_str());
-    return 1;
+  // A set-up that fails on this rank alone ends the job (Fail): what this rank made for the run
+  // (its directories, lock files, config.json) is removed first, as the scope below unwinds
+  // (Note [A set-up ended by a signal leaves nothing], run_dir.h).
+  Status failed;
+  {
+    RunDirLock lock;  // held to the end of the run
+    MadeDirs made;    // removed again if the run is refused before it starts
+    // The lead makes the shared directories (the run's, the checkpoint's) before the others
+    // look: a rank that fails alone then removes only what is its own, never a directory the
+    // lead is using (Note [A set-up ended by a signal leaves nothing], run_dir.h).
+    if (rank != 0) {
+      if (Status s = g_comm->Barrier(); !s.ok()) return Fail(s);
+    }
+    auto outputs = PrepareOutputs(*cfg, config_path, rank, g_comm->size(), lock, made);
+    if (rank == 0 && g_comm->size() > 1 && outputs.ok()) {
+      if (Status s = g_comm->Barrier(); !s.ok()) return Fail(s);
+    }
+    if (!outputs.ok()) {
+      failed = outputs.status();
+    } else {
+      TrainRun run(std::move(*cfg), std::move(outputs).value(), g_comm);
+      if (Status s = run.SetUp(); !s.ok()) {
+        if (run.agreed_failure()) {
+          std::fprintf(stderr, "rank %d of %d: error: %s\n", rank, g_comm->size(),
+                       s.ToString().c_str());
+          return 1;
+        }
+        failed = s;
+      } else {
+        made.Keep();
+        lock.Keep();
+        if (Status s = run.Loop(); !s.ok()) return Fail(s);
+        if (Status s = run.Finish(); !s.ok()) return Fail(s);
+        return 0;
+      }
+    }
   }
-  made.Keep();
-  lock.Keep();
-  if (Status s = run.Loop(); !s.ok()) return Fail(s);
-  if (Status s = run.Finish(); !s.ok()) return Fail(s);
-  return 0;
+  return Fail(failed);
 }
 
 }  // namespace tierzero::app

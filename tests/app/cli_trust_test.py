@@ -501,6 +501,30 @@ def case_ranks_agree():
     for node in ("a_node0", "a_node1"):
         check(sorted(os.listdir(os.path.join(OUT, node))) == ["d.txt"],
               f"{node} keeps {os.listdir(os.path.join(OUT, node))}")
+    # A rank that fails alone in its set-up ends the job, and neither it nor the rank ended by
+    # the job's SIGTERM leaves a file or a lock behind (Note [A set-up ended by a signal leaves
+    # nothing]): rank 1's NVMe directory blocked by a file (nothing is left); rank 0's --plan
+    # unreadable (at most empty directories: rank 0 ends first, with rank 1's NVMe directory
+    # still in the run directory).
+    nvme = os.path.join(OUT, "a_blocked_nvme")
+    os.makedirs(nvme)
+    open(os.path.join(nvme, "rank1"), "w").close()
+    bad_plan = os.path.join(OUT, "a_bad_plan.json")
+    with open(bad_plan, "w") as f:
+        f.write("{}")
+    for name, extra, needle in (("nvme", ["--nvme-path", nvme], "rank 1 of 2: error"),
+                                ("plan", ["--plan", bad_plan], "rank 0 of 2: error")):
+        run_dir = os.path.join(OUT, "a_alone_" + name)
+        p = subprocess.run([mpirun, "-np", "2", TZ, "train", "--config", cfg, "--run-dir",
+                            run_dir, "--steps", "3", "--quiet"] + extra,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120,
+                           env=env, cwd=OUT)
+        out = p.stdout.decode(errors="replace")
+        check(p.returncode != 0 and needle in out, f"{name}: a rank failing alone:\n{out}")
+        left = [os.path.join(d, f) for d, _, fs in os.walk(run_dir) for f in fs]
+        check(not left and (name != "nvme" or not os.path.exists(run_dir)),
+              f"{name}: the run directory was left, with {left}\n{out}")
+    check(sorted(os.listdir(nvme)) == ["rank1"], f"the NVMe path keeps {os.listdir(nvme)}")
 
 
 def case_readers():
