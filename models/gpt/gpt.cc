@@ -394,9 +394,22 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
   }();
   if (!st.ok()) {
     Status end = engine_.AbortIteration();
-    // The first error is the one to report; a failure to end the iteration comes second.
-    return end.ok() ? st
-                    : std::move(st).WithContext("then ending the iteration: " + end.ToString());
+    // The first error is the one to report; a failure to end the iteration comes after it, and
+    // only when it says something new (a sticky engine error fails both the same way).
+    const std::string first(st.message());
+    std::string then(end.message());
+    if (end.ok() || first.find(then) != std::string::npos) return st;
+    // The same cause at the end of both (an update behind the forward that failed: the gather
+    // says so, the engine's sticky error adds what to do): the cause is said once.
+    size_t common = 0;
+    while (common < first.size() && common < then.size() &&
+           first[first.size() - 1 - common] == then[then.size() - 1 - common])
+      ++common;
+    if (common >= 32 && common < then.size()) {
+      then.resize(then.size() - common);
+      while (!then.empty() && (then.back() == ' ' || then.back() == ':')) then.pop_back();
+    }
+    return Status(st.code(), first + "; then ending the iteration: " + then);
   }
   TZ_RETURN_IF_ERROR(engine_.EndIteration());
   return loss;

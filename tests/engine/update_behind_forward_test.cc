@@ -202,6 +202,14 @@ TEST(UpdateBehindForward, AFailureBehindTheForwardIsStickyUntilACheckpointLoads)
   auto failed = step(*faulty, *faulty_model, 5);
   Status later = failed.ok() ? step(*faulty, *faulty_model, 6).status() : failed.status();
   ASSERT_FALSE(later.ok()) << "the failed update went unnoticed";
+  {
+    // The error says what to do, and its cause once (the gather and the engine's end of the
+    // iteration both failed on it: models/gpt/gpt.cc).
+    const std::string msg(later.message());
+    EXPECT_NE(msg.find("load the last checkpoint"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Input/output error"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("Input/output error"), msg.rfind("Input/output error")) << msg;
+  }
   faults->Clear();
   // Sticky: whatever comes next fails, naming what happened and what to do.
   auto again = faulty_model->ForwardBackward(data->Get(false, 7, 8));
