@@ -82,14 +82,22 @@ Status TrainRun::Save(int step) {
   }
   // What the failure leaves (the manifest is the commit point: Note [Checkpoint format]): the
   // last checkpoint in the directory, this run's or the one it resumed in place, stays whole.
-  const int kept = saved_step_ >= 0 ? saved_step_ : outputs_.in_place ? start_ : -1;
+  // (Or any checkpoint that is there: the one this run resumed from another run directory, when
+  // --checkpoint names it.)
+  int64_t kept = saved_step_ >= 0 ? saved_step_ : outputs_.in_place ? start_ : -1;
+  if (kept < 0) {
+    if (auto there = ReadCheckpointInfo(out_.checkpoint_dir); there.ok())
+      kept = CheckpointStep(there->user_state, there->step);
+  }
   const std::string what = "saving the checkpoint of step " + std::to_string(step) + " in " +
                            out_.checkpoint_dir + " failed";
   if (kept >= 0)
     return std::move(s).WithContext(what + " (the checkpoint of step " + std::to_string(kept) +
                                     " there is intact: --resume " + out_.checkpoint_dir +
-                                    " continues from it; steps " + std::to_string(kept + 1) +
-                                    " to " + std::to_string(step) + " are not saved)");
+                                    " continues from it" +
+                                    (kept < step ? "; steps " + std::to_string(kept + 1) + " to " +
+                                                       std::to_string(step) + " are not saved)"
+                                                 : ")"));
   return std::move(s).WithContext(
       what + " (no checkpoint of this run exists: its " + std::to_string(step - start_) +
       " steps are not saved" +

@@ -299,7 +299,8 @@ struct CheckpointInfo {
 };
 StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& dir);
 // Whether a file name is one a checkpoint gives its states files,
-// "states-<step>.w<world>.rank<r>.bin": a save removes only such files of earlier saves.
+// "states-<step>.w<world>.rank<r>.bin" (or "...rank<r>.b.bin": Note [A re-save never renames
+// over its manifest's], engine/checkpoint.cc): a save removes only such files of earlier saves.
 bool IsCheckpointStatesFileName(const std::string& name);
 
 class Engine {

@@ -70,8 +70,12 @@ bool IsCheckpointStatesFileName(const std::string& name) {
     i += n;
     return true;
   };
-  return literal("states-") && digits() && literal(".w") && digits() && literal(".rank") &&
-         digits() && literal(".bin") && i == name.size();
+  if (!(literal("states-") && digits() && literal(".w") && digits() && literal(".rank") &&
+        digits()))
+    return false;
+  // ".bin", or the alternate name's ".b.bin" (Note [A re-save never renames over its
+  // manifest's]).
+  return (literal(".bin") || literal(".b.bin")) && i == name.size();
 }
 
 namespace {
@@ -470,6 +474,27 @@ StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& dir) {
   return CheckpointInfo{.step = m.step, .world_size = m.world_size, .user_state = m.user_state};
 }
 
+namespace {
+
+// The states files the manifest committed in `dir` names: none when there is no manifest;
+// nullopt when it cannot be read or is damaged (what it names is unknown).
+std::optional<std::set<std::string>> CommittedStatesFiles(const std::string& dir) {
+  const std::string path = dir + "/manifest.json";
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 && errno == ENOENT) return std::set<std::string>{};
+  auto text = ReadRegularFileBounded(path, kMaxConfigBytes * 4, "checkpoint manifest");
+  if (!text.ok()) return std::nullopt;
+  json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("files") || !j["files"].is_array()) return std::nullopt;
+  std::set<std::string> names;
+  for (const json& f : j["files"])
+    if (f.is_object() && f.contains("name") && f["name"].is_string())
+      names.insert(f["name"].get<std::string>());
+  return names;
+}
+
+}  // namespace
+
 Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_state) const {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("SaveCheckpoint before Finalize");
@@ -481,9 +506,21 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
   const int rank = im.comm->rank();
   // The world size is in the name: a re-save of the same step on another number of ranks never
   // overwrites a file the committed manifest names.
-  const std::string states_name = "states-" + std::to_string(im.step) + ".w" +
-                                  std::to_string(im.world()) + ".rank" + std::to_string(rank) +
-                                  ".bin";
+  // Note [A re-save never renames over its manifest's]
+  // Nor does a re-save of the same step on as many ranks: a run resumed from a checkpoint that
+  // saves into it again before it trains a step (a copy into another run directory whose
+  // --checkpoint is the one it resumed, maybe with other optimizer states) renamed its new
+  // states file over the one the committed manifest names, before its own manifest was
+  // committed: a failure or a kill between the two left the only checkpoint damaged. Such a save
+  // takes the alternate name, "....rank<r>.b.bin", which that manifest does not name (one name
+  // per rank and step in a manifest: one of the two is always free); a later save's clean-up
+  // removes whichever the new manifest does not name.
+  const std::string base_name = "states-" + std::to_string(im.step) + ".w" +
+                                std::to_string(im.world()) + ".rank" + std::to_string(rank);
+  const std::optional<std::set<std::string>> committed_names = CommittedStatesFiles(dir);
+  const std::string states_name = committed_names && committed_names->count(base_name + ".bin") != 0
+                                      ? base_name + ".b.bin"
+                                      : base_name + ".bin";
   // This rank's slices in registration order; states read chunk by chunk (a chunk's tensors
   // are consecutive parameters, so each chunk's state is read once).
   json tensors = json::array();
@@ -549,7 +586,14 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
               {"tensors", tensors},
               {"user_state", user}});
   }
-  RETURN_IF_ERROR(AgreeOnStatus(*im.comm, committed));
+  if (Status agreed = AgreeOnStatus(*im.comm, committed); !agreed.ok()) {
+    // Not committed: this rank's new states file goes, unless a manifest names it after all (one
+    // committed whose directory sync then failed), so no file of a failed save stays on a full
+    // disk beside the checkpoint that is still whole.
+    if (auto names = CommittedStatesFiles(dir); names && names->count(states_name) == 0)
+      ::unlink((dir + "/" + states_name).c_str());
+    return agreed;
+  }
   TZ_LOG(kInfo, kEngine) << "checkpoint at step " << im.step << " written to " << dir << " ("
                          << FormatBytes(states_bytes) << " from this rank)";
   return Status::OK();

@@ -2,9 +2,14 @@
 // fp16 loss scaling, checkpoint and export round trips, and API misuse.
 #include "tierzero/engine.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/fs.h>
 #include <stdlib.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -370,6 +375,74 @@ TEST(Engine, ALossScaleIsTakenOnlyFromAnFp16Checkpoint) {
     ASSERT_TRUE(r.engine->LoadCheckpoint(dir.path() + "/fp16").ok());
     EXPECT_EQ(r.engine->loss_scale(), 1.0f);
   }
+}
+
+// Sets or clears a file's immutable flag (a rename over it then fails, as a kill or a full disk
+// at that moment would stop it); false where the file system or the process cannot.
+bool SetImmutable(const std::string& path, bool on) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  int flags = 0;
+  bool done = ::ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0;
+  if (done) {
+    flags = on ? (flags | FS_IMMUTABLE_FL) : (flags & ~FS_IMMUTABLE_FL);
+    done = ::ioctl(fd, FS_IOC_SETFLAGS, &flags) == 0;
+  }
+  ::close(fd);
+  return done;
+}
+
+// Note [A re-save never renames over its manifest's] (engine/checkpoint.cc): a run resumed from
+// a checkpoint that saves the same step into it again (other optimizer states) and fails at the
+// manifest's commit leaves that checkpoint whole, and no file of its own.
+TEST(Engine, AReSaveOfTheSameStepNeverReplacesWhatItsManifestNames) {
+  TempDir dir;
+  const std::string ckpt = dir.path() + "/ckpt";
+  auto states_files = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(ckpt))
+      if (e.path().filename().string().rfind("states-", 0) == 0)
+        names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  std::vector<float> saved;
+  {
+    Trainer r = Make(HostConfig());
+    Train(r, 0, 2);
+    ASSERT_TRUE(r.engine->SaveCheckpoint(ckpt).ok());
+    saved.resize(static_cast<size_t>(r.engine->numel(0)));
+    ASSERT_TRUE(r.engine->ReadParam(0, saved).ok());
+  }
+  EXPECT_EQ(states_files(), std::vector<std::string>{"states-2.w1.rank0.bin"});
+  const std::string manifest = ckpt + "/manifest.json";
+  if (!SetImmutable(manifest, true)) GTEST_SKIP() << "no immutable files here (root, ext4/tmpfs)";
+  Status resaved;
+  {
+    EngineConfig bf16_states = HostConfig();
+    bf16_states.optimizer_states = MomentFormat::kBF16;
+    Trainer r = Make(bf16_states);
+    Status loaded = r.engine->LoadCheckpoint(ckpt).status();
+    if (loaded.ok()) resaved = r.engine->SaveCheckpoint(ckpt);
+    ASSERT_TRUE(SetImmutable(manifest, false));
+    ASSERT_TRUE(loaded.ok()) << loaded.ToString();
+  }
+  EXPECT_FALSE(resaved.ok()) << "the manifest's commit did not fail";
+  EXPECT_EQ(states_files(), std::vector<std::string>{"states-2.w1.rank0.bin"});
+  Trainer r = Make(HostConfig());
+  ASSERT_TRUE(r.engine->LoadCheckpoint(ckpt).ok());
+  std::vector<float> loaded(saved.size());
+  ASSERT_TRUE(r.engine->ReadParam(0, loaded).ok());
+  EXPECT_EQ(loaded, saved);
+  // Committed re-saves alternate between the two names; each loads.
+  ASSERT_TRUE(r.engine->SaveCheckpoint(ckpt).ok());
+  EXPECT_EQ(states_files(), std::vector<std::string>{"states-2.w1.rank0.b.bin"});
+  ASSERT_TRUE(r.engine->LoadCheckpoint(ckpt).ok());
+  ASSERT_TRUE(r.engine->SaveCheckpoint(ckpt).ok());
+  EXPECT_EQ(states_files(), std::vector<std::string>{"states-2.w1.rank0.bin"});
+  ASSERT_TRUE(r.engine->LoadCheckpoint(ckpt).ok());
+  EXPECT_TRUE(IsCheckpointStatesFileName("states-2.w1.rank0.b.bin"));
+  EXPECT_FALSE(IsCheckpointStatesFileName("states-2.w1.rank0.c.bin"));
 }
 
 TEST(Engine, CheckpointOfAnotherModelIsRefusedWithEveryDifferenceAndNothingLoaded) {
