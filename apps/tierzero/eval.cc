@@ -152,7 +152,8 @@ int Eval(const std::vector<std::string>& args) {
     for (const char* train_only :
          {"--steps", "--lr", "--eval-every", "--profile-step", "--grad-accumulation", "--metrics",
           "--report", "--html", "--trace", "--run-dir", "--checkpoint", "--plan", "--overwrite",
-          "--log-every", "--text", "--seed", "--checkpoint-activations", "--quiet"}) {
+          "--log-every", "--text", "--seed", "--checkpoint-activations", "--quiet",
+          "--optimizer-states"}) {
       if (args[i] == train_only)
         return EvalFail(InvalidArgumentError("option " + args[i] +
                                              " is one of tierzero train's; eval --help lists "

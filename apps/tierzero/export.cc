@@ -32,7 +32,14 @@ int Export(const std::vector<std::string>& args) {
   DType dtype = DType::kF32;
   bool dtype_given = false, hf = false;
   uint64_t max_shard = uint64_t{5} << 30;  // transformers' save_pretrained default: 5 GB
+  bool max_shard_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
+    // An option of export's at the end, its value missing.
+    for (const char* takes :
+         {"-o", "--output", "--dtype", "--format", "--max-shard-size", "--config"}) {
+      if (args[i] == takes && i + 1 >= args.size())
+        return Fail(InvalidArgumentError(args[i] + " needs a value"));
+    }
     if ((args[i] == "-o" || args[i] == "--output") && i + 1 < args.size()) {
       output = args[++i];
     } else if (args[i] == "--dtype" && i + 1 < args.size()) {
@@ -50,6 +57,7 @@ int Export(const std::vector<std::string>& args) {
       auto b = ParseByteSize(args[++i]);
       if (!b.ok()) return Fail(b.status().WithContext("--max-shard-size"));
       max_shard = *b;
+      max_shard_given = true;
     } else if (args[i] == "--config" && i + 1 < args.size()) {
       config_path = args[++i];
       if (config_path.empty())
@@ -75,6 +83,10 @@ int Export(const std::vector<std::string>& args) {
   }
   if (ckpt.empty() || output.empty())
     return Fail(InvalidArgumentError("usage: tierzero export CHECKPOINT_DIR -o FILE.safetensors"));
+  if (max_shard_given && !hf)
+    return Fail(InvalidArgumentError(
+        "--max-shard-size shards a Hugging Face directory (--format hf); a safetensors export "
+        "is one file"));
   if (Status s = CheckCheckpointArgument(ckpt, "the checkpoint"); !s.ok()) return Fail(s);
   // The run directory is the checkpoint directory's parent, however the directory is written
   // ("run/checkpoint/", ".", "checkpoint/.").
@@ -91,6 +103,15 @@ int Export(const std::vector<std::string>& args) {
   }
   auto cfg = ParseRunConfig(*text, DefaultRunConfig());
   if (!cfg.ok()) return Fail(std::move(cfg).status().WithContext(config_path));
+  // The config must be the checkpoint's model's (Note [A checkpoint resumes its own model]): a
+  // --config of another shape whose tensors happen to match (other heads) exported a
+  // config.json that describes another model.
+  {
+    auto info = ReadCheckpointInfo(ckpt);
+    if (!info.ok()) return Fail(info.status());
+    if (Status s = CheckSameModel(info->user_state, *cfg, ckpt); !s.ok())
+      return Fail(std::move(s).WithContext("--config " + config_path));
+  }
   if (hf && !dtype_given) dtype = cfg->engine.compute_dtype;  // the model's dtype
   if (!hf && dtype == DType::kF16)
     return Fail(

@@ -53,7 +53,7 @@ const ShapeField kShape[] = {
 }  // namespace
 
 // train.h
-Status MergeHfModel(RunConfig& cfg, bool seq_len_asked) {
+Status MergeHfModel(RunConfig& cfg) {
   const std::string& dir = cfg.output.init_from;
   if (dir.empty() || !gpt::IsHfDir(dir)) return Status::OK();
   // The defaults of the architecture the run names (--arch llama sets Llama's).
@@ -61,16 +61,18 @@ Status MergeHfModel(RunConfig& cfg, bool seq_len_asked) {
   if (cfg.model.arch == gpt::Arch::kLlama) defaults = gpt::AsLlama(defaults);
   gpt::GptConfig base = cfg.model;
   // The context: the one asked for, else 1024 tokens (or the model's positions when fewer).
-  const bool asked = seq_len_asked;
+  const bool asked = cfg.given.count("model.seq_len") != 0;
   if (!asked) base.seq_len = 1024;
   TZ_ASSIGN_OR_RETURN(const gpt::HfModel hf, gpt::ReadHfDir(dir, base));
-  // Every shape field the run sets otherwise than its default must agree with config.json.
+  // Every shape field the run sets (Note [Asked for, not different from the default]; or
+  // otherwise than its default, through an --arch) must agree with config.json.
   for (const ShapeField& f : kShape) {
     const std::string user = f.get(cfg.model), dflt = f.get(defaults), file = f.get(hf.config);
     // n_kv_head 0 means n_head: config.json's key/value heads equal to its heads agree with it.
     const bool same_heads =
         std::string(f.key) == "n_kv_head" && user == "0" && hf.config.n_kv_head == hf.config.n_head;
-    if (user != dflt && user != file && !same_heads)
+    const bool set = user != dflt || cfg.given.count("model." + std::string(f.key)) != 0;
+    if (set && user != file && !same_heads)
       return InvalidArgumentError("model." + std::string(f.key) + " is " + user + f.flag +
                                   ", but " + dir + "/config.json makes it " + file +
                                   ": a model directory sets its own shape; drop the setting");
@@ -101,6 +103,10 @@ void SizeBudgetsToTheMachine(RunConfig& cfg) {
   if (e.device_budget != dflt.device_budget || e.device_shard_budget != dflt.device_shard_budget ||
       e.host_budget != dflt.host_budget || e.nvme_budget != dflt.nvme_budget)
     return;
+  // (Or given at the defaults' values: Note [Asked for, not different from the default].)
+  for (const char* f : {"engine.device_budget", "engine.device_shard_budget", "engine.host_budget",
+                        "engine.nvme_budget"})
+    if (cfg.given.count(f) != 0) return;
   const uint64_t memory = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
                           static_cast<uint64_t>(::sysconf(_SC_PAGE_SIZE));
   const uint64_t mib = uint64_t{1} << 20;

@@ -600,6 +600,8 @@ int Plan(const std::vector<std::string>& args) {
   std::string config_path;
   auto cfg = LoadRunConfig(pa->rest, &config_path);
   if (!cfg.ok()) return Fail(cfg.status());
+  // The config's ranks.ranks_per_node, unless the flag says otherwise.
+  if (pa->ranks_per_node == 0) pa->ranks_per_node = cfg->ranks.ranks_per_node;
   if (!pa->json_path.empty()) {
     // A path no plan can be written to is refused now, not after the calibration.
     if (Status s = CheckOutputPath(pa->json_path, "--json"); !s.ok()) return Fail(s);

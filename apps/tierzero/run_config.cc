@@ -1,6 +1,6 @@
 // The run configuration of `tierzero train`: the default run (Note [The default run]), the JSON
-// config's sections and fields with their checks, the command-line flags over them, and the
-// config written back beside a run (docs/config.md).
+// config's sections and fields with their checks, and the config written back beside a run
+// (docs/config.md). The command-line flags over it, and loading both: run_flags.cc.
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "run_dir.h"
+#include "run_fields.h"
 #include "tierzero/bytes.h"
 #include "tierzero/files.h"
 #include "tierzero/types.h"
@@ -65,11 +66,6 @@ namespace {
 
 // ---- Config fields
 // -------------------------------------------------------------------------------
-
-struct Field {
-  std::function<Status(const json&)> set;
-  std::function<json()> get;
-};
 
 Status Bad(const std::string& field, const json& value, const std::string& accepted) {
   return InvalidArgumentError("config field '" + field + "' is " + value.dump() +
@@ -246,6 +242,11 @@ Field OptimizerField(const std::string& name, OptimizerPlacement* p, double* fra
 Field ArchField(const std::string& name, gpt::GptConfig* m) {
   return {[=](const json& v) -> Status {
             const std::string s = v.is_string() ? v.get<std::string>() : "";
+            // The architecture the model has already: nothing changes (`--arch llama` over a
+            // Llama config keeps its tie_embeddings and attention_bias).
+            if ((s == "llama" && m->arch == gpt::Arch::kLlama) ||
+                (s == "gpt2" && m->arch == gpt::Arch::kGpt2))
+              return Status::OK();
             if (s == "llama") {
               *m = gpt::AsLlama(*m);
               return Status::OK();
@@ -313,8 +314,9 @@ Field MomentFormatField(const std::string& name, MomentFormat* p) {
           }};
 }
 
-using Section = std::map<std::string, Field>;
+}  // namespace
 
+// run_fields.h
 std::map<std::string, Section> Fields(RunConfig& c) {
   std::map<std::string, Section> s;
   s["model"] = {
@@ -428,8 +430,6 @@ std::map<std::string, Section> Fields(RunConfig& c) {
   return s;
 }
 
-}  // namespace
-
 // train.h
 Status ValidateRunConfig(const RunConfig& c) {
   TZ_RETURN_IF_ERROR(gpt::ValidateGptConfig(c.model));
@@ -476,9 +476,11 @@ StatusOr<RunConfig> ParseRunConfigOrThrow(const std::string& text, RunConfig c) 
   auto fields = Fields(c);
   for (const auto& [section, body] : j.items()) {
     auto sec = fields.find(section);
-    if (sec == fields.end())
-      return InvalidArgumentError("unknown config section '" + section +
-                                  "'; sections: model, data, train, engine, output");
+    if (sec == fields.end()) {
+      std::string known;
+      for (const auto& [s, _] : fields) known += (known.empty() ? "" : ", ") + s;
+      return InvalidArgumentError("unknown config section '" + section + "'; sections: " + known);
+    }
     if (!body.is_object())
       return InvalidArgumentError("config section '" + section + "' must be an object");
     for (const auto& [key, value] : body.items()) {
@@ -514,150 +516,6 @@ std::string RunConfigToJson(const RunConfig& config) {
     for (auto& [key, f] : fields) j[section][key] = f.get();
   }
   return j.dump(2);
-}
-
-Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::string* config_path) {
-  // flag -> (section.field, takes a value)
-  static const std::map<std::string, std::string> kFlags = {
-      {"--steps", "train.steps"},
-      {"--batch-size", "train.batch_size"},
-      {"--lr", "train.lr"},
-      {"--eval-every", "train.eval_every"},
-      {"--profile-step", "train.profile_step"},
-      {"--log-every", "train.log_every"},
-      {"--device", "engine.device"},
-      {"--device-budget", "engine.device_budget"},
-      {"--host-budget", "engine.host_budget"},
-      {"--nvme-budget", "engine.nvme_budget"},
-      {"--nvme-path", "engine.nvme_path"},
-      {"--dtype", "engine.compute_dtype"},
-      {"--grad-accumulation", "engine.grad_accumulation"},
-      {"--metrics", "output.metrics"},
-      {"--report", "output.report"},
-      {"--html", "output.html"},
-      {"--trace", "output.trace"},
-      {"--run-dir", "output.run_dir"},
-      {"--checkpoint", "output.checkpoint_dir"},
-      {"--resume", "output.resume"},
-      {"--init-from", "output.init_from"},
-      {"--plan", "output.plan"},
-      {"--text", "data.text_path"},
-      {"--data", "data.token_path"},
-      {"--seq-len", "model.seq_len"},
-      {"--vocab", "model.vocab"},
-      {"--seed", "data.seed"},
-      {"--layers", "model.n_layer"},
-      {"--width", "model.d_model"},
-      {"--heads", "model.n_head"},
-      {"--activations", "model.activations"},
-      {"--arch", "model.arch"},
-      {"--kv-heads", "model.n_kv_head"},
-      {"--optimizer-states", "engine.optimizer_states"},
-  };
-  std::string source_flag;  // the last of --text and --data given
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--quiet") {
-      c.output.quiet = true;
-      continue;
-    }
-    if (a == "--overwrite") {
-      c.output.overwrite = true;
-      continue;
-    }
-    if (a == "--checkpoint-activations") {
-      c.model.activation_checkpointing = true;
-      continue;
-    }
-    if (a == "--config") {
-      if (i + 1 >= args.size()) return InvalidArgumentError("--config needs a file");
-      *config_path = args[++i];
-      if (config_path->empty())
-        return InvalidArgumentError(
-            "--config is empty (an unset shell variable?); name a config file, or leave the "
-            "option out for the built-in default");
-      continue;
-    }
-    auto f = kFlags.find(a);
-    if (f == kFlags.end())
-      return InvalidArgumentError("unknown option '" + a + "' (see tierzero train --help)");
-    if (i + 1 >= args.size()) return InvalidArgumentError(a + " needs a value");
-    const std::string value = args[++i];
-    // An empty value (an unset shell variable, `--resume $CKPT`) would mean the default: a run
-    // from scratch instead of the one asked for.
-    if (value.empty())
-      return InvalidArgumentError("option " + a +
-                                  " is empty (an unset shell variable?); give it a value, or "
-                                  "leave the option out for the default");
-    // A config is JSON, which holds only UTF-8 text (a path in another encoding cannot be
-    // written into the run's config.json, so it could not be resumed).
-    if (const int64_t bad = FirstInvalidUtf8(value); bad >= 0)
-      return InvalidArgumentError("option " + a + ": the value is not UTF-8 (invalid byte at " +
-                                  std::to_string(bad) + ")");
-    const std::string section = f->second.substr(0, f->second.find('.'));
-    const std::string key = f->second.substr(f->second.find('.') + 1);
-    auto fields = Fields(c);
-    json v;
-    json parsed = json::parse(value, nullptr, false);
-    // Numbers and booleans as JSON; anything else (paths, sizes, names) as a string.
-    v = (!parsed.is_discarded() && (parsed.is_number() || parsed.is_boolean())) ? parsed
-                                                                                : json(value);
-    // One data source: a second one given would silently win.
-    if ((a == "--text" || a == "--data") && !source_flag.empty() && source_flag != a)
-      return InvalidArgumentError(a + " with " + source_flag +
-                                  ": a run trains on one data source; give one of them");
-    if (a == "--text" || a == "--data") source_flag = a;
-    if (a == "--text") c.data.kind = "text";
-    if (a == "--data") c.data.kind = "tokens";
-    Status s = fields[section][key].set(v);
-    if (!s.ok()) return std::move(s).WithContext("option " + a);
-  }
-  return Status::OK();
-}
-
-// train.h
-StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::string* path) {
-  RunConfig cfg = DefaultRunConfig();
-  std::string config_path;
-  RunConfig flags = cfg;  // the command line's alone
-  TZ_RETURN_IF_ERROR(ApplyFlags(args, flags, &config_path));
-  // Note [A resumed run's weights]: a resumed run's weights are its checkpoint's. The
-  // --init-from that seeded it when it started (its config.json records it) is not read again (a
-  // model directory moved since would stop the resume, and its weights would be loaded only to be
-  // replaced; the config's model fields hold its shape); one given with --resume is refused.
-  const bool init_from_flag = !flags.output.init_from.empty();
-  if (init_from_flag && !flags.output.resume.empty())
-    return InvalidArgumentError(
-        "--init-from and --resume together: a resumed run takes its weights from its checkpoint; "
-        "drop --init-from (the weights it seeded the run with are in the checkpoint already)");
-  if (path != nullptr) *path = config_path;
-  bool seq_len_asked = false;
-  if (!config_path.empty()) {
-    TZ_ASSIGN_OR_RETURN(const std::string text,
-                        ReadFileBounded(config_path, kMaxConfigBytes, "config file"));
-    auto parsed = ParseRunConfig(text, cfg);
-    if (!parsed.ok()) return parsed.status().WithContext(config_path);
-    cfg = *parsed;
-    const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-    seq_len_asked = j.is_object() && j.contains("model") && j["model"].is_object() &&
-                    j["model"].contains("seq_len");
-  }
-  std::string ignored;
-  TZ_RETURN_IF_ERROR(ApplyFlags(args, cfg, &ignored));
-  TZ_RETURN_IF_ERROR(CheckCheckpointArgument(cfg.output.resume, "--resume"));
-  if (!cfg.output.resume.empty() && !cfg.output.init_from.empty()) {
-    if (init_from_flag)
-      return InvalidArgumentError(
-          "--init-from with a config that resumes (output.resume " + cfg.output.resume +
-          "): a resumed run takes its weights from its checkpoint; drop one of them");
-    cfg.output.init_from.clear();  // Note [A resumed run's weights]
-  }
-  // Whether the context was asked for (a flag, or the config file's model.seq_len above), not
-  // taken from the default: a model directory's own is used only when it was not.
-  if (std::find(args.begin(), args.end(), "--seq-len") != args.end()) seq_len_asked = true;
-  TZ_RETURN_IF_ERROR(MergeHfModel(cfg, seq_len_asked));
-  TZ_RETURN_IF_ERROR(ValidateRunConfig(cfg));
-  return cfg;
 }
 
 }  // namespace tierzero::app

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,10 @@ struct RunConfig {
   EngineConfig engine;
   OutputOptions output;
   RanksOptions ranks;
+  // "section.field" of every field the config file or a flag set (LoadRunConfig), whatever its
+  // value: a value asked for that equals the default is still asked for (Note [Asked for, not
+  // different from the default], run_config.cc).
+  std::set<std::string> given;
 };
 
 // The built-in default run (docs/config.md): a GPT whose model states are several times the
@@ -82,9 +87,8 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args,
 
 // --init-from DIR, a Hugging Face model directory (hf_io.cc, docs/models.md): its config.json
 // sets the model's shape; a shape field the run sets otherwise is an error naming it. Nothing
-// for a safetensors file.
-// `seq_len_asked`: model.seq_len was given (a flag or the config file), not the default.
-Status MergeHfModel(RunConfig& config, bool seq_len_asked);
+// for a safetensors file. What the run asked for is `config.given`.
+Status MergeHfModel(RunConfig& config);
 // The machine's budgets for a model from a directory when the run sets none (Note [Budgets of
 // a model brought from a directory], hf_io.cc).
 void SizeBudgetsToTheMachine(RunConfig& config);
@@ -99,8 +103,9 @@ Status ExportHf(Engine& engine, const RunConfig& config, const std::string& dir,
 
 // Applies command-line overrides (--steps N, ...) in order. InvalidArgument for an unknown flag
 // or a bad value. Checks each value alone: ValidateRunConfig checks the result as a whole.
+// `given`, when not null, receives the "section.field" of each field a flag set.
 Status ApplyFlags(const std::vector<std::string>& flags, RunConfig& config,
-                  std::string* config_path);
+                  std::string* config_path, std::set<std::string>* given = nullptr);
 
 // Keeps the lines of the metrics file `path` whose step is at most `step` (a resumed run drops
 // what was written after its checkpoint); lines that are not a metrics object are dropped too.

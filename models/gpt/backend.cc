@@ -361,12 +361,17 @@ const char* ActivationsName(Activations a) {
   return "?";
 }
 
-bool FusedAttentionWanted() {
-#ifdef TZ_GPT_CUDA
+StatusOr<bool> FusedAttentionWanted() {
   const char* env = std::getenv("TZ_GPT_FUSED_ATTENTION");
-  if (env == nullptr) return true;
-  const std::string v = env;
-  return !(v == "0" || v == "off" || v == "false");
+  const std::string v = env != nullptr ? env : "";
+  bool wanted = true;
+  if (v == "0" || v == "off" || v == "false")
+    wanted = false;
+  else if (!(v.empty() || v == "1" || v == "on" || v == "true"))
+    return InvalidArgumentError("TZ_GPT_FUSED_ATTENTION is \"" + v +
+                                "\"; it takes 1, on or true (the default), or 0, off or false");
+#ifdef TZ_GPT_CUDA
+  return wanted;
 #else
   return false;
 #endif
@@ -391,7 +396,8 @@ StatusOr<BackendSpec> ChooseBackend(const Engine& engine, Activations activation
     s.activations = DType::kF32;
     s.weights = DType::kF32;
     s.grads_in_place = false;
-    s.fused_attention_wanted = s.gpu && s.params == DType::kBF16 && FusedAttentionWanted();
+    TZ_ASSIGN_OR_RETURN(const bool fused, FusedAttentionWanted());
+    s.fused_attention_wanted = s.gpu && s.params == DType::kBF16 && fused;
     return s;
   }
   if (s.gpu && !gpu_bf16)

@@ -46,8 +46,9 @@ inline bool FusedAttentionHeadWidth(int64_t head_dim) {
   return head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128;
 }
 // Whether the fused kernels are wanted: yes unless TZ_GPT_FUSED_ATTENTION is 0, off or false
-// (then the batched products run, for comparison). Always false in a build without CUDA.
-bool FusedAttentionWanted();
+// (then the batched products run, for comparison); InvalidArgument for a value that is neither
+// (1, on, true or unset: yes). Always false in a build without CUDA.
+StatusOr<bool> FusedAttentionWanted();
 
 // The type the model's activations are stored in (Note [Activation types]): "auto" is bf16 on a
 // GPU with bf16 parameters and heads the fused attention takes, else fp32 (the CPU's reference).

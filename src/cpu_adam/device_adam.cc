@@ -1,5 +1,6 @@
 #include "cpu_adam/device_adam.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -61,7 +62,9 @@ Status DeviceAdam::StepAsync(const AdamBuffers& b, const AdamStepOptions& step,
   so.observer = nullptr;  // spans are the caller's, from events
   so.skip_if_nonfinite = false;
   const double model_s =
-      options_.model_params_per_second > 0 ? b.n / options_.model_params_per_second : 0;
+      options_.model_params_per_second > 0
+          ? std::min(1e9, b.n / options_.model_params_per_second)  // (the clock's range)
+          : 0;
   return device_.LaunchHostFunc(stream, [adam = host_.get(), errors = errors_, b, so, model_s] {
     const auto t0 = std::chrono::steady_clock::now();
     StatusOr<bool> r = adam->Step(b, so);

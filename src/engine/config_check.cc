@@ -1,6 +1,7 @@
 // The engine's config checked field by field before anything is allocated
 // (ValidateEngineConfig): every error names the field, its value and what is accepted.
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "core/bytes.h"
@@ -53,12 +54,21 @@ Status ValidateEngineConfig(const EngineConfig& c) {
     return bad("cpu_threads", std::to_string(c.cpu_threads), "0 (all) or more");
   if (!(c.optimizer_device_fraction >= 0 && c.optimizer_device_fraction <= 1))
     return bad("optimizer_device_fraction", std::to_string(c.optimizer_device_fraction), "[0, 1]");
-  if (!(c.host_device_adam_rate >= 0) || !std::isfinite(c.host_device_adam_rate))
-    return bad("host_device_adam_rate", std::to_string(c.host_device_adam_rate),
-               "parameters/s >= 0 (0: off)");
-  if (!(c.host_link_bandwidth >= 0))
-    return bad("host_link_bandwidth", std::to_string(c.host_link_bandwidth),
-               "0 (unthrottled) or more");
+  // A model rate below one a second would make one update or copy take longer than any run
+  // (and, near 1e-300, overflow the clock: no throttle at all); %g shows the value as given.
+  auto shown = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", v);
+    return std::string(b);
+  };
+  if (!(c.host_device_adam_rate == 0 || c.host_device_adam_rate >= 1) ||
+      !std::isfinite(c.host_device_adam_rate))
+    return bad("host_device_adam_rate", shown(c.host_device_adam_rate),
+               "0 (off) or at least 1 parameter/s");
+  if (!(c.host_link_bandwidth == 0 || c.host_link_bandwidth >= 1) ||
+      !std::isfinite(c.host_link_bandwidth))
+    return bad("host_link_bandwidth", shown(c.host_link_bandwidth),
+               "0 (unthrottled) or at least 1 byte/s");
   if (c.zeropp.qwz_bits != 4 && c.zeropp.qwz_bits != 8)
     return bad("zeropp.qwz_bits", std::to_string(c.zeropp.qwz_bits), "4 or 8");
   if (c.zeropp.qgz_bits != 4 && c.zeropp.qgz_bits != 8)

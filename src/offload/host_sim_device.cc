@@ -322,8 +322,10 @@ class HostSimDevice final : public Device {
         {
           MutexLock lock(link->mu);
           const Clock::time_point start = std::max(begin, link->next_free);
-          finish = start + std::chrono::duration_cast<Clock::duration>(
-                               std::chrono::duration<double>(bytes / link->bytes_per_second));
+          // (At most 1e9 s: a longer wait overflows the clock's nanoseconds.)
+          finish =
+              start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+                          std::min(1e9, bytes / link->bytes_per_second)));
           link->next_free = finish;
         }
         std::this_thread::sleep_until(finish);

@@ -937,6 +937,70 @@ def case_models_in():
             subprocess.run(["umount", small])
 
 
+def case_asked_for():
+    """What a run asks for is what it gets (Note [Asked for, not different from the default]):
+    a value equal to the default still counts, comments do not hide a field, a flag naming the
+    architecture the config has changes nothing, a path that reads as a number is a path, and a
+    setting nothing would read is refused instead of ignored."""
+    cfg = os.path.join(OUT, "small.json")
+    small = ["--layers", "1", "--width", "32", "--heads", "2", "--quiet"]
+    src = os.path.join(OUT, "y_src")
+    ok(["train", "--config", cfg, "--run-dir", src, "--seq-len", "64"] + small)
+    hf = os.path.join(OUT, "y_hf")
+    ok(["export", src + "/checkpoint", "--format", "hf", "-o", hf])
+    text = os.path.join(OUT, "y_text.txt")
+    with open(text, "w") as f:
+        f.write("some text to learn from, over and over. " * 200)
+    commented = os.path.join(OUT, "y_commented.json")
+    with open(commented, "w") as f:
+        f.write('// the context asked for\n{"model": {"seq_len": 16}}\n')
+    rd = os.path.join(OUT, "y_run1")
+    ok(["train", "--config", commented, "--init-from", hf, "--text", text, "--steps", "1",
+        "--run-dir", rd, "--quiet"])
+    check(json.load(open(rd + "/config.json"))["model"]["seq_len"] == 16,
+          "a commented config's seq_len was replaced by the model directory's")
+    out = ok(["train", "--init-from", hf, "--text", text, "--steps", "1", "--run-dir",
+              os.path.join(OUT, "y_run2"), "--device-budget", "12MiB", "--host-budget", "16MiB"])
+    check("budgets: device 12.0 MiB, host 16.0 MiB" in out, f"budgets given were resized:\n{out}")
+    refused(["train", "--init-from", hf, "--text", text, "--steps", "1", "--run-dir",
+             os.path.join(OUT, "y_run3"), "--layers", "5", "--width", "192", "--heads", "6"],
+            "sets its own shape")
+    llama = write_config(os.path.join(OUT, "y_llama.json"),
+                         model={"arch": "llama", "tie_embeddings": True, "attention_bias": True})
+    rd = os.path.join(OUT, "y_run4")
+    ok(["train", "--config", llama, "--run-dir", rd, "--steps", "1", "--arch", "llama"] + small)
+    m = json.load(open(rd + "/config.json"))["model"]
+    check(m["tie_embeddings"] and m["attention_bias"], f"--arch llama reset the config's: {m}")
+    # A path that reads as a number; an option where a value should be.
+    ok(["train", "--config", cfg, "--run-dir", "123", "--steps", "1"] + small)
+    check(os.path.isdir(os.path.join(OUT, "123")), "--run-dir 123 was not a directory 123")
+    refused(["train", "--config", cfg, "--run-dir", "--overwrite"] + small, "needs a value")
+    check(not os.path.exists(os.path.join(OUT, "--overwrite")), "a directory named --overwrite")
+    # Settings nothing reads.
+    stray = write_config(os.path.join(OUT, "y_stray.json"), data={"text_path": text})
+    refused(["train", "--config", stray, "--run-dir", os.path.join(OUT, "y_run5")],
+            "data.text_path", "data.kind")
+    ok(["train", "--config", stray, "--text", text, "--steps", "1", "--run-dir",
+        os.path.join(OUT, "y_run6")] + small)
+    slow = write_config(os.path.join(OUT, "y_slow.json"), engine={"host_link_bandwidth": 1e-300})
+    refused(["train", "--config", slow, "--run-dir", os.path.join(OUT, "y_run7")],
+            "host_link_bandwidth")
+    rc, out = run(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "y_run8"), "--steps",
+                   "1"] + small, env=dict(os.environ, TZ_GPT_FUSED_ATTENTION="no"))
+    check(rc == 1 and "TZ_GPT_FUSED_ATTENTION" in out, f"TZ_GPT_FUSED_ATTENTION=no:\n{out}")
+    # An export's config must be its checkpoint's model's.
+    other = json.load(open(src + "/config.json"))
+    other["model"]["n_head"] = 4
+    with open(os.path.join(OUT, "y_h4.json"), "w") as f:
+        json.dump(other, f)
+    refused(["export", src + "/checkpoint", "--config", os.path.join(OUT, "y_h4.json"),
+             "--format", "hf", "-o", os.path.join(OUT, "y_out")], "model.n_head")
+    check(not os.path.exists(os.path.join(OUT, "y_out")), "a refused export wrote its directory")
+    refused(["export", src + "/checkpoint", "-o", os.path.join(OUT, "y.safetensors"),
+             "--max-shard-size", "1"], "--format hf")
+    refused(["export", src + "/checkpoint", "-o"], "-o needs a value")
+
+
 def case_ranges():
     cfg = os.path.join(OUT, "small.json")
     rd = os.path.join(OUT, "x_run")

@@ -1,0 +1,221 @@
+// The command-line flags of `tierzero train` (and plan, eval) over the run config, and loading
+// a run's config: the file, the flags, what was asked for, a model directory's shape, and the
+// checks of the whole (docs/config.md).
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "run_dir.h"
+#include "run_fields.h"
+#include "tierzero/files.h"
+#include "tierzero/utf8.h"
+#include "train.h"
+
+namespace tierzero::app {
+using nlohmann::json;
+
+Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::string* config_path,
+                  std::set<std::string>* given) {
+  // flag -> (section.field, takes a value)
+  static const std::map<std::string, std::string> kFlags = {
+      {"--steps", "train.steps"},
+      {"--batch-size", "train.batch_size"},
+      {"--lr", "train.lr"},
+      {"--eval-every", "train.eval_every"},
+      {"--profile-step", "train.profile_step"},
+      {"--log-every", "train.log_every"},
+      {"--device", "engine.device"},
+      {"--device-budget", "engine.device_budget"},
+      {"--host-budget", "engine.host_budget"},
+      {"--nvme-budget", "engine.nvme_budget"},
+      {"--nvme-path", "engine.nvme_path"},
+      {"--dtype", "engine.compute_dtype"},
+      {"--grad-accumulation", "engine.grad_accumulation"},
+      {"--metrics", "output.metrics"},
+      {"--report", "output.report"},
+      {"--html", "output.html"},
+      {"--trace", "output.trace"},
+      {"--run-dir", "output.run_dir"},
+      {"--checkpoint", "output.checkpoint_dir"},
+      {"--resume", "output.resume"},
+      {"--init-from", "output.init_from"},
+      {"--plan", "output.plan"},
+      {"--text", "data.text_path"},
+      {"--data", "data.token_path"},
+      {"--seq-len", "model.seq_len"},
+      {"--vocab", "model.vocab"},
+      {"--seed", "data.seed"},
+      {"--layers", "model.n_layer"},
+      {"--width", "model.d_model"},
+      {"--heads", "model.n_head"},
+      {"--activations", "model.activations"},
+      {"--arch", "model.arch"},
+      {"--kv-heads", "model.n_kv_head"},
+      {"--optimizer-states", "engine.optimizer_states"},
+  };
+  std::string source_flag;  // the last of --text and --data given
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--quiet") {
+      c.output.quiet = true;
+      continue;
+    }
+    if (a == "--overwrite") {
+      c.output.overwrite = true;
+      continue;
+    }
+    if (a == "--checkpoint-activations") {
+      c.model.activation_checkpointing = true;
+      if (given != nullptr) given->insert("model.activation_checkpointing");
+      continue;
+    }
+    if (a == "--config") {
+      if (i + 1 >= args.size()) return InvalidArgumentError("--config needs a file");
+      *config_path = args[++i];
+      if (config_path->empty())
+        return InvalidArgumentError(
+            "--config is empty (an unset shell variable?); name a config file, or leave the "
+            "option out for the built-in default");
+      continue;
+    }
+    auto f = kFlags.find(a);
+    if (f == kFlags.end())
+      return InvalidArgumentError("unknown option '" + a + "' (see tierzero train --help)");
+    if (i + 1 >= args.size()) return InvalidArgumentError(a + " needs a value");
+    const std::string value = args[++i];
+    // An option where the value should be (`--run-dir --overwrite`): the value is missing, and
+    // the option would be lost (a directory named "--overwrite" made instead).
+    if (value.rfind("--", 0) == 0 &&
+        (kFlags.count(value) != 0 || value == "--quiet" || value == "--overwrite" ||
+         value == "--checkpoint-activations" || value == "--config"))
+      return InvalidArgumentError(a + " needs a value, and " + value +
+                                  " follows it (an option): give " + a + " its value");
+    // An empty value (an unset shell variable, `--resume $CKPT`) would mean the default: a run
+    // from scratch instead of the one asked for.
+    if (value.empty())
+      return InvalidArgumentError("option " + a +
+                                  " is empty (an unset shell variable?); give it a value, or "
+                                  "leave the option out for the default");
+    // A config is JSON, which holds only UTF-8 text (a path in another encoding cannot be
+    // written into the run's config.json, so it could not be resumed).
+    if (const int64_t bad = FirstInvalidUtf8(value); bad >= 0)
+      return InvalidArgumentError("option " + a + ": the value is not UTF-8 (invalid byte at " +
+                                  std::to_string(bad) + ")");
+    const std::string section = f->second.substr(0, f->second.find('.'));
+    const std::string key = f->second.substr(f->second.find('.') + 1);
+    auto fields = Fields(c);
+    json v;
+    json parsed = json::parse(value, nullptr, false);
+    // Numbers and booleans as JSON; anything else (paths, sizes, names) as a string. A field
+    // that holds a string (a path, a name) takes the value as it is: `--run-dir 123` is a
+    // directory named 123, not the number.
+    const bool string_field = fields[section][key].get().is_string();
+    v = (!string_field && !parsed.is_discarded() && (parsed.is_number() || parsed.is_boolean()))
+            ? parsed
+            : json(value);
+    // One data source: a second one given would silently win.
+    if ((a == "--text" || a == "--data") && !source_flag.empty() && source_flag != a)
+      return InvalidArgumentError(a + " with " + source_flag +
+                                  ": a run trains on one data source; give one of them");
+    if (a == "--text" || a == "--data") source_flag = a;
+    // The flag chooses the source: a config's path of the other kind goes (an eval of a text
+    // run's checkpoint on token files reads that run's config.json).
+    if (a == "--text") {
+      c.data.kind = "text";
+      c.data.token_path.clear();
+    }
+    if (a == "--data") {
+      c.data.kind = "tokens";
+      c.data.text_path.clear();
+    }
+    Status s = fields[section][key].set(v);
+    if (!s.ok()) return std::move(s).WithContext("option " + a);
+    if (given != nullptr) {
+      given->insert(f->second);
+      if (a == "--text" || a == "--data") given->insert("data.kind");
+    }
+  }
+  return Status::OK();
+}
+
+namespace {
+
+// A data path the run's data.kind does not read would be ignored silently (a config that sets
+// text_path and forgets the kind trained on addition). Checked once the flags are applied:
+// --text and --data set the kind.
+Status CheckDataSource(const RunConfig& c) {
+  const std::string& kind = c.data.kind;
+  if (!c.data.text_path.empty() && kind != "text")
+    return InvalidArgumentError("config field 'data.text_path' is set (" + c.data.text_path +
+                                ") but data.kind is \"" + kind +
+                                "\", which does not read it: set data.kind \"text\" (or "
+                                "train with --text FILE), or remove text_path");
+  if (!c.data.token_path.empty() && kind != "tokens")
+    return InvalidArgumentError("config field 'data.token_path' is set (" + c.data.token_path +
+                                ") but data.kind is \"" + kind +
+                                "\", which does not read it: set data.kind \"tokens\" (or "
+                                "train with --data PATH), or remove token_path");
+  return Status::OK();
+}
+
+}  // namespace
+
+// train.h
+StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::string* path) {
+  RunConfig cfg = DefaultRunConfig();
+  std::string config_path;
+  RunConfig flags = cfg;  // the command line's alone
+  TZ_RETURN_IF_ERROR(ApplyFlags(args, flags, &config_path));
+  // Note [A resumed run's weights]: a resumed run's weights are its checkpoint's. The
+  // --init-from that seeded it when it started (its config.json records it) is not read again (a
+  // model directory moved since would stop the resume, and its weights would be loaded only to be
+  // replaced; the config's model fields hold its shape); one given with --resume is refused.
+  const bool init_from_flag = !flags.output.init_from.empty();
+  if (init_from_flag && !flags.output.resume.empty())
+    return InvalidArgumentError(
+        "--init-from and --resume together: a resumed run takes its weights from its checkpoint; "
+        "drop --init-from (the weights it seeded the run with are in the checkpoint already)");
+  if (path != nullptr) *path = config_path;
+  // Note [Asked for, not different from the default]
+  // What the run asked for is the fields its config file names and its flags set, whatever
+  // their values: a model directory's shape and the machine-sized budgets give way to what was
+  // asked (telling "asked" by "differs from the default" let `--layers 5` or `--device-budget
+  // 12MiB`, the defaults' values, be replaced silently).
+  std::set<std::string> given;
+  if (!config_path.empty()) {
+    TZ_ASSIGN_OR_RETURN(const std::string text,
+                        ReadFileBounded(config_path, kMaxConfigBytes, "config file"));
+    auto parsed = ParseRunConfig(text, cfg);
+    if (!parsed.ok()) return parsed.status().WithContext(config_path);
+    cfg = *parsed;
+    // (Comments allowed, as ParseRunConfig allows them.)
+    const json j = json::parse(text, nullptr, /*allow_exceptions=*/false,
+                               /*ignore_comments=*/true);
+    if (j.is_object()) {
+      for (const auto& [section, fields] : j.items()) {
+        if (!fields.is_object()) continue;
+        for (const auto& [key, value] : fields.items()) given.insert(section + "." + key);
+      }
+    }
+  }
+  std::string ignored;
+  TZ_RETURN_IF_ERROR(ApplyFlags(args, cfg, &ignored, &given));
+  cfg.given = std::move(given);
+  TZ_RETURN_IF_ERROR(CheckCheckpointArgument(cfg.output.resume, "--resume"));
+  if (!cfg.output.resume.empty() && !cfg.output.init_from.empty()) {
+    if (init_from_flag)
+      return InvalidArgumentError(
+          "--init-from with a config that resumes (output.resume " + cfg.output.resume +
+          "): a resumed run takes its weights from its checkpoint; drop one of them");
+    cfg.output.init_from.clear();  // Note [A resumed run's weights]
+  }
+  TZ_RETURN_IF_ERROR(MergeHfModel(cfg));
+  TZ_RETURN_IF_ERROR(CheckDataSource(cfg));
+  TZ_RETURN_IF_ERROR(ValidateRunConfig(cfg));
+  return cfg;
+}
+
+}  // namespace tierzero::app
