@@ -25,7 +25,9 @@ const char* SignalName(int sig) {
 std::atomic<int> g_graceful{0};  // live GracefulInterrupts scopes
 std::atomic<int> g_signal{0};    // the signal that asked to stop
 std::atomic<bool> g_started{false};
-std::atomic<bool> g_setup{false};  // a run's set-up: a signal ends the process
+std::atomic<bool> g_setup{false};      // a run's set-up: a signal ends the process
+std::atomic<bool> g_saves{true};       // a stop saves a checkpoint (SetStopSaves)
+std::atomic<bool> g_checkpoint{true};  // a checkpoint is there to resume from
 // What a signal then says (GracefulInterrupts' `ending`).
 constexpr const char* kSetupEnding =
     "during the run's set-up: stopping now (nothing was trained or saved)";
@@ -94,20 +96,25 @@ void* WaitForSignals(void*) {
     if (g_graceful.load() > 0 || g_signal.load() != 0) {
       if (g_signal.exchange(sig) == 0) {
         g_asked_ns.store(NowNs());
-        char msg[256];
+        char msg[320];
         const int n = std::snprintf(
-            msg, sizeof msg,
-            "\ntierzero: %s received: finishing this step, then saving a checkpoint (another "
-            "signal 3 s or more from now stops at once without saving; the last complete "
-            "checkpoint stays valid)\n",
-            SignalName(sig));
+            msg, sizeof msg, "\ntierzero: %s received: %s\n", SignalName(sig),
+            g_saves.load()
+                ? "finishing this step, then saving a checkpoint (another signal 3 s or more "
+                  "from now stops at once without saving; the last complete checkpoint stays "
+                  "valid)"
+                : "finishing this step, then stopping (--checkpoint none: nothing is saved, so "
+                  "the run cannot be resumed; another signal 3 s or more from now stops at "
+                  "once)");
         if (n > 0) Say(msg, static_cast<size_t>(n));
       } else if (NowNs() - g_asked_ns.load() >= kForceAfterNs) {
         // Asked again, not in the same burst: the step or the save may be blocked where no
         // flag reaches it (a write into a full pipe, a link throttled to nothing).
-        EndNow(sig,
-               "again: stopping now without saving (the last complete checkpoint stays valid; "
-               "--resume from it)");
+        EndNow(sig, g_checkpoint.load()
+                        ? "again: stopping now without saving (the last complete checkpoint "
+                          "stays valid; --resume from it)"
+                        : "again: stopping now without saving (no checkpoint of this run "
+                          "exists: its steps are lost)");
       }
       continue;
     }
@@ -144,6 +151,10 @@ bool InterruptRequested() { return g_signal.load() != 0; }
 void ClearInterrupt() { g_signal.store(0); }
 
 void EndSetUp() { g_setup.store(false); }
+void SetStopSaves(bool saves, bool checkpoint_exists) {
+  g_saves.store(saves);
+  g_checkpoint.store(checkpoint_exists);
+}
 
 GracefulInterrupts::GracefulInterrupts(bool during_setup, const char* ending) {
   g_ending.store(ending != nullptr ? ending : kSetupEnding);

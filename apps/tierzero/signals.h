@@ -33,6 +33,10 @@ bool InterruptRequested();
 void ClearInterrupt();
 // The run's set-up is over: from now on signals only ask it to stop (GracefulInterrupts).
 void EndSetUp();
+// What a stop does, for what a signal says: `saves`, whether the run saves a checkpoint when it
+// stops (not with --checkpoint none); `checkpoint_exists`, whether one is there to resume from
+// (resumed, or saved since). Defaults: saves, exists.
+void SetStopSaves(bool saves, bool checkpoint_exists);
 
 // While one is alive, SIGINT, SIGTERM and SIGHUP set InterruptRequested() instead of ending the
 // process. `during_setup`: until EndSetUp() is called, a signal ends the process at once instead,

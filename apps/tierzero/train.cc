@@ -211,10 +211,6 @@ Status TrainRun::SetUp() {
       armed = true;
       RemoveOnSignalExit(path);
     }
-    void Disarm() {
-      if (armed) KeepOnSignalExit(path);
-      armed = false;
-    }
     ~UndoConfig() {
       if (armed) {
         KeepOnSignalExit(path);
@@ -230,7 +226,10 @@ Status TrainRun::SetUp() {
     struct stat st {};
     const bool config_new = ::lstat(outputs_.config_path.c_str(), &st) != 0 && errno == ENOENT;
     TZ_RETURN_IF_ERROR(ApplyOutputs(outputs_));
-    if (config_new) undo_config.Arm();
+    if (config_new) {
+      undo_config.Arm();
+      config_made_ = true;
+    }
   }
   // A run resumed in place continues the metrics of the checkpoint's step: lines of later steps
   // (written before a crash or a kill, after the checkpoint) and a torn last line are dropped
@@ -238,17 +237,50 @@ Status TrainRun::SetUp() {
   if (lead_) {
     const bool append = start_ > 0 && outputs_.in_place;
     if (append) TZ_RETURN_IF_ERROR(TrimMetrics(out_.metrics, start_));
+    struct stat st {};
+    const bool metrics_new = ::lstat(out_.metrics.c_str(), &st) != 0 && errno == ENOENT;
     TZ_ASSIGN_OR_RETURN(metrics_fd_, OpenOutputStream(out_.metrics, append, "the metrics file"));
+    if (metrics_new) {
+      metrics_made_ = true;
+      RemoveOnSignalExit(out_.metrics);  // Note [A run that trained nothing leaves nothing]
+    }
     TZ_RETURN_IF_ERROR(LockMetrics(metrics_fd_));
   }
-  undo_config.Disarm();
+  // The destructor's undo ends here; a signal's stays until the first step (Note [A run that
+  // trained nothing leaves nothing]).
+  undo_config.armed = false;
   // A signal from here on stops the run after a step and saves (Note [Signals on one thread of
   // ours]); before, it ends the process (nothing trained yet, nothing to save).
+  SetStopSaves(!out_.checkpoint_dir.empty(), start_ > 0);
   EndSetUp();
   PrintHeader(init_s);
   progress_ = std::make_unique<Progress>(start_, cfg_.train.steps, cfg_.train.log_every, out_.quiet,
                                          lead_ && ::isatty(STDOUT_FILENO) == 1);
   return Status::OK();
+}
+
+// Note [A run that trained nothing leaves nothing]
+// A run that fails after its set-up but before its first step ends (its step-0 evaluation runs
+// out of memory, its metrics line cannot be written, a model setting is refused when the model
+// first runs) has trained nothing and saved nothing, yet its config.json made the corrected
+// command be refused as "another run's outputs", with advice to --resume a checkpoint that does
+// not exist. So the config.json and the metrics file the run created stay registered for a
+// signal's exit until its first step ends (TrainRun::StartKept), and a failure before then
+// removes them (UndoStart), with the directories and lock files it made (train.cc's Train).
+bool TrainRun::TrainedNothing() const { return model_step_ == start_ && saved_step_ < 0; }
+
+void TrainRun::StartKept() {
+  if (config_made_) KeepOnSignalExit(outputs_.config_path);
+  if (metrics_made_) KeepOnSignalExit(out_.metrics);
+  config_made_ = metrics_made_ = false;
+}
+
+void TrainRun::UndoStart() {
+  if (metrics_fd_ >= 0) ::close(metrics_fd_);
+  metrics_fd_ = -1;
+  if (metrics_made_) ::unlink(out_.metrics.c_str());
+  if (config_made_) ::unlink(outputs_.config_path.c_str());
+  StartKept();
 }
 
 // A metrics file is appended to line by line for the whole run: two runs naming the same file
@@ -391,6 +423,7 @@ int Train(const std::vector<std::string>& args) {
     } else {
       TrainRun run(std::move(*cfg), std::move(outputs).value(), g_comm);
       if (Status s = run.SetUp(); !s.ok()) {
+        run.UndoStart();
         if (run.agreed_failure()) {
           std::fprintf(stderr, "rank %d of %d: error: %s\n", rank, g_comm->size(),
                        s.ToString().c_str());
@@ -398,11 +431,19 @@ int Train(const std::vector<std::string>& args) {
         }
         failed = s;
       } else {
-        made.Keep();
-        lock.Keep();
-        if (Status s = run.Loop(); !s.ok()) return Fail(s);
-        if (Status s = run.Finish(); !s.ok()) return Fail(s);
-        return 0;
+        Status looped = run.Loop();
+        if (!looped.ok() && run.TrainedNothing()) {
+          // Note [A run that trained nothing leaves nothing]: what it made goes as the scope
+          // unwinds, before Fail.
+          run.UndoStart();
+          failed = looped;
+        } else {
+          made.Keep();
+          lock.Keep();
+          if (!looped.ok()) return Fail(looped);
+          if (Status f = run.Finish(); !f.ok()) return Fail(f);
+          return 0;
+        }
       }
     }
   }

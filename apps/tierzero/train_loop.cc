@@ -78,6 +78,7 @@ Status TrainRun::Save(int step) {
   save_s_ = SecondsSince(t0);
   if (s.ok()) {
     saved_step_ = step;
+    SetStopSaves(true, true);
     return s;
   }
   // What the failure leaves (the manifest is the commit point: Note [Checkpoint format]): the
@@ -146,7 +147,10 @@ Status TrainRun::Loop() {
     }
     if (interrupted_) {
       ++step_;
-      progress_->Line("interrupted: saving a checkpoint at step " + std::to_string(step_));
+      progress_->Line(out_.checkpoint_dir.empty()
+                          ? "interrupted at step " + std::to_string(step_) +
+                                " (--checkpoint none: nothing is saved)"
+                          : "interrupted: saving a checkpoint at step " + std::to_string(step_));
       break;
     }
     if (cfg_.train.checkpoint_every > 0 && (step_ + 1) % cfg_.train.checkpoint_every == 0)
@@ -206,6 +210,7 @@ Status TrainRun::RunStep(int step) {
   }
   TZ_ASSIGN_OR_RETURN(const StepResult r, engine_->Step({static_cast<float>(lr)}));
   model_step_ = step + 1;
+  StartKept();
   const double dt = SecondsSince(t0);
   if (lead_ && step == start_) {
     // The warm-up iteration's trace, for `tierzero plan --trace` (docs/plan.md).

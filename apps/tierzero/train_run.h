@@ -49,6 +49,10 @@ class TrainRun {
   // The last evaluation and checkpoint; on the lead rank the report, its renderings and the
   // closing lines.
   Status Finish();
+  // Note [A run that trained nothing leaves nothing] (train.cc): whether no step has ended and
+  // nothing is saved; the config.json and metrics file this run created removed again.
+  bool TrainedNothing() const;
+  void UndoStart();
 
  private:
   Status Evaluate(int step);
@@ -60,6 +64,8 @@ class TrainRun {
   // Step, the metrics line and the progress line.
   Status RunStep(int step);
   Status WriteReports(std::string& summary);
+  // The first step has ended: what the run created stays, whatever happens (UndoStart).
+  void StartKept();
   // One line of the metrics file, whole, now (a crash keeps every finished step; a full disk
   // stops the run with a message instead of losing lines silently).
   Status WriteMetrics(const nlohmann::json& line);
@@ -85,6 +91,9 @@ class TrainRun {
   // read, or its metrics not written (empty for any other error).
   int model_step_ = 0;
   bool trace_skipped_ = false;  // no profiled iteration to trace (WriteReports said so)
+  // The config.json and metrics file this run created, until its first step ends (UndoStart).
+  bool config_made_ = false, metrics_made_ = false;
+
  public:
   // SetUp failed the same way on every rank (their data differs): each can end on its own, its
   // directories and locks cleaned up, instead of aborting the job (Note [A failing rank ends the

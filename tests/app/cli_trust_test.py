@@ -649,6 +649,13 @@ def case_run_signals():
         p.kill()
         raise Failure("a run blocked on a full console pipe did not end on a second SIGTERM")
     p.stdout.close()
+    # With --checkpoint none a stop says it saves nothing, and saves nothing.
+    p = start_long_run("v_nockpt", "--checkpoint", "none", "--quiet", console=subprocess.PIPE)
+    time.sleep(2)
+    p.send_signal(signal.SIGINT)
+    out = p.communicate(timeout=60)[0].decode(errors="replace")
+    check(p.returncode == 0 and "--checkpoint none: nothing is saved" in out and
+          "saving a checkpoint" not in out, f"--checkpoint none, then SIGINT:\n{out}")
     # Under nohup (SIGHUP ignored from the start) SIGHUP stays ignored.
     p = start_long_run("v_nohup", "--quiet",
                        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
@@ -988,6 +995,11 @@ def case_asked_for():
     rc, out = run(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "y_run8"), "--steps",
                    "1"] + small, env=dict(os.environ, TZ_GPT_FUSED_ATTENTION="no"))
     check(rc == 1 and "TZ_GPT_FUSED_ATTENTION" in out, f"TZ_GPT_FUSED_ATTENTION=no:\n{out}")
+    # (It fails at the model's first use, the step-0 evaluation, after the set-up: a run that
+    # trained nothing leaves nothing, and the corrected command runs.)
+    check(not os.path.exists(os.path.join(OUT, "y_run8")),
+          "a run that trained nothing left its run directory")
+    ok(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "y_run8"), "--steps", "1"] + small)
     # An export's config must be its checkpoint's model's.
     other = json.load(open(src + "/config.json"))
     other["model"]["n_head"] = 4
