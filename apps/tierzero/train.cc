@@ -252,6 +252,7 @@ Status TrainRun::SetUp() {
   // A signal from here on stops the run after a step and saves (Note [Signals on one thread of
   // ours]); before, it ends the process (nothing trained yet, nothing to save).
   SetStopSaves(!out_.checkpoint_dir.empty(), start_ > 0);
+  if (lead_) RecordOutputs();
   EndSetUp();
   PrintHeader(init_s);
   progress_ = std::make_unique<Progress>(start_, cfg_.train.steps, cfg_.train.log_every, out_.quiet,

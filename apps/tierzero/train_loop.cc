@@ -1,5 +1,7 @@
 // TrainRun's step loop (train_run.h): the steps, their evaluations and checkpoints, the saves
 // after an error, and what the lead rank writes and prints at the end.
+#include <sys/stat.h>
+
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -285,6 +287,42 @@ Status TrainRun::Finish() {
   return Status(final_eval.code(), std::string(final_eval.message()) + advice);
 }
 
+namespace {
+
+// A file's identity: device, inode, size and modification time ("" when there is none, or for a
+// stream or a device, which are written where they point).
+std::string FileIdentity(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" +
+         std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
+         std::to_string(st.st_mtim.tv_nsec);
+}
+
+}  // namespace
+
+// Note [An output another run wrote meanwhile]
+// The run's outputs are checked against another run's when it starts (run_dir.cc), but the
+// report, its page and its trace are written only at its end, hours later. Two runs started
+// together naming one --report outside their run directories both passed the check, and the one
+// that ended last replaced the other's report silently (the metrics file is locked for this:
+// LockMetrics). So each of these files is recorded as it was when the set-up ended, and is
+// written only if it is still that file (or still absent); one written meanwhile by another
+// process is kept, and the run says so (its checkpoint is saved first).
+void TrainRun::RecordOutputs() {
+  for (const std::string* f : {&out_.report, &out_.html, &out_.trace})
+    if (!f->empty()) output_ids_[*f] = FileIdentity(*f);
+}
+
+Status TrainRun::CheckOutputUnchanged(const std::string& path, const char* what) const {
+  auto it = output_ids_.find(path);
+  if (it == output_ids_.end() || FileIdentity(path) == it->second) return Status::OK();
+  return FailedPreconditionError(
+      "the " + std::string(what) + " " + path +
+      " was written by another process while this run trained (two runs naming one output?); "
+      "it is kept, not replaced: give each run its own (--report, --html, --trace)");
+}
+
 // The report, its summary and the renderings asked for, from one rendering of the JSON.
 Status TrainRun::WriteReports(std::string& summary) {
   TZ_ASSIGN_OR_RETURN(std::string text, engine_->ReportJson());
@@ -311,14 +349,20 @@ Status TrainRun::WriteReports(std::string& summary) {
                                    " is saved in " + out_.checkpoint_dir + ")"
                              : std::string());
   };
+  if (Status s = CheckOutputUnchanged(out_.report, "report"); !s.ok())
+    return std::move(s).WithContext(where("report", out_.report));
   if (Status s = WriteTextFile(out_.report, text); !s.ok())
     return std::move(s).WithContext(where("report", out_.report));
   TZ_ASSIGN_OR_RETURN(summary, ReportSummary(text));
   if (!out_.html.empty()) {
+    if (Status s = CheckOutputUnchanged(out_.html, "report's page"); !s.ok())
+      return std::move(s).WithContext(where("report's page", out_.html));
     if (Status s = WriteHtmlReport(text, out_.html); !s.ok())
       return std::move(s).WithContext(where("report's page", out_.html));
   }
   if (!out_.trace.empty()) {
+    if (Status s = CheckOutputUnchanged(out_.trace, "trace"); !s.ok())
+      return std::move(s).WithContext(where("trace", out_.trace));
     Status s = WriteChromeTrace(text, out_.trace);
     if (s.code() == StatusCode::kFailedPrecondition) {
       std::printf("  (no trace: %s)\n", std::string(s.message()).c_str());

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -66,6 +67,10 @@ class TrainRun {
   Status WriteReports(std::string& summary);
   // The first step has ended: what the run created stays, whatever happens (UndoStart).
   void StartKept();
+  // Note [An output another run wrote meanwhile] (train_loop.cc): each output file as it was
+  // when the set-up ended, and the check before it is written.
+  void RecordOutputs();
+  Status CheckOutputUnchanged(const std::string& path, const char* what) const;
   // One line of the metrics file, whole, now (a crash keeps every finished step; a full disk
   // stops the run with a message instead of losing lines silently).
   Status WriteMetrics(const nlohmann::json& line);
@@ -93,6 +98,8 @@ class TrainRun {
   bool trace_skipped_ = false;  // no profiled iteration to trace (WriteReports said so)
   // The config.json and metrics file this run created, until its first step ends (UndoStart).
   bool config_made_ = false, metrics_made_ = false;
+  // RecordOutputs: the report's, page's and trace's identity ("" where there was no file).
+  std::map<std::string, std::string> output_ids_;
 
  public:
   // SetUp failed the same way on every rank (their data differs): each can end on its own, its

@@ -851,6 +851,24 @@ def case_late_faults():
     check(codes == [0, 1], f"two runs into one metrics file: statuses {codes}\n" + "\n".join(outs))
     for line in open(shared):
         json.loads(line)
+    # Two runs naming one report: the one that ends last does not replace the other's (Note [An
+    # output another run wrote meanwhile]); it says so, its checkpoint saved.
+    report = os.path.join(OUT, "w_shared_report.json")
+    long_run = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir",
+                                 os.path.join(OUT, "w_r1"), "--report", report, "--steps", "400",
+                                 "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                cwd=OUT)
+    time.sleep(0.5)
+    ok(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "w_r2"), "--report", report,
+        "--steps", "2", "--quiet"])
+    theirs = read(report)
+    out = long_run.communicate(timeout=120)[0].decode(errors="replace")
+    if long_run.returncode == 0:
+        print("  (the long run ended before the short one started: not checked)")
+    else:
+        check(read(report) == theirs and "written by another process" in out and
+              os.path.exists(os.path.join(OUT, "w_r1", "checkpoint", "manifest.json")),
+              f"a report another run wrote meanwhile:\n{out}")
 
 
 def case_models_in():
