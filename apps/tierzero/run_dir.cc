@@ -93,6 +93,18 @@ std::vector<FileId> RecordedOutputs(const std::string& run_dir) {
   return out;
 }
 
+// The path the run directory's config.json records for output `key` ("" without one).
+std::string RecordedOutputPath(const std::string& run_dir, const char* key) {
+  auto text = ReadFileBounded(run_dir + "/config.json", kMaxConfigBytes, "run config");
+  if (!text.ok() || !CheckOutsideJson(*text, "config.json").ok()) return "";
+  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("output") || !j["output"].is_object()) return "";
+  const auto it = j["output"].find(key);
+  if (it == j["output"].end() || !it->is_string()) return "";
+  const std::string p = it->get<std::string>();
+  return p == "none" ? "" : p;
+}
+
 // A manifest.json in `dir` that is not known to be tierzero's: a directory of the user's, never
 // a checkpoint to replace or remove. Known positively: a JSON object whose "format" is
 // "tierzero-checkpoint"; anything else (another program's JSON, text, an empty or unreadable
@@ -437,6 +449,19 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
   };
   plan.in_place = resume && ((ckpt && Same(*resume, *ckpt) && own(*ckpt)) ||
                              (!ckpt && Same(*resume, Identify(default_ckpt))));
+  // A run resumed in place whose metrics file is elsewhere (its config.json records --metrics
+  // FILE) and not named again: its history would go on in a new file, split in two, with a note
+  // that the old one is gone.
+  if (plan.in_place && cfg.given.count("output.metrics") == 0) {
+    const std::string recorded_metrics = RecordedOutputPath(out.run_dir, "metrics");
+    if (!recorded_metrics.empty() && !Same(Identify(recorded_metrics), Identify(out.metrics)))
+      return InvalidArgumentError(
+          "the run in " + out.run_dir + " writes its metrics to " + recorded_metrics +
+          " (its config.json records --metrics), and this resume would start " + out.metrics +
+          ": give --metrics " + recorded_metrics +
+          " to continue them there, or --metrics PATH "
+          "for a new file");
+  }
   // A checkpoint directory whose manifest.json is another program's: the save would write over
   // it, and --overwrite would remove the user's files beside it.
   if (ckpt && ForeignManifest(out.checkpoint_dir)) {
@@ -491,6 +516,13 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
     std::string resume_hint = "--resume CHECKPOINT continues a run in place";
     if (ckpt && IsRegular(out.checkpoint_dir + "/manifest.json"))
       resume_hint = "--resume " + out.checkpoint_dir + " continues that run";
+    // The run's checkpoint is elsewhere (its config.json records --checkpoint DIR): resuming it
+    // in place names it twice.
+    const std::string recorded_ckpt = RecordedOutputPath(out.run_dir, "checkpoint_dir");
+    if (!recorded_ckpt.empty() && !Same(Identify(recorded_ckpt), Identify(default_ckpt)) &&
+        IsRegular(recorded_ckpt + "/manifest.json"))
+      resume_hint = "--resume " + recorded_ckpt + " --checkpoint " + recorded_ckpt +
+                    " continues that run (its config.json records that checkpoint directory)";
     return FailedPreconditionError("the outputs of another run are here: " + list +
                                    ". A new run would replace them: " + resume_hint +
                                    ", --overwrite replaces them (removes exactly these), or "
@@ -564,95 +596,6 @@ StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_p
     if (ec) return IoError("creating NVMe directory " + cfg.engine.nvme_path + ": " + ec.message());
   }
   return plan;
-}
-
-// train.h
-Status TrimMetrics(const std::string& path, int step) {
-  // Only a file can be trimmed: a device, a FIFO or the process's stdout is not read back.
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 && errno == ENOENT && step > 0) {
-    std::printf(
-        "  note: the metrics file %s is gone; it starts again at step %d (the lines of "
-        "steps 1 to %d are not in it)\n",
-        path.c_str(), step + 1, step);
-    return Status::OK();
-  }
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || path.rfind("/dev/", 0) == 0 ||
-      path.rfind("/proc/", 0) == 0)
-    return Status::OK();
-  // One pass, line by line: where the first dropped line starts, and whether any line after it
-  // is kept. The usual case (lines of later steps and a torn last line) is a tail: the file is
-  // cut there (ftruncate), however long the run was. Only lines dropped among kept ones make
-  // the file be rewritten whole (bounded at 256 MiB).
-  auto is_kept = [step](const std::string& line) {
-    const json m = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!m.is_object() || !m.contains("step") || !m["step"].is_number_integer()) return false;
-    if (m["step"].is_number_unsigned())
-      return m["step"].get<uint64_t>() <= static_cast<uint64_t>(step);
-    const int64_t at = m["step"].get<int64_t>();
-    return at >= 0 && at <= step;
-  };
-  int dropped = 0;
-  int64_t first_drop = -1;
-  bool kept_after_drop = false;
-  int64_t last_step = 0;  // the latest training step a kept line records
-  auto note_missing = [&] {
-    if (last_step < step)
-      std::printf(
-          "  note: the metrics file %s holds training steps up to %lld, the checkpoint is "
-          "at step %d: the lines of steps %lld to %d are missing (the file was cut or "
-          "replaced?)\n",
-          path.c_str(), static_cast<long long>(last_step), step,
-          static_cast<long long>(last_step + 1), step);
-  };
-  {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return IoError("cannot read the metrics file " + path + " to trim it");
-    int64_t offset = 0;
-    std::string line;
-    while (std::getline(in, line)) {
-      const int64_t consumed = static_cast<int64_t>(line.size()) + (in.eof() ? 0 : 1);
-      if (is_kept(line)) {
-        kept_after_drop = kept_after_drop || first_drop >= 0;
-        const json m = json::parse(line, nullptr, /*allow_exceptions=*/false);
-        if (m.contains("loss")) last_step = std::max(last_step, m["step"].get<int64_t>());
-      } else {
-        if (first_drop < 0) first_drop = offset;
-        ++dropped;
-      }
-      offset += consumed;
-    }
-  }
-  note_missing();
-  if (dropped == 0) {
-    // A last line kept without its newline (edited by hand) would fuse with the next step's.
-    const int fd = ::open(path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC);
-    if (fd < 0) return ErrnoError("opening the metrics file " + path, errno);
-    char last = '\n';
-    if (st.st_size > 0 && ::pread(fd, &last, 1, st.st_size - 1) == 1 && last != '\n' &&
-        ::write(fd, "\n", 1) != 1) {
-      const int err = errno;
-      ::close(fd);
-      return ErrnoError("writing the metrics file " + path, err);
-    }
-    ::close(fd);
-    return Status::OK();
-  }
-  std::printf("  metrics: dropped %d line%s after step %d from %s (written after the checkpoint)\n",
-              dropped, dropped == 1 ? "" : "s", step, path.c_str());
-  if (!kept_after_drop) {
-    if (::truncate(path.c_str(), static_cast<off_t>(first_drop)) != 0)
-      return ErrnoError("trimming the metrics file " + path, errno);
-    return Status::OK();
-  }
-  TZ_ASSIGN_OR_RETURN(const std::string text,
-                      ReadFileBounded(path, kMaxReportBytes, "metrics file"));
-  std::istringstream in(text);
-  std::string kept, line;
-  while (std::getline(in, line)) {
-    if (is_kept(line)) kept += line + "\n";
-  }
-  return WriteFileAtomically(path, kept);
 }
 
 Status CheckNotAnInput(const std::string& output, const std::string& what,

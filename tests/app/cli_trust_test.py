@@ -295,6 +295,20 @@ def case_resume_in_place_only():
     train_small(os.path.join(OUT, "i_run0"), "--checkpoint", mine)
     for name in ("states-important.txt", "states-0.w1.rank0.bin.bak", "notes.txt"):
         check(read(os.path.join(mine, name)) == b"keep", f"the checkpoint save removed {name}")
+    # A run whose metrics file and checkpoint directory are elsewhere: a resume in place that
+    # does not name them again is told which to name, and splits nothing.
+    away = os.path.join(OUT, "i_away")
+    metrics, ckpt = os.path.join(OUT, "i_away.jsonl"), os.path.join(OUT, "i_away_ckpt")
+    train_small(away, "--metrics", metrics, "--checkpoint", ckpt, steps=3)
+    before = read(metrics)
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", away, "--resume",
+             ckpt, "--checkpoint", ckpt, "--steps", "6"], "--metrics " + metrics)
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", away, "--resume",
+             ckpt, "--metrics", metrics, "--steps", "6"], "--checkpoint " + ckpt)
+    check(read(metrics) == before and not os.path.exists(os.path.join(away, "metrics.jsonl")),
+          "a refused resume changed the run's metrics")
+    train_small(away, "--metrics", metrics, "--checkpoint", ckpt, "--resume", ckpt, steps=6)
+    check([m[0] for m in losses(metrics)] == list(range(1, 7)), "the resumed metrics are split")
     # Resuming in place covers the run directory's files, not a --report naming someone's file.
     run_dir = os.path.join(OUT, "i_run")
     train_small(run_dir)

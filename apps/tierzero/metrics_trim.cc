@@ -1,0 +1,109 @@
+// The metrics file of a run resumed in place, trimmed to its checkpoint's step (train.h).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "tierzero/files.h"
+#include "train.h"
+
+namespace tierzero::app {
+using nlohmann::json;
+
+// train.h
+Status TrimMetrics(const std::string& path, int step) {
+  // Only a file can be trimmed: a device, a FIFO or the process's stdout is not read back.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 && errno == ENOENT && step > 0) {
+    std::printf(
+        "  note: the metrics file %s is gone; it starts again at step %d (the lines of "
+        "steps 1 to %d are not in it)\n",
+        path.c_str(), step + 1, step);
+    return Status::OK();
+  }
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || path.rfind("/dev/", 0) == 0 ||
+      path.rfind("/proc/", 0) == 0)
+    return Status::OK();
+  // One pass, line by line: where the first dropped line starts, and whether any line after it
+  // is kept. The usual case (lines of later steps and a torn last line) is a tail: the file is
+  // cut there (ftruncate), however long the run was. Only lines dropped among kept ones make
+  // the file be rewritten whole (bounded at 256 MiB).
+  auto is_kept = [step](const std::string& line) {
+    const json m = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!m.is_object() || !m.contains("step") || !m["step"].is_number_integer()) return false;
+    if (m["step"].is_number_unsigned())
+      return m["step"].get<uint64_t>() <= static_cast<uint64_t>(step);
+    const int64_t at = m["step"].get<int64_t>();
+    return at >= 0 && at <= step;
+  };
+  int dropped = 0;
+  int64_t first_drop = -1;
+  bool kept_after_drop = false;
+  int64_t last_step = 0;  // the latest training step a kept line records
+  auto note_missing = [&] {
+    if (last_step < step)
+      std::printf(
+          "  note: the metrics file %s holds training steps up to %lld, the checkpoint is "
+          "at step %d: the lines of steps %lld to %d are missing (the file was cut or "
+          "replaced?)\n",
+          path.c_str(), static_cast<long long>(last_step), step,
+          static_cast<long long>(last_step + 1), step);
+  };
+  {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return IoError("cannot read the metrics file " + path + " to trim it");
+    int64_t offset = 0;
+    std::string line;
+    while (std::getline(in, line)) {
+      const int64_t consumed = static_cast<int64_t>(line.size()) + (in.eof() ? 0 : 1);
+      if (is_kept(line)) {
+        kept_after_drop = kept_after_drop || first_drop >= 0;
+        const json m = json::parse(line, nullptr, /*allow_exceptions=*/false);
+        if (m.contains("loss")) last_step = std::max(last_step, m["step"].get<int64_t>());
+      } else {
+        if (first_drop < 0) first_drop = offset;
+        ++dropped;
+      }
+      offset += consumed;
+    }
+  }
+  note_missing();
+  if (dropped == 0) {
+    // A last line kept without its newline (edited by hand) would fuse with the next step's.
+    const int fd = ::open(path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC);
+    if (fd < 0) return ErrnoError("opening the metrics file " + path, errno);
+    char last = '\n';
+    if (st.st_size > 0 && ::pread(fd, &last, 1, st.st_size - 1) == 1 && last != '\n' &&
+        ::write(fd, "\n", 1) != 1) {
+      const int err = errno;
+      ::close(fd);
+      return ErrnoError("writing the metrics file " + path, err);
+    }
+    ::close(fd);
+    return Status::OK();
+  }
+  std::printf("  metrics: dropped %d line%s after step %d from %s (written after the checkpoint)\n",
+              dropped, dropped == 1 ? "" : "s", step, path.c_str());
+  if (!kept_after_drop) {
+    if (::truncate(path.c_str(), static_cast<off_t>(first_drop)) != 0)
+      return ErrnoError("trimming the metrics file " + path, errno);
+    return Status::OK();
+  }
+  TZ_ASSIGN_OR_RETURN(const std::string text,
+                      ReadFileBounded(path, kMaxReportBytes, "metrics file"));
+  std::istringstream in(text);
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    if (is_kept(line)) kept += line + "\n";
+  }
+  return WriteFileAtomically(path, kept);
+}
+
+}  // namespace tierzero::app
