@@ -13,6 +13,16 @@ namespace tierzero::app {
 int ReportCommand(const std::vector<std::string>& args) {
   std::string input, html, trace, plan;
   for (size_t i = 0; i < args.size(); ++i) {
+    // An option's value missing (at the end) or empty (an unset shell variable): not "unknown
+    // argument", and not a page silently not written.
+    for (const char* takes : {"-o", "--output", "--trace", "--plan"}) {
+      if (args[i] != takes) continue;
+      if (i + 1 >= args.size() || args[i + 1].empty()) {
+        std::fprintf(stderr, "error: %s needs a value%s\n", takes,
+                     i + 1 < args.size() ? " (it is empty: an unset shell variable?)" : "");
+        return 2;
+      }
+    }
     if ((args[i] == "-o" || args[i] == "--output") && i + 1 < args.size()) {
       html = args[++i];
     } else if (args[i] == "--trace" && i + 1 < args.size()) {

@@ -377,8 +377,9 @@ std::map<std::string, Section> Fields(RunConfig& c) {
       {"nvme_path", StringField("engine.nvme_path", &c.engine.nvme_path)},
       {"chunk_elems", U64Field("engine.chunk_elems", &c.engine.chunk_elems)},
       {"compute_dtype", DTypeField("engine.compute_dtype", &c.engine.compute_dtype)},
-      {"beta1", FloatField("engine.beta1", &c.engine.beta1, 0, 0.999999, "[0, 1)")},
-      {"beta2", FloatField("engine.beta2", &c.engine.beta2, 0, 0.999999, "[0, 1)")},
+      // (Up to the largest float below 1: what [0, 1) holds in the float the engine keeps.)
+      {"beta1", FloatField("engine.beta1", &c.engine.beta1, 0, 0.99999994, "[0, 1)")},
+      {"beta2", FloatField("engine.beta2", &c.engine.beta2, 0, 0.99999994, "[0, 1)")},
       {"eps", FloatField("engine.eps", &c.engine.eps, 1e-30, 1, "(0, 1]")},
       {"weight_decay", FloatField("engine.weight_decay", &c.engine.weight_decay, 0, 10, "[0, 10]")},
       {"clip_grad_norm", FloatField("engine.clip_grad_norm", &c.engine.clip_grad_norm, 0, 1e9,

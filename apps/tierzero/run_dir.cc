@@ -93,8 +93,11 @@ std::vector<FileId> RecordedOutputs(const std::string& run_dir) {
   return out;
 }
 
-// The path the run directory's config.json records for output `key` ("" without one).
-std::string RecordedOutputPath(const std::string& run_dir, const char* key) {
+// The path the run directory's config.json records for output `key`, where the run named one
+// of its own: "" without one, and for the default inside its run directory (`default_name`
+// there: a run directory copied or moved since records the old one's path).
+std::string RecordedOutputPath(const std::string& run_dir, const char* key,
+                               const char* default_name) {
   auto text = ReadFileBounded(run_dir + "/config.json", kMaxConfigBytes, "run config");
   if (!text.ok() || !CheckOutsideJson(*text, "config.json").ok()) return "";
   const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
@@ -102,6 +105,10 @@ std::string RecordedOutputPath(const std::string& run_dir, const char* key) {
   const auto it = j["output"].find(key);
   if (it == j["output"].end() || !it->is_string()) return "";
   const std::string p = it->get<std::string>();
+  const auto dir = j["output"].find("run_dir");
+  if (dir != j["output"].end() && dir->is_string() &&
+      p == dir->get<std::string>() + "/" + default_name)
+    return "";
   return p == "none" ? "" : p;
 }
 
@@ -453,7 +460,8 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
   // FILE) and not named again: its history would go on in a new file, split in two, with a note
   // that the old one is gone.
   if (plan.in_place && cfg.given.count("output.metrics") == 0) {
-    const std::string recorded_metrics = RecordedOutputPath(out.run_dir, "metrics");
+    const std::string recorded_metrics =
+        RecordedOutputPath(out.run_dir, "metrics", "metrics.jsonl");
     if (!recorded_metrics.empty() && !Same(Identify(recorded_metrics), Identify(out.metrics)))
       return InvalidArgumentError(
           "the run in " + out.run_dir + " writes its metrics to " + recorded_metrics +
@@ -518,7 +526,8 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
       resume_hint = "--resume " + out.checkpoint_dir + " continues that run";
     // The run's checkpoint is elsewhere (its config.json records --checkpoint DIR): resuming it
     // in place names it twice.
-    const std::string recorded_ckpt = RecordedOutputPath(out.run_dir, "checkpoint_dir");
+    const std::string recorded_ckpt =
+        RecordedOutputPath(out.run_dir, "checkpoint_dir", "checkpoint");
     if (!recorded_ckpt.empty() && !Same(Identify(recorded_ckpt), Identify(default_ckpt)) &&
         IsRegular(recorded_ckpt + "/manifest.json"))
       resume_hint = "--resume " + recorded_ckpt + " --checkpoint " + recorded_ckpt +
@@ -575,7 +584,9 @@ StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_p
     return IoError("creating the checkpoint directory " + out.checkpoint_dir + ": " + ec.message());
   if (!out.checkpoint_dir.empty() && access(out.checkpoint_dir.c_str(), W_OK | X_OK) != 0)
     return IoError("the checkpoint directory " + out.checkpoint_dir +
-                   " is not writable: " + std::strerror(errno));
+                   " is not writable: " + std::strerror(errno) +
+                   "; give --checkpoint a writable directory (a read-only checkpoint can still "
+                   "be resumed from: --resume it with another --run-dir and --checkpoint)");
   OutputsPlan plan;
   if (lead) {
     // Both locks before any check, so a second run changes nothing.

@@ -184,6 +184,7 @@ Status TrainRun::SetUp() {
   }
   if (!out_.resume.empty()) {
     TZ_ASSIGN_OR_RETURN(const std::string user, engine_->LoadCheckpoint(out_.resume));
+    resumed_user_ = user;
     // Note [The loop's step, not the applied count]: the engine counts the updates it applied
     // (Adam's bias correction needs that); a step skipped for a non-finite gradient is still a
     // step of the loop (its data, its learning rate, its metrics line). A checkpoint records the

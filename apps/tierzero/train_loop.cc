@@ -74,6 +74,13 @@ Status TrainRun::Save(int step) {
                {"schedule", ScheduleJson(cfg_.train)},
                {"data", DataJson(cfg_.data)},
                {"compute_dtype", std::string(DTypeName(cfg_.engine.compute_dtype))}};
+  // A re-save of the step resumed (a copy into another run directory, nothing trained): its
+  // states were trained under the checkpoint's schedule and data, which it keeps recording.
+  if (step == start_ && !resumed_user_.empty()) {
+    const json was = json::parse(resumed_user_, nullptr, /*allow_exceptions=*/false);
+    for (const char* key : {"schedule", "data"})
+      if (was.is_object() && was.contains(key)) user[key] = was[key];
+  }
   if (out_.checkpoint_dir.empty()) return Status::OK();  // --checkpoint none
   const auto t0 = std::chrono::steady_clock::now();
   Status s = engine_->SaveCheckpoint(out_.checkpoint_dir, user.dump());

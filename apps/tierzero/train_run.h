@@ -110,10 +110,11 @@ class TrainRun {
  private:
   bool agreed_failure_ = false;
   std::string resume_when_;
-  int saved_step_ = -1;    // the last checkpoint's step
-  double save_s_ = 0;      // the last checkpoint's
-  std::string plan_text_;  // --plan's file
-  std::string init_note_;  // what --init-from loaded
+  std::string resumed_user_;  // the resumed checkpoint's user state (Save, of its own step)
+  int saved_step_ = -1;       // the last checkpoint's step
+  double save_s_ = 0;         // the last checkpoint's
+  std::string plan_text_;     // --plan's file
+  std::string init_note_;     // what --init-from loaded
   double total_tokens_ = 0, total_compute_s_ = 0;
   // The engine's waits inside the steps (not in evaluations or saves between them), so their
   // shares of total_compute_s_ are shares of step time.

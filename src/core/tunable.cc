@@ -1,5 +1,6 @@
 #include "core/tunable.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -84,8 +85,13 @@ StatusOr<double> ParseTunable(std::string_view t, double*) {
   char* end = nullptr;
   errno = 0;
   double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v)) {
-    return InvalidArgumentError("'" + s + "' is not a finite number");
+  // A decimal number, as written: no leading space (strtod skips it, while a trailing one is
+  // refused) and no hexadecimal ("0x10" read as 16).
+  const bool decimal =
+      !s.empty() && s.find_first_of("xX") == std::string::npos &&
+      (std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '-' || s[0] == '+' || s[0] == '.');
+  if (!decimal || *end != '\0' || errno == ERANGE || !std::isfinite(v)) {
+    return InvalidArgumentError("'" + s + "' is not a finite decimal number");
   }
   return v;
 }

@@ -58,6 +58,11 @@ StatusOr<WarmupTrace> ReadWarmupTrace(const std::string& path) {
   ASSIGN_OR_RETURN(const std::string text, ReadFileBounded(path, kMaxReportBytes, "warm-up trace"));
   ASSIGN_OR_RETURN(const json j, ParseOutside(text, path));
   const JsonIn in(j, path);
+  // A Chrome trace (RUN_DIR/trace.json, train's --trace) is not a warm-up trace.
+  if ((j.is_object() && !j.contains("schema") && j.contains("traceEvents")) || j.is_array())
+    return in.Error(
+        "is a Chrome trace (train --trace, RUN_DIR/trace.json), not a warm-up trace: plan "
+        "--trace reads RUN_DIR/warmup_trace.json");
   ASSIGN_OR_RETURN(const std::string schema, in.get<std::string>("schema"));
   if (schema != kTraceSchema)
     return in.Error("schema is \"" + schema + "\"; this tierzero reads \"" + kTraceSchema + "\"");

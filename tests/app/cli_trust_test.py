@@ -309,6 +309,15 @@ def case_resume_in_place_only():
           "a refused resume changed the run's metrics")
     train_small(away, "--metrics", metrics, "--checkpoint", ckpt, "--resume", ckpt, steps=6)
     check([m[0] for m in losses(metrics)] == list(range(1, 7)), "the resumed metrics are split")
+    # A run directory copied with its default outputs resumes in place in the copy (its
+    # config.json records the original's paths: the defaults follow the directory).
+    orig, copy = os.path.join(OUT, "i_orig"), os.path.join(OUT, "i_copy")
+    train_small(orig, steps=3)
+    shutil.copytree(orig, copy)
+    train_small(copy, "--resume", os.path.join(copy, "checkpoint"), steps=6)
+    check([m[0] for m in losses(os.path.join(orig, "metrics.jsonl"))] == [1, 2, 3] and
+          [m[0] for m in losses(os.path.join(copy, "metrics.jsonl"))] == list(range(1, 7)),
+          "a copied run directory's resume wrote into the original")
     # Resuming in place covers the run directory's files, not a --report naming someone's file.
     run_dir = os.path.join(OUT, "i_run")
     train_small(run_dir)
