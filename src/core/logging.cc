@@ -28,6 +28,9 @@ struct LogState {
   Mutex write_mu;
 };
 
+}  // namespace
+
+// logging.h
 StatusOr<uint32_t> ParseSubsysMask(std::string_view spec) {
   bool exclude = !spec.empty() && spec.front() == '^';
   if (exclude) spec.remove_prefix(1);
@@ -51,6 +54,8 @@ StatusOr<uint32_t> ParseSubsysMask(std::string_view spec) {
   }
   return exclude ? ~mask : mask;
 }
+
+namespace {
 
 LogState& State() {
   static LogState* state = [] {

@@ -40,6 +40,8 @@ enum class LogSubsys : uint8_t {
 std::string_view LogLevelName(LogLevel level);
 std::string_view LogSubsysName(LogSubsys subsys);
 StatusOr<LogLevel> ParseLogLevel(std::string_view text);
+// TZ_LOG_SUBSYS's value: a comma list of subsystem names, or ^list to exclude them.
+StatusOr<uint32_t> ParseSubsysMask(std::string_view spec);
 
 // True when a message at `level` for `subsys` would be printed.
 bool LogEnabled(LogLevel level, LogSubsys subsys);

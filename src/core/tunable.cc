@@ -56,6 +56,16 @@ Status ValidateTunables() {
       problems += st.message();
     }
   }
+  // The logging variables too (read where logging starts, which can only warn).
+  for (const char* var : {"TZ_LOG_LEVEL", "TZ_LOG_SUBSYS"}) {
+    const char* env = std::getenv(var);
+    if (env == nullptr || *env == '\0') continue;
+    const Status st = std::string(var) == "TZ_LOG_LEVEL" ? ParseLogLevel(env).status()
+                                                         : ParseSubsysMask(env).status();
+    if (!st.ok())
+      problems +=
+          (problems.empty() ? "" : "; ") + std::string(var) + ": " + std::string(st.message());
+  }
   if (problems.empty()) return Status::OK();
   return InvalidArgumentError("bad environment tunable(s): " + problems +
                               " (fix or unset the variable)");

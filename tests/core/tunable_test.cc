@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <tuple>
+
 #include "core/bytes.h"
 
 namespace tierzero {
@@ -58,6 +60,28 @@ TEST(TunableTest, AChoiceOutsideItsValuesIsRefusedAndFallsBack) {
   setenv("TZ_TEST_TUNABLE_CHOICE", "off", 1);
   EXPECT_TRUE(ValidateTunables().ok());
   unsetenv("TZ_TEST_TUNABLE_CHOICE");
+}
+
+TEST(TunableTest, TheLoggingVariablesAreCheckedToo) {
+  for (const auto& [var, bad, good] :
+       {std::tuple<const char*, const char*, const char*>{"TZ_LOG_LEVEL", "INFO", "info"},
+        {"TZ_LOG_SUBSYS", "bogus", "^nvme,adam"}}) {
+    setenv(var, bad, 1);
+    Status st = ValidateTunables();
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << var;
+    EXPECT_NE(st.message().find(var), std::string::npos) << st.message();
+    setenv(var, good, 1);
+    EXPECT_TRUE(ValidateTunables().ok()) << var;
+    unsetenv(var);
+  }
+}
+
+TEST(TunableTest, ANumberIsDecimalAsWritten) {
+  double* tag = nullptr;
+  EXPECT_TRUE(internal::ParseTunable("2.5", tag).ok());
+  EXPECT_TRUE(internal::ParseTunable("-1e3", tag).ok());
+  for (const char* bad : {" 5", "5 ", "0x10", "", "inf", "nan", "1e999"})
+    EXPECT_FALSE(internal::ParseTunable(bad, tag).ok()) << "'" << bad << "'";
 }
 
 TEST(TunableTest, RegistryListsTunables) {
