@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -73,9 +74,12 @@ Status MergeHfModel(RunConfig& cfg) {
         std::string(f.key) == "n_kv_head" && user == "0" && hf.config.n_kv_head == hf.config.n_head;
     const bool set = user != dflt || cfg.given.count("model." + std::string(f.key)) != 0;
     if (set && user != file && !same_heads)
-      return InvalidArgumentError("model." + std::string(f.key) + " is " + user + f.flag +
-                                  ", but " + dir + "/config.json makes it " + file +
-                                  ": a model directory sets its own shape; drop the setting");
+      return InvalidArgumentError(
+          "model." + std::string(f.key) + " is " + user + " (" +
+          (f.flag[0] != '\0' ? std::string(f.flag).substr(2, std::strlen(f.flag) - 3) + " or "
+                             : std::string()) +
+          "the config file), but " + dir + "/config.json makes it " + file +
+          ": a model directory sets its own shape; drop the setting");
   }
   // (ReadHfDir takes the positions for a longer context: a context asked for is not cut short.)
   if (asked && cfg.model.seq_len > hf.config.positions())

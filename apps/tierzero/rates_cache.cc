@@ -76,15 +76,19 @@ void CacheRates(const std::string& cache, const MachineRates& r) {
   // that exists (HOME=/nonexistent, a service account's, makes nothing); a TZ_RATES_FILE's
   // directory is the user's to give, never made.
   const char* named = std::getenv("TZ_RATES_FILE");
-  if (named == nullptr || *named == '\0') {
+  // Only the default cache's (a --rates FILE's is the user's too); under a HOME that exists (an
+  // XDG_CACHE_HOME set is made, as the XDG base directory specification asks).
+  const bool default_cache = (named == nullptr || *named == '\0') &&
+                             (cache == RatesCachePath(false) || cache == RatesCachePath(true));
+  if (default_cache) {
     const char* xdg = std::getenv("XDG_CACHE_HOME");
     const char* home = std::getenv("HOME");
-    const char* base = xdg != nullptr && *xdg != '\0' ? xdg : home;
-    if (base != nullptr && *base != '\0' && !fs::is_directory(base, ec)) {
+    if ((xdg == nullptr || *xdg == '\0') && home != nullptr && *home != '\0' &&
+        !fs::is_directory(home, ec)) {
       std::printf(
-          "  (the rates are not cached: %s %s is not a directory; TZ_RATES_FILE names a "
+          "  (the rates are not cached: HOME %s is not a directory; TZ_RATES_FILE names a "
           "cache)\n",
-          base == xdg ? "XDG_CACHE_HOME" : "HOME", base);
+          home);
       return;
     }
     fs::create_directories(fs::path(cache).parent_path(), ec);

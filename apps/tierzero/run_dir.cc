@@ -94,10 +94,10 @@ std::vector<FileId> RecordedOutputs(const std::string& run_dir) {
 }
 
 // The path the run directory's config.json records for output `key`, where the run named one
-// of its own: "" without one, and for the default inside its run directory (`default_name`
-// there: a run directory copied or moved since records the old one's path).
-std::string RecordedOutputPath(const std::string& run_dir, const char* key,
-                               const char* default_name) {
+// of its own: "" without one. A path inside the recorded run directory is taken inside this one
+// (a run directory copied or moved since records the old one's paths: its metrics.jsonl, or a
+// --metrics RUN_DIR/m.jsonl, are the copy's own).
+std::string RecordedOutputPath(const std::string& run_dir, const char* key) {
   auto text = ReadFileBounded(run_dir + "/config.json", kMaxConfigBytes, "run config");
   if (!text.ok() || !CheckOutsideJson(*text, "config.json").ok()) return "";
   const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
@@ -105,11 +105,13 @@ std::string RecordedOutputPath(const std::string& run_dir, const char* key,
   const auto it = j["output"].find(key);
   if (it == j["output"].end() || !it->is_string()) return "";
   const std::string p = it->get<std::string>();
+  if (p.empty() || p == "none") return "";
   const auto dir = j["output"].find("run_dir");
-  if (dir != j["output"].end() && dir->is_string() &&
-      p == dir->get<std::string>() + "/" + default_name)
-    return "";
-  return p == "none" ? "" : p;
+  if (dir != j["output"].end() && dir->is_string()) {
+    const std::string prefix = dir->get<std::string>() + "/";
+    if (p.compare(0, prefix.size(), prefix) == 0) return run_dir + "/" + p.substr(prefix.size());
+  }
+  return p;
 }
 
 // A manifest.json in `dir` that is not known to be tierzero's: a directory of the user's, never
@@ -184,6 +186,10 @@ MadeDirs::~MadeDirs() {
   }
 }
 
+void MadeDirs::KeepOnSignal() {
+  for (const std::string& d : dirs_) KeepOnSignalExit(d);
+}
+
 void MadeDirs::Keep() {
   for (const std::string& d : dirs_) KeepOnSignalExit(d);
   dirs_.clear();
@@ -246,6 +252,10 @@ RunDirLock::~RunDirLock() {
     }
   }
   for (int fd : fds_) ::close(fd);  // releases the flock
+}
+
+void RunDirLock::KeepOnSignal() {
+  for (const std::string& f : created_) KeepOnSignalExit(f);
 }
 
 void RunDirLock::Keep() {
@@ -460,9 +470,11 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
   // FILE) and not named again: its history would go on in a new file, split in two, with a note
   // that the old one is gone.
   if (plan.in_place && cfg.given.count("output.metrics") == 0) {
-    const std::string recorded_metrics =
-        RecordedOutputPath(out.run_dir, "metrics", "metrics.jsonl");
-    if (!recorded_metrics.empty() && !Same(Identify(recorded_metrics), Identify(out.metrics)))
+    const std::string recorded_metrics = RecordedOutputPath(out.run_dir, "metrics");
+    // (Only a file that is there: a stream or a device is written where it points, and a file
+    // gone since has no history to continue.)
+    if (!recorded_metrics.empty() && IsRegular(recorded_metrics) &&
+        !Same(Identify(recorded_metrics), Identify(out.metrics)))
       return InvalidArgumentError(
           "the run in " + out.run_dir + " writes its metrics to " + recorded_metrics +
           " (its config.json records --metrics), and this resume would start " + out.metrics +
@@ -526,8 +538,7 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
       resume_hint = "--resume " + out.checkpoint_dir + " continues that run";
     // The run's checkpoint is elsewhere (its config.json records --checkpoint DIR): resuming it
     // in place names it twice.
-    const std::string recorded_ckpt =
-        RecordedOutputPath(out.run_dir, "checkpoint_dir", "checkpoint");
+    const std::string recorded_ckpt = RecordedOutputPath(out.run_dir, "checkpoint_dir");
     if (!recorded_ckpt.empty() && !Same(Identify(recorded_ckpt), Identify(default_ckpt)) &&
         IsRegular(recorded_ckpt + "/manifest.json"))
       resume_hint = "--resume " + recorded_ckpt + " --checkpoint " + recorded_ckpt +

@@ -30,6 +30,8 @@ class RunDirLock {
   // The run started: the lock files it made stay (without Keep they are removed at the end, so a
   // refused run leaves none in a directory of the user's).
   void Keep();
+  // Its first step ended: a signal's exit no longer removes the lock files (Keep still to come).
+  void KeepOnSignal();
 
  private:
   std::vector<int> fds_;
@@ -58,6 +60,8 @@ class MadeDirs {
   void Create(const std::string& path, std::error_code& ec);
   // The run started: what it made stays.
   void Keep();
+  // Its first step ended: a signal's exit no longer removes them (Keep still to come).
+  void KeepOnSignal();
 
  private:
   std::vector<std::string> dirs_;  // in the order made (parents first)

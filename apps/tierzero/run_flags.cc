@@ -194,12 +194,23 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
     // (Comments allowed, as ParseRunConfig allows them.)
     const json j = json::parse(text, nullptr, /*allow_exceptions=*/false,
                                /*ignore_comments=*/true);
+    std::set<std::string> named;
     if (j.is_object()) {
       for (const auto& [section, fields] : j.items()) {
         if (!fields.is_object()) continue;
-        for (const auto& [key, value] : fields.items()) given.insert(section + "." + key);
+        for (const auto& [key, value] : fields.items()) named.insert(section + "." + key);
       }
     }
+    // A config that names every field is a run's own config.json (RunConfigToJson), given as a
+    // template: it records every value, asked for or not, so only its context counts as asked
+    // (as before the note); its other fields give way where a value at the default's would.
+    RunConfig all = DefaultRunConfig();
+    bool complete = true;
+    for (const auto& [section, fields] : Fields(all))
+      for (const auto& [key, field] : fields)
+        complete = complete && named.count(section + "." + key);
+    if (complete) named = {"model.seq_len"};
+    given.insert(named.begin(), named.end());
   }
   std::string ignored;
   TZ_RETURN_IF_ERROR(ApplyFlags(args, cfg, &ignored, &given));

@@ -275,6 +275,10 @@ void TrainRun::StartKept() {
   if (config_made_) KeepOnSignalExit(outputs_.config_path);
   if (metrics_made_) KeepOnSignalExit(out_.metrics);
   config_made_ = metrics_made_ = false;
+  if (on_started_) {
+    on_started_();
+    on_started_ = nullptr;
+  }
 }
 
 void TrainRun::UndoStart() {
@@ -424,6 +428,10 @@ int Train(const std::vector<std::string>& args) {
       failed = outputs.status();
     } else {
       TrainRun run(std::move(*cfg), std::move(outputs).value(), g_comm);
+      run.OnStarted([&made, &lock] {
+        made.KeepOnSignal();
+        lock.KeepOnSignal();
+      });
       if (Status s = run.SetUp(); !s.ok()) {
         run.UndoStart();
         if (run.agreed_failure()) {

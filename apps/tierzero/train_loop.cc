@@ -88,6 +88,7 @@ Status TrainRun::Save(int step) {
   if (s.ok()) {
     saved_step_ = step;
     SetStopSaves(true, true);
+    StartKept();  // (a re-save of the step resumed trains no step first)
     return s;
   }
   // What the failure leaves (the manifest is the commit point: Note [Checkpoint format]): the
@@ -323,7 +324,9 @@ void TrainRun::RecordOutputs() {
 
 Status TrainRun::CheckOutputUnchanged(const std::string& path, const char* what) const {
   auto it = output_ids_.find(path);
-  if (it == output_ids_.end() || FileIdentity(path) == it->second) return Status::OK();
+  // (A file removed meanwhile protects nothing: written anew.)
+  const std::string now = FileIdentity(path);
+  if (it == output_ids_.end() || now.empty() || now == it->second) return Status::OK();
   return FailedPreconditionError(
       "the " + std::string(what) + " " + path +
       " was written by another process while this run trained (two runs naming one output?); "

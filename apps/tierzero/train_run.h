@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -54,6 +55,9 @@ class TrainRun {
   // nothing is saved; the config.json and metrics file this run created removed again.
   bool TrainedNothing() const;
   void UndoStart();
+  // Called once when the first step ends (or a first save is committed): what the caller made
+  // for the run stops being removed by a signal's exit.
+  void OnStarted(std::function<void()> f) { on_started_ = std::move(f); }
 
  private:
   Status Evaluate(int step);
@@ -98,6 +102,7 @@ class TrainRun {
   bool trace_skipped_ = false;  // no profiled iteration to trace (WriteReports said so)
   // The config.json and metrics file this run created, until its first step ends (UndoStart).
   bool config_made_ = false, metrics_made_ = false;
+  std::function<void()> on_started_;
   // RecordOutputs: the report's, page's and trace's identity ("" where there was no file).
   std::map<std::string, std::string> output_ids_;
 

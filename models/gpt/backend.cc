@@ -385,9 +385,19 @@ StatusOr<BackendSpec> ChooseBackend(const Engine& engine, Activations activation
   // "auto": bf16 where the GPU's bf16 backend runs (bf16 parameters, heads the fused attention
   // takes), else the fp32 reference.
   const bool gpu_bf16 = s.gpu && s.params == DType::kBF16 && FusedAttentionHeadWidth(head_dim);
+  // TZ_GPT_FUSED_ATTENTION=0 (attention as batched products, for comparison) applies to fp32
+  // activations, whose attention it chooses: "auto" then picks them; the bf16 backend's
+  // attention is fused always (TZ_GPT_ATTENTION picks which).
+  TZ_ASSIGN_OR_RETURN(const bool fused, FusedAttentionWanted());
+  const bool fused_off = std::getenv("TZ_GPT_FUSED_ATTENTION") != nullptr && !fused && s.gpu;
   Activations want = activations;
   if (want == Activations::kAuto)
-    want = gpu_bf16 && aligned ? Activations::kBF16 : Activations::kF32;
+    want = gpu_bf16 && aligned && !fused_off ? Activations::kBF16 : Activations::kF32;
+  if (want == Activations::kBF16 && fused_off)
+    return UnsupportedError(
+        "TZ_GPT_FUSED_ATTENTION=0 runs attention as batched products, which fp32 activations "
+        "do; model.activations \"bf16\" always runs fused attention (TZ_GPT_ATTENTION picks "
+        "cuDNN's or the kernels): use model.activations \"fp32\" or \"auto\", or unset it");
   if (want == Activations::kF32) {
     // fp32 activations: fp32 ops on widened parameters, gradients in fp32 until written (the
     // reference, as before the interface carried types). On a GPU the products of bf16
@@ -396,7 +406,6 @@ StatusOr<BackendSpec> ChooseBackend(const Engine& engine, Activations activation
     s.activations = DType::kF32;
     s.weights = DType::kF32;
     s.grads_in_place = false;
-    TZ_ASSIGN_OR_RETURN(const bool fused, FusedAttentionWanted());
     s.fused_attention_wanted = s.gpu && s.params == DType::kBF16 && fused;
     return s;
   }

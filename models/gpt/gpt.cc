@@ -406,8 +406,10 @@ StatusOr<double> Gpt::Run(const Batch& batch, bool train, std::vector<int32_t>* 
            first[first.size() - 1 - common] == then[then.size() - 1 - common])
       ++common;
     if (common >= 32 && common < then.size()) {
-      then.resize(then.size() - common);
-      while (!then.empty() && (then.back() == ' ' || then.back() == ':')) then.pop_back();
+      // Cut where a cause begins (after a ": "), never inside a word.
+      const size_t from = then.size() - common;
+      const size_t at = then.find(": ", from >= 2 ? from - 2 : 0);
+      if (at != std::string::npos && at + 2 < then.size()) then.resize(at);
     }
     return Status(st.code(), first + "; then ending the iteration: " + then);
   }

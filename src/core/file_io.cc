@@ -3,6 +3,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include <mutex>
 #include <set>
 #include <utility>
+#include <vector>
 
 namespace tierzero {
 namespace {
@@ -220,17 +222,31 @@ void KeepTreeOnSignalExit(const std::string& dir) {
 
 void RemovePendingTemporaries() {
   std::lock_guard<std::mutex> lock(PendingMutex());
-  // In reverse order, so a directory's files go before it; a directory is removed only when
-  // that left it empty (rmdir).
+  // A directory is removed only when what went before left it empty (rmdir).
   // The trees first: a directory registered to go when empty may hold one.
   for (const std::string& dir : PendingTrees()) {
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
   }
   PendingTrees().clear();
-  for (auto it = Pending().rbegin(); it != Pending().rend(); ++it) {
-    if (::unlink(it->c_str()) != 0 && (errno == EISDIR || errno == EPERM)) ::rmdir(it->c_str());
+  // The files first, then the directories deepest first: a directory's files and directories
+  // go before it however each path is spelled (a set's order is the strings', and "./run/x"
+  // sorts before "/abs/run").
+  std::vector<std::pair<size_t, std::string>> dirs;
+  for (const std::string& p : Pending()) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0) continue;
+    if (S_ISDIR(st.st_mode)) {
+      std::error_code ec;
+      const std::filesystem::path norm = std::filesystem::absolute(p, ec).lexically_normal();
+      dirs.emplace_back(static_cast<size_t>(std::distance(norm.begin(), norm.end())), p);
+    } else {
+      ::unlink(p.c_str());
+    }
   }
+  std::sort(dirs.begin(), dirs.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& d : dirs) ::rmdir(d.second.c_str());
   Pending().clear();
 }
 

@@ -546,6 +546,19 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
     states_bytes = file.bytes();
     return file.Commit();
   }();
+  // Until the save is committed on every rank, this rank's new states file goes again on any
+  // failure (another rank's write, the gather, the manifest), unless a manifest names it after
+  // all (one committed whose directory sync then failed), so no file of a failed save stays on a
+  // full disk beside the checkpoint that is still whole.
+  struct Uncommitted {
+    const std::string path, dir, name;
+    bool armed;
+    ~Uncommitted() {
+      if (!armed) return;
+      if (auto names = CommittedStatesFiles(dir); names && names->count(name) == 0)
+        ::unlink(path.c_str());
+    }
+  } uncommitted{dir + "/" + states_name, dir, states_name, written.ok()};
   // Note [Agreeing on an outcome]: a rank that failed does not leave the others waiting.
   RETURN_IF_ERROR(AgreeOnStatus(*im.comm, written));
   json files =
@@ -586,14 +599,8 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
               {"tensors", tensors},
               {"user_state", user}});
   }
-  if (Status agreed = AgreeOnStatus(*im.comm, committed); !agreed.ok()) {
-    // Not committed: this rank's new states file goes, unless a manifest names it after all (one
-    // committed whose directory sync then failed), so no file of a failed save stays on a full
-    // disk beside the checkpoint that is still whole.
-    if (auto names = CommittedStatesFiles(dir); names && names->count(states_name) == 0)
-      ::unlink((dir + "/" + states_name).c_str());
-    return agreed;
-  }
+  RETURN_IF_ERROR(AgreeOnStatus(*im.comm, committed));
+  uncommitted.armed = false;
   TZ_LOG(kInfo, kEngine) << "checkpoint at step " << im.step << " written to " << dir << " ("
                          << FormatBytes(states_bytes) << " from this rank)";
   return Status::OK();

@@ -309,15 +309,25 @@ def case_resume_in_place_only():
           "a refused resume changed the run's metrics")
     train_small(away, "--metrics", metrics, "--checkpoint", ckpt, "--resume", ckpt, steps=6)
     check([m[0] for m in losses(metrics)] == list(range(1, 7)), "the resumed metrics are split")
-    # A run directory copied with its default outputs resumes in place in the copy (its
-    # config.json records the original's paths: the defaults follow the directory).
-    orig, copy = os.path.join(OUT, "i_orig"), os.path.join(OUT, "i_copy")
-    train_small(orig, steps=3)
-    shutil.copytree(orig, copy)
-    train_small(copy, "--resume", os.path.join(copy, "checkpoint"), steps=6)
-    check([m[0] for m in losses(os.path.join(orig, "metrics.jsonl"))] == [1, 2, 3] and
-          [m[0] for m in losses(os.path.join(copy, "metrics.jsonl"))] == list(range(1, 7)),
-          "a copied run directory's resume wrote into the original")
+    # A run directory copied with its outputs inside it resumes in place in the copy (its
+    # config.json records the original's paths: those inside it follow the directory).
+    for name, extra, metrics_name in (("def", [], "metrics.jsonl"),
+                                      ("own", ["--metrics"], "m2.jsonl")):
+        orig, copy = os.path.join(OUT, "i_orig_" + name), os.path.join(OUT, "i_copy_" + name)
+        flags = extra + [os.path.join(orig, metrics_name)] if extra else []
+        train_small(orig, *flags, steps=3)
+        shutil.copytree(orig, copy)
+        flags = extra + [os.path.join(copy, metrics_name)] if extra else []
+        train_small(copy, "--resume", os.path.join(copy, "checkpoint"), *flags, steps=6)
+        check([m[0] for m in losses(os.path.join(orig, metrics_name))] == [1, 2, 3] and
+              [m[0] for m in losses(os.path.join(copy, metrics_name))] == list(range(1, 7)),
+              f"{name}: a copied run directory's resume wrote into the original")
+        if extra:
+            # Not naming it again: the copy's own file is named, never the original's.
+            out = refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", copy,
+                           "--resume", os.path.join(copy, "checkpoint"), "--steps", "8"],
+                          os.path.join(copy, metrics_name))
+            check(orig not in out, f"the original's metrics were named:\n{out}")
     # Resuming in place covers the run directory's files, not a --report naming someone's file.
     run_dir = os.path.join(OUT, "i_run")
     train_small(run_dir)
@@ -548,6 +558,18 @@ def case_ranks_agree():
         check(not left and (name != "nvme" or not os.path.exists(run_dir)),
               f"{name}: the run directory was left, with {left}\n{out}")
     check(sorted(os.listdir(nvme)) == ["rank1"], f"the NVMe path keeps {os.listdir(nvme)}")
+    # A save that one rank cannot write leaves no other rank's file behind (Note [A re-save never
+    # renames over its manifest's]: an uncommitted save removes its files).
+    ck = os.path.join(OUT, "a_ck_blocked")
+    os.makedirs(os.path.join(ck, "states-3.w2.rank1.bin"))
+    p = subprocess.run([mpirun, "-np", "2", TZ, "train", "--config", cfg, "--run-dir",
+                        os.path.join(OUT, "a_ck_run"), "--checkpoint", ck, "--steps", "3",
+                        "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       timeout=120, env=env, cwd=OUT)
+    out = p.stdout.decode(errors="replace")
+    check(p.returncode != 0 and sorted(os.listdir(ck)) == [".tierzero.lock",
+                                                           "states-3.w2.rank1.bin"],
+          f"a save one rank could not write left {sorted(os.listdir(ck))}\n{out}")
 
 
 def case_readers():
@@ -617,6 +639,17 @@ def case_setup_signal():
             check(p.returncode in (1, 128 + sig),
                   f"{extra}: status {p.returncode} after {sig.name}\n{out}")
             check("error:" in out or "set-up" in out, f"{extra}: no message\n{out}")
+    # What the set-up made goes with it, however the run directory is spelled (Note [A set-up
+    # ended by a signal leaves nothing]).
+    for spelled in ("./g_dot/run", "g_plain//run/"):
+        p = subprocess.Popen([TZ, "train", "--config", cfg, "--text", fifo, "--run-dir", spelled],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=OUT)
+        time.sleep(0.7)
+        p.send_signal(signal.SIGINT)
+        out = p.communicate(timeout=10)[0].decode(errors="replace")
+        top = os.path.join(OUT, spelled.lstrip("./").split("/")[0])
+        check(not os.path.exists(top), f"--run-dir {spelled}: a signal in the set-up left "
+              f"{[os.path.join(d, f) for d, ds, fs in os.walk(top) for f in ds + fs]}\n{out}")
 
 
 def start_long_run(name, *extra, console=subprocess.DEVNULL, **kw):
@@ -1146,6 +1179,13 @@ def case_plan_device():
     rc, out = run(["plan", "--trace", trace, "--device-budget", "1MiB", "--host-budget", "1MiB",
                    "--nvme-budget", "0", "--no-advice"], env=env)
     check(rc == 0 and "use more ranks\n" in out, f"a plan's failure, cut:\n{out}")
+    # A --rates FILE is written whatever HOME is.
+    mine = os.path.join(OUT, "g_mine_rates.json")
+    env = dict(os.environ, HOME=os.path.join(OUT, "g_no_home"), XDG_CACHE_HOME="")
+    env.pop("TZ_RATES_FILE", None)
+    ok(["plan", "--config", cfg, "--device", "host", "--no-advice", "--rates", mine,
+        "--calibrate"], env=env, timeout=300)
+    check(os.path.exists(mine), "plan --rates FILE --calibrate did not write FILE")
     # A home that does not exist gets no cache made in it.
     missing = os.path.join(OUT, "g_no_home")
     env = dict(os.environ, HOME=missing, XDG_CACHE_HOME="")
