@@ -533,9 +533,12 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
   if (!overwrite) {
     std::string list;
     for (size_t i = 0; i < held.size(); ++i) list += (i == 0 ? "" : ", ") + held[i];
-    std::string resume_hint = "--resume CHECKPOINT continues a run in place";
+    // (No checkpoint there: nothing to resume, and no advice to.)
+    std::string resume_hint;
     if (ckpt && IsRegular(out.checkpoint_dir + "/manifest.json"))
       resume_hint = "--resume " + out.checkpoint_dir + " continues that run";
+    else if (IsRegular(default_ckpt + "/manifest.json"))
+      resume_hint = "--resume " + default_ckpt + " continues that run";
     // The run's checkpoint is elsewhere (its config.json records --checkpoint DIR): resuming it
     // in place names it twice.
     const std::string recorded_ckpt = RecordedOutputPath(out.run_dir, "checkpoint_dir");
@@ -543,10 +546,11 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
         IsRegular(recorded_ckpt + "/manifest.json"))
       resume_hint = "--resume " + recorded_ckpt + " --checkpoint " + recorded_ckpt +
                     " continues that run (its config.json records that checkpoint directory)";
-    return FailedPreconditionError("the outputs of another run are here: " + list +
-                                   ". A new run would replace them: " + resume_hint +
-                                   ", --overwrite replaces them (removes exactly these), or "
-                                   "--run-dir DIR starts this run elsewhere");
+    return FailedPreconditionError(
+        "the outputs of another run are here: " + list +
+        ". A new run would replace them: " + (resume_hint.empty() ? "" : resume_hint + ", ") +
+        "--overwrite replaces them (removes exactly these), or --run-dir DIR starts this run "
+        "elsewhere");
   }
   return plan;
 }

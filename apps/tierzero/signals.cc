@@ -25,9 +25,10 @@ const char* SignalName(int sig) {
 std::atomic<int> g_graceful{0};  // live GracefulInterrupts scopes
 std::atomic<int> g_signal{0};    // the signal that asked to stop
 std::atomic<bool> g_started{false};
-std::atomic<bool> g_setup{false};      // a run's set-up: a signal ends the process
-std::atomic<bool> g_saves{true};       // a stop saves a checkpoint (SetStopSaves)
-std::atomic<bool> g_checkpoint{true};  // a checkpoint is there to resume from
+std::atomic<bool> g_setup{false};              // a run's set-up: a signal ends the process
+std::atomic<bool> g_saves{true};               // a stop saves a checkpoint (SetStopSaves)
+std::atomic<bool> g_before_first_step{false};  // SetStopsAtOnce
+std::atomic<bool> g_checkpoint{true};          // a checkpoint is there to resume from
 // What a signal then says (GracefulInterrupts' `ending`).
 constexpr const char* kSetupEnding =
     "during the run's set-up: stopping now (nothing was trained or saved)";
@@ -86,6 +87,17 @@ void* WaitForSignals(void*) {
   for (;;) {
     int sig = 0;
     if (sigwait(&set, &sig) != 0) continue;
+    if (g_before_first_step.load() && g_signal.load() == 0) {
+      // Note [A stop before the first step of several ranks]
+      // Under mpirun a stop before the first step has ended (the job ended because a rank
+      // died, or a Ctrl-C as the ranks leave their set-up) would wait for a step that may
+      // never end (its collectives wait for the dead rank) until mpirun kills the process,
+      // leaving the run's config.json and metrics file behind. Nothing is trained yet, so it
+      // ends the process as a set-up does, removing what the run made.
+      EndNow(sig,
+             "before the run's first step ended: stopping now (nothing was trained or saved since "
+             "it started)");
+    }
     if (g_setup.load() && g_signal.load() == 0) {
       // A run's set-up: nothing is trained or saved yet, and the main thread may be blocked in
       // a read that no flag would interrupt. (This is a thread of ours, not a handler; the main
@@ -151,6 +163,7 @@ bool InterruptRequested() { return g_signal.load() != 0; }
 void ClearInterrupt() { g_signal.store(0); }
 
 void EndSetUp() { g_setup.store(false); }
+void SetStopsAtOnce(bool at_once) { g_before_first_step.store(at_once); }
 void SetStopSaves(bool saves, bool checkpoint_exists) {
   g_saves.store(saves);
   g_checkpoint.store(checkpoint_exists);
@@ -163,6 +176,7 @@ GracefulInterrupts::GracefulInterrupts(bool during_setup, const char* ending) {
 }
 GracefulInterrupts::~GracefulInterrupts() {
   g_setup.store(false);
+  g_before_first_step.store(false);
   g_graceful.fetch_sub(1);
   g_ending.store(kSetupEnding);
 }

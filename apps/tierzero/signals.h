@@ -37,6 +37,9 @@ void EndSetUp();
 // stops (not with --checkpoint none); `checkpoint_exists`, whether one is there to resume from
 // (resumed, or saved since). Defaults: saves, exists.
 void SetStopSaves(bool saves, bool checkpoint_exists);
+// While set (a run of several ranks, until its first step ends), a signal ends the process at
+// once as during the set-up (Note [A stop before the first step of several ranks], signals.cc).
+void SetStopsAtOnce(bool at_once);
 
 // While one is alive, SIGINT, SIGTERM and SIGHUP set InterruptRequested() instead of ending the
 // process. `during_setup`: until EndSetUp() is called, a signal ends the process at once instead,

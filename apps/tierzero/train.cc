@@ -35,6 +35,21 @@ StatusOr<std::string> ReadTextFile(const std::string& path, const std::string& w
   return ReadFileBounded(path, kMaxConfigBytes * 4, what);
 }
 
+// train.h
+LauncherRanks LaunchedRanks() {
+  static constexpr const char* kVars[][2] = {{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                             {"PMI_RANK", "PMI_SIZE"},
+                                             {"PMIX_RANK", "PMIX_SIZE"},
+                                             {"SLURM_PROCID", "SLURM_NTASKS"}};
+  for (const auto& v : kVars) {
+    const char* rank = std::getenv(v[0]);
+    const char* size = std::getenv(v[1]);
+    if (size != nullptr && std::atoi(size) > 1)
+      return {rank != nullptr ? std::atoi(rank) : 0, std::atoi(size)};
+  }
+  return {};
+}
+
 StatusOr<std::shared_ptr<Communicator>> RunCommunicator(const RanksOptions& o) {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}) {
     const char* v = std::getenv(var);
@@ -82,6 +97,12 @@ int Fail(const Status& s) {
     // reports the failure. Failures inside collectives are agreed on instead (Note [Agreeing on
     // an outcome], comm/collective.h) and every rank fails with the same message.
     g_comm->Abort(1);
+  }
+  // Before the communicator exists (the config would not load): the rank as the launcher
+  // numbered it, so the failing one is named.
+  if (const LauncherRanks l = LaunchedRanks(); !g_comm && l.size > 1) {
+    std::fprintf(stderr, "rank %d of %d: error: %s\n", l.rank, l.size, s.ToString().c_str());
+    return 1;
   }
   std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
   return 1;
@@ -151,6 +172,28 @@ Status TrainRun::SetUp() {
             "rank " +
             std::to_string(rank_) + " reads " + dataset_->Describe() +
             "): give every rank the same data");
+      }
+    }
+    // Note [A checkpoint directory the ranks share] (checkpoint.cc) is checked at every save;
+    // found only then, a run without one shared directory trained to its first save and lost
+    // it all. Rank 0 holds its lock file in the checkpoint directory (made before the other
+    // ranks looked: Train): every rank must see that very file.
+    if (!out_.checkpoint_dir.empty()) {
+      struct stat st {};
+      const std::string lock_file = out_.checkpoint_dir + "/" + kLockFileName;
+      const uint64_t seen =
+          ::stat(lock_file.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+      TZ_ASSIGN_OR_RETURN(const std::vector<uint64_t> all, AllGatherValue(*comm_, seen));
+      for (size_t r = 1; r < all.size(); ++r) {
+        if (all[r] != all[0] || all[0] == 0) {
+          agreed_failure_ = true;
+          return FailedPreconditionError(
+              "the checkpoint directory " + out_.checkpoint_dir +
+              " is not one directory the ranks share: rank " + std::to_string(r) +
+              " does not see the one rank 0 made (the same path on machines without a shared "
+              "file system?); give --checkpoint a directory on a file system every rank "
+              "mounts (nothing was trained)");
+        }
       }
     }
   }
@@ -253,6 +296,7 @@ Status TrainRun::SetUp() {
   // A signal from here on stops the run after a step and saves (Note [Signals on one thread of
   // ours]); before, it ends the process (nothing trained yet, nothing to save).
   SetStopSaves(!out_.checkpoint_dir.empty(), start_ > 0);
+  if (world_ > 1) SetStopsAtOnce(true);  // until StartKept
   if (lead_) RecordOutputs();
   EndSetUp();
   PrintHeader(init_s);
@@ -272,6 +316,7 @@ Status TrainRun::SetUp() {
 bool TrainRun::TrainedNothing() const { return model_step_ == start_ && saved_step_ < 0; }
 
 void TrainRun::StartKept() {
+  SetStopsAtOnce(false);
   if (config_made_) KeepOnSignalExit(outputs_.config_path);
   if (metrics_made_) KeepOnSignalExit(out_.metrics);
   config_made_ = metrics_made_ = false;

@@ -118,6 +118,12 @@ StatusOr<std::string> ReadTextFile(const std::string& path, const std::string& w
 
 // Under a launcher (mpirun, srun with PMIx) the ranks are MPI's; otherwise one process.
 StatusOr<std::shared_ptr<Communicator>> RunCommunicator(const RanksOptions& ranks);
+// The rank and number of ranks a launcher (mpirun, srun) started this process as, from its
+// environment ({0, 1} when none did): known before any communicator exists.
+struct LauncherRanks {
+  int rank = 0, size = 1;
+};
+LauncherRanks LaunchedRanks();
 
 // Several ranks: OK when every rank's resolved config is the same (Note [Ranks agree before they
 // compute], agree.cc); otherwise InvalidArgument on every rank, naming the ranks and fields that

@@ -682,7 +682,9 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
       if (r.step != mine.step || r.user_hash != mine.user_hash)
         return FailedPreconditionError(
             "the ranks read different saves of the checkpoint " + dir +
-            " (a run is saving into it): load it when that run has stopped, or a copy");
+            " (a run is saving into it, or the ranks see different directories of that name: "
+            "machines without a shared file system): load it when that run has stopped, or "
+            "a copy, from a directory every rank mounts");
     }
   }
   Status loaded = AgreeOnStatus(*im.comm, run_pass(/*apply=*/true));

@@ -513,7 +513,9 @@ def case_ranks_agree():
                        ["--nvme-path", os.path.join(OUT, "a_nvme_other")],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120, env=env,
                        cwd=OUT)
-    check(p.returncode == 0, f"ranks differing in nvme_path only: {p.stdout.decode()[-2000:]}")
+    out = p.stdout.decode(errors="replace")
+    check(p.returncode == 0, f"ranks differing in nvme_path only: status {p.returncode}\n"
+          f"{out[:3000]}\n...\n{out[-1500:]}")
     # One relative path naming different files (each rank in its own directory, as on two
     # machines without a shared file system): the data differs, refused by every rank, no
     # directory left behind.
@@ -558,6 +560,31 @@ def case_ranks_agree():
         check(not left and (name != "nvme" or not os.path.exists(run_dir)),
               f"{name}: the run directory was left, with {left}\n{out}")
     check(sorted(os.listdir(nvme)) == ["rank1"], f"the NVMe path keeps {os.listdir(nvme)}")
+    # Ranks whose checkpoint directories differ (each in its own working directory: machines
+    # without a shared file system) are refused before the first step, nothing left behind.
+    for node in ("a_wd0", "a_wd1"):
+        os.makedirs(os.path.join(OUT, node))
+    base = [TZ, "train", "--config", cfg, "--run-dir", "rd", "--steps", "3", "--quiet"]
+    p = subprocess.run([mpirun, "-np", "1", "-wdir", os.path.join(OUT, "a_wd0")] + base +
+                       [":", "-np", "1", "-wdir", os.path.join(OUT, "a_wd1")] + base,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120, env=env,
+                       cwd=OUT)
+    out = p.stdout.decode(errors="replace")
+    check(p.returncode != 0 and "not one directory the ranks share" in out and
+          "step     1" not in out, f"ranks not sharing a checkpoint directory:\n{out}")
+    for node in ("a_wd0", "a_wd1"):
+        check(os.listdir(os.path.join(OUT, node)) == [], f"{node} keeps "
+              f"{os.listdir(os.path.join(OUT, node))}")
+    # export and eval are one process's jobs: under mpirun they are refused, not run twice.
+    for cmd in (["export", os.path.join(OUT, "a_nvme", "checkpoint"), "-o",
+                 os.path.join(OUT, "a_export.safetensors")],
+                ["eval", "--resume", os.path.join(OUT, "a_nvme", "checkpoint"), "--data",
+                 "/dev/null"]):
+        p = subprocess.run([mpirun, "-np", "2", TZ] + cmd, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=120, env=env, cwd=OUT)
+        out = p.stdout.decode(errors="replace")
+        check(p.returncode != 0 and "without mpirun" in out, f"{cmd[0]} under mpirun:\n{out}")
+    check(not os.path.exists(os.path.join(OUT, "a_export.safetensors")), "an export ran")
     # A save that one rank cannot write leaves no other rank's file behind (Note [A re-save never
     # renames over its manifest's]: an uncommitted save removes its files).
     ck = os.path.join(OUT, "a_ck_blocked")
