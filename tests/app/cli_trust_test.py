@@ -509,11 +509,18 @@ def case_ranks_agree():
     # A node's own NVMe path is its own business: ranks that differ only there run.
     run_dir = os.path.join(OUT, "a_nvme")
     base = [TZ, "train", "--config", cfg, "--run-dir", run_dir, "--steps", "3", "--quiet"]
-    p = subprocess.run([mpirun, "-np", "1"] + base + [":", "-np", "1"] + base +
-                       ["--nvme-path", os.path.join(OUT, "a_nvme_other")],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120, env=env,
-                       cwd=OUT)
-    out = p.stdout.decode(errors="replace")
+    for attempt in (1, 2):
+        p = subprocess.run([mpirun, "-np", "1"] + base + [":", "-np", "1"] + base +
+                           ["--nvme-path", os.path.join(OUT, "a_nvme_other")] +
+                           (["--overwrite"] if attempt == 2 else []),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120, env=env,
+                           cwd=OUT)
+        out = p.stdout.decode(errors="replace")
+        # (Once, under ctest -j2 beside other MPI jobs, mpirun exited 1 with every rank's work
+        # done and no message from any rank or from mpirun: Open MPI's, retried once.)
+        if p.returncode == 0 or "error" in out.lower() or "checkpoint: " not in out:
+            break
+        print(f"  (mpirun status {p.returncode} after a complete run, no message: retried)")
     check(p.returncode == 0, f"ranks differing in nvme_path only: status {p.returncode}\n"
           f"{out[:3000]}\n...\n{out[-1500:]}")
     # One relative path naming different files (each rank in its own directory, as on two
