@@ -125,15 +125,7 @@ Status RunEval(const RunConfig& cfg, int window, const std::string& nvme_dir) {
 }  // namespace
 
 int Eval(const std::vector<std::string>& args) {
-  // One process does the whole job: several ranks would each do it (and race for its output).
-  if (LaunchedRanks().size > 1) {
-    if (LaunchedRanks().rank == 0)
-      std::fprintf(stderr,
-                   "error: tierzero %s runs in one process (it loads a checkpoint of any number "
-                   "of ranks): run it without mpirun\n",
-                   "eval");
-    return 2;
-  }
+  if (int rc = RefuseUnderLauncher("eval"); rc != 0) return rc;
   // SIGINT and SIGTERM end the evaluation at once, with a message (nothing to save).
   GracefulInterrupts interrupts(/*during_setup=*/true,
                                 "stopping the evaluation now (it writes nothing: nothing is lost)");

@@ -28,15 +28,7 @@ int Fail(const Status& s) {
 }  // namespace
 
 int Export(const std::vector<std::string>& args) {
-  // One process does the whole job: several ranks would each do it (and race for its output).
-  if (LaunchedRanks().size > 1) {
-    if (LaunchedRanks().rank == 0)
-      std::fprintf(stderr,
-                   "error: tierzero %s runs in one process (it loads a checkpoint of any number "
-                   "of ranks): run it without mpirun\n",
-                   "export");
-    return 2;
-  }
+  if (int rc = RefuseUnderLauncher("export"); rc != 0) return rc;
   std::string ckpt, output, config_path;
   DType dtype = DType::kF32;
   bool dtype_given = false, hf = false;

@@ -50,20 +50,28 @@ LauncherRanks LaunchedRanks() {
   return {};
 }
 
+// train.h
+int RefuseUnderLauncher(const char* command) {
+  const LauncherRanks l = LaunchedRanks();
+  if (l.size <= 1) return 0;
+  if (l.rank == 0)
+    std::fprintf(stderr,
+                 "error: tierzero %s runs in one process (it loads a checkpoint of any number of "
+                 "ranks): run it without mpirun\n",
+                 command);
+  return 2;
+}
+
 StatusOr<std::shared_ptr<Communicator>> RunCommunicator(const RanksOptions& o) {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}) {
-    const char* v = std::getenv(var);
-    if (v != nullptr && std::atoi(v) > 1) {
-      auto comm = Communicator::Mpi(o.ranks_per_node);
-      if (!comm.ok()) {
-        return std::move(comm).status().WithContext(std::string(var) + " is " + v +
-                                                    ": started as one of several ranks");
-      }
-      (*comm)->SetTimeout(o.collective_timeout_s);
-      return comm;
-    }
-  }
-  return Communicator::Single();
+  const LauncherRanks l = LaunchedRanks();
+  if (l.size <= 1) return Communicator::Single();
+  auto comm = Communicator::Mpi(o.ranks_per_node);
+  if (!comm.ok())
+    return std::move(comm).status().WithContext("started by a launcher as rank " +
+                                                std::to_string(l.rank) + " of " +
+                                                std::to_string(l.size));
+  (*comm)->SetTimeout(o.collective_timeout_s);
+  return comm;
 }
 
 // train.h

@@ -124,6 +124,9 @@ struct LauncherRanks {
   int rank = 0, size = 1;
 };
 LauncherRanks LaunchedRanks();
+// A command that runs in one process (export, eval) started as several ranks: each would do the
+// whole job and race for its output. 2, with rank 0's message; 0 when one process runs it.
+int RefuseUnderLauncher(const char* command);
 
 // Several ranks: OK when every rank's resolved config is the same (Note [Ranks agree before they
 // compute], agree.cc); otherwise InvalidArgument on every rank, naming the ranks and fields that

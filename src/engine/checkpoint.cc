@@ -49,34 +49,13 @@
 #include "core/file_io.h"
 #include "core/json_in.h"
 #include "core/logging.h"
+#include "engine/checkpoint_names.h"
 #include "engine/engine_impl.h"
 #include "offload/crc32c.h"
 
 namespace tierzero {
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-// engine.h
-bool IsCheckpointStatesFileName(const std::string& name) {
-  size_t i = 0;
-  auto digits = [&]() {
-    const size_t from = i;
-    while (i < name.size() && name[i] >= '0' && name[i] <= '9') ++i;
-    return i > from;
-  };
-  auto literal = [&](const char* s) {
-    const size_t n = std::strlen(s);
-    if (name.compare(i, n, s) != 0) return false;
-    i += n;
-    return true;
-  };
-  if (!(literal("states-") && digits() && literal(".w") && digits() && literal(".rank") &&
-        digits()))
-    return false;
-  // ".bin", or the alternate name's ".b.bin" (Note [A re-save never renames over its
-  // manifest's]).
-  return (literal(".bin") || literal(".b.bin")) && i == name.size();
-}
 
 namespace {
 
@@ -473,27 +452,6 @@ StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& dir) {
   ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir));
   return CheckpointInfo{.step = m.step, .world_size = m.world_size, .user_state = m.user_state};
 }
-
-namespace {
-
-// The states files the manifest committed in `dir` names: none when there is no manifest;
-// nullopt when it cannot be read or is damaged (what it names is unknown).
-std::optional<std::set<std::string>> CommittedStatesFiles(const std::string& dir) {
-  const std::string path = dir + "/manifest.json";
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0 && errno == ENOENT) return std::set<std::string>{};
-  auto text = ReadRegularFileBounded(path, kMaxConfigBytes * 4, "checkpoint manifest");
-  if (!text.ok()) return std::nullopt;
-  json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("files") || !j["files"].is_array()) return std::nullopt;
-  std::set<std::string> names;
-  for (const json& f : j["files"])
-    if (f.is_object() && f.contains("name") && f["name"].is_string())
-      names.insert(f["name"].get<std::string>());
-  return names;
-}
-
-}  // namespace
 
 Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_state) const {
   Impl& im = *impl_;
