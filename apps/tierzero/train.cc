@@ -379,8 +379,15 @@ Status TrainRun::LockMetrics(int fd) {
   return Status::OK();
 }
 
+Status TrainRun::Defer(Status s) {
+  if (world_ == 1 || s.ok()) return s;
+  if (pending_.ok()) pending_ = std::move(s);
+  return Status::OK();
+}
+
 Status TrainRun::WriteMetrics(const json& line) {
   if (metrics_fd_ < 0) return Status::OK();  // ranks other than 0 write their metrics nowhere
+  if (!pending_.ok()) return Status::OK();   // (one failed already: said at the next agreement)
   const std::string text = line.dump() + "\n";
   size_t done = 0;
   while (done < text.size()) {
@@ -390,8 +397,8 @@ Status TrainRun::WriteMetrics(const json& line) {
       const int err = errno;
       // Note [A checkpoint after a data error]: a failed write leaves the run between steps.
       resume_when_ = "the metrics file " + out_.metrics + " can be written";
-      return ErrnoError(
-          "writing the metrics file " + out_.metrics + (err == ENOSPC ? " (disk full)" : ""), err);
+      return Defer(ErrnoError(
+          "writing the metrics file " + out_.metrics + (err == ENOSPC ? " (disk full)" : ""), err));
     }
     done += static_cast<size_t>(w);
   }
@@ -464,6 +471,8 @@ int Train(const std::vector<std::string>& args) {
   // (its directories, lock files, config.json) is removed first, as the scope below unwinds
   // (Note [A set-up ended by a signal leaves nothing], run_dir.h).
   Status failed;
+  // Failed as every rank agreed (TrainRun::AgreeToGoOn), said here or not, this rank's own error.
+  bool agreed = false, speaks = true, own = true;
   {
     RunDirLock lock;  // held to the end of the run
     MadeDirs made;    // removed again if the run is refused before it starts
@@ -494,21 +503,33 @@ int Train(const std::vector<std::string>& args) {
         }
         failed = s;
       } else {
-        Status looped = run.Loop();
-        if (!looped.ok() && run.TrainedNothing()) {
+        Status ended = run.Loop();
+        if (!ended.ok() && run.TrainedNothing()) {
           // Note [A run that trained nothing leaves nothing]: what it made goes as the scope
           // unwinds, before Fail.
           run.UndoStart();
-          failed = looped;
         } else {
           made.Keep();
           lock.Keep();
-          if (!looped.ok()) return Fail(looped);
-          if (Status f = run.Finish(); !f.ok()) return Fail(f);
-          return 0;
+          if (ended.ok()) ended = run.Finish();
+          if (ended.ok()) return 0;
         }
+        failed = ended;
+        agreed = run.agreed_failure();
+        speaks = run.speaks();
+        own = run.own_failure();
       }
     }
+  }
+  if (agreed) {
+    // Every rank knows and ends on its own; the lead says why (Note [A checkpoint after a data
+    // error], train_loop.cc).
+    if (speaks && own)
+      std::fprintf(stderr, "rank %d of %d: error: %s\n", rank, g_comm->size(),
+                   failed.ToString().c_str());
+    else if (speaks)  // (another rank's, which the message names)
+      std::fprintf(stderr, "error: %s\n", failed.ToString().c_str());
+    return 1;
   }
   return Fail(failed);
 }

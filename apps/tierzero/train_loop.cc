@@ -2,8 +2,10 @@
 // after an error, and what the lead rank writes and prints at the end.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -33,13 +35,21 @@ uint64_t WireBytesSent(const EngineStats& s) {
 
 Status TrainRun::Evaluate(int step) {
   double loss = 0, acc = 0;
-  for (int b = 0; b < cfg_.train.eval_batches; ++b) {
+  // Every batch is read before any is computed, and the ranks agree that all could be (Note [A
+  // checkpoint after a data error]).
+  std::vector<gpt::Batch> batches;
+  Status read;
+  for (int b = 0; b < cfg_.train.eval_batches && read.ok(); ++b) {
     auto fetched = dataset_->Fetch(true, static_cast<uint64_t>(b), cfg_.train.batch_size);
     if (!fetched.ok()) {
-      resume_when_ = "its validation data is readable";
-      return fetched.status();
+      resume_when_ = "the validation data is readable";
+      read = fetched.status();
+    } else {
+      batches.push_back(std::move(fetched).value());
     }
-    gpt::Batch batch = std::move(fetched).value();
+  }
+  TZ_RETURN_IF_ERROR(AgreeToGoOn(std::move(read)));
+  for (const gpt::Batch& batch : batches) {
     std::vector<int32_t> pred;
     TZ_ASSIGN_OR_RETURN(double l, model_->Evaluate(batch, &pred));
     loss += l;
@@ -119,15 +129,65 @@ Status TrainRun::Save(int step) {
 
 // Note [A checkpoint after a data error]
 // Some errors leave the run between two steps with every rank's model whole: a step's data could
-// not be read (its micro-batches are fetched before any is computed), an evaluation's could not,
-// or a metrics line could not be written (after its step was applied; a full disk, a closed
-// pipe). One rank (whose failure no other rank waits on) then saves what it trained so far, as
-// a Ctrl-C would, before it reports the error, so a run of hours is not lost to a file it
-// reads or writes. On a resume in place the metrics file is trimmed to the checkpoint's step (a
-// torn last line goes too); a line that could not be written stays missing. Any other error
-// (the engine's, a collective's) may have left the model half updated and saves nothing.
+// not be read (its micro-batches are fetched before any is computed), an evaluation's could not
+// (likewise), or a metrics line or the warm-up trace could not be written (after its step was
+// applied; a full disk, a closed pipe). The run then saves what it trained so far, as a Ctrl-C
+// would, before it reports the error, so a run of hours is not lost to a file it reads or
+// writes. On a resume in place the metrics file is trimmed to the checkpoint's step (a torn last
+// line goes too); a line that could not be written stays missing. Any other error (the engine's,
+// a collective's) may have left the model half updated and saves nothing.
+//
+// With several ranks a checkpoint is a collective, and one rank's data error used to abort the
+// job unsaved. So the ranks agree between steps (AgreeToGoOn): before a step's or an evaluation's
+// first computation, each shares whether its data was read and whether a file it wrote since the
+// last agreement failed (the lead defers that error to the next agreement: the other ranks are
+// on their way to the next step already). Any rank's error stops every rank there, together:
+// all save, the lead says why (the lowest failing rank's error; another failing rank says its
+// own, if it differs), and each rank ends on its own, not by an abort. Cost: a gather of 512 bytes
+// per rank per step.
+Status TrainRun::AgreeToGoOn(Status mine) {
+  if (mine.ok() && !pending_.ok()) mine = std::exchange(pending_, Status::OK());
+  if (world_ == 1) return mine;
+  struct Outcome {
+    int32_t code = 0;
+    char when[100] = {};
+    char message[408] = {};
+  } o;
+  auto copy = [](std::string_view from, char* to, size_t n) {
+    if (!from.empty()) std::memcpy(to, from.data(), std::min(from.size(), n - 1));
+  };
+  if (!mine.ok()) {
+    o.code = static_cast<int32_t>(mine.code());
+    copy(resume_when_, o.when, sizeof o.when);
+    copy(mine.message(), o.message, sizeof o.message);
+  }
+  auto all = AllGatherValue(*comm_, o);
+  if (!all.ok()) {
+    resume_when_.clear();  // (no collective save after a collective that failed)
+    return mine.ok() ? all.status() : mine;
+  }
+  int first = -1;
+  for (int r = 0; r < world_ && first < 0; ++r)
+    if ((*all)[static_cast<size_t>(r)].code != 0) first = r;
+  if (first < 0) return Status::OK();
+  agreed_failure_ = true;
+  const Outcome& f = (*all)[static_cast<size_t>(first)];
+  if (!mine.ok()) {
+    speaks_ = lead_ || (first != rank_ && std::memcmp(o.message, f.message, sizeof o.message) != 0);
+    return mine;
+  }
+  speaks_ = lead_;
+  own_failure_ = false;
+  resume_when_ = std::string(f.when, strnlen(f.when, sizeof f.when));
+  return Status(static_cast<StatusCode>(f.code),
+                "rank " + std::to_string(first) + " of " + std::to_string(world_) + ": " +
+                    std::string(f.message, strnlen(f.message, sizeof f.message)));
+}
+
 Status TrainRun::SaveAfterError(const Status& s) {
-  if (resume_when_.empty() || world_ != 1 || out_.checkpoint_dir.empty() || model_step_ == start_)
+  // (With several ranks only an error they agreed on: every rank saves, or none does.)
+  if (resume_when_.empty() || (world_ > 1 && !agreed_failure_) || out_.checkpoint_dir.empty() ||
+      model_step_ == start_)
     return s;
   const Status saved = saved_step_ == model_step_ ? Status::OK() : Save(model_step_);
   const std::string at = std::to_string(model_step_);
@@ -183,7 +243,8 @@ Status TrainRun::RunStep(int step) {
   // truncated or changed under the run) then stops the run between two steps, where the last
   // one can still be saved (Loop, Note [A checkpoint after a data error]).
   std::vector<gpt::Batch> batches;
-  for (int micro = 0; micro < accum; ++micro) {
+  Status read;
+  for (int micro = 0; micro < accum && read.ok(); ++micro) {
     // Data parallel: a step takes world * accum micro-batches, rank r the r-th run of accum,
     // so the same global batch whatever the split between ranks and accumulation.
     const uint64_t index = (static_cast<uint64_t>(step) * static_cast<uint64_t>(world_) +
@@ -192,11 +253,13 @@ Status TrainRun::RunStep(int step) {
                            static_cast<uint64_t>(micro);
     auto batch = dataset_->Fetch(false, index, cfg_.train.batch_size);
     if (!batch.ok()) {
-      resume_when_ = "its data is readable";
-      return batch.status();
+      resume_when_ = "the data is readable";
+      read = batch.status();
+    } else {
+      batches.push_back(std::move(batch).value());
     }
-    batches.push_back(std::move(batch).value());
   }
+  TZ_RETURN_IF_ERROR(AgreeToGoOn(std::move(read)));
   for (const gpt::Batch& batch : batches) {
     TZ_ASSIGN_OR_RETURN(const double l, model_->ForwardBackward(batch));
     loss += l / accum;
@@ -225,7 +288,10 @@ Status TrainRun::RunStep(int step) {
   if (lead_ && step == start_) {
     // The warm-up iteration's trace, for `tierzero plan --trace` (docs/plan.md).
     if (auto trace = engine_->RecordedTrace(); trace.ok()) {
-      TZ_RETURN_IF_ERROR(WriteWarmupTrace(*trace, out_.run_dir + "/warmup_trace.json"));
+      if (Status s = WriteWarmupTrace(*trace, out_.run_dir + "/warmup_trace.json"); !s.ok()) {
+        resume_when_ = "the run directory " + out_.run_dir + " can be written";
+        TZ_RETURN_IF_ERROR(Defer(std::move(s)));
+      }
     }
   }
   total_tokens_ += tokens_per_step;
@@ -273,6 +339,8 @@ Status TrainRun::Finish() {
   // to train, so the evaluation would be lost for good).
   Status final_eval = Status::OK();
   if ((!interrupted_ || step_ >= cfg_.train.steps) && step_ > start_) final_eval = Evaluate(step_);
+  // (With several ranks, a line the lead could not write since the last agreement.)
+  if (final_eval.ok()) final_eval = AgreeToGoOn(Status::OK());
   // Note [A checkpoint after a data error]: an evaluation that could not read its data or write
   // its line leaves the run whole, trained to its end: it is saved and reported all the same,
   // and the error says how to evaluate it. Any other failure stops here, as before.

@@ -65,6 +65,14 @@ class TrainRun {
   // Note [A checkpoint after a data error]: `s` with a checkpoint of model_step_ saved first,
   // where the error left the run between two steps.
   Status SaveAfterError(const Status& s);
+  // Note [A checkpoint after a data error]: whether every rank can go on from here, between
+  // steps: `mine` (a data error of this rank's) or the error deferred since the last agreement,
+  // or any other rank's; every rank returns an error if any rank has one. With one rank, `mine`
+  // or the deferred error.
+  Status AgreeToGoOn(Status mine);
+  // With several ranks, an error of the lead's that leaves the run between steps (a file it
+  // writes) is kept for the next AgreeToGoOn, and OK returned; with one rank, `s`.
+  Status Defer(Status s);
   // One optimizer step: the micro-batches, the loss and the interrupt agreed over the ranks,
   // Step, the metrics line and the progress line.
   Status RunStep(int step);
@@ -111,9 +119,16 @@ class TrainRun {
   // directories and locks cleaned up, instead of aborting the job (Note [A failing rank ends the
   // run]).
   bool agreed_failure() const { return agreed_failure_; }
+  // Whether this rank says an agreed failure (AgreeToGoOn: the lead, and a failing rank whose
+  // error is not the one the lead says).
+  bool speaks() const { return speaks_; }
+  // Whether the agreed failure is this rank's own (or another's, named in its message).
+  bool own_failure() const { return own_failure_; }
 
  private:
   bool agreed_failure_ = false;
+  bool speaks_ = true, own_failure_ = true;
+  Status pending_;  // Defer's
   std::string resume_when_;
   std::string resumed_user_;  // the resumed checkpoint's user state (Save, of its own step)
   int saved_step_ = -1;       // the last checkpoint's step

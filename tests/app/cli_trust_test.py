@@ -12,6 +12,7 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   resume_exact  10 + 10 resumed steps equal 20 uninterrupted, loss for loss, with skipped steps
   resume_model  resuming with another model shape (--heads) is refused
   ranks_agree   ranks started with different configs fail with the fields named (mpirun ':')
+  ranks_faults  two ranks whose data changes or whose metrics file fails mid-run: all save first
   readers       a directory, /dev/zero, a huge sparse file, deep or duplicate-key JSON: an error
   setup_signal  SIGINT/SIGTERM while set-up blocks on a FIFO ends the process promptly
   run_signals   a stdout reader gone, a closed stdout, a run blocked on a full FIFO, an export
@@ -604,6 +605,71 @@ def case_ranks_agree():
     check(p.returncode != 0 and sorted(os.listdir(ck)) == [".tierzero.lock",
                                                            "states-3.w2.rank1.bin"],
           f"a save one rank could not write left {sorted(os.listdir(ck))}\n{out}")
+
+
+def case_ranks_faults():
+    """Note [A checkpoint after a data error] with two ranks: a token file truncated mid-run, or
+    the metrics file failing (its reader gone), stops both ranks between two steps, together:
+    the steps trained are saved, the lead says why, no abort; the saved run resumes on both."""
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        print("  (no mpirun: skipped)")
+        return
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+    cfg = os.path.join(OUT, "small.json")
+    tok = os.path.join(OUT, "f_tok.bin")
+    data = bytes([7, 0, 200, 0]) * 262144  # 524288 uint16 tokens, 7 and 200
+    with open(tok, "wb") as f:
+        f.write(data)
+    rd = os.path.join(OUT, "f_data")
+    base = [mpirun, "-np", "2", TZ, "train", "--config", cfg, "--run-dir", rd, "--data", tok,
+            "--vocab", "256", "--quiet"]
+    p = subprocess.Popen(base + ["--steps", "1000000"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, cwd=OUT, env=env)
+    metrics = os.path.join(rd, "metrics.jsonl")
+    deadline = time.time() + 60
+    while time.time() < deadline and p.poll() is None and \
+            (not os.path.exists(metrics) or read(metrics).count(b"\n") < 4):
+        time.sleep(0.05)
+    os.truncate(tok, 1000)
+    out = p.communicate(timeout=120)[0].decode(errors="replace")
+    for bad in ("MPI_ABORT", "MPI_Abort", "Aborted", "terminate called"):
+        check(bad not in out, f"two ranks, a token file truncated mid-run: '{bad}'\n{out}")
+    check(p.returncode != 0 and "changed while in use" in out and "A checkpoint of step" in out,
+          f"two ranks, a token file truncated mid-run: status {p.returncode}\n{out}")
+    check(os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
+          f"two ranks, a token file truncated mid-run: nothing saved\n{out}")
+    check(out.count("changed while in use") == 1, f"the error said more than once:\n{out}")
+    saved = json.load(open(os.path.join(rd, "checkpoint", "manifest.json")))["step"]
+    with open(tok, "wb") as f:
+        f.write(data)
+    p = subprocess.run(base + ["--resume", rd + "/checkpoint", "--steps", str(saved + 3)],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180, cwd=OUT,
+                       env=env)
+    out = p.stdout.decode(errors="replace")
+    check(p.returncode == 0 and f"at step {saved}" in out, f"resuming the saved run:\n{out}")
+    # The lead's metrics file failing mid-run: the other rank is on its way to the next step.
+    mfifo = os.path.join(OUT, "f_mfifo")
+    os.mkfifo(mfifo)
+    reader = os.open(mfifo, os.O_RDONLY | os.O_NONBLOCK)
+    rd = os.path.join(OUT, "f_mfail")
+    p = subprocess.Popen([mpirun, "-np", "2", TZ, "train", "--config", cfg, "--run-dir", rd,
+                          "--metrics", mfifo, "--steps", "1000000", "--quiet"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=OUT, env=env)
+    got, deadline = b"", time.time() + 60
+    while got.count(b"\n") < 4 and time.time() < deadline and p.poll() is None:
+        try:
+            got += os.read(reader, 65536)
+        except BlockingIOError:
+            time.sleep(0.05)
+    os.close(reader)
+    out = p.communicate(timeout=120)[0].decode(errors="replace")
+    check(p.returncode != 0 and "metrics file" in out and "A checkpoint of step" in out and
+          "MPI_ABORT" not in out,
+          f"two ranks, a metrics file failing mid-run: status {p.returncode}\n{out}")
+    check(os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
+          f"two ranks, a metrics file failing mid-run: nothing saved\n{out}")
 
 
 def case_readers():
