@@ -13,6 +13,7 @@
 
 #include "resume.h"
 #include "signals.h"
+#include "tierzero/files.h"
 #include "tierzero/report.h"
 #include "train_run.h"
 
@@ -427,29 +428,65 @@ Status TrainRun::WriteReports(std::string& summary) {
                                    " is saved in " + out_.checkpoint_dir + ")"
                              : std::string());
   };
-  if (Status s = CheckOutputUnchanged(out_.report, "report"); !s.ok())
-    return std::move(s).WithContext(where("report", out_.report));
-  if (Status s = WriteTextFile(out_.report, text); !s.ok())
-    return std::move(s).WithContext(where("report", out_.report));
+  // (A status with more said after its message.)
+  auto more = [](const Status& s, const std::string& after) {
+    return Status(s.code(), std::string(s.message()) + after);
+  };
+  Status wrote = CheckOutputUnchanged(out_.report, "report");
+  if (wrote.ok()) wrote = WriteTextFile(out_.report, text);
+  if (!wrote.ok())
+    return more(std::move(wrote).WithContext(where("report", out_.report)), KeepReportAside(text));
   TZ_ASSIGN_OR_RETURN(summary, ReportSummary(text));
+  // (The report is written: it renders its page and trace again.)
+  auto again = [&](const char* flag, const std::string& path) {
+    return "; tierzero report " + out_.report + " " + flag + " " + path + " renders it again";
+  };
   if (!out_.html.empty()) {
-    if (Status s = CheckOutputUnchanged(out_.html, "report's page"); !s.ok())
-      return std::move(s).WithContext(where("report's page", out_.html));
-    if (Status s = WriteHtmlReport(text, out_.html); !s.ok())
-      return std::move(s).WithContext(where("report's page", out_.html));
+    Status s = CheckOutputUnchanged(out_.html, "report's page");
+    if (s.ok()) s = WriteHtmlReport(text, out_.html);
+    if (!s.ok())
+      return more(std::move(s).WithContext(where("report's page", out_.html)),
+                  again("-o", "PAGE.html"));
   }
   if (!out_.trace.empty()) {
     if (Status s = CheckOutputUnchanged(out_.trace, "trace"); !s.ok())
-      return std::move(s).WithContext(where("trace", out_.trace));
+      return more(std::move(s).WithContext(where("trace", out_.trace)),
+                  again("--trace", "TRACE.json"));
     Status s = WriteChromeTrace(text, out_.trace);
     if (s.code() == StatusCode::kFailedPrecondition) {
       std::printf("  (no trace: %s)\n", std::string(s.message()).c_str());
       trace_skipped_ = true;
     } else if (!s.ok()) {
-      return std::move(s).WithContext(where("trace", out_.trace));
+      return more(std::move(s).WithContext(where("trace", out_.trace)),
+                  again("--trace", "TRACE.json"));
     }
   }
   return Status::OK();
+}
+
+// Note [A report kept aside]
+// The report is the run's record of where its memory went and how long each phase took; it is
+// written at the end, and cannot be made again from the checkpoint. When its own path cannot be
+// written (a full disk, a directory removed, another run's report there), it is kept in a new
+// file in the run directory instead, never over any file: report.json there if --report named
+// another path, else report-step<N>.json (then -2, -3, ...). `tierzero report FILE` renders its
+// summary, page and trace from it.
+std::string TrainRun::KeepReportAside(const std::string& text) const {
+  std::vector<std::string> names;
+  const std::string dir = out_.run_dir + "/";
+  if (out_.report != dir + "report.json") names.push_back(dir + "report.json");
+  const std::string stem = dir + "report-step" + std::to_string(step_);
+  names.push_back(stem + ".json");
+  for (int i = 2; i <= 9; ++i) names.push_back(stem + "-" + std::to_string(i) + ".json");
+  Status last;
+  for (const std::string& name : names) {
+    last = WriteNewFile(name, text);
+    if (last.ok())
+      return "; the report is kept in " + name + " instead (tierzero report " + name +
+             " summarises it; -o PAGE.html and --trace TRACE.json render it)";
+    if (last.code() != StatusCode::kAlreadyExists) break;
+  }
+  return "; keeping it in the run directory failed too (" + last.ToString() + ")";
 }
 
 void TrainRun::PrintDone(const std::string& summary) const {

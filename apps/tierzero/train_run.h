@@ -77,6 +77,9 @@ class TrainRun {
   // Step, the metrics line and the progress line.
   Status RunStep(int step);
   Status WriteReports(std::string& summary);
+  // Note [A report kept aside] (train_loop.cc): the report in a new file of the run directory,
+  // and what to say of it after the error that its own path could not be written.
+  std::string KeepReportAside(const std::string& text) const;
   // The first step has ended: what the run created stays, whatever happens (UndoStart).
   void StartKept();
   // Note [An output another run wrote meanwhile] (train_loop.cc): each output file as it was

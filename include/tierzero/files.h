@@ -20,6 +20,10 @@ namespace tierzero {
 // InvalidArgument. Durable once this returns OK.
 Status WriteFileAtomically(const std::string& path, const std::string& text);
 
+// Writes `text` to a new regular file `path`, whole or not at all, never over anything:
+// AlreadyExists when something is there, or appears there while it is written (it is kept).
+Status WriteNewFile(const std::string& path, const std::string& text);
+
 // OK when `path` names something an output may be written to (the table above: nothing yet, a
 // regular file, a link to one, a character device, a FIFO, a descriptor of the process);
 // InvalidArgument naming `what` and what the path is otherwise. Lets a command refuse a bad output

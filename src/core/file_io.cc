@@ -294,6 +294,36 @@ Status AtomicFile::Commit() {
   return Status::OK();
 }
 
+Status AtomicFile::CommitNew() {
+  if (fd_ < 0 || streamed_) return FailedPreconditionError("committing " + path_ + " anew");
+  if (::fsync(fd_) != 0) return ErrnoError("fsync " + tmp_, errno);  // the destructor unlinks
+  const int closed = ::close(fd_);
+  fd_ = -1;
+  const int linked = closed == 0 ? ::link(tmp_.c_str(), target_.c_str()) : -1;
+  const int err = errno;
+  ::unlink(tmp_.c_str());
+  DropPending(tmp_);
+  if (closed != 0) return ErrnoError("close " + tmp_, err);
+  if (linked != 0 && err == EEXIST)
+    return Status(StatusCode::kAlreadyExists,
+                  target_ + " appeared while it was written; it is kept");
+  if (linked != 0) return ErrnoError("linking " + tmp_ + " to " + target_, err);
+  (void)SyncDir(DirOf(target_));
+  return Status::OK();
+}
+
+Status WriteNewFile(const std::string& path, const std::string& text) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0)
+    return Status(StatusCode::kAlreadyExists,
+                  path + " exists (" + FileKindName(st.st_mode) + "); it is kept");
+  auto f = AtomicFile::Create(path);
+  if (!f.ok()) return f.status();
+  if (f->streamed()) return FailedPreconditionError(path + " is not a new file");
+  if (Status s = f->Write(text.data(), text.size()); !s.ok()) return s;
+  return f->CommitNew();
+}
+
 Status CheckOutputPath(const std::string& path, const std::string& what) {
   if (path.empty()) return InvalidArgumentError(what + ": the path is empty");
   if (StandardStreamFd(path) >= 0) return Status::OK();

@@ -51,6 +51,9 @@ class AtomicFile {
   Status Write(const void* data, size_t n);
   // On any failure the temporary file is removed and the path is as it was.
   Status Commit();
+  // Commit to a path where nothing is (link, not rename: AlreadyExists when something appeared
+  // there meanwhile, which is kept). For a new file only (not streamed).
+  Status CommitNew();
   uint64_t bytes() const { return bytes_; }
   // Written straight into a device or FIFO (not atomic).
   bool streamed() const { return streamed_; }

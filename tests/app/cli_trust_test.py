@@ -1027,6 +1027,24 @@ def case_late_faults():
               f"a report another run wrote meanwhile:\n{out}")
 
 
+    # The report's directory gone at the end (Note [A report kept aside]): the report is kept in
+    # a new file of the run directory, over nothing, and renders.
+    rdir = os.path.join(OUT, "w_rdir")
+    os.makedirs(rdir)
+    rd = os.path.join(OUT, "w_aside")
+    p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--report",
+                          os.path.join(rdir, "r.json"), "--steps", "100000", "--quiet"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=OUT)
+    time.sleep(2)
+    shutil.rmtree(rdir)
+    p.send_signal(signal.SIGINT)
+    out = p.communicate(timeout=60)[0].decode(errors="replace")
+    check(p.returncode == 1 and "the report is kept in" in out and
+          os.path.exists(os.path.join(rd, "report.json")),
+          f"a report whose directory went: {os.listdir(rd)}\n{out}")
+    ok(["report", os.path.join(rd, "report.json")])
+
+
 def case_models_in():
     """A model brought from a Hugging Face directory: a context longer than its positions is
     refused (never silently cut); a run it seeded resumes and evaluates without it (moved away);

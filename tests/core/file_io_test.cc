@@ -48,6 +48,23 @@ TEST_F(AtomicFileTest, CommitReplacesTheFileWhole) {
   EXPECT_EQ(Entries(), 1u);
 }
 
+TEST_F(AtomicFileTest, ANewFileIsNeverWrittenOverAnything) {
+  const std::string path = (dir_ / "kept.json").string();
+  ASSERT_TRUE(WriteNewFile(path, "first").ok());
+  EXPECT_EQ(*ReadWholeFile(path), "first");
+  const Status again = WriteNewFile(path, "second");
+  EXPECT_EQ(again.code(), StatusCode::kAlreadyExists) << again.ToString();
+  EXPECT_EQ(*ReadWholeFile(path), "first");
+  // Something appearing while the file is written is kept too.
+  auto f = AtomicFile::Create((dir_ / "late.json").string());
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE(f->Write("mine", 4).ok());
+  { std::ofstream((dir_ / "late.json").string()) << "theirs"; }
+  EXPECT_EQ(f->CommitNew().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(*ReadWholeFile((dir_ / "late.json").string()), "theirs");
+  EXPECT_EQ(Entries(), 2u);  // no temporary left
+}
+
 TEST_F(AtomicFileTest, AnUncommittedFileLeavesNothing) {
   const std::string path = (dir_ / "b.json").string();
   {
