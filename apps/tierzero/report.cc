@@ -81,26 +81,32 @@ int ReportCommand(const std::vector<std::string>& args) {
   }
   auto summary = ReportSummary(*text);
   if (!summary.ok()) return fail(std::move(summary).status().WithContext(input));
-  // A trace needs a profiled iteration: a report without one is refused before either output is
-  // written (not after the page has replaced its file).
+  // Both outputs are rendered before either is written: a report that cannot be traced (no
+  // profiled iteration, malformed events) is refused with the page's file as it was.
+  std::string page_text, trace_text;
   if (!trace.empty()) {
-    const nlohmann::json r = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
-    const bool profiled = r.is_object() && r.contains("profile") && r["profile"].is_object() &&
-                          r["profile"].value("available", false);
-    if (!profiled)
+    auto t = RenderChromeTrace(*text);
+    if (t.status().code() == StatusCode::kFailedPrecondition)
       return fail(FailedPreconditionError(
           input +
           " has no profiled iteration (its run ended before it): no trace can be drawn; "
           "leave --trace out"));
+    if (!t.ok()) return fail(std::move(t).status().WithContext(input));
+    trace_text = std::move(t).value();
+  }
+  if (!html.empty()) {
+    auto p = RenderHtmlReport(*text);
+    if (!p.ok()) return fail(std::move(p).status().WithContext(input));
+    page_text = std::move(p).value();
   }
   std::fputs(summary->c_str(), stdout);
   if (!html.empty()) {
-    if (Status s = WriteHtmlReport(*text, html); !s.ok())
+    if (Status s = WriteTextFile(html, page_text); !s.ok())
       return fail(s.WithContext("writing the page " + html));
     std::printf("html: %s\n", html.c_str());
   }
   if (!trace.empty()) {
-    if (Status s = WriteChromeTrace(*text, trace); !s.ok())
+    if (Status s = WriteTextFile(trace, trace_text); !s.ok())
       return fail(
           s.WithContext("writing the trace " + trace +
                         (html.empty() ? std::string() : " (the page " + html + " is written)")));

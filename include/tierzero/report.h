@@ -27,9 +27,13 @@ StatusOr<std::string> ReportSummary(const std::string& report_json);
 // The profiled iteration's events, one track (thread) per stream, in the Trace Event Format
 // (loads in Perfetto and chrome://tracing). FailedPrecondition when nothing was profiled.
 Status WriteChromeTrace(const std::string& report_json, const std::string& path);
+// The trace's text, written nowhere (a command with several outputs renders them all before it
+// writes any: a report that cannot be traced replaces no page).
+StatusOr<std::string> RenderChromeTrace(const std::string& report_json);
 
 // One self-contained HTML file (inline SVG and script; no network access) with the charts.
 Status WriteHtmlReport(const std::string& report_json, const std::string& path);
+StatusOr<std::string> RenderHtmlReport(const std::string& report_json);
 
 // The report with a plan's prediction beside what it measured (docs/plan.md): `plan_json` is a
 // `tierzero plan --json` file's text (schema "tierzero.plan/1") or PlanJson's object. Adds

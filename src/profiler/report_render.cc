@@ -296,6 +296,11 @@ StatusOr<std::string> ReportSummary(const std::string& text) {
 }
 
 Status WriteChromeTrace(const std::string& text, const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string trace, RenderChromeTrace(text));
+  return WriteTextFile(path, trace);
+}
+
+StatusOr<std::string> RenderChromeTrace(const std::string& text) {
   ASSIGN_OR_RETURN(const json r, ParseReport(text));
   // The summary reads (and checks) the rest of the report.
   RETURN_IF_ERROR(ReportSummary(text).status());
@@ -361,7 +366,7 @@ Status WriteChromeTrace(const std::string& text, const std::string& path) {
                       {"args", args}});
   }
   json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
-  return WriteTextFile(path, trace.dump());
+  return trace.dump();
 }
 
 }  // namespace tierzero
@@ -377,6 +382,11 @@ constexpr const char kPage[] =
 }  // namespace
 
 Status WriteHtmlReport(const std::string& text, const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string page, RenderHtmlReport(text));
+  return WriteTextFile(path, page);
+}
+
+StatusOr<std::string> RenderHtmlReport(const std::string& text) {
   ASSIGN_OR_RETURN(const json r, ParseReport(text));
   // The page draws the fields the summary reads: a report they are malformed in is refused here.
   RETURN_IF_ERROR(ReportSummary(text).status());
@@ -398,7 +408,7 @@ Status WriteHtmlReport(const std::string& text, const std::string& path) {
   const size_t at = page.find(marker);
   if (at == std::string::npos) return InternalError("the report page has no data marker");
   page.replace(at, marker.size(), data);
-  return WriteTextFile(path, page);
+  return page;
 }
 
 }  // namespace tierzero

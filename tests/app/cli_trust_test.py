@@ -1238,6 +1238,19 @@ def case_ranges():
             json.dump(report, f)
         refused(["report", path, "-o", os.path.join(OUT, "x.html")], "tiers.host.used")
     check(not os.path.exists(os.path.join(OUT, "x.html")), "a page of a bad report was written")
+    # A report whose profiled events cannot be traced replaces no page: both outputs are
+    # rendered before either is written.
+    report = json.load(open(os.path.join(OUT, "x_ok/report.json")))
+    if report.get("profile", {}).get("events"):
+        report["profile"]["events"][0]["lane"] = 5000
+        path = os.path.join(OUT, "x_report_events.json")
+        with open(path, "w") as f:
+            json.dump(report, f)
+        page = os.path.join(OUT, "x_users_page.html")
+        with open(page, "w") as f:
+            f.write("my page")
+        refused(["report", path, "-o", page, "--trace", os.path.join(OUT, "x_t.json")], "lane")
+        check(read(page) == b"my page", "a report that could not be traced replaced the page")
 
 
 def case_plan_device():
