@@ -378,11 +378,21 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
   }
   add_input("--init-from", out.init_from);
   add_input("--plan", out.plan);
-  // A Hugging Face model directory (--init-from DIR): nothing is written inside it.
+  // A Hugging Face model directory (--init-from DIR): nothing is written inside it, nor over
+  // any file it holds, which may be a link to a file elsewhere (the Hugging Face hub's cache
+  // keeps a snapshot's files as links into its blobs).
+  std::error_code ec;
   const std::optional<FileId> init_dir =
-      !out.init_from.empty() && std::filesystem::is_directory(out.init_from)
+      !out.init_from.empty() && std::filesystem::is_directory(out.init_from, ec)
           ? std::optional<FileId>(Identify(out.init_from))
           : std::nullopt;
+  if (init_dir) {
+    int listed = 0;
+    for (auto it = std::filesystem::directory_iterator(out.init_from, ec);
+         !ec && it != std::filesystem::directory_iterator() && listed < 100000;
+         it.increment(ec), ++listed)
+      add_input("--init-from", it->path().string());
+  }
   const std::optional<FileId> resume =
       out.resume.empty() ? std::nullopt : std::optional<FileId>(Identify(out.resume));
   const std::optional<FileId> ckpt = out.checkpoint_dir.empty()

@@ -1066,6 +1066,20 @@ def case_models_in():
     refused(["train", "--config", rd + "/config.json", "--resume", rd + "/checkpoint",
              "--init-from", hf, "--steps", "4", "--run-dir", rd, "--quiet"], "--init-from",
             "--resume")
+    # A model directory whose weights are a link to a file elsewhere (the hub cache's layout):
+    # no output is written over the file it links to, even with --overwrite.
+    linked = os.path.join(OUT, "mi_linked")
+    os.makedirs(linked)
+    shutil.copy(os.path.join(hf, "config.json"), linked)
+    blob = os.path.join(OUT, "mi_blob")
+    shutil.copy(os.path.join(hf, "model.safetensors"), blob)
+    os.symlink(blob, os.path.join(linked, "model.safetensors"))
+    weights = read(blob)
+    for flag in ("--report", "--metrics"):
+        refused(["train", "--init-from", linked, "--data", tok, "--steps", "1", "--run-dir",
+                 os.path.join(OUT, "mi_lrun"), flag, blob, "--overwrite", "--quiet"],
+                "the run's input --init-from")
+    check(read(blob) == weights, "an output was written over the weights a model directory links")
     moved = hf + ".moved"
     os.rename(hf, moved)
     try:
