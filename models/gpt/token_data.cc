@@ -70,7 +70,8 @@ Status TokenShards::Read(const File& f, uint64_t first, uint64_t n, int32_t* out
 }
 
 StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& pattern, int vocab,
-                                                         uint64_t min_tokens) {
+                                                         uint64_t min_tokens,
+                                                         uint64_t scan_at_open) {
   if (pattern.empty()) return InvalidArgumentError("data kind 'tokens' needs a path (--data)");
   std::vector<std::string> paths;
   glob_t g{};
@@ -91,6 +92,7 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
   std::unique_ptr<TokenShards> s(new TokenShards());
   s->pattern_ = pattern;
   s->vocab_ = vocab;
+  uint64_t scanned = 0;  // bytes whose ids were checked (scan_at_open)
   for (const std::string& path : paths) {
     File f;
     f.path = path;
@@ -149,23 +151,17 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
             std::to_string(bytes) + " bytes, is odd)");
       file.count = bytes / 2;
     }
-    // Every id inside the vocabulary (Note [Token splits]); read sequentially, a second or so
-    // per few GB.
+    // Every id inside the vocabulary (Note [Token splits]): the first scan_at_open bytes here,
+    // read sequentially (a second or so per few GB), and each window as it is read.
     if (vocab < 65536) {
       std::vector<int32_t> chunk(1 << 20);
-      for (uint64_t first = 0; first < file.count; first += chunk.size()) {
-        const uint64_t n = std::min<uint64_t>(chunk.size(), file.count - first);
+      for (uint64_t first = 0; first < file.count && scanned < scan_at_open;
+           first += chunk.size()) {
+        const uint64_t n = std::min<uint64_t>(
+            {chunk.size(), file.count - first, (scan_at_open - scanned + 1) / 2});
         TZ_RETURN_IF_ERROR(s->Read(file, first, n, chunk.data()));
-        for (uint64_t k = 0; k < n; ++k) {
-          if (chunk[k] >= vocab)
-            return InvalidArgumentError(
-                "the token file '" + path + "' holds token id " + std::to_string(chunk[k]) +
-                " at position " + std::to_string(first + k) +
-                ", outside the model's vocabulary of " + std::to_string(vocab) +
-                " (the data was tokenized for another vocabulary: set model.vocab (--vocab) to "
-                "the tokenizer's size, or, for a model directory's fixed vocabulary, tokenize "
-                "the data with its own tokenizer)");
-        }
+        TZ_RETURN_IF_ERROR(s->CheckIds(file, first, n, chunk.data()));
+        scanned += 2 * n;
       }
     }
   }
@@ -229,10 +225,25 @@ Status TokenShards::EvalWindow(uint64_t index, int seq, int32_t* tokens, int32_t
   return InternalError("evaluation window " + std::to_string(index) + " is past the files");
 }
 
+Status TokenShards::CheckIds(const File& f, uint64_t first, uint64_t n, const int32_t* ids) const {
+  for (uint64_t k = 0; k < n; ++k) {
+    if (ids[k] >= vocab_)
+      return InvalidArgumentError(
+          "the token file '" + f.path + "' holds token id " + std::to_string(ids[k]) +
+          " at position " + std::to_string(first + k) + ", outside the model's vocabulary of " +
+          std::to_string(vocab_) +
+          " (the data was tokenized for another vocabulary: set model.vocab (--vocab) to "
+          "the tokenizer's size, or, for a model directory's fixed vocabulary, tokenize "
+          "the data with its own tokenizer)");
+  }
+  return Status::OK();
+}
+
 Status TokenShards::ReadWindow(const File& f, uint64_t first, int seq, int32_t* tokens,
                                int32_t* targets) const {
   std::vector<int32_t> w(static_cast<size_t>(seq) + 1);
   TZ_RETURN_IF_ERROR(Read(f, first, w.size(), w.data()));
+  if (vocab_ < 65536) TZ_RETURN_IF_ERROR(CheckIds(f, first, w.size(), w.data()));
   std::copy(w.begin(), w.end() - 1, tokens);
   std::copy(w.begin() + 1, w.end(), targets);
   return Status::OK();

@@ -7,9 +7,11 @@
 //
 // Note [Token splits]: with several shards the last (in sorted order) validates and the others
 // train, as llm.c's `*_val_*` shard does; one file trains on its first 90% and validates on its
-// last 10%. Every token id is checked against the model's vocabulary when the files open (a
-// tokenizer's ids beyond model.vocab would index past the embedding), with the file and position
-// of the first bad one named.
+// last 10%. Every token id is checked against the model's vocabulary (a tokenizer's ids beyond
+// model.vocab would index past the embedding), with the file and position of the first bad one
+// named: the files' first 4 GiB when they open (seconds), and every window as it is read, so a
+// bad id further on ends the run between two steps with its steps saved (Note [A checkpoint
+// after a data error]) instead of the set-up reading a terabyte for many minutes.
 //
 // Thread-safety: const methods may be called concurrently.
 #pragma once
@@ -30,8 +32,11 @@ class TokenShards {
   // that is not a regular file, not a shard (a bad header, a size that disagrees with its count)
   // nor raw uint16 tokens (an odd size), holds an id >= vocab, or a split shorter than
   // `min_tokens` (0: the splits are not used, only the evaluation windows).
+  // `scan_at_open`: the bytes whose ids are checked here (every window's are checked as it is
+  // read).
   static StatusOr<std::unique_ptr<TokenShards>> Open(const std::string& pattern, int vocab,
-                                                     uint64_t min_tokens);
+                                                     uint64_t min_tokens,
+                                                     uint64_t scan_at_open = uint64_t{4} << 30);
   ~TokenShards();
   TokenShards(const TokenShards&) = delete;
   TokenShards& operator=(const TokenShards&) = delete;
@@ -65,6 +70,9 @@ class TokenShards {
   };
   // Tokens [first, first + n) of file `f`, widened to int32 into `out`.
   Status Read(const File& f, uint64_t first, uint64_t n, int32_t* out) const;
+  // InvalidArgument naming the first of `ids` (tokens [first, first + n) of `f`) outside the
+  // vocabulary.
+  Status CheckIds(const File& f, uint64_t first, uint64_t n, const int32_t* ids) const;
   Status ReadWindow(const File& f, uint64_t first, int seq, int32_t* tokens,
                     int32_t* targets) const;
   struct Span {  // tokens [begin, end) of a file

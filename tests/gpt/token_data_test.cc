@@ -164,6 +164,25 @@ TEST(TokenData, BadFilesAreRefusedWithWhatIsWrong) {
   std::vector<int32_t> tok(16), tgt(16);
   const Status read = (*shrinking)->Window(false, 5, 16, tok.data(), tgt.data());
   EXPECT_EQ(read.code(), StatusCode::kDataLoss) << read.ToString();
+  // Ids past the bytes checked at open are checked as each window is read: every window holding
+  // the bad id is refused, naming it, every other one read.
+  auto lazy = TokenShards::Open(dir / "id.bin", 300, 17, /*scan_at_open=*/200);
+  ASSERT_TRUE(lazy.ok()) << lazy.status().ToString();
+  int refused = 0;
+  for (uint64_t w = 0; w < (*lazy)->NumEvalWindows(16); ++w) {
+    const Status s = (*lazy)->EvalWindow(w, 16, tok.data(), tgt.data());
+    const bool holds = w * 16 <= 123 && 123 <= w * 16 + 16;
+    EXPECT_EQ(s.ok(), !holds) << w << ": " << s.ToString();
+    if (!s.ok()) {
+      ++refused;
+      EXPECT_NE(s.ToString().find("token id 300 at position 123"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(refused, 1);
+  int windows_refused = 0;
+  for (uint64_t key = 0; key < 2000; ++key)
+    windows_refused += !(*lazy)->Window(false, key, 16, tok.data(), tgt.data()).ok();
+  EXPECT_GT(windows_refused, 0);
   // Through the dataset: kind "tokens" with the model's vocabulary.
   DataConfig c;
   c.kind = "tokens";
