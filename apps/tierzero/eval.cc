@@ -131,7 +131,7 @@ int Eval(const std::vector<std::string>& args) {
                                 "stopping the evaluation now (it writes nothing: nothing is lost)");
   std::vector<std::string> rest;
   int window = 0;
-  bool has_config = false, has_nvme_path = false;
+  bool has_config = false, has_nvme_path = false, has_data = false;
   std::string resume, init_from;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "-h" || args[i] == "--help") {
@@ -162,6 +162,7 @@ int Eval(const std::vector<std::string>& args) {
     }
     has_config = has_config || args[i] == "--config";
     has_nvme_path = has_nvme_path || args[i] == "--nvme-path";
+    has_data = has_data || args[i] == "--data";
     if (args[i] == "--resume" && i + 1 < args.size()) resume = args[i + 1];
     if (args[i] == "--init-from" && i + 1 < args.size()) init_from = args[i + 1];
     rest.push_back(args[i]);
@@ -193,6 +194,12 @@ int Eval(const std::vector<std::string>& args) {
         "tierzero eval needs exactly one model: --resume CHECKPOINT or --init-from FILE|DIR"));
   if (cfg->data.kind != "tokens")
     return EvalFail(InvalidArgumentError("tierzero eval needs token files: --data PATH"));
+  // The data scored is named here: the checkpoint's run's token path is not taken for it (it is
+  // relative to where that run ran, so from elsewhere it names another file or none).
+  if (!has_data && !has_config)
+    return EvalFail(InvalidArgumentError(
+        "tierzero eval needs the token files to score: --data PATH (the checkpoint's run read '" +
+        cfg->data.token_path + "', a path relative to where it ran)"));
   if (window == 0) window = cfg->model.seq_len;
   // Windows up to the positions the model knows (a Hugging Face model's max_position_embeddings).
   if (window > cfg->model.seq_len && window <= cfg->model.positions()) cfg->model.seq_len = window;

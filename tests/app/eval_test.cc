@@ -152,6 +152,9 @@ TEST(Eval, TrainingOnATokenFileLowersTheLossAndItsCheckpointEvaluates) {
   // Another shape than the checkpoint's is refused, naming the field.
   EXPECT_EQ(Eval({"--resume", dir / "run/checkpoint", "--data", dir / "train.bin", "--heads", "4"}),
             1);
+  // The data scored is named: the run's recorded token path (relative to where it ran) is not
+  // taken for it.
+  EXPECT_EQ(Eval({"--resume", dir / "run/checkpoint"}), 1);
 }
 
 }  // namespace
