@@ -11,9 +11,11 @@
 //   tierzero --help | --version
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -147,6 +149,16 @@ int main(int argc, char** argv) {
   // run before it saves: writes to the broken pipe fail with EPIPE instead, and the run goes on
   // without its console (docs/signals.md).
   ::signal(SIGPIPE, SIG_IGN);
+  // A glob of token shards keeps a descriptor per file (models/gpt/token_data.h), and a data set
+  // of a thousand shards meets the usual soft limit of 1024 open files: it is raised toward the
+  // hard limit, as `ulimit -n` would (at most 65536).
+  if (struct rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+    const rlim_t want = rl.rlim_max == RLIM_INFINITY ? 65536 : std::min<rlim_t>(rl.rlim_max, 65536);
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+      rl.rlim_cur = want;
+      (void)::setrlimit(RLIMIT_NOFILE, &rl);
+    }
+  }
   // First, before any thread exists (Note [Signals on one thread of ours], signals.h).
   if (tierzero::Status s = tierzero::app::StartSignalThread(); !s.ok()) {
     std::fprintf(stderr, "error: %s\n", s.ToString().c_str());

@@ -78,7 +78,14 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
   // A path that exists is that file, brackets and all ("shard[1].bin"); else a glob.
   struct stat named {};
   const bool literal = ::stat(pattern.c_str(), &named) == 0;
-  const int rc = literal ? 0 : ::glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
+  // (glob's error callback takes no context: the first error is kept in a thread's own.)
+  static thread_local std::pair<std::string, int> glob_error;
+  glob_error = {"", 0};
+  auto on_error = [](const char* at, int err) {
+    if (glob_error.second == 0) glob_error = {at, err};
+    return 1;
+  };
+  const int rc = literal ? 0 : ::glob(pattern.c_str(), GLOB_ERR, on_error, &g);
   if (literal) paths.push_back(pattern);
   if (rc == 0) {
     for (size_t i = 0; i < g.gl_pathc; ++i) paths.emplace_back(g.gl_pathv[i]);
@@ -86,6 +93,15 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
   ::globfree(&g);
   if (rc == GLOB_NOMATCH || (rc == 0 && paths.empty()))
     return NotFoundError("no token file matches '" + pattern + "' (--data)");
+  if (rc == GLOB_ABORTED && (glob_error.second == ENOENT || glob_error.second == ENOTDIR))
+    return NotFoundError("no token file matches '" + pattern + "' (--data): the directory '" +
+                         glob_error.first + "' does not exist");
+  if (rc == GLOB_ABORTED)
+    return ErrnoStatus("listing the token files of '" + pattern +
+                           "' (--data): reading the "
+                           "directory '" +
+                           glob_error.first + "'",
+                       glob_error.second);
   if (rc != 0) return IoError("listing the token files of '" + pattern + "' failed");
   std::sort(paths.begin(), paths.end());
 
@@ -97,6 +113,12 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
     File f;
     f.path = path;
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE))
+      return ErrnoStatus("cannot open the token file '" + path + "' (" +
+                             std::to_string(paths.size()) +
+                             " files match, each kept open: raise the limit of open files, "
+                             "`ulimit -n`, or join shards)",
+                         errno);
     if (fd < 0) return ErrnoStatus("cannot open the token file '" + path + "'", errno);
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

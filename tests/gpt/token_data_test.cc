@@ -152,6 +152,7 @@ TEST(TokenData, BadFilesAreRefusedWithWhatIsWrong) {
   std::ofstream(dir / "odd.bin") << "abc";
   EXPECT_NE(error(dir / "odd.bin", 300).find("odd"), std::string::npos);
   EXPECT_NE(error(dir / "none*.bin", 300).find("NotFound"), std::string::npos);
+  EXPECT_NE(error(dir / "nodir/*.bin", 300).find("the directory"), std::string::npos);
   fs::create_directories(dir / "adir.bin");
   EXPECT_NE(error(dir / "adir.bin", 300).find("not a regular file"), std::string::npos);
   WriteRaw(dir / "tiny.bin", Tokens(30, 0, 300));  // 27 train, 3 validate: no window of 17
