@@ -121,6 +121,7 @@ int Export(const std::vector<std::string>& args) {
   // A path no file can be written to is refused before the checkpoint loads.
   if (!hf) {
     if (Status s = CheckOutputPath(output, "-o"); !s.ok()) return Fail(s);
+    if (Status s = CheckOutputDirectory(output, "-o"); !s.ok()) return Fail(s);
   } else {
     std::error_code dec;
     if (fs::exists(output, dec) && (!fs::is_directory(output, dec) || !fs::is_empty(output, dec)))

@@ -567,6 +567,7 @@ int Plan(const std::vector<std::string>& args) {
   if (!pa->json_path.empty()) {
     // A path no plan can be written to is refused now, not after the calibration.
     if (Status s = CheckOutputPath(pa->json_path, "--json"); !s.ok()) return Fail(s);
+    if (Status s = CheckOutputDirectory(pa->json_path, "--json"); !s.ok()) return Fail(s);
     // The plan is written over none of the files it reads.
     if (Status s = CheckNotAnInput(pa->json_path, "--json",
                                    {{"config", config_path, false},

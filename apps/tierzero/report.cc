@@ -58,6 +58,7 @@ int ReportCommand(const std::vector<std::string>& args) {
        {std::pair<const char*, std::string>{"-o", html}, {"--trace", trace}}) {
     if (out.empty()) continue;
     if (Status s = CheckOutputPath(out, flag); !s.ok()) return fail(s);
+    if (Status s = CheckOutputDirectory(out, flag); !s.ok()) return fail(s);
   }
   // Neither output is an input, nor the other output.
   const std::vector<InputPath> inputs = {{"report", input, false}, {"plan", plan, false}};

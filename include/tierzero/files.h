@@ -29,6 +29,10 @@ Status WriteNewFile(const std::string& path, const std::string& text);
 // InvalidArgument naming `what` and what the path is otherwise. Lets a command refuse a bad output
 // before it works, not after.
 Status CheckOutputPath(const std::string& path, const std::string& what);
+// OK when `path` exists or its directory does (NotFound naming the directory otherwise): for a
+// command whose output's directory is not made for it (export -o, report -o), checked before it
+// works.
+Status CheckOutputDirectory(const std::string& path, const std::string& what);
 
 // An output written as it goes (a metrics file, line by line), by the same rules: a regular file
 // is created or opened for appending (`append`) or from empty; a device or FIFO is streamed into

@@ -169,6 +169,10 @@ StatusOr<AtomicFile> AtomicFile::Create(const std::string& path) {
     mode = st.st_mode & 07777;
   }
   f.fd_ = CreateTemporary(f.target_, mode, &f.tmp_);
+  if (f.fd_ < 0 && (errno == ENOENT || errno == ENOTDIR))
+    return ErrnoError(
+        "cannot write " + path + ": its directory " + DirOf(f.target_) + " does not exist", errno,
+        StatusCode::kNotFound);
   if (f.fd_ < 0) return ErrnoError("creating " + f.tmp_, errno);
   // The mode asked for is masked by the umask; a replaced file keeps exactly its own bits.
   if (exists) (void)::fchmod(f.fd_, mode);
@@ -345,6 +349,20 @@ Status CheckOutputPath(const std::string& path, const std::string& what) {
                               FileKindName(st.st_mode) +
                               "; tierzero writes regular files, and streams into character "
                               "devices and FIFOs");
+}
+
+Status CheckOutputDirectory(const std::string& path, const std::string& what) {
+  if (StandardStreamFd(path) >= 0) return Status::OK();
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) return Status::OK();  // there (CheckOutputPath says more)
+  const std::string dir = DirOf(path);
+  if (::stat(dir.c_str(), &st) != 0)
+    return ErrnoError("cannot write " + what + " " + path + ": its directory " + dir, errno,
+                      errno == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError);
+  if (!S_ISDIR(st.st_mode))
+    return InvalidArgumentError("cannot write " + what + " " + path + ": " + dir + " is " +
+                                FileKindName(st.st_mode) + ", not a directory");
+  return Status::OK();
 }
 
 StatusOr<int> OpenOutputStream(const std::string& path, bool append, const std::string& what) {

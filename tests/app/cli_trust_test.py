@@ -1348,6 +1348,10 @@ def case_export_paths():
     ok(["export", "checkpoint/.", "-o", os.path.join(OUT, "p_3.st")], cwd=run_dir)
     check(read(os.path.join(OUT, "p_1.st")) == read(os.path.join(OUT, "p_2.st")),
           "the exports differ")
+    # An output whose directory is missing is refused before any work, naming the directory.
+    missing = os.path.join(OUT, "p_missing", "x.st")
+    refused(["export", run_dir + "/checkpoint", "-o", missing], "its directory")
+    refused(["report", run_dir + "/report.json", "-o", missing], "its directory")
 
 
 def case_output():
