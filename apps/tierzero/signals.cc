@@ -1,6 +1,7 @@
 // Note [Signals on one thread of ours] in signals.h.
 #include "signals.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -48,13 +49,31 @@ int64_t NowNs() {
 // signal and to end the process. write(2), not stdio (the main thread may hold stderr's lock);
 // only when the descriptor takes it now (a pipe then takes the whole message: PIPE_BUF), else
 // the message is dropped.
+std::atomic<int> g_stderr{STDERR_FILENO};  // where Say writes (SilenceOtherThreads)
+
 void Say(const char* text, size_t n) {
-  pollfd p{STDERR_FILENO, POLLOUT, 0};
-  if (::poll(&p, 1, 0) == 1 && (p.revents & POLLOUT) != 0) (void)!::write(STDERR_FILENO, text, n);
+  const int fd = g_stderr.load();
+  pollfd p{fd, POLLOUT, 0};
+  if (::poll(&p, 1, 0) == 1 && (p.revents & POLLOUT) != 0) (void)!::write(fd, text, n);
+}
+
+// Note [An ending process says nothing false]
+// Removing the partial outputs of a process that ends on a signal pulls a temporary file from
+// under a write or a rename the main thread may be in the middle of; that thread then fails and
+// would print an error ("renaming ... .tmp: No such file or directory") the signal caused, a
+// moment before the process ends. So before the removal the process's stderr is pointed at
+// /dev/null (dup2: every thread's at once), and this thread says its own line on a copy.
+void SilenceOtherThreads() {
+  const int copy = ::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
+  const int null_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  if (copy < 0 || null_fd < 0) return;  // (said as before)
+  g_stderr.store(copy);
+  (void)::dup2(null_fd, STDERR_FILENO);
 }
 
 // Ends the process now with status 128 + sig, leaving no partial output behind.
 [[noreturn]] void EndNow(int sig, const char* why) {
+  SilenceOtherThreads();
   RemovePendingTemporaries();
   char msg[256];
   const int n =
@@ -132,6 +151,7 @@ void* WaitForSignals(void*) {
     }
     // No run to stop gracefully: the signal's default action, on this thread, for the process,
     // after the partial outputs it was writing are removed (an export's temporary file).
+    SilenceOtherThreads();
     RemovePendingTemporaries();
     signal(sig, SIG_DFL);
     sigset_t one;
