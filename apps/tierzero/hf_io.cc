@@ -56,6 +56,19 @@ const ShapeField kShape[] = {
 // train.h
 Status MergeHfModel(RunConfig& cfg) {
   const std::string& dir = cfg.output.init_from;
+  struct stat st {};
+  if (!dir.empty() && !gpt::IsHfDir(dir) && ::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    // A directory that is no model directory: said before anything is built.
+    if (::stat((dir + "/manifest.json").c_str(), &st) == 0)
+      return InvalidArgumentError("--init-from " + dir +
+                                  " is a tierzero checkpoint, not a model directory: --resume " +
+                                  dir + " continues or evaluates it (tierzero export " + dir +
+                                  " --format hf -o DIR makes a model directory of it)");
+    return InvalidArgumentError(
+        "--init-from " + dir +
+        " is a directory without config.json: --init-from takes a safetensors file or a Hugging "
+        "Face model directory (config.json and its model*.safetensors)");
+  }
   if (dir.empty() || !gpt::IsHfDir(dir)) return Status::OK();
   // The defaults of the architecture the run names (--arch llama sets Llama's).
   gpt::GptConfig defaults = DefaultRunConfig().model;

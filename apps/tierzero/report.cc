@@ -67,10 +67,10 @@ int ReportCommand(const std::vector<std::string>& args) {
     if (out.empty()) continue;
     if (Status s = CheckNotAnInput(out, flag, inputs); !s.ok()) return fail(s);
   }
-  if (!html.empty() && !trace.empty()) {
-    if (Status s = CheckNotAnInput(trace, "--trace", {{"HTML page (-o)", html, false}}); !s.ok())
-      return fail(s);
-  }
+  if (!html.empty() && !trace.empty() &&
+      !CheckNotAnInput(trace, "--trace", {{"HTML page (-o)", html, false}}).ok())
+    return fail(InvalidArgumentError("--trace " + trace + " and -o " + html +
+                                     " name the same file: give each output its own"));
   auto text = ReadReportFile(input);
   if (!text.ok()) return fail(text.status());
   if (!plan.empty()) {

@@ -1066,6 +1066,12 @@ def case_models_in():
     refused(["train", "--config", rd + "/config.json", "--resume", rd + "/checkpoint",
              "--init-from", hf, "--steps", "4", "--run-dir", rd, "--quiet"], "--init-from",
             "--resume")
+    # A checkpoint or an empty directory given to --init-from is said to be what it is, before
+    # anything is built.
+    refused(["eval", "--init-from", base + "/checkpoint", "--data", tok], "--resume")
+    os.makedirs(os.path.join(OUT, "mi_empty"))
+    refused(["train", "--init-from", os.path.join(OUT, "mi_empty"), "--data", tok, "--run-dir",
+             os.path.join(OUT, "mi_erun")], "without config.json")
     # A model directory whose weights are a link to a file elsewhere (the hub cache's layout):
     # no output is written over the file it links to, even with --overwrite.
     linked = os.path.join(OUT, "mi_linked")
