@@ -204,8 +204,14 @@ int Eval(const std::vector<std::string>& args) {
   // Windows up to the positions the model knows (a Hugging Face model's max_position_embeddings).
   if (window > cfg->model.seq_len && window <= cfg->model.positions()) cfg->model.seq_len = window;
   if (window > cfg->model.seq_len) {
-    // A safetensors file records no context: it is the config's (the run's, or the default).
-    const bool file = !cfg->output.init_from.empty() && !gpt::IsHfDir(cfg->output.init_from);
+    // A safetensors file another program wrote records no context: it is the config's (the
+    // run's, or the default). tierzero's export records its model's (Note [A safetensors file
+    // that records its model], hf_io.cc).
+    bool file = !cfg->output.init_from.empty() && !gpt::IsHfDir(cfg->output.init_from);
+    if (file) {
+      auto metadata = ReadSafetensorsMetadata(cfg->output.init_from);
+      file = !metadata.ok() || metadata->count("tierzero.model") == 0;
+    }
     return EvalFail(InvalidArgumentError(
         "--seq-len " + std::to_string(window) +
         " is longer than the model's context (model.seq_len " + std::to_string(cfg->model.seq_len) +

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "resume.h"
 #include "run_dir.h"
 #include "tierzero/bytes.h"
 #include "tierzero/files.h"
@@ -174,7 +175,11 @@ int Export(const std::vector<std::string>& args) {
                 std::string(DTypeName(dtype)).c_str(), output.c_str(), summary.c_str());
     return 0;
   }
-  if (Status s = (*engine)->ExportSafetensors(output, dtype); !s.ok()) return Fail(s);
+  // The model the tensors are (Note [A safetensors file that records its model], hf_io.cc).
+  if (Status s =
+          (*engine)->ExportSafetensors(output, dtype, {{"tierzero.model", ModelJson(*cfg).dump()}});
+      !s.ok())
+    return Fail(s);
   std::printf("exported %d tensors (%lld parameters, %s) to %s\n", (*engine)->num_params(),
               static_cast<long long>((*model)->num_params()), std::string(DTypeName(dtype)).c_str(),
               output.c_str());

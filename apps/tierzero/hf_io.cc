@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gpt/hf.h"
+#include "resume.h"
 #include "tierzero/devices.h"
 #include "tierzero/files.h"
 #include "train.h"
@@ -102,6 +103,53 @@ Status MergeHfModel(RunConfig& cfg) {
                                 "/config.json gives the model");
   cfg.model = hf.config;
   SizeBudgetsToTheMachine(cfg);
+  return Status::OK();
+}
+
+// Note [A safetensors file that records its model]
+// A safetensors file holds tensors, not the model they belong to: a GPT with 4 heads has the
+// tensors of one with 2, and `--init-from model.safetensors --heads 4` loaded and computed
+// another model without a word. `tierzero export` records the model section in the file's
+// metadata ("tierzero.model"); --init-from such a file takes its model from there, as from a
+// model directory's config.json: a field the run asks for (a flag, --config) must agree, except
+// the context (model.seq_len: the run's, up to the positions its tensors hold) and what changes
+// how it computes, not what it is (seed, activation_checkpointing, activations). A file another
+// program wrote records nothing: its model is the run's config, as before.
+Status MergeRecordedModel(RunConfig& cfg) {
+  using nlohmann::json;
+  const std::string& file = cfg.output.init_from;
+  struct stat st {};
+  if (file.empty() || (::stat(file.c_str(), &st) == 0 && S_ISDIR(st.st_mode))) return Status::OK();
+  TZ_ASSIGN_OR_RETURN(const auto metadata, ReadSafetensorsMetadata(file));
+  const auto it = metadata.find("tierzero.model");
+  if (it == metadata.end()) return Status::OK();
+  const json recorded = json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+  if (!recorded.is_object())
+    return DataLossError("--init-from " + file +
+                         ": its metadata's tierzero.model is not a JSON object (the file was "
+                         "edited or damaged)");
+  auto merged = ParseRunConfig(json{{"model", recorded}}.dump(), cfg);
+  if (!merged.ok())
+    return std::move(merged).status().WithContext("--init-from " + file +
+                                                  ": the model its metadata records");
+  const json asked = ModelJson(cfg);
+  for (const auto& [key, then] : recorded.items()) {
+    if (key == "seed" || key == "activation_checkpointing" || key == "activations" ||
+        key == "seq_len")
+      continue;
+    const auto now = asked.find(key);
+    if (cfg.given.count("model." + key) == 0 || now == asked.end() || *now == then) continue;
+    return InvalidArgumentError("model." + key + " is " + now->dump() +
+                                " (a flag or the config file), but --init-from " + file +
+                                " records a model with " + then.dump() +
+                                ": the file's tensors are that model's; drop the setting");
+  }
+  gpt::GptConfig m = merged->model;
+  m.seed = cfg.model.seed;
+  m.activation_checkpointing = cfg.model.activation_checkpointing;
+  m.activations = cfg.model.activations;
+  if (cfg.given.count("model.seq_len") != 0) m.seq_len = cfg.model.seq_len;
+  cfg.model = m;
   return Status::OK();
 }
 

@@ -224,6 +224,7 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
     cfg.output.init_from.clear();  // Note [A resumed run's weights]
   }
   TZ_RETURN_IF_ERROR(MergeHfModel(cfg));
+  TZ_RETURN_IF_ERROR(MergeRecordedModel(cfg));
   TZ_RETURN_IF_ERROR(CheckDataSource(cfg));
   TZ_RETURN_IF_ERROR(ValidateRunConfig(cfg));
   return cfg;

@@ -89,6 +89,9 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args,
 // sets the model's shape; a shape field the run sets otherwise is an error naming it. Nothing
 // for a safetensors file. What the run asked for is `config.given`.
 Status MergeHfModel(RunConfig& config);
+// --init-from FILE, a safetensors file: the model tierzero's export recorded in it, as
+// MergeHfModel takes a directory's (Note [A safetensors file that records its model], hf_io.cc).
+Status MergeRecordedModel(RunConfig& config);
 // The machine's budgets for a model from a directory when the run sets none (Note [Budgets of
 // a model brought from a directory], hf_io.cc).
 void SizeBudgetsToTheMachine(RunConfig& config);

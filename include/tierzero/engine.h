@@ -45,6 +45,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -382,7 +383,9 @@ class Engine {
   StatusOr<std::string> LoadCheckpoint(const std::string& dir);
   // A consolidated safetensors file of the master weights as fp32 or bf16, and loading
   // parameters (by name) from one: missing or mis-shaped tensors are errors.
-  Status ExportSafetensors(const std::string& path, DType dtype) const;
+  // `metadata` joins the file's __metadata__ (beside format, producer and step).
+  Status ExportSafetensors(const std::string& path, DType dtype,
+                           const std::map<std::string, std::string>& metadata = {}) const;
   Status LoadSafetensors(const std::string& path);
 
   // The general forms. `names` gives a parameter's tensor name in the files (null: its own).
@@ -436,5 +439,10 @@ class Engine {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// A safetensors file's __metadata__ (its string values), read from its header without loading
+// a tensor: what ExportSafetensors recorded (tierzero's "tierzero.model"), or none. DataLoss for a
+// file that is no safetensors file.
+StatusOr<std::map<std::string, std::string>> ReadSafetensorsMetadata(const std::string& path);
 
 }  // namespace tierzero

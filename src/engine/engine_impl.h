@@ -134,10 +134,10 @@ struct Engine::Impl final : ActivationBuffer::Owner {
     std::string path;
     std::vector<size_t> tensors;
   };
-  // `producer`: tierzero's metadata (producer, step) beside {"format": "pt"}, else that alone (as
-  // transformers writes it).
+  // `producer`: tierzero's metadata (producer, step, and `metadata`) beside {"format": "pt"},
+  // else that alone (as transformers writes it).
   Status ExportFiles(const std::vector<ExportFile>& files, DType dtype, const TensorNames& names,
-                     bool producer);
+                     bool producer, const std::map<std::string, std::string>& metadata = {});
   std::vector<size_t> GatherOrder() const;
   std::vector<ChunkManager::MomentProfile> profile;  // copied at the profiled EndIteration
   std::vector<TimelineEvent> profile_events;

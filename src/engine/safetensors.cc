@@ -33,7 +33,8 @@ const char* SafetensorsDType(DType d) {
 
 // Writes `files`, each atomically. `names` maps a parameter's name to its tensor's.
 Status Engine::Impl::ExportFiles(const std::vector<ExportFile>& files, DType dtype,
-                                 const TensorNames& names, bool producer) {
+                                 const TensorNames& names, bool producer,
+                                 const std::map<std::string, std::string>& metadata) {
   Impl& im = *this;
   if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16)
     return InvalidArgumentError("safetensors export writes fp32, bf16 or fp16, not " +
@@ -60,6 +61,7 @@ Status Engine::Impl::ExportFiles(const std::vector<ExportFile>& files, DType dty
         if (producer) {
           header["__metadata__"]["producer"] = "tierzero";
           header["__metadata__"]["step"] = std::to_string(im.step);
+          for (const auto& [key, value] : metadata) header["__metadata__"][key] = value;
         }
         std::string h = header.dump();
         while ((h.size() + 8) % 8 != 0) h.push_back(' ');
@@ -110,7 +112,8 @@ std::vector<size_t> Engine::Impl::GatherOrder() const {
   return order;
 }
 
-Status Engine::ExportSafetensors(const std::string& path, DType dtype) const {
+Status Engine::ExportSafetensors(const std::string& path, DType dtype,
+                                 const std::map<std::string, std::string>& metadata) const {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("ExportSafetensors before Finalize");
   RETURN_IF_ERROR(im.cm->out_of_step());
@@ -118,7 +121,8 @@ Status Engine::ExportSafetensors(const std::string& path, DType dtype) const {
   if (dtype != DType::kF32 && dtype != DType::kBF16)
     return InvalidArgumentError("safetensors export writes fp32 or bf16, not " +
                                 std::string(DTypeName(dtype)));
-  return im.ExportFiles({Impl::ExportFile{path, im.GatherOrder()}}, dtype, nullptr, true);
+  return im.ExportFiles({Impl::ExportFile{path, im.GatherOrder()}}, dtype, nullptr, true,
+                        metadata);
 }
 
 StatusOr<std::vector<Engine::SafetensorsShard>> Engine::ExportSafetensorsShards(
@@ -231,8 +235,8 @@ StatusOr<SafetensorsEntry> ParseEntry(const std::string& path, const std::string
   return en;
 }
 
-// The header of a safetensors file, every entry checked and no two overlapping.
-StatusOr<SafetensorsHeader> ReadHeader(int fd, const std::string& path) {
+// The header of a safetensors file as JSON (an object), and its length.
+StatusOr<json> ReadHeaderJson(int fd, const std::string& path, uint64_t* header_bytes) {
   struct stat st {};
   ::fstat(fd, &st);
   uint64_t hlen = 0;
@@ -249,6 +253,16 @@ StatusOr<SafetensorsHeader> ReadHeader(int fd, const std::string& path) {
   if (!header.is_object())
     return DataLossError(path + ": the safetensors header is not valid JSON");
   RETURN_IF_ERROR(JsonIn(header, path, StatusCode::kDataLoss).CheckDepth(kMaxJsonDepth));
+  *header_bytes = hlen;
+  return header;
+}
+
+// The header of a safetensors file, every entry checked and no two overlapping.
+StatusOr<SafetensorsHeader> ReadHeader(int fd, const std::string& path) {
+  uint64_t hlen = 0;
+  ASSIGN_OR_RETURN(const json header, ReadHeaderJson(fd, path, &hlen));
+  struct stat st {};
+  ::fstat(fd, &st);
   SafetensorsHeader out;
   out.base = 8 + hlen;
   const uint64_t data_bytes = static_cast<uint64_t>(st.st_size) - out.base;
@@ -269,6 +283,19 @@ StatusOr<SafetensorsHeader> ReadHeader(int fd, const std::string& path) {
 }
 
 }  // namespace
+
+StatusOr<std::map<std::string, std::string>> ReadSafetensorsMetadata(const std::string& path) {
+  ReadFd fd(path, "safetensors file");
+  RETURN_IF_ERROR(fd.status());
+  uint64_t hlen = 0;
+  ASSIGN_OR_RETURN(const json header, ReadHeaderJson(fd.get(), path, &hlen));
+  std::map<std::string, std::string> out;
+  const auto it = header.find("__metadata__");
+  if (it == header.end() || !it->is_object()) return out;
+  for (const auto& [key, value] : it->items())
+    if (value.is_string()) out[key] = value.get<std::string>();
+  return out;
+}
 
 Status Engine::LoadSafetensors(const std::string& path) {
   return LoadSafetensors(std::vector<std::string>{path}, nullptr, nullptr);

@@ -1354,6 +1354,21 @@ def case_export_paths():
     ok(["export", "checkpoint/.", "-o", os.path.join(OUT, "p_3.st")], cwd=run_dir)
     check(read(os.path.join(OUT, "p_1.st")) == read(os.path.join(OUT, "p_2.st")),
           "the exports differ")
+    # The export records its model (Note [A safetensors file that records its model]): --init-from
+    # it takes that model, and refuses a shape that is not it (another --heads: the same tensors).
+    tok = os.path.join(OUT, "p_tok.bin")
+    with open(tok, "wb") as f:
+        f.write(struct.pack("<4000H", *[(i * 5) % 14 for i in range(4000)]))
+    st = os.path.join(OUT, "p_1.st")
+    refused(["eval", "--init-from", st, "--data", tok, "--heads", "2"], "model.n_head",
+            "records a model")
+    cfg = os.path.join(OUT, "small.json")
+    mean = [line for line in ok(["eval", "--init-from", st, "--data", tok]).splitlines()
+            if "mean loss" in line]
+    same = [line for line in ok(["eval", "--init-from", st, "--data", tok, "--config", cfg])
+            .splitlines() if "mean loss" in line]
+    check(mean and same and mean[0].split("|")[0] == same[0].split("|")[0],
+          f"eval of an export without its config: {mean} against {same}")
     # An output whose directory is missing is refused before any work, naming the directory.
     missing = os.path.join(OUT, "p_missing", "x.st")
     refused(["export", run_dir + "/checkpoint", "-o", missing], "its directory")
