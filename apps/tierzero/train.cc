@@ -292,11 +292,13 @@ Status TrainRun::SetUp() {
     struct stat st {};
     const bool metrics_new = ::lstat(out_.metrics.c_str(), &st) != 0 && errno == ENOENT;
     TZ_ASSIGN_OR_RETURN(metrics_fd_, OpenOutputStream(out_.metrics, append, "the metrics file"));
+    TZ_RETURN_IF_ERROR(LockMetrics(metrics_fd_));
+    // Made by this run, and locked: two runs started together may both have found no file, and
+    // the one refused by the other's lock must not remove the file the other writes.
     if (metrics_new) {
       metrics_made_ = true;
       RemoveOnSignalExit(out_.metrics);  // Note [A run that trained nothing leaves nothing]
     }
-    TZ_RETURN_IF_ERROR(LockMetrics(metrics_fd_));
   }
   // The destructor's undo ends here; a signal's stays until the first step (Note [A run that
   // trained nothing leaves nothing]).
@@ -339,7 +341,10 @@ void TrainRun::UndoStart() {
   metrics_fd_ = -1;
   if (metrics_made_) ::unlink(out_.metrics.c_str());
   if (config_made_) ::unlink(outputs_.config_path.c_str());
+  // (What StartKept lets go of, but a stop stays at once: the run is ending, its first step
+  // never will, and a signal now (mpirun's, as another rank aborts) must not promise a save.)
   StartKept();
+  if (world_ > 1) SetStopsAtOnce(true);
 }
 
 // A metrics file is appended to line by line for the whole run: two runs naming the same file
@@ -380,8 +385,7 @@ Status TrainRun::LockMetrics(int fd) {
 }
 
 Status TrainRun::Defer(Status s) {
-  if (world_ == 1 || s.ok()) return s;
-  if (pending_.ok()) pending_ = std::move(s);
+  if (!s.ok() && pending_.ok()) pending_ = std::move(s);
   return Status::OK();
 }
 
@@ -524,10 +528,10 @@ int Train(const std::vector<std::string>& args) {
   if (agreed) {
     // Every rank knows and ends on its own; the lead says why (Note [A checkpoint after a data
     // error], train_loop.cc).
-    if (speaks && own)
+    if (speaks && own && g_comm->size() > 1)
       std::fprintf(stderr, "rank %d of %d: error: %s\n", rank, g_comm->size(),
                    failed.ToString().c_str());
-    else if (speaks)  // (another rank's, which the message names)
+    else if (speaks)  // (one rank's; or another rank's, which the message names)
       std::fprintf(stderr, "error: %s\n", failed.ToString().c_str());
     return 1;
   }

@@ -96,6 +96,12 @@ Status TrainRun::Save(int step) {
   const auto t0 = std::chrono::steady_clock::now();
   Status s = engine_->SaveCheckpoint(out_.checkpoint_dir, user.dump());
   save_s_ = SecondsSince(t0);
+  // Every rank has the outcome (Note [Agreeing on an outcome]): a failure ends each rank on its
+  // own, the lead saying it, not by an abort.
+  if (!s.ok() && world_ > 1) {
+    agreed_failure_ = true;
+    speaks_ = lead_;
+  }
   if (s.ok()) {
     saved_step_ = step;
     SetStopSaves(true, true);
@@ -131,36 +137,37 @@ Status TrainRun::Save(int step) {
 // Note [A checkpoint after a data error]
 // Some errors leave the run between two steps with every rank's model whole: a step's data could
 // not be read (its micro-batches are fetched before any is computed), an evaluation's could not
-// (likewise), or a metrics line or the warm-up trace could not be written (after its step was
-// applied; a full disk, a closed pipe). The run then saves what it trained so far, as a Ctrl-C
-// would, before it reports the error, so a run of hours is not lost to a file it reads or
-// writes. On a resume in place the metrics file is trimmed to the checkpoint's step (a torn last
-// line goes too); a line that could not be written stays missing. Any other error (the engine's,
-// a collective's) may have left the model half updated and saves nothing.
+// (likewise), or a metrics line could not be written (after its step was applied; a full disk, a
+// closed pipe). The run then saves what it trained so far, as a Ctrl-C would, before it reports
+// the error, so a run of hours is not lost to a file it reads or writes. On a resume in place the
+// metrics file is trimmed to the checkpoint's step (a torn last line goes too); a line that could
+// not be written stays missing. Any other error (the engine's, a collective's) may have left the
+// model half updated and saves nothing. (The warm-up trace, an aid to the next plan, stops
+// nothing: the run says it could not be written and goes on.)
 //
 // With several ranks a checkpoint is a collective, and one rank's data error used to abort the
 // job unsaved. So the ranks agree between steps (AgreeToGoOn): before a step's or an evaluation's
-// first computation, each shares whether its data was read and whether a file it wrote since the
-// last agreement failed (the lead defers that error to the next agreement: the other ranks are
-// on their way to the next step already). Any rank's error stops every rank there, together:
-// all save, the lead says why (the lowest failing rank's error; another failing rank says its
-// own, if it differs), and each rank ends on its own, not by an abort. Cost: a gather of 512 bytes
-// per rank per step.
+// first computation, and once more before the last save, each shares whether its data was read
+// and whether a metrics line it wrote since the last agreement failed (Defer keeps that error
+// until then: the other ranks are on their way to the next step already; one rank does the
+// same, so it stops where several would). Any rank's error stops every rank there, together:
+// all save, the lead says why (the lowest failing rank's error, whole; another failing rank says
+// its own, if it differs), and each rank ends on its own, not by an abort. A run stopped before
+// its last step resumes once the cause is mended; one that trained its last step is saved,
+// evaluated and reported, and says so. Cost: a gather of 12 bytes per rank per step.
 Status TrainRun::AgreeToGoOn(Status mine) {
   if (mine.ok() && !pending_.ok()) mine = std::exchange(pending_, Status::OK());
   if (world_ == 1) return mine;
+  // Which ranks failed (a few bytes a step); then, only then, what each said, whole.
   struct Outcome {
     int32_t code = 0;
-    char when[100] = {};
-    char message[408] = {};
+    uint32_t message_bytes = 0, when_bytes = 0;
   } o;
-  auto copy = [](std::string_view from, char* to, size_t n) {
-    if (!from.empty()) std::memcpy(to, from.data(), std::min(from.size(), n - 1));
-  };
+  const std::string message(mine.message()), when = mine.ok() ? "" : resume_when_;
   if (!mine.ok()) {
     o.code = static_cast<int32_t>(mine.code());
-    copy(resume_when_, o.when, sizeof o.when);
-    copy(mine.message(), o.message, sizeof o.message);
+    o.message_bytes = static_cast<uint32_t>(message.size());
+    o.when_bytes = static_cast<uint32_t>(when.size());
   }
   auto all = AllGatherValue(*comm_, o);
   if (!all.ok()) {
@@ -168,21 +175,34 @@ Status TrainRun::AgreeToGoOn(Status mine) {
     return mine.ok() ? all.status() : mine;
   }
   int first = -1;
-  for (int r = 0; r < world_ && first < 0; ++r)
-    if ((*all)[static_cast<size_t>(r)].code != 0) first = r;
+  size_t longest = 1;
+  for (int r = world_ - 1; r >= 0; --r) {
+    const Outcome& x = (*all)[static_cast<size_t>(r)];
+    if (x.code != 0) first = r;
+    longest = std::max<size_t>(longest, size_t{x.message_bytes} + x.when_bytes);
+  }
   if (first < 0) return Status::OK();
   agreed_failure_ = true;
+  std::string text = message + when;
+  text.resize(longest);
+  auto texts = AllGatherBytes(*comm_, text.data(), longest);
+  if (!texts.ok()) {
+    resume_when_.clear();
+    return mine.ok() ? texts.status() : mine;
+  }
   const Outcome& f = (*all)[static_cast<size_t>(first)];
+  const char* at =
+      reinterpret_cast<const char*>(texts->data()) + static_cast<size_t>(first) * longest;
+  const std::string said(at, f.message_bytes);
   if (!mine.ok()) {
-    speaks_ = lead_ || (first != rank_ && std::memcmp(o.message, f.message, sizeof o.message) != 0);
+    speaks_ = lead_ || (first != rank_ && said != message);
     return mine;
   }
   speaks_ = lead_;
   own_failure_ = false;
-  resume_when_ = std::string(f.when, strnlen(f.when, sizeof f.when));
+  resume_when_.assign(at + f.message_bytes, f.when_bytes);
   return Status(static_cast<StatusCode>(f.code),
-                "rank " + std::to_string(first) + " of " + std::to_string(world_) + ": " +
-                    std::string(f.message, strnlen(f.message, sizeof f.message)));
+                "rank " + std::to_string(first) + " of " + std::to_string(world_) + ": " + said);
 }
 
 Status TrainRun::SaveAfterError(const Status& s) {
@@ -288,11 +308,12 @@ Status TrainRun::RunStep(int step) {
   const double dt = SecondsSince(t0);
   if (lead_ && step == start_) {
     // The warm-up iteration's trace, for `tierzero plan --trace` (docs/plan.md).
+    // (Not the run's record, an aid to plan the next: one that cannot be written stops nothing.)
     if (auto trace = engine_->RecordedTrace(); trace.ok()) {
-      if (Status s = WriteWarmupTrace(*trace, out_.run_dir + "/warmup_trace.json"); !s.ok()) {
-        resume_when_ = "the run directory " + out_.run_dir + " can be written";
-        TZ_RETURN_IF_ERROR(Defer(std::move(s)));
-      }
+      const std::string path = out_.run_dir + "/warmup_trace.json";
+      if (Status s = WriteWarmupTrace(*trace, path); !s.ok())
+        progress_->Line("(the warm-up trace " + path + " could not be written: " + s.ToString() +
+                        "; the run goes on without it: only `tierzero plan --trace` reads it)");
     }
   }
   total_tokens_ += tokens_per_step;
@@ -340,14 +361,20 @@ Status TrainRun::Finish() {
   // to train, so the evaluation would be lost for good).
   Status final_eval = Status::OK();
   if ((!interrupted_ || step_ >= cfg_.train.steps) && step_ > start_) final_eval = Evaluate(step_);
-  // (With several ranks, a line the lead could not write since the last agreement.)
-  if (final_eval.ok()) final_eval = AgreeToGoOn(Status::OK());
+  // A metrics line the lead could not write since the last agreement. A run stopped before its
+  // last step (a Ctrl-C in the same step) is saved and resumes, as after a step's data error.
+  if (final_eval.ok()) {
+    final_eval = AgreeToGoOn(Status::OK());
+    if (!final_eval.ok() && !resume_when_.empty() && step_ < cfg_.train.steps)
+      return SaveAfterError(final_eval);
+  }
   // Note [A checkpoint after a data error]: an evaluation that could not read its data or write
   // its line leaves the run whole, trained to its end: it is saved and reported all the same,
   // and the error says how to evaluate it. Any other failure stops here, as before.
   if (!final_eval.ok() && resume_when_.empty()) return final_eval;
   // (A checkpoint of this very step is there already when checkpoint_every saved it.)
   if (saved_step_ != step_) TZ_RETURN_IF_ERROR(Save(step_));
+  past_collectives_ = true;
   if (!lead_) return final_eval;
   progress_->Finish();
   std::string summary;

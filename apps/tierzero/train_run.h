@@ -70,8 +70,9 @@ class TrainRun {
   // or any other rank's; every rank returns an error if any rank has one. With one rank, `mine`
   // or the deferred error.
   Status AgreeToGoOn(Status mine);
-  // With several ranks, an error of the lead's that leaves the run between steps (a file it
-  // writes) is kept for the next AgreeToGoOn, and OK returned; with one rank, `s`.
+  // An error of the lead's that leaves the run between steps (a metrics line it could not
+  // write) is kept for the next AgreeToGoOn, and OK returned: with several ranks the others are
+  // on their way to the next step; with one, the run stops at the same point as with several.
   Status Defer(Status s);
   // One optimizer step: the micro-batches, the loss and the interrupt agreed over the ranks,
   // Step, the metrics line and the progress line.
@@ -121,7 +122,7 @@ class TrainRun {
   // SetUp failed the same way on every rank (their data differs): each can end on its own, its
   // directories and locks cleaned up, instead of aborting the job (Note [A failing rank ends the
   // run]).
-  bool agreed_failure() const { return agreed_failure_; }
+  bool agreed_failure() const { return agreed_failure_ || past_collectives_; }
   // Whether this rank says an agreed failure (AgreeToGoOn: the lead, and a failing rank whose
   // error is not the one the lead says).
   bool speaks() const { return speaks_; }
@@ -130,6 +131,9 @@ class TrainRun {
 
  private:
   bool agreed_failure_ = false;
+  // Finish's last collective (the save) is behind: a failure after it (the lead's report) is
+  // this rank's alone, and ends it alone.
+  bool past_collectives_ = false;
   bool speaks_ = true, own_failure_ = true;
   Status pending_;  // Defer's
   std::string resume_when_;
