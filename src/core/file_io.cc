@@ -1,11 +1,13 @@
 // Note [Writing outputs] in file_io.h.
 #include "core/file_io.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
@@ -303,15 +305,37 @@ Status AtomicFile::CommitNew() {
   if (::fsync(fd_) != 0) return ErrnoError("fsync " + tmp_, errno);  // the destructor unlinks
   const int closed = ::close(fd_);
   fd_ = -1;
-  const int linked = closed == 0 ? ::link(tmp_.c_str(), target_.c_str()) : -1;
-  const int err = errno;
-  ::unlink(tmp_.c_str());
+  // A rename that replaces nothing (renameat2 RENAME_NOREPLACE: ext4, XFS, Btrfs, tmpfs), else a
+  // hard link (a file system without the flag), else, on one with neither (FAT, some FUSE
+  // mounts), a look before an ordinary rename (a race with another writer is possible there
+  // only).
+  int linked = -1, err = 0;
+  if (closed == 0) {
+    linked = ::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, target_.c_str(), RENAME_NOREPLACE);
+    err = errno;
+    if (linked != 0 && (err == EINVAL || err == ENOSYS || err == ENOTSUP)) {
+      linked = ::link(tmp_.c_str(), target_.c_str());
+      err = errno;
+      if (linked != 0 && (err == EPERM || err == ENOTSUP || err == EMLINK || err == ENOSYS)) {
+        struct stat st {};
+        if (::lstat(target_.c_str(), &st) == 0) {
+          err = EEXIST;
+        } else {
+          linked = ::rename(tmp_.c_str(), target_.c_str());
+          err = errno;
+        }
+      }
+    }
+  } else {
+    err = errno;
+  }
+  ::unlink(tmp_.c_str());  // (gone already after a rename)
   DropPending(tmp_);
   if (closed != 0) return ErrnoError("close " + tmp_, err);
   if (linked != 0 && err == EEXIST)
     return Status(StatusCode::kAlreadyExists,
                   target_ + " appeared while it was written; it is kept");
-  if (linked != 0) return ErrnoError("linking " + tmp_ + " to " + target_, err);
+  if (linked != 0) return ErrnoError("renaming " + tmp_ + " to " + target_, err);
   (void)SyncDir(DirOf(target_));
   return Status::OK();
 }
