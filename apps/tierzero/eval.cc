@@ -38,8 +38,9 @@ its own, window i starting at its token i x T, a partial last window dropped).
 
   --resume DIR           a checkpoint; its model comes from DIR/../config.json (the run's) unless
                          --config gives another
-  --init-from FILE|DIR   a safetensors file of the model --config (and flags) describe, or a
-                         Hugging Face model directory (config.json and safetensors; docs/models.md)
+  --init-from FILE|DIR   a safetensors file (tierzero's export records its model; another's is
+                         of the model --config and flags describe), or a Hugging Face model
+                         directory (config.json and safetensors; docs/models.md)
   --data PATH            the token files
   --seq-len T            tokens scored per window (default: the model's context, model.seq_len)
   --batch-size N         windows per forward pass (default: the config's train.batch_size)
@@ -194,9 +195,9 @@ int Eval(const std::vector<std::string>& args) {
         "tierzero eval needs exactly one model: --resume CHECKPOINT or --init-from FILE|DIR"));
   if (cfg->data.kind != "tokens")
     return EvalFail(InvalidArgumentError("tierzero eval needs token files: --data PATH"));
-  // The data scored is named here: the checkpoint's run's token path is not taken for it (it is
-  // relative to where that run ran, so from elsewhere it names another file or none).
-  if (!has_data && !has_config)
+  // The checkpoint's run's token path is taken only when it is absolute: a relative one is
+  // relative to where that run ran, and from elsewhere names another file or none.
+  if (!has_data && !has_config && (cfg->data.token_path.empty() || cfg->data.token_path[0] != '/'))
     return EvalFail(InvalidArgumentError(
         "tierzero eval needs the token files to score: --data PATH (the checkpoint's run read '" +
         cfg->data.token_path + "', a path relative to where it ran)"));

@@ -112,17 +112,24 @@ Status MergeHfModel(RunConfig& cfg) {
 // another model without a word. `tierzero export` records the model section in the file's
 // metadata ("tierzero.model"); --init-from such a file takes its model from there, as from a
 // model directory's config.json: a field the run asks for (a flag, --config) must agree, except
-// the context (model.seq_len: the run's, up to the positions its tensors hold) and what changes
+// the context (model.seq_len: the run's, up to the positions the file records) and what changes
 // how it computes, not what it is (seed, activation_checkpointing, activations). A file another
 // program wrote records nothing: its model is the run's config, as before.
 Status MergeRecordedModel(RunConfig& cfg) {
   using nlohmann::json;
   const std::string& file = cfg.output.init_from;
   struct stat st {};
-  if (file.empty() || (::stat(file.c_str(), &st) == 0 && S_ISDIR(st.st_mode))) return Status::OK();
-  TZ_ASSIGN_OR_RETURN(const auto metadata, ReadSafetensorsMetadata(file));
-  const auto it = metadata.find("tierzero.model");
-  if (it == metadata.end()) return Status::OK();
+  // (A file that is not there is said where the weights load, as before: `plan` of a run's
+  // config.json loads none, and plans the model that config describes.)
+  if (file.empty() || ::stat(file.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) return Status::OK();
+  auto metadata = ReadSafetensorsMetadata(file);
+  if (!metadata.ok()) return std::move(metadata).status().WithContext("--init-from " + file);
+  const auto it = metadata->find("tierzero.model");
+  if (it == metadata->end()) return Status::OK();
+  // Outside JSON: parsed strictly, its depth bounded before anything recurses over it.
+  const std::string source = "--init-from " + file + "'s metadata tierzero.model";
+  if (Status s = CheckOutsideJson(it->second, source); !s.ok())
+    return Status(StatusCode::kDataLoss, std::string(s.message()));
   const json recorded = json::parse(it->second, nullptr, /*allow_exceptions=*/false);
   if (!recorded.is_object())
     return DataLossError("--init-from " + file +
@@ -148,7 +155,17 @@ Status MergeRecordedModel(RunConfig& cfg) {
   m.seed = cfg.model.seed;
   m.activation_checkpointing = cfg.model.activation_checkpointing;
   m.activations = cfg.model.activations;
-  if (cfg.given.count("model.seq_len") != 0) m.seq_len = cfg.model.seq_len;
+  // Another context: up to the positions the tensors hold (a GPT-2's wpe has a row for each;
+  // recorded as 0, they are its context's).
+  if (cfg.given.count("model.seq_len") != 0 && cfg.model.seq_len != m.seq_len) {
+    if (m.max_positions == 0) m.max_positions = m.seq_len;
+    if (cfg.model.seq_len > m.positions())
+      return InvalidArgumentError("model.seq_len " + std::to_string(cfg.model.seq_len) +
+                                  " (--seq-len) is longer than the " +
+                                  std::to_string(m.positions()) + " positions --init-from " + file +
+                                  " records for its model");
+    m.seq_len = cfg.model.seq_len;
+  }
   cfg.model = m;
   return Status::OK();
 }

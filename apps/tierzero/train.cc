@@ -148,7 +148,8 @@ override the config:
                          (default RUN_DIR/trace.json; none: not written)
   --checkpoint DIR       where checkpoints go (default RUN_DIR/checkpoint; none: no checkpoint)
   --resume DIR           continue from a checkpoint
-  --init-from FILE       start from a safetensors file's parameters
+  --init-from FILE|DIR   start from a safetensors file's parameters (tierzero's export records
+                         its model, which the run takes) or a Hugging Face model directory
   --plan FILE            this run's `tierzero plan --json` file: the report (summary, page)
                          shows the prediction beside what the run measured
   --overwrite            replace another run's outputs in RUN_DIR (refused without it)
@@ -220,9 +221,8 @@ Status TrainRun::SetUp() {
           "the checkpoint " + out_.resume + " is at step " + std::to_string(ckpt_step) +
           ", and this run ends at step " + std::to_string(cfg_.train.steps) +
           " (train.steps, --steps): nothing is left to train. Give --steps above " +
-          std::to_string(ckpt_step) +
-          " to continue it (tierzero eval --resume evaluates it; --run-dir DIR re-saves it "
-          "elsewhere); nothing was written");
+          std::to_string(ckpt_step) + " to continue it (tierzero eval --resume " + out_.resume +
+          " --data PATH evaluates it; --run-dir DIR re-saves it elsewhere); nothing was written");
     }
   }
   TZ_ASSIGN_OR_RETURN(engine_, Engine::Create(cfg_.engine, comm_));
@@ -385,7 +385,10 @@ Status TrainRun::LockMetrics(int fd) {
 }
 
 Status TrainRun::Defer(Status s) {
-  if (!s.ok() && pending_.ok()) pending_ = std::move(s);
+  if (!s.ok() && pending_.ok()) {
+    pending_ = std::move(s);
+    pending_when_ = resume_when_;
+  }
   return Status::OK();
 }
 
@@ -517,6 +520,9 @@ int Train(const std::vector<std::string>& args) {
           lock.Keep();
           if (ended.ok()) ended = run.Finish();
           if (ended.ok()) return 0;
+          // This rank's alone (the engine's, a collective's): the job ends at once, with the
+          // engine as it is, not after its teardown waits out collectives in flight.
+          if (!run.agreed_failure()) return Fail(ended);
         }
         failed = ended;
         agreed = run.agreed_failure();

@@ -34,23 +34,29 @@ uint64_t WireBytesSent(const EngineStats& s) {
 
 }  // namespace
 
+std::string TrainRun::DataMended(const Status& s, bool validation) const {
+  // (An id outside the vocabulary is read again at the same step: a resume keeps its model's.)
+  if (s.code() == StatusCode::kInvalidArgument)
+    return std::string("the ") + (validation ? "validation " : "") +
+           "token files hold only ids below the model's vocabulary of " +
+           std::to_string(cfg_.model.vocab) + " (a resume keeps its model's vocabulary)";
+  return validation ? "the validation data is readable" : "the data is readable";
+}
+
 Status TrainRun::Evaluate(int step) {
   double loss = 0, acc = 0;
-  // Every batch is read before any is computed, and the ranks agree that all could be (Note [A
-  // checkpoint after a data error]).
-  std::vector<gpt::Batch> batches;
-  Status read;
-  for (int b = 0; b < cfg_.train.eval_batches && read.ok(); ++b) {
+  // Each batch is read before it is computed, and the ranks agree that it could be (Note [A
+  // checkpoint after a data error]: an evaluation changes no weight, so the model is whole at
+  // every batch; one batch is held at a time).
+  for (int b = 0; b < cfg_.train.eval_batches; ++b) {
     auto fetched = dataset_->Fetch(true, static_cast<uint64_t>(b), cfg_.train.batch_size);
+    Status read;
     if (!fetched.ok()) {
-      resume_when_ = "the validation data is readable";
+      resume_when_ = DataMended(fetched.status(), /*validation=*/true);
       read = fetched.status();
-    } else {
-      batches.push_back(std::move(fetched).value());
     }
-  }
-  TZ_RETURN_IF_ERROR(AgreeToGoOn(std::move(read)));
-  for (const gpt::Batch& batch : batches) {
+    TZ_RETURN_IF_ERROR(AgreeToGoOn(std::move(read)));
+    const gpt::Batch batch = std::move(fetched).value();
     std::vector<int32_t> pred;
     TZ_ASSIGN_OR_RETURN(double l, model_->Evaluate(batch, &pred));
     loss += l;
@@ -156,7 +162,18 @@ Status TrainRun::Save(int step) {
 // its last step resumes once the cause is mended; one that trained its last step is saved,
 // evaluated and reported, and says so. Cost: a gather of 12 bytes per rank per step.
 Status TrainRun::AgreeToGoOn(Status mine) {
-  if (mine.ok() && !pending_.ok()) mine = std::exchange(pending_, Status::OK());
+  if (!pending_.ok()) {
+    // A metrics line that failed since the last agreement (and, maybe, this data error too).
+    if (mine.ok()) {
+      mine = pending_;
+      resume_when_ = pending_when_;
+    } else {
+      mine = Status(mine.code(),
+                    std::string(mine.message()) + "; and " + std::string(pending_.message()));
+      resume_when_ += " and " + pending_when_;
+    }
+    pending_ = Status::OK();
+  }
   if (world_ == 1) return mine;
   // Which ranks failed (a few bytes a step); then, only then, what each said, whole.
   struct Outcome {
@@ -274,7 +291,7 @@ Status TrainRun::RunStep(int step) {
                            static_cast<uint64_t>(micro);
     auto batch = dataset_->Fetch(false, index, cfg_.train.batch_size);
     if (!batch.ok()) {
-      resume_when_ = "the data is readable";
+      resume_when_ = DataMended(batch.status(), /*validation=*/false);
       read = batch.status();
     } else {
       batches.push_back(std::move(batch).value());

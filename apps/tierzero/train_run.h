@@ -61,6 +61,8 @@ class TrainRun {
 
  private:
   Status Evaluate(int step);
+  // Note [A checkpoint after a data error]: what a resume needs after a data error `s`.
+  std::string DataMended(const Status& s, bool validation) const;
   Status Save(int step);
   // Note [A checkpoint after a data error]: `s` with a checkpoint of model_step_ saved first,
   // where the error left the run between two steps.
@@ -135,7 +137,8 @@ class TrainRun {
   // this rank's alone, and ends it alone.
   bool past_collectives_ = false;
   bool speaks_ = true, own_failure_ = true;
-  Status pending_;  // Defer's
+  Status pending_;            // Defer's
+  std::string pending_when_;  // and what a resume then needs
   std::string resume_when_;
   std::string resumed_user_;  // the resumed checkpoint's user state (Save, of its own step)
   int saved_step_ = -1;       // the last checkpoint's step

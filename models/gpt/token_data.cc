@@ -182,7 +182,7 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
         const uint64_t n = std::min<uint64_t>(
             {chunk.size(), file.count - first, (scan_at_open - scanned + 1) / 2});
         TZ_RETURN_IF_ERROR(s->Read(file, first, n, chunk.data()));
-        TZ_RETURN_IF_ERROR(s->CheckIds(file, first, n, chunk.data()));
+        TZ_RETURN_IF_ERROR(s->CheckIds(file, first, n, chunk.data(), /*at_open=*/true));
         scanned += 2 * n;
       }
     }
@@ -247,16 +247,19 @@ Status TokenShards::EvalWindow(uint64_t index, int seq, int32_t* tokens, int32_t
   return InternalError("evaluation window " + std::to_string(index) + " is past the files");
 }
 
-Status TokenShards::CheckIds(const File& f, uint64_t first, uint64_t n, const int32_t* ids) const {
+Status TokenShards::CheckIds(const File& f, uint64_t first, uint64_t n, const int32_t* ids,
+                             bool at_open) const {
   for (uint64_t k = 0; k < n; ++k) {
     if (ids[k] >= vocab_)
       return InvalidArgumentError(
           "the token file '" + f.path + "' holds token id " + std::to_string(ids[k]) +
           " at position " + std::to_string(first + k) + ", outside the model's vocabulary of " +
           std::to_string(vocab_) +
-          " (the data was tokenized for another vocabulary: set model.vocab (--vocab) to "
-          "the tokenizer's size, or, for a model directory's fixed vocabulary, tokenize "
-          "the data with its own tokenizer)");
+          (at_open ? " (the data was tokenized for another vocabulary: set model.vocab (--vocab) "
+                     "to the tokenizer's size, or, for a model directory's fixed vocabulary, "
+                     "tokenize the data with its own tokenizer)"
+                   : " (found as the run read it, past the part checked when the files opened: "
+                     "the data was tokenized for another vocabulary, or is damaged there)"));
   }
   return Status::OK();
 }
@@ -265,7 +268,7 @@ Status TokenShards::ReadWindow(const File& f, uint64_t first, int seq, int32_t* 
                                int32_t* targets) const {
   std::vector<int32_t> w(static_cast<size_t>(seq) + 1);
   TZ_RETURN_IF_ERROR(Read(f, first, w.size(), w.data()));
-  if (vocab_ < 65536) TZ_RETURN_IF_ERROR(CheckIds(f, first, w.size(), w.data()));
+  if (vocab_ < 65536) TZ_RETURN_IF_ERROR(CheckIds(f, first, w.size(), w.data(), /*at_open=*/false));
   std::copy(w.begin(), w.end() - 1, tokens);
   std::copy(w.begin() + 1, w.end(), targets);
   return Status::OK();

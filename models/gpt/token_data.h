@@ -71,8 +71,9 @@ class TokenShards {
   // Tokens [first, first + n) of file `f`, widened to int32 into `out`.
   Status Read(const File& f, uint64_t first, uint64_t n, int32_t* out) const;
   // InvalidArgument naming the first of `ids` (tokens [first, first + n) of `f`) outside the
-  // vocabulary.
-  Status CheckIds(const File& f, uint64_t first, uint64_t n, const int32_t* ids) const;
+  // vocabulary, and what to do (`at_open`: before a step, when the vocabulary may still change).
+  Status CheckIds(const File& f, uint64_t first, uint64_t n, const int32_t* ids,
+                  bool at_open) const;
   Status ReadWindow(const File& f, uint64_t first, int seq, int32_t* tokens,
                     int32_t* targets) const;
   struct Span {  // tokens [begin, end) of a file

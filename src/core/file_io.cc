@@ -172,9 +172,8 @@ StatusOr<AtomicFile> AtomicFile::Create(const std::string& path) {
   }
   f.fd_ = CreateTemporary(f.target_, mode, &f.tmp_);
   if (f.fd_ < 0 && (errno == ENOENT || errno == ENOTDIR))
-    return ErrnoError(
-        "cannot write " + path + ": its directory " + DirOf(f.target_) + " does not exist", errno,
-        StatusCode::kNotFound);
+    return ErrnoError("cannot write " + path + ": its directory " + DirOf(f.target_), errno,
+                      StatusCode::kNotFound);
   if (f.fd_ < 0) return ErrnoError("creating " + f.tmp_, errno);
   // The mode asked for is masked by the umask; a replaced file keeps exactly its own bits.
   if (exists) (void)::fchmod(f.fd_, mode);

@@ -457,9 +457,12 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("SaveCheckpoint before Finalize");
   if (im.in_iteration) return FailedPreconditionError("SaveCheckpoint inside an iteration");
-  RETURN_IF_ERROR(im.cm->out_of_step());
-  // Never a half-updated model (Note [The update phase behind the next forward]).
-  RETURN_IF_ERROR(im.updater->Await());
+  // Never a half-updated model (Note [The update phase behind the next forward]). A rank whose
+  // update failed (its NVMe), or whose model is out of step, says so to the others, which would
+  // wait for it in the save's agreement below otherwise (Note [Agreeing on an outcome]).
+  Status ready = im.cm->out_of_step();
+  if (ready.ok()) ready = im.updater->Await();
+  RETURN_IF_ERROR(AgreeOnStatus(*im.comm, ready));
   json user;
   const int rank = im.comm->rank();
   // The world size is in the name: a re-save of the same step on another number of ranks never
