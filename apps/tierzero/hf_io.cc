@@ -222,7 +222,8 @@ StatusOr<std::string> LoadInitFrom(Engine& engine, const RunConfig& cfg) {
                          "after a run diverged");
   };
   if (!gpt::IsHfDir(from)) {
-    TZ_RETURN_IF_ERROR(engine.LoadSafetensors({from}, nullptr, nullptr, &non_finite));
+    if (Status s = engine.LoadSafetensors({from}, nullptr, nullptr, &non_finite); !s.ok())
+      return std::move(s).WithContext("--init-from " + from);
     TZ_RETURN_IF_ERROR(refuse_non_finite());
     return "weights from " + from;
   }
