@@ -126,13 +126,28 @@ void ReportScheduleChange(const json& u, const TrainOptions& now, int step) {
 // (resharding to another number of ranks is supported), but it no longer repeats what an
 // uninterrupted run would have done, and the note says how to keep the global batch.
 // Checkpoints written before a field was recorded say nothing of it.
-void ReportRunChanges(const std::string& user_state, const RunConfig& cfg, int world, int step) {
+std::string FingerprintText(uint64_t fingerprint) {
+  char b[24];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(fingerprint));
+  return b;
+}
+
+void ReportRunChanges(const std::string& user_state, const RunConfig& cfg, int world, int step,
+                      uint64_t fingerprint) {
   const json u = json::parse(user_state, nullptr, /*allow_exceptions=*/false);
   if (!u.is_object()) return;
   ReportScheduleChange(u, cfg.train, step);
-  if (const auto d = u.find("data"); d != u.end() && d->is_object() && *d != DataJson(cfg.data))
+  if (const auto d = u.find("data"); d != u.end() && d->is_object() && *d != DataJson(cfg.data)) {
     std::printf("  note: the data changes from %s to %s\n", d->dump().c_str(),
                 DataJson(cfg.data).dump().c_str());
+  } else if (const auto f = u.find("data_fingerprint");
+             f != u.end() && f->is_string() && *f != FingerprintText(fingerprint)) {
+    // The same path, other files: regenerated in place, or a glob that matches more or fewer.
+    std::printf(
+        "  note: the data at %s is not what the checkpoint's run read (its files' sizes, ends or "
+        "number differ: regenerated, or a glob matching other files?); the run goes on with it\n",
+        DataJson(cfg.data).value("path", std::string("the same path")).c_str());
+  }
   if (const auto t = u.find("compute_dtype"); t != u.end() && t->is_string()) {
     const std::string now(DTypeName(cfg.engine.compute_dtype));
     if (t->get<std::string>() != now)
@@ -149,16 +164,30 @@ void ReportRunChanges(const std::string& user_state, const RunConfig& cfg, int w
       *accum <= kMost && *ranks <= kMost) {
     const int64_t then = *batch * *accum * *ranks;
     const int64_t now = int64_t{cfg.train.batch_size} * cfg.engine.grad_accumulation * world;
-    if (then != now) {
-      std::printf(
-          "  note: the global batch changes from %lld rows (%lld per micro-batch x %lld "
-          "accumulated x %lld ranks) to %lld (%d x %d x %d)",
-          static_cast<long long>(then), static_cast<long long>(*batch),
-          static_cast<long long>(*accum), static_cast<long long>(*ranks),
-          static_cast<long long>(now), cfg.train.batch_size, cfg.engine.grad_accumulation, world);
-      const int64_t per = int64_t{cfg.train.batch_size} * world;
+    // A step's rows are chosen per micro-batch: another number of rows per micro-batch takes
+    // other rows of the data even at the same global batch (ranks and accumulation trade
+    // exactly). What keeps both: the checkpoint's rows per micro-batch, accumulated to its
+    // global batch over this run's ranks.
+    const bool rows = *batch != cfg.train.batch_size;
+    if (then != now || rows) {
+      if (then != now)
+        std::printf(
+            "  note: the global batch changes from %lld rows (%lld per micro-batch x %lld "
+            "accumulated x %lld ranks) to %lld (%d x %d x %d)%s",
+            static_cast<long long>(then), static_cast<long long>(*batch),
+            static_cast<long long>(*accum), static_cast<long long>(*ranks),
+            static_cast<long long>(now), cfg.train.batch_size, cfg.engine.grad_accumulation, world,
+            rows ? ", and the steps take other rows of the data" : "");
+      else
+        std::printf(
+            "  note: the rows per micro-batch change from %lld to %d (the global batch stays %lld "
+            "rows): the steps take other rows of the data than the checkpoint's run would have",
+            static_cast<long long>(*batch), cfg.train.batch_size, static_cast<long long>(then));
+      const int64_t per = *batch * world;
       if (then % per == 0)
-        std::printf("; --grad-accumulation %lld keeps it", static_cast<long long>(then / per));
+        std::printf("; %s--grad-accumulation %lld keeps %s",
+                    rows ? ("--batch-size " + std::to_string(*batch) + " ").c_str() : "",
+                    static_cast<long long>(then / per), rows ? "both" : "it");
       std::printf("\n");
     }
   }

@@ -26,6 +26,10 @@ nlohmann::json DataJson(const gpt::DataConfig& d);
 // stdout: its global batch (rows per micro-batch x accumulation x ranks), data seed, data,
 // learning-rate schedule (the rate at the resumed step, then and now) or compute type differs.
 // `step`: the resumed step (0-based: the next one trained).
-void ReportRunChanges(const std::string& user_state, const RunConfig& cfg, int world, int step);
+// `fingerprint`: the data's (Dataset::Fingerprint), compared with the one the checkpoint records.
+void ReportRunChanges(const std::string& user_state, const RunConfig& cfg, int world, int step,
+                      uint64_t fingerprint);
+// A data fingerprint as the checkpoint records it (16 hex digits: JSON numbers lose 64 bits).
+std::string FingerprintText(uint64_t fingerprint);
 
 }  // namespace tierzero::app

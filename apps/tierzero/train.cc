@@ -242,7 +242,14 @@ Status TrainRun::SetUp() {
     // loop's step in its user state, and a resume starts there, so 10 + 10 resumed steps are the
     // 20 uninterrupted ones.
     start_ = static_cast<int>(CheckpointStep(user, static_cast<int64_t>(engine_->step())));
-    if (lead_) ReportRunChanges(user, cfg_, world_, start_);
+    if (lead_) ReportRunChanges(user, cfg_, world_, start_, dataset_->Fingerprint());
+    // Note [An evaluation a stop left undone]
+    // A run stopped by a data error at its scheduled evaluation (or before it, by a metrics line
+    // that could not be written) saved the step with its evaluation undone, and a resume starts
+    // after it: the evaluation would be missing from the metrics for good. The checkpoint says
+    // so ("eval_pending"), and the resumed run evaluates that step before it trains.
+    const json u = json::parse(user, nullptr, /*allow_exceptions=*/false);
+    eval_at_start_ = u.is_object() && u.value("eval_pending", false) == true;
   }
   if (!out_.plan.empty() && lead_) {
     // Refused now, not after the run: a plan file that is unreadable or of another config.

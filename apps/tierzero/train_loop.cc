@@ -90,14 +90,24 @@ Status TrainRun::Save(int step) {
                {"model", ModelJson(cfg_)},
                {"schedule", ScheduleJson(cfg_.train)},
                {"data", DataJson(cfg_.data)},
-               {"compute_dtype", std::string(DTypeName(cfg_.engine.compute_dtype))}};
+               {"compute_dtype", std::string(DTypeName(cfg_.engine.compute_dtype))},
+               {"data_fingerprint", FingerprintText(dataset_->Fingerprint())}};
   // A re-save of the step resumed (a copy into another run directory, nothing trained): its
-  // states were trained under the checkpoint's schedule and data, which it keeps recording.
+  // states were trained as the checkpoint's run trained them, which it keeps recording (a later
+  // resume compares its own settings with those).
   if (step == start_ && !resumed_user_.empty()) {
     const json was = json::parse(resumed_user_, nullptr, /*allow_exceptions=*/false);
-    for (const char* key : {"schedule", "data"})
-      if (was.is_object() && was.contains(key)) user[key] = was[key];
+    for (const char* key : {"schedule", "data", "data_seed", "batch_size", "grad_accumulation",
+                            "ranks", "compute_dtype", "data_fingerprint", "eval_pending"}) {
+      if (was.is_object() && was.contains(key)) {
+        user[key] = was[key];
+      } else {
+        user.erase(key);
+      }
+    }
   }
+  // Note [An evaluation a stop left undone]
+  if (step == eval_pending_step_) user["eval_pending"] = true;
   if (out_.checkpoint_dir.empty()) return Status::OK();  // --checkpoint none
   const auto t0 = std::chrono::steady_clock::now();
   Status s = engine_->SaveCheckpoint(out_.checkpoint_dir, user.dump());
@@ -242,7 +252,12 @@ Status TrainRun::Loop() {
   run_t0_ = std::chrono::steady_clock::now();
   step_ = start_;
   model_step_ = start_;
-  if (start_ == 0 && cfg_.train.steps > 0) TZ_RETURN_IF_ERROR(Evaluate(0));
+  if ((start_ == 0 || eval_at_start_) && cfg_.train.steps > 0) {
+    if (Status s = Evaluate(start_); !s.ok()) {
+      if (start_ > 0) eval_pending_step_ = start_;  // (still undone: the resume keeps saying so)
+      return SaveAfterError(s);
+    }
+  }
   for (; step_ < cfg_.train.steps; ++step_) {
     if (cfg_.train.profile_step > 0 && step_ + 1 == cfg_.train.profile_step)
       engine_->ProfileNextIteration();
@@ -251,7 +266,10 @@ Status TrainRun::Loop() {
     // run starts after it, so its evaluation would be missing from the metrics for good.
     if (cfg_.train.eval_every > 0 && (step_ + 1) % cfg_.train.eval_every == 0 &&
         step_ + 1 < cfg_.train.steps) {
-      if (Status s = Evaluate(step_ + 1); !s.ok()) return SaveAfterError(s);
+      if (Status s = Evaluate(step_ + 1); !s.ok()) {
+        eval_pending_step_ = step_ + 1;  // Note [An evaluation a stop left undone]
+        return SaveAfterError(s);
+      }
     }
     if (interrupted_) {
       ++step_;

@@ -108,6 +108,10 @@ class TrainRun {
   int metrics_fd_ = -1;       // the lead rank's
   int metrics_lock_fd_ = -1;  // its lock (a regular file: MetricsLock)
   int start_ = 0, step_ = 0;
+  // Note [An evaluation a stop left undone] (train.cc): the step whose scheduled evaluation
+  // failed (its checkpoint records it), and whether the resumed step's is to be made first.
+  int eval_pending_step_ = -1;
+  bool eval_at_start_ = false;
   bool interrupted_ = false;  // the agreed Ctrl-C (RunStep)
   // Note [A checkpoint after a data error]: what the model has trained to (start_, then each
   // step's end), and why the run may stop between steps with that saved: its data could not be

@@ -11,6 +11,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   config_json   a run whose config.json cannot be written stops before training
   resume_exact  10 + 10 resumed steps equal 20 uninterrupted, loss for loss, with skipped steps
   resume_model  resuming with another model shape (--heads) is refused
+  resume_notes  an evaluation a data error left undone is made by the resume; a resume that
+                takes other rows or other files than the checkpoint's run says so
   ranks_agree   ranks started with different configs fail with the fields named (mpirun ':')
   ranks_faults  two ranks whose data changes or whose metrics file fails mid-run: all save first
   readers       a directory, /dev/zero, a huge sparse file, deep or duplicate-key JSON: an error
@@ -480,6 +482,51 @@ def case_resume_model():
              "--steps", "8", "--resume", run_dir + "/checkpoint", "--heads", "2"], "n_head",
             "--heads")
     check(read(run_dir + "/checkpoint/manifest.json") == manifest, "the checkpoint changed")
+
+
+def case_resume_notes():
+    d = os.path.join(OUT, "n_tok")
+    os.makedirs(d)
+    with open(os.path.join(d, "a.bin"), "wb") as f:
+        f.write(struct.pack("<60000H", *[(i * 7) % 64 for i in range(60000)]))
+    val = struct.pack("<20000H", *[(i * 3) % 64 for i in range(20000)])
+    with open(os.path.join(d, "b.bin"), "wb") as f:
+        f.write(val)
+    cfg = write_config(os.path.join(OUT, "n.json"),
+                       model={"n_layer": 1, "d_model": 32, "n_head": 2, "vocab": 64, "seq_len": 16},
+                       data={"kind": "tokens", "token_path": os.path.join(d, "*.bin")})
+    rd = os.path.join(OUT, "n_run")
+    p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--steps", "100000",
+                          "--eval-every", "3", "--quiet"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, cwd=OUT)
+    metrics = os.path.join(rd, "metrics.jsonl")
+    deadline = time.time() + 60
+    while time.time() < deadline and p.poll() is None and \
+            (not os.path.exists(metrics) or read(metrics).count(b"\n") < 6):
+        time.sleep(0.02)
+    os.truncate(os.path.join(d, "b.bin"), 100)  # the validation file: an evaluation fails
+    out = p.communicate(timeout=60)[0].decode(errors="replace")
+    check(p.returncode == 1 and "validation data" in out and "A checkpoint of step" in out,
+          f"a validation file truncated mid-run: status {p.returncode}\n{out}")
+    manifest = json.load(open(os.path.join(rd, "checkpoint", "manifest.json")))
+    at = manifest["step"]
+    check(manifest["user_state"].get("eval_pending") is True and at % 3 == 0,
+          f"the checkpoint does not record its undone evaluation: {manifest['user_state']}")
+    with open(os.path.join(d, "b.bin"), "wb") as f:
+        f.write(val)
+    ok(["train", "--config", cfg, "--run-dir", rd, "--resume", rd + "/checkpoint", "--steps",
+        str(at + 2), "--eval-every", "3", "--quiet"])
+    evals = [json.loads(line)["step"] for line in open(metrics) if "val_loss" in line]
+    check(at in evals, f"the evaluation of step {at} was never made: evaluations at {evals}")
+    # Other rows per micro-batch at the same global batch; another file matching the glob.
+    out = ok(["train", "--config", cfg, "--run-dir", rd, "--resume", rd + "/checkpoint", "--steps",
+              str(at + 4), "--batch-size", "4", "--grad-accumulation", "2", "--quiet"])
+    check("rows per micro-batch change" in out, f"other rows at a resume, no note:\n{out}")
+    with open(os.path.join(d, "c.bin"), "wb") as f:
+        f.write(val)
+    out = ok(["train", "--config", cfg, "--run-dir", rd, "--resume", rd + "/checkpoint", "--steps",
+              str(at + 6), "--batch-size", "4", "--grad-accumulation", "2", "--quiet"])
+    check("is not what the checkpoint's run read" in out, f"other files at a resume, no note:\n{out}")
 
 
 def case_ranks_agree():
