@@ -654,7 +654,18 @@ Status CheckNotAnInput(const std::string& output, const std::string& what,
 // run_dir.h
 Status CheckCheckpointArgument(const std::string& path, const std::string& flag) {
   struct stat st {};
-  if (path.empty() || ::stat(path.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) return Status::OK();
+  if (path.empty() || ::stat(path.c_str(), &st) != 0) return Status::OK();
+  if (S_ISDIR(st.st_mode)) {
+    // A run directory named for its checkpoint: said first, before what follows from it.
+    const std::string inner = (fs::path(path) / "checkpoint").string();
+    if (::stat((path + "/manifest.json").c_str(), &st) != 0 &&
+        ::stat((inner + "/manifest.json").c_str(), &st) == 0)
+      return InvalidArgumentError(
+          flag + " '" + path + "' is a run directory, not a checkpoint: its checkpoint is " +
+          inner + " (" + (flag.rfind("--", 0) == 0 ? flag + " " : std::string("give ")) + inner +
+          ")");
+    return Status::OK();
+  }
   const std::string parent = fs::path(path).parent_path().string();
   return InvalidArgumentError(flag + " '" + path + "' is " + FileKindName(st.st_mode) +
                               ", not a checkpoint: a checkpoint is the directory holding "

@@ -529,6 +529,13 @@ def case_resume_notes():
     check("is not what the checkpoint's run read" in out, f"other files at a resume, no note:\n{out}")
 
 
+    # A run directory given for its checkpoint is said first, everywhere.
+    for cmd in (["train", "--config", cfg, "--run-dir", rd, "--resume", rd, "--steps", "100"],
+                ["eval", "--resume", rd, "--data", os.path.join(d, "b.bin")],
+                ["export", rd, "-o", os.path.join(OUT, "n.st")]):
+        refused(cmd, "is a run directory, not a checkpoint", rd + "/checkpoint")
+
+
 def case_ranks_agree():
     mpirun = shutil.which("mpirun")
     if not mpirun:
