@@ -168,7 +168,8 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
   RunConfig cfg = DefaultRunConfig();
   std::string config_path;
   RunConfig flags = cfg;  // the command line's alone
-  TZ_RETURN_IF_ERROR(ApplyFlags(args, flags, &config_path));
+  std::set<std::string> flagged;
+  TZ_RETURN_IF_ERROR(ApplyFlags(args, flags, &config_path, &flagged));
   // Note [A resumed run's weights]: a resumed run's weights are its checkpoint's. The
   // --init-from that seeded it when it started (its config.json records it) is not read again (a
   // model directory moved since would stop the resume, and its weights would be loaded only to be
@@ -212,9 +213,31 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
     if (complete) named = {"model.seq_len"};
     given.insert(named.begin(), named.end());
   }
+  const std::string config_run_dir = config_path.empty() ? "" : cfg.output.run_dir;
   std::string ignored;
   TZ_RETURN_IF_ERROR(ApplyFlags(args, cfg, &ignored, &given));
   cfg.given = std::move(given);
+  // Note [A config's outputs follow --run-dir]
+  // A run's config.json records every output resolved (RUN_DIR/metrics.jsonl, RUN_DIR/checkpoint,
+  // RUN_DIR/nvme...). Given as a template with another --run-dir (a new run like it, or the run
+  // directory moved and resumed where it is now), those paths still named the old directory:
+  // the new run was refused as "another run's outputs", and --overwrite then wrote over the old
+  // run's metrics and checkpoint. Each output the config places inside its own run directory,
+  // and no flag names, follows --run-dir, as the defaults do.
+  if (!config_run_dir.empty() && flagged.count("output.run_dir") != 0 &&
+      cfg.output.run_dir != config_run_dir) {
+    const std::string from = config_run_dir + "/";
+    for (const auto& [field, path] :
+         {std::pair<const char*, std::string*>{"output.metrics", &cfg.output.metrics},
+          {"output.report", &cfg.output.report},
+          {"output.html", &cfg.output.html},
+          {"output.trace", &cfg.output.trace},
+          {"output.checkpoint_dir", &cfg.output.checkpoint_dir},
+          {"engine.nvme_path", &cfg.engine.nvme_path}}) {
+      if (flagged.count(field) == 0 && path->compare(0, from.size(), from) == 0)
+        *path = cfg.output.run_dir + "/" + path->substr(from.size());
+    }
+  }
   TZ_RETURN_IF_ERROR(CheckCheckpointArgument(cfg.output.resume, "--resume"));
   if (!cfg.output.resume.empty() && !cfg.output.init_from.empty()) {
     if (init_from_flag)

@@ -7,6 +7,7 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   nvme_path     a config's engine.nvme_path naming a user's file: never truncated or removed
   self_export   an export never writes over the checkpoint or config it reads
   run_dir       a new run into a directory holding another run is refused; --overwrite replaces it
+  config_elsewhere  a run's config.json with another --run-dir writes there; a moved run resumes
   lock          two runs into one directory at once: the second is refused, the first is intact
   config_json   a run whose config.json cannot be written stops before training
   resume_exact  10 + 10 resumed steps equal 20 uninterrupted, loss for loss, with skipped steps
@@ -286,6 +287,28 @@ def case_run_dir():
     check(steps == [1, 2, 3], f"metrics after --overwrite: steps {steps}")
     info = json.load(open(run_dir + "/checkpoint/manifest.json"))
     check(info.get("step") == 3, f"the checkpoint after --overwrite is at step {info.get('step')}")
+
+
+def case_config_elsewhere():
+    """Note [A config's outputs follow --run-dir]: a run's config.json given as a template with
+    another --run-dir writes there (not over the run it came from); a moved run directory resumes
+    where it is now."""
+    ra, rb = os.path.join(OUT, "e_ra"), os.path.join(OUT, "e_rb")
+    train_small(ra)
+    before = read(os.path.join(ra, "metrics.jsonl"))
+    ok(["train", "--config", ra + "/config.json", "--run-dir", rb, "--resume", ra + "/checkpoint",
+        "--steps", "8", "--quiet"])
+    check(read(os.path.join(ra, "metrics.jsonl")) == before and
+          os.path.exists(os.path.join(rb, "checkpoint", "manifest.json")) and
+          os.path.exists(os.path.join(rb, "report.json")),
+          "a run's config.json as a template wrote into the run it came from")
+    moved = os.path.join(OUT, "e_moved")
+    os.rename(rb, moved)
+    ok(["train", "--config", moved + "/config.json", "--run-dir", moved, "--resume",
+        moved + "/checkpoint", "--steps", "10", "--quiet"])
+    check(not os.path.exists(rb) and
+          json.load(open(os.path.join(moved, "checkpoint", "manifest.json")))["step"] == 10,
+          "a moved run directory resumed elsewhere than where it is")
 
 
 def case_resume_in_place_only():
