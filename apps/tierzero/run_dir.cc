@@ -508,6 +508,18 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
         "would replace it, so tierzero will not write one there (nor remove anything, with "
         "--overwrite): name another directory with --checkpoint DIR, or move that file");
   }
+  // A new run (not in place) saving into the very checkpoint it resumes: its saves would
+  // replace a checkpoint that is not its own (another run directory's, whose metrics would
+  // then miss the steps this run trains there). Asked for only with --overwrite, which removes
+  // nothing here (the checkpoint is read first; each save replaces it whole, at its manifest).
+  if (!plan.in_place && !overwrite && ckpt && resume && Same(*ckpt, *resume) &&
+      IsRegular(out.checkpoint_dir + "/manifest.json") && !ForeignManifest(out.checkpoint_dir))
+    return FailedPreconditionError(
+        "--checkpoint " + out.checkpoint_dir +
+        " is the checkpoint this run resumes, and not this run directory's: its saves would "
+        "replace it. Leave --checkpoint out to save in " +
+        default_ckpt +
+        ", resume in place from the run directory that owns it, or --overwrite to save over it");
   std::vector<std::string> held;
   auto hold_checkpoint = [&](const std::string& dir) {
     if (!IsRegular(dir + "/manifest.json") || ForeignManifest(dir)) return;

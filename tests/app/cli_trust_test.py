@@ -309,6 +309,15 @@ def case_config_elsewhere():
     check(not os.path.exists(rb) and
           json.load(open(os.path.join(moved, "checkpoint", "manifest.json")))["step"] == 10,
           "a moved run directory resumed elsewhere than where it is")
+    # A new run directory saving into the checkpoint it resumes (another run's) is refused
+    # without --overwrite, the checkpoint untouched.
+    manifest = read(os.path.join(moved, "checkpoint", "manifest.json"))
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir",
+             os.path.join(OUT, "e_new"), "--resume", moved + "/checkpoint", "--checkpoint",
+             moved + "/checkpoint", "--steps", "12"], "the checkpoint this run resumes")
+    check(read(os.path.join(moved, "checkpoint", "manifest.json")) == manifest and
+          not os.path.exists(os.path.join(OUT, "e_new")),
+          "a refused run changed the checkpoint it resumes, or left a run directory")
 
 
 def case_resume_in_place_only():
@@ -508,17 +517,17 @@ def case_resume_model():
 
 
 def case_resume_notes():
-    d = os.path.join(OUT, "n_tok")
+    d = os.path.join(OUT, "rn_tok")
     os.makedirs(d)
     with open(os.path.join(d, "a.bin"), "wb") as f:
         f.write(struct.pack("<60000H", *[(i * 7) % 64 for i in range(60000)]))
     val = struct.pack("<20000H", *[(i * 3) % 64 for i in range(20000)])
     with open(os.path.join(d, "b.bin"), "wb") as f:
         f.write(val)
-    cfg = write_config(os.path.join(OUT, "n.json"),
+    cfg = write_config(os.path.join(OUT, "rn.json"),
                        model={"n_layer": 1, "d_model": 32, "n_head": 2, "vocab": 64, "seq_len": 16},
                        data={"kind": "tokens", "token_path": os.path.join(d, "*.bin")})
-    rd = os.path.join(OUT, "n_run")
+    rd = os.path.join(OUT, "rn_run")
     p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--steps", "100000",
                           "--eval-every", "3", "--quiet"], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, cwd=OUT)
@@ -555,7 +564,7 @@ def case_resume_notes():
     # A run directory given for its checkpoint is said first, everywhere.
     for cmd in (["train", "--config", cfg, "--run-dir", rd, "--resume", rd, "--steps", "100"],
                 ["eval", "--resume", rd, "--data", os.path.join(d, "b.bin")],
-                ["export", rd, "-o", os.path.join(OUT, "n.st")]):
+                ["export", rd, "-o", os.path.join(OUT, "rn.st")]):
         refused(cmd, "is a run directory, not a checkpoint", rd + "/checkpoint")
 
 
