@@ -568,6 +568,17 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
         IsRegular(recorded_ckpt + "/manifest.json"))
       resume_hint = "--resume " + recorded_ckpt + " --checkpoint " + recorded_ckpt +
                     " continues that run (its config.json records that checkpoint directory)";
+    // The run's own checkpoint resumed, but another --checkpoint to write: not in place (a
+    // resume in place writes the checkpoint it reads), and the advice to --resume it is given.
+    if (resume && ckpt && !Same(*ckpt, *resume) &&
+        (Same(*resume, Identify(default_ckpt)) ||
+         (!recorded_ckpt.empty() && Same(*resume, Identify(recorded_ckpt)))))
+      return FailedPreconditionError(
+          "--resume " + out.resume + " is this run directory's checkpoint, but --checkpoint " +
+          out.checkpoint_dir +
+          " is another: a resume in place writes the checkpoint it reads (drop --checkpoint), "
+          "and a copy elsewhere takes another --run-dir; the outputs here (" +
+          list + ") are kept");
     return FailedPreconditionError(
         "the outputs of another run are here: " + list +
         ". A new run would replace them: " + (resume_hint.empty() ? "" : resume_hint + ", ") +
