@@ -570,9 +570,8 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
                     " continues that run (its config.json records that checkpoint directory)";
     // The run's own checkpoint resumed, but another --checkpoint to write: not in place (a
     // resume in place writes the checkpoint it reads), and the advice to --resume it is given.
-    if (resume && ckpt && !Same(*ckpt, *resume) &&
-        (Same(*resume, Identify(default_ckpt)) ||
-         (!recorded_ckpt.empty() && Same(*resume, Identify(recorded_ckpt)))))
+    // (Its config.json recording another checkpoint directory: resume_hint says to name it.)
+    if (resume && ckpt && !Same(*ckpt, *resume) && Same(*resume, Identify(default_ckpt)))
       return FailedPreconditionError(
           "--resume " + out.resume + " is this run directory's checkpoint, but --checkpoint " +
           out.checkpoint_dir +
