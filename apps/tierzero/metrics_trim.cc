@@ -23,8 +23,8 @@ Status TrimMetrics(const std::string& path, int step) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 && errno == ENOENT && step > 0) {
     std::printf(
-        "  note: the metrics file %s is gone; it starts again at step %d (the lines of "
-        "steps 1 to %d are not in it)\n",
+        "  note: the metrics file %s does not exist (a new one, or removed); it starts at step "
+        "%d (the lines of steps 1 to %d are not in it)\n",
         path.c_str(), step + 1, step);
     return Status::OK();
   }
@@ -51,8 +51,8 @@ Status TrimMetrics(const std::string& path, int step) {
     if (last_step < step)
       std::printf(
           "  note: the metrics file %s holds training steps up to %lld, the checkpoint is "
-          "at step %d: the lines of steps %lld to %d are missing (the file was cut or "
-          "replaced?)\n",
+          "at step %d: the lines of steps %lld to %d are missing (lines the run could not "
+          "write, a copy of the run with nothing trained, or the file cut or replaced)\n",
           path.c_str(), static_cast<long long>(last_step), step,
           static_cast<long long>(last_step + 1), step);
   };
