@@ -155,6 +155,17 @@ void ReportRunChanges(const std::string& user_state, const RunConfig& cfg, int w
                   t->get<std::string>().c_str(), now.c_str(),
                   now == "fp16" ? " (the loss scale starts at engine.initial_loss_scale)" : "");
   }
+  if (const auto o = u.find("optimizer_states"); o != u.end() && o->is_string()) {
+    const MomentFormat f = cfg.engine.optimizer_states;
+    const std::string now = f == MomentFormat::kF32    ? "fp32"
+                            : f == MomentFormat::kBF16 ? "bf16"
+                                                       : "int8";
+    if (o->get<std::string>() != now)
+      std::printf(
+          "  note: the optimizer states change from %s to %s: converted as they load (rounded to "
+          "the narrower format where it is one), so the steps differ from the checkpoint's run's\n",
+          o->get<std::string>().c_str(), now.c_str());
+  }
   const auto batch = IntegerField<int64_t>(u, "batch_size");
   const auto accum = IntegerField<int64_t>(u, "grad_accumulation");
   const auto ranks = IntegerField<int64_t>(u, "ranks");
