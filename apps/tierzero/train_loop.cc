@@ -101,9 +101,8 @@ Status TrainRun::Save(int step) {
   // resume compares its own settings with those).
   if (step == start_ && !resumed_user_.empty()) {
     const json was = json::parse(resumed_user_, nullptr, /*allow_exceptions=*/false);
-    for (const char* key :
-         {"schedule", "data", "data_seed", "batch_size", "grad_accumulation", "ranks",
-          "compute_dtype", "data_fingerprint", "eval_pending", "optimizer_states"}) {
+    for (const char* key : {"schedule", "data", "data_seed", "batch_size", "grad_accumulation",
+                            "ranks", "compute_dtype", "data_fingerprint", "eval_pending"}) {
       if (was.is_object() && was.contains(key)) {
         user[key] = was[key];
       } else {
