@@ -103,7 +103,9 @@ Status TrainRun::Save(int step) {
     const json was = json::parse(resumed_user_, nullptr, /*allow_exceptions=*/false);
     for (const char* key : {"schedule", "data", "data_seed", "batch_size", "grad_accumulation",
                             "ranks", "compute_dtype", "data_fingerprint", "eval_pending"}) {
-      if (was.is_object() && was.contains(key)) {
+      // (An evaluation left undone stays so only until the resume has made it.)
+      const bool done = std::string(key) == "eval_pending" && !eval_at_start_;
+      if (was.is_object() && was.contains(key) && !done) {
         user[key] = was[key];
       } else {
         user.erase(key);
@@ -261,6 +263,7 @@ Status TrainRun::Loop() {
       if (start_ > 0) eval_pending_step_ = start_;  // (still undone: the resume keeps saying so)
       return SaveAfterError(s);
     }
+    eval_at_start_ = false;
   }
   for (; step_ < cfg_.train.steps; ++step_) {
     if (cfg_.train.profile_step > 0 && step_ + 1 == cfg_.train.profile_step)
