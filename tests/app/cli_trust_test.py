@@ -561,6 +561,11 @@ def case_resume_notes():
     check("is not what the checkpoint's run read" in out, f"other files at a resume, no note:\n{out}")
 
 
+    # eval --resume without --data: a run's relative token path is not taken from elsewhere.
+    rel = os.path.join(OUT, "rn_rel")
+    ok(["train", "--config", cfg, "--data", "rn_tok/a.bin", "--run-dir", rel, "--steps", "2",
+        "--quiet"])
+    refused(["eval", "--resume", rel + "/checkpoint"], "--data PATH", "relative to where it ran")
     # A run directory given for its checkpoint is said first, everywhere.
     for cmd in (["train", "--config", cfg, "--run-dir", rd, "--resume", rd, "--steps", "100"],
                 ["eval", "--resume", rd, "--data", os.path.join(d, "b.bin")],
