@@ -121,8 +121,7 @@ Status Engine::ExportSafetensors(const std::string& path, DType dtype,
   if (dtype != DType::kF32 && dtype != DType::kBF16)
     return InvalidArgumentError("safetensors export writes fp32 or bf16, not " +
                                 std::string(DTypeName(dtype)));
-  return im.ExportFiles({Impl::ExportFile{path, im.GatherOrder()}}, dtype, nullptr, true,
-                        metadata);
+  return im.ExportFiles({Impl::ExportFile{path, im.GatherOrder()}}, dtype, nullptr, true, metadata);
 }
 
 StatusOr<std::vector<Engine::SafetensorsShard>> Engine::ExportSafetensorsShards(
