@@ -126,6 +126,10 @@ void ReportScheduleChange(const json& u, const TrainOptions& now, int step) {
 // (resharding to another number of ranks is supported), but it no longer repeats what an
 // uninterrupted run would have done, and the note says how to keep the global batch.
 // Checkpoints written before a field was recorded say nothing of it.
+std::string MomentFormatText(MomentFormat f) {
+  return f == MomentFormat::kF32 ? "fp32" : f == MomentFormat::kBF16 ? "bf16" : "int8";
+}
+
 std::string FingerprintText(uint64_t fingerprint) {
   char b[24];
   std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(fingerprint));
@@ -156,10 +160,7 @@ void ReportRunChanges(const std::string& user_state, const RunConfig& cfg, int w
                   now == "fp16" ? " (the loss scale starts at engine.initial_loss_scale)" : "");
   }
   if (const auto o = u.find("optimizer_states"); o != u.end() && o->is_string()) {
-    const MomentFormat f = cfg.engine.optimizer_states;
-    const std::string now = f == MomentFormat::kF32    ? "fp32"
-                            : f == MomentFormat::kBF16 ? "bf16"
-                                                       : "int8";
+    const std::string now = MomentFormatText(cfg.engine.optimizer_states);
     if (o->get<std::string>() != now)
       std::printf(
           "  note: the optimizer states change from %s to %s: converted as they load (rounded to "

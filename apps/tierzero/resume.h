@@ -29,6 +29,8 @@ nlohmann::json DataJson(const gpt::DataConfig& d);
 // `fingerprint`: the data's (Dataset::Fingerprint), compared with the one the checkpoint records.
 void ReportRunChanges(const std::string& user_state, const RunConfig& cfg, int world, int step,
                       uint64_t fingerprint);
+// engine.optimizer_states as the config and the checkpoint's user state spell it.
+std::string MomentFormatText(MomentFormat f);
 // A data fingerprint as the checkpoint records it (16 hex digits: JSON numbers lose 64 bits).
 std::string FingerprintText(uint64_t fingerprint);
 

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "resume.h"
 #include "run_dir.h"
 #include "run_fields.h"
 #include "tierzero/bytes.h"
@@ -307,11 +308,7 @@ Field MomentFormatField(const std::string& name, MomentFormat* p) {
             }
             return Bad(name, v, "\"fp32\", \"bf16\" or \"int8\"");
           },
-          [=] {
-            return json(*p == MomentFormat::kF32    ? "fp32"
-                        : *p == MomentFormat::kBF16 ? "bf16"
-                                                    : "int8");
-          }};
+          [=] { return json(MomentFormatText(*p)); }};
 }
 
 }  // namespace

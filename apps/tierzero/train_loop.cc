@@ -82,20 +82,17 @@ Status TrainRun::Save(int step) {
   // The loop's step (Note [The loop's step, not the applied count]), the model (Note [A
   // checkpoint resumes its own model]), and what a resumed run compares with its own
   // (ReportRunChanges).
-  json user = {
-      {"step", step},
-      {"data_seed", cfg_.data.seed},
-      {"batch_size", cfg_.train.batch_size},
-      {"grad_accumulation", cfg_.engine.grad_accumulation},
-      {"ranks", world_},
-      {"model", ModelJson(cfg_)},
-      {"schedule", ScheduleJson(cfg_.train)},
-      {"data", DataJson(cfg_.data)},
-      {"compute_dtype", std::string(DTypeName(cfg_.engine.compute_dtype))},
-      {"data_fingerprint", FingerprintText(dataset_->Fingerprint())},
-      {"optimizer_states", cfg_.engine.optimizer_states == MomentFormat::kF32    ? "fp32"
-                           : cfg_.engine.optimizer_states == MomentFormat::kBF16 ? "bf16"
-                                                                                 : "int8"}};
+  json user = {{"step", step},
+               {"data_seed", cfg_.data.seed},
+               {"batch_size", cfg_.train.batch_size},
+               {"grad_accumulation", cfg_.engine.grad_accumulation},
+               {"ranks", world_},
+               {"model", ModelJson(cfg_)},
+               {"schedule", ScheduleJson(cfg_.train)},
+               {"data", DataJson(cfg_.data)},
+               {"compute_dtype", std::string(DTypeName(cfg_.engine.compute_dtype))},
+               {"data_fingerprint", FingerprintText(dataset_->Fingerprint())},
+               {"optimizer_states", MomentFormatText(cfg_.engine.optimizer_states)}};
   // A re-save of the step resumed (a copy into another run directory, nothing trained): its
   // states were trained as the checkpoint's run trained them, which it keeps recording (a later
   // resume compares its own settings with those).

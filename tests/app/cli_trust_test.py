@@ -102,6 +102,28 @@ def train_small(run_dir, *extra, steps=6):
                "--quiet"] + list(extra))
 
 
+def mpirun_env():
+    """(mpirun, its environment as root on 2 cores), or (None, None) when there is no mpirun."""
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        print("  (no mpirun: skipped)")
+        return None, None
+    return mpirun, dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                        OMPI_MCA_rmaps_base_oversubscribe="1")
+
+
+def read_then_go(reader, lines, p):
+    """Reads a FIFO until `lines` lines (or 60 s, or `p` ends), then closes it: its writer's
+    next line fails (EPIPE, as a full disk's ENOSPC)."""
+    got, deadline = b"", time.time() + 60
+    while got.count(b"\n") < lines and time.time() < deadline and p.poll() is None:
+        try:
+            got += os.read(reader, 65536)
+        except BlockingIOError:
+            time.sleep(0.05)
+    os.close(reader)
+
+
 def read(path):
     with open(path, "rb") as f:
         return f.read()
@@ -574,12 +596,9 @@ def case_resume_notes():
 
 
 def case_ranks_agree():
-    mpirun = shutil.which("mpirun")
+    mpirun, env = mpirun_env()
     if not mpirun:
-        print("  (no mpirun: skipped)")
         return
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1")
     cfg = os.path.join(OUT, "small.json")
     for name, extra, needle in [("width", ["--width", "128"], "model.d_model"),
                                 ("lr", ["--lr", "0.01"], "train.lr"),
@@ -702,12 +721,9 @@ def case_ranks_faults():
     """Note [A checkpoint after a data error] with two ranks: a token file truncated mid-run, or
     the metrics file failing (its reader gone), stops both ranks between two steps, together:
     the steps trained are saved, the lead says why, no abort; the saved run resumes on both."""
-    mpirun = shutil.which("mpirun")
+    mpirun, env = mpirun_env()
     if not mpirun:
-        print("  (no mpirun: skipped)")
         return
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1")
     cfg = os.path.join(OUT, "small.json")
     tok = os.path.join(OUT, "f_tok.bin")
     data = bytes([7, 0, 200, 0]) * 262144  # 524288 uint16 tokens, 7 and 200
@@ -748,13 +764,7 @@ def case_ranks_faults():
     p = subprocess.Popen([mpirun, "-np", "2", TZ, "train", "--config", cfg, "--run-dir", rd,
                           "--metrics", mfifo, "--steps", "1000000", "--quiet"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=OUT, env=env)
-    got, deadline = b"", time.time() + 60
-    while got.count(b"\n") < 4 and time.time() < deadline and p.poll() is None:
-        try:
-            got += os.read(reader, 65536)
-        except BlockingIOError:
-            time.sleep(0.05)
-    os.close(reader)
+    read_then_go(reader, 4, p)
     out = p.communicate(timeout=120)[0].decode(errors="replace")
     check(p.returncode != 0 and "metrics file" in out and "A checkpoint of step" in out and
           "MPI_ABORT" not in out,
@@ -1051,13 +1061,7 @@ def case_late_faults():
     p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--metrics", mfifo,
                           "--steps", "1000000", "--quiet"], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, cwd=OUT)
-    got, deadline = b"", time.time() + 60
-    while got.count(b"\n") < 4 and time.time() < deadline and p.poll() is None:
-        try:
-            got += os.read(reader, 65536)
-        except BlockingIOError:
-            time.sleep(0.05)
-    os.close(reader)
+    read_then_go(reader, 4, p)
     out = p.communicate(timeout=60)[0].decode()
     check(p.returncode == 1 and "metrics file" in out and "A checkpoint of step" in out,
           f"a metrics file failing mid-run: status {p.returncode}\n{out}")
