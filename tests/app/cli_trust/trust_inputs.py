@@ -1,0 +1,352 @@
+"""Inputs: special files, Hugging Face directories, flags at the ends of their ranges, plans.
+
+Cases of cli_trust_test.py (see its docstring); each `case_NAME` is run by name."""
+import json
+import os
+import shutil
+import struct
+import subprocess
+
+from trust_common import (OUT, check, run, refused, ok, write_config, train_small, read)
+
+
+def case_readers():
+    d = os.path.join(OUT, "d_dir")
+    os.makedirs(d)
+    sparse = os.path.join(OUT, "d_sparse")
+    with open(sparse, "wb") as f:
+        f.truncate(1 << 40)
+    deep = os.path.join(OUT, "d_deep.json")
+    with open(deep, "w") as f:
+        f.write('{"model": {"n_layer": ' + "[" * 100000 + "]" * 100000 + "}}")
+    dup = os.path.join(OUT, "d_dup.json")
+    with open(dup, "w") as f:
+        f.write('{"train": {"lr": 0.001, "steps": 3, "lr": 5}}')
+    rd = os.path.join(OUT, "d_run")
+    for bad, needle in [(d, "directory"), ("/dev/zero", "at most"), (sparse, "at most")]:
+        refused(["train", "--config", bad, "--run-dir", rd], needle)
+        refused(["train", "--text", bad, "--run-dir", rd], needle)
+        refused(["report", bad], needle)
+        refused(["plan", "--rates", bad], needle)
+        refused(["plan", "--trace", bad], needle)
+        refused(["train", "--plan", bad, "--run-dir", rd, "--config",
+                 os.path.join(OUT, "small.json")], needle)
+        refused(["export", os.path.join(OUT, "x_ckpt"), "--config", bad, "-o",
+                 os.path.join(OUT, "d_w.st")], needle)
+    refused(["train", "--init-from", d, "--run-dir", rd], "directory")
+    refused(["train", "--resume", d, "--run-dir", rd])
+    refused(["train", "--config", deep, "--run-dir", rd], "deeper than 64")
+    refused(["train", "--config", dup, "--run-dir", rd], '"lr" twice')
+    check(not os.path.exists(os.path.join(rd, "metrics.jsonl")), "a refused run trained")
+    # A refused run leaves no trace: the directories it made are gone, and a directory of the
+    # user's holds no lock file of it.
+    fresh = os.path.join(OUT, "d_new", "deep", "run")
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", fresh, "--data",
+             os.path.join(OUT, "d_missing.bin")], "no token file")
+    check(not os.path.exists(os.path.join(OUT, "d_new")), "a refused run left its directories")
+    users = os.path.join(OUT, "d_users")
+    os.makedirs(users)
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", users, "--data",
+             os.path.join(OUT, "d_missing.bin")], "no token file")
+    check(os.listdir(users) == [], f"a refused run left {os.listdir(users)}")
+
+
+def case_models_in():
+    """A model brought from a Hugging Face directory: a context longer than its positions is
+    refused (never silently cut); a run it seeded resumes and evaluates without it (moved away);
+    --init-from with --resume is refused; a FIFO or directory for one of its files is refused at
+    once; eval's window is the context a sliding window is checked against."""
+    tok = os.path.join(OUT, "mi_tok.bin")
+    with open(tok, "wb") as f:
+        f.write(struct.pack("<20480H", *[(i * 7) % 256 for i in range(20480)]))
+    base = os.path.join(OUT, "mi_base")
+    ok(["train", "--arch", "llama", "--layers", "2", "--width", "64", "--heads", "4", "--vocab",
+        "256", "--seq-len", "32", "--data", tok, "--steps", "2", "--run-dir", base, "--quiet"])
+    hf = os.path.join(OUT, "mi_hf")
+    ok(["export", base + "/checkpoint", "--format", "hf", "-o", hf])
+    refused(["train", "--init-from", hf, "--data", tok, "--seq-len", "64", "--steps", "1",
+             "--run-dir", os.path.join(OUT, "mi_long"), "--quiet"], "longer than the 32 positions")
+    check(not os.path.exists(os.path.join(OUT, "mi_long")), "a refused context left a run")
+    rd = os.path.join(OUT, "mi_run")
+    ok(["train", "--init-from", hf, "--data", tok, "--steps", "2", "--run-dir", rd, "--quiet"])
+    refused(["train", "--config", rd + "/config.json", "--resume", rd + "/checkpoint",
+             "--init-from", hf, "--steps", "4", "--run-dir", rd, "--quiet"], "--init-from",
+            "--resume")
+    # A checkpoint or an empty directory given to --init-from is said to be what it is, before
+    # anything is built.
+    refused(["eval", "--init-from", base + "/checkpoint", "--data", tok], "--resume")
+    os.makedirs(os.path.join(OUT, "mi_empty"))
+    refused(["train", "--init-from", os.path.join(OUT, "mi_empty"), "--data", tok, "--run-dir",
+             os.path.join(OUT, "mi_erun")], "without config.json")
+    # A model directory whose weights are a link to a file elsewhere (the hub cache's layout):
+    # no output is written over the file it links to, even with --overwrite.
+    linked = os.path.join(OUT, "mi_linked")
+    os.makedirs(linked)
+    shutil.copy(os.path.join(hf, "config.json"), linked)
+    blob = os.path.join(OUT, "mi_blob")
+    shutil.copy(os.path.join(hf, "model.safetensors"), blob)
+    os.symlink(blob, os.path.join(linked, "model.safetensors"))
+    weights = read(blob)
+    for flag in ("--report", "--metrics"):
+        refused(["train", "--init-from", linked, "--data", tok, "--steps", "1", "--run-dir",
+                 os.path.join(OUT, "mi_lrun"), flag, blob, "--overwrite", "--quiet"],
+                "the run's input --init-from")
+    check(read(blob) == weights, "an output was written over the weights a model directory links")
+    moved = hf + ".moved"
+    os.rename(hf, moved)
+    try:
+        out = ok(["eval", "--resume", rd + "/checkpoint", "--data", tok])
+        check("mean loss" in out, f"eval of a run seeded from a directory:\n{out}")
+        ok(["train", "--config", rd + "/config.json", "--resume", rd + "/checkpoint", "--steps",
+            "4", "--run-dir", rd, "--quiet"])
+    finally:
+        os.rename(moved, hf)
+    for name, make in (("model.safetensors", os.mkfifo), ("model.safetensors", os.mkdir),
+                       ("config.json", os.mkfifo)):
+        bad = os.path.join(OUT, "mi_bad")
+        shutil.rmtree(bad, ignore_errors=True)
+        shutil.copytree(hf, bad)
+        os.remove(os.path.join(bad, name))
+        make(os.path.join(bad, name))
+        refused(["eval", "--init-from", bad, "--data", tok], name, timeout=20)
+    # A config.json that disagrees with its weights is refused from the headers, before the
+    # machine-sized budgets are taken (a 65536 x 2048 model over 256 x 64 weights).
+    for field, value, needle in (("vocab_size", 65536, "embed_tokens"),
+                                 ("num_hidden_layers", 3, "2 blocks")):
+        bad = os.path.join(OUT, "mi_cfg")
+        shutil.rmtree(bad, ignore_errors=True)
+        shutil.copytree(hf, bad)
+        with open(os.path.join(bad, "config.json")) as f:
+            c = json.load(f)
+        c[field] = value
+        with open(os.path.join(bad, "config.json"), "w") as f:
+            json.dump(c, f)
+        refused(["eval", "--init-from", bad, "--data", tok], "disagree", needle, timeout=20)
+    # Nothing written inside the model directory, the checkpoint included; a run directory
+    # given as a model is pointed to --resume; one data source; a checkpoint is a directory.
+    refused(["train", "--init-from", hf, "--data", tok, "--steps", "1", "--run-dir",
+             os.path.join(OUT, "mi_ck"), "--checkpoint", hf + "/sub"], "inside the model directory")
+    check(sorted(os.listdir(hf)) == ["config.json", "model.safetensors"], "the model dir changed")
+    refused(["eval", "--init-from", base, "--data", tok], "tierzero run directory", "--resume")
+    refused(["train", "--text", tok, "--data", tok, "--run-dir", os.path.join(OUT, "mi_two")],
+            "one data source")
+    refused(["eval", "--resume", base + "/checkpoint/manifest.json", "--data", tok],
+            "not a checkpoint", base + "/checkpoint")
+    sw = os.path.join(OUT, "mi_sw")
+    shutil.copytree(hf, sw)
+    with open(os.path.join(sw, "config.json")) as f:
+        c = json.load(f)
+    c["architectures"], c["sliding_window"] = ["MistralForCausalLM"], 16
+    with open(os.path.join(sw, "config.json"), "w") as f:
+        json.dump(c, f)
+    ok(["eval", "--init-from", sw, "--data", tok, "--seq-len", "16"])
+    refused(["eval", "--init-from", sw, "--data", tok], "sliding_window", "--seq-len 16")
+    # An export --format hf that fails part way (room for the shards, not the index) is undone,
+    # so the retry is not refused for a directory holding files. Needs a small file system to
+    # fill (root's tmpfs); skipped where none can be mounted.
+    small = os.path.join(OUT, "mi_small")
+    os.makedirs(small)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", small],
+                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0:
+        try:
+            with open(os.path.join(small, "filler"), "wb") as f:
+                f.write(bytes(163840))
+            target = os.path.join(small, "m")
+            args = ["export", base + "/checkpoint", "--format", "hf", "-o", target, "--dtype",
+                    "bf16", "--max-shard-size", "100KB"]
+            refused(args, "undone")
+            check(not os.path.exists(target), f"a failed export left {os.listdir(small)}")
+            os.remove(os.path.join(small, "filler"))
+            ok(args)
+        finally:
+            subprocess.run(["umount", small])
+
+
+def case_asked_for():
+    """What a run asks for is what it gets (Note [Asked for, not different from the default]):
+    a value equal to the default still counts, comments do not hide a field, a flag naming the
+    architecture the config has changes nothing, a path that reads as a number is a path, and a
+    setting nothing would read is refused instead of ignored."""
+    cfg = os.path.join(OUT, "small.json")
+    small = ["--layers", "1", "--width", "32", "--heads", "2", "--quiet"]
+    src = os.path.join(OUT, "y_src")
+    ok(["train", "--config", cfg, "--run-dir", src, "--seq-len", "64"] + small)
+    hf = os.path.join(OUT, "y_hf")
+    ok(["export", src + "/checkpoint", "--format", "hf", "-o", hf])
+    text = os.path.join(OUT, "y_text.txt")
+    with open(text, "w") as f:
+        f.write("some text to learn from, over and over. " * 200)
+    commented = os.path.join(OUT, "y_commented.json")
+    with open(commented, "w") as f:
+        f.write('// the context asked for\n{"model": {"seq_len": 16}}\n')
+    rd = os.path.join(OUT, "y_run1")
+    ok(["train", "--config", commented, "--init-from", hf, "--text", text, "--steps", "1",
+        "--run-dir", rd, "--quiet"])
+    check(json.load(open(rd + "/config.json"))["model"]["seq_len"] == 16,
+          "a commented config's seq_len was replaced by the model directory's")
+    out = ok(["train", "--init-from", hf, "--text", text, "--steps", "1", "--run-dir",
+              os.path.join(OUT, "y_run2"), "--device-budget", "12MiB", "--host-budget", "16MiB"])
+    check("budgets: device 12.0 MiB, host 16.0 MiB" in out, f"budgets given were resized:\n{out}")
+    refused(["train", "--init-from", hf, "--text", text, "--steps", "1", "--run-dir",
+             os.path.join(OUT, "y_run3"), "--layers", "5", "--width", "192", "--heads", "6"],
+            "sets its own shape")
+    llama = write_config(os.path.join(OUT, "y_llama.json"),
+                         model={"arch": "llama", "tie_embeddings": True, "attention_bias": True})
+    rd = os.path.join(OUT, "y_run4")
+    ok(["train", "--config", llama, "--run-dir", rd, "--steps", "1", "--arch", "llama"] + small)
+    m = json.load(open(rd + "/config.json"))["model"]
+    check(m["tie_embeddings"] and m["attention_bias"], f"--arch llama reset the config's: {m}")
+    # A path that reads as a number; an option where a value should be.
+    ok(["train", "--config", cfg, "--run-dir", "123", "--steps", "1"] + small)
+    check(os.path.isdir(os.path.join(OUT, "123")), "--run-dir 123 was not a directory 123")
+    refused(["train", "--config", cfg, "--run-dir", "--overwrite"] + small, "needs a value")
+    check(not os.path.exists(os.path.join(OUT, "--overwrite")), "a directory named --overwrite")
+    # Settings nothing reads.
+    stray = write_config(os.path.join(OUT, "y_stray.json"), data={"text_path": text})
+    refused(["train", "--config", stray, "--run-dir", os.path.join(OUT, "y_run5")],
+            "data.text_path", "data.kind")
+    ok(["train", "--config", stray, "--text", text, "--steps", "1", "--run-dir",
+        os.path.join(OUT, "y_run6")] + small)
+    slow = write_config(os.path.join(OUT, "y_slow.json"), engine={"host_link_bandwidth": 1e-300})
+    refused(["train", "--config", slow, "--run-dir", os.path.join(OUT, "y_run7")],
+            "host_link_bandwidth")
+    rc, out = run(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "y_run8"), "--steps",
+                   "1"] + small, env=dict(os.environ, TZ_GPT_FUSED_ATTENTION="no"))
+    check(rc == 1 and "TZ_GPT_FUSED_ATTENTION" in out, f"TZ_GPT_FUSED_ATTENTION=no:\n{out}")
+    # (It fails at the model's first use, the step-0 evaluation, after the set-up: a run that
+    # trained nothing leaves nothing, and the corrected command runs.)
+    check(not os.path.exists(os.path.join(OUT, "y_run8")),
+          "a run that trained nothing left its run directory")
+    ok(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "y_run8"), "--steps", "1"] + small)
+    # An export's config must be its checkpoint's model's.
+    other = json.load(open(src + "/config.json"))
+    other["model"]["n_head"] = 4
+    with open(os.path.join(OUT, "y_h4.json"), "w") as f:
+        json.dump(other, f)
+    refused(["export", src + "/checkpoint", "--config", os.path.join(OUT, "y_h4.json"),
+             "--format", "hf", "-o", os.path.join(OUT, "y_out")], "model.n_head")
+    check(not os.path.exists(os.path.join(OUT, "y_out")), "a refused export wrote its directory")
+    refused(["export", src + "/checkpoint", "-o", os.path.join(OUT, "y.safetensors"),
+             "--max-shard-size", "1"], "--format hf")
+    refused(["export", src + "/checkpoint", "-o"], "-o needs a value")
+
+
+def case_ranges():
+    cfg = os.path.join(OUT, "small.json")
+    rd = os.path.join(OUT, "x_run")
+    for flag in ("--device-budget", "--host-budget", "--nvme-budget"):
+        refused(["train", "--config", cfg, "--run-dir", rd, flag, str(2**64 - 1)], "1 EiB")
+        refused(["plan", "--config", cfg, flag, str(2**64 - 1)], "1 EiB")
+    big = write_config(os.path.join(OUT, "x_chunk.json"), engine={"chunk_elems": 2**64 - 1})
+    refused(["train", "--config", big, "--run-dir", rd], "chunk_elems")
+    big2 = write_config(os.path.join(OUT, "x_chunk2.json"), engine={"chunk_elems": 2**62})
+    refused(["train", "--config", big2, "--run-dir", rd], "chunk_elems")
+    # A micro-batch whose token arrays alone would not fit in memory; a vocabulary the task's
+    # tokens do not fit (both found before a run could replace another's files).
+    refused(["train", "--config", cfg, "--run-dir", rd, "--batch-size", "1048576", "--seq-len",
+             "65536"], "2^24 tokens")
+    refused(["train", "--config", cfg, "--run-dir", rd, "--vocab", "5"], "model.vocab")
+    refused(["eval", "--init-from", os.path.join(OUT, "missing.st"), "--data", "/dev/null",
+             "--batch-size", "1048576"])
+    for rates in ({"cpu_adam_params_per_s": 1e300}, {"h2d_bytes_per_s": 1e-300},
+                  {"comm_latency_s": 1e30}, {"nvme_read_bytes_per_s": -1}):
+        path = os.path.join(OUT, "x_rates.json")
+        with open(path, "w") as f:
+            json.dump(rates, f)
+        out = refused(["plan", "--config", cfg, "--rates", path], list(rates)[0])
+        check("nan" not in out.lower(), f"a plan of NaN: {out}")
+    train_small(os.path.join(OUT, "x_ok"))
+    report = json.load(open(os.path.join(OUT, "x_ok/report.json")))
+    for value in (-5, 1e300):
+        report["tiers"]["host"]["used"] = value
+        path = os.path.join(OUT, "x_report.json")
+        with open(path, "w") as f:
+            json.dump(report, f)
+        refused(["report", path, "-o", os.path.join(OUT, "x.html")], "tiers.host.used")
+    check(not os.path.exists(os.path.join(OUT, "x.html")), "a page of a bad report was written")
+    # A report whose profiled events cannot be traced replaces no page: both outputs are
+    # rendered before either is written.
+    report = json.load(open(os.path.join(OUT, "x_ok/report.json")))
+    if report.get("profile", {}).get("events"):
+        report["profile"]["events"][0]["lane"] = 5000
+        path = os.path.join(OUT, "x_report_events.json")
+        with open(path, "w") as f:
+            json.dump(report, f)
+        page = os.path.join(OUT, "x_users_page.html")
+        with open(page, "w") as f:
+            f.write("my page")
+        refused(["report", path, "-o", page, "--trace", os.path.join(OUT, "x_t.json")], "lane")
+        check(read(page) == b"my page", "a report that could not be traced replaced the page")
+
+
+def case_plan_device():
+    """The plan's rates come from the device the run computes on (Note [Calibrated on the device
+    that runs]): a cached GPU's rates are not used for a run on the simulated device, and a plan
+    of a cuda run either calibrates on this machine's GPU or is refused without one."""
+    cfg = os.path.join(OUT, "small.json")
+    rates = os.path.join(OUT, "g_rates.json")
+    gpu = {"name": "this machine's GPU (calibrated)", "cpu_adam_params_per_s": 1e9,
+           "device_adam_params_per_s": 5e10,
+           "h2d_bytes_per_s": 2.5e10, "d2h_bytes_per_s": 2.5e10, "nvme_read_bytes_per_s": 6e9,
+           "nvme_write_bytes_per_s": 4e9, "device_shares_cpu": False}
+    with open(rates, "w") as f:
+        json.dump(gpu, f)
+    env = dict(os.environ, TZ_RATES_FILE=rates)
+    rc, out = run(["plan", "--config", cfg, "--device", "host", "--no-advice"], env=env)
+    check(rc == 0, f"plan: exit status {rc}\n{out}")
+    check("calibrating this machine's rates on its simulated device" in out and
+          "rates: this machine (calibrated)" in out,
+          f"a GPU's cached rates planned a run on the simulated device:\n{out}")
+    # The GPU's cache is kept (Note [A rates cache is written over only when it is one]) ...
+    check(json.load(open(rates))["device_shares_cpu"] is False and
+          "not cached" in out and "holds the rates of this machine's GPU" in out,
+          f"the GPU's cache was written over:\n{out}")
+    # ... a file of its own caches the simulated device's, and the next plan uses them.
+    env = dict(os.environ, TZ_RATES_FILE=os.path.join(OUT, "g_rates_host.json"))
+    ok(["plan", "--config", cfg, "--device", "host", "--no-advice"], env=env)
+    rc, out = run(["plan", "--config", cfg, "--device", "host", "--no-advice"], env=env)
+    check(rc == 0 and "calibrating" not in out, f"the simulated device's cache not used:\n{out}")
+    # A hand-written rates file given with --calibrate is an input, never written over.
+    hand = os.path.join(OUT, "g_hand.json")
+    with open(hand, "w") as f:
+        json.dump(dict(gpu, name="H100 node"), f)
+    before = read(hand)
+    out = ok(["plan", "--config", cfg, "--device", "host", "--no-advice", "--rates", hand,
+              "--calibrate"])
+    check(read(hand) == before and "not written by a calibration" in out,
+          f"a hand-written rates file was written over:\n{out}")
+    env = dict(os.environ, TZ_RATES_FILE=rates)
+    rc, out = run(["plan", "--config", cfg, "--device", "cuda", "--no-advice"], env=env)
+    if rc == 0:
+        check("rates: this machine's GPU (calibrated)" in out, f"a cuda plan's rates:\n{out}")
+    else:
+        refused(["plan", "--config", cfg, "--device", "cuda", "--no-advice"], "no usable GPU")
+    # A trace plans the model it recorded (Note [A trace plans its own model]): a flag that
+    # shapes the built-in GPT would be ignored, so it is refused; a config's model is noted.
+    run_dir = os.path.join(OUT, "g_traced")
+    train_small(run_dir, steps=2)
+    trace = os.path.join(run_dir, "warmup_trace.json")
+    env = dict(os.environ, TZ_RATES_FILE=os.path.join(OUT, "g_rates_host.json"))
+    for flag in (["--layers", "40"], ["--batch-size", "64"], ["--seq-len", "4"], ["--largest"]):
+        refused(["plan", "--trace", trace] + flag, "--trace")
+    out = ok(["plan", "--trace", trace, "--config", cfg, "--no-advice"], env=env)
+    check("the config's model section" in out and "compute is not in it" not in out,
+          f"a trace plan with a config:\n{out}")
+    # A placement failure's message is printed whole, however long.
+    rc, out = run(["plan", "--trace", trace, "--device-budget", "1MiB", "--host-budget", "1MiB",
+                   "--nvme-budget", "0", "--no-advice"], env=env)
+    check(rc == 0 and "use more ranks\n" in out, f"a plan's failure, cut:\n{out}")
+    # A --rates FILE is written whatever HOME is.
+    mine = os.path.join(OUT, "g_mine_rates.json")
+    env = dict(os.environ, HOME=os.path.join(OUT, "g_no_home"), XDG_CACHE_HOME="")
+    env.pop("TZ_RATES_FILE", None)
+    ok(["plan", "--config", cfg, "--device", "host", "--no-advice", "--rates", mine,
+        "--calibrate"], env=env, timeout=300)
+    check(os.path.exists(mine), "plan --rates FILE --calibrate did not write FILE")
+    # A home that does not exist gets no cache made in it.
+    missing = os.path.join(OUT, "g_no_home")
+    env = dict(os.environ, HOME=missing, XDG_CACHE_HOME="")
+    env.pop("TZ_RATES_FILE", None)
+    out = ok(["plan", "--config", cfg, "--device", "host", "--no-advice"], env=env, timeout=300)
+    check(not os.path.exists(missing) and "not cached" in out,
+          f"a plan made a cache in a home that does not exist:\n{out}")

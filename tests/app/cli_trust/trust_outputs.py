@@ -1,0 +1,362 @@
+"""Output paths, run directories, locks and config.json: what a path names decides how it is
+written, and no file the run did not create is replaced or removed.
+
+Cases of cli_trust_test.py (see its docstring); each `case_NAME` is run by name."""
+import json
+import os
+import pty
+import signal
+import stat
+import struct
+import subprocess
+import threading
+import time
+
+from trust_common import (TZ, OUT, check, refused, ok, write_config, train_small, read, losses)
+
+
+def case_outputs():
+    ok_run = os.path.join(OUT, "o_run")
+    train_small(ok_run)
+    ckpt = os.path.join(ok_run, "checkpoint")
+    # A character device of our own (the same as /dev/null), so a regression cannot break the
+    # machine's /dev/null: it must stay a device node.
+    dev = os.path.join(OUT, "o_null")
+    try:
+        os.mknod(dev, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except PermissionError:
+        dev = None
+    if dev:
+        ino = os.stat(dev).st_ino
+        ok(["export", ckpt, "-o", dev])
+        ok(["report", os.path.join(ok_run, "report.json"), "-o", dev])
+        ok(["plan", "--config", os.path.join(OUT, "small.json"), "--json", dev])
+        run_dev = os.path.join(OUT, "o_dev")
+        ok(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dev,
+            "--steps", "2", "--quiet", "--report", dev, "--html", dev, "--trace", dev,
+            "--metrics", dev])
+        st = os.stat(dev)
+        check(stat.S_ISCHR(st.st_mode) and st.st_ino == ino, "the device node was replaced")
+    # /dev/stdout is the process's own descriptor: a shell's `>> file` is appended to, not
+    # replaced through the link.
+    appended = os.path.join(OUT, "o_appended.txt")
+    with open(appended, "w") as f:
+        f.write("kept\n")
+    with open(appended, "a") as f:
+        p = subprocess.run([TZ, "plan", "--config", os.path.join(OUT, "small.json"), "--json",
+                            "/dev/stdout"], stdout=f, stderr=subprocess.PIPE, cwd=OUT, timeout=120)
+    check(p.returncode == 0, f"plan --json /dev/stdout: {p.stderr.decode()}")
+    text = read(appended).decode()
+    check(text.startswith("kept\n") and '"prediction"' in text, f"/dev/stdout: {text[:200]}")
+    # A FIFO whose reader waits receives the export; without a reader: refused, not a hang.
+    fifo = os.path.join(OUT, "o_fifo")
+    os.mkfifo(fifo)
+    refused(["export", ckpt, "-o", fifo], "no reader", timeout=20)
+    got = {}
+
+    def reader():
+        with open(fifo, "rb") as f:
+            got["bytes"] = len(f.read())
+    t = threading.Thread(target=reader)
+    t.start()
+    time.sleep(0.3)
+    ok(["export", ckpt, "-o", fifo], timeout=30)
+    t.join(10)
+    check(got.get("bytes", 0) > 1000, f"the FIFO's reader got {got}")
+    check(stat.S_ISFIFO(os.stat(fifo).st_mode), "the FIFO was replaced")
+    # A symlink: written through to its target, and stays a link.
+    target, link = os.path.join(OUT, "o_target.st"), os.path.join(OUT, "o_link.st")
+    with open(target, "w") as f:
+        f.write("old")
+    os.symlink(target, link)
+    ok(["export", ckpt, "-o", link])
+    check(os.path.islink(link), "the symlink was replaced by a file")
+    check(read(target)[:8] != b"old", "the link's target was not written")
+    dangling = os.path.join(OUT, "o_dangling")
+    os.symlink(os.path.join(OUT, "o_missing"), dangling)
+    refused(["export", ckpt, "-o", dangling], "symbolic link")
+    check(os.path.islink(dangling) and not os.path.exists(os.path.join(OUT, "o_missing")),
+          "a dangling link was followed or replaced")
+    # A directory: refused, with nothing inside it touched.
+    d = os.path.join(OUT, "o_dir")
+    os.makedirs(d + "/inside")
+    refused(["export", ckpt, "-o", d], "directory")
+    # Refused before the work, not after it (plan calibrates first; export loads first).
+    t0 = time.time()
+    refused(["plan", "--config", os.path.join(OUT, "small.json"), "--json", d], "directory")
+    refused(["report", ok_run + "/report.json", "-o", d], "directory")
+    check(time.time() - t0 < 10, "plan --json DIR was refused only after its calibration")
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir",
+             os.path.join(OUT, "o_run2"), "--report", d], "directory")
+    check(os.path.isdir(d + "/inside"), "the directory changed")
+    # The temporary name never truncates a user's file beside the output.
+    mine = os.path.join(OUT, "o_model.safetensors.tmp")
+    with open(mine, "w") as f:
+        f.write("the user's own file")
+    ok(["export", ckpt, "-o", os.path.join(OUT, "o_model.safetensors")])
+    check(read(mine) == b"the user's own file", "a user's .tmp file beside the output changed")
+    left = [n for n in os.listdir(OUT) if ".tz-" in n]
+    check(not left, f"temporary files left: {left}")
+
+
+def case_nvme_path():
+    # The default model's states need NVMe, so the export opens the NVMe store.
+    run_dir = os.path.join(OUT, "n_run")
+    ok(["train", "--run-dir", run_dir, "--steps", "2", "--quiet"])
+    precious = os.path.join(OUT, "n_precious.txt")
+    with open(precious, "w") as f:
+        f.write("precious")
+    cfg = json.load(open(os.path.join(run_dir, "config.json")))
+    cfg["engine"]["nvme_path"] = precious
+    with open(os.path.join(OUT, "n_cfg.json"), "w") as f:
+        json.dump(cfg, f)
+    # The export swaps to a directory of its own: the config's path is never touched.
+    ok(["export", os.path.join(run_dir, "checkpoint"), "--config",
+        os.path.join(OUT, "n_cfg.json"), "-o", os.path.join(OUT, "n_w.st")])
+    check(read(precious) == b"precious", "the user's file named as the NVMe path changed")
+    # Named as the NVMe path itself (the store refuses a file it did not create).
+    tokens = os.path.join(OUT, "n_tokens.bin")
+    with open(tokens, "wb") as f:
+        f.write(b"".join(bytes([i % 200, 0]) for i in range(5000)))
+    refused(["eval", "--resume", os.path.join(run_dir, "checkpoint"), "--data", tokens,
+             "--nvme-path", precious], "existing file")
+    check(read(precious) == b"precious", "eval changed the file named by --nvme-path")
+    refused(["train", "--run-dir", os.path.join(OUT, "n_run2"), "--steps", "2", "--nvme-path",
+             precious])
+    check(read(precious) == b"precious", "train changed the file named by --nvme-path")
+
+
+def case_self_export():
+    run_dir = os.path.join(OUT, "s_run")
+    train_small(run_dir)
+    ckpt = os.path.join(run_dir, "checkpoint")
+    manifest = read(ckpt + "/manifest.json")
+    config = read(run_dir + "/config.json")
+    refused(["export", ckpt, "-o", ckpt + "/manifest.json"], "inside the checkpoint")
+    refused(["export", ckpt, "-o", run_dir + "/config.json"], "config")
+    states = [n for n in os.listdir(ckpt) if n.startswith("states-")]
+    refused(["export", ckpt, "-o", os.path.join(ckpt, states[0])], "inside the checkpoint")
+    check(read(ckpt + "/manifest.json") == manifest, "the manifest changed")
+    check(read(run_dir + "/config.json") == config, "the config changed")
+    ok(["export", ckpt, "-o", os.path.join(OUT, "s_w.st")])
+    # train: an output that is an input.
+    text = os.path.join(OUT, "s_text.txt")
+    with open(text, "w") as f:
+        f.write("tierzero trains models far larger than GPU memory. " * 40)
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir",
+             os.path.join(OUT, "s_run2"), "--text", text, "--metrics", text], "input")
+    check(read(text).startswith(b"tierzero trains"), "the text was overwritten")
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir",
+             os.path.join(OUT, "s_run3"), "--report", os.path.join(OUT, "s_same"), "--html",
+             os.path.join(OUT, "s_same")], "same file")
+
+
+def case_run_dir():
+    run_dir = os.path.join(OUT, "r_run")
+    train_small(run_dir, steps=8)
+    before = {n: read(os.path.join(run_dir, n)) for n in ("metrics.jsonl", "report.json")}
+    manifest = read(run_dir + "/checkpoint/manifest.json")
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dir,
+             "--steps", "3", "--quiet"], "--resume", "--overwrite")
+    check(read(run_dir + "/checkpoint/manifest.json") == manifest, "the checkpoint changed")
+    for n, b in before.items():
+        check(read(os.path.join(run_dir, n)) == b, f"{n} changed")
+    # --report elsewhere: still refused (the run's checkpoint and metrics are here).
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dir,
+             "--steps", "3", "--report", os.path.join(OUT, "r_elsewhere.json")], "--overwrite")
+    # Resuming in place continues it; a killed writer's temporary file goes, a live one's stays.
+    dead = os.path.join(run_dir, ".report.json.tz-999999999-0.tmp")
+    live = os.path.join(run_dir, f".report.json.tz-{os.getpid()}-0.tmp")
+    for t in (dead, live):
+        with open(t, "w") as f:
+            f.write("partial")
+    ok(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dir, "--steps",
+        "10", "--quiet", "--resume", run_dir + "/checkpoint"])
+    check(not os.path.exists(dead) and os.path.exists(live), "temporary files: dead kept or live removed")
+    os.remove(live)
+    # Files of this name in the run directory that the run would leave beside its own outputs
+    # are listed, and --overwrite removes exactly what was listed.
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dir,
+             "--steps", "3", "--report", os.path.join(OUT, "r_elsewhere.json")],
+            run_dir + "/report.json", run_dir + "/metrics.jsonl")
+    # --overwrite replaces the run whole: no piece of the old one stays beside the new.
+    ok(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dir, "--steps",
+        "3", "--quiet", "--overwrite", "--report", os.path.join(OUT, "r_elsewhere.json")])
+    check(not os.path.exists(run_dir + "/report.json"), "the old run's report stayed")
+    steps = [s for s, *_ in losses(run_dir + "/metrics.jsonl")]
+    check(steps == [1, 2, 3], f"metrics after --overwrite: steps {steps}")
+    info = json.load(open(run_dir + "/checkpoint/manifest.json"))
+    check(info.get("step") == 3, f"the checkpoint after --overwrite is at step {info.get('step')}")
+
+
+def case_config_elsewhere():
+    """Note [A config's outputs follow --run-dir]: a run's config.json given as a template with
+    another --run-dir writes there (not over the run it came from); a moved run directory resumes
+    where it is now."""
+    ra, rb = os.path.join(OUT, "e_ra"), os.path.join(OUT, "e_rb")
+    train_small(ra)
+    before = read(os.path.join(ra, "metrics.jsonl"))
+    ok(["train", "--config", ra + "/config.json", "--run-dir", rb, "--resume", ra + "/checkpoint",
+        "--steps", "8", "--quiet"])
+    check(read(os.path.join(ra, "metrics.jsonl")) == before and
+          os.path.exists(os.path.join(rb, "checkpoint", "manifest.json")) and
+          os.path.exists(os.path.join(rb, "report.json")),
+          "a run's config.json as a template wrote into the run it came from")
+    moved = os.path.join(OUT, "e_moved")
+    os.rename(rb, moved)
+    ok(["train", "--config", moved + "/config.json", "--run-dir", moved, "--resume",
+        moved + "/checkpoint", "--steps", "10", "--quiet"])
+    check(not os.path.exists(rb) and
+          json.load(open(os.path.join(moved, "checkpoint", "manifest.json")))["step"] == 10,
+          "a moved run directory resumed elsewhere than where it is")
+    # A new run directory saving into the checkpoint it resumes (another run's) is refused
+    # without --overwrite, the checkpoint untouched.
+    manifest = read(os.path.join(moved, "checkpoint", "manifest.json"))
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir",
+             os.path.join(OUT, "e_new"), "--resume", moved + "/checkpoint", "--checkpoint",
+             moved + "/checkpoint", "--steps", "12"], "the checkpoint this run resumes")
+    check(read(os.path.join(moved, "checkpoint", "manifest.json")) == manifest and
+          not os.path.exists(os.path.join(OUT, "e_new")),
+          "a refused run changed the checkpoint it resumes, or left a run directory")
+
+
+def case_lock():
+    run_dir = os.path.join(OUT, "l_run")
+    cfg = os.path.join(OUT, "small.json")
+    first = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", run_dir, "--steps",
+                              "1000000", "--quiet"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, cwd=OUT)
+    for _ in range(200):
+        if os.path.exists(run_dir + "/metrics.jsonl") and os.path.getsize(
+                run_dir + "/metrics.jsonl") > 0:
+            break
+        time.sleep(0.05)
+    try:
+        refused(["train", "--config", cfg, "--run-dir", run_dir, "--steps", "5", "--overwrite"],
+                "another tierzero process")
+        # An output into the running run's directory (its report, written when it ends).
+        refused(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "l_third"), "--steps",
+                 "5", "--report", run_dir + "/report.json"], "another tierzero run")
+        refused(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "l_other"), "--steps",
+                 "5", "--checkpoint", run_dir + "/checkpoint", "--overwrite"],
+                "another tierzero process")
+    finally:
+        first.send_signal(signal.SIGINT)
+        out = first.communicate(timeout=120)[0].decode()
+    check(first.returncode == 0, f"the first run ended with {first.returncode}\n{out}")
+    ok(["export", run_dir + "/checkpoint", "-o", os.path.join(OUT, "l_w.st")])
+    # Every line of the metrics file whole, one writer's.
+    for line in open(run_dir + "/metrics.jsonl"):
+        json.loads(line)
+
+
+def case_config_json():
+    run_dir = os.path.join(OUT, "c_run")
+    os.makedirs(run_dir + "/config.json/x")  # config.json cannot be written
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dir,
+             "--steps", "2"], "config")
+    check(not os.path.exists(run_dir + "/metrics.jsonl"), "the run trained anyway")
+    # A link as the run's config.json (to the user's own config): never written through.
+    base = write_config(os.path.join(OUT, "c_base.json"))
+    before = read(base)
+    linked = os.path.join(OUT, "c_linked")
+    os.makedirs(linked)
+    os.symlink(base, linked + "/config.json")
+    refused(["train", "--config", linked + "/config.json", "--run-dir", linked, "--steps", "2"],
+            "symbolic link")
+    check(read(base) == before, "the config a link pointed at was rewritten")
+    # Someone's config.json in a fresh run directory: listed, not replaced silently.
+    other = os.path.join(OUT, "c_other")
+    os.makedirs(other)
+    with open(other + "/config.json", "w") as f:
+        f.write('{"model": {}}')
+    refused(["train", "--config", base, "--run-dir", other, "--steps", "2"], "config.json",
+            "--overwrite")
+    check(read(other + "/config.json") == b'{"model": {}}', "a config.json was replaced")
+    # A refused set-up writes nothing: config.json of a resumed run stays as it was.
+    run_dir = os.path.join(OUT, "c_resumed")
+    train_small(run_dir)
+    before = read(run_dir + "/config.json")
+    refused(["train", "--config", base, "--run-dir", run_dir, "--steps", "8", "--resume",
+             run_dir + "/checkpoint", "--heads", "8"], "n_head")
+    refused(["train", "--config", base, "--run-dir", run_dir, "--steps", "8", "--resume",
+             run_dir + "/checkpoint", "--plan", os.path.join(OUT, "c_missing.json")])
+    check(read(run_dir + "/config.json") == before, "a refused run rewrote config.json")
+    # "none" outputs stay "none" in config.json, so starting from it keeps them off.
+    written = json.load(open(run_dir + "/config.json"))
+    check(written["output"]["html"] == "none" and written["output"]["trace"] == "none",
+          f"config.json: {written['output']}")
+
+
+def case_export_paths():
+    run_dir = os.path.join(OUT, "p_run")
+    train_small(run_dir)
+    ok(["export", run_dir + "/checkpoint/", "-o", os.path.join(OUT, "p_1.st")])
+    ok(["export", ".", "-o", os.path.join(OUT, "p_2.st")], cwd=run_dir + "/checkpoint")
+    ok(["export", "checkpoint/.", "-o", os.path.join(OUT, "p_3.st")], cwd=run_dir)
+    check(read(os.path.join(OUT, "p_1.st")) == read(os.path.join(OUT, "p_2.st")),
+          "the exports differ")
+    # The export records its model (Note [A safetensors file that records its model]): --init-from
+    # it takes that model, and refuses a shape that is not it (another --heads: the same tensors).
+    tok = os.path.join(OUT, "p_tok.bin")
+    with open(tok, "wb") as f:
+        f.write(struct.pack("<4000H", *[(i * 5) % 14 for i in range(4000)]))
+    st = os.path.join(OUT, "p_1.st")
+    refused(["eval", "--init-from", st, "--data", tok, "--heads", "2"], "model.n_head",
+            "records a model")
+    cfg = os.path.join(OUT, "small.json")
+    mean = [line for line in ok(["eval", "--init-from", st, "--data", tok]).splitlines()
+            if "mean loss" in line]
+    same = [line for line in ok(["eval", "--init-from", st, "--data", tok, "--config", cfg])
+            .splitlines() if "mean loss" in line]
+    check(mean and same and mean[0].split("|")[0] == same[0].split("|")[0],
+          f"eval of an export without its config: {mean} against {same}")
+    # An output whose directory is missing is refused before any work, naming the directory.
+    missing = os.path.join(OUT, "p_missing", "x.st")
+    refused(["export", run_dir + "/checkpoint", "-o", missing], "its directory")
+    refused(["report", run_dir + "/report.json", "-o", missing], "its directory")
+
+
+def case_output():
+    cfg = os.path.join(OUT, "small.json")
+    out = ok(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "u_1"), "--steps",
+              "200"])
+    lines = [l for l in out.splitlines() if l.startswith("step ")]
+    # The first step, then every 10th (the default: about 20 lines), the last among them.
+    check(len(lines) == 21 and lines[-1].startswith("step   200/200"),
+          f"{len(lines)} step lines by default for 200 steps:\n" + "\n".join(lines[:5]))
+    out = ok(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "u_2"), "--steps",
+              "200", "--log-every", "50"])
+    lines = [l.split("|")[0].strip() for l in out.splitlines() if l.startswith("step ")]
+    check(lines == ["step     1/200", "step    50/200", "step   100/200", "step   150/200",
+                    "step   200/200"], f"--log-every 50: {lines}")
+    check("elapsed" in out, "no elapsed time on the step lines")
+    # The placement summary's tier lines are indented under it.
+    head = out.split("eval")[0].splitlines()
+    for tier in ("device:", "host:", "nvme:"):
+        check(any(l.startswith("    " + tier) for l in head), f"'{tier}' not indented:\n{out}")
+    # --quiet: no step lines.
+    out = ok(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "u_3"), "--steps", "20",
+              "--quiet"])
+    check(not any(l.startswith("step ") for l in out.splitlines()), "step lines under --quiet")
+    # A terminal: one line rewritten in place (carriage returns, few newlines).
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.chdir(OUT)
+        os.execv(TZ, [TZ, "train", "--config", cfg, "--run-dir", os.path.join(OUT, "u_4"),
+                      "--steps", "300"])
+    data = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    _, status = os.waitpid(pid, 0)
+    text = data.decode(errors="replace")
+    check(os.WEXITSTATUS(status) == 0, f"the run on a terminal failed:\n{text}")
+    check(text.count("\rstep ") >= 2, f"no progress line rewritten in place:\n{text[:2000]}")
+    check(text.count("\n") < 60, f"{text.count(chr(10))} lines on a terminal for 300 steps")
+    check("left" in text and "tok/s" in text, "the progress line lacks tokens/s or time left")

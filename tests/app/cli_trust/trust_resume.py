@@ -1,0 +1,196 @@
+"""Resumes: exact, refused when the model differs, and honest about what changed.
+
+Cases of cli_trust_test.py (see its docstring); each `case_NAME` is run by name."""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import time
+
+from trust_common import (TZ, OUT, check, refused, ok, write_config, train_small, read, losses)
+
+
+def case_resume_in_place_only():
+    # A checkpoint directory of the user's with files that look like ours but are not.
+    mine = os.path.join(OUT, "i_mine")
+    os.makedirs(mine)
+    for name in ("states-important.txt", "states-0.w1.rank0.bin.bak", "notes.txt"):
+        with open(os.path.join(mine, name), "w") as f:
+            f.write("keep")
+    train_small(os.path.join(OUT, "i_run0"), "--checkpoint", mine)
+    for name in ("states-important.txt", "states-0.w1.rank0.bin.bak", "notes.txt"):
+        check(read(os.path.join(mine, name)) == b"keep", f"the checkpoint save removed {name}")
+    # A run whose metrics file and checkpoint directory are elsewhere: a resume in place that
+    # does not name them again is told which to name, and splits nothing.
+    away = os.path.join(OUT, "i_away")
+    metrics, ckpt = os.path.join(OUT, "i_away.jsonl"), os.path.join(OUT, "i_away_ckpt")
+    train_small(away, "--metrics", metrics, "--checkpoint", ckpt, steps=3)
+    before = read(metrics)
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", away, "--resume",
+             ckpt, "--checkpoint", ckpt, "--steps", "6"], "--metrics " + metrics)
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", away, "--resume",
+             ckpt, "--metrics", metrics, "--steps", "6"], "--checkpoint " + ckpt)
+    check(read(metrics) == before and not os.path.exists(os.path.join(away, "metrics.jsonl")),
+          "a refused resume changed the run's metrics")
+    train_small(away, "--metrics", metrics, "--checkpoint", ckpt, "--resume", ckpt, steps=6)
+    check([m[0] for m in losses(metrics)] == list(range(1, 7)), "the resumed metrics are split")
+    # A run directory copied with its outputs inside it resumes in place in the copy (its
+    # config.json records the original's paths: those inside it follow the directory).
+    for name, extra, metrics_name in (("def", [], "metrics.jsonl"),
+                                      ("own", ["--metrics"], "m2.jsonl")):
+        orig, copy = os.path.join(OUT, "i_orig_" + name), os.path.join(OUT, "i_copy_" + name)
+        flags = extra + [os.path.join(orig, metrics_name)] if extra else []
+        train_small(orig, *flags, steps=3)
+        shutil.copytree(orig, copy)
+        flags = extra + [os.path.join(copy, metrics_name)] if extra else []
+        train_small(copy, "--resume", os.path.join(copy, "checkpoint"), *flags, steps=6)
+        check([m[0] for m in losses(os.path.join(orig, metrics_name))] == [1, 2, 3] and
+              [m[0] for m in losses(os.path.join(copy, metrics_name))] == list(range(1, 7)),
+              f"{name}: a copied run directory's resume wrote into the original")
+        if extra:
+            # Not naming it again: the copy's own file is named, never the original's.
+            out = refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", copy,
+                           "--resume", os.path.join(copy, "checkpoint"), "--steps", "8"],
+                          os.path.join(copy, metrics_name))
+            check(orig not in out, f"the original's metrics were named:\n{out}")
+    # Resuming in place covers the run directory's files, not a --report naming someone's file.
+    run_dir = os.path.join(OUT, "i_run")
+    train_small(run_dir)
+    precious = os.path.join(OUT, "i_precious.json")
+    with open(precious, "w") as f:
+        f.write("precious")
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dir,
+             "--steps", "8", "--resume", run_dir + "/checkpoint", "--report", precious],
+            "i_precious.json", "--overwrite")
+    check(read(precious) == b"precious", "a resumed run replaced a user's file")
+    # Another run directory's checkpoint, resumed and written in place, is not this directory's.
+    other = os.path.join(OUT, "i_other")
+    train_small(other)
+    before = read(other + "/metrics.jsonl")
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", other,
+             "--steps", "8", "--resume", run_dir + "/checkpoint", "--checkpoint",
+             run_dir + "/checkpoint"], "--overwrite")
+    check(read(other + "/metrics.jsonl") == before, "another run's metrics were changed")
+    # A glob of token files is an input file by file: a metrics path naming one is refused.
+    shards = os.path.join(OUT, "i_shards")
+    os.makedirs(shards)
+    for k in range(2):
+        with open(os.path.join(shards, f"d_{k}.bin"), "wb") as f:
+            f.write(b"".join(bytes([i % 200, 0]) for i in range(3000)))
+    shard0 = read(os.path.join(shards, "d_0.bin"))
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir",
+             os.path.join(OUT, "i_tok"), "--data", shards + "/d_*.bin", "--metrics",
+             os.path.join(shards, "d_0.bin"), "--overwrite"], "input")
+    check(read(os.path.join(shards, "d_0.bin")) == shard0, "a token file was overwritten")
+    # Export and eval from another directory than the run's (its config records relative paths).
+    elsewhere = os.path.join(OUT, "i_cwd")
+    os.makedirs(elsewhere)
+    rel = os.path.join(OUT, "i_rel")
+    os.makedirs(rel)
+    ok(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", "r", "--steps", "3",
+        "--quiet"], cwd=rel)
+    ok(["export", os.path.join(rel, "r/checkpoint"), "-o", os.path.join(OUT, "i_w.st")],
+       cwd=elsewhere)
+    ok(["eval", "--resume", os.path.join(rel, "r/checkpoint"), "--data",
+        os.path.join(shards, "d_0.bin")], cwd=elsewhere)
+    check(not os.listdir(elsewhere), f"export or eval left files: {os.listdir(elsewhere)}")
+
+
+def case_resume_exact():
+    # A run continued with more --steps decays its learning rate over the new horizon (Note [A
+    # resumed run's schedule]): 10 + 10 steps equal 20 where the rate does not depend on the
+    # horizon, inside the warm-up (which the configs below keep every step in). Past it, the
+    # resume says how the schedule changed.
+    cases = {
+        # fp16 with a loss scale that overflows: the first 11 steps are skipped.
+        "fp16": {"engine": {"compute_dtype": "fp16", "initial_loss_scale": 1e8},
+                 "train": {"warmup_steps": 20}},
+        "bf16_accumulation": {"engine": {"grad_accumulation": 2}},
+        "fp32": {"engine": {"compute_dtype": "fp32"}},
+    }
+    for name, over in cases.items():
+        cfg = write_config(os.path.join(OUT, f"e_{name}.json"), **over)
+        a, b = os.path.join(OUT, f"e_{name}_a"), os.path.join(OUT, f"e_{name}_b")
+        ok(["train", "--config", cfg, "--run-dir", a, "--steps", "20", "--quiet"])
+        ok(["train", "--config", cfg, "--run-dir", b, "--steps", "10", "--quiet"])
+        ok(["train", "--config", cfg, "--run-dir", b, "--steps", "20", "--quiet", "--resume",
+            b + "/checkpoint"])
+        la, lb = losses(a + "/metrics.jsonl"), losses(b + "/metrics.jsonl")
+        check(la == lb, f"{name}: 10 + 10 resumed differ from 20:\n{la}\n{lb}")
+        if name == "fp16":
+            check(sum(1 for x in la if not x[2]) >= 5, f"fp16: too few skipped steps: {la}")
+    cfg = write_config(os.path.join(OUT, "e_decay.json"), train={"warmup_steps": 0})
+    rd = os.path.join(OUT, "e_decay")
+    ok(["train", "--config", cfg, "--run-dir", rd, "--steps", "3", "--quiet"])
+    out = ok(["train", "--config", cfg, "--run-dir", rd, "--steps", "6", "--quiet", "--resume",
+              rd + "/checkpoint"])
+    check("the learning-rate schedule changes (train.steps 3 -> 6)" in out,
+          f"a resume past the warm-up with another horizon said nothing:\n{out}")
+
+
+def case_resume_model():
+    run_dir = os.path.join(OUT, "m_run")
+    train_small(run_dir)
+    manifest = read(run_dir + "/checkpoint/manifest.json")
+    refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dir,
+             "--steps", "8", "--resume", run_dir + "/checkpoint", "--heads", "2"], "n_head",
+            "--heads")
+    check(read(run_dir + "/checkpoint/manifest.json") == manifest, "the checkpoint changed")
+
+
+def case_resume_notes():
+    d = os.path.join(OUT, "rn_tok")
+    os.makedirs(d)
+    with open(os.path.join(d, "a.bin"), "wb") as f:
+        f.write(struct.pack("<60000H", *[(i * 7) % 64 for i in range(60000)]))
+    val = struct.pack("<20000H", *[(i * 3) % 64 for i in range(20000)])
+    with open(os.path.join(d, "b.bin"), "wb") as f:
+        f.write(val)
+    cfg = write_config(os.path.join(OUT, "rn.json"),
+                       model={"n_layer": 1, "d_model": 32, "n_head": 2, "vocab": 64, "seq_len": 16},
+                       data={"kind": "tokens", "token_path": os.path.join(d, "*.bin")})
+    rd = os.path.join(OUT, "rn_run")
+    p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--steps", "100000",
+                          "--eval-every", "3", "--quiet"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, cwd=OUT)
+    metrics = os.path.join(rd, "metrics.jsonl")
+    deadline = time.time() + 60
+    while time.time() < deadline and p.poll() is None and \
+            (not os.path.exists(metrics) or read(metrics).count(b"\n") < 6):
+        time.sleep(0.02)
+    os.truncate(os.path.join(d, "b.bin"), 100)  # the validation file: an evaluation fails
+    out = p.communicate(timeout=60)[0].decode(errors="replace")
+    check(p.returncode == 1 and "validation data" in out and "A checkpoint of step" in out,
+          f"a validation file truncated mid-run: status {p.returncode}\n{out}")
+    manifest = json.load(open(os.path.join(rd, "checkpoint", "manifest.json")))
+    at = manifest["step"]
+    check(manifest["user_state"].get("eval_pending") is True and at % 3 == 0,
+          f"the checkpoint does not record its undone evaluation: {manifest['user_state']}")
+    with open(os.path.join(d, "b.bin"), "wb") as f:
+        f.write(val)
+    ok(["train", "--config", cfg, "--run-dir", rd, "--resume", rd + "/checkpoint", "--steps",
+        str(at + 2), "--eval-every", "3", "--quiet"])
+    evals = [json.loads(line)["step"] for line in open(metrics) if "val_loss" in line]
+    check(at in evals, f"the evaluation of step {at} was never made: evaluations at {evals}")
+    # Other rows per micro-batch at the same global batch; another file matching the glob.
+    out = ok(["train", "--config", cfg, "--run-dir", rd, "--resume", rd + "/checkpoint", "--steps",
+              str(at + 4), "--batch-size", "4", "--grad-accumulation", "2", "--quiet"])
+    check("rows per micro-batch change" in out, f"other rows at a resume, no note:\n{out}")
+    with open(os.path.join(d, "c.bin"), "wb") as f:
+        f.write(val)
+    out = ok(["train", "--config", cfg, "--run-dir", rd, "--resume", rd + "/checkpoint", "--steps",
+              str(at + 6), "--batch-size", "4", "--grad-accumulation", "2", "--quiet"])
+    check("is not what the checkpoint's run read" in out, f"other files at a resume, no note:\n{out}")
+
+
+    # eval --resume without --data: a run's relative token path is not taken from elsewhere.
+    rel = os.path.join(OUT, "rn_rel")
+    ok(["train", "--config", cfg, "--data", "rn_tok/a.bin", "--run-dir", rel, "--steps", "2",
+        "--quiet"])
+    refused(["eval", "--resume", rel + "/checkpoint"], "--data PATH", "relative to where it ran")
+    # A run directory given for its checkpoint is said first, everywhere.
+    for cmd in (["train", "--config", cfg, "--run-dir", rd, "--resume", rd, "--steps", "100"],
+                ["eval", "--resume", rd, "--data", os.path.join(d, "b.bin")],
+                ["export", rd, "-o", os.path.join(OUT, "rn.st")]):
+        refused(cmd, "is a run directory, not a checkpoint", rd + "/checkpoint")

@@ -1,0 +1,330 @@
+"""Signals, gone readers and faults found late in a run.
+
+Cases of cli_trust_test.py (see its docstring); each `case_NAME` is run by name."""
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import time
+
+from trust_common import (TZ, OUT, Failure, check, refused, ok, write_config, train_small,
+                          read_then_go, read, start_long_run)
+
+
+def case_setup_signal():
+    fifo = os.path.join(OUT, "g_fifo")
+    os.mkfifo(fifo)
+    ck = os.path.join(OUT, "g_ckpt")
+    os.makedirs(ck)
+    os.mkfifo(ck + "/manifest.json")
+    cfg = os.path.join(OUT, "small.json")
+    n = 0
+    for extra in (["--text", fifo], ["--config", fifo], ["--plan", fifo, "--config", cfg],
+                  ["--resume", ck, "--config", cfg], ["--init-from", fifo, "--config", cfg]):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            n += 1
+            p = subprocess.Popen([TZ, "train", "--run-dir", os.path.join(OUT, f"g_run{n}")] +
+                                 extra, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=OUT)
+            time.sleep(0.7)
+            p.send_signal(sig)
+            try:
+                out = p.communicate(timeout=5)[0].decode()
+            except subprocess.TimeoutExpired:
+                p.kill()
+                raise Failure(f"{extra}: {sig.name} during set-up did not end the process")
+            # Either refused at once (a FIFO where a regular file must be) or ended by the
+            # signal with a message.
+            check(p.returncode in (1, 128 + sig),
+                  f"{extra}: status {p.returncode} after {sig.name}\n{out}")
+            check("error:" in out or "set-up" in out, f"{extra}: no message\n{out}")
+    # What the set-up made goes with it, however the run directory is spelled (Note [A set-up
+    # ended by a signal leaves nothing]).
+    for spelled in ("./g_dot/run", "g_plain//run/"):
+        p = subprocess.Popen([TZ, "train", "--config", cfg, "--text", fifo, "--run-dir", spelled],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=OUT)
+        time.sleep(0.7)
+        p.send_signal(signal.SIGINT)
+        out = p.communicate(timeout=10)[0].decode(errors="replace")
+        top = os.path.join(OUT, spelled.lstrip("./").split("/")[0])
+        check(not os.path.exists(top), f"--run-dir {spelled}: a signal in the set-up left "
+              f"{[os.path.join(d, f) for d, ds, fs in os.walk(top) for f in ds + fs]}\n{out}")
+
+
+def case_run_signals():
+    """A stop the run cannot miss: its stdout's reader gone (`| head`, a `| tee` ended by the same
+    Ctrl-C) still saves a checkpoint and exits 0; a closed stdout prints nowhere, not into the
+    run's files; a second signal 3 s after the first ends a run blocked where no flag reaches it
+    (a FIFO output whose reader does not read) with 128 + the signal and no partial file; an
+    interrupted export leaves no temporary file; a stop at an evaluation step evaluates it."""
+    cfg = os.path.join(OUT, "small.json")
+    rd = os.path.join(OUT, "v_pipe")
+    p = start_long_run("v_pipe", "--log-every", "1", console=subprocess.PIPE)
+    for _ in range(3):
+        p.stdout.readline()
+    p.stdout.close()  # the reader is gone
+    time.sleep(1.5)
+    p.send_signal(signal.SIGINT)
+    try:
+        p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise Failure("a run whose stdout reader left did not stop after SIGINT")
+    check(p.returncode == 0, f"stdout's reader gone, then SIGINT: status {p.returncode}")
+    check(os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
+          "stdout's reader gone, then SIGINT: no checkpoint saved")
+    # SIGHUP (an ssh session dropped) stops the run as SIGTERM does: a checkpoint, status 0.
+    rd = os.path.join(OUT, "v_hup")
+    p = start_long_run("v_hup", "--quiet")
+    time.sleep(2)
+    p.send_signal(signal.SIGHUP)
+    p.wait(timeout=60)
+    check(p.returncode == 0 and os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
+          f"SIGHUP: status {p.returncode}, checkpoint saved: "
+          f"{os.path.exists(os.path.join(rd, 'checkpoint', 'manifest.json'))}")
+    # Its console a pipe nobody reads (`2>&1 | less` left alone): the run blocks printing; the
+    # signals' own messages must not block too, so a second signal still ends it.
+    p = start_long_run("v_console", "--log-every", "1", console=subprocess.PIPE)
+    time.sleep(4)  # 64 KiB of step lines fill the pipe
+    p.send_signal(signal.SIGTERM)
+    time.sleep(3.5)
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise Failure("a run blocked on a full console pipe did not end on a second SIGTERM")
+    p.stdout.close()
+    # With --checkpoint none a stop says it saves nothing, and saves nothing.
+    p = start_long_run("v_nockpt", "--checkpoint", "none", "--quiet", console=subprocess.PIPE)
+    time.sleep(2)
+    p.send_signal(signal.SIGINT)
+    out = p.communicate(timeout=60)[0].decode(errors="replace")
+    check(p.returncode == 0 and "--checkpoint none: nothing is saved" in out and
+          "saving a checkpoint" not in out, f"--checkpoint none, then SIGINT:\n{out}")
+    # Under nohup (SIGHUP ignored from the start) SIGHUP stays ignored.
+    p = start_long_run("v_nohup", "--quiet",
+                       preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    time.sleep(2)
+    p.send_signal(signal.SIGHUP)
+    time.sleep(1)
+    check(p.poll() is None, "SIGHUP stopped a run started ignoring it (nohup)")
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=60)
+    check(p.returncode == 0, f"nohup run, then SIGTERM: status {p.returncode}")
+    rd = os.path.join(OUT, "v_closed")
+    q = subprocess.run([TZ, "train", "--config", cfg, "--run-dir", rd], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, cwd=OUT, timeout=120,
+                       preexec_fn=lambda: os.close(1))
+    check(q.returncode == 0, f"stdout closed: status {q.returncode}")
+    check(os.path.getsize(os.path.join(rd, ".tierzero.lock")) == 0,
+          "stdout closed: the console went into the run's lock file")
+    fifo = os.path.join(OUT, "v_fifo")
+    os.mkfifo(fifo)
+    holder = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader that never reads
+    try:
+        rd = os.path.join(OUT, "v_blocked")
+        p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--metrics", fifo,
+                              "--steps", "1000000", "--quiet"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, cwd=OUT)
+        time.sleep(4)  # the pipe fills
+        p.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)  # the same burst: still only a request
+        time.sleep(3.5)
+        check(p.poll() is None or p.returncode == 0, "a burst of two signals ended the run")
+        p.send_signal(signal.SIGTERM)
+        try:
+            out = p.communicate(timeout=20)[0].decode()
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise Failure("a second SIGTERM 3 s later did not end a run blocked on a FIFO")
+        check(p.returncode in (0, 128 + signal.SIGTERM), f"status {p.returncode}\n{out}")
+        check(not [f for f in os.listdir(rd) if f.endswith(".tmp")], "a temporary file left")
+    finally:
+        os.close(holder)
+    big = os.path.join(OUT, "v_big")
+    ok(["train", "--config", cfg, "--run-dir", big, "--layers", "8", "--width", "512",
+        "--heads", "8", "--host-budget", "512MiB", "--device-budget", "64MiB", "--nvme-budget", "0",
+        "--steps", "1"],
+       timeout=300)
+    os.makedirs(os.path.join(OUT, "v_exp"))
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        p = subprocess.Popen([TZ, "export", big + "/checkpoint", "-o",
+                              os.path.join(OUT, "v_exp", "m.st")], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, cwd=OUT)
+        time.sleep(0.3)
+        p.send_signal(sig)
+        p.wait(timeout=60)
+        left = [f for f in os.listdir(os.path.join(OUT, "v_exp")) if f.endswith(".tmp")]
+        check(not left, f"an export ended by {sig.name} left {left}")
+    # A plan stopped while it calibrates leaves nothing where it ran (its calibration run, the
+    # run directory it made for it).
+    cwd = os.path.join(OUT, "v_plan")
+    os.makedirs(cwd)
+    p = subprocess.Popen([TZ, "plan", "--calibrate", "--no-advice"], cwd=cwd,
+                         env=dict(os.environ, TZ_RATES_FILE=os.path.join(OUT, "v_rates.json")),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1)
+    p.send_signal(signal.SIGINT)
+    p.wait(timeout=60)
+    check(os.listdir(cwd) == [], f"a plan stopped while it calibrated left {os.listdir(cwd)}")
+    # Stopped at a step on the evaluation schedule (every step is, here): that step's evaluation
+    # is in the metrics before the save, so the resumed run's metrics miss none.
+    p = start_long_run("v_eval", "--eval-every", "1")
+    time.sleep(2)
+    p.send_signal(signal.SIGINT)
+    check(p.wait(timeout=60) == 0, "a run stopped at an evaluation step")
+    rows = [json.loads(line) for line in open(os.path.join(OUT, "v_eval", "metrics.jsonl"))]
+    last = max(m["step"] for m in rows if "loss" in m)
+    check(any(m["step"] == last and "val_loss" in m for m in rows),
+          f"the evaluation of step {last}, where the run stopped, is missing")
+
+
+def case_late_faults():
+    """Faults a run used to meet late: a config value its report cannot hold (refused before the
+    run), a finished run resumed in place (refused, its report intact), a checkpoint directory
+    holding another program's manifest.json (refused, even with --overwrite: nothing removed), a
+    set-up failing after config.json was written (the directory keeps no trace, the corrected
+    command runs), and a token file changing or the metrics file failing mid-run (the steps
+    trained so far saved)."""
+    cfg = os.path.join(OUT, "small.json")
+    rope = write_config(os.path.join(OUT, "w_rope.json"), model={"n_layer": 2, "d_model": 64,
+                                                                   "n_head": 4, "rope_theta": 1e19})
+    refused(["train", "--config", rope, "--run-dir", os.path.join(OUT, "w_rope")], "rope_theta")
+    check(not os.path.exists(os.path.join(OUT, "w_rope")), "a refused config left a run directory")
+    rd = os.path.join(OUT, "w_done")
+    train_small(rd)
+    before = read(os.path.join(rd, "report.json"))
+    refused(["train", "--config", cfg, "--run-dir", rd, "--resume", rd + "/checkpoint", "--steps",
+             "6"], "nothing is left to train")
+    check(read(os.path.join(rd, "report.json")) == before, "a finished run's report was rewritten")
+    user = os.path.join(OUT, "w_user")
+    os.makedirs(user)
+    with open(os.path.join(user, "manifest.json"), "w") as f:
+        f.write('{"name": "my web app"}')
+    with open(os.path.join(user, "states-1.w1.rank0.bin"), "w") as f:
+        f.write("mine")
+    for extra in ([], ["--overwrite"]):
+        refused(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "w_u"), "--checkpoint",
+                 user] + extra, "not a tierzero checkpoint")
+    # Text that is no JSON at all is not tierzero's either.
+    user2 = os.path.join(OUT, "w_user2")
+    os.makedirs(user2)
+    with open(os.path.join(user2, "manifest.json"), "w") as f:
+        f.write("my notes, not JSON")
+    refused(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "w_u2"), "--checkpoint",
+             user2, "--overwrite"], "not a tierzero checkpoint")
+    check(read(os.path.join(user2, "manifest.json")) == b"my notes, not JSON",
+          "a user's manifest.json that is not JSON was removed")
+    check(sorted(os.listdir(user)) == ["manifest.json", "states-1.w1.rank0.bin"] and
+          read(os.path.join(user, "manifest.json")) == b'{"name": "my web app"}',
+          "a user's directory with a manifest.json was touched")
+    fifo = os.path.join(OUT, "w_fifo")
+    os.mkfifo(fifo)
+    rd = os.path.join(OUT, "w_setup")
+    refused(["train", "--config", cfg, "--run-dir", rd, "--metrics", fifo], "no reader")
+    check(not os.path.exists(os.path.join(rd, "config.json")),
+          "a run that failed its set-up left its config.json")
+    ok(["train", "--config", cfg, "--run-dir", rd])
+    tok = os.path.join(OUT, "w_tok.bin")
+    with open(tok, "wb") as f:
+        f.write(bytes([7, 0, 200, 0]) * 262144)  # 524288 uint16 tokens, 7 and 200
+    rd = os.path.join(OUT, "w_data")
+    p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--data", tok, "--vocab",
+                          "256", "--steps", "1000000", "--quiet"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, cwd=OUT)
+    time.sleep(3)
+    os.truncate(tok, 1000)
+    out = p.communicate(timeout=60)[0].decode()
+    check(p.returncode == 1 and "changed while in use" in out and "A checkpoint of step" in out,
+          f"a token file truncated mid-run: status {p.returncode}\n{out}")
+    check(os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
+          "a token file truncated mid-run: nothing saved")
+    # The metrics file failing mid-run (its reader gone: EPIPE, as a full disk's ENOSPC): the
+    # steps trained so far saved, the error naming the file.
+    mfifo = os.path.join(OUT, "w_mfifo")
+    os.mkfifo(mfifo)
+    reader = os.open(mfifo, os.O_RDONLY | os.O_NONBLOCK)
+    rd = os.path.join(OUT, "w_mfail")
+    p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--metrics", mfifo,
+                          "--steps", "1000000", "--quiet"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, cwd=OUT)
+    read_then_go(reader, 4, p)
+    out = p.communicate(timeout=60)[0].decode()
+    check(p.returncode == 1 and "metrics file" in out and "A checkpoint of step" in out,
+          f"a metrics file failing mid-run: status {p.returncode}\n{out}")
+    check(os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
+          "a metrics file failing mid-run: nothing saved")
+    # Empty option values (an unset shell variable) are not the default; "none" is no name for
+    # the metrics; weights holding NaN are refused before a run starts.
+    for flag in ("--config", "--resume", "--init-from", "--data", "--run-dir"):
+        refused(["train", flag, ""], "empty")
+    refused(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "w_none"), "--metrics",
+             "none"], "always writes its metrics")
+    check(not os.path.exists(os.path.join(OUT, "none")), "a metrics file named none")
+    rd = os.path.join(OUT, "w_nan")
+    train_small(rd)
+    st = os.path.join(OUT, "w_nan.st")
+    ok(["export", rd + "/checkpoint", "-o", st])
+    data = bytearray(read(st))
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    name = sorted(k for k in header if k != "__metadata__")[0]
+    at = 8 + n + header[name]["data_offsets"][0]
+    data[at:at + 4] = struct.pack("<f", float("nan")) if header[name]["dtype"] == "F32" else \
+        b"\xc0\x7f\xc0\x7f"
+    with open(st, "wb") as f:
+        f.write(data)
+    refused(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "w_nanrun"), "--init-from",
+             st], "NaN or infinite", name)
+    check(not os.path.exists(os.path.join(OUT, "w_nanrun")), "a refused init left a run directory")
+    # Two runs started together into one metrics file outside their run directories: one runs,
+    # the other is refused; every line of the file parses.
+    shared = os.path.join(OUT, "w_shared.jsonl")
+    ps = [subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", os.path.join(OUT, f"w_c{i}"),
+                            "--metrics", shared, "--steps", "200", "--quiet"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=OUT)
+          for i in (1, 2)]
+    outs = [p.communicate(timeout=120)[0].decode() for p in ps]
+    codes = sorted(p.returncode for p in ps)
+    check(codes == [0, 1], f"two runs into one metrics file: statuses {codes}\n" + "\n".join(outs))
+    for line in open(shared):
+        json.loads(line)
+    # Two runs naming one report: the one that ends last does not replace the other's (Note [An
+    # output another run wrote meanwhile]); it says so, its checkpoint saved.
+    report = os.path.join(OUT, "w_shared_report.json")
+    long_run = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir",
+                                 os.path.join(OUT, "w_r1"), "--report", report, "--steps", "400",
+                                 "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                cwd=OUT)
+    time.sleep(0.5)
+    ok(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "w_r2"), "--report", report,
+        "--steps", "2", "--quiet"])
+    theirs = read(report)
+    out = long_run.communicate(timeout=120)[0].decode(errors="replace")
+    if long_run.returncode == 0:
+        print("  (the long run ended before the short one started: not checked)")
+    else:
+        check(read(report) == theirs and "written by another process" in out and
+              os.path.exists(os.path.join(OUT, "w_r1", "checkpoint", "manifest.json")),
+              f"a report another run wrote meanwhile:\n{out}")
+
+
+    # The report's directory gone at the end (Note [A report kept aside]): the report is kept in
+    # a new file of the run directory, over nothing, and renders.
+    rdir = os.path.join(OUT, "w_rdir")
+    os.makedirs(rdir)
+    rd = os.path.join(OUT, "w_aside")
+    p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--report",
+                          os.path.join(rdir, "r.json"), "--steps", "100000", "--quiet"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=OUT)
+    time.sleep(2)
+    shutil.rmtree(rdir)
+    p.send_signal(signal.SIGINT)
+    out = p.communicate(timeout=60)[0].decode(errors="replace")
+    check(p.returncode == 1 and "the report is kept in" in out and
+          os.path.exists(os.path.join(rd, "report.json")),
+          f"a report whose directory went: {os.listdir(rd)}\n{out}")
+    ok(["report", os.path.join(rd, "report.json")])
