@@ -1,5 +1,6 @@
-// The engine through its public API: offload equivalence (all resident, host, NVMe), resume,
-// fp16 loss scaling, checkpoint and export round trips, and API misuse.
+// The engine through its public API: offload equivalence (all resident, host, NVMe), gradient
+// shards on the device, fp16 loss scaling, accumulation, evaluation, config errors and API misuse.
+// Checkpoints and safetensors files: checkpoint_test.cc.
 #include "tierzero/engine.h"
 
 #include <fcntl.h>
@@ -35,37 +36,21 @@ using gpt::Gpt;
 using gpt::GptConfig;
 
 using testing_models::Make;
+using testing_models::SmallLlama;
 using testing_models::SmallModel;
 using testing_models::TempDir;
+using testing_models::TestEngineConfig;
 using testing_models::Train;
 using testing_models::Trainer;
-
-// The simulated device, or the GPU when TZ_TEST_DEVICE=cuda (the GPU machine's run, docs/gpu.md:
-// the same tests then drive the CUDA engine and the GPT's CUDA ops).
-DeviceChoice TestDevice() {
-  const char* d = std::getenv("TZ_TEST_DEVICE");
-  return d != nullptr && std::string(d) == "cuda" ? DeviceChoice::kCuda : DeviceChoice::kHost;
-}
-
-EngineConfig HostConfig() { return testing_models::SmallEngineConfig(TestDevice()); }
-
-// A small Llama (grouped-query attention, untied head) of the small model's size, heads 32 wide
-// (what the GPU's fused attention takes).
-GptConfig SmallLlama() {
-  GptConfig m = gpt::AsLlama(SmallModel());
-  m.n_head = 2;
-  m.n_kv_head = 1;
-  return m;
-}
 
 // All resident on the device, offloaded to host memory, offloaded to NVMe (parameters and
 // optimizer states): the same math in the same order, so the same losses, bit for bit.
 void CheckOffloadEquivalence(const GptConfig& mc) {
   TempDir dir;
-  EngineConfig resident = HostConfig();
+  EngineConfig resident = TestEngineConfig();
   resident.device_shard_budget = uint64_t{64} << 20;
-  EngineConfig host = HostConfig();
-  EngineConfig nvme = HostConfig();
+  EngineConfig host = TestEngineConfig();
+  EngineConfig nvme = TestEngineConfig();
   nvme.host_budget = uint64_t{1536} << 10;  // less than the model's states: NVMe takes the rest
   nvme.nvme_budget = uint64_t{128} << 20;
   nvme.nvme_path = dir.path();
@@ -132,9 +117,9 @@ int DeviceGradShards(Engine& e) {
 }
 
 TEST(Engine, GradientShardsStayOnTheDeviceWhereItsAdamUpdates) {
-  EngineConfig resident = HostConfig();
+  EngineConfig resident = TestEngineConfig();
   resident.device_shard_budget = uint64_t{64} << 20;
-  EngineConfig host = HostConfig();
+  EngineConfig host = TestEngineConfig();
   Trainer r = Make(resident), h = Make(host);
   EXPECT_GT(DeviceGradShards(*r.engine), 0) << r.engine->PlacementSummary();
   EXPECT_EQ(DeviceGradShards(*h.engine), 0) << h.engine->PlacementSummary();
@@ -179,11 +164,11 @@ TEST(Engine, GradientShardsStayOnTheDeviceWhereItsAdamUpdates) {
 // device where the shard budget has room; the losses and the parameters after four steps are
 // those of the same run with every gradient shard in host memory, bit for bit.
 TEST(Engine, AccumulationShardsOnTheDeviceForHostUpdatesChangeNoBit) {
-  EngineConfig dev = HostConfig();
+  EngineConfig dev = TestEngineConfig();
   dev.device_shard_budget = uint64_t{64} << 20;
   dev.optimizer = OptimizerPlacement::kCpu;
   dev.grad_accumulation = 2;
-  EngineConfig host = HostConfig();
+  EngineConfig host = TestEngineConfig();
   host.optimizer = OptimizerPlacement::kCpu;
   host.grad_accumulation = 2;
   Trainer a = Make(dev), h = Make(host);
@@ -200,392 +185,8 @@ TEST(Engine, AccumulationShardsOnTheDeviceForHostUpdatesChangeNoBit) {
   }
 }
 
-TEST(Engine, LlamaResumeContinuesWithTheSameLosses) {
-  TempDir dir;
-  EngineConfig ec = HostConfig();
-  std::vector<double> straight, resumed;
-  {
-    Trainer r = Make(ec, SmallLlama());
-    straight = Train(r, 0, 12);
-  }
-  {
-    Trainer r = Make(ec, SmallLlama());
-    resumed = Train(r, 0, 6);
-    ASSERT_TRUE(r.engine->SaveCheckpoint(dir.path() + "/ckpt", R"({"step": 6})").ok());
-  }
-  {
-    Trainer r = Make(ec, SmallLlama());
-    ASSERT_TRUE(r.engine->LoadCheckpoint(dir.path() + "/ckpt").ok());
-    std::vector<double> rest = Train(r, 6, 12);
-    resumed.insert(resumed.end(), rest.begin(), rest.end());
-  }
-  ASSERT_EQ(resumed.size(), straight.size());
-  for (size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(resumed[i], straight[i]) << "step " << i;
-}
-
-TEST(Engine, ResumeContinuesWithTheSameLosses) {
-  TempDir dir;
-  EngineConfig ec = HostConfig();
-  ec.host_budget = uint64_t{1536} << 10;
-  ec.nvme_budget = uint64_t{128} << 20;
-  ec.nvme_path = dir.path() + "/nvme";
-  fs::create_directories(ec.nvme_path);
-  std::vector<double> straight;
-  {
-    Trainer r = Make(ec);
-    straight = Train(r, 0, 16);
-  }
-  std::vector<double> resumed;
-  {
-    Trainer r = Make(ec);
-    resumed = Train(r, 0, 8);
-    ASSERT_TRUE(r.engine->SaveCheckpoint(dir.path() + "/ckpt", R"({"step": 8})").ok());
-  }
-  {
-    // A different chunk size: checkpoints are per tensor.
-    EngineConfig ec2 = ec;
-    ec2.chunk_elems = 32768;
-    ec2.host_budget = uint64_t{3} << 20;
-    Trainer r = Make(ec2);
-    auto user = r.engine->LoadCheckpoint(dir.path() + "/ckpt");
-    ASSERT_TRUE(user.ok()) << user.status().ToString();
-    EXPECT_EQ(*user, R"({"step":8})");
-    EXPECT_EQ(r.engine->step(), 8);
-    std::vector<double> rest = Train(r, 8, 16);
-    resumed.insert(resumed.end(), rest.begin(), rest.end());
-  }
-  ASSERT_EQ(resumed.size(), straight.size());
-  for (size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(resumed[i], straight[i]) << "step " << i;
-}
-
-TEST(Engine, CheckpointCorruptionAndAbsenceAreClearErrors) {
-  TempDir dir;
-  Trainer r = Make(HostConfig());
-  Train(r, 0, 2);
-  auto missing = r.engine->LoadCheckpoint(dir.path() + "/nothing");
-  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
-  EXPECT_NE(missing.status().message().find("manifest.json missing"), std::string::npos);
-  ASSERT_TRUE(r.engine->SaveCheckpoint(dir.path() + "/ckpt").ok());
-  std::vector<float> before(static_cast<size_t>(r.engine->numel(0)));
-  ASSERT_TRUE(r.engine->ReadParam(0, before).ok());
-  // Flip a byte in the states file.
-  std::string states;
-  for (const auto& e : fs::directory_iterator(dir.path() + "/ckpt"))
-    if (e.path().filename().string().rfind("states-", 0) == 0) states = e.path().string();
-  ASSERT_FALSE(states.empty());
-  {
-    std::fstream f(states, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(100);
-    f.put('\x7f');
-  }
-  Train(r, 2, 3);  // change the state so a partial load would show
-  std::vector<float> mid(before.size());
-  ASSERT_TRUE(r.engine->ReadParam(0, mid).ok());
-  auto bad = r.engine->LoadCheckpoint(dir.path() + "/ckpt");
-  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss) << bad.status().ToString();
-  std::vector<float> after(before.size());
-  ASSERT_TRUE(r.engine->ReadParam(0, after).ok());
-  EXPECT_EQ(after, mid) << "a failed load changed the parameters";
-}
-
-// Note [The manifest's own checksum]: a manifest edited after it was written (its step, a
-// tensor's name, the user state) and a states file appended to are refused, nothing loaded; the
-// same manifest re-serialised with its content unchanged still loads.
-TEST(Engine, EditedManifestsAndResizedStatesFilesAreRefused) {
-  TempDir dir;
-  Trainer r = Make(HostConfig());
-  Train(r, 0, 2);
-  const std::string ckpt = dir.path() + "/ckpt";
-  ASSERT_TRUE(r.engine->SaveCheckpoint(ckpt, R"({"step": 2})").ok());
-  std::string original;
-  {
-    std::ifstream in(ckpt + "/manifest.json");
-    original.assign(std::istreambuf_iterator<char>(in), {});
-  }
-  auto write = [&](const std::string& text) {
-    std::ofstream(ckpt + "/manifest.json", std::ios::trunc) << text;
-  };
-  Train(r, 2, 3);
-  std::vector<float> mid(static_cast<size_t>(r.engine->numel(0)));
-  ASSERT_TRUE(r.engine->ReadParam(0, mid).ok());
-  const nlohmann::json m = nlohmann::json::parse(original);
-  ASSERT_TRUE(m.contains("manifest_crc32c"));
-  const std::vector<std::function<void(nlohmann::json&)>> edits = {
-      [](nlohmann::json& j) { j["step"] = 1; },
-      [](nlohmann::json& j) { j["user_state"]["step"] = 1; },
-      [](nlohmann::json& j) { j["loss_scale"] = 1024.0; },
-      [](nlohmann::json& j) { std::swap(j["tensors"][0]["name"], j["tensors"][1]["name"]); },
-      [](nlohmann::json& j) { j["files"][0]["bytes"] = 1; },
-  };
-  for (size_t e = 0; e < edits.size(); ++e) {
-    nlohmann::json edited = m;
-    edits[e](edited);
-    write(edited.dump(2));
-    auto bad = r.engine->LoadCheckpoint(ckpt);
-    EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss) << "edit " << e;
-    EXPECT_NE(bad.status().message().find("was changed after tierzero wrote it"), std::string::npos)
-        << bad.status().ToString();
-  }
-  std::vector<float> after(mid.size());
-  ASSERT_TRUE(r.engine->ReadParam(0, after).ok());
-  EXPECT_EQ(after, mid) << "a refused manifest changed the parameters";
-  // Re-indented and re-ordered by another tool, the same content still loads.
-  write(m.dump(4));
-  auto same = r.engine->LoadCheckpoint(ckpt);
-  ASSERT_TRUE(same.ok()) << same.status().ToString();
-  EXPECT_EQ(*same, R"({"step":2})");
-  // A states file appended to is damaged, though every slice's bytes are intact.
-  std::string states;
-  for (const auto& f : fs::directory_iterator(ckpt))
-    if (f.path().filename().string().rfind("states-", 0) == 0) states = f.path().string();
-  std::ofstream(states, std::ios::app) << "junk";
-  auto appended = r.engine->LoadCheckpoint(ckpt);
-  EXPECT_EQ(appended.status().code(), StatusCode::kDataLoss);
-  EXPECT_NE(appended.status().message().find("appended to"), std::string::npos)
-      << appended.status().ToString();
-}
-
-// The loss scale is fp16's: a bf16 checkpoint resumed in fp16 starts at the initial scale, and
-// an fp16 checkpoint resumed in bf16 leaves its scale behind.
-TEST(Engine, ALossScaleIsTakenOnlyFromAnFp16Checkpoint) {
-  TempDir dir;
-  EngineConfig bf16 = HostConfig();
-  bf16.compute_dtype = DType::kBF16;
-  EngineConfig fp16 = bf16;
-  fp16.compute_dtype = DType::kF16;
-  fp16.initial_loss_scale = 4096.0f;
-  {
-    Trainer r = Make(bf16);
-    Train(r, 0, 2);
-    ASSERT_TRUE(r.engine->SaveCheckpoint(dir.path() + "/bf16").ok());
-  }
-  {
-    Trainer r = Make(fp16);
-    ASSERT_TRUE(r.engine->LoadCheckpoint(dir.path() + "/bf16").ok());
-    EXPECT_EQ(r.engine->loss_scale(), 4096.0f);
-    ASSERT_TRUE(r.engine->SaveCheckpoint(dir.path() + "/fp16").ok());
-  }
-  {
-    Trainer r = Make(fp16);
-    ASSERT_TRUE(r.engine->LoadCheckpoint(dir.path() + "/fp16").ok());
-    EXPECT_EQ(r.engine->loss_scale(), 4096.0f);  // fp16 to fp16: the saved scale
-  }
-  {
-    Trainer r = Make(bf16);
-    ASSERT_TRUE(r.engine->LoadCheckpoint(dir.path() + "/fp16").ok());
-    EXPECT_EQ(r.engine->loss_scale(), 1.0f);
-  }
-}
-
-// Sets or clears a file's immutable flag (a rename over it then fails, as a kill or a full disk
-// at that moment would stop it); false where the file system or the process cannot.
-bool SetImmutable(const std::string& path, bool on) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  int flags = 0;
-  bool done = ::ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0;
-  if (done) {
-    flags = on ? (flags | FS_IMMUTABLE_FL) : (flags & ~FS_IMMUTABLE_FL);
-    done = ::ioctl(fd, FS_IOC_SETFLAGS, &flags) == 0;
-  }
-  ::close(fd);
-  return done;
-}
-
-// Note [A re-save never renames over its manifest's] (engine/checkpoint.cc): a run resumed from
-// a checkpoint that saves the same step into it again (other optimizer states) and fails at the
-// manifest's commit leaves that checkpoint whole, and no file of its own.
-TEST(Engine, AReSaveOfTheSameStepNeverReplacesWhatItsManifestNames) {
-  TempDir dir;
-  const std::string ckpt = dir.path() + "/ckpt";
-  auto states_files = [&] {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(ckpt))
-      if (e.path().filename().string().rfind("states-", 0) == 0)
-        names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
-  };
-  std::vector<float> saved;
-  {
-    Trainer r = Make(HostConfig());
-    Train(r, 0, 2);
-    ASSERT_TRUE(r.engine->SaveCheckpoint(ckpt).ok());
-    saved.resize(static_cast<size_t>(r.engine->numel(0)));
-    ASSERT_TRUE(r.engine->ReadParam(0, saved).ok());
-  }
-  EXPECT_EQ(states_files(), std::vector<std::string>{"states-2.w1.rank0.bin"});
-  const std::string manifest = ckpt + "/manifest.json";
-  if (!SetImmutable(manifest, true)) GTEST_SKIP() << "no immutable files here (root, ext4/tmpfs)";
-  Status resaved;
-  {
-    EngineConfig bf16_states = HostConfig();
-    bf16_states.optimizer_states = MomentFormat::kBF16;
-    Trainer r = Make(bf16_states);
-    Status loaded = r.engine->LoadCheckpoint(ckpt).status();
-    if (loaded.ok()) resaved = r.engine->SaveCheckpoint(ckpt);
-    ASSERT_TRUE(SetImmutable(manifest, false));
-    ASSERT_TRUE(loaded.ok()) << loaded.ToString();
-  }
-  EXPECT_FALSE(resaved.ok()) << "the manifest's commit did not fail";
-  EXPECT_EQ(states_files(), std::vector<std::string>{"states-2.w1.rank0.bin"});
-  Trainer r = Make(HostConfig());
-  ASSERT_TRUE(r.engine->LoadCheckpoint(ckpt).ok());
-  std::vector<float> loaded(saved.size());
-  ASSERT_TRUE(r.engine->ReadParam(0, loaded).ok());
-  EXPECT_EQ(loaded, saved);
-  // Committed re-saves alternate between the two names; each loads.
-  ASSERT_TRUE(r.engine->SaveCheckpoint(ckpt).ok());
-  EXPECT_EQ(states_files(), std::vector<std::string>{"states-2.w1.rank0.b.bin"});
-  ASSERT_TRUE(r.engine->LoadCheckpoint(ckpt).ok());
-  ASSERT_TRUE(r.engine->SaveCheckpoint(ckpt).ok());
-  EXPECT_EQ(states_files(), std::vector<std::string>{"states-2.w1.rank0.bin"});
-  ASSERT_TRUE(r.engine->LoadCheckpoint(ckpt).ok());
-  EXPECT_TRUE(IsCheckpointStatesFileName("states-2.w1.rank0.b.bin"));
-  EXPECT_FALSE(IsCheckpointStatesFileName("states-2.w1.rank0.c.bin"));
-}
-
-TEST(Engine, CheckpointOfAnotherModelIsRefusedWithEveryDifferenceAndNothingLoaded) {
-  TempDir dir;
-  Trainer three = Make(HostConfig());  // 3 blocks, 64 wide
-  Train(three, 0, 2);
-  ASSERT_TRUE(three.engine->SaveCheckpoint(dir.path() + "/ckpt").ok());
-  // Fewer blocks: the checkpoint's extra tensors are named, nothing is loaded.
-  GptConfig two = SmallModel();
-  two.n_layer = 2;
-  Trainer fewer = Make(HostConfig(), two);
-  std::vector<float> before(static_cast<size_t>(fewer.engine->numel(0)));
-  ASSERT_TRUE(fewer.engine->ReadParam(0, before).ok());
-  auto bad = fewer.engine->LoadCheckpoint(dir.path() + "/ckpt");
-  ASSERT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status().ToString();
-  const std::string m(bad.status().message());
-  EXPECT_NE(m.find("another model"), std::string::npos) << m;
-  EXPECT_NE(m.find("12 tensors in it the model lacks"), std::string::npos) << m;
-  EXPECT_NE(m.find("h.2.attn.c_attn.bias"), std::string::npos) << m;
-  std::vector<float> after(before.size());
-  ASSERT_TRUE(fewer.engine->ReadParam(0, after).ok());
-  EXPECT_EQ(after, before) << "a refused load changed the parameters";
-  // More blocks and another width: missing tensors and other shapes, all in one message.
-  GptConfig wider = SmallModel();
-  wider.n_layer = 4;
-  wider.d_model = 32;
-  Trainer other = Make(HostConfig(), wider);
-  auto bad2 = other.engine->LoadCheckpoint(dir.path() + "/ckpt");
-  ASSERT_EQ(bad2.status().code(), StatusCode::kInvalidArgument) << bad2.status().ToString();
-  const std::string m2(bad2.status().message());
-  EXPECT_NE(m2.find("12 tensors of the model missing from it"), std::string::npos) << m2;
-  EXPECT_NE(m2.find("with another shape: wte (checkpoint [256,64], model [256,32])"),
-            std::string::npos)
-      << m2;
-}
-
-// Rewrites a safetensors file's header with `edit` (the data section is kept as it is).
-void EditSafetensors(const std::string& in, const std::string& out,
-                     const std::function<void(nlohmann::json&)>& edit) {
-  std::ifstream f(in, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  uint64_t hlen = 0;
-  std::memcpy(&hlen, bytes.data(), 8);
-  nlohmann::json header = nlohmann::json::parse(bytes.substr(8, hlen));
-  edit(header);
-  const std::string h = header.dump();
-  const uint64_t n = h.size();
-  std::ofstream o(out, std::ios::binary | std::ios::trunc);
-  o.write(reinterpret_cast<const char*>(&n), 8);
-  o << h << bytes.substr(8 + hlen);
-}
-
-TEST(Engine, MalformedSafetensorsFailWholeAndLoadNothing) {
-  TempDir dir;
-  Trainer a = Make(HostConfig());
-  Train(a, 0, 2);
-  const std::string good = dir.path() + "/m.safetensors";
-  ASSERT_TRUE(a.engine->ExportSafetensors(good, DType::kF32).ok());
-  Trainer b = Make(HostConfig());
-  std::vector<float> before(static_cast<size_t>(b.engine->numel(0)));
-  ASSERT_TRUE(b.engine->ReadParam(0, before).ok());
-  // The last tensor in file order is edited, so a loader that checks as it goes would already
-  // have loaded the others.
-  auto last = [](nlohmann::json& h) {
-    std::string name;
-    uint64_t end = 0;
-    for (auto& [k, v] : h.items())
-      if (k != "__metadata__" && v["data_offsets"][1].get<uint64_t>() >= end) {
-        end = v["data_offsets"][1].get<uint64_t>();
-        name = k;
-      }
-    return name;
-  };
-  const std::vector<std::pair<std::string, std::function<void(nlohmann::json&)>>> cases = {
-      {"negative offset", [&](nlohmann::json& h) { h[last(h)]["data_offsets"][0] = -4; }},
-      {"end before begin",
-       [&](nlohmann::json& h) {
-         auto& o = h[last(h)]["data_offsets"];
-         o = {o[1], o[0]};
-       }},
-      {"past the data section",
-       [&](nlohmann::json& h) {
-         auto& o = h[last(h)]["data_offsets"];
-         o = {o[0].get<uint64_t>() + 64, o[1].get<uint64_t>() + 64};
-       }},
-      {"wrapping around",
-       [&](nlohmann::json& h) {
-         h[last(h)]["data_offsets"] = {uint64_t{0xFFFFFFFFFFFFFFF0ull}, uint64_t{16}};
-       }},
-      {"overlapping another tensor",
-       [&](nlohmann::json& h) {
-         h["extra"] = {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 8}}};
-       }},
-      {"a shape of strings", [&](nlohmann::json& h) { h[last(h)]["shape"] = {"x"}; }},
-      {"no dtype", [&](nlohmann::json& h) { h[last(h)].erase("dtype"); }},
-      {"an entry that is no object", [&](nlohmann::json& h) { h["junk"] = 7; }},
-  };
-  for (const auto& [what, edit] : cases) {
-    const std::string bad = dir.path() + "/bad.safetensors";
-    EditSafetensors(good, bad, edit);
-    Status s = b.engine->LoadSafetensors(bad);
-    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << what << ": " << s.ToString();
-    std::vector<float> after(before.size());
-    ASSERT_TRUE(b.engine->ReadParam(0, after).ok());
-    EXPECT_EQ(after, before) << what << ": a refused load changed the parameters";
-  }
-  // The unedited file loads.
-  EditSafetensors(good, dir.path() + "/same.safetensors", [](nlohmann::json&) {});
-  EXPECT_TRUE(b.engine->LoadSafetensors(dir.path() + "/same.safetensors").ok());
-}
-
-TEST(Engine, SafetensorsRoundTrip) {
-  TempDir dir;
-  Trainer a = Make(HostConfig());
-  Train(a, 0, 3);
-  ASSERT_TRUE(a.engine->ExportSafetensors(dir.path() + "/m.safetensors", DType::kF32).ok());
-  ASSERT_TRUE(a.engine->ExportSafetensors(dir.path() + "/m16.safetensors", DType::kBF16).ok());
-  EngineConfig other = HostConfig();
-  other.chunk_elems = 65536;
-  Trainer b = Make(other);
-  ASSERT_TRUE(b.engine->LoadSafetensors(dir.path() + "/m.safetensors").ok());
-  Trainer c = Make(other);
-  ASSERT_TRUE(c.engine->LoadSafetensors(dir.path() + "/m16.safetensors").ok());
-  for (ParamId p = 0; p < a.engine->num_params(); ++p) {
-    std::vector<float> x(static_cast<size_t>(a.engine->numel(p))), y(x.size()), z(x.size());
-    ASSERT_TRUE(a.engine->ReadParam(p, x).ok());
-    ASSERT_TRUE(b.engine->ReadParam(p, y).ok());
-    ASSERT_TRUE(c.engine->ReadParam(p, z).ok());
-    EXPECT_EQ(x, y) << a.engine->param(p).name;
-    for (size_t i = 0; i < x.size(); ++i)
-      ASSERT_NEAR(z[i], x[i], std::abs(x[i]) / 128 + 1e-30) << a.engine->param(p).name;
-  }
-  // A model of another shape refuses the file, naming the tensor.
-  GptConfig wider = SmallModel();
-  wider.d_model = 32;
-  Trainer d = Make(other, wider);
-  Status s = d.engine->LoadSafetensors(dir.path() + "/m.safetensors");
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("wte"), std::string::npos) << s.ToString();
-}
-
 TEST(Engine, Fp16OverflowSkipsTheStepAndRecovers) {
-  EngineConfig ec = HostConfig();
+  EngineConfig ec = TestEngineConfig();
   ec.compute_dtype = DType::kF16;
   ec.initial_loss_scale = 1e9f;  // fp16 gradients overflow at once
   Trainer r = Make(ec);
@@ -656,8 +257,8 @@ TEST(Engine, GradAccumulationAveragesMicroBatches) {
 }
 
 TEST(Engine, EvaluationLeavesTrainingUntouched) {
-  Trainer a = Make(HostConfig());
-  Trainer b = Make(HostConfig());
+  Trainer a = Make(TestEngineConfig());
+  Trainer b = Make(TestEngineConfig());
   std::vector<double> la, lb;
   for (int s = 0; s < 6; ++s) {
     Batch batch = a.data->Get(false, static_cast<uint64_t>(s), 8);
@@ -694,7 +295,7 @@ TEST(Engine, ConfigErrorsNameTheField) {
       {[](EngineConfig& c) { c.cpu_threads = -2; }, "cpu_threads"},
   };
   for (const Case& c : cases) {
-    EngineConfig ec = HostConfig();
+    EngineConfig ec = TestEngineConfig();
     c.edit(ec);
     auto e = Engine::Create(ec);
     ASSERT_FALSE(e.ok()) << c.field;
@@ -705,7 +306,7 @@ TEST(Engine, ConfigErrorsNameTheField) {
 }
 
 TEST(Engine, ImpossibleBudgetsFailAtFinalizeWithWhatToRaise) {
-  EngineConfig ec = HostConfig();
+  EngineConfig ec = TestEngineConfig();
   ec.host_budget = uint64_t{1} << 20;  // the small model's states need more, and no NVMe
   auto e = Engine::Create(ec);
   ASSERT_TRUE(e.ok());
@@ -715,7 +316,7 @@ TEST(Engine, ImpossibleBudgetsFailAtFinalizeWithWhatToRaise) {
   EXPECT_NE(s.message().find("budget"), std::string::npos) << s.ToString();
 
   // Activations that cannot fit the device budget: the error says what to change.
-  EngineConfig tiny = HostConfig();
+  EngineConfig tiny = TestEngineConfig();
   tiny.device_budget = uint64_t{1} << 20;
   Trainer r = Make(tiny);
   Batch b = r.data->Get(false, 0, 256);
@@ -730,7 +331,7 @@ TEST(Engine, ImpossibleBudgetsFailAtFinalizeWithWhatToRaise) {
 }
 
 TEST(Engine, ApiMisuseIsAStatus) {
-  auto e = Engine::Create(HostConfig());
+  auto e = Engine::Create(TestEngineConfig());
   ASSERT_TRUE(e.ok());
   Engine& engine = **e;
   EXPECT_EQ(engine.Finalize().code(), StatusCode::kFailedPrecondition);  // nothing registered
@@ -768,7 +369,7 @@ TEST(Engine, ApiMisuseIsAStatus) {
 TEST(Engine, ReportAgreesWithTheEngineCounters) {
   // The report's numbers are the engine's: counters, tiers, layout, the profiled iteration.
   TempDir dir;
-  EngineConfig ec = HostConfig();
+  EngineConfig ec = TestEngineConfig();
   ec.host_budget = uint64_t{1536} << 10;
   ec.nvme_budget = uint64_t{128} << 20;
   ec.nvme_path = dir.path();

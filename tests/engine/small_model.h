@@ -35,6 +35,25 @@ inline EngineConfig SmallEngineConfig(DeviceChoice device) {
   return ec;
 }
 
+// The simulated device, or the GPU when TZ_TEST_DEVICE=cuda (the GPU machine's run, docs/gpu.md:
+// the same tests then drive the CUDA engine and the GPT's CUDA ops).
+inline DeviceChoice TestDevice() {
+  const char* d = std::getenv("TZ_TEST_DEVICE");
+  return d != nullptr && std::string(d) == "cuda" ? DeviceChoice::kCuda : DeviceChoice::kHost;
+}
+
+// The small engine on the test device.
+inline EngineConfig TestEngineConfig() { return SmallEngineConfig(TestDevice()); }
+
+// A small Llama (grouped-query attention, untied head) of the small model's size, heads 32 wide
+// (what the GPU's fused attention takes).
+inline gpt::GptConfig SmallLlama() {
+  gpt::GptConfig m = gpt::AsLlama(SmallModel());
+  m.n_head = 2;
+  m.n_kv_head = 1;
+  return m;
+}
+
 // A model, its engine and its data (the tests' trainer).
 struct Trainer {
   std::unique_ptr<Engine> engine;
