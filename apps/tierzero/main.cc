@@ -55,6 +55,13 @@ environment:
   TZ_LOG_LEVEL   error|warn|info|debug|trace (default warn)
   TZ_LOG_SUBSYS  comma list of subsystems to log, or ^list to exclude (default all)
   TZ_SIMD        force a CPU SIMD path: auto|scalar|avx2|avx512 (default auto)
+
+exit status:
+  0      done; also a run that a signal stopped after its checkpoint was saved
+  1      an error: the message says what was wrong and what to do
+  2      the command cannot run as asked: an unknown command, a TZ_* tunable that cannot be
+         used, or export or eval started by mpirun
+  128+N  signal N ended the process before its run began, or a second signal 3 s after the first
 )";
 
 int Devices() {

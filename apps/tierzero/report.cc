@@ -20,7 +20,7 @@ int ReportCommand(const std::vector<std::string>& args) {
       if (i + 1 >= args.size() || args[i + 1].empty()) {
         std::fprintf(stderr, "error: %s needs a value%s\n", takes,
                      i + 1 < args.size() ? " (it is empty: an unset shell variable?)" : "");
-        return 2;
+        return 1;
       }
     }
     if ((args[i] == "-o" || args[i] == "--output") && i + 1 < args.size()) {
@@ -43,12 +43,12 @@ int ReportCommand(const std::vector<std::string>& args) {
     } else {
       std::fprintf(stderr, "error: unknown argument '%s' (tierzero report --help)\n",
                    args[i].c_str());
-      return 2;
+      return 1;
     }
   }
   if (input.empty()) {
     std::fprintf(stderr, "error: no report given (tierzero report REPORT.json -o report.html)\n");
-    return 2;
+    return 1;
   }
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
