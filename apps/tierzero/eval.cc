@@ -204,6 +204,13 @@ int Eval(const std::vector<std::string>& args) {
   if (window == 0) window = cfg->model.seq_len;
   // Windows up to the positions the model knows (a Hugging Face model's max_position_embeddings).
   if (window > cfg->model.seq_len && window <= cfg->model.positions()) cfg->model.seq_len = window;
+  // (The run's config checked its micro-batch against the context it had; a longer window
+  // makes longer rows: host arrays sized before any budget applies.)
+  if (int64_t{cfg->train.batch_size} * window > (int64_t{1} << 24))
+    return EvalFail(InvalidArgumentError("a batch of " + std::to_string(cfg->train.batch_size) +
+                                         " windows of " + std::to_string(window) +
+                                         " tokens (--batch-size x --seq-len) is more than 2^24 "
+                                         "tokens: give a smaller --batch-size"));
   if (window > cfg->model.seq_len) {
     // A safetensors file another program wrote records no context: it is the config's (the
     // run's, or the default). tierzero's export records its model's (Note [A safetensors file
@@ -217,9 +224,12 @@ int Eval(const std::vector<std::string>& args) {
         "--seq-len " + std::to_string(window) +
         " is longer than the model's context (model.seq_len " + std::to_string(cfg->model.seq_len) +
         ")" +
-        (file && !has_config ? "; a safetensors file does not record its model's context: give the "
-                               "config of the run that trained it (--config RUN_DIR/config.json)"
-                             : std::string())));
+        (file && !has_config
+             ? "; a safetensors file another program wrote does not record its model's context: "
+               "give a config whose model.seq_len is the model's (--config FILE: the run's "
+               "RUN_DIR/config.json, or {\"model\": {\"seq_len\": " +
+                   std::to_string(window) + "}} with the shape flags)"
+             : std::string())));
   }
   // NVMe swap space of its own when the budgets need it: a directory made and removed here (the
   // run's recorded nvme_path is the live run's, and relative to where it ran), unless given.

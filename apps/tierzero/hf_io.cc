@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -49,6 +50,12 @@ const ShapeField kShape[] = {
      [](const gpt::GptConfig& c) { return std::string(c.attention_bias ? "true" : "false"); }},
     {"rope_theta", "", [](const gpt::GptConfig& c) { return Num(c.rope_theta); }},
     {"rope_factor", "", [](const gpt::GptConfig& c) { return Num(c.rope_factor); }},
+    {"rope_low_freq_factor", "",
+     [](const gpt::GptConfig& c) { return Num(c.rope_low_freq_factor); }},
+    {"rope_high_freq_factor", "",
+     [](const gpt::GptConfig& c) { return Num(c.rope_high_freq_factor); }},
+    {"rope_original_positions", "",
+     [](const gpt::GptConfig& c) { return std::to_string(c.rope_original_positions); }},
     {"norm_eps", "", [](const gpt::GptConfig& c) { return Num(c.norm_eps); }},
 };
 
@@ -65,6 +72,14 @@ Status MergeHfModel(RunConfig& cfg) {
                                   " is a tierzero checkpoint, not a model directory: --resume " +
                                   dir + " continues or evaluates it (tierzero export " + dir +
                                   " --format hf -o DIR makes a model directory of it)");
+    // A config.json that is a link to nothing (a pruned or half-downloaded hub cache, whose
+    // snapshots link into blobs/) or a loop of links is there, and said as such.
+    const std::string config = dir + "/config.json";
+    if (::lstat(config.c_str(), &st) == 0 && ::stat(config.c_str(), &st) != 0)
+      return InvalidArgumentError("--init-from " + dir + ": " + config +
+                                  " cannot be read: " + std::strerror(errno) +
+                                  " (a link to a file that is gone, or a loop of links?); "
+                                  "download the model again, or mend the link");
     return InvalidArgumentError(
         "--init-from " + dir +
         " is a directory without config.json: --init-from takes a safetensors file or a Hugging "
@@ -222,8 +237,20 @@ StatusOr<std::string> LoadInitFrom(Engine& engine, const RunConfig& cfg) {
                          "after a run diverged");
   };
   if (!gpt::IsHfDir(from)) {
-    if (Status s = engine.LoadSafetensors({from}, nullptr, nullptr, &non_finite); !s.ok())
+    if (Status s = engine.LoadSafetensors({from}, nullptr, nullptr, &non_finite); !s.ok()) {
+      // The weights file of a model directory, given alone: the directory's config.json says
+      // its model (shape, names), which the run's flags only guess at.
+      std::string parent = std::filesystem::path(from).parent_path().string();
+      if (parent.empty()) parent = ".";
+      if ((s.code() == StatusCode::kNotFound || s.code() == StatusCode::kInvalidArgument) &&
+          gpt::IsHfDir(parent))
+        return Status(s.code(), "--init-from " + from + ": " + std::string(s.message()) +
+                                    ". It is a weights file of the Hugging Face model "
+                                    "directory " +
+                                    parent + ": give the directory (--init-from " + parent +
+                                    "), whose config.json says the model");
       return std::move(s).WithContext("--init-from " + from);
+    }
     TZ_RETURN_IF_ERROR(refuse_non_finite());
     return "weights from " + from;
   }

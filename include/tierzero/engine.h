@@ -315,6 +315,8 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Registers a parameter; call in the order of first use (forward order). Before Finalize.
+  // Its name is unique, UTF-8 (it is written into JSON: manifests, reports, safetensors) and not
+  // "__metadata__"; InvalidArgument otherwise.
   StatusOr<ParamId> RegisterParam(ParamSpec spec);
   // Lays parameters out in chunks, places the shards by the budgets (OutOfMemory naming the
   // tier and what to raise when they do not fit), allocates, and initialises every parameter.
@@ -383,7 +385,8 @@ class Engine {
   StatusOr<std::string> LoadCheckpoint(const std::string& dir);
   // A consolidated safetensors file of the master weights as fp32 or bf16, and loading
   // parameters (by name) from one: missing or mis-shaped tensors are errors.
-  // `metadata` joins the file's __metadata__ (beside format, producer and step).
+  // `metadata` joins the file's __metadata__ (beside format, producer and step, which it may not
+  // replace; keys and values UTF-8, else InvalidArgument before anything is written).
   Status ExportSafetensors(const std::string& path, DType dtype,
                            const std::map<std::string, std::string>& metadata = {}) const;
   Status LoadSafetensors(const std::string& path);
@@ -406,6 +409,9 @@ class Engine {
   // file is written atomically (Note [Writing outputs]); a failure leaves the files already
   // written and says which. `planned`, when given, is told the files before any is written (a
   // caller that must remove them if the process ends part way registers them there).
+  // Refused before any file is written (InvalidArgument): a stem that is no file name, two
+  // parameters `names` maps to one tensor name, a name that is empty, not UTF-8 or
+  // "__metadata__", and in fp16 a weight beyond its range (65504: it would be written as inf).
   struct SafetensorsShard {
     std::string file;
     std::vector<std::string> tensors;

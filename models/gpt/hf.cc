@@ -28,6 +28,10 @@ class HfConfig {
   StatusOr<int64_t> Int(const char* k) const {
     if (!has(k)) return Bad(k, "is missing");
     if (!j_[k].is_number_integer()) return Bad(k, "is " + j_[k].dump() + ", not an integer");
+    // (An unsigned beyond int64's range: said as written, not wrapped to a negative.)
+    if (j_[k].is_number_unsigned() &&
+        j_[k].get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      return Bad(k, "is " + j_[k].dump() + ", beyond any size a model has");
     return j_[k].get<int64_t>();
   }
   StatusOr<int64_t> Int(const char* k, int64_t dflt) const { return has(k) ? Int(k) : dflt; }
@@ -223,6 +227,13 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
   const HfConfig c(std::move(j), cfg_path);
   HfModel m;
   GptConfig g = base;
+  // The frequency scaling is config.json's alone: none without its rope_scaling, whatever the
+  // run's config says (a run's rope_factor silently rescaled a model that has none).
+  const GptConfig unscaled;
+  g.rope_factor = unscaled.rope_factor;
+  g.rope_low_freq_factor = unscaled.rope_low_freq_factor;
+  g.rope_high_freq_factor = unscaled.rope_high_freq_factor;
+  g.rope_original_positions = unscaled.rope_original_positions;
   std::string arch;
   if (c.has("architectures") && c.raw("architectures").is_array() &&
       !c.raw("architectures").empty() && c.raw("architectures")[0].is_string())
@@ -242,6 +253,15 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
       return c.Unsupported("architectures",
                            "is Qwen 2, whose q, k and v projections have biases and o's has none: "
                            "not a layout tierzero's Llama takes yet (docs/models.md)");
+    // (What the file holds, as it is: a string where a list belongs, or neither key.)
+    if (!c.has("architectures") && !c.has("model_type"))
+      return c.Bad("architectures",
+                   "and \"model_type\" are both missing: the file does not say which model it "
+                   "is (GPT2LMHeadModel, LlamaForCausalLM or MistralForCausalLM load)");
+    if (arch.empty() && c.has("architectures") && type.empty())
+      return c.Bad("architectures", "is " + c.raw("architectures").dump() +
+                                        ", not a list of model class names such as "
+                                        "[\"LlamaForCausalLM\"]");
     return c.Unsupported(
         "architectures",
         "is \"" + m.source +

@@ -22,6 +22,7 @@
 #include "engine/engine_impl.h"
 #include "offload/cuda_device.h"
 #include "offload/host_sim_device.h"
+#include "tierzero/utf8.h"
 
 namespace tierzero {
 
@@ -63,6 +64,16 @@ StatusOr<ParamId> Engine::RegisterParam(ParamSpec spec) {
   Impl& im = *impl_;
   if (im.finalized) return FailedPreconditionError("RegisterParam after Finalize");
   if (spec.name.empty()) return InvalidArgumentError("a parameter needs a name");
+  // A name goes into JSON (the manifest, the report, safetensors headers): UTF-8 only, and not
+  // the safetensors header's own key.
+  if (const int64_t bad = FirstInvalidUtf8(spec.name); bad >= 0)
+    return InvalidArgumentError("a parameter name is not UTF-8 (an invalid byte at offset " +
+                                std::to_string(bad) + ", after '" +
+                                spec.name.substr(0, static_cast<size_t>(bad)) +
+                                "'): names are written into JSON files");
+  if (spec.name == "__metadata__")
+    return InvalidArgumentError(
+        "parameter name '__metadata__' is the safetensors header's own key: choose another");
   if (im.by_name.count(spec.name) > 0)
     return InvalidArgumentError("parameter '" + spec.name + "' is registered twice");
   if (spec.shape.empty())

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "core/json_in.h"
 #include "core/logging.h"
 #include "engine/engine_impl.h"
+#include "tierzero/utf8.h"
 
 namespace tierzero {
 using nlohmann::json;
@@ -27,6 +29,56 @@ namespace {
 
 const char* SafetensorsDType(DType d) {
   return d == DType::kF32 ? "F32" : d == DType::kBF16 ? "BF16" : "F16";
+}
+
+// Note [What an export refuses before writing]
+// A safetensors header is a JSON object keyed by tensor name, with "__metadata__" its own key:
+// two parameters a TensorNames callback maps to one name, or a tensor named "__metadata__",
+// silently lost a tensor (the file said OK and held one fewer). Names and metadata must be
+// UTF-8 (a JSON writer throws on anything else), and the metadata may not replace the keys the
+// export writes (format, producer, step). All are refused before any file is opened.
+template <typename Files, typename NameOf>
+Status CheckExportNames(const Files& files, const NameOf& name_of,
+                        const std::map<std::string, std::string>& metadata) {
+  std::map<std::string, size_t> seen;
+  for (const auto& file : files) {
+    for (size_t t : file.tensors) {
+      const std::string name = name_of(t);
+      if (name.empty() || name == "__metadata__" || FirstInvalidUtf8(name) >= 0)
+        return InvalidArgumentError(
+            "safetensors export: tensor name '" +
+            name.substr(0, static_cast<size_t>(std::max<int64_t>(0, FirstInvalidUtf8(name)))) +
+            "' cannot be written: " +
+            (name.empty()             ? std::string("it is empty")
+             : name == "__metadata__" ? std::string("it is the header's own key")
+                                      : std::string("it is not UTF-8")));
+      if (!seen.emplace(name, t).second)
+        return InvalidArgumentError("safetensors export: two parameters are both named tensor '" +
+                                    name + "': each tensor needs a name of its own");
+    }
+  }
+  for (const auto& [key, value] : metadata) {
+    if (FirstInvalidUtf8(key) >= 0 || FirstInvalidUtf8(value) >= 0)
+      return InvalidArgumentError("safetensors export: a metadata key or value is not UTF-8");
+    if (key == "format" || key == "producer" || key == "step")
+      return InvalidArgumentError("safetensors export: metadata key '" + key +
+                                  "' is the export's own (format, producer, step): name it "
+                                  "otherwise");
+  }
+  return Status::OK();
+}
+
+// fp16 holds magnitudes up to 65504 (anything from 65520 on rounds to infinity): a weight beyond
+// it would be written as inf, and the file refused as damaged when read.
+Status FitsFp16(const float* x, int64_t n, const std::string& name) {
+  float largest = 0;
+  for (int64_t i = 0; i < n; ++i) largest = std::max(largest, std::fabs(x[i]));
+  if (largest < 65520.f) return Status::OK();
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", static_cast<double>(largest));
+  return InvalidArgumentError("tensor '" + name + "' holds a value of magnitude " + buf +
+                              ", beyond fp16's largest (65504): it would be written as "
+                              "infinity; export in bf16 or fp32 (--dtype bf16)");
 }
 
 }  // namespace
@@ -40,6 +92,7 @@ Status Engine::Impl::ExportFiles(const std::vector<ExportFile>& files, DType dty
     return InvalidArgumentError("safetensors export writes fp32, bf16 or fp16, not " +
                                 std::string(DTypeName(dtype)));
   auto name_of = [&](size_t t) { return names ? names(im.params[t].name) : im.params[t].name; };
+  RETURN_IF_ERROR(CheckExportNames(files, name_of, metadata));
   const bool writer = im.comm->rank() == 0;
   std::vector<AtomicFile> out_files;
   std::vector<int> file_of(im.params.size(), -1);
@@ -86,7 +139,9 @@ Status Engine::Impl::ExportFiles(const std::vector<ExportFile>& files, DType dty
       const int f = file_of[static_cast<size_t>(t)];
       if (f < 0) continue;
       out.resize(DTypeBytes(dtype, loc.numel));
-      wrote = Convert(full.data() + loc.offset, DType::kF32, out.data(), dtype, loc.numel);
+      if (dtype == DType::kF16) wrote = FitsFp16(full.data() + loc.offset, loc.numel, name_of(t));
+      if (wrote.ok())
+        wrote = Convert(full.data() + loc.offset, DType::kF32, out.data(), dtype, loc.numel);
       if (wrote.ok()) wrote = out_files[static_cast<size_t>(f)].Write(out.data(), out.size());
       if (!wrote.ok()) break;
     }
@@ -130,6 +185,10 @@ StatusOr<std::vector<Engine::SafetensorsShard>> Engine::ExportSafetensorsShards(
     const std::function<void(const std::vector<SafetensorsShard>&)>& planned) const {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("ExportSafetensorsShards before Finalize");
+  // (A file name within dir: not hidden, not elsewhere.)
+  if (stem.empty() || stem.find('/') != std::string::npos || stem == "." || stem == "..")
+    return InvalidArgumentError("ExportSafetensorsShards: the stem '" + stem +
+                                "' is not a file name (the files are dir/STEM.safetensors)");
   RETURN_IF_ERROR(im.cm->out_of_step());
   RETURN_IF_ERROR(im.updater->Await());
   // Shards in gather order: a new file when the next tensor would pass the limit (a tensor
@@ -218,10 +277,12 @@ StatusOr<SafetensorsEntry> ParseEntry(const std::string& path, const std::string
     return bad("has data offsets [" + std::to_string(en.begin) + ", " + std::to_string(en.end) +
                "] outside the data section of " + std::to_string(data_bytes) + " bytes");
   if (!en.loads) return en;
-  uint64_t n = 1;
+  // (A dimension 0 anywhere makes no elements, whatever the others.)
+  uint64_t n = std::count(en.shape.begin(), en.shape.end(), 0) > 0 ? 0 : 1;
   for (int64_t d : en.shape) {
-    if (d != 0 && n > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d))
-      return bad("has a shape too large: " + JsonIn::Shown(json(en.shape)));
+    if (n == 0) break;
+    if (n > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d))
+      return bad("has a shape too large: " + json(en.shape).dump());
     n *= static_cast<uint64_t>(d);
   }
   // (Checked before the bytes, whose product could wrap around.)
@@ -278,6 +339,22 @@ StatusOr<SafetensorsHeader> ReadHeader(int fd, const std::string& path) {
       return DataLossError(path + ": two safetensors tensors overlap (bytes " +
                            std::to_string(ranges[i].first) + " and " +
                            std::to_string(ranges[i - 1].second) + " of the data section)");
+  // The tensors lie end to end from the data section's start to the file's end (the format's
+  // rule): a header whose offsets leave a hole was read one element off, silently.
+  uint64_t covered = 0, gap_end = data_bytes;
+  for (const auto& [begin, end] : ranges) {
+    if (begin != covered) {
+      gap_end = begin;
+      break;
+    }
+    covered = end;
+  }
+  if (covered != data_bytes)
+    return DataLossError(path + ": bytes " + std::to_string(covered) + ".." +
+                         std::to_string(gap_end) + " of the " + std::to_string(data_bytes) +
+                         "-byte data section hold no tensor (a safetensors file's tensors lie end "
+                         "to end from its start to the file's end): the file was edited or "
+                         "damaged");
   return out;
 }
 

@@ -372,6 +372,11 @@ TEST(HfModels, WhatADirectoryMayNotSayIsRefusedNamingTheField) {
        "hidden_act"},
       {{{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", "19"}}, "vocab_size"},
       {{{"architectures", {"LlamaForCausalLM"}}, {"hidden_size", 16}}, "vocab_size"},
+      // Said as the file has it: a string where a list belongs, neither key, a size past int64.
+      {{{"architectures", "LlamaForCausalLM"}}, "not a list of model class names"},
+      {{{"vocab_size", 19}}, "\"model_type\" are both missing"},
+      {{{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", json(~uint64_t{0})}},
+       "18446744073709551615"},
   };
   int i = 0;
   for (const auto& [cfg, field] : cases) {
@@ -394,6 +399,51 @@ TEST(HfModels, WhatADirectoryMayNotSayIsRefusedNamingTheField) {
   EXPECT_EQ(Eval({"--init-from", d, "--data", dir / "data.bin"}), 1);
   EXPECT_NE(testing::internal::GetCapturedStderr().find("not a file name in the directory"),
             std::string::npos);
+}
+
+// A model directory is the model: the run's config may not add what config.json leaves out (Llama
+// 3's rope scaling, absent there, silently rescaled the model), the weights file given alone is
+// sent to its directory, and a config.json that is a dangling link is said to be one.
+TEST(HfModels, TheRunsConfigAddsNothingToADirectorysModel) {
+  TempDir dir;
+  TinyLlama m;
+  m.Write(dir / "llama");
+  std::vector<uint16_t> tokens(60, 3);
+  WriteTokens(dir / "data.bin", tokens);
+  const std::vector<std::pair<json, std::string>> cases = {
+      {{{"model", {{"arch", "llama"}, {"rope_factor", 8.0}, {"rope_original_positions", 16}}}},
+       "model.rope_factor is 8"},
+      {{{"model", {{"arch", "llama"}, {"rope_original_positions", 16}}}},
+       "model.rope_original_positions is 16"},
+  };
+  int i = 0;
+  for (const auto& [cfg, says] : cases) {
+    const std::string c = dir / ("rope" + std::to_string(i++) + ".json");
+    std::ofstream(c) << cfg.dump();
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(Eval({"--init-from", dir / "llama", "--config", c, "--data", dir / "data.bin"}), 1);
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find(says), std::string::npos) << err;
+  }
+  // The weights file alone (its tensors have Hugging Face's names): the directory is named.
+  const std::string one = dir / "one";
+  fs::create_directories(one);
+  WriteSafetensors(one + "/model.safetensors", ReadDir(dir / "llama"));
+  fs::copy_file(dir / "llama/config.json", one + "/config.json");
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(Eval({"--init-from", one + "/model.safetensors", "--data", dir / "data.bin", "--arch",
+                  "llama", "--vocab", "19", "--width", "16", "--layers", "2", "--heads", "4",
+                  "--kv-heads", "2", "--seq-len", "7"}),
+            1);
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("give the directory (--init-from " + one + ")"), std::string::npos) << err;
+  // config.json a link to nothing.
+  fs::remove(one + "/config.json");
+  fs::create_symlink("gone.json", one + "/config.json");
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(Eval({"--init-from", one, "--data", dir / "data.bin"}), 1);
+  err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("config.json cannot be read"), std::string::npos) << err;
 }
 
 // Note [Budgets of a model brought from a directory]: a model from a directory gets the machine's

@@ -15,6 +15,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gpt/gpt.h"
@@ -315,7 +316,8 @@ TEST(Engine, CheckpointOfAnotherModelIsRefusedWithEveryDifferenceAndNothingLoade
 
 // Rewrites a safetensors file's header with `edit` (the data section is kept as it is).
 void EditSafetensors(const std::string& in, const std::string& out,
-                     const std::function<void(nlohmann::json&)>& edit) {
+                     const std::function<void(nlohmann::json&)>& edit,
+                     const std::string& appended = "") {
   std::ifstream f(in, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   uint64_t hlen = 0;
@@ -326,7 +328,7 @@ void EditSafetensors(const std::string& in, const std::string& out,
   const uint64_t n = h.size();
   std::ofstream o(out, std::ios::binary | std::ios::trunc);
   o.write(reinterpret_cast<const char*>(&n), 8);
-  o << h << bytes.substr(8 + hlen);
+  o << h << bytes.substr(8 + hlen) << appended;
 }
 
 TEST(Engine, MalformedSafetensorsFailWholeAndLoadNothing) {
@@ -374,6 +376,25 @@ TEST(Engine, MalformedSafetensorsFailWholeAndLoadNothing) {
       {"no dtype", [&](nlohmann::json& h) { h[last(h)].erase("dtype"); }},
       {"an entry that is no object", [&](nlohmann::json& h) { h["junk"] = 7; }},
   };
+  // Offsets each in range, right-sized and apart, that leave bytes no tensor holds: every tensor
+  // moved on by 4 bytes (4 bytes appended), or bytes after the last (the format's tensors lie
+  // end to end; the first was read one element off).
+  auto shift = [](nlohmann::json& h) {
+    for (auto& [k, v] : h.items())
+      if (k != "__metadata__")
+        v["data_offsets"] = {v["data_offsets"][0].get<uint64_t>() + 4,
+                             v["data_offsets"][1].get<uint64_t>() + 4};
+  };
+  const std::vector<std::tuple<std::string, std::function<void(nlohmann::json&)>, std::string>>
+      holes = {{"every tensor 4 bytes on", shift, std::string(4, '\0')},
+               {"bytes after the last tensor", [](nlohmann::json&) {}, std::string(8, '\0')}};
+  for (const auto& [what, edit, appended] : holes) {
+    const std::string bad = dir.path() + "/hole.safetensors";
+    EditSafetensors(good, bad, edit, appended);
+    Status s = b.engine->LoadSafetensors(bad);
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << what << ": " << s.ToString();
+    EXPECT_NE(s.message().find("hold no tensor"), std::string::npos) << s.ToString();
+  }
   for (const auto& [what, edit] : cases) {
     const std::string bad = dir.path() + "/bad.safetensors";
     EditSafetensors(good, bad, edit);
@@ -383,9 +404,65 @@ TEST(Engine, MalformedSafetensorsFailWholeAndLoadNothing) {
     ASSERT_TRUE(b.engine->ReadParam(0, after).ok());
     EXPECT_EQ(after, before) << what << ": a refused load changed the parameters";
   }
-  // The unedited file loads.
+  // The unedited file loads; so does one with empty tensors of no bytes beside the model's, a
+  // dimension 0 first or last (no elements either way, however large the others).
   EditSafetensors(good, dir.path() + "/same.safetensors", [](nlohmann::json&) {});
   EXPECT_TRUE(b.engine->LoadSafetensors(dir.path() + "/same.safetensors").ok());
+  EditSafetensors(good, dir.path() + "/empty.safetensors", [&](nlohmann::json& h) {
+    const uint64_t end = h[last(h)]["data_offsets"][1].get<uint64_t>();
+    const uint64_t big = uint64_t{1} << 32;
+    h["empty.first"] = {{"dtype", "F32"}, {"shape", {0, big, big}}, {"data_offsets", {end, end}}};
+    h["empty.last"] = {{"dtype", "F32"}, {"shape", {big, big, 0}}, {"data_offsets", {end, end}}};
+  });
+  const Status empty = b.engine->LoadSafetensors(dir.path() + "/empty.safetensors");
+  EXPECT_TRUE(empty.ok()) << empty.ToString();
+}
+
+// Note [What an export refuses before writing]: what a safetensors file cannot hold as asked is
+// refused before any file is written (a file that said OK had silently lost a tensor, or held
+// infinities in fp16).
+TEST(Engine, AnExportRefusesWhatTheFileCannotHold) {
+  TempDir dir;
+  {
+    auto e = Engine::Create(TestEngineConfig());
+    ASSERT_TRUE(e.ok());
+    EXPECT_EQ((*e)->RegisterParam({"bad\xff", {4}, InitConstant(0)}).status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ((*e)->RegisterParam({"__metadata__", {4}, InitConstant(0)}).status().code(),
+              StatusCode::kInvalidArgument);
+  }
+  Trainer a = Make(TestEngineConfig());
+  Train(a, 0, 1);
+  Engine& e = *a.engine;
+  auto refused = [&](const StatusOr<std::vector<Engine::SafetensorsShard>>& r,
+                     const std::string& says) {
+    ASSERT_FALSE(r.ok()) << says;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(says), std::string::npos) << r.status().ToString();
+    EXPECT_TRUE(fs::is_empty(dir.path())) << says << ": a refused export wrote a file";
+  };
+  refused(
+      e.ExportSafetensorsShards(
+          dir.path(), "m", DType::kF32, [](const std::string&) { return std::string("same"); }, 0),
+      "two parameters");
+  refused(e.ExportSafetensorsShards(
+              dir.path(), "m", DType::kF32,
+              [](const std::string& n) { return n == "wte" ? "__metadata__" : n; }, 0),
+          "the header's own key");
+  refused(e.ExportSafetensorsShards(dir.path(), "../m", DType::kF32, nullptr, 0), "stem");
+  refused(e.ExportSafetensorsShards(dir.path(), "", DType::kF32, nullptr, 0), "stem");
+  EXPECT_EQ(e.ExportSafetensors(dir.path() + "/m.safetensors", DType::kF32, {{"step", "9"}}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(e.ExportSafetensors(dir.path() + "/m.safetensors", DType::kF32, {{"k", "\xff"}}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(fs::is_empty(dir.path()));
+  // A weight beyond fp16's range: refused in fp16, named with its magnitude; written in bf16.
+  std::vector<float> w(static_cast<size_t>(e.numel(0)), 0.5f);
+  w[3] = -1e5f;
+  ASSERT_TRUE(e.WriteParam(0, w).ok());
+  refused(e.ExportSafetensorsShards(dir.path(), "m", DType::kF16, nullptr, 0), "100000");
+  w[3] = 65504.f;  // fp16's largest: written as it is
+  ASSERT_TRUE(e.WriteParam(0, w).ok());
+  EXPECT_TRUE(e.ExportSafetensorsShards(dir.path(), "m", DType::kF16, nullptr, 0).ok());
 }
 
 TEST(Engine, SafetensorsRoundTrip) {
