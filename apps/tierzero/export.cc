@@ -33,7 +33,7 @@ int Export(const std::vector<std::string>& args) {
   std::string ckpt, output, config_path;
   DType dtype = DType::kF32;
   bool dtype_given = false, hf = false;
-  uint64_t max_shard = uint64_t{5} << 30;  // transformers' save_pretrained default: 5 GB
+  uint64_t max_shard = 5000000000;  // transformers' save_pretrained default: "5GB", 5 x 10^9 bytes
   bool max_shard_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     // An option of export's at the end, its value missing.
@@ -74,7 +74,8 @@ int Export(const std::vector<std::string>& args) {
           "config.json\n"
           "         and safetensors in the model's names; dtype: the run's compute dtype; shards "
           "of\n"
-          "         at most 5 GB by default, with model.safetensors.index.json when several)\n"
+          "         at most 5 GB (5 x 10^9 bytes) by default, 0 for one file; with\n"
+          "         model.safetensors.index.json when several)\n"
           "  [--config RUN_DIR/config.json]  (default: CHECKPOINT_DIR/../config.json)");
       return 0;
     } else if (ckpt.empty() && args[i][0] != '-') {

@@ -19,6 +19,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <new>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -171,5 +173,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
     return 1;
   }
-  return tierzero::Main(argc, argv);
+  // Note [The last net under exceptions]
+  // Errors are Statuses; an exception escaping to here is a bug or memory the system would not
+  // give (std::bad_alloc: a host array sized by an input no check bounded). It ends the command
+  // with an error line and status 1, not std::terminate's abort. (The run's outputs are what
+  // their own atomic writes left: a temporary file is never under a final name.)
+  try {
+    return tierzero::Main(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "error: ResourceExhausted: the host had no memory for an allocation; give the "
+                 "run less to hold at once (a smaller batch, context or model), or run it where "
+                 "there is more memory\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: Internal: %s (a bug in tierzero: please report it)\n", e.what());
+  }
+  return 1;
 }

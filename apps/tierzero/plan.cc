@@ -607,6 +607,15 @@ int Plan(const std::vector<std::string>& args) {
   if (pa->trace_path.empty() && (rates->device_shares_cpu || (gpu && measured_here))) {
     const int here = pa->ranks_per_node > 0 ? std::min(pa->ranks_per_node, pa->ranks) : pa->ranks;
     auto times = MeasureCompute(*cfg, here, gpu && !rates->device_shares_cpu);
+    // (Rates whose device shares this CPU (the simulated device) are timed here whatever
+    // --rates gives: the GPU's rates only stand in for a GPU's compute.)
+    if (!times.ok() && times.status().code() == StatusCode::kFailedPrecondition &&
+        rates->device_shares_cpu)
+      return Fail(FailedPreconditionError(
+          "timing the model's compute: a block of this model is too large to time on this CPU, "
+          "which the simulated device computes on (the rates say device_shares_cpu); plan it "
+          "for a GPU (--device cuda with that GPU's --rates, device_shares_cpu false), or give "
+          "a warm-up trace of it (--trace FILE)"));
     if (!times.ok()) return Fail(times.status().WithContext("timing the model's compute"));
     pl.kinds = times->kinds;
     pl.other_s = times->other_s;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -84,10 +85,23 @@ Field IntField(const std::string& name, int* p, int lo, int hi) {
           [=] { return json(*p); }};
 }
 
+// ZeRO++'s quantization widths: 4 or 8 bits.
+Field BitsField(const std::string& name, int* p) {
+  return {[=](const json& v) -> Status {
+            if (!v.is_number_integer() || (v.get<int64_t>() != 4 && v.get<int64_t>() != 8))
+              return Bad(name, v, "4 or 8");
+            *p = v.get<int>();
+            return Status::OK();
+          },
+          [=] { return json(*p); }};
+}
+
 Field U64Field(const std::string& name, uint64_t* p) {
   return {[=](const json& v) -> Status {
-            if (!v.is_number_unsigned()) return Bad(name, v, "an integer >= 0");
-            *p = v.get<uint64_t>();
+            // (-0 is an integer >= 0, parsed as a signed one.)
+            if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() == 0))
+              return Bad(name, v, "an integer >= 0");
+            *p = v.is_number_unsigned() ? v.get<uint64_t>() : 0;
             return Status::OK();
           },
           [=] { return json(*p); }};
@@ -95,13 +109,18 @@ Field U64Field(const std::string& name, uint64_t* p) {
 
 Field FloatField(const std::string& name, float* p, double lo, double hi,
                  const std::string& range) {
-  return {[=](const json& v) -> Status {
-            if (!v.is_number() || !(v.get<double>() >= lo && v.get<double>() <= hi))
-              return Bad(name, v, range);
-            *p = v.get<float>();
-            return Status::OK();
-          },
-          [=] { return json(*p); }};
+  return {
+      [=](const json& v) -> Status {
+        if (!v.is_number() || !(v.get<double>() >= lo && v.get<double>() <= hi))
+          return Bad(name, v, range);
+        // The engine keeps a float: a value too small for one would be kept as 0 (an
+        // asked-for clip norm of 1e-46 became "off").
+        if (v.get<double>() != 0 && std::fabs(v.get<double>()) < std::numeric_limits<float>::min())
+          return Bad(name, v, range + ", and not below 1.2e-38 (what a float holds)");
+        *p = v.get<float>();
+        return Status::OK();
+      },
+      [=] { return json(*p); }};
 }
 
 Field DoubleField(const std::string& name, double* p, double lo, const std::string& range) {
@@ -141,8 +160,8 @@ Field StringField(const std::string& name, std::string* p) {
 // Sizes: a number of bytes or a string such as "512 MiB", "4GB", "0".
 Field SizeField(const std::string& name, uint64_t* p) {
   return {[=](const json& v) -> Status {
-            if (v.is_number_unsigned()) {
-              *p = v.get<uint64_t>();
+            if (v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() == 0)) {
+              *p = v.is_number_unsigned() ? v.get<uint64_t>() : 0;
               return Status::OK();
             }
             if (!v.is_string()) return Bad(name, v, "a size such as \"512 MiB\" or a byte count");
@@ -375,9 +394,11 @@ std::map<std::string, Section> Fields(RunConfig& c) {
       {"chunk_elems", U64Field("engine.chunk_elems", &c.engine.chunk_elems)},
       {"compute_dtype", DTypeField("engine.compute_dtype", &c.engine.compute_dtype)},
       // (Up to the largest float below 1: what [0, 1) holds in the float the engine keeps.)
-      {"beta1", FloatField("engine.beta1", &c.engine.beta1, 0, 0.99999994, "[0, 1)")},
-      {"beta2", FloatField("engine.beta2", &c.engine.beta2, 0, 0.99999994, "[0, 1)")},
-      {"eps", FloatField("engine.eps", &c.engine.eps, 1e-30, 1, "(0, 1]")},
+      {"beta1", FloatField("engine.beta1", &c.engine.beta1, 0, 0.99999994,
+                           "[0, 1) (up to 0.99999994, the largest float below 1)")},
+      {"beta2", FloatField("engine.beta2", &c.engine.beta2, 0, 0.99999994,
+                           "[0, 1) (up to 0.99999994, the largest float below 1)")},
+      {"eps", FloatField("engine.eps", &c.engine.eps, 1e-30, 1, "[1e-30, 1]")},
       {"weight_decay", FloatField("engine.weight_decay", &c.engine.weight_decay, 0, 10, "[0, 10]")},
       {"clip_grad_norm", FloatField("engine.clip_grad_norm", &c.engine.clip_grad_norm, 0, 1e9,
                                     "0 (off) or a positive norm")},
@@ -408,10 +429,10 @@ std::map<std::string, Section> Fields(RunConfig& c) {
   };
   s["zeropp"] = {
       {"qwz", BoolField("zeropp.qwz", &c.engine.zeropp.qwz)},
-      {"qwz_bits", IntField("zeropp.qwz_bits", &c.engine.zeropp.qwz_bits, 4, 8)},
+      {"qwz_bits", BitsField("zeropp.qwz_bits", &c.engine.zeropp.qwz_bits)},
       {"hpz", BoolField("zeropp.hpz", &c.engine.zeropp.hpz)},
       {"qgz", BoolField("zeropp.qgz", &c.engine.zeropp.qgz)},
-      {"qgz_bits", IntField("zeropp.qgz_bits", &c.engine.zeropp.qgz_bits, 4, 8)},
+      {"qgz_bits", BitsField("zeropp.qgz_bits", &c.engine.zeropp.qgz_bits)},
       {"block_elems", IntField("zeropp.block_elems", &c.engine.zeropp.block_elems, 64, 4096)},
   };
   s["output"] = {

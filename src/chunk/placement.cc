@@ -94,13 +94,19 @@ StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& bu
   if (host > budgets.host_bytes || nvme > budgets.nvme_bytes) {
     uint64_t grads = 0;
     for (const auto& c : p.chunks) grads += c.grad == Tier::kHost ? p.grad_shard_bytes : 0;
+    // What stays in host memory with everything else on NVMe (the gradients of the chunks the
+    // host updates) is the host budget's alone to hold: more NVMe does not help then.
+    const bool host_short = host > budgets.host_bytes;
     return OutOfMemoryError(
         "model state of " + FormatBytes(total) + " per rank (" + std::to_string(n) +
         " chunks) does not fit: device shard budget " + FormatBytes(budgets.device_shard_bytes) +
         ", host budget " + FormatBytes(budgets.host_bytes) + " (at least " + FormatBytes(grads) +
         " for the gradients in host memory), NVMe budget " + FormatBytes(budgets.nvme_bytes) +
-        " (" + FormatBytes(nvme) +
-        " needed once host memory is full); raise the NVMe or host budget, or use more ranks");
+        " (" + FormatBytes(nvme) + " needed once host memory is full); " +
+        (host_short ? "what must stay in host memory (" + FormatBytes(host) +
+                          ") is more than the host budget, which NVMe cannot relieve: raise the "
+                          "host budget (or the device shard budget), or use more ranks"
+                    : std::string("raise the NVMe or host budget, or use more ranks")));
   }
   p.bytes[static_cast<int>(Tier::kDevice)] = device;
   p.bytes[static_cast<int>(Tier::kHost)] = host;

@@ -117,9 +117,12 @@ std::chrono::steady_clock::time_point LinkDoneAt(uint64_t cross_bytes) {
   const auto now = std::chrono::steady_clock::now();
   const double gbps = kEmulatedCrossNodeGBps.Get();
   if (gbps <= 0 || cross_bytes == 0) return now;
-  link_free = std::max(link_free, now) +
-              std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                  std::chrono::duration<double>(static_cast<double>(cross_bytes) / (gbps * 1e9)));
+  // (At most 10^6 s a collective: a rate near 1e-300 GB/s made a wait whose nanoseconds
+  // overflowed the clock, a time in the past, and no throttle at all.)
+  const double seconds = std::min(static_cast<double>(cross_bytes) / (gbps * 1e9), 1e6);
+  link_free =
+      std::max(link_free, now) + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                     std::chrono::duration<double>(seconds));
   return link_free;
 }
 

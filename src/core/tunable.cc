@@ -3,8 +3,8 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
-#include <sstream>
 
 #include "core/bytes.h"
 #include "core/logging.h"
@@ -115,10 +115,15 @@ StatusOr<ByteSize> ParseTunable(std::string_view t, ByteSize*) {
 
 std::string TunableToString(bool v) { return v ? "true" : "false"; }
 std::string TunableToString(int64_t v) { return std::to_string(v); }
+// The shortest of 6..17 significant digits that reads back as `v` (1000001 printed as "1e+06"
+// was refused as beyond a limit of 1e+06).
 std::string TunableToString(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
+  char b[40];
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(b, sizeof b, "%.*g", digits, v);
+    if (std::strtod(b, nullptr) == v) break;
+  }
+  return b;
 }
 std::string TunableToString(const std::string& v) { return v; }
 std::string TunableToString(ByteSize v) { return FormatBytes(v.bytes); }

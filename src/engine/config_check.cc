@@ -10,10 +10,30 @@
 namespace tierzero {
 
 Status ValidateEngineConfig(const EngineConfig& c) {
+  // Named as a config file names them (engine.device_budget; zeropp.qwz_bits): the CLI's
+  // config sections, EngineConfig's fields.
   auto bad = [](std::string_view field, const std::string& value, std::string_view range) {
-    return InvalidArgumentError("config field '" + std::string(field) + "' is " + value +
+    const std::string name =
+        field.substr(0, 7) == "zeropp." ? std::string(field) : "engine." + std::string(field);
+    return InvalidArgumentError("config field '" + name + "' is " + value +
                                 "; accepted: " + std::string(range));
   };
+  // The enumerations: a value cast from an integer out of range fell into some default branch
+  // (a device of 7 ran on the host), or crashed (moment format 3 in ReadParam).
+  if (static_cast<int>(c.device) > static_cast<int>(DeviceChoice::kHost))
+    return bad("device", std::to_string(static_cast<int>(c.device)), "kAuto, kCuda or kHost");
+  if (static_cast<int>(c.collectives) > static_cast<int>(CollectivePath::kDevice))
+    return bad("collectives", std::to_string(static_cast<int>(c.collectives)),
+               "kAuto, kHost or kDevice");
+  if (static_cast<int>(c.optimizer) > static_cast<int>(OptimizerPlacement::kFraction))
+    return bad("optimizer", std::to_string(static_cast<int>(c.optimizer)),
+               "kAuto, kCpu or kFraction");
+  if (static_cast<int>(c.speculative_step) > static_cast<int>(SpeculativeStep::kOff))
+    return bad("speculative_step", std::to_string(static_cast<int>(c.speculative_step)),
+               "kAuto, kOn or kOff");
+  if (static_cast<int>(c.optimizer_states) > static_cast<int>(MomentFormat::kInt8))
+    return bad("optimizer_states", std::to_string(static_cast<int>(c.optimizer_states)),
+               "kF32, kBF16 or kInt8");
   // The value exactly (1048575 bytes shown rounded read "1024 KiB; accepted: at least 1 MiB").
   auto exact = [](uint64_t b) { return FormatBytes(b) + " (" + std::to_string(b) + " bytes)"; };
   if (c.device_budget < (uint64_t{1} << 20))

@@ -124,8 +124,8 @@ StatusOr<ActivationBuffer> Engine::AllocateActivation(uint64_t bytes) {
   if (!p.ok()) {
     return std::move(p).status().WithContext(
         "allocating " + FormatBytes(bytes) + " of activations with " + FormatBytes(im.act_current) +
-        " already in use; lower the batch size or sequence length, turn on activation "
-        "checkpointing, or raise device_budget");
+        " already in use; lower the batch size or sequence length, checkpoint activations (where "
+        "the model does not already), or raise device_budget");
   }
   im.act_current += bytes;
   im.act_peak = std::max(im.act_peak, im.act_current);

@@ -87,7 +87,9 @@ MachineRates RankShare(MachineRates r, int per_node) {
 // Which budget an OutOfMemory from the placement names first.
 std::string FailingTier(const Status& s, const EngineConfig& cfg) {
   const std::string msg = s.ToString();
-  if (msg.find("fixed buffers") != std::string::npos) return "host";
+  if (msg.find("fixed buffers") != std::string::npos ||
+      msg.find("more than the host budget") != std::string::npos)
+    return "host";
   return cfg.nvme_budget > 0 ? "nvme" : "host";
 }
 
