@@ -210,14 +210,18 @@ class ActivationBuffer {
  private:
   friend class Engine;
   class Owner;
-  ActivationBuffer(Owner* owner, void* data, uint64_t bytes)
-      : owner_(owner), data_(data), bytes_(bytes) {}
+  ActivationBuffer(Owner* owner, std::weak_ptr<const void> alive, void* data, uint64_t bytes)
+      : owner_(owner), alive_(std::move(alive)), data_(data), bytes_(bytes) {}
   Owner* owner_ = nullptr;
+  std::weak_ptr<const void> alive_;  // expired once the engine is gone
   void* data_ = nullptr;
   uint64_t bytes_ = 0;
 };
 
-// Acquired parameters; released when destroyed (or by Release, which reports errors).
+// Acquired parameters; released when destroyed (or by Release, which reports errors). A scope
+// (or an ActivationBuffer) may outlive its Engine: the engine freed what it held, and releasing
+// it then does nothing. AbortIteration with scopes still open finishes when the last of them is
+// released (Note [An iteration aborted with scopes open], engine.cc).
 class ParamScope {
  public:
   ParamScope(ParamScope&& o) noexcept;
@@ -232,9 +236,11 @@ class ParamScope {
 
  private:
   friend class Engine;
-  ParamScope(Engine* engine, std::vector<ParamId> params, Phase phase)
-      : engine_(engine), params_(std::move(params)), phase_(phase) {}
+  ParamScope(Engine* engine, std::weak_ptr<const void> alive, std::vector<ParamId> params,
+             Phase phase)
+      : engine_(engine), alive_(std::move(alive)), params_(std::move(params)), phase_(phase) {}
   Engine* engine_ = nullptr;
+  std::weak_ptr<const void> alive_;  // expired once the engine is gone
   std::vector<ParamId> params_;
   Phase phase_;
 };
@@ -363,6 +369,7 @@ class Engine {
   float loss_scale() const;  // multiply the loss (its gradient) by this before backward
   const EngineConfig& config() const;
   int num_params() const;
+  // p must be a registered id (0..num_params() - 1): another ends the process with a message.
   const ParamSpec& param(ParamId p) const;
   int64_t numel(ParamId p) const;
   int64_t step() const;  // optimizer steps applied

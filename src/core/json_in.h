@@ -184,7 +184,17 @@ class StrictSax {
   bool boolean(bool) { return Value(); }
   bool number_integer(json::number_integer_t) { return Value(); }
   bool number_unsigned(json::number_unsigned_t) { return Value(); }
-  bool number_float(json::number_float_t, const json::string_t&) { return Value(); }
+  // A whole number written without a fraction or exponent that 64 bits do not hold is read as
+  // a double, another value: refused (a seed of 2^64 + 1 came back as 1.8446744073709552e19).
+  bool number_float(json::number_float_t, const json::string_t& raw) {
+    if (raw.find_first_of(".eE") == std::string::npos) {
+      error_ = "holds the whole number " + raw +
+               ", beyond what 64 bits hold (it would be read as an approximation): write it as "
+               "a string";
+      return false;
+    }
+    return Value();
+  }
   bool string(json::string_t&) { return Value(); }
   bool binary(json::binary_t&) { return Value(); }
   bool start_object(std::size_t) { return Open(true); }
@@ -254,11 +264,13 @@ class StrictSax {
 }  // namespace json_in_internal
 
 // Parses outside JSON strictly (Note [Outside JSON parsed strictly]): an error with `code` naming
-// `source` when it is not JSON, nests too deep, or names a key twice. Never throws.
+// `source` when it is not JSON, nests deeper than `max_depth`, names a key twice, or writes a
+// whole number 64 bits do not hold. Never throws.
 inline StatusOr<nlohmann::json> ParseOutsideJson(std::string_view text, const std::string& source,
                                                  StatusCode code = StatusCode::kInvalidArgument,
-                                                 bool allow_comments = false) {
-  json_in_internal::StrictSax sax(kMaxJsonDepth);
+                                                 bool allow_comments = false,
+                                                 int max_depth = kMaxJsonDepth) {
+  json_in_internal::StrictSax sax(max_depth);
   bool ok = false;
   try {
     ok = nlohmann::json::sax_parse(text, &sax, nlohmann::json::input_format_t::json,

@@ -277,6 +277,31 @@ Status GatherEntries(Communicator& comm, json& files, json& tensors) {
   return Status::OK();
 }
 
+// Note [A save writes only over its own files]
+// A checkpoint is regular files: a save wrote its manifest through a manifest.json that linked
+// to a user's file, over another program's manifest.json, and into /dev/null (a save that said
+// OK and could never load). Before anything is written, a manifest.json there must be a regular
+// file that is a tierzero manifest, and the states file's name must be free or a regular file.
+Status CheckpointFilesAreOurs(const std::string& dir, const std::string& states_name,
+                              bool manifest_ours) {
+  auto refuse = [&](const std::string& path, const std::string& what) {
+    return FailedPreconditionError(path + " " + what +
+                                   ": a checkpoint save writes only over files of its own; save "
+                                   "into another directory, or move it away");
+  };
+  struct stat st {};
+  const std::string manifest = dir + "/manifest.json";
+  if (::lstat(manifest.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode))
+      return refuse(manifest, "is not a regular file (a link, directory, FIFO or device)");
+    if (!manifest_ours) return refuse(manifest, "is not a tierzero checkpoint's manifest");
+  }
+  const std::string states = dir + "/" + states_name;
+  if (::lstat(states.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    return refuse(states, "is not a regular file (a link, directory, FIFO or device)");
+  return Status::OK();
+}
+
 // Writes the manifest (the commit point), then removes the states files it no longer names
 // (earlier steps, ranks of an earlier world size): only regular files named as SaveCheckpoint
 // names its own (a user's "states-notes.txt" in the directory stays).
@@ -361,7 +386,8 @@ Status CheckSameModel(const std::string& dir, const SavedTensors& saved,
       " is of another model: " + NameList("tensors of the model missing from it", missing) + "; " +
       NameList("tensors in it the model lacks", extra) + "; " +
       NameList("with another shape", reshaped) +
-      " (resume with the model configuration it was saved with: its config.json)");
+      " (load it into the model it was saved from; a tierzero run's config.json records that "
+      "model)");
 }
 
 // A checkpoint's states files, each opened once, and a buffer for one saved slice.
@@ -488,10 +514,15 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
   uint32_t file_crc = 0;
   uint64_t states_bytes = 0;
   Status written = [&]() -> Status {
+    // Checked as the load reads it (strictly, one level below the manifest's depth limit: it
+    // sits in the manifest), before anything is written: a user_state the load would refuse
+    // replaced a good checkpoint with one that could not be read.
     if (!user_state.empty()) {
-      user = json::parse(user_state, nullptr, /*allow_exceptions=*/false);
-      if (user.is_discarded()) return InvalidArgumentError("user_state is not valid JSON");
+      ASSIGN_OR_RETURN(user,
+                       ParseOutsideJson(user_state, "user_state", StatusCode::kInvalidArgument,
+                                        /*allow_comments=*/false, kMaxJsonDepth - 1));
     }
+    RETURN_IF_ERROR(CheckpointFilesAreOurs(dir, states_name, committed_names.has_value()));
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) return IoError("creating checkpoint directory " + dir + ": " + ec.message());

@@ -46,6 +46,7 @@ std::optional<std::set<std::string>> CommittedStatesFiles(const std::string& dir
   if (!text.ok()) return std::nullopt;
   json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("files") || !j["files"].is_array()) return std::nullopt;
+  if (!j.contains("format") || j["format"] != "tierzero-checkpoint") return std::nullopt;
   std::set<std::string> names;
   for (const json& f : j["files"])
     if (f.is_object() && f.contains("name") && f["name"].is_string())

@@ -62,7 +62,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
 
 StatusOr<ParamId> Engine::RegisterParam(ParamSpec spec) {
   Impl& im = *impl_;
-  if (im.finalized) return FailedPreconditionError("RegisterParam after Finalize");
+  if (im.finalized || !im.finalize_failed.empty())
+    return FailedPreconditionError("RegisterParam after Finalize");
   if (spec.name.empty()) return InvalidArgumentError("a parameter needs a name");
   // A name goes into JSON (the manifest, the report, safetensors headers): UTF-8 only, and not
   // the safetensors header's own key.
@@ -110,8 +111,18 @@ DType Engine::compute_dtype() const { return impl_->cfg.compute_dtype; }
 float Engine::loss_scale() const { return impl_->loss_scale; }
 const EngineConfig& Engine::config() const { return impl_->cfg; }
 int Engine::num_params() const { return static_cast<int>(impl_->params.size()); }
-const ParamSpec& Engine::param(ParamId p) const { return impl_->params[static_cast<size_t>(p)]; }
-int64_t Engine::numel(ParamId p) const { return impl_->numel[static_cast<size_t>(p)]; }
+// (A reference cannot carry an error: an id out of range is a programming error, said and ended
+// here rather than read out of bounds.)
+const ParamSpec& Engine::param(ParamId p) const {
+  TZ_CHECK(p >= 0 && p < num_params())
+      << "Engine::param(" << p << "): ids are 0.." << num_params() - 1;
+  return impl_->params[static_cast<size_t>(p)];
+}
+int64_t Engine::numel(ParamId p) const {
+  TZ_CHECK(p >= 0 && p < num_params())
+      << "Engine::numel(" << p << "): ids are 0.." << num_params() - 1;
+  return impl_->numel[static_cast<size_t>(p)];
+}
 int64_t Engine::step() const { return impl_->step; }
 
 // ---- Iterations
@@ -120,6 +131,7 @@ int64_t Engine::step() const { return impl_->step; }
 Status Engine::BeginIteration(bool train) {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("BeginIteration before Finalize");
+  RETURN_IF_ERROR(im.NoScopeOpen("BeginIteration"));
   if (im.in_iteration) return FailedPreconditionError("BeginIteration inside an iteration");
   if (train && im.iterations_since_step >= im.cfg.grad_accumulation) {
     return FailedPreconditionError("a training iteration after " +
@@ -159,6 +171,9 @@ Status Engine::BeginIteration(bool train) {
 StatusOr<ParamScope> Engine::Acquire(std::span<const ParamId> params, Phase phase) {
   Impl& im = *impl_;
   if (!im.in_iteration) RETURN_IF_ERROR(BeginIteration(true));
+  if (im.abort_pending)
+    return FailedPreconditionError(
+        "Acquire in an aborted iteration: it ends when its open parameter scopes are released");
   for (ParamId p : params) {
     if (p < 0 || p >= num_params())
       return InvalidArgumentError("Acquire of unknown parameter id " + std::to_string(p));
@@ -206,7 +221,8 @@ StatusOr<ParamScope> Engine::Acquire(std::span<const ParamId> params, Phase phas
     im.moment_times.push_back(std::move(m));
     im.timeline.Add({Track::kCompute, "acquire " + std::to_string(k), call_s, ready_s - call_s, k});
   }
-  return ParamScope(this, std::vector<ParamId>(params.begin(), params.end()), phase);
+  ++im.open_scopes;
+  return ParamScope(this, im.alive, std::vector<ParamId>(params.begin(), params.end()), phase);
 }
 
 void* Engine::ScopeData(ParamId p) const { return impl_->cm->DevicePtr(p); }
@@ -231,13 +247,21 @@ Status Engine::ScopeRelease(std::span<const ParamId> params, Phase phase) {
       break;
     }
   }
-  RETURN_IF_ERROR(im.cm->Release(params, phase));
+  --im.open_scopes;
+  Status s = im.cm->Release(params, phase);
+  if (im.abort_pending && im.open_scopes == 0) {
+    im.abort_pending = false;
+    Status a = AbortIteration();
+    return s.ok() ? a : s;
+  }
+  RETURN_IF_ERROR(s);
   return im.CloseGate(/*wait_entered=*/false);
 }
 
 Status Engine::EndIteration() {
   Impl& im = *impl_;
   if (!im.in_iteration) return FailedPreconditionError("EndIteration outside an iteration");
+  RETURN_IF_ERROR(im.NoScopeOpen("EndIteration"));
   im.OpenGate();
   im.in_iteration = false;
   if (Status u = im.updater->Await(); !u.ok()) {
@@ -274,9 +298,31 @@ Status Engine::EndIteration() {
   return s;
 }
 
+// Note [An iteration aborted with scopes open]
+// A trainer's natural error path aborts while a scope is still alive (`auto s = Acquire(...);
+// if (bad) { engine.AbortIteration(); return; }`): the chunk manager cannot end an iteration
+// whose tensors are acquired, and the failed end left the micro-batch's gradients to be added to
+// the next window's. So an abort with scopes open only marks the iteration: nothing more is
+// acquired in it, and the abort itself runs when the last scope is released (by its destructor
+// as the trainer unwinds). EndIteration with scopes open is refused and changes nothing: the
+// trainer releases them and ends (or aborts) the iteration again.
+Status Engine::Impl::NoScopeOpen(const char* call) const {
+  if (open_scopes == 0) return Status::OK();
+  return FailedPreconditionError(
+      std::string(call) + " with " + std::to_string(open_scopes) + " parameter scope" +
+      (open_scopes == 1 ? " " : "s ") +
+      (abort_pending ? "of the aborted iteration still open: it ends when they are released"
+                     : "still open: release them (ParamScope::Release, or let them go out of "
+                       "scope) first"));
+}
+
 Status Engine::AbortIteration() {
   Impl& im = *impl_;
   if (!im.in_iteration) return Status::OK();
+  if (im.open_scopes > 0) {
+    im.abort_pending = true;
+    return Status::OK();
+  }
   im.OpenGate();
   im.in_iteration = false;
   Status u = im.updater->Await();

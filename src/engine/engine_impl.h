@@ -44,6 +44,15 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   std::vector<int64_t> numel;
   std::map<std::string, ParamId> by_name;
   bool finalized = false;
+  // Expires with the engine: a ParamScope or ActivationBuffer that outlives it does nothing.
+  std::shared_ptr<const void> alive = std::make_shared<int>(0);
+  // ParamScopes acquired and not yet released; an AbortIteration that found some open waits
+  // for the last (Note [An iteration aborted with scopes open], engine.cc).
+  int open_scopes = 0;
+  bool abort_pending = false;
+  // Why a Finalize failed, when one did: the engine is then unusable (Finalize lays out, places
+  // and allocates once; a second attempt kept the first's slices and device).
+  std::string finalize_failed;
 
   std::unique_ptr<Device> device;
   bool host_compute = false;
@@ -160,6 +169,8 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   AdamBuffers SliceMoments(const OptimizerGroup& g, size_t s) const;
   // Finalize's steps (setup.cc).
   StatusOr<bool> ChooseCollectivePath(bool cuda);
+  Status Finalize();                           // Engine::Finalize past its checks (setup.cc)
+  Status NoScopeOpen(const char* call) const;  // Note [An iteration aborted with scopes open]
   Status Place(bool on_device);
   Status OpenDevice(bool cuda);
   Status CreateShards(bool on_device);

@@ -55,7 +55,7 @@ Initializer InitConstant(float value) {
 // -------------------------------------------------------------------------
 
 ActivationBuffer::ActivationBuffer(ActivationBuffer&& o) noexcept
-    : owner_(o.owner_), data_(o.data_), bytes_(o.bytes_) {
+    : owner_(o.owner_), alive_(std::move(o.alive_)), data_(o.data_), bytes_(o.bytes_) {
   o.owner_ = nullptr;
   o.data_ = nullptr;
   o.bytes_ = 0;
@@ -65,6 +65,7 @@ ActivationBuffer& ActivationBuffer::operator=(ActivationBuffer&& o) noexcept {
   if (this != &o) {
     Reset();
     owner_ = o.owner_;
+    alive_ = std::move(o.alive_);
     data_ = o.data_;
     bytes_ = o.bytes_;
     o.owner_ = nullptr;
@@ -77,8 +78,11 @@ ActivationBuffer& ActivationBuffer::operator=(ActivationBuffer&& o) noexcept {
 ActivationBuffer::~ActivationBuffer() { Reset(); }
 
 void ActivationBuffer::Reset() {
-  if (owner_ != nullptr && data_ != nullptr) owner_->FreeActivation(data_, bytes_);
+  // (An engine already gone freed its device, and this buffer with it.)
+  if (owner_ != nullptr && data_ != nullptr && !alive_.expired())
+    owner_->FreeActivation(data_, bytes_);
   owner_ = nullptr;
+  alive_.reset();
   data_ = nullptr;
   bytes_ = 0;
 }
@@ -87,7 +91,10 @@ void ActivationBuffer::Reset() {
 // -------------------------------------------------------------------------------------
 
 ParamScope::ParamScope(ParamScope&& o) noexcept
-    : engine_(o.engine_), params_(std::move(o.params_)), phase_(o.phase_) {
+    : engine_(o.engine_),
+      alive_(std::move(o.alive_)),
+      params_(std::move(o.params_)),
+      phase_(o.phase_) {
   o.engine_ = nullptr;
 }
 
@@ -113,6 +120,7 @@ Status ParamScope::Release() {
   if (engine_ == nullptr) return Status::OK();
   Engine* e = engine_;
   engine_ = nullptr;
+  if (alive_.expired()) return Status::OK();  // the engine is gone, and what it held
   return e->ScopeRelease(params_, phase_);
 }
 
@@ -130,7 +138,7 @@ StatusOr<ActivationBuffer> Engine::AllocateActivation(uint64_t bytes) {
   im.act_current += bytes;
   im.act_peak = std::max(im.act_peak, im.act_current);
   im.cm->OnNonModelBytes(im.act_current);
-  return ActivationBuffer(&im, *p, bytes);
+  return ActivationBuffer(&im, im.alive, *p, bytes);
 }
 
 void Engine::Impl::FreeActivation(void* p, uint64_t bytes) {

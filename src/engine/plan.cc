@@ -104,16 +104,36 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   if (req.moments.empty())
     return InvalidArgumentError("Plan needs a training iteration's moments (a warm-up trace)");
   RETURN_IF_ERROR(ValidateMachineRates(req.rates));
+  // The moments as Acquire would take them (a parameter once a moment, a backward only of what a
+  // forward used), with times and counts a sum can hold: a NaN was counted as 0 and 1e308 made
+  // the step infinite.
+  auto bad_number = [](double v, double most) { return !(v >= 0 && v <= most); };
+  std::vector<char> forwarded(static_cast<size_t>(num_params()), 0);
   for (size_t k = 0; k < req.moments.size(); ++k) {
-    if (req.moments[k].params.empty())
-      return InvalidArgumentError("trace moment " + std::to_string(k) + " acquires no parameter");
-    for (ParamId p : req.moments[k].params) {
+    const TraceMoment& m = req.moments[k];
+    const std::string which = "trace moment " + std::to_string(k);
+    if (m.params.empty()) return InvalidArgumentError(which + " acquires no parameter");
+    std::vector<char> here(forwarded.size(), 0);
+    for (ParamId p : m.params) {
       if (p < 0 || p >= num_params())
-        return InvalidArgumentError("trace moment " + std::to_string(k) + " names parameter " +
-                                    std::to_string(p) + " of " + std::to_string(num_params()));
+        return InvalidArgumentError(which + " names parameter " + std::to_string(p) + " of " +
+                                    std::to_string(num_params()));
+      if (here[static_cast<size_t>(p)]++ != 0)
+        return InvalidArgumentError(which + " names parameter " + std::to_string(p) +
+                                    " twice (Acquire takes each once)");
+      if (m.backward && !forwarded[static_cast<size_t>(p)])
+        return InvalidArgumentError(which + " is a backward of parameter " + std::to_string(p) +
+                                    ", which no forward moment before it acquired");
+      if (!m.backward) forwarded[static_cast<size_t>(p)] = 1;
     }
+    if (bad_number(m.compute_seconds, 1e6) || bad_number(m.flops, 1e30) ||
+        bad_number(m.memory_bytes, 1e30))
+      return InvalidArgumentError(which +
+                                  " has a compute time, flop or byte count that is negative, "
+                                  "not a number or beyond any run (at most 10^6 s, 10^30)");
   }
-  if (!(req.step_other_s >= 0)) return InvalidArgumentError("step_other_s must be >= 0 seconds");
+  if (bad_number(req.step_other_s, 1e6))
+    return InvalidArgumentError("step_other_s must be 0 to 10^6 seconds");
   if (req.world_size < 0 || req.world_size > (1 << 16))
     return InvalidArgumentError("world_size " + std::to_string(req.world_size) +
                                 "; accepted: 0 (the communicator's) .. 65536");

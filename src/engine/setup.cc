@@ -37,7 +37,17 @@ ZeroPPOptions ZeroPPOptionsOf(const ZeroPPConfig& z) {
 Status Engine::Finalize() {
   Impl& im = *impl_;
   if (im.finalized) return FailedPreconditionError("Finalize called twice");
+  if (!im.finalize_failed.empty())
+    return FailedPreconditionError("Finalize failed before (" + im.finalize_failed +
+                                   "): an engine is finalized once; create another Engine");
   if (im.params.empty()) return FailedPreconditionError("Finalize with no parameters registered");
+  Status s = im.Finalize();
+  if (!s.ok() && !im.finalized) im.finalize_failed = s.ToString();
+  return s;
+}
+
+Status Engine::Impl::Finalize() {
+  Impl& im = *this;
   const EngineConfig& cfg = im.cfg;
   std::vector<TensorDesc> tensors;
   for (size_t i = 0; i < im.params.size(); ++i)
@@ -165,13 +175,13 @@ StatusOr<PlacedRun> PlaceRun(const ChunkLayout& layout, const EngineConfig& cfg,
     fixed += AlignUp(r.hpz_bytes, kPinnedAlignment);
   }
   if (cfg.host_budget <= fixed) {
-    return OutOfMemoryError("host_budget " + FormatBytes(cfg.host_budget) +
-                            " does not cover the fixed buffers for chunks of " +
-                            FormatBytes(chunk_bytes) + " (" + FormatBytes(fixed) +
-                            (r.hpz_bytes > 0 && r.hpz_tier == Tier::kHost
-                                 ? ", hpZ's secondary partition included"
-                                 : "") +
-                            "); raise host_budget or lower chunk_elems");
+    return OutOfMemoryError(
+        "host_budget " + FormatBytes(cfg.host_budget) +
+        " does not cover the fixed buffers for chunks of " + FormatBytes(chunk_bytes) + " (" +
+        FormatBytes(fixed) +
+        (r.hpz_bytes > 0 && r.hpz_tier == Tier::kHost ? ", hpZ's secondary partition included"
+                                                      : "") +
+        "); raise host_budget, or lower chunk_elems (a chunk holds at least the largest tensor)");
   }
   r.budgets = TierBudgets{device_shard_budget, cfg.host_budget - fixed, cfg.nvme_budget};
   // Optimizer states the device shard budget may keep (docs/optimizer.md).

@@ -6,6 +6,7 @@
 #include <linux/fs.h>
 #include <stdlib.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -426,7 +427,8 @@ TEST(Engine, AnExportRefusesWhatTheFileCannotHold) {
   {
     auto e = Engine::Create(TestEngineConfig());
     ASSERT_TRUE(e.ok());
-    EXPECT_EQ((*e)->RegisterParam({"bad\xff", {4}, InitConstant(0)}).status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ((*e)->RegisterParam({"bad\xff", {4}, InitConstant(0)}).status().code(),
+              StatusCode::kInvalidArgument);
     EXPECT_EQ((*e)->RegisterParam({"__metadata__", {4}, InitConstant(0)}).status().code(),
               StatusCode::kInvalidArgument);
   }
@@ -493,6 +495,59 @@ TEST(Engine, SafetensorsRoundTrip) {
   Status s = d.engine->LoadSafetensors(dir.path() + "/m.safetensors");
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("wte"), std::string::npos) << s.ToString();
+}
+
+// Note [A save writes only over its own files], and a user_state the load would refuse: refused
+// before anything is written, the directory as it was.
+TEST(Engine, ASaveWritesOnlyOverItsOwnFiles) {
+  TempDir dir;
+  Trainer a = Make(TestEngineConfig());
+  Train(a, 0, 1);
+  const std::string user_file = dir.path() + "/notes.txt";
+  std::ofstream(user_file) << "precious";
+  auto refused = [&](const std::string& ck, const std::string& user_state,
+                     const std::string& says) {
+    const Status s = a.engine->SaveCheckpoint(ck, user_state);
+    EXPECT_FALSE(s.ok()) << says;
+    EXPECT_NE(s.message().find(says), std::string::npos) << s.ToString();
+  };
+  // Another program's manifest.json; one that links to a user's file; one that is a FIFO.
+  const std::string foreign = dir.path() + "/foreign";
+  fs::create_directories(foreign);
+  std::ofstream(foreign + "/manifest.json") << R"({"my": "precious"})";
+  refused(foreign, "", "is not a tierzero checkpoint's manifest");
+  const std::string linked = dir.path() + "/linked";
+  fs::create_directories(linked);
+  fs::create_symlink(user_file, linked + "/manifest.json");
+  refused(linked, "", "is not a regular file");
+  std::string kept;
+  std::getline(std::ifstream(user_file), kept);
+  EXPECT_EQ(kept, "precious");
+  const std::string fifo = dir.path() + "/fifo";
+  fs::create_directories(fifo);
+  ASSERT_EQ(::mkfifo((fifo + "/manifest.json").c_str(), 0600), 0);
+  refused(fifo, "", "is not a regular file");
+  for (const std::string& d : {foreign, linked, fifo})
+    for (const auto& e : fs::directory_iterator(d))
+      EXPECT_EQ(e.path().filename(), "manifest.json") << "a refused save left " << e.path();
+  // A user_state the load would refuse, over a good checkpoint: refused, the checkpoint kept.
+  const std::string good = dir.path() + "/good";
+  ASSERT_TRUE(a.engine->SaveCheckpoint(good, R"({"n": 1})").ok());
+  Train(a, 1, 2);
+  refused(good, std::string(64, '[') + std::string(64, ']'), "deeper than 63 levels");
+  refused(good, std::string(100000, '[') + std::string(100000, ']'), "deeper than 63 levels");
+  refused(good, R"({"a": 1, "a": 2})", "twice");
+  refused(good, R"({"seed": 18446744073709551617})", "beyond what 64 bits hold");
+  Trainer b = Make(TestEngineConfig());
+  auto loaded = b.engine->LoadCheckpoint(good);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(*loaded, R"({"n":1})");
+  // 63 levels are the most it keeps, and they come back.
+  const std::string deep = std::string(63, '[') + std::string(63, ']');
+  ASSERT_TRUE(a.engine->SaveCheckpoint(good, deep).ok());
+  loaded = b.engine->LoadCheckpoint(good);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(*loaded, deep);
 }
 
 }  // namespace

@@ -376,6 +376,105 @@ TEST(Engine, ApiMisuseIsAStatus) {
   EXPECT_TRUE(st.ok()) << st.status().ToString();
 }
 
+// Note [An iteration aborted with scopes open]: a micro-batch aborted while its backward scope is
+// still alive (the trainer's natural error path) is dropped when the scope goes, exactly as one
+// aborted after (its gradient of 1000 reached the next step before); EndIteration with a scope
+// open is refused and changes nothing. The weights after two steps equal a run that never had it.
+TEST(Engine, AMicroBatchAbortedWithItsScopeOpenIsDropped) {
+  auto run = [](int mode) {  // 0: clean; 1: aborted with the scope open; 2: EndIteration first
+    EngineConfig c = testing_models::SmallEngineConfig(DeviceChoice::kHost);
+    c.compute_dtype = DType::kF32;
+    c.grad_accumulation = 2;
+    c.clip_grad_norm = 0;
+    auto e = Engine::Create(c);
+    EXPECT_TRUE(e.ok());
+    Engine& engine = **e;
+    EXPECT_TRUE(engine.RegisterParam({"w", {64}, InitNormal(0.1f, 1)}).ok());
+    EXPECT_TRUE(engine.Finalize().ok());
+    const ParamId ids[] = {0};
+    auto micro_batch = [&](float g) {
+      { EXPECT_TRUE(engine.Acquire(ids, Phase::kForward).ok()); }
+      {
+        auto b = engine.Acquire(ids, Phase::kBackward);
+        EXPECT_TRUE(b.ok());
+        std::fill_n(static_cast<float*>(b->grad(0)), 64, g);
+      }
+      EXPECT_TRUE(engine.EndIteration().ok());
+    };
+    if (mode != 0) {
+      { EXPECT_TRUE(engine.Acquire(ids, Phase::kForward).ok()); }
+      auto b = engine.Acquire(ids, Phase::kBackward);
+      EXPECT_TRUE(b.ok());
+      std::fill_n(static_cast<float*>(b->grad(0)), 64, 1000.0f);
+      if (mode == 2) {
+        const Status s = engine.EndIteration();
+        EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+        EXPECT_NE(s.message().find("still open"), std::string::npos) << s.ToString();
+      }
+      EXPECT_TRUE(engine.AbortIteration().ok());
+      EXPECT_EQ(engine.Acquire(ids, Phase::kForward).status().code(),
+                StatusCode::kFailedPrecondition);  // nothing more in an aborted iteration
+      EXPECT_EQ(engine.BeginIteration(true).code(), StatusCode::kFailedPrecondition);
+    }  // b released: the abort ends here
+    for (int step = 0; step < 2; ++step) {
+      micro_batch(1.0f);
+      micro_batch(2.0f);
+      auto r = engine.Step({0.1f});
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      if (r.ok()) {
+        EXPECT_NEAR(r->grad_norm, 1.5 * 8, 1e-9);
+      }
+    }
+    std::vector<float> w(64);
+    EXPECT_TRUE(engine.ReadParam(0, w).ok());
+    return w;
+  };
+  const std::vector<float> clean = run(0);
+  EXPECT_EQ(run(1), clean);
+  EXPECT_EQ(run(2), clean);
+}
+
+// A scope or activation buffer that outlives its engine (a struct that declares its buffers
+// before its unique_ptr<Engine>) is released as nothing: the engine freed what it held.
+TEST(Engine, ScopesAndBuffersMayOutliveTheirEngine) {
+  auto e = Engine::Create(testing_models::SmallEngineConfig(DeviceChoice::kHost));
+  ASSERT_TRUE(e.ok());
+  ASSERT_TRUE((*e)->RegisterParam({"w", {64}, InitConstant(1)}).ok());
+  ASSERT_TRUE((*e)->Finalize().ok());
+  const ParamId ids[] = {0};
+  auto buffer = (*e)->AllocateActivation(256);
+  ASSERT_TRUE(buffer.ok());
+  ActivationBuffer kept = std::move(*buffer);
+  auto scope = (*e)->Acquire(ids, Phase::kForward);
+  ASSERT_TRUE(scope.ok());
+  e->reset();
+  EXPECT_TRUE(scope->Release().ok());
+  kept.Reset();
+  EXPECT_EQ(kept.data(), nullptr);
+}
+
+// A Finalize that failed leaves an engine that says so, rather than one that kept half its set-up
+// (a retry after registering more parameters gave them the first attempt's values).
+TEST(Engine, AFailedFinalizeIsNotRetried) {
+  TempDir dir;
+  const std::string file = dir.path() + "/not-a-directory";
+  std::ofstream(file) << "x";
+  EngineConfig c = testing_models::SmallEngineConfig(DeviceChoice::kHost);
+  c.nvme_budget = uint64_t{64} << 20;
+  c.nvme_path = file;                 // swap files cannot go there
+  c.host_budget = uint64_t{1} << 20;  // and they are needed
+  auto e = Engine::Create(c);
+  ASSERT_TRUE(e.ok());
+  for (int i = 0; i < 8; ++i)
+    ASSERT_TRUE((*e)->RegisterParam({"w" + std::to_string(i), {16384}, InitConstant(1)}).ok());
+  EXPECT_FALSE((*e)->Finalize().ok());
+  EXPECT_EQ((*e)->RegisterParam({"x", {4}, InitConstant(1)}).status().code(),
+            StatusCode::kFailedPrecondition);
+  const Status again = (*e)->Finalize();
+  EXPECT_EQ(again.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(again.message().find("create another Engine"), std::string::npos) << again.ToString();
+}
+
 TEST(Engine, ReportAgreesWithTheEngineCounters) {
   // The report's numbers are the engine's: counters, tiers, layout, the profiled iteration.
   TempDir dir;

@@ -3,7 +3,12 @@
 // predicts equals the run's measured peaks.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "gpt/gpt.h"
 #include "plan_model.h"
@@ -129,10 +134,27 @@ TEST(PlanFit, PlanRejectsBadInputAndRunsBeforeFinalizeOnly) {
   EXPECT_EQ((*engine)->Plan(req).status().code(), StatusCode::kInvalidArgument);  // no moments
   req.moments.push_back({{9999}, false});
   EXPECT_EQ((*engine)->Plan(req).status().code(), StatusCode::kInvalidArgument);
-  ASSERT_TRUE((*engine)->Finalize().ok());
+  // Moments Acquire would refuse, and numbers no sum holds (a NaN was counted as 0, 1e308 made
+  // the step infinite): each refused, where the model's own trace plans.
   auto t = (*model)->DeriveTrace(kBatch);
   ASSERT_TRUE(t.ok());
   req.moments = t->moments;
+  ASSERT_TRUE((*engine)->Plan(req).ok());
+  const std::vector<std::pair<std::string, std::function<void(PlanRequest&)>>> bad = {
+      {"a parameter twice",
+       [](PlanRequest& r) { r.moments[0].params.push_back(r.moments[0].params[0]); }},
+      {"a backward first", [](PlanRequest& r) { r.moments[0].backward = true; }},
+      {"a NaN time", [](PlanRequest& r) { r.moments[1].compute_seconds = std::nan(""); }},
+      {"a negative time", [](PlanRequest& r) { r.moments[1].compute_seconds = -1; }},
+      {"a time beyond any run", [](PlanRequest& r) { r.moments[1].compute_seconds = 1e308; }},
+      {"an infinite step", [](PlanRequest& r) { r.step_other_s = INFINITY; }},
+  };
+  for (const auto& [what, edit] : bad) {
+    PlanRequest r = req;
+    edit(r);
+    EXPECT_EQ((*engine)->Plan(r).status().code(), StatusCode::kInvalidArgument) << what;
+  }
+  ASSERT_TRUE((*engine)->Finalize().ok());
   EXPECT_EQ((*engine)->Plan(req).status().code(), StatusCode::kFailedPrecondition);
 }
 
