@@ -157,8 +157,9 @@ std::string ShapeText(const std::vector<int64_t>& s) {
 // from another model) then cost gigabytes and seconds before the error. The headers are read
 // here anyway, so the tensors that carry every shape field are compared with the config now:
 // the embedding (vocab x width), the first block's query, key and MLP projections (heads, key/
-// value heads, MLP width), and that every block the config names is there. A tensor the files
-// lack otherwise is left to the engine (which names every missing one).
+// value heads, MLP width), that every block the config names is there, and that the embedding
+// is (weights without it are another model's). A tensor the files lack otherwise is left to the
+// engine (which names every missing one).
 Status CheckShapesAgainstConfig(const std::string& dir, const GptConfig& g, const Shapes& shapes) {
   const int64_t d = g.d_model, hd = g.head_dim();
   std::vector<std::pair<std::string, std::vector<int64_t>>> expect;
@@ -177,6 +178,21 @@ Status CheckShapesAgainstConfig(const std::string& dir, const GptConfig& g, cons
               {p + "wpe.weight", {g.positions(), d}},
               {p + "h.0.attn.c_attn.weight", {d, 3 * d}},
               {p + "h.0.mlp.c_fc.weight", {d, 4 * d}}};
+  }
+  // Every model has its embedding: weights without it are not this config's model (another
+  // architecture's names, or tensors of something else), said before the model is allocated.
+  if (shapes.count(expect.front().first) == 0) {
+    std::string some;
+    int listed = 0;
+    for (const auto& [name, shape] : shapes) {
+      if (listed++ == 3) break;
+      some += (some.empty() ? "" : ", ") + name;
+    }
+    return NotFoundError(dir + ": the weights have no tensor " + expect.front().first +
+                         (some.empty()
+                              ? std::string(" (they hold none)")
+                              : " (they hold " + some + (shapes.size() > 3 ? ", ..." : "") + ")") +
+                         ": they are not the model config.json describes");
   }
   for (const auto& [name, want] : expect) {
     const auto it = shapes.find(name);

@@ -437,6 +437,18 @@ TEST(HfModels, TheRunsConfigAddsNothingToADirectorysModel) {
             1);
   std::string err = testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("give the directory (--init-from " + one + ")"), std::string::npos) << err;
+  // Weights of something else beside a config.json: said before the model is allocated.
+  const std::string other = dir / "other";
+  fs::create_directories(other);
+  fs::copy_file(dir / "llama/config.json", other + "/config.json");
+  WriteSafetensors(other + "/model.safetensors",
+                   {{"foo.weight", {"F32", {1}, std::string(4, '\0')}}});
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(Eval({"--init-from", other, "--data", dir / "data.bin"}), 1);
+  err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("no tensor model.embed_tokens.weight (they hold foo.weight)"),
+            std::string::npos)
+      << err;
   // config.json a link to nothing.
   fs::remove(one + "/config.json");
   fs::create_symlink("gone.json", one + "/config.json");
