@@ -181,12 +181,11 @@ int main(int argc, char** argv) {
   try {
     return tierzero::Main(argc, argv);
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr,
-                 "error: ResourceExhausted: the host had no memory for an allocation; give the "
-                 "run less to hold at once (a smaller batch, context or model), or run it where "
-                 "there is more memory\n");
+    return tierzero::app::FailUncaught(tierzero::OutOfMemoryError(
+        "the host had no memory for an allocation; give the run less to hold at once (a "
+        "smaller batch, context or model), or run it where there is more memory"));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: Internal: %s (a bug in tierzero: please report it)\n", e.what());
+    return tierzero::app::FailUncaught(
+        tierzero::InternalError(std::string(e.what()) + " (a bug in tierzero: please report it)"));
   }
-  return 1;
 }

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
-#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -109,18 +108,17 @@ Field U64Field(const std::string& name, uint64_t* p) {
 
 Field FloatField(const std::string& name, float* p, double lo, double hi,
                  const std::string& range) {
-  return {
-      [=](const json& v) -> Status {
-        if (!v.is_number() || !(v.get<double>() >= lo && v.get<double>() <= hi))
-          return Bad(name, v, range);
-        // The engine keeps a float: a value too small for one would be kept as 0 (an
-        // asked-for clip norm of 1e-46 became "off").
-        if (v.get<double>() != 0 && std::fabs(v.get<double>()) < std::numeric_limits<float>::min())
-          return Bad(name, v, range + ", and not below 1.2e-38 (what a float holds)");
-        *p = v.get<float>();
-        return Status::OK();
-      },
-      [=] { return json(*p); }};
+  return {[=](const json& v) -> Status {
+            if (!v.is_number() || !(v.get<double>() >= lo && v.get<double>() <= hi))
+              return Bad(name, v, range);
+            // The engine keeps a float: a value too small for one would be kept as 0 (an
+            // asked-for clip norm of 1e-46 became "off").
+            if (v.get<double>() != 0 && v.get<float>() == 0)
+              return Bad(name, v, range + ", and not so small that a float keeps it as 0");
+            *p = v.get<float>();
+            return Status::OK();
+          },
+          [=] { return json(*p); }};
 }
 
 Field DoubleField(const std::string& name, double* p, double lo, const std::string& range) {

@@ -164,6 +164,9 @@ run's set-up, before its first line, it ends the process at once: nothing is sav
 
 }  // namespace
 
+// train.h
+int FailUncaught(const Status& s) { return Fail(s); }
+
 Status TrainRun::SetUp() {
   TZ_ASSIGN_OR_RETURN(dataset_,
                       gpt::Dataset::Create(cfg_.data, cfg_.model.seq_len, cfg_.model.vocab));

@@ -130,6 +130,9 @@ LauncherRanks LaunchedRanks();
 // A command that runs in one process (export, eval) started as several ranks: each would do the
 // whole job and race for its output. 2, with rank 0's message; 0 when one process runs it.
 int RefuseUnderLauncher(const char* command);
+// Ends the command on an error that escaped as an exception (main's last net): as any failure
+// of `train` ends, every rank of several told at once (Note [A failing rank ends the run]).
+int FailUncaught(const Status& s);
 
 // Several ranks: OK when every rank's resolved config is the same (Note [Ranks agree before they
 // compute], agree.cc); otherwise InvalidArgument on every rank, naming the ranks and fields that

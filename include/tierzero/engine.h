@@ -416,7 +416,7 @@ class Engine {
   // file is written atomically (Note [Writing outputs]); a failure leaves the files already
   // written and says which. `planned`, when given, is told the files before any is written (a
   // caller that must remove them if the process ends part way registers them there).
-  // Refused before any file is written (InvalidArgument): a stem that is no file name, two
+  // Refused, leaving no file (InvalidArgument): a stem that is no file name, two
   // parameters `names` maps to one tensor name, a name that is empty, not UTF-8 or
   // "__metadata__", and in fp16 a weight beyond its range (65504: it would be written as inf).
   struct SafetensorsShard {

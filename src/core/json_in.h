@@ -186,11 +186,14 @@ class StrictSax {
   bool number_unsigned(json::number_unsigned_t) { return Value(); }
   // A whole number written without a fraction or exponent that 64 bits do not hold is read as
   // a double, another value: refused (a seed of 2^64 + 1 came back as 1.8446744073709552e19).
+  // (Only digits after an optional '-': the parser writes the C locale's decimal mark into the
+  // text, a ',' under de_DE.)
   bool number_float(json::number_float_t, const json::string_t& raw) {
-    if (raw.find_first_of(".eE") == std::string::npos) {
-      error_ = "holds the whole number " + raw +
-               ", beyond what 64 bits hold (it would be read as an approximation): write it as "
-               "a string";
+    const size_t digits = raw.size() > 0 && raw[0] == '-' ? 1 : 0;
+    if (raw.size() > digits && raw.find_first_not_of("0123456789", digits) == std::string::npos) {
+      error_ = "holds the whole number " + raw + Here() +
+               ", beyond what 64 bits hold (it would be read as an approximation, and no field "
+               "takes a number that large)";
       return false;
     }
     return Value();
@@ -240,6 +243,16 @@ class StrictSax {
   bool Close() {
     frames_.pop_back();
     return true;
+  }
+  // " (at a.b[2])" for the value being read, or "" at the top.
+  std::string Here() const {
+    if (frames_.empty()) return "";
+    const Frame& f = frames_.back();
+    if (f.object) return Where(f.key);
+    std::string path = Where("");
+    path.pop_back();  // ")"
+    if (!path.empty() && path.back() == '.') path.pop_back();
+    return path + "[" + std::to_string(f.index) + "])";
   }
   // " at a.b[2]" for the key `k` of the innermost object.
   std::string Where(const std::string& k) const {

@@ -294,7 +294,10 @@ Status CheckpointFilesAreOurs(const std::string& dir, const std::string& states_
   if (::lstat(manifest.c_str(), &st) == 0) {
     if (!S_ISREG(st.st_mode))
       return refuse(manifest, "is not a regular file (a link, directory, FIFO or device)");
-    if (!manifest_ours) return refuse(manifest, "is not a tierzero checkpoint's manifest");
+    if (!manifest_ours)
+      return refuse(manifest,
+                    "is not a tierzero checkpoint's manifest (another program's, or "
+                    "damaged)");
   }
   const std::string states = dir + "/" + states_name;
   if (::lstat(states.c_str(), &st) == 0 && !S_ISREG(st.st_mode))

@@ -62,8 +62,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
 
 StatusOr<ParamId> Engine::RegisterParam(ParamSpec spec) {
   Impl& im = *impl_;
-  if (im.finalized || !im.finalize_failed.empty())
-    return FailedPreconditionError("RegisterParam after Finalize");
+  if (im.finalized) return FailedPreconditionError("RegisterParam after Finalize");
+  if (!im.finalize_failed.empty())
+    return FailedPreconditionError("RegisterParam after a failed Finalize (" + im.finalize_failed +
+                                   "): create another Engine");
   if (spec.name.empty()) return InvalidArgumentError("a parameter needs a name");
   // A name goes into JSON (the manifest, the report, safetensors headers): UTF-8 only, and not
   // the safetensors header's own key.

@@ -104,13 +104,14 @@ ParamScope::~ParamScope() {
 }
 
 void* ParamScope::data(ParamId p) const {
-  if (engine_ == nullptr || std::find(params_.begin(), params_.end(), p) == params_.end())
+  if (engine_ == nullptr || alive_.expired() ||
+      std::find(params_.begin(), params_.end(), p) == params_.end())
     return nullptr;
   return engine_->ScopeData(p);
 }
 
 void* ParamScope::grad(ParamId p) const {
-  if (engine_ == nullptr || phase_ != Phase::kBackward ||
+  if (engine_ == nullptr || alive_.expired() || phase_ != Phase::kBackward ||
       std::find(params_.begin(), params_.end(), p) == params_.end())
     return nullptr;
   return engine_->ScopeGrad(p);

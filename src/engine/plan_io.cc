@@ -51,7 +51,7 @@ Status WriteWarmupTrace(const WarmupTrace& t, const std::string& path) {
   }
   const json j = {
       {"schema", kTraceSchema}, {"source", t.source}, {"params", params}, {"moments", moments}};
-  return WriteFileAtomically(path, j.dump(1) + "\n");
+  return WriteFileAtomically(path, j.dump(1, ' ', false, json::error_handler_t::replace) + "\n");
 }
 
 StatusOr<WarmupTrace> ReadWarmupTrace(const std::string& path) {
@@ -134,7 +134,7 @@ std::string MachineRatesToJson(const MachineRates& r) {
             {"comm_latency_s", r.comm_latency_s},
             {"device_shares_cpu", r.device_shares_cpu}};
   for (const auto& f : kRateFields) j[f.key] = r.*f.field;
-  return j.dump(1) + "\n";
+  return j.dump(1, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
 StatusOr<MachineRates> MachineRatesFromJson(const std::string& text) {
@@ -237,7 +237,7 @@ std::string PlanJson(const PlanPrediction& p) {
         {"tokens_per_step", p.tokens_per_step}}},
       {"rates", p.rates_name},
       {"assumed_rates", p.assumed_rates}};
-  return j.dump(1);
+  return j.dump(1, ' ', false, json::error_handler_t::replace);
 }
 
 std::string PlanTable(const PlanPrediction& p) {

@@ -36,7 +36,8 @@ const char* SafetensorsDType(DType d) {
 // two parameters a TensorNames callback maps to one name, or a tensor named "__metadata__",
 // silently lost a tensor (the file said OK and held one fewer). Names and metadata must be
 // UTF-8 (a JSON writer throws on anything else), and the metadata may not replace the keys the
-// export writes (format, producer, step). All are refused before any file is opened.
+// export writes (format, producer, step). All are refused before any file is opened; a weight
+// beyond fp16's range is found as the chunks stream, and its refusal leaves no file either.
 template <typename Files, typename NameOf>
 Status CheckExportNames(const Files& files, const NameOf& name_of,
                         const std::map<std::string, std::string>& metadata) {

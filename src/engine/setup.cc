@@ -42,7 +42,11 @@ Status Engine::Finalize() {
                                    "): an engine is finalized once; create another Engine");
   if (im.params.empty()) return FailedPreconditionError("Finalize with no parameters registered");
   Status s = im.Finalize();
-  if (!s.ok() && !im.finalized) im.finalize_failed = s.ToString();
+  if (!s.ok()) {
+    // (Also one that failed setting the initial values: the engine is not half-usable.)
+    im.finalized = false;
+    im.finalize_failed = s.ToString();
+  }
   return s;
 }
 

@@ -63,6 +63,7 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
   RETURN_IF_ERROR(im.updater->Await());
   if (im.in_iteration) {
     if (!im.iteration_train) return FailedPreconditionError("Step inside an evaluation iteration");
+    RETURN_IF_ERROR(im.NoScopeOpen("Step"));
     RETURN_IF_ERROR(EndIteration());
   }
   RETURN_IF_ERROR(im.CheckStep(options));

@@ -369,7 +369,7 @@ std::string BuildReportJson(const ReportSnapshot& s) {
   report["ranks"] = Ranks(s.ranks);
   report["profile"] = Profile(s);
   report["counters"] = Counters(s.counters);
-  return report.dump(1);
+  return report.dump(1, ' ', false, json::error_handler_t::replace);
 }
 
 }  // namespace tierzero

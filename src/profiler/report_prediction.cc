@@ -191,7 +191,7 @@ StatusOr<std::string> WithPrediction(const std::string& report_json, const std::
     compared.push_back(std::move(c));
   }
   r["prediction"] = {{"plan", prediction}, {"compared", compared}};
-  return r.dump(1);
+  return r.dump(1, ' ', false, json::error_handler_t::replace);
 }
 
 }  // namespace tierzero

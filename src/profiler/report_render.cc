@@ -366,7 +366,7 @@ StatusOr<std::string> RenderChromeTrace(const std::string& text) {
                       {"args", args}});
   }
   json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
-  return trace.dump();
+  return trace.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 }  // namespace tierzero

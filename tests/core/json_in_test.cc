@@ -91,6 +91,29 @@ TEST(JsonIn, DeepNestingIsRefusedWithoutRecursing) {
   EXPECT_FALSE(JsonIn(shallow, "s").CheckDepth(2).ok());
 }
 
+// A whole number 64 bits do not hold is refused where it is (it would be read as a double, another
+// value); numbers with a fraction or exponent, -0 and the largest unsigned are read.
+TEST(JsonIn, WholeNumbersBeyond64BitsAreRefusedWhereTheyAre) {
+  for (const char* good :
+       {R"({"a": 1e5})", R"({"a": -0})", R"({"a": 0.5})", R"({"a": 18446744073709551615})",
+        R"({"a": -9223372036854775808})", R"([1.5e300, -2E-3])"}) {
+    auto j = ParseOutsideJson(good, "t");
+    EXPECT_TRUE(j.ok()) << good << ": " << j.status().ToString();
+  }
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {R"({"a": 18446744073709551616})", "(at a)"},
+      {R"({"a": {"b": [1, -9223372036854775809]}})", "(at a.b[1])"},
+      {R"([99999999999999999999999])", "(at [0])"},
+  };
+  for (const auto& [text, where] : bad) {
+    auto j = ParseOutsideJson(text, "t");
+    ASSERT_FALSE(j.ok()) << text;
+    EXPECT_NE(j.status().message().find("beyond what 64 bits hold"), std::string::npos)
+        << j.status().ToString();
+    EXPECT_NE(j.status().message().find(where), std::string::npos) << j.status().ToString();
+  }
+}
+
 TEST(JsonIn, ANonObjectHasNoMembers) {
   const json j = json::parse("[1]");
   const JsonIn in(j, "f");
