@@ -128,8 +128,9 @@ Status RunEval(const RunConfig& cfg, int window, const std::string& nvme_dir) {
 int Eval(const std::vector<std::string>& args) {
   if (int rc = RefuseUnderLauncher("eval"); rc != 0) return rc;
   // SIGINT and SIGTERM end the evaluation at once, with a message (nothing to save).
-  GracefulInterrupts interrupts(/*during_setup=*/true,
-                                "stopping the evaluation now (it writes nothing: nothing is lost)");
+  GracefulInterrupts interrupts(
+      /*during_setup=*/true,
+      "during the evaluation: it stops now (it writes nothing: nothing is lost)");
   std::vector<std::string> rest;
   int window = 0;
   bool has_config = false, has_nvme_path = false, has_data = false;

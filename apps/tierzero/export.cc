@@ -91,6 +91,8 @@ int Export(const std::vector<std::string>& args) {
         "--max-shard-size shards a Hugging Face directory (--format hf); a safetensors export "
         "is one file"));
   if (Status s = CheckCheckpointArgument(ckpt, "the checkpoint"); !s.ok()) return Fail(s);
+  // Note [Data on standard output] (run_dir.h): "exported ..." then goes to standard error.
+  const std::string output_to = hf ? output : TakeStdoutForData(output);
   // The run directory is the checkpoint directory's parent, however the directory is written
   // ("run/checkpoint/", ".", "checkpoint/.").
   std::error_code fec;
@@ -177,8 +179,8 @@ int Export(const std::vector<std::string>& args) {
     return 0;
   }
   // The model the tensors are (Note [A safetensors file that records its model], hf_io.cc).
-  if (Status s =
-          (*engine)->ExportSafetensors(output, dtype, {{"tierzero.model", ModelJson(*cfg).dump()}});
+  if (Status s = (*engine)->ExportSafetensors(output_to, dtype,
+                                              {{"tierzero.model", ModelJson(*cfg).dump()}});
       !s.ok())
     return Fail(s);
   std::printf("exported %d tensors (%lld parameters, %s) to %s\n", (*engine)->num_params(),

@@ -288,10 +288,14 @@ Status ExportHf(Engine& engine, const RunConfig& cfg, const std::string& dir, DT
     return InvalidArgumentError("-o " + dir +
                                 " is a link to nothing (a dangling symbolic link); --format hf "
                                 "writes a new or empty directory: remove the link or name another");
-  } else if (!fs::create_directory(dir, ec) || ec) {
-    return IoError("cannot make the directory " + dir + ": " + ec.message() +
-                   " (its parent must exist)");
   } else {
+    // Registered before it is made (Note [Nothing made after the last clean-up]).
+    RemoveOnSignalExit(dir);
+    if (!fs::create_directory(dir, ec) || ec) {
+      KeepOnSignalExit(dir);
+      return IoError("cannot make the directory " + dir + ": " + ec.message() +
+                     " (its parent must exist)");
+    }
     made = true;
   }
   // Note [A model directory whole or not at all]: the directory was empty, so every file of the
@@ -304,16 +308,26 @@ Status ExportHf(Engine& engine, const RunConfig& cfg, const std::string& dir, DT
     RemoveOnSignalExit(path);
   };
   if (made) own(dir);
+  // Undone only in the directory it wrote into, and only the files it named: a directory moved
+  // away mid-export and another made at its path lost the user's config.json and weights to an
+  // undo that removed every file of the model's names there.
+  struct stat dir_st {};
+  const bool identified = ::stat(dir.c_str(), &dir_st) == 0;
   auto undo = [&](Status s) {
-    for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-      const std::string name = e.path().filename().string();
-      const bool model = name == "config.json" || name == "model.safetensors.index.json" ||
-                         (name.rfind("model", 0) == 0 && name.size() > 12 &&
-                          name.compare(name.size() - 12, 12, ".safetensors") == 0);
-      if (model && e.is_regular_file(ec)) fs::remove(e.path(), ec);
-    }
-    if (made) fs::remove(dir, ec);  // only when empty
+    struct stat now {};
+    const bool same = identified && ::stat(dir.c_str(), &now) == 0 && now.st_dev == dir_st.st_dev &&
+                      now.st_ino == dir_st.st_ino;
     for (const std::string& p : ours) KeepOnSignalExit(p);
+    if (!same)
+      return std::move(s).WithContext(
+          "the export to " + dir + " failed, and " + dir +
+          " is no longer the directory it wrote into (moved or replaced): nothing there was "
+          "removed; what it wrote is wherever that directory went");
+    for (const std::string& p : ours) {
+      struct stat st {};
+      if (p != dir && ::lstat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode)) ::unlink(p.c_str());
+    }
+    if (made) ::rmdir(dir.c_str());  // only when empty
     return std::move(s).WithContext("the export to " + dir + " was undone");
   };
   // Each file registered before it is written (its commit, an fsync and a rename, takes time).

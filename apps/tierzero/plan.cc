@@ -558,6 +558,8 @@ int Plan(const std::vector<std::string>& args) {
   }
   auto pa = ParsePlanArgs(args);
   if (!pa.ok()) return Fail(pa.status());
+  // Note [Data on standard output] (run_dir.h): the plan's text then goes to standard error.
+  const std::string json_to = pa->json_path.empty() ? "" : TakeStdoutForData(pa->json_path);
   if (Status s = CheckTraceFlags(pa->trace_path, pa->rest, pa->largest); !s.ok()) return Fail(s);
   std::string config_path;
   auto cfg = LoadRunConfig(pa->rest, &config_path);
@@ -671,7 +673,7 @@ int Plan(const std::vector<std::string>& args) {
     out["largest_n_layer"] = most;
   }
   if (!pa->json_path.empty()) {
-    if (Status s = WriteTextFile(pa->json_path, out.dump(1) + "\n"); !s.ok()) return Fail(s);
+    if (Status s = WriteTextFile(json_to, out.dump(1) + "\n"); !s.ok()) return Fail(s);
     std::printf("  json: %s\n", pa->json_path.c_str());
   }
   return 0;

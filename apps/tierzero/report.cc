@@ -54,6 +54,8 @@ int ReportCommand(const std::vector<std::string>& args) {
     std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
     return 1;
   };
+  // Note [Data on standard output] (run_dir.h): the summary then goes to standard error.
+  const std::string html_to = TakeStdoutForData(html), trace_to = TakeStdoutForData(trace);
   for (const auto& [flag, out] :
        {std::pair<const char*, std::string>{"-o", html}, {"--trace", trace}}) {
     if (out.empty()) continue;
@@ -102,12 +104,12 @@ int ReportCommand(const std::vector<std::string>& args) {
   }
   std::fputs(summary->c_str(), stdout);
   if (!html.empty()) {
-    if (Status s = WriteTextFile(html, page_text); !s.ok())
+    if (Status s = WriteTextFile(html_to, page_text); !s.ok())
       return fail(s.WithContext("writing the page " + html));
     std::printf("html: %s\n", html.c_str());
   }
   if (!trace.empty()) {
-    if (Status s = WriteTextFile(trace, trace_text); !s.ok())
+    if (Status s = WriteTextFile(trace_to, trace_text); !s.ok())
       return fail(
           s.WithContext("writing the trace " + trace +
                         (html.empty() ? std::string() : " (the page " + html + " is written)")));

@@ -670,7 +670,28 @@ Status CheckNotAnInput(const std::string& output, const std::string& what,
       return InvalidArgumentError(what + " " + output + " lies inside the " + in.what + " " +
                                   in.path + " this command reads: write it elsewhere");
   }
+  // A running run's directory (docs/outputs.md): a plan or page written there replaced its
+  // metrics or its config.json as it ran.
+  std::string parent = fs::path(output).parent_path().string();
+  if (parent.empty()) parent = ".";
+  if (LockedByAnother(parent))
+    return FailedPreconditionError(what + " " + output +
+                                   " lies in the directory of a tierzero run that is running; "
+                                   "write it elsewhere");
   return Status::OK();
+}
+
+// run_dir.h
+std::string TakeStdoutForData(const std::string& path) {
+  if (StandardStreamFd(path) != STDOUT_FILENO) return path;
+  static int data_fd = -1;
+  if (data_fd < 0) {
+    std::fflush(stdout);
+    const int fd = ::fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
+    if (fd < 0 || ::dup2(STDERR_FILENO, STDOUT_FILENO) < 0) return path;  // (as before)
+    data_fd = fd;
+  }
+  return "/dev/fd/" + std::to_string(data_fd);
 }
 
 // run_dir.h

@@ -139,8 +139,18 @@ struct InputPath {
   bool directory = false;
 };
 // `output` (named `what` in the error) is none of `inputs` and lies inside none of the input
-// directories: InvalidArgument otherwise (an export overwrote a file of the checkpoint it read).
+// directories: InvalidArgument otherwise (an export overwrote a file of the checkpoint it read);
+// nor does it lie in the directory of a run that is running (FailedPrecondition).
 Status CheckNotAnInput(const std::string& output, const std::string& what,
                        const std::vector<InputPath>& inputs);
+
+// Note [Data on standard output]
+// An output named as the process's standard output (/dev/stdout, /dev/fd/1, /proc/self/fd/1)
+// is the command's data: `export -o /dev/stdout > f` appended its "exported ..." line to the
+// file, which then no reader took, and `report --trace /dev/stdout` its summary to the trace.
+// Before anything is printed, the command's own lines move to standard error and the data keeps
+// the original stream (a duplicate of it): returns the path to write the data to (`path` itself
+// when it is not standard output). Call it before the command prints anything.
+std::string TakeStdoutForData(const std::string& path);
 
 }  // namespace tierzero::app

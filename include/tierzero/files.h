@@ -52,10 +52,15 @@ StatusOr<std::string> ReadFileBounded(const std::string& path, uint64_t max_byte
 inline constexpr uint64_t kMaxConfigBytes = uint64_t{16} << 20;
 inline constexpr uint64_t kMaxReportBytes = uint64_t{256} << 20;
 
+// The descriptor a path names directly (/dev/stdout 1, /dev/stderr 2, /dev/fd/N and
+// /proc/self/fd/N: N), or -1: outputs written into the process's own streams.
+int StandardStreamFd(const std::string& path);
+
 // Removes the temporary file of every output still being written (not yet renamed into place):
 // for a process about to end on a signal without unwinding (the CLI's signal thread), so an
 // interrupted export or save leaves no hidden partial file beside its output. Not
-// async-signal-safe: call it from a thread, never from a signal handler.
+// async-signal-safe: call it from a thread, never from a signal handler. The process must end
+// next: from then on, any thread that registers or creates a temporary waits for that end.
 void RemovePendingTemporaries();
 // A file RemovePendingTemporaries removes too, until Keep: an output the process made and must
 // not leave behind if it ends on a signal before it is complete (a run's config.json before its

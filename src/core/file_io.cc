@@ -225,8 +225,14 @@ void KeepTreeOnSignalExit(const std::string& dir) {
   PendingTrees().erase(dir);
 }
 
+// Note [Nothing made after the last clean-up]
+// The process ends next, and its other threads run on meanwhile: an export's main thread made
+// its directory, registered and created a temporary, or committed a shard after the pass, and
+// they stayed. So the lock is taken and never given back: whatever registers a path (before it
+// makes it: CreateTemporary, RemoveOnSignalExit before a directory is made) waits until the
+// process is gone, and a temporary the pass unlinked can no longer be renamed into place.
 void RemovePendingTemporaries() {
-  std::lock_guard<std::mutex> lock(PendingMutex());
+  PendingMutex().lock();  // never unlocked: the process ends (above)
   // A directory is removed only when what went before left it empty (rmdir).
   // The trees first: a directory registered to go when empty may hold one.
   for (const std::string& dir : PendingTrees()) {

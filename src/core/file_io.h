@@ -72,9 +72,7 @@ class AtomicFile {
 
 Status SyncDir(const std::string& dir);
 
-// The descriptor a path names directly (/dev/stdout 1, /dev/stderr 2, /dev/fd/N and
-// /proc/self/fd/N: N), or -1.
-int StandardStreamFd(const std::string& path);
+// StandardStreamFd: tierzero/files.h.
 
 // ReadFileBounded of a regular file only (a file tierzero wrote: a manifest): a FIFO, a device
 // or a directory is InvalidArgument at once, never waited on.

@@ -18,6 +18,7 @@
 #include "core/mutex.h"
 #include "offload/crc32c.h"
 #include "offload/slab_allocator.h"
+#include "tierzero/files.h"
 
 namespace tierzero {
 
@@ -155,7 +156,10 @@ NvmeStore::~NvmeStore() {
   io_.reset();  // joins the completion threads
   for (auto& f : files_) {
     if (f->fd >= 0) ::close(f->fd);
-    if (f->remove_on_close) ::unlink(f->path.c_str());
+    if (f->remove_on_close) {
+      ::unlink(f->path.c_str());
+      KeepOnSignalExit(f->path);
+    }
   }
 }
 
@@ -242,7 +246,10 @@ Status NvmeStore::OpenFiles() {
       // file someone else made (an existing file is refused below, not truncated).
       const int fd =
           ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | extra_flags, 0600);
-      if (fd >= 0) file->remove_on_close = true;
+      if (fd >= 0) {
+        file->remove_on_close = true;
+        RemoveOnSignalExit(path);  // (a signal's exit does not close the store)
+      }
       return fd;
     };
     file->path = is_dir ? path + "/<swap>" : path;

@@ -8,7 +8,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   self_export   an export never writes over the checkpoint or config it reads
   run_dir       a new run into a directory holding another run is refused; --overwrite replaces it
   config_elsewhere  a run's config.json with another --run-dir writes there; a moved run resumes
-  lock          two runs into one directory at once: the second is refused, the first is intact
+  lock          two runs into one directory at once: the second is refused, the first is intact;
+                no plan, page or export is written into a running run's directory
   config_json   a run whose config.json cannot be written stops before training
   resume_exact  10 + 10 resumed steps equal 20 uninterrupted, loss for loss, with skipped steps
   resume_model  resuming with another model shape (--heads) is refused
@@ -18,6 +19,7 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   ranks_faults  two ranks whose data changes or whose metrics file fails mid-run: all save first
   readers       a directory, /dev/zero, a huge sparse file, deep or duplicate-key JSON: an error
   setup_signal  SIGINT/SIGTERM while set-up blocks on a FIFO ends the process promptly
+  eval_swap_signal  a signal ends an evaluation whose swap file it made: the file goes too
   run_signals   a stdout reader gone, a closed stdout, a run blocked on a full FIFO, an export
   late_faults   faults found late: a config the report cannot hold, a finished run resumed, a
                 foreign manifest.json, a set-up failing after config.json, data changing mid-run
@@ -26,6 +28,7 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   models_in     a Hugging Face directory's context, files and seeding of a resumed run
   plan_device   a plan's rates are measured on the device the planned run computes on
   output        a line every --log-every steps without a terminal; one line in place on one
+  stdout_data   an output that is stdout holds the data alone (the command's lines on stderr)
 The cases live in cli_trust/ by theme (trust_outputs, trust_resume, trust_ranks, trust_signals,
 trust_inputs); trust_common.py holds what they share.
 Every failure must be an `error:` line and exit status 1 or 2: never a signal, an abort, an

@@ -223,6 +223,8 @@ def case_config_elsewhere():
 def case_lock():
     run_dir = os.path.join(OUT, "l_run")
     cfg = os.path.join(OUT, "small.json")
+    done = os.path.join(OUT, "l_done")
+    train_small(done, "--html", "none", "--trace", "none", steps=2)
     first = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", run_dir, "--steps",
                               "1000000", "--quiet"], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, cwd=OUT)
@@ -240,6 +242,14 @@ def case_lock():
         refused(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "l_other"), "--steps",
                  "5", "--checkpoint", run_dir + "/checkpoint", "--overwrite"],
                 "another tierzero process")
+        # Nor does any other command write into it (a plan replaced its metrics, a page its
+        # config.json).
+        refused(["plan", "--config", cfg, "--json", run_dir + "/metrics.jsonl", "--no-advice"],
+                "a tierzero run that is running")
+        refused(["report", done + "/report.json", "-o", run_dir + "/config.json"],
+                "a tierzero run that is running")
+        refused(["export", done + "/checkpoint", "-o", run_dir + "/m.safetensors"],
+                "a tierzero run that is running")
     finally:
         first.send_signal(signal.SIGINT)
         out = first.communicate(timeout=120)[0].decode()
@@ -360,3 +370,30 @@ def case_output():
     check(text.count("\rstep ") >= 2, f"no progress line rewritten in place:\n{text[:2000]}")
     check(text.count("\n") < 60, f"{text.count(chr(10))} lines on a terminal for 300 steps")
     check("left" in text and "tok/s" in text, "the progress line lacks tokens/s or time left")
+
+
+def case_stdout_data():
+    """Note [Data on standard output]: an output that is the process's stdout holds the data
+    alone (the command's own lines go to stderr): an export streamed into a file loads, a trace
+    or plan streamed into one parses."""
+    run_dir = os.path.join(OUT, "sd_run")
+    train_small(run_dir, "--trace", "none", steps=2)
+    streamed = os.path.join(OUT, "sd_m.safetensors")
+    for args, path in [(["export", run_dir + "/checkpoint", "-o", "/dev/stdout"], streamed),
+                       (["report", run_dir + "/report.json", "-o", "/dev/stdout"],
+                        os.path.join(OUT, "sd_page.html")),
+                       (["plan", "--config", os.path.join(OUT, "small.json"), "--json",
+                         "/dev/stdout", "--no-advice"], os.path.join(OUT, "sd_plan.json"))]:
+        with open(path, "wb") as f:
+            p = subprocess.run([TZ] + args, stdout=f, stderr=subprocess.PIPE, cwd=OUT, timeout=120)
+        check(p.returncode == 0, f"{args}: exit status {p.returncode}\n{p.stderr.decode()}")
+    data = read(streamed)
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    end = max(v["data_offsets"][1] for k, v in header.items() if k != "__metadata__")
+    check(8 + n + end == len(data), "the streamed export holds more than its tensors")
+    ok(["train", "--init-from", streamed, "--steps", "1", "--run-dir",
+        os.path.join(OUT, "sd_from"), "--quiet", "--html", "none", "--trace", "none"])
+    json.load(open(os.path.join(OUT, "sd_plan.json")))
+    check(read(os.path.join(OUT, "sd_page.html")).rstrip().endswith(b"</html>"),
+          "the streamed page has text after it")

@@ -328,3 +328,26 @@ def case_late_faults():
           os.path.exists(os.path.join(rd, "report.json")),
           f"a report whose directory went: {os.listdir(rd)}\n{out}")
     ok(["report", os.path.join(rd, "report.json")])
+
+
+def case_eval_swap_signal():
+    """An evaluation whose --nvme-path names a new file (its swap file, made there) and that a
+    signal ends leaves no swap file behind: a rerun was refused for the file it left."""
+    base = os.path.join(OUT, "es_base")
+    train_small(base, "--html", "none", "--trace", "none", steps=2)
+    tok = os.path.join(OUT, "es_tok.bin")
+    with open(tok, "wb") as f:
+        f.write(struct.pack("<2000000H", *([1, 2, 3, 4] * 500000)))
+    swap = os.path.join(OUT, "es_swap")
+    p = subprocess.Popen([TZ, "eval", "--resume", base + "/checkpoint", "--data", tok,
+                          "--batch-size", "1", "--nvme-path", swap, "--host-budget", "1500KiB"],
+                         stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, cwd=OUT)
+    deadline = time.time() + 60
+    while not os.path.exists(swap) and time.time() < deadline and p.poll() is None:
+        time.sleep(0.02)
+    time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    err = p.communicate(timeout=60)[1].decode()
+    check(p.returncode == 130, f"eval ended with {p.returncode}, not 130\n{err}")
+    check(not os.path.exists(swap), "the evaluation's swap file stayed after the signal")
