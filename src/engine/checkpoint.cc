@@ -277,34 +277,6 @@ Status GatherEntries(Communicator& comm, json& files, json& tensors) {
   return Status::OK();
 }
 
-// Note [A save writes only over its own files]
-// A checkpoint is regular files: a save wrote its manifest through a manifest.json that linked
-// to a user's file, over another program's manifest.json, and into /dev/null (a save that said
-// OK and could never load). Before anything is written, a manifest.json there must be a regular
-// file that is a tierzero manifest, and the states file's name must be free or a regular file.
-Status CheckpointFilesAreOurs(const std::string& dir, const std::string& states_name,
-                              bool manifest_ours) {
-  auto refuse = [&](const std::string& path, const std::string& what) {
-    return FailedPreconditionError(path + " " + what +
-                                   ": a checkpoint save writes only over files of its own; save "
-                                   "into another directory, or move it away");
-  };
-  struct stat st {};
-  const std::string manifest = dir + "/manifest.json";
-  if (::lstat(manifest.c_str(), &st) == 0) {
-    if (!S_ISREG(st.st_mode))
-      return refuse(manifest, "is not a regular file (a link, directory, FIFO or device)");
-    if (!manifest_ours)
-      return refuse(manifest,
-                    "is not a tierzero checkpoint's manifest (another program's, or "
-                    "damaged)");
-  }
-  const std::string states = dir + "/" + states_name;
-  if (::lstat(states.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-    return refuse(states, "is not a regular file (a link, directory, FIFO or device)");
-  return Status::OK();
-}
-
 // Writes the manifest (the commit point), then removes the states files it no longer names
 // (earlier steps, ranks of an earlier world size): only regular files named as SaveCheckpoint
 // names its own (a user's "states-notes.txt" in the directory stays).

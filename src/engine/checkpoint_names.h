@@ -6,10 +6,18 @@
 #include <set>
 #include <string>
 
+#include "tierzero/status.h"
+
 namespace tierzero {
 
 // The states files the manifest committed in `dir` names: none when there is no manifest;
 // nullopt when it cannot be read or is damaged (what it names is unknown).
 std::optional<std::set<std::string>> CommittedStatesFiles(const std::string& dir);
+
+// Before a save writes anything: a manifest.json in `dir` is a regular file and tierzero's
+// (`manifest_ours`: CommittedStatesFiles read it), and `states_name` is free or a regular file;
+// FailedPrecondition naming the file otherwise (Note [A save writes only over its own files]).
+Status CheckpointFilesAreOurs(const std::string& dir, const std::string& states_name,
+                              bool manifest_ours);
 
 }  // namespace tierzero

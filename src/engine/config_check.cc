@@ -20,20 +20,24 @@ Status ValidateEngineConfig(const EngineConfig& c) {
   };
   // The enumerations: a value cast from an integer out of range fell into some default branch
   // (a device of 7 ran on the host), or crashed (moment format 3 in ReadParam).
-  if (static_cast<int>(c.device) > static_cast<int>(DeviceChoice::kHost))
-    return bad("device", std::to_string(static_cast<int>(c.device)), "kAuto, kCuda or kHost");
-  if (static_cast<int>(c.collectives) > static_cast<int>(CollectivePath::kDevice))
-    return bad("collectives", std::to_string(static_cast<int>(c.collectives)),
-               "kAuto, kHost or kDevice");
-  if (static_cast<int>(c.optimizer) > static_cast<int>(OptimizerPlacement::kFraction))
-    return bad("optimizer", std::to_string(static_cast<int>(c.optimizer)),
-               "kAuto, kCpu or kFraction");
-  if (static_cast<int>(c.speculative_step) > static_cast<int>(SpeculativeStep::kOff))
-    return bad("speculative_step", std::to_string(static_cast<int>(c.speculative_step)),
-               "kAuto, kOn or kOff");
-  if (static_cast<int>(c.optimizer_states) > static_cast<int>(MomentFormat::kInt8))
-    return bad("optimizer_states", std::to_string(static_cast<int>(c.optimizer_states)),
-               "kF32, kBF16 or kInt8");
+  const struct {
+    const char* field;
+    int value, last;
+    const char* accepted;
+  } enums[] = {
+      {"device", static_cast<int>(c.device), static_cast<int>(DeviceChoice::kHost),
+       "kAuto, kCuda or kHost"},
+      {"collectives", static_cast<int>(c.collectives), static_cast<int>(CollectivePath::kDevice),
+       "kAuto, kHost or kDevice"},
+      {"optimizer", static_cast<int>(c.optimizer), static_cast<int>(OptimizerPlacement::kFraction),
+       "kAuto, kCpu or kFraction"},
+      {"speculative_step", static_cast<int>(c.speculative_step),
+       static_cast<int>(SpeculativeStep::kOff), "kAuto, kOn or kOff"},
+      {"optimizer_states", static_cast<int>(c.optimizer_states),
+       static_cast<int>(MomentFormat::kInt8), "kF32, kBF16 or kInt8"},
+  };
+  for (const auto& e : enums)
+    if (e.value > e.last) return bad(e.field, std::to_string(e.value), e.accepted);
   // The value exactly (1048575 bytes shown rounded read "1024 KiB; accepted: at least 1 MiB").
   auto exact = [](uint64_t b) { return FormatBytes(b) + " (" + std::to_string(b) + " bytes)"; };
   if (c.device_budget < (uint64_t{1} << 20))
