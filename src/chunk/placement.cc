@@ -25,6 +25,30 @@ StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& bu
       device += p.param_shard_bytes;
     }
   }
+  // Note [Accumulating on the device for host updates]
+  // With accumulation every micro-batch's gradient is added to an fp32 shard. In host memory
+  // that add is the host's: on an H100 machine 1.21B elements a micro-batch (2.6 GB of bf16 read,
+  // 10 GB of fp32 read and written) stretched each 72 ms backward to 167 ms, and offloaded at
+  // accumulation 4 a step took 1.27 s against 0.47 s all resident (bench/RESULTS.md, gpu-speed
+  // sessions 30 and 37). So with accumulation the fp32 shards take the device shard budget right
+  // after the parameters, ahead of the optimizer states, from the last chunk backwards: the
+  // micro-batches are added there and a gradient crosses the link once a step, when its group
+  // updates (a streamed group reads it in place; the CPU's copies it over first). Per byte of
+  // device memory a shard there saves more than a group's states do: 4 bytes an element save
+  // `accumulation` adds of about 12 bytes of host traffic each, where 12 bytes of states save one
+  // CPU Adam of about 30 (session 37 placed the states first: 27 groups' states took 8 GiB and
+  // 71 of 73 shards stayed in host memory). The states then go where room is left; they land on
+  // chunks whose shards are already there, both going from the last chunk backwards. Without
+  // accumulation a shard stays in host memory unless its chunk updates on the device (Note
+  // [Gradient shards on the device]), where the backward's copy down overlaps the compute.
+  const bool accumulating = budgets.device_grads && budgets.device_grads_accumulating;
+  if (accumulating) {
+    for (int c = n - 1; c >= 0; --c) {
+      if (device + p.grad_shard_bytes > budgets.device_shard_bytes) break;
+      p.chunks[static_cast<size_t>(c)].grad = Tier::kDevice;
+      device += p.grad_shard_bytes;
+    }
+  }
   // Optimizer states in what is left, from the last chunk backwards.
   int on_device = 0;
   for (int c = n - 1; c >= 0 && on_device < budgets.device_optimizer_groups; --c) {
@@ -58,18 +82,6 @@ StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& bu
       return cp.param == Tier::kDevice && cp.optimizer == Tier::kDevice;
     });
   }
-  // Note [Accumulating on the device for host updates]
-  // With accumulation every micro-batch's gradient is added to an fp32 shard. In host memory
-  // that add is the host's: on an H100 machine 1.21B elements a micro-batch (2.4 GB read, 4.8 GB
-  // read and written) outlasted the backward, and offloaded at accumulation 4 a step took 1.70 s
-  // against 0.71 s all resident (bench/RESULTS.md, gpu-speed session 30). Where the device shard
-  // budget has room after the device's own groups, a chunk updated from host memory keeps its
-  // accumulation shard on the device as well: the micro-batches are added there and the
-  // gradient crosses the link once a step, when its group updates (a streamed group reads it in
-  // place; the CPU's copies it over first). Without accumulation the shard stays in host memory,
-  // where the backward's copy down overlaps the compute.
-  if (budgets.device_grads && budgets.device_grads_accumulating)
-    grads_on_device([](const ChunkPlacement&) { return true; });
   uint64_t host = 0;
   for (const auto& c : p.chunks) {
     if (c.grad == Tier::kHost) host += p.grad_shard_bytes;

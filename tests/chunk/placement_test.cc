@@ -87,33 +87,51 @@ TEST(PlacementTest, GradientShardsJoinTheDeviceUpdatedChunks) {
   EXPECT_EQ(p->bytes[static_cast<int>(Tier::kHost)], (10 * 2 + 7 * 12) * kMiB);
 }
 
-// Note [Accumulating on the device for host updates]: with accumulation the chunks updated from
-// host memory keep their fp32 accumulation shards on the device too, after the device's own
-// groups, from the last chunk backwards while the device shard budget lasts.
-TEST(PlacementTest, AccumulationShardsOfHostUpdatedChunksJoinTheDeviceWhereThereIsRoom) {
+// Note [Accumulating on the device for host updates]: with accumulation the fp32 accumulation
+// shards take the device shard budget right after the parameters, ahead of the optimizer states,
+// from the last chunk backwards; the states take what is left, on chunks whose shards are there.
+TEST(PlacementTest, AccumulationShardsTakeTheDeviceBeforeTheStates) {
   ChunkLayout l = TenChunks();
-  // Parameters 20 MiB, three chunks' states 36 MiB, then 4 MiB gradient shards (fp32): room for
-  // six of them in 80 MiB: chunks 9, 8, 7 (the device's groups), then 6, 5 and 4.
+  // Parameters 20 MiB, then ten 4 MiB fp32 shards (40 MiB), then room for one chunk's 12 MiB of
+  // states in 80 MiB: chunk 9's. (States first, as before session 37, would have put three
+  // chunks' states there and left four shards in host memory.)
   TierBudgets b{80 * kMiB, 200 * kMiB, 0, 3, true, true};
   auto p = PlaceShards(l, b, 0, 4 * kMiB);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   for (int c = 0; c < 10; ++c) {
-    EXPECT_EQ(p->chunks[c].optimizer, c >= 7 ? Tier::kDevice : Tier::kHost) << c;
-    EXPECT_EQ(p->chunks[c].grad, c >= 4 ? Tier::kDevice : Tier::kHost) << c;
+    EXPECT_EQ(p->chunks[c].param, Tier::kDevice) << c;
+    EXPECT_EQ(p->chunks[c].grad, Tier::kDevice) << c;
+    EXPECT_EQ(p->chunks[c].optimizer, c == 9 ? Tier::kDevice : Tier::kHost) << c;
   }
-  EXPECT_EQ(p->bytes[static_cast<int>(Tier::kDevice)], 80 * kMiB);
-  EXPECT_EQ(p->bytes[static_cast<int>(Tier::kHost)], (4 * 4 + 7 * 12) * kMiB);
-  // No device optimizer groups at all: the accumulation shards still go where there is room.
+  EXPECT_EQ(p->bytes[static_cast<int>(Tier::kDevice)], 72 * kMiB);
+  EXPECT_EQ(p->bytes[static_cast<int>(Tier::kHost)], 9 * 12 * kMiB);
+  // Room for only some shards: from the last chunk backwards, and then no states at all.
+  b.device_shard_bytes = 40 * kMiB;
+  p = PlaceShards(l, b, 0, 4 * kMiB);
+  ASSERT_TRUE(p.ok());
+  for (int c = 0; c < 10; ++c) {
+    EXPECT_EQ(p->chunks[c].grad, c >= 5 ? Tier::kDevice : Tier::kHost) << c;
+    EXPECT_EQ(p->chunks[c].optimizer, Tier::kHost) << c;
+  }
+  // No device optimizer groups at all: the shards still go where there is room.
+  b.device_shard_bytes = 80 * kMiB;
   b.device_optimizer_groups = 0;
   p = PlaceShards(l, b, 0, 4 * kMiB);
   ASSERT_TRUE(p.ok());
-  for (int c = 0; c < 10; ++c) EXPECT_EQ(p->chunks[c].grad, Tier::kDevice) << c;
-  // Without accumulation only the device's groups keep theirs.
+  for (int c = 0; c < 10; ++c) {
+    EXPECT_EQ(p->chunks[c].grad, Tier::kDevice) << c;
+    EXPECT_EQ(p->chunks[c].optimizer, Tier::kHost) << c;
+  }
+  // Without accumulation the states come first and only the device's groups keep their shards
+  // (Note [Gradient shards on the device]).
   b.device_optimizer_groups = 3;
   b.device_grads_accumulating = false;
   p = PlaceShards(l, b, 0, 4 * kMiB);
   ASSERT_TRUE(p.ok());
-  for (int c = 0; c < 10; ++c) EXPECT_EQ(p->chunks[c].grad, c >= 7 ? Tier::kDevice : Tier::kHost);
+  for (int c = 0; c < 10; ++c) {
+    EXPECT_EQ(p->chunks[c].optimizer, c >= 7 ? Tier::kDevice : Tier::kHost) << c;
+    EXPECT_EQ(p->chunks[c].grad, c >= 7 ? Tier::kDevice : Tier::kHost) << c;
+  }
 }
 
 TEST(PlacementTest, ImpossibleBudgetIsOutOfMemoryNamingTheBudgets) {
