@@ -39,6 +39,40 @@ namespace tierzero {
 // or the device do not speculate (their overlap is Note [Optimizer I/O around the step] and the
 // device's own phase).
 
+// Note [The gradient norm summed as the shards become final]
+// Step needs the global gradient norm before any update (it decides clipping), and summing the
+// squares of the gradient shards in host memory was a pass over them after the backward: on an
+// H100 machine 2.6 GB of bf16, 36 ms of a 375 ms offloaded step (bench/RESULTS.md, gpu-speed
+// session 37), with the host's cores idle through the backward before it. So in the last
+// micro-batch the speculative start's worker (below) also sums each host gradient shard's slices
+// as the shard becomes final, whether or not it may speculate (under clipping it may not), and
+// Step adds those sums in chunk and slice order as it always did: the same CpuAdam::SumSquares on
+// the same bytes, so the norm is bit for bit the one summed after the backward. Shards on the
+// device keep their device sums (DeviceSliceSums). On a GPU only (`TZ_NORM_AHEAD`, auto): on the
+// simulated device the backward computes on the cores the sums would take. Sums belong to the
+// step whose last micro-batch made them: a new training iteration or a discarded window drops
+// them, and Step uses them once.
+TZ_TUNABLE_CHOICE(kNormAhead, "TZ_NORM_AHEAD", "auto",
+                  "sum the host gradient shards' squares during the last micro-batch's backward, "
+                  "as each shard becomes final: auto (on a GPU), on, off",
+                  "auto", "on", "off", "1", "0", "true", "false");
+
+Status Updater::SumChunkAhead(int c) {
+  const size_t i = static_cast<size_t>(c);
+  if (spec_.summed[i] || store_->grad_on_device(c)) return Status::OK();
+  const DType gt = store_->grad_dtype();
+  const auto* g = static_cast<const uint8_t*>(store_->grad(c));
+  std::vector<double>& out = spec_.sums[i];
+  out.clear();
+  for (const ShardSlice& sl : slices_[i]) {
+    ASSIGN_OR_RETURN(double s,
+                     adam_plain_->SumSquares(g + DTypeBytes(gt, sl.shard_offset), gt, sl.numel));
+    out.push_back(s);
+  }
+  spec_.summed[i] = true;
+  return Status::OK();
+}
+
 void Updater::Prepare(const StepOptions& options) {
   spec_.prepared = true;
   spec_.options = options;
@@ -75,33 +109,39 @@ int Updater::SpeculationSlots(int want) {
 Status Updater::BeginTraining(bool last_micro_batch, int64_t step, float loss_scale) {
   // Results a failed Step left behind belong to no step now.
   if (!spec_.done.empty() && !spec_.queue) Discard();
-  if (spec_.queue || !spec_.prepared || !last_micro_batch ||
-      cfg_.speculative_step == SpeculativeStep::kOff) {
-    return Status::OK();
-  }
-  if (cfg_.speculative_step == SpeculativeStep::kAuto && (cfg_.host_compute || !spec_.last_clean)) {
-    return Status::OK();
-  }
+  if (!spec_.queue) spec_.summed.clear();  // sums of an earlier window
+  if (spec_.queue || !last_micro_batch) return Status::OK();
+  const std::string ahead_mode = kNormAhead.Get();
+  const bool sum_ahead = ahead_mode == "on" || ahead_mode == "1" || ahead_mode == "true" ||
+                         (ahead_mode == "auto" && !cfg_.host_compute && store_->grad_bytes() > 0);
+  bool speculate = spec_.prepared && cfg_.speculative_step != SpeculativeStep::kOff &&
+                   !(cfg_.speculative_step == SpeculativeStep::kAuto &&
+                     (cfg_.host_compute || !spec_.last_clean));
   const int nc = layout_.num_chunks();
-  if (static_cast<int>(phase_.assignment.where.size()) != nc) return Status::OK();  // no plan yet
+  if (static_cast<int>(phase_.assignment.where.size()) != nc) speculate = false;  // no plan yet
   spec_.eligible.assign(static_cast<size_t>(nc), false);
   int want = 0;
-  for (int c = 0; c < nc; ++c) {
+  for (int c = 0; speculate && c < nc; ++c) {
     const bool e = phase_.assignment.where[static_cast<size_t>(c)] == UpdateWhere::kCpu &&
                    optimizer().tier(c) == Tier::kHost;
     spec_.eligible[static_cast<size_t>(c)] = e;
     want += e;
   }
-  if (want == 0) return Status::OK();
-  if (SpeculationSlots(want) == 0) {
+  if (want == 0) speculate = false;
+  if (speculate && SpeculationSlots(want) == 0) {
     if (!spec_.told_no_room) {
       TZ_LOG(kInfo, kEngine) << "speculative start: no host budget left for a group's copy ("
                              << FormatBytes(optimizer().group_bytes() + layout_.shard_bytes())
                              << "); the step's updates start after backward";
       spec_.told_no_room = true;
     }
-    return Status::OK();
+    speculate = false;
   }
+  if (!speculate) spec_.eligible.assign(static_cast<size_t>(nc), false);
+  if (!speculate && !sum_ahead) return Status::OK();
+  spec_.sum_ahead = sum_ahead;
+  spec_.summed.assign(static_cast<size_t>(nc), false);
+  spec_.sums.resize(static_cast<size_t>(nc));
   const double inv = 1.0 / (static_cast<double>(loss_scale) * cfg_.grad_accumulation);
   spec_.so = AdamStepOptions{};
   spec_.so.step = step + 1;
@@ -142,10 +182,16 @@ void Updater::SpeculationWorker(Speculation::Queue& q) {
       q.ready.pop_front();
     }
     const size_t i = static_cast<size_t>(c);
-    if (c < 0 || c >= layout_.num_chunks() || !spec_.eligible[i] || spec_.taken[i] ||
-        spec_.free.empty() || !spec_.error.ok()) {
-      continue;
+    if (c < 0 || c >= layout_.num_chunks() || !spec_.error.ok()) continue;
+    if (spec_.sum_ahead) {
+      Status s = SumChunkAhead(c);
+      if (!s.ok()) {
+        spec_.error =
+            std::move(s).WithContext("summing the gradient of chunk " + std::to_string(c));
+        continue;
+      }
     }
+    if (!spec_.eligible[i] || spec_.taken[i] || spec_.free.empty()) continue;
     spec_.taken[i] = true;
     Speculation::Slot slot = spec_.free.back();
     spec_.free.pop_back();
@@ -189,11 +235,12 @@ void Updater::EndSpeculation(bool keep) {
   if (!keep) Discard();
 }
 
-// Drops the speculative results (the live states were never written).
+// Drops the speculative results (the live states were never written) and the sums.
 void Updater::Discard() {
   if (spec_.queue) EndSpeculation(/*keep=*/false);  // joins; comes back here
   for (auto& [c, slot] : spec_.done) spec_.free.push_back(slot);
   spec_.done.clear();
+  spec_.summed.clear();
 }
 
 // At Step, once the norm is known: commits the speculative updates when they are the step's own

@@ -96,16 +96,29 @@ OptimizerCounters Updater::optimizer_counters() const {
 // gradient), over all ranks: a NaN or Inf makes it non-finite. Slices in chunk order, each
 // slice's sum from CpuAdam's blocks, or for a gradient shard on the device from the device's
 // fixed block sums (DeviceSliceSums): the same bits on every run.
+// A host shard's slices may have been summed during the backward (Note [The gradient norm
+// summed as the shards become final] in speculation.cc): the same sums, used once.
 StatusOr<double> Updater::GradSumSquares() {
   const DType gt = store_->grad_dtype();
   ASSIGN_OR_RETURN(const std::vector<double> on_device, DeviceSliceSums());
+  std::vector<bool> summed = std::move(spec_.summed);
+  spec_.summed.clear();
   size_t k = 0;
   double sumsq = 0;
+  last_summed_ahead_ = 0;
   for (int c = 0; c < layout_.num_chunks(); ++c) {
+    const size_t i = static_cast<size_t>(c);
     const auto* g = static_cast<const uint8_t*>(store_->grad(c));
-    for (const ShardSlice& sl : slices_[static_cast<size_t>(c)]) {
+    const bool ahead = i < summed.size() && summed[i] && spec_.sums[i].size() == slices_[i].size();
+    last_summed_ahead_ += ahead;
+    for (size_t j = 0; j < slices_[i].size(); ++j) {
+      const ShardSlice& sl = slices_[i][j];
       if (store_->grad_on_device(c)) {
         sumsq += on_device[k++];
+        continue;
+      }
+      if (ahead) {
+        sumsq += spec_.sums[i][j];
         continue;
       }
       ASSIGN_OR_RETURN(double s,

@@ -100,6 +100,7 @@ struct UpdaterStats {
 
 // TZ_UPDATE_BEHIND_FORWARD (Note [The update phase behind the next forward]).
 extern Tunable<std::string> kUpdateBehindForward;
+extern Tunable<std::string> kNormAhead;  // speculation.cc
 // TZ_OPTIMIZER_WRITE_BEHIND: the phase's last NVMe state writes finish behind the next forward.
 bool OptimizerWritesBehind();
 
@@ -160,6 +161,8 @@ class Updater {
   OptimizerCounters optimizer_counters() const;
   uint64_t side_buffer_bytes() const { return spec_.pool_bytes; }  // in the host tier's usage
   int last_announced() const { return spec_.last_announced; }      // chunks the last start heard of
+  // Chunks whose host gradient shards the last Step found summed during the backward.
+  int last_summed_ahead() const { return last_summed_ahead_; }
   void Snapshot(ReportSnapshot::Update& u) const;
   CpuAdam& cpu_adam() { return *adam_plain_; }
 
@@ -257,6 +260,11 @@ class Updater {
     bool told_no_room = false;
     uint64_t pool_bytes = 0;
     int last_announced = 0;  // chunks the last speculation heard of before EndIteration
+    // Note [The gradient norm summed as the shards become final]: the worker's sums of the host
+    // gradient shards' slices, for the next Step; `summed[c]` says chunk c's are there.
+    bool sum_ahead = false;  // this worker sums
+    std::vector<bool> summed;
+    std::vector<std::vector<double>> sums;
   };
   static constexpr size_t kSpanWindow = 15;
 
@@ -265,6 +273,7 @@ class Updater {
   Status Init();
   Status CreatePhase();  // update_phase.cc
   StatusOr<double> GradSumSquares();
+  Status SumChunkAhead(int chunk);  // speculation.cc
   StatusOr<std::vector<double>> DeviceSliceSums();
   Status AdamGroup(const OptimizerGroup& group, const AdamStepOptions& options, bool profiled);
   // Slice s of group g's chunk as AdamBuffers: its master, moments (Note [8-bit blocks per
@@ -317,6 +326,7 @@ class Updater {
   Phase phase_;
   Behind tail_;
   Speculation spec_;
+  int last_summed_ahead_ = 0;
   // Training forwards' spans less their waits for the CPU chain (NoteForward) and the last
   // micro-batches' backward spans up to the step (the NVMe read-ahead's window), the last
   // kSpanWindow of each.

@@ -15,6 +15,7 @@
 #include "gpt/gpt.h"
 #include "small_model.h"
 #include "tierzero/engine.h"
+#include "update/updater.h"
 
 namespace tierzero {
 namespace {
@@ -24,6 +25,7 @@ struct TrainResult {
   std::vector<double> losses;
   std::vector<std::vector<float>> params;
   EngineStats stats;
+  int summed_ahead = 0;  // chunks the last step's norm found summed during the backward
 };
 
 // How the loop announces its steps: not at all, with the step's own options, or (every third
@@ -65,6 +67,7 @@ TrainResult Train(const EngineConfig& ec, int steps, Prepare prepare = Prepare::
   out.params = testing_models::ReadAllParams(*engine);
   out.stats = engine->stats();
   if (announced != nullptr) *announced = EngineInternals::Of(*engine).updater->last_announced();
+  out.summed_ahead = EngineInternals::Of(*engine).updater->last_summed_ahead();
   return out;
 }
 
@@ -218,6 +221,60 @@ TEST_P(SpeculativeStartTest, IsExactWhetherUsedOrRolledBack) {
     ASSERT_EQ(spec.params.size(), ref.params.size());
     for (size_t p = 0; p < ref.params.size(); ++p)
       ASSERT_EQ(spec.params[p], ref.params[p]) << "parameter " << p;
+  }
+}
+
+// Note [The gradient norm summed as the shards become final]: the host gradient shards' squares
+// summed during the last micro-batch's backward give the norm of a run summing them after it,
+// bit for bit: under clipping (no speculation then), with accumulation, with speculation, with
+// half the groups streamed, and through fp16's overflows (a non-finite sum skips the same steps).
+TEST_P(SpeculativeStartTest, NormSummedAheadIsTheNormSummedAfter) {
+  struct AheadCase {
+    const char* name;
+    float clip;
+    int accumulation;
+    SpeculativeStep speculative;
+    bool half_streamed;
+  };
+  const AheadCase cases[] = {
+      {"clipping", 0.5f, 1, SpeculativeStep::kAuto, false},
+      {"clipping, accumulation of 2", 0.5f, 2, SpeculativeStep::kAuto, false},
+      {"no clipping, speculation on", 0, 1, SpeculativeStep::kOn, false},
+      {"half the groups streamed", 0.5f, 1, SpeculativeStep::kAuto, true},
+  };
+  const bool f16 = GetParam() == DType::kF16;
+  for (const AheadCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    EngineConfig ec = testing_models::SmallEngineConfig(DeviceChoice::kHost);
+    ec.compute_dtype = GetParam();
+    ec.clip_grad_norm = c.clip;
+    ec.grad_accumulation = c.accumulation;
+    ec.initial_loss_scale = 65536.0f;
+    ec.loss_scale_window = 2;
+    ec.optimizer = c.half_streamed ? OptimizerPlacement::kFraction : OptimizerPlacement::kCpu;
+    ec.optimizer_device_fraction = 0.5;
+    ec.speculative_step = c.speculative;
+    TrainResult after, ahead;
+    {
+      ScopedTunable<std::string> mode(kNormAhead, "off");
+      after = Train(ec, 12, Prepare::kSame);
+    }
+    {
+      ScopedTunable<std::string> mode(kNormAhead, "on");
+      ahead = Train(ec, 12, Prepare::kSame);
+    }
+    EXPECT_EQ(after.summed_ahead, 0);
+    // The small model's chunks: every one of them summed ahead in the last step.
+    EXPECT_GT(ahead.summed_ahead, 0);
+    if (f16) EXPECT_GT(ahead.stats.skipped_steps, 0);
+    EXPECT_EQ(ahead.stats.skipped_steps, after.stats.skipped_steps);
+    ASSERT_EQ(ahead.losses.size(), after.losses.size());
+    ASSERT_EQ(after.losses.size(), static_cast<size_t>(12 * c.accumulation));
+    for (size_t i = 0; i < after.losses.size(); ++i)
+      ASSERT_EQ(ahead.losses[i], after.losses[i]) << "micro-batch " << i;
+    ASSERT_EQ(ahead.params.size(), after.params.size());
+    for (size_t p = 0; p < after.params.size(); ++p)
+      ASSERT_EQ(ahead.params[p], after.params[p]) << "parameter " << p;
   }
 }
 
