@@ -11,7 +11,9 @@
 // host memory, where CPU Adam reads them (for NVMe-resident optimizer states the swap pipeline
 // streams master, m and v past them), except that a chunk whose parameters and states are both
 // on the device may keep its gradient there too when `device_grads` says the reduce allows it
-// (Note [Gradient shards on the device] in placement.cc).
+// (Note [Gradient shards on the device] in placement.cc); with accumulation as well, every
+// chunk's fp32 accumulation shard takes the device shard budget after the parameter shards and
+// before the optimizer states (Note [Accumulating on the device for host updates]).
 //
 // Thread-safety: pure function.
 #pragma once
@@ -36,9 +38,9 @@ struct TierBudgets {
   // A gradient shard may live in device memory (Note [Gradient shards on the device] in
   // placement.cc): set where the reduce leaves the shard on the device.
   bool device_grads = false;
-  // With device_grads and accumulation: chunks updated from host memory keep their fp32
-  // accumulation shards on the device too, where the budget has room after the device's own
-  // groups (Note [Accumulating on the device for host updates] in placement.cc).
+  // With device_grads and accumulation: the fp32 accumulation shards take the device shard
+  // budget after the parameter shards, ahead of the optimizer states, whichever tier updates
+  // their groups (Note [Accumulating on the device for host updates] in placement.cc).
   bool device_grads_accumulating = false;
 };
 
