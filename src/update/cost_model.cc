@@ -177,6 +177,9 @@ UpdateAssignment Simulate(const std::vector<UpdateGroup>& groups,
   const double cpu_rate = streams && r.cpu_params_per_s_streaming > 0 ? r.cpu_params_per_s_streaming
                                                                       : r.cpu_params_per_s;
   double t = 0;
+  // Fetched ahead (Note [A CPU group's device gradient fetched ahead]): a group's copy is issued
+  // when the group before it starts (the first at the chain's start), after the copy before it.
+  double copy_end = 0, next_issue = 0;
   std::vector<size_t> nvme;
   for (size_t i = 0; i < groups.size(); ++i) {
     if (where[i] != UpdateWhere::kCpu) continue;
@@ -191,10 +194,20 @@ UpdateAssignment Simulate(const std::vector<UpdateGroup>& groups,
     }
     // A gradient shard on the device comes over before the CPU's Adam reads it; with
     // accumulation the host's shard is cleared after (Note [The accumulation clear in the model]).
-    t += Div(static_cast<double>(g.elems), cpu_rate) + ClearSeconds(g, r) +
-         (g.states_on_device ? BounceSeconds(g, r) : 0.0) +
-         (g.grad_on_device ? Div(static_cast<double>(g.grad_bytes), r.d2h_bytes_per_s) : 0.0) +
-         (g.param_on_nvme ? Div(static_cast<double>(g.out_bytes), r.nvme_write_bytes_per_s) : 0);
+    double start = t;
+    if (g.grad_on_device) {
+      const double copy = Div(static_cast<double>(g.grad_bytes), r.d2h_bytes_per_s);
+      if (r.cpu_grad_fetch_ahead) {
+        copy_end = std::max(copy_end, next_issue) + copy;
+        next_issue = t;
+        start = std::max(t, copy_end);
+      } else {
+        start = t + copy;
+      }
+    }
+    t = start + Div(static_cast<double>(g.elems), cpu_rate) + ClearSeconds(g, r) +
+        (g.states_on_device ? BounceSeconds(g, r) : 0.0) +
+        (g.param_on_nvme ? Div(static_cast<double>(g.out_bytes), r.nvme_write_bytes_per_s) : 0);
     p.group_end_s[i] = t;
   }
   if (!nvme.empty()) {

@@ -63,6 +63,9 @@ struct UpdateRates {
   // core for the next accumulation window: Note [Clearing gradient shards on the host's cores]);
   // 0: unknown, not counted.
   double host_clear_bytes_per_s = 0;
+  // The CPU chain copies the next group's device gradient shard while this group's Adam runs
+  // (Note [A CPU group's device gradient fetched ahead]; TZ_GRAD_FETCH_AHEAD).
+  bool cpu_grad_fetch_ahead = true;
 };
 
 // One group as the model sees it.

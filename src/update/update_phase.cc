@@ -424,6 +424,7 @@ Status Updater::RunPhase(const AdamStepOptions& so, bool prof) {
     }
   }
   UpdateRates rates = phase_.rates;
+  rates.cpu_grad_fetch_ahead = kGradFetchAhead.Get();
   if (!backward_spans_.empty()) rates.nvme_read_ahead_window_s = Median(backward_spans_);
   if (rates.device_params_per_s <= 0) {
     // No device memory for the probe: nothing can update there but resident groups, which
@@ -552,8 +553,15 @@ Status Updater::RunPhase(const AdamStepOptions& so, bool prof) {
 // its gradient shard cleared for the next window).
 Status Updater::RunCpuChain(const AdamStepOptions& so, bool prof, bool mark, double& adam_s,
                             uint64_t& adam_elems) {
+  const auto takes = [&](int c) { return CpuChainTakes(c); };
+  RETURN_IF_ERROR(FetchBegin(takes));
+  struct End {
+    Updater* u;
+    ~End() { u->FetchEnd(); }
+  } end{this};
   return optimizer().ForEach(
       [&](const OptimizerGroup& g) {
+        RETURN_IF_ERROR(FetchNext(g.chunk));
         const auto a0 = std::chrono::steady_clock::now();
         RETURN_IF_ERROR(AdamGroup(g, so, prof));
         if (store_->param_tier(g.chunk) != Tier::kNvme) {
@@ -574,8 +582,7 @@ Status Updater::RunCpuChain(const AdamStepOptions& so, bool prof, bool mark, dou
         }
         return Status::OK();
       },
-      /*write_back=*/true, [&](int c) { return CpuChainTakes(c); },
-      /*write_behind=*/kWriteBehind.Get());
+      /*write_back=*/true, takes, /*write_behind=*/kWriteBehind.Get());
 }
 
 bool Updater::CpuChainTakes(int c) const {

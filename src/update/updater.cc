@@ -283,7 +283,13 @@ AdamBuffers Updater::SliceBuffers(const OptimizerGroup& g, size_t s, const uint8
 
 Status Updater::AdamInto(const OptimizerGroup& g, uint8_t* out, const AdamStepOptions& so) {
   const auto* grad = static_cast<const uint8_t*>(store_->grad(g.chunk));
-  if (store_->grad_on_device(g.chunk)) {
+  const int fetched = fetch_.held[0] == g.chunk ? 0 : fetch_.held[1] == g.chunk ? 1 : -1;
+  if (fetched >= 0 && store_->grad_on_device(g.chunk)) {
+    // Fetched ahead (Note [A CPU group's device gradient fetched ahead]).
+    RETURN_IF_ERROR(fetch_.done[static_cast<size_t>(fetched)].Synchronize());
+    grad = static_cast<const uint8_t*>(fetch_.slots[static_cast<size_t>(fetched)].data());
+    ++fetch_.groups;
+  } else if (store_->grad_on_device(g.chunk)) {
     // A device group updated on the CPU (its states come through OptimizerStates' bounce
     // buffer): its gradient shard comes over too, never read where it is.
     if (!grad_bounce_) {

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -101,6 +102,7 @@ struct UpdaterStats {
 // TZ_UPDATE_BEHIND_FORWARD (Note [The update phase behind the next forward]).
 extern Tunable<std::string> kUpdateBehindForward;
 extern Tunable<std::string> kNormAhead;  // speculation.cc
+extern Tunable<bool> kGradFetchAhead;    // update_phase.cc
 // TZ_OPTIMIZER_WRITE_BEHIND: the phase's last NVMe state writes finish behind the next forward.
 bool OptimizerWritesBehind();
 
@@ -163,6 +165,9 @@ class Updater {
   int last_announced() const { return spec_.last_announced; }      // chunks the last start heard of
   // Chunks whose host gradient shards the last Step found summed during the backward.
   int last_summed_ahead() const { return last_summed_ahead_; }
+  // CPU updates whose device gradient shard was fetched ahead (Note [A CPU group's device
+  // gradient fetched ahead]), over the run.
+  uint64_t gradients_fetched_ahead() const { return fetch_.groups; }
   void Snapshot(ReportSnapshot::Update& u) const;
   CpuAdam& cpu_adam() { return *adam_plain_; }
 
@@ -317,6 +322,23 @@ class Updater {
   std::atomic<uint64_t> moved_h2d_{0}, moved_d2h_{0};
   std::unique_ptr<PinnedArena> grad_bounce_arena_;
   std::optional<PinnedSlot> grad_bounce_;
+  // Note [A CPU group's device gradient fetched ahead] (grad_fetch.cc): while the CPU chain's
+  // Adam runs on one group, the next group's device gradient shard comes over into the other
+  // slot. Only the chain's thread touches it, between FetchBegin and FetchEnd.
+  struct GradFetch {
+    std::unique_ptr<PinnedArena> arena;  // two slots of a gradient shard, made on first use
+    std::vector<PinnedSlot> slots;
+    std::optional<Stream> stream;
+    std::vector<Event> done;    // per slot: its copy has landed
+    int held[2] = {-1, -1};     // the chunk each slot holds (or is receiving)
+    std::vector<int> order;     // the chain's chunks with a device gradient, in order
+    std::vector<int> position;  // per chunk: its place in `order`, or -1
+    size_t issued = 0;          // copies issued: order[0 .. issued)
+    uint64_t groups = 0;        // updates that read a fetched gradient (for tests)
+  } fetch_;
+  Status FetchBegin(const std::function<bool(int)>& takes);
+  Status FetchNext(int chunk);  // before chunk's Adam: the next one's copy
+  void FetchEnd();
   std::vector<bool> decays_;                     // per tensor
   std::vector<std::vector<ShardSlice>> slices_;  // per chunk: this rank's tensor slices
   bool shut_down_ = false;

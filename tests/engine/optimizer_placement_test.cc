@@ -27,6 +27,7 @@ struct TrainResult {
   EngineStats stats;
   int summed_ahead = 0;  // chunks the last step's norm found summed during the backward
   int chunks = 0;
+  uint64_t fetched_ahead = 0;  // CPU updates that read a device gradient fetched ahead
 };
 
 // How the loop announces its steps: not at all, with the step's own options, or (every third
@@ -70,6 +71,7 @@ TrainResult Train(const EngineConfig& ec, int steps, Prepare prepare = Prepare::
   if (announced != nullptr) *announced = EngineInternals::Of(*engine).updater->last_announced();
   out.summed_ahead = EngineInternals::Of(*engine).updater->last_summed_ahead();
   out.chunks = EngineInternals::Of(*engine).cm->layout().num_chunks();
+  out.fetched_ahead = EngineInternals::Of(*engine).updater->gradients_fetched_ahead();
   return out;
 }
 
@@ -270,7 +272,9 @@ TEST_P(SpeculativeStartTest, NormSummedAheadIsTheNormSummedAfter) {
     // the backward, or at EndIteration at the latest).
     EXPECT_GT(ahead.chunks, 1);
     EXPECT_EQ(ahead.summed_ahead, ahead.chunks);
-    if (f16) EXPECT_GT(ahead.stats.skipped_steps, 0);
+    if (f16) {
+      EXPECT_GT(ahead.stats.skipped_steps, 0);
+    }
     EXPECT_EQ(ahead.stats.skipped_steps, after.stats.skipped_steps);
     ASSERT_EQ(ahead.losses.size(), after.losses.size());
     ASSERT_EQ(after.losses.size(), static_cast<size_t>(12 * c.accumulation));
@@ -279,6 +283,45 @@ TEST_P(SpeculativeStartTest, NormSummedAheadIsTheNormSummedAfter) {
     ASSERT_EQ(ahead.params.size(), after.params.size());
     for (size_t p = 0; p < after.params.size(); ++p)
       ASSERT_EQ(ahead.params[p], after.params[p]) << "parameter " << p;
+  }
+}
+
+// Note [A CPU group's device gradient fetched ahead]: with the accumulation shards on the device
+// and the states in host memory, the CPU chain copies each next group's gradient over while the
+// current group's Adam runs; the run is bit for bit the one copying each before its Adam, with
+// every group on the CPU and with half of them updated by the device meanwhile.
+TEST_P(OptimizerPlacementTest, GradientsFetchedAheadTrainBitIdentically) {
+  for (const bool half_streamed : {false, true}) {
+    SCOPED_TRACE(half_streamed ? "half on the device" : "all on the CPU");
+    EngineConfig ec = testing_models::SmallEngineConfig(DeviceChoice::kHost);
+    ec.compute_dtype = GetParam();
+    ec.grad_accumulation = 2;
+    ec.device_shard_budget = uint64_t{64} << 20;  // parameters and accumulation shards
+    ec.optimizer = half_streamed ? OptimizerPlacement::kFraction : OptimizerPlacement::kCpu;
+    ec.optimizer_device_fraction = half_streamed ? 0.5 : 0;
+    TrainResult before, ahead;
+    {
+      ScopedTunable<bool> mode(kGradFetchAhead, false);
+      before = Train(ec, 10);
+    }
+    {
+      ScopedTunable<bool> mode(kGradFetchAhead, true);
+      ahead = Train(ec, 10);
+    }
+    EXPECT_EQ(before.fetched_ahead, 0u);
+    // Every CPU update of the run but none of the streamed ones read a fetched gradient.
+    EXPECT_GE(ahead.fetched_ahead, 10u * (half_streamed ? 1 : static_cast<uint64_t>(ahead.chunks)));
+    if (half_streamed) {  // the device's chain ran beside the CPU's
+      EXPECT_GT(ahead.stats.optimizer_streamed_groups + ahead.stats.optimizer_resident_groups, 0);
+    }
+    EXPECT_GT(ahead.stats.optimizer_cpu_groups, 0);
+    ASSERT_EQ(ahead.losses.size(), before.losses.size());
+    ASSERT_EQ(before.losses.size(), 20u);
+    for (size_t i = 0; i < before.losses.size(); ++i)
+      ASSERT_EQ(ahead.losses[i], before.losses[i]) << "micro-batch " << i;
+    ASSERT_EQ(ahead.params.size(), before.params.size());
+    for (size_t p = 0; p < before.params.size(); ++p)
+      ASSERT_EQ(ahead.params[p], before.params[p]) << "parameter " << p;
   }
 }
 

@@ -301,5 +301,34 @@ TEST(UpdateAssignment, TooLittleDeviceMemoryStreamsNothing) {
   EXPECT_NEAR(p.phase_s, 3.0, 1e-12);
 }
 
+// Note [A CPU group's device gradient fetched ahead]: CPU groups whose gradient shard is on the
+// device. A 200-byte gradient at 400 B/s is 0.5 s of copy to 1 s of Adam.
+//   one at a time: 4 x (0.5 + 1) = 6 s.
+//   fetched ahead: group 0's copy [0, 0.5], its Adam [0.5, 1.5]; group 1's copy issued at 0.5 (when
+//   group 0 starts), [0.5, 1], its Adam [1.5, 2.5]; and so on: 0.5 + 4 x 1 = 4.5 s.
+//   With a 2 s copy (100 B/s) the link paces the chain: copies [0, 2], [2, 4], [4, 6], [6, 8]
+//   (each issued before the one before it ends), Adams start at 2, 4, 6, 8: 9 s.
+TEST(UpdateAssignment, ACpuGroupsDeviceGradientComesOverDuringTheAdamBefore) {
+  std::vector<UpdateGroup> g(4, HostGroup());
+  for (auto& x : g) x.grad_on_device = true;
+  const std::vector<W> cpu(4, W::kCpu);
+  UpdateRates r = Rates(400);
+  r.cpu_grad_fetch_ahead = false;
+  EXPECT_NEAR(Simulate(g, cpu, r, 0).cpu_s, 6.0, 1e-12);
+  r.cpu_grad_fetch_ahead = true;
+  UpdateAssignment p = Simulate(g, cpu, r, 0);
+  EXPECT_NEAR(p.cpu_s, 4.5, 1e-12);
+  EXPECT_NEAR(p.group_end_s[0], 1.5, 1e-12);
+  EXPECT_NEAR(p.group_end_s[3], 4.5, 1e-12);
+  r = Rates(100);
+  EXPECT_NEAR(Simulate(g, cpu, r, 0).cpu_s, 9.0, 1e-12);
+  // A host gradient between them costs no copy and issues none.
+  g[1].grad_on_device = false;
+  r = Rates(400);
+  // Group 0 [0.5, 1.5]; group 1 [1.5, 2.5]; group 2's copy issued at 0.5, ends 1.0: Adam [2.5,
+  // 3.5]; group 3's copy issued at 2.5 (group 2's start): [2.5, 3], Adam [3.5, 4.5].
+  EXPECT_NEAR(Simulate(g, cpu, r, 0).cpu_s, 4.5, 1e-12);
+}
+
 }  // namespace
 }  // namespace tierzero
