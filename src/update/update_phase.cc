@@ -554,11 +554,11 @@ Status Updater::RunPhase(const AdamStepOptions& so, bool prof) {
 Status Updater::RunCpuChain(const AdamStepOptions& so, bool prof, bool mark, double& adam_s,
                             uint64_t& adam_elems) {
   const auto takes = [&](int c) { return CpuChainTakes(c); };
-  RETURN_IF_ERROR(FetchBegin(takes));
-  struct End {
+  struct End {  // drains the fetches on every way out, a failed FetchBegin's too
     Updater* u;
     ~End() { u->FetchEnd(); }
   } end{this};
+  RETURN_IF_ERROR(FetchBegin(takes));
   return optimizer().ForEach(
       [&](const OptimizerGroup& g) {
         RETURN_IF_ERROR(FetchNext(g.chunk));
