@@ -60,15 +60,7 @@ TZ_TUNABLE_CHOICE(kNormAhead, "TZ_NORM_AHEAD", "auto",
 Status Updater::SumChunkAhead(int c) {
   const size_t i = static_cast<size_t>(c);
   if (spec_.summed[i] || store_->grad_on_device(c)) return Status::OK();
-  const DType gt = store_->grad_dtype();
-  const auto* g = static_cast<const uint8_t*>(store_->grad(c));
-  std::vector<double>& out = spec_.sums[i];
-  out.clear();
-  for (const ShardSlice& sl : slices_[i]) {
-    ASSIGN_OR_RETURN(double s,
-                     adam_plain_->SumSquares(g + DTypeBytes(gt, sl.shard_offset), gt, sl.numel));
-    out.push_back(s);
-  }
+  RETURN_IF_ERROR(HostSliceSums(c, spec_.sums[i]));
   spec_.summed[i] = true;
   return Status::OK();
 }

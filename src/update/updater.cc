@@ -99,32 +99,23 @@ OptimizerCounters Updater::optimizer_counters() const {
 // A host shard's slices may have been summed during the backward (Note [The gradient norm
 // summed as the shards become final] in speculation.cc): the same sums, used once.
 StatusOr<double> Updater::GradSumSquares() {
-  const DType gt = store_->grad_dtype();
   ASSIGN_OR_RETURN(const std::vector<double> on_device, DeviceSliceSums());
   std::vector<bool> summed = std::move(spec_.summed);
   spec_.summed.clear();
   size_t k = 0;
   double sumsq = 0;
   last_summed_ahead_ = 0;
+  std::vector<double> own;
   for (int c = 0; c < layout_.num_chunks(); ++c) {
     const size_t i = static_cast<size_t>(c);
-    const auto* g = static_cast<const uint8_t*>(store_->grad(c));
+    if (store_->grad_on_device(c)) {
+      for (size_t j = 0; j < slices_[i].size(); ++j) sumsq += on_device[k++];
+      continue;
+    }
     const bool ahead = i < summed.size() && summed[i] && spec_.sums[i].size() == slices_[i].size();
     last_summed_ahead_ += ahead;
-    for (size_t j = 0; j < slices_[i].size(); ++j) {
-      const ShardSlice& sl = slices_[i][j];
-      if (store_->grad_on_device(c)) {
-        sumsq += on_device[k++];
-        continue;
-      }
-      if (ahead) {
-        sumsq += spec_.sums[i][j];
-        continue;
-      }
-      ASSIGN_OR_RETURN(double s,
-                       adam_plain_->SumSquares(g + DTypeBytes(gt, sl.shard_offset), gt, sl.numel));
-      sumsq += s;
-    }
+    if (!ahead) RETURN_IF_ERROR(HostSliceSums(c, own));
+    for (double s : ahead ? spec_.sums[i] : own) sumsq += s;
   }
   if (world() > 1) {
     // The ranks' sums in rank order, so every rank gets the same norm bit for bit.
@@ -133,6 +124,19 @@ StatusOr<double> Updater::GradSumSquares() {
     for (double x : all) sumsq += x;
   }
   return sumsq;
+}
+
+// The sum of squares of each slice of chunk c's host gradient shard, in slice order.
+Status Updater::HostSliceSums(int c, std::vector<double>& out) const {
+  const DType gt = store_->grad_dtype();
+  const auto* g = static_cast<const uint8_t*>(store_->grad(c));
+  out.clear();
+  for (const ShardSlice& sl : slices_[static_cast<size_t>(c)]) {
+    ASSIGN_OR_RETURN(double s,
+                     adam_plain_->SumSquares(g + DTypeBytes(gt, sl.shard_offset), gt, sl.numel));
+    out.push_back(s);
+  }
+  return Status::OK();
 }
 
 // The sum of squares of each slice of the gradient shards kept on the device (Note [Gradient

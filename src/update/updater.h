@@ -278,6 +278,7 @@ class Updater {
   Status Init();
   Status CreatePhase();  // update_phase.cc
   StatusOr<double> GradSumSquares();
+  Status HostSliceSums(int chunk, std::vector<double>& out) const;
   Status SumChunkAhead(int chunk);  // speculation.cc
   StatusOr<std::vector<double>> DeviceSliceSums();
   Status AdamGroup(const OptimizerGroup& group, const AdamStepOptions& options, bool profiled);

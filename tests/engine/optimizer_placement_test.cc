@@ -75,6 +75,17 @@ TrainResult Train(const EngineConfig& ec, int steps, Prepare prepare = Prepare::
   return out;
 }
 
+// `got` trained bit for bit as `want` did: every micro-batch's loss and every parameter.
+void ExpectSameRun(const TrainResult& got, const TrainResult& want, size_t micro_batches) {
+  ASSERT_EQ(want.losses.size(), micro_batches);
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t i = 0; i < want.losses.size(); ++i)
+    ASSERT_EQ(got.losses[i], want.losses[i]) << "micro-batch " << i;
+  ASSERT_EQ(got.params.size(), want.params.size());
+  for (size_t p = 0; p < want.params.size(); ++p)
+    ASSERT_EQ(got.params[p], want.params[p]) << "parameter " << p;
+}
+
 struct Case {
   const char* name;
   OptimizerPlacement placement;
@@ -138,12 +149,7 @@ TEST_P(OptimizerPlacementTest, EveryPlacementTrainsBitIdentically) {
   EXPECT_LT(ref.losses.back(), ref.losses.front());
   for (size_t r = 1; r < runs.size(); ++r) {
     SCOPED_TRACE(cases[r].name);
-    ASSERT_EQ(runs[r].losses.size(), ref.losses.size());
-    for (size_t i = 0; i < ref.losses.size(); ++i)
-      ASSERT_EQ(runs[r].losses[i], ref.losses[i]) << "step " << i;
-    ASSERT_EQ(runs[r].params.size(), ref.params.size());
-    for (size_t p = 0; p < ref.params.size(); ++p)
-      ASSERT_EQ(runs[r].params[p], ref.params[p]) << "parameter " << p;
+    ASSERT_NO_FATAL_FAILURE(ExpectSameRun(runs[r], ref, 20));
   }
 }
 
@@ -218,13 +224,7 @@ TEST_P(SpeculativeStartTest, IsExactWhetherUsedOrRolledBack) {
       EXPECT_GT(spec.stats.skipped_steps, 0);
     }
     EXPECT_EQ(spec.stats.skipped_steps, ref.stats.skipped_steps);
-    ASSERT_EQ(spec.losses.size(), ref.losses.size());
-    ASSERT_EQ(ref.losses.size(), static_cast<size_t>(20 * c.accumulation));
-    for (size_t i = 0; i < ref.losses.size(); ++i)
-      ASSERT_EQ(spec.losses[i], ref.losses[i]) << "micro-batch " << i;
-    ASSERT_EQ(spec.params.size(), ref.params.size());
-    for (size_t p = 0; p < ref.params.size(); ++p)
-      ASSERT_EQ(spec.params[p], ref.params[p]) << "parameter " << p;
+    ASSERT_NO_FATAL_FAILURE(ExpectSameRun(spec, ref, static_cast<size_t>(20 * c.accumulation)));
   }
 }
 
@@ -276,13 +276,7 @@ TEST_P(SpeculativeStartTest, NormSummedAheadIsTheNormSummedAfter) {
       EXPECT_GT(ahead.stats.skipped_steps, 0);
     }
     EXPECT_EQ(ahead.stats.skipped_steps, after.stats.skipped_steps);
-    ASSERT_EQ(ahead.losses.size(), after.losses.size());
-    ASSERT_EQ(after.losses.size(), static_cast<size_t>(12 * c.accumulation));
-    for (size_t i = 0; i < after.losses.size(); ++i)
-      ASSERT_EQ(ahead.losses[i], after.losses[i]) << "micro-batch " << i;
-    ASSERT_EQ(ahead.params.size(), after.params.size());
-    for (size_t p = 0; p < after.params.size(); ++p)
-      ASSERT_EQ(ahead.params[p], after.params[p]) << "parameter " << p;
+    ASSERT_NO_FATAL_FAILURE(ExpectSameRun(ahead, after, static_cast<size_t>(12 * c.accumulation)));
   }
 }
 
@@ -315,13 +309,7 @@ TEST_P(OptimizerPlacementTest, GradientsFetchedAheadTrainBitIdentically) {
       EXPECT_GT(ahead.stats.optimizer_streamed_groups + ahead.stats.optimizer_resident_groups, 0);
     }
     EXPECT_GT(ahead.stats.optimizer_cpu_groups, 0);
-    ASSERT_EQ(ahead.losses.size(), before.losses.size());
-    ASSERT_EQ(before.losses.size(), 20u);
-    for (size_t i = 0; i < before.losses.size(); ++i)
-      ASSERT_EQ(ahead.losses[i], before.losses[i]) << "micro-batch " << i;
-    ASSERT_EQ(ahead.params.size(), before.params.size());
-    for (size_t p = 0; p < before.params.size(); ++p)
-      ASSERT_EQ(ahead.params[p], before.params[p]) << "parameter " << p;
+    ASSERT_NO_FATAL_FAILURE(ExpectSameRun(ahead, before, 20));
   }
 }
 
