@@ -105,7 +105,7 @@ Status Updater::BeginTraining(bool last_micro_batch, int64_t step, float loss_sc
   if (spec_.queue || !last_micro_batch) return Status::OK();
   const std::string ahead_mode = kNormAhead.Get();
   const bool sum_ahead = ahead_mode == "on" || ahead_mode == "1" || ahead_mode == "true" ||
-                         (ahead_mode == "auto" && !cfg_.host_compute && store_->grad_bytes() > 0);
+                         (ahead_mode == "auto" && !cfg_.host_compute);
   bool speculate = spec_.prepared && cfg_.speculative_step != SpeculativeStep::kOff &&
                    !(cfg_.speculative_step == SpeculativeStep::kAuto &&
                      (cfg_.host_compute || !spec_.last_clean));
