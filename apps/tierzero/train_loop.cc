@@ -320,10 +320,12 @@ Status TrainRun::RunStep(int step) {
     }
   }
   TZ_RETURN_IF_ERROR(AgreeToGoOn(std::move(read)));
+  const auto compute_t0 = std::chrono::steady_clock::now();
   for (const gpt::Batch& batch : batches) {
     TZ_ASSIGN_OR_RETURN(const double l, model_->ForwardBackward(batch));
     loss += l / accum;
   }
+  const double compute_s = SecondsSince(compute_t0);
   // Ctrl-C is read once per step; with several ranks the ranks agree on it below, and only
   // the agreed value is used, so every rank stops after the same step.
   interrupted_ = InterruptRequested();
@@ -341,7 +343,9 @@ Status TrainRun::RunStep(int step) {
       if (r.interrupted != 0) interrupted_ = true;
     }
   }
+  const auto step_call_t0 = std::chrono::steady_clock::now();
   TZ_ASSIGN_OR_RETURN(const StepResult r, engine_->Step({static_cast<float>(lr)}));
+  const double step_call_s = SecondsSince(step_call_t0);
   model_step_ = step + 1;
   StartKept();
   const double dt = SecondsSince(t0);
@@ -357,11 +361,11 @@ Status TrainRun::RunStep(int step) {
   }
   total_tokens_ += tokens_per_step;
   total_compute_s_ += dt;
-  {
-    const EngineStats now = engine_->stats();
-    step_acquire_wait_s_ += now.acquire_wait_seconds - before.acquire_wait_seconds;
-    step_update_wait_s_ += now.update_wait_seconds - before.update_wait_seconds;
-  }
+  const EngineStats now = engine_->stats();
+  const double acquire_wait_s = now.acquire_wait_seconds - before.acquire_wait_seconds;
+  const double update_wait_s = now.update_wait_seconds - before.update_wait_seconds;
+  step_acquire_wait_s_ += acquire_wait_s;
+  step_update_wait_s_ += update_wait_s;
   const TierUsage u = engine_->usage();
   json m = {{"step", step + 1},
             {"loss", loss},
@@ -374,7 +378,12 @@ Status TrainRun::RunStep(int step) {
             {"device_bytes", u.device},
             {"device_peak_bytes", u.device_peak},
             {"host_bytes", u.host},
-            {"nvme_bytes", u.nvme}};
+            {"nvme_bytes", u.nvme},
+            // Where the step's time went, on the host's clock (docs/config.md, "metrics").
+            {"forward_backward_s", compute_s},
+            {"engine_step_s", step_call_s},
+            {"parameter_wait_s", acquire_wait_s},
+            {"update_wait_s", update_wait_s}};
   if (world_ > 1) {
     // This rank's bytes in the step's gathers and reductions (docs/zero.md, "Bytes on the wire").
     const EngineStats after = engine_->stats();

@@ -181,6 +181,7 @@ void Engine::Impl::PlaceDeviceSpans() {
   if (!device_timed) return;
   device_timed = false;
   // The iteration's work is done (EndIteration waited for every stream).
+  double forward_begin_s = -1, forward_end_s = -1;
   for (size_t k = 0; k < moment_times.size(); ++k) {
     MomentTimes& m = moment_times[k];
     if (m.ready_ev.handle().impl == nullptr || m.release_ev.handle().impl == nullptr) continue;
@@ -193,7 +194,15 @@ void Engine::Impl::PlaceDeviceSpans() {
     m.release_s = std::max(m.ready_s, profile_origin_s + *release);
     timeline.Add({Track::kCompute, (m.backward ? "backward " : "forward ") + std::to_string(k),
                   m.ready_s, m.release_s - m.ready_s, static_cast<int>(k)});
+    if (!m.backward) {
+      if (forward_begin_s < 0) forward_begin_s = m.ready_s;
+      forward_end_s = m.release_s;
+    }
   }
+  // The training forward on the device's clock: the time the update's CPU chain can hide
+  // behind (Note [The forward's time on the device], update_phase.cc).
+  if (iteration_train && forward_begin_s >= 0 && updater)
+    updater->NoteDeviceForward(forward_end_s - forward_begin_s);
 }
 
 // ---- Usage, stats

@@ -14,6 +14,7 @@
 // they touch returns.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -127,6 +128,9 @@ class Updater {
   // A training forward ended after `seconds` (less its waits for this Updater): the time the
   // CPU chain can hide behind.
   void NoteForward(double seconds);
+  // A profiled training forward's span on the device's clock (Note [The forward's time on the
+  // device]): on a GPU the host's span above is only its enqueueing.
+  void NoteDeviceForward(double seconds) { device_forward_s_ = std::max(seconds, 0.0); }
   // The step's last backward began (after Await): the NVMe read-ahead's window starts.
   void NoteLastBackward();
   // Best effort: the NVMe groups' states start coming in (Note [Optimizer I/O around the step]).
@@ -354,6 +358,7 @@ class Updater {
   // micro-batches' backward spans up to the step (the NVMe read-ahead's window), the last
   // kSpanWindow of each.
   std::vector<double> forward_spans_, backward_spans_;
+  double device_forward_s_ = 0;  // NoteDeviceForward; 0: none measured
   std::chrono::steady_clock::time_point backward_t0_{};
   bool backward_open_ = false;
   bool prefetch_warned_ = false;

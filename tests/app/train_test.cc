@@ -221,6 +221,14 @@ TEST(Train, SmallRunLearnsResumesAndExports) {
       last_acc = m["val_accuracy"];
     }
     if (m.contains("loss")) {
+      // Where the step's time went: parts of it, each within the step (a little slack for the
+      // clock reads between them).
+      const double step_s = m["step_s"], fb = m["forward_backward_s"], st = m["engine_step_s"];
+      EXPECT_GT(fb, 0);
+      EXPECT_GE(st, 0);
+      EXPECT_LE(fb + st, step_s * 1.01 + 1e-4);
+      EXPECT_LE(m["parameter_wait_s"].get<double>() + m["update_wait_s"].get<double>(),
+                fb + st + 1e-4);
       if (steps == 0) first_loss = m["loss"];
       last_loss = m["loss"];
       ++steps;
