@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 namespace tierzero::testing_cuda {
@@ -23,6 +24,14 @@ std::vector<T> Download(const T* d, size_t n) {
   std::vector<T> h(n);
   EXPECT_EQ(cudaMemcpy(h.data(), d, sizeof(T) * n, cudaMemcpyDeviceToHost), cudaSuccess);
   return h;
+}
+
+// Under compute-sanitizer (the device script sets TZ_UNDER_SANITIZER=1) the largest sizes are
+// left out: racecheck's instrumentation made one megabyte-sized case outlast the call's budget
+// (session 37). The smaller sizes still span several blocks and a ragged tail.
+inline bool UnderSanitizer() {
+  const char* v = std::getenv("TZ_UNDER_SANITIZER");
+  return v != nullptr && *v != '\0' && *v != '0';
 }
 
 }  // namespace tierzero::testing_cuda
