@@ -18,6 +18,10 @@ enum class Track : uint8_t { kCompute, kH2D, kD2H, kNvmeRead, kNvmeWrite, kOptim
 const char* TrackName(Track t);
 inline constexpr int kNumTracks = static_cast<int>(Track::kComm) + 1;  // kComm is the last
 
+// The optimizer track's span of the update phase's rate probe (its first step: Note [Measuring
+// the update phase's rates]); the report keeps it out of the NVMe waits.
+inline constexpr const char* kRateProbeSpan = "measuring the update's rates";
+
 struct TimelineEvent {
   Track track = Track::kCompute;
   std::string name;

@@ -149,7 +149,7 @@ json Profile(const ReportSnapshot& s) {
   json moments = ProfiledMoments(s, totals);
   Link links[kNumTracks];
   json events = json::array();
-  double adam = 0, norm = 0;
+  double adam = 0, norm = 0, probe = 0;
   for (const TimelineEvent& e : p.events) {
     Link& l = links[static_cast<int>(e.track)];
     if (e.lane == 0) {
@@ -158,6 +158,7 @@ json Profile(const ReportSnapshot& s) {
     }
     if (e.track == Track::kOptimizer && e.chunk >= 0 && e.lane == 0) adam += e.dur_s;
     if (e.track == Track::kOptimizer && e.name == "gradient norm") norm = e.dur_s;
+    if (e.track == Track::kOptimizer && e.name == kRateProbeSpan) probe += e.dur_s;
     events.push_back({{"track", TrackName(e.track)},
                       {"name", e.name},
                       {"start", e.start_s},
@@ -182,8 +183,10 @@ json Profile(const ReportSnapshot& s) {
         {"largest_compute_idle_seconds", totals.largest_idle},
         {"optimizer_seconds", p.step_seconds},
         {"optimizer_compute_seconds", adam},
-        // The step's time in neither the norm nor Adam: waiting for NVMe states.
-        {"optimizer_io_wait_seconds", std::max(0.0, p.step_seconds - norm - adam)}}},
+        // The first step measures the update phase's rates (a one-time probe).
+        {"optimizer_rate_probe_seconds", probe},
+        // The step's time in neither the norm, Adam nor the probe: waiting for NVMe states.
+        {"optimizer_io_wait_seconds", std::max(0.0, p.step_seconds - norm - adam - probe)}}},
       {"links",
        {{"h2d", link(Track::kH2D)},
         {"d2h", link(Track::kD2H)},

@@ -243,14 +243,18 @@ StatusOr<std::string> ReportSummary(const std::string& text) {
   ASSIGN_OR_RETURN(const double stall, b.get<double>("stall_seconds"));
   ASSIGN_OR_RETURN(const double opt, b.get<double>("optimizer_seconds"));
   ASSIGN_OR_RETURN(const double io, b.get<double>("optimizer_io_wait_seconds"));
+  // Reports before the field lack it.
+  ASSIGN_OR_RETURN(const double probe, b.get_or<double>("optimizer_rate_probe_seconds", 0.0));
   ASSIGN_OR_RETURN(const int64_t iteration, p.get<int64_t>("iteration"));
   const double total = fwd + bwd + wait + opt;
+  const std::string probe_text =
+      probe > 0 ? "; measuring the update's rates, once, " + Ms(probe) : std::string();
   std::snprintf(line, sizeof line,
                 "profiled iteration %lld: forward %s, backward %s, waiting for parameters %s "
-                "(%.1f%%; device stalls %s), optimizer %s (NVMe waits %s)\n",
+                "(%.1f%%; device stalls %s), optimizer %s (NVMe waits %s%s)\n",
                 static_cast<long long>(iteration), Ms(fwd).c_str(), Ms(bwd).c_str(),
                 Ms(wait).c_str(), pct(wait, total), Ms(stall).c_str(), Ms(opt).c_str(),
-                Ms(io).c_str());
+                Ms(io).c_str(), probe_text.c_str());
   o << line;
   // Note [The compute stream's idle time] (report_json.cc); reports before it lack the field.
   ASSIGN_OR_RETURN(const double idle, b.get_or<double>("compute_idle_seconds", -1.0));

@@ -385,7 +385,14 @@ Status Updater::RunPhase(const AdamStepOptions& so, bool prof) {
         scratch_bytes = bytes;
       }
     }
+    // A span of its own in a profiled step: not a wait for NVMe, not Adam (the report's
+    // `optimizer_rate_probe_seconds`).
+    const double probe_start_s = prof ? timeline_.Now() : 0.0;
     ASSIGN_OR_RETURN(phase_.rates, MeasureRates(scratch, scratch_bytes));
+    if (prof) {
+      timeline_.Add({Track::kOptimizer, std::string(kRateProbeSpan), probe_start_s,
+                     timeline_.Now() - probe_start_s});
+    }
     phase_.measured = true;
     const UpdateRates& r = phase_.rates;
     TZ_LOG(kInfo, kEngine) << "update rates: CPU Adam " << r.cpu_params_per_s / 1e6

@@ -73,6 +73,10 @@ ReportSnapshot Snapshot() {
   TimelineEvent norm = Span(Track::kOptimizer, 4.9, 0.25, 0);
   norm.name = "gradient norm";
   s.profile.events.push_back(norm);
+  // The first step's rate probe: neither Adam nor a wait for NVMe.
+  TimelineEvent probe = Span(Track::kOptimizer, 4.6, 0.3, 0);
+  probe.name = kRateProbeSpan;
+  s.profile.events.push_back(probe);
   return s;
 }
 
@@ -90,7 +94,8 @@ TEST(ReportJsonTest, DerivedFiguresMatchHandComputedValues) {
   EXPECT_DOUBLE_EQ(b["parameter_wait_seconds"].get<double>(), 0.25);
   EXPECT_NEAR(b["stall_seconds"].get<double>(), 0.35, 1e-12);
   EXPECT_DOUBLE_EQ(b["optimizer_compute_seconds"].get<double>(), 0.75);
-  EXPECT_DOUBLE_EQ(b["optimizer_io_wait_seconds"].get<double>(), 2.0 - 0.25 - 0.75);
+  EXPECT_DOUBLE_EQ(b["optimizer_rate_probe_seconds"].get<double>(), 0.3);
+  EXPECT_DOUBLE_EQ(b["optimizer_io_wait_seconds"].get<double>(), 2.0 - 0.25 - 0.75 - 0.3);
   const json& m0 = r["profile"]["moments"][0];
   EXPECT_EQ(m0["device"]["free_bytes"].get<uint64_t>(), 300u);  // 1000 - 600 - 100
   EXPECT_EQ(r["profile"]["moments"][1]["device"]["free_bytes"].get<uint64_t>(), 0u);  // over
@@ -98,7 +103,7 @@ TEST(ReportJsonTest, DerivedFiguresMatchHandComputedValues) {
   EXPECT_EQ(m0["nvme"]["free_bytes"].get<uint64_t>(), 5000u);
   EXPECT_EQ(r["optimizer"]["sub_groups"][1]["bytes"].get<uint64_t>(), 120u);  // 10 x 12 B
   EXPECT_EQ(r["optimizer"]["sub_groups"][1]["tier"].get<std::string>(), "nvme");
-  EXPECT_EQ(r["profile"]["events"].size(), 8u);
+  EXPECT_EQ(r["profile"]["events"].size(), 9u);
 }
 
 // Note [The compute stream's idle time]: the gaps between the merged compute spans, nested
