@@ -140,6 +140,7 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
     const int fl = ::fcntl(fd, F_GETFL);
     if (fl >= 0) ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     f.fd = fd;
+    f.bytes = bytes;
     s->files_.push_back(f);  // closed by the destructor from here on
     File& file = s->files_.back();
     int32_t header[3] = {0, 0, 0};
@@ -208,6 +209,7 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
           (s->files_.size() > 1 ? "the last file validates, the others train"
                                 : "one file: its first 90% trains, its last 10% validates"));
   }
+  s->fingerprint_ = s->ComputeFingerprint();
   return s;
 }
 
@@ -286,7 +288,7 @@ uint64_t TokenShards::split_tokens(bool validation) const {
   return n;
 }
 
-uint64_t TokenShards::Fingerprint() const {
+uint64_t TokenShards::ComputeFingerprint() const {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&](const void* data, size_t n) {
     const auto* p = static_cast<const uint8_t*>(data);
@@ -297,12 +299,11 @@ uint64_t TokenShards::Fingerprint() const {
   };
   std::vector<uint8_t> buf(size_t{64} << 10);
   for (const File& f : files_) {
-    struct stat st {};
-    if (::fstat(f.fd, &st) != 0) continue;
-    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    const uint64_t size = f.bytes;
     mix(&size, sizeof size);
     for (const uint64_t at : {uint64_t{0}, size > buf.size() ? size - buf.size() : uint64_t{0}}) {
-      const ssize_t got = ::pread(f.fd, buf.data(), buf.size(), static_cast<off_t>(at));
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), size - at));
+      const ssize_t got = ::pread(f.fd, buf.data(), want, static_cast<off_t>(at));
       if (got > 0) mix(buf.data(), static_cast<size_t>(got));
     }
   }

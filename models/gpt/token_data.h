@@ -57,8 +57,10 @@ class TokenShards {
   size_t files() const { return files_.size(); }
   std::string Describe() const;
   // A hash of the files' sizes and of their first and last 64 KiB: ranks comparing theirs find
-  // one path naming different data on two machines (Dataset::Fingerprint).
-  uint64_t Fingerprint() const;
+  // one path naming different data on two machines (Dataset::Fingerprint). Taken once, at Open:
+  // what the run reads, which a checkpoint records (a file grown or cut under the run afterwards
+  // is not what it read).
+  uint64_t Fingerprint() const { return fingerprint_; }
 
  private:
   struct File {
@@ -66,8 +68,11 @@ class TokenShards {
     int fd = -1;
     uint64_t offset = 0;  // of token 0 (the header's size for a shard)
     uint64_t count = 0;
+    uint64_t bytes = 0;  // its size at Open
     bool shard = false;  // llm.c's header (else raw uint16)
   };
+  uint64_t ComputeFingerprint() const;
+  uint64_t fingerprint_ = 0;
   // Tokens [first, first + n) of file `f`, widened to int32 into `out`.
   Status Read(const File& f, uint64_t first, uint64_t n, int32_t* out) const;
   // InvalidArgument naming the first of `ids` (tokens [first, first + n) of `f`) outside the

@@ -134,6 +134,33 @@ TEST(TokenData, EvaluationWindowsStartAtMultiplesOfTheirLength) {
   }
 }
 
+// The fingerprint a checkpoint records is of what the run opened: a file grown or cut under the
+// run afterwards does not change it (a resume then compares what it opens with what was read);
+// opened again, the changed file's differs.
+TEST(TokenData, TheFingerprintIsOfTheFilesAsOpened) {
+  TempDir dir;
+  const std::vector<uint16_t> a = Tokens(100000, 3, 100);
+  WriteRaw(dir / "f.bin", a);
+  auto s = TokenShards::Open(dir / "f.bin", 100, 0);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  const uint64_t opened = (*s)->Fingerprint();
+  {
+    std::ofstream f(dir / "f.bin", std::ios::binary | std::ios::app);
+    const std::vector<uint16_t> more = Tokens(5000, 11, 100);
+    f.write(reinterpret_cast<const char*>(more.data()), 2 * 5000);
+  }
+  EXPECT_EQ((*s)->Fingerprint(), opened);
+  auto grown = TokenShards::Open(dir / "f.bin", 100, 0);
+  ASSERT_TRUE(grown.ok());
+  EXPECT_NE((*grown)->Fingerprint(), opened);
+  ::truncate((dir / "f.bin").c_str(), 2 * 100000);  // back to what was opened first
+  auto same = TokenShards::Open(dir / "f.bin", 100, 0);
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ((*same)->Fingerprint(), opened);
+  ::truncate((dir / "f.bin").c_str(), 2 * 1000);
+  EXPECT_EQ((*s)->Fingerprint(), opened);
+}
+
 TEST(TokenData, BadFilesAreRefusedWithWhatIsWrong) {
   TempDir dir;
   auto error = [&](const std::string& pattern, int vocab) {
