@@ -29,6 +29,7 @@ struct IoRequest {
   uint64_t offset = 0;  // bytes; 4 KiB aligned for O_DIRECT files
   void* buf = nullptr;  // 4 KiB aligned for O_DIRECT files
   uint32_t len = 0;
+  int transient_retries = 0;  // EINTR/EAGAIN results resubmitted so far (NvmeStore::Complete)
   // Called once with the kernel's result: bytes transferred (possibly fewer than len), or
   // -errno. Must not block for long: it runs on a completion thread.
   std::function<void(int64_t result)> done;

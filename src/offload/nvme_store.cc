@@ -371,6 +371,18 @@ Status NvmeStore::Free(const NvmeExtent& extent) {
 // last request wakes its waiters.
 void NvmeStore::Complete(Operation* op, IoRequest& r, const std::string& path, int64_t res) {
   ++requests_;
+  // Transient: a pread/pwrite interrupted by a signal (NFS with `intr`, FUSE) or asked to try
+  // again gave no error of the disk's; the same request is resubmitted, a few times at most.
+  constexpr int kTransientRetries = 16;
+  if ((res == -EINTR || res == -EAGAIN) && r.transient_retries < kTransientRetries) {
+    ++r.transient_retries;
+    Status s = io_->Resubmit(&r);
+    if (s.ok()) return;
+    ++errors_;
+    op->Fail(std::move(s).WithContext("resubmitting an interrupted transfer"));
+    op->FinishOne();
+    return;
+  }
   if (res < 0) {
     ++errors_;
     op->Fail(

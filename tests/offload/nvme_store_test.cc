@@ -247,6 +247,42 @@ TEST(NvmeFaultTest, ShortTransfersOfMoreRequestsThanTheQueueDepthDoNotDeadlock) 
   }
 }
 
+// EINTR and EAGAIN (a pread interrupted on NFS or FUSE) are no disk error: the request is
+// resubmitted, a few times at most; one that keeps failing so is an error naming it.
+TEST(NvmeFaultTest, InterruptedTransfersAreResubmitted) {
+  for (IoBackend backend : {IoBackend::kIoUring, IoBackend::kThreadPool}) {
+    TempDir dir;
+    FaultyStore f = OpenFaulty(dir, /*checksums=*/true, /*queue_depth=*/4, backend);
+    f.faults->Inject({.kind = BlockIoFault::Kind::kFail,
+                      .op = IoRequest::Op::kWrite,
+                      .count = 6,
+                      .error_code = EAGAIN});
+    f.faults->Inject({.kind = BlockIoFault::Kind::kFail,
+                      .op = IoRequest::Op::kRead,
+                      .count = 6,
+                      .error_code = EINTR});
+    auto e = f.store->Allocate(kMiB);
+    ASSERT_TRUE(e.ok());
+    AlignedBuf in(e->bytes), out(e->bytes);
+    Fill(in.data, in.size, 5);
+    ASSERT_TRUE(f.store->Write(*e, in.data).ok());
+    ASSERT_TRUE(f.store->Read(*e, out.data).ok());
+    EXPECT_EQ(0, std::memcmp(in.data, out.data, e->bytes));
+    EXPECT_EQ(f.faults->injected(), 12);
+    // Interrupted without end: an error, not a loop.
+    f.faults->Inject({.kind = BlockIoFault::Kind::kFail,
+                      .op = IoRequest::Op::kRead,
+                      .count = 1 << 20,
+                      .error_code = EINTR});
+    Status st = f.store->Read(*e, out.data);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("Interrupted"), std::string::npos) << st.ToString();
+    f.faults->Clear();
+    ASSERT_TRUE(f.store->Read(*e, out.data).ok());
+    EXPECT_EQ(0, std::memcmp(in.data, out.data, e->bytes));
+  }
+}
+
 TEST(NvmeFaultTest, IoErrorSurfacesWithContextAndStoreStaysUsable) {
   TempDir dir;
   FaultyStore f = OpenFaulty(dir);
