@@ -3,13 +3,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "tierzero/files.h"
 #include "train.h"
@@ -17,8 +20,42 @@
 namespace tierzero::app {
 using nlohmann::json;
 
+namespace {
+
+// Appends each of `lines` that `kept` (the kept lines it could equal, parsed) lacks.
+Status AppendUnwritten(const std::string& path, const std::vector<json>& kept,
+                       const std::vector<json>& lines) {
+  std::string text;
+  int n = 0;
+  for (const json& m : lines) {
+    if (std::find(kept.begin(), kept.end(), m) != kept.end()) continue;
+    text += m.dump() + "\n";
+    ++n;
+  }
+  if (n == 0) return Status::OK();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError("opening the metrics file " + path, errno);
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      const int err = errno;
+      ::close(fd);
+      return ErrnoError("writing the metrics file " + path, err);
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (::close(fd) != 0) return ErrnoError("writing the metrics file " + path, errno);
+  std::printf("  metrics: wrote %d line%s the checkpoint's run could not write into %s\n", n,
+              n == 1 ? "" : "s", path.c_str());
+  return Status::OK();
+}
+
+}  // namespace
+
 // train.h
-Status TrimMetrics(const std::string& path, int step) {
+Status TrimMetrics(const std::string& path, int step, const std::vector<std::string>& unwritten) {
   // Only a file can be trimmed: a device, a FIFO or the process's stdout is not read back.
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 && errno == ENOENT && step > 0) {
@@ -31,6 +68,19 @@ Status TrimMetrics(const std::string& path, int step) {
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || path.rfind("/dev/", 0) == 0 ||
       path.rfind("/proc/", 0) == 0)
     return Status::OK();
+  // The lines to add (of this step and before), and the earliest step among them: only kept
+  // lines from there on could be one of them.
+  std::vector<json> add;
+  int64_t add_from = std::numeric_limits<int64_t>::max();
+  for (const std::string& l : unwritten) {
+    json m = json::parse(l, nullptr, /*allow_exceptions=*/false);
+    if (!m.is_object() || !m.contains("step") || !m["step"].is_number_integer()) continue;
+    const int64_t at = m["step"].get<int64_t>();
+    if (at < 0 || at > step) continue;
+    add_from = std::min(add_from, at);
+    add.push_back(std::move(m));
+  }
+  std::vector<json> kept_tail;  // kept lines of steps add_from..
   // One pass, line by line: where the first dropped line starts, and whether any line after it
   // is kept. The usual case (lines of later steps and a torn last line) is a tail: the file is
   // cut there (ftruncate), however long the run was. Only lines dropped among kept ones make
@@ -65,8 +115,9 @@ Status TrimMetrics(const std::string& path, int step) {
       const int64_t consumed = static_cast<int64_t>(line.size()) + (in.eof() ? 0 : 1);
       if (is_kept(line)) {
         kept_after_drop = kept_after_drop || first_drop >= 0;
-        const json m = json::parse(line, nullptr, /*allow_exceptions=*/false);
+        json m = json::parse(line, nullptr, /*allow_exceptions=*/false);
         if (m.contains("loss")) last_step = std::max(last_step, m["step"].get<int64_t>());
+        if (m["step"].get<int64_t>() >= add_from) kept_tail.push_back(std::move(m));
       } else {
         if (first_drop < 0) first_drop = offset;
         ++dropped;
@@ -74,6 +125,8 @@ Status TrimMetrics(const std::string& path, int step) {
       offset += consumed;
     }
   }
+  for (const json& m : add)
+    if (m.contains("loss")) last_step = std::max(last_step, m["step"].get<int64_t>());
   note_missing();
   if (dropped == 0) {
     // A last line kept without its newline (edited by hand) would fuse with the next step's.
@@ -87,14 +140,14 @@ Status TrimMetrics(const std::string& path, int step) {
       return ErrnoError("writing the metrics file " + path, err);
     }
     ::close(fd);
-    return Status::OK();
+    return AppendUnwritten(path, kept_tail, add);
   }
   std::printf("  metrics: dropped %d line%s after step %d from %s (written after the checkpoint)\n",
               dropped, dropped == 1 ? "" : "s", step, path.c_str());
   if (!kept_after_drop) {
     if (::truncate(path.c_str(), static_cast<off_t>(first_drop)) != 0)
       return ErrnoError("trimming the metrics file " + path, errno);
-    return Status::OK();
+    return AppendUnwritten(path, kept_tail, add);
   }
   TZ_ASSIGN_OR_RETURN(const std::string text,
                       ReadFileBounded(path, kMaxReportBytes, "metrics file"));
@@ -103,7 +156,8 @@ Status TrimMetrics(const std::string& path, int step) {
   while (std::getline(in, line)) {
     if (is_kept(line)) kept += line + "\n";
   }
-  return WriteFileAtomically(path, kept);
+  TZ_RETURN_IF_ERROR(WriteFileAtomically(path, kept));
+  return AppendUnwritten(path, kept_tail, add);
 }
 
 }  // namespace tierzero::app

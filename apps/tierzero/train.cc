@@ -298,7 +298,16 @@ Status TrainRun::SetUp() {
   // first, so the file never holds a step twice. Any other run starts its metrics file empty.
   if (lead_) {
     const bool append = start_ > 0 && outputs_.in_place;
-    if (append) TZ_RETURN_IF_ERROR(TrimMetrics(out_.metrics, start_));
+    if (append) {
+      // Note [Metrics lines a stop left unwritten].
+      std::vector<std::string> unwritten;
+      const json u = json::parse(resumed_user_, nullptr, /*allow_exceptions=*/false);
+      if (u.is_object() && u.contains("metrics_unwritten") && u["metrics_unwritten"].is_array()) {
+        for (const json& l : u["metrics_unwritten"])
+          if (l.is_object()) unwritten.push_back(l.dump());
+      }
+      TZ_RETURN_IF_ERROR(TrimMetrics(out_.metrics, start_, unwritten));
+    }
     struct stat st {};
     const bool metrics_new = ::lstat(out_.metrics.c_str(), &st) != 0 && errno == ENOENT;
     TZ_ASSIGN_OR_RETURN(metrics_fd_, OpenOutputStream(out_.metrics, append, "the metrics file"));
@@ -402,9 +411,20 @@ Status TrainRun::Defer(Status s) {
   return Status::OK();
 }
 
+// Note [Metrics lines a stop left unwritten]
+// A metrics line that cannot be written (a full disk) stops the run after the step it records,
+// and the stop saves that step: a resume continues after it, so its line would be missing for
+// good (and a torn part of it is trimmed). So every line computed but not written from the
+// failure on is kept, the save records them (the user state's "metrics_unwritten"), and a
+// resume in place writes them after trimming the file (TrimMetrics): the resumed file then
+// holds every step once, as an uninterrupted run's does.
 Status TrainRun::WriteMetrics(const json& line) {
   if (metrics_fd_ < 0) return Status::OK();  // ranks other than 0 write their metrics nowhere
-  if (!pending_.ok()) return Status::OK();   // (one failed already: said at the next agreement)
+  if (!pending_.ok()) {
+    // (One failed already: said at the next agreement.)
+    unwritten_metrics_.push_back(line.dump());
+    return Status::OK();
+  }
   const std::string text = line.dump() + "\n";
   size_t done = 0;
   while (done < text.size()) {
@@ -414,6 +434,7 @@ Status TrainRun::WriteMetrics(const json& line) {
       const int err = errno;
       // Note [A checkpoint after a data error]: a failed write leaves the run between steps.
       resume_when_ = "the metrics file " + out_.metrics + " can be written";
+      unwritten_metrics_.push_back(line.dump());
       return Defer(ErrnoError(
           "writing the metrics file " + out_.metrics + (err == ENOSPC ? " (disk full)" : ""), err));
     }

@@ -112,8 +112,11 @@ Status ApplyFlags(const std::vector<std::string>& flags, RunConfig& config,
 
 // Keeps the lines of the metrics file `path` whose step is at most `step` (a resumed run drops
 // what was written after its checkpoint); lines that are not a metrics object are dropped too.
-// The file is rewritten atomically; a missing file is an empty one.
-Status TrimMetrics(const std::string& path, int step);
+// The file is rewritten atomically; a missing file is an empty one. Then `unwritten` (lines the
+// checkpoint's run computed and could not write: Note [Metrics lines a stop left unwritten] in
+// train.cc) are appended, each that the kept lines do not already hold.
+Status TrimMetrics(const std::string& path, int step,
+                   const std::vector<std::string>& unwritten = {});
 
 // A whole file's text, at most 64 MiB (a plan, rates): NotFound when it does not exist, an error
 // naming it (`what`: "plan file") for a directory, a socket or a larger file.

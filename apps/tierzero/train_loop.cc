@@ -111,6 +111,17 @@ Status TrainRun::Save(int step) {
   }
   // Note [An evaluation a stop left undone]
   if (step == eval_pending_step_) user["eval_pending"] = true;
+  // Note [Metrics lines a stop left unwritten] (train.cc): those of this step and before.
+  if (!unwritten_metrics_.empty()) {
+    json lines = json::array();
+    for (const std::string& l : unwritten_metrics_) {
+      const json m = json::parse(l, nullptr, /*allow_exceptions=*/false);
+      if (m.is_object() && m.contains("step") && m["step"].is_number_integer() &&
+          m["step"].get<int64_t>() <= step)
+        lines.push_back(m);
+    }
+    if (!lines.empty()) user["metrics_unwritten"] = lines;
+  }
   if (out_.checkpoint_dir.empty()) return Status::OK();  // --checkpoint none
   const auto t0 = std::chrono::steady_clock::now();
   Status s = engine_->SaveCheckpoint(out_.checkpoint_dir, user.dump());

@@ -105,7 +105,11 @@ class TrainRun {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<gpt::Gpt> model_;
   std::unique_ptr<Progress> progress_;
-  int metrics_fd_ = -1;       // the lead rank's
+  int metrics_fd_ = -1;  // the lead rank's
+  // Metrics lines computed but not written (the write failed, or one before it did): the next
+  // save records them and a resume in place writes them (Note [Metrics lines a stop left
+  // unwritten], train.cc).
+  std::vector<std::string> unwritten_metrics_;
   int metrics_lock_fd_ = -1;  // its lock (a regular file: MetricsLock)
   int start_ = 0, step_ = 0;
   // Note [An evaluation a stop left undone] (train.cc): the step whose scheduled evaluation

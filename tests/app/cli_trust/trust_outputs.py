@@ -99,6 +99,43 @@ def case_outputs():
     check(not left, f"temporary files left: {left}")
 
 
+def case_metrics_disk_full():
+    """A metrics file whose disk fills mid-run: the run stops and saves the step whose line it
+    could not write; a resume in place, once there is room, writes that line (Note [Metrics lines
+    a stop left unwritten]), so the file holds every step once with an uninterrupted run's
+    losses. Needs a small file system to fill (root's tmpfs); skipped where none can be mounted."""
+    cfg = write_config(os.path.join(OUT, "md.json"), train={"steps": 60, "batch_size": 8,
+                                                             "eval_every": 25, "eval_batches": 1})
+    ref = os.path.join(OUT, "md_ref")
+    ok(["train", "--config", cfg, "--run-dir", ref, "--quiet"])
+    small = os.path.join(OUT, "md_small")
+    os.makedirs(small)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12k", "tmpfs", small],
+                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode != 0:
+        print("  (no tmpfs could be mounted: skipped)")
+        return
+    try:
+        rd, ck = os.path.join(small, "r"), os.path.join(OUT, "md_ck")
+        out = refused(["train", "--config", cfg, "--run-dir", rd, "--checkpoint", ck, "--quiet"],
+                      "metrics file", "A checkpoint of step")
+        check(os.path.exists(os.path.join(ck, "manifest.json")), "a full metrics disk: no save\n" + out)
+        subprocess.run(["mount", "-o", "remount,size=1m", small], check=True)
+        ok(["train", "--config", cfg, "--run-dir", rd, "--checkpoint", ck, "--resume", ck,
+            "--quiet"])
+        got = [json.loads(line) for line in open(os.path.join(rd, "metrics.jsonl"))]
+        want = [json.loads(line) for line in open(os.path.join(ref, "metrics.jsonl"))]
+        key = lambda m: (m["step"], "loss" in m)
+        steps = [key(m) for m in got]
+        check(len(steps) == len(set(steps)), f"a line twice after the resume: {steps}")
+        check(sorted(steps) == sorted(key(m) for m in want),
+              f"lines missing after the resume: {sorted(set(key(m) for m in want) - set(steps))}")
+        for g, w in zip(sorted(got, key=key), sorted(want, key=key)):
+            for f in ("loss", "val_loss", "lr", "grad_norm"):
+                check(g.get(f) == w.get(f), f"step {g['step']}: {f} {g.get(f)} against {w.get(f)}")
+    finally:
+        subprocess.run(["umount", small])
+
+
 def case_nvme_path():
     # The default model's states need NVMe, so the export opens the NVMe store.
     run_dir = os.path.join(OUT, "n_run")
