@@ -156,7 +156,8 @@ Status TrimMetrics(const std::string& path, int step, const std::vector<std::str
   while (std::getline(in, line)) {
     if (is_kept(line)) kept += line + "\n";
   }
-  TZ_RETURN_IF_ERROR(WriteFileAtomically(path, kept));
+  // This run holds the file's lock (LockMetrics): the rewrite replaces it all the same.
+  TZ_RETURN_IF_ERROR(WriteFileAtomically(path, kept, /*replace_own_locked=*/true));
   return AppendUnwritten(path, kept_tail, add);
 }
 

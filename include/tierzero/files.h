@@ -17,8 +17,11 @@ namespace tierzero {
 // regular file or a new one whole or not at all, through a symbolic link to its target, streamed
 // into a character device, a FIFO whose reader waits, or the process's own descriptor
 // (/dev/stdout, /dev/fd/N); a directory, block device, socket or dangling link is refused with
-// InvalidArgument. Durable once this returns OK.
-Status WriteFileAtomically(const std::string& path, const std::string& text);
+// InvalidArgument. Durable once this returns OK. A regular file that a process holds locked
+// (flock: the metrics file of a run in progress) is not replaced: FailedPrecondition, unless
+// `replace_own_locked` says the lock is this process's own (a run rewriting its metrics file).
+Status WriteFileAtomically(const std::string& path, const std::string& text,
+                           bool replace_own_locked = false);
 
 // Writes `text` to a new regular file `path`, whole or not at all, never over anything:
 // AlreadyExists when something is there, or appears there while it is written (it is kept).

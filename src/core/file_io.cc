@@ -2,6 +2,7 @@
 #include "core/file_io.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -75,6 +76,30 @@ Status Refuse(const std::string& path, const std::string& why) {
   return InvalidArgumentError("will not write " + path + ": " + why);
 }
 
+// Note [A file another tierzero process holds]
+// A running run locks its metrics file (flock, exclusive) for as long as it writes it. A rename
+// over that path (another command's -o, a report, a plan's --json) left the run appending to an
+// unlinked file, every line of it lost, while both said they had succeeded. So a regular file
+// that some open file description holds locked is not replaced: the refusal names it. This
+// process's own lock counts too (flock locks belong to open file descriptions): a caller that
+// replaces a file it locked itself says so (AtomicFile::Create's `replace_own_locked`).
+bool HeldLocked(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) return false;
+  struct stat st {};
+  const bool held = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+                    ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);
+  return held;
+}
+
+Status RefuseLocked(const std::string& path) {
+  return FailedPreconditionError(
+      "will not write " + path +
+      ": a running tierzero process holds it locked (the metrics file of a run in progress?); "
+      "it is kept: name another file, or wait for that run to end");
+}
+
 }  // namespace
 
 const char* FileKindName(unsigned mode) {
@@ -112,10 +137,11 @@ int StandardStreamFd(const std::string& path) {
   return -1;
 }
 
-StatusOr<AtomicFile> AtomicFile::Create(const std::string& path) {
+StatusOr<AtomicFile> AtomicFile::Create(const std::string& path, bool replace_own_locked) {
   if (path.empty()) return InvalidArgumentError("an output path is empty");
   AtomicFile f;
   f.path_ = path;
+  f.replace_own_locked_ = replace_own_locked;
   f.target_ = path;
   if (const int std_fd = StandardStreamFd(path); std_fd >= 0) {
     // The process's own descriptor, duplicated: written where the shell pointed it, at its
@@ -169,6 +195,8 @@ StatusOr<AtomicFile> AtomicFile::Create(const std::string& path) {
                               "devices and FIFOs");
     }
     mode = st.st_mode & 07777;
+    // Checked again before the rename.
+    if (!replace_own_locked && HeldLocked(f.target_)) return RefuseLocked(path);
   }
   f.fd_ = CreateTemporary(f.target_, mode, &f.tmp_);
   if (f.fd_ < 0 && (errno == ENOENT || errno == ENOTDIR))
@@ -186,6 +214,7 @@ AtomicFile::AtomicFile(AtomicFile&& o) noexcept
       tmp_(std::move(o.tmp_)),
       fd_(std::exchange(o.fd_, -1)),
       streamed_(o.streamed_),
+      replace_own_locked_(o.replace_own_locked_),
       bytes_(o.bytes_) {}
 
 AtomicFile& AtomicFile::operator=(AtomicFile&& o) noexcept {
@@ -294,6 +323,12 @@ Status AtomicFile::Commit() {
     ::unlink(tmp_.c_str());
     DropPending(tmp_);
     return ErrnoError("close " + tmp_, err);
+  }
+  // Note [A file another tierzero process holds]: locked since Create?
+  if (!replace_own_locked_ && HeldLocked(target_)) {
+    ::unlink(tmp_.c_str());
+    DropPending(tmp_);
+    return RefuseLocked(path_);
   }
   const int renamed = ::rename(tmp_.c_str(), target_.c_str());
   const int err = errno;
@@ -417,8 +452,9 @@ StatusOr<int> OpenOutputStream(const std::string& path, bool append, const std::
   return fd;
 }
 
-Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  auto f = AtomicFile::Create(path);
+Status WriteFileAtomically(const std::string& path, const std::string& text,
+                           bool replace_own_locked) {
+  auto f = AtomicFile::Create(path, replace_own_locked);
   if (!f.ok()) return f.status();
   if (Status s = f->Write(text.data(), text.size()); !s.ok()) return s;
   return f->Commit();

@@ -38,7 +38,10 @@ namespace tierzero {
 class AtomicFile {
  public:
   // Opens the output for `path` as above. REQUIRES: the path's directory exists.
-  static StatusOr<AtomicFile> Create(const std::string& path);
+  // `replace_own_locked`: the file may be one this process holds locked (a run rewriting its own
+  // metrics file); otherwise a regular file some process holds locked is refused
+  // (FailedPrecondition: Note [A file another tierzero process holds], file_io.cc).
+  static StatusOr<AtomicFile> Create(const std::string& path, bool replace_own_locked = false);
 
   AtomicFile() = default;
   AtomicFile(AtomicFile&& o) noexcept;
@@ -64,6 +67,7 @@ class AtomicFile {
   std::string tmp_;     // empty when streamed
   int fd_ = -1;
   bool streamed_ = false;
+  bool replace_own_locked_ = false;
   uint64_t bytes_ = 0;
 };
 

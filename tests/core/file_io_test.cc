@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -63,6 +64,37 @@ TEST_F(AtomicFileTest, ANewFileIsNeverWrittenOverAnything) {
   EXPECT_EQ(f->CommitNew().code(), StatusCode::kAlreadyExists);
   EXPECT_EQ(*ReadWholeFile((dir_ / "late.json").string()), "theirs");
   EXPECT_EQ(Entries(), 2u);  // no temporary left
+}
+
+// Note [A file another tierzero process holds]: a file held locked (a running run's metrics) is
+// not replaced, whether the lock was there before the write or came during it; the lock's owner
+// replaces its own file when it says so.
+TEST_F(AtomicFileTest, AFileHeldLockedIsNotReplaced) {
+  const std::string path = (dir_ / "metrics.jsonl").string();
+  ASSERT_TRUE(WriteFileAtomically(path, "lines\n").ok());
+  const int held = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX | LOCK_NB), 0);
+  const Status s = WriteFileAtomically(path, "other");
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_NE(s.message().find("holds it locked"), std::string::npos) << s.ToString();
+  EXPECT_EQ(*ReadWholeFile(path), "lines\n");
+  EXPECT_EQ(Entries(), 1u);
+  ASSERT_TRUE(WriteFileAtomically(path, "mine\n", /*replace_own_locked=*/true).ok());
+  EXPECT_EQ(*ReadWholeFile(path), "mine\n");
+  ::close(held);
+  // Locked while the temporary is written: refused at the commit.
+  auto f = AtomicFile::Create(path);
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE(f->Write("late", 4).ok());
+  const int late = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_EQ(::flock(late, LOCK_EX | LOCK_NB), 0);
+  EXPECT_EQ(f->Commit().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*ReadWholeFile(path), "mine\n");
+  EXPECT_EQ(Entries(), 1u);
+  ::close(late);
+  ASSERT_TRUE(WriteFileAtomically(path, "free").ok());  // no lock: replaced
+  EXPECT_EQ(*ReadWholeFile(path), "free");
 }
 
 TEST_F(AtomicFileTest, AnUncommittedFileLeavesNothing) {
