@@ -195,6 +195,17 @@ StatusOr<AtomicFile> AtomicFile::Create(const std::string& path, bool replace_ow
                               "devices and FIFOs");
     }
     mode = st.st_mode & 07777;
+    // A file this user may not write (read-only, or another user's in a shared directory) is
+    // not replaced through the directory's permission, as `cp` and `>` would not write it
+    // (root writes it, as theirs do).
+    const int denied = ::access(f.target_.c_str(), W_OK) != 0 ? errno : 0;
+    if (denied == EACCES || denied == EROFS || denied == EPERM) {
+      char m[8];
+      std::snprintf(m, sizeof m, "%04o", static_cast<unsigned>(mode));
+      return Refuse(path, std::string("this user may not write it (mode ") + m +
+                              (denied == EROFS ? ", on a read-only file system" : "") +
+                              "); it is kept: make it writable, or name another file");
+    }
     // Checked again before the rename.
     if (!replace_own_locked && HeldLocked(f.target_)) return RefuseLocked(path);
   }

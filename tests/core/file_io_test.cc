@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -95,6 +96,32 @@ TEST_F(AtomicFileTest, AFileHeldLockedIsNotReplaced) {
   ::close(late);
   ASSERT_TRUE(WriteFileAtomically(path, "free").ok());  // no lock: replaced
   EXPECT_EQ(*ReadWholeFile(path), "free");
+}
+
+// A file the user may not write is not replaced through the directory's permission (as `cp`
+// would not write it): checked as an unprivileged user in a child process where the test runs
+// as root (root writes it, as `cp` does).
+TEST_F(AtomicFileTest, AFileTheUserMayNotWriteIsKept) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to become another user";
+  ASSERT_EQ(::chmod(dir_.c_str(), 01777), 0);
+  const std::string path = (dir_ / "ro.json").string();
+  ASSERT_TRUE(WriteFileAtomically(path, "theirs").ok());
+  ASSERT_EQ(::chmod(path.c_str(), 0444), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+    const Status s = WriteFileAtomically(path, "mine");
+    const bool said = s.message().find("may not write") != std::string_view::npos;
+    ::_exit(s.code() == StatusCode::kInvalidArgument && said ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "3: could not become nobody; 1: not refused as expected";
+  EXPECT_EQ(*ReadWholeFile(path), "theirs");
+  ASSERT_TRUE(WriteFileAtomically(path, "root's").ok());  // root may
+  EXPECT_EQ(*ReadWholeFile(path), "root's");
 }
 
 TEST_F(AtomicFileTest, AnUncommittedFileLeavesNothing) {
