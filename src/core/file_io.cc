@@ -151,6 +151,10 @@ StatusOr<AtomicFile> AtomicFile::Create(const std::string& path, bool replace_ow
     f.streamed_ = true;
     return f;
   }
+  if (path.back() == '/')
+    return Refuse(path,
+                  "it ends in '/', which names a directory; name the file to write "
+                  "(without the trailing slash)");
   struct stat lst {};
   mode_t mode = 0644;
   bool exists = true;
@@ -406,6 +410,10 @@ Status WriteNewFile(const std::string& path, const std::string& text) {
 Status CheckOutputPath(const std::string& path, const std::string& what) {
   if (path.empty()) return InvalidArgumentError(what + ": the path is empty");
   if (StandardStreamFd(path) >= 0) return Status::OK();
+  if (path.back() == '/')
+    return InvalidArgumentError("will not write " + what + " " + path +
+                                ": it ends in '/', which names a directory; name the file to "
+                                "write (without the trailing slash)");
   struct stat lst {};
   if (::lstat(path.c_str(), &lst) != 0) {
     if (errno == ENOENT) return Status::OK();  // made by the writer

@@ -124,6 +124,16 @@ TEST_F(AtomicFileTest, AFileTheUserMayNotWriteIsKept) {
   EXPECT_EQ(*ReadWholeFile(path), "root's");
 }
 
+// A path ending in '/' names a directory, whether or not one is there: refused before anything
+// is made (a run made the directory and failed at its end).
+TEST_F(AtomicFileTest, APathEndingInASlashIsRefused) {
+  const std::string path = (dir_ / "out.report").string() + "/";
+  EXPECT_EQ(CheckOutputPath(path, "--report").code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(CheckOutputPath(path, "--report").message().find("ends in '/'"), std::string::npos);
+  EXPECT_EQ(WriteFileAtomically(path, "x").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Entries(), 0u);
+}
+
 TEST_F(AtomicFileTest, AnUncommittedFileLeavesNothing) {
   const std::string path = (dir_ / "b.json").string();
   {
