@@ -1,6 +1,7 @@
 #include "train.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -426,6 +427,29 @@ Status TrainRun::WriteMetrics(const json& line) {
     return Status::OK();
   }
   const std::string text = line.dump() + "\n";
+  // Note [A metrics reader that stopped reading]
+  // A FIFO or pipe whose reader holds it open and reads nothing (a paused `less`) blocked the
+  // write, and with it the stop a signal asks for, until the reader went: the first Ctrl-C was
+  // held for as long, a second one ended the run without saving. So a stream is waited on with
+  // poll, a quarter second at a time, reading the stop flag between: asked to stop, the line
+  // counts as unwritten (the save records it: Note [Metrics lines a stop left unwritten]) and
+  // the run stops as after any failed metrics line. A regular file is never waited on.
+  struct stat mst {};
+  if (::fstat(metrics_fd_, &mst) == 0 && !S_ISREG(mst.st_mode)) {
+    pollfd p{metrics_fd_, POLLOUT, 0};
+    for (;;) {
+      const int r = ::poll(&p, 1, 250);
+      if (r > 0 || (r < 0 && errno != EINTR)) break;  // writable, or the write says why not
+      if (InterruptRequested()) {
+        resume_when_ = "the metrics file " + out_.metrics + " is read";
+        unwritten_metrics_.push_back(line.dump());
+        return Defer(FailedPreconditionError(
+            "the metrics file " + out_.metrics +
+            " is not being read (its reader holds it open and has stopped reading) and a stop "
+            "was asked for"));
+      }
+    }
+  }
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t w = ::write(metrics_fd_, text.data() + done, text.size() - done);
