@@ -450,20 +450,6 @@ Status TrainRun::Finish() {
   return Status(final_eval.code(), std::string(final_eval.message()) + advice);
 }
 
-namespace {
-
-// A file's identity: device, inode, size and modification time ("" when there is none, or for a
-// stream or a device, which are written where they point).
-std::string FileIdentity(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
-  return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" +
-         std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
-         std::to_string(st.st_mtim.tv_nsec);
-}
-
-}  // namespace
-
 // Note [An output another run wrote meanwhile]
 // The run's outputs are checked against another run's when it starts (run_dir.cc), but the
 // report, its page and its trace are written only at its end, hours later. Two runs started
@@ -471,17 +457,21 @@ std::string FileIdentity(const std::string& path) {
 // that ended last replaced the other's report silently (the metrics file is locked for this:
 // LockMetrics). So each of these files is recorded as it was when the set-up ended, and is
 // written only if it is still that file (or still absent); one written meanwhile by another
-// process is kept, and the run says so (its checkpoint is saved first).
+// process is kept, and the run says so (its checkpoint is saved first). The check and the
+// replace are one step (Note [A replace that checks what it replaces], src/core/file_io.cc).
 void TrainRun::RecordOutputs() {
   for (const std::string* f : {&out_.report, &out_.html, &out_.trace})
-    if (!f->empty()) output_ids_[*f] = FileIdentity(*f);
+    if (!f->empty()) output_ids_[*f] = FileStamp(*f);
 }
 
-Status TrainRun::CheckOutputUnchanged(const std::string& path, const char* what) const {
+Status TrainRun::WriteOutputIfUnchanged(const std::string& path, const std::string& text,
+                                        const char* what) const {
   auto it = output_ids_.find(path);
-  // (A file removed meanwhile protects nothing: written anew.)
-  const std::string now = FileIdentity(path);
-  if (it == output_ids_.end() || now.empty() || now == it->second) return Status::OK();
+  Status s = WriteFileAtomicallyIfUnchanged(path, text,
+                                            it == output_ids_.end() ? FileStamp(path) : it->second);
+  if (s.code() != StatusCode::kFailedPrecondition ||
+      s.message().find("written by another process") == std::string_view::npos)
+    return s;
   return FailedPreconditionError(
       "the " + std::string(what) + " " + path +
       " was written by another process while this run trained (two runs naming one output?); "
@@ -518,8 +508,7 @@ Status TrainRun::WriteReports(std::string& summary) {
   auto more = [](const Status& s, const std::string& after) {
     return Status(s.code(), std::string(s.message()) + after);
   };
-  Status wrote = CheckOutputUnchanged(out_.report, "report");
-  if (wrote.ok()) wrote = WriteTextFile(out_.report, text);
+  Status wrote = WriteOutputIfUnchanged(out_.report, text, "report");
   if (!wrote.ok())
     return more(std::move(wrote).WithContext(where("report", out_.report)), KeepReportAside(text));
   TZ_ASSIGN_OR_RETURN(summary, ReportSummary(text));
@@ -528,17 +517,21 @@ Status TrainRun::WriteReports(std::string& summary) {
     return "; tierzero report " + out_.report + " " + flag + " " + path + " renders it again";
   };
   if (!out_.html.empty()) {
-    Status s = CheckOutputUnchanged(out_.html, "report's page");
-    if (s.ok()) s = WriteHtmlReport(text, out_.html);
+    StatusOr<std::string> page = RenderHtmlReport(text);
+    Status s =
+        page.ok() ? WriteOutputIfUnchanged(out_.html, *page, "report's page") : page.status();
     if (!s.ok())
       return more(std::move(s).WithContext(where("report's page", out_.html)),
                   again("-o", "PAGE.html"));
   }
   if (!out_.trace.empty()) {
-    if (Status s = CheckOutputUnchanged(out_.trace, "trace"); !s.ok())
-      return more(std::move(s).WithContext(where("trace", out_.trace)),
-                  again("--trace", "TRACE.json"));
-    Status s = WriteChromeTrace(text, out_.trace);
+    StatusOr<std::string> trace = RenderChromeTrace(text);
+    Status s = trace.status();
+    if (s.ok()) {
+      if (Status w = WriteOutputIfUnchanged(out_.trace, *trace, "trace"); !w.ok())
+        return more(std::move(w).WithContext(where("trace", out_.trace)),
+                    again("--trace", "TRACE.json"));
+    }
     if (s.code() == StatusCode::kFailedPrecondition) {
       std::printf("  (no trace: %s)\n", std::string(s.message()).c_str());
       trace_skipped_ = true;

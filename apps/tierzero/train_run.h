@@ -86,9 +86,10 @@ class TrainRun {
   // The first step has ended: what the run created stays, whatever happens (UndoStart).
   void StartKept();
   // Note [An output another run wrote meanwhile] (train_loop.cc): each output file as it was
-  // when the set-up ended, and the check before it is written.
+  // when the set-up ended, and each written only over that.
   void RecordOutputs();
-  Status CheckOutputUnchanged(const std::string& path, const char* what) const;
+  Status WriteOutputIfUnchanged(const std::string& path, const std::string& text,
+                                const char* what) const;
   // One line of the metrics file, whole, now (a crash keeps every finished step; a full disk
   // stops the run with a message instead of losing lines silently).
   Status WriteMetrics(const nlohmann::json& line);

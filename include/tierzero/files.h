@@ -23,6 +23,17 @@ namespace tierzero {
 Status WriteFileAtomically(const std::string& path, const std::string& text,
                            bool replace_own_locked = false);
 
+// A regular file's identity, as a string: device, inode, size and modification time ("" when
+// there is none, or for a stream or a device, which are written where they point).
+std::string FileStamp(const std::string& path);
+
+// WriteFileAtomically, only over the file FileStamp(path) read as `stamp` (or over nothing, if
+// nothing is there at the end): FailedPrecondition when another file is there, which is kept.
+// The check and the replace are one step where the file system can exchange two names (ext4,
+// XFS, Btrfs, tmpfs): a file another process writes at the same moment is never lost.
+Status WriteFileAtomicallyIfUnchanged(const std::string& path, const std::string& text,
+                                      const std::string& stamp);
+
 // Writes `text` to a new regular file `path`, whole or not at all, never over anything:
 // AlreadyExists when something is there, or appears there while it is written (it is kept).
 Status WriteNewFile(const std::string& path, const std::string& text);

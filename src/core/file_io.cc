@@ -395,6 +395,107 @@ Status AtomicFile::CommitNew() {
   return Status::OK();
 }
 
+std::string FileStamp(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" +
+         std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
+         std::to_string(st.st_mtim.tv_nsec);
+}
+
+// Note [A replace that checks what it replaces]
+// A run records its report's path as it was at set-up and writes it hours later only if it is
+// still that file (another run naming the same --report wrote it meanwhile: kept). Checked and
+// then renamed, the two runs that end together both passed the check, and the later rename
+// replaced the other's report, both saying they had written it. So the replace is an exchange
+// (renameat2 RENAME_EXCHANGE): the new file takes the name, the old one the temporary's, and
+// only then is the old one compared with the stamp; another file there is exchanged back and
+// kept. Nothing there is a RENAME_NOREPLACE (CommitNew). Where the file system cannot exchange,
+// the check is made just before an ordinary rename (a race is possible there only).
+Status AtomicFile::CommitIfUnchanged(const std::string& stamp) {
+  if (fd_ < 0) return FailedPreconditionError("committing " + path_ + " twice");
+  if (streamed_) return Commit();
+  auto refuse = [&] {
+    return FailedPreconditionError(path_ +
+                                   " was written by another process meanwhile; it is kept, "
+                                   "not replaced");
+  };
+  const std::string now = FileStamp(target_);
+  struct stat lst {};
+  if (now.empty() && ::lstat(target_.c_str(), &lst) != 0 && errno == ENOENT) {
+    Status s = CommitNew();
+    if (s.code() == StatusCode::kAlreadyExists) return refuse();
+    return s;
+  }
+  if (now != stamp) {
+    ::close(fd_);
+    fd_ = -1;
+    ::unlink(tmp_.c_str());
+    DropPending(tmp_);
+    return refuse();
+  }
+  if (!replace_own_locked_ && HeldLocked(target_)) {
+    ::close(fd_);
+    fd_ = -1;
+    ::unlink(tmp_.c_str());
+    DropPending(tmp_);
+    return RefuseLocked(path_);
+  }
+  if (::fsync(fd_) != 0) return ErrnoError("fsync " + tmp_, errno);  // the destructor unlinks
+  const int closed = ::close(fd_);
+  fd_ = -1;
+  if (closed != 0) {
+    const int err = errno;
+    ::unlink(tmp_.c_str());
+    DropPending(tmp_);
+    return ErrnoError("close " + tmp_, err);
+  }
+  int swapped = ::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, target_.c_str(), RENAME_EXCHANGE);
+  int err = errno;
+  if (swapped != 0 && (err == EINVAL || err == ENOSYS || err == ENOTSUP)) {
+    // No exchange on this file system: the check above, then an ordinary rename.
+    swapped = ::rename(tmp_.c_str(), target_.c_str());
+    err = errno;
+    if (swapped != 0) ::unlink(tmp_.c_str());
+    DropPending(tmp_);
+    if (swapped != 0) return ErrnoError("renaming " + tmp_ + " to " + target_, err);
+    (void)SyncDir(DirOf(target_));
+    return Status::OK();
+  }
+  if (swapped != 0) {
+    ::unlink(tmp_.c_str());
+    DropPending(tmp_);
+    if (err == ENOENT) return refuse();  // removed meanwhile, then made again? kept as is
+    return ErrnoError("exchanging " + tmp_ + " with " + target_, err);
+  }
+  // The temporary's name now holds what was at the path: not to be removed on a signal's exit
+  // until it is known to be the file replaced.
+  DropPending(tmp_);
+  if (FileStamp(tmp_) != stamp) {
+    const int back =
+        ::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, target_.c_str(), RENAME_EXCHANGE);
+    if (back == 0) ::unlink(tmp_.c_str());  // ours, exchanged back
+    if (back != 0)
+      return ErrnoError("another process wrote " + path_ +
+                            " meanwhile, and exchanging it back "
+                            "failed: it is in " +
+                            tmp_ + " now",
+                        errno);
+    return refuse();
+  }
+  ::unlink(tmp_.c_str());  // the file replaced
+  (void)SyncDir(DirOf(target_));
+  return Status::OK();
+}
+
+Status WriteFileAtomicallyIfUnchanged(const std::string& path, const std::string& text,
+                                      const std::string& stamp) {
+  auto f = AtomicFile::Create(path);
+  if (!f.ok()) return f.status();
+  if (Status s = f->Write(text.data(), text.size()); !s.ok()) return s;
+  return f->CommitIfUnchanged(stamp);
+}
+
 Status WriteNewFile(const std::string& path, const std::string& text) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0)

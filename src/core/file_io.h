@@ -57,6 +57,10 @@ class AtomicFile {
   // Commit to a path where nothing is (link, not rename: AlreadyExists when something appeared
   // there meanwhile, which is kept). For a new file only (not streamed).
   Status CommitNew();
+  // Commit only over what FileStamp(path) read as `stamp` earlier (or over nothing, if nothing
+  // is there now): FailedPrecondition when another file is there, which is kept (Note [A replace
+  // that checks what it replaces], file_io.cc). A stream is written as Commit does.
+  Status CommitIfUnchanged(const std::string& stamp);
   uint64_t bytes() const { return bytes_; }
   // Written straight into a device or FIFO (not atomic).
   bool streamed() const { return streamed_; }

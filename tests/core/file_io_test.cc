@@ -134,6 +134,40 @@ TEST_F(AtomicFileTest, APathEndingInASlashIsRefused) {
   EXPECT_EQ(Entries(), 0u);
 }
 
+// Note [A replace that checks what it replaces]: a file replaces only what was stamped (or
+// nothing); another file written there meanwhile, or appearing where nothing was, is kept.
+TEST_F(AtomicFileTest, AReplaceOnlyOverWhatWasStamped) {
+  const std::string path = (dir_ / "report.json").string();
+  ASSERT_TRUE(WriteFileAtomically(path, "before").ok());
+  const std::string stamp = FileStamp(path);
+  ASSERT_FALSE(stamp.empty());
+  ASSERT_TRUE(WriteFileAtomicallyIfUnchanged(path, "mine", stamp).ok());
+  EXPECT_EQ(*ReadWholeFile(path), "mine");
+  EXPECT_EQ(Entries(), 1u);
+  // Written by another meanwhile (a new file at the name): kept.
+  const std::string now = FileStamp(path);
+  ASSERT_TRUE(WriteFileAtomically(path, "theirs").ok());
+  const Status s = WriteFileAtomicallyIfUnchanged(path, "late", now);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_EQ(*ReadWholeFile(path), "theirs");
+  EXPECT_EQ(Entries(), 1u);
+  // Nothing there when stamped, something there at the end: kept.
+  const std::string fresh = (dir_ / "new.json").string();
+  const std::string none = FileStamp(fresh);
+  EXPECT_TRUE(none.empty());
+  auto f = AtomicFile::Create(fresh);
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE(f->Write("late", 4).ok());
+  ASSERT_TRUE(WriteFileAtomically(fresh, "appeared").ok());
+  EXPECT_EQ(f->CommitIfUnchanged(none).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*ReadWholeFile(fresh), "appeared");
+  // Removed meanwhile: written anew.
+  ASSERT_EQ(::unlink(fresh.c_str()), 0);
+  ASSERT_TRUE(WriteFileAtomicallyIfUnchanged(fresh, "anew", "1:2:3:4.5").ok());
+  EXPECT_EQ(*ReadWholeFile(fresh), "anew");
+  EXPECT_EQ(Entries(), 2u);
+}
+
 TEST_F(AtomicFileTest, AnUncommittedFileLeavesNothing) {
   const std::string path = (dir_ / "b.json").string();
   {
