@@ -81,6 +81,9 @@ void RemovePendingTemporaries();
 // first step). A directory is removed only if empty once the files registered in it are.
 void RemoveOnSignalExit(const std::string& path);
 void KeepOnSignalExit(const std::string& path);
+// RemoveOnSignalExit for the file open as `fd`: removed only if `path` still names that file
+// (a file put at that name since is another's).
+void RemoveOnSignalExitIfSame(const std::string& path, int fd);
 // A directory of the process's own, removed whole with everything in it when the process ends on
 // a signal (a scratch directory, a calibration's run), until Keep.
 void RemoveTreeOnSignalExit(const std::string& dir);

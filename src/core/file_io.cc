@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <set>
 #include <utility>
@@ -40,6 +41,12 @@ std::set<std::string>& Pending() {
   static auto* s = new std::set<std::string>;  // never destroyed: read until _exit
   return *s;
 }
+// Of some pending paths, the file they named when registered (RemoveOnSignalExitIfSame): what
+// is there at exit is removed only if it is still that file.
+std::map<std::string, std::pair<dev_t, ino_t>>& PendingIds() {
+  static auto* m = new std::map<std::string, std::pair<dev_t, ino_t>>;  // read until _exit
+  return *m;
+}
 void AddPending(const std::string& tmp) {
   std::lock_guard<std::mutex> lock(PendingMutex());
   Pending().insert(tmp);
@@ -47,6 +54,7 @@ void AddPending(const std::string& tmp) {
 void DropPending(const std::string& tmp) {
   std::lock_guard<std::mutex> lock(PendingMutex());
   Pending().erase(tmp);
+  PendingIds().erase(tmp);
 }
 
 // A name beside `target` no one else uses: ".NAME.tz-PID-N.tmp", created with O_EXCL.
@@ -251,6 +259,13 @@ AtomicFile::~AtomicFile() {
 }
 
 void RemoveOnSignalExit(const std::string& path) { AddPending(path); }
+void RemoveOnSignalExitIfSame(const std::string& path, int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return;  // nothing known of it: nothing removed
+  std::lock_guard<std::mutex> lock(PendingMutex());
+  Pending().insert(path);
+  PendingIds()[path] = {st.st_dev, st.st_ino};
+}
 void KeepOnSignalExit(const std::string& path) { DropPending(path); }
 
 namespace {
@@ -296,6 +311,11 @@ void RemovePendingTemporaries() {
       const std::filesystem::path norm = std::filesystem::absolute(p, ec).lexically_normal();
       dirs.emplace_back(static_cast<size_t>(std::distance(norm.begin(), norm.end())), p);
     } else {
+      const auto id = PendingIds().find(p);
+      // A file registered as the one it was: another one at that name now is not ours.
+      if (id != PendingIds().end() &&
+          (id->second.first != st.st_dev || id->second.second != st.st_ino))
+        continue;
       ::unlink(p.c_str());
     }
   }

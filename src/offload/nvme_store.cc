@@ -155,9 +155,18 @@ NvmeStore::~NvmeStore() {
       << live_operations_.load() << " NVMe operation(s) still in flight at close";
   io_.reset();  // joins the completion threads
   for (auto& f : files_) {
+    // The file it made, removed by name only if the name still is that file: one that replaced
+    // it meanwhile is someone else's.
+    bool same = false;
+    if (f->remove_on_close && f->fd >= 0) {
+      struct stat mine {
+      }, now{};
+      same = ::fstat(f->fd, &mine) == 0 && ::lstat(f->path.c_str(), &now) == 0 &&
+             mine.st_dev == now.st_dev && mine.st_ino == now.st_ino;
+    }
     if (f->fd >= 0) ::close(f->fd);
     if (f->remove_on_close) {
-      ::unlink(f->path.c_str());
+      if (same) ::unlink(f->path.c_str());
       KeepOnSignalExit(f->path);
     }
   }
@@ -248,7 +257,9 @@ Status NvmeStore::OpenFiles() {
           ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | extra_flags, 0600);
       if (fd >= 0) {
         file->remove_on_close = true;
-        RemoveOnSignalExit(path);  // (a signal's exit does not close the store)
+        // (A signal's exit does not close the store.) Only this file: one put at its name
+        // since is someone else's.
+        RemoveOnSignalExitIfSame(path, fd);
       }
       return fd;
     };

@@ -4,10 +4,12 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 
@@ -16,6 +18,7 @@
 #include "offload/crc32c.h"
 #include "offload/pinned_arena.h"
 #include "offload/swapper.h"
+#include "tierzero/files.h"
 
 namespace tierzero {
 namespace {
@@ -395,6 +398,37 @@ TEST(NvmeStoreErrorsTest, CrcMismatchIsDataLossNamingTheExtent) {
   EXPECT_EQ((*s)->Read(*never_written, out.data).code(), StatusCode::kDataLoss);
   s->reset();
   EXPECT_FALSE(fs::exists(file)) << "a swap file the store created is removed at close";
+}
+
+// A swap file of its own at a named path is removed at close, or on a signal's exit, only if
+// the name still is that file: one put there meanwhile is someone else's and stays.
+TEST(NvmeStoreErrorsTest, AFileReplacingTheSwapFileIsNeverRemoved) {
+  TempDir dir;
+  const std::string file = dir.path() + "/swap.bin";
+  NvmeStoreOptions o;
+  o.paths = {file};
+  o.bytes_per_path = kMiB;
+  auto s = NvmeStore::Open(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_TRUE(fs::exists(file));
+  ASSERT_EQ(::unlink(file.c_str()), 0);
+  { std::ofstream(file) << "the user's"; }
+  // A signal's exit (in a child: RemovePendingTemporaries ends the process's file registry).
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    RemovePendingTemporaries();
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(fs::exists(file)) << "removed by a signal's exit";
+  s->reset();
+  EXPECT_TRUE(fs::exists(file)) << "removed at close";
+  std::ifstream in(file);
+  std::string text;
+  std::getline(in, text);
+  EXPECT_EQ(text, "the user's");
 }
 
 TEST(NvmeStoreErrorsTest, MisalignedBufferIsRejected) {
