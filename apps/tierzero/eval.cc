@@ -240,7 +240,7 @@ int Eval(const std::vector<std::string>& args) {
     if (Status s = nvme_dir.Create("tierzero-eval"); !s.ok()) return EvalFail(s);
   }
   const Status s = RunEval(*cfg, window, nvme_dir.path());
-  return s.ok() ? 0 : EvalFail(s);
+  return s.ok() ? 0 : EvalFail(nvme_dir.path().empty() ? s : ScratchAdvice(s, nvme_dir.path()));
 }
 
 }  // namespace tierzero::app

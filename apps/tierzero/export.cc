@@ -167,7 +167,7 @@ int Export(const std::vector<std::string>& args) {
   if (!engine.ok()) return Fail(engine.status());
   auto model = gpt::Gpt::Create(**engine, cfg->model);
   if (!model.ok()) return Fail(model.status());
-  if (Status s = (*engine)->Finalize(); !s.ok()) return Fail(s);
+  if (Status s = (*engine)->Finalize(); !s.ok()) return Fail(ScratchAdvice(s, ec.nvme_path));
   if (auto u = (*engine)->LoadCheckpoint(ckpt); !u.ok()) return Fail(u.status());
   if (hf) {
     std::string summary;

@@ -232,6 +232,18 @@ ScratchDir::~ScratchDir() {
   }
 }
 
+Status ScratchAdvice(const Status& s, const std::string& scratch) {
+  if (s.ok() || scratch.empty() ||
+      s.message().find("opening the NVMe tier under '" + scratch) == std::string_view::npos)
+    return s;
+  return Status(s.code(),
+                std::string(s.message()) +
+                    ". That directory is this command's scratch space under $TMPDIR (else /tmp): "
+                    "point TMPDIR at a disk with the room, or give --config a config whose "
+                    "engine.nvme_budget is smaller (the NVMe part of the placement is all it "
+                    "needs)");
+}
+
 Status ScratchDir::Create(const std::string& prefix) {
   const char* tmp = std::getenv("TMPDIR");
   std::string made =

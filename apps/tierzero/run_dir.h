@@ -84,6 +84,10 @@ class ScratchDir {
   std::string path_;
 };
 
+// `s` with what to do when it is the NVMe tier failing to open in `scratch` (a ScratchDir's
+// path): that directory is under $TMPDIR, which is what to move; `s` otherwise.
+Status ScratchAdvice(const Status& s, const std::string& scratch);
+
 // The name of the lock file in a locked directory.
 inline constexpr const char* kLockFileName = ".tierzero.lock";
 

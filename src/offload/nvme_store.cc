@@ -235,9 +235,9 @@ Status NvmeStore::OpenFiles() {
     auto no_space = [&](uint64_t free_now) {
       return OutOfMemoryError("NVMe store needs " + FormatBytes(size) + " at " + path +
                               " but only " + FormatBytes(free_now) +
-                              " is free there; lower the NVMe budget (engine.nvme_budget, "
-                              "--nvme-budget), free space, or add "
-                              "another path");
+                              " is free there (the whole budget is reserved when the tier "
+                              "opens); lower the NVMe budget (engine.nvme_budget) or free "
+                              "space there");
     };
     if (free_bytes < size) return no_space(free_bytes);
 
