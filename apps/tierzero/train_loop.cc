@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -78,6 +79,16 @@ Status TrainRun::Evaluate(int step) {
   return Status::OK();
 }
 
+std::string TrainRun::ResumeFlags() const {
+  // A checkpoint directory other than the run directory's own is named twice: a resume in place
+  // writes the checkpoint it reads.
+  std::error_code ec;
+  const bool own =
+      std::filesystem::equivalent(out_.checkpoint_dir, out_.run_dir + "/checkpoint", ec);
+  return "--resume " + out_.checkpoint_dir +
+         (own ? std::string() : " --checkpoint " + out_.checkpoint_dir);
+}
+
 Status TrainRun::Save(int step) {
   // The loop's step (Note [The loop's step, not the applied count]), the model (Note [A
   // checkpoint resumes its own model]), and what a resumed run compares with its own
@@ -143,22 +154,27 @@ Status TrainRun::Save(int step) {
   // (Or any checkpoint that is there: the one this run resumed from another run directory, when
   // --checkpoint names it.)
   int64_t kept = saved_step_ >= 0 ? saved_step_ : outputs_.in_place ? start_ : -1;
-  if (kept < 0) {
-    if (auto there = ReadCheckpointInfo(out_.checkpoint_dir); there.ok())
-      kept = CheckpointStep(there->user_state, there->step);
+  // Said only of what is there now: the directory may have been removed or replaced meanwhile.
+  if (auto there = ReadCheckpointInfo(out_.checkpoint_dir); there.ok()) {
+    const int64_t at = CheckpointStep(there->user_state, there->step);
+    if (kept < 0 || at != kept) kept = at;
+  } else {
+    kept = -1;
   }
   const std::string what = "saving the checkpoint of step " + std::to_string(step) + " in " +
                            out_.checkpoint_dir + " failed";
   if (kept >= 0)
     return std::move(s).WithContext(what + " (the checkpoint of step " + std::to_string(kept) +
-                                    " there is intact: --resume " + out_.checkpoint_dir +
-                                    " continues from it" +
+                                    " there is intact: " + ResumeFlags() + " continues from it" +
                                     (kept < step ? "; steps " + std::to_string(kept + 1) + " to " +
                                                        std::to_string(step) + " are not saved)"
                                                  : ")"));
   return std::move(s).WithContext(
-      what + " (no checkpoint of this run exists: its " + std::to_string(step - start_) +
-      " steps are not saved" +
+      what + " (no checkpoint of this run is there" +
+      (saved_step_ >= 0 || (outputs_.in_place && start_ > 0)
+           ? " any more (removed or replaced meanwhile)"
+           : "") +
+      ": its " + std::to_string(step - start_) + " steps are not saved" +
       (s.code() == StatusCode::kIoError
            ? "; free space there, or give --checkpoint a directory on another disk)"
            : ")"));
@@ -253,13 +269,12 @@ Status TrainRun::SaveAfterError(const Status& s) {
     return s;
   const Status saved = saved_step_ == model_step_ ? Status::OK() : Save(model_step_);
   const std::string at = std::to_string(model_step_);
-  return Status(
-      s.code(),
-      std::string(s.message()) +
-          (saved.ok()
-               ? ". A checkpoint of step " + at + " is saved in " + out_.checkpoint_dir +
-                     ": --resume " + out_.checkpoint_dir + " continues the run once " + resume_when_
-               : ". Saving a checkpoint of step " + at + " failed too: " + saved.ToString()));
+  return Status(s.code(), std::string(s.message()) +
+                              (saved.ok() ? ". A checkpoint of step " + at + " is saved in " +
+                                                out_.checkpoint_dir + ": " + ResumeFlags() +
+                                                " continues the run once " + resume_when_
+                                          : ". Saving a checkpoint of step " + at +
+                                                " failed too: " + saved.ToString()));
 }
 
 Status TrainRun::Loop() {

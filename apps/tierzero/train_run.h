@@ -88,6 +88,9 @@ class TrainRun {
   // Note [An output another run wrote meanwhile] (train_loop.cc): each output file as it was
   // when the set-up ended, and each written only over that.
   void RecordOutputs();
+  // "--resume CHECKPOINT_DIR" and, for a directory not the run directory's own, "--checkpoint"
+  // too: the flags that continue this run in place.
+  std::string ResumeFlags() const;
   Status WriteOutputIfUnchanged(const std::string& path, const std::string& text,
                                 const char* what) const;
   // One line of the metrics file, whole, now (a crash keeps every finished step; a full disk
