@@ -8,6 +8,7 @@
 #include <oneapi/tbb/parallel_for.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -657,6 +658,32 @@ int Plan(const std::vector<std::string>& args) {
   }
   json out = {{"schema", "tierzero.plan/1"},
               {"prediction", json::parse(PlanJson(*p), nullptr, false)}};
+  // train reserves the whole NVMe budget when it opens the tier (anything placed there), and
+  // refuses to start where the disk has less free: said here, not only at the start of the run.
+  if (p->fits && p->model_state_bytes[2] > 0 && pa->trace_path.empty()) {
+    // (The path itself, or the nearest directory above it that is there: train makes it.)
+    std::string at = cfg->engine.nvme_path.empty() ? "." : cfg->engine.nvme_path;
+    struct statvfs vfs {};
+    while (::statvfs(at.c_str(), &vfs) != 0) {
+      if (at == "/" || at == ".") {
+        vfs = {};
+        break;
+      }
+      const size_t slash = at.find_last_of('/');
+      at = slash == std::string::npos ? "." : slash == 0 ? "/" : at.substr(0, slash);
+    }
+    const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    if (vfs.f_frsize > 0 && free_bytes < cfg->engine.nvme_budget) {
+      std::printf(
+          "  but: train reserves the whole NVMe budget (%s) under %s when it starts, and only %s "
+          "is free there: it would refuse to start. Lower engine.nvme_budget (--nvme-budget) "
+          "toward the %s the placement puts there, free space, or give --nvme-path a disk with "
+          "the room\n",
+          FormatBytes(cfg->engine.nvme_budget).c_str(), cfg->engine.nvme_path.c_str(),
+          FormatBytes(free_bytes).c_str(), FormatBytes(p->model_state_bytes[2]).c_str());
+      out["nvme_free_bytes"] = free_bytes;
+    }
+  }
   if (!p->fits && pa->advice) Advise(pl, *cfg, pa->ranks, out);
   if (pa->largest) {
     if (Status s = Largest(pl, *cfg, pa->ranks, out); !s.ok()) return Fail(s);
