@@ -176,6 +176,11 @@ int Eval(const std::vector<std::string>& args) {
     rest.insert(rest.end(), {"--seq-len", std::to_string(window)});
   // A checkpoint's model is its run's: the config.json beside it, as `export` reads it.
   if (Status s = CheckCheckpointArgument(resume, "--resume"); !s.ok()) return EvalFail(s);
+  // Without --config, the checkpoint first: a path that is none is said as such, not as the
+  // config beside it missing.
+  if (!resume.empty() && !has_config) {
+    if (auto info = ReadCheckpointInfo(resume); !info.ok()) return EvalFail(info.status());
+  }
   if (!resume.empty() && !has_config) {
     std::error_code ec;
     fs::path dir = fs::absolute(resume, ec).lexically_normal();

@@ -98,6 +98,11 @@ int Export(const std::vector<std::string>& args) {
   std::error_code fec;
   fs::path ckpt_dir = fs::absolute(ckpt, fec).lexically_normal();
   if (ckpt_dir.has_parent_path() && ckpt_dir.filename().empty()) ckpt_dir = ckpt_dir.parent_path();
+  // Without --config, the checkpoint first: a path that is none is said as such, not as the
+  // config beside it missing.
+  StatusOr<CheckpointInfo> info =
+      config_path.empty() ? ReadCheckpointInfo(ckpt) : StatusOr<CheckpointInfo>(CheckpointInfo{});
+  if (!info.ok()) return Fail(info.status());
   if (config_path.empty()) config_path = (ckpt_dir.parent_path() / "config.json").string();
   auto text = ReadFileBounded(config_path, kMaxConfigBytes, "run config");
   if (!text.ok()) {
@@ -108,15 +113,13 @@ int Export(const std::vector<std::string>& args) {
   }
   auto cfg = ParseRunConfig(*text, DefaultRunConfig());
   if (!cfg.ok()) return Fail(std::move(cfg).status().WithContext(config_path));
+  info = ReadCheckpointInfo(ckpt);
+  if (!info.ok()) return Fail(info.status());
   // The config must be the checkpoint's model's (Note [A checkpoint resumes its own model]): a
   // --config of another shape whose tensors happen to match (other heads) exported a
   // config.json that describes another model.
-  {
-    auto info = ReadCheckpointInfo(ckpt);
-    if (!info.ok()) return Fail(info.status());
-    if (Status s = CheckSameModel(info->user_state, *cfg, ckpt); !s.ok())
-      return Fail(std::move(s).WithContext("--config " + config_path));
-  }
+  if (Status s = CheckSameModel(info->user_state, *cfg, ckpt); !s.ok())
+    return Fail(std::move(s).WithContext("--config " + config_path));
   if (hf && !dtype_given) dtype = cfg->engine.compute_dtype;  // the model's dtype
   if (!hf && dtype == DType::kF16)
     return Fail(
@@ -145,8 +148,6 @@ int Export(const std::vector<std::string>& args) {
   ec.device = DeviceChoice::kHost;
   {
     // One process holds what the checkpoint's ranks held: their budgets together.
-    auto info = ReadCheckpointInfo(ckpt);
-    if (!info.ok()) return Fail(info.status());
     const uint64_t ranks = static_cast<uint64_t>(std::clamp(info->world_size, 1, 1 << 16));
     auto times = [&](uint64_t b) {  // saturating: a budget near 2^64 must not wrap
       return b > std::numeric_limits<uint64_t>::max() / ranks ? std::numeric_limits<uint64_t>::max()

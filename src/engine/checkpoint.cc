@@ -197,6 +197,12 @@ StatusOr<Manifest> ReadManifest(const std::string& dir) {
     if (::stat((dir + "/checkpoint/manifest.json").c_str(), &st) == 0 && S_ISREG(st.st_mode))
       return NotFoundError("no checkpoint in '" + dir + "', which is a run directory: its " +
                            "checkpoint is '" + dir + "/checkpoint'");
+    struct stat dst {};
+    if (::lstat(dir.c_str(), &dst) != 0 && errno == ENOENT)
+      return NotFoundError("no checkpoint at '" + dir + "': there is no such directory");
+    if (S_ISLNK(dst.st_mode) && ::stat(dir.c_str(), &st) != 0)
+      return NotFoundError("no checkpoint at '" + dir +
+                           "': it is a symbolic link to nothing (a dangling link)");
     return NotFoundError("no checkpoint in '" + dir +
                          "' (manifest.json missing: the directory is not a checkpoint, or its "
                          "first save did not finish)");

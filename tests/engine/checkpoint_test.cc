@@ -100,7 +100,11 @@ TEST(Engine, CheckpointCorruptionAndAbsenceAreClearErrors) {
   Train(r, 0, 2);
   auto missing = r.engine->LoadCheckpoint(dir.path() + "/nothing");
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
-  EXPECT_NE(missing.status().message().find("manifest.json missing"), std::string::npos);
+  EXPECT_NE(missing.status().message().find("no such directory"), std::string::npos);
+  std::filesystem::create_directories(dir.path() + "/empty");
+  auto empty = r.engine->LoadCheckpoint(dir.path() + "/empty");
+  EXPECT_EQ(empty.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(empty.status().message().find("manifest.json missing"), std::string::npos);
   ASSERT_TRUE(r.engine->SaveCheckpoint(dir.path() + "/ckpt").ok());
   std::vector<float> before(static_cast<size_t>(r.engine->numel(0)));
   ASSERT_TRUE(r.engine->ReadParam(0, before).ok());

@@ -1,15 +1,12 @@
 """Signals, gone readers and faults found late in a run.
 
 Cases of cli_trust_test.py (see its docstring); each `case_NAME` is run by name."""
-import array
-import fcntl
 import json
 import os
 import shutil
 import signal
 import struct
 import subprocess
-import termios
 import time
 
 from trust_common import (TZ, OUT, Failure, check, refused, ok, write_config, train_small,
@@ -135,15 +132,15 @@ def case_run_signals():
         p.send_signal(signal.SIGTERM)
         time.sleep(0.2)
         p.send_signal(signal.SIGTERM)  # the same burst: still only a request
-        time.sleep(3.5)
-        check(p.poll() is None or p.returncode == 0, "a burst of two signals ended the run")
-        p.send_signal(signal.SIGTERM)
+        # The stop is honoured though the metrics line cannot be written (Note [A metrics
+        # reader that stopped reading]): the run saves and ends, its error naming the file.
         try:
             out = p.communicate(timeout=20)[0].decode()
         except subprocess.TimeoutExpired:
             p.kill()
-            raise Failure("a second SIGTERM 3 s later did not end a run blocked on a FIFO")
-        check(p.returncode in (0, 128 + signal.SIGTERM), f"status {p.returncode}\n{out}")
+            raise Failure("a SIGTERM did not end a run blocked on a FIFO")
+        check(p.returncode == 1 and "not being read" in out and "A checkpoint of step" in out,
+              f"a run blocked on a FIFO, then SIGTERM: status {p.returncode}\n{out}")
         check(not [f for f in os.listdir(rd) if f.endswith(".tmp")], "a temporary file left")
     finally:
         os.close(holder)
@@ -260,35 +257,6 @@ def case_late_faults():
           f"a metrics file failing mid-run: status {p.returncode}\n{out}")
     check(os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
           "a metrics file failing mid-run: nothing saved")
-    # A metrics FIFO whose reader holds it open and stops reading (a paused `less`): a Ctrl-C
-    # still stops the run and saves (Note [A metrics reader that stopped reading]); the write
-    # blocked it until the reader went.
-    sfifo = os.path.join(OUT, "w_sfifo")
-    os.mkfifo(sfifo)
-    reader = os.open(sfifo, os.O_RDONLY | os.O_NONBLOCK)
-    rd = os.path.join(OUT, "w_stalled")
-    p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--metrics", sfifo,
-                          "--steps", "1000000", "--quiet"], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, cwd=OUT)
-    try:
-        deadline = time.time() + 60
-        queued = array.array("i", [0])
-        while p.poll() is None and time.time() < deadline:  # until the pipe is (nearly) full
-            time.sleep(0.5)
-            fcntl.ioctl(reader, termios.FIONREAD, queued)
-            if queued[0] >= 60000:
-                break
-        time.sleep(1)
-        p.send_signal(signal.SIGINT)
-        out = p.communicate(timeout=20)[0].decode()
-    finally:
-        if p.poll() is None:
-            p.kill()
-        os.close(reader)
-    check("A checkpoint of step" in out and "not being read" in out,
-          f"a metrics FIFO whose reader stopped reading, then SIGINT: status {p.returncode}\n{out}")
-    check(os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
-          "a metrics FIFO whose reader stopped reading, then SIGINT: nothing saved")
     # Empty option values (an unset shell variable) are not the default; "none" is no name for
     # the metrics; weights holding NaN are refused before a run starts.
     for flag in ("--config", "--resume", "--init-from", "--data", "--run-dir"):
