@@ -73,6 +73,10 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
                                                          uint64_t min_tokens,
                                                          uint64_t scan_at_open) {
   if (pattern.empty()) return InvalidArgumentError("data kind 'tokens' needs a path (--data)");
+  if (pattern.back() == '/')
+    return InvalidArgumentError("--data '" + pattern +
+                                "' ends in '/': name a token file, or a glob of them "
+                                "(\"shards/*.bin\"), without the trailing slash");
   std::vector<std::string> paths;
   glob_t g{};
   // A path that exists is that file, brackets and all ("shard[1].bin"); else a glob.
@@ -119,7 +123,13 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
                              " files match, each kept open: raise the limit of open files, "
                              "`ulimit -n`, or join shards)",
                          errno);
-    if (fd < 0) return ErrnoStatus("cannot open the token file '" + path + "'", errno);
+    if (fd < 0) {
+      const int err = errno;
+      struct stat sst {};
+      if (err == ENXIO && ::stat(path.c_str(), &sst) == 0 && S_ISSOCK(sst.st_mode))
+        return InvalidArgumentError("the token file '" + path + "' is a socket, not a file");
+      return ErrnoStatus("cannot open the token file '" + path + "'", err);
+    }
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
       ::close(fd);

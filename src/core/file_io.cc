@@ -585,6 +585,9 @@ StatusOr<int> OpenOutputStream(const std::string& path, bool append, const std::
     if (errno == ENXIO)
       return FailedPreconditionError(what + " " + path +
                                      " is a FIFO with no reader (start the reader first)");
+    if (errno == EACCES || errno == EROFS)
+      return ErrnoError(
+          "cannot write " + what + " " + path + " (make it writable, or name another file)", errno);
     return ErrnoError("cannot write " + what + " " + path, errno);
   }
   const int fl = ::fcntl(fd, F_GETFL);
@@ -621,6 +624,10 @@ StatusOr<std::string> ReadBounded(const std::string& path, uint64_t max_bytes,
       ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | (regular_only ? O_NONBLOCK : 0));
   if (fd < 0) {
     const int err = errno;
+    // A socket cannot be opened (ENXIO): said as what it is.
+    struct stat sst {};
+    if (err == ENXIO && ::stat(path.c_str(), &sst) == 0 && S_ISSOCK(sst.st_mode))
+      return InvalidArgumentError("the " + what + " '" + path + "' is a socket, not a file");
     return ErrnoError("cannot open " + what + " '" + path + "'", err,
                       err == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError);
   }
