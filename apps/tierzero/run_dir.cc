@@ -280,6 +280,9 @@ Status RunDirLock::Acquire(const std::string& dir, const std::string& what) {
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
   const bool made = fd >= 0;
   if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0 && errno == ELOOP)
+    return InvalidArgumentError("the lock file " + path + " of the " + what + " " + dir +
+                                " is a symbolic link, which tierzero never makes: remove it");
   if (fd < 0) return ErrnoError("opening the lock of the " + what + " " + dir, errno);
   if (made) {
     created_.push_back(path);
@@ -633,7 +636,22 @@ StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_p
   if (world > 1) cfg.engine.nvme_path += "/rank" + std::to_string(rank);
   std::error_code ec;
   made.Create(out.run_dir, ec);
-  if (ec) return IoError("creating run directory " + out.run_dir + ": " + ec.message());
+  if (ec) {
+    // What is in the way, said as what it is (it read "File exists").
+    std::string bare = out.run_dir;
+    while (bare.size() > 1 && bare.back() == '/') bare.pop_back();
+    struct stat lst {
+    }, st{};
+    if (::lstat(bare.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode) && ::stat(bare.c_str(), &st) != 0)
+      return InvalidArgumentError("the run directory " + out.run_dir +
+                                  " is a symbolic link to nothing (a dangling link): remove it, "
+                                  "make the directory it names, or give --run-dir another path");
+    if (::stat(bare.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+      return InvalidArgumentError("the run directory " + out.run_dir + " is " +
+                                  FileKindName(st.st_mode) +
+                                  ", not a directory: give --run-dir another path");
+    return IoError("creating run directory " + out.run_dir + ": " + ec.message());
+  }
   if (!fs::is_directory(out.run_dir, ec))
     return InvalidArgumentError("the run directory " + out.run_dir + " is not a directory");
   // The checkpoint directory too, and it must be writable: found before step 1, not at the end.
