@@ -270,8 +270,9 @@ Status TokenShards::CheckIds(const File& f, uint64_t first, uint64_t n, const in
           (at_open ? " (the data was tokenized for another vocabulary: set model.vocab (--vocab) "
                      "to the tokenizer's size, or, for a model directory's fixed vocabulary, "
                      "tokenize the data with its own tokenizer)"
-                   : " (found as the run read it, past the part checked when the files opened: "
-                     "the data was tokenized for another vocabulary, or is damaged there)"));
+                   : " (found as the run read it: the file was changed under the run, or, "
+                     "past the part checked when the files opened, the data was tokenized for "
+                     "another vocabulary or is damaged there)"));
   }
   return Status::OK();
 }
