@@ -267,20 +267,27 @@ Status TrainRun::SetUp() {
   // its first step (a metrics FIFO with no reader): the directory then holds no trace of it, and
   // the corrected command is not refused as "another run's outputs".
   // (Also if it ends on a signal meanwhile: RemoveOnSignalExit.)
+  // (Removed by name only while the name is still the file this run wrote.)
   struct UndoConfig {
     std::string path;
     bool armed = false;
+    std::string stamp;
     void Arm() {
       armed = true;
-      RemoveOnSignalExit(path);
+      stamp = FileStamp(path);
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+      if (fd >= 0) {
+        RemoveOnSignalExitIfSame(path, fd);
+        ::close(fd);
+      }
     }
     ~UndoConfig() {
       if (armed) {
         KeepOnSignalExit(path);
-        ::unlink(path.c_str());
+        if (FileStamp(path) == stamp) ::unlink(path.c_str());
       }
     }
-  } undo_config{outputs_.config_path, false};
+  } undo_config{outputs_.config_path, false, {}};
   // Every rank past its set-up (a checkpoint loaded) before the lead replaces anything.
   if (world_ > 1) TZ_RETURN_IF_ERROR(comm_->Barrier());
   if (lead_) {
@@ -292,6 +299,7 @@ Status TrainRun::SetUp() {
     if (config_new) {
       undo_config.Arm();
       config_made_ = true;
+      config_stamp_ = FileStamp(outputs_.config_path);
     }
   }
   // A run resumed in place continues the metrics of the checkpoint's step: lines of later steps
@@ -317,7 +325,8 @@ Status TrainRun::SetUp() {
     // the one refused by the other's lock must not remove the file the other writes.
     if (metrics_new) {
       metrics_made_ = true;
-      RemoveOnSignalExit(out_.metrics);  // Note [A run that trained nothing leaves nothing]
+      // Note [A run that trained nothing leaves nothing]; only while the name is this file.
+      RemoveOnSignalExitIfSame(out_.metrics, metrics_fd_);
     }
   }
   // The destructor's undo ends here; a signal's stays until the first step (Note [A run that
@@ -357,10 +366,20 @@ void TrainRun::StartKept() {
 }
 
 void TrainRun::UndoStart() {
-  if (metrics_fd_ >= 0) ::close(metrics_fd_);
+  // Each removed by name only while the name is still the file this run made: one put there
+  // since is someone else's.
+  bool metrics_same = false;
+  if (metrics_fd_ >= 0) {
+    struct stat mine {
+    }, now{};
+    metrics_same = ::fstat(metrics_fd_, &mine) == 0 && ::lstat(out_.metrics.c_str(), &now) == 0 &&
+                   mine.st_dev == now.st_dev && mine.st_ino == now.st_ino;
+    ::close(metrics_fd_);
+  }
   metrics_fd_ = -1;
-  if (metrics_made_) ::unlink(out_.metrics.c_str());
-  if (config_made_) ::unlink(outputs_.config_path.c_str());
+  if (metrics_made_ && metrics_same) ::unlink(out_.metrics.c_str());
+  if (config_made_ && FileStamp(outputs_.config_path) == config_stamp_)
+    ::unlink(outputs_.config_path.c_str());
   // (What StartKept lets go of, but a stop stays at once: the run is ending, its first step
   // never will, and a signal now (mpirun's, as another rank aborts) must not promise a save.)
   StartKept();

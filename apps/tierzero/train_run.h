@@ -109,7 +109,8 @@ class TrainRun {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<gpt::Gpt> model_;
   std::unique_ptr<Progress> progress_;
-  int metrics_fd_ = -1;  // the lead rank's
+  int metrics_fd_ = -1;       // the lead rank's
+  std::string config_stamp_;  // FileStamp of the config.json this run made (UndoStart)
   // Metrics lines computed but not written (the write failed, or one before it did): the next
   // save records them and a resume in place writes them (Note [Metrics lines a stop left
   // unwritten], train.cc).
