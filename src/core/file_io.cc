@@ -222,9 +222,17 @@ StatusOr<AtomicFile> AtomicFile::Create(const std::string& path, bool replace_ow
     if (!replace_own_locked && HeldLocked(f.target_)) return RefuseLocked(path);
   }
   f.fd_ = CreateTemporary(f.target_, mode, &f.tmp_);
-  if (f.fd_ < 0 && (errno == ENOENT || errno == ENOTDIR))
-    return ErrnoError("cannot write " + path + ": its directory " + DirOf(f.target_), errno,
+  if (f.fd_ < 0 && (errno == ENOENT || errno == ENOTDIR)) {
+    const int err = errno;
+    struct stat dst {};
+    // The directory is there but makes no new file (/proc, /sys): said as such.
+    if (::stat(DirOf(f.target_).c_str(), &dst) == 0 && S_ISDIR(dst.st_mode))
+      return Refuse(path, "no new file can be made in " + DirOf(f.target_) +
+                              " (a file system such as /proc or /sys), and an output is written "
+                              "beside itself first, then renamed: name a file on a disk");
+    return ErrnoError("cannot write " + path + ": its directory " + DirOf(f.target_), err,
                       StatusCode::kNotFound);
+  }
   if (f.fd_ < 0) return ErrnoError("creating " + f.tmp_, errno);
   // The mode asked for is masked by the umask; a replaced file keeps exactly its own bits.
   if (exists) (void)::fchmod(f.fd_, mode);
