@@ -417,6 +417,15 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
     return InvalidArgumentError("the checkpoint directory " + out.checkpoint_dir + " is " +
                                 FileKindName(ckpt->mode) + ", not a directory");
   }
+  // A checkpoint directory never holds a config.json: one that does is a run directory (this
+  // run's or another's) or a model directory, whose files a checkpoint's would mix with (export
+  // and eval then read the config beside it, in its parent).
+  if (ckpt && ckpt->exists && IsRegular(out.checkpoint_dir + "/config.json"))
+    return InvalidArgumentError(
+        "--checkpoint " + out.checkpoint_dir +
+        " holds a config.json: it is a run directory (its checkpoint is " + out.checkpoint_dir +
+        "/checkpoint) or a model directory, not a checkpoint directory; give --checkpoint a "
+        "directory of its own");
   const FileId run_dir = Identify(out.run_dir);
   // The checkpoint directory is written too (its files, not an output above): never inside the
   // model directory either.
