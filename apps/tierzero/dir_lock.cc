@@ -1,0 +1,178 @@
+// The directories a command makes and locks (run_dir.h): MadeDirs, ScratchDir and RunDirLock.
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "run_dir.h"
+#include "tierzero/files.h"
+
+namespace tierzero::app {
+namespace fs = std::filesystem;
+
+namespace {
+
+bool IsRegular(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+}  // namespace
+
+MadeDirs::~MadeDirs() {
+  // Deepest first; rmdir removes only an empty directory, so nothing else can go.
+  for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) {
+    const std::string lock_file = *it + "/" + kLockFileName;
+    if (IsRegular(lock_file)) ::unlink(lock_file.c_str());  // ours: the directory is ours
+    ::rmdir(it->c_str());
+    KeepOnSignalExit(*it);
+  }
+}
+
+void MadeDirs::KeepOnSignal() {
+  for (const std::string& d : dirs_) KeepOnSignalExit(d);
+}
+
+void MadeDirs::Keep() {
+  for (const std::string& d : dirs_) KeepOnSignalExit(d);
+  dirs_.clear();
+}
+
+void MadeDirs::Create(const std::string& path, std::error_code& ec) {
+  // The levels that do not exist yet, outermost first.
+  std::vector<std::string> missing;
+  for (fs::path p = fs::absolute(path, ec).lexically_normal(); !p.empty(); p = p.parent_path()) {
+    if (ec) break;
+    std::error_code e;
+    if (fs::exists(fs::symlink_status(p, e))) break;
+    missing.push_back(p.string());
+    if (p == p.parent_path()) break;
+  }
+  if (ec) return;
+  // One mkdir a level: a directory is this process's only where its mkdir made it (ranks making
+  // the same run directory at once each own only what they made).
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+    std::string d = *it;
+    while (d.size() > 1 && d.back() == '/') d.pop_back();
+    if (::mkdir(d.c_str(), 0777) != 0) {
+      if (errno == EEXIST) continue;  // another process's, made since
+      ec = std::error_code(errno, std::generic_category());
+      return;
+    }
+    dirs_.push_back(d);
+    // Note [A set-up ended by a signal leaves nothing]: and if the process ends on a signal
+    // before the run starts (removed only if empty by then).
+    RemoveOnSignalExit(d);
+  }
+  fs::create_directories(path, ec);  // (an error if `path` is not a directory)
+}
+
+ScratchDir::~ScratchDir() {
+  std::error_code ec;
+  if (!path_.empty()) {
+    fs::remove_all(path_, ec);
+    KeepTreeOnSignalExit(path_);
+  }
+}
+
+Status ScratchAdvice(const Status& s, const std::string& scratch) {
+  if (s.ok() || scratch.empty() ||
+      s.message().find("opening the NVMe tier under '" + scratch) == std::string_view::npos)
+    return s;
+  return Status(s.code(),
+                std::string(s.message()) +
+                    ". That directory is this command's scratch space under $TMPDIR (else /tmp): "
+                    "point TMPDIR at a disk with the room, or give --config a config whose "
+                    "engine.nvme_budget is smaller (the NVMe part of the placement is all it "
+                    "needs)");
+}
+
+Status ScratchDir::Create(const std::string& prefix) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string made =
+      std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/" + prefix + "-XXXXXX";
+  if (::mkdtemp(made.data()) == nullptr)
+    return ErrnoError("creating a scratch directory " + made, errno);
+  path_ = made;
+  RemoveTreeOnSignalExit(path_);  // a signal's exit does not run the destructor
+  return Status::OK();
+}
+
+RunDirLock::~RunDirLock() {
+  // Unlinked while still locked, then released: no other process can hold the old file.
+  if (!keep_) {
+    for (const std::string& f : created_) {
+      ::unlink(f.c_str());
+      KeepOnSignalExit(f);
+    }
+  }
+  for (int fd : fds_) ::close(fd);  // releases the flock
+}
+
+void RunDirLock::KeepOnSignal() {
+  for (const std::string& f : created_) KeepOnSignalExit(f);
+}
+
+void RunDirLock::Keep() {
+  keep_ = true;
+  for (const std::string& f : created_) KeepOnSignalExit(f);
+}
+
+Status RunDirLock::Acquire(const std::string& dir, const std::string& what) {
+  const std::string path = dir + "/" + kLockFileName;
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  const bool made = fd >= 0;
+  if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0 && errno == ELOOP)
+    return InvalidArgumentError("the lock file " + path + " of the " + what + " " + dir +
+                                " is a symbolic link, which tierzero never makes: remove it");
+  if (fd < 0) return ErrnoError("opening the lock of the " + what + " " + dir, errno);
+  if (made) {
+    created_.push_back(path);
+    RemoveOnSignalExit(path);  // Note [A set-up ended by a signal leaves nothing]
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err == EWOULDBLOCK) {
+      ::close(fd);
+      return FailedPreconditionError(
+          "another tierzero process is writing the " + what + " " + dir +
+          " (it holds the directory's lock): a run directory has one writer; wait for that run "
+          "to end, or give this one another --run-dir (and --checkpoint)");
+    }
+    if (err == ENOLCK || err == ENOSYS || err == EOPNOTSUPP) {
+      // A file system without locks: the run goes on unguarded, and says so.
+      std::fprintf(stderr,
+                   "warning: the file system of %s has no file locks (%s): a second run into "
+                   "it at the same time would not be refused\n",
+                   dir.c_str(), std::strerror(err));
+      fds_.push_back(fd);
+      return Status::OK();
+    }
+    ::close(fd);
+    return ErrnoError("locking the " + what + " " + dir, err);
+  }
+  fds_.push_back(fd);
+  return Status::OK();
+}
+
+bool LockedByAnother(const std::string& dir) {
+  const std::string path = dir + "/" + kLockFileName;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return false;
+  // A shared lock is refused while another open file description holds the exclusive one (this
+  // process's own lock is another description too, so callers skip the directories they hold).
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);
+  return held;
+}
+
+}  // namespace tierzero::app
