@@ -52,10 +52,17 @@ Status AppendUnwritten(const std::string& path, const std::vector<json>& kept,
   return Status::OK();
 }
 
+Status Appended(Status s, bool* appended) {
+  if (s.ok() && appended != nullptr) *appended = true;
+  return s;
+}
+
 }  // namespace
 
 // train.h
-Status TrimMetrics(const std::string& path, int step, const std::vector<std::string>& unwritten) {
+Status TrimMetrics(const std::string& path, int step, const std::vector<std::string>& unwritten,
+                   bool* appended) {
+  if (appended != nullptr) *appended = false;
   // Only a file can be trimmed: a device, a FIFO or the process's stdout is not read back.
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 && errno == ENOENT && step > 0) {
@@ -140,14 +147,15 @@ Status TrimMetrics(const std::string& path, int step, const std::vector<std::str
       return ErrnoError("writing the metrics file " + path, err);
     }
     ::close(fd);
-    return AppendUnwritten(path, kept_tail, add);
+    return Appended(AppendUnwritten(path, kept_tail, add), appended);
   }
-  std::printf("  metrics: dropped %d line%s after step %d from %s (written after the checkpoint)\n",
-              dropped, dropped == 1 ? "" : "s", step, path.c_str());
+  std::printf(
+      "  metrics: dropped %d line%s from %s (written after the checkpoint of step %d, or torn)\n",
+      dropped, dropped == 1 ? "" : "s", path.c_str(), step);
   if (!kept_after_drop) {
     if (::truncate(path.c_str(), static_cast<off_t>(first_drop)) != 0)
       return ErrnoError("trimming the metrics file " + path, errno);
-    return AppendUnwritten(path, kept_tail, add);
+    return Appended(AppendUnwritten(path, kept_tail, add), appended);
   }
   TZ_ASSIGN_OR_RETURN(const std::string text,
                       ReadFileBounded(path, kMaxReportBytes, "metrics file"));
@@ -158,7 +166,7 @@ Status TrimMetrics(const std::string& path, int step, const std::vector<std::str
   }
   // This run holds the file's lock (LockMetrics): the rewrite replaces it all the same.
   TZ_RETURN_IF_ERROR(WriteFileAtomically(path, kept, /*replace_own_locked=*/true));
-  return AppendUnwritten(path, kept_tail, add);
+  return Appended(AppendUnwritten(path, kept_tail, add), appended);
 }
 
 }  // namespace tierzero::app

@@ -568,16 +568,17 @@ int Plan(const std::vector<std::string>& args) {
   // The config's ranks.ranks_per_node, unless the flag says otherwise.
   if (pa->ranks_per_node == 0) pa->ranks_per_node = cfg->ranks.ranks_per_node;
   if (!pa->json_path.empty()) {
-    // A path no plan can be written to is refused now, not after the calibration.
-    if (Status s = CheckOutputPath(pa->json_path, "--json"); !s.ok()) return Fail(s);
-    if (Status s = CheckOutputDirectory(pa->json_path, "--json"); !s.ok()) return Fail(s);
-    // The plan is written over none of the files it reads.
+    // The plan is written over none of the files it reads, nor into a running run's directory
+    // (said first: the more telling refusal of a path both refuse).
     if (Status s = CheckNotAnInput(pa->json_path, "--json",
                                    {{"config", config_path, false},
                                     {"warm-up trace", pa->trace_path, false},
                                     {"rates file", pa->rates_path, false}});
         !s.ok())
       return Fail(s);
+    // A path no plan can be written to is refused now, not after the calibration.
+    if (Status s = CheckOutputPath(pa->json_path, "--json"); !s.ok()) return Fail(s);
+    if (Status s = CheckOutputDirectory(pa->json_path, "--json"); !s.ok()) return Fail(s);
   }
   {
     auto comm = RunCommunicator(cfg->ranks);
@@ -673,14 +674,21 @@ int Plan(const std::vector<std::string>& args) {
       at = slash == std::string::npos ? "." : slash == 0 ? "/" : at.substr(0, slash);
     }
     const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-    if (vfs.f_frsize > 0 && free_bytes < cfg->engine.nvme_budget) {
+    // Each rank on this machine reserves its own budget there (nvme_path/rankR).
+    const uint64_t here = static_cast<uint64_t>(
+        std::max(1, pa->ranks_per_node > 0 ? std::min(pa->ranks_per_node, pa->ranks) : pa->ranks));
+    const uint64_t need =
+        cfg->engine.nvme_budget > UINT64_MAX / here ? UINT64_MAX : cfg->engine.nvme_budget * here;
+    if (vfs.f_frsize > 0 && free_bytes < need) {
       std::printf(
-          "  but: train reserves the whole NVMe budget (%s) under %s when it starts, and only %s "
-          "is free there: it would refuse to start. Lower engine.nvme_budget (--nvme-budget) "
+          "  but: train reserves the whole NVMe budget (%s%s) under %s when it starts, and only "
+          "%s is free there: it would refuse to start. Lower engine.nvme_budget (--nvme-budget) "
           "toward the %s the placement puts there, free space, or give --nvme-path a disk with "
           "the room\n",
-          FormatBytes(cfg->engine.nvme_budget).c_str(), cfg->engine.nvme_path.c_str(),
-          FormatBytes(free_bytes).c_str(), FormatBytes(p->model_state_bytes[2]).c_str());
+          FormatBytes(need).c_str(),
+          here > 1 ? (", " + std::to_string(here) + " ranks' budgets").c_str() : "",
+          cfg->engine.nvme_path.c_str(), FormatBytes(free_bytes).c_str(),
+          FormatBytes(p->model_state_bytes[2]).c_str());
       out["nvme_free_bytes"] = free_bytes;
     }
   }

@@ -504,9 +504,10 @@ StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_p
     struct stat lst {
     }, st{};
     if (::lstat(bare.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode) && ::stat(bare.c_str(), &st) != 0)
-      return InvalidArgumentError("the run directory " + out.run_dir +
-                                  " is a symbolic link to nothing (a dangling link): remove it, "
-                                  "make the directory it names, or give --run-dir another path");
+      return InvalidArgumentError(
+          "the run directory " + out.run_dir + " is a symbolic link " +
+          (errno == ELOOP ? "in a loop of links" : "to nothing (a dangling link)") +
+          ": remove it, make the directory it names, or give --run-dir another path");
     if (::stat(bare.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
       return InvalidArgumentError("the run directory " + out.run_dir + " is " +
                                   FileKindName(st.st_mode) +

@@ -307,20 +307,28 @@ Status TrainRun::SetUp() {
   // first, so the file never holds a step twice. Any other run starts its metrics file empty.
   if (lead_) {
     const bool append = start_ > 0 && outputs_.in_place;
+    // Note [Metrics lines a stop left unwritten].
+    std::vector<std::string> unwritten;
+    bool appended = false;
     if (append) {
-      // Note [Metrics lines a stop left unwritten].
-      std::vector<std::string> unwritten;
       const json u = json::parse(resumed_user_, nullptr, /*allow_exceptions=*/false);
       if (u.is_object() && u.contains("metrics_unwritten") && u["metrics_unwritten"].is_array()) {
         for (const json& l : u["metrics_unwritten"])
           if (l.is_object()) unwritten.push_back(l.dump());
       }
-      TZ_RETURN_IF_ERROR(TrimMetrics(out_.metrics, start_, unwritten));
+      TZ_RETURN_IF_ERROR(TrimMetrics(out_.metrics, start_, unwritten, &appended));
     }
     struct stat st {};
     const bool metrics_new = ::lstat(out_.metrics.c_str(), &st) != 0 && errno == ENOENT;
     TZ_ASSIGN_OR_RETURN(metrics_fd_, OpenOutputStream(out_.metrics, append, "the metrics file"));
     TZ_RETURN_IF_ERROR(LockMetrics(metrics_fd_));
+    // Into a stream, or a file made anew, the lines TrimMetrics had nowhere to add.
+    if (!appended) {
+      for (const std::string& l : unwritten) {
+        TZ_RETURN_IF_ERROR(WriteMetrics(json::parse(l)));
+        TZ_RETURN_IF_ERROR(pending_);
+      }
+    }
     // Made by this run, and locked: two runs started together may both have found no file, and
     // the one refused by the other's lock must not remove the file the other writes.
     if (metrics_new) {

@@ -115,8 +115,10 @@ Status ApplyFlags(const std::vector<std::string>& flags, RunConfig& config,
 // The file is rewritten atomically; a missing file is an empty one. Then `unwritten` (lines the
 // checkpoint's run computed and could not write: Note [Metrics lines a stop left unwritten] in
 // train.cc) are appended, each that the kept lines do not already hold.
+// `appended` (when not null) says whether they were: not into a stream or a file that is not
+// there, where the caller writes them.
 Status TrimMetrics(const std::string& path, int step,
-                   const std::vector<std::string>& unwritten = {});
+                   const std::vector<std::string>& unwritten = {}, bool* appended = nullptr);
 
 // A whole file's text, at most 64 MiB (a plan, rates): NotFound when it does not exist, an error
 // naming it (`what`: "plan file") for a directory, a socket or a larger file.

@@ -104,8 +104,8 @@ bool HeldLocked(const std::string& path) {
 Status RefuseLocked(const std::string& path) {
   return FailedPreconditionError(
       "will not write " + path +
-      ": a running tierzero process holds it locked (the metrics file of a run in progress?); "
-      "it is kept: name another file, or wait for that run to end");
+      ": a process holds it locked (a tierzero run writing its metrics there?); it is kept: "
+      "name another file, or wait for that process to end");
 }
 
 }  // namespace
@@ -440,6 +440,19 @@ std::string FileStamp(const std::string& path) {
 // only then is the old one compared with the stamp; another file there is exchanged back and
 // kept. Nothing there is a RENAME_NOREPLACE (CommitNew). Where the file system cannot exchange,
 // the check is made just before an ordinary rename (a race is possible there only).
+void (*AtomicFile::before_exchange_for_test)(const std::string& target) = nullptr;
+
+namespace {
+
+// The stamp of what `path` itself is (a link not followed): a regular file's, else "".
+std::string OwnStamp(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  return FileStamp(path);
+}
+
+}  // namespace
+
 Status AtomicFile::CommitIfUnchanged(const std::string& stamp) {
   if (fd_ < 0) return FailedPreconditionError("committing " + path_ + " twice");
   if (streamed_) return Commit();
@@ -448,25 +461,33 @@ Status AtomicFile::CommitIfUnchanged(const std::string& stamp) {
                                    " was written by another process meanwhile; it is kept, "
                                    "not replaced");
   };
-  const std::string now = FileStamp(target_);
+  auto drop = [&] {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    ::unlink(tmp_.c_str());
+    DropPending(tmp_);
+  };
+  // Nothing there when stamped: only a commit that replaces nothing (whatever is there now,
+  // a file, a link, a directory or a FIFO, is kept).
+  if (stamp.empty()) {
+    Status s = CommitNew();
+    if (s.code() == StatusCode::kAlreadyExists) return refuse();
+    return s;
+  }
+  const std::string now = OwnStamp(target_);
   struct stat lst {};
   if (now.empty() && ::lstat(target_.c_str(), &lst) != 0 && errno == ENOENT) {
+    // Removed meanwhile: written anew, over nothing.
     Status s = CommitNew();
     if (s.code() == StatusCode::kAlreadyExists) return refuse();
     return s;
   }
   if (now != stamp) {
-    ::close(fd_);
-    fd_ = -1;
-    ::unlink(tmp_.c_str());
-    DropPending(tmp_);
+    drop();
     return refuse();
   }
   if (!replace_own_locked_ && HeldLocked(target_)) {
-    ::close(fd_);
-    fd_ = -1;
-    ::unlink(tmp_.c_str());
-    DropPending(tmp_);
+    drop();
     return RefuseLocked(path_);
   }
   if (::fsync(fd_) != 0) return ErrnoError("fsync " + tmp_, errno);  // the destructor unlinks
@@ -474,10 +495,13 @@ Status AtomicFile::CommitIfUnchanged(const std::string& stamp) {
   fd_ = -1;
   if (closed != 0) {
     const int err = errno;
-    ::unlink(tmp_.c_str());
-    DropPending(tmp_);
+    drop();
     return ErrnoError("close " + tmp_, err);
   }
+  if (before_exchange_for_test != nullptr) before_exchange_for_test(target_);
+  // From the exchange on, the temporary's name may hold another's file: it is never removed on
+  // a signal's exit (a leftover temporary is the worst a signal here leaves).
+  DropPending(tmp_);
   int swapped = ::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, target_.c_str(), RENAME_EXCHANGE);
   int err = errno;
   if (swapped != 0 && (err == EINVAL || err == ENOSYS || err == ENOTSUP)) {
@@ -485,30 +509,35 @@ Status AtomicFile::CommitIfUnchanged(const std::string& stamp) {
     swapped = ::rename(tmp_.c_str(), target_.c_str());
     err = errno;
     if (swapped != 0) ::unlink(tmp_.c_str());
-    DropPending(tmp_);
     if (swapped != 0) return ErrnoError("renaming " + tmp_ + " to " + target_, err);
     (void)SyncDir(DirOf(target_));
     return Status::OK();
   }
+  if (swapped != 0 && err == ENOENT) {
+    // Removed since the check: written anew, over nothing.
+    swapped = ::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, target_.c_str(), RENAME_NOREPLACE);
+    err = errno;
+    if (swapped == 0) {
+      (void)SyncDir(DirOf(target_));
+      return Status::OK();
+    }
+    ::unlink(tmp_.c_str());
+    if (err == EEXIST) return refuse();
+    return ErrnoError("renaming " + tmp_ + " to " + target_, err);
+  }
   if (swapped != 0) {
     ::unlink(tmp_.c_str());
-    DropPending(tmp_);
-    if (err == ENOENT) return refuse();  // removed meanwhile, then made again? kept as is
     return ErrnoError("exchanging " + tmp_ + " with " + target_, err);
   }
-  // The temporary's name now holds what was at the path: not to be removed on a signal's exit
-  // until it is known to be the file replaced.
-  DropPending(tmp_);
-  if (FileStamp(tmp_) != stamp) {
+  // The temporary's name now holds what was at the path.
+  if (OwnStamp(tmp_) != stamp) {
     const int back =
         ::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, target_.c_str(), RENAME_EXCHANGE);
-    if (back == 0) ::unlink(tmp_.c_str());  // ours, exchanged back
     if (back != 0)
       return ErrnoError("another process wrote " + path_ +
-                            " meanwhile, and exchanging it back "
-                            "failed: it is in " +
-                            tmp_ + " now",
+                            " meanwhile, and exchanging it back failed: it is in " + tmp_ + " now",
                         errno);
+    ::unlink(tmp_.c_str());  // ours, exchanged back
     return refuse();
   }
   ::unlink(tmp_.c_str());  // the file replaced
@@ -536,7 +565,11 @@ Status WriteNewFile(const std::string& path, const std::string& text) {
   return f->CommitNew();
 }
 
-Status CheckOutputPath(const std::string& path, const std::string& what) {
+namespace {
+
+// CheckOutputPath less the checks of a regular file's replacing (OpenOutputStream appends to a
+// file this process may already hold locked).
+Status CheckOutputKind(const std::string& path, const std::string& what) {
   if (path.empty()) return InvalidArgumentError(what + ": the path is empty");
   if (StandardStreamFd(path) >= 0) return Status::OK();
   if (path.back() == '/')
@@ -563,6 +596,25 @@ Status CheckOutputPath(const std::string& path, const std::string& what) {
                               "devices and FIFOs");
 }
 
+}  // namespace
+
+Status CheckOutputPath(const std::string& path, const std::string& what) {
+  TZ_RETURN_IF_ERROR(CheckOutputKind(path, what));
+  // A regular file there: what AtomicFile::Create would refuse to replace, refused before the
+  // work (Note [A file another tierzero process holds]; a file this user may not write).
+  struct stat st {};
+  if (StandardStreamFd(path) >= 0 || ::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+    return Status::OK();
+  if (HeldLocked(path)) return RefuseLocked(what + " " + path);
+  const int denied = ::access(path.c_str(), W_OK) != 0 ? errno : 0;
+  if (denied == EACCES || denied == EROFS || denied == EPERM)
+    return InvalidArgumentError("will not write " + what + " " + path +
+                                ": this user may not write it" +
+                                (denied == EROFS ? " (a read-only file system)" : "") +
+                                "; it is kept: make it writable, or name another file");
+  return Status::OK();
+}
+
 Status CheckOutputDirectory(const std::string& path, const std::string& what) {
   if (StandardStreamFd(path) >= 0) return Status::OK();
   struct stat st {};
@@ -578,7 +630,7 @@ Status CheckOutputDirectory(const std::string& path, const std::string& what) {
 }
 
 StatusOr<int> OpenOutputStream(const std::string& path, bool append, const std::string& what) {
-  TZ_RETURN_IF_ERROR(CheckOutputPath(path, what));
+  TZ_RETURN_IF_ERROR(CheckOutputKind(path, what));
   if (const int std_fd = StandardStreamFd(path); std_fd >= 0) {
     const int fd = ::fcntl(std_fd, F_DUPFD_CLOEXEC, 3);
     if (fd < 0) return ErrnoError("cannot write " + what + " " + path, errno);

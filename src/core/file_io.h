@@ -61,6 +61,9 @@ class AtomicFile {
   // is there now): FailedPrecondition when another file is there, which is kept (Note [A replace
   // that checks what it replaces], file_io.cc). A stream is written as Commit does.
   Status CommitIfUnchanged(const std::string& stamp);
+  // Tests only: called in CommitIfUnchanged after its check, before the exchange (another
+  // process writing the file in between).
+  static void (*before_exchange_for_test)(const std::string& target);
   uint64_t bytes() const { return bytes_; }
   // Written straight into a device or FIFO (not atomic).
   bool streamed() const { return streamed_; }

@@ -103,7 +103,8 @@ TEST_F(AtomicFileTest, AFileHeldLockedIsNotReplaced) {
 // as root (root writes it, as `cp` does).
 TEST_F(AtomicFileTest, AFileTheUserMayNotWriteIsKept) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to become another user";
-  ASSERT_EQ(::chmod(dir_.c_str(), 01777), 0);
+  // World-writable, not sticky: without the check, nobody could rename over root's file.
+  ASSERT_EQ(::chmod(dir_.c_str(), 0777), 0);
   const std::string path = (dir_ / "ro.json").string();
   ASSERT_TRUE(WriteFileAtomically(path, "theirs").ok());
   ASSERT_EQ(::chmod(path.c_str(), 0444), 0);
@@ -161,11 +162,40 @@ TEST_F(AtomicFileTest, AReplaceOnlyOverWhatWasStamped) {
   ASSERT_TRUE(WriteFileAtomically(fresh, "appeared").ok());
   EXPECT_EQ(f->CommitIfUnchanged(none).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(*ReadWholeFile(fresh), "appeared");
+  // Written by another between the check and the exchange: exchanged back, theirs kept, and
+  // nothing of ours left beside it.
+  static std::string g_path;
+  g_path = path;
+  const std::string before = FileStamp(path);
+  AtomicFile::before_exchange_for_test = [](const std::string& target) {
+    ASSERT_EQ(target, g_path);
+    ASSERT_TRUE(WriteFileAtomically(target, "raced").ok());
+  };
+  const Status raced = WriteFileAtomicallyIfUnchanged(path, "ours", before);
+  AtomicFile::before_exchange_for_test = nullptr;
+  EXPECT_EQ(raced.code(), StatusCode::kFailedPrecondition) << raced.ToString();
+  EXPECT_EQ(*ReadWholeFile(path), "raced");
+  // Removed between the check and the exchange: written anew.
+  AtomicFile::before_exchange_for_test = [](const std::string& target) {
+    ASSERT_EQ(::unlink(target.c_str()), 0);
+  };
+  EXPECT_TRUE(WriteFileAtomicallyIfUnchanged(path, "anew", FileStamp(path)).ok());
+  AtomicFile::before_exchange_for_test = nullptr;
+  EXPECT_EQ(*ReadWholeFile(path), "anew");
+  // Not a regular file where nothing was stamped: kept (a directory, here).
+  const std::string dir_there = (dir_ / "d.json").string();
+  auto g = AtomicFile::Create(dir_there);
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE(g->Write("x", 1).ok());
+  fs::create_directory(dir_there);
+  EXPECT_EQ(g->CommitIfUnchanged("").code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(fs::is_directory(dir_there));
+  fs::remove(dir_there);
   // Removed meanwhile: written anew.
   ASSERT_EQ(::unlink(fresh.c_str()), 0);
   ASSERT_TRUE(WriteFileAtomicallyIfUnchanged(fresh, "anew", "1:2:3:4.5").ok());
   EXPECT_EQ(*ReadWholeFile(fresh), "anew");
-  EXPECT_EQ(Entries(), 2u);
+  EXPECT_EQ(Entries(), 2u);  // nothing left beside them
 }
 
 TEST_F(AtomicFileTest, AnUncommittedFileLeavesNothing) {

@@ -127,8 +127,9 @@ def case_metrics_disk_full():
         key = lambda m: (m["step"], "loss" in m)
         steps = [key(m) for m in got]
         check(len(steps) == len(set(steps)), f"a line twice after the resume: {steps}")
-        check(sorted(steps) == sorted(key(m) for m in want),
-              f"lines missing after the resume: {sorted(set(key(m) for m in want) - set(steps))}")
+        check(steps == [key(m) for m in want],
+              f"lines missing or out of order after the resume: {steps} against "
+              f"{[key(m) for m in want]}")
         for g, w in zip(sorted(got, key=key), sorted(want, key=key)):
             for f in ("loss", "val_loss", "lr", "grad_norm"):
                 check(g.get(f) == w.get(f), f"step {g['step']}: {f} {g.get(f)} against {w.get(f)}")
