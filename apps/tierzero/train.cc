@@ -401,6 +401,21 @@ void TrainRun::UndoStart() {
 // then the descriptor the run writes (the file may have been replaced or made since), the first
 // lock let go. Regular files only (a FIFO or a device streams). A file system without locks: the
 // run goes on unlocked.
+namespace {
+
+// flock(LOCK_EX | LOCK_NB), tried a few times over 0.1 s: another command checking whether the
+// file is locked holds a shared lock for an instant (Note [A file another tierzero process
+// holds], src/core/file_io.cc), which must not pass for a run writing it. errno says why not.
+bool FlockBriefly(int fd) {
+  for (int attempt = 0;; ++attempt) {
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return true;
+    if (errno != EWOULDBLOCK || attempt == 4) return false;
+    ::usleep(20000);
+  }
+}
+
+}  // namespace
+
 Status TrainRun::LockMetrics(int fd) {
   auto refuse = [&] {
     return FailedPreconditionError("another tierzero process is writing the metrics file " +
@@ -414,7 +429,7 @@ Status TrainRun::LockMetrics(int fd) {
       return Status::OK();
     const int early = ::open(out_.metrics.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);
     if (early < 0) return Status::OK();  // OpenOutputStream says why, if it matters
-    if (::flock(early, LOCK_EX | LOCK_NB) != 0) {
+    if (!FlockBriefly(early)) {
       const int err = errno;
       ::close(early);
       return err == EWOULDBLOCK ? refuse() : Status::OK();
@@ -427,7 +442,7 @@ Status TrainRun::LockMetrics(int fd) {
     metrics_lock_fd_ = -1;
   }
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return Status::OK();
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) return refuse();
+  if (!FlockBriefly(fd) && errno == EWOULDBLOCK) return refuse();
   return Status::OK();
 }
 
