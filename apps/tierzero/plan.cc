@@ -659,39 +659,8 @@ int Plan(const std::vector<std::string>& args) {
   }
   json out = {{"schema", "tierzero.plan/1"},
               {"prediction", json::parse(PlanJson(*p), nullptr, false)}};
-  // train reserves the whole NVMe budget when it opens the tier (anything placed there), and
-  // refuses to start where the disk has less free: said here, not only at the start of the run.
-  if (p->fits && p->model_state_bytes[2] > 0 && pa->trace_path.empty()) {
-    // (The path itself, or the nearest directory above it that is there: train makes it.)
-    std::string at = cfg->engine.nvme_path.empty() ? "." : cfg->engine.nvme_path;
-    struct statvfs vfs {};
-    while (::statvfs(at.c_str(), &vfs) != 0) {
-      if (at == "/" || at == ".") {
-        vfs = {};
-        break;
-      }
-      const size_t slash = at.find_last_of('/');
-      at = slash == std::string::npos ? "." : slash == 0 ? "/" : at.substr(0, slash);
-    }
-    const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-    // Each rank on this machine reserves its own budget there (nvme_path/rankR).
-    const uint64_t here = static_cast<uint64_t>(
-        std::max(1, pa->ranks_per_node > 0 ? std::min(pa->ranks_per_node, pa->ranks) : pa->ranks));
-    const uint64_t need =
-        cfg->engine.nvme_budget > UINT64_MAX / here ? UINT64_MAX : cfg->engine.nvme_budget * here;
-    if (vfs.f_frsize > 0 && free_bytes < need) {
-      std::printf(
-          "  but: train reserves the whole NVMe budget (%s%s) under %s when it starts, and only "
-          "%s is free there: it would refuse to start. Lower engine.nvme_budget (--nvme-budget) "
-          "toward the %s the placement puts there, free space, or give --nvme-path a disk with "
-          "the room\n",
-          FormatBytes(need).c_str(),
-          here > 1 ? (", " + std::to_string(here) + " ranks' budgets").c_str() : "",
-          cfg->engine.nvme_path.c_str(), FormatBytes(free_bytes).c_str(),
-          FormatBytes(p->model_state_bytes[2]).c_str());
-      out["nvme_free_bytes"] = free_bytes;
-    }
-  }
+  if (p->fits && pa->trace_path.empty())
+    WarnNvmeSpace(*cfg, p->model_state_bytes[2], pa->ranks, pa->ranks_per_node, out);
   if (!p->fits && pa->advice) Advise(pl, *cfg, pa->ranks, out);
   if (pa->largest) {
     if (Status s = Largest(pl, *cfg, pa->ranks, out); !s.ok()) return Fail(s);
