@@ -35,16 +35,10 @@ Status AppendUnwritten(const std::string& path, const std::vector<json>& kept,
   if (n == 0) return Status::OK();
   const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError("opening the metrics file " + path, errno);
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) {
-      const int err = errno;
-      ::close(fd);
-      return ErrnoError("writing the metrics file " + path, err);
-    }
-    done += static_cast<size_t>(w);
+  if (const int err = WriteAll(fd, text); err != 0) {
+    ::close(fd);
+    return ErrnoError("writing the metrics file " + path + (err == ENOSPC ? " (disk full)" : ""),
+                      err);
   }
   if (::close(fd) != 0) return ErrnoError("writing the metrics file " + path, errno);
   std::printf("  metrics: wrote %d line%s the checkpoint's run could not write into %s\n", n,

@@ -407,7 +407,10 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
   };
   if (ckpt && !plan.in_place) hold_checkpoint(out.checkpoint_dir);
   if (!plan.in_place) hold_checkpoint(default_ckpt);
-  auto hold_file = [&](const std::string& p, bool nonempty) {
+  // A file an output flag names outside the run directory may be the user's own, not a run's:
+  // the refusal names the flag, and --run-dir would not move it.
+  std::vector<std::string> flagged;
+  auto hold_file = [&](const std::string& p, bool nonempty, const char* flag) {
     off_t size = 0;
     if (!IsRegular(p, &size) || (nonempty && size == 0)) return;
     const FileId id = Identify(p);
@@ -416,16 +419,21 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
       if (Same(Identify(f), id)) return;
     for (const Named& in : inputs)
       if (Same(in.id, id)) return;  // an input is never removed (config.json as --config)
-    held.push_back(p);
+    const bool outside = flag != nullptr && p.rfind(out.run_dir + "/", 0) != 0;
+    held.push_back(outside ? p + " (" + flag + ")" : p);
+    if (outside) flagged.push_back(flag);
     plan.stale_files.push_back(p);
   };
-  hold_file(out.metrics, /*nonempty=*/true);
-  for (const std::string* f : {&out.report, &out.html, &out.trace}) {
-    if (!f->empty()) hold_file(*f, false);
+  hold_file(out.metrics, /*nonempty=*/true, "--metrics");
+  const std::pair<const std::string*, const char*> named[] = {
+      {&out.report, "--report"}, {&out.html, "--html"}, {&out.trace, "--trace"}};
+  for (const auto& [f, flag] : named) {
+    if (!f->empty()) hold_file(*f, false, flag);
   }
   for (const char* name : {"metrics.jsonl", "report.json", "report.html", "trace.json",
                            "warmup_trace.json", "config.json"}) {
-    if (!plan.in_place) hold_file(out.run_dir + "/" + name, std::string(name) == "metrics.jsonl");
+    if (!plan.in_place)
+      hold_file(out.run_dir + "/" + name, std::string(name) == "metrics.jsonl", nullptr);
   }
   if (held.empty()) return plan;
   if (!overwrite) {
@@ -454,11 +462,20 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
           " is another: a resume in place writes the checkpoint it reads (drop --checkpoint), "
           "and a copy elsewhere takes another --run-dir; the outputs here (" +
           list + ") are kept");
+    std::string elsewhere = "--run-dir DIR starts this run elsewhere";
+    if (!flagged.empty()) {
+      std::string flags;
+      for (size_t i = 0; i < flagged.size(); ++i)
+        flags += (i == 0 ? "" : i + 1 == flagged.size() ? " or " : ", ") + flagged[i];
+      elsewhere = (flagged.size() == held.size() ? "" : elsewhere + ", ") + flags +
+                  " PATH names another file";
+    }
     return FailedPreconditionError(
-        "the outputs of another run are here: " + list +
+        (flagged.size() == held.size() ? "the files this run would write are here already: "
+                                       : "the outputs of another run are here: ") +
+        list +
         ". A new run would replace them: " + (resume_hint.empty() ? "" : resume_hint + ", ") +
-        "--overwrite replaces them (removes exactly these), or --run-dir DIR starts this run "
-        "elsewhere");
+        "--overwrite replaces them (removes exactly these), or " + elsewhere);
   }
   return plan;
 }

@@ -492,19 +492,12 @@ Status TrainRun::WriteMetrics(const json& line) {
       }
     }
   }
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t w = ::write(metrics_fd_, text.data() + done, text.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) {
-      const int err = errno;
-      // Note [A checkpoint after a data error]: a failed write leaves the run between steps.
-      resume_when_ = "the metrics file " + out_.metrics + " can be written";
-      unwritten_metrics_.push_back(line.dump());
-      return Defer(ErrnoError(
-          "writing the metrics file " + out_.metrics + (err == ENOSPC ? " (disk full)" : ""), err));
-    }
-    done += static_cast<size_t>(w);
+  if (const int err = WriteAll(metrics_fd_, text); err != 0) {
+    // Note [A checkpoint after a data error]: a failed write leaves the run between steps.
+    resume_when_ = "the metrics file " + out_.metrics + " can be written";
+    unwritten_metrics_.push_back(line.dump());
+    return Defer(ErrnoError(
+        "writing the metrics file " + out_.metrics + (err == ENOSPC ? " (disk full)" : ""), err));
   }
   return Status::OK();
 }

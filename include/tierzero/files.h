@@ -54,6 +54,10 @@ Status CheckOutputDirectory(const std::string& path, const std::string& what);
 // process's own descriptors, duplicated. Returns the descriptor (the caller closes it).
 StatusOr<int> OpenOutputStream(const std::string& path, bool append, const std::string& what);
 
+// Writes all of `text` to `fd`, retrying short writes and EINTR: 0, or the errno of the write
+// that failed (ENOSPC for a full disk). The one write-all loop for descriptors the caller owns.
+int WriteAll(int fd, std::string_view text);
+
 // The whole of a file from outside, at most `max_bytes`; `what` names it in errors ("config
 // file"). NotFound when it does not exist; InvalidArgument for a directory, a block device or a
 // socket, or a file larger than `max_bytes` (a regular file's size is checked before reading, so

@@ -333,20 +333,26 @@ void RemovePendingTemporaries() {
   Pending().clear();
 }
 
-Status AtomicFile::Write(const void* data, size_t n) {
-  if (fd_ < 0) return FailedPreconditionError("writing " + path_ + " after it was closed");
-  const auto* p = static_cast<const uint8_t*>(data);
-  const std::string& name = streamed_ ? path_ : tmp_;
-  while (n > 0) {
-    const ssize_t w = ::write(fd_, p, n);
+// files.h
+int WriteAll(int fd, std::string_view text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
     if (w < 0) {
       if (errno == EINTR) continue;
-      return ErrnoError("writing " + name + (errno == ENOSPC ? " (disk full)" : ""), errno);
+      return errno;
     }
-    p += w;
-    n -= static_cast<size_t>(w);
-    bytes_ += static_cast<uint64_t>(w);
+    done += static_cast<size_t>(w);
   }
+  return 0;
+}
+
+Status AtomicFile::Write(const void* data, size_t n) {
+  if (fd_ < 0) return FailedPreconditionError("writing " + path_ + " after it was closed");
+  const std::string& name = streamed_ ? path_ : tmp_;
+  const int err = WriteAll(fd_, std::string_view(static_cast<const char*>(data), n));
+  if (err != 0) return ErrnoError("writing " + name + (err == ENOSPC ? " (disk full)" : ""), err);
+  bytes_ += n;
   return Status::OK();
 }
 

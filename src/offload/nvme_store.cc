@@ -233,11 +233,12 @@ Status NvmeStore::OpenFiles() {
     }
     const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
     auto no_space = [&](uint64_t free_now) {
-      return OutOfMemoryError("NVMe store needs " + FormatBytes(size) + " at " + path +
-                              " but only " + FormatBytes(free_now) +
-                              " is free there (the whole budget is reserved when the tier "
-                              "opens); lower the NVMe budget (engine.nvme_budget) or free "
-                              "space there");
+      return OutOfMemoryError(
+          "NVMe store needs " + FormatBytes(size) + " at " + path + " but only " +
+          FormatBytes(free_now) +
+          " is free there (the whole budget is reserved when the tier "
+          "opens); lower the NVMe budget (engine.nvme_budget, --nvme-budget) or free "
+          "space there");
     };
     if (free_bytes < size) return no_space(free_bytes);
 
@@ -353,10 +354,11 @@ StatusOr<NvmeExtent> NvmeStore::Allocate(uint64_t bytes) {
       free_total += f->space->capacity() - f->space->stat().current;
       largest = std::max(largest, f->space->largest_free_block());
     }
-    return OutOfMemoryError("NVMe store cannot allocate " + FormatBytes(bytes) + ": " +
-                            FormatBytes(free_total) + " free across " + std::to_string(paths) +
-                            " path(s), largest free block " + FormatBytes(largest) +
-                            " (raise the NVMe budget, engine.nvme_budget, or add a path)");
+    return OutOfMemoryError(
+        "NVMe store cannot allocate " + FormatBytes(bytes) + ": " + FormatBytes(free_total) +
+        " free across " + std::to_string(paths) + " path(s), largest free block " +
+        FormatBytes(largest) +
+        " (raise the NVMe budget, engine.nvme_budget or --nvme-budget, or add a path)");
   }
   const uint64_t id = next_id_++;
   registry_->extents.emplace(id, std::move(info));

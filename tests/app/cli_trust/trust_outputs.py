@@ -225,6 +225,17 @@ def case_run_dir():
     check(steps == [1, 2, 3], f"metrics after --overwrite: steps {steps}")
     info = json.load(open(run_dir + "/checkpoint/manifest.json"))
     check(info.get("step") == 3, f"the checkpoint after --overwrite is at step {info.get('step')}")
+    # A user's own file named by --report beside a new run directory: refused naming the flag
+    # (not as another run's outputs, and not with advice to change --run-dir), and kept.
+    mine = os.path.join(OUT, "r_mine.json")
+    with open(mine, "w") as f:
+        f.write('{"mine": 1}')
+    out = refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir",
+                   os.path.join(OUT, "r_new"), "--steps", "3", "--report", mine],
+                  mine + " (--report)", "--report PATH")
+    check("another run" not in out and "--run-dir DIR" not in out,
+          f"a user's file called another run's outputs:\n{out}")
+    check(read(mine) == b'{"mine": 1}', "the user's file named by --report changed")
 
 
 def case_config_elsewhere():
