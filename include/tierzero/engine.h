@@ -310,6 +310,14 @@ StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& dir);
 // over its manifest's], engine/checkpoint.cc): a save removes only such files of earlier saves.
 bool IsCheckpointStatesFileName(const std::string& name);
 
+// Device memory is handed out in multiples of this many bytes (a model deriving its trace rounds
+// each activation as the engine does: Gpt::DeriveTrace).
+inline constexpr uint64_t kDeviceAllocationAlignment = 256;
+inline constexpr uint64_t DeviceAllocationBytes(uint64_t bytes) {
+  return (bytes + kDeviceAllocationAlignment - 1) / kDeviceAllocationAlignment *
+         kDeviceAllocationAlignment;
+}
+
 class Engine {
  public:
   // InvalidArgument naming the field for a bad config; Unavailable when a GPU was asked for and
@@ -357,7 +365,9 @@ class Engine {
   // one with a non-finite gradient updates as if this had not been called: exactly the same.
   Status PrepareStep(const StepOptions& options);
 
-  // Non-model device memory.
+  // Non-model device memory. The device hands memory out in multiples of
+  // kDeviceAllocationAlignment: an activation of n bytes takes DeviceAllocationBytes(n) of the
+  // budget, and activation_bytes() (the trace, the report) counts that.
   StatusOr<ActivationBuffer> AllocateActivation(uint64_t bytes);
   uint64_t activation_bytes() const;
 

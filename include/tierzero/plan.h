@@ -128,6 +128,9 @@ struct PlanPrediction {
   TierPrediction device, host, nvme;
   uint64_t device_resident = 0, device_slots = 0, device_activations = 0, device_grads = 0,
            device_update = 0;
+  // What `fits` keeps free beyond the device's peak: the allocator may not find the last bytes in
+  // one piece (Note [Room for the device allocator's fragmentation], src/engine/plan.cc).
+  uint64_t device_fragmentation_allowance = 0;
   int slots = 0;
 
   // Bytes per optimizer step on each link (per rank), and of them one iteration's (a micro-batch's

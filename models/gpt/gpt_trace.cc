@@ -56,17 +56,22 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
   // copies), g(n) gradient buffers (none when the ops add into the engine's).
   TZ_ASSIGN_OR_RETURN(const BackendSpec spec, ChooseBackend(engine_, cfg_.activations,
                                                             cfg_.head_dim(), BackendAligned(cfg_)));
-  const uint64_t attn_state =
+  const uint64_t attn_state = DeviceAllocationBytes(
       spec.attention_state_bytes(static_cast<int64_t>(B), static_cast<int64_t>(T),
-                                 static_cast<int64_t>(H), static_cast<int64_t>(C / H));
+                                 static_cast<int64_t>(H), static_cast<int64_t>(C / H)));
   const bool ckpt = cfg_.activation_checkpointing;
-  auto a = [&](uint64_t n) { return spec.act_bytes(static_cast<int64_t>(n)); };
-  auto f = [](uint64_t n) { return 4 * n; };
+  // Each is one allocation's bytes as the device takes them (DeviceAllocationBytes).
+  auto a = [&](uint64_t n) {
+    return DeviceAllocationBytes(spec.act_bytes(static_cast<int64_t>(n)));
+  };
+  auto f = [](uint64_t n) { return DeviceAllocationBytes(4 * n); };
   auto w = [&](uint64_t n) {
-    return spec.widen_params() ? spec.weight_bytes(static_cast<int64_t>(n)) : uint64_t{0};
+    return spec.widen_params() ? DeviceAllocationBytes(spec.weight_bytes(static_cast<int64_t>(n)))
+                               : uint64_t{0};
   };
   auto g = [&](uint64_t n) {
-    return spec.grads_in_place ? uint64_t{0} : spec.weight_bytes(static_cast<int64_t>(n));
+    return spec.grads_in_place ? uint64_t{0}
+                               : DeviceAllocationBytes(spec.weight_bytes(static_cast<int64_t>(n)));
   };
   auto numel = [&](const std::vector<ParamId>& ids) {
     uint64_t n = 0;
@@ -112,7 +117,7 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
     for (uint64_t b : saved_list) L.Alloc(b);
   };
   // The batch: tokens, targets, mask.
-  for (int i = 0; i < 3; ++i) L.Alloc(4 * R);
+  for (int i = 0; i < 3; ++i) L.Alloc(f(R));
   L.Alloc(a(R * C));  // saved[0].x
   const std::vector<ParamId> embeddings = ids_of({wte_, wpe_});
   {
@@ -151,9 +156,11 @@ StatusOr<WarmupTrace> Gpt::DeriveTrace(int batch) const {
     for (ParamId p : head) L.Alloc(g(static_cast<uint64_t>(engine_.numel(p))));  // gradients
     L.Alloc(a(R * C));                                                           // dlnf
     L.Work(4 * dR * dC * static_cast<double>(V), 2.0 * static_cast<double>(a(R * V)));
-    L.Free(a(R * V));  // dlogits
-    L.Free(a(R * C));  // the last block's output
-    L.Free(a(R * C) + w(numel(head)) + g(numel(head)));
+    L.Free(a(R * V));         // dlogits
+    L.Free(a(R * C));         // the last block's output
+    uint64_t head_grads = 0;  // one buffer a parameter
+    for (ParamId p : head) head_grads += g(static_cast<uint64_t>(engine_.numel(p)));
+    L.Free(a(R * C) + w(numel(head)) + head_grads);
   }
   // The saved activations the backward frees as it goes (so not at its end): GPT-2's GELU
   // input and output, Llama's gate, up and product.

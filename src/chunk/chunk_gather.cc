@@ -207,14 +207,13 @@ Status ChunkManager::ReduceSeparate(int c, const Event& written) {
     // No backward use: zero without accumulation, nothing to add with it.
     return options_.grad_accumulation ? Status::OK() : store_.ZeroGrad(c);
   }
-  ASSIGN_OR_RETURN(bool queued, im.reduce->Reduce(c, rt.grad_buf.data(), written));
-  if (!queued) {
-    rt.grad_buf.Reset();  // the strategy waited for its copy
-    return Status::OK();
-  }
+  // (Held one moment more even when the strategy waited for its copy: Note [A gradient chunk
+  // held one moment past its reduction].)
+  RETURN_IF_ERROR(im.reduce->Reduce(c, rt.grad_buf.data(), written).status());
   Impl::Deferred d;
   ASSIGN_OR_RETURN(d.done, Event::Create(device_));
   RETURN_IF_ERROR(device_.RecordEvent(d.done.handle(), im.ctx.d2h.handle()));
+  d.released_at = im.ctx.moment - 1;
   d.buf = std::move(rt.grad_buf);
   im.deferred_free.push_back(std::move(d));
   return Status::OK();

@@ -331,7 +331,7 @@ void ChunkManager::TraceMoment(const std::vector<int>& needed, Phase phase) {
 Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed,
                                    std::span<const int> tensors, Phase phase) {
   Impl& im = *impl_;
-  ReapDeferred();
+  RETURN_IF_ERROR(FreeDeferred(k - 1));
   RETURN_IF_ERROR(FlushPrefetches());
   ASSIGN_OR_RETURN(bool off_trace, OffTrace(k, needed, tensors, phase));
   if (im.mode == Impl::Mode::kReplay && off_trace) {
@@ -472,21 +472,40 @@ void ChunkManager::ProfileMoment(int) {
     if (rt.cached && !ShardIsGathered(c)) p.device_chunk_bytes += layout_.chunk_bytes();
     if (rt.grad_buf.data() != nullptr) p.device_chunk_bytes += layout_.chunk_bytes();
   }
+  // Gradient chunks reduced but held (Note [A gradient chunk held one moment past its reduction]).
+  p.device_chunk_bytes += im.deferred_free.size() * layout_.chunk_bytes();
   p.nonmodel_bytes = tracer_.current_nonmodel();
   p.prefetch = im.pending_prefetch;
   im.profile.push_back(std::move(p));
 }
 
-void ChunkManager::ReapDeferred() {
+// Note [A gradient chunk held one moment past its reduction]
+// A separate gradient chunk (accumulation, a device-resident shard, a tensor used twice in
+// forward) is reduced at the Release of its last backward moment, by a copy queued on the D2H
+// stream; its memory can go only once that copy has read it. Freed when the copy was seen done,
+// the chunk lived a timing-dependent number of moments: `tierzero plan`, which counted it to its
+// last backward moment, said a run fitted that then ran out of device memory in the next moment
+// (hunt 39, P1). So the time is fixed: a chunk released at moment r is freed at the Acquire of
+// moment r + 2, waiting for its copy there if it is not done (it had all of moment r + 1's
+// compute to finish, so on a GPU the host rarely waits and the compute stream does not), and
+// held through moment r + 1 even when it is done. The plan counts it over the same moments
+// (Note [What the plan predicts], src/engine/plan.cc), so the device peak it predicts is the
+// run's. The end of an iteration frees every one (ReleaseChunks).
+Status ChunkManager::FreeDeferred(int before) {
   auto& v = impl_->deferred_free;
   size_t keep = 0;
+  Status first;
   for (size_t i = 0; i < v.size(); ++i) {
-    auto done = device_.EventDone(v[i].done.handle());
-    if (done.ok() && *done) continue;  // its copy is done: freed when the vector shrinks
+    if (v[i].released_at < before) {
+      Status s = device_.SynchronizeEvent(v[i].done.handle());
+      if (s.ok()) continue;  // its copy is done: freed when the vector shrinks
+      if (first.ok()) first = std::move(s);
+    }
     if (keep != i) v[keep] = std::move(v[i]);
     ++keep;
   }
   v.resize(keep);
+  return first;
 }
 
 // Note [Prefetches after the moment's compute is queued]
@@ -526,7 +545,6 @@ Status ChunkManager::Release(std::span<const int> tensors, Phase phase) {
   RETURN_IF_ERROR(im.ranks.OutOfStep());
   RETURN_IF_ERROR(states_->Release(tensors, phase));
   RETURN_IF_ERROR(FlushPrefetches());
-  ReapDeferred();
   if (layout_.world_size() > 1) {
     RETURN_IF_ERROR(im.reduce->Finish(/*wait_all=*/false, /*wait_oldest=*/false));
   }

@@ -251,7 +251,9 @@ class ChunkManager {
   Status WaitForNeeded(int k, const std::vector<int>& needed, Phase phase);
   void ProfileMoment(int k);
   Status FlushPrefetches();
-  void ReapDeferred();
+  // Frees the separate gradient chunks released before moment `before` (Note [A gradient chunk
+  // held one moment past its reduction]), waiting for their copies where they are not done.
+  Status FreeDeferred(int before);
   // Gathers, evictions and reductions (chunk_gather.cc).
   Status Gather(int chunk);
   // `moment`: the current Acquire's moment, whose event then marks the chunk's last use (-1:

@@ -53,12 +53,13 @@ struct ChunkManager::Impl {
   int moments_timed = 0;                // moments with begin/start events this iteration
   double measured_seconds[kNumTiers] = {0, 0, 0};  // mean gather time per Tier; 0 = unmeasured
   Event iteration_end;
-  // Separate gradient chunks whose D2H copy is queued: freed once `done` (recorded after the
-  // copy on the D2H stream) has passed, not at the end of the iteration, so backward with
-  // accumulation holds only the grad chunks still in flight (ReapDeferred).
+  // Separate gradient chunks whose reduction is queued: freed at the Acquire two moments after
+  // the one that released them, once `done` (recorded after the copy on the D2H stream) has
+  // passed (Note [A gradient chunk held one moment past its reduction], FreeDeferred).
   struct Deferred {
     DeviceBuffer buf;
     Event done;
+    int released_at = 0;  // the moment whose Release reduced it
   };
   std::vector<Deferred> deferred_free;
 

@@ -136,7 +136,8 @@ StatusOr<ActivationBuffer> Engine::AllocateActivation(uint64_t bytes) {
         " already in use; lower the batch size or sequence length, checkpoint activations (where "
         "the model does not already), or raise device_budget");
   }
-  im.act_current += bytes;
+  static_assert(kDeviceAllocationAlignment == kDeviceAlignment);
+  im.act_current += DeviceAllocationBytes(bytes);  // what the device took
   im.act_peak = std::max(im.act_peak, im.act_current);
   im.cm->OnNonModelBytes(im.act_current);
   return ActivationBuffer(&im, im.alive, *p, bytes);
@@ -144,7 +145,7 @@ StatusOr<ActivationBuffer> Engine::AllocateActivation(uint64_t bytes) {
 
 void Engine::Impl::FreeActivation(void* p, uint64_t bytes) {
   device->Free(p);
-  act_current -= bytes;
+  act_current -= DeviceAllocationBytes(bytes);
   if (cm) cm->OnNonModelBytes(act_current);
 }
 

@@ -207,6 +207,7 @@ std::string PlanJson(const PlanPrediction& p) {
           {"activations", p.device_activations},
           {"grads", p.device_grads},
           {"update", p.device_update}}},
+        {"device_fragmentation_allowance", p.device_fragmentation_allowance},
         {"slots", p.slots}}},
       {"bytes_per_step",
        {{"h2d", p.h2d_bytes},
@@ -265,9 +266,11 @@ std::string PlanTable(const PlanPrediction& p) {
   row("device", p.device);
   row("host", p.host);
   row("nvme", p.nvme);
-  add("  device: resident %s, %d slots %s, activations %s, gradient chunks %s, update %s\n",
+  add("  device: resident %s, %d slots %s, activations %s, gradient chunks %s, update %s; kept "
+      "free against fragmentation %s\n",
       Mib(p.device_resident).c_str(), p.slots, Mib(p.device_slots).c_str(),
-      Mib(p.device_activations).c_str(), Mib(p.device_grads).c_str(), Mib(p.device_update).c_str());
+      Mib(p.device_activations).c_str(), Mib(p.device_grads).c_str(), Mib(p.device_update).c_str(),
+      Mib(p.device_fragmentation_allowance).c_str());
   add("\nper step: H2D %s, D2H %s, NVMe read %s, write %s", Mib(p.h2d_bytes).c_str(),
       Mib(p.d2h_bytes).c_str(), Mib(p.nvme_read_bytes).c_str(), Mib(p.nvme_write_bytes).c_str());
   if (p.world_size > 1) add(", collectives %s", Mib(p.comm_bytes).c_str());
