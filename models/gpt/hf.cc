@@ -367,21 +367,27 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
     TZ_ASSIGN_OR_RETURN(g.attention_bias, c.Bool("attention_bias", false));
     TZ_ASSIGN_OR_RETURN(const bool mlp_bias, c.Bool("mlp_bias", false));
     if (mlp_bias) return c.Unsupported("mlp_bias", "is true; the MLP here has no biases");
-    if (c.has("rope_scaling")) {
-      // Llama 3's (HF's _compute_llama3_parameters); any other type is refused.
-      const json& rs = c.raw("rope_scaling");
+    // Note [RoPE settings in either layout]
+    // transformers up to 4.x writes `rope_theta` and `rope_scaling` at the top level;
+    // transformers 5 writes one `rope_parameters` object holding both (`rope_theta`,
+    // `rope_type`: "default", "llama3", ...; the type's own fields). Read only at the top level,
+    // a v5 directory ran with theta 10000 and no scaling, silently (hunt 39). Both layouts are
+    // read: `rope_parameters` when present (a top-level value beside it must agree), and any
+    // type but "default" and Llama 3's is refused by name from either.
+    auto scaling = [&](const json& rs, const std::string& field) -> Status {
       const std::string type =
           rs.is_object() && rs.contains("rope_type") && rs["rope_type"].is_string()
               ? rs["rope_type"].get<std::string>()
           : rs.is_object() && rs.contains("type") && rs["type"].is_string()
               ? rs["type"].get<std::string>()
               : "";
+      if (field == "rope_parameters" && (type == "default" || type.empty())) return Status::OK();
       if (type != "llama3")
-        return c.Unsupported("rope_scaling",
+        return c.Unsupported(field,
                              "is " + rs.dump() + "; the \"llama3\" type is taken (docs/models.md)");
       auto num = [&](const char* k, double* out) -> Status {
         if (!rs.contains(k) || !rs[k].is_number() || !(rs[k].get<double>() > 0))
-          return c.Bad(std::string("rope_scaling.") + k, "is missing or not a positive number");
+          return c.Bad(field + "." + k, "is missing or not a positive number");
         *out = rs[k].get<double>();
         return Status::OK();
       };
@@ -391,12 +397,37 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
       TZ_RETURN_IF_ERROR(num("high_freq_factor", &g.rope_high_freq_factor));
       TZ_RETURN_IF_ERROR(num("original_max_position_embeddings", &original));
       if (original != std::floor(original) || original < 1 || original > (1 << 22))
-        return c.Bad("rope_scaling.original_max_position_embeddings",
+        return c.Bad(field + ".original_max_position_embeddings",
                      "is " + rs["original_max_position_embeddings"].dump() +
                          "; a whole number of positions, 1.." + std::to_string(1 << 22));
       if (!(g.rope_high_freq_factor > g.rope_low_freq_factor))
-        return c.Bad("rope_scaling", "has high_freq_factor not above low_freq_factor");
+        return c.Bad(field, "has high_freq_factor not above low_freq_factor");
       g.rope_original_positions = static_cast<int>(original);
+      return Status::OK();
+    };
+    if (c.has("rope_parameters")) {
+      const json& rp = c.raw("rope_parameters");
+      if (!rp.is_object()) return c.Bad("rope_parameters", "is not an object");
+      if (rp.contains("rope_theta")) {
+        if (!rp["rope_theta"].is_number() || !(rp["rope_theta"].get<double>() > 0))
+          return c.Bad("rope_parameters.rope_theta", "is not a positive number");
+        const double theta = rp["rope_theta"].get<double>();
+        if (c.has("rope_theta") && theta != g.rope_theta)
+          return c.Bad("rope_theta", "is " + c.raw("rope_theta").dump() +
+                                         " but rope_parameters.rope_theta is " +
+                                         rp["rope_theta"].dump() + ": which one holds?");
+        g.rope_theta = theta;
+      }
+      TZ_RETURN_IF_ERROR(scaling(rp, "rope_parameters"));
+      if (c.has("rope_scaling") && !c.raw("rope_scaling").is_null()) {
+        const double factor = g.rope_factor;
+        TZ_RETURN_IF_ERROR(scaling(c.raw("rope_scaling"), "rope_scaling"));
+        if (g.rope_factor != factor)
+          return c.Bad("rope_scaling", "disagrees with rope_parameters: which one holds?");
+      }
+    } else if (c.has("rope_scaling") && !c.raw("rope_scaling").is_null()) {
+      // Llama 3's (HF's _compute_llama3_parameters); any other type is refused.
+      TZ_RETURN_IF_ERROR(scaling(c.raw("rope_scaling"), "rope_scaling"));
     }
     // The context: the base's when it fits, else the positions.
     if (g.seq_len > g.max_positions) g.seq_len = g.max_positions;

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../gpt/llama_reference.h"
@@ -122,6 +123,7 @@ struct TinyLlama {
   static constexpr int V = 19, C = 16, L = 2, H = 4, KV = 2, F = 24, P = 64;
   gpt::Params params;
   bool scaled = false;  // Llama 3's rope_scaling, with bands a 4-wide head spans
+  bool v5 = false;      // transformers 5's layout: rope_parameters, no top-level rope keys
   void Write(const std::string& dir) {
     fs::create_directories(dir);
     std::mt19937_64 rng(7);
@@ -161,29 +163,35 @@ struct TinyLlama {
                        shard[s]);
     std::ofstream(dir + "/model.safetensors.index.json")
         << json({{"metadata", {{"total_size", total}}}, {"weight_map", map}}).dump(2);
-    std::ofstream(dir + "/config.json")
-        << json({{"architectures", {"LlamaForCausalLM"}},
-                 {"model_type", "llama"},
-                 {"vocab_size", V},
-                 {"hidden_size", C},
-                 {"intermediate_size", F},
-                 {"num_hidden_layers", L},
-                 {"num_attention_heads", H},
-                 {"num_key_value_heads", KV},
-                 {"max_position_embeddings", P},
-                 {"rms_norm_eps", 1e-6},
-                 {"rope_theta", 500000.0},
-                 {"hidden_act", "silu"},
-                 {"tie_word_embeddings", false},
-                 {"attention_bias", false},
-                 {"rope_scaling", scaled ? json{{"rope_type", "llama3"},
-                                                {"factor", 8.0},
-                                                {"low_freq_factor", 1.0},
-                                                {"high_freq_factor", 4.0},
-                                                {"original_max_position_embeddings", 16}}
-                                         : json(nullptr)},
-                 {"torch_dtype", "bfloat16"}})
-               .dump(2);
+    const json llama3 = {{"rope_type", "llama3"},
+                         {"factor", 8.0},
+                         {"low_freq_factor", 1.0},
+                         {"high_freq_factor", 4.0},
+                         {"original_max_position_embeddings", 16}};
+    json config = {{"architectures", {"LlamaForCausalLM"}},
+                   {"model_type", "llama"},
+                   {"vocab_size", V},
+                   {"hidden_size", C},
+                   {"intermediate_size", F},
+                   {"num_hidden_layers", L},
+                   {"num_attention_heads", H},
+                   {"num_key_value_heads", KV},
+                   {"max_position_embeddings", P},
+                   {"rms_norm_eps", 1e-6},
+                   {"rope_theta", 500000.0},
+                   {"hidden_act", "silu"},
+                   {"tie_word_embeddings", false},
+                   {"attention_bias", false},
+                   {"rope_scaling", scaled ? llama3 : json(nullptr)},
+                   {"torch_dtype", "bfloat16"}};
+    if (v5) {
+      json rp = scaled ? llama3 : json{{"rope_type", "default"}};
+      rp["rope_theta"] = 500000.0;
+      config.erase("rope_theta");
+      config.erase("rope_scaling");
+      config["rope_parameters"] = rp;
+    }
+    std::ofstream(dir + "/config.json") << config.dump(2);
   }
 };
 
@@ -202,12 +210,15 @@ void WriteTokens(const std::string& path, const std::vector<uint16_t>& tokens) {
           static_cast<std::streamsize>(tokens.size() * 2));
 }
 
-class HfLlamaEval : public ::testing::TestWithParam<bool> {};
+// (Llama 3's scaling or none; transformers 5's rope_parameters or the top-level keys: Note [RoPE
+// settings in either layout].)
+class HfLlamaEval : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
 
 TEST_P(HfLlamaEval, EqualsTheFp64ReimplementationOfHfLlama) {
   TempDir dir;
   TinyLlama m;
-  m.scaled = GetParam();
+  m.scaled = std::get<0>(GetParam());
+  m.v5 = std::get<1>(GetParam());
   m.Write(dir / "llama");
   // 60 tokens: windows of 7 + 1 start at 0, 7, ..., 49 (8 windows; the last 3 tokens fill
   // none).
@@ -249,8 +260,12 @@ TEST_P(HfLlamaEval, EqualsTheFp64ReimplementationOfHfLlama) {
   EXPECT_NE(testing::internal::GetCapturedStderr().find("model.n_layer is 3"), std::string::npos);
 }
 
-INSTANTIATE_TEST_SUITE_P(RopeScaling, HfLlamaEval, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "Llama3" : "None"; });
+INSTANTIATE_TEST_SUITE_P(RopeScaling, HfLlamaEval,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) ? "Llama3" : "None") +
+                                  (std::get<1>(info.param) ? "_RopeParameters" : "_TopLevel");
+                         });
 
 TEST(HfModels, AZeroStepRunExportsItsInputTensorForTensor) {
   TempDir dir;
@@ -362,6 +377,24 @@ TEST(HfModels, WhatADirectoryMayNotSayIsRefusedNamingTheField) {
         {"num_attention_heads", 4},
         {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 8.0}}}},
        "rope_scaling"},
+      // transformers 5's layout: another type refused from there too; two thetas that disagree.
+      {{{"architectures", {"LlamaForCausalLM"}},
+        {"vocab_size", 19},
+        {"hidden_size", 16},
+        {"intermediate_size", 24},
+        {"num_hidden_layers", 1},
+        {"num_attention_heads", 4},
+        {"rope_parameters", {{"rope_type", "linear"}, {"factor", 4.0}, {"rope_theta", 1e4}}}},
+       "\"rope_parameters\" is"},
+      {{{"architectures", {"LlamaForCausalLM"}},
+        {"vocab_size", 19},
+        {"hidden_size", 16},
+        {"intermediate_size", 24},
+        {"num_hidden_layers", 1},
+        {"num_attention_heads", 4},
+        {"rope_theta", 500.0},
+        {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1e4}}}},
+       "which one holds"},
       {{{"architectures", {"LlamaForCausalLM"}},
         {"vocab_size", 19},
         {"hidden_size", 16},
