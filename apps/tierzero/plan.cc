@@ -585,6 +585,15 @@ int Plan(const std::vector<std::string>& args) {
     if (!comm.ok()) return Fail(comm.status());
     if ((*comm)->size() > 1) return CalibrateComm(*pa, **comm);
   }
+  // The data as train opens it: a plan of a run train would refuse at set-up (rows too short
+  // for the addition task, a vocabulary its tokens exceed, a missing --text) said "fits" and
+  // exited 0 (hunt 39).
+  if (pa->trace_path.empty()) {
+    auto data = gpt::Dataset::Create(cfg->data, cfg->model.seq_len, cfg->model.vocab);
+    if (!data.ok())
+      return Fail(std::move(data).status().WithContext(
+          "the run's data (`tierzero train` would refuse this config at set-up)"));
+  }
   // As train defaults it (the plan writes nothing there).
   if (cfg->engine.nvme_path.empty()) cfg->engine.nvme_path = cfg->output.run_dir + "/nvme";
   WarmupTrace file_trace;
