@@ -668,6 +668,8 @@ int Plan(const std::vector<std::string>& args) {
   }
   json out = {{"schema", "tierzero.plan/1"},
               {"prediction", json::parse(PlanJson(*p), nullptr, false)}};
+  // The config planned: `train --plan` refuses the plan of another (CheckPlanConfig).
+  if (pa->trace_path.empty()) out["config"] = json::parse(RunConfigToJson(*cfg), nullptr, false);
   if (p->fits && pa->trace_path.empty())
     WarnNvmeSpace(*cfg, p->model_state_bytes[2], pa->ranks, pa->ranks_per_node, out);
   if (!p->fits && pa->advice) Advise(pl, *cfg, pa->ranks, out);

@@ -1,6 +1,7 @@
 // The run configuration of `tierzero train`: the default run (Note [The default run]), the JSON
 // config's sections and fields with their checks, and the config written back beside a run
 // (docs/config.md). The command-line flags over it, and loading both: run_flags.cc.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -533,6 +534,56 @@ std::string RunConfigToJson(const RunConfig& config) {
     for (auto& [key, f] : fields) j[section][key] = f.get();
   }
   return j.dump(2);
+}
+
+// train.h
+Status CheckPlanConfig(const nlohmann::json& plan_config, const RunConfig& run) {
+  using nlohmann::json;
+  const json ran = json::parse(RunConfigToJson(run), nullptr, /*allow_exceptions=*/false);
+  if (!plan_config.is_object()) return Status::OK();  // (a plan of an older tierzero)
+  // What shapes the prediction: the model but its seed; the batch; every engine setting but
+  // Adam's hyperparameters and where NVMe lives; ZeRO++; how the ranks talk.
+  const std::vector<std::pair<std::string, std::string>> fields = [&] {
+    std::vector<std::pair<std::string, std::string>> f;
+    for (const char* section : {"model", "engine", "zeropp"}) {
+      if (!ran.contains(section)) continue;
+      for (const auto& [k, v] : ran[section].items()) f.emplace_back(section, k);
+    }
+    f.emplace_back("train", "batch_size");
+    f.emplace_back("ranks", "collectives");
+    return f;
+  }();
+  const std::vector<std::string> skip = {"model.seed",
+                                         "engine.beta1",
+                                         "engine.beta2",
+                                         "engine.eps",
+                                         "engine.weight_decay",
+                                         "engine.clip_grad_norm",
+                                         "engine.nvme_path",
+                                         "engine.initial_loss_scale",
+                                         "engine.loss_scale_window"};
+  std::string differ;
+  int n = 0;
+  for (const auto& [section, key] : fields) {
+    const std::string name = section + "." + key;
+    if (std::find(skip.begin(), skip.end(), name) != skip.end()) continue;
+    const json& now = ran[section][key];
+    const auto s = plan_config.find(section);
+    const json planned =
+        s != plan_config.end() && s->is_object() && s->contains(key) ? (*s)[key] : json();
+    // (A device left to "auto" is the one the other names, on the machine both ran on.)
+    if (name == "engine.device" && (now == "auto" || planned == "auto")) continue;
+    if (planned == now) continue;
+    if (++n <= 3)
+      differ += (differ.empty() ? "" : ", ") + name + " " + planned.dump() + " in the plan, " +
+                now.dump() + " here";
+  }
+  if (n == 0) return Status::OK();
+  return FailedPreconditionError(
+      "the plan is of another config (" + differ +
+      (n > 3 ? ", and " + std::to_string(n - 3) + " more" : "") +
+      "): its predictions are not this run's. Plan this run's config (tierzero plan with the "
+      "same --config and flags, --json FILE) and give that");
 }
 
 }  // namespace tierzero::app

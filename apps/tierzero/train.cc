@@ -261,6 +261,9 @@ Status TrainRun::SetUp() {
     TZ_ASSIGN_OR_RETURN(const std::string report, engine_->ReportJson());
     if (auto s = WithPrediction(report, plan_text_); !s.ok())
       return s.status().WithContext("--plan " + out_.plan);
+    const json plan = json::parse(plan_text_, nullptr, /*allow_exceptions=*/false);
+    if (plan.is_object() && plan.contains("config"))
+      TZ_RETURN_IF_ERROR(CheckPlanConfig(plan["config"], cfg_).WithContext("--plan " + out_.plan));
   }
   // The set-up is good: only now is an earlier run's output removed (--overwrite) and the run's
   // config.json written. A config.json this run creates is removed again if the run fails before

@@ -27,6 +27,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   export_paths  `export DIR/` and `export .` find the run's config
   models_in     a Hugging Face directory's context, files and seeding of a resumed run
   plan_device   a plan's rates are measured on the device the planned run computes on
+  plan_of_another_config  `train --plan` refuses a plan of another config; plan refuses data
+                train would refuse
   output        a line every --log-every steps without a terminal; one line in place on one
   stdout_data   an output that is stdout holds the data alone (the command's lines on stderr)
 The cases live in cli_trust/ by theme (trust_outputs, trust_resume, trust_ranks, trust_signals,

@@ -350,3 +350,22 @@ def case_plan_device():
     out = ok(["plan", "--config", cfg, "--device", "host", "--no-advice"], env=env, timeout=300)
     check(not os.path.exists(missing) and "not cached" in out,
           f"a plan made a cache in a home that does not exist:\n{out}")
+
+
+def case_plan_of_another_config():
+    # `train --plan` compares the plan's predictions with what the run measures: a plan of
+    # another config (other budgets, batch) was accepted and its numbers shown as the engine's
+    # errors. It is refused before the run, naming the fields; the plan's own config runs.
+    cfg = os.path.join(OUT, "small.json")
+    plan = os.path.join(OUT, "p_plan.json")
+    ok(["plan", "--config", cfg, "--json", plan, "--no-advice"])
+    rd = os.path.join(OUT, "p_run")
+    refused(["train", "--config", cfg, "--plan", plan, "--run-dir", rd, "--batch-size", "3",
+             "--quiet"], "train.batch_size", "another config")
+    check(not os.path.exists(rd), "a refused run left its directory")
+    ok(["train", "--config", cfg, "--plan", plan, "--run-dir", rd, "--steps", "2", "--quiet"])
+    report = json.load(open(os.path.join(rd, "report.json")))
+    check("prediction" in report, "the run's report has no prediction beside it")
+    # A run whose data train would refuse is not planned as fitting either.
+    refused(["plan", "--config", cfg, "--text", os.path.join(OUT, "p_missing.txt")],
+            "p_missing.txt")
