@@ -399,9 +399,9 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   ur.device_shares_cpu = rates.device_shares_cpu;
   ur.host_clear_bytes_per_s = rates.host_clear_bytes_per_s;
   UpdateBudget ub;
-  // Compressed moments update on the CPU (Updater::RunPhase).
-  ub.mode = cfg.optimizer == OptimizerPlacement::kCpu || cfg.optimizer_states != MomentFormat::kF32
-                ? UpdateMode::kCpu
+  // (As the run's phase sets it, UpdatePhase: compressed moments stream to the device as fp32
+  // ones do, in their own bytes.)
+  ub.mode = cfg.optimizer == OptimizerPlacement::kCpu        ? UpdateMode::kCpu
             : cfg.optimizer == OptimizerPlacement::kFraction ? UpdateMode::kFraction
                                                              : UpdateMode::kAuto;
   ub.device_fraction = cfg.optimizer_device_fraction;
