@@ -29,7 +29,9 @@ struct TimelineEvent {
   int moment = -1;     // the moment it belongs to (compute) or was issued at (transfers)
   int chunk = -1;      // the chunk moved or updated
   uint64_t bytes = 0;  // bytes moved
-  int lane = 0;        // a sub-row of the track: CPU Adam's worker threads are lanes 1..N
+  int lane = 0;        // a sub-row of the track: CPU Adam's worker threads are lanes 1..N;
+                       // the D2H stream's work on the device (a gradient kept there) lane 1
+                       // (lane 0 alone is the link's: its bytes and busy time)
 };
 
 class Observer {

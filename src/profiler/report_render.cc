@@ -344,11 +344,16 @@ StatusOr<std::string> RenderChromeTrace(const std::string& text) {
     if (it == tracks.end()) return e.Error("is on an unknown track " + JsonIn::Shown(track));
     ASSIGN_OR_RETURN(const int lane, e.get_or<int>("lane", 0));
     int tid = static_cast<int>(it - tracks.begin());
-    if (lane > 0) {
+    if (lane > 0 && track == TrackName(Track::kOptimizer)) {
       if (lane > 4096) return e.Error("has a CPU Adam lane out of range: " + std::to_string(lane));
       tid = kLaneTid + lane;
       if (lanes.insert(lane).second)
         thread(events, tid, "CPU Adam thread " + std::to_string(lane - 1));
+    } else if (lane > 0) {
+      // A stream's work that did not cross its link (TimelineEvent::lane): a row under it.
+      if (lane > 1) return e.Error("has a lane out of range on its track: " + std::to_string(lane));
+      tid = kLaneTid / 2 + tid;
+      if (lanes.insert(-tid).second) thread(events, tid, track + " (on the device)");
     }
     ASSIGN_OR_RETURN(const std::string name, e.get<std::string>("name"));
     ASSIGN_OR_RETURN(const int64_t moment, e.get<int64_t>("moment"));

@@ -66,11 +66,12 @@ Status CopyGradToShard(TransferContext& ctx, bool accumulate, PinnedArena* stagi
       RETURN_IF_ERROR(device.CopyAsync(shard, src, bytes, CopyKind::kDeviceToDevice, d2h));
     }
     if (spans.on()) {
+      // (Lane 1: nothing crossed the link; the report's D2H link counts lane 0 alone.)
       RETURN_IF_ERROR(
           spans.QueueSpan(device, d2h, Track::kD2H,
                           "grad " + std::to_string(c) +
                               (accumulate ? " (added on the device)" : " (on the device)"),
-                          m, c, bytes, start));
+                          m, c, bytes, start, /*lane=*/1));
     }
     return Status::OK();
   }

@@ -10,11 +10,11 @@ Status TransferSpans::QueueStart(Device& device, StreamHandle stream,
 
 Status TransferSpans::QueueSpan(Device& device, StreamHandle stream, Track track, std::string name,
                                 int moment, int chunk, uint64_t bytes,
-                                const std::shared_ptr<double>& start) {
+                                const std::shared_ptr<double>& start, int lane) {
   Observer* o = observer_;
   return device.LaunchHostFunc(
-      stream, [o, track, name = std::move(name), chunk, bytes, start, moment] {
-        o->OnSpan({track, name, *start, o->Now() - *start, moment, chunk, bytes});
+      stream, [o, track, name = std::move(name), chunk, bytes, start, moment, lane] {
+        o->OnSpan({track, name, *start, o->Now() - *start, moment, chunk, bytes, lane});
       });
 }
 

@@ -57,9 +57,10 @@ class TransferSpans {
     return on() ? std::make_shared<double>(now) : nullptr;
   }
   Status QueueStart(Device& device, StreamHandle stream, const std::shared_ptr<double>& start);
-  // Reports the span when `stream` reaches it; `moment` is the moment it was issued at.
+  // Reports the span when `stream` reaches it; `moment` is the moment it was issued at; `lane`
+  // as TimelineEvent's (1 for a stream's work that does not cross its link).
   Status QueueSpan(Device& device, StreamHandle stream, Track track, std::string name, int moment,
-                   int chunk, uint64_t bytes, const std::shared_ptr<double>& start);
+                   int chunk, uint64_t bytes, const std::shared_ptr<double>& start, int lane = 0);
 
  private:
   Observer* observer_ = nullptr;
