@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <string>
 
 #include "tierzero/bytes.h"
@@ -78,7 +79,20 @@ bool SmallestPair(const Planner& pl, const RunConfig& cfg, int ranks, uint64_t* 
     }
     if (found && d - now_d > best) break;  // a larger device budget alone adds more
   }
-  return found;
+  if (!found) return false;
+  // The doubling overshoots the device (4 -> 32 MiB where 21 fit): the smallest device budget
+  // with that host budget, then the smallest host budget with that device budget.
+  RunConfig c = cfg;
+  c.engine.host_budget = *host;
+  const uint64_t d = SmallestBudget(pl, c, &EngineConfig::device_budget, ranks);
+  if (d > 0 && d < *device) {
+    *device = std::max(d, now_d);
+    c = cfg;
+    c.engine.device_budget = *device;
+    const uint64_t h = SmallestBudget(pl, c, &EngineConfig::host_budget, ranks);
+    if (h > 0) *host = std::max(h, now_h);
+  }
+  return true;
 }
 
 }  // namespace
@@ -103,12 +117,17 @@ void Advise(const Planner& pl, const RunConfig& cfg, int ranks, json& out) {
                 FormatBytes(now).c_str(), FormatBytes(need - now).c_str());
     changes.push_back({{"field", std::string("engine.") + b.name}, {"value", need}, {"now", now}});
   }
-  for (int r = ranks * 2; r <= 64; r *= 2) {
-    if (Fits(pl, cfg, r)) {
-      std::printf("  %d ranks (mpirun -np %d tierzero train ...)\n", r, r);
-      changes.push_back({{"field", "ranks"}, {"value", r}, {"now", ranks}});
-      break;
+  // The fewest ranks that fit: doubling to the first that does, then bisecting below it
+  // (7 fits where the powers of two said 8).
+  for (int r = ranks * 2, below = ranks; r <= 64; below = r, r *= 2) {
+    if (!Fits(pl, cfg, r)) continue;
+    while (r - below > 1) {
+      const int mid = below + (r - below) / 2;
+      (Fits(pl, cfg, mid) ? r : below) = mid;
     }
+    std::printf("  %d ranks (mpirun -np %d tierzero train ...)\n", r, r);
+    changes.push_back({{"field", "ranks"}, {"value", r}, {"now", ranks}});
+    break;
   }
   const bool gpt = pl.file_trace == nullptr;
   if (gpt && !cfg.model.activation_checkpointing) {
@@ -207,28 +226,53 @@ Status Largest(const Planner& pl, const RunConfig& cfg, int ranks, json& out) {
                              2560, 3072, 4096, 5120, 6144, 8192, 12288};
   RunConfig best = cfg;
   int64_t best_params = 0;
-  int misses = 0;
-  for (int w : kWidths) {
+  // The largest model of width w (heads 64 wide) that fits: its parameters, or 0.
+  auto consider = [&](int w, int heads) -> int64_t {
     RunConfig c = cfg;
     c.model.d_model = w;
-    c.model.n_head = w / 64;
+    c.model.n_head = heads;
     c.model.n_kv_head = cfg.model.n_kv_head > 0 && cfg.model.n_head > 0
                             ? std::max(1, c.model.n_head * cfg.model.n_kv_head / cfg.model.n_head)
                             : 0;
+    if (c.model.n_kv_head > 0 && c.model.n_head % c.model.n_kv_head != 0) c.model.n_kv_head = 1;
     c.model.d_ff = 0;  // the architecture's own width for it
     // At most d_model / 64 layers (GPT-3's shapes keep under it: 96 layers at 12288): past it a
     // deeper, narrower model holds the same bytes with more activations and less arithmetic.
     const int layers = LargestLayers(pl, c, ranks, std::max(2, w / 64));
-    if (layers == 0) {
-      if (best_params > 0 && ++misses >= 2) break;  // wider ones fit no better
-      continue;
-    }
+    if (layers == 0) return 0;
     c.model.n_layer = layers;
     auto n = CountParams(c);
-    if (!n.ok()) continue;
+    if (!n.ok()) return 0;
     if (*n > best_params) {
       best_params = *n;
       best = c;
+    }
+    return *n;
+  };
+  // The widths of the list first; then every multiple of 64 between the best one's neighbours
+  // (3 x 192 fitted where the list's 128 and 256 gave 2 x 128).
+  int misses = 0, best_at = -1;
+  const int count = static_cast<int>(std::size(kWidths));
+  for (int i = 0; i < count; ++i) {
+    const int64_t before = best_params;
+    if (consider(kWidths[i], kWidths[i] / 64) == 0) {
+      if (best_params > 0 && ++misses >= 2) break;  // wider ones fit no better
+      continue;
+    }
+    if (best_params > before) best_at = i;
+  }
+  // The config planned, when it fits, whatever its shape: the answer is never smaller.
+  if (Fits(pl, cfg, ranks)) {
+    if (auto n = CountParams(cfg); n.ok() && *n > best_params) {
+      best_params = *n;
+      best = cfg;
+    }
+  }
+  if (best_at >= 0) {
+    const int lo = best_at > 0 ? kWidths[best_at - 1] : 64;
+    const int hi = best_at + 1 < count ? kWidths[best_at + 1] : kWidths[best_at];
+    for (int w = lo + 64; w < hi; w += 64) {
+      if (w != kWidths[best_at] && w >= 128) consider(w, w / 64);
     }
   }
   if (best_params == 0) {

@@ -357,9 +357,9 @@ def case_plan_of_another_config():
     # another config (other budgets, batch) was accepted and its numbers shown as the engine's
     # errors. It is refused before the run, naming the fields; the plan's own config runs.
     cfg = os.path.join(OUT, "small.json")
-    plan = os.path.join(OUT, "p_plan.json")
+    plan = os.path.join(OUT, "pa_plan.json")
     ok(["plan", "--config", cfg, "--json", plan, "--no-advice"])
-    rd = os.path.join(OUT, "p_run")
+    rd = os.path.join(OUT, "pa_run")
     refused(["train", "--config", cfg, "--plan", plan, "--run-dir", rd, "--batch-size", "3",
              "--quiet"], "train.batch_size", "another config")
     check(not os.path.exists(rd), "a refused run left its directory")
@@ -367,5 +367,5 @@ def case_plan_of_another_config():
     report = json.load(open(os.path.join(rd, "report.json")))
     check("prediction" in report, "the run's report has no prediction beside it")
     # A run whose data train would refuse is not planned as fitting either.
-    refused(["plan", "--config", cfg, "--text", os.path.join(OUT, "p_missing.txt")],
-            "p_missing.txt")
+    refused(["plan", "--config", cfg, "--text", os.path.join(OUT, "pa_missing.txt")],
+            "pa_missing.txt")
