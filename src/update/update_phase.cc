@@ -453,8 +453,10 @@ Status Updater::RunPhase(const AdamStepOptions& so, bool prof) {
   };
   if (phase_.rates.device_params_per_s > 0) budget.device_bytes = idle_bytes + extra_bytes;
   UpdateAssignment plan = AssignUpdates(groups, rates, budget);
-  if (plan.slots > 0 && carve(plan.slot_bytes) < plan.slots) {
-    // The two regions hold fewer than their sum suggests.
+  if (plan.slots > 0 && plan.slot_bytes > 0 && carve(plan.slot_bytes) < plan.slots) {
+    // The two regions hold fewer than their sum suggests. (An assignment that streams nothing
+    // and keeps no group resident has slots of no bytes: it needs none, and was read as "no
+    // device memory for one group's buffer", the reason the report then gave.)
     budget.device_bytes = static_cast<uint64_t>(carve(plan.slot_bytes)) * plan.slot_bytes;
     plan = AssignUpdates(groups, rates, budget);
   }
@@ -473,7 +475,10 @@ Status Updater::RunPhase(const AdamStepOptions& so, bool prof) {
                            << " on the device (resident), " << str
                            << " streamed to the device; predicted " << plan.phase_s * 1e3
                            << " ms (CPU " << plan.cpu_s * 1e3 << ", device " << plan.device_s * 1e3
-                           << ") — " << plan.reason;
+                           << ") — " << plan.reason << "; device memory for its buffers "
+                           << FormatBytes(budget.device_bytes) << " (idle slots "
+                           << FormatBytes(idle_bytes) << ", free " << FormatBytes(extra_bytes)
+                           << ")";
   }
   // The slots' memory.
   std::vector<uint8_t*> slot_mem;
