@@ -453,10 +453,13 @@ Status Updater::RunPhase(const AdamStepOptions& so, bool prof) {
   };
   if (phase_.rates.device_params_per_s > 0) budget.device_bytes = idle_bytes + extra_bytes;
   UpdateAssignment plan = AssignUpdates(groups, rates, budget);
-  if (plan.slots > 0 && plan.slot_bytes > 0 && carve(plan.slot_bytes) < plan.slots) {
-    // The two regions hold fewer than their sum suggests. (An assignment that streams nothing
-    // and keeps no group resident has slots of no bytes: it needs none, and was read as "no
-    // device memory for one group's buffer", the reason the report then gave.)
+  // An assignment with every group on the CPU needs no slot (its slots had no bytes, were read
+  // as "no device memory for one group's buffer", and the report gave that reason).
+  if (std::all_of(plan.where.begin(), plan.where.end(),
+                  [](UpdateWhere w) { return w == UpdateWhere::kCpu; }))
+    plan.slots = 0;
+  if (plan.slots > 0 && carve(plan.slot_bytes) < plan.slots) {
+    // The two regions hold fewer than their sum suggests.
     budget.device_bytes = static_cast<uint64_t>(carve(plan.slot_bytes)) * plan.slot_bytes;
     plan = AssignUpdates(groups, rates, budget);
   }
