@@ -69,6 +69,12 @@ std::string Rate(double lr) {
   return b;
 }
 
+std::string Exact(double lr) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.9g", lr);
+  return b;
+}
+
 // Note [A resumed run's schedule]
 // The learning rate follows the run's schedule (train.steps, lr, min_lr, warmup_steps): a run
 // continued with more --steps than it was started with (the way to train on) decays over the new
@@ -95,28 +101,37 @@ void ReportScheduleChange(const json& u, const TrainOptions& now, int step) {
     if (a == b) return;
     changed += (changed.empty() ? "" : ", ") + std::string(field) + " " + a + " -> " + b;
   };
+  // A rate compared as it is, not as printed (0.0030004 printed as 0.003 was no change).
+  auto rate = [&](const char* field, float a, float b) {
+    if (a == b) return;
+    const bool same = Rate(a) == Rate(b);
+    note(field, same ? Exact(a) : Rate(a), same ? Exact(b) : Rate(b));
+  };
   note("train.steps", std::to_string(then.steps), std::to_string(now.steps));
-  note("lr", Rate(then.lr), Rate(now.lr));
-  note("min_lr", Rate(then.min_lr), Rate(now.min_lr));
+  rate("lr", then.lr, now.lr);
+  rate("min_lr", then.min_lr, now.min_lr);
   note("warmup_steps", std::to_string(then.warmup_steps), std::to_string(now.warmup_steps));
   if (changed.empty()) return;
   // Only when a step this run trains gets another rate than the checkpoint's schedule gives it
   // (more --steps inside the warm-up changes nothing yet).
   int first = -1;
   for (int k = step; k < now.steps && first < 0; ++k)
-    if (Rate(LearningRate(then, k)) != Rate(LearningRate(now, k))) first = k;
+    if (LearningRate(then, k) != LearningRate(now, k)) first = k;
   if (first < 0) return;
   const double a = LearningRate(then, step), b = LearningRate(now, step);
-  if (Rate(a) == Rate(b))
+  if (a == b)
     std::printf(
         "  note: the learning-rate schedule changes (%s): step %d's rate is %s under both, "
         "from step %d on they differ\n",
         changed.c_str(), step + 1, Rate(b).c_str(), first + 1);
-  else
+  else {
+    const bool close = Rate(a) == Rate(b);  // printed alike: said to more digits
     std::printf(
         "  note: the learning-rate schedule changes (%s): step %d's rate is %s (%s under "
         "the checkpoint's schedule)\n",
-        changed.c_str(), step + 1, Rate(b).c_str(), Rate(a).c_str());
+        changed.c_str(), step + 1, (close ? Exact(b) : Rate(b)).c_str(),
+        (close ? Exact(a) : Rate(a)).c_str());
+  }
 }
 
 }  // namespace
@@ -203,11 +218,67 @@ void ReportRunChanges(const std::string& user_state, const RunConfig& cfg, int w
       std::printf("\n");
     }
   }
+  // Settings a checkpoint's steps depend on that a resume may change (hunt 39: none was said).
+  auto changes = [](const json& then, const json& now) {
+    std::string list;
+    if (!then.is_object() || !now.is_object()) return list;
+    for (const auto& [k, v] : now.items()) {
+      const auto it = then.find(k);
+      if (it == then.end() || *it == v) continue;
+      list += (list.empty() ? "" : ", ") + k + " " + it->dump() + " -> " + v.dump();
+    }
+    return list;
+  };
+  if (const auto a = u.find("adamw"); a != u.end()) {
+    const std::string list = changes(*a, AdamWJson(cfg));
+    if (!list.empty())
+      std::printf(
+          "  note: AdamW's settings change (%s): the steps differ from the checkpoint's "
+          "run's\n",
+          list.c_str());
+  }
+  if (const auto z = u.find("zeropp"); z != u.end()) {
+    const std::string list = changes(*z, ZeroPPJson(cfg));
+    if (!list.empty())
+      std::printf(
+          "  note: ZeRO++ changes (zeropp: %s): its collectives round otherwise, so the "
+          "steps differ from the checkpoint's run's\n",
+          list.c_str());
+  }
+  // Compressed moments follow the layout: their blocks are cut per shard and their stochastic
+  // rounding is keyed by the element's place in the chunks (Note [Stochastic rounding of the
+  // moments]); another layout rounds otherwise from the first step.
+  const auto elems = IntegerField<uint64_t>(u, "chunk_elems");
+  const bool relaid = (elems && *elems != cfg.engine.chunk_elems) || (ranks && *ranks != world);
+  if (cfg.engine.optimizer_states != MomentFormat::kF32 && relaid)
+    std::printf(
+        "  note: the chunk layout changes (%s) and the optimizer's moments are %s: their "
+        "blocks and stochastic rounding follow the layout, so the steps continue within "
+        "the moments' rounding of the checkpoint's run's, not as it would have\n",
+        elems && *elems != cfg.engine.chunk_elems
+            ? ("engine.chunk_elems " + std::to_string(*elems) + " -> " +
+               std::to_string(cfg.engine.chunk_elems))
+                  .c_str()
+            : ("ranks " + std::to_string(*ranks) + " -> " + std::to_string(world)).c_str(),
+        MomentFormatText(cfg.engine.optimizer_states).c_str());
   const auto seed = IntegerField<uint64_t>(u, "data_seed");
   if (seed && *seed != cfg.data.seed)
     std::printf("  note: the data seed changes from %llu to %llu\n",
                 static_cast<unsigned long long>(*seed),
                 static_cast<unsigned long long>(cfg.data.seed));
+}
+
+json AdamWJson(const RunConfig& cfg) {
+  const json engine =
+      json::parse(RunConfigToJson(cfg), nullptr, /*allow_exceptions=*/false)["engine"];
+  json out = json::object();
+  for (const char* k : {"beta1", "beta2", "eps", "weight_decay", "clip_grad_norm"})
+    if (engine.is_object() && engine.contains(k)) out[k] = engine[k];
+  return out;
+}
+
+json ZeroPPJson(const RunConfig& cfg) {
+  return json::parse(RunConfigToJson(cfg), nullptr, /*allow_exceptions=*/false)["zeropp"];
 }
 
 json ModelJson(const RunConfig& cfg) {

@@ -13,6 +13,10 @@ namespace tierzero::app {
 
 // The model section of a config as JSON (what a checkpoint records of the model).
 nlohmann::json ModelJson(const RunConfig& cfg);
+// What a checkpoint records of AdamW's settings (betas, eps, weight decay, clipping) and of
+// ZeRO++ (the zeropp section): a resume that changes them says so.
+nlohmann::json AdamWJson(const RunConfig& cfg);
+nlohmann::json ZeroPPJson(const RunConfig& cfg);
 
 // The loop's step a checkpoint's user state records (Note [The loop's step, not the applied
 // count], train.cc), or `applied` (the optimizer steps the engine counted) when it records none.
@@ -24,7 +28,8 @@ nlohmann::json DataJson(const gpt::DataConfig& d);
 
 // A resumed run that no longer repeats what the checkpoint's run would have done says how on
 // stdout: its global batch (rows per micro-batch x accumulation x ranks), data seed, data,
-// learning-rate schedule (the rate at the resumed step, then and now) or compute type differs.
+// learning-rate schedule (the rate at the resumed step, then and now), compute type, AdamW's
+// settings, ZeRO++, or (with compressed moments) the chunk layout differs.
 // `step`: the resumed step (0-based: the next one trained).
 // `fingerprint`: the data's (Dataset::Fingerprint), compared with the one the checkpoint records.
 void ReportRunChanges(const std::string& user_state, const RunConfig& cfg, int world, int step,

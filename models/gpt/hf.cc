@@ -381,7 +381,12 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
           : rs.is_object() && rs.contains("type") && rs["type"].is_string()
               ? rs["type"].get<std::string>()
               : "";
-      if (field == "rope_parameters" && (type == "default" || type.empty())) return Status::OK();
+      // (Llama 3's fields without a type, or a type that is not a string, are not "default".)
+      const bool scaled_fields =
+          rs.is_object() && (rs.contains("factor") || rs.contains("low_freq_factor") ||
+                             rs.contains("original_max_position_embeddings"));
+      if (field == "rope_parameters" && (type == "default" || (type.empty() && !scaled_fields)))
+        return Status::OK();
       if (type != "llama3")
         return c.Unsupported(field,
                              "is " + rs.dump() + "; the \"llama3\" type is taken (docs/models.md)");
@@ -405,9 +410,29 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
       g.rope_original_positions = static_cast<int>(original);
       return Status::OK();
     };
+    // Rotary embeddings over part of each head (Phi, GPT-NeoX-style models): refused, not run
+    // as full rotary.
+    const json* top = c.has("partial_rotary_factor") ? &c.raw("partial_rotary_factor") : nullptr;
+    const json* inner = c.has("rope_parameters") && c.raw("rope_parameters").is_object() &&
+                                c.raw("rope_parameters").contains("partial_rotary_factor")
+                            ? &c.raw("rope_parameters").at("partial_rotary_factor")
+                            : nullptr;
+    for (const json* at : {top, inner}) {
+      if (at == nullptr || at->is_null()) continue;
+      if (!at->is_number() || at->get<double>() != 1.0)
+        return c.Unsupported("partial_rotary_factor",
+                             "is " + at->dump() + "; rotary embeddings here span the whole head");
+    }
     if (c.has("rope_parameters")) {
       const json& rp = c.raw("rope_parameters");
       if (!rp.is_object()) return c.Bad("rope_parameters", "is not an object");
+      // transformers 5 may write one set per attention type ({"full_attention": {...},
+      // "sliding_attention": {...}}): every layer here attends alike, so they must agree.
+      for (const auto& [k, v] : rp.items())
+        if (v.is_object())
+          return c.Unsupported("rope_parameters",
+                               "holds settings per attention type (\"" + k +
+                                   "\"); every layer here attends with one RoPE");
       if (rp.contains("rope_theta")) {
         if (!rp["rope_theta"].is_number() || !(rp["rope_theta"].get<double>() > 0))
           return c.Bad("rope_parameters.rope_theta", "is not a positive number");

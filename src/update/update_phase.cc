@@ -452,16 +452,20 @@ Status Updater::RunPhase(const AdamStepOptions& so, bool prof) {
     return static_cast<int>(std::min<uint64_t>(idle_bytes / sb + extra_bytes / sb, 1u << 30));
   };
   if (phase_.rates.device_params_per_s > 0) budget.device_bytes = idle_bytes + extra_bytes;
-  UpdateAssignment plan = AssignUpdates(groups, rates, budget);
   // An assignment with every group on the CPU needs no slot (its slots had no bytes, were read
   // as "no device memory for one group's buffer", and the report gave that reason).
-  if (std::all_of(plan.where.begin(), plan.where.end(),
-                  [](UpdateWhere w) { return w == UpdateWhere::kCpu; }))
-    plan.slots = 0;
+  auto assign = [&] {
+    UpdateAssignment a = AssignUpdates(groups, rates, budget);
+    if (std::all_of(a.where.begin(), a.where.end(),
+                    [](UpdateWhere w) { return w == UpdateWhere::kCpu; }))
+      a.slots = 0;
+    return a;
+  };
+  UpdateAssignment plan = assign();
   if (plan.slots > 0 && carve(plan.slot_bytes) < plan.slots) {
     // The two regions hold fewer than their sum suggests.
     budget.device_bytes = static_cast<uint64_t>(carve(plan.slot_bytes)) * plan.slot_bytes;
-    plan = AssignUpdates(groups, rates, budget);
+    plan = assign();
   }
   phase_.assigned_groups = groups;
   phase_.assigned_rates = rates;
@@ -485,7 +489,8 @@ Status Updater::RunPhase(const AdamStepOptions& so, bool prof) {
   }
   // The slots' memory.
   std::vector<uint8_t*> slot_mem;
-  const uint64_t sb = Aligned(plan.slot_bytes);
+  // (A slot of no bytes still takes an aligned address: no division by zero below.)
+  const uint64_t sb = std::max<uint64_t>(Aligned(plan.slot_bytes), kDeviceAlignment);
   if (plan.slots > 0) {
     const int in_idle = static_cast<int>(std::min<uint64_t>(plan.slots, idle_bytes / sb));
     for (int k = 0; k < in_idle; ++k) slot_mem.push_back(idle + k * sb);
