@@ -225,7 +225,13 @@ void ReportRunChanges(const std::string& user_state, const RunConfig& cfg, int w
     for (const auto& [k, v] : now.items()) {
       const auto it = then.find(k);
       if (it == then.end() || *it == v) continue;
-      list += (list.empty() ? "" : ", ") + k + " " + it->dump() + " -> " + v.dump();
+      auto shown = [](const json& x) {  // (fp32 fields as the config reads them: 0.95)
+        if (!x.is_number_float()) return x.dump();
+        char b[32];
+        std::snprintf(b, sizeof b, "%.7g", x.get<double>());
+        return std::string(b);
+      };
+      list += (list.empty() ? "" : ", ") + k + " " + shown(*it) + " -> " + shown(v);
     }
     return list;
   };
@@ -237,7 +243,8 @@ void ReportRunChanges(const std::string& user_state, const RunConfig& cfg, int w
           "run's\n",
           list.c_str());
   }
-  if (const auto z = u.find("zeropp"); z != u.end()) {
+  // (ZeRO++ changes only collectives: on one rank, then and now, it changes nothing.)
+  if (const auto z = u.find("zeropp"); z != u.end() && ((ranks && *ranks > 1) || world > 1)) {
     const std::string list = changes(*z, ZeroPPJson(cfg));
     if (!list.empty())
       std::printf(

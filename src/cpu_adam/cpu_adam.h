@@ -68,7 +68,7 @@ struct AdamBuffers {
   // Compressed moments (m and v above unused): kBF16, n bf16 values each in m_state and v_state;
   // kInt8, n codes each and StateScaleCount(n) scales each in m_scale and v_scale (blocks from
   // the buffers' start). `rounding_key`: the first element's key for stochastic rounding, unique
-  // to its place in the model (Note [Stochastic rounding of the moments]).
+  // to its place in the chunk layout (Note [Stochastic rounding of the moments]).
   StateFormat states = StateFormat::kF32;
   void* m_state = nullptr;
   void* v_state = nullptr;

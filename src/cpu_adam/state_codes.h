@@ -9,9 +9,9 @@
 // (it stalls at a value too large, and the updates shrink), and m's small changes are lost the same
 // way. So both compressed forms round stochastically: up with the probability of the discarded
 // fraction, which makes every stored moment the exact value in expectation. The random bits are a
-// hash of the element's key (its place in the model) and the step (RoundingBits), not a generator's
-// state: the same on every path and thread, so the vector paths still equal the scalar one bit for
-// bit and a resumed run rounds as the uninterrupted one would.
+// hash of the element's key (its place in the chunk layout) and the step (RoundingBits), not a
+// generator's state: the same on every path and thread, so the vector paths still equal the scalar
+// one bit for bit and a resumed run rounds as the uninterrupted one would.
 //
 // Note [8-bit moment codes]
 // Blocks of kStateBlockElems elements share a scale, the block's largest magnitude / kCodeTop.

@@ -15,6 +15,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   resume_model  resuming with another model shape (--heads) is refused
   resume_notes  an evaluation a data error left undone is made by the resume; a resume that
                 takes other rows or other files than the checkpoint's run says so
+  resume_settings  a resume that changes AdamW's settings, the lr below 4 digits, or the
+                layout of 8-bit moments says so
   ranks_agree   ranks started with different configs fail with the fields named (mpirun ':')
   ranks_faults  two ranks whose data changes or whose metrics file fails mid-run: all save first
   readers       a directory, /dev/zero, a huge sparse file, deep or duplicate-key JSON: an error

@@ -8,7 +8,7 @@ import struct
 import subprocess
 import time
 
-from trust_common import (TZ, OUT, check, refused, ok, write_config, train_small, read, losses)
+from trust_common import (TZ, OUT, check, run, refused, ok, write_config, train_small, read, losses)
 
 
 def case_resume_in_place_only():
@@ -194,3 +194,27 @@ def case_resume_notes():
                 ["eval", "--resume", rd, "--data", os.path.join(d, "b.bin")],
                 ["export", rd, "-o", os.path.join(OUT, "rn.st")]):
         refused(cmd, "is a run directory, not a checkpoint", rd + "/checkpoint")
+
+
+def case_resume_settings():
+    # A resume that changes what the steps compute says so (hunt 39: none was said): AdamW's
+    # settings, a learning rate that differs below 4 digits, and with 8-bit moments the chunk
+    # layout (their blocks and stochastic rounding follow it).
+    cfg = write_config(os.path.join(OUT, "rs.json"),
+                       model={"n_layer": 1, "d_model": 32, "n_head": 2},
+                       engine={"optimizer_states": "int8"})
+    rd = os.path.join(OUT, "rs_run")
+    ok(["train", "--config", cfg, "--run-dir", rd, "--steps", "3", "--quiet"])
+    rc, out = run(["train", "--config", cfg, "--run-dir", rd, "--resume", rd + "/checkpoint",
+                   "--steps", "5", "--lr", "0.0010004", "--quiet"])
+    check(rc == 0 and "lr 0.00100000005 -> 0.00100040005" in out,
+          f"an lr change below 4 digits was not said:\n{out}")
+    cfg2 = write_config(os.path.join(OUT, "rs2.json"),
+                        model={"n_layer": 1, "d_model": 32, "n_head": 2},
+                        engine={"optimizer_states": "int8", "beta2": 0.999, "chunk_elems": 65536})
+    rc, out = run(["train", "--config", cfg2, "--run-dir", rd, "--resume", rd + "/checkpoint",
+                   "--steps", "7", "--quiet"])
+    check(rc == 0 and "AdamW's settings change (beta2 0.95 -> 0.999)" in out,
+          f"a changed beta2 was not said:\n{out}")
+    check("the chunk layout changes (engine.chunk_elems" in out,
+          f"8-bit moments over another layout were not said:\n{out}")
