@@ -33,7 +33,7 @@ CONFIGS = [
     ("checkpointing", 1, {"model": {"activation_checkpointing": True},
                           "engine": {"device_budget": "12 MiB", "host_budget": "16 MiB",
                                      "nvme_budget": "256 MiB"}}),
-    # Separate gradient chunks held one moment past their reduction (hunt 39).
+    # Separate gradient chunks held two moments past their reduction (hunt 39).
     ("accum2", 1, {"model": {"activation_checkpointing": False},
                    "engine": {"device_budget": "40 MiB", "host_budget": "256 MiB",
                               "nvme_budget": "0 B", "grad_accumulation": 2}}),

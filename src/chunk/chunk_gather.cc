@@ -207,8 +207,8 @@ Status ChunkManager::ReduceSeparate(int c, const Event& written) {
     // No backward use: zero without accumulation, nothing to add with it.
     return options_.grad_accumulation ? Status::OK() : store_.ZeroGrad(c);
   }
-  // (Held one moment more even when the strategy waited for its copy: Note [A gradient chunk
-  // held one moment past its reduction].)
+  // (Held as long even when the strategy waited for its copy: Note [A gradient chunk held past
+  // its reduction].)
   RETURN_IF_ERROR(im.reduce->Reduce(c, rt.grad_buf.data(), written).status());
   Impl::Deferred d;
   ASSIGN_OR_RETURN(d.done, Event::Create(device_));

@@ -331,7 +331,7 @@ void ChunkManager::TraceMoment(const std::vector<int>& needed, Phase phase) {
 Status ChunkManager::AcquireChunks(int k, const std::vector<int>& needed,
                                    std::span<const int> tensors, Phase phase) {
   Impl& im = *impl_;
-  RETURN_IF_ERROR(FreeDeferred(k - 1));
+  RETURN_IF_ERROR(FreeDeferred(k - kGradChunkHeldMoments));
   RETURN_IF_ERROR(FlushPrefetches());
   ASSIGN_OR_RETURN(bool off_trace, OffTrace(k, needed, tensors, phase));
   if (im.mode == Impl::Mode::kReplay && off_trace) {
@@ -472,25 +472,29 @@ void ChunkManager::ProfileMoment(int) {
     if (rt.cached && !ShardIsGathered(c)) p.device_chunk_bytes += layout_.chunk_bytes();
     if (rt.grad_buf.data() != nullptr) p.device_chunk_bytes += layout_.chunk_bytes();
   }
-  // Gradient chunks reduced but held (Note [A gradient chunk held one moment past its reduction]).
+  // Gradient chunks reduced but held (Note [A gradient chunk held past its reduction]).
   p.device_chunk_bytes += im.deferred_free.size() * layout_.chunk_bytes();
   p.nonmodel_bytes = tracer_.current_nonmodel();
   p.prefetch = im.pending_prefetch;
   im.profile.push_back(std::move(p));
 }
 
-// Note [A gradient chunk held one moment past its reduction]
+// Note [A gradient chunk held past its reduction]
 // A separate gradient chunk (accumulation, a device-resident shard, a tensor used twice in
 // forward) is reduced at the Release of its last backward moment, by a copy queued on the D2H
 // stream; its memory can go only once that copy has read it. Freed when the copy was seen done,
 // the chunk lived a timing-dependent number of moments: `tierzero plan`, which counted it to its
 // last backward moment, said a run fitted that then ran out of device memory in the next moment
-// (hunt 39, P1). So the time is fixed: a chunk released at moment r is freed at the Acquire of
-// moment r + 2, waiting for its copy there if it is not done (it had all of moment r + 1's
-// compute to finish, so on a GPU the host rarely waits and the compute stream does not), and
-// held through moment r + 1 even when it is done. The plan counts it over the same moments
-// (Note [What the plan predicts], src/engine/plan.cc), so the device peak it predicts is the
-// run's. The end of an iteration frees every one (ReleaseChunks).
+// (hunt 39, P1). So the time is fixed: a chunk released at moment r is held through moments
+// r + 1 .. r + kGradChunkHeldMoments, even when its copy is done, and freed at the Acquire after
+// them, waiting for its copy there if it is not done. Two moments, not one: when the host waits
+// there, the compute stream still has the two moments before queued (on a GPU the host runs
+// ahead of it; one queued moment would leave it idle while the host enqueues the next, if the
+// copy, a host-side accumulation or a collective behind it runs late). The plan counts the chunk
+// over the same moments (Note [What the plan predicts], src/engine/plan.cc), so the device peak
+// it predicts is the run's. The end of an iteration frees every one (ReleaseChunks). A model
+// that holds a scope across moments (none here: the GPT releases each moment's scope before the
+// next) reduces a chunk later than its last use, and holds it longer than the plan counts.
 Status ChunkManager::FreeDeferred(int before) {
   auto& v = impl_->deferred_free;
   size_t keep = 0;

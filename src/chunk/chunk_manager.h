@@ -123,6 +123,10 @@ struct ChunkCounters {
   WireBytes AllWire() const { return param_gather + param_regather + grad_reduce; }
 };
 
+// Moments a separate gradient chunk is held past the one that reduced it (Note [A gradient
+// chunk held past its reduction], chunk_manager.cc; Engine::Plan counts the same).
+inline constexpr int kGradChunkHeldMoments = 2;
+
 class ChunkManager {
  public:
   // The shard store a manager with these arguments needs (ShardStore::Create), without
@@ -252,7 +256,7 @@ class ChunkManager {
   void ProfileMoment(int k);
   Status FlushPrefetches();
   // Frees the separate gradient chunks released before moment `before` (Note [A gradient chunk
-  // held one moment past its reduction]), waiting for their copies where they are not done.
+  // held past its reduction]), waiting for their copies where they are not done.
   Status FreeDeferred(int before);
   // Gathers, evictions and reductions (chunk_gather.cc).
   Status Gather(int chunk);

@@ -53,9 +53,9 @@ struct ChunkManager::Impl {
   int moments_timed = 0;                // moments with begin/start events this iteration
   double measured_seconds[kNumTiers] = {0, 0, 0};  // mean gather time per Tier; 0 = unmeasured
   Event iteration_end;
-  // Separate gradient chunks whose reduction is queued: freed at the Acquire two moments after
+  // Separate gradient chunks whose reduction is queued: freed kGradChunkHeldMoments moments after
   // the one that released them, once `done` (recorded after the copy on the D2H stream) has
-  // passed (Note [A gradient chunk held one moment past its reduction], FreeDeferred).
+  // passed (Note [A gradient chunk held past its reduction], FreeDeferred).
   struct Deferred {
     DeviceBuffer buf;
     Event done;

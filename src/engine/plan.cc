@@ -330,10 +330,10 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
         if (at <= last_bwd[i] && !resident(c)) cached.insert(c);
         continue;
       }
-      // A separate gradient chunk lives one moment past the Release that reduces it (Note [A
-      // gradient chunk held one moment past its reduction], src/chunk/chunk_manager.cc); one
+      // A separate gradient chunk lives two moments past the Release that reduces it (Note [A
+      // gradient chunk held past its reduction], src/chunk/chunk_manager.cc); one
       // with a tensor no backward uses is reduced at the iteration's end.
-      if (po.reduced_at_end[i] || at <= last_bwd[i] + 1) grads += chunk;
+      if (po.reduced_at_end[i] || at <= last_bwd[i] + kGradChunkHeldMoments) grads += chunk;
     }
     const uint64_t act = moments[k].nonmodel_peak;
     warm = std::max(warm, act + grads + cached.size() * chunk);

@@ -110,7 +110,7 @@ TEST(PlanFit, SuggestedDeviceBudgetRunsAndTheUnchangedOneFails) {
 }
 
 // Separate gradient chunks (accumulation; a tensor used twice in forward) outlive the Release
-// that reduces them by one moment (Note [A gradient chunk held one moment past its reduction]):
+// that reduces them by one moment (Note [A gradient chunk held past its reduction]):
 // the plan counted them to their last backward moment, said a budget fitted, and the run ran out
 // of device memory in its first step. Now the smallest budget the plan says fits runs (with its
 // room against fragmentation: Note [Room for the device allocator's fragmentation]), its peak is
@@ -127,7 +127,7 @@ TEST(PlanFit, SeparateGradientChunksAreCountedAsTheRunHoldsThem) {
     // peak.
     GptConfig mc = Model();
     mc.d_model = 256;
-    mc.n_layer = 2;
+    mc.n_layer = 4;  // (the peak at a block's moment, holding the two blocks after it)
     const int batch = 1;
     const uint64_t chunk = 262144 * 4;
     const uint64_t need = SmallestFittingDevice(ec, batch, mc, uint64_t{1} << 20, chunk / 4);
