@@ -588,9 +588,13 @@ int Plan(const std::vector<std::string>& args) {
   // The data as train opens it: a plan of a run train would refuse at set-up (rows too short
   // for the addition task, a vocabulary its tokens exceed, a missing --text) said "fits" and
   // exited 0 (hunt 39).
+  // (Data not on this machine is said, not refused: a run is often planned elsewhere.)
   if (pa->trace_path.empty()) {
     auto data = gpt::Dataset::Create(cfg->data, cfg->model.seq_len, cfg->model.vocab);
-    if (!data.ok())
+    if (!data.ok() && data.status().code() == StatusCode::kNotFound)
+      std::fprintf(stderr, "note: the run's data is not here (%s); `tierzero train` needs it\n",
+                   std::string(data.status().message()).c_str());
+    else if (!data.ok())
       return Fail(std::move(data).status().WithContext(
           "the run's data (`tierzero train` would refuse this config at set-up)"));
   }

@@ -562,6 +562,10 @@ Status CheckPlanConfig(const nlohmann::json& plan_config, const RunConfig& run) 
                                          "engine.nvme_path",
                                          "engine.initial_loss_scale",
                                          "engine.loss_scale_window"};
+  bool sized_to_machine = !run.output.init_from.empty();
+  for (const char* f : {"engine.device_budget", "engine.device_shard_budget", "engine.host_budget",
+                        "engine.nvme_budget"})
+    sized_to_machine &= run.given.count(f) == 0;
   std::string differ;
   int n = 0;
   for (const auto& [section, key] : fields) {
@@ -573,6 +577,9 @@ Status CheckPlanConfig(const nlohmann::json& plan_config, const RunConfig& run) 
         s != plan_config.end() && s->is_object() && s->contains(key) ? (*s)[key] : json();
     // (A device left to "auto" is the one the other names, on the machine both ran on.)
     if (name == "engine.device" && (now == "auto" || planned == "auto")) continue;
+    // Budgets a model brought from a directory was given from the machine's free memory (Note
+    // [Budgets of a model brought from a directory]): they drift between the plan and the run.
+    if (sized_to_machine && section == "engine" && key.ends_with("_budget")) continue;
     if (planned == now) continue;
     if (++n <= 3)
       differ += (differ.empty() ? "" : ", ") + name + " " + planned.dump() + " in the plan, " +

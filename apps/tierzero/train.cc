@@ -169,6 +169,14 @@ run's set-up, before its first line, it ends the process at once: nothing is sav
 int FailUncaught(const Status& s) { return Fail(s); }
 
 Status TrainRun::SetUp() {
+  // A plan of another config: refused before the engine is built or any weight loads (the plan's
+  // layout is compared with the engine's below).
+  if (!out_.plan.empty() && lead_) {
+    TZ_ASSIGN_OR_RETURN(const std::string text, ReadTextFile(out_.plan, "plan file"));
+    const json plan = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (plan.is_object() && plan.contains("config"))
+      TZ_RETURN_IF_ERROR(CheckPlanConfig(plan["config"], cfg_).WithContext("--plan " + out_.plan));
+  }
   TZ_ASSIGN_OR_RETURN(dataset_,
                       gpt::Dataset::Create(cfg_.data, cfg_.model.seq_len, cfg_.model.vocab));
   if (world_ > 1) {
@@ -261,9 +269,6 @@ Status TrainRun::SetUp() {
     TZ_ASSIGN_OR_RETURN(const std::string report, engine_->ReportJson());
     if (auto s = WithPrediction(report, plan_text_); !s.ok())
       return s.status().WithContext("--plan " + out_.plan);
-    const json plan = json::parse(plan_text_, nullptr, /*allow_exceptions=*/false);
-    if (plan.is_object() && plan.contains("config"))
-      TZ_RETURN_IF_ERROR(CheckPlanConfig(plan["config"], cfg_).WithContext("--plan " + out_.plan));
   }
   // The set-up is good: only now is an earlier run's output removed (--overwrite) and the run's
   // config.json written. A config.json this run creates is removed again if the run fails before

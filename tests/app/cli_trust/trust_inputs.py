@@ -366,6 +366,9 @@ def case_plan_of_another_config():
     ok(["train", "--config", cfg, "--plan", plan, "--run-dir", rd, "--steps", "2", "--quiet"])
     report = json.load(open(os.path.join(rd, "report.json")))
     check("prediction" in report, "the run's report has no prediction beside it")
-    # A run whose data train would refuse is not planned as fitting either.
-    refused(["plan", "--config", cfg, "--text", os.path.join(OUT, "pa_missing.txt")],
-            "pa_missing.txt")
+    # A run whose data train would refuse is not planned as fitting either; data not on this
+    # machine is said, and the plan made (a run is often planned elsewhere).
+    refused(["plan", "--config", cfg, "--seq-len", "6"], "needs rows of 9 tokens")
+    rc, out = run(["plan", "--config", cfg, "--text", os.path.join(OUT, "pa_missing.txt")])
+    check(rc == 0 and "the run's data is not here" in out and "pa_missing.txt" in out,
+          f"a plan of data that is elsewhere:\n{out}")
