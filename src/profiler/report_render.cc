@@ -315,7 +315,8 @@ StatusOr<std::string> RenderChromeTrace(const std::string& text) {
   // One thread per track, in a fixed order.
   std::vector<std::string> tracks;
   for (int t = 0; t < kNumTracks; ++t) tracks.emplace_back(TrackName(static_cast<Track>(t)));
-  auto thread = [](json& events, int tid, const std::string& name) {
+  // (Sorted by `order`: a track's own rows at 10 x its index, a row under it just after.)
+  auto thread = [](json& events, int tid, const std::string& name, int order) {
     events.push_back({{"name", "thread_name"},
                       {"ph", "M"},
                       {"pid", 1},
@@ -325,7 +326,7 @@ StatusOr<std::string> RenderChromeTrace(const std::string& text) {
                       {"ph", "M"},
                       {"pid", 1},
                       {"tid", tid},
-                      {"args", {{"sort_index", tid}}}});
+                      {"args", {{"sort_index", order}}}});
   };
   json events = json::array();
   events.push_back({{"name", "process_name"},
@@ -333,7 +334,8 @@ StatusOr<std::string> RenderChromeTrace(const std::string& text) {
                     {"pid", 1},
                     {"tid", 0},
                     {"args", {{"name", "tierzero iteration " + std::to_string(iteration)}}}});
-  for (size_t i = 0; i < tracks.size(); ++i) thread(events, static_cast<int>(i), tracks[i]);
+  for (size_t i = 0; i < tracks.size(); ++i)
+    thread(events, static_cast<int>(i), tracks[i], 10 * static_cast<int>(i));
   // CPU Adam's worker threads: lanes 1..N of the optimizer track, one thread each after it.
   constexpr int kLaneTid = 100;
   std::set<int> lanes;
@@ -348,12 +350,14 @@ StatusOr<std::string> RenderChromeTrace(const std::string& text) {
       if (lane > 4096) return e.Error("has a CPU Adam lane out of range: " + std::to_string(lane));
       tid = kLaneTid + lane;
       if (lanes.insert(lane).second)
-        thread(events, tid, "CPU Adam thread " + std::to_string(lane - 1));
+        thread(events, tid, "CPU Adam thread " + std::to_string(lane - 1),
+               10 * static_cast<int>(it - tracks.begin()) + 1 + lane);
     } else if (lane > 0) {
       // A stream's work that did not cross its link (TimelineEvent::lane): a row under it.
       if (lane > 1) return e.Error("has a lane out of range on its track: " + std::to_string(lane));
+      const int order = 10 * tid + 1;
       tid = kLaneTid / 2 + tid;
-      if (lanes.insert(-tid).second) thread(events, tid, track + " (on the device)");
+      if (lanes.insert(-tid).second) thread(events, tid, track + " (on the device)", order);
     }
     ASSIGN_OR_RETURN(const std::string name, e.get<std::string>("name"));
     ASSIGN_OR_RETURN(const int64_t moment, e.get<int64_t>("moment"));

@@ -475,6 +475,34 @@ TEST(Engine, AFailedFinalizeIsNotRetried) {
   EXPECT_NE(again.message().find("create another Engine"), std::string::npos) << again.ToString();
 }
 
+// A gradient kept on the device crosses no link: the profiled iteration's D2H link leaves its
+// copies out (they are the D2H stream's lane 1), as the engine's counter does (hunt 39: the link
+// said 5 MiB and a bandwidth where counters.d2h_bytes was 0).
+TEST(Engine, GradientsKeptOnTheDeviceAreNotLinkTraffic) {
+  TempDir dir;
+  EngineConfig ec = TestEngineConfig();
+  ec.device_shard_budget = uint64_t{64} << 20;
+  Trainer r = Make(ec);
+  ASSERT_GT(DeviceGradShards(*r.engine), 0) << r.engine->PlacementSummary();
+  Train(r, 0, 3);
+  r.engine->ProfileNextIteration();
+  Train(r, 3, 5);
+  const std::string path = dir.path() + "/report.json";
+  ASSERT_TRUE(r.engine->WriteReport(path).ok());
+  std::ifstream f(path);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  ASSERT_TRUE(j["profile"]["available"].get<bool>());
+  EXPECT_EQ(j["profile"]["links"]["d2h"]["bytes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(j["profile"]["links"]["d2h"]["busy_seconds"].get<double>(), 0.0);
+  int on_device = 0;
+  for (const auto& e : j["profile"]["events"])
+    if (e["track"] == "D2H") {
+      EXPECT_EQ(e["lane"].get<int>(), 1) << e.dump();
+      on_device += e["lane"].get<int>() == 1;
+    }
+  EXPECT_GT(on_device, 0) << "no gradient went into a device shard";
+}
+
 TEST(Engine, ReportAgreesWithTheEngineCounters) {
   // The report's numbers are the engine's: counters, tiers, layout, the profiled iteration.
   TempDir dir;
