@@ -235,22 +235,23 @@ void ReportRunChanges(const std::string& user_state, const RunConfig& cfg, int w
     }
     return list;
   };
-  if (const auto a = u.find("adamw"); a != u.end()) {
-    const std::string list = changes(*a, AdamWJson(cfg));
-    if (!list.empty())
-      std::printf(
-          "  note: AdamW's settings change (%s): the steps differ from the checkpoint's "
-          "run's\n",
-          list.c_str());
-  }
   // (ZeRO++ changes only collectives: on one rank, then and now, it changes nothing.)
-  if (const auto z = u.find("zeropp"); z != u.end() && ((ranks && *ranks > 1) || world > 1)) {
-    const std::string list = changes(*z, ZeroPPJson(cfg));
+  const bool collectives = (ranks && *ranks > 1) || world > 1;
+  const struct {
+    const char* key;
+    json now;
+    const char *head, *tail;
+    bool said;
+  } sections[] = {{"adamw", AdamWJson(cfg), "AdamW's settings change", "", true},
+                  {"zeropp", ZeroPPJson(cfg), "ZeRO++ changes",
+                   " its collectives round otherwise, so", collectives}};
+  for (const auto& sec : sections) {
+    const auto then = u.find(sec.key);
+    if (!sec.said || then == u.end()) continue;
+    const std::string list = changes(*then, sec.now);
     if (!list.empty())
-      std::printf(
-          "  note: ZeRO++ changes (zeropp: %s): its collectives round otherwise, so the "
-          "steps differ from the checkpoint's run's\n",
-          list.c_str());
+      std::printf("  note: %s (%s %s):%s the steps differ from the checkpoint's run's\n", sec.head,
+                  sec.key, list.c_str(), sec.tail);
   }
   // Compressed moments follow the layout: their blocks are cut per shard and their stochastic
   // rounding is keyed by the element's place in the chunks (Note [Stochastic rounding of the

@@ -362,6 +362,18 @@ TEST(HfModels, Gpt2ReadsWithAndWithoutItsPrefixAndSkipsItsBuffers) {
   }
 }
 
+// The tiny Llama's config.json fields with `extra` over them.
+json Llama(const json& extra) {
+  json c = {{"architectures", {"LlamaForCausalLM"}},
+            {"vocab_size", 19},
+            {"hidden_size", 16},
+            {"intermediate_size", 24},
+            {"num_hidden_layers", 1},
+            {"num_attention_heads", 4}};
+  c.update(extra);
+  return c;
+}
+
 TEST(HfModels, WhatADirectoryMayNotSayIsRefusedNamingTheField) {
   TempDir dir;
   std::vector<uint16_t> tokens(100, 1);
@@ -369,67 +381,23 @@ TEST(HfModels, WhatADirectoryMayNotSayIsRefusedNamingTheField) {
   const std::vector<std::pair<json, std::string>> cases = {
       {{{"architectures", {"BertModel"}}}, "architectures"},
       {{{"architectures", {"Qwen2ForCausalLM"}}}, "Qwen 2"},
-      {{{"architectures", {"LlamaForCausalLM"}},
-        {"vocab_size", 19},
-        {"hidden_size", 16},
-        {"intermediate_size", 24},
-        {"num_hidden_layers", 1},
-        {"num_attention_heads", 4},
-        {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 8.0}}}},
-       "rope_scaling"},
+      {Llama({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 8.0}}}}), "rope_scaling"},
       // transformers 5's layout: another type refused from there too; two thetas that disagree.
-      {{{"architectures", {"LlamaForCausalLM"}},
-        {"vocab_size", 19},
-        {"hidden_size", 16},
-        {"intermediate_size", 24},
-        {"num_hidden_layers", 1},
-        {"num_attention_heads", 4},
-        {"rope_parameters", {{"rope_type", "linear"}, {"factor", 4.0}, {"rope_theta", 1e4}}}},
+      {Llama(
+           {{"rope_parameters", {{"rope_type", "linear"}, {"factor", 4.0}, {"rope_theta", 1e4}}}}),
        "\"rope_parameters\" is"},
-      {{{"architectures", {"LlamaForCausalLM"}},
-        {"vocab_size", 19},
-        {"hidden_size", 16},
-        {"intermediate_size", 24},
-        {"num_hidden_layers", 1},
-        {"num_attention_heads", 4},
-        {"rope_theta", 500.0},
-        {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1e4}}}},
+      {Llama({{"rope_theta", 500.0},
+              {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1e4}}}}),
        "which one holds"},
       // One set per attention type; Llama 3's fields with no type; rotary over part of a head.
-      {{{"architectures", {"LlamaForCausalLM"}},
-        {"vocab_size", 19},
-        {"hidden_size", 16},
-        {"intermediate_size", 24},
-        {"num_hidden_layers", 1},
-        {"num_attention_heads", 4},
-        {"rope_parameters",
-         {{"full_attention", {{"rope_type", "default"}, {"rope_theta", 500.0}}},
-          {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 500.0}}}}}},
+      {Llama({{"rope_parameters",
+               {{"full_attention", {{"rope_type", "default"}, {"rope_theta", 500.0}}},
+                {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 500.0}}}}}}),
        "per attention type"},
-      {{{"architectures", {"LlamaForCausalLM"}},
-        {"vocab_size", 19},
-        {"hidden_size", 16},
-        {"intermediate_size", 24},
-        {"num_hidden_layers", 1},
-        {"num_attention_heads", 4},
-        {"rope_parameters", {{"factor", 8.0}, {"rope_theta", 1e4}}}},
+      {Llama({{"rope_parameters", {{"factor", 8.0}, {"rope_theta", 1e4}}}}),
        "\"rope_parameters\" is"},
-      {{{"architectures", {"LlamaForCausalLM"}},
-        {"vocab_size", 19},
-        {"hidden_size", 16},
-        {"intermediate_size", 24},
-        {"num_hidden_layers", 1},
-        {"num_attention_heads", 4},
-        {"partial_rotary_factor", 0.5}},
-       "partial_rotary_factor"},
-      {{{"architectures", {"LlamaForCausalLM"}},
-        {"vocab_size", 19},
-        {"hidden_size", 16},
-        {"intermediate_size", 24},
-        {"num_hidden_layers", 1},
-        {"num_attention_heads", 4},
-        {"hidden_act", "gelu"}},
-       "hidden_act"},
+      {Llama({{"partial_rotary_factor", 0.5}}), "partial_rotary_factor"},
+      {Llama({{"hidden_act", "gelu"}}), "hidden_act"},
       {{{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", "19"}}, "vocab_size"},
       {{{"architectures", {"LlamaForCausalLM"}}, {"hidden_size", 16}}, "vocab_size"},
       // Said as the file has it: a string where a list belongs, neither key, a size past int64.

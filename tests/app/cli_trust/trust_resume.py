@@ -214,7 +214,7 @@ def case_resume_settings():
                         engine={"optimizer_states": "int8", "beta2": 0.999, "chunk_elems": 65536})
     rc, out = run(["train", "--config", cfg2, "--run-dir", rd, "--resume", rd + "/checkpoint",
                    "--steps", "7", "--quiet"])
-    check(rc == 0 and "AdamW's settings change (beta2 0.95 -> 0.999)" in out,
+    check(rc == 0 and "AdamW's settings change (adamw beta2 0.95 -> 0.999)" in out,
           f"a changed beta2 was not said:\n{out}")
     check("the chunk layout changes (engine.chunk_elems" in out,
           f"8-bit moments over another layout were not said:\n{out}")
