@@ -172,8 +172,8 @@ Status TrainRun::SetUp() {
   // A plan of another config: refused before the engine is built or any weight loads (the plan's
   // layout is compared with the engine's below).
   if (!out_.plan.empty() && lead_) {
-    TZ_ASSIGN_OR_RETURN(const std::string text, ReadTextFile(out_.plan, "plan file"));
-    const json plan = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    TZ_ASSIGN_OR_RETURN(plan_text_, ReadTextFile(out_.plan, "plan file"));
+    const json plan = json::parse(plan_text_, nullptr, /*allow_exceptions=*/false);
     if (plan.is_object() && plan.contains("config"))
       TZ_RETURN_IF_ERROR(CheckPlanConfig(plan["config"], cfg_).WithContext("--plan " + out_.plan));
   }
@@ -265,7 +265,7 @@ Status TrainRun::SetUp() {
   }
   if (!out_.plan.empty() && lead_) {
     // Refused now, not after the run: a plan file that is unreadable or of another config.
-    TZ_ASSIGN_OR_RETURN(plan_text_, ReadTextFile(out_.plan, "plan file"));
+    // (plan_text_: read at the start of SetUp.)
     TZ_ASSIGN_OR_RETURN(const std::string report, engine_->ReportJson());
     if (auto s = WithPrediction(report, plan_text_); !s.ok())
       return s.status().WithContext("--plan " + out_.plan);
