@@ -200,6 +200,17 @@ Status ChunkManager::ReduceInSlot(int c, const Event& written) {
 }
 
 // The gradient is in its own grad chunk, freed once the copy out of it is done.
+//
+// Note [A gradient chunk's memory outlives only its reads]
+// The event FreeDeferred waits for is recorded right after the last operation that reads the
+// chunk (the copy or fp32 add out of it, on the D2H stream), not after the whole reduction:
+// behind that copy the D2H stream may run host functions (the host-side fp32 accumulation of a
+// micro-batch's gradient, a profiled iteration's span stamps), and on CUDA every stream's host
+// functions may run one after another on one driver thread, behind an H2D host function that
+// waits for an NVMe read. The trainer's wait at Acquire would then wait for them, not for the
+// memory (review 40, F1). Strategies whose last read is elsewhere (a collective's, which the
+// D2H stream waits for before copying its result) are covered by the copy after it; one that
+// records nothing gets the event after the whole reduction, as before.
 Status ChunkManager::ReduceSeparate(int c, const Event& written) {
   Impl& im = *impl_;
   Impl::ChunkRt& rt = im.chunks[static_cast<size_t>(c)];
@@ -209,10 +220,17 @@ Status ChunkManager::ReduceSeparate(int c, const Event& written) {
   }
   // (Held as long even when the strategy waited for its copy: Note [A gradient chunk held past
   // its reduction].)
-  RETURN_IF_ERROR(im.reduce->Reduce(c, rt.grad_buf.data(), written).status());
   Impl::Deferred d;
   ASSIGN_OR_RETURN(d.done, Event::Create(device_));
-  RETURN_IF_ERROR(device_.RecordEvent(d.done.handle(), im.ctx.d2h.handle()));
+  im.ctx.grad_source_read = &d.done;
+  im.ctx.grad_source_recorded = false;
+  const Status reduced = im.reduce->Reduce(c, rt.grad_buf.data(), written).status();
+  im.ctx.grad_source_read = nullptr;
+  RETURN_IF_ERROR(reduced);
+  // A strategy whose last read of the chunk is not a copy on the D2H stream: after all of it.
+  if (!im.ctx.grad_source_recorded) {
+    RETURN_IF_ERROR(device_.RecordEvent(d.done.handle(), im.ctx.d2h.handle()));
+  }
   d.released_at = im.ctx.moment - 1;
   d.buf = std::move(rt.grad_buf);
   im.deferred_free.push_back(std::move(d));

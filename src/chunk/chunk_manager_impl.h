@@ -54,8 +54,9 @@ struct ChunkManager::Impl {
   double measured_seconds[kNumTiers] = {0, 0, 0};  // mean gather time per Tier; 0 = unmeasured
   Event iteration_end;
   // Separate gradient chunks whose reduction is queued: freed kGradChunkHeldMoments moments after
-  // the one that released them, once `done` (recorded after the copy on the D2H stream) has
-  // passed (Note [A gradient chunk held past its reduction], FreeDeferred).
+  // the one that released them, once `done` (recorded after the last read of the chunk on the
+  // D2H stream) has passed (Note [A gradient chunk held past its reduction], FreeDeferred; Note
+  // [A gradient chunk's memory outlives only its reads]).
   struct Deferred {
     DeviceBuffer buf;
     Event done;

@@ -31,7 +31,7 @@ void PinnedSlot::Release() {
 }
 
 StatusOr<std::unique_ptr<PinnedArena>> PinnedArena::Create(Device* device, uint64_t slot_bytes,
-                                                           uint32_t num_slots) {
+                                                           uint32_t num_slots, Pinning pinning) {
   if (slot_bytes == 0 || num_slots == 0) {
     return InvalidArgumentError("pinned arena needs slot_bytes > 0 and num_slots > 0, got " +
                                 std::to_string(slot_bytes) + " and " + std::to_string(num_slots));
@@ -55,11 +55,16 @@ StatusOr<std::unique_ptr<PinnedArena>> PinnedArena::Create(Device* device, uint6
       new PinnedArena(device, static_cast<uint8_t*>(base), slot, num_slots));
   if (device != nullptr && device->info().caps.pinned_host) {
     Status st = device->RegisterHostMemory(base, total);
-    if (!st.ok()) {
+    if (st.ok()) {
+      arena->registered_ = true;
+    } else if (pinning == Pinning::kBestEffort) {
+      TZ_LOG(kWarn, kOffload) << "cannot page-lock a " << FormatBytes(total) << " host buffer ("
+                              << st.ToString()
+                              << "); using it unlocked: its copies wait for the host";
+    } else {
       return std::move(st).WithContext("registering the " + FormatBytes(total) +
                                        " pinned host arena");
     }
-    arena->registered_ = true;
   }
   TZ_LOG(kInfo, kOffload) << "pinned arena: " << num_slots << " x " << FormatBytes(slot)
                           << (arena->registered_ ? ", page-locked" : "");

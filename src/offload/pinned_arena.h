@@ -57,8 +57,13 @@ class PinnedArena {
   // REQUIRES: `device` outlives the arena (the destructor unregisters through it).
   // InvalidArgument for zero sizes; OutOfMemory when the memory cannot be had; the device's
   // error (with context) when registration fails.
+  // With kBestEffort a failed registration is logged and the arena kept unregistered: copies
+  // to and from it are then synchronous on a GPU, but correct (for buffers created mid-run,
+  // whose registration failing must not fail a step).
+  enum class Pinning { kRequired, kBestEffort };
   static StatusOr<std::unique_ptr<PinnedArena>> Create(Device* device, uint64_t slot_bytes,
-                                                       uint32_t num_slots);
+                                                       uint32_t num_slots,
+                                                       Pinning pinning = Pinning::kRequired);
   ~PinnedArena();
   PinnedArena(const PinnedArena&) = delete;
   PinnedArena& operator=(const PinnedArena&) = delete;

@@ -23,7 +23,8 @@ TZ_TUNABLE(bool, kGradFetchAhead, "TZ_GRAD_FETCH_AHEAD", true,
 // the time; the cost model overlaps each copy with the Adam before it (Simulate, cost_model.cc).
 // `TZ_GRAD_FETCH_AHEAD=0` turns it off. The two slots (pinned, two gradient shards: 136 MB for
 // the 1.21B GPT's fp32 shards) are outside the host budget's fixed buffers, as the one bounce
-// slot before them was.
+// slot before them was. Made in the first chain that needs them, so a failure to page-lock them
+// there leaves them unlocked (correct, the copies then wait) rather than failing the step.
 Status Updater::FetchBegin(const std::function<bool(int)>& takes) {
   fetch_.order.clear();
   fetch_.issued = 0;
@@ -40,8 +41,9 @@ Status Updater::FetchBegin(const std::function<bool(int)>& takes) {
   }
   if (fetch_.order.empty()) return Status::OK();
   if (!fetch_.arena) {
-    ASSIGN_OR_RETURN(std::unique_ptr<PinnedArena> arena,
-                     PinnedArena::Create(device_, store_->grad_bytes(), 2));
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<PinnedArena> arena,
+        PinnedArena::Create(device_, store_->grad_bytes(), 2, PinnedArena::Pinning::kBestEffort));
     ASSIGN_OR_RETURN(Stream stream, Stream::Create(*device_, "optimizer-grad-fetch"));
     std::vector<PinnedSlot> slots;
     std::vector<Event> done;

@@ -297,7 +297,8 @@ Status Updater::AdamInto(const OptimizerGroup& g, uint8_t* out, const AdamStepOp
     // A device group updated on the CPU (its states come through OptimizerStates' bounce
     // buffer): its gradient shard comes over too, never read where it is.
     if (!grad_bounce_) {
-      ASSIGN_OR_RETURN(grad_bounce_arena_, PinnedArena::Create(device_, store_->grad_bytes(), 1));
+      ASSIGN_OR_RETURN(grad_bounce_arena_, PinnedArena::Create(device_, store_->grad_bytes(), 1,
+                                                               PinnedArena::Pinning::kBestEffort));
       std::optional<PinnedSlot> slot = grad_bounce_arena_->TryAcquire();
       if (!slot) return InternalError("the gradient bounce buffer's one slot is taken");
       grad_bounce_.emplace(std::move(*slot));

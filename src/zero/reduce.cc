@@ -65,6 +65,7 @@ Status CopyGradToShard(TransferContext& ctx, bool accumulate, PinnedArena* stagi
     } else {
       RETURN_IF_ERROR(device.CopyAsync(shard, src, bytes, CopyKind::kDeviceToDevice, d2h));
     }
+    RETURN_IF_ERROR(ctx.MarkGradSourceRead());
     if (spans.on()) {
       // (Lane 1: nothing crossed the link; the report's D2H link counts lane 0 alone.)
       RETURN_IF_ERROR(
@@ -77,6 +78,7 @@ Status CopyGradToShard(TransferContext& ctx, bool accumulate, PinnedArena* stagi
   }
   if (!accumulate) {
     RETURN_IF_ERROR(device.CopyAsync(shard, src, bytes, CopyKind::kDeviceToHost, d2h));
+    RETURN_IF_ERROR(ctx.MarkGradSourceRead());
     if (spans.on()) {
       RETURN_IF_ERROR(spans.QueueSpan(device, d2h, Track::kD2H, "grad " + std::to_string(c), m, c,
                                       bytes, start));
@@ -85,6 +87,7 @@ Status CopyGradToShard(TransferContext& ctx, bool accumulate, PinnedArena* stagi
     ASSIGN_OR_RETURN(PinnedSlot staging, staging_arena->Acquire(StagingTimeout()));
     void* staged = staging.data();
     RETURN_IF_ERROR(device.CopyAsync(staged, src, bytes, CopyKind::kDeviceToHost, d2h));
+    RETURN_IF_ERROR(ctx.MarkGradSourceRead());  // before the add behind it
     auto shared_slot = std::make_shared<PinnedSlot>(std::move(staging));
     auto* acc = static_cast<float*>(shard);
     const uint64_t elems = ctx.geometry().shard_elems;

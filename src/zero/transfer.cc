@@ -66,4 +66,11 @@ Status TransferContext::Init() {
   return Status::OK();
 }
 
+Status TransferContext::MarkGradSourceRead() {
+  if (grad_source_read == nullptr) return Status::OK();
+  RETURN_IF_ERROR(grad_source_read->Record(d2h));
+  grad_source_recorded = true;
+  return Status::OK();
+}
+
 }  // namespace tierzero

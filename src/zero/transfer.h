@@ -125,6 +125,13 @@ struct TransferContext {
   TransferCounters counters;
   TransferSpans spans;
   GatherTimer timer;
+  // Set by the chunk manager around the reduction of a separate gradient chunk: recorded on the
+  // D2H stream right after the last operation that reads the chunk, before any host function
+  // queued behind it (Note [A gradient chunk's memory outlives only its reads]).
+  Event* grad_source_read = nullptr;
+  bool grad_source_recorded = false;
+  // Records grad_source_read on the D2H stream, when set.
+  Status MarkGradSourceRead();
 
   const ShardGeometry& geometry() const { return store.geometry(); }
 };

@@ -8,6 +8,8 @@
 
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <random>
 
 #include "core/bytes.h"
@@ -79,14 +81,80 @@ class CountingDevice final : public DeviceWrapper {
   }
 };
 
+// Remembers, for every event recorded on the stream that copies gradients out (the one other
+// than `compute` that takes device-to-host copies), what was queued on it just before, and which
+// of those events the trainer's thread waited for (Note [A gradient chunk's memory outlives only
+// its reads]).
+class OrderLoggingDevice final : public DeviceWrapper {
+ public:
+  using DeviceWrapper::DeviceWrapper;
+  enum class Op { kNone, kCopy, kAdd, kHostFunc, kOther };
+  StreamHandle compute{};
+  std::vector<Op> waited_after;  // per wait for a D2H-stream event: what preceded its record
+  Status RecordEvent(EventHandle e, StreamHandle s) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      recorded_[e.impl] = {s.impl, last_[s.impl]};
+    }
+    return DeviceWrapper::RecordEvent(e, s);
+  }
+  Status SynchronizeEvent(EventHandle e) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = recorded_.find(e.impl);
+      if (it != recorded_.end() && it->second.first == d2h_) {
+        waited_after.push_back(it->second.second);
+      }
+    }
+    return DeviceWrapper::SynchronizeEvent(e);
+  }
+  Status CopyAsync(void* dst, const void* src, size_t bytes, CopyKind kind,
+                   StreamHandle s) override {
+    Note(s, Op::kCopy);
+    if (kind == CopyKind::kDeviceToHost && s.impl != compute.impl) {
+      std::lock_guard<std::mutex> lock(mu_);
+      d2h_ = s.impl;
+    }
+    return DeviceWrapper::CopyAsync(dst, src, bytes, kind, s);
+  }
+  Status AccumulateAsync(float* acc, const void* src, DType st, size_t n, StreamHandle s) override {
+    Note(s, Op::kAdd);
+    return DeviceWrapper::AccumulateAsync(acc, src, st, n, s);
+  }
+  Status MemsetAsync(void* dst, uint8_t value, size_t bytes, StreamHandle s) override {
+    Note(s, Op::kOther);
+    return DeviceWrapper::MemsetAsync(dst, value, bytes, s);
+  }
+  Status CastAsync(const void* src, DType st, void* dst, DType dt, size_t n,
+                   StreamHandle s) override {
+    Note(s, Op::kOther);
+    return DeviceWrapper::CastAsync(src, st, dst, dt, n, s);
+  }
+  Status LaunchHostFunc(StreamHandle s, std::function<void()> fn) override {
+    Note(s, Op::kHostFunc);
+    return DeviceWrapper::LaunchHostFunc(s, std::move(fn));
+  }
+
+ private:
+  void Note(StreamHandle s, Op op) {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_[s.impl] = op;
+  }
+  std::mutex mu_;
+  std::map<const void*, Op> last_;
+  std::map<const void*, std::pair<const void*, Op>> recorded_;  // stream, op before
+  const void* d2h_ = nullptr;
+};
+
 struct RigOptions {
   double h2d_bytes_per_second = 0;
   CachePolicy policy = CachePolicy::kPlan;
   bool accumulation = false;
   int budget_chunks = 6;
   uint64_t device_capacity = 8 * kMiB;
-  bool faults = false;    // wrap the device in a FaultInjectionDevice
-  bool counting = false;  // wrap it in a CountingDevice watching the compute stream
+  bool faults = false;         // wrap the device in a FaultInjectionDevice
+  bool counting = false;       // wrap it in a CountingDevice watching the compute stream
+  bool order_logging = false;  // wrap it in an OrderLoggingDevice
 };
 
 std::unique_ptr<Rig> MakeRig(const RigOptions& ro) {
@@ -107,11 +175,16 @@ std::unique_ptr<Rig> MakeRig(const RigOptions& ro) {
     rig->device = std::make_unique<FaultInjectionDevice>(rig->sim.get());
   } else if (ro.counting) {
     rig->device = std::make_unique<CountingDevice>(rig->sim.get());
+  } else if (ro.order_logging) {
+    rig->device = std::make_unique<OrderLoggingDevice>(rig->sim.get());
   } else {
     rig->device = std::make_unique<DeviceWrapper>(rig->sim.get());
   }
   rig->compute = std::move(Stream::Create(*rig->device, "compute")).value();
   if (ro.counting) static_cast<CountingDevice&>(*rig->device).watched = rig->compute.handle();
+  if (ro.order_logging) {
+    static_cast<OrderLoggingDevice&>(*rig->device).compute = rig->compute.handle();
+  }
   NvmeStoreOptions no;
   no.paths = {rig->dir};
   no.bytes_per_path = 64 * kMiB;
@@ -409,6 +482,32 @@ TEST(ChunkManagerTest, GradientAccumulationAddsMicroBatchesInFp32) {
     driver.Iterate(AllLayers(), /*accumulate=*/true);
     if (testing::Test::HasFatalFailure()) return;
   }
+}
+
+// A separate gradient chunk's memory waits only for the reads of it: with accumulation every
+// copy out of a gradient chunk is followed on the D2H stream by a host function (the fp32 add),
+// and on CUDA a host function may wait behind other streams' ones. The event the trainer waits
+// for before freeing the chunk is recorded right after the copy. Recording it after the whole
+// reduction, as before, fails this.
+TEST(ChunkManagerTest, AGradientChunkIsFreedAfterItsCopyNotItsHostSideAdd) {
+  RigOptions ro;
+  ro.accumulation = true;
+  ro.order_logging = true;
+  auto rig = MakeRig(ro);
+  auto& dev = static_cast<OrderLoggingDevice&>(*rig->device);
+  Driver driver(*rig);
+  driver.StartAccumulation();
+  for (int micro = 0; micro < 2; ++micro) {
+    driver.Iterate(AllLayers(), /*accumulate=*/true);
+    if (testing::Test::HasFatalFailure()) return;
+  }
+  using Op = OrderLoggingDevice::Op;
+  int after_copy = 0;
+  for (Op op : dev.waited_after) {
+    EXPECT_NE(op, Op::kHostFunc) << "the trainer waited for an event behind a host function";
+    after_copy += op == Op::kCopy;
+  }
+  EXPECT_GT(after_copy, 0) << "no gradient chunk's free waited for its copy";
 }
 
 TEST(ChunkManagerTest, PlanRemovesStallsUnderThrottledCopies) {

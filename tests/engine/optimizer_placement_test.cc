@@ -28,6 +28,7 @@ struct TrainResult {
   int summed_ahead = 0;  // chunks the last step's norm found summed during the backward
   int chunks = 0;
   uint64_t fetched_ahead = 0;  // CPU updates that read a device gradient fetched ahead
+  int behind = 0;              // steps whose CPU groups finished behind the next forward
 };
 
 // How the loop announces its steps: not at all, with the step's own options, or (every third
@@ -65,6 +66,7 @@ TrainResult Train(const EngineConfig& ec, int steps, Prepare prepare = Prepare::
     auto st = engine->Step({lr});
     EXPECT_TRUE(st.ok()) << st.status().ToString();
     if (!st.ok()) return out;
+    out.behind += EngineInternals::Of(*engine).updater->behind_active();
   }
   out.params = testing_models::ReadAllParams(*engine);
   out.stats = engine->stats();
@@ -285,32 +287,39 @@ TEST_P(SpeculativeStartTest, NormSummedAheadIsTheNormSummedAfter) {
 // current group's Adam runs; the run is bit for bit the one copying each before its Adam, with
 // every group on the CPU and with half of them updated by the device meanwhile.
 TEST_P(OptimizerPlacementTest, GradientsFetchedAheadTrainBitIdentically) {
-  for (const bool half_streamed : {false, true}) {
-    SCOPED_TRACE(half_streamed ? "half on the device" : "all on the CPU");
-    EngineConfig ec = testing_models::SmallEngineConfig(DeviceChoice::kHost);
-    ec.compute_dtype = GetParam();
-    ec.grad_accumulation = 2;
-    ec.device_shard_budget = uint64_t{64} << 20;  // parameters and accumulation shards
-    ec.optimizer = half_streamed ? OptimizerPlacement::kFraction : OptimizerPlacement::kCpu;
-    ec.optimizer_device_fraction = half_streamed ? 0.5 : 0;
-    TrainResult before, ahead;
-    {
-      ScopedTunable<bool> mode(kGradFetchAhead, false);
-      before = Train(ec, 10);
+  // "on": the CPU's chain behind the next forward, as on a GPU (the fetch then runs on the
+  // chain's worker thread, beside the forward's gathers).
+  for (const char* behind : {"auto", "on"})
+    for (const bool half_streamed : {false, true}) {
+      SCOPED_TRACE(std::string(half_streamed ? "half on the device" : "all on the CPU") +
+                   ", behind the forward " + behind);
+      ScopedTunable<std::string> behind_mode(kUpdateBehindForward, behind);
+      EngineConfig ec = testing_models::SmallEngineConfig(DeviceChoice::kHost);
+      ec.compute_dtype = GetParam();
+      ec.grad_accumulation = 2;
+      ec.device_shard_budget = uint64_t{64} << 20;  // parameters and accumulation shards
+      ec.optimizer = half_streamed ? OptimizerPlacement::kFraction : OptimizerPlacement::kCpu;
+      ec.optimizer_device_fraction = half_streamed ? 0.5 : 0;
+      TrainResult before, ahead;
+      {
+        ScopedTunable<bool> mode(kGradFetchAhead, false);
+        before = Train(ec, 10);
+      }
+      {
+        ScopedTunable<bool> mode(kGradFetchAhead, true);
+        ahead = Train(ec, 10);
+      }
+      EXPECT_EQ(before.fetched_ahead, 0u);
+      // Every CPU update of the run but none of the streamed ones read a fetched gradient.
+      EXPECT_GE(ahead.fetched_ahead,
+                10u * (half_streamed ? 1 : static_cast<uint64_t>(ahead.chunks)));
+      if (half_streamed) {  // the device's chain ran beside the CPU's
+        EXPECT_GT(ahead.stats.optimizer_streamed_groups + ahead.stats.optimizer_resident_groups, 0);
+      }
+      EXPECT_GT(ahead.stats.optimizer_cpu_groups, 0);
+      if (std::string(behind) == "on") EXPECT_GT(ahead.behind, 0);
+      ASSERT_NO_FATAL_FAILURE(ExpectSameRun(ahead, before, 20));
     }
-    {
-      ScopedTunable<bool> mode(kGradFetchAhead, true);
-      ahead = Train(ec, 10);
-    }
-    EXPECT_EQ(before.fetched_ahead, 0u);
-    // Every CPU update of the run but none of the streamed ones read a fetched gradient.
-    EXPECT_GE(ahead.fetched_ahead, 10u * (half_streamed ? 1 : static_cast<uint64_t>(ahead.chunks)));
-    if (half_streamed) {  // the device's chain ran beside the CPU's
-      EXPECT_GT(ahead.stats.optimizer_streamed_groups + ahead.stats.optimizer_resident_groups, 0);
-    }
-    EXPECT_GT(ahead.stats.optimizer_cpu_groups, 0);
-    ASSERT_NO_FATAL_FAILURE(ExpectSameRun(ahead, before, 20));
-  }
 }
 
 }  // namespace

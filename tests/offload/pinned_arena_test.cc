@@ -93,6 +93,19 @@ TEST(PinnedArenaTest, RegistersWithDeviceAndReportsRegistrationFailure) {
   EXPECT_NE(failed.status().message().find("registering the 2 MiB pinned host arena"),
             std::string::npos)
       << failed.status().message();
+
+  // Best effort: the same failure leaves a usable, unregistered arena.
+  faulty.Inject({.op = DeviceOp::kRegisterHost, .count = 1, .code = StatusCode::kInternal});
+  auto unlocked = PinnedArena::Create(&faulty, kMiB, 2, PinnedArena::Pinning::kBestEffort);
+  ASSERT_TRUE(unlocked.ok()) << unlocked.status().ToString();
+  EXPECT_FALSE((*unlocked)->registered());
+  std::optional<PinnedSlot> slot = (*unlocked)->TryAcquire();
+  ASSERT_TRUE(slot.has_value());
+  std::memset(slot->data(), 7, kMiB);
+  const int before = pinning.unregistered;
+  slot.reset();
+  unlocked->reset();
+  EXPECT_EQ(pinning.unregistered, before);  // nothing to unregister
 }
 
 }  // namespace
