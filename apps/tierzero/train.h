@@ -147,7 +147,9 @@ int FailUncaught(const Status& s);
 
 // Several ranks: OK when every rank's resolved config is the same (Note [Ranks agree before they
 // compute], agree.cc); otherwise InvalidArgument on every rank, naming the ranks and fields that
-// differ from rank 0's. A collective: every rank calls it before any other.
+// differ from rank 0's. Before that, every rank must read --init-from's path, and after it, the
+// same weights there (Note [Ranks agree on the weights they start from]). One rank: NotFound when
+// --init-from names nothing. A collective: every rank calls it before any other.
 Status AgreeOnRunConfig(Communicator& comm, const RunConfig& config);
 
 // OK unless the checkpoint's user state (`user_state`, saved by `tierzero train`) records a model

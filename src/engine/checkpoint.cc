@@ -81,6 +81,7 @@ struct Manifest {
   StateFormat moments = StateFormat::kF32;
   std::string user_state;                                  // JSON text; empty when none was saved
   std::map<std::string, std::vector<SavedSlice>> tensors;  // SavedTensors
+  uint32_t text_crc = 0;  // of the manifest's text: which save this is (its slices' CRCs in it)
 };
 
 StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& path) {
@@ -117,6 +118,7 @@ StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& pat
           "by hand, or damaged); restore the checkpoint from a copy, or resume from another one");
   }
   Manifest m;
+  m.text_crc = Crc32c(text.data(), text.size());
   ASSIGN_OR_RETURN(m.step, in.get_or<int64_t>("step", 0));
   ASSIGN_OR_RETURN(m.loss_scale, in.get_or<float>("loss_scale", 1.0f));
   if (!(m.loss_scale > 0)) return in.Error("has a loss scale that is not positive");
@@ -645,14 +647,17 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   }
   RETURN_IF_ERROR(AgreeOnStatus(*im.comm, verified));
   if (im.comm->size() > 1) {
-    // The ranks verified the same save: one read between two saves would split them.
+    // The ranks verified the same save: one read between two saves would split them, and so
+    // would copies of two runs' checkpoints at one step on machines without a shared file
+    // system (hunt 40: the step and the user state alone let a mixed model train). The
+    // manifest's text holds every slice's CRC, so its CRC tells the saves apart.
     struct Read {
       int64_t step;
-      uint64_t user_hash;
-    } mine{manifest.step, std::hash<std::string>{}(manifest.user_state)};
+      uint64_t manifest_crc;  // (64 bits: no padding in what is gathered)
+    } mine{manifest.step, manifest.text_crc};
     ASSIGN_OR_RETURN(const auto all, AllGatherValue(*im.comm, mine));
     for (const Read& r : all) {
-      if (r.step != mine.step || r.user_hash != mine.user_hash)
+      if (r.step != mine.step || r.manifest_crc != mine.manifest_crc)
         return FailedPreconditionError(
             "the ranks read different saves of the checkpoint " + dir +
             " (a run is saving into it, or the ranks see different directories of that name: "

@@ -19,6 +19,11 @@
 #   7. The Llama family: 2 ranks match 1 rank x accumulation 2 within 1e-5 relative.
 #   5. A failing rank: a 2-rank checkpoint with rank 1's states file corrupted; resuming on 2 ranks
 #      exits non-zero within 60 s, with rank 1's message (checksum mismatch), not a hang.
+#   8. Machines without a shared file system: each rank resumes its own copy of a checkpoint of
+#      the same name, the copies saves of two runs at the same step. Refused by every rank
+#      ("the ranks read different saves"), not trained as a model mixed from both. The same for
+#      --init-from: a model directory of one name holding two models ("different weights"), and
+#      one missing on rank 1 (named as such, not as a difference of configs).
 # Usage: train_ranks_test.sh TIERZERO MPIEXEC
 set -euo pipefail
 tz=$1
@@ -254,5 +259,42 @@ timeout 60 "$mpiexec" -np 2 "$tz" train --config config.json --grad-accumulation
 grep -q "rank 1 of 2: error: .*checksum mismatch" bad.log ||
   { echo "FAIL: no message from the failing rank"; cat bad.log; exit 1; }
 echo "failing rank: every rank exited (rc $rc) after $(($(date +%s) - start)) s with rank 1's message"
+# Per-rank copies of two runs' checkpoints at one step (a wrapper runs each rank in its own
+# directory, as on machines that each hold a copy under the same name).
+for seed in 1 2; do
+  "$mpiexec" -np 2 "$tz" train --config config.json --grad-accumulation 2 --steps 4 --seed $seed \
+    --run-dir "s$seed" --quiet >"s$seed.log" 2>&1 || { echo "FAIL: seed $seed run"; tail s$seed.log; exit 1; }
+done
+mkdir -p own0 own1
+cp -a s1/checkpoint own0/ck
+cp -a s2/checkpoint own1/ck
+printf '#!/usr/bin/env bash\ncd "%s/own${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}" && exec "%s" "$@"\n' \
+  "$work" "$tz" >own.sh
+chmod +x own.sh
+rc=0
+timeout 60 "$mpiexec" -np 2 ./own.sh train --config "$work/config.json" --grad-accumulation 2 \
+  --steps 6 --resume ck --run-dir "$work/mixed" --quiet >mixed.log 2>&1 || rc=$?
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || { echo "FAIL: two saves resumed as one (rc $rc)"; tail mixed.log; exit 1; }
+grep -q "the ranks read different saves" mixed.log ||
+  { echo "FAIL: no message naming the different saves"; cat mixed.log; exit 1; }
+echo "per-rank copies of two saves at one step: refused (rc $rc)"
+for seed in 1 2; do
+  "$tz" export "s$seed/checkpoint" --format hf -o "own$((seed - 1))/m" >/dev/null 2>&1 ||
+    { echo "FAIL: export of s$seed"; exit 1; }
+done
+rc=0
+timeout 60 "$mpiexec" -np 2 ./own.sh train --config "$work/config.json" --grad-accumulation 2 \
+  --steps 2 --init-from m --run-dir "$work/mixed2" --quiet >mixed2.log 2>&1 || rc=$?
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || { echo "FAIL: two models trained as one (rc $rc)"; tail mixed2.log; exit 1; }
+grep -q "the ranks start from different weights" mixed2.log ||
+  { echo "FAIL: no message naming the different weights"; cat mixed2.log; exit 1; }
+rm -rf own1/m
+rc=0
+timeout 60 "$mpiexec" -np 2 ./own.sh train --config "$work/config.json" --grad-accumulation 2 \
+  --steps 2 --init-from m --run-dir "$work/mixed3" --quiet >mixed3.log 2>&1 || rc=$?
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || { echo "FAIL: a model missing on rank 1 (rc $rc)"; tail mixed3.log; exit 1; }
+grep -q "rank 1 of 2: --init-from m cannot be read" mixed3.log ||
+  { echo "FAIL: the missing model is not named"; cat mixed3.log; exit 1; }
+echo "per-rank model directories: two models refused, one missing on rank 1 named"
 grep -h "nvme:" r1.log r2.log r4.log | sed 's/^/NVMe per rank: /' || true
 echo PASS
