@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -193,7 +194,11 @@ Status MergeRecordedModel(RunConfig& cfg) {
 // of its free memory for chunks and activations and 30% for resident shards (the rest to
 // cuBLAS, cuDNN and the CUDA context); on the simulated device an eighth of physical memory for
 // each; half of physical memory for the host tier. NVMe stays as it is: swap space is the user's
-// to give. A run that sets any budget keeps all of them as given.
+// to give. A run that sets any budget keeps all of them as given. Several ranks on a machine
+// share it: ShareMachineBudgets divides each rank's by the ranks on its node (a GPU's by the
+// ranks on that GPU, whose free memory each reads from the GPU it will run on) and takes the
+// smallest across ranks, so the ranks' configs agree (hunt 40: three ranks each planned half of
+// the machine's memory, and every rank sized its device from GPU 0).
 void SizeBudgetsToTheMachine(RunConfig& cfg) {
   const EngineConfig dflt = DefaultRunConfig().engine;
   EngineConfig& e = cfg.engine;
@@ -209,7 +214,18 @@ void SizeBudgetsToTheMachine(RunConfig& cfg) {
   const uint64_t mib = uint64_t{1} << 20;
   const bool gpu =
       e.device == DeviceChoice::kCuda || (e.device == DeviceChoice::kAuto && GpuCount() > 0);
-  const uint64_t free = gpu ? GpuFreeBytes(0) : 0;
+  // The GPU this rank will run on (Engine: the node's local rank modulo the GPUs), as the
+  // launcher numbers it before the communicator exists.
+  int local_rank = 0;
+  for (const char* v :
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "PMIX_LOCAL_RANK"}) {
+    if (const char* x = std::getenv(v); x != nullptr) {
+      local_rank = std::max(0, std::atoi(x));
+      break;
+    }
+  }
+  const int gpus = gpu ? GpuCount() : 0;
+  const uint64_t free = gpus > 0 ? GpuFreeBytes(local_rank % gpus) : 0;
   if (free > 0) {
     e.device_budget = std::max(dflt.device_budget, free / 100 * 55 / mib * mib);
     e.device_shard_budget = free / 100 * 30 / mib * mib;
@@ -218,6 +234,40 @@ void SizeBudgetsToTheMachine(RunConfig& cfg) {
     e.device_shard_budget = memory / 8 / mib * mib;
   }
   e.host_budget = std::max(dflt.host_budget, memory / 2 / mib * mib);
+  cfg.machine_budgets = true;
+}
+
+// train.h
+Status ShareMachineBudgets(Communicator& comm, RunConfig& cfg) {
+  if (comm.size() <= 1 || !cfg.machine_budgets) return Status::OK();
+  EngineConfig& e = cfg.engine;
+  const Topology t = comm.topology();
+  const uint64_t local = static_cast<uint64_t>(std::max(1, t.local_size));
+  const bool cuda =
+      e.device == DeviceChoice::kCuda || (e.device == DeviceChoice::kAuto && GpuCount() > 0);
+  // Ranks per GPU (the Engine's ordinal: local rank modulo the GPUs); on the simulated device
+  // the "device" is this host's memory, shared by every rank on it.
+  const uint64_t per_device = cuda ? (local + static_cast<uint64_t>(std::max(1, GpuCount())) - 1) /
+                                         static_cast<uint64_t>(std::max(1, GpuCount()))
+                                   : local;
+  const uint64_t mib = uint64_t{1} << 20;
+  struct Budgets {
+    uint64_t device, shard, host;
+  } mine{e.device_budget / per_device / mib * mib, e.device_shard_budget / per_device / mib * mib,
+         e.host_budget / local / mib * mib};
+  // Parameter shards on the device with several ranks need the device collectives.
+  if (e.collectives == CollectivePath::kHost) mine.shard = 0;
+  TZ_ASSIGN_OR_RETURN(const std::vector<Budgets> all, AllGatherValue(comm, mine));
+  for (const Budgets& b : all) {
+    mine.device = std::min(mine.device, b.device);
+    mine.shard = std::min(mine.shard, b.shard);
+    mine.host = std::min(mine.host, b.host);
+  }
+  const EngineConfig dflt = DefaultRunConfig().engine;
+  e.device_budget = std::max(dflt.device_budget, mine.device);
+  e.device_shard_budget = mine.shard;
+  e.host_budget = std::max(dflt.host_budget, mine.host);
+  return Status::OK();
 }
 
 // train.h

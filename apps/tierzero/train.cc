@@ -562,6 +562,7 @@ int Train(const std::vector<std::string>& args) {
     g_comm = *comm;
   }
   const int rank = g_comm->rank();
+  if (Status s = ShareMachineBudgets(*g_comm, *cfg); !s.ok()) return Fail(s);
   if (Status s = AgreeOnRunConfig(*g_comm, *cfg); !s.ok()) {
     // Every rank knows: each fails on its own, rank 0 says why (Note [Ranks agree before they
     // compute]).

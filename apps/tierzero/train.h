@@ -60,6 +60,9 @@ struct RunConfig {
   // value: a value asked for that equals the default is still asked for (Note [Asked for, not
   // different from the default], run_config.cc).
   std::set<std::string> given;
+  // The engine's budgets were sized to this machine (Note [Budgets of a model brought from a
+  // directory], hf_io.cc): with several ranks, shared among a node's ranks (ShareMachineBudgets).
+  bool machine_budgets = false;
 };
 
 // The built-in default run (docs/config.md): a GPT whose model states are several times the
@@ -144,6 +147,13 @@ int RefuseUnderLauncher(const char* command);
 // Ends the command on an error that escaped as an exception (main's last net): as any failure
 // of `train` ends, every rank of several told at once (Note [A failing rank ends the run]).
 int FailUncaught(const Status& s);
+
+// Several ranks whose budgets were sized to the machine (RunConfig::machine_budgets): each
+// rank's share of its node (the host's memory among the node's ranks, a GPU's among the ranks on
+// it), the smallest any rank computed (so the configs agree), and no device-resident parameter
+// shards with host collectives (they are refused there). A collective when there are several
+// ranks; nothing otherwise.
+Status ShareMachineBudgets(Communicator& comm, RunConfig& config);
 
 // Several ranks: OK when every rank's resolved config is the same (Note [Ranks agree before they
 // compute], agree.cc); otherwise InvalidArgument on every rank, naming the ranks and fields that

@@ -24,6 +24,9 @@
 #      ("the ranks read different saves"), not trained as a model mixed from both. The same for
 #      --init-from: a model directory of one name holding two models ("different weights"), and
 #      one missing on rank 1 (named as such, not as a difference of configs).
+#   9. Budgets sized to the machine (a model directory, no budget given): the ranks on one machine
+#      share it (each rank's host budget at most a quarter of its memory with 2 ranks, where one
+#      rank takes half), and with host collectives no device-resident shards (which those refuse).
 # Usage: train_ranks_test.sh TIERZERO MPIEXEC
 set -euo pipefail
 tz=$1
@@ -296,5 +299,27 @@ timeout 60 "$mpiexec" -np 2 ./own.sh train --config "$work/config.json" --grad-a
 grep -q "rank 1 of 2: --init-from m cannot be read" mixed3.log ||
   { echo "FAIL: the missing model is not named"; cat mixed3.log; exit 1; }
 echo "per-rank model directories: two models refused, one missing on rank 1 named"
+mem=$(($(getconf _PHYS_PAGES) * $(getconf PAGE_SIZE)))
+for coll in device host; do
+  printf '{"train": {"batch_size": 8, "eval_every": 0}, "engine": {"device": "host", "compute_dtype": "fp32"}, "ranks": {"collectives": "%s"}}\n' \
+    "$coll" >"machine-$coll.json"
+  "$mpiexec" -np 2 "$tz" train --config "machine-$coll.json" --init-from own0/m --steps 2 \
+    --run-dir "machine-$coll" --quiet >"machine-$coll.log" 2>&1 ||
+    { echo "FAIL: machine-sized budgets, $coll collectives"; tail "machine-$coll.log"; exit 1; }
+  python3 - "machine-$coll/config.json" "$mem" "$coll" <<'EOF'
+import json, re, sys
+e = json.load(open(sys.argv[1]))["engine"]
+def size(v):
+    if isinstance(v, int): return v
+    n, u = re.fullmatch(r"([0-9.]+) ?([KMGT]?i?B)", v).groups()
+    return int(float(n) * {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}[u])
+mem, host = int(sys.argv[2]), size(e["host_budget"])
+if host > mem // 4:
+    sys.exit(f"FAIL: host budget {host} of 2 ranks on a machine of {mem}: more than a quarter each")
+if sys.argv[3] == "host" and size(e["device_shard_budget"]) != 0:
+    sys.exit(f"FAIL: device-resident shards with host collectives: {e['device_shard_budget']}")
+print(f"machine-sized budgets, {sys.argv[3]} collectives: host {host >> 20} MiB a rank of {mem >> 20} MiB")
+EOF
+done
 grep -h "nvme:" r1.log r2.log r4.log | sed 's/^/NVMe per rank: /' || true
 echo PASS
