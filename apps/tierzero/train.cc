@@ -124,7 +124,7 @@ model whose states are 2.9x the device budget and larger than the host budget, s
 and NVMe are all used). Every config field is documented in docs/config.md; these options
 override the config:
 
-  --config FILE          JSON config (sections model, data, train, engine, output)
+  --config FILE          JSON config (sections model, data, train, engine, output, ranks, zeropp)
   --steps N              optimizer steps               --batch-size N   rows per micro-batch
   --lr X                 peak learning rate            --eval-every N   steps between evaluations
   --device auto|cuda|host                              --dtype bf16|fp16|fp32
@@ -540,8 +540,46 @@ void TrainRun::PrintHeader(double init_s) const {
   std::fflush(stdout);
 }
 
-int Train(const std::vector<std::string>& args) {
-  for (const std::string& a : args) {
+namespace {
+
+// Note [A resumed run's own config]
+// `train --resume RUN_DIR/checkpoint` without --config continues that run: its config is the
+// config.json train wrote beside the checkpoint (as `eval --resume` and `export` read it), the
+// flags given over it. With the built-in defaults as the base instead, a run made with shape
+// flags was refused as a model of another shape, though the help and the refusal of a used run
+// directory promised that very command (hunt 40 D, A3). A config.json there that is not a run's
+// (another program's file, one that does not parse) is not taken: the run is as before, and a
+// model that differs is refused as before. A run directory other than the checkpoint's is the
+// flags' (Note [A config's outputs follow --run-dir], run_flags.cc).
+std::vector<std::string> WithResumedRunsConfig(const std::vector<std::string>& args) {
+  std::string resume;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--config") return args;
+    if (args[i] == "--resume" && i + 1 < args.size()) resume = args[i + 1];
+  }
+  if (resume.empty()) return args;
+  std::error_code ec;
+  fs::path dir = fs::absolute(resume, ec).lexically_normal();
+  if (ec) return args;
+  if (dir.has_parent_path() && dir.filename().empty()) dir = dir.parent_path();
+  const std::string run_config = (dir.parent_path() / "config.json").string();
+  const StatusOr<std::string> text = ReadFileBounded(run_config, kMaxConfigBytes, "run config");
+  if (!text.ok() || !ParseRunConfig(*text, DefaultRunConfig()).ok()) return args;
+  const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  for (const char* section : {"model", "train", "engine", "output"})
+    if (!j.is_object() || !j.contains(section)) return args;  // not one train wrote
+  if (LaunchedRanks().rank == 0)
+    std::printf("note: continuing with the run's config %s (--config FILE gives another)\n",
+                run_config.c_str());
+  std::vector<std::string> with = {"--config", run_config};
+  with.insert(with.end(), args.begin(), args.end());
+  return with;
+}
+
+}  // namespace
+
+int Train(const std::vector<std::string>& given_args) {
+  for (const std::string& a : given_args) {
     if (a == "-h" || a == "--help") {
       std::fputs(kTrainHelp, stdout);
       return 0;
@@ -553,6 +591,7 @@ int Train(const std::vector<std::string>& args) {
   // of a FIFO or a long initialisation is not waited for (nothing is trained or saved yet).
   GracefulInterrupts graceful(/*during_setup=*/true);
   ClearInterrupt();
+  const std::vector<std::string> args = WithResumedRunsConfig(given_args);
   std::string config_path;
   auto cfg = LoadRunConfig(args, &config_path);
   if (!cfg.ok()) return Fail(cfg.status());

@@ -129,6 +129,32 @@ def case_resume_exact():
           f"a resume past the warm-up with another horizon said nothing:\n{out}")
 
 
+def case_resume_own_config():
+    # `--resume RUN_DIR/checkpoint` continues that run (the help and the refusal of a used run
+    # directory say so): without --config its config is the run's config.json, so a run made
+    # with shape flags and settings continues without repeating them (hunt 40: refused as a
+    # model of another shape), in place, as the uninterrupted run does.
+    cfg = write_config(os.path.join(OUT, "own.json"), train={"warmup_steps": 20})
+    shape = ["--config", cfg, "--layers", "1", "--width", "32", "--heads", "2", "--lr", "0.002",
+             "--quiet"]
+    a, b = os.path.join(OUT, "own_a"), os.path.join(OUT, "own_b")
+    ok(["train", *shape, "--run-dir", a, "--steps", "12"])
+    ok(["train", *shape, "--run-dir", b, "--steps", "6"])
+    out = ok(["train", "--resume", b + "/checkpoint", "--steps", "12", "--quiet"])
+    check("note: continuing with the run's config" in out,
+          f"the run's own config was not said:\n{out}")
+    la, lb = losses(a + "/metrics.jsonl"), losses(b + "/metrics.jsonl")
+    check(la == lb, f"6 + 6 resumed with the run's config differ from 12:\n{la}\n{lb}")
+    # A config.json beside the checkpoint that is no run's (another program's) is not taken.
+    c = os.path.join(OUT, "own_c")
+    ok(["train", "--run-dir", c, "--steps", "2", "--quiet"])
+    with open(c + "/config.json", "w") as f:
+        f.write('{"architectures": ["LlamaForCausalLM"]}\n')
+    out = ok(["train", "--resume", c + "/checkpoint", "--run-dir", os.path.join(OUT, "own_d"),
+              "--steps", "3", "--quiet"])
+    check("continuing with the run's config" not in out, f"another program's config taken:\n{out}")
+
+
 def case_resume_model():
     run_dir = os.path.join(OUT, "m_run")
     train_small(run_dir)
