@@ -563,6 +563,9 @@ std::vector<std::string> WithResumedRunsConfig(const std::vector<std::string>& a
   if (ec) return args;
   if (dir.has_parent_path() && dir.filename().empty()) dir = dir.parent_path();
   const std::string run_config = (dir.parent_path() / "config.json").string();
+  // Only a regular file: a FIFO there would block the read (the train that wrote it writes one).
+  struct stat st {};
+  if (::stat(run_config.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return args;
   const StatusOr<std::string> text = ReadFileBounded(run_config, kMaxConfigBytes, "run config");
   if (!text.ok() || !ParseRunConfig(*text, DefaultRunConfig()).ok()) return args;
   const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
