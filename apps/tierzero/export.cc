@@ -76,7 +76,8 @@ int Export(const std::vector<std::string>& args) {
           "of\n"
           "         at most 5 GB (5 x 10^9 bytes) by default, 0 for one file; with\n"
           "         model.safetensors.index.json when several)\n"
-          "  [--config RUN_DIR/config.json]  (default: CHECKPOINT_DIR/../config.json)");
+          "  [--config RUN_DIR/config.json]  (default: CHECKPOINT_DIR/../config.json)\n"
+          "  (-o and --output are the same)");
       return 0;
     } else if (ckpt.empty() && args[i][0] != '-') {
       ckpt = args[i];

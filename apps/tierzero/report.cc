@@ -36,7 +36,8 @@ int ReportCommand(const std::vector<std::string>& args) {
           "  prints the summary; -o writes the HTML page (self-contained), --trace the Chrome\n"
           "  trace of the profiled iteration (open it in Perfetto or chrome://tracing);\n"
           "  --plan shows a `tierzero plan --json` prediction of the run beside what it "
-          "measured\n");
+          "measured\n"
+          "  (-o and --output are the same)\n");
       return 0;
     } else if (input.empty() && !args[i].empty() && args[i][0] != '-') {
       input = args[i];
