@@ -275,8 +275,14 @@ Status Engine::Impl::CreateShards(bool on_device) {
     dco.node_collectives = zeropp;
     auto dc = CreateDeviceCollectives(*device, comm, dco);
     if (!dc.ok()) {
+      // A config the collectives refuse (ZeRO++'s nodes of unequal size) is refused on the host
+      // path too: the hint is for a device that cannot run them (hunt 40).
+      const StatusCode code = dc.status().code();
+      const bool config =
+          code == StatusCode::kInvalidArgument || code == StatusCode::kFailedPrecondition;
       return std::move(dc).status().WithContext(
-          "starting the collectives on the device (ranks.collectives: host avoids them)");
+          config ? "starting the collectives on the device"
+                 : "starting the collectives on the device (ranks.collectives: host avoids them)");
     }
     device_comm = std::move(dc).value();
     co.device_comm = device_comm.get();
