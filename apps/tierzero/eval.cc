@@ -81,8 +81,9 @@ Status RunEval(const RunConfig& cfg, int window, const std::string& nvme_dir) {
               gpt::ModelName(cfg.model), cfg.model.n_layer, cfg.model.d_model,
               static_cast<long long>(model->num_params()),
               (out.resume.empty() ? init_note : out.resume).c_str());
-  std::printf("  data: %s; %llu windows of %d + 1 tokens\n", shards->Describe().c_str(),
-              static_cast<unsigned long long>(windows), window);
+  std::printf("  data: %s; %llu windows of %d + 1 tokens\n",
+              shards->Describe(/*split=*/false).c_str(), static_cast<unsigned long long>(windows),
+              window);
   std::fflush(stdout);
   // Note [Evaluation windows]
   // (No more rows than windows: a huge --batch-size on a small file allocates nothing extra.)

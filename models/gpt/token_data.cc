@@ -321,13 +321,14 @@ uint64_t TokenShards::ComputeFingerprint() const {
   return h;
 }
 
-std::string TokenShards::Describe() const {
+std::string TokenShards::Describe(bool split) const {
   const bool shards =
       std::all_of(files_.begin(), files_.end(), [](const File& f) { return f.shard; });
   return "tokens '" + pattern_ + "' (" + std::to_string(files_.size()) + " file" +
          (files_.size() == 1 ? "" : "s") + (shards ? ", llm.c shards" : ", uint16") + ": " +
-         std::to_string(split_tokens(false)) + " tokens train, " +
-         std::to_string(split_tokens(true)) + " validate" +
+         (split ? std::to_string(split_tokens(false)) + " tokens train, " +
+                      std::to_string(split_tokens(true)) + " validate"
+                : std::to_string(tokens()) + " tokens") +
          // Both formats hold 16-bit ids: a larger vocabulary's upper ids cannot be in them (a
          // tokenizer writing them wrapped them modulo 65536: the data is not that tokenizer's).
          (vocab_ > 65536 ? "; 16-bit ids: the vocabulary's tokens 65536.." +

@@ -55,7 +55,9 @@ class TokenShards {
   uint64_t tokens() const;  // in every file
   uint64_t split_tokens(bool validation) const;
   size_t files() const { return files_.size(); }
-  std::string Describe() const;
+  // The files, their format and tokens: split into train and validate (`split`, what a
+  // training run reads), or all of them (what an evaluation scores).
+  std::string Describe(bool split = true) const;
   // A hash of the files' sizes and of their first and last 64 KiB: ranks comparing theirs find
   // one path naming different data on two machines (Dataset::Fingerprint). Taken once, at Open:
   // what the run reads, which a checkpoint records (a file grown or cut under the run afterwards
