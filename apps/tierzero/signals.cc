@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -72,12 +73,27 @@ void SilenceOtherThreads() {
 }
 
 // Ends the process now with status 128 + sig, leaving no partial output behind.
+// Whether a launcher started several ranks of this job (mpirun, srun): a SIGTERM in set-up is
+// then most often the launcher ending every rank after one failed (hunt 40: it read as if the user
+// had stopped the run).
+bool SeveralRanks() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}) {
+    if (const char* x = std::getenv(v); x != nullptr && std::atoi(x) > 1) return true;
+  }
+  return false;
+}
+
 [[noreturn]] void EndNow(int sig, const char* why) {
   SilenceOtherThreads();
   RemovePendingTemporaries();
-  char msg[256];
-  const int n =
-      std::snprintf(msg, sizeof msg, "\ntierzero: %s received %s\n", SignalName(sig), why);
+  char msg[384];
+  const char* launcher =
+      sig == SIGTERM && SeveralRanks()
+          ? " (several ranks: the launcher ends them all this way when one fails or is stopped; "
+            "another rank's message says why)"
+          : "";
+  const int n = std::snprintf(msg, sizeof msg, "\ntierzero: %s received %s%s\n", SignalName(sig),
+                              why, launcher);
   if (n > 0) Say(msg, static_cast<size_t>(n));
   _exit(128 + sig);
 }
