@@ -239,34 +239,63 @@ void SizeBudgetsToTheMachine(RunConfig& cfg) {
 
 // train.h
 Status ShareMachineBudgets(Communicator& comm, RunConfig& cfg) {
-  if (comm.size() <= 1 || !cfg.machine_budgets) return Status::OK();
+  // A collective whenever there are several ranks, whether or not this rank sized its budgets
+  // (one whose --init-from is missing did not: AgreeOnRunConfig then names the path).
+  if (comm.size() <= 1) return Status::OK();
   EngineConfig& e = cfg.engine;
   const Topology t = comm.topology();
-  const uint64_t local = static_cast<uint64_t>(std::max(1, t.local_size));
+  const int gpus = GpuCount();
   const bool cuda =
-      e.device == DeviceChoice::kCuda || (e.device == DeviceChoice::kAuto && GpuCount() > 0);
-  // Ranks per GPU (the Engine's ordinal: local rank modulo the GPUs); on the simulated device
-  // the "device" is this host's memory, shared by every rank on it.
-  const uint64_t per_device = cuda ? (local + static_cast<uint64_t>(std::max(1, GpuCount())) - 1) /
-                                         static_cast<uint64_t>(std::max(1, GpuCount()))
-                                   : local;
-  const uint64_t mib = uint64_t{1} << 20;
-  struct Budgets {
+      e.device == DeviceChoice::kCuda || (e.device == DeviceChoice::kAuto && gpus > 0);
+  // Which ranks share what: the machine (its host name: ranks_per_node may emulate nodes on
+  // one), and on it the GPU (the Engine's ordinal, local rank modulo the GPUs this rank sees,
+  // among the GPUs CUDA_VISIBLE_DEVICES shows it: one GPU a rank under per-rank isolation).
+  char host[256] = {};
+  (void)::gethostname(host, sizeof host - 1);
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const int ordinal = gpus > 0 ? t.local_rank % gpus : 0;
+  struct Share {
+    uint64_t machine, gpu;
     uint64_t device, shard, host;
-  } mine{e.device_budget / per_device / mib * mib, e.device_shard_budget / per_device / mib * mib,
-         e.host_budget / local / mib * mib};
-  // Parameter shards on the device with several ranks need the device collectives.
-  if (e.collectives == CollectivePath::kHost) mine.shard = 0;
-  TZ_ASSIGN_OR_RETURN(const std::vector<Budgets> all, AllGatherValue(comm, mine));
-  for (const Budgets& b : all) {
-    mine.device = std::min(mine.device, b.device);
-    mine.shard = std::min(mine.shard, b.shard);
-    mine.host = std::min(mine.host, b.host);
+    uint64_t sized;
+  };
+  const uint64_t machine = std::hash<std::string>{}(host);
+  const Share mine{machine,
+                   std::hash<std::string>{}(std::string(visible != nullptr ? visible : "*") + "#" +
+                                            std::to_string(ordinal)),
+                   e.device_budget,
+                   e.device_shard_budget,
+                   e.host_budget,
+                   cfg.machine_budgets ? 1u : 0u};
+  TZ_ASSIGN_OR_RETURN(const std::vector<Share> all, AllGatherValue(comm, mine));
+  if (!std::all_of(all.begin(), all.end(), [](const Share& a) { return a.sized != 0; }))
+    return Status::OK();
+  // Each rank's share (its machine's memory among the ranks on it, its device's among the ranks
+  // on that device: the simulated device is the machine's memory), the smallest of them all, so
+  // the configs agree.
+  const uint64_t mib = uint64_t{1} << 20;
+  uint64_t device = UINT64_MAX, shard = UINT64_MAX, host_bytes = UINT64_MAX;
+  for (const Share& a : all) {
+    uint64_t on_machine = 0, on_device = 0;
+    for (const Share& b : all) {
+      on_machine += b.machine == a.machine;
+      on_device += b.machine == a.machine && (!cuda || b.gpu == a.gpu);
+    }
+    device = std::min(device, a.device / on_device / mib * mib);
+    shard = std::min(shard, a.shard / on_device / mib * mib);
+    host_bytes = std::min(host_bytes, a.host / on_machine / mib * mib);
   }
+  // Parameter shards on the device with several ranks need the device collectives: not with
+  // host collectives, asked for or what `auto` will choose (the Engine's rule: NCCL wants a GPU
+  // for each rank of a node; the simulated device a communicator that progresses on its own).
+  const bool device_path = e.collectives == CollectivePath::kDevice ||
+                           (e.collectives == CollectivePath::kAuto &&
+                            (cuda ? gpus >= t.local_size : comm.asynchronous()));
+  if (!device_path) shard = 0;
   const EngineConfig dflt = DefaultRunConfig().engine;
-  e.device_budget = std::max(dflt.device_budget, mine.device);
-  e.device_shard_budget = mine.shard;
-  e.host_budget = std::max(dflt.host_budget, mine.host);
+  e.device_budget = std::max(dflt.device_budget, device);
+  e.device_shard_budget = shard;
+  e.host_budget = std::max(dflt.host_budget, host_bytes);
   return Status::OK();
 }
 

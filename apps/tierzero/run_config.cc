@@ -566,6 +566,13 @@ Status CheckPlanConfig(const nlohmann::json& plan_config, const RunConfig& run) 
   for (const char* f : {"engine.device_budget", "engine.device_shard_budget", "engine.host_budget",
                         "engine.nvme_budget"})
     sized_to_machine &= run.given.count(f) == 0;
+  // A resume of such a run records the budgets it was given (shared among its ranks), and takes
+  // no --init-from: the planned run's did (hunt 40: its resume was refused as another config).
+  const auto planned_out = plan_config.find("output");
+  if (!run.output.resume.empty() && planned_out != plan_config.end() && planned_out->is_object() &&
+      planned_out->contains("init_from") && (*planned_out)["init_from"].is_string() &&
+      !(*planned_out)["init_from"].get<std::string>().empty())
+    sized_to_machine = true;
   std::string differ;
   int n = 0;
   for (const auto& [section, key] : fields) {

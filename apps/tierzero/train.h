@@ -148,11 +148,11 @@ int RefuseUnderLauncher(const char* command);
 // of `train` ends, every rank of several told at once (Note [A failing rank ends the run]).
 int FailUncaught(const Status& s);
 
-// Several ranks whose budgets were sized to the machine (RunConfig::machine_budgets): each
-// rank's share of its node (the host's memory among the node's ranks, a GPU's among the ranks on
+// Several ranks whose budgets were all sized to the machine (RunConfig::machine_budgets): each
+// rank's share (the host's memory among the ranks with its host name, a GPU's among the ranks on
 // it), the smallest any rank computed (so the configs agree), and no device-resident parameter
-// shards with host collectives (they are refused there). A collective when there are several
-// ranks; nothing otherwise.
+// shards where the collectives run on the host (they are refused there). A collective whenever
+// there are several ranks (whether this one sized its budgets or not); nothing on one.
 Status ShareMachineBudgets(Communicator& comm, RunConfig& config);
 
 // Several ranks: OK when every rank's resolved config is the same (Note [Ranks agree before they

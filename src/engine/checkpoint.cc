@@ -81,7 +81,7 @@ struct Manifest {
   StateFormat moments = StateFormat::kF32;
   std::string user_state;                                  // JSON text; empty when none was saved
   std::map<std::string, std::vector<SavedSlice>> tensors;  // SavedTensors
-  uint32_t text_crc = 0;  // of the manifest's text: which save this is (its slices' CRCs in it)
+  uint32_t text_crc = 0;  // of the manifest's JSON: which save this is (its slices' CRCs in it)
 };
 
 StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& path) {
@@ -118,7 +118,12 @@ StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& pat
           "by hand, or damaged); restore the checkpoint from a copy, or resume from another one");
   }
   Manifest m;
-  m.text_crc = Crc32c(text.data(), text.size());
+  {
+    // Of the JSON, not its bytes: a copy whose whitespace changed (an editor's final newline)
+    // is the same save, as its manifest_crc32c says.
+    const std::string canonical = j.dump();
+    m.text_crc = Crc32c(canonical.data(), canonical.size());
+  }
   ASSIGN_OR_RETURN(m.step, in.get_or<int64_t>("step", 0));
   ASSIGN_OR_RETURN(m.loss_scale, in.get_or<float>("loss_scale", 1.0f));
   if (!(m.loss_scale > 0)) return in.Error("has a loss scale that is not positive");

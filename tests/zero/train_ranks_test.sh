@@ -281,6 +281,11 @@ timeout 60 "$mpiexec" -np 2 ./own.sh train --config "$work/config.json" --grad-a
 grep -q "the ranks read different saves" mixed.log ||
   { echo "FAIL: no message naming the different saves"; cat mixed.log; exit 1; }
 echo "per-rank copies of two saves at one step: refused (rc $rc)"
+# Copies of one save are one save, whatever an editor did to the manifest's whitespace.
+rm -rf own1/ck && cp -a s1/checkpoint own1/ck && echo >>own1/ck/manifest.json
+timeout 60 "$mpiexec" -np 2 ./own.sh train --config "$work/config.json" --grad-accumulation 2 \
+  --steps 6 --resume ck --run-dir "$work/same" --quiet >same.log 2>&1 ||
+  { echo "FAIL: copies of one save refused"; tail same.log; exit 1; }
 for seed in 1 2; do
   "$tz" export "s$seed/checkpoint" --format hf -o "own$((seed - 1))/m" >/dev/null 2>&1 ||
     { echo "FAIL: export of s$seed"; exit 1; }
@@ -300,9 +305,11 @@ grep -q "rank 1 of 2: --init-from m cannot be read" mixed3.log ||
   { echo "FAIL: the missing model is not named"; cat mixed3.log; exit 1; }
 echo "per-rank model directories: two models refused, one missing on rank 1 named"
 mem=$(($(getconf _PHYS_PAGES) * $(getconf PAGE_SIZE)))
-for coll in device host; do
-  printf '{"train": {"batch_size": 8, "eval_every": 0}, "engine": {"device": "host", "compute_dtype": "fp32"}, "ranks": {"collectives": "%s"}}\n' \
-    "$coll" >"machine-$coll.json"
+for coll in device host nodes; do
+  # nodes: two emulated nodes of one rank on this one machine, which they still share.
+  case $coll in nodes) ranks='"ranks_per_node": 1' ;; *) ranks="\"collectives\": \"$coll\"" ;; esac
+  printf '{"train": {"batch_size": 8, "eval_every": 0}, "engine": {"device": "host", "compute_dtype": "fp32"}, "ranks": {%s}}\n' \
+    "$ranks" >"machine-$coll.json"
   "$mpiexec" -np 2 "$tz" train --config "machine-$coll.json" --init-from own0/m --steps 2 \
     --run-dir "machine-$coll" --quiet >"machine-$coll.log" 2>&1 ||
     { echo "FAIL: machine-sized budgets, $coll collectives"; tail "machine-$coll.log"; exit 1; }
@@ -318,8 +325,16 @@ if host > mem // 4:
     sys.exit(f"FAIL: host budget {host} of 2 ranks on a machine of {mem}: more than a quarter each")
 if sys.argv[3] == "host" and size(e["device_shard_budget"]) != 0:
     sys.exit(f"FAIL: device-resident shards with host collectives: {e['device_shard_budget']}")
-print(f"machine-sized budgets, {sys.argv[3]} collectives: host {host >> 20} MiB a rank of {mem >> 20} MiB")
+print(f"machine-sized budgets, {sys.argv[3]}: host {host >> 20} MiB a rank of {mem >> 20} MiB")
 EOF
 done
+# The model directory missing on rank 1 (removed above), budgets sized to the machine on rank 0
+# alone: the ranks still meet in the same collectives, and the missing path is what is said.
+rc=0
+timeout 60 "$mpiexec" -np 2 ./own.sh train --config "$work/machine-device.json" --steps 2 \
+  --init-from m --run-dir "$work/mixed4" --quiet >mixed4.log 2>&1 || rc=$?
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || { echo "FAIL: machine budgets, model missing on rank 1 (rc $rc)"; tail mixed4.log; exit 1; }
+grep -q "rank 1 of 2: --init-from m cannot be read" mixed4.log ||
+  { echo "FAIL: machine budgets: the missing model is not named"; cat mixed4.log; exit 1; }
 grep -h "nvme:" r1.log r2.log r4.log | sed 's/^/NVMe per rank: /' || true
 echo PASS

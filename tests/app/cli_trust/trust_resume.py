@@ -145,6 +145,16 @@ def case_resume_own_config():
           f"the run's own config was not said:\n{out}")
     la, lb = losses(a + "/metrics.jsonl"), losses(b + "/metrics.jsonl")
     check(la == lb, f"6 + 6 resumed with the run's config differ from 12:\n{la}\n{lb}")
+    # Only where that run is: a run directory renamed since is not re-created under its old name
+    # (its config records it), and a copy into a new --run-dir keeps the flags' outputs.
+    moved = os.path.join(OUT, "own_b_moved")
+    os.rename(b, moved)
+    rc, out = run(["train", "--resume", moved + "/checkpoint", "--steps", "14", "--quiet"])
+    check("continuing with the run's config" not in out and not os.path.exists(b),
+          f"a moved run's config was taken, or its old directory made again:\n{out}")
+    out = ok(["train", "--config", cfg, "--layers", "1", "--width", "32", "--heads", "2", "--lr",
+              "0.002", "--resume", moved + "/checkpoint", "--run-dir", os.path.join(OUT, "own_e"),
+              "--steps", "14", "--quiet"])
     # A config.json beside the checkpoint that is no run's (another program's) is not taken.
     c = os.path.join(OUT, "own_c")
     ok(["train", "--run-dir", c, "--steps", "2", "--quiet"])
