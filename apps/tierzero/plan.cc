@@ -526,6 +526,28 @@ int Plan(const std::vector<std::string>& args) {
   if (!cfg.ok()) return Fail(cfg.status());
   // The config's ranks.ranks_per_node, unless the flag says otherwise.
   if (pa->ranks_per_node == 0) pa->ranks_per_node = cfg->ranks.ranks_per_node;
+  // Budgets sized to this machine are shared by the ranks a machine holds, as train shares them
+  // (ShareMachineBudgets): a plan of N ranks gave each the whole machine (review 40).
+  if (cfg->machine_budgets && pa->ranks > 1) {
+    const uint64_t per_node = static_cast<uint64_t>(
+        pa->ranks_per_node > 0 ? std::min(pa->ranks_per_node, pa->ranks) : pa->ranks);
+    EngineConfig& e = cfg->engine;
+    const int gpus = GpuCount();
+    const bool cuda =
+        e.device == DeviceChoice::kCuda || (e.device == DeviceChoice::kAuto && gpus > 0);
+    const uint64_t per_device = cuda ? (per_node + static_cast<uint64_t>(std::max(1, gpus)) - 1) /
+                                           static_cast<uint64_t>(std::max(1, gpus))
+                                     : per_node;
+    const uint64_t mib = uint64_t{1} << 20;
+    const EngineConfig dflt = DefaultRunConfig().engine;
+    e.device_budget = std::max(dflt.device_budget, e.device_budget / per_device / mib * mib);
+    e.device_shard_budget = e.device_shard_budget / per_device / mib * mib;
+    e.host_budget = std::max(dflt.host_budget, e.host_budget / per_node / mib * mib);
+    const bool device_path = e.collectives == CollectivePath::kDevice ||
+                             (e.collectives == CollectivePath::kAuto &&
+                              (!cuda || static_cast<uint64_t>(gpus) >= per_node));
+    if (!device_path) e.device_shard_budget = 0;
+  }
   if (!pa->json_path.empty()) {
     // The plan is written over none of the files it reads, nor into a running run's directory
     // (said first: the more telling refusal of a path both refuse).
