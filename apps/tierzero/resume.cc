@@ -1,13 +1,19 @@
-// resume.h: the checkpoint's user state, read back.
+// resume.h: the checkpoint's user state, read back; the run's own config a resume in place takes.
 #include "resume.h"
+
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <map>
 #include <optional>
+#include <system_error>
+
+#include "tierzero/files.h"
 
 namespace tierzero::app {
+namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
@@ -330,6 +336,65 @@ Status CheckSameModelJson(const json& user, const RunConfig& cfg, const std::str
 
 Status CheckSameModel(const std::string& user_state, const RunConfig& cfg, const std::string& dir) {
   return CheckSameModelJson(json::parse(user_state, nullptr, /*allow_exceptions=*/false), cfg, dir);
+}
+
+namespace {
+
+bool SameDirectory(const std::string& a, const std::string& b) {
+  struct stat sa {};
+  struct stat sb {};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && S_ISDIR(sa.st_mode) &&
+         sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+}  // namespace
+
+// Note [A resumed run's own config]
+// `train --resume RUN_DIR/checkpoint` without --config continues that run in place: its config
+// is the config.json train wrote beside the checkpoint (as `eval --resume` and `export` read it),
+// the flags given over it. With the built-in defaults as the base instead, a run made with shape
+// flags was refused as a model of another shape, though the help and the refusal of a used run
+// directory promised that very command (hunt 40 D, A3). Taken only when it is provably that
+// run's and the run continues where it is (review 40): a regular file (a FIFO would block the
+// read) that train wrote (every section), whose checkpoint directory and run directory, as
+// they resolve from here, are the very directories of the checkpoint resumed (through links) and
+// its parent, and no --run-dir names another directory. Otherwise (a run moved or renamed, a
+// config resolved from another working directory, a checkpoint named through a link beside
+// another config, a copy into a new run directory, which would carry the old run's outputs
+// along) the run is as before: its flags and defaults, and a model that differs is refused.
+// resume.h
+std::vector<std::string> WithResumedRunsConfig(const std::vector<std::string>& args) {
+  std::string resume, run_dir;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--config") return args;
+    if (args[i] == "--resume" && i + 1 < args.size()) resume = args[i + 1];
+    if (args[i] == "--run-dir" && i + 1 < args.size()) run_dir = args[i + 1];
+  }
+  if (resume.empty()) return args;
+  std::error_code ec;
+  const fs::path checkpoint = fs::canonical(resume, ec);
+  if (ec) return args;
+  const fs::path dir = checkpoint.parent_path();
+  if (!run_dir.empty() && !SameDirectory(run_dir, dir.string())) return args;
+  const std::string run_config = (dir / "config.json").string();
+  struct stat st {};
+  if (::stat(run_config.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return args;
+  const StatusOr<std::string> text = ReadFileBounded(run_config, kMaxConfigBytes, "run config");
+  if (!text.ok()) return args;
+  const StatusOr<RunConfig> cfg = ParseRunConfig(*text, DefaultRunConfig());
+  if (!cfg.ok()) return args;
+  const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  for (const char* section : {"model", "data", "train", "engine", "output"})
+    if (!j.is_object() || !j.contains(section)) return args;  // not one train wrote
+  if (!SameDirectory(cfg->output.checkpoint_dir, checkpoint.string()) ||
+      !SameDirectory(cfg->output.run_dir, dir.string()))
+    return args;
+  if (LaunchedRanks().rank == 0)
+    std::printf("note: continuing with the run's config %s (--config FILE gives another)\n",
+                run_config.c_str());
+  std::vector<std::string> with = {"--config", run_config};
+  with.insert(with.end(), args.begin(), args.end());
+  return with;
 }
 
 }  // namespace tierzero::app

@@ -1,11 +1,13 @@
 // What a checkpoint records of the run that saved it (its user state: the loop's step, the
 // model section, the global batch, the data seed) and what a resumed run checks against it
-// (Note [A checkpoint resumes its own model]). Part of `tierzero train` (train.cc).
+// (Note [A checkpoint resumes its own model]); and the run's own config a resume in place
+// takes (Note [A resumed run's own config]). Part of `tierzero train` (train.cc).
 #pragma once
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "train.h"
 
@@ -38,5 +40,10 @@ void ReportRunChanges(const std::string& user_state, const RunConfig& cfg, int w
 std::string MomentFormatText(MomentFormat f);
 // A data fingerprint as the checkpoint records it (16 hex digits: JSON numbers lose 64 bits).
 std::string FingerprintText(uint64_t fingerprint);
+
+// `train`'s arguments with `--config RUN_DIR/config.json` first when they resume a run in place
+// without --config and that config is provably the run's (Note [A resumed run's own config]);
+// otherwise as given.
+std::vector<std::string> WithResumedRunsConfig(const std::vector<std::string>& args);
 
 }  // namespace tierzero::app

@@ -118,12 +118,9 @@ StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& pat
           "by hand, or damaged); restore the checkpoint from a copy, or resume from another one");
   }
   Manifest m;
-  {
-    // Of the JSON, not its bytes: a copy whose whitespace changed (an editor's final newline)
-    // is the same save, as its manifest_crc32c says.
-    const std::string canonical = j.dump();
-    m.text_crc = Crc32c(canonical.data(), canonical.size());
-  }
+  // Of the JSON, not its bytes: a copy whose whitespace changed is the same save.
+  const std::string json_text = j.dump();
+  m.text_crc = Crc32c(json_text.data(), json_text.size());
   ASSIGN_OR_RETURN(m.step, in.get_or<int64_t>("step", 0));
   ASSIGN_OR_RETURN(m.loss_scale, in.get_or<float>("loss_scale", 1.0f));
   if (!(m.loss_scale > 0)) return in.Error("has a loss scale that is not positive");
@@ -652,10 +649,9 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   }
   RETURN_IF_ERROR(AgreeOnStatus(*im.comm, verified));
   if (im.comm->size() > 1) {
-    // The ranks verified the same save: one read between two saves would split them, and so
-    // would copies of two runs' checkpoints at one step on machines without a shared file
-    // system (hunt 40: the step and the user state alone let a mixed model train). The
-    // manifest's text holds every slice's CRC, so its CRC tells the saves apart.
+    // The ranks verified the same save: one read between two saves would split them, as would
+    // copies of two runs' saves at one step on machines without a shared file system (hunt 40:
+    // a mixed model trained). The manifest holds every slice's CRC: its CRC tells them apart.
     struct Read {
       int64_t step;
       uint64_t manifest_crc;  // (64 bits: no padding in what is gathered)
