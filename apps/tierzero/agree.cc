@@ -30,12 +30,20 @@ using nlohmann::json;
 
 namespace {
 
-uint64_t Fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (const char c : s) {
-    h ^= static_cast<uint8_t>(c);
+constexpr uint64_t kFnvBasis = 1469598103934665603ull;
+
+// Folds `n` bytes into the FNV-1a hash `h`.
+void MixFnv(uint64_t& h, const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
     h *= 1099511628211ull;
   }
+}
+
+uint64_t Fnv1a(const std::string& s) {
+  uint64_t h = kFnvBasis;
+  MixFnv(h, s.data(), s.size());
   return h;
 }
 
@@ -94,13 +102,7 @@ namespace {
 
 // Folds the sampled bytes of `path` into `h` (FNV-1a).
 Status MixFileSamples(const std::string& path, uint64_t& h) {
-  auto mix = [&h](const void* data, size_t n) {
-    const auto* p = static_cast<const uint8_t*>(data);
-    for (size_t i = 0; i < n; ++i) {
-      h ^= p[i];
-      h *= 1099511628211ull;
-    }
-  };
+  auto mix = [&h](const void* data, size_t n) { MixFnv(h, data, n); };
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError("cannot open " + path, errno, StatusCode::kNotFound);
   struct stat st {};
@@ -140,7 +142,7 @@ StatusOr<uint64_t> InitFromFingerprint(const RunConfig& cfg) {
                       " (give a safetensors file or a Hugging Face model directory; with several "
                       "ranks, every rank reads it at that path)");
   }
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = kFnvBasis;
   if (!S_ISDIR(st.st_mode)) {
     TZ_RETURN_IF_ERROR(MixFileSamples(path, h));
     return h;

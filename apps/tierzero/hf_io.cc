@@ -273,30 +273,52 @@ Status ShareMachineBudgets(Communicator& comm, RunConfig& cfg) {
   // Each rank's share (its machine's memory among the ranks on it, its device's among the ranks
   // on that device: the simulated device is the machine's memory), the smallest of them all, so
   // the configs agree.
-  const uint64_t mib = uint64_t{1} << 20;
-  uint64_t device = UINT64_MAX, shard = UINT64_MAX, host_bytes = UINT64_MAX;
+  MachineShare share{UINT64_MAX, UINT64_MAX, UINT64_MAX};
   for (const Share& a : all) {
     uint64_t on_machine = 0, on_device = 0;
     for (const Share& b : all) {
       on_machine += b.machine == a.machine;
       on_device += b.machine == a.machine && (!cuda || b.gpu == a.gpu);
     }
-    device = std::min(device, a.device / on_device / mib * mib);
-    shard = std::min(shard, a.shard / on_device / mib * mib);
-    host_bytes = std::min(host_bytes, a.host / on_machine / mib * mib);
+    EngineConfig theirs = e;
+    theirs.device_budget = a.device;
+    theirs.device_shard_budget = a.shard;
+    theirs.host_budget = a.host;
+    const MachineShare s = ShareOf(theirs, on_machine, on_device);
+    share = {std::min(share.device, s.device), std::min(share.shard, s.shard),
+             std::min(share.host, s.host)};
   }
-  // Parameter shards on the device with several ranks need the device collectives: not with
-  // host collectives, asked for or what `auto` will choose (the Engine's rule: NCCL wants a GPU
-  // for each rank of a node; the simulated device a communicator that progresses on its own).
-  const bool device_path = e.collectives == CollectivePath::kDevice ||
-                           (e.collectives == CollectivePath::kAuto &&
-                            (cuda ? gpus >= t.local_size : comm.asynchronous()));
-  if (!device_path) shard = 0;
-  const EngineConfig dflt = DefaultRunConfig().engine;
-  e.device_budget = std::max(dflt.device_budget, device);
-  e.device_shard_budget = shard;
-  e.host_budget = std::max(dflt.host_budget, host_bytes);
+  ApplyShare(share, DeviceCollectivesChosen(e, cuda, t.local_size, comm.asynchronous()), e);
   return Status::OK();
+}
+
+// train.h
+MachineShare ShareOf(const EngineConfig& e, uint64_t ranks_on_machine, uint64_t ranks_on_device) {
+  const uint64_t mib = uint64_t{1} << 20;
+  ranks_on_machine = std::max<uint64_t>(1, ranks_on_machine);
+  ranks_on_device = std::max<uint64_t>(1, ranks_on_device);
+  return {e.device_budget / ranks_on_device / mib * mib,
+          e.device_shard_budget / ranks_on_device / mib * mib,
+          e.host_budget / ranks_on_machine / mib * mib};
+}
+
+// train.h
+bool DeviceCollectivesChosen(const EngineConfig& e, bool cuda, int ranks_per_node,
+                             bool asynchronous) {
+  // The Engine's rule (ChooseCollectivePath): NCCL wants a GPU for each rank of a node; the
+  // simulated device a communicator that progresses on its own.
+  return e.collectives == CollectivePath::kDevice ||
+         (e.collectives == CollectivePath::kAuto &&
+          (cuda ? GpuCount() >= ranks_per_node : asynchronous));
+}
+
+// train.h
+void ApplyShare(const MachineShare& share, bool device_collectives, EngineConfig& e) {
+  const EngineConfig dflt = DefaultRunConfig().engine;
+  e.device_budget = std::max(dflt.device_budget, share.device);
+  // Parameter shards on the device with several ranks need the device collectives.
+  e.device_shard_budget = device_collectives ? share.shard : 0;
+  e.host_budget = std::max(dflt.host_budget, share.host);
 }
 
 // train.h

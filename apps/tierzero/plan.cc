@@ -538,15 +538,9 @@ int Plan(const std::vector<std::string>& args) {
     const uint64_t per_device = cuda ? (per_node + static_cast<uint64_t>(std::max(1, gpus)) - 1) /
                                            static_cast<uint64_t>(std::max(1, gpus))
                                      : per_node;
-    const uint64_t mib = uint64_t{1} << 20;
-    const EngineConfig dflt = DefaultRunConfig().engine;
-    e.device_budget = std::max(dflt.device_budget, e.device_budget / per_device / mib * mib);
-    e.device_shard_budget = e.device_shard_budget / per_device / mib * mib;
-    e.host_budget = std::max(dflt.host_budget, e.host_budget / per_node / mib * mib);
-    const bool device_path = e.collectives == CollectivePath::kDevice ||
-                             (e.collectives == CollectivePath::kAuto &&
-                              (!cuda || static_cast<uint64_t>(gpus) >= per_node));
-    if (!device_path) e.device_shard_budget = 0;
+    ApplyShare(ShareOf(e, per_node, per_device),
+               DeviceCollectivesChosen(e, cuda, static_cast<int>(per_node), /*asynchronous=*/true),
+               e);
   }
   if (!pa->json_path.empty()) {
     // The plan is written over none of the files it reads, nor into a running run's directory

@@ -148,6 +148,20 @@ int RefuseUnderLauncher(const char* command);
 // of `train` ends, every rank of several told at once (Note [A failing rank ends the run]).
 int FailUncaught(const Status& s);
 
+// One rank's share of budgets sized to its machine: the host's among the ranks on the machine,
+// the device's among the ranks on the device, each rounded down to the MiB.
+struct MachineShare {
+  uint64_t device, shard, host;
+};
+MachineShare ShareOf(const EngineConfig& engine, uint64_t ranks_on_machine,
+                     uint64_t ranks_on_device);
+// Whether the ranks' collectives will run on the device (asked for, or what `auto` chooses).
+bool DeviceCollectivesChosen(const EngineConfig& engine, bool cuda, int ranks_per_node,
+                             bool asynchronous);
+// The share as the engine's budgets: no less than the defaults, no resident shards without the
+// device collectives (those refuse them).
+void ApplyShare(const MachineShare& share, bool device_collectives, EngineConfig& engine);
+
 // Several ranks whose budgets were all sized to the machine (RunConfig::machine_budgets): each
 // rank's share (the host's memory among the ranks with its host name, a GPU's among the ranks on
 // it), the smallest any rank computed (so the configs agree), and no device-resident parameter

@@ -118,8 +118,7 @@ StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& pat
           "by hand, or damaged); restore the checkpoint from a copy, or resume from another one");
   }
   Manifest m;
-  // Of the JSON, not its bytes: a copy whose whitespace changed is the same save.
-  const std::string json_text = j.dump();
+  const std::string json_text = j.dump();  // (whitespace aside: a copy an editor touched)
   m.text_crc = Crc32c(json_text.data(), json_text.size());
   ASSIGN_OR_RETURN(m.step, in.get_or<int64_t>("step", 0));
   ASSIGN_OR_RETURN(m.loss_scale, in.get_or<float>("loss_scale", 1.0f));

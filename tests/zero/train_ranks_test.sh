@@ -274,13 +274,18 @@ cp -a s2/checkpoint own1/ck
 printf '#!/usr/bin/env bash\ncd "%s/own${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}" && exec "%s" "$@"\n' \
   "$work" "$tz" >own.sh
 chmod +x own.sh
-rc=0
-timeout 60 "$mpiexec" -np 2 ./own.sh train --config "$work/config.json" --grad-accumulation 2 \
-  --steps 6 --resume ck --run-dir "$work/mixed" --quiet >mixed.log 2>&1 || rc=$?
-[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || { echo "FAIL: two saves resumed as one (rc $rc)"; tail mixed.log; exit 1; }
-grep -q "the ranks read different saves" mixed.log ||
-  { echo "FAIL: no message naming the different saves"; cat mixed.log; exit 1; }
-echo "per-rank copies of two saves at one step: refused (rc $rc)"
+# refused LOG MESSAGE WHAT ARGS...: `train ARGS` on 2 ranks through own.sh must fail (not hang)
+# with MESSAGE in its output; WHAT names the case.
+refused() {
+  local log=$1 message=$2 what=$3 rc=0
+  shift 3
+  timeout 60 "$mpiexec" -np 2 ./own.sh train "$@" --quiet >"$log" 2>&1 || rc=$?
+  [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || { echo "FAIL: $what (rc $rc)"; tail "$log"; exit 1; }
+  grep -q -- "$message" "$log" || { echo "FAIL: $what: no message '$message'"; cat "$log"; exit 1; }
+}
+refused mixed.log "the ranks read different saves" "two saves resumed as one" \
+  --config "$work/config.json" --grad-accumulation 2 --steps 6 --resume ck --run-dir "$work/mixed"
+echo "per-rank copies of two saves at one step: refused"
 # Copies of one save are one save, whatever an editor did to the manifest's whitespace.
 rm -rf own1/ck && cp -a s1/checkpoint own1/ck && echo >>own1/ck/manifest.json
 timeout 60 "$mpiexec" -np 2 ./own.sh train --config "$work/config.json" --grad-accumulation 2 \
@@ -290,19 +295,11 @@ for seed in 1 2; do
   "$tz" export "s$seed/checkpoint" --format hf -o "own$((seed - 1))/m" >/dev/null 2>&1 ||
     { echo "FAIL: export of s$seed"; exit 1; }
 done
-rc=0
-timeout 60 "$mpiexec" -np 2 ./own.sh train --config "$work/config.json" --grad-accumulation 2 \
-  --steps 2 --init-from m --run-dir "$work/mixed2" --quiet >mixed2.log 2>&1 || rc=$?
-[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || { echo "FAIL: two models trained as one (rc $rc)"; tail mixed2.log; exit 1; }
-grep -q "the ranks start from different weights" mixed2.log ||
-  { echo "FAIL: no message naming the different weights"; cat mixed2.log; exit 1; }
+refused mixed2.log "the ranks start from different weights" "two models trained as one" \
+  --config "$work/config.json" --grad-accumulation 2 --steps 2 --init-from m --run-dir "$work/mixed2"
 rm -rf own1/m
-rc=0
-timeout 60 "$mpiexec" -np 2 ./own.sh train --config "$work/config.json" --grad-accumulation 2 \
-  --steps 2 --init-from m --run-dir "$work/mixed3" --quiet >mixed3.log 2>&1 || rc=$?
-[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || { echo "FAIL: a model missing on rank 1 (rc $rc)"; tail mixed3.log; exit 1; }
-grep -q "rank 1 of 2: --init-from m cannot be read" mixed3.log ||
-  { echo "FAIL: the missing model is not named"; cat mixed3.log; exit 1; }
+refused mixed3.log "rank 1 of 2: --init-from m cannot be read" "a model missing on rank 1" \
+  --config "$work/config.json" --grad-accumulation 2 --steps 2 --init-from m --run-dir "$work/mixed3"
 echo "per-rank model directories: two models refused, one missing on rank 1 named"
 mem=$(($(getconf _PHYS_PAGES) * $(getconf PAGE_SIZE)))
 for coll in device host nodes; do
@@ -330,11 +327,7 @@ EOF
 done
 # The model directory missing on rank 1 (removed above), budgets sized to the machine on rank 0
 # alone: the ranks still meet in the same collectives, and the missing path is what is said.
-rc=0
-timeout 60 "$mpiexec" -np 2 ./own.sh train --config "$work/machine-device.json" --steps 2 \
-  --init-from m --run-dir "$work/mixed4" --quiet >mixed4.log 2>&1 || rc=$?
-[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || { echo "FAIL: machine budgets, model missing on rank 1 (rc $rc)"; tail mixed4.log; exit 1; }
-grep -q "rank 1 of 2: --init-from m cannot be read" mixed4.log ||
-  { echo "FAIL: machine budgets: the missing model is not named"; cat mixed4.log; exit 1; }
+refused mixed4.log "rank 1 of 2: --init-from m cannot be read" "machine budgets, model missing on rank 1" \
+  --config "$work/machine-device.json" --steps 2 --init-from m --run-dir "$work/mixed4"
 grep -h "nvme:" r1.log r2.log r4.log | sed 's/^/NVMe per rank: /' || true
 echo PASS
