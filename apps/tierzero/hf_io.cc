@@ -193,12 +193,13 @@ Status MergeRecordedModel(RunConfig& cfg) {
 // run sets none of the four budgets, a model from a directory gets the machine's: on a GPU 55%
 // of its free memory for chunks and activations and 30% for resident shards (the rest to
 // cuBLAS, cuDNN and the CUDA context); on the simulated device an eighth of physical memory for
-// each; half of physical memory for the host tier. NVMe stays as it is: swap space is the user's
-// to give. A run that sets any budget keeps all of them as given. Several ranks on a machine
-// share it: ShareMachineBudgets divides each rank's by the ranks on its node (a GPU's by the
-// ranks on that GPU, whose free memory each reads from the GPU it will run on) and takes the
-// smallest across ranks, so the ranks' configs agree (hunt 40: three ranks each planned half of
-// the machine's memory, and every rank sized its device from GPU 0).
+// each; half of the memory the process may use (a cgroup's limit when lower than physical memory)
+// for the host tier. NVMe stays as it is: swap space is the user's to give. A run that sets any
+// budget keeps all of them as given. Several ranks on a machine share it: ShareMachineBudgets
+// divides each rank's by the ranks on its node (a GPU's by the ranks on that GPU, whose free memory
+// each reads from the GPU it will run on) and takes the smallest across ranks, so the ranks'
+// configs agree (hunt 40: three ranks each planned half of the machine's memory, and every rank
+// sized its device from GPU 0).
 void SizeBudgetsToTheMachine(RunConfig& cfg) {
   const EngineConfig dflt = DefaultRunConfig().engine;
   EngineConfig& e = cfg.engine;
@@ -209,8 +210,9 @@ void SizeBudgetsToTheMachine(RunConfig& cfg) {
   for (const char* f : {"engine.device_budget", "engine.device_shard_budget", "engine.host_budget",
                         "engine.nvme_budget"})
     if (cfg.given.count(f) != 0) return;
-  const uint64_t memory = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
-                          static_cast<uint64_t>(::sysconf(_SC_PAGE_SIZE));
+  // The memory this process may use: a container's or a job's cgroup limit when lower than the
+  // machine's (Note [The memory a process may use]).
+  const uint64_t memory = ReadHostMemory().limit;
   const uint64_t mib = uint64_t{1} << 20;
   const bool gpu =
       e.device == DeviceChoice::kCuda || (e.device == DeviceChoice::kAuto && GpuCount() > 0);

@@ -87,6 +87,13 @@ int Devices() {
   if (listing->gpus.empty()) std::printf("  (%s)\n", listing->no_gpu_reason.c_str());
   std::printf("HostSim device: available (capacity set per run; default %s)\n",
               FormatBytes(listing->host_sim_default_capacity).c_str());
+  const HostMemory m = ReadHostMemory();
+  std::printf("Host memory: %s physical, %s available now", FormatBytes(m.physical).c_str(),
+              FormatBytes(m.available).c_str());
+  if (m.limit < m.physical)
+    std::printf("; this process may use %s (%s)", FormatBytes(m.limit).c_str(),
+                m.limit_source.c_str());
+  std::printf("\n");
   return 0;
 }
 

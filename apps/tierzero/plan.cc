@@ -391,9 +391,7 @@ StatusOr<ComputeTimes> MeasureCompute(const RunConfig& cfg, int ranks_here, bool
   // The timing run holds a micro-batch's activations in the device's memory (this machine's, on
   // the simulated device): more than half of it is refused (a batch of a million rows reached 24
   // GB and the OOM killer), with the flag that skips the measurement.
-  const uint64_t memory = gpu ? GpuFreeBytes(0)
-                              : static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
-                                    static_cast<uint64_t>(::sysconf(_SC_PAGE_SIZE));
+  const uint64_t memory = gpu ? GpuFreeBytes(0) : ReadHostMemory().limit;
   if (act > memory / 2)
     return OutOfMemoryError("timing a micro-batch of " + std::to_string(cfg.train.batch_size) +
                             " rows needs " + FormatBytes(act) + " of activations, more than half " +

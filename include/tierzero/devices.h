@@ -1,5 +1,6 @@
 // What the engine can run on here: the CPU's SIMD level (CPU Adam, conversions), the GPUs CUDA
-// sees, and the simulated device that stands in for one (EngineConfig::device).
+// sees, the simulated device that stands in for one (EngineConfig::device), and the host memory
+// this process may use.
 // `tierzero devices` prints this.
 //
 // Thread-safety: reentrant.
@@ -41,5 +42,29 @@ StatusOr<DeviceListing> ListDevices();
 // (0 when it is not there). Neither creates a device.
 int GpuCount();
 uint64_t GpuFreeBytes(int ordinal);
+
+// The host memory this process may use: the machine's, or less where a cgroup limits it (a
+// container, a Kubernetes pod, a batch job). Note [The memory a process may use] in
+// src/core/host_memory.cc.
+struct HostMemory {
+  uint64_t physical = 0;  // MemTotal
+  // The most this process (with the others in its cgroup) may hold: `physical`, or the smallest
+  // memory limit of its cgroup and the cgroups above it where that is lower.
+  uint64_t limit = 0;
+  // Where `limit` comes from: "physical memory", or the file holding the limit
+  // ("/sys/fs/cgroup/job/memory.max").
+  std::string limit_source;
+  // What could be had now without swapping: MemAvailable, and within the limiting cgroup its
+  // limit less what the cgroup holds other than reclaimable page cache.
+  uint64_t available = 0;
+  // An identity of what `limit` is shared by: the limiting cgroup's directory, or "" for the
+  // machine.
+  std::string limit_scope;
+};
+
+// Reads /proc/meminfo, /proc/self/cgroup, /proc/self/mountinfo and the cgroup files (v1 and v2).
+// `root` is prefixed to every path read (tests give a tree of their own). Never fails: what
+// cannot be read does not limit (physical memory from sysconf when /proc/meminfo is unreadable).
+HostMemory ReadHostMemory(const std::string& root = "");
 
 }  // namespace tierzero

@@ -172,6 +172,7 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   Status Finalize();                           // Engine::Finalize past its checks (setup.cc)
   Status NoScopeOpen(const char* call) const;  // Note [An iteration aborted with scopes open]
   Status Place(bool on_device);
+  Status CheckHostMemory(bool cuda);  // Note [Host memory within the process's limit]
   Status OpenDevice(bool cuda);
   Status CreateShards(bool on_device);
   Status CreateOptimizer();

@@ -1,9 +1,13 @@
 // Engine::Finalize: the parameters laid out in chunks and placed in tiers, the device and its
 // compute stream, the NVMe tier, the ranks' collective path, the shard store, the chunk manager
 // and the optimizer, and the parameters' initial values.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <string>
 
 #include "comm/collective.h"
 #include "comm/device_collectives.h"
@@ -15,6 +19,7 @@
 #include "engine/engine_impl.h"
 #include "offload/cuda_device.h"
 #include "offload/host_sim_device.h"
+#include "tierzero/devices.h"
 #include "zero/zeropp.h"
 
 namespace tierzero {
@@ -72,6 +77,7 @@ Status Engine::Impl::Finalize() {
   ASSIGN_OR_RETURN(const bool on_device, im.ChooseCollectivePath(cuda));
   im.zeropp = im.world() > 1 && cfg.zeropp.any();
   RETURN_IF_ERROR(im.Place(on_device));
+  RETURN_IF_ERROR(im.CheckHostMemory(cuda));
   // With several ranks they agree on the outcome of opening the device: what follows starts
   // collectives (MPI_Comm_dup, NCCL's setup) that a rank which failed here would never join.
   Status local = im.OpenDevice(cuda);
@@ -224,6 +230,93 @@ Status Engine::Impl::Place(bool on_device) {
   hpz_bytes = r.hpz_bytes;
   hpz_tier = r.hpz_tier;
   return Status::OK();
+}
+
+// Note [Host memory within the process's limit]
+// Past the memory a process may use (Note [The memory a process may use], src/core) the kernel
+// ends it with SIGKILL: no message, no save. Before anything is allocated the placement says
+// what the run will hold in host memory: the host tier's shards and states and the fixed buffers
+// the host budget sets aside (Note [Host memory accounting] in docs/config.md); on the simulated
+// device also the device's memory, which is host memory: the shards and states placed there,
+// and device_budget, which its chunk cache and activations fill as a GPU's would (the scale
+// run's device used 2.04 of its 2 GiB + margin). When that is over the limit Finalize refuses
+// the run, with budgets that fit, leaving a margin (a tenth of the limit, at least 256 MiB and
+// four chunks) for the process's code, the allocator and what the budgets leave out. Ranks on one
+// machine (its host name, and the limiting cgroup when one is) add theirs together. A run over what
+// is available now but under the limit is only warned of: other processes may free it, and swap may
+// take it.
+Status Engine::Impl::CheckHostMemory(bool cuda) {
+  const HostMemory hm = ReadHostMemory();
+  const uint64_t host_tier = placement.bytes[static_cast<int>(Tier::kHost)];
+  const uint64_t fixed =
+      cfg.host_budget > budgets.host_bytes ? cfg.host_budget - budgets.host_bytes : 0;
+  const bool sim = device != nullptr ? device->info().caps.host_compute : !cuda;
+  const uint64_t sim_device =
+      sim ? placement.bytes[static_cast<int>(Tier::kDevice)] + cfg.device_budget : 0;
+  const uint64_t need = host_tier + fixed + sim_device;
+  uint64_t together = need;
+  uint64_t sharing = 1;
+  if (world() > 1) {
+    char host[256] = {};
+    (void)::gethostname(host, sizeof host - 1);
+    const uint64_t key = std::hash<std::string>{}(std::string(host) + "\n" + hm.limit_scope);
+    ASSIGN_OR_RETURN(const std::vector<uint64_t> keys, AllGatherValue(*comm, key));
+    ASSIGN_OR_RETURN(const std::vector<uint64_t> needs, AllGatherValue(*comm, need));
+    together = 0;
+    sharing = 0;
+    for (size_t r = 0; r < keys.size(); ++r) {
+      if (keys[r] != key) continue;
+      together += needs[r];
+      ++sharing;
+    }
+  }
+  Status s = Status::OK();
+  if (together > hm.limit) {
+    std::string what = "the host tier's shards and states " + FormatBytes(host_tier) +
+                       ", the fixed buffers " + FormatBytes(fixed);
+    if (sim) {
+      what += ", and the simulated device's memory, host memory too: its shards and states " +
+              FormatBytes(sim_device - cfg.device_budget) + " and device_budget " +
+              FormatBytes(cfg.device_budget);
+    }
+    if (sharing > 1) {
+      what += "; " + std::to_string(sharing) + " ranks on this machine: " + FormatBytes(together) +
+              " together";
+    }
+    // Budgets that fit: the host budget what the limit leaves beside the simulated device's part
+    // and a margin for what the budgets leave out, shared by the ranks. The margin: a 100M
+    // parameter GPT on the simulated device peaked 200 MiB over its host and device budgets
+    // (code, allocator, the device's margin of four chunks, the CPU's scratch).
+    const uint64_t mib = uint64_t{1} << 20;
+    const uint64_t margin = std::max(hm.limit / 10, 256 * mib + 4 * layout.chunk_bytes());
+    const uint64_t room = hm.limit > margin ? hm.limit - margin : 0;
+    const uint64_t others = sim_device * sharing;
+    const uint64_t host_fits = room > others ? (room - others) / sharing / mib * mib : 0;
+    std::string advice;
+    if (host_fits > fixed) {
+      advice = "Give host_budget (--host-budget) at most " + FormatBytes(host_fits) +
+               (sharing > 1 ? " a rank" : "") +
+               " (what does not fit goes to NVMe: nvme_budget must hold it)";
+      if (sim) advice += ", or smaller device budgets";
+    } else {
+      advice = std::string("Give smaller budgets (") +
+               (sim ? "device_budget, device_shard_budget and " : "") +
+               "host_budget; what does not fit goes to NVMe: nvme_budget must hold it)";
+    }
+    s = OutOfMemoryError("this run needs at least " + FormatBytes(need) + " of host memory (" +
+                         what + "), more than this process may use: " + FormatBytes(hm.limit) +
+                         " (" + hm.limit_source +
+                         "); past it the kernel would end the process without a word. " + advice +
+                         ", or run where more memory is allowed");
+  }
+  if (world() > 1) return AgreeOnStatus(*comm, s);
+  if (s.ok() && together > hm.available) {
+    TZ_LOG(kWarn, kEngine) << "this run needs at least " << FormatBytes(together)
+                           << " of host memory and " << FormatBytes(hm.available)
+                           << " is available now (of " << FormatBytes(hm.limit) << ", "
+                           << hm.limit_source << "): other processes hold the rest";
+  }
+  return s;
 }
 
 // The device (unless one was given: CreateEngineOnDevice), its compute stream and the NVMe tier.

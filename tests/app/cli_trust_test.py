@@ -26,6 +26,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   late_faults   faults found late: a config the report cannot hold, a finished run resumed, a
                 foreign manifest.json, a set-up failing after config.json, data changing mid-run
   ranges        sizes at the ends of their ranges, absurd rates, a report of nonsense values
+  memory_limit  budgets over the machine's memory, or a cgroup's limit where one can be made
+                here: refused before anything is allocated, not ended by the OOM killer
   export_paths  `export DIR/` and `export .` find the run's config
   models_in     a Hugging Face directory's context, files and seeding of a resumed run
   plan_device   a plan's rates are measured on the device the planned run computes on

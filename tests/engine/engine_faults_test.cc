@@ -12,6 +12,7 @@
 #include "offload/device_wrapper.h"
 #include "offload/host_sim_device.h"
 #include "small_model.h"
+#include "tierzero/devices.h"
 
 namespace tierzero {
 namespace {
@@ -155,6 +156,38 @@ TEST(EngineFaults, AFailedDeviceAccumulationIsAClearErrorAndLosesNothing) {
   EXPECT_EQ(engine->step(), step_before + 1);
   ASSERT_TRUE(window_of(*clean_engine, *clean_model, 8).ok());
   EXPECT_EQ(AllParams(*engine), AllParams(*clean_engine));
+}
+
+// Note [Host memory within the process's limit]: a placement whose host memory is over what
+// this process may use (here one and a half times it, under a host budget four times it) is
+// refused by Finalize before anything is allocated, naming the limit and a budget that fits,
+// instead of the kernel's SIGKILL part-way through set-up.
+TEST(EngineFaults, AHostPlacementOverTheProcesssMemoryIsRefusedBeforeAllocating) {
+  const HostMemory m = ReadHostMemory();
+  EngineConfig c = Config();
+  c.host_budget = m.limit * 4;
+  c.device_shard_budget = 0;
+  c.chunk_elems = 0;  // automatic
+  // fp32 master, two moments and a bf16 gradient: 14 bytes an element in host memory.
+  const uint64_t elems = m.limit / 14 * 3 / 2;
+  constexpr int kParams = 64;
+  const int64_t cols = 4096;
+  const auto rows = static_cast<int64_t>(elems / kParams / static_cast<uint64_t>(cols) + 1);
+  auto e = Engine::Create(c);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  Engine& engine = **e;
+  for (int i = 0; i < kParams; ++i) {
+    ParamSpec p;
+    p.name = "w" + std::to_string(i);
+    p.shape = {rows, cols};
+    ASSERT_TRUE(engine.RegisterParam(std::move(p)).ok());
+  }
+  const Status s = engine.Finalize();
+  ASSERT_EQ(s.code(), StatusCode::kOutOfMemory) << s.ToString();
+  EXPECT_NE(s.message().find("more than this process may use"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(m.limit_source), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("Give host_budget (--host-budget) at most"), std::string::npos)
+      << s.message();
 }
 
 }  // namespace

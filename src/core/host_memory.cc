@@ -1,0 +1,200 @@
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "tierzero/devices.h"
+
+namespace tierzero {
+
+// Note [The memory a process may use]
+// A machine's physical memory is not what a process may hold when a cgroup limits it: a
+// container (`docker run --memory`), a Kubernetes pod's limit, a Slurm job's cgroup. Over that
+// limit the kernel's OOM killer ends the process with SIGKILL: no message, no save (a run whose
+// host budget let its placement put 1.8 GB of states in host memory under a 1 GiB limit died
+// so in set-up, exit 137, with nothing printed). So the budgets sized to the machine take the
+// limit, not MemTotal, and Finalize refuses a placement whose host memory alone is over it
+// (Note [Host memory within the process's limit], src/engine/setup.cc).
+// Where the limit is read: /proc/self/cgroup names this process's cgroup in each hierarchy
+// (v2's "0::/path"; v1's "N:memory,...:/path"), /proc/self/mountinfo where each hierarchy is
+// mounted and which cgroup its mount shows as its root (a container with its own cgroup
+// namespace sees "/" both ways; one without sees its host's path under a mount of its own
+// cgroup). From that directory up to the mount, the smallest of memory.max (v2: "max" for
+// none) and memory.limit_in_bytes (v1: about 2^63 for none) is the limit. Swap is left out:
+// beyond the limit a job with swap pages its optimizer states out, which is as fatal to a run
+// that streams them every step.
+
+namespace {
+
+std::string ReadSmall(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return {};
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A number of bytes, or 0 (none: "max", empty, unreadable).
+uint64_t ParseBytes(const std::string& s) {
+  const char* p = s.c_str();
+  while (*p == ' ' || *p == '\t') ++p;
+  if (*p < '0' || *p > '9') return 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(p, &end, 10);
+  return static_cast<uint64_t>(v);
+}
+
+// The value after `key` at the start of a line of a "key value" file (meminfo, memory.stat),
+// times `unit`; 0 when absent.
+uint64_t Field(const std::string& text, const std::string& key, uint64_t unit) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.compare(0, key.size(), key) != 0) continue;
+    const size_t rest = key.size();
+    if (rest < line.size() && line[rest] != ' ' && line[rest] != '\t' && line[rest] != ':')
+      continue;
+    size_t i = rest;
+    while (i < line.size() && (line[i] == ':' || line[i] == ' ' || line[i] == '\t')) ++i;
+    return ParseBytes(line.substr(i)) * unit;
+  }
+  return 0;
+}
+
+// mountinfo escapes space, tab, newline and backslash as \ooo.
+std::string Unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 3 < s.size() &&
+        std::isdigit(static_cast<unsigned char>(s[i + 1])) != 0) {
+      out += static_cast<char>(std::strtol(s.substr(i + 1, 3).c_str(), nullptr, 8));
+      i += 3;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+bool IsDir(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+struct Hierarchy {
+  bool v2 = false;
+  std::string dir;    // this process's cgroup directory (root-prefixed)
+  std::string mount;  // where the hierarchy is mounted (root-prefixed)
+};
+
+// The memory hierarchies this process is in: v1's memory controller, and v2's unified tree.
+std::vector<Hierarchy> MemoryHierarchies(const std::string& root) {
+  // This process's cgroup path in v2 ("") and in v1's memory hierarchy ("memory").
+  std::string v2_path, v1_path;
+  bool has_v2 = false, has_v1 = false;
+  {
+    std::istringstream in(ReadSmall(root + "/proc/self/cgroup"));
+    std::string line;
+    while (std::getline(in, line)) {
+      const size_t a = line.find(':');
+      const size_t b = a == std::string::npos ? a : line.find(':', a + 1);
+      if (b == std::string::npos) continue;
+      const std::string controllers = line.substr(a + 1, b - a - 1);
+      const std::string path = line.substr(b + 1);
+      if (controllers.empty()) {
+        has_v2 = true;
+        v2_path = path;
+        continue;
+      }
+      std::istringstream cs(controllers);
+      std::string c;
+      while (std::getline(cs, c, ','))
+        if (c == "memory") has_v1 = true, v1_path = path;
+    }
+  }
+  std::vector<Hierarchy> out;
+  std::istringstream in(ReadSmall(root + "/proc/self/mountinfo"));
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::vector<std::string> f;
+    for (std::string w; ls >> w;) f.push_back(w);
+    const auto dash = std::find(f.begin(), f.end(), "-");
+    if (f.size() < 5 || dash == f.end() || dash + 1 == f.end()) continue;
+    const std::string fstype = *(dash + 1);
+    const std::string super = dash + 3 < f.end() ? *(dash + 3) : "";
+    bool v2 = false;
+    if (fstype == "cgroup2" && has_v2) {
+      v2 = true;
+    } else if (fstype == "cgroup" && has_v1) {
+      bool memory = false;
+      std::istringstream os(super);
+      for (std::string o; std::getline(os, o, ',');) memory = memory || o == "memory";
+      if (!memory) continue;
+    } else {
+      continue;
+    }
+    const std::string mroot = Unescape(f[3]);
+    const std::string mount = root + Unescape(f[4]);
+    const std::string& path = v2 ? v2_path : v1_path;
+    std::string rel;
+    if (mroot == "/") {
+      rel = path;
+    } else if (path.compare(0, mroot.size(), mroot) == 0 &&
+               (path.size() == mroot.size() || path[mroot.size()] == '/')) {
+      rel = path.substr(mroot.size());
+    }
+    while (!rel.empty() && rel.back() == '/') rel.pop_back();
+    std::string dir = mount + rel;
+    if (!IsDir(dir)) dir = mount;  // a path outside this mount's view
+    out.push_back({v2, dir, mount});
+  }
+  return out;
+}
+
+}  // namespace
+
+HostMemory ReadHostMemory(const std::string& root) {
+  HostMemory m;
+  const std::string meminfo = ReadSmall(root + "/proc/meminfo");
+  m.physical = Field(meminfo, "MemTotal", 1024);
+  if (m.physical == 0) {
+    m.physical = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                 static_cast<uint64_t>(::sysconf(_SC_PAGE_SIZE));
+  }
+  m.available = Field(meminfo, "MemAvailable", 1024);
+  if (m.available == 0 || m.available > m.physical) m.available = m.physical;
+  m.limit = m.physical;
+  m.limit_source = "physical memory";
+  for (const Hierarchy& h : MemoryHierarchies(root)) {
+    const char* limit_file = h.v2 ? "memory.max" : "memory.limit_in_bytes";
+    for (std::string d = h.dir;;) {
+      const uint64_t limit = ParseBytes(ReadSmall(d + "/" + limit_file));
+      if (limit > 0 && limit < m.limit) {
+        m.limit = limit;
+        m.limit_source = d.substr(root.size()) + "/" + limit_file;
+        m.limit_scope = d.substr(root.size());
+        // Its room now: the limit less what the cgroup holds, page cache it can drop aside.
+        const uint64_t usage =
+            ParseBytes(ReadSmall(d + "/" + (h.v2 ? "memory.current" : "memory.usage_in_bytes")));
+        const uint64_t cache =
+            Field(ReadSmall(d + "/memory.stat"), h.v2 ? "inactive_file" : "total_inactive_file", 1);
+        const uint64_t held = usage > cache ? usage - cache : 0;
+        m.available = std::min(m.available, limit > held ? limit - held : 0);
+      }
+      if (d.size() <= h.mount.size()) break;
+      const size_t slash = d.find_last_of('/');
+      if (slash == std::string::npos || slash < h.mount.size()) break;
+      d.resize(slash);
+    }
+  }
+  m.available = std::min(m.available, m.limit);
+  return m;
+}
+
+}  // namespace tierzero
