@@ -445,12 +445,14 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
       resume_hint = "--resume " + out.checkpoint_dir + " continues that run";
     else if (IsRegular(default_ckpt + "/manifest.json"))
       resume_hint = "--resume " + default_ckpt + " continues that run";
-    // The run's checkpoint is elsewhere (its config.json records --checkpoint DIR): resuming it
-    // in place names it twice.
+    // The run's checkpoint is elsewhere (its config.json records --checkpoint DIR): the run's
+    // own config.json, which names that directory, its run directory and its model, continues
+    // it in place (`--resume DIR --checkpoint DIR` alone took the default run directory and the
+    // built-in model: review 40, F9).
     const std::string recorded_ckpt = RecordedOutputPath(out.run_dir, "checkpoint_dir");
     if (!recorded_ckpt.empty() && !Same(Identify(recorded_ckpt), Identify(default_ckpt)) &&
         IsRegular(recorded_ckpt + "/manifest.json"))
-      resume_hint = "--resume " + recorded_ckpt + " --checkpoint " + recorded_ckpt +
+      resume_hint = "--config " + out.run_dir + "/config.json --resume " + recorded_ckpt +
                     " continues that run (its config.json records that checkpoint directory)";
     // The run's own checkpoint resumed, but another --checkpoint to write: not in place (a
     // resume in place writes the checkpoint it reads), and the advice to --resume it is given.

@@ -30,10 +30,15 @@ def case_resume_in_place_only():
     refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", away, "--resume",
              ckpt, "--checkpoint", ckpt, "--steps", "6"], "--metrics " + metrics)
     refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", away, "--resume",
-             ckpt, "--metrics", metrics, "--steps", "6"], "--checkpoint " + ckpt)
+             ckpt, "--metrics", metrics, "--steps", "6"],
+            "--config " + away + "/config.json --resume " + ckpt)
     check(read(metrics) == before and not os.path.exists(os.path.join(away, "metrics.jsonl")),
           "a refused resume changed the run's metrics")
-    train_small(away, "--metrics", metrics, "--checkpoint", ckpt, "--resume", ckpt, steps=6)
+    # A new run there is refused with advice that, followed as given, continues the run.
+    out = refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", away],
+                  "--config " + away + "/config.json --resume " + ckpt + " continues that run")
+    ok(["train", "--config", os.path.join(away, "config.json"), "--resume", ckpt, "--steps", "6",
+        "--quiet"])
     check([m[0] for m in losses(metrics)] == list(range(1, 7)), "the resumed metrics are split")
     # A run directory copied with its outputs inside it resumes in place in the copy (its
     # config.json records the original's paths: those inside it follow the directory).
