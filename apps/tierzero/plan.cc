@@ -647,8 +647,10 @@ int Plan(const std::vector<std::string>& args) {
               {"prediction", json::parse(PlanJson(*p), nullptr, false)}};
   // The config planned: `train --plan` refuses the plan of another (CheckPlanConfig).
   if (pa->trace_path.empty()) out["config"] = json::parse(RunConfigToJson(*cfg), nullptr, false);
-  if (p->fits && pa->trace_path.empty())
+  if (p->fits && pa->trace_path.empty()) {
     WarnNvmeSpace(*cfg, p->model_state_bytes[2], pa->ranks, pa->ranks_per_node, out);
+    WarnHostMemory(*cfg, *p, pa->ranks, pa->ranks_per_node, out);
+  }
   if (!p->fits && pa->advice) Advise(pl, *cfg, pa->ranks, out);
   if (pa->largest) {
     if (Status s = Largest(pl, *cfg, pa->ranks, out); !s.ok()) return Fail(s);

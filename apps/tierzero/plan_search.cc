@@ -10,6 +10,7 @@
 #include <string>
 
 #include "tierzero/bytes.h"
+#include "tierzero/devices.h"
 
 namespace tierzero::app {
 
@@ -336,6 +337,33 @@ void WarnNvmeSpace(const RunConfig& cfg, uint64_t nvme_placed, int ranks, int ra
         FormatBytes(nvme_placed).c_str());
     out["nvme_free_bytes"] = free_bytes;
   }
+}
+
+// plan_search.h
+void WarnHostMemory(const RunConfig& cfg, const PlanPrediction& p, int ranks, int ranks_per_node,
+                    nlohmann::json& out) {
+  // Train refuses what this machine cannot hold (Note [Host memory within the process's limit],
+  // src/engine/setup.cc): the host tier and fixed buffers, and on the simulated device its
+  // resident shards and its budget, of every rank here. Said here too, so plan and train agree.
+  const bool sim = cfg.engine.device == DeviceChoice::kHost ||
+                   (cfg.engine.device == DeviceChoice::kAuto && GpuCount() == 0);
+  const uint64_t here = static_cast<uint64_t>(
+      std::max(1, ranks_per_node > 0 ? std::min(ranks_per_node, ranks) : ranks));
+  const uint64_t sim_part = sim ? p.device_resident + cfg.engine.device_budget : 0;
+  const uint64_t rank_need = p.host.peak + sim_part;
+  const uint64_t need = rank_need > UINT64_MAX / here ? UINT64_MAX : rank_need * here;
+  const HostMemory m = ReadHostMemory();
+  if (need <= m.limit) return;
+  std::printf(
+      "  but: the run needs at least %s of host memory here (the host tier and its fixed buffers "
+      "%s%s%s), more than this process may use: %s (%s). train would refuse it on this machine: "
+      "lower --host-budget%s, or plan for the machine that will run it\n",
+      FormatBytes(need).c_str(), FormatBytes(p.host.peak).c_str(),
+      sim ? (", the simulated device's resident shards and budget " + FormatBytes(sim_part)).c_str()
+          : "",
+      here > 1 ? (" a rank, " + std::to_string(here) + " ranks").c_str() : "",
+      FormatBytes(m.limit).c_str(), m.limit_source.c_str(), sim ? " or --device-budget" : "");
+  out["host_memory_limit_bytes"] = m.limit;
 }
 
 }  // namespace tierzero::app

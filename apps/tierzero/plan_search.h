@@ -33,6 +33,11 @@ void Advise(const Planner& pl, const RunConfig& cfg, int ranks, nlohmann::json& 
 // tier opened, nothing said).
 void WarnNvmeSpace(const RunConfig& cfg, uint64_t nvme_placed, int ranks, int ranks_per_node,
                    nlohmann::json& out);
+// A plan that fits its budgets, but whose host memory (with the simulated device's) is more than
+// this process may use here: train refuses it on this machine; says so, and `out`
+// gets "host_memory_limit_bytes".
+void WarnHostMemory(const RunConfig& cfg, const PlanPrediction& p, int ranks, int ranks_per_node,
+                    nlohmann::json& out);
 
 // The most layers of this width that fit these budgets (0: not one).
 int LargestModel(const Planner& pl, const RunConfig& cfg, int ranks);

@@ -411,6 +411,13 @@ def case_memory_limit():
                   "more than this process may use", "physical memory",
                   "Give host_budget (--host-budget) at most")
     check(not os.path.exists(rd), f"a refused run left {rd}\n{out}")
+    # plan agrees with train: a config within its budgets but over this machine's memory is
+    # said to be refused here (a narrow model, which plan times in a moment).
+    deep = max(1, int(physical * 1.5 / (14 * 12 * 512 * 512)) + 1)
+    out = ok(["plan", "--layers", str(deep), "--width", "512", "--heads", "8", "--host-budget",
+              str(physical * 4), "--device-budget", "1GiB"])
+    check("more than this process may use" in out and "train would refuse it" in out,
+          f"plan of a run over this machine's memory does not say train refuses it\n{out}")
     # The same under a cgroup's limit (a container, a batch job), where one can be made here.
     d = memory_cgroup(1 << 30)
     if d is None:
