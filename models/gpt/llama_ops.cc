@@ -9,6 +9,7 @@
 
 #include "gpt/ops.h"
 #include "gpt/ops_internal.h"
+#include "gpt/vec_kernels.h"
 
 namespace tierzero::gpt::cpu {
 namespace {
@@ -121,6 +122,71 @@ void SwigluBackward(const T* dh, const T* g, const T* u, T* dg, T* du, int64_t n
       dg[i] = d * uu * sig * (T(1) + g[i] * (T(1) - sig));
       du[i] = d * silu;
     }
+  });
+}
+
+// fp32: Note [SwiGLU and RMSNorm through the same kernels] (vec_kernels.h); the generic versions
+// above are the fp64 reference the tests compare with.
+template <>
+void RmsNormForward<float>(const float* x, const float* w, float* y, float* rstd, int64_t rows,
+                           int64_t cols, double eps) {
+  const internal::VectorKernels& k = internal::ActiveVectorKernels();
+  ParallelRows(rows, cols, [&](int64_t r) {
+    const float* xr = x + r * cols;
+    const float ss = k.dot(xr, xr, cols);
+    const float rs = 1.0f / std::sqrt(ss / static_cast<float>(cols) + static_cast<float>(eps));
+    float* yr = y + r * cols;
+    for (int64_t j = 0; j < cols; ++j) yr[j] = w[j] * (xr[j] * rs);
+    rstd[r] = rs;
+  });
+}
+
+template <>
+void RmsNormBackward<float>(const float* dy, const float* x, const float* w, const float* rstd,
+                            float* dx, float* dw, int64_t rows, int64_t cols) {
+  const internal::VectorKernels& k = internal::ActiveVectorKernels();
+  ParallelRows(rows, cols, [&](int64_t r) {
+    const float* dyr = dy + r * cols;
+    const float* xr = x + r * cols;
+    const float rs = rstd[r];
+    // The mean of (dy w) . xhat, dy w in a scratch row of this thread's.
+    thread_local std::vector<float> dyw;
+    dyw.resize(static_cast<size_t>(cols));
+    for (int64_t j = 0; j < cols; ++j) dyw[static_cast<size_t>(j)] = dyr[j] * w[j];
+    const float dot = k.dot(dyw.data(), xr, cols) * rs / static_cast<float>(cols);
+    float* dxr = dx + r * cols;
+    for (int64_t j = 0; j < cols; ++j)
+      dxr[j] = rs * (dyw[static_cast<size_t>(j)] - xr[j] * rs * dot);
+  });
+  constexpr int64_t kBlock = 64;
+  tbb::parallel_for(int64_t{0}, (cols + kBlock - 1) / kBlock, [&](int64_t blk) {
+    const int64_t c0 = blk * kBlock, c1 = std::min(cols, c0 + kBlock);
+    float acc[kBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* dyr = dy + r * cols;
+      const float* xr = x + r * cols;
+      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += dyr[c] * xr[c] * rstd[r];
+    }
+    for (int64_t c = c0; c < c1; ++c) dw[c] += acc[c - c0];
+  });
+}
+
+template <>
+void SwigluForward<float>(const float* g, const float* u, float* h, int64_t n) {
+  const internal::VectorKernels& k = internal::ActiveVectorKernels();
+  ParallelRows((n + 4095) / 4096, 4096, [&](int64_t blk) {
+    const int64_t b = blk * 4096, e = std::min(n, b + 4096);
+    k.swiglu_forward(g + b, u + b, h + b, e - b);
+  });
+}
+
+template <>
+void SwigluBackward<float>(const float* dh, const float* g, const float* u, float* dg, float* du,
+                           int64_t n) {
+  const internal::VectorKernels& k = internal::ActiveVectorKernels();
+  ParallelRows((n + 4095) / 4096, 4096, [&](int64_t blk) {
+    const int64_t b = blk * 4096, e = std::min(n, b + 4096);
+    k.swiglu_backward(dh + b, g + b, u + b, dg + b, du + b, e - b);
   });
 }
 

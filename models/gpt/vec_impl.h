@@ -130,9 +130,49 @@ void SoftmaxBackwardImpl(const float* p, float* ds, int64_t n, float scale) {
 }
 
 template <typename V>
+void SwigluForwardImpl(const float* g, const float* u, float* h, int64_t n) {
+  constexpr int64_t L = V::kLanes;
+  const auto one = V::Set1(1.0f), zero = V::Set1(0.0f);
+  int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    const auto v = V::Load(g + i);
+    const auto e = GeluExp<V>(V::Sub(zero, v));
+    V::Store(h + i, V::Mul(V::Div(v, V::Add(one, e)), V::Load(u + i)));
+  }
+  kVecScalar.swiglu_forward(g + i, u + i, h + i, n - i);
+}
+
+template <typename V>
+void SwigluBackwardImpl(const float* dh, const float* g, const float* u, float* dg, float* du,
+                        int64_t n) {
+  constexpr int64_t L = V::kLanes;
+  const auto one = V::Set1(1.0f), zero = V::Set1(0.0f);
+  int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    const auto v = V::Load(g + i), d = V::Load(dh + i), uu = V::Load(u + i);
+    const auto e = GeluExp<V>(V::Sub(zero, v));
+    const auto s = V::Div(one, V::Add(one, e));
+    // d u s (1 + g t), t = e s; d silu(g), silu = g s
+    V::Store(dg + i, V::Mul(V::Mul(V::Mul(d, uu), s), V::Fma(v, V::Mul(e, s), one)));
+    V::Store(du + i, V::Mul(d, V::Mul(v, s)));
+  }
+  kVecScalar.swiglu_backward(dh + i, g + i, u + i, dg + i, du + i, n - i);
+}
+
+template <typename V>
+float DotImpl(const float* a, const float* b, int64_t n) {
+  return SumInSixteenPartials<V>(a, b, n);
+}
+
+template <typename V>
 constexpr VectorKernels MakeVectorKernels() {
-  return VectorKernels{GeluForwardImpl<V>, GeluBackwardImpl<V>, SoftmaxForwardImpl<V>,
-                       SoftmaxBackwardImpl<V>};
+  return VectorKernels{GeluForwardImpl<V>,
+                       GeluBackwardImpl<V>,
+                       SoftmaxForwardImpl<V>,
+                       SoftmaxBackwardImpl<V>,
+                       SwigluForwardImpl<V>,
+                       SwigluBackwardImpl<V>,
+                       DotImpl<V>};
 }
 
 }  // namespace tierzero::gpt::internal

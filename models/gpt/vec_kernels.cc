@@ -76,10 +76,35 @@ void SoftmaxBackwardScalar(const float* p, float* ds, int64_t n, float scale) {
   for (int64_t i = 0; i < n; ++i) ds[i] = p[i] * (ds[i] - dot) * scale;
 }
 
+void SwigluForwardScalar(const float* g, const float* u, float* h, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = g[i];
+    h[i] = (v / (1.0f + ExpScalar(0.0f - v))) * u[i];
+  }
+}
+
+void SwigluBackwardScalar(const float* dh, const float* g, const float* u, float* dg, float* du,
+                          int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = g[i], d = dh[i], uu = u[i];
+    const float e = ExpScalar(0.0f - v);
+    const float s = 1.0f / (1.0f + e);
+    dg[i] = ((d * uu) * s) * std::fmaf(v, e * s, 1.0f);
+    du[i] = d * (v * s);
+  }
+}
+
+float DotScalar(const float* a, const float* b, int64_t n) { return SumInSixteenPartials(a, b, n); }
+
 }  // namespace
 
-const VectorKernels kVecScalar = {ForwardScalar, BackwardScalar, SoftmaxForwardScalar,
-                                  SoftmaxBackwardScalar};
+const VectorKernels kVecScalar = {ForwardScalar,
+                                  BackwardScalar,
+                                  SoftmaxForwardScalar,
+                                  SoftmaxBackwardScalar,
+                                  SwigluForwardScalar,
+                                  SwigluBackwardScalar,
+                                  DotScalar};
 
 const VectorKernels& ActiveVectorKernels() {
   switch (ActiveSimdLevel()) {
