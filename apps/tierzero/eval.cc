@@ -232,7 +232,8 @@ int Eval(const std::vector<std::string>& args) {
         " is longer than the model's context (model.seq_len " + std::to_string(cfg->model.seq_len) +
         ")" +
         (file && !has_config
-             ? "; a safetensors file another program wrote does not record its model's context: "
+             ? "; a safetensors file without tierzero's model record (another program's, or an "
+               "older tierzero's export) does not record its model's context: "
                "give a config whose model.seq_len is the model's (--config FILE: the run's "
                "RUN_DIR/config.json, or {\"model\": {\"seq_len\": " +
                    std::to_string(window) + "}} with the shape flags)"

@@ -352,6 +352,18 @@ StatusOr<std::string> LoadInitFrom(Engine& engine, const RunConfig& cfg) {
                                     "directory " +
                                     parent + ": give the directory (--init-from " + parent +
                                     "), whose config.json says the model");
+      // A file without tierzero's model record (another program's, or an export of a tierzero
+      // before it wrote one: hunt 41) is read as the flags' model: say where the shape comes from.
+      if (s.code() == StatusCode::kInvalidArgument) {
+        auto metadata = ReadSafetensorsMetadata(from);
+        if (metadata.ok() && metadata->count("tierzero.model") == 0)
+          return Status(s.code(),
+                        "--init-from " + from + ": " + std::string(s.message()) +
+                            ". The file records no model (another program's, or an older "
+                            "tierzero's export): it is read as the model the flags and config "
+                            "give; give its run's config (--config RUN_DIR/config.json) or the "
+                            "shape flags it was trained with");
+      }
       return std::move(s).WithContext("--init-from " + from);
     }
     TZ_RETURN_IF_ERROR(refuse_non_finite());

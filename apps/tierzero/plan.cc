@@ -647,6 +647,9 @@ int Plan(const std::vector<std::string>& args) {
               {"prediction", json::parse(PlanJson(*p), nullptr, false)}};
   // The config planned: `train --plan` refuses the plan of another (CheckPlanConfig).
   if (pa->trace_path.empty()) out["config"] = json::parse(RunConfigToJson(*cfg), nullptr, false);
+  // A trace's plan is of the trace's model, not of a config (train --plan checks its layout).
+  else
+    out["trace"] = pa->trace_path;
   if (p->fits && pa->trace_path.empty()) {
     WarnNvmeSpace(*cfg, p->model_state_bytes[2], pa->ranks, pa->ranks_per_node, out);
     WarnHostMemory(*cfg, *p, pa->ranks, pa->ranks_per_node, out);

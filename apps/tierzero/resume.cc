@@ -18,6 +18,13 @@ using nlohmann::json;
 
 namespace {
 
+bool SameDirectory(const std::string& a, const std::string& b) {
+  struct stat sa {};
+  struct stat sb {};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && S_ISDIR(sa.st_mode) &&
+         sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
 // An integer field of a JSON object this program wrote (a metrics line, the checkpoint's
 // user_state); nullopt when it is absent, not an integer, or out of range for T.
 template <typename T>
@@ -157,9 +164,77 @@ std::string FingerprintText(uint64_t fingerprint) {
   return b;
 }
 
-void ReportRunChanges(const std::string& user_state, const RunConfig& cfg, int world, int step,
-                      uint64_t fingerprint) {
-  const json u = json::parse(user_state, nullptr, /*allow_exceptions=*/false);
+// Note [An older checkpoint's records]
+// Checkpoints of tierzero builds before 2026-11-26 record of their run only the step, the batch,
+// the ranks and the data seed: not the model, nor what a resume compares (the schedule, the
+// data, the compute type, the moments' format, AdamW's settings, ZeRO++). Their model was checked
+// by its tensors' shapes alone, so a resume under another --heads (the same shapes) trained a
+// different model without a word, and no change was noted (hunt 41). Such a checkpoint takes the
+// missing records from its run's config.json: the one beside it (in the run directory that holds
+// it) that train wrote and that names this very checkpoint directory. What is still missing is
+// said once: checked by shapes only, changes not noted.
+json CheckpointRecords(const std::string& user_state, const std::string& checkpoint_dir, bool say) {
+  json u = json::parse(user_state, nullptr, /*allow_exceptions=*/false);
+  if (!u.is_object()) u = json::object();
+  static const char* const kRecords[] = {"model",         "schedule",         "data",  "data_seed",
+                                         "compute_dtype", "optimizer_states", "adamw", "zeropp"};
+  bool complete = true;
+  for (const char* k : kRecords) complete = complete && u.contains(k);
+  if (complete) return u;  // this build's
+  const bool had_model = u.contains("model");
+  std::error_code ec;
+  const fs::path checkpoint = fs::canonical(checkpoint_dir, ec);
+  std::optional<RunConfig> run;
+  std::string run_config;
+  if (!ec) {
+    run_config = (checkpoint.parent_path() / "config.json").string();
+    struct stat st {};
+    if (::stat(run_config.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+      const StatusOr<std::string> text = ReadFileBounded(run_config, kMaxConfigBytes, "run config");
+      const StatusOr<RunConfig> cfg = text.ok() ? ParseRunConfig(*text, DefaultRunConfig())
+                                                : StatusOr<RunConfig>(text.status());
+      const json j = text.ok() ? json::parse(*text, nullptr, /*allow_exceptions=*/false,
+                                             /*ignore_comments=*/true)
+                               : json();
+      if (cfg.ok() && j.is_object() && j.contains("model") && j.contains("output") &&
+          SameDirectory(cfg->output.checkpoint_dir, checkpoint.string()))
+        run = *cfg;
+    }
+  }
+  if (run) {
+    const json from = {{"model", ModelJson(*run)},
+                       {"schedule", ScheduleJson(run->train)},
+                       {"data", DataJson(run->data)},
+                       {"data_seed", run->data.seed},
+                       {"compute_dtype", std::string(DTypeName(run->engine.compute_dtype))},
+                       {"optimizer_states", MomentFormatText(run->engine.optimizer_states)},
+                       {"adamw", AdamWJson(*run)},
+                       {"zeropp", ZeroPPJson(*run)}};
+    for (const auto& [key, value] : from.items())
+      if (!u.contains(key)) u[key] = value;
+    if (say)
+      std::fprintf(stderr,
+                   "note: the checkpoint %s (an older tierzero's) records %s: taken from its "
+                   "run's %s\n",
+                   checkpoint_dir.c_str(),
+                   had_model ? "not all of its settings" : "no model or settings",
+                   run_config.c_str());
+  } else if (say) {
+    std::fprintf(stderr,
+                 "note: the checkpoint %s (an older tierzero's) records %s, and no config.json of "
+                 "its run is beside it: %schanges to the schedule, data or settings are not "
+                 "noted\n",
+                 checkpoint_dir.c_str(), had_model ? "not all of its settings" : "no model",
+                 had_model ? ""
+                           : "its model is checked by its tensors' shapes only (give the "
+                             "run's config: --config RUN_DIR/config.json), and ");
+  }
+  return u;
+}
+
+void ReportRunChanges(const std::string& user_state, const std::string& checkpoint_dir,
+                      const RunConfig& cfg, int world, int step, uint64_t fingerprint) {
+  const json u = CheckpointRecords(user_state, checkpoint_dir, /*say=*/false);
   if (!u.is_object()) return;
   ReportScheduleChange(u, cfg.train, step);
   if (const auto d = u.find("data"); d != u.end() && d->is_object() && *d != DataJson(cfg.data)) {
@@ -335,19 +410,9 @@ Status CheckSameModelJson(const json& user, const RunConfig& cfg, const std::str
 }  // namespace
 
 Status CheckSameModel(const std::string& user_state, const RunConfig& cfg, const std::string& dir) {
-  return CheckSameModelJson(json::parse(user_state, nullptr, /*allow_exceptions=*/false), cfg, dir);
+  return CheckSameModelJson(CheckpointRecords(user_state, dir, /*say=*/LaunchedRanks().rank == 0),
+                            cfg, dir);
 }
-
-namespace {
-
-bool SameDirectory(const std::string& a, const std::string& b) {
-  struct stat sa {};
-  struct stat sb {};
-  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && S_ISDIR(sa.st_mode) &&
-         sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-}
-
-}  // namespace
 
 // Note [A resumed run's own config]
 // `train --resume RUN_DIR/checkpoint` without --config continues that run in place: its config

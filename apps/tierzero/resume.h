@@ -34,8 +34,15 @@ nlohmann::json DataJson(const gpt::DataConfig& d);
 // settings, ZeRO++, or (with compressed moments) the chunk layout differs.
 // `step`: the resumed step (0-based: the next one trained).
 // `fingerprint`: the data's (Dataset::Fingerprint), compared with the one the checkpoint records.
-void ReportRunChanges(const std::string& user_state, const RunConfig& cfg, int world, int step,
-                      uint64_t fingerprint);
+// An older checkpoint's missing records come from its run's config.json (Note [An older
+// checkpoint's records]).
+void ReportRunChanges(const std::string& user_state, const std::string& checkpoint_dir,
+                      const RunConfig& cfg, int world, int step, uint64_t fingerprint);
+// The checkpoint's user state with what an older build's lacks taken from its run's config.json
+// beside it (Note [An older checkpoint's records]); `say`: a note on stdout of where they came
+// from, or that they are missing.
+nlohmann::json CheckpointRecords(const std::string& user_state, const std::string& checkpoint_dir,
+                                 bool say);
 // engine.optimizer_states as the config and the checkpoint's user state spell it.
 std::string MomentFormatText(MomentFormat f);
 // A data fingerprint as the checkpoint records it (16 hex digits: JSON numbers lose 64 bits).

@@ -174,8 +174,16 @@ Status TrainRun::SetUp() {
   if (!out_.plan.empty() && lead_) {
     TZ_ASSIGN_OR_RETURN(plan_text_, ReadTextFile(out_.plan, "plan file"));
     const json plan = json::parse(plan_text_, nullptr, /*allow_exceptions=*/false);
-    if (plan.is_object() && plan.contains("config"))
+    if (plan.is_object() && plan.contains("config")) {
       TZ_RETURN_IF_ERROR(CheckPlanConfig(plan["config"], cfg_).WithContext("--plan " + out_.plan));
+    } else if (plan.is_object() && plan.contains("prediction") && !plan.contains("trace")) {
+      // An older tierzero's plan records no config: its layout alone would be checked, and a
+      // plan of another batch shown as this run's prediction (hunt 41).
+      return FailedPreconditionError(
+          "--plan " + out_.plan +
+          " records no config (an older tierzero wrote it), so it cannot be checked to be this "
+          "run's: make it again with tierzero plan (this run's config and options) --json FILE");
+    }
   }
   TZ_ASSIGN_OR_RETURN(dataset_,
                       gpt::Dataset::Create(cfg_.data, cfg_.model.seq_len, cfg_.model.vocab));
@@ -254,7 +262,7 @@ Status TrainRun::SetUp() {
     // loop's step in its user state, and a resume starts there, so 10 + 10 resumed steps are the
     // 20 uninterrupted ones.
     start_ = static_cast<int>(CheckpointStep(user, static_cast<int64_t>(engine_->step())));
-    if (lead_) ReportRunChanges(user, cfg_, world_, start_, dataset_->Fingerprint());
+    if (lead_) ReportRunChanges(user, out_.resume, cfg_, world_, start_, dataset_->Fingerprint());
     // Note [An evaluation a stop left undone]
     // A run stopped by a data error at its scheduled evaluation (or before it, by a metrics line
     // that could not be written) saved the step with its evaluation undone, and a resume starts

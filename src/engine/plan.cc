@@ -512,9 +512,11 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
       cpu_only += static_cast<double>(groups[i].elems) / ur.cpu_params_per_s;
   }
   out.optimizer_nvme_s = nvme_groups > 0 ? std::max(0.0, up.cpu_s - cpu_only) : 0.0;
+  // (A rates file of an older tierzero has no clearing rate: assumed, and said, not left out.)
   out.other_s = req.step_other_s +
-                (rates.host_clear_bytes_per_s > 0
-                     ? static_cast<double>(cleared_after_phase) / rates.host_clear_bytes_per_s
+                (cleared_after_phase > 0
+                     ? static_cast<double>(cleared_after_phase) /
+                           rate_or(rates.host_clear_bytes_per_s, 1e10, "host_clear_bytes_per_s")
                      : 0.0);
   if (world > 1) {
     int per_iter = n;  // each chunk's gradients reduced once per micro-batch

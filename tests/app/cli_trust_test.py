@@ -17,6 +17,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
                 takes other rows or other files than the checkpoint's run says so
   resume_settings  a resume that changes AdamW's settings, the lr below 4 digits, or the
                 layout of 8-bit moments says so
+  resume_older_checkpoint  an older build's checkpoint takes its model and settings from its
+                run's config.json (another --heads refused, a new schedule noted), or says so
   ranks_agree   ranks started with different configs fail with the fields named (mpirun ':')
   ranks_faults  two ranks whose data changes or whose metrics file fails mid-run: all save first
   readers       a directory, /dev/zero, a huge sparse file, deep or duplicate-key JSON: an error

@@ -366,6 +366,16 @@ def case_plan_of_another_config():
     ok(["train", "--config", cfg, "--plan", plan, "--run-dir", rd, "--steps", "2", "--quiet"])
     report = json.load(open(os.path.join(rd, "report.json")))
     check("prediction" in report, "the run's report has no prediction beside it")
+    # An older tierzero's plan records no config: refused, not checked by its layout alone.
+    older = json.load(open(plan))
+    older.pop("config")
+    older_path = os.path.join(OUT, "pa_older_plan.json")
+    with open(older_path, "w") as f:
+        json.dump(older, f)
+    rd2 = os.path.join(OUT, "pa_run2")
+    refused(["train", "--config", cfg, "--plan", older_path, "--run-dir", rd2, "--batch-size",
+             "3", "--quiet"], "records no config", "make it again")
+    check(not os.path.exists(rd2), "a refused run left its directory")
     # A run whose data train would refuse is not planned as fitting either; data not on this
     # machine is said, and the plan made (a run is often planned elsewhere).
     refused(["plan", "--config", cfg, "--seq-len", "6"], "needs rows of 9 tokens")

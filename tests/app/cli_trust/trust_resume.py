@@ -259,3 +259,53 @@ def case_resume_settings():
           f"a changed beta2 was not said:\n{out}")
     check("the chunk layout changes (engine.chunk_elems" in out,
           f"8-bit moments over another layout were not said:\n{out}")
+
+
+def as_older_checkpoint(ckpt):
+    """Rewrites a checkpoint's manifest as builds before 2026-11-26 wrote it: a user state of the
+    step, batch, ranks and data seed only, and no manifest checksum (they had none)."""
+    path = os.path.join(ckpt, "manifest.json")
+    m = json.load(open(path))
+    m.pop("manifest_crc32c", None)
+    u = m["user_state"]
+    m["user_state"] = {k: u[k] for k in ("step", "batch_size", "data_seed", "grad_accumulation",
+                                         "ranks")}
+    with open(path, "w") as f:
+        json.dump(m, f)
+
+
+def case_resume_older_checkpoint():
+    # Note [An older checkpoint's records]: an older build's checkpoint records no model or
+    # settings; they come from its run's config.json, so another --heads (the same tensor shapes)
+    # is refused and a changed schedule is noted, where both went on silently (hunt 41).
+    cfg = write_config(os.path.join(OUT, "older_cfg.json"), model={"n_layer": 1, "d_model": 32,
+                                                                "n_head": 2})
+    a = os.path.join(OUT, "older_run")
+    ok(["train", "--config", cfg, "--run-dir", a, "--steps", "4", "--quiet"])
+    as_older_checkpoint(os.path.join(a, "checkpoint"))
+    moved = os.path.join(OUT, "older_moved_ckpt")
+    shutil.copytree(os.path.join(a, "checkpoint"), moved)
+    out = refused(["train", "--resume", os.path.join(a, "checkpoint"), "--heads", "4", "--steps",
+                   "8"], "model.n_head 2", "an older tierzero's")
+    out = ok(["train", "--resume", os.path.join(a, "checkpoint"), "--steps", "8", "--lr", "0.01"])
+    check("taken from its run's" in out and "learning-rate schedule changes" in out,
+          f"an older checkpoint's resume does not note the changed schedule\n{out}")
+    # Without its run's config.json: resumed, saying what could not be checked.
+    out = ok(["train", "--config", cfg, "--resume", moved, "--run-dir",
+              os.path.join(OUT, "older_run2"), "--steps", "8", "--quiet"])
+    check("checked by its tensors' shapes only" in out,
+          f"an older checkpoint without its config resumed without a word\n{out}")
+    # An export without tierzero's model record, read as another model: the error says where
+    # the shape comes from and how to give the right one.
+    st = os.path.join(OUT, "older_export.st")
+    ok(["export", os.path.join(a, "checkpoint"), "--format", "safetensors", "-o", st])
+    raw = open(st, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(st, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+    refused(["train", "--init-from", st, "--run-dir", os.path.join(OUT, "older_run3"), "--steps",
+             "2"], "records no model", "--config RUN_DIR/config.json")
