@@ -165,6 +165,11 @@ int main(int argc, char** argv) {
   // run before it saves: writes to the broken pipe fail with EPIPE instead, and the run goes on
   // without its console (docs/signals.md).
   ::signal(SIGPIPE, SIG_IGN);
+  // A file past the process's size limit (`ulimit -f`: a checkpoint, an export, the NVMe swap
+  // file) raises SIGXFSZ, whose default ends the process with a core and no word, its temporary
+  // left behind. Ignored, the write fails with EFBIG and takes the path of any failed write: an
+  // error naming the file, its temporary removed, the last checkpoint as it was.
+  ::signal(SIGXFSZ, SIG_IGN);
   // A glob of token shards keeps a descriptor per file (models/gpt/token_data.h), and a data set
   // of a thousand shards meets the usual soft limit of 1024 open files: it is raised toward the
   // hard limit, as `ulimit -n` would (at most 65536).

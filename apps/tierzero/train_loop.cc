@@ -179,9 +179,10 @@ Status TrainRun::Save(int step) {
            ? " any more (removed or replaced meanwhile)"
            : "") +
       ": its " + std::to_string(step - start_) + " steps are not saved" +
-      (s.code() == StatusCode::kIoError
-           ? "; free space there, or give --checkpoint a directory on another disk)"
-           : ")"));
+      (s.code() != StatusCode::kIoError ? ")"
+       : s.message().find("ulimit -f") != std::string::npos
+           ? "; raise this process's file-size limit, ulimit -f, which holds on every disk)"
+           : "; free space there, or give --checkpoint a directory on another disk)"));
 }
 
 // Note [A checkpoint after a data error]

@@ -295,7 +295,11 @@ Status NvmeStore::OpenFiles() {
       }
     } else if (r != 0) {
       files_.push_back(std::move(file));
-      return ErrnoError("cannot preallocate " + FormatBytes(size) + " at " + path, r);
+      return ErrnoError("cannot preallocate " + FormatBytes(size) + " at " + path +
+                            (r == EFBIG ? " (past this process's file-size limit: raise ulimit "
+                                          "-f, or give a smaller nvme_budget)"
+                                        : ""),
+                        r);
     }
     file->space = std::make_unique<SlabAllocator>(size, kNvmeAlignment);
     files_.push_back(std::move(file));

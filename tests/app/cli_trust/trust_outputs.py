@@ -12,7 +12,8 @@ import subprocess
 import threading
 import time
 
-from trust_common import (TZ, OUT, check, refused, ok, write_config, train_small, read, losses)
+from trust_common import (TZ, OUT, check, run, refused, ok, write_config, train_small, read,
+                          losses)
 
 
 def case_outputs():
@@ -446,3 +447,37 @@ def case_stdout_data():
     json.load(open(os.path.join(OUT, "sd_plan.json")))
     check(read(os.path.join(OUT, "sd_page.html")).rstrip().endswith(b"</html>"),
           "the streamed page has text after it")
+
+
+def case_file_size_limit():
+    # A file past the process's size limit (`ulimit -f`) raised SIGXFSZ: the run ended with a
+    # core and no word (exit 153), its temporary left behind. Now the write fails as any write:
+    # an error naming the limit, nothing half-written left, the last checkpoint as it was.
+    import resource
+
+    def limit(n):
+        def set_limit():
+            # As a shell starts it: SIGXFSZ at its default (Python ignores it, and children
+            # inherit that).
+            signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))
+        return set_limit
+    cfg = write_config(os.path.join(OUT, "fs_cfg.json"), model={"n_layer": 1, "d_model": 32,
+                                                                 "n_head": 2},
+                       train={"steps": 10, "checkpoint_every": 5})
+    a = os.path.join(OUT, "fs_run")
+    ok(["train", "--config", cfg, "--run-dir", a, "--quiet"])
+    ckpt = os.path.join(a, "checkpoint")
+    before = {n: read(os.path.join(ckpt, n)) for n in os.listdir(ckpt)}
+    b = os.path.join(OUT, "fs_copy")
+    for args in (["train", "--config", cfg, "--resume", ckpt, "--steps", "20", "--run-dir", b],
+                 ["export", ckpt, "--format", "safetensors", "-o", os.path.join(OUT, "fs.st")],
+                 ["export", ckpt, "--format", "hf", "--dtype", "fp32", "-o",
+                  os.path.join(OUT, "fs_hf")]):
+        rc, out = run(args, preexec_fn=limit(40 * 1024))
+        check(rc == 1 and "ulimit -f" in out, f"{args} past the file-size limit: {rc}\n{out}")
+        for d in (OUT, b, os.path.join(b, "checkpoint")):
+            left = [n for n in os.listdir(d) if n.endswith(".tmp")] if os.path.isdir(d) else []
+            check(not left, f"{args} left {left} in {d}")
+    check({n: read(os.path.join(ckpt, n)) for n in os.listdir(ckpt)} == before,
+          "the checkpoint resumed changed")
