@@ -37,10 +37,7 @@ Status AppendUnwritten(const std::string& path, const std::vector<json>& kept,
   if (fd < 0) return ErrnoError("opening the metrics file " + path, errno);
   if (const int err = WriteAll(fd, text); err != 0) {
     ::close(fd);
-    return ErrnoError("writing the metrics file " + path +
-                          (err == ENOSPC  ? " (disk full)"
-                           : err == EFBIG ? " (past this process's file-size limit: ulimit -f)"
-                                          : ""),
+    return ErrnoError("writing the metrics file " + path + (err == ENOSPC ? " (disk full)" : ""),
                       err);
   }
   if (::close(fd) != 0) return ErrnoError("writing the metrics file " + path, errno);

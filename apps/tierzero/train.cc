@@ -512,12 +512,8 @@ Status TrainRun::WriteMetrics(const json& line) {
     // Note [A checkpoint after a data error]: a failed write leaves the run between steps.
     resume_when_ = "the metrics file " + out_.metrics + " can be written";
     unwritten_metrics_.push_back(line.dump());
-    return Defer(
-        ErrnoError("writing the metrics file " + out_.metrics +
-                       (err == ENOSPC  ? " (disk full)"
-                        : err == EFBIG ? " (past this process's file-size limit: ulimit -f)"
-                                       : ""),
-                   err));
+    return Defer(ErrnoError(
+        "writing the metrics file " + out_.metrics + (err == ENOSPC ? " (disk full)" : ""), err));
   }
   return Status::OK();
 }

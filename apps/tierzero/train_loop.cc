@@ -180,8 +180,8 @@ Status TrainRun::Save(int step) {
            : "") +
       ": its " + std::to_string(step - start_) + " steps are not saved" +
       (s.code() != StatusCode::kIoError ? ")"
-       : s.message().find("ulimit -f") != std::string::npos
-           ? "; raise this process's file-size limit, ulimit -f, which holds on every disk)"
+       : s.message().find("(ulimit -") != std::string::npos
+           ? "; raise the limit the error names: it holds in every directory)"
            : "; free space there, or give --checkpoint a directory on another disk)"));
 }
 

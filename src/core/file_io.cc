@@ -351,12 +351,7 @@ Status AtomicFile::Write(const void* data, size_t n) {
   if (fd_ < 0) return FailedPreconditionError("writing " + path_ + " after it was closed");
   const std::string& name = streamed_ ? path_ : tmp_;
   const int err = WriteAll(fd_, std::string_view(static_cast<const char*>(data), n));
-  if (err != 0)
-    return ErrnoError("writing " + name +
-                          (err == ENOSPC  ? " (disk full)"
-                           : err == EFBIG ? " (past this process's file-size limit: ulimit -f)"
-                                          : ""),
-                      err);
+  if (err != 0) return ErrnoError("writing " + name + (err == ENOSPC ? " (disk full)" : ""), err);
   bytes_ += n;
   return Status::OK();
 }

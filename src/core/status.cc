@@ -1,5 +1,6 @@
 #include "tierzero/status.h"
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -128,6 +129,24 @@ Status ErrnoError(std::string_view what, int err, StatusCode code) {
   m += " (errno ";
   m += std::to_string(err);
   m += ")";
+  // What a user can change for the errors of a process's limits (the advice of a caller, "free
+  // space there", would not help).
+  switch (err) {
+    case EMFILE:
+      m += "; this process's limit on open files is reached: raise it (ulimit -n)";
+      break;
+    case ENFILE:
+      m += "; the system's limit on open files is reached (fs.file-max)";
+      break;
+    case EFBIG:
+      m += "; past this process's file-size limit: raise it (ulimit -f)";
+      break;
+    case EDQUOT:
+      m += "; over the disk quota of this user";
+      break;
+    default:
+      break;
+  }
   return Status(code, std::move(m));
 }
 

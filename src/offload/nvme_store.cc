@@ -295,11 +295,7 @@ Status NvmeStore::OpenFiles() {
       }
     } else if (r != 0) {
       files_.push_back(std::move(file));
-      return ErrnoError("cannot preallocate " + FormatBytes(size) + " at " + path +
-                            (r == EFBIG ? " (past this process's file-size limit: raise ulimit "
-                                          "-f, or give a smaller nvme_budget)"
-                                        : ""),
-                        r);
+      return ErrnoError("cannot preallocate " + FormatBytes(size) + " at " + path, r);
     }
     file->space = std::make_unique<SlabAllocator>(size, kNvmeAlignment);
     files_.push_back(std::move(file));
