@@ -10,6 +10,7 @@
 //   tierzero tunables    every TZ_* environment tunable with its value and default
 //   tierzero --help | --version
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -23,6 +24,7 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "plan.h"
@@ -149,6 +151,50 @@ int Main(int argc, char** argv) {
   return 2;
 }
 
+// Note [The process's stack and address space]
+// With a small stack limit (`ulimit -s 64`) the main thread's 64 KiB file-read buffer overran its
+// stack and the process died of SIGSEGV; under a small address-space limit (`ulimit -v 150000`)
+// the allocator crashed inside OpenMP's start (jemalloc could not map a thread's arena). Neither
+// was a message. So before any thread starts, the soft limits are raised toward the hard ones
+// (8 MiB of stack, as most systems give; all the address space allowed), threads get stacks of
+// at least 8 MiB whatever the limit the C library sized its default from, and a process whose
+// hard limits stay under what tierzero needs (a 1 MiB stack, 1 GiB of address space) is refused
+// with what to raise.
+Status FitProcessLimits() {
+  constexpr rlim_t kStack = rlim_t{8} << 20, kLeastStack = rlim_t{1} << 20;
+  constexpr rlim_t kLeastAddressSpace = rlim_t{1} << 30;
+  if (struct rlimit rl{};
+      ::getrlimit(RLIMIT_STACK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < kStack) {
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY ? kStack : std::min(rl.rlim_max, kStack);
+    (void)::setrlimit(RLIMIT_STACK, &rl);
+    if (::getrlimit(RLIMIT_STACK, &rl) == 0 && rl.rlim_cur < kLeastStack)
+      return FailedPreconditionError(
+          "the stack size limit is " + FormatBytes(rl.rlim_cur) +
+          " (ulimit -s), under the 1 MiB tierzero needs: raise it (ulimit -s "
+          "8192)");
+  }
+  if (pthread_attr_t a; ::pthread_getattr_default_np(&a) == 0) {
+    size_t size = 0;
+    if (::pthread_attr_getstacksize(&a, &size) == 0 && size < kStack &&
+        ::pthread_attr_setstacksize(&a, kStack) == 0)
+      (void)::pthread_setattr_default_np(&a);
+    ::pthread_attr_destroy(&a);
+  }
+  if (struct rlimit rl{}; ::getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    if (rl.rlim_cur < rl.rlim_max) {
+      rl.rlim_cur = rl.rlim_max;
+      (void)::setrlimit(RLIMIT_AS, &rl);
+      (void)::getrlimit(RLIMIT_AS, &rl);
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < kLeastAddressSpace)
+      return FailedPreconditionError(
+          "the address space is limited to " + FormatBytes(rl.rlim_cur) +
+          " (ulimit -v), under the 1 GiB tierzero needs for its threads, "
+          "allocator and math libraries: raise it (ulimit -v unlimited)");
+  }
+  return Status::OK();
+}
+
 }  // namespace
 }  // namespace tierzero
 
@@ -180,6 +226,11 @@ int main(int argc, char** argv) {
       (void)::setrlimit(RLIMIT_NOFILE, &rl);
     }
   }
+  // Note [The process's stack and address space]: before any thread of ours starts.
+  if (tierzero::Status s = tierzero::FitProcessLimits(); !s.ok()) {
+    std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
+    return 1;
+  }
   // First, before any thread exists (Note [Signals on one thread of ours], signals.h).
   if (tierzero::Status s = tierzero::app::StartSignalThread(); !s.ok()) {
     std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
@@ -187,17 +238,14 @@ int main(int argc, char** argv) {
   }
   // Note [The last net under exceptions]
   // Errors are Statuses; an exception escaping to here is a bug or memory the system would not
-  // give (std::bad_alloc: a host array sized by an input no check bounded). It ends the command
-  // with an error line and status 1, not std::terminate's abort. (The run's outputs are what
-  // their own atomic writes left: a temporary file is never under a final name.)
+  // give (std::bad_alloc: a host array sized by an input no check bounded), or a thread it would
+  // not start (StatusOfCurrentException, train.cc; train turns those of its set-up and steps into
+  // its own failure first, Guarded, so what it made is removed as for any error). It ends the
+  // command with an error line and status 1, not std::terminate's abort. (The run's outputs are
+  // what their own atomic writes left: a temporary file is never under a final name.)
   try {
     return tierzero::Main(argc, argv);
-  } catch (const std::bad_alloc&) {
-    return tierzero::app::FailUncaught(tierzero::OutOfMemoryError(
-        "the host had no memory for an allocation; give the run less to hold at once (a "
-        "smaller batch, context or model), or run it where there is more memory"));
-  } catch (const std::exception& e) {
-    return tierzero::app::FailUncaught(
-        tierzero::InternalError(std::string(e.what()) + " (a bug in tierzero: please report it)"));
+  } catch (...) {
+    return tierzero::app::FailUncaught(tierzero::app::StatusOfCurrentException());
   }
 }

@@ -15,8 +15,10 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -167,6 +169,35 @@ run's set-up, before its first line, it ends the process at once: nothing is sav
 
 // train.h
 int FailUncaught(const Status& s) { return Fail(s); }
+
+// train.h
+Status StatusOfCurrentException() {
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    return OutOfMemoryError(
+        "the host had no memory for an allocation; give the run less to hold at once (a smaller "
+        "batch, context or model), or run it where there is more memory");
+  } catch (const std::exception& e) {
+    // A thread that would not start (std::thread's system_error, oneTBB's "pthread_create has
+    // failed") or memory that would not map, EAGAIN or ENOMEM: the process's limits, not a bug
+    // (`ulimit -v 100000` ended a run with "a bug in tierzero").
+    const std::string what = e.what();
+    const auto* sys = dynamic_cast<const std::system_error*>(&e);
+    const bool limits =
+        (sys != nullptr && (sys->code().value() == EAGAIN || sys->code().value() == ENOMEM)) ||
+        what.find(std::strerror(EAGAIN)) != std::string::npos ||
+        what.find(std::strerror(ENOMEM)) != std::string::npos;
+    if (limits)
+      return OutOfMemoryError(
+          "the system would not start a thread or map memory (" + what +
+          "): this process's limits are too low for the run (its address space, ulimit -v; its "
+          "processes and threads, ulimit -u), or the machine has none left");
+    return InternalError(what + " (a bug in tierzero: please report it)");
+  } catch (...) {
+    return InternalError("an unknown exception (a bug in tierzero: please report it)");
+  }
+}
 
 Status TrainRun::SetUp() {
   // A plan of another config: refused before the engine is built or any weight loads (the plan's
@@ -609,7 +640,7 @@ int Train(const std::vector<std::string>& given_args) {
         made.KeepOnSignal();
         lock.KeepOnSignal();
       });
-      if (Status s = run.SetUp(); !s.ok()) {
+      if (Status s = Guarded([&] { return run.SetUp(); }); !s.ok()) {
         run.UndoStart();
         if (run.agreed_failure()) {
           std::fprintf(stderr, "rank %d of %d: error: %s\n", rank, g_comm->size(),
@@ -618,7 +649,7 @@ int Train(const std::vector<std::string>& given_args) {
         }
         failed = s;
       } else {
-        Status ended = run.Loop();
+        Status ended = Guarded([&] { return run.Loop(); });
         if (!ended.ok() && run.TrainedNothing()) {
           // Note [A run that trained nothing leaves nothing]: what it made goes as the scope
           // unwinds, before Fail.
@@ -626,7 +657,7 @@ int Train(const std::vector<std::string>& given_args) {
         } else {
           made.Keep();
           lock.Keep();
-          if (ended.ok()) ended = run.Finish();
+          if (ended.ok()) ended = Guarded([&] { return run.Finish(); });
           if (ended.ok()) return 0;
           // This rank's alone (the engine's, a collective's): the job ends at once, with the
           // engine as it is, not after its teardown waits out collectives in flight.

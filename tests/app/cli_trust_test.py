@@ -30,6 +30,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   ranges        sizes at the ends of their ranges, absurd rates, a report of nonsense values
   file_size_limit  a checkpoint or export past `ulimit -f`: an error naming the limit, no
                 core, no temporary left, the resumed checkpoint unchanged
+  address_space_limit  `ulimit -v` or `ulimit -s` too small: refused naming the limit (not a
+                SIGSEGV or "a bug"), nothing of the run left; a low soft limit is raised
   memory_limit  budgets over the machine's memory, or a cgroup's limit where one can be made
                 here: refused before anything is allocated, not ended by the OOM killer
   export_paths  `export DIR/` and `export .` find the run's config

@@ -481,3 +481,34 @@ def case_file_size_limit():
             check(not left, f"{args} left {left} in {d}")
     check({n: read(os.path.join(ckpt, n)) for n in os.listdir(ckpt)} == before,
           "the checkpoint resumed changed")
+
+
+def case_address_space_limit():
+    # Under a small address-space limit (`ulimit -v`) the allocator crashed inside OpenMP's start
+    # (SIGSEGV) or a thread would not start ("a bug in tierzero", the run's config.json left); a
+    # 64 KiB stack limit overran the main thread's stack (SIGSEGV). Each is now refused before
+    # anything is made, naming the limit to raise (Note [The process's stack and address space]).
+    import resource
+    # (A sanitizer's runtime reserves terabytes of address space before main: under ASan the
+    # address-space part cannot run.)
+    libs = subprocess.run(["ldd", TZ], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout
+    sanitized = b"libasan" in libs or b"libtsan" in libs
+    cases = [(resource.RLIMIT_STACK, "ulimit -s", (64 << 10, 256 << 10))]
+    if not sanitized:
+        cases.append((resource.RLIMIT_AS, "ulimit -v", (100 << 20, 150 << 20, 900 << 20)))
+    for res, flag, amounts in cases:
+        for n in amounts:
+            rd = os.path.join(OUT, f"as_run_{n}")
+            rc, out = run(["train", "--layers", "1", "--width", "32", "--heads", "2", "--steps",
+                           "3", "--run-dir", rd, "--quiet"],
+                          preexec_fn=lambda: resource.setrlimit(res, (n, n)))
+            check(rc == 1 and flag in out and "a bug" not in out,
+                  f"under {flag} {n}: exit status {rc}\n{out}")
+            check(not os.path.exists(rd), f"under {flag} {n}: a refused run left {rd}")
+    # A soft limit under a hard one that allows enough is raised, and the run goes on.
+    rd = os.path.join(OUT, "as_run_soft")
+    rc, out = run(["train", "--layers", "1", "--width", "32", "--heads", "2", "--steps", "3",
+                   "--run-dir", rd, "--quiet"],
+                  preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_STACK,
+                                                        (64 << 10, resource.RLIM_INFINITY)))
+    check(rc == 0, f"a 64 KiB soft stack limit under no hard one: exit status {rc}\n{out}")
