@@ -100,7 +100,10 @@ Status ScratchDir::Create(const std::string& prefix) {
   std::string made =
       std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/" + prefix + "-XXXXXX";
   if (::mkdtemp(made.data()) == nullptr)
-    return ErrnoError("creating a scratch directory " + made, errno);
+    return ErrnoError("creating a scratch directory " + made + " (under " +
+                          (tmp != nullptr && *tmp != '\0' ? "$TMPDIR" : "/tmp") +
+                          ": point TMPDIR at a writable directory, or give --nvme-path DIR)",
+                      errno);
   path_ = made;
   RemoveTreeOnSignalExit(path_);  // a signal's exit does not run the destructor
   return Status::OK();
