@@ -367,6 +367,13 @@ StatusOr<std::string> LoadInitFrom(Engine& engine, const RunConfig& cfg) {
       return std::move(s).WithContext("--init-from " + from);
     }
     TZ_RETURN_IF_ERROR(refuse_non_finite());
+    // (Without tierzero's model record its tensors fit any model of their shapes, another
+    // --heads too: said, hunt 41.)
+    auto metadata = ReadSafetensorsMetadata(from);
+    if (metadata.ok() && metadata->count("tierzero.model") == 0)
+      return "weights from " + from +
+             " (it records no model: read as the model the flags and config give, heads and "
+             "norms included)";
     return "weights from " + from;
   }
   TZ_ASSIGN_OR_RETURN(const gpt::HfModel hf, gpt::ReadHfDir(from, cfg.model));

@@ -176,8 +176,9 @@ std::string FingerprintText(uint64_t fingerprint) {
 json CheckpointRecords(const std::string& user_state, const std::string& checkpoint_dir, bool say) {
   json u = json::parse(user_state, nullptr, /*allow_exceptions=*/false);
   if (!u.is_object()) u = json::object();
-  static const char* const kRecords[] = {"model",         "schedule",         "data",  "data_seed",
-                                         "compute_dtype", "optimizer_states", "adamw", "zeropp"};
+  static const char* const kRecords[] = {"model",     "schedule",      "data",
+                                         "data_seed", "compute_dtype", "optimizer_states",
+                                         "adamw",     "zeropp",        "chunk_elems"};
   bool complete = true;
   for (const char* k : kRecords) complete = complete && u.contains(k);
   if (complete) return u;  // this build's
@@ -196,8 +197,15 @@ json CheckpointRecords(const std::string& user_state, const std::string& checkpo
       const json j = text.ok() ? json::parse(*text, nullptr, /*allow_exceptions=*/false,
                                              /*ignore_comments=*/true)
                                : json();
+      // Its run's: it names this checkpoint directory as resolved from here, or (a run moved, or
+      // used from another working directory: its paths are relative to where it ran) it kept
+      // its checkpoint in its own run directory, where this one lies (hunt 41, N1).
+      const bool named = cfg.ok() && SameDirectory(cfg->output.checkpoint_dir, checkpoint.string());
+      const bool own = cfg.ok() && checkpoint.filename() == "checkpoint" &&
+                       fs::path(cfg->output.checkpoint_dir).lexically_normal() ==
+                           (fs::path(cfg->output.run_dir) / "checkpoint").lexically_normal();
       if (cfg.ok() && j.is_object() && j.contains("model") && j.contains("output") &&
-          SameDirectory(cfg->output.checkpoint_dir, checkpoint.string()))
+          (named || own))
         run = *cfg;
     }
   }
@@ -209,7 +217,8 @@ json CheckpointRecords(const std::string& user_state, const std::string& checkpo
                        {"compute_dtype", std::string(DTypeName(run->engine.compute_dtype))},
                        {"optimizer_states", MomentFormatText(run->engine.optimizer_states)},
                        {"adamw", AdamWJson(*run)},
-                       {"zeropp", ZeroPPJson(*run)}};
+                       {"zeropp", ZeroPPJson(*run)},
+                       {"chunk_elems", run->engine.chunk_elems}};
     for (const auto& [key, value] : from.items())
       if (!u.contains(key)) u[key] = value;
     if (say)

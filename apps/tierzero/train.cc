@@ -209,11 +209,18 @@ Status TrainRun::SetUp() {
       TZ_RETURN_IF_ERROR(CheckPlanConfig(plan["config"], cfg_).WithContext("--plan " + out_.plan));
     } else if (plan.is_object() && plan.contains("prediction") && !plan.contains("trace")) {
       // An older tierzero's plan records no config: its layout alone would be checked, and a
-      // plan of another batch shown as this run's prediction (hunt 41).
-      return FailedPreconditionError(
+      // plan of another batch shown as this run's prediction (hunt 41). Refused when given; a
+      // resume whose run recorded it (its config.json) goes on without it, saying so.
+      const std::string why =
           "--plan " + out_.plan +
           " records no config (an older tierzero wrote it), so it cannot be checked to be this "
-          "run's: make it again with tierzero plan (this run's config and options) --json FILE");
+          "run's";
+      if (out_.resume.empty())
+        return FailedPreconditionError(
+            why + ": make it again with tierzero plan (this run's config and options) --json FILE");
+      std::printf("note: %s: the report leaves it out (tierzero plan ... --json FILE makes one)\n",
+                  why.c_str());
+      plan_text_.clear();
     }
   }
   TZ_ASSIGN_OR_RETURN(dataset_,
@@ -302,7 +309,7 @@ Status TrainRun::SetUp() {
     const json u = json::parse(user, nullptr, /*allow_exceptions=*/false);
     eval_at_start_ = u.is_object() && u.value("eval_pending", false) == true;
   }
-  if (!out_.plan.empty() && lead_) {
+  if (!plan_text_.empty() && lead_) {
     // Refused now, not after the run: a plan file that is unreadable or of another config.
     // (plan_text_: read at the start of SetUp.)
     TZ_ASSIGN_OR_RETURN(const std::string report, engine_->ReportJson());

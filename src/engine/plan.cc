@@ -397,7 +397,11 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   }
   ur.nvme_duplex_bytes_per_s = rates.nvme_duplex_bytes_per_s;
   ur.device_shares_cpu = rates.device_shares_cpu;
-  ur.host_clear_bytes_per_s = rates.host_clear_bytes_per_s;
+  // (With accumulation the phase clears gradient shards: a rates file of an older tierzero has
+  // no clearing rate, which is assumed and said, not taken as free.)
+  ur.host_clear_bytes_per_s = cfg.grad_accumulation > 1 ? rate_or(rates.host_clear_bytes_per_s,
+                                                                  1e10, "host_clear_bytes_per_s")
+                                                        : rates.host_clear_bytes_per_s;
   UpdateBudget ub;
   // (As the run's phase sets it, UpdatePhase: compressed moments stream to the device as fp32
   // ones do, in their own bytes.)

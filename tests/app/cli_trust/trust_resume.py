@@ -287,6 +287,12 @@ def case_resume_older_checkpoint():
     shutil.copytree(os.path.join(a, "checkpoint"), moved)
     out = refused(["train", "--resume", os.path.join(a, "checkpoint"), "--heads", "4", "--steps",
                    "8"], "model.n_head 2", "an older tierzero's")
+    # A moved run (its config.json's paths relative to where it ran): the same.
+    moved_run = os.path.join(OUT, "older_moved", "run")
+    shutil.copytree(a, moved_run)
+    refused(["train", "--config", cfg, "--resume", "run/checkpoint", "--heads", "4", "--steps",
+             "8", "--run-dir", "run2"], "taken from its run's", "model.n_head 2",
+            cwd=os.path.dirname(moved_run))
     out = ok(["train", "--resume", os.path.join(a, "checkpoint"), "--steps", "8", "--lr", "0.01"])
     check("taken from its run's" in out and "learning-rate schedule changes" in out,
           f"an older checkpoint's resume does not note the changed schedule\n{out}")
