@@ -102,7 +102,7 @@ Status ScratchDir::Create(const std::string& prefix) {
   if (::mkdtemp(made.data()) == nullptr)
     return ErrnoError("creating a scratch directory " + made + " (under " +
                           (tmp != nullptr && *tmp != '\0' ? "$TMPDIR" : "/tmp") +
-                          ": point TMPDIR at a writable directory, or give --nvme-path DIR)",
+                          ": point TMPDIR at a writable directory)",
                       errno);
   path_ = made;
   RemoveTreeOnSignalExit(path_);  // a signal's exit does not run the destructor

@@ -180,6 +180,13 @@ Status FitProcessLimits() {
       (void)::pthread_setattr_default_np(&a);
     ::pthread_attr_destroy(&a);
   }
+  // (The open-file limit was raised toward its hard limit before; under 64 a run that trained
+  // to its end could not open its checkpoint: hunt 41.)
+  if (struct rlimit rl{};
+      ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 64)
+    return FailedPreconditionError("the open-file limit is " + std::to_string(rl.rlim_cur) +
+                                   " (ulimit -n), under the 64 tierzero needs: raise it (ulimit "
+                                   "-n 1024)");
   if (struct rlimit rl{}; ::getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
     if (rl.rlim_cur < rl.rlim_max) {
       rl.rlim_cur = rl.rlim_max;

@@ -77,7 +77,7 @@ void SilenceOtherThreads() {
 // then most often the launcher ending every rank after one failed (hunt 40: it read as if the user
 // had stopped the run).
 bool SeveralRanks() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}) {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS"}) {
     if (const char* x = std::getenv(v); x != nullptr && std::atoi(x) > 1) return true;
   }
   return false;

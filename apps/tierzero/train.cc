@@ -43,7 +43,9 @@ LauncherRanks LaunchedRanks() {
   static constexpr const char* kVars[][2] = {{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
                                              {"PMI_RANK", "PMI_SIZE"},
                                              {"PMIX_RANK", "PMIX_SIZE"},
-                                             {"SLURM_PROCID", "SLURM_NTASKS"}};
+                                             // (Per srun step: SLURM_NTASKS is also set in
+                                             // an sbatch script or salloc shell, one process.)
+                                             {"SLURM_PROCID", "SLURM_STEP_NUM_TASKS"}};
   for (const auto& v : kVars) {
     const char* rank = std::getenv(v[0]);
     const char* size = std::getenv(v[1]);

@@ -493,7 +493,8 @@ def case_address_space_limit():
     # address-space part cannot run.)
     libs = subprocess.run(["ldd", TZ], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout
     sanitized = b"libasan" in libs or b"libtsan" in libs
-    cases = [(resource.RLIMIT_STACK, "ulimit -s", (64 << 10, 256 << 10))]
+    cases = [(resource.RLIMIT_STACK, "ulimit -s", (64 << 10, 256 << 10)),
+             (resource.RLIMIT_NOFILE, "ulimit -n", (8, 32))]
     if not sanitized:
         cases.append((resource.RLIMIT_AS, "ulimit -v", (100 << 20, 150 << 20, 900 << 20)))
     for res, flag, amounts in cases:
@@ -512,3 +513,13 @@ def case_address_space_limit():
                   preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_STACK,
                                                         (64 << 10, resource.RLIM_INFINITY)))
     check(rc == 0, f"a 64 KiB soft stack limit under no hard one: exit status {rc}\n{out}")
+    # The simulated device maps its whole capacity: a limit just above what passes the 1 GiB
+    # floor but under the device's budget crashed in the first product; refused at set-up.
+    if not sanitized:
+        rd = os.path.join(OUT, "as_run_dev")
+        lim = 1100 << 20
+        rc, out = run(["train", "--layers", "1", "--width", "32", "--heads", "2", "--steps", "3",
+                       "--device-budget", "900MiB", "--run-dir", rd, "--quiet"],
+                      preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (lim, lim)))
+        check(rc == 1 and "ulimit -v" in out, f"a device budget over the address space: {rc}\n{out}")
+        check(not os.path.exists(rd), f"a refused run left {rd}")
