@@ -25,6 +25,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "plan.h"
@@ -187,17 +188,23 @@ Status FitProcessLimits() {
     return FailedPreconditionError("the open-file limit is " + std::to_string(rl.rlim_cur) +
                                    " (ulimit -n), under the 64 tierzero needs: raise it (ulimit "
                                    "-n 1024)");
-  if (struct rlimit rl{}; ::getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+  // (The data segment's limit, `ulimit -d`, counts mapped memory too since Linux 4.7.)
+  for (const auto& [resource, flag] : {std::pair{RLIMIT_AS, "-v"}, std::pair{RLIMIT_DATA, "-d"}}) {
+    struct rlimit rl {};
+    if (::getrlimit(resource, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) continue;
     if (rl.rlim_cur < rl.rlim_max) {
       rl.rlim_cur = rl.rlim_max;
-      (void)::setrlimit(RLIMIT_AS, &rl);
-      (void)::getrlimit(RLIMIT_AS, &rl);
+      (void)::setrlimit(resource, &rl);
+      (void)::getrlimit(resource, &rl);
     }
     if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < kLeastAddressSpace)
-      return FailedPreconditionError(
-          "the address space is limited to " + FormatBytes(rl.rlim_cur) +
-          " (ulimit -v), under the 1 GiB tierzero needs for its threads, "
-          "allocator and math libraries: raise it (ulimit -v unlimited)");
+      return FailedPreconditionError((flag[1] == 'v'
+                                          ? std::string("the address space is limited to ")
+                                          : std::string("the data segment is limited to ")) +
+                                     FormatBytes(rl.rlim_cur) + " (ulimit " + flag +
+                                     "), under the 1 GiB tierzero needs for its threads, "
+                                     "allocator and math libraries: raise it (ulimit " +
+                                     flag + " unlimited)");
   }
   return Status::OK();
 }

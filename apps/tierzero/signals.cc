@@ -21,7 +21,10 @@ namespace tierzero::app {
 namespace {
 
 const char* SignalName(int sig) {
-  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP";
+  return sig == SIGINT    ? "SIGINT"
+         : sig == SIGTERM ? "SIGTERM"
+         : sig == SIGXCPU ? "SIGXCPU"
+                          : "SIGHUP";
 }
 
 std::atomic<int> g_graceful{0};  // live GracefulInterrupts scopes
@@ -104,12 +107,17 @@ bool SeveralRanks() {
 // queued and taken here all the same, and a run under nohup would stop when the session drops.
 // (SIGINT and SIGTERM are taken even so: a script's background job starts with SIGINT ignored,
 // and `kill -INT` sent to it on purpose must stop it as Ctrl-C does.)
+// SIGXCPU (the soft CPU-time limit, `ulimit -t`, which batch schedulers such as LSF and SGE send
+// as the warning before their kill) is a request to stop as well: its default dumps core and
+// loses every step since the last checkpoint (hunt 41). The kernel repeats it every second past
+// the soft limit, so a repeat never escalates to the stop without saving that a second SIGINT
+// does.
 sigset_t g_taken;
 
 sigset_t TerminationSignals() {
   sigset_t set;
   sigemptyset(&set);
-  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) {
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGXCPU}) {
     struct sigaction old {};
     if (sig == SIGHUP && sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
     sigaddset(&set, sig);
@@ -154,7 +162,7 @@ void* WaitForSignals(void*) {
                   "the run cannot be resumed; another signal 3 s or more from now stops at "
                   "once)");
         if (n > 0) Say(msg, static_cast<size_t>(n));
-      } else if (NowNs() - g_asked_ns.load() >= kForceAfterNs) {
+      } else if (sig != SIGXCPU && NowNs() - g_asked_ns.load() >= kForceAfterNs) {
         // Asked again, not in the same burst: the step or the save may be blocked where no
         // flag reaches it (a write into a full pipe, a link throttled to nothing).
         EndNow(sig, g_checkpoint.load()
@@ -187,7 +195,8 @@ Status StartSignalThread() {
   g_taken = TerminationSignals();
   const sigset_t set = g_taken;
   if (int e = pthread_sigmask(SIG_BLOCK, &set, nullptr); e != 0)
-    return InternalError(std::string("blocking SIGINT, SIGTERM and SIGHUP: ") + std::strerror(e));
+    return InternalError(std::string("blocking SIGINT, SIGTERM, SIGHUP and SIGXCPU: ") +
+                         std::strerror(e));
   pthread_t thread;
   if (int e = pthread_create(&thread, nullptr, WaitForSignals, nullptr); e != 0)
     return InternalError(std::string("starting the signal thread: ") + std::strerror(e));

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "comm/collective.h"
 #include "comm/device_collectives.h"
@@ -310,23 +311,24 @@ Status Engine::Impl::CheckHostMemory(bool cuda) {
                          "); past it the kernel would end the process without a word. " + advice +
                          ", or run where more memory is allowed");
   }
-  // An address-space limit (`ulimit -v`) is met by what is reserved, not touched: the simulated
-  // device maps its whole capacity at once. Under the limit by less than the process's own
-  // needs, the run crashed in its first product (an mmap the math library did not check: hunt
-  // 41), so that margin is kept here too.
-  if (struct rlimit as{};
-      s.ok() && ::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
+  // An address-space or data limit (`ulimit -v`, `ulimit -d`) is met by what is reserved, not
+  // touched: the simulated device maps its whole capacity at once. Under the limit by less than the
+  // process's own needs, the run crashed in its first product (an mmap the math library did not
+  // check: hunt 41), so that margin is kept here too.
+  for (const auto& [resource, flag] : {std::pair{RLIMIT_AS, "-v"}, std::pair{RLIMIT_DATA, "-d"}}) {
+    struct rlimit lim {};
+    if (!s.ok() || ::getrlimit(resource, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) continue;
     const uint64_t capacity =
         sim ? cfg.device_budget + cfg.device_shard_budget + 4 * layout.chunk_bytes() + (1 << 20)
             : 0;
     const uint64_t reserved = host_tier + fixed + capacity + (uint64_t{512} << 20);
-    if (reserved > static_cast<uint64_t>(as.rlim_cur))
+    if (reserved > static_cast<uint64_t>(lim.rlim_cur))
       s = OutOfMemoryError(
           "this run maps at least " + FormatBytes(reserved) +
-          " of address space (host memory, the simulated device's whole capacity, and 512 MiB "
-          "for the process itself), more than its limit of " +
-          FormatBytes(static_cast<uint64_t>(as.rlim_cur)) +
-          " (ulimit -v): raise the limit, or give smaller budgets");
+          " (host memory, the simulated device's whole capacity, and 512 MiB for the process "
+          "itself), more than its limit of " +
+          FormatBytes(static_cast<uint64_t>(lim.rlim_cur)) + " (ulimit " + flag +
+          "): raise the limit, or give smaller budgets");
   }
   if (world() > 1) return AgreeOnStatus(*comm, s);
   if (s.ok() && together > hm.available) {
