@@ -368,6 +368,16 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
           " to continue them there, or --metrics PATH "
           "for a new file");
   }
+  // A manifest that cannot be read (its permissions, the open-file limit, an I/O error) says
+  // nothing of the checkpoint: that error, not "damaged" with advice to restore a good
+  // checkpoint from a copy (hunt 41).
+  if (ckpt && IsRegular(out.checkpoint_dir + "/manifest.json")) {
+    const StatusOr<std::string> text = ReadFileBounded(out.checkpoint_dir + "/manifest.json",
+                                                       uint64_t{256} << 20, "checkpoint manifest");
+    if (!text.ok() && text.status().code() != StatusCode::kInvalidArgument)
+      return text.status().WithContext("reading the checkpoint's manifest in " +
+                                       out.checkpoint_dir + " (nothing there is changed)");
+  }
   // A checkpoint directory whose manifest.json is another program's: the save would write over
   // it, and --overwrite would remove the user's files beside it.
   if (ckpt && ForeignManifest(out.checkpoint_dir)) {
