@@ -48,14 +48,20 @@ namespace {
 Status CacheWritable(const std::string& cache, const MachineRates& r) {
   struct stat st {};
   if (::lstat(cache.c_str(), &st) != 0) return Status::OK();
-  auto keep = [&](const std::string& why) {
-    return FailedPreconditionError(cache + " " + why +
-                                   ", so it is not written over: remove it, or name the cache "
-                                   "elsewhere (TZ_RATES_FILE)");
+  // (Advice to remove it only for a regular file that is no cache of this build's: never a device,
+  // a directory, or a file it merely could not read; hunt 41.)
+  auto keep = [&](const std::string& why, bool removable = true) {
+    return FailedPreconditionError(
+        cache + " " + why + ", so it is not written over: " + (removable ? "remove it, or " : "") +
+        "name the cache elsewhere (TZ_RATES_FILE)");
   };
-  if (!S_ISREG(st.st_mode)) return keep(std::string("is ") + FileKindName(st.st_mode));
+  if (!S_ISREG(st.st_mode))
+    return keep(std::string("is ") + FileKindName(st.st_mode), /*removable=*/false);
   auto text = ReadTextFile(cache, "rates file");
-  auto old = text.ok() ? MachineRatesFromJson(*text) : StatusOr<MachineRates>(text.status());
+  if (!text.ok())
+    return keep("cannot be read (" + std::string(text.status().message()) + ")",
+                /*removable=*/false);
+  auto old = MachineRatesFromJson(*text);
   if (!old.ok()) return keep("is not a rates file");
   if (old->name == kCachedComm || old->name == r.name) return Status::OK();
   if (old->name == kCachedCpu || old->name == kCachedGpu)
