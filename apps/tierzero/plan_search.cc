@@ -349,7 +349,10 @@ void WarnHostMemory(const RunConfig& cfg, const PlanPrediction& p, int ranks, in
                    (cfg.engine.device == DeviceChoice::kAuto && GpuCount() == 0);
   const uint64_t here = static_cast<uint64_t>(
       std::max(1, ranks_per_node > 0 ? std::min(ranks_per_node, ranks) : ranks));
-  const uint64_t sim_part = sim ? p.device_resident + cfg.engine.device_budget : 0;
+  // (As train counts it: the device budget as far as every chunk gathered fills it.)
+  const uint64_t all_chunks = static_cast<uint64_t>(p.chunks) * p.chunk_bytes;
+  const uint64_t sim_part =
+      sim ? p.device_resident + std::min(cfg.engine.device_budget, all_chunks) : 0;
   const uint64_t rank_need = p.host.peak + sim_part;
   const uint64_t need = rank_need > UINT64_MAX / here ? UINT64_MAX : rank_need * here;
   const HostMemory m = ReadHostMemory();

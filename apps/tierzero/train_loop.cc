@@ -181,7 +181,8 @@ Status TrainRun::Save(int step) {
       ": its " + std::to_string(step - start_) + " steps are not saved" +
       (s.code() != StatusCode::kIoError ? ")"
        : s.message().find("(ulimit -") != std::string::npos
-           ? "; raise the limit the error names: it holds in every directory)"
+           ? "; raise the limit the error names, or for a file system's own cap give "
+             "--checkpoint a directory on another)"
            : "; free space there, or give --checkpoint a directory on another disk)"));
 }
 

@@ -139,7 +139,8 @@ Status ErrnoError(std::string_view what, int err, StatusCode code) {
       m += "; the system's limit on open files is reached (fs.file-max)";
       break;
     case EFBIG:
-      m += "; past this process's file-size limit: raise it (ulimit -f)";
+      m += "; past this process's file-size limit (raise it: ulimit -f) or the largest file this "
+           "file system holds (FAT32: 4 GiB)";
       break;
     case EDQUOT:
       m += "; over the disk quota of this user";

@@ -240,21 +240,26 @@ Status Engine::Impl::Place(bool on_device) {
 // what the run will hold in host memory: the host tier's shards and states and the fixed buffers
 // the host budget sets aside (Note [Host memory accounting] in docs/config.md); on the simulated
 // device also the device's memory, which is host memory: the shards and states placed there,
-// and device_budget, which its chunk cache and activations fill as a GPU's would (the scale
-// run's device used 2.04 of its 2 GiB + margin). When that is over the limit Finalize refuses
-// the run, with budgets that fit, leaving a margin (a tenth of the limit, at least 256 MiB and
-// four chunks) for the process's code, the allocator and what the budgets leave out. Ranks on one
-// machine (its host name, and the limiting cgroup when one is) add theirs together. A run over what
-// is available now but under the limit is only warned of: other processes may free it, and swap may
-// take it.
+// and device_budget as far as its chunk cache can fill it (every chunk gathered), as a GPU's
+// would (the scale run's device used 2.04 of its 2 GiB + margin; its activations come on top,
+// unknown before the warm-up: a lower bound, so nothing that fits is refused). When that is over
+// the limit Finalize refuses the run, with budgets that fit, leaving a margin (a tenth of the
+// limit, at least 256 MiB and four chunks) for the process's code, the allocator and what the
+// budgets leave out. Ranks on one machine (its host name, and the limiting cgroup when one is) add
+// theirs together. A run over what is available now but under the limit is only warned of: other
+// processes may free it, and swap may take it.
 Status Engine::Impl::CheckHostMemory(bool cuda) {
   const HostMemory hm = ReadHostMemory();
   const uint64_t host_tier = placement.bytes[static_cast<int>(Tier::kHost)];
   const uint64_t fixed =
       cfg.host_budget > budgets.host_bytes ? cfg.host_budget - budgets.host_bytes : 0;
   const bool sim = device != nullptr ? device->info().caps.host_compute : !cuda;
+  // (The device's budget as far as its chunk cache can fill it: every chunk gathered; a budget
+  // far above the model, as a GPU run's config carried to export or eval here, is not held.)
+  const uint64_t all_chunks = static_cast<uint64_t>(layout.num_chunks()) * layout.chunk_bytes();
+  const uint64_t sim_cache = sim ? std::min(cfg.device_budget, all_chunks) : 0;
   const uint64_t sim_device =
-      sim ? placement.bytes[static_cast<int>(Tier::kDevice)] + cfg.device_budget : 0;
+      sim ? placement.bytes[static_cast<int>(Tier::kDevice)] + sim_cache : 0;
   const uint64_t need = host_tier + fixed + sim_device;
   uint64_t together = need;
   uint64_t sharing = 1;
@@ -278,8 +283,8 @@ Status Engine::Impl::CheckHostMemory(bool cuda) {
                        ", the fixed buffers " + FormatBytes(fixed);
     if (sim) {
       what += ", and the simulated device's memory, host memory too: its shards and states " +
-              FormatBytes(sim_device - cfg.device_budget) + " and device_budget " +
-              FormatBytes(cfg.device_budget);
+              FormatBytes(sim_device - sim_cache) + " and the chunks device_budget holds " +
+              FormatBytes(sim_cache);
     }
     if (sharing > 1) {
       what += "; " + std::to_string(sharing) + " ranks on this machine: " + FormatBytes(together) +
