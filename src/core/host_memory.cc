@@ -148,10 +148,12 @@ std::vector<Hierarchy> MemoryHierarchies(const std::string& root) {
     } else if (path.compare(0, mroot.size(), mroot) == 0 &&
                (path.size() == mroot.size() || path[mroot.size()] == '/')) {
       rel = path.substr(mroot.size());
+    } else {
+      continue;  // this process's cgroup is outside the mount's view: its root is another's
     }
     while (!rel.empty() && rel.back() == '/') rel.pop_back();
-    std::string dir = mount + rel;
-    if (!IsDir(dir)) dir = mount;  // a path outside this mount's view
+    const std::string dir = mount + rel;
+    if (!IsDir(dir)) continue;  // (likewise: "/../x" seen from another cgroup namespace)
     out.push_back({v2, dir, mount});
   }
   return out;

@@ -125,6 +125,20 @@ TEST_F(HostMemoryTest, ALimitAbovePhysicalMemoryAndUnreadableFilesDoNotLimit) {
   EXPECT_EQ(m.limit_source, "physical memory");
 }
 
+TEST_F(HostMemoryTest, ACgroupOutsideTheMountsViewIsNotTheMountRootsLimit) {
+  // The mount shows another cgroup's subtree (its root "/docker/other"): its limit is not this
+  // process's, and is not taken for it.
+  Write("/proc/self/cgroup", "9:memory:/user/me\n0::/../elsewhere\n");
+  Write("/proc/self/mountinfo",
+        "40 31 0:32 /docker/other /sys/fs/cgroup/memory ro - cgroup cgroup rw,memory\n"
+        "41 31 0:33 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n");
+  Cgroup("/sys/fs/cgroup/memory", false, std::to_string(512 * kMiB));
+  Cgroup("/sys/fs/cgroup/unified", true, std::to_string(256 * kMiB));
+  const HostMemory m = ReadHostMemory(root_);
+  EXPECT_EQ(m.limit, 16 * kGiB);
+  EXPECT_EQ(m.limit_source, "physical memory");
+}
+
 TEST_F(HostMemoryTest, AMountPointWithAnEscapedSpace) {
   Write("/proc/self/cgroup", "0::/a\n");
   Write("/proc/self/mountinfo", "30 22 0:26 / /cg\\040root rw - cgroup2 cgroup2 rw\n");
