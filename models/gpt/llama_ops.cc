@@ -45,6 +45,23 @@ void Rotate(T* x, int64_t batch, int64_t seq, int64_t heads, int64_t hd, int64_t
   });
 }
 
+// RMSNorm's weight gradient: dw += sum over rows of dy x rstd, per block of 64 columns, rows in
+// order (the same bits on any thread count).
+template <typename T>
+void RmsNormWeightGrad(const T* dy, const T* x, const T* rstd, T* dw, int64_t rows, int64_t cols) {
+  constexpr int64_t kBlock = 64;
+  tbb::parallel_for(int64_t{0}, (cols + kBlock - 1) / kBlock, [&](int64_t blk) {
+    const int64_t c0 = blk * kBlock, c1 = std::min(cols, c0 + kBlock);
+    T acc[kBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* dyr = dy + r * cols;
+      const T* xr = x + r * cols;
+      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += dyr[c] * xr[c] * rstd[r];
+    }
+    for (int64_t c = c0; c < c1; ++c) dw[c] += acc[c - c0];
+  });
+}
+
 }  // namespace
 
 template <typename T>
@@ -73,18 +90,7 @@ void RmsNormBackward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, 
     T* dxr = dx + r * cols;
     for (int64_t j = 0; j < cols; ++j) dxr[j] = rs * (dyr[j] * w[j] - xr[j] * rs * dot);
   });
-  // dw per column block, rows in order.
-  constexpr int64_t kBlock = 64;
-  tbb::parallel_for(int64_t{0}, (cols + kBlock - 1) / kBlock, [&](int64_t blk) {
-    const int64_t c0 = blk * kBlock, c1 = std::min(cols, c0 + kBlock);
-    T acc[kBlock] = {};
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* dyr = dy + r * cols;
-      const T* xr = x + r * cols;
-      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += dyr[c] * xr[c] * rstd[r];
-    }
-    for (int64_t c = c0; c < c1; ++c) dw[c] += acc[c - c0];
-  });
+  RmsNormWeightGrad(dy, x, rstd, dw, rows, cols);
 }
 
 template <typename T>
@@ -158,17 +164,7 @@ void RmsNormBackward<float>(const float* dy, const float* x, const float* w, con
     for (int64_t j = 0; j < cols; ++j)
       dxr[j] = rs * (dyw[static_cast<size_t>(j)] - xr[j] * rs * dot);
   });
-  constexpr int64_t kBlock = 64;
-  tbb::parallel_for(int64_t{0}, (cols + kBlock - 1) / kBlock, [&](int64_t blk) {
-    const int64_t c0 = blk * kBlock, c1 = std::min(cols, c0 + kBlock);
-    float acc[kBlock] = {};
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* dyr = dy + r * cols;
-      const float* xr = x + r * cols;
-      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += dyr[c] * xr[c] * rstd[r];
-    }
-    for (int64_t c = c0; c < c1; ++c) dw[c] += acc[c - c0];
-  });
+  RmsNormWeightGrad(dy, x, rstd, dw, rows, cols);
 }
 
 template <>
