@@ -44,10 +44,22 @@ class UringBlockIo final : public BlockIo {
     }
     int r = io_uring_queue_init_params(static_cast<unsigned>(depth), &ring_, &params);
     if (r < 0) {
-      return ErrnoError("io_uring setup (depth " + std::to_string(depth) + ")", -r,
-                        StatusCode::kUnavailable);
+      // Why a ring may not be had, said with what to change (the caller falls back to threads).
+      std::string why;
+      if (-r == ENOMEM)
+        why =
+            "; before Linux 5.12 a ring's memory counts against the locked-memory limit: "
+            "raise it (ulimit -l)";
+      else if (-r == EPERM || -r == ENOSYS)
+        why =
+            "; io_uring is disabled here (the kernel's io_uring_disabled setting, or a "
+            "container's seccomp profile)";
+      const Status e = ErrnoError("io_uring setup (depth " + std::to_string(depth) + ")", -r,
+                                  StatusCode::kUnavailable);
+      return Status(e.code(), std::string(e.message()) + why);
     }
     ring_ready_ = true;
+    fds_ = fds;
     r = io_uring_register_files(&ring_, fds.data(), static_cast<unsigned>(fds.size()));
     if (r < 0) return ErrnoError("io_uring_register_files", -r, StatusCode::kUnavailable);
     completer_ = std::thread([this] { CompletionLoop(); });
@@ -162,13 +174,38 @@ class UringBlockIo final : public BlockIo {
       if (req == nullptr) return;  // stop signal
       if (static_cast<void*>(req) == &kIgnoredCompletion) continue;
       t_resubmitted = false;
-      req->done(res);  // may Resubmit, keeping the permit; must not touch req afterwards
+      // (may Resubmit, keeping the permit; must not touch req afterwards)
+      req->done(res == -ECANCELED ? RunHere(*req) : res);
       if (!t_resubmitted) in_flight_.release();
+    }
+  }
+
+  // Note [A request io_uring cancels runs here]
+  // Nothing here cancels a request, but the kernel does when it cannot start an io-wq worker for
+  // it (a write to a regular file, a read that would block): a worker is a thread of this user,
+  // so under the user's limit on processes (`ulimit -u`, a container's pids limit) a request
+  // completed with ECANCELED and the run failed, at set-up or in any later step where one more
+  // worker was wanted (a default run under `ulimit -u 12`: "Operation canceled"). Such a request
+  // is done on the completion thread with pread/pwrite instead: slower while the limit binds,
+  // the same bytes.
+  int64_t RunHere(const IoRequest& req) {
+    TZ_LOG_ONCE(kWarn, kNvme)
+        << "io_uring cancelled a request (it could not start a worker thread: "
+           "this user's limit on processes and threads, ulimit -u, or a "
+           "container's pids limit?); such requests run synchronously";
+    const int fd = fds_[static_cast<size_t>(req.file)];
+    for (;;) {
+      const ssize_t n = req.op == IoRequest::Op::kRead
+                            ? ::pread(fd, req.buf, req.len, static_cast<off_t>(req.offset))
+                            : ::pwrite(fd, req.buf, req.len, static_cast<off_t>(req.offset));
+      if (n < 0 && errno == EINTR) continue;
+      return n < 0 ? -static_cast<int64_t>(errno) : static_cast<int64_t>(n);
     }
   }
 
   io_uring ring_{};
   bool ring_ready_ = false;
+  std::vector<int> fds_;  // the registered files, by index (RunHere)
   InFlight in_flight_;
   const bool sqpoll_;
   Mutex sq_mu_;
