@@ -156,8 +156,10 @@ Status Updater::BeginTraining(bool last_micro_batch, int64_t step, float loss_sc
   } catch (const std::system_error& e) {
     cm_->SetGradFinalCallback(nullptr);
     spec_.queue.reset();
-    TZ_LOG(kWarn, kEngine) << "speculative start: no worker thread (" << e.what()
-                           << "); the step's updates start after backward";
+    TZ_LOG_ONCE(kWarn, kEngine) << "speculative start: no worker thread (" << e.what()
+                                << "); the step's updates start after backward while threads "
+                                   "are short (this user's limit on processes and threads, "
+                                   "ulimit -u?)";
   }
   return Status::OK();
 }
