@@ -9,6 +9,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <new>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "gpt/ops_internal.h"
@@ -53,12 +56,18 @@ void SgemmOnThisThread(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
   omp_set_num_threads(1);  // this thread's OpenMP setting: no nested team
   const dnnl_status_t s =
       dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  if (s != dnnl_success) {
-    std::fprintf(stderr, "dnnl_sgemm(%lld x %lld x %lld) failed with status %d\n",
-                 static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
-                 static_cast<int>(s));
-    std::abort();
-  }
+  // Note [A product that fails throws]
+  // Gemm returns nothing, and its callers run between a model's forward and backward with no
+  // Status to carry. oneDNN fails a product only when it cannot allocate its packing buffers
+  // (the host has no memory left: under `ulimit -v`, say) or when given arguments no caller
+  // here makes. Either throws: oneTBB carries the exception out of the parallel blocks to the
+  // calling thread, and a command's last net turns it into its failure (std::bad_alloc: out of
+  // host memory; anything else: a bug), so the run's cleanup runs instead of an abort.
+  if (s == dnnl_out_of_memory) throw std::bad_alloc();
+  if (s != dnnl_success)
+    throw std::runtime_error("dnnl_sgemm(" + std::to_string(m) + " x " + std::to_string(n) + " x " +
+                             std::to_string(k) + ") failed with status " +
+                             std::to_string(static_cast<int>(s)));
 }
 
 }  // namespace detail

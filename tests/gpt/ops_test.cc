@@ -8,6 +8,7 @@
 #include <functional>
 #include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -224,6 +225,16 @@ TEST(GptOps, FloatGemmWithTwoKibStridesAndAnEmptySide) {
   Gemm<float>(true, false, 0, 130, 300, 1.0f, a.data(), 512, b.data(), 512, 0.0f, c.data(), 130);
   Gemm<float>(false, false, 200, 0, 300, 1.0f, a.data(), 512, b.data(), 512, 0.0f, c.data(), 1);
   for (float v : c) EXPECT_EQ(v, 5.0f);
+}
+
+TEST(GptOps, AFailedProductThrowsInsteadOfAborting) {
+  // A leading dimension shorter than a row: oneDNN refuses the product. Note [A product that
+  // fails throws] (ops.cc): the caller gets an exception (a command's last net turns it into
+  // its failure), not an abort of the process.
+  std::vector<float> a(16, 1.0f), b(16, 1.0f), c(16, 0.0f);
+  EXPECT_THROW(
+      Gemm<float>(false, false, 4, 4, 4, 1.0f, a.data(), 1, b.data(), 4, 0.0f, c.data(), 4),
+      std::runtime_error);
 }
 
 // The fp32 ops with their own kernels (the GELU's exponential, attention through sgemm) against
