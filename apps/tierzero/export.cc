@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,10 +36,12 @@ int Export(const std::vector<std::string>& args) {
   bool dtype_given = false, hf = false;
   uint64_t max_shard = 5000000000;  // transformers' save_pretrained default: "5GB", 5 x 10^9 bytes
   bool max_shard_given = false;
+  // Budgets of this process's own, in place of the run's (its ranks' together).
+  std::optional<uint64_t> host_budget, nvme_budget;
   for (size_t i = 0; i < args.size(); ++i) {
     // An option of export's at the end, its value missing.
-    for (const char* takes :
-         {"-o", "--output", "--dtype", "--format", "--max-shard-size", "--config"}) {
+    for (const char* takes : {"-o", "--output", "--dtype", "--format", "--max-shard-size",
+                              "--config", "--host-budget", "--nvme-budget"}) {
       if (args[i] == takes && i + 1 >= args.size())
         return Fail(InvalidArgumentError(args[i] + " needs a value"));
     }
@@ -60,6 +63,11 @@ int Export(const std::vector<std::string>& args) {
       if (!b.ok()) return Fail(b.status().WithContext("--max-shard-size"));
       max_shard = *b;
       max_shard_given = true;
+    } else if ((args[i] == "--host-budget" || args[i] == "--nvme-budget") && i + 1 < args.size()) {
+      const std::string flag = args[i];
+      auto b = ParseByteSize(args[++i]);
+      if (!b.ok()) return Fail(b.status().WithContext(flag));
+      (flag == "--host-budget" ? host_budget : nvme_budget) = *b;
     } else if (args[i] == "--config" && i + 1 < args.size()) {
       config_path = args[++i];
       if (config_path.empty())
@@ -77,6 +85,9 @@ int Export(const std::vector<std::string>& args) {
           "         at most 5 GB (5 x 10^9 bytes) by default, 0 for one file; with\n"
           "         model.safetensors.index.json when several)\n"
           "  [--config RUN_DIR/config.json]  (default: CHECKPOINT_DIR/../config.json)\n"
+          "  [--host-budget SIZE] [--nvme-budget SIZE]  (default: the run's, its ranks' "
+          "together;\n"
+          "         what the host budget does not hold goes to NVMe swap space in $TMPDIR)\n"
           "  (-o and --output are the same)");
       return 0;
     } else if (ckpt.empty() && args[i][0] != '-') {
@@ -157,6 +168,8 @@ int Export(const std::vector<std::string>& args) {
     ec.host_budget = times(ec.host_budget);
     ec.nvme_budget = times(ec.nvme_budget);
   }
+  if (host_budget) ec.host_budget = *host_budget;
+  if (nvme_budget) ec.nvme_budget = *nvme_budget;
   // NVMe swap space of its own (a directory made here and removed at the end): the run's recorded
   // nvme_path is relative to where that run ran, and a live run may be swapping there.
   ScratchDir nvme_dir;

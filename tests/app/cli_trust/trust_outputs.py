@@ -356,6 +356,21 @@ def case_export_paths():
     ok(["export", "checkpoint/.", "-o", os.path.join(OUT, "p_3.st")], cwd=run_dir)
     check(read(os.path.join(OUT, "p_1.st")) == read(os.path.join(OUT, "p_2.st")),
           "the exports differ")
+    # Budgets of the export's own (where the run's do not fit the memory it may use: the advice
+    # of its refusal names --host-budget), a host budget short of the run's, the rest swapped to
+    # NVMe, and one that holds it all: the same tensors.
+    ok(["export", run_dir + "/checkpoint", "-o", os.path.join(OUT, "p_4.st"), "--host-budget",
+        "1536KiB", "--nvme-budget", "64MiB"])
+    ok(["export", run_dir + "/checkpoint", "-o", os.path.join(OUT, "p_5.st"), "--host-budget",
+        "256MiB", "--nvme-budget", "0"])
+    for name in ("p_4.st", "p_5.st"):
+        check(read(os.path.join(OUT, "p_1.st")) == read(os.path.join(OUT, name)),
+              f"the export with budgets of its own ({name}) differs")
+    refused(["export", run_dir + "/checkpoint", "-o", os.path.join(OUT, "p_6.st"), "--host-budget",
+             "64KiB", "--nvme-budget", "0"], "host_budget")
+    refused(["export", run_dir + "/checkpoint", "-o", os.path.join(OUT, "p_6.st"),
+             "--nvme-budget"], "--nvme-budget needs a value")
+    check(not os.path.exists(os.path.join(OUT, "p_6.st")), "a refused export left its output")
     # The export records its model (Note [A safetensors file that records its model]): --init-from
     # it takes that model, and refuses a shape that is not it (another --heads: the same tensors).
     tok = os.path.join(OUT, "p_tok.bin")
