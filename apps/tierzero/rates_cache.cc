@@ -97,7 +97,13 @@ void CacheRates(const std::string& cache, const MachineRates& r) {
           home);
       return;
     }
-    fs::create_directories(fs::path(cache).parent_path(), ec);
+    // (Its own error when it cannot be made, an unwritable XDG_CACHE_HOME: the write below
+    // would say only that the directory does not exist.)
+    if (fs::create_directories(fs::path(cache).parent_path(), ec); ec) {
+      std::printf("  (the rates are not cached: cannot make %s: %s; TZ_RATES_FILE names a cache)\n",
+                  fs::path(cache).parent_path().c_str(), ec.message().c_str());
+      return;
+    }
   }
   if (Status s = WriteTextFile(cache, MachineRatesToJson(r)); !s.ok()) {
     std::printf("  (the rates are not cached: %s)\n", s.ToString().c_str());

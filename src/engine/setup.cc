@@ -2,10 +2,12 @@
 // compute stream, the NVMe tier, the ranks' collective path, the shard store, the chunk manager
 // and the optimizer, and the parameters' initial values.
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -234,6 +236,30 @@ Status Engine::Impl::Place(bool on_device) {
   return Status::OK();
 }
 
+namespace {
+
+// What the ranks sharing one memory limit have in common: the machine (its host name and this
+// boot of its kernel, so two machines cloned with one name differ) and the limiting cgroup, by
+// its directory and its inode (containers on the host's network share a host name, and each sees
+// its own cgroup at the same path; the inode is the cgroup's own).
+std::string MemoryScopeKey(const HostMemory& hm) {
+  char host[256] = {};
+  (void)::gethostname(host, sizeof host - 1);
+  std::string key = std::string(host) + "\n";
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char boot[64] = {};
+    if (std::fgets(boot, sizeof boot, f) != nullptr) key += boot;
+    std::fclose(f);
+  }
+  key += "\n" + hm.limit_scope;
+  struct stat st {};
+  if (!hm.limit_scope.empty() && ::stat(hm.limit_scope.c_str(), &st) == 0)
+    key += "\n" + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
+  return key;
+}
+
+}  // namespace
+
 // Note [Host memory within the process's limit]
 // Past the memory a process may use (Note [The memory a process may use], src/core) the kernel
 // ends it with SIGKILL: no message, no save. Before anything is allocated the placement says
@@ -245,8 +271,8 @@ Status Engine::Impl::Place(bool on_device) {
 // unknown before the warm-up: a lower bound, so nothing that fits is refused). When that is over
 // the limit Finalize refuses the run, with budgets that fit, leaving a margin (a tenth of the
 // limit, at least 256 MiB and four chunks) for the process's code, the allocator and what the
-// budgets leave out. Ranks on one machine (its host name, and the limiting cgroup when one is) add
-// theirs together. A run over what is available now but under the limit is only warned of: other
+// budgets leave out. Ranks on one machine and in one cgroup (MemoryScopeKey) add theirs
+// together. A run over what is available now but under the limit is only warned of: other
 // processes may free it, and swap may take it.
 Status Engine::Impl::CheckHostMemory(bool cuda) {
   const HostMemory hm = ReadHostMemory();
@@ -264,9 +290,7 @@ Status Engine::Impl::CheckHostMemory(bool cuda) {
   uint64_t together = need;
   uint64_t sharing = 1;
   if (world() > 1) {
-    char host[256] = {};
-    (void)::gethostname(host, sizeof host - 1);
-    const uint64_t key = std::hash<std::string>{}(std::string(host) + "\n" + hm.limit_scope);
+    const uint64_t key = std::hash<std::string>{}(MemoryScopeKey(hm));
     ASSIGN_OR_RETURN(const std::vector<uint64_t> keys, AllGatherValue(*comm, key));
     ASSIGN_OR_RETURN(const std::vector<uint64_t> needs, AllGatherValue(*comm, need));
     together = 0;
