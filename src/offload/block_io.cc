@@ -144,7 +144,14 @@ class UringBlockIo final : public BlockIo {
     std::vector<iovec> iov;
     for (auto [p, n] : regions) iov.push_back({p, n});
     int r = io_uring_register_buffers(&ring_, iov.data(), static_cast<unsigned>(iov.size()));
-    if (r < 0) return ErrnoError("io_uring_register_buffers", -r);
+    if (r < 0) {
+      const Status e = ErrnoError("io_uring_register_buffers", -r);
+      if (-r != ENOMEM) return e;
+      return Status(e.code(), std::string(e.message()) +
+                                  "; registered buffers are locked memory: this process's limit "
+                                  "on it (ulimit -l) is too low for them (the I/O still runs, "
+                                  "through unregistered buffers)");
+    }
     regions_ = regions;
     return Status::OK();
   }
