@@ -149,9 +149,6 @@ double Number(const json& j, std::initializer_list<const char*> path) {
 // a GPU run's plan the CPU's compute and memcpy's link, a step time off by orders of magnitude.
 // The two are cached apart (RatesCachePath), and a cache of the other kind is measured again.
 StatusOr<MachineRates> Calibrate(const RunConfig& cfg, bool gpu) {
-  std::printf("calibrating this machine's rates on its %s (a short run under %s) ...\n",
-              gpu ? "GPU" : "simulated device", cfg.output.run_dir.c_str());
-  std::fflush(stdout);
   // A directory of its own (mkdtemp), the only one removed after: a user's RUN_DIR/calibration
   // is never touched. Under the run directory (the disk its NVMe tier will use); the directories
   // made to hold it are removed after too, so a plan leaves no empty runs/default behind.
@@ -162,8 +159,25 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg, bool gpu) {
     made_dirs.push_back(p);
     if (p == p.parent_path()) break;
   }
-  fs::create_directories(cfg.output.run_dir, ec);
+  std::string base = cfg.output.run_dir;
+  fs::create_directories(base, ec);
+  if (ec == std::errc::permission_denied || ec == std::errc::read_only_file_system ||
+      ec == std::errc::operation_not_permitted) {
+    // A plan made where nothing may be written (a read-only working directory, another user's):
+    // the calibration runs under $TMPDIR instead, on what may be another disk than the run's.
+    const char* tmp = std::getenv("TMPDIR");
+    base = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+    std::printf(
+        "  (%s cannot be made here: %s; the calibration runs under %s, whose disk may not "
+        "be the run's NVMe disk)\n",
+        cfg.output.run_dir.c_str(), ec.message().c_str(), base.c_str());
+    made_dirs.clear();
+    ec.clear();
+  }
   if (ec) return IoError("creating " + cfg.output.run_dir + ": " + ec.message());
+  std::printf("calibrating this machine's rates on its %s (a short run under %s) ...\n",
+              gpu ? "GPU" : "simulated device", base.c_str());
+  std::fflush(stdout);
   for (const fs::path& d : made_dirs) RemoveOnSignalExit(d.string());  // (only while empty)
   struct RemoveMade {
     std::vector<fs::path> dirs;
@@ -175,9 +189,9 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg, bool gpu) {
       }
     }
   } remove_made{made_dirs};
-  std::string made = cfg.output.run_dir + "/.calibration-XXXXXX";
+  std::string made = base + "/.calibration-XXXXXX";
   if (::mkdtemp(made.data()) == nullptr)
-    return ErrnoError("creating a calibration directory under " + cfg.output.run_dir, errno);
+    return ErrnoError("creating a calibration directory under " + base, errno);
   const std::string dir = made;
   RemoveTreeOnSignalExit(dir);  // a signal's exit does not run the destructor below
   struct RemoveAfter {

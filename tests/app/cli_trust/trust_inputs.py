@@ -350,6 +350,29 @@ def case_plan_device():
     out = ok(["plan", "--config", cfg, "--device", "host", "--no-advice"], env=env, timeout=300)
     check(not os.path.exists(missing) and "not cached" in out,
           f"a plan made a cache in a home that does not exist:\n{out}")
+    # A plan made where nothing may be written (a read-only working directory) calibrates under
+    # $TMPDIR, and says so, instead of failing on its run directory (as `nobody`: root writes
+    # anywhere).
+    if os.geteuid() == 0:
+        ro = os.path.join(OUT, "g_read_only")
+        os.makedirs(ro, exist_ok=True)
+        os.chmod(ro, 0o555)
+        os.chmod(OUT, 0o755)
+        tmp = os.path.join(OUT, "g_tmp")
+        os.makedirs(tmp, exist_ok=True)
+        os.chmod(tmp, 0o777)
+        env = dict(os.environ, HOME=missing, XDG_CACHE_HOME="", TMPDIR=tmp)
+        env.pop("TZ_RATES_FILE", None)
+
+        def as_nobody():
+            os.setgid(65534)
+            os.setuid(65534)
+        rc, out = run(["plan", "--no-advice"], env=env, cwd=ro, timeout=300,
+                      preexec_fn=as_nobody)
+        check(rc == 0 and "the calibration runs under " + tmp in out,
+              f"a plan in a read-only directory: exit status {rc}\n{out}")
+        check(os.listdir(tmp) == [] and os.listdir(ro) == [],
+              f"a plan in a read-only directory left {os.listdir(tmp)} {os.listdir(ro)}")
 
 
 def case_plan_of_another_config():
