@@ -1,7 +1,9 @@
 // rates_cache.h: this machine's rates cache for `tierzero plan`.
 #include "rates_cache.h"
 
+#include <pwd.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -14,14 +16,27 @@
 namespace tierzero::app {
 namespace fs = std::filesystem;
 
+namespace {
+
+// HOME, or where it is unset (a service, `env -i`) the user's home from the password database,
+// as a shell finds it: not a file in whatever directory the command ran in. "" when neither.
+std::string HomeDir() {
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') return h;
+  if (const passwd* pw = ::getpwuid(::getuid());
+      pw != nullptr && pw->pw_dir != nullptr && *pw->pw_dir != '\0')
+    return pw->pw_dir;
+  return "";
+}
+
+}  // namespace
+
 // rates_cache.h
 std::string RatesCachePath(bool gpu) {
   if (const char* f = std::getenv("TZ_RATES_FILE"); f != nullptr && *f != '\0') return f;
   const std::string name = gpu ? "rates-gpu.json" : "rates.json";
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0')
     return std::string(x) + "/tierzero/" + name;
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0')
-    return std::string(h) + "/.cache/tierzero/" + name;
+  if (const std::string home = HomeDir(); !home.empty()) return home + "/.cache/tierzero/" + name;
   return ".tierzero-" + name;
 }
 
@@ -88,13 +103,12 @@ void CacheRates(const std::string& cache, const MachineRates& r) {
                              (cache == RatesCachePath(false) || cache == RatesCachePath(true));
   if (default_cache) {
     const char* xdg = std::getenv("XDG_CACHE_HOME");
-    const char* home = std::getenv("HOME");
-    if ((xdg == nullptr || *xdg == '\0') && home != nullptr && *home != '\0' &&
-        !fs::is_directory(home, ec)) {
+    const std::string home = HomeDir();
+    if ((xdg == nullptr || *xdg == '\0') && !home.empty() && !fs::is_directory(home, ec)) {
       std::printf(
           "  (the rates are not cached: HOME %s is not a directory; TZ_RATES_FILE names a "
           "cache)\n",
-          home);
+          home.c_str());
       return;
     }
     // (Its own error when it cannot be made, an unwritable XDG_CACHE_HOME: the write below
