@@ -253,13 +253,13 @@ int main(int argc, char** argv) {
   // Note [The last net under exceptions]
   // Errors are Statuses; an exception escaping to here is a bug or memory the system would not
   // give (std::bad_alloc: a host array sized by an input no check bounded), or a thread it would
-  // not start (StatusOfCurrentException, train.cc; train turns those of its set-up and steps into
-  // its own failure first, Guarded, so what it made is removed as for any error). It ends the
-  // command with an error line and status 1, not std::terminate's abort. (The run's outputs are
-  // what their own atomic writes left: a temporary file is never under a final name.)
+  // not start (StatusOfCurrentException, tierzero/status.h; train turns those of its set-up and
+  // steps into its own failure first, Guarded, so what it made is removed as for any error). It
+  // ends the command with an error line and status 1, not std::terminate's abort. (The run's
+  // outputs are what their own atomic writes left: a temporary file is never under a final name.)
   try {
     return tierzero::Main(argc, argv);
   } catch (...) {
-    return tierzero::app::FailUncaught(tierzero::app::StatusOfCurrentException());
+    return tierzero::app::FailUncaught(tierzero::StatusOfCurrentException());
   }
 }

@@ -172,35 +172,6 @@ run's set-up, before its first line, it ends the process at once: nothing is sav
 // train.h
 int FailUncaught(const Status& s) { return Fail(s); }
 
-// train.h
-Status StatusOfCurrentException() {
-  try {
-    throw;
-  } catch (const std::bad_alloc&) {
-    return OutOfMemoryError(
-        "the host had no memory for an allocation; give the run less to hold at once (a smaller "
-        "batch, context or model), or run it where there is more memory");
-  } catch (const std::exception& e) {
-    // A thread that would not start (std::thread's system_error, oneTBB's "pthread_create has
-    // failed") or memory that would not map, EAGAIN or ENOMEM: the process's limits, not a bug
-    // (`ulimit -v 100000` ended a run with "a bug in tierzero").
-    const std::string what = e.what();
-    const auto* sys = dynamic_cast<const std::system_error*>(&e);
-    const bool limits =
-        (sys != nullptr && (sys->code().value() == EAGAIN || sys->code().value() == ENOMEM)) ||
-        what.find(std::strerror(EAGAIN)) != std::string::npos ||
-        what.find(std::strerror(ENOMEM)) != std::string::npos;
-    if (limits)
-      return OutOfMemoryError(
-          "the system would not start a thread or map memory (" + what +
-          "): this process's limits are too low for the run (its address space, ulimit -v; its "
-          "processes and threads, ulimit -u), or the machine has none left");
-    return InternalError(what + " (a bug in tierzero: please report it)");
-  } catch (...) {
-    return InternalError("an unknown exception (a bug in tierzero: please report it)");
-  }
-}
-
 Status TrainRun::SetUp() {
   // A plan of another config: refused before the engine is built or any weight loads (the plan's
   // layout is compared with the engine's below).

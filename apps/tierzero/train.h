@@ -147,11 +147,8 @@ int RefuseUnderLauncher(const char* command);
 // Ends the command on an error that escaped as an exception (main's last net): as any failure
 // of `train` ends, every rank of several told at once (Note [A failing rank ends the run]).
 int FailUncaught(const Status& s);
-// The exception being handled (call inside a catch) as a Status (Note [The last net under
-// exceptions], main.cc): memory the host would not give, a thread it would not start (the
-// process's limits), or else a bug.
-Status StatusOfCurrentException();
-// fn() with an exception escaping it turned into that Status, so a run's failure path (its
+// fn() with an exception escaping it turned into a Status (StatusOfCurrentException,
+// tierzero/status.h), so a run's failure path (its
 // cleanup of what it made) runs as for any error.
 template <typename Fn>
 Status Guarded(Fn&& fn) {

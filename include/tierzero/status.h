@@ -92,6 +92,14 @@ Status DeadlineExceededError(std::string message);
 // An I/O error from an errno value: "what: strerror(err) (errno N)".
 Status ErrnoError(std::string_view what, int err, StatusCode code = StatusCode::kIoError);
 
+// The exception being handled, as a Status (call inside a catch block): std::bad_alloc is
+// OutOfMemory (the host would give no memory); a thread the system would not start or memory
+// it would not map (std::system_error's EAGAIN or ENOMEM, oneTBB's "pthread_create has failed")
+// is OutOfMemory naming the process's limits; anything else is Internal, a bug. For the
+// boundaries an exception must not cross: a thread's function (past it std::terminate ends the
+// process), a host function on a stream, a command's last net.
+Status StatusOfCurrentException();
+
 [[noreturn]] void DieOnBadStatusAccess(const Status& status);
 
 // A value or the Status that explains why there is none.

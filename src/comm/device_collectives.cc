@@ -187,7 +187,14 @@ class HostFuncCollectives final : public DeviceCollectives {
         MutexLock lock(st->mu);
         if (!st->error.ok()) return;  // out of step: later collectives would only wait
       }
-      Status s = run(*st);
+      // (A host function must not throw: an exception of the collective's, oneTBB's when a
+      // worker it wakes cannot start, say, is its error.)
+      Status s;
+      try {
+        s = run(*st);
+      } catch (...) {
+        s = StatusOfCurrentException();
+      }
       if (s.ok()) return;
       MutexLock lock(st->mu);
       if (st->error.ok())

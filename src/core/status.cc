@@ -4,6 +4,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <new>
+#include <string>
+#include <system_error>
 
 namespace tierzero {
 
@@ -149,6 +153,35 @@ Status ErrnoError(std::string_view what, int err, StatusCode code) {
       break;
   }
   return Status(code, std::move(m));
+}
+
+// tierzero/status.h
+Status StatusOfCurrentException() {
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    return OutOfMemoryError(
+        "the host had no memory for an allocation; give the run less to hold at once (a smaller "
+        "batch, context or model), or run it where there is more memory");
+  } catch (const std::exception& e) {
+    // A thread that would not start (std::thread's system_error, oneTBB's "pthread_create has
+    // failed") or memory that would not map, EAGAIN or ENOMEM: the process's limits, not a bug
+    // (`ulimit -v 100000` ended a run with "a bug in tierzero").
+    const std::string what = e.what();
+    const auto* sys = dynamic_cast<const std::system_error*>(&e);
+    const bool limits =
+        (sys != nullptr && (sys->code().value() == EAGAIN || sys->code().value() == ENOMEM)) ||
+        what.find(std::strerror(EAGAIN)) != std::string::npos ||
+        what.find(std::strerror(ENOMEM)) != std::string::npos;
+    if (limits)
+      return OutOfMemoryError(
+          "the system would not start a thread or map memory (" + what +
+          "): this process's limits are too low for the run (its address space, ulimit -v; its "
+          "processes and threads, ulimit -u), or the machine has none left");
+    return InternalError(what + " (a bug in tierzero: please report it)");
+  } catch (...) {
+    return InternalError("an unknown exception (a bug in tierzero: please report it)");
+  }
 }
 
 void DieOnBadStatusAccess(const Status& status) {

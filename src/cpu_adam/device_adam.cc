@@ -67,7 +67,14 @@ Status DeviceAdam::StepAsync(const AdamBuffers& b, const AdamStepOptions& step,
           : 0;
   return device_.LaunchHostFunc(stream, [adam = host_.get(), errors = errors_, b, so, model_s] {
     const auto t0 = std::chrono::steady_clock::now();
-    StatusOr<bool> r = adam->Step(b, so);
+    // (A host function must not throw, Device::LaunchHostFunc: oneTBB's exception when a worker
+    // it wakes cannot start, under `ulimit -u`, is the step's error.)
+    StatusOr<bool> r = false;
+    try {
+      r = adam->Step(b, so);
+    } catch (...) {
+      r = StatusOfCurrentException();
+    }
     if (!r.ok()) errors->Add(std::move(r).status().WithContext("device Adam"));
     if (model_s > 0) {
       std::this_thread::sleep_until(t0 +
@@ -86,7 +93,12 @@ Status DeviceAdam::SumSquaresAsync(const void* grad, DType dtype, size_t n, doub
   if (host_ == nullptr) return GpuSumSquaresAsync(grad, dtype, n, parts, kSumParts, stream.impl);
   return device_.LaunchHostFunc(
       stream, [adam = host_.get(), errors = errors_, grad, dtype, n, parts] {
-        StatusOr<double> r = adam->SumSquares(grad, dtype, n);
+        StatusOr<double> r = 0.0;
+        try {
+          r = adam->SumSquares(grad, dtype, n);
+        } catch (...) {
+          r = StatusOfCurrentException();
+        }
         if (!r.ok()) errors->Add(std::move(r).status().WithContext("device sum of squares"));
         parts[0] = r.ok() ? *r : 0.0;
         for (int i = 1; i < kSumParts; ++i) parts[i] = 0.0;

@@ -83,6 +83,11 @@ class SimStream {
   }
 
   const std::string& name() const { return name_; }
+  // The first exception its work threw (Note [An exception on a simulated stream]), or OK.
+  Status error() {
+    MutexLock lock(mu_);
+    return error_;
+  }
 
  private:
   void Run() {
@@ -93,8 +98,20 @@ class SimStream {
       std::function<void()> fn = std::move(queue_.front());
       queue_.pop_front();
       lock.Unlock();
-      fn();
+      // Note [An exception on a simulated stream]
+      // Work on a stream must not throw (Device::LaunchHostFunc), and the callers that run
+      // oneTBB there catch its exceptions themselves; one that escapes anyway would end the
+      // process through std::terminate on this thread. It is kept instead, as a GPU keeps a
+      // kernel's fault: the stream's later work still runs, and every synchronisation with the
+      // stream returns the error from then on.
+      Status failed;
+      try {
+        fn();
+      } catch (...) {
+        failed = StatusOfCurrentException().WithContext("work on the simulated stream " + name_);
+      }
       lock.Lock();
+      if (!failed.ok() && error_.ok()) error_ = std::move(failed);
       ++completed_;
       // Note [Wake only waiters that are done]
       if (completed_ >= wake_at_) {
@@ -114,6 +131,7 @@ class SimStream {
   uint64_t enqueued_ TZ_GUARDED_BY(mu_) = 0;
   uint64_t completed_ TZ_GUARDED_BY(mu_) = 0;
   bool stopping_ TZ_GUARDED_BY(mu_) = false;
+  Status error_ TZ_GUARDED_BY(mu_);
   std::thread worker_;  // last: starts after the members it uses exist
 };
 
@@ -206,7 +224,7 @@ class HostSimDevice final : public Device {
   Status SynchronizeStream(StreamHandle handle) override {
     RETURN_IF_ERROR(CheckStream(handle));
     static_cast<SimStream*>(handle.impl)->Drain();
-    return Status::OK();
+    return static_cast<SimStream*>(handle.impl)->error();
   }
 
   Status Synchronize() override {
@@ -215,8 +233,12 @@ class HostSimDevice final : public Device {
       MutexLock lock(mu_);
       streams.assign(streams_.begin(), streams_.end());
     }
-    for (SimStream* s : streams) s->Drain();
-    return Status::OK();
+    Status first;
+    for (SimStream* s : streams) {
+      s->Drain();
+      if (Status e = s->error(); !e.ok() && first.ok()) first = std::move(e);
+    }
+    return first;
   }
 
   // An event handle points at a shared_ptr holder; queued records and waits keep their own

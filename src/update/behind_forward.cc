@@ -87,7 +87,14 @@ StatusOr<bool> Updater::LaunchBehind(const AdamStepOptions& so) {
     tail_.worker = std::thread([this, so] {
       double adam_s = 0;
       uint64_t adam_elems = 0;
-      Status s = RunCpuChain(so, /*prof=*/false, /*mark=*/true, adam_s, adam_elems);
+      // (An exception here would end the process: oneTBB's, when a worker it wakes for CPU
+      // Adam cannot start under `ulimit -u`. It fails the step as an error does.)
+      Status s;
+      try {
+        s = RunCpuChain(so, /*prof=*/false, /*mark=*/true, adam_s, adam_elems);
+      } catch (...) {
+        s = StatusOfCurrentException().WithContext("the update phase behind the forward");
+      }
       tail_.adam_s = adam_s;
       tail_.adam_elems = adam_elems;
       tail_.cpu_end_s =

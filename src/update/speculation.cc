@@ -152,7 +152,14 @@ Status Updater::BeginTraining(bool last_micro_batch, int64_t step, float loss_sc
     q->cv.NotifyAll();
   });
   try {
-    spec_.worker = std::thread([this, q] { SpeculationWorker(*q); });
+    spec_.worker = std::thread([this, q] {
+      // (An exception here would end the process: oneTBB's under `ulimit -u`, say.)
+      try {
+        SpeculationWorker(*q);
+      } catch (...) {
+        spec_.error = StatusOfCurrentException().WithContext("the speculative start");
+      }
+    });
   } catch (const std::system_error& e) {
     cm_->SetGradFinalCallback(nullptr);
     spec_.queue.reset();
@@ -165,6 +172,21 @@ Status Updater::BeginTraining(bool last_micro_batch, int64_t step, float loss_sc
 }
 
 // The worker: each chunk as its gradient becomes final, while side buffers last.
+namespace {
+
+// fn()'s Status, or an exception escaping it as one (oneTBB's inside CPU Adam when a worker it
+// wakes cannot start): the slot in hand goes back to the pool as after any error.
+template <typename Fn>
+Status Caught(Fn&& fn) {
+  try {
+    return fn();
+  } catch (...) {
+    return StatusOfCurrentException();
+  }
+}
+
+}  // namespace
+
 void Updater::SpeculationWorker(Speculation::Queue& q) {
   for (;;) {
     int c = -1;
@@ -178,7 +200,7 @@ void Updater::SpeculationWorker(Speculation::Queue& q) {
     const size_t i = static_cast<size_t>(c);
     if (c < 0 || c >= layout_.num_chunks() || !spec_.error.ok()) continue;
     if (spec_.sum_ahead) {
-      Status s = SumChunkAhead(c);
+      Status s = Caught([&] { return SumChunkAhead(c); });
       if (!s.ok()) {
         spec_.error =
             std::move(s).WithContext("summing the gradient of chunk " + std::to_string(c));
@@ -194,7 +216,8 @@ void Updater::SpeculationWorker(Speculation::Queue& q) {
     // The shard's padding zero, as the step leaves it: a side buffer last held another chunk's
     // parameters, whose tensors may reach where this chunk's padding begins.
     std::memset(slot.out, 0, layout_.shard_bytes());
-    Status s = AdamInto(optimizer().layout().At(c, slot.states), slot.out, spec_.so);
+    Status s = Caught(
+        [&] { return AdamInto(optimizer().layout().At(c, slot.states), slot.out, spec_.so); });
     if (!s.ok()) {
       spec_.error =
           std::move(s).WithContext("the speculative update of chunk " + std::to_string(c));

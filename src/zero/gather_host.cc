@@ -151,7 +151,13 @@ Status QueueArrival(TransferContext& ctx, std::shared_ptr<CommRequest> request,
                        chunk_bytes});
         }
         if (st.ok()) st = CheckTags(a.recv, a.block, a.payload, a.tag, a.ranks, a.me);
-        if (st.ok() && then) st = then();
+        if (st.ok() && then) {
+          try {  // (a host function must not throw)
+            st = then();
+          } catch (...) {
+            st = StatusOfCurrentException();
+          }
+        }
         if (!st.ok()) {
           // An abandoned all_gather may still write into the staging slot: it is never given
           // back, and the ranks are out of step.

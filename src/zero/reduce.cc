@@ -92,9 +92,20 @@ Status CopyGradToShard(TransferContext& ctx, bool accumulate, PinnedArena* stagi
     auto* acc = static_cast<float*>(shard);
     const uint64_t elems = ctx.geometry().shard_elems;
     const DType dt = ctx.geometry().dtype;
-    RETURN_IF_ERROR(device.LaunchHostFunc(d2h, [shared_slot, acc, elems, dt] {
-      // fp32 accumulation of this micro-batch's gradient.
-      TZ_CHECK_OK(AddToF32Parallel(acc, shared_slot->data(), dt, elems));
+    RankAgreement* ranks = &ctx.ranks;
+    RETURN_IF_ERROR(device.LaunchHostFunc(d2h, [shared_slot, acc, elems, dt, ranks, c] {
+      // fp32 accumulation of this micro-batch's gradient. (A host function must not throw:
+      // oneTBB's exception when a worker it wakes cannot start, under `ulimit -u`, fails the
+      // iteration at its end as an asynchronous error does.)
+      Status s;
+      try {
+        s = AddToF32Parallel(acc, shared_slot->data(), dt, elems);
+      } catch (...) {
+        s = StatusOfCurrentException();
+      }
+      if (!s.ok())
+        ranks->SetAsyncError(
+            std::move(s).WithContext("accumulating the gradient of chunk " + std::to_string(c)));
       shared_slot->Release();
     }));
     if (spans.on()) {

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -473,6 +474,32 @@ TEST(HostSimDeviceTest, RejectsPointersOfTheWrongSide) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << "overruns the end of device memory";
   EXPECT_EQ((*d)->MemsetAsync(host.data(), 0, 16, s->handle()).code(),
             StatusCode::kInvalidArgument);
+}
+
+TEST(HostSimDeviceTest, AnExceptionOnAStreamIsItsErrorNotTheProcesss) {
+  // Note [An exception on a simulated stream]: work that throws (oneTBB's exception when a
+  // worker it wakes cannot start, under `ulimit -u`) would end the process through
+  // std::terminate on the stream's thread. It is the stream's error instead: its later work
+  // runs, and every synchronisation with it says what happened.
+  auto d = MakeDevice(Backend::kHostSim, kMiB);
+  ASSERT_TRUE(d.ok());
+  auto s = Stream::Create(**d, "s");
+  ASSERT_TRUE(s.ok());
+  std::atomic<bool> later{false};
+  ASSERT_TRUE((*d)->LaunchHostFunc(s->handle(),
+                                   [] {
+                                     throw std::runtime_error(
+                                         "pthread_create has failed: Resource temporarily "
+                                         "unavailable");
+                                   })
+                  .ok());
+  ASSERT_TRUE((*d)->LaunchHostFunc(s->handle(), [&] { later = true; }).ok());
+  const Status st = s->Synchronize();
+  EXPECT_EQ(st.code(), StatusCode::kOutOfMemory) << st.ToString();
+  EXPECT_NE(st.message().find("ulimit -u"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("simulated stream s"), std::string::npos) << st.message();
+  EXPECT_TRUE(later.load());
+  EXPECT_EQ((*d)->Synchronize().code(), StatusCode::kOutOfMemory);
 }
 
 TEST(HostSimDeviceTest, RejectsBadOptions) {
