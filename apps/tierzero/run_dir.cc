@@ -27,6 +27,38 @@ using nlohmann::json;
 
 namespace {
 
+// Note [Room for the names a run writes late]
+// The run's checkpoint files and its report, page and trace are written after its steps, each
+// through a temporary beside it (".NAME.tz-PID-N.tmp"). A directory path near the system's limit
+// (4096 bytes a path, 255 a name: a run directory nested deep) let the set-up pass, trained every
+// step, and lost them all at the first save: "File name too long" (hunt 42). So the set-up asks,
+// of each such directory, for room for the longest name written there: a checkpoint's states file
+// ("states-<step>.w<world>.rank<r>.b.bin", 40 bytes at most) or the output's own name, each with
+// its temporary's 24 more.
+constexpr size_t kTemporaryExtra = 24;  // "." ".tz-" pid (at most 7 digits) "-" counter ".tmp"
+constexpr size_t kLongestStatesName = 40;
+
+Status CheckRoomForName(const std::string& dir, size_t name_bytes, const std::string& what) {
+  const size_t name = name_bytes + kTemporaryExtra;
+  const std::string shown = dir.empty() ? "." : dir;
+  errno = 0;
+  const long name_max = ::pathconf(shown.c_str(), _PC_NAME_MAX);
+  const long path_max = ::pathconf(shown.c_str(), _PC_PATH_MAX);
+  const size_t limit_path = path_max > 0 ? static_cast<size_t>(path_max) : 4096;
+  if (name_max > 0 && name > static_cast<size_t>(name_max))
+    return InvalidArgumentError(what +
+                                ": its file's name with the temporary's written beside it (" +
+                                std::to_string(name) + " bytes) is longer than a name in " + shown +
+                                " may be (" + std::to_string(name_max) + "): give a shorter name");
+  if (dir.size() + 1 + name + 1 > limit_path)
+    return InvalidArgumentError(
+        what + ": the directory " + shown + " is a path of " + std::to_string(dir.size()) +
+        " bytes, too long for the files written there at the end (a path may be " +
+        std::to_string(limit_path) + " bytes, its files' names " + std::to_string(name) +
+        "): give it a shorter path (--run-dir, or the flag named)");
+  return Status::OK();
+}
+
 // Where a path leads: the file's identity when it exists (links followed), and its absolute path
 // with the links of its existing part resolved either way.
 struct FileId {
@@ -555,6 +587,19 @@ StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_p
                    " is not writable: " + std::strerror(errno) +
                    "; give --checkpoint a writable directory (a read-only checkpoint can still "
                    "be resumed from: --resume it with another --run-dir and --checkpoint)");
+  // Note [Room for the names a run writes late]
+  if (!out.checkpoint_dir.empty())
+    TZ_RETURN_IF_ERROR(
+        CheckRoomForName(out.checkpoint_dir, kLongestStatesName,
+                         "the checkpoint directory (--checkpoint, by default RUN_DIR/checkpoint)"));
+  for (const auto& [file, flag] :
+       {std::pair{&out.report, "--report"}, std::pair{&out.html, "--html"},
+        std::pair{&out.trace, "--trace"}}) {
+    if (file->empty()) continue;
+    const fs::path f(*file);
+    TZ_RETURN_IF_ERROR(CheckRoomForName(f.parent_path().string(), f.filename().string().size(),
+                                        std::string(flag) + " " + *file));
+  }
   OutputsPlan plan;
   if (lead) {
     // Both locks before any check, so a second run changes nothing.

@@ -1,8 +1,10 @@
 // TrainRun's step loop (train_run.h): the steps, their evaluations and checkpoints, the saves
 // after an error, and what the lead rank writes and prints at the end.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -80,13 +82,14 @@ Status TrainRun::Evaluate(int step) {
 }
 
 std::string TrainRun::ResumeFlags() const {
-  // A checkpoint directory other than the run directory's own is named twice: a resume in place
-  // writes the checkpoint it reads.
+  // A checkpoint directory other than the run directory's own is resumed with the run's config,
+  // which names both (and the run's other paths: its NVMe directory): `--resume CK --checkpoint
+  // CK` alone took the default run directory and was refused there (hunt 42).
   std::error_code ec;
   const bool own =
       std::filesystem::equivalent(out_.checkpoint_dir, out_.run_dir + "/checkpoint", ec);
-  return "--resume " + out_.checkpoint_dir +
-         (own ? std::string() : " --checkpoint " + out_.checkpoint_dir);
+  return own ? "--resume " + out_.checkpoint_dir
+             : "--config " + out_.run_dir + "/config.json --resume " + out_.checkpoint_dir;
 }
 
 Status TrainRun::Save(int step) {
@@ -138,6 +141,20 @@ Status TrainRun::Save(int step) {
     if (!lines.empty()) user["metrics_unwritten"] = lines;
   }
   if (out_.checkpoint_dir.empty()) return Status::OK();  // --checkpoint none
+  // Note [The metrics on disk before the checkpoint that follows them]
+  // A checkpoint is durable when its manifest is committed (fsynced); the metrics lines up to its
+  // step were only written. After a power cut (or a file system shut down or gone read-only)
+  // the checkpoint of step 10 resumed bit for bit and metrics.jsonl was empty: lines 0-10 gone for
+  // good, since a resume writes only the lines after its step (hunt 42). So the lines go to disk
+  // first. Its failure is said, not fatal: the checkpoint is the run's, the lines its record.
+  if (metrics_fd_ >= 0) {
+    struct stat mst {};
+    if (::fstat(metrics_fd_, &mst) == 0 && S_ISREG(mst.st_mode) && ::fdatasync(metrics_fd_) != 0)
+      std::fprintf(stderr,
+                   "warning: the metrics file %s could not be written to disk before the "
+                   "checkpoint of step %d: %s\n",
+                   out_.metrics.c_str(), step, std::strerror(errno));
+  }
   const auto t0 = std::chrono::steady_clock::now();
   Status s = engine_->SaveCheckpoint(out_.checkpoint_dir, user.dump());
   save_s_ = SecondsSince(t0);
@@ -159,14 +176,27 @@ Status TrainRun::Save(int step) {
   // --checkpoint names it.)
   int64_t kept = saved_step_ >= 0 ? saved_step_ : outputs_.in_place ? start_ : -1;
   // Said only of what is there now: the directory may have been removed or replaced meanwhile.
-  if (auto there = ReadCheckpointInfo(out_.checkpoint_dir); there.ok()) {
+  // A manifest that cannot be read now (the disk failing, the file system gone read-only or shut
+  // down: hunt 42) says nothing either way, and is said as such: a checkpoint called gone would be
+  // deleted, and it was intact once the disk was back.
+  const std::string what = "saving the checkpoint of step " + std::to_string(step) + " in " +
+                           out_.checkpoint_dir + " failed";
+  auto there = ReadCheckpointInfo(out_.checkpoint_dir);
+  if (there.ok()) {
     const int64_t at = CheckpointStep(there->user_state, there->step);
     if (kept < 0 || at != kept) kept = at;
+  } else if (kept >= 0 && there.status().code() != StatusCode::kNotFound) {
+    return std::move(s).WithContext(
+        what + " (and its last checkpoint, of step " + std::to_string(kept) +
+        ", cannot be read now: " + std::string(there.status().message()) +
+        "; it may well be intact: once the disk reads again, " + ResumeFlags() +
+        " continues from it" +
+        (kept < step ? "; steps " + std::to_string(kept + 1) + " to " + std::to_string(step) +
+                           " are not saved)"
+                     : ")"));
   } else {
     kept = -1;
   }
-  const std::string what = "saving the checkpoint of step " + std::to_string(step) + " in " +
-                           out_.checkpoint_dir + " failed";
   if (kept >= 0)
     return std::move(s).WithContext(what + " (the checkpoint of step " + std::to_string(kept) +
                                     " there is intact: " + ResumeFlags() + " continues from it" +
@@ -183,6 +213,8 @@ Status TrainRun::Save(int step) {
        : s.message().find("(ulimit -") != std::string::npos
            ? "; raise the limit the error names, or for a file system's own cap give "
              "--checkpoint a directory on another)"
+       : s.message().find("longer than this system allows") != std::string::npos
+           ? "; give --checkpoint a shorter path)"
            : "; free space there, or give --checkpoint a directory on another disk)"));
 }
 

@@ -149,6 +149,10 @@ Status ErrnoError(std::string_view what, int err, StatusCode code) {
     case EDQUOT:
       m += "; over the disk quota of this user";
       break;
+    case ENAMETOOLONG:
+      m += "; the path is longer than this system allows (4096 bytes, and 255 for one name in "
+           "it): give a shorter directory";
+      break;
     default:
       break;
   }

@@ -120,9 +120,12 @@ def case_metrics_disk_full():
         out = refused(["train", "--config", cfg, "--run-dir", rd, "--checkpoint", ck, "--quiet"],
                       "metrics file", "A checkpoint of step")
         check(os.path.exists(os.path.join(ck, "manifest.json")), "a full metrics disk: no save\n" + out)
+        # The advice, followed as given, continues the run (its checkpoint outside the run
+        # directory: the run's config names both; `--resume CK --checkpoint CK` was refused).
+        advised = "--config " + rd + "/config.json --resume " + ck
+        check(advised in out, f"the resume advised is not '{advised}':\n{out}")
         subprocess.run(["mount", "-o", "remount,size=1m", small], check=True)
-        ok(["train", "--config", cfg, "--run-dir", rd, "--checkpoint", ck, "--resume", ck,
-            "--quiet"])
+        ok(["train"] + advised.split() + ["--quiet"])
         got = [json.loads(line) for line in open(os.path.join(rd, "metrics.jsonl"))]
         want = [json.loads(line) for line in open(os.path.join(ref, "metrics.jsonl"))]
         key = lambda m: (m["step"], "loss" in m)
