@@ -1,5 +1,6 @@
 // TrainRun's step loop (train_run.h): the steps, their evaluations and checkpoints, the saves
 // after an error, and what the lead rank writes and prints at the end.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -513,8 +514,19 @@ Status TrainRun::Finish() {
 // process is kept, and the run says so (its checkpoint is saved first). The check and the
 // replace are one step (Note [A replace that checks what it replaces], src/core/file_io.cc).
 void TrainRun::RecordOutputs() {
-  for (const std::string* f : {&out_.report, &out_.html, &out_.trace})
-    if (!f->empty()) output_ids_[*f] = FileStamp(*f);
+  for (const std::string* f : {&out_.report, &out_.html, &out_.trace}) {
+    if (f->empty()) continue;
+    // Held open to the end, a file keeps its inode number: FAT numbers an inode anew each time
+    // it is read back into memory, so a resume in place of a run on a FAT disk found its own
+    // report "written by another process" once memory pressure had dropped it (hunt 42). Held
+    // first, then stamped. (Only a regular file: a FIFO named as an output is not opened.)
+    struct stat st {};
+    if (::stat(f->c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+      const int fd = ::open(f->c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+      if (fd >= 0) output_pins_.push_back(fd);
+    }
+    output_ids_[*f] = FileStamp(*f);
+  }
 }
 
 Status TrainRun::WriteOutputIfUnchanged(const std::string& path, const std::string& text,

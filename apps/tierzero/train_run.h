@@ -8,6 +8,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "gpt/gpt.h"
 #include "progress.h"
@@ -39,6 +40,7 @@ class TrainRun {
   ~TrainRun() {
     if (metrics_fd_ >= 0) ::close(metrics_fd_);
     if (metrics_lock_fd_ >= 0) ::close(metrics_lock_fd_);
+    for (const int fd : output_pins_) ::close(fd);
   }
 
   // The dataset, engine and model; the starting point (--init-from, --resume); the header lines;
@@ -132,6 +134,9 @@ class TrainRun {
   std::function<void()> on_started_;
   // RecordOutputs: the report's, page's and trace's identity ("" where there was no file).
   std::map<std::string, std::string> output_ids_;
+  // And a descriptor of each that was a file, held to the end (Note [An output another run
+  // wrote meanwhile]).
+  std::vector<int> output_pins_;
 
  public:
   // SetUp failed the same way on every rank (their data differs): each can end on its own, its
