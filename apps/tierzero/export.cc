@@ -90,10 +90,16 @@ int Export(const std::vector<std::string>& args) {
           "         what the host budget does not hold goes to NVMe swap space in $TMPDIR)\n"
           "  (-o and --output are the same)");
       return 0;
+    } else if (ckpt.empty() && args[i] == "--" && i + 1 < args.size()) {
+      ckpt = args[++i];  // (a checkpoint whose path begins with '-')
     } else if (ckpt.empty() && args[i][0] != '-') {
       ckpt = args[i];
     } else {
-      return Fail(InvalidArgumentError("unknown export option '" + args[i] + "'"));
+      return Fail(InvalidArgumentError(
+          "unknown export option '" + args[i] + "'" +
+          (args[i].find('/') != std::string::npos
+               ? " (a path that begins with '-': write ./" + args[i] + ", or -- before it)"
+               : std::string())));
     }
   }
   if (ckpt.empty() || output.empty())

@@ -39,11 +39,16 @@ int ReportCommand(const std::vector<std::string>& args) {
           "measured\n"
           "  (-o and --output are the same)\n");
       return 0;
+    } else if (input.empty() && args[i] == "--" && i + 1 < args.size()) {
+      input = args[++i];  // (a report whose path begins with '-')
     } else if (input.empty() && !args[i].empty() && args[i][0] != '-') {
       input = args[i];
     } else {
-      std::fprintf(stderr, "error: unknown argument '%s' (tierzero report --help)\n",
-                   args[i].c_str());
+      std::fprintf(stderr, "error: unknown argument '%s' (tierzero report --help%s)\n",
+                   args[i].c_str(),
+                   args[i].find('/') != std::string::npos
+                       ? "; a path that begins with '-': write ./ before it, or -- before it"
+                       : "");
       return 1;
     }
   }

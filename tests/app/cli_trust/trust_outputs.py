@@ -4,6 +4,7 @@ written, and no file the run did not create is replaced or removed.
 Cases of cli_trust_test.py (see its docstring); each `case_NAME` is run by name."""
 import json
 import os
+import shutil
 import pty
 import signal
 import stat
@@ -359,6 +360,14 @@ def case_export_paths():
     ok(["export", "checkpoint/.", "-o", os.path.join(OUT, "p_3.st")], cwd=run_dir)
     check(read(os.path.join(OUT, "p_1.st")) == read(os.path.join(OUT, "p_2.st")),
           "the exports differ")
+    # A checkpoint whose path begins with '-': after --, or said how to write it.
+    dash = os.path.join(OUT, "-p_dash")
+    shutil.copytree(run_dir, dash)
+    refused(["export", "-p_dash/checkpoint", "-o", "p_7.st"], "./-p_dash/checkpoint")
+    ok(["export", "--", "-p_dash/checkpoint", "-o", "p_7.st"])
+    check(read(os.path.join(OUT, "p_1.st")) == read(os.path.join(OUT, "p_7.st")),
+          "the export after -- differs")
+    ok(["report", "--", "-p_dash/report.json"])
     # Budgets of the export's own (where the run's do not fit the memory it may use: the advice
     # of its refusal names --host-budget), a host budget short of the run's, the rest swapped to
     # NVMe, and one that holds it all: the same tensors.
