@@ -10,6 +10,7 @@
 //   tierzero tunables    every TZ_* environment tunable with its value and default
 //   tierzero --help | --version
 #include <fcntl.h>
+#include <oneapi/tbb/global_control.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -18,13 +19,16 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <new>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -209,6 +213,73 @@ Status FitProcessLimits() {
   return Status::OK();
 }
 
+// Note [Threads within the user's process limit]
+// Under a limit on the user's processes and threads (`ulimit -u`, a container's pids limit),
+// oneTBB starts its workers in a chain, each from the one before, and a worker that cannot start
+// one throws on oneTBB's own thread, where nothing catches it: std::terminate (on a 16-core host
+// a 16-thread arena aborted under limits of 3 to 14; review 42). Our own threads catch it
+// (Note [An exception on a simulated stream], the update phase's), not oneTBB's. So where such
+// a limit is set, before any thread starts, as many threads as the machine has CPUs (and the
+// run's own beside them) are started and counted, and oneTBB is held to what started less that
+// headroom: it then never asks for a thread the limit refuses (other processes of the user may
+// still take theirs meanwhile).
+void FitThreadLimit() {
+  struct rlimit rl {};
+  if (::getrlimit(RLIMIT_NPROC, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    (void)::setrlimit(RLIMIT_NPROC, &rl);
+    if (::getrlimit(RLIMIT_NPROC, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return;
+  }
+  // (A limit this high is a distribution's default, not a constraint: no probe.)
+  if (rl.rlim_cur >= (rlim_t{1} << 16)) return;
+  // The run's own threads beside oneTBB's: the signal thread, the simulated device's streams,
+  // NVMe completions and io_uring's workers, the update phase and the speculative start. The
+  // count tried is more than any arena here takes (CPU Adam's is engine.cpu_threads, which may
+  // exceed the CPUs), on small stacks so an address-space limit does not count.
+  constexpr int kHeadroom = 12;
+  const int cpus = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int want = std::max(256, 2 * cpus) + kHeadroom;
+  struct Gate {
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    bool release = false;
+  } gate;
+  auto wait = [](void* g) -> void* {
+    auto* x = static_cast<Gate*>(g);
+    pthread_mutex_lock(&x->mu);
+    while (!x->release) pthread_cond_wait(&x->cv, &x->mu);
+    pthread_mutex_unlock(&x->mu);
+    return nullptr;
+  };
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 64 << 10);
+  std::vector<pthread_t> started;
+  for (int i = 0; i < want; ++i) {
+    pthread_t t;
+    if (pthread_create(&t, &attr, wait, &gate) != 0) break;
+    started.push_back(t);
+  }
+  pthread_attr_destroy(&attr);
+  pthread_mutex_lock(&gate.mu);
+  gate.release = true;
+  pthread_cond_broadcast(&gate.cv);
+  pthread_mutex_unlock(&gate.mu);
+  for (pthread_t t : started) pthread_join(t, nullptr);
+  const int could = static_cast<int>(started.size());
+  if (could >= want) return;
+  // (oneTBB counts the calling thread in its parallelism: workers are one fewer.)
+  const int cap = std::max(1, could - kHeadroom + 1);
+  static tbb::global_control limit(tbb::global_control::max_allowed_parallelism,
+                                   static_cast<size_t>(cap));
+  if (cap < cpus)
+    std::fprintf(stderr,
+                 "note: this user may start few more threads (ulimit -u %llu): %d could start, so "
+                 "the CPU's parallel work runs on %d thread%s\n",
+                 static_cast<unsigned long long>(rl.rlim_cur), could, cap, cap == 1 ? "" : "s");
+}
+
 }  // namespace
 }  // namespace tierzero
 
@@ -245,6 +316,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
     return 1;
   }
+  // Note [Threads within the user's process limit]: before any other thread starts.
+  tierzero::FitThreadLimit();
   // First, before any thread exists (Note [Signals on one thread of ours], signals.h).
   if (tierzero::Status s = tierzero::app::StartSignalThread(); !s.ok()) {
     std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
