@@ -113,7 +113,8 @@ void CacheRates(const std::string& cache, const MachineRates& r) {
     }
     // (Its own error when it cannot be made, an unwritable XDG_CACHE_HOME: the write below
     // would say only that the directory does not exist.)
-    if (fs::create_directories(fs::path(cache).parent_path(), ec); ec) {
+    if (const fs::path parent = fs::path(cache).parent_path();
+        !parent.empty() && (fs::create_directories(parent, ec), ec)) {
       std::printf("  (the rates are not cached: cannot make %s: %s; TZ_RATES_FILE names a cache)\n",
                   fs::path(cache).parent_path().c_str(), ec.message().c_str());
       return;

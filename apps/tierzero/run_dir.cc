@@ -41,17 +41,18 @@ constexpr size_t kTemporaryExtra = 24;  // "." ".tz-" pid (at most 7 digits) "-"
 constexpr size_t kLongestStatesName = 40;
 
 Status CheckRoomForName(const std::string& dir, size_t name_bytes, const std::string& what) {
-  const size_t name = name_bytes + kTemporaryExtra;
+  // The temporary's name as CreateTemporary (src/core/file_io.cc) makes it: its base left out
+  // past 200 bytes.
+  const size_t temporary = (name_bytes > 200 ? 0 : name_bytes) + kTemporaryExtra;
+  const size_t name = std::max(name_bytes, temporary);
   const std::string shown = dir.empty() ? "." : dir;
-  errno = 0;
   const long name_max = ::pathconf(shown.c_str(), _PC_NAME_MAX);
   const long path_max = ::pathconf(shown.c_str(), _PC_PATH_MAX);
   const size_t limit_path = path_max > 0 ? static_cast<size_t>(path_max) : 4096;
   if (name_max > 0 && name > static_cast<size_t>(name_max))
-    return InvalidArgumentError(what +
-                                ": its file's name with the temporary's written beside it (" +
-                                std::to_string(name) + " bytes) is longer than a name in " + shown +
-                                " may be (" + std::to_string(name_max) + "): give a shorter name");
+    return InvalidArgumentError(what + ": a name of " + std::to_string(name) +
+                                " bytes is longer than a name in " + shown + " may be (" +
+                                std::to_string(name_max) + "): give a shorter one");
   if (dir.size() + 1 + name + 1 > limit_path)
     return InvalidArgumentError(
         what + ": the directory " + shown + " is a path of " + std::to_string(dir.size()) +

@@ -186,7 +186,8 @@ Status TrainRun::Save(int step) {
   if (there.ok()) {
     const int64_t at = CheckpointStep(there->user_state, there->step);
     if (kept < 0 || at != kept) kept = at;
-  } else if (kept >= 0 && there.status().code() != StatusCode::kNotFound) {
+  } else if (kept >= 0 && (there.status().code() == StatusCode::kIoError ||
+                            there.status().code() == StatusCode::kUnavailable)) {
     return std::move(s).WithContext(
         what + " (and its last checkpoint, of step " + std::to_string(kept) +
         ", cannot be read now: " + std::string(there.status().message()) +

@@ -22,12 +22,16 @@ def case_long_paths():
     cfg = os.path.join(OUT, "small.json")
     refused(["train", "--config", cfg, "--run-dir", path], "too long for the files written there")
     check(not os.path.exists(path), "a refused run left its run directory")
-    # An output whose name, with its temporary's, is longer than a name may be.
-    long_report = os.path.join(OUT, "lp_" + "r" * 235 + ".json")
+    # An output named as long as a name may be (255 bytes) is written: its temporary leaves the
+    # name out. One longer is refused at set-up.
     rd = os.path.join(OUT, "lp_run")
-    refused(["train", "--config", cfg, "--run-dir", rd, "--report", long_report],
-            "--report", "longer than a name")
-    check(not os.path.exists(rd), "a refused run left its run directory")
+    longest = os.path.join(OUT, "r" * 250 + ".json")
+    ok(["train", "--config", cfg, "--run-dir", rd, "--report", longest, "--quiet"])
+    check(os.path.exists(longest), "a report of a 255-byte name was not written")
+    rd2 = os.path.join(OUT, "lp_run2")
+    refused(["train", "--config", cfg, "--run-dir", rd2, "--report",
+             os.path.join(OUT, "r" * 251 + ".json")], "--report", "longer than a name")
+    check(not os.path.exists(rd2), "a refused run left its run directory")
     # A deep directory with room for its names trains and saves.
     fits = path[:3900].rstrip("/")
     ok(["train", "--config", cfg, "--run-dir", fits, "--quiet"])

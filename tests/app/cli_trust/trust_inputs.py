@@ -361,7 +361,10 @@ def case_plan_device():
         tmp = os.path.join(OUT, "g_tmp")
         os.makedirs(tmp, exist_ok=True)
         os.chmod(tmp, 0o777)
-        env = dict(os.environ, HOME=missing, XDG_CACHE_HOME="", TMPDIR=tmp)
+        home = os.path.join(OUT, "g_ro_home")
+        os.makedirs(home, exist_ok=True)
+        os.chmod(home, 0o777)
+        env = dict(os.environ, HOME=home, XDG_CACHE_HOME="", TMPDIR=tmp)
         env.pop("TZ_RATES_FILE", None)
 
         def as_nobody():
@@ -373,6 +376,9 @@ def case_plan_device():
               f"a plan in a read-only directory: exit status {rc}\n{out}")
         check(os.listdir(tmp) == [] and os.listdir(ro) == [],
               f"a plan in a read-only directory left {os.listdir(tmp)} {os.listdir(ro)}")
+        # Rates measured away from the run's disk are not cached for later plans.
+        check("measured away from the run's disk" in out and os.listdir(home) == [],
+              f"rates measured under $TMPDIR were cached: {os.listdir(home)}\n{out}")
 
 
 def case_plan_of_another_config():
