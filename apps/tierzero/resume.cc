@@ -455,8 +455,9 @@ std::vector<std::string> WithResumedRunsConfig(const std::vector<std::string>& a
   if (::stat(run_config.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return args;
   const StatusOr<std::string> text = ReadFileBounded(run_config, kMaxConfigBytes, "run config");
   if (!text.ok()) return args;
-  const StatusOr<RunConfig> cfg = ParseRunConfig(*text, DefaultRunConfig());
+  StatusOr<RunConfig> cfg = ParseRunConfig(*text, DefaultRunConfig());
   if (!cfg.ok()) return args;
+  RebaseOnItsRunDir(*cfg, run_config);  // (resumed from another working directory)
   const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
   for (const char* section : {"model", "data", "train", "engine", "output"})
     if (!j.is_object() || !j.contains(section)) return args;  // not one train wrote

@@ -2,6 +2,7 @@
 // a run's config: the file, the flags, what was asked for, a model directory's shape, and the
 // checks of the whole (docs/config.md).
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -15,6 +16,7 @@
 #include "train.h"
 
 namespace tierzero::app {
+namespace fs = std::filesystem;
 using nlohmann::json;
 
 Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::string* config_path,
@@ -163,6 +165,44 @@ Status CheckDataSource(const RunConfig& c) {
 
 }  // namespace
 
+// Note [A run's config from another working directory]
+// A run's config.json records its paths as they were given, relative to the directory the run
+// started in ("run_dir": "run"). Given from anywhere else (`--config w/run/config.json --resume
+// w/run/checkpoint`, as a refusal advised), they named directories under the new working
+// directory: the run trained on into a new ./run, the run it continued left at its step (hunt
+// 42). So where the config is RUN_DIR/config.json and the directory it lies in ends with the
+// recorded run directory, the directory the run started in is known, and every relative path the
+// config records is taken from there; the flags' paths stay the working directory's.
+// train.h
+void RebaseOnItsRunDir(RunConfig& cfg, const std::string& config_path) {
+  const fs::path recorded = fs::path(cfg.output.run_dir).lexically_normal();
+  if (cfg.output.run_dir.empty() || recorded.is_absolute()) return;
+  if (fs::path(config_path).filename() != "config.json") return;
+  std::error_code ec;
+  const fs::path dir = fs::absolute(config_path, ec).lexically_normal().parent_path();
+  if (ec) return;
+  std::vector<fs::path> r, d;
+  for (const fs::path& c : recorded)
+    if (!c.empty() && c != ".") r.push_back(c);
+  for (const fs::path& c : dir)
+    if (!c.empty()) d.push_back(c);
+  if (r.empty() || r.size() >= d.size()) return;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r[i] == ".." || r[i] != d[d.size() - r.size() + i]) return;
+  }
+  fs::path base;
+  for (size_t i = 0; i + r.size() < d.size(); ++i) base /= d[i];
+  const fs::path cwd = fs::current_path(ec);
+  if (ec || base == cwd.lexically_normal()) return;
+  for (std::string* p :
+       {&cfg.output.run_dir, &cfg.output.metrics, &cfg.output.report, &cfg.output.html,
+        &cfg.output.trace, &cfg.output.checkpoint_dir, &cfg.output.resume, &cfg.output.init_from,
+        &cfg.output.plan, &cfg.engine.nvme_path, &cfg.data.text_path, &cfg.data.token_path}) {
+    if (p->empty() || *p == "none" || *p == "-" || (*p)[0] == '/') continue;
+    *p = (base / *p).lexically_normal().string();
+  }
+}
+
 // train.h
 StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::string* path) {
   RunConfig cfg = DefaultRunConfig();
@@ -210,7 +250,10 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
     for (const auto& [section, fields] : Fields(all))
       for (const auto& [key, field] : fields)
         complete = complete && named.count(section + "." + key);
-    if (complete) named = {"model.seq_len"};
+    if (complete) {
+      named = {"model.seq_len"};
+      RebaseOnItsRunDir(cfg, config_path);  // Note [A run's config from another working directory]
+    }
     given.insert(named.begin(), named.end());
   }
   const std::string config_run_dir = config_path.empty() ? "" : cfg.output.run_dir;

@@ -98,6 +98,10 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args,
 // sets the model's shape; a shape field the run sets otherwise is an error naming it. Nothing
 // for a safetensors file. What the run asked for is `config.given`.
 Status MergeHfModel(RunConfig& config);
+// A run's own config.json (at `config_path`) read from another working directory: its relative
+// paths taken from the directory the run started in, where that is known (Note [A run's config
+// from another working directory], run_flags.cc).
+void RebaseOnItsRunDir(RunConfig& cfg, const std::string& config_path);
 // --init-from FILE, a safetensors file: the model tierzero's export recorded in it, as
 // MergeHfModel takes a directory's (Note [A safetensors file that records its model], hf_io.cc).
 Status MergeRecordedModel(RunConfig& config);

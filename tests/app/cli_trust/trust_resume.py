@@ -315,3 +315,29 @@ def case_resume_older_checkpoint():
         f.write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
     refused(["train", "--init-from", st, "--run-dir", os.path.join(OUT, "older_run3"), "--steps",
              "2"], "records no model", "--config RUN_DIR/config.json")
+
+
+def case_resume_elsewhere():
+    # Note [A run's config from another working directory]: a run's config.json records its paths
+    # relative to where it started. Resumed from another working directory (`--resume
+    # w/run/checkpoint`, or `--config w/run/config.json --resume w/run/checkpoint` as a refusal
+    # advises), the run went on in a new ./run, the one resumed left at its step. It continues in
+    # place now, bit for bit with a run never stopped.
+    w = os.path.join(OUT, "re_w")
+    os.makedirs(w)
+    cfg = os.path.join(OUT, "small.json")
+    ok(["train", "--config", cfg, "--run-dir", "run", "--steps", "4", "--quiet"], cwd=w)
+    ok(["train", "--config", cfg, "--run-dir", "ref", "--steps", "10", "--quiet"], cwd=w)
+    ok(["train", "--resume", "re_w/run/checkpoint", "--steps", "7", "--quiet"])
+    other = os.path.join(OUT, "re_other")
+    os.makedirs(other)
+    ok(["train", "--config", os.path.join(w, "run", "config.json"), "--resume",
+        os.path.join(w, "run", "checkpoint"), "--steps", "10", "--quiet"], cwd=other)
+    check(os.listdir(other) == [] and not os.path.exists(os.path.join(OUT, "run")),
+          f"a resume from elsewhere wrote a new run: {os.listdir(other)}")
+
+    def losses(d):
+        return [(m["step"], m["loss"]) for m in map(json.loads, open(os.path.join(d,
+                "metrics.jsonl"))) if "loss" in m]
+    got, want = losses(os.path.join(w, "run")), losses(os.path.join(w, "ref"))
+    check(got == want, f"resumed from elsewhere: {got} against {want}")
