@@ -252,8 +252,12 @@ Status TrainRun::SetUp() {
           "the checkpoint " + out_.resume + " is at step " + std::to_string(ckpt_step) +
           ", and this run ends at step " + std::to_string(cfg_.train.steps) +
           " (train.steps, --steps): nothing is left to train. Give --steps above " +
-          std::to_string(ckpt_step) + " to continue it (tierzero eval --resume " + out_.resume +
-          " --data PATH evaluates it; --run-dir DIR re-saves it elsewhere); nothing was written");
+          std::to_string(ckpt_step) + " to continue it (" +
+          (cfg_.data.kind == "tokens"
+               ? "tierzero eval --resume " + out_.resume + " --data PATH evaluates it; "
+               : std::string()) +
+          "--config " + out_.run_dir + "/config.json --resume " + out_.resume +
+          " --run-dir DIR re-saves it elsewhere); nothing was written");
     }
   }
   TZ_ASSIGN_OR_RETURN(engine_, Engine::Create(cfg_.engine, comm_));

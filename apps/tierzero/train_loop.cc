@@ -187,7 +187,7 @@ Status TrainRun::Save(int step) {
     const int64_t at = CheckpointStep(there->user_state, there->step);
     if (kept < 0 || at != kept) kept = at;
   } else if (kept >= 0 && (there.status().code() == StatusCode::kIoError ||
-                            there.status().code() == StatusCode::kUnavailable)) {
+                           there.status().code() == StatusCode::kUnavailable)) {
     return std::move(s).WithContext(
         what + " (and its last checkpoint, of step " + std::to_string(kept) +
         ", cannot be read now: " + std::string(there.status().message()) +
@@ -201,7 +201,8 @@ Status TrainRun::Save(int step) {
   }
   if (kept >= 0)
     return std::move(s).WithContext(what + " (the checkpoint of step " + std::to_string(kept) +
-                                    " there is intact: " + ResumeFlags() + " continues from it" +
+                                    " there is intact: " + ResumeFlags() +
+                                    " continues from it once the save can succeed" +
                                     (kept < step ? "; steps " + std::to_string(kept + 1) + " to " +
                                                        std::to_string(step) + " are not saved)"
                                                  : ")"));
@@ -217,7 +218,10 @@ Status TrainRun::Save(int step) {
              "--checkpoint a directory on another)"
        : s.message().find("longer than this system allows") != std::string::npos
            ? "; give --checkpoint a shorter path)"
-           : "; free space there, or give --checkpoint a directory on another disk)"));
+           : "; free space there, or give --checkpoint a directory on another disk)") +
+      (saved_step_ < 0 && !(outputs_.in_place && start_ > 0)
+           ? ". Its run directory keeps its config and metrics: run it again with --overwrite"
+           : ""));
 }
 
 // Note [A checkpoint after a data error]

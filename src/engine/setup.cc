@@ -325,9 +325,10 @@ Status Engine::Impl::CheckHostMemory(bool cuda) {
     const uint64_t host_fits = room > others ? (room - others) / sharing / mib * mib : 0;
     std::string advice;
     if (host_fits > fixed) {
-      advice = "Give host_budget (--host-budget) at most " + FormatBytes(host_fits) +
-               (sharing > 1 ? " a rank" : "") +
-               " (what does not fit goes to NVMe: nvme_budget must hold it)";
+      // (In whole MiB, as a flag takes it: "20.19 GiB" is no size the flags read.)
+      advice = "Give host_budget (--host-budget) at most " + std::to_string(host_fits >> 20) +
+               "MiB" + (sharing > 1 ? " a rank" : "") +
+               " (what does not fit goes to NVMe: nvme_budget, --nvme-budget, must hold it)";
       if (sim) advice += ", or smaller device budgets";
     } else {
       advice = std::string("Give smaller budgets (") +
