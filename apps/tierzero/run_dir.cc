@@ -94,6 +94,7 @@ bool CaseInsensitiveDir(const fs::path& dir) {
   const int fd = ::mkstemp(made.data());
   if (fd < 0) return false;
   ::close(fd);
+  RemoveOnSignalExit(made);  // (a signal's exit meanwhile leaves no probe behind)
   std::string swapped = made;
   for (size_t i = made.size() - 6; i < made.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(made[i]);
@@ -106,6 +107,7 @@ bool CaseInsensitiveDir(const fs::path& dir) {
                     ::stat(swapped.c_str(), &b) == 0 && a.st_dev == b.st_dev &&
                     a.st_ino == b.st_ino;
   ::unlink(made.c_str());
+  KeepOnSignalExit(made);
   return same;
 }
 

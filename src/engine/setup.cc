@@ -251,11 +251,11 @@ std::string MemoryScopeKey(const HostMemory& hm) {
     if (std::fgets(boot, sizeof boot, f) != nullptr) key += boot;
     std::fclose(f);
   }
-  key += "\n" + hm.limit_scope;
+  // (By its inode alone where it can be read: one cgroup seen at two mount paths is one.)
   struct stat st {};
   if (!hm.limit_scope.empty() && ::stat(hm.limit_scope.c_str(), &st) == 0)
-    key += "\n" + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
-  return key;
+    return key + "\n" + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
+  return key + "\n" + hm.limit_scope;
 }
 
 }  // namespace

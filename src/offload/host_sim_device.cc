@@ -102,8 +102,8 @@ class SimStream {
       // Work on a stream must not throw (Device::LaunchHostFunc), and the callers that run
       // oneTBB there catch its exceptions themselves; one that escapes anyway would end the
       // process through std::terminate on this thread. It is kept instead, as a GPU keeps a
-      // kernel's fault: the stream's later work still runs, and every synchronisation with the
-      // stream returns the error from then on.
+      // kernel's fault: the stream's later work still runs, and synchronising the stream or the
+      // device returns the error from then on (an event's synchronisation does not).
       Status failed;
       try {
         fn();
