@@ -586,31 +586,32 @@ Status TrainRun::WriteReports(std::string& summary) {
   auto again = [&](const char* flag, const std::string& path) {
     return "; tierzero report " + out_.report + " " + flag + " " + path + " renders it again";
   };
+  // The page and the trace each tried, whatever became of the other (a page that could not be
+  // written left the trace unwritten and unmentioned: hunt 42); the first failure is returned.
+  Status first;
   if (!out_.html.empty()) {
     StatusOr<std::string> page = RenderHtmlReport(text);
     Status s =
         page.ok() ? WriteOutputIfUnchanged(out_.html, *page, "report's page") : page.status();
     if (!s.ok())
-      return more(std::move(s).WithContext(where("report's page", out_.html)),
-                  again("-o", "PAGE.html"));
+      first = more(std::move(s).WithContext(where("report's page", out_.html)),
+                   again("-o", "PAGE.html"));
   }
   if (!out_.trace.empty()) {
     StatusOr<std::string> trace = RenderChromeTrace(text);
     Status s = trace.status();
-    if (s.ok()) {
-      if (Status w = WriteOutputIfUnchanged(out_.trace, *trace, "trace"); !w.ok())
-        return more(std::move(w).WithContext(where("trace", out_.trace)),
-                    again("--trace", "TRACE.json"));
-    }
-    if (s.code() == StatusCode::kFailedPrecondition) {
-      std::printf("  (no trace: %s)\n", std::string(s.message()).c_str());
+    if (s.ok()) s = WriteOutputIfUnchanged(out_.trace, *trace, "trace");
+    if (trace.status().code() == StatusCode::kFailedPrecondition) {
+      std::printf("  (no trace: %s)\n", std::string(trace.status().message()).c_str());
       trace_skipped_ = true;
     } else if (!s.ok()) {
-      return more(std::move(s).WithContext(where("trace", out_.trace)),
-                  again("--trace", "TRACE.json"));
+      Status t = more(std::move(s).WithContext(where("trace", out_.trace)),
+                      again("--trace", "TRACE.json"));
+      first = first.ok() ? std::move(t)
+                         : more(first, "; the trace could not be written either: " + t.ToString());
     }
   }
-  return Status::OK();
+  return first;
 }
 
 // Note [A report kept aside]
