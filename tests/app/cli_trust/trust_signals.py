@@ -2,11 +2,13 @@
 
 Cases of cli_trust_test.py (see its docstring); each `case_NAME` is run by name."""
 import json
+import fcntl
 import os
 import shutil
 import signal
 import struct
 import subprocess
+import termios
 import time
 
 from trust_common import (TZ, OUT, Failure, check, refused, ok, write_config, train_small,
@@ -128,7 +130,15 @@ def case_run_signals():
         p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--metrics", fifo,
                               "--steps", "1000000", "--quiet"], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, cwd=OUT)
-        time.sleep(4)  # the pipe fills
+        # The pipe fills (its 64 KiB; a fixed 4 s was too short under a sanitizer's build).
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            buf = bytearray(4)
+            fcntl.ioctl(holder, termios.FIONREAD, buf)
+            if int.from_bytes(buf, "little") >= 60000:
+                break
+            time.sleep(0.2)
+        time.sleep(1)
         p.send_signal(signal.SIGTERM)
         time.sleep(0.2)
         p.send_signal(signal.SIGTERM)  # the same burst: still only a request
