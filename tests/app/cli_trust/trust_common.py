@@ -28,6 +28,32 @@ def check(cond, what):
         raise Failure(what)
 
 
+def nobody_runs(case):
+    """Whether tierzero can be run as `nobody` from OUT: this process is root (root's limits and
+    permissions are not enforced, so cases about them run as `nobody`) and `nobody` may reach the
+    binary, its libraries and OUT (a clone under a private home, as CI's, is not). Says why not
+    where it cannot; the caller then skips the part that needs it."""
+    if os.geteuid() != 0:
+        print(f"      ({case}: not root: the part run as `nobody` is skipped)")
+        return False
+    os.chmod(OUT, 0o777)
+
+    def as_nobody():
+        os.setgid(65534)
+        os.setuid(65534)
+    try:
+        p = subprocess.run([TZ, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=60, cwd=OUT, preexec_fn=as_nobody)
+        if p.returncode == 0:
+            return True
+        why = p.stdout.decode(errors="replace").strip().splitlines()[-1:] or [f"status {p.returncode}"]
+        why = why[0]
+    except (OSError, subprocess.SubprocessError) as e:
+        why = str(e)
+    print(f"      ({case}: `nobody` cannot run {TZ} from {OUT} here ({why}): that part is skipped)")
+    return False
+
+
 def run(args, timeout=120, **kw):
     """Runs tierzero; returns (rc, stdout+stderr)."""
     p = subprocess.run([TZ] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -7,7 +7,8 @@ import shutil
 import struct
 import subprocess
 
-from trust_common import (OUT, check, run, refused, ok, write_config, train_small, read)
+from trust_common import (OUT, check, run, refused, ok, write_config, train_small, read,
+                          nobody_runs)
 
 
 def case_readers():
@@ -353,7 +354,7 @@ def case_plan_device():
     # A plan made where nothing may be written (a read-only working directory) calibrates under
     # $TMPDIR, and says so, instead of failing on its run directory (as `nobody`: root writes
     # anywhere).
-    if os.geteuid() == 0:
+    if nobody_runs("plan_device"):
         ro = os.path.join(OUT, "g_read_only")
         os.makedirs(ro, exist_ok=True)
         os.chmod(ro, 0o555)

@@ -14,7 +14,7 @@ import threading
 import time
 
 from trust_common import (TZ, OUT, check, run, refused, ok, write_config, train_small, read,
-                          losses)
+                          losses, nobody_runs)
 
 
 def case_outputs():
@@ -558,8 +558,7 @@ def case_thread_limit():
     # more threads than the limit left (CPU Adam's arena of engine.cpu_threads: 16 here, as on a
     # 16-core host). The limit is measured at start and oneTBB held to it: the run trains. As
     # `nobody` (root's limit is not enforced); skipped where this process cannot become it.
-    if os.geteuid() != 0:
-        print("      (thread_limit: not root: skipped)")
+    if not nobody_runs("thread_limit"):
         return
     import resource
     cfg = write_config(os.path.join(OUT, "tl.json"), engine={"cpu_threads": 16,
