@@ -108,14 +108,26 @@ void Advise(const Planner& pl, const RunConfig& cfg, int ranks, json& out) {
   } budgets[] = {{"device_budget", "--device-budget", &EngineConfig::device_budget},
                  {"host_budget", "--host-budget", &EngineConfig::host_budget},
                  {"nvme_budget", "--nvme-budget", &EngineConfig::nvme_budget}};
+  // A host budget past what this process may use is said to be (train would refuse it here; the
+  // run may be planned for another machine, so it is still given).
+  const HostMemory machine = ReadHostMemory();
+  auto beyond = [&](uint64_t host) {
+    return host <= machine.limit
+               ? std::string()
+               : "; more than the " + FormatBytes(machine.limit) + " this process may use here";
+  };
   bool a_budget = false;
+  uint64_t least_host = 0;  // the least host budget said so far (0: none)
   for (const Budget& b : budgets) {
     const uint64_t now = cfg.engine.*b.field;
     const uint64_t need = SmallestBudget(pl, cfg, b.field, ranks);
     if (need == 0 || need <= now) continue;
     a_budget = true;
-    std::printf("  %s %lluMiB (now %s: +%s)\n", b.flag, static_cast<unsigned long long>(need >> 20),
-                FormatBytes(now).c_str(), FormatBytes(need - now).c_str());
+    if (b.field == &EngineConfig::host_budget) least_host = need;
+    std::printf("  %s %lluMiB (now %s: +%s%s)\n", b.flag,
+                static_cast<unsigned long long>(need >> 20), FormatBytes(now).c_str(),
+                FormatBytes(need - now).c_str(),
+                b.field == &EngineConfig::host_budget ? beyond(need).c_str() : "");
     changes.push_back({{"field", std::string("engine.") + b.name}, {"value", need}, {"now", now}});
   }
   // The fewest ranks that fit: doubling to the first that does, then bisecting below it
@@ -167,18 +179,48 @@ void Advise(const Planner& pl, const RunConfig& cfg, int ranks, json& out) {
     }
   }
   if (changes.empty()) std::printf("  (no single change up to 1 TiB a budget or 64 ranks)\n");
+  bool together = false;
   if (!a_budget) {
     // No budget alone: the smallest device and host budgets together.
     uint64_t d = 0, h = 0;
     if (SmallestPair(pl, cfg, ranks, &d, &h)) {
-      std::printf("together:\n  --device-budget %lluMiB --host-budget %lluMiB (now %s and %s)\n",
+      together = true;
+      least_host = h;
+      std::printf("together:\n  --device-budget %lluMiB --host-budget %lluMiB (now %s and %s%s)\n",
                   static_cast<unsigned long long>(d >> 20),
                   static_cast<unsigned long long>(h >> 20),
                   FormatBytes(cfg.engine.device_budget).c_str(),
-                  FormatBytes(cfg.engine.host_budget).c_str());
+                  FormatBytes(cfg.engine.host_budget).c_str(), beyond(h).c_str());
       changes.push_back({{"field", "engine.device_budget+engine.host_budget"},
                          {"value", {d, h}},
                          {"now", {cfg.engine.device_budget, cfg.engine.host_budget}}});
+    }
+  }
+  // NVMe holding what host memory does not: the least host budget (with the device budget it
+  // needs) at an unbounded NVMe budget, then the least NVMe budget with those. Said where it
+  // needs less host memory than the budgets above, which keep the present NVMe budget (a host
+  // budget alone of 19.2 GiB where 3.7 GiB and 16.3 GiB of NVMe fit).
+  {
+    RunConfig c = cfg;
+    c.engine.nvme_budget = std::max<uint64_t>(cfg.engine.nvme_budget, uint64_t{1} << 40);
+    uint64_t d = 0, h = 0;
+    if (SmallestPair(pl, c, ranks, &d, &h) && (least_host == 0 || h < least_host)) {
+      c.engine.device_budget = d;
+      c.engine.host_budget = h;
+      c.engine.nvme_budget = cfg.engine.nvme_budget;
+      const uint64_t v = SmallestBudget(pl, c, &EngineConfig::nvme_budget, ranks);
+      if (v > cfg.engine.nvme_budget) {
+        const bool device = d != cfg.engine.device_budget;
+        std::printf("%s  %s--host-budget %lluMiB --nvme-budget %lluMiB (NVMe holding the rest%s)\n",
+                    together ? "" : "together:\n",
+                    device ? ("--device-budget " + std::to_string(d >> 20) + "MiB ").c_str() : "",
+                    static_cast<unsigned long long>(h >> 20),
+                    static_cast<unsigned long long>(v >> 20), beyond(h).c_str());
+        changes.push_back(
+            {{"field", "engine.device_budget+engine.host_budget+engine.nvme_budget"},
+             {"value", {d, h, v}},
+             {"now", {cfg.engine.device_budget, cfg.engine.host_budget, cfg.engine.nvme_budget}}});
+      }
     }
   }
   out["advice"] = changes;

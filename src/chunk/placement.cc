@@ -112,9 +112,10 @@ StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& bu
     return OutOfMemoryError(
         "model state of " + FormatBytes(total) + " per rank (" + std::to_string(n) +
         " chunks) does not fit: device shard budget " + FormatBytes(budgets.device_shard_bytes) +
-        ", host budget " + FormatBytes(budgets.host_bytes) + " (at least " + FormatBytes(grads) +
-        " for the gradients in host memory), NVMe budget " + FormatBytes(budgets.nvme_bytes) +
-        " (" + FormatBytes(nvme) + " needed once host memory is full); " +
+        ", host budget for shards " + FormatBytes(budgets.host_bytes) + " (at least " +
+        FormatBytes(grads) + " for the gradients in host memory), NVMe budget " +
+        FormatBytes(budgets.nvme_bytes) + " (" + FormatBytes(nvme) +
+        " needed once host memory is full); " +
         (host_short ? "what must stay in host memory (" + FormatBytes(host) +
                           ") is more than the host budget, which NVMe cannot relieve: raise the "
                           "host budget (or the device shard budget), or use more ranks"
@@ -124,6 +125,75 @@ StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& bu
   p.bytes[static_cast<int>(Tier::kHost)] = host;
   p.bytes[static_cast<int>(Tier::kNvme)] = nvme;
   return p;
+}
+
+namespace {
+
+// The smallest value in (lo, hi] at which `fits` holds, a multiple of 1 MiB, given that it holds
+// at `hi` and not at `lo`; the placement is monotone in each budget.
+template <typename Fits>
+uint64_t SmallestFitting(uint64_t lo, uint64_t hi, Fits fits) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  lo = lo / kMiB * kMiB;
+  hi = (hi + kMiB - 1) / kMiB * kMiB;
+  while (hi - lo > kMiB) {
+    const uint64_t mid = lo + (hi - lo) / 2 / kMiB * kMiB;
+    (fits(mid) ? hi : lo) = mid;
+  }
+  return hi;
+}
+
+std::string Mib(uint64_t bytes) { return std::to_string((bytes + (1u << 20) - 1) >> 20) + "MiB"; }
+
+}  // namespace
+
+std::string PlacementFitAdvice(const ChunkLayout& layout, const TierBudgets& budgets,
+                               uint64_t host_fixed, uint64_t optimizer_group_bytes,
+                               uint64_t grad_shard_bytes) {
+  // In the user's terms: `host` is the config's host_budget, the fixed buffers included.
+  auto fits = [&](uint64_t host, uint64_t nvme) {
+    if (host <= host_fixed) return false;
+    TierBudgets b = budgets;
+    b.host_bytes = host - host_fixed;
+    b.nvme_bytes = nvme;
+    return PlaceShards(layout, b, optimizer_group_bytes, grad_shard_bytes).ok();
+  };
+  // Everything in host memory, or on NVMe, is the most either budget could need.
+  const uint64_t n = static_cast<uint64_t>(layout.num_chunks());
+  const uint64_t all =
+      host_fixed +
+      n * (layout.shard_bytes() + (grad_shard_bytes > 0 ? grad_shard_bytes : layout.shard_bytes()) +
+           (optimizer_group_bytes > 0 ? optimizer_group_bytes : layout.shard_elems() * 12)) +
+      (uint64_t{1} << 20);
+  const uint64_t host = host_fixed + budgets.host_bytes, nvme = budgets.nvme_bytes;
+  std::string host_alone, nvme_alone;
+  if (host < all && fits(all, nvme)) {
+    host_alone = "host_budget (--host-budget) " +
+                 Mib(SmallestFitting(host, all, [&](uint64_t h) { return fits(h, nvme); })) +
+                 " at this NVMe budget";
+  }
+  if (nvme < all && fits(host, all)) {
+    nvme_alone = "nvme_budget (--nvme-budget) " +
+                 Mib(SmallestFitting(nvme, all, [&](uint64_t v) { return fits(host, v); })) +
+                 " at this host budget";
+  }
+  // The least host memory with NVMe holding the rest, and that NVMe budget: said too where it
+  // needs less host memory than the host budget alone (this machine may not have that much).
+  std::string both;
+  if (nvme_alone.empty() && fits(all, all)) {
+    const uint64_t h = SmallestFitting(host, all, [&](uint64_t v) { return fits(v, all); });
+    const uint64_t v = SmallestFitting(nvme, all, [&](uint64_t x) { return fits(h, x); });
+    if (host_alone.empty() || v > nvme) {
+      both =
+          "host_budget (--host-budget) " + Mib(h) + " with nvme_budget (--nvme-budget) " + Mib(v);
+    }
+  }
+  std::string out;
+  for (const std::string* o : {&host_alone, &nvme_alone, &both}) {
+    if (o->empty()) continue;
+    out += (out.empty() ? "it fits with " : ", or ") + *o;
+  }
+  return out;
 }
 
 std::string Placement::Summary(const TierBudgets& budgets) const {

@@ -68,4 +68,13 @@ struct Placement {
 StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& budgets,
                                 uint64_t optimizer_group_bytes = 0, uint64_t grad_shard_bytes = 0);
 
+// For a placement that failed, the budgets with which it would fit, in the user's terms (the
+// config's host_budget is `budgets.host_bytes` plus `host_fixed`, the fixed buffers): the host
+// budget at the present NVMe budget, the NVMe budget at the present host budget, or where
+// neither alone does, both. Each in whole MiB rounded up, as the flags take them, so a budget
+// given as said fits. Empty when no budget up to everything in host memory would.
+std::string PlacementFitAdvice(const ChunkLayout& layout, const TierBudgets& budgets,
+                               uint64_t host_fixed, uint64_t optimizer_group_bytes = 0,
+                               uint64_t grad_shard_bytes = 0);
+
 }  // namespace tierzero

@@ -195,7 +195,9 @@ StatusOr<PlacedRun> PlaceRun(const ChunkLayout& layout, const EngineConfig& cfg,
         FormatBytes(fixed) +
         (r.hpz_bytes > 0 && r.hpz_tier == Tier::kHost ? ", hpZ's secondary partition included"
                                                       : "") +
-        "); raise host_budget, or lower chunk_elems (a chunk holds at least the largest tensor)");
+        "); raise host_budget (--host-budget) above " +
+        std::to_string((fixed + (uint64_t{1} << 20) - 1) >> 20) +
+        "MiB, or lower chunk_elems (a chunk holds at least the largest tensor)");
   }
   r.budgets = TierBudgets{device_shard_budget, cfg.host_budget - fixed, cfg.nvme_budget};
   // Optimizer states the device shard budget may keep (docs/optimizer.md).
@@ -220,7 +222,15 @@ StatusOr<PlacedRun> PlaceRun(const ChunkLayout& layout, const EngineConfig& cfg,
   const uint64_t grad_bytes =
       DTypeBytes(cfg.grad_accumulation > 1 ? DType::kF32 : layout.dtype(), layout.shard_elems());
   auto p = PlaceShards(layout, r.budgets, group.bytes(), grad_bytes);
-  if (!p.ok()) return std::move(p).status().WithContext("placing the shards");
+  if (!p.ok()) {
+    Status s = std::move(p).status();
+    if (s.code() == StatusCode::kOutOfMemory) {
+      const std::string fit =
+          PlacementFitAdvice(layout, r.budgets, fixed, group.bytes(), grad_bytes);
+      if (!fit.empty()) s = OutOfMemoryError(std::string(s.message()) + "; " + fit);
+    }
+    return s.WithContext("placing the shards");
+  }
   r.placement = std::move(p).value();
   return r;
 }

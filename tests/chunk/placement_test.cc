@@ -145,5 +145,40 @@ TEST(PlacementTest, ImpossibleBudgetIsOutOfMemoryNamingTheBudgets) {
   ASSERT_FALSE(p.ok()) << "gradients (20 MiB) must stay in host memory";
 }
 
+
+// The advice's budgets against a scan of every whole MiB: each is the least that fits with the
+// other budget as the advice pairs it, and the config's host budget counts the fixed buffers.
+TEST(PlacementTest, FitAdviceNamesTheLeastBudgetsThatFitInWholeMiB) {
+  ChunkLayout l = TenChunks();
+  const uint64_t fixed = 7 * kMiB + 123;  // not a whole MiB: the advice rounds up
+  auto fits = [&](uint64_t host_budget, uint64_t nvme) {
+    return host_budget > fixed && PlaceShards(l, {0, host_budget - fixed, nvme}).ok();
+  };
+  auto least_host = [&](uint64_t nvme) {
+    for (uint64_t h = kMiB;; h += kMiB) {
+      if (fits(h, nvme)) return std::to_string(h / kMiB) + "MiB";
+    }
+  };
+  auto least_nvme = [&](uint64_t host_budget) {
+    for (uint64_t v = 0;; v += kMiB) {
+      if (fits(host_budget, v)) return std::to_string(v / kMiB) + "MiB";
+    }
+  };
+  // Both budgets short of the 160 MiB; either alone can make up the rest.
+  std::string a = PlacementFitAdvice(l, {0, 30 * kMiB, 50 * kMiB}, fixed);
+  EXPECT_EQ(a, "it fits with host_budget (--host-budget) " + least_host(50 * kMiB) +
+                   " at this NVMe budget, or nvme_budget (--nvme-budget) " +
+                   least_nvme(30 * kMiB + fixed) + " at this host budget");
+  // The gradients (20 MiB) must stay in host memory: no NVMe budget alone fits, and the least
+  // host memory with NVMe holding the rest is said beside the host budget alone.
+  a = PlacementFitAdvice(l, {0, 10 * kMiB, 50 * kMiB}, fixed);
+  const std::string h = least_host(160 * kMiB);
+  uint64_t h_bytes = std::stoull(h) * kMiB;
+  EXPECT_EQ(a, "it fits with host_budget (--host-budget) " + least_host(50 * kMiB) +
+                   " at this NVMe budget, or host_budget (--host-budget) " + h +
+                   " with nvme_budget (--nvme-budget) " + least_nvme(h_bytes));
+  EXPECT_TRUE(fits(h_bytes, std::stoull(least_nvme(h_bytes)) * kMiB));
+}
+
 }  // namespace
 }  // namespace tierzero
