@@ -317,7 +317,9 @@ TEST_P(OptimizerPlacementTest, GradientsFetchedAheadTrainBitIdentically) {
         EXPECT_GT(ahead.stats.optimizer_streamed_groups + ahead.stats.optimizer_resident_groups, 0);
       }
       EXPECT_GT(ahead.stats.optimizer_cpu_groups, 0);
-      if (std::string(behind) == "on") EXPECT_GT(ahead.behind, 0);
+      if (std::string(behind) == "on") {
+        EXPECT_GT(ahead.behind, 0);
+      }
       ASSERT_NO_FATAL_FAILURE(ExpectSameRun(ahead, before, 20));
     }
 }
