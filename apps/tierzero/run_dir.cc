@@ -477,19 +477,22 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
         default_ckpt +
         ", resume in place from the run directory that owns it, or --overwrite to save over it");
   std::vector<std::string> held;
-  auto hold_checkpoint = [&](const std::string& dir) {
+  // An output a flag names outside the run directory may be the user's own, not a run's: the
+  // refusal names the flag, and --run-dir would not move it (a checkpoint directory given with
+  // --checkpoint: `--run-dir DIR` alone was refused again on that same checkpoint).
+  std::vector<std::string> flagged;
+  auto hold_checkpoint = [&](const std::string& dir, bool flag) {
     if (!IsRegular(dir + "/manifest.json") || ForeignManifest(dir)) return;
     if (resume && Same(Identify(dir), *resume)) return;  // what this run reads
     for (const std::string& c : plan.stale_checkpoints)
       if (Same(Identify(c), Identify(dir))) return;
-    held.push_back(dir + " (a checkpoint)");
+    const bool outside = flag && dir.rfind(out.run_dir + "/", 0) != 0;
+    held.push_back(dir + (outside ? " (a checkpoint, --checkpoint)" : " (a checkpoint)"));
+    if (outside) flagged.push_back("--checkpoint");
     plan.stale_checkpoints.push_back(dir);
   };
-  if (ckpt && !plan.in_place) hold_checkpoint(out.checkpoint_dir);
-  if (!plan.in_place) hold_checkpoint(default_ckpt);
-  // A file an output flag names outside the run directory may be the user's own, not a run's:
-  // the refusal names the flag, and --run-dir would not move it.
-  std::vector<std::string> flagged;
+  if (ckpt && !plan.in_place) hold_checkpoint(out.checkpoint_dir, true);
+  if (!plan.in_place) hold_checkpoint(default_ckpt, false);
   auto hold_file = [&](const std::string& p, bool nonempty, const char* flag) {
     off_t size = 0;
     if (!IsRegular(p, &size) || (nonempty && size == 0)) return;
@@ -549,8 +552,10 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
       std::string flags;
       for (size_t i = 0; i < flagged.size(); ++i)
         flags += (i == 0 ? "" : i + 1 == flagged.size() ? " or " : ", ") + flagged[i];
-      elsewhere = (flagged.size() == held.size() ? "" : elsewhere + ", ") + flags +
-                  " PATH names another file";
+      elsewhere =
+          (flagged.size() == held.size() ? "" : elsewhere + " and ") + flags +
+          " PATH names another " +
+          (flagged.size() == 1 && flagged[0] == std::string("--checkpoint") ? "directory" : "path");
     }
     return FailedPreconditionError(
         (flagged.size() == held.size() ? "the files this run would write are here already: "

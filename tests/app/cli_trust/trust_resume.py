@@ -341,3 +341,26 @@ def case_resume_elsewhere():
                 "metrics.jsonl"))) if "loss" in m]
     got, want = losses(os.path.join(w, "run")), losses(os.path.join(w, "ref"))
     check(got == want, f"resumed from elsewhere: {got} against {want}")
+
+
+def case_checkpoint_elsewhere_advice():
+    # A new run whose --checkpoint names another run's checkpoint outside its run directory: the
+    # refusal advised `--run-dir DIR`, which was refused again on that same checkpoint. It names
+    # --checkpoint now, and following it (both flags where both are in the way) starts the run,
+    # the other checkpoint untouched.
+    cfg = os.path.join(OUT, "small.json")
+    ck = os.path.join(OUT, "ce_ck")
+    ok(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "ce_a"), "--checkpoint", ck,
+        "--steps", "2", "--quiet"])
+    manifest = open(os.path.join(ck, "manifest.json"), "rb").read()
+    out = refused(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "ce_b"),
+                   "--checkpoint", ck, "--steps", "2", "--quiet"],
+                  "--checkpoint PATH names another directory")
+    check("--run-dir DIR" not in out, f"advice to move a run whose checkpoint stays:\n{out}")
+    out = refused(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "ce_a"),
+                   "--checkpoint", ck, "--steps", "2", "--quiet"],
+                  "--run-dir DIR starts this run elsewhere and --checkpoint PATH")
+    ok(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "ce_b"), "--checkpoint",
+        os.path.join(OUT, "ce_ck2"), "--steps", "2", "--quiet"])
+    check(open(os.path.join(ck, "manifest.json"), "rb").read() == manifest,
+          "the other run's checkpoint changed")
