@@ -49,7 +49,7 @@ its own, window i starting at its token i x T, a partial last window dropped).
 )";
 
 int EvalFail(const Status& s) {
-  std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
+  std::fprintf(stderr, "error: %s\n", ForOneProcess(s, /*forward_only=*/true).ToString().c_str());
   return 1;
 }
 

@@ -23,7 +23,7 @@ namespace fs = std::filesystem;
 namespace {
 
 int Fail(const Status& s) {
-  std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
+  std::fprintf(stderr, "error: %s\n", ForOneProcess(s, /*forward_only=*/false).ToString().c_str());
   return 1;
 }
 

@@ -67,6 +67,22 @@ int RefuseUnderLauncher(const char* command) {
   return 2;
 }
 
+// train.h
+Status ForOneProcess(const Status& s, bool forward_only) {
+  if (s.ok()) return s;
+  std::string m(s.message());
+  auto drop = [&m](std::string_view phrase) {
+    for (size_t at = m.find(phrase); at != std::string::npos; at = m.find(phrase, at))
+      m.erase(at, phrase.size());
+  };
+  drop(", or use more ranks");
+  if (forward_only) {
+    drop(" checkpoint activations (where the model does not already),");
+    drop(", or fewer activations (checkpointing)");
+  }
+  return Status(s.code(), std::move(m));
+}
+
 StatusOr<std::shared_ptr<Communicator>> RunCommunicator(const RanksOptions& o) {
   const LauncherRanks l = LaunchedRanks();
   if (l.size <= 1) return Communicator::Single();

@@ -148,6 +148,11 @@ LauncherRanks LaunchedRanks();
 // A command that runs in one process (export, eval) started as several ranks: each would do the
 // whole job and race for its output. 2, with rank 0's message; 0 when one process runs it.
 int RefuseUnderLauncher(const char* command);
+// The engine's error as a one-process command (export, eval) says it: without its advice to use
+// more ranks (they run without mpirun), and for eval's forward alone without the advice to
+// checkpoint activations (eval refuses --checkpoint-activations: it keeps no activations for a
+// backward). cli_trust `one_process_advice` checks the phrases it drops are gone.
+Status ForOneProcess(const Status& s, bool forward_only);
 // Ends the command on an error that escaped as an exception (main's last net): as any failure
 // of `train` ends, every rank of several told at once (Note [A failing rank ends the run]).
 int FailUncaught(const Status& s);

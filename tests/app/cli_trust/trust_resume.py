@@ -3,6 +3,7 @@
 Cases of cli_trust_test.py (see its docstring); each `case_NAME` is run by name."""
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -364,3 +365,28 @@ def case_checkpoint_elsewhere_advice():
         os.path.join(OUT, "ce_ck2"), "--steps", "2", "--quiet"])
     check(open(os.path.join(ck, "manifest.json"), "rb").read() == manifest,
           "the other run's checkpoint changed")
+
+
+def case_one_process_advice():
+    # eval and export run in one process, without mpirun, and eval refuses
+    # --checkpoint-activations: their memory refusals advised more ranks and checkpointing. Each
+    # refusal now names what these commands take, and the budget it names fits.
+    base = os.path.join(OUT, "op_base")
+    train_small(base, steps=2)
+    ckpt = os.path.join(base, "checkpoint")
+    tok = os.path.join(OUT, "op_tok.bin")
+    with open(tok, "wb") as f:
+        f.write(struct.pack("<4000H", *([1, 2, 3, 4] * 1000)))
+    for args in (["eval", "--resume", ckpt, "--data", tok, "--host-budget", "1MiB",
+                  "--nvme-budget", "0"],
+                 ["eval", "--resume", ckpt, "--data", tok, "--device-budget", "1MiB", "--batch-size",
+                  "64"],
+                 ["export", ckpt, "-o", os.path.join(OUT, "op.safetensors"), "--host-budget",
+                  "1MiB", "--nvme-budget", "0"]):
+        out = refused(args, "OutOfMemory")
+        check("more ranks" not in out, f"{args}: advice to use more ranks\n{out}")
+        check(args[0] != "eval" or "checkpoint" not in out.split("error:")[1].replace(ckpt, ""),
+              f"{args}: advice to checkpoint activations\n{out}")
+        m = re.search(r"host_budget \(--host-budget\) (\d+MiB) at this NVMe budget", out)
+        if m:
+            ok(args[:-4] + ["--host-budget", m.group(1), "--nvme-budget", "0"])
