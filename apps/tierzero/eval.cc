@@ -68,6 +68,7 @@ Status RunEval(const RunConfig& cfg, int window, const std::string& nvme_dir) {
                                 std::to_string(window + 1) + " tokens (--seq-len " +
                                 std::to_string(window) + ")");
   EngineConfig ec = cfg.engine;
+  NeverSteps(ec);
   if (ec.nvme_path.empty()) ec.nvme_path = nvme_dir;
   TZ_ASSIGN_OR_RETURN(auto engine, Engine::Create(ec));
   TZ_ASSIGN_OR_RETURN(auto model, gpt::Gpt::Create(*engine, cfg.model));

@@ -164,6 +164,7 @@ int Export(const std::vector<std::string>& args) {
   // The run's budgets (NVMe included, so a model larger than memory exports too).
   EngineConfig ec = cfg->engine;
   ec.device = DeviceChoice::kHost;
+  NeverSteps(ec);
   {
     // One process holds what the checkpoint's ranks held: their budgets together.
     const uint64_t ranks = static_cast<uint64_t>(std::clamp(info->world_size, 1, 1 << 16));

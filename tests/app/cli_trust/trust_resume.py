@@ -390,3 +390,35 @@ def case_one_process_advice():
         m = re.search(r"host_budget \(--host-budget\) (\d+MiB) at this NVMe budget", out)
         if m:
             ok(args[:-4] + ["--host-budget", m.group(1), "--nvme-budget", "0"])
+
+
+def case_never_steps():
+    # Note [The states of a command that never steps]: eval and export hold int8 moments and
+    # gradient shards of the compute type, whatever the run's. The model state they place is
+    # about 10 bytes a parameter (it was 18 for a bf16 run with accumulation), and what they
+    # compute is the same at a budget that fits only so: the same loss, the same export.
+    base = os.path.join(OUT, "ns_base")
+    train_small(base, "--grad-accumulation", "2", steps=2)
+    ckpt = os.path.join(base, "checkpoint")
+    tok = os.path.join(OUT, "ns_tok.bin")
+    with open(tok, "wb") as f:
+        f.write(struct.pack("<4000H", *([5, 7, 11, 13, 17] * 800)))
+    out = refused(["eval", "--resume", ckpt, "--data", tok, "--host-budget", "1MiB",
+                   "--nvme-budget", "0"], "model state of")
+    state = re.search(r"model state of ([0-9.]+) (KiB|MiB)", out)
+    size = float(state.group(1)) * (1024 if state.group(2) == "KiB" else 1024 * 1024)
+    params = 117056  # the small config's GPT-2 (2 layers x 64 wide)
+    # (~11.2 with the chunks' padding; 19.6 before)
+    check(size / params < 12, f"eval places {size / params:.1f} bytes a parameter:\n{out}")
+    least = re.search(r"nvme_budget \(--nvme-budget\) (\d+MiB) at this host budget", out)
+    check(least, f"no NVMe budget named:\n{out}")
+    tight = ["--host-budget", "1MiB", "--nvme-budget", least.group(1)]
+
+    def loss(extra):
+        text = ok(["eval", "--resume", ckpt, "--data", tok] + extra)
+        return re.search(r"mean loss ([0-9.]+)", text).group(1)
+    check(loss([]) == loss(tight), "eval at the budgets said scores another loss")
+    a, b = os.path.join(OUT, "ns_a.safetensors"), os.path.join(OUT, "ns_b.safetensors")
+    ok(["export", ckpt, "-o", a])
+    ok(["export", ckpt, "-o", b] + tight)
+    check(read(a) == read(b), "an export at the budgets said differs")
