@@ -51,9 +51,25 @@ using Clock = std::chrono::steady_clock;
 // thread's other timed sleeps (the throttle of its copies) keep its own.
 
 // One in-order queue executed by its own thread.
+// The first error any stream of a device kept (Note [An exception on a simulated stream]): a
+// device-wide fault, as a CUDA context's sticky error, which an event's synchronisation returns.
+struct SimFault {
+  void Keep(const Status& s) {
+    MutexLock lock(mu);
+    if (first.ok()) first = s;
+  }
+  Status Get() {
+    MutexLock lock(mu);
+    return first;
+  }
+  Mutex mu;
+  Status first TZ_GUARDED_BY(mu);
+};
+
 class SimStream {
  public:
-  explicit SimStream(std::string name) : name_(std::move(name)), worker_([this] { Run(); }) {}
+  SimStream(std::string name, SimFault* fault)
+      : name_(std::move(name)), fault_(fault), worker_([this] { Run(); }) {}
   ~SimStream() {
     {
       MutexLock lock(mu_);
@@ -103,13 +119,15 @@ class SimStream {
       // oneTBB there catch its exceptions themselves; one that escapes anyway would end the
       // process through std::terminate on this thread. It is kept instead, as a GPU keeps a
       // kernel's fault: the stream's later work still runs, and synchronising the stream or the
-      // device returns the error from then on (an event's synchronisation does not).
+      // device returns the error from then on, as does synchronising any event of the device
+      // (a CUDA context's error is sticky: every later call returns it).
       Status failed;
       try {
         fn();
       } catch (...) {
         failed = StatusOfCurrentException().WithContext("work on the simulated stream " + name_);
       }
+      if (!failed.ok()) fault_->Keep(failed);
       lock.Lock();
       if (!failed.ok() && error_.ok()) error_ = std::move(failed);
       ++completed_;
@@ -122,6 +140,7 @@ class SimStream {
   }
 
   std::string name_;
+  SimFault* const fault_;  // the device's, which outlives its streams
   Mutex mu_;
   CondVar work_cv_;
   CondVar done_cv_;
@@ -205,7 +224,7 @@ class HostSimDevice final : public Device {
   uint64_t largest_free_block() const override { return memory_.largest_free_block(); }
 
   StatusOr<StreamHandle> CreateStream(std::string_view name) override {
-    auto* s = new SimStream(std::string(name));
+    auto* s = new SimStream(std::string(name), &fault_);
     MutexLock lock(mu_);
     streams_.insert(s);
     return StreamHandle{s};
@@ -293,10 +312,12 @@ class HostSimDevice final : public Device {
   Status SynchronizeEvent(EventHandle event) override {
     if (event.impl == nullptr) return InvalidArgumentError("SynchronizeEvent on a null event");
     std::shared_ptr<SimEvent> e = Ev(event);
-    MutexLock lock(e->mu);
-    const uint64_t target = e->records;
-    e->Wait(lock, target);
-    return Status::OK();
+    {
+      MutexLock lock(e->mu);
+      const uint64_t target = e->records;
+      e->Wait(lock, target);
+    }
+    return fault_.Get();
   }
 
   StatusOr<bool> EventDone(EventHandle event) override {
@@ -451,6 +472,7 @@ class HostSimDevice final : public Device {
   mutable Mutex mu_;
   DeviceSlab memory_;  // the device memory, handed out from slab_
   std::set<SimStream*> streams_ TZ_GUARDED_BY(mu_);
+  SimFault fault_;        // Note [An exception on a simulated stream]
   Link links_[3];         // indexed by CopyKind
   const double poll_us_;  // Note [Stream waits that cost the signaller nothing]
 };

@@ -500,6 +500,13 @@ TEST(HostSimDeviceTest, AnExceptionOnAStreamIsItsErrorNotTheProcesss) {
   EXPECT_NE(st.message().find("simulated stream s"), std::string::npos) << st.message();
   EXPECT_TRUE(later.load());
   EXPECT_EQ((*d)->Synchronize().code(), StatusCode::kOutOfMemory);
+  // An event's synchronisation too, of another stream's event (a device-wide, sticky fault).
+  auto other = Stream::Create(**d, "other");
+  ASSERT_TRUE(other.ok());
+  auto e = Event::Create(**d);
+  ASSERT_TRUE(e.ok());
+  ASSERT_TRUE(e->Record(*other).ok());
+  EXPECT_EQ(e->Synchronize().code(), StatusCode::kOutOfMemory);
 }
 
 TEST(HostSimDeviceTest, RejectsBadOptions) {
