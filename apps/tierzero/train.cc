@@ -655,7 +655,7 @@ int Train(const std::vector<std::string>& given_args) {
         made.KeepOnSignal();
         lock.KeepOnSignal();
       });
-      if (Status s = Guarded([&] { return run.SetUp(); }); !s.ok()) {
+      if (Status s = CatchingExceptions([&] { return run.SetUp(); }); !s.ok()) {
         run.UndoStart();
         if (run.agreed_failure()) {
           std::fprintf(stderr, "rank %d of %d: error: %s\n", rank, g_comm->size(),
@@ -664,7 +664,7 @@ int Train(const std::vector<std::string>& given_args) {
         }
         failed = s;
       } else {
-        Status ended = Guarded([&] { return run.Loop(); });
+        Status ended = CatchingExceptions([&] { return run.Loop(); });
         if (!ended.ok() && run.TrainedNothing()) {
           // Note [A run that trained nothing leaves nothing]: what it made goes as the scope
           // unwinds, before Fail.
@@ -672,7 +672,7 @@ int Train(const std::vector<std::string>& given_args) {
         } else {
           made.Keep();
           lock.Keep();
-          if (ended.ok()) ended = Guarded([&] { return run.Finish(); });
+          if (ended.ok()) ended = CatchingExceptions([&] { return run.Finish(); });
           if (ended.ok()) return 0;
           // This rank's alone (the engine's, a collective's): the job ends at once, with the
           // engine as it is, not after its teardown waits out collectives in flight.

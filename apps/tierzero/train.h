@@ -159,18 +159,6 @@ void NeverSteps(EngineConfig& ec);
 // Ends the command on an error that escaped as an exception (main's last net): as any failure
 // of `train` ends, every rank of several told at once (Note [A failing rank ends the run]).
 int FailUncaught(const Status& s);
-// fn() with an exception escaping it turned into a Status (StatusOfCurrentException,
-// tierzero/status.h), so a run's failure path (its
-// cleanup of what it made) runs as for any error.
-template <typename Fn>
-Status Guarded(Fn&& fn) {
-  try {
-    return fn();
-  } catch (...) {
-    return StatusOfCurrentException();
-  }
-}
-
 // One rank's share of budgets sized to its machine: the host's among the ranks on the machine,
 // the device's among the ranks on the device, each rounded down to the MiB.
 struct MachineShare {

@@ -99,6 +99,16 @@ Status ErrnoError(std::string_view what, int err, StatusCode code = StatusCode::
 // boundaries an exception must not cross: a thread's function (past it std::terminate ends the
 // process), a host function on a stream, a command's last net.
 Status StatusOfCurrentException();
+// fn()'s Status, or the exception escaping it as one (StatusOfCurrentException): a Status-
+// returning call at such a boundary.
+template <typename Fn>
+Status CatchingExceptions(Fn&& fn) {
+  try {
+    return fn();
+  } catch (...) {
+    return StatusOfCurrentException();
+  }
+}
 
 [[noreturn]] void DieOnBadStatusAccess(const Status& status);
 

@@ -171,22 +171,9 @@ Status Updater::BeginTraining(bool last_micro_batch, int64_t step, float loss_sc
   return Status::OK();
 }
 
-// The worker: each chunk as its gradient becomes final, while side buffers last.
-namespace {
-
-// fn()'s Status, or an exception escaping it as one (oneTBB's inside CPU Adam when a worker it
-// wakes cannot start): the slot in hand goes back to the pool as after any error.
-template <typename Fn>
-Status Caught(Fn&& fn) {
-  try {
-    return fn();
-  } catch (...) {
-    return StatusOfCurrentException();
-  }
-}
-
-}  // namespace
-
+// The worker: each chunk as its gradient becomes final, while side buffers last. An exception
+// escaping a chunk's work (oneTBB's inside CPU Adam when a worker it wakes cannot start) is its
+// error (CatchingExceptions): the slot in hand goes back to the pool as after any error.
 void Updater::SpeculationWorker(Speculation::Queue& q) {
   for (;;) {
     int c = -1;
@@ -200,7 +187,7 @@ void Updater::SpeculationWorker(Speculation::Queue& q) {
     const size_t i = static_cast<size_t>(c);
     if (c < 0 || c >= layout_.num_chunks() || !spec_.error.ok()) continue;
     if (spec_.sum_ahead) {
-      Status s = Caught([&] { return SumChunkAhead(c); });
+      Status s = CatchingExceptions([&] { return SumChunkAhead(c); });
       if (!s.ok()) {
         spec_.error =
             std::move(s).WithContext("summing the gradient of chunk " + std::to_string(c));
@@ -216,7 +203,7 @@ void Updater::SpeculationWorker(Speculation::Queue& q) {
     // The shard's padding zero, as the step leaves it: a side buffer last held another chunk's
     // parameters, whose tensors may reach where this chunk's padding begins.
     std::memset(slot.out, 0, layout_.shard_bytes());
-    Status s = Caught(
+    Status s = CatchingExceptions(
         [&] { return AdamInto(optimizer().layout().At(c, slot.states), slot.out, spec_.so); });
     if (!s.ok()) {
       spec_.error =
