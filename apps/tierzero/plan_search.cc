@@ -18,6 +18,12 @@ using json = nlohmann::json;
 
 namespace {
 
+// A budget in whole MiB as a flag takes it, rounded up: the searches start from the config's
+// budget, which need not be whole MiB, so rounding down could name one just short.
+unsigned long long MiBUp(uint64_t bytes) {
+  return static_cast<unsigned long long>((bytes + (uint64_t{1} << 20) - 1) >> 20);
+}
+
 bool Fits(const Planner& pl, const RunConfig& cfg, int ranks) {
   auto p = pl.Run(cfg, ranks);
   return p.ok() && p->fits;
@@ -124,8 +130,7 @@ void Advise(const Planner& pl, const RunConfig& cfg, int ranks, json& out) {
     if (need == 0 || need <= now) continue;
     a_budget = true;
     if (b.field == &EngineConfig::host_budget) least_host = need;
-    std::printf("  %s %lluMiB (now %s: +%s%s)\n", b.flag,
-                static_cast<unsigned long long>(need >> 20), FormatBytes(now).c_str(),
+    std::printf("  %s %lluMiB (now %s: +%s%s)\n", b.flag, MiBUp(need), FormatBytes(now).c_str(),
                 FormatBytes(need - now).c_str(),
                 b.field == &EngineConfig::host_budget ? beyond(need).c_str() : "");
     changes.push_back({{"field", std::string("engine.") + b.name}, {"value", need}, {"now", now}});
@@ -187,9 +192,7 @@ void Advise(const Planner& pl, const RunConfig& cfg, int ranks, json& out) {
       together = true;
       least_host = h;
       std::printf("together:\n  --device-budget %lluMiB --host-budget %lluMiB (now %s and %s%s)\n",
-                  static_cast<unsigned long long>(d >> 20),
-                  static_cast<unsigned long long>(h >> 20),
-                  FormatBytes(cfg.engine.device_budget).c_str(),
+                  MiBUp(d), MiBUp(h), FormatBytes(cfg.engine.device_budget).c_str(),
                   FormatBytes(cfg.engine.host_budget).c_str(), beyond(h).c_str());
       changes.push_back({{"field", "engine.device_budget+engine.host_budget"},
                          {"value", {d, h}},
@@ -204,7 +207,9 @@ void Advise(const Planner& pl, const RunConfig& cfg, int ranks, json& out) {
     RunConfig c = cfg;
     c.engine.nvme_budget = std::max<uint64_t>(cfg.engine.nvme_budget, uint64_t{1} << 40);
     uint64_t d = 0, h = 0;
-    if (SmallestPair(pl, c, ranks, &d, &h) && (least_host == 0 || h < least_host)) {
+    // (Not when it changes the NVMe budget alone: said above.)
+    if (SmallestPair(pl, c, ranks, &d, &h) && (least_host == 0 || h < least_host) &&
+        (h > cfg.engine.host_budget || d != cfg.engine.device_budget)) {
       c.engine.device_budget = d;
       c.engine.host_budget = h;
       c.engine.nvme_budget = cfg.engine.nvme_budget;
@@ -213,9 +218,8 @@ void Advise(const Planner& pl, const RunConfig& cfg, int ranks, json& out) {
         const bool device = d != cfg.engine.device_budget;
         std::printf("%s  %s--host-budget %lluMiB --nvme-budget %lluMiB (NVMe holding the rest%s)\n",
                     together ? "" : "together:\n",
-                    device ? ("--device-budget " + std::to_string(d >> 20) + "MiB ").c_str() : "",
-                    static_cast<unsigned long long>(h >> 20),
-                    static_cast<unsigned long long>(v >> 20), beyond(h).c_str());
+                    device ? ("--device-budget " + std::to_string(MiBUp(d)) + "MiB ").c_str() : "",
+                    MiBUp(h), MiBUp(v), beyond(h).c_str());
         changes.push_back(
             {{"field", "engine.device_budget+engine.host_budget+engine.nvme_budget"},
              {"value", {d, h, v}},

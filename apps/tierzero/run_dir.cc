@@ -486,7 +486,7 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
     if (resume && Same(Identify(dir), *resume)) return;  // what this run reads
     for (const std::string& c : plan.stale_checkpoints)
       if (Same(Identify(c), Identify(dir))) return;
-    const bool outside = flag && dir.rfind(out.run_dir + "/", 0) != 0;
+    const bool outside = flag && !Inside(Identify(dir), run_dir);
     held.push_back(dir + (outside ? " (a checkpoint, --checkpoint)" : " (a checkpoint)"));
     if (outside) flagged.push_back("--checkpoint");
     plan.stale_checkpoints.push_back(dir);
@@ -502,7 +502,7 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
       if (Same(Identify(f), id)) return;
     for (const Named& in : inputs)
       if (Same(in.id, id)) return;  // an input is never removed (config.json as --config)
-    const bool outside = flag != nullptr && p.rfind(out.run_dir + "/", 0) != 0;
+    const bool outside = flag != nullptr && !Inside(id, run_dir);
     held.push_back(outside ? p + " (" + flag + ")" : p);
     if (outside) flagged.push_back(flag);
     plan.stale_files.push_back(p);
@@ -537,6 +537,13 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
         IsRegular(recorded_ckpt + "/manifest.json"))
       resume_hint = "--config " + out.run_dir + "/config.json --resume " + recorded_ckpt +
                     " continues that run (its config.json records that checkpoint directory)";
+    else if (ckpt && std::find(flagged.begin(), flagged.end(), std::string("--checkpoint")) !=
+                         flagged.end())
+      // (Resumed with that --checkpoint too, the run would save over it: refused above.)
+      resume_hint = "--resume " + out.checkpoint_dir +
+                    " without --checkpoint continues from it, "
+                    "saving in " +
+                    default_ckpt;
     // The run's own checkpoint resumed, but another --checkpoint to write: not in place (a
     // resume in place writes the checkpoint it reads), and the advice to --resume it is given.
     // (Its config.json recording another checkpoint directory: resume_hint says to name it.)

@@ -1,5 +1,7 @@
 #include "chunk/placement.h"
 
+#include <algorithm>
+
 #include "core/bytes.h"
 
 namespace tierzero {
@@ -89,19 +91,21 @@ StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& bu
     if (c.param == Tier::kHost) host += p.param_shard_bytes;
   }
   uint64_t nvme = 0;
+  const uint64_t align = std::max<uint64_t>(budgets.nvme_alignment, 1);
+  auto on_nvme = [align](uint64_t bytes) { return (bytes + align - 1) / align * align; };
   // Spill optimizer states, then parameter shards, from the last chunk backwards.
   for (int c = n - 1; c >= 0 && host > budgets.host_bytes; --c) {
     if (p.chunks[static_cast<size_t>(c)].optimizer != Tier::kHost) continue;
     p.chunks[static_cast<size_t>(c)].optimizer = Tier::kNvme;
     host -= p.optim_shard_bytes;
-    nvme += p.optim_shard_bytes;
+    nvme += on_nvme(p.optim_shard_bytes);
   }
   for (int c = n - 1; c >= 0 && host > budgets.host_bytes; --c) {
     ChunkPlacement& cp = p.chunks[static_cast<size_t>(c)];
     if (cp.param != Tier::kHost) continue;
     cp.param = Tier::kNvme;
     host -= p.param_shard_bytes;
-    nvme += p.param_shard_bytes;
+    nvme += on_nvme(p.param_shard_bytes);
   }
   if (host > budgets.host_bytes || nvme > budgets.nvme_bytes) {
     uint64_t grads = 0;
@@ -163,7 +167,8 @@ std::string PlacementFitAdvice(const ChunkLayout& layout, const TierBudgets& bud
   const uint64_t all =
       host_fixed +
       n * (layout.shard_bytes() + (grad_shard_bytes > 0 ? grad_shard_bytes : layout.shard_bytes()) +
-           (optimizer_group_bytes > 0 ? optimizer_group_bytes : layout.shard_elems() * 12)) +
+           (optimizer_group_bytes > 0 ? optimizer_group_bytes : layout.shard_elems() * 12) +
+           2 * std::max<uint64_t>(budgets.nvme_alignment, 1)) +
       (uint64_t{1} << 20);
   const uint64_t host = host_fixed + budgets.host_bytes, nvme = budgets.nvme_bytes;
   std::string host_alone, nvme_alone;
@@ -180,10 +185,11 @@ std::string PlacementFitAdvice(const ChunkLayout& layout, const TierBudgets& bud
   // The least host memory with NVMe holding the rest, and that NVMe budget: said too where it
   // needs less host memory than the host budget alone (this machine may not have that much).
   std::string both;
-  if (nvme_alone.empty() && fits(all, all)) {
+  if (nvme_alone.empty() && nvme < all && fits(all, all)) {
     const uint64_t h = SmallestFitting(host, all, [&](uint64_t v) { return fits(v, all); });
-    const uint64_t v = SmallestFitting(nvme, all, [&](uint64_t x) { return fits(h, x); });
-    if (host_alone.empty() || v > nvme) {
+    // (At that host budget the present NVMe budget may do: the host budget alone said it.)
+    if (!fits(h, nvme)) {
+      const uint64_t v = SmallestFitting(nvme, all, [&](uint64_t x) { return fits(h, x); });
       both =
           "host_budget (--host-budget) " + Mib(h) + " with nvme_budget (--nvme-budget) " + Mib(v);
     }

@@ -42,6 +42,9 @@ struct TierBudgets {
   // budget after the parameter shards, ahead of the optimizer states, whichever tier updates
   // their groups (Note [Accumulating on the device for host updates] in placement.cc).
   bool device_grads_accumulating = false;
+  // Each state on NVMe takes whole blocks of this many bytes (the store's alignment: an int8
+  // group of 1705984 bytes takes 1708032), counted so in nvme_bytes.
+  uint64_t nvme_alignment = 1;
 };
 
 struct ChunkPlacement {

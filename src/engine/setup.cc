@@ -188,18 +188,9 @@ StatusOr<PlacedRun> PlaceRun(const ChunkLayout& layout, const EngineConfig& cfg,
     }
     fixed += AlignUp(r.hpz_bytes, kPinnedAlignment);
   }
-  if (cfg.host_budget <= fixed) {
-    return OutOfMemoryError(
-        "host_budget " + FormatBytes(cfg.host_budget) +
-        " does not cover the fixed buffers for chunks of " + FormatBytes(chunk_bytes) + " (" +
-        FormatBytes(fixed) +
-        (r.hpz_bytes > 0 && r.hpz_tier == Tier::kHost ? ", hpZ's secondary partition included"
-                                                      : "") +
-        "); raise host_budget (--host-budget) above " +
-        std::to_string((fixed + (uint64_t{1} << 20) - 1) >> 20) +
-        "MiB, or lower chunk_elems (a chunk holds at least the largest tensor)");
-  }
-  r.budgets = TierBudgets{device_shard_budget, cfg.host_budget - fixed, cfg.nvme_budget};
+  r.budgets = TierBudgets{device_shard_budget,
+                          cfg.host_budget > fixed ? cfg.host_budget - fixed : 0, cfg.nvme_budget};
+  r.budgets.nvme_alignment = kNvmeAlignment;  // as the store allocates
   // Optimizer states the device shard budget may keep (docs/optimizer.md).
   const int n = layout.num_chunks();
   switch (cfg.optimizer) {
@@ -221,6 +212,19 @@ StatusOr<PlacedRun> PlaceRun(const ChunkLayout& layout, const EngineConfig& cfg,
   // Gradient shards: the compute dtype, fp32 with accumulation (ChunkManager::StoreOptions).
   const uint64_t grad_bytes =
       DTypeBytes(cfg.grad_accumulation > 1 ? DType::kF32 : layout.dtype(), layout.shard_elems());
+  if (cfg.host_budget <= fixed) {
+    // The least budgets that place, as for a placement that fails (a host budget just above the
+    // fixed buffers holds no shard yet).
+    const std::string fit = PlacementFitAdvice(layout, r.budgets, fixed, group.bytes(), grad_bytes);
+    return OutOfMemoryError("host_budget " + FormatBytes(cfg.host_budget) +
+                            " does not cover the fixed buffers for chunks of " +
+                            FormatBytes(chunk_bytes) + " (" + FormatBytes(fixed) +
+                            (r.hpz_bytes > 0 && r.hpz_tier == Tier::kHost
+                                 ? ", hpZ's secondary partition included"
+                                 : "") +
+                            "); raise host_budget (" + (fit.empty() ? "--host-budget" : fit) +
+                            "), or lower chunk_elems (a chunk holds at least the largest tensor)");
+  }
   auto p = PlaceShards(layout, r.budgets, group.bytes(), grad_bytes);
   if (!p.ok()) {
     Status s = std::move(p).status();

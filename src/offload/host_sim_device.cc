@@ -119,8 +119,8 @@ class SimStream {
       // oneTBB there catch its exceptions themselves; one that escapes anyway would end the
       // process through std::terminate on this thread. It is kept instead, as a GPU keeps a
       // kernel's fault: the stream's later work still runs, and synchronising the stream or the
-      // device returns the error from then on, as does synchronising any event of the device
-      // (a CUDA context's error is sticky: every later call returns it).
+      // device returns the error from then on, as does synchronising any other stream or event
+      // of the device (a CUDA context's error is sticky: every later call returns it).
       Status failed;
       try {
         fn();
@@ -243,7 +243,8 @@ class HostSimDevice final : public Device {
   Status SynchronizeStream(StreamHandle handle) override {
     RETURN_IF_ERROR(CheckStream(handle));
     static_cast<SimStream*>(handle.impl)->Drain();
-    return static_cast<SimStream*>(handle.impl)->error();
+    if (Status e = static_cast<SimStream*>(handle.impl)->error(); !e.ok()) return e;
+    return fault_.Get();  // another stream's, kept device-wide
   }
 
   Status Synchronize() override {
@@ -257,7 +258,7 @@ class HostSimDevice final : public Device {
       s->Drain();
       if (Status e = s->error(); !e.ok() && first.ok()) first = std::move(e);
     }
-    return first;
+    return first.ok() ? fault_.Get() : first;  // (a stream destroyed since kept its error here)
   }
 
   // An event handle points at a shared_ptr holder; queued records and waits keep their own

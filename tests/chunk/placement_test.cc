@@ -180,5 +180,23 @@ TEST(PlacementTest, FitAdviceNamesTheLeastBudgetsThatFitInWholeMiB) {
   EXPECT_TRUE(fits(h_bytes, std::stoull(least_nvme(h_bytes)) * kMiB));
 }
 
+
+// States on NVMe take whole blocks of the store's alignment: a placement counting their bytes
+// alone said fits where the store could not allocate them.
+TEST(PlacementTest, NvmeCountsWholeBlocksOfTheStoresAlignment) {
+  ChunkLayout l = TenChunks();
+  const uint64_t group = 12 * kMiB + 100;  // an int8 group's odd size
+  TierBudgets b{0, 40 * kMiB, 0};
+  b.nvme_alignment = 4096;
+  // Host memory for shards: 40 MiB holds the 20 MiB of gradients and 10 MiB of the parameter
+  // shards; every group's states go to NVMe, each in 12 MiB + 4 KiB.
+  b.nvme_bytes = 10 * (12 * kMiB + 4096);
+  auto p = PlaceShards(l, b, group);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->bytes[static_cast<int>(Tier::kNvme)], 10 * (12 * kMiB + 4096));
+  b.nvme_bytes -= 1;
+  EXPECT_FALSE(PlaceShards(l, b, group).ok());
+}
+
 }  // namespace
 }  // namespace tierzero

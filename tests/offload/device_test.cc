@@ -507,6 +507,7 @@ TEST(HostSimDeviceTest, AnExceptionOnAStreamIsItsErrorNotTheProcesss) {
   ASSERT_TRUE(e.ok());
   ASSERT_TRUE(e->Record(*other).ok());
   EXPECT_EQ(e->Synchronize().code(), StatusCode::kOutOfMemory);
+  EXPECT_EQ(other->Synchronize().code(), StatusCode::kOutOfMemory);
 }
 
 TEST(HostSimDeviceTest, RejectsBadOptions) {

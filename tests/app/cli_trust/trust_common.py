@@ -39,6 +39,7 @@ def nobody_runs(case):
     os.chmod(OUT, 0o777)
 
     def as_nobody():
+        os.setgroups([])
         os.setgid(65534)
         os.setuid(65534)
     try:

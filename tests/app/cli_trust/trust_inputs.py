@@ -371,6 +371,7 @@ def case_plan_device():
         env.pop("TZ_RATES_FILE", None)
 
         def as_nobody():
+            os.setgroups([])
             os.setgid(65534)
             os.setuid(65534)
         rc, out = run(["plan", "--no-advice"], env=env, cwd=ro, timeout=300,

@@ -570,6 +570,7 @@ def case_thread_limit():
         rd = os.path.join(OUT, f"tl_run{limit}")
 
         def as_nobody(limit=limit):
+            os.setgroups([])
             os.setgid(65534)
             os.setuid(65534)
             resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))

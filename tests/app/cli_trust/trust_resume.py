@@ -363,6 +363,13 @@ def case_checkpoint_elsewhere_advice():
                   "--run-dir DIR starts this run elsewhere and --checkpoint PATH")
     ok(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "ce_b"), "--checkpoint",
         os.path.join(OUT, "ce_ck2"), "--steps", "2", "--quiet"])
+    # Its advice to resume, followed as said: from that checkpoint, saving in the new run's own.
+    out = refused(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "ce_c"),
+                   "--checkpoint", ck, "--steps", "4", "--quiet"], "without --checkpoint")
+    ok(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "ce_c"), "--resume", ck,
+        "--steps", "4", "--quiet"])
+    check(os.path.exists(os.path.join(OUT, "ce_c", "checkpoint", "manifest.json")),
+          "the resumed run saved no checkpoint of its own")
     check(open(os.path.join(ck, "manifest.json"), "rb").read() == manifest,
           "the other run's checkpoint changed")
 
@@ -385,7 +392,7 @@ def case_one_process_advice():
                   "1MiB", "--nvme-budget", "0"]):
         out = refused(args, "OutOfMemory")
         check("more ranks" not in out, f"{args}: advice to use more ranks\n{out}")
-        check(args[0] != "eval" or "checkpoint" not in out.split("error:")[1].replace(ckpt, ""),
+        check(args[0] != "eval" or "checkpoint" not in out.partition("error:")[2].replace(ckpt, ""),
               f"{args}: advice to checkpoint activations\n{out}")
         m = re.search(r"host_budget \(--host-budget\) (\d+MiB) at this NVMe budget", out)
         if m:

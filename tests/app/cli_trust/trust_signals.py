@@ -140,7 +140,7 @@ def case_run_signals():
             now = int.from_bytes(buf, "little")
             still = still + 1 if now == held and now >= 32768 else 0
             held = now
-            if still >= 5:
+            if still >= 15:  # (3 s without growth: not a pause of a busy machine)
                 break
             time.sleep(0.2)
         time.sleep(1)
