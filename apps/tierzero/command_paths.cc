@@ -1,5 +1,6 @@
-// The paths the commands other than train's run are given (run_dir.h): a checkpoint argument
-// that names something else, and an output that is the process's standard output.
+// What the commands other than train share: the paths they are given (run_dir.h: a checkpoint
+// argument that names something else, an output that is the process's standard output), and
+// as commands of one process that never step (train.h: their errors and their engine config).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 
 #include "run_dir.h"
 #include "tierzero/files.h"
+#include "train.h"
 
 namespace tierzero::app {
 namespace fs = std::filesystem;
@@ -47,6 +49,38 @@ Status CheckCheckpointArgument(const std::string& path, const std::string& flag)
                               ", not a checkpoint: a checkpoint is the directory holding "
                               "manifest.json" +
                               (parent.empty() ? "" : " (" + flag + " " + parent + "?)"));
+}
+
+// train.h
+Status ForOneProcess(const Status& s, bool forward_only) {
+  if (s.ok()) return s;
+  std::string m(s.message());
+  auto drop = [&m](std::string_view phrase) {
+    for (size_t at = m.find(phrase); at != std::string::npos; at = m.find(phrase, at))
+      m.erase(at, phrase.size());
+  };
+  drop(", or use more ranks");
+  if (forward_only) {
+    drop(" checkpoint activations (where the model does not already),");
+    drop(", or fewer activations (checkpointing)");
+  }
+  return Status(s.code(), std::move(m));
+}
+
+// Note [The states of a command that never steps]
+// eval and export load a checkpoint through the engine, which holds every chunk's optimizer
+// states and gradient shard as a run does: fp32 master, m and v and a gradient of the compute
+// type (fp32 with accumulation), 16 bytes a parameter in bf16 of which they read only the
+// master's 4. Their moments are held as int8 (~2.1 bytes an element, converted as they load) and
+// their gradient shards in the compute type: the weights are the masters' to the bit whatever
+// the moments' format (each parameter is its master, rounded), and nothing reads the moments or
+// a gradient. A bf16 checkpoint with accumulation 2 placed 11.95 MiB of model state before,
+// 6.72 MiB now (bench/RESULTS.md, session 43); cli_trust `never_steps` checks the bytes a
+// parameter and the same losses and exports at the budget said.
+// train.h
+void NeverSteps(EngineConfig& ec) {
+  ec.optimizer_states = MomentFormat::kInt8;
+  ec.grad_accumulation = 1;
 }
 
 }  // namespace tierzero::app

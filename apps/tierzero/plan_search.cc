@@ -18,12 +18,6 @@ using json = nlohmann::json;
 
 namespace {
 
-// A budget in whole MiB as a flag takes it, rounded up: the searches start from the config's
-// budget, which need not be whole MiB, so rounding down could name one just short.
-unsigned long long MiBUp(uint64_t bytes) {
-  return static_cast<unsigned long long>((bytes + (uint64_t{1} << 20) - 1) >> 20);
-}
-
 bool Fits(const Planner& pl, const RunConfig& cfg, int ranks) {
   auto p = pl.Run(cfg, ranks);
   return p.ok() && p->fits;
@@ -130,8 +124,9 @@ void Advise(const Planner& pl, const RunConfig& cfg, int ranks, json& out) {
     if (need == 0 || need <= now) continue;
     a_budget = true;
     if (b.field == &EngineConfig::host_budget) least_host = need;
-    std::printf("  %s %lluMiB (now %s: +%s%s)\n", b.flag, MiBUp(need), FormatBytes(now).c_str(),
-                FormatBytes(need - now).c_str(),
+    // (Whole MiB rounded up: the search starts from the config's budget, not a whole MiB.)
+    std::printf("  %s %s (now %s: +%s%s)\n", b.flag, FormatWholeMiB(need).c_str(),
+                FormatBytes(now).c_str(), FormatBytes(need - now).c_str(),
                 b.field == &EngineConfig::host_budget ? beyond(need).c_str() : "");
     changes.push_back({{"field", std::string("engine.") + b.name}, {"value", need}, {"now", now}});
   }
@@ -191,8 +186,9 @@ void Advise(const Planner& pl, const RunConfig& cfg, int ranks, json& out) {
     if (SmallestPair(pl, cfg, ranks, &d, &h)) {
       together = true;
       least_host = h;
-      std::printf("together:\n  --device-budget %lluMiB --host-budget %lluMiB (now %s and %s%s)\n",
-                  MiBUp(d), MiBUp(h), FormatBytes(cfg.engine.device_budget).c_str(),
+      std::printf("together:\n  --device-budget %s --host-budget %s (now %s and %s%s)\n",
+                  FormatWholeMiB(d).c_str(), FormatWholeMiB(h).c_str(),
+                  FormatBytes(cfg.engine.device_budget).c_str(),
                   FormatBytes(cfg.engine.host_budget).c_str(), beyond(h).c_str());
       changes.push_back({{"field", "engine.device_budget+engine.host_budget"},
                          {"value", {d, h}},
@@ -216,10 +212,10 @@ void Advise(const Planner& pl, const RunConfig& cfg, int ranks, json& out) {
       const uint64_t v = SmallestBudget(pl, c, &EngineConfig::nvme_budget, ranks);
       if (v > cfg.engine.nvme_budget) {
         const bool device = d != cfg.engine.device_budget;
-        std::printf("%s  %s--host-budget %lluMiB --nvme-budget %lluMiB (NVMe holding the rest%s)\n",
+        std::printf("%s  %s--host-budget %s --nvme-budget %s (NVMe holding the rest%s)\n",
                     together ? "" : "together:\n",
-                    device ? ("--device-budget " + std::to_string(MiBUp(d)) + "MiB ").c_str() : "",
-                    MiBUp(h), MiBUp(v), beyond(h).c_str());
+                    device ? ("--device-budget " + FormatWholeMiB(d) + " ").c_str() : "",
+                    FormatWholeMiB(h).c_str(), FormatWholeMiB(v).c_str(), beyond(h).c_str());
         changes.push_back(
             {{"field", "engine.device_budget+engine.host_budget+engine.nvme_budget"},
              {"value", {d, h, v}},

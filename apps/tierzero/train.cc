@@ -67,37 +67,6 @@ int RefuseUnderLauncher(const char* command) {
   return 2;
 }
 
-// train.h
-Status ForOneProcess(const Status& s, bool forward_only) {
-  if (s.ok()) return s;
-  std::string m(s.message());
-  auto drop = [&m](std::string_view phrase) {
-    for (size_t at = m.find(phrase); at != std::string::npos; at = m.find(phrase, at))
-      m.erase(at, phrase.size());
-  };
-  drop(", or use more ranks");
-  if (forward_only) {
-    drop(" checkpoint activations (where the model does not already),");
-    drop(", or fewer activations (checkpointing)");
-  }
-  return Status(s.code(), std::move(m));
-}
-
-// Note [The states of a command that never steps]
-// eval and export load a checkpoint through the engine, which holds every chunk's optimizer
-// states and gradient shard as a run does: fp32 master, m and v and a gradient of the compute
-// type (fp32 with accumulation), 16 bytes a parameter in bf16 of which they read only the
-// master's 4. Their moments are held as int8 (~2.1 bytes an element, converted as they load) and
-// their gradient shards in the compute type: the weights are the masters' to the bit whatever
-// the moments' format (each parameter is its master, rounded), and nothing reads the moments or
-// a gradient. A 1.2B-parameter bf16 checkpoint of an accumulating run then needs 10.2 bytes a
-// parameter, not 18 (cli_trust `never_steps`: the same losses and exports at the budget said).
-// train.h
-void NeverSteps(EngineConfig& ec) {
-  ec.optimizer_states = MomentFormat::kInt8;
-  ec.grad_accumulation = 1;
-}
-
 StatusOr<std::shared_ptr<Communicator>> RunCommunicator(const RanksOptions& o) {
   const LauncherRanks l = LaunchedRanks();
   if (l.size <= 1) return Communicator::Single();

@@ -154,7 +154,7 @@ int RefuseUnderLauncher(const char* command);
 // backward). cli_trust `one_process_advice` checks the phrases it drops are gone.
 Status ForOneProcess(const Status& s, bool forward_only);
 // An engine config for a command that reads a model's weights and never steps (eval, export):
-// Note [The states of a command that never steps] in train.cc.
+// Note [The states of a command that never steps] in command_paths.cc.
 void NeverSteps(EngineConfig& ec);
 // Ends the command on an error that escaped as an exception (main's last net): as any failure
 // of `train` ends, every rank of several told at once (Note [A failing rank ends the run]).

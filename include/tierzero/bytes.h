@@ -21,6 +21,8 @@ StatusOr<uint64_t> ParseByteSize(std::string_view text);
 // Formats with binary units and at most two decimals, trailing zeros dropped: "0 B", "100 B",
 // "1.5 KiB", "512 MiB", "2 GiB".
 std::string FormatBytes(uint64_t bytes);
+// A size as a flag takes it, in whole MiB rounded up so it is never short of `bytes`: "3776MiB".
+std::string FormatWholeMiB(uint64_t bytes);
 // The same for a rate: "1.25 GB/s" (decimal units, as bandwidths are usually quoted).
 std::string FormatBandwidth(double bytes_per_second);
 

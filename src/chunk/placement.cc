@@ -147,8 +147,6 @@ uint64_t SmallestFitting(uint64_t lo, uint64_t hi, Fits fits) {
   return hi;
 }
 
-std::string Mib(uint64_t bytes) { return std::to_string((bytes + (1u << 20) - 1) >> 20) + "MiB"; }
-
 }  // namespace
 
 std::string PlacementFitAdvice(const ChunkLayout& layout, const TierBudgets& budgets,
@@ -173,14 +171,16 @@ std::string PlacementFitAdvice(const ChunkLayout& layout, const TierBudgets& bud
   const uint64_t host = host_fixed + budgets.host_bytes, nvme = budgets.nvme_bytes;
   std::string host_alone, nvme_alone;
   if (host < all && fits(all, nvme)) {
-    host_alone = "host_budget (--host-budget) " +
-                 Mib(SmallestFitting(host, all, [&](uint64_t h) { return fits(h, nvme); })) +
-                 " at this NVMe budget";
+    host_alone =
+        "host_budget (--host-budget) " +
+        FormatWholeMiB(SmallestFitting(host, all, [&](uint64_t h) { return fits(h, nvme); })) +
+        " at this NVMe budget";
   }
   if (nvme < all && fits(host, all)) {
-    nvme_alone = "nvme_budget (--nvme-budget) " +
-                 Mib(SmallestFitting(nvme, all, [&](uint64_t v) { return fits(host, v); })) +
-                 " at this host budget";
+    nvme_alone =
+        "nvme_budget (--nvme-budget) " +
+        FormatWholeMiB(SmallestFitting(nvme, all, [&](uint64_t v) { return fits(host, v); })) +
+        " at this host budget";
   }
   // The least host memory with NVMe holding the rest, and that NVMe budget: said too where it
   // needs less host memory than the host budget alone (this machine may not have that much).
@@ -190,8 +190,8 @@ std::string PlacementFitAdvice(const ChunkLayout& layout, const TierBudgets& bud
     // (At that host budget the present NVMe budget may do: the host budget alone said it.)
     if (!fits(h, nvme)) {
       const uint64_t v = SmallestFitting(nvme, all, [&](uint64_t x) { return fits(h, x); });
-      both =
-          "host_budget (--host-budget) " + Mib(h) + " with nvme_budget (--nvme-budget) " + Mib(v);
+      both = "host_budget (--host-budget) " + FormatWholeMiB(h) +
+             " with nvme_budget (--nvme-budget) " + FormatWholeMiB(v);
     }
   }
   std::string out;

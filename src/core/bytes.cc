@@ -135,6 +135,10 @@ std::string FormatBytes(uint64_t bytes) {
   return TrimZeros(buf) + " " + kNames[u];
 }
 
+std::string FormatWholeMiB(uint64_t bytes) {
+  return std::to_string(bytes / kMiB + (bytes % kMiB != 0)) + "MiB";
+}
+
 std::string FormatBandwidth(double bps) {
   static constexpr const char* kNames[] = {"B/s", "KB/s", "MB/s", "GB/s", "TB/s"};
   int u = 0;

@@ -145,7 +145,6 @@ TEST(PlacementTest, ImpossibleBudgetIsOutOfMemoryNamingTheBudgets) {
   ASSERT_FALSE(p.ok()) << "gradients (20 MiB) must stay in host memory";
 }
 
-
 // The advice's budgets against a scan of every whole MiB: each is the least that fits with the
 // other budget as the advice pairs it, and the config's host budget counts the fixed buffers.
 TEST(PlacementTest, FitAdviceNamesTheLeastBudgetsThatFitInWholeMiB) {
@@ -179,7 +178,6 @@ TEST(PlacementTest, FitAdviceNamesTheLeastBudgetsThatFitInWholeMiB) {
                    " with nvme_budget (--nvme-budget) " + least_nvme(h_bytes));
   EXPECT_TRUE(fits(h_bytes, std::stoull(least_nvme(h_bytes)) * kMiB));
 }
-
 
 // States on NVMe take whole blocks of the store's alignment: a placement counting their bytes
 // alone said fits where the store could not allocate them.

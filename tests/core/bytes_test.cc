@@ -59,6 +59,20 @@ TEST(ByteSizeTest, Formats) {
   EXPECT_EQ(FormatBandwidth(2.5e9), "2.5 GB/s");
 }
 
+// As a flag takes it, never short of the size: parsed back it is at least the bytes given.
+TEST(ByteSizeTest, WholeMiBRoundsUp) {
+  EXPECT_EQ(FormatWholeMiB(0), "0MiB");
+  EXPECT_EQ(FormatWholeMiB(1), "1MiB");
+  EXPECT_EQ(FormatWholeMiB(3776 * kMiB), "3776MiB");
+  EXPECT_EQ(FormatWholeMiB(3776 * kMiB + 1), "3777MiB");
+  for (uint64_t b : {uint64_t{1}, kMiB - 1, kMiB, kGiB + 12345, uint64_t{1} << 50}) {
+    auto back = ParseByteSize(FormatWholeMiB(b));
+    ASSERT_TRUE(back.ok());
+    EXPECT_GE(*back, b);
+    EXPECT_LT(*back - b, kMiB);
+  }
+}
+
 TEST(ByteSizeTest, FormatThenParseRoundTripsExactPowers) {
   for (uint64_t v : {uint64_t{1}, kKiB, 3 * kMiB, 7 * kGiB, 2 * kTiB}) {
     std::string text = FormatBytes(v);
