@@ -29,10 +29,41 @@ std::string TakeStdoutForData(const std::string& path) {
   return "/dev/fd/" + std::to_string(data_fd);
 }
 
+namespace {
+
+// A checkpoint path that is not there, in a run directory whose config.json (the run's, which
+// train wrote) records that the run saved its checkpoints elsewhere (--checkpoint PATH): said,
+// with the path to give, where "no such directory" alone sent the user looking. Nothing
+// otherwise (the load says what is missing).
+Status NotThereButRecorded(const std::string& path, const std::string& flag) {
+  std::error_code ec;
+  fs::path dir = fs::absolute(path, ec).lexically_normal();
+  if (ec) return Status::OK();
+  if (dir.has_parent_path() && dir.filename().empty()) dir = dir.parent_path();
+  const std::string config = (dir.parent_path() / "config.json").string();
+  struct stat st {};
+  if (::stat(config.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return Status::OK();
+  const StatusOr<std::string> text = ReadFileBounded(config, kMaxConfigBytes, "run config");
+  if (!text.ok()) return Status::OK();
+  StatusOr<RunConfig> cfg = ParseRunConfig(*text, DefaultRunConfig());
+  if (!cfg.ok() || cfg->output.checkpoint_dir.empty()) return Status::OK();
+  RebaseOnItsRunDir(*cfg, config);  // (its paths are relative to where it ran)
+  const std::string saved = cfg->output.checkpoint_dir;
+  if (::stat((saved + "/manifest.json").c_str(), &st) != 0) return Status::OK();
+  if (fs::absolute(saved, ec).lexically_normal() == dir) return Status::OK();
+  return NotFoundError("no checkpoint at '" + path + "': there is no such directory; the run of " +
+                       config + " saved its checkpoints in " + saved +
+                       " (its output.checkpoint_dir: --checkpoint PATH): " +
+                       (flag.rfind("--", 0) == 0 ? flag + " " : std::string("give ")) + saved);
+}
+
+}  // namespace
+
 // run_dir.h
 Status CheckCheckpointArgument(const std::string& path, const std::string& flag) {
   struct stat st {};
-  if (path.empty() || ::stat(path.c_str(), &st) != 0) return Status::OK();
+  if (path.empty()) return Status::OK();
+  if (::stat(path.c_str(), &st) != 0) return NotThereButRecorded(path, flag);
   if (S_ISDIR(st.st_mode)) {
     // A run directory named for its checkpoint: said first, before what follows from it.
     const std::string inner = (fs::path(path) / "checkpoint").string();

@@ -19,6 +19,7 @@
 #include "gpt/data.h"
 #include "gpt/hf.h"
 #include "gpt/token_data.h"
+#include "resume.h"
 #include "run_dir.h"
 #include "signals.h"
 #include "tierzero/files.h"
@@ -180,24 +181,27 @@ int Eval(const std::vector<std::string>& args) {
   if (Status s = CheckCheckpointArgument(resume, "--resume"); !s.ok()) return EvalFail(s);
   // Without --config, the checkpoint first: a path that is none is said as such, not as the
   // config beside it missing.
+  // Then the run's config beside it, or the model the checkpoint records (Note [The
+  // checkpoint's model]: a checkpoint saved outside its run directory).
   if (!resume.empty() && !has_config) {
-    if (auto info = ReadCheckpointInfo(resume); !info.ok()) return EvalFail(info.status());
-  }
-  if (!resume.empty() && !has_config) {
-    std::error_code ec;
-    fs::path dir = fs::absolute(resume, ec).lexically_normal();
-    if (dir.has_parent_path() && dir.filename().empty()) dir = dir.parent_path();
-    const std::string run_config = (dir.parent_path() / "config.json").string();
-    // It must be there and readable: without it the model's shape would be guessed.
-    auto text = ReadFileBounded(run_config, kMaxConfigBytes, "run config");
-    if (!text.ok())
-      return EvalFail(std::move(text).status().WithContext(
-          "the config of the checkpoint's run (written by tierzero train beside it); pass "
-          "--config"));
-    rest.insert(rest.begin(), {"--config", run_config});
+    auto info = ReadCheckpointInfo(resume);
+    if (!info.ok()) return EvalFail(info.status());
+    const std::string run_config = RunConfigBeside(resume, *info);
+    if (!run_config.empty()) {
+      // An older checkpoint's, which records no model: without it the shape would be guessed.
+      auto text = ReadFileBounded(run_config, kMaxConfigBytes, "run config");
+      if (!text.ok())
+        return EvalFail(std::move(text).status().WithContext(
+            "the config of the checkpoint's run (written by tierzero train beside it); pass "
+            "--config"));
+      rest.insert(rest.begin(), {"--config", run_config});
+    }
   }
   auto cfg = LoadRunConfig(rest);
   if (!cfg.ok()) return EvalFail(cfg.status());
+  if (!has_config) {
+    if (Status s = TakeCheckpointsModel(*cfg, resume, /*say=*/true); !s.ok()) return EvalFail(s);
+  }
   if (cfg->output.resume.empty() == cfg->output.init_from.empty())
     return EvalFail(InvalidArgumentError(
         "tierzero eval needs exactly one model: --resume CHECKPOINT or --init-from FILE|DIR"));

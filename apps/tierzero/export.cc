@@ -121,23 +121,32 @@ int Export(const std::vector<std::string>& args) {
   StatusOr<CheckpointInfo> info =
       config_path.empty() ? ReadCheckpointInfo(ckpt) : StatusOr<CheckpointInfo>(CheckpointInfo{});
   if (!info.ok()) return Fail(info.status());
-  if (config_path.empty()) config_path = (ckpt_dir.parent_path() / "config.json").string();
-  auto text = ReadFileBounded(config_path, kMaxConfigBytes, "run config");
-  if (!text.ok()) {
-    if (text.status().code() == StatusCode::kNotFound)
-      return Fail(NotFoundError("cannot open " + config_path +
-                                " (the run's config, written by tierzero train; pass --config)"));
-    return Fail(text.status());
+  // The run's config beside it, or the model the checkpoint records (Note [The checkpoint's
+  // model]: a checkpoint saved outside its run directory).
+  const bool config_given = !config_path.empty();
+  if (!config_given) config_path = RunConfigBeside(ckpt, *info);
+  StatusOr<RunConfig> cfg = DefaultRunConfig();
+  if (!config_path.empty()) {
+    auto text = ReadFileBounded(config_path, kMaxConfigBytes, "run config");
+    if (!text.ok()) {
+      if (text.status().code() == StatusCode::kNotFound)
+        return Fail(NotFoundError("cannot open " + config_path +
+                                  " (the run's config, written by tierzero train; pass --config)"));
+      return Fail(text.status());
+    }
+    cfg = ParseRunConfig(*text, DefaultRunConfig());
+    if (!cfg.ok()) return Fail(std::move(cfg).status().WithContext(config_path));
   }
-  auto cfg = ParseRunConfig(*text, DefaultRunConfig());
-  if (!cfg.ok()) return Fail(std::move(cfg).status().WithContext(config_path));
   info = ReadCheckpointInfo(ckpt);
   if (!info.ok()) return Fail(info.status());
+  if (!config_given) {
+    if (Status s = TakeCheckpointsModel(*cfg, ckpt, /*say=*/true); !s.ok()) return Fail(s);
+  }
   // The config must be the checkpoint's model's (Note [A checkpoint resumes its own model]): a
   // --config of another shape whose tensors happen to match (other heads) exported a
   // config.json that describes another model.
   if (Status s = CheckSameModel(info->user_state, *cfg, ckpt); !s.ok())
-    return Fail(std::move(s).WithContext("--config " + config_path));
+    return Fail(config_path.empty() ? s : std::move(s).WithContext("--config " + config_path));
   if (hf && !dtype_given) dtype = cfg->engine.compute_dtype;  // the model's dtype
   if (!hf && dtype == DType::kF16)
     return Fail(
@@ -157,10 +166,9 @@ int Export(const std::vector<std::string>& args) {
                                "; --format hf writes into a new or empty directory"));
   }
   // Nothing the export reads is written over (its checkpoint's files, its config).
-  if (Status s = CheckNotAnInput(
-          output, "-o", {{"checkpoint", ckpt_dir.string(), true}, {"config", config_path, false}});
-      !s.ok())
-    return Fail(s);
+  std::vector<InputPath> inputs = {{"checkpoint", ckpt_dir.string(), true}};
+  if (!config_path.empty()) inputs.push_back({"config", config_path, false});
+  if (Status s = CheckNotAnInput(output, "-o", inputs); !s.ok()) return Fail(s);
   // The run's budgets (NVMe included, so a model larger than memory exports too).
   EngineConfig ec = cfg->engine;
   ec.device = DeviceChoice::kHost;

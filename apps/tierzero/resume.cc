@@ -391,7 +391,7 @@ namespace {
 // loaded silently, then computed another model). The seed (initialisation only) and activation
 // checkpointing (memory, not arithmetic) may change. Checkpoints from before this was recorded
 // are checked by their parameters' shapes only.
-Status CheckSameModelJson(const json& user, const RunConfig& cfg, const std::string& dir) {
+Status CheckSameModelJson(const json& user, const json& now, const std::string& dir) {
   if (!user.is_object() || !user.contains("model") || !user["model"].is_object())
     return Status::OK();
   static const std::map<std::string, std::string> kFlag = {{"n_layer", "--layers"},
@@ -399,7 +399,6 @@ Status CheckSameModelJson(const json& user, const RunConfig& cfg, const std::str
                                                            {"n_head", "--heads"},
                                                            {"arch", "--arch"},
                                                            {"n_kv_head", "--kv-heads"}};
-  const json now = ModelJson(cfg);
   for (const auto& [key, then] : user["model"].items()) {
     // How the model computes may change at a resume; what it is may not.
     if (key == "seed" || key == "activation_checkpointing" || key == "activations") continue;
@@ -420,7 +419,86 @@ Status CheckSameModelJson(const json& user, const RunConfig& cfg, const std::str
 
 Status CheckSameModel(const std::string& user_state, const RunConfig& cfg, const std::string& dir) {
   return CheckSameModelJson(CheckpointRecords(user_state, dir, /*say=*/LaunchedRanks().rank == 0),
-                            cfg, dir);
+                            ModelJson(cfg), dir);
+}
+
+// Note [The checkpoint's model]
+// A checkpoint records its whole model section (and its compute type), so a command that loads
+// it without --config (train --resume, eval --resume, export) takes that model where no flag
+// names it: a checkpoint saved outside its run directory (--checkpoint PATH), or a run directory
+// moved, were refused as "the built-in default's model", or for a config.json not found beside
+// it, though the checkpoint says what it is. A field a flag asks for is kept, and a model that
+// then differs is refused (CheckSameModel: a checkpoint resumes its own model), as is an explicit
+// --config of another model (a wrong file, more likely than a wish). What the built-in default,
+// or eval's and export's guess of the config.json beside the checkpoint, set gives way, and is
+// said. How the model computes, not what it is (seed, activation checkpointing, activations),
+// stays the run's.
+// resume.h
+Status TakeCheckpointsModel(RunConfig& cfg, const std::string& checkpoint, bool say) {
+  if (checkpoint.empty()) return Status::OK();
+  const StatusOr<CheckpointInfo> info = ReadCheckpointInfo(checkpoint);
+  if (!info.ok()) return Status::OK();  // (said where it loads)
+  const json u = CheckpointRecords(info->user_state, checkpoint, /*say=*/false);
+  if (!u.is_object() || !u.contains("model") || !u["model"].is_object()) return Status::OK();
+  json model = json::object();
+  const json now = ModelJson(cfg);
+  std::string taken;
+  for (const auto& [key, then] : u["model"].items()) {
+    if (key == "seed" || key == "activation_checkpointing" || key == "activations") continue;
+    const auto it = now.find(key);
+    if (it == now.end() || *it == then || cfg.given.count("model." + key) != 0) continue;
+    model[key] = then;
+    taken += (taken.empty() ? "" : ", ") + ("model." + key + " " + then.dump());
+  }
+  json engine = json::object();
+  if (const auto t = u.find("compute_dtype");
+      t != u.end() && t->is_string() && cfg.given.count("engine.compute_dtype") == 0 &&
+      *t != std::string(DTypeName(cfg.engine.compute_dtype))) {
+    engine["compute_dtype"] = *t;
+    taken +=
+        (taken.empty() ? "" : ", ") + ("engine.compute_dtype \"" + t->get<std::string>() + "\"");
+  }
+  // What a flag asked for that is not the checkpoint's model is refused here, as the load would,
+  // before the two are merged into a model neither describes.
+  json asked = now;
+  asked.update(model);
+  TZ_RETURN_IF_ERROR(CheckSameModelJson(u, asked, checkpoint));
+  if (taken.empty()) return Status::OK();
+  json over = json::object();
+  if (!model.empty()) over["model"] = model;
+  if (!engine.empty()) over["engine"] = engine;
+  if (StatusOr<RunConfig> alone =
+          ParseRunConfig(json{{"model", u["model"]}}.dump(), DefaultRunConfig());
+      !alone.ok())
+    return Status(StatusCode::kDataLoss, std::string(alone.status().message()))
+        .WithContext("the model the checkpoint " + checkpoint +
+                     " records (its manifest was edited or damaged)");
+  StatusOr<RunConfig> merged = ParseRunConfig(over.dump(), cfg);
+  if (!merged.ok())
+    return std::move(merged).status().WithContext("with the model the checkpoint " + checkpoint +
+                                                  " records");
+  cfg = std::move(*merged);  // (its `given` is cfg's)
+  if (say)
+    std::fprintf(stderr, "note: the checkpoint's model, as it records it: %s\n", taken.c_str());
+  return Status::OK();
+}
+
+// resume.h
+std::string RunConfigBeside(const std::string& checkpoint_dir, const CheckpointInfo& info) {
+  std::error_code ec;
+  fs::path dir = fs::absolute(checkpoint_dir, ec).lexically_normal();
+  if (dir.has_parent_path() && dir.filename().empty()) dir = dir.parent_path();
+  const std::string there = (dir.parent_path() / "config.json").string();
+  const json u = json::parse(info.user_state, nullptr, /*allow_exceptions=*/false);
+  if (!u.is_object() || !u.contains("model") || !u["model"].is_object()) return there;
+  struct stat st {};
+  if (::stat(there.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  const StatusOr<std::string> text = ReadFileBounded(there, kMaxConfigBytes, "run config");
+  if (!text.ok()) return "";
+  const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  for (const char* section : {"model", "data", "train", "engine", "output"})
+    if (!j.is_object() || !j.contains(section)) return "";  // not one train wrote
+  return there;
 }
 
 // Note [A resumed run's own config]

@@ -48,6 +48,19 @@ std::string MomentFormatText(MomentFormat f);
 // A data fingerprint as the checkpoint records it (16 hex digits: JSON numbers lose 64 bits).
 std::string FingerprintText(uint64_t fingerprint);
 
+// For a command given no --config: the model (and compute type) the checkpoint at `checkpoint`
+// records, over what `cfg` has where no flag asked for it (Note [The checkpoint's model]);
+// `say`: a note on stderr of what was taken. Nothing when it records no model or is not there
+// (said where it loads).
+Status TakeCheckpointsModel(RunConfig& cfg, const std::string& checkpoint, bool say);
+
+// For a command that loads a checkpoint without --config (eval, export): the config.json beside
+// it, in the run directory that holds it, when it is one train wrote, or whatever is there when
+// the checkpoint records no model (an older build's: that config is needed, and its errors
+// said); "" when the checkpoint's records give its model and no run config is beside it (Note
+// [The checkpoint's model]).
+std::string RunConfigBeside(const std::string& checkpoint_dir, const CheckpointInfo& info);
+
 // `train`'s arguments with `--config RUN_DIR/config.json` first when they resume a run in place
 // without --config and that config is provably the run's (Note [A resumed run's own config]);
 // otherwise as given.

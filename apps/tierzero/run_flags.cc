@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "resume.h"
 #include "run_dir.h"
 #include "run_fields.h"
 #include "tierzero/files.h"
@@ -291,6 +292,10 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
   }
   TZ_RETURN_IF_ERROR(MergeHfModel(cfg));
   TZ_RETURN_IF_ERROR(MergeRecordedModel(cfg));
+  // Without a config file, a resumed checkpoint's model is the one it records (Note [The
+  // checkpoint's model], resume.cc).
+  if (config_path.empty())
+    TZ_RETURN_IF_ERROR(TakeCheckpointsModel(cfg, cfg.output.resume, LaunchedRanks().rank == 0));
   TZ_RETURN_IF_ERROR(CheckDataSource(cfg));
   TZ_RETURN_IF_ERROR(ValidateRunConfig(cfg));
   return cfg;

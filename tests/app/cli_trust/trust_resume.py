@@ -181,6 +181,53 @@ def case_resume_model():
     check(read(run_dir + "/checkpoint/manifest.json") == manifest, "the checkpoint changed")
 
 
+def case_checkpoint_model():
+    # A checkpoint records its model: one saved outside its run directory (--checkpoint PATH),
+    # with no config.json beside it, resumes, evaluates and exports without --config (they asked
+    # for a config.json that is not there, or trained the built-in default's model).
+    d = os.path.join(OUT, "cm")
+    os.makedirs(d)
+    tok = os.path.join(d, "tok.bin")
+    with open(tok, "wb") as f:
+        f.write(struct.pack("<30000H", *[(i * 7) % 50 for i in range(30000)]))
+    common = ["--data", tok, "--vocab", "64", "--batch-size", "4", "--lr", "0.002", "--quiet"]
+    shape = ["--layers", "1", "--width", "32", "--heads", "2", "--seq-len", "16", "--dtype", "fp32"]
+    whole, half, ck = (os.path.join(d, n) for n in ("whole", "half", "ck"))
+    ok(["train", *shape, *common, "--run-dir", whole, "--steps", "6"])
+    ok(["train", *shape, *common, "--run-dir", half, "--steps", "3", "--checkpoint", ck])
+    out = ok(["train", *common, "--resume", ck, "--run-dir", os.path.join(d, "rest"),
+              "--steps", "6"])
+    check("the checkpoint's model" in out and "model.n_head 2" in out, f"not said:\n{out}")
+    la = losses(os.path.join(whole, "metrics.jsonl"))
+    lb = losses(os.path.join(half, "metrics.jsonl")) + losses(os.path.join(d, "rest",
+                                                                          "metrics.jsonl"))
+    check(la == lb, f"3 + 3 resumed with the checkpoint's model differ from 6:\n{la}\n{lb}")
+    # eval and export without --config equal them with the run's config.
+    e1 = ok(["eval", "--resume", ck, "--data", tok])
+    e2 = ok(["eval", "--resume", ck, "--data", tok, "--config", os.path.join(half, "config.json")])
+    m1 = re.search(r"mean loss ([0-9.]+)", e1)
+    m2 = re.search(r"mean loss ([0-9.]+)", e2)
+    check(m1 and m2 and m1.group(1) == m2.group(1), f"eval differs:\n{e1}\n{e2}")
+    x1, x2 = os.path.join(d, "x1.safetensors"), os.path.join(d, "x2.safetensors")
+    ok(["export", ck, "-o", x1])
+    ok(["export", ck, "--config", os.path.join(half, "config.json"), "-o", x2])
+    check(read(x1) == read(x2), "the export without --config differs")
+    # A config.json beside it that is no run's (another program's) is not read as one.
+    with open(os.path.join(d, "config.json"), "w") as f:
+        f.write('{"architectures": ["LlamaForCausalLM"]}\n')
+    ok(["export", ck, "-o", os.path.join(d, "x3.safetensors")])
+    check(read(x1) == read(os.path.join(d, "x3.safetensors")), "another config.json was read")
+    # What the user asks for is kept, and a model that then differs is refused.
+    refused(["eval", "--resume", ck, "--data", tok, "--heads", "4"], "n_head", "--heads")
+    refused(["train", *common, "--resume", ck, "--run-dir", os.path.join(d, "r4"), "--width",
+             "64"], "d_model", "--width")
+    # The run directory's checkpoint path, where that run saved elsewhere: the error names where.
+    refused(["eval", "--resume", os.path.join(half, "checkpoint"), "--data", tok],
+            "--resume " + ck)
+    refused(["export", os.path.join(half, "checkpoint"), "-o", os.path.join(d, "x4.st")],
+            "give " + ck)
+
+
 def case_resume_notes():
     d = os.path.join(OUT, "rn_tok")
     os.makedirs(d)
