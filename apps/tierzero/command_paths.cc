@@ -102,15 +102,17 @@ Status ForOneProcess(const Status& s, bool forward_only) {
 // eval and export load a checkpoint through the engine, which holds every chunk's optimizer
 // states and gradient shard as a run does: fp32 master, m and v and a gradient of the compute
 // type (fp32 with accumulation), 16 bytes a parameter in bf16 of which they read only the
-// master's 4. Their moments are held as int8 (~2.1 bytes an element, converted as they load) and
-// their gradient shards in the compute type: the weights are the masters' to the bit whatever
-// the moments' format (each parameter is its master, rounded), and nothing reads the moments or
-// a gradient. A bf16 checkpoint with accumulation 2 placed 11.95 MiB of model state before,
-// 6.72 MiB now (bench/RESULTS.md, session 43); cli_trust `never_steps` checks the bytes a
-// parameter and the same losses and exports at the budget said.
+// master's 4. They hold no moments (MomentFormat::kNone, Note [An engine that never steps] in
+// src/engine/engine.cc: the checkpoint's are not read) and their gradient shards in the compute
+// type: the weights are the masters' to the bit (each parameter is its master, rounded), and
+// nothing reads a moment or a gradient. A bf16 checkpoint with accumulation 2 placed 11.95 MiB
+// of model state with the run's states, 6.72 MiB with int8 moments (session 43), 5.31 MiB
+// without moments (session 44; bench/RESULTS.md); cli_trust `never_steps` checks the bytes a
+// parameter and the same losses and exports at the budget said. (The gradient shards, 2 bytes a
+// parameter in bf16, are still placed: the engine has no mode without them.)
 // train.h
 void NeverSteps(EngineConfig& ec) {
-  ec.optimizer_states = MomentFormat::kInt8;
+  ec.optimizer_states = MomentFormat::kNone;
   ec.grad_accumulation = 1;
 }
 

@@ -120,6 +120,10 @@ enum class MomentFormat : uint8_t {
   kF32,   // 8 bytes an element: as torch.optim.AdamW
   kBF16,  // 4 bytes an element, rounded stochastically
   kInt8,  // ~2.1 bytes an element: 8-bit codes in blocks of 64 with a scale per block
+  // None: the engine holds the fp32 masters alone and never steps (Note [An engine that never
+  // steps] in src/engine/engine.cc): for evaluating or exporting a checkpoint, whose moments it
+  // does not read. Training iterations, Step and SaveCheckpoint are refused.
+  kNone,
 };
 
 // Every field has a default; Engine::Create validates them (InvalidArgument naming the field,
@@ -458,6 +462,7 @@ class Engine {
   void* ScopeData(ParamId p) const;
   void* ScopeGrad(ParamId p) const;
   Status ScopeRelease(std::span<const ParamId> params, Phase phase);
+  Status RefuseWithoutMoments(const char* what) const;  // MomentFormat::kNone
   Engine();
   struct Impl;
   std::unique_ptr<Impl> impl_;

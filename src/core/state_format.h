@@ -10,7 +10,7 @@
 
 namespace tierzero {
 
-enum class StateFormat : uint8_t { kF32, kBF16, kInt8 };
+enum class StateFormat : uint8_t { kF32, kBF16, kInt8, kNone };
 
 inline std::string_view StateFormatName(StateFormat f) {
   switch (f) {
@@ -20,13 +20,15 @@ inline std::string_view StateFormatName(StateFormat f) {
       return "bf16";
     case StateFormat::kInt8:
       return "int8";
+    case StateFormat::kNone:
+      return "none";
   }
   return "?";
 }
 
-// Bytes per element of one moment's values.
+// Bytes per element of one moment's values (kNone: no moments are held).
 inline uint64_t MomentWidth(StateFormat f) {
-  return f == StateFormat::kF32 ? 4 : f == StateFormat::kBF16 ? 2 : 1;
+  return f == StateFormat::kF32 ? 4 : f == StateFormat::kBF16 ? 2 : f == StateFormat::kInt8 ? 1 : 0;
 }
 
 // The 8-bit blocks (each with one scale per moment) of n elements' moments.

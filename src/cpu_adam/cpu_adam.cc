@@ -202,6 +202,11 @@ bool CpuAdam::native_bf16() const { return impl_->native_bf16; }
 
 void DecodeMoments(const AdamBuffers& b, float* m, float* v) {
   using internal::kStateBlockElems;
+  if (b.states == StateFormat::kNone) {  // none held: as a run that has not stepped
+    std::fill(m, m + b.n, 0.0f);
+    std::fill(v, v + b.n, 0.0f);
+    return;
+  }
   for (size_t i = 0; i < b.n; ++i) {
     if (b.states == StateFormat::kBF16) {
       m[i] = BF16ToF32Scalar(static_cast<const uint16_t*>(b.m_state)[i]);
@@ -220,7 +225,8 @@ void DecodeMoments(const AdamBuffers& b, float* m, float* v) {
 
 void EncodeMoments(const float* m, const float* v, const AdamBuffers& b) {
   using internal::kStateBlockElems;
-  constexpr uint32_t kHalf = 0x8000;  // half a step of random bits: round to nearest
+  constexpr uint32_t kHalf = 0x8000;           // half a step of random bits: round to nearest
+  if (b.states == StateFormat::kNone) return;  // none held
   if (b.states == StateFormat::kF32) {
     std::copy(m, m + b.n, b.m);
     std::copy(v, v + b.n, b.v);
@@ -356,6 +362,8 @@ StatusOr<bool> CpuAdam::Step(const AdamBuffers& b, const AdamStepOptions& opt) {
                 ab.m_scale = b.m_scale + begin / internal::kStateBlockElems;
                 ab.v_scale = b.v_scale + begin / internal::kStateBlockElems;
                 k.step_int8_states(ab, s);
+                break;
+              case StateFormat::kNone:  // (refused above)
                 break;
             }
           }

@@ -54,7 +54,7 @@ Status DeviceAdam::StepAsync(const AdamBuffers& b, const AdamStepOptions& step,
                              StreamHandle stream) {
   if (step.step < 1) return InvalidArgumentError("adam step must be >= 1");
   if (b.n == 0) return Status::OK();
-  if (b.master == nullptr || b.grad == nullptr ||
+  if (b.master == nullptr || b.grad == nullptr || b.states == StateFormat::kNone ||
       (b.states == StateFormat::kF32 && (b.m == nullptr || b.v == nullptr)))
     return InvalidArgumentError("device Adam needs master, m, v and grad buffers");
   if (host_ == nullptr) return GpuAdamStepAsync(config_, step, b, stream.impl);

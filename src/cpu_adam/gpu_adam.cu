@@ -120,6 +120,8 @@ Status GpuAdamStepAsync(const AdamConfig& config, const AdamStepOptions& step, c
   if (b.n == 0) return Status::OK();
   if (b.master == nullptr || b.grad == nullptr)
     return InvalidArgumentError("GPU Adam needs master and grad buffers");
+  if (b.states == StateFormat::kNone)
+    return InvalidArgumentError("GPU Adam needs moments: states held without them never step");
   if (b.states == StateFormat::kF32
           ? (b.m == nullptr || b.v == nullptr)
           : (b.m_state == nullptr || b.v_state == nullptr ||
@@ -152,6 +154,8 @@ Status GpuAdamStepAsync(const AdamConfig& config, const AdamStepOptions& step, c
                              0, stream>>>(block, s);
       break;
     }
+    case StateFormat::kNone:  // (refused above)
+      break;
   }
   CUDA_RETURN_IF_ERROR(cudaGetLastError());  // the launch's own error
   return Status::OK();

@@ -466,6 +466,7 @@ StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& dir) {
 Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_state) const {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("SaveCheckpoint before Finalize");
+  RETURN_IF_ERROR(RefuseWithoutMoments("SaveCheckpoint"));
   if (im.in_iteration) return FailedPreconditionError("SaveCheckpoint inside an iteration");
   // Never a half-updated model (Note [The update phase behind the next forward]). A rank whose
   // update failed (its NVMe), or whose model is out of step, says so to the others, which would
@@ -688,7 +689,7 @@ StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   RETURN_IF_ERROR(im.cm->ZeroGrads());
   im.updater->ClearError();
   const std::string_view mine = StateFormatName(static_cast<StateFormat>(im.cfg.optimizer_states));
-  if (manifest.optimizer_states != mine) {
+  if (manifest.optimizer_states != mine && im.cfg.optimizer_states != MomentFormat::kNone) {
     TZ_LOG(kInfo, kEngine) << "checkpoint " << dir << ": moments saved by a run with "
                            << manifest.optimizer_states << " optimizer states, now held as "
                            << mine;

@@ -34,7 +34,7 @@ Status ValidateEngineConfig(const EngineConfig& c) {
       {"speculative_step", static_cast<int>(c.speculative_step),
        static_cast<int>(SpeculativeStep::kOff), "kAuto, kOn or kOff"},
       {"optimizer_states", static_cast<int>(c.optimizer_states),
-       static_cast<int>(MomentFormat::kInt8), "kF32, kBF16 or kInt8"},
+       static_cast<int>(MomentFormat::kNone), "kF32, kBF16, kInt8 or kNone"},
   };
   for (const auto& e : enums)
     if (e.value > e.last) return bad(e.field, std::to_string(e.value), e.accepted);

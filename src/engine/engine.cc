@@ -130,9 +130,26 @@ int64_t Engine::step() const { return impl_->step; }
 // ---- Iterations
 // ---------------------------------------------------------------------------------
 
+// Note [An engine that never steps]
+// `optimizer_states: kNone` holds each chunk's fp32 master and no moments: 4 bytes a parameter
+// of optimizer state where fp32 moments take 12 and 8-bit ones ~6.1. It is for what reads a
+// model and never trains it (`tierzero eval` and `export`, which load a checkpoint: its moments
+// are not read, a parameter is its master rounded as in any run, so losses and exports are the
+// same to the bit). Its groups are laid out, placed, tiered and swapped as any format's (no
+// moments: GroupLayout's moment offsets coincide with the master's end). What would need the
+// moments is refused by name: a training iteration, Step, PrepareStep and SaveCheckpoint (a
+// checkpoint without moments would restart Adam from zero when resumed, silently).
+Status Engine::RefuseWithoutMoments(const char* what) const {
+  if (impl_->cfg.optimizer_states != MomentFormat::kNone) return Status::OK();
+  return FailedPreconditionError(std::string(what) +
+                                 " in an engine without optimizer moments (optimizer_states "
+                                 "kNone, for evaluating and exporting): it never steps or saves");
+}
+
 Status Engine::BeginIteration(bool train) {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("BeginIteration before Finalize");
+  if (train) RETURN_IF_ERROR(RefuseWithoutMoments("a training iteration"));
   RETURN_IF_ERROR(im.NoScopeOpen("BeginIteration"));
   if (im.in_iteration) return FailedPreconditionError("BeginIteration inside an iteration");
   if (train && im.iterations_since_step >= im.cfg.grad_accumulation) {

@@ -119,7 +119,8 @@ TZ_TUNABLE(bool, kDeviceGrads, "TZ_DEVICE_GRADS", true,
 
 static_assert(static_cast<int>(MomentFormat::kF32) == static_cast<int>(StateFormat::kF32) &&
               static_cast<int>(MomentFormat::kBF16) == static_cast<int>(StateFormat::kBF16) &&
-              static_cast<int>(MomentFormat::kInt8) == static_cast<int>(StateFormat::kInt8));
+              static_cast<int>(MomentFormat::kInt8) == static_cast<int>(StateFormat::kInt8) &&
+              static_cast<int>(MomentFormat::kNone) == static_cast<int>(StateFormat::kNone));
 
 GroupLayout OptimizerGroupLayout(const ChunkLayout& layout, MomentFormat format) {
   GroupLayout g;

@@ -59,6 +59,7 @@ void Engine::Impl::NoteStepEnd() {
 StatusOr<StepResult> Engine::Step(const StepOptions& options) {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("Step before Finalize");
+  RETURN_IF_ERROR(RefuseWithoutMoments("Step"));
   RETURN_IF_ERROR(im.cm->out_of_step());
   RETURN_IF_ERROR(im.updater->Await());
   if (im.in_iteration) {
@@ -121,6 +122,7 @@ StatusOr<StepResult> Engine::Step(const StepOptions& options) {
 Status Engine::PrepareStep(const StepOptions& options) {
   Impl& im = *impl_;
   if (!im.finalized) return FailedPreconditionError("PrepareStep before Finalize");
+  RETURN_IF_ERROR(RefuseWithoutMoments("PrepareStep"));
   if (im.in_iteration) return FailedPreconditionError("PrepareStep inside an iteration");
   if (!(options.lr >= 0) || !std::isfinite(options.lr))
     return InvalidArgumentError("learning rate " + std::to_string(options.lr) + " is not >= 0");

@@ -300,7 +300,7 @@ TEST(Engine, ConfigErrorsNameTheField) {
       {[](EngineConfig& c) { c.optimizer = static_cast<OptimizerPlacement>(9); }, "optimizer"},
       {[](EngineConfig& c) { c.speculative_step = static_cast<SpeculativeStep>(3); },
        "speculative_step"},
-      {[](EngineConfig& c) { c.optimizer_states = static_cast<MomentFormat>(3); },
+      {[](EngineConfig& c) { c.optimizer_states = static_cast<MomentFormat>(4); },
        "optimizer_states"},
   };
   for (const Case& c : cases) {

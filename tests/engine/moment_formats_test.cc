@@ -6,8 +6,11 @@
 // another, and the groups take the bytes the format says.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -18,6 +21,7 @@ namespace tierzero {
 namespace {
 
 using testing_models::Make;
+using testing_models::ReadAllParams;
 using testing_models::TempDir;
 using testing_models::Train;
 using testing_models::Trainer;
@@ -152,6 +156,76 @@ TEST_P(MomentFormatTest, TheGroupsTakeTheFormatsBytes) {
   // The states' share: (ha - fixed) = elems x 16 against (hb - fixed) = elems x (4 + per) at
   // most; the fixed buffers only make the ratio closer to 1.
   EXPECT_LT(hb / ha, 1.0 - (12.0 - per) / 16.0 * 0.5);
+}
+
+// Note [An engine that never steps]: a checkpoint of any format loads into an engine without
+// moments (its groups on the host or on NVMe), whose parameters, evaluations and export are the
+// fp32-moment engine's to the bit, in 4 bytes an element of optimizer state; what would need the
+// moments is refused by name, and the refusals change nothing.
+TEST(WithoutMomentsTest, LoadsEvaluatesAndExportsAsAnyFormatAndRefusesToStep) {
+  TempDir dir;
+  for (MomentFormat saved : {MomentFormat::kF32, MomentFormat::kInt8}) {
+    SCOPED_TRACE(saved == MomentFormat::kF32 ? "an fp32 checkpoint" : "an int8 checkpoint");
+    const std::string ckpt = dir.path() + (saved == MomentFormat::kF32 ? "/f32" : "/int8");
+    {
+      EngineConfig ec = Base();
+      ec.optimizer_states = saved;
+      Trainer r = Make(ec);
+      Train(r, 0, 4);
+      ASSERT_TRUE(r.engine->SaveCheckpoint(ckpt, "{}").ok());
+    }
+    EngineConfig with = Base();
+    EngineConfig host = Base();
+    host.optimizer_states = MomentFormat::kNone;
+    EngineConfig nvme = host;
+    nvme.host_budget = uint64_t{1} << 20;
+    nvme.nvme_budget = uint64_t{64} << 20;
+    nvme.nvme_path = dir.path();
+    Trainer ref = Make(with);
+    ASSERT_TRUE(ref.engine->LoadCheckpoint(ckpt).ok());
+    const auto want = ReadAllParams(*ref.engine);
+    gpt::Batch batch = ref.data->Get(true, 3, 8);
+    auto want_loss = ref.model->Evaluate(batch, nullptr);
+    ASSERT_TRUE(want_loss.ok()) << want_loss.status().ToString();
+    ASSERT_TRUE(ref.engine->ExportSafetensors(dir.path() + "/want.st", DType::kF32).ok());
+    for (const EngineConfig& ec : {host, nvme}) {
+      Trainer r = Make(ec);
+      auto user = r.engine->LoadCheckpoint(ckpt);
+      ASSERT_TRUE(user.ok()) << user.status().ToString();
+      if (ec.nvme_budget > 0) EXPECT_GT(r.engine->usage().nvme, 0u) << r.engine->PlacementSummary();
+      EXPECT_EQ(ReadAllParams(*r.engine), want);
+      auto loss = r.model->Evaluate(batch, nullptr);
+      ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+      EXPECT_EQ(*loss, *want_loss);
+      ASSERT_TRUE(r.engine->ExportSafetensors(dir.path() + "/got.st", DType::kF32).ok());
+      std::ifstream a(dir.path() + "/want.st", std::ios::binary),
+          b(dir.path() + "/got.st", std::ios::binary);
+      EXPECT_TRUE(
+          std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b), {}));
+      // Refused by name, and nothing changed by the refusals.
+      for (Status s : {r.engine->BeginIteration(true), r.engine->PrepareStep({1e-3f}),
+                       r.engine->Step({1e-3f}).status(),
+                       r.engine->SaveCheckpoint(dir.path() + "/none", "{}")}) {
+        EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+        EXPECT_NE(std::string(s.message()).find("without optimizer moments"), std::string::npos)
+            << s.ToString();
+      }
+      EXPECT_FALSE(std::filesystem::exists(dir.path() + "/none"));
+      EXPECT_EQ(ReadAllParams(*r.engine), want);
+      auto again = r.model->Evaluate(batch, nullptr);
+      ASSERT_TRUE(again.ok()) << again.status().ToString();
+      EXPECT_EQ(*again, *want_loss);
+    }
+  }
+  // The groups hold the master alone: fp32 moments' m and v take 8 bytes an element more of the
+  // host tier (at least: their swap slots shrink too).
+  EngineConfig fp32 = Base();
+  EngineConfig none = Base();
+  none.optimizer_states = MomentFormat::kNone;
+  Trainer a = Make(fp32), b = Make(none);
+  uint64_t elems = 0;
+  for (ParamId p = 0; p < a.engine->num_params(); ++p) elems += a.engine->numel(p);
+  EXPECT_GE(a.engine->usage().host - b.engine->usage().host, 8 * elems);
 }
 
 }  // namespace
