@@ -48,9 +48,22 @@ Status NotThereButRecorded(const std::string& path, const std::string& flag) {
   StatusOr<RunConfig> cfg = ParseRunConfig(*text, DefaultRunConfig());
   if (!cfg.ok() || cfg->output.checkpoint_dir.empty()) return Status::OK();
   RebaseOnItsRunDir(*cfg, config);  // (its paths are relative to where it ran)
+  // Only where its paths resolve from here as they did for it: its run directory, as resolved,
+  // is the directory of the config (a run moved would name another run's checkpoint).
+  struct stat run_st {};
+  struct stat here_st {};
+  if (::stat(cfg->output.run_dir.c_str(), &run_st) != 0 ||
+      ::stat(dir.parent_path().c_str(), &here_st) != 0 || run_st.st_dev != here_st.st_dev ||
+      run_st.st_ino != here_st.st_ino)
+    return Status::OK();
   const std::string saved = cfg->output.checkpoint_dir;
-  if (::stat((saved + "/manifest.json").c_str(), &st) != 0) return Status::OK();
+  // (A relative one beside an absolute run directory is relative to a directory not recorded.)
+  if (fs::path(saved).is_relative() && fs::path(cfg->output.run_dir).is_absolute())
+    return Status::OK();
   if (fs::absolute(saved, ec).lexically_normal() == dir) return Status::OK();
+  // And what is there is that run's model's checkpoint.
+  const StatusOr<CheckpointInfo> info = ReadCheckpointInfo(saved);
+  if (!info.ok() || !CheckSameModel(info->user_state, *cfg, saved).ok()) return Status::OK();
   return NotFoundError("no checkpoint at '" + path + "': there is no such directory; the run of " +
                        config + " saved its checkpoints in " + saved +
                        " (its output.checkpoint_dir: --checkpoint PATH): " +

@@ -37,8 +37,9 @@ Prints the mean next-token loss and perplexity of a model over the consecutive w
 T + 1 tokens of PATH (llm.c shards or raw uint16 tokens; a file or a glob; each file a stream of
 its own, window i starting at its token i x T, a partial last window dropped).
 
-  --resume DIR           a checkpoint; its model comes from DIR/../config.json (the run's) unless
-                         --config gives another
+  --resume DIR           a checkpoint: the model it records; its run's DIR/../config.json, where
+                         that is beside it, gives the budgets and data (else: the machine's
+                         budgets, and --data); a flag or --config naming another model is refused
   --init-from FILE|DIR   a safetensors file (tierzero's export records its model; another's is
                          of the model --config and flags describe), or a Hugging Face model
                          directory (config.json and safetensors; docs/models.md)
@@ -177,7 +178,8 @@ int Eval(const std::vector<std::string>& args) {
   // checked against the window scored.
   if (window > 0 && !init_from.empty() && gpt::IsHfDir(init_from))
     rest.insert(rest.end(), {"--seq-len", std::to_string(window)});
-  // A checkpoint's model is its run's: the config.json beside it, as `export` reads it.
+  // A checkpoint's model is the one it records; its run's config.json beside it, as `export`
+  // reads it, gives the rest (Note [The checkpoint's model]).
   if (Status s = CheckCheckpointArgument(resume, "--resume"); !s.ok()) return EvalFail(s);
   // Without --config, the checkpoint first: a path that is none is said as such, not as the
   // config beside it missing.
@@ -197,11 +199,8 @@ int Eval(const std::vector<std::string>& args) {
       rest.insert(rest.begin(), {"--config", run_config});
     }
   }
-  auto cfg = LoadRunConfig(rest);
+  auto cfg = LoadRunConfig(rest, nullptr, /*checkpoints_model=*/true);
   if (!cfg.ok()) return EvalFail(cfg.status());
-  if (!has_config) {
-    if (Status s = TakeCheckpointsModel(*cfg, resume, /*say=*/true); !s.ok()) return EvalFail(s);
-  }
   if (cfg->output.resume.empty() == cfg->output.init_from.empty())
     return EvalFail(InvalidArgumentError(
         "tierzero eval needs exactly one model: --resume CHECKPOINT or --init-from FILE|DIR"));

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <limits>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -84,10 +85,15 @@ int Export(const std::vector<std::string>& args) {
           "of\n"
           "         at most 5 GB (5 x 10^9 bytes) by default, 0 for one file; with\n"
           "         model.safetensors.index.json when several)\n"
-          "  [--config RUN_DIR/config.json]  (default: CHECKPOINT_DIR/../config.json)\n"
+          "  the model: the one the checkpoint records (a --config naming another is refused)\n"
+          "  [--config RUN_DIR/config.json]  (default: CHECKPOINT_DIR/../config.json, where it "
+          "is\n"
+          "         the checkpoint's run's)\n"
           "  [--host-budget SIZE] [--nvme-budget SIZE]  (default: the run's, its ranks' "
-          "together;\n"
-          "         what the host budget does not hold goes to NVMe swap space in $TMPDIR)\n"
+          "together, or\n"
+          "         without its config the machine's; what the host budget does not hold goes "
+          "to NVMe\n"
+          "         swap space in $TMPDIR)\n"
           "  (-o and --output are the same)");
       return 0;
     } else if (ckpt.empty() && args[i] == "--" && i + 1 < args.size()) {
@@ -123,9 +129,9 @@ int Export(const std::vector<std::string>& args) {
   if (!info.ok()) return Fail(info.status());
   // The run's config beside it, or the model the checkpoint records (Note [The checkpoint's
   // model]: a checkpoint saved outside its run directory).
-  const bool config_given = !config_path.empty();
-  if (!config_given) config_path = RunConfigBeside(ckpt, *info);
+  if (config_path.empty()) config_path = RunConfigBeside(ckpt, *info);
   StatusOr<RunConfig> cfg = DefaultRunConfig();
+  std::set<std::string> asked;  // the model fields the config names
   if (!config_path.empty()) {
     auto text = ReadFileBounded(config_path, kMaxConfigBytes, "run config");
     if (!text.ok()) {
@@ -136,12 +142,14 @@ int Export(const std::vector<std::string>& args) {
     }
     cfg = ParseRunConfig(*text, DefaultRunConfig());
     if (!cfg.ok()) return Fail(std::move(cfg).status().WithContext(config_path));
+    asked = ModelFieldsNamedIn(*text);
   }
   info = ReadCheckpointInfo(ckpt);
   if (!info.ok()) return Fail(info.status());
-  if (!config_given) {
-    if (Status s = TakeCheckpointsModel(*cfg, ckpt, /*say=*/true); !s.ok()) return Fail(s);
-  }
+  if (Status s = TakeCheckpointsModel(*cfg, ckpt, asked, /*say=*/true); !s.ok()) return Fail(s);
+  // Without a config, the machine's budgets (Note [Budgets of a model brought from a directory]):
+  // the built-in ones are the toy model's.
+  if (config_path.empty()) SizeBudgetsToTheMachine(*cfg);
   // The config must be the checkpoint's model's (Note [A checkpoint resumes its own model]): a
   // --config of another shape whose tensors happen to match (other heads) exported a
   // config.json that describes another model.
@@ -175,7 +183,9 @@ int Export(const std::vector<std::string>& args) {
   NeverSteps(ec);
   {
     // One process holds what the checkpoint's ranks held: their budgets together.
-    const uint64_t ranks = static_cast<uint64_t>(std::clamp(info->world_size, 1, 1 << 16));
+    // (The machine's budgets are this process's already.)
+    const uint64_t ranks =
+        cfg->machine_budgets ? 1 : static_cast<uint64_t>(std::clamp(info->world_size, 1, 1 << 16));
     auto times = [&](uint64_t b) {  // saturating: a budget near 2^64 must not wrap
       return b > std::numeric_limits<uint64_t>::max() / ranks ? std::numeric_limits<uint64_t>::max()
                                                               : b * ranks;

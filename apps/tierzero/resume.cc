@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <system_error>
 
 #include "tierzero/files.h"
@@ -394,11 +395,10 @@ namespace {
 Status CheckSameModelJson(const json& user, const json& now, const std::string& dir) {
   if (!user.is_object() || !user.contains("model") || !user["model"].is_object())
     return Status::OK();
-  static const std::map<std::string, std::string> kFlag = {{"n_layer", "--layers"},
-                                                           {"d_model", "--width"},
-                                                           {"n_head", "--heads"},
-                                                           {"arch", "--arch"},
-                                                           {"n_kv_head", "--kv-heads"}};
+  static const std::map<std::string, std::string> kFlag = {
+      {"n_layer", "--layers"}, {"d_model", "--width"},      {"n_head", "--heads"},
+      {"arch", "--arch"},      {"n_kv_head", "--kv-heads"}, {"seq_len", "--seq-len"},
+      {"vocab", "--vocab"}};
   for (const auto& [key, then] : user["model"].items()) {
     // How the model computes may change at a resume; what it is may not.
     if (key == "seed" || key == "activation_checkpointing" || key == "activations") continue;
@@ -423,18 +423,24 @@ Status CheckSameModel(const std::string& user_state, const RunConfig& cfg, const
 }
 
 // Note [The checkpoint's model]
-// A checkpoint records its whole model section (and its compute type), so a command that loads
-// it without --config (train --resume, eval --resume, export) takes that model where no flag
-// names it: a checkpoint saved outside its run directory (--checkpoint PATH), or a run directory
-// moved, were refused as "the built-in default's model", or for a config.json not found beside
-// it, though the checkpoint says what it is. A field a flag asks for is kept, and a model that
-// then differs is refused (CheckSameModel: a checkpoint resumes its own model), as is an explicit
-// --config of another model (a wrong file, more likely than a wish). What the built-in default,
-// or eval's and export's guess of the config.json beside the checkpoint, set gives way, and is
-// said. How the model computes, not what it is (seed, activation checkpointing, activations),
-// stays the run's.
+// A checkpoint records its whole model section (and its compute type), so eval and export take
+// that model where no flag and no field of a config file names it: a checkpoint saved outside
+// its run directory (--checkpoint PATH), with no config.json of its run beside it, was refused
+// for that config.json, though it says what it is; a partial --config (budgets alone) was
+// refused as the built-in default's model. Without a config file, the budgets are the machine's
+// (Note [Budgets of a model brought from a directory], hf_io.cc: the built-in ones are the toy
+// model's). What a flag or a config file names and is another model is refused (CheckSameModel:
+// a wrong file is likelier than a wish). The config.json beside a checkpoint is read only when it
+// is that checkpoint's run's (RunConfigBeside): another run's budgets and data are not this
+// model's. How the model computes, not what it is (seed, activation checkpointing,
+// activations), stays the command's.
+// `train --resume` does not take it (review 44): its data, schedule and batch would fall back to
+// the built-in defaults' (a moved run directory, whose config.json is not taken in place, trained
+// on the addition task and saved over its checkpoint), so a model that is not the checkpoint's is
+// refused there, naming the config to give.
 // resume.h
-Status TakeCheckpointsModel(RunConfig& cfg, const std::string& checkpoint, bool say) {
+Status TakeCheckpointsModel(RunConfig& cfg, const std::string& checkpoint,
+                            const std::set<std::string>& asked, bool say) {
   if (checkpoint.empty()) return Status::OK();
   const StatusOr<CheckpointInfo> info = ReadCheckpointInfo(checkpoint);
   if (!info.ok()) return Status::OK();  // (said where it loads)
@@ -446,13 +452,13 @@ Status TakeCheckpointsModel(RunConfig& cfg, const std::string& checkpoint, bool 
   for (const auto& [key, then] : u["model"].items()) {
     if (key == "seed" || key == "activation_checkpointing" || key == "activations") continue;
     const auto it = now.find(key);
-    if (it == now.end() || *it == then || cfg.given.count("model." + key) != 0) continue;
+    if (it == now.end() || *it == then || asked.count("model." + key) != 0) continue;
     model[key] = then;
     taken += (taken.empty() ? "" : ", ") + ("model." + key + " " + then.dump());
   }
   json engine = json::object();
   if (const auto t = u.find("compute_dtype");
-      t != u.end() && t->is_string() && cfg.given.count("engine.compute_dtype") == 0 &&
+      t != u.end() && t->is_string() && asked.count("engine.compute_dtype") == 0 &&
       *t != std::string(DTypeName(cfg.engine.compute_dtype))) {
     engine["compute_dtype"] = *t;
     taken +=
@@ -460,9 +466,9 @@ Status TakeCheckpointsModel(RunConfig& cfg, const std::string& checkpoint, bool 
   }
   // What a flag asked for that is not the checkpoint's model is refused here, as the load would,
   // before the two are merged into a model neither describes.
-  json asked = now;
-  asked.update(model);
-  TZ_RETURN_IF_ERROR(CheckSameModelJson(u, asked, checkpoint));
+  json wanted = now;
+  wanted.update(model);
+  TZ_RETURN_IF_ERROR(CheckSameModelJson(u, wanted, checkpoint));
   if (taken.empty()) return Status::OK();
   json over = json::object();
   if (!model.empty()) over["model"] = model;
@@ -478,9 +484,22 @@ Status TakeCheckpointsModel(RunConfig& cfg, const std::string& checkpoint, bool 
     return std::move(merged).status().WithContext("with the model the checkpoint " + checkpoint +
                                                   " records");
   cfg = std::move(*merged);  // (its `given` is cfg's)
-  if (say)
-    std::fprintf(stderr, "note: the checkpoint's model, as it records it: %s\n", taken.c_str());
+  if (say) std::fprintf(stderr, "note: the checkpoint's model: %s\n", taken.c_str());
   return Status::OK();
+}
+
+// resume.h
+std::set<std::string> ModelFieldsNamedIn(const std::string& config_text) {
+  std::set<std::string> named;
+  const json j =
+      json::parse(config_text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  if (!j.is_object()) return named;
+  if (const auto m = j.find("model"); m != j.end() && m->is_object())
+    for (const auto& [key, value] : m->items()) named.insert("model." + key);
+  if (const auto e = j.find("engine");
+      e != j.end() && e->is_object() && e->contains("compute_dtype"))
+    named.insert("engine.compute_dtype");
+  return named;
 }
 
 // resume.h
@@ -498,7 +517,16 @@ std::string RunConfigBeside(const std::string& checkpoint_dir, const CheckpointI
   const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
   for (const char* section : {"model", "data", "train", "engine", "output"})
     if (!j.is_object() || !j.contains(section)) return "";  // not one train wrote
-  return there;
+  // This checkpoint's run's (another run's budgets and data are not this model's).
+  StatusOr<RunConfig> cfg = ParseRunConfig(*text, DefaultRunConfig());
+  if (!cfg.ok()) return "";
+  RebaseOnItsRunDir(*cfg, there);  // (its paths are relative to where it ran)
+  // It names this checkpoint directory, or (a run directory moved) kept its checkpoint in its own
+  // run directory, where this one lies (as CheckpointRecords takes an older checkpoint's).
+  const bool own = dir.filename() == "checkpoint" &&
+                   fs::path(cfg->output.checkpoint_dir).lexically_normal() ==
+                       (fs::path(cfg->output.run_dir) / "checkpoint").lexically_normal();
+  return own || SameDirectory(cfg->output.checkpoint_dir, dir.string()) ? there : "";
 }
 
 // Note [A resumed run's own config]

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -48,17 +49,21 @@ std::string MomentFormatText(MomentFormat f);
 // A data fingerprint as the checkpoint records it (16 hex digits: JSON numbers lose 64 bits).
 std::string FingerprintText(uint64_t fingerprint);
 
-// For a command given no --config: the model (and compute type) the checkpoint at `checkpoint`
-// records, over what `cfg` has where no flag asked for it (Note [The checkpoint's model]);
-// `say`: a note on stderr of what was taken. Nothing when it records no model or is not there
-// (said where it loads).
-Status TakeCheckpointsModel(RunConfig& cfg, const std::string& checkpoint, bool say);
+// For eval and export: the model (and compute type) the checkpoint at `checkpoint` records, over
+// what `cfg` has where nothing `asked` names it ("model.n_head", "engine.compute_dtype": the
+// flags and the fields a config file names), and refused (FailedPrecondition) where what was
+// asked is another model (Note [The checkpoint's model]); `say`: a note on stderr of what was
+// taken. Nothing when it records no model or is not there (said where it loads).
+Status TakeCheckpointsModel(RunConfig& cfg, const std::string& checkpoint,
+                            const std::set<std::string>& asked, bool say);
+// The model fields ("model.KEY") and "engine.compute_dtype" a config file's text names.
+std::set<std::string> ModelFieldsNamedIn(const std::string& config_text);
 
 // For a command that loads a checkpoint without --config (eval, export): the config.json beside
-// it, in the run directory that holds it, when it is one train wrote, or whatever is there when
-// the checkpoint records no model (an older build's: that config is needed, and its errors
-// said); "" when the checkpoint's records give its model and no run config is beside it (Note
-// [The checkpoint's model]).
+// it, in the run directory that holds it, when it is the one train wrote for this checkpoint's
+// run, or whatever is there when the checkpoint records no model (an older build's: that config
+// is needed, and its errors said); "" when the checkpoint's records give its model and no config
+// of its run is beside it (Note [The checkpoint's model]).
 std::string RunConfigBeside(const std::string& checkpoint_dir, const CheckpointInfo& info);
 
 // `train`'s arguments with `--config RUN_DIR/config.json` first when they resume a run in place

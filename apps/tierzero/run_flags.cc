@@ -205,7 +205,8 @@ void RebaseOnItsRunDir(RunConfig& cfg, const std::string& config_path) {
 }
 
 // train.h
-StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::string* path) {
+StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::string* path,
+                                  bool checkpoints_model) {
   RunConfig cfg = DefaultRunConfig();
   std::string config_path;
   RunConfig flags = cfg;  // the command line's alone
@@ -227,12 +228,14 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
   // asked (telling "asked" by "differs from the default" let `--layers 5` or `--device-budget
   // 12MiB`, the defaults' values, be replaced silently).
   std::set<std::string> given;
+  std::set<std::string> model_named;  // the model fields the config file names
   if (!config_path.empty()) {
     TZ_ASSIGN_OR_RETURN(const std::string text,
                         ReadFileBounded(config_path, kMaxConfigBytes, "config file"));
     auto parsed = ParseRunConfig(text, cfg);
     if (!parsed.ok()) return parsed.status().WithContext(config_path);
     cfg = *parsed;
+    model_named = ModelFieldsNamedIn(text);
     // (Comments allowed, as ParseRunConfig allows them.)
     const json j = json::parse(text, nullptr, /*allow_exceptions=*/false,
                                /*ignore_comments=*/true);
@@ -292,10 +295,14 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
   }
   TZ_RETURN_IF_ERROR(MergeHfModel(cfg));
   TZ_RETURN_IF_ERROR(MergeRecordedModel(cfg));
-  // Without a config file, a resumed checkpoint's model is the one it records (Note [The
-  // checkpoint's model], resume.cc).
-  if (config_path.empty())
-    TZ_RETURN_IF_ERROR(TakeCheckpointsModel(cfg, cfg.output.resume, LaunchedRanks().rank == 0));
+  // eval: the checkpoint's model where neither a flag nor the config file names it, and without
+  // a config file the machine's budgets (Note [The checkpoint's model], resume.cc).
+  if (checkpoints_model && !cfg.output.resume.empty()) {
+    std::set<std::string> asked = cfg.given;
+    asked.insert(model_named.begin(), model_named.end());
+    TZ_RETURN_IF_ERROR(TakeCheckpointsModel(cfg, cfg.output.resume, asked, /*say=*/true));
+    if (config_path.empty()) SizeBudgetsToTheMachine(cfg);
+  }
   TZ_RETURN_IF_ERROR(CheckDataSource(cfg));
   TZ_RETURN_IF_ERROR(ValidateRunConfig(cfg));
   return cfg;

@@ -91,8 +91,11 @@ Status CheckPlanConfig(const nlohmann::json& plan_config, const RunConfig& run);
 // The built-in default, the config file of --config over it, then the flags, then the checks
 // no single field can make (`train` and `plan` read their config so).
 // `config_path`, when given, receives --config's path ("" without one).
+// `checkpoints_model` (eval): a --resume checkpoint's recorded model where no flag or config field
+// names one, and the machine's budgets without a config file (Note [The checkpoint's model]).
 StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args,
-                                  std::string* config_path = nullptr);
+                                  std::string* config_path = nullptr,
+                                  bool checkpoints_model = false);
 
 // --init-from DIR, a Hugging Face model directory (hf_io.cc, docs/models.md): its config.json
 // sets the model's shape; a shape field the run sets otherwise is an error naming it. Nothing

@@ -14,9 +14,10 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   resume_exact  10 + 10 resumed steps equal 20 uninterrupted, loss for loss, with skipped steps
   resume_model  resuming with another model shape (--heads) is refused
   checkpoint_model  a checkpoint records its model: saved outside its run directory, it
-                resumes (bit for bit), evaluates and exports without --config; what the user
-                asks for is kept (another model refused); --resume RUN/checkpoint of a run that
-                saved elsewhere names where
+                evaluates and exports without --config (or with one naming no model field), at
+                the machine's budgets; what the user names is kept (another model refused);
+                train refuses rather than revert a moved run's settings to the defaults;
+                --resume RUN/checkpoint of a run that saved elsewhere names where
   resume_notes  an evaluation a data error left undone is made by the resume; a resume that
                 takes other rows or other files than the checkpoint's run says so
   resume_settings  a resume that changes AdamW's settings, the lr below 4 digits, or the

@@ -182,9 +182,11 @@ def case_resume_model():
 
 
 def case_checkpoint_model():
-    # A checkpoint records its model: one saved outside its run directory (--checkpoint PATH),
-    # with no config.json beside it, resumes, evaluates and exports without --config (they asked
-    # for a config.json that is not there, or trained the built-in default's model).
+    # A checkpoint records its model: eval and export of one saved outside its run directory
+    # (--checkpoint PATH), with no config.json beside it, need no --config (they asked for a
+    # config.json that is not there). train does not take it: the run's data, schedule and batch
+    # would be the built-in defaults' (review 44: a moved run trained the addition task and saved
+    # over its checkpoint), so it is refused, naming the config.
     d = os.path.join(OUT, "cm")
     os.makedirs(d)
     tok = os.path.join(d, "tok.bin")
@@ -192,40 +194,73 @@ def case_checkpoint_model():
         f.write(struct.pack("<30000H", *[(i * 7) % 50 for i in range(30000)]))
     common = ["--data", tok, "--vocab", "64", "--batch-size", "4", "--lr", "0.002", "--quiet"]
     shape = ["--layers", "1", "--width", "32", "--heads", "2", "--seq-len", "16", "--dtype", "fp32"]
-    whole, half, ck = (os.path.join(d, n) for n in ("whole", "half", "ck"))
-    ok(["train", *shape, *common, "--run-dir", whole, "--steps", "6"])
+    half, ck = os.path.join(d, "half"), os.path.join(d, "ck")
     ok(["train", *shape, *common, "--run-dir", half, "--steps", "3", "--checkpoint", ck])
-    out = ok(["train", *common, "--resume", ck, "--run-dir", os.path.join(d, "rest"),
-              "--steps", "6"])
-    check("the checkpoint's model" in out and "model.n_head 2" in out, f"not said:\n{out}")
-    la = losses(os.path.join(whole, "metrics.jsonl"))
-    lb = losses(os.path.join(half, "metrics.jsonl")) + losses(os.path.join(d, "rest",
-                                                                          "metrics.jsonl"))
-    check(la == lb, f"3 + 3 resumed with the checkpoint's model differ from 6:\n{la}\n{lb}")
-    # eval and export without --config equal them with the run's config.
-    e1 = ok(["eval", "--resume", ck, "--data", tok])
-    e2 = ok(["eval", "--resume", ck, "--data", tok, "--config", os.path.join(half, "config.json")])
-    m1 = re.search(r"mean loss ([0-9.]+)", e1)
-    m2 = re.search(r"mean loss ([0-9.]+)", e2)
-    check(m1 and m2 and m1.group(1) == m2.group(1), f"eval differs:\n{e1}\n{e2}")
-    x1, x2 = os.path.join(d, "x1.safetensors"), os.path.join(d, "x2.safetensors")
-    ok(["export", ck, "-o", x1])
-    ok(["export", ck, "--config", os.path.join(half, "config.json"), "-o", x2])
-    check(read(x1) == read(x2), "the export without --config differs")
-    # A config.json beside it that is no run's (another program's) is not read as one.
+    manifest = read(os.path.join(ck, "manifest.json"))
+    refused(["train", *common, "--resume", ck, "--run-dir", os.path.join(d, "rest"), "--steps",
+             "6"], "--config RUN_DIR/config.json")
+    check(not os.path.exists(os.path.join(d, "rest")), "a refused resume left its run directory")
+    # A moved run directory: its config.json is not taken in place, and nothing is trained.
+    moved = os.path.join(d, "moved")
+    ok(["train", *shape, *common, "--run-dir", os.path.join(d, "orig"), "--steps", "3"])
+    os.rename(os.path.join(d, "orig"), moved)
+    before = {n: read(os.path.join(moved, n)) for n in ("config.json", "metrics.jsonl",
+                                                        "checkpoint/manifest.json")}
+    refused(["train", "--resume", moved + "/checkpoint", "--steps", "6", "--run-dir", moved,
+             "--quiet"], "model.")
+    check(all(read(os.path.join(moved, n)) == b for n, b in before.items()),
+          "a refused resume of a moved run changed it")
+    # eval and export without --config, or with one that names no model field, equal them with
+    # the run's config.
+    part = os.path.join(d, "part.json")
+    with open(part, "w") as f:
+        f.write('{"engine": {"host_budget": "64MiB"}}\n')
+
+    def mean_loss(extra):
+        out = ok(["eval", "--resume", ck, "--data", tok] + extra)
+        m = re.search(r"mean loss ([0-9.]+)", out)
+        check(m, f"no loss:\n{out}")
+        return m.group(1)
+    want = mean_loss(["--config", os.path.join(half, "config.json")])
+    check(mean_loss([]) == want and mean_loss(["--config", part]) == want, "eval differs")
+    xs = [os.path.join(d, f"x{i}.safetensors") for i in range(4)]
+    ok(["export", ck, "--config", os.path.join(half, "config.json"), "-o", xs[0]])
+    ok(["export", ck, "-o", xs[1]])
+    ok(["export", ck, "--config", part, "-o", xs[2]])
+    check(read(xs[0]) == read(xs[1]) == read(xs[2]), "an export without the run's config differs")
+    # A config.json beside it that is no run's (another program's), or another run's, is not read
+    # as its run's: eval and export agree.
     with open(os.path.join(d, "config.json"), "w") as f:
         f.write('{"architectures": ["LlamaForCausalLM"]}\n')
-    ok(["export", ck, "-o", os.path.join(d, "x3.safetensors")])
-    check(read(x1) == read(os.path.join(d, "x3.safetensors")), "another config.json was read")
-    # What the user asks for is kept, and a model that then differs is refused.
+    ok(["export", ck, "-o", xs[3]])
+    check(read(xs[0]) == read(xs[3]), "another program's config.json was read")
+    other = os.path.join(d, "other")
+    ok(["train", "--layers", "1", "--width", "32", "--heads", "2", "--seq-len", "32", *common,
+        "--run-dir", other, "--steps", "1"])
+    shutil.copytree(ck, os.path.join(other, "ck"))
+    check(mean_loss([]) == want, "eval differs")
+    out = ok(["eval", "--resume", os.path.join(other, "ck"), "--data", tok])
+    check(re.search(r"mean loss ([0-9.]+)", out).group(1) == want,
+          f"another run's config.json beside the checkpoint was taken:\n{out}")
+    # What a flag or a config file names is kept, and another model is refused.
     refused(["eval", "--resume", ck, "--data", tok, "--heads", "4"], "n_head", "--heads")
-    refused(["train", *common, "--resume", ck, "--run-dir", os.path.join(d, "r4"), "--width",
-             "64"], "d_model", "--width")
+    refused(["eval", "--resume", ck, "--data", tok, "--seq-len", "32"], "seq_len")
+    named = os.path.join(d, "named.json")
+    with open(named, "w") as f:
+        f.write('{"model": {"n_head": 4}}\n')
+    refused(["export", ck, "--config", named, "-o", os.path.join(d, "x5.st")], "n_head")
+    check(read(os.path.join(ck, "manifest.json")) == manifest, "the checkpoint changed")
     # The run directory's checkpoint path, where that run saved elsewhere: the error names where.
     refused(["eval", "--resume", os.path.join(half, "checkpoint"), "--data", tok],
             "--resume " + ck)
-    refused(["export", os.path.join(half, "checkpoint"), "-o", os.path.join(d, "x4.st")],
+    refused(["export", os.path.join(half, "checkpoint"), "-o", os.path.join(d, "x6.st")],
             "give " + ck)
+    # A larger model than the built-in budgets hold exports at the machine's.
+    big = os.path.join(d, "bigck")
+    ok(["train", "--layers", "4", "--width", "256", "--heads", "4", "--seq-len", "16", *common,
+        "--host-budget", "256MiB", "--run-dir", os.path.join(d, "big"), "--steps", "1",
+        "--checkpoint", big])
+    ok(["export", big, "-o", os.path.join(d, "big.safetensors")])
 
 
 def case_resume_notes():
