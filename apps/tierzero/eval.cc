@@ -39,11 +39,13 @@ its own, window i starting at its token i x T, a partial last window dropped).
 
   --resume DIR           a checkpoint: the model it records; its run's DIR/../config.json, where
                          that is beside it, gives the budgets and data (else: the machine's
-                         budgets, and --data); a flag or --config naming another model is refused
+                         budgets, and the token files it records); a flag or --config naming
+                         another model is refused
   --init-from FILE|DIR   a safetensors file (tierzero's export records its model; another's is
                          of the model --config and flags describe), or a Hugging Face model
                          directory (config.json and safetensors; docs/models.md)
-  --data PATH            the token files
+  --data PATH            the token files (with --resume, default: the ones its run read, where
+                         its path is known)
   --seq-len T            tokens scored per window (default: the model's context, model.seq_len)
   --batch-size N         windows per forward pass (default: the config's train.batch_size)
   --config FILE, --dtype, --device, --device-budget, --host-budget, --nvme-budget, --nvme-path,
@@ -185,10 +187,12 @@ int Eval(const std::vector<std::string>& args) {
   // config beside it missing.
   // Then the run's config beside it, or the model the checkpoint records (Note [The
   // checkpoint's model]: a checkpoint saved outside its run directory).
+  std::string records;  // the checkpoint's user state, where its records stand for a config
   if (!resume.empty() && !has_config) {
     auto info = ReadCheckpointInfo(resume);
     if (!info.ok()) return EvalFail(info.status());
     const std::string run_config = RunConfigBeside(resume, *info);
+    if (run_config.empty()) records = info->user_state;
     if (!run_config.empty()) {
       // An older checkpoint's, which records no model: without it the shape would be guessed.
       auto text = ReadFileBounded(run_config, kMaxConfigBytes, "run config");
@@ -204,11 +208,26 @@ int Eval(const std::vector<std::string>& args) {
   if (cfg->output.resume.empty() == cfg->output.init_from.empty())
     return EvalFail(InvalidArgumentError(
         "tierzero eval needs exactly one model: --resume CHECKPOINT or --init-from FILE|DIR"));
+  // Without its run's config, the token files the checkpoint records its run read (an absolute
+  // path: DataJson), as the run's config would give them.
+  if (!records.empty() && !has_data) {
+    const nlohmann::json u = CheckpointRecords(records, resume, /*say=*/false);
+    const nlohmann::json d = u.value("data", nlohmann::json::object());
+    const nlohmann::json path =
+        d.is_object() ? d.value("path", nlohmann::json()) : nlohmann::json();
+    if (path.is_string() && d.value("kind", nlohmann::json()) == "tokens") {
+      cfg->data.kind = "tokens";
+      cfg->data.token_path = path.get<std::string>();
+      std::fprintf(stderr, "note: scoring the token files the checkpoint's run read: %s\n",
+                   cfg->data.token_path.c_str());
+    }
+  }
   if (cfg->data.kind != "tokens")
     return EvalFail(InvalidArgumentError("tierzero eval needs token files: --data PATH"));
   // The checkpoint's run's token path is taken only when it is absolute: a relative one is
   // relative to where that run ran, and from elsewhere names another file or none.
-  if (!has_data && !has_config && (cfg->data.token_path.empty() || cfg->data.token_path[0] != '/'))
+  if (!has_data && !has_config && records.empty() &&
+      (cfg->data.token_path.empty() || cfg->data.token_path[0] != '/'))
     return EvalFail(InvalidArgumentError(
         "tierzero eval needs the token files to score: --data PATH (the checkpoint's run read '" +
         cfg->data.token_path + "', a path relative to where it ran)"));

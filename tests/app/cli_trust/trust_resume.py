@@ -223,6 +223,10 @@ def case_checkpoint_model():
         return m.group(1)
     want = mean_loss(["--config", os.path.join(half, "config.json")])
     check(mean_loss([]) == want and mean_loss(["--config", part]) == want, "eval differs")
+    # Without --data, the token files the checkpoint records (as its run's config would give).
+    out = ok(["eval", "--resume", ck])
+    check("the token files the checkpoint's run read" in out and f"mean loss {want}" in out,
+          f"eval without --data:\n{out}")
     xs = [os.path.join(d, f"x{i}.safetensors") for i in range(4)]
     ok(["export", ck, "--config", os.path.join(half, "config.json"), "-o", xs[0]])
     ok(["export", ck, "-o", xs[1]])
