@@ -35,7 +35,7 @@ namespace {
 // train wrote) records that the run saved its checkpoints elsewhere (--checkpoint PATH): said,
 // with the path to give, where "no such directory" alone sent the user looking. Nothing
 // otherwise (the load says what is missing).
-Status NotThereButRecorded(const std::string& path, const std::string& flag) {
+Status NotThereButRecorded(const std::string& path, const std::string& flag, bool with_config) {
   std::error_code ec;
   fs::path dir = fs::absolute(path, ec).lexically_normal();
   if (ec) return Status::OK();
@@ -67,16 +67,17 @@ Status NotThereButRecorded(const std::string& path, const std::string& flag) {
   return NotFoundError("no checkpoint at '" + path + "': there is no such directory; the run of " +
                        config + " saved its checkpoints in " + saved +
                        " (its output.checkpoint_dir: --checkpoint PATH): " +
+                       (with_config ? "--config " + config + " " : std::string()) +
                        (flag.rfind("--", 0) == 0 ? flag + " " : std::string("give ")) + saved);
 }
 
 }  // namespace
 
 // run_dir.h
-Status CheckCheckpointArgument(const std::string& path, const std::string& flag) {
+Status CheckCheckpointArgument(const std::string& path, const std::string& flag, bool with_config) {
   struct stat st {};
   if (path.empty()) return Status::OK();
-  if (::stat(path.c_str(), &st) != 0) return NotThereButRecorded(path, flag);
+  if (::stat(path.c_str(), &st) != 0) return NotThereButRecorded(path, flag, with_config);
   if (S_ISDIR(st.st_mode)) {
     // A run directory named for its checkpoint: said first, before what follows from it.
     const std::string inner = (fs::path(path) / "checkpoint").string();

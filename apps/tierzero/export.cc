@@ -149,7 +149,11 @@ int Export(const std::vector<std::string>& args) {
   if (Status s = TakeCheckpointsModel(*cfg, ckpt, asked, /*say=*/true); !s.ok()) return Fail(s);
   // Without a config, the machine's budgets (Note [Budgets of a model brought from a directory]):
   // the built-in ones are the toy model's.
-  if (config_path.empty()) SizeBudgetsToTheMachine(*cfg);
+  // (Sized for the host, where export computes: a GPU's would be simulated in host memory.)
+  if (config_path.empty()) {
+    cfg->engine.device = DeviceChoice::kHost;
+    SizeBudgetsToTheMachine(*cfg);
+  }
   // The config must be the checkpoint's model's (Note [A checkpoint resumes its own model]): a
   // --config of another shape whose tensors happen to match (other heads) exported a
   // config.json that describes another model.

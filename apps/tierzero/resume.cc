@@ -526,7 +526,9 @@ std::string RunConfigBeside(const std::string& checkpoint_dir, const CheckpointI
   const bool own = dir.filename() == "checkpoint" &&
                    fs::path(cfg->output.checkpoint_dir).lexically_normal() ==
                        (fs::path(cfg->output.run_dir) / "checkpoint").lexically_normal();
-  return own || SameDirectory(cfg->output.checkpoint_dir, dir.string()) ? there : "";
+  if (!own && !SameDirectory(cfg->output.checkpoint_dir, dir.string())) return "";
+  // And of the model the checkpoint records (a checkpoint copied into another run's directory).
+  return CheckSameModelJson(u, ModelJson(*cfg), there).ok() ? there : "";
 }
 
 // Note [A resumed run's own config]

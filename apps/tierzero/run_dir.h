@@ -95,8 +95,11 @@ inline constexpr const char* kLockFileName = ".tierzero.lock";
 bool LockedByAnother(const std::string& dir);
 
 // A checkpoint named by `flag` (--resume, export's argument) that exists and is not a directory
-// (its manifest.json, a states file) is refused naming the directory meant.
-Status CheckCheckpointArgument(const std::string& path, const std::string& flag);
+// (its manifest.json, a states file) is refused naming the directory meant; one that is not
+// there, in a run directory whose config.json records that it saved elsewhere, is refused naming
+// where (with `with_config`, train's advice: that config with it).
+Status CheckCheckpointArgument(const std::string& path, const std::string& flag,
+                               bool with_config = false);
 
 // The outputs' paths defaulted under the run directory (metrics, report, html, trace, checkpoint,
 // NVMe), "none" turned into empty. Touches no file.

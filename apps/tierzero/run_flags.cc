@@ -285,7 +285,9 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
         *path = cfg.output.run_dir + "/" + path->substr(from.size());
     }
   }
-  TZ_RETURN_IF_ERROR(CheckCheckpointArgument(cfg.output.resume, "--resume"));
+  // (train resumes another run's checkpoint with its config: Note [The checkpoint's model].)
+  TZ_RETURN_IF_ERROR(
+      CheckCheckpointArgument(cfg.output.resume, "--resume", /*with_config=*/!checkpoints_model));
   if (!cfg.output.resume.empty() && !cfg.output.init_from.empty()) {
     if (init_from_flag)
       return InvalidArgumentError(

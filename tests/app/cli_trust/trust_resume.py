@@ -216,11 +216,14 @@ def case_checkpoint_model():
     with open(part, "w") as f:
         f.write('{"engine": {"host_budget": "64MiB"}}\n')
 
-    def mean_loss(extra):
-        out = ok(["eval", "--resume", ck, "--data", tok] + extra)
+    def mean_loss_of(checkpoint, extra=()):
+        out = ok(["eval", "--resume", checkpoint, "--data", tok, *extra])
         m = re.search(r"mean loss ([0-9.]+)", out)
         check(m, f"no loss:\n{out}")
         return m.group(1)
+
+    def mean_loss(extra):
+        return mean_loss_of(ck, extra)
     want = mean_loss(["--config", os.path.join(half, "config.json")])
     check(mean_loss([]) == want and mean_loss(["--config", part]) == want, "eval differs")
     # Without --data, the token files the checkpoint records (as its run's config would give).
@@ -259,6 +262,23 @@ def case_checkpoint_model():
             "--resume " + ck)
     refused(["export", os.path.join(half, "checkpoint"), "-o", os.path.join(d, "x6.st")],
             "give " + ck)
+    shutil.copytree(ck, os.path.join(d, "x_ck3"))  # (the checkpoint at step 3)
+    # train's advice is with that run's config, and followed as given it continues the run.
+    out = refused(["train", "--resume", os.path.join(half, "checkpoint"), "--steps", "4",
+                   "--quiet"], "--config " + os.path.join(half, "config.json") + " --resume " + ck)
+    ok(["train", "--config", os.path.join(half, "config.json"), "--resume", ck, "--steps", "4",
+        "--quiet"])
+    check([m[0] for m in losses(os.path.join(half, "metrics.jsonl"))] == [1, 2, 3, 4],
+          "the advised resume did not continue the run")
+    # A checkpoint of another model copied into a run directory as its checkpoint: that run's
+    # config.json is not this checkpoint's.
+    other2 = os.path.join(d, "other2")
+    ok(["train", "--layers", "1", "--width", "32", "--heads", "2", "--seq-len", "32", *common,
+        "--run-dir", other2, "--steps", "1"])
+    shutil.rmtree(os.path.join(other2, "checkpoint"))
+    shutil.copytree(os.path.join(d, "x_ck3"), os.path.join(other2, "checkpoint"))
+    check(mean_loss_of(os.path.join(other2, "checkpoint")) == want,
+          "another run's config.json was taken for a checkpoint copied into its run directory")
     # A larger model than the built-in budgets hold exports at the machine's.
     big = os.path.join(d, "bigck")
     ok(["train", "--layers", "4", "--width", "256", "--heads", "4", "--seq-len", "16", *common,
