@@ -286,33 +286,6 @@ Status GatherEntries(Communicator& comm, json& files, json& tensors) {
   return Status::OK();
 }
 
-// Writes the manifest (the commit point), then removes the states files it no longer names
-// (earlier steps, ranks of an earlier world size): only regular files named as SaveCheckpoint
-// names its own (a user's "states-notes.txt" in the directory stays).
-Status CommitManifest(const std::string& dir, const json& manifest) {
-  ASSIGN_OR_RETURN(AtomicFile mf, AtomicFile::Create(dir + "/manifest.json"));
-  // Note [The manifest's own checksum]
-  json sealed = manifest;
-  const std::string compact = manifest.dump();
-  sealed["manifest_crc32c"] = Crc32c(compact.data(), compact.size());
-  const std::string text = sealed.dump(1);
-  RETURN_IF_ERROR(mf.Write(text.data(), text.size()));
-  RETURN_IF_ERROR(mf.Commit());
-  RETURN_IF_ERROR(SyncDir(dir));
-  std::set<std::string> named;
-  for (const json& f : manifest["files"]) named.insert(f.value("name", ""));
-  std::error_code ec;
-  std::vector<fs::path> stale;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (IsCheckpointStatesFileName(name) && named.count(name) == 0 &&
-        fs::is_regular_file(fs::symlink_status(it->path(), ec)))
-      stale.push_back(it->path());
-  }
-  for (const fs::path& p : stale) fs::remove(p, ec);
-  return Status::OK();
-}
-
 // "3 with another shape: a, b, c" (at most six names).
 std::string NameList(const char* what, const std::vector<std::string>& names) {
   std::string s = std::to_string(names.size()) + " " + what;

@@ -1,18 +1,22 @@
-// The names of a checkpoint's states files: which files are a checkpoint's, and which the
-// manifest committed in a directory names (Note [A re-save never renames over its manifest's],
-// checkpoint.cc).
+// The files of a checkpoint directory: which are a checkpoint's states files, which the manifest
+// committed there names (Note [A re-save never renames over its manifest's], checkpoint.cc), and
+// the commit of a new manifest, which removes the states files it no longer names.
 #include "engine/checkpoint_names.h"
 
 #include <sys/stat.h>
 
 #include <cerrno>
 #include <cstring>
-#include <nlohmann/json.hpp>
+#include <filesystem>
+#include <vector>
 
 #include "core/file_io.h"
+#include "core/status.h"
+#include "offload/crc32c.h"
 #include "tierzero/engine.h"
 
 namespace tierzero {
+namespace fs = std::filesystem;
 using nlohmann::json;
 
 // engine.h
@@ -81,6 +85,31 @@ std::optional<std::set<std::string>> CommittedStatesFiles(const std::string& dir
     if (f.is_object() && f.contains("name") && f["name"].is_string())
       names.insert(f["name"].get<std::string>());
   return names;
+}
+
+// checkpoint_names.h
+Status CommitManifest(const std::string& dir, const json& manifest) {
+  ASSIGN_OR_RETURN(AtomicFile mf, AtomicFile::Create(dir + "/manifest.json"));
+  // Note [The manifest's own checksum]
+  json sealed = manifest;
+  const std::string compact = manifest.dump();
+  sealed["manifest_crc32c"] = Crc32c(compact.data(), compact.size());
+  const std::string text = sealed.dump(1);
+  RETURN_IF_ERROR(mf.Write(text.data(), text.size()));
+  RETURN_IF_ERROR(mf.Commit());
+  RETURN_IF_ERROR(SyncDir(dir));
+  std::set<std::string> named;
+  for (const json& f : manifest["files"]) named.insert(f.value("name", ""));
+  std::error_code ec;
+  std::vector<fs::path> stale;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (IsCheckpointStatesFileName(name) && named.count(name) == 0 &&
+        fs::is_regular_file(fs::symlink_status(it->path(), ec)))
+      stale.push_back(it->path());
+  }
+  for (const fs::path& p : stale) fs::remove(p, ec);
+  return Status::OK();
 }
 
 }  // namespace tierzero

@@ -1,7 +1,8 @@
-// Which states files the manifest committed in a checkpoint directory names
-// (checkpoint_names.cc); IsCheckpointStatesFileName is public (tierzero/engine.h).
+// Which states files the manifest committed in a checkpoint directory names, and committing a
+// new one (checkpoint_names.cc); IsCheckpointStatesFileName is public (tierzero/engine.h).
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
@@ -19,5 +20,11 @@ std::optional<std::set<std::string>> CommittedStatesFiles(const std::string& dir
 // FailedPrecondition naming the file otherwise (Note [A save writes only over its own files]).
 Status CheckpointFilesAreOurs(const std::string& dir, const std::string& states_name,
                               bool manifest_ours);
+
+// Writes `manifest` as dir/manifest.json with its own checksum (the commit point: Note [The
+// manifest's own checksum], checkpoint.cc), then removes the states files it no longer names
+// (earlier steps, ranks of an earlier world size): only regular files named as SaveCheckpoint
+// names its own (a user's "states-notes.txt" in the directory stays).
+Status CommitManifest(const std::string& dir, const nlohmann::json& manifest);
 
 }  // namespace tierzero
