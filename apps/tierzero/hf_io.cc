@@ -157,9 +157,7 @@ Status MergeRecordedModel(RunConfig& cfg) {
                                                   ": the model its metadata records");
   const json asked = ModelJson(cfg);
   for (const auto& [key, then] : recorded.items()) {
-    if (key == "seed" || key == "activation_checkpointing" || key == "activations" ||
-        key == "seq_len")
-      continue;
+    if (HowTheModelComputes(key) || key == "seq_len") continue;
     const auto now = asked.find(key);
     if (cfg.given.count("model." + key) == 0 || now == asked.end() || *now == then) continue;
     return InvalidArgumentError("model." + key + " is " + now->dump() +

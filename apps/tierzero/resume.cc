@@ -165,6 +165,40 @@ std::string FingerprintText(uint64_t fingerprint) {
   return b;
 }
 
+namespace {
+
+// Note [A config train wrote]
+// A config.json in a run directory is taken as that run's (for a checkpoint's records, for a
+// resume in place, for eval and export without --config) only when it is one train wrote: a
+// regular file (a FIFO would block the read), within kMaxConfigBytes, with every section train
+// writes, that parses. Its paths are then as they resolve from where the run ran
+// (RebaseOnItsRunDir: a run moved, or used from another working directory).
+std::optional<RunConfig> ConfigTrainWrote(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+  const StatusOr<std::string> text = ReadFileBounded(path, kMaxConfigBytes, "run config");
+  if (!text.ok()) return std::nullopt;
+  const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  for (const char* section : {"model", "data", "train", "engine", "output"})
+    if (!j.is_object() || !j.contains(section)) return std::nullopt;
+  StatusOr<RunConfig> cfg = ParseRunConfig(*text, DefaultRunConfig());
+  if (!cfg.ok()) return std::nullopt;
+  RebaseOnItsRunDir(*cfg, path);
+  return std::move(*cfg);
+}
+
+// `cfg` (ConfigTrainWrote's) kept its checkpoints in `checkpoint`: it names that directory as
+// resolved from here, or (its run directory moved) it kept them in its own run directory and
+// `checkpoint` is a run directory's "checkpoint".
+bool KeepsItsCheckpointIn(const RunConfig& cfg, const fs::path& checkpoint) {
+  const bool own = checkpoint.filename() == "checkpoint" &&
+                   fs::path(cfg.output.checkpoint_dir).lexically_normal() ==
+                       (fs::path(cfg.output.run_dir) / "checkpoint").lexically_normal();
+  return own || SameDirectory(cfg.output.checkpoint_dir, checkpoint.string());
+}
+
+}  // namespace
+
 // Note [An older checkpoint's records]
 // Checkpoints of tierzero builds before 2026-11-26 record of their run only the step, the batch,
 // the ranks and the data seed: not the model, nor what a resume compares (the schedule, the
@@ -190,25 +224,9 @@ json CheckpointRecords(const std::string& user_state, const std::string& checkpo
   std::string run_config;
   if (!ec) {
     run_config = (checkpoint.parent_path() / "config.json").string();
-    struct stat st {};
-    if (::stat(run_config.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
-      const StatusOr<std::string> text = ReadFileBounded(run_config, kMaxConfigBytes, "run config");
-      const StatusOr<RunConfig> cfg = text.ok() ? ParseRunConfig(*text, DefaultRunConfig())
-                                                : StatusOr<RunConfig>(text.status());
-      const json j = text.ok() ? json::parse(*text, nullptr, /*allow_exceptions=*/false,
-                                             /*ignore_comments=*/true)
-                               : json();
-      // Its run's: it names this checkpoint directory as resolved from here, or (a run moved, or
-      // used from another working directory: its paths are relative to where it ran) it kept
-      // its checkpoint in its own run directory, where this one lies (hunt 41, N1).
-      const bool named = cfg.ok() && SameDirectory(cfg->output.checkpoint_dir, checkpoint.string());
-      const bool own = cfg.ok() && checkpoint.filename() == "checkpoint" &&
-                       fs::path(cfg->output.checkpoint_dir).lexically_normal() ==
-                           (fs::path(cfg->output.run_dir) / "checkpoint").lexically_normal();
-      if (cfg.ok() && j.is_object() && j.contains("model") && j.contains("output") &&
-          (named || own))
-        run = *cfg;
-    }
+    // Its run's (hunt 41, N1: a run moved, or used from another working directory).
+    run = ConfigTrainWrote(run_config);
+    if (run && !KeepsItsCheckpointIn(*run, checkpoint)) run.reset();
   }
   if (run) {
     const json from = {{"model", ModelJson(*run)},
@@ -384,6 +402,11 @@ json ModelJson(const RunConfig& cfg) {
   return json::parse(RunConfigToJson(cfg), nullptr, /*allow_exceptions=*/false)["model"];
 }
 
+// resume.h
+bool HowTheModelComputes(const std::string& key) {
+  return key == "seed" || key == "activation_checkpointing" || key == "activations";
+}
+
 namespace {
 
 // Note [A checkpoint resumes its own model]
@@ -400,8 +423,7 @@ Status CheckSameModelJson(const json& user, const json& now, const std::string& 
       {"arch", "--arch"},      {"n_kv_head", "--kv-heads"}, {"seq_len", "--seq-len"},
       {"vocab", "--vocab"}};
   for (const auto& [key, then] : user["model"].items()) {
-    // How the model computes may change at a resume; what it is may not.
-    if (key == "seed" || key == "activation_checkpointing" || key == "activations") continue;
+    if (HowTheModelComputes(key)) continue;  // (what it is may not change)
     const auto it = now.find(key);
     if (it == now.end() || *it == then) continue;
     const auto flag = kFlag.find(key);
@@ -450,7 +472,7 @@ Status TakeCheckpointsModel(RunConfig& cfg, const std::string& checkpoint,
   const json now = ModelJson(cfg);
   std::string taken;
   for (const auto& [key, then] : u["model"].items()) {
-    if (key == "seed" || key == "activation_checkpointing" || key == "activations") continue;
+    if (HowTheModelComputes(key)) continue;
     const auto it = now.find(key);
     if (it == now.end() || *it == then || asked.count("model." + key) != 0) continue;
     model[key] = then;
@@ -510,23 +532,8 @@ std::string RunConfigBeside(const std::string& checkpoint_dir, const CheckpointI
   const std::string there = (dir.parent_path() / "config.json").string();
   const json u = json::parse(info.user_state, nullptr, /*allow_exceptions=*/false);
   if (!u.is_object() || !u.contains("model") || !u["model"].is_object()) return there;
-  struct stat st {};
-  if (::stat(there.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
-  const StatusOr<std::string> text = ReadFileBounded(there, kMaxConfigBytes, "run config");
-  if (!text.ok()) return "";
-  const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
-  for (const char* section : {"model", "data", "train", "engine", "output"})
-    if (!j.is_object() || !j.contains(section)) return "";  // not one train wrote
-  // This checkpoint's run's (another run's budgets and data are not this model's).
-  StatusOr<RunConfig> cfg = ParseRunConfig(*text, DefaultRunConfig());
-  if (!cfg.ok()) return "";
-  RebaseOnItsRunDir(*cfg, there);  // (its paths are relative to where it ran)
-  // It names this checkpoint directory, or (a run directory moved) kept its checkpoint in its own
-  // run directory, where this one lies (as CheckpointRecords takes an older checkpoint's).
-  const bool own = dir.filename() == "checkpoint" &&
-                   fs::path(cfg->output.checkpoint_dir).lexically_normal() ==
-                       (fs::path(cfg->output.run_dir) / "checkpoint").lexically_normal();
-  if (!own && !SameDirectory(cfg->output.checkpoint_dir, dir.string())) return "";
+  std::optional<RunConfig> cfg = ConfigTrainWrote(there);
+  if (!cfg || !KeepsItsCheckpointIn(*cfg, dir)) return "";
   // And of the model the checkpoint records (a checkpoint copied into another run's directory).
   return CheckSameModelJson(u, ModelJson(*cfg), there).ok() ? there : "";
 }
@@ -559,16 +566,8 @@ std::vector<std::string> WithResumedRunsConfig(const std::vector<std::string>& a
   const fs::path dir = checkpoint.parent_path();
   if (!run_dir.empty() && !SameDirectory(run_dir, dir.string())) return args;
   const std::string run_config = (dir / "config.json").string();
-  struct stat st {};
-  if (::stat(run_config.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return args;
-  const StatusOr<std::string> text = ReadFileBounded(run_config, kMaxConfigBytes, "run config");
-  if (!text.ok()) return args;
-  StatusOr<RunConfig> cfg = ParseRunConfig(*text, DefaultRunConfig());
-  if (!cfg.ok()) return args;
-  RebaseOnItsRunDir(*cfg, run_config);  // (resumed from another working directory)
-  const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
-  for (const char* section : {"model", "data", "train", "engine", "output"})
-    if (!j.is_object() || !j.contains(section)) return args;  // not one train wrote
+  const std::optional<RunConfig> cfg = ConfigTrainWrote(run_config);
+  if (!cfg) return args;
   if (!SameDirectory(cfg->output.checkpoint_dir, checkpoint.string()) ||
       !SameDirectory(cfg->output.run_dir, dir.string()))
     return args;

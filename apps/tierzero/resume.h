@@ -16,6 +16,10 @@ namespace tierzero::app {
 
 // The model section of a config as JSON (what a checkpoint records of the model).
 nlohmann::json ModelJson(const RunConfig& cfg);
+// A model field that says how the model computes, not what it is (seed, activation
+// checkpointing, activations): it may differ between a checkpoint, or a file that records its
+// model, and the run that reads it.
+bool HowTheModelComputes(const std::string& key);
 // What a checkpoint records of AdamW's settings (betas, eps, weight decay, clipping) and of
 // ZeRO++ (the zeropp section): a resume that changes them says so.
 nlohmann::json AdamWJson(const RunConfig& cfg);
