@@ -316,6 +316,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
     return 1;
   }
+  // Note [A reserve for running out] (tierzero/status.h): under the limits just fitted.
+  tierzero::InstallMemoryReserve();
   // Note [Threads within the user's process limit]: before any other thread starts.
   tierzero::FitThreadLimit();
   // First, before any thread exists (Note [Signals on one thread of ours], signals.h).

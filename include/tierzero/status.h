@@ -12,6 +12,7 @@
 // Thread-safety: a Status is a value; distinct objects may be used from different threads.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -109,6 +110,17 @@ Status CatchingExceptions(Fn&& fn) {
     return StatusOfCurrentException();
   }
 }
+
+// Note [A reserve for running out] (src/core/memory_reserve.cc): maps `blocks` blocks of
+// `block_bytes` (never touched: address space, not memory) and installs a std::new_handler that
+// unmaps one block each time an allocation fails: the first failure throws std::bad_alloc as
+// before; later ones (the destructors run as the stack unwinds, the error path) retry in what was
+// given back. Once every block is given back, allocation fails as without it. Process-wide
+// (std::set_new_handler); call once, early in main, before any thread of ours.
+void InstallMemoryReserve(size_t block_bytes = size_t{32} << 20, int blocks = 2);
+
+// How many times the reserve was drawn on (an allocation failed) since it was installed.
+int MemoryReserveDrawn();
 
 [[noreturn]] void DieOnBadStatusAccess(const Status& status);
 

@@ -192,7 +192,9 @@ TEST(WithoutMomentsTest, LoadsEvaluatesAndExportsAsAnyFormatAndRefusesToStep) {
       Trainer r = Make(ec);
       auto user = r.engine->LoadCheckpoint(ckpt);
       ASSERT_TRUE(user.ok()) << user.status().ToString();
-      if (ec.nvme_budget > 0) EXPECT_GT(r.engine->usage().nvme, 0u) << r.engine->PlacementSummary();
+      if (ec.nvme_budget > 0) {
+        EXPECT_GT(r.engine->usage().nvme, 0u) << r.engine->PlacementSummary();
+      }
       EXPECT_EQ(ReadAllParams(*r.engine), want);
       auto loss = r.model->Evaluate(batch, nullptr);
       ASSERT_TRUE(loss.ok()) << loss.status().ToString();
