@@ -7,8 +7,10 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 
+#include "resume.h"
 #include "run_dir.h"
 #include "tierzero/files.h"
 #include "train.h"
@@ -41,13 +43,8 @@ Status NotThereButRecorded(const std::string& path, const std::string& flag, boo
   if (ec) return Status::OK();
   if (dir.has_parent_path() && dir.filename().empty()) dir = dir.parent_path();
   const std::string config = (dir.parent_path() / "config.json").string();
-  struct stat st {};
-  if (::stat(config.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return Status::OK();
-  const StatusOr<std::string> text = ReadFileBounded(config, kMaxConfigBytes, "run config");
-  if (!text.ok()) return Status::OK();
-  StatusOr<RunConfig> cfg = ParseRunConfig(*text, DefaultRunConfig());
-  if (!cfg.ok() || cfg->output.checkpoint_dir.empty()) return Status::OK();
-  RebaseOnItsRunDir(*cfg, config);  // (its paths are relative to where it ran)
+  std::optional<RunConfig> cfg = ConfigTrainWrote(config);
+  if (!cfg || cfg->output.checkpoint_dir.empty()) return Status::OK();
   // Only where its paths resolve from here as they did for it: its run directory, as resolved,
   // is the directory of the config (a run moved would name another run's checkpoint).
   struct stat run_st {};
@@ -63,7 +60,7 @@ Status NotThereButRecorded(const std::string& path, const std::string& flag, boo
   if (fs::absolute(saved, ec).lexically_normal() == dir) return Status::OK();
   // And what is there is that run's model's checkpoint.
   const StatusOr<CheckpointInfo> info = ReadCheckpointInfo(saved);
-  if (!info.ok() || !CheckSameModel(info->user_state, *cfg, saved).ok()) return Status::OK();
+  if (!info.ok() || !IsCheckpointOf(info->user_state, *cfg, saved)) return Status::OK();
   return NotFoundError("no checkpoint at '" + path + "': there is no such directory; the run of " +
                        config + " saved its checkpoints in " + saved +
                        " (its output.checkpoint_dir: --checkpoint PATH): " +

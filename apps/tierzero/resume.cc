@@ -165,14 +165,13 @@ std::string FingerprintText(uint64_t fingerprint) {
   return b;
 }
 
-namespace {
-
 // Note [A config train wrote]
 // A config.json in a run directory is taken as that run's (for a checkpoint's records, for a
 // resume in place, for eval and export without --config) only when it is one train wrote: a
 // regular file (a FIFO would block the read), within kMaxConfigBytes, with every section train
 // writes, that parses. Its paths are then as they resolve from where the run ran
 // (RebaseOnItsRunDir: a run moved, or used from another working directory).
+// resume.h
 std::optional<RunConfig> ConfigTrainWrote(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
@@ -186,6 +185,8 @@ std::optional<RunConfig> ConfigTrainWrote(const std::string& path) {
   RebaseOnItsRunDir(*cfg, path);
   return std::move(*cfg);
 }
+
+namespace {
 
 // `cfg` (ConfigTrainWrote's) kept its checkpoints in `checkpoint`: it names that directory as
 // resolved from here, or (its run directory moved) it kept them in its own run directory and
@@ -442,6 +443,12 @@ Status CheckSameModelJson(const json& user, const json& now, const std::string& 
 Status CheckSameModel(const std::string& user_state, const RunConfig& cfg, const std::string& dir) {
   return CheckSameModelJson(CheckpointRecords(user_state, dir, /*say=*/LaunchedRanks().rank == 0),
                             ModelJson(cfg), dir);
+}
+
+// resume.h
+bool IsCheckpointOf(const std::string& user_state, const RunConfig& cfg, const std::string& dir) {
+  return CheckSameModelJson(CheckpointRecords(user_state, dir, /*say=*/false), ModelJson(cfg), dir)
+      .ok();
 }
 
 // Note [The checkpoint's model]

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -60,6 +61,12 @@ std::string FingerprintText(uint64_t fingerprint);
 // taken. Nothing when it records no model or is not there (said where it loads).
 Status TakeCheckpointsModel(RunConfig& cfg, const std::string& checkpoint,
                             const std::set<std::string>& asked, bool say);
+// The config.json at `path` when it is one train wrote, its paths as they resolve from where its
+// run ran; nothing otherwise (Note [A config train wrote]).
+std::optional<RunConfig> ConfigTrainWrote(const std::string& path);
+// The checkpoint whose user state is `user_state` (at `dir`) is of cfg's model, as a resume
+// checks it (CheckSameModel), without a word on stdout.
+bool IsCheckpointOf(const std::string& user_state, const RunConfig& cfg, const std::string& dir);
 // The model fields ("model.KEY") and "engine.compute_dtype" a config file's text names.
 std::set<std::string> ModelFieldsNamedIn(const std::string& config_text);
 
