@@ -240,7 +240,21 @@ Status TrainRun::SetUp() {
   if (!out_.resume.empty()) {
     // The model checked before anything is built for it (Note [A checkpoint resumes its own
     // model]).
-    TZ_ASSIGN_OR_RETURN(const CheckpointInfo info, ReadCheckpointInfo(out_.resume));
+    StatusOr<CheckpointInfo> read = ReadCheckpointInfo(out_.resume);
+    // A run stopped (killed) before its first save leaves its checkpoint directory without a
+    // manifest: nothing to resume, and what to do is start it again.
+    std::error_code ec;
+    if (!read.ok() && read.status().code() == StatusCode::kNotFound && outputs_.in_place &&
+        fs::is_directory(out_.resume, ec)) {
+      const std::string run_dir = out_.run_dir.empty() ? "." : out_.run_dir;
+      return FailedPreconditionError(
+          std::string(read.status().message()) + ": the run in " + run_dir +
+          " stopped before it saved its first checkpoint, so there is nothing to resume; start "
+          "it again in its place: tierzero train --config " +
+          (fs::path(run_dir) / "config.json").string() + " --run-dir " + run_dir +
+          " --overwrite (replaces that run's outputs)");
+    }
+    TZ_ASSIGN_OR_RETURN(const CheckpointInfo info, std::move(read));
     TZ_RETURN_IF_ERROR(CheckSameModel(info.user_state, cfg_, out_.resume));
     // Resumed in place, a checkpoint at or past the last step has nothing left to train: refused
     // before the run's report, page and metrics are written over with those of no step (Note

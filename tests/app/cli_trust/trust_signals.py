@@ -366,3 +366,29 @@ def case_eval_swap_signal():
     err = p.communicate(timeout=60)[1].decode()
     check(p.returncode == 130, f"eval ended with {p.returncode}, not 130\n{err}")
     check(not os.path.exists(swap), "the evaluation's swap file stayed after the signal")
+
+
+def case_killed_before_checkpoint():
+    # A run SIGKILLed before its first save leaves a checkpoint directory without a manifest:
+    # `--resume` of it says the run stopped before its first checkpoint and gives the command
+    # that starts it again in place, which (followed as given) trains.
+    write_config(os.path.join(OUT, "small.json"))
+    name = "kb_run"
+    rd = os.path.join(OUT, name)
+    p = start_long_run(name)  # (train.checkpoint_every 0: saved at the end)
+    deadline = time.time() + 60
+    while time.time() < deadline and p.poll() is None:
+        m = os.path.join(rd, "metrics.jsonl")
+        if os.path.exists(m) and b'"loss"' in read(m):
+            break
+        time.sleep(0.1)
+    p.kill()
+    p.wait()
+    check(not os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
+          "the killed run saved a checkpoint: the case tests nothing")
+    out = refused(["train", "--resume", os.path.join(name, "checkpoint"), "--quiet"],
+                  "stopped before it saved its first checkpoint", "--overwrite")
+    advice = out[out.index("tierzero train --config"):].split(" (replaces")[0].split()[1:]
+    ok(advice + ["--steps", "3", "--quiet"])
+    check(os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
+          f"the advised command saved no checkpoint: {advice}")
