@@ -177,6 +177,9 @@ Status TrainRun::SetUp() {
   // layout is compared with the engine's below).
   if (!out_.plan.empty() && lead_) {
     TZ_ASSIGN_OR_RETURN(plan_text_, ReadTextFile(out_.plan, "plan file"));
+    // Outside JSON: its depth bounded before anything recurses over it (a plan nested 500000
+    // deep overflowed the stack in CheckPlanConfig's copy).
+    TZ_RETURN_IF_ERROR(CheckOutsideJson(plan_text_, "--plan " + out_.plan));
     const json plan = json::parse(plan_text_, nullptr, /*allow_exceptions=*/false);
     if (plan.is_object() && plan.contains("config")) {
       TZ_RETURN_IF_ERROR(CheckPlanConfig(plan["config"], cfg_).WithContext("--plan " + out_.plan));
@@ -298,7 +301,8 @@ Status TrainRun::SetUp() {
     // after it: the evaluation would be missing from the metrics for good. The checkpoint says
     // so ("eval_pending"), and the resumed run evaluates that step before it trains.
     const json u = json::parse(user, nullptr, /*allow_exceptions=*/false);
-    eval_at_start_ = u.is_object() && u.value("eval_pending", false) == true;
+    // (A type other than a boolean, in an edited manifest, is not pending: value() would throw.)
+    eval_at_start_ = u.is_object() && u.contains("eval_pending") && u["eval_pending"] == true;
   }
   if (!plan_text_.empty() && lead_) {
     // Refused now, not after the run: a plan file that is unreadable or of another config.

@@ -222,9 +222,19 @@ class UringBlockIo final : public BlockIo {
 
 class ThreadPoolBlockIo final : public BlockIo {
  public:
-  ThreadPoolBlockIo(std::vector<int> fds, int depth, int threads)
-      : fds_(std::move(fds)), in_flight_(depth) {
-    for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(); });
+  ThreadPoolBlockIo(std::vector<int> fds, int depth) : fds_(std::move(fds)), in_flight_(depth) {}
+  // Its workers, started outside the constructor: a thread the system will not start (`ulimit
+  // -u`, a container's pids limit) is an error, and the destructor stops and joins the ones
+  // that started (thrown from a constructor, running threads were destroyed: std::terminate).
+  Status Start(int threads) {
+    for (int i = 0; i < threads; ++i) {
+      Status s = CatchingExceptions([&] {
+        workers_.emplace_back([this] { Work(); });
+        return Status::OK();
+      });
+      if (!s.ok()) return s.WithContext("starting the thread-pool NVMe I/O's workers");
+    }
+    return Status::OK();
   }
   ~ThreadPoolBlockIo() override {
     {
@@ -302,7 +312,9 @@ StatusOr<std::unique_ptr<BlockIo>> CreateThreadPoolBlockIo(const std::vector<int
   if (options.queue_depth < 1 || options.threads < 1) {
     return InvalidArgumentError("thread-pool I/O needs queue_depth >= 1 and threads >= 1");
   }
-  return std::unique_ptr<BlockIo>(new ThreadPoolBlockIo(fds, options.queue_depth, options.threads));
+  auto io = std::make_unique<ThreadPoolBlockIo>(fds, options.queue_depth);
+  RETURN_IF_ERROR(io->Start(options.threads));
+  return std::unique_ptr<BlockIo>(std::move(io));
 }
 
 // ---- Fault injection

@@ -396,6 +396,14 @@ def case_plan_of_another_config():
     refused(["train", "--config", cfg, "--plan", plan, "--run-dir", rd, "--batch-size", "3",
              "--quiet"], "train.batch_size", "another config")
     check(not os.path.exists(rd), "a refused run left its directory")
+    # A plan nested 500000 deep under a config field overflowed the stack (SIGSEGV, hunt 45).
+    deep = os.path.join(OUT, "pa_deep.json")
+    with open(deep, "w") as f:
+        f.write('{"config":{"model":{"activation_checkpointing":' + "[" * 500000 + "]" * 500000 +
+                '}},"prediction":{}}')
+    refused(["train", "--config", cfg, "--plan", deep, "--run-dir", rd, "--quiet"],
+            "deeper than 64 levels")
+    check(not os.path.exists(rd), "a refused run left its directory")
     ok(["train", "--config", cfg, "--plan", plan, "--run-dir", rd, "--steps", "2", "--quiet"])
     report = json.load(open(os.path.join(rd, "report.json")))
     check("prediction" in report, "the run's report has no prediction beside it")
