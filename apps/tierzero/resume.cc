@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "tierzero/files.h"
+#include "tierzero/utf8.h"
 
 namespace tierzero::app {
 namespace fs = std::filesystem;
@@ -62,7 +63,10 @@ json DataJson(const gpt::DataConfig& d) {
   auto absolute = [](const std::string& p) {
     std::error_code ec;
     const std::filesystem::path a = std::filesystem::absolute(p, ec);
-    return ec ? p : a.lexically_normal().string();
+    // (Under a working directory whose name is not UTF-8 the absolute path cannot be JSON, and
+    // the checkpoint's user state failed to serialise: the path as given, which is UTF-8.)
+    if (ec || FirstInvalidUtf8(a.lexically_normal().string()) >= 0) return p;
+    return a.lexically_normal().string();
   };
   json j = {{"kind", d.kind}};
   if (d.kind == "text") j["path"] = absolute(d.text_path);
