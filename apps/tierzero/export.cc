@@ -1,6 +1,7 @@
 // `tierzero export`: a checkpoint to one consolidated safetensors file, or to a Hugging Face model
 // directory (--format hf: hf_io.cc) (train.h).
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -37,6 +38,7 @@ int Export(const std::vector<std::string>& args) {
   bool dtype_given = false, hf = false;
   uint64_t max_shard = 5000000000;  // transformers' save_pretrained default: "5GB", 5 x 10^9 bytes
   bool max_shard_given = false;
+  bool overwrite = false;  // an existing -o file may be replaced
   // Budgets of this process's own, in place of the run's (its ranks' together).
   std::optional<uint64_t> host_budget, nvme_budget;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -75,6 +77,8 @@ int Export(const std::vector<std::string>& args) {
         return Fail(InvalidArgumentError(
             "--config is empty (an unset shell variable?); name the run's config, or leave it "
             "out for the checkpoint's own (../config.json)"));
+    } else if (args[i] == "--overwrite") {
+      overwrite = true;
     } else if (args[i] == "-h" || args[i] == "--help") {
       std::puts(
           "usage: tierzero export CHECKPOINT_DIR -o model.safetensors [--dtype fp32|bf16]\n"
@@ -94,6 +98,8 @@ int Export(const std::vector<std::string>& args) {
           "         without its config the machine's; what the host budget does not hold goes "
           "to NVMe\n"
           "         swap space in $TMPDIR)\n"
+          "  [--overwrite]  (replace an existing -o file; without it an existing file is "
+          "refused)\n"
           "  (-o and --output are the same)");
       return 0;
     } else if (ckpt.empty() && args[i] == "--" && i + 1 < args.size()) {
@@ -181,6 +187,14 @@ int Export(const std::vector<std::string>& args) {
   std::vector<InputPath> inputs = {{"checkpoint", ckpt_dir.string(), true}};
   if (!config_path.empty()) inputs.push_back({"config", config_path, false});
   if (Status s = CheckNotAnInput(output, "-o", inputs); !s.ok()) return Fail(s);
+  // A file export did not make is not replaced unasked (as train's outputs: --overwrite; a device
+  // or pipe, /dev/stdout, is written to, not replaced): an -o naming a user's file, through a link,
+  // or another model's weights had replaced it.
+  if (struct stat ost{}; !overwrite && ::stat(output.c_str(), &ost) == 0 && S_ISREG(ost.st_mode))
+    return Fail(FailedPreconditionError(
+        "-o " + output +
+        " exists: export replaces no file unasked; name a new file, or give --overwrite to "
+        "replace it"));
   // The run's budgets (NVMe included, so a model larger than memory exports too).
   EngineConfig ec = cfg->engine;
   ec.device = DeviceChoice::kHost;

@@ -71,7 +71,11 @@ def case_outputs():
     with open(target, "w") as f:
         f.write("old")
     os.symlink(target, link)
-    ok(["export", ckpt, "-o", link])
+    # An existing file (hunt 45: a user's notes, through a link, were replaced) is refused
+    # unless --overwrite asks for it.
+    refused(["export", ckpt, "-o", link], "exists", "--overwrite")
+    check(read(target) == b"old", "a refused export changed the link's target")
+    ok(["export", ckpt, "-o", link, "--overwrite"])
     check(os.path.islink(link), "the symlink was replaced by a file")
     check(read(target)[:8] != b"old", "the link's target was not written")
     dangling = os.path.join(OUT, "o_dangling")
