@@ -223,16 +223,27 @@ Status FitProcessLimits() {
 // run's own beside them) are started and counted, and oneTBB is held to what started less that
 // headroom: it then never asks for a thread the limit refuses (other processes of the user may
 // still take theirs meanwhile).
+// A container's pids limit (cgroup pids.max) refuses threads the same way, and getrlimit does
+// not show it: it is read from the cgroup files (Note [A container's pids limit],
+// src/core/host_memory.cc), and either limit set starts the probe.
 void FitThreadLimit() {
-  struct rlimit rl {};
-  if (::getrlimit(RLIMIT_NPROC, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return;
-  if (rl.rlim_cur < rl.rlim_max) {
-    rl.rlim_cur = rl.rlim_max;
-    (void)::setrlimit(RLIMIT_NPROC, &rl);
-    if (::getrlimit(RLIMIT_NPROC, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return;
-  }
   // (A limit this high is a distribution's default, not a constraint: no probe.)
-  if (rl.rlim_cur >= (rlim_t{1} << 16)) return;
+  constexpr uint64_t kNoConstraint = uint64_t{1} << 16;
+  std::string what;  // the limit that leads to the probe, as the note names it
+  if (struct rlimit rl{}; ::getrlimit(RLIMIT_NPROC, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    if (rl.rlim_cur < rl.rlim_max) {
+      rl.rlim_cur = rl.rlim_max;
+      (void)::setrlimit(RLIMIT_NPROC, &rl);
+      (void)::getrlimit(RLIMIT_NPROC, &rl);
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < kNoConstraint)
+      what = "ulimit -u " + std::to_string(rl.rlim_cur);
+  }
+  if (const TaskLimit pids = ReadTaskLimit(); !pids.source.empty() && pids.room < kNoConstraint)
+    what = (what.empty() ? "" : what + "; ") + "the cgroup's pids limit, " + pids.source + " " +
+           std::to_string(pids.limit) + " with " + std::to_string(pids.limit - pids.room) +
+           " taken";
+  if (what.empty()) return;
   // The run's own threads beside oneTBB's: the signal thread, the simulated device's streams,
   // NVMe completions and io_uring's workers, the update phase and the speculative start. The
   // count tried is more than any arena here takes (CPU Adam's is engine.cpu_threads, which may
@@ -275,9 +286,9 @@ void FitThreadLimit() {
                                    static_cast<size_t>(cap));
   if (cap < cpus)
     std::fprintf(stderr,
-                 "note: this user may start few more threads (ulimit -u %llu): %d could start, so "
-                 "the CPU's parallel work runs on %d thread%s\n",
-                 static_cast<unsigned long long>(rl.rlim_cur), could, cap, cap == 1 ? "" : "s");
+                 "note: this process may start few more threads (%s): %d could start, so the "
+                 "CPU's parallel work runs on %d thread%s\n",
+                 what.c_str(), could, cap, cap == 1 ? "" : "s");
 }
 
 }  // namespace

@@ -67,4 +67,15 @@ struct HostMemory {
 // cannot be read does not limit (physical memory from sysconf when /proc/meminfo is unreadable).
 HostMemory ReadHostMemory(const std::string& root = "");
 
+// The tasks (processes and threads) this process's cgroup may still start: the smallest room,
+// pids.max less pids.current, of its cgroup and those above it. Note [A container's pids limit]
+// in src/core/host_memory.cc.
+struct TaskLimit {
+  // "" where no pids limit is set (or none can be read); then `room` and `limit` mean nothing.
+  std::string source;  // the limiting file ("/sys/fs/cgroup/pids.max")
+  uint64_t limit = 0;  // its pids.max
+  uint64_t room = 0;   // pids.max less pids.current there (0 when full)
+};
+TaskLimit ReadTaskLimit(const std::string& root = "");
+
 }  // namespace tierzero

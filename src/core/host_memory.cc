@@ -92,9 +92,11 @@ struct Hierarchy {
   std::string mount;  // where the hierarchy is mounted (root-prefixed)
 };
 
-// The memory hierarchies this process is in: v1's memory controller, and v2's unified tree.
-std::vector<Hierarchy> MemoryHierarchies(const std::string& root) {
-  // This process's cgroup path in v2 ("") and in v1's memory hierarchy ("memory").
+// The hierarchies this process is in that hold `controller`'s files: v1's hierarchy of that
+// controller ("memory", "pids"), and v2's unified tree.
+std::vector<Hierarchy> ControllerHierarchies(const std::string& root,
+                                             const std::string& controller) {
+  // This process's cgroup path in v2 ("") and in v1's hierarchy of the controller.
   std::string v2_path, v1_path;
   bool has_v2 = false, has_v1 = false;
   {
@@ -114,7 +116,7 @@ std::vector<Hierarchy> MemoryHierarchies(const std::string& root) {
       std::istringstream cs(controllers);
       std::string c;
       while (std::getline(cs, c, ','))
-        if (c == "memory") has_v1 = true, v1_path = path;
+        if (c == controller) has_v1 = true, v1_path = path;
     }
   }
   std::vector<Hierarchy> out;
@@ -132,10 +134,10 @@ std::vector<Hierarchy> MemoryHierarchies(const std::string& root) {
     if (fstype == "cgroup2" && has_v2) {
       v2 = true;
     } else if (fstype == "cgroup" && has_v1) {
-      bool memory = false;
+      bool has = false;
       std::istringstream os(super);
-      for (std::string o; std::getline(os, o, ',');) memory = memory || o == "memory";
-      if (!memory) continue;
+      for (std::string o; std::getline(os, o, ',');) has = has || o == controller;
+      if (!has) continue;
     } else {
       continue;
     }
@@ -173,7 +175,7 @@ HostMemory ReadHostMemory(const std::string& root) {
   if (m.available == 0 || m.available > m.physical) m.available = m.physical;
   m.limit = m.physical;
   m.limit_source = "physical memory";
-  for (const Hierarchy& h : MemoryHierarchies(root)) {
+  for (const Hierarchy& h : ControllerHierarchies(root, "memory")) {
     const char* limit_file = h.v2 ? "memory.max" : "memory.limit_in_bytes";
     for (std::string d = h.dir;;) {
       const uint64_t limit = ParseBytes(ReadSmall(d + "/" + limit_file));
@@ -197,6 +199,38 @@ HostMemory ReadHostMemory(const std::string& root) {
   }
   m.available = std::min(m.available, m.limit);
   return m;
+}
+
+// Note [A container's pids limit]
+// A cgroup's pids controller bounds the tasks (processes and threads) of everything in it:
+// `docker run --pids-limit`, a Kubernetes pod's pid limit, systemd's TasksMax. Like `ulimit -u`
+// it refuses a thread past it, and oneTBB then terminates (Note [Threads within the user's
+// process limit], apps/tierzero/main.cc); unlike it, getrlimit does not show it. Read as the
+// memory limit is (Note [The memory a process may use]): from this process's cgroup up to the
+// mount, the smallest room, pids.max ("max" for none) less pids.current, in v2's tree and v1's
+// pids hierarchy.
+TaskLimit ReadTaskLimit(const std::string& root) {
+  TaskLimit t;
+  for (const Hierarchy& h : ControllerHierarchies(root, "pids")) {
+    for (std::string d = h.dir;;) {
+      const std::string max = ReadSmall(d + "/pids.max");
+      const uint64_t limit = ParseBytes(max);
+      if (limit > 0 || (!max.empty() && max[0] == '0')) {
+        const uint64_t current = ParseBytes(ReadSmall(d + "/pids.current"));
+        const uint64_t room = limit > current ? limit - current : 0;
+        if (t.source.empty() || room < t.room) {
+          t.room = room;
+          t.limit = limit;
+          t.source = d.substr(root.size()) + "/pids.max";
+        }
+      }
+      if (d.size() <= h.mount.size()) break;
+      const size_t slash = d.find_last_of('/');
+      if (slash == std::string::npos || slash < h.mount.size()) break;
+      d.resize(slash);
+    }
+  }
+  return t;
 }
 
 }  // namespace tierzero

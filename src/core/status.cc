@@ -181,7 +181,8 @@ Status StatusOfCurrentException() {
       return OutOfMemoryError(
           "the system would not start a thread or map memory (" + what +
           "): this process's limits are too low for the run (its address space, ulimit -v; its "
-          "processes and threads, ulimit -u), or the machine has none left");
+          "processes and threads, ulimit -u or a container's pids limit), or the machine has none "
+          "left");
     return InternalError(what + " (a bug in tierzero: please report it)");
   } catch (...) {
     return InternalError("an unknown exception (a bug in tierzero: please report it)");

@@ -110,9 +110,11 @@ StatusOr<bool> Updater::LaunchBehind(const AdamStepOptions& so) {
     // No thread: the caller runs the chain inside Step, as without the overlap.
     tail_.active = false;
     // (Said once: under `ulimit -u` it is so at every step, and one line a step buried the log.)
-    TZ_LOG_ONCE(kWarn, kEngine) << "update phase: no worker thread (" << e.what()
-                                << "); the CPU's groups update inside Step while threads are "
-                                   "short (this user's limit on processes and threads, ulimit -u?)";
+    TZ_LOG_ONCE(kWarn, kEngine)
+        << "update phase: no worker thread (" << e.what()
+        << "); the CPU's groups update inside Step while threads are "
+           "short (this user's limit on processes and threads, ulimit -u, or a "
+           "container's pids limit?)";
     return false;
   }
   return true;

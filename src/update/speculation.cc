@@ -166,7 +166,7 @@ Status Updater::BeginTraining(bool last_micro_batch, int64_t step, float loss_sc
     TZ_LOG_ONCE(kWarn, kEngine) << "speculative start: no worker thread (" << e.what()
                                 << "); the step's updates start after backward while threads "
                                    "are short (this user's limit on processes and threads, "
-                                   "ulimit -u?)";
+                                   "ulimit -u, or a container's pids limit?)";
   }
   return Status::OK();
 }

@@ -41,6 +41,7 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
                 paths) continues in place, bit for bit
   thread_limit  `ulimit -u` under an arena of 16 threads: oneTBB held to what can start, no
                 std::terminate
+  pids_limit    a cgroup's pids.max under an arena of 64 threads: trains, or an error naming it
   memory_limit  budgets over the machine's memory, or a cgroup's limit where one can be made
                 here: refused before anything is allocated, not ended by the OOM killer
   export_paths  `export DIR/` and `export .` find the run's config

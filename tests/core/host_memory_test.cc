@@ -1,5 +1,5 @@
-// ReadHostMemory against trees written here: /proc and /sys/fs/cgroup as cgroup v1, v2, hybrid
-// and container mounts lay them out (Note [The memory a process may use]).
+// ReadHostMemory and ReadTaskLimit against trees written here: /proc and /sys/fs/cgroup as cgroup
+// v1, v2, hybrid and container mounts lay them out (Note [The memory a process may use]).
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -146,6 +146,39 @@ TEST_F(HostMemoryTest, AMountPointWithAnEscapedSpace) {
   const HostMemory m = ReadHostMemory(root_);
   EXPECT_EQ(m.limit, kGiB);
   EXPECT_EQ(m.limit_source, "/cg root/a/memory.max");
+}
+
+// Note [A container's pids limit]: the smallest room (pids.max less pids.current) on the way up.
+TEST_F(HostMemoryTest, APidsLimitsRoomIsTheSmallestOnTheWayUp) {
+  Write("/proc/self/cgroup", "0::/pod/ctr\n");
+  Write("/proc/self/mountinfo", "30 22 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
+  EXPECT_TRUE(ReadTaskLimit(root_).source.empty());  // no pids files: no limit
+  Write("/sys/fs/cgroup/pids.max", "max\n");
+  Write("/sys/fs/cgroup/pod/pids.max", "100\n");
+  Write("/sys/fs/cgroup/pod/pids.current", "90\n");  // 10 left, though ctr's own limit is lower
+  Write("/sys/fs/cgroup/pod/ctr/pids.max", "40\n");
+  Write("/sys/fs/cgroup/pod/ctr/pids.current", "12\n");
+  TaskLimit t = ReadTaskLimit(root_);
+  EXPECT_EQ(t.source, "/sys/fs/cgroup/pod/pids.max");
+  EXPECT_EQ(t.limit, 100u);
+  EXPECT_EQ(t.room, 10u);
+  Write("/sys/fs/cgroup/pod/ctr/pids.current", "45\n");  // over (the limit lowered later): none
+  t = ReadTaskLimit(root_);
+  EXPECT_EQ(t.source, "/sys/fs/cgroup/pod/ctr/pids.max");
+  EXPECT_EQ(t.room, 0u);
+}
+
+TEST_F(HostMemoryTest, APidsLimitInCgroupV1sPidsHierarchyNotTheMemoryOnes) {
+  Write("/proc/self/cgroup", "5:pids:/docker/x\n4:memory:/docker/x\n0::/\n");
+  Write("/proc/self/mountinfo",
+        "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+        "36 31 0:33 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n");
+  Write("/sys/fs/cgroup/memory/docker/x/pids.max", "3\n");  // not the pids hierarchy: not read
+  Write("/sys/fs/cgroup/pids/docker/x/pids.max", "64\n");
+  Write("/sys/fs/cgroup/pids/docker/x/pids.current", "4\n");
+  const TaskLimit t = ReadTaskLimit(root_);
+  EXPECT_EQ(t.source, "/sys/fs/cgroup/pids/docker/x/pids.max");
+  EXPECT_EQ(t.room, 60u);
 }
 
 TEST(HostMemoryMachineTest, ThisMachinesFiguresAreConsistent) {

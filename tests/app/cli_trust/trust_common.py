@@ -138,3 +138,39 @@ def start_long_run(name, *extra, console=subprocess.DEVNULL, **kw):
                              "--steps", "1000000"] + list(extra), stdout=console,
                             stderr=subprocess.STDOUT if console == subprocess.PIPE
                             else subprocess.DEVNULL, cwd=OUT, **kw)
+
+
+def limited_cgroup(controller, limit):
+    """A cgroup of this test's own whose `controller` ("memory" or "pids") is limited to `limit`
+    (cgroup v1's hierarchy of that controller, or v2 with it enabled), or None where this machine
+    does not let one be made. The caller removes it (os.rmdir) once its processes have ended."""
+    name = f"tz_cli_trust_{controller}_{os.getpid()}"
+    v1_file = {"memory": "memory.limit_in_bytes", "pids": "pids.max"}[controller]
+    v2_file = {"memory": "memory.max", "pids": "pids.max"}[controller]
+    for base, limit_file in ((f"/sys/fs/cgroup/{controller}", v1_file),
+                             ("/sys/fs/cgroup", v2_file)):
+        d = os.path.join(base, name)
+        try:
+            # (v1's root has no limit file of its own, pids.max; its hierarchy has tasks.)
+            if not os.path.exists(os.path.join(base, "tasks" if base.endswith(controller)
+                                               else "cgroup.subtree_control")):
+                continue
+            os.mkdir(d)
+        except OSError:
+            continue
+        try:
+            with open(os.path.join(d, limit_file), "w") as f:
+                f.write(str(limit))
+            return d
+        except OSError:
+            os.rmdir(d)
+    return None
+
+
+def into_cgroup(d):
+    """A preexec_fn that moves the child into cgroup directory `d`."""
+    def enter():
+        with open(os.path.join(d, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    return enter
+

@@ -9,7 +9,7 @@ import struct
 import subprocess
 
 from trust_common import (OUT, check, run, refused, ok, write_config, train_small, read,
-                          nobody_runs)
+                          nobody_runs, limited_cgroup, into_cgroup)
 
 
 def case_readers():
@@ -425,29 +425,6 @@ def case_plan_of_another_config():
           f"a plan of data that is elsewhere:\n{out}")
 
 
-def memory_cgroup(limit):
-    """A cgroup of this test's own limited to `limit` bytes (cgroup v1's memory hierarchy, or v2
-    with the memory controller), or None where this machine does not let one be made."""
-    name = f"tz_cli_trust_{os.getpid()}"
-    for base, limit_file in (("/sys/fs/cgroup/memory", "memory.limit_in_bytes"),
-                             ("/sys/fs/cgroup", "memory.max")):
-        d = os.path.join(base, name)
-        try:
-            if not os.path.exists(os.path.join(base, limit_file if base.endswith("memory")
-                                               else "cgroup.subtree_control")):
-                continue
-            os.mkdir(d)
-        except OSError:
-            continue
-        try:
-            with open(os.path.join(d, limit_file), "w") as f:
-                f.write(str(limit))
-            return d
-        except OSError:
-            os.rmdir(d)
-    return None
-
-
 def case_memory_limit():
     # Budgets over the memory this process may use: refused before anything is allocated, with
     # the limit named and a budget that fits (Note [Host memory within the process's limit]),
@@ -472,24 +449,21 @@ def case_memory_limit():
     check("more than this process may use" in out and "train would refuse it" in out,
           f"plan of a run over this machine's memory does not say train refuses it\n{out}")
     # The same under a cgroup's limit (a container, a batch job), where one can be made here.
-    d = memory_cgroup(1 << 30)
+    d = limited_cgroup("memory", 1 << 30)
     if d is None:
         print("      (memory_limit: no memory cgroup can be made here; the cgroup part is left out)")
         return
     try:
-        def into_cgroup():
-            with open(os.path.join(d, "cgroup.procs"), "w") as f:
-                f.write(str(os.getpid()))
         rc, out = run(["train", "--layers", "8", "--width", "1024", "--heads", "16", "--steps",
                        "3", "--host-budget", "8GiB", "--device-budget", "1GiB", "--run-dir", rd],
-                      timeout=300, preexec_fn=into_cgroup)
+                      timeout=300, preexec_fn=into_cgroup(d))
         check(rc == 1 and "more than this process may use" in out and d in out,
               f"a run over its cgroup's memory: exit status {rc}\n{out}")
         check(not os.path.exists(rd), f"a refused run left {rd}\n{out}")
         # A run within the limit is not refused.
         small = os.path.join(OUT, "small.json")
         rc, out = run(["train", "--config", small, "--run-dir", rd], timeout=300,
-                      preexec_fn=into_cgroup)
+                      preexec_fn=into_cgroup(d))
         check(rc == 0, f"a small run under a 1 GiB cgroup: exit status {rc}\n{out}")
     finally:
         os.rmdir(d)

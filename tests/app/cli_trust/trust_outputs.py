@@ -14,6 +14,7 @@ import threading
 import time
 
 from trust_common import (TZ, OUT, check, run, refused, ok, write_config, train_small, read,
+                          limited_cgroup, into_cgroup,
                           losses, nobody_runs)
 
 
@@ -584,3 +585,39 @@ def case_thread_limit():
               f"a run under ulimit -u {limit}: exit status {rc}\n{out}")
         check(rc == 0 or "ulimit -u" in out, f"under ulimit -u {limit}, a failure not naming "
                                              f"the limit:\n{out}")
+
+
+def case_pids_limit():
+    # Note [A container's pids limit]: a cgroup's pids.max (docker --pids-limit, a pod's pid
+    # limit) refuses threads as `ulimit -u` does, but getrlimit does not show it, so oneTBB was
+    # not held to it: CPU Adam's arena of 64 threads (engine.cpu_threads) under pids.max 16..40
+    # ended in std::terminate (exit 134, hunt 45). Now it trains; a limit too low for the run's
+    # own threads is an error naming the pids limit. Where a pids cgroup can be made here.
+    d = limited_cgroup("pids", 40)
+    if d is None:
+        print("      (pids_limit: no pids cgroup can be made here; the case is left out)")
+        return
+    cfg = write_config(os.path.join(OUT, "pl.json"), engine={"cpu_threads": 64,
+                                                             "device_budget": "4 MiB",
+                                                             "host_budget": "6 MiB",
+                                                             "nvme_budget": "64 MiB"})
+    try:
+        for limit in (16, 24, 40, 4):
+            with open(os.path.join(d, "pids.max"), "w") as f:
+                f.write(str(limit))
+            rd = os.path.join(OUT, f"pl_run{limit}")
+            rc, out = run(["train", "--config", cfg, "--run-dir", rd, "--quiet"], timeout=300,
+                          preexec_fn=into_cgroup(d))
+            check("terminate called" not in out and rc in (0, 1),
+                  f"a run under pids.max {limit}: exit status {rc}\n{out}")
+            check(rc == 0 or limit < 12, f"a run under pids.max {limit} failed:\n{out}")
+            check(rc == 0 or "pids limit" in out,
+                  f"under pids.max {limit}, a failure not naming the pids limit:\n{out}")
+    finally:
+        for _ in range(50):  # (the cgroup empties as its last process is reaped)
+            try:
+                os.rmdir(d)
+                break
+            except OSError:
+                time.sleep(0.1)
+
