@@ -190,11 +190,8 @@ int Export(const std::vector<std::string>& args) {
   // A file export did not make is not replaced unasked (as train's outputs: --overwrite; a device
   // or pipe, /dev/stdout, is written to, not replaced): an -o naming a user's file, through a link,
   // or another model's weights had replaced it.
-  if (struct stat ost{}; !overwrite && ::stat(output.c_str(), &ost) == 0 && S_ISREG(ost.st_mode))
-    return Fail(FailedPreconditionError(
-        "-o " + output +
-        " exists: export replaces no file unasked; name a new file, or give --overwrite to "
-        "replace it"));
+  if (Status s = CheckNotReplacedUnasked(output, "-o", "export", overwrite); !s.ok())
+    return Fail(s);
   // The run's budgets (NVMe included, so a model larger than memory exports too).
   EngineConfig ec = cfg->engine;
   ec.device = DeviceChoice::kHost;

@@ -12,6 +12,7 @@ namespace tierzero::app {
 
 int ReportCommand(const std::vector<std::string>& args) {
   std::string input, html, trace, plan;
+  bool overwrite = false;  // an existing -o or --trace file may be replaced
   for (size_t i = 0; i < args.size(); ++i) {
     // An option's value missing (at the end) or empty (an unset shell variable): not "unknown
     // argument", and not a page silently not written.
@@ -29,15 +30,18 @@ int ReportCommand(const std::vector<std::string>& args) {
       trace = args[++i];
     } else if (args[i] == "--plan" && i + 1 < args.size()) {
       plan = args[++i];
+    } else if (args[i] == "--overwrite") {
+      overwrite = true;
     } else if (args[i] == "-h" || args[i] == "--help") {
       std::printf(
           "usage: tierzero report REPORT.json [-o report.html] [--trace trace.json]\n"
-          "                       [--plan plan.json]\n"
+          "                       [--plan plan.json] [--overwrite]\n"
           "  prints the summary; -o writes the HTML page (self-contained), --trace the Chrome\n"
           "  trace of the profiled iteration (open it in Perfetto or chrome://tracing);\n"
           "  --plan shows a `tierzero plan --json` prediction of the run beside what it "
           "measured\n"
-          "  (-o and --output are the same)\n");
+          "  (-o and --output are the same); an existing -o or --trace file is replaced only\n"
+          "  with --overwrite\n");
       return 0;
     } else if (input.empty() && args[i] == "--" && i + 1 < args.size()) {
       input = args[++i];  // (a report whose path begins with '-')
@@ -79,6 +83,11 @@ int ReportCommand(const std::vector<std::string>& args) {
       !CheckNotAnInput(trace, "--trace", {{"HTML page (-o)", html, false}}).ok())
     return fail(InvalidArgumentError("--trace " + trace + " and -o " + html +
                                      " name the same file: give each output its own"));
+  // A file report did not make is replaced only when asked (docs/outputs.md).
+  for (const auto& [flag, out] :
+       {std::pair<const char*, std::string>{"-o", html}, {"--trace", trace}}) {
+    if (Status s = CheckNotReplacedUnasked(out, flag, "report", overwrite); !s.ok()) return fail(s);
+  }
   auto text = ReadReportFile(input);
   if (!text.ok()) return fail(text.status());
   if (!plan.empty()) {

@@ -43,6 +43,13 @@ Status WriteNewFile(const std::string& path, const std::string& text);
 // InvalidArgument naming `what` and what the path is otherwise. Lets a command refuse a bad output
 // before it works, not after.
 Status CheckOutputPath(const std::string& path, const std::string& what);
+// OK unless `path` names an existing regular file (itself or through a link) and `overwrite` is
+// false: then FailedPrecondition naming `what`, that `command` replaces no file unasked, and
+// --overwrite. A command's output never replaces a file it did not make unasked: a user's notes,
+// another run's weights (docs/outputs.md). A device, FIFO or descriptor is written to, not
+// replaced: OK.
+Status CheckNotReplacedUnasked(const std::string& path, const std::string& what,
+                               const std::string& command, bool overwrite);
 // OK when `path` exists or its directory does (NotFound naming the directory otherwise): for a
 // command whose output's directory is not made for it (export -o, report -o), checked before it
 // works.

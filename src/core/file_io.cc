@@ -621,6 +621,17 @@ Status CheckOutputPath(const std::string& path, const std::string& what) {
   return Status::OK();
 }
 
+Status CheckNotReplacedUnasked(const std::string& path, const std::string& what,
+                               const std::string& command, bool overwrite) {
+  struct stat st {};
+  if (overwrite || StandardStreamFd(path) >= 0 || ::stat(path.c_str(), &st) != 0 ||
+      !S_ISREG(st.st_mode))
+    return Status::OK();
+  return FailedPreconditionError(what + " " + path + " exists: " + command +
+                                 " replaces no file unasked; name a new file, or give "
+                                 "--overwrite to replace it");
+}
+
 Status CheckOutputDirectory(const std::string& path, const std::string& what) {
   if (StandardStreamFd(path) >= 0) return Status::OK();
   struct stat st {};

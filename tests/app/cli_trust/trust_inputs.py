@@ -277,7 +277,8 @@ def case_ranges():
         page = os.path.join(OUT, "x_users_page.html")
         with open(page, "w") as f:
             f.write("my page")
-        refused(["report", path, "-o", page, "--trace", os.path.join(OUT, "x_t.json")], "lane")
+        refused(["report", path, "-o", page, "--trace", os.path.join(OUT, "x_t.json"),
+                 "--overwrite"], "lane")
         check(read(page) == b"my page", "a report that could not be traced replaced the page")
 
 

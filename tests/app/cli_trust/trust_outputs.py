@@ -79,6 +79,24 @@ def case_outputs():
     ok(["export", ckpt, "-o", link, "--overwrite"])
     check(os.path.islink(link), "the symlink was replaced by a file")
     check(read(target)[:8] != b"old", "the link's target was not written")
+    # The same for report's page and trace, and plan's JSON (unchecked before session 46).
+    for args in (["report", ok_run + "/report.json", "-o", link],
+                 ["report", ok_run + "/report.json", "--trace", link],
+                 ["plan", "--config", os.path.join(OUT, "small.json"), "--json", link,
+                  "--no-advice"]):
+        before = read(target)
+        refused(args, "exists", "--overwrite")
+        check(read(target) == before, f"a refused {args[0]} changed the link's target")
+        ok(args + ["--overwrite"])
+        check(os.path.islink(link) and read(target) != before,
+              f"{args[0]} --overwrite did not write through the link")
+    # /dev/stdout that a shell pointed at a file is written to, not refused as an existing file.
+    piped = os.path.join(OUT, "o_piped.st")
+    with open(piped, "wb") as f:
+        p = subprocess.run([TZ, "export", ckpt, "-o", "/dev/stdout"], stdout=f,
+                           stderr=subprocess.PIPE, cwd=OUT, timeout=120)
+    check(p.returncode == 0 and os.path.getsize(piped) > 1000,
+          f"export -o /dev/stdout > FILE: {p.stderr.decode()}")
     dangling = os.path.join(OUT, "o_dangling")
     os.symlink(os.path.join(OUT, "o_missing"), dangling)
     refused(["export", ckpt, "-o", dangling], "symbolic link")
