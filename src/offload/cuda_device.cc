@@ -29,9 +29,35 @@ cudaMemcpyKind ToCuda(CopyKind kind) {
   return cudaMemcpyDefault;
 }
 
+// The first exception a host function threw on any of a device's streams: kept as a CUDA
+// context keeps a kernel's fault, and returned by every later synchronisation (Note [An exception
+// on a simulated stream], host_sim_device.cc: the same on a GPU, where the host function runs on
+// the CUDA driver's thread and an exception escaping it ended the process in std::terminate).
+struct HostFault {
+  void Keep(Status s) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (first.ok()) first = std::move(s);
+  }
+  Status Get() {
+    std::lock_guard<std::mutex> lock(mu);
+    return first;
+  }
+  std::mutex mu;
+  Status first;
+};
+
+struct HostWork {
+  std::function<void()> fn;
+  HostFault* fault;
+};
+
 void CUDART_CB RunHostFunc(void* arg) {
-  std::unique_ptr<std::function<void()>> fn(static_cast<std::function<void()>*>(arg));
-  (*fn)();
+  std::unique_ptr<HostWork> work(static_cast<HostWork*>(arg));
+  try {
+    work->fn();
+  } catch (...) {
+    work->fault->Keep(StatusOfCurrentException().WithContext("a host function on a GPU stream"));
+  }
 }
 
 class CudaDevice final : public Device {
@@ -70,12 +96,12 @@ class CudaDevice final : public Device {
     RETURN_IF_ERROR(CheckStream(h));
     RETURN_IF_ERROR(Current());
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(Cast(h)));
-    return Status::OK();
+    return fault_.Get();
   }
   Status Synchronize() override {
     RETURN_IF_ERROR(Current());
     CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-    return Status::OK();
+    return fault_.Get();
   }
 
   StatusOr<EventHandle> CreateEvent() override {
@@ -113,7 +139,7 @@ class CudaDevice final : public Device {
     RETURN_IF_ERROR(CheckEvent(e));
     RETURN_IF_ERROR(Current());
     CUDA_RETURN_IF_ERROR(cudaEventSynchronize(Cast(e)));
-    return Status::OK();
+    return fault_.Get();
   }
   StatusOr<bool> EventDone(EventHandle e) override {
     RETURN_IF_ERROR(CheckEvent(e));
@@ -124,6 +150,7 @@ class CudaDevice final : public Device {
       return false;
     }
     CUDA_RETURN_IF_ERROR(err);
+    RETURN_IF_ERROR(fault_.Get());
     return true;
   }
   StatusOr<double> ElapsedSeconds(EventHandle start, EventHandle end) override {
@@ -181,10 +208,10 @@ class CudaDevice final : public Device {
     RETURN_IF_ERROR(CheckStream(s));
     if (!fn) return InvalidArgumentError("LaunchHostFunc with an empty function");
     RETURN_IF_ERROR(Current());
-    auto* heap_fn = new std::function<void()>(std::move(fn));
-    cudaError_t err = cudaLaunchHostFunc(Cast(s), RunHostFunc, heap_fn);
+    auto* work = new HostWork{std::move(fn), &fault_};
+    cudaError_t err = cudaLaunchHostFunc(Cast(s), RunHostFunc, work);
     if (err != cudaSuccess) {
-      delete heap_fn;
+      delete work;
       return CudaStatus(err, "cudaLaunchHostFunc", __FILE__, __LINE__);
     }
     return Status::OK();
@@ -228,6 +255,7 @@ class CudaDevice final : public Device {
   std::unordered_set<void*> recorded_;  // events recorded at least once (ElapsedSeconds)
   uint8_t* const slab_;
   DeviceSlab memory_;  // the device memory, handed out from slab_
+  HostFault fault_;    // outlives the host functions: the destructor synchronises first
 };
 
 }  // namespace

@@ -508,13 +508,16 @@ StatusOr<NvmeStore::Ticket> NvmeStore::Submit(const NvmeExtent& extent, void* bu
     MutexLock lock(op->mu);  // not yet shared with another thread: for the annotations
     op->pending = static_cast<int>(op->requests.size());
   }
-  ++live_operations_;
   Operation* raw = op.get();
   for (size_t i = 0; i < op->requests.size(); ++i) {
     IoRequest& r = op->requests[i];
     const std::string& path = files_[static_cast<size_t>(r.file)]->path;
     r.done = [this, raw, &r, &path](int64_t res) { Complete(raw, r, path, res); };
   }
+  // Counted live once nothing that may throw is left before its submission (a std::function's
+  // allocation above, under a memory limit): an operation counted and then dropped failed
+  // ~NvmeStore's check that none is in flight, an abort in place of the error.
+  ++live_operations_;
   // Submit after every request is set up: completions may start arriving at once.
   for (size_t i = 0; i < op->requests.size(); ++i) {
     Status s = io_->Submit(&op->requests[i]);

@@ -30,6 +30,13 @@ void PinnedSlot::Release() {
   bytes_ = 0;
 }
 
+void PinnedSlot::Abandon() {
+  if (arena_ != nullptr) arena_->GiveUp(index_);
+  arena_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
 StatusOr<std::unique_ptr<PinnedArena>> PinnedArena::Create(Device* device, uint64_t slot_bytes,
                                                            uint32_t num_slots, Pinning pinning) {
   if (slot_bytes == 0 || num_slots == 0) {
@@ -77,11 +84,28 @@ PinnedArena::PinnedArena(Device* device, uint8_t* base, uint64_t slot_bytes, uin
   for (uint32_t i = num_slots; i-- > 0;) free_.push_back(i);  // slot 0 handed out first
 }
 
+// Note [An abandoned slot]
+// A collective that failed (a rank died, the ranks gathered different chunks) may still be
+// writing into the staging slot it was given: the transport holds its address and no call takes
+// it back. Such a slot is abandoned, not returned: never handed out again, and the arena's
+// mapping is then kept (and stays registered) when the arena goes, so a late write lands in
+// memory of ours rather than in whatever is mapped there next. The process is ending (the ranks
+// are out of step) and the address space is given back at its exit. Before, the slot was kept
+// out of the free list only, and the arena's destructor, finding it missing, aborted the run
+// that was ending with an error.
 PinnedArena::~PinnedArena() {
+  uint32_t abandoned = 0;
   {
     MutexLock lock(mu_);
-    TZ_CHECK(free_.size() == num_slots_)
-        << num_slots_ - free_.size() << " pinned slot(s) outlive the arena";
+    abandoned = abandoned_;
+    TZ_CHECK(free_.size() + abandoned_ == num_slots_)
+        << num_slots_ - free_.size() - abandoned_ << " pinned slot(s) outlive the arena";
+  }
+  if (abandoned > 0) {
+    TZ_LOG(kWarn, kOffload) << abandoned << " pinned slot(s) of a failed transfer were abandoned: "
+                            << "the arena's " << FormatBytes(total_bytes())
+                            << " stay mapped until the process ends";
+    return;
   }
   if (registered_) {
     Status st = device_->UnregisterHostMemory(base_);
@@ -128,6 +152,13 @@ void PinnedArena::Return(uint32_t index) {
     stat_.OnFree(slot_bytes_);
   }
   cv_.NotifyOne();
+}
+
+void PinnedArena::GiveUp(uint32_t index) {
+  MutexLock lock(mu_);
+  ++abandoned_;
+  stat_.OnFree(slot_bytes_);
+  (void)index;  // (kept out of free_ for good)
 }
 
 MemoryStat PinnedArena::stat() const {

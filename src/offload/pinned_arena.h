@@ -41,6 +41,10 @@ class PinnedSlot {
   bool valid() const { return arena_ != nullptr; }
   // Returns the slot to the arena now.
   void Release();
+  // Gives the slot up for good: a transfer that was abandoned (a failed collective) may still
+  // write into it, so it is never handed out again, and the arena's memory then outlives the
+  // arena (Note [An abandoned slot]).
+  void Abandon();
 
  private:
   friend class PinnedArena;
@@ -86,6 +90,7 @@ class PinnedArena {
   PinnedArena(Device* device, uint8_t* base, uint64_t slot_bytes, uint32_t num_slots);
   PinnedSlot MakeSlot(uint32_t index) TZ_REQUIRES(mu_);
   void Return(uint32_t index);
+  void GiveUp(uint32_t index);
 
   Device* device_;
   uint8_t* base_;
@@ -95,6 +100,7 @@ class PinnedArena {
   mutable Mutex mu_;
   CondVar cv_;
   std::vector<uint32_t> free_ TZ_GUARDED_BY(mu_);
+  uint32_t abandoned_ TZ_GUARDED_BY(mu_) = 0;  // slots given up (Abandon)
   MemoryStat stat_ TZ_GUARDED_BY(mu_);
 };
 

@@ -210,11 +210,8 @@ Status ReleaseAfterGather(Device& device, StreamHandle stream, PinnedSlot slot,
   auto shared_slot = std::make_shared<PinnedSlot>(std::move(slot));
   return device.LaunchHostFunc(stream, [shared_slot, failed] {
     if (failed->load()) {
-      // An abandoned all_gather may still write into the slot: it is never given back.
-      static auto* leaked = new std::vector<std::shared_ptr<PinnedSlot>>();
-      static Mutex mu;
-      MutexLock lock(mu);
-      leaked->push_back(shared_slot);
+      // An abandoned all_gather may still write into the slot: Note [An abandoned slot].
+      shared_slot->Abandon();
       return;
     }
     shared_slot->Release();

@@ -374,6 +374,28 @@ TEST_P(DeviceTest, HostFunctionsRunInStreamOrder) {
   EXPECT_EQ(order, want);
 }
 
+// A host function that throws is the device's error, not the end of the process: on a GPU it runs
+// on the CUDA driver's thread, where an escaping exception was std::terminate (review 45).
+TEST_P(DeviceTest, AnExceptionInAHostFunctionIsTheDevicesErrorNotTheProcesss) {
+  auto s = Stream::Create(*device_, "s");
+  ASSERT_TRUE(s.ok());
+  std::atomic<bool> later{false};
+  ASSERT_TRUE(device_
+                  ->LaunchHostFunc(s->handle(),
+                                   [] {
+                                     throw std::runtime_error(
+                                         "pthread_create has failed: Resource temporarily "
+                                         "unavailable");
+                                   })
+                  .ok());
+  ASSERT_TRUE(device_->LaunchHostFunc(s->handle(), [&] { later = true; }).ok());
+  const Status st = s->Synchronize();
+  EXPECT_EQ(st.code(), StatusCode::kOutOfMemory) << st.ToString();
+  EXPECT_NE(st.message().find("ulimit -u"), std::string::npos) << st.message();
+  EXPECT_TRUE(later.load());
+  EXPECT_EQ(device_->Synchronize().code(), StatusCode::kOutOfMemory);
+}
+
 TEST_P(DeviceTest, FaultInjectionSurfacesAsStatusAndStateSurvives) {
   FaultInjectionDevice faulty(device_.get());
   auto s = Stream::Create(faulty, "s");

@@ -47,6 +47,30 @@ TEST(PinnedArenaTest, SlotsAreAlignedDisjointAndRecycled) {
   EXPECT_EQ(a.stat().current, 0u);
 }
 
+// Note [An abandoned slot]: a slot a failed transfer may still write into is never handed out
+// again, and the arena then goes without aborting (it checked every slot was back) and without
+// unmapping: the abandoned slot's memory stays writable after the arena is gone.
+TEST(PinnedArenaTest, AnAbandonedSlotIsNeverReusedAndItsMemoryOutlivesTheArena) {
+  auto arena = PinnedArena::Create(nullptr, 4096, 2);
+  ASSERT_TRUE(arena.ok()) << arena.status().ToString();
+  auto kept = (*arena)->TryAcquire();
+  auto lost = (*arena)->TryAcquire();
+  ASSERT_TRUE(kept.has_value() && lost.has_value());
+  auto* late = static_cast<uint8_t*>(lost->data());
+  lost->Abandon();
+  EXPECT_FALSE(lost->valid());
+  EXPECT_EQ((*arena)->stat().current, 4096u) << "an abandoned slot is not counted in use";
+  kept->Release();
+  auto again = (*arena)->TryAcquire();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_NE(again->data(), static_cast<void*>(late)) << "the abandoned slot was handed out";
+  EXPECT_FALSE((*arena)->TryAcquire().has_value());
+  again->Release();
+  arena->reset();     // no TZ_CHECK abort
+  late[4095] = 0x5a;  // a late write of the abandoned transfer lands in mapped memory
+  EXPECT_EQ(late[4095], 0x5a);
+}
+
 TEST(PinnedArenaTest, RejectsZeroSizes) {
   EXPECT_EQ(PinnedArena::Create(nullptr, 0, 4).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(PinnedArena::Create(nullptr, 4096, 0).status().code(), StatusCode::kInvalidArgument);
