@@ -151,6 +151,20 @@ Status MergeRecordedModel(RunConfig& cfg) {
     return DataLossError("--init-from " + file +
                          ": its metadata's tierzero.model is not a JSON object (the file was "
                          "edited or damaged)");
+  // Every field tierzero's export records (all of them, since it began to): one missing was
+  // taken from the run's config or the built-in default, so an edited record without n_head
+  // loaded the tensors as another model, silently. (A field added later must be let through
+  // here for the files before it.)
+  std::string missing;
+  for (const auto& [key, value] : ModelJson(cfg).items()) {
+    if (!HowTheModelComputes(key) && !recorded.contains(key))
+      missing += (missing.empty() ? "" : ", ") + key;
+  }
+  if (!missing.empty())
+    return DataLossError(source + " lacks " + missing +
+                         " (the file was edited or damaged): export the model again, or "
+                         "write a safetensors file without tierzero.model and give its model in "
+                         "the config");
   auto merged = ParseRunConfig(json{{"model", recorded}}.dump(), cfg);
   if (!merged.ok())
     return std::move(merged).status().WithContext("--init-from " + file +

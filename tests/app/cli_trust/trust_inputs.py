@@ -111,6 +111,24 @@ def case_models_in():
         os.remove(os.path.join(bad, name))
         make(os.path.join(bad, name))
         refused(["eval", "--init-from", bad, "--data", tok], name, timeout=20)
+    # A tierzero export records its model (metadata tierzero.model); a record missing a field
+    # (edited: n_head) is refused, where the run's default for it was taken silently.
+    one = os.path.join(OUT, "mi_one.safetensors")
+    ok(["export", base + "/checkpoint", "-o", one, "--overwrite"])
+    with open(one, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        body = f.read()
+    model = json.loads(header["__metadata__"]["tierzero.model"])
+    check(model.get("n_head") == 4, f"the export records {model}")
+    ok(["eval", "--init-from", one, "--data", tok])
+    del model["n_head"]
+    header["__metadata__"]["tierzero.model"] = json.dumps(model)
+    text = json.dumps(header).encode()
+    edited = os.path.join(OUT, "mi_edited.safetensors")
+    with open(edited, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + body)
+    refused(["eval", "--init-from", edited, "--data", tok], "lacks n_head", "edited")
     # A config.json that disagrees with its weights is refused from the headers, before the
     # machine-sized budgets are taken (a 65536 x 2048 model over 256 x 64 weights).
     for field, value, needle in (("vocab_size", 65536, "embed_tokens"),
