@@ -81,6 +81,11 @@ Status MergeHfModel(RunConfig& cfg) {
                                   " cannot be read: " + std::strerror(errno) +
                                   " (a link to a file that is gone, or a loop of links?); "
                                   "download the model again, or mend the link");
+    // A directory this user may not search (its config.json may well be there).
+    if (errno = 0; ::stat(config.c_str(), &st) != 0 && errno == EACCES)
+      return IoError("--init-from " + dir + ": " + config +
+                     " cannot be read: this user may not search " + dir +
+                     " (its permissions); make it readable, or run as its owner");
     return InvalidArgumentError(
         "--init-from " + dir +
         " is a directory without config.json: --init-from takes a safetensors file or a Hugging "
@@ -364,6 +369,15 @@ StatusOr<std::string> LoadInitFrom(Engine& engine, const RunConfig& cfg) {
                                     "directory " +
                                     parent + ": give the directory (--init-from " + parent +
                                     "), whose config.json says the model");
+      // A model directory's weights file on its own (copied out, its config.json left behind):
+      // its names are transformers'; the directory's config.json says its model.
+      if ((s.code() == StatusCode::kNotFound || s.code() == StatusCode::kInvalidArgument) &&
+          gpt::HasHfTensorNames(from))
+        return Status(s.code(),
+                      "--init-from " + from + ": " + std::string(s.message()) +
+                          ". Its tensors are named as a Hugging Face model's: it is the weights "
+                          "file of a model directory; give that directory (--init-from DIR, "
+                          "with the config.json that says the model beside this file)");
       // A file without tierzero's model record (another program's, or an export of a tierzero
       // before it wrote one: hunt 41) is read as the flags' model: say where the shape comes from.
       if (s.code() == StatusCode::kInvalidArgument) {
@@ -428,7 +442,9 @@ Status ExportHf(Engine& engine, const RunConfig& cfg, const std::string& dir, DT
     if (!fs::create_directory(dir, ec) || ec) {
       KeepOnSignalExit(dir);
       return IoError("cannot make the directory " + dir + ": " + ec.message() +
-                     " (its parent must exist)");
+                     (ec == std::errc::no_such_file_or_directory ? " (its parent must exist)"
+                      : ec == std::errc::read_only_file_system   ? " (a read-only file system)"
+                                                                 : ""));
     }
     made = true;
   }

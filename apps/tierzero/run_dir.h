@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "file_identity.h"
 #include "tierzero/status.h"
 #include "train.h"
 
@@ -139,17 +140,6 @@ StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_p
 // only), the temporary files of dead processes removed from the locked directories, and the run's
 // config.json written (an error stops the run: export and resume read it).
 Status ApplyOutputs(const OutputsPlan& plan);
-
-// A path a command reads: a file, or a directory whose files it reads.
-struct InputPath {
-  std::string what, path;
-  bool directory = false;
-};
-// `output` (named `what` in the error) is none of `inputs` and lies inside none of the input
-// directories: InvalidArgument otherwise (an export overwrote a file of the checkpoint it read);
-// nor does it lie in the directory of a run that is running (FailedPrecondition).
-Status CheckNotAnInput(const std::string& output, const std::string& what,
-                       const std::vector<InputPath>& inputs);
 
 // Note [Data on standard output]
 // An output named as the process's standard output (/dev/stdout, /dev/fd/1, /proc/self/fd/1)

@@ -6,12 +6,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string_view>
+#include <vector>
 
 #include "tierzero/files.h"
 
@@ -231,11 +235,56 @@ const char* TorchDType(DType d) {
 
 }  // namespace
 
+bool HasHfTensorNames(const std::string& path) {
+  auto shapes = SafetensorsShapes(path);
+  if (!shapes.ok()) return false;
+  for (const auto& [name, shape] : *shapes) {
+    for (const char* prefix :
+         {"transformer.h.", "transformer.wte.", "model.layers.", "model.embed_tokens."})
+      if (name.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
 bool IsHfDir(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
   return ::stat((path + "/config.json").c_str(), &st) == 0;
 }
+
+namespace {
+
+// What a model directory without tierzero's files holds instead, and what to do: PyTorch's
+// pickled weights (which tierzero does not read), or safetensors shards without their index.
+std::string WhatWeightsItHas(const std::string& dir) {
+  std::error_code ec;
+  std::vector<std::string> bins, shards;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const auto ends = [&](std::string_view tail) {
+      return name.size() >= tail.size() &&
+             name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    if (ends(".bin") || ends(".pt") || ends(".pth")) bins.push_back(name);
+    if (ends(".safetensors")) shards.push_back(name);
+  }
+  std::sort(bins.begin(), bins.end());
+  std::sort(shards.begin(), shards.end());
+  if (!shards.empty())
+    return ": it has " + shards.front() +
+           (shards.size() > 1 ? " and " + std::to_string(shards.size() - 1) + " more" : "") +
+           " without the index that names which tensor each holds: download "
+           "model.safetensors.index.json beside them";
+  if (!bins.empty())
+    return ": it has " + bins.front() +
+           (bins.size() > 1 ? " and " + std::to_string(bins.size() - 1) + " more" : "") +
+           ", PyTorch's pickled weights, which tierzero does not read (they can run code when "
+           "loaded): download the model's safetensors files, or convert them (transformers' "
+           "save_pretrained(..., safe_serialization=True))";
+  return ": download the model's weights (model.safetensors) into it";
+}
+
+}  // namespace
 
 StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
   const std::string cfg_path = dir + "/config.json";
@@ -278,6 +327,12 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
       return c.Bad("architectures", "is " + c.raw("architectures").dump() +
                                         ", not a list of model class names such as "
                                         "[\"LlamaForCausalLM\"]");
+    // (The key the model was named by: model_type where no architectures are listed.)
+    if (arch.empty())
+      return c.Unsupported("model_type", "is \"" + type +
+                                             "\"; tierzero reads gpt2, llama and mistral (model "
+                                             "classes GPT2LMHeadModel, LlamaForCausalLM and "
+                                             "MistralForCausalLM)");
     return c.Unsupported(
         "architectures",
         "is \"" + m.source +
@@ -498,6 +553,9 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
     if (files.empty()) return InvalidArgumentError(index + " names no file");
     for (const std::string& f : files) m.files.push_back(dir + "/" + f);
   } else {
+    if (errno = 0; ::lstat(single.c_str(), &st) != 0 && errno == ENOENT)
+      return NotFoundError(dir + " has neither model.safetensors nor model.safetensors.index.json" +
+                           WhatWeightsItHas(dir));
     m.files.push_back(single);
   }
   for (const std::string& f : m.files) {

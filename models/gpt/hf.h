@@ -39,6 +39,11 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base);
 // True when `path` is a directory holding config.json (an HF model directory).
 bool IsHfDir(const std::string& path);
 
+// True when safetensors file `path` holds tensors named as transformers names a GPT-2's or a
+// Llama's ("transformer.h.0...", "model.layers.0..."): the weights of a model directory. False
+// when it cannot be read.
+bool HasHfTensorNames(const std::string& path);
+
 // The files' tensor name of each parameter of a model of `config` (`available`: the names the
 // files hold, to choose GPT-2's prefix; empty: the prefix transformers writes).
 Engine::TensorNames HfTensorNames(const GptConfig& config,

@@ -25,6 +25,7 @@
 
 #include "core/status.h"
 #include "tierzero/files.h"
+#include "tierzero/utf8.h"
 
 namespace tierzero {
 
@@ -175,6 +176,34 @@ class JsonIn {
 // Then it is parsed. `source` names the text in errors, which carry `code`.
 namespace json_in_internal {
 
+// `s` as a message may quote it: bytes that are not UTF-8 (a damaged file's header, binary data
+// given as JSON) and control characters as \xNN, so an error line stays one line of text.
+inline std::string Printable(std::string_view s) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(s.size());
+  auto escape = [&](unsigned char c) {
+    out += "\\x";
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  };
+  while (!s.empty()) {
+    const int64_t bad = FirstInvalidUtf8(s);
+    const std::string_view good = s.substr(0, bad < 0 ? s.size() : static_cast<size_t>(bad));
+    for (const char ch : good) {
+      const auto c = static_cast<unsigned char>(ch);
+      if (c < 0x20 || c == 0x7f)
+        escape(c);
+      else
+        out += ch;
+    }
+    if (bad < 0) break;
+    escape(static_cast<unsigned char>(s[static_cast<size_t>(bad)]));
+    s.remove_prefix(static_cast<size_t>(bad) + 1);
+  }
+  return out;
+}
+
 class StrictSax {
  public:
   using json = nlohmann::json;
@@ -207,15 +236,15 @@ class StrictSax {
   bool key(json::string_t& k) {
     Frame& f = frames_.back();
     if (!f.keys.insert(k).second) {
-      error_ =
-          "names the key \"" + k + "\" twice" + Where(k) + " (each key once: which one is meant?)";
+      error_ = "names the key \"" + Printable(k) + "\" twice" + Where(k) +
+               " (each key once: which one is meant?)";
       return false;
     }
     f.key = k;
     return true;
   }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& ex) {
-    error_ = std::string("is not valid JSON: ") + ex.what();
+    error_ = "is not valid JSON: " + Printable(ex.what());
     return false;
   }
   const std::string& error() const { return error_; }
@@ -266,7 +295,7 @@ class StrictSax {
       }
     }
     path += (path.empty() ? "" : ".") + k;
-    return " (at " + path + ")";
+    return " (at " + Printable(path) + ")";
   }
 
   int max_depth_;
@@ -289,7 +318,7 @@ inline StatusOr<nlohmann::json> ParseOutsideJson(std::string_view text, const st
     ok = nlohmann::json::sax_parse(text, &sax, nlohmann::json::input_format_t::json,
                                    /*strict=*/true, allow_comments);
   } catch (const nlohmann::json::exception& e) {
-    return Status(code, source + " is not valid JSON: " + e.what());
+    return Status(code, source + " is not valid JSON: " + json_in_internal::Printable(e.what()));
   }
   if (!ok) {
     return Status(code, source + " " + (sax.error().empty() ? "is not valid JSON" : sax.error()));

@@ -12,7 +12,8 @@ Status CheckOutsideJson(std::string_view text, const std::string& source, bool a
     ok = nlohmann::json::sax_parse(text, &sax, nlohmann::json::input_format_t::json,
                                    /*strict=*/true, allow_comments);
   } catch (const nlohmann::json::exception& e) {
-    return InvalidArgumentError(source + " is not valid JSON: " + e.what());
+    return InvalidArgumentError(source +
+                                " is not valid JSON: " + json_in_internal::Printable(e.what()));
   }
   if (ok) return Status::OK();
   return InvalidArgumentError(source + " " +

@@ -484,6 +484,42 @@ TEST(HfModels, TheRunsConfigAddsNothingToADirectorysModel) {
   EXPECT_EQ(Eval({"--init-from", one, "--data", dir / "data.bin"}), 1);
   err = testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("config.json cannot be read"), std::string::npos) << err;
+  // The weights file copied out of its directory: named as a model directory's weights.
+  const std::string lone = dir / "lone.safetensors";
+  fs::copy_file(dir / "one/model.safetensors", lone);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(Eval({"--init-from", lone, "--data", dir / "data.bin"}), 1);
+  err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("named as a Hugging Face model's"), std::string::npos) << err;
+  // A directory without model.safetensors or its index says what it has instead.
+  const std::vector<std::pair<std::string, std::string>> instead = {
+      {"pytorch_model.bin", "PyTorch's pickled weights"},
+      {"model-00001-of-00002.safetensors", "without the index"},
+      {"", "download the model's weights"}};
+  for (const auto& [name, says] : instead) {
+    const std::string d = dir / ("instead" + std::to_string(&name - &instead[0].first));
+    fs::create_directories(d);
+    fs::copy_file(dir / "llama/config.json", d + "/config.json");
+    if (!name.empty()) fs::copy_file(lone, d + "/" + name);
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(Eval({"--init-from", d, "--data", dir / "data.bin"}), 1) << name;
+    err = testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("neither model.safetensors nor model.safetensors.index.json"),
+              std::string::npos)
+        << err;
+    EXPECT_NE(err.find(says), std::string::npos) << err;
+  }
+  // Without architectures, an unknown model_type is named as model_type.
+  const std::string falcon = dir / "falcon";
+  fs::create_directories(falcon);
+  json c = json::parse(std::ifstream(dir / "llama/config.json"));
+  c.erase("architectures");
+  c["model_type"] = "falcon";
+  std::ofstream(falcon + "/config.json") << c.dump();
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(Eval({"--init-from", falcon, "--data", dir / "data.bin"}), 1);
+  err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("\"model_type\" is \"falcon\""), std::string::npos) << err;
 }
 
 // Note [Budgets of a model brought from a directory]: a model from a directory gets the machine's

@@ -152,5 +152,20 @@ TEST(Utf8, AgreesWithTheJsonWriter) {
   }
 }
 
+// A message quoting what could not be parsed stays text: bytes that are not UTF-8 (a damaged
+// safetensors header) and control characters are written \xNN; valid UTF-8 is kept.
+TEST(JsonIn, ParseErrorsQuoteBinaryBytesEscaped) {
+  auto bad = ParseOutsideJson(std::string("{\"a\": \xff\xfe\x01}", 10), "header");
+  ASSERT_FALSE(bad.ok());
+  const std::string m(bad.status().message());
+  EXPECT_EQ(FirstInvalidUtf8(m), -1) << m;
+  EXPECT_NE(m.find("\\xff"), std::string::npos) << m;
+  // (A key holding a control character, written \u0001 in the file, is quoted so.)
+  auto twice = ParseOutsideJson("{\"caf\xc3\xa9\\u0001\": 1, \"caf\xc3\xa9\\u0001\": 2}", "config");
+  ASSERT_FALSE(twice.ok());
+  const std::string t(twice.status().message());
+  EXPECT_NE(t.find("caf\xc3\xa9\\x01"), std::string::npos) << t;
+}
+
 }  // namespace
 }  // namespace tierzero

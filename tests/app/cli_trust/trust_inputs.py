@@ -146,6 +146,10 @@ def case_models_in():
     # given as a model is pointed to --resume; one data source; a checkpoint is a directory.
     refused(["train", "--init-from", hf, "--data", tok, "--steps", "1", "--run-dir",
              os.path.join(OUT, "mi_ck"), "--checkpoint", hf + "/sub"], "inside the model directory")
+    refused(["train", "--init-from", hf, "--data", tok, "--steps", "1", "--run-dir",
+             os.path.join(OUT, "mi_nv"), "--nvme-path", hf + "/swap", "--nvme-budget", "64MiB"],
+            "--nvme-path", "inside the model directory")
+    check(not os.path.exists(hf + "/swap"), "a refused run made its swap directory in the model's")
     check(sorted(os.listdir(hf)) == ["config.json", "model.safetensors"], "the model dir changed")
     refused(["eval", "--init-from", base, "--data", tok], "tierzero run directory", "--resume")
     refused(["train", "--text", tok, "--data", tok, "--run-dir", os.path.join(OUT, "mi_two")],
