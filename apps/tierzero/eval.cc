@@ -188,9 +188,11 @@ int Eval(const std::vector<std::string>& args) {
   // Then the run's config beside it, or the model the checkpoint records (Note [The
   // checkpoint's model]: a checkpoint saved outside its run directory).
   std::string records;  // the checkpoint's user state, where its records stand for a config
+  std::string state;    // the checkpoint's user state (its records of the data, below)
   if (!resume.empty() && !has_config) {
     auto info = ReadCheckpointInfo(resume);
     if (!info.ok()) return EvalFail(info.status());
+    state = info->user_state;
     const std::string run_config = RunConfigBeside(resume, *info);
     if (run_config.empty()) records = info->user_state;
     if (!run_config.empty()) {
@@ -208,29 +210,36 @@ int Eval(const std::vector<std::string>& args) {
   if (cfg->output.resume.empty() == cfg->output.init_from.empty())
     return EvalFail(InvalidArgumentError(
         "tierzero eval needs exactly one model: --resume CHECKPOINT or --init-from FILE|DIR"));
-  // Without its run's config, the token files the checkpoint records its run read (an absolute
-  // path: DataJson), as the run's config would give them.
-  if (!records.empty() && !has_data) {
-    const nlohmann::json u = CheckpointRecords(records, resume, /*say=*/false);
+  // Without --data, the token files the checkpoint records its run read: absolute (DataJson), as
+  // from anywhere they name the same files. A relative path is relative to where that run ran,
+  // and from elsewhere names another file or none (a run under a directory whose name is not
+  // UTF-8 records the path as given: another data.bin here was scored, silently): refused. The
+  // run's config.json beside the checkpoint records the path as the user gave it; a relative one
+  // there is the checkpoint's absolute one.
+  if (!has_data && !has_config) {
+    const nlohmann::json u =
+        state.empty() ? nlohmann::json::object() : CheckpointRecords(state, resume, /*say=*/false);
     const nlohmann::json d = u.value("data", nlohmann::json::object());
     const nlohmann::json path =
         d.is_object() ? d.value("path", nlohmann::json()) : nlohmann::json();
-    if (path.is_string() && d.value("kind", nlohmann::json()) == "tokens") {
+    const bool tokens = path.is_string() && d.value("kind", nlohmann::json()) == "tokens";
+    const std::string recorded = tokens ? path.get<std::string>() : "";
+    const bool relative = cfg->data.token_path.empty() || cfg->data.token_path[0] != '/';
+    if (tokens && (!records.empty() || relative)) {
       cfg->data.kind = "tokens";
-      cfg->data.token_path = path.get<std::string>();
-      std::fprintf(stderr, "note: scoring the token files the checkpoint's run read: %s\n",
-                   cfg->data.token_path.c_str());
+      cfg->data.token_path = recorded;
+      if (!recorded.empty() && recorded[0] == '/')
+        std::fprintf(stderr, "note: scoring the token files the checkpoint's run read: %s\n",
+                     recorded.c_str());
     }
+    if (cfg->data.kind == "tokens" &&
+        (cfg->data.token_path.empty() || cfg->data.token_path[0] != '/'))
+      return EvalFail(InvalidArgumentError(
+          "tierzero eval needs the token files to score: --data PATH (the checkpoint's run read '" +
+          cfg->data.token_path + "', a path relative to where it ran)"));
   }
   if (cfg->data.kind != "tokens")
     return EvalFail(InvalidArgumentError("tierzero eval needs token files: --data PATH"));
-  // The checkpoint's run's token path is taken only when it is absolute: a relative one is
-  // relative to where that run ran, and from elsewhere names another file or none.
-  if (!has_data && !has_config && records.empty() &&
-      (cfg->data.token_path.empty() || cfg->data.token_path[0] != '/'))
-    return EvalFail(InvalidArgumentError(
-        "tierzero eval needs the token files to score: --data PATH (the checkpoint's run read '" +
-        cfg->data.token_path + "', a path relative to where it ran)"));
   if (window == 0) window = cfg->model.seq_len;
   // Windows up to the positions the model knows (a Hugging Face model's max_position_embeddings).
   if (window > cfg->model.seq_len && window <= cfg->model.positions()) cfg->model.seq_len = window;

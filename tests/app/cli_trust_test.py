@@ -28,6 +28,7 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   ranks_faults  two ranks whose data changes or whose metrics file fails mid-run: all save first
   readers       a directory, /dev/zero, a huge sparse file, deep or duplicate-key JSON: an error
   setup_signal  SIGINT/SIGTERM while set-up blocks on a FIFO ends the process promptly
+  eval_recorded_data  eval --resume without --data scores its run's files only by an absolute path
   eval_swap_signal  a signal ends an evaluation whose swap file it made: the file goes too
   run_signals   a stdout reader gone, a closed stdout, a run blocked on a full FIFO, an export
   late_faults   faults found late: a config the report cannot hold, a finished run resumed, a
