@@ -156,6 +156,17 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
     int32_t header[3] = {0, 0, 0};
     if (bytes >= kShardHeaderBytes && !ReadExactly(fd, 0, header, sizeof header))
       return IoError("reading the token file '" + path + "' failed");
+    // A shard cut short inside its header: raw tokens to the size test below, which read the
+    // header's bytes as tokens (hunt 46). Its magic says what it is.
+    if (bytes < kShardHeaderBytes && bytes >= 4) {
+      if (!ReadExactly(fd, 0, header, 4))
+        return IoError("reading the token file '" + path + "' failed");
+      if (header[0] == kShardMagic)
+        return InvalidArgumentError("the token file '" + path +
+                                    "' is an llm.c shard cut short: " + std::to_string(bytes) +
+                                    " bytes, inside its " + std::to_string(kShardHeaderBytes) +
+                                    "-byte header (truncated?)");
+    }
     if (header[0] == kShardMagic) {
       if (header[1] != kShardVersion)
         return InvalidArgumentError("the token file '" + path + "' is an llm.c shard of version " +

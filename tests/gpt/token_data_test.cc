@@ -174,6 +174,11 @@ TEST(TokenData, BadFilesAreRefusedWithWhatIsWrong) {
   EXPECT_EQ(error(dir / "id.bin", 301), "(opened)");
   WriteShard(dir / "short.bin", Tokens(100, 0, 300), 20240520, 1, 200);
   EXPECT_NE(error(dir / "short.bin", 300).find("truncated"), std::string::npos);
+  // Cut short inside its 1024-byte header: not raw tokens (the header's bytes read as ids).
+  WriteShard(dir / "cut.bin", Tokens(100, 0, 300));
+  fs::resize_file(dir / "cut.bin", 1000);
+  EXPECT_NE(error(dir / "cut.bin", 70000).find("cut short"), std::string::npos)
+      << error(dir / "cut.bin", 70000);
   WriteShard(dir / "v2.bin", Tokens(100, 0, 300), 20240520, 2);
   EXPECT_NE(error(dir / "v2.bin", 300).find("version 2"), std::string::npos);
   std::ofstream(dir / "odd.bin") << "abc";
