@@ -160,8 +160,9 @@ Status MergeRecordedModel(RunConfig& cfg) {
   // taken from the run's config or the built-in default, so an edited record without n_head
   // loaded the tensors as another model, silently. (A field added later must be let through
   // here for the files before it.)
+  const json run_model = ModelJson(cfg);  // (a local: a range over a temporary's items dangles)
   std::string missing;
-  for (const auto& [key, value] : ModelJson(cfg).items()) {
+  for (const auto& [key, value] : run_model.items()) {
     if (!HowTheModelComputes(key) && !recorded.contains(key))
       missing += (missing.empty() ? "" : ", ") + key;
   }
@@ -174,8 +175,14 @@ Status MergeRecordedModel(RunConfig& cfg) {
   if (!merged.ok())
     return std::move(merged).status().WithContext("--init-from " + file +
                                                   ": the model its metadata records");
-  const json asked = ModelJson(cfg);
-  for (const auto& [key, then] : recorded.items()) {
+  // The recorded model with what the run names over it, each compared as it computes (a named
+  // --kv-heads 0 is the recorded n_head's count).
+  json named = recorded;
+  for (const auto& [key, value] : run_model.items())
+    if (cfg.given.count("model." + key) != 0) named[key] = value;
+  const json asked = EffectiveModel(named);
+  const json effective = EffectiveModel(recorded);
+  for (const auto& [key, then] : effective.items()) {
     if (HowTheModelComputes(key) || key == "seq_len") continue;
     const auto now = asked.find(key);
     if (cfg.given.count("model." + key) == 0 || now == asked.end() || *now == then) continue;

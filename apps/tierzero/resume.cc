@@ -408,6 +408,25 @@ json ModelJson(const RunConfig& cfg) {
 }
 
 // resume.h
+json EffectiveModel(const json& model) {
+  json m = model;
+  if (!m.is_object()) return m;
+  gpt::GptConfig g;
+  auto take = [&](const char* key, int& into) {
+    const auto it = m.find(key);
+    if (it != m.end() && it->is_number_integer()) into = it->get<int>();
+  };
+  take("d_model", g.d_model);
+  take("d_ff", g.d_ff);
+  take("n_head", g.n_head);
+  take("n_kv_head", g.n_kv_head);
+  const auto arch = m.find("arch");
+  g.arch = arch != m.end() && *arch == "llama" ? gpt::Arch::kLlama : gpt::Arch::kGpt2;
+  if (m.contains("n_kv_head") && g.n_head > 0) m["n_kv_head"] = g.kv_heads();
+  if (m.contains("d_ff") && g.d_model > 0) m["d_ff"] = g.ffn();
+  return m;
+}
+
 bool HowTheModelComputes(const std::string& key) {
   return key == "seed" || key == "activation_checkpointing" || key == "activations";
 }
@@ -427,10 +446,13 @@ Status CheckSameModelJson(const json& user, const json& now, const std::string& 
       {"n_layer", "--layers"}, {"d_model", "--width"},      {"n_head", "--heads"},
       {"arch", "--arch"},      {"n_kv_head", "--kv-heads"}, {"seq_len", "--seq-len"},
       {"vocab", "--vocab"}};
-  for (const auto& [key, then] : user["model"].items()) {
+  // (Compared as they compute: n_kv_head 0 is n_head's, d_ff 0 the default width, as a run
+  // seeded from a model directory records them.)
+  const json was = EffectiveModel(user["model"]), is = EffectiveModel(now);
+  for (const auto& [key, then] : was.items()) {
     if (HowTheModelComputes(key)) continue;  // (what it is may not change)
-    const auto it = now.find(key);
-    if (it == now.end() || *it == then) continue;
+    const auto it = is.find(key);
+    if (it == is.end() || *it == then) continue;
     const auto flag = kFlag.find(key);
     return FailedPreconditionError(
         "the checkpoint " + dir + " is of a model with model." + key + " " + then.dump() +

@@ -17,6 +17,9 @@ namespace tierzero::app {
 
 // The model section of a config as JSON (what a checkpoint records of the model).
 nlohmann::json ModelJson(const RunConfig& cfg);
+// A model section with n_kv_head and d_ff as they compute (0: n_head's, and the architecture's
+// default width), so one model written two ways compares equal.
+nlohmann::json EffectiveModel(const nlohmann::json& model);
 // A model field that says how the model computes, not what it is (seed, activation
 // checkpointing, activations): it may differ between a checkpoint, or a file that records its
 // model, and the run that reads it.

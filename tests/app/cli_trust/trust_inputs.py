@@ -490,3 +490,37 @@ def case_memory_limit():
         check(rc == 0, f"a small run under a 1 GiB cgroup: exit status {rc}\n{out}")
     finally:
         os.rmdir(d)
+
+
+def case_one_model_two_spellings():
+    # A model's n_kv_head 0 means n_head's count, d_ff 0 its architecture's width: a native
+    # Llama run records 0, one seeded from a model directory the counts. Compared as they
+    # compute, the same model written either way is not refused (it was: "drop any override",
+    # hunt 46); another count still is.
+    tok = os.path.join(OUT, "ms_tok.bin")
+    with open(tok, "wb") as f:
+        f.write(struct.pack("<8192H", *[(i * 7) % 256 for i in range(8192)]))
+    a, b = os.path.join(OUT, "ms_a"), os.path.join(OUT, "ms_b")
+    ok(["train", "--arch", "llama", "--layers", "2", "--width", "64", "--heads", "4", "--vocab",
+        "256", "--seq-len", "32", "--data", tok, "--steps", "2", "--run-dir", a, "--quiet"])
+    ok(["export", a + "/checkpoint", "-o", a + ".safetensors"])
+    ok(["export", a + "/checkpoint", "--format", "hf", "-o", a + "_hf"])
+    ok(["train", "--init-from", a + "_hf", "--data", tok, "--steps", "2", "--run-dir", b,
+        "--quiet"])
+    ok(["export", b + "/checkpoint", "-o", b + ".safetensors"])
+    loss = lambda out: re.search(r"mean loss ([0-9.]+)", out).group(1)
+    base = loss(ok(["eval", "--resume", a + "/checkpoint", "--data", tok]))
+    for args in (["--resume", a + "/checkpoint", "--kv-heads", "4"],
+                 ["--init-from", a + ".safetensors", "--kv-heads", "4"],
+                 ["--init-from", a + "_hf", "--kv-heads", "4"]):
+        check(loss(ok(["eval"] + args + ["--data", tok])) == base, f"eval {args}: another loss")
+    for args in (["--resume", b + "/checkpoint", "--kv-heads", "0"],
+                 ["--init-from", b + ".safetensors", "--kv-heads", "0"]):
+        ok(["eval"] + args + ["--data", tok])
+    dff = write_config(os.path.join(OUT, "ms_dff.json"), {"model": {"arch": "llama", "d_ff": 192}})
+    check(loss(ok(["eval", "--resume", a + "/checkpoint", "--config", dff, "--data", tok])) == base,
+          "d_ff 192 written out: another loss")
+    refused(["eval", "--resume", a + "/checkpoint", "--kv-heads", "2", "--data", tok],
+            "n_kv_head")
+    refused(["eval", "--init-from", b + ".safetensors", "--kv-heads", "2", "--data", tok],
+            "n_kv_head")

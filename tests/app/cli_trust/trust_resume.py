@@ -332,11 +332,13 @@ def case_resume_notes():
     check("is not what the checkpoint's run read" in out, f"other files at a resume, no note:\n{out}")
 
 
-    # eval --resume without --data: a run's relative token path is not taken from elsewhere.
+    # eval --resume without --data: a run's relative token path (its config.json's) is not taken
+    # as it is, but as the absolute path its checkpoint records (case eval_recorded_data).
     rel = os.path.join(OUT, "rn_rel")
     ok(["train", "--config", cfg, "--data", "rn_tok/a.bin", "--run-dir", rel, "--steps", "2",
         "--quiet"])
-    refused(["eval", "--resume", rel + "/checkpoint"], "--data PATH", "relative to where it ran")
+    out = ok(["eval", "--resume", rel + "/checkpoint"], cwd="/")
+    check(os.path.join(OUT, "rn_tok/a.bin") in out, f"eval took another path:\n{out}")
     # A run directory given for its checkpoint is said first, everywhere.
     for cmd in (["train", "--config", cfg, "--run-dir", rd, "--resume", rd, "--steps", "100"],
                 ["eval", "--resume", rd, "--data", os.path.join(d, "b.bin")],
