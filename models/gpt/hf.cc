@@ -523,6 +523,11 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
                                                    ": attention here sees every "
                                                    "earlier token; use --seq-len " +
                                                    std::to_string(w));
+      // Attention that sees every earlier token is the window's only within it: the model
+      // tierzero computes is one whose context is the window, and is recorded so (a checkpoint,
+      // an export's max_position_embeddings), where an export said the positions, and
+      // transformers then ran it beyond the window as another model (hunt 46).
+      if (w < g.max_positions) g.max_positions = static_cast<int>(w);
     }
   }
   TZ_RETURN_IF_ERROR(ValidateGptConfig(g));

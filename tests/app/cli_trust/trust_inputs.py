@@ -165,6 +165,16 @@ def case_models_in():
         json.dump(c, f)
     ok(["eval", "--init-from", sw, "--data", tok, "--seq-len", "16"])
     refused(["eval", "--init-from", sw, "--data", tok], "sliding_window", "--seq-len 16")
+    # A run it seeds is the model of the window's context: its export says so (it said the 32
+    # positions, and transformers would attend past the window: another model).
+    swr = os.path.join(OUT, "mi_swr")
+    ok(["train", "--init-from", sw, "--data", tok, "--seq-len", "16", "--steps", "1", "--run-dir",
+        swr, "--quiet"])
+    ok(["export", swr + "/checkpoint", "--format", "hf", "-o", swr + "_hf"])
+    with open(os.path.join(swr + "_hf", "config.json")) as f:
+        out_cfg = json.load(f)
+    check(out_cfg.get("max_position_embeddings") == 16 or out_cfg.get("sliding_window") == 16,
+          f"the export of a run seeded from a window of 16 says {out_cfg}")
     # An export --format hf that fails part way (room for the shards, not the index) is undone,
     # so the retry is not refused for a directory holding files. Needs a small file system to
     # fill (root's tmpfs); skipped where none can be mounted.
