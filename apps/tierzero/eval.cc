@@ -57,12 +57,16 @@ int EvalFail(const Status& s) {
   return 1;
 }
 
-// The model, loaded, and the loss over every window.
-Status RunEval(const RunConfig& cfg, int window, const std::string& nvme_dir) {
+// The model, loaded, and the loss over every window. `context`: the model's seq_len before a
+// longer window within its positions raised it (the checkpoint's model is that one: a window is
+// not another model).
+Status RunEval(const RunConfig& cfg, int window, int context, const std::string& nvme_dir) {
   const OutputOptions& out = cfg.output;
   if (!out.resume.empty()) {
     TZ_ASSIGN_OR_RETURN(const CheckpointInfo info, ReadCheckpointInfo(out.resume));
-    TZ_RETURN_IF_ERROR(CheckSameModel(info.user_state, cfg, out.resume));
+    RunConfig checked = cfg;
+    checked.model.seq_len = context;
+    TZ_RETURN_IF_ERROR(CheckSameModel(info.user_state, checked, out.resume));
   }
   TZ_ASSIGN_OR_RETURN(const auto shards,
                       gpt::TokenShards::Open(cfg.data.token_path, cfg.model.vocab, 0));
@@ -242,6 +246,7 @@ int Eval(const std::vector<std::string>& args) {
     return EvalFail(InvalidArgumentError("tierzero eval needs token files: --data PATH"));
   if (window == 0) window = cfg->model.seq_len;
   // Windows up to the positions the model knows (a Hugging Face model's max_position_embeddings).
+  const int context = cfg->model.seq_len;
   if (window > cfg->model.seq_len && window <= cfg->model.positions()) cfg->model.seq_len = window;
   // (The run's config checked its micro-batch against the context it had; a longer window
   // makes longer rows: host arrays sized before any budget applies.)
@@ -278,7 +283,7 @@ int Eval(const std::vector<std::string>& args) {
   if (cfg->engine.nvme_budget > 0 && cfg->engine.nvme_path.empty()) {
     if (Status s = nvme_dir.Create("tierzero-eval"); !s.ok()) return EvalFail(s);
   }
-  const Status s = RunEval(*cfg, window, nvme_dir.path());
+  const Status s = RunEval(*cfg, window, context, nvme_dir.path());
   return s.ok() ? 0 : EvalFail(nvme_dir.path().empty() ? s : ScratchAdvice(s, nvme_dir.path()));
 }
 

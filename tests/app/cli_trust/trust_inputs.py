@@ -534,3 +534,15 @@ def case_one_model_two_spellings():
             "n_kv_head")
     refused(["eval", "--init-from", b + ".safetensors", "--kv-heads", "2", "--data", tok],
             "n_kv_head")
+    # A window longer than the context trained, within the positions the model knows: scored
+    # from the checkpoint as from its export (it was refused as another seq_len).
+    g, gs = os.path.join(OUT, "ms_g"), os.path.join(OUT, "ms_gs")
+    ok(["train", "--layers", "1", "--width", "32", "--heads", "2", "--vocab", "256", "--seq-len",
+        "16", "--data", tok, "--steps", "1", "--run-dir", g, "--quiet"])
+    ok(["export", g + "/checkpoint", "--format", "hf", "-o", g + "_hf"])
+    ok(["train", "--init-from", g + "_hf", "--seq-len", "8", "--data", tok, "--steps", "1",
+        "--run-dir", gs, "--quiet"])
+    ok(["export", gs + "/checkpoint", "-o", gs + ".safetensors"])
+    want = loss(ok(["eval", "--init-from", gs + ".safetensors", "--data", tok, "--seq-len", "16"]))
+    check(loss(ok(["eval", "--resume", gs + "/checkpoint", "--data", tok, "--seq-len", "16"])) ==
+          want, "a window within the positions: the checkpoint and its export disagree")
