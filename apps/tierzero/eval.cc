@@ -121,6 +121,16 @@ Status RunEval(const RunConfig& cfg, int window, int context, const std::string&
       real += w < windows;
     }
     TZ_ASSIGN_OR_RETURN(const double mean, model->Evaluate(b, nullptr));
+    // A loss that is not a number is no score: said, with the windows, not printed as "-nan" and
+    // exit 0 (weights finite when loaded, whose products overflow: hunt 46).
+    if (!std::isfinite(mean))
+      return DataLossError(
+          "the loss over windows " + std::to_string(first) + ".." +
+          std::to_string(first + static_cast<uint64_t>(real) - 1) + " is " +
+          (std::isnan(mean) ? "not a number" : "infinite") +
+          ": the model's arithmetic overflows on them (weights too large for " +
+          std::string(DTypeName(cfg.engine.compute_dtype)) +
+          "? a model saved after its run diverged?); the model has no score on this data");
     const double tokens = static_cast<double>(real) * window;
     loss_sum += mean * tokens;
     scored += tokens;

@@ -165,6 +165,20 @@ def case_models_in():
         json.dump(c, f)
     ok(["eval", "--init-from", sw, "--data", tok, "--seq-len", "16"])
     refused(["eval", "--init-from", sw, "--data", tok], "sliding_window", "--seq-len 16")
+    # Weights finite when loaded whose products overflow (lm_head 3e38): a loss that is not a
+    # number is an error, not "mean loss -nan" and exit 0.
+    big = os.path.join(OUT, "mi_big")
+    shutil.copytree(hf, big)
+    blob = bytearray(read(os.path.join(big, "model.safetensors")))
+    n = struct.unpack("<Q", blob[:8])[0]
+    t = json.loads(blob[8:8 + n])["lm_head.weight"]
+    val = {"F32": struct.pack("<f", 3e38), "BF16": struct.pack("<f", 3e38)[2:],
+           "F16": struct.pack("<e", 60000.0)}[t["dtype"]]
+    for i in range(8 + n + t["data_offsets"][0], 8 + n + t["data_offsets"][1], len(val)):
+        blob[i:i + len(val)] = val
+    with open(os.path.join(big, "model.safetensors"), "wb") as f:
+        f.write(blob)
+    refused(["eval", "--init-from", big, "--data", tok], "not a number", "overflows")
     # A run it seeds is the model of the window's context: its export says so (it said the 32
     # positions, and transformers would attend past the window: another model).
     swr = os.path.join(OUT, "mi_swr")
