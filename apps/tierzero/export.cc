@@ -106,6 +106,9 @@ int Export(const std::vector<std::string>& args) {
       ckpt = args[++i];  // (a checkpoint whose path begins with '-')
     } else if (ckpt.empty() && args[i][0] != '-') {
       ckpt = args[i];
+    } else if (!ckpt.empty() && args[i][0] != '-') {
+      return Fail(InvalidArgumentError("export reads one checkpoint; it was given " + ckpt +
+                                       " and " + args[i] + " (export each alone)"));
     } else {
       return Fail(InvalidArgumentError(
           "unknown export option '" + args[i] + "'" +

@@ -440,7 +440,8 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
       const bool scaled_fields =
           rs.is_object() && (rs.contains("factor") || rs.contains("low_freq_factor") ||
                              rs.contains("original_max_position_embeddings"));
-      if (field == "rope_parameters" && (type == "default" || (type.empty() && !scaled_fields)))
+      // (The "default" type is no scaling whichever key holds it, as transformers reads it.)
+      if (type == "default" || (field == "rope_parameters" && type.empty() && !scaled_fields))
         return Status::OK();
       if (type != "llama3")
         return c.Unsupported(field,

@@ -453,6 +453,20 @@ TEST(HfModels, TheRunsConfigAddsNothingToADirectorysModel) {
     const std::string err = testing::internal::GetCapturedStderr();
     EXPECT_NE(err.find(says), std::string::npos) << err;
   }
+  // rope_scaling of the "default" type is no scaling, as in rope_parameters (it was refused).
+  int rc = -1;
+  const double plain =
+      EvalLoss({"--init-from", dir / "llama", "--data", dir / "data.bin", "--seq-len", "7"}, &rc);
+  ASSERT_EQ(rc, 0);
+  const std::string dflt = dir / "dflt";
+  fs::create_directories(dflt);
+  WriteSafetensors(dflt + "/model.safetensors", ReadDir(dir / "llama"));
+  json dc = json::parse(std::ifstream(dir / "llama/config.json"));
+  dc["rope_scaling"] = {{"rope_type", "default"}};
+  std::ofstream(dflt + "/config.json") << dc.dump();
+  EXPECT_EQ(EvalLoss({"--init-from", dflt, "--data", dir / "data.bin", "--seq-len", "7"}, &rc),
+            plain);
+  EXPECT_EQ(rc, 0);
   // The weights file alone (its tensors have Hugging Face's names): the directory is named.
   const std::string one = dir / "one";
   fs::create_directories(one);
