@@ -231,8 +231,10 @@ int Eval(const std::vector<std::string>& args) {
   // run's config.json beside the checkpoint records the path as the user gave it; a relative one
   // there is the checkpoint's absolute one.
   if (!has_data && !has_config) {
-    const nlohmann::json u =
-        state.empty() ? nlohmann::json::object() : CheckpointRecords(state, resume, /*say=*/false);
+    // (What the checkpoint itself records: an older one's records made from its run's config
+    // would make the config's relative path absolute from here, another file: review 46.)
+    nlohmann::json u = nlohmann::json::parse(state, nullptr, /*allow_exceptions=*/false);
+    if (!u.is_object()) u = nlohmann::json::object();
     const nlohmann::json d = u.value("data", nlohmann::json::object());
     const nlohmann::json path =
         d.is_object() ? d.value("path", nlohmann::json()) : nlohmann::json();

@@ -573,3 +573,13 @@ def case_eval_recorded_data():
     got = ok(["eval", "--resume", os.path.join(here, "r/checkpoint")], cwd=elsewhere)
     loss = lambda out: re.search(r"mean loss ([0-9.]+)", out).group(1)
     check(loss(got) == loss(want), f"eval from elsewhere scored other data:\n{got}\n{want}")
+    # An older checkpoint records no data: its run's config.json's relative path, from
+    # elsewhere, is refused (it was made absolute from here, another file: review 46).
+    older = os.path.join(OUT, "er_older")
+    os.makedirs(older)
+    tokens(os.path.join(older, "data.bin"), 7)
+    ok(["train"] + model + ["--data", "data.bin", "--run-dir", os.path.join(older, "r")],
+       cwd=older)
+    as_older_checkpoint(os.path.join(older, "r/checkpoint"))
+    refused(["eval", "--resume", os.path.join(older, "r/checkpoint")], "relative to where it ran",
+            cwd=elsewhere)
