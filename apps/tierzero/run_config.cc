@@ -575,13 +575,20 @@ Status CheckPlanConfig(const nlohmann::json& plan_config, const RunConfig& run) 
     sized_to_machine = true;
   std::string differ;
   int n = 0;
+  // (The models compared as they compute: n_kv_head 0 and n_head's count are one model.)
+  const auto planned_model = plan_config.find("model");
+  const json ran_model = EffectiveModel(ran["model"]);
+  const json plan_model =
+      planned_model != plan_config.end() ? EffectiveModel(*planned_model) : json::object();
   for (const auto& [section, key] : fields) {
     const std::string name = section + "." + key;
     if (std::find(skip.begin(), skip.end(), name) != skip.end()) continue;
-    const json& now = ran[section][key];
+    const bool model = section == "model" && plan_model.is_object();
+    const json& now = model ? ran_model[key] : ran[section][key];
     const auto s = plan_config.find(section);
-    const json planned =
-        s != plan_config.end() && s->is_object() && s->contains(key) ? (*s)[key] : json();
+    const json planned = model ? plan_model.value(key, json())
+                         : s != plan_config.end() && s->is_object() && s->contains(key) ? (*s)[key]
+                                                                                        : json();
     // (A device left to "auto" is the one the other names, on the machine both ran on.)
     if (name == "engine.device" && (now == "auto" || planned == "auto")) continue;
     // Budgets a model brought from a directory was given from the machine's free memory (Note

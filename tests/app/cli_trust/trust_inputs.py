@@ -443,6 +443,14 @@ def case_plan_of_another_config():
     refused(["train", "--config", cfg, "--plan", plan, "--run-dir", rd, "--batch-size", "3",
              "--quiet"], "train.batch_size", "another config")
     check(not os.path.exists(rd), "a refused run left its directory")
+    # One model written two ways is the plan's (n_kv_head 2 of 2 heads, and 0): review 46.
+    llama = ["--arch", "llama", "--layers", "1", "--width", "32", "--heads", "2", "--steps", "2"]
+    lplan = os.path.join(OUT, "pa_llama.json")
+    ok(["plan"] + llama + ["--kv-heads", "2", "--json", lplan, "--no-advice"])
+    ok(["train"] + llama + ["--plan", lplan, "--run-dir", os.path.join(OUT, "pa_llama"),
+                            "--quiet"])
+    refused(["train"] + llama + ["--kv-heads", "1", "--plan", lplan, "--run-dir",
+                                 os.path.join(OUT, "pa_llama1"), "--quiet"], "model.n_kv_head")
     # A plan nested 500000 deep under a config field overflowed the stack (SIGSEGV, hunt 45).
     deep = os.path.join(OUT, "pa_deep.json")
     with open(deep, "w") as f:
