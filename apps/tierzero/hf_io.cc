@@ -186,9 +186,9 @@ Status MergeRecordedModel(RunConfig& cfg) {
     if (HowTheModelComputes(key) || key == "seq_len") continue;
     const auto now = asked.find(key);
     if (cfg.given.count("model." + key) == 0 || now == asked.end() || *now == then) continue;
-    return InvalidArgumentError("model." + key + " is " + now->dump() +
+    return InvalidArgumentError("model." + key + " is " + ModelValueShown(named, key) +
                                 " (a flag or the config file), but --init-from " + file +
-                                " records a model with " + then.dump() +
+                                " records a model with " + ModelValueShown(recorded, key) +
                                 ": the file's tensors are that model's; drop the setting");
   }
   gpt::GptConfig m = merged->model;

@@ -174,9 +174,10 @@ Status FitProcessLimits() {
     (void)::setrlimit(RLIMIT_STACK, &rl);
     if (::getrlimit(RLIMIT_STACK, &rl) == 0 && rl.rlim_cur < kLeastStack)
       return FailedPreconditionError(
-          "the stack size limit is " + FormatBytes(rl.rlim_cur) +
-          " (ulimit -s), under the 1 MiB tierzero needs: raise it (ulimit -s "
-          "8192)");
+          "the stack size limit (ulimit -s) is " + FormatBytes(rl.rlim_cur) +
+          ", and its hard limit (ulimit -Hs) too: under the 1 MiB tierzero needs, and only root "
+          "may raise a hard limit: start tierzero from a shell whose hard limit allows it (a new "
+          "login), or ask an administrator (limits.conf)");
   }
   if (pthread_attr_t a; ::pthread_getattr_default_np(&a) == 0) {
     size_t size = 0;
@@ -219,7 +220,9 @@ Status FitProcessLimits() {
 // constructors) took more stack than that. Functions in the executable's .preinit_array run
 // before any shared library's initialisers, so there the soft limit is raised toward the hard
 // one (as FitProcessLimits does later), and a hard limit under what tierzero needs is said with
-// write(2) alone (no allocation is possible yet) and the process ends with status 1.
+// write(2) alone (no allocation is possible yet) and the process ends with status 1. What runs
+// before even that, the dynamic loader mapping the libraries, is beyond any code of ours: with a
+// large environment (which the stack holds too) a limit this small can still fail there.
 void FitStackBeforeLibraries(int, char**, char**) {
   constexpr rlim_t kStack = rlim_t{8} << 20, kLeastStack = rlim_t{1} << 20;
   struct rlimit rl {};
@@ -229,8 +232,9 @@ void FitStackBeforeLibraries(int, char**, char**) {
   (void)::setrlimit(RLIMIT_STACK, &rl);
   if (::getrlimit(RLIMIT_STACK, &rl) == 0 && rl.rlim_cur < kLeastStack) {
     static const char kSay[] =
-        "error: the stack size limit (ulimit -s) is under the 1 MiB tierzero needs: raise it "
-        "(ulimit -s 8192)\n";
+        "error: the stack size limit (ulimit -s) and its hard limit (ulimit -Hs) are under the "
+        "1 MiB tierzero needs, and only root may raise a hard limit: start tierzero from a shell "
+        "whose hard limit allows it (a new login), or ask an administrator (limits.conf)\n";
     (void)!::write(2, kSay, sizeof kSay - 1);
     ::_exit(1);
   }

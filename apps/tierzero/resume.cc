@@ -427,6 +427,12 @@ json EffectiveModel(const json& model) {
   return m;
 }
 
+std::string ModelValueShown(const json& model, const std::string& key) {
+  const json raw = model.is_object() ? model.value(key, json()) : json();
+  const json effective = EffectiveModel(model).value(key, json());
+  return raw.dump() + (raw == effective ? "" : " (" + effective.dump() + " as it computes)");
+}
+
 bool HowTheModelComputes(const std::string& key) {
   return key == "seed" || key == "activation_checkpointing" || key == "activations";
 }
@@ -455,9 +461,9 @@ Status CheckSameModelJson(const json& user, const json& now, const std::string& 
     if (it == is.end() || *it == then) continue;
     const auto flag = kFlag.find(key);
     return FailedPreconditionError(
-        "the checkpoint " + dir + " is of a model with model." + key + " " + then.dump() +
-        "; this run's is " + it->dump() + " (from " +
-        (flag == kFlag.end() ? std::string() : flag->second + ", ") +
+        "the checkpoint " + dir + " is of a model with model." + key + " " +
+        ModelValueShown(user["model"], key) + "; this run's is " + ModelValueShown(now, key) +
+        " (from " + (flag == kFlag.end() ? std::string() : flag->second + ", ") +
         "--config or the built-in default). A checkpoint resumes its own model: give the "
         "run's config (--config RUN_DIR/config.json) and drop any override");
   }

@@ -20,6 +20,9 @@ nlohmann::json ModelJson(const RunConfig& cfg);
 // A model section with n_kv_head and d_ff as they compute (0: n_head's, and the architecture's
 // default width), so one model written two ways compares equal.
 nlohmann::json EffectiveModel(const nlohmann::json& model);
+// `model`'s field `key` as written, and as it computes where that differs ("0 (2 as it
+// computes)"): what a refusal quotes.
+std::string ModelValueShown(const nlohmann::json& model, const std::string& key);
 // A model field that says how the model computes, not what it is (seed, activation
 // checkpointing, activations): it may differ between a checkpoint, or a file that records its
 // model, and the run that reads it.
