@@ -160,8 +160,11 @@ Status TrainRun::Save(int step) {
   Status s = engine_->SaveCheckpoint(out_.checkpoint_dir, user.dump());
   save_s_ = SecondsSince(t0);
   // Every rank has the outcome (Note [Agreeing on an outcome]): a failure ends each rank on its
-  // own, the lead saying it, not by an abort.
-  if (!s.ok() && world_ > 1) {
+  // own, the lead saying it, not by an abort. Unless the save's own agreement was given up (a
+  // rank stopped mid-save: the others timed out in it): then no rank knows the others', and the
+  // job is aborted, each rank saying its error. Treated as agreed, the ranks left waited in
+  // MPI_Finalize for the stopped one, forever (hunt 46).
+  if (!s.ok() && world_ > 1 && !comm_->gave_up()) {
     agreed_failure_ = true;
     speaks_ = lead_;
   }

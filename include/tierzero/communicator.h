@@ -99,6 +99,10 @@ class Communicator {
   virtual std::string backend() const = 0;  // "single", "mpi", "nccl"
   // Whether collectives complete without the starting thread's Wait or Test (see above).
   virtual bool asynchronous() const { return true; }
+  // Whether a collective of this process was given up (its deadline passed: a rank stopped or
+  // diverged) or failed in the transport. The communicator is then unusable and the ranks do not
+  // know each other's state: a failure after it is the job's (Abort), not one they agreed on.
+  virtual bool gave_up() const { return false; }
 
   // Counts are elements per rank; dtypes fp32, bf16, fp16 and int8 (int4 for the data
   // movement collectives, with an even count). Reductions: fp32, bf16, fp16. On the MPI and

@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
@@ -23,6 +24,11 @@
 namespace tierzero {
 
 namespace {
+
+// A collective of this process given up (Note [Collective deadlines]) or failed by MPI, on any of
+// its communicators (the engine's are duplicates of the trainer's): Communicator::gave_up.
+std::atomic<bool> g_gave_up{false};
+
 TZ_TUNABLE(bool, kMpiCommThread, "TZ_MPI_COMM_THREAD", true,
            "run MPI collectives on their own comm thread when MPI allows it (0: on the caller's "
            "thread; Note [The MPI comm thread])");
@@ -249,11 +255,13 @@ class MpiQueue {
         if (rc != MPI_SUCCESS) {
           op.status = MpiError(rc, op.what);
           op.on_done = nullptr;
+          g_gave_up = true;
         } else if (!flag || now < op.not_before) {
           if (!flag && std::chrono::duration<double>(now - op.called).count() > timeout_s) {
             static auto* abandoned = new std::vector<std::function<void()>>();
             abandoned->push_back(std::move(op.on_done));
             op.on_done = nullptr;
+            g_gave_up = true;
             op.status = DeadlineExceededError(
                 op.what + " did not complete in " + std::to_string(static_cast<int>(timeout_s)) +
                 " s: another rank has failed, stopped, or started a different collective");
@@ -444,6 +452,7 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return topo_.size; }
   Topology topology() const override { return topo_; }
   std::string backend() const override { return "mpi"; }
+  bool gave_up() const override { return g_gave_up.load(); }
   bool asynchronous() const override { return queue_->threaded(); }
 
   StatusOr<std::unique_ptr<CommRequest>> AllGather(const void* send, void* recv, size_t count,

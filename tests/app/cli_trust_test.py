@@ -25,6 +25,7 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   resume_older_checkpoint  an older build's checkpoint takes its model and settings from its
                 run's config.json (another --heads refused, a new schedule noted), or says so
   ranks_agree   ranks started with different configs fail with the fields named (mpirun ':')
+  rank_stops_in_save  a rank stopped while it saves: the job aborted in about the timeout
   ranks_faults  two ranks whose data changes or whose metrics file fails mid-run: all save first
   readers       a directory, /dev/zero, a huge sparse file, deep or duplicate-key JSON: an error
   setup_signal  SIGINT/SIGTERM while set-up blocks on a FIFO ends the process promptly

@@ -185,3 +185,72 @@ def case_ranks_faults():
           f"two ranks, a metrics file failing mid-run: status {p.returncode}\n{out}")
     check(os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
           f"two ranks, a metrics file failing mid-run: nothing saved\n{out}")
+
+
+def case_rank_stops_in_save():
+    # A rank stopped (SIGSTOP: a hung file system) while it writes its part of a checkpoint: the
+    # others' save times out in its agreement (collective_timeout_s). That failure was taken as
+    # one the ranks agreed on, and the rank left waited in MPI_Finalize for the stopped one,
+    # forever (hunt 46). Now the job is aborted within about the timeout, an error line saying
+    # why; the stopped rank is killed with it.
+    mpirun, env = mpirun_env()
+    if not mpirun:
+        return
+    cfg = os.path.join(OUT, "ss.json")
+    with open(cfg, "w") as f:
+        json.dump({"model": {"n_layer": 4, "d_model": 192, "n_head": 4},
+                   "train": {"steps": 100000, "batch_size": 8, "eval_every": 0,
+                             "eval_batches": 1, "checkpoint_every": 5},
+                   "engine": {"device_budget": "16 MiB", "host_budget": "24 MiB",
+                              "nvme_budget": "256 MiB"},
+                   "output": {"html": "none", "trace": "none"},
+                   "ranks": {"collective_timeout_s": 5}}, f)
+    for target in ("1", "0"):
+        rd = os.path.join(OUT, "ss_run" + target)
+        p = subprocess.Popen([mpirun, "-np", "2", TZ, "train", "--config", cfg, "--run-dir", rd,
+                              "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             env=env, cwd=OUT)
+        stopped = None
+        try:
+            deadline = time.time() + 60
+            while stopped is None and time.time() < deadline and p.poll() is None:
+                for pid in os.listdir("/proc"):
+                    if not pid.isdigit():
+                        continue
+                    try:
+                        with open(f"/proc/{pid}/cmdline", "rb") as f:
+                            if not f.read().startswith(TZ.encode() + b"\0train\0--config\0" +
+                                                       cfg.encode()):
+                                continue
+                        with open(f"/proc/{pid}/environ", "rb") as f:
+                            if b"OMPI_COMM_WORLD_RANK=" + target.encode() + b"\0" not in f.read():
+                                continue
+                        if any(".states-" in os.readlink(f"/proc/{pid}/fd/{fd}") and
+                               os.readlink(f"/proc/{pid}/fd/{fd}").endswith(".tmp")
+                               for fd in os.listdir(f"/proc/{pid}/fd")):
+                            os.kill(int(pid), 19)  # SIGSTOP
+                            stopped = int(pid)
+                            break
+                    except OSError:
+                        continue
+            if stopped is None:
+                print(f"      (rank_stops_in_save: rank {target}'s save was not caught; skipped)")
+                continue
+            t0 = time.time()
+            try:
+                out = p.communicate(timeout=60)[0].decode(errors="replace")
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out = p.communicate()[0].decode(errors="replace")
+                check(False, f"rank {target} stopped in a save: the job hung\n{out[-2000:]}")
+            check(p.returncode not in (0, None) and "did not complete in 5 s" in out,
+                  f"rank {target} stopped in a save: exit {p.returncode} after "
+                  f"{time.time() - t0:.0f} s\n{out[-2000:]}")
+        finally:
+            if p.poll() is None:
+                p.kill()
+            if stopped is not None:
+                try:
+                    os.kill(stopped, 9)
+                except OSError:
+                    pass
