@@ -11,6 +11,8 @@
 namespace tierzero::app {
 
 int ReportCommand(const std::vector<std::string>& args) {
+  // (Under mpirun every rank wrote the same page: they raced, one refused the other's file.)
+  if (int rc = RefuseUnderLauncher("report", "it renders one run's report"); rc != 0) return rc;
   std::string input, html, trace, plan;
   bool overwrite = false;  // an existing -o or --trace file may be replaced
   for (size_t i = 0; i < args.size(); ++i) {

@@ -56,14 +56,12 @@ LauncherRanks LaunchedRanks() {
 }
 
 // train.h
-int RefuseUnderLauncher(const char* command) {
+int RefuseUnderLauncher(const char* command, const char* why) {
   const LauncherRanks l = LaunchedRanks();
   if (l.size <= 1) return 0;
   if (l.rank == 0)
-    std::fprintf(stderr,
-                 "error: tierzero %s runs in one process (it loads a checkpoint of any number of "
-                 "ranks): run it without mpirun\n",
-                 command);
+    std::fprintf(stderr, "error: tierzero %s runs in one process (%s): run it without mpirun\n",
+                 command, why);
   return 2;
 }
 

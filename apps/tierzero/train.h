@@ -150,7 +150,8 @@ struct LauncherRanks {
 LauncherRanks LaunchedRanks();
 // A command that runs in one process (export, eval) started as several ranks: each would do the
 // whole job and race for its output. 2, with rank 0's message; 0 when one process runs it.
-int RefuseUnderLauncher(const char* command);
+int RefuseUnderLauncher(const char* command,
+                        const char* why = "it loads a checkpoint of any number of ranks");
 // The engine's error as a one-process command (export, eval) says it: without its advice to use
 // more ranks (they run without mpirun), and for eval's forward alone without the advice to
 // checkpoint activations (eval refuses --checkpoint-activations: it keeps no activations for a

@@ -107,16 +107,20 @@ def case_ranks_agree():
     for node in ("a_wd0", "a_wd1"):
         check(os.listdir(os.path.join(OUT, node)) == [], f"{node} keeps "
               f"{os.listdir(os.path.join(OUT, node))}")
-    # export and eval are one process's jobs: under mpirun they are refused, not run twice.
+    # export, eval and report are one process's jobs: under mpirun they are refused, not run twice
+    # (two reports raced for one page).
     for cmd in (["export", os.path.join(OUT, "a_nvme", "checkpoint"), "-o",
                  os.path.join(OUT, "a_export.safetensors")],
                 ["eval", "--resume", os.path.join(OUT, "a_nvme", "checkpoint"), "--data",
-                 "/dev/null"]):
+                 "/dev/null"],
+                ["report", os.path.join(OUT, "a_nvme", "report.json"), "-o",
+                 os.path.join(OUT, "a_page.html")]):
         p = subprocess.run([mpirun, "-np", "2", TZ] + cmd, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, timeout=120, env=env, cwd=OUT)
         out = p.stdout.decode(errors="replace")
         check(p.returncode != 0 and "without mpirun" in out, f"{cmd[0]} under mpirun:\n{out}")
     check(not os.path.exists(os.path.join(OUT, "a_export.safetensors")), "an export ran")
+    check(not os.path.exists(os.path.join(OUT, "a_page.html")), "a report ran")
     # A save that one rank cannot write leaves no other rank's file behind (Note [A re-save never
     # renames over its manifest's]: an uncommitted save removes its files).
     ck = os.path.join(OUT, "a_ck_blocked")
