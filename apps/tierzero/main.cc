@@ -270,8 +270,7 @@ void FitThreadLimit() {
   }
   if (const TaskLimit pids = ReadTaskLimit(); !pids.source.empty() && pids.room < kNoConstraint)
     what = (what.empty() ? "" : what + "; ") + "the cgroup's pids limit, " + pids.source + " " +
-           std::to_string(pids.limit) + " with " + std::to_string(pids.limit - pids.room) +
-           " taken";
+           std::to_string(pids.limit) + " with " + std::to_string(pids.current) + " taken";
   if (what.empty()) return;
   // The run's own threads beside oneTBB's: the signal thread, the simulated device's streams,
   // NVMe completions and io_uring's workers, the update phase and the speculative start. The

@@ -72,9 +72,10 @@ HostMemory ReadHostMemory(const std::string& root = "");
 // in src/core/host_memory.cc.
 struct TaskLimit {
   // "" where no pids limit is set (or none can be read); then `room` and `limit` mean nothing.
-  std::string source;  // the limiting file ("/sys/fs/cgroup/pids.max")
-  uint64_t limit = 0;  // its pids.max
-  uint64_t room = 0;   // pids.max less pids.current there (0 when full)
+  std::string source;    // the limiting file ("/sys/fs/cgroup/pids.max")
+  uint64_t limit = 0;    // its pids.max
+  uint64_t current = 0;  // its pids.current: the tasks there now (over `limit` once it is lowered)
+  uint64_t room = 0;     // pids.max less pids.current there (0 when full)
 };
 TaskLimit ReadTaskLimit(const std::string& root = "");
 

@@ -258,29 +258,40 @@ namespace {
 // pickled weights (which tierzero does not read), or safetensors shards without their index.
 std::string WhatWeightsItHas(const std::string& dir) {
   std::error_code ec;
-  std::vector<std::string> bins, shards;
+  std::vector<std::string> bins, shards, others;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     const auto ends = [&](std::string_view tail) {
       return name.size() >= tail.size() &&
              name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
     };
-    if (ends(".bin") || ends(".pt") || ends(".pth")) bins.push_back(name);
-    if (ends(".safetensors")) shards.push_back(name);
+    // (transformers' names: pytorch_model*.bin, model-00001-of-00002.safetensors; a
+    // training_args.bin or an adapter's safetensors is not the model's weights.)
+    if (name.rfind("pytorch_model", 0) == 0 && ends(".bin")) bins.push_back(name);
+    if (ends(".safetensors"))
+      (name.rfind("model-", 0) == 0 && name.find("-of-") != std::string::npos ? shards : others)
+          .push_back(name);
   }
   std::sort(bins.begin(), bins.end());
   std::sort(shards.begin(), shards.end());
+  std::sort(others.begin(), others.end());
+  auto listed = [](const std::vector<std::string>& v) {
+    return v.front() + (v.size() > 1 ? " and " + std::to_string(v.size() - 1) + " more" : "");
+  };
   if (!shards.empty())
-    return ": it has " + shards.front() +
-           (shards.size() > 1 ? " and " + std::to_string(shards.size() - 1) + " more" : "") +
+    return ": it has " + listed(shards) +
            " without the index that names which tensor each holds: download "
            "model.safetensors.index.json beside them";
   if (!bins.empty())
-    return ": it has " + bins.front() +
-           (bins.size() > 1 ? " and " + std::to_string(bins.size() - 1) + " more" : "") +
+    return ": it has " + listed(bins) +
            ", PyTorch's pickled weights, which tierzero does not read (they can run code when "
            "loaded): download the model's safetensors files, or convert them (transformers' "
            "save_pretrained(..., safe_serialization=True))";
+  if (!others.empty())
+    return ": it has " + listed(others) +
+           ", not the model's weights by transformers' names (an adapter's? a consolidated "
+           "file of another layout?): tierzero reads model.safetensors, or the shards "
+           "model.safetensors.index.json names";
   return ": download the model's weights (model.safetensors) into it";
 }
 

@@ -221,6 +221,7 @@ TaskLimit ReadTaskLimit(const std::string& root) {
         if (t.source.empty() || room < t.room) {
           t.room = room;
           t.limit = limit;
+          t.current = current;
           t.source = d.substr(root.size()) + "/pids.max";
         }
       }

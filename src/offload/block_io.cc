@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <new>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -247,12 +248,19 @@ class ThreadPoolBlockIo final : public BlockIo {
 
   Status Submit(IoRequest* req) override {
     in_flight_.acquire();
-    return Resubmit(req);
+    Status s = Resubmit(req);
+    if (!s.ok()) in_flight_.release();  // (not queued: its permit is not a worker's to give back)
+    return s;
   }
   Status Resubmit(IoRequest* req) override {
-    {
+    // A queue that cannot grow (memory out, under a limit) is this request's error: an
+    // exception here escaped NvmeStore::Submit with its operation counted live and part of it
+    // queued, and ~NvmeStore's check aborted (review 46).
+    try {
       MutexLock lock(mu_);
       queue_.push_back(req);
+    } catch (const std::bad_alloc&) {
+      return OutOfMemoryError("queueing an NVMe request: no memory for the I/O queue");
     }
     cv_.NotifyOne();
     t_resubmitted = true;  // harmless outside a callback: Work() resets it before each one

@@ -166,6 +166,7 @@ TEST_F(HostMemoryTest, APidsLimitsRoomIsTheSmallestOnTheWayUp) {
   t = ReadTaskLimit(root_);
   EXPECT_EQ(t.source, "/sys/fs/cgroup/pod/ctr/pids.max");
   EXPECT_EQ(t.room, 0u);
+  EXPECT_EQ(t.current, 45u);
 }
 
 TEST_F(HostMemoryTest, APidsLimitInCgroupV1sPidsHierarchyNotTheMemoryOnes) {

@@ -161,9 +161,16 @@ def limited_cgroup(controller, limit):
         try:
             with open(os.path.join(d, limit_file), "w") as f:
                 f.write(str(limit))
+            # A process may be moved into it (cgroup v2 delegation may refuse: EBUSY, EACCES).
+            subprocess.run(["true"], preexec_fn=into_cgroup(d), check=True, timeout=30)
             return d
-        except OSError:
-            os.rmdir(d)
+        except (OSError, subprocess.SubprocessError):
+            for _ in range(50):  # (empty once the probe is reaped)
+                try:
+                    os.rmdir(d)
+                    break
+                except OSError:
+                    time.sleep(0.1)
     return None
 
 
