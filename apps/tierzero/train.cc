@@ -242,6 +242,16 @@ Status TrainRun::SetUp() {
     // The model checked before anything is built for it (Note [A checkpoint resumes its own
     // model]).
     StatusOr<CheckpointInfo> read = ReadCheckpointInfo(out_.resume);
+    // A checkpoint no rank can read is a failure they all know: the lead says it (the others
+    // each printed their own NotFound beside the lead's advice, then an abort; hunt 46).
+    if (world_ > 1) {
+      TZ_ASSIGN_OR_RETURN(const std::vector<uint64_t> read_ok,
+                          AllGatherValue(*comm_, uint64_t{read.ok()}));
+      if (std::all_of(read_ok.begin(), read_ok.end(), [](uint64_t r) { return r == 0; })) {
+        agreed_failure_ = true;
+        speaks_ = lead_;
+      }
+    }
     // A run stopped (killed) before its first save leaves its checkpoint directory without a
     // manifest: nothing to resume, and what to do is start it again.
     std::error_code ec;
@@ -643,8 +653,9 @@ int Train(const std::vector<std::string>& given_args) {
       if (Status s = CatchingExceptions([&] { return run.SetUp(); }); !s.ok()) {
         run.UndoStart();
         if (run.agreed_failure()) {
-          std::fprintf(stderr, "rank %d of %d: error: %s\n", rank, g_comm->size(),
-                       s.ToString().c_str());
+          if (run.speaks())
+            std::fprintf(stderr, "rank %d of %d: error: %s\n", rank, g_comm->size(),
+                         s.ToString().c_str());
           return 1;
         }
         failed = s;

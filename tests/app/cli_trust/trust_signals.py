@@ -12,7 +12,7 @@ import termios
 import time
 
 from trust_common import (TZ, OUT, Failure, check, refused, ok, write_config, train_small,
-                          read_then_go, read, start_long_run)
+                          read_then_go, read, start_long_run, mpirun_env)
 
 
 def case_setup_signal():
@@ -388,6 +388,16 @@ def case_killed_before_checkpoint():
           "the killed run saved a checkpoint: the case tests nothing")
     out = refused(["train", "--resume", os.path.join(name, "checkpoint"), "--quiet"],
                   "stopped before it saved its first checkpoint", "--overwrite")
+    # Under mpirun the lead says it once (the others each printed a bare NotFound: hunt 46).
+    mpirun, env = mpirun_env()
+    if mpirun:
+        p = subprocess.run([mpirun, "-np", "2", TZ, "train", "--resume",
+                            os.path.join(name, "checkpoint"), "--quiet"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=120, env=env, cwd=OUT)
+        ranked = p.stdout.decode(errors="replace")
+        check(p.returncode != 0 and ranked.count("error:") == 1 and
+              "stopped before it saved its first checkpoint" in ranked,
+              f"2 ranks resuming a run killed before its first save:\n{ranked}")
     advice = out[out.index("tierzero train --config"):].split(" (replaces")[0].split()[1:]
     ok(advice + ["--steps", "3", "--quiet"])
     check(os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
