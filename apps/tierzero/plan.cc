@@ -4,6 +4,7 @@
 // a short calibration run and cached; Engine::Plan does the rest with the run's own code.
 #include "plan.h"
 
+#include <glob.h>
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/parallel_for.h>
 #include <stdlib.h>
@@ -483,12 +484,20 @@ int Plan(const std::vector<std::string>& args) {
   if (!pa->json_path.empty()) {
     // The plan is written over none of the files it reads, nor into a running run's directory
     // (said first: the more telling refusal of a path both refuse).
-    if (Status s = CheckNotAnInput(pa->json_path, "--json",
-                                   {{"config", config_path, false},
-                                    {"warm-up trace", pa->trace_path, false},
-                                    {"rates file", pa->rates_path, false}});
-        !s.ok())
-      return Fail(s);
+    // (Its data and its rates cache too: with --overwrite they were replaced by the plan.)
+    std::vector<InputPath> inputs = {{"config", config_path, false},
+                                     {"warm-up trace", pa->trace_path, false},
+                                     {"rates file", pa->rates_path, false},
+                                     {"rates cache", RatesCachePath(false), false},
+                                     {"rates cache", RatesCachePath(true), false},
+                                     {"text (--text)", cfg->data.text_path, false}};
+    if (!cfg->data.token_path.empty()) {
+      glob_t g{};
+      if (::glob(cfg->data.token_path.c_str(), 0, nullptr, &g) == 0)
+        for (size_t i = 0; i < g.gl_pathc; ++i) inputs.push_back({"data (--data)", g.gl_pathv[i]});
+      ::globfree(&g);
+    }
+    if (Status s = CheckNotAnInput(pa->json_path, "--json", inputs); !s.ok()) return Fail(s);
     // A path no plan can be written to is refused now, not after the calibration.
     if (Status s = CheckOutputPath(pa->json_path, "--json"); !s.ok()) return Fail(s);
     if (Status s = CheckOutputDirectory(pa->json_path, "--json"); !s.ok()) return Fail(s);

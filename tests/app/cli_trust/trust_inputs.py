@@ -451,6 +451,13 @@ def case_plan_of_another_config():
                             "--quiet"])
     refused(["train"] + llama + ["--kv-heads", "1", "--plan", lplan, "--run-dir",
                                  os.path.join(OUT, "pa_llama1"), "--quiet"], "model.n_kv_head")
+    # --json --overwrite never names what the plan reads: its text, its token files (hunt 46).
+    text = os.path.join(OUT, "pa_text.txt")
+    with open(text, "w") as f:
+        f.write("the quick brown fox\n" * 2000)
+    refused(["plan", "--layers", "1", "--width", "32", "--heads", "2", "--text", text, "--json",
+             text, "--overwrite", "--no-advice"], "the text (--text) this command reads")
+    check(read(text) == b"the quick brown fox\n" * 2000, "plan --json replaced its --text")
     # A plan nested 500000 deep under a config field overflowed the stack (SIGSEGV, hunt 45).
     deep = os.path.join(OUT, "pa_deep.json")
     with open(deep, "w") as f:
