@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/json_in.h"
+#include "profiler/report_numbers.h"
 #include "tierzero/report.h"
 
 namespace tierzero {
@@ -180,6 +181,10 @@ StatusOr<std::string> WithPrediction(const std::string& report_json, const std::
     ASSIGN_OR_RETURN(const JsonIn inner, pin.at("prediction"));
     prediction = inner.raw();
   }
+  // Its numbers in a report's range, said of the plan: a plan edited to hold -1 or 1e300 joined
+  // the run's report, which the run then could not render at its end, nor `report` ever after
+  // (hunt 46).
+  RETURN_IF_ERROR(CheckReportNumbers(prediction, "the plan: prediction"));
   const JsonIn p(prediction, "plan: prediction");
   ASSIGN_OR_RETURN(const bool fits, p.get<bool>("fits"));
   if (!fits) return p.Error("says the run does not fit: nothing to compare with");

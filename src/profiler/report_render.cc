@@ -8,10 +8,10 @@
 #include "core/file_io.h"
 #include "core/json_in.h"
 #include "profiler/observer.h"
+#include "profiler/report_numbers.h"
 #include "tierzero/report.h"
 
 namespace tierzero {
-namespace {
 
 using json = nlohmann::json;
 
@@ -21,7 +21,8 @@ using json = nlohmann::json;
 // each, so their sums fit; a century is 3e9 seconds): a
 // report edited or corrupted to hold -5 or 1e300 rendered charts and summaries of nonsense ("-0.0
 // MiB", bars off the page). Such a report is refused with the field named, before anything renders.
-Status CheckReportNumbers(const json& r) {
+// report_numbers.h
+Status CheckReportNumbers(const json& r, const std::string& what) {
   struct Item {
     const json* v;
     std::string path;
@@ -46,7 +47,7 @@ Status CheckReportNumbers(const json& r) {
     const std::string key = dot == std::string::npos ? it.path : it.path.substr(dot + 1);
     const double least = key == "moment" || key == "chunk" ? -1 : 0;
     if (!(v >= least && v <= 4.6e18)) {
-      return InvalidArgumentError("report: " + it.path + " is " + it.v->dump() +
+      return InvalidArgumentError(what + ": " + it.path + " is " + it.v->dump() +
                                   "; a report's counts, sizes, times and rates lie in [" +
                                   (least < 0 ? "-1" : "0") +
                                   ", 4.6e18] (Note [A report's numbers in range])");
@@ -54,6 +55,8 @@ Status CheckReportNumbers(const json& r) {
   }
   return Status::OK();
 }
+
+namespace {
 
 StatusOr<json> ParseReport(const std::string& text) {
   ASSIGN_OR_RETURN(json r, ParseOutsideJson(text, "the report"));

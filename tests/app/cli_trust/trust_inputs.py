@@ -451,6 +451,17 @@ def case_plan_of_another_config():
                             "--quiet"])
     refused(["train"] + llama + ["--kv-heads", "1", "--plan", lplan, "--run-dir",
                                  os.path.join(OUT, "pa_llama1"), "--quiet"], "model.n_kv_head")
+    # A plan edited to hold a number out of a report's range is refused at set-up, naming it,
+    # where the run trained, then could not write its report (nor `report` read it after).
+    with open(plan) as f:
+        edited = json.load(f)
+    edited["prediction"]["memory"]["device"]["budget"] = 1e300
+    bad_plan = os.path.join(OUT, "pa_bad_plan.json")
+    with open(bad_plan, "w") as f:
+        json.dump(edited, f)
+    refused(["train", "--config", cfg, "--plan", bad_plan, "--run-dir", rd, "--quiet"],
+            "the plan: prediction: memory.device.budget")
+    check(not os.path.exists(rd), "a run refused for its plan left its directory")
     # --json --overwrite never names what the plan reads: its text, its token files (hunt 46).
     text = os.path.join(OUT, "pa_text.txt")
     with open(text, "w") as f:
