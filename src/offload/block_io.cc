@@ -4,13 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <new>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <semaphore>
 #include <thread>
