@@ -596,11 +596,14 @@ int Plan(const std::vector<std::string>& args) {
   }
   json out = {{"schema", "tierzero.plan/1"},
               {"prediction", json::parse(PlanJson(*p), nullptr, false)}};
-  // The config planned: `train --plan` refuses the plan of another (CheckPlanConfig).
-  if (pa->trace_path.empty()) out["config"] = json::parse(RunConfigToJson(*cfg), nullptr, false);
-  // A trace's plan is of the trace's model, not of a config (train --plan checks its layout).
-  else
+  // The config planned: `train --plan` and `report --plan` refuse the plan of another (Note [A
+  // plan of another run], plan_check.cc). A trace's plan is of the trace's model at its batch,
+  // not of a config's: it records the engine's settings alone, and train checks its layout.
+  out["config"] = json::parse(RunConfigToJson(*cfg), nullptr, false);
+  if (!pa->trace_path.empty()) {
+    for (const char* section : {"model", "train", "data", "output"}) out["config"].erase(section);
     out["trace"] = pa->trace_path;
+  }
   if (p->fits && pa->trace_path.empty()) {
     WarnNvmeSpace(*cfg, p->model_state_bytes[2], pa->ranks, pa->ranks_per_node, out);
     WarnHostMemory(*cfg, *p, pa->ranks, pa->ranks_per_node, out);

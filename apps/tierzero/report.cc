@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "plan_check.h"
+#include "plan_check.h"
 #include "run_dir.h"
 #include "tierzero/files.h"
 #include "tierzero/report.h"
@@ -95,6 +97,8 @@ int ReportCommand(const std::vector<std::string>& args) {
   if (!plan.empty()) {
     auto plan_text = ReadTextFile(plan, "plan file");
     if (!plan_text.ok()) return fail(plan_text.status());
+    if (Status s = CheckPlanOfReport(*text, *plan_text); !s.ok())
+      return fail(std::move(s).WithContext("--plan " + plan));
     auto with = WithPrediction(*text, *plan_text);
     if (!with.ok()) return fail(std::move(with).status().WithContext(plan));
     text = std::move(with);

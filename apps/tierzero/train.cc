@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "plan_check.h"
 #include "progress.h"
 #include "resume.h"
 #include "run_dir.h"
@@ -180,7 +181,8 @@ Status TrainRun::SetUp() {
     TZ_RETURN_IF_ERROR(CheckOutsideJson(plan_text_, "--plan " + out_.plan));
     const json plan = json::parse(plan_text_, nullptr, /*allow_exceptions=*/false);
     if (plan.is_object() && plan.contains("config")) {
-      TZ_RETURN_IF_ERROR(CheckPlanConfig(plan["config"], cfg_).WithContext("--plan " + out_.plan));
+      TZ_RETURN_IF_ERROR(CheckPlanConfig(plan["config"], cfg_, /*of_trace=*/plan.contains("trace"))
+                             .WithContext("--plan " + out_.plan));
     } else if (plan.is_object() && plan.contains("prediction") && !plan.contains("trace")) {
       // An older tierzero's plan records no config: its layout alone would be checked, and a
       // plan of another batch shown as this run's prediction (hunt 41). Refused when given; a

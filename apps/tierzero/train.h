@@ -82,11 +82,6 @@ StatusOr<RunConfig> ParseRunConfig(const std::string& json_text, RunConfig base)
 Status ValidateRunConfig(const RunConfig& config);
 // The config as JSON (every field, with its value).
 std::string RunConfigToJson(const RunConfig& config);
-// OK when `plan_config` (the config a `tierzero plan --json` file records) plans the run of
-// `run`: the same model, batch, budgets, placement and engine settings; FailedPrecondition
-// naming the first fields that differ otherwise. Hyperparameters, data and outputs, which do not
-// change what the plan predicts, may differ.
-Status CheckPlanConfig(const nlohmann::json& plan_config, const RunConfig& run);
 
 // The built-in default, the config file of --config over it, then the flags, then the checks
 // no single field can make (`train` and `plan` read their config so).

@@ -566,6 +566,7 @@ Status TrainRun::WriteReports(std::string& summary) {
       r["model"] = {{"name", gpt::ModelName(cfg_.model)},
                     {"parameters", model_->num_params()},
                     {"config", ModelJson(cfg_)},
+                    {"batch_size", cfg_.train.batch_size},
                     {"compute", model_->ComputeSummary()}};
       text = r.dump(1);
     }

@@ -480,6 +480,25 @@ def case_plan_of_another_config():
     ok(["train", "--config", cfg, "--plan", plan, "--run-dir", rd, "--steps", "2", "--quiet"])
     report = json.load(open(os.path.join(rd, "report.json")))
     check("prediction" in report, "the run's report has no prediction beside it")
+    # `report --plan` refuses a plan of another config too (Note [A plan of another run]): one
+    # of another batch or budget had been compared as this run's prediction (hunt 46).
+    rj = os.path.join(rd, "report.json")
+    ok(["report", rj, "--plan", plan])
+    for flags, field in ((["--batch-size", "3"], "train.batch_size"),
+                         (["--host-budget", "64MiB"], "engine.host_budget"),
+                         (["--optimizer-states", "int8"], "engine.optimizer_states")):
+        other = os.path.join(OUT, "pa_other_plan.json")
+        ok(["plan", "--config", cfg, "--json", other, "--no-advice", "--overwrite"] + flags)
+        refused(["report", rj, "--plan", other], field, "another config")
+    # A plan of a recorded trace records the engine's settings it was made with: `train --plan`
+    # refuses one of other budgets (it was taken, its placement shown as this run's).
+    tplan = os.path.join(OUT, "pa_trace_plan.json")
+    ok(["plan", "--config", cfg, "--trace", os.path.join(rd, "warmup_trace.json"), "--json",
+        tplan, "--host-budget", "64MiB"])
+    refused(["train", "--config", cfg, "--plan", tplan, "--run-dir", rd + "_t", "--quiet"],
+            "engine.host_budget", "another config")
+    refused(["report", rj, "--plan", tplan], "engine.host_budget")
+    check(not os.path.exists(rd + "_t"), "a run refused for its plan left its directory")
     # An older tierzero's plan records no config: refused, not checked by its layout alone.
     older = json.load(open(plan))
     older.pop("config")

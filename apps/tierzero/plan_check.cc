@@ -1,0 +1,170 @@
+// Whether a `tierzero plan --json` file is of this run: `train --plan` checks the config it
+// records against the run's before the engine is built, `report --plan` against what the report
+// records of the run. A plan of another config is refused, naming the fields that differ: its
+// predictions shown beside the run would pass for the run's (Note [A plan of another run]).
+#include "plan_check.h"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "resume.h"
+#include "tierzero/bytes.h"
+
+namespace tierzero::app {
+
+using json = nlohmann::json;
+
+// plan_check.h
+Status CheckPlanConfig(const json& plan_config, const RunConfig& run, bool of_trace) {
+  const json ran = json::parse(RunConfigToJson(run), nullptr, /*allow_exceptions=*/false);
+  if (!plan_config.is_object()) return Status::OK();  // (a plan of an older tierzero)
+  // What shapes the prediction: the model but its seed; the batch; every engine setting but
+  // Adam's hyperparameters and where NVMe lives; ZeRO++; how the ranks talk.
+  const std::vector<std::pair<std::string, std::string>> fields = [&] {
+    std::vector<std::pair<std::string, std::string>> f;
+    // (A trace's plan is of the trace's model at its batch: train --plan checks its layout.)
+    for (const char* section : {"model", "engine", "zeropp"}) {
+      if (!ran.contains(section) || (of_trace && std::string(section) == "model")) continue;
+      for (const auto& [k, v] : ran[section].items()) f.emplace_back(section, k);
+    }
+    if (!of_trace) f.emplace_back("train", "batch_size");
+    f.emplace_back("ranks", "collectives");
+    return f;
+  }();
+  const std::vector<std::string> skip = {"model.seed",
+                                         "engine.beta1",
+                                         "engine.beta2",
+                                         "engine.eps",
+                                         "engine.weight_decay",
+                                         "engine.clip_grad_norm",
+                                         "engine.nvme_path",
+                                         "engine.initial_loss_scale",
+                                         "engine.loss_scale_window"};
+  bool sized_to_machine = !run.output.init_from.empty();
+  for (const char* f : {"engine.device_budget", "engine.device_shard_budget", "engine.host_budget",
+                        "engine.nvme_budget"})
+    sized_to_machine &= run.given.count(f) == 0;
+  // A resume of such a run records the budgets it was given (shared among its ranks), and takes
+  // no --init-from: the planned run's did (hunt 40: its resume was refused as another config).
+  const auto planned_out = plan_config.find("output");
+  if (!run.output.resume.empty() && planned_out != plan_config.end() && planned_out->is_object() &&
+      planned_out->contains("init_from") && (*planned_out)["init_from"].is_string() &&
+      !(*planned_out)["init_from"].get<std::string>().empty())
+    sized_to_machine = true;
+  std::string differ;
+  int n = 0;
+  // (The models compared as they compute: n_kv_head 0 and n_head's count are one model.)
+  const auto planned_model = plan_config.find("model");
+  const json ran_model = EffectiveModel(ran["model"]);
+  const json plan_model =
+      planned_model != plan_config.end() ? EffectiveModel(*planned_model) : json::object();
+  for (const auto& [section, key] : fields) {
+    const std::string name = section + "." + key;
+    if (std::find(skip.begin(), skip.end(), name) != skip.end()) continue;
+    const bool model = section == "model" && plan_model.is_object();
+    const json& now = model ? ran_model[key] : ran[section][key];
+    const auto s = plan_config.find(section);
+    const json planned = model ? plan_model.value(key, json())
+                         : s != plan_config.end() && s->is_object() && s->contains(key) ? (*s)[key]
+                                                                                        : json();
+    // (A device left to "auto" is the one the other names, on the machine both ran on.)
+    if (name == "engine.device" && (now == "auto" || planned == "auto")) continue;
+    // Budgets a model brought from a directory was given from the machine's free memory (Note
+    // [Budgets of a model brought from a directory]): they drift between the plan and the run.
+    if (sized_to_machine && section == "engine" && key.ends_with("_budget")) continue;
+    if (planned == now) continue;
+    if (++n <= 3)
+      differ += (differ.empty() ? "" : ", ") + name + " " + planned.dump() + " in the plan, " +
+                now.dump() + " here";
+  }
+  if (n == 0) return Status::OK();
+  return FailedPreconditionError(
+      "the plan is of another config (" + differ +
+      (n > 3 ? ", and " + std::to_string(n - 3) + " more" : "") +
+      "): its predictions are not this run's. Plan this run's config (tierzero plan with the "
+      "same --config and flags, --json FILE) and give that");
+}
+
+// Note [A plan of another run]
+// A plan predicts one config: its model (but the seed), batch, budgets, accumulation, optimizer
+// placement and moments, ZeRO++ and ranks. Shown beside a run of another config, its figures
+// pass for that run's prediction, so either command refuses it, naming what differs:
+// - `train --plan` has the run's whole config (CheckPlanConfig). A plan of a recorded trace
+//   (`plan --trace`) records the engine's settings it was made with but no model or batch: the
+//   trace's model is checked by its layout, which the trace fixes, and its batch is the trace's.
+// - `report --plan` has what the report records of the run (CheckPlanOfReport): its model
+//   section and batch, budgets, accumulation, compute dtype, optimizer mode and moments and ZeRO++
+//   (the layout and rank count are compared in WithPrediction, src/profiler/report_prediction.cc).
+//   The batch is the report's `model.batch_size` (not recorded before session 47).
+// Budgets a model brought from a directory was given from the machine's free memory drift
+// between the plan and the run (Note [Budgets of a model brought from a directory]): they are
+// not compared for such a plan.
+Status CheckPlanOfReport(const std::string& report_text, const std::string& plan_text) {
+  // (Either malformed: WithPrediction says so, as of a plan without a config.)
+  const json report = json::parse(report_text, nullptr, /*allow_exceptions=*/false);
+  const json plan = json::parse(plan_text, nullptr, /*allow_exceptions=*/false);
+  if (!report.is_object() || !plan.is_object()) return Status::OK();
+  const auto cfg = plan.find("config");
+  if (cfg == plan.end() || !cfg->is_object()) return Status::OK();
+  auto section = [](const json& j, const char* key) {
+    const auto it = j.find(key);
+    return it != j.end() && it->is_object() ? *it : json::object();
+  };
+  std::string differ;
+  int n = 0;
+  auto compare = [&](const std::string& name, const json& planned, const json& ran) {
+    if (planned.is_null() || ran.is_null() || planned == ran) return;
+    if (++n <= 3)
+      differ += (differ.empty() ? "" : ", ") + name + " " + planned.dump() + " in the plan, " +
+                ran.dump() + " in the report";
+  };
+  // The model, as it computes (n_kv_head 0 is n_head's), but its seed.
+  const json planned_model = EffectiveModel(section(*cfg, "model"));
+  const json ran_model = EffectiveModel(section(section(report, "model"), "config"));
+  for (const auto& [key, value] : planned_model.items())
+    if (key != "seed") compare("model." + key, value, ran_model.value(key, json()));
+  // The batch (a report of an older tierzero does not record it).
+  compare("train.batch_size", section(*cfg, "train").value("batch_size", json()),
+          section(report, "model").value("batch_size", json()));
+  // The engine's settings the report records.
+  const json engine = section(*cfg, "engine");
+  const json ran = section(report, "config");
+  const json init_from = section(*cfg, "output").value("init_from", json());
+  if (!init_from.is_string() || init_from.get<std::string>().empty()) {
+    for (const char* key : {"device_budget", "device_shard_budget", "host_budget", "nvme_budget"}) {
+      const json v = engine.value(key, json());
+      std::optional<uint64_t> planned;
+      if (v.is_number_unsigned()) planned = v.get<uint64_t>();
+      if (v.is_string())
+        if (auto b = ParseByteSize(v.get<std::string>()); b.ok()) planned = *b;
+      const json r = ran.value(key, json());
+      if (planned && r.is_number_unsigned() && *planned != r.get<uint64_t>())
+        compare(std::string("engine.") + key, json(FormatBytes(*planned)),
+                json(FormatBytes(r.get<uint64_t>())));
+    }
+  }
+  for (const char* key : {"grad_accumulation", "compute_dtype"})
+    compare(std::string("engine.") + key, engine.value(key, json()), ran.value(key, json()));
+  const json phase = section(section(report, "optimizer"), "update_phase");
+  // (A device fraction is recorded as "device fraction", not its value.)
+  const json optimizer = engine.value("optimizer", json());
+  compare("engine.optimizer", optimizer.is_number() ? json("device fraction") : optimizer,
+          phase.value("mode", json()));
+  compare("engine.optimizer_states", engine.value("optimizer_states", json()),
+          phase.value("moments", json()));
+  const json zeropp = section(section(report, "ranks"), "zeropp");
+  const json planned_zeropp = section(*cfg, "zeropp");
+  for (const auto& [key, value] : planned_zeropp.items())
+    if (zeropp.contains(key)) compare("zeropp." + key, value, zeropp[key]);
+  if (n == 0) return Status::OK();
+  return FailedPreconditionError(
+      "the plan is of another config (" + differ +
+      (n > 3 ? ", and " + std::to_string(n - 3) + " more" : "") +
+      "): its predictions are not this run's. Plan the run's config (tierzero plan with its "
+      "--config and flags, --json FILE) and give that");
+}
+
+}  // namespace tierzero::app
