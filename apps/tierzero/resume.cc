@@ -54,6 +54,29 @@ int64_t CheckpointStep(const std::string& user_state, int64_t applied) {
   return at && *at >= 0 ? *at : applied;
 }
 
+// Note [The data continues where the checkpoint's run stopped]
+// A step's micro-batches are numbered in one stream: step s of a run of W ranks accumulating A
+// takes numbers s*W*A .. (s+1)*W*A - 1, rank r the r-th run of A (Dataset::Fetch draws each
+// micro-batch's rows from its number). Numbered from the step alone, a resume under another
+// split replayed or skipped data: 6 steps on 2 ranks resumed on 1 took steps 4..6's
+// micro-batches again, in order (hunt 47). So a checkpoint records the micro-batches its run
+// took ("micro_batches"), and a resumed run numbers its own after them: unchanged splits number
+// as before (resumes stay bit for bit), changed ones neither repeat nor skip. A checkpoint of an
+// older build records none: its step times its recorded ranks and accumulation, which is what it
+// took unless it was itself resumed under another split.
+uint64_t CheckpointMicroBatches(const std::string& user_state, int64_t step, int world, int accum) {
+  const json u = json::parse(user_state, nullptr, /*allow_exceptions=*/false);
+  if (const auto taken = IntegerField<uint64_t>(u, "micro_batches")) return *taken;
+  const auto ranks = IntegerField<int64_t>(u, "ranks");
+  const auto accumulated = IntegerField<int64_t>(u, "grad_accumulation");
+  constexpr int64_t kMost = std::numeric_limits<int32_t>::max();
+  const bool recorded = ranks && accumulated && *ranks > 0 && *accumulated > 0 && *ranks <= kMost &&
+                        *accumulated <= kMost;
+  return static_cast<uint64_t>(std::max<int64_t>(step, 0)) *
+         static_cast<uint64_t>(recorded ? *ranks : world) *
+         static_cast<uint64_t>(recorded ? *accumulated : accum);
+}
+
 json ScheduleJson(const TrainOptions& t) {
   return {{"lr", t.lr}, {"min_lr", t.min_lr}, {"warmup_steps", t.warmup_steps}, {"steps", t.steps}};
 }

@@ -36,6 +36,11 @@ nlohmann::json ZeroPPJson(const RunConfig& cfg);
 // count], train.cc), or `applied` (the optimizer steps the engine counted) when it records none.
 int64_t CheckpointStep(const std::string& user_state, int64_t applied);
 
+// The training micro-batches the run of a checkpoint at `step` took (Note [The data continues
+// where the checkpoint's run stopped], resume.cc); from its ranks and accumulation, or this
+// run's `world` and `accum`, where it records none.
+uint64_t CheckpointMicroBatches(const std::string& user_state, int64_t step, int world, int accum);
+
 // What a checkpoint records of the learning-rate schedule and of the data it trained on.
 nlohmann::json ScheduleJson(const TrainOptions& t);
 nlohmann::json DataJson(const gpt::DataConfig& d);

@@ -304,6 +304,7 @@ Status TrainRun::SetUp() {
     // loop's step in its user state, and a resume starts there, so 10 + 10 resumed steps are the
     // 20 uninterrupted ones.
     start_ = static_cast<int>(CheckpointStep(user, static_cast<int64_t>(engine_->step())));
+    data_base_ = CheckpointMicroBatches(user, start_, world_, cfg_.engine.grad_accumulation);
     if (lead_) ReportRunChanges(user, out_.resume, cfg_, world_, start_, dataset_->Fingerprint());
     // Note [An evaluation a stop left undone]
     // A run stopped by a data error at its scheduled evaluation (or before it, by a metrics line

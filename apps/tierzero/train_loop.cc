@@ -98,6 +98,7 @@ Status TrainRun::Save(int step) {
   // checkpoint resumes its own model]), and what a resumed run compares with its own
   // (ReportRunChanges).
   json user = {{"step", step},
+               {"micro_batches", MicroBatchesBefore(step)},
                {"data_seed", cfg_.data.seed},
                {"batch_size", cfg_.train.batch_size},
                {"grad_accumulation", cfg_.engine.grad_accumulation},
@@ -379,8 +380,11 @@ Status TrainRun::RunStep(int step) {
   Status read;
   for (int micro = 0; micro < accum && read.ok(); ++micro) {
     // Data parallel: a step takes world * accum micro-batches, rank r the r-th run of accum,
-    // so the same global batch whatever the split between ranks and accumulation.
-    const uint64_t index = (static_cast<uint64_t>(step) * static_cast<uint64_t>(world_) +
+    // so the same global batch whatever the split between ranks and accumulation; after those
+    // a resumed checkpoint's run took (Note [The data continues where the checkpoint's run
+    // stopped]).
+    const uint64_t index = data_base_ +
+                           (static_cast<uint64_t>(step - start_) * static_cast<uint64_t>(world_) +
                             static_cast<uint64_t>(rank_)) *
                                static_cast<uint64_t>(accum) +
                            static_cast<uint64_t>(micro);

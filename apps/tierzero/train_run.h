@@ -119,6 +119,14 @@ class TrainRun {
   std::vector<std::string> unwritten_metrics_;
   int metrics_lock_fd_ = -1;  // its lock (a regular file: MetricsLock)
   int start_ = 0, step_ = 0;
+  // Note [The data continues where the checkpoint's run stopped] (train_loop.cc): the training
+  // micro-batches taken before step start_, by this run's and the resumed checkpoint's runs.
+  uint64_t data_base_ = 0;
+  // The micro-batches taken before step `step` (what a checkpoint of it records).
+  uint64_t MicroBatchesBefore(int step) const {
+    return data_base_ + static_cast<uint64_t>(step - start_) * static_cast<uint64_t>(world_) *
+                            static_cast<uint64_t>(cfg_.engine.grad_accumulation);
+  }
   // Note [An evaluation a stop left undone] (train.cc): the step whose scheduled evaluation
   // failed (its checkpoint records it), and whether the resumed step's is to be made first.
   int eval_pending_step_ = -1;

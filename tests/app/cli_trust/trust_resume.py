@@ -135,6 +135,36 @@ def case_resume_exact():
           f"a resume past the warm-up with another horizon said nothing:\n{out}")
 
 
+def case_resume_other_split():
+    # The data continues where the checkpoint's run stopped (Note [The data continues where the
+    # checkpoint's run stopped]): 6 steps accumulating 2 micro-batches, resumed accumulating 1,
+    # took steps 4..6's micro-batches again (hunt 47). With a learning rate of 0 a step's loss is
+    # its data's alone: the resumed steps 7..10 are an uninterrupted accumulation-1 run's steps
+    # 13..16 (micro-batches 12..15), and the stream of a split kept equals its uninterrupted run.
+    cfg = write_config(os.path.join(OUT, "os.json"), train={"lr": 0, "min_lr": 0})
+    one, two = os.path.join(OUT, "os_one"), os.path.join(OUT, "os_two")
+    ok(["train", "--config", cfg, "--run-dir", one, "--steps", "16", "--quiet"])
+    ok(["train", "--config", cfg, "--run-dir", two, "--steps", "6", "--grad-accumulation", "2",
+        "--quiet"])
+    ok(["train", "--config", cfg, "--run-dir", two, "--steps", "10", "--grad-accumulation", "1",
+        "--quiet", "--resume", two + "/checkpoint"])
+    l1 = {s: loss for s, loss, *_ in losses(one + "/metrics.jsonl")}
+    l2 = {s: loss for s, loss, *_ in losses(two + "/metrics.jsonl")}
+    check([l2[s] for s in range(7, 11)] == [l1[s] for s in range(13, 17)],
+          f"resumed under another split, the data did not continue:\n{l1}\n{l2}")
+    # Back to accumulation 2 from step 10: its micro-batches 16.. are steps 9.. of a run
+    # accumulating 2 throughout, step for step.
+    acc = os.path.join(OUT, "os_acc")
+    ok(["train", "--config", cfg, "--run-dir", acc, "--steps", "12", "--grad-accumulation", "2",
+        "--quiet"])
+    ok(["train", "--config", cfg, "--run-dir", two, "--steps", "12", "--grad-accumulation", "2",
+        "--quiet", "--resume", two + "/checkpoint"])
+    la = {s: loss for s, loss, *_ in losses(acc + "/metrics.jsonl")}
+    l2 = {s: loss for s, loss, *_ in losses(two + "/metrics.jsonl")}
+    check([l2[s] for s in (11, 12)] == [la[s] for s in (9, 10)],
+          f"a second resume did not continue the data:\n{la}\n{l2}")
+
+
 def case_resume_own_config():
     # `--resume RUN_DIR/checkpoint` continues that run (the help and the refusal of a used run
     # directory say so): without --config its config is the run's config.json, so a run made
