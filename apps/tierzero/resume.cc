@@ -77,6 +77,39 @@ uint64_t CheckpointMicroBatches(const std::string& user_state, int64_t step, int
          static_cast<uint64_t>(recorded ? *accumulated : accum);
 }
 
+// Note [A step the report cannot profile]
+// A run's first iteration, fresh or resumed, is its warm-up: it records the access pattern the
+// plan is made from and is not profiled. `train.profile_step` is profiled by the next planned
+// iteration from that step's start, so a step the run never starts (at or before a resumed
+// checkpoint's) and, accumulating one micro-batch, the run's first step were silently the first
+// planned iteration's (hunt 47). Asked for (a flag, or a config file naming the field), either is
+// refused. Taken from the run's own config.json by a resume in place, where it was the first
+// run's, it gives way to the first planned iteration, said in a note.
+Status CheckProfileStep(RunConfig& cfg, int64_t start, bool say) {
+  const int64_t at = cfg.train.profile_step;
+  const bool past = at > 0 && at <= start;
+  const bool warm_up = at == start + 1 && cfg.engine.grad_accumulation == 1;
+  if (!past && !warm_up) return Status::OK();
+  const std::string first = std::to_string(start + 1), next = std::to_string(start + 2);
+  const std::string why =
+      past ? "is at or before the resumed checkpoint's step " + std::to_string(start) +
+                 ": this run trains from step " + first
+           : "is this run's first step, whose one micro-batch is its warm-up iteration (it "
+             "records the access pattern and is not profiled)";
+  if (cfg.given.count("train.profile_step") == 0) {
+    if (say)
+      std::printf(
+          "  note: train.profile_step %lld (the run's config) %s: the report profiles the first "
+          "planned iteration\n",
+          static_cast<long long>(at), why.c_str());
+    cfg.train.profile_step = 0;
+    return Status::OK();
+  }
+  return InvalidArgumentError("train.profile_step (--profile-step) " + std::to_string(at) + " " +
+                              why + "; give " + next + ".." + std::to_string(cfg.train.steps) +
+                              ", or 0 for the first planned iteration");
+}
+
 json ScheduleJson(const TrainOptions& t) {
   return {{"lr", t.lr}, {"min_lr", t.min_lr}, {"warmup_steps", t.warmup_steps}, {"steps", t.steps}};
 }

@@ -168,12 +168,11 @@ run's set-up, before its first line, it ends the process at once: nothing is sav
 
 }  // namespace
 
-// train.h
-int FailUncaught(const Status& s) { return Fail(s); }
+int FailUncaught(const Status& s) { return Fail(s); }  // train.h
 
 Status TrainRun::SetUp() {
-  // A plan of another config: refused before the engine is built or any weight loads (the plan's
-  // layout is compared with the engine's below).
+  // A plan of another config: refused before the engine is built or a weight loads (its layout
+  // is compared with the engine's below).
   if (!out_.plan.empty() && lead_) {
     TZ_ASSIGN_OR_RETURN(plan_text_, ReadTextFile(out_.plan, "plan file"));
     // Outside JSON: its depth bounded before anything recurses over it (a plan nested 500000
@@ -240,6 +239,7 @@ Status TrainRun::SetUp() {
       }
     }
   }
+  int64_t resumed_step = 0;
   if (!out_.resume.empty()) {
     // The model checked before anything is built for it (Note [A checkpoint resumes its own
     // model]).
@@ -273,7 +273,7 @@ Status TrainRun::SetUp() {
     // before the run's report, page and metrics are written over with those of no step (Note
     // [The loop's step, not the applied count], below, for which step). Into another run
     // directory it is a copy: re-saved there, on this run's ranks (resharding).
-    const int64_t ckpt_step = CheckpointStep(info.user_state, info.step);
+    const int64_t ckpt_step = resumed_step = CheckpointStep(info.user_state, info.step);
     if (outputs_.in_place && ckpt_step >= cfg_.train.steps) {
       return FailedPreconditionError(
           "the checkpoint " + out_.resume + " is at step " + std::to_string(ckpt_step) +
@@ -287,6 +287,7 @@ Status TrainRun::SetUp() {
           " --run-dir DIR re-saves it elsewhere); nothing was written");
     }
   }
+  TZ_RETURN_IF_ERROR(CheckProfileStep(cfg_, resumed_step, lead_));  // Note [A step the report...]
   TZ_ASSIGN_OR_RETURN(engine_, Engine::Create(cfg_.engine, comm_));
   TZ_ASSIGN_OR_RETURN(model_, gpt::Gpt::Create(*engine_, cfg_.model));
   const auto init_t0 = std::chrono::steady_clock::now();
@@ -316,8 +317,7 @@ Status TrainRun::SetUp() {
     eval_at_start_ = u.is_object() && u.contains("eval_pending") && u["eval_pending"] == true;
   }
   if (!plan_text_.empty() && lead_) {
-    // Refused now, not after the run: a plan file that is unreadable or of another config.
-    // (plan_text_: read at the start of SetUp.)
+    // Refused now, not after the run: a plan (read above) unreadable or of another config.
     TZ_ASSIGN_OR_RETURN(const std::string report, engine_->ReportJson());
     if (auto s = WithPrediction(report, plan_text_); !s.ok())
       return s.status().WithContext("--plan " + out_.plan);

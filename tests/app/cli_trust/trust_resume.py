@@ -165,6 +165,28 @@ def case_resume_other_split():
           f"a second resume did not continue the data:\n{la}\n{l2}")
 
 
+def case_profile_step():
+    # A run's first iteration is its warm-up, which is not profiled (Note [A step the report
+    # cannot profile]): --profile-step 1 (one micro-batch a step), or a step a resumed
+    # checkpoint has passed, silently profiled the first planned iteration instead (hunt 47).
+    cfg = write_config(os.path.join(OUT, "ps.json"))
+    rd = os.path.join(OUT, "ps_run")
+    refused(["train", "--config", cfg, "--run-dir", rd, "--steps", "4", "--profile-step", "1",
+             "--quiet"], "warm-up iteration", "give 2..4")
+    check(not os.path.exists(rd), "a refused run left its directory")
+    # Accumulating two, step 1's second micro-batch is planned: it is profiled.
+    out = ok(["train", "--config", cfg, "--run-dir", rd, "--steps", "4", "--profile-step", "1",
+              "--grad-accumulation", "2"])
+    report = json.load(open(os.path.join(rd, "report.json")))
+    check(report["profile"]["available"], f"step 1 of two micro-batches was not profiled\n{out}")
+    refused(["train", "--resume", rd + "/checkpoint", "--steps", "8", "--profile-step", "3",
+             "--quiet"], "at or before the resumed checkpoint's step 4", "give 6..8")
+    # The run's own config's step, which the first run profiled, gives way, said.
+    out = ok(["train", "--resume", rd + "/checkpoint", "--steps", "8", "--quiet"])
+    check("train.profile_step 1 (the run's config)" in out,
+          f"the run's profile step passed, and nothing said:\n{out}")
+
+
 def case_resume_own_config():
     # `--resume RUN_DIR/checkpoint` continues that run (the help and the refusal of a used run
     # directory say so): without --config its config is the run's config.json, so a run made
