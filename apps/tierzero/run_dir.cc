@@ -538,6 +538,11 @@ StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_p
   if (out.html.empty()) written.output.html = "none";
   if (out.trace.empty()) written.output.trace = "none";
   if (out.checkpoint_dir.empty()) written.output.checkpoint_dir = "none";
+  // The run, not how it began: a resumed run's config.json that recorded its --resume, given as
+  // a template (`--config RUN/config.json --run-dir NEW`, or in place with --overwrite to start
+  // again, as docs/signals.md says), resumed that checkpoint instead (hunt 47). A resume names
+  // its checkpoint itself.
+  written.output.resume.clear();
   // Each rank swaps to its own files.
   if (world > 1) cfg.engine.nvme_path += "/rank" + std::to_string(rank);
   std::error_code ec;

@@ -203,6 +203,12 @@ def case_resume_own_config():
           f"the run's own config was not said:\n{out}")
     la, lb = losses(a + "/metrics.jsonl"), losses(b + "/metrics.jsonl")
     check(la == lb, f"6 + 6 resumed with the run's config differ from 12:\n{la}\n{lb}")
+    # The resumed run's config.json is a template of the run, not of its resume: a new run from
+    # it starts at step 1 (it resumed b's checkpoint at step 12, hunt 47).
+    fresh = os.path.join(OUT, "own_fresh")
+    ok(["train", "--config", b + "/config.json", "--run-dir", fresh, "--steps", "12", "--quiet"])
+    check(losses(fresh + "/metrics.jsonl") == la,
+          "a new run from a resumed run's config.json did not start from step 1")
     # Only where that run is: a run directory renamed since is not re-created under its old name
     # (its config records it), and a copy into a new --run-dir keeps the flags' outputs.
     moved = os.path.join(OUT, "own_b_moved")
