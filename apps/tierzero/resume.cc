@@ -511,8 +511,15 @@ Status CheckSameModelJson(const json& user, const json& now, const std::string& 
   // (Compared as they compute: n_kv_head 0 is n_head's, d_ff 0 the default width, as a run
   // seeded from a model directory records them.)
   const json was = EffectiveModel(user["model"]), is = EffectiveModel(now);
-  for (const auto& [key, then] : was.items()) {
-    if (HowTheModelComputes(key)) continue;  // (what it is may not change)
+  // The fields d_ff and n_kv_head compute from last: a checkpoint of another --width was said
+  // to differ in "d_ff 0 (512 as it computes)", from 0 (hunt 47).
+  std::vector<std::string> keys;
+  for (const auto& [key, then] : was.items())
+    if (key != "d_ff" && key != "n_kv_head") keys.push_back(key);
+  keys.insert(keys.end(), {"d_ff", "n_kv_head"});
+  for (const std::string& key : keys) {
+    if (HowTheModelComputes(key) || !was.contains(key)) continue;  // (what it is may not change)
+    const json& then = was[key];
     const auto it = is.find(key);
     if (it == is.end() || *it == then) continue;
     const auto flag = kFlag.find(key);
