@@ -69,7 +69,7 @@ exit status:
   0      done; also a run that a signal stopped after its checkpoint was saved
   1      an error: the message says what was wrong and what to do
   2      the command cannot run as asked: an unknown command, a TZ_* tunable that cannot be
-         used, or export or eval started by mpirun
+         used, or export, eval or report started by mpirun
   128+N  signal N ended the process before its run began, or a second signal 3 s after the first
 )";
 

@@ -197,7 +197,7 @@ std::string PlacementFitAdvice(const ChunkLayout& layout, const TierBudgets& bud
   std::string out;
   for (const std::string* o : {&host_alone, &nvme_alone, &both}) {
     if (o->empty()) continue;
-    out += (out.empty() ? "it fits with " : ", or ") + *o;
+    out += (out.empty() ? "its shards and states fit with " : ", or ") + *o;
   }
   return out;
 }

@@ -384,7 +384,7 @@ def case_plan_device():
     # A placement failure's message is printed whole, however long.
     rc, out = run(["plan", "--trace", trace, "--device-budget", "1MiB", "--host-budget", "1MiB",
                    "--nvme-budget", "0", "--no-advice"], env=env)
-    check(rc == 0 and re.search(r"use more ranks; it fits with .*MiB\n", out),
+    check(rc == 0 and re.search(r"use more ranks; its shards and states fit with .*MiB\n", out),
           f"a plan's failure, cut:\n{out}")
     # A --rates FILE is written whatever HOME is.
     mine = os.path.join(OUT, "g_mine_rates.json")
