@@ -106,12 +106,6 @@ StatusOr<Schedule> Simulate(const std::vector<Moment>& moments, const PlanOption
     return static_cast<size_t>(c) < o.always_resident.size() &&
            o.always_resident[static_cast<size_t>(c)];
   };
-  // The tightest slot count from moment a to moment b inclusive.
-  auto min_slots = [&](int a, int b) {
-    int s = kNever;
-    for (int m = a; m <= b && m < K; ++m) s = std::min(s, slots[static_cast<size_t>(m)]);
-    return s;
-  };
   NextUse next(moments, num_chunks);
   // Backward interval per chunk whose gradients live in its slot: [first, last] backward use.
   std::vector<int> first_bwd(static_cast<size_t>(num_chunks), kNever),
@@ -154,6 +148,16 @@ StatusOr<Schedule> Simulate(const std::vector<Moment>& moments, const PlanOption
   };
   std::map<int, int> last_used;  // for LRU
   double link_free = 0, compute_end = 0;
+  // Note [The look-ahead's cursor]
+  // The plan's prefetch looks ahead from moment k + 1 for chunks neither resident nor gathered,
+  // and skips every moment whose chunks all are. Rescanning those for each k made the plan
+  // quadratic in moments: 49,000 moments of a trace whose chunks all fit took 28 s (hunt 46).
+  // `scan_from` is where the last look-ahead stopped: every chunk of the moments between k + 1
+  // and it is resident or gathered, so the scan starts there, doing what the rescan did
+  // (PlanTest.PlanDecidesAsALookAheadThatRescansEveryMoment). The look-ahead evicts only chunks
+  // used after where it is, and a moment has misses to evict for only past the cursor; an
+  // eviction still moves the cursor back to the chunk's next use, so no order of them breaks it.
+  int scan_from = 0;
 
   auto gather = [&](int c, double now, MomentDecision& d) {
     const double start = std::max(link_free, now);
@@ -185,6 +189,7 @@ StatusOr<Schedule> Simulate(const std::vector<Moment>& moments, const PlanOption
     auto evict = [&](int c) {
       cached.erase(c);
       d.evict.push_back(c);
+      scan_from = std::min(scan_from, next.After(c, k + 1));
     };
     if (policy == CachePolicy::kOnDemand) {
       std::vector<int> drop;
@@ -234,14 +239,15 @@ StatusOr<Schedule> Simulate(const std::vector<Moment>& moments, const PlanOption
     // in the model; the rest start at later moments. A moment's own misses are not held back.
     if (policy == CachePolicy::kPlan) {
       bool stop = false;
-      for (int j = k + 1; j < K && !stop; ++j) {
+      int j = std::max(k + 1, scan_from);
+      for (; j < K && !stop; ++j) {
         for (int c : moments[static_cast<size_t>(j)].chunks) {
           if (resident(c) || cached.count(c)) continue;
           if (staged(c) && staging_full(now)) {
             stop = true;
             break;
           }
-          if (static_cast<int>(cached.size()) >= min_slots(k, j)) {
+          if (static_cast<int>(cached.size()) >= region) {  // (every moment's slots)
             // Evict the chunk used furthest in the future, if that is after j.
             int victim = -1;
             for (auto& [v, t] : cached) {
@@ -252,11 +258,13 @@ StatusOr<Schedule> Simulate(const std::vector<Moment>& moments, const PlanOption
               stop = true;
               break;
             }
-            evict(victim);
+            evict(victim);  // (used after j: the moments before j keep theirs)
           }
           gather(c, now, d);
         }
+        if (stop) break;
       }
+      scan_from = j;  // (stopped inside moment j, or K: nothing left to gather)
     }
     double ready = now;
     for (int c : needed) ready = std::max(ready, cached[c]);

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -39,7 +40,9 @@ PlanOptions Options(int chunks, int slots, double gather_s) {
 }
 
 // Replays a schedule's decisions and checks the invariants the executor relies on.
-void CheckDecisions(const std::vector<Moment>& moments, const Schedule& s) {
+// `always_resident`: chunks never gathered (PlanOptions::always_resident).
+void CheckDecisions(const std::vector<Moment>& moments, const Schedule& s,
+                    const std::vector<bool>& always_resident = {}) {
   std::set<int> resident;
   for (size_t k = 0; k < moments.size(); ++k) {
     const MomentDecision& d = s.moments[k];
@@ -48,8 +51,10 @@ void CheckDecisions(const std::vector<Moment>& moments, const Schedule& s) {
     }
     for (int c : d.gather) ASSERT_TRUE(resident.insert(c).second) << "gathered twice: " << c;
     ASSERT_LE(static_cast<int>(resident.size()), d.slots) << "moment " << k;
-    for (int c : moments[k].chunks)
+    for (int c : moments[k].chunks) {
+      if (static_cast<size_t>(c) < always_resident.size() && always_resident[c]) continue;
       ASSERT_TRUE(resident.count(c)) << "moment " << k << " lacks " << c;
+    }
   }
 }
 
@@ -172,6 +177,142 @@ TEST(PlanTest, BeladyNeverGathersMoreThanLruOnRandomTraces) {
     CheckDecisions(m, *plan);
     EXPECT_LE(belady->gathers, lru->gathers) << "trial " << trial;
     EXPECT_GE(plan->stall_s, StallLowerBound(m, o, *belady) - 1e-9) << "trial " << trial;
+  }
+}
+
+// The plan policy as first written: each moment's look-ahead rescans every later moment from
+// k + 1 (quadratic in moments). Simulate starts where the last look-ahead stopped (Note [The
+// look-ahead's cursor]); its decisions must be these, moment for moment.
+Schedule RescanningPlan(const std::vector<Moment>& moments, const PlanOptions& o, int slots) {
+  const int K = static_cast<int>(moments.size());
+  const int n = static_cast<int>(o.gather_seconds.size());
+  auto flag = [](const std::vector<bool>& v, int c) {
+    return static_cast<size_t>(c) < v.size() && v[static_cast<size_t>(c)];
+  };
+  auto next_use = [&](int c, int from) {
+    for (int k = from; k < K; ++k)
+      for (int x : moments[static_cast<size_t>(k)].chunks)
+        if (x == c) return k;
+    return std::numeric_limits<int>::max();
+  };
+  std::vector<int> first(static_cast<size_t>(n), std::numeric_limits<int>::max()), last(n, -1);
+  for (int k = 0; k < K; ++k) {
+    if (!moments[static_cast<size_t>(k)].backward) continue;
+    for (int c : moments[static_cast<size_t>(k)].chunks) {
+      if (!flag(o.grads_in_place, c)) continue;
+      first[static_cast<size_t>(c)] = std::min(first[static_cast<size_t>(c)], k);
+      last[static_cast<size_t>(c)] = std::max(last[static_cast<size_t>(c)], k);
+    }
+  }
+  for (int c = 0; c < n; ++c)
+    if (flag(o.reduced_at_end, c) && last[static_cast<size_t>(c)] >= 0)
+      last[static_cast<size_t>(c)] = K;
+  auto pinned = [&](int c, int k) {
+    return first[static_cast<size_t>(c)] < k && last[static_cast<size_t>(c)] >= k;
+  };
+  Schedule s;
+  s.moments.resize(static_cast<size_t>(K));
+  std::map<int, double> cached;
+  std::vector<double> staged_done;
+  double link = 0, compute_end = 0;
+  for (int k = 0; k < K; ++k) {
+    MomentDecision& d = s.moments[static_cast<size_t>(k)];
+    d.slots = slots;
+    const double now = compute_end;
+    std::set<int> needed, keep;
+    for (int c : moments[static_cast<size_t>(k)].chunks)
+      if (!flag(o.always_resident, c)) needed.insert(c);
+    keep = needed;
+    for (int c : moments[static_cast<size_t>(k)].held)
+      if (!flag(o.always_resident, c)) keep.insert(c);
+    auto furthest = [&](int from) {
+      int victim = -1;
+      for (auto& [c, t] : cached)
+        if (!keep.count(c) && !pinned(c, k) &&
+            (victim < 0 || next_use(c, from) > next_use(victim, from)))
+          victim = c;
+      return victim;
+    };
+    auto gather = [&](int c) {
+      link = std::max(link, now) + o.gather_seconds[static_cast<size_t>(c)];
+      cached[c] = link;
+      if (flag(o.staged, c)) staged_done.push_back(link);
+      d.gather.push_back(c);
+    };
+    int misses = 0;
+    for (int c : needed) misses += cached.count(c) ? 0 : 1;
+    while (static_cast<int>(cached.size()) + misses > slots) {
+      const int v = furthest(k);
+      cached.erase(v);
+      d.evict.push_back(v);
+    }
+    for (int c : moments[static_cast<size_t>(k)].chunks)
+      if (!flag(o.always_resident, c) && !cached.count(c)) gather(c);
+    bool stop = false;
+    for (int j = k + 1; j < K && !stop; ++j) {
+      for (int c : moments[static_cast<size_t>(j)].chunks) {
+        if (flag(o.always_resident, c) || cached.count(c)) continue;
+        std::erase_if(staged_done, [&](double t) { return t <= now; });
+        if (flag(o.staged, c) && o.staging_slots > 0 &&
+            static_cast<int>(staged_done.size()) >= o.staging_slots) {
+          stop = true;
+          break;
+        }
+        if (static_cast<int>(cached.size()) >= slots) {
+          const int v = furthest(k + 1);
+          if (v < 0 || next_use(v, k + 1) <= j) {
+            stop = true;
+            break;
+          }
+          cached.erase(v);
+          d.evict.push_back(v);
+        }
+        gather(c);
+      }
+    }
+    double ready = now;
+    for (int c : needed) ready = std::max(ready, cached[c]);
+    d.start_s = ready;
+    d.stall_s = ready - compute_end;
+    compute_end = ready + moments[static_cast<size_t>(k)].compute_seconds;
+  }
+  return s;
+}
+
+TEST(PlanTest, PlanDecidesAsALookAheadThatRescansEveryMoment) {
+  std::mt19937 rng(47);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int chunks = 2 + static_cast<int>(rng() % 12);
+    std::vector<Moment> m;
+    const int K = 20 + static_cast<int>(rng() % 200);
+    for (int k = 0; k < K; ++k) {
+      Moment x;
+      const int per = 1 + static_cast<int>(rng() % 3);
+      for (int i = 0; i < per; ++i) x.chunks.push_back(static_cast<int>(rng() % chunks));
+      x.compute_seconds = 0.01 * (1 + rng() % 9);
+      x.backward = k >= K / 2;
+      m.push_back(x);
+    }
+    const int slots = 3 + static_cast<int>(rng() % (chunks + 2));
+    PlanOptions o = Options(chunks, slots, 0);
+    for (int c = 0; c < chunks; ++c)
+      o.gather_seconds[static_cast<size_t>(c)] = 0.005 * (1 + rng() % 7);
+    o.staging_slots = static_cast<int>(rng() % 4);
+    for (int c = 0; c < chunks; ++c) {
+      o.staged.push_back(rng() % 2 == 0);
+      o.always_resident.push_back(rng() % 6 == 0);
+      o.grads_in_place.push_back(rng() % 4 == 0);
+    }
+    auto plan = Simulate(m, o, CachePolicy::kPlan);
+    if (!plan.ok()) continue;  // (pinned chunks that fill every slot: refused alike)
+    CheckDecisions(m, *plan, o.always_resident);
+    const Schedule want = RescanningPlan(m, o, plan->moments[0].slots);
+    for (size_t k = 0; k < m.size(); ++k) {
+      const MomentDecision &got = plan->moments[k], &w = want.moments[k];
+      ASSERT_EQ(got.gather, w.gather) << "trial " << trial << ", moment " << k;
+      ASSERT_EQ(got.evict, w.evict) << "trial " << trial << ", moment " << k;
+      ASSERT_EQ(got.start_s, w.start_s) << "trial " << trial << ", moment " << k;
+    }
   }
 }
 
