@@ -461,8 +461,16 @@ int Plan(const std::vector<std::string>& args) {
   const std::string json_to = pa->json_path.empty() ? "" : TakeStdoutForData(pa->json_path);
   if (Status s = CheckTraceFlags(pa->trace_path, pa->rest, pa->largest); !s.ok()) return Fail(s);
   std::string config_path;
-  auto cfg = LoadRunConfig(pa->rest, &config_path);
+  // The run `train --resume CK` continues: its run's config, as train takes it, and the model
+  // its checkpoint records (a plan of the built-in default was printed as the run's; hunt 47).
+  auto cfg = LoadRunConfig(WithResumedRunsConfig(pa->rest), &config_path);
   if (!cfg.ok()) return Fail(cfg.status());
+  if (!cfg->output.resume.empty()) {
+    if (auto info = ReadCheckpointInfo(cfg->output.resume); info.ok()) {
+      if (Status s = CheckSameModel(info->user_state, *cfg, cfg->output.resume); !s.ok())
+        return Fail(s);
+    }
+  }
   // The config's ranks.ranks_per_node, unless the flag says otherwise.
   if (pa->ranks_per_node == 0) pa->ranks_per_node = cfg->ranks.ranks_per_node;
   // Budgets sized to this machine are shared by the ranks a machine holds, as train shares them

@@ -198,6 +198,12 @@ def case_resume_own_config():
     a, b = os.path.join(OUT, "own_a"), os.path.join(OUT, "own_b")
     ok(["train", *shape, "--run-dir", a, "--steps", "12"])
     ok(["train", *shape, "--run-dir", b, "--steps", "6"])
+    # plan predicts the run train continues: its model, not the built-in default's (hunt 47).
+    out = ok(["plan", "--resume", b + "/checkpoint", "--steps", "12", "--no-advice"])
+    check("continuing with the run's config" in out and "x 32 wide" in out,
+          f"plan --resume did not plan the run's model:\n{out}")
+    refused(["plan", "--resume", b + "/checkpoint", "--steps", "12", "--width", "64"],
+            "model.d_model 32")
     out = ok(["train", "--resume", b + "/checkpoint", "--steps", "12", "--quiet"])
     check("note: continuing with the run's config" in out,
           f"the run's own config was not said:\n{out}")
