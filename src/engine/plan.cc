@@ -143,7 +143,19 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   const int world = req.world_size > 0 ? req.world_size : im.comm->size();
   int per_node = req.world_size > 0 ? world : im.comm->topology().local_size;
   if (req.ranks_per_node > 0) per_node = std::min(req.ranks_per_node, world);
-  const MachineRates rates = RankShare(req.rates, per_node);
+  MachineRates rates = RankShare(req.rates, per_node);
+  // Note [The simulated device's settings in a plan]
+  // On the simulated device a run's copies run at engine.host_link_bandwidth and its device Adam
+  // at engine.host_device_adam_rate when they are set (each rank's device its own); a plan
+  // predicts them so, where it took the machine's calibrated rates (a throttled run's plan
+  // predicted no wait for parameters, and its update phase 0.13 ms of 120: hunt 47). A GPU's
+  // run ignores both, and so does its plan.
+  const bool sim_device = cfg.device == DeviceChoice::kHost ||
+                         (cfg.device == DeviceChoice::kAuto && CudaDeviceCount() == 0);
+  if (sim_device && cfg.host_link_bandwidth > 0) {
+    for (double* r : {&rates.h2d_bytes_per_s, &rates.d2h_bytes_per_s})
+      *r = *r > 0 ? std::min(*r, cfg.host_link_bandwidth) : cfg.host_link_bandwidth;
+  }
 
   PlanPrediction out;
   out.world_size = world;
@@ -373,8 +385,7 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   // behind the next forward (one rank, a GPU's compute or NVMe in the phase, as
   // Updater::RunPhase decides), else after the phase, in the step's rest.
   // (Updater::RunPhase's condition: the model computes on a GPU, not on the host's cores.)
-  const bool host_compute = cfg.device == DeviceChoice::kHost ||
-                            (cfg.device == DeviceChoice::kAuto && CudaDeviceCount() == 0);
+  const bool host_compute = sim_device;
   bool in_chain = false;
   if (accum > 1) {
     bool io_bound = nvme_params;
@@ -397,6 +408,10 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   }
   ur.nvme_duplex_bytes_per_s = rates.nvme_duplex_bytes_per_s;
   ur.device_shares_cpu = rates.device_shares_cpu;
+  if (sim_device && cfg.host_device_adam_rate > 0) {  // (a model: not the CPU's time)
+    ur.device_params_per_s = cfg.host_device_adam_rate;
+    ur.device_shares_cpu = false;
+  }
   // (With accumulation the phase clears gradient shards: a rates file of an older tierzero has
   // no clearing rate, which is assumed and said, not taken as free.)
   ur.host_clear_bytes_per_s = cfg.grad_accumulation > 1 ? rate_or(rates.host_clear_bytes_per_s,

@@ -113,6 +113,41 @@ TEST(PlanReport, RowsCompareThePlanWithTheRun) {
   EXPECT_EQ(json::parse(*from_doc)["prediction"], r["prediction"]);
 }
 
+// The simulated device's settings a run obeys, the plan predicts (Note [The simulated device's
+// settings in a plan]): a throttled link moves the iteration's bytes no faster than it allows,
+// and a modelled device Adam updates the device's groups at its rate (hunt 47: both ignored).
+TEST(PlanReport, TheSimulatedDevicesThrottleAndAdamModelArePredicted) {
+  PlanRequest req;
+  req.rates = Rates();
+  auto base = PlanFor(Config(), req);
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  EngineConfig slow = Config();
+  slow.host_link_bandwidth = 1e7;  // 1000x under the rates' link
+  auto throttled = PlanFor(slow, req);
+  ASSERT_TRUE(throttled.ok()) << throttled.status().ToString();
+  ASSERT_GT(throttled->iteration_h2d_bytes, 0u);
+  // The link is serial: an iteration's gathers take at least their bytes at its rate.
+  EXPECT_GE(throttled->transfer_s, static_cast<double>(throttled->iteration_h2d_bytes) / 1e7);
+  EXPECT_GT(throttled->step_s, base->step_s + throttled->iteration_h2d_bytes / 2e7);
+  EngineConfig modelled = Config();
+  modelled.host_device_adam_rate = 1e5;  // parameters per second
+  modelled.optimizer = OptimizerPlacement::kFraction;
+  modelled.optimizer_device_fraction = 1;
+  auto device = PlanFor(modelled, req);
+  ASSERT_TRUE(device.ok()) << device.status().ToString();
+  ASSERT_EQ(device->optimizer_cpu, 0);
+  uint64_t params = 0;
+  {
+    auto engine = Engine::Create(modelled);
+    ASSERT_TRUE(engine.ok());
+    auto model = Gpt::Create(**engine, Model());
+    ASSERT_TRUE(model.ok());
+    params = (*model)->num_params();
+  }
+  EXPECT_GE(device->optimizer_s, 0.95 * static_cast<double>(params) / 1e5);
+  // On a GPU neither applies: its plan is the rates' (the engine ignores both there).
+}
+
 // Compressed optimizer states: the plan counts the format's bytes, host and NVMe, as the run
 // holds them (states on NVMe past a small host budget).
 TEST(PlanReport, CompressedMomentsArePredictedAsTheRunHoldsThem) {
