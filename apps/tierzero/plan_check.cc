@@ -12,6 +12,7 @@
 
 #include "resume.h"
 #include "tierzero/bytes.h"
+#include "tierzero/files.h"
 
 namespace tierzero::app {
 
@@ -98,12 +99,15 @@ Status CheckPlanConfig(const json& plan_config, const RunConfig& run, bool of_tr
 // - `report --plan` has what the report records of the run (CheckPlanOfReport): its model
 //   section and batch, budgets, accumulation, compute dtype, optimizer mode and moments and ZeRO++
 //   (the layout and rank count are compared in WithPrediction, src/profiler/report_prediction.cc).
-//   The batch is the report's `model.batch_size` (not recorded before session 47).
+//   The batch is the report's `model.batch_size` (reports from before 2026-11-29 lack it).
 // Budgets a model brought from a directory was given from the machine's free memory drift
 // between the plan and the run (Note [Budgets of a model brought from a directory]): they are
 // not compared for such a plan.
 Status CheckPlanOfReport(const std::string& report_text, const std::string& plan_text) {
-  // (Either malformed: WithPrediction says so, as of a plan without a config.)
+  // Outside JSON: its depth bounded before anything copies or recurses over it (a plan or report
+  // nested 500000 deep overflowed the stack: review 47, as train's in hunt 45).
+  TZ_RETURN_IF_ERROR(CheckOutsideJson(report_text, "the report"));
+  TZ_RETURN_IF_ERROR(CheckOutsideJson(plan_text, "the plan"));
   const json report = json::parse(report_text, nullptr, /*allow_exceptions=*/false);
   const json plan = json::parse(plan_text, nullptr, /*allow_exceptions=*/false);
   if (!report.is_object() || !plan.is_object()) return Status::OK();
@@ -155,7 +159,10 @@ Status CheckPlanOfReport(const std::string& report_text, const std::string& plan
           phase.value("mode", json()));
   compare("engine.optimizer_states", engine.value("optimizer_states", json()),
           phase.value("moments", json()));
-  const json zeropp = section(section(report, "ranks"), "zeropp");
+  // (ZeRO++ is off on one rank, whatever its config asks: the report says what ran.)
+  const json ranks = section(report, "ranks");
+  const json zeropp =
+      ranks.value("world_size", json(1)) == json(1) ? json::object() : section(ranks, "zeropp");
   const json planned_zeropp = section(*cfg, "zeropp");
   for (const auto& [key, value] : planned_zeropp.items())
     if (zeropp.contains(key)) compare("zeropp." + key, value, zeropp[key]);

@@ -4,7 +4,6 @@
 #include <nlohmann/json.hpp>
 
 #include "plan_check.h"
-#include "plan_check.h"
 #include "run_dir.h"
 #include "tierzero/files.h"
 #include "tierzero/report.h"

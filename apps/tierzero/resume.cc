@@ -82,32 +82,36 @@ uint64_t CheckpointMicroBatches(const std::string& user_state, int64_t step, int
 // plan is made from and is not profiled. `train.profile_step` is profiled by the next planned
 // iteration from that step's start, so a step the run never starts (at or before a resumed
 // checkpoint's) and, accumulating one micro-batch, the run's first step were silently the first
-// planned iteration's (hunt 47). Asked for (a flag, or a config file naming the field), either is
-// refused. Taken from the run's own config.json by a resume in place, where it was the first
-// run's, it gives way to the first planned iteration, said in a note.
+// planned iteration's (hunt 47).
+// - A fresh run asked for its first step (a flag, or a config file naming the field) is refused,
+//   before it trains: every rank decides alike, from the config.
+// - A resume says so in a note and profiles the first planned iteration: its config (the run's
+//   own, or the file it started from) names the step the first run profiled.
 Status CheckProfileStep(RunConfig& cfg, int64_t start, bool say) {
   const int64_t at = cfg.train.profile_step;
+  const int accum = cfg.engine.grad_accumulation;
   const bool past = at > 0 && at <= start;
-  const bool warm_up = at == start + 1 && cfg.engine.grad_accumulation == 1;
+  const bool warm_up = at == start + 1 && accum == 1;
   if (!past && !warm_up) return Status::OK();
-  const std::string first = std::to_string(start + 1), next = std::to_string(start + 2);
   const std::string why =
-      past ? "is at or before the resumed checkpoint's step " + std::to_string(start) +
-                 ": this run trains from step " + first
+      past ? "is at or before the resumed checkpoint's step " + std::to_string(start)
            : "is this run's first step, whose one micro-batch is its warm-up iteration (it "
              "records the access pattern and is not profiled)";
-  if (cfg.given.count("train.profile_step") == 0) {
+  if (start > 0 || cfg.given.count("train.profile_step") == 0) {
     if (say)
       std::printf(
-          "  note: train.profile_step %lld (the run's config) %s: the report profiles the first "
-          "planned iteration\n",
+          "  note: train.profile_step %lld %s: the report profiles the first planned "
+          "iteration\n",
           static_cast<long long>(at), why.c_str());
     cfg.train.profile_step = 0;
     return Status::OK();
   }
-  return InvalidArgumentError("train.profile_step (--profile-step) " + std::to_string(at) + " " +
-                              why + "; give " + next + ".." + std::to_string(cfg.train.steps) +
-                              ", or 0 for the first planned iteration");
+  const int steps = cfg.train.steps;
+  return InvalidArgumentError(
+      "train.profile_step (--profile-step) " + std::to_string(at) + " " + why +
+      (steps >= 2 ? "; give 2.." + std::to_string(steps) + ", or 0 for the first planned iteration"
+                  : "; a run of one step accumulating one micro-batch profiles no iteration: "
+                    "leave it out (0), or accumulate two (--grad-accumulation 2)"));
 }
 
 json ScheduleJson(const TrainOptions& t) {

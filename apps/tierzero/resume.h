@@ -42,9 +42,8 @@ int64_t CheckpointStep(const std::string& user_state, int64_t applied);
 uint64_t CheckpointMicroBatches(const std::string& user_state, int64_t step, int world, int accum);
 
 // OK when train.profile_step names a step this run profiles, starting at step `start` (0-based:
-// a resumed checkpoint's); InvalidArgument when the run was asked for one it cannot, and, for
-// the run's own config's, 0 in its place and a note on stdout when `say` (Note [A step the
-// report cannot profile]).
+// a resumed checkpoint's); InvalidArgument when a fresh run was asked for its warm-up; otherwise
+// 0 in its place and a note on stdout when `say` (Note [A step the report cannot profile]).
 Status CheckProfileStep(RunConfig& cfg, int64_t start, bool say);
 
 // What a checkpoint records of the learning-rate schedule and of the data it trained on.

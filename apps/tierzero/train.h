@@ -83,6 +83,9 @@ Status ValidateRunConfig(const RunConfig& config);
 // The config as JSON (every field, with its value).
 std::string RunConfigToJson(const RunConfig& config);
 
+// `tierzero train --help`'s text.
+const char* TrainHelp();
+
 // The built-in default, the config file of --config over it, then the flags, then the checks
 // no single field can make (`train` and `plan` read their config so).
 // `config_path`, when given, receives --config's path ("" without one).

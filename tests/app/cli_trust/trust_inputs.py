@@ -498,6 +498,16 @@ def case_plan_of_another_config():
     refused(["train", "--config", cfg, "--plan", tplan, "--run-dir", rd + "_t", "--quiet"],
             "engine.host_budget", "another config")
     refused(["report", rj, "--plan", tplan], "engine.host_budget")
+    # A plan nested 500000 deep: refused by report too, not a SIGSEGV (review 47).
+    refused(["report", rj, "--plan", deep], "deeper than 64 levels")
+    # ZeRO++ asked of one rank runs off: the report says so, and the plan of that config is
+    # the run's (it was refused as of another).
+    zcfg = write_config(os.path.join(OUT, "pa_zeropp.json"), zeropp={"qwz": True})
+    zplan = os.path.join(OUT, "pa_zeropp_plan.json")
+    ok(["plan", "--config", zcfg, "--json", zplan, "--no-advice"])
+    ok(["train", "--config", zcfg, "--plan", zplan, "--run-dir", rd + "_z", "--steps", "2",
+        "--quiet"])
+    ok(["report", os.path.join(rd + "_z", "report.json"), "--plan", zplan])
     check(not os.path.exists(rd + "_t"), "a run refused for its plan left its directory")
     # An older tierzero's plan records no config: refused, not checked by its layout alone.
     older = json.load(open(plan))

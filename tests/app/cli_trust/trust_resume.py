@@ -179,12 +179,18 @@ def case_profile_step():
               "--grad-accumulation", "2"])
     report = json.load(open(os.path.join(rd, "report.json")))
     check(report["profile"]["available"], f"step 1 of two micro-batches was not profiled\n{out}")
-    refused(["train", "--resume", rd + "/checkpoint", "--steps", "8", "--profile-step", "3",
-             "--quiet"], "at or before the resumed checkpoint's step 4", "give 6..8")
-    # The run's own config's step, which the first run profiled, gives way, said.
+    # A resume past the step says so, and profiles its first planned iteration: its config (the
+    # run's own, or the file it started from) names the step the first run profiled.
     out = ok(["train", "--resume", rd + "/checkpoint", "--steps", "8", "--quiet"])
-    check("train.profile_step 1 (the run's config)" in out,
+    check("train.profile_step 1 is at or before the resumed checkpoint's step 4" in out,
           f"the run's profile step passed, and nothing said:\n{out}")
+    out = ok(["train", "--resume", rd + "/checkpoint", "--steps", "10", "--profile-step", "3",
+              "--quiet"])
+    check("train.profile_step 3 is at or before the resumed checkpoint's step 8" in out,
+          f"a resume past its profile step said nothing:\n{out}")
+    # One step of one micro-batch profiles nothing: said, not a range of no steps.
+    refused(["train", "--config", cfg, "--run-dir", rd + "1", "--steps", "1", "--profile-step",
+             "1"], "profiles no iteration")
 
 
 def case_resume_own_config():
@@ -242,6 +248,11 @@ def case_resume_model():
     refused(["train", "--config", os.path.join(OUT, "small.json"), "--run-dir", run_dir,
              "--steps", "8", "--resume", run_dir + "/checkpoint", "--heads", "2"], "n_head",
             "--heads")
+    # Another width names the width, not the FFN width that computes from it (review 47: it
+    # named "d_ff 0 (256 as it computes)", 0 on both sides).
+    out = refused(["train", "--resume", run_dir + "/checkpoint", "--steps", "8", "--width",
+                   "128"], "model.d_model 64", "--width")
+    check("d_ff" not in out, f"another width was said of d_ff:\n{out}")
     check(read(run_dir + "/checkpoint/manifest.json") == manifest, "the checkpoint changed")
 
 
