@@ -262,7 +262,18 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
   }
   const std::string config_run_dir = config_path.empty() ? "" : cfg.output.run_dir;
   std::string ignored;
+  const std::set<std::string> asked_in_file = given;
+  const gpt::GptConfig file_model = cfg.model;
   TZ_RETURN_IF_ERROR(ApplyFlags(args, cfg, &ignored, &given));
+  // --arch sets its architecture's defaults (ArchField); the fields a config file names are
+  // asked for all the same, so they stay (a config's tie_embeddings was reset by --arch llama
+  // without a word: hunt 47); one the architecture cannot have is then refused by name.
+  if (cfg.model.arch != file_model.arch) {
+    if (asked_in_file.count("model.tie_embeddings") != 0)
+      cfg.model.tie_embeddings = file_model.tie_embeddings;
+    if (asked_in_file.count("model.attention_bias") != 0)
+      cfg.model.attention_bias = file_model.attention_bias;
+  }
   cfg.given = std::move(given);
   // Note [A config's outputs follow --run-dir]
   // A run's config.json records every output resolved (RUN_DIR/metrics.jsonl, RUN_DIR/checkpoint,

@@ -244,6 +244,14 @@ def case_asked_for():
     ok(["train", "--config", llama, "--run-dir", rd, "--steps", "1", "--arch", "llama"] + small)
     m = json.load(open(rd + "/config.json"))["model"]
     check(m["tie_embeddings"] and m["attention_bias"], f"--arch llama reset the config's: {m}")
+    # The same where the flag changes the architecture (hunt 47: reset without a word).
+    tied = write_config(os.path.join(OUT, "y_tied.json"),
+                        model={"tie_embeddings": True, "attention_bias": True})
+    rd = os.path.join(OUT, "y_run4b")
+    ok(["train", "--config", tied, "--run-dir", rd, "--steps", "1", "--arch", "llama"] + small)
+    m = json.load(open(rd + "/config.json"))["model"]
+    check(m["arch"] == "llama" and m["tie_embeddings"] and m["attention_bias"],
+          f"--arch llama reset what the config asked for: {m}")
     # A path that reads as a number; an option where a value should be.
     ok(["train", "--config", cfg, "--run-dir", "123", "--steps", "1"] + small)
     check(os.path.isdir(os.path.join(OUT, "123")), "--run-dir 123 was not a directory 123")
@@ -255,6 +263,10 @@ def case_asked_for():
             "data.text_path", "data.kind")
     ok(["train", "--config", stray, "--text", text, "--steps", "1", "--run-dir",
         os.path.join(OUT, "y_run6")] + small)
+    # A rotary field of a GPT-2, whose positions are learned (a Llama config without its arch).
+    rope = write_config(os.path.join(OUT, "y_rope.json"), model={"rope_theta": 500000})
+    refused(["train", "--config", rope, "--run-dir", os.path.join(OUT, "y_run5b")] + small,
+            "model.rope_theta", "arch \"llama\"")
     slow = write_config(os.path.join(OUT, "y_slow.json"), engine={"host_link_bandwidth": 1e-300})
     refused(["train", "--config", slow, "--run-dir", os.path.join(OUT, "y_run7")],
             "host_link_bandwidth")
