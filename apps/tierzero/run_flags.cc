@@ -161,6 +161,13 @@ Status CheckDataSource(const RunConfig& c) {
                                 ") but data.kind is \"" + kind +
                                 "\", which does not read it: set data.kind \"tokens\" (or "
                                 "train with --data PATH), or remove token_path");
+  // The addition task's settings asked of text or tokens would be read by nothing (hunt 47).
+  if (kind != "addition")
+    for (const char* f : {"data.digits", "data.reverse_answer", "data.pad_operands"})
+      if (c.given.count(f) != 0)
+        return InvalidArgumentError("config field '" + std::string(f) +
+                                    "' is the addition task's, but data.kind is \"" + kind +
+                                    "\", which does not read it: remove it");
   return Status::OK();
 }
 

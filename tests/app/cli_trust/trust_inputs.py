@@ -263,6 +263,9 @@ def case_asked_for():
             "data.text_path", "data.kind")
     ok(["train", "--config", stray, "--text", text, "--steps", "1", "--run-dir",
         os.path.join(OUT, "y_run6")] + small)
+    digits = write_config(os.path.join(OUT, "y_digits.json"), data={"digits": 5})
+    refused(["train", "--config", digits, "--text", text, "--run-dir",
+             os.path.join(OUT, "y_run5c")] + small, "data.digits", "addition task's")
     # A rotary field of a GPT-2, whose positions are learned (a Llama config without its arch).
     rope = write_config(os.path.join(OUT, "y_rope.json"), model={"rope_theta": 500000})
     refused(["train", "--config", rope, "--run-dir", os.path.join(OUT, "y_run5b")] + small,
