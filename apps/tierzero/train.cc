@@ -521,7 +521,17 @@ Status TrainRun::WriteMetrics(const json& line) {
 }
 
 void TrainRun::PrintHeader(double init_s) const {
-  const double states = static_cast<double>(model_->num_params()) * 16;
+  // The model's states a parameter, as this run holds them (it said 16 bytes whatever the
+  // compute type, accumulation or moments: figures hunt 47): the parameter in the compute type,
+  // its gradient (fp32 when accumulated), the fp32 master, and the moments in their format
+  // (int8: codes in blocks of 64, a float scale per block and moment).
+  const EngineConfig& e = cfg_.engine;
+  const double param = static_cast<double>(DTypeBytes(e.compute_dtype, 1));
+  const double moments = e.optimizer_states == MomentFormat::kBF16   ? 4
+                         : e.optimizer_states == MomentFormat::kInt8 ? 2 + 2 * 4.0 / 64
+                                                                     : 8;
+  const double states = static_cast<double>(model_->num_params()) *
+                        (param + (e.grad_accumulation > 1 ? 4 : param) + 4 + moments);
   std::printf("tierzero train: %s %d layers x %d wide, %lld parameters (%s MiB of model states)\n",
               gpt::ModelName(cfg_.model), cfg_.model.n_layer, cfg_.model.d_model,
               static_cast<long long>(model_->num_params()),
