@@ -92,8 +92,11 @@ int Devices() {
     }
   }
   if (listing->gpus.empty()) std::printf("  (%s)\n", listing->no_gpu_reason.c_str());
-  std::printf("HostSim device: available (capacity set per run; default %s)\n",
-              FormatBytes(listing->host_sim_default_capacity).c_str());
+  // (Its capacity is each run's: the library's own default, which a run never has, was shown as
+  // the default: figures hunt 47.)
+  std::printf(
+      "HostSim device: available (each run's capacity: engine.device_budget + "
+      "device_shard_budget + a margin of four chunks and 1 MiB, in host memory)\n");
   const HostMemory m = ReadHostMemory();
   std::printf("Host memory: %s physical, %s available now", FormatBytes(m.physical).c_str(),
               FormatBytes(m.available).c_str());

@@ -652,12 +652,14 @@ void TrainRun::PrintDone(const std::string& summary) const {
   const double wall = SecondsSince(run_t0_);
   const double c = total_compute_s_;
   std::printf(
-      "done: %d steps in %.1f s | %.0f tok/s, %.2f GFLOP/s | moved H2D %s MiB, D2H %s MiB, "
+      "done: %d steps in %.1f s | %.0f tok/s, %.2f GFLOP/s | moved%s H2D %s MiB, D2H %s MiB, "
       "NVMe read %s MiB, write %s MiB | waits for parameters %.1f%%, for the optimizer's update "
       "behind the forward %.1f%% of step time\n",
       step_ - start_, wall, c > 0 ? total_tokens_ / c : 0,
-      c > 0 ? total_tokens_ * model_->flops_per_token() / c / 1e9 : 0, Mib(st.h2d_bytes).c_str(),
-      Mib(st.d2h_bytes).c_str(), Mib(st.nvme_read_bytes).c_str(), Mib(st.nvme_write_bytes).c_str(),
+      c > 0 ? total_tokens_ * model_->flops_per_token() / c / 1e9 : 0,
+      // (Tokens and FLOP/s are the job's; the bytes this rank's: figures hunt 47.)
+      world_ > 1 ? " (rank 0)" : "", Mib(st.h2d_bytes).c_str(), Mib(st.d2h_bytes).c_str(),
+      Mib(st.nvme_read_bytes).c_str(), Mib(st.nvme_write_bytes).c_str(),
       c > 0 ? 100 * step_acquire_wait_s_ / c : 0, c > 0 ? 100 * step_update_wait_s_ / c : 0);
   // How it computed, now that it has (which attention ran: Note [Which attention runs]).
   std::printf("  compute: %s\n", model_->ComputeSummary().c_str());
