@@ -266,7 +266,8 @@ std::string PlanTable(const PlanPrediction& p) {
   row("device", p.device);
   row("host", p.host);
   row("nvme", p.nvme);
-  add("  device: resident %s, %d slots %s, activations %s, gradient chunks %s, update %s; kept "
+  add("  device: its budget is its capacity (the budgets and a margin of four chunks and 1 MiB); "
+      "resident %s, %d slots %s, activations %s, gradient chunks %s, update %s; kept "
       "free against fragmentation %s\n",
       Mib(p.device_resident).c_str(), p.slots, Mib(p.device_slots).c_str(),
       Mib(p.device_activations).c_str(), Mib(p.device_grads).c_str(), Mib(p.device_update).c_str(),
