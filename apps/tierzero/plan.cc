@@ -284,11 +284,6 @@ int CalibrateComm(const PlanArgs& a, Communicator& comm) {
 // and the rest of a step beyond the moments and the update phase (the trainer's own work, the
 // iteration's end, the gradient norm). Ranks that share this machine share its cores: the
 // block is timed with the cores one rank gets (Note [Compute on a shared machine], docs/plan.md).
-struct ComputeTimes {
-  std::vector<double> kinds;
-  double other_s = 0;
-};
-
 StatusOr<ComputeTimes> MeasureCompute(const RunConfig& cfg, int ranks_here, bool gpu) {
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   tbb::global_control threads(tbb::global_control::max_allowed_parallelism,
@@ -411,6 +406,14 @@ void SetCompute(WarmupTrace& t, const std::vector<double>& kinds, int layers) {
 
 }  // namespace
 
+bool Planner::TimedFor(const RunConfig& cfg) const {
+  RunConfig a = cfg, b = timed;
+  a.model.n_layer = b.model.n_layer;
+  a.model.seed = b.model.seed;
+  return ModelJson(a) == ModelJson(b) && a.train.batch_size == b.train.batch_size &&
+         a.engine.compute_dtype == b.engine.compute_dtype;
+}
+
 // One plan of a config: the GPT (or the trace file's parameters) registered on an engine that
 // never finalizes.
 StatusOr<PlanPrediction> Planner::Run(const RunConfig& cfg, int ranks) const {
@@ -429,7 +432,7 @@ StatusOr<PlanPrediction> Planner::Run(const RunConfig& cfg, int ranks) const {
   } else {
     TZ_ASSIGN_OR_RETURN(auto model, gpt::Gpt::Create(*engine, cfg.model));
     TZ_ASSIGN_OR_RETURN(WarmupTrace t, model->DeriveTrace(cfg.train.batch_size));
-    if (!kinds.empty()) SetCompute(t, kinds, cfg.model.n_layer);
+    if (!kinds.empty() && TimedFor(cfg)) SetCompute(t, kinds, cfg.model.n_layer);
     req.moments = std::move(t.moments);
     tokens = static_cast<double>(cfg.train.batch_size) * cfg.model.seq_len *
              cfg.engine.grad_accumulation * ranks;
@@ -549,7 +552,13 @@ int Plan(const std::vector<std::string>& args) {
   }
   auto rates = LoadRates(*pa, *cfg, gpu);
   if (!rates.ok()) return Fail(rates.status().WithContext("the machine's rates"));
-  Planner pl{pa->ranks_per_node, *rates, {}, 0.0, pa->trace_path.empty() ? nullptr : &file_trace};
+  Planner pl{pa->ranks_per_node,
+             *rates,
+             {},
+             0.0,
+             pa->trace_path.empty() ? nullptr : &file_trace,
+             *cfg,
+             {}};
   // This machine computes the model (its rates were measured here, on the run's device): time a
   // block of it there (Note [Calibrated on the device that runs]).
   const bool measured_here = pa->rates_path.empty() || pa->calibrate;
@@ -568,6 +577,10 @@ int Plan(const std::vector<std::string>& args) {
     if (!times.ok()) return Fail(times.status().WithContext("timing the model's compute"));
     pl.kinds = times->kinds;
     pl.other_s = times->other_s;
+    pl.timed = *cfg;
+    pl.time_compute = [here, gpu, shares = rates->device_shares_cpu](const RunConfig& c) {
+      return MeasureCompute(c, here, gpu && !shares);
+    };
   }
   auto p = pl.Run(*cfg, pa->ranks);
   if (!p.ok()) return Fail(p.status());

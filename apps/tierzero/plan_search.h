@@ -2,6 +2,7 @@
 // layers of a shape, and the largest model the budgets train (--largest).
 #pragma once
 
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -14,13 +15,27 @@ namespace tierzero::app {
 
 // One plan of a config (plan.cc): the GPT (or a trace file's parameters) registered on an engine
 // that never finalizes.
+// The compute of a GPT's moments by kind, timed on this machine (plan.cc), and the rest of a step.
+struct ComputeTimes {
+  std::vector<double> kinds;
+  double other_s = 0;
+};
+
 struct Planner {
   int ranks_per_node = 0;
   const MachineRates& rates;
   std::vector<double> kinds;      // measured compute per kind of moment (GPT, this machine)
   double other_s = 0;             // and the rest of a step
   const WarmupTrace* file_trace;  // --trace
+  // The run `kinds` were timed for: a plan of another width, heads, batch or context takes none
+  // of them (its blocks take another time; plan --largest printed a 10 x 640 GPT's step from a
+  // 5 x 192's blocks: figures hunt 47). Another layer count takes them (one time per layer).
+  RunConfig timed;
+  // Times another run's compute (plan --largest's answer); empty where nothing is timed here.
+  std::function<StatusOr<ComputeTimes>(const RunConfig&)> time_compute;
   StatusOr<PlanPrediction> Run(const RunConfig& cfg, int ranks) const;
+  // Whether `kinds` are of cfg's model and batch (a layer count aside).
+  bool TimedFor(const RunConfig& cfg) const;
 };
 
 // What would make a run that does not fit fit: each budget, the rank count, activation

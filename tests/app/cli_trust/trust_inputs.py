@@ -542,6 +542,24 @@ def case_plan_of_another_config():
           f"a plan of data that is elsewhere:\n{out}")
 
 
+def case_plan_largest_times():
+    # plan --largest's answer is timed for its own shape: its step was the config's blocks (5 x
+    # 192) times its layers, 2.6x under the same model planned alone (figures hunt 47). Both
+    # time blocks on this machine, so they agree to its noise, not to a factor.
+    budgets = ["--batch-size", "4", "--seq-len", "64", "--device-budget", "64MiB",
+               "--host-budget", "256MiB", "--nvme-budget", "1GiB"]
+    out = ok(["plan", "--largest"] + budgets, timeout=300)
+    m = re.search(r"GPT-2 (\d+) layers x (\d+) wide, (\d+) heads", out)
+    check(m is not None, f"no largest model:\n{out}")
+    steps = re.findall(r"^step ([0-9.]+) ms = compute ([0-9.]+) ms", out, re.M)
+    alone = ok(["plan", "--layers", m.group(1), "--width", m.group(2), "--heads", m.group(3),
+                "--no-advice"] + budgets, timeout=300)
+    want = re.findall(r"^step ([0-9.]+) ms = compute ([0-9.]+) ms", alone, re.M)
+    got_c, want_c = float(steps[-1][1]), float(want[-1][1])
+    check(0.5 < got_c / want_c < 2.0,
+          f"--largest's compute {got_c} ms, the same model planned alone {want_c} ms")
+
+
 def case_memory_limit():
     # Budgets over the memory this process may use: refused before anything is allocated, with
     # the limit named and a budget that fits (Note [Host memory within the process's limit]),
