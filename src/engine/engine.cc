@@ -220,7 +220,7 @@ StatusOr<ParamScope> Engine::Acquire(std::span<const ParamId> params, Phase phas
     im.iteration_acquires.push_back(
         {std::vector<ParamId>(params.begin(), params.end()), phase == Phase::kBackward});
   }
-  if (phase == Phase::kBackward && im.LastMicroBatch()) im.updater->PrefetchStates();
+  if (phase == Phase::kBackward && im.LastMicroBatch()) im.PrefetchStates();
   if (im.host_compute) {
     RETURN_IF_ERROR(im.CloseGate(/*wait_entered=*/true));
   }
@@ -299,7 +299,7 @@ Status Engine::EndIteration() {
     return s;
   }
   if (im.iteration_train) {
-    if (im.LastMicroBatch()) im.updater->PrefetchStates();  // slots freed by the writes behind
+    if (im.LastMicroBatch()) im.PrefetchStates();  // slots freed by the writes behind
     ++im.iterations_since_step;
     if (im.cm->counters().plans != im.traced_plans) {
       // This iteration's trace made the plan: its Acquires are the warm-up trace's moments.

@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -158,6 +159,14 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   double step_nvme_seconds = 0, step_seconds = 0;  // the profiled step's
   uint64_t step_nvme_bytes = 0;
   uint64_t step_nvme_write_bytes = 0;  // optimizer states and NVMe parameter shards
+  // The optimizer's NVMe counters when the profiled step's state reads began: in its last
+  // micro-batch's backward (the read-ahead), before Step (Note [The profiled step's NVMe]).
+  std::optional<OptimizerCounters> profile_optimizer_before;
+  void PrefetchStates() {
+    if ((cm->profiling() || profile_step) && !profile_optimizer_before)
+      profile_optimizer_before = optimizer().counters();
+    updater->PrefetchStates();
+  }
 
   void FreeActivation(void* data, uint64_t bytes) override;
   OptimizerStates& optimizer() const { return *store->optimizer(); }

@@ -51,6 +51,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   export_paths  `export DIR/` and `export .` find the run's config
   models_in     a Hugging Face directory's context, files and seeding of a resumed run
   plan_device   a plan's rates are measured on the device the planned run computes on
+  figures       figures a user reads against what they count: the step's NVMe optimizer
+                bytes, the header's model states
   plan_largest_times  plan --largest times its answer's own shape, as a plan of that model alone
   plan_of_another_config  `train --plan` refuses a plan of another config; plan refuses data
                 train would refuse
