@@ -160,6 +160,7 @@ Status Engine::BeginIteration(bool train) {
                                    std::to_string(im.cfg.grad_accumulation) + ")");
   }
   im.OpenGate();
+  im.iteration_comm0 = im.cm->counters().comm_seconds;
   RETURN_IF_ERROR(im.cm->BeginIteration(/*inference=*/!train));
   im.in_iteration = true;
   im.iteration_train = train;
@@ -291,6 +292,8 @@ Status Engine::EndIteration() {
   }
   const bool profiled = im.cm->profiling();
   Status s = im.cm->EndIteration();
+  if (im.iteration_train)  // (Note [The collectives of training])
+    im.train_comm_seconds += im.cm->counters().comm_seconds - im.iteration_comm0;
   im.updater->EndIteration(/*keep=*/s.ok());
   if (!s.ok()) {
     // The micro-batch's gradients did not all arrive: it does not count, and with accumulation

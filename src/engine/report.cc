@@ -101,6 +101,7 @@ void Engine::Impl::SnapshotRanks(ReportSnapshot& s) const {
   r.collectives = cs.collectives;
   r.comm_bytes = cs.bytes_sent;
   r.comm_seconds = im.cm->counters().comm_seconds;
+  r.train_comm_seconds = im.train_comm_seconds;
   if (im.zeropp) {
     const ZeroPPConfig& z = im.cfg.zeropp;
     r.qwz = z.qwz;

@@ -274,6 +274,7 @@ json Ranks(const ReportSnapshot::Ranks& r) {
           {"collectives", r.collectives},
           {"comm_bytes", r.comm_bytes},
           {"comm_seconds", r.comm_seconds},
+          {"train_comm_seconds", r.train_comm_seconds},
           {"zeropp", zeropp},
           {"bytes_by_use",
            {{"param_gather", Wire(r.param_gather)},

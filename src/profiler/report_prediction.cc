@@ -113,10 +113,17 @@ StatusOr<std::vector<Row>> Compare(const JsonIn& r, const JsonIn& p) {
     ASSIGN_OR_RETURN(const double phase_m, Get(opt, {"update_phase", "measured_median_seconds"}));
     rows.push_back({"update phase", "seconds", optimizer, phase_m, ""});
   }
-  if (comm > 0 && steps > 0 && r.has("ranks")) {
-    ASSIGN_OR_RETURN(const double comm_m, Get(r, {"ranks", "comm_seconds"}));
-    rows.push_back({"collectives per step", "seconds", comm, comm_m / steps,
-                    "measured: the run's average, warm-up included"});
+  ASSIGN_OR_RETURN(const double skipped, counters.get_or<double>("skipped_steps", 0.0));
+  if (comm > 0 && steps + skipped > 0 && r.has("ranks")) {
+    // The training iterations' collectives over every step the loop took (a skipped one's
+    // iterations ran them too); a report of an older tierzero has the whole run's only.
+    ASSIGN_OR_RETURN(const JsonIn ranks, r.at("ranks"));
+    const bool train_only = ranks.has("train_comm_seconds");
+    ASSIGN_OR_RETURN(const double comm_m,
+                     ranks.get<double>(train_only ? "train_comm_seconds" : "comm_seconds"));
+    rows.push_back({"collectives per step", "seconds", comm, comm_m / (steps + skipped),
+                    train_only ? "measured: the training iterations' average, warm-up included"
+                               : "measured: the run's average, warm-up and evaluations included"});
   }
 
   // The profiled iteration: its compute, waits and bytes per link.

@@ -66,6 +66,7 @@ struct ReportSnapshot {
     uint64_t shard_bytes = 0, model_state_bytes = 0;
     uint64_t collectives = 0, comm_bytes = 0;
     double comm_seconds = 0;
+    double train_comm_seconds = 0;  // of it, the training iterations' (evaluations' left out)
     // ZeRO++ (all off for plain ZeRO-3) and hpZ's secondary partition.
     bool qwz = false, hpz = false, qgz = false;
     int qwz_bits = 0, qgz_bits = 0, block_elems = 0;

@@ -107,6 +107,11 @@ def case_ranks_agree():
     for node in ("a_wd0", "a_wd1"):
         check(os.listdir(os.path.join(OUT, node)) == [], f"{node} keeps "
               f"{os.listdir(os.path.join(OUT, node))}")
+    # The training iterations' collectives, evaluations' left out (Note [The collectives of
+    # training]): what a step's measured collectives are (figures hunt 47: the whole run's).
+    ranks = json.load(open(os.path.join(OUT, "a_nvme", "report.json")))["ranks"]
+    check(0 < ranks["train_comm_seconds"] < ranks["comm_seconds"],
+          f"the training iterations' collectives: {ranks}")
     # export, eval and report are one process's jobs: under mpirun they are refused, not run twice
     # (two reports raced for one page).
     for cmd in (["export", os.path.join(OUT, "a_nvme", "checkpoint"), "-o",
