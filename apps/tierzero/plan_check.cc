@@ -18,6 +18,21 @@ namespace tierzero::app {
 
 using json = nlohmann::json;
 
+namespace {
+
+// The refusal of a plan whose fields differ from the run's: `differ` lists the first three of
+// the `n` that do (OK when none).
+Status AnotherConfig(const std::string& differ, int n) {
+  if (n == 0) return Status::OK();
+  return FailedPreconditionError(
+      "the plan is of another config (" + differ +
+      (n > 3 ? ", and " + std::to_string(n - 3) + " more" : "") +
+      "): its predictions are not this run's. Plan the run's config (tierzero plan with its "
+      "--config and flags, --json FILE) and give that");
+}
+
+}  // namespace
+
 // plan_check.h
 Status CheckPlanConfig(const json& plan_config, const RunConfig& run, bool of_trace) {
   const json ran = json::parse(RunConfigToJson(run), nullptr, /*allow_exceptions=*/false);
@@ -81,12 +96,7 @@ Status CheckPlanConfig(const json& plan_config, const RunConfig& run, bool of_tr
       differ += (differ.empty() ? "" : ", ") + name + " " + planned.dump() + " in the plan, " +
                 now.dump() + " here";
   }
-  if (n == 0) return Status::OK();
-  return FailedPreconditionError(
-      "the plan is of another config (" + differ +
-      (n > 3 ? ", and " + std::to_string(n - 3) + " more" : "") +
-      "): its predictions are not this run's. Plan this run's config (tierzero plan with the "
-      "same --config and flags, --json FILE) and give that");
+  return AnotherConfig(differ, n);
 }
 
 // Note [A plan of another run]
@@ -166,12 +176,7 @@ Status CheckPlanOfReport(const std::string& report_text, const std::string& plan
   const json planned_zeropp = section(*cfg, "zeropp");
   for (const auto& [key, value] : planned_zeropp.items())
     if (zeropp.contains(key)) compare("zeropp." + key, value, zeropp[key]);
-  if (n == 0) return Status::OK();
-  return FailedPreconditionError(
-      "the plan is of another config (" + differ +
-      (n > 3 ? ", and " + std::to_string(n - 3) + " more" : "") +
-      "): its predictions are not this run's. Plan the run's config (tierzero plan with its "
-      "--config and flags, --json FILE) and give that");
+  return AnotherConfig(differ, n);
 }
 
 }  // namespace tierzero::app
