@@ -357,6 +357,8 @@ Status Largest(const Planner& pl, const RunConfig& cfg, int ranks, json& out) {
                     {"parameters", best_params},
                     {"optimizer_states", MomentName(f)},
                     {"prediction", json::parse(PlanJson(p), nullptr, false)}};
+  // (Its step without its compute, and why, where a block of it could not be timed here.)
+  if (!untimed.empty()) out["largest"]["compute_not_timed"] = untimed;
   return Status::OK();
 }
 

@@ -275,6 +275,13 @@ Field ArchField(const std::string& name, gpt::GptConfig* m) {
               m->tie_embeddings = m->attention_bias = true;
               m->n_kv_head = m->d_ff = 0;
               m->norm_eps = 1e-5;
+              // (Learned positions: a Llama's rotary fields would be read by nothing.)
+              const gpt::GptConfig d;
+              m->rope_theta = d.rope_theta;
+              m->rope_factor = d.rope_factor;
+              m->rope_low_freq_factor = d.rope_low_freq_factor;
+              m->rope_high_freq_factor = d.rope_high_freq_factor;
+              m->rope_original_positions = d.rope_original_positions;
               return Status::OK();
             }
             return Bad(name, v, "\"gpt2\" or \"llama\"");

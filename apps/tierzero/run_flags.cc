@@ -149,7 +149,7 @@ namespace {
 // A data path the run's data.kind does not read would be ignored silently (a config that sets
 // text_path and forgets the kind trained on addition). Checked once the flags are applied:
 // --text and --data set the kind.
-Status CheckDataSource(const RunConfig& c) {
+Status CheckDataSource(const RunConfig& c, const std::set<std::string>& asked_in_file) {
   const std::string& kind = c.data.kind;
   if (!c.data.text_path.empty() && kind != "text")
     return InvalidArgumentError("config field 'data.text_path' is set (" + c.data.text_path +
@@ -161,13 +161,40 @@ Status CheckDataSource(const RunConfig& c) {
                                 ") but data.kind is \"" + kind +
                                 "\", which does not read it: set data.kind \"tokens\" (or "
                                 "train with --data PATH), or remove token_path");
-  // The addition task's settings asked of text or tokens would be read by nothing (hunt 47).
-  if (kind != "addition")
-    for (const char* f : {"data.digits", "data.reverse_answer", "data.pad_operands"})
-      if (c.given.count(f) != 0)
-        return InvalidArgumentError("config field '" + std::string(f) +
-                                    "' is the addition task's, but data.kind is \"" + kind +
-                                    "\", which does not read it: remove it");
+  // The addition task's settings a user's config asks of text or tokens, other than their
+  // defaults, would be read by nothing (hunt 47).
+  const gpt::DataConfig d = DefaultRunConfig().data;
+  const bool differ[] = {c.data.digits != d.digits, c.data.reverse_answer != d.reverse_answer,
+                         c.data.pad_operands != d.pad_operands};
+  const char* fields[] = {"data.digits", "data.reverse_answer", "data.pad_operands"};
+  for (int i = 0; i < 3 && kind != "addition"; ++i)
+    if (differ[i] && asked_in_file.count(fields[i]) != 0)
+      return InvalidArgumentError("config field '" + std::string(fields[i]) +
+                                  "' is the addition task's, but data.kind is \"" + kind +
+                                  "\", which does not read it: remove it");
+  return Status::OK();
+}
+
+// A rotary field a user's config file sets for a GPT-2, whose positions are learned, would be
+// read by nothing (a Llama config that left out "arch" trained a GPT-2 without a word: hunt 47).
+// Checked once a model directory has given its architecture (--init-from a Llama's makes the
+// run one); a model recorded by a checkpoint, an export or a run's config.json is as it was.
+Status CheckGpt2Rope(const RunConfig& c, const std::set<std::string>& asked_in_file) {
+  if (c.model.arch != gpt::Arch::kGpt2) return Status::OK();
+  const gpt::GptConfig d;
+  const gpt::GptConfig& m = c.model;
+  const std::pair<const char*, bool> fields[] = {
+      {"rope_theta", m.rope_theta != d.rope_theta},
+      {"rope_factor", m.rope_factor != d.rope_factor},
+      {"rope_low_freq_factor", m.rope_low_freq_factor != d.rope_low_freq_factor},
+      {"rope_high_freq_factor", m.rope_high_freq_factor != d.rope_high_freq_factor},
+      {"rope_original_positions", m.rope_original_positions != d.rope_original_positions}};
+  for (const auto& [field, differs] : fields)
+    if (differs && asked_in_file.count(std::string("model.") + field) != 0)
+      return InvalidArgumentError(
+          "config field 'model." + std::string(field) +
+          "' is set for arch \"gpt2\", whose positions are learned, not rotary: nothing reads "
+          "it. Leave it out, or give arch \"llama\" for rotary embeddings");
   return Status::OK();
 }
 
@@ -236,6 +263,11 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
   // 12MiB`, the defaults' values, be replaced silently).
   std::set<std::string> given;
   std::set<std::string> model_named;  // the model fields the config file names
+  // The config file is a run's own config.json, of this build or an older one that recorded
+  // fewer fields: it records every value, asked for or not, so a field in it is not a user's ask
+  // the checks below refuse or keep (review 47: an older text run's recorded data.digits
+  // refused its resume).
+  bool runs_config = false;
   if (!config_path.empty()) {
     TZ_ASSIGN_OR_RETURN(const std::string text,
                         ReadFileBounded(config_path, kMaxConfigBytes, "config file"));
@@ -253,6 +285,51 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
         for (const auto& [key, value] : fields.items()) named.insert(section + "." + key);
       }
     }
+    // Every config.json train has written, since its first build, names these 41 fields: a
+    // user's config file does not (it names what it changes).
+    static constexpr const char* kEveryRunsConfigNames[] = {"data.digits",
+                                                            "data.kind",
+                                                            "data.seed",
+                                                            "data.text_path",
+                                                            "engine.chunk_elems",
+                                                            "engine.clip_grad_norm",
+                                                            "engine.compute_dtype",
+                                                            "engine.cpu_threads",
+                                                            "engine.device",
+                                                            "engine.device_budget",
+                                                            "engine.device_shard_budget",
+                                                            "engine.eps",
+                                                            "engine.grad_accumulation",
+                                                            "engine.host_budget",
+                                                            "engine.host_link_bandwidth",
+                                                            "engine.initial_loss_scale",
+                                                            "engine.loss_scale_window",
+                                                            "engine.nvme_budget",
+                                                            "engine.nvme_path",
+                                                            "engine.weight_decay",
+                                                            "model.activation_checkpointing",
+                                                            "model.d_model",
+                                                            "model.n_head",
+                                                            "model.n_layer",
+                                                            "model.seed",
+                                                            "model.seq_len",
+                                                            "model.vocab",
+                                                            "output.checkpoint_dir",
+                                                            "output.init_from",
+                                                            "output.metrics",
+                                                            "output.report",
+                                                            "output.resume",
+                                                            "output.run_dir",
+                                                            "train.batch_size",
+                                                            "train.checkpoint_every",
+                                                            "train.eval_batches",
+                                                            "train.eval_every",
+                                                            "train.lr",
+                                                            "train.min_lr",
+                                                            "train.steps",
+                                                            "train.warmup_steps"};
+    runs_config = std::all_of(std::begin(kEveryRunsConfigNames), std::end(kEveryRunsConfigNames),
+                              [&](const char* f) { return named.count(f) != 0; });
     // A config that names every field is a run's own config.json (RunConfigToJson), given as a
     // template: it records every value, asked for or not, so only its context counts as asked
     // (as before the note); its other fields give way where a value at the default's would.
@@ -269,7 +346,8 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
   }
   const std::string config_run_dir = config_path.empty() ? "" : cfg.output.run_dir;
   std::string ignored;
-  const std::set<std::string> asked_in_file = given;
+  // The fields a user's config file asks for (none of a run's own config.json).
+  const std::set<std::string> asked_in_file = runs_config ? std::set<std::string>() : given;
   const gpt::GptConfig file_model = cfg.model;
   TZ_RETURN_IF_ERROR(ApplyFlags(args, cfg, &ignored, &given));
   // --arch sets its architecture's defaults (ArchField); the fields a config file names are
@@ -280,6 +358,13 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
       cfg.model.tie_embeddings = file_model.tie_embeddings;
     if (asked_in_file.count("model.attention_bias") != 0)
       cfg.model.attention_bias = file_model.attention_bias;
+    if (cfg.model.arch == gpt::Arch::kGpt2 &&
+        (!cfg.model.tie_embeddings || !cfg.model.attention_bias))
+      return InvalidArgumentError(
+          std::string("the config file sets model.") +
+          (!cfg.model.tie_embeddings ? "tie_embeddings" : "attention_bias") +
+          " false, which --arch gpt2 cannot have (GPT-2 ties its head and has every bias): drop "
+          "one of them");
   }
   cfg.given = std::move(given);
   // Note [A config's outputs follow --run-dir]
@@ -323,7 +408,8 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
     TZ_RETURN_IF_ERROR(TakeCheckpointsModel(cfg, cfg.output.resume, asked, /*say=*/true));
     if (config_path.empty()) SizeBudgetsToTheMachine(cfg);
   }
-  TZ_RETURN_IF_ERROR(CheckDataSource(cfg));
+  TZ_RETURN_IF_ERROR(CheckDataSource(cfg, asked_in_file));
+  TZ_RETURN_IF_ERROR(CheckGpt2Rope(cfg, asked_in_file));
   TZ_RETURN_IF_ERROR(ValidateRunConfig(cfg));
   return cfg;
 }

@@ -92,22 +92,6 @@ Status ValidateGptConfig(const GptConfig& c) {
     if (!c.tie_embeddings) return bad("tie_embeddings", "false", "true for arch \"gpt2\"");
     if (!c.attention_bias) return bad("attention_bias", "false", "true for arch \"gpt2\"");
     if (c.norm_eps != 1e-5) return bad("norm_eps", num(c.norm_eps), "1e-5 for arch \"gpt2\"");
-    // Learned positions: a rotary field set for GPT-2 was read by nothing, without a word (a
-    // Llama config that left out "arch" trained a GPT-2; hunt 47).
-    const GptConfig d;
-    const char* rope = c.rope_theta != d.rope_theta                       ? "rope_theta"
-                       : c.rope_factor != d.rope_factor                   ? "rope_factor"
-                       : c.rope_low_freq_factor != d.rope_low_freq_factor ? "rope_low_freq_factor"
-                       : c.rope_high_freq_factor != d.rope_high_freq_factor
-                           ? "rope_high_freq_factor"
-                       : c.rope_original_positions != d.rope_original_positions
-                           ? "rope_original_positions"
-                           : nullptr;
-    if (rope != nullptr)
-      return InvalidArgumentError(
-          "config field 'model." + std::string(rope) +
-          "' is set for arch \"gpt2\", whose positions are learned, not rotary: nothing reads "
-          "it. Leave it out, or give arch \"llama\" (--arch llama) for rotary embeddings");
   } else {
     if (c.head_dim() % 2 != 0)
       return bad("n_head", std::to_string(c.n_head),

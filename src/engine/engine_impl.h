@@ -155,9 +155,9 @@ struct Engine::Impl final : ActivationBuffer::Owner {
   int64_t iterations = 0;
   // Every gather and reduction's bytes so far at the profiled iteration's start, then in it.
   WireBytes profile_wire_start, profile_wire;
-  bool profile_step = false;                       // the next Step adds its events
-  double step_nvme_seconds = 0, step_seconds = 0;  // the profiled step's
-  uint64_t step_nvme_bytes = 0;
+  bool profile_step = false;                                   // the next Step adds its events
+  double step_nvme_seconds = 0, step_seconds = 0;              // the profiled step's
+  uint64_t step_nvme_bytes = 0, step_nvme_pipeline_bytes = 0;  // of it, in Step's pipeline
   uint64_t step_nvme_write_bytes = 0;  // optimizer states and NVMe parameter shards
   // The optimizer's NVMe counters when the profiled step's state reads began: in its last
   // micro-batch's backward (the read-ahead), before Step (Note [The profiled step's NVMe]).

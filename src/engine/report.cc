@@ -80,6 +80,7 @@ void Engine::Impl::SnapshotProfile(ReportSnapshot& s) const {
   p.step_seconds = im.step_seconds;
   p.step_nvme_seconds = im.step_nvme_seconds;
   p.step_nvme_bytes = im.step_nvme_bytes;
+  p.step_nvme_pipeline_bytes = im.step_nvme_pipeline_bytes;
   p.step_nvme_write_bytes = im.step_nvme_write_bytes;
 }
 

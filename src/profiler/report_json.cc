@@ -194,7 +194,8 @@ json Profile(const ReportSnapshot& s) {
         {"nvme_optimizer",
          {{"bytes", p.step_nvme_bytes},
           {"busy_seconds", p.step_nvme_seconds},
-          {"bytes_per_second", Rate(p.step_nvme_bytes, p.step_nvme_seconds)}}},
+          // (The pipeline's own rate: the read-ahead's reads ran before it, in the backward.)
+          {"bytes_per_second", Rate(p.step_nvme_pipeline_bytes, p.step_nvme_seconds)}}},
         // The step's NVMe writes (states and parameter shards), during its swap pipeline.
         {"nvme_write",
          {{"bytes", p.step_nvme_write_bytes},

@@ -117,6 +117,7 @@ struct ReportSnapshot {
     std::vector<TimelineEvent> events;
     double step_seconds = 0, step_nvme_seconds = 0;
     uint64_t step_nvme_bytes = 0, step_nvme_write_bytes = 0;
+    uint64_t step_nvme_pipeline_bytes = 0;  // of step_nvme_bytes, in Step's swap pipeline
     WireBytes collectives;  // the iteration's gathers and reductions (several ranks)
   } profile;
 

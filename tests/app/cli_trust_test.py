@@ -13,6 +13,7 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   config_json   a run whose config.json cannot be written stops before training
   resume_exact  10 + 10 resumed steps equal 20 uninterrupted, loss for loss, with skipped steps
   resume_other_split  a resume under another split of ranks and accumulation continues the data
+  resume_older_config  an older build's config.json (fewer fields) resumes its run
   profile_step  --profile-step of a step the run does not profile (its warm-up, or passed) is refused
   resume_model  resuming with another model shape (--heads) is refused
   checkpoint_model  a checkpoint records its model: saved outside its run directory, it

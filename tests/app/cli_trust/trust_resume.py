@@ -193,6 +193,32 @@ def case_profile_step():
              "1"], "profiles no iteration")
 
 
+def case_resume_older_config():
+    # A run's config.json of an older build records fewer fields but every one it had, the
+    # addition task's among them for a text run: it is the run's, not a user's ask, and resumes
+    # (review 47: the new refusal of data.digits with text data refused it). A user's config
+    # asking for them is still refused.
+    text = os.path.join(OUT, "oc_text.txt")
+    with open(text, "w") as f:
+        f.write("an older run's text, over and over. " * 300)
+    rd = os.path.join(OUT, "oc_run")
+    ok(["train", "--text", text, "--layers", "1", "--width", "32", "--heads", "2", "--steps", "2",
+        "--run-dir", rd, "--quiet"])
+    cfg = json.load(open(rd + "/config.json"))
+    cfg["data"]["digits"] = 3  # (an addition run's template, given --text then)
+    for section, field in (("engine", "optimizer_states"), ("model", "rope_theta"),
+                           ("model", "arch"), ("model", "tie_embeddings"),
+                           ("data", "token_path"), ("model", "n_kv_head")):
+        cfg[section].pop(field)
+    with open(rd + "/config.json", "w") as f:
+        json.dump(cfg, f)
+    ok(["train", "--config", rd + "/config.json", "--resume", rd + "/checkpoint", "--steps", "4",
+        "--quiet"])
+    user = write_config(os.path.join(OUT, "oc_user.json"), data={"digits": 3})
+    refused(["train", "--config", user, "--text", text, "--run-dir", rd + "_user", "--quiet"],
+            "data.digits")
+
+
 def case_resume_own_config():
     # `--resume RUN_DIR/checkpoint` continues that run (the help and the refusal of a used run
     # directory say so): without --config its config is the run's config.json, so a run made
