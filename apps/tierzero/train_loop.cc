@@ -663,6 +663,7 @@ void TrainRun::PrintDone(const std::string& summary) const {
       c > 0 ? 100 * step_acquire_wait_s_ / c : 0, c > 0 ? 100 * step_update_wait_s_ / c : 0);
   // How it computed, now that it has (which attention ran: Note [Which attention runs]).
   std::printf("  compute: %s\n", model_->ComputeSummary().c_str());
+  if (world_ > 1) std::printf("  (the report below is rank 0's: its memory, bytes and waits)\n");
   std::fputs(summary.c_str(), stdout);
   if (out_.checkpoint_dir.empty())
     std::printf("  checkpoint: none\n");
