@@ -151,7 +151,7 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
   // predicted no wait for parameters, and its update phase 0.13 ms of 120: hunt 47). A GPU's
   // run ignores both, and so does its plan.
   const bool sim_device = cfg.device == DeviceChoice::kHost ||
-                         (cfg.device == DeviceChoice::kAuto && CudaDeviceCount() == 0);
+                          (cfg.device == DeviceChoice::kAuto && CudaDeviceCount() == 0);
   if (sim_device && cfg.host_link_bandwidth > 0) {
     for (double* r : {&rates.h2d_bytes_per_s, &rates.d2h_bytes_per_s})
       *r = *r > 0 ? std::min(*r, cfg.host_link_bandwidth) : cfg.host_link_bandwidth;

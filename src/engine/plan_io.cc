@@ -253,7 +253,8 @@ std::string PlanTable(const PlanPrediction& p) {
     s += line;
   };
   add("layout: %d chunks of %s (%" PRIu64 " elements), %d rank%s\n", p.chunks,
-      FormatBytes(p.chunk_bytes).c_str(), p.chunk_elems, p.world_size, p.world_size == 1 ? "" : "s");
+      FormatBytes(p.chunk_bytes).c_str(), p.chunk_elems, p.world_size,
+      p.world_size == 1 ? "" : "s");
   if (!p.placement_summary.empty()) add("placement: %s\n", p.placement_summary.c_str());
   if (!p.problem.empty()) add("DOES NOT FIT (%s): %s\n", p.failing_tier.c_str(), p.problem.c_str());
   if (p.device.budget == 0 && p.host.peak == 0) return s;  // placement failed: nothing more

@@ -165,17 +165,17 @@ TEST(PlacementTest, FitAdviceNamesTheLeastBudgetsThatFitInWholeMiB) {
   };
   // Both budgets short of the 160 MiB; either alone can make up the rest.
   std::string a = PlacementFitAdvice(l, {0, 30 * kMiB, 50 * kMiB}, fixed);
-  EXPECT_EQ(a, "its shards and states fit with host_budget (--host-budget) " + least_host(50 * kMiB) +
-                   " at this NVMe budget, or nvme_budget (--nvme-budget) " +
+  EXPECT_EQ(a, "its shards and states fit with host_budget (--host-budget) " +
+                   least_host(50 * kMiB) + " at this NVMe budget, or nvme_budget (--nvme-budget) " +
                    least_nvme(30 * kMiB + fixed) + " at this host budget");
   // The gradients (20 MiB) must stay in host memory: no NVMe budget alone fits, and the least
   // host memory with NVMe holding the rest is said beside the host budget alone.
   a = PlacementFitAdvice(l, {0, 10 * kMiB, 50 * kMiB}, fixed);
   const std::string h = least_host(160 * kMiB);
   uint64_t h_bytes = std::stoull(h) * kMiB;
-  EXPECT_EQ(a, "its shards and states fit with host_budget (--host-budget) " + least_host(50 * kMiB) +
-                   " at this NVMe budget, or host_budget (--host-budget) " + h +
-                   " with nvme_budget (--nvme-budget) " + least_nvme(h_bytes));
+  EXPECT_EQ(a, "its shards and states fit with host_budget (--host-budget) " +
+                   least_host(50 * kMiB) + " at this NVMe budget, or host_budget (--host-budget) " +
+                   h + " with nvme_budget (--nvme-budget) " + least_nvme(h_bytes));
   EXPECT_TRUE(fits(h_bytes, std::stoull(least_nvme(h_bytes)) * kMiB));
 }
 
