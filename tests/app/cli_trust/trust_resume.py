@@ -142,25 +142,22 @@ def case_resume_other_split():
     # its data's alone: the resumed steps 7..10 are an uninterrupted accumulation-1 run's steps
     # 13..16 (micro-batches 12..15), and the stream of a split kept equals its uninterrupted run.
     cfg = write_config(os.path.join(OUT, "os.json"), train={"lr": 0, "min_lr": 0})
-    one, two = os.path.join(OUT, "os_one"), os.path.join(OUT, "os_two")
-    ok(["train", "--config", cfg, "--run-dir", one, "--steps", "16", "--quiet"])
-    ok(["train", "--config", cfg, "--run-dir", two, "--steps", "6", "--grad-accumulation", "2",
-        "--quiet"])
-    ok(["train", "--config", cfg, "--run-dir", two, "--steps", "10", "--grad-accumulation", "1",
-        "--quiet", "--resume", two + "/checkpoint"])
-    l1 = {s: loss for s, loss, *_ in losses(one + "/metrics.jsonl")}
-    l2 = {s: loss for s, loss, *_ in losses(two + "/metrics.jsonl")}
+
+    def train(run_dir, steps, accum, *resume):
+        ok(["train", "--config", cfg, "--run-dir", run_dir, "--steps", str(steps),
+            "--grad-accumulation", str(accum), "--quiet"] + list(resume))
+        return {s: loss for s, loss, *_ in losses(run_dir + "/metrics.jsonl")}
+
+    one, two, acc = (os.path.join(OUT, n) for n in ("os_one", "os_two", "os_acc"))
+    l1 = train(one, 16, 1)
+    train(two, 6, 2)
+    l2 = train(two, 10, 1, "--resume", two + "/checkpoint")
     check([l2[s] for s in range(7, 11)] == [l1[s] for s in range(13, 17)],
           f"resumed under another split, the data did not continue:\n{l1}\n{l2}")
     # Back to accumulation 2 from step 10: its micro-batches 16.. are steps 9.. of a run
     # accumulating 2 throughout, step for step.
-    acc = os.path.join(OUT, "os_acc")
-    ok(["train", "--config", cfg, "--run-dir", acc, "--steps", "12", "--grad-accumulation", "2",
-        "--quiet"])
-    ok(["train", "--config", cfg, "--run-dir", two, "--steps", "12", "--grad-accumulation", "2",
-        "--quiet", "--resume", two + "/checkpoint"])
-    la = {s: loss for s, loss, *_ in losses(acc + "/metrics.jsonl")}
-    l2 = {s: loss for s, loss, *_ in losses(two + "/metrics.jsonl")}
+    la = train(acc, 12, 2)
+    l2 = train(two, 12, 2, "--resume", two + "/checkpoint")
     check([l2[s] for s in (11, 12)] == [la[s] for s in (9, 10)],
           f"a second resume did not continue the data:\n{la}\n{l2}")
 
