@@ -172,11 +172,26 @@ int Eval(const std::vector<std::string>& args) {
       continue;
     }
     // Flags of `train` that mean nothing here are refused, not silently ignored.
-    for (const char* train_only :
-         {"--steps", "--lr", "--eval-every", "--profile-step", "--grad-accumulation", "--metrics",
-          "--report", "--html", "--trace", "--run-dir", "--checkpoint", "--plan", "--overwrite",
-          "--log-every", "--text", "--seed", "--checkpoint-activations", "--quiet",
-          "--optimizer-states"}) {
+    for (const char* train_only : {"--steps",
+                                   "--lr",
+                                   "--eval-every",
+                                   "--profile-step",
+                                   "--grad-accumulation",
+                                   "--metrics",
+                                   "--report",
+                                   "--html",
+                                   "--trace",
+                                   "--run-dir",
+                                   "--checkpoint",
+                                   "--plan",
+                                   "--overwrite",
+                                   "--log-every",
+                                   "--text",
+                                   "--seed",
+                                   "--checkpoint-activations",
+                                   "--no-checkpoint-activations",
+                                   "--quiet",
+                                   "--optimizer-states"}) {
       if (args[i] == train_only)
         return EvalFail(InvalidArgumentError("option " + args[i] +
                                              " is one of tierzero train's; eval --help lists "

@@ -17,12 +17,20 @@ namespace tierzero::app {
 Status CheckTraceFlags(const std::string& trace_path, const std::vector<std::string>& rest,
                        bool largest) {
   if (trace_path.empty()) return Status::OK();
-  static constexpr const char* kShaping[] = {
-      "--layers",      "--width",      "--heads",
-      "--kv-heads",    "--arch",       "--seq-len",
-      "--vocab",       "--batch-size", "--checkpoint-activations",
-      "--activations", "--init-from",  "--text",
-      "--data"};
+  static constexpr const char* kShaping[] = {"--layers",
+                                             "--width",
+                                             "--heads",
+                                             "--kv-heads",
+                                             "--arch",
+                                             "--seq-len",
+                                             "--vocab",
+                                             "--batch-size",
+                                             "--checkpoint-activations",
+                                             "--no-checkpoint-activations",
+                                             "--activations",
+                                             "--init-from",
+                                             "--text",
+                                             "--data"};
   for (const std::string& a : rest) {
     for (const char* f : kShaping) {
       if (a == f)

@@ -70,8 +70,8 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
       c.output.overwrite = true;
       continue;
     }
-    if (a == "--checkpoint-activations") {
-      c.model.activation_checkpointing = true;
+    if (a == "--checkpoint-activations" || a == "--no-checkpoint-activations") {
+      c.model.activation_checkpointing = a == "--checkpoint-activations";
       if (given != nullptr) given->insert("model.activation_checkpointing");
       continue;
     }
@@ -93,7 +93,8 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
     // the option would be lost (a directory named "--overwrite" made instead).
     if (value.rfind("--", 0) == 0 &&
         (kFlags.count(value) != 0 || value == "--quiet" || value == "--overwrite" ||
-         value == "--checkpoint-activations" || value == "--config"))
+         value == "--checkpoint-activations" || value == "--no-checkpoint-activations" ||
+         value == "--config"))
       return InvalidArgumentError(a + " needs a value, and " + value +
                                   " follows it (an option): give " + a + " its value");
     // An empty value (an unset shell variable, `--resume $CKPT`) would mean the default: a run

@@ -17,7 +17,10 @@ override the config:
   --lr X                 peak learning rate            --eval-every N   steps between evaluations
   --device auto|cuda|host                              --dtype bf16|fp16|fp32
   --device-budget SIZE   --host-budget SIZE            --nvme-budget SIZE   --nvme-path DIR
-  --grad-accumulation N  --layers N  --width N  --heads N  --checkpoint-activations
+  --grad-accumulation N  --layers N  --width N  --heads N
+  --checkpoint-activations, --no-checkpoint-activations
+                         keep only block inputs and recompute in backward, or keep every
+                         activation (model.activation_checkpointing; on by default)
   --activations auto|fp32|bf16   the type activations are stored in (model.activations)
   --arch gpt2|llama      the architecture (model.arch; docs/models.md)   --kv-heads N
   --optimizer-states fp32|bf16|int8   how Adam's m and v are stored (engine.optimizer_states)

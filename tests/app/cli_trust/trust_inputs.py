@@ -252,6 +252,12 @@ def case_asked_for():
     m = json.load(open(rd + "/config.json"))["model"]
     check(m["arch"] == "llama" and m["tie_embeddings"] and m["attention_bias"],
           f"--arch llama reset what the config asked for: {m}")
+    # Activation checkpointing turns off from the command line as well as on (hunt 47).
+    rd = os.path.join(OUT, "y_run4c")
+    ok(["train", "--config", cfg, "--run-dir", rd, "--steps", "1", "--device-budget", "64MiB",
+        "--no-checkpoint-activations"] + small)
+    check(not json.load(open(rd + "/config.json"))["model"]["activation_checkpointing"],
+          "--no-checkpoint-activations left activation checkpointing on")
     # A path that reads as a number; an option where a value should be.
     ok(["train", "--config", cfg, "--run-dir", "123", "--steps", "1"] + small)
     check(os.path.isdir(os.path.join(OUT, "123")), "--run-dir 123 was not a directory 123")
