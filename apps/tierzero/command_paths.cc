@@ -113,14 +113,14 @@ Status ForOneProcess(const Status& s, bool forward_only) {
 // eval and export load a checkpoint through the engine, which holds every chunk's optimizer
 // states and gradient shard as a run does: fp32 master, m and v and a gradient of the compute
 // type (fp32 with accumulation), 16 bytes a parameter in bf16 of which they read only the
-// master's 4. They hold no moments (MomentFormat::kNone, Note [An engine that never steps] in
-// src/engine/engine.cc: the checkpoint's are not read) and their gradient shards in the compute
-// type: the weights are the masters' to the bit (each parameter is its master, rounded), and
-// nothing reads a moment or a gradient. A bf16 checkpoint with accumulation 2 placed 11.95 MiB
-// of model state with the run's states, 6.72 MiB with int8 moments (session 43), 5.31 MiB
-// without moments (session 44; bench/RESULTS.md); cli_trust `never_steps` checks the bytes a
-// parameter and the same losses and exports at the budget said. (The gradient shards, 2 bytes a
-// parameter in bf16, are still placed: the engine has no mode without them.)
+// master's 4. They hold no moments and no gradient shards (MomentFormat::kNone, Note [An engine
+// that never steps] in src/engine/engine.cc: the checkpoint's moments are not read): the
+// weights are the masters' to the bit (each parameter is its master, rounded), and nothing reads
+// a moment or a gradient. A bf16 checkpoint with accumulation 2 placed 11.95 MiB of model state
+// with the run's states, 6.72 MiB with int8 moments (session 43), 5.31 MiB without moments
+// (session 44; bench/RESULTS.md); cli_trust `never_steps`'s placed 1008 KiB with gradient
+// shards and 756 KiB without (session 48), and checks the bytes a parameter and the same losses
+// and exports at the budget said.
 // train.h
 void NeverSteps(EngineConfig& ec) {
   ec.optimizer_states = MomentFormat::kNone;

@@ -120,9 +120,10 @@ enum class MomentFormat : uint8_t {
   kF32,   // 8 bytes an element: as torch.optim.AdamW
   kBF16,  // 4 bytes an element, rounded stochastically
   kInt8,  // ~2.1 bytes an element: 8-bit codes in blocks of 64 with a scale per block
-  // None: the engine holds the fp32 masters alone and never steps (Note [An engine that never
-  // steps] in src/engine/engine.cc): for evaluating or exporting a checkpoint, whose moments it
-  // does not read. Training iterations, Step and SaveCheckpoint are refused.
+  // None: the engine holds the fp32 masters alone, no gradient shards, and never steps (Note [An
+  // engine that never steps] in src/engine/engine.cc): for evaluating or exporting a checkpoint,
+  // whose moments it does not read. Training iterations, Step, ReadGrad and SaveCheckpoint are
+  // refused.
   kNone,
 };
 

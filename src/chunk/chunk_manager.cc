@@ -45,6 +45,7 @@ ShardStoreOptions ChunkManager::StoreOptions(const ChunkLayout& layout, const Pl
   for (const ChunkPlacement& p : placement.chunks) so.param_tier.push_back(p.param);
   so.fp32_grads = options.grad_accumulation;
   for (const ChunkPlacement& p : placement.chunks) so.grad_tier.push_back(p.grad);
+  so.grads = placement.grad_shard_bytes > 0;  // none in an engine that never steps
   // With W > 1 over host buffers a host shard has room for its gather tag after it.
   if (layout.world_size() > 1 && options.device_comm == nullptr) {
     so.host_param_tail_bytes = kGatherTagBytes;

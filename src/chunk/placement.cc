@@ -12,7 +12,9 @@ StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& bu
   const int n = layout.num_chunks();
   p.chunks.resize(static_cast<size_t>(n));
   p.param_shard_bytes = layout.shard_bytes();
-  p.grad_shard_bytes = grad_shard_bytes > 0 ? grad_shard_bytes : layout.shard_bytes();
+  p.grad_shard_bytes = !budgets.grad_shards   ? 0
+                       : grad_shard_bytes > 0 ? grad_shard_bytes
+                                              : layout.shard_bytes();
   p.optim_shard_bytes = optimizer_group_bytes > 0
                             ? optimizer_group_bytes
                             : layout.shard_elems() * 3 * 4;  // fp32 master, m, v
@@ -43,7 +45,8 @@ StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& bu
   // chunks whose shards are already there, both going from the last chunk backwards. Without
   // accumulation a shard stays in host memory unless its chunk updates on the device (Note
   // [Gradient shards on the device]), where the backward's copy down overlaps the compute.
-  const bool accumulating = budgets.device_grads && budgets.device_grads_accumulating;
+  const bool device_grads = budgets.device_grads && budgets.grad_shards;
+  const bool accumulating = device_grads && budgets.device_grads_accumulating;
   if (accumulating) {
     for (int c = n - 1; c >= 0; --c) {
       if (device + p.grad_shard_bytes > budgets.device_shard_bytes) break;
@@ -79,7 +82,7 @@ StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& bu
       device += p.grad_shard_bytes;
     }
   };
-  if (budgets.device_grads) {
+  if (device_grads) {
     grads_on_device([](const ChunkPlacement& cp) {
       return cp.param == Tier::kDevice && cp.optimizer == Tier::kDevice;
     });
@@ -116,9 +119,11 @@ StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& bu
     return OutOfMemoryError(
         "model state of " + FormatBytes(total) + " per rank (" + std::to_string(n) +
         " chunks) does not fit: device shard budget " + FormatBytes(budgets.device_shard_bytes) +
-        ", host budget for shards " + FormatBytes(budgets.host_bytes) + " (at least " +
-        FormatBytes(grads) + " for the gradients in host memory), NVMe budget " +
-        FormatBytes(budgets.nvme_bytes) + " (" + FormatBytes(nvme) +
+        ", host budget for shards " + FormatBytes(budgets.host_bytes) +
+        (p.grad_shard_bytes > 0
+             ? " (at least " + FormatBytes(grads) + " for the gradients in host memory)"
+             : std::string()) +
+        ", NVMe budget " + FormatBytes(budgets.nvme_bytes) + " (" + FormatBytes(nvme) +
         " needed once host memory is full); " +
         (host_short ? "what must stay in host memory (" + FormatBytes(host) +
                           ") is more than the host budget, which NVMe cannot relieve: raise the "
@@ -214,8 +219,8 @@ std::string Placement::Summary(const TierBudgets& budgets) const {
     }
     out += std::string(TierName(static_cast<Tier>(t))) + ": " + std::to_string(params) +
            " param shards, " + std::to_string(optim) + " optimizer states, " +
-           std::to_string(grads) + " grad shards = " + FormatBytes(bytes[t]) + " of " +
-           FormatBytes(budget[t]) + "\n";
+           std::to_string(grad_shard_bytes > 0 ? grads : 0) +
+           " grad shards = " + FormatBytes(bytes[t]) + " of " + FormatBytes(budget[t]) + "\n";
   }
   return out;
 }

@@ -42,6 +42,9 @@ struct TierBudgets {
   // budget after the parameter shards, ahead of the optimizer states, whichever tier updates
   // their groups (Note [Accumulating on the device for host updates] in placement.cc).
   bool device_grads_accumulating = false;
+  // False: no gradient shards at all (an engine that never steps: Note [An engine that never
+  // steps] in src/engine/engine.cc); each chunk's grad tier is then kHost and takes 0 bytes.
+  bool grad_shards = true;
   // Each state on NVMe takes whole blocks of this many bytes (the store's alignment: an int8
   // group of 1705984 bytes takes 1708032), counted so in nvme_bytes.
   uint64_t nvme_alignment = 1;
@@ -56,7 +59,7 @@ struct ChunkPlacement {
 struct Placement {
   std::vector<ChunkPlacement> chunks;
   uint64_t param_shard_bytes = 0;  // per chunk
-  uint64_t grad_shard_bytes = 0;   // per chunk
+  uint64_t grad_shard_bytes = 0;   // per chunk (0: none held, TierBudgets::grad_shards)
   uint64_t optim_shard_bytes = 0;  // per chunk (master + m + v)
   uint64_t bytes[3] = {0, 0, 0};   // per Tier, everything placed there
   // One line per tier: "host: 12 param shards, 30 optimizer states, 30 grads = 1.2 GiB of 2 GiB".
@@ -67,7 +70,7 @@ struct Placement {
 // what each budget holds, and which budget to raise.
 // `optimizer_group_bytes`: one chunk's optimizer states (0: fp32 master, m and v, 12 bytes an
 // element); `grad_shard_bytes`: one gradient shard (0: the parameter shard's size; fp32 with
-// gradient accumulation).
+// gradient accumulation; none where budgets.grad_shards is false).
 StatusOr<Placement> PlaceShards(const ChunkLayout& layout, const TierBudgets& budgets,
                                 uint64_t optimizer_group_bytes = 0, uint64_t grad_shard_bytes = 0);
 

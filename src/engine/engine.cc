@@ -132,14 +132,15 @@ int64_t Engine::step() const { return impl_->step; }
 
 // Note [An engine that never steps]
 // `optimizer_states: kNone` holds each chunk's fp32 master and no moments: 4 bytes a parameter
-// of optimizer state where fp32 moments take 12 and 8-bit ones ~6.1. It is for what reads a
-// model and never trains it (`tierzero eval` and `export`, which load a checkpoint: its moments
-// are read and checked as any load's, then dropped; a parameter is its master rounded as in any
-// run, so losses and exports are the same to the bit). Its groups are laid out, placed, tiered and
-// swapped as any format's (no moments: GroupLayout's moment offsets coincide with the master's
-// end). What would need the moments is refused by name: a training iteration, Step, PrepareStep and
-// SaveCheckpoint (a checkpoint without moments would restart Adam from zero when resumed,
-// silently).
+// of optimizer state where fp32 moments take 12 and 8-bit ones ~6.1; and no gradient shards
+// (TierBudgets::grad_shards, ShardStoreOptions::grads): 2 bytes a parameter in bf16, 4 fp32. It is
+// for what reads a model and never trains it (`tierzero eval` and `export`, which load a
+// checkpoint: its moments are read and checked as any load's, then dropped; a parameter is its
+// master rounded as in any run, so losses and exports are the same to the bit). Its groups are laid
+// out, placed, tiered and swapped as any format's (no moments: GroupLayout's moment offsets
+// coincide with the master's end). What would need the moments is refused by name: a training
+// iteration, Step, PrepareStep, ReadGrad and SaveCheckpoint (a checkpoint without moments would
+// restart Adam from zero when resumed, silently).
 Status Engine::RefuseWithoutMoments(const char* what) const {
   if (impl_->cfg.optimizer_states != MomentFormat::kNone) return Status::OK();
   return FailedPreconditionError(std::string(what) +

@@ -62,6 +62,7 @@ Status Engine::ReadParam(ParamId p, std::span<float> out) {
 Status Engine::ReadGrad(ParamId p, std::span<float> out) {
   Impl& im = *impl_;
   RETURN_IF_ERROR(im.CheckAccess("ReadGrad", p, out.size(), "into", /*anytime=*/false));
+  RETURN_IF_ERROR(RefuseWithoutMoments("ReadGrad"));  // it holds no gradient shards
   RETURN_IF_ERROR(im.updater->Await());
   const DType gt = im.store->grad_dtype();
   const TensorLoc& loc = im.layout.tensor(p);

@@ -210,9 +210,13 @@ StatusOr<PlacedRun> PlaceRun(const ChunkLayout& layout, const EngineConfig& cfg,
   // device reduce too; through host buffers it arrives in host memory.
   r.budgets.device_grads = kDeviceGrads.Get() && (world == 1 || on_device);
   r.budgets.device_grads_accumulating = cfg.grad_accumulation > 1;
-  // Gradient shards: the compute dtype, fp32 with accumulation (ChunkManager::StoreOptions).
+  // Gradient shards: the compute dtype, fp32 with accumulation (ChunkManager::StoreOptions);
+  // none in an engine that never steps (Note [An engine that never steps] in engine.cc).
+  r.budgets.grad_shards = cfg.optimizer_states != MomentFormat::kNone;
   const uint64_t grad_bytes =
-      DTypeBytes(cfg.grad_accumulation > 1 ? DType::kF32 : layout.dtype(), layout.shard_elems());
+      !r.budgets.grad_shards ? 0
+                             : DTypeBytes(cfg.grad_accumulation > 1 ? DType::kF32 : layout.dtype(),
+                                          layout.shard_elems());
   if (cfg.host_budget <= fixed) {
     // The least budgets that place, as for a placement that fails (a host budget just above the
     // fixed buffers holds no shard yet).

@@ -70,7 +70,7 @@ Status ShardStore::Init() {
                                 "configured; add nvme paths or raise the host budget");
   }
   int host_grads = 0;
-  for (int c = 0; c < n; ++c) {
+  for (int c = 0; c < n && options_.grads; ++c) {
     if (grad_on_device(c)) {
       ++device_grad_chunks_;
     } else {
@@ -96,6 +96,7 @@ Status ShardStore::Init() {
   std::vector<uint8_t> zeros;
   for (int c = 0; c < n; ++c) {
     RETURN_IF_ERROR(InitParam(c, zeros));
+    if (!options_.grads) continue;
     if (grad_on_device(c)) {
       auto buf = DeviceBuffer::Allocate(device_, grad_bytes());
       if (!buf.ok()) {
@@ -268,6 +269,7 @@ void ZeroHostParallel(void* p, uint64_t bytes) {
 }
 
 Status ShardStore::ZeroGrads() {
+  if (!options_.grads) return Status::OK();
   for (int c = 0; c < num_chunks(); ++c) {
     if (!grad_on_device(c)) {
       PinnedSlot& s = grad_shards_[static_cast<size_t>(c)];
@@ -280,6 +282,7 @@ Status ShardStore::ZeroGrads() {
 }
 
 Status ShardStore::ZeroGrad(int c) {
+  if (!options_.grads) return Status::OK();
   if (grad_on_device(c)) {
     RETURN_IF_ERROR(device_.MemsetAsync(grad(c), 0, grad_bytes(), stream_.handle()));
     return stream_.Synchronize();
@@ -290,6 +293,7 @@ Status ShardStore::ZeroGrad(int c) {
 }
 
 Status ShardStore::ReadGradShard(int c, void* host) {
+  if (!options_.grads) return FailedPreconditionError("a store without gradient shards");
   if (!grad_on_device(c)) {
     std::memcpy(host, grad(c), grad_bytes());
     return Status::OK();

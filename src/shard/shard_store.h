@@ -58,6 +58,9 @@ struct ShardStoreOptions {
   bool fp32_grads = false;
   // Per chunk, the tier of its gradient shard: host or device (empty: every one in host memory).
   std::vector<Tier> grad_tier;
+  // False: no gradient shards at all (an engine that never steps); grad() is then null,
+  // grad_bytes() 0, and ZeroGrads does nothing.
+  bool grads = true;
   // Room kept after each host parameter shard, for the gather paths that send a tag with the
   // shard (zero/gather.h).
   uint64_t host_param_tail_bytes = 0;
@@ -104,14 +107,18 @@ class ShardStore {
   // host (ReadGradShard copies it).
   void* grad(int chunk) const {
     const size_t i = static_cast<size_t>(chunk);
+    if (!options_.grads) return nullptr;
     return grad_on_device(chunk) ? device_grads_[i].data() : grad_shards_[i].data();
   }
   bool grad_on_device(int chunk) const {
-    return !options_.grad_tier.empty() &&
+    return options_.grads && !options_.grad_tier.empty() &&
            options_.grad_tier[static_cast<size_t>(chunk)] == Tier::kDevice;
   }
   bool any_grad_on_device() const { return device_grad_chunks_ > 0; }
-  uint64_t grad_bytes() const { return DTypeBytes(grad_dtype(), geometry().shard_elems); }
+  bool has_grads() const { return options_.grads; }
+  uint64_t grad_bytes() const {
+    return options_.grads ? DTypeBytes(grad_dtype(), geometry().shard_elems) : 0;
+  }
   // Copies the whole gradient shard into `host` (grad_bytes), from either tier.
   Status ReadGradShard(int chunk, void* host);
   // Zeroes the shards (a device shard synchronously, on the store's stream).

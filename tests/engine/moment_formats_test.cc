@@ -205,8 +205,9 @@ TEST(WithoutMomentsTest, LoadsEvaluatesAndExportsAsAnyFormatAndRefusesToStep) {
       EXPECT_TRUE(
           std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b), {}));
       // Refused by name, and nothing changed by the refusals.
+      std::vector<float> grad(r.engine->numel(0));
       for (Status s : {r.engine->BeginIteration(true), r.engine->PrepareStep({1e-3f}),
-                       r.engine->Step({1e-3f}).status(),
+                       r.engine->Step({1e-3f}).status(), r.engine->ReadGrad(0, grad),
                        r.engine->SaveCheckpoint(dir.path() + "/none", "{}")}) {
         EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
         EXPECT_NE(std::string(s.message()).find("without optimizer moments"), std::string::npos)
@@ -219,15 +220,19 @@ TEST(WithoutMomentsTest, LoadsEvaluatesAndExportsAsAnyFormatAndRefusesToStep) {
       EXPECT_EQ(*again, *want_loss);
     }
   }
-  // The groups hold the master alone: fp32 moments' m and v take 8 bytes an element more of the
-  // host tier (at least: their swap slots shrink too).
+  // The groups hold the master alone and there are no gradient shards: fp32 moments' m and v
+  // take 8 bytes an element more of the host tier, and a gradient shard the compute type's
+  // bytes (at least: their swap slots shrink too).
   EngineConfig fp32 = Base();
   EngineConfig none = Base();
   none.optimizer_states = MomentFormat::kNone;
   Trainer a = Make(fp32), b = Make(none);
   uint64_t elems = 0;
   for (ParamId p = 0; p < a.engine->num_params(); ++p) elems += a.engine->numel(p);
-  EXPECT_GE(a.engine->usage().host - b.engine->usage().host, 8 * elems);
+  EXPECT_GE(a.engine->usage().host - b.engine->usage().host,
+            (8 + DTypeBytes(fp32.compute_dtype, 1)) * elems);
+  EXPECT_NE(b.engine->PlacementSummary().find("0 grad shards"), std::string::npos)
+      << b.engine->PlacementSummary();
 }
 
 }  // namespace
