@@ -15,6 +15,7 @@
 
 #include "resume.h"
 #include "run_dir.h"
+#include "signals.h"
 #include "tierzero/bytes.h"
 #include "tierzero/files.h"
 #include "train.h"
@@ -33,6 +34,12 @@ int Fail(const Status& s) {
 
 int Export(const std::vector<std::string>& args) {
   if (int rc = RefuseUnderLauncher("export"); rc != 0) return rc;
+  // A signal ends the export at once, with a message (nothing to save; what it was writing is
+  // removed: Note [Signals on one thread of ours], signals.h).
+  GracefulInterrupts interrupts(
+      /*during_setup=*/true,
+      "during the export: it stops now (what it was writing is removed; the checkpoint is "
+      "unchanged)");
   std::string ckpt, output, config_path;
   DType dtype = DType::kF32;
   bool dtype_given = false, hf = false;

@@ -32,6 +32,7 @@
 #include "rates_cache.h"
 #include "resume.h"
 #include "run_dir.h"
+#include "signals.h"
 #include "tierzero/bytes.h"
 #include "tierzero/devices.h"
 #include "tierzero/files.h"
@@ -458,6 +459,11 @@ int Plan(const std::vector<std::string>& args) {
       return 0;
     }
   }
+  // A signal ends it at once with a message: it may wait on an input (a FIFO with no writer, as
+  // `cat` would) or time a block, and has nothing to save; what it was writing is removed.
+  GracefulInterrupts interrupts(
+      /*during_setup=*/true,
+      "during the plan: it stops now (what it was writing is removed; nothing else changed)");
   auto pa = ParsePlanArgs(args);
   if (!pa.ok()) return Fail(pa.status());
   // Note [Data on standard output] (run_dir.h): the plan's text then goes to standard error.

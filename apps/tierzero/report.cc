@@ -5,6 +5,7 @@
 
 #include "plan_check.h"
 #include "run_dir.h"
+#include "signals.h"
 #include "tierzero/files.h"
 #include "tierzero/report.h"
 #include "train.h"
@@ -14,6 +15,12 @@ namespace tierzero::app {
 int ReportCommand(const std::vector<std::string>& args) {
   // (Under mpirun every rank wrote the same page: they raced, one refused the other's file.)
   if (int rc = RefuseUnderLauncher("report", "it renders one run's report"); rc != 0) return rc;
+  // A signal ends it at once with a message: it may wait on an input (a FIFO with no writer, as
+  // `cat` would) and has nothing to save; what it was writing is removed (signals.h).
+  GracefulInterrupts interrupts(
+      /*during_setup=*/true,
+      "during the report: it stops now (what it was writing is removed; its inputs are "
+      "unchanged)");
   std::string input, html, trace, plan;
   bool overwrite = false;  // an existing -o or --trace file may be replaced
   for (size_t i = 0; i < args.size(); ++i) {

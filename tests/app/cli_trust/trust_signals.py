@@ -41,6 +41,17 @@ def case_setup_signal():
             check(p.returncode in (1, 128 + sig),
                   f"{extra}: status {p.returncode} after {sig.name}\n{out}")
             check("error:" in out or "set-up" in out, f"{extra}: no message\n{out}")
+    # report and plan wait on a FIFO input as `cat` does; a signal ends them with a message
+    # (hunt 47: status 130 and not a word), and nothing written.
+    for cmd in (["report", fifo, "-o", os.path.join(OUT, "g_page.html")],
+                ["plan", "--trace", fifo]):
+        p = subprocess.Popen([TZ] + cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=OUT)
+        time.sleep(0.7)
+        p.send_signal(signal.SIGINT)
+        out = p.communicate(timeout=10)[0].decode(errors="replace")
+        check(p.returncode == 130 and f"during the {cmd[0]}: it stops now" in out,
+              f"{cmd[0]} waiting on a FIFO, then SIGINT: status {p.returncode}\n{out}")
+    check(not os.path.exists(os.path.join(OUT, "g_page.html")), "an ended report left its page")
     # What the set-up made goes with it, however the run directory is spelled (Note [A set-up
     # ended by a signal leaves nothing]).
     for spelled in ("./g_dot/run", "g_plain//run/"):
