@@ -347,6 +347,40 @@ void ApplyShare(const MachineShare& share, bool device_collectives, EngineConfig
   e.host_budget = std::max(dflt.host_budget, share.host);
 }
 
+namespace {
+
+// Note [A tied head beside its own weights]
+// A model whose config ties its head to the embedding (tie_word_embeddings; GPT-2 always) has no
+// head tensor of its own, and a file's lm_head.weight is skipped. Where that tensor holds other
+// values than the embedding, transformers 5 does not tie (it warns, and its head is
+// lm_head.weight) while 4.x ties (the head is the embedding): the file means two models. Taken as
+// tied, tierzero scored another loss than transformers 5 without a word (hunt 48: 5e-3 to 1e-2
+// relative), so it is refused, saying how to choose; equal values (a head saved beside its tie)
+// load as tied.
+Status CheckTiedHead(const gpt::HfModel& hf, const gpt::GptConfig& model, const std::string& dir) {
+  const bool gpt2 = model.arch == gpt::Arch::kGpt2;
+  if (!gpt2 && !model.tie_embeddings) return Status::OK();
+  const std::string head = "lm_head.weight";
+  if (!std::binary_search(hf.tensors.begin(), hf.tensors.end(), head)) return Status::OK();
+  const std::string embedding = gpt2 ? gpt::HfTensorNames(model, hf.tensors)("wte")
+                                     : std::string("model.embed_tokens.weight");
+  TZ_ASSIGN_OR_RETURN(const bool same, SafetensorsTensorsEqual(hf.files, embedding, head));
+  if (same) return Status::OK();
+  return InvalidArgumentError(
+      "--init-from " + dir + ": config.json ties the head to the embedding" +
+      (gpt2 ? std::string(" (GPT-2's is always tied)") : " (tie_word_embeddings true)") +
+      ", but the weights hold a " + head + " with other values than " + embedding +
+      ": transformers 5 then uses " + head + " as an untied head, 4.x the embedding. " +
+      (gpt2 ? "tierzero's GPT-2 ties its head: remove " + head +
+                  " from the weights to load the tied model"
+            : "Set \"tie_word_embeddings\": false in " + dir +
+                  "/config.json to train the untied "
+                  "head, or remove " +
+                  head + " from the weights to tie it"));
+}
+
+}  // namespace
+
 // train.h
 StatusOr<std::string> LoadInitFrom(Engine& engine, const RunConfig& cfg) {
   const std::string& from = cfg.output.init_from;
@@ -410,6 +444,7 @@ StatusOr<std::string> LoadInitFrom(Engine& engine, const RunConfig& cfg) {
     return "weights from " + from;
   }
   TZ_ASSIGN_OR_RETURN(const gpt::HfModel hf, gpt::ReadHfDir(from, cfg.model));
+  TZ_RETURN_IF_ERROR(CheckTiedHead(hf, cfg.model, from));
   std::vector<std::string> skipped;
   TZ_RETURN_IF_ERROR(engine.LoadSafetensors(hf.files, gpt::HfTensorNames(cfg.model, hf.tensors),
                                             &skipped, &non_finite));
@@ -419,6 +454,9 @@ StatusOr<std::string> LoadInitFrom(Engine& engine, const RunConfig& cfg) {
   if (!skipped.empty())
     note += "; " + std::to_string(skipped.size()) + " tensors not in the model skipped, e.g. " +
             skipped.front();
+  if (!hf.dropout.empty())
+    note += "; its config's dropout (" + hf.dropout +
+            ") is not applied: tierzero trains without dropout";
   return note + ")";
 }
 

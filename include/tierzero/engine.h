@@ -474,4 +474,11 @@ class Engine {
 // file that is no safetensors file.
 StatusOr<std::map<std::string, std::string>> ReadSafetensorsMetadata(const std::string& path);
 
+// Whether tensors `a` and `b` of safetensors `files` (either in any of them) hold the same
+// values: the same shape and, converted to fp32, the same bits element for element. Read a block
+// at a time (a vocabulary's embedding may be gigabytes). NotFound when the files hold no `a` or
+// no `b`; DataLoss for a damaged file; Unsupported for a type other than F32, BF16 and F16.
+StatusOr<bool> SafetensorsTensorsEqual(const std::vector<std::string>& files, const std::string& a,
+                                       const std::string& b);
+
 }  // namespace tierzero

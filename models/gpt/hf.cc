@@ -431,6 +431,16 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
     TZ_ASSIGN_OR_RETURN(g.rope_theta, c.Num("rope_theta", 10000.0));
     TZ_ASSIGN_OR_RETURN(g.tie_embeddings, c.Bool("tie_word_embeddings", false));
     TZ_ASSIGN_OR_RETURN(g.attention_bias, c.Bool("attention_bias", false));
+    // transformers' Mistral has no attention biases whatever the field says (it is no Mistral
+    // field: the biases' tensors load as unexpected and are dropped); run with them, the model
+    // was another than transformers' (hunt 48).
+    const bool mistral = arch == "MistralForCausalLM" || (arch.empty() && type == "mistral");
+    if (mistral && g.attention_bias)
+      return c.Unsupported("attention_bias",
+                           "is true, but MistralForCausalLM has no attention biases (transformers "
+                           "ignores the field and drops the bias tensors): remove the field to "
+                           "load it as transformers does, or name the architecture "
+                           "LlamaForCausalLM to train with the biases");
     TZ_ASSIGN_OR_RETURN(const bool mlp_bias, c.Bool("mlp_bias", false));
     if (mlp_bias) return c.Unsupported("mlp_bias", "is true; the MLP here has no biases");
     // Note [RoPE settings in either layout]
@@ -544,6 +554,15 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
   }
   TZ_RETURN_IF_ERROR(ValidateGptConfig(g));
   m.config = g;
+  // Note [Dropout a model directory asks for]
+  // tierzero trains without dropout (as most pretraining now does). A config asking for some
+  // (GPT-2's checkpoints ask 0.1 of each) is taken, not refused, and its dropout said, so a
+  // fine-tune that differs from transformers' in train mode is not silent (hunt 48).
+  for (const char* k : {"resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout",
+                        "hidden_dropout", "dropout"}) {
+    if (!c.has(k) || !c.raw(k).is_number() || !(c.raw(k).get<double>() > 0)) continue;
+    m.dropout += (m.dropout.empty() ? "" : ", ") + std::string(k) + " " + c.raw(k).dump();
+  }
 
   // The files: model.safetensors when it is there (as transformers picks), else the index's. A
   // dangling link counts as there (and fails to open, naming it).

@@ -26,6 +26,7 @@ struct HfModel {
   std::vector<std::string> tensors;  // every tensor name the files hold (sorted)
   DType dtype = DType::kBF16;        // torch_dtype (bf16 when it says none)
   std::string source;                // what config.json named: "LlamaForCausalLM", ...
+  std::string dropout;  // the dropout config.json asks for ("resid_pdrop 0.1, ..."), not applied
 };
 
 // The model of Hugging Face directory `dir`: its config.json read into `base`'s shape fields

@@ -5,10 +5,12 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -372,6 +374,52 @@ StatusOr<std::map<std::string, std::string>> ReadSafetensorsMetadata(const std::
   for (const auto& [key, value] : it->items())
     if (value.is_string()) out[key] = value.get<std::string>();
   return out;
+}
+
+StatusOr<bool> SafetensorsTensorsEqual(const std::vector<std::string>& files, const std::string& a,
+                                       const std::string& b) {
+  struct Found {
+    size_t file = 0;
+    uint64_t base = 0;
+    SafetensorsEntry entry;
+  };
+  std::vector<std::unique_ptr<ReadFd>> fds;
+  std::optional<Found> fa, fb;
+  for (size_t f = 0; f < files.size(); ++f) {
+    fds.push_back(std::make_unique<ReadFd>(files[f], "safetensors file"));
+    RETURN_IF_ERROR(fds.back()->status());
+    ASSIGN_OR_RETURN(SafetensorsHeader h, ReadHeader(fds.back()->get(), files[f]));
+    for (auto [name, found] : {std::pair{&a, &fa}, std::pair{&b, &fb}}) {
+      auto it = h.entries.find(*name);
+      if (it != h.entries.end()) *found = Found{f, h.base, it->second};
+    }
+  }
+  for (auto [name, found] : {std::pair{&a, &fa}, std::pair{&b, &fb}}) {
+    if (!found->has_value())
+      return NotFoundError("the safetensors files have no tensor '" + *name + "'");
+    if (!(*found)->entry.loads)
+      return UnsupportedError(files[(*found)->file] + ": tensor '" + *name + "' is " +
+                              (*found)->entry.dtype_name + "; F32, BF16 and F16 are read");
+  }
+  if (fa->entry.shape != fb->entry.shape) return false;
+  const uint64_t n = (fa->entry.end - fa->entry.begin) / DTypeBytes(fa->entry.dtype, 1);
+  constexpr uint64_t kBlock = uint64_t{1} << 20;  // elements
+  std::vector<uint8_t> raw;
+  std::vector<float> va, vb;
+  for (uint64_t at = 0; at < n; at += kBlock) {
+    const uint64_t k = std::min(kBlock, n - at);
+    for (auto [found, out] : {std::pair{&fa, &va}, std::pair{&fb, &vb}}) {
+      const Found& fd = **found;
+      const uint64_t elem = DTypeBytes(fd.entry.dtype, 1);
+      raw.resize(k * elem);
+      RETURN_IF_ERROR(ReadAt(fds[fd.file]->get(), files[fd.file],
+                             fd.base + fd.entry.begin + at * elem, raw.data(), raw.size()));
+      out->resize(k);
+      RETURN_IF_ERROR(Convert(raw.data(), fd.entry.dtype, out->data(), DType::kF32, k));
+    }
+    if (std::memcmp(va.data(), vb.data(), k * sizeof(float)) != 0) return false;
+  }
+  return true;
 }
 
 Status Engine::LoadSafetensors(const std::string& path) {

@@ -124,6 +124,8 @@ struct TinyLlama {
   gpt::Params params;
   bool scaled = false;  // Llama 3's rope_scaling, with bands a 4-wide head spans
   bool v5 = false;      // transformers 5's layout: rope_parameters, no top-level rope keys
+  // Tied (tie_word_embeddings true), with lm_head.weight the embedding's copy or other values.
+  enum class Head { kUntied, kTiedCopy, kTiedOther } head = Head::kUntied;
   void Write(const std::string& dir) {
     fs::create_directories(dir);
     std::mt19937_64 rng(7);
@@ -146,6 +148,7 @@ struct TinyLlama {
     }
     add("model.norm.weight", {C}, true);
     add("lm_head.weight", {V, C});
+    if (head == Head::kTiedCopy) all["lm_head.weight"] = all["model.embed_tokens.weight"];
     // Three shards by name, with the index.
     std::map<std::string, Tensor> shard[3];
     json map = json::object();
@@ -180,7 +183,7 @@ struct TinyLlama {
                    {"rms_norm_eps", 1e-6},
                    {"rope_theta", 500000.0},
                    {"hidden_act", "silu"},
-                   {"tie_word_embeddings", false},
+                   {"tie_word_embeddings", head != Head::kUntied},
                    {"attention_bias", false},
                    {"rope_scaling", scaled ? llama3 : json(nullptr)},
                    {"torch_dtype", "bfloat16"}};
@@ -398,6 +401,9 @@ TEST(HfModels, WhatADirectoryMayNotSayIsRefusedNamingTheField) {
        "\"rope_parameters\" is"},
       {Llama({{"partial_rotary_factor", 0.5}}), "partial_rotary_factor"},
       {Llama({{"hidden_act", "gelu"}}), "hidden_act"},
+      // transformers' Mistral has no attention biases, whatever the field says (hunt 48).
+      {Llama({{"architectures", {"MistralForCausalLM"}}, {"attention_bias", true}}),
+       "MistralForCausalLM has no attention biases"},
       {{{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", "19"}}, "vocab_size"},
       {{{"architectures", {"LlamaForCausalLM"}}, {"hidden_size", 16}}, "vocab_size"},
       // Said as the file has it: a string where a list belongs, neither key, a size past int64.
@@ -427,6 +433,59 @@ TEST(HfModels, WhatADirectoryMayNotSayIsRefusedNamingTheField) {
   EXPECT_EQ(Eval({"--init-from", d, "--data", dir / "data.bin"}), 1);
   EXPECT_NE(testing::internal::GetCapturedStderr().find("not a file name in the directory"),
             std::string::npos);
+}
+
+// Note [A tied head beside its own weights]: a tied model's files holding an lm_head.weight of
+// other values mean another model to transformers 5 (untied) than to 4.x (tied): refused, saying
+// how to choose. A copy of the embedding loads as tied, and scores the loss of the same weights
+// untied. Dropout the config asks for is said (Note [Dropout a model directory asks for]).
+TEST(HfModels, ATiedHeadWithOtherWeightsIsRefusedAndDropoutIsSaid) {
+  TempDir dir;
+  std::vector<uint16_t> tokens(60);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i * 7 % 19);
+  WriteTokens(dir / "data.bin", tokens);
+  const std::vector<std::string> flags = {"--data",  dir / "data.bin", "--seq-len", "7",
+                                          "--dtype", "fp32",           "--device",  "host"};
+  auto args = [&](const std::string& d) {
+    std::vector<std::string> a = {"--init-from", d};
+    a.insert(a.end(), flags.begin(), flags.end());
+    return a;
+  };
+  TinyLlama other;
+  other.head = TinyLlama::Head::kTiedOther;
+  other.Write(dir / "other");
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(Eval(args(dir / "other")), 1);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("lm_head.weight with other values than model.embed_tokens.weight"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("\"tie_word_embeddings\": false"), std::string::npos) << err;
+  TinyLlama copy, untied;
+  copy.head = TinyLlama::Head::kTiedCopy;
+  copy.Write(dir / "copy");
+  untied.Write(dir / "untied");
+  // The untied model with its head set to the embedding's values: the tied model's loss.
+  auto cfg = json::parse(std::ifstream(dir / "copy/config.json"));
+  cfg["tie_word_embeddings"] = false;
+  cfg["attention_dropout"] = 0.25;
+  std::ofstream(dir / "copy_untied.json") << cfg.dump();
+  fs::create_directories(dir / "untied_copy");
+  for (const auto& e : fs::directory_iterator(dir / "copy"))
+    fs::copy(e.path(), fs::path(dir / "untied_copy") / e.path().filename());
+  fs::copy(dir / "copy_untied.json", dir / "untied_copy/config.json",
+           fs::copy_options::overwrite_existing);
+  int rc = -1;
+  const double tied = EvalLoss(args(dir / "copy"), &rc);
+  EXPECT_EQ(rc, 0);
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(Eval(args(dir / "untied_copy")), 0);
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("dropout (attention_dropout 0.25) is not applied"), std::string::npos) << out;
+  const size_t at = out.find("mean loss ");
+  ASSERT_NE(at, std::string::npos) << out;
+  EXPECT_EQ(std::stod(out.substr(at + 10)), tied);
+  EXPECT_TRUE(std::isfinite(tied));
 }
 
 // A model directory is the model: the run's config may not add what config.json leaves out (Llama
