@@ -26,7 +26,8 @@ foreach(fn Version InitNormal InitConstant ReadCheckpointInfo CastElements Parse
            FormatBytes FormatBandwidth FirstInvalidUtf8 ParseDType DTypeName ListDevices
            ListTunables ValidateTunables AllGatherBytes AgreeOnStatus ActiveSimdLevel
            SimdLevelName ReadReportFile ReportSummary WriteChromeTrace WriteHtmlReport
-           WriteTextFile)
+           WriteTextFile Communicator::Mpi Communicator::Single ReadSafetensorsMetadata
+           SafetensorsTensorsEqual)
   if(NOT symbols MATCHES "tierzero::${fn}(\\[abi:cxx11\\])?\\(")
     message(FATAL_ERROR "libtierzero.so does not define the public tierzero::${fn}")
   endif()
