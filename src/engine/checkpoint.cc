@@ -183,7 +183,7 @@ StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& pat
 
 StatusOr<Manifest> ReadManifest(const std::string& dir) {
   auto text =
-      ReadRegularFileBounded(dir + "/manifest.json", kMaxConfigBytes * 4, "checkpoint manifest");
+      ReadRegularFileBounded(dir + "/manifest.json", kMaxManifestBytes, "checkpoint manifest");
   if (!text.ok()) {
     // A file named for the checkpoint (its manifest.json, a states file): the directory is meant.
     struct stat named {};
@@ -475,6 +475,11 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
     // Checked as the load reads it (strictly, one level below the manifest's depth limit: it
     // sits in the manifest), before anything is written: a user_state the load would refuse
     // replaced a good checkpoint with one that could not be read.
+    if (user_state.size() >= kMaxManifestBytes)
+      return InvalidArgumentError(
+          "user_state is " + std::to_string(user_state.size()) + " bytes; a checkpoint's " +
+          "manifest, which holds it, is at most " + std::to_string(kMaxManifestBytes) +
+          " bytes: keep a large state in a file of your own beside the checkpoint");
     if (!user_state.empty()) {
       ASSIGN_OR_RETURN(user,
                        ParseOutsideJson(user_state, "user_state", StatusCode::kInvalidArgument,

@@ -89,12 +89,24 @@ std::optional<std::set<std::string>> CommittedStatesFiles(const std::string& dir
 
 // checkpoint_names.h
 Status CommitManifest(const std::string& dir, const json& manifest) {
-  ASSIGN_OR_RETURN(AtomicFile mf, AtomicFile::Create(dir + "/manifest.json"));
   // Note [The manifest's own checksum]
   json sealed = manifest;
   const std::string compact = manifest.dump();
   sealed["manifest_crc32c"] = Crc32c(compact.data(), compact.size());
   const std::string text = sealed.dump(1);
+  // (A manifest its load refuses committed over a good one, whose states files went with it:
+  // hunt 48, a 65 MiB user_state.)
+  if (text.size() > kMaxManifestBytes) {
+    const uint64_t user =
+        manifest.contains("user_state") ? manifest["user_state"].dump().size() : 0;
+    return InvalidArgumentError(
+        "the checkpoint's manifest would be " + std::to_string(text.size()) + " bytes, over the " +
+        std::to_string(kMaxManifestBytes) + " a load reads (its user_state " + "is " +
+        std::to_string(user) + " bytes): keep a large state in a file of your own beside " +
+        "the checkpoint and a small user_state; nothing was saved (the previous checkpoint, if " +
+        "any, is intact)");
+  }
+  ASSIGN_OR_RETURN(AtomicFile mf, AtomicFile::Create(dir + "/manifest.json"));
   RETURN_IF_ERROR(mf.Write(text.data(), text.size()));
   RETURN_IF_ERROR(mf.Commit());
   RETURN_IF_ERROR(SyncDir(dir));

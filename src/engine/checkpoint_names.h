@@ -7,6 +7,7 @@
 #include <set>
 #include <string>
 
+#include "tierzero/files.h"
 #include "tierzero/status.h"
 
 namespace tierzero {
@@ -21,10 +22,14 @@ std::optional<std::set<std::string>> CommittedStatesFiles(const std::string& dir
 Status CheckpointFilesAreOurs(const std::string& dir, const std::string& states_name,
                               bool manifest_ours);
 
+// The most bytes a checkpoint's manifest.json may hold: what ReadManifest reads.
+inline constexpr uint64_t kMaxManifestBytes = kMaxConfigBytes * 4;
+
 // Writes `manifest` as dir/manifest.json with its own checksum (the commit point: Note [The
 // manifest's own checksum], checkpoint.cc), then removes the states files it no longer names
 // (earlier steps, ranks of an earlier world size): only regular files named as SaveCheckpoint
-// names its own (a user's "states-notes.txt" in the directory stays).
+// names its own (a user's "states-notes.txt" in the directory stays). A manifest over
+// kMaxManifestBytes is InvalidArgument, nothing written or removed: its load would refuse it.
 Status CommitManifest(const std::string& dir, const nlohmann::json& manifest);
 
 }  // namespace tierzero

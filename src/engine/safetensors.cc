@@ -29,6 +29,10 @@ using nlohmann::json;
 
 namespace {
 
+// The most bytes a safetensors header may hold, written or read: the safetensors library's own
+// limit (100 MB), so every file written here is one transformers reads.
+constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
+
 const char* SafetensorsDType(DType d) {
   return d == DType::kF32 ? "F32" : d == DType::kBF16 ? "BF16" : "F16";
 }
@@ -121,6 +125,13 @@ Status Engine::Impl::ExportFiles(const std::vector<ExportFile>& files, DType dty
         }
         std::string h = header.dump();
         while ((h.size() + 8) % 8 != 0) h.push_back(' ');
+        // (A header its reader refuses was written, and the export reported done: hunt 48.)
+        if (h.size() > kMaxSafetensorsHeaderBytes)
+          return InvalidArgumentError(
+              "safetensors export: the header of " + files[f].path + " would be " +
+              std::to_string(h.size()) + " bytes, over the " +
+              std::to_string(kMaxSafetensorsHeaderBytes) +
+              " a reader takes (the metadata given is too large): nothing was written");
         ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::Create(files[f].path));
         const uint64_t hlen = h.size();
         RETURN_IF_ERROR(file.Write(&hlen, 8));  // little-endian u64
@@ -305,7 +316,7 @@ StatusOr<json> ReadHeaderJson(int fd, const std::string& path, uint64_t* header_
   uint64_t hlen = 0;
   if (st.st_size < 8) return DataLossError(path + " is not a safetensors file (too short)");
   RETURN_IF_ERROR(ReadAt(fd, path, 0, &hlen, 8));
-  if (hlen > static_cast<uint64_t>(st.st_size) - 8 || hlen > (uint64_t{100} << 20))
+  if (hlen > static_cast<uint64_t>(st.st_size) - 8 || hlen > kMaxSafetensorsHeaderBytes)
     return DataLossError(path + " is not a safetensors file (header length " +
                          std::to_string(hlen) + ")");
   std::string h(hlen, '\0');

@@ -466,6 +466,12 @@ TEST(Engine, AnExportRefusesWhatTheFileCannotHold) {
   w[3] = -1e5f;
   ASSERT_TRUE(e.WriteParam(0, w).ok());
   refused(e.ExportSafetensorsShards(dir.path(), "m", DType::kF16, nullptr, 0), "100000");
+  // Metadata larger than a reader takes (hunt 48: written, then unreadable).
+  EXPECT_EQ(e.ExportSafetensors(dir.path() + "/m.safetensors", DType::kF32,
+                                {{"big", std::string(100'000'000, 'x')}})
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(fs::is_empty(dir.path()));
   w[3] = 65504.f;  // fp16's largest: written as it is
   ASSERT_TRUE(e.WriteParam(0, w).ok());
   EXPECT_TRUE(e.ExportSafetensorsShards(dir.path(), "m", DType::kF16, nullptr, 0).ok());
@@ -542,6 +548,16 @@ TEST(Engine, ASaveWritesOnlyOverItsOwnFiles) {
   refused(good, std::string(100000, '[') + std::string(100000, ']'), "deeper than 63 levels");
   refused(good, R"({"a": 1, "a": 2})", "twice");
   refused(good, R"({"seed": 18446744073709551617})", "beyond what 64 bits hold");
+  // Larger than a manifest may be (hunt 48: saved, then refused by its own load, the good
+  // checkpoint's states file removed): refused at once, or at the manifest with the states
+  // file it wrote removed.
+  const std::string huge(uint64_t{64} << 20, 'x');
+  refused(good, "\"" + huge + "\"", "a checkpoint's manifest, which holds it, is at most");
+  refused(good, "\"" + huge.substr(0, huge.size() - 16) + "\"", "a load reads");
+  int states_files = 0;
+  for (const auto& e : fs::directory_iterator(good))
+    states_files += IsCheckpointStatesFileName(e.path().filename().string());
+  EXPECT_EQ(states_files, 1) << "a refused save left its states file, or removed the good one's";
   Trainer b = Make(TestEngineConfig());
   auto loaded = b.engine->LoadCheckpoint(good);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
