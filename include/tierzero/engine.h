@@ -157,7 +157,7 @@ struct EngineConfig {
   // fp16 only: the first loss scale, and good steps before it doubles. Defaults: 65536, 1000.
   float initial_loss_scale = 65536.0f;
   int loss_scale_window = 1000;
-  // CPU threads for the optimizer; 0 uses every hardware thread. Default: 0.
+  // CPU threads for the optimizer, 0..4096; 0 uses every hardware thread. Default: 0.
   int cpu_threads = 0;
   // Where optimizer groups update (OptimizerPlacement). Default: kAuto.
   OptimizerPlacement optimizer = OptimizerPlacement::kAuto;
@@ -180,7 +180,8 @@ struct EngineConfig {
 
 class Engine;
 
-// Fills a parameter's initial values (fp32, numel elements, row-major).
+// Fills a parameter's initial values (fp32, numel elements, row-major). One that throws fails
+// Finalize with the exception's message as its Status (the engine is then not usable).
 using Initializer = std::function<void(std::span<float> values)>;
 // N(0, stddev^2) from a counter-based generator: the value of element i depends only on
 // (seed, i), never on chunking or thread count.
@@ -402,7 +403,9 @@ class Engine {
   // manifest last), and `user_state` (the trainer's own JSON: data position, RNG) stored in the
   // manifest. LoadCheckpoint restores everything (matching parameters by name and shape; the
   // chunk size may differ) and returns user_state. DataLoss for a checksum mismatch, NotFound
-  // for a directory without a manifest.
+  // for a directory without a manifest. A save is between Steps: inside an iteration or an
+  // accumulation window (micro-batches since the last Step) it is FailedPrecondition; a
+  // user_state over 64 MiB is InvalidArgument (the manifest that holds it would not load).
   Status SaveCheckpoint(const std::string& dir, const std::string& user_state = "") const;
   StatusOr<std::string> LoadCheckpoint(const std::string& dir);
   // A consolidated safetensors file of the master weights as fp32 or bf16, and loading

@@ -441,6 +441,15 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
   if (!im.finalized) return FailedPreconditionError("SaveCheckpoint before Finalize");
   RETURN_IF_ERROR(RefuseWithoutMoments("SaveCheckpoint"));
   if (im.in_iteration) return FailedPreconditionError("SaveCheckpoint inside an iteration");
+  // A checkpoint holds the states as of the last Step, not a window's accumulated gradients: one
+  // saved mid-window dropped its micro-batches, and its resume could not Step (hunt 48).
+  if (im.iterations_since_step > 0)
+    return FailedPreconditionError(
+        "SaveCheckpoint inside an accumulation window: the " +
+        std::to_string(im.iterations_since_step) + " of " +
+        std::to_string(im.cfg.grad_accumulation) +
+        " micro-batches since the last Step would be lost (a checkpoint holds the states as of "
+        "a Step, not accumulated gradients); save after Step");
   // Never a half-updated model (Note [The update phase behind the next forward]). A rank whose
   // update failed (its NVMe), or whose model is out of step, says so to the others, which would
   // wait for it in the save's agreement below otherwise (Note [Agreeing on an outcome]).

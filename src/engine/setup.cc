@@ -50,7 +50,9 @@ Status Engine::Finalize() {
     return FailedPreconditionError("Finalize failed before (" + im.finalize_failed +
                                    "): an engine is finalized once; create another Engine");
   if (im.params.empty()) return FailedPreconditionError("Finalize with no parameters registered");
-  Status s = im.Finalize();
+  // (An Initializer that threw escaped Finalize and left an engine that trained on half-set
+  // values: hunt 48.)
+  Status s = CatchingExceptions([&] { return im.Finalize(); });
   if (!s.ok()) {
     // (Also one that failed setting the initial values: the engine is not half-usable.)
     im.finalized = false;

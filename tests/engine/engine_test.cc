@@ -475,6 +475,55 @@ TEST(Engine, AFailedFinalizeIsNotRetried) {
   EXPECT_NE(again.message().find("create another Engine"), std::string::npos) << again.ToString();
 }
 
+// An Initializer that throws fails Finalize with its message, and the engine is not usable (hunt
+// 48: the exception escaped Finalize, and the engine then trained on half-set values); a
+// thread count no machine has is refused at Create (20000 hung, 100000 aborted).
+TEST(Engine, AThrowingInitializerFailsFinalizeAndTooManyThreadsAreRefused) {
+  auto e = Engine::Create(testing_models::SmallEngineConfig(DeviceChoice::kHost));
+  ASSERT_TRUE(e.ok());
+  ASSERT_TRUE((*e)->RegisterParam({"a", {64}, InitConstant(1)}).ok());
+  ASSERT_TRUE((*e)->RegisterParam({"b",
+                                   {64},
+                                   [](std::span<float> v) {
+                                     v[0] = 5;
+                                     throw std::runtime_error("the initial values file is gone");
+                                   }})
+                  .ok());
+  const Status s = (*e)->Finalize();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("the initial values file is gone"), std::string::npos) << s.ToString();
+  EXPECT_EQ((*e)->BeginIteration(true).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*e)->Step({1e-3f}).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*e)->Finalize().code(), StatusCode::kFailedPrecondition);
+  for (int threads : {4097, 100000}) {
+    EngineConfig c = testing_models::SmallEngineConfig(DeviceChoice::kHost);
+    c.cpu_threads = threads;
+    auto t = Engine::Create(c);
+    ASSERT_FALSE(t.ok()) << threads;
+    EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(t.status().message().find("cpu_threads"), std::string::npos) << t.status().ToString();
+  }
+}
+
+// A checkpoint holds the states as of a Step: a save inside an accumulation window is refused
+// (hunt 48: saved, it dropped the window's micro-batches and its resume could not Step); after
+// the Step it saves.
+TEST(Engine, ASaveInsideAnAccumulationWindowIsRefused) {
+  TempDir dir;
+  EngineConfig ec = TestEngineConfig();
+  ec.grad_accumulation = 2;
+  Trainer a = Make(ec);
+  Train(a, 0, 1);
+  ASSERT_TRUE(a.model->ForwardBackward(a.data->Get(false, 9, 4)).ok());
+  const Status s = a.engine->SaveCheckpoint(dir.path() + "/ck", "{}");
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_NE(s.message().find("accumulation window"), std::string::npos) << s.ToString();
+  EXPECT_FALSE(fs::exists(dir.path() + "/ck"));
+  ASSERT_TRUE(a.model->ForwardBackward(a.data->Get(false, 10, 4)).ok());
+  ASSERT_TRUE(a.engine->Step({1e-3f}).ok());
+  EXPECT_TRUE(a.engine->SaveCheckpoint(dir.path() + "/ck", "{}").ok());
+}
+
 // A gradient kept on the device crosses no link: the profiled iteration's D2H link leaves its
 // copies out (they are the D2H stream's lane 1), as the engine's counter does (hunt 39: the link
 // said 5 MiB and a bandwidth where counters.d2h_bytes was 0).
