@@ -21,9 +21,14 @@ enum class CollectiveKind : uint8_t {
   kBroadcast
 };
 
-// InvalidArgument unless `dtype` suits the collective (a reduction when `reduction`) and
-// `count` is whole bytes.
-Status CheckCollective(CollectiveKind kind, size_t count, DType dtype, bool reduction);
+// InvalidArgument unless `dtype` is a DType that suits the collective (a reduction when
+// `reduction`, with `op` a ReduceOp), `count` is whole bytes, and its bytes times the ranks'
+// blocks are a size a buffer can have (at most kMaxCollectiveElems elements).
+inline constexpr uint64_t kMaxCollectiveElems = uint64_t{1} << 48;
+Status CheckCollective(CollectiveKind kind, size_t count, DType dtype, bool reduction,
+                       ReduceOp op = ReduceOp::kSum);
+// InvalidArgument unless `by` is a SplitBy.
+Status CheckSplit(SplitBy by);
 // CheckCollective for a broadcast, and `root` one of the `size` ranks.
 Status CheckBroadcast(size_t count, DType dtype, int root, int size);
 // Bytes one rank sends for the collective, as NCCL's tests count them (communicator.h).

@@ -469,7 +469,7 @@ class MpiCommunicator final : public Communicator {
   StatusOr<std::unique_ptr<CommRequest>> ReduceScatter(const void* send, void* recv, size_t count,
                                                        DType dtype, ReduceOp op) override {
     // Note [Reduce-scatter as all-to-all].
-    RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kReduceScatter, count, dtype, true));
+    RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kReduceScatter, count, dtype, true, op));
     ASSIGN_OR_RETURN(int bytes, IntBytes(dtype, count, "reduce_scatter"));
     std::vector<uint8_t> blocks =
         scratch_->Take(static_cast<size_t>(bytes) * static_cast<size_t>(topo_.size));
@@ -488,7 +488,7 @@ class MpiCommunicator final : public Communicator {
 
   StatusOr<std::unique_ptr<CommRequest>> AllReduce(const void* send, void* recv, size_t count,
                                                    DType dtype, ReduceOp op) override {
-    RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kAllReduce, count, dtype, true));
+    RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kAllReduce, count, dtype, true, op));
     ASSIGN_OR_RETURN(int n, IntCount(count, "all_reduce"));
     const void* s = send == recv ? MPI_IN_PLACE : send;
     std::function<void()> mean;
@@ -538,6 +538,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   StatusOr<std::shared_ptr<Communicator>> Split(SplitBy by) override {
+    RETURN_IF_ERROR(zero::CheckSplit(by));
     MutexLock mpi(MpiLock());
     const bool by_node = by == SplitBy::kNode;
     MPI_Comm comm = MPI_COMM_NULL;

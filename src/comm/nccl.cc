@@ -370,7 +370,7 @@ class NcclCommunicator final : public Communicator {
 
   StatusOr<std::unique_ptr<CommRequest>> ReduceScatter(const void* send, void* recv, size_t count,
                                                        DType dtype, ReduceOp op) override {
-    RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kReduceScatter, count, dtype, true));
+    RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kReduceScatter, count, dtype, true, op));
     ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(dtype));
     const NcclApi* a = shared_->api;
     return Enqueue("reduce_scatter", CollectiveKind::kReduceScatter, count, dtype, false, [&] {
@@ -380,7 +380,7 @@ class NcclCommunicator final : public Communicator {
 
   StatusOr<std::unique_ptr<CommRequest>> AllReduce(const void* send, void* recv, size_t count,
                                                    DType dtype, ReduceOp op) override {
-    RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kAllReduce, count, dtype, true));
+    RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kAllReduce, count, dtype, true, op));
     ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(dtype));
     const NcclApi* a = shared_->api;
     return Enqueue("all_reduce", CollectiveKind::kAllReduce, count, dtype, false, [&] {
@@ -439,6 +439,7 @@ class NcclCommunicator final : public Communicator {
   // The bootstrap splits the same way (the sub-communicator's agreements and abort go over it);
   // the NCCL communicator is split from this one (ncclCommSplit) and queues on the same stream.
   StatusOr<std::shared_ptr<Communicator>> Split(SplitBy by) override {
+    RETURN_IF_ERROR(zero::CheckSplit(by));
     ASSIGN_OR_RETURN(std::shared_ptr<Communicator> boot, bootstrap_->Split(by));
     const NcclApi* api = shared_->api;
     RETURN_IF_ERROR(AgreeOnStatus(

@@ -29,12 +29,12 @@ class SingleRank final : public Communicator {
     return Copy(zero::CollectiveKind::kAllGather, send, recv, count, dtype, false);
   }
   StatusOr<std::unique_ptr<CommRequest>> ReduceScatter(const void* send, void* recv, size_t count,
-                                                       DType dtype, ReduceOp) override {
-    return Copy(zero::CollectiveKind::kReduceScatter, send, recv, count, dtype, true);
+                                                       DType dtype, ReduceOp op) override {
+    return Copy(zero::CollectiveKind::kReduceScatter, send, recv, count, dtype, true, op);
   }
   StatusOr<std::unique_ptr<CommRequest>> AllReduce(const void* send, void* recv, size_t count,
-                                                   DType dtype, ReduceOp) override {
-    return Copy(zero::CollectiveKind::kAllReduce, send, recv, count, dtype, true);
+                                                   DType dtype, ReduceOp op) override {
+    return Copy(zero::CollectiveKind::kAllReduce, send, recv, count, dtype, true, op);
   }
   StatusOr<std::unique_ptr<CommRequest>> AllToAll(const void* send, void* recv, size_t count,
                                                   DType dtype) override {
@@ -50,14 +50,21 @@ class SingleRank final : public Communicator {
   Status Barrier() override { return Status::OK(); }
   CommStats stats() const override { return stats_; }
   StatusOr<std::shared_ptr<Communicator>> Duplicate() override { return Communicator::Single(); }
-  StatusOr<std::shared_ptr<Communicator>> Split(SplitBy) override { return Communicator::Single(); }
+  StatusOr<std::shared_ptr<Communicator>> Split(SplitBy by) override {
+    RETURN_IF_ERROR(zero::CheckSplit(by));
+    return Communicator::Single();
+  }
 
  private:
   StatusOr<std::unique_ptr<CommRequest>> Copy(zero::CollectiveKind kind, const void* send,
-                                              void* recv, size_t count, DType dtype,
-                                              bool reduction) {
-    RETURN_IF_ERROR(zero::CheckCollective(kind, count, dtype, reduction));
-    if (send != recv) std::memmove(recv, send, DTypeBytes(dtype, count));
+                                              void* recv, size_t count, DType dtype, bool reduction,
+                                              ReduceOp op = ReduceOp::kSum) {
+    RETURN_IF_ERROR(zero::CheckCollective(kind, count, dtype, reduction, op));
+    const uint64_t bytes = DTypeBytes(dtype, count);
+    if (bytes > 0 && (send == nullptr || recv == nullptr))
+      return InvalidArgumentError("a collective of " + std::to_string(count) +
+                                  " elements with a null buffer");
+    if (send != recv) std::memmove(recv, send, bytes);
     ++stats_.collectives;
     return std::unique_ptr<CommRequest>(new zero::DoneRequest());
   }

@@ -661,6 +661,19 @@ TEST(Collectives, BadArgumentsAreStatuses) {
   EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument);
   auto b = c.Broadcast(buf.data(), 4, DType::kF32, c.size());
   EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+  // Values outside the enums, and counts no buffer holds (hunt 48: accepted by the one-rank
+  // communicator, which copied nothing, or crashed).
+  EXPECT_EQ(c.AllGather(buf.data(), buf.data(), 4, static_cast<DType>(42)).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      c.AllReduce(buf.data(), buf.data(), 4, DType::kF32, static_cast<ReduceOp>(9)).status().code(),
+      StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      c.AllReduce(buf.data(), buf.data(), SIZE_MAX, DType::kF32, ReduceOp::kSum).status().code(),
+      StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.AllGather(buf.data(), buf.data(), SIZE_MAX / 2, DType::kBF16).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.Split(static_cast<SplitBy>(7)).status().code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(c.Barrier().ok());
 }
 
@@ -674,6 +687,19 @@ TEST(Collectives, SingleRankIsCopies) {
   ASSERT_TRUE((*s->AllGather(a.data(), b.data(), 3, DType::kF32))->Wait().ok());
   EXPECT_EQ(a, b);
   EXPECT_EQ(s->stats().bytes_sent, 0u);
+  // The checks every backend makes (BadArgumentsAreStatuses), here without a launcher.
+  EXPECT_EQ(s->AllGather(a.data(), b.data(), 3, static_cast<DType>(42)).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->ReduceScatter(a.data(), b.data(), 3, DType::kF32, static_cast<ReduceOp>(9))
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->AllReduce(a.data(), b.data(), SIZE_MAX, DType::kF32, ReduceOp::kSum).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->AllGather(nullptr, b.data(), 3, DType::kF32).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->Split(static_cast<SplitBy>(7)).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(a, std::vector<float>({1, 2, 3}));
 }
 
 }  // namespace
