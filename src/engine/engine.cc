@@ -192,14 +192,19 @@ Status Engine::BeginIteration(bool train) {
 
 StatusOr<ParamScope> Engine::Acquire(std::span<const ParamId> params, Phase phase) {
   Impl& im = *impl_;
-  if (!im.in_iteration) RETURN_IF_ERROR(BeginIteration(true));
-  if (im.abort_pending)
-    return FailedPreconditionError(
-        "Acquire in an aborted iteration: it ends when its open parameter scopes are released");
+  // (Checked before an iteration begins: a refused Acquire changes nothing. A value outside the
+  // enum was taken as a recompute: hunt 48.)
   for (ParamId p : params) {
     if (p < 0 || p >= num_params())
       return InvalidArgumentError("Acquire of unknown parameter id " + std::to_string(p));
   }
+  if (phase != Phase::kForward && phase != Phase::kBackward && phase != Phase::kRecompute)
+    return InvalidArgumentError("Acquire with phase " + std::to_string(static_cast<int>(phase)) +
+                                ": no Phase (kForward, kBackward, kRecompute)");
+  if (!im.in_iteration) RETURN_IF_ERROR(BeginIteration(true));
+  if (im.abort_pending)
+    return FailedPreconditionError(
+        "Acquire in an aborted iteration: it ends when its open parameter scopes are released");
   im.OpenGate();
   const auto t0 = std::chrono::steady_clock::now();
   const double update_wait0 = im.updater->wait_seconds();

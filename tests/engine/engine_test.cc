@@ -505,6 +505,20 @@ TEST(Engine, AThrowingInitializerFailsFinalizeAndTooManyThreadsAreRefused) {
   }
 }
 
+// An Acquire of what no model has is refused before any iteration begins, and the engine trains
+// on as before (hunt 48: a Phase outside the enum ran as a recompute).
+TEST(Engine, AnAcquireOfNoPhaseOrParameterIsRefusedAndChangesNothing) {
+  Trainer a = Make(TestEngineConfig());
+  Trainer b = Make(TestEngineConfig());
+  const std::vector<ParamId> ids = {0};
+  const std::vector<ParamId> unknown = {a.engine->num_params()};
+  EXPECT_EQ(a.engine->Acquire(ids, static_cast<Phase>(7)).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(a.engine->Acquire(unknown, Phase::kForward).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Train(a, 0, 3), Train(b, 0, 3));
+}
+
 // A checkpoint holds the states as of a Step: a save inside an accumulation window is refused
 // (hunt 48: saved, it dropped the window's micro-batches and its resume could not Step); after
 // the Step it saves.
