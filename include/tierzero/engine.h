@@ -141,7 +141,8 @@ struct EngineConfig {
   // Every budget is at most 2^60 bytes (1 EiB; Engine::Create refuses more).
   uint64_t nvme_budget = 0;
   std::string nvme_path;
-  // Elements per chunk; 0 chooses automatically, at most 2^36. Default: 0.
+  // Elements per chunk; 0 chooses automatically, at most 2^36; rounded up to whole 4 KiB of every
+  // rank's shard (docs/chunks.md). Default: 0.
   uint64_t chunk_elems = 0;
   // Gathered parameters and gradients: bf16, fp16 (dynamic loss scaling) or fp32.
   DType compute_dtype = DType::kBF16;
