@@ -96,6 +96,10 @@ Status Convert(const void* src, DType src_type, void* dst, DType dst_type, size_
 
 // tierzero/convert.h: the same, public.
 Status CastElements(const void* src, DType src_type, void* dst, DType dst_type, size_t n) {
+  // (The public entry: a null buffer is the caller's error to hear of, not a crash: hunt 48.)
+  if (n > 0 && (src == nullptr || dst == nullptr))
+    return InvalidArgumentError("CastElements of " + std::to_string(n) +
+                                " elements with a null buffer");
   return Convert(src, src_type, dst, dst_type, n);
 }
 

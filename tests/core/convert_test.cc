@@ -9,6 +9,8 @@
 #include <random>
 #include <vector>
 
+#include "tierzero/convert.h"
+
 namespace tierzero {
 namespace {
 
@@ -272,6 +274,12 @@ TEST(ConvertDispatchTest, GenericConvertCoversEveryFloatPair) {
   }
   Status bad = Convert(src.data(), DType::kF32, src.data(), DType::kI8, 1);
   EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  // The public entry refuses a null buffer (hunt 48: a crash); none is read for no elements.
+  EXPECT_EQ(CastElements(nullptr, DType::kF32, src.data(), DType::kBF16, 8).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(CastElements(src.data(), DType::kF32, nullptr, DType::kBF16, 8).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CastElements(nullptr, DType::kF32, nullptr, DType::kBF16, 0).ok());
 }
 
 }  // namespace
