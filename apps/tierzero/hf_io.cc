@@ -364,8 +364,15 @@ Status CheckTiedHead(const gpt::HfModel& hf, const gpt::GptConfig& model, const 
   if (!std::binary_search(hf.tensors.begin(), hf.tensors.end(), head)) return Status::OK();
   const std::string embedding = gpt2 ? gpt::HfTensorNames(model, hf.tensors)("wte")
                                      : std::string("model.embed_tokens.weight");
-  TZ_ASSIGN_OR_RETURN(const bool same, SafetensorsTensorsEqual(hf.files, embedding, head));
-  if (same) return Status::OK();
+  StatusOr<bool> same = SafetensorsTensorsEqual(hf.files, embedding, head);
+  if (!same.ok() && same.status().code() == StatusCode::kUnsupported)
+    return Status(StatusCode::kUnsupported,
+                  "--init-from " + dir + ": config.json ties the head to the embedding, and the " +
+                      "weights hold a " + head + " beside it that cannot be compared with it (" +
+                      std::string(same.status().message()) + "): remove " + head +
+                      " from the weights to load the tied model");
+  TZ_RETURN_IF_ERROR(same.status());
+  if (*same) return Status::OK();
   return InvalidArgumentError(
       "--init-from " + dir + ": config.json ties the head to the embedding" +
       (gpt2 ? std::string(" (GPT-2's is always tied)") : " (tie_word_embeddings true)") +

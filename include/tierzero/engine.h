@@ -404,9 +404,10 @@ class Engine {
   // manifest last), and `user_state` (the trainer's own JSON: data position, RNG) stored in the
   // manifest. LoadCheckpoint restores everything (matching parameters by name and shape; the
   // chunk size may differ) and returns user_state. DataLoss for a checksum mismatch, NotFound
-  // for a directory without a manifest. A save is between Steps: inside an iteration or an
-  // accumulation window (micro-batches since the last Step) it is FailedPrecondition; a
-  // user_state over 64 MiB is InvalidArgument (the manifest that holds it would not load).
+  // for a directory without a manifest. A save is between Steps: inside an iteration, or after
+  // training iterations not yet stepped (an accumulation window), it is FailedPrecondition; a
+  // manifest over 64 MiB (a user_state that large, or some 300,000 tensor slices) is
+  // InvalidArgument: it would not load.
   Status SaveCheckpoint(const std::string& dir, const std::string& user_state = "") const;
   StatusOr<std::string> LoadCheckpoint(const std::string& dir);
   // A consolidated safetensors file of the master weights as fp32 or bf16, and loading
@@ -479,7 +480,8 @@ class Engine {
 StatusOr<std::map<std::string, std::string>> ReadSafetensorsMetadata(const std::string& path);
 
 // Whether tensors `a` and `b` of safetensors `files` (either in any of them) hold the same
-// values: the same shape and, converted to fp32, the same bits element for element. Read a block
+// values: the same shape and, converted to fp32, equal element for element (as torch.equal: -0.0
+// equals 0.0, a NaN equals nothing). Read a block
 // at a time (a vocabulary's embedding may be gigabytes). NotFound when the files hold no `a` or
 // no `b`; DataLoss for a damaged file; Unsupported for a type other than F32, BF16 and F16.
 StatusOr<bool> SafetensorsTensorsEqual(const std::vector<std::string>& files, const std::string& a,

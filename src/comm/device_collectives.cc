@@ -68,7 +68,7 @@ class HostFuncCollectives final : public DeviceCollectives {
 
   Status ReduceScatter(const void* send, void* recv, size_t count, DType dtype,
                        ReduceOp op) override {
-    RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kReduceScatter, count, dtype, true));
+    RETURN_IF_ERROR(zero::CheckCollective(CollectiveKind::kReduceScatter, count, dtype, true, op));
     Count(zero::BytesSent(CollectiveKind::kReduceScatter, count, dtype, size_, false));
     // Every backend reads all of send before it writes recv (communicator.h), so in place needs
     // no copy.

@@ -441,20 +441,22 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
   if (!im.finalized) return FailedPreconditionError("SaveCheckpoint before Finalize");
   RETURN_IF_ERROR(RefuseWithoutMoments("SaveCheckpoint"));
   if (im.in_iteration) return FailedPreconditionError("SaveCheckpoint inside an iteration");
-  // A checkpoint holds the states as of the last Step, not a window's accumulated gradients: one
-  // saved mid-window dropped its micro-batches, and its resume could not Step (hunt 48).
-  if (im.iterations_since_step > 0)
-    return FailedPreconditionError(
-        "SaveCheckpoint inside an accumulation window: the " +
-        std::to_string(im.iterations_since_step) + " of " +
-        std::to_string(im.cfg.grad_accumulation) +
-        " micro-batches since the last Step would be lost (a checkpoint holds the states as of "
-        "a Step, not accumulated gradients); save after Step");
   // Never a half-updated model (Note [The update phase behind the next forward]). A rank whose
   // update failed (its NVMe), or whose model is out of step, says so to the others, which would
   // wait for it in the save's agreement below otherwise (Note [Agreeing on an outcome]).
   Status ready = im.cm->out_of_step();
   if (ready.ok()) ready = im.updater->Await();
+  // A checkpoint holds the states as of the last Step, not the gradients of training iterations
+  // since: one saved mid-window dropped its micro-batches, and its resume could not Step (hunt
+  // 48). (After the checks above: a failed Step leaves its iterations counted, and its cause is
+  // what to say.)
+  if (ready.ok() && im.iterations_since_step > 0)
+    ready = FailedPreconditionError(
+        "SaveCheckpoint after " + std::to_string(im.iterations_since_step) +
+        (im.iterations_since_step == 1 ? " training iteration" : " training iterations") +
+        " without Step (grad_accumulation " + std::to_string(im.cfg.grad_accumulation) +
+        "): their gradients would be lost, since a checkpoint holds the states as of a Step; "
+        "save after Step");
   RETURN_IF_ERROR(AgreeOnStatus(*im.comm, ready));
   json user;
   const int rank = im.comm->rank();
@@ -484,15 +486,16 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& user_st
     // Checked as the load reads it (strictly, one level below the manifest's depth limit: it
     // sits in the manifest), before anything is written: a user_state the load would refuse
     // replaced a good checkpoint with one that could not be read.
-    if (user_state.size() >= kMaxManifestBytes)
-      return InvalidArgumentError(
-          "user_state is " + std::to_string(user_state.size()) + " bytes; a checkpoint's " +
-          "manifest, which holds it, is at most " + std::to_string(kMaxManifestBytes) +
-          " bytes: keep a large state in a file of your own beside the checkpoint");
     if (!user_state.empty()) {
       ASSIGN_OR_RETURN(user,
                        ParseOutsideJson(user_state, "user_state", StatusCode::kInvalidArgument,
                                         /*allow_comments=*/false, kMaxJsonDepth - 1));
+      // (As the manifest holds it: compact. CommitManifest checks the whole manifest.)
+      if (const uint64_t bytes = user.dump().size(); bytes > kMaxManifestBytes)
+        return InvalidArgumentError(
+            "user_state is " + std::to_string(bytes) + " bytes as JSON; a checkpoint's " +
+            "manifest, which holds it, is at most " + std::to_string(kMaxManifestBytes) +
+            " bytes: keep a large state in a file of your own beside the checkpoint");
     }
     RETURN_IF_ERROR(CheckpointFilesAreOurs(dir, states_name, committed_names.has_value()));
     std::error_code ec;

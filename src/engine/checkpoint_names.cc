@@ -99,12 +99,21 @@ Status CommitManifest(const std::string& dir, const json& manifest) {
   if (text.size() > kMaxManifestBytes) {
     const uint64_t user =
         manifest.contains("user_state") ? manifest["user_state"].dump().size() : 0;
-    return InvalidArgumentError(
-        "the checkpoint's manifest would be " + std::to_string(text.size()) + " bytes, over the " +
-        std::to_string(kMaxManifestBytes) + " a load reads (its user_state " + "is " +
-        std::to_string(user) + " bytes): keep a large state in a file of your own beside " +
-        "the checkpoint and a small user_state; nothing was saved (the previous checkpoint, if " +
-        "any, is intact)");
+    const size_t entries = manifest.contains("tensors") ? manifest["tensors"].size() : 0;
+    // What takes the room: the trainer's user_state, or the tensor entries (one per tensor slice
+    // and rank: hunt 48's review, 340,000 tensors on one rank).
+    const std::string why =
+        user * 2 > text.size()
+            ? "its user_state is " + std::to_string(user) +
+                  " bytes: keep a large state in a file of your own beside the checkpoint and a "
+                  "small user_state"
+            : "its " + std::to_string(entries) +
+                  " tensor entries (one per tensor slice and rank) take most of it: register "
+                  "fewer, larger tensors, or save from fewer ranks";
+    return InvalidArgumentError("the checkpoint's manifest would be " +
+                                std::to_string(text.size()) + " bytes, over the " +
+                                std::to_string(kMaxManifestBytes) + " a load reads; " + why +
+                                ". Nothing was saved (the previous checkpoint, if any, is intact)");
   }
   ASSIGN_OR_RETURN(AtomicFile mf, AtomicFile::Create(dir + "/manifest.json"));
   RETURN_IF_ERROR(mf.Write(text.data(), text.size()));

@@ -428,7 +428,9 @@ StatusOr<bool> SafetensorsTensorsEqual(const std::vector<std::string>& files, co
       out->resize(k);
       RETURN_IF_ERROR(Convert(raw.data(), fd.entry.dtype, out->data(), DType::kF32, k));
     }
-    if (std::memcmp(va.data(), vb.data(), k * sizeof(float)) != 0) return false;
+    // As torch.equal compares (transformers' test for a tie): -0.0 equals 0.0, NaN nothing.
+    for (uint64_t i = 0; i < k; ++i)
+      if (!(va[i] == vb[i])) return false;
   }
   return true;
 }

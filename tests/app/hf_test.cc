@@ -488,6 +488,34 @@ TEST(HfModels, ATiedHeadWithOtherWeightsIsRefusedAndDropoutIsSaid) {
   EXPECT_TRUE(std::isfinite(tied));
 }
 
+// Tensors compared as torch.equal compares them (transformers' test for a tie): -0.0 equals 0.0,
+// a NaN equals nothing, across types and files; another shape differs; a missing name is
+// NotFound.
+TEST(HfModels, SafetensorsTensorsAreComparedAsTorchEqualDoes) {
+  TempDir dir;
+  auto f32 = [](std::vector<float> v, std::vector<int64_t> shape) {
+    return Tensor{"F32", std::move(shape),
+                  std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4)};
+  };
+  const float nan = std::nanf("");
+  std::vector<uint16_t> bf(4);
+  const std::vector<float> half = {0.5f, -0.0f, 2.0f, 3.0f};
+  ASSERT_TRUE(CastElements(half.data(), DType::kF32, bf.data(), DType::kBF16, 4).ok());
+  WriteSafetensors(dir / "a.safetensors", {{"zero", f32({0.5f, 0.0f, 2.0f, 3.0f}, {2, 2})},
+                                           {"nan", f32({nan, 0.0f, 2.0f, 3.0f}, {2, 2})},
+                                           {"flat", f32({0.5f, 0.0f, 2.0f, 3.0f}, {4})}});
+  WriteSafetensors(
+      dir / "b.safetensors",
+      {{"negzero",
+        Tensor{"BF16", {2, 2}, std::string(reinterpret_cast<const char*>(bf.data()), 8)}}});
+  const std::vector<std::string> files = {dir / "a.safetensors", dir / "b.safetensors"};
+  EXPECT_TRUE(*SafetensorsTensorsEqual(files, "zero", "negzero"));
+  EXPECT_FALSE(*SafetensorsTensorsEqual(files, "nan", "nan"));
+  EXPECT_FALSE(*SafetensorsTensorsEqual(files, "zero", "flat"));
+  EXPECT_EQ(SafetensorsTensorsEqual(files, "zero", "lm_head.weight").status().code(),
+            StatusCode::kNotFound);
+}
+
 // A model directory is the model: the run's config may not add what config.json leaves out (Llama
 // 3's rope scaling, absent there, silently rescaled the model), the weights file given alone is
 // sent to its directory, and a config.json that is a dangling link is said to be one.
