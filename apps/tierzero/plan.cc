@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "plan_args.h"
+#include "plan_check.h"
 #include "plan_comm.h"
 #include "plan_search.h"
 #include "plan_trace.h"
@@ -541,6 +542,7 @@ int Plan(const std::vector<std::string>& args) {
   }
   // As train defaults it (the plan writes nothing there).
   if (cfg->engine.nvme_path.empty()) cfg->engine.nvme_path = cfg->output.run_dir + "/nvme";
+  if (Status s = CheckPlannable(*cfg); !s.ok()) return Fail(s);
   WarmupTrace file_trace;
   if (!pa->trace_path.empty()) {
     auto t = ReadWarmupTrace(pa->trace_path);

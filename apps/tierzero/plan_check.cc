@@ -4,12 +4,19 @@
 // predictions shown beside the run would pass for the run's (Note [A plan of another run]).
 #include "plan_check.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "gpt/hf.h"
 #include "resume.h"
 #include "tierzero/bytes.h"
 #include "tierzero/files.h"
@@ -177,6 +184,48 @@ Status CheckPlanOfReport(const std::string& report_text, const std::string& plan
   for (const auto& [key, value] : planned_zeropp.items())
     if (zeropp.contains(key)) compare("zeropp." + key, value, zeropp[key]);
   return AnotherConfig(differ, n);
+}
+
+// Note [What the plan of a run train refuses says]
+// `plan` exits 0 with a plan of the run it is given; a run `train` refuses at set-up has no such
+// plan (hunt 48: a plan "fits" and exit 0 for each of the cases below, then train refused). What
+// is on another machine is only said: a run is often planned where it will not run (its data and
+// its --init-from, as the data's note says).
+Status CheckPlannable(RunConfig& cfg) {
+  // (The checkpoint's step is not read here: a resume past the step only gets train's note.)
+  if (cfg.output.resume.empty()) TZ_RETURN_IF_ERROR(CheckProfileStep(cfg, 0, /*say=*/false));
+  struct stat st {};
+  if (cfg.engine.nvme_budget > 0 && !cfg.engine.nvme_path.empty() &&
+      ::stat(cfg.engine.nvme_path.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+    return InvalidArgumentError("nvme_path (--nvme-path) " + cfg.engine.nvme_path + " is " +
+                                FileKindName(st.st_mode) +
+                                ", not a directory: the NVMe tier's swap files go in a "
+                                "directory (`tierzero train` refuses it)");
+  const std::string& from = cfg.output.init_from;
+  if (from.empty()) return Status::OK();
+  if (::stat(from.c_str(), &st) != 0) {
+    std::fprintf(stderr,
+                 "note: the run's --init-from %s is not here (%s): planned the model the config "
+                 "and flags give; `tierzero train` needs it, and takes its model from it\n",
+                 from.c_str(), std::strerror(errno));
+    return Status::OK();
+  }
+  if (!S_ISDIR(st.st_mode) && gpt::HasHfTensorNames(from)) {
+    auto metadata = ReadSafetensorsMetadata(from);
+    if (metadata.ok() && metadata->count("tierzero.model") == 0) {
+      // (As train says it: LoadInitFrom, hf_io.cc.)
+      std::string parent = std::filesystem::path(from).parent_path().string();
+      if (parent.empty()) parent = ".";
+      return InvalidArgumentError(
+          "--init-from " + from + ": its tensors are named as a Hugging Face model's: it is " +
+          (gpt::IsHfDir(parent) ? "a weights file of the Hugging Face model directory " + parent +
+                                      ": give the directory (--init-from " + parent + ")"
+                                : std::string("the weights file of a model directory: give that "
+                                              "directory (--init-from DIR)")) +
+          ", whose config.json says the model");
+    }
+  }
+  return Status::OK();
 }
 
 }  // namespace tierzero::app

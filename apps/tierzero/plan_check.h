@@ -21,4 +21,10 @@ Status CheckPlanConfig(const nlohmann::json& plan_config, const RunConfig& run, 
 // first fields that differ otherwise. Either text malformed is left to WithPrediction to say.
 Status CheckPlanOfReport(const std::string& report_text, const std::string& plan_text);
 
+// What `tierzero train` refuses at set-up in the run `plan` is asked to plan, refused by `plan`
+// too (Note [What the plan of a run train refuses says], plan_check.cc): a --profile-step that
+// profiles nothing, an NVMe path that is a file, and --init-from a model directory's weights
+// file alone. An --init-from that is not here is a note (the run may be planned elsewhere).
+Status CheckPlannable(RunConfig& cfg);
+
 }  // namespace tierzero::app

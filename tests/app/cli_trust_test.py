@@ -52,6 +52,7 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   export_paths  `export DIR/` and `export .` find the run's config
   models_in     a Hugging Face directory's context, files and seeding of a resumed run
   plan_device   a plan's rates are measured on the device the planned run computes on
+  plan_refuses_as_train  what train refuses at set-up has no plan; an --init-from not here is said
   figures       figures a user reads against what they count: the step's NVMe optimizer
                 bytes, the header's model states
   plan_largest_times  plan --largest times its answer's own shape, as a plan of that model alone

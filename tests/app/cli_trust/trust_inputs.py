@@ -349,6 +349,35 @@ def case_ranges():
         check(read(page) == b"my page", "a report that could not be traced replaced the page")
 
 
+def case_plan_refuses_as_train():
+    """A run train refuses at set-up has no plan (Note [What the plan of a run train refuses
+    says]; hunt 48: each planned, exit 0): a --profile-step that profiles nothing, an NVMe path
+    that is a file, a model directory's weights file alone; an --init-from not here is said."""
+    cfg = os.path.join(OUT, "small.json")
+    env = dict(os.environ, TZ_RATES_FILE=os.path.join(OUT, "pr_rates.json"))
+    afile = os.path.join(OUT, "pr_file")
+    with open(afile, "w") as f:
+        f.write("mine")
+    for args, says in ((["--profile-step", "1"], "warm-up iteration"),
+                       (["--nvme-path", afile, "--nvme-budget", "64MiB"], "not a directory")):
+        refused(["plan", "--config", cfg, "--no-advice"] + args, says)
+        refused(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "pr_run"),
+                 "--steps", "2"] + args)
+    check(read(afile) == b"mine", "the NVMe path's file was changed")
+    rc, out = run(["plan", "--config", cfg, "--no-advice", "--init-from",
+                   os.path.join(OUT, "pr_nothing")], env=env)
+    check(rc == 0 and "--init-from" in out and "is not here" in out,
+          f"a plan of an --init-from that is not here said nothing:\n{out}")
+    # A model directory's weights file alone (its tensors named as transformers names them).
+    hf = os.path.join(OUT, "pr_hf")
+    ok(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "pr_src"), "--steps", "1"])
+    ok(["export", os.path.join(OUT, "pr_src", "checkpoint"), "--format", "hf", "-o", hf])
+    weights = os.path.join(hf, "model.safetensors")
+    for cmd in (["plan", "--no-advice"],
+                ["train", "--run-dir", os.path.join(OUT, "pr_run2"), "--steps", "1"]):
+        refused(cmd + ["--config", cfg, "--init-from", weights], "give the directory (--init-from")
+
+
 def case_plan_device():
     """The plan's rates come from the device the run computes on (Note [Calibrated on the device
     that runs]): a cached GPU's rates are not used for a run on the simulated device, and a plan
