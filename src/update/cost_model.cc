@@ -307,6 +307,17 @@ UpdateAssignment AssignUpdates(const std::vector<UpdateGroup>& groups, const Upd
     return p;
   };
   size_t max_stream = stream_slots > 0 ? candidates.size() : 0;
+  // Note [Auto streams nothing to a device on the CPU's cores]
+  // A device whose Adam is this machine's CPU (the simulated device, unmodelled) runs each
+  // streamed group's Adam on one of the cores CPU Adam runs on: streaming moves the work between
+  // the cores, never off them, and adds the copies. Its rate as measured can still come out
+  // above CPU Adam's when the probe of CPU Adam shared the cores (two ranks probing at once, a
+  // loaded machine): auto then streamed every group, and the phase took 2-4x its prediction
+  // (hunt 48: 6.1 ms against 1.9 ms at 2 ranks with int8 moments). So auto streams nothing
+  // there, as docs/optimizer.md says; a fraction asked for still streams (a modelled device
+  // Adam, engine.host_device_adam_rate, is not on the CPU's cores).
+  const bool on_cpu_cores = rates.device_shares_cpu && budget.mode == UpdateMode::kAuto;
+  if (on_cpu_cores) max_stream = 0;
   if (budget.mode == UpdateMode::kCpu || n == 0) {
     UpdateAssignment p = Simulate(groups, base, rates, resident_slots);
     p.reason = why.str() + "engine.optimizer is cpu";
@@ -339,7 +350,11 @@ UpdateAssignment AssignUpdates(const std::vector<UpdateGroup>& groups, const Upd
   }
   why << "auto: " << resident << " resident, " << best_s << " of " << candidates.size()
       << " streamable groups streamed";
-  if (candidates.size() > 0 && max_stream == 0) why << " (no device memory for one group's buffer)";
+  if (candidates.size() > 0 && on_cpu_cores)
+    why << " (the device's Adam runs on this machine's CPU cores: streaming moves the work "
+           "between them)";
+  else if (candidates.size() > 0 && max_stream == 0)
+    why << " (no device memory for one group's buffer)";
   bool cpu_groups = false;
   for (UpdateWhere w : best.where) cpu_groups |= w == UpdateWhere::kCpu;
   if (fwd > 0 && max_stream > 0 && cpu_groups) {

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace tierzero {
@@ -266,6 +267,20 @@ TEST(UpdateAssignment, ADeviceOnTheCpuCoresAddsItsTimeToTheCpus) {
   UpdateAssignment p = AssignUpdates(g, r, Auto());
   EXPECT_EQ(p.where, std::vector<W>(4, W::kCpu));
   EXPECT_NEAR(p.phase_s, 4.0, 1e-12);
+  // Nor when its measured rate says it is faster than CPU Adam on every core (a probe that
+  // shared the cores: Note [Auto streams nothing to a device on the CPU's cores]); a fraction
+  // asked for still streams.
+  UpdateRates fast = Rates(1400);
+  fast.device_shares_cpu = true;
+  fast.device_params_per_s = 100 * fast.cpu_params_per_s;
+  p = AssignUpdates(g, fast, Auto());
+  EXPECT_EQ(p.where, std::vector<W>(4, W::kCpu));
+  EXPECT_NE(p.reason.find("CPU cores"), std::string::npos) << p.reason;
+  UpdateBudget half = Auto();
+  half.mode = UpdateMode::kFraction;
+  half.device_fraction = 0.5;
+  p = AssignUpdates(g, fast, half);
+  EXPECT_EQ(std::count(p.where.begin(), p.where.end(), W::kDeviceStreamed), 2);
 }
 
 TEST(UpdateAssignment, AFixedFractionIsEvenlySpaced) {
