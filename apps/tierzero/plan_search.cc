@@ -274,10 +274,18 @@ Status Largest(const Planner& pl, const RunConfig& cfg, int ranks, json& out) {
     RunConfig c = cfg;
     c.model.d_model = w;
     c.model.n_head = heads;
-    c.model.n_kv_head = cfg.model.n_kv_head > 0 && cfg.model.n_head > 0
-                            ? std::max(1, c.model.n_head * cfg.model.n_kv_head / cfg.model.n_head)
-                            : 0;
-    if (c.model.n_kv_head > 0 && c.model.n_head % c.model.n_kv_head != 0) c.model.n_kv_head = 1;
+    // Grouped key/value heads in the config's proportion, as a divisor of the heads (the nearest:
+    // 7 heads at a half are 7, not 1 said nowhere but the JSON; hunt 48).
+    c.model.n_kv_head = 0;
+    if (cfg.model.n_kv_head > 0 && cfg.model.n_head > 0) {
+      const double want =
+          static_cast<double>(heads) * cfg.model.n_kv_head / static_cast<double>(cfg.model.n_head);
+      int nearest = 1;
+      for (int d = 1; d <= heads; ++d) {
+        if (heads % d == 0 && std::abs(d - want) <= std::abs(nearest - want)) nearest = d;
+      }
+      c.model.n_kv_head = nearest;
+    }
     c.model.d_ff = 0;  // the architecture's own width for it
     // At most d_model / 64 layers (GPT-3's shapes keep under it: 96 layers at 12288): past it a
     // deeper, narrower model holds the same bytes with more activations and less arithmetic.
@@ -340,11 +348,17 @@ Status Largest(const Planner& pl, const RunConfig& cfg, int ranks, json& out) {
   const MomentFormat f = cfg.engine.optimizer_states;
   std::printf(
       "\nlargest model these budgets train (batch %d x %d tokens, %s moments, %s compute%s):\n"
-      "  %s %d layers x %d wide, %d heads: %.3g B parameters\n\n",
+      "  %s %d layers x %d wide, %d heads%s: %.3g B parameters\n\n",
       cfg.train.batch_size, cfg.model.seq_len, MomentName(f),
       std::string(DTypeName(cfg.engine.compute_dtype)).c_str(),
       cfg.model.activation_checkpointing ? ", activation checkpointing" : "",
       gpt::ModelName(best.model), best.model.n_layer, best.model.d_model, best.model.n_head,
+      best.model.kv_heads() != best.model.n_head
+          ? (" (" + std::to_string(best.model.kv_heads()) +
+             (best.model.kv_heads() == 1 ? " key/value head" : " key/value heads") +
+             ": --kv-heads " + std::to_string(best.model.kv_heads()) + ")")
+                .c_str()
+          : "",
       static_cast<double>(best_params) / 1e9);
   std::fputs(PlanTable(p).c_str(), stdout);
   if (!untimed.empty())
