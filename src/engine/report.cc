@@ -26,7 +26,8 @@ void Engine::Impl::SnapshotLayout(ReportSnapshot& s) const {
     c.used_elems = im.layout.chunk(k).used_elems;
     c.param_tier = TierName(p.param);
     c.optimizer_tier = TierName(p.optimizer);
-    c.grad_tier = TierName(p.grad);
+    // (An engine that never steps holds no gradient shards: Note [An engine that never steps].)
+    c.grad_tier = im.placement.grad_shard_bytes > 0 ? TierName(p.grad) : "none";
   }
 }
 

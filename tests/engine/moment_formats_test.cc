@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -233,6 +234,10 @@ TEST(WithoutMomentsTest, LoadsEvaluatesAndExportsAsAnyFormatAndRefusesToStep) {
             (8 + DTypeBytes(fp32.compute_dtype, 1)) * elems);
   EXPECT_NE(b.engine->PlacementSummary().find("0 grad shards"), std::string::npos)
       << b.engine->PlacementSummary();
+  auto report = b.engine->ReportJson();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  const nlohmann::json parsed = nlohmann::json::parse(*report);
+  for (const auto& c : parsed["layout"]["chunks"]) EXPECT_EQ(c["grad_tier"], "none");
 }
 
 }  // namespace
