@@ -177,9 +177,18 @@ StatusOr<LtMatmul::Plan*> LtMatmul::PlanFor(const LtProduct& p) {
                                  sizeof(align_d));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  if (s == CUBLAS_STATUS_SUCCESS)
+  if (s == CUBLAS_STATUS_SUCCESS) {
     s = A.AlgoGetHeuristic(handle_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref, 1,
                            &result, &found);
+    // cuBLASLt says "no algorithm" either way: none found, or CUBLAS_STATUS_NOT_SUPPORTED for a
+    // configuration it refuses (an epilogue, a transpose, an alignment). Both are unsupported,
+    // for the caller's fallback (Supported), not an internal error that skipped it (a CUDA code
+    // review, session 48).
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED) {
+      s = CUBLAS_STATUS_SUCCESS;
+      found = 0;
+    }
+  }
   A.PreferenceDestroy(pref);
   TZ_RETURN_IF_ERROR(check(s, "MatmulAlgoGetHeuristic"));
   if (found == 0) unsupported_.insert(key);

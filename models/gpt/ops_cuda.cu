@@ -320,7 +320,9 @@ __global__ void EmbeddingForwardKernel(const int32_t* tokens, const float* wte, 
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * channels;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = i / channels, c = i % channels;
-    x[i] = wte[int64_t{tokens[r]} * channels + c] + wpe[(r % seq) * channels + c];
+    // (No position table for a rotary model, as the bf16 kernel allows.)
+    x[i] = wte[int64_t{tokens[r]} * channels + c] +
+           (wpe != nullptr ? wpe[(r % seq) * channels + c] : 0.0f);
   }
 }
 // One thread per channel, rows in order: the same additions in the same order as the CPU.
@@ -331,7 +333,7 @@ __global__ void EmbeddingBackwardKernel(const int32_t* tokens, const float* dx, 
   for (int64_t r = 0; r < rows; ++r) {
     const float d = dx[r * channels + c];
     dwte[int64_t{tokens[r]} * channels + c] += d;
-    dwpe[(r % seq) * channels + c] += d;
+    if (dwpe != nullptr) dwpe[(r % seq) * channels + c] += d;
   }
 }
 
