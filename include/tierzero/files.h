@@ -58,7 +58,9 @@ Status CheckOutputDirectory(const std::string& path, const std::string& what);
 // An output written as it goes (a metrics file, line by line), by the same rules: a regular file
 // is created or opened for appending (`append`) or from empty; a device or FIFO is streamed into
 // (a FIFO's reader must be waiting: FailedPrecondition otherwise); /dev/stdout, /dev/fd/N are the
-// process's own descriptors, duplicated. Returns the descriptor (the caller closes it).
+// process's own descriptors, duplicated. A regular file another open file description holds
+// locked (flock: a running run's metrics) is FailedPrecondition, neither truncated nor appended
+// to. Returns the descriptor (the caller closes it).
 StatusOr<int> OpenOutputStream(const std::string& path, bool append, const std::string& what);
 
 // Writes all of `text` to `fd`, retrying short writes and EINTR: 0, or the errno of the write
@@ -77,8 +79,9 @@ StatusOr<std::string> ReadFileBounded(const std::string& path, uint64_t max_byte
 inline constexpr uint64_t kMaxConfigBytes = uint64_t{16} << 20;
 inline constexpr uint64_t kMaxReportBytes = uint64_t{256} << 20;
 
-// The descriptor a path names directly (/dev/stdout 1, /dev/stderr 2, /dev/fd/N and
-// /proc/self/fd/N: N), or -1: outputs written into the process's own streams.
+// The descriptor a path names directly (/dev/stdin 0, /dev/stdout 1, /dev/stderr 2, /dev/fd/N,
+// /proc/self/fd/N and /proc/thread-self/fd/N: N; in any spelling of an absolute path, such as
+// /dev//stdout), or -1: outputs written into the process's own streams.
 int StandardStreamFd(const std::string& path);
 
 // Removes the temporary file of every output still being written (not yet renamed into place):

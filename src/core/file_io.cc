@@ -47,14 +47,29 @@ std::map<std::string, std::pair<dev_t, ino_t>>& PendingIds() {
   static auto* m = new std::map<std::string, std::pair<dev_t, ino_t>>;  // read until _exit
   return *m;
 }
+// A registered path as the registries hold it: absolute and in one spelling ("./x", "x" and
+// "x/" are one path), so a chdir between registering and removing removes what was registered,
+// not a user's file of that name where the process now is (hunt 48), and a Keep in another
+// spelling cancels it.
+std::string Registered(const std::string& path) {
+  if (path.empty()) return path;
+  std::error_code ec;
+  std::string p = std::filesystem::absolute(path, ec).lexically_normal().string();
+  if (ec) return path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  return p;
+}
+
 void AddPending(const std::string& tmp) {
+  const std::string p = Registered(tmp);
   std::lock_guard<std::mutex> lock(PendingMutex());
-  Pending().insert(tmp);
+  Pending().insert(p);
 }
 void DropPending(const std::string& tmp) {
+  const std::string p = Registered(tmp);
   std::lock_guard<std::mutex> lock(PendingMutex());
-  Pending().erase(tmp);
-  PendingIds().erase(tmp);
+  Pending().erase(p);
+  PendingIds().erase(p);
 }
 
 // A name beside `target` no one else uses: ".NAME.tz-PID-N.tmp", created with O_EXCL.
@@ -131,10 +146,15 @@ const char* FileKindName(unsigned mode) {
   }
 }
 
-int StandardStreamFd(const std::string& path) {
+int StandardStreamFd(const std::string& given) {
+  // In any spelling ("/dev//stdout", "/dev/./stdout", "/dev/fd//1"): another followed the link
+  // and replaced the file the shell redirected into (hunt 48).
+  std::string path = given;
+  if (!path.empty() && path[0] == '/') path = std::filesystem::path(given).lexically_normal();
   if (path == "/dev/stdout") return STDOUT_FILENO;
   if (path == "/dev/stderr") return STDERR_FILENO;
-  for (const char* prefix : {"/dev/fd/", "/proc/self/fd/"}) {
+  if (path == "/dev/stdin") return STDIN_FILENO;
+  for (const char* prefix : {"/dev/fd/", "/proc/self/fd/", "/proc/thread-self/fd/"}) {
     const std::string p = prefix;
     if (path.size() > p.size() && path.compare(0, p.size(), p) == 0) {
       const std::string n = path.substr(p.size());
@@ -270,9 +290,10 @@ void RemoveOnSignalExit(const std::string& path) { AddPending(path); }
 void RemoveOnSignalExitIfSame(const std::string& path, int fd) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return;  // nothing known of it: nothing removed
+  const std::string p = Registered(path);
   std::lock_guard<std::mutex> lock(PendingMutex());
-  Pending().insert(path);
-  PendingIds()[path] = {st.st_dev, st.st_ino};
+  Pending().insert(p);
+  PendingIds()[p] = {st.st_dev, st.st_ino};
 }
 void KeepOnSignalExit(const std::string& path) { DropPending(path); }
 
@@ -284,12 +305,14 @@ std::set<std::string>& PendingTrees() {
 }  // namespace
 
 void RemoveTreeOnSignalExit(const std::string& dir) {
+  const std::string p = Registered(dir);
   std::lock_guard<std::mutex> lock(PendingMutex());
-  PendingTrees().insert(dir);
+  PendingTrees().insert(p);
 }
 void KeepTreeOnSignalExit(const std::string& dir) {
+  const std::string p = Registered(dir);
   std::lock_guard<std::mutex> lock(PendingMutex());
-  PendingTrees().erase(dir);
+  PendingTrees().erase(p);
 }
 
 // Note [Nothing made after the last clean-up]
@@ -655,6 +678,9 @@ StatusOr<int> OpenOutputStream(const std::string& path, bool append, const std::
   }
   struct stat st {};
   const bool special = ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode);
+  // (Truncated, or appended to between another run's lines, while CheckOutputPath refused the
+  // same path: hunt 48. Note [A file another tierzero process holds].)
+  if (!special && HeldLocked(path)) return RefuseLocked(what + " " + path);
   int flags = O_WRONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
   if (!special) flags |= O_CREAT | (append ? O_APPEND : O_TRUNC);
   const int fd = ::open(path.c_str(), flags, 0644);

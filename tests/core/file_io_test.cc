@@ -93,9 +93,50 @@ TEST_F(AtomicFileTest, AFileHeldLockedIsNotReplaced) {
   EXPECT_EQ(f->Commit().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(*ReadWholeFile(path), "mine\n");
   EXPECT_EQ(Entries(), 1u);
+  // Nor truncated or appended to as a stream (hunt 48: OpenOutputStream truncated it).
+  for (bool append : {false, true}) {
+    auto fd = OpenOutputStream(path, append, "the metrics file");
+    EXPECT_EQ(fd.status().code(), StatusCode::kFailedPrecondition) << append;
+    if (fd.ok()) ::close(*fd);
+  }
+  EXPECT_EQ(*ReadWholeFile(path), "mine\n");
   ::close(late);
   ASSERT_TRUE(WriteFileAtomically(path, "free").ok());  // no lock: replaced
   EXPECT_EQ(*ReadWholeFile(path), "free");
+}
+
+// Other spellings of the standard streams are the process's own descriptors (hunt 48: they
+// followed the link and replaced the file the shell redirected into), and the signal-exit
+// registries hold absolute paths (a chdir then removed a user's file of the same name).
+TEST_F(AtomicFileTest, StreamSpellingsAndRegisteredPathsAreOneEach) {
+  for (const char* p : {"/dev/stdout", "/dev//stdout", "/dev/./stdout", "/dev/fd//1",
+                        "/proc/thread-self/fd/1", "/proc/self/fd/1"})
+    EXPECT_EQ(StandardStreamFd(p), STDOUT_FILENO) << p;
+  EXPECT_EQ(StandardStreamFd("/dev/stdin"), STDIN_FILENO);
+  EXPECT_EQ(StandardStreamFd("dev/stdout"), -1);
+  const fs::path a = dir_ / "a", b = dir_ / "b";
+  fs::create_directories(a);
+  fs::create_directories(b);
+  for (const fs::path& d : {a, b}) std::ofstream(d / "config.json") << "mine";
+  std::ofstream(b / "other.json") << "mine";
+  // In a child: RemovePendingTemporaries ends the process's registry (it is a signal's exit).
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    fs::current_path(a);
+    RemoveOnSignalExit("config.json");
+    KeepOnSignalExit("./config.json");  // another spelling of the same path cancels it
+    RemoveOnSignalExit("other.json");
+    fs::current_path(b);
+    RemovePendingTemporaries();
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_TRUE(fs::exists(a / "config.json"));
+  EXPECT_TRUE(fs::exists(b / "config.json"));
+  EXPECT_TRUE(fs::exists(b / "other.json")) << "a chdir removed another directory's file";
 }
 
 // A file the user may not write is not replaced through the directory's permission (as `cp`
