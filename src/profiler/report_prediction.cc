@@ -194,7 +194,10 @@ StatusOr<std::string> WithPrediction(const std::string& report_json, const std::
   RETURN_IF_ERROR(CheckReportNumbers(prediction, "the plan: prediction"));
   const JsonIn p(prediction, "plan: prediction");
   ASSIGN_OR_RETURN(const bool fits, p.get<bool>("fits"));
-  if (!fits) return p.Error("says the run does not fit: nothing to compare with");
+  // (FailedPrecondition, as report.h says: a plan of a run that does not fit is a plan, well
+  // formed, of another case than this run's; hunt 48.)
+  if (!fits)
+    return FailedPreconditionError("the plan says the run does not fit: nothing to compare with");
   ASSIGN_OR_RETURN(const std::vector<Row> rows, Compare(rin, p));
   json compared = json::array();
   for (const Row& row : rows) {

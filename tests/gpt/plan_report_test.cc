@@ -205,7 +205,8 @@ TEST(PlanReport, APlanOfAnotherRunOrMalformedIsRefused) {
   auto no = PlanFor(tiny, req);
   ASSERT_TRUE(no.ok());
   ASSERT_FALSE(no->fits);
-  EXPECT_FALSE(WithPrediction(*report, PlanJson(*no)).ok());
+  EXPECT_EQ(WithPrediction(*report, PlanJson(*no)).status().code(),
+            StatusCode::kFailedPrecondition);
   // Malformed: not JSON, another schema, a missing field (named), a field of the wrong type.
   EXPECT_EQ(WithPrediction(*report, "{").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(
