@@ -51,7 +51,9 @@ struct WarmupTrace {
 };
 
 // The trace as a JSON file (written atomically), and read back: NotFound for a missing file,
-// InvalidArgument naming the field for a malformed one.
+// InvalidArgument naming the field for a malformed one. A trace that would not read back (a
+// NaN, a name that is not UTF-8, a moment without parameters...) is InvalidArgument, nothing
+// written.
 Status WriteWarmupTrace(const WarmupTrace& trace, const std::string& path);
 StatusOr<WarmupTrace> ReadWarmupTrace(const std::string& path);
 

@@ -33,6 +33,9 @@ std::string Ms(double s) {
   return buf;
 }
 
+// The trace `text` holds (`path` names it in errors), checked as ReadWarmupTrace checks a file.
+StatusOr<WarmupTrace> WarmupTraceFromText(const std::string& text, const std::string& path);
+
 }  // namespace
 
 Status WriteWarmupTrace(const WarmupTrace& t, const std::string& path) {
@@ -51,11 +54,29 @@ Status WriteWarmupTrace(const WarmupTrace& t, const std::string& path) {
   }
   const json j = {
       {"schema", kTraceSchema}, {"source", t.source}, {"params", params}, {"moments", moments}};
-  return WriteFileAtomically(path, j.dump(1, ' ', false, json::error_handler_t::replace) + "\n");
+  // Written only as it reads back: a name that is not UTF-8 (replaced, it read back as another),
+  // a NaN (written as null), a moment without parameters... were written over the file and then
+  // refused by ReadWarmupTrace (hunt 48).
+  std::string text;
+  try {
+    text = j.dump(1, ' ', false, json::error_handler_t::strict) + "\n";
+  } catch (const json::exception&) {
+    return InvalidArgumentError("warm-up trace for " + path +
+                                ": a parameter name or its source is not UTF-8; nothing written");
+  }
+  if (auto back = WarmupTraceFromText(text, path); !back.ok())
+    return InvalidArgumentError("warm-up trace for " + path + " would not read back (" +
+                                std::string(back.status().message()) + "); nothing written");
+  return WriteFileAtomically(path, text);
 }
 
 StatusOr<WarmupTrace> ReadWarmupTrace(const std::string& path) {
   ASSIGN_OR_RETURN(const std::string text, ReadFileBounded(path, kMaxReportBytes, "warm-up trace"));
+  return WarmupTraceFromText(text, path);
+}
+
+namespace {
+StatusOr<WarmupTrace> WarmupTraceFromText(const std::string& text, const std::string& path) {
   ASSIGN_OR_RETURN(const json j, ParseOutside(text, path));
   const JsonIn in(j, path);
   // A Chrome trace (RUN_DIR/trace.json, train's --trace) is not a warm-up trace.
@@ -112,6 +133,7 @@ StatusOr<WarmupTrace> ReadWarmupTrace(const std::string& path) {
   if (t.moments.empty()) return in.Error("has no moments");
   return t;
 }
+}  // namespace
 
 // The rates per second a MachineRates holds, by their JSON names (comm_latency_s is seconds).
 constexpr struct {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -288,6 +289,36 @@ TEST(PlanReport, RatesFileRoundTripsAndNamesBadFields) {
   EXPECT_EQ(typo.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(typo.status().ToString().find("comm_latency"), std::string::npos);
   EXPECT_FALSE(MachineRatesFromJson(R"({"comm_latency_s": -1})").ok());
+}
+
+// A warm-up trace is written only as it reads back (hunt 48: a NaN, a moment without parameters
+// or a name that is not UTF-8 were written over the file, then refused when read).
+TEST(PlanReport, AWarmUpTraceIsWrittenOnlyAsItReadsBack) {
+  const std::string path = ::testing::TempDir() + "/tz_trace_" + std::to_string(getpid()) + ".json";
+  WarmupTrace t;
+  t.params = {{"w", {4, 4}, true}};
+  t.moments.resize(1);
+  t.moments[0].params = {0};
+  t.moments[0].compute_seconds = 1e-3;
+  ASSERT_TRUE(WriteWarmupTrace(t, path).ok());
+  auto back = ReadWarmupTrace(path);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->moments[0].params, t.moments[0].params);
+  auto refused = [&](const WarmupTrace& bad) {
+    const Status s = WriteWarmupTrace(bad, path);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_TRUE(ReadWarmupTrace(path).ok()) << "a refused write replaced the file";
+  };
+  WarmupTrace nan = t;
+  nan.moments[0].compute_seconds = std::nan("");
+  refused(nan);
+  WarmupTrace empty = t;
+  empty.moments[0].params.clear();
+  refused(empty);
+  WarmupTrace name = t;
+  name.params[0].name = "w\xff";
+  refused(name);
+  std::filesystem::remove(path);
 }
 
 }  // namespace
