@@ -1,6 +1,7 @@
 #include "core/bytes.h"
 
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 
@@ -121,6 +122,19 @@ StatusOr<uint64_t> ParseByteSize(std::string_view text) {
   return bytes;
 }
 
+namespace {
+
+// `v` with two decimals, trailing zeros trimmed, a decimal point whatever the process's locale
+// (snprintf wrote "1,50 KiB" in a comma-decimal locale, which ParseByteSize refuses: hunt 48).
+std::string Fixed2(double v) {
+  char buf[400];  // (1e300 B/s is 1e288 TB/s: 289 digits)
+  const auto r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::fixed, 2);
+  if (r.ec != std::errc()) return "?";
+  return TrimZeros(std::string(buf, r.ptr));
+}
+
+}  // namespace
+
 std::string FormatBytes(uint64_t bytes) {
   static constexpr const char* kNames[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   int u = 0;
@@ -130,9 +144,7 @@ std::string FormatBytes(uint64_t bytes) {
     ++u;
   }
   if (u == 0) return std::to_string(bytes) + " B";
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.2f", v);
-  return TrimZeros(buf) + " " + kNames[u];
+  return Fixed2(v) + " " + kNames[u];
 }
 
 std::string FormatWholeMiB(uint64_t bytes) {
@@ -146,9 +158,8 @@ std::string FormatBandwidth(double bps) {
     bps /= 1000.0;
     ++u;
   }
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.2f", bps);
-  return TrimZeros(buf) + " " + kNames[u];
+  if (!std::isfinite(bps)) return std::string(std::isnan(bps) ? "nan " : "inf ") + kNames[u];
+  return Fixed2(bps) + " " + kNames[u];
 }
 
 }  // namespace tierzero

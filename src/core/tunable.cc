@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -92,15 +93,17 @@ StatusOr<int64_t> ParseTunable(std::string_view t, int64_t*) {
 
 StatusOr<double> ParseTunable(std::string_view t, double*) {
   std::string s(t);
-  char* end = nullptr;
-  errno = 0;
-  double v = std::strtod(s.c_str(), &end);
-  // A decimal number, as written: no leading space (strtod skips it, while a trailing one is
-  // refused) and no hexadecimal ("0x10" read as 16).
+  // A decimal number, as written: no leading space, no hexadecimal ("0x10" read as 16), and a
+  // decimal point whatever the process's locale (strtod took "0,5" and refused "0.5" in a
+  // trainer that had set a comma-decimal locale: hunt 48). std::from_chars reads the C locale's.
   const bool decimal =
       !s.empty() && s.find_first_of("xX") == std::string::npos &&
       (std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '-' || s[0] == '+' || s[0] == '.');
-  if (!decimal || *end != '\0' || errno == ERANGE || !std::isfinite(v)) {
+  const char* begin = s.data() + (!s.empty() && s[0] == '+' ? 1 : 0);
+  double v = 0;
+  const auto [end, ec] = std::from_chars(begin, s.data() + s.size(), v);
+  if (!decimal || (!s.empty() && s[0] == '+' && s.size() > 1 && s[1] == '-') || ec != std::errc() ||
+      end != s.data() + s.size() || !std::isfinite(v)) {
     return InvalidArgumentError("'" + s + "' is not a finite decimal number");
   }
   return v;
@@ -118,12 +121,11 @@ std::string TunableToString(int64_t v) { return std::to_string(v); }
 // The shortest of 6..17 significant digits that reads back as `v` (1000001 printed as "1e+06"
 // was refused as beyond a limit of 1e+06).
 std::string TunableToString(double v) {
-  char b[40];
-  for (int digits = 6; digits <= 17; ++digits) {
-    std::snprintf(b, sizeof b, "%.*g", digits, v);
-    if (std::strtod(b, nullptr) == v) break;
-  }
-  return b;
+  // (std::to_chars: the shortest that reads back, in the C locale's notation whatever the
+  // process's.)
+  char b[64];
+  const auto r = std::to_chars(b, b + sizeof b, v);
+  return std::string(b, r.ptr);
 }
 std::string TunableToString(const std::string& v) { return v; }
 std::string TunableToString(ByteSize v) { return FormatBytes(v.bytes); }

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <clocale>
+#include <string>
 
 #include "tierzero/types.h"
 
@@ -60,6 +62,19 @@ TEST(ByteSizeTest, Formats) {
 }
 
 // As a flag takes it, never short of the size: parsed back it is at least the bytes given.
+// In a comma-decimal locale a trainer set (setlocale(LC_ALL, "")), sizes still read as they are
+// written (hunt 48: "1,50 KiB", which ParseByteSize refused). Run where such a locale is
+// installed (de_DE.UTF-8, or LOCPATH naming one localedef made); skipped elsewhere.
+TEST(ByteSizeTest, FormatsWithADecimalPointInAnyLocale) {
+  const std::string before = std::setlocale(LC_NUMERIC, nullptr);
+  if (std::setlocale(LC_NUMERIC, "de_DE.UTF-8") == nullptr)
+    GTEST_SKIP() << "no de_DE.UTF-8 locale here";
+  const std::string bytes = FormatBytes(1536), rate = FormatBandwidth(1.25e9);
+  std::setlocale(LC_NUMERIC, before.c_str());
+  EXPECT_EQ(bytes, "1.5 KiB");
+  EXPECT_EQ(rate, "1.25 GB/s");
+}
+
 TEST(ByteSizeTest, WholeMiBRoundsUp) {
   EXPECT_EQ(FormatWholeMiB(0), "0MiB");
   EXPECT_EQ(FormatWholeMiB(1), "1MiB");
