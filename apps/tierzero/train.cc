@@ -338,7 +338,10 @@ Status TrainRun::SetUp() {
     }
     struct stat st {};
     const bool metrics_new = ::lstat(out_.metrics.c_str(), &st) != 0 && errno == ENOENT;
-    TZ_ASSIGN_OR_RETURN(metrics_fd_, OpenOutputStream(out_.metrics, append, "the metrics file"));
+    // (This run took the file's lock above, LockMetrics(-1), when it was there: another run's
+    // lock had been refused then.)
+    TZ_ASSIGN_OR_RETURN(metrics_fd_, OpenOutputStream(out_.metrics, append, "the metrics file",
+                                                      /*own_locked=*/true));
     TZ_RETURN_IF_ERROR(LockMetrics(metrics_fd_));
     // Into a stream, or a file made anew, the lines TrimMetrics had nowhere to add.
     if (!appended) {

@@ -60,8 +60,10 @@ Status CheckOutputDirectory(const std::string& path, const std::string& what);
 // (a FIFO's reader must be waiting: FailedPrecondition otherwise); /dev/stdout, /dev/fd/N are the
 // process's own descriptors, duplicated. A regular file another open file description holds
 // locked (flock: a running run's metrics) is FailedPrecondition, neither truncated nor appended
-// to. Returns the descriptor (the caller closes it).
-StatusOr<int> OpenOutputStream(const std::string& path, bool append, const std::string& what);
+// to, unless the caller holds that lock itself (`own_locked`, as AtomicFile's
+// replace_own_locked). Returns the descriptor (the caller closes it).
+StatusOr<int> OpenOutputStream(const std::string& path, bool append, const std::string& what,
+                               bool own_locked = false);
 
 // Writes all of `text` to `fd`, retrying short writes and EINTR: 0, or the errno of the write
 // that failed (ENOSPC for a full disk). The one write-all loop for descriptors the caller owns.
