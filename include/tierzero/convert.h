@@ -12,7 +12,8 @@
 namespace tierzero {
 
 // Converts n elements between fp32, bf16 and fp16 (round to nearest even). InvalidArgument for
-// other types, and for a null buffer with n > 0. The buffers must not overlap unless they are the same with the same type.
+// other types, and for a null buffer with n > 0. The buffers must not overlap unless they are
+// the same with the same type.
 Status CastElements(const void* src, DType src_type, void* dst, DType dst_type, size_t n);
 
 }  // namespace tierzero
