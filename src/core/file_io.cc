@@ -666,6 +666,12 @@ Status CheckOutputDirectory(const std::string& path, const std::string& what) {
   if (!S_ISDIR(st.st_mode))
     return InvalidArgumentError("cannot write " + what + " " + path + ": " + dir + " is " +
                                 FileKindName(st.st_mode) + ", not a directory");
+  // (Said before the work: the write failed at the end, naming its temporary; hunt 48.)
+  if (::access(dir.c_str(), W_OK | X_OK) != 0 && (errno == EACCES || errno == EROFS))
+    return ErrnoError("cannot write " + what + " " + path + ": this user may not make files in " +
+                          dir + " (its permissions, or a read-only file system); name a file " +
+                          "in a directory you may write",
+                      errno);
   return Status::OK();
 }
 

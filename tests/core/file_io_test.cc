@@ -171,6 +171,31 @@ TEST_F(AtomicFileTest, AFileTheUserMayNotWriteIsKept) {
   EXPECT_EQ(*ReadWholeFile(path), "root's");
 }
 
+// A new file in a directory the user may not write is refused before the work (hunt 48: the
+// check passed, and the write failed at the end naming its temporary).
+TEST_F(AtomicFileTest, ADirectoryTheUserMayNotWriteIsSaidFirst) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to become another user";
+  const fs::path ro = dir_ / "ro";
+  fs::create_directories(ro);
+  ASSERT_EQ(::chmod(dir_.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(ro.c_str(), 0555), 0);
+  const std::string path = (ro / "new.json").string();
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+    if (::access(ro.c_str(), X_OK) != 0) ::_exit(4);
+    const Status s = CheckOutputDirectory(path, "the plan");
+    ::_exit(!s.ok() && s.message().find("may not make files in") != std::string_view::npos ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 4) GTEST_SKIP() << "the test directory is not reachable by nobody";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "3: could not become nobody; 1: not refused as expected";
+  EXPECT_TRUE(CheckOutputDirectory(path, "the plan").ok());  // root may
+}
+
 // A path ending in '/' names a directory, whether or not one is there: refused before anything
 // is made (a run made the directory and failed at its end).
 TEST_F(AtomicFileTest, APathEndingInASlashIsRefused) {
