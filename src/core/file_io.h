@@ -79,6 +79,10 @@ class AtomicFile {
 };
 
 // RemovePendingTemporaries: tierzero/files.h.
+// A path a process ending on a signal removes (a temporary being written; pending_files.cc), and
+// no longer: the registries behind RemovePendingTemporaries. Thread-safe.
+void AddPending(const std::string& path);
+void DropPending(const std::string& path);
 // WriteFileAtomically, ReadFileBounded and the bounds: tierzero/files.h.
 
 Status SyncDir(const std::string& dir);
