@@ -389,6 +389,21 @@ Status CheckTiedHead(const gpt::HfModel& hf, const gpt::GptConfig& model, const 
 }  // namespace
 
 // train.h
+std::string WeightsFileOfAModelDirectory(const std::string& file) {
+  std::string parent = std::filesystem::path(file).parent_path().string();
+  if (parent.empty()) parent = ".";
+  if (gpt::IsHfDir(parent))
+    return "It is a weights file of the Hugging Face model directory " + parent +
+           ": give the directory (--init-from " + parent + "), whose config.json says the model";
+  // Copied out, its config.json left behind: its names are transformers'.
+  if (gpt::HasHfTensorNames(file))
+    return "Its tensors are named as a Hugging Face model's: it is the weights file of a model "
+           "directory; give that directory (--init-from DIR, with the config.json that says the "
+           "model beside this file)";
+  return "";
+}
+
+// train.h
 StatusOr<std::string> LoadInitFrom(Engine& engine, const RunConfig& cfg) {
   const std::string& from = cfg.output.init_from;
   // Weights holding NaN or infinities compute NaN losses: every step would be skipped (a run
@@ -408,24 +423,11 @@ StatusOr<std::string> LoadInitFrom(Engine& engine, const RunConfig& cfg) {
     if (Status s = engine.LoadSafetensors({from}, nullptr, nullptr, &non_finite); !s.ok()) {
       // The weights file of a model directory, given alone: the directory's config.json says
       // its model (shape, names), which the run's flags only guess at.
-      std::string parent = std::filesystem::path(from).parent_path().string();
-      if (parent.empty()) parent = ".";
-      if ((s.code() == StatusCode::kNotFound || s.code() == StatusCode::kInvalidArgument) &&
-          gpt::IsHfDir(parent))
-        return Status(s.code(), "--init-from " + from + ": " + std::string(s.message()) +
-                                    ". It is a weights file of the Hugging Face model "
-                                    "directory " +
-                                    parent + ": give the directory (--init-from " + parent +
-                                    "), whose config.json says the model");
-      // A model directory's weights file on its own (copied out, its config.json left behind):
-      // its names are transformers'; the directory's config.json says its model.
-      if ((s.code() == StatusCode::kNotFound || s.code() == StatusCode::kInvalidArgument) &&
-          gpt::HasHfTensorNames(from))
-        return Status(s.code(),
-                      "--init-from " + from + ": " + std::string(s.message()) +
-                          ". Its tensors are named as a Hugging Face model's: it is the weights "
-                          "file of a model directory; give that directory (--init-from DIR, "
-                          "with the config.json that says the model beside this file)");
+      if (s.code() == StatusCode::kNotFound || s.code() == StatusCode::kInvalidArgument) {
+        if (const std::string advice = WeightsFileOfAModelDirectory(from); !advice.empty())
+          return Status(s.code(),
+                        "--init-from " + from + ": " + std::string(s.message()) + ". " + advice);
+      }
       // A file without tierzero's model record (another program's, or an export of a tierzero
       // before it wrote one: hunt 41) is read as the flags' model: say where the shape comes from.
       if (s.code() == StatusCode::kInvalidArgument) {

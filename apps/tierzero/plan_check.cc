@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <optional>
 #include <string>
 #include <utility>
@@ -210,20 +209,12 @@ Status CheckPlannable(RunConfig& cfg) {
                  from.c_str(), std::strerror(errno));
     return Status::OK();
   }
+  // (A file with tierzero's model record is its model's, whatever its tensors' names.)
   if (!S_ISDIR(st.st_mode) && gpt::HasHfTensorNames(from)) {
     auto metadata = ReadSafetensorsMetadata(from);
-    if (metadata.ok() && metadata->count("tierzero.model") == 0) {
-      // (As train says it: LoadInitFrom, hf_io.cc.)
-      std::string parent = std::filesystem::path(from).parent_path().string();
-      if (parent.empty()) parent = ".";
-      return InvalidArgumentError(
-          "--init-from " + from + ": its tensors are named as a Hugging Face model's: it is " +
-          (gpt::IsHfDir(parent) ? "a weights file of the Hugging Face model directory " + parent +
-                                      ": give the directory (--init-from " + parent + ")"
-                                : std::string("the weights file of a model directory: give that "
-                                              "directory (--init-from DIR)")) +
-          ", whose config.json says the model");
-    }
+    if (metadata.ok() && metadata->count("tierzero.model") == 0)
+      return InvalidArgumentError("--init-from " + from + ": " +
+                                  WeightsFileOfAModelDirectory(from));
   }
   return Status::OK();
 }

@@ -106,6 +106,11 @@ void RebaseOnItsRunDir(RunConfig& cfg, const std::string& config_path);
 // --init-from FILE, a safetensors file: the model tierzero's export recorded in it, as
 // MergeHfModel takes a directory's (Note [A safetensors file that records its model], hf_io.cc).
 Status MergeRecordedModel(RunConfig& config);
+
+// For --init-from FILE, a weights file of a Hugging Face model directory given alone (its
+// directory's config.json beside it, or tensors named as transformers names them): what to give
+// instead, one sentence; empty otherwise. (train after a failed load, plan before it.)
+std::string WeightsFileOfAModelDirectory(const std::string& file);
 // The machine's budgets for a model from a directory when the run sets none (Note [Budgets of
 // a model brought from a directory], hf_io.cc).
 void SizeBudgetsToTheMachine(RunConfig& config);
