@@ -7,6 +7,7 @@
 
 #include "core/file_io.h"
 #include "core/json_in.h"
+#include "profiler/json_schema.h"
 #include "profiler/observer.h"
 #include "profiler/report_numbers.h"
 #include "tierzero/report.h"
@@ -70,6 +71,15 @@ StatusOr<json> ParseReport(const std::string& text) {
   if (version != 2)
     return InvalidArgumentError("report version " + std::to_string(version) +
                                 "; this tierzero reads version 2 (write it again with this build)");
+  // Note [A report checked against its schema] (json_schema.h): every field the summary, the page
+  // and the trace read is there and of its type before any renders.
+  if (Status s = CheckAgainstSchema(r, ReportSchema()); !s.ok()) {
+    if (s.code() == StatusCode::kInternal) return s;
+    return InvalidArgumentError(
+        std::string(s.message()) +
+        "; the report does not follow its schema (docs/report.schema.json): was it edited, or "
+        "written by another tool? `tierzero train` writes it whole");
+  }
   return r;
 }
 

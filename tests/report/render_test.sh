@@ -7,7 +7,10 @@
 #   3. `tierzero report` renders the same page and prints the summary; with --plan the same
 #      prediction (one of another config is refused),
 #   4. opens the page in headless Chromium: a screenshot, the DOM after the script ran, no console
-#      output (errors, uncaught exceptions), and every chart drawn with its marks.
+#      output (errors, uncaught exceptions), and every chart drawn with its marks;
+#   5. schema_mutations.py: `tierzero report` refuses every mutation of the report that
+#      jsonschema refuses, and the smallest report the schema allows renders a page Chromium
+#      draws whole (Note [A report checked against its schema]).
 # Exits 77 (skipped) when Chromium or jsonschema is missing (scripts/setup installs both).
 set -euo pipefail
 tz=$1 schema=$2 out=$3
@@ -137,6 +140,25 @@ assert m and int(m.group(1)) == len(expected), "the script did not finish"
 assert dom.count("<tr>") >= 4, "tables empty"
 print("page rendered:", len(charts), "charts, no console output")
 PY
+python3 "$(dirname "$0")/schema_mutations.py" "$tz" "$schema" "$out/run/report.json" "$out"
+"$tz" report "$out/minimal.json" -o "$out/minimal.html" > "$out/minimal.log"
+timeout 120 "$browser" "${flags[@]}" --dump-dom "file://$out/minimal.html" \
+  > "$out/minimal-dom.html" 2> "$out/chromium-minimal.log"
+python3 - "$out" <<'PY'
+import re, sys
+out = sys.argv[1]
+text = open(f"{out}/chromium-minimal.log", errors="replace").read()
+console = [l for l in text.splitlines() if ":CONSOLE" in l]
+assert not console, "the smallest valid report's page logged:\n" + "\n".join(console)
+dom = open(f"{out}/minimal-dom.html", errors="replace").read()
+got = set(re.findall(r'<svg class="chart" data-chart="([^"]+)"', dom))
+assert got == {"memory-device", "memory-host-nvme", "residency", "breakdown", "timeline", "links",
+               "optimizer"}, ("charts of the smallest report", got)
+m = re.search(r'<body[^>]*data-rendered="(\d+)"', dom)
+assert m and int(m.group(1)) == len(got), "the smallest report's script did not finish"
+print("the smallest valid report's page rendered:", len(got), "charts, no console output")
+PY
+
 png=$(python3 -c "import sys; d=open(sys.argv[1],'rb').read(); print(d[:8]==b'\x89PNG\r\n\x1a\n')" "$out/report.png")
 [ "$png" = True ] || { echo "the screenshot is not a PNG"; exit 1; }
 echo "ok: $out/report.png"
