@@ -144,6 +144,21 @@ std::string FormatBytes(uint64_t bytes) {
     ++u;
   }
   if (u == 0) return std::to_string(bytes) + " B";
+  // Rounded to two decimals before its unit is final: 1048575 bytes is "1 MiB", not "1024 KiB".
+  if (std::round(v * 100) / 100 >= 1024.0 && u < 6) {
+    v /= 1024.0;
+    ++u;
+  }
+  // The most bytes there are, 2^64 - 1, rounds to "16 EiB", which is 2^64: not a size any parse
+  // takes. The top unit is cut, not rounded, to stay below it ("15.99 EiB").
+  // (In integers: as a double, 2^64 - 1 is already 2^64.)
+  if (u == 6) {
+    const uint64_t whole = bytes >> 60;
+    const auto hundredths = static_cast<uint64_t>(
+        (static_cast<unsigned __int128>(bytes & ((uint64_t{1} << 60) - 1)) * 100) >> 60);
+    return Fixed2(static_cast<double>(whole) + static_cast<double>(hundredths) / 100) + " " +
+           kNames[u];
+  }
   return Fixed2(v) + " " + kNames[u];
 }
 

@@ -1,10 +1,14 @@
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <charconv>
 #include <cstdlib>
-#include <fstream>
+#include <limits>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -31,23 +35,47 @@ namespace tierzero {
 
 namespace {
 
+// A file of /proc or a cgroup's, whole; empty when it cannot be read. Only a regular file is
+// read (the kernel's are): under a root given to the library a FIFO would block the open or the
+// read, and a link to /dev/zero would never end; and never more than 16 MiB (a host's mountinfo of
+// thousands of mounts is a few hundred KiB).
 std::string ReadSmall(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return {};
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return {};
+  struct stat st {};
+  std::string out;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    constexpr size_t kMost = size_t{16} << 20;
+    char buf[8192];
+    while (out.size() < kMost) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      out.append(buf, static_cast<size_t>(n));
+    }
+    if (out.size() >= kMost) out.clear();  // not such a file: nothing read is trusted
+  }
+  ::close(fd);
+  return out;
 }
 
-// A number of bytes, or 0 (none: "max", empty, unreadable).
-uint64_t ParseBytes(const std::string& s) {
-  const char* p = s.c_str();
-  while (*p == ' ' || *p == '\t') ++p;
-  if (*p < '0' || *p > '9') return 0;
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(p, &end, 10);
-  return static_cast<uint64_t>(v);
+// A count written in decimal alone ("2147483648", "0", with spaces around it); nothing for
+// "max", an empty or unreadable file, and anything else ("1e9", "12abc", -1, a value past 2^64):
+// such a value is not a limit, not the limit its first digits spell.
+std::optional<uint64_t> ParseCount(const std::string& s) {
+  const char* p = s.data();
+  const char* end = s.data() + s.size();
+  while (p < end && (*p == ' ' || *p == '\t')) ++p;
+  uint64_t v = 0;
+  const auto [rest, ec] = std::from_chars(p, end, v);
+  if (ec != std::errc() || rest == p) return std::nullopt;
+  for (const char* q = rest; q < end; ++q)
+    if (*q != ' ' && *q != '\t' && *q != '\n') return std::nullopt;
+  return v;
 }
+
+// A number of bytes, or 0 (none: "max", empty, unreadable, malformed).
+uint64_t ParseBytes(const std::string& s) { return ParseCount(s).value_or(0); }
 
 // The value after `key` at the start of a line of a "key value" file (meminfo, memory.stat),
 // times `unit`; 0 when absent.
@@ -61,7 +89,13 @@ uint64_t Field(const std::string& text, const std::string& key, uint64_t unit) {
       continue;
     size_t i = rest;
     while (i < line.size() && (line[i] == ':' || line[i] == ' ' || line[i] == '\t')) ++i;
-    return ParseBytes(line.substr(i)) * unit;
+    // meminfo's "16777216 kB" (the unit its caller multiplies by); memory.stat's have none.
+    std::istringstream words(line.substr(i));
+    std::string count, suffix, more;
+    words >> count >> suffix >> more;
+    if (!more.empty() || !(suffix.empty() || suffix == "kB")) return 0;
+    const uint64_t v = ParseBytes(count);
+    return v > std::numeric_limits<uint64_t>::max() / unit ? 0 : v * unit;  // 0: past 2^64 bytes
   }
   return 0;
 }
@@ -213,9 +247,9 @@ TaskLimit ReadTaskLimit(const std::string& root) {
   TaskLimit t;
   for (const Hierarchy& h : ControllerHierarchies(root, "pids")) {
     for (std::string d = h.dir;;) {
-      const std::string max = ReadSmall(d + "/pids.max");
-      const uint64_t limit = ParseBytes(max);
-      if (limit > 0 || (!max.empty() && max[0] == '0')) {
+      // "max": none; "0": no new task at all.
+      if (const std::optional<uint64_t> max = ParseCount(ReadSmall(d + "/pids.max")); max) {
+        const uint64_t limit = *max;
         const uint64_t current = ParseBytes(ReadSmall(d + "/pids.current"));
         const uint64_t room = limit > current ? limit - current : 0;
         if (t.source.empty() || room < t.room) {

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -120,12 +121,17 @@ LogMessage::~LogMessage() {
   double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start).count();
   std::string line;
   char prefix[96];
+  // The seconds with a decimal point whatever the process's locale (snprintf's "%9.3f" wrote
+  // "0,000" in a comma-decimal one a trainer set).
+  char secs[32];
+  const auto r = std::to_chars(secs, secs + sizeof secs, t, std::chars_format::fixed, 3);
+  const std::string when = r.ec == std::errc() ? std::string(secs, r.ptr) : "?";
   int rank = s.rank.load();
   if (rank >= 0) {
-    std::snprintf(prefix, sizeof(prefix), "[%9.3f r%d %s %s] ", t, rank,
+    std::snprintf(prefix, sizeof(prefix), "[%9s r%d %s %s] ", when.c_str(), rank,
                   LogLevelName(level_).data(), LogSubsysName(subsys_).data());
   } else {
-    std::snprintf(prefix, sizeof(prefix), "[%9.3f %s %s] ", t, LogLevelName(level_).data(),
+    std::snprintf(prefix, sizeof(prefix), "[%9s %s %s] ", when.c_str(), LogLevelName(level_).data(),
                   LogSubsysName(subsys_).data());
   }
   line = prefix;

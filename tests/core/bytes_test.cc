@@ -61,6 +61,16 @@ TEST(ByteSizeTest, Formats) {
   EXPECT_EQ(FormatBandwidth(2.5e9), "2.5 GB/s");
 }
 
+// A value its unit's rounding carries to 1024 is written in the next unit; the most bytes there
+// are stay below 16 EiB, which no parse takes.
+TEST(ByteSizeTest, FormatsRoundedIntoTheNextUnit) {
+  EXPECT_EQ(FormatBytes(kMiB - 1), "1 MiB");
+  EXPECT_EQ(FormatBytes(kGiB - 1), "1 GiB");
+  EXPECT_EQ(FormatBytes(kMiB - 6 * kKiB), "1018 KiB");
+  EXPECT_EQ(FormatBytes(1023), "1023 B");
+  EXPECT_EQ(FormatBytes(UINT64_MAX), "15.99 EiB");
+}
+
 // As a flag takes it, never short of the size: parsed back it is at least the bytes given.
 // In a comma-decimal locale a trainer set (setlocale(LC_ALL, "")), sizes still read as they are
 // written (hunt 48: "1,50 KiB", which ParseByteSize refused). Run where such a locale is

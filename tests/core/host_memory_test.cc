@@ -2,7 +2,10 @@
 // v1, v2, hybrid and container mounts lay them out (Note [The memory a process may use]).
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -123,6 +126,51 @@ TEST_F(HostMemoryTest, ALimitAbovePhysicalMemoryAndUnreadableFilesDoNotLimit) {
   const HostMemory m = ReadHostMemory(root_);
   EXPECT_EQ(m.limit, 16 * kGiB);
   EXPECT_EQ(m.limit_source, "physical memory");
+}
+
+TEST_F(HostMemoryTest, ValuesThatAreNotADecimalCountAreNoLimit) {
+  // "1e9" and "12abc" are not a limit of 1 or 12 bytes; -1 and a value past 2^64 are not a limit.
+  Write("/proc/self/cgroup", "0::/a/b/c/d/e\n");
+  Write("/proc/self/mountinfo", "30 22 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
+  Cgroup("/sys/fs/cgroup/a", true, "1e9");
+  Cgroup("/sys/fs/cgroup/a/b", true, "12abc");
+  Cgroup("/sys/fs/cgroup/a/b/c", true, "-1");
+  Cgroup("/sys/fs/cgroup/a/b/c/d", true, "99999999999999999999");
+  Cgroup("/sys/fs/cgroup/a/b/c/d/e", true, " 8589934592 \n");  // 8 GiB: spaces are fine
+  HostMemory m = ReadHostMemory(root_);
+  EXPECT_EQ(m.limit, 8 * kGiB);
+  EXPECT_EQ(m.limit_source, "/sys/fs/cgroup/a/b/c/d/e/memory.max");
+  Write("/sys/fs/cgroup/a/b/c/d/e/pids.max", "7x\n");
+  EXPECT_TRUE(ReadTaskLimit(root_).source.empty());
+  Write("/sys/fs/cgroup/a/b/c/d/e/pids.max", "0\n");  // no new task at all
+  EXPECT_EQ(ReadTaskLimit(root_).limit, 0u);
+  EXPECT_EQ(ReadTaskLimit(root_).source, "/sys/fs/cgroup/a/b/c/d/e/pids.max");
+  // A MemTotal whose bytes pass 2^64 is not the machine's memory (it was: wrapped); nor one in
+  // another unit, nor a malformed one. The machine's own count (sysconf) stands instead.
+  const uint64_t pages = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                         static_cast<uint64_t>(::sysconf(_SC_PAGE_SIZE));
+  for (const char* total : {"18014398509481985 kB", "16777216 MB", "16777216 kB x", "0x1000 kB"}) {
+    Write("/proc/meminfo", std::string("MemTotal: ") + total + "\nMemAvailable: 1024 kB\n");
+    m = ReadHostMemory(root_);
+    EXPECT_EQ(m.physical, pages) << total;
+    EXPECT_EQ(m.available, std::min<uint64_t>(kMiB, pages)) << total;
+  }
+}
+
+TEST_F(HostMemoryTest, SpecialFilesAreNotRead) {
+  // Under a root given to the library: a FIFO where memory.max is (its open or read would block
+  // for ever), a link to /dev/zero (its read would never end) and a directory are no limit.
+  Write("/proc/self/cgroup", "0::/fifo/zero/dir\n");
+  Write("/proc/self/mountinfo", "30 22 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
+  fs::create_directories(root_ + "/sys/fs/cgroup/fifo/zero/dir/memory.max");
+  ASSERT_EQ(::mkfifo((root_ + "/sys/fs/cgroup/fifo/memory.max").c_str(), 0600), 0);
+  fs::create_symlink("/dev/zero", root_ + "/sys/fs/cgroup/fifo/zero/memory.max");
+  fs::create_symlink("/dev/zero", root_ + "/sys/fs/cgroup/fifo/zero/pids.max");
+  ASSERT_EQ(::mkfifo((root_ + "/sys/fs/cgroup/fifo/pids.max").c_str(), 0600), 0);
+  const HostMemory m = ReadHostMemory(root_);
+  EXPECT_EQ(m.limit, 16 * kGiB);
+  EXPECT_EQ(m.limit_source, "physical memory");
+  EXPECT_TRUE(ReadTaskLimit(root_).source.empty());
 }
 
 TEST_F(HostMemoryTest, ACgroupOutsideTheMountsViewIsNotTheMountRootsLimit) {

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <clocale>
+#include <string>
+
 namespace tierzero {
 namespace {
 
@@ -42,6 +45,31 @@ TEST(LoggingTest, WritesLineWithSubsystemAndLevel) {
   size_t first = out.find("once only");
   ASSERT_NE(first, std::string::npos);
   EXPECT_EQ(out.find("once only", first + 1), std::string::npos) << out;
+}
+
+// The line's seconds: "[    0.001 info core] ", a decimal point in any locale (hunt 48: "0,001"
+// where a trainer had set a comma-decimal one). Skipped where none is installed, as
+// ByteSizeTest.FormatsWithADecimalPointInAnyLocale is.
+TEST(LoggingTest, TheTimeHasADecimalPointInAnyLocale) {
+  SetLogLevel(LogLevel::kInfo);
+  testing::internal::CaptureStderr();
+  TZ_LOG(kInfo, kCore) << "plain";
+  const std::string before = std::setlocale(LC_NUMERIC, nullptr);
+  const bool comma = std::setlocale(LC_NUMERIC, "de_DE.UTF-8") != nullptr;
+  TZ_LOG(kInfo, kCore) << "in a locale";
+  std::setlocale(LC_NUMERIC, before.c_str());
+  const std::string out = testing::internal::GetCapturedStderr();
+  SetLogLevel(LogLevel::kWarn);
+  for (const char* what : {"plain", "in a locale"}) {
+    const size_t at = out.find(std::string("info core] ") + what);
+    ASSERT_NE(at, std::string::npos) << out;
+    const size_t open = out.rfind('[', at);
+    ASSERT_NE(open, std::string::npos) << out;
+    const std::string secs = out.substr(open + 1, at - open - 2);
+    ASSERT_EQ(secs.size(), 9u) << secs;
+    EXPECT_EQ(secs[secs.size() - 4], '.') << secs;
+  }
+  if (!comma) GTEST_SKIP() << "no de_DE.UTF-8 locale here: only the plain line was checked";
 }
 
 TEST(LoggingTest, ParsesLevels) {
