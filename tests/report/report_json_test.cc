@@ -34,8 +34,16 @@ ReportSnapshot Snapshot() {
   s.tiers.host_model = 3000;
   s.tiers.host_fixed = 2500;  // over the budget together: free is 0, not a wrapped number
   s.tiers.nvme_used = 4000;
+  s.layout.chunk_elems = 10;  // (at least 1: the report's schema says so)
+  s.plan.policy = "plan";
+  s.layout.chunk_bytes = 40;
   s.layout.shard_elems = 10;
   s.layout.chunks.resize(2);
+  for (auto& c : s.layout.chunks) {
+    c.tensors = {"w"};
+    c.used_elems = 10;
+    c.param_tier = c.grad_tier = "host";
+  }
   s.layout.chunks[0].optimizer_tier = "host";
   s.layout.chunks[1].optimizer_tier = "nvme";
   s.profile.available = true;

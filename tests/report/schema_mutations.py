@@ -42,7 +42,8 @@ def minimal(v, s):
         return v
     if "oneOf" in s:
         for branch in s["oneOf"]:
-            if jsonschema.Draft202012Validator(dict(branch, **{"$defs": schema["$defs"]})).is_valid(v):
+            form = dict(branch, **{"$defs": schema["$defs"]})
+            if jsonschema.Draft202012Validator(form).is_valid(v):
                 return minimal(v, branch)
         return v
     if isinstance(v, dict):
@@ -89,7 +90,8 @@ def shown(path):
 
 all_paths = list(paths(report))
 rng = random.Random(0)
-cases = [(p, how) for p in all_paths for how in ("remove", "string", "null", "negative", "array", "object")]
+kinds = ("remove", "string", "null", "negative", "array", "object")
+cases = [(p, how) for p in all_paths for how in kinds]
 if len(cases) > 600:
     cases = rng.sample(cases, 600)
 refused_by_both = refused_beyond = rendered = 0
