@@ -473,7 +473,9 @@ int Plan(const std::vector<std::string>& args) {
   std::string config_path;
   // The run `train --resume CK` continues: its run's config, as train takes it, and the model
   // its checkpoint records (a plan of the built-in default was printed as the run's; hunt 47).
-  auto cfg = LoadRunConfig(WithResumedRunsConfig(pa->rest), &config_path);
+  const StatusOr<std::vector<std::string>> with_config = WithResumedRunsConfig(pa->rest);
+  if (!with_config.ok()) return Fail(with_config.status());
+  auto cfg = LoadRunConfig(*with_config, &config_path);
   if (!cfg.ok()) return Fail(cfg.status());
   if (!cfg->output.resume.empty()) {
     if (auto info = ReadCheckpointInfo(cfg->output.resume); info.ok()) {

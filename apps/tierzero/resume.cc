@@ -3,6 +3,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
@@ -236,17 +237,33 @@ std::string FingerprintText(uint64_t fingerprint) {
 // writes, that parses. Its paths are then as they resolve from where the run ran
 // (RebaseOnItsRunDir: a run moved, or used from another working directory).
 // resume.h
-std::optional<RunConfig> ConfigTrainWrote(const std::string& path) {
+StatusOr<RunConfig> ReadConfigTrainWrote(const std::string& path) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
-  const StatusOr<std::string> text = ReadFileBounded(path, kMaxConfigBytes, "run config");
-  if (!text.ok()) return std::nullopt;
-  const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
-  for (const char* section : {"model", "data", "train", "engine", "output"})
-    if (!j.is_object() || !j.contains(section)) return std::nullopt;
-  StatusOr<RunConfig> cfg = ParseRunConfig(*text, DefaultRunConfig());
+  if (::stat(path.c_str(), &st) != 0) return NotFoundError(path + " is not there");
+  if (!S_ISREG(st.st_mode)) return InvalidArgumentError(path + " is not a regular file");
+  TZ_ASSIGN_OR_RETURN(const std::string text, ReadFileBounded(path, kMaxConfigBytes, "run config"));
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  if (j.is_discarded()) return InvalidArgumentError(path + " is not JSON");
+  const char* const kSections[] = {"model", "data", "train", "engine", "output"};
+  if (!j.is_object()) return InvalidArgumentError(path + " is not a JSON object");
+  // Another program's config (a model directory's) has none of them: it is no run's.
+  if (std::none_of(std::begin(kSections), std::end(kSections),
+                   [&](const char* s) { return j.contains(s); }))
+    return NotFoundError(path + " is no run's config (it has none of train's sections)");
+  for (const char* section : kSections)
+    if (!j.contains(section))
+      return InvalidArgumentError(path + " has no " + section +
+                                  " section (train writes every section)");
+  StatusOr<RunConfig> parsed = ParseRunConfig(text, DefaultRunConfig());
+  if (!parsed.ok()) return std::move(parsed).status().WithContext(path);
+  RunConfig cfg = std::move(*parsed);
+  RebaseOnItsRunDir(cfg, path);
+  return cfg;
+}
+
+std::optional<RunConfig> ConfigTrainWrote(const std::string& path) {
+  StatusOr<RunConfig> cfg = ReadConfigTrainWrote(path);
   if (!cfg.ok()) return std::nullopt;
-  RebaseOnItsRunDir(*cfg, path);
   return std::move(*cfg);
 }
 
@@ -658,7 +675,7 @@ std::string RunConfigBeside(const std::string& checkpoint_dir, const CheckpointI
 // another config, a copy into a new run directory, which would carry the old run's outputs
 // along) the run is as before: its flags and defaults, and a model that differs is refused.
 // resume.h
-std::vector<std::string> WithResumedRunsConfig(const std::vector<std::string>& args) {
+StatusOr<std::vector<std::string>> WithResumedRunsConfig(const std::vector<std::string>& args) {
   std::string resume, run_dir;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--config") return args;
@@ -672,8 +689,16 @@ std::vector<std::string> WithResumedRunsConfig(const std::vector<std::string>& a
   const fs::path dir = checkpoint.parent_path();
   if (!run_dir.empty() && !SameDirectory(run_dir, dir.string())) return args;
   const std::string run_config = (dir / "config.json").string();
-  const std::optional<RunConfig> cfg = ConfigTrainWrote(run_config);
-  if (!cfg) return args;
+  StatusOr<RunConfig> cfg = ReadConfigTrainWrote(run_config);
+  if (cfg.status().code() == StatusCode::kNotFound) return args;
+  // Note [A resumed run's broken config]: the run's config beside its checkpoint is there but
+  // cannot be read. Going on without it trained on the built-in defaults' data, schedule and
+  // budgets, into runs/default (hunt 49): it is said instead.
+  if (!cfg.ok())
+    return Status(cfg.status().code(),
+                  std::string(cfg.status().message()) +
+                      "; it is the config of the run resumed (train wrote it; was it edited or "
+                      "cut short?): mend it, or give the run's config with --config FILE");
   if (!SameDirectory(cfg->output.checkpoint_dir, checkpoint.string()) ||
       !SameDirectory(cfg->output.run_dir, dir.string()))
     return args;

@@ -80,6 +80,8 @@ Status TakeCheckpointsModel(RunConfig& cfg, const std::string& checkpoint,
 // The config.json at `path` when it is one train wrote, its paths as they resolve from where its
 // run ran; nothing otherwise (Note [A config train wrote]).
 std::optional<RunConfig> ConfigTrainWrote(const std::string& path);
+// The same, saying why not: NotFound when nothing is there, else what is wrong with the file.
+StatusOr<RunConfig> ReadConfigTrainWrote(const std::string& path);
 // The checkpoint whose user state is `user_state` (at `dir`) is of cfg's model, as a resume
 // checks it (CheckSameModel), without a word on stdout.
 bool IsCheckpointOf(const std::string& user_state, const RunConfig& cfg, const std::string& dir);
@@ -95,7 +97,8 @@ std::string RunConfigBeside(const std::string& checkpoint_dir, const CheckpointI
 
 // `train`'s arguments with `--config RUN_DIR/config.json` first when they resume a run in place
 // without --config and that config is provably the run's (Note [A resumed run's own config]);
-// otherwise as given.
-std::vector<std::string> WithResumedRunsConfig(const std::vector<std::string>& args);
+// otherwise as given; an error when that config is there but cannot be read (Note [A resumed
+// run's broken config]).
+StatusOr<std::vector<std::string>> WithResumedRunsConfig(const std::vector<std::string>& args);
 
 }  // namespace tierzero::app

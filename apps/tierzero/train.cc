@@ -576,7 +576,9 @@ int Train(const std::vector<std::string>& given_args) {
   // of a FIFO or a long initialisation is not waited for (nothing is trained or saved yet).
   GracefulInterrupts graceful(/*during_setup=*/true);
   ClearInterrupt();
-  const std::vector<std::string> args = WithResumedRunsConfig(given_args);
+  const StatusOr<std::vector<std::string>> with_config = WithResumedRunsConfig(given_args);
+  if (!with_config.ok()) return Fail(with_config.status());
+  const std::vector<std::string>& args = *with_config;
   std::string config_path;
   auto cfg = LoadRunConfig(args, &config_path);
   if (!cfg.ok()) return Fail(cfg.status());

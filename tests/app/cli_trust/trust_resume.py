@@ -262,6 +262,21 @@ def case_resume_own_config():
     out = ok(["train", "--resume", c + "/checkpoint", "--run-dir", os.path.join(OUT, "own_d"),
               "--steps", "3", "--quiet"])
     check("continuing with the run's config" not in out, f"another program's config taken:\n{out}")
+    # The run's own config.json edited or cut short: said, naming it, and nothing trained (it was
+    # passed over: the resume trained on the built-in defaults into runs/default; hunt 49).
+    e = os.path.join(OUT, "own_edited")
+    ok(["train", "--config", cfg, "--run-dir", e, "--steps", "2", "--quiet"])
+    text = read(e + "/config.json").decode()
+    before = sorted(os.listdir(OUT))
+    for broken, needle in ((text.replace('"steps": 2', '"steps": "2"'), "'train.steps'"),
+                           (text[:len(text) // 2], "is not JSON"), ("", "is not JSON"),
+                           (json.dumps({"model": {}, "train": {}}), "has no data section")):
+        with open(e + "/config.json", "w") as f:
+            f.write(broken)
+        refused(["train", "--resume", e + "/checkpoint", "--steps", "4", "--quiet"],
+                e + "/config.json", needle, "--config FILE")
+        check(sorted(os.listdir(OUT)) == before and len(losses(e + "/metrics.jsonl")) == 2,
+              "a resume past its broken config trained")
 
 
 def case_resume_model():
