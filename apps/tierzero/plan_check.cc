@@ -40,9 +40,35 @@ Status AnotherConfig(const std::string& differ, int n) {
 }  // namespace
 
 // plan_check.h
+namespace {
+
+Status NotTheConfigPlanWrites(const json& plan_config) {
+  std::string shown = plan_config.is_array()
+                          ? "an array"
+                          : plan_config.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
+  return FailedPreconditionError("the plan's config is " + shown +
+                                 ", not the object tierzero plan writes (edited?), so the plan "
+                                 "cannot be checked to be this run's: make it again with tierzero "
+                                 "plan (the run's config and options) --json FILE");
+}
+
+}  // namespace
+
+// plan_check.h
+bool IsATracesPlan(const json& plan) {
+  if (!plan.is_object() || !plan.contains("trace")) return false;
+  const auto cfg = plan.find("config");
+  // (`plan --trace` leaves out the model and the train sections: the trace fixes them. A plan
+  // with a "trace" added and its config whole is checked as any plan is.)
+  return cfg == plan.end() || !cfg->is_object() ||
+         (!cfg->contains("model") && !cfg->contains("train"));
+}
+
 Status CheckPlanConfig(const json& plan_config, const RunConfig& run, bool of_trace) {
   const json ran = json::parse(RunConfigToJson(run), nullptr, /*allow_exceptions=*/false);
-  if (!plan_config.is_object()) return Status::OK();  // (a plan of an older tierzero)
+  // (A plan with no config at all is an older tierzero's: its caller says so.)
+  if (!plan_config.is_object()) return NotTheConfigPlanWrites(plan_config);
   // What shapes the prediction: the model but its seed; the batch; every engine setting but
   // Adam's hyperparameters and where NVMe lives; ZeRO++; how the ranks talk.
   const std::vector<std::pair<std::string, std::string>> fields = [&] {
@@ -126,9 +152,18 @@ Status CheckPlanOfReport(const std::string& report_text, const std::string& plan
   TZ_RETURN_IF_ERROR(CheckOutsideJson(plan_text, "the plan"));
   const json report = json::parse(report_text, nullptr, /*allow_exceptions=*/false);
   const json plan = json::parse(plan_text, nullptr, /*allow_exceptions=*/false);
-  if (!report.is_object() || !plan.is_object()) return Status::OK();
+  if (!report.is_object() || !plan.is_object()) return Status::OK();  // (WithPrediction says)
   const auto cfg = plan.find("config");
-  if (cfg == plan.end() || !cfg->is_object()) return Status::OK();
+  // A plan that records no config cannot be checked to be the report's run (an older
+  // tierzero's, or edited): `train --plan` refuses it, and so does this (hunt 49: a plan of
+  // another batch, its config removed, was shown beside the run).
+  if (cfg == plan.end())
+    return FailedPreconditionError(
+        "the plan records no config (an older tierzero wrote it, or it was edited), so it cannot "
+        "be checked to be this run's: make it again with tierzero plan (the run's config and "
+        "options) --json FILE");
+  if (!cfg->is_object()) return NotTheConfigPlanWrites(*cfg);
+  const bool of_trace = IsATracesPlan(plan);
   auto section = [](const json& j, const char* key) {
     const auto it = j.find(key);
     return it != j.end() && it->is_object() ? *it : json::object();
@@ -141,14 +176,25 @@ Status CheckPlanOfReport(const std::string& report_text, const std::string& plan
       differ += (differ.empty() ? "" : ", ") + name + " " + planned.dump() + " in the plan, " +
                 ran.dump() + " in the report";
   };
-  // The model, as it computes (n_kv_head 0 is n_head's), but its seed.
-  const json planned_model = EffectiveModel(section(*cfg, "model"));
-  const json ran_model = EffectiveModel(section(section(report, "model"), "config"));
-  for (const auto& [key, value] : planned_model.items())
-    if (key != "seed") compare("model." + key, value, ran_model.value(key, json()));
-  // The batch (a report of an older tierzero does not record it).
-  compare("train.batch_size", section(*cfg, "train").value("batch_size", json()),
-          section(report, "model").value("batch_size", json()));
+  // What the report records and the plan does not is another config too: a plan's config names
+  // every field, and an older report's missing ones are passed over.
+  auto compare_all = [&](const std::string& name, const json& planned, const json& ran) {
+    if (ran.is_null() || planned == ran) return;
+    if (++n <= 3)
+      differ += (differ.empty() ? "" : ", ") + name + " " + planned.dump() + " in the plan, " +
+                ran.dump() + " in the report";
+  };
+  // The model, as it computes (n_kv_head 0 is n_head's), but its seed; and the batch (a report of
+  // an older tierzero does not record it). A trace's plan is of the trace's (Note [A plan of
+  // another run]): the layout, compared in WithPrediction, is what checks it.
+  if (!of_trace) {
+    const json planned_model = EffectiveModel(section(*cfg, "model"));
+    const json ran_model = EffectiveModel(section(section(report, "model"), "config"));
+    for (const auto& [key, value] : ran_model.items())
+      if (key != "seed") compare_all("model." + key, planned_model.value(key, json()), value);
+    compare_all("train.batch_size", section(*cfg, "train").value("batch_size", json()),
+                section(report, "model").value("batch_size", json()));
+  }
   // The engine's settings the report records.
   const json engine = section(*cfg, "engine");
   const json ran = section(report, "config");

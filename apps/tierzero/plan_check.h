@@ -15,10 +15,14 @@ namespace tierzero::app {
 // change what the plan predicts, may differ. `of_trace`: the plan is of a recorded trace
 // (`plan --trace`), whose model and batch are the trace's: only the engine's settings compare.
 Status CheckPlanConfig(const nlohmann::json& plan_config, const RunConfig& run, bool of_trace);
+// `plan` is one `plan --trace` wrote: it names its trace, and its config leaves out the model and
+// the batch, which the trace fixes.
+bool IsATracesPlan(const nlohmann::json& plan);
 
-// OK when the plan (a `tierzero plan --json` file's text) records no config, or one that agrees
-// with what the report (a report.json's text) records of its run; FailedPrecondition naming the
-// first fields that differ otherwise. Either text malformed is left to WithPrediction to say.
+// OK when the plan (a `tierzero plan --json` file's text) records a config that agrees with what
+// the report (a report.json's text) records of its run; FailedPrecondition naming the first
+// fields that differ otherwise, or when the plan records no config (it cannot be checked). Either
+// text malformed is left to WithPrediction to say.
 Status CheckPlanOfReport(const std::string& report_text, const std::string& plan_text);
 
 // What `tierzero train` refuses at set-up in the run `plan` is asked to plan, refused by `plan`

@@ -127,16 +127,35 @@ int FailUncaught(const Status& s) { return Fail(s); }  // train.h
 Status TrainRun::SetUp() {
   // A plan of another config: refused before the engine is built or a weight loads (its layout
   // is compared with the engine's below).
-  if (!out_.plan.empty() && lead_) {
+  // Note [A plan the resumed run recorded, gone]: a resume in place takes the plan its run's
+  // config.json records (output.plan); moved or removed since, it blocked the resume with an
+  // error that named neither that file nor a way on (hunt 49). The plan only sets a prediction
+  // beside the run's figures: the run goes on without it, saying so. One given as --plan is
+  // this command's, and still refused.
+  bool plan_gone = false;
+  if (!out_.plan.empty() && lead_ && !out_.resume.empty() && cfg_.given.count("output.plan") == 0) {
+    struct stat st {};
+    plan_gone = ::stat(out_.plan.c_str(), &st) != 0 && errno == ENOENT;
+    if (plan_gone) {
+      std::printf(
+          "note: the plan %s the run's config records (output.plan) is not there: the report "
+          "leaves the prediction out (--plan FILE gives one)\n",
+          out_.plan.c_str());
+    }
+  }
+  if (!out_.plan.empty() && lead_ && !plan_gone) {
     TZ_ASSIGN_OR_RETURN(plan_text_, ReadTextFile(out_.plan, "plan file"));
     // Outside JSON: its depth bounded before anything recurses over it (a plan nested 500000
     // deep overflowed the stack in CheckPlanConfig's copy).
     TZ_RETURN_IF_ERROR(CheckOutsideJson(plan_text_, "--plan " + out_.plan));
     const json plan = json::parse(plan_text_, nullptr, /*allow_exceptions=*/false);
-    if (plan.is_object() && plan.contains("config")) {
-      TZ_RETURN_IF_ERROR(CheckPlanConfig(plan["config"], cfg_, /*of_trace=*/plan.contains("trace"))
+    if (!plan.is_object()) {
+      // (WithPrediction, below, says what it is.)
+    } else if (plan.contains("config")) {
+      TZ_RETURN_IF_ERROR(CheckPlanConfig(plan["config"], cfg_, /*of_trace=*/IsATracesPlan(plan))
                              .WithContext("--plan " + out_.plan));
-    } else if (plan.is_object() && plan.contains("prediction") && !plan.contains("trace")) {
+    } else {
+      // (Also the prediction object alone, which WithPrediction takes from a library's caller.)
       // An older tierzero's plan records no config: its layout alone would be checked, and a
       // plan of another batch shown as this run's prediction (hunt 41). Refused when given; a
       // resume whose run recorded it (its config.json) goes on without it, saying so.

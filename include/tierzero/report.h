@@ -12,6 +12,7 @@
 // Thread-safety: reentrant.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "tierzero/status.h"
@@ -40,7 +41,8 @@ StatusOr<std::string> RenderHtmlReport(const std::string& report_json);
 // "prediction": {"plan": the prediction, "compared": rows of {what, unit, predicted, measured}}
 // which the summary and the page show. FailedPrecondition when the plan is of another layout or
 // rank count (another config), or says the run does not fit; InvalidArgument naming the field
-// for a malformed plan.
+// for a malformed plan, or one over kMaxPlanBytes or nested past what the report can hold.
+inline constexpr size_t kMaxPlanBytes = size_t{1} << 20;  // a plan is a few KiB
 StatusOr<std::string> WithPrediction(const std::string& report_json, const std::string& plan_json);
 
 // Writes `text` to `path` through a temporary file, fsync and a rename: whole or not at all.

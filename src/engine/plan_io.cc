@@ -3,6 +3,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/bytes.h"
 #include "core/file_io.h"
@@ -89,14 +90,26 @@ StatusOr<WarmupTrace> WarmupTraceFromText(const std::string& text, const std::st
     return in.Error("schema is \"" + schema + "\"; this tierzero reads \"" + kTraceSchema + "\"");
   WarmupTrace t;
   ASSIGN_OR_RETURN(t.source, in.get_or<std::string>("source", ""));
+  // What the engine refuses of a parameter (RegisterParam) is refused here, naming the field: it
+  // said "parameter 'wte' is registered twice", naming neither the file nor the field (hunt 49).
+  const std::string again =
+      " (was it edited? tierzero train records it again: RUN_DIR/warmup_trace.json)";
   ASSIGN_OR_RETURN(const std::vector<JsonIn> params, in.elements("params"));
+  std::set<std::string> names;
   for (const JsonIn& p : params) {
     WarmupTrace::Param q;
     ASSIGN_OR_RETURN(q.name, p.get<std::string>("name"));
+    if (q.name.empty()) return p.Error("has an empty name" + again);
+    if (!names.insert(q.name).second) return p.Error("names '" + q.name + "' again" + again);
     ASSIGN_OR_RETURN(const std::vector<JsonIn> dims, p.elements("shape"));
+    if (dims.empty()) return p.Error("has an empty shape" + again);
+    int64_t elements = 1;
     for (const JsonIn& d : dims) {
       ASSIGN_OR_RETURN(const int64_t v, d.as<int64_t>());
       if (v < 1) return d.Error("must be a dimension >= 1");
+      if (elements > (int64_t{1} << 40) / v)
+        return p.Error("has more than 2^40 elements, more than a parameter may" + again);
+      elements *= v;
       q.shape.push_back(v);
     }
     ASSIGN_OR_RETURN(q.weight_decay, p.get_or<bool>("weight_decay", true));
@@ -106,10 +119,13 @@ StatusOr<WarmupTrace> WarmupTraceFromText(const std::string& text, const std::st
   for (const JsonIn& m : moments) {
     TraceMoment tm;
     ASSIGN_OR_RETURN(const std::vector<JsonIn> ids, m.elements("params"));
+    std::set<int> seen;
     for (const JsonIn& id : ids) {
       ASSIGN_OR_RETURN(const int v, id.as<int>());
       if (v < 0 || static_cast<size_t>(v) >= t.params.size())
         return id.Error("names no parameter of the " + std::to_string(t.params.size()) + " listed");
+      if (!seen.insert(v).second)
+        return id.Error("names parameter " + std::to_string(v) + " again" + again);
       tm.params.push_back(v);
     }
     if (tm.params.empty()) return m.Error("acquires no parameter");
@@ -171,6 +187,11 @@ StatusOr<MachineRates> MachineRatesFromJson(const std::string& text) {
   }
   MachineRates r;
   ASSIGN_OR_RETURN(r.name, in.get_or<std::string>("name", ""));
+  // (Printed as it is: a control character would reach the terminal, an escape sequence acting.)
+  for (const char c : r.name)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+      return in.Error("name holds a control character (" + std::to_string(static_cast<int>(c)) +
+                      "): name the rates in printable text");
   for (const auto& f : kRateFields) {
     ASSIGN_OR_RETURN(r.*f.field, in.get_or<double>(f.key, 0.0));
   }

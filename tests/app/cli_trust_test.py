@@ -58,6 +58,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   plan_largest_times  plan --largest times its answer's own shape, as a plan of that model alone
   plan_of_another_config  `train --plan` refuses a plan of another config; plan refuses data
                 train would refuse
+  plan_files    plan files, rates files and warm-up traces edited: refused where read, before a
+                run trains, naming the file and field; a resumed run's recorded plan gone is said
   long_paths    a run directory or output too deep or too long for the names written at the end:
                 refused at set-up, nothing left (it trained, then could not save)
   metrics_durable  a power cut (an ext4 image shut down) after the last checkpoint: the metrics
@@ -65,7 +67,7 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   output        a line every --log-every steps without a terminal; one line in place on one
   stdout_data   an output that is stdout holds the data alone (the command's lines on stderr)
 The cases live in cli_trust/ by theme (trust_outputs, trust_resume, trust_ranks, trust_signals,
-trust_inputs, trust_disks); trust_common.py holds what they share.
+trust_inputs, trust_plans, trust_disks); trust_common.py holds what they share.
 Every failure must be an `error:` line and exit status 1 or 2: never a signal, an abort, an
 uncaught exception or a hang.
 """
@@ -80,13 +82,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "cli
 import trust_disks  # noqa: E402
 import trust_inputs  # noqa: E402
 import trust_outputs  # noqa: E402
+import trust_plans  # noqa: E402
 import trust_ranks  # noqa: E402
 import trust_resume  # noqa: E402
 import trust_signals  # noqa: E402
 from trust_common import OUT, ONLY, Failure, write_config  # noqa: E402
 
-CASES = sorted((n[5:], f) for m in (trust_disks, trust_inputs, trust_outputs, trust_ranks, trust_resume,
-                                     trust_signals)
+CASES = sorted((n[5:], f) for m in (trust_disks, trust_inputs, trust_outputs, trust_plans,
+                                     trust_ranks, trust_resume, trust_signals)
                for n, f in vars(m).items() if n.startswith("case_"))
 
 

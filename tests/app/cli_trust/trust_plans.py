@@ -1,0 +1,128 @@
+"""The files `tierzero plan` writes and other commands read back: plan files (train --plan,
+report --plan), rates files (plan --rates) and warm-up traces (plan --trace), edited."""
+import json
+import os
+
+from trust_common import OUT, check, refused, ok, read
+
+
+def case_plan_files():
+    # Hunt 49: what a plan, a rates file or a trace may hold is checked where it is read, before
+    # a run trains; each refusal names the file and the field, and says how to make it again.
+    d = os.path.join(OUT, "pf")
+    os.makedirs(d)
+    run_json = os.path.join(d, "run.json")
+    with open(run_json, "w") as f:
+        json.dump({"model": {"n_layer": 2, "d_model": 64, "n_head": 4}, "data": {"digits": 1},
+                   "train": {"steps": 4, "batch_size": 8, "eval_every": 0},
+                   "engine": {"device_budget": "2 MiB", "host_budget": "6 MiB",
+                              "nvme_budget": "64 MiB", "optimizer": "cpu"}}, f)
+    rates = os.path.join(d, "rates.json")
+    with open(rates, "w") as f:
+        json.dump({"name": "r", "cpu_adam_params_per_s": 1e9, "h2d_bytes_per_s": 1e10,
+                   "d2h_bytes_per_s": 1e10, "device_shares_cpu": True}, f)
+    plan = os.path.join(d, "plan.json")
+    ok(["plan", "--config", run_json, "--run-dir", os.path.join(d, "run"), "--rates", rates,
+        "--no-advice", "--json", plan])
+    good = json.loads(read(plan))
+
+    def edited(name, edit):
+        p = json.loads(json.dumps(good))
+        edit(p)
+        path = os.path.join(d, name)
+        with open(path, "w") as f:
+            json.dump(p, f)
+        return path
+
+    def refused_before_training(path, *needles):
+        rd = os.path.join(d, "r_" + os.path.basename(path))
+        refused(["train", "--config", run_json, "--run-dir", rd, "--plan", path, "--quiet"],
+                *needles)
+        check(not os.path.exists(rd), f"{path}: a refused plan left a run directory")
+
+    # A figure only a profiled iteration compares: refused at set-up, not after the run (whose
+    # report was then lost).
+    refused_before_training(
+        edited("no_h2d.json", lambda p: p["prediction"]["bytes_per_step"]["iteration"].pop("h2d")),
+        "bytes_per_step.iteration.h2d is missing")
+
+    # Nested as deep as outside JSON may be: the report, which holds the plan two levels down,
+    # could not be read again.
+    def deep(p):
+        v = []
+        for _ in range(61):
+            v = [v]
+        p["prediction"]["x"] = v
+    refused_before_training(edited("deep.json", deep), "deeper than 62 levels")
+    # A config that is not one, the prediction alone, a "trace" added: each skipped the check that
+    # the plan is of this run.
+    refused_before_training(edited("cfg_null.json", lambda p: p.update(config=None)),
+                            "the plan's config is null", "make it again")
+    bare = os.path.join(d, "bare.json")
+    with open(bare, "w") as f:
+        json.dump(good["prediction"], f)
+    refused_before_training(bare, "records no config")
+    b2 = os.path.join(d, "b2.json")
+    ok(["plan", "--config", run_json, "--run-dir", os.path.join(d, "run"), "--rates", rates,
+        "--no-advice", "--batch-size", "2", "--json", b2])
+    b2_plan = json.loads(read(b2))
+    b2_plan["trace"] = ""
+    b2_trace = os.path.join(d, "b2_trace.json")
+    with open(b2_trace, "w") as f:
+        json.dump(b2_plan, f)
+    refused_before_training(b2_trace, "train.batch_size 2 in the plan")
+    # Counts are whole; a plan whose schema was removed is said to be so.
+    refused_before_training(
+        edited("half.json", lambda p: p["prediction"]["optimizer"].update(cpu=6.5)),
+        "optimizer.cpu must be a whole count")
+    refused_before_training(edited("noschema.json", lambda p: p.pop("schema")), "has no schema")
+
+    # report --plan: a plan it cannot check (no config, or no train section) is refused, as
+    # train --plan refuses it; a plan of batch 2 was shown beside the batch-8 run.
+    rd = os.path.join(d, "run")
+    ok(["train", "--config", run_json, "--run-dir", rd, "--plan", plan, "--quiet"])
+    report = os.path.join(rd, "report.json")
+    b2_plan = json.loads(read(b2))
+    for name, edit, needle in (("b2_nocfg.json", lambda p: p.pop("config"), "records no config"),
+                               ("b2_notrain.json", lambda p: p["config"].pop("train"),
+                                "train.batch_size null in the plan")):
+        edit(b2_plan)
+        path = os.path.join(d, name)
+        with open(path, "w") as f:
+            json.dump(b2_plan, f)
+        refused(["report", report, "--plan", path], needle)
+        b2_plan = json.loads(read(b2))
+
+    # The plan a resumed run's config records, removed since: the run goes on without it.
+    os.rename(plan, plan + ".moved")
+    out = ok(["train", "--resume", rd + "/checkpoint", "--steps", "6", "--quiet"])
+    check("the report leaves the prediction out" in out, f"a recorded plan gone:\n{out}")
+    # One named by --plan is this command's own, and refused.
+    refused(["train", "--resume", rd + "/checkpoint", "--steps", "8", "--plan", plan, "--quiet"],
+            "cannot open plan file")
+
+    # A warm-up trace edited into what the engine refuses: named by file and field.
+    trace = json.loads(read(os.path.join(rd, "warmup_trace.json")))
+    for edit, needle in ((lambda t: t["params"][1].update(name=t["params"][0]["name"]),
+                          "params[1] names"),
+                         (lambda t: t["params"][0].update(shape=[]),
+                          "params[0] has an empty shape"),
+                         (lambda t: t["params"][0].update(shape=[2 ** 31, 2 ** 31]),
+                          "more than 2^40 elements"),
+                         (lambda t: t["params"][1].update(name=""), "params[1] has an empty name"),
+                         (lambda t: t["moments"][0].update(params=[0, 0]),
+                          "moments[0].params[1] names parameter 0 again")):
+        t = json.loads(json.dumps(trace))
+        edit(t)
+        path = os.path.join(d, "trace_bad.json")
+        with open(path, "w") as f:
+            json.dump(t, f)
+        refused(["plan", "--rates", rates, "--trace", path, "--no-advice"],
+                "trace_bad.json: ", needle, "records it again")
+
+    # A rates name that would drive the terminal.
+    with open(rates, "w") as f:
+        json.dump({"name": "a\u001b[31mRED", "cpu_adam_params_per_s": 1e9,
+                   "h2d_bytes_per_s": 1e10, "d2h_bytes_per_s": 1e10}, f)
+    refused(["plan", "--config", run_json, "--rates", rates, "--no-advice"],
+            "name holds a control character")
