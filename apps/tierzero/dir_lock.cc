@@ -27,7 +27,9 @@ bool IsRegular(const std::string& p) {
 
 }  // namespace
 
-MadeDirs::~MadeDirs() {
+MadeDirs::~MadeDirs() { Undo(); }
+
+void MadeDirs::Undo() {
   // Deepest first; rmdir removes only an empty directory, so nothing else can go.
   for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) {
     const std::string lock_file = *it + "/" + kLockFileName;
@@ -35,6 +37,7 @@ MadeDirs::~MadeDirs() {
     ::rmdir(it->c_str());
     KeepOnSignalExit(*it);
   }
+  dirs_.clear();
 }
 
 void MadeDirs::KeepOnSignal() {

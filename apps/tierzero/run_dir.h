@@ -59,6 +59,8 @@ class MadeDirs {
   MadeDirs& operator=(const MadeDirs&) = delete;
   // fs::create_directories, remembering each directory it made (its own mkdir made it).
   void Create(const std::string& path, std::error_code& ec);
+  // Removes now what it made (the run was refused before it started), as going out of scope does.
+  void Undo();
   // The run started: what it made stays.
   void Keep();
   // Its first step ended: a signal's exit no longer removes them (Keep still to come).

@@ -171,8 +171,31 @@ Status TrainRun::SetUp() {
       plan_text_.clear();
     }
   }
-  TZ_ASSIGN_OR_RETURN(dataset_,
-                      gpt::Dataset::Create(cfg_.data, cfg_.model.seq_len, cfg_.model.vocab));
+  // Note [Ranks agree on their data]: a rank that cannot read its data says so, and the others
+  // end with it, not by the job's abort (which left the lead's directories behind) nor, where it
+  // blocks, after the collective deadline. With several ranks each reads the text itself: a
+  // FIFO there (one rank's blocked the others for the whole deadline: hunt 49) is refused.
+  StatusOr<std::unique_ptr<gpt::Dataset>> data = [&]() -> StatusOr<std::unique_ptr<gpt::Dataset>> {
+    struct stat st {};
+    if (world_ > 1 && cfg_.data.kind == "text" && ::stat(cfg_.data.text_path.c_str(), &st) == 0 &&
+        !S_ISREG(st.st_mode))
+      return InvalidArgumentError("the text file '" + cfg_.data.text_path + "' is " +
+                                  FileKindName(st.st_mode) +
+                                  ", not a regular file: with several ranks each reads it itself "
+                                  "(write it to a file first)");
+    return gpt::Dataset::Create(cfg_.data, cfg_.model.seq_len, cfg_.model.vocab);
+  }();
+  if (world_ > 1) {
+    TZ_ASSIGN_OR_RETURN(const std::vector<uint64_t> read_ok,
+                        AllGatherValue(*comm_, uint64_t{data.ok()}));
+    if (std::any_of(read_ok.begin(), read_ok.end(), [](uint64_t r) { return r == 0; })) {
+      agreed_failure_ = true;
+      speaks_ = !data.ok();  // each failing rank says its own; the others end quietly
+      if (data.ok())
+        return FailedPreconditionError("another rank could not read its data (it says why)");
+    }
+  }
+  TZ_ASSIGN_OR_RETURN(dataset_, std::move(data));
   if (world_ > 1) {
     // Note [Ranks agree before they compute] (agree.cc) compares the configs, whose data is a
     // path: the same path on two machines can name different files.
@@ -651,6 +674,14 @@ int Train(const std::vector<std::string>& given_args) {
           if (run.speaks())
             std::fprintf(stderr, "rank %d of %d: error: %s\n", rank, g_comm->size(),
                          s.ToString().c_str());
+          // Note [A refused start leaves no trace on any rank]: the lead's directories (the
+          // run's, its nvme/) hold the others' (nvme/rankR), which go first; the lead's then go
+          // as the scope unwinds. Each rank removing its own at once left RUN_DIR/nvme behind
+          // about half the time (hunt 49).
+          if (g_comm->size() > 1) {
+            if (rank != 0) made.Undo();
+            (void)g_comm->Barrier();
+          }
           return 1;
         }
         failed = s;

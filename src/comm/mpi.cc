@@ -375,22 +375,105 @@ class ScratchPool {
 // fp32 and rounded once.
 class MpiCommunicator final : public Communicator {
  public:
+  // MPI_Init_thread unless MPI is initialised already (by us, or by the program); under MpiLock.
+  static Status InitLocked() {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (inited) return Status::OK();
+    int provided = 0;
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+      return UnavailableError("MPI_Init_thread failed");
+    std::atexit(FinalizeAtExit);
+    InitedByUs() = true;
+    ProvidedToUs() = provided;
+    return Status::OK();
+  }
+  static bool& InitedByUs() {
+    static bool by_us = false;
+    return by_us;
+  }
+  static int& ProvidedToUs() {
+    static int provided = 0;
+    return provided;
+  }
+
+  // Ranks sharing memory form a node; nodes are numbered by their lowest world rank.
+  // Collective over `comm` (its ranks' own calls, with no deadline).
+  static Status SharedTopology(MPI_Comm comm, Topology& t) {
+    MPI_Comm_rank(comm, &t.rank);
+    MPI_Comm_size(comm, &t.size);
+    MPI_Comm local;
+    if (int rc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL, &local);
+        rc != MPI_SUCCESS)
+      return MpiError(rc, "Comm_split_type");
+    MPI_Comm_rank(local, &t.local_rank);
+    MPI_Comm_size(local, &t.local_size);
+    int lowest = t.rank;
+    const int rc = MPI_Allreduce(&t.rank, &lowest, 1, MPI_INT, MPI_MIN, local);
+    MPI_Comm_free(&local);
+    if (rc != MPI_SUCCESS) return MpiError(rc, "Allreduce (topology)");
+    std::vector<int> leaders(static_cast<size_t>(t.size));
+    const int mine = t.rank == lowest ? t.rank : -1;
+    if (int rc2 = MPI_Allgather(&mine, 1, MPI_INT, leaders.data(), 1, MPI_INT, comm);
+        rc2 != MPI_SUCCESS)
+      return MpiError(rc2, "Allgather (topology)");
+    t.nodes = 0;
+    t.node = 0;
+    for (int l : leaders) {
+      if (l < 0) continue;
+      ++t.nodes;
+      if (l < lowest) ++t.node;
+    }
+    return Status::OK();
+  }
+
+  // The world as InitMpi joined it: a duplicate of MPI_COMM_WORLD and its shared-memory
+  // topology, made at once by every rank; the first communicator Create makes takes it.
+  struct Joined {
+    MPI_Comm comm = MPI_COMM_NULL;
+    Topology shared;
+  };
+  static Joined& EarlyJoin() {
+    static Joined joined;
+    return joined;
+  }
+  static bool& Joining() {
+    static bool once = false;
+    return once;
+  }
+
+  // Under MpiLock: MPI_Init, then the calls of Create that wait for every rank with no deadline
+  // (Comm_dup, the topology), once (Note [Every rank joins before it reads]).
+  static Status JoinLocked() {
+    RETURN_IF_ERROR(InitLocked());
+    if (Joining()) return Status::OK();
+    Joining() = true;
+    MPI_Comm dup;
+    if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &dup); rc != MPI_SUCCESS)
+      return MpiError(rc, "Comm_dup");
+    MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+    Topology t;
+    if (Status s = SharedTopology(dup, t); !s.ok()) {
+      MPI_Comm_free(&dup);
+      return s;
+    }
+    EarlyJoin() = {dup, t};
+    return Status::OK();
+  }
+
   static StatusOr<std::shared_ptr<Communicator>> Create(int ranks_per_node) {
     // Declared before the lock: on an error it is destroyed (its destructor takes the lock)
     // after the lock is released.
     std::shared_ptr<MpiCommunicator> c;
     MutexLock mpi(MpiLock());
-    int inited = 0, provided = 0;
-    MPI_Initialized(&inited);
+    RETURN_IF_ERROR(InitLocked());
     bool threaded;
-    if (!inited) {
-      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
-        return UnavailableError("MPI_Init_thread failed");
-      std::atexit(FinalizeAtExit);
+    if (InitedByUs()) {
       // Every call of ours is under MpiLock (Note [The MPI comm thread]).
-      threaded = provided >= MPI_THREAD_SERIALIZED;
+      threaded = ProvidedToUs() >= MPI_THREAD_SERIALIZED;
     } else {
       // The program may call MPI on its own threads, outside our lock.
+      int provided = 0;
       MPI_Query_thread(&provided);
       threaded = provided >= MPI_THREAD_MULTIPLE;
     }
@@ -398,42 +481,26 @@ class MpiCommunicator final : public Communicator {
     GetOps();  // MPI_Op_create under the lock, before the comm thread exists
     c.reset(new MpiCommunicator());
     c->queue_ = std::make_shared<MpiQueue>(threaded, c->timeout_s_);
-    if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c->comm_); rc != MPI_SUCCESS)
-      return MpiError(rc, "Comm_dup");
-    MPI_Comm_set_errhandler(c->comm_, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(c->comm_, &c->topo_.rank);
-    MPI_Comm_size(c->comm_, &c->topo_.size);
     Topology& t = c->topo_;
+    Joined& joined = EarlyJoin();
+    if (joined.comm != MPI_COMM_NULL) {
+      // Note [Every rank joins before it reads]: the world joined in InitMpi, once.
+      c->comm_ = joined.comm;
+      t = joined.shared;
+      joined.comm = MPI_COMM_NULL;
+    } else {
+      if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c->comm_); rc != MPI_SUCCESS)
+        return MpiError(rc, "Comm_dup");
+      MPI_Comm_set_errhandler(c->comm_, MPI_ERRORS_RETURN);
+      if (ranks_per_node <= 0) RETURN_IF_ERROR(SharedTopology(c->comm_, t));
+    }
+    MPI_Comm_rank(c->comm_, &t.rank);
+    MPI_Comm_size(c->comm_, &t.size);
     if (ranks_per_node > 0) {
       t.local_rank = t.rank % ranks_per_node;
       t.node = t.rank / ranks_per_node;
       t.nodes = (t.size + ranks_per_node - 1) / ranks_per_node;
       t.local_size = std::min(ranks_per_node, t.size - t.node * ranks_per_node);
-    } else {
-      // Ranks sharing memory form a node; nodes are numbered by their lowest world rank.
-      MPI_Comm local;
-      if (int rc =
-              MPI_Comm_split_type(c->comm_, MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL, &local);
-          rc != MPI_SUCCESS)
-        return MpiError(rc, "Comm_split_type");
-      MPI_Comm_rank(local, &t.local_rank);
-      MPI_Comm_size(local, &t.local_size);
-      int lowest = t.rank;
-      const int rc = MPI_Allreduce(&t.rank, &lowest, 1, MPI_INT, MPI_MIN, local);
-      MPI_Comm_free(&local);
-      if (rc != MPI_SUCCESS) return MpiError(rc, "Allreduce (topology)");
-      std::vector<int> leaders(static_cast<size_t>(t.size));
-      const int mine = t.rank == lowest ? t.rank : -1;
-      if (int rc2 = MPI_Allgather(&mine, 1, MPI_INT, leaders.data(), 1, MPI_INT, c->comm_);
-          rc2 != MPI_SUCCESS)
-        return MpiError(rc2, "Allgather (topology)");
-      t.nodes = 0;
-      t.node = 0;
-      for (int l : leaders) {
-        if (l < 0) continue;
-        ++t.nodes;
-        if (l < lowest) ++t.node;
-      }
     }
     mpi.Unlock();
     return std::shared_ptr<Communicator>(std::move(c));
@@ -625,6 +692,11 @@ class MpiCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+Status Communicator::InitMpi() {
+  MutexLock mpi(MpiLock());
+  return MpiCommunicator::JoinLocked();
+}
 
 StatusOr<std::shared_ptr<Communicator>> Communicator::Mpi(int ranks_per_node) {
   return MpiCommunicator::Create(ranks_per_node);

@@ -29,6 +29,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
                 run's config.json (another --heads refused, a new schedule noted), or says so
   ranks_agree   ranks started with different configs fail with the fields named (mpirun ':')
   rank_stops_in_save  a rank stopped while it saves: the job aborted in about the timeout
+  rank_never_reads  a rank blocked on its config or gone before it joined: the job ends at the
+                collective deadline; one rank's text a FIFO, a data error on both: no trace left
   ranks_faults  two ranks whose data changes or whose metrics file fails mid-run: all save first
   readers       a directory, /dev/zero, a huge sparse file, deep or duplicate-key JSON: an error
   setup_signal  SIGINT/SIGTERM while set-up blocks on a FIFO ends the process promptly

@@ -3,6 +3,7 @@
 Cases of cli_trust_test.py (see its docstring); each `case_NAME` is run by name."""
 import json
 import os
+import struct
 import subprocess
 import time
 
@@ -263,3 +264,62 @@ def case_rank_stops_in_save():
                     os.kill(stopped, 9)
                 except OSError:
                     pass
+
+
+def case_rank_never_reads():
+    # Hunt 49: a rank blocked on an input before it joined the job (a FIFO as its config) held
+    # the others in MPI_Init for good, and one that ended without joining (`train --help`) did
+    # too: every rank joins first (Note [Every rank joins before it reads]), so the others wait in
+    # a collective, whose deadline ends the job. A FIFO as one rank's text is refused at once,
+    # and a data error on one rank ends every rank without the job's abort: the run directory
+    # goes (its nvme/ was left behind about half the time).
+    mpirun, env = mpirun_env()
+    if not mpirun:
+        return
+    d = os.path.join(OUT, "never")
+    for sub in ("a", "b"):
+        os.makedirs(os.path.join(d, sub))
+    with open(os.path.join(d, "a", "c.json"), "w") as f:
+        f.write('{"model": {"n_layer": 2, "d_model": 64, "n_head": 4}, "train": {"steps": 3, '
+                '"batch_size": 8}, "ranks": {"collective_timeout_s": 5}}')
+    os.mkfifo(os.path.join(d, "b", "c.json"))
+    base = ["train", "--config", "c.json", "--quiet", "--run-dir", os.path.join(d, "run")]
+    for peer in ([TZ] + base, [TZ, "train", "--help"]):
+        t0 = time.time()
+        try:
+            p = subprocess.run([mpirun, "-np", "1", "-wdir", os.path.join(d, "a"), TZ] + base +
+                               [":", "-np", "1", "-wdir", os.path.join(d, "b")] + peer,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=90,
+                               env=env)
+        except subprocess.TimeoutExpired:
+            check(False, f"a rank that never reads its config ({peer[1:]}): the job hung")
+        out = p.stdout.decode(errors="replace")
+        check(p.returncode != 0 and "did not complete in 5 s" in out,
+              f"a rank that never reads its config: exit {p.returncode} after "
+              f"{time.time() - t0:.0f} s\n{out[-2000:]}")
+    # A FIFO as one rank's --text; then token ids past the vocabulary on both ranks.
+    with open(os.path.join(d, "a", "t.txt"), "w") as f:
+        f.write("some text to learn from. " * 400)
+    os.mkfifo(os.path.join(d, "b", "t.txt"))
+    text = ["train", "--layers", "2", "--width", "64", "--heads", "4", "--steps", "3", "--quiet",
+            "--text", "t.txt", "--run-dir", os.path.join(d, "run_text")]
+    p = subprocess.run([mpirun, "-np", "1", "-wdir", os.path.join(d, "a"), TZ] + text +
+                       [":", "-np", "1", "-wdir", os.path.join(d, "b"), TZ] + text,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=90, env=env)
+    out = p.stdout.decode(errors="replace")
+    check(p.returncode != 0 and "rank 1 of 2: error:" in out and "is a FIFO" in out,
+          f"one rank's text a FIFO:\n{out[-2000:]}")
+    tokens = os.path.join(d, "v300.bin")
+    with open(tokens, "wb") as f:
+        f.write(struct.pack("<20000H", *[(i * 7) % 300 for i in range(20000)]))
+    for attempt in range(3):
+        rd = os.path.join(d, f"run_vocab{attempt}")
+        p = subprocess.run([mpirun, "-np", "2", TZ, "train", "--layers", "2", "--width", "64",
+                            "--heads", "4", "--steps", "3", "--seq-len", "16", "--quiet",
+                            "--data", tokens, "--run-dir", rd],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=90, env=env)
+        out = p.stdout.decode(errors="replace")
+        check(p.returncode != 0 and "error:" in out and "MPI_ABORT" not in out,
+              f"token ids past the vocabulary on 2 ranks:\n{out[-2000:]}")
+        left = sorted(os.listdir(rd)) if os.path.exists(rd) else None
+        check(left is None, f"a refused 2-rank run left {rd}: {left}")
