@@ -135,21 +135,25 @@ int Main(int argc, char** argv) {
     return 0;
   }
   std::string_view cmd = argv[1];
+  // (The help and the version are results too: lost on a full disk, they were exit 0.)
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
     std::fputs(kUsage, stdout);
-    return 0;
+    return ResultWritten(0);
   }
   if (cmd == "--version") {
     std::printf("tierzero %s\n", TZ_VERSION);
-    return 0;
+    return ResultWritten(0);
   }
   if (Status st = ValidateTunables(); !st.ok()) {
     std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
     return 2;
   }
   std::vector<std::string> rest(argv + 2, argv + argc);
-  if (cmd == "train") return app::Train(rest);
-  if (cmd == "export") return app::Export(rest);
+  // A run's or an export's lines are not its result (its files are); its help is.
+  const bool asks_help = std::any_of(
+      rest.begin(), rest.end(), [](const std::string& a) { return a == "-h" || a == "--help"; });
+  if (cmd == "train") return asks_help ? ResultWritten(app::Train(rest)) : app::Train(rest);
+  if (cmd == "export") return asks_help ? ResultWritten(app::Export(rest)) : app::Export(rest);
   if (cmd == "plan") return ResultWritten(app::Plan(rest));
   if (cmd == "eval") return ResultWritten(app::Eval(rest));
   if (cmd == "report") return ResultWritten(app::ReportCommand(rest));

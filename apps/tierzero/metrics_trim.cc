@@ -37,8 +37,7 @@ Status AppendUnwritten(const std::string& path, const std::vector<json>& kept,
   if (fd < 0) return ErrnoError("opening the metrics file " + path, errno);
   if (const int err = WriteAll(fd, text); err != 0) {
     ::close(fd);
-    return ErrnoError("writing the metrics file " + path + (err == ENOSPC ? " (disk full)" : ""),
-                      err);
+    return ErrnoError("writing the metrics file " + path, err);
   }
   if (::close(fd) != 0) return ErrnoError("writing the metrics file " + path, errno);
   std::printf("  metrics: wrote %d line%s the checkpoint's run could not write into %s\n", n,

@@ -84,7 +84,7 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg, bool gpu, bool* elsewhere
   std::string base = cfg.output.run_dir;
   fs::create_directories(base, ec);
   if (ec == std::errc::permission_denied || ec == std::errc::read_only_file_system ||
-      ec == std::errc::operation_not_permitted) {
+      ec == std::errc::operation_not_permitted || ec == std::errc::no_space_on_device) {
     // A plan made where nothing may be written (a read-only working directory, another user's):
     // the calibration runs under $TMPDIR instead, on what may be another disk than the run's.
     const char* tmp = std::getenv("TMPDIR");
@@ -98,6 +98,26 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg, bool gpu, bool* elsewhere
     *elsewhere = true;
   }
   if (ec) return IoError("creating " + cfg.output.run_dir + ": " + ec.message());
+  // Its swap reserves kSwap on the disk: where the run's has less room, the calibration runs
+  // under $TMPDIR, as where nothing may be written (it refused with advice of the run's budgets,
+  // which changed nothing: hunt 49).
+  constexpr uint64_t kSwap = uint64_t{256} << 20;
+  if (struct statvfs vfs{};
+      !*elsewhere && ::statvfs(base.c_str(), &vfs) == 0 &&
+      static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize < kSwap + (kSwap / 4)) {
+    const char* tmp = std::getenv("TMPDIR");
+    const std::string other = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+    struct statvfs there {};
+    if (::statvfs(other.c_str(), &there) == 0 &&
+        static_cast<uint64_t>(there.f_bavail) * there.f_frsize >= kSwap + (kSwap / 4)) {
+      std::printf(
+          "  (%s has under %s free for the calibration's swap; it runs under %s, whose disk may "
+          "not be the run's NVMe disk)\n",
+          cfg.output.run_dir.c_str(), FormatBytes(kSwap + kSwap / 4).c_str(), other.c_str());
+      base = other;
+      *elsewhere = true;
+    }
+  }
   std::printf("calibrating this machine's rates on its %s (a short run under %s) ...\n",
               gpu ? "GPU" : "simulated device", base.c_str());
   std::fflush(stdout);
@@ -132,7 +152,7 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg, bool gpu, bool* elsewhere
   ec2.device_budget = uint64_t{64} << 20;
   // States of 3.2M parameters (51 MB, past the L3 cache), half of them on NVMe.
   ec2.host_budget = uint64_t{40} << 20;
-  ec2.nvme_budget = uint64_t{256} << 20;
+  ec2.nvme_budget = kSwap;
   ec2.nvme_path = dir + "/nvme";
   ec2.cpu_threads = cfg.engine.cpu_threads;
   gpt::GptConfig mc;
@@ -214,7 +234,18 @@ StatusOr<MachineRates> LoadRates(const PlanArgs& a, const RunConfig& cfg, bool g
       cached->device_shares_cpu == !gpu)
     return *cached;
   bool elsewhere = false;
-  TZ_ASSIGN_OR_RETURN(MachineRates r, Calibrate(cfg, gpu, &elsewhere));
+  StatusOr<MachineRates> calibrated = Calibrate(cfg, gpu, &elsewhere);
+  // The calibration is a run of its own (its budgets, its swap under the run directory), not
+  // the planned run: its failure said as the run's (a full disk's "lower the NVMe budget") gave
+  // advice that changed nothing (hunt 49).
+  if (!calibrated.ok())
+    return Status(calibrated.status().code(),
+                  "measuring this machine's rates (a short run of its own, with up to 256 MiB "
+                  "of swap under the run directory " +
+                      cfg.output.run_dir + "): " + std::string(calibrated.status().message()) +
+                      "; give --run-dir a directory on a disk with room, or the rates with "
+                      "--rates FILE (a calibration elsewhere writes them: TZ_RATES_FILE)");
+  MachineRates r = std::move(*calibrated);
   if (cached) {  // the communicator's, measured under mpirun, stay
     r.comm_bytes_per_s = cached->comm_bytes_per_s;
     r.comm_latency_s = cached->comm_latency_s;

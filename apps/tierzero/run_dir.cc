@@ -508,13 +508,17 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
   return plan;
 }
 
-Status ApplyOutputs(const OutputsPlan& plan) {
+Status RemoveStaleOutputs(const OutputsPlan& plan) {
   std::error_code ec;
   for (const std::string& f : plan.stale_files) {
     if (IsRegular(f) && !IsLink(f)) fs::remove(f, ec);
   }
   for (const std::string& d : plan.stale_checkpoints) RemoveCheckpointFiles(d);
   for (const std::string& d : plan.locked_dirs) RemoveDeadTemporaries(d);
+  return Status::OK();
+}
+
+Status WriteRunConfigJson(const OutputsPlan& plan) {
   Status s = WriteFileAtomically(plan.config_path, plan.config_text);
   if (!s.ok()) return std::move(s).WithContext("writing the run's config.json");
   return Status::OK();
@@ -524,9 +528,9 @@ Status ApplyOutputs(const OutputsPlan& plan) {
 // checkpoint directories, and the outputs checked against each other, the inputs and another
 // run's files (run_dir.h); every directory they need created before the first step, so a bad path
 // fails now and not after the training it was to record. Nothing is removed or written yet: the
-// plan says what TrainRun::SetUp does once the set-up is known to be good (ApplyOutputs), the run's
-// config.json (as configured: without the per-rank NVMe path) among it.
-// run_dir.h
+// plan says what TrainRun::SetUp does once the set-up is known to be good (RemoveStaleOutputs,
+// WriteRunConfigJson), the run's config.json (as configured: without the per-rank NVMe path) among
+// it. run_dir.h
 StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_path, int rank,
                                      int world, RunDirLock& lock, MadeDirs& made) {
   const bool lead = rank == 0;

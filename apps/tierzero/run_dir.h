@@ -109,8 +109,8 @@ Status CheckCheckpointArgument(const std::string& path, const std::string& flag,
 void DefaultOutputPaths(RunConfig& cfg);
 
 // What a run changes in its outputs' directories before its first step, once its set-up is
-// known to be good (ApplyOutputs): nothing is removed or written while a bad flag can still
-// refuse the run.
+// known to be good (RemoveStaleOutputs, WriteRunConfigJson): nothing is removed or written while a
+// bad flag can still refuse the run.
 struct OutputsPlan {
   std::vector<std::string> stale_files;        // an earlier run's files (--overwrite)
   std::vector<std::string> stale_checkpoints;  // checkpoint directories of an earlier run
@@ -134,14 +134,16 @@ StatusOr<OutputsPlan> CheckOutputs(const RunConfig& cfg, const std::string& conf
 // run and checkpoint directories (held by `lock` to the end of the run) and CheckOutputs; every
 // directory the outputs need created before the first step. Nothing is removed or written yet:
 // the plan carries the run's config.json (as configured: without the per-rank NVMe path) for
-// ApplyOutputs. Ranks after the first swap to RUN_DIR/nvme/rankN.
+// WriteRunConfigJson. Ranks after the first swap to RUN_DIR/nvme/rankN.
 StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_path, int rank,
                                      int world, RunDirLock& lock, MadeDirs& made);
 
-// Carries out the plan: the stale files and checkpoints removed (tierzero's names, regular files
-// only), the temporary files of dead processes removed from the locked directories, and the run's
-// config.json written (an error stops the run: export and resume read it).
-Status ApplyOutputs(const OutputsPlan& plan);
+// Carries out the plan, in two parts: first the stale files and checkpoints removed (tierzero's
+// names, regular files only) and the temporary files of dead processes removed from the locked
+// directories; last of the set-up, the run's config.json written (an error stops the run: export
+// and resume read it; Note [A resume's config.json written last], train.cc).
+Status RemoveStaleOutputs(const OutputsPlan& plan);
+Status WriteRunConfigJson(const OutputsPlan& plan);
 
 // Note [Data on standard output]
 // An output named as the process's standard output (/dev/stdout, /dev/fd/1, /proc/self/fd/1)

@@ -353,14 +353,7 @@ Status TrainRun::SetUp() {
   if (lead_) {
     // Another run writing the same metrics file is refused before anything is removed.
     TZ_RETURN_IF_ERROR(LockMetrics(-1));
-    struct stat st {};
-    const bool config_new = ::lstat(outputs_.config_path.c_str(), &st) != 0 && errno == ENOENT;
-    TZ_RETURN_IF_ERROR(ApplyOutputs(outputs_));
-    if (config_new) {
-      undo_config.Arm();
-      config_made_ = true;
-      config_stamp_ = FileStamp(outputs_.config_path);
-    }
+    TZ_RETURN_IF_ERROR(RemoveStaleOutputs(outputs_));
   }
   // A run resumed in place continues the metrics of the checkpoint's step: lines of later steps
   // (written before a crash or a kill, after the checkpoint) and a torn last line are dropped
@@ -398,6 +391,20 @@ Status TrainRun::SetUp() {
       metrics_made_ = true;
       // Note [A run that trained nothing leaves nothing]; only while the name is this file.
       RemoveOnSignalExitIfSame(out_.metrics, metrics_fd_);
+    }
+  }
+  // Note [A resume's config.json written last]: the run's config.json after every other step of
+  // the set-up that can fail. A resume whose metrics could not be trimmed or appended to (a full
+  // disk) had already written its new flags over its run's config.json, which the next plain
+  // resume took (hunt 49: lr 0.5 for a run that never trained with it).
+  if (lead_) {
+    struct stat st {};
+    const bool config_new = ::lstat(outputs_.config_path.c_str(), &st) != 0 && errno == ENOENT;
+    TZ_RETURN_IF_ERROR(WriteRunConfigJson(outputs_));
+    if (config_new) {
+      undo_config.Arm();
+      config_made_ = true;
+      config_stamp_ = FileStamp(outputs_.config_path);
     }
   }
   // The destructor's undo ends here; a signal's stays until the first step (Note [A run that
@@ -555,12 +562,15 @@ Status TrainRun::WriteMetrics(const json& line) {
       }
     }
   }
+  // Where the line begins: a write that fails part-way (a full disk) is cut back to it, so the
+  // file stays whole lines (a torn last line stayed until a resume trimmed it: hunt 49).
+  const off_t before = S_ISREG(mst.st_mode) ? ::lseek(metrics_fd_, 0, SEEK_END) : -1;
   if (const int err = WriteAll(metrics_fd_, text); err != 0) {
+    if (before >= 0) (void)::ftruncate(metrics_fd_, before);
     // Note [A checkpoint after a data error]: a failed write leaves the run between steps.
     resume_when_ = "the metrics file " + out_.metrics + " can be written";
     unwritten_metrics_.push_back(line.dump());
-    return Defer(ErrnoError(
-        "writing the metrics file " + out_.metrics + (err == ENOSPC ? " (disk full)" : ""), err));
+    return Defer(ErrnoError("writing the metrics file " + out_.metrics, err));
   }
   return Status::OK();
 }

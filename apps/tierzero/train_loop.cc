@@ -222,6 +222,8 @@ Status TrainRun::Save(int step) {
              "--checkpoint a directory on another)"
        : s.message().find("longer than this system allows") != std::string::npos
            ? "; give --checkpoint a shorter path)"
+       : s.message().find("free space there") != std::string::npos
+           ? "; the path on another disk is --checkpoint DIR)"
            : "; free space there, or give --checkpoint a directory on another disk)") +
       (saved_step_ < 0 && !(outputs_.in_place && start_ > 0)
            ? ". Its run directory keeps its config and metrics: run it again with --overwrite"

@@ -259,9 +259,9 @@ int WriteAll(int fd, std::string_view text) {
 
 Status AtomicFile::Write(const void* data, size_t n) {
   if (fd_ < 0) return FailedPreconditionError("writing " + path_ + " after it was closed");
-  const std::string& name = streamed_ ? path_ : tmp_;
+  // (Named by the path the caller gave: the temporary it goes through is removed.)
   const int err = WriteAll(fd_, std::string_view(static_cast<const char*>(data), n));
-  if (err != 0) return ErrnoError("writing " + name + (err == ENOSPC ? " (disk full)" : ""), err);
+  if (err != 0) return ErrnoError("writing " + path_, err);
   bytes_ += n;
   return Status::OK();
 }

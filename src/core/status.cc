@@ -147,7 +147,10 @@ Status ErrnoError(std::string_view what, int err, StatusCode code) {
            "file system holds (FAT32: 4 GiB)";
       break;
     case EDQUOT:
-      m += "; over the disk quota of this user";
+      m += "; over the disk quota of this user: free space there, or give a path on another disk";
+      break;
+    case ENOSPC:
+      m += "; the disk is full: free space there, or give a path on another disk";
       break;
     case ENAMETOOLONG:
       m += "; the path is longer than this system allows (4096 bytes, and 255 for one name in "

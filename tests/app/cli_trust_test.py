@@ -64,6 +64,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
                 run trains, naming the file and field; a resumed run's recorded plan gone is said
   long_paths    a run directory or output too deep or too long for the names written at the end:
                 refused at set-up, nothing left (it trained, then could not save)
+  full_disks    a full disk under the metrics, a resume, an export, stdout and plan's
+                calibration: whole lines kept, the run's config.json kept, the path named
   metrics_durable  a power cut (an ext4 image shut down) after the last checkpoint: the metrics
                 of its steps are on the disk too
   output        a line every --log-every steps without a terminal; one line in place on one
