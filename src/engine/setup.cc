@@ -109,8 +109,17 @@ StatusOr<bool> Engine::Impl::ChooseCollectivePath(bool cuda) {
                    AllGatherValue(*comm, static_cast<int32_t>(on_device)));
   const bool everywhere = std::all_of(all.begin(), all.end(), [](int32_t v) { return v != 0; });
   if (on_device && !everywhere) {
-    TZ_LOG(kWarn, kEngine) << "NCCL cannot load, or a node has fewer GPUs than ranks: gathers "
-                              "and reductions go through host buffers (ranks.collectives: host)";
+    // Which ranks cannot, and the reason of their kind (on the simulated device, a communicator
+    // without its own progress: TZ_MPI_COMM_THREAD=0 on that rank; hunt 49 read of NCCL there).
+    std::string which;
+    for (size_t r = 0; r < all.size(); ++r)
+      if (all[r] == 0) which += (which.empty() ? "" : ", ") + std::to_string(r);
+    TZ_LOG(kWarn, kEngine) << "rank(s) " << which << " cannot run collectives on the device ("
+                           << (cuda ? "NCCL cannot load there, or a node has fewer GPUs than ranks"
+                                    : "their communicator has no thread of its own: "
+                                      "TZ_MPI_COMM_THREAD=0 there?")
+                           << "): gathers and reductions go through host buffers on every rank "
+                              "(ranks.collectives: host)";
   }
   return everywhere;
 }
