@@ -378,9 +378,6 @@ int main(int argc, char** argv) {
   // steps into its own failure first, Guarded, so what it made is removed as for any error). It
   // ends the command with an error line and status 1, not std::terminate's abort. (The run's
   // outputs are what their own atomic writes left: a temporary file is never under a final name.)
-  // Note [Every rank joins before it reads] (tierzero/communicator.h): under a launcher, before
-  // any input is read (a failure is said where the run makes its communicator).
-  if (tierzero::app::LaunchedRanks().size > 1) (void)tierzero::Communicator::InitMpi();
   try {
     return tierzero::Main(argc, argv);
   } catch (...) {

@@ -93,7 +93,7 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg, bool gpu, bool* elsewhere
         "  (%s cannot be made here: %s; the calibration runs under %s, whose disk may not "
         "be the run's NVMe disk)\n",
         cfg.output.run_dir.c_str(), ec.message().c_str(), base.c_str());
-    made_dirs.clear();
+    // (made_dirs kept: a full disk may have taken some levels; only empty ones are removed.)
     ec.clear();
     *elsewhere = true;
   }
@@ -238,13 +238,19 @@ StatusOr<MachineRates> LoadRates(const PlanArgs& a, const RunConfig& cfg, bool g
   // The calibration is a run of its own (its budgets, its swap under the run directory), not
   // the planned run: its failure said as the run's (a full disk's "lower the NVMe budget") gave
   // advice that changed nothing (hunt 49).
-  if (!calibrated.ok())
+  if (!calibrated.ok()) {
+    const char* tmp = std::getenv("TMPDIR");
+    const std::string where =
+        elsewhere ? std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + " ($TMPDIR)"
+                  : "the run directory " + cfg.output.run_dir;
     return Status(calibrated.status().code(),
                   "measuring this machine's rates (a short run of its own, with up to 256 MiB "
-                  "of swap under the run directory " +
-                      cfg.output.run_dir + "): " + std::string(calibrated.status().message()) +
-                      "; give --run-dir a directory on a disk with room, or the rates with "
-                      "--rates FILE (a calibration elsewhere writes them: TZ_RATES_FILE)");
+                  "of swap under " +
+                      where + "): " + std::string(calibrated.status().message()) + "; give " +
+                      (elsewhere ? "TMPDIR" : "--run-dir") +
+                      " a directory on a disk with room, or the rates with --rates FILE (a "
+                      "calibration elsewhere writes them: TZ_RATES_FILE)");
+  }
   MachineRates r = std::move(*calibrated);
   if (cached) {  // the communicator's, measured under mpirun, stay
     r.comm_bytes_per_s = cached->comm_bytes_per_s;

@@ -97,6 +97,8 @@ namespace {
 
 // The ranks of this run (mpirun) or one; Fail ends every rank when there are several.
 std::shared_ptr<Communicator> g_comm;
+// This rank joined the launcher's job at the start (Communicator::InitMpi).
+bool g_joined = false;
 
 int Fail(const Status& s) {
   if (g_comm && g_comm->size() > 1) {
@@ -114,6 +116,12 @@ int Fail(const Status& s) {
   // numbered it, so the failing one is named.
   if (const LauncherRanks l = LaunchedRanks(); !g_comm && l.size > 1) {
     std::fprintf(stderr, "rank %d of %d: error: %s\n", l.rank, l.size, s.ToString().c_str());
+    // Joined, it ends the job at once, as a failing rank with its communicator does: its exit
+    // would wait in MPI_Finalize for the others, and they in their first collective for its
+    // deadline (review 49). (The joined world needs no collective to become a communicator.)
+    if (g_joined) {
+      if (auto c = Communicator::Mpi(); c.ok()) (*c)->Abort(1);
+    }
     return 1;
   }
   std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
@@ -616,6 +624,10 @@ void TrainRun::PrintHeader(double init_s) const {
 }
 
 int Train(const std::vector<std::string>& given_args) {
+  // Note [Every rank joins before it reads] (tierzero/communicator.h): under a launcher, before
+  // any input is read (its --help too: a peer that printed only its help held the others in
+  // MPI_Init). A failure is said where the run makes its communicator.
+  g_joined = LaunchedRanks().size > 1 && Communicator::InitMpi().ok();
   for (const std::string& a : given_args) {
     if (a == "-h" || a == "--help") {
       std::fputs(TrainHelp(), stdout);

@@ -159,9 +159,11 @@ class Communicator {
   static StatusOr<std::shared_ptr<Communicator>> Mpi(int ranks_per_node = 0);
   // Joins the launcher's job now (MPI_Init), as Mpi() would, unless MPI is initialised already.
   // Note [Every rank joins before it reads]: a program started by mpirun calls it before it reads
-  // its inputs. MPI_Init waits for every rank to call it, with no deadline: a rank blocked on an
-  // input before it (a FIFO as its config) or one that ended without it held the others there
-  // for good; joined first, they wait in a collective, which has the collective deadline.
+  // its inputs (`tierzero train` does; commands that use no MPI do not: MPI may be initialised
+  // once a process, and a job script may run several). MPI_Init waits for every rank to call it,
+  // with no deadline: a rank blocked on an input before it (a FIFO as its config) or one that ended
+  // without it held the others there for good; joined first, they wait in a collective, which has
+  // the collective deadline.
   static Status InitMpi();
 };
 

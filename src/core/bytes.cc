@@ -152,7 +152,7 @@ std::string FormatBytes(uint64_t bytes) {
   // The most bytes there are, 2^64 - 1, rounds to "16 EiB", which is 2^64: not a size any parse
   // takes. The top unit is cut, not rounded, to stay below it ("15.99 EiB").
   // (In integers: as a double, 2^64 - 1 is already 2^64.)
-  if (u == 6) {
+  if (u == 6 && bytes >= (uint64_t{1} << 60)) {  // (not a PiB figure rounded up to 1 EiB)
     const uint64_t whole = bytes >> 60;
     const auto hundredths = static_cast<uint64_t>(
         (static_cast<unsigned __int128>(bytes & ((uint64_t{1} << 60) - 1)) * 100) >> 60);

@@ -69,6 +69,9 @@ TEST(ByteSizeTest, FormatsRoundedIntoTheNextUnit) {
   EXPECT_EQ(FormatBytes(kMiB - 6 * kKiB), "1018 KiB");
   EXPECT_EQ(FormatBytes(1023), "1023 B");
   EXPECT_EQ(FormatBytes(UINT64_MAX), "15.99 EiB");
+  EXPECT_EQ(FormatBytes((uint64_t{1} << 60) - 1), "1 EiB");  // (review 49: "0.99 EiB")
+  EXPECT_EQ(FormatBytes((uint64_t{1} << 60) - (uint64_t{1} << 40)), "1 EiB");
+  EXPECT_EQ(FormatBytes(uint64_t{1} << 60), "1 EiB");
 }
 
 // As a flag takes it, never short of the size: parsed back it is at least the bytes given.

@@ -307,8 +307,19 @@ def case_rank_never_reads():
                        [":", "-np", "1", "-wdir", os.path.join(d, "b"), TZ] + text,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=90, env=env)
     out = p.stdout.decode(errors="replace")
-    check(p.returncode != 0 and "rank 1 of 2: error:" in out and "is a FIFO" in out,
-          f"one rank's text a FIFO:\n{out[-2000:]}")
+    check(p.returncode != 0 and "rank 1 of 2: error:" in out and "is a FIFO" in out and
+          "MPI_ABORT" not in out and not os.path.exists(os.path.join(d, "run_text")),
+          f"one rank's text a FIFO (refused together, nothing left):\n{out[-2000:]}")
+    # One rank's flag refused before it has a communicator: the job ends at once, not at the
+    # others' collective deadline (review 49).
+    t0 = time.time()
+    p = subprocess.run([mpirun, "-np", "1", "-wdir", os.path.join(d, "a"), TZ] + base +
+                       [":", "-np", "1", "-wdir", os.path.join(d, "a"), TZ] + base +
+                       ["--steps", "-5"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=90, env=env)
+    out = p.stdout.decode(errors="replace")
+    check(p.returncode != 0 and "rank 1 of 2: error:" in out and "train.steps" in out and
+          time.time() - t0 < 4.5, f"one rank's bad flag: {time.time() - t0:.1f} s\n{out[-2000:]}")
     tokens = os.path.join(d, "v300.bin")
     with open(tokens, "wb") as f:
         f.write(struct.pack("<20000H", *[(i * 7) % 300 for i in range(20000)]))
