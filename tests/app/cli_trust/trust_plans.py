@@ -126,3 +126,49 @@ def case_plan_files():
                    "h2d_bytes_per_s": 1e10, "d2h_bytes_per_s": 1e10}, f)
     refused(["plan", "--config", run_json, "--rates", rates, "--no-advice"],
             "name holds a control character")
+
+
+def case_plan_advice():
+    # Hunt 49: plan's advice of a smaller batch or sequence was never given (its search changed
+    # a copy of the config), and an NVMe budget of 1 MiB "holding the rest" was advised where
+    # none is needed. Each change advised is planned again here: it fits.
+    d = os.path.join(OUT, "pa")
+    os.makedirs(d)
+    rates = os.path.join(d, "rates.json")
+    with open(rates, "w") as f:
+        json.dump({"name": "r", "cpu_adam_params_per_s": 1e9, "h2d_bytes_per_s": 1e10,
+                   "d2h_bytes_per_s": 1e10, "device_shares_cpu": True}, f)
+
+    def plan(*args):
+        path = os.path.join(d, "p.json")
+        ok(["plan", "--rates", rates, "--json", path, "--overwrite", *args])
+        return json.loads(read(path))
+
+    flags = {"train.batch_size": "--batch-size", "model.seq_len": "--seq-len",
+             "engine.device_budget": "--device-budget"}
+    text = os.path.join(d, "t.txt")
+    with open(text, "w") as f:
+        f.write("words to learn from, over and over. " * 300)
+    for args, want, never in ((["--batch-size", "64"], "train.batch_size", "model.seq_len"),
+                              (["--text", text, "--seq-len", "256", "--batch-size", "8"],
+                               "model.seq_len", None)):
+        p = plan(*args)
+        check(not p["prediction"]["fits"], f"{args}: expected not to fit")
+        advised = {a["field"]: a["value"] for a in p["advice"]}
+        check(want in advised, f"{args}: no {want} advised: {sorted(advised)}")
+        check(never is None or never not in advised,
+              f"{args}: {never} advised for the addition task, whose rows are fixed")
+        for field, value in advised.items():
+            if field not in flags:
+                continue
+            again = list(args)
+            flag = flags[field]
+            shown = f"{value // (1 << 20)}MiB" if field.startswith("engine.") else str(value)
+            if flag in again:
+                again[again.index(flag) + 1] = shown
+            else:
+                again += [flag, shown]
+            check(plan(*again)["prediction"]["fits"], f"{again}: the advised change does not fit")
+    p = plan("--batch-size", "256", "--nvme-budget", "0", "--host-budget", "64MiB")
+    nvme = [a for a in p["advice"] if "nvme_budget" in a["field"]]
+    check(not nvme, f"an NVMe budget advised where the plan needs none: {nvme}")
