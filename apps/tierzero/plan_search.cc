@@ -2,6 +2,7 @@
 // every answer is a config the engine's own placement and plan accept.
 #include "plan_search.h"
 
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 
 #include <algorithm>
@@ -433,10 +434,37 @@ void WarnHostMemory(const RunConfig& cfg, const PlanPrediction& p, int ranks, in
       std::max(1, ranks_per_node > 0 ? std::min(ranks_per_node, ranks) : ranks));
   // (As train counts it: the device budget as far as every chunk gathered fills it.)
   const uint64_t all_chunks = static_cast<uint64_t>(p.chunks) * p.chunk_bytes;
+  // The simulated device's memory is host memory: at least its predicted peak, activations
+  // included (train's count leaves them out, not knowing them at set-up; a run the plan said
+  // fit was ended by the OOM killer in a 700 MiB cgroup, its 900 MiB of activations uncounted:
+  // hunt 49).
   const uint64_t sim_part =
-      sim ? p.device_resident + std::min(cfg.engine.device_budget, all_chunks) : 0;
+      sim ? std::max(p.device_resident + std::min(cfg.engine.device_budget, all_chunks),
+                     p.device.peak)
+          : 0;
   const uint64_t rank_need = p.host.peak + sim_part;
   const uint64_t need = rank_need > UINT64_MAX / here ? UINT64_MAX : rank_need * here;
+  // An address-space or data limit (`ulimit -v`, `-d`) is met by what is mapped, as train counts
+  // it (Note [Host memory within the process's limit], src/engine/setup.cc): the host tier, the
+  // simulated device's whole capacity, and 512 MiB for the process (plan said a run fit that
+  // train then refused: hunt 49).
+  for (const auto& [resource, flag] : {std::pair{RLIMIT_AS, "-v"}, std::pair{RLIMIT_DATA, "-d"}}) {
+    struct rlimit lim {};
+    if (::getrlimit(resource, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) continue;
+    const uint64_t capacity = sim ? cfg.engine.device_budget + cfg.engine.device_shard_budget +
+                                        4 * p.chunk_bytes + (uint64_t{1} << 20)
+                                  : 0;
+    const uint64_t mapped = p.host.peak + capacity + (uint64_t{512} << 20);
+    if (mapped <= static_cast<uint64_t>(lim.rlim_cur)) continue;
+    std::printf(
+        "  but: the run maps at least %s (host memory%s, and 512 MiB for the process), more than "
+        "this process's limit of %s (ulimit %s): train would refuse it here: raise the limit, or "
+        "give smaller budgets\n",
+        FormatBytes(mapped).c_str(), sim ? ", the simulated device's whole capacity" : "",
+        FormatBytes(static_cast<uint64_t>(lim.rlim_cur)).c_str(), flag);
+    out["address_space_limit_bytes"] = static_cast<uint64_t>(lim.rlim_cur);
+    break;
+  }
   const HostMemory m = ReadHostMemory();
   if (need <= m.limit) return;
   std::printf(
@@ -444,8 +472,7 @@ void WarnHostMemory(const RunConfig& cfg, const PlanPrediction& p, int ranks, in
       "%s%s%s), more than this process may use: %s (%s). train would refuse it on this machine: "
       "lower --host-budget%s, or plan for the machine that will run it\n",
       FormatBytes(need).c_str(), FormatBytes(p.host.peak).c_str(),
-      sim ? (", the simulated device's resident shards and budget " + FormatBytes(sim_part)).c_str()
-          : "",
+      sim ? (", the simulated device's memory " + FormatBytes(sim_part)).c_str() : "",
       here > 1 ? (" a rank, " + std::to_string(here) + " ranks").c_str() : "",
       FormatBytes(m.limit).c_str(), m.limit_source.c_str(), sim ? " or --device-budget" : "");
   out["host_memory_limit_bytes"] = m.limit;

@@ -501,8 +501,13 @@ StatusOr<std::unique_ptr<Device>> CreateHostSimDevice(const HostSimOptions& opti
       nullptr, capacity, PROT_READ | PROT_WRITE,
       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | (options.populate ? MAP_POPULATE : 0), -1, 0);
   if (slab == MAP_FAILED) {
-    return ErrnoError("cannot reserve " + FormatBytes(capacity) + " for the HostSim device", errno,
-                      StatusCode::kOutOfMemory);
+    // (The simulated device's memory is this process's address space: a budget past what the
+    // system maps, 100 TiB, was refused with no word of what to change; hunt 49.)
+    return ErrnoError("cannot reserve " + FormatBytes(capacity) +
+                          " of address space for the simulated device (its budget and a margin): "
+                          "give a device budget (engine.device_budget, --device-budget) the "
+                          "system can map",
+                      errno, StatusCode::kOutOfMemory);
   }
   DeviceInfo info;
   info.kind = DeviceKind::kHostSim;

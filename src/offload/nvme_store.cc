@@ -328,7 +328,14 @@ Status NvmeStore::OpenFiles() {
     }
     if (r == ENOSPC) {
       files_.push_back(std::move(file));  // closed (and removed) by the destructor
-      return no_space(free_bytes);
+      // The room counted before was taken meanwhile (another rank's or process's swap on the
+      // same disk): said so, not "needs 6 MiB but 10 MiB is free" (hunt 49).
+      return OutOfMemoryError(
+          "NVMe store needs " + FormatBytes(size) + " at " + path + ": " + FormatBytes(free_bytes) +
+          " was free there, but the disk filled while it was reserved (other ranks or processes "
+          "swapping to the same disk, each reserving its whole budget); lower the NVMe budget "
+          "(engine.nvme_budget, --nvme-budget: per rank), give each rank its own disk "
+          "(--nvme-path), or free space there");
     }
     if (r == EOPNOTSUPP || r == EINVAL) {
       TZ_LOG_ONCE(kWarn, kNvme) << "fallocate is not supported on " << path

@@ -172,3 +172,32 @@ def case_plan_advice():
     p = plan("--batch-size", "256", "--nvme-budget", "0", "--host-budget", "64MiB")
     nvme = [a for a in p["advice"] if "nvme_budget" in a["field"]]
     check(not nvme, f"an NVMe budget advised where the plan needs none: {nvme}")
+
+
+def case_plan_limits():
+    # Hunt 49: under `ulimit -v` plan said a run fit that train then refused for the address space
+    # it maps; plan now says so on a "but:" line, with train's own figure.
+    import resource
+    import subprocess
+    from trust_common import TZ
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_AS, (1500000 * 1024, 1500000 * 1024))  # as ulimit -v
+
+    shape = ["--host-budget", "900MiB", "--nvme-budget", "0", "--width", "768", "--heads", "12",
+             "--layers", "6", "--device-budget", "300MiB"]
+    rates = os.path.join(OUT, "pl_rates.json")
+    with open(rates, "w") as f:
+        json.dump({"name": "r", "cpu_adam_params_per_s": 1e9, "h2d_bytes_per_s": 1e10,
+                   "d2h_bytes_per_s": 1e10, "device_shares_cpu": True}, f)
+    p = subprocess.run([TZ, "plan", *shape, "--rates", rates, "--no-advice"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=limited,
+                       timeout=120, cwd=OUT)
+    out = p.stdout.decode(errors="replace")
+    check(p.returncode == 0 and "but: the run maps at least 1.65 GiB" in out, f"plan:\n{out}")
+    p = subprocess.run([TZ, "train", *shape, "--steps", "1", "--run-dir",
+                        os.path.join(OUT, "pl_run")],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=limited,
+                       timeout=120, cwd=OUT)
+    out = p.stdout.decode(errors="replace")
+    check(p.returncode == 1 and "this run maps at least 1.65 GiB" in out, f"train:\n{out}")
