@@ -301,6 +301,12 @@ Status TrainRun::SetUp() {
   const auto init_t0 = std::chrono::steady_clock::now();
   TZ_RETURN_IF_ERROR(engine_->Finalize());
   const double init_s = SecondsSince(init_t0);
+  // Before the step-0 evaluation: every rank plans the same run, and refuses it together.
+  if (Status s = CheckPredictedFit(cfg_, world_); !s.ok()) {
+    agreed_failure_ = world_ > 1;
+    speaks_ = lead_ || world_ == 1;
+    return s;
+  }
   if (!out_.init_from.empty()) {
     TZ_ASSIGN_OR_RETURN(init_note_, LoadInitFrom(*engine_, cfg_));
   }

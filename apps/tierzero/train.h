@@ -65,6 +65,11 @@ struct RunConfig {
   bool machine_budgets = false;
 };
 
+// On the simulated device, the run planned from the model's own trace: an error where its device
+// cannot hold an iteration, or (one rank) its host tier and device pass the process's memory
+// limit (Note [A run that cannot fit, said at its set-up], train_fit.cc). OK elsewhere.
+Status CheckPredictedFit(const RunConfig& cfg, int world);
+
 // The built-in default run (docs/config.md): a GPT whose model states are several times the
 // device budget and larger than the host budget, on the synthetic addition task.
 RunConfig DefaultRunConfig();

@@ -61,6 +61,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   plan_of_another_config  `train --plan` refuses a plan of another config; plan refuses data
                 train would refuse
   plan_advice   each change plan advises (a budget, a smaller batch or sequence) fits when planned
+  device_fit_early  a device too small for the activations: refused at set-up, before the
+                step-0 evaluation (plan's own words); the budget that fits trains
   plan_limits   a limit on the address space (ulimit -v): plan says what train refuses
   plan_files    plan files, rates files and warm-up traces edited: refused where read, before a
                 run trains, naming the file and field; a resumed run's recorded plan gone is said

@@ -635,6 +635,15 @@ def case_memory_limit():
         rc, out = run(["train", "--config", small, "--run-dir", rd], timeout=300,
                       preexec_fn=into_cgroup(d))
         check(rc == 0, f"a small run under a 1 GiB cgroup: exit status {rc}\n{out}")
+        # Activations past the limit, on the simulated device, whose memory is host memory: the
+        # OOM killer ended it after its step-0 evaluation, exit 137 and no word (hunt 49).
+        rd = os.path.join(OUT, "ml_act")
+        rc, out = run(["train", "--batch-size", "2048", "--device-budget", "2GiB",
+                       "--no-checkpoint-activations", "--steps", "2", "--run-dir", rd],
+                      timeout=300, preexec_fn=into_cgroup(d))
+        check(rc == 1 and "its activations" in out and "more than this process may use" in out and
+              "eval  step" not in out, f"activations over a cgroup's memory: exit {rc}\n{out}")
+        check(not os.path.exists(rd), f"a refused run left {rd}\n{out}")
     finally:
         os.rmdir(d)
 

@@ -201,3 +201,17 @@ def case_plan_limits():
                        timeout=120, cwd=OUT)
     out = p.stdout.decode(errors="replace")
     check(p.returncode == 1 and "this run maps at least 1.65 GiB" in out, f"train:\n{out}")
+
+
+def case_device_fit_early():
+    # Hunt 49: a device budget too small for the model's activations was found at the first
+    # training iteration, after the step-0 evaluation and a warm-up iteration, with the words
+    # plan says at once. Train plans its own run at set-up and refuses it before evaluating; a
+    # budget short only of the room a plan keeps against fragmentation still trains.
+    rd = os.path.join(OUT, "dfe_run")
+    out = refused(["train", "--batch-size", "256", "--device-budget", "51MiB", "--steps", "2",
+                   "--run-dir", rd], "needs 4 gathered chunks", "predicted at set-up")
+    check("eval  step" not in out and not os.path.exists(rd),
+          f"refused after its evaluation, or left its run directory:\n{out}")
+    ok(["train", "--batch-size", "256", "--device-budget", "52MiB", "--steps", "1",
+        "--eval-every", "0", "--run-dir", os.path.join(OUT, "dfe_ok"), "--quiet"], timeout=300)
