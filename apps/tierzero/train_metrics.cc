@@ -1,0 +1,131 @@
+// The run's metrics file, written line by line for the whole run: its lock against another run
+// writing it, and each line whole or not at all (TrainRun, train_run.h).
+#include <poll.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "signals.h"
+#include "tierzero/files.h"
+#include "train_run.h"
+
+namespace tierzero::app {
+
+using json = nlohmann::json;
+
+// A metrics file is appended to line by line for the whole run: two runs naming the same file
+// (outside their run directories, which are locked) interleaved their lines and tore some. It is
+// locked (flock, exclusive, held to the end): `fd` -1, the file as it exists before the run's
+// outputs are replaced (a second run is refused before it removes anything), nothing created;
+// then the descriptor the run writes (the file may have been replaced or made since), the first
+// lock let go. Regular files only (a FIFO or a device streams). A file system without locks: the
+// run goes on unlocked.
+namespace {
+
+// flock(LOCK_EX | LOCK_NB), tried a few times over 0.1 s: another command checking whether the
+// file is locked holds a shared lock for an instant (Note [A file another tierzero process
+// holds], src/core/file_io.cc), which must not pass for a run writing it. errno says why not.
+bool FlockBriefly(int fd) {
+  for (int attempt = 0;; ++attempt) {
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return true;
+    if (errno != EWOULDBLOCK || attempt == 4) return false;
+    ::usleep(20000);
+  }
+}
+
+}  // namespace
+
+Status TrainRun::LockMetrics(int fd) {
+  auto refuse = [&] {
+    return FailedPreconditionError("another tierzero process is writing the metrics file " +
+                                   out_.metrics +
+                                   " (it holds its lock): give this run its own --metrics");
+  };
+  struct stat st {};
+  if (fd < 0) {
+    if (out_.metrics.rfind("/dev/", 0) == 0 || out_.metrics.rfind("/proc/", 0) == 0 ||
+        ::stat(out_.metrics.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+      return Status::OK();
+    const int early = ::open(out_.metrics.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);
+    if (early < 0) return Status::OK();  // OpenOutputStream says why, if it matters
+    if (!FlockBriefly(early)) {
+      const int err = errno;
+      ::close(early);
+      return err == EWOULDBLOCK ? refuse() : Status::OK();
+    }
+    metrics_lock_fd_ = early;
+    return Status::OK();
+  }
+  if (metrics_lock_fd_ >= 0) {
+    ::close(metrics_lock_fd_);  // (one open of the file locking against another: let go first)
+    metrics_lock_fd_ = -1;
+  }
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return Status::OK();
+  if (!FlockBriefly(fd) && errno == EWOULDBLOCK) return refuse();
+  return Status::OK();
+}
+
+Status TrainRun::Defer(Status s) {
+  if (!s.ok() && pending_.ok()) {
+    pending_ = std::move(s);
+    pending_when_ = resume_when_;
+  }
+  return Status::OK();
+}
+
+// Note [Metrics lines a stop left unwritten]
+// A metrics line that cannot be written (a full disk) stops the run after the step it records,
+// and the stop saves that step: a resume continues after it, so its line would be missing for
+// good (and a torn part of it is trimmed). So every line computed but not written from the
+// failure on is kept, the save records them (the user state's "metrics_unwritten"), and a
+// resume in place writes them after trimming the file (TrimMetrics): the resumed file then
+// holds every step once, as an uninterrupted run's does.
+Status TrainRun::WriteMetrics(const json& line) {
+  if (metrics_fd_ < 0) return Status::OK();  // ranks other than 0 write their metrics nowhere
+  if (!pending_.ok()) {
+    // (One failed already: said at the next agreement.)
+    unwritten_metrics_.push_back(line.dump());
+    return Status::OK();
+  }
+  const std::string text = line.dump() + "\n";
+  // Note [A metrics reader that stopped reading]
+  // A FIFO or pipe whose reader holds it open and reads nothing (a paused `less`) blocked the
+  // write, and with it the stop a signal asks for, until the reader went: the first Ctrl-C was
+  // held for as long, a second one ended the run without saving. So a stream is waited on with
+  // poll, a quarter second at a time, reading the stop flag between: asked to stop, the line
+  // counts as unwritten (the save records it: Note [Metrics lines a stop left unwritten]) and
+  // the run stops as after any failed metrics line. A regular file is never waited on.
+  struct stat mst {};
+  if (::fstat(metrics_fd_, &mst) == 0 && !S_ISREG(mst.st_mode)) {
+    pollfd p{metrics_fd_, POLLOUT, 0};
+    for (;;) {
+      const int r = ::poll(&p, 1, 250);
+      if (r > 0 || (r < 0 && errno != EINTR)) break;  // writable, or the write says why not
+      if (InterruptRequested()) {
+        resume_when_ = "the metrics file " + out_.metrics + " is read";
+        unwritten_metrics_.push_back(line.dump());
+        return Defer(FailedPreconditionError(
+            "the metrics file " + out_.metrics +
+            " is not being read (its reader holds it open and has stopped reading) and a stop "
+            "was asked for"));
+      }
+    }
+  }
+  // Where the line begins: a write that fails part-way (a full disk) is cut back to it, so the
+  // file stays whole lines (a torn last line stayed until a resume trimmed it: hunt 49).
+  const off_t before = S_ISREG(mst.st_mode) ? ::lseek(metrics_fd_, 0, SEEK_END) : -1;
+  if (const int err = WriteAll(metrics_fd_, text); err != 0) {
+    if (before >= 0) (void)::ftruncate(metrics_fd_, before);
+    // Note [A checkpoint after a data error]: a failed write leaves the run between steps.
+    resume_when_ = "the metrics file " + out_.metrics + " can be written";
+    unwritten_metrics_.push_back(line.dump());
+    return Defer(ErrnoError("writing the metrics file " + out_.metrics, err));
+  }
+  return Status::OK();
+}
+
+}  // namespace tierzero::app
