@@ -80,6 +80,8 @@ Status TakeCheckpointsModel(RunConfig& cfg, const std::string& checkpoint,
 // The config.json at `path` when it is one train wrote, its paths as they resolve from where its
 // run ran; nothing otherwise (Note [A config train wrote]).
 std::optional<RunConfig> ConfigTrainWrote(const std::string& path);
+// `a` and `b` name one directory (through links), both there.
+bool SameDirectory(const std::string& a, const std::string& b);
 // The same, saying why not: NotFound when nothing is there, else what is wrong with the file.
 StatusOr<RunConfig> ReadConfigTrainWrote(const std::string& path);
 // The checkpoint whose user state is `user_state` (at `dir`) is of cfg's model, as a resume
