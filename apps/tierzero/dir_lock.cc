@@ -97,10 +97,15 @@ Status ScratchAdvice(const Status& s, const std::string& scratch) {
                     "NVMe part of the placement is all it needs)");
 }
 
+// run_dir.h
+std::string TmpDirectory() {
+  const char* tmp = std::getenv("TMPDIR");
+  return tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+}
+
 Status ScratchDir::Create(const std::string& prefix) {
   const char* tmp = std::getenv("TMPDIR");
-  std::string made =
-      std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/" + prefix + "-XXXXXX";
+  std::string made = TmpDirectory() + "/" + prefix + "-XXXXXX";
   if (::mkdtemp(made.data()) == nullptr)
     return ErrnoError("creating a scratch directory " + made + " (under " +
                           (tmp != nullptr && *tmp != '\0' ? "$TMPDIR" : "/tmp") +

@@ -87,8 +87,7 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg, bool gpu, bool* elsewhere
       ec == std::errc::operation_not_permitted || ec == std::errc::no_space_on_device) {
     // A plan made where nothing may be written (a read-only working directory, another user's):
     // the calibration runs under $TMPDIR instead, on what may be another disk than the run's.
-    const char* tmp = std::getenv("TMPDIR");
-    base = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+    base = TmpDirectory();
     std::printf(
         "  (%s cannot be made here: %s; the calibration runs under %s, whose disk may not "
         "be the run's NVMe disk)\n",
@@ -105,8 +104,7 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg, bool gpu, bool* elsewhere
   if (struct statvfs vfs{};
       !*elsewhere && ::statvfs(base.c_str(), &vfs) == 0 &&
       static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize < kSwap + (kSwap / 4)) {
-    const char* tmp = std::getenv("TMPDIR");
-    const std::string other = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+    const std::string other = TmpDirectory();
     struct statvfs there {};
     if (::statvfs(other.c_str(), &there) == 0 &&
         static_cast<uint64_t>(there.f_bavail) * there.f_frsize >= kSwap + (kSwap / 4)) {
@@ -239,10 +237,8 @@ StatusOr<MachineRates> LoadRates(const PlanArgs& a, const RunConfig& cfg, bool g
   // the planned run: its failure said as the run's (a full disk's "lower the NVMe budget") gave
   // advice that changed nothing (hunt 49).
   if (!calibrated.ok()) {
-    const char* tmp = std::getenv("TMPDIR");
     const std::string where =
-        elsewhere ? std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + " ($TMPDIR)"
-                  : "the run directory " + cfg.output.run_dir;
+        elsewhere ? TmpDirectory() + " ($TMPDIR)" : "the run directory " + cfg.output.run_dir;
     return Status(calibrated.status().code(),
                   "measuring this machine's rates (a short run of its own, with up to 256 MiB "
                   "of swap under " +

@@ -70,6 +70,9 @@ class MadeDirs {
   std::vector<std::string> dirs_;  // in the order made (parents first)
 };
 
+// $TMPDIR, or /tmp where it is unset or empty: where a command's scratch space goes.
+std::string TmpDirectory();
+
 // A directory of its own under $TMPDIR (else /tmp), made with mkdtemp("PREFIX-XXXXXX") and
 // removed with everything in it when this goes: the NVMe swap space of export and eval, which
 // must not share a run's (relative to where that run ran, and maybe in use).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "plan_search.h"
 #include "tierzero/bytes.h"
 #include "tierzero/devices.h"
 #include "tierzero/plan.h"
@@ -30,23 +31,16 @@ Status CheckPredictedFit(const RunConfig& cfg, int world) {
   const bool sim = cfg.engine.device == DeviceChoice::kHost ||
                    (cfg.engine.device == DeviceChoice::kAuto && GpuCount() == 0);
   if (!sim) return Status::OK();
-  auto engine = Engine::Create(cfg.engine);
-  if (!engine.ok()) return Status::OK();
-  auto model = gpt::Gpt::Create(**engine, cfg.model);
-  if (!model.ok()) return Status::OK();
-  auto trace = (*model)->DeriveTrace(cfg.train.batch_size);
-  if (!trace.ok()) return Status::OK();
-  PlanRequest req;
-  req.moments = std::move(trace->moments);
-  req.world_size = world;
-  req.ranks_per_node = cfg.ranks.ranks_per_node;
   // (Memory alone is read: any rates will do. The simulated device shares the CPU's cores.)
-  req.rates.name = "set-up check";
-  req.rates.cpu_adam_params_per_s = req.rates.device_adam_params_per_s = 1e9;
-  req.rates.h2d_bytes_per_s = req.rates.d2h_bytes_per_s = 1e10;
-  req.rates.nvme_read_bytes_per_s = req.rates.nvme_write_bytes_per_s = 1e9;
-  req.rates.device_shares_cpu = true;
-  auto p = (*engine)->Plan(req);
+  MachineRates rates;
+  rates.name = "set-up check";
+  rates.cpu_adam_params_per_s = rates.device_adam_params_per_s = 1e9;
+  rates.h2d_bytes_per_s = rates.d2h_bytes_per_s = 1e10;
+  rates.nvme_read_bytes_per_s = rates.nvme_write_bytes_per_s = 1e9;
+  rates.device_shares_cpu = true;
+  // As `tierzero plan` plans it (Planner::Run: the model's derived trace, Engine::Plan).
+  const Planner planner{cfg.ranks.ranks_per_node, rates, {}, 0.0, nullptr, cfg, {}};
+  const StatusOr<PlanPrediction> p = planner.Run(cfg, world);
   if (!p.ok()) return Status::OK();
   const std::string after =
       " (predicted at set-up from the model's own trace, as `tierzero plan` with the same flags "

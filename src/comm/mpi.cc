@@ -384,16 +384,12 @@ class MpiCommunicator final : public Communicator {
     if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
       return UnavailableError("MPI_Init_thread failed");
     std::atexit(FinalizeAtExit);
-    InitedByUs() = true;
-    ProvidedToUs() = provided;
+    ByUs() = provided;
     return Status::OK();
   }
-  static bool& InitedByUs() {
-    static bool by_us = false;
-    return by_us;
-  }
-  static int& ProvidedToUs() {
-    static int provided = 0;
+  // The thread level MPI_Init_thread gave us; -1 where the program initialised MPI itself.
+  static int& ByUs() {
+    static int provided = -1;
     return provided;
   }
 
@@ -430,6 +426,7 @@ class MpiCommunicator final : public Communicator {
   // The world as InitMpi joined it: a duplicate of MPI_COMM_WORLD and its shared-memory
   // topology, made at once by every rank; the first communicator Create makes takes it.
   struct Joined {
+    bool made = false;  // (once: the communicator that takes it leaves comm null)
     MPI_Comm comm = MPI_COMM_NULL;
     Topology shared;
   };
@@ -437,17 +434,13 @@ class MpiCommunicator final : public Communicator {
     static Joined joined;
     return joined;
   }
-  static bool& Joining() {
-    static bool once = false;
-    return once;
-  }
 
   // Under MpiLock: MPI_Init, then the calls of Create that wait for every rank with no deadline
   // (Comm_dup, the topology), once (Note [Every rank joins before it reads]).
   static Status JoinLocked() {
     RETURN_IF_ERROR(InitLocked());
-    if (Joining()) return Status::OK();
-    Joining() = true;
+    if (EarlyJoin().made) return Status::OK();
+    EarlyJoin().made = true;
     MPI_Comm dup;
     if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &dup); rc != MPI_SUCCESS)
       return MpiError(rc, "Comm_dup");
@@ -457,7 +450,8 @@ class MpiCommunicator final : public Communicator {
       MPI_Comm_free(&dup);
       return s;
     }
-    EarlyJoin() = {dup, t};
+    EarlyJoin().comm = dup;
+    EarlyJoin().shared = t;
     return Status::OK();
   }
 
@@ -468,9 +462,9 @@ class MpiCommunicator final : public Communicator {
     MutexLock mpi(MpiLock());
     RETURN_IF_ERROR(InitLocked());
     bool threaded;
-    if (InitedByUs()) {
+    if (ByUs() >= 0) {
       // Every call of ours is under MpiLock (Note [The MPI comm thread]).
-      threaded = ProvidedToUs() >= MPI_THREAD_SERIALIZED;
+      threaded = ByUs() >= MPI_THREAD_SERIALIZED;
     } else {
       // The program may call MPI on its own threads, outside our lock.
       int provided = 0;
