@@ -34,8 +34,9 @@ constexpr const char* kEvalHelp =
     R"(usage: tierzero eval (--resume CHECKPOINT | --init-from FILE) --data PATH [options]
 
 Prints the mean next-token loss and perplexity of a model over the consecutive windows of
-T + 1 tokens of PATH (llm.c shards or raw uint16 tokens; a file or a glob; each file a stream of
-its own, window i starting at its token i x T, a partial last window dropped).
+T + 1 tokens of PATH (llm.c shards, uint16 or Llama 3's uint32, or raw uint16 tokens; a file or
+a glob; each file a stream of its own, window i starting at its token i x T, a partial last
+window dropped).
 
   --resume DIR           a checkpoint: the model it records; its run's DIR/../config.json, where
                          that is beside it, gives the budgets and data (else: the machine's

@@ -25,8 +25,9 @@ override the config:
   --arch gpt2|llama      the architecture (model.arch; docs/models.md)   --kv-heads N
   --optimizer-states fp32|bf16|int8   how Adam's m and v are stored (engine.optimizer_states)
   --text FILE            train on a UTF-8 text file (byte-level) instead of addition
-  --data PATH            train on token files: llm.c shards or raw uint16 .bin (a file or a
-                         glob of shards; set model.vocab to the tokenizer's, docs/data.md)
+  --data PATH            train on token files: llm.c shards (uint16, or Llama 3's uint32) or
+                         raw uint16 .bin (a file or a glob of shards; set model.vocab to the
+                         tokenizer's, docs/data.md)
   --seq-len T            context length (model.seq_len)
   --vocab N              vocabulary size (model.vocab; a tokenizer's, for --data)
   --seed N               data seed

@@ -16,8 +16,11 @@
 namespace tierzero::gpt {
 namespace {
 
-constexpr int32_t kShardMagic = 20240520;  // llm.c's data shards
+// llm.c's data shards (Note [Token widths]): GPT-2's, uint16 tokens; Llama 3's, uint32.
+constexpr int32_t kShardMagic = 20240520;
 constexpr int32_t kShardVersion = 1;
+constexpr int32_t kShard32Magic = 20240801;
+constexpr int32_t kShard32Version = 7;
 constexpr uint64_t kShardHeaderBytes = 256 * sizeof(int32_t);
 // A token file larger than this is refused before it is scanned (a huge sparse file would take
 // minutes): 2^40 bytes is half a trillion tokens in one file.
@@ -50,23 +53,57 @@ static bool ReadExactly(int fd, uint64_t offset, void* data, size_t bytes) {
   return true;
 }
 
+// Note [Token widths]: tokens are 16-bit (GPT-2's shards, raw files) or 32-bit (Llama 3's
+// shards). Read widens either into int32: a 32-bit id past INT32_MAX becomes negative, which
+// CheckIds refuses (naming it as the file holds it), as it refuses every id >= vocab.
 Status TokenShards::Read(const File& f, uint64_t first, uint64_t n, int32_t* out) const {
-  uint16_t buf[4096];
+  alignas(4) uint16_t buf[8192];
+  const uint64_t per = sizeof buf / f.width;
   while (n > 0) {
-    const uint64_t k = std::min<uint64_t>(n, 4096);
-    if (!ReadExactly(f.fd, f.offset + 2 * first, buf, static_cast<size_t>(2 * k)))
+    const uint64_t k = std::min<uint64_t>(n, per);
+    if (!ReadExactly(f.fd, f.offset + f.width * first, buf, static_cast<size_t>(f.width * k)))
       return DataLossError("the token file '" + f.path +
                            "' changed while in use: it no longer "
                            "holds the " +
                            std::to_string(f.count) +
                            " tokens it had when the run "
                            "opened it (regenerate data only between runs)");
-    for (uint64_t i = 0; i < k; ++i) out[i] = buf[i];
+    if (f.width == 2) {
+      for (uint64_t i = 0; i < k; ++i) out[i] = buf[i];
+    } else {
+      std::memcpy(out, buf, static_cast<size_t>(4 * k));  // little-endian uint32 -> int32 bits
+    }
     out += k;
     first += k;
     n -= k;
   }
   return Status::OK();
+}
+
+// Note [Token widths]: a raw file is uint16 (nanoGPT's). 32-bit ids written raw
+// (`np.int32(ids).tofile(...)`, the default integer of many scripts) would read as an id and a
+// zero, alternately: a model trained on them learns nothing, without a word. Every second 16-bit
+// value of the file's start being 0, while others are not, says it is such a file: no tokenizer
+// writes id 0 at every other position of 64 or more.
+Status TokenShards::RefuseWideRaw(const File& f) {
+  if (f.count < 128 || f.bytes % 4 != 0) return Status::OK();
+  std::vector<uint16_t> head(static_cast<size_t>(std::min<uint64_t>(f.count, 65536)));
+  if (!ReadExactly(f.fd, 0, head.data(), 2 * head.size()))
+    return IoError("reading the token file '" + f.path + "' failed");
+  bool upper_zero = true, lower_nonzero = false;
+  for (size_t i = 0; i + 1 < head.size() && upper_zero; i += 2) {
+    upper_zero = head[i + 1] == 0;
+    lower_nonzero = lower_nonzero || head[i] != 0;
+  }
+  if (!upper_zero || !lower_nonzero) return Status::OK();
+  return InvalidArgumentError(
+      "the token file '" + f.path +
+      "' looks like 32-bit token ids: raw token files are uint16, "
+      "and every second 16-bit value of its first " +
+      std::to_string(head.size()) +
+      " is 0 (the upper half of a 32-bit id). Write the ids as uint16 (`ids.astype(np.uint16)`, "
+      "for ids below 65536), or as an llm.c Llama 3 shard: a header of 256 int32 (magic "
+      "20240801, version 7, the token count), then the uint32 ids (docs/data.md)");
 }
 
 StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& pattern, int vocab,
@@ -161,18 +198,24 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
     if (bytes < kShardHeaderBytes && bytes >= 4) {
       if (!ReadExactly(fd, 0, header, 4))
         return IoError("reading the token file '" + path + "' failed");
-      if (header[0] == kShardMagic)
+      if (header[0] == kShardMagic || header[0] == kShard32Magic)
         return InvalidArgumentError("the token file '" + path +
                                     "' is an llm.c shard cut short: " + std::to_string(bytes) +
                                     " bytes, inside its " + std::to_string(kShardHeaderBytes) +
                                     "-byte header (truncated?)");
     }
-    if (header[0] == kShardMagic) {
-      if (header[1] != kShardVersion)
-        return InvalidArgumentError("the token file '" + path + "' is an llm.c shard of version " +
-                                    std::to_string(header[1]) +
-                                    "; version 1 (uint16 tokens) reads");
-      const uint64_t want = kShardHeaderBytes + 2 * static_cast<uint64_t>(std::max(header[2], 0));
+    if (header[0] == kShardMagic || header[0] == kShard32Magic) {
+      const bool wide = header[0] == kShard32Magic;
+      const int32_t version = wide ? kShard32Version : kShardVersion;
+      if (header[1] != version)
+        return InvalidArgumentError(
+            "the token file '" + path + "' is an llm.c " + (wide ? "Llama 3" : "GPT-2") +
+            " shard (magic " + std::to_string(header[0]) + ") of version " +
+            std::to_string(header[1]) + "; version " + std::to_string(version) + " (" +
+            (wide ? "uint32" : "uint16") + " tokens) reads");
+      file.width = wide ? 4 : 2;
+      const uint64_t want =
+          kShardHeaderBytes + file.width * static_cast<uint64_t>(std::max(header[2], 0));
       if (header[2] <= 0 || want != bytes)
         return InvalidArgumentError("the token file '" + path +
                                     "' is an llm.c shard whose header "
@@ -191,21 +234,23 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
         return InvalidArgumentError(
             "the token file '" + path +
             "' is neither an llm.c shard (its "
-            "first int32 is not 20240520) nor raw uint16 tokens (its size, " +
+            "first int32 is neither 20240520 nor 20240801) nor raw uint16 tokens (its size, " +
             std::to_string(bytes) + " bytes, is odd)");
       file.count = bytes / 2;
+      TZ_RETURN_IF_ERROR(RefuseWideRaw(file));
     }
     // Every id inside the vocabulary (Note [Token splits]): the first scan_at_open bytes here,
     // read sequentially (a second or so per few GB), and each window as it is read.
-    if (vocab < 65536) {
+    if (s->Checked(file)) {
       std::vector<int32_t> chunk(1 << 20);
       for (uint64_t first = 0; first < file.count && scanned < scan_at_open;
            first += chunk.size()) {
-        const uint64_t n = std::min<uint64_t>(
-            {chunk.size(), file.count - first, (scan_at_open - scanned + 1) / 2});
+        const uint64_t n =
+            std::min<uint64_t>({chunk.size(), file.count - first,
+                                (scan_at_open - scanned + file.width - 1) / file.width});
         TZ_RETURN_IF_ERROR(s->Read(file, first, n, chunk.data()));
         TZ_RETURN_IF_ERROR(s->CheckIds(file, first, n, chunk.data(), /*at_open=*/true));
-        scanned += 2 * n;
+        scanned += file.width * n;
       }
     }
   }
@@ -273,10 +318,11 @@ Status TokenShards::EvalWindow(uint64_t index, int seq, int32_t* tokens, int32_t
 Status TokenShards::CheckIds(const File& f, uint64_t first, uint64_t n, const int32_t* ids,
                              bool at_open) const {
   for (uint64_t k = 0; k < n; ++k) {
-    if (ids[k] >= vocab_)
+    if (ids[k] < 0 || ids[k] >= vocab_)
       return InvalidArgumentError(
-          "the token file '" + f.path + "' holds token id " + std::to_string(ids[k]) +
-          " at position " + std::to_string(first + k) + ", outside the model's vocabulary of " +
+          "the token file '" + f.path + "' holds token id " +
+          std::to_string(static_cast<uint32_t>(ids[k])) + " at position " +
+          std::to_string(first + k) + ", outside the model's vocabulary of " +
           std::to_string(vocab_) +
           (at_open ? " (the data was tokenized for another vocabulary: set model.vocab (--vocab) "
                      "to the tokenizer's size, or, for a model directory's fixed vocabulary, "
@@ -292,7 +338,7 @@ Status TokenShards::ReadWindow(const File& f, uint64_t first, int seq, int32_t* 
                                int32_t* targets) const {
   std::vector<int32_t> w(static_cast<size_t>(seq) + 1);
   TZ_RETURN_IF_ERROR(Read(f, first, w.size(), w.data()));
-  if (vocab_ < 65536) TZ_RETURN_IF_ERROR(CheckIds(f, first, w.size(), w.data(), /*at_open=*/false));
+  if (Checked(f)) TZ_RETURN_IF_ERROR(CheckIds(f, first, w.size(), w.data(), /*at_open=*/false));
   std::copy(w.begin(), w.end() - 1, tokens);
   std::copy(w.begin() + 1, w.end(), targets);
   return Status::OK();
@@ -333,18 +379,26 @@ uint64_t TokenShards::ComputeFingerprint() const {
 }
 
 std::string TokenShards::Describe(bool split) const {
-  const bool shards =
-      std::all_of(files_.begin(), files_.end(), [](const File& f) { return f.shard; });
+  auto all = [&](auto pred) { return std::all_of(files_.begin(), files_.end(), pred); };
+  const bool shards = all([](const File& f) { return f.shard; });
+  const bool narrow = all([](const File& f) { return f.width == 2; });
+  const bool wide = all([](const File& f) { return f.width == 4; });
+  const std::string kind = shards ? (wide     ? ", llm.c Llama 3 shards (uint32)"
+                                     : narrow ? ", llm.c shards"
+                                              : ", llm.c shards (uint16 and uint32)")
+                                  : (narrow ? ", uint16" : ", uint16 and uint32");
   return "tokens '" + pattern_ + "' (" + std::to_string(files_.size()) + " file" +
-         (files_.size() == 1 ? "" : "s") + (shards ? ", llm.c shards" : ", uint16") + ": " +
+         (files_.size() == 1 ? "" : "s") + kind + ": " +
          (split ? std::to_string(split_tokens(false)) + " tokens train, " +
                       std::to_string(split_tokens(true)) + " validate"
                 : std::to_string(tokens()) + " tokens") +
-         // Both formats hold 16-bit ids: a larger vocabulary's upper ids cannot be in them (a
-         // tokenizer writing them wrapped them modulo 65536: the data is not that tokenizer's).
-         (vocab_ > 65536 ? "; 16-bit ids: the vocabulary's tokens 65536.." +
-                               std::to_string(vocab_ - 1) + " cannot appear"
-                         : std::string()) +
+         // 16-bit files cannot hold a larger vocabulary's upper ids (a tokenizer writing them
+         // wrapped them modulo 65536: the data is not that tokenizer's).
+         (vocab_ > 65536 && !wide
+              ? "; 16-bit ids" + std::string(narrow ? "" : " in the uint16 files") +
+                    ": the vocabulary's tokens 65536.." + std::to_string(vocab_ - 1) +
+                    " cannot appear"
+              : std::string()) +
          ")";
 }
 

@@ -1,6 +1,7 @@
 // Tokenized data files for the GPT (`--data PATH`, data kind "tokens"; docs/data.md): a file or a
 // glob of shards in llm.c's format (a header of 256 int32: magic 20240520, version 1, the token
-// count; then that many uint16 tokens) or raw uint16 tokens (nanoGPT's `.bin`), each opened once
+// count; then that many uint16 tokens; or Llama 3's: magic 20240801, version 7, uint32 tokens:
+// Note [Token widths] in token_data.cc) or raw uint16 tokens (nanoGPT's `.bin`), each opened once
 // and read window by window (pread), never whole into memory. Not mapped: a file truncated or
 // rewritten while a run reads it (regenerating train.bin in place) would end a mapping's reader
 // with SIGBUS; a read says DataLoss instead.
@@ -30,8 +31,8 @@ class TokenShards {
   // `pattern`: a file, or a glob (`data/fineweb_train_*.bin`) matching one or more; `vocab`: the
   // model's vocabulary. NotFound when nothing matches; InvalidArgument naming the file for one
   // that is not a regular file, not a shard (a bad header, a size that disagrees with its count)
-  // nor raw uint16 tokens (an odd size), holds an id >= vocab, or a split shorter than
-  // `min_tokens` (0: the splits are not used, only the evaluation windows).
+  // nor raw uint16 tokens (an odd size, or 32-bit ids written raw), holds an id >= vocab, or a
+  // split shorter than `min_tokens` (0: the splits are not used, only the evaluation windows).
   // `scan_at_open`: the bytes whose ids are checked here (every window's are checked as it is
   // read).
   static StatusOr<std::unique_ptr<TokenShards>> Open(const std::string& pattern, int vocab,
@@ -72,7 +73,12 @@ class TokenShards {
     uint64_t count = 0;
     uint64_t bytes = 0;  // its size at Open
     bool shard = false;  // llm.c's header (else raw uint16)
+    uint64_t width = 2;  // bytes a token: 4 in Llama 3's shards (Note [Token widths])
   };
+  // InvalidArgument for a raw file whose start reads as 32-bit ids (Note [Token widths]).
+  static Status RefuseWideRaw(const File& f);
+  // Whether `f`'s ids need checking against the vocabulary (16-bit ones cannot pass 65535).
+  bool Checked(const File& f) const { return f.width == 4 || vocab_ < 65536; }
   uint64_t ComputeFingerprint() const;
   uint64_t fingerprint_ = 0;
   // Tokens [first, first + n) of file `f`, widened to int32 into `out`.

@@ -1,6 +1,7 @@
 // `tierzero eval` against the fp64 GPT reference (tests/gpt/gpt_reference.h): the mean loss over a
-// token file's consecutive windows (Note [Evaluation windows], apps/tierzero/eval.cc), whatever
-// the batch size, and the errors a user meets.
+// token file's consecutive windows (16-bit ids, and a Llama 3 shard's 32-bit ones) (Note
+// [Evaluation windows], apps/tierzero/eval.cc), whatever the batch size, and the errors a user
+// meets.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -41,6 +42,22 @@ double EvalLoss(const std::vector<std::string>& args, int* rc) {
   return at == std::string::npos ? std::nan("") : std::stod(out.substr(at + 10));
 }
 
+// The model `mc` with random weights (larger than the 0.02 init, so every path carries signal),
+// exported to `path`; its weights in `params`.
+void ExportRandomModel(const gpt::GptConfig& mc, const std::string& path, gpt::Params* params) {
+  EngineConfig ec;
+  ec.device = DeviceChoice::kHost;
+  ec.compute_dtype = DType::kF32;
+  auto engine = Engine::Create(ec);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  auto model = gpt::Gpt::Create(**engine, mc);
+  ASSERT_TRUE(model.ok());
+  ASSERT_TRUE((*engine)->Finalize().ok());
+  *params = gpt::RandomParams(**engine, 5);
+  ASSERT_FALSE(params->empty());
+  ASSERT_TRUE((*engine)->ExportSafetensors(path, DType::kF32).ok());
+}
+
 TEST(Eval, MeanLossOverConsecutiveWindowsEqualsTheFp64Reference) {
   TempDir dir;
   gpt::GptConfig mc;
@@ -49,21 +66,8 @@ TEST(Eval, MeanLossOverConsecutiveWindowsEqualsTheFp64Reference) {
   mc.d_model = 8;
   mc.n_layer = 2;
   mc.n_head = 2;
-  // The model: random weights (larger than the 0.02 init, so every path carries signal), exported.
   gpt::Params params;
-  {
-    EngineConfig ec;
-    ec.device = DeviceChoice::kHost;
-    ec.compute_dtype = DType::kF32;
-    auto engine = Engine::Create(ec);
-    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-    auto model = gpt::Gpt::Create(**engine, mc);
-    ASSERT_TRUE(model.ok());
-    ASSERT_TRUE((*engine)->Finalize().ok());
-    params = gpt::RandomParams(**engine, 5);
-    ASSERT_FALSE(params.empty());
-    ASSERT_TRUE((*engine)->ExportSafetensors(dir / "model.safetensors", DType::kF32).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(ExportRandomModel(mc, dir / "model.safetensors", &params));
   // 43 tokens of raw uint16: windows of 4 + 1 start at 0, 4, ..., 36 (10 windows; the tokens
   // after 40 do not fill one).
   std::vector<uint16_t> tokens(43);
@@ -115,6 +119,66 @@ TEST(Eval, MeanLossOverConsecutiveWindowsEqualsTheFp64Reference) {
   EXPECT_EQ(Eval({"--config", dir / "c.json", "--init-from", dir / "model.safetensors"}), 1);
   EXPECT_EQ(Eval({"--config", dir / "c.json", "--init-from", dir / "model.safetensors", "--data",
                   dir / "data.bin", "--vocab", "5"}),
+            1);
+}
+
+// A vocabulary past 65536 (Llama 3's is 128256) on llm.c's Llama 3 shard (uint32 ids, Note
+// [Token widths] in models/gpt/token_data.cc): the loss over ids above 65535 is the fp64
+// reference's on the ids as written, not on their low 16 bits.
+TEST(Eval, ThirtyTwoBitIdsOfALlama3ShardEqualTheFp64Reference) {
+  TempDir dir;
+  gpt::GptConfig mc;
+  mc.vocab = 70001;
+  mc.seq_len = 4;
+  mc.d_model = 8;
+  mc.n_layer = 1;
+  mc.n_head = 2;
+  gpt::Params params;
+  ASSERT_NO_FATAL_FAILURE(ExportRandomModel(mc, dir / "model.safetensors", &params));
+  std::vector<uint32_t> tokens(33);
+  std::mt19937 rng(4);
+  for (uint32_t& t : tokens) t = 65536 + rng() % 4465;  // every id past 16 bits
+  tokens[7] = 5;
+  {
+    std::vector<int32_t> header(256, 0);
+    header[0] = 20240801;
+    header[1] = 7;
+    header[2] = static_cast<int32_t>(tokens.size());
+    std::ofstream f(dir / "llama3.bin", std::ios::binary);
+    f.write(reinterpret_cast<const char*>(header.data()), 1024);
+    f.write(reinterpret_cast<const char*>(tokens.data()),
+            static_cast<std::streamsize>(tokens.size() * 4));
+    std::ofstream(dir / "c.json") << R"({"model": {"vocab": 70001, "seq_len": 4, "d_model": 8,
+        "n_layer": 1, "n_head": 2}, "engine": {"compute_dtype": "fp32", "device_budget": "64 MiB",
+        "host_budget": "64 MiB", "nvme_budget": "0"}})";
+  }
+  const int T = 4, windows = 8;
+  gpt::Batch all;
+  all.batch = windows;
+  all.seq = T;
+  for (int w = 0; w < windows; ++w) {
+    for (int t = 0; t < T; ++t) {
+      all.tokens.push_back(static_cast<int32_t>(tokens[static_cast<size_t>(w * T + t)]));
+      all.targets.push_back(static_cast<int32_t>(tokens[static_cast<size_t>(w * T + t + 1)]));
+      all.mask.push_back(1.0f);
+    }
+  }
+  const double want = gpt::Ref{mc.vocab, T, mc.d_model, mc.n_layer, mc.n_head, params}.Loss(all);
+  int rc = -1;
+  const double got = EvalLoss({"--config", dir / "c.json", "--init-from", dir / "model.safetensors",
+                               "--data", dir / "llama3.bin"},
+                              &rc);
+  ASSERT_EQ(rc, 0);
+  EXPECT_NEAR(got, want, 2e-5 * want);
+  // An id at the vocabulary: refused, naming it.
+  tokens[20] = 70001;
+  {
+    std::fstream f(dir / "llama3.bin", std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(1024 + 4 * 20);
+    f.write(reinterpret_cast<const char*>(&tokens[20]), 4);
+  }
+  EXPECT_EQ(Eval({"--config", dir / "c.json", "--init-from", dir / "model.safetensors", "--data",
+                  dir / "llama3.bin"}),
             1);
 }
 

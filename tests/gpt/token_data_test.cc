@@ -1,4 +1,5 @@
-// Token files (models/gpt/token_data.h): llm.c shards and raw uint16 read alike, every window a run
+// Token files (models/gpt/token_data.h): llm.c shards (GPT-2's uint16, Llama 3's uint32) and raw
+// uint16 read alike, every window a run
 // of the file's tokens in its split (Note [Token splits]), evaluation windows where the spec puts
 // them, and each bad file refused with what is wrong.
 #include "gpt/token_data.h"
@@ -6,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -50,6 +52,25 @@ void WriteShard(const std::string& path, const std::vector<uint16_t>& t, int32_t
   std::ofstream f(path, std::ios::binary);
   f.write(reinterpret_cast<const char*>(h.data()), 1024);
   f.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * 2));
+}
+
+// A Llama 3 shard of llm.c (magic 20240801, version 7): uint32 tokens.
+void WriteShard32(const std::string& path, const std::vector<uint32_t>& t, int32_t version = 7,
+                  int64_t count = -1) {
+  std::vector<int32_t> h(256, 0);
+  h[0] = 20240801;
+  h[1] = version;
+  h[2] = static_cast<int32_t>(count < 0 ? static_cast<int64_t>(t.size()) : count);
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(h.data()), 1024);
+  f.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * 4));
+}
+
+// Token i is (base + 40503 i) mod vocab: ids over the whole of a vocabulary past 65536.
+std::vector<uint32_t> WideTokens(uint64_t n, uint32_t base, uint32_t vocab) {
+  std::vector<uint32_t> t(n);
+  for (uint64_t i = 0; i < n; ++i) t[i] = static_cast<uint32_t>((base + 40503 * i) % vocab);
+  return t;
 }
 
 // The position in `t` where `window` (seq + 1 tokens: tokens then the last target) starts, or -1.
@@ -159,6 +180,107 @@ TEST(TokenData, TheFingerprintIsOfTheFilesAsOpened) {
   EXPECT_EQ((*same)->Fingerprint(), opened);
   ::truncate((dir / "f.bin").c_str(), 2 * 1000);
   EXPECT_EQ((*s)->Fingerprint(), opened);
+}
+
+// Note [Token widths]: Llama 3's shards read as their uint32 ids, every id of a 128256 vocabulary
+// (past 65535, where 16-bit files cannot go), beside 16-bit files in one glob; the evaluation
+// windows are the ids as written.
+TEST(TokenData, Llama3ShardsReadTheirThirtyTwoBitIds) {
+  TempDir dir;
+  const uint32_t vocab = 128256;
+  const std::vector<uint32_t> a = WideTokens(3001, 7, vocab);
+  const std::vector<uint16_t> b = Tokens(801, 3, 50000);
+  WriteShard32(dir / "w_0.bin", a);
+  WriteShard(dir / "w_1.bin", b);
+  auto s = TokenShards::Open(dir / "w_*.bin", static_cast<int>(vocab), 0);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ((*s)->tokens(), 3802u);
+  EXPECT_NE((*s)->Describe(false).find("llm.c shards (uint16 and uint32)"), std::string::npos)
+      << (*s)->Describe(false);
+  EXPECT_NE((*s)->Describe(false).find("16-bit ids in the uint16 files"), std::string::npos);
+  const int seq = 100;
+  ASSERT_EQ((*s)->NumEvalWindows(seq), 30u + 8u);
+  std::vector<int32_t> tok(seq), tgt(seq);
+  uint32_t largest = 0;
+  for (uint64_t w = 0; w < 38; ++w) {
+    ASSERT_TRUE((*s)->EvalWindow(w, seq, tok.data(), tgt.data()).ok()) << w;
+    const size_t start = (w < 30 ? w : w - 30) * seq;
+    for (size_t t = 0; t < static_cast<size_t>(seq); ++t) {
+      const uint32_t want = w < 30 ? a[start + t] : b[start + t];
+      const uint32_t next = w < 30 ? a[start + t + 1] : b[start + t + 1];
+      ASSERT_EQ(static_cast<uint32_t>(tok[t]), want) << w << " " << t;
+      ASSERT_EQ(static_cast<uint32_t>(tgt[t]), next) << w << " " << t;
+      largest = std::max(largest, want);
+    }
+  }
+  EXPECT_GT(largest, 120000u) << "ids past 65535 read as written";
+  // Alone, and split 90/10 for training: every window a run of the file's ids.
+  auto one = TokenShards::Open(dir / "w_0.bin", static_cast<int>(vocab), 17);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_NE((*one)->Describe().find("llm.c Llama 3 shards (uint32)"), std::string::npos);
+  EXPECT_EQ((*one)->Describe().find("16-bit"), std::string::npos) << (*one)->Describe();
+  tok.resize(16);
+  tgt.resize(16);
+  for (uint64_t key = 0; key < 100; ++key) {
+    ASSERT_TRUE((*one)->Window(false, key * 7919, 16, tok.data(), tgt.data()).ok());
+    size_t at = 0;
+    while (at < a.size() && a[at] != static_cast<uint32_t>(tok[0])) ++at;
+    ASSERT_LT(at + 16, 2700u);
+    for (size_t t = 0; t < 16; ++t) ASSERT_EQ(static_cast<uint32_t>(tgt[t]), a[at + t + 1]);
+  }
+}
+
+// A 32-bit shard's bad ids, header and size, and 32-bit ids written raw: each refused, naming
+// the id as the file holds it, or what the file looks like and how to write it.
+TEST(TokenData, BadThirtyTwoBitFilesAreRefusedWithWhatIsWrong) {
+  TempDir dir;
+  auto error = [&](const std::string& pattern, int vocab, uint64_t scan = uint64_t{4} << 30) {
+    auto s = TokenShards::Open(pattern, vocab, 17, scan);
+    return s.ok() ? std::string("(opened)") : s.status().ToString();
+  };
+  std::vector<uint32_t> t = WideTokens(1000, 0, 70000);
+  t[321] = 70000;
+  WriteShard32(dir / "id.bin", t);
+  EXPECT_NE(error(dir / "id.bin", 70000).find("token id 70000 at position 321"), std::string::npos)
+      << error(dir / "id.bin", 70000);
+  EXPECT_EQ(error(dir / "id.bin", 70001), "(opened)");
+  t[321] = 3000000000u;  // past INT32_MAX: named as written, not as a negative int
+  WriteShard32(dir / "huge.bin", t);
+  EXPECT_NE(error(dir / "huge.bin", 70001).find("token id 3000000000 at position 321"),
+            std::string::npos)
+      << error(dir / "huge.bin", 70001);
+  // Past the bytes checked at open: refused as the window holding it is read.
+  auto lazy = TokenShards::Open(dir / "huge.bin", 70001, 0, /*scan_at_open=*/400);
+  ASSERT_TRUE(lazy.ok()) << lazy.status().ToString();
+  std::vector<int32_t> tok(16), tgt(16);
+  const Status read = (*lazy)->EvalWindow(321 / 16, 16, tok.data(), tgt.data());
+  EXPECT_NE(read.ToString().find("token id 3000000000 at position 321"), std::string::npos)
+      << read.ToString();
+  EXPECT_TRUE((*lazy)->EvalWindow(0, 16, tok.data(), tgt.data()).ok());
+  WriteShard32(dir / "v1.bin", WideTokens(100, 0, 300), 1);
+  EXPECT_NE(error(dir / "v1.bin", 300).find("Llama 3 shard (magic 20240801) of version 1"),
+            std::string::npos)
+      << error(dir / "v1.bin", 300);
+  WriteShard32(dir / "short.bin", WideTokens(100, 0, 300), 7, 101);
+  EXPECT_NE(error(dir / "short.bin", 300).find("truncated"), std::string::npos);
+  WriteShard32(dir / "cut.bin", WideTokens(100, 0, 300));
+  fs::resize_file(dir / "cut.bin", 800);
+  EXPECT_NE(error(dir / "cut.bin", 300).find("cut short"), std::string::npos);
+  // 32-bit ids written raw (np.int32(ids).tofile): every second 16-bit value is 0.
+  {
+    const std::vector<uint32_t> raw = WideTokens(500, 1, 50000);
+    std::ofstream f(dir / "raw32.bin", std::ios::binary);
+    f.write(reinterpret_cast<const char*>(raw.data()), static_cast<std::streamsize>(4 * 500));
+  }
+  EXPECT_NE(error(dir / "raw32.bin", 50257).find("looks like 32-bit token ids"), std::string::npos)
+      << error(dir / "raw32.bin", 50257);
+  // 16-bit files with zeros at some odd positions, or all zeros, or short: read as uint16.
+  std::vector<uint16_t> zeros = Tokens(1000, 1, 300);
+  for (size_t i = 1; i < 900; i += 2) zeros[i] = 0;
+  WriteRaw(dir / "some_zeros.bin", zeros);
+  EXPECT_EQ(error(dir / "some_zeros.bin", 300), "(opened)");
+  WriteRaw(dir / "all_zeros.bin", std::vector<uint16_t>(1000, 0));
+  EXPECT_EQ(error(dir / "all_zeros.bin", 300), "(opened)");
 }
 
 TEST(TokenData, BadFilesAreRefusedWithWhatIsWrong) {
