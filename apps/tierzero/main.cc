@@ -19,7 +19,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -262,9 +264,42 @@ void FitStackBeforeLibraries(int, char**, char**) {
 // A container's pids limit (cgroup pids.max) refuses threads the same way, and getrlimit does
 // not show it: it is read from the cgroup files (Note [A container's pids limit],
 // src/core/host_memory.cc), and either limit set starts the probe.
+//
+// Note [Threads within the address space]
+// Each of oneTBB's workers reserves its stack (thread_stack_size, 4 MiB), address space that a
+// limit on it (`ulimit -v`, or `-d`) counts, and a worker that cannot map one throws on oneTBB's
+// own thread as above: std::terminate. engine.cpu_threads may ask for more threads than the CPUs
+// (up to 4096): 512 under `ulimit -v 2000000` aborted after the step-0 evaluation (hunt 50). So
+// under such a limit oneTBB is held to the workers whose stacks take at most an eighth of it;
+// the rest is the run's (its budgets are checked against the same limit).
+int AddressSpaceThreadCap() {
+  uint64_t limit = UINT64_MAX;
+  for (const int resource : {RLIMIT_AS, RLIMIT_DATA}) {
+    struct rlimit rl {};
+    if (::getrlimit(resource, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+      limit = std::min<uint64_t>(limit, rl.rlim_cur);
+  }
+  if (limit == UINT64_MAX) return INT_MAX;
+  const uint64_t stack =
+      tbb::global_control::active_value(tbb::global_control::thread_stack_size) + (64 << 10);
+  return static_cast<int>(std::clamp<uint64_t>(limit / 8 / stack + 1, 1, INT_MAX));
+}
+
 void FitThreadLimit() {
   // (A limit this high is a distribution's default, not a constraint: no probe.)
   constexpr uint64_t kNoConstraint = uint64_t{1} << 16;
+  const int cpus = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  // (oneTBB counts the calling thread in its parallelism: workers are one fewer. The smallest
+  // of the controls alive holds.)
+  if (const int cap = AddressSpaceThreadCap(); cap < INT_MAX) {
+    static tbb::global_control stacks(tbb::global_control::max_allowed_parallelism,
+                                      static_cast<size_t>(cap));
+    if (cap < cpus)
+      std::fprintf(stderr,
+                   "note: this process's address space (ulimit -v or -d) holds the stacks of few "
+                   "threads: the CPU's parallel work runs on %d thread%s\n",
+                   cap, cap == 1 ? "" : "s");
+  }
   std::string what;  // the limit that leads to the probe, as the note names it
   if (struct rlimit rl{}; ::getrlimit(RLIMIT_NPROC, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
     if (rl.rlim_cur < rl.rlim_max) {
@@ -284,7 +319,6 @@ void FitThreadLimit() {
   // count tried is more than any arena here takes (CPU Adam's is engine.cpu_threads, which may
   // exceed the CPUs), on small stacks so an address-space limit does not count.
   constexpr int kHeadroom = 12;
-  const int cpus = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const int want = std::max(256, 2 * cpus) + kHeadroom;
   struct Gate {
     pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;

@@ -43,7 +43,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   file_size_limit  a checkpoint or export past `ulimit -f`: an error naming the limit, no
                 core, no temporary left, the resumed checkpoint unchanged
   address_space_limit  `ulimit -v` or `ulimit -s` too small: refused naming the limit (not a
-                SIGSEGV or "a bug"), nothing of the run left; a low soft limit is raised
+                SIGSEGV or "a bug"), nothing of the run left; a low soft limit is raised;
+                4096 CPU Adam threads under `ulimit -v` train (no std::terminate)
   resume_elsewhere  a run resumed from another working directory (its config.json's relative
                 paths) continues in place, bit for bit
   thread_limit  `ulimit -u` under an arena of 16 threads: oneTBB held to what can start, no

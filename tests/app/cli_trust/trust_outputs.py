@@ -587,6 +587,18 @@ def case_address_space_limit():
                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (lim, lim)))
         check(rc == 1 and "ulimit -v" in out, f"a device budget over the address space: {rc}\n{out}")
         check(not os.path.exists(rd), f"a refused run left {rd}")
+        # An arena of 4096 threads (the most cpu_threads takes) whose 4 MiB stacks pass the
+        # limit: a worker that could not start threw on oneTBB's thread (std::terminate, exit
+        # 134) after the step-0 evaluation. Held to the stacks an eighth of the limit holds, it
+        # trains (Note [Threads within the address space]).
+        rd = os.path.join(OUT, "as_run_threads")
+        cfg = os.path.join(OUT, "as_threads.json")
+        with open(cfg, "w") as f:
+            f.write('{"engine": {"cpu_threads": 4096}}')
+        lim = 2000 << 20
+        rc, out = run(["train", "--config", cfg, "--steps", "2", "--run-dir", rd, "--quiet"],
+                      preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (lim, lim)))
+        check(rc == 0, f"4096 CPU Adam threads under ulimit -v 2000 MiB: exit status {rc}\n{out}")
 
 
 def case_thread_limit():
