@@ -47,12 +47,39 @@ std::string TrainRun::DataMended(const Status& s, bool validation) const {
   return validation ? "the validation data is readable" : "the data is readable";
 }
 
-Status TrainRun::Evaluate(int step) {
+// Note [An evaluation a signal cuts short]
+// A signal was read once per step, and an evaluation is up to 100000 batches: one SIGTERM in a
+// long step-0 evaluation was acted on only after it and a step (minutes; a scheduler's SIGKILL
+// comes first), and a second one ended the run unsaved (hunt 50). So an evaluation asks before
+// each batch whether a stop was asked for (the ranks agree, as on a step's), and stops there,
+// writing no line: an evaluation changes no weight, so the model is the step's. The step's
+// checkpoint records its evaluation as undone and the resumed run makes it first (Note [An
+// evaluation a stop left undone], train.cc), as after a data error. The last evaluation, after
+// the last step, has no resume to make it: a stop asked during that step lets it run whole (as
+// before); one asked during it cuts it short, and the run says how to make it (tierzero eval, for
+// token files).
+StatusOr<bool> TrainRun::StopAgreed() {
+  bool stop = InterruptRequested();
+  if (world_ == 1) return stop;
+  TZ_ASSIGN_OR_RETURN(const auto all, AllGatherValue(*comm_, int64_t{stop ? 1 : 0}));
+  for (const int64_t r : all) stop = stop || r != 0;
+  return stop;
+}
+
+Status TrainRun::Evaluate(int step, bool stoppable) {
   double loss = 0, acc = 0;
+  eval_cut_ = false;
   // Each batch is read before it is computed, and the ranks agree that it could be (Note [A
   // checkpoint after a data error]: an evaluation changes no weight, so the model is whole at
   // every batch; one batch is held at a time).
   for (int b = 0; b < cfg_.train.eval_batches; ++b) {
+    if (stoppable) {
+      TZ_ASSIGN_OR_RETURN(eval_cut_, StopAgreed());
+    }
+    if (eval_cut_) {
+      interrupted_ = true;
+      return Status::OK();
+    }
     auto fetched = dataset_->Fetch(true, static_cast<uint64_t>(b), cfg_.train.batch_size);
     Status read;
     if (!fetched.ok()) {
@@ -336,6 +363,16 @@ Status TrainRun::Loop() {
       if (start_ > 0) eval_pending_step_ = start_;  // (still undone: the resume keeps saying so)
       return SaveAfterError(s);
     }
+    if (eval_cut_) {  // Note [An evaluation a signal cuts short]: saved untrained (Finish)
+      eval_pending_step_ = start_;
+      progress_->Line(out_.checkpoint_dir.empty()
+                          ? "interrupted in the evaluation of step " + std::to_string(start_) +
+                                " (--checkpoint none: nothing is saved)"
+                          : "interrupted in the evaluation of step " + std::to_string(start_) +
+                                ": saving a checkpoint at step " + std::to_string(start_) +
+                                " (the resumed run makes the evaluation first)");
+      return Status::OK();
+    }
     eval_at_start_ = false;
   }
   for (; step_ < cfg_.train.steps; ++step_) {
@@ -350,13 +387,17 @@ Status TrainRun::Loop() {
         eval_pending_step_ = step_ + 1;  // Note [An evaluation a stop left undone]
         return SaveAfterError(s);
       }
+      if (eval_cut_) eval_pending_step_ = step_ + 1;  // Note [An evaluation a signal cuts short]
     }
     if (interrupted_) {
       ++step_;
-      progress_->Line(out_.checkpoint_dir.empty()
-                          ? "interrupted at step " + std::to_string(step_) +
-                                " (--checkpoint none: nothing is saved)"
-                          : "interrupted: saving a checkpoint at step " + std::to_string(step_));
+      const std::string cut = eval_pending_step_ == step_
+                                  ? " (its evaluation cut short: the resumed run makes it first)"
+                                  : "";
+      progress_->Line(out_.checkpoint_dir.empty() ? "interrupted at step " + std::to_string(step_) +
+                                                        " (--checkpoint none: nothing is saved)"
+                                                  : "interrupted: saving a checkpoint at step " +
+                                                        std::to_string(step_) + cut);
       break;
     }
     if (cfg_.train.checkpoint_every > 0 && (step_ + 1) % cfg_.train.checkpoint_every == 0)
@@ -487,7 +528,15 @@ Status TrainRun::Finish() {
   // The last evaluation, also after a stop during the last step (its resume would have nothing
   // to train, so the evaluation would be lost for good).
   Status final_eval = Status::OK();
-  if ((!interrupted_ || step_ >= cfg_.train.steps) && step_ > start_) final_eval = Evaluate(step_);
+  if ((!interrupted_ || step_ >= cfg_.train.steps) && step_ > start_) {
+    final_eval = Evaluate(step_, /*stoppable=*/!interrupted_);
+    if (final_eval.ok() && eval_cut_) {  // Note [An evaluation a signal cuts short]
+      std::string how;
+      if (cfg_.data.kind == "tokens" && !out_.checkpoint_dir.empty())
+        how = " (tierzero eval --resume " + out_.checkpoint_dir + " --data ... makes it)";
+      progress_->Line("interrupted in the last evaluation: it is not made" + how);
+    }
+  }
   // A metrics line the lead could not write since the last agreement. A run stopped before its
   // last step (a Ctrl-C in the same step) is saved and resumes, as after a step's data error.
   if (final_eval.ok()) {

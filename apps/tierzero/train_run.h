@@ -62,7 +62,12 @@ class TrainRun {
   void OnStarted(std::function<void()> f) { on_started_ = std::move(f); }
 
  private:
-  Status Evaluate(int step);
+  // The validation loss at `step`, its metrics line written; cut short by an agreed stop (Note
+  // [An evaluation a signal cuts short]): OK with eval_cut_ set and no line. Not `stoppable`:
+  // made whole whatever is asked.
+  Status Evaluate(int step, bool stoppable = true);
+  // Whether any rank was asked to stop (a signal): every rank the same answer.
+  StatusOr<bool> StopAgreed();
   // Note [A checkpoint after a data error]: what a resume needs after a data error `s`.
   std::string DataMended(const Status& s, bool validation) const;
   Status Save(int step);
@@ -132,6 +137,7 @@ class TrainRun {
   int eval_pending_step_ = -1;
   bool eval_at_start_ = false;
   bool interrupted_ = false;  // the agreed Ctrl-C (RunStep)
+  bool eval_cut_ = false;     // the last Evaluate stopped by a signal before its end
   // Note [A checkpoint after a data error]: what the model has trained to (start_, then each
   // step's end), and why the run may stop between steps with that saved: its data could not be
   // read, or its metrics not written (empty for any other error).

@@ -36,6 +36,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   setup_signal  SIGINT/SIGTERM while set-up blocks on a FIFO ends the process promptly
   eval_recorded_data  eval --resume without --data scores its run's files only by an absolute path
   eval_swap_signal  a signal ends an evaluation whose swap file it made: the file goes too
+  eval_signal   one SIGTERM in a long evaluation of train stops it within a batch: saved with
+                the evaluation undone (the resume makes it), or the last one said not made
   run_signals   a stdout reader gone, a closed stdout, a run blocked on a full FIFO, an export
   late_faults   faults found late: a config the report cannot hold, a finished run resumed, a
                 foreign manifest.json, a set-up failing after config.json, data changing mid-run

@@ -423,3 +423,61 @@ def case_killed_before_checkpoint():
     ok(advice + ["--steps", "3", "--quiet"])
     check(os.path.exists(os.path.join(rd, "checkpoint", "manifest.json")),
           f"the advised command saved no checkpoint: {advice}")
+
+
+def case_eval_signal():
+    """Note [An evaluation a signal cuts short]: one SIGTERM in a long evaluation stops it
+    within a batch, where it was acted on only after it and a step (the step-0 evaluation of
+    100000 batches: more than 10 minutes; a scheduler's SIGKILL comes first). The step-0 one and
+    a scheduled one: saved with the evaluation undone, which the resume makes first; the last
+    one: the run saves, reports and says the evaluation is not made."""
+    base = write_config(os.path.join(OUT, "ev.json"), train={"eval_batches": 20000})
+
+    def stopped_in_eval(args, after, name):
+        """Starts train, sends SIGTERM 1 s after `after` is in its output; (seconds, output)."""
+        log = os.path.join(OUT, name + ".log")
+        with open(log, "w") as f:
+            p = subprocess.Popen([TZ, "train", "--config", base, "--log-every", "1"] + args,
+                                 stdout=f, stderr=subprocess.STDOUT, cwd=OUT)
+        deadline = time.time() + 120
+        while p.poll() is None and time.time() < deadline and after not in open(log).read():
+            time.sleep(0.05)
+        time.sleep(1)
+        p.send_signal(signal.SIGTERM)
+        t0 = time.time()
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise Failure(f"{name}: SIGTERM in an evaluation: still running 60 s later")
+        out = open(log).read()
+        check(p.returncode == 0, f"{name}: exit status {p.returncode}\n{out}")
+        return time.time() - t0, out
+
+    def pending(rd):
+        with open(os.path.join(rd, "checkpoint", "manifest.json")) as f:
+            m = json.load(f)
+        return m["step"], m["user_state"].get("eval_pending", False)
+
+    rd = os.path.join(OUT, "ev_start")
+    secs, out = stopped_in_eval(["--run-dir", rd], "tierzero train:", "ev_start")
+    check(secs < 8 and "interrupted in the evaluation of step 0" in out,
+          f"the step-0 evaluation stopped {secs:.1f} s after SIGTERM\n{out}")
+    check(pending(rd) == (0, True), f"step-0 checkpoint: {pending(rd)}")
+    # A scheduled evaluation (step 4 of a run resumed from step 2).
+    rd = os.path.join(OUT, "ev_sched")
+    train_small(rd, "--html", "none", "--trace", "none", steps=2)
+    secs, out = stopped_in_eval(["--run-dir", rd, "--resume", rd + "/checkpoint", "--steps", "6",
+                                 "--eval-every", "4"], "step     4/", "ev_sched")
+    check(secs < 8 and "its evaluation cut short" in out,
+          f"a scheduled evaluation stopped {secs:.1f} s after SIGTERM\n{out}")
+    check(pending(rd) == (4, True), f"checkpoint: {pending(rd)}")
+    # The last evaluation: nothing to resume makes it; the run saves and reports.
+    rd = os.path.join(OUT, "ev_last")
+    train_small(rd, "--html", "none", "--trace", "none", steps=2)
+    secs, out = stopped_in_eval(["--run-dir", rd, "--resume", rd + "/checkpoint", "--steps", "3"],
+                                "step     3/", "ev_last")
+    check(secs < 8 and "interrupted in the last evaluation" in out,
+          f"the last evaluation stopped {secs:.1f} s after SIGTERM\n{out}")
+    check(pending(rd) == (3, False) and os.path.exists(os.path.join(rd, "report.json")),
+          f"checkpoint: {pending(rd)}; the report is written")
