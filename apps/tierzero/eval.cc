@@ -154,6 +154,7 @@ int Eval(const std::vector<std::string>& args) {
       "during the evaluation: it stops now (it writes nothing: nothing is lost)");
   std::vector<std::string> rest;
   int window = 0;
+  int batch = 0;  // --batch-size: windows a pass (0: the config's train.batch_size)
   bool has_config = false, has_nvme_path = false, has_data = false;
   std::string resume, init_from;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -169,6 +170,17 @@ int Eval(const std::vector<std::string>& args) {
         return EvalFail(InvalidArgumentError("--seq-len is '" + args[i + 1] +
                                              "'; accepted: an integer in 1..65536"));
       window = static_cast<int>(v);
+      ++i;
+      continue;
+    }
+    if (args[i] == "--batch-size") {  // windows a pass: checked with the window, below
+      if (i + 1 >= args.size()) return EvalFail(InvalidArgumentError("--batch-size needs a value"));
+      char* end = nullptr;
+      const long v = std::strtol(args[i + 1].c_str(), &end, 10);
+      if (end == args[i + 1].c_str() || *end != '\0' || v < 1 || v > (1L << 24))
+        return EvalFail(InvalidArgumentError("--batch-size is '" + args[i + 1] +
+                                             "'; accepted: an integer in 1..16777216"));
+      batch = static_cast<int>(v);
       ++i;
       continue;
     }
@@ -273,6 +285,9 @@ int Eval(const std::vector<std::string>& args) {
   if (cfg->data.kind != "tokens")
     return EvalFail(InvalidArgumentError("tierzero eval needs token files: --data PATH"));
   if (window == 0) window = cfg->model.seq_len;
+  // (--batch-size is eval's own: a run's config checks its micro-batch against the model's
+  // context, and a batch of shorter windows is no micro-batch of it: hunt 50.)
+  if (batch > 0) cfg->train.batch_size = batch;
   // Windows up to the positions the model knows (a Hugging Face model's max_position_embeddings).
   const int context = cfg->model.seq_len;
   if (window > cfg->model.seq_len && window <= cfg->model.positions()) cfg->model.seq_len = window;

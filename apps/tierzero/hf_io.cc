@@ -119,7 +119,7 @@ Status MergeHfModel(RunConfig& cfg) {
   // (ReadHfDir takes the positions for a longer context: a context asked for is not cut short.)
   if (asked && cfg.model.seq_len > hf.config.positions())
     return InvalidArgumentError("model.seq_len " + std::to_string(cfg.model.seq_len) +
-                                " (--seq-len) is longer than the " +
+                                " (--seq-len or the config file) is longer than the " +
                                 std::to_string(hf.config.positions()) + " positions " + dir +
                                 "/config.json gives the model");
   cfg.model = hf.config;
@@ -201,7 +201,7 @@ Status MergeRecordedModel(RunConfig& cfg) {
     if (m.max_positions == 0) m.max_positions = m.seq_len;
     if (cfg.model.seq_len > m.positions())
       return InvalidArgumentError("model.seq_len " + std::to_string(cfg.model.seq_len) +
-                                  " (--seq-len) is longer than the " +
+                                  " (--seq-len or the config file) is longer than the " +
                                   std::to_string(m.positions()) + " positions --init-from " + file +
                                   " records for its model");
     m.seq_len = cfg.model.seq_len;

@@ -41,10 +41,13 @@ GptConfig AsLlama(GptConfig c) {
   return c;
 }
 
-Status ValidateGptConfig(const GptConfig& c) {
-  auto bad = [](const char* field, const std::string& v, const char* range) {
-    return InvalidArgumentError(std::string("model field '") + field + "' is " + v +
-                                "; accepted: " + range);
+Status ValidateGptConfig(const GptConfig& c,
+                         const std::function<std::string(const char*)>& name_of) {
+  auto bad = [&](const char* field, const std::string& v, const char* range) {
+    const std::string named = name_of ? name_of(field) : std::string();
+    return InvalidArgumentError(
+        (named.empty() ? std::string("model field '") + field + "'" : named) + " is " + v +
+        "; accepted: " + range);
   };
   auto num = [](double v) {
     char s[32];
@@ -76,8 +79,10 @@ Status ValidateGptConfig(const GptConfig& c) {
   // values (a rope_theta of 1e19 trained a whole run, then failed writing its report).
   if (!(c.rope_theta > 1 && c.rope_theta <= 1e12))
     return bad("rope_theta", num(c.rope_theta), "(1, 1e12]");
-  if (!(c.rope_factor >= 0 && c.rope_factor <= 1e6))
-    return bad("rope_factor", num(c.rope_factor), "0 (no scaling) or (0, 1e6]");
+  // (A factor a float keeps as 0, or whose inverse frequencies overflow one, made every
+  // gradient infinite: every step skipped, exit 0. Hunt 50.)
+  if (!(c.rope_factor == 0 || (c.rope_factor >= 1e-6 && c.rope_factor <= 1e6)))
+    return bad("rope_factor", num(c.rope_factor), "0 (no scaling) or [1e-6, 1e6]");
   if (!(c.rope_low_freq_factor > 0 && c.rope_low_freq_factor <= 1e6))
     return bad("rope_low_freq_factor", num(c.rope_low_freq_factor), "(0, 1e6]");
   if (!(c.rope_high_freq_factor > 0 && c.rope_high_freq_factor <= 1e6))

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -99,8 +100,11 @@ const char* ModelName(const GptConfig& c);
 // `c`, n_kv_head and d_ff as given there).
 GptConfig AsLlama(GptConfig c);
 
-// InvalidArgument naming the field: every size >= 1, d_model divisible by n_head.
-Status ValidateGptConfig(const GptConfig& config);
+// InvalidArgument naming the field: every size >= 1, d_model divisible by n_head. `name_of`,
+// when given, names a field as its reader knows it (a model directory's config.json key); an
+// empty name: the field's own ("model field 'n_head'").
+Status ValidateGptConfig(const GptConfig& config,
+                         const std::function<std::string(const char*)>& name_of = nullptr);
 
 // A micro-batch: batch x seq tokens, the target of every position, and a 0/1 loss mask.
 struct Batch {

@@ -216,16 +216,18 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
       file.width = wide ? 4 : 2;
       const uint64_t want =
           kShardHeaderBytes + file.width * static_cast<uint64_t>(std::max(header[2], 0));
-      if (header[2] <= 0 || want != bytes)
+      if (header[2] <= 0)
+        return InvalidArgumentError(
+            "the token file '" + path + "' is an llm.c shard whose header says " +
+            std::to_string(header[2]) + " tokens: a shard holds at least one (damaged?)");
+      if (want != bytes)
         return InvalidArgumentError("the token file '" + path +
-                                    "' is an llm.c shard whose header "
-                                    "says " +
+                                    "' is an llm.c shard whose header says " +
                                     std::to_string(header[2]) + " tokens (" + std::to_string(want) +
                                     " bytes) but it is " + std::to_string(bytes) + " bytes" +
-                                    (header[2] <= 0 ? " (a shard holds at least one token)"
-                                     : bytes < want ? " (truncated?)"
-                                                    : " (bytes after its tokens: not a shard "
-                                                      "llm.c wrote, or two files joined?)"));
+                                    (bytes < want ? " (truncated?)"
+                                                  : " (bytes after its tokens: not a shard "
+                                                    "llm.c wrote, or two files joined?)"));
       file.shard = true;
       file.offset = kShardHeaderBytes;
       file.count = static_cast<uint64_t>(header[2]);

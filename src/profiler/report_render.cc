@@ -22,6 +22,8 @@ using json = nlohmann::json;
 // each, so their sums fit; a century is 3e9 seconds): a
 // report edited or corrupted to hold -5 or 1e300 rendered charts and summaries of nonsense ("-0.0
 // MiB", bars off the page). Such a report is refused with the field named, before anything renders.
+// A seed (the config's model.seed, data.seed) is no quantity: any 64-bit value (a run with
+// model.seed 2^62 trained, saved, then failed writing its report: hunt 50).
 // report_numbers.h
 Status CheckReportNumbers(const json& r, const std::string& what) {
   struct Item {
@@ -46,6 +48,7 @@ Status CheckReportNumbers(const json& r, const std::string& what) {
     const double v = it.v->get<double>();
     const size_t dot = it.path.find_last_of('.');
     const std::string key = dot == std::string::npos ? it.path : it.path.substr(dot + 1);
+    if (key == "seed") continue;  // a name for a sequence, not a quantity: any 64-bit value
     const double least = key == "moment" || key == "chunk" ? -1 : 0;
     if (!(v >= least && v <= 4.6e18)) {
       return InvalidArgumentError(what + ": " + it.path + " is " + it.v->dump() +

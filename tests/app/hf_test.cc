@@ -411,6 +411,19 @@ TEST(HfModels, WhatADirectoryMayNotSayIsRefusedNamingTheField) {
       {{{"vocab_size", 19}}, "\"model_type\" are both missing"},
       {{{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", json(~uint64_t{0})}},
        "18446744073709551615"},
+      // The model's ranges in the file's own names (hunt 50: "model field 'norm_eps'").
+      {Llama({{"rms_norm_eps", 0}}), "config.json: \"rms_norm_eps\" (model.norm_eps) is 0"},
+      {Llama({{"num_key_value_heads", 3}}), "\"num_key_value_heads\" (model.n_kv_head) is 3"},
+      {Llama({{"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 0.5}}}}),
+       "\"rope_parameters.rope_theta\" (model.rope_theta) is 0.5"},
+      // A factor a float keeps as 0: every gradient infinite, every step skipped (hunt 50).
+      {Llama({{"rope_scaling",
+               {{"rope_type", "llama3"},
+                {"factor", 1e-300},
+                {"low_freq_factor", 1.0},
+                {"high_freq_factor", 4.0},
+                {"original_max_position_embeddings", 16}}}}),
+       "\"rope_scaling.factor\" (model.rope_factor) is 1e-300"},
   };
   int i = 0;
   for (const auto& [cfg, field] : cases) {
@@ -433,6 +446,25 @@ TEST(HfModels, WhatADirectoryMayNotSayIsRefusedNamingTheField) {
   EXPECT_EQ(Eval({"--init-from", d, "--data", dir / "data.bin"}), 1);
   EXPECT_NE(testing::internal::GetCapturedStderr().find("not a file name in the directory"),
             std::string::npos);
+}
+
+// A config.json without max_position_embeddings has transformers' default: LlamaConfig's 2048,
+// MistralConfig's 4096 x 32 (hunt 50: 4096 for both).
+TEST(HfModels, PositionsDefaultAsTransformersDoes) {
+  TempDir dir;
+  for (const char* arch : {"LlamaForCausalLM", "MistralForCausalLM"}) {
+    const std::string d = dir / arch;
+    TinyLlama m;
+    m.Write(d);
+    json c = json::parse(std::ifstream(d + "/config.json"));
+    c.erase("max_position_embeddings");
+    c["architectures"] = {arch};
+    std::ofstream(d + "/config.json") << c.dump();
+    auto got = gpt::ReadHfDir(d, gpt::GptConfig{});
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(got->config.max_positions, std::string(arch) == "LlamaForCausalLM" ? 2048 : 131072)
+        << arch;
+  }
 }
 
 // Note [A tied head beside its own weights]: a tied model's files holding an lm_head.weight of

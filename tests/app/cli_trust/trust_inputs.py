@@ -310,6 +310,24 @@ def case_ranges():
     refused(["train", "--config", big, "--run-dir", rd], "chunk_elems")
     big2 = write_config(os.path.join(OUT, "x_chunk2.json"), engine={"chunk_elems": 2**62})
     refused(["train", "--config", big2, "--run-dir", rd], "chunk_elems")
+    # Seeds are names, any 64-bit value: model.seed 2^62 trained, saved, then failed writing its
+    # report, which held it as a quantity past 4.6e18 (hunt 50).
+    seeds = write_config(os.path.join(OUT, "x_seeds.json"), model={"seed": 2**64 - 1},
+                         data={"seed": 2**64 - 1})
+    ok(["train", "--config", seeds, "--run-dir", os.path.join(OUT, "x_seeds"), "--steps", "1",
+        "--quiet"])
+    ok(["report", os.path.join(OUT, "x_seeds", "report.json"), "-o", os.path.join(OUT, "x_seeds.html")])
+    # A RoPE factor a float keeps as 0 made every gradient infinite: every step skipped, exit 0.
+    tiny = write_config(os.path.join(OUT, "x_rope.json"), model={"arch": "llama",
+                                                                  "rope_factor": 1e-300})
+    refused(["train", "--config", tiny, "--run-dir", rd], "rope_factor", "[1e-6, 1e6]")
+    # eval's --batch-size is of its windows: 2^21 windows of 8 tokens is 2^24 tokens, however
+    # long the model's context (9: its run's config checked the batch against that: hunt 50).
+    tok = os.path.join(OUT, "x_tok.bin")
+    with open(tok, "wb") as f:
+        f.write(struct.pack("<4000H", *([1, 2, 3, 4] * 1000)))
+    ok(["eval", "--resume", os.path.join(OUT, "x_seeds", "checkpoint"), "--data", tok,
+        "--seq-len", "8", "--batch-size", str(2**21), "--device-budget", "256MiB"])
     # A micro-batch whose token arrays alone would not fit in memory; a vocabulary the task's
     # tokens do not fit (both found before a run could replace another's files).
     refused(["train", "--config", cfg, "--run-dir", rd, "--batch-size", "1048576", "--seq-len",
