@@ -38,12 +38,12 @@ Status ValidateEngineConfig(const EngineConfig& c) {
   };
   for (const auto& e : enums)
     if (e.value > e.last) return bad(e.field, std::to_string(e.value), e.accepted);
-  // The value exactly (1048575 bytes shown rounded read "1024 KiB; accepted: at least 1 MiB").
-  auto exact = [](uint64_t b) { return FormatBytes(b) + " (" + std::to_string(b) + " bytes)"; };
+  // The value exactly, in bytes: rounded, 1048575 bytes read "1 MiB; accepted: at least 1 MiB".
+  auto exact = [](uint64_t b) { return std::to_string(b) + " bytes"; };
   if (c.device_budget < (uint64_t{1} << 20))
-    return bad("device_budget", exact(c.device_budget), "at least 1 MiB");
+    return bad("device_budget", exact(c.device_budget), "at least 1 MiB (1048576 bytes)");
   if (c.host_budget < (uint64_t{1} << 20))
-    return bad("host_budget", exact(c.host_budget), "at least 1 MiB");
+    return bad("host_budget", exact(c.host_budget), "at least 1 MiB (1048576 bytes)");
   // Budgets beyond any machine are refused rather than summed into a wrapped 64-bit figure (a
   // device budget of 2^64 - 1 became a 1 MiB device): 1 EiB leaves every sum of them room.
   constexpr uint64_t kMostBudget = uint64_t{1} << 60;
