@@ -85,22 +85,71 @@ Status TokenShards::Read(const File& f, uint64_t first, uint64_t n, int32_t* out
 // zero, alternately: a model trained on them learns nothing, without a word. Every second 16-bit
 // value of the file's start being 0, while others are not, says it is such a file: no tokenizer
 // writes id 0 at every other position of 64 or more.
-Status TokenShards::RefuseWideRaw(const File& f) {
-  if (f.count < 128 || f.bytes % 4 != 0) return Status::OK();
-  std::vector<uint16_t> head(static_cast<size_t>(std::min<uint64_t>(f.count, 65536)));
-  if (!ReadExactly(f.fd, 0, head.data(), 2 * head.size()))
+//
+// Note [Files that are not tokens]
+// Any file of an even size reads as raw uint16 tokens, and its ids pass a vocabulary above
+// 32767 as often as not: a text file named by --data instead of --text trained on pairs of
+// letters (hunt 50's own), as would NumPy's .npy (a header, then ids perhaps 64-bit) or an Arrow
+// file (Hugging Face datasets' cache). Each is told by its start and refused, saying what to
+// write: NumPy's and Arrow's magic bytes, and text: no NUL, no control character but
+// whitespace, valid UTF-8, over the first 256 bytes or more (token ids below 256, or whose
+// bytes are control characters, break such a run within a few tokens).
+Status TokenShards::RefuseNotRawTokens(const File& f) {
+  std::vector<uint8_t> head(static_cast<size_t>(std::min<uint64_t>(f.bytes, 131072)));
+  if (!ReadExactly(f.fd, 0, head.data(), head.size()))
     return IoError("reading the token file '" + f.path + "' failed");
+  const std::string how =
+      ": save the ids raw as uint16 (`ids.astype(np.uint16).tofile(PATH)`, ids below 65536) or "
+      "as an llm.c shard (docs/data.md)";
+  auto starts = [&](const char* magic, size_t n) {
+    return head.size() >= n && std::memcmp(head.data(), magic, n) == 0;
+  };
+  if (starts("\x93NUMPY", 6))
+    return InvalidArgumentError("the token file '" + f.path +
+                                "' is a NumPy .npy file, whose header is not tokens" + how);
+  if (starts("ARROW1", 6))
+    return InvalidArgumentError("the token file '" + f.path +
+                                "' is an Arrow file (a datasets cache?), not raw tokens" + how);
+  if (head.size() >= 256) {
+    bool text = true;
+    for (size_t i = 0; i < head.size() && text;) {
+      const uint8_t c = head[i];
+      if (c < 0x80) {
+        text = c >= 0x20 ? c != 0x7f : (c >= 0x09 && c <= 0x0d);
+        ++i;
+        continue;
+      }
+      // A UTF-8 sequence: its length from the lead byte, continuation bytes 10xxxxxx (one cut
+      // by the sample's end is taken as text).
+      const size_t n = c >= 0xf5 ? 0 : c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 ? 2 : 0;
+      text = n > 0;
+      for (size_t k = 1; k < n && text && i + k < head.size(); ++k)
+        text = (head[i + k] & 0xc0) == 0x80;
+      i += std::max<size_t>(n, 1);
+    }
+    if (text)
+      return InvalidArgumentError(
+          "the token file '" + f.path + "' looks like text, not token ids (its first " +
+          std::to_string(head.size()) +
+          " bytes are UTF-8 text): train on a text file with --text FILE (its bytes are the "
+          "tokens), or tokenize it first (docs/data.md)");
+  }
+  if (f.count < 128 || f.bytes % 4 != 0) return Status::OK();  // (odd: refused by the caller)
+  const size_t n = std::min<size_t>(head.size() / 2, 65536);
   bool upper_zero = true, lower_nonzero = false;
-  for (size_t i = 0; i + 1 < head.size() && upper_zero; i += 2) {
-    upper_zero = head[i + 1] == 0;
-    lower_nonzero = lower_nonzero || head[i] != 0;
+  for (size_t i = 0; i + 1 < n && upper_zero; i += 2) {
+    uint16_t lo = 0, hi = 0;
+    std::memcpy(&lo, &head[2 * i], 2);
+    std::memcpy(&hi, &head[2 * i + 2], 2);
+    upper_zero = hi == 0;
+    lower_nonzero = lower_nonzero || lo != 0;
   }
   if (!upper_zero || !lower_nonzero) return Status::OK();
   return InvalidArgumentError(
       "the token file '" + f.path +
       "' looks like 32-bit token ids: raw token files are uint16, "
       "and every second 16-bit value of its first " +
-      std::to_string(head.size()) +
+      std::to_string(n) +
       " is 0 (the upper half of a 32-bit id). Write the ids as uint16 (`ids.astype(np.uint16)`, "
       "for ids below 65536), or as an llm.c Llama 3 shard: a header of 256 int32 (magic "
       "20240801, version 7, the token count), then the uint32 ids (docs/data.md)");
@@ -232,14 +281,15 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
       file.offset = kShardHeaderBytes;
       file.count = static_cast<uint64_t>(header[2]);
     } else {
+      // (What it is said first, whatever its size: a text file's is as often odd as not.)
+      file.count = bytes / 2;
+      TZ_RETURN_IF_ERROR(RefuseNotRawTokens(file));
       if (bytes % 2 != 0)
         return InvalidArgumentError(
             "the token file '" + path +
             "' is neither an llm.c shard (its "
             "first int32 is neither 20240520 nor 20240801) nor raw uint16 tokens (its size, " +
             std::to_string(bytes) + " bytes, is odd)");
-      file.count = bytes / 2;
-      TZ_RETURN_IF_ERROR(RefuseWideRaw(file));
     }
     // Every id inside the vocabulary (Note [Token splits]): the first scan_at_open bytes here,
     // read sequentially (a second or so per few GB), and each window as it is read.

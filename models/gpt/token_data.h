@@ -31,10 +31,10 @@ class TokenShards {
   // `pattern`: a file, or a glob (`data/fineweb_train_*.bin`) matching one or more; `vocab`: the
   // model's vocabulary. NotFound when nothing matches; InvalidArgument naming the file for one
   // that is not a regular file, not a shard (a bad header, a size that disagrees with its count)
-  // nor raw uint16 tokens (an odd size, or 32-bit ids written raw), holds an id >= vocab, or a
-  // split shorter than `min_tokens` (0: the splits are not used, only the evaluation windows).
-  // `scan_at_open`: the bytes whose ids are checked here (every window's are checked as it is
-  // read).
+  // nor raw uint16 tokens (an odd size; 32-bit ids, text, .npy or Arrow written raw), holds an id
+  // >= vocab, or a split shorter than `min_tokens` (0: the splits are not used, only the evaluation
+  // windows). `scan_at_open`: the bytes whose ids are checked here (every window's are checked as
+  // it is read).
   static StatusOr<std::unique_ptr<TokenShards>> Open(const std::string& pattern, int vocab,
                                                      uint64_t min_tokens,
                                                      uint64_t scan_at_open = uint64_t{4} << 30);
@@ -75,8 +75,9 @@ class TokenShards {
     bool shard = false;  // llm.c's header (else raw uint16)
     uint64_t width = 2;  // bytes a token: 4 in Llama 3's shards (Note [Token widths])
   };
-  // InvalidArgument for a raw file whose start reads as 32-bit ids (Note [Token widths]).
-  static Status RefuseWideRaw(const File& f);
+  // InvalidArgument for a raw file whose start reads as 32-bit ids (Note [Token widths]), or as
+  // text, NumPy's .npy or Arrow's (Note [Files that are not tokens]).
+  static Status RefuseNotRawTokens(const File& f);
   // Whether `f`'s ids need checking against the vocabulary (16-bit ones cannot pass 65535).
   bool Checked(const File& f) const { return f.width == 4 || vocab_ < 65536; }
   uint64_t ComputeFingerprint() const;

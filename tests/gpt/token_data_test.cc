@@ -274,6 +274,30 @@ TEST(TokenData, BadThirtyTwoBitFilesAreRefusedWithWhatIsWrong) {
   }
   EXPECT_NE(error(dir / "raw32.bin", 50257).find("looks like 32-bit token ids"), std::string::npos)
       << error(dir / "raw32.bin", 50257);
+  // Note [Files that are not tokens]: text named by --data, NumPy's .npy, an Arrow file.
+  {
+    std::string text;
+    while (text.size() < 3000) text += "The quick brown fox — naïve café.\n\tjumps over it. ";
+    text.resize(3000);
+    std::ofstream(dir / "book.txt", std::ios::binary) << text;
+    std::string npy = "\x93NUMPY\x01";
+    npy += std::string(2000, ' ');
+    std::ofstream(dir / "ids.npy", std::ios::binary) << npy;
+    std::ofstream(dir / "cache.arrow", std::ios::binary) << "ARROW1" + std::string(2000, 'x');
+  }
+  EXPECT_NE(error(dir / "book.txt", 50257).find("looks like text"), std::string::npos)
+      << error(dir / "book.txt", 50257);
+  EXPECT_NE(error(dir / "ids.npy", 50257).find("NumPy .npy"), std::string::npos);
+  EXPECT_NE(error(dir / "cache.arrow", 50257).find("Arrow file"), std::string::npos);
+  // Ids whose bytes are all printable for a while, then not: tokens. A short file: too short to
+  // say, read as tokens.
+  std::vector<uint16_t> printable(2000);
+  for (size_t i = 0; i < printable.size(); ++i)
+    printable[i] = static_cast<uint16_t>(i < 500 ? 0x4142 + (i % 20) : 5 + i % 40000);
+  WriteRaw(dir / "printable.bin", printable);
+  EXPECT_EQ(error(dir / "printable.bin", 50257), "(opened)");
+  std::ofstream(dir / "short.txt", std::ios::binary) << std::string(200, 'a');
+  EXPECT_EQ(error(dir / "short.txt", 50257).find("looks like text"), std::string::npos);
   // 16-bit files with zeros at some odd positions, or all zeros, or short: read as uint16.
   std::vector<uint16_t> zeros = Tokens(1000, 1, 300);
   for (size_t i = 1; i < 900; i += 2) zeros[i] = 0;
