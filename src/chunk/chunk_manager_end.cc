@@ -43,7 +43,10 @@ Status ChunkManager::EndIteration() {
   if (im.inference) {
     im.inference = false;
     im.ctx.moment = 0;
-    return Status::OK();
+    // A failure inside a stream (an NVMe read cut short or failing its checksum) left garbage
+    // in a gathered chunk: the forward's loss is of that. Said, not returned as the loss (one
+    // rank's evaluation printed a wrong loss, exit 0: hunt 50).
+    return im.ranks.TakeAsyncError();
   }
   if (mode == Impl::Mode::kReplay && im.ctx.moment != static_cast<int>(trace_.size())) {
     ++counters_.deviations;

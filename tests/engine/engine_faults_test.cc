@@ -3,7 +3,11 @@
 // they were, and once the fault clears training goes on with the losses of a run that never
 // failed.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <string>
+#include <system_error>
 #include <vector>
 
 #include "engine/internals.h"
@@ -156,6 +160,42 @@ TEST(EngineFaults, AFailedDeviceAccumulationIsAClearErrorAndLosesNothing) {
   EXPECT_EQ(engine->step(), step_before + 1);
   ASSERT_TRUE(window_of(*clean_engine, *clean_model, 8).ok());
   EXPECT_EQ(AllParams(*engine), AllParams(*clean_engine));
+}
+
+// An evaluation (an inference iteration) whose NVMe read fails: the swap file cut short under it
+// is an error naming the file, not the loss of whatever the failed read left in the gathered
+// chunk (hunt 50: `tierzero eval` printed 7.86 for 10.59, exit 0).
+TEST(EngineFaults, AFailedSwapReadInAnEvaluationIsAnErrorNotALoss) {
+  testing_models::TempDir dir;
+  EngineConfig c = Config();
+  c.host_budget = uint64_t{1536} << 10;  // less than the model's states: NVMe takes the rest
+  c.nvme_budget = uint64_t{128} << 20;
+  c.nvme_path = dir.path();
+  auto e = Engine::Create(c);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  auto model = Gpt::Create(**e, SmallModel());
+  ASSERT_TRUE(model.ok());
+  ASSERT_TRUE((*e)->Finalize().ok());
+  auto data = std::move(Dataset::Create(DataConfig{}, SmallModel().seq_len)).value();
+  const Batch val = data->Get(true, 0, 8);
+  auto first = (*model)->Evaluate(val, nullptr);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_GT((*e)->usage().nvme, 0u) << (*e)->PlacementSummary();
+  // The swap file (unnamed in the directory): found among this process's descriptors.
+  int cut = 0;
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(fd.path(), ec).string();
+    if (ec || target.rfind(dir.path(), 0) != 0) continue;
+    cut += ::ftruncate(std::stoi(fd.path().filename().string()), 0) == 0;
+  }
+  ASSERT_GT(cut, 0) << "no swap file under " << dir.path();
+  auto second = (*model)->Evaluate(val, nullptr);
+  ASSERT_FALSE(second.ok()) << "an evaluation over a cut swap file gave the loss " << *second
+                            << " (the first: " << *first << ")";
+  EXPECT_TRUE(second.status().code() == StatusCode::kDataLoss ||
+              second.status().code() == StatusCode::kIoError)
+      << second.status().ToString();
 }
 
 // Note [Host memory within the process's limit]: a placement whose host memory is over what
