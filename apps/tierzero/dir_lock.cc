@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -171,7 +172,38 @@ Status RunDirLock::Acquire(const std::string& dir, const std::string& what) {
     return ErrnoError("locking the " + what + " " + dir, err);
   }
   fds_.push_back(fd);
+  dirs_.push_back(dir);
   return Status::OK();
+}
+
+// Note [A directory moved under the run]
+// A run locks its directories once, by path, at its set-up, and writes its checkpoints by path,
+// hours later. A checkpoint directory moved aside and replaced by a symbolic link to another
+// run's, during a run, had that run's checkpoint replaced by this one's (its states file
+// removed); one removed was made again, empty but for the new checkpoint (hunt 50). The lock
+// file's descriptor still names the directory locked, wherever it is now: before each save the
+// path is compared with it, and a save goes only where the locked directory is.
+std::optional<std::string> RunDirLock::Where(const std::string& dir) const {
+  for (size_t i = 0; i < dirs_.size(); ++i) {
+    if (dirs_[i] != dir) continue;
+    struct stat held {
+    }, now{};
+    if (::fstat(fds_[i], &held) != 0) return "";
+    const std::string path = dir + "/" + kLockFileName;
+    if (::stat(path.c_str(), &now) == 0 && now.st_dev == held.st_dev && now.st_ino == held.st_ino)
+      return dir;
+    if (held.st_nlink == 0) return "";  // removed
+    char buf[PATH_MAX + 1];
+    const std::string link = "/proc/self/fd/" + std::to_string(fds_[i]);
+    const ssize_t n = ::readlink(link.c_str(), buf, PATH_MAX);
+    if (n <= 0) return "";
+    const std::string at(buf, static_cast<size_t>(n));
+    const std::string tail = std::string("/") + kLockFileName;
+    if (at.size() <= tail.size() || at.compare(at.size() - tail.size(), tail.size(), tail) != 0)
+      return "";  // (" (deleted)", or a name not its own)
+    return at.substr(0, at.size() - tail.size());
+  }
+  return std::nullopt;
 }
 
 bool LockedByAnother(const std::string& dir) {

@@ -5,6 +5,7 @@
 // Thread-safety: called from the main thread only.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,9 +34,14 @@ class RunDirLock {
   void Keep();
   // Its first step ended: a signal's exit no longer removes the lock files (Keep still to come).
   void KeepOnSignal();
+  // Note [A directory moved under the run]: where the directory locked as `dir` is now: `dir`
+  // while that path still names it; its new path when it was moved (its lock file's, as
+  // /proc/self/fd tells it); "" when it was removed; nullopt when `dir` was not locked here.
+  std::optional<std::string> Where(const std::string& dir) const;
 
  private:
   std::vector<int> fds_;
+  std::vector<std::string> dirs_;     // as locked, one a descriptor
   std::vector<std::string> created_;  // lock files this process made
   bool keep_ = false;
 };

@@ -581,6 +581,7 @@ int Train(const std::vector<std::string>& given_args) {
       failed = outputs.status();
     } else {
       TrainRun run(std::move(*cfg), std::move(outputs).value(), g_comm);
+      run.SetDirLock(&lock);
       run.OnStarted([&made, &lock] {
         made.KeepOnSignal();
         lock.KeepOnSignal();

@@ -1,13 +1,19 @@
 // The run's metrics file, written line by line for the whole run: its lock against another run
 // writing it, and each line whole or not at all (TrainRun, train_run.h).
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
+#include <system_error>
 
 #include "signals.h"
 #include "tierzero/files.h"
@@ -67,6 +73,89 @@ Status TrainRun::LockMetrics(int fd) {
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return Status::OK();
   if (!FlockBriefly(fd) && errno == EWOULDBLOCK) return refuse();
   return Status::OK();
+}
+
+// Note [Run files removed under the run]
+// The metrics file is written through the descriptor the set-up opened. Removed during a run
+// (with its run directory, `rm -rf RUN`), every line went on into a file no name reached, and
+// the run ended saying "metrics: RUN/metrics.jsonl", no such file there; its config.json was
+// gone too, which a resume reads (hunt 50). So before each save and at the end the names are
+// compared with what the run wrote:
+// - the metrics file removed: written again at its name from the descriptor (every line so
+//   far), and the lines go on into that; its name taken by another file meanwhile, beside it as
+//   NAME.recovered instead; said;
+// - the metrics file moved (still linked): its lines go on there, and the run says where;
+// - config.json removed: written again, said.
+void TrainRun::KeepRunFilesNamed() {
+  if (!lead_) return;
+  struct stat held {
+  }, now{};
+  if (metrics_fd_ >= 0 && ::fstat(metrics_fd_, &held) == 0 && S_ISREG(held.st_mode) &&
+      !(::stat(out_.metrics.c_str(), &now) == 0 && now.st_dev == held.st_dev &&
+        now.st_ino == held.st_ino)) {
+    const std::string self = "/proc/self/fd/" + std::to_string(metrics_fd_);
+    if (held.st_nlink > 0) {
+      char at[PATH_MAX + 1];
+      const ssize_t n = ::readlink(self.c_str(), at, PATH_MAX);
+      if (!metrics_moved_said_ && n > 0)
+        progress_->Line("note: the metrics file " + out_.metrics + " was moved to " +
+                        std::string(at, static_cast<size_t>(n)) +
+                        " while the run trained: its lines go on there");
+      metrics_moved_said_ = true;
+    } else {
+      std::error_code ec;
+      const std::filesystem::path parent = std::filesystem::path(out_.metrics).parent_path();
+      if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+      const bool taken = ::lstat(out_.metrics.c_str(), &now) == 0;
+      const std::string to = taken ? out_.metrics + ".recovered" : out_.metrics;
+      const int from = ::open(self.c_str(), O_RDONLY | O_CLOEXEC);
+      const int fd = ::open(to.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      std::string text;
+      bool copied = from >= 0 && fd >= 0;
+      char buf[1 << 16];
+      for (off_t off = 0; copied;) {
+        const ssize_t r = ::pread(from, buf, sizeof buf, off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+          copied = r == 0;
+          break;
+        }
+        copied = WriteAll(fd, std::string_view(buf, static_cast<size_t>(r))) == 0;
+        off += r;
+      }
+      if (copied) copied = ::fsync(fd) == 0;
+      if (from >= 0) ::close(from);
+      if (copied) {
+        (void)::flock(fd, LOCK_EX | LOCK_NB);
+        ::close(metrics_fd_);
+        metrics_fd_ = fd;
+        progress_->Line("note: the metrics file " + out_.metrics +
+                        " was removed while the run trained: its lines are written again at " + to +
+                        (taken ? " (" + out_.metrics + " is another file now)" : "") +
+                        ", and go on there");
+      } else {
+        if (fd >= 0) {
+          ::close(fd);
+          ::unlink(to.c_str());
+        }
+        if (!metrics_moved_said_)
+          std::fprintf(stderr,
+                       "warning: the metrics file %s was removed while the run trained, and could "
+                       "not be written again at %s: its lines are lost from here on too\n",
+                       out_.metrics.c_str(), to.c_str());
+        metrics_moved_said_ = true;
+      }
+    }
+  }
+  if (!outputs_.config_path.empty() && !outputs_.config_text.empty() &&
+      ::lstat(outputs_.config_path.c_str(), &now) != 0 && errno == ENOENT) {
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(outputs_.config_path).parent_path(),
+                                        ec);
+    if (WriteFileAtomically(outputs_.config_path, outputs_.config_text).ok())
+      progress_->Line("note: the run's " + outputs_.config_path +
+                      " was removed while it trained: written again (a resume reads it)");
+  }
 }
 
 Status TrainRun::Defer(Status s) {

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,9 @@ class TrainRun {
   // Called once when the first step ends (or a first save is committed): what the caller made
   // for the run stops being removed by a signal's exit.
   void OnStarted(std::function<void()> f) { on_started_ = std::move(f); }
+  // The lead's locks of the run's directories (Note [A directory moved under the run]): each
+  // save goes where the locked checkpoint directory is.
+  void SetDirLock(const RunDirLock* lock) { lock_ = lock; }
 
  private:
   // The validation loss at `step`, its metrics line written; cut short by an agreed stop (Note
@@ -123,6 +127,10 @@ class TrainRun {
   // unwritten], train.cc).
   std::vector<std::string> unwritten_metrics_;
   int metrics_lock_fd_ = -1;  // its lock (a regular file: MetricsLock)
+  // Note [Run files removed under the run] (train_metrics.cc): the metrics file and config.json
+  // named again where the run's directory lost them; said once each.
+  void KeepRunFilesNamed();
+  bool metrics_moved_said_ = false;
   int start_ = 0, step_ = 0;
   // Note [The data continues where the checkpoint's run stopped] (train_loop.cc): the training
   // micro-batches taken before step start_, by this run's and the resumed checkpoint's runs.
@@ -146,6 +154,13 @@ class TrainRun {
   // The config.json and metrics file this run created, until its first step ends (UndoStart).
   bool config_made_ = false, metrics_made_ = false;
   std::function<void()> on_started_;
+  const RunDirLock* lock_ = nullptr;
+  // The checkpoint directory as the set-up locked it (out_.checkpoint_dir follows it if moved).
+  std::string locked_checkpoint_dir_;
+  std::optional<std::string> followed_;  // where the last save found it, when not at its path
+  // Status of the directory a save goes to: OK, with out_.checkpoint_dir where the locked one is
+  // now (one rank), or an error saying what became of it (Note [A directory moved under the run]).
+  Status FollowCheckpointDir();
   // RecordOutputs: the report's, page's and trace's identity ("" where there was no file).
   std::map<std::string, std::string> output_ids_;
   // And a descriptor of each that was a file, held to the end (Note [An output another run

@@ -36,6 +36,9 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   setup_signal  SIGINT/SIGTERM while set-up blocks on a FIFO ends the process promptly
   eval_recorded_data  eval --resume without --data scores its run's files only by an absolute path
   eval_swap_signal  a signal ends an evaluation whose swap file it made: the file goes too
+  dirs_moved    a checkpoint directory swapped for a link to another run's mid-run: that one
+                untouched, the save follows the moved one; a run directory removed mid-run: its
+                metrics, config.json and checkpoint written again, the run resumes
   eval_signal   one SIGTERM in a long evaluation of train stops it within a batch: saved with
                 the evaluation undone (the resume makes it), or the last one said not made
   run_signals   a stdout reader gone, a closed stdout, a run blocked on a full FIFO, an export

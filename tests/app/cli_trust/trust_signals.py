@@ -197,15 +197,26 @@ def case_run_signals():
     p.wait(timeout=60)
     check(os.listdir(cwd) == [], f"a plan stopped while it calibrated left {os.listdir(cwd)}")
     # Stopped at a step on the evaluation schedule (every step is, here): that step's evaluation
-    # is in the metrics before the save, so the resumed run's metrics miss none.
+    # is in the metrics before the save, or (a signal cuts an evaluation short: Note [An
+    # evaluation a signal cuts short]) the checkpoint records it undone and the resumed run makes
+    # it first: the resumed run's metrics miss none.
     p = start_long_run("v_eval", "--eval-every", "1")
     time.sleep(2)
     p.send_signal(signal.SIGINT)
     check(p.wait(timeout=60) == 0, "a run stopped at an evaluation step")
-    rows = [json.loads(line) for line in open(os.path.join(OUT, "v_eval", "metrics.jsonl"))]
+    metrics = os.path.join(OUT, "v_eval", "metrics.jsonl")
+    rows = [json.loads(line) for line in open(metrics)]
     last = max(m["step"] for m in rows if "loss" in m)
-    check(any(m["step"] == last and "val_loss" in m for m in rows),
-          f"the evaluation of step {last}, where the run stopped, is missing")
+    if not any(m["step"] == last and "val_loss" in m for m in rows):
+        with open(os.path.join(OUT, "v_eval", "checkpoint", "manifest.json")) as f:
+            m = json.load(f)
+        check(m["step"] == last and m["user_state"].get("eval_pending") is True,
+              f"the evaluation of step {last}, where the run stopped, is missing and not pending")
+        ok(["train", "--resume", os.path.join(OUT, "v_eval", "checkpoint"), "--steps",
+            str(last + 1), "--quiet"])
+        rows = [json.loads(line) for line in open(metrics)]
+        check(any(m["step"] == last and "val_loss" in m for m in rows),
+              f"the resumed run did not make the evaluation of step {last}")
 
 
 def case_late_faults():
@@ -481,3 +492,56 @@ def case_eval_signal():
           f"the last evaluation stopped {secs:.1f} s after SIGTERM\n{out}")
     check(pending(rd) == (3, False) and os.path.exists(os.path.join(rd, "report.json")),
           f"checkpoint: {pending(rd)}; the report is written")
+
+
+def case_dirs_moved():
+    """Note [A directory moved under the run] and Note [Run files removed under the run]: a
+    checkpoint directory moved aside and replaced by a symbolic link to another run's, mid-run:
+    the other run's checkpoint is untouched, the save follows the moved directory; the whole run
+    directory removed mid-run: its metrics (every line), config.json and checkpoint are there at
+    the end, and the run resumes."""
+    # (Steps of a few milliseconds: enough of them that the run is still going when acted on.)
+    cfg = write_config(os.path.join(OUT, "dm.json"), train={"steps": 2000, "checkpoint_every": 500})
+    victim = os.path.join(OUT, "dm_victim")
+    ok(["train", "--config", cfg, "--run-dir", victim, "--steps", "40", "--quiet"])
+    before = {n: read(os.path.join(victim, "checkpoint", n))
+              for n in os.listdir(os.path.join(victim, "checkpoint"))}
+
+    def during(rd, at, act, name):
+        log = os.path.join(OUT, name + ".log")
+        with open(log, "w") as f:
+            p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--log-every",
+                                  "1"], stdout=f, stderr=subprocess.STDOUT, cwd=OUT)
+        deadline = time.time() + 120
+        while p.poll() is None and time.time() < deadline and at not in open(log).read():
+            time.sleep(0.02)
+        check(p.poll() is None, f"{name}: the run ended before '{at}' was acted on")
+        act()
+        try:
+            p.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise Failure(f"{name}: the run did not end")
+        out = open(log).read()
+        check(p.returncode == 0, f"{name}: exit status {p.returncode}\n{out}")
+        return out
+
+    rd = os.path.join(OUT, "dm_link")
+
+    def swap():
+        os.rename(os.path.join(rd, "checkpoint"), os.path.join(rd, "checkpoint.orig"))
+        os.symlink(os.path.join(victim, "checkpoint"), os.path.join(rd, "checkpoint"))
+    out = during(rd, "step     5/", swap, "dm_link")
+    after = {n: read(os.path.join(victim, "checkpoint", n))
+             for n in os.listdir(os.path.join(victim, "checkpoint"))}
+    check(after == before, f"another run's checkpoint changed under a symbolic link\n{out}")
+    with open(os.path.join(rd, "checkpoint.orig", "manifest.json")) as f:
+        check(json.load(f)["step"] == 2000, "the moved checkpoint directory holds no step 2000")
+    check("was moved to" in out, f"the move is not said\n{out}")
+    rd = os.path.join(OUT, "dm_gone")
+    out = during(rd, "step     5/", lambda: shutil.rmtree(rd), "dm_gone")
+    with open(os.path.join(rd, "metrics.jsonl")) as f:
+        steps = [json.loads(l).get("step") for l in f]
+    check(set(range(2001)) <= set(steps), f"metrics lines lost with the run directory: {steps[:8]}")
+    check(os.path.exists(os.path.join(rd, "config.json")), "config.json not written again")
+    ok(["train", "--resume", os.path.join(rd, "checkpoint"), "--steps", "2002", "--quiet"])
