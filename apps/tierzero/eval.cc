@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "gpt/data.h"
@@ -325,6 +326,20 @@ int Eval(const std::vector<std::string>& args) {
   if (!has_nvme_path) cfg->engine.nvme_path.clear();
   if (cfg->engine.nvme_budget > 0 && cfg->engine.nvme_path.empty()) {
     if (Status s = nvme_dir.Create("tierzero-eval"); !s.ok()) return EvalFail(s);
+  }
+  // A --nvme-path that is not there is a directory made for the swap (as train makes one),
+  // removed again at the end: the swap in it has no name, so a SIGKILL leaves at most the empty
+  // directory. Taken as a file's name, a killed evaluation left a 256 MiB file, and the rerun
+  // was refused for it (hunt 50).
+  MadeDirs made_nvme;
+  if (has_nvme_path && cfg->engine.nvme_budget > 0) {
+    std::error_code ec;
+    if (!std::filesystem::exists(std::filesystem::symlink_status(cfg->engine.nvme_path, ec))) {
+      made_nvme.Create(cfg->engine.nvme_path, ec);
+      if (ec)
+        return EvalFail(IoError("creating the NVMe directory " + cfg->engine.nvme_path +
+                                " (--nvme-path): " + ec.message()));
+    }
   }
   const Status s = RunEval(*cfg, window, context, nvme_dir.path());
   return s.ok() ? 0 : EvalFail(nvme_dir.path().empty() ? s : ScratchAdvice(s, nvme_dir.path()));

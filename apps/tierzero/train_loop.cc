@@ -217,6 +217,11 @@ Status TrainRun::Loop() {
       if (start_ > 0) eval_pending_step_ = start_;  // (still undone: the resume keeps saying so)
       return SaveAfterError(s);
     }
+    if (eval_cut_ && out_.checkpoint_dir.empty() && start_ == 0)
+      // (Nothing trained, nothing to save: Note [A run that trained nothing leaves nothing].)
+      return Status(StatusCode::kCancelled,
+                    "interrupted in the evaluation of step 0 (--checkpoint none): "
+                    "nothing was trained or saved, and the run leaves nothing");
     if (eval_cut_) {  // Note [An evaluation a signal cuts short]: saved untrained (Finish)
       eval_pending_step_ = start_;
       progress_->Line(out_.checkpoint_dir.empty()
@@ -233,8 +238,10 @@ Status TrainRun::Loop() {
     if (cfg_.train.profile_step > 0 && step_ + 1 == cfg_.train.profile_step)
       engine_->ProfileNextIteration();
     if (Status s = RunStep(step_); !s.ok()) return SaveAfterError(s);
-    // A step on the evaluation schedule is evaluated before an interrupt's save too: a resumed
-    // run starts after it, so its evaluation would be missing from the metrics for good.
+    // A step on the evaluation schedule is evaluated before an interrupt's save too, or, cut
+    // short by the stop (Note [An evaluation a signal cuts short]), recorded undone for the
+    // resumed run to make first: it starts after the step, so the evaluation would be missing
+    // from the metrics for good.
     if (cfg_.train.eval_every > 0 && (step_ + 1) % cfg_.train.eval_every == 0 &&
         step_ + 1 < cfg_.train.steps) {
       if (Status s = Evaluate(step_ + 1); !s.ok()) {
@@ -383,11 +390,15 @@ Status TrainRun::Finish() {
   // to train, so the evaluation would be lost for good).
   Status final_eval = Status::OK();
   if ((!interrupted_ || step_ >= cfg_.train.steps) && step_ > start_) {
+    // A stop asked during the last step saves it first: the evaluation may take long, and a
+    // second signal then (a scheduler's SIGKILL) would lose the step (review 50).
+    if (interrupted_ && saved_step_ != step_) TZ_RETURN_IF_ERROR(Save(step_));
     final_eval = Evaluate(step_, /*stoppable=*/!interrupted_);
     if (final_eval.ok() && eval_cut_) {  // Note [An evaluation a signal cuts short]
       std::string how;
       if (cfg_.data.kind == "tokens" && !out_.checkpoint_dir.empty())
-        how = " (tierzero eval --resume " + out_.checkpoint_dir + " --data ... makes it)";
+        how = " (tierzero eval --resume " + out_.checkpoint_dir +
+              " --data FILES scores the model on token files of your choice)";
       progress_->Line("interrupted in the last evaluation: it is not made" + how);
     }
   }

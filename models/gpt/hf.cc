@@ -414,9 +414,11 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
     TZ_ASSIGN_OR_RETURN(const int64_t f, c.Int("intermediate_size"));
     TZ_ASSIGN_OR_RETURN(g.d_ff, Sized(c, "intermediate_size", f, 1 << 20));
     // (transformers' defaults where the file has none: LlamaConfig's 2048, MistralConfig's
-    // 4096 x 32.)
+    // 4096 x 32; the config class, and so its default, is model_type's where it is given.)
     const bool mistral = arch == "MistralForCausalLM" || (arch.empty() && type == "mistral");
-    TZ_ASSIGN_OR_RETURN(const int64_t p, c.Int("max_position_embeddings", mistral ? 131072 : 2048));
+    const bool mistral_config = type.empty() ? mistral : type == "mistral";
+    TZ_ASSIGN_OR_RETURN(const int64_t p,
+                        c.Int("max_position_embeddings", mistral_config ? 131072 : 2048));
     TZ_ASSIGN_OR_RETURN(g.max_positions, Sized(c, "max_position_embeddings", p, 1 << 22));
     if (g.d_model % g.n_head != 0)
       return c.Bad("num_attention_heads", "does not divide hidden_size");

@@ -83,8 +83,9 @@ Status TokenShards::Read(const File& f, uint64_t first, uint64_t n, int32_t* out
 // Note [Token widths]: a raw file is uint16 (nanoGPT's). 32-bit ids written raw
 // (`np.int32(ids).tofile(...)`, the default integer of many scripts) would read as an id and a
 // zero, alternately: a model trained on them learns nothing, without a word. Every second 16-bit
-// value of the file's start being 0, while others are not, says it is such a file: no tokenizer
-// writes id 0 at every other position of 64 or more.
+// value of the file's start being 0 (or, for a vocabulary past 65536, at most the upper half of
+// its largest id), while others are not, says it is such a file: no tokenizer writes id 0 at
+// every other position of 64 or more (a toy task's data may: it is refused, said as such).
 //
 // Note [Files that are not tokens]
 // Any file of an even size reads as raw uint16 tokens, and its ids pass a vocabulary above
@@ -94,7 +95,7 @@ Status TokenShards::Read(const File& f, uint64_t first, uint64_t n, int32_t* out
 // write: NumPy's and Arrow's magic bytes, and text: no NUL, no control character but
 // whitespace, valid UTF-8, over the first 256 bytes or more (token ids below 256, or whose
 // bytes are control characters, break such a run within a few tokens).
-Status TokenShards::RefuseNotRawTokens(const File& f) {
+Status TokenShards::RefuseNotRawTokens(const File& f, int vocab) {
   std::vector<uint8_t> head(static_cast<size_t>(std::min<uint64_t>(f.bytes, 131072)));
   if (!ReadExactly(f.fd, 0, head.data(), head.size()))
     return IoError("reading the token file '" + f.path + "' failed");
@@ -135,22 +136,26 @@ Status TokenShards::RefuseNotRawTokens(const File& f) {
           "tokens), or tokenize it first (docs/data.md)");
   }
   if (f.count < 128 || f.bytes % 4 != 0) return Status::OK();  // (odd: refused by the caller)
+  // (The upper halves of ids below the vocabulary: 0, or up to 1 for Llama 3's 128256, the
+  // vocabularies 32-bit ids are written for.)
+  const uint32_t top = static_cast<uint32_t>(std::max(vocab, 1) - 1) >> 16;
   const size_t n = std::min<size_t>(head.size() / 2, 65536);
-  bool upper_zero = true, lower_nonzero = false;
-  for (size_t i = 0; i + 1 < n && upper_zero; i += 2) {
+  bool upper_small = true, lower_nonzero = false;
+  for (size_t i = 0; i + 1 < n && upper_small; i += 2) {
     uint16_t lo = 0, hi = 0;
     std::memcpy(&lo, &head[2 * i], 2);
     std::memcpy(&hi, &head[2 * i + 2], 2);
-    upper_zero = hi == 0;
+    upper_small = hi <= top;
     lower_nonzero = lower_nonzero || lo != 0;
   }
-  if (!upper_zero || !lower_nonzero) return Status::OK();
+  if (!upper_small || !lower_nonzero) return Status::OK();
   return InvalidArgumentError(
       "the token file '" + f.path +
-      "' looks like 32-bit token ids: raw token files are uint16, "
-      "and every second 16-bit value of its first " +
+      "' looks like 32-bit token ids: raw token files are uint16, and every second 16-bit "
+      "value of its first " +
       std::to_string(n) +
-      " is 0 (the upper half of a 32-bit id). Write the ids as uint16 (`ids.astype(np.uint16)`, "
+      " is what the upper half of an id below the vocabulary would be (a 16-bit file whose "
+      "every second id is 0 looks the same). Write the ids as uint16 (`ids.astype(np.uint16)`, "
       "for ids below 65536), or as an llm.c Llama 3 shard: a header of 256 int32 (magic "
       "20240801, version 7, the token count), then the uint32 ids (docs/data.md)");
 }
@@ -283,7 +288,7 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
     } else {
       // (What it is said first, whatever its size: a text file's is as often odd as not.)
       file.count = bytes / 2;
-      TZ_RETURN_IF_ERROR(RefuseNotRawTokens(file));
+      TZ_RETURN_IF_ERROR(RefuseNotRawTokens(file, vocab));
       if (bytes % 2 != 0)
         return InvalidArgumentError(
             "the token file '" + path +

@@ -77,7 +77,7 @@ class TokenShards {
   };
   // InvalidArgument for a raw file whose start reads as 32-bit ids (Note [Token widths]), or as
   // text, NumPy's .npy or Arrow's (Note [Files that are not tokens]).
-  static Status RefuseNotRawTokens(const File& f);
+  static Status RefuseNotRawTokens(const File& f, int vocab);
   // Whether `f`'s ids need checking against the vocabulary (16-bit ones cannot pass 65535).
   bool Checked(const File& f) const { return f.width == 4 || vocab_ < 65536; }
   uint64_t ComputeFingerprint() const;

@@ -459,6 +459,7 @@ TEST(HfModels, PositionsDefaultAsTransformersDoes) {
     json c = json::parse(std::ifstream(d + "/config.json"));
     c.erase("max_position_embeddings");
     c["architectures"] = {arch};
+    c["model_type"] = std::string(arch) == "LlamaForCausalLM" ? "llama" : "mistral";
     std::ofstream(d + "/config.json") << c.dump();
     auto got = gpt::ReadHfDir(d, gpt::GptConfig{});
     ASSERT_TRUE(got.ok()) << got.status().ToString();

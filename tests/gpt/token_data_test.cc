@@ -298,6 +298,15 @@ TEST(TokenData, BadThirtyTwoBitFilesAreRefusedWithWhatIsWrong) {
   EXPECT_EQ(error(dir / "printable.bin", 50257), "(opened)");
   std::ofstream(dir / "short.txt", std::ios::binary) << std::string(200, 'a');
   EXPECT_EQ(error(dir / "short.txt", 50257).find("looks like text"), std::string::npos);
+  // For a vocabulary past 65536 (Llama 3's 128256), 32-bit ids have upper halves of 0 and 1.
+  {
+    std::vector<uint32_t> wide = WideTokens(5000, 3, 128256);
+    std::ofstream f(dir / "raw32big.bin", std::ios::binary);
+    f.write(reinterpret_cast<const char*>(wide.data()), static_cast<std::streamsize>(4 * 5000));
+  }
+  EXPECT_NE(error(dir / "raw32big.bin", 128256).find("looks like 32-bit token ids"),
+            std::string::npos)
+      << error(dir / "raw32big.bin", 128256);
   // 16-bit files with zeros at some odd positions, or all zeros, or short: read as uint16.
   std::vector<uint16_t> zeros = Tokens(1000, 1, 300);
   for (size_t i = 1; i < 900; i += 2) zeros[i] = 0;
