@@ -54,20 +54,13 @@ std::string TrainRun::DataMended(const Status& s, bool validation) const {
 // long step-0 evaluation was acted on only after it and a step (minutes; a scheduler's SIGKILL
 // comes first), and a second one ended the run unsaved (hunt 50). So an evaluation asks before
 // each batch whether a stop was asked for (the ranks agree, as on a step's), and stops there,
-// writing no line: an evaluation changes no weight, so the model is the step's. The step's
+// writing no line: an evaluation changes no weight, so the model is the step's. (The ranks'
+// stop rides on the agreement each batch's read makes: AgreeToGoOn's stop_agreed_.) The step's
 // checkpoint records its evaluation as undone and the resumed run makes it first (Note [An
 // evaluation a stop left undone], train.cc), as after a data error. The last evaluation, after
 // the last step, has no resume to make it: a stop asked during that step lets it run whole (as
 // before); one asked during it cuts it short, and the run says how to make it (tierzero eval, for
 // token files).
-StatusOr<bool> TrainRun::StopAgreed() {
-  bool stop = InterruptRequested();
-  if (world_ == 1) return stop;
-  TZ_ASSIGN_OR_RETURN(const auto all, AllGatherValue(*comm_, int64_t{stop ? 1 : 0}));
-  for (const int64_t r : all) stop = stop || r != 0;
-  return stop;
-}
-
 Status TrainRun::Evaluate(int step, bool stoppable) {
   double loss = 0, acc = 0;
   eval_cut_ = false;
@@ -75,13 +68,6 @@ Status TrainRun::Evaluate(int step, bool stoppable) {
   // checkpoint after a data error]: an evaluation changes no weight, so the model is whole at
   // every batch; one batch is held at a time).
   for (int b = 0; b < cfg_.train.eval_batches; ++b) {
-    if (stoppable) {
-      TZ_ASSIGN_OR_RETURN(eval_cut_, StopAgreed());
-    }
-    if (eval_cut_) {
-      interrupted_ = true;
-      return Status::OK();
-    }
     auto fetched = dataset_->Fetch(true, static_cast<uint64_t>(b), cfg_.train.batch_size);
     Status read;
     if (!fetched.ok()) {
@@ -89,6 +75,10 @@ Status TrainRun::Evaluate(int step, bool stoppable) {
       read = fetched.status();
     }
     TZ_RETURN_IF_ERROR(AgreeToGoOn(std::move(read)));
+    if (stoppable && stop_agreed_) {  // (the ranks agreed on it with the batch's read)
+      eval_cut_ = interrupted_ = true;
+      return Status::OK();
+    }
     const gpt::Batch batch = std::move(fetched).value();
     std::vector<int32_t> pred;
     TZ_ASSIGN_OR_RETURN(double l, model_->Evaluate(batch, &pred));
@@ -131,7 +121,7 @@ Status TrainRun::Evaluate(int step, bool stoppable) {
 // all save, the lead says why (the lowest failing rank's error, whole; another failing rank says
 // its own, if it differs), and each rank ends on its own, not by an abort. A run stopped before
 // its last step resumes once the cause is mended; one that trained its last step is saved,
-// evaluated and reported, and says so. Cost: a gather of 12 bytes per rank per step.
+// evaluated and reported, and says so. Cost: a gather of 16 bytes per rank per step.
 Status TrainRun::AgreeToGoOn(Status mine) {
   if (!pending_.ok()) {
     // A metrics line that failed since the last agreement (and, maybe, this data error too).
@@ -145,12 +135,15 @@ Status TrainRun::AgreeToGoOn(Status mine) {
     }
     pending_ = Status::OK();
   }
+  stop_agreed_ = InterruptRequested();
   if (world_ == 1) return mine;
-  // Which ranks failed (a few bytes a step); then, only then, what each said, whole.
+  // Which ranks failed (a few bytes a step), and whether any was asked to stop (Note [An
+  // evaluation a signal cuts short]); then, only then, what each said, whole.
   struct Outcome {
     int32_t code = 0;
-    uint32_t message_bytes = 0, when_bytes = 0;
+    uint32_t message_bytes = 0, when_bytes = 0, stop = 0;
   } o;
+  o.stop = stop_agreed_ ? 1 : 0;
   const std::string message(mine.message()), when = mine.ok() ? "" : resume_when_;
   if (!mine.ok()) {
     o.code = static_cast<int32_t>(mine.code());
@@ -166,6 +159,7 @@ Status TrainRun::AgreeToGoOn(Status mine) {
   size_t longest = 1;
   for (int r = world_ - 1; r >= 0; --r) {
     const Outcome& x = (*all)[static_cast<size_t>(r)];
+    stop_agreed_ = stop_agreed_ || x.stop != 0;
     if (x.code != 0) first = r;
     longest = std::max<size_t>(longest, size_t{x.message_bytes} + x.when_bytes);
   }

@@ -70,8 +70,7 @@ class TrainRun {
   // [An evaluation a signal cuts short]): OK with eval_cut_ set and no line. Not `stoppable`:
   // made whole whatever is asked.
   Status Evaluate(int step, bool stoppable = true);
-  // Whether any rank was asked to stop (a signal): every rank the same answer.
-  StatusOr<bool> StopAgreed();
+
   // Note [A checkpoint after a data error]: what a resume needs after a data error `s`.
   std::string DataMended(const Status& s, bool validation) const;
   Status Save(int step);
@@ -146,6 +145,7 @@ class TrainRun {
   bool eval_at_start_ = false;
   bool interrupted_ = false;  // the agreed Ctrl-C (RunStep)
   bool eval_cut_ = false;     // the last Evaluate stopped by a signal before its end
+  bool stop_agreed_ = false;  // at the last AgreeToGoOn, whether any rank was asked to stop
   // Note [A checkpoint after a data error]: what the model has trained to (start_, then each
   // step's end), and why the run may stop between steps with that saved: its data could not be
   // read, or its metrics not written (empty for any other error).
