@@ -610,7 +610,12 @@ StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_p
   }
   if (cfg.engine.nvme_budget > 0) {
     made.Create(cfg.engine.nvme_path, ec);
-    if (ec) return IoError("creating NVMe directory " + cfg.engine.nvme_path + ": " + ec.message());
+    if (ec)
+      return IoError("creating NVMe directory " + cfg.engine.nvme_path + ": " + ec.message() +
+                     (ec == std::errc::not_a_directory || ec == std::errc::file_exists
+                          ? " (a file is where the swap directory goes: move it away, or give "
+                            "--nvme-path another directory)"
+                          : ""));
   }
   return plan;
 }

@@ -217,6 +217,10 @@ Status TrainRun::Save(int step) {
            ? "; give --checkpoint a shorter path)"
        : s.message().find("free space there") != std::string::npos
            ? "; the path on another disk is --checkpoint DIR)"
+       : s.message().find("Not a directory") != std::string::npos ||
+               s.message().find("File exists") != std::string::npos
+           ? "; a file is where a directory of that path goes: move it away, or give "
+             "--checkpoint another directory)"
            : "; free space there, or give --checkpoint a directory on another disk)") +
       (saved_step_ < 0 && !(outputs_.in_place && start_ > 0)
            ? ". Its run directory keeps its config and metrics: run it again with --overwrite"
