@@ -166,6 +166,7 @@ Status RunDirLock::Acquire(const std::string& dir, const std::string& what) {
                    "it at the same time would not be refused\n",
                    dir.c_str(), std::strerror(err));
       fds_.push_back(fd);
+      dirs_.push_back(dir);
       return Status::OK();
     }
     ::close(fd);
