@@ -60,7 +60,9 @@ for t in $(seq "$trials"); do
   if [ "$rc" -ne 0 ]; then
     echo "trial $t: SIG$sig x$burst: exit status $rc"; tail -20 "$dir.log"; exit 1
   fi
-  grep -q "interrupted: saving a checkpoint" "$dir.log" ||
+  # (Or, stopped in the step-0 evaluation, a checkpoint of step 0 recording it undone: Note [An
+  # evaluation a signal cuts short].)
+  grep -qE "interrupted(: | in the evaluation of step [0-9]+: )saving a checkpoint" "$dir.log" ||
     { echo "trial $t: no checkpoint message"; tail -20 "$dir.log"; exit 1; }
   "$tz" export "$dir/checkpoint" -o "$dir/model.safetensors" > "$dir.export.log" 2>&1 ||
     { echo "trial $t: the checkpoint does not export"; cat "$dir.export.log"; exit 1; }

@@ -70,7 +70,8 @@ def case_run_signals():
     Ctrl-C) still saves a checkpoint and exits 0; a closed stdout prints nowhere, not into the
     run's files; a second signal 3 s after the first ends a run blocked where no flag reaches it
     (a FIFO output whose reader does not read) with 128 + the signal and no partial file; an
-    interrupted export leaves no temporary file; a stop at an evaluation step evaluates it."""
+    interrupted export leaves no temporary file; a stop at an evaluation step evaluates it, or
+    leaves it to the resume, which makes it first."""
     cfg = os.path.join(OUT, "small.json")
     rd = os.path.join(OUT, "v_pipe")
     p = start_long_run("v_pipe", "--log-every", "1", console=subprocess.PIPE)
