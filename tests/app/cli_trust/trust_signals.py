@@ -458,6 +458,30 @@ def case_killed_before_checkpoint():
           f"the advised command saved no checkpoint: {advice}")
 
 
+def act_during_train(args, at, act, name, wait):
+    """Starts `tierzero train ARGS --log-every 1`, calls act(process) once `at` is in its output
+    (the run still going), and waits `wait` s for it to end, status 0: (seconds from the act to
+    the end, the output)."""
+    log = os.path.join(OUT, name + ".log")
+    with open(log, "w") as f:
+        p = subprocess.Popen([TZ, "train", "--log-every", "1"] + args, stdout=f,
+                             stderr=subprocess.STDOUT, cwd=OUT)
+    deadline = time.time() + 120
+    while p.poll() is None and time.time() < deadline and at not in open(log).read():
+        time.sleep(0.02)
+    check(p.poll() is None, f"{name}: the run ended before '{at}' was acted on")
+    act(p)
+    t0 = time.time()
+    try:
+        p.wait(timeout=wait)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise Failure(f"{name}: still running {wait} s after it was acted on")
+    out = open(log).read()
+    check(p.returncode == 0, f"{name}: exit status {p.returncode}\n{out}")
+    return time.time() - t0, out
+
+
 def case_eval_signal():
     """Note [An evaluation a signal cuts short]: one SIGTERM in a long evaluation stops it
     within a batch, where it was acted on only after it and a step (the step-0 evaluation of
@@ -468,24 +492,10 @@ def case_eval_signal():
 
     def stopped_in_eval(args, after, name):
         """Starts train, sends SIGTERM 1 s after `after` is in its output; (seconds, output)."""
-        log = os.path.join(OUT, name + ".log")
-        with open(log, "w") as f:
-            p = subprocess.Popen([TZ, "train", "--config", base, "--log-every", "1"] + args,
-                                 stdout=f, stderr=subprocess.STDOUT, cwd=OUT)
-        deadline = time.time() + 120
-        while p.poll() is None and time.time() < deadline and after not in open(log).read():
-            time.sleep(0.05)
-        time.sleep(1)
-        p.send_signal(signal.SIGTERM)
-        t0 = time.time()
-        try:
-            p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            raise Failure(f"{name}: SIGTERM in an evaluation: still running 60 s later")
-        out = open(log).read()
-        check(p.returncode == 0, f"{name}: exit status {p.returncode}\n{out}")
-        return time.time() - t0, out
+        def term(p):
+            time.sleep(1)
+            p.send_signal(signal.SIGTERM)
+        return act_during_train(["--config", base] + args, after, term, name, wait=60)
 
     def pending(rd):
         with open(os.path.join(rd, "checkpoint", "manifest.json")) as f:
@@ -530,23 +540,8 @@ def case_dirs_moved():
               for n in os.listdir(os.path.join(victim, "checkpoint"))}
 
     def during(rd, at, act, name):
-        log = os.path.join(OUT, name + ".log")
-        with open(log, "w") as f:
-            p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--log-every",
-                                  "1"], stdout=f, stderr=subprocess.STDOUT, cwd=OUT)
-        deadline = time.time() + 120
-        while p.poll() is None and time.time() < deadline and at not in open(log).read():
-            time.sleep(0.02)
-        check(p.poll() is None, f"{name}: the run ended before '{at}' was acted on")
-        act()
-        try:
-            p.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            raise Failure(f"{name}: the run did not end")
-        out = open(log).read()
-        check(p.returncode == 0, f"{name}: exit status {p.returncode}\n{out}")
-        return out
+        return act_during_train(["--config", cfg, "--run-dir", rd], at, lambda p: act(), name,
+                                wait=120)[1]
 
     rd = os.path.join(OUT, "dm_link")
 
