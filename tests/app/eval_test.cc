@@ -58,6 +58,23 @@ void ExportRandomModel(const gpt::GptConfig& mc, const std::string& path, gpt::P
   ASSERT_TRUE((*engine)->ExportSafetensors(path, DType::kF32).ok());
 }
 
+// The first `windows` evaluation windows of `tokens` as the spec cuts them (Note [Evaluation
+// windows]): window w holds tokens w T .. w T + T - 1, each scored on the next token.
+template <typename Id>
+gpt::Batch Windows(const std::vector<Id>& tokens, int T, int windows) {
+  gpt::Batch all;
+  all.batch = windows;
+  all.seq = T;
+  for (int w = 0; w < windows; ++w) {
+    for (int t = 0; t < T; ++t) {
+      all.tokens.push_back(static_cast<int32_t>(tokens[static_cast<size_t>(w * T + t)]));
+      all.targets.push_back(static_cast<int32_t>(tokens[static_cast<size_t>(w * T + t + 1)]));
+      all.mask.push_back(1.0f);
+    }
+  }
+  return all;
+}
+
 TEST(Eval, MeanLossOverConsecutiveWindowsEqualsTheFp64Reference) {
   TempDir dir;
   gpt::GptConfig mc;
@@ -82,16 +99,7 @@ TEST(Eval, MeanLossOverConsecutiveWindowsEqualsTheFp64Reference) {
         "host_budget": "4 MiB", "nvme_budget": "0"}})";
   }
   const int T = 4, windows = 10;
-  gpt::Batch all;
-  all.batch = windows;
-  all.seq = T;
-  for (int w = 0; w < windows; ++w) {
-    for (int t = 0; t < T; ++t) {
-      all.tokens.push_back(tokens[static_cast<size_t>(w * T + t)]);
-      all.targets.push_back(tokens[static_cast<size_t>(w * T + t + 1)]);
-      all.mask.push_back(1.0f);
-    }
-  }
+  const gpt::Batch all = Windows(tokens, T, windows);
   const gpt::Ref ref{mc.vocab, T, mc.d_model, mc.n_layer, mc.n_head, params};
   const double want = ref.Loss(all);
   // Batches of 1, 3 (the last one padded) and 10 windows: the same mean over the 40 tokens.
@@ -153,16 +161,7 @@ TEST(Eval, ThirtyTwoBitIdsOfALlama3ShardEqualTheFp64Reference) {
         "host_budget": "64 MiB", "nvme_budget": "0"}})";
   }
   const int T = 4, windows = 8;
-  gpt::Batch all;
-  all.batch = windows;
-  all.seq = T;
-  for (int w = 0; w < windows; ++w) {
-    for (int t = 0; t < T; ++t) {
-      all.tokens.push_back(static_cast<int32_t>(tokens[static_cast<size_t>(w * T + t)]));
-      all.targets.push_back(static_cast<int32_t>(tokens[static_cast<size_t>(w * T + t + 1)]));
-      all.mask.push_back(1.0f);
-    }
-  }
+  const gpt::Batch all = Windows(tokens, T, windows);
   const double want = gpt::Ref{mc.vocab, T, mc.d_model, mc.n_layer, mc.n_head, params}.Loss(all);
   int rc = -1;
   const double got = EvalLoss({"--config", dir / "c.json", "--init-from", dir / "model.safetensors",
