@@ -110,7 +110,6 @@ void TrainRun::KeepRunFilesNamed() {
       const std::string to = taken ? out_.metrics + ".recovered" : out_.metrics;
       const int from = ::open(self.c_str(), O_RDONLY | O_CLOEXEC);
       const int fd = ::open(to.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-      std::string text;
       bool copied = from >= 0 && fd >= 0;
       char buf[1 << 16];
       for (off_t off = 0; copied;) {
