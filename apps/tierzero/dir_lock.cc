@@ -207,6 +207,34 @@ std::optional<std::string> RunDirLock::Where(const std::string& dir) const {
   return std::nullopt;
 }
 
+// Note [A directory made again is locked again]
+// A run directory or checkpoint directory removed under a run is made again by the run's next
+// write into it (Note [Run files removed under the run], Note [A directory moved under the run]),
+// and its lock went with it: the lock file this process holds has no name any more. A second run
+// started there meanwhile found no lock and wrote beside this one. So the directory made again
+// gets a lock file of its own, held in place of the one removed; another process already holding
+// it (it took the path first) is said, and this run writes nothing there.
+Status RunDirLock::Relock(const std::string& dir, const std::string& what) {
+  for (size_t i = 0; i < dirs_.size(); ++i) {
+    if (dirs_[i] != dir) continue;
+    const std::string path = dir + "/" + kLockFileName;
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return ErrnoError("locking the " + what + " " + dir + " made again", errno);
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+      ::close(fd);
+      return FailedPreconditionError(
+          "the " + what + " " + dir +
+          " was removed while the run trained, and another tierzero process has taken its path "
+          "since (it holds the lock of the directory there): this run writes nothing there");
+    }
+    ::close(fds_[i]);
+    fds_[i] = fd;
+    return Status::OK();
+  }
+  return Status::OK();  // (not locked here: nothing to renew)
+}
+
 bool LockedByAnother(const std::string& dir) {
   const std::string path = dir + "/" + kLockFileName;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);

@@ -38,6 +38,10 @@ class RunDirLock {
   // while that path still names it; its new path when it was moved (its lock file's, as
   // /proc/self/fd tells it); "" when it was removed; nullopt when `dir` was not locked here.
   std::optional<std::string> Where(const std::string& dir) const;
+  // Note [A directory made again is locked again]: the directory locked as `dir`, removed and
+  // made again at its path, locked there anew. FailedPrecondition when another process holds the
+  // new one's lock (it took the path meanwhile).
+  Status Relock(const std::string& dir, const std::string& what);
 
  private:
   std::vector<int> fds_;

@@ -155,6 +155,13 @@ void TrainRun::KeepRunFilesNamed() {
       progress_->Line("note: the run's " + outputs_.config_path +
                       " was removed while it trained: written again (a resume reads it)");
   }
+  // Note [A directory made again is locked again] (dir_lock.cc)
+  std::error_code ec;
+  if (lock_ != nullptr && lock_->Where(out_.run_dir) == std::optional<std::string>("") &&
+      std::filesystem::is_directory(out_.run_dir, ec)) {
+    if (Status s = lock_->Relock(out_.run_dir, "run directory"); !s.ok())
+      std::fprintf(stderr, "warning: %s\n", std::string(s.message()).c_str());
+  }
 }
 
 Status TrainRun::Defer(Status s) {

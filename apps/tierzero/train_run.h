@@ -63,7 +63,7 @@ class TrainRun {
   void OnStarted(std::function<void()> f) { on_started_ = std::move(f); }
   // The lead's locks of the run's directories (Note [A directory moved under the run]): each
   // save goes where the locked checkpoint directory is.
-  void SetDirLock(const RunDirLock* lock) { lock_ = lock; }
+  void SetDirLock(RunDirLock* lock) { lock_ = lock; }
 
  private:
   // The validation loss at `step`, its metrics line written; cut short by an agreed stop (Note
@@ -154,7 +154,7 @@ class TrainRun {
   // The config.json and metrics file this run created, until its first step ends (UndoStart).
   bool config_made_ = false, metrics_made_ = false;
   std::function<void()> on_started_;
-  const RunDirLock* lock_ = nullptr;
+  RunDirLock* lock_ = nullptr;
   // The checkpoint directory as the set-up locked it (out_.checkpoint_dir follows it if moved).
   std::string locked_checkpoint_dir_;
   std::optional<std::string> followed_;  // where the last save found it, when not at its path

@@ -78,6 +78,14 @@ Status TrainRun::FollowCheckpointDir() {
                                (taken ? " names another now, not this run's)" : " is no more)")));
   cfg_.output.checkpoint_dir = target;  // (out_ names it)
   followed_ = *where;
+  if (where->empty()) {
+    // Note [A directory made again is locked again]: made here, and locked before the save.
+    std::filesystem::create_directories(target, ec);
+    if (ec) return IoError("making the checkpoint directory " + target + " again: " + ec.message());
+    TZ_RETURN_IF_ERROR(
+        lock_->Relock(key, key == out_.run_dir ? "run directory" : "checkpoint directory"));
+    followed_.reset();  // (its path names the lock held again)
+  }
   return Status::OK();
 }
 

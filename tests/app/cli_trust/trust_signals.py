@@ -555,6 +555,21 @@ def case_dirs_moved():
     with open(os.path.join(rd, "checkpoint.orig", "manifest.json")) as f:
         check(json.load(f)["step"] == 2000, "the moved checkpoint directory holds no step 2000")
     check("was moved to" in out, f"the move is not said\n{out}")
+    # Note [A directory made again is locked again]: a checkpoint directory removed mid-run and
+    # made again by the save of step 500 is refused to a second run while this one trains.
+    rd, second = os.path.join(OUT, "dm_ck"), []
+
+    def remove_checkpoint():
+        shutil.rmtree(os.path.join(rd, "checkpoint"))
+        log, deadline = os.path.join(OUT, "dm_ck.log"), time.time() + 60
+        while time.time() < deadline and "step   501/" not in open(log).read():
+            time.sleep(0.02)
+        second.append(run(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "dm_ck2"),
+                           "--checkpoint", os.path.join(rd, "checkpoint"), "--steps", "3",
+                           "--overwrite", "--quiet"]))
+    during(rd, "step     5/", remove_checkpoint, "dm_ck")
+    check(second and second[0][0] == 1 and "another tierzero process" in second[0][1],
+          f"a second run into the checkpoint directory made again was not refused: {second}")
     rd = os.path.join(OUT, "dm_gone")
     out = during(rd, "step     5/", lambda: shutil.rmtree(rd), "dm_gone")
     with open(os.path.join(rd, "metrics.jsonl")) as f:
