@@ -34,6 +34,7 @@ std::atomic<bool> g_setup{false};              // a run's set-up: a signal ends 
 std::atomic<bool> g_saves{true};               // a stop saves a checkpoint (SetStopSaves)
 std::atomic<bool> g_before_first_step{false};  // SetStopsAtOnce
 std::atomic<bool> g_checkpoint{true};          // a checkpoint is there to resume from
+std::atomic<int> g_evaluating{0};  // SetInEvaluation: 0 a step, 1 an evaluation, 2 the last
 // What a signal then says (GracefulInterrupts' `ending`).
 constexpr const char* kSetupEnding =
     "during the run's set-up: stopping now (nothing was trained or saved)";
@@ -151,16 +152,22 @@ void* WaitForSignals(void*) {
     if (g_graceful.load() > 0 || g_signal.load() != 0) {
       if (g_signal.exchange(sig) == 0) {
         g_asked_ns.store(NowNs());
-        char msg[320];
+        char msg[400];
+        const int evaluating = g_evaluating.load();
+        const char* cut = evaluating == 2 ? "ending the last evaluation at its next batch (it "
+                                            "is not made), then "
+                          : evaluating == 1 && g_saves.load()
+                              ? "ending the evaluation at its next batch (the resume makes it "
+                                "first), then "
+                          : evaluating == 1 ? "ending the evaluation at its next batch, then "
+                                            : "finishing this step, then ";
         const int n = std::snprintf(
-            msg, sizeof msg, "\ntierzero: %s received: %s\n", SignalName(sig),
+            msg, sizeof msg, "\ntierzero: %s received: %s%s\n", SignalName(sig), cut,
             g_saves.load()
-                ? "finishing this step, then saving a checkpoint (another signal 3 s or more "
-                  "from now stops at once without saving; the last complete checkpoint stays "
-                  "valid)"
-                : "finishing this step, then stopping (--checkpoint none: nothing is saved, so "
-                  "the run cannot be resumed; another signal 3 s or more from now stops at "
-                  "once)");
+                ? "saving a checkpoint (another signal 3 s or more from now stops at once "
+                  "without saving; the last complete checkpoint stays valid)"
+                : "stopping (--checkpoint none: nothing is saved, so the run cannot be "
+                  "resumed; another signal 3 s or more from now stops at once)");
         if (n > 0) Say(msg, static_cast<size_t>(n));
       } else if (sig != SIGXCPU && NowNs() - g_asked_ns.load() >= kForceAfterNs) {
         // Asked again, not in the same burst: the step or the save may be blocked where no
@@ -208,6 +215,7 @@ bool InterruptRequested() { return g_signal.load() != 0; }
 void ClearInterrupt() { g_signal.store(0); }
 
 void EndSetUp() { g_setup.store(false); }
+void SetInEvaluation(bool in, bool last) { g_evaluating.store(!in ? 0 : last ? 2 : 1); }
 void SetStopsAtOnce(bool at_once) { g_before_first_step.store(at_once); }
 void SetStopSaves(bool saves, bool checkpoint_exists) {
   g_saves.store(saves);

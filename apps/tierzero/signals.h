@@ -37,6 +37,10 @@ void EndSetUp();
 // stops (not with --checkpoint none); `checkpoint_exists`, whether one is there to resume from
 // (resumed, or saved since). Defaults: saves, exists.
 void SetStopSaves(bool saves, bool checkpoint_exists);
+// What a stop asked now cuts, for what a signal says: an evaluation (`in`) is ended at its next
+// batch, not after it and a step; the `last` one is then not made, any other is left to the
+// resume (Note [An evaluation a signal cuts short], train_loop.cc). Default: a step.
+void SetInEvaluation(bool in, bool last);
 // While set (a run of several ranks, until its first step ends), a signal ends the process at
 // once as during the set-up (Note [A stop before the first step of several ranks], signals.cc).
 void SetStopsAtOnce(bool at_once);

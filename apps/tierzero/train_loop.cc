@@ -64,6 +64,11 @@ std::string TrainRun::DataMended(const Status& s, bool validation) const {
 Status TrainRun::Evaluate(int step, bool stoppable) {
   double loss = 0, acc = 0;
   eval_cut_ = false;
+  // What a signal now says it cuts (signals.h), until the evaluation returns.
+  SetInEvaluation(stoppable, step >= cfg_.train.steps);
+  struct Restore {
+    ~Restore() { SetInEvaluation(false, false); }
+  } restore;
   // Each batch is read before it is computed, and the ranks agree that it could be (Note [A
   // checkpoint after a data error]: an evaluation changes no weight, so the model is whole at
   // every batch; one batch is held at a time).

@@ -514,13 +514,17 @@ def case_eval_signal():
                                  "--eval-every", "4"], "step     4/", "ev_sched")
     check(secs < 8 and "its evaluation cut short" in out,
           f"a scheduled evaluation stopped {secs:.1f} s after SIGTERM\n{out}")
+    # What the signal says it does is what the run does (it said "finishing this step").
+    check("received: ending the evaluation at its next batch" in out,
+          f"the signal's message does not say the evaluation ends\n{out}")
     check(pending(rd) == (4, True), f"checkpoint: {pending(rd)}")
     # The last evaluation: nothing to resume makes it; the run saves and reports.
     rd = os.path.join(OUT, "ev_last")
     train_small(rd, "--html", "none", "--trace", "none", steps=2)
     secs, out = stopped_in_eval(["--run-dir", rd, "--resume", rd + "/checkpoint", "--steps", "3"],
                                 "step     3/", "ev_last")
-    check(secs < 8 and "interrupted in the last evaluation" in out,
+    check(secs < 8 and "interrupted in the last evaluation" in out and
+          "received: ending the last evaluation" in out,
           f"the last evaluation stopped {secs:.1f} s after SIGTERM\n{out}")
     check(pending(rd) == (3, False) and os.path.exists(os.path.join(rd, "report.json")),
           f"checkpoint: {pending(rd)}; the report is written")
