@@ -41,13 +41,18 @@ GptConfig AsLlama(GptConfig c) {
   return c;
 }
 
-Status ValidateGptConfig(const GptConfig& c,
-                         const std::function<std::string(const char*)>& name_of) {
-  auto bad = [&](const char* field, const std::string& v, const char* range) {
-    const std::string named = name_of ? name_of(field) : std::string();
-    return InvalidArgumentError(
-        (named.empty() ? std::string("model field '") + field + "'" : named) + " is " + v +
-        "; accepted: " + range);
+Status ValidateGptConfig(const GptConfig& c, const std::function<std::string(const char*)>& key_of,
+                         const std::string& file) {
+  // A field as its reader knows it: in a range, its key alone; as the subject, with the file.
+  auto ref = [&](const char* field) {
+    const std::string key = key_of ? key_of(field) : std::string();
+    return key.empty() ? std::string(field) : key;
+  };
+  auto bad = [&](const char* field, const std::string& v, const std::string& range) {
+    const std::string key = key_of ? key_of(field) : std::string();
+    return InvalidArgumentError((key.empty() ? std::string("model field '") + field + "'"
+                                             : file + ": \"" + key + "\" (model." + field + ")") +
+                                " is " + v + "; accepted: " + range);
   };
   auto num = [](double v) {
     char s[32];
@@ -68,9 +73,10 @@ Status ValidateGptConfig(const GptConfig& c,
   if (c.n_layer < 1 || c.n_layer > 4096)
     return bad("n_layer", std::to_string(c.n_layer), "1..4096");
   if (c.n_head < 1 || c.d_model % c.n_head != 0)
-    return bad("n_head", std::to_string(c.n_head), "a divisor of d_model");
+    return bad("n_head", std::to_string(c.n_head), "a divisor of " + ref("d_model"));
   if (c.n_kv_head < 0 || (c.n_kv_head > 0 && c.n_head % c.n_kv_head != 0))
-    return bad("n_kv_head", std::to_string(c.n_kv_head), "0 (n_head) or a divisor of n_head");
+    return bad("n_kv_head", std::to_string(c.n_kv_head),
+               (key_of ? "" : "0 (n_head) or ") + ("a divisor of " + ref("n_head")));
   if (c.d_ff < 0 || c.d_ff > (1 << 20))
     return bad("d_ff", std::to_string(c.d_ff), "0 (the architecture's default) or 1..1048576");
   if (!(c.norm_eps > 0 && c.norm_eps <= 1)) return bad("norm_eps", num(c.norm_eps), "(0, 1]");
@@ -91,21 +97,25 @@ Status ValidateGptConfig(const GptConfig& c,
     // GPT-2 is one layout: what its Hugging Face checkpoints hold.
     if (c.n_kv_head != 0 && c.n_kv_head != c.n_head)
       return bad("n_kv_head", std::to_string(c.n_kv_head),
-                 "n_head or 0 for arch \"gpt2\" (grouped-query attention is Llama's)");
+                 ref("n_head") + (key_of ? "" : " or 0") +
+                     " for arch \"gpt2\" (grouped-query attention is Llama's)");
     if (c.d_ff != 0 && c.d_ff != 4 * c.d_model)
-      return bad("d_ff", std::to_string(c.d_ff), "4 d_model or 0 for arch \"gpt2\"");
+      return bad("d_ff", std::to_string(c.d_ff),
+                 "4 " + ref("d_model") + (key_of ? "" : " or 0") + " for arch \"gpt2\"");
     if (!c.tie_embeddings) return bad("tie_embeddings", "false", "true for arch \"gpt2\"");
     if (!c.attention_bias) return bad("attention_bias", "false", "true for arch \"gpt2\"");
     if (c.norm_eps != 1e-5) return bad("norm_eps", num(c.norm_eps), "1e-5 for arch \"gpt2\"");
   } else {
     if (c.head_dim() % 2 != 0)
       return bad("n_head", std::to_string(c.n_head),
-                 "a divisor of d_model leaving even heads (rotary embeddings rotate pairs)");
+                 "a divisor of " + ref("d_model") +
+                     " leaving even heads (rotary embeddings rotate pairs)");
     if (c.rope_factor > 0 &&
         !(c.rope_low_freq_factor > 0 && c.rope_high_freq_factor > c.rope_low_freq_factor &&
           c.rope_original_positions > 0))
       return bad("rope_high_freq_factor", num(c.rope_high_freq_factor),
-                 "above rope_low_freq_factor (> 0), with rope_original_positions > 0");
+                 "above " + ref("rope_low_freq_factor") + " (> 0), with " +
+                     ref("rope_original_positions") + " > 0");
   }
   return Status::OK();
 }

@@ -100,11 +100,13 @@ const char* ModelName(const GptConfig& c);
 // `c`, n_kv_head and d_ff as given there).
 GptConfig AsLlama(GptConfig c);
 
-// InvalidArgument naming the field: every size >= 1, d_model divisible by n_head. `name_of`,
-// when given, names a field as its reader knows it (a model directory's config.json key); an
-// empty name: the field's own ("model field 'n_head'").
+// InvalidArgument naming the field: every size >= 1, d_model divisible by n_head. `key_of`,
+// when given, names a field as its reader knows it (a model directory's config.json key), in
+// `file`: the subject `FILE: "KEY" (model.FIELD)`, and the fields a range names by their keys
+// too. An empty key: the field's own name ("model field 'n_head'").
 Status ValidateGptConfig(const GptConfig& config,
-                         const std::function<std::string(const char*)>& name_of = nullptr);
+                         const std::function<std::string(const char*)>& key_of = nullptr,
+                         const std::string& file = "");
 
 // A micro-batch: batch x seq tokens, the target of every position, and a 0/1 loss mask.
 struct Batch {

@@ -59,6 +59,7 @@ class HfConfig {
     return InvalidArgumentError(Named(k) + " " + why);
   }
   std::string Named(const std::string& k) const { return path_ + ": \"" + k + "\""; }
+  const std::string& path() const { return path_; }
   Status Unsupported(const std::string& k, const std::string& why) const {
     return UnsupportedError(path_ + ": \"" + k + "\" " + why);
   }
@@ -561,7 +562,7 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
                                     ? "rope_parameters.rope_theta"
                                     : "rope_theta";
   const bool is_gpt2 = g.arch == Arch::kGpt2;
-  auto name_of = [&](const char* field) -> std::string {
+  auto key_of = [&](const char* field) -> std::string {
     static const std::map<std::string, std::pair<const char*, const char*>> kKeys = {
         // tierzero's field: (GPT-2's key, Llama's)
         {"vocab", {"vocab_size", "vocab_size"}},
@@ -586,9 +587,9 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
     } else {
       return "";
     }
-    return c.Named(key) + " (model." + field + ")";
+    return key;
   };
-  TZ_RETURN_IF_ERROR(ValidateGptConfig(g, name_of));
+  TZ_RETURN_IF_ERROR(ValidateGptConfig(g, key_of, c.path()));
   m.config = g;
   // Note [Dropout a model directory asks for]
   // tierzero trains without dropout (as most pretraining now does). A config asking for some

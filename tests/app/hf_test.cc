@@ -413,7 +413,12 @@ TEST(HfModels, WhatADirectoryMayNotSayIsRefusedNamingTheField) {
        "18446744073709551615"},
       // The model's ranges in the file's own names (hunt 50: "model field 'norm_eps'").
       {Llama({{"rms_norm_eps", 0}}), "config.json: \"rms_norm_eps\" (model.norm_eps) is 0"},
-      {Llama({{"num_key_value_heads", 3}}), "\"num_key_value_heads\" (model.n_kv_head) is 3"},
+      {Llama({{"num_key_value_heads", 3}}),
+       "\"num_key_value_heads\" (model.n_kv_head) is 3; accepted: a divisor of "
+       "num_attention_heads"},
+      // Its ranges too ("a divisor of d_model", a name the file does not have).
+      {Llama({{"num_attention_heads", 16}}),
+       "(model.n_head) is 16; accepted: a divisor of hidden_size leaving even heads"},
       {Llama({{"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 0.5}}}}),
        "\"rope_parameters.rope_theta\" (model.rope_theta) is 0.5"},
       // A factor a float keeps as 0: every gradient infinite, every step skipped (hunt 50).
