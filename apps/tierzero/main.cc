@@ -271,7 +271,8 @@ void FitStackBeforeLibraries(int, char**, char**) {
 // own thread as above: std::terminate. engine.cpu_threads may ask for more threads than the CPUs
 // (up to 4096): 512 under `ulimit -v 2000000` aborted after the step-0 evaluation (hunt 50). So
 // under such a limit oneTBB is held to the workers whose stacks take at most an eighth of it;
-// the rest is the run's (its budgets are checked against the same limit).
+// the rest is the run's (its budgets are checked against the same limit). Under both limits the
+// smaller of the two caps holds, one control said with the limit that set it.
 int AddressSpaceThreadCap() {
   uint64_t limit = UINT64_MAX;
   for (const int resource : {RLIMIT_AS, RLIMIT_DATA}) {
@@ -289,17 +290,18 @@ void FitThreadLimit() {
   // (A limit this high is a distribution's default, not a constraint: no probe.)
   constexpr uint64_t kNoConstraint = uint64_t{1} << 16;
   const int cpus = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  // (oneTBB counts the calling thread in its parallelism: workers are one fewer. The smallest
-  // of the controls alive holds.)
-  if (const int cap = AddressSpaceThreadCap(); cap < INT_MAX) {
-    static tbb::global_control stacks(tbb::global_control::max_allowed_parallelism,
-                                      static_cast<size_t>(cap));
+  // One cap, the smaller of the two notes', and said with the limit that set it.
+  int cap = AddressSpaceThreadCap();
+  std::string why =
+      "this process's address space (ulimit -v or -d) holds the stacks of few threads";
+  const auto hold = [&] {
+    if (cap == INT_MAX) return;
+    static tbb::global_control limit(tbb::global_control::max_allowed_parallelism,
+                                     static_cast<size_t>(cap));
     if (cap < cpus)
-      std::fprintf(stderr,
-                   "note: this process's address space (ulimit -v or -d) holds the stacks of few "
-                   "threads: the CPU's parallel work runs on %d thread%s\n",
-                   cap, cap == 1 ? "" : "s");
-  }
+      std::fprintf(stderr, "note: %s, so the CPU's parallel work runs on %d thread%s\n",
+                   why.c_str(), cap, cap == 1 ? "" : "s");
+  };
   std::string what;  // the limit that leads to the probe, as the note names it
   if (struct rlimit rl{}; ::getrlimit(RLIMIT_NPROC, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
     if (rl.rlim_cur < rl.rlim_max) {
@@ -313,7 +315,7 @@ void FitThreadLimit() {
   if (const TaskLimit pids = ReadTaskLimit(); !pids.source.empty() && pids.room < kNoConstraint)
     what = (what.empty() ? "" : what + "; ") + "the cgroup's pids limit, " + pids.source + " " +
            std::to_string(pids.limit) + " with " + std::to_string(pids.current) + " taken";
-  if (what.empty()) return;
+  if (what.empty()) return hold();
   // The run's own threads beside oneTBB's: the signal thread, the simulated device's streams,
   // NVMe completions and io_uring's workers, the update phase and the speculative start. The
   // count tried is more than any arena here takes (CPU Adam's is engine.cpu_threads, which may
@@ -348,16 +350,13 @@ void FitThreadLimit() {
   pthread_mutex_unlock(&gate.mu);
   for (pthread_t t : started) pthread_join(t, nullptr);
   const int could = static_cast<int>(started.size());
-  if (could >= want) return;
   // (oneTBB counts the calling thread in its parallelism: workers are one fewer.)
-  const int cap = std::max(1, could - kHeadroom + 1);
-  static tbb::global_control limit(tbb::global_control::max_allowed_parallelism,
-                                   static_cast<size_t>(cap));
-  if (cap < cpus)
-    std::fprintf(stderr,
-                 "note: this process may start few more threads (%s): %d could start, so the "
-                 "CPU's parallel work runs on %d thread%s\n",
-                 what.c_str(), could, cap, cap == 1 ? "" : "s");
+  if (const int threads = std::max(1, could - kHeadroom + 1); could < want && threads < cap) {
+    cap = threads;
+    why = "this process may start few more threads (" + what + "): " + std::to_string(could) +
+          " could start";
+  }
+  hold();
 }
 
 }  // namespace
