@@ -258,6 +258,13 @@ Status NvmeStore::OpenFiles() {
     // goes, filling a disk others write to; review 42.)
     uint64_t free_bytes = FreeBytes(vfs);
     const uint64_t capacity = static_cast<uint64_t>(vfs.f_blocks) * vfs.f_frsize;
+    // A file system of no blocks at all stores nothing: the kernel's /proc or /sys. It was said
+    // as "only 0 B is free there", and the advice (free space there) could not be followed.
+    if (capacity == 0)
+      return FailedPreconditionError(
+          "the NVMe path " + path + " is on a file system of no blocks (the kernel's, as /proc " +
+          "or /sys are: it stores no files), not on a disk: give --nvme-path (engine.nvme_path) " +
+          "a directory on a disk");
     if (free_bytes < size && size <= capacity) {  // (a budget past the disk never fits)
       const int dfd = ::open(space_dir.empty() ? "." : space_dir.c_str(), O_RDONLY | O_CLOEXEC);
       if (dfd >= 0) {

@@ -351,6 +351,15 @@ TEST(NvmeStoreErrorsTest, PreallocationThatCannotFitFailsAtOpen) {
   o.paths = {dir.path() + "/no/such/dir/file"};
   o.bytes_per_path = kMiB;
   EXPECT_FALSE(NvmeStore::Open(o).ok());
+  // The kernel's file systems store nothing: said as not a disk, not as "only 0 B is free".
+  for (const char* kernels : {"/proc/self", "/sys"}) {
+    o.paths = {kernels};
+    s = NvmeStore::Open(o);
+    ASSERT_FALSE(s.ok()) << kernels;
+    EXPECT_EQ(s.status().code(), StatusCode::kFailedPrecondition) << s.status().message();
+    EXPECT_NE(s.status().message().find("not on a disk"), std::string::npos)
+        << s.status().message();
+  }
 }
 
 TEST(NvmeStoreErrorsTest, TheSwapFileIsReservedWhereTheFileSystemHasNoFallocate) {
