@@ -422,9 +422,16 @@ Status Engine::Impl::OpenDevice(bool cuda) {
   ASSIGN_OR_RETURN(compute, Stream::Create(*device, "compute"));
   if (host_compute) gate = std::make_unique<ComputeGate>(*device, compute.handle());
   if (placement.bytes[static_cast<int>(Tier::kNvme)] == 0) return Status::OK();
+  // Note [The NVMe space reserved is what the placement puts there]
+  // The store reserves its whole size when it opens (its file fallocated), and every extent it
+  // holds is allocated once, here in the set-up, as the placement says: the shards and optimizer
+  // states it puts on NVMe, each aligned as the store aligns it, none freed before the end. So
+  // the store is sized to those bytes, not to the budget: a budget of 1 TiB (a bound the user
+  // gives, as the host budget is) for a model of 10 GiB on NVMe reserved 1 TiB of disk, and an
+  // export or evaluation of a run, which takes its budget, reserved it again under $TMPDIR.
   NvmeStoreOptions no;
   no.paths = {cfg.nvme_path};
-  no.bytes_per_path = cfg.nvme_budget;
+  no.bytes_per_path = std::min(cfg.nvme_budget, placement.bytes[static_cast<int>(Tier::kNvme)]);
   no.wrap_io = nvme_wrap_io;
   auto store = NvmeStore::Open(no);
   if (!store.ok()) {
