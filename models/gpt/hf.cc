@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "tierzero/files.h"
@@ -29,6 +30,7 @@ class HfConfig {
  public:
   HfConfig(json j, std::string path) : j_(std::move(j)), path_(std::move(path)) {}
   bool has(const char* k) const { return j_.contains(k) && !j_[k].is_null(); }
+  bool written(const char* k) const { return j_.contains(k); }  // (null included)
   StatusOr<int64_t> Int(const char* k) const {
     if (!has(k)) return Bad(k, "is missing");
     if (!j_[k].is_number_integer()) return Bad(k, "is " + j_[k].dump() + ", not an integer");
@@ -524,9 +526,15 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
       }
       TZ_RETURN_IF_ERROR(scaling(rp, "rope_parameters"));
       if (c.has("rope_scaling") && !c.raw("rope_scaling").is_null()) {
-        const double factor = g.rope_factor;
+        // Every field of the scaling, not its factor alone: one low_freq_factor from each took
+        // rope_scaling's over rope_parameters', a wrong loss with exit 0 (hunt 51).
+        auto fields = [&] {
+          return std::tuple(g.rope_factor, g.rope_low_freq_factor, g.rope_high_freq_factor,
+                            g.rope_original_positions);
+        };
+        const auto from_parameters = fields();
         TZ_RETURN_IF_ERROR(scaling(c.raw("rope_scaling"), "rope_scaling"));
-        if (g.rope_factor != factor)
+        if (fields() != from_parameters)
           return c.Bad("rope_scaling", "disagrees with rope_parameters: which one holds?");
       }
     } else if (c.has("rope_scaling") && !c.raw("rope_scaling").is_null()) {
@@ -535,8 +543,16 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
     }
     // The context: the base's when it fits, else the positions.
     if (g.seq_len > g.max_positions) g.seq_len = g.max_positions;
-    if (c.has("sliding_window")) {
-      TZ_ASSIGN_OR_RETURN(const int64_t w, c.Int("sliding_window"));
+    // Note [Whose sliding window]
+    // transformers applies a window in Mistral's attention only: MistralConfig's sliding_window
+    // (4096 where the file has none; null: no window). Llama's attention sees every earlier
+    // token whatever its config says: a "sliding_window" key in a LlamaForCausalLM's config.json
+    // (left by a conversion) was taken as Mistral's, refusing contexts transformers runs and
+    // cutting an export's max_position_embeddings to it (hunt 51).
+    const bool windowed =
+        mistral && (c.has("sliding_window") || (mistral_config && !c.written("sliding_window")));
+    if (windowed) {
+      TZ_ASSIGN_OR_RETURN(const int64_t w, c.Int("sliding_window", 4096));
       if (w < 1)
         return c.Bad("sliding_window",
                      "is " + std::to_string(w) + "; a window is 1 or more tokens");

@@ -413,6 +413,21 @@ TEST(HfModels, WhatADirectoryMayNotSayIsRefusedNamingTheField) {
        "18446744073709551615"},
       // The model's ranges in the file's own names (hunt 50: "model field 'norm_eps'").
       {Llama({{"rms_norm_eps", 0}}), "config.json: \"rms_norm_eps\" (model.norm_eps) is 0"},
+      // rope_parameters and rope_scaling that differ past their factor (hunt 51: rope_scaling's
+      // low_freq_factor was taken, a wrong loss).
+      {Llama({{"rope_parameters",
+               {{"rope_type", "llama3"},
+                {"factor", 8.0},
+                {"low_freq_factor", 1.0},
+                {"high_freq_factor", 4.0},
+                {"original_max_position_embeddings", 16}}},
+              {"rope_scaling",
+               {{"rope_type", "llama3"},
+                {"factor", 8.0},
+                {"low_freq_factor", 2.0},
+                {"high_freq_factor", 4.0},
+                {"original_max_position_embeddings", 16}}}}),
+       "\"rope_scaling\" disagrees with rope_parameters"},
       {Llama({{"num_key_value_heads", 3}}),
        "\"num_key_value_heads\" (model.n_kv_head) is 3; accepted: a divisor of "
        "num_attention_heads"},
@@ -455,21 +470,36 @@ TEST(HfModels, WhatADirectoryMayNotSayIsRefusedNamingTheField) {
 
 // A config.json without max_position_embeddings has transformers' default: LlamaConfig's 2048,
 // MistralConfig's 4096 x 32 (hunt 50: 4096 for both).
-TEST(HfModels, PositionsDefaultAsTransformersDoes) {
+// Note [Whose sliding window] (hf.cc): the positions a model knows, as transformers defaults and
+// windows them: LlamaConfig's 2048; MistralConfig's 131072 within its window, 4096 where the file
+// has none, none where it is null; a Llama's "sliding_window" is not its attention's (hunt 51).
+TEST(HfModels, PositionsAndWindowsDefaultAsTransformersDoes) {
   TempDir dir;
-  for (const char* arch : {"LlamaForCausalLM", "MistralForCausalLM"}) {
-    const std::string d = dir / arch;
+  struct Case {
+    const char* arch;
+    json window;  // (a discarded value: no key)
+    int positions;
+  };
+  const Case cases[] = {{"LlamaForCausalLM", json::value_t::discarded, 2048},
+                        {"MistralForCausalLM", json::value_t::discarded, 4096},
+                        {"MistralForCausalLM", nullptr, 131072},
+                        {"MistralForCausalLM", 8192, 8192},
+                        {"LlamaForCausalLM", 16, 2048}};
+  int i = 0;
+  for (const Case& k : cases) {
+    const std::string d = dir / ("m" + std::to_string(i++));
     TinyLlama m;
     m.Write(d);
     json c = json::parse(std::ifstream(d + "/config.json"));
     c.erase("max_position_embeddings");
-    c["architectures"] = {arch};
-    c["model_type"] = std::string(arch) == "LlamaForCausalLM" ? "llama" : "mistral";
+    c.erase("sliding_window");
+    if (!k.window.is_discarded()) c["sliding_window"] = k.window;
+    c["architectures"] = {k.arch};
+    c["model_type"] = std::string(k.arch) == "LlamaForCausalLM" ? "llama" : "mistral";
     std::ofstream(d + "/config.json") << c.dump();
     auto got = gpt::ReadHfDir(d, gpt::GptConfig{});
     ASSERT_TRUE(got.ok()) << got.status().ToString();
-    EXPECT_EQ(got->config.max_positions, std::string(arch) == "LlamaForCausalLM" ? 2048 : 131072)
-        << arch;
+    EXPECT_EQ(got->config.max_positions, k.positions) << c.dump();
   }
 }
 
