@@ -420,7 +420,8 @@ StatusOr<std::string> LoadInitFrom(Engine& engine, const RunConfig& cfg) {
                          "after a run diverged");
   };
   if (!gpt::IsHfDir(from)) {
-    if (Status s = engine.LoadSafetensors({from}, nullptr, nullptr, &non_finite); !s.ok()) {
+    std::vector<std::string> skipped;
+    if (Status s = engine.LoadSafetensors({from}, nullptr, &skipped, &non_finite); !s.ok()) {
       // The weights file of a model directory, given alone: the directory's config.json says
       // its model (shape, names), which the run's flags only guess at.
       if (s.code() == StatusCode::kNotFound || s.code() == StatusCode::kInvalidArgument) {
@@ -443,6 +444,26 @@ StatusOr<std::string> LoadInitFrom(Engine& engine, const RunConfig& cfg) {
       return std::move(s).WithContext("--init-from " + from);
     }
     TZ_RETURN_IF_ERROR(refuse_non_finite());
+    // Note [A weights file holding more than the model]
+    // One file is one model's weights: tensors the run's model has no parameter for mean the file
+    // is another model (more layers, or an untied head beside a config that ties it), and were
+    // skipped without a word: a 2-layer Llama read as 1 layer scored a loss, exit 0 (hunt 51).
+    // (A model directory's config.json says its model, so its files' extra tensors are said and
+    // skipped.) The buffers old GPT-2 and Llama files carry (the causal mask, the rotary
+    // frequencies) are no parameters of any model, and are skipped.
+    std::erase_if(skipped, [](const std::string& n) {
+      for (const char* buffer : {".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq"})
+        if (n.ends_with(buffer)) return true;
+      return false;
+    });
+    if (!skipped.empty())
+      return InvalidArgumentError(
+          "--init-from " + from + " holds " + std::to_string(skipped.size()) + " tensor" +
+          (skipped.size() == 1 ? "" : "s") + " the model has no parameter for (" + skipped.front() +
+          (skipped.size() > 1 ? ", ..." : "") +
+          "): it is another model than the config and flags give (more layers? an untied "
+          "head?), and loading it would drop them. Give its model: its run's config (--config "
+          "RUN_DIR/config.json), the shape flags it was trained with, or its model directory");
     // (Without tierzero's model record its tensors fit any model of their shapes, another
     // --heads too: said, hunt 41.)
     auto metadata = ReadSafetensorsMetadata(from);
