@@ -479,6 +479,13 @@ class Engine {
 // file that is no safetensors file.
 StatusOr<std::map<std::string, std::string>> ReadSafetensorsMetadata(const std::string& path);
 
+// A safetensors file's tensors and their shapes, from its header checked whole as a load checks
+// it (each entry's dtype, shape and bytes, none overlapping, the data section covered to the
+// file's end), without reading a tensor: a file cut short or a header that lies is DataLoss
+// before a model the size of its weights is allocated.
+StatusOr<std::map<std::string, std::vector<int64_t>>> ReadSafetensorsShapes(
+    const std::string& path);
+
 // Whether tensors `a` and `b` of safetensors `files` (either in any of them) hold the same
 // values: the same shape and, converted to fp32, equal element for element (as torch.equal: -0.0
 // equals 0.0, a NaN equals nothing). Read a block

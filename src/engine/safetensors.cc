@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -316,9 +317,20 @@ StatusOr<json> ReadHeaderJson(int fd, const std::string& path, uint64_t* header_
   uint64_t hlen = 0;
   if (st.st_size < 8) return DataLossError(path + " is not a safetensors file (too short)");
   RETURN_IF_ERROR(ReadAt(fd, path, 0, &hlen, 8));
-  if (hlen > static_cast<uint64_t>(st.st_size) - 8 || hlen > kMaxSafetensorsHeaderBytes)
+  if (hlen > static_cast<uint64_t>(st.st_size) - 8 || hlen > kMaxSafetensorsHeaderBytes) {
+    // A model repository cloned without git-lfs holds pointers where its weights go: said as
+    // such, with what to do (it read "header length 2336927755350992246"; hunt 51).
+    constexpr std::string_view kLfs = "version https://git-lfs";
+    char head[kLfs.size()] = {};
+    if (static_cast<uint64_t>(st.st_size) >= kLfs.size() &&
+        ReadAt(fd, path, 0, head, kLfs.size()).ok() && std::string_view(head, kLfs.size()) == kLfs)
+      return DataLossError(path +
+                           " is a Git LFS pointer, not the weights it names: the repository was "
+                           "cloned without git-lfs. Run `git lfs pull` in it, or download the "
+                           "file itself");
     return DataLossError(path + " is not a safetensors file (header length " +
                          std::to_string(hlen) + ")");
+  }
   std::string h(hlen, '\0');
   RETURN_IF_ERROR(ReadAt(fd, path, 8, h.data(), hlen));
   auto parsed = ParseOutsideJson(h, path + "'s safetensors header", StatusCode::kDataLoss);
@@ -384,6 +396,16 @@ StatusOr<std::map<std::string, std::string>> ReadSafetensorsMetadata(const std::
   if (it == header.end() || !it->is_object()) return out;
   for (const auto& [key, value] : it->items())
     if (value.is_string()) out[key] = value.get<std::string>();
+  return out;
+}
+
+StatusOr<std::map<std::string, std::vector<int64_t>>> ReadSafetensorsShapes(
+    const std::string& path) {
+  ReadFd fd(path, "safetensors file");
+  RETURN_IF_ERROR(fd.status());
+  ASSIGN_OR_RETURN(const SafetensorsHeader h, ReadHeader(fd.get(), path));
+  std::map<std::string, std::vector<int64_t>> out;
+  for (const auto& [name, entry] : h.entries) out[name] = entry.shape;
   return out;
 }
 

@@ -510,6 +510,31 @@ TEST(HfModels, AWeightsFileHoldingMoreThanTheModelIsRefused) {
   EXPECT_EQ(rc, 0) << err;
 }
 
+// Note [A model directory's weights checked before the model is made] (hf.cc): a shard cut short
+// (a download interrupted) is refused by ReadHfDir, before any model is made; a Git LFS pointer
+// where a shard goes is said as one, with what to do (hunt 51).
+TEST(HfModels, WeightsCutShortOrLeftAsLfsPointersAreRefusedBeforeTheModel) {
+  TempDir dir;
+  TinyLlama m;
+  m.Write(dir / "cut");
+  const std::string shard = dir / "cut/model-00002-of-00003.safetensors";
+  fs::resize_file(shard, fs::file_size(shard) - 64);
+  auto got = gpt::ReadHfDir(dir / "cut", gpt::GptConfig{});
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::kDataLoss) << got.status().ToString();
+  EXPECT_NE(got.status().message().find("outside the data section"), std::string::npos)
+      << got.status().ToString();
+  m.Write(dir / "lfs");
+  std::ofstream(dir / "lfs/model-00001-of-00003.safetensors", std::ios::trunc)
+      << "version https://git-lfs.github.com/spec/v1\noid sha256:"
+         "4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\nsize 4976698672\n";
+  got = gpt::ReadHfDir(dir / "lfs", gpt::GptConfig{});
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.status().message().find("is a Git LFS pointer"), std::string::npos)
+      << got.status().ToString();
+  EXPECT_NE(got.status().message().find("git lfs pull"), std::string::npos);
+}
+
 TEST(HfModels, PositionsAndWindowsDefaultAsTransformersDoes) {
   TempDir dir;
   struct Case {
