@@ -248,7 +248,7 @@ int Eval(const std::vector<std::string>& args) {
       rest.insert(rest.begin(), {"--config", run_config});
     }
   }
-  auto cfg = LoadRunConfig(rest, nullptr, /*checkpoints_model=*/true);
+  auto cfg = LoadRunConfig(rest, nullptr, /*checkpoints_model=*/true, "eval");
   if (!cfg.ok()) return EvalFail(cfg.status());
   if (cfg->output.resume.empty() == cfg->output.init_from.empty())
     return EvalFail(InvalidArgumentError(

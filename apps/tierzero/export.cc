@@ -107,7 +107,7 @@ int Export(const std::vector<std::string>& args) {
           "         swap space in $TMPDIR)\n"
           "  [--overwrite]  (replace an existing -o file; without it an existing file is "
           "refused)\n"
-          "  (-o and --output are the same)");
+          "  (-o and --output are the same; -o - writes the safetensors file to standard output)");
       return 0;
     } else if (ckpt.empty() && args[i] == "--" && i + 1 < args.size()) {
       ckpt = args[++i];  // (a checkpoint whose path begins with '-')
@@ -131,6 +131,14 @@ int Export(const std::vector<std::string>& args) {
         "--max-shard-size shards a Hugging Face directory (--format hf); a safetensors export "
         "is one file"));
   if (Status s = CheckCheckpointArgument(ckpt, "the checkpoint"); !s.ok()) return Fail(s);
+  // "-o -" is standard output, as tools take it (it wrote a file named "-"; hunt 51).
+  if (output == "-") {
+    if (hf)
+      return Fail(InvalidArgumentError(
+          "-o -: --format hf writes a directory (config.json and the weights), not a stream; "
+          "name a new or empty directory"));
+    output = "/dev/stdout";
+  }
   // Note [Data on standard output] (run_dir.h): "exported ..." then goes to standard error.
   const std::string output_to = hf ? output : TakeStdoutForData(output);
   // The run directory is the checkpoint directory's parent, however the directory is written
@@ -246,8 +254,14 @@ int Export(const std::vector<std::string>& args) {
   // The model the tensors are (Note [A safetensors file that records its model], hf_io.cc).
   if (Status s = (*engine)->ExportSafetensors(output_to, dtype,
                                               {{"tierzero.model", ModelJson(*cfg).dump()}});
-      !s.ok())
-    return Fail(s);
+      !s.ok()) {
+    // Said as the user named it: standard output's copy is /dev/fd/N (Note [Data on standard
+    // output]).
+    std::string said(s.message());
+    for (size_t at; output_to != output && (at = said.find(output_to)) != std::string::npos;)
+      said.replace(at, output_to.size(), output);
+    return Fail(Status(s.code(), said));
+  }
   std::printf("exported %d tensors (%lld parameters, %s) to %s\n", (*engine)->num_params(),
               static_cast<long long>((*model)->num_params()), std::string(DTypeName(dtype)).c_str(),
               output.c_str());

@@ -508,7 +508,7 @@ int Plan(const std::vector<std::string>& args) {
   // its checkpoint records (a plan of the built-in default was printed as the run's; hunt 47).
   const StatusOr<std::vector<std::string>> with_config = WithResumedRunsConfig(pa->rest);
   if (!with_config.ok()) return Fail(with_config.status());
-  auto cfg = LoadRunConfig(*with_config, &config_path);
+  auto cfg = LoadRunConfig(*with_config, &config_path, /*checkpoints_model=*/false, "plan");
   if (!cfg.ok()) return Fail(cfg.status());
   if (!cfg->output.resume.empty()) {
     if (auto info = ReadCheckpointInfo(cfg->output.resume); info.ok()) {

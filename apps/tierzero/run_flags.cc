@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::string* config_path,
-                  std::set<std::string>* given) {
+                  std::set<std::string>* given, const char* command) {
   // flag -> (section.field, takes a value)
   static const std::map<std::string, std::string> kFlags = {
       {"--steps", "train.steps"},
@@ -86,7 +86,8 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
     }
     auto f = kFlags.find(a);
     if (f == kFlags.end())
-      return InvalidArgumentError("unknown option '" + a + "' (see tierzero train --help)");
+      return InvalidArgumentError("unknown option '" + a + "' (see tierzero " + command +
+                                  " --help)");
     if (i + 1 >= args.size()) return InvalidArgumentError(a + " needs a value");
     const std::string value = args[++i];
     // An option where the value should be (`--run-dir --overwrite`): the value is missing, and
@@ -241,12 +242,12 @@ void RebaseOnItsRunDir(RunConfig& cfg, const std::string& config_path) {
 
 // train.h
 StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::string* path,
-                                  bool checkpoints_model) {
+                                  bool checkpoints_model, const char* command) {
   RunConfig cfg = DefaultRunConfig();
   std::string config_path;
   RunConfig flags = cfg;  // the command line's alone
   std::set<std::string> flagged;
-  TZ_RETURN_IF_ERROR(ApplyFlags(args, flags, &config_path, &flagged));
+  TZ_RETURN_IF_ERROR(ApplyFlags(args, flags, &config_path, &flagged, command));
   // Note [A resumed run's weights]: a resumed run's weights are its checkpoint's. The
   // --init-from that seeded it when it started (its config.json records it) is not read again (a
   // model directory moved since would stop the resume, and its weights would be loaded only to be

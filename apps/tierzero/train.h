@@ -96,9 +96,10 @@ const char* TrainHelp();
 // `config_path`, when given, receives --config's path ("" without one).
 // `checkpoints_model` (eval): a --resume checkpoint's recorded model where no flag or config field
 // names one, and the machine's budgets without a config file (Note [The checkpoint's model]).
+// `command` names the command whose --help an unknown option points to.
 StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args,
                                   std::string* config_path = nullptr,
-                                  bool checkpoints_model = false);
+                                  bool checkpoints_model = false, const char* command = "train");
 
 // --init-from DIR, a Hugging Face model directory (hf_io.cc, docs/models.md): its config.json
 // sets the model's shape; a shape field the run sets otherwise is an error naming it. Nothing
@@ -132,7 +133,8 @@ Status ExportHf(Engine& engine, const RunConfig& config, const std::string& dir,
 // or a bad value. Checks each value alone: ValidateRunConfig checks the result as a whole.
 // `given`, when not null, receives the "section.field" of each field a flag set.
 Status ApplyFlags(const std::vector<std::string>& flags, RunConfig& config,
-                  std::string* config_path, std::set<std::string>* given = nullptr);
+                  std::string* config_path, std::set<std::string>* given = nullptr,
+                  const char* command = "train");
 
 // Keeps the lines of the metrics file `path` whose step is at most `step` (a resumed run drops
 // what was written after its checkpoint); lines that are not a metrics object are dropped too.

@@ -493,7 +493,8 @@ Status Engine::LoadSafetensors(const std::vector<std::string>& files, const Tens
   for (const ParamSpec& ps : im.params) {
     const std::string n = name_of(ps);
     auto w = where.find(n);
-    if (w == where.end()) return NotFoundError(set + " has no tensor '" + n + "'");
+    if (w == where.end())
+      return NotFoundError(set + (files.size() == 1 ? " has" : " have") + " no tensor '" + n + "'");
     const SafetensorsEntry& e = headers[w->second].entries.at(n);
     if (!e.loads)
       return UnsupportedError(files[w->second] + ": tensor '" + n + "' is " + e.dtype_name +

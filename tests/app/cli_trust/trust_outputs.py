@@ -98,6 +98,12 @@ def case_outputs():
                            stderr=subprocess.PIPE, cwd=OUT, timeout=120)
     check(p.returncode == 0 and os.path.getsize(piped) > 1000,
           f"export -o /dev/stdout > FILE: {p.stderr.decode()}")
+    # "-o -" is standard output too (it wrote a file named "-": hunt 51).
+    with open(piped + ".dash", "wb") as f:
+        p = subprocess.run([TZ, "export", ckpt, "-o", "-"], stdout=f, stderr=subprocess.PIPE,
+                           cwd=OUT, timeout=120)
+    check(p.returncode == 0 and read(piped + ".dash") == read(piped) and
+          not os.path.exists(os.path.join(OUT, "-")), f"export -o - > FILE: {p.stderr.decode()}")
     dangling = os.path.join(OUT, "o_dangling")
     os.symlink(os.path.join(OUT, "o_missing"), dangling)
     refused(["export", ckpt, "-o", dangling], "symbolic link")
