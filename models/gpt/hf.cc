@@ -52,9 +52,14 @@ class HfConfig {
     return j_[k].get<bool>();
   }
   // A string field's value; another JSON value as its text (shown in errors as it is).
+  // (Control characters escaped as JSON writes them: a NUL cut the message that quoted it.)
   std::string Str(const char* k) const {
     if (!has(k)) return "";
-    return j_[k].is_string() ? j_[k].get<std::string>() : j_[k].dump();
+    if (!j_[k].is_string()) return j_[k].dump();
+    const std::string v = j_[k].get<std::string>();
+    if (std::none_of(v.begin(), v.end(), [](char ch) { return ch >= 0 && ch < 0x20; })) return v;
+    const std::string quoted = j_[k].dump();
+    return quoted.substr(1, quoted.size() - 2);
   }
   const json& raw(const char* k) const { return j_[k]; }
   Status Bad(const std::string& k, const std::string& why) const {
@@ -281,6 +286,10 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
   if (c.has("architectures") && c.raw("architectures").is_array() &&
       !c.raw("architectures").empty() && c.raw("architectures")[0].is_string())
     arch = c.raw("architectures")[0].get<std::string>();
+  if (arch.find('\0') != std::string::npos) {  // (said whole: a NUL cut the message)
+    const std::string quoted = c.raw("architectures")[0].dump();
+    arch = quoted.substr(1, quoted.size() - 2);
+  }
   const std::string type = c.Str("model_type");
   m.source = !arch.empty() ? arch : type;
   const bool gpt2 = arch == "GPT2LMHeadModel" || (arch.empty() && type == "gpt2");
@@ -600,9 +609,10 @@ StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
         return InvalidArgumentError(index + ": the weight_map entry of '" + item.key() +
                                     "' is not a file name");
       const std::string f = item.value().get<std::string>();
-      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
-        return InvalidArgumentError(index + ": '" + f +
-                                    "' is not a file name in the directory (the index may "
+      if (f.empty() || f.find('/') != std::string::npos || f.find('\0') != std::string::npos ||
+          f == "." || f == "..")
+        return InvalidArgumentError(index + ": " + item.value().dump() +
+                                    " is not a file name in the directory (the index may "
                                     "only name files beside it)");
       files.insert(f);
     }
