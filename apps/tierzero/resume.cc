@@ -509,12 +509,24 @@ Status CheckSameModelJson(const json& user, const json& now, const std::string& 
     const auto it = is.find(key);
     if (it == is.end() || *it == then) continue;
     const auto flag = kFlag.find(key);
+    // The run's config beside the checkpoint, with the directory it is in now: a run directory
+    // moved since records its old path, and its config alone continued the run there, a copy
+    // (hunt 51).
+    std::error_code ec;
+    fs::path ck = fs::path(dir).lexically_normal();
+    if (ck.has_parent_path() && ck.filename().empty()) ck = ck.parent_path();
+    fs::path run = ck.parent_path();
+    if (run.empty()) run = ".";
+    const bool beside = fs::is_regular_file(run / "config.json", ec);
     return FailedPreconditionError(
         "the checkpoint " + dir + " is of a model with model." + key + " " +
         ModelValueShown(user["model"], key) + "; this run's is " + ModelValueShown(now, key) +
         " (from " + (flag == kFlag.end() ? std::string() : flag->second + ", ") +
-        "--config or the built-in default). A checkpoint resumes its own model: give the "
-        "run's config (--config RUN_DIR/config.json) and drop any override");
+        "--config or the built-in default). A checkpoint resumes its own model: give the " +
+        (beside ? "run's config and directory (--config " + (run / "config.json").string() +
+                      " --run-dir " + run.string() + ")"
+                : std::string("run's config (--config RUN_DIR/config.json)")) +
+        " and drop any override");
   }
   return Status::OK();
 }

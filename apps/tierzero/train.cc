@@ -321,6 +321,24 @@ Status TrainRun::SetUp() {
     start_ = static_cast<int>(CheckpointStep(user, static_cast<int64_t>(engine_->step())));
     data_base_ = CheckpointMicroBatches(user, start_, world_, cfg_.engine.grad_accumulation);
     if (lead_) ReportRunChanges(user, out_.resume, cfg_, world_, start_, dataset_->Fingerprint());
+    // Note [A resume that is a copy]
+    // A resume into a run directory other than the checkpoint's own is a copy: the run goes on
+    // here, its directory stays at the step resumed. That was said nowhere but the closing
+    // lines' paths: `--config MY.json --resume C/checkpoint`, the first command again with
+    // --resume, went on in the config's run directory (runs/default), C left at step 10 (hunt
+    // 51). Said at the start, with the flag that continues it in place.
+    if (lead_ && !outputs_.in_place) {
+      fs::path ck = fs::path(out_.resume).lexically_normal();
+      if (ck.has_parent_path() && ck.filename().empty()) ck = ck.parent_path();
+      fs::path its = ck.parent_path();
+      if (its.empty()) its = ".";
+      std::error_code fec;
+      if (fs::is_regular_file(its / "config.json", fec) && !fs::equivalent(its, out_.run_dir, fec))
+        std::printf(
+            "note: resuming %s (step %d) as a copy into %s: %s stays at step %d "
+            "(--run-dir %s continues that run in place)\n",
+            out_.resume.c_str(), start_, out_.run_dir.c_str(), its.c_str(), start_, its.c_str());
+    }
     // Note [An evaluation a stop left undone]
     // A run stopped by a data error at its scheduled evaluation (or before it, by a metrics line
     // that could not be written) saved the step with its evaluation undone, and a resume starts

@@ -80,8 +80,10 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
                 of its steps are on the disk too
   output        a line every --log-every steps without a terminal; one line in place on one
   stdout_data   an output that is stdout holds the data alone (the command's lines on stderr)
+  resume_copy   a resume into another run directory says it is a copy, and how to continue in
+                place; a moved run's refusal names its config and directory
 The cases live in cli_trust/ by theme (trust_outputs, trust_resume, trust_ranks, trust_signals,
-trust_inputs, trust_plans, trust_disks); trust_common.py holds what they share.
+trust_inputs, trust_plans, trust_disks, trust_config); trust_common.py holds what they share.
 Every failure must be an `error:` line and exit status 1 or 2: never a signal, an abort, an
 uncaught exception or a hang.
 """
@@ -93,6 +95,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "cli_trust"))
 
+import trust_config  # noqa: E402
 import trust_disks  # noqa: E402
 import trust_inputs  # noqa: E402
 import trust_outputs  # noqa: E402
@@ -102,8 +105,8 @@ import trust_resume  # noqa: E402
 import trust_signals  # noqa: E402
 from trust_common import OUT, ONLY, Failure, write_config  # noqa: E402
 
-CASES = sorted((n[5:], f) for m in (trust_disks, trust_inputs, trust_outputs, trust_plans,
-                                     trust_ranks, trust_resume, trust_signals)
+CASES = sorted((n[5:], f) for m in (trust_config, trust_disks, trust_inputs, trust_outputs,
+                                     trust_plans, trust_ranks, trust_resume, trust_signals)
                for n, f in vars(m).items() if n.startswith("case_"))
 
 

@@ -1,9 +1,11 @@
-"""The files `tierzero plan` writes and other commands read back: plan files (train --plan,
-report --plan), rates files (plan --rates) and warm-up traces (plan --trace), edited."""
+"""Plans: the files `tierzero plan` writes and other commands read back (plan files, train --plan
+and report --plan; rates files, plan --rates; warm-up traces, plan --trace), edited; what plan
+refuses against what train refuses; a plan's rates, device and largest model."""
 import json
 import os
+import re
 
-from trust_common import OUT, check, refused, ok, read
+from trust_common import OUT, check, run, refused, ok, read, write_config, train_small, nobody_runs
 
 
 def case_plan_files():
@@ -222,3 +224,249 @@ def case_device_fit_early():
           f"refused after its evaluation, or left its run directory:\n{out}")
     ok(["train", "--batch-size", "256", "--device-budget", "52MiB", "--steps", "1",
         "--eval-every", "0", "--run-dir", os.path.join(OUT, "dfe_ok"), "--quiet"], timeout=300)
+
+
+def case_plan_refuses_as_train():
+    """A run train refuses at set-up has no plan (Note [What the plan of a run train refuses
+    says]; hunt 48: each planned, exit 0): a --profile-step that profiles nothing, an NVMe path
+    that is a file, a model directory's weights file alone; an --init-from not here is said."""
+    cfg = os.path.join(OUT, "small.json")
+    env = dict(os.environ, TZ_RATES_FILE=os.path.join(OUT, "pr_rates.json"))
+    afile = os.path.join(OUT, "pr_file")
+    with open(afile, "w") as f:
+        f.write("mine")
+    for args, says in ((["--profile-step", "1"], "warm-up iteration"),
+                       (["--nvme-path", afile, "--nvme-budget", "64MiB"], "not a directory")):
+        refused(["plan", "--config", cfg, "--no-advice"] + args, says)
+        refused(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "pr_run"),
+                 "--steps", "2"] + args)
+    check(read(afile) == b"mine", "the NVMe path's file was changed")
+    rc, out = run(["plan", "--config", cfg, "--no-advice", "--init-from",
+                   os.path.join(OUT, "pr_nothing")], env=env)
+    check(rc == 0 and "--init-from" in out and "is not here" in out,
+          f"a plan of an --init-from that is not here said nothing:\n{out}")
+    # A model directory's weights file alone (its tensors named as transformers names them).
+    hf = os.path.join(OUT, "pr_hf")
+    ok(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "pr_src"), "--steps", "1"])
+    ok(["export", os.path.join(OUT, "pr_src", "checkpoint"), "--format", "hf", "-o", hf])
+    weights = os.path.join(hf, "model.safetensors")
+    for cmd in (["plan", "--no-advice"],
+                ["train", "--run-dir", os.path.join(OUT, "pr_run2"), "--steps", "1"]):
+        refused(cmd + ["--config", cfg, "--init-from", weights], "give the directory (--init-from")
+
+
+def case_plan_device():
+    """The plan's rates come from the device the run computes on (Note [Calibrated on the device
+    that runs]): a cached GPU's rates are not used for a run on the simulated device, and a plan
+    of a cuda run either calibrates on this machine's GPU or is refused without one."""
+    cfg = os.path.join(OUT, "small.json")
+    rates = os.path.join(OUT, "g_rates.json")
+    gpu = {"name": "this machine's GPU (calibrated)", "cpu_adam_params_per_s": 1e9,
+           "device_adam_params_per_s": 5e10,
+           "h2d_bytes_per_s": 2.5e10, "d2h_bytes_per_s": 2.5e10, "nvme_read_bytes_per_s": 6e9,
+           "nvme_write_bytes_per_s": 4e9, "device_shares_cpu": False}
+    with open(rates, "w") as f:
+        json.dump(gpu, f)
+    env = dict(os.environ, TZ_RATES_FILE=rates)
+    rc, out = run(["plan", "--config", cfg, "--device", "host", "--no-advice"], env=env)
+    check(rc == 0, f"plan: exit status {rc}\n{out}")
+    check("calibrating this machine's rates on its simulated device" in out and
+          "rates: this machine (calibrated)" in out,
+          f"a GPU's cached rates planned a run on the simulated device:\n{out}")
+    # The GPU's cache is kept (Note [A rates cache is written over only when it is one]) ...
+    check(json.load(open(rates))["device_shares_cpu"] is False and
+          "not cached" in out and "holds the rates of this machine's GPU" in out,
+          f"the GPU's cache was written over:\n{out}")
+    # ... a file of its own caches the simulated device's, and the next plan uses them.
+    env = dict(os.environ, TZ_RATES_FILE=os.path.join(OUT, "g_rates_host.json"))
+    ok(["plan", "--config", cfg, "--device", "host", "--no-advice"], env=env)
+    rc, out = run(["plan", "--config", cfg, "--device", "host", "--no-advice"], env=env)
+    check(rc == 0 and "calibrating" not in out, f"the simulated device's cache not used:\n{out}")
+    # A hand-written rates file given with --calibrate is an input, never written over.
+    hand = os.path.join(OUT, "g_hand.json")
+    with open(hand, "w") as f:
+        json.dump(dict(gpu, name="H100 node"), f)
+    before = read(hand)
+    out = ok(["plan", "--config", cfg, "--device", "host", "--no-advice", "--rates", hand,
+              "--calibrate"])
+    check(read(hand) == before and "not written by a calibration" in out,
+          f"a hand-written rates file was written over:\n{out}")
+    env = dict(os.environ, TZ_RATES_FILE=rates)
+    rc, out = run(["plan", "--config", cfg, "--device", "cuda", "--no-advice"], env=env)
+    if rc == 0:
+        check("rates: this machine's GPU (calibrated)" in out, f"a cuda plan's rates:\n{out}")
+    else:
+        refused(["plan", "--config", cfg, "--device", "cuda", "--no-advice"], "no usable GPU")
+    # A trace plans the model it recorded (Note [A trace plans its own model]): a flag that
+    # shapes the built-in GPT would be ignored, so it is refused; a config's model is noted.
+    run_dir = os.path.join(OUT, "g_traced")
+    train_small(run_dir, steps=2)
+    trace = os.path.join(run_dir, "warmup_trace.json")
+    env = dict(os.environ, TZ_RATES_FILE=os.path.join(OUT, "g_rates_host.json"))
+    for flag in (["--layers", "40"], ["--batch-size", "64"], ["--seq-len", "4"], ["--largest"]):
+        refused(["plan", "--trace", trace] + flag, "--trace")
+    out = ok(["plan", "--trace", trace, "--config", cfg, "--no-advice"], env=env)
+    check("the config's model section" in out and "compute is not in it" not in out,
+          f"a trace plan with a config:\n{out}")
+    # A placement failure's message is printed whole, however long.
+    rc, out = run(["plan", "--trace", trace, "--device-budget", "1MiB", "--host-budget", "1MiB",
+                   "--nvme-budget", "0", "--no-advice"], env=env)
+    check(rc == 0 and re.search(r"use more ranks; its shards and states fit with .*MiB\n", out),
+          f"a plan's failure, cut:\n{out}")
+    # A --rates FILE is written whatever HOME is.
+    mine = os.path.join(OUT, "g_mine_rates.json")
+    env = dict(os.environ, HOME=os.path.join(OUT, "g_no_home"), XDG_CACHE_HOME="")
+    env.pop("TZ_RATES_FILE", None)
+    ok(["plan", "--config", cfg, "--device", "host", "--no-advice", "--rates", mine,
+        "--calibrate"], env=env, timeout=300)
+    check(os.path.exists(mine), "plan --rates FILE --calibrate did not write FILE")
+    # A home that does not exist gets no cache made in it.
+    missing = os.path.join(OUT, "g_no_home")
+    env = dict(os.environ, HOME=missing, XDG_CACHE_HOME="")
+    env.pop("TZ_RATES_FILE", None)
+    out = ok(["plan", "--config", cfg, "--device", "host", "--no-advice"], env=env, timeout=300)
+    check(not os.path.exists(missing) and "not cached" in out,
+          f"a plan made a cache in a home that does not exist:\n{out}")
+    # A plan made where nothing may be written (a read-only working directory) calibrates under
+    # $TMPDIR, and says so, instead of failing on its run directory (as `nobody`: root writes
+    # anywhere).
+    if nobody_runs("plan_device"):
+        ro = os.path.join(OUT, "g_read_only")
+        os.makedirs(ro, exist_ok=True)
+        os.chmod(ro, 0o555)
+        os.chmod(OUT, 0o755)
+        tmp = os.path.join(OUT, "g_tmp")
+        os.makedirs(tmp, exist_ok=True)
+        os.chmod(tmp, 0o777)
+        home = os.path.join(OUT, "g_ro_home")
+        os.makedirs(home, exist_ok=True)
+        os.chmod(home, 0o777)
+        env = dict(os.environ, HOME=home, XDG_CACHE_HOME="", TMPDIR=tmp)
+        env.pop("TZ_RATES_FILE", None)
+
+        def as_nobody():
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+        rc, out = run(["plan", "--no-advice"], env=env, cwd=ro, timeout=300,
+                      preexec_fn=as_nobody)
+        check(rc == 0 and "the calibration runs under " + tmp in out,
+              f"a plan in a read-only directory: exit status {rc}\n{out}")
+        check(os.listdir(tmp) == [] and os.listdir(ro) == [],
+              f"a plan in a read-only directory left {os.listdir(tmp)} {os.listdir(ro)}")
+        # Rates measured away from the run's disk are not cached for later plans.
+        check("measured away from the run's disk" in out and os.listdir(home) == [],
+              f"rates measured under $TMPDIR were cached: {os.listdir(home)}\n{out}")
+
+
+def case_plan_of_another_config():
+    # `train --plan` compares the plan's predictions with what the run measures: a plan of
+    # another config (other budgets, batch) was accepted and its numbers shown as the engine's
+    # errors. It is refused before the run, naming the fields; the plan's own config runs.
+    cfg = os.path.join(OUT, "small.json")
+    plan = os.path.join(OUT, "pa_plan.json")
+    ok(["plan", "--config", cfg, "--json", plan, "--no-advice"])
+    rd = os.path.join(OUT, "pa_run")
+    refused(["train", "--config", cfg, "--plan", plan, "--run-dir", rd, "--batch-size", "3",
+             "--quiet"], "train.batch_size", "another config")
+    check(not os.path.exists(rd), "a refused run left its directory")
+    # One model written two ways is the plan's (n_kv_head 2 of 2 heads, and 0): review 46.
+    llama = ["--arch", "llama", "--layers", "1", "--width", "32", "--heads", "2", "--steps", "2"]
+    lplan = os.path.join(OUT, "pa_llama.json")
+    ok(["plan"] + llama + ["--kv-heads", "2", "--json", lplan, "--no-advice"])
+    ok(["train"] + llama + ["--plan", lplan, "--run-dir", os.path.join(OUT, "pa_llama"),
+                            "--quiet"])
+    refused(["train"] + llama + ["--kv-heads", "1", "--plan", lplan, "--run-dir",
+                                 os.path.join(OUT, "pa_llama1"), "--quiet"], "model.n_kv_head")
+    # A plan edited to hold a number out of a report's range is refused at set-up, naming it,
+    # where the run trained, then could not write its report (nor `report` read it after).
+    with open(plan) as f:
+        edited = json.load(f)
+    edited["prediction"]["memory"]["device"]["budget"] = 1e300
+    bad_plan = os.path.join(OUT, "pa_bad_plan.json")
+    with open(bad_plan, "w") as f:
+        json.dump(edited, f)
+    refused(["train", "--config", cfg, "--plan", bad_plan, "--run-dir", rd, "--quiet"],
+            "the plan: prediction: memory.device.budget")
+    check(not os.path.exists(rd), "a run refused for its plan left its directory")
+    # --json --overwrite never names what the plan reads: its text, its token files (hunt 46).
+    text = os.path.join(OUT, "pa_text.txt")
+    with open(text, "w") as f:
+        f.write("the quick brown fox\n" * 2000)
+    refused(["plan", "--layers", "1", "--width", "32", "--heads", "2", "--text", text, "--json",
+             text, "--overwrite", "--no-advice"], "the text (--text) this command reads")
+    check(read(text) == b"the quick brown fox\n" * 2000, "plan --json replaced its --text")
+    # A plan nested 500000 deep under a config field overflowed the stack (SIGSEGV, hunt 45).
+    deep = os.path.join(OUT, "pa_deep.json")
+    with open(deep, "w") as f:
+        f.write('{"config":{"model":{"activation_checkpointing":' + "[" * 500000 + "]" * 500000 +
+                '}},"prediction":{}}')
+    refused(["train", "--config", cfg, "--plan", deep, "--run-dir", rd, "--quiet"],
+            "deeper than 64 levels")
+    check(not os.path.exists(rd), "a refused run left its directory")
+    ok(["train", "--config", cfg, "--plan", plan, "--run-dir", rd, "--steps", "2", "--quiet"])
+    report = json.load(open(os.path.join(rd, "report.json")))
+    check("prediction" in report, "the run's report has no prediction beside it")
+    # `report --plan` refuses a plan of another config too (Note [A plan of another run]): one
+    # of another batch or budget had been compared as this run's prediction (hunt 46).
+    rj = os.path.join(rd, "report.json")
+    ok(["report", rj, "--plan", plan])
+    for flags, field in ((["--batch-size", "3"], "train.batch_size"),
+                         (["--host-budget", "64MiB"], "engine.host_budget"),
+                         (["--optimizer-states", "int8"], "engine.optimizer_states")):
+        other = os.path.join(OUT, "pa_other_plan.json")
+        ok(["plan", "--config", cfg, "--json", other, "--no-advice", "--overwrite"] + flags)
+        refused(["report", rj, "--plan", other], field, "another config")
+    # A plan of a recorded trace records the engine's settings it was made with: `train --plan`
+    # refuses one of other budgets (it was taken, its placement shown as this run's).
+    tplan = os.path.join(OUT, "pa_trace_plan.json")
+    ok(["plan", "--config", cfg, "--trace", os.path.join(rd, "warmup_trace.json"), "--json",
+        tplan, "--host-budget", "64MiB"])
+    refused(["train", "--config", cfg, "--plan", tplan, "--run-dir", rd + "_t", "--quiet"],
+            "engine.host_budget", "another config")
+    refused(["report", rj, "--plan", tplan], "engine.host_budget")
+    # A plan nested 500000 deep: refused by report too, not a SIGSEGV (review 47).
+    refused(["report", rj, "--plan", deep], "deeper than 64 levels")
+    # ZeRO++ asked of one rank runs off: the report says so, and the plan of that config is
+    # the run's (it was refused as of another).
+    zcfg = write_config(os.path.join(OUT, "pa_zeropp.json"), zeropp={"qwz": True})
+    zplan = os.path.join(OUT, "pa_zeropp_plan.json")
+    ok(["plan", "--config", zcfg, "--json", zplan, "--no-advice"])
+    ok(["train", "--config", zcfg, "--plan", zplan, "--run-dir", rd + "_z", "--steps", "2",
+        "--quiet"])
+    ok(["report", os.path.join(rd + "_z", "report.json"), "--plan", zplan])
+    check(not os.path.exists(rd + "_t"), "a run refused for its plan left its directory")
+    # An older tierzero's plan records no config: refused, not checked by its layout alone.
+    older = json.load(open(plan))
+    older.pop("config")
+    older_path = os.path.join(OUT, "pa_older_plan.json")
+    with open(older_path, "w") as f:
+        json.dump(older, f)
+    rd2 = os.path.join(OUT, "pa_run2")
+    refused(["train", "--config", cfg, "--plan", older_path, "--run-dir", rd2, "--batch-size",
+             "3", "--quiet"], "records no config", "make it again")
+    check(not os.path.exists(rd2), "a refused run left its directory")
+    # A run whose data train would refuse is not planned as fitting either; data not on this
+    # machine is said, and the plan made (a run is often planned elsewhere).
+    refused(["plan", "--config", cfg, "--seq-len", "6"], "needs rows of 9 tokens")
+    rc, out = run(["plan", "--config", cfg, "--text", os.path.join(OUT, "pa_missing.txt")])
+    check(rc == 0 and "the run's data is not here" in out and "pa_missing.txt" in out,
+          f"a plan of data that is elsewhere:\n{out}")
+
+
+def case_plan_largest_times():
+    # plan --largest's answer is timed for its own shape: its step was the config's blocks (5 x
+    # 192) times its layers, 2.6x under the same model planned alone (figures hunt 47). Both
+    # time blocks on this machine, so they agree to its noise, not to a factor.
+    budgets = ["--batch-size", "4", "--seq-len", "64", "--device-budget", "64MiB",
+               "--host-budget", "256MiB", "--nvme-budget", "1GiB"]
+    out = ok(["plan", "--largest"] + budgets, timeout=300)
+    m = re.search(r"GPT-2 (\d+) layers x (\d+) wide, (\d+) heads", out)
+    check(m is not None, f"no largest model:\n{out}")
+    steps = re.findall(r"^step ([0-9.]+) ms = compute ([0-9.]+) ms", out, re.M)
+    alone = ok(["plan", "--layers", m.group(1), "--width", m.group(2), "--heads", m.group(3),
+                "--no-advice"] + budgets, timeout=300)
+    want = re.findall(r"^step ([0-9.]+) ms = compute ([0-9.]+) ms", alone, re.M)
+    got_c, want_c = float(steps[-1][1]), float(want[-1][1])
+    check(0.5 < got_c / want_c < 2.0,
+          f"--largest's compute {got_c} ms, the same model planned alone {want_c} ms")
