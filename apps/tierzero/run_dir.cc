@@ -185,6 +185,7 @@ void DefaultOutputPaths(RunConfig& cfg) {
   if (out.html == "none") out.html.clear();
   if (out.trace == "none") out.trace.clear();
   if (out.checkpoint_dir == "none") out.checkpoint_dir.clear();
+  if (out.plan == "none") out.plan.clear();  // (none: a resume's recorded plan left out)
   if (cfg.engine.nvme_path.empty()) cfg.engine.nvme_path = out.run_dir + "/nvme";
 }
 

@@ -141,7 +141,8 @@ Status TrainRun::SetUp() {
   // beside the run's figures: the run goes on without it, saying so. One given as --plan is
   // this command's, and still refused.
   bool plan_gone = false;
-  if (!out_.plan.empty() && lead_ && !out_.resume.empty() && cfg_.given.count("output.plan") == 0) {
+  const bool recorded_plan = !out_.resume.empty() && cfg_.given.count("output.plan") == 0;
+  if (!out_.plan.empty() && lead_ && recorded_plan) {
     struct stat st {};
     plan_gone = ::stat(out_.plan.c_str(), &st) != 0 && errno == ENOENT;
     if (plan_gone) {
@@ -160,8 +161,25 @@ Status TrainRun::SetUp() {
     if (!plan.is_object()) {
       // (WithPrediction, below, says what it is.)
     } else if (plan.contains("config")) {
-      TZ_RETURN_IF_ERROR(CheckPlanConfig(plan["config"], cfg_, /*of_trace=*/IsATracesPlan(plan))
-                             .WithContext("--plan " + out_.plan));
+      Status checked = CheckPlanConfig(plan["config"], cfg_, /*of_trace=*/IsATracesPlan(plan));
+      // Note [A plan the resumed run recorded, of another config]: a resume that changes what
+      // the plan was made for (its budgets, its batch) was refused for a --plan it never gave,
+      // and `--plan none` was a file name (hunt 51). As when it is gone: said, and left out.
+      if (!checked.ok() && recorded_plan) {
+        // (What differs: the check's first parenthesis, "(engine.host_budget ... here)".)
+        std::string what(checked.message());
+        if (const size_t open = what.find('('), close = what.find(')');
+            open != std::string::npos && close != std::string::npos && close > open)
+          what = what.substr(open + 1, close - open - 1);
+        std::printf(
+            "note: the plan %s the run's config records (output.plan) was made for "
+            "another config (%s): the report leaves the prediction out (--plan FILE "
+            "gives one)\n",
+            out_.plan.c_str(), what.c_str());
+        plan_text_.clear();
+      } else {
+        TZ_RETURN_IF_ERROR(std::move(checked).WithContext("--plan " + out_.plan));
+      }
     } else {
       // (Also the prediction object alone, which WithPrediction takes from a library's caller.)
       // An older tierzero's plan records no config: its layout alone would be checked, and a

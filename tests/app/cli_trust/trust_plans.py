@@ -95,6 +95,13 @@ def case_plan_files():
         refused(["report", report, "--plan", path], needle)
         b2_plan = json.loads(read(b2))
 
+    # The plan a resumed run's config records, made for another config than the resume's (a
+    # budget changed): said and left out, not refused for a --plan this command never gave (hunt
+    # 51).
+    out = ok(["train", "--resume", rd + "/checkpoint", "--steps", "5", "--host-budget", "40MiB",
+              "--quiet"])
+    check("was made for another config (engine.host_budget" in out,
+          f"a recorded plan of another config:\n{out}")
     # The plan a resumed run's config records, removed since: the run goes on without it.
     os.rename(plan, plan + ".moved")
     out = ok(["train", "--resume", rd + "/checkpoint", "--steps", "6", "--quiet"])
@@ -102,6 +109,11 @@ def case_plan_files():
     # One named by --plan is this command's own, and refused.
     refused(["train", "--resume", rd + "/checkpoint", "--steps", "8", "--plan", plan, "--quiet"],
             "cannot open plan file")
+    # `--plan none` leaves the recorded one out, unsaid (it was a file name: hunt 51).
+    os.rename(plan + ".moved", plan)
+    out = ok(["train", "--resume", rd + "/checkpoint", "--steps", "7", "--host-budget", "40MiB",
+              "--plan", "none", "--quiet"])
+    check("prediction" not in out, f"--plan none:\n{out}")
 
     # A warm-up trace edited into what the engine refuses: named by file and field.
     trace = json.loads(read(os.path.join(rd, "warmup_trace.json")))
