@@ -89,14 +89,16 @@ Status ValidateEngineConfig(const EngineConfig& c) {
     std::snprintf(b, sizeof b, "%g", v);
     return std::string(b);
   };
-  if (!(c.host_device_adam_rate == 0 || c.host_device_adam_rate >= 1) ||
+  // (Floors a study can use: 1 byte/s made the step-0 evaluation's first copy take days, a run
+  // no signal could stop but by its second one; hunt 51.)
+  if (!(c.host_device_adam_rate == 0 || c.host_device_adam_rate >= 1e4) ||
       !std::isfinite(c.host_device_adam_rate))
     return bad("host_device_adam_rate", shown(c.host_device_adam_rate),
-               "0 (off) or at least 1 parameter/s");
-  if (!(c.host_link_bandwidth == 0 || c.host_link_bandwidth >= 1) ||
+               "0 (off) or at least 1e4 parameters/s");
+  if (!(c.host_link_bandwidth == 0 || c.host_link_bandwidth >= 1e6) ||
       !std::isfinite(c.host_link_bandwidth))
     return bad("host_link_bandwidth", shown(c.host_link_bandwidth),
-               "0 (unthrottled) or at least 1 byte/s");
+               "0 (unthrottled) or at least 1e6 bytes/s (1 MB/s)");
   if (c.zeropp.qwz_bits != 4 && c.zeropp.qwz_bits != 8)
     return bad("zeropp.qwz_bits", std::to_string(c.zeropp.qwz_bits), "4 or 8");
   if (c.zeropp.qgz_bits != 4 && c.zeropp.qgz_bits != 8)
