@@ -217,12 +217,20 @@ class StrictSax {
   // a double, another value: refused (a seed of 2^64 + 1 came back as 1.8446744073709552e19).
   // (Only digits after an optional '-': the parser writes the C locale's decimal mark into the
   // text, a ',' under de_DE.)
-  bool number_float(json::number_float_t, const json::string_t& raw) {
+  bool number_float(json::number_float_t value, const json::string_t& raw) {
     const size_t digits = raw.size() > 0 && raw[0] == '-' ? 1 : 0;
     if (raw.size() > digits && raw.find_first_not_of("0123456789", digits) == std::string::npos) {
       error_ = "holds the whole number " + raw + Here() +
                ", beyond what 64 bits hold (it would be read as an approximation, and no field "
                "takes a number that large)";
+      return false;
+    }
+    // A number too small for a double is read as 0, another value (1e-400 for an lr trained at
+    // lr 0, exit 0; hunt 51): a nonzero digit before the exponent, and 0 read.
+    const std::string mantissa = raw.substr(0, raw.find_first_of("eE"));
+    if (value == 0 && mantissa.find_first_of("123456789") != std::string::npos) {
+      error_ = "holds the number " + raw + Here() +
+               ", too small for a double: it would be read as 0 (write 0 if 0 is meant)";
       return false;
     }
     return Value();
@@ -303,6 +311,16 @@ class StrictSax {
   std::string error_;
 };
 
+// Where text holds a NUL: JSON has none, and the parser took one as the end of the text, what
+// followed unread (a config, then binary junk, was read as the config alone; hunt 51). "" when
+// none.
+inline std::string NulInText(std::string_view text) {
+  const size_t at = text.find('\0');
+  if (at == std::string_view::npos) return "";
+  return " holds a NUL byte at offset " + std::to_string(at) +
+         ", which JSON text never does (a binary file, or a file joined to one?)";
+}
+
 }  // namespace json_in_internal
 
 // Parses outside JSON strictly (Note [Outside JSON parsed strictly]): an error with `code` naming
@@ -312,6 +330,8 @@ inline StatusOr<nlohmann::json> ParseOutsideJson(std::string_view text, const st
                                                  StatusCode code = StatusCode::kInvalidArgument,
                                                  bool allow_comments = false,
                                                  int max_depth = kMaxJsonDepth) {
+  if (std::string nul = json_in_internal::NulInText(text); !nul.empty())
+    return Status(code, source + nul);
   json_in_internal::StrictSax sax(max_depth);
   bool ok = false;
   try {

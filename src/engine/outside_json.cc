@@ -6,6 +6,8 @@
 namespace tierzero {
 
 Status CheckOutsideJson(std::string_view text, const std::string& source, bool allow_comments) {
+  if (std::string nul = json_in_internal::NulInText(text); !nul.empty())
+    return InvalidArgumentError(source + nul);
   json_in_internal::StrictSax sax(kMaxJsonDepth);
   bool ok = false;
   try {

@@ -114,6 +114,28 @@ TEST(JsonIn, WholeNumbersBeyond64BitsAreRefusedWhereTheyAre) {
   }
 }
 
+// A number a double reads as 0, and a NUL the parser took as the text's end (what followed it
+// unread): refused, where and what (hunt 51). 0 written as 0, and denormals, are numbers.
+TEST(JsonIn, NumbersReadAsZeroAndNulBytesAreRefused) {
+  for (const char* good : {R"({"a": 0.0})", R"({"a": 0e-400})", R"({"a": -0.000})",
+                           R"({"a": 4.9e-324})", R"({"a": 1e-300})"}) {
+    auto j = ParseOutsideJson(good, "t");
+    EXPECT_TRUE(j.ok()) << good << ": " << j.status().ToString();
+  }
+  for (const char* tiny : {R"({"a": {"b": 1e-400}})", R"({"a": {"b": -2.5E-999}})"}) {
+    auto j = ParseOutsideJson(tiny, "t");
+    ASSERT_FALSE(j.ok()) << tiny;
+    EXPECT_NE(j.status().message().find("too small for a double"), std::string::npos)
+        << j.status().ToString();
+    EXPECT_NE(j.status().message().find("(at a.b)"), std::string::npos) << j.status().ToString();
+  }
+  const std::string nul("{\"a\": 1}\0{\"junk", 14);
+  auto j = ParseOutsideJson(nul, "t");
+  ASSERT_FALSE(j.ok());
+  EXPECT_NE(j.status().message().find("NUL byte at offset 8"), std::string::npos)
+      << j.status().ToString();
+}
+
 TEST(JsonIn, ANonObjectHasNoMembers) {
   const json j = json::parse("[1]");
   const JsonIn in(j, "f");
