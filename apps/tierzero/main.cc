@@ -150,7 +150,23 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
     return 2;
   }
-  std::vector<std::string> rest(argv + 2, argv + argc);
+  // Note [Options written --name=value]
+  // GNU's long-option form, `--lr=3e-4`, as most CLIs take it, is the option and its value
+  // (every one was "unknown option '--lr=3e-4'"; hunt 51). Up to a "--", after which arguments
+  // are names, not options; split at the first '=', so a value may hold one.
+  std::vector<std::string> rest;
+  bool names = false;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    const size_t eq = a.find('=');
+    names = names || a == "--";
+    if (!names && a.rfind("--", 0) == 0 && eq != std::string::npos && eq > 2) {
+      rest.push_back(a.substr(0, eq));
+      rest.push_back(a.substr(eq + 1));
+    } else {
+      rest.push_back(a);
+    }
+  }
   // A run's or an export's lines are not its result (its files are); its help is.
   const bool asks_help = std::any_of(
       rest.begin(), rest.end(), [](const std::string& a) { return a == "-h" || a == "--help"; });

@@ -489,6 +489,16 @@ Status ValidateRunConfig(const RunConfig& c) {
   return Status::OK();
 }
 
+// train.h
+// Note [A floor below the rate asked for]
+// The cosine decay's floor, min_lr, defaults to 1e-4, a tenth of the default rate. A rate asked
+// for below it (`--lr 5e-5`, a fine-tune's) was refused as under a floor the user never set,
+// named as a config field no flag sets (hunt 51). Where min_lr is not named, it is a tenth of
+// the rate when the rate is below the default floor (as the default is of the default rate).
+void LowerDefaultFloor(RunConfig& c) {
+  if (c.train.min_lr > c.train.lr) c.train.min_lr = c.train.lr / 10;
+}
+
 namespace {
 
 StatusOr<RunConfig> ParseRunConfigOrThrow(const std::string& text, RunConfig c) {
@@ -519,6 +529,10 @@ StatusOr<RunConfig> ParseRunConfigOrThrow(const std::string& text, RunConfig c) 
       TZ_RETURN_IF_ERROR(f->second.set(value));
     }
   }
+  // Note [A floor below the rate asked for]
+  const bool named_floor =
+      j.contains("train") && j["train"].is_object() && j["train"].contains("min_lr");
+  if (!named_floor) LowerDefaultFloor(c);
   TZ_RETURN_IF_ERROR(ValidateRunConfig(c));
   return c;
 }

@@ -2,6 +2,8 @@
 // a run's config: the file, the flags, what was asked for, a model directory's shape, and the
 // checks of the whole (docs/config.md).
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -118,6 +120,17 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
     // that holds a string (a path, a name) takes the value as it is: `--run-dir 123` is a
     // directory named 123, not the number.
     const bool string_field = fields[section][key].get().is_string();
+    // A number as a shell user writes it, which JSON does not: ".001", "1.", "+2" (`--lr .001`
+    // was refused as out of [0, 10]; hunt 51). Finite, and the whole value.
+    if (!string_field && parsed.is_discarded()) {
+      const bool plus = value[0] == '+';
+      const char* first = value.data() + (plus ? 1 : 0);
+      const char* last = value.data() + value.size();
+      double d = 0;
+      const auto [end, ec] = std::from_chars(first, last, d);
+      if (ec == std::errc() && end == last && std::isfinite(d) && !(plus && *first == '-'))
+        parsed = d;
+    }
     v = (!string_field && !parsed.is_discarded() && (parsed.is_number() || parsed.is_boolean()))
             ? parsed
             : json(value);
@@ -368,6 +381,7 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
           " false, which --arch gpt2 cannot have (GPT-2 ties its head and has every bias): drop "
           "one of them");
   }
+  if (given.count("train.min_lr") == 0) LowerDefaultFloor(cfg);  // (run_config.cc)
   cfg.given = std::move(given);
   // Note [A config's outputs follow --run-dir]
   // A run's config.json records every output resolved (RUN_DIR/metrics.jsonl, RUN_DIR/checkpoint,

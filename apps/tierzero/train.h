@@ -81,6 +81,10 @@ double LearningRate(const TrainOptions& t, int step);
 // Parses a JSON config over the defaults. InvalidArgument naming the field, the bad value and
 // the accepted range; unknown fields are errors (they are usually typos).
 StatusOr<RunConfig> ParseRunConfig(const std::string& json_text, RunConfig base);
+// Note [A floor below the rate asked for] (run_config.cc): min_lr, where no config or flag
+// names it, a tenth of a rate below it.
+void LowerDefaultFloor(RunConfig& config);
+
 // What no single field can check (the model's shape, min_lr <= lr). ParseRunConfig runs it; a
 // run runs it again after the flags, so it never starts with a config it could not load back
 // (the config.json beside its checkpoint).

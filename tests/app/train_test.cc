@@ -116,7 +116,20 @@ TEST(TrainConfig, FlagsThatBreakARuleAcrossFieldsAreRefusedBeforeTheRun) {
   EXPECT_NE(bad.message().find("'train.min_lr' (0.0001) exceeds 'train.lr' (5e-05)"),
             std::string::npos)
       << bad.ToString();
-  EXPECT_EQ(Train({"--lr", "0.00005", "--run-dir", "/nonexistent/never-created"}), 1);
+  // Note [A floor below the rate asked for]: a run's config, where nothing names min_lr, takes
+  // a tenth of a rate below the default floor; one named is kept, and refused.
+  auto lowered = LoadRunConfig({"--lr", "0.00005"});
+  ASSERT_TRUE(lowered.ok()) << lowered.status().ToString();
+  EXPECT_FLOAT_EQ(lowered->train.min_lr, 0.000005f);
+  TempDir dir;
+  std::ofstream(dir / "floor.json") << R"({"train": {"min_lr": 0.0001}})";
+  auto named = LoadRunConfig({"--config", dir / "floor.json", "--lr", "0.00005"});
+  ASSERT_FALSE(named.ok());
+  EXPECT_NE(named.status().message().find("exceeds 'train.lr'"), std::string::npos);
+  EXPECT_EQ(Train({"--config", dir / "floor.json", "--lr", "0.00005", "--run-dir",
+                   dir / "never-created"}),
+            1);
+  EXPECT_FALSE(fs::exists(dir / "never-created"));
   // A config file that lowers min_lr makes the same flag valid: the rule is checked on the
   // result, not on each source.
   RunConfig d =
