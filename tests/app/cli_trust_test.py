@@ -82,6 +82,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   stdout_data   an output that is stdout holds the data alone (the command's lines on stderr)
   resume_copy   a resume into another run directory says it is a copy, and how to continue in
                 place; a moved run's refusal names its config and directory
+  flag_forms    --name=value, numbers as a shell user writes them (.001), an lr below the
+                default floor
 The cases live in cli_trust/ by theme (trust_outputs, trust_resume, trust_ranks, trust_signals,
 trust_inputs, trust_plans, trust_disks, trust_config); trust_common.py holds what they share.
 Every failure must be an `error:` line and exit status 1 or 2: never a signal, an abort, an

@@ -34,3 +34,26 @@ def case_resume_copy():
     with open(os.path.join(moved, "checkpoint", "manifest.json")) as f:
         check(json.load(f)["step"] == 8, "the moved run was not continued in place")
     check(not os.path.exists(c), f"a run directory {c} was made again")
+
+
+def case_flag_forms():
+    """Note [Options written --name=value] and numbers as a shell user writes them: `--lr=.001`,
+    `--steps=3`, `--lr 1.` are the options they look like (each was refused); Note [A floor below
+    the rate asked for]: `--lr 5e-5` trains, its floor a tenth of it, unless one is named."""
+    cfg = write_config(os.path.join(OUT, "ff.json"))
+    rd = os.path.join(OUT, "ff")
+    ok(["train", "--config", cfg, "--run-dir=" + rd, "--steps=3", "--lr=.002", "--quiet"])
+    with open(os.path.join(rd, "config.json")) as f:
+        train = json.load(f)["train"]
+    check(train["steps"] == 3 and abs(train["lr"] - 0.002) < 1e-9, f"recorded: {train}")
+    ok(["train", "--config", cfg, "--run-dir", rd, "--steps", "2", "--lr", "5e-5", "--overwrite",
+        "--quiet"])
+    with open(os.path.join(rd, "config.json")) as f:
+        train = json.load(f)["train"]
+    check(abs(train["min_lr"] - 5e-6) < 1e-12, f"the floor of --lr 5e-5: {train}")
+    floor = write_config(os.path.join(OUT, "ff_floor.json"), train={"min_lr": 1e-4})
+    refused(["train", "--config", floor, "--run-dir", rd + "_floor", "--lr", "5e-5"],
+            "'train.min_lr' (0.0001) exceeds 'train.lr'")
+    check(not os.path.exists(rd + "_floor"), "a refused run left its directory")
+    # A name after "--" is no option: export's checkpoint "--x=y" is a path.
+    refused(["export", "--", "--x=y", "-o", os.path.join(OUT, "ff.st")], "--x=y")
