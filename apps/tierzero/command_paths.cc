@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -74,7 +75,15 @@ Status NotThereButRecorded(const std::string& path, const std::string& flag, boo
 Status CheckCheckpointArgument(const std::string& path, const std::string& flag, bool with_config) {
   struct stat st {};
   if (path.empty()) return Status::OK();
-  if (::stat(path.c_str(), &st) != 0) return NotThereButRecorded(path, flag, with_config);
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    TZ_RETURN_IF_ERROR(NotThereButRecorded(path, flag, with_config));
+    // Said first: a mistyped --resume was refused for the outputs of the run directory it fell
+    // back on ("the outputs of another run are here: runs/default/..."; hunt 51).
+    if (err == ENOENT || err == ENOTDIR)
+      return NotFoundError("no checkpoint at '" + path + "' (" + flag +
+                           "): there is no such directory");
+  }
   if (S_ISDIR(st.st_mode)) {
     // A run directory named for its checkpoint: said first, before what follows from it.
     const std::string inner = (fs::path(path) / "checkpoint").string();

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -426,6 +427,18 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
   }
   TZ_RETURN_IF_ERROR(CheckDataSource(cfg, asked_in_file));
   TZ_RETURN_IF_ERROR(CheckGpt2Rope(cfg, asked_in_file));
+  // A profile step the resumed run's config records, past the steps this resume ends at: the
+  // run's, not this command's; its profile goes to the first planned iteration, said (a resume
+  // with fewer --steps was refused for a field it never gave; hunt 51).
+  if (!cfg.output.resume.empty() && cfg.given.count("train.profile_step") == 0 &&
+      cfg.train.profile_step > cfg.train.steps) {
+    if (LaunchedRanks().rank == 0)
+      std::printf(
+          "note: the run's profile step %d is past this run's last step %d: the report "
+          "profiles the first planned iteration (--profile-step N names another)\n",
+          cfg.train.profile_step, cfg.train.steps);
+    cfg.train.profile_step = 0;
+  }
   TZ_RETURN_IF_ERROR(ValidateRunConfig(cfg));
   return cfg;
 }

@@ -282,12 +282,28 @@ Status TrainRun::SetUp() {
     if (!read.ok() && read.status().code() == StatusCode::kNotFound && outputs_.in_place &&
         fs::is_directory(out_.resume, ec)) {
       const std::string run_dir = out_.run_dir.empty() ? "." : out_.run_dir;
+      // A states file there without its manifest is a save that never committed, or whose
+      // manifest was removed since: said as what is there, not as a run that saved nothing
+      // (hunt 51), and --overwrite said to remove it too.
+      std::string states;
+      for (const auto& e : fs::directory_iterator(out_.resume, ec)) {
+        const std::string n = e.path().filename().string();
+        if (n.rfind("states-", 0) == 0 && n.size() > 4 && n.ends_with(".bin")) {
+          states = n;
+          break;
+        }
+      }
       return FailedPreconditionError(
           std::string(read.status().message()) + ": the run in " + run_dir +
-          " stopped before it saved its first checkpoint, so there is nothing to resume; start "
-          "it again in its place: tierzero train --config " +
+          (states.empty()
+               ? " stopped before it saved its first checkpoint, so there is nothing to resume"
+               : " holds " + states +
+                     " without the manifest.json that commits it (a save cut short, or its "
+                     "manifest removed since), which no run can resume") +
+          "; start it again in its place: tierzero train --config " +
           (fs::path(run_dir) / "config.json").string() + " --run-dir " + run_dir +
-          " --overwrite (replaces that run's outputs)");
+          " --overwrite (replaces that run's outputs" +
+          (states.empty() ? "" : ", " + states + " among them") + ")");
     }
     TZ_ASSIGN_OR_RETURN(const CheckpointInfo info, std::move(read));
     TZ_RETURN_IF_ERROR(CheckSameModel(info.user_state, cfg_, out_.resume));

@@ -84,6 +84,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
                 place; a moved run's refusal names its config and directory
   flag_forms    --name=value, numbers as a shell user writes them (.001), an lr below the
                 default floor
+  resume_mistakes  a mistyped --resume, a manifest removed, a recorded profile step past a
+                shorter resume: said as what they are
 The cases live in cli_trust/ by theme (trust_outputs, trust_resume, trust_ranks, trust_signals,
 trust_inputs, trust_plans, trust_disks, trust_config); trust_common.py holds what they share.
 Every failure must be an `error:` line and exit status 1 or 2: never a signal, an abort, an

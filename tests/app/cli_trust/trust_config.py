@@ -57,3 +57,29 @@ def case_flag_forms():
     check(not os.path.exists(rd + "_floor"), "a refused run left its directory")
     # A name after "--" is no option: export's checkpoint "--x=y" is a path.
     refused(["export", "--", "--x=y", "-o", os.path.join(OUT, "ff.st")], "--x=y")
+
+
+def case_resume_mistakes():
+    """A mistyped --resume beside a used runs/default is said as the typo, not as that run's
+    outputs; a checkpoint whose manifest was removed is said as what it holds, and --overwrite
+    said to remove its states; a profile step the run's config records past a shorter resume is
+    the run's, not an error (hunt 51)."""
+    cfg = write_config(os.path.join(OUT, "rm.json"), train={"steps": 20})
+    rd = os.path.join(OUT, "rm")
+    ok(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "runs", "default"), "--steps",
+        "2", "--quiet"])
+    refused(["train", "--resume", "typo/checkpoint", "--steps", "4"],
+            "no checkpoint at 'typo/checkpoint'")
+    # (The run of 20 steps profiling step 18, stopped at step 4: its config.json says so.)
+    ok(["train", "--config", cfg, "--run-dir", rd, "--steps", "4", "--quiet"])
+    with open(os.path.join(rd, "config.json")) as f:
+        recorded = json.load(f)
+    recorded["train"].update(steps=20, profile_step=18)
+    with open(os.path.join(rd, "config.json"), "w") as f:
+        json.dump(recorded, f)
+    out = ok(["train", "--resume", rd + "/checkpoint", "--steps", "6", "--quiet"])
+    check("profile step 18 is past this run's last step 6" in out, f"profile step:\n{out}")
+    os.remove(os.path.join(rd, "checkpoint", "manifest.json"))
+    refused(["train", "--resume", rd + "/checkpoint", "--steps", "8"],
+            "holds states-6.w1.rank0.bin without the manifest.json",
+            "states-6.w1.rank0.bin among them")
