@@ -381,13 +381,16 @@ void ReportRunChanges(const std::string& user_state, const std::string& checkpoi
     for (const auto& [k, v] : now.items()) {
       const auto it = then.find(k);
       if (it == then.end() || *it == v) continue;
-      auto shown = [](const json& x) {  // (fp32 fields as the config reads them: 0.95)
+      // (fp32 fields as the config reads them, 0.95; with more digits where 7 show no change:
+      // "clip_grad_norm 1 -> 1" for 1.0000001, hunt 51.)
+      auto shown = [](const json& x, int digits) {
         if (!x.is_number_float()) return x.dump();
-        char b[32];
-        std::snprintf(b, sizeof b, "%.7g", x.get<double>());
+        char b[40];
+        std::snprintf(b, sizeof b, "%.*g", digits, x.get<double>());
         return std::string(b);
       };
-      list += (list.empty() ? "" : ", ") + k + " " + shown(*it) + " -> " + shown(v);
+      const int digits = shown(*it, 7) == shown(v, 7) ? 9 : 7;
+      list += (list.empty() ? "" : ", ") + k + " " + shown(*it, digits) + " -> " + shown(v, digits);
     }
     return list;
   };
@@ -404,7 +407,28 @@ void ReportRunChanges(const std::string& user_state, const std::string& checkpoi
   for (const auto& sec : sections) {
     const auto then = u.find(sec.key);
     if (!sec.said || then == u.end()) continue;
-    const std::string list = changes(*then, sec.now);
+    json was = *then, is = sec.now;
+    if (std::string(sec.key) == "zeropp" && was.is_object() && is.is_object()) {
+      // Only what rounds otherwise: a quantization's bits while it is off, its blocks and hpZ's
+      // secondary copy while neither quantizes (hpZ gathers the same values), change no number
+      // (hpZ turned on was said to change the steps, and they were the same; hunt 51).
+      auto on = [&](const char* k) {  // (a value of another type, in an edited manifest: on)
+        for (const json* j : {&was, &is})
+          if (j->contains(k) && (*j)[k] != false) return true;
+        return false;
+      };
+      auto drop = [&](const char* k) {
+        was.erase(k);
+        is.erase(k);
+      };
+      if (!on("qwz")) drop("qwz_bits");
+      if (!on("qgz")) drop("qgz_bits");
+      if (!on("qwz") && !on("qgz")) {
+        drop("block_elems");
+        drop("hpz");
+      }
+    }
+    const std::string list = changes(was, is);
     if (!list.empty())
       std::printf("  note: %s (%s %s):%s the steps differ from the checkpoint's run's\n", sec.head,
                   sec.key, list.c_str(), sec.tail);
