@@ -330,6 +330,17 @@ void ReportRunChanges(const std::string& user_state, const std::string& checkpoi
                   t->get<std::string>().c_str(), now.c_str(),
                   now == "fp16" ? " (the loss scale starts at engine.initial_loss_scale)" : "");
   }
+  // The activations' type rounds every step otherwise (a resume that changed it changed the
+  // losses without a word; hunt 51). (Checkpointing them recomputes the same values.)
+  if (const auto m = u.find("model");
+      m != u.end() && m->is_object() && m->contains("activations")) {
+    const json now = ModelJson(cfg).value("activations", json());
+    if ((*m)["activations"] != now)
+      std::printf(
+          "  note: the activations change from %s to %s (model.activations): the steps "
+          "differ from the checkpoint's run's\n",
+          (*m)["activations"].dump().c_str(), now.dump().c_str());
+  }
   if (const auto o = u.find("optimizer_states"); o != u.end() && o->is_string()) {
     const std::string now = MomentFormatText(cfg.engine.optimizer_states);
     if (o->get<std::string>() != now)
