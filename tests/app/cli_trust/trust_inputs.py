@@ -25,6 +25,7 @@ def case_readers():
     with open(dup, "w") as f:
         f.write('{"train": {"lr": 0.001, "steps": 3, "lr": 5}}')
     rd = os.path.join(OUT, "d_run")
+    os.makedirs(os.path.join(OUT, "x_ckpt"))  # (a checkpoint path that is there: its config read)
     for bad, needle in [(d, "directory"), ("/dev/zero", "at most"), (sparse, "at most")]:
         refused(["train", "--config", bad, "--run-dir", rd], needle)
         refused(["train", "--text", bad, "--run-dir", rd], needle)
