@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpt/backend.h"
 #include "plan.h"
 #include "report.h"
 #include "signals.h"
@@ -110,7 +111,9 @@ int Devices() {
 }
 
 int Tunables() {
-  for (const TunableInfo& t : ListTunables()) {
+  std::vector<TunableInfo> all = ListTunables();
+  for (TunableInfo& t : gpt::GptTunables()) all.push_back(std::move(t));  // (their note)
+  for (const TunableInfo& t : all) {
     std::printf("%-28s = %-12s (default %s)\n    %s\n", t.name.c_str(), t.value.c_str(),
                 t.default_value.c_str(), t.help.c_str());
   }
@@ -146,7 +149,12 @@ int Main(int argc, char** argv) {
     std::printf("tierzero %s\n", TZ_VERSION);
     return ResultWritten(0);
   }
-  if (Status st = ValidateTunables(); !st.ok()) {
+  Status tunables = ValidateTunables();
+  if (Status gpt = gpt::ValidateGptTunables(); !gpt.ok())
+    tunables = tunables.ok() ? gpt
+                             : InvalidArgumentError(std::string(tunables.message()) + "; " +
+                                                    std::string(gpt.message()));
+  if (Status st = tunables; !st.ok()) {
     std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
     return 2;
   }

@@ -35,6 +35,7 @@
 #include <string>
 #include <utility>
 
+#include "gpt/backend.h"
 #include "gpt/distance_cuda.h"
 #ifdef TZ_GPT_CUDNN
 #include "gpt/cudnn_attention.h"
@@ -141,20 +142,11 @@ Bf16Attention::Bf16Attention(cudaStream_t stream, Choice choice,
 Bf16Attention::~Bf16Attention() = default;
 
 StatusOr<std::unique_ptr<Bf16Attention>> Bf16Attention::Create(cudaStream_t stream) {
-  const char* env = std::getenv("TZ_GPT_ATTENTION");
-  const std::string v = env != nullptr ? env : "";
-  Choice choice;
-  if (v.empty() || v == "auto")
-    choice = Choice::kAuto;
-  else if (v == "cudnn")
-    choice = Choice::kCudnn;
-  else if (v == "cudnn-fast")
-    choice = Choice::kCudnnFast;
-  else if (v == "kernels" || v == "fused")
-    choice = Choice::kKernels;
-  else
-    return InvalidArgumentError("TZ_GPT_ATTENTION is \"" + v +
-                                "\"; it takes auto, cudnn, cudnn-fast or kernels");
+  TZ_ASSIGN_OR_RETURN(const std::string v, AttentionChoice());  // (gpt/backend.h)
+  const Choice choice = v == "cudnn"        ? Choice::kCudnn
+                        : v == "cudnn-fast" ? Choice::kCudnnFast
+                        : v == "kernels"    ? Choice::kKernels
+                                            : Choice::kAuto;
   std::unique_ptr<CudnnAttention> cudnn;
   std::string no_cudnn = "TZ_GPT_ATTENTION=kernels";
   if (choice != Choice::kKernels) {

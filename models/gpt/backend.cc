@@ -361,6 +361,42 @@ const char* ActivationsName(Activations a) {
   return "?";
 }
 
+StatusOr<std::string> AttentionChoice() {
+  const char* env = std::getenv("TZ_GPT_ATTENTION");
+  const std::string v = env != nullptr ? env : "";
+  if (v.empty() || v == "auto") return std::string("auto");
+  if (v == "cudnn" || v == "cudnn-fast") return v;
+  if (v == "kernels" || v == "fused") return std::string("kernels");
+  return InvalidArgumentError("TZ_GPT_ATTENTION is \"" + v +
+                              "\"; it takes auto, cudnn, cudnn-fast or kernels");
+}
+
+// Note [The GPT's own tunables] (backend.h)
+std::vector<TunableInfo> GptTunables() {
+  auto env = [](const char* name, const char* dflt) {
+    const char* e = std::getenv(name);
+    return std::string(e != nullptr && *e != '\0' ? e : dflt);
+  };
+  return {
+      {"TZ_GPT_FUSED_ATTENTION", env("TZ_GPT_FUSED_ATTENTION", "1"), "1",
+       "fp32 activations on a GPU: 1 runs attention in the fused kernels, 0 as batched products "
+       "(for comparison)"},
+      {"TZ_GPT_ATTENTION", env("TZ_GPT_ATTENTION", "auto"), "auto",
+       "bf16 activations on a GPU: auto (cuDNN's fused attention where it loads and agrees, else "
+       "the kernels), cudnn, cudnn-fast (dQ by atomics: not repeatable) or kernels"},
+      {"TZ_CUDNN_LIBRARY", env("TZ_CUDNN_LIBRARY", "libcudnn.so.9"), "libcudnn.so.9",
+       "the cuDNN library loaded at run time for the attention (a file name on the loader path, "
+       "or a path)"}};
+}
+
+Status ValidateGptTunables() {
+  std::string problems;
+  for (const Status& s : {FusedAttentionWanted().status(), AttentionChoice().status()})
+    if (!s.ok()) problems += (problems.empty() ? "" : "; ") + std::string(s.message());
+  if (problems.empty()) return Status::OK();
+  return InvalidArgumentError(problems);
+}
+
 StatusOr<bool> FusedAttentionWanted() {
   const char* env = std::getenv("TZ_GPT_FUSED_ATTENTION");
   const std::string v = env != nullptr ? env : "";

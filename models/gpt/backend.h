@@ -12,9 +12,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gpt/rope.h"
 #include "tierzero/status.h"
+#include "tierzero/tunables.h"
 #include "tierzero/types.h"
 
 namespace tierzero {
@@ -49,6 +51,19 @@ inline bool FusedAttentionHeadWidth(int64_t head_dim) {
 // (then the batched products run, for comparison); InvalidArgument for a value that is neither
 // (1, on, true or unset: yes). Always false in a build without CUDA.
 StatusOr<bool> FusedAttentionWanted();
+// TZ_GPT_ATTENTION, the bf16 backend's attention: "auto" (unset), "cudnn", "cudnn-fast" or
+// "kernels" ("fused" is "kernels"); InvalidArgument naming what it takes for another value.
+StatusOr<std::string> AttentionChoice();
+
+// Note [The GPT's own tunables]
+// The GPT reads its settings from the environment as the library's tunables are read
+// (TZ_GPT_FUSED_ATTENTION, TZ_GPT_ATTENTION, TZ_CUDNN_LIBRARY), but the library's registry is not
+// a public header a model includes: they were missing from `tierzero tunables`, and a value
+// that cannot be used was found only when the backend was chosen, after the run's set-up, and
+// ended it with status 1 where a bad TZ_* ends a command with 2 before it starts (hunt 51). The
+// CLI lists these beside the library's and checks them with them.
+std::vector<TunableInfo> GptTunables();
+Status ValidateGptTunables();
 
 // The type the model's activations are stored in (Note [Activation types]): "auto" is bf16 on a
 // GPU with bf16 parameters and heads the fused attention takes, else fp32 (the CPU's reference).
