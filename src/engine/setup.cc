@@ -252,6 +252,27 @@ StatusOr<PlacedRun> PlaceRun(const ChunkLayout& layout, const EngineConfig& cfg,
     return s.WithContext("placing the shards");
   }
   r.placement = std::move(p).value();
+  // Note [Parameter shards on the device need its collectives]
+  // Gathered through host buffers, a chunk's shards are read from host memory: one on the device
+  // has no path there (ChunkManager refuses it). Refused here, where Engine::Plan places the run
+  // too: `plan --ranks 2` said such a run fits, which mpirun's train then refused (hunt 51).
+  if (world > 1 && !on_device) {
+    for (const ChunkPlacement& c : r.placement.chunks) {
+      if (c.param != Tier::kDevice) continue;
+      return UnsupportedError(
+          std::string("device_shard_budget ") + FormatBytes(cfg.device_shard_budget) +
+          " keeps parameter shards on the device, and with several ranks their collectives run "
+          "through host buffers here (" +
+          (cfg.collectives == CollectivePath::kHost
+               ? "ranks.collectives \"host\""
+               : "ranks.collectives \"auto\", and a rank cannot run them on the device: "
+                 "TZ_MPI_COMM_THREAD=0 there, or on a GPU NCCL not loadable or fewer GPUs than "
+                 "ranks on a node") +
+          "), which read every shard from host memory: give device_shard_budget 0 (the device "
+          "then holds gathered chunks only, within device_budget), or let the collectives run "
+          "on the device (ranks.collectives \"device\" or \"auto\")");
+    }
+  }
   return r;
 }
 

@@ -210,6 +210,28 @@ TEST(PlanFit, PlanRejectsBadInputAndRunsBeforeFinalizeOnly) {
     edit(r);
     EXPECT_EQ((*engine)->Plan(r).status().code(), StatusCode::kInvalidArgument) << what;
   }
+  // Note [Parameter shards on the device need its collectives]: several ranks through host
+  // buffers cannot gather a shard kept on the device; plan refuses it as the run does.
+  {
+    EngineConfig two = ec;
+    two.device_shard_budget = uint64_t{64} << 20;
+    two.collectives = CollectivePath::kHost;
+    auto e2 = Engine::Create(two);
+    ASSERT_TRUE(e2.ok());
+    ASSERT_TRUE(Gpt::Create(**e2, Model()).ok());
+    PlanRequest r = req;
+    r.world_size = 2;
+    auto refused = (*e2)->Plan(r);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kUnsupported) << refused.status().ToString();
+    EXPECT_NE(refused.status().message().find("device_shard_budget 0"), std::string::npos)
+        << refused.status().ToString();
+    two.collectives = CollectivePath::kAuto;  // (the device path, where every rank can)
+    auto e3 = Engine::Create(two);
+    ASSERT_TRUE(e3.ok());
+    ASSERT_TRUE(Gpt::Create(**e3, Model()).ok());
+    EXPECT_TRUE((*e3)->Plan(r).ok());
+  }
   ASSERT_TRUE((*engine)->Finalize().ok());
   EXPECT_EQ((*engine)->Plan(req).status().code(), StatusCode::kFailedPrecondition);
 }
