@@ -354,7 +354,14 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
     act_most = std::max(act_most, act);
   }
   const uint64_t hpz_device = pr.hpz_tier == Tier::kDevice ? pr.hpz_bytes : 0;
-  out.device_resident = pl.bytes[static_cast<int>(Tier::kDevice)] + hpz_device;
+  // The optimizer states the device keeps are one allocation (OptimizerStates::Create), which
+  // the device rounds up to its alignment: 8-bit moments' groups are 64-byte multiples, and the
+  // plan was 128 bytes under the run's peak (hunt 51).
+  uint64_t device_groups = 0;
+  for (const ChunkPlacement& c : pl.chunks) device_groups += c.optimizer == Tier::kDevice ? 1 : 0;
+  const uint64_t states_on_device = device_groups * pl.optim_shard_bytes;
+  out.device_resident = pl.bytes[static_cast<int>(Tier::kDevice)] + hpz_device +
+                        (AlignUp(states_on_device, kDeviceAlignment) - states_on_device);
   out.device_slots = most * chunk;
   out.device_activations = act_most;
   out.device_grads = grads_most;

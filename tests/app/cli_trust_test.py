@@ -70,6 +70,7 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   device_fit_early  a device too small for the activations: refused at set-up, before the
                 step-0 evaluation (plan's own words); the budget that fits trains
   plan_limits   a limit on the address space (ulimit -v): plan says what train refuses
+  plan_device_states  8-bit moments kept on the device: the plan's device peak is the run's
   plan_files    plan files, rates files and warm-up traces edited: refused where read, before a
                 run trains, naming the file and field; a resumed run's recorded plan gone is said
   long_paths    a run directory or output too deep or too long for the names written at the end:

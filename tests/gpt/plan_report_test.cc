@@ -177,6 +177,24 @@ TEST(PlanReport, CompressedMomentsArePredictedAsTheRunHoldsThem) {
       ASSERT_NE(row, nullptr) << what;
       EXPECT_EQ((*row)["predicted"].get<double>(), (*row)["measured"].get<double>()) << what;
     }
+    // Kept on the device: one allocation the device rounds to its alignment (8-bit groups are
+    // 64-byte multiples: the plan was 128 bytes under the peak; hunt 51).
+    ec.device_shard_budget = uint64_t{8} << 20;
+    ec.host_budget = uint64_t{64} << 20;
+    plan = PlanFor(ec, req);
+    ASSERT_TRUE(plan.ok() && plan->fits) << plan.status().ToString();
+    EXPECT_GT(plan->optimizer_groups[0], 0);  // some states on the device
+    report = RunReport(ec);
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    with = WithPrediction(*report, PlanJson(*plan));
+    ASSERT_TRUE(with.ok()) << with.status().ToString();
+    const json resident = json::parse(*with)["prediction"]["compared"];
+    for (const char* what : {"device peak", "host"}) {
+      const json* row = Row(resident, what);
+      ASSERT_NE(row, nullptr) << what;
+      EXPECT_EQ((*row)["predicted"].get<double>(), (*row)["measured"].get<double>())
+          << what << " with moments of format " << static_cast<int>(f) << " on the device";
+    }
   }
   std::filesystem::remove_all(dir);
 }

@@ -482,3 +482,24 @@ def case_plan_largest_times():
     got_c, want_c = float(steps[-1][1]), float(want[-1][1])
     check(0.5 < got_c / want_c < 2.0,
           f"--largest's compute {got_c} ms, the same model planned alone {want_c} ms")
+
+
+def case_plan_device_states():
+    """8-bit moments kept on the device: one allocation the device rounds to its alignment, which
+    the plan's device peak counts (it was 128 bytes under the run's: hunt 51); host and NVMe
+    exact as ever."""
+    d = os.path.join(OUT, "pds")
+    os.makedirs(d)
+    cfg = os.path.join(d, "cfg.json")
+    with open(cfg, "w") as f:
+        json.dump({"engine": {"optimizer_states": "int8", "device_shard_budget": "8 MiB"}}, f)
+    plan = os.path.join(d, "plan.json")
+    ok(["plan", "--config", cfg, "--steps", "3", "--run-dir", os.path.join(d, "run"), "--json",
+        plan])
+    ok(["train", "--config", cfg, "--steps", "3", "--run-dir", os.path.join(d, "run"), "--plan",
+        plan, "--quiet"])
+    with open(os.path.join(d, "run", "report.json")) as f:
+        rows = {r["what"]: r for r in json.load(f)["prediction"]["compared"]}
+    for what in ("device peak", "host"):
+        check(rows[what]["predicted"] == rows[what]["measured"],
+              f"{what}: predicted {rows[what]['predicted']}, measured {rows[what]['measured']}")
