@@ -484,13 +484,24 @@ StatusOr<PlanPrediction> Engine::Plan(const PlanRequest& req) const {
 
   // Bytes per step on each link.
   uint64_t h2d_iter = 0, d2h_iter = 0, nvme_iter = 0, comm_iter = 0;
+  // Note [A secondary partition that is never stale] (zeropp_device.cc): with hpZ a chunk's
+  // first gather of an iteration is a full one, which copies this rank's part of the node's
+  // chunk out to the secondary partition; each later one copies the part back and all-gathers
+  // the node's parts inside the node, reading no shard (the plan counted every gather as full:
+  // hunt 51). Through the link both ways where the partition is in host memory.
+  const bool hpz = pr.zeropp && on_device && cfg.zeropp.hpz;
+  const uint64_t part = hpz ? chunk / static_cast<uint64_t>(std::max(1, per_node)) : 0;
+  const uint64_t part_link = hpz && pr.hpz_tier == Tier::kHost ? part : 0;
   for (int c = 0; c < n; ++c) {
     const uint64_t g = static_cast<uint64_t>(gathers[static_cast<size_t>(c)]);
-    if (resident(c)) continue;
+    if (resident(c) || g == 0) continue;
     const uint64_t local = world > 1 && on_device ? shard : chunk;
-    if (param_tier(c) != Tier::kDevice) h2d_iter += g * local;
-    if (param_tier(c) == Tier::kNvme) nvme_iter += g * shard;
-    if (world > 1) comm_iter += g * (chunk - shard);
+    const uint64_t full = hpz ? 1 : g, node = g - full;
+    if (param_tier(c) != Tier::kDevice) h2d_iter += full * local;
+    if (param_tier(c) == Tier::kNvme) nvme_iter += full * shard;
+    if (world > 1) comm_iter += full * (chunk - shard) + node * (chunk - part);
+    h2d_iter += node * part_link;
+    d2h_iter += full * part_link;
   }
   // Each chunk's gradient once per micro-batch: reduced over the ranks, then its shard down
   // (not when the shard is on the device: Note [Gradient shards on the device]).

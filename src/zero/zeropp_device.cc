@@ -48,6 +48,8 @@ class ZeroPPDeviceGather final : public GatherStrategy {
   Status FullGather(int c, uint8_t* dst, WireCounters& wire);
   // hpZ: the part back into the slot, and the node's parts all-gathered around it.
   Status NodeGather(int c, uint8_t* dst);
+  // The part between the slot and the secondary partition, on the comm stream.
+  Status CopySecondary(int c, uint8_t* part, bool out);
   uint8_t* Secondary(int c) const { return secondary_ + static_cast<uint64_t>(c) * part_bytes_; }
   CopyKind SecondaryCopy(bool out) const {
     if (zeropp_.hpz_tier == Tier::kDevice) return CopyKind::kDeviceToDevice;
@@ -154,8 +156,29 @@ Status ZeroPPDeviceGather::FullGather(int c, uint8_t* dst, WireCounters& wire) {
   if (!zeropp_.hpz) return Status::OK();
   // The secondary partition: this rank's part inside the node, as gathered (Note [A secondary
   // partition that is never stale]).
-  return device.CopyAsync(Secondary(c), dst + static_cast<uint64_t>(local_rank_) * part_bytes_,
-                          part_bytes_, SecondaryCopy(/*out=*/true), comm_.stream());
+  return CopySecondary(c, dst + static_cast<uint64_t>(local_rank_) * part_bytes_, /*out=*/true);
+}
+
+// In host memory the secondary partition's copies cross the link: counted and traced as the
+// link's (the profile's links and the plan's bytes per iteration counted neither; hunt 51).
+Status ZeroPPDeviceGather::CopySecondary(int c, uint8_t* part, bool out) {
+  Device& device = ctx_.device;
+  const bool link = zeropp_.hpz_tier != Tier::kDevice;
+  TransferSpans& spans = ctx_.spans;
+  auto start = spans.Start();
+  if (link && spans.on()) RETURN_IF_ERROR(spans.QueueStart(device, comm_.stream(), start));
+  RETURN_IF_ERROR(
+      out ? device.CopyAsync(Secondary(c), part, part_bytes_, SecondaryCopy(true), comm_.stream())
+          : device.CopyAsync(part, Secondary(c), part_bytes_, SecondaryCopy(false),
+                             comm_.stream()));
+  if (!link) return Status::OK();
+  (out ? ctx_.counters.d2h_bytes : ctx_.counters.h2d_bytes) += part_bytes_;
+  if (spans.on()) {
+    RETURN_IF_ERROR(spans.QueueSpan(device, comm_.stream(), out ? Track::kD2H : Track::kH2D,
+                                    "hpZ part of chunk " + std::to_string(c), ctx_.moment - 1, c,
+                                    part_bytes_, start));
+  }
+  return Status::OK();
 }
 
 Status ZeroPPDeviceGather::NodeGather(int c, uint8_t* dst) {
@@ -166,8 +189,7 @@ Status ZeroPPDeviceGather::NodeGather(int c, uint8_t* dst) {
   // all_gather that sends it.
   RETURN_IF_ERROR(device.RecordEvent(to_comm_.handle(), ctx_.h2d.handle()));
   RETURN_IF_ERROR(device.StreamWaitEvent(comm_.stream(), to_comm_.handle()));
-  RETURN_IF_ERROR(device.CopyAsync(mine, Secondary(c), part_bytes_, SecondaryCopy(/*out=*/false),
-                                   comm_.stream()));
+  RETURN_IF_ERROR(CopySecondary(c, mine, /*out=*/false));
   TransferSpans& spans = ctx_.spans;
   auto start = spans.Start();
   if (spans.on()) RETURN_IF_ERROR(spans.QueueStart(device, comm_.stream(), start));

@@ -28,6 +28,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   resume_older_checkpoint  an older build's checkpoint takes its model and settings from its
                 run's config.json (another --heads refused, a new schedule noted), or says so
   ranks_agree   ranks started with different configs fail with the fields named (mpirun ':')
+  plan_hpz      hpZ's node gathers and host secondary partition: the plan's bytes per link are
+                the run's; device shards through host collectives: plan refuses as train does
   rank_stops_in_save  a rank stopped while it saves: the job aborted in about the timeout
   rank_never_reads  a rank blocked on its config or gone before it joined: the job ends at the
                 collective deadline; one rank's text a FIFO, a data error on both: no trace left

@@ -334,3 +334,40 @@ def case_rank_never_reads():
               f"token ids past the vocabulary on 2 ranks:\n{out[-2000:]}")
         left = sorted(os.listdir(rd)) if os.path.exists(rd) else None
         check(left is None, f"a refused 2-rank run left {rd}: {left}")
+
+
+def case_plan_hpz():
+    """ZeRO++'s hpZ, its secondary partition in host memory: a chunk's later gathers of an
+    iteration are node gathers whose part crosses the link, not full ones; the plan's bytes per
+    link are the run's, and the profile traces those copies (hunt 51). Plans of several ranks
+    with device parameter shards and host collectives are refused, as the run is."""
+    mpirun, env = mpirun_env()
+    if not mpirun:
+        return
+    d = os.path.join(OUT, "ph")
+    os.makedirs(d)
+    cfg = os.path.join(d, "cfg.json")
+    with open(cfg, "w") as f:
+        json.dump({"zeropp": {"hpz": True}, "ranks": {"ranks_per_node": 1}}, f)
+    plan = os.path.join(d, "plan.json")
+    run_dir = os.path.join(d, "run")
+    p = subprocess.run([TZ, "plan", "--config", cfg, "--steps", "3", "--ranks", "2", "--run-dir",
+                        run_dir, "--json", plan], capture_output=True, timeout=120, cwd=OUT)
+    check(p.returncode == 0, f"plan: {p.stderr.decode()}")
+    p = subprocess.run([mpirun, "-np", "2", TZ, "train", "--config", cfg, "--steps", "3",
+                        "--run-dir", run_dir, "--plan", plan, "--quiet"], capture_output=True,
+                       timeout=240, cwd=OUT, env=env)
+    check(p.returncode == 0, f"train: {p.stdout.decode()}{p.stderr.decode()}")
+    with open(os.path.join(run_dir, "report.json")) as f:
+        rows = [r for r in json.load(f)["prediction"]["compared"] if r["unit"] == "bytes"]
+    for r in rows:
+        check(r["predicted"] == r["measured"],
+              f"{r['what']}: predicted {r['predicted']}, measured {r['measured']}")
+    check(any(r["what"] == "H2D per iteration" for r in rows), f"no H2D row: {rows}")
+    with open(cfg, "w") as f:
+        json.dump({"engine": {"device_shard_budget": "8 MiB"}, "ranks": {"collectives": "host"}},
+                  f)
+    p = subprocess.run([TZ, "plan", "--config", cfg, "--ranks", "2"], capture_output=True,
+                       timeout=120, cwd=OUT)
+    check(p.returncode == 1 and b"device_shard_budget 0" in p.stderr,
+          f"plan of device shards through host collectives: {p.returncode} {p.stderr.decode()}")
