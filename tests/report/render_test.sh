@@ -160,12 +160,21 @@ print("the smallest valid report's page rendered:", len(got), "charts, no consol
 PY
 
 # A report of 200000 events (a many-core host's CPU Adam spans): its page's script ran out of
-# stack spreading them into Math.max, a page half drawn behind exit 0 (hunt 51).
+# stack spreading them into Math.max, a page half drawn behind exit 0; and of 3000 chunks over
+# 1500 moments, whose residency map drew a cell each (the page of 7502 x 3004 never finished;
+# hunt 51).
 python3 - "$out/run/report.json" "$out/many.json" <<'PY'
-import json, sys
+import copy, json, sys
 r = json.load(open(sys.argv[1]))
 ev = r["profile"]["events"]
 r["profile"]["events"] = (ev * (200000 // len(ev) + 1))[:200000]
+chunks, moments = r["layout"]["chunks"], r["profile"]["moments"]
+r["layout"]["chunks"] = [chunks[i % len(chunks)] for i in range(3000)]
+r["profile"]["moments"] = []
+for k in range(1500):
+    m = copy.deepcopy(moments[k % len(moments)])
+    m["residency"] = (m["residency"] * (3000 // len(m["residency"]) + 1))[:3000]
+    r["profile"]["moments"].append(m)
 json.dump(r, open(sys.argv[2], "w"))
 PY
 "$tz" report "$out/many.json" -o "$out/many.html" > "$out/many.log"
@@ -179,7 +188,10 @@ console = [l for l in open(f"{out}/chromium-many.log", errors="replace").read().
 assert not console, "the page of 200000 events logged:\n" + "\n".join(console)
 dom = open(f"{out}/many-dom.html", errors="replace").read()
 assert re.search(r'<body[^>]*data-rendered="\d+"', dom), "the page of 200000 events did not finish"
-print("a page of 200000 events rendered, no console output")
+m = re.search(r'<svg class="chart" data-chart="residency".*?</svg>', dom, re.S)
+cells = m.group(0).count("<rect") if m else 0
+assert 0 < cells <= 150 * 300 + 10, f"{cells} residency cells drawn for 3000 chunks x 1500 moments"
+print("a page of 200000 events, 3000 chunks and 1500 moments rendered:", cells, "residency cells")
 PY
 
 png=$(python3 -c "import sys; d=open(sys.argv[1],'rb').read(); print(d[:8]==b'\x89PNG\r\n\x1a\n')" "$out/report.png")
