@@ -27,6 +27,7 @@
 #include <exception>
 #include <mutex>
 #include <new>
+#include <set>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -162,6 +163,16 @@ int Main(int argc, char** argv) {
   // GNU's long-option form, `--lr=3e-4`, as most CLIs take it, is the option and its value
   // (every one was "unknown option '--lr=3e-4'"; hunt 51). Up to a "--", after which arguments
   // are names, not options; split at the first '=', so a value may hold one.
+  // An option that takes no value, given one, is said as such (it read "unknown option '1'").
+  static const std::set<std::string> kNoValue = {"--quiet",
+                                                 "--overwrite",
+                                                 "--checkpoint-activations",
+                                                 "--no-checkpoint-activations",
+                                                 "--no-advice",
+                                                 "--calibrate",
+                                                 "--largest",
+                                                 "--help",
+                                                 "--version"};
   std::vector<std::string> rest;
   bool names = false;
   for (int i = 2; i < argc; ++i) {
@@ -169,6 +180,11 @@ int Main(int argc, char** argv) {
     const size_t eq = a.find('=');
     names = names || a == "--";
     if (!names && a.rfind("--", 0) == 0 && eq != std::string::npos && eq > 2) {
+      if (kNoValue.count(a.substr(0, eq)) != 0) {
+        std::fprintf(stderr, "error: InvalidArgument: %s takes no value ('%s'): give %s alone\n",
+                     a.substr(0, eq).c_str(), a.c_str(), a.substr(0, eq).c_str());
+        return 1;
+      }
       rest.push_back(a.substr(0, eq));
       rest.push_back(a.substr(eq + 1));
     } else {

@@ -55,6 +55,7 @@ def case_flag_forms():
     refused(["train", "--config", floor, "--run-dir", rd + "_floor", "--lr", "5e-5"],
             "'train.min_lr' (0.0001) exceeds 'train.lr'")
     check(not os.path.exists(rd + "_floor"), "a refused run left its directory")
+    refused(["train", "--quiet=1"], "--quiet takes no value")
     # A name after "--" is no option: export's checkpoint "--x=y" is a path.
     refused(["export", "--", "--x=y", "-o", os.path.join(OUT, "ff.st")], "--x=y")
 
