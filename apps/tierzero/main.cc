@@ -63,6 +63,7 @@ commands:
 options:
   -h, --help     show this help
   --version      print the version
+  (a command's options take their value as --name VALUE or --name=VALUE)
 
 environment:
   TZ_LOG_LEVEL   error|warn|info|debug|trace (default warn)
