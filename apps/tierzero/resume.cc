@@ -312,11 +312,25 @@ void ReportRunChanges(const std::string& user_state, const std::string& checkpoi
   const json u = CheckpointRecords(user_state, checkpoint_dir, /*say=*/false);
   if (!u.is_object()) return;
   ReportScheduleChange(u, cfg.train, step);
+  const auto f = u.find("data_fingerprint");
+  const bool same_files = f != u.end() && f->is_string() && *f == FingerprintText(fingerprint);
   if (const auto d = u.find("data"); d != u.end() && d->is_object() && *d != DataJson(cfg.data)) {
-    std::printf("  note: the data changes from %s to %s\n", d->dump().c_str(),
-                DataJson(cfg.data).dump().c_str());
-  } else if (const auto f = u.find("data_fingerprint");
-             f != u.end() && f->is_string() && *f != FingerprintText(fingerprint)) {
+    // Another path to the same files (a copy, a link, the run moved): said as that, not as a
+    // change of the data (hunt 51).
+    json was = *d, now = DataJson(cfg.data);
+    was.erase("path");
+    now.erase("path");
+    if (same_files && was == now)
+      std::printf(
+          "  note: the data is read at %s now (%s before): the same files, by their "
+          "sizes and ends\n",
+          DataJson(cfg.data).value("path", std::string("?")).c_str(),
+          d->contains("path") && (*d)["path"].is_string() ? (*d)["path"].get<std::string>().c_str()
+                                                          : "?");
+    else
+      std::printf("  note: the data changes from %s to %s\n", d->dump().c_str(),
+                  DataJson(cfg.data).dump().c_str());
+  } else if (f != u.end() && f->is_string() && !same_files) {
     // The same path, other files: regenerated in place, or a glob that matches more or fewer.
     std::printf(
         "  note: the data at %s is not what the checkpoint's run read (its files' sizes, ends or "
