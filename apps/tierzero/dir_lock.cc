@@ -94,8 +94,8 @@ Status ScratchAdvice(const Status& s, const std::string& scratch) {
   return Status(s.code(),
                 std::string(s.message()) +
                     ". That directory is this command's scratch space under $TMPDIR (else /tmp): "
-                    "point TMPDIR at a disk with the room, or give a smaller --nvme-budget (the "
-                    "NVMe part of the placement is all it needs)");
+                    "point TMPDIR at a disk with the room, or give a larger --host-budget (less "
+                    "then goes to NVMe)");
 }
 
 // run_dir.h

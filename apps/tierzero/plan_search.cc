@@ -388,8 +388,9 @@ Status Largest(const Planner& pl, const RunConfig& cfg, int ranks, json& out) {
 // plan_search.h
 void WarnNvmeSpace(const RunConfig& cfg, uint64_t nvme_placed, int ranks, int ranks_per_node,
                    nlohmann::json& out) {
-  // train reserves the whole NVMe budget when it opens the tier (anything placed there), and
-  // refuses to start where the disk has less free: said here, not only at the start of the run.
+  // train reserves what its placement puts on NVMe when it opens the tier (Note [The NVMe space
+  // reserved is what the placement puts there], src/engine/setup.cc), and refuses to start
+  // where the disk has less free: said here, not only at the start of the run.
   if (nvme_placed == 0) return;
   // (The path itself, or the nearest directory above it that is there: train makes it.)
   std::string at = cfg.engine.nvme_path.empty() ? "." : cfg.engine.nvme_path;
@@ -403,21 +404,18 @@ void WarnNvmeSpace(const RunConfig& cfg, uint64_t nvme_placed, int ranks, int ra
     at = slash == std::string::npos ? "." : slash == 0 ? "/" : at.substr(0, slash);
   }
   const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-  // Each rank on this machine reserves its own budget there (nvme_path/rankR).
+  // Each rank on this machine reserves its own there (nvme_path/rankR).
   const uint64_t here = static_cast<uint64_t>(
       std::max(1, ranks_per_node > 0 ? std::min(ranks_per_node, ranks) : ranks));
-  const uint64_t need =
-      cfg.engine.nvme_budget > UINT64_MAX / here ? UINT64_MAX : cfg.engine.nvme_budget * here;
+  const uint64_t need = nvme_placed > UINT64_MAX / here ? UINT64_MAX : nvme_placed * here;
   if (vfs.f_frsize > 0 && free_bytes < need) {
     std::printf(
-        "  but: train reserves the whole NVMe budget (%s%s) under %s when it starts, and only "
-        "%s is free there: it would refuse to start. Lower engine.nvme_budget (--nvme-budget) "
-        "toward the %s the placement puts there, free space, or give --nvme-path a disk with "
-        "the room\n",
+        "  but: train reserves what the placement puts on NVMe (%s%s) under %s when it starts, "
+        "and only %s is free there: it would refuse to start. Free space there, give --nvme-path "
+        "a disk with the room, or raise the host budget so less goes to NVMe\n",
         FormatBytes(need).c_str(),
-        here > 1 ? (", " + std::to_string(here) + " ranks' budgets").c_str() : "",
-        cfg.engine.nvme_path.c_str(), FormatBytes(free_bytes).c_str(),
-        FormatBytes(nvme_placed).c_str());
+        here > 1 ? (", " + std::to_string(here) + " ranks' together").c_str() : "",
+        cfg.engine.nvme_path.c_str(), FormatBytes(free_bytes).c_str());
     out["nvme_free_bytes"] = free_bytes;
   }
 }

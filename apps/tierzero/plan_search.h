@@ -42,10 +42,10 @@ struct Planner {
 // checkpointing, the moments' format, the batch size and the sequence length alone, then the
 // smallest device and host budgets together. Printed, and into out["advice"].
 void Advise(const Planner& pl, const RunConfig& cfg, int ranks, nlohmann::json& out);
-// `tierzero train` reserves the whole NVMe budget (each rank on the machine its own) when it
-// opens the tier: when the disk under nvme_path has less free, a line says the run would refuse
-// to start, and `out` gets "nvme_free_bytes". `nvme_placed`: the placement's NVMe bytes (0: no
-// tier opened, nothing said).
+// `tierzero train` reserves what its placement puts on NVMe (each rank on the machine its own)
+// when it opens the tier: when the disk under nvme_path has less free, a line says the run would
+// refuse to start, and `out` gets "nvme_free_bytes". `nvme_placed`: the placement's NVMe bytes
+// per rank (0: no tier opened, nothing said).
 void WarnNvmeSpace(const RunConfig& cfg, uint64_t nvme_placed, int ranks, int ranks_per_node,
                    nlohmann::json& out);
 // A plan that fits its budgets, but whose host memory (with the simulated device's) is more than

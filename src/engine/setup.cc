@@ -458,7 +458,8 @@ Status Engine::Impl::OpenDevice(bool cuda) {
   if (!store.ok()) {
     return std::move(store).status().WithContext(
         "opening the NVMe tier under '" + cfg.nvme_path +
-        "' (check the directory exists, is writable and has nvme_budget free)");
+        "' (check the directory exists, is writable and has the room the placement puts "
+        "there)");
   }
   nvme = std::move(store).value();
   return Status::OK();

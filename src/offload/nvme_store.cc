@@ -245,9 +245,9 @@ Status NvmeStore::OpenFiles() {
       return OutOfMemoryError(
           "NVMe store needs " + FormatBytes(size) + " at " + path + " but only " +
           FormatBytes(free_now) +
-          " is free there (the whole budget is reserved when the tier "
-          "opens); lower the NVMe budget (engine.nvme_budget, --nvme-budget) or free "
-          "space there");
+          " is free there (the tier reserves its whole size when it opens: what the run "
+          "places on NVMe); free space there, give --nvme-path (engine.nvme_path) a disk with "
+          "the room, or raise the host budget so less goes to NVMe");
     };
     // Note [Free space that statvfs does not see yet]
     // XFS and btrfs free an unlinked file's blocks in the background: a run resumed right after
@@ -340,9 +340,9 @@ Status NvmeStore::OpenFiles() {
       return OutOfMemoryError(
           "NVMe store needs " + FormatBytes(size) + " at " + path + ": " + FormatBytes(free_bytes) +
           " was free there, but the disk filled while it was reserved (other ranks or processes "
-          "swapping to the same disk, each reserving its whole budget); lower the NVMe budget "
-          "(engine.nvme_budget, --nvme-budget: per rank), give each rank its own disk "
-          "(--nvme-path), or free space there");
+          "swapping to the same disk, each reserving what it places there); give each rank its "
+          "own disk (--nvme-path), free space there, or raise the host budget so less goes to "
+          "NVMe");
     }
     if (r == EOPNOTSUPP || r == EINVAL) {
       TZ_LOG_ONCE(kWarn, kNvme) << "fallocate is not supported on " << path

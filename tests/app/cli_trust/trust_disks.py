@@ -162,6 +162,23 @@ def case_full_disks():
                   "--no-advice"], env=dict(os.environ, TZ_RATES_FILE=os.path.join(OUT, "fd.rates"),
                                            TMPDIR=OUT))
         check("has under" in out and f"runs under {OUT}" in out, f"plan on a small disk:\n{out}")
+
+        # Note [The NVMe space reserved is what the placement puts there]: a budget of 50 TiB
+        # reserves the 34 MiB placed there; plan warns only where those do not fit (it warned of
+        # the whole budget, for a run that then trained).
+        big = ["--nvme-budget", "50T", "--host-budget", "13MiB", "--steps", "2", "--quiet"]
+        room = tmpfs("fd_nvme", "64M")
+        out = ok(["plan", *big, "--nvme-path", os.path.join(room, "nv"), "--run-dir",
+                  os.path.join(OUT, "fd_nv"), "--no-advice"])
+        check("but: train reserves" not in out, f"plan warned of NVMe room there is:\n{out}")
+        ok(["train", *big, "--nvme-path", os.path.join(room, "nv"), "--run-dir",
+            os.path.join(OUT, "fd_nv")])
+        out = ok(["plan", *big, "--nvme-path", os.path.join(small, "nv"), "--run-dir",
+                  os.path.join(OUT, "fd_nv2"), "--no-advice"])
+        check("but: train reserves what the placement puts on NVMe (33.69 MiB)" in out,
+              f"plan did not warn of NVMe room there is not:\n{out}")
+        refused(["train", *big, "--nvme-path", os.path.join(small, "nv"), "--run-dir",
+                 os.path.join(OUT, "fd_nv2")], "free there")
     finally:
         for mnt in reversed(mounts):
             subprocess.run(["umount", "-l", mnt])
