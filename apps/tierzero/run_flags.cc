@@ -121,15 +121,28 @@ Status ApplyFlags(const std::vector<std::string>& args, RunConfig& c, std::strin
     // that holds a string (a path, a name) takes the value as it is: `--run-dir 123` is a
     // directory named 123, not the number.
     const bool string_field = fields[section][key].get().is_string();
+    // A number a double reads as 0 (1e-400): refused as the config file's is (it trained at lr
+    // 0; review 51).
+    if (!string_field && parsed.is_number_float() && parsed.get<double>() == 0 &&
+        value.substr(0, value.find_first_of("eE")).find_first_of("123456789") != std::string::npos)
+      return InvalidArgumentError("option " + a + " is " + value +
+                                  ", too small for a double: it would be read as 0 (give 0 if 0 "
+                                  "is meant)");
     // A number as a shell user writes it, which JSON does not: ".001", "1.", "+2" (`--lr .001`
     // was refused as out of [0, 10]; hunt 51). Finite, and the whole value.
     if (!string_field && parsed.is_discarded()) {
       const bool plus = value[0] == '+';
       const char* first = value.data() + (plus ? 1 : 0);
       const char* last = value.data() + value.size();
+      // (A whole number stays one: "+2" is the integer 2, where --steps takes no 2.0.)
+      const json rest = plus && first != last && *first != '-' && *first != '+'
+                            ? json::parse(first, last, nullptr, false)
+                            : json(json::value_t::discarded);
       double d = 0;
       const auto [end, ec] = std::from_chars(first, last, d);
-      if (ec == std::errc() && end == last && std::isfinite(d) && !(plus && *first == '-'))
+      if (rest.is_number_integer())
+        parsed = rest;
+      else if (ec == std::errc() && end == last && std::isfinite(d) && !(plus && *first == '-'))
         parsed = d;
     }
     v = (!string_field && !parsed.is_discarded() && (parsed.is_number() || parsed.is_boolean()))

@@ -56,6 +56,8 @@ def case_flag_forms():
             "'train.min_lr' (0.0001) exceeds 'train.lr'")
     check(not os.path.exists(rd + "_floor"), "a refused run left its directory")
     refused(["train", "--quiet=1"], "--quiet takes no value")
+    refused(["plan", "--lr", "1e-400"], "too small for a double")
+    ok(["plan", "--config", cfg, "--steps", "+2", "--no-advice"])
     # A name after "--" is no option: export's checkpoint "--x=y" is a path.
     refused(["export", "--", "--x=y", "-o", os.path.join(OUT, "ff.st")], "--x=y")
 
