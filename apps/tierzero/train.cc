@@ -133,70 +133,7 @@ int Fail(const Status& s) {
 int FailUncaught(const Status& s) { return Fail(s); }  // train.h
 
 Status TrainRun::SetUp() {
-  // A plan of another config: refused before the engine is built or a weight loads (its layout
-  // is compared with the engine's below).
-  // Note [A plan the resumed run recorded, gone]: a resume in place takes the plan its run's
-  // config.json records (output.plan); moved or removed since, it blocked the resume with an
-  // error that named neither that file nor a way on (hunt 49). The plan only sets a prediction
-  // beside the run's figures: the run goes on without it, saying so. One given as --plan is
-  // this command's, and still refused.
-  bool plan_gone = false;
-  const bool recorded_plan = !out_.resume.empty() && cfg_.given.count("output.plan") == 0;
-  if (!out_.plan.empty() && lead_ && recorded_plan) {
-    struct stat st {};
-    plan_gone = ::stat(out_.plan.c_str(), &st) != 0 && errno == ENOENT;
-    if (plan_gone) {
-      std::printf(
-          "note: the plan %s the run's config records (output.plan) is not there: the report "
-          "leaves the prediction out (--plan FILE gives one)\n",
-          out_.plan.c_str());
-    }
-  }
-  if (!out_.plan.empty() && lead_ && !plan_gone) {
-    TZ_ASSIGN_OR_RETURN(plan_text_, ReadTextFile(out_.plan, "plan file"));
-    // Outside JSON: its depth bounded before anything recurses over it (a plan nested 500000
-    // deep overflowed the stack in CheckPlanConfig's copy).
-    TZ_RETURN_IF_ERROR(CheckOutsideJson(plan_text_, "--plan " + out_.plan));
-    const json plan = json::parse(plan_text_, nullptr, /*allow_exceptions=*/false);
-    if (!plan.is_object()) {
-      // (WithPrediction, below, says what it is.)
-    } else if (plan.contains("config")) {
-      Status checked = CheckPlanConfig(plan["config"], cfg_, /*of_trace=*/IsATracesPlan(plan));
-      // Note [A plan the resumed run recorded, of another config]: a resume that changes what
-      // the plan was made for (its budgets, its batch) was refused for a --plan it never gave,
-      // and `--plan none` was a file name (hunt 51). As when it is gone: said, and left out.
-      if (!checked.ok() && recorded_plan) {
-        // (What differs: the check's first parenthesis, "(engine.host_budget ... here)".)
-        std::string what(checked.message());
-        if (const size_t open = what.find('('), close = what.find(')');
-            open != std::string::npos && close != std::string::npos && close > open)
-          what = what.substr(open + 1, close - open - 1);
-        std::printf(
-            "note: the plan %s the run's config records (output.plan) was made for "
-            "another config (%s): the report leaves the prediction out (--plan FILE "
-            "gives one)\n",
-            out_.plan.c_str(), what.c_str());
-        plan_text_.clear();
-      } else {
-        TZ_RETURN_IF_ERROR(std::move(checked).WithContext("--plan " + out_.plan));
-      }
-    } else {
-      // (Also the prediction object alone, which WithPrediction takes from a library's caller.)
-      // An older tierzero's plan records no config: its layout alone would be checked, and a
-      // plan of another batch shown as this run's prediction (hunt 41). Refused when given; a
-      // resume whose run recorded it (its config.json) goes on without it, saying so.
-      const std::string why =
-          "--plan " + out_.plan +
-          " records no config (an older tierzero wrote it), so it cannot be checked to be this "
-          "run's";
-      if (out_.resume.empty())
-        return FailedPreconditionError(
-            why + ": make it again with tierzero plan (this run's config and options) --json FILE");
-      std::printf("note: %s: the report leaves it out (tierzero plan ... --json FILE makes one)\n",
-                  why.c_str());
-      plan_text_.clear();
-    }
-  }
+  TZ_RETURN_IF_ERROR(ReadPlan());  // (train_plan.cc)
   // Note [Ranks agree on their data]: a rank that cannot read its data says so, and the others
   // end with it, not by the job's abort (which left the lead's directories behind) nor, where it
   // blocks, after the collective deadline. With several ranks each reads the text itself: a
@@ -382,12 +319,7 @@ Status TrainRun::SetUp() {
     // (A type other than a boolean, in an edited manifest, is not pending: value() would throw.)
     eval_at_start_ = u.is_object() && u.contains("eval_pending") && u["eval_pending"] == true;
   }
-  if (!plan_text_.empty() && lead_) {
-    // Refused now, not after the run: a plan (read above) unreadable or of another config.
-    TZ_ASSIGN_OR_RETURN(const std::string report, engine_->ReportJson());
-    if (auto s = WithPrediction(report, plan_text_); !s.ok())
-      return s.status().WithContext("--plan " + out_.plan);
-  }
+  TZ_RETURN_IF_ERROR(CheckPlanLayout());  // (train_plan.cc)
   // The set-up is good: only now is an earlier run's output removed (--overwrite) and the run's
   // config.json written. A config.json this run creates is removed again if the run fails before
   // its first step (a metrics FIFO with no reader): the directory then holds no trace of it, and

@@ -161,6 +161,12 @@ class TrainRun {
   // Status of the directory a save goes to: OK, with out_.checkpoint_dir where the locked one is
   // now (one rank), or an error saying what became of it (Note [A directory moved under the run]).
   Status FollowCheckpointDir();
+  // The plan (train_plan.cc): read and checked against the config before the engine is built,
+  // against the engine's layout after; a resumed run's recorded one that is not this run's is
+  // left out, said (Note [A plan the resumed run recorded, of another config]).
+  bool RecordedPlan() const;
+  Status ReadPlan();
+  Status CheckPlanLayout();
   // RecordOutputs: the report's, page's and trace's identity ("" where there was no file).
   std::map<std::string, std::string> output_ids_;
   // And a descriptor of each that was a file, held to the end (Note [An output another run

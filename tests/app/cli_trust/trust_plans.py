@@ -102,16 +102,24 @@ def case_plan_files():
               "--quiet"])
     check("was made for another config (engine.host_budget" in out,
           f"a recorded plan of another config:\n{out}")
+    # ... or that cannot be read now (review 51).
+    kept = read(plan)
+    with open(plan, "w") as f:
+        f.write("not json")
+    out = ok(["train", "--resume", rd + "/checkpoint", "--steps", "6", "--quiet"])
+    check("cannot be read now" in out, f"a recorded plan unreadable:\n{out}")
+    with open(plan, "wb") as f:
+        f.write(kept)
     # The plan a resumed run's config records, removed since: the run goes on without it.
     os.rename(plan, plan + ".moved")
-    out = ok(["train", "--resume", rd + "/checkpoint", "--steps", "6", "--quiet"])
+    out = ok(["train", "--resume", rd + "/checkpoint", "--steps", "7", "--quiet"])
     check("the report leaves the prediction out" in out, f"a recorded plan gone:\n{out}")
     # One named by --plan is this command's own, and refused.
-    refused(["train", "--resume", rd + "/checkpoint", "--steps", "8", "--plan", plan, "--quiet"],
+    refused(["train", "--resume", rd + "/checkpoint", "--steps", "9", "--plan", plan, "--quiet"],
             "cannot open plan file")
     # `--plan none` leaves the recorded one out, unsaid (it was a file name: hunt 51).
     os.rename(plan + ".moved", plan)
-    out = ok(["train", "--resume", rd + "/checkpoint", "--steps", "7", "--host-budget", "40MiB",
+    out = ok(["train", "--resume", rd + "/checkpoint", "--steps", "8", "--host-budget", "40MiB",
               "--plan", "none", "--quiet"])
     check("prediction" not in out, f"--plan none:\n{out}")
 
