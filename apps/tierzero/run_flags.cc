@@ -297,6 +297,7 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
   // the checks below refuse or keep (review 47: an older text run's recorded data.digits
   // refused its resume).
   bool runs_config = false;
+  bool floor_named = false;  // the config file names train.min_lr
   if (!config_path.empty()) {
     TZ_ASSIGN_OR_RETURN(const std::string text,
                         ReadFileBounded(config_path, kMaxConfigBytes, "config file"));
@@ -314,6 +315,7 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
         for (const auto& [key, value] : fields.items()) named.insert(section + "." + key);
       }
     }
+    floor_named = named.count("train.min_lr") != 0;
     // Every config.json train has written, since its first build, names these 41 fields: a
     // user's config file does not (it names what it changes).
     static constexpr const char* kEveryRunsConfigNames[] = {"data.digits",
@@ -395,7 +397,13 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
           " false, which --arch gpt2 cannot have (GPT-2 ties its head and has every bias): drop "
           "one of them");
   }
-  if (given.count("train.min_lr") == 0) LowerDefaultFloor(cfg);  // (run_config.cc)
+  // Note [A floor below the rate asked for] (run_config.cc): of the rate the flags leave, where
+  // neither the file (a run's own config.json included) nor a flag names the floor; the file's
+  // lowering, of the file's rate, undone first (a file's lr 5e-5 with --lr 1e-3 kept 5e-6).
+  if (!floor_named && given.count("train.min_lr") == 0) {
+    cfg.train.min_lr = DefaultRunConfig().train.min_lr;
+    LowerDefaultFloor(cfg);
+  }
   cfg.given = std::move(given);
   // Note [A config's outputs follow --run-dir]
   // A run's config.json records every output resolved (RUN_DIR/metrics.jsonl, RUN_DIR/checkpoint,

@@ -122,6 +122,11 @@ TEST(TrainConfig, FlagsThatBreakARuleAcrossFieldsAreRefusedBeforeTheRun) {
   ASSERT_TRUE(lowered.ok()) << lowered.status().ToString();
   EXPECT_FLOAT_EQ(lowered->train.min_lr, 0.000005f);
   TempDir dir;
+  // Of the rate the flags leave, not the file's (its floor was kept: review 51).
+  std::ofstream(dir / "low.json") << R"({"train": {"lr": 0.00005}})";
+  auto raised = LoadRunConfig({"--config", dir / "low.json", "--lr", "0.001"});
+  ASSERT_TRUE(raised.ok()) << raised.status().ToString();
+  EXPECT_FLOAT_EQ(raised->train.min_lr, 0.0001f);
   std::ofstream(dir / "floor.json") << R"({"train": {"min_lr": 0.0001}})";
   auto named = LoadRunConfig({"--config", dir / "floor.json", "--lr", "0.00005"});
   ASSERT_FALSE(named.ok());
