@@ -88,9 +88,33 @@ Status TrainRun::LockMetrics(int fd) {
 // - config.json removed: written again, said.
 void TrainRun::KeepRunFilesNamed() {
   if (!lead_) return;
+  // Note [A directory made again is locked again] (dir_lock.cc): the run directory removed is
+  // made again and locked before anything is written into it. Another run that has taken its
+  // path since keeps it: nothing of this run is written there (its metrics were, before the
+  // lock was tried: review 51), said once.
+  bool run_dir_ours = true;
+  std::error_code ec;
+  if (lock_ != nullptr && lock_->Where(out_.run_dir) == std::optional<std::string>("")) {
+    std::filesystem::create_directories(out_.run_dir, ec);
+    if (Status s = lock_->Relock(out_.run_dir, "run directory"); !s.ok()) {
+      run_dir_ours = false;
+      if (!relock_said_)
+        std::fprintf(stderr, "warning: %s; its metrics and config.json are not written again\n",
+                     std::string(s.message()).c_str());
+      relock_said_ = true;
+    }
+  }
+  auto inside_run_dir = [&](const std::string& path) {
+    std::error_code pec;
+    const std::filesystem::path dir =
+        std::filesystem::absolute(out_.run_dir, pec).lexically_normal();
+    const std::string p = std::filesystem::absolute(path, pec).lexically_normal().string();
+    return p.rfind(dir.string() + "/", 0) == 0;
+  };
   struct stat held {
   }, now{};
-  if (metrics_fd_ >= 0 && ::fstat(metrics_fd_, &held) == 0 && S_ISREG(held.st_mode) &&
+  if ((run_dir_ours || !inside_run_dir(out_.metrics)) && metrics_fd_ >= 0 &&
+      ::fstat(metrics_fd_, &held) == 0 && S_ISREG(held.st_mode) &&
       !(::stat(out_.metrics.c_str(), &now) == 0 && now.st_dev == held.st_dev &&
         now.st_ino == held.st_ino)) {
     const std::string self = "/proc/self/fd/" + std::to_string(metrics_fd_);
@@ -146,21 +170,13 @@ void TrainRun::KeepRunFilesNamed() {
       }
     }
   }
-  if (!outputs_.config_path.empty() && !outputs_.config_text.empty() &&
+  if (run_dir_ours && !outputs_.config_path.empty() && !outputs_.config_text.empty() &&
       ::lstat(outputs_.config_path.c_str(), &now) != 0 && errno == ENOENT) {
-    std::error_code ec;
     std::filesystem::create_directories(std::filesystem::path(outputs_.config_path).parent_path(),
                                         ec);
     if (WriteFileAtomically(outputs_.config_path, outputs_.config_text).ok())
       progress_->Line("note: the run's " + outputs_.config_path +
                       " was removed while it trained: written again (a resume reads it)");
-  }
-  // Note [A directory made again is locked again] (dir_lock.cc)
-  std::error_code ec;
-  if (lock_ != nullptr && lock_->Where(out_.run_dir) == std::optional<std::string>("") &&
-      std::filesystem::is_directory(out_.run_dir, ec)) {
-    if (Status s = lock_->Relock(out_.run_dir, "run directory"); !s.ok())
-      std::fprintf(stderr, "warning: %s\n", std::string(s.message()).c_str());
   }
 }
 

@@ -130,6 +130,7 @@ class TrainRun {
   // named again where the run's directory lost them; said once each.
   void KeepRunFilesNamed();
   bool metrics_moved_said_ = false;
+  bool relock_said_ = false;  // a run directory made again that another run holds: said once
   int start_ = 0, step_ = 0;
   // Note [The data continues where the checkpoint's run stopped] (train_loop.cc): the training
   // micro-batches taken before step start_, by this run's and the resumed checkpoint's runs.
