@@ -262,9 +262,10 @@ Status NvmeStore::OpenFiles() {
     // as "only 0 B is free there", and the advice (free space there) could not be followed.
     if (capacity == 0)
       return FailedPreconditionError(
-          "the NVMe path " + path + " is on a file system of no blocks (the kernel's, as /proc " +
-          "or /sys are: it stores no files), not on a disk: give --nvme-path (engine.nvme_path) " +
-          "a directory on a disk");
+          "the NVMe path " + path +
+          " is on a file system that reports no capacity (the kernel's /proc or /sys, which "
+          "store no files, or a ramfs, whose room cannot be known), not on a disk: give "
+          "--nvme-path (engine.nvme_path) a directory on a disk");
     if (free_bytes < size && size <= capacity) {  // (a budget past the disk never fits)
       const int dfd = ::open(space_dir.empty() ? "." : space_dir.c_str(), O_RDONLY | O_CLOEXEC);
       if (dfd >= 0) {
