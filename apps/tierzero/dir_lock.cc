@@ -30,13 +30,30 @@ bool IsRegular(const std::string& p) {
 
 MadeDirs::~MadeDirs() { Undo(); }
 
+// Note [Directories another process took]
+// A directory this process made is not its own for good: between its mkdir and its removal
+// another process may have started to use it. A train whose run directory an eval's
+// --nvme-path had made lost its lock file and its swap directory (O_TMPFILE swap files leave it
+// looking empty) when the eval ended, and a second run into it was then not refused; a train
+// refused at its lock removed the winner's lock file and checkpoint directory (review 51). So a
+// directory another process holds locked is left, whatever it looks like (and for eval's swap
+// directory one inside such a directory), and a lock file only goes when no process holds it.
+// (RunDirLock releases this process's own first: train destroys it before its MadeDirs.)
 void MadeDirs::Undo() {
+  auto held = [&](const std::string& dir) {  // (it, or with under_locks_kept_ one above it)
+    for (fs::path p = fs::path(dir); !p.empty(); p = p.parent_path()) {
+      if (LockedByAnother(p.string())) return true;
+      if (!under_locks_kept_ || p == p.parent_path()) break;
+    }
+    return false;
+  };
   // Deepest first; rmdir removes only an empty directory, so nothing else can go.
   for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) {
-    const std::string lock_file = *it + "/" + kLockFileName;
-    if (IsRegular(lock_file)) ::unlink(lock_file.c_str());  // ours: the directory is ours
-    ::rmdir(it->c_str());
     KeepOnSignalExit(*it);
+    if (held(*it)) continue;
+    const std::string lock_file = *it + "/" + kLockFileName;
+    if (IsRegular(lock_file)) ::unlink(lock_file.c_str());  // (a stale one: no one holds it)
+    ::rmdir(it->c_str());
   }
   dirs_.clear();
 }
@@ -74,7 +91,11 @@ void MadeDirs::Create(const std::string& path, std::error_code& ec) {
     dirs_.push_back(d);
     // Note [A set-up ended by a signal leaves nothing]: and if the process ends on a signal
     // before the run starts (removed only if empty by then).
-    RemoveOnSignalExit(d);
+    if (under_locks_kept_) {
+      RemoveOnSignalExitUnlessLocked(d, kLockFileName);
+    } else {
+      RemoveOnSignalExit(d);
+    }
   }
   fs::create_directories(path, ec);  // (an error if `path` is not a directory)
 }
@@ -154,6 +175,12 @@ Status RunDirLock::Acquire(const std::string& dir, const std::string& what) {
     const int err = errno;
     if (err == EWOULDBLOCK) {
       ::close(fd);
+      // (Made here, but taken by another process before this one locked it: its file now,
+      // which this process's end must not remove: Note [Directories another process took].)
+      if (made) {
+        created_.pop_back();
+        KeepOnSignalExit(path);
+      }
       return FailedPreconditionError(
           "another tierzero process is writing the " + what + " " + dir +
           " (it holds the directory's lock): a run directory has one writer; wait for that run "
@@ -171,6 +198,23 @@ Status RunDirLock::Acquire(const std::string& dir, const std::string& what) {
     }
     ::close(fd);
     return ErrnoError("locking the " + what + " " + dir, err);
+  }
+  // The lock is the file at the path: one unlinked between the open and the flock (a process
+  // ending whose set-up had made it, before it saw the lock) guards nothing, and is taken again.
+  struct stat held {
+  }, now{};
+  if (::fstat(fd, &held) == 0 && !(::stat(path.c_str(), &now) == 0 && now.st_dev == held.st_dev &&
+                                   now.st_ino == held.st_ino)) {
+    ::close(fd);
+    if (made) {
+      created_.pop_back();
+      KeepOnSignalExit(path);
+    }
+    if (++attempts_ > 16)
+      return FailedPreconditionError("the lock file " + path + " of the " + what + " " + dir +
+                                     " keeps being removed while this process takes it: another "
+                                     "process is making and removing it; try again");
+    return Acquire(dir, what);
   }
   fds_.push_back(fd);
   dirs_.push_back(dir);

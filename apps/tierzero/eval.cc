@@ -331,7 +331,7 @@ int Eval(const std::vector<std::string>& args) {
   // removed again at the end: the swap in it has no name, so a SIGKILL leaves at most the empty
   // directory. Taken as a file's name, a killed evaluation left a 256 MiB file, and the rerun
   // was refused for it (hunt 50).
-  MadeDirs made_nvme;
+  MadeDirs made_nvme(/*under_locks_kept=*/true);  // (Note [Directories another process took])
   if (has_nvme_path && cfg->engine.nvme_budget > 0) {
     std::error_code ec;
     if (!std::filesystem::exists(std::filesystem::symlink_status(cfg->engine.nvme_path, ec))) {

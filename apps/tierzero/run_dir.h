@@ -48,6 +48,7 @@ class RunDirLock {
   std::vector<std::string> dirs_;     // as locked, one a descriptor
   std::vector<std::string> created_;  // lock files this process made
   bool keep_ = false;
+  int attempts_ = 0;  // Acquire's takes of a lock file removed under it
 };
 
 // The directories a run made for its outputs, removed again (when still empty but for the run's
@@ -63,7 +64,11 @@ class RunDirLock {
 // first. (The failing rank itself unwinds, removing them, before it ends the job.)
 class MadeDirs {
  public:
-  MadeDirs() = default;
+  // `under_locks_kept`: a directory inside one another process holds locked stays too, not
+  // only one it holds itself (Note [Directories another process took], dir_lock.cc): eval's
+  // swap directory, where a train may have started meanwhile. (Not train's: its ranks make
+  // their own inside the lead's locked run directory, and remove them.)
+  explicit MadeDirs(bool under_locks_kept = false) : under_locks_kept_(under_locks_kept) {}
   ~MadeDirs();
   MadeDirs(const MadeDirs&) = delete;
   MadeDirs& operator=(const MadeDirs&) = delete;
@@ -78,6 +83,7 @@ class MadeDirs {
 
  private:
   std::vector<std::string> dirs_;  // in the order made (parents first)
+  bool under_locks_kept_ = false;
 };
 
 // $TMPDIR, or /tmp where it is unset or empty: where a command's scratch space goes.

@@ -549,8 +549,10 @@ int Train(const std::vector<std::string>& given_args) {
   // Failed as every rank agreed (TrainRun::AgreeToGoOn), said here or not, this rank's own error.
   bool agreed = false, speaks = true, own = true;
   {
-    RunDirLock lock;  // held to the end of the run
+    // (Destroyed in reverse: the locks released, and the lock files this run made removed,
+    // before the directories it made are, which then skip any another process holds.)
     MadeDirs made;    // removed again if the run is refused before it starts
+    RunDirLock lock;  // held to the end of the run
     // The lead makes the shared directories (the run's, the checkpoint's) before the others
     // look: a rank that fails alone then removes only what is its own, never a directory the
     // lead is using (Note [A set-up ended by a signal leaves nothing], run_dir.h).

@@ -100,6 +100,10 @@ void KeepOnSignalExit(const std::string& path);
 // RemoveOnSignalExit for the file open as `fd`: removed only if `path` still names that file
 // (a file put at that name since is another's).
 void RemoveOnSignalExitIfSame(const std::string& path, int fd);
+// RemoveOnSignalExit for a directory that another process may take meanwhile: kept when it, or
+// a directory above it, holds a file named `lock_name` that another process holds locked
+// (flock) at the exit.
+void RemoveOnSignalExitUnlessLocked(const std::string& dir, const std::string& lock_name);
 // A directory of the process's own, removed whole with everything in it when the process ends on
 // a signal (a scratch directory, a calibration's run), until Keep.
 void RemoveTreeOnSignalExit(const std::string& dir);

@@ -1,10 +1,13 @@
 // The signal-exit registries (tierzero/files.h: RemoveOnSignalExit and the others, and
 // RemovePendingTemporaries): the paths a process ending on a signal removes first, the
 // temporaries of the outputs it was writing (AddPending, DropPending: core/file_io.h) among them.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -33,6 +36,26 @@ std::set<std::string>& Pending() {
 std::map<std::string, std::pair<dev_t, ino_t>>& PendingIds() {
   static auto* m = new std::map<std::string, std::pair<dev_t, ino_t>>;  // read until _exit
   return *m;
+}
+// Of some pending directories, the lock file whose holder keeps them (RemoveOnSignalExitUnless
+// Locked).
+std::map<std::string, std::string>& PendingLocks() {
+  static auto* m = new std::map<std::string, std::string>;  // read until _exit
+  return *m;
+}
+// Whether `dir`, or a directory above it, holds `lock_name` locked by a process (the exit's own
+// are released or unlinked by then: a lock file registered is removed before the directories).
+bool UnderALock(const std::string& dir, const std::string& lock_name) {
+  for (std::filesystem::path p(dir); !p.empty(); p = p.parent_path()) {
+    const int fd = ::open((p / lock_name).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd >= 0) {
+      const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+      ::close(fd);
+      if (held) return true;
+    }
+    if (p == p.parent_path()) break;
+  }
+  return false;
 }
 // A registered path as the registries hold it: absolute and in one spelling ("./x", "x" and
 // "x/" are one path), so a chdir between registering and removing removes what was registered,
@@ -71,7 +94,16 @@ void RemoveOnSignalExitIfSame(const std::string& path, int fd) {
   Pending().insert(p);
   PendingIds()[p] = {st.st_dev, st.st_ino};
 }
-void KeepOnSignalExit(const std::string& path) { DropPending(path); }
+void KeepOnSignalExit(const std::string& path) {
+  DropPending(path);
+  std::lock_guard<std::mutex> lock(PendingMutex());
+  PendingLocks().erase(Registered(path));
+}
+void RemoveOnSignalExitUnlessLocked(const std::string& dir, const std::string& lock_name) {
+  AddPending(dir);
+  std::lock_guard<std::mutex> lock(PendingMutex());
+  PendingLocks()[Registered(dir)] = lock_name;
+}
 
 namespace {
 std::set<std::string>& PendingTrees() {
@@ -126,7 +158,12 @@ void RemovePendingTemporaries() {
   }
   std::sort(dirs.begin(), dirs.end(),
             [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (const auto& d : dirs) ::rmdir(d.second.c_str());
+  for (const auto& d : dirs) {
+    // (Note [Directories another process took], apps/tierzero/dir_lock.cc.)
+    const auto lock = PendingLocks().find(d.second);
+    if (lock != PendingLocks().end() && UnderALock(d.second, lock->second)) continue;
+    ::rmdir(d.second.c_str());
+  }
   Pending().clear();
 }
 

@@ -420,6 +420,26 @@ def case_eval_swap_signal():
         f.write(struct.pack("<2000H", *([1, 2, 3, 4] * 500)))
     rc, out = run([a if a != tok else small for a in args[1:]], timeout=120)
     check(rc == 0, f"an evaluation after a killed one: {rc}\n{out}")
+    # Note [Directories another process took]: the directories eval made for its swap, taken
+    # by another process meanwhile (a train locking the run directory around them), stay with
+    # the lock file when eval ends (it removed both, and a second run into it was not refused:
+    # review 51). (This process holds the lock, as a train does.)
+    run_dir = os.path.join(OUT, "es_taken")
+    swap = os.path.join(run_dir, "nvme")
+    p = subprocess.Popen(args[:-4] + ["--nvme-path", swap, "--host-budget", "1500KiB"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=OUT)
+    deadline = time.time() + 60
+    while not os.path.exists(swap) and time.time() < deadline and p.poll() is None:
+        time.sleep(0.02)
+    lock = os.open(os.path.join(run_dir, ".tierzero.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        p.send_signal(signal.SIGTERM)
+        err = p.communicate(timeout=60)[1].decode()
+        check(os.path.isdir(swap) and os.path.exists(os.path.join(run_dir, ".tierzero.lock")),
+              f"eval removed what another process holds: {os.listdir(OUT)}\n{err}")
+    finally:
+        os.close(lock)
 
 
 def case_killed_before_checkpoint():
