@@ -138,7 +138,9 @@ Status ScratchDir::Create(const std::string& prefix) {
   return Status::OK();
 }
 
-RunDirLock::~RunDirLock() {
+RunDirLock::~RunDirLock() { Release(); }
+
+void RunDirLock::Release() {
   // Unlinked while still locked, then released: no other process can hold the old file.
   if (!keep_) {
     for (const std::string& f : created_) {
@@ -146,7 +148,10 @@ RunDirLock::~RunDirLock() {
       KeepOnSignalExit(f);
     }
   }
+  created_.clear();
   for (int fd : fds_) ::close(fd);  // releases the flock
+  fds_.clear();
+  dirs_.clear();
 }
 
 void RunDirLock::KeepOnSignal() {
@@ -158,7 +163,8 @@ void RunDirLock::Keep() {
   for (const std::string& f : created_) KeepOnSignalExit(f);
 }
 
-Status RunDirLock::Acquire(const std::string& dir, const std::string& what) {
+Status RunDirLock::Acquire(const std::string& dir, const std::string& what,
+                           const std::string& advice) {
   const std::string path = dir + "/" + kLockFileName;
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
   const bool made = fd >= 0;
@@ -183,8 +189,10 @@ Status RunDirLock::Acquire(const std::string& dir, const std::string& what) {
       }
       return FailedPreconditionError(
           "another tierzero process is writing the " + what + " " + dir +
-          " (it holds the directory's lock): a run directory has one writer; wait for that run "
-          "to end, or give this one another --run-dir (and --checkpoint)");
+          " (it holds the directory's lock): " +
+          (advice.empty() ? "a run directory has one writer; wait for that run to end, or give "
+                            "this one another --run-dir (and --checkpoint)"
+                          : advice));
     }
     if (err == ENOLCK || err == ENOSYS || err == EOPNOTSUPP) {
       // A file system without locks: the run goes on unguarded, and says so.
@@ -214,7 +222,7 @@ Status RunDirLock::Acquire(const std::string& dir, const std::string& what) {
       return FailedPreconditionError("the lock file " + path + " of the " + what + " " + dir +
                                      " keeps being removed while this process takes it: another "
                                      "process is making and removing it; try again");
-    return Acquire(dir, what);
+    return Acquire(dir, what, advice);
   }
   fds_.push_back(fd);
   dirs_.push_back(dir);

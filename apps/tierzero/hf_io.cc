@@ -14,6 +14,7 @@
 
 #include "gpt/hf.h"
 #include "resume.h"
+#include "run_dir.h"
 #include "tierzero/devices.h"
 #include "tierzero/files.h"
 #include "train.h"
@@ -514,7 +515,14 @@ Status ExportHf(Engine& engine, const RunConfig& cfg, const std::string& dir, DT
   } else {
     // Registered before it is made (Note [Nothing made after the last clean-up]).
     RemoveOnSignalExit(dir);
-    if (!fs::create_directory(dir, ec) || ec) {
+    if (!fs::create_directory(dir, ec) && !ec) {
+      // (Made by another process since it was looked for: "cannot make ...: Success".)
+      KeepOnSignalExit(dir);
+      return FailedPreconditionError("-o " + dir +
+                                     " was made by another process while this export began "
+                                     "(another export to it?); it is kept: name another directory");
+    }
+    if (ec) {
       KeepOnSignalExit(dir);
       return IoError("cannot make the directory " + dir + ": " + ec.message() +
                      (ec == std::errc::no_such_file_or_directory ? " (its parent must exist)"
@@ -522,6 +530,28 @@ Status ExportHf(Engine& engine, const RunConfig& cfg, const std::string& dir, DT
                                                                  : ""));
     }
     made = true;
+  }
+  // Note [An output checked is the output replaced] (src/core/file_io.cc): two exports into one
+  // empty directory both passed the check above, and wrote the same names, the later one's
+  // files replacing the other's, both ending 0 (hunt 51). The directory is locked while it is
+  // written (its lock file removed at the end), and checked empty again once it is.
+  RunDirLock lock;
+  if (Status s = lock.Acquire(dir, "output directory",
+                              "one export writes a directory; name another directory, or wait "
+                              "for that export to end");
+      !s.ok()) {
+    if (made) {
+      KeepOnSignalExit(dir);
+      ::rmdir(dir.c_str());
+    }
+    return s;
+  }
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().filename() == kLockFileName) continue;
+    lock.Release();
+    return InvalidArgumentError("-o " + dir +
+                                " is a directory that holds files (written since this export "
+                                "looked); --format hf writes into a new or empty directory");
   }
   // Note [A model directory whole or not at all]: the directory was empty, so every file of the
   // model's names in it is this export's. A failure (a full disk before the index or config.json)
@@ -552,6 +582,7 @@ Status ExportHf(Engine& engine, const RunConfig& cfg, const std::string& dir, DT
       struct stat st {};
       if (p != dir && ::lstat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode)) ::unlink(p.c_str());
     }
+    lock.Release();
     if (made) ::rmdir(dir.c_str());  // only when empty
     return std::move(s).WithContext("the export to " + dir + " was undone");
   };
@@ -574,6 +605,7 @@ Status ExportHf(Engine& engine, const RunConfig& cfg, const std::string& dir, DT
       !s.ok())
     return undo(s);
   for (const std::string& p : ours) KeepOnSignalExit(p);
+  lock.Release();
   *summary = std::to_string(shards->size()) + (shards->size() == 1 ? " file" : " files") +
              " and config.json (" + gpt::ModelName(cfg.model) + ", Hugging Face's layout)";
   return Status::OK();

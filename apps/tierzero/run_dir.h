@@ -28,7 +28,11 @@ class RunDirLock {
   RunDirLock(const RunDirLock&) = delete;
   RunDirLock& operator=(const RunDirLock&) = delete;
   // FailedPrecondition naming the directory when another process holds it.
-  Status Acquire(const std::string& dir, const std::string& what);
+  // `advice`: what the refusal says to do (default: a run's, another --run-dir).
+  Status Acquire(const std::string& dir, const std::string& what, const std::string& advice = "");
+  // Releases every lock now, removing the lock files this process made (as the destructor does
+  // without Keep): a command whose output directory it locked while it wrote.
+  void Release();
   // The run started: the lock files it made stay (without Keep they are removed at the end, so a
   // refused run leaves none in a directory of the user's).
   void Keep();

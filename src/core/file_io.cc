@@ -11,6 +11,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -268,6 +271,11 @@ Status AtomicFile::Write(const void* data, size_t n) {
 
 Status AtomicFile::Commit() {
   if (fd_ < 0) return FailedPreconditionError("committing " + path_ + " twice");
+  // Note [An output checked is the output replaced]
+  if (!streamed_) {
+    if (std::optional<std::string> stamp = TakeCheckedStamp(path_))
+      return CommitIfUnchanged(*stamp);
+  }
   if (streamed_) {
     const int closed = ::close(fd_);
     fd_ = -1;
@@ -531,9 +539,45 @@ Status CheckOutputPath(const std::string& path, const std::string& what) {
   return Status::OK();
 }
 
+// Note [An output checked is the output replaced]
+// A command checks its output before it works (CheckNotReplacedUnasked: nothing there, or
+// --overwrite) and writes it minutes later. Two exports to one new path both passed the check
+// and both ended 0, the later one's rename replacing the other's file; a user's file put there
+// meanwhile was replaced unasked too (hunt 51). So the check records what it saw, and the
+// output's commit replaces only that (AtomicFile::CommitIfUnchanged: over nothing, or over the
+// very file checked), once; else the file there is kept and the command fails, saying so.
+namespace {
+std::mutex& CheckedMutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, std::string>& CheckedOutputs() {  // absolute path -> FileStamp then
+  static auto* m = new std::map<std::string, std::string>;
+  return *m;
+}
+std::string CheckedKey(const std::string& path) {
+  std::error_code ec;
+  const std::string p = std::filesystem::absolute(path, ec).lexically_normal().string();
+  return ec ? path : p;
+}
+}  // namespace
+
+std::optional<std::string> TakeCheckedStamp(const std::string& path) {
+  std::lock_guard<std::mutex> lock(CheckedMutex());
+  const auto it = CheckedOutputs().find(CheckedKey(path));
+  if (it == CheckedOutputs().end()) return std::nullopt;
+  std::string stamp = std::move(it->second);
+  CheckedOutputs().erase(it);
+  return stamp;
+}
+
 Status CheckNotReplacedUnasked(const std::string& path, const std::string& what,
                                const std::string& command, bool overwrite) {
   struct stat st {};
+  if (StandardStreamFd(path) < 0 && !(::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))) {
+    std::lock_guard<std::mutex> lock(CheckedMutex());
+    CheckedOutputs()[CheckedKey(path)] = FileStamp(path);
+  }
   if (overwrite || StandardStreamFd(path) >= 0 || ::stat(path.c_str(), &st) != 0 ||
       !S_ISREG(st.st_mode))
     return Status::OK();

@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "tierzero/files.h"
@@ -83,6 +84,10 @@ class AtomicFile {
 // no longer: the registries behind RemovePendingTemporaries. Thread-safe.
 void AddPending(const std::string& path);
 void DropPending(const std::string& path);
+// Note [An output checked is the output replaced] (file_io.cc): what CheckNotReplacedUnasked
+// saw at `path` (its FileStamp, "" for nothing), once; nullopt where it was not checked.
+std::optional<std::string> TakeCheckedStamp(const std::string& path);
+
 // WriteFileAtomically, ReadFileBounded and the bounds: tierzero/files.h.
 
 Status SyncDir(const std::string& dir);

@@ -67,6 +67,32 @@ TEST_F(AtomicFileTest, ANewFileIsNeverWrittenOverAnything) {
   EXPECT_EQ(Entries(), 2u);  // no temporary left
 }
 
+// Note [An output checked is the output replaced]: a command's output, checked before it works,
+// is committed only over what the check saw: nothing (a file another process wrote there since
+// is kept, and the commit fails), or the very file --overwrite was asked to replace; once (a
+// later write of the path replaces as ever).
+TEST_F(AtomicFileTest, AnOutputReplacesOnlyWhatItsCheckSaw) {
+  const std::string path = (dir_ / "out.st").string();
+  ASSERT_TRUE(CheckNotReplacedUnasked(path, "-o", "export", false).ok());
+  { std::ofstream(path) << "another's, written meanwhile"; }
+  Status s = WriteFileAtomically(path, "mine");
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_EQ(*ReadWholeFile(path), "another's, written meanwhile");
+  EXPECT_EQ(Entries(), 1u);  // no temporary left
+  // --overwrite of the file there: replaced, unless another replaced it meanwhile.
+  ASSERT_TRUE(CheckNotReplacedUnasked(path, "-o", "export", true).ok());
+  ASSERT_TRUE(WriteFileAtomically(path, "mine").ok());
+  EXPECT_EQ(*ReadWholeFile(path), "mine");
+  ASSERT_TRUE(CheckNotReplacedUnasked(path, "-o", "export", true).ok());
+  fs::remove(path);
+  { std::ofstream(path) << "a third's, and longer"; }
+  EXPECT_EQ(WriteFileAtomically(path, "mine again").code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*ReadWholeFile(path), "a third's, and longer");
+  // Unchecked (or checked once and committed): replaced as ever.
+  ASSERT_TRUE(WriteFileAtomically(path, "plain").ok());
+  EXPECT_EQ(*ReadWholeFile(path), "plain");
+}
+
 // Note [A file another tierzero process holds]: a file held locked (a running run's metrics) is
 // not replaced, whether the lock was there before the write or came during it; the lock's owner
 // replaces its own file when it says so.
