@@ -502,9 +502,21 @@ Status TrainRun::WriteReports(std::string& summary) {
   auto more = [](const Status& s, const std::string& after) {
     return Status(s.code(), std::string(s.message()) + after);
   };
+  // (Another process's now: Note [Outputs another run took].)
+  auto taken = [](const Status& s) {
+    return s.code() == StatusCode::kFailedPrecondition &&
+           s.message().find("was written by another process") != std::string_view::npos;
+  };
   Status wrote = WriteOutputIfUnchanged(out_.report, text, "report");
-  if (!wrote.ok())
-    return more(std::move(wrote).WithContext(where("report", out_.report)), KeepReportAside(text));
+  if (!wrote.ok()) {
+    const std::string aside = KeepReportAside(text);
+    if (taken(wrote)) {
+      Disown("report", report_aside_);
+      if (!out_.html.empty()) Disown("html", "none");
+      if (!out_.trace.empty()) Disown("trace", "none");
+    }
+    return more(std::move(wrote).WithContext(where("report", out_.report)), aside);
+  }
   TZ_ASSIGN_OR_RETURN(summary, ReportSummary(text));
   // (The report is written: it renders its page and trace again.)
   auto again = [&](const char* flag, const std::string& path) {
@@ -517,6 +529,7 @@ Status TrainRun::WriteReports(std::string& summary) {
     StatusOr<std::string> page = RenderHtmlReport(text);
     Status s =
         page.ok() ? WriteOutputIfUnchanged(out_.html, *page, "report's page") : page.status();
+    if (taken(s)) Disown("html", "none");
     if (!s.ok())
       first = more(std::move(s).WithContext(where("report's page", out_.html)),
                    again("-o", "PAGE.html"));
@@ -525,6 +538,7 @@ Status TrainRun::WriteReports(std::string& summary) {
     StatusOr<std::string> trace = RenderChromeTrace(text);
     Status s = trace.status();
     if (s.ok()) s = WriteOutputIfUnchanged(out_.trace, *trace, "trace");
+    if (taken(s)) Disown("trace", "none");
     if (trace.status().code() == StatusCode::kFailedPrecondition) {
       std::printf("  (no trace: %s)\n", std::string(trace.status().message()).c_str());
       trace_skipped_ = true;
@@ -545,7 +559,7 @@ Status TrainRun::WriteReports(std::string& summary) {
 // file in the run directory instead, never over any file: report.json there if --report named
 // another path, else report-step<N>.json (then -2, -3, ...). `tierzero report FILE` renders its
 // summary, page and trace from it.
-std::string TrainRun::KeepReportAside(const std::string& text) const {
+std::string TrainRun::KeepReportAside(const std::string& text) {
   std::vector<std::string> names;
   const std::string dir = out_.run_dir + "/";
   if (out_.report != dir + "report.json") names.push_back(dir + "report.json");
@@ -555,12 +569,35 @@ std::string TrainRun::KeepReportAside(const std::string& text) const {
   Status last;
   for (const std::string& name : names) {
     last = WriteNewFile(name, text);
+    if (last.ok()) report_aside_ = name;
     if (last.ok())
       return "; the report is kept in " + name + " instead (tierzero report " + name +
              " summarises it; -o PAGE.html and --trace TRACE.json render it)";
     if (last.code() != StatusCode::kAlreadyExists) break;
   }
   return "; keeping it in the run directory failed too (" + last.ToString() + ")";
+}
+
+// Note [Outputs another run took]
+// A report, page or trace path another run wrote meanwhile (two runs naming one --report) is
+// that run's: this one keeps the file (Note [A report kept aside]). Its config.json still
+// recorded the path as its own, so a resume in place replaced the other run's report unasked
+// (hunt 51). It now records where its report went (the file kept aside, or none), and the path
+// is checked as any other's at the resume.
+void TrainRun::Disown(const char* field, const std::string& value) {
+  if (outputs_.config_path.empty() || config_text_.empty()) return;
+  json c = json::parse(config_text_, nullptr, /*allow_exceptions=*/false);
+  if (!c.is_object() || !c.contains("output") || !c["output"].is_object()) return;
+  const std::string was = c["output"].value(field, std::string());
+  const std::string now = value.empty() ? "none" : value;
+  if (was == now) return;
+  c["output"][field] = now;
+  const std::string text = c.dump(2) + "\n";
+  if (!WriteFileAtomically(outputs_.config_path, text).ok()) return;
+  config_text_ = text;
+  progress_->Line("note: " + outputs_.config_path + " now records output." + field + " " + now +
+                  " (" + was + " is another run's): a resume writes " +
+                  (now == "none" ? std::string("no ") + field : std::string("there")));
 }
 
 void TrainRun::PrintDone(const std::string& summary) const {

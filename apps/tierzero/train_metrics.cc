@@ -170,11 +170,11 @@ void TrainRun::KeepRunFilesNamed() {
       }
     }
   }
-  if (run_dir_ours && !outputs_.config_path.empty() && !outputs_.config_text.empty() &&
+  if (run_dir_ours && !outputs_.config_path.empty() && !config_text_.empty() &&
       ::lstat(outputs_.config_path.c_str(), &now) != 0 && errno == ENOENT) {
     std::filesystem::create_directories(std::filesystem::path(outputs_.config_path).parent_path(),
                                         ec);
-    if (WriteFileAtomically(outputs_.config_path, outputs_.config_text).ok())
+    if (WriteFileAtomically(outputs_.config_path, config_text_).ok())
       progress_->Line("note: the run's " + outputs_.config_path +
                       " was removed while it trained: written again (a resume reads it)");
   }

@@ -92,7 +92,9 @@ class TrainRun {
   Status WriteReports(std::string& summary);
   // Note [A report kept aside] (train_loop.cc): the report in a new file of the run directory,
   // and what to say of it after the error that its own path could not be written.
-  std::string KeepReportAside(const std::string& text) const;
+  std::string KeepReportAside(const std::string& text);
+  // Note [Outputs another run took] (train_loop.cc): config.json records `field` as `value`.
+  void Disown(const char* field, const std::string& value);
   // The first step has ended: what the run created stays, whatever happens (UndoStart).
   void StartKept();
   // Note [An output another run wrote meanwhile] (train_loop.cc): each output file as it was
@@ -112,6 +114,8 @@ class TrainRun {
   std::shared_ptr<Communicator> comm_;  // the run's ranks (one: Communicator::Single)
   RunConfig cfg_;
   const OutputsPlan outputs_;  // the lead rank's (run_dir.h)
+  // config.json's text as last written (Note [Outputs another run took] rewrites it).
+  std::string config_text_ = outputs_.config_text;
   const OutputOptions& out_;
   const int rank_, world_;
   const bool lead_;  // prints and writes the run's files
@@ -170,6 +174,7 @@ class TrainRun {
   Status CheckPlanLayout();
   // RecordOutputs: the report's, page's and trace's identity ("" where there was no file).
   std::map<std::string, std::string> output_ids_;
+  std::string report_aside_;  // where KeepReportAside kept the report ("" nowhere)
   // And a descriptor of each that was a file, held to the end (Note [An output another run
   // wrote meanwhile]).
   std::vector<int> output_pins_;

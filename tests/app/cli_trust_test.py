@@ -89,6 +89,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
                 default floor
   resume_mistakes  a mistyped --resume, a manifest removed, a recorded profile step past a
                 shorter resume: said as what they are
+  outputs_taken  a --report another process wrote meanwhile: kept, and the run's config.json
+                records where its own went, so a resume does not replace it
 The cases live in cli_trust/ by theme (trust_outputs, trust_resume, trust_ranks, trust_signals,
 trust_inputs, trust_plans, trust_disks, trust_config); trust_common.py holds what they share.
 Every failure must be an `error:` line and exit status 1 or 2: never a signal, an abort, an

@@ -5,8 +5,10 @@ Cases of cli_trust_test.py (see its docstring); each `case_NAME` is run by name.
 import json
 import os
 import shutil
+import subprocess
+import time
 
-from trust_common import OUT, check, ok, refused, write_config
+from trust_common import TZ, OUT, check, ok, refused, write_config
 
 
 def case_resume_copy():
@@ -86,3 +88,28 @@ def case_resume_mistakes():
     refused(["train", "--resume", rd + "/checkpoint", "--steps", "8"],
             "holds states-6.w1.rank0.bin without the manifest.json",
             "states-6.w1.rank0.bin among them")
+
+
+def case_outputs_taken():
+    """Note [Outputs another run took]: a --report another process wrote while the run trained is
+    kept, the run's report kept aside, and the run's config.json records where it went: a resume
+    in place no longer replaces the other's report unasked (hunt 51)."""
+    cfg = write_config(os.path.join(OUT, "ot.json"), train={"steps": 3000, "eval_every": 0})
+    rd, shared = os.path.join(OUT, "ot"), os.path.join(OUT, "ot_shared.json")
+    log = os.path.join(OUT, "ot.log")
+    with open(log, "w") as f:
+        p = subprocess.Popen([TZ, "train", "--config", cfg, "--run-dir", rd, "--report", shared,
+                              "--log-every", "1"], stdout=f, stderr=subprocess.STDOUT, cwd=OUT)
+    deadline = time.time() + 60
+    while p.poll() is None and time.time() < deadline and "step    20/" not in open(log).read():
+        time.sleep(0.05)
+    with open(shared, "w") as f:
+        f.write('{"another run": true}')
+    p.wait(timeout=120)
+    check(p.returncode == 1, f"the run ended {p.returncode}\n{open(log).read()[-1500:]}")
+    with open(os.path.join(rd, "config.json")) as f:
+        recorded = json.load(f)["output"]["report"]
+    check(recorded != shared and os.path.exists(recorded), f"config.json records {recorded}")
+    ok(["train", "--resume", rd + "/checkpoint", "--steps", "3002", "--quiet"])
+    with open(shared) as f:
+        check(f.read() == '{"another run": true}', "a resume replaced another run's report")
