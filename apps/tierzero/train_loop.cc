@@ -569,10 +569,11 @@ std::string TrainRun::KeepReportAside(const std::string& text) {
   Status last;
   for (const std::string& name : names) {
     last = WriteNewFile(name, text);
-    if (last.ok()) report_aside_ = name;
-    if (last.ok())
+    if (last.ok()) {
+      report_aside_ = name;
       return "; the report is kept in " + name + " instead (tierzero report " + name +
              " summarises it; -o PAGE.html and --trace TRACE.json render it)";
+    }
     if (last.code() != StatusCode::kAlreadyExists) break;
   }
   return "; keeping it in the run directory failed too (" + last.ToString() + ")";
