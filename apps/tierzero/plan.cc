@@ -72,37 +72,26 @@ double Number(const json& j, std::initializer_list<const char*> path) {
 // The two are cached apart (RatesCachePath), and a cache of the other kind is measured again.
 StatusOr<MachineRates> Calibrate(const RunConfig& cfg, bool gpu, bool* elsewhere) {
   // A directory of its own (mkdtemp), the only one removed after: a user's RUN_DIR/calibration
-  // is never touched. Under the run directory (the disk its NVMe tier will use); the directories
-  // made to hold it are removed after too, so a plan leaves no empty runs/default behind.
+  // is never touched. On the disk its NVMe tier will use: under the run directory, or where that
+  // does not exist yet, under its deepest existing parent, so that a plan makes no directory of
+  // the run's (it made them and removed them after, and of three plans at once the one that made
+  // runs/default found the others' calibrations in it: an empty runs/default was left).
+  fs::path where = fs::path(cfg.output.run_dir).lexically_normal();
   std::error_code ec;
-  std::vector<fs::path> made_dirs;  // the run directory and its missing parents, deepest first
-  for (fs::path p = fs::path(cfg.output.run_dir).lexically_normal();
-       !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
-    made_dirs.push_back(p);
-    if (p == p.parent_path()) break;
-  }
-  std::string base = cfg.output.run_dir;
-  fs::create_directories(base, ec);
-  if (ec == std::errc::permission_denied || ec == std::errc::read_only_file_system ||
-      ec == std::errc::operation_not_permitted || ec == std::errc::no_space_on_device) {
-    // A plan made where nothing may be written (a read-only working directory, another user's):
-    // the calibration runs under $TMPDIR instead, on what may be another disk than the run's.
-    base = TmpDirectory();
-    std::printf(
-        "  (%s cannot be made here: %s; the calibration runs under %s, whose disk may not "
-        "be the run's NVMe disk)\n",
-        cfg.output.run_dir.c_str(), ec.message().c_str(), base.c_str());
-    // (made_dirs kept: a full disk may have taken some levels; only empty ones are removed.)
-    ec.clear();
-    *elsewhere = true;
-  }
-  if (ec) return IoError("creating " + cfg.output.run_dir + ": " + ec.message());
+  while (!where.empty() && !fs::exists(where, ec) && where != where.parent_path())
+    where = where.parent_path();
+  std::string base = where.empty() ? fs::current_path(ec).string() : where.string();
+  auto make_under = [](const std::string& under) {
+    std::string made = under + "/.calibration-XXXXXX";
+    if (::mkdtemp(made.data()) == nullptr) return std::make_pair(std::string(), errno);
+    return std::make_pair(made, 0);
+  };
   // Its swap reserves kSwap on the disk: where the run's has less room, the calibration runs
   // under $TMPDIR, as where nothing may be written (it refused with advice of the run's budgets,
   // which changed nothing: hunt 49).
   constexpr uint64_t kSwap = uint64_t{256} << 20;
   if (struct statvfs vfs{};
-      !*elsewhere && ::statvfs(base.c_str(), &vfs) == 0 &&
+      ::statvfs(base.c_str(), &vfs) == 0 &&
       static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize < kSwap + (kSwap / 4)) {
     const std::string other = TmpDirectory();
     struct statvfs there {};
@@ -116,23 +105,23 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg, bool gpu, bool* elsewhere
       *elsewhere = true;
     }
   }
+  auto [made, err] = make_under(base);
+  if (!*elsewhere &&
+      (err == EACCES || err == EROFS || err == EPERM || err == ENOSPC || err == EDQUOT)) {
+    // A plan made where nothing may be written (a read-only working directory, another user's):
+    // the calibration runs under $TMPDIR instead, on what may be another disk than the run's.
+    std::printf(
+        "  (nothing can be written under %s: %s; the calibration runs under %s, whose disk may "
+        "not be the run's NVMe disk)\n",
+        base.c_str(), std::strerror(err), TmpDirectory().c_str());
+    base = TmpDirectory();
+    *elsewhere = true;
+    std::tie(made, err) = make_under(base);
+  }
+  if (err != 0) return ErrnoError("creating a calibration directory under " + base, err);
   std::printf("calibrating this machine's rates on its %s (a short run under %s) ...\n",
               gpu ? "GPU" : "simulated device", base.c_str());
   std::fflush(stdout);
-  for (const fs::path& d : made_dirs) RemoveOnSignalExit(d.string());  // (only while empty)
-  struct RemoveMade {
-    std::vector<fs::path> dirs;
-    ~RemoveMade() {
-      std::error_code e;
-      for (const fs::path& d : dirs) {
-        fs::remove(d, e);  // only while empty
-        KeepOnSignalExit(d.string());
-      }
-    }
-  } remove_made{made_dirs};
-  std::string made = base + "/.calibration-XXXXXX";
-  if (::mkdtemp(made.data()) == nullptr)
-    return ErrnoError("creating a calibration directory under " + base, errno);
   const std::string dir = made;
   RemoveTreeOnSignalExit(dir);  // a signal's exit does not run the destructor below
   struct RemoveAfter {

@@ -4,8 +4,9 @@ refuses against what train refuses; a plan's rates, device and largest model."""
 import json
 import os
 import re
+import subprocess
 
-from trust_common import OUT, check, run, refused, ok, read, write_config, train_small, nobody_runs
+from trust_common import TZ, OUT, check, run, refused, ok, read, write_config, train_small, nobody_runs
 
 
 def case_plan_files():
@@ -340,6 +341,18 @@ def case_plan_device():
     ok(["plan", "--config", cfg, "--device", "host", "--no-advice", "--rates", mine,
         "--calibrate"], env=env, timeout=300)
     check(os.path.exists(mine), "plan --rates FILE --calibrate did not write FILE")
+    # Three plans calibrating at once in one directory leave nothing there: a plan makes no
+    # directory of its run's (the one that made runs/default found the others' calibrations in
+    # it, and an empty runs/default was left: hunt 51).
+    together = os.path.join(OUT, "g_together")
+    os.makedirs(together, exist_ok=True)
+    procs = [subprocess.Popen([TZ, "plan", "--no-advice", "--calibrate"], cwd=together,
+                              env=dict(os.environ, TZ_RATES_FILE=os.path.join(OUT, f"g_t{i}.json")),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for i in range(3)]
+    codes = [p.wait(timeout=300) for p in procs]
+    check(codes == [0, 0, 0] and os.listdir(together) == [],
+          f"three plans at once: exit {codes}, left {os.listdir(together)}")
     # A home that does not exist gets no cache made in it.
     missing = os.path.join(OUT, "g_no_home")
     env = dict(os.environ, HOME=missing, XDG_CACHE_HOME="")
