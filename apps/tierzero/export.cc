@@ -194,12 +194,12 @@ int Export(const std::vector<std::string>& args) {
     if (Status s = CheckOutputDirectory(output, "-o"); !s.ok()) return Fail(s);
   } else {
     std::error_code dec;
-    if (fs::exists(output, dec) && (!fs::is_directory(output, dec) || !fs::is_empty(output, dec)))
-      return Fail(
-          InvalidArgumentError("-o " + output +
-                               (fs::is_directory(output, dec) ? " is a directory that holds files"
-                                                              : " exists and is not a directory") +
-                               "; --format hf writes into a new or empty directory"));
+    if (fs::exists(output, dec) && !fs::is_directory(output, dec))
+      return Fail(InvalidArgumentError(
+          "-o " + output +
+          " exists and is not a directory; --format hf writes into a new or empty directory"));
+    if (fs::is_directory(output, dec) && !fs::is_empty(output, dec))
+      return Fail(InvalidArgumentError(HfOutputHoldsFiles(output)));
   }
   // Nothing the export reads is written over (its checkpoint's files, its config).
   std::vector<InputPath> inputs = {{"checkpoint", ckpt_dir.string(), true}};

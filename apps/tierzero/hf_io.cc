@@ -492,6 +492,40 @@ StatusOr<std::string> LoadInitFrom(Engine& engine, const RunConfig& cfg) {
 }
 
 // train.h
+// Note [What a stopped export leaves]
+// An export killed (SIGKILL, a power cut) leaves in its directory what it had made: its lock
+// file, a partial file under a temporary name, the shards it had committed, and no config.json
+// (written last). Such a directory is refused as any directory holding files (its files are no
+// longer this process's to remove), but the refusal says what they are and what to do: it said
+// only "holds files", of files the user never saw (the dot files are hidden from `ls`).
+std::string HfOutputHoldsFiles(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  bool left = false;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    const bool temporary =
+        n.size() > 5 && n[0] == '.' && n.find(".tz-") != std::string::npos && n.ends_with(".tmp");
+    const bool weights = n.starts_with("model") &&
+                         (n.ends_with(".safetensors") || n == "model.safetensors.index.json");
+    if (n == "config.json" || !(n == kLockFileName || temporary || weights))
+      return "-o " + dir +
+             " is a directory that holds files; --format hf writes into a new or "
+             "empty directory";
+    left = left || n == kLockFileName || temporary;
+  }
+  if (!left)
+    return "-o " + dir +
+           " is a directory that holds files; --format hf writes into a new or "
+           "empty directory";
+  return "-o " + dir + " holds what an export stopped before its end left (its lock file " +
+         kLockFileName +
+         ", partial weights, no config.json); unless an export is writing there "
+         "now, remove the directory (rm -r " +
+         dir + ") and export again";
+}
+
+// train.h
 Status ExportHf(Engine& engine, const RunConfig& cfg, const std::string& dir, DType dtype,
                 uint64_t max_shard_bytes, std::string* summary) {
   namespace fs = std::filesystem;
@@ -504,10 +538,7 @@ Status ExportHf(Engine& engine, const RunConfig& cfg, const std::string& dir, DT
       return InvalidArgumentError("-o " + dir +
                                   " exists and is not a directory; --format hf "
                                   "writes a directory");
-    if (!fs::is_empty(dir, ec))
-      return InvalidArgumentError("-o " + dir +
-                                  " is a directory that holds files; --format hf "
-                                  "writes into a new or empty directory");
+    if (!fs::is_empty(dir, ec)) return InvalidArgumentError(HfOutputHoldsFiles(dir));
   } else if (fs::is_symlink(fs::symlink_status(dir, ec))) {
     return InvalidArgumentError("-o " + dir +
                                 " is a link to nothing (a dangling symbolic link); --format hf "

@@ -132,6 +132,9 @@ StatusOr<std::string> LoadInitFrom(Engine& engine, const RunConfig& config);
 // model.safetensors.index.json) and config.json. `summary` says what was written.
 Status ExportHf(Engine& engine, const RunConfig& config, const std::string& dir, DType dtype,
                 uint64_t max_shard_bytes, std::string* summary);
+// Why `export --format hf -o dir` refuses a directory holding files: what a stopped export left
+// there said as such (Note [What a stopped export leaves], hf_io.cc).
+std::string HfOutputHoldsFiles(const std::string& dir);
 
 // Applies command-line overrides (--steps N, ...) in order. InvalidArgument for an unknown flag
 // or a bad value. Checks each value alone: ValidateRunConfig checks the result as a whole.

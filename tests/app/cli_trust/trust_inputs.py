@@ -190,6 +190,21 @@ def case_models_in():
         out_cfg = json.load(f)
     check(out_cfg.get("max_position_embeddings") == 16 or out_cfg.get("sliding_window") == 16,
           f"the export of a run seeded from a window of 16 says {out_cfg}")
+    # Note [What a stopped export leaves]: an export killed part way leaves its lock file, a
+    # partial file and no config.json; the next export into it says so and what to do (it said
+    # "holds files" of files `ls` does not show). A user's own files are refused as before.
+    stopped = os.path.join(OUT, "mi_stopped")
+    os.makedirs(stopped)
+    for name in (".tierzero.lock", ".model.safetensors.tz-999999-0.tmp"):
+        open(os.path.join(stopped, name), "wb").close()
+    refused(["export", swr + "/checkpoint", "--format", "hf", "-o", stopped],
+            "stopped before its end", "rm -r " + stopped)
+    with open(os.path.join(stopped, "notes.txt"), "w") as f:
+        f.write("mine")
+    rc, out = run(["export", swr + "/checkpoint", "--format", "hf", "-o", stopped])
+    check(rc != 0 and "holds files" in out and "stopped before" not in out and
+          read(os.path.join(stopped, "notes.txt")) == b"mine",
+          f"an export into a directory of a user's files: exit {rc}\n{out}")
     # An export --format hf that fails part way (room for the shards, not the index) is undone,
     # so the retry is not refused for a directory holding files. Needs a small file system to
     # fill (root's tmpfs); skipped where none can be mounted.
