@@ -273,10 +273,21 @@ Status TrainRun::SetUp() {
   TZ_RETURN_IF_ERROR(engine_->Finalize());
   const double init_s = SecondsSince(init_t0);
   // Before the step-0 evaluation: every rank plans the same run, and refuses it together.
-  if (Status s = CheckPredictedFit(cfg_, world_); !s.ok()) {
-    agreed_failure_ = world_ > 1;
-    speaks_ = lead_ || world_ == 1;
-    return s;
+  // (The ranks' machines may differ in memory: each checks its own, and all learn of a refusal.)
+  Status fit = CheckPredictedFit(cfg_, world_, comm_->topology().local_size);
+  if (world_ > 1) {
+    TZ_ASSIGN_OR_RETURN(const std::vector<uint64_t> fit_ok,
+                        AllGatherValue(*comm_, uint64_t{fit.ok()}));
+    const auto first_refusing = std::find(fit_ok.begin(), fit_ok.end(), uint64_t{0});
+    if (first_refusing != fit_ok.end()) {
+      agreed_failure_ = true;
+      speaks_ = first_refusing - fit_ok.begin() == rank_;  // one says it, not every rank alike
+      if (fit.ok()) return FailedPreconditionError("another rank refused the run (it says why)");
+    }
+  }
+  if (!fit.ok()) {
+    speaks_ = speaks_ || world_ == 1;
+    return fit;
   }
   if (!out_.init_from.empty()) {
     TZ_ASSIGN_OR_RETURN(init_note_, LoadInitFrom(*engine_, cfg_));

@@ -66,9 +66,10 @@ struct RunConfig {
 };
 
 // On the simulated device, the run planned from the model's own trace: an error where its device
-// cannot hold an iteration, or (one rank) its host tier and device pass the process's memory
-// limit (Note [A run that cannot fit, said at its set-up], train_fit.cc). OK elsewhere.
-Status CheckPredictedFit(const RunConfig& cfg, int world);
+// cannot hold an iteration, or its host tier and device (times `local_ranks`, the ranks on this
+// machine) pass the process's memory limit (Note [A run that cannot fit, said at its set-up],
+// train_fit.cc). OK elsewhere.
+Status CheckPredictedFit(const RunConfig& cfg, int world, int local_ranks);
 
 // The built-in default run (docs/config.md): a GPT whose model states are several times the
 // device budget and larger than the host budget, on the synthetic addition task.

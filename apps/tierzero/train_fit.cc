@@ -23,11 +23,13 @@ namespace tierzero::app {
 // - a run whose device cannot hold one iteration: the plan's own error, where it failed to
 //   schedule the iteration or its peak is past the device's capacity (not where only the room a
 //   plan keeps against fragmentation is short: such a run often trains);
-// - on one rank, a run whose host tier and simulated device together pass the process's limit.
+// - a run whose host tier and simulated device together pass the process's limit (on several
+//   ranks, the ranks on this machine together: two ranks each within the limit, together past
+//   it, were ended by the OOM killer).
 // Only on the simulated device: its memory does not depend on the rates (auto streams nothing
 // to it), and a GPU's activations are the GPU backend's, not yet proven against a plan. A plan
 // that cannot be made says nothing here: the run finds what it finds.
-Status CheckPredictedFit(const RunConfig& cfg, int world) {
+Status CheckPredictedFit(const RunConfig& cfg, int world, int local_ranks) {
   const bool sim = cfg.engine.device == DeviceChoice::kHost ||
                    (cfg.engine.device == DeviceChoice::kAuto && GpuCount() == 0);
   if (!sim) return Status::OK();
@@ -50,19 +52,28 @@ Status CheckPredictedFit(const RunConfig& cfg, int world) {
     if (problem.rfind("OutOfMemory: ", 0) == 0) problem.erase(0, 13);
     return OutOfMemoryError(problem + after);
   }
-  if (world != 1 || !p->fits) return Status::OK();
+  // Ranks on one machine share its memory (Note [Host memory within the process's limit]: the
+  // engine's count adds theirs together too): `local_ranks` of them each need this rank's peak.
+  if (!p->fits) return Status::OK();
   const HostMemory hm = ReadHostMemory();
-  const uint64_t need = p->host.peak + p->device.peak;
+  const uint64_t each = p->host.peak + p->device.peak;
+  const uint64_t need = each * static_cast<uint64_t>(std::max(1, local_ranks));
   if (need <= hm.limit) return Status::OK();
+  const std::string whose =
+      local_ranks > 1
+          ? "these " + std::to_string(local_ranks) + " ranks on this machine need about " +
+                FormatBytes(need) + " of host memory together at their peak (each " +
+                FormatBytes(each) + ": "
+          : "this run needs about " + FormatBytes(need) + " of host memory at its peak (";
   return OutOfMemoryError(
-      "this run needs about " + FormatBytes(need) + " of host memory at its peak (the host tier " +
-      FormatBytes(p->host.peak) + ", and the simulated device's " + FormatBytes(p->device.peak) +
-      ", its activations " + FormatBytes(p->device_activations) +
+      whose + "the host tier " + FormatBytes(p->host.peak) + ", and the simulated device's " +
+      FormatBytes(p->device.peak) + ", its activations " + FormatBytes(p->device_activations) +
       ", host memory too), more than this process may use: " + FormatBytes(hm.limit) + " (" +
       hm.limit_source +
       "); past it the kernel would end the process without a word. Give a smaller batch "
-      "(--batch-size), device budget (--device-budget) or host budget (--host-budget), or run "
-      "where more memory is allowed");
+      "(--batch-size), device budget (--device-budget) or host budget (--host-budget)" +
+      (local_ranks > 1 ? ", fewer ranks on this machine" : "") +
+      ", or run where more memory is allowed");
 }
 
 }  // namespace tierzero::app

@@ -9,7 +9,7 @@ import struct
 import subprocess
 
 from trust_common import (OUT, check, run, refused, ok, write_config, train_small, read,
-                          limited_cgroup, into_cgroup)
+                          limited_cgroup, into_cgroup, mpirun_env, TZ)
 
 
 def case_readers():
@@ -433,6 +433,20 @@ def case_memory_limit():
         check(rc == 1 and "its activations" in out and "more than this process may use" in out and
               "eval  step" not in out, f"activations over a cgroup's memory: exit {rc}\n{out}")
         check(not os.path.exists(rd), f"a refused run left {rd}\n{out}")
+        # Two ranks on this machine, each within the limit and together past it: their
+        # activations were counted for one rank alone, and the OOM killer ended them.
+        mpirun, menv = mpirun_env()
+        if mpirun:
+            rd = os.path.join(OUT, "ml_ranks")
+            p = subprocess.run([mpirun, "-np", "2", TZ, "train", "--batch-size", "1024",
+                                "--device-budget", "2GiB", "--no-checkpoint-activations",
+                                "--steps", "2", "--run-dir", rd], env=menv, timeout=300,
+                               preexec_fn=into_cgroup(d), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+            check(p.returncode != 0 and "2 ranks on this machine need" in p.stdout and
+                  p.stdout.count("more than this process may use") == 1 and
+                  "eval  step" not in p.stdout,
+                  f"two ranks over a cgroup's memory: exit {p.returncode}\n{p.stdout}")
     finally:
         os.rmdir(d)
 
