@@ -308,7 +308,8 @@ json CheckpointRecords(const std::string& user_state, const std::string& checkpo
 }
 
 void ReportRunChanges(const std::string& user_state, const std::string& checkpoint_dir,
-                      const RunConfig& cfg, int world, int step, uint64_t fingerprint) {
+                      const RunConfig& cfg, int world, int step, uint64_t fingerprint,
+                      DType activations) {
   const json u = CheckpointRecords(user_state, checkpoint_dir, /*say=*/false);
   if (!u.is_object()) return;
   ReportScheduleChange(u, cfg.train, step);
@@ -345,9 +346,19 @@ void ReportRunChanges(const std::string& user_state, const std::string& checkpoi
                   now == "fp16" ? " (the loss scale starts at engine.initial_loss_scale)" : "");
   }
   // The activations' type rounds every step otherwise (a resume that changed it changed the
-  // losses without a word; hunt 51). (Checkpointing them recomputes the same values.)
-  if (const auto m = u.find("model");
-      m != u.end() && m->is_object() && m->contains("activations")) {
+  // losses without a word; hunt 51). (Checkpointing them recomputes the same values.) The type
+  // each computed in where the checkpoint records it: "auto" is fp32 on the CPU, and a resume
+  // from "auto" to "fp32" there changes nothing (it was said to change the steps).
+  const std::string now_ran(DTypeName(activations));
+  if (const auto r = u.find("activations_ran"); r != u.end() && r->is_string()) {
+    if (r->get<std::string>() != now_ran)
+      std::printf(
+          "  note: the activations change from %s to %s (model.activations %s): the steps "
+          "differ from the checkpoint's run's\n",
+          r->get<std::string>().c_str(), now_ran.c_str(),
+          ModelJson(cfg).value("activations", json("auto")).dump().c_str());
+  } else if (const auto m = u.find("model");
+             m != u.end() && m->is_object() && m->contains("activations")) {
     const json now = ModelJson(cfg).value("activations", json());
     if ((*m)["activations"] != now)
       std::printf(

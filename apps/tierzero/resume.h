@@ -58,8 +58,11 @@ nlohmann::json DataJson(const gpt::DataConfig& d);
 // `fingerprint`: the data's (Dataset::Fingerprint), compared with the one the checkpoint records.
 // An older checkpoint's missing records come from its run's config.json (Note [An older
 // checkpoint's records]).
+// `activations`: the type the model computes in now (model.activations resolved), compared with
+// the one the checkpoint's run computed in where it records it.
 void ReportRunChanges(const std::string& user_state, const std::string& checkpoint_dir,
-                      const RunConfig& cfg, int world, int step, uint64_t fingerprint);
+                      const RunConfig& cfg, int world, int step, uint64_t fingerprint,
+                      DType activations);
 // The checkpoint's user state with what an older build's lacks taken from its run's config.json
 // beside it (Note [An older checkpoint's records]); `say`: a note on stdout of where they came
 // from, or that they are missing.

@@ -302,7 +302,9 @@ Status TrainRun::SetUp() {
     // 20 uninterrupted ones.
     start_ = static_cast<int>(CheckpointStep(user, static_cast<int64_t>(engine_->step())));
     data_base_ = CheckpointMicroBatches(user, start_, world_, cfg_.engine.grad_accumulation);
-    if (lead_) ReportRunChanges(user, out_.resume, cfg_, world_, start_, dataset_->Fingerprint());
+    if (lead_)
+      ReportRunChanges(user, out_.resume, cfg_, world_, start_, dataset_->Fingerprint(),
+                       model_->ActivationsType());
     // Note [A resume that is a copy]
     // A resume into a run directory other than the checkpoint's own is a copy: the run goes on
     // here, its directory stays at the step resumed. That was said nowhere but the closing

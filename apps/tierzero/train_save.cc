@@ -107,15 +107,16 @@ Status TrainRun::Save(int step) {
                {"optimizer_states", MomentFormatText(cfg_.engine.optimizer_states)},
                {"adamw", AdamWJson(cfg_)},
                {"zeropp", ZeroPPJson(cfg_)},
-               {"chunk_elems", cfg_.engine.chunk_elems}};
+               {"chunk_elems", cfg_.engine.chunk_elems},
+               {"activations_ran", std::string(DTypeName(model_->ActivationsType()))}};
   // A re-save of the step resumed (a copy into another run directory, nothing trained): its
   // states were trained as the checkpoint's run trained them, which it keeps recording (a later
   // resume compares its own settings with those).
   if (step == start_ && !resumed_user_.empty()) {
     const json was = json::parse(resumed_user_, nullptr, /*allow_exceptions=*/false);
-    for (const char* key :
-         {"schedule", "data", "data_seed", "batch_size", "grad_accumulation", "ranks",
-          "compute_dtype", "data_fingerprint", "eval_pending", "adamw", "zeropp", "chunk_elems"}) {
+    for (const char* key : {"schedule", "data", "data_seed", "batch_size", "grad_accumulation",
+                            "ranks", "compute_dtype", "data_fingerprint", "eval_pending", "adamw",
+                            "zeropp", "chunk_elems", "activations_ran"}) {
       // (An evaluation left undone stays so only until the resume has made it.)
       const bool done = std::string(key) == "eval_pending" && !eval_at_start_;
       if (was.is_object() && was.contains(key) && !done) {

@@ -221,6 +221,11 @@ double Gpt::flops_per_token() const {
   return 6 * matmul_params + 6 * L * T * C;
 }
 
+DType Gpt::ActivationsType() const {
+  auto spec = ChooseBackend(engine_, cfg_.activations, cfg_.head_dim(), BackendAligned(cfg_));
+  return spec.ok() ? spec->activations : DType::kF32;
+}
+
 std::string Gpt::ComputeSummary() const {
   auto spec = ChooseBackend(engine_, cfg_.activations, cfg_.head_dim(), BackendAligned(cfg_));
   if (!spec.ok()) return spec.status().ToString();

@@ -154,6 +154,10 @@ class Gpt {
   // (cuBLASLt products with fused epilogues; cuDNN 9.19.0 fused attention)", "fp32 activations
   // (the CPU's reference ops)", ...; after the first iteration, which attention ran.
   std::string ComputeSummary() const;
+  // The activations' type it computes in on the engine's device (after Finalize):
+  // model.activations with "auto" resolved (fp32 where the choice fails: its error comes at the
+  // first iteration).
+  DType ActivationsType() const;
   int64_t num_params() const { return num_params_; }
   // Training FLOPs per token (forward + backward): 6 x matmul parameters + attention.
   double flops_per_token() const;

@@ -68,7 +68,8 @@ def case_resume_mistakes():
     """A mistyped --resume beside a used runs/default is said as the typo, not as that run's
     outputs; a checkpoint whose manifest was removed is said as what it holds, and --overwrite
     said to remove its states; a profile step the run's config records past a shorter resume is
-    the run's, not an error (hunt 51)."""
+    the run's, not an error (hunt 51); the activations' type changed is said where it changes.
+    """
     cfg = write_config(os.path.join(OUT, "rm.json"), train={"steps": 20})
     rd = os.path.join(OUT, "rm")
     ok(["train", "--config", cfg, "--run-dir", os.path.join(OUT, "runs", "default"), "--steps",
@@ -88,6 +89,16 @@ def case_resume_mistakes():
     refused(["train", "--resume", rd + "/checkpoint", "--steps", "8"],
             "holds states-6.w1.rank0.bin without the manifest.json",
             "states-6.w1.rank0.bin among them")
+    # The activations' type: a change of what each run computed in is said, the same type
+    # spelled otherwise is not ("auto" is fp32 on the CPU: it was said to change the steps).
+    ra = os.path.join(OUT, "rm_act")
+    ok(["train", "--config", cfg, "--run-dir", ra, "--steps", "2", "--quiet"])
+    out = ok(["train", "--resume", ra + "/checkpoint", "--steps", "3", "--activations", "fp32",
+              "--quiet"])
+    check("activations change" not in out, f"auto to fp32 on the CPU said as a change:\n{out}")
+    out = ok(["train", "--resume", ra + "/checkpoint", "--steps", "4", "--activations", "bf16",
+              "--quiet"])
+    check("the activations change from fp32 to bf16" in out, f"fp32 to bf16 not said:\n{out}")
 
 
 def case_outputs_taken():
