@@ -48,6 +48,10 @@ window dropped).
                          directory (config.json and safetensors; docs/models.md)
   --data PATH            the token files (with --resume, default: the ones its run read, where
                          its path is known)
+  --split validation|all what of the files is scored: the validation split a run of them
+                         validates on (the last file, or one file's last 10%), or all of them
+                         (default: validation without --data, the run's own data, whose other
+                         tokens it trained on; all with --data)
   --seq-len T            tokens scored per window (default: the model's context, model.seq_len)
   --batch-size N         windows per forward pass (default: the config's train.batch_size)
   --config FILE, --dtype, --device, --device-budget, --host-budget, --nvme-budget, --nvme-path,
@@ -62,7 +66,8 @@ int EvalFail(const Status& s) {
 // The model, loaded, and the loss over every window. `context`: the model's seq_len before a
 // longer window within its positions raised it (the checkpoint's model is that one: a window is
 // not another model).
-Status RunEval(const RunConfig& cfg, int window, int context, const std::string& nvme_dir) {
+Status RunEval(const RunConfig& cfg, int window, int context, bool validation,
+               const std::string& nvme_dir) {
   const OutputOptions& out = cfg.output;
   if (!out.resume.empty()) {
     TZ_ASSIGN_OR_RETURN(const CheckpointInfo info, ReadCheckpointInfo(out.resume));
@@ -72,11 +77,14 @@ Status RunEval(const RunConfig& cfg, int window, int context, const std::string&
   }
   TZ_ASSIGN_OR_RETURN(const auto shards,
                       gpt::TokenShards::Open(cfg.data.token_path, cfg.model.vocab, 0));
-  const uint64_t windows = shards->NumEvalWindows(window);
+  const uint64_t windows = shards->NumEvalWindows(window, validation);
   if (windows == 0)
-    return InvalidArgumentError("'" + cfg.data.token_path + "' has no window of " +
-                                std::to_string(window + 1) + " tokens (--seq-len " +
-                                std::to_string(window) + ")");
+    return InvalidArgumentError(
+        "'" + cfg.data.token_path + "' has no window of " + std::to_string(window + 1) +
+        " tokens (--seq-len " + std::to_string(window) + ")" +
+        (validation ? " in its validation split, " + shards->DescribeValidation() +
+                          " (--split all scores every file)"
+                    : std::string()));
   EngineConfig ec = cfg.engine;
   NeverSteps(ec);
   if (ec.nvme_path.empty()) ec.nvme_path = nvme_dir;
@@ -92,9 +100,13 @@ Status RunEval(const RunConfig& cfg, int window, int context, const std::string&
               gpt::ModelName(cfg.model), cfg.model.n_layer, cfg.model.d_model,
               static_cast<long long>(model->num_params()),
               (out.resume.empty() ? init_note : out.resume).c_str());
-  std::printf("  data: %s; %llu windows of %d + 1 tokens\n",
-              shards->Describe(/*split=*/false).c_str(), static_cast<unsigned long long>(windows),
-              window);
+  std::printf("  data: %s; %s%llu windows of %d + 1 tokens\n",
+              shards->Describe(/*split=*/false).c_str(),
+              validation ? ("scored: its validation split, " + shards->DescribeValidation() +
+                            " (--split all scores every file); ")
+                               .c_str()
+                         : "",
+              static_cast<unsigned long long>(windows), window);
   std::fflush(stdout);
   // Note [Evaluation windows]
   // (No more rows than windows: a huge --batch-size on a small file allocates nothing extra.)
@@ -116,7 +128,7 @@ Status RunEval(const RunConfig& cfg, int window, int context, const std::string&
       const size_t o = static_cast<size_t>(r) * static_cast<size_t>(window);
       // Past the last window: a copy of the first, masked out.
       TZ_RETURN_IF_ERROR(
-          shards->EvalWindow(w < windows ? w : 0, window, &b.tokens[o], &b.targets[o]));
+          shards->EvalWindow(w < windows ? w : 0, window, &b.tokens[o], &b.targets[o], validation));
       const float m = w < windows ? 1.0f : 0.0f;
       std::fill(b.mask.begin() + static_cast<std::ptrdiff_t>(o),
                 b.mask.begin() + static_cast<std::ptrdiff_t>(o) + window, m);
@@ -155,7 +167,8 @@ int Eval(const std::vector<std::string>& args) {
       "during the evaluation: it stops now (it writes nothing: nothing is lost)");
   std::vector<std::string> rest;
   int window = 0;
-  int batch = 0;  // --batch-size: windows a pass (0: the config's train.batch_size)
+  int batch = 0;      // --batch-size: windows a pass (0: the config's train.batch_size)
+  std::string split;  // --split: "validation", "all", or "" (by whether --data is given)
   bool has_config = false, has_nvme_path = false, has_data = false;
   std::string resume, init_from;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -171,6 +184,15 @@ int Eval(const std::vector<std::string>& args) {
         return EvalFail(InvalidArgumentError("--seq-len is '" + args[i + 1] +
                                              "'; accepted: an integer in 1..65536"));
       window = static_cast<int>(v);
+      ++i;
+      continue;
+    }
+    if (args[i] == "--split") {
+      if (i + 1 >= args.size() || (args[i + 1] != "validation" && args[i + 1] != "all"))
+        return EvalFail(InvalidArgumentError(
+            "--split is '" + (i + 1 < args.size() ? args[i + 1] : std::string()) +
+            "'; accepted: validation (the split a run of the files validates on) or all"));
+      split = args[i + 1];
       ++i;
       continue;
     }
@@ -341,7 +363,13 @@ int Eval(const std::vector<std::string>& args) {
                                 " (--nvme-path): " + ec.message()));
     }
   }
-  const Status s = RunEval(*cfg, window, context, nvme_dir.path());
+  // Note [What eval scores by default]
+  // Without --data the files are the run's own, 90% of whose tokens (or all files but the last)
+  // it trained on: scored whole, a run's "mean loss 1.2" on data whose validation loss was 7.7
+  // read as the model's (hunt 52). Its validation split is what the run's own val loss
+  // samples; --data names other files, scored whole.
+  const bool validation = split.empty() ? !has_data : split == "validation";
+  const Status s = RunEval(*cfg, window, context, validation, nvme_dir.path());
   return s.ok() ? 0 : EvalFail(nvme_dir.path().empty() ? s : ScratchAdvice(s, nvme_dir.path()));
 }
 

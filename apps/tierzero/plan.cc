@@ -534,6 +534,9 @@ int Plan(const std::vector<std::string>& args) {
                                      {"rates cache", RatesCachePath(true), false},
                                      {"text (--text)", cfg->data.text_path, false}};
     if (!cfg->data.token_path.empty()) {
+      // The path as named too: a file whose name has brackets ("shard[1].bin") is that file
+      // (TokenShards::Open reads it), and a glob matches it not (it was replaced: hunt 52).
+      inputs.push_back({"data (--data)", cfg->data.token_path});
       glob_t g{};
       if (::glob(cfg->data.token_path.c_str(), 0, nullptr, &g) == 0)
         for (size_t i = 0; i < g.gl_pathc; ++i) inputs.push_back({"data (--data)", g.gl_pathv[i]});

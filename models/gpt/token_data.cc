@@ -39,6 +39,10 @@ TokenShards::~TokenShards() {
   }
 }
 
+static int64_t MtimeNs(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
 // Reads exactly `bytes` at `offset`; false on a short read (the file shrank) or an error.
 static bool ReadExactly(int fd, uint64_t offset, void* data, size_t bytes) {
   auto* p = static_cast<char*>(data);
@@ -77,6 +81,19 @@ Status TokenShards::Read(const File& f, uint64_t first, uint64_t n, int32_t* out
     first += k;
     n -= k;
   }
+  // Note [A token file written under the run]
+  // A file regenerated in place at its size (a tokenizer run again over train.bin) reads to
+  // the end: the run trained and validated on other data from then on, exit 0, and a resume
+  // was told its data differs from what the run read (hunt 52). The file's modification time,
+  // taken after the reads, says whether it was written since it opened (a write before the
+  // read, or during it, has set it by then): any change is refused, as a shrink is.
+  struct stat st {};
+  if (::fstat(f.fd, &st) == 0 &&
+      (static_cast<uint64_t>(st.st_size) != f.bytes || MtimeNs(st) != f.mtime_ns))
+    return DataLossError("the token file '" + f.path +
+                         "' was written while in use (its size or modification time changed "
+                         "since the run opened it): what it reads now is not the data it "
+                         "began with (regenerate data only between runs)");
   return Status::OK();
 }
 
@@ -242,6 +259,9 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
     if (fl >= 0) ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     f.fd = fd;
     f.bytes = bytes;
+    f.dev = static_cast<uint64_t>(st.st_dev);
+    f.ino = static_cast<uint64_t>(st.st_ino);
+    f.mtime_ns = MtimeNs(st);
     s->files_.push_back(f);  // closed by the destructor from here on
     File& file = s->files_.back();
     int32_t header[3] = {0, 0, 0};
@@ -312,6 +332,22 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
     }
   }
   // Note [Token splits]
+  // One file under two names (a hard link, a symbolic one: the Hugging Face cache links a
+  // snapshot's files to shared blobs) as the validation file and a training one: the run
+  // validated on what it trained on, its validation loss a training loss, without a word (hunt
+  // 52). Refused for a run; an evaluation (min_tokens 0) scores what it is given.
+  if (min_tokens > 0 && s->files_.size() > 1) {
+    const File& val = s->files_.back();
+    for (size_t i = 0; i + 1 < s->files_.size(); ++i) {
+      const File& f = s->files_[i];
+      if (f.dev == val.dev && f.ino == val.ino)
+        return InvalidArgumentError(
+            "the token files '" + f.path + "' and '" + val.path + "' are one file (a link): '" +
+            val.path +
+            "', the last in sorted order, validates and the others train, so the run "
+            "would validate on what it trains on; give the validation shard a file of its own");
+    }
+  }
   if (s->files_.size() > 1) {
     for (size_t i = 0; i + 1 < s->files_.size(); ++i)
       s->train_.push_back({i, 0, s->files_[i].count});
@@ -354,20 +390,31 @@ Status TokenShards::Window(bool validation, uint64_t key, int seq, int32_t* toke
   return InternalError("no window in the token split");
 }
 
-uint64_t TokenShards::NumEvalWindows(int seq) const {
+std::vector<TokenShards::Span> TokenShards::EvalSpans(bool validation) const {
+  if (validation) return val_;
+  std::vector<Span> all;
+  for (size_t i = 0; i < files_.size(); ++i) all.push_back({i, 0, files_[i].count});
+  return all;
+}
+
+uint64_t TokenShards::NumEvalWindows(int seq, bool validation) const {
   uint64_t n = 0;
-  for (const File& f : files_) n += f.count > 0 ? (f.count - 1) / static_cast<uint64_t>(seq) : 0;
+  for (const Span& sp : EvalSpans(validation))
+    n += sp.end > sp.begin ? (sp.end - sp.begin - 1) / static_cast<uint64_t>(seq) : 0;
   return n;
 }
 
-Status TokenShards::EvalWindow(uint64_t index, int seq, int32_t* tokens, int32_t* targets) const {
-  for (const File& f : files_) {
-    const uint64_t here = f.count > 0 ? (f.count - 1) / static_cast<uint64_t>(seq) : 0;
+Status TokenShards::EvalWindow(uint64_t index, int seq, int32_t* tokens, int32_t* targets,
+                               bool validation) const {
+  for (const Span& sp : EvalSpans(validation)) {
+    const uint64_t here =
+        sp.end > sp.begin ? (sp.end - sp.begin - 1) / static_cast<uint64_t>(seq) : 0;
     if (index >= here) {
       index -= here;
       continue;
     }
-    return ReadWindow(f, index * static_cast<uint64_t>(seq), seq, tokens, targets);
+    return ReadWindow(files_[sp.file], sp.begin + index * static_cast<uint64_t>(seq), seq, tokens,
+                      targets);
   }
   return InternalError("evaluation window " + std::to_string(index) + " is past the files");
 }
@@ -433,6 +480,12 @@ uint64_t TokenShards::ComputeFingerprint() const {
     }
   }
   return h;
+}
+
+std::string TokenShards::DescribeValidation() const {
+  const std::string n = " (" + std::to_string(split_tokens(true)) + " tokens)";
+  return files_.size() > 1 ? "the last file, '" + files_.back().path + "'" + n
+                           : "the last 10% of '" + files_[0].path + "'" + n;
 }
 
 std::string TokenShards::Describe(bool split) const {

@@ -44,14 +44,17 @@ class TokenShards {
 
   // A window of seq + 1 consecutive tokens of the split, at a start that is a function of `key`:
   // tokens[t] = window[t], targets[t] = window[t + 1].
-  // DataLoss when the file changed under the run (shorter than when it opened).
+  // DataLoss when the file changed under the run (shorter than when it opened, or written since:
+  // Note [A token file written under the run]).
   Status Window(bool validation, uint64_t key, int seq, int32_t* tokens, int32_t* targets) const;
 
   // Evaluation windows (`tierzero eval`): each file a stream of its own, window i of a file
   // starting at its token i x seq and holding seq + 1 tokens (a partial last window is dropped);
-  // the files' windows in order.
-  uint64_t NumEvalWindows(int seq) const;
-  Status EvalWindow(uint64_t index, int seq, int32_t* tokens, int32_t* targets) const;
+  // the files' windows in order. `validation`: of the validation split alone (Note [Token
+  // splits]: the last file, or one file's last 10%, a stream of its own), else of every file.
+  uint64_t NumEvalWindows(int seq, bool validation = false) const;
+  Status EvalWindow(uint64_t index, int seq, int32_t* tokens, int32_t* targets,
+                    bool validation = false) const;
 
   uint64_t tokens() const;  // in every file
   uint64_t split_tokens(bool validation) const;
@@ -59,6 +62,9 @@ class TokenShards {
   // The files, their format and tokens: split into train and validate (`split`, what a
   // training run reads), or all of them (what an evaluation scores).
   std::string Describe(bool split = true) const;
+  // The validation split in words: "the last file, 'PATH' (N tokens)" or "the last 10% of 'PATH'
+  // (N tokens)".
+  std::string DescribeValidation() const;
   // A hash of the files' sizes and of their first and last 64 KiB: ranks comparing theirs find
   // one path naming different data on two machines (Dataset::Fingerprint). Taken once, at Open:
   // what the run reads, which a checkpoint records (a file grown or cut under the run afterwards
@@ -72,6 +78,9 @@ class TokenShards {
     uint64_t offset = 0;  // of token 0 (the header's size for a shard)
     uint64_t count = 0;
     uint64_t bytes = 0;  // its size at Open
+    // Its identity and last modification at Open (Note [A token file written under the run]).
+    uint64_t dev = 0, ino = 0;
+    int64_t mtime_ns = 0;
     bool shard = false;  // llm.c's header (else raw uint16)
     uint64_t width = 2;  // bytes a token: 4 in Llama 3's shards (Note [Token widths])
   };
@@ -96,6 +105,7 @@ class TokenShards {
   };
   TokenShards() = default;
   const std::vector<Span>& split(bool validation) const { return validation ? val_ : train_; }
+  std::vector<Span> EvalSpans(bool validation) const;
 
   std::string pattern_;
   int vocab_ = 0;

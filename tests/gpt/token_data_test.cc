@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -352,6 +353,33 @@ TEST(TokenData, BadFilesAreRefusedWithWhatIsWrong) {
   std::vector<int32_t> tok(16), tgt(16);
   const Status read = (*shrinking)->Window(false, 5, 16, tok.data(), tgt.data());
   EXPECT_EQ(read.code(), StatusCode::kDataLoss) << read.ToString();
+  // Note [A token file written under the run]: one rewritten in place at its size reads to the
+  // end, but what it reads is other data: DataLoss too (it read on, exit 0: hunt 52). Its
+  // modification time set a second later, as a write then would.
+  WriteRaw(dir / "rewritten.bin", Tokens(1000, 0, 300));
+  auto rewritten = TokenShards::Open(dir / "rewritten.bin", 300, 17);
+  ASSERT_TRUE(rewritten.ok());
+  ASSERT_TRUE((*rewritten)->Window(false, 5, 16, tok.data(), tgt.data()).ok());
+  {
+    std::fstream f(dir / "rewritten.bin", std::ios::binary | std::ios::in | std::ios::out);
+    const std::vector<uint16_t> other = Tokens(1000, 5, 300);
+    f.write(reinterpret_cast<const char*>(other.data()), 2000);
+  }
+  fs::last_write_time(dir / "rewritten.bin",
+                      fs::last_write_time(dir / "rewritten.bin") + std::chrono::seconds(1));
+  const Status stale = (*rewritten)->Window(false, 5, 16, tok.data(), tgt.data());
+  EXPECT_EQ(stale.code(), StatusCode::kDataLoss) << stale.ToString();
+  EXPECT_NE(stale.ToString().find("written while in use"), std::string::npos) << stale.ToString();
+  // One file under two names as the validation file and a training one: the run would
+  // validate on what it trains on (hunt 52). An evaluation scores what it is given.
+  fs::create_directories(dir / "linked");
+  WriteRaw(dir / "linked/a_train.bin", Tokens(1000, 0, 300));
+  fs::create_hard_link(dir / "linked/a_train.bin", dir / "linked/b_val.bin");
+  EXPECT_NE(error(dir / "linked/*.bin", 300).find("are one file"), std::string::npos);
+  EXPECT_TRUE(TokenShards::Open(dir / "linked/*.bin", 300, 0).ok());
+  fs::remove(dir / "linked/b_val.bin");
+  fs::create_symlink("a_train.bin", dir / "linked/b_val.bin");
+  EXPECT_NE(error(dir / "linked/*.bin", 300).find("are one file"), std::string::npos);
   // Ids past the bytes checked at open are checked as each window is read: every window holding
   // the bad id is refused, naming it, every other one read.
   auto lazy = TokenShards::Open(dir / "id.bin", 300, 17, /*scan_at_open=*/200);

@@ -339,10 +339,15 @@ def case_checkpoint_model():
         return mean_loss_of(ck, extra)
     want = mean_loss(["--config", os.path.join(half, "config.json")])
     check(mean_loss([]) == want and mean_loss(["--config", part]) == want, "eval differs")
-    # Without --data, the token files the checkpoint records (as its run's config would give).
-    out = ok(["eval", "--resume", ck])
+    # Without --data, the token files the checkpoint records (as its run's config would give),
+    # their validation split (Note [What eval scores by default]); --split all, every token.
+    out = ok(["eval", "--resume", ck, "--split", "all"])
     check("the token files the checkpoint's run read" in out and f"mean loss {want}" in out,
           f"eval without --data:\n{out}")
+    out = ok(["eval", "--resume", ck])
+    check("its validation split" in out and
+          f"mean loss {mean_loss(['--split', 'validation'])}" in out,
+          f"eval without --data, its validation split:\n{out}")
     xs = [os.path.join(d, f"x{i}.safetensors") for i in range(4)]
     ok(["export", ck, "--config", os.path.join(half, "config.json"), "-o", xs[0]])
     ok(["export", ck, "-o", xs[1]])
@@ -684,7 +689,8 @@ def case_eval_recorded_data():
     ok(["train"] + model + ["--data", "data.bin", "--run-dir", "r"], cwd=here)
     want = ok(["eval", "--resume", os.path.join(here, "r/checkpoint"), "--data",
                os.path.join(here, "data.bin")])
-    got = ok(["eval", "--resume", os.path.join(here, "r/checkpoint")], cwd=elsewhere)
+    got = ok(["eval", "--resume", os.path.join(here, "r/checkpoint"), "--split", "all"],
+             cwd=elsewhere)
     loss = lambda out: re.search(r"mean loss ([0-9.]+)", out).group(1)
     check(loss(got) == loss(want), f"eval from elsewhere scored other data:\n{got}\n{want}")
     # An older checkpoint records no data: its run's config.json's relative path, from
