@@ -73,10 +73,11 @@ Status RunEval(const RunConfig& cfg, int window, int context, bool validation,
     TZ_ASSIGN_OR_RETURN(const CheckpointInfo info, ReadCheckpointInfo(out.resume));
     RunConfig checked = cfg;
     checked.model.seq_len = context;
-    TZ_RETURN_IF_ERROR(CheckSameModel(info.user_state, checked, out.resume));
+    TZ_RETURN_IF_ERROR(CheckSameModel(info.user_state, checked, out.resume, /*trains=*/false));
   }
   TZ_ASSIGN_OR_RETURN(const auto shards,
-                      gpt::TokenShards::Open(cfg.data.token_path, cfg.model.vocab, 0));
+                      gpt::TokenShards::Open(cfg.data.token_path, cfg.model.vocab, 0,
+                                             uint64_t{4} << 30, /*vocab_fixed=*/true));
   const uint64_t windows = shards->NumEvalWindows(window, validation);
   if (windows == 0)
     return InvalidArgumentError(

@@ -181,7 +181,7 @@ int Export(const std::vector<std::string>& args) {
   // The config must be the checkpoint's model's (Note [A checkpoint resumes its own model]): a
   // --config of another shape whose tensors happen to match (other heads) exported a
   // config.json that describes another model.
-  if (Status s = CheckSameModel(info->user_state, *cfg, ckpt); !s.ok())
+  if (Status s = CheckSameModel(info->user_state, *cfg, ckpt, /*trains=*/false); !s.ok())
     return Fail(config_path.empty() ? s : std::move(s).WithContext("--config " + config_path));
   if (hf && !dtype_given) dtype = cfg->engine.compute_dtype;  // the model's dtype
   if (!hf && dtype == DType::kF16)

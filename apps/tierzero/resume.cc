@@ -122,14 +122,21 @@ json ScheduleJson(const TrainOptions& t) {
 }
 
 json DataJson(const gpt::DataConfig& d) {
-  // Paths made absolute: the same file named from another directory is the same data.
+  // Paths made absolute: the same file named from another directory is the same data. A ".."
+  // after a symbolic link is the link's target's parent, which only the file system knows
+  // ("lnk/../tokens.bin" read real/tokens.bin; cut lexically to tokens.bin it named another
+  // file, which eval --resume then scored: hunt 52): such a path is resolved, not cut.
   auto absolute = [](const std::string& p) {
     std::error_code ec;
-    const std::filesystem::path a = std::filesystem::absolute(p, ec);
+    const std::filesystem::path given(p);
+    const bool up = std::any_of(given.begin(), given.end(),
+                                [](const std::filesystem::path& e) { return e == ".."; });
+    std::filesystem::path a = std::filesystem::absolute(given, ec);
+    if (!ec) a = up ? std::filesystem::weakly_canonical(a, ec) : a.lexically_normal();
     // (Under a working directory whose name is not UTF-8 the absolute path cannot be JSON, and
     // the checkpoint's user state failed to serialise: the path as given, which is UTF-8.)
-    if (ec || FirstInvalidUtf8(a.lexically_normal().string()) >= 0) return p;
-    return a.lexically_normal().string();
+    if (ec || FirstInvalidUtf8(a.string()) >= 0) return p;
+    return a.string();
   };
   json j = {{"kind", d.kind}};
   if (d.kind == "text") j["path"] = absolute(d.text_path);
@@ -547,7 +554,9 @@ namespace {
 // loaded silently, then computed another model). The seed (initialisation only) and activation
 // checkpointing (memory, not arithmetic) may change. Checkpoints from before this was recorded
 // are checked by their parameters' shapes only.
-Status CheckSameModelJson(const json& user, const json& now, const std::string& dir) {
+// `trains`: the command trains on (its advice names --run-dir), else it reads the model alone.
+Status CheckSameModelJson(const json& user, const json& now, const std::string& dir,
+                          bool trains = true) {
   if (!user.is_object() || !user.contains("model") || !user["model"].is_object())
     return Status::OK();
   static const std::map<std::string, std::string> kFlag = {
@@ -582,20 +591,26 @@ Status CheckSameModelJson(const json& user, const json& now, const std::string& 
         "the checkpoint " + dir + " is of a model with model." + key + " " +
         ModelValueShown(user["model"], key) + "; this run's is " + ModelValueShown(now, key) +
         " (from " + (flag == kFlag.end() ? std::string() : flag->second + ", ") +
-        "--config or the built-in default). A checkpoint resumes its own model: give the " +
-        (beside ? "run's config and directory (--config " + (run / "config.json").string() +
-                      " --run-dir " + run.string() + ")"
-                : std::string("run's config (--config RUN_DIR/config.json)")) +
-        " and drop any override");
+        "--config or the built-in default). A checkpoint " +
+        (trains
+             ? "resumes its own model: give the " +
+                   (beside ? "run's config and directory (--config " +
+                                 (run / "config.json").string() + " --run-dir " + run.string() + ")"
+                           : std::string("run's config (--config RUN_DIR/config.json)")) +
+                   " and drop any override"
+             : "holds its own model: drop the override, or give its run's config (--config " +
+                   (beside ? (run / "config.json").string() : std::string("RUN_DIR/config.json")) +
+                   ")"));
   }
   return Status::OK();
 }
 
 }  // namespace
 
-Status CheckSameModel(const std::string& user_state, const RunConfig& cfg, const std::string& dir) {
+Status CheckSameModel(const std::string& user_state, const RunConfig& cfg, const std::string& dir,
+                      bool trains) {
   return CheckSameModelJson(CheckpointRecords(user_state, dir, /*say=*/LaunchedRanks().rank == 0),
-                            ModelJson(cfg), dir);
+                            ModelJson(cfg), dir, trains);
 }
 
 // resume.h
@@ -650,7 +665,7 @@ Status TakeCheckpointsModel(RunConfig& cfg, const std::string& checkpoint,
   // before the two are merged into a model neither describes.
   json wanted = now;
   wanted.update(model);
-  TZ_RETURN_IF_ERROR(CheckSameModelJson(u, wanted, checkpoint));
+  TZ_RETURN_IF_ERROR(CheckSameModelJson(u, wanted, checkpoint, /*trains=*/false));
   if (taken.empty()) return Status::OK();
   json over = json::object();
   if (!model.empty()) over["model"] = model;

@@ -23,6 +23,7 @@
 
 #include "file_identity.h"
 #include "tierzero/files.h"
+#include "tierzero/utf8.h"
 
 namespace tierzero::app {
 namespace fs = std::filesystem;
@@ -548,6 +549,24 @@ StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_p
   // again, as docs/signals.md says), resumed that checkpoint instead (hunt 47). A resume names
   // its checkpoint itself.
   written.output.resume.clear();
+  // Note [A run's config from another working directory] (run_flags.cc) takes a relative run
+  // directory's recorded paths from the directory the run began in, which it can tell. With an
+  // absolute run directory it cannot: a relative --data (or --metrics, --init-from, ...) was
+  // recorded as given, and `eval --resume RUN/checkpoint --config RUN/config.json` or a resume
+  // from another working directory read another directory's data.bin (hunt 52). Recorded
+  // absolute there.
+  if (fs::path(written.output.run_dir).is_absolute()) {
+    for (std::string* p :
+         {&written.output.metrics, &written.output.report, &written.output.html,
+          &written.output.trace, &written.output.checkpoint_dir, &written.output.init_from,
+          &written.output.plan, &written.engine.nvme_path, &written.data.text_path,
+          &written.data.token_path}) {
+      if (p->empty() || *p == "none" || *p == "-" || (*p)[0] == '/') continue;
+      std::error_code aec;
+      const fs::path a = fs::absolute(*p, aec);
+      if (!aec && FirstInvalidUtf8(a.string()) < 0) *p = a.string();  // (else as given: JSON)
+    }
+  }
   // Each rank swaps to its own files.
   if (world > 1) cfg.engine.nvme_path += "/rank" + std::to_string(rank);
   std::error_code ec;

@@ -212,9 +212,10 @@ Status AgreeOnRunConfig(Communicator& comm, const RunConfig& config);
 // OK unless the checkpoint's user state (`user_state`, saved by `tierzero train`) records a model
 // that differs from `config.model` in a field that shapes the computation: FailedPrecondition
 // naming the field and both values (Note [A checkpoint resumes its own model], resume.cc).
-// Checkpoints that record no model pass.
+// Checkpoints that record no model pass. `trains`: the command trains on from it (its advice
+// names the run directory too), else it reads the model alone (eval, export).
 Status CheckSameModel(const std::string& user_state, const RunConfig& config,
-                      const std::string& dir);
+                      const std::string& dir, bool trains = true);
 
 // Runs training; returns the process exit code (0 also after Ctrl-C, once the checkpoint is
 // saved).

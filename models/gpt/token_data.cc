@@ -178,8 +178,8 @@ Status TokenShards::RefuseNotRawTokens(const File& f, int vocab) {
 }
 
 StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& pattern, int vocab,
-                                                         uint64_t min_tokens,
-                                                         uint64_t scan_at_open) {
+                                                         uint64_t min_tokens, uint64_t scan_at_open,
+                                                         bool vocab_fixed) {
   if (pattern.empty()) return InvalidArgumentError("data kind 'tokens' needs a path (--data)");
   if (pattern.back() == '/')
     return InvalidArgumentError("--data '" + pattern +
@@ -220,6 +220,7 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
   std::unique_ptr<TokenShards> s(new TokenShards());
   s->pattern_ = pattern;
   s->vocab_ = vocab;
+  s->vocab_fixed_ = vocab_fixed;
   uint64_t scanned = 0;  // bytes whose ids were checked (scan_at_open)
   for (const std::string& path : paths) {
     File f;
@@ -428,12 +429,15 @@ Status TokenShards::CheckIds(const File& f, uint64_t first, uint64_t n, const in
           std::to_string(static_cast<uint32_t>(ids[k])) + " at position " +
           std::to_string(first + k) + ", outside the model's vocabulary of " +
           std::to_string(vocab_) +
-          (at_open ? " (the data was tokenized for another vocabulary: set model.vocab (--vocab) "
-                     "to the tokenizer's size, or, for a model directory's fixed vocabulary, "
-                     "tokenize the data with its own tokenizer)"
-                   : " (found as the run read it: the file was changed under the run, or, "
-                     "past the part checked when the files opened, the data was tokenized for "
-                     "another vocabulary or is damaged there)"));
+          (at_open && vocab_fixed_
+               ? " (the data was tokenized for another vocabulary than the model's, which is "
+                 "its own: score data tokenized with the tokenizer the model was trained with)"
+           : at_open ? " (the data was tokenized for another vocabulary: set model.vocab (--vocab) "
+                       "to the tokenizer's size, or, for a model directory's fixed vocabulary, "
+                       "tokenize the data with its own tokenizer)"
+                     : " (found as the run read it: the file was changed under the run, or, "
+                       "past the part checked when the files opened, the data was tokenized for "
+                       "another vocabulary or is damaged there)"));
   }
   return Status::OK();
 }

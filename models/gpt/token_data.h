@@ -35,9 +35,12 @@ class TokenShards {
   // >= vocab, or a split shorter than `min_tokens` (0: the splits are not used, only the evaluation
   // windows). `scan_at_open`: the bytes whose ids are checked here (every window's are checked as
   // it is read).
+  // `vocab_fixed`: the model's vocabulary cannot change (an evaluation of a trained model): an id
+  // past it is said as data of another tokenizer, not as a --vocab to give.
   static StatusOr<std::unique_ptr<TokenShards>> Open(const std::string& pattern, int vocab,
                                                      uint64_t min_tokens,
-                                                     uint64_t scan_at_open = uint64_t{4} << 30);
+                                                     uint64_t scan_at_open = uint64_t{4} << 30,
+                                                     bool vocab_fixed = false);
   ~TokenShards();
   TokenShards(const TokenShards&) = delete;
   TokenShards& operator=(const TokenShards&) = delete;
@@ -109,6 +112,7 @@ class TokenShards {
 
   std::string pattern_;
   int vocab_ = 0;
+  bool vocab_fixed_ = false;
   std::vector<File> files_;
   std::vector<Span> train_, val_;
 };

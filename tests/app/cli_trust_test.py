@@ -37,6 +37,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   readers       a directory, /dev/zero, a huge sparse file, deep or duplicate-key JSON: an error
   setup_signal  SIGINT/SIGTERM while set-up blocks on a FIFO ends the process promptly
   eval_recorded_data  eval --resume without --data scores its run's files only by an absolute path
+  eval_defaults  eval without --data scores the run's validation split, the file it read from
+                any directory; its refusals advise what eval takes
   eval_swap_signal  a signal ends an evaluation whose swap file it made: the file goes too
   dirs_moved    a checkpoint directory swapped for a link to another run's mid-run: that one
                 untouched, the save follows the moved one; a run directory removed mid-run: its
@@ -92,7 +94,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
   outputs_taken  a --report another process wrote meanwhile: kept, and the run's config.json
                 records where its own went, so a resume does not replace it
 The cases live in cli_trust/ by theme (trust_outputs, trust_resume, trust_ranks, trust_signals,
-trust_inputs, trust_plans, trust_disks, trust_config); trust_common.py holds what they share.
+trust_inputs, trust_plans, trust_disks, trust_config, trust_eval); trust_common.py holds what
+they share.
 Every failure must be an `error:` line and exit status 1 or 2: never a signal, an abort, an
 uncaught exception or a hang.
 """
@@ -106,6 +109,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "cli
 
 import trust_config  # noqa: E402
 import trust_disks  # noqa: E402
+import trust_eval  # noqa: E402
 import trust_inputs  # noqa: E402
 import trust_outputs  # noqa: E402
 import trust_plans  # noqa: E402
@@ -114,8 +118,9 @@ import trust_resume  # noqa: E402
 import trust_signals  # noqa: E402
 from trust_common import OUT, ONLY, Failure, write_config  # noqa: E402
 
-CASES = sorted((n[5:], f) for m in (trust_config, trust_disks, trust_inputs, trust_outputs,
-                                     trust_plans, trust_ranks, trust_resume, trust_signals)
+CASES = sorted((n[5:], f) for m in (trust_config, trust_disks, trust_eval, trust_inputs,
+                                     trust_outputs, trust_plans, trust_ranks, trust_resume,
+                                     trust_signals)
                for n, f in vars(m).items() if n.startswith("case_"))
 
 

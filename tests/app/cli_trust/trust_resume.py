@@ -89,6 +89,14 @@ def case_resume_in_place_only():
              os.path.join(OUT, "i_tok"), "--data", shards + "/d_*.bin", "--metrics",
              os.path.join(shards, "d_0.bin"), "--overwrite"], "input")
     check(read(os.path.join(shards, "d_0.bin")) == shard0, "a token file was overwritten")
+    # A token file whose name has brackets is that file (not a glob matching it not): a plan
+    # --json --overwrite naming it replaced it (hunt 52).
+    bracketed = os.path.join(shards, "s[1].bin")
+    with open(bracketed, "wb") as f:
+        f.write(shard0)
+    refused(["plan", "--config", os.path.join(OUT, "small.json"), "--data", bracketed,
+             "--vocab", "256", "--json", bracketed, "--overwrite", "--no-advice"], "input")
+    check(read(bracketed) == shard0, "a bracketed token file was overwritten by a plan")
     # Export and eval from another directory than the run's (its config records relative paths).
     elsewhere = os.path.join(OUT, "i_cwd")
     os.makedirs(elsewhere)
@@ -657,49 +665,3 @@ def case_never_steps():
     ok(["export", ckpt, "-o", a])
     ok(["export", ckpt, "-o", b] + tight)
     check(read(a) == read(b), "an export at the budgets said differs")
-
-
-def case_eval_recorded_data():
-    # eval --resume without --data scores the token files the checkpoint records its run read,
-    # only where that path names them from anywhere: absolute. A run under a directory whose name
-    # is not UTF-8 records the path as given (relative): from elsewhere, another data.bin of the
-    # same name was scored, silently (hunt 46). A run's config.json records the path as the user
-    # gave it: a relative one there is the checkpoint's absolute one.
-    def tokens(path, mul):
-        with open(path, "wb") as f:
-            f.write(struct.pack("<4096H", *[(i * mul) % 256 for i in range(4096)]))
-    model = ["--arch", "gpt2", "--layers", "1", "--width", "32", "--heads", "2", "--vocab", "256",
-             "--seq-len", "16", "--steps", "3", "--quiet"]
-    odd = os.path.join(os.fsencode(OUT), b"er_run\xfe")
-    os.makedirs(odd)
-    tokens(os.path.join(odd, b"data.bin"), 7)
-    elsewhere = os.path.join(OUT, "er_else")
-    os.makedirs(elsewhere)
-    tokens(os.path.join(elsewhere, "data.bin"), 13)
-    ck = os.path.join(OUT, "er_ck")
-    p = subprocess.run([TZ, "train"] + model + ["--data", "data.bin", "--run-dir", "r",
-                                                "--checkpoint", ck],
-                       cwd=odd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
-    check(p.returncode == 0, f"a run under a non-UTF-8 directory: {p.stdout.decode(errors='replace')}")
-    refused(["eval", "--resume", ck], "--data PATH", "relative to where it ran", cwd=elsewhere)
-    # A relative --data in the run's config.json: the checkpoint's absolute path, from anywhere.
-    here = os.path.join(OUT, "er_here")
-    os.makedirs(here)
-    tokens(os.path.join(here, "data.bin"), 7)
-    ok(["train"] + model + ["--data", "data.bin", "--run-dir", "r"], cwd=here)
-    want = ok(["eval", "--resume", os.path.join(here, "r/checkpoint"), "--data",
-               os.path.join(here, "data.bin")])
-    got = ok(["eval", "--resume", os.path.join(here, "r/checkpoint"), "--split", "all"],
-             cwd=elsewhere)
-    loss = lambda out: re.search(r"mean loss ([0-9.]+)", out).group(1)
-    check(loss(got) == loss(want), f"eval from elsewhere scored other data:\n{got}\n{want}")
-    # An older checkpoint records no data: its run's config.json's relative path, from
-    # elsewhere, is refused (it was made absolute from here, another file: review 46).
-    older = os.path.join(OUT, "er_older")
-    os.makedirs(older)
-    tokens(os.path.join(older, "data.bin"), 7)
-    ok(["train"] + model + ["--data", "data.bin", "--run-dir", os.path.join(older, "r")],
-       cwd=older)
-    as_older_checkpoint(os.path.join(older, "r/checkpoint"))
-    refused(["eval", "--resume", os.path.join(older, "r/checkpoint")], "relative to where it ran",
-            cwd=elsewhere)
