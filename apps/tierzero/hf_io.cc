@@ -164,7 +164,7 @@ Status MergeRecordedModel(RunConfig& cfg) {
   const json run_model = ModelJson(cfg);  // (a local: a range over a temporary's items dangles)
   std::string missing;
   for (const auto& [key, value] : run_model.items()) {
-    if (!HowTheModelComputes(key) && !recorded.contains(key))
+    if (!HowTheModelComputes(key) && !RecordedBeside(key) && !recorded.contains(key))
       missing += (missing.empty() ? "" : ", ") + key;
   }
   if (!missing.empty())
@@ -184,7 +184,7 @@ Status MergeRecordedModel(RunConfig& cfg) {
   const json asked = EffectiveModel(named);
   const json effective = EffectiveModel(recorded);
   for (const auto& [key, then] : effective.items()) {
-    if (HowTheModelComputes(key) || key == "seq_len") continue;
+    if (HowTheModelComputes(key) || RecordedBeside(key) || key == "seq_len") continue;
     const auto now = asked.find(key);
     if (cfg.given.count("model." + key) == 0 || now == asked.end() || *now == then) continue;
     return InvalidArgumentError("model." + key + " is " + ModelValueShown(named, key) +

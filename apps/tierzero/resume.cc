@@ -546,6 +546,9 @@ bool HowTheModelComputes(const std::string& key) {
   return key == "seed" || key == "activation_checkpointing" || key == "activations";
 }
 
+// resume.h
+bool RecordedBeside(const std::string& key) { return key == "token_ids"; }
+
 namespace {
 
 // Note [A checkpoint resumes its own model]
@@ -573,7 +576,8 @@ Status CheckSameModelJson(const json& user, const json& now, const std::string& 
     if (key != "d_ff" && key != "n_kv_head") keys.push_back(key);
   keys.insert(keys.end(), {"d_ff", "n_kv_head"});
   for (const std::string& key : keys) {
-    if (HowTheModelComputes(key) || !was.contains(key)) continue;  // (what it is may not change)
+    if (HowTheModelComputes(key) || RecordedBeside(key) || !was.contains(key))
+      continue;  // (what it is may not change)
     const json& then = was[key];
     const auto it = is.find(key);
     if (it == is.end() || *it == then) continue;

@@ -27,6 +27,10 @@ std::string ModelValueShown(const nlohmann::json& model, const std::string& key)
 // checkpointing, activations): it may differ between a checkpoint, or a file that records its
 // model, and the run that reads it.
 bool HowTheModelComputes(const std::string& key);
+// A model field that records something of the model without being it (model.token_ids: Note
+// [Special tokens carried], models/gpt/hf.cc): never compared, and a record without it (an
+// older one) is whole.
+bool RecordedBeside(const std::string& key);
 // What a checkpoint records of AdamW's settings (betas, eps, weight decay, clipping) and of
 // ZeRO++ (the zeropp section): a resume that changes them says so.
 nlohmann::json AdamWJson(const RunConfig& cfg);

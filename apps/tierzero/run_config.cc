@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpt/hf.h"
 #include "resume.h"
 #include "run_dir.h"
 #include "run_fields.h"
@@ -304,6 +305,18 @@ Field ActivationsField(const std::string& name, gpt::Activations* p) {
           [=] { return json(gpt::ActivationsName(*p)); }};
 }
 
+// model.token_ids: Note [Special tokens carried] (models/gpt/hf.cc).
+Field TokenIdsField(const std::string& name, std::string* p) {
+  return {[=](const json& v) -> Status {
+            TZ_ASSIGN_OR_RETURN(*p, gpt::TokenIdsText(v, "config field '" + name + "'"));
+            return Status::OK();
+          },
+          [=] {
+            const json j = json::parse(*p, nullptr, /*allow_exceptions=*/false);
+            return j.is_object() ? j : json::object();
+          }};
+}
+
 Field SpeculativeField(const std::string& name, SpeculativeStep* p) {
   return {[=](const json& v) -> Status {
             const std::string s = v.is_string() ? v.get<std::string>() : "";
@@ -366,6 +379,7 @@ std::map<std::string, Section> Fields(RunConfig& c) {
        IntField("model.rope_original_positions", &c.model.rope_original_positions, 1, 1 << 22)},
       {"norm_eps", DoubleField("model.norm_eps", &c.model.norm_eps, 0, "a number in (0, 1]")},
       {"seed", U64Field("model.seed", &c.model.seed)},
+      {"token_ids", TokenIdsField("model.token_ids", &c.model.token_ids)},
   };
   s["data"] = {
       {"kind", StringField("data.kind", &c.data.kind)},

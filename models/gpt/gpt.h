@@ -69,6 +69,10 @@ struct GptConfig {
   bool activation_checkpointing = false;
   Activations activations = Activations::kAuto;
   uint64_t seed = 1;  // initialisation
+  // The special tokens' ids of a Hugging Face model's config.json (bos_token_id, eos_token_id,
+  // pad_token_id: each an id or a list of ids), as a compact JSON object; "" none. Not the model's
+  // shape: carried from --init-from DIR to `export --format hf` (Note [Special tokens carried]).
+  std::string token_ids;
 
   int head_dim() const { return d_model / n_head; }
   int positions() const { return max_positions > 0 ? max_positions : seq_len; }

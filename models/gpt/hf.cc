@@ -269,12 +269,55 @@ std::string WhatWeightsItHas(const std::string& dir) {
 
 }  // namespace
 
+// Note [Special tokens carried]
+// A model's special tokens (beginning and end of sequence, padding) are ids its config.json
+// names; generation stops at the end-of-sequence id transformers reads there (its
+// generation_config.json defaults to them). Not the model's shape, so nothing here computes with
+// them, but an export that dropped them (hunt 52) gave transformers LlamaConfig's defaults, 1 and
+// 2: ordinary tokens of another tokenizer, and no end of sequence for a Llama 3 (128009).
+// Read from --init-from DIR into model.token_ids, recorded by the run and its checkpoints,
+// written back by `export --format hf`. Never compared between a checkpoint and a run (a
+// record, not the model: Note [A checkpoint resumes its own model] skips it).
+StatusOr<std::string> TokenIdsText(const json& ids, const std::string& from) {
+  if (!ids.is_object()) return InvalidArgumentError(from + " is not a JSON object of token ids");
+  json out = json::object();
+  for (const auto& [key, v] : ids.items()) {
+    if (key != "bos_token_id" && key != "eos_token_id" && key != "pad_token_id")
+      return InvalidArgumentError(from + " names " + json(key).dump() +
+                                  "; its keys: bos_token_id, eos_token_id, pad_token_id");
+    if (v.is_null()) continue;
+    auto id = [](const json& x) {
+      return x.is_number_unsigned() || (x.is_number_integer() && x.get<int64_t>() >= 0);
+    };
+    const bool ok = (id(v) && v.get<uint64_t>() <= INT32_MAX) ||
+                    (v.is_array() && !v.empty() && v.size() <= 64 &&
+                     std::all_of(v.begin(), v.end(), [&](const json& x) {
+                       return id(x) && x.get<uint64_t>() <= INT32_MAX;
+                     }));
+    if (!ok)
+      return InvalidArgumentError(from + ": " + key + " is " + v.dump().substr(0, 80) +
+                                  "; a token id (a non-negative integer) or a list of them");
+    out[key] = v;
+  }
+  return out.empty() ? std::string() : out.dump();
+}
+
 StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base) {
   const std::string cfg_path = dir + "/config.json";
   TZ_ASSIGN_OR_RETURN(json j, ReadJson(cfg_path, "Hugging Face config"));
   const HfConfig c(std::move(j), cfg_path);
   HfModel m;
   GptConfig g = base;
+  // Note [Special tokens carried]: what config.json names of them (a value that is no id, as
+  // transformers' own tolerates in old configs, is left out rather than refusing the model).
+  {
+    json ids = json::object();
+    for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+      if (!c.has(key) || c.raw(key).is_null()) continue;
+      if (TokenIdsText(json{{key, c.raw(key)}}, "config.json").ok()) ids[key] = c.raw(key);
+    }
+    g.token_ids = ids.empty() ? std::string() : ids.dump();
+  }
   // The frequency scaling is config.json's alone: none without its rope_scaling, whatever the
   // run's config says (a run's rope_factor silently rescaled a model that has none).
   const GptConfig unscaled;

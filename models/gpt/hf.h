@@ -10,6 +10,7 @@
 // sharded export (Engine::ExportSafetensorsShards writes the files).
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,11 @@ struct HfModel {
 // Qwen 2's q/k/v-only biases...) is an error naming it. The files: the index's when
 // model.safetensors.index.json is there, else model.safetensors.
 StatusOr<HfModel> ReadHfDir(const std::string& dir, const GptConfig& base);
+
+// Note [Special tokens carried] (hf.cc): `ids`, a JSON object of bos_token_id, eos_token_id and
+// pad_token_id (each a non-negative id or a list of them; null is none), as GptConfig::token_ids
+// holds it (compact); InvalidArgument naming what is wrong. `from` names it in the error.
+StatusOr<std::string> TokenIdsText(const nlohmann::json& ids, const std::string& from);
 
 // True when `path` is a directory holding config.json (an HF model directory).
 bool IsHfDir(const std::string& path);

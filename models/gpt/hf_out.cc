@@ -68,6 +68,12 @@ std::string HfConfigJson(const GptConfig& g, DType dtype) {
          {"tie_word_embeddings", g.tie_embeddings},
          {"torch_dtype", TorchDType(dtype)}};
   }
+  // Note [Special tokens carried] (hf.cc): the ids the model came with.
+  if (!g.token_ids.empty()) {
+    const json ids = json::parse(g.token_ids, nullptr, /*allow_exceptions=*/false);
+    if (ids.is_object())
+      for (const auto& [key, v] : ids.items()) j[key] = v;
+  }
   return j.dump(2) + "\n";
 }
 

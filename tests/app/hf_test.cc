@@ -124,6 +124,12 @@ TEST(HfModels, AZeroStepRunExportsItsInputTensorForTensor) {
     EXPECT_FALSE(back->config.tie_embeddings);
     EXPECT_EQ(back->config.rope_theta, 500000.0);
     EXPECT_EQ(back->config.norm_eps, 1e-6);
+    // Note [Special tokens carried]: the ids it came with (they were dropped: transformers then
+    // read LlamaConfig's 1 and 2, and a generation had no end of sequence: hunt 52).
+    const json out_config = json::parse(std::ifstream(out + "/config.json"));
+    EXPECT_EQ(out_config.value("bos_token_id", json()), json(17));
+    EXPECT_EQ(out_config.value("eos_token_id", json()), json({18, 16}));
+    EXPECT_FALSE(out_config.contains("pad_token_id"));
   }
   // Never into a directory holding files, nor into the model directory a run reads.
   EXPECT_EQ(Export({dir / "run/checkpoint", "--format", "hf", "-o", dir / "llama"}), 1);

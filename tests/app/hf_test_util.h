@@ -183,6 +183,9 @@ struct TinyLlama {
                    {"tie_word_embeddings", head != Head::kUntied},
                    {"attention_bias", false},
                    {"rope_scaling", scaled ? llama3 : json(nullptr)},
+                   {"bos_token_id", 17},
+                   {"eos_token_id", {18, 16}},
+                   {"pad_token_id", nullptr},
                    {"torch_dtype", "bfloat16"}};
     if (v5) {
       json rp = scaled ? llama3 : json{{"rope_type", "default"}};
