@@ -50,8 +50,8 @@ window dropped).
                          its path is known)
   --split validation|all what of the files is scored: the validation split a run of them
                          validates on (the last file, or one file's last 10%), or all of them
-                         (default: validation without --data, the run's own data, whose other
-                         tokens it trained on; all with --data)
+                         (default: validation for --resume without --data, the run's own data,
+                         whose other tokens it trained on; else all)
   --seq-len T            tokens scored per window (default: the model's context, model.seq_len)
   --batch-size N         windows per forward pass (default: the config's train.batch_size)
   --config FILE, --dtype, --device, --device-budget, --host-budget, --nvme-budget, --nvme-path,
@@ -66,7 +66,7 @@ int EvalFail(const Status& s) {
 // The model, loaded, and the loss over every window. `context`: the model's seq_len before a
 // longer window within its positions raised it (the checkpoint's model is that one: a window is
 // not another model).
-Status RunEval(const RunConfig& cfg, int window, int context, bool validation,
+Status RunEval(const RunConfig& cfg, int window, int context, bool validation, bool vocab_fixed,
                const std::string& nvme_dir) {
   const OutputOptions& out = cfg.output;
   if (!out.resume.empty()) {
@@ -77,7 +77,7 @@ Status RunEval(const RunConfig& cfg, int window, int context, bool validation,
   }
   TZ_ASSIGN_OR_RETURN(const auto shards,
                       gpt::TokenShards::Open(cfg.data.token_path, cfg.model.vocab, 0,
-                                             uint64_t{4} << 30, /*vocab_fixed=*/true));
+                                             uint64_t{4} << 30, vocab_fixed));
   const uint64_t windows = shards->NumEvalWindows(window, validation);
   if (windows == 0)
     return InvalidArgumentError(
@@ -171,7 +171,7 @@ int Eval(const std::vector<std::string>& args) {
   int batch = 0;      // --batch-size: windows a pass (0: the config's train.batch_size)
   std::string split;  // --split: "validation", "all", or "" (by whether --data is given)
   bool has_config = false, has_nvme_path = false, has_data = false;
-  std::string resume, init_from;
+  std::string resume, init_from, config_given;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "-h" || args[i] == "--help") {
       std::fputs(kEvalHelp, stdout);
@@ -235,6 +235,7 @@ int Eval(const std::vector<std::string>& args) {
                                              "eval's"));
     }
     has_config = has_config || args[i] == "--config";
+    if (args[i] == "--config" && i + 1 < args.size()) config_given = args[i + 1];
     has_nvme_path = has_nvme_path || args[i] == "--nvme-path";
     has_data = has_data || args[i] == "--data";
     if (args[i] == "--resume" && i + 1 < args.size()) resume = args[i + 1];
@@ -369,8 +370,24 @@ int Eval(const std::vector<std::string>& args) {
   // it trained on: scored whole, a run's "mean loss 1.2" on data whose validation loss was 7.7
   // read as the model's (hunt 52). Its validation split is what the run's own val loss
   // samples; --data names other files, scored whole.
-  const bool validation = split.empty() ? !has_data : split == "validation";
-  const Status s = RunEval(*cfg, window, context, validation, nvme_dir.path());
+  // The run's own data: a checkpoint's, without --data, and read from its records or its run's
+  // config.json beside it (a user's --config naming token files is data of the user's, whole).
+  bool runs_data = !has_data && !resume.empty();
+  if (runs_data && has_config) {
+    std::error_code ec;
+    fs::path ck = fs::path(resume).lexically_normal();
+    if (ck.has_parent_path() && ck.filename().empty()) ck = ck.parent_path();
+    runs_data = fs::equivalent(config_given, ck.parent_path() / "config.json", ec) && !ec;
+  }
+  const bool validation = split.empty() ? runs_data : split == "validation";
+  // The model's vocabulary is its own where a checkpoint, a model directory or tierzero's export
+  // records it; a safetensors file of another program's is of the model --config describes.
+  bool vocab_fixed = !cfg->output.resume.empty() || gpt::IsHfDir(cfg->output.init_from);
+  if (!vocab_fixed && !cfg->output.init_from.empty()) {
+    auto metadata = ReadSafetensorsMetadata(cfg->output.init_from);
+    vocab_fixed = metadata.ok() && metadata->count("tierzero.model") != 0;
+  }
+  const Status s = RunEval(*cfg, window, context, validation, vocab_fixed, nvme_dir.path());
   return s.ok() ? 0 : EvalFail(nvme_dir.path().empty() ? s : ScratchAdvice(s, nvme_dir.path()));
 }
 

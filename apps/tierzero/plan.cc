@@ -81,6 +81,7 @@ StatusOr<MachineRates> Calibrate(const RunConfig& cfg, bool gpu, bool* elsewhere
   while (!where.empty() && !fs::exists(where, ec) && where != where.parent_path())
     where = where.parent_path();
   std::string base = where.empty() ? fs::current_path(ec).string() : where.string();
+  if (ec || base.empty()) base = TmpDirectory();  // (a working directory removed meanwhile)
   auto make_under = [](const std::string& under) {
     std::string made = under + "/.calibration-XXXXXX";
     if (::mkdtemp(made.data()) == nullptr) return std::make_pair(std::string(), errno);

@@ -563,8 +563,20 @@ StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_p
           &written.data.token_path}) {
       if (p->empty() || *p == "none" || *p == "-" || (*p)[0] == '/') continue;
       std::error_code aec;
-      const fs::path a = fs::absolute(*p, aec);
-      if (!aec && FirstInvalidUtf8(a.string()) < 0) *p = a.string();  // (else as given: JSON)
+      std::string a = fs::absolute(*p, aec).string();
+      // A glob of token files under a working directory whose name has glob characters
+      // ("br[1]/shards/*.bin"): the directory's part escaped, or the glob would read it as a
+      // pattern and match nothing (review 52). A file that exists is read as named.
+      if (!aec && p == &written.data.token_path && !fs::exists(*p, aec)) {
+        aec.clear();
+        std::string prefix;
+        for (char ch : fs::current_path(aec).string()) {
+          if (ch == '*' || ch == '?' || ch == '[' || ch == ']' || ch == '\\') prefix += '\\';
+          prefix += ch;
+        }
+        a = prefix + "/" + *p;
+      }
+      if (!aec && FirstInvalidUtf8(a) < 0) *p = a;  // (else as given: JSON)
     }
   }
   // Each rank swaps to its own files.

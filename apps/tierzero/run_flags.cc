@@ -371,9 +371,12 @@ StatusOr<RunConfig> LoadRunConfig(const std::vector<std::string>& args, std::str
     // (as before the note); its other fields give way where a value at the default's would.
     RunConfig all = DefaultRunConfig();
     bool complete = true;
+    // (A field added later, a record only, is not required: a run's config.json of the build
+    // before it names everything else; review 52.)
     for (const auto& [section, fields] : Fields(all))
       for (const auto& [key, field] : fields)
-        complete = complete && named.count(section + "." + key);
+        complete = complete && (named.count(section + "." + key) != 0 ||
+                                (section == "model" && RecordedBeside(key)));
     if (complete) {
       named = {"model.seq_len"};
       RebaseOnItsRunDir(cfg, config_path);  // Note [A run's config from another working directory]

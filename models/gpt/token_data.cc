@@ -91,9 +91,10 @@ Status TokenShards::Read(const File& f, uint64_t first, uint64_t n, int32_t* out
   if (::fstat(f.fd, &st) == 0 &&
       (static_cast<uint64_t>(st.st_size) != f.bytes || MtimeNs(st) != f.mtime_ns))
     return DataLossError("the token file '" + f.path +
-                         "' was written while in use (its size or modification time changed "
-                         "since the run opened it): what it reads now is not the data it "
-                         "began with (regenerate data only between runs)");
+                         "' changed while in use (written, appended to or touched: its size or "
+                         "modification time is not what it was when the run opened it), so what "
+                         "it reads may not be the data it began with; regenerate data only "
+                         "between runs");
   return Status::OK();
 }
 

@@ -91,6 +91,8 @@ One case per class of fault, each through the `tierzero` binary as a user runs i
                 default floor
   resume_mistakes  a mistyped --resume, a manifest removed, a recorded profile step past a
                 shorter resume: said as what they are
+  older_files   a config.json and a plan of the build before model.token_ids; a glob under a
+                directory whose name has glob characters
   outputs_taken  a --report another process wrote meanwhile: kept, and the run's config.json
                 records where its own went, so a resume does not replace it
 The cases live in cli_trust/ by theme (trust_outputs, trust_resume, trust_ranks, trust_signals,

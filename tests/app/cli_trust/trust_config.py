@@ -5,6 +5,7 @@ Cases of cli_trust_test.py (see its docstring); each `case_NAME` is run by name.
 import json
 import os
 import shutil
+import struct
 import subprocess
 import time
 
@@ -124,3 +125,54 @@ def case_outputs_taken():
     ok(["train", "--resume", rd + "/checkpoint", "--steps", "3002", "--quiet"])
     with open(shared) as f:
         check(f.read() == '{"another run": true}', "a resume replaced another run's report")
+
+
+def case_older_files():
+    """Files the build before model.token_ids wrote (review 52): a run's config.json without it is
+    still the run's own (a resume from another directory continues in place, on its data); a
+    plan without it is still the run's. A glob of token files under a directory whose name has
+    glob characters, recorded absolute beside an absolute run directory, still matches."""
+    a = os.path.join(OUT, "of_a")
+    os.makedirs(a)
+    with open(os.path.join(a, "data.bin"), "wb") as f:
+        f.write(struct.pack("<4000H", *[i % 200 for i in range(4000)]))
+    ok(["train", "--layers", "1", "--width", "32", "--heads", "2", "--vocab", "256", "--seq-len",
+        "16", "--data", "data.bin", "--run-dir", "run", "--steps", "2", "--quiet"], cwd=a)
+    config = os.path.join(a, "run", "config.json")
+    with open(config) as f:
+        recorded = json.load(f)
+    del recorded["model"]["token_ids"]
+    with open(config, "w") as f:
+        json.dump(recorded, f)
+    b = os.path.join(OUT, "of_b")
+    os.makedirs(b)
+    with open(os.path.join(b, "data.bin"), "wb") as f:
+        f.write(struct.pack("<4000H", *[(i * 7) % 200 for i in range(4000)]))
+    out = ok(["train", "--resume", os.path.join(a, "run", "checkpoint"), "--steps", "3",
+              "--quiet"], cwd=b)
+    check("as a copy" not in out and "the data changes" not in out and
+          not os.path.exists(os.path.join(b, "run")),
+          f"an older config.json was not the run's own:\n{out}")
+    # A plan of the build before.
+    small = os.path.join(OUT, "small.json")
+    plan = os.path.join(OUT, "of_plan.json")
+    ok(["plan", "--config", small, "--json", plan, "--no-advice"])
+    with open(plan) as f:
+        p = json.load(f)
+    del p["config"]["model"]["token_ids"]
+    with open(plan, "w") as f:
+        json.dump(p, f)
+    ok(["train", "--config", small, "--plan", plan, "--run-dir", os.path.join(OUT, "of_planned"),
+        "--steps", "2", "--quiet"])
+    # Glob characters in the working directory's name.
+    g = os.path.join(OUT, "of_br[1]")
+    os.makedirs(os.path.join(g, "shards"))
+    for k in range(2):
+        with open(os.path.join(g, "shards", f"s{k}.bin"), "wb") as f:
+            f.write(struct.pack("<4000H", *[i % 200 for i in range(4000)]))
+    rd = os.path.join(g, "run")
+    common = ["--layers", "1", "--width", "32", "--heads", "2", "--vocab", "256", "--seq-len",
+              "16", "--run-dir", rd, "--quiet"]
+    ok(["train", *common, "--data", "shards/*.bin", "--steps", "2"], cwd=g)
+    ok(["train", "--resume", rd + "/checkpoint", "--run-dir", rd, "--steps", "3", "--quiet"],
+       cwd=g)

@@ -109,6 +109,13 @@ def case_eval_defaults():
     want = ok(["eval", "--resume", os.path.join(d, "r2", "checkpoint"), "--data",
                os.path.join(d, "real", "tokens.bin"), "--split", "validation"])
     check(mean_loss(got) == mean_loss(want), f"eval scored another file than the run read:\n{got}")
+    # A --config of one's own naming token files is the user's data: scored whole, as --data.
+    own = os.path.join(d, "own.json")
+    with open(own, "w") as f:
+        json.dump({"data": {"kind": "tokens", "token_path": mine}}, f)
+    out = ok(["eval", "--resume", ck, "--config", own])
+    check(mean_loss(out) == mean_loss(whole) and "validation split" not in out,
+          f"eval with a config of one's own:\n{out}")
     # Advice that eval takes.
     with open(os.path.join(d, "other.json"), "w") as f:
         f.write('{"model": {"seq_len": 8, "vocab": 256}}')
