@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -89,6 +90,10 @@ Status TakeCheckpointsModel(RunConfig& cfg, const std::string& checkpoint,
 std::optional<RunConfig> ConfigTrainWrote(const std::string& path);
 // `a` and `b` name one directory (through links), both there.
 bool SameDirectory(const std::string& a, const std::string& b);
+// `cfg` (ConfigTrainWrote's) kept its checkpoints in `checkpoint`: it names that directory as
+// resolved from here, or (its run directory moved) it kept them in its own run directory and
+// `checkpoint` is a run directory's "checkpoint".
+bool KeepsItsCheckpointIn(const RunConfig& cfg, const std::filesystem::path& checkpoint);
 // The same, saying why not: NotFound when nothing is there, else what is wrong with the file.
 StatusOr<RunConfig> ReadConfigTrainWrote(const std::string& path);
 // The checkpoint whose user state is `user_state` (at `dir`) is of cfg's model, as a resume
