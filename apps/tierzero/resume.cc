@@ -117,6 +117,19 @@ Status CheckProfileStep(RunConfig& cfg, int64_t start, bool say) {
                     "leave it out (0), or accumulate two (--grad-accumulation 2)"));
 }
 
+// resume.h
+std::string EscapedTokenPattern(const std::filesystem::path& base, const std::string& pattern) {
+  const std::string b = base.string();
+  std::error_code ec;
+  if (b.find_first_of("*?[]\\") == std::string::npos || fs::exists(base / pattern, ec)) return "";
+  std::string out;
+  for (char ch : b) {
+    if (ch == '*' || ch == '?' || ch == '[' || ch == ']' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out + "/" + pattern;
+}
+
 json ScheduleJson(const TrainOptions& t) {
   return {{"lr", t.lr}, {"min_lr", t.min_lr}, {"warmup_steps", t.warmup_steps}, {"steps", t.steps}};
 }
@@ -140,7 +153,14 @@ json DataJson(const gpt::DataConfig& d) {
   };
   json j = {{"kind", d.kind}};
   if (d.kind == "text") j["path"] = absolute(d.text_path);
-  if (d.kind == "tokens") j["path"] = absolute(d.token_path);
+  if (d.kind == "tokens") {
+    std::error_code ec;
+    const std::string escaped = d.token_path.empty() || d.token_path[0] == '/'
+                                    ? std::string()
+                                    : EscapedTokenPattern(fs::current_path(ec), d.token_path);
+    j["path"] =
+        !escaped.empty() && FirstInvalidUtf8(escaped) < 0 ? escaped : absolute(d.token_path);
+  }
   if (d.kind == "addition") {
     j["digits"] = d.digits;
     j["reverse_answer"] = d.reverse_answer;

@@ -90,6 +90,11 @@ Status TakeCheckpointsModel(RunConfig& cfg, const std::string& checkpoint,
 std::optional<RunConfig> ConfigTrainWrote(const std::string& path);
 // `a` and `b` name one directory (through links), both there.
 bool SameDirectory(const std::string& a, const std::string& b);
+// `pattern` (relative: a token file, or a glob of them, as --data takes it) under directory
+// `base`: base / pattern, with base's glob characters escaped where pattern names no file there
+// (a glob matches base as a pattern too, and "br[1]" would match no "br[1]"). "" where base has
+// none, for the caller's own join.
+std::string EscapedTokenPattern(const std::filesystem::path& base, const std::string& pattern);
 // `cfg` (ConfigTrainWrote's) kept its checkpoints in `checkpoint`: it names that directory as
 // resolved from here, or (its run directory moved) it kept them in its own run directory and
 // `checkpoint` is a run directory's "checkpoint".

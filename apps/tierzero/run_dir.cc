@@ -22,6 +22,7 @@
 #include <string>
 
 #include "file_identity.h"
+#include "resume.h"
 #include "tierzero/files.h"
 #include "tierzero/utf8.h"
 
@@ -567,14 +568,9 @@ StatusOr<OutputsPlan> PrepareOutputs(RunConfig& cfg, const std::string& config_p
       // A glob of token files under a working directory whose name has glob characters
       // ("br[1]/shards/*.bin"): the directory's part escaped, or the glob would read it as a
       // pattern and match nothing (review 52). A file that exists is read as named.
-      if (!aec && p == &written.data.token_path && !fs::exists(*p, aec)) {
-        aec.clear();
-        std::string prefix;
-        for (char ch : fs::current_path(aec).string()) {
-          if (ch == '*' || ch == '?' || ch == '[' || ch == ']' || ch == '\\') prefix += '\\';
-          prefix += ch;
-        }
-        a = prefix + "/" + *p;
+      if (!aec && p == &written.data.token_path) {
+        const std::string escaped = EscapedTokenPattern(fs::current_path(aec), *p);
+        if (!escaped.empty()) a = escaped;
       }
       if (!aec && FirstInvalidUtf8(a) < 0) *p = a;  // (else as given: JSON)
     }

@@ -269,6 +269,10 @@ void RebaseOnItsRunDir(RunConfig& cfg, const std::string& config_path) {
     const bool up =
         std::any_of(given.begin(), given.end(), [](const fs::path& e) { return e == ".."; });
     *p = up ? (base / given).string() : (base / given).lexically_normal().string();
+    if (p == &cfg.data.token_path) {
+      const std::string escaped = EscapedTokenPattern(base, given.string());
+      if (!escaped.empty()) *p = escaped;
+    }
   }
 }
 

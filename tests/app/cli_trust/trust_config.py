@@ -176,3 +176,10 @@ def case_older_files():
     ok(["train", *common, "--data", "shards/*.bin", "--steps", "2"], cwd=g)
     ok(["train", "--resume", rd + "/checkpoint", "--run-dir", rd, "--steps", "3", "--quiet"],
        cwd=g)
+    # The same with a relative run directory, resumed and evaluated from elsewhere: the
+    # checkpoint's record and the run config's rebase escape the directory's part too.
+    ok(["train", *common[:-3], "--run-dir", "rel", "--quiet", "--data", "shards/*.bin", "--steps",
+        "2"], cwd=g)
+    ok(["train", "--resume", os.path.join(g, "rel", "checkpoint"), "--steps", "3", "--quiet"],
+       cwd=OUT)
+    ok(["eval", "--resume", os.path.join(g, "rel", "checkpoint")], cwd=OUT)
