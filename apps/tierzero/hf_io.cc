@@ -500,6 +500,9 @@ StatusOr<std::string> LoadInitFrom(Engine& engine, const RunConfig& cfg) {
 // only "holds files", of files the user never saw (the dot files are hidden from `ls`).
 std::string HfOutputHoldsFiles(const std::string& dir) {
   namespace fs = std::filesystem;
+  const std::string holds = "-o " + dir +
+                            " is a directory that holds files; --format hf writes into a new or "
+                            "empty directory";
   std::error_code ec;
   bool left = false;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -508,16 +511,10 @@ std::string HfOutputHoldsFiles(const std::string& dir) {
         n.size() > 5 && n[0] == '.' && n.find(".tz-") != std::string::npos && n.ends_with(".tmp");
     const bool weights = n.starts_with("model") &&
                          (n.ends_with(".safetensors") || n == "model.safetensors.index.json");
-    if (n == "config.json" || !(n == kLockFileName || temporary || weights))
-      return "-o " + dir +
-             " is a directory that holds files; --format hf writes into a new or "
-             "empty directory";
+    if (n == "config.json" || !(n == kLockFileName || temporary || weights)) return holds;
     left = left || n == kLockFileName || temporary;
   }
-  if (!left)
-    return "-o " + dir +
-           " is a directory that holds files; --format hf writes into a new or "
-           "empty directory";
+  if (!left) return holds;
   return "-o " + dir + " holds what an export stopped before its end left (its lock file " +
          kLockFileName +
          ", partial weights, no config.json); unless an export is writing there "

@@ -118,6 +118,17 @@ Status CheckProfileStep(RunConfig& cfg, int64_t start, bool say) {
 }
 
 // resume.h
+bool StepsUp(const std::filesystem::path& p) {
+  return std::any_of(p.begin(), p.end(), [](const fs::path& e) { return e == ".."; });
+}
+
+// resume.h
+std::filesystem::path JoinKeepingParentSteps(const std::filesystem::path& base,
+                                             const std::filesystem::path& p) {
+  return StepsUp(p) ? base / p : (base / p).lexically_normal();
+}
+
+// resume.h
 std::string EscapedTokenPattern(const std::filesystem::path& base, const std::string& pattern) {
   const std::string b = base.string();
   std::error_code ec;
@@ -141,11 +152,8 @@ json DataJson(const gpt::DataConfig& d) {
   // file, which eval --resume then scored: hunt 52): such a path is resolved, not cut.
   auto absolute = [](const std::string& p) {
     std::error_code ec;
-    const std::filesystem::path given(p);
-    const bool up = std::any_of(given.begin(), given.end(),
-                                [](const std::filesystem::path& e) { return e == ".."; });
-    std::filesystem::path a = std::filesystem::absolute(given, ec);
-    if (!ec) a = up ? std::filesystem::weakly_canonical(a, ec) : a.lexically_normal();
+    std::filesystem::path a = std::filesystem::absolute(p, ec);
+    if (!ec) a = StepsUp(p) ? std::filesystem::weakly_canonical(a, ec) : a.lexically_normal();
     // (Under a working directory whose name is not UTF-8 the absolute path cannot be JSON, and
     // the checkpoint's user state failed to serialise: the path as given, which is UTF-8.)
     if (ec || FirstInvalidUtf8(a.string()) >= 0) return p;

@@ -95,6 +95,12 @@ bool SameDirectory(const std::string& a, const std::string& b);
 // (a glob matches base as a pattern too, and "br[1]" would match no "br[1]"). "" where base has
 // none, for the caller's own join.
 std::string EscapedTokenPattern(const std::filesystem::path& base, const std::string& pattern);
+// `base` / `p` (relative), cut lexically unless p steps up (".."): after a link that is its
+// target's parent, which only the file system knows ("lnk/../tokens.bin" read real/tokens.bin;
+// cut to tokens.bin it named another file: hunt 52).
+std::filesystem::path JoinKeepingParentSteps(const std::filesystem::path& base,
+                                             const std::filesystem::path& p);
+bool StepsUp(const std::filesystem::path& p);
 // `cfg` (ConfigTrainWrote's) kept its checkpoints in `checkpoint`: it names that directory as
 // resolved from here, or (its run directory moved) it kept them in its own run directory and
 // `checkpoint` is a run directory's "checkpoint".

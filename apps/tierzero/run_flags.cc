@@ -263,12 +263,8 @@ void RebaseOnItsRunDir(RunConfig& cfg, const std::string& config_path) {
         &cfg.output.trace, &cfg.output.checkpoint_dir, &cfg.output.resume, &cfg.output.init_from,
         &cfg.output.plan, &cfg.engine.nvme_path, &cfg.data.text_path, &cfg.data.token_path}) {
     if (p->empty() || *p == "none" || *p == "-" || (*p)[0] == '/') continue;
-    // (A ".." after a link is its target's parent: such a path is kept as it is, for the file
-    // system to resolve, not cut lexically to another file: hunt 52.)
     const fs::path given(*p);
-    const bool up =
-        std::any_of(given.begin(), given.end(), [](const fs::path& e) { return e == ".."; });
-    *p = up ? (base / given).string() : (base / given).lexically_normal().string();
+    *p = JoinKeepingParentSteps(base, given).string();
     if (p == &cfg.data.token_path) {
       const std::string escaped = EscapedTokenPattern(base, given.string());
       if (!escaped.empty()) *p = escaped;

@@ -350,6 +350,7 @@ StatusOr<std::unique_ptr<TokenShards>> TokenShards::Open(const std::string& patt
             "would validate on what it trains on; give the validation shard a file of its own");
     }
   }
+  for (size_t i = 0; i < s->files_.size(); ++i) s->all_.push_back({i, 0, s->files_[i].count});
   if (s->files_.size() > 1) {
     for (size_t i = 0; i + 1 < s->files_.size(); ++i)
       s->train_.push_back({i, 0, s->files_[i].count});
@@ -390,13 +391,6 @@ Status TokenShards::Window(bool validation, uint64_t key, int seq, int32_t* toke
     return ReadWindow(files_[sp.file], sp.begin + at, seq, tokens, targets);
   }
   return InternalError("no window in the token split");
-}
-
-std::vector<TokenShards::Span> TokenShards::EvalSpans(bool validation) const {
-  if (validation) return val_;
-  std::vector<Span> all;
-  for (size_t i = 0; i < files_.size(); ++i) all.push_back({i, 0, files_[i].count});
-  return all;
 }
 
 uint64_t TokenShards::NumEvalWindows(int seq, bool validation) const {

@@ -108,13 +108,13 @@ class TokenShards {
   };
   TokenShards() = default;
   const std::vector<Span>& split(bool validation) const { return validation ? val_ : train_; }
-  std::vector<Span> EvalSpans(bool validation) const;
+  const std::vector<Span>& EvalSpans(bool validation) const { return validation ? val_ : all_; }
 
   std::string pattern_;
   int vocab_ = 0;
   bool vocab_fixed_ = false;
   std::vector<File> files_;
-  std::vector<Span> train_, val_;
+  std::vector<Span> train_, val_, all_;  // all_: each file whole (the evaluation's windows)
 };
 
 }  // namespace tierzero::gpt
